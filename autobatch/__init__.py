@@ -1,0 +1,29 @@
+"""autobatch: make PyTorch training survive GPU memory limits.
+
+The library imports and works without Hydra; Hydra lives in the CLI (``python -m autobatch``).
+"""
+
+from .errors import NoBatchFitsError
+from .oom import free_memory, is_oom_error
+from .probe import find_max_batch
+from .result import ProbeResult
+from .simulated import SimulatedMemory, simulated_memory
+from .train_step import TrainStep
+from .trial import TrialRecord
+from .units import format_bytes, parse_bytes
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "find_max_batch",
+    "ProbeResult",
+    "TrialRecord",
+    "TrainStep",
+    "NoBatchFitsError",
+    "is_oom_error",
+    "free_memory",
+    "simulated_memory",
+    "SimulatedMemory",
+    "parse_bytes",
+    "format_bytes",
+]

@@ -1,0 +1,198 @@
+"""Memory instruments for the device a probe runs on: capacity, usage, peaks, a cap.
+
+One small interface, two implementations:
+
+* :class:`AcceleratorMemory` reads the caching allocator of CUDA (and ROCm), XPU or MPS
+  through ``torch.accelerator`` / ``torch.cuda``. Tensors use *allocated* memory; the
+  allocator keeps freed blocks *reserved*; the CUDA context and other processes take memory
+  no call frees, so the capacity is what the driver reports free plus what we reserved,
+  bounded by the per-process cap.
+* :class:`SimulatedDeviceMemory` reads a :class:`~autobatch.simulated.SimulatedMemory`
+  budget on the CPU.
+"""
+
+from __future__ import annotations
+
+import os
+from contextlib import contextmanager
+from typing import Iterator, Protocol
+
+import torch
+
+from .simulated import SimulatedMemory, active_simulation, simulated_memory
+from .units import format_bytes
+
+__all__ = [
+    "DeviceMemory",
+    "AcceleratorMemory",
+    "SimulatedDeviceMemory",
+    "resolve_device",
+    "default_cpu_budget",
+    "memory_for",
+]
+
+
+class DeviceMemory(Protocol):
+    """What the probe needs to know about a device's memory."""
+
+    name: str
+
+    def capacity(self) -> int: ...
+    def allocated(self) -> int: ...
+    def reserved(self) -> int: ...
+    def peak(self) -> int: ...
+    def reset_peak(self) -> None: ...
+    def synchronize(self) -> None: ...
+
+
+def resolve_device(device: str | torch.device | None) -> torch.device:
+    """``None`` means the current accelerator if there is one, else the CPU."""
+    if device is None:
+        accelerator = getattr(torch, "accelerator", None)
+        if accelerator is not None and accelerator.is_available():
+            current = accelerator.current_accelerator()
+            return torch.device(current.type, accelerator.current_device_index())
+        return torch.device("cpu")
+    resolved = torch.device(device)
+    if resolved.type != "cpu" and resolved.index is None:
+        resolved = torch.device(resolved.type, torch.accelerator.current_device_index())
+    return resolved
+
+
+def default_cpu_budget() -> int:
+    """The simulated budget used on the CPU when no ``memory_limit`` is given.
+
+    A quarter of the RAM available now, at most 2 GiB: enough to probe small models in
+    seconds, never enough to exhaust the machine.
+    """
+    try:
+        available = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):  # not POSIX
+        available = 8 * 1024**3
+    return max(64 * 1024**2, min(2 * 1024**3, available // 4))
+
+
+class AcceleratorMemory:
+    """Allocator statistics of one accelerator device (CUDA, ROCm, XPU, MPS)."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        label = device.type
+        if device.type == "cuda":
+            label = f"{device} ({torch.cuda.get_device_name(device)})"
+        self.name = label
+
+    def total(self) -> int:
+        """Physical memory of the device."""
+        if self.device.type == "cuda":
+            return torch.cuda.get_device_properties(self.device).total_memory
+        return torch.accelerator.get_memory_info(self.device)[1]
+
+    def cap_fraction(self) -> float:
+        """The per-process cap as a fraction of the total (1.0 when uncapped)."""
+        if self.device.type == "cuda":
+            return torch.cuda.get_per_process_memory_fraction(self.device)
+        return 1.0
+
+    def capacity(self) -> int:
+        """Bytes this process can hold: what the driver has free plus what we reserved,
+        bounded by the per-process cap."""
+        free, _ = torch.accelerator.get_memory_info(self.device)
+        reachable = free + self.reserved()
+        return int(min(reachable, self.total() * self.cap_fraction()))
+
+    def allocated(self) -> int:
+        return torch.accelerator.memory_allocated(self.device)
+
+    def reserved(self) -> int:
+        return torch.accelerator.memory_reserved(self.device)
+
+    def peak(self) -> int:
+        return torch.accelerator.max_memory_allocated(self.device)
+
+    def reset_peak(self) -> None:
+        torch.accelerator.reset_peak_memory_stats(self.device)
+
+    def synchronize(self) -> None:
+        torch.accelerator.synchronize(self.device)
+
+    @contextmanager
+    def capped(self, limit_bytes: int) -> Iterator[None]:
+        """Cap this process at ``limit_bytes`` ("what fits on a 16 GiB card?"), then restore
+        the previous cap."""
+        if self.device.type != "cuda":
+            raise ValueError(
+                f"memory_limit is supported on CUDA and the CPU, not on {self.device.type}; "
+                "drop memory_limit"
+            )
+        total = self.total()
+        if limit_bytes > total:
+            raise ValueError(
+                f"memory_limit={format_bytes(limit_bytes)} exceeds the device's "
+                f"{format_bytes(total)}; use a smaller memory_limit or none"
+            )
+        previous = torch.cuda.get_per_process_memory_fraction(self.device)
+        torch.cuda.set_per_process_memory_fraction(limit_bytes / total, self.device)
+        try:
+            yield
+        finally:
+            torch.cuda.set_per_process_memory_fraction(previous, self.device)
+
+
+class SimulatedDeviceMemory:
+    """A :class:`SimulatedMemory` budget seen through the :class:`DeviceMemory` interface."""
+
+    def __init__(self, simulation: SimulatedMemory) -> None:
+        self.simulation = simulation
+        self.name = f"cpu (simulated {format_bytes(simulation.limit_bytes)})"
+
+    def capacity(self) -> int:
+        return self.simulation.limit_bytes
+
+    def allocated(self) -> int:
+        return self.simulation.current_bytes
+
+    def reserved(self) -> int:
+        return self.simulation.current_bytes
+
+    def peak(self) -> int:
+        return self.simulation.peak_bytes
+
+    def reset_peak(self) -> None:
+        self.simulation.reset_peak()
+
+    def synchronize(self) -> None:
+        pass
+
+
+@contextmanager
+def memory_for(device: torch.device, memory_limit: int | None) -> Iterator[tuple[DeviceMemory, str | None]]:
+    """Enter the memory regime a probe on ``device`` runs under; yield its instruments and a
+    note for the result (or None).
+
+    CPU: an active :func:`simulated_memory` context is used as it is; ``memory_limit`` (or, with
+    neither, :func:`default_cpu_budget`) opens a new one. Accelerators: ``memory_limit`` caps
+    the process for the duration.
+    """
+    if device.type == "cpu":
+        outer = active_simulation()
+        if memory_limit is None and outer is not None:
+            yield SimulatedDeviceMemory(outer), None
+            return
+        note = None
+        if memory_limit is None:
+            memory_limit = default_cpu_budget()
+            note = (
+                f"CPU probe with no memory_limit: used a simulated budget of "
+                f"{format_bytes(memory_limit)} (a quarter of available RAM, at most 2 GiB); "
+                "pass memory_limit to ask about a specific device size"
+            )
+        with simulated_memory(memory_limit) as simulation:
+            yield SimulatedDeviceMemory(simulation), note
+        return
+    instruments = AcceleratorMemory(device)
+    if memory_limit is None:
+        yield instruments, None
+        return
+    with instruments.capped(memory_limit):
+        yield instruments, f"process capped at {format_bytes(memory_limit)} for the probe"

@@ -1,0 +1,47 @@
+"""autobatch's own exceptions."""
+
+from __future__ import annotations
+
+from .units import format_bytes
+
+__all__ = ["NoBatchFitsError"]
+
+
+class NoBatchFitsError(MemoryError):
+    """Even the smallest batch the probe may try ran out of memory.
+
+    A ``MemoryError`` so that ``except MemoryError`` catches it; it is deliberately *not* an
+    OOM by :func:`~autobatch.is_oom_error`, so an outer retry loop does not mistake "nothing
+    fits" for "try smaller". ``capacity_bytes``, ``peak_bytes`` and ``batch_size`` give the
+    figures; ``result`` is the :class:`~autobatch.ProbeResult` with every trial made.
+    """
+
+    def __init__(
+        self,
+        batch_size: int,
+        capacity_bytes: int | None,
+        peak_bytes: int | None,
+        device: str,
+        last_error: str | None = None,
+        result=None,
+        hint: str | None = None,
+    ) -> None:
+        self.batch_size = batch_size
+        self.capacity_bytes = capacity_bytes
+        self.peak_bytes = peak_bytes
+        self.device = device
+        self.last_error = last_error
+        self.result = result
+        advice = hint or (
+            "Try gradient accumulation with a smaller micro-batch (autobatch.plan), activation "
+            "checkpointing, lower precision (bf16/fp16 autocast), a smaller model or sequence "
+            "length, or a larger memory_limit / device."
+        )
+        message = (
+            f"No batch size fits: batch {batch_size} ran out of memory on {device} "
+            f"(capacity {format_bytes(capacity_bytes)}, peak reached before the failure "
+            f"{format_bytes(peak_bytes)}). {advice}"
+        )
+        if last_error:
+            message += f" Last allocator error: {last_error}"
+        super().__init__(message)

@@ -1,0 +1,65 @@
+"""Recognise out-of-memory errors on every backend, and give memory back after one.
+
+Two rules from the field:
+
+* Only allocator failures count. A shape error at batch 1 or a ``KeyboardInterrupt`` is the
+  user's problem and must propagate unchanged, so detection is a fixed, tested table of the
+  messages each backend's allocator produces, plus ``torch.OutOfMemoryError`` itself.
+* Free memory *after* leaving the ``except`` block. While the exception is being handled its
+  traceback pins every frame of the failed step, and with them the activations; collecting
+  garbage inside the handler frees nothing (pytorch/pytorch#18853).
+"""
+
+from __future__ import annotations
+
+import gc
+
+import torch
+
+__all__ = ["is_oom_error", "free_memory", "OOM_MESSAGES"]
+
+#: Substrings of allocator failure messages that count as "out of memory", by backend.
+OOM_MESSAGES: tuple[str, ...] = (
+    "CUDA out of memory",  # CUDA caching allocator (older releases raise RuntimeError)
+    "CUDA error: out of memory",  # asynchronous CUDA error surfaced at a later sync
+    "HIP out of memory",  # ROCm caching allocator
+    "hipErrorOutOfMemory",  # ROCm runtime error code
+    "MPS backend out of memory",  # Apple MPS allocator
+    "Invalid buffer size",  # MPS: a single buffer larger than the device allows
+    "XPU out of memory",  # Intel XPU allocator
+    "DefaultCPUAllocator: can't allocate memory",  # CPU allocator, Linux
+    "DefaultCPUAllocator: not enough memory",  # CPU allocator, Windows
+    "CUBLAS_STATUS_ALLOC_FAILED",  # cuBLAS workspace allocation
+    "CUDNN_STATUS_NOT_SUPPORTED",  # cuDNN under memory pressure (Lightning treats it so)
+    "CUDNN_STATUS_ALLOC_FAILED",  # cuDNN workspace allocation
+)
+
+
+def is_oom_error(exc: BaseException) -> bool:
+    """Tell whether ``exc`` is an out-of-memory failure of a device allocator.
+
+    True for ``torch.OutOfMemoryError`` (any device, and autobatch's simulated device) and for
+    ``RuntimeError``s whose message is one of :data:`OOM_MESSAGES`. Everything else, including
+    ``MemoryError`` raised by autobatch itself when nothing fits, is False.
+    """
+    if isinstance(exc, torch.OutOfMemoryError):
+        return True
+    if not isinstance(exc, RuntimeError) or not exc.args:
+        return False
+    message = str(exc.args[0])
+    return any(marker in message for marker in OOM_MESSAGES)
+
+
+def free_memory() -> None:
+    """Collect garbage and return the device allocator's unused cached blocks to the driver.
+
+    Call it outside any ``except`` block that handled the OOM, after dropping references to
+    the failed batch. It frees nothing that is still referenced.
+    """
+    gc.collect()
+    accelerator = getattr(torch, "accelerator", None)
+    if accelerator is None or not accelerator.is_available():
+        return
+    if accelerator.current_accelerator().type == "cuda" and not torch.cuda.is_initialized():
+        return  # nothing cached yet; do not create a CUDA context just to empty it
+    accelerator.empty_cache()

@@ -1,0 +1,99 @@
+"""ProbeResult: what a probe found and every trial it ran to find it."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from .trial import TrialRecord
+from .units import format_bytes
+
+__all__ = ["ProbeResult"]
+
+
+@dataclass
+class ProbeResult:
+    """The outcome of :func:`~autobatch.find_max_batch`.
+
+    ``batch_size`` passed every step of a real trial (after ``margin`` and ``multiple_of``
+    were applied). ``largest_passed`` is the boundary before the margin; ``smallest_failed``
+    the smallest size that ran out of memory (None if none did, e.g. when ``max_batch``
+    passed). ``strategy`` is what was asked for, ``strategy_used`` what ran (``auto`` resolves
+    to a concrete strategy; ``fallback_reason`` says why when it had to change course).
+    ``fit`` holds a fitted memory curve when a strategy made one. ``notes`` explain choices
+    made for the user, such as the default CPU budget.
+    """
+
+    batch_size: int
+    strategy: str
+    strategy_used: str
+    trials: list[TrialRecord]
+    capacity_bytes: int | None
+    elapsed_s: float
+    margin: float
+    multiple_of: int = 1
+    max_batch: int | None = None
+    largest_passed: int | None = None
+    smallest_failed: int | None = None
+    device: str = ""
+    memory_limit_bytes: int | None = None
+    steps_per_trial: int = 1
+    fit: dict[str, Any] | None = None
+    fallback_reason: str | None = None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def num_trials(self) -> int:
+        return len(self.trials)
+
+    @property
+    def num_ooms(self) -> int:
+        return sum(not trial.passed for trial in self.trials)
+
+    @property
+    def peak_bytes(self) -> int | None:
+        """Peak memory of the last passing trial at the chosen batch size."""
+        for trial in reversed(self.trials):
+            if trial.passed and trial.batch_size == self.batch_size:
+                return trial.peak_bytes
+        return None
+
+    @property
+    def hit_max_batch(self) -> bool:
+        return self.max_batch is not None and self.largest_passed == self.max_batch
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data.update(num_trials=self.num_trials, num_ooms=self.num_ooms, peak_bytes=self.peak_bytes)
+        return data
+
+    def to_json(self, **kwargs: Any) -> str:
+        return json.dumps(self.to_dict(), **kwargs)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "ProbeResult":
+        fields = dict(data)
+        for derived in ("num_trials", "num_ooms", "peak_bytes"):
+            fields.pop(derived, None)
+        fields["trials"] = [TrialRecord(**trial) for trial in fields["trials"]]
+        return cls(**fields)
+
+    def summary(self) -> str:
+        """A few readable lines: the answer, how it was found, and on what."""
+        lines = [
+            f"batch size      {self.batch_size}",
+            f"strategy        {self.strategy}"
+            + (f" -> {self.strategy_used}" if self.strategy_used != self.strategy else ""),
+            f"trials          {self.num_trials} ({self.num_ooms} OOM)",
+            f"peak memory     {format_bytes(self.peak_bytes)}",
+            f"capacity        {format_bytes(self.capacity_bytes)}",
+            f"device          {self.device}",
+            f"time            {self.elapsed_s:.2f} s",
+        ]
+        if self.margin:
+            lines.append(f"margin          {self.margin:.0%} (boundary {self.largest_passed})")
+        if self.fallback_reason:
+            lines.append(f"fallback        {self.fallback_reason}")
+        lines.extend(f"note            {note}" for note in self.notes)
+        return "\n".join(lines)

@@ -1,0 +1,77 @@
+"""A probe's unit of work built from a model: one real training step at a given batch size."""
+
+from __future__ import annotations
+
+from contextlib import nullcontext
+from typing import Any, Callable
+
+import torch
+
+__all__ = ["TrainStep"]
+
+
+class TrainStep:
+    """``fn(batch_size)`` that runs forward, backward and an optimizer step on a fresh batch.
+
+    ``make_batch(B)`` builds a batch of ``B`` samples on the model's device (a tensor, or any
+    structure of tensors); ``loss_fn(model, batch)`` returns a scalar loss. Because a trial
+    really trains, :func:`~autobatch.find_max_batch` snapshots the model and optimizer before
+    probing and restores them afterwards whenever it is given a ``TrainStep``.
+
+    ``autocast_dtype`` (``torch.bfloat16`` / ``torch.float16``) runs forward and loss under
+    ``torch.autocast``; ``grad_scaler`` (a ``torch.amp.GradScaler``) scales the loss for fp16.
+    The step keeps no reference to the batch, the loss or the graph once it returns.
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        loss_fn: Callable[[torch.nn.Module, Any], torch.Tensor],
+        make_batch: Callable[[int], Any],
+        *,
+        autocast_dtype: torch.dtype | None = None,
+        grad_scaler: "torch.amp.GradScaler | None" = None,
+    ) -> None:
+        self.model = model
+        self.optimizer = optimizer
+        self.loss_fn = loss_fn
+        self.make_batch = make_batch
+        self.autocast_dtype = autocast_dtype
+        self.grad_scaler = grad_scaler
+
+    @property
+    def device(self) -> torch.device:
+        """The device of the model's first parameter (the CPU for a parameterless model)."""
+        for tensor in self.model.parameters():
+            return tensor.device
+        return torch.device("cpu")
+
+    def autocast(self):
+        """The autocast context of this step (a no-op without ``autocast_dtype``)."""
+        if self.autocast_dtype is None:
+            return nullcontext()
+        return torch.autocast(self.device.type, dtype=self.autocast_dtype)
+
+    def __call__(self, batch_size: int) -> None:
+        self.optimizer.zero_grad(set_to_none=True)
+        batch = self.make_batch(batch_size)
+        with self.autocast():
+            loss = self.loss_fn(self.model, batch)
+        if self.grad_scaler is not None:
+            self.grad_scaler.scale(loss).backward()
+            self.grad_scaler.step(self.optimizer)
+            self.grad_scaler.update()
+        else:
+            loss.backward()
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def clear_grads(self) -> None:
+        """Drop gradients left behind by a step that failed part-way."""
+        self.optimizer.zero_grad(set_to_none=True)
+        for param in self.model.parameters():
+            param.grad = None
+
+    def __repr__(self) -> str:
+        return f"TrainStep(model={type(self.model).__name__}, optimizer={type(self.optimizer).__name__})"

@@ -1,0 +1,112 @@
+"""One probe trial: run the user's step at a batch size, catch an OOM, measure, clean up."""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import asdict, dataclass
+from typing import Callable
+
+from .devices import DeviceMemory
+from .oom import free_memory, is_oom_error
+from .units import format_bytes
+
+__all__ = ["TrialRecord", "TrialRunner"]
+
+log = logging.getLogger("autobatch")
+
+
+@dataclass
+class TrialRecord:
+    """The outcome of one trial.
+
+    ``peak_bytes`` is the device's allocated-memory peak during the trial (for a failed
+    trial, the peak reached before the failure); ``purpose`` says why the strategy ran it
+    (``search``, ``fit``, ``verify``, ``bisect``, ``margin``).
+    """
+
+    batch_size: int
+    passed: bool
+    peak_bytes: int | None
+    seconds: float
+    purpose: str = "search"
+    error: str | None = None
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+class TrialRunner:
+    """Runs trials of ``fn`` and remembers every outcome.
+
+    A trial calls ``fn(batch_size)`` ``steps`` times. Any out-of-memory error (by
+    :func:`is_oom_error`) fails the trial; every other exception propagates unchanged at once.
+    Memory is freed *after* the ``except`` block has been left, so the traceback no longer
+    pins the failed step's tensors; ``after_oom`` (e.g. dropping half-built gradients) runs
+    first. A batch size already tried is answered from memory, never run twice.
+    """
+
+    def __init__(
+        self,
+        fn: Callable[[int], object],
+        memory: DeviceMemory,
+        steps: int,
+        after_oom: Callable[[], None] | None = None,
+    ) -> None:
+        self.fn = fn
+        self.memory = memory
+        self.steps = steps
+        self.after_oom = after_oom
+        self.records: list[TrialRecord] = []
+        self.outcomes: dict[int, bool] = {}
+
+    def __call__(self, batch_size: int, purpose: str = "search") -> bool:
+        """Whether ``batch_size`` trains; runs a trial unless it was tried already."""
+        if batch_size not in self.outcomes:
+            self.run(batch_size, purpose)
+        return self.outcomes[batch_size]
+
+    def run(self, batch_size: int, purpose: str = "search") -> TrialRecord:
+        """Run a trial even if this size was tried before (used to re-measure)."""
+        error = self._attempt(batch_size)
+        seconds = time.perf_counter() - self._started
+        peak = self.memory.peak()
+        if error is not None:
+            if self.after_oom is not None:
+                self.after_oom()
+            free_memory()
+        record = TrialRecord(batch_size, error is None, peak, seconds, purpose, error)
+        self.records.append(record)
+        self.outcomes[batch_size] = record.passed
+        log.info(
+            "trial %-7s batch=%d %s peak=%s %.3fs",
+            purpose,
+            batch_size,
+            "passed" if record.passed else "OOM",
+            format_bytes(peak),
+            seconds,
+        )
+        return record
+
+    def _attempt(self, batch_size: int) -> str | None:
+        """Run the steps; return None on success or the OOM's first line. Leaves the
+        ``except`` block before anything is freed."""
+        self.memory.reset_peak()
+        self._started = time.perf_counter()
+        try:
+            for _ in range(self.steps):
+                self.fn(batch_size)
+            self.memory.synchronize()
+        except BaseException as exc:  # noqa: BLE001 - re-raised below unless it is an OOM
+            if not is_oom_error(exc):
+                raise
+            return str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
+        return None
+
+    @property
+    def passed_sizes(self) -> list[int]:
+        return sorted(b for b, ok in self.outcomes.items() if ok)
+
+    @property
+    def failed_sizes(self) -> list[int]:
+        return sorted(b for b, ok in self.outcomes.items() if not ok)

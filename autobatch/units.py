@@ -1,0 +1,65 @@
+"""Byte quantities: parse "512MiB"-style strings and format byte counts for people."""
+
+from __future__ import annotations
+
+import re
+
+__all__ = ["parse_bytes", "format_bytes"]
+
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "k": 1000,
+    "kb": 1000,
+    "kib": 1024,
+    "m": 1000**2,
+    "mb": 1000**2,
+    "mib": 1024**2,
+    "g": 1000**3,
+    "gb": 1000**3,
+    "gib": 1024**3,
+    "t": 1000**4,
+    "tb": 1000**4,
+    "tib": 1024**4,
+}
+_PATTERN = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([a-zA-Z]*)\s*$")
+
+
+def parse_bytes(value: int | float | str, *, name: str = "memory_limit") -> int:
+    """Return ``value`` as a whole number of bytes.
+
+    Accepts a positive int (bytes), or a string such as ``"512MiB"``, ``"2GiB"``,
+    ``"1.5GB"`` or ``"1000000"``. Binary units (KiB, MiB, GiB, TiB) are powers of 1024,
+    decimal units (KB, MB, GB, TB) powers of 1000. ``name`` is the argument named in the
+    error message.
+    """
+    if isinstance(value, bool):
+        raise ValueError(f"{name} must be a byte count or a string like '512MiB' or '2GiB', got {value!r}")
+    if isinstance(value, (int, float)):
+        number, unit = float(value), ""
+    elif isinstance(value, str):
+        match = _PATTERN.match(value)
+        if match is None or match.group(2).lower() not in _UNITS:
+            raise ValueError(
+                f"{name}={value!r} is not a byte quantity; use a number of bytes or a string "
+                "such as '512MiB', '2GiB', '1.5GB' (units: B, KB, MB, GB, TB, KiB, MiB, GiB, TiB)"
+            )
+        number, unit = float(match.group(1)), match.group(2).lower()
+    else:
+        raise ValueError(f"{name} must be a byte count or a string like '512MiB' or '2GiB', got {value!r}")
+    result = int(number * _UNITS[unit])
+    if result <= 0:
+        raise ValueError(f"{name} must be positive, got {value!r}")
+    return result
+
+
+def format_bytes(count: int | float | None) -> str:
+    """Format a byte count with a binary unit, e.g. ``1.50 GiB``; ``None`` gives ``"-"``."""
+    if count is None:
+        return "-"
+    value = float(count)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(value) < 1024:
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.2f} {unit}"
+        value /= 1024
+    return f"{value:.2f} TiB"

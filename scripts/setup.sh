@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Install autobatch into the current Python environment (editable), with `--dev` the test tools too.
+#
+# torch comes first and only when it is missing: a machine that already has a CUDA build keeps it.
+# Without torch we install the CPU build of torch 2.13.0 -- from a local wheel where pip's
+# find-links has one (no download), else from PyTorch's CPU index -- never PyPI's multi-GB
+# CUDA build by accident.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PYTHON=${PYTHON:-python}
+extras=""
+[ "${1:-}" = "--dev" ] && extras="[dev]"
+
+if ! "$PYTHON" -c "import torch" 2>/dev/null; then
+    echo "setup: torch not found; installing the CPU build of torch==2.13.0" >&2
+    "$PYTHON" -m pip install --no-index "torch==2.13.0" 2>/dev/null \
+        || "$PYTHON" -m pip install "torch==2.13.0" --index-url https://download.pytorch.org/whl/cpu \
+            --extra-index-url https://pypi.org/simple
+fi
+"$PYTHON" -m pip install --quiet --disable-pip-version-check -e ".${extras}"
