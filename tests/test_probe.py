@@ -1,0 +1,269 @@
+"""find_max_batch: strategies, bounds, errors, restore and memory hygiene (CPU)."""
+
+import gc
+
+import pytest
+import torch
+
+import autobatch
+from autobatch import NoBatchFitsError, ProbeResult, find_max_batch, simulated_memory
+from autobatch.devices import SimulatedDeviceMemory
+from autobatch.trial import TrialRunner
+
+from workloads import ThresholdStep, make_mlp_step
+
+# (strategy, threshold, expected batch, expected number of trials) with default start/max.
+CASES = [
+    ("binary", 100, 100, 14),  # 1..64 pass, 128 OOM, bisect 96 112 104 100 102 101
+    ("binary", 64, 64, 14),  # a power of two: 1..64, 128, then 96 80 72 68 66 65
+    ("binary", 1, 1, 2),
+    ("auto", 100, 100, 14),
+    ("power", 100, 64, 8),  # 1..64 pass, 128 OOM
+    ("power", 64, 64, 8),
+    ("power", 1, 1, 2),
+    ("halving", 100, 64, 5),  # 1024 512 256 128 OOM, 64 pass
+    ("halving", 64, 64, 5),
+    ("halving", 1500, 1024, 1),
+]
+
+
+@pytest.mark.parametrize("strategy, threshold, expected, trials", CASES)
+def test_strategies_on_a_known_boundary(strategy, threshold, expected, trials):
+    fn = ThresholdStep(threshold)
+    result = find_max_batch(fn, strategy=strategy, steps_per_trial=1)
+    assert result.batch_size == expected
+    assert result.num_trials == trials
+    assert result.strategy == strategy
+    assert result.strategy_used == ("binary" if strategy == "auto" else strategy)
+    passed = {t.batch_size for t in result.trials if t.passed}
+    assert result.batch_size in passed  # never an untested size
+    assert len(fn.calls) == trials  # each size tried once
+
+
+@pytest.mark.parametrize("threshold", [3, 37, 100, 128, 1000, 4095])
+def test_binary_is_exact_for_any_boundary(threshold):
+    result = find_max_batch(ThresholdStep(threshold), strategy="binary", steps_per_trial=1)
+    assert result.batch_size == threshold
+    assert result.smallest_failed == threshold + 1
+
+
+def test_power_and_halving_land_on_their_grid_below_the_boundary():
+    for threshold in (5, 37, 100, 1000):
+        power = find_max_batch(ThresholdStep(threshold), strategy="power", start=3, steps_per_trial=1)
+        assert power.batch_size <= threshold < 2 * power.batch_size and power.batch_size % 3 == 0
+        halving = find_max_batch(ThresholdStep(threshold), strategy="halving", start=3000, steps_per_trial=1)
+        assert halving.batch_size <= threshold < 2 * halving.batch_size
+
+
+def test_start_above_the_boundary_halves_then_bisects():
+    fn = ThresholdStep(100)
+    result = find_max_batch(fn, strategy="binary", start=500, steps_per_trial=1)
+    assert result.batch_size == 100
+    assert fn.calls[:4] == [500, 250, 125, 62]
+
+
+def test_max_batch_caps_the_search_and_is_returned_when_it_passes():
+    fn = ThresholdStep(1000)
+    result = find_max_batch(fn, strategy="binary", max_batch=300, steps_per_trial=1)
+    assert result.batch_size == 300
+    assert max(fn.calls) == 300
+    assert result.smallest_failed is None and result.hit_max_batch
+    assert result.num_trials == 10  # 1..256, then 300
+
+
+def test_multiple_of_rounds_every_size_down():
+    fn = ThresholdStep(100)
+    result = find_max_batch(fn, strategy="binary", multiple_of=8, steps_per_trial=1)
+    assert result.batch_size == 96
+    assert all(size % 8 == 0 for size in fn.calls)
+    capped = find_max_batch(ThresholdStep(1000), multiple_of=8, max_batch=100, steps_per_trial=1)
+    assert capped.batch_size == 96  # max_batch rounded down to a multiple
+
+
+def test_margin_is_applied_last_and_verified_by_a_trial():
+    fn = ThresholdStep(100)
+    result = find_max_batch(fn, strategy="binary", margin=0.1, steps_per_trial=1)
+    assert result.largest_passed == 100
+    assert result.batch_size == 90
+    assert result.trials[-1].batch_size == 90 and result.trials[-1].purpose == "margin"
+    assert result.trials[-1].passed
+    assert result.margin == 0.1
+
+
+def test_a_trial_runs_every_step_and_stops_at_the_first_oom():
+    fn = ThresholdStep(4)
+    find_max_batch(fn, strategy="power", steps_per_trial=3)
+    assert fn.calls == [1, 1, 1, 2, 2, 2, 4, 4, 4, 8]
+
+
+def test_non_oom_errors_propagate_unchanged():
+    class ShapeBug(Exception):
+        pass
+
+    def fn(batch_size):
+        if batch_size >= 4:
+            raise ShapeBug("mat1 and mat2 shapes cannot be multiplied")
+
+    with pytest.raises(ShapeBug):
+        find_max_batch(fn, steps_per_trial=1)
+
+    def runtime(batch_size):
+        raise RuntimeError("CUDA error: device-side assert triggered")
+
+    with pytest.raises(RuntimeError, match="device-side assert"):
+        find_max_batch(runtime, steps_per_trial=1)
+
+    def interrupted(batch_size):
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        find_max_batch(interrupted, steps_per_trial=1)
+
+
+def test_nothing_fits_raises_a_memory_error_with_figures_and_advice():
+    with pytest.raises(NoBatchFitsError) as info:
+        find_max_batch(ThresholdStep(0), steps_per_trial=1, memory_limit="1GiB")
+    error = info.value
+    assert isinstance(error, MemoryError)
+    assert not autobatch.is_oom_error(error)
+    message = str(error)
+    assert "batch 1" in message and "capacity 1.00 GiB" in message
+    assert "gradient accumulation" in message and "checkpointing" in message and "precision" in message
+    assert "CUDA out of memory" in message  # the last allocator error
+
+
+def test_multiple_of_that_never_fits_names_multiple_of():
+    with pytest.raises(NoBatchFitsError, match="multiple_of=8"):
+        find_max_batch(ThresholdStep(5), multiple_of=8, steps_per_trial=1)
+
+
+@pytest.mark.parametrize(
+    "kwargs, name",
+    [
+        ({"start": 0}, "start"),
+        ({"start": -3}, "start"),
+        ({"start": 2.5}, "start"),
+        ({"max_batch": 0}, "max_batch"),
+        ({"multiple_of": 0}, "multiple_of"),
+        ({"multiple_of": -8}, "multiple_of"),
+        ({"start": 64, "max_batch": 32}, "start=64 is larger than max_batch=32"),
+        ({"margin": 1.0}, "margin"),
+        ({"margin": -0.1}, "margin"),
+        ({"steps_per_trial": 0}, "steps_per_trial"),
+        ({"strategy": "fastest"}, "strategy must be one of auto, binary, power, halving"),
+        ({"memory_limit": "a lot"}, "memory_limit"),
+        ({"max_batch": 4, "multiple_of": 8}, "max_batch=4 is smaller than multiple_of=8"),
+    ],
+)
+def test_bad_input_is_a_value_error_naming_the_argument(kwargs, name):
+    fn = ThresholdStep(10)
+    with pytest.raises(ValueError, match=name):
+        find_max_batch(fn, **kwargs)
+    assert fn.calls == []  # rejected before any trial
+
+
+def test_result_round_trips_through_json():
+    result = find_max_batch(ThresholdStep(100), margin=0.05, steps_per_trial=1, memory_limit="1GiB")
+    data = result.to_dict()
+    assert data["batch_size"] == 95 and data["num_trials"] == 15
+    assert {"batch_size", "passed", "peak_bytes", "seconds"} <= set(data["trials"][0])
+    again = ProbeResult.from_dict(__import__("json").loads(result.to_json()))
+    assert again == result
+    assert "batch size      95" in result.summary()
+
+
+def test_cpu_probe_without_limit_uses_a_safe_default_budget_and_says_so():
+    result = find_max_batch(ThresholdStep(10), steps_per_trial=1)
+    assert result.capacity_bytes <= 2 * 2**30
+    assert any("simulated budget" in note for note in result.notes)
+    limited = find_max_batch(ThresholdStep(10), steps_per_trial=1, memory_limit="256MiB")
+    assert limited.capacity_bytes == 256 * 2**20 and limited.memory_limit_bytes == 256 * 2**20
+    assert limited.notes == []
+
+
+# ---- real models under the simulated device ---------------------------------------------
+
+def test_real_model_binary_finds_the_exact_boundary_under_simulated_memory():
+    step = make_mlp_step(width=256)
+    with simulated_memory("24MiB"):
+        result = find_max_batch(step, strategy="binary", steps_per_trial=2)
+    assert result.smallest_failed == result.batch_size + 1
+    assert result.batch_size not in (2**k for k in range(20))
+    assert result.peak_bytes <= 24 * 2**20
+    peaks = [t.peak_bytes for t in result.trials if t.passed]
+    sizes = [t.batch_size for t in result.trials if t.passed]
+    assert sorted(peaks) == [p for _, p in sorted(zip(sizes, peaks))]  # memory grows with batch
+
+
+def test_real_model_each_strategy_under_memory_limit():
+    answers = {}
+    for strategy in ("binary", "power", "halving"):
+        step = make_mlp_step(width=256)
+        answers[strategy] = find_max_batch(
+            step, strategy=strategy, memory_limit="24MiB", steps_per_trial=2, start=4096 if strategy == "halving" else None
+        )
+    exact = answers["binary"].batch_size
+    assert answers["binary"].smallest_failed == exact + 1
+    assert exact // 2 < answers["power"].batch_size <= exact
+    assert exact // 2 < answers["halving"].batch_size <= exact
+
+
+def _state(step):
+    model = {k: v.clone() for k, v in step.model.state_dict().items()}
+    grads = {k: None if p.grad is None else p.grad.clone() for k, p in step.model.named_parameters()}
+    return model, grads, repr(step.optimizer.state_dict())
+
+
+def test_restore_is_bit_exact_for_model_buffers_and_lazy_optimizer_state():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.BatchNorm1d(64), torch.nn.ReLU(), torch.nn.Linear(64, 4))
+    opt = torch.optim.AdamW(model.parameters(), lr=0.1)
+    step = autobatch.TrainStep(
+        model, opt, lambda m, b: m(b).square().mean(), lambda n: torch.randn(max(n, 2), 32)
+    )
+    model.eval()  # a flag the probe must not leave changed
+    params_before, grads_before, opt_before = _state(step)
+    rng_before = torch.get_rng_state()
+    result = find_max_batch(step, memory_limit="8MiB", steps_per_trial=2)
+    assert result.num_trials > 3 and result.num_ooms >= 1
+    params_after, grads_after, opt_after = _state(step)
+    assert params_before.keys() == params_after.keys()
+    for key in params_before:
+        assert torch.equal(params_before[key], params_after[key]), key  # incl. BatchNorm running stats
+    assert all(g is None for g in grads_after.values())
+    assert opt_before == opt_after and len(opt.state) == 0  # Adam moments created by trials are gone
+    assert not model.training
+    assert torch.equal(torch.get_rng_state(), rng_before)
+
+
+def test_restore_with_existing_optimizer_state():
+    step = make_mlp_step(width=64, optimizer="sgd")
+    step(8)  # momentum buffers now exist
+    before = _state(step)
+    find_max_batch(step, memory_limit="4MiB", steps_per_trial=2)
+    after = _state(step)
+    for key in before[0]:
+        assert torch.equal(before[0][key], after[0][key])
+    assert before[2] == after[2]
+
+
+def test_memory_returns_to_its_level_before_an_oom_trial():
+    step = make_mlp_step(width=256)
+    with simulated_memory("20MiB") as device:
+        runner = TrialRunner(step, SimulatedDeviceMemory(device), steps=2, after_oom=step.clear_grads)
+        assert runner(8)  # creates Adam state: the level a later trial starts from
+        gc.collect()
+        before = device.current_bytes
+        assert not runner(100_000)  # OOMs part-way through forward/backward
+        assert device.current_bytes == before
+        assert runner.records[-1].error.startswith("Simulated out of memory")
+        assert runner.records[-1].peak_bytes <= 20 * 2**20
+
+
+def test_probe_leaves_no_memory_behind():
+    step = make_mlp_step(width=256)
+    with simulated_memory("64MiB") as device:
+        before = device.current_bytes
+        find_max_batch(step, steps_per_trial=2, memory_limit="20MiB")
+        gc.collect()
+        assert device.current_bytes == before

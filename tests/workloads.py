@@ -1,0 +1,47 @@
+"""Workloads with known answers for the tests: step functions and small real models."""
+
+from __future__ import annotations
+
+import torch
+
+import autobatch
+
+
+class ThresholdStep:
+    """``fn(batch)`` that raises a real ``torch.OutOfMemoryError`` above a hidden threshold.
+
+    Counts calls so tests can assert how many steps each trial ran.
+    """
+
+    def __init__(self, threshold: int, message: str = "CUDA out of memory. Tried to allocate 2.00 GiB"):
+        self.threshold = threshold
+        self.message = message
+        self.calls: list[int] = []
+
+    def __call__(self, batch_size: int) -> None:
+        self.calls.append(batch_size)
+        if batch_size > self.threshold:
+            raise torch.OutOfMemoryError(self.message)
+
+
+def make_mlp_step(width: int = 512, depth: int = 2, in_features: int = 64, classes: int = 10, seed: int = 0,
+                  optimizer: str = "adam") -> autobatch.TrainStep:
+    torch.manual_seed(seed)
+    layers: list[torch.nn.Module] = []
+    features = in_features
+    for _ in range(depth):
+        layers += [torch.nn.Linear(features, width), torch.nn.ReLU()]
+        features = width
+    layers.append(torch.nn.Linear(features, classes))
+    model = torch.nn.Sequential(*layers)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3) if optimizer == "adam" else torch.optim.SGD(
+        model.parameters(), lr=0.1, momentum=0.9)
+
+    def loss_fn(model, batch):
+        inputs, targets = batch
+        return torch.nn.functional.cross_entropy(model(inputs), targets)
+
+    def make_batch(size: int):
+        return torch.randn(size, in_features), torch.randint(0, classes, (size,))
+
+    return autobatch.TrainStep(model, opt, loss_fn, make_batch)
