@@ -11,6 +11,7 @@ from typing import Callable
 import torch
 
 from . import search
+from .predict import predictive
 from .devices import memory_for, resolve_device
 from .errors import NoBatchFitsError
 from .restore import Snapshot
@@ -23,7 +24,7 @@ __all__ = ["find_max_batch", "STRATEGY_NAMES"]
 
 log = logging.getLogger("autobatch")
 
-STRATEGY_NAMES = ("auto", "binary", "power", "halving")
+STRATEGY_NAMES = ("auto", "predict", "binary", "power", "halving")
 #: Where ``halving`` starts when neither ``start`` nor ``max_batch`` is given.
 HALVING_DEFAULT_START = 1024
 
@@ -87,8 +88,11 @@ def find_max_batch(
     Args:
         start: first size tried (default 1; for ``halving``, ``max_batch`` or 1024).
         max_batch: the largest size worth trying; the search never goes above it.
-        strategy: ``auto`` (currently ``binary``), ``binary`` (exact boundary), ``power``
-            (largest power-of-two multiple of ``start``), ``halving`` (halve from a high start).
+        strategy: ``auto`` (the default: ``predict``, handing over to ``binary`` where the
+            memory curve cannot be fitted), ``predict`` (fit peak memory against batch size,
+            jump to the predicted boundary, close the gap), ``binary`` (double, then bisect),
+            ``power`` (largest power-of-two multiple of ``start``), ``halving`` (halve from a
+            high start). ``auto``, ``predict`` and ``binary`` return the exact boundary.
         margin: fraction taken off the boundary at the end, e.g. 0.05; the reduced size is
             verified with one more trial.
         multiple_of: the result (and every size tried) is a multiple of this.
@@ -169,7 +173,7 @@ def _search(
     capacity: int | None,
 ) -> ProbeResult:
     """Run the strategy in units of ``multiple_of``, apply the margin, build the result."""
-    used = "binary" if strategy == "auto" else strategy
+    used = "predict" if strategy == "auto" else strategy
     max_units = max_batch // multiple_of if max_batch is not None else 2**40
     if start is None:
         start = (max_batch or HALVING_DEFAULT_START) if used == "halving" else multiple_of
@@ -178,7 +182,16 @@ def _search(
     def passes(units: int, purpose: str = "search") -> bool:
         return runner(units * multiple_of, purpose)
 
-    found = search.STRATEGIES[used](passes, start_units, max_units)
+    fit = fallback_reason = None
+    if used == "predict":
+        def peak_of(units: int) -> int | None:
+            return runner.peak_of(units * multiple_of)
+
+        outcome = predictive(passes, peak_of, start_units, max_units, capacity)
+        found, used, fallback_reason = outcome.units, outcome.strategy_used, outcome.fallback_reason
+        fit = outcome.fit_record(multiple_of)
+    else:
+        found = search.STRATEGIES[used](passes, start_units, max_units)
     if found is None:
         _raise_no_fit(runner, multiple_of, device_name, capacity)
     largest_passed = found * multiple_of
@@ -199,6 +212,8 @@ def _search(
         largest_passed=largest_passed,
         smallest_failed=min(failed_above) if failed_above else None,
         device=device_name,
+        fit=fit,
+        fallback_reason=fallback_reason,
     )
 
 

@@ -103,6 +103,13 @@ class TrialRunner:
             return str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
         return None
 
+    def peak_of(self, batch_size: int) -> int | None:
+        """Peak memory of the latest passing trial at ``batch_size`` (None if none passed)."""
+        for record in reversed(self.records):
+            if record.batch_size == batch_size and record.passed:
+                return record.peak_bytes
+        return None
+
     @property
     def passed_sizes(self) -> list[int]:
         return sorted(b for b, ok in self.outcomes.items() if ok)

@@ -45,3 +45,20 @@ def make_mlp_step(width: int = 512, depth: int = 2, in_features: int = 64, class
         return torch.randn(size, in_features), torch.randint(0, classes, (size,))
 
     return autobatch.TrainStep(model, opt, loss_fn, make_batch)
+
+
+class MemoryCurveStep:
+    """A step whose peak memory is exactly ``curve(batch_size)`` bytes, allocated for real.
+
+    Under :func:`autobatch.simulated_memory` the allocation counts against the budget, so a
+    probe sees a memory curve of our choosing: linear, curved, stepped.
+    """
+
+    def __init__(self, curve):
+        self.curve = curve
+        self.calls: list[int] = []
+
+    def __call__(self, batch_size: int) -> None:
+        self.calls.append(batch_size)
+        block = torch.empty(int(self.curve(batch_size)), dtype=torch.uint8)
+        del block

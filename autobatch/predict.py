@@ -1,0 +1,213 @@
+"""Predictive search: fit peak memory against batch size, jump to the boundary, verify.
+
+Memory of a training step is very nearly linear in the batch size: a constant (weights,
+gradients, optimizer state, workspaces) plus activations per sample. So:
+
+1. **Fit.** Run trials at geometrically growing sizes (``start``, ×8, ×64, ...) until the
+   straight line through the two largest measured peaks predicts a boundary below the next
+   growth step, so the extrapolation is short (small batches are dominated by allocator
+   rounding and fixed costs; a long extrapolation from them overshoots). The first trial pays one-off
+   costs (cuDNN autotuning workspaces, lazily created optimizer state, CUDA context), so it is
+   left out of the fit once two later points exist.
+2. **Jump.** Trial the predicted boundary.
+3. **Close the gap.** Refit through the two largest passing points (a secant, so curvature
+   from allocator rounding or workspaces is followed locally), predict again inside the
+   bracket (largest pass, smallest OOM), trial, and repeat until the bracket's ends are
+   adjacent. Failed trials are used only as upper bounds (an OOM stops before the peak). A
+   prediction that a failed size refutes (it says the OOMed size fits, as happens when
+   fragmentation makes the usable capacity smaller than the total), or a bracket that does
+   not halve in two steps, gets a bisection step instead, so the worst case stays close to binary search and the answer is
+   exact like binary's: a passing size whose next size failed (or ``max_batch``).
+
+While the measurements give no usable line (flat peaks: small batches that fit in one
+allocator block, or a step whose memory does not depend on the batch) the fit keeps growing
+by ×8. If the first OOM arrives before a growing line exists (flat or decreasing peaks, a
+single passing point, or a first trial that already ran out of memory), the search is
+handed to binary bisection, continuing from the trials already made (none is repeated),
+and the result says why.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Callable
+
+from . import search
+
+__all__ = ["predictive", "LinearFit", "GROWTH", "JUMP_RATIO"]
+
+GROWTH = 8  # size ratio between successive fit trials
+JUMP_RATIO = 8  # extrapolate at most this far beyond the largest measured size (one growth step)
+
+
+@dataclass
+class LinearFit:
+    """``peak_bytes ≈ intercept + slope * batch_size`` through measured points."""
+
+    intercept: float
+    slope: float
+    points: list[tuple[int, int]] = field(default_factory=list)
+
+    @classmethod
+    def through(cls, points: list[tuple[int, int]]) -> "LinearFit | None":
+        """Least-squares line through ``(batch, peak)`` points; None if it cannot be fitted."""
+        if len(points) < 2 or len({b for b, _ in points}) < 2:
+            return None
+        n = len(points)
+        mean_b = sum(b for b, _ in points) / n
+        mean_p = sum(p for _, p in points) / n
+        var = sum((b - mean_b) ** 2 for b, _ in points)
+        slope = sum((b - mean_b) * (p - mean_p) for b, p in points) / var
+        return cls(intercept=mean_p - slope * mean_b, slope=slope, points=list(points))
+
+    @property
+    def usable(self) -> bool:
+        """A line that grows with the batch; a flat or falling one predicts nothing."""
+        return self.slope > 0
+
+    def predict_max(self, capacity: int) -> int:
+        """The largest batch whose predicted peak fits ``capacity`` (0 if none does)."""
+        return max(0, math.floor((capacity - self.intercept) / self.slope))
+
+    def to_dict(self, unit: int = 1) -> dict:
+        """JSON form with batch sizes in samples (``unit`` samples per fitted unit)."""
+        return {
+            "kind": "linear",
+            "intercept_bytes": self.intercept,
+            "slope_bytes_per_sample": self.slope / unit,
+            "points": [[batch * unit, peak] for batch, peak in self.points],
+        }
+
+
+@dataclass
+class PredictOutcome:
+    """The largest passing unit, the fitted line (and its refinement near the boundary)."""
+
+    units: int | None
+    fit: LinearFit | None
+    fallback_reason: str | None
+    strategy_used: str
+    points: list[tuple[int, int]] = field(default_factory=list)
+    refined: LinearFit | None = None
+
+    def fit_record(self, unit: int) -> dict | None:
+        """The fit as stored in ``ProbeResult.fit`` (batch sizes in samples): the line the
+        jump used, every measured passing point, and the last local line if it moved."""
+        if self.fit is None:
+            return None
+        record = self.fit.to_dict(unit)
+        record["measured"] = [[units * unit, peak] for units, peak in sorted(self.points)]
+        if self.refined is not None:
+            record["refined"] = self.refined.to_dict(unit)
+        return record
+
+
+def predictive(
+    passes: Callable[..., bool],
+    peak_of: Callable[[int], int | None],
+    start: int,
+    max_units: int,
+    capacity: int,
+) -> PredictOutcome:
+    """Run the predictive search in units of ``multiple_of``.
+
+    ``passes(units, purpose)`` runs (or recalls) a trial; ``peak_of(units)`` is the measured
+    peak of a passing trial; ``capacity`` the bytes available. Returns the largest passing
+    unit (None if unit 1 failed), the fitted curve, and why the search fell back to binary,
+    if it did.
+    """
+    points: list[tuple[int, int]] = []  # (units, peak) of passing trials
+    first = min(start, max_units)
+
+    def record_pass(units: int) -> None:
+        peak = peak_of(units)
+        if peak is not None:
+            points.append((units, peak))
+
+    def hand_to_binary(reason: str, passed: int | None, failed: int | None) -> PredictOutcome:
+        if passed is None:
+            units = search.binary(passes, first, max_units)
+        elif failed is None:
+            units = search.binary(passes, passed, max_units)
+        else:
+            units = search.bisect(passes, passed, failed)
+        return PredictOutcome(units, _secant(points, usable_only=False), reason, "binary", points)
+
+    # -- 1. fit: grow geometrically until the extrapolation is short ---------------------
+    if not passes(first, "fit"):
+        return hand_to_binary(
+            f"the first trial (batch unit {first}) ran out of memory, so there was nothing to fit", None, None
+        )
+    record_pass(first)
+    lo, hi = first, None
+    fit = None
+    while lo < max_units:
+        fit = _secant(points)
+        if fit is not None and fit.predict_max(capacity) <= lo * JUMP_RATIO:
+            break
+        units = min(lo * GROWTH, max_units)  # no usable line yet (too short, or flat): grow
+        if not passes(units, "fit"):
+            hi = units
+            break
+        record_pass(units)
+        lo = units
+        fit = None
+    fit = fit or _secant(points)
+    if lo >= max_units:
+        return PredictOutcome(lo, fit, None, "predict", points)
+    if fit is None:
+        if len(points) >= 2:
+            (u0, p0), (u1, p1) = points[0], points[-1]
+            reason = f"peak memory did not grow with the batch ({p0} B at unit {u0}, {p1} B at unit {u1})"
+        else:
+            reason = f"only one passing trial before the first OOM (unit {hi}); no line to fit"
+        return hand_to_binary(reason, lo, hi)
+
+    # -- 2 and 3. jump, then close the bracket -----------------------------------------
+    jump_fit = fit
+    step = None  # stride past lo when the line says lo is already the maximum
+    bisect_next = False
+    while hi is None or hi - lo > 1:
+        predicted = fit.predict_max(capacity)
+        width = None if hi is None else hi - lo
+        if hi is not None and (bisect_next or predicted >= hi):
+            guess = (lo + hi) // 2  # the line was refuted or the last guess did not halve the bracket
+        elif predicted > lo:
+            guess, step = min(predicted, max_units if hi is None else hi - 1), None
+        elif hi is not None:
+            guess = lo + 1  # the line says lo is the maximum: one trial confirms it
+        else:  # the line says lo is the maximum: check lo + 1, then probe upwards, doubling
+            step = 1 if step is None else max(2 * step, lo // 128)
+            guess = min(lo + step, max_units)
+        passed = passes(guess, "verify")
+        if passed:
+            record_pass(guess)
+            lo = guess
+            if lo >= max_units:
+                break
+        else:
+            hi = guess
+        # bisect next when this guess did not halve the bracket, or the line was refuted from
+        # below (lo + 1 passed: a plateau, where the line cannot see the boundary)
+        bisect_next = width is not None and hi is not None and ((hi - lo) * 2 > width or (passed and predicted <= guess - 1))
+        fit = _secant(points) or fit
+    return PredictOutcome(lo, jump_fit, None, "predict", points, refined=fit if fit is not jump_fit else None)
+
+
+def _secant(points: list[tuple[int, int]], *, usable_only: bool = True) -> LinearFit | None:
+    """The line through the largest passing point and a passing point well below it.
+
+    Local, so it follows a gently curving memory curve near the boundary, and it leaves out
+    the first (warm-up) trial as soon as two later points exist. None when fewer than two
+    points exist or, with ``usable_only``, when the line does not grow with the batch.
+    """
+    ordered = sorted(points)
+    if len(ordered) < 2:
+        return None
+    top = ordered[-1]
+    below = [point for point in ordered[:-1] if point[0] <= 0.9 * top[0]] or ordered[:-1]
+    fit = LinearFit.through([below[-1], top])
+    if fit is None or (usable_only and not fit.usable):
+        return None
+    return fit

@@ -1,0 +1,129 @@
+"""strategy="predict" / "auto": same exact answer as binary search, with fewer trials."""
+
+import math
+
+import pytest
+
+from autobatch import find_max_batch, simulated_memory
+from autobatch.predict import LinearFit
+
+from workloads import MemoryCurveStep, ThresholdStep, make_mlp_step
+
+MiB = 2**20
+
+CURVES = {
+    "linear": lambda b: 3 * MiB + 2000 * b,
+    "quadratic": lambda b: 2 * MiB + 900 * b + 0.05 * b * b,  # attention-like growth
+    "rounded-blocks": lambda b: 2 * MiB * math.ceil((MiB + 3000 * b) / (2 * MiB)),  # allocator rounding
+    "workspace-step": lambda b: 4 * MiB + 2500 * b + (3 * MiB if b > 700 else 0),  # a kernel switch
+    "sqrt-then-linear": lambda b: 5 * MiB + 40_000 * math.sqrt(b) + 1500 * b,
+}
+
+
+@pytest.mark.parametrize("curve", sorted(CURVES))
+@pytest.mark.parametrize("budget", ["9MiB", "24MiB", "200MiB"])
+@pytest.mark.parametrize("strategy", ["predict", "auto"])
+def test_same_batch_as_binary_with_strictly_fewer_trials(curve, budget, strategy):
+    with simulated_memory(budget):
+        binary = find_max_batch(MemoryCurveStep(CURVES[curve]), strategy="binary", steps_per_trial=1)
+        predicted = find_max_batch(MemoryCurveStep(CURVES[curve]), strategy=strategy, steps_per_trial=1)
+    assert predicted.batch_size == binary.batch_size
+    assert predicted.num_trials < binary.num_trials
+    assert predicted.strategy_used == "predict" and predicted.fallback_reason is None
+    assert predicted.smallest_failed == predicted.batch_size + 1
+
+
+@pytest.mark.parametrize("budget", ["3MiB", "12MiB"])
+def test_real_model_auto_matches_binary_with_fewer_trials(budget):
+    with simulated_memory(budget):
+        binary = find_max_batch(make_mlp_step(width=128, in_features=32), strategy="binary", steps_per_trial=2)
+        auto = find_max_batch(make_mlp_step(width=128, in_features=32), strategy="auto", steps_per_trial=2)
+    assert auto.batch_size == binary.batch_size
+    assert auto.num_trials < binary.num_trials
+    assert auto.fit is not None and auto.fit["slope_bytes_per_sample"] > 0
+
+
+def test_linear_curve_is_found_in_a_handful_of_trials():
+    with simulated_memory("200MiB"):
+        result = find_max_batch(MemoryCurveStep(CURVES["linear"]), strategy="auto", steps_per_trial=1)
+    assert result.batch_size == (200 * MiB - 3 * MiB) // 2000
+    assert result.num_trials <= 8  # 1, 8, 64, 512, 4096, 32768 (fit), the jump, one OOM above it
+    assert result.num_ooms == 1 and result.trials[-2].batch_size == result.batch_size  # the jump hit it
+
+
+def test_result_records_the_fitted_curve():
+    with simulated_memory("24MiB"):
+        result = find_max_batch(MemoryCurveStep(CURVES["linear"]), strategy="predict", steps_per_trial=1)
+    fit = result.fit
+    assert fit["kind"] == "linear"
+    assert fit["slope_bytes_per_sample"] == pytest.approx(2000, rel=1e-6)
+    assert fit["intercept_bytes"] == pytest.approx(3 * MiB, rel=1e-6)
+    assert [b for b, _ in fit["measured"]] == sorted(t.batch_size for t in result.trials if t.passed)
+    assert result.to_dict()["fit"] == fit
+
+
+def test_flat_measurements_fall_back_to_binary_and_say_why():
+    result = find_max_batch(ThresholdStep(300), strategy="auto", steps_per_trial=1, memory_limit="1GiB")
+    assert result.batch_size == 300
+    assert result.strategy_used == "binary"
+    assert "did not grow" in result.fallback_reason
+
+
+def test_decreasing_measurements_fall_back_to_binary():
+    # memory falls as the batch grows (a pathological step), then a hard limit at 777
+    def curve(b):
+        return max(MiB, 8 * MiB - 1000 * b)
+
+    def step(b):
+        if b > 777:
+            raise __import__("torch").OutOfMemoryError("CUDA out of memory")
+        MemoryCurveStep(curve)(b)
+
+    with simulated_memory("64MiB"):
+        result = find_max_batch(step, strategy="predict", steps_per_trial=1)
+    assert result.batch_size == 777
+    assert result.strategy_used == "binary" and result.fallback_reason
+
+
+def test_first_trial_oom_falls_back_to_binary_halving_down():
+    with simulated_memory("24MiB"):
+        binary = find_max_batch(MemoryCurveStep(CURVES["linear"]), strategy="binary", steps_per_trial=1)
+        result = find_max_batch(MemoryCurveStep(CURVES["linear"]), strategy="auto", start=20_000, steps_per_trial=1)
+    assert result.batch_size == binary.batch_size
+    assert not result.trials[0].passed
+    assert "first trial" in result.fallback_reason
+
+
+def test_prediction_beyond_max_batch_returns_max_batch_tested():
+    with simulated_memory("200MiB"):
+        step = MemoryCurveStep(CURVES["linear"])
+        result = find_max_batch(step, strategy="auto", max_batch=5000, steps_per_trial=1)
+    assert result.batch_size == 5000 and result.hit_max_batch
+    assert max(step.calls) == 5000
+    assert result.num_ooms == 0
+
+
+def test_predict_respects_multiple_of_and_margin():
+    with simulated_memory("24MiB"):
+        binary = find_max_batch(MemoryCurveStep(CURVES["linear"]), strategy="binary", multiple_of=16, steps_per_trial=1)
+        step = MemoryCurveStep(CURVES["linear"])
+        result = find_max_batch(step, strategy="predict", multiple_of=16, margin=0.1, steps_per_trial=1)
+    assert result.largest_passed == binary.batch_size
+    assert all(b % 16 == 0 for b in step.calls)
+    assert result.batch_size == math.floor(binary.batch_size * 0.9) // 16 * 16
+    assert result.trials[-1].purpose == "margin" and result.trials[-1].passed
+
+
+def test_batch_one_never_fits_raises():
+    from autobatch import NoBatchFitsError
+
+    with simulated_memory("1MiB"), pytest.raises(NoBatchFitsError):
+        find_max_batch(MemoryCurveStep(CURVES["linear"]), strategy="predict", steps_per_trial=1)
+
+
+def test_linear_fit_helpers():
+    fit = LinearFit.through([(10, 1000), (20, 2000), (30, 3000)])
+    assert fit.slope == pytest.approx(100) and fit.intercept == pytest.approx(0)
+    assert fit.predict_max(2550) == 25
+    assert LinearFit.through([(10, 5)]) is None
+    assert not LinearFit.through([(1, 5), (2, 5)]).usable
