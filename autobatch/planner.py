@@ -190,7 +190,7 @@ def plan(
         checkpoint_targets: class names of the blocks to checkpoint (default: children of
             ``nn.Sequential`` / entries of ``nn.ModuleList`` that repeat).
         balanced: balanced micro-batches (sizes differ by at most one) rather than full ones
-            and a smaller last one.
+            and a smaller last one; off when ``multiple_of`` > 1 (sizes stay multiples).
         min_micro_batch: throughput: the smallest micro-batch timed (default: largest // 16).
         exhaustive: throughput: also time checkpointed candidates the plain model can run.
         warmup_steps, timed_steps: throughput: untimed and timed global steps per candidate.
@@ -208,6 +208,9 @@ def plan(
     """
     _validate(global_batch, objective, warmup_steps, timed_steps, probe_kwargs)
     cap = min(global_batch, probe_kwargs.pop("max_batch", None) or global_batch)
+    multiple_of = probe_kwargs.get("multiple_of", 1)
+    if balanced and isinstance(multiple_of, int) and multiple_of > 1:
+        balanced = False  # balanced sizes would not be multiples; full chunks and a smaller last one
     planner = _Planner(step, global_batch, cap, checkpoint_targets, probe_kwargs)
     try:
         if objective == "max_batch":
@@ -316,7 +319,7 @@ class _Planner:
         if not allowed:
             return plain_error
         if checkpoint_error is None:  # nothing to wrap
-            return NoBatchFitsError(
+            error = NoBatchFitsError(
                 batch_size=plain_error.batch_size,
                 capacity_bytes=plain_error.capacity_bytes,
                 peak_bytes=plain_error.peak_bytes,
@@ -328,6 +331,8 @@ class _Planner:
                     "sequence length, or a larger memory_limit / device."
                 ),
             )
+            error.attempts = self.probes
+            return error
         modules = self.handle.modules if self.handle is not None else []
         error = NoBatchFitsError(
             batch_size=checkpoint_error.batch_size,
@@ -426,7 +431,10 @@ class _Planner:
                 return []
             if not allow_accumulation:
                 return [self.global_batch] if largest >= self.global_batch else []
-            found = candidate_micro_batches(self.global_batch, largest, smallest=min_micro_batch)
+            multiple_of = self.probe_kwargs.get("multiple_of", 1)
+            found = candidate_micro_batches(
+                self.global_batch, largest, smallest=min_micro_batch, multiple_of=multiple_of
+            )
             return [size for size in found if size > above]
 
         plain_candidates = [Candidate.build(self.global_batch, m, False, balanced=balanced) for m in sizes(plain_max)]

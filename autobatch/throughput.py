@@ -66,23 +66,32 @@ def balanced_micro_batch(global_batch: int, largest: int) -> int:
     return math.ceil(global_batch / math.ceil(global_batch / largest))
 
 
-def candidate_micro_batches(global_batch: int, largest: int, *, smallest: int | None = None) -> list[int]:
+def candidate_micro_batches(
+    global_batch: int, largest: int, *, smallest: int | None = None, multiple_of: int = 1
+) -> list[int]:
     """Micro-batch sizes worth timing when at most ``largest`` fits: the powers of two from
-    ``smallest`` (default ``largest // 16``, at least 1) up to ``largest``, ``largest`` itself
-    and :func:`balanced_micro_batch`; none above ``global_batch``. Ascending."""
+    ``smallest`` (default ``largest // 16``, at least 1) up to ``largest``, and ``largest``
+    itself; none above ``global_batch``; one per number of accumulation steps, ascending.
+
+    Sizes that need the same number of steps do the same number of micro-steps, so only the
+    smallest such size (:func:`balanced_micro_batch`, the least padding) is kept. With
+    ``multiple_of`` > 1 every size is a multiple of it and the largest per step count is kept
+    (a balanced split would break the multiple).
+    """
     largest = min(largest, global_batch)
     low = max(1, largest // 16) if smallest is None else max(1, smallest)
-    sizes = {largest, balanced_micro_batch(global_batch, largest)}
+    sizes = {largest}
     power = 1
     while power <= largest:
         if power >= low:
             sizes.add(power)
         power *= 2
-    # A size and its balanced twin need the same number of steps; keep one of each count.
+    if multiple_of > 1:
+        sizes = {size for size in sizes if size % multiple_of == 0} or {largest}
     by_steps: dict[int, int] = {}
     for size in sorted(sizes):
         steps = math.ceil(global_batch / size)
-        by_steps.setdefault(steps, balanced_micro_batch(global_batch, size))
+        by_steps[steps] = size if multiple_of > 1 else balanced_micro_batch(global_batch, size)
     return sorted(set(by_steps.values()))
 
 

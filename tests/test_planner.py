@@ -214,3 +214,18 @@ def test_bad_arguments():
         plan(step, global_batch=0)
     with pytest.raises(ValueError, match="objective"):
         plan(step, global_batch=4, objective="fast")
+
+
+def test_candidate_sizes():
+    from autobatch.throughput import balanced_micro_batch, candidate_micro_batches
+
+    assert balanced_micro_batch(64, 24) == 22 and balanced_micro_batch(64, 64) == 64
+    assert candidate_micro_batches(64, 24, smallest=1) == [1, 2, 4, 8, 16, 22]
+    assert candidate_micro_batches(32, 100) == [2, 4, 8, 16, 32]  # default: from largest // 16
+    assert candidate_micro_batches(64, 24, smallest=1, multiple_of=8) == [8, 16, 24]
+
+
+def test_multiple_of_keeps_micro_batches_multiples():
+    result = plan(make_step(deep_mlp(2)), global_batch=21, memory_limit="1MiB", steps_per_trial=1, multiple_of=4)
+    assert result.micro_batch % 4 == 0 and not result.balanced
+    assert all(size % 4 == 0 for size in result.micro_batch_sizes[:-1]) and sum(result.micro_batch_sizes) == 21
