@@ -206,7 +206,7 @@ def plan(
         GlobalBatchTooLargeError: the global batch does not fit in one step and accumulation
             is not allowed.
     """
-    _validate(global_batch, objective, warmup_steps, timed_steps, probe_kwargs)
+    _validate(step, global_batch, objective, warmup_steps, timed_steps, probe_kwargs)
     cap = min(global_batch, probe_kwargs.pop("max_batch", None) or global_batch)
     multiple_of = probe_kwargs.get("multiple_of", 1)
     if balanced and isinstance(multiple_of, int) and multiple_of > 1:
@@ -240,7 +240,10 @@ def plan(
     return result
 
 
-def _validate(global_batch, objective, warmup_steps, timed_steps, probe_kwargs) -> None:
+def _validate(step, global_batch, objective, warmup_steps, timed_steps, probe_kwargs) -> None:
+    missing = [name for name in ("model", "optimizer", "loss_fn", "make_batch") if not hasattr(step, name)]
+    if missing:
+        raise TypeError(f"step must be an autobatch.TrainStep (it lacks {', '.join(missing)}), got {step!r}")
     if isinstance(global_batch, bool) or not isinstance(global_batch, int) or global_batch <= 0:
         raise ValueError(f"global_batch must be a positive integer, got {global_batch!r}")
     if objective not in OBJECTIVES:

@@ -129,6 +129,12 @@ def test_checkpointing_plan_when_batch_one_does_not_fit_and_it_trains():
     assert dict(model.named_modules()) == modules_before
     assert list(model.state_dict()) == list(before)
 
+    loaded = Plan.from_dict(json.loads(result.to_json()))  # a saved plan, applied again
+    handle = loaded.apply(model)
+    assert handle.modules == result.checkpointed_modules and all(is_checkpointed(model[i]) for i in range(6))
+    loaded.undo()
+    assert not any(is_checkpointed(m) for m in model.modules())
+
 
 def test_nothing_fits_even_with_checkpointing_says_so():
     model = deep_mlp()
@@ -214,6 +220,8 @@ def test_bad_arguments():
         plan(step, global_batch=0)
     with pytest.raises(ValueError, match="objective"):
         plan(step, global_batch=4, objective="fast")
+    with pytest.raises(TypeError, match="TrainStep"):
+        plan(lambda b: None, global_batch=4)
 
 
 def test_candidate_sizes():
