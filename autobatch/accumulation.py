@@ -25,6 +25,8 @@ from typing import Any, Callable, ContextManager, Iterable, Iterator, Mapping
 
 import torch
 
+from .train_step import TrainStep
+
 __all__ = [
     "batch_size_of",
     "micro_batch_sizes",
@@ -165,7 +167,7 @@ def accumulate_gradients(
 
 
 def accumulated_step(
-    step: Any,
+    step: "TrainStep",
     micro_batches: Iterable[Any],
     *,
     global_batch: int,

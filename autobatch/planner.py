@@ -192,7 +192,8 @@ def plan(
         balanced: balanced micro-batches (sizes differ by at most one) rather than full ones
             and a smaller last one; off when ``multiple_of`` > 1 (sizes stay multiples).
         min_micro_batch: throughput: the smallest micro-batch timed (default: largest // 16).
-        exhaustive: throughput: also time checkpointed candidates the plain model can run.
+        exhaustive: throughput: also time checkpointed candidates the plain model can run
+            (probing with checkpointing even when the global batch fits without it).
         warmup_steps, timed_steps: throughput: untimed and timed global steps per candidate.
         timer: throughput: the clock (seconds); injectable for tests.
         **probe_kwargs: passed to :func:`~autobatch.find_max_batch` (``strategy``,
@@ -423,7 +424,7 @@ class _Planner:
         plain, plain_error = self.probe(False)
         plain_max = plain.batch_size if plain is not None else 0
         ckpt = ckpt_error = None
-        if allow_checkpointing and plain_max < self.global_batch:
+        if allow_checkpointing and (exhaustive or plain_max < self.global_batch):
             ckpt, ckpt_error = self.probe_checkpointed()
         if plain is None and ckpt is None:
             raise self.no_fit(plain_error, ckpt_error, allow_checkpointing)

@@ -237,3 +237,26 @@ def test_multiple_of_keeps_micro_batches_multiples():
     result = plan(make_step(deep_mlp(2)), global_batch=21, memory_limit="1MiB", steps_per_trial=1, multiple_of=4)
     assert result.micro_batch % 4 == 0 and not result.balanced
     assert all(size % 4 == 0 for size in result.micro_batch_sizes[:-1]) and sum(result.micro_batch_sizes) == 21
+
+
+def test_a_candidate_that_runs_out_of_memory_while_timed_is_recorded_and_skipped():
+    from autobatch.throughput import Candidate, measure_candidates
+
+    clock = FakeClock()
+    model = nn.Sequential(*(Costly(clock, lambda n: n) for _ in range(2)))
+    step = make_step(model, tokens=2)
+    make = step.make_batch
+
+    def make_batch(b):
+        if b == 8:
+            raise torch.OutOfMemoryError("Simulated out of memory: test")
+        return make(b)
+
+    step.make_batch = make_batch
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    candidates = [Candidate.build(16, m, False) for m in (4, 8, 16)]
+    measure_candidates(step, candidates, global_batch=16, warmup_steps=0, timed_steps=1, timer=clock)
+    assert [c.error is not None for c in candidates] == [False, True, False]
+    assert candidates[1].samples_per_s is None and candidates[0].samples_per_s == pytest.approx(16 / 32)
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    assert all(p.grad is None for p in model.parameters())
