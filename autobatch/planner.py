@@ -175,7 +175,7 @@ def plan(
     min_micro_batch: int | None = None,
     exhaustive: bool = False,
     warmup_steps: int = 1,
-    timed_steps: int = 2,
+    timed_steps: int = 3,
     timer: Callable[[], float] = time.perf_counter,
     **probe_kwargs: Any,
 ) -> Plan:

@@ -2,8 +2,10 @@
 
 A candidate is (micro-batch, accumulation steps, checkpointing). Timing one runs real global
 steps through :func:`~autobatch.accumulation.accumulated_step` (the same loop training uses):
-``warmup_steps`` untimed, then ``timed_steps`` timed, with a device synchronisation before
-each clock reading. Samples/s = ``timed_steps * global_batch / seconds``. The model and
+``warmup_steps`` untimed, then ``timed_steps`` each timed on its own, with a device
+synchronisation before each clock reading. Samples/s = ``global_batch / fastest step``: like
+``timeit``, the minimum is the figure least disturbed by other load (``step_seconds`` keeps
+them all). The model and
 optimizer are put back bit-exactly after every candidate (:class:`~autobatch.restore.Snapshot`),
 so each starts from the same state and the user's model is untouched afterwards. A candidate
 that runs out of memory while timed is recorded with its error and never chosen.
@@ -34,7 +36,8 @@ class Candidate:
     """One way to run the global batch, and what timing it measured.
 
     ``micro_batch_sizes`` are the sizes of the ``accumulation_steps`` micro-batches (they
-    cover the global batch exactly). ``samples_per_s`` is None until measured, or when the
+    cover the global batch exactly). ``seconds_per_step`` is the fastest timed global step,
+    ``step_seconds`` all of them. ``samples_per_s`` is None until measured, or when the
     candidate failed (``error`` says why).
     """
 
@@ -44,6 +47,7 @@ class Candidate:
     micro_batch_sizes: list[int]
     samples_per_s: float | None = None
     seconds_per_step: float | None = None
+    step_seconds: list[float] | None = None
     error: str | None = None
     chosen: bool = False
 
@@ -101,7 +105,7 @@ def measure_candidates(
     *,
     global_batch: int,
     warmup_steps: int = 1,
-    timed_steps: int = 2,
+    timed_steps: int = 3,
     timer: Callable[[], float],
     synchronize: Callable[[], None] = lambda: None,
 ) -> None:
@@ -132,22 +136,25 @@ def _time(step, candidate, global_batch, warmup_steps, timed_steps, timer, synch
         micro = (step.make_batch(size) for size in candidate.micro_batch_sizes)
         accumulated_step(step, micro, global_batch=global_batch)
 
+    times: list[float] = []
     try:
         for _ in range(warmup_steps):
             one_step()
         synchronize()
-        began = timer()
         for _ in range(timed_steps):
+            began = timer()
             one_step()
-        synchronize()
-        elapsed = timer() - began
+            synchronize()
+            times.append(timer() - began)
     except BaseException as exc:  # noqa: BLE001 - re-raised unless it is an OOM
         if not is_oom_error(exc):
             raise
         text = str(exc).strip()
         return text.splitlines()[0][:300] if text else type(exc).__name__
-    candidate.seconds_per_step = elapsed / timed_steps
-    candidate.samples_per_s = timed_steps * global_batch / elapsed if elapsed > 0 else math.inf
+    fastest = min(times)
+    candidate.step_seconds = times
+    candidate.seconds_per_step = fastest
+    candidate.samples_per_s = global_batch / fastest if fastest > 0 else math.inf
     log.info(
         "candidate micro=%d x %d checkpointing=%s: %.1f samples/s",
         candidate.micro_batch,

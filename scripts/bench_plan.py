@@ -94,7 +94,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--steps-per-trial", type=int, default=2)
     parser.add_argument("--min-micro-batch", type=int, default=None)
     parser.add_argument("--warmup-steps", type=int, default=1)
-    parser.add_argument("--timed-steps", type=int, default=2)
+    parser.add_argument("--timed-steps", type=int, default=3)
     parser.add_argument("--verify-rounds", type=int, default=2, help="interleaved re-timing rounds")
     parser.add_argument("--exhaustive", action="store_true", help="also time checkpointed sizes that fit plainly")
     parser.add_argument("--no-autocast", action="store_true", help="GPU: fp32 instead of bf16 autocast")
