@@ -27,3 +27,22 @@ __all__ = [
     "parse_bytes",
     "format_bytes",
 ]
+
+# Planning: gradient accumulation, activation checkpointing, the fastest plan (issue 5).
+from .accumulation import accumulate_gradients, accumulated_step, batch_size_of, micro_batch_sizes, split_batch
+from .checkpointing import CheckpointHandle, enable_checkpointing
+from .errors import GlobalBatchTooLargeError
+from .planner import Plan, plan
+
+__all__ += [
+    "plan",
+    "Plan",
+    "split_batch",
+    "micro_batch_sizes",
+    "batch_size_of",
+    "accumulate_gradients",
+    "accumulated_step",
+    "enable_checkpointing",
+    "CheckpointHandle",
+    "GlobalBatchTooLargeError",
+]

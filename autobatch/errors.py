@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from .units import format_bytes
 
-__all__ = ["NoBatchFitsError"]
+__all__ = ["NoBatchFitsError", "GlobalBatchTooLargeError"]
 
 
 class NoBatchFitsError(MemoryError):
@@ -45,3 +45,25 @@ class NoBatchFitsError(MemoryError):
         if last_error:
             message += f" Last allocator error: {last_error}"
         super().__init__(message)
+
+
+class GlobalBatchTooLargeError(MemoryError):
+    """The global batch does not fit in one step and gradient accumulation was not allowed.
+
+    ``largest_fit`` is the largest batch that trained (with activation checkpointing when
+    ``checkpointing`` is true); ``global_batch`` what was asked for.
+    """
+
+    def __init__(self, global_batch: int, largest_fit: int, checkpointing: bool, device: str) -> None:
+        self.global_batch = global_batch
+        self.largest_fit = largest_fit
+        self.checkpointing = checkpointing
+        self.device = device
+        how = "with activation checkpointing" if checkpointing else "without activation checkpointing"
+        super().__init__(
+            f"global_batch={global_batch} does not fit in one step on {device}: the largest batch "
+            f"that trains {how} is {largest_fit}. Allow gradient accumulation "
+            "(allow_accumulation=True) to keep the global batch in several micro-batches"
+            + ("" if checkpointing else ", or allow activation checkpointing")
+            + "."
+        )

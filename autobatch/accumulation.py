@@ -1,0 +1,247 @@
+"""Gradient accumulation that keeps the global batch: split, weight, backward, never step.
+
+This is the one accumulation implementation: users, the planner's throughput measurement and
+the training runner all call it, so "micro-batch x accumulation" means the same thing
+everywhere.
+
+Split policy. ``split_batch(batch, m)`` cuts dim 0 into chunks of ``m`` samples; when ``m``
+does not divide the batch, the *last* chunk is smaller (``10`` by ``4`` gives ``4, 4, 2``).
+``balanced=True`` keeps the same number of chunks, ``ceil(B / m)``, but spreads the samples
+so chunk sizes differ by at most one (``10`` by ``4`` gives ``4, 3, 3``); no chunk is ever
+larger than ``m``, so a micro-batch size that fits memory fits either way. No sample is
+dropped or repeated.
+
+Weighting. The loss of a micro-batch of ``n`` samples is multiplied by ``n / global_batch``
+before ``backward``. With a ``loss_fn`` that returns the *mean* over its micro-batch, the
+accumulated gradient is then the gradient of the mean over the whole global batch, exactly
+(up to floating-point summation order), whether or not the chunks are equal.
+"""
+
+from __future__ import annotations
+
+import math
+from contextlib import nullcontext
+from typing import Any, Callable, ContextManager, Iterable, Iterator, Mapping
+
+import torch
+
+from .train_step import TrainStep
+
+__all__ = [
+    "batch_size_of",
+    "micro_batch_sizes",
+    "split_batch",
+    "accumulate_gradients",
+    "accumulate_micro_batches",
+    "accumulated_step",
+]
+
+
+def batch_size_of(batch: Any) -> int:
+    """The number of samples in ``batch``: dim 0 of its tensors.
+
+    ``batch`` is a tensor or a (nested) tuple, list or dict of tensors; non-tensor leaves and
+    0-dim tensors are ignored. Every batched tensor must agree on dim 0.
+    """
+    sizes = {leaf.shape[0] for leaf in _tensor_leaves(batch) if leaf.dim() > 0}
+    if not sizes:
+        raise ValueError(f"batch has no tensor with a batch dimension: {type(batch).__name__}")
+    if len(sizes) > 1:
+        raise ValueError(f"batch tensors disagree on dim 0 (the batch dimension): sizes {sorted(sizes)}")
+    return sizes.pop()
+
+
+def micro_batch_sizes(global_batch: int, micro_batch: int, *, balanced: bool = False) -> list[int]:
+    """The micro-batch sizes that cover ``global_batch`` exactly with micro-batches of at most
+    ``micro_batch``: ``ceil(global_batch / micro_batch)`` of them.
+
+    Default: full chunks, last one smaller. ``balanced``: sizes differ by at most one, larger
+    ones first.
+
+    >>> micro_batch_sizes(10, 4), micro_batch_sizes(10, 4, balanced=True)
+    ([4, 4, 2], [4, 3, 3])
+    """
+    for name, value in (("global_batch", global_batch), ("micro_batch", micro_batch)):
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    steps = math.ceil(global_batch / micro_batch)
+    if balanced:
+        base, extra = divmod(global_batch, steps)
+        return [base + 1] * extra + [base] * (steps - extra)
+    full, tail = divmod(global_batch, micro_batch)
+    return [micro_batch] * full + ([tail] if tail else [])
+
+
+def split_batch(batch: Any, micro_batch: int, *, balanced: bool = False) -> list[Any]:
+    """Split ``batch`` along dim 0 into micro-batches of at most ``micro_batch`` samples.
+
+    ``batch`` is a tensor or a (nested) tuple, list, named tuple or dict of tensors; each
+    micro-batch has the same structure. The pieces are views (no copy). Non-tensor leaves and
+    0-dim tensors are shared by every micro-batch. See the module docstring for the policy.
+    """
+    sizes = micro_batch_sizes(batch_size_of(batch), micro_batch, balanced=balanced)
+    return [_select(batch, start, size) for start, size in zip(_offsets(sizes), sizes)]
+
+
+def accumulate_micro_batches(
+    model: torch.nn.Module,
+    loss_fn: Callable[[torch.nn.Module, Any], torch.Tensor],
+    micro_batches: Iterable[Any],
+    *,
+    global_batch: int,
+    autocast: Callable[[], ContextManager] | None = None,
+    grad_scaler: "torch.amp.GradScaler | None" = None,
+    no_sync: Callable[[], ContextManager] | None = None,
+) -> float:
+    """Forward and backward every micro-batch, each loss weighted by ``n / global_batch``.
+
+    The core loop behind :func:`accumulate_gradients`; ``micro_batches`` may be lazy (a
+    generator that builds each one). Gradients add up in ``param.grad``; the optimizer is
+    *not* stepped and gradients are *not* zeroed, so the caller decides both (and may retry
+    the whole call after an OOM, having zeroed the gradients). ``no_sync`` (e.g. DDP's
+    ``model.no_sync``) wraps every micro-batch but the last, so gradients are all-reduced
+    once. No reference to a loss or graph survives an iteration; a lazy ``micro_batches`` is
+    read one micro-batch ahead (to know which one is last).
+
+    Returns the sample-weighted mean loss over the micro-batches (a Python float; one
+    device synchronisation at the end).
+    """
+    autocast = autocast or nullcontext
+    total = None
+    seen = 0
+    for micro, last in _with_last(iter(micro_batches)):
+        size = batch_size_of(micro)
+        sync = nullcontext() if last or no_sync is None else no_sync()
+        with sync:
+            with autocast():
+                loss = loss_fn(model, micro)
+            weighted = loss * (size / global_batch)
+            if grad_scaler is not None:
+                grad_scaler.scale(weighted).backward()
+            else:
+                weighted.backward()
+        value = loss.detach()
+        if value.dtype in (torch.float16, torch.bfloat16):
+            value = value.float()  # add up in at least single precision
+        value = value * size
+        total = value if total is None else total + value
+        seen += size
+        del micro, loss, weighted, value
+    if total is None:
+        raise ValueError("no micro-batches to accumulate")
+    return float(total.item()) / seen
+
+
+def accumulate_gradients(
+    model: torch.nn.Module,
+    loss_fn: Callable[[torch.nn.Module, Any], torch.Tensor],
+    batch: Any,
+    micro_batch: int,
+    *,
+    global_batch: int | None = None,
+    balanced: bool = False,
+    autocast: Callable[[], ContextManager] | None = None,
+    grad_scaler: "torch.amp.GradScaler | None" = None,
+    no_sync: Callable[[], ContextManager] | None = None,
+) -> float:
+    """Accumulate the gradient of ``batch`` in micro-batches of at most ``micro_batch``.
+
+    ``loss_fn(model, micro)`` returns the mean loss over ``micro``. Each micro-batch's loss is
+    weighted by ``len(micro) / global_batch`` (``global_batch`` defaults to the size of
+    ``batch``; pass the whole global batch when ``batch`` is only this rank's share), so the
+    gradients left in ``param.grad`` equal those of ``loss_fn(model, batch).backward()``.
+    Does not step the optimizer or zero gradients; see :func:`accumulate_micro_batches` for
+    ``autocast`` (a context factory such as ``TrainStep.autocast``), ``grad_scaler`` and
+    ``no_sync``. Returns the mean loss as a float.
+    """
+    size = batch_size_of(batch)
+    return accumulate_micro_batches(
+        model,
+        loss_fn,
+        split_batch(batch, micro_batch, balanced=balanced),
+        global_batch=size if global_batch is None else global_batch,
+        autocast=autocast,
+        grad_scaler=grad_scaler,
+        no_sync=no_sync,
+    )
+
+
+def accumulated_step(
+    step: "TrainStep",
+    micro_batches: Iterable[Any],
+    *,
+    global_batch: int,
+    no_sync: Callable[[], ContextManager] | None = None,
+) -> float:
+    """One optimizer step of a :class:`~autobatch.TrainStep` over accumulated micro-batches.
+
+    Zeroes gradients, runs :func:`accumulate_micro_batches` with the step's loss, autocast and
+    grad scaler, steps the optimizer once (through the scaler when there is one) and zeroes
+    gradients again. Returns the mean loss.
+    """
+    step.optimizer.zero_grad(set_to_none=True)
+    loss = accumulate_micro_batches(
+        step.model,
+        step.loss_fn,
+        micro_batches,
+        global_batch=global_batch,
+        autocast=step.autocast,
+        grad_scaler=step.grad_scaler,
+        no_sync=no_sync,
+    )
+    if step.grad_scaler is not None:
+        step.grad_scaler.step(step.optimizer)
+        step.grad_scaler.update()
+    else:
+        step.optimizer.step()
+    step.optimizer.zero_grad(set_to_none=True)
+    return loss
+
+
+# -- helpers ----------------------------------------------------------------------------------
+def _tensor_leaves(batch: Any) -> Iterator[torch.Tensor]:
+    if isinstance(batch, torch.Tensor):
+        yield batch
+    elif isinstance(batch, Mapping):
+        for value in batch.values():
+            yield from _tensor_leaves(value)
+    elif isinstance(batch, (tuple, list)):
+        for value in batch:
+            yield from _tensor_leaves(value)
+
+
+def _select(batch: Any, start: int, size: int) -> Any:
+    """The samples ``start:start+size`` of ``batch``, keeping its structure."""
+    if isinstance(batch, torch.Tensor):
+        return batch.narrow(0, start, size) if batch.dim() > 0 else batch
+    if isinstance(batch, Mapping):
+        items = {key: _select(value, start, size) for key, value in batch.items()}
+        try:
+            return type(batch)(items)
+        except TypeError:  # a mapping type that cannot be built from a dict (defaultdict)
+            return items
+    if isinstance(batch, tuple) and hasattr(batch, "_fields"):  # named tuple
+        return type(batch)(*(_select(value, start, size) for value in batch))
+    if isinstance(batch, (tuple, list)):
+        return type(batch)(_select(value, start, size) for value in batch)
+    return batch
+
+
+def _offsets(sizes: list[int]) -> list[int]:
+    offsets, position = [], 0
+    for size in sizes:
+        offsets.append(position)
+        position += size
+    return offsets
+
+
+def _with_last(items: Iterator[Any]) -> Iterator[tuple[Any, bool]]:
+    """Yield ``(item, is_last)``; looks one item ahead."""
+    try:
+        current = next(items)
+    except StopIteration:
+        return
+    for following in items:
+        yield current, False
+        current = following
+    yield current, True

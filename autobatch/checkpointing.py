@@ -1,0 +1,152 @@
+"""Activation checkpointing of a model's repeated blocks, and a handle that undoes it.
+
+When batch 1 does not fit, the activations kept for backward are usually what is too big.
+Checkpointing a block keeps only its inputs and recomputes its activations during backward
+(roughly one more forward per step, the usual 20-30 % compute for a large memory saving).
+
+Which blocks. With ``targets=None``: in every ``nn.Sequential`` and ``nn.ModuleList``, the
+children that have parameters and whose class occurs at least twice among that container's
+children (the transformer layers of a ``ModuleList``, the blocks of a ``Sequential``); the
+search does not descend into a block it wraps, so blocks are never nested. With ``targets``
+(class names such as ``"GPTBlock"``, or classes): every module of those classes, outermost
+ones only.
+
+How. The block's ``forward`` is replaced *on the instance* by one that calls the class's
+forward through ``torch.utils.checkpoint.checkpoint(..., use_reentrant=False)`` (only while
+gradients are enabled). Nothing else changes: the module objects, their parameters and the
+``state_dict`` keys stay the same, so optimizers and checkpoints keep working, and
+:meth:`CheckpointHandle.undo` simply removes the instance attribute. A ``copy.deepcopy`` of a
+wrapped model is wrapped too (the bound method is rebound to the copy).
+"""
+
+from __future__ import annotations
+
+import logging
+import types
+from collections import Counter
+from typing import Any, Iterable
+
+import torch
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+__all__ = ["CheckpointHandle", "enable_checkpointing", "find_blocks", "is_checkpointed"]
+
+log = logging.getLogger("autobatch")
+
+
+def _checkpointed_forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
+    """The forward installed on a wrapped block (bound to it with ``types.MethodType``)."""
+    forward = type(self).forward.__get__(self)
+    if not torch.is_grad_enabled():
+        return forward(*args, **kwargs)
+    return checkpoint(forward, *args, use_reentrant=False, **kwargs)
+
+
+def is_checkpointed(module: nn.Module) -> bool:
+    """Whether ``module``'s forward is autobatch's checkpointed forward."""
+    installed = module.__dict__.get("forward")
+    return getattr(installed, "__func__", None) is _checkpointed_forward
+
+
+def _has_parameters(module: nn.Module) -> bool:
+    return any(True for _ in module.parameters())
+
+
+def _matches(module: nn.Module, targets: tuple[Any, ...]) -> bool:
+    for target in targets:
+        if isinstance(target, str) and type(module).__name__ == target:
+            return True
+        if isinstance(target, type) and isinstance(module, target):
+            return True
+    return False
+
+
+def find_blocks(model: nn.Module, targets: Iterable[str | type] | None = None) -> list[str]:
+    """Qualified names of the modules :func:`enable_checkpointing` would wrap (see the module
+    docstring for the rule); ``""`` names the model itself."""
+    wanted = None if targets is None else tuple([targets] if isinstance(targets, (str, type)) else targets)
+    found: list[str] = []
+
+    def visit(module: nn.Module, prefix: str) -> None:
+        if wanted is not None and _matches(module, wanted):
+            found.append(prefix)
+            return
+        children = list(module.named_children())
+        repeated: Counter = Counter()
+        if wanted is None and isinstance(module, (nn.Sequential, nn.ModuleList)):
+            repeated = Counter(type(child) for _, child in children if _has_parameters(child))
+        for name, child in children:
+            qualified = f"{prefix}.{name}" if prefix else name
+            if repeated[type(child)] >= 2 and _has_parameters(child):
+                found.append(qualified)
+            else:
+                visit(child, qualified)
+
+    visit(model, "")
+    return found
+
+
+class CheckpointHandle:
+    """The blocks :func:`enable_checkpointing` wrapped; :meth:`undo` unwraps them.
+
+    ``modules`` lists their qualified names (for the plan). Usable as a context manager
+    (undo on exit). :meth:`undo` is idempotent.
+    """
+
+    def __init__(self, model: nn.Module, modules: list[str]) -> None:
+        self.model = model
+        self.modules = list(modules)
+        self.active = True
+
+    def undo(self) -> None:
+        """Restore the original forward of every wrapped block (same module objects)."""
+        if not self.active:
+            return
+        for name in self.modules:
+            module = self.model.get_submodule(name)
+            if is_checkpointed(module):
+                del module.__dict__["forward"]
+        self.active = False
+        log.info("activation checkpointing removed from %d modules", len(self.modules))
+
+    def __enter__(self) -> "CheckpointHandle":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.undo()
+
+    def __len__(self) -> int:
+        return len(self.modules)
+
+    def __repr__(self) -> str:
+        state = "active" if self.active else "undone"
+        return f"CheckpointHandle({len(self.modules)} modules, {state})"
+
+
+def enable_checkpointing(
+    model: nn.Module,
+    targets: Iterable[str | type] | None = None,
+    *,
+    modules: Iterable[str] | None = None,
+) -> CheckpointHandle:
+    """Wrap ``model``'s repeated blocks with non-reentrant activation checkpointing.
+
+    ``targets``: class names or classes to wrap instead of the automatic choice. ``modules``:
+    exact qualified names to wrap (e.g. a saved plan's ``checkpointed_modules``). Blocks that
+    are already wrapped, or whose ``forward`` was replaced on the instance by someone else,
+    are left alone (and not in the handle). Returns the :class:`CheckpointHandle` that undoes
+    it; an empty handle when nothing was found to wrap.
+    """
+    wrapped: list[str] = []
+    names = list(modules) if modules is not None else find_blocks(model, targets)
+    for name in names:
+        module = model.get_submodule(name)
+        if "forward" in module.__dict__:
+            if not is_checkpointed(module):
+                log.warning("not checkpointing %s: its forward is already replaced on the instance", name or "<model>")
+            continue
+        module.forward = types.MethodType(_checkpointed_forward, module)
+        wrapped.append(name)
+    log.info("activation checkpointing enabled on %d modules", len(wrapped))
+    return CheckpointHandle(model, wrapped)

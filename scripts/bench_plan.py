@@ -1,0 +1,221 @@
+"""Benchmark autobatch.plan(objective="throughput") on a small GPT-like transformer.
+
+The global batch is chosen so it does not fit under the memory cap in one step. The script
+plans it, prints a markdown table of every candidate's samples/s (as the planner timed it),
+then re-times every candidate that fit, in interleaved rounds, and checks that the chosen
+plan is within 3 % of the best re-timed one. Exit status 0 when it is, 1 when not.
+
+    python scripts/bench_plan.py --device cuda                 # GPU defaults (capped at 6 GiB)
+    python scripts/bench_plan.py --device cpu                  # a tiny model, simulated budget
+    python scripts/bench_plan.py --device cuda --memory-limit 10GiB --global-batch 256 --json plan.json
+
+Run it from the repository root (or with autobatch installed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+import time
+from contextlib import nullcontext
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+import autobatch  # noqa: E402
+from autobatch.devices import AcceleratorMemory  # noqa: E402
+from autobatch.throughput import Candidate, accelerator_synchronize, measure_candidates  # noqa: E402
+from autobatch.units import parse_bytes  # noqa: E402
+
+TOLERANCE = 0.03
+
+#: Defaults per device type: a GPT-2-ish model on a GPU, a toy one on the CPU.
+DEFAULTS = {
+    "cuda": dict(layers=8, d_model=512, heads=8, seq_len=1024, vocab=16384, global_batch=128, memory_limit="6GiB"),
+    "cpu": dict(layers=4, d_model=32, heads=2, seq_len=32, vocab=128, global_batch=32, memory_limit="2MiB"),
+}
+
+
+class Block(nn.Module):
+    """Pre-norm transformer block: causal self-attention and a 4x MLP."""
+
+    def __init__(self, d_model: int, heads: int) -> None:
+        super().__init__()
+        self.heads = heads
+        self.ln1 = nn.LayerNorm(d_model)
+        self.qkv = nn.Linear(d_model, 3 * d_model)
+        self.proj = nn.Linear(d_model, d_model)
+        self.ln2 = nn.LayerNorm(d_model)
+        self.mlp = nn.Sequential(nn.Linear(d_model, 4 * d_model), nn.GELU(), nn.Linear(4 * d_model, d_model))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        batch, tokens, width = x.shape
+        q, k, v = self.qkv(self.ln1(x)).split(width, dim=2)
+        q, k, v = (t.view(batch, tokens, self.heads, width // self.heads).transpose(1, 2) for t in (q, k, v))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.proj(y.transpose(1, 2).reshape(batch, tokens, width))
+        return x + self.mlp(self.ln2(x))
+
+
+class GPT(nn.Module):
+    def __init__(self, vocab: int, seq_len: int, d_model: int, heads: int, layers: int) -> None:
+        super().__init__()
+        self.tok = nn.Embedding(vocab, d_model)
+        self.pos = nn.Embedding(seq_len, d_model)
+        self.blocks = nn.ModuleList(Block(d_model, heads) for _ in range(layers))
+        self.ln_f = nn.LayerNorm(d_model)
+        self.head = nn.Linear(d_model, vocab, bias=False)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        x = self.tok(tokens) + self.pos(torch.arange(tokens.shape[1], device=tokens.device))
+        for block in self.blocks:
+            x = block(x)
+        return self.head(self.ln_f(x))
+
+
+def lm_loss(model: nn.Module, tokens: torch.Tensor) -> torch.Tensor:
+    logits = model(tokens[:, :-1])
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), tokens[:, 1:].reshape(-1))
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    for name in ("layers", "d_model", "heads", "seq_len", "vocab", "global_batch"):
+        parser.add_argument("--" + name.replace("_", "-"), type=int, default=None)
+    parser.add_argument("--memory-limit", default=None, help='cap, e.g. "6GiB" (CPU: simulated budget)')
+    parser.add_argument("--strategy", default="auto")
+    parser.add_argument("--steps-per-trial", type=int, default=2)
+    parser.add_argument("--min-micro-batch", type=int, default=None)
+    parser.add_argument("--warmup-steps", type=int, default=1)
+    parser.add_argument("--timed-steps", type=int, default=3)
+    parser.add_argument("--verify-rounds", type=int, default=2, help="interleaved re-timing rounds")
+    parser.add_argument("--exhaustive", action="store_true", help="also time checkpointed sizes that fit plainly")
+    parser.add_argument("--no-autocast", action="store_true", help="GPU: fp32 instead of bf16 autocast")
+    parser.add_argument("--json", default=None, help="write the plan and the re-timing here")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("-v", "--verbose", action="store_true")
+    args = parser.parse_args()
+    defaults = DEFAULTS["cpu" if args.device == "cpu" else "cuda"]
+    for key, value in defaults.items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
+    return args
+
+
+def retime(step, plan, args, device) -> list[dict]:
+    """Re-time every candidate that fit, ``verify_rounds`` interleaved rounds, best round kept."""
+    plan.undo()
+    fitting = [c for c in plan.candidates if c.get("samples_per_s") is not None]
+    best: dict[tuple, float] = {}
+    cap = nullcontext()
+    if device.type != "cpu":
+        cap = AcceleratorMemory(device).capped(parse_bytes(args.memory_limit))
+    with cap:
+        for _ in range(args.verify_rounds):
+            for data in fitting:
+                candidate = Candidate(
+                    data["micro_batch"], data["accumulation_steps"], data["checkpointing"], data["micro_batch_sizes"]
+                )
+                handle = autobatch.enable_checkpointing(step.model) if candidate.checkpointing else None
+                try:
+                    measure_candidates(
+                        step,
+                        [candidate],
+                        global_batch=plan.global_batch,
+                        warmup_steps=args.warmup_steps,
+                        timed_steps=args.timed_steps,
+                        timer=time.perf_counter,
+                        synchronize=accelerator_synchronize(device),
+                    )
+                finally:
+                    if handle is not None:
+                        handle.undo()
+                key = (candidate.micro_batch, candidate.accumulation_steps, candidate.checkpointing)
+                if candidate.samples_per_s is not None:
+                    best[key] = max(best.get(key, 0.0), candidate.samples_per_s)
+    rows = []
+    for data in plan.candidates:
+        key = (data["micro_batch"], data["accumulation_steps"], data["checkpointing"])
+        rows.append(dict(data, retimed_samples_per_s=best.get(key)))
+    return rows
+
+
+def main() -> int:
+    args = parse_args()
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(message)s")
+    torch.manual_seed(args.seed)
+    device = torch.device(args.device)
+    if device.type != "cpu" and device.index is None:
+        device = torch.device(device.type, torch.accelerator.current_device_index())
+    model = GPT(args.vocab, args.seq_len, args.d_model, args.heads, args.layers).to(device)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-4)
+    autocast = None if device.type == "cpu" or args.no_autocast else torch.bfloat16
+    step = autobatch.TrainStep(
+        model,
+        optimizer,
+        loss_fn=lm_loss,
+        make_batch=lambda b: torch.randint(0, args.vocab, (b, args.seq_len + 1), device=device),
+        autocast_dtype=autocast,
+    )
+    params = sum(p.numel() for p in model.parameters())
+    print(
+        f"# bench_plan: GPT {args.layers} layers, d_model {args.d_model}, seq {args.seq_len}, vocab {args.vocab} "
+        f"({params / 1e6:.2f} M params) on {device}"
+        + (f" ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else "")
+    )
+    print(f"global batch {args.global_batch}, memory limit {args.memory_limit}, autocast {autocast}\n")
+
+    plan = autobatch.plan(
+        step,
+        global_batch=args.global_batch,
+        objective="throughput",
+        memory_limit=args.memory_limit,
+        strategy=args.strategy,
+        steps_per_trial=args.steps_per_trial,
+        min_micro_batch=args.min_micro_batch,
+        exhaustive=args.exhaustive,
+        warmup_steps=args.warmup_steps,
+        timed_steps=args.timed_steps,
+    )
+    fits_plainly = [p["result"]["batch_size"] for p in plan.probes if p["fits"] and not p["checkpointing"]]
+    if fits_plainly and fits_plainly[0] >= args.global_batch:
+        print(f"WARNING: the global batch {args.global_batch} fits in one step; raise it or lower --memory-limit\n")
+    print(plan.summary())
+
+    rows = retime(step, plan, args, device)
+    retimed = [r for r in rows if r["retimed_samples_per_s"]]
+    best = max(retimed, key=lambda r: r["retimed_samples_per_s"])
+    chosen = next(r for r in rows if r["chosen"])
+    ratio = (chosen["retimed_samples_per_s"] or 0.0) / best["retimed_samples_per_s"]
+    print(f"\n## Re-timed ({args.verify_rounds} interleaved rounds, best round)\n")
+    print("| micro-batch | accumulation | checkpointing | planner samples/s | re-timed samples/s | % of best | |")
+    print("| ---: | ---: | :---: | ---: | ---: | ---: | --- |")
+    for r in rows:
+        planned = "OOM" if r.get("error") else f"{r['samples_per_s']:.1f}"
+        again = r["retimed_samples_per_s"]
+        share = f"{100 * again / best['retimed_samples_per_s']:.1f}" if again else "-"
+        print(
+            f"| {r['micro_batch']} | {r['accumulation_steps']} | {'yes' if r['checkpointing'] else 'no'} "
+            f"| {planned} | {again and f'{again:.1f}' or '-'} | {share} | {'**chosen**' if r['chosen'] else ''} |"
+        )
+    ok = ratio >= 1 - TOLERANCE
+    print(
+        f"\nchosen: micro-batch {plan.micro_batch} x {plan.accumulation_steps}, checkpointing "
+        f"{'on' if plan.checkpointing else 'off'}; re-timed at {100 * ratio:.1f} % of the best "
+        f"({'PASS' if ok else 'FAIL'}: within {TOLERANCE:.0%})"
+    )
+    if args.json:
+        with open(args.json, "w") as handle:
+            json.dump({"args": vars(args), "plan": plan.to_dict(), "retimed": rows, "ratio": ratio, "pass": ok}, handle, indent=2)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,145 @@
+"""Gradient accumulation: the accumulated gradient equals the full-batch gradient.
+
+Tolerance: the model runs in float64, so the only difference between the two gradients is
+floating-point summation order; they must agree to ``atol=1e-10, rtol=1e-10``.
+"""
+
+from __future__ import annotations
+
+from collections import namedtuple
+from contextlib import contextmanager
+
+import pytest
+import torch
+from torch import nn
+
+from autobatch.accumulation import (
+    accumulate_gradients,
+    accumulate_micro_batches,
+    accumulated_step,
+    batch_size_of,
+    micro_batch_sizes,
+    split_batch,
+)
+from autobatch.train_step import TrainStep
+
+ATOL = RTOL = 1e-10
+Pair = namedtuple("Pair", "x y")
+
+
+def make_model(seed: int = 0) -> nn.Module:
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 3)).double()
+
+
+def tuple_loss(model, batch):
+    x, y = batch
+    return nn.functional.mse_loss(model(x), y)
+
+
+def dict_loss(model, batch):
+    return nn.functional.cross_entropy(model(batch["x"]), batch["label"]) * batch["scale"]
+
+
+def grads(model) -> list[torch.Tensor]:
+    return [p.grad.clone() for p in model.parameters()]
+
+
+def full_batch_grads(model, loss_fn, batch) -> tuple[list[torch.Tensor], float]:
+    model.zero_grad(set_to_none=True)
+    loss = loss_fn(model, batch)
+    loss.backward()
+    out = grads(model)
+    model.zero_grad(set_to_none=True)
+    return out, loss.item()
+
+
+def assert_same(a, b):
+    for left, right in zip(a, b, strict=True):
+        torch.testing.assert_close(left, right, atol=ATOL, rtol=RTOL)
+
+
+@pytest.mark.parametrize("global_batch,micro", [(12, 4), (12, 12), (10, 4), (13, 5), (7, 1), (5, 8)])
+@pytest.mark.parametrize("balanced", [False, True])
+def test_tuple_batch_gradients_equal_full_batch(global_batch, micro, balanced):
+    model = make_model()
+    torch.manual_seed(1)
+    batch = (torch.randn(global_batch, 6, dtype=torch.float64), torch.randn(global_batch, 3, dtype=torch.float64))
+    expected, expected_loss = full_batch_grads(model, tuple_loss, batch)
+    loss = accumulate_gradients(model, tuple_loss, batch, micro, balanced=balanced)
+    assert_same(grads(model), expected)
+    assert loss == pytest.approx(expected_loss, rel=1e-12)
+
+
+@pytest.mark.parametrize("micro", [3, 4, 9])
+def test_dict_batch_with_shared_scalar_leaf(micro):
+    model = make_model()
+    torch.manual_seed(2)
+    batch = {
+        "x": torch.randn(9, 6, dtype=torch.float64),
+        "label": torch.randint(0, 3, (9,)),
+        "scale": torch.tensor(0.5, dtype=torch.float64),  # 0-dim: shared by every micro-batch
+    }
+    expected, _ = full_batch_grads(model, dict_loss, batch)
+    accumulate_gradients(model, dict_loss, batch, micro)
+    assert_same(grads(model), expected)
+
+
+def test_split_policies_and_structures():
+    assert micro_batch_sizes(10, 4) == [4, 4, 2]
+    assert micro_batch_sizes(10, 4, balanced=True) == [4, 3, 3]
+    assert micro_batch_sizes(8, 4) == micro_batch_sizes(8, 4, balanced=True) == [4, 4]
+    assert micro_batch_sizes(3, 8) == [3]
+    for g in range(1, 40):
+        for m in range(1, 12):
+            tail, bal = micro_batch_sizes(g, m), micro_batch_sizes(g, m, balanced=True)
+            assert sum(tail) == sum(bal) == g and len(tail) == len(bal)
+            assert max(bal) - min(bal) <= 1 and max(bal) <= m
+    batch = Pair(torch.arange(10), [torch.arange(10) * 2, "meta"])
+    parts = split_batch(batch, 4)
+    assert [batch_size_of(p) for p in parts] == [4, 4, 2]
+    assert isinstance(parts[0], Pair) and parts[0].y[1] == "meta"
+    assert torch.equal(torch.cat([p.x for p in parts]), batch.x)
+    assert parts[0].x.untyped_storage().data_ptr() == batch.x.untyped_storage().data_ptr()  # views
+    with pytest.raises(ValueError, match="disagree"):
+        batch_size_of((torch.zeros(3), torch.zeros(4)))
+    with pytest.raises(ValueError, match="positive"):
+        micro_batch_sizes(10, 0)
+
+
+def test_global_batch_weighting_for_a_shard_and_no_sync():
+    """A rank's shard weighted by the whole global batch; no_sync wraps all but the last."""
+    model = make_model()
+    torch.manual_seed(3)
+    batch = (torch.randn(8, 6, dtype=torch.float64), torch.randn(8, 3, dtype=torch.float64))
+    expected, _ = full_batch_grads(model, tuple_loss, batch)
+    entered = []
+
+    @contextmanager
+    def no_sync():
+        entered.append(True)
+        yield
+
+    accumulate_gradients(model, tuple_loss, (batch[0][:5], batch[1][:5]), 2, global_batch=8, no_sync=no_sync)
+    accumulate_gradients(model, tuple_loss, (batch[0][5:], batch[1][5:]), 2, global_batch=8)
+    assert_same(grads(model), expected)
+    assert len(entered) == 2  # 3 micro-batches (2, 2, 1): the last one syncs
+
+
+def test_lazy_micro_batches_and_accumulated_step_matches_full_step():
+    torch.manual_seed(4)
+    data = (torch.randn(11, 6, dtype=torch.float64), torch.randn(11, 3, dtype=torch.float64))
+    reference = make_model()
+    opt_ref = torch.optim.SGD(reference.parameters(), lr=0.1)
+    opt_ref.zero_grad()
+    tuple_loss(reference, data).backward()
+    opt_ref.step()
+
+    model = make_model()
+    step = TrainStep(model, torch.optim.SGD(model.parameters(), lr=0.1), tuple_loss, make_batch=None)
+    micro = (m for m in split_batch(data, 3, balanced=True))  # a generator
+    accumulated_step(step, micro, global_batch=11)
+    assert_same(list(model.parameters()), list(reference.parameters()))
+    assert all(p.grad is None for p in model.parameters())
+    with pytest.raises(ValueError, match="no micro-batches"):
+        accumulate_micro_batches(model, tuple_loss, [], global_batch=1)

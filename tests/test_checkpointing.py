@@ -1,0 +1,113 @@
+"""Activation checkpointing: which blocks are wrapped, that it saves memory, that undo restores."""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+from torch import nn
+
+from autobatch.checkpointing import enable_checkpointing, find_blocks, is_checkpointed
+from autobatch.simulated import simulated_memory
+
+
+def block(width: int) -> nn.Module:
+    return nn.Sequential(nn.Linear(width, width), nn.GELU(), nn.Linear(width, width), nn.GELU())
+
+
+class Layer(nn.Module):
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.fc = nn.Linear(width, width)
+
+    def forward(self, x, *, scale=1.0):
+        return torch.tanh(self.fc(x)) * scale
+
+
+class Net(nn.Module):
+    """Embedding-like head, a ModuleList of repeated layers, a tail."""
+
+    def __init__(self, width: int = 8, depth: int = 3) -> None:
+        super().__init__()
+        self.inp = nn.Linear(4, width)
+        self.layers = nn.ModuleList(Layer(width) for _ in range(depth))
+        self.out = nn.Linear(width, 2)
+
+    def forward(self, x):
+        x = self.inp(x)
+        for layer in self.layers:
+            x = layer(x, scale=0.5)
+        return self.out(x)
+
+
+def test_finds_repeated_blocks_outermost_only():
+    seq = nn.Sequential(block(4), block(4), nn.Linear(4, 2))
+    assert find_blocks(seq) == ["0", "1"]  # the lone Linear does not repeat; no nesting
+    assert find_blocks(Net()) == ["layers.0", "layers.1", "layers.2"]
+    assert find_blocks(Net(), targets=["Layer"]) == ["layers.0", "layers.1", "layers.2"]
+    assert find_blocks(Net(), targets=[nn.Linear]) == ["inp", "layers.0.fc", "layers.1.fc", "layers.2.fc", "out"]
+    assert find_blocks(nn.Sequential(nn.Linear(2, 2), nn.ReLU())) == []
+
+
+def test_same_results_and_gradients_and_undo_restores_modules():
+    torch.manual_seed(0)
+    model = Net().double()
+    x = torch.randn(5, 4, dtype=torch.float64)
+    before_keys = list(model.state_dict())
+    before_modules = dict(model.named_modules())
+    before_params = {name: p for name, p in model.named_parameters()}
+    reference = model(x)
+    reference.sum().backward()
+    ref_grads = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad(set_to_none=True)
+
+    handle = enable_checkpointing(model)
+    assert handle.modules == ["layers.0", "layers.1", "layers.2"]
+    assert all(is_checkpointed(model.get_submodule(name)) for name in handle.modules)
+    assert list(model.state_dict()) == before_keys  # keys unchanged while wrapped
+    out = model(x)  # kwargs (scale=) pass through the checkpoint
+    assert out.grad_fn is not None
+    torch.testing.assert_close(out, reference, atol=0, rtol=0)
+    out.sum().backward()
+    for grad, ref in zip((p.grad for p in model.parameters()), ref_grads):
+        torch.testing.assert_close(grad, ref, atol=1e-12, rtol=1e-12)
+    assert enable_checkpointing(model).modules == []  # already wrapped: nothing new
+
+    clone = copy.deepcopy(model)  # the copy is wrapped and calls its own layers
+    with torch.no_grad():
+        clone.layers[0].fc.weight.add_(1.0)
+    assert is_checkpointed(clone.layers[0]) and not torch.equal(clone(x), model(x))
+
+    handle.undo()
+    handle.undo()  # idempotent
+    assert not any(is_checkpointed(m) for m in model.modules())
+    assert all("forward" not in m.__dict__ for m in model.modules())
+    assert dict(model.named_modules()) == before_modules  # the same objects
+    assert all(before_params[name] is p for name, p in model.named_parameters())
+    assert list(model.state_dict()) == before_keys
+    torch.testing.assert_close(model(x), reference, atol=0, rtol=0)
+
+
+def test_modules_by_name_and_context_manager():
+    model = Net()
+    with enable_checkpointing(model, modules=["layers.1"]) as handle:
+        assert handle.modules == ["layers.1"] and is_checkpointed(model.layers[1])
+        assert not is_checkpointed(model.layers[0])
+    assert not is_checkpointed(model.layers[1])
+
+
+def test_checkpointing_lowers_the_simulated_peak():
+    torch.manual_seed(0)
+    model = nn.Sequential(*(block(32) for _ in range(6)))
+    x = torch.randn(1, 256, 32)
+
+    def peak() -> int:
+        with simulated_memory("1GiB") as device:
+            model(x).pow(2).mean().backward()
+        model.zero_grad(set_to_none=True)
+        return device.peak_bytes
+
+    plain = peak()
+    with enable_checkpointing(model):
+        wrapped = peak()
+    assert wrapped < plain / 2
