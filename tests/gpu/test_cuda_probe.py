@@ -1,0 +1,127 @@
+"""Real-GPU checks of the probe engine. Skipped without CUDA; run them all with
+``bash scripts/gpu_tests.sh`` (one device call)."""
+
+import gc
+
+import pytest
+import torch
+
+import autobatch
+from autobatch import NoBatchFitsError, find_max_batch, free_memory, is_oom_error
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+]
+
+GiB = 2**30
+
+
+def conv_step(width: int = 64, autocast: bool = False) -> autobatch.TrainStep:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Conv2d(3, width, 3, padding=1), torch.nn.BatchNorm2d(width), torch.nn.ReLU(),
+        torch.nn.Conv2d(width, width, 3, padding=1), torch.nn.BatchNorm2d(width), torch.nn.ReLU(),
+        torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(width, 10),
+    ).cuda()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    return autobatch.TrainStep(
+        model,
+        opt,
+        lambda m, b: torch.nn.functional.cross_entropy(m(b[0]), b[1]),
+        lambda n: (torch.randn(n, 3, 64, 64, device="cuda"), torch.randint(0, 10, (n,), device="cuda")),
+        autocast_dtype=torch.bfloat16 if autocast else None,
+    )
+
+
+@pytest.fixture(autouse=True)
+def _clean_cuda():
+    free_memory()
+    yield
+    gc.collect()
+    torch.cuda.empty_cache()
+
+
+def test_a_real_cuda_oom_is_detected_and_its_memory_freed():
+    before = torch.cuda.memory_allocated()
+    keep = torch.empty(256 * 2**20, dtype=torch.uint8, device="cuda")  # noqa: F841 - held on purpose
+    total = torch.cuda.get_device_properties(0).total_memory
+    caught = None
+    try:
+        torch.empty(2 * total, dtype=torch.uint8, device="cuda")
+    except Exception as exc:  # noqa: BLE001
+        caught = exc
+    assert caught is not None and is_oom_error(caught)
+    assert "CUDA out of memory" in str(caught)
+    del caught, keep
+    free_memory()
+    assert torch.cuda.memory_allocated() == before
+
+
+def test_memory_returns_to_baseline_after_oom_trials():
+    step = conv_step()
+    baseline = torch.cuda.memory_allocated()
+    result = find_max_batch(step, strategy="binary", memory_limit="2GiB", steps_per_trial=2)
+    assert result.num_ooms >= 1
+    free_memory()
+    assert torch.cuda.memory_allocated() == baseline  # restore put the (empty) Adam state back
+
+
+@pytest.mark.parametrize("strategy", ["binary", "predict", "auto", "power", "halving"])
+def test_each_strategy_on_a_real_model(strategy):
+    step = conv_step()
+    result = find_max_batch(
+        step, strategy=strategy, memory_limit="2GiB", steps_per_trial=2, start=4096 if strategy == "halving" else None
+    )
+    assert result.batch_size >= 1
+    assert result.capacity_bytes <= 2 * GiB
+    assert result.peak_bytes <= 2 * GiB
+    assert any(t.passed and t.batch_size == result.batch_size for t in result.trials)
+    if strategy in ("binary", "predict", "auto"):
+        assert result.smallest_failed == result.batch_size + 1
+    # the found size trains again in the same process
+    for _ in range(3):
+        step(result.batch_size)
+    torch.cuda.synchronize()
+
+
+def test_predict_matches_binary_with_fewer_trials_on_cuda():
+    binary = find_max_batch(conv_step(autocast=True), strategy="binary", memory_limit="3GiB", steps_per_trial=2)
+    free_memory()
+    auto = find_max_batch(conv_step(autocast=True), strategy="auto", memory_limit="3GiB", steps_per_trial=2)
+    assert auto.num_trials < binary.num_trials
+    # allocator state differs run to run; the boundary must agree to within 1 %
+    assert abs(auto.batch_size - binary.batch_size) <= max(1, binary.batch_size // 100)
+
+
+def test_memory_limit_caps_the_process_and_restores_the_previous_cap():
+    previous = torch.cuda.get_per_process_memory_fraction(0)
+    total = torch.cuda.get_device_properties(0).total_memory
+    seen = []
+
+    def fn(batch_size):
+        seen.append(torch.cuda.get_per_process_memory_fraction(0))
+        block = torch.empty(batch_size * 2**20, dtype=torch.uint8, device="cuda")
+        del block
+
+    result = find_max_batch(fn, strategy="binary", memory_limit="1GiB", steps_per_trial=1)
+    assert all(abs(f - GiB / total) < 1e-9 for f in seen)
+    assert torch.cuda.get_per_process_memory_fraction(0) == previous
+    assert 900 <= result.batch_size <= 1024  # 1 MiB per sample under a 1 GiB cap
+    assert result.capacity_bytes <= GiB
+
+
+def test_restore_is_bit_exact_on_cuda():
+    step = conv_step()
+    before = {k: v.clone() for k, v in step.model.state_dict().items()}
+    find_max_batch(step, memory_limit="2GiB", steps_per_trial=2)
+    after = step.model.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before)
+    assert len(step.optimizer.state) == 0
+
+
+def test_nothing_fits_on_cuda_raises_no_batch_fits():
+    step = conv_step(width=512)
+    with pytest.raises(NoBatchFitsError) as info:
+        find_max_batch(step, memory_limit="64MiB", steps_per_trial=1, max_batch=64)
+    assert "capacity" in str(info.value)
