@@ -41,7 +41,9 @@ class DeviceMemory(Protocol):
     def allocated(self) -> int: ...
     def reserved(self) -> int: ...
     def peak(self) -> int: ...
+    def peak_reserved(self) -> int: ...
     def reset_peak(self) -> None: ...
+    def release_cached(self) -> None: ...
     def synchronize(self) -> None: ...
 
 
@@ -110,8 +112,15 @@ class AcceleratorMemory:
     def peak(self) -> int:
         return torch.accelerator.max_memory_allocated(self.device)
 
+    def peak_reserved(self) -> int:
+        return torch.accelerator.max_memory_reserved(self.device)
+
     def reset_peak(self) -> None:
         torch.accelerator.reset_peak_memory_stats(self.device)
+
+    def release_cached(self) -> None:
+        """Return cached blocks, so a trial's reserved peak is what that trial needed."""
+        torch.accelerator.empty_cache()
 
     def synchronize(self) -> None:
         torch.accelerator.synchronize(self.device)
@@ -158,8 +167,14 @@ class SimulatedDeviceMemory:
     def peak(self) -> int:
         return self.simulation.peak_bytes
 
+    def peak_reserved(self) -> int:
+        return self.simulation.peak_bytes
+
     def reset_peak(self) -> None:
         self.simulation.reset_peak()
+
+    def release_cached(self) -> None:
+        pass  # the simulated device caches nothing
 
     def synchronize(self) -> None:
         pass

@@ -13,11 +13,16 @@ gradients, optimizer state, workspaces) plus activations per sample. So:
 3. **Close the gap.** Refit through the two largest passing points (a secant, so curvature
    from allocator rounding or workspaces is followed locally), predict again inside the
    bracket (largest pass, smallest OOM), trial, and repeat until the bracket's ends are
-   adjacent. Failed trials are used only as upper bounds (an OOM stops before the peak). A
-   prediction that a failed size refutes (it says the OOMed size fits, as happens when
-   fragmentation makes the usable capacity smaller than the total), or a bracket that does
-   not halve in two steps, gets a bisection step instead, so the worst case stays close to binary search and the answer is
-   exact like binary's: a passing size whose next size failed (or ``max_batch``).
+   adjacent. Failed trials are used only as upper bounds (an OOM stops before the peak).
+   Once a trial refutes the line (an OOM where it said the batch fits, as when the
+   allocator's rounding makes the usable capacity a little smaller; or a pass where it said
+   the previous size was the maximum, as on a plateau), the search gallops from the refuted
+   end in strides that start at 0.5 % and double, never past the bracket's midpoint, until a
+   trial lands on the other side (or three strides did not, when the line is far off); then
+   it bisects what is left. A line that creeps instead of
+   halving the bracket is also abandoned for bisection. So the worst case stays close to
+   binary search, and the answer is exact like binary's: a passing size whose next size
+   failed (or ``max_batch``).
 
 While the measurements give no usable line (flat peaks: small batches that fit in one
 allocator block, or a step whose memory does not depend on the batch) the fit keeps growing
@@ -39,6 +44,7 @@ __all__ = ["predictive", "LinearFit", "GROWTH", "JUMP_RATIO"]
 
 GROWTH = 8  # size ratio between successive fit trials
 JUMP_RATIO = 8  # extrapolate at most this far beyond the largest measured size (one growth step)
+MAX_GALLOPS = 3  # strides of 0.5 %, 1 %, 2 % cover allocator rounding; farther off, bisect
 
 
 @dataclass
@@ -166,20 +172,22 @@ def predictive(
 
     # -- 2 and 3. jump, then close the bracket -----------------------------------------
     jump_fit = fit
-    step = None  # stride past lo when the line says lo is already the maximum
-    bisect_next = False
+    gallop = 0  # 0: follow the line; -1 / +1: the line was refuted, gallop down / up
+    stride = gallops = 0
+    bisecting = False
     while hi is None or hi - lo > 1:
         predicted = fit.predict_max(capacity)
+        upper = max_units if hi is None else hi - 1
+        if bisecting:
+            guess = (lo + hi) // 2
+        elif gallop < 0:  # down from hi, no farther than the midpoint
+            guess = max(hi - stride, (lo + hi) // 2, lo + 1)
+        elif gallop > 0:  # up from lo, no farther than the midpoint
+            guess = min(lo + stride, upper if hi is None else (lo + hi) // 2 or lo + 1)
+            guess = max(guess, lo + 1)
+        else:  # the line's answer; lo + 1 when it says lo is already the maximum
+            guess = min(max(predicted, lo + 1), upper)
         width = None if hi is None else hi - lo
-        if hi is not None and (bisect_next or predicted >= hi):
-            guess = (lo + hi) // 2  # the line was refuted or the last guess did not halve the bracket
-        elif predicted > lo:
-            guess, step = min(predicted, max_units if hi is None else hi - 1), None
-        elif hi is not None:
-            guess = lo + 1  # the line says lo is the maximum: one trial confirms it
-        else:  # the line says lo is the maximum: check lo + 1, then probe upwards, doubling
-            step = 1 if step is None else max(2 * step, lo // 128)
-            guess = min(lo + step, max_units)
         passed = passes(guess, "verify")
         if passed:
             record_pass(guess)
@@ -188,11 +196,31 @@ def predictive(
                 break
         else:
             hi = guess
-        # bisect next when this guess did not halve the bracket, or the line was refuted from
-        # below (lo + 1 passed: a plateau, where the line cannot see the boundary)
-        bisect_next = width is not None and hi is not None and ((hi - lo) * 2 > width or (passed and predicted <= guess - 1))
-        fit = _secant(points) or fit
+        if bisecting:
+            continue
+        if gallop == 0:
+            fit = _secant(points) or fit
+            if not passed and predicted >= guess:  # the line said it fits: refuted from above
+                gallop, stride = -1, _first_stride(guess)
+            elif passed and predicted < guess:  # the line said lo was the maximum: refuted from below
+                gallop, stride = 1, _first_stride(guess)
+            elif width is not None and hi is not None and (hi - lo) * 2 > width:
+                bisecting = True  # the line creeps instead of halving the bracket
+        elif (gallop < 0 and passed) or (gallop > 0 and not passed) or (gallops >= MAX_GALLOPS and hi is not None):
+            bisecting = True  # crossed the boundary, or the line is far off: bisect what is left
+        else:
+            stride *= 2
+        gallops += gallop != 0
     return PredictOutcome(lo, jump_fit, None, "predict", points, refined=fit if fit is not jump_fit else None)
+
+
+def _first_stride(near: int) -> int:
+    """First gallop stride after the line was refuted near ``near``: half a percent.
+
+    A refuted line is usually off by the allocator's rounding and fragmentation, a percent or
+    two of the batch, so small strides that double find the boundary in a few cheap trials.
+    """
+    return max(1, round(near * 0.005))
 
 
 def _secant(points: list[tuple[int, int]], *, usable_only: bool = True) -> LinearFit | None:

@@ -21,8 +21,10 @@ class TrialRecord:
     """The outcome of one trial.
 
     ``peak_bytes`` is the device's allocated-memory peak during the trial (for a failed
-    trial, the peak reached before the failure); ``purpose`` says why the strategy ran it
-    (``search``, ``fit``, ``verify``, ``bisect``, ``margin``).
+    trial, the peak reached before the failure); ``reserved_bytes`` the allocator's reserved
+    peak (what a per-process cap limits; equal to ``peak_bytes`` on the simulated device);
+    ``purpose`` says why the strategy ran it (``search``, ``fit``, ``verify``, ``bisect``,
+    ``margin``).
     """
 
     batch_size: int
@@ -31,6 +33,7 @@ class TrialRecord:
     seconds: float
     purpose: str = "search"
     error: str | None = None
+    reserved_bytes: int | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -70,12 +73,12 @@ class TrialRunner:
         """Run a trial even if this size was tried before (used to re-measure)."""
         error = self._attempt(batch_size)
         seconds = time.perf_counter() - self._started
-        peak = self.memory.peak()
+        peak, reserved = self.memory.peak(), self.memory.peak_reserved()
         if error is not None:
             if self.after_oom is not None:
                 self.after_oom()
             free_memory()
-        record = TrialRecord(batch_size, error is None, peak, seconds, purpose, error)
+        record = TrialRecord(batch_size, error is None, peak, seconds, purpose, error, reserved)
         self.records.append(record)
         self.outcomes[batch_size] = record.passed
         log.info(
@@ -91,6 +94,7 @@ class TrialRunner:
     def _attempt(self, batch_size: int) -> str | None:
         """Run the steps; return None on success or the OOM's first line. Leaves the
         ``except`` block before anything is freed."""
+        self.memory.release_cached()
         self.memory.reset_peak()
         self._started = time.perf_counter()
         try:
@@ -104,10 +108,12 @@ class TrialRunner:
         return None
 
     def peak_of(self, batch_size: int) -> int | None:
-        """Peak memory of the latest passing trial at ``batch_size`` (None if none passed)."""
+        """What the latest passing trial at ``batch_size`` needed from the device: its
+        reserved peak where known (a cap limits reserved memory), else its allocated peak;
+        None if no trial at that size passed."""
         for record in reversed(self.records):
             if record.batch_size == batch_size and record.passed:
-                return record.peak_bytes
+                return record.reserved_bytes if record.reserved_bytes is not None else record.peak_bytes
         return None
 
     @property

@@ -131,6 +131,7 @@ def worker(args) -> dict:
     elif args.method.startswith("lightning-"):
         set_cap(args.device, limit)
         found, sizes = run_lightning(args, model, make_batch, loss_fn)
+        model.to(args.device)  # Lightning's teardown leaves the module on the CPU
         extra = {}
     elif args.method == "accelerate":
         set_cap(args.device, limit)
