@@ -58,12 +58,20 @@ def _cell(value: Any) -> str:
     return "" if value is None else str(value)
 
 
+def _short(text: str, limit: int = 120) -> str:
+    """The first sentence of an error, at most ``limit`` characters (the CSV keeps it all)."""
+    first = text.split(". ", 1)[0]
+    return first if len(first) <= limit else first[: limit - 3] + "..."
+
+
 def render_markdown(rows: list[dict[str, Any]]) -> str:
-    """The rows as a Markdown table."""
+    """The rows as a Markdown table; errors shortened to their first sentence."""
     columns = _columns(rows)
     lines = ["| " + " | ".join(columns) + " |", "|" + "|".join(" --- " for _ in columns) + "|"]
     for row in rows:
-        cells = [_cell(row.get(column)).replace("|", "\\|") for column in columns]
+        cells = [_cell(row.get(column)) for column in columns]
+        cells[-1] = _short(cells[-1])
+        cells = [cell.replace("|", "\\|") for cell in cells]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
