@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import csv
 
+import pytest
+
 from conftest import SMALL
 
 from autobatch.cli.sweep import COLUMNS, render_markdown
@@ -55,3 +57,13 @@ def test_markdown_escapes_pipes_and_shortens_errors():
     rows = [{"job": 0, "overrides": "a=1", "status": "failed", "error": "Nothing fits. " + "x" * 300 + " | y"}]
     line = render_markdown(rows).splitlines()[-1]
     assert line.endswith("| Nothing fits |")
+
+
+def test_joblib_launcher_sweep_is_summarised_across_processes(cli, tmp_path):
+    pytest.importorskip("hydra_plugins.hydra_joblib_launcher")
+    args = ["-m", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2", "model=gpt", "probe.memory_limit=256KiB,64MiB"]
+    done = cli("probe", *args, *SMALL)
+    assert done.returncode == 1
+    assert done.stderr.count("autobatch: error: ") == 1
+    rows = _rows(tmp_path / "sweep")
+    assert [(r["job"], r["status"]) for r in rows] == [("0", "failed"), ("1", "ok")]

@@ -36,6 +36,9 @@ class CLIError(CompactHydraException):
         self.message = message
         self.exit_code = exit_code
 
+    def __reduce__(self):  # launchers such as joblib pickle a failed job's exception
+        return type(self), (self.message, self.exit_code)
+
 
 def one_line(exc: BaseException) -> str:
     """The exception's message on one line, without OmegaConf's ``full_key`` bookkeeping."""
