@@ -127,3 +127,28 @@ def test_every_yaml_starts_with_a_command_that_uses_it():
     for path in files:
         first = path.read_text().splitlines()[0]
         assert first.startswith("# python -m autobatch "), path
+
+
+@pytest.mark.parametrize("precision, dtype", [("fp32", None), ("bf16", torch.bfloat16), ("fp16", torch.float16)])
+def test_precision_sets_autocast(conf, precision, dtype):
+    cfg = conf("probe", f"precision={precision}", "model=mlp", "data.shape=[4]", "model.width=8")
+    workload = build_workload(cfg)
+    assert workload.probe_step.autocast_dtype is dtype
+    assert workload.grad_scaler is None  # a GradScaler only for fp16 on CUDA
+    workload.probe_step(2)
+
+
+def test_any_model_by_target_with_its_arguments(conf):
+    cfg = conf(
+        "probe", "model=target", "model._target_=autobatch.models.MLP", "+model.in_shape=[4]",
+        "+model.num_classes=3", "data.shape=[4]", "data.num_classes=3",
+    )  # fmt: skip
+    workload = build_workload(cfg)
+    assert type(workload.model).__name__ == "MLP"
+    workload.probe_step(2)
+
+
+def test_resnet50_from_torchvision(conf):
+    pytest.importorskip("torchvision")
+    cfg = conf("probe", "model=resnet50", "data.shape=[3,32,32]")
+    assert build_workload(cfg).model(torch.randn(1, 3, 32, 32)).shape == (1, 10)

@@ -69,4 +69,4 @@ def check(config_name: str, args: Sequence[str]) -> None:
         raise
     except Exception as exc:  # noqa: BLE001 - turned into one line
         message, _ = describe(exc)
-        raise CLIError(message, BAD_INPUT) from None
+        raise CLIError(message, BAD_INPUT) from exc
