@@ -58,7 +58,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         preflight.check(command, rest)
     except errors.CLIError as exc:
-        if errors.traceback_wanted(any(arg.startswith("hydra.verbose") for arg in rest)):
+        if errors.traceback_wanted(_verbose(rest)):
             raise
         return _fail(exc.message, exc.exit_code)
     sys.argv = [f"autobatch {command}", *rest]
@@ -70,6 +70,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return code if isinstance(code, int) else (0 if code is None else 1)
     _report_sweep()
     return 0
+
+
+def _verbose(args: Sequence[str]) -> bool:
+    """Whether the overrides turn on ``hydra.verbose`` (true, or a list of loggers)."""
+    values = [arg.split("=", 1)[1] for arg in args if arg.startswith(("hydra.verbose=", "++hydra.verbose="))]
+    return bool(values) and values[-1].strip() not in ("", "false", "False", "null", "[]")
 
 
 def _report_sweep() -> None:

@@ -61,3 +61,12 @@ def test_autobatch_traceback_shows_the_traceback(cli):
     done = cli("probe", "model.heads=3", *SMALL, env=cli_env(AUTOBATCH_TRACEBACK="1"))
     assert done.returncode == 2
     assert "Traceback (most recent call last)" in done.stderr and "divisible by heads" in done.stderr
+
+
+def test_hydra_verbose_raises_instead_of_one_line(monkeypatch):
+    from autobatch.cli.errors import CLIError
+
+    monkeypatch.delenv("AUTOBATCH_TRACEBACK", raising=False)
+    with pytest.raises(CLIError, match="probe.start must be a positive integer or null"):
+        main(["probe", "hydra.verbose=true", "probe.start=0"])
+    assert main(["probe", "hydra.verbose=false", "probe.start=0"]) == 2

@@ -99,7 +99,7 @@ def validate(cfg: DictConfig) -> None:
         message = str(exc)
         for name in ("start", "max_batch", "strategy", "margin", "multiple_of", "steps_per_trial"):
             message = message.replace(f"{name}=", f"probe.{name}=").replace(f"{name} must", f"probe.{name} must")
-        raise ValueError(message) from None
+        raise ValueError(message.replace(" or None", " or null")) from None
     for key in ("probe.memory_limit", "device.simulated_budget"):
         value = OmegaConf.select(cfg, key)
         if value is not None:
