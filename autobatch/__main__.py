@@ -1,0 +1,99 @@
+"""``python -m autobatch <command> [overrides]`` (and the ``autobatch`` console script).
+
+Hydra has no subcommands, so this small dispatcher takes the first argument as the command
+(``probe`` or ``train``), checks the rest (:mod:`autobatch.cli.preflight`), and hands them
+to that command's Hydra app as its ``sys.argv``. ``--help`` lists the commands;
+``python -m autobatch probe --help`` is Hydra's help for one of them.
+"""
+
+from __future__ import annotations
+
+import difflib
+import sys
+from typing import Sequence
+
+USAGE = """\
+usage: python -m autobatch <command> [--multirun|-m] [key=value ...] [hydra flags]
+
+Find the largest batch size that trains in memory, from the command line (Hydra configs).
+
+commands:
+{commands}
+
+examples:
+  python -m autobatch probe                                  # default model, any machine
+  python -m autobatch probe model=cnn probe.memory_limit=256MiB
+  python -m autobatch train model=mlp train.steps=100
+  python -m autobatch probe -m model=mlp,gpt probe.strategy=binary,halving   # a sweep + summary
+
+`python -m autobatch <command> --help` shows that command's config groups and options.
+Set AUTOBATCH_TRACEBACK=1 for full tracebacks on errors."""
+
+
+def _usage() -> str:
+    from .cli.commands import COMMANDS
+
+    return USAGE.format(commands="\n".join(f"  {name:<7} {text}" for name, (_, _, text) in COMMANDS.items()))
+
+
+def _fail(message: str, code: int = 2) -> int:
+    print(f"autobatch: error: {message}", file=sys.stderr)
+    return code
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Dispatch to a command's Hydra app; return the exit status."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args or args[0] in ("-h", "--help", "help"):
+        print(_usage())
+        return 0 if args else 2
+    from .cli import errors, preflight
+    from .cli.commands import COMMANDS, run_app
+
+    command, rest = args[0], args[1:]
+    if command not in COMMANDS:
+        close = difflib.get_close_matches(command, COMMANDS, n=1)
+        hint = f"did you mean {close[0]!r}? " if close else ""
+        return _fail(f"unknown command {command!r}; {hint}choose one of: {', '.join(COMMANDS)} (python -m autobatch --help)")
+    try:
+        preflight.check(command, rest)
+    except errors.CLIError as exc:
+        if errors.traceback_wanted(_verbose(rest)):
+            raise
+        return _fail(exc.message, exc.exit_code)
+    sys.argv = [f"autobatch {command}", *rest]
+    try:
+        run_app(command)
+    except SystemExit as exc:
+        _report_sweep()
+        code = exc.code
+        return code if isinstance(code, int) else (0 if code is None else 1)
+    _report_sweep()
+    return 0
+
+
+def _verbose(args: Sequence[str]) -> bool:
+    """Whether the overrides turn on ``hydra.verbose`` (true, or a list of loggers)."""
+    values = [arg.split("=", 1)[1] for arg in args if arg.startswith(("hydra.verbose=", "++hydra.verbose="))]
+    return bool(values) and values[-1].strip() not in ("", "false", "False", "null", "[]")
+
+
+def _report_sweep() -> None:
+    """After a multirun, print its summary table (also written as summary.md/summary.csv)."""
+    from .cli.sweep import last_sweep_dir, write_summary
+
+    sweep_dir = last_sweep_dir()
+    if sweep_dir is None or not sweep_dir.is_dir():
+        return
+    rows = write_summary(sweep_dir)
+    if not rows:
+        return
+    print()
+    print((sweep_dir / "summary.md").read_text(encoding="utf-8"), end="")
+    failed = sum(row.get("status") != "ok" for row in rows)
+    print(f"{len(rows)} jobs, {failed} failed; summary: {sweep_dir / 'summary.md'} and summary.csv")
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,207 @@
+"""Turn a composed config into the objects a probe or a training run needs.
+
+``validate(cfg)`` checks what the schemas cannot (probe bounds, importable ``_target_`` s,
+data that suits the model) and raises ``ValueError`` naming the key to fix, before anything
+is built. ``build_workload(cfg)`` then makes the device, model, optimizer, batch makers and
+the :class:`~autobatch.TrainStep` the probe runs.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+from hydra.utils import instantiate
+from omegaconf import DictConfig, OmegaConf
+from torch.nn import functional as F
+
+from ..batches import DatasetBatches, SyntheticBatches
+from ..probe import validate_probe_args
+from ..train_step import TrainStep
+from ..units import parse_bytes
+
+__all__ = [
+    "Workload",
+    "validate",
+    "select_device",
+    "memory_limit",
+    "build_workload",
+    "cross_entropy_loss",
+    "locate",
+]
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+_AUTOCAST = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def _name(value: Any) -> str:
+    """An Enum member's name, or the value itself as a string."""
+    return getattr(value, "name", None) or str(value)
+
+
+def locate(path: str) -> Any:
+    """Import the object at a dotted ``path`` (``torch.optim.AdamW``); ``ImportError`` names
+    the part that is missing. (Hydra's own ``get_object`` also logs the failure.)"""
+    parts = path.split(".")
+    if not all(parts):
+        raise ImportError(f"{path!r} is not a dotted import path")
+    module, found = None, 0
+    for index in range(len(parts), 0, -1):
+        name = ".".join(parts[:index])
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            if exc.name is not None and not name.startswith(exc.name) and not exc.name.startswith(name):
+                raise ImportError(f"importing {name} failed: {exc}") from None
+            continue
+        found = index
+        break
+    if module is None:
+        raise ImportError(f"no module named {parts[0]!r}")
+    obj: Any = module
+    for index in range(found, len(parts)):
+        if not hasattr(obj, parts[index]):
+            raise ImportError(f"{'.'.join(parts[:index])} has no attribute {parts[index]!r}")
+        obj = getattr(obj, parts[index])
+    return obj
+
+
+def _check_target(key: str, node: Any) -> None:
+    """Raise ``ValueError`` unless ``node._target_`` names something importable."""
+    target = node.get("_target_") if isinstance(node, DictConfig) else None
+    if not target:
+        raise ValueError(f"{key}._target_ is not set; give an import path such as {key}._target_=torch.optim.SGD")
+    try:
+        locate(target)
+    except ImportError as exc:
+        reason = str(exc)
+        raise ValueError(
+            f"{key}._target_={target!r} cannot be imported ({reason}); fix the import path or install "
+            "the package that provides it"
+        ) from None
+
+
+def validate(cfg: DictConfig) -> None:
+    """Check the composed config beyond its types; ``ValueError`` names the key to fix."""
+    probe = cfg.probe
+    try:
+        validate_probe_args(
+            start=probe.start,
+            max_batch=probe.max_batch,
+            strategy=_name(probe.strategy),
+            margin=probe.margin,
+            multiple_of=probe.multiple_of,
+            steps_per_trial=probe.steps_per_trial,
+        )
+    except ValueError as exc:
+        message = str(exc)
+        for name in ("start", "max_batch", "strategy", "margin", "multiple_of", "steps_per_trial"):
+            message = message.replace(f"{name}=", f"probe.{name}=").replace(f"{name} must", f"probe.{name} must")
+        raise ValueError(message.replace(" or None", " or null")) from None
+    for key in ("probe.memory_limit", "device.simulated_budget"):
+        value = OmegaConf.select(cfg, key)
+        if value is not None:
+            parse_bytes(value, name=key)
+    _check_target("model", cfg.model)
+    _check_target("optimizer", cfg.optimizer)
+    if cfg.data.dataset is not None:
+        _check_target("data.dataset", cfg.data.dataset)
+    inputs = _name(cfg.model.get("inputs", "tensor"))
+    if inputs not in ("tensor", "tokens"):
+        raise ValueError(f"model.inputs must be 'tensor' or 'tokens', got {inputs!r}")
+    if "train" in cfg:
+        train = cfg.train
+        for key in ("global_batch", "micro_batch", "epochs"):
+            value = train[key]
+            if value is not None and value < 1:
+                raise ValueError(f"train.{key} must be a positive integer or null, got {value}")
+        if train.steps < 1:
+            raise ValueError(f"train.steps must be >= 1, got {train.steps}")
+        if train.checkpoint_every < 0:
+            raise ValueError(f"train.checkpoint_every must be >= 0 (0: never), got {train.checkpoint_every}")
+
+
+def select_device(cfg: DictConfig) -> torch.device:
+    """``device.type``: ``auto`` is CUDA when available, else the CPU."""
+    kind = _name(cfg.device.type)
+    if kind == "cuda" or (kind == "auto" and torch.cuda.is_available()):
+        if not torch.cuda.is_available():
+            raise ValueError("device=cuda but no CUDA device is available; use device=auto or device=cpu")
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def memory_limit(cfg: DictConfig, device: torch.device) -> str | None:
+    """The probe's memory limit: ``probe.memory_limit``, else on the CPU ``device.simulated_budget``."""
+    if cfg.probe.memory_limit is not None:
+        return str(cfg.probe.memory_limit)
+    if device.type == "cpu" and cfg.device.simulated_budget is not None:
+        return str(cfg.device.simulated_budget)
+    return None
+
+
+def cross_entropy_loss(model: torch.nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    """Cross-entropy of ``model(inputs)`` against ``targets``; logits ``[..., classes]`` are
+    flattened, so it serves classifiers ``[B, C]`` and language models ``[B, T, V]`` alike."""
+    inputs, targets = batch
+    logits = model(inputs)
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1))
+
+
+@dataclass
+class Workload:
+    """Everything built from a config: ``probe_step`` runs worst-case batches,
+    ``make_batch`` the batches training sees."""
+
+    device: torch.device
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    make_batch: Callable[[int], Any]
+    probe_step: TrainStep
+    autocast_dtype: torch.dtype | None
+    grad_scaler: "torch.amp.GradScaler | None"
+    samples_per_epoch: int
+
+
+def _batch_makers(cfg: DictConfig, device: torch.device) -> tuple[Callable, Callable, int]:
+    """(training batches, probe batches, samples per epoch)."""
+    data = cfg.data
+    if data.dataset is not None:
+        dataset = instantiate(data.dataset, _convert_="all")
+        batches = DatasetBatches(dataset, device)
+        return batches, DatasetBatches(dataset, device), len(batches)
+    spec = dict(
+        inputs=_name(cfg.model.get("inputs", "tensor")),
+        shape=list(data.shape),
+        dtype=_DTYPES[_name(data.dtype)],
+        num_classes=data.num_classes,
+        seq_len=data.seq_len,
+        min_seq_len=data.min_seq_len,
+        vocab_size=data.vocab_size,
+        device=device,
+        seed=cfg.seed,
+    )
+    return SyntheticBatches(**spec), SyntheticBatches(**spec, worst_case=True), data.num_samples
+
+
+def build_workload(cfg: DictConfig) -> Workload:
+    """Validate ``cfg``, then build the model (on the device), optimizer and batch makers."""
+    validate(cfg)
+    device = select_device(cfg)
+    torch.manual_seed(cfg.seed)
+    model_args = OmegaConf.to_container(cfg.model, resolve=True, enum_to_str=True)
+    assert isinstance(model_args, dict)
+    model_args.pop("inputs", None)
+    model = instantiate(model_args, _convert_="all").to(device)
+    optimizer = instantiate(cfg.optimizer, params=model.parameters(), _convert_="all")
+    make_batch, probe_batch, samples = _batch_makers(cfg, device)
+    autocast_dtype = _AUTOCAST[_name(cfg.precision)]
+    scaler = None
+    if autocast_dtype is torch.float16 and device.type == "cuda":
+        scaler = torch.amp.GradScaler(device.type)
+    step = TrainStep(
+        model, optimizer, cross_entropy_loss, probe_batch, autocast_dtype=autocast_dtype, grad_scaler=scaler
+    )
+    return Workload(device, model, optimizer, make_batch, step, autocast_dtype, scaler, samples)

@@ -1,0 +1,295 @@
+"""The command line's structured configs: one dataclass per concern, registered with Hydra.
+
+The YAML files in ``conf/`` (shipped as ``autobatch.conf``) fill these schemas in; because
+every node is typed, Hydra rejects an unknown key or a value of the wrong type with its own
+message before any code runs. Choices are ``Enum`` s, which OmegaConf validates (it has no
+``Literal``). Each field's docstring-comment below says what it does; the README repeats it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any, List, Optional
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING
+
+__all__ = [
+    "Precision",
+    "Strategy",
+    "DeviceKind",
+    "InputKind",
+    "DType",
+    "ModelConfig",
+    "MLPConfig",
+    "CNNConfig",
+    "GPTConfig",
+    "DataConfig",
+    "OptimizerConfig",
+    "AdamWConfig",
+    "SGDConfig",
+    "ProbeConfig",
+    "TrainConfig",
+    "DeviceConfig",
+    "ProbeAppConfig",
+    "TrainAppConfig",
+    "register_configs",
+]
+
+
+class Precision(Enum):
+    """Training precision: full fp32, or bf16/fp16 autocast (fp16 adds a GradScaler on CUDA)."""
+
+    fp32 = "fp32"
+    bf16 = "bf16"
+    fp16 = "fp16"
+
+
+class Strategy(Enum):
+    """The probe's search strategy (see :func:`autobatch.find_max_batch`)."""
+
+    auto = "auto"
+    binary = "binary"
+    power = "power"
+    halving = "halving"
+
+
+class DeviceKind(Enum):
+    """Where to run: ``auto`` is the GPU if there is one, else the CPU under a simulated budget."""
+
+    auto = "auto"
+    cuda = "cuda"
+    cpu = "cpu"
+
+
+class InputKind(Enum):
+    """What a model eats: float ``tensor`` s of ``data.shape``, or ``tokens`` of ``data.seq_len``."""
+
+    tensor = "tensor"
+    tokens = "tokens"
+
+
+class DType(Enum):
+    """Floating dtype of synthetic tensor inputs."""
+
+    float32 = "float32"
+    bfloat16 = "bfloat16"
+    float16 = "float16"
+
+
+# -- model ------------------------------------------------------------------------------
+@dataclass
+class ModelConfig:
+    """Any ``torch.nn.Module`` by ``_target_``; its keyword arguments are added with ``+model.x=``."""
+
+    _target_: str = MISSING
+    #: Which synthetic input the model takes (not passed to the constructor).
+    inputs: InputKind = InputKind.tensor
+
+
+@dataclass
+class MLPConfig(ModelConfig):
+    """:class:`autobatch.models.MLP`: flatten, ``layers`` x Linear(``width``)+ReLU, classifier."""
+
+    _target_: str = "autobatch.models.MLP"
+    #: Per-sample input shape (flattened); defaults to ``data.shape``.
+    in_shape: List[int] = MISSING
+    #: Output classes; defaults to ``data.num_classes``.
+    num_classes: int = MISSING
+    #: Hidden width.
+    width: int = 256
+    #: Hidden layers.
+    layers: int = 2
+
+
+@dataclass
+class CNNConfig(ModelConfig):
+    """:class:`autobatch.models.ResNetCNN`: a small ResNet of basic blocks."""
+
+    _target_: str = "autobatch.models.ResNetCNN"
+    #: Image channels; defaults to ``data.shape[0]``.
+    in_channels: int = MISSING
+    #: Output classes; defaults to ``data.num_classes``.
+    num_classes: int = MISSING
+    #: Channels of the first stage (each later stage doubles them).
+    width: int = 8
+    #: Stages; each after the first halves the resolution.
+    stages: int = 3
+    #: Basic blocks per stage.
+    blocks_per_stage: int = 1
+
+
+@dataclass
+class GPTConfig(ModelConfig):
+    """:class:`autobatch.models.GPT`: a decoder-only transformer."""
+
+    _target_: str = "autobatch.models.GPT"
+    inputs: InputKind = InputKind.tokens
+    #: Vocabulary size; defaults to ``data.vocab_size``.
+    vocab_size: int = MISSING
+    #: Longest sequence; defaults to ``data.seq_len``.
+    max_seq_len: int = MISSING
+    #: Decoder blocks.
+    layers: int = 2
+    #: Model width (embedding size).
+    width: int = 128
+    #: Attention heads (must divide ``width``).
+    heads: int = 4
+    #: MLP hidden size as a multiple of ``width``.
+    mlp_ratio: int = 4
+    #: Dropout probability.
+    dropout: float = 0.0
+
+
+# -- data -------------------------------------------------------------------------------
+@dataclass
+class DataConfig:
+    """A synthetic batch spec, or a ``_target_`` dataset under ``dataset``."""
+
+    #: Per-sample shape of tensor inputs (mlp, cnn, ``_target_`` vision models).
+    shape: List[int] = field(default_factory=lambda: [3, 32, 32])
+    #: dtype of synthetic tensor inputs.
+    dtype: DType = DType.float32
+    #: Classes of the classification target.
+    num_classes: int = 10
+    #: Token inputs: the (longest) sequence length.
+    seq_len: int = 128
+    #: Token inputs: when set, training draws each batch's length from [min_seq_len, seq_len];
+    #: the probe always uses ``seq_len``, the worst case.
+    min_seq_len: Optional[int] = None
+    #: Token vocabulary.
+    vocab_size: int = 1024
+    #: Samples in one epoch (``train.epochs``) of synthetic data.
+    num_samples: int = 1024
+    #: A map-style dataset by ``_target_`` (with its arguments) whose samples are
+    #: ``(input, target)``; replaces the synthetic spec when set.
+    dataset: Optional[Any] = None
+
+
+# -- optimizer --------------------------------------------------------------------------
+@dataclass
+class OptimizerConfig:
+    """Any ``torch.optim.Optimizer`` by ``_target_``; more arguments with ``+optimizer.x=``."""
+
+    _target_: str = MISSING
+    #: Learning rate (``train`` sets it to ``train.lr``).
+    lr: float = 1e-3
+
+
+@dataclass
+class AdamWConfig(OptimizerConfig):
+    _target_: str = "torch.optim.AdamW"
+    weight_decay: float = 0.01
+    betas: List[float] = field(default_factory=lambda: [0.9, 0.999])
+
+
+@dataclass
+class SGDConfig(OptimizerConfig):
+    _target_: str = "torch.optim.SGD"
+    momentum: float = 0.9
+    weight_decay: float = 0.0
+
+
+# -- probe, train, device ---------------------------------------------------------------
+@dataclass
+class ProbeConfig:
+    """Arguments of :func:`autobatch.find_max_batch`."""
+
+    #: auto | binary | power | halving.
+    strategy: Strategy = Strategy.auto
+    #: First batch size tried (null: the strategy's default).
+    start: Optional[int] = None
+    #: Never try a larger batch (null: no bound).
+    max_batch: Optional[int] = None
+    #: Fraction taken off the boundary, e.g. 0.05; the result is re-verified.
+    margin: float = 0.0
+    #: Every size tried, and the answer, is a multiple of this.
+    multiple_of: int = 1
+    #: Training steps per trial (>= 1; 3 puts Adam's lazily created state inside the peak).
+    steps_per_trial: int = 3
+    #: Cap memory at this size, e.g. "16GiB" ("what fits on a 16 GiB card?"); CPU: the
+    #: simulated budget. Null: the whole GPU, or ``device.simulated_budget`` on the CPU.
+    memory_limit: Optional[str] = None
+
+
+@dataclass
+class TrainConfig:
+    """The training run of ``python -m autobatch train``."""
+
+    #: Samples per optimizer step wanted (null: the probed batch). Larger than the probed
+    #: batch: trains at the probed batch (gradient accumulation is not implemented yet).
+    global_batch: Optional[int] = None
+    #: Skip the probe and train at this batch size.
+    micro_batch: Optional[int] = None
+    #: Optimizer steps (ignored when ``epochs`` is set).
+    steps: int = 20
+    #: Passes over ``data.num_samples`` samples (or the dataset); overrides ``steps``.
+    epochs: Optional[int] = None
+    #: Learning rate (the optimizer's ``lr`` defaults to it).
+    lr: float = 1e-3
+    #: Checkpoint directory, relative to the run directory.
+    checkpoint_dir: str = "checkpoints"
+    #: Save model and optimizer every this many steps (0: never).
+    checkpoint_every: int = 0
+
+
+@dataclass
+class DeviceConfig:
+    """Where to probe and train."""
+
+    #: auto | cuda | cpu.
+    type: DeviceKind = DeviceKind.auto
+    #: On the CPU, the simulated memory budget when ``probe.memory_limit`` is null
+    #: (null: the library default, a quarter of available RAM, at most 2 GiB).
+    simulated_budget: Optional[str] = None
+
+
+# -- the two apps -----------------------------------------------------------------------
+@dataclass
+class ProbeAppConfig:
+    """``python -m autobatch probe``: find the largest batch that trains."""
+
+    #: Typed by the chosen option (mlp/cnn/gpt); ``_target_`` models take free arguments.
+    model: Any = MISSING
+    data: DataConfig = MISSING
+    #: Typed by the chosen option (adamw/sgd); other optimizers take free arguments.
+    optimizer: Any = MISSING
+    probe: ProbeConfig = MISSING
+    device: DeviceConfig = MISSING
+    #: fp32 | bf16 | fp16 (autocast).
+    precision: Precision = Precision.fp32
+    #: Seed for model initialisation and synthetic data.
+    seed: int = 0
+
+
+@dataclass
+class TrainAppConfig(ProbeAppConfig):
+    """``python -m autobatch train``: probe (unless ``train.micro_batch``), then train."""
+
+    train: TrainConfig = MISSING
+
+
+def register_configs() -> None:
+    """Store the schemas in Hydra's ConfigStore; the YAMLs in ``conf/`` extend them.
+
+    Schemas are stored as ``<name>_schema`` so that they never shadow a YAML option.
+    Idempotent: storing again replaces the same entries.
+    """
+    store = ConfigStore.instance()
+    store.store(name="probe_schema", node=ProbeAppConfig)
+    store.store(name="train_schema", node=TrainAppConfig)
+    for group, name, node in (
+        ("model", "model_schema", ModelConfig),
+        ("model", "mlp_schema", MLPConfig),
+        ("model", "cnn_schema", CNNConfig),
+        ("model", "gpt_schema", GPTConfig),
+        ("data", "data_schema", DataConfig),
+        ("optimizer", "optimizer_schema", OptimizerConfig),
+        ("optimizer", "adamw_schema", AdamWConfig),
+        ("optimizer", "sgd_schema", SGDConfig),
+        ("probe", "probe_schema", ProbeConfig),
+        ("train", "train_schema", TrainConfig),
+        ("device", "device_schema", DeviceConfig),
+    ):
+        store.store(group=group, name=name, node=node)

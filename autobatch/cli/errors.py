@@ -1,0 +1,94 @@
+"""Bad input and failures at the command line's edge: one line naming what to fix, an exit code.
+
+Every exception that reaches the edge becomes ``autobatch: error: <one line>`` on stderr and
+exit status 2 for bad input (a wrong override, impossible probe bounds, an unimportable
+``_target_``) or 1 for a failure at run time (nothing fits, an error in the model). Set
+``AUTOBATCH_TRACEBACK=1`` (or ``hydra.verbose=true``) for the full traceback instead.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import traceback
+from contextlib import contextmanager
+from typing import Iterator
+
+from hydra.errors import CompactHydraException, HydraException
+from omegaconf.errors import OmegaConfBaseException
+
+from ..errors import NoBatchFitsError
+
+__all__ = ["CLIError", "BAD_INPUT", "RUNTIME_FAILURE", "one_line", "describe", "traceback_wanted", "reported"]
+
+BAD_INPUT = 2
+RUNTIME_FAILURE = 1
+PREFIX = "autobatch: error: "
+_NOISE = ("full_key:", "object_type=", "reference_type=", "Set the environment variable HYDRA_FULL_ERROR")
+
+
+class CLIError(CompactHydraException):
+    """An error already phrased for the user. Hydra prints a ``CompactHydraException`` as its
+    message alone (no traceback), which is what a failed job of a sweep needs."""
+
+    def __init__(self, message: str, exit_code: int = BAD_INPUT) -> None:
+        super().__init__(PREFIX + message)
+        self.message = message
+        self.exit_code = exit_code
+
+    def __reduce__(self):  # launchers such as joblib pickle a failed job's exception
+        return type(self), (self.message, self.exit_code)
+
+
+def one_line(exc: BaseException) -> str:
+    """The exception's message on one line, without OmegaConf's ``full_key`` bookkeeping."""
+    lines = [line.strip() for line in str(exc).splitlines()]
+    kept = []
+    for line in lines:
+        if line.startswith("Config search path"):  # Hydra's "could not find" lists its search path
+            break
+        if line and not line.startswith(_NOISE):
+            kept.append(line)
+    text = " ".join(kept) or type(exc).__name__
+    return text if len(text) <= 600 else text[:597] + "..."
+
+
+def describe(exc: BaseException) -> tuple[str, int]:
+    """``(message, exit code)`` for an exception that reached the command line's edge."""
+    if isinstance(exc, CLIError):
+        return exc.message, exc.exit_code
+    if isinstance(exc, NoBatchFitsError):
+        return one_line(exc), RUNTIME_FAILURE
+    if isinstance(exc, HydraException) and isinstance(exc.__cause__, OmegaConfBaseException):
+        return f"{one_line(exc)}: {one_line(exc.__cause__)}", BAD_INPUT  # the override, then why
+    if isinstance(exc, (ValueError, HydraException, OmegaConfBaseException)):
+        return one_line(exc), BAD_INPUT
+    return f"{type(exc).__name__}: {one_line(exc)}", RUNTIME_FAILURE
+
+
+def traceback_wanted(verbose: object = False) -> bool:
+    """Whether to show full tracebacks: ``AUTOBATCH_TRACEBACK`` set (not 0) or Hydra's verbose."""
+    flag = os.environ.get("AUTOBATCH_TRACEBACK", "")
+    return flag not in ("", "0", "false", "False") or bool(verbose)
+
+
+@contextmanager
+def reported(*, multirun: bool, verbose: object = False) -> Iterator[None]:
+    """Turn an exception into the one-line message and exit code.
+
+    A single run prints the message and exits. A job of a sweep raises :class:`CLIError`
+    instead, so Hydra marks just that job failed, the sweep goes on, and the summary lists it.
+    """
+    try:
+        yield
+    except Exception as exc:  # noqa: BLE001 - this is the edge; KeyboardInterrupt passes
+        message, code = describe(exc)
+        if traceback_wanted(verbose):
+            if multirun:
+                raise
+            traceback.print_exc()
+            sys.exit(code)
+        if multirun:
+            raise CLIError(message, code) from None
+        print(PREFIX + message, file=sys.stderr)
+        sys.exit(code)

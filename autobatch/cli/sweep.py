@@ -1,0 +1,138 @@
+"""The sweep summary: a Hydra callback that writes ``summary.csv`` and ``summary.md``.
+
+Each job of a multirun leaves ``summary_row.json`` in its own directory when it ends
+(``on_job_end`` runs where the job runs: in-process with the basic launcher, in a worker
+with joblib, on a cluster node with submitit). The summary is rebuilt from those rows after
+every job and once more at the end of the sweep, so it is complete even when a failed job
+stops the sweep early, and it never depends on jobs sharing a process. Failed jobs are rows
+too, with their status and error.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from hydra.core.hydra_config import HydraConfig
+from hydra.core.utils import JobReturn, JobStatus
+from hydra.experimental.callback import Callback
+from hydra.types import RunMode
+from omegaconf import DictConfig
+
+from .errors import one_line
+
+__all__ = ["SweepSummary", "COLUMNS", "collect_rows", "write_summary", "render_markdown", "last_sweep_dir"]
+
+ROW_FILE = "summary_row.json"
+COLUMNS = ("job", "overrides", "status", "batch_size", "trials", "peak", "time_s", "error")
+_last_sweep: list[Path] = []
+
+
+def last_sweep_dir() -> Path | None:
+    """The sweep directory of the last multirun started in this process, if any."""
+    return _last_sweep[-1] if _last_sweep else None
+
+
+def collect_rows(sweep_dir: Path) -> list[dict[str, Any]]:
+    """Every job's row under ``sweep_dir``, in job order."""
+    rows = []
+    for path in sweep_dir.rglob(ROW_FILE):
+        try:
+            rows.append(json.loads(path.read_text(encoding="utf-8")))
+        except (OSError, ValueError):  # a row being written right now
+            continue
+    return sorted(rows, key=lambda row: row.get("job", 0))
+
+
+def _columns(rows: list[dict[str, Any]]) -> list[str]:
+    """The fixed columns, then any extra ones (``train`` adds steps and loss), errors last."""
+    extra = [key for row in rows for key in row if key not in COLUMNS]
+    return [*COLUMNS[:-1], *dict.fromkeys(extra), COLUMNS[-1]]
+
+
+def _cell(value: Any) -> str:
+    return "" if value is None else str(value)
+
+
+def _short(text: str, limit: int = 120) -> str:
+    """The first sentence of an error, at most ``limit`` characters (the CSV keeps it all)."""
+    first = text.split(". ", 1)[0]
+    return first if len(first) <= limit else first[: limit - 3] + "..."
+
+
+def render_markdown(rows: list[dict[str, Any]]) -> str:
+    """The rows as a Markdown table; errors shortened to their first sentence."""
+    columns = _columns(rows)
+    lines = ["| " + " | ".join(columns) + " |", "|" + "|".join(" --- " for _ in columns) + "|"]
+    for row in rows:
+        cells = [_cell(row.get(column)) for column in columns]
+        cells[-1] = _short(cells[-1])
+        cells = [cell.replace("|", "\\|") for cell in cells]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    """Write via a temporary file and rename, so parallel jobs never leave a torn file."""
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    temporary.write_text(text, encoding="utf-8")
+    os.replace(temporary, path)
+
+
+def write_summary(sweep_dir: Path) -> list[dict[str, Any]]:
+    """Rebuild ``summary.csv`` and ``summary.md`` in ``sweep_dir``; return the rows."""
+    rows = collect_rows(sweep_dir)
+    if not rows:
+        return rows
+    columns = _columns(rows)
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=columns, extrasaction="ignore", lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(rows)
+    _atomic_write(sweep_dir / "summary.csv", buffer.getvalue())
+    _atomic_write(sweep_dir / "summary.md", render_markdown(rows))
+    return rows
+
+
+def _job_row(config: DictConfig, job_return: JobReturn) -> dict[str, Any]:
+    hydra_cfg = config.hydra
+    row: dict[str, Any] = {
+        "job": hydra_cfg.job.num,
+        "overrides": " ".join(job_return.overrides or hydra_cfg.overrides.task),
+    }
+    if job_return.status == JobStatus.COMPLETED:
+        value = job_return.return_value
+        row["status"] = "ok"
+        if isinstance(value, dict):
+            row.update(value)
+    else:
+        try:
+            job_return.return_value  # re-raises the job's exception
+        except Exception as exc:  # noqa: BLE001
+            error = getattr(exc, "message", None) or one_line(exc)
+        else:
+            error = "unknown"
+        row.update(status="failed", error=error)
+    return row
+
+
+class SweepSummary(Callback):
+    """Hydra callback (``hydra.callbacks.sweep_summary``) writing the sweep's summary files."""
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        _last_sweep.append(Path(config.hydra.sweep.dir))
+
+    def on_job_end(self, config: DictConfig, job_return: JobReturn, **kwargs: Any) -> None:
+        if config.hydra.mode != RunMode.MULTIRUN:
+            return
+        output_dir = Path(HydraConfig.get().runtime.output_dir)
+        row = _job_row(config, job_return)
+        _atomic_write(output_dir / ROW_FILE, json.dumps(row, default=str) + "\n")
+        write_summary(Path(config.hydra.sweep.dir))
+
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        write_summary(Path(config.hydra.sweep.dir))

@@ -1,0 +1,46 @@
+"""Shared helpers for the command-line tests: run ``python -m autobatch`` in a subprocess."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+#: Small workloads so every CLI run takes a second or two on a CPU.
+SMALL = ["data.shape=[16]", "data.seq_len=16", "model.width=32", "probe.max_batch=64", "probe.steps_per_trial=1"]
+
+
+def cli_env(**extra: str) -> dict[str, str]:
+    """The environment of a CLI subprocess: the checkout importable, no error-display flags."""
+    env = {k: v for k, v in os.environ.items() if k not in ("HYDRA_FULL_ERROR", "AUTOBATCH_TRACEBACK")}
+    env["PYTHONPATH"] = str(REPO)
+    env["OMP_NUM_THREADS"] = "1"  # tiny ops: threads only contend on a shared 2-core CI box
+    env.update(extra)
+    return env
+
+
+def run_cli(*args: str, cwd: Path, env: dict[str, str] | None = None, timeout: float = 120):
+    """Run ``python -m autobatch *args`` in ``cwd``; return the CompletedProcess (text)."""
+    return subprocess.run(
+        [sys.executable, "-m", "autobatch", *args],
+        cwd=cwd,
+        env=env or cli_env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+@pytest.fixture
+def cli(tmp_path):
+    """``cli(*args)`` runs the CLI in ``tmp_path`` (run dir ``tmp_path/run``, sweep dir ``tmp_path/sweep``)."""
+
+    def run(*args: str, **kwargs):
+        extra = [f"hydra.run.dir={tmp_path / 'run'}", f"hydra.sweep.dir={tmp_path / 'sweep'}"]
+        return run_cli(*args, *extra, cwd=tmp_path, **kwargs)
+
+    return run

@@ -1,0 +1,70 @@
+"""``python -m autobatch probe`` and ``train`` end to end on the CPU, in subprocesses."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from conftest import REPO, SMALL, cli_env, run_cli
+
+
+def test_help_lists_the_commands(tmp_path):
+    done = run_cli("--help", cwd=tmp_path)
+    assert done.returncode == 0
+    assert "probe" in done.stdout and "train" in done.stdout and "usage:" in done.stdout
+
+
+def test_probe_help_is_hydras(tmp_path):
+    done = run_cli("probe", "--help", cwd=tmp_path)
+    assert done.returncode == 0
+    assert "== Configuration groups ==" in done.stdout and "model: " in done.stdout
+    assert list(tmp_path.iterdir()) == []  # --help writes nothing
+
+
+def test_probe_writes_result_json_and_prints_a_table(cli, tmp_path):
+    budget = ["probe.memory_limit=1MiB", "probe.steps_per_trial=1", "probe.multiple_of=8"]
+    done = cli("probe", "model=mlp", "probe.strategy=binary", *budget, *SMALL[:-2])
+    assert done.returncode == 0, done.stderr
+    for label in ("batch size", "strategy", "trials", "peak memory", "capacity", "time"):
+        assert label in done.stdout
+    result = json.loads((tmp_path / "run" / "result.json").read_text())
+    assert result["batch_size"] >= 1 and result["num_ooms"] >= 1  # the 2 MiB budget was hit
+    assert result["config"]["model"]["_target_"] == "autobatch.models.MLP"
+    assert result["config"]["probe"]["strategy"] == "binary"
+    assert result["command"].startswith("python -m autobatch probe model=mlp")
+    assert (tmp_path / "run" / "probe.log").read_text().count("trial ") == result["num_trials"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]  # nothing outside the run dir
+
+
+def test_train_probes_then_trains(cli, tmp_path):
+    done = cli("train", "model=gpt", *SMALL, "train.steps=4", "train.checkpoint_every=2", "train.global_batch=100000")
+    assert done.returncode == 0, done.stderr
+    run = tmp_path / "run"
+    summary = json.loads((run / "train_result.json").read_text())
+    probed = json.loads((run / "result.json").read_text())["batch_size"]
+    assert summary["batch_size"] == probed and summary["steps"] == 4
+    assert "does not fit" in summary["notes"][0]  # global_batch larger than the probe found
+    metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in metrics] == [1, 2, 3, 4] and all(m["batch_size"] == probed for m in metrics)
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step_000002.pt", "step_000004.pt"]
+
+
+def test_train_with_micro_batch_and_epochs_skips_the_probe(cli, tmp_path):
+    done = cli("train", "model=mlp", "data.shape=[8]", "data.num_samples=40", "train.micro_batch=16", "train.epochs=2")
+    assert done.returncode == 0, done.stderr
+    summary = json.loads((tmp_path / "run" / "train_result.json").read_text())
+    assert summary["probe"] is None and summary["batch_size"] == 16
+    assert summary["steps"] == 2 * 3  # ceil(40 / 16) steps per epoch
+    assert not (tmp_path / "run" / "result.json").exists()
+
+
+def test_library_imports_without_hydra(tmp_path):
+    code = (
+        "import sys; sys.modules['hydra'] = None; sys.modules['omegaconf'] = None\n"
+        "import autobatch, autobatch.models, autobatch.batches\n"
+        "print(autobatch.find_max_batch(lambda b: None, max_batch=8, memory_limit='1MiB').batch_size)"
+    )
+    done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=cli_env(), capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "8"

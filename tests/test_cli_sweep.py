@@ -1,0 +1,69 @@
+"""Multirun sweeps: every combination runs; summary.csv and summary.md list each job."""
+
+from __future__ import annotations
+
+import csv
+
+import pytest
+
+from conftest import SMALL
+
+from autobatch.cli.sweep import COLUMNS, render_markdown
+
+
+def _rows(sweep):
+    with open(sweep / "summary.csv", newline="") as handle:
+        return list(csv.DictReader(handle))
+
+
+def test_sweep_runs_every_combination_and_summarises(cli, tmp_path):
+    done = cli("probe", "-m", "model=mlp,gpt", "probe.strategy=binary,halving", *SMALL)
+    assert done.returncode == 0, done.stderr
+    sweep = tmp_path / "sweep"
+    rows = _rows(sweep)
+    assert [row["job"] for row in rows] == ["0", "1", "2", "3"]
+    assert {(r["overrides"].split()[0], r["overrides"].split()[1]) for r in rows} == {
+        (f"model={m}", f"probe.strategy={s}") for m in ("mlp", "gpt") for s in ("binary", "halving")
+    }
+    assert all(r["status"] == "ok" and int(r["batch_size"]) == 64 and r["peak"].endswith("B") for r in rows)
+    assert list(rows[0])[: len(COLUMNS) - 1] == list(COLUMNS[:-1])
+    markdown = (sweep / "summary.md").read_text()
+    assert markdown.startswith("| job | overrides | status | batch_size | trials | peak | time_s |")
+    assert markdown.count("\n") == 2 + 4
+    assert markdown in done.stdout  # the table is printed at the end too
+    assert all((sweep / str(job) / "result.json").is_file() for job in range(4))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["sweep"]
+
+
+def test_failed_jobs_are_rows_too_and_the_exit_status_says_so(cli, tmp_path):
+    done = cli("probe", "-m", "model=gpt", "probe.memory_limit=256KiB,64MiB", *SMALL)
+    assert done.returncode == 1
+    assert "autobatch: error: No batch size fits" in done.stderr and "Traceback" not in done.stderr
+    rows = _rows(tmp_path / "sweep")
+    assert [(r["job"], r["status"]) for r in rows] == [("0", "failed"), ("1", "ok")]
+    assert rows[0]["error"].startswith("No batch size fits") and rows[0]["batch_size"] == ""
+    assert "| failed |" in (tmp_path / "sweep" / "summary.md").read_text()
+
+
+def test_train_sweep_adds_its_columns(cli, tmp_path):
+    done = cli("train", "-m", "optimizer=adamw,sgd", "model=mlp", "train.micro_batch=8", "train.steps=2", *SMALL[:3])
+    assert done.returncode == 0, done.stderr
+    rows = _rows(tmp_path / "sweep")
+    assert [r["status"] for r in rows] == ["ok", "ok"]
+    assert rows[0]["steps"] == "2" and rows[0]["batch_size"] == "8" and rows[0]["final_loss"]
+
+
+def test_markdown_escapes_pipes_and_shortens_errors():
+    rows = [{"job": 0, "overrides": "a=1", "status": "failed", "error": "Nothing fits. " + "x" * 300 + " | y"}]
+    line = render_markdown(rows).splitlines()[-1]
+    assert line.endswith("| Nothing fits |")
+
+
+def test_joblib_launcher_sweep_is_summarised_across_processes(cli, tmp_path):
+    pytest.importorskip("hydra_plugins.hydra_joblib_launcher")
+    args = ["-m", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2", "model=gpt", "probe.memory_limit=256KiB,64MiB"]
+    done = cli("probe", *args, *SMALL)
+    assert done.returncode == 1
+    assert done.stderr.count("autobatch: error: ") == 1
+    rows = _rows(tmp_path / "sweep")
+    assert [(r["job"], r["status"]) for r in rows] == [("0", "failed"), ("1", "ok")]
