@@ -92,6 +92,7 @@ def accumulate_micro_batches(
     autocast: Callable[[], ContextManager] | None = None,
     grad_scaler: "torch.amp.GradScaler | None" = None,
     no_sync: Callable[[], ContextManager] | None = None,
+    on_phase: Callable[[str], None] | None = None,
 ) -> float:
     """Forward and backward every micro-batch, each loss weighted by ``n / global_batch``.
 
@@ -103,6 +104,10 @@ def accumulate_micro_batches(
     once. No reference to a loss or graph survives an iteration; a lazy ``micro_batches`` is
     read one micro-batch ahead (to know which one is last).
 
+    ``on_phase(name)``, when given, is called with ``"forward"`` before each micro-batch's
+    loss and ``"backward"`` before its backward: the training runner uses it to know where an
+    out-of-memory error struck and to inject faults there (:mod:`autobatch.faults`).
+
     Returns the sample-weighted mean loss over the micro-batches (a Python float; one
     device synchronisation at the end).
     """
@@ -113,9 +118,13 @@ def accumulate_micro_batches(
         size = batch_size_of(micro)
         sync = nullcontext() if last or no_sync is None else no_sync()
         with sync:
+            if on_phase is not None:
+                on_phase("forward")
             with autocast():
                 loss = loss_fn(model, micro)
             weighted = loss * (size / global_batch)
+            if on_phase is not None:
+                on_phase("backward")
             if grad_scaler is not None:
                 grad_scaler.scale(weighted).backward()
             else:
