@@ -181,12 +181,14 @@ def accumulated_step(
     *,
     global_batch: int,
     no_sync: Callable[[], ContextManager] | None = None,
+    on_phase: Callable[[str], None] | None = None,
 ) -> float:
     """One optimizer step of a :class:`~autobatch.TrainStep` over accumulated micro-batches.
 
     Zeroes gradients, runs :func:`accumulate_micro_batches` with the step's loss, autocast and
     grad scaler, steps the optimizer once (through the scaler when there is one) and zeroes
-    gradients again. Returns the mean loss.
+    gradients again. ``on_phase`` is passed on, and also called with ``"optimizer"`` just
+    before the optimizer step. Returns the mean loss.
     """
     step.optimizer.zero_grad(set_to_none=True)
     loss = accumulate_micro_batches(
@@ -197,7 +199,10 @@ def accumulated_step(
         autocast=step.autocast,
         grad_scaler=step.grad_scaler,
         no_sync=no_sync,
+        on_phase=on_phase,
     )
+    if on_phase is not None:
+        on_phase("optimizer")
     if step.grad_scaler is not None:
         step.grad_scaler.step(step.optimizer)
         step.grad_scaler.update()
