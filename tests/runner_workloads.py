@@ -77,11 +77,14 @@ class SampleTracker:
 
     def loss_fn(self, model: nn.Module, batch) -> torch.Tensor:
         ids = batch[2].tolist()
-        if ids[0] % self.global_batch == 0:
+        # A fourth field, when present, is each sample's position in its global batch
+        # (shuffled data); else ids are contiguous within a global batch.
+        first = int(batch[3][0]) if len(batch) > 3 else ids[0] % self.global_batch
+        if first == 0:
             self.pending = []
             self.attempt_starts += 1
         else:  # a micro-batch continues where the previous one stopped
-            assert self.pending and ids[0] == self.pending[-1] + 1, (self.pending, ids)
+            assert self.pending and (len(batch) > 3 or ids[0] == self.pending[-1] + 1), (self.pending, ids)
         self.pending.extend(ids)
         return mse(model, batch)
 
