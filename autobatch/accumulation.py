@@ -152,6 +152,7 @@ def accumulate_gradients(
     autocast: Callable[[], ContextManager] | None = None,
     grad_scaler: "torch.amp.GradScaler | None" = None,
     no_sync: Callable[[], ContextManager] | None = None,
+    on_phase: Callable[[str], None] | None = None,
 ) -> float:
     """Accumulate the gradient of ``batch`` in micro-batches of at most ``micro_batch``.
 
@@ -161,7 +162,7 @@ def accumulate_gradients(
     gradients left in ``param.grad`` equal those of ``loss_fn(model, batch).backward()``.
     Does not step the optimizer or zero gradients; see :func:`accumulate_micro_batches` for
     ``autocast`` (a context factory such as ``TrainStep.autocast``), ``grad_scaler`` and
-    ``no_sync``. Returns the mean loss as a float.
+    ``no_sync`` and ``on_phase``. Returns the mean loss as a float.
     """
     size = batch_size_of(batch)
     return accumulate_micro_batches(
@@ -172,6 +173,7 @@ def accumulate_gradients(
         autocast=autocast,
         grad_scaler=grad_scaler,
         no_sync=no_sync,
+        on_phase=on_phase,
     )
 
 
