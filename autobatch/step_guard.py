@@ -36,6 +36,8 @@ from typing import Any
 
 import torch
 
+from .oom import is_oom_error
+
 __all__ = ["StepGuard", "GUARD_MODES"]
 
 GUARD_MODES = ("cpu", "device", "off")
@@ -92,9 +94,15 @@ class StepGuard:
             if buffer is None or buffer.shape != source.shape or buffer.dtype != source.dtype:
                 buffer = self._buffers[slot] = self._empty_like(source)
             targets.append(buffer)
+        detached = [source.detach() for _, source in sources]
         with self._copy_stream():
-            # One fused call rather than hundreds of Python-level copies per step.
-            torch._foreach_copy_(targets, [source.detach() for _, source in sources], non_blocking=True)
+            try:  # one call rather than hundreds of Python-level copies per step
+                torch._foreach_copy_(targets, detached, non_blocking=True)
+            except RuntimeError as exc:
+                if is_oom_error(exc):
+                    raise
+                for target, source in zip(targets, detached):  # a build without mixed-device foreach
+                    target.copy_(source, non_blocking=True)
         self._captured = True
 
     def ready(self) -> None:
