@@ -235,9 +235,9 @@ class Runner:
             if self.checkpoint_dir is None:
                 raise ValueError("no path given and no checkpoint_dir configured")
             path = self.checkpoint_dir / CHECKPOINT_NAME
+        self.result.checkpoints_saved += 1  # counted in the checkpoint itself
+        self.result.checkpoint_path = str(Path(path))
         written = save_checkpoint(self.state_dict(), path)
-        self.result.checkpoints_saved += 1
-        self.result.checkpoint_path = str(written)
         log.debug("checkpoint at step %d written to %s", self.step, written)
         return written
 

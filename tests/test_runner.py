@@ -237,6 +237,27 @@ def test_memory_after_recovery_returns_to_its_level(phase):
     assert levels[3] == levels[2] == levels[4] == levels[5]
 
 
+def test_failed_attempt_is_freed_before_the_replay_starts():
+    """The replay starts with the memory the failed attempt started with: its activations and
+    gradients are not pinned by the exception's traceback (freed outside the ``except``)."""
+    at_start = []
+    with autobatch.simulated_memory("1GiB") as device:
+        injector = FaultInjector((3, "backward"))
+
+        def faults(step, phase):
+            if step == 3 and phase == "transfer":
+                at_start.append(device.current_bytes)
+            injector(step, phase)
+
+        model = make_model()
+        runner = Runner(model, sgd(model), hungry_mse, global_batch=GLOBAL, micro_batch=GLOBAL, progress=False,
+                        faults=faults)
+        runner.fit(make_data(), epochs=EPOCHS)
+    assert injector.fired == [(3, "backward")]
+    assert len(at_start) == 3  # one micro-batch of 16 in the failed attempt, then two of 8
+    assert at_start[1] == at_start[0]
+
+
 # -- grow back --------------------------------------------------------------------------------------
 def test_grow_back_after_a_transient_oom(reference):
     runner, result, _ = run(FaultInjector((1, "forward")), grow_after=2)
