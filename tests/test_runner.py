@@ -341,3 +341,14 @@ def test_bad_arguments():
         Runner(model, adam(model), mse, global_batch=4, step_guard="maybe")
     with pytest.raises(ValueError, match="phase"):
         FaultInjector((0, "loss"))
+
+
+def test_bfloat16_autocast_runs():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 1))
+    data = [(x.float(), y.float()) for x, y, _ in make_data()]
+    runner = Runner(model, adam(model), lambda m, b: nn.functional.mse_loss(m(b[0]).float(), b[1]),
+                    global_batch=GLOBAL, micro_batch=8, autocast_dtype="bfloat16", progress=False)
+    inject_oom(runner, (1, "backward"))
+    result = runner.fit(data)
+    assert result.steps == 3 and len(result.oom_recoveries) == 1 and result.last_loss == result.last_loss
