@@ -32,7 +32,6 @@ from pathlib import Path
 from typing import Any, Callable, ContextManager, Iterable, Mapping
 
 import torch
-from tenacity import Retrying, retry_if_exception, wait_none
 
 from .accumulation import accumulated_step, batch_size_of, micro_batch_sizes, split_batch
 from .checkpoint_io import CHECKPOINT_NAME, load_checkpoint, resolve_checkpoint, rng_state, save_checkpoint, set_rng_state
@@ -158,6 +157,10 @@ class Runner:
         self._last_error = ""
         self._epoch_rng: dict[str, Any] | None = None
         self._warned_size = False
+        # Imported here so that ``import autobatch`` (the probe, the planner) works on a
+        # machine where only torch is installed; the runner itself needs tenacity.
+        from tenacity import Retrying, retry_if_exception, wait_none
+
         self._retrying = Retrying(
             retry=retry_if_exception(self._is_retryable),
             stop=self._out_of_options,
