@@ -34,6 +34,7 @@ from typing import Any, Callable, ContextManager, Iterable, Mapping
 import torch
 
 from .accumulation import accumulated_step, batch_size_of, micro_batch_sizes, split_batch
+from .batch_ops import map_tensors, to_device
 from .checkpoint_io import CHECKPOINT_NAME, load_checkpoint, resolve_checkpoint, rng_state, save_checkpoint, set_rng_state
 from .checkpointing import CheckpointHandle, enable_checkpointing
 from .errors import StepOutOfMemoryError
@@ -306,7 +307,7 @@ class Runner:
     def _micro_batches(self, batch: Any):
         for micro in split_batch(batch, self.micro_batch, balanced=self.balanced):
             self._enter("transfer")
-            yield _to_device(micro, self.device)
+            yield to_device(micro, self.device)
 
     def _enter(self, phase: str) -> None:
         """Phase boundary: remember where we are, and let the fault injector strike."""
@@ -469,7 +470,7 @@ class Runner:
 
         def make_batch(size: int) -> Any:
             index = torch.arange(size) % available
-            return _to_device(_map_tensors(first, lambda t: t.index_select(0, index.to(t.device))), self.device)
+            return to_device(map_tensors(first, lambda t: t.index_select(0, index.to(t.device))), self.device)
 
         step = TrainStep(self.model, self.optimizer, self.loss_fn, make_batch, autocast_dtype=self._train_step.autocast_dtype)
         options = {"device": self.device, **self.plan_options}
@@ -525,37 +526,3 @@ def _epoch_length(data: Iterable[Any], epochs: int | None) -> int | None:
         return len(data) * epochs if epochs is not None else None  # type: ignore[arg-type]
     except TypeError:
         return None
-
-
-def _map_tensors(batch: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
-    """Apply ``fn`` to every batched tensor of ``batch``, keeping its structure."""
-    if isinstance(batch, torch.Tensor):
-        return fn(batch) if batch.dim() > 0 else batch
-    if isinstance(batch, Mapping):
-        items = {key: _map_tensors(value, fn) for key, value in batch.items()}
-        try:
-            return type(batch)(items)
-        except TypeError:
-            return items
-    if isinstance(batch, tuple) and hasattr(batch, "_fields"):
-        return type(batch)(*(_map_tensors(value, fn) for value in batch))
-    if isinstance(batch, (tuple, list)):
-        return type(batch)(_map_tensors(value, fn) for value in batch)
-    return batch
-
-
-def _to_device(batch: Any, device: torch.device) -> Any:
-    """Move every tensor of ``batch`` (0-dim ones too) to ``device``; a no-op when already there."""
-    if isinstance(batch, torch.Tensor):
-        return batch.to(device, non_blocking=True)  # returns the tensor itself when already there
-    if isinstance(batch, Mapping):
-        items = {key: _to_device(value, device) for key, value in batch.items()}
-        try:
-            return type(batch)(items)
-        except TypeError:
-            return items
-    if isinstance(batch, tuple) and hasattr(batch, "_fields"):
-        return type(batch)(*(_to_device(value, device) for value in batch))
-    if isinstance(batch, (tuple, list)):
-        return type(batch)(_to_device(value, device) for value in batch)
-    return batch
