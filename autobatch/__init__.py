@@ -46,3 +46,18 @@ __all__ += [
     "CheckpointHandle",
     "GlobalBatchTooLargeError",
 ]
+
+# Resilient training: the OOM-surviving runner, fault injection (issue 6).
+from .errors import StepOutOfMemoryError
+from .faults import FaultInjector, inject_oom
+from .run_result import RunResult
+from .runner import Runner, train
+
+__all__ += [
+    "Runner",
+    "RunResult",
+    "train",
+    "FaultInjector",
+    "inject_oom",
+    "StepOutOfMemoryError",
+]

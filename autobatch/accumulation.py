@@ -92,6 +92,7 @@ def accumulate_micro_batches(
     autocast: Callable[[], ContextManager] | None = None,
     grad_scaler: "torch.amp.GradScaler | None" = None,
     no_sync: Callable[[], ContextManager] | None = None,
+    on_phase: Callable[[str], None] | None = None,
 ) -> float:
     """Forward and backward every micro-batch, each loss weighted by ``n / global_batch``.
 
@@ -103,6 +104,10 @@ def accumulate_micro_batches(
     once. No reference to a loss or graph survives an iteration; a lazy ``micro_batches`` is
     read one micro-batch ahead (to know which one is last).
 
+    ``on_phase(name)``, when given, is called with ``"forward"`` before each micro-batch's
+    loss and ``"backward"`` before its backward: the training runner uses it to know where an
+    out-of-memory error struck and to inject faults there (:mod:`autobatch.faults`).
+
     Returns the sample-weighted mean loss over the micro-batches (a Python float; one
     device synchronisation at the end).
     """
@@ -113,9 +118,13 @@ def accumulate_micro_batches(
         size = batch_size_of(micro)
         sync = nullcontext() if last or no_sync is None else no_sync()
         with sync:
+            if on_phase is not None:
+                on_phase("forward")
             with autocast():
                 loss = loss_fn(model, micro)
             weighted = loss * (size / global_batch)
+            if on_phase is not None:
+                on_phase("backward")
             if grad_scaler is not None:
                 grad_scaler.scale(weighted).backward()
             else:
@@ -143,6 +152,7 @@ def accumulate_gradients(
     autocast: Callable[[], ContextManager] | None = None,
     grad_scaler: "torch.amp.GradScaler | None" = None,
     no_sync: Callable[[], ContextManager] | None = None,
+    on_phase: Callable[[str], None] | None = None,
 ) -> float:
     """Accumulate the gradient of ``batch`` in micro-batches of at most ``micro_batch``.
 
@@ -152,7 +162,7 @@ def accumulate_gradients(
     gradients left in ``param.grad`` equal those of ``loss_fn(model, batch).backward()``.
     Does not step the optimizer or zero gradients; see :func:`accumulate_micro_batches` for
     ``autocast`` (a context factory such as ``TrainStep.autocast``), ``grad_scaler`` and
-    ``no_sync``. Returns the mean loss as a float.
+    ``no_sync`` and ``on_phase``. Returns the mean loss as a float.
     """
     size = batch_size_of(batch)
     return accumulate_micro_batches(
@@ -163,6 +173,7 @@ def accumulate_gradients(
         autocast=autocast,
         grad_scaler=grad_scaler,
         no_sync=no_sync,
+        on_phase=on_phase,
     )
 
 
@@ -172,12 +183,14 @@ def accumulated_step(
     *,
     global_batch: int,
     no_sync: Callable[[], ContextManager] | None = None,
+    on_phase: Callable[[str], None] | None = None,
 ) -> float:
     """One optimizer step of a :class:`~autobatch.TrainStep` over accumulated micro-batches.
 
     Zeroes gradients, runs :func:`accumulate_micro_batches` with the step's loss, autocast and
     grad scaler, steps the optimizer once (through the scaler when there is one) and zeroes
-    gradients again. Returns the mean loss.
+    gradients again. ``on_phase`` is passed on, and also called with ``"optimizer"`` just
+    before the optimizer step. Returns the mean loss.
     """
     step.optimizer.zero_grad(set_to_none=True)
     loss = accumulate_micro_batches(
@@ -188,7 +201,10 @@ def accumulated_step(
         autocast=step.autocast,
         grad_scaler=step.grad_scaler,
         no_sync=no_sync,
+        on_phase=on_phase,
     )
+    if on_phase is not None:
+        on_phase("optimizer")
     if step.grad_scaler is not None:
         step.grad_scaler.step(step.optimizer)
         step.grad_scaler.update()

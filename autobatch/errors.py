@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from .units import format_bytes
 
-__all__ = ["NoBatchFitsError", "GlobalBatchTooLargeError"]
+__all__ = ["NoBatchFitsError", "GlobalBatchTooLargeError", "StepOutOfMemoryError"]
 
 
 class NoBatchFitsError(MemoryError):
@@ -67,3 +67,26 @@ class GlobalBatchTooLargeError(MemoryError):
             + ("" if checkpointing else ", or allow activation checkpointing")
             + "."
         )
+
+
+class StepOutOfMemoryError(MemoryError):
+    """The training runner could not fit a global step even at micro-batch 1.
+
+    Raised ``from`` the last out-of-memory error. ``step`` is the global step index,
+    ``phase`` where the last attempt failed, ``checkpointing`` whether activation
+    checkpointing was on by then. Not an OOM by :func:`~autobatch.is_oom_error`, so no outer
+    retry loop mistakes it for "try smaller".
+    """
+
+    def __init__(self, step: int, phase: str, checkpointing: bool, reason: str | None = None) -> None:
+        self.step = step
+        self.phase = phase
+        self.checkpointing = checkpointing
+        how = "with activation checkpointing" if checkpointing else "without activation checkpointing"
+        message = reason or (
+            f"global step {step} ran out of memory in {phase} at micro-batch 1 {how}; nothing smaller "
+            "is left to try. "
+            + ("" if checkpointing else "Enable checkpointing_fallback=True, or try ")
+            + "lower precision, a smaller model or sequence length, or more device memory."
+        )
+        super().__init__(message)

@@ -1,0 +1,38 @@
+"""Apply a function to every tensor of a batch, keeping its structure; move batches to a device.
+
+A batch is a tensor or a (nested) tuple, list, named tuple or dict of tensors, as in
+:mod:`autobatch.accumulation`. The runner moves each micro-batch to the device just before
+its forward (so a global batch never has to fit on the device at once), and builds the
+planner's batches of any size from the first global batch.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Mapping
+
+import torch
+
+__all__ = ["map_tensors", "to_device"]
+
+
+def map_tensors(batch: Any, fn: Callable[[torch.Tensor], torch.Tensor], *, scalars: bool = False) -> Any:
+    """Apply ``fn`` to every tensor of ``batch`` with a batch dimension (and to 0-dim tensors
+    too when ``scalars``), keeping its structure; other leaves are kept as they are."""
+    if isinstance(batch, torch.Tensor):
+        return fn(batch) if scalars or batch.dim() > 0 else batch
+    if isinstance(batch, Mapping):
+        items = {key: map_tensors(value, fn, scalars=scalars) for key, value in batch.items()}
+        try:
+            return type(batch)(items)
+        except TypeError:  # a mapping type that cannot be built from a dict (defaultdict)
+            return items
+    if isinstance(batch, tuple) and hasattr(batch, "_fields"):  # named tuple
+        return type(batch)(*(map_tensors(value, fn, scalars=scalars) for value in batch))
+    if isinstance(batch, (tuple, list)):
+        return type(batch)(map_tensors(value, fn, scalars=scalars) for value in batch)
+    return batch
+
+
+def to_device(batch: Any, device: torch.device | str) -> Any:
+    """Move every tensor of ``batch`` to ``device`` (a tensor already there is returned as is)."""
+    return map_tensors(batch, lambda tensor: tensor.to(device, non_blocking=True), scalars=True)

@@ -1,0 +1,64 @@
+"""Training progress: a tqdm bar on a terminal, plain log lines everywhere else.
+
+The bar shows the global step, samples/s, micro-batch x accumulation steps and the OOM
+recoveries so far. When stderr is not a terminal (a batch job, CI, a log file) the bar is
+off and the same figures go to the ``autobatch`` logger every ``log_every`` steps, so logs
+are not flooded with carriage returns.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from typing import IO
+
+__all__ = ["Progress"]
+
+log = logging.getLogger("autobatch")
+
+
+class Progress:
+    """Report training progress. ``bar``: True, False, or None for "when stderr is a TTY"."""
+
+    def __init__(
+        self,
+        total: int | None,
+        *,
+        initial: int = 0,
+        bar: bool | None = None,
+        log_every: int | None = 50,
+        file: IO[str] | None = None,
+    ) -> None:
+        stream = file if file is not None else sys.stderr
+        use_bar = bar if bar is not None else bool(getattr(stream, "isatty", lambda: False)())
+        self.log_every = log_every or None
+        self.bar = None
+        if use_bar:
+            from tqdm.auto import tqdm
+
+            self.bar = tqdm(total=total, initial=initial, file=stream, unit="step", dynamic_ncols=True, leave=True)
+        self.total = total
+        self._began = time.perf_counter()
+        self._samples = 0
+
+    def update(self, step: int, samples: int, micro_batch: int, accumulation: int, recoveries: int, loss: float) -> None:
+        """After a global step: ``step`` is the number of steps done, ``samples`` this step's."""
+        self._samples += samples
+        rate = self._samples / max(time.perf_counter() - self._began, 1e-9)
+        if self.bar is not None:
+            self.bar.set_postfix(
+                {"samples/s": f"{rate:.1f}", "micro": f"{micro_batch}x{accumulation}", "oom": recoveries, "loss": f"{loss:.4g}"},
+                refresh=False,
+            )
+            self.bar.update(1)
+        elif self.log_every and (step % self.log_every == 0 or step == self.total):
+            of = f"/{self.total}" if self.total else ""
+            log.info(
+                "step %d%s  %.1f samples/s  micro-batch %d x %d  OOM recoveries %d  loss %.4g",
+                step, of, rate, micro_batch, accumulation, recoveries, loss,
+            )
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()

@@ -1,0 +1,74 @@
+"""RunResult: what a training run did, JSON-serialisable."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+__all__ = ["RunResult", "Recovery"]
+
+
+@dataclass
+class Recovery:
+    """One OOM the runner recovered from.
+
+    ``step``: global step index (from 0); ``phase``: transfer, forward, backward or
+    optimizer; ``micro_batch_before`` / ``micro_batch``: the failed and the new micro-batch;
+    ``action``: ``"halve"``, or ``"checkpointing"`` when micro-batch 1 failed and activation
+    checkpointing was turned on instead; ``grow``: the failed attempt was a grow-back try.
+    """
+
+    step: int
+    phase: str
+    micro_batch_before: int
+    micro_batch: int
+    action: str = "halve"
+    grow: bool = False
+    error: str = ""
+
+
+@dataclass
+class RunResult:
+    """The outcome of :meth:`autobatch.Runner.fit`.
+
+    ``steps``: global steps done over the whole run (including those before a resume);
+    ``steps_this_run`` and ``samples`` (this process); ``epochs``: completed epochs;
+    ``oom_recoveries``: every :class:`Recovery` (as dicts); ``grow_attempts``: the steps
+    where a larger micro-batch was tried, with the size and whether it held;
+    ``empty_cache_fires`` / ``empty_cache_seconds``: cache hygiene; ``checkpoints_saved``
+    and ``checkpoint_path``; ``resumed_from``: the checkpoint and its step, if any.
+    """
+
+    steps: int = 0
+    steps_this_run: int = 0
+    samples: int = 0
+    epochs: int = 0
+    elapsed_s: float = 0.0
+    micro_batch: int = 0
+    initial_micro_batch: int = 0
+    global_batch: int = 0
+    checkpointing: bool = False
+    last_loss: float | None = None
+    oom_recoveries: list[dict[str, Any]] = field(default_factory=list)
+    grow_attempts: list[dict[str, Any]] = field(default_factory=list)
+    empty_cache_fires: int = 0
+    empty_cache_seconds: float = 0.0
+    checkpoints_saved: int = 0
+    checkpoint_path: str | None = None
+    resumed_from: dict[str, Any] | None = None
+    plan: dict[str, Any] | None = None
+
+    @property
+    def samples_per_s(self) -> float:
+        return self.samples / self.elapsed_s if self.elapsed_s > 0 else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def to_json(self, **kwargs: Any) -> str:
+        return json.dumps(self.to_dict(), **kwargs)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "RunResult":
+        return cls(**data)

@@ -1,0 +1,528 @@
+"""Runner: training that survives out-of-memory errors without losing a sample or a step.
+
+An OOM at step 40,000 costs one replayed step, not the run. For every global batch the
+runner zeroes gradients, splits the batch into micro-batches, accumulates their gradients
+(:func:`~autobatch.accumulated_step`, the one accumulation implementation: each micro-batch's
+mean loss weighted by its size / the global batch) and steps the optimizer exactly once.
+
+On an OOM anywhere in the global step (moving a micro-batch to the device, forward,
+backward, ``optimizer.step()``) the attempt is abandoned and retried with tenacity
+(``for attempt in Retrying(...)``). At the top of the next attempt, outside any ``except``
+block and after tenacity has dropped the failed attempt's traceback, the runner undoes a
+half-applied optimizer step (:class:`~autobatch.step_guard.StepGuard`), drops the partial
+gradients, frees memory, halves the micro-batch (read from runner state on every attempt)
+and replays the *same* global batch from its first sample. When micro-batch 1 fails it turns
+on activation checkpointing if ``checkpointing_fallback`` allows, else raises
+:class:`~autobatch.errors.StepOutOfMemoryError`. Non-OOM exceptions propagate unchanged.
+
+Around that loop: grow-back (:mod:`autobatch.growth`), cache hygiene
+(:mod:`autobatch.hygiene`), atomic checkpoints and exact resume
+(:mod:`autobatch.checkpoint_io`), progress (:mod:`autobatch.progress`) and fault injection
+(:mod:`autobatch.faults`). Everything is configured with plain keyword values, so a config
+file maps onto ``Runner(**options)``; :func:`train` is the one call a CLI needs.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Any, Callable, ContextManager, Iterable, Mapping
+
+import torch
+
+from .accumulation import accumulated_step, batch_size_of, micro_batch_sizes, split_batch
+from .batch_ops import map_tensors, to_device
+from .checkpoint_io import CHECKPOINT_NAME, load_checkpoint, resolve_checkpoint, rng_state, save_checkpoint, set_rng_state
+from .checkpointing import CheckpointHandle, enable_checkpointing
+from .errors import StepOutOfMemoryError
+from .faults import FaultInjector
+from .growth import GrowBack
+from .hygiene import CachePolicy
+from .oom import free_memory, is_oom_error
+from .progress import Progress
+from .run_result import Recovery, RunResult
+from .step_guard import StepGuard
+from .train_step import TrainStep
+
+__all__ = ["Runner", "train"]
+
+log = logging.getLogger("autobatch")
+
+LossFn = Callable[[torch.nn.Module, Any], torch.Tensor]
+
+
+class Runner:
+    """Train ``model`` on global batches of ``global_batch`` samples, surviving OOMs.
+
+    Args:
+        model, optimizer: what to train; the model already on its device.
+        loss_fn: ``loss_fn(model, micro_batch)`` returns the *mean* loss over the micro-batch.
+        global_batch: samples per optimizer step (the size of the batches ``data`` yields).
+        micro_batch: samples per forward/backward; None: plan it with
+            :func:`~autobatch.plan` on the first global batch (``plan_options`` go to it).
+        scheduler: stepped once after every optimizer step.
+        device: where micro-batches are moved (default: the model's device).
+        balanced: split policy of :func:`~autobatch.split_batch` (sizes differ by at most one).
+        max_micro_batch: grow-back never goes above it (default: the planned probe maximum,
+            else the starting micro-batch).
+        grow_after: consecutive OOM-free steps before trying double the micro-batch; None or
+            0 turns grow-back off. The wait doubles after each failed try.
+        step_guard: ``"cpu"`` / ``"device"``: snapshot parameters and optimizer state before
+            each optimizer step so an OOM inside it is replayed safely; ``"off"``: no
+            snapshot, and an OOM inside ``optimizer.step()`` raises instead of replaying.
+        checkpointing_fallback: when micro-batch 1 OOMs, turn on activation checkpointing of
+            the repeated blocks (``checkpoint_targets``: class names) and replay.
+        empty_cache_every, empty_cache_threshold: cache hygiene (every N steps; when reserved
+            - allocated exceeds the threshold, bytes or "2GiB"); off by default.
+        checkpoint_dir, checkpoint_every: write ``checkpoint_dir/last.pt`` atomically every N
+            steps and at the end (``checkpoint_every`` None: only at the end).
+        progress: tqdm bar True / False / None (when stderr is a terminal); ``log_every``:
+            log-line period without a bar.
+        autocast_dtype: run forward and loss under ``torch.autocast`` (e.g. ``"bfloat16"``).
+        faults: a :class:`~autobatch.FaultInjector` (or use :func:`~autobatch.inject_oom`).
+        no_sync: e.g. DDP's ``model.no_sync``, wrapping every micro-batch but the last.
+        plan_options: keyword arguments for :func:`~autobatch.plan` when ``micro_batch`` is None.
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        loss_fn: LossFn,
+        *,
+        global_batch: int,
+        micro_batch: int | None = None,
+        scheduler: Any = None,
+        device: str | torch.device | None = None,
+        balanced: bool = True,
+        max_micro_batch: int | None = None,
+        grow_after: int | None = 100,
+        step_guard: str = "cpu",
+        checkpointing_fallback: bool = False,
+        checkpoint_targets: list[str] | None = None,
+        empty_cache_every: int | None = None,
+        empty_cache_threshold: int | str | None = None,
+        checkpoint_dir: str | os.PathLike | None = None,
+        checkpoint_every: int | None = None,
+        progress: bool | None = None,
+        log_every: int | None = 50,
+        autocast_dtype: str | torch.dtype | None = None,
+        faults: FaultInjector | None = None,
+        no_sync: Callable[[], ContextManager] | None = None,
+        plan_options: Mapping[str, Any] | None = None,
+    ) -> None:
+        _positive("global_batch", global_batch)
+        if micro_batch is not None:
+            _positive("micro_batch", micro_batch)
+        if max_micro_batch is not None:
+            _positive("max_micro_batch", max_micro_batch)
+        if checkpoint_every is not None and checkpoint_every != 0:
+            _positive("checkpoint_every", checkpoint_every)
+        self.model = model
+        self.optimizer = optimizer
+        self.loss_fn = loss_fn
+        self.scheduler = scheduler
+        self.global_batch = global_batch
+        self.micro_batch = None if micro_batch is None else min(micro_batch, global_batch)
+        self.initial_micro_batch = self.micro_batch
+        self.device = torch.device(device) if device is not None else _model_device(model)
+        self.balanced = balanced
+        self.max_micro_batch = max_micro_batch
+        self.grow_after = grow_after
+        self.guard = StepGuard(optimizer, step_guard)
+        self.checkpointing_fallback = checkpointing_fallback
+        self.checkpoint_targets = checkpoint_targets
+        self.hygiene = CachePolicy(empty_cache_every, empty_cache_threshold, device=self.device)
+        self.checkpoint_dir = None if checkpoint_dir is None else Path(checkpoint_dir)
+        self.checkpoint_every = checkpoint_every or None
+        self.progress = progress
+        self.log_every = log_every
+        self.faults = faults
+        self.no_sync = no_sync
+        self.plan_options = dict(plan_options or {})
+        dtype = getattr(torch, autocast_dtype) if isinstance(autocast_dtype, str) else autocast_dtype
+        self._train_step = TrainStep(model, optimizer, loss_fn, make_batch=self._no_batches, autocast_dtype=dtype)
+        self.growth = GrowBack(grow_after, max_micro_batch or self.micro_batch or global_batch)
+        self.checkpoint_handle: CheckpointHandle | None = None
+        # Position: global steps done in the whole run, epoch, batches done in that epoch.
+        self.step = 0
+        self.epoch = 0
+        self.position = 0
+        self.result = RunResult(global_batch=global_batch)
+        self._phase = "transfer"
+        self._stepping = False
+        self._captured_at: int | None = None
+        self._last_error = ""
+        self._epoch_rng: dict[str, Any] | None = None
+        self._warned_size = False
+        # Imported here so that ``import autobatch`` (the probe, the planner) works on a
+        # machine where only torch is installed; the runner itself needs tenacity.
+        from tenacity import Retrying, retry_if_exception, wait_none
+
+        self._retrying = Retrying(
+            retry=retry_if_exception(self._is_retryable),
+            stop=self._out_of_options,
+            wait=wait_none(),
+            reraise=True,
+        )
+
+    # -- the public loop --------------------------------------------------------------------
+    def fit(
+        self,
+        data: Iterable[Any],
+        *,
+        epochs: int | None = None,
+        steps: int | None = None,
+        resume: str | os.PathLike | None = None,
+        on_step_end: Callable[[dict[str, Any]], None] | None = None,
+    ) -> RunResult:
+        """Train on ``data`` (an iterable of global batches, re-iterated once per epoch).
+
+        Stops after ``epochs`` passes or when ``steps`` global steps are done in the whole
+        run, whichever comes first (neither: one epoch). ``resume``: a checkpoint file or
+        directory written by this runner; training continues from it exactly (same batches,
+        same random numbers). ``on_step_end(info)`` is called after each applied update with
+        ``step`` (steps done), ``epoch``, ``loss``, ``micro_batch`` and ``samples``.
+        Returns the :class:`~autobatch.RunResult` (also kept as ``runner.result``).
+        """
+        if epochs is None and steps is None:
+            epochs = 1
+        if epochs is not None:
+            _positive("epochs", epochs)
+        if steps is not None:
+            _positive("steps", steps)
+        began = time.perf_counter()
+        resumed_rng = None
+        if resume is not None:
+            resumed_rng = self._load(resume)
+        elif self.micro_batch is None:
+            self._plan(data)
+        result = self.result
+        result.steps_this_run = result.samples = 0
+        total = steps if steps is not None else _epoch_length(data, epochs)
+        progress = Progress(total, initial=self.step, bar=self.progress, log_every=self.log_every)
+        try:
+            while (epochs is None or self.epoch < epochs) and (steps is None or self.step < steps):
+                batches = self._epoch_iterator(data, resumed_rng)
+                resumed_rng = None
+                ran = False
+                for batch in batches:
+                    ran = True
+                    loss, size = self._global_step(batch)
+                    self._after_step(loss, size, progress, on_step_end)
+                    if steps is not None and self.step >= steps:
+                        break
+                else:
+                    if not ran and self.position == 0:
+                        raise ValueError("data yielded no batches in an epoch")
+                    self.epoch += 1
+                    self.position = 0
+        finally:
+            progress.close()
+            result.elapsed_s = time.perf_counter() - began
+        if self.checkpoint_dir is not None:
+            self.save()
+        self._fill_result()
+        log.info(
+            "training done: %d steps (%d this run), %d samples in %.1fs, %d OOM recoveries, micro-batch %d",
+            result.steps, result.steps_this_run, result.samples, result.elapsed_s,
+            len(result.oom_recoveries), self.micro_batch,
+        )
+        return result
+
+    def save(self, path: str | os.PathLike | None = None) -> Path:
+        """Write a checkpoint atomically (default ``checkpoint_dir/last.pt``); returns its path."""
+        if path is None:
+            if self.checkpoint_dir is None:
+                raise ValueError("no path given and no checkpoint_dir configured")
+            path = self.checkpoint_dir / CHECKPOINT_NAME
+        self.result.checkpoints_saved += 1  # counted in the checkpoint itself
+        self.result.checkpoint_path = str(Path(path))
+        written = save_checkpoint(self.state_dict(), path)
+        log.debug("checkpoint at step %d written to %s", self.step, written)
+        return written
+
+    def state_dict(self) -> dict[str, Any]:
+        """Everything a resumed run needs: model, optimizer, scheduler, RNG, data position."""
+        self._fill_result()
+        return {
+            "format": "autobatch.runner/1",
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": None if self.scheduler is None else self.scheduler.state_dict(),
+            "rng": rng_state(),
+            "epoch_rng": self._epoch_rng,
+            "step": self.step,
+            "epoch": self.epoch,
+            "position": self.position,
+            "micro_batch": self.micro_batch,
+            "growth": self.growth.state_dict(),
+            "checkpointed_modules": None if self.checkpoint_handle is None else self.checkpoint_handle.modules,
+            "result": self.result.to_dict(),
+        }
+
+    # -- one global step, with OOM recovery ----------------------------------------------------
+    def _global_step(self, batch: Any) -> tuple[float, int]:
+        size = batch_size_of(batch)
+        if size != self.global_batch and not self._warned_size:
+            self._warned_size = True
+            log.warning("a batch of %d samples, not global_batch=%d; each step uses its own batch's size", size, self.global_batch)
+        self.micro_batch = self.growth.propose(self.micro_batch)
+        if self.growth.trying:
+            self.result.grow_attempts.append({"step": self.step, "from": self.growth.previous, "to": self.micro_batch, "held": True})
+        try:
+            for attempt in self._retrying:
+                with attempt:
+                    if attempt.retry_state.attempt_number > 1:
+                        self._recover()
+                    loss = self._attempt(batch, size)
+        except BaseException as exc:
+            if not is_oom_error(exc):
+                raise
+            self._abandon()
+            raise StepOutOfMemoryError(self.step, self._phase, self.checkpoint_handle is not None) from exc
+        self.growth.on_step_done()
+        if self.scheduler is not None:
+            self.scheduler.step()  # outside the retry: the update it follows is committed
+        return loss, size
+
+    def _attempt(self, batch: Any, size: int) -> float:
+        if self._captured_at != self.step:
+            self._phase = "transfer"
+            self.guard.capture()  # before anything changes; overlaps forward/backward on CUDA
+            self._captured_at = self.step
+        loss = accumulated_step(
+            self._train_step,
+            self._micro_batches(batch),
+            global_batch=size,
+            no_sync=self.no_sync,
+            on_phase=self._enter,
+        )
+        self._stepping = False
+        return loss
+
+    def _micro_batches(self, batch: Any):
+        for micro in split_batch(batch, self.micro_batch, balanced=self.balanced):
+            self._enter("transfer")
+            yield to_device(micro, self.device)
+
+    def _enter(self, phase: str) -> None:
+        """Phase boundary: remember where we are, and let the fault injector strike."""
+        self._phase = phase
+        if self.faults is not None:
+            self.faults(self.step, phase)
+        if phase == "optimizer":
+            self.guard.ready()
+            self._stepping = True  # from here on the optimizer may have written something
+
+    def _is_retryable(self, exc: BaseException) -> bool:
+        if not is_oom_error(exc):
+            return False
+        self._last_error = str(exc).splitlines()[0][:300] if str(exc) else type(exc).__name__
+        return True
+
+    def _out_of_options(self, retry_state: Any) -> bool:
+        """tenacity ``stop``: give up when micro-batch 1 failed and no fallback is left."""
+        if self.micro_batch > 1 or self.growth.trying:
+            return False
+        return not self.checkpointing_fallback or self.checkpoint_handle is not None
+
+    def _recover(self) -> None:
+        """Top of a retry: undo, free, shrink. Runs outside the failed attempt's ``except``."""
+        phase, before = self._phase, self.micro_batch
+        self._undo_optimizer_step()
+        self._drop_grads()
+        free_memory()
+        back = self.growth.on_oom()
+        grow = back is not None
+        action = "halve"
+        if grow:
+            self.micro_batch = back
+            self.result.grow_attempts[-1]["held"] = False
+        elif before > 1:
+            self.micro_batch = before // 2
+        else:
+            self._enable_checkpointing()
+            action = "checkpointing"
+        recovery = Recovery(self.step, phase, before, self.micro_batch, action, grow, self._last_error)
+        self.result.oom_recoveries.append(recovery.__dict__.copy())
+        log.warning(
+            "OOM at step %d in %s with micro-batch %d%s: replaying the global batch with micro-batch %d%s "
+            "(recovery %d)",
+            self.step, phase, before, " (a grow-back try)" if grow else "", self.micro_batch,
+            " and activation checkpointing" if action == "checkpointing" else "", len(self.result.oom_recoveries),
+        )
+
+    def _undo_optimizer_step(self) -> None:
+        if not self._stepping:
+            return
+        self._stepping = False
+        if not self.guard.enabled:
+            raise StepOutOfMemoryError(
+                self.step, "optimizer", self.checkpoint_handle is not None,
+                reason=f"global step {self.step} ran out of memory inside optimizer.step() with step_guard='off': "
+                "the update may be half-applied, so replaying it would corrupt the model. Use step_guard='cpu'.",
+            )
+        self.guard.restore()
+
+    def _abandon(self) -> None:
+        """Giving up on a step: leave the model and optimizer as they were before it."""
+        if self._stepping and self.guard.enabled:
+            self.guard.restore()
+        self._stepping = False
+        self._drop_grads()
+
+    def _drop_grads(self) -> None:
+        self.optimizer.zero_grad(set_to_none=True)
+        for param in self.model.parameters():
+            param.grad = None
+
+    def _enable_checkpointing(self) -> None:
+        handle = enable_checkpointing(self.model, self.checkpoint_targets)
+        if not handle.modules:
+            raise StepOutOfMemoryError(
+                self.step, self._phase, False,
+                reason=f"global step {self.step} ran out of memory at micro-batch 1 and activation checkpointing "
+                "found no repeated blocks to wrap; name the block classes in checkpoint_targets.",
+            )
+        self.checkpoint_handle = handle
+
+    # -- around the step -----------------------------------------------------------------------
+    def _after_step(self, loss: float, size: int, progress: Progress, on_step_end) -> None:
+        self.step += 1
+        self.position += 1
+        result = self.result
+        result.steps_this_run += 1
+        result.samples += size
+        result.last_loss = loss
+        if self.hygiene.after_step(self.step):
+            result.empty_cache_fires, result.empty_cache_seconds = self.hygiene.fires, self.hygiene.seconds
+        accumulation = len(micro_batch_sizes(size, self.micro_batch))
+        progress.update(self.step, size, self.micro_batch, accumulation, len(result.oom_recoveries), loss)
+        if self.checkpoint_every and self.checkpoint_dir is not None and self.step % self.checkpoint_every == 0:
+            self.save()
+        if on_step_end is not None:
+            on_step_end({"step": self.step, "epoch": self.epoch, "loss": loss, "micro_batch": self.micro_batch, "samples": size})
+
+    def _epoch_iterator(self, data: Iterable[Any], resumed_rng: dict[str, Any] | None):
+        """A fresh iterator over ``data``; on resume, replays the epoch's start and skips the
+        batches already trained, so a shuffled DataLoader yields the same order."""
+        if resumed_rng is None or self._epoch_rng is None:
+            self._epoch_rng = rng_state()
+            self.position = 0
+            return iter(data)
+        set_rng_state(self._epoch_rng)
+        batches = iter(data)
+        skipped = sum(1 for _ in itertools.islice(batches, self.position))
+        if skipped < self.position:
+            log.warning("resume: the epoch has only %d batches, the checkpoint is at %d", skipped, self.position)
+        set_rng_state(resumed_rng)
+        return batches
+
+    def _fill_result(self) -> None:
+        result = self.result
+        result.steps, result.epochs = self.step, self.epoch
+        result.micro_batch = self.micro_batch or 0
+        result.initial_micro_batch = self.initial_micro_batch or 0
+        result.checkpointing = self.checkpoint_handle is not None
+        result.empty_cache_fires, result.empty_cache_seconds = self.hygiene.fires, self.hygiene.seconds
+
+    # -- resume and planning -------------------------------------------------------------------
+    def _load(self, resume: str | os.PathLike) -> dict[str, Any]:
+        path = resolve_checkpoint(resume)
+        state = load_checkpoint(path)
+        if state.get("checkpointed_modules") and self.checkpoint_handle is None:
+            self.checkpoint_handle = enable_checkpointing(self.model, modules=state["checkpointed_modules"])
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        if self.scheduler is not None and state["scheduler"] is not None:
+            self.scheduler.load_state_dict(state["scheduler"])
+        self.step, self.epoch, self.position = state["step"], state["epoch"], state["position"]
+        self.micro_batch = state["micro_batch"]
+        self.initial_micro_batch = self.initial_micro_batch or self.micro_batch
+        self.growth.load_state_dict(state["growth"])
+        self._epoch_rng = state["epoch_rng"]
+        previous = RunResult.from_dict(state["result"])
+        self.result.oom_recoveries = previous.oom_recoveries
+        self.result.grow_attempts = previous.grow_attempts
+        self.result.checkpoints_saved = previous.checkpoints_saved
+        self.result.plan = previous.plan
+        self.result.resumed_from = {"path": str(path), "step": self.step, "epoch": self.epoch, "position": self.position}
+        log.info("resumed from %s at step %d (epoch %d, batch %d), micro-batch %d", path, self.step, self.epoch, self.position, self.micro_batch)
+        set_rng_state(state["rng"])
+        return state["rng"]
+
+    def _plan(self, data: Iterable[Any]) -> None:
+        """micro_batch=None: plan it on (slices of) the first global batch.
+
+        The peek at the first batch runs with the RNG states saved and restored, so it does
+        not change what the run draws; :func:`~autobatch.plan` restores model and optimizer.
+        """
+        from .planner import plan
+
+        saved = rng_state()
+        first = next(iter(data))
+        set_rng_state(saved)
+        available = batch_size_of(first)
+
+        def make_batch(size: int) -> Any:
+            index = torch.arange(size) % available
+            return to_device(map_tensors(first, lambda t: t.index_select(0, index.to(t.device))), self.device)
+
+        step = TrainStep(self.model, self.optimizer, self.loss_fn, make_batch, autocast_dtype=self._train_step.autocast_dtype)
+        options = {"device": self.device, **self.plan_options}
+        planned = plan(step, global_batch=self.global_batch, **options)
+        self.micro_batch = self.initial_micro_batch = planned.micro_batch
+        if planned.checkpointing:
+            self.checkpoint_handle = planned.handle
+        probed = [r.batch_size for r in planned.probe_results]
+        self.growth.ceiling = self.max_micro_batch or min(self.global_batch, max(probed + [planned.micro_batch]))
+        self.result.plan = planned.to_dict()
+        log.info("runner planned micro-batch %d (grow-back ceiling %d)", self.micro_batch, self.growth.ceiling)
+
+    @staticmethod
+    def _no_batches(size: int) -> Any:
+        raise RuntimeError("the runner's TrainStep takes its batches from the data, not make_batch")
+
+
+def train(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    loss_fn: LossFn,
+    data: Iterable[Any],
+    *,
+    epochs: int | None = None,
+    steps: int | None = None,
+    resume: str | os.PathLike | None = None,
+    **options: Any,
+) -> RunResult:
+    """Build a :class:`Runner` from plain keyword ``options`` and fit it: the CLI's entry point.
+
+    ``options`` are :class:`Runner`'s keyword arguments (``global_batch`` is required), so a
+    config section maps onto it directly: ``train(model, opt, loss_fn, loader, epochs=3,
+    **cfg.runner)``.
+    """
+    runner = Runner(model, optimizer, loss_fn, **options)
+    return runner.fit(data, epochs=epochs, steps=steps, resume=resume)
+
+
+# -- helpers ------------------------------------------------------------------------------------
+def _positive(name: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+
+
+def _model_device(model: torch.nn.Module) -> torch.device:
+    for tensor in model.parameters():
+        return tensor.device
+    return torch.device("cpu")
+
+
+def _epoch_length(data: Iterable[Any], epochs: int | None) -> int | None:
+    try:
+        return len(data) * epochs if epochs is not None else None  # type: ignore[arg-type]
+    except TypeError:
+        return None

@@ -1,0 +1,175 @@
+"""Make ``optimizer.step()`` transactional, so an OOM inside it can be replayed safely.
+
+Why it is needed. Optimizers update parameters and their state in place, tensor by tensor
+(or list by list with ``foreach``), and allocate while doing so: Adam's moments on its first
+step, SGD's momentum buffers one parameter at a time, ``foreach`` temporaries on every step.
+An OOM part-way leaves some parameters (and step counters, moments) updated and others not.
+Replaying the global batch on top of that applies part of the update twice. Nothing about
+the optimizer proves this cannot happen, so the runner does not assume it.
+
+What it does. :meth:`StepGuard.capture` copies everything a step may change (every
+parameter of the optimizer's groups, every tensor and value in ``optimizer.state``, the
+groups' hyper-parameters) into persistent buffers before the step; :meth:`StepGuard.restore`
+writes them back after a failed step, and drops state entries the failed step created
+(Adam's moments on step 1), so the optimizer is exactly as it was. Gradients need no copy:
+the replay recomputes them from scratch.
+
+Cost, by ``mode``:
+
+* ``"cpu"`` (default): buffers in host memory (pinned on CUDA), so the guard costs no device
+  memory, which is exactly what is short. On CUDA the copy is issued at the *start* of the
+  global step on a side stream, overlapping forward and backward (parameters and optimizer
+  state do not change until the step); the optimizer step waits for it. The host never
+  waits. The device-to-host traffic is parameters + optimizer state per step (12 bytes per
+  fp32 parameter with Adam); when forward/backward is shorter than that copy, the remainder
+  shows up in step time (``scripts/bench_runner.py`` measures it).
+* ``"device"``: buffers on the device: a fast on-device copy, but it costs as much device
+  memory as the parameters and optimizer state.
+* ``"off"``: no copy. An OOM inside ``optimizer.step()`` is then *not* replayed (the update
+  may be half-applied); the runner raises instead of silently corrupting the model.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import torch
+
+from .oom import is_oom_error
+
+__all__ = ["StepGuard", "GUARD_MODES"]
+
+GUARD_MODES = ("cpu", "device", "off")
+
+
+class StepGuard:
+    """Snapshot what ``optimizer.step()`` can change; put it back after a failed step."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer, mode: str = "cpu") -> None:
+        if mode not in GUARD_MODES:
+            raise ValueError(f"step_guard must be one of {', '.join(GUARD_MODES)}; got {mode!r}")
+        self.optimizer = optimizer
+        self.mode = mode
+        self._buffers: dict[tuple[int, Any], torch.Tensor] = {}
+        self._params: list[torch.Tensor] = []
+        self._state_keys: dict[int, dict[Any, Any]] = {}  # id(param) -> key -> non-tensor value, or None for a tensor
+        self._groups: list[dict[str, Any]] = []
+        self._stream = None
+        self._captured = False
+
+    @property
+    def enabled(self) -> bool:
+        return self.mode != "off"
+
+    # -- capture ------------------------------------------------------------------------------
+    def capture(self) -> None:
+        """Copy parameters, optimizer state and group settings (asynchronously on CUDA)."""
+        if not self.enabled:
+            return
+        self._params = [p for group in self.optimizer.param_groups for p in group["params"]]
+        self._groups = [{k: copy.copy(v) for k, v in group.items() if k != "params"} for group in self.optimizer.param_groups]
+        self._state_keys = {}
+        sources: list[tuple[tuple[int, Any], torch.Tensor]] = []
+        for index, param in enumerate(self._params):
+            sources.append(((index, None), param))
+            state = self.optimizer.state.get(param)
+            if state is None:
+                continue
+            keys: dict[Any, Any] = {}
+            for key, value in state.items():
+                if isinstance(value, torch.Tensor):
+                    keys[key] = None
+                    sources.append(((index, key), value))
+                else:
+                    keys[key] = copy.deepcopy(value)
+            self._state_keys[index] = keys
+        live = {slot for slot, _ in sources}
+        for slot in list(self._buffers):
+            if slot not in live:
+                del self._buffers[slot]
+        targets: list[torch.Tensor] = []
+        for slot, source in sources:
+            buffer = self._buffers.get(slot)
+            if buffer is None or buffer.shape != source.shape or buffer.dtype != source.dtype:
+                buffer = self._buffers[slot] = self._empty_like(source)
+            targets.append(buffer)
+        detached = [source.detach() for _, source in sources]
+        with self._copy_stream():
+            try:  # one call rather than hundreds of Python-level copies per step
+                torch._foreach_copy_(targets, detached, non_blocking=True)
+            except RuntimeError as exc:
+                if is_oom_error(exc):
+                    raise
+                for target, source in zip(targets, detached):  # a build without mixed-device foreach
+                    target.copy_(source, non_blocking=True)
+        self._captured = True
+
+    def ready(self) -> None:
+        """Make the current stream wait for the capture (before the optimizer writes anything)."""
+        if self._stream is not None and self._captured:
+            torch.cuda.current_stream(self._stream.device).wait_stream(self._stream)
+
+    # -- restore ------------------------------------------------------------------------------
+    def restore(self) -> None:
+        """Write the capture back in place; drop optimizer state the failed step created."""
+        if not self._captured:
+            raise RuntimeError("StepGuard.restore() before capture()")
+        self.ready()
+        with torch.no_grad():
+            for index, param in enumerate(self._params):
+                param.copy_(self._buffers[(index, None)])
+                saved = self._state_keys.get(index)
+                if saved is None:
+                    self.optimizer.state.pop(param, None)
+                    continue
+                state = self.optimizer.state[param]
+                for key in list(state):
+                    if key not in saved:
+                        del state[key]
+                for key, value in saved.items():
+                    if value is not None:
+                        state[key] = copy.deepcopy(value)
+                        continue
+                    buffer = self._buffers[(index, key)]
+                    current = state.get(key)
+                    if isinstance(current, torch.Tensor) and current.shape == buffer.shape and current.dtype == buffer.dtype:
+                        current.copy_(buffer)
+                    else:
+                        device = current.device if isinstance(current, torch.Tensor) else param.device
+                        state[key] = buffer.to(device, copy=True)
+        for group, saved in zip(self.optimizer.param_groups, self._groups):
+            group.update({key: copy.copy(value) for key, value in saved.items()})
+        if any(p.device.type == "cuda" for p in self._params):
+            torch.cuda.synchronize()
+
+    # -- helpers ------------------------------------------------------------------------------
+    def _empty_like(self, source: torch.Tensor) -> torch.Tensor:
+        if self.mode == "device" or source.device.type == "cpu":
+            return torch.empty_like(source, memory_format=torch.preserve_format)
+        return torch.empty(source.shape, dtype=source.dtype, device="cpu", pin_memory=source.device.type == "cuda")
+
+    def _copy_stream(self):
+        cuda = next((p.device for p in self._params if p.device.type == "cuda"), None)
+        if cuda is None:
+            self._stream = None
+            return torch.no_grad()
+        if self._stream is None or self._stream.device != cuda:
+            self._stream = torch.cuda.Stream(cuda)
+        self._stream.wait_stream(torch.cuda.current_stream(cuda))
+        return _StreamNoGrad(self._stream)
+
+
+class _StreamNoGrad:
+    """``torch.cuda.stream(s)`` and ``torch.no_grad()`` together."""
+
+    def __init__(self, stream) -> None:
+        self._contexts = (torch.cuda.stream(stream), torch.no_grad())
+
+    def __enter__(self) -> None:
+        for context in self._contexts:
+            context.__enter__()
+
+    def __exit__(self, *exc: object) -> None:
+        for context in reversed(self._contexts):
+            context.__exit__(*exc)

@@ -1,0 +1,116 @@
+"""Checkpoints and resume: atomic writes; a run killed with SIGKILL resumes exactly.
+
+Weights are compared with ``rtol=1e-10, atol=1e-12`` (float64); with the same micro-batch
+splits and random numbers the runs are in fact bit-identical.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+import autobatch
+from autobatch import Runner
+from autobatch.checkpoint_io import load_checkpoint, save_checkpoint
+from resume_worker import EPOCHS, SAMPLES, TOTAL_STEPS, build
+from runner_workloads import assert_weights_close, make_data, make_model, mse, weights
+
+WORKER = Path(__file__).with_name("resume_worker.py")
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    runner, loader, on_step_end = build(str(tmp_path_factory.mktemp("reference")))
+    result = runner.fit(loader, epochs=EPOCHS, on_step_end=on_step_end)
+    assert result.steps == TOTAL_STEPS and len(result.oom_recoveries) == 1
+    return weights(runner.model)
+
+
+def read_log(path: Path) -> list[dict]:
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def test_sigkill_and_resume_loses_and_repeats_nothing(tmp_path, uninterrupted):
+    ckpt, out, log = tmp_path / "ckpt", tmp_path / "out.pt", tmp_path / "log.jsonl"
+    command = [sys.executable, str(WORKER), str(ckpt), str(out), str(log)]
+    env = {**os.environ, "PYTHONHASHSEED": "0"}
+    worker = subprocess.Popen(command + ["--delay", "0.2"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 120
+    while len(read_log(log)) < 6 and worker.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert worker.poll() is None, f"worker ended before it could be killed: {worker.stdout.read().decode()[-2000:]}"
+    os.kill(worker.pid, signal.SIGKILL)
+    worker.wait(timeout=30)
+    assert worker.returncode == -signal.SIGKILL and not out.exists()
+
+    killed_at = load_checkpoint(ckpt)["step"]
+    before = read_log(log)
+    assert 6 <= killed_at < TOTAL_STEPS
+    assert [entry["step"] for entry in before] in (list(range(1, killed_at + 1)), list(range(1, killed_at)))
+    log.write_text("")
+    done = subprocess.run(command + ["--resume"], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    after = read_log(log)
+
+    # Every step after the checkpoint ran exactly once; none before it ran again.
+    assert [entry["step"] for entry in after] == list(range(killed_at + 1, TOTAL_STEPS + 1))
+    applied = {entry["step"]: entry for entry in before[:killed_at] + after}
+    assert sorted(applied) == list(range(1, TOTAL_STEPS + 1))
+    for epoch in range(EPOCHS):
+        ids = [i for entry in applied.values() if entry["epoch"] == epoch for i in entry["ids"]]
+        assert sorted(ids) == list(range(SAMPLES))
+    final = torch.load(out, weights_only=False)
+    assert final["result"]["steps"] == TOTAL_STEPS and final["result"]["resumed_from"]["step"] == killed_at
+    assert final["result"]["micro_batch"] == 4  # the halved micro-batch came back from the checkpoint
+    assert_weights_close(final["weights"], uninterrupted)
+
+
+def test_in_process_resume_matches_uninterrupted_run(tmp_path, uninterrupted):
+    runner, loader, _ = build(str(tmp_path))
+    runner.fit(loader, epochs=EPOCHS, steps=7)  # stop mid-epoch: checkpoint at the end
+    assert load_checkpoint(tmp_path)["step"] == 7
+    resumed, loader, _ = build(str(tmp_path))
+    result = resumed.fit(loader, epochs=EPOCHS, resume=tmp_path)
+    assert result.steps == TOTAL_STEPS and result.steps_this_run == TOTAL_STEPS - 7
+    assert result.micro_batch == 4 and len(result.oom_recoveries) == 1
+    assert_weights_close(weights(resumed.model), uninterrupted)
+    assert resumed.scheduler.last_epoch == TOTAL_STEPS
+
+
+def test_checkpoint_write_is_atomic(tmp_path, monkeypatch):
+    path = tmp_path / "last.pt"
+    save_checkpoint({"step": 1}, path)
+
+    def torn(obj, handle, *args, **kwargs):
+        handle.write(b"half a checkpoint")
+        raise OSError("disk full")
+
+    monkeypatch.setattr(torch, "save", torn)
+    with pytest.raises(OSError, match="disk full"):
+        save_checkpoint({"step": 2}, path)
+    monkeypatch.undo()
+    assert load_checkpoint(path) == {"step": 1}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["last.pt"]
+
+
+def test_checkpoint_every_n_steps_and_contents(tmp_path):
+    model = make_model()
+    runner = Runner(model, torch.optim.SGD(model.parameters(), lr=0.1), mse, global_batch=16, micro_batch=8,
+                    checkpoint_dir=tmp_path, checkpoint_every=2, progress=False)
+    result = runner.fit(make_data(), epochs=2)  # 6 steps: saves after 2, 4, 6 and at the end
+    assert result.checkpoints_saved == 4 and result.checkpoint_path == str(tmp_path / "last.pt")
+    state = load_checkpoint(tmp_path)
+    assert {"model", "optimizer", "scheduler", "rng", "epoch_rng", "step", "epoch", "position", "micro_batch"} <= set(state)
+    assert (state["step"], state["epoch"], state["position"], state["micro_batch"]) == (6, 2, 0, 8)
+    with pytest.raises(FileNotFoundError):
+        load_checkpoint(tmp_path / "missing.pt")
