@@ -22,7 +22,7 @@ class TrialRecord:
 
     ``peak_bytes`` is the device's allocated-memory peak during the trial (for a failed
     trial, the peak reached before the failure); ``purpose`` says why the strategy ran it
-    (``search``, ``fit``, ``verify``, ``bisect``, ``margin``).
+    (``search``, ``fit``, ``estimate``, ``verify``, ``bisect``, ``margin``).
     """
 
     batch_size: int
