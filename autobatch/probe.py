@@ -27,7 +27,7 @@ __all__ = ["find_max_batch", "STRATEGY_NAMES"]
 
 log = logging.getLogger("autobatch")
 
-STRATEGY_NAMES = ("auto", "estimate", "predict", "binary", "power", "halving")
+STRATEGY_NAMES = ("auto", "predict", "binary", "power", "halving", "estimate")
 #: Where ``halving`` starts when neither ``start`` nor ``max_batch`` is given.
 HALVING_DEFAULT_START = 1024
 

@@ -155,3 +155,77 @@ def test_a_gpu_sized_question_on_the_cpu():
     assert answer.peak_bytes <= 80 * 2**30 < estimate_peak(step, answer.batch_size + 8)
     assert estimate_max_batch(step, "1KiB").batch_size == 0
     assert estimate_max_batch(step, "80GiB", max_batch=100).batch_size == 100
+
+
+# -- in find_max_batch ----------------------------------------------------------------------
+def test_strategy_estimate_is_untested_and_runs_nothing():
+    step = make_mlp_step(width=256)
+    made = []
+    make = step.make_batch
+
+    def recording(size):
+        batch = make(size)
+        made.append(type(batch[0]).__name__)
+        return batch
+
+    step.make_batch = recording
+    result = find_max_batch(step, strategy="estimate", memory_limit="24MiB")
+    assert not result.tested and result.trials == [] and result.strategy_used == "estimate"
+    assert made and set(made) == {"FakeTensor"}  # no real batch was ever built
+    probed = find_max_batch(step, strategy="binary", memory_limit="24MiB", steps_per_trial=2, cache=False)
+    assert result.batch_size == pytest.approx(probed.batch_size, rel=0.01)
+    assert any("untested" in note for note in result.notes) and "untested" in result.summary()
+    assert autobatch.ProbeResult.from_dict(result.to_dict()).tested is False
+    with pytest.raises(ValueError, match="TrainStep"):
+        find_max_batch(lambda size: None, strategy="estimate")
+
+
+def test_auto_places_its_first_trial_by_the_estimate():
+    step = make_mlp_step(width=256)
+    auto = find_max_batch(step, memory_limit="24MiB", steps_per_trial=2, cache=False)
+    binary = find_max_batch(step, strategy="binary", memory_limit="24MiB", steps_per_trial=2, cache=False)
+    assert auto.batch_size == binary.batch_size  # still exact
+    assert auto.trials[0].purpose == "estimate" and auto.estimate is not None
+    assert auto.num_trials <= 4 and auto.num_ooms <= 1
+    assert auto.num_trials < binary.num_trials // 3
+
+
+def test_auto_without_an_estimate_probes_as_before():
+    step = make_mlp_step(width=64)
+    plain_loss = step.loss_fn
+    step.loss_fn = lambda model, batch: plain_loss(model, batch) + 0 * plain_loss(model, batch).item()
+    result = find_max_batch(step, memory_limit="16MiB", steps_per_trial=1, max_batch=512, cache=False)
+    assert result.trials[0].purpose == "fit" and result.estimate is None
+    assert any("no estimate" in note for note in result.notes)
+    explicit_start = find_max_batch(make_mlp_step(width=64), start=4, memory_limit="16MiB", steps_per_trial=1,
+                                    max_batch=512, cache=False)
+    assert explicit_start.trials[0].batch_size == 4 and explicit_start.estimate is None
+
+
+def _oracle(threshold: int):
+    calls = []
+
+    def passes(units, purpose="search"):
+        calls.append((units, purpose))
+        return units <= threshold
+
+    return passes, calls
+
+
+@pytest.mark.parametrize("true_boundary", [500, 700, 1000, 1300])
+def test_predictive_with_a_prior_is_exact_whatever_the_estimate(true_boundary):
+    from autobatch.predict import LinearFit, predictive
+
+    passes, calls = _oracle(true_boundary)
+    prior = LinearFit(intercept=0.0, slope=1000.0)  # estimated boundary: unit 1000 of capacity 1e6
+
+    def peak_of(units):  # the real curve: boundary at true_boundary
+        return int(units * 1e6 / (true_boundary + 0.5))
+
+    outcome = predictive(passes, peak_of, 1, 2**20, 1_000_000, prior=prior)
+    assert outcome.units == true_boundary
+    assert calls[0] == (970, "estimate")
+    if true_boundary >= 970:
+        assert len(calls) <= 4
+    else:
+        assert "estimate" in (outcome.fallback_reason or "") or outcome.strategy_used == "predict"
