@@ -307,7 +307,7 @@ def estimate_max_batch(
         if peak(units) > capacity_bytes:
             hi = units
             break
-        if lo >= 2**40 // GROWTH or peak(units) <= peak(1) and units >= GROWTH**3:
+        if lo >= 2**40 // GROWTH or peak(units) <= peak(1) and units >= GROWTH**6:
             raise EstimateError(
                 f"estimated peak does not grow with the batch ({format_bytes(peak(1))} at 1, "
                 f"{format_bytes(peak(units))} at {units * multiple_of}); give max_batch"

@@ -19,6 +19,10 @@ gradients, optimizer state, workspaces) plus activations per sample. So:
    not halve in two steps, gets a bisection step instead, so the worst case stays close to binary search and the answer is
    exact like binary's: a passing size whose next size failed (or ``max_batch``).
 
+With an estimated curve (``prior``, from a fake-tensor trace of the step), step 1 is replaced
+by one trial ``PRIOR_BELOW`` under the estimated boundary (20 % lower if that ran out of
+memory); the estimate's slope through that measured point makes the first jump.
+
 While the measurements give no usable line (flat peaks: small batches that fit in one
 allocator block, or a step whose memory does not depend on the batch) the fit keeps growing
 by ×8. If the first OOM arrives before a growing line exists (flat or decreasing peaks, a
@@ -217,9 +221,12 @@ def _seed_from_prior(passes, record_pass, points, prior: LinearFit, capacity: in
     """First trials from an estimated curve: ``PRIOR_BELOW`` under its boundary, then (if that
     ran out of memory) 20 % lower. Returns ``(lo, hi, fit)`` for the closing loop, the fit
     being the prior's slope through the measured point, or None when both trials failed."""
-    target = min(prior.predict_max(capacity), max_units)
+    predicted = prior.predict_max(capacity)
+    first = math.floor(min(predicted, max_units) * (1 - PRIOR_BELOW))
+    if predicted * (1 - PRIOR_BELOW) >= max_units:
+        first = max_units  # the cap fits with room to spare: try it directly
     hi = None
-    for guess in (math.floor(target * (1 - PRIOR_BELOW)), math.floor(target * (1 - PRIOR_BELOW) * 0.8)):
+    for guess in (first, math.floor(first * 0.8)):
         guess = max(1, min(guess, max_units))
         if hi is not None and guess >= hi:
             break

@@ -297,9 +297,9 @@ def _cache_lookup(fn, cache, cache_key, target, limit_bytes, probe_args):
     return ProbeCache(directory), key_of(components), components, None
 
 
-def _estimate_capacity(memory, capacity: int) -> tuple[bool, str | None]:
-    """Whether the model's resident memory counts against ``capacity``: on an accelerator it
-    does; a simulated CPU budget counts only what the step allocates."""
+def _counts_resident(memory) -> tuple[bool, str | None]:
+    """Whether the model's resident memory counts against the capacity (and a note why not):
+    on an accelerator it does; a simulated CPU budget counts only what the step allocates."""
     if isinstance(memory, SimulatedDeviceMemory):
         return False, "the simulated CPU budget counts only memory the step allocates, not the model"
     return True, None
@@ -308,7 +308,7 @@ def _estimate_capacity(memory, capacity: int) -> tuple[bool, str | None]:
 def _estimate_prior(step: TrainStep, memory, capacity: int, max_batch: int | None, multiple_of: int):
     """The estimated curve in units of ``multiple_of`` for ``auto``'s first trial, and a note;
     ``(None, note)`` when the step cannot be estimated."""
-    include_resident, _ = _estimate_capacity(memory, capacity)
+    include_resident, _ = _counts_resident(memory)
     try:
         estimate = estimate_max_batch(
             step, capacity, include_resident=include_resident, max_batch=max_batch, multiple_of=multiple_of
@@ -328,7 +328,7 @@ def _estimate_prior(step: TrainStep, memory, capacity: int, max_batch: int | Non
 def _estimate_only(step: TrainStep, memory, note, *, max_batch, margin, multiple_of) -> ProbeResult:
     """``strategy="estimate"``: the estimated boundary, no trials, marked untested."""
     capacity = memory.capacity()
-    include_resident, why = _estimate_capacity(memory, capacity)
+    include_resident, why = _counts_resident(memory)
     estimate = estimate_max_batch(
         step, capacity, include_resident=include_resident, max_batch=max_batch, multiple_of=multiple_of
     )

@@ -229,3 +229,11 @@ def test_predictive_with_a_prior_is_exact_whatever_the_estimate(true_boundary):
         assert len(calls) <= 4
     else:
         assert "estimate" in (outcome.fallback_reason or "") or outcome.strategy_used == "predict"
+
+
+def test_predictive_tries_the_cap_directly_when_the_estimate_clears_it():
+    from autobatch.predict import LinearFit, predictive
+
+    passes, calls = _oracle(800)
+    outcome = predictive(passes, lambda units: units * 1000, 1, 500, 1_000_000, prior=LinearFit(0.0, 1000.0))
+    assert outcome.units == 500 and calls == [(500, "estimate")]
