@@ -75,13 +75,24 @@ def default_dir() -> Path:
 
 
 # -- the key --------------------------------------------------------------------------------
+def _hash_code(code: Any, digest: "hashlib._Hash") -> None:
+    """Feed a code object into ``digest``: bytecode, names and constants, nested code objects
+    (lambdas, generator expressions) by their content, never by their address."""
+    digest.update(code.co_code)
+    digest.update(repr(code.co_names).encode())
+    for const in code.co_consts:
+        if hasattr(const, "co_code"):
+            _hash_code(const, digest)
+        else:
+            digest.update(repr(const).encode())
+
+
 def _code_hash(fn: Any) -> str:
     code = getattr(fn, "__code__", None) or getattr(getattr(fn, "__call__", None), "__code__", None)
     if code is None:
         return getattr(fn, "__qualname__", type(fn).__qualname__)
-    digest = hashlib.sha256(code.co_code)
-    digest.update(repr(code.co_consts).encode())
-    digest.update(repr(code.co_names).encode())
+    digest = hashlib.sha256()
+    _hash_code(code, digest)
     return digest.hexdigest()[:16]
 
 

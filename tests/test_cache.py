@@ -210,3 +210,25 @@ def test_concurrent_writers_leave_a_valid_cache(tmp_path):
     for path in files:
         json.loads(path.read_text())
     assert len(probe_cache.list_entries(directory)) == 3
+
+
+_KEY_SCRIPT = """
+import sys, torch
+sys.path[:0] = ["tests", "."]
+from autobatch import cache
+from workloads import make_mlp_step
+step = make_mlp_step(width=64)
+step.loss_fn = lambda model, batch: sum(x for x in [model(batch[0]).mean()])  # nested code object
+print(cache.key_of(cache.key_components(step, device="cpu", capacity=1, memory_limit=None, probe={})))
+"""
+
+
+def test_the_key_is_the_same_in_another_process():
+    import subprocess
+    import sys
+
+    keys = {
+        subprocess.run([sys.executable, "-c", _KEY_SCRIPT], capture_output=True, text=True, check=True).stdout.strip()
+        for _ in range(2)
+    }
+    assert len(keys) == 1 and len(keys.pop()) == 64
