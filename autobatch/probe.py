@@ -97,8 +97,9 @@ def find_max_batch(
             memory curve cannot be fitted; for a ``TrainStep`` with no ``start``, the first
             trial lands just below the boundary that ``estimate`` predicts), ``estimate``
             (no trial at all: the largest batch whose peak, traced with fake tensors, fits
-            the capacity; an untested prediction, ``result.tested`` is False), ``predict`` (fit peak memory against batch size,
-            jump to the predicted boundary, close the gap), ``binary`` (double, then bisect),
+            the capacity; an untested prediction, ``result.tested`` is False), ``predict``
+            (fit peak memory against batch size, jump to the predicted boundary, close the
+            gap), ``binary`` (double, then bisect),
             ``power`` (largest power-of-two multiple of ``start``), ``halving`` (halve from a
             high start). ``auto``, ``predict`` and ``binary`` return the exact boundary.
         margin: fraction taken off the boundary at the end, e.g. 0.05; the reduced size is

@@ -237,3 +237,13 @@ def test_predictive_tries_the_cap_directly_when_the_estimate_clears_it():
     passes, calls = _oracle(800)
     outcome = predictive(passes, lambda units: units * 1000, 1, 500, 1_000_000, prior=LinearFit(0.0, 1000.0))
     assert outcome.units == 500 and calls == [(500, "estimate")]
+
+
+def test_strategy_estimate_applies_margin_and_reports_no_fit():
+    step = make_mlp_step(width=128)
+    full = find_max_batch(step, strategy="estimate", memory_limit="16MiB", multiple_of=4)
+    reduced = find_max_batch(step, strategy="estimate", memory_limit="16MiB", multiple_of=4, margin=0.1)
+    assert full.batch_size % 4 == 0 and reduced.batch_size % 4 == 0
+    assert reduced.batch_size <= full.batch_size * 0.9 and not reduced.tested
+    with pytest.raises(autobatch.NoBatchFitsError):
+        find_max_batch(step, strategy="estimate", memory_limit="64KiB")
