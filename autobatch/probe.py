@@ -310,6 +310,7 @@ def _estimate_prior(step: TrainStep, memory, capacity: int, max_batch: int | Non
     """The estimated curve in units of ``multiple_of`` for ``auto``'s first trial, and a note;
     ``(None, note)`` when the step cannot be estimated."""
     include_resident, _ = _counts_resident(memory)
+    began = time.perf_counter()
     try:
         estimate = estimate_max_batch(
             step, capacity, include_resident=include_resident, max_batch=max_batch, multiple_of=multiple_of
@@ -322,7 +323,10 @@ def _estimate_prior(step: TrainStep, memory, capacity: int, max_batch: int | Non
     units = estimate.batch_size // multiple_of
     assert estimate.peak_bytes is not None
     line = LinearFit(intercept=estimate.peak_bytes - unit_slope * units, slope=unit_slope)
-    note = f"first trial placed by an estimate (estimated boundary {estimate.batch_size})"
+    note = (
+        f"first trial placed by an estimate (estimated boundary {estimate.batch_size}; "
+        f"{len(estimate.estimates)} fake-tensor traces, {time.perf_counter() - began:.2f} s)"
+    )
     return (line, estimate), note
 
 
