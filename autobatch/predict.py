@@ -24,6 +24,10 @@ gradients, optimizer state, workspaces) plus activations per sample. So:
    binary search, and the answer is exact like binary's: a passing size whose next size
    failed (or ``max_batch``).
 
+With an estimated curve (``prior``, from a fake-tensor trace of the step), step 1 is replaced
+by one trial ``PRIOR_BELOW`` under the estimated boundary (20 % lower if that ran out of
+memory); the estimate's slope through that measured point makes the first jump.
+
 While the measurements give no usable line (flat peaks: small batches that fit in one
 allocator block, or a step whose memory does not depend on the batch) the fit keeps growing
 by ×8. If the first OOM arrives before a growing line exists (flat or decreasing peaks, a
@@ -45,6 +49,7 @@ __all__ = ["predictive", "LinearFit", "GROWTH", "JUMP_RATIO"]
 GROWTH = 8  # size ratio between successive fit trials
 JUMP_RATIO = 8  # extrapolate at most this far beyond the largest measured size (one growth step)
 MAX_GALLOPS = 3  # strides of 0.5 %, 1 %, 2 % cover allocator rounding; farther off, bisect
+PRIOR_BELOW = 0.03  # with an estimated curve, the first trial is this fraction below its boundary
 
 
 @dataclass
@@ -115,6 +120,8 @@ def predictive(
     start: int,
     max_units: int,
     capacity: int,
+    *,
+    prior: LinearFit | None = None,
 ) -> PredictOutcome:
     """Run the predictive search in units of ``multiple_of``.
 
@@ -122,6 +129,10 @@ def predictive(
     peak of a passing trial; ``capacity`` the bytes available. Returns the largest passing
     unit (None if unit 1 failed), the fitted curve, and why the search fell back to binary,
     if it did.
+
+    ``prior`` is an estimated curve (in units, e.g. from :mod:`autobatch.estimate`): the first
+    trial is then just below its boundary instead of at ``start``, and the line through that
+    measured point with the prior's slope makes the first jump.
     """
     points: list[tuple[int, int]] = []  # (units, peak) of passing trials
     first = min(start, max_units)
@@ -140,35 +151,46 @@ def predictive(
             units = search.bisect(passes, passed, failed)
         return PredictOutcome(units, _secant(points, usable_only=False), reason, "binary", points)
 
-    # -- 1. fit: grow geometrically until the extrapolation is short ---------------------
-    if not passes(first, "fit"):
-        return hand_to_binary(
-            f"the first trial (batch unit {first}) ran out of memory, so there was nothing to fit", None, None
-        )
-    record_pass(first)
-    lo, hi = first, None
-    fit = None
-    while lo < max_units:
-        fit = _secant(points)
-        if fit is not None and fit.predict_max(capacity) <= lo * JUMP_RATIO:
-            break
-        units = min(lo * GROWTH, max_units)  # no usable line yet (too short, or flat): grow
-        if not passes(units, "fit"):
-            hi = units
-            break
-        record_pass(units)
-        lo = units
+    # -- 1. fit: from an estimate of the curve, or by growing geometrically --------------
+    if prior is not None and prior.usable:
+        seeded = _seed_from_prior(passes, record_pass, points, prior, capacity, max_units)
+        if seeded is None:
+            return hand_to_binary(
+                "the estimated boundary and a size 20% below it both ran out of memory (the "
+                "estimate was too high)", None, None,
+            )
+        lo, hi, fit = seeded
+        if lo >= max_units:
+            return PredictOutcome(lo, fit, None, "predict", points)
+    else:
+        if not passes(first, "fit"):
+            return hand_to_binary(
+                f"the first trial (batch unit {first}) ran out of memory, so there was nothing to fit", None, None
+            )
+        record_pass(first)
+        lo, hi = first, None
         fit = None
-    fit = fit or _secant(points)
-    if lo >= max_units:
-        return PredictOutcome(lo, fit, None, "predict", points)
-    if fit is None:
-        if len(points) >= 2:
-            (u0, p0), (u1, p1) = points[0], points[-1]
-            reason = f"peak memory did not grow with the batch ({p0} B at unit {u0}, {p1} B at unit {u1})"
-        else:
-            reason = f"only one passing trial before the first OOM (unit {hi}); no line to fit"
-        return hand_to_binary(reason, lo, hi)
+        while lo < max_units:
+            fit = _secant(points)
+            if fit is not None and fit.predict_max(capacity) <= lo * JUMP_RATIO:
+                break
+            units = min(lo * GROWTH, max_units)  # no usable line yet (too short, or flat): grow
+            if not passes(units, "fit"):
+                hi = units
+                break
+            record_pass(units)
+            lo = units
+            fit = None
+        fit = fit or _secant(points)
+        if lo >= max_units:
+            return PredictOutcome(lo, fit, None, "predict", points)
+        if fit is None:
+            if len(points) >= 2:
+                (u0, p0), (u1, p1) = points[0], points[-1]
+                reason = f"peak memory did not grow with the batch ({p0} B at unit {u0}, {p1} B at unit {u1})"
+            else:
+                reason = f"only one passing trial before the first OOM (unit {hi}); no line to fit"
+            return hand_to_binary(reason, lo, hi)
 
     # -- 2 and 3. jump, then close the bracket -----------------------------------------
     jump_fit = fit
@@ -221,6 +243,28 @@ def _first_stride(near: int) -> int:
     two of the batch, so small strides that double find the boundary in a few cheap trials.
     """
     return max(1, round(near * 0.005))
+def _seed_from_prior(passes, record_pass, points, prior: LinearFit, capacity: int, max_units: int):
+    """First trials from an estimated curve: ``PRIOR_BELOW`` under its boundary, then (if that
+    ran out of memory) 20 % lower. Returns ``(lo, hi, fit)`` for the closing loop, the fit
+    being the prior's slope through the measured point, or None when both trials failed."""
+    predicted = prior.predict_max(capacity)
+    first = math.floor(min(predicted, max_units) * (1 - PRIOR_BELOW))
+    if predicted * (1 - PRIOR_BELOW) >= max_units:
+        first = max_units  # the cap fits with room to spare: try it directly
+    hi = None
+    for guess in (first, math.floor(first * 0.8)):
+        guess = max(1, min(guess, max_units))
+        if hi is not None and guess >= hi:
+            break
+        if passes(guess, "estimate"):
+            record_pass(guess)
+            fit = prior
+            if points:
+                units, peak = points[-1]
+                fit = LinearFit(intercept=peak - prior.slope * units, slope=prior.slope, points=[(units, peak)])
+            return guess, hi, fit
+        hi = guess
+    return None
 
 
 def _secant(points: list[tuple[int, int]], *, usable_only: bool = True) -> LinearFit | None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import time
 from contextlib import nullcontext
 from typing import Callable
@@ -11,8 +12,10 @@ from typing import Callable
 import torch
 
 from . import search
-from .predict import predictive
-from .devices import memory_for, resolve_device
+from .cache import ProbeCache, key_components, key_of
+from .estimate import BatchEstimate, EstimateError, estimate_max_batch
+from .predict import LinearFit, predictive
+from .devices import SimulatedDeviceMemory, memory_for, resolve_device
 from .errors import NoBatchFitsError
 from .restore import Snapshot
 from .result import ProbeResult
@@ -24,7 +27,7 @@ __all__ = ["find_max_batch", "STRATEGY_NAMES"]
 
 log = logging.getLogger("autobatch")
 
-STRATEGY_NAMES = ("auto", "predict", "binary", "power", "halving")
+STRATEGY_NAMES = ("auto", "predict", "binary", "power", "halving", "estimate")
 #: Where ``halving`` starts when neither ``start`` nor ``max_batch`` is given.
 HALVING_DEFAULT_START = 1024
 
@@ -77,6 +80,8 @@ def find_max_batch(
     memory_limit: int | str | None = None,
     restore: tuple[torch.nn.Module, torch.optim.Optimizer | None] | None = None,
     device: str | torch.device | None = None,
+    cache: bool | str | os.PathLike | None = None,
+    cache_key: object = None,
 ) -> ProbeResult:
     """Find the largest batch size for which ``fn(batch_size)`` runs without running out of memory.
 
@@ -89,8 +94,12 @@ def find_max_batch(
         start: first size tried (default 1; for ``halving``, ``max_batch`` or 1024).
         max_batch: the largest size worth trying; the search never goes above it.
         strategy: ``auto`` (the default: ``predict``, handing over to ``binary`` where the
-            memory curve cannot be fitted), ``predict`` (fit peak memory against batch size,
-            jump to the predicted boundary, close the gap), ``binary`` (double, then bisect),
+            memory curve cannot be fitted; for a ``TrainStep`` with no ``start``, the first
+            trial lands just below the boundary that ``estimate`` predicts), ``estimate``
+            (no trial at all: the largest batch whose peak, traced with fake tensors, fits
+            the capacity; an untested prediction, ``result.tested`` is False), ``predict``
+            (fit peak memory against batch size, jump to the predicted boundary, close the
+            gap), ``binary`` (double, then bisect),
             ``power`` (largest power-of-two multiple of ``start``), ``halving`` (halve from a
             high start). ``auto``, ``predict`` and ``binary`` return the exact boundary.
         margin: fraction taken off the boundary at the end, e.g. 0.05; the reduced size is
@@ -106,6 +115,11 @@ def find_max_batch(
             ``fn`` is a ``TrainStep``.
         device: where ``fn`` runs; default the ``TrainStep``'s model device, else the current
             accelerator, else the CPU.
+        cache: the persistent probe cache (see :mod:`autobatch.cache`): ``True``, ``False``,
+            or a directory. Default: on for a ``TrainStep``, and for a plain callable given a
+            ``cache_key``. A hit skips the probe (``result.cached`` is True).
+        cache_key: what identifies a plain callable's work (a string or JSON-able data);
+            required to cache one, added to the derived key for a ``TrainStep``.
 
     Raises:
         ValueError: a bad argument (the message names it and the accepted values).
@@ -127,12 +141,47 @@ def find_max_batch(
         restore = (fn.model, fn.optimizer)
     after_oom = fn.clear_grads if isinstance(fn, TrainStep) else None
 
+    if strategy == "estimate" and not isinstance(fn, TrainStep):
+        raise ValueError(
+            f"strategy='estimate' traces a TrainStep with fake tensors; got {type(fn).__name__}. "
+            "Wrap the step in autobatch.TrainStep or pick another strategy"
+        )
+
     began = time.perf_counter()
+    probe_args = dict(
+        strategy=strategy, start=start, max_batch=max_batch, margin=margin,
+        multiple_of=multiple_of, steps_per_trial=steps_per_trial,
+    )
+    store, key, components, cache_note = None, None, None, None
+    if cache is not False and strategy != "estimate":
+        store, key, components, cache_note = _cache_lookup(
+            fn, cache, cache_key, target, limit_bytes, probe_args
+        )
+        hit = store.get(key) if store is not None else None
+        if hit is not None:
+            hit.elapsed_s = time.perf_counter() - began
+            hit.notes.append(f"from the probe cache ({store.path_of(key)}); no trial ran")
+            log.info("probe cache hit: batch %d (%s)", hit.batch_size, store.path_of(key))
+            return hit
+
+    if strategy == "estimate":
+        with memory_for(target, limit_bytes) as (memory, note):
+            result = _estimate_only(fn, memory, note, max_batch=max_batch, margin=margin, multiple_of=multiple_of)
+        result.elapsed_s = time.perf_counter() - began
+        result.memory_limit_bytes = limit_bytes
+        result.steps_per_trial = steps_per_trial
+        log.info("estimated batch %d (untested) in %.2fs", result.batch_size, result.elapsed_s)
+        return result
+
     snapshot = Snapshot.take(*restore) if restore is not None else None
+    estimate_note = None
     try:
         with memory_for(target, limit_bytes) as (memory, note):
             runner = TrialRunner(fn, memory, steps_per_trial, after_oom=after_oom)
             capacity = memory.capacity()
+            prior = None
+            if strategy == "auto" and start is None and isinstance(fn, TrainStep):
+                prior, estimate_note = _estimate_prior(fn, memory, capacity, max_batch, multiple_of)
             result = _search(
                 runner,
                 strategy=strategy,
@@ -142,15 +191,24 @@ def find_max_batch(
                 multiple_of=multiple_of,
                 device_name=memory.name,
                 capacity=capacity,
+                prior=prior,
             )
     finally:
         if snapshot is not None:
             snapshot.restore()
+    if prior is not None:
+        result.estimate = prior[1].to_dict()
+    if estimate_note:
+        result.notes.append(estimate_note)
+    if cache_note:
+        result.notes.append(cache_note)
     result.elapsed_s = time.perf_counter() - began
     result.memory_limit_bytes = limit_bytes
     result.steps_per_trial = steps_per_trial
     if note:
         result.notes.append(note)
+    if store is not None:
+        store.put(key, components, result)
     log.info(
         "probe found batch %d with %s in %d trials (%.2fs)",
         result.batch_size,
@@ -171,6 +229,7 @@ def _search(
     multiple_of: int,
     device_name: str,
     capacity: int | None,
+    prior: tuple[LinearFit, BatchEstimate] | None = None,
 ) -> ProbeResult:
     """Run the strategy in units of ``multiple_of``, apply the margin, build the result."""
     used = "predict" if strategy == "auto" else strategy
@@ -187,7 +246,9 @@ def _search(
         def peak_of(units: int) -> int | None:
             return runner.peak_of(units * multiple_of)
 
-        outcome = predictive(passes, peak_of, start_units, max_units, capacity)
+        outcome = predictive(
+            passes, peak_of, start_units, max_units, capacity, prior=None if prior is None else prior[0]
+        )
         found, used, fallback_reason = outcome.units, outcome.strategy_used, outcome.fallback_reason
         fit = outcome.fit_record(multiple_of)
     else:
@@ -214,6 +275,108 @@ def _search(
         device=device_name,
         fit=fit,
         fallback_reason=fallback_reason,
+    )
+
+
+def _cache_lookup(fn, cache, cache_key, target, limit_bytes, probe_args):
+    """``(store, key, components, note)`` for this probe; store None when it is not cached."""
+    if cache is None and not isinstance(fn, TrainStep) and cache_key is None:
+        return None, None, None, None  # default: plain callables are not cached
+    directory = None if cache in (None, True) else cache
+    if not isinstance(fn, TrainStep) and cache_key is None:
+        return None, None, None, "not cached: a plain callable is cached only under an explicit cache_key"
+    with memory_for(target, limit_bytes) as (memory, _):
+        device_name, capacity = memory.name, memory.capacity()
+    try:
+        components = key_components(
+            fn, cache_key=cache_key, device=device_name, capacity=capacity,
+            memory_limit=limit_bytes, probe=probe_args,
+        )
+    except Exception as exc:  # noqa: BLE001 - a key we cannot derive only costs the cache
+        log.warning("probe cache off for this call: could not derive the key (%s: %s)", type(exc).__name__, exc)
+        return None, None, None, f"not cached: could not derive the cache key ({type(exc).__name__}: {exc})"
+    return ProbeCache(directory), key_of(components), components, None
+
+
+def _counts_resident(memory) -> tuple[bool, str | None]:
+    """Whether the model's resident memory counts against the capacity (and a note why not):
+    on an accelerator it does; a simulated CPU budget counts only what the step allocates."""
+    if isinstance(memory, SimulatedDeviceMemory):
+        return False, "the simulated CPU budget counts only memory the step allocates, not the model"
+    return True, None
+
+
+def _estimate_prior(step: TrainStep, memory, capacity: int, max_batch: int | None, multiple_of: int):
+    """The estimated curve in units of ``multiple_of`` for ``auto``'s first trial, and a note;
+    ``(None, note)`` when the step cannot be estimated."""
+    include_resident, _ = _counts_resident(memory)
+    began = time.perf_counter()
+    try:
+        estimate = estimate_max_batch(
+            step, capacity, include_resident=include_resident, max_batch=max_batch, multiple_of=multiple_of
+        )
+    except EstimateError as exc:
+        return None, f"no estimate for the first trial ({exc}); probed from the start"
+    if estimate.batch_size == 0 or estimate.slope_bytes_per_sample <= 0:
+        return None, "the estimate predicted nothing usable; probed from the start"
+    unit_slope = estimate.slope_bytes_per_sample * multiple_of
+    units = estimate.batch_size // multiple_of
+    assert estimate.peak_bytes is not None
+    line = LinearFit(intercept=estimate.peak_bytes - unit_slope * units, slope=unit_slope)
+    note = (
+        f"first trial placed by an estimate (estimated boundary {estimate.batch_size}; "
+        f"{len(estimate.estimates)} fake-tensor traces, {time.perf_counter() - began:.2f} s)"
+    )
+    return (line, estimate), note
+
+
+def _estimate_only(step: TrainStep, memory, note, *, max_batch, margin, multiple_of) -> ProbeResult:
+    """``strategy="estimate"``: the estimated boundary, no trials, marked untested."""
+    capacity = memory.capacity()
+    include_resident, why = _counts_resident(memory)
+    estimate = estimate_max_batch(
+        step, capacity, include_resident=include_resident, max_batch=max_batch, multiple_of=multiple_of
+    )
+    if estimate.batch_size == 0:
+        smallest = estimate.estimates[0]
+        raise NoBatchFitsError(
+            batch_size=smallest.batch_size,
+            capacity_bytes=capacity,
+            peak_bytes=smallest.peak_bytes if include_resident else smallest.step_peak_bytes,
+            device=memory.name,
+            last_error="estimated, not run",
+            hint=None,
+        )
+    chosen = estimate.batch_size
+    if margin:
+        chosen = max(multiple_of, math.floor(chosen * (1 - margin)) // multiple_of * multiple_of)
+    notes = [f"untested estimate: traced with fake tensors, no trial ran (peak {estimate.peak_bytes} B)"]
+    if why:
+        notes.append(why)
+    if note:
+        notes.append(note)
+    return ProbeResult(
+        batch_size=chosen,
+        strategy="estimate",
+        strategy_used="estimate",
+        trials=[],
+        capacity_bytes=capacity,
+        elapsed_s=0.0,
+        margin=margin,
+        multiple_of=multiple_of,
+        max_batch=max_batch,
+        largest_passed=None,
+        smallest_failed=None,
+        device=memory.name,
+        fit={
+            "kind": "linear",
+            "intercept_bytes": estimate.intercept_bytes,
+            "slope_bytes_per_sample": estimate.slope_bytes_per_sample,
+            "points": [],
+        },
+        notes=notes,
+        tested=False,
+        estimate=estimate.to_dict(),
     )
 
 

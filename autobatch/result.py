@@ -23,6 +23,11 @@ class ProbeResult:
     to a concrete strategy; ``fallback_reason`` says why when it had to change course).
     ``fit`` holds a fitted memory curve when a strategy made one. ``notes`` explain choices
     made for the user, such as the default CPU budget.
+
+    ``tested`` is False for ``strategy="estimate"``: ``batch_size`` is a prediction from a
+    fake-tensor trace that never ran (``trials`` is empty, ``estimate`` holds the traces).
+    ``cached`` is True when the answer came from the probe cache; ``trials`` are then those of
+    the probe that stored it.
     """
 
     batch_size: int
@@ -42,6 +47,9 @@ class ProbeResult:
     fit: dict[str, Any] | None = None
     fallback_reason: str | None = None
     notes: list[str] = field(default_factory=list)
+    tested: bool = True
+    cached: bool = False
+    estimate: dict[str, Any] | None = None
 
     @property
     def num_trials(self) -> int:
@@ -91,6 +99,10 @@ class ProbeResult:
             f"device          {self.device}",
             f"time            {self.elapsed_s:.2f} s",
         ]
+        if not self.tested:
+            lines.append("untested        an estimate from a fake-tensor trace; no trial ran")
+        if self.cached:
+            lines.append("cached          from the probe cache; no trial ran")
         if self.margin:
             lines.append(f"margin          {self.margin:.0%} (boundary {self.largest_passed})")
         if self.fallback_reason:

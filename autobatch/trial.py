@@ -23,8 +23,8 @@ class TrialRecord:
     ``peak_bytes`` is the device's allocated-memory peak during the trial (for a failed
     trial, the peak reached before the failure); ``reserved_bytes`` the allocator's reserved
     peak (what a per-process cap limits; equal to ``peak_bytes`` on the simulated device);
-    ``purpose`` says why the strategy ran it (``search``, ``fit``, ``verify``, ``bisect``,
-    ``margin``).
+    ``purpose`` says why the strategy ran it (``search``, ``fit``, ``estimate``, ``verify``,
+    ``bisect``, ``margin``).
     """
 
     batch_size: int

@@ -1,4 +1,6 @@
-"""Shared helpers for the command-line tests: run ``python -m autobatch`` in a subprocess."""
+"""Shared test helpers: every test gets its own probe cache directory (so no test writes to
+the real user cache or sees another test's entries), and the command-line tests run
+``python -m autobatch`` in a subprocess."""
 
 from __future__ import annotations
 
@@ -44,3 +46,10 @@ def cli(tmp_path):
         return run_cli(*args, *extra, cwd=tmp_path, **kwargs)
 
     return run
+
+
+@pytest.fixture(autouse=True)
+def isolated_probe_cache(tmp_path_factory, monkeypatch):
+    directory = tmp_path_factory.mktemp("autobatch-cache")
+    monkeypatch.setenv("AUTOBATCH_CACHE_DIR", str(directory))
+    return directory

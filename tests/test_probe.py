@@ -225,7 +225,7 @@ def test_restore_is_bit_exact_for_model_buffers_and_lazy_optimizer_state():
     params_before, grads_before, opt_before = _state(step)
     rng_before = torch.get_rng_state()
     result = find_max_batch(step, memory_limit="8MiB", steps_per_trial=2)
-    assert result.num_trials > 3 and result.num_ooms >= 1
+    assert result.num_trials >= 3 and result.num_ooms >= 1  # auto: estimate-placed trial, verify, OOM
     params_after, grads_after, opt_after = _state(step)
     assert params_before.keys() == params_after.keys()
     for key in params_before:

@@ -1,0 +1,108 @@
+"""Storage accounting: count the bytes of tensor storages that operators newly allocate.
+
+The one place that decides what "an allocation" is, shared by :mod:`autobatch.simulated` (real
+CPU tensors under a byte budget) and :mod:`autobatch.estimate` (fake tensors, no memory at
+all). A ``TorchDispatchMode`` sees every ATen operator, forward, backward (the autograd engine
+carries the mode to its threads) and optimizer alike. Outputs whose storage is not among the
+operator's inputs and not already counted are new allocations; a ``weakref.finalize`` on the
+storage removes them from the count when it dies, so memory comes back as it would on a
+device. Storages that existed before the mode was entered are not counted; in-place updates
+and views allocate nothing. Workspaces internal to one operator are not seen.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from typing import Any, Callable, Iterator
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+
+__all__ = ["StorageAccountant"]
+
+
+def _storages(values: Any, counts: Callable[[torch.Tensor], bool]) -> Iterator[torch.UntypedStorage]:
+    for leaf in tree_leaves(values):
+        if isinstance(leaf, torch.Tensor) and not leaf.is_sparse and counts(leaf):
+            yield leaf.untyped_storage()
+
+
+class StorageAccountant(TorchDispatchMode):
+    """Counts live bytes of storages allocated by operators while the mode is active.
+
+    ``counts(tensor)`` selects the tensors that live on the device being accounted (say, CPU
+    tensors, or fake tensors on ``cuda``). ``round_to`` rounds every storage up to a multiple
+    (the CUDA caching allocator hands out blocks in multiples of 512 bytes). ``limit_bytes``,
+    when set, makes an operator whose outputs would pass it call :meth:`over_limit` (which
+    raises); its outputs are dropped first, so the count never includes them.
+
+    Attributes ``current_bytes`` and ``peak_bytes`` are live.
+    """
+
+    def __init__(
+        self,
+        counts: Callable[[torch.Tensor], bool],
+        *,
+        limit_bytes: int | None = None,
+        round_to: int = 1,
+    ) -> None:
+        super().__init__()
+        self.counts = counts
+        self.limit_bytes = limit_bytes
+        self.round_to = max(1, round_to)
+        self.current_bytes = 0
+        self.peak_bytes = 0
+        self._live: dict[int, int] = {}
+        self._lock = threading.Lock()
+
+    def _size(self, storage: torch.UntypedStorage) -> int:
+        nbytes = storage.nbytes()
+        return -(-nbytes // self.round_to) * self.round_to
+
+    def _release(self, key: int) -> None:
+        with self._lock:
+            self.current_bytes -= self._live.pop(key, 0)
+
+    def over_limit(self, func: Any, requested: int, in_use: int) -> None:
+        """Called (outside the lock) when ``requested`` bytes would pass ``limit_bytes``;
+        must raise. Subclasses word the error."""
+        raise torch.OutOfMemoryError(f"{requested} bytes requested by {func} with {in_use} in use")
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: D105
+        kwargs = kwargs or {}
+        inputs = {storage._cdata for storage in _storages((args, kwargs), self.counts)}
+        out = func(*args, **kwargs)
+        fresh: dict[int, torch.UntypedStorage] = {}
+        grown = 0
+        for storage in _storages(out, self.counts):
+            key = storage._cdata
+            if key in self._live:
+                grown += max(0, self._size(storage) - self._live[key])  # resized in place
+            elif key not in inputs and key not in fresh:
+                fresh[key] = storage
+        requested = grown + sum(self._size(storage) for storage in fresh.values())
+        if requested == 0:
+            return out
+        with self._lock:
+            oom = self.limit_bytes is not None and self.current_bytes + requested > self.limit_bytes
+            in_use = self.current_bytes
+            if not oom:
+                for key, storage in fresh.items():
+                    self._live[key] = self._size(storage)
+                    weakref.finalize(storage, self._release, key)
+                for storage in _storages(out, self.counts):
+                    key = storage._cdata
+                    if key in self._live and key not in fresh:
+                        self._live[key] = max(self._live[key], self._size(storage))
+                self.current_bytes += requested
+                self.peak_bytes = max(self.peak_bytes, self.current_bytes)
+        if oom:
+            del out, fresh
+            self.over_limit(func, requested, in_use)
+        return out
+
+    def reset_peak(self) -> None:
+        """Start a new peak measurement from the memory in use now."""
+        self.peak_bytes = self.current_bytes

@@ -1,0 +1,360 @@
+"""Know before you run: the peak memory of a training step, without allocating it.
+
+The step is traced under ``FakeTensorMode``: every operator runs on fake tensors that carry
+shape, dtype and device but no data, so a step at any batch size costs the same few
+milliseconds and no memory. The model's parameters and buffers, and the optimizer's state,
+are swapped for fake copies for the duration (tied weights stay tied: one fake per real
+tensor); the user's model and optimizer are never written to. Allocations are counted by the
+same :class:`~autobatch.accounting.StorageAccountant` that backs
+:func:`~autobatch.simulated_memory`, so what is counted is exactly what a simulated trial
+counts: activations saved for backward, gradients, optimizer state created on the first
+``step()`` (two steps are traced, so the second sees it), autocast's casts, checkpointing's
+recomputation, and the temporaries of each operator's outputs.
+
+What it does not see: workspaces internal to an operator (cuDNN, cuBLAS), allocator
+fragmentation, and memory that is not a tensor (the CUDA context). Kernels are chosen for the
+device the model lives on, so a CPU-resident model is estimated with CPU kernels (e.g.
+attention's math path saves the attention matrix where CUDA's flash path does not).
+
+Peak memory is very nearly linear in the batch size once activations dominate, so
+:func:`estimate_max_batch` brackets the capacity with traces at 1, 8, 64, ... and closes the
+bracket by solving the line through its ends and tracing the guess and its neighbour
+(bisecting when that stalls); the answer is the exact estimated boundary in a handful of
+traces.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import math
+from collections import defaultdict
+from contextlib import ExitStack
+from dataclasses import asdict, dataclass, field
+from typing import Any, Iterator
+
+import torch
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+
+from .accounting import StorageAccountant
+from .train_step import TrainStep
+from .units import format_bytes, parse_bytes
+
+__all__ = ["EstimateError", "MemoryEstimate", "BatchEstimate", "estimate_memory", "estimate_peak", "estimate_max_batch"]
+
+log = logging.getLogger("autobatch")
+
+#: Block granularity of the CUDA caching allocator; allocations are rounded up to it.
+CUDA_BLOCK_BYTES = 512
+#: Size ratio between the traces that bracket the boundary.
+GROWTH = 8
+#: At most this many refining traces inside the bracket.
+MAX_REFINE = 16
+
+
+class EstimateError(RuntimeError):
+    """The step could not be traced with fake tensors (an unsupported operator, a
+    data-dependent ``.item()``, a step that is not a :class:`~autobatch.TrainStep`)."""
+
+
+@dataclass
+class MemoryEstimate:
+    """Estimated memory of training steps at one batch size.
+
+    ``resident_bytes``: parameters, buffers and optimizer state that exist before the step.
+    ``step_peak_bytes``: the most memory allocated on top of them at any moment of the traced
+    steps (activations, gradients, optimizer state created by the first step, temporaries).
+    """
+
+    batch_size: int
+    resident_bytes: int
+    step_peak_bytes: int
+    device: str
+
+    @property
+    def peak_bytes(self) -> int:
+        """Resident plus step peak: what ``torch.cuda.max_memory_allocated`` would report."""
+        return self.resident_bytes + self.step_peak_bytes
+
+
+@dataclass
+class BatchEstimate:
+    """The largest batch whose *estimated* peak fits ``capacity_bytes``; never run.
+
+    ``batch_size`` is 0 when not even the smallest batch fits. ``include_resident`` says
+    whether the model's resident memory was counted against the capacity. ``estimates`` are
+    the traced sizes; ``intercept_bytes``/``slope_bytes_per_sample`` the local line through
+    the two traced sizes nearest the answer.
+    """
+
+    batch_size: int
+    capacity_bytes: int
+    peak_bytes: int | None
+    include_resident: bool
+    intercept_bytes: float
+    slope_bytes_per_sample: float
+    device: str
+    estimates: list[MemoryEstimate] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["estimates"] = [[e.batch_size, e.resident_bytes, e.step_peak_bytes] for e in self.estimates]
+        return data
+
+
+class _TraceScaler:
+    """Stands in for a ``GradScaler`` while tracing: same memory (a scaled loss, in-place
+    unscaling of gradients allocates nothing), but no ``.item()`` on fake tensors."""
+
+    def scale(self, loss: torch.Tensor) -> torch.Tensor:
+        return loss * 65536.0
+
+    def step(self, optimizer: torch.optim.Optimizer) -> None:
+        optimizer.step()
+
+    def update(self) -> None:
+        pass
+
+
+def _tensors_of(value: Any) -> Iterator[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        yield value
+    elif isinstance(value, dict):
+        for item in value.values():
+            yield from _tensors_of(item)
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            yield from _tensors_of(item)
+
+
+def _resident_bytes(step: TrainStep, device: torch.device, round_to: int) -> int:
+    """Bytes of the distinct storages of parameters, buffers and optimizer state on ``device``."""
+    seen: dict[int, int] = {}
+    tensors = list(step.model.parameters()) + [b for b in step.model.buffers() if b is not None]
+    tensors += list(_tensors_of(list(step.optimizer.state.values())))
+    for tensor in tensors:
+        if tensor.device.type != device.type:
+            continue
+        storage = tensor.untyped_storage()
+        seen[storage._cdata] = -(-storage.nbytes() // round_to) * round_to
+    return sum(seen.values())
+
+
+class _FakeWorld:
+    """Fake copies of a step's model state and optimizer, swapped in while tracing."""
+
+    def __init__(self, step: TrainStep, mode: FakeTensorMode) -> None:
+        self.step = step
+        self.mode = mode
+        self.memo: dict[int, torch.Tensor] = {}
+        self.swapped: list[tuple[dict, str, torch.Tensor]] = []
+
+    def fake(self, tensor: torch.Tensor) -> torch.Tensor:
+        key = id(tensor)
+        if key not in self.memo:
+            self.memo[key] = self.mode.from_tensor(tensor)
+        return self.memo[key]
+
+    def swap_in(self) -> None:
+        for module in self.step.model.modules():
+            for slots in (module._parameters, module._buffers):
+                for name, tensor in list(slots.items()):
+                    if tensor is not None:
+                        self.swapped.append((slots, name, tensor))
+                        slots[name] = self.fake(tensor)
+
+    def swap_out(self) -> None:
+        for slots, name, tensor in reversed(self.swapped):
+            slots[name] = tensor
+        self.swapped.clear()
+
+    def optimizer(self) -> torch.optim.Optimizer:
+        """A shallow copy of the optimizer over the fake parameters, with fake state."""
+        real = self.step.optimizer
+        fake_opt = copy.copy(real)
+        fake_opt.__dict__.pop("step", None)  # an LR scheduler's patched step is bound to ``real``
+        groups = []
+        for group in real.param_groups:
+            fake_group = dict(group)
+            fake_group["params"] = [self.fake(p) for p in group["params"]]
+            if group.get("foreach", False) is None and not group.get("fused"):
+                # the default is decided from the real tensors' type and device; fake tensors
+                # would always get the per-tensor loop
+                fake_group["foreach"] = _default_foreach(group["params"])
+            groups.append(fake_group)
+        fake_opt.param_groups = groups
+        state: defaultdict = defaultdict(dict)
+        for param, param_state in real.state.items():
+            state[self.fake(param)] = {key: self._state_value(value) for key, value in param_state.items()}
+        fake_opt.state = state
+        return fake_opt
+
+
+    def _state_value(self, value: Any) -> Any:
+        if not isinstance(value, torch.Tensor):
+            return copy.deepcopy(value)
+        if value.dim() == 0:
+            # a step counter that the optimizer reads with .item(): a fake tensor made from a
+            # Python number keeps its value, one made from a real tensor does not
+            number = value.item()
+            with self.mode:
+                return torch.tensor(number, dtype=value.dtype, device=value.device)
+        return self.fake(value)
+
+
+def _default_foreach(params: list[torch.Tensor]) -> bool:
+    try:
+        from torch.optim.optimizer import _default_to_fused_or_foreach
+
+        return bool(_default_to_fused_or_foreach(params, differentiable=False, use_fused=False)[1])
+    except Exception:  # noqa: BLE001 - a private helper; the loop is a fine default
+        return False
+
+
+def estimate_memory(step: TrainStep, batch_size: int, *, steps: int = 2) -> MemoryEstimate:
+    """Estimate the memory of ``steps`` training steps of ``step`` at ``batch_size``.
+
+    Nothing is allocated and neither the model nor the optimizer is changed. Raises
+    :class:`EstimateError` when the step cannot be traced with fake tensors.
+    """
+    if not isinstance(step, TrainStep):
+        raise EstimateError(f"only a TrainStep can be estimated, not {type(step).__name__}")
+    device = step.device
+    round_to = CUDA_BLOCK_BYTES if device.type == "cuda" else 1
+    resident = _resident_bytes(step, device, round_to)
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    world = _FakeWorld(step, mode)
+    accountant = StorageAccountant(
+        lambda t: isinstance(t, FakeTensor) and t.device.type == device.type, round_to=round_to
+    )
+    rng = torch.get_rng_state()
+    try:
+        with ExitStack() as stack:
+            world.swap_in()
+            stack.callback(world.swap_out)
+            fake_step = copy.copy(step)
+            fake_step.optimizer = world.optimizer()
+            if step.grad_scaler is not None:
+                fake_step.grad_scaler = _TraceScaler()
+            stack.enter_context(mode)
+            stack.enter_context(accountant)
+            for _ in range(steps):
+                fake_step(batch_size)
+            del fake_step
+    except Exception as exc:  # noqa: BLE001 - anything fake tracing cannot do
+        raise EstimateError(f"could not trace the step with fake tensors: {type(exc).__name__}: {exc}") from exc
+    finally:
+        torch.set_rng_state(rng)
+    return MemoryEstimate(batch_size, resident, accountant.peak_bytes, str(device))
+
+
+def estimate_peak(step: TrainStep, batch_size: int, *, include_resident: bool = True, steps: int = 2) -> int:
+    """Estimated peak bytes of a training step at ``batch_size``; with ``include_resident``
+    (the default) the model's parameters, buffers and optimizer state are included, as
+    ``torch.cuda.max_memory_allocated`` includes them."""
+    estimate = estimate_memory(step, batch_size, steps=steps)
+    return estimate.peak_bytes if include_resident else estimate.step_peak_bytes
+
+
+def estimate_max_batch(
+    step: TrainStep,
+    capacity: int | str,
+    *,
+    include_resident: bool = True,
+    max_batch: int | None = None,
+    multiple_of: int = 1,
+    steps: int = 2,
+) -> BatchEstimate:
+    """The largest batch (a multiple of ``multiple_of``, at most ``max_batch``) whose
+    estimated peak fits ``capacity`` bytes (an int or ``"80GiB"``). Nothing runs for real.
+
+    Works for any capacity on any machine: "what fits in 80 GiB?" is answered on a laptop.
+    With ``include_resident=False`` the capacity is taken as the memory free *after* the model
+    and optimizer state are loaded (the semantics of a :func:`~autobatch.simulated_memory`
+    budget). Raises :class:`EstimateError` when the step cannot be traced, or when its memory
+    does not grow with the batch and no ``max_batch`` bounds it.
+    """
+    capacity_bytes = parse_bytes(capacity, name="capacity")
+    max_units = max_batch // multiple_of if max_batch is not None else None
+    traced: dict[int, MemoryEstimate] = {}
+
+    def peak(units: int) -> int:
+        if units not in traced:
+            traced[units] = estimate_memory(step, units * multiple_of, steps=steps)
+        e = traced[units]
+        return e.peak_bytes if include_resident else e.step_peak_bytes
+
+    def result(units: int, intercept: float = 0.0, slope: float = 0.0) -> BatchEstimate:
+        ordered = [traced[u] for u in sorted(traced)]
+        return BatchEstimate(
+            batch_size=units * multiple_of,
+            capacity_bytes=capacity_bytes,
+            peak_bytes=peak(units) if units else None,
+            include_resident=include_resident,
+            intercept_bytes=intercept,
+            slope_bytes_per_sample=slope / multiple_of,
+            device=str(step.device),
+            estimates=ordered,
+        )
+
+    if peak(1) > capacity_bytes:
+        return result(0)
+    # bracket: grow x8 from 1 (small batches are dominated by fixed costs such as the
+    # optimizer step, so a line through them says little about large ones)
+    lo, hi = 1, None
+    while max_units is None or lo < max_units:
+        units = lo * GROWTH if max_units is None else min(lo * GROWTH, max_units)
+        if peak(units) > capacity_bytes:
+            hi = units
+            break
+        if lo >= 2**40 // GROWTH or peak(units) <= peak(1) and units >= GROWTH**6:
+            raise EstimateError(
+                f"estimated peak does not grow with the batch ({format_bytes(peak(1))} at 1, "
+                f"{format_bytes(peak(units))} at {units * multiple_of}); give max_batch"
+            )
+        lo = units
+    # close: solve the line through the bracket's ends and trace the guess and its neighbour
+    # across the boundary (two traces when the curve is straight there); bisect when a round
+    # did not halve the bracket
+    def fits(units: int) -> bool:
+        return peak(units) <= capacity_bytes
+
+    for _ in range(MAX_REFINE):
+        if hi is None or hi - lo <= 1:
+            break
+        width = hi - lo
+        slope = (peak(hi) - peak(lo)) / width
+        guess = lo + math.floor((capacity_bytes - peak(lo)) / slope) if slope > 0 else (lo + hi) // 2
+        guess = min(max(guess, lo + 1), hi - 1)
+        if fits(guess):
+            lo, neighbour = guess, guess + 1
+        else:
+            hi, neighbour = guess, guess - 1
+        if lo < neighbour < hi:
+            lo, hi = (neighbour, hi) if fits(neighbour) else (lo, neighbour)
+        if (hi - lo) * 2 > width and hi - lo > 1:
+            middle = (lo + hi) // 2
+            lo, hi = (middle, hi) if fits(middle) else (lo, middle)
+    intercept, slope = _line(traced, lo, include_resident)
+    log.info(
+        "estimated max batch %d for %s (peak %s of %s)",
+        lo * multiple_of,
+        step,
+        format_bytes(peak(lo)),
+        format_bytes(capacity_bytes),
+    )
+    return result(lo, intercept, slope)
+
+
+def _line(traced: dict[int, MemoryEstimate], near: int, include_resident: bool) -> tuple[float, float]:
+    """Intercept and slope (per unit) through the two traced sizes nearest ``near``."""
+    def bytes_of(units: int) -> int:
+        e = traced[units]
+        return e.peak_bytes if include_resident else e.step_peak_bytes
+
+    ordered = sorted(sorted(traced, key=lambda u: abs(u - near))[:2])
+    if len(ordered) < 2:
+        return float(bytes_of(ordered[0])), 0.0
+    u0, u1 = ordered
+    slope = (bytes_of(u1) - bytes_of(u0)) / (u1 - u0)
+    return bytes_of(u0) - slope * u0, slope

@@ -1,0 +1,234 @@
+"""The persistent probe cache: keys, hits and misses, concurrent writers, corrupt files (CPU)."""
+
+import json
+import logging
+import multiprocessing
+
+import pytest
+import torch
+
+import autobatch
+from autobatch import cache as probe_cache
+from autobatch import find_max_batch
+from autobatch.checkpointing import enable_checkpointing
+
+from workloads import ThresholdStep, make_mlp_step
+
+PROBE = dict(memory_limit="32MiB", steps_per_trial=1, max_batch=4096)
+
+
+def test_default_dir_follows_the_environment(monkeypatch, tmp_path):
+    monkeypatch.setenv("AUTOBATCH_CACHE_DIR", str(tmp_path / "explicit"))
+    assert probe_cache.default_dir() == tmp_path / "explicit"
+    monkeypatch.delenv("AUTOBATCH_CACHE_DIR")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert probe_cache.default_dir() == tmp_path / "xdg" / "autobatch"
+
+
+def test_a_train_step_is_cached_by_default_and_a_hit_runs_nothing(isolated_probe_cache):
+    step = make_mlp_step(width=64)
+    first = find_max_batch(step, **PROBE)
+    assert not first.cached and first.num_trials > 0
+    assert len(probe_cache.list_entries()) == 1
+    calls = []
+    step.make_batch = lambda size, make=step.make_batch: calls.append(size) or make(size)
+    second = find_max_batch(step, **PROBE)
+    assert second.cached and second.batch_size == first.batch_size
+    assert [size for size in calls if size > 2] == []  # only the key's fake batches of 1 and 2
+    assert any("probe cache" in note for note in second.notes)
+    assert autobatch.ProbeResult.from_dict(second.to_dict()).cached
+
+
+def test_off_switch_and_explicit_directory(tmp_path, isolated_probe_cache):
+    step = make_mlp_step(width=64)
+    find_max_batch(step, cache=False, **PROBE)
+    assert probe_cache.list_entries() == []
+    find_max_batch(step, cache=tmp_path / "mine", **PROBE)
+    assert probe_cache.list_entries() == [] and len(probe_cache.list_entries(tmp_path / "mine")) == 1
+    assert find_max_batch(step, cache=tmp_path / "mine", **PROBE).cached
+
+
+def test_plain_callables_need_a_cache_key():
+    find_max_batch(ThresholdStep(100), steps_per_trial=1)
+    find_max_batch(ThresholdStep(100), steps_per_trial=1)
+    assert probe_cache.list_entries() == []
+    explicit = find_max_batch(ThresholdStep(100), cache=True, steps_per_trial=1)
+    assert not explicit.cached and any("cache_key" in note for note in explicit.notes)
+    find_max_batch(ThresholdStep(100), cache_key="threshold-100", steps_per_trial=1)
+    fn = ThresholdStep(100)
+    hit = find_max_batch(fn, cache_key="threshold-100", steps_per_trial=1)
+    assert hit.cached and hit.batch_size == 100 and fn.calls == []
+    assert not find_max_batch(ThresholdStep(100), cache_key="threshold-101", steps_per_trial=1).cached
+
+
+def _variant(name: str):
+    """A step and probe arguments that differ from the baseline in exactly one component."""
+    step = make_mlp_step(width=64)
+    args = dict(PROBE)
+    if name == "baseline":
+        pass
+    elif name == "model-shape":
+        step = make_mlp_step(width=65)
+    elif name == "param-dtype":
+        step.model.double()
+        step.make_batch = lambda size: (torch.randn(size, 64, dtype=torch.float64), torch.randint(0, 10, (size,)))
+    elif name == "structure":
+        step.model[1] = torch.nn.GELU()
+    elif name == "input-shape":
+        # same model and loss, one more (unused) input tensor per sample
+        step.make_batch = lambda size: (torch.randn(size, 64), torch.randint(0, 10, (size,)), torch.zeros(size, 8))
+    elif name == "optimizer":
+        step = make_mlp_step(width=64, optimizer="sgd")
+    elif name == "precision":
+        step.autocast_dtype = torch.bfloat16
+    elif name == "checkpointing":
+        step.model = torch.nn.Sequential(*step.model)  # same structure ...
+        enable_checkpointing(step.model, modules=["0"])  # ... one block checkpointed
+    elif name == "memory-cap":
+        args["memory_limit"] = "48MiB"
+    elif name == "strategy":
+        args["strategy"] = "binary"
+    elif name == "margin":
+        args["margin"] = 0.1
+    elif name == "multiple_of":
+        args["multiple_of"] = 2
+    elif name == "steps_per_trial":
+        args["steps_per_trial"] = 2
+    elif name == "max_batch":
+        args["max_batch"] = 2048
+    else:
+        raise AssertionError(name)
+    return step, args
+
+
+COMPONENTS = [
+    "model-shape", "param-dtype", "structure", "input-shape", "optimizer", "precision", "checkpointing",
+    "memory-cap", "strategy", "margin", "multiple_of", "steps_per_trial", "max_batch",
+]
+
+
+def _key(step, args) -> str:
+    from autobatch.devices import memory_for, resolve_device
+    from autobatch.units import parse_bytes
+
+    limit = parse_bytes(args["memory_limit"])
+    with memory_for(resolve_device("cpu"), limit) as (memory, _):
+        name, capacity = memory.name, memory.capacity()
+    probe = {k: args.get(k) for k in ("strategy", "start", "max_batch", "margin", "multiple_of", "steps_per_trial")}
+    probe["strategy"] = probe["strategy"] or "auto"
+    return probe_cache.key_of(
+        probe_cache.key_components(step, device=name, capacity=capacity, memory_limit=limit, probe=probe)
+    )
+
+
+def test_the_key_is_stable():
+    assert _key(*_variant("baseline")) == _key(*_variant("baseline"))
+    step, args = _variant("baseline")
+    step.optimizer.param_groups[0]["lr"] = 0.5  # the learning rate does not change memory
+    assert _key(step, args) == _key(*_variant("baseline"))
+
+
+@pytest.mark.parametrize("component", COMPONENTS)
+def test_changing_one_component_misses(component):
+    assert _key(*_variant(component)) != _key(*_variant("baseline"))
+
+
+@pytest.mark.parametrize("component", ["model-shape", "optimizer", "memory-cap", "margin"])
+def test_a_changed_component_reprobes(component):
+    find_max_batch(*_variant("baseline")[:1], **_variant("baseline")[1])
+    step, args = _variant(component)
+    assert not find_max_batch(step, **args).cached
+    assert find_max_batch(*_variant("baseline")[:1], **_variant("baseline")[1]).cached
+
+
+def test_torch_version_is_in_the_key(monkeypatch):
+    baseline = _key(*_variant("baseline"))
+    monkeypatch.setattr(torch, "__version__", "0.0.0-other")
+    assert _key(*_variant("baseline")) != baseline
+
+
+def test_corrupt_and_foreign_files_warn_once_and_miss(isolated_probe_cache, caplog):
+    step = make_mlp_step(width=64)
+    first = find_max_batch(step, **PROBE)
+    (entry,) = probe_cache.list_entries()
+    probe_cache._warned.clear()
+    for content in ["{not json", json.dumps({"kind": "something else"}), "\x00\xff"]:
+        if content == "\x00\xff":
+            entry.path.write_bytes(b"\x00\xff")
+        else:
+            entry.path.write_text(content)
+        probe_cache._warned.clear()
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="autobatch"):
+            again = find_max_batch(step, **PROBE)
+            assert not again.cached and again.batch_size == first.batch_size
+            assert probe_cache.list_entries()[0].key == entry.key  # rewritten, valid again
+            entry.path.write_text("{not json")
+            assert probe_cache.ProbeCache().get(entry.key) is None
+            assert probe_cache.ProbeCache().get(entry.key) is None
+        warnings = [r for r in caplog.records if r.levelno == logging.WARNING and "probe cache" in r.getMessage()]
+        assert len(warnings) == 1, [r.getMessage() for r in warnings]
+    data = json.loads(json.dumps({"schema": 999, "kind": probe_cache.KIND, "key": entry.key}))
+    entry.path.write_text(json.dumps(data))
+    assert probe_cache.ProbeCache().get(entry.key) is None
+
+
+def test_list_and_clear(isolated_probe_cache):
+    find_max_batch(make_mlp_step(width=64), **PROBE)
+    find_max_batch(ThresholdStep(50), cache_key="x", steps_per_trial=1)
+    entries = probe_cache.list_entries()
+    assert len(entries) == 2 and {e.batch_size for e in entries} >= {50}
+    assert any("model" in e.components for e in entries)
+    assert probe_cache.clear() == 2
+    assert probe_cache.list_entries() == [] and probe_cache.clear() == 0
+
+
+def _writer(directory: str, worker: int, rounds: int) -> None:
+    store = probe_cache.ProbeCache(directory)
+    result = autobatch.ProbeResult(
+        batch_size=worker, strategy="binary", strategy_used="binary", trials=[], capacity_bytes=1, elapsed_s=0.0,
+        margin=0.0, notes=["x" * 20000],
+    )
+    for index in range(rounds):
+        key = probe_cache.key_of({"shared": index % 3})
+        store.put(key, {"shared": index % 3}, result)
+        got = store.get(key)
+        assert got is not None and got.cached
+
+
+def test_concurrent_writers_leave_a_valid_cache(tmp_path):
+    directory = str(tmp_path / "shared")
+    context = multiprocessing.get_context("spawn")
+    workers = [context.Process(target=_writer, args=(directory, worker, 15)) for worker in range(4)]
+    for process in workers:
+        process.start()
+    for process in workers:
+        process.join(120)
+    assert [process.exitcode for process in workers] == [0, 0, 0, 0]
+    files = sorted((tmp_path / "shared").glob("*.json"))
+    assert len(files) == 3
+    for path in files:
+        json.loads(path.read_text())
+    assert len(probe_cache.list_entries(directory)) == 3
+
+
+_KEY_SCRIPT = """
+import sys, torch
+sys.path[:0] = ["tests", "."]
+from autobatch import cache
+from workloads import make_mlp_step
+step = make_mlp_step(width=64)
+step.loss_fn = lambda model, batch: sum(x for x in [model(batch[0]).mean()])  # nested code object
+print(cache.key_of(cache.key_components(step, device="cpu", capacity=1, memory_limit=None, probe={})))
+"""
+
+
+def test_the_key_is_the_same_in_another_process():
+    import subprocess
+    import sys
+
+    keys = {
+        subprocess.run([sys.executable, "-c", _KEY_SCRIPT], capture_output=True, text=True, check=True).stdout.strip()
+        for _ in range(2)
+    }
+    assert len(keys) == 1 and len(keys.pop()) == 64
