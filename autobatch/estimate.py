@@ -256,6 +256,56 @@ def estimate_peak(step: TrainStep, batch_size: int, *, include_resident: bool = 
     return estimate.peak_bytes if include_resident else estimate.step_peak_bytes
 
 
+def estimate_line(
+    step: TrainStep,
+    capacity: int | str,
+    *,
+    include_resident: bool = True,
+    max_batch: int | None = None,
+    multiple_of: int = 1,
+    sizes: tuple[int, int] = (16, 256),
+    steps: int = 2,
+) -> BatchEstimate:
+    """A quick estimate from three traces: the line through the estimated peaks at
+    ``sizes`` is solved for ``capacity``, the step is traced once more at that answer, and the
+    secant through the two largest traces gives the estimate. Tracing costs the same at any
+    batch size, so this is far cheaper than :func:`estimate_max_batch`, which traces until it
+    lands on the estimated boundary exactly; ``auto`` uses it to place its first real trial.
+    """
+    capacity_bytes = parse_bytes(capacity, name="capacity")
+    traced: dict[int, MemoryEstimate] = {}
+
+    def peak(units: int) -> int:
+        if units not in traced:
+            traced[units] = estimate_memory(step, units * multiple_of, steps=steps)
+        e = traced[units]
+        return e.peak_bytes if include_resident else e.step_peak_bytes
+
+    def solve(a: int, b: int) -> tuple[int, float, float]:
+        slope = (peak(b) - peak(a)) / (b - a)
+        if slope <= 0:
+            raise EstimateError("estimated peak does not grow with the batch")
+        intercept = peak(a) - slope * a
+        units = max(0, math.floor((capacity_bytes - intercept) / slope))
+        if max_batch is not None:
+            units = min(units, max_batch // multiple_of)
+        return units, intercept, slope
+
+    units, intercept, slope = solve(*sizes)
+    if units > sizes[1]:
+        units, intercept, slope = solve(sizes[1], units)
+    return BatchEstimate(
+        batch_size=units * multiple_of,
+        capacity_bytes=capacity_bytes,
+        peak_bytes=int(intercept + slope * units) if units else None,
+        include_resident=include_resident,
+        intercept_bytes=intercept,
+        slope_bytes_per_sample=slope / multiple_of,
+        device=str(step.device),
+        estimates=[traced[u] for u in sorted(traced)],
+    )
+
+
 def estimate_max_batch(
     step: TrainStep,
     capacity: int | str,

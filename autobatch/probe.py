@@ -13,7 +13,7 @@ import torch
 
 from . import search
 from .cache import ProbeCache, key_components, key_of
-from .estimate import BatchEstimate, EstimateError, estimate_max_batch
+from .estimate import BatchEstimate, EstimateError, estimate_line, estimate_max_batch
 from .predict import LinearFit, predictive
 from .devices import SimulatedDeviceMemory, memory_for, resolve_device
 from .errors import NoBatchFitsError
@@ -192,6 +192,7 @@ def find_max_batch(
                 device_name=memory.name,
                 capacity=capacity,
                 prior=prior,
+                confirm=not isinstance(memory, SimulatedDeviceMemory),
             )
     finally:
         if snapshot is not None:
@@ -230,8 +231,15 @@ def _search(
     device_name: str,
     capacity: int | None,
     prior: tuple[LinearFit, BatchEstimate] | None = None,
+    confirm: bool = False,
 ) -> ProbeResult:
-    """Run the strategy in units of ``multiple_of``, apply the margin, build the result."""
+    """Run the strategy in units of ``multiple_of``, apply the margin, build the result.
+
+    With ``confirm`` (real accelerators), an answer whose last passing trial was followed by
+    OOM trials is run once more, so it is known to train in the state training will start
+    from: after OOMs the allocator's cache and cuDNN's choice of algorithms (it falls back
+    to ones with smaller workspaces when memory is short) differ from before.
+    """
     used = "predict" if strategy == "auto" else strategy
     max_units = max_batch // multiple_of if max_batch is not None else 2**40
     if start is None:
@@ -246,13 +254,20 @@ def _search(
         def peak_of(units: int) -> int | None:
             return runner.peak_of(units * multiple_of)
 
+        def usable_capacity() -> int:
+            # the cap limits reserved memory; the fit is of allocated peaks, so scale the cap by
+            # allocated/reserved of the largest passing trial (the allocator's overhead there)
+            return int(capacity * runner.allocated_fraction())
+
         outcome = predictive(
-            passes, peak_of, start_units, max_units, capacity, prior=None if prior is None else prior[0]
+            passes, peak_of, start_units, max_units, usable_capacity, prior=None if prior is None else prior[0]
         )
         found, used, fallback_reason = outcome.units, outcome.strategy_used, outcome.fallback_reason
         fit = outcome.fit_record(multiple_of)
     else:
         found = search.STRATEGIES[used](passes, start_units, max_units)
+    if found is not None and confirm:
+        found = _confirm(runner, found, multiple_of)
     if found is None:
         _raise_no_fit(runner, multiple_of, device_name, capacity)
     largest_passed = found * multiple_of
@@ -312,7 +327,7 @@ def _estimate_prior(step: TrainStep, memory, capacity: int, max_batch: int | Non
     include_resident, _ = _counts_resident(memory)
     began = time.perf_counter()
     try:
-        estimate = estimate_max_batch(
+        estimate = estimate_line(
             step, capacity, include_resident=include_resident, max_batch=max_batch, multiple_of=multiple_of
         )
     except EstimateError as exc:
@@ -378,6 +393,20 @@ def _estimate_only(step: TrainStep, memory, note, *, max_batch, margin, multiple
         tested=False,
         estimate=estimate.to_dict(),
     )
+
+
+def _confirm(runner: TrialRunner, found: int, multiple_of: int) -> int | None:
+    """Re-run the answer if OOM trials came after its last pass; step down while it fails."""
+    records = runner.records
+    last_pass = max(i for i, r in enumerate(records) if r.passed and r.batch_size == found * multiple_of)
+    if all(r.passed for r in records[last_pass + 1 :]):
+        return found
+    units = found
+    while units >= 1:
+        if runner.run(units * multiple_of, "confirm").passed:
+            return units
+        units -= max(1, units // 100)  # the edge moved: a percent at a time
+    return None
 
 
 def _apply_margin(passes, found_units: int, margin: float, multiple_of: int) -> int | None:

@@ -108,13 +108,24 @@ class TrialRunner:
         return None
 
     def peak_of(self, batch_size: int) -> int | None:
-        """What the latest passing trial at ``batch_size`` needed from the device: its
-        reserved peak where known (a cap limits reserved memory), else its allocated peak;
-        None if no trial at that size passed."""
+        """Allocated peak of the latest passing trial at ``batch_size`` (None if none passed).
+
+        Allocated, not reserved, memory is what grows smoothly with the batch; reserved
+        memory adds the allocator's rounding, which at small batches dwarfs the activations.
+        """
         for record in reversed(self.records):
             if record.batch_size == batch_size and record.passed:
-                return record.reserved_bytes if record.reserved_bytes is not None else record.peak_bytes
+                return record.peak_bytes
         return None
+
+    def allocated_fraction(self) -> float:
+        """Allocated / reserved peak of the largest passing trial (1.0 when unknown): the
+        share of a capped process's memory that tensors can really use near the boundary."""
+        passing = [r for r in self.records if r.passed and r.peak_bytes and r.reserved_bytes]
+        if not passing:
+            return 1.0
+        top = max(passing, key=lambda r: r.batch_size)
+        return min(1.0, top.peak_bytes / top.reserved_bytes)
 
     @property
     def passed_sizes(self) -> list[int]:

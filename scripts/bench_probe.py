@@ -123,7 +123,7 @@ def worker(args) -> dict:
         else:
             set_cap(args.device, limit)  # same cap as the peers get
         result = autobatch.find_max_batch(
-            step, strategy=strategy, steps_per_trial=STEPS_PER_TRIAL, max_batch=args.max_batch, **kwargs
+            step, strategy=strategy, steps_per_trial=STEPS_PER_TRIAL, max_batch=args.max_batch, cache=False, **kwargs
         )
         found = result.batch_size
         sizes = [t.batch_size for t in result.trials]
