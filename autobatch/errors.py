@@ -42,17 +42,18 @@ class NoBatchFitsError(MemoryError):
             "checkpointing, lower precision (bf16/fp16 autocast), a smaller model or sequence "
             "length, or a larger memory_limit / device."
         )
-        message = (
-            f"No batch size fits: batch {batch_size} ran out of memory on {device} "
-            f"(capacity {format_bytes(capacity_bytes)}, peak reached before the failure "
-            f"{format_bytes(peak_bytes)}). {advice}"
-        )
-        if last_error:
-            message += f" Last allocator error: {last_error}"
+        memory_line = ""
         if diagnostics:
             from .diagnostics import diagnostics_line
 
-            message += " " + diagnostics_line(diagnostics)
+            memory_line = diagnostics_line(diagnostics) + " "
+        message = (
+            f"No batch size fits: batch {batch_size} ran out of memory on {device} "
+            f"(capacity {format_bytes(capacity_bytes)}, peak reached before the failure "
+            f"{format_bytes(peak_bytes)}). {memory_line}{advice}"
+        )
+        if last_error:
+            message += f" Last allocator error: {last_error}"
         super().__init__(message)
 
 
