@@ -75,3 +75,8 @@ __all__ += [
     "BatchEstimate",
     "EstimateError",
 ]
+
+# Reports: the memory-curve and sweep plots (matplotlib is imported only when drawing; issue 9).
+from .report import plot_probe, plot_sweep
+
+__all__ += ["plot_probe", "plot_sweep"]

@@ -85,13 +85,14 @@ def _report_sweep() -> None:
     sweep_dir = last_sweep_dir()
     if sweep_dir is None or not sweep_dir.is_dir():
         return
-    rows = write_summary(sweep_dir)
+    rows = write_summary(sweep_dir, plot=False)  # the callback drew summary.png (unless probe.plot=false)
     if not rows:
         return
     print()
     print((sweep_dir / "summary.md").read_text(encoding="utf-8"), end="")
     failed = sum(row.get("status") != "ok" for row in rows)
-    print(f"{len(rows)} jobs, {failed} failed; summary: {sweep_dir / 'summary.md'} and summary.csv")
+    plot = " and summary.png" if (sweep_dir / "summary.png").is_file() else ""
+    print(f"{len(rows)} jobs, {failed} failed; summary: {sweep_dir / 'summary.md'}, summary.csv{plot}")
     sys.stdout.flush()
 
 

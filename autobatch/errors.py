@@ -14,6 +14,9 @@ class NoBatchFitsError(MemoryError):
     OOM by :func:`~autobatch.is_oom_error`, so an outer retry loop does not mistake "nothing
     fits" for "try smaller". ``capacity_bytes``, ``peak_bytes`` and ``batch_size`` give the
     figures; ``result`` is the :class:`~autobatch.ProbeResult` with every trial made.
+    ``diagnostics`` holds the device's memory figures (see
+    :func:`~autobatch.diagnostics.memory_diagnostics`): the message gives allocated, reserved
+    and the fragmentation gap in one line, ``diagnostics["memory_summary"]`` the full table.
     """
 
     def __init__(
@@ -25,6 +28,7 @@ class NoBatchFitsError(MemoryError):
         last_error: str | None = None,
         result=None,
         hint: str | None = None,
+        diagnostics: dict | None = None,
     ) -> None:
         self.batch_size = batch_size
         self.capacity_bytes = capacity_bytes
@@ -32,15 +36,21 @@ class NoBatchFitsError(MemoryError):
         self.device = device
         self.last_error = last_error
         self.result = result
+        self.diagnostics = diagnostics
         advice = hint or (
             "Try gradient accumulation with a smaller micro-batch (autobatch.plan), activation "
             "checkpointing, lower precision (bf16/fp16 autocast), a smaller model or sequence "
             "length, or a larger memory_limit / device."
         )
+        memory_line = ""
+        if diagnostics:
+            from .diagnostics import diagnostics_line
+
+            memory_line = diagnostics_line(diagnostics) + " "
         message = (
             f"No batch size fits: batch {batch_size} ran out of memory on {device} "
             f"(capacity {format_bytes(capacity_bytes)}, peak reached before the failure "
-            f"{format_bytes(peak_bytes)}). {advice}"
+            f"{format_bytes(peak_bytes)}). {memory_line}{advice}"
         )
         if last_error:
             message += f" Last allocator error: {last_error}"

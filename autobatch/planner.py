@@ -334,6 +334,7 @@ class _Planner:
                     "block classes in checkpoint_targets, or try lower precision, a smaller model or "
                     "sequence length, or a larger memory_limit / device."
                 ),
+                diagnostics=plain_error.diagnostics,
             )
             error.attempts = self.probes
             return error
@@ -350,6 +351,7 @@ class _Planner:
                 f"{format_bytes(plain_error.peak_bytes)} before failing. Try lower precision "
                 "(bf16/fp16 autocast), a smaller model or sequence length, or a larger memory_limit / device."
             ),
+            diagnostics=checkpoint_error.diagnostics,
         )
         error.attempts = self.probes
         return error

@@ -16,6 +16,7 @@ from .cache import ProbeCache, key_components, key_of
 from .estimate import BatchEstimate, EstimateError, estimate_line, estimate_max_batch
 from .predict import LinearFit, predictive
 from .devices import SimulatedDeviceMemory, memory_for, resolve_device
+from .diagnostics import memory_diagnostics
 from .errors import NoBatchFitsError
 from .restore import Snapshot
 from .result import ProbeResult
@@ -167,6 +168,7 @@ def find_max_batch(
     if strategy == "estimate":
         with memory_for(target, limit_bytes) as (memory, note):
             result = _estimate_only(fn, memory, note, max_batch=max_batch, margin=margin, multiple_of=multiple_of)
+            result.diagnostics = memory_diagnostics(memory)
         result.elapsed_s = time.perf_counter() - began
         result.memory_limit_bytes = limit_bytes
         result.steps_per_trial = steps_per_trial
@@ -194,6 +196,7 @@ def find_max_batch(
                 prior=prior,
                 confirm=not isinstance(memory, SimulatedDeviceMemory),
             )
+            result.diagnostics = memory_diagnostics(memory)
     finally:
         if snapshot is not None:
             snapshot.restore()
@@ -361,6 +364,7 @@ def _estimate_only(step: TrainStep, memory, note, *, max_batch, margin, multiple
             device=memory.name,
             last_error="estimated, not run",
             hint=None,
+            diagnostics=memory_diagnostics(memory),
         )
     chosen = estimate.batch_size
     if margin:
@@ -441,4 +445,5 @@ def _raise_no_fit(runner: TrialRunner, multiple_of: int, device_name: str, capac
         device=device_name,
         last_error=smallest.error,
         hint=hint,
+        diagnostics=memory_diagnostics(runner.memory, failed_trial=smallest),
     )

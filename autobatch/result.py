@@ -28,6 +28,10 @@ class ProbeResult:
     fake-tensor trace that never ran (``trials`` is empty, ``estimate`` holds the traces).
     ``cached`` is True when the answer came from the probe cache; ``trials`` are then those of
     the probe that stored it.
+
+    ``diagnostics`` is the device's memory at the end of the probe (allocated, reserved and
+    peak bytes, the fragmentation gap, allocator retry counts, the memory summary text; see
+    :func:`~autobatch.diagnostics.memory_diagnostics`), None where none was taken.
     """
 
     batch_size: int
@@ -50,6 +54,7 @@ class ProbeResult:
     tested: bool = True
     cached: bool = False
     estimate: dict[str, Any] | None = None
+    diagnostics: dict[str, Any] | None = None
 
     @property
     def num_trials(self) -> int:

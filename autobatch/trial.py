@@ -4,16 +4,41 @@ from __future__ import annotations
 
 import logging
 import time
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
-from typing import Callable
+from typing import Callable, Iterator
 
 from .devices import DeviceMemory
 from .oom import free_memory, is_oom_error
 from .units import format_bytes
 
-__all__ = ["TrialRecord", "TrialRunner"]
+__all__ = ["TrialRecord", "TrialRunner", "watch_trials"]
 
 log = logging.getLogger("autobatch")
+
+#: ``callback(batch_size, purpose, record)`` of every :func:`watch_trials` context: record is
+#: None when a trial starts, the :class:`TrialRecord` when it ended.
+_watchers: list[Callable[[int, str, "TrialRecord | None"], None]] = []
+
+
+@contextmanager
+def watch_trials(callback: Callable[[int, str, "TrialRecord | None"], None]) -> Iterator[None]:
+    """Call ``callback(batch_size, purpose, None)`` as each trial starts and
+    ``callback(batch_size, purpose, record)`` as it ends, while the context is open (how the
+    CLI shows progress without threading a callback through every strategy)."""
+    _watchers.append(callback)
+    try:
+        yield
+    finally:
+        _watchers.remove(callback)
+
+
+def _notify(batch_size: int, purpose: str, record: "TrialRecord | None") -> None:
+    for callback in list(_watchers):
+        try:
+            callback(batch_size, purpose, record)
+        except Exception as exc:  # noqa: BLE001 - a display must never break a probe
+            log.debug("trial watcher failed: %s: %s", type(exc).__name__, exc)
 
 
 @dataclass
@@ -71,6 +96,7 @@ class TrialRunner:
 
     def run(self, batch_size: int, purpose: str = "search") -> TrialRecord:
         """Run a trial even if this size was tried before (used to re-measure)."""
+        _notify(batch_size, purpose, None)
         error = self._attempt(batch_size)
         seconds = time.perf_counter() - self._started
         peak, reserved = self.memory.peak(), self.memory.peak_reserved()
@@ -89,6 +115,7 @@ class TrialRunner:
             format_bytes(peak),
             seconds,
         )
+        _notify(batch_size, purpose, record)
         return record
 
     def _attempt(self, batch_size: int) -> str | None:

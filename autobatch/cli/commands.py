@@ -23,6 +23,7 @@ from ..result import ProbeResult
 from ..units import format_bytes
 from .build import Workload, build_workload, memory_limit
 from .conf import CONFIG_PATH, ensure_conf_module
+from .display import print_result, trial_progress, write_probe_plot
 from .config import register_configs
 from .errors import reported
 from .training import run_training
@@ -82,10 +83,11 @@ def probe_task(cfg: DictConfig) -> dict[str, Any]:
     out_dir, command, multirun, verbose = _run_context()
     with reported(multirun=multirun, verbose=verbose):
         workload = build_workload(cfg)
-        result = run_probe(cfg, workload)
+        with trial_progress():  # a live line per trial on a terminal
+            result = run_probe(cfg, workload)
         _write_json(out_dir / "result.json", {**result.to_dict(), "command": command, "config": _resolved(cfg)})
-        print(result.summary())
-        print(f"result          {out_dir / 'result.json'}")
+        plot = write_probe_plot(cfg, result, out_dir)
+        print_result(result, [("result", str(out_dir / "result.json"))] + ([("plot", str(plot))] if plot else []))
         return _row(result)
     raise AssertionError("unreachable")  # reported() exits or raises
 
@@ -101,8 +103,10 @@ def train_task(cfg: DictConfig) -> dict[str, Any]:
             batch_size = int(cfg.train.micro_batch)
             notes.append(f"no probe: train.micro_batch={batch_size}")
         else:
-            result = run_probe(cfg, workload)
+            with trial_progress():
+                result = run_probe(cfg, workload)
             _write_json(out_dir / "result.json", {**result.to_dict(), "command": command, "config": _resolved(cfg)})
+            write_probe_plot(cfg, result, out_dir)
             print(result.summary())
             batch_size = result.batch_size
         wanted = cfg.train.global_batch

@@ -211,6 +211,9 @@ class ProbeConfig:
     #: Cap memory at this size, e.g. "16GiB" ("what fits on a 16 GiB card?"); CPU: the
     #: simulated budget. Null: the whole GPU, or ``device.simulated_budget`` on the CPU.
     memory_limit: Optional[str] = None
+    #: Draw memory_curve.png (peak memory per trial, fit, capacity, chosen batch) next to
+    #: result.json, and summary.png next to a sweep's summary.csv.
+    plot: bool = True
 
 
 @dataclass

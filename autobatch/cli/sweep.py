@@ -1,4 +1,5 @@
-"""The sweep summary: a Hydra callback that writes ``summary.csv`` and ``summary.md``.
+"""The sweep summary: a Hydra callback that writes ``summary.csv``, ``summary.md`` and
+``summary.png`` (found batch and time per job; off with ``probe.plot=false``).
 
 Each job of a multirun leaves ``summary_row.json`` in its own directory when it ends
 (``on_job_end`` runs where the job runs: in-process with the basic launcher, in a worker
@@ -13,6 +14,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import logging
 import os
 from pathlib import Path
 from typing import Any
@@ -21,13 +23,16 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.core.utils import JobReturn, JobStatus
 from hydra.experimental.callback import Callback
 from hydra.types import RunMode
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from .errors import one_line
 
 __all__ = ["SweepSummary", "COLUMNS", "collect_rows", "write_summary", "render_markdown", "last_sweep_dir"]
 
+log = logging.getLogger("autobatch")
+
 ROW_FILE = "summary_row.json"
+PLOT_FILE = "summary.png"
 COLUMNS = ("job", "overrides", "status", "batch_size", "trials", "peak", "time_s", "error")
 _last_sweep: list[Path] = []
 
@@ -83,8 +88,9 @@ def _atomic_write(path: Path, text: str) -> None:
     os.replace(temporary, path)
 
 
-def write_summary(sweep_dir: Path) -> list[dict[str, Any]]:
-    """Rebuild ``summary.csv`` and ``summary.md`` in ``sweep_dir``; return the rows."""
+def write_summary(sweep_dir: Path, *, plot: bool = True) -> list[dict[str, Any]]:
+    """Rebuild ``summary.csv`` and ``summary.md`` (and with ``plot``, ``summary.png``) in
+    ``sweep_dir``; return the rows."""
     rows = collect_rows(sweep_dir)
     if not rows:
         return rows
@@ -95,7 +101,26 @@ def write_summary(sweep_dir: Path) -> list[dict[str, Any]]:
     writer.writerows(rows)
     _atomic_write(sweep_dir / "summary.csv", buffer.getvalue())
     _atomic_write(sweep_dir / "summary.md", render_markdown(rows))
+    if plot:
+        _write_plot(sweep_dir, rows)
     return rows
+
+
+def _write_plot(sweep_dir: Path, rows: list[dict[str, Any]]) -> None:
+    """``summary.png`` via a temporary file and rename; a plot that fails is only a warning."""
+    from ..report import plot_sweep
+
+    temporary = sweep_dir / f".summary.{os.getpid()}.tmp.png"
+    try:
+        plot_sweep(rows, temporary)
+        os.replace(temporary, sweep_dir / PLOT_FILE)
+    except Exception as exc:  # noqa: BLE001 - the summary tables matter more than the picture
+        log.warning("sweep plot not drawn (%s: %s)", type(exc).__name__, exc)
+        temporary.unlink(missing_ok=True)
+
+
+def _plot_wanted(config: DictConfig) -> bool:
+    return bool(OmegaConf.select(config, "probe.plot", default=True))
 
 
 def _job_row(config: DictConfig, job_return: JobReturn) -> dict[str, Any]:
@@ -132,7 +157,7 @@ class SweepSummary(Callback):
         output_dir = Path(HydraConfig.get().runtime.output_dir)
         row = _job_row(config, job_return)
         _atomic_write(output_dir / ROW_FILE, json.dumps(row, default=str) + "\n")
-        write_summary(Path(config.hydra.sweep.dir))
+        write_summary(Path(config.hydra.sweep.dir), plot=_plot_wanted(config))
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
-        write_summary(Path(config.hydra.sweep.dir))
+        write_summary(Path(config.hydra.sweep.dir), plot=_plot_wanted(config))

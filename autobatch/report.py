@@ -1,0 +1,262 @@
+"""Pictures of a probe and of a sweep: the memory curve, throughput, found batch per job.
+
+A batch size alone does not say how close to the edge it is. :func:`plot_probe` draws every
+trial's peak memory against its batch size (passes filled, OOMs as crosses at the peak they
+reached before failing), the fitted memory line where the strategy made one, the capacity,
+the chosen batch and the margin taken off the boundary; with a :class:`~autobatch.Plan`
+whose candidates were timed, a second panel shows samples/s per micro-batch.
+:func:`plot_sweep` draws the found batch and the time of every job of a sweep.
+
+matplotlib is imported only inside these functions, with the non-interactive Agg backend,
+so ``import autobatch`` stays light and nothing needs a display.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Iterable
+
+from .result import ProbeResult
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .planner import Plan
+
+__all__ = ["plot_probe", "plot_sweep"]
+
+log = logging.getLogger("autobatch")
+
+_UNITS = (("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024), ("B", 1))
+_PASS, _FAIL, _FIT, _CAP, _CHOSEN = "#1f77b4", "#d62728", "#555555", "#ff7f0e", "#2ca02c"
+
+
+def _pyplot():
+    """matplotlib's pyplot on the Agg backend (files only, no display needed)."""
+    import matplotlib
+
+    matplotlib.use("Agg", force=True)
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _unit_for(largest: float) -> tuple[str, int]:
+    for name, size in _UNITS:
+        if largest >= size:
+            return name, size
+    return "B", 1
+
+
+def _trial_throughput(result: ProbeResult) -> list[tuple[int, float]]:
+    """Rough samples/s of each passing trial: ``batch x steps / trial seconds`` (includes the
+    first step's warm-up, so it understates steady-state speed)."""
+    points = {}
+    for trial in result.trials:
+        if trial.passed and trial.seconds > 0:
+            points[trial.batch_size] = trial.batch_size * result.steps_per_trial / trial.seconds
+    return sorted(points.items())
+
+
+def plot_probe(
+    result: ProbeResult,
+    path: str | os.PathLike,
+    *,
+    plan: "Plan | None" = None,
+    trial_throughput: bool = False,
+    title: str | None = None,
+) -> Path:
+    """Draw ``result`` 's memory curve into a PNG at ``path``; return the path.
+
+    The memory panel: each trial's allocated peak against its batch size (passed: filled
+    dots; OOM: crosses at the peak reached before the failure), the reserved peak where it
+    differs (hollow), the fitted line (``result.fit``; the refined local line dashed), the
+    capacity, the chosen batch and the margin between it and the largest batch that passed.
+
+    A throughput panel is added when ``plan`` has timed candidates (samples/s per
+    micro-batch, the chosen plan marked), or with ``trial_throughput=True`` from the
+    probe's own trial times (rough: they include each trial's first, warm-up step).
+    """
+    plt = _pyplot()
+    path = Path(path)
+    candidates = [c for c in (plan.candidates if plan is not None else []) if c.get("samples_per_s")]
+    trial_speeds = _trial_throughput(result) if trial_throughput and not candidates else []
+    panels = 2 if candidates or trial_speeds else 1
+    figure, axes = plt.subplots(
+        panels, 1, figsize=(8, 4.8 if panels == 1 else 7.6), squeeze=False,
+        gridspec_kw={"height_ratios": [3, 2][:panels]},
+    )
+    memory_axis = axes[0][0]
+    try:
+        _draw_memory(memory_axis, result)
+        if candidates:
+            _draw_candidates(axes[1][0], candidates)
+        elif trial_speeds:
+            _draw_trial_speeds(axes[1][0], trial_speeds, result)
+        if panels == 2:
+            axes[1][0].set_xlim(memory_axis.get_xlim())
+        memory_axis.set_title(title or _title(result), fontsize=10)
+        figure.tight_layout()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        figure.savefig(path, dpi=120)
+    finally:
+        plt.close(figure)
+    log.info("memory curve written to %s", path)
+    return path
+
+
+def _title(result: ProbeResult) -> str:
+    how = result.strategy if result.strategy_used == result.strategy else f"{result.strategy} -> {result.strategy_used}"
+    state = "untested estimate" if not result.tested else f"{result.num_trials} trials, {result.num_ooms} OOM"
+    return f"batch {result.batch_size} on {result.device}\n{how}; {state}; {result.elapsed_s:.2f} s"
+
+
+def _draw_memory(axis: Any, result: ProbeResult) -> None:
+    passed = [t for t in result.trials if t.passed and t.peak_bytes is not None]
+    failed = [t for t in result.trials if not t.passed and t.peak_bytes is not None]
+    sizes = [t.batch_size for t in result.trials] + [result.batch_size]
+    if result.largest_passed:
+        sizes.append(result.largest_passed)
+    right = max(sizes) * 1.08 + 1
+    figures = [t.peak_bytes for t in result.trials if t.peak_bytes] + [
+        t.reserved_bytes for t in result.trials if t.reserved_bytes
+    ]
+    if result.capacity_bytes:
+        figures.append(result.capacity_bytes)
+    unit, scale = _unit_for(max(figures, default=1))
+
+    if passed:
+        axis.scatter(
+            [t.batch_size for t in passed], [t.peak_bytes / scale for t in passed],
+            color=_PASS, s=28, zorder=3, label="passed (allocated peak)",
+        )
+        reserved = [t for t in passed if t.reserved_bytes is not None and t.reserved_bytes != t.peak_bytes]
+        if reserved:
+            axis.scatter(
+                [t.batch_size for t in reserved], [t.reserved_bytes / scale for t in reserved],
+                facecolors="none", edgecolors=_PASS, s=28, zorder=3, label="passed (reserved peak)",
+            )
+    if failed:
+        axis.scatter(
+            [t.batch_size for t in failed], [t.peak_bytes / scale for t in failed],
+            color=_FAIL, marker="x", s=40, zorder=3, label="OOM (peak before the failure)",
+        )
+    _draw_fit(axis, result.fit, right, scale)
+    if result.capacity_bytes:
+        axis.axhline(result.capacity_bytes / scale, color=_CAP, linewidth=1.2,
+                     label=f"capacity {result.capacity_bytes / scale:.2f} {unit}")
+    axis.axvline(result.batch_size, color=_CHOSEN, linewidth=1.5, linestyle="-",
+                 label=f"chosen batch {result.batch_size}" + ("" if result.tested else " (untested)"))
+    if result.largest_passed and result.largest_passed != result.batch_size:
+        axis.axvspan(result.batch_size, result.largest_passed, color=_CHOSEN, alpha=0.15,
+                     label=f"margin {result.margin:.0%} (boundary {result.largest_passed})")
+    axis.set_xlim(0, right)
+    axis.set_ylim(bottom=0)
+    axis.set_xlabel("batch size")
+    axis.set_ylabel(f"peak memory ({unit})")
+    axis.grid(True, alpha=0.3)
+    axis.legend(fontsize=8, loc="lower right")
+
+
+def _draw_fit(axis: Any, fit: dict[str, Any] | None, right: float, scale: int) -> None:
+    """The fitted line(s) of ``ProbeResult.fit`` over the batch-size axis."""
+    if not fit or fit.get("slope_bytes_per_sample") is None or fit.get("intercept_bytes") is None:
+        return
+    for line, style, label in ((fit, "--", "fitted memory line"), (fit.get("refined"), ":", "refined local line")):
+        if not line or line.get("slope_bytes_per_sample") is None:
+            continue
+        xs = [0.0, right]
+        ys = [(line["intercept_bytes"] + line["slope_bytes_per_sample"] * x) / scale for x in xs]
+        per_sample = line["slope_bytes_per_sample"]
+        axis.plot(xs, ys, style, color=_FIT, linewidth=1.2,
+                  label=f"{label} ({per_sample / 1024**2:.3g} MiB/sample)" if per_sample >= 1024**2 / 100
+                  else f"{label} ({per_sample / 1024:.3g} KiB/sample)")
+
+
+def _draw_candidates(axis: Any, candidates: list[dict[str, Any]]) -> None:
+    for checkpointing, marker, label in ((False, "o", "plain"), (True, "s", "activation checkpointing")):
+        group = sorted((c for c in candidates if bool(c.get("checkpointing")) == checkpointing), key=lambda c: c["micro_batch"])
+        if group:
+            axis.plot([c["micro_batch"] for c in group], [c["samples_per_s"] for c in group],
+                      marker=marker, color=_PASS if not checkpointing else "#9467bd", label=label)
+    for c in candidates:
+        if c.get("chosen"):
+            axis.scatter([c["micro_batch"]], [c["samples_per_s"]], s=140, facecolors="none",
+                         edgecolors=_CHOSEN, linewidths=2, zorder=4,
+                         label=f"chosen: {c['micro_batch']} x {c['accumulation_steps']}")
+    axis.set_xlabel("micro-batch")
+    axis.set_ylabel("samples/s")
+    axis.set_ylim(bottom=0)
+    axis.grid(True, alpha=0.3)
+    axis.legend(fontsize=8, loc="lower right")
+    axis.set_title("throughput of the timed plans", fontsize=9)
+
+
+def _draw_trial_speeds(axis: Any, speeds: list[tuple[int, float]], result: ProbeResult) -> None:
+    axis.plot([b for b, _ in speeds], [s for _, s in speeds], marker="o", color=_PASS,
+              label=f"passing trials ({result.steps_per_trial} step{'s' if result.steps_per_trial != 1 else ''} "
+              "each, warm-up included)")
+    axis.axvline(result.batch_size, color=_CHOSEN, linewidth=1.5)
+    axis.set_xlabel("batch size")
+    axis.set_ylabel("samples/s (rough)")
+    axis.set_ylim(bottom=0)
+    axis.grid(True, alpha=0.3)
+    axis.legend(fontsize=8, loc="lower right")
+    axis.set_title("throughput measured by the probe's trials", fontsize=9)
+
+
+def plot_sweep(rows: Iterable[dict[str, Any]], path: str | os.PathLike, *, title: str | None = None) -> Path:
+    """Draw a sweep's rows (``batch_size``, ``time_s``, ``status``, ``overrides`` per job, as
+    in ``summary.csv``) into a PNG at ``path``: the found batch per job (bars; failed jobs
+    marked) above the time each job took. Returns the path."""
+    rows = list(rows)
+    plt = _pyplot()
+    path = Path(path)
+    labels = [_job_label(row) for row in rows]
+    positions = list(range(len(rows)))
+    height = 5.0 + 0.06 * max((len(label) for label in labels), default=0)
+    figure, (batch_axis, time_axis) = plt.subplots(
+        2, 1, figsize=(max(7.0, 0.9 * len(rows) + 2), min(height, 10)), sharex=True,
+        gridspec_kw={"height_ratios": [3, 2]},
+    )
+    try:
+        batches = [_number(row.get("batch_size")) for row in rows]
+        times = [_number(row.get("time_s")) for row in rows]
+        failed = [row.get("status") not in (None, "ok") for row in rows]
+        bars = batch_axis.bar(positions, [b or 0 for b in batches],
+                              color=[_FAIL if bad else _PASS for bad in failed])
+        for bar, batch, bad in zip(bars, batches, failed):
+            text = "failed" if bad else ("-" if batch is None else f"{batch:g}")
+            batch_axis.annotate(text, (bar.get_x() + bar.get_width() / 2, bar.get_height()),
+                                ha="center", va="bottom", fontsize=8, color=_FAIL if bad else "black")
+        batch_axis.set_ylabel("found batch")
+        batch_axis.set_ylim(bottom=0, top=max([b or 0 for b in batches] + [1]) * 1.15)
+        batch_axis.grid(True, axis="y", alpha=0.3)
+        batch_axis.set_title(title or f"sweep: {len(rows)} jobs, {sum(failed)} failed", fontsize=10)
+        time_axis.bar(positions, [t or 0 for t in times], color="#7f7f7f")
+        time_axis.set_ylabel("time (s)")
+        time_axis.grid(True, axis="y", alpha=0.3)
+        time_axis.set_xticks(positions)
+        time_axis.set_xticklabels(labels, rotation=30, ha="right", fontsize=8)
+        figure.tight_layout()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        figure.savefig(path, dpi=120)
+    finally:
+        plt.close(figure)
+    return path
+
+
+def _job_label(row: dict[str, Any]) -> str:
+    overrides = str(row.get("overrides") or "").strip()
+    label = f"#{row.get('job', '?')}" + (f" {overrides}" if overrides else "")
+    return label if len(label) <= 48 else label[:45] + "..."
+
+
+def _number(value: Any) -> float | None:
+    """A CSV cell or JSON value as a number (None when empty or not a number)."""
+    if value is None or value == "":
+        return None
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return None
