@@ -60,6 +60,8 @@ __all__ += [
     "FaultInjector",
     "inject_oom",
     "StepOutOfMemoryError",
+]
+
 # Know before you run: zero-OOM estimates and the persistent probe cache (issue 8).
 from . import cache
 from .estimate import BatchEstimate, EstimateError, MemoryEstimate, estimate_max_batch, estimate_memory, estimate_peak
