@@ -46,7 +46,7 @@ def test_train_config_ties_the_optimizer_lr_to_train_lr(conf):
         ["model=mlp", "data=dataset"],
         ["model=target", "model._target_=torch.nn.Flatten"],
         ["optimizer=sgd", "probe=safe", "device=cpu", "precision=bf16"],
-        ["train.global_batch=512", "plan.objective=throughput", "plan.checkpoint_modules=[GPTBlock]"],
+        ["train.global_batch=512", "plan.objective=throughput", "plan.checkpoint_modules=[_DecoderBlock]"],
     ],
 )
 def test_every_group_option_composes_and_validates(conf, overrides):

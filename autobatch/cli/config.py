@@ -247,7 +247,7 @@ class PlanConfig:
     #: May turn on activation checkpointing when batch 1 does not fit (or, without
     #: accumulation, to fit the whole global batch).
     allow_checkpointing: bool = True
-    #: Class names of the blocks to checkpoint, e.g. [GPTBlock] (empty: repeated children
+    #: Class names of the blocks to checkpoint, e.g. [_DecoderBlock] (empty: repeated children
     #: of nn.Sequential / nn.ModuleList). Also the runner's ``checkpointing_fallback`` targets.
     checkpoint_modules: List[str] = field(default_factory=list)
     #: Balanced micro-batches (sizes differ by at most one) rather than full ones and a
