@@ -3,7 +3,8 @@
 Hydra has no subcommands, so this small dispatcher takes the first argument as the command
 (``probe`` or ``train``), checks the rest (:mod:`autobatch.cli.preflight`), and hands them
 to that command's Hydra app as its ``sys.argv``. ``--help`` lists the commands;
-``python -m autobatch probe --help`` is Hydra's help for one of them.
+``python -m autobatch probe --help`` is Hydra's help for one of them. ``cache list|clear``
+is not a Hydra app: plain argparse (:mod:`autobatch.cli.cache_command`).
 """
 
 from __future__ import annotations
@@ -23,17 +24,25 @@ commands:
 examples:
   python -m autobatch probe                                  # default model, any machine
   python -m autobatch probe model=cnn probe.memory_limit=256MiB
-  python -m autobatch train model=mlp train.steps=100
+  python -m autobatch probe train.global_batch=512          # and the plan for that global batch
+  python -m autobatch train model=mlp train.steps=100 train.global_batch=256 train.checkpoint_every=20
+  python -m autobatch train train.resume=latest              # continue the newest run's checkpoint
+  python -m autobatch cache list                             # the probe cache (cache clear: empty it)
   python -m autobatch probe -m model=mlp,gpt probe.strategy=binary,halving   # a sweep + summary
 
 `python -m autobatch <command> --help` shows that command's config groups and options.
 Set AUTOBATCH_TRACEBACK=1 for full tracebacks on errors."""
 
 
+CACHE_TEXT = "list or clear the persistent probe cache: cache list|clear [--dir DIR]"
+
+
 def _usage() -> str:
     from .cli.commands import COMMANDS
 
-    return USAGE.format(commands="\n".join(f"  {name:<7} {text}" for name, (_, _, text) in COMMANDS.items()))
+    lines = [f"  {name:<7} {text}" for name, (_, _, text) in COMMANDS.items()]
+    lines.append(f"  {'cache':<7} {CACHE_TEXT}")
+    return USAGE.format(commands="\n".join(lines))
 
 
 def _fail(message: str, code: int = 2) -> int:
@@ -51,10 +60,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     from .cli.commands import COMMANDS, run_app
 
     command, rest = args[0], args[1:]
+    if command == "cache":
+        from .cli.cache_command import main as cache_main
+
+        try:
+            return cache_main(rest)
+        except errors.CLIError as exc:
+            return _fail(exc.message, exc.exit_code)
     if command not in COMMANDS:
-        close = difflib.get_close_matches(command, COMMANDS, n=1)
+        known = [*COMMANDS, "cache"]
+        close = difflib.get_close_matches(command, known, n=1)
         hint = f"did you mean {close[0]!r}? " if close else ""
-        return _fail(f"unknown command {command!r}; {hint}choose one of: {', '.join(COMMANDS)} (python -m autobatch --help)")
+        return _fail(f"unknown command {command!r}; {hint}choose one of: {', '.join(known)} (python -m autobatch --help)")
     try:
         preflight.check(command, rest)
     except errors.CLIError as exc:

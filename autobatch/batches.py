@@ -54,19 +54,23 @@ class SyntheticBatches:
         self.worst_case = worst_case
         self.generator = torch.Generator().manual_seed(seed)
 
-    def length(self) -> int:
-        """The sequence length of the next token batch."""
+    def length(self, generator: torch.Generator | None = None) -> int:
+        """The sequence length of the next token batch (drawn from ``generator``, else this
+        maker's own)."""
         if self.worst_case or self.min_seq_len is None:
             return self.seq_len
-        return int(torch.randint(self.min_seq_len, self.seq_len + 1, (1,), generator=self.generator))
+        generator = generator if generator is not None else self.generator
+        return int(torch.randint(self.min_seq_len, self.seq_len + 1, (1,), generator=generator))
 
-    def __call__(self, batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def __call__(self, batch_size: int, generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """A batch of ``batch_size``; random numbers from ``generator`` (a generator on this
+        maker's device) when given, else from torch's global generator."""
         if self.inputs == "tokens":
-            size = (batch_size, self.length())
-            tokens = torch.randint(0, self.vocab_size, size, device=self.device)
-            return tokens, torch.randint(0, self.vocab_size, size, device=self.device)
-        x = torch.randn(batch_size, *self.shape, device=self.device).to(self.dtype)
-        return x, torch.randint(0, self.num_classes, (batch_size,), device=self.device)
+            size = (batch_size, self.length(generator))
+            tokens = torch.randint(0, self.vocab_size, size, device=self.device, generator=generator)
+            return tokens, torch.randint(0, self.vocab_size, size, device=self.device, generator=generator)
+        x = torch.randn(batch_size, *self.shape, device=self.device, generator=generator).to(self.dtype)
+        return x, torch.randint(0, self.num_classes, (batch_size,), device=self.device, generator=generator)
 
 
 class DatasetBatches:

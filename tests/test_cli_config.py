@@ -27,7 +27,8 @@ def test_the_default_probe_config(conf):
     assert cfg.probe.strategy is Strategy.auto and cfg.precision is Precision.fp32
     assert cfg.model.vocab_size == cfg.data.vocab_size and cfg.model.max_seq_len == cfg.data.seq_len
     assert cfg.device.type.name == "auto" and cfg.device.simulated_budget == "64MiB"
-    assert "train" not in cfg
+    assert cfg.train.global_batch is None  # the probe reads train.global_batch (the plan)
+    assert cfg.plan.objective.name == "max_batch" and cfg.probe.cache is True
     validate(cfg)
 
 
@@ -45,6 +46,7 @@ def test_train_config_ties_the_optimizer_lr_to_train_lr(conf):
         ["model=mlp", "data=dataset"],
         ["model=target", "model._target_=torch.nn.Flatten"],
         ["optimizer=sgd", "probe=safe", "device=cpu", "precision=bf16"],
+        ["train.global_batch=512", "plan.objective=throughput", "plan.checkpoint_modules=[_DecoderBlock]"],
     ],
 )
 def test_every_group_option_composes_and_validates(conf, overrides):

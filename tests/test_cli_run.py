@@ -37,26 +37,38 @@ def test_probe_writes_result_json_and_prints_a_table(cli, tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]  # nothing outside the run dir
 
 
-def test_train_probes_then_trains(cli, tmp_path):
-    done = cli("train", "model=gpt", *SMALL, "train.steps=4", "train.checkpoint_every=2", "train.global_batch=100000")
+def test_train_probes_then_trains_on_the_runner(cli, tmp_path):
+    done = cli("train", "model=gpt", *SMALL, "train.steps=4", "train.checkpoint_every=2")
     assert done.returncode == 0, done.stderr
     run = tmp_path / "run"
     summary = json.loads((run / "train_result.json").read_text())
     probed = json.loads((run / "result.json").read_text())["batch_size"]
-    assert summary["batch_size"] == probed and summary["steps"] == 4
-    assert "does not fit" in summary["notes"][0]  # global_batch larger than the probe found
+    assert summary["global_batch"] == summary["micro_batch"] == probed and summary["steps"] == 4
+    assert summary["probe"]["batch_size"] == probed and summary["oom_recoveries"] == []
     metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    assert [m["step"] for m in metrics] == [1, 2, 3, 4] and all(m["batch_size"] == probed for m in metrics)
-    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step_000002.pt", "step_000004.pt"]
+    assert [m["step"] for m in metrics] == [1, 2, 3, 4]
+    assert all(m["micro_batch"] == probed and m["accumulation"] == 1 and m["samples"] == probed for m in metrics)
+    assert summary["checkpoints_saved"] == 3  # after steps 2 and 4, and at the end
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["last.pt"]
+    assert (run / "final_model.pt").is_file()
 
 
 def test_train_with_micro_batch_and_epochs_skips_the_probe(cli, tmp_path):
     done = cli("train", "model=mlp", "data.shape=[8]", "data.num_samples=40", "train.micro_batch=16", "train.epochs=2")
     assert done.returncode == 0, done.stderr
     summary = json.loads((tmp_path / "run" / "train_result.json").read_text())
-    assert summary["probe"] is None and summary["batch_size"] == 16
-    assert summary["steps"] == 2 * 3  # ceil(40 / 16) steps per epoch
+    assert summary["probe"] is None and summary["global_batch"] == summary["micro_batch"] == 16
+    assert summary["steps"] == 2 * 3 and summary["epochs"] == 2  # ceil(40 / 16) steps per epoch
     assert not (tmp_path / "run" / "result.json").exists()
+
+
+def test_train_over_a_target_dataset(cli, tmp_path):
+    args = ["model=mlp", "data=dataset", "data.dataset.size=40", "data.shape=[4]", "train.micro_batch=8"]
+    done = cli("train", *args, "train.global_batch=16", "train.epochs=1")
+    assert done.returncode == 0, done.stderr
+    metrics = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [m["samples"] for m in metrics] == [16, 16, 8]  # a DataLoader pass: the last batch is smaller
+    assert [m["accumulation"] for m in metrics] == [2, 2, 1]
 
 
 def test_library_imports_without_hydra(tmp_path):

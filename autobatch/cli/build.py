@@ -18,6 +18,7 @@ from omegaconf import DictConfig, OmegaConf
 from torch.nn import functional as F
 
 from ..batches import DatasetBatches, SyntheticBatches
+from ..faults import PHASES
 from ..probe import validate_probe_args
 from ..train_step import TrainStep
 from ..units import parse_bytes
@@ -28,6 +29,7 @@ __all__ = [
     "select_device",
     "memory_limit",
     "build_workload",
+    "synthetic_spec",
     "cross_entropy_loss",
     "locate",
 ]
@@ -112,15 +114,33 @@ def validate(cfg: DictConfig) -> None:
     if inputs not in ("tensor", "tokens"):
         raise ValueError(f"model.inputs must be 'tensor' or 'tokens', got {inputs!r}")
     if "train" in cfg:
-        train = cfg.train
-        for key in ("global_batch", "micro_batch", "epochs"):
-            value = train[key]
-            if value is not None and value < 1:
-                raise ValueError(f"train.{key} must be a positive integer or null, got {value}")
-        if train.steps < 1:
-            raise ValueError(f"train.steps must be >= 1, got {train.steps}")
-        if train.checkpoint_every < 0:
-            raise ValueError(f"train.checkpoint_every must be >= 0 (0: never), got {train.checkpoint_every}")
+        _validate_train(cfg.train)
+
+
+def _validate_train(train: DictConfig) -> None:
+    """The ``train`` keys the schema cannot judge; ``ValueError`` names the key to fix."""
+    for key in ("global_batch", "micro_batch", "epochs", "max_micro_batch", "empty_cache_every", "inject_oom_times"):
+        value = train[key]
+        if value is not None and value < 1:
+            raise ValueError(f"train.{key} must be a positive integer or null, got {value}")
+    for key, low, meaning in (
+        ("steps", 1, ""),
+        ("checkpoint_every", 0, " (0: only at the end)"),
+        ("grow_after", 0, " (0: never grow)"),
+        ("log_every", 0, " (0: no progress lines)"),
+        ("inject_delay", 0, ""),
+    ):
+        if train[key] < low:
+            raise ValueError(f"train.{key} must be >= {low}{meaning}, got {train[key]}")
+    if train.empty_cache_threshold is not None:
+        parse_bytes(train.empty_cache_threshold, name="train.empty_cache_threshold")
+    for point in train.inject_oom:
+        step, phase = list(point) if len(point) == 2 else (None, None)
+        if isinstance(step, bool) or not isinstance(step, int) or step < 0 or phase not in PHASES:
+            raise ValueError(
+                f"train.inject_oom entries must be [step, phase] with step >= 0 and phase one of "
+                f"{', '.join(PHASES)}; got {list(point)}, e.g. train.inject_oom=[[3,backward]]"
+            )
 
 
 def select_device(cfg: DictConfig) -> torch.device:
@@ -153,7 +173,8 @@ def cross_entropy_loss(model: torch.nn.Module, batch: tuple[torch.Tensor, torch.
 @dataclass
 class Workload:
     """Everything built from a config: ``probe_step`` runs worst-case batches,
-    ``make_batch`` the batches training sees."""
+    ``make_batch`` batches like those training sees (the runner's data comes from
+    :mod:`autobatch.cli.data`)."""
 
     device: torch.device
     model: torch.nn.Module
@@ -163,16 +184,14 @@ class Workload:
     autocast_dtype: torch.dtype | None
     grad_scaler: "torch.amp.GradScaler | None"
     samples_per_epoch: int
+    #: The ``data.dataset`` object (None for synthetic data).
+    dataset: Any = None
 
 
-def _batch_makers(cfg: DictConfig, device: torch.device) -> tuple[Callable, Callable, int]:
-    """(training batches, probe batches, samples per epoch)."""
+def synthetic_spec(cfg: DictConfig, device: torch.device | str) -> dict[str, Any]:
+    """:class:`SyntheticBatches` arguments for the config's ``data`` on ``device``."""
     data = cfg.data
-    if data.dataset is not None:
-        dataset = instantiate(data.dataset, _convert_="all")
-        batches = DatasetBatches(dataset, device)
-        return batches, DatasetBatches(dataset, device), len(batches)
-    spec = dict(
+    return dict(
         inputs=_name(cfg.model.get("inputs", "tensor")),
         shape=list(data.shape),
         dtype=_DTYPES[_name(data.dtype)],
@@ -183,7 +202,17 @@ def _batch_makers(cfg: DictConfig, device: torch.device) -> tuple[Callable, Call
         device=device,
         seed=cfg.seed,
     )
-    return SyntheticBatches(**spec), SyntheticBatches(**spec, worst_case=True), data.num_samples
+
+
+def _batch_makers(cfg: DictConfig, device: torch.device) -> tuple[Callable, Callable, int, Any]:
+    """(training batches, probe batches, samples per epoch, the ``_target_`` dataset or None)."""
+    data = cfg.data
+    if data.dataset is not None:
+        dataset = instantiate(data.dataset, _convert_="all")
+        batches = DatasetBatches(dataset, device)
+        return batches, DatasetBatches(dataset, device), len(batches), dataset
+    spec = synthetic_spec(cfg, device)
+    return SyntheticBatches(**spec), SyntheticBatches(**spec, worst_case=True), data.num_samples, None
 
 
 def build_workload(cfg: DictConfig) -> Workload:
@@ -196,7 +225,7 @@ def build_workload(cfg: DictConfig) -> Workload:
     model_args.pop("inputs", None)
     model = instantiate(model_args, _convert_="all").to(device)
     optimizer = instantiate(cfg.optimizer, params=model.parameters(), _convert_="all")
-    make_batch, probe_batch, samples = _batch_makers(cfg, device)
+    make_batch, probe_batch, samples, dataset = _batch_makers(cfg, device)
     autocast_dtype = _AUTOCAST[_name(cfg.precision)]
     scaler = None
     if autocast_dtype is torch.float16 and device.type == "cuda":
@@ -204,4 +233,4 @@ def build_workload(cfg: DictConfig) -> Workload:
     step = TrainStep(
         model, optimizer, cross_entropy_loss, probe_batch, autocast_dtype=autocast_dtype, grad_scaler=scaler
     )
-    return Workload(device, model, optimizer, make_batch, step, autocast_dtype, scaler, samples)
+    return Workload(device, model, optimizer, make_batch, step, autocast_dtype, scaler, samples, dataset)

@@ -1,7 +1,8 @@
 """The two Hydra apps, ``probe`` and ``train``: a task function each and a runner.
 
 A task builds the workload from its config, runs, writes its results into Hydra's run
-directory (``result.json``; ``train_result.json`` and ``metrics.jsonl``), prints a short
+directory (``result.json``, ``plan.json`` with ``train.global_batch``; ``train_result.json``,
+``metrics.jsonl`` and ``final_model.pt`` for ``train``), prints a short
 table, and returns a row for the sweep summary. Errors go through
 :func:`~autobatch.cli.errors.reported`: one line and an exit code, never a traceback.
 """
@@ -18,17 +19,20 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
+from ..accumulation import micro_batch_sizes
+from ..planner import Plan, plan
 from ..probe import find_max_batch
 from ..result import ProbeResult
+from ..run_result import RunResult
 from ..units import format_bytes
 from .build import Workload, build_workload, memory_limit
 from .conf import CONFIG_PATH, ensure_conf_module
 from .display import print_result, trial_progress, write_probe_plot
 from .config import register_configs
 from .errors import reported
-from .training import run_training
+from .training import FINAL_MODEL, METRICS, find_resume, read_checkpoint, run_training
 
-__all__ = ["COMMANDS", "probe_task", "train_task", "run_app", "run_probe"]
+__all__ = ["COMMANDS", "probe_task", "train_task", "run_app", "run_probe", "run_plan", "probe_kwargs"]
 
 log = logging.getLogger("autobatch")
 
@@ -48,11 +52,14 @@ def _resolved(cfg: DictConfig) -> Any:
     return OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
 
 
-def run_probe(cfg: DictConfig, workload: Workload) -> ProbeResult:
-    """Run :func:`find_max_batch` on the workload with the config's ``probe`` arguments."""
+def probe_kwargs(cfg: DictConfig, workload: Workload) -> dict[str, Any]:
+    """:func:`find_max_batch` keyword arguments from the ``probe`` keys (also what
+    :func:`autobatch.plan` passes on to it)."""
     probe = cfg.probe
-    return find_max_batch(
-        workload.probe_step,
+    cache: bool | str = bool(probe.cache)
+    if cache and probe.cache_dir is not None:
+        cache = str(probe.cache_dir)
+    return dict(
         start=probe.start,
         max_batch=probe.max_batch,
         strategy=probe.strategy.name,
@@ -61,7 +68,35 @@ def run_probe(cfg: DictConfig, workload: Workload) -> ProbeResult:
         steps_per_trial=probe.steps_per_trial,
         memory_limit=memory_limit(cfg, workload.device),
         device=workload.device,
+        cache=cache,
     )
+
+
+def run_probe(cfg: DictConfig, workload: Workload) -> ProbeResult:
+    """Run :func:`find_max_batch` on the workload with the config's ``probe`` arguments."""
+    return find_max_batch(workload.probe_step, **probe_kwargs(cfg, workload))
+
+
+def run_plan(cfg: DictConfig, workload: Workload, global_batch: int) -> Plan:
+    """Run :func:`autobatch.plan` for ``global_batch`` with the ``plan`` and ``probe`` keys."""
+    options = cfg.plan
+    return plan(
+        workload.probe_step,
+        global_batch=global_batch,
+        objective=options.objective.name,
+        allow_accumulation=bool(options.allow_accumulation),
+        allow_checkpointing=bool(options.allow_checkpointing),
+        checkpoint_targets=list(options.checkpoint_modules) or None,
+        balanced=bool(options.balanced),
+        **probe_kwargs(cfg, workload),
+    )
+
+
+def plan_probe(planned: Plan) -> ProbeResult:
+    """The probe the plan rests on: the last one that fitted with the plan's checkpointing."""
+    fitted = [p for p in planned.probes if p.get("result")]
+    matching = [p for p in fitted if p["checkpointing"] == planned.checkpointing] or fitted
+    return ProbeResult.from_dict(matching[-1]["result"])
 
 
 def _row(result: ProbeResult | None, **extra: Any) -> dict[str, Any]:
@@ -78,64 +113,150 @@ def _row(result: ProbeResult | None, **extra: Any) -> dict[str, Any]:
     return row
 
 
+def _write_probe(out_dir: Path, result: ProbeResult, command: str, cfg: DictConfig) -> None:
+    """result.json, memory_curve.png (unless probe.plot=false) and the result table."""
+    _write_json(out_dir / "result.json", {**result.to_dict(), "command": command, "config": _resolved(cfg)})
+    plot = write_probe_plot(cfg, result, out_dir)
+    print_result(result, [("result", str(out_dir / "result.json"))] + ([("plot", str(plot))] if plot else []))
+
+
+def _write_plan(out_dir: Path, planned: Plan, command: str) -> None:
+    _write_json(out_dir / "plan.json", {**planned.to_dict(), "command": command})
+    print()
+    print(planned.summary())
+
+
 def probe_task(cfg: DictConfig) -> dict[str, Any]:
-    """``python -m autobatch probe``: find the largest batch, write ``result.json``."""
+    """``python -m autobatch probe``: find the largest batch, write ``result.json``; with
+    ``train.global_batch`` plan that global batch too and write ``plan.json``."""
     out_dir, command, multirun, verbose = _run_context()
     with reported(multirun=multirun, verbose=verbose):
         workload = build_workload(cfg)
-        with trial_progress():  # a live line per trial on a terminal
-            result = run_probe(cfg, workload)
-        _write_json(out_dir / "result.json", {**result.to_dict(), "command": command, "config": _resolved(cfg)})
-        plot = write_probe_plot(cfg, result, out_dir)
-        print_result(result, [("result", str(out_dir / "result.json"))] + ([("plot", str(plot))] if plot else []))
-        return _row(result)
+        global_batch = cfg.train.global_batch
+        if global_batch is None:
+            with trial_progress():  # a live line per trial on a terminal
+                result = run_probe(cfg, workload)
+            _write_probe(out_dir, result, command, cfg)
+            return _row(result, cached=result.cached)
+        with trial_progress():
+            planned = run_plan(cfg, workload, int(global_batch))
+        planned.undo()  # probe only reports; the model is not trained here
+        result = plan_probe(planned)
+        _write_probe(out_dir, result, command, cfg)
+        _write_plan(out_dir, planned, command)
+        print(f"plan            {out_dir / 'plan.json'}")
+        return _row(
+            result, cached=result.cached, global_batch=planned.global_batch, micro_batch=planned.micro_batch,
+            accumulation=planned.accumulation_steps, checkpointing=planned.checkpointing,
+        )  # fmt: skip
     raise AssertionError("unreachable")  # reported() exits or raises
 
 
+def _prepare(cfg: DictConfig, workload: Workload, out_dir: Path, command: str) -> dict[str, Any]:
+    """Decide the batches of a fresh run: ``train.micro_batch`` as given (no probe), else a
+    plan for ``train.global_batch``, else the probed batch as both global and micro-batch."""
+    train = cfg.train
+    notes: list[str] = []
+    result, planned, ceiling = None, None, None
+    if train.micro_batch is not None:
+        micro = int(train.micro_batch)
+        global_batch = int(train.global_batch or micro)
+        notes.append(f"no probe: train.micro_batch={micro}")
+    elif train.global_batch is not None:
+        global_batch = int(train.global_batch)
+        with trial_progress():
+            planned = run_plan(cfg, workload, global_batch)
+        result = plan_probe(planned)
+        _write_probe(out_dir, result, command, cfg)
+        _write_plan(out_dir, planned, command)
+        micro = planned.micro_batch
+        probed = [p.batch_size for p in planned.probe_results]
+        ceiling = min(global_batch, max(probed + [micro]))
+    else:
+        with trial_progress():
+            result = run_probe(cfg, workload)
+        _write_probe(out_dir, result, command, cfg)
+        global_batch = micro = result.batch_size
+    return dict(global_batch=global_batch, micro_batch=micro, max_micro_batch=ceiling, plan=planned, probe=result, notes=notes)
+
+
+def _resume_from(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
+    """Resume: the checkpoint's global batch (no probe, no plan; the runner restores the
+    micro-batch, the checkpointing wrap and the RNG)."""
+    base = Path(HydraConfig.get().runtime.cwd)
+    path = find_resume(str(cfg.train.resume), cfg.train.checkpoint_dir, base, exclude=out_dir)
+    state = read_checkpoint(path)
+    global_batch = int(state["result"]["global_batch"])
+    wanted = cfg.train.global_batch
+    if wanted is not None and wanted != global_batch:
+        raise ValueError(f"train.global_batch={wanted} differs from the checkpoint's {global_batch} ({path}); drop it to resume")
+    notes = [f"resumed from {path} at step {state['step']}"]
+    if cfg.train.micro_batch is not None:
+        notes.append("train.micro_batch is ignored on resume: the checkpoint's micro-batch is used")
+    return dict(
+        global_batch=global_batch, micro_batch=None, max_micro_batch=None, plan=None, probe=None, notes=notes,
+        path=path, step=state["step"],
+    )  # fmt: skip
+
+
 def train_task(cfg: DictConfig) -> dict[str, Any]:
-    """``python -m autobatch train``: probe (unless ``train.micro_batch``), then train."""
+    """``python -m autobatch train``: probe or plan (unless ``train.micro_batch``), then
+    train on the runner; or continue a run with ``train.resume``."""
     out_dir, command, multirun, verbose = _run_context()
     with reported(multirun=multirun, verbose=verbose):
         workload = build_workload(cfg)
-        notes: list[str] = []
-        result = None
-        if cfg.train.micro_batch is not None:
-            batch_size = int(cfg.train.micro_batch)
-            notes.append(f"no probe: train.micro_batch={batch_size}")
+        if cfg.train.resume is not None:
+            setup = _resume_from(cfg, out_dir)
         else:
-            with trial_progress():
-                result = run_probe(cfg, workload)
-            _write_json(out_dir / "result.json", {**result.to_dict(), "command": command, "config": _resolved(cfg)})
-            write_probe_plot(cfg, result, out_dir)
-            print(result.summary())
-            batch_size = result.batch_size
-        wanted = cfg.train.global_batch
-        if wanted is not None and wanted <= batch_size:
-            batch_size = int(wanted)
-        elif wanted is not None:
-            notes.append(
-                f"train.global_batch={wanted} does not fit; training at batch {batch_size} without "
-                "gradient accumulation (not implemented yet), so each step sees fewer samples"
-            )
-        for note in notes:
+            setup = _prepare(cfg, workload, out_dir, command)
+        for note in setup["notes"]:
             log.info(note)
-        summary = run_training(cfg, workload, batch_size, out_dir)
-        summary.update(notes=notes, probe=None if result is None else result.to_dict(), command=command)
-        summary["config"] = _resolved(cfg)
+        run, _ = run_training(
+            cfg, workload, global_batch=setup["global_batch"], micro_batch=setup["micro_batch"], out_dir=out_dir,
+            max_micro_batch=setup["max_micro_batch"], plan=setup["plan"], resume=setup.get("path"),
+            resumed_step=setup.get("step"),
+        )  # fmt: skip
+        probe = setup["probe"]
+        summary = {
+            **run.to_dict(),
+            "samples_per_s": run.samples_per_s,
+            "notes": setup["notes"],
+            "probe": None if probe is None else probe.to_dict(),
+            "metrics": str(out_dir / METRICS),
+            "final_model": str(out_dir / FINAL_MODEL),
+            "command": command,
+            "config": _resolved(cfg),
+        }
         _write_json(out_dir / "train_result.json", summary)
-        print(f"trained         {summary['steps']} steps at batch {batch_size} in {summary['elapsed_s']:.2f} s")
-        print(f"loss            {summary['first_loss']:.4f} -> {summary['final_loss']:.4f}")
-        for note in notes:
-            print(f"note            {note}")
+        _print_training(run, setup["notes"])
         print(f"result          {out_dir / 'train_result.json'}")
-        return _row(result, batch_size=batch_size, steps=summary["steps"], final_loss=round(summary["final_loss"], 4))
+        return _row(  # batch_size: the (final) micro-batch it trained at
+            probe, batch_size=run.micro_batch, global_batch=run.global_batch, steps=run.steps,
+            recoveries=len(run.oom_recoveries),
+            final_loss=None if run.last_loss is None else round(run.last_loss, 4),
+        )  # fmt: skip
     raise AssertionError("unreachable")
+
+
+def _print_training(run: RunResult, notes: list[str]) -> None:
+    accumulation = len(micro_batch_sizes(run.global_batch, run.micro_batch)) if run.micro_batch else 1
+    print(
+        f"trained         {run.steps_this_run} steps ({run.steps} in all) of global batch {run.global_batch} = "
+        f"micro-batch {run.micro_batch} x {accumulation} in {run.elapsed_s:.2f} s ({run.samples_per_s:.1f} samples/s)"
+    )
+    if run.last_loss is not None:
+        print(f"loss            {run.last_loss:.4f} (last step)")
+    print(f"oom recoveries  {len(run.oom_recoveries)}" + ("; activation checkpointing on" if run.checkpointing else ""))
+    if run.checkpoint_path:
+        print(f"checkpoint      {run.checkpoint_path}")
+    for note in notes:
+        print(f"note            {note}")
 
 
 #: subcommand -> (task function, primary config name, one-line description)
 COMMANDS: dict[str, tuple[Callable[[DictConfig], Any], str, str]] = {
-    "probe": (probe_task, "probe", "find the largest batch size that trains; writes result.json"),
-    "train": (train_task, "train", "probe (or take train.micro_batch), then train; writes metrics.jsonl"),
+    "probe": (probe_task, "probe", "find the largest batch size that trains (with train.global_batch: and the plan)"),
+    "train": (train_task, "train", "probe or plan, then train on the OOM-surviving runner; train.resume continues"),
 }
 
 

@@ -29,7 +29,10 @@ __all__ = [
     "OptimizerConfig",
     "AdamWConfig",
     "SGDConfig",
+    "Objective",
+    "StepGuardKind",
     "ProbeConfig",
+    "PlanConfig",
     "TrainConfig",
     "DeviceConfig",
     "ProbeAppConfig",
@@ -53,6 +56,21 @@ class Strategy(Enum):
     binary = "binary"
     power = "power"
     halving = "halving"
+
+
+class Objective(Enum):
+    """What the planner optimises (see :func:`autobatch.plan`)."""
+
+    max_batch = "max_batch"
+    throughput = "throughput"
+
+
+class StepGuardKind(Enum):
+    """How the runner makes an OOM inside ``optimizer.step()`` safe to replay."""
+
+    cpu = "cpu"
+    device = "device"
+    off = "off"
 
 
 class DeviceKind(Enum):
@@ -214,16 +232,43 @@ class ProbeConfig:
     #: Draw memory_curve.png (peak memory per trial, fit, capacity, chosen batch) next to
     #: result.json, and summary.png next to a sweep's summary.csv.
     plot: bool = True
+    #: Use the persistent probe cache: an identical earlier probe answers without a trial
+    #: (``python -m autobatch cache list|clear`` shows and empties it).
+    cache: bool = True
+    #: The cache directory (null: ``$AUTOBATCH_CACHE_DIR``, else ``~/.cache/autobatch``).
+    cache_dir: Optional[str] = None
+
+
+@dataclass
+class PlanConfig:
+    """Arguments of :func:`autobatch.plan`, used when ``train.global_batch`` is set."""
+
+    #: max_batch (largest micro-batch) | throughput (time candidates, pick the most samples/s).
+    objective: Objective = Objective.max_batch
+    #: May split the global batch into micro-batches (gradient accumulation).
+    allow_accumulation: bool = True
+    #: May turn on activation checkpointing when batch 1 does not fit (or, without
+    #: accumulation, to fit the whole global batch).
+    allow_checkpointing: bool = True
+    #: Class names of the blocks to checkpoint, e.g. [_DecoderBlock] (empty: repeated children
+    #: of nn.Sequential / nn.ModuleList). Also the runner's ``checkpointing_fallback`` targets.
+    checkpoint_modules: List[str] = field(default_factory=list)
+    #: Balanced micro-batches (sizes differ by at most one) rather than full ones and a
+    #: smaller last one.
+    balanced: bool = True
 
 
 @dataclass
 class TrainConfig:
-    """The training run of ``python -m autobatch train``."""
+    """The training run of ``python -m autobatch train`` (on :class:`autobatch.Runner`).
 
-    #: Samples per optimizer step wanted (null: the probed batch). Larger than the probed
-    #: batch: trains at the probed batch (gradient accumulation is not implemented yet).
+    ``probe`` reads only ``global_batch`` (to print the plan); it accepts the rest so that the
+    same overrides work for both commands."""
+
+    #: Samples per optimizer step (null: the probed batch). Set: ``plan`` keeps it exactly,
+    #: with gradient accumulation when it does not fit in one step.
     global_batch: Optional[int] = None
-    #: Skip the probe and train at this batch size.
+    #: Samples per forward/backward: skip the probe and the plan (null: planned).
     micro_batch: Optional[int] = None
     #: Optimizer steps (ignored when ``epochs`` is set).
     steps: int = 20
@@ -231,10 +276,38 @@ class TrainConfig:
     epochs: Optional[int] = None
     #: Learning rate (the optimizer's ``lr`` defaults to it).
     lr: float = 1e-3
-    #: Checkpoint directory, relative to the run directory.
+    #: Shuffle a ``_target_`` dataset every epoch (synthetic data is random anyway).
+    shuffle: bool = True
+    #: Checkpoint directory, relative to the run directory; ``last.pt`` is written atomically.
     checkpoint_dir: str = "checkpoints"
-    #: Save model and optimizer every this many steps (0: never).
+    #: Checkpoint every this many steps (0: only at the end).
     checkpoint_every: int = 0
+    #: Continue from a checkpoint: a ``last.pt`` file, its directory, a run directory, or
+    #: ``latest`` (the newest checkpoint under ``outputs/train`` and ``multirun/train``).
+    resume: Optional[str] = None
+    #: Grow-back: OOM-free steps before trying double the micro-batch (0: never grow).
+    grow_after: int = 100
+    #: Grow-back ceiling (null: the largest batch the probe found, at most the global batch).
+    max_micro_batch: Optional[int] = None
+    #: cpu | device | off: how an OOM inside ``optimizer.step()`` is made safe to replay.
+    step_guard: StepGuardKind = StepGuardKind.cpu
+    #: When micro-batch 1 runs out of memory, turn on activation checkpointing and replay.
+    checkpointing_fallback: bool = False
+    #: Call ``empty_cache()`` after every this many steps (null: never).
+    empty_cache_every: Optional[int] = None
+    #: Call it when reserved - allocated exceeds this, e.g. "2GiB" (null: never).
+    empty_cache_threshold: Optional[str] = None
+    #: A tqdm progress bar: true, false, or null (when stderr is a terminal).
+    progress: Optional[bool] = None
+    #: Without a bar, a progress log line every this many steps.
+    log_every: int = 10
+    #: Testing: raise a real OOM at these ``[step, phase]`` points (step from 0; phase
+    #: transfer | forward | backward | optimizer), e.g. ``[[3,backward]]``.
+    inject_oom: List[List[Any]] = field(default_factory=list)
+    #: Testing: how many arrivals at each point fail (null: every one, so the step gives up).
+    inject_oom_times: Optional[int] = 1
+    #: Testing: sleep this many seconds after each step (to kill a run mid-way).
+    inject_delay: float = 0.0
 
 
 @dataclass
@@ -251,7 +324,8 @@ class DeviceConfig:
 # -- the two apps -----------------------------------------------------------------------
 @dataclass
 class ProbeAppConfig:
-    """``python -m autobatch probe``: find the largest batch that trains."""
+    """``python -m autobatch probe``: find the largest batch that trains (with
+    ``train.global_batch``: plan how to train that global batch)."""
 
     #: Typed by the chosen option (mlp/cnn/gpt); ``_target_`` models take free arguments.
     model: Any = MISSING
@@ -259,6 +333,9 @@ class ProbeAppConfig:
     #: Typed by the chosen option (adamw/sgd); other optimizers take free arguments.
     optimizer: Any = MISSING
     probe: ProbeConfig = MISSING
+    #: The global batch (``train.global_batch``) and the other training keys; see TrainConfig.
+    train: TrainConfig = MISSING
+    plan: PlanConfig = MISSING
     device: DeviceConfig = MISSING
     #: fp32 | bf16 | fp16 (autocast).
     precision: Precision = Precision.fp32
@@ -268,9 +345,7 @@ class ProbeAppConfig:
 
 @dataclass
 class TrainAppConfig(ProbeAppConfig):
-    """``python -m autobatch train``: probe (unless ``train.micro_batch``), then train."""
-
-    train: TrainConfig = MISSING
+    """``python -m autobatch train``: probe or plan (unless ``train.micro_batch``), then train."""
 
 
 def register_configs() -> None:
@@ -292,6 +367,7 @@ def register_configs() -> None:
         ("optimizer", "adamw_schema", AdamWConfig),
         ("optimizer", "sgd_schema", SGDConfig),
         ("probe", "probe_schema", ProbeConfig),
+        ("plan", "plan_schema", PlanConfig),
         ("train", "train_schema", TrainConfig),
         ("device", "device_schema", DeviceConfig),
     ):

@@ -17,7 +17,7 @@ from typing import Iterator
 from hydra.errors import CompactHydraException, HydraException
 from omegaconf.errors import OmegaConfBaseException
 
-from ..errors import NoBatchFitsError
+from ..errors import GlobalBatchTooLargeError, NoBatchFitsError, StepOutOfMemoryError
 
 __all__ = ["CLIError", "BAD_INPUT", "RUNTIME_FAILURE", "one_line", "describe", "traceback_wanted", "reported"]
 
@@ -57,7 +57,7 @@ def describe(exc: BaseException) -> tuple[str, int]:
     """``(message, exit code)`` for an exception that reached the command line's edge."""
     if isinstance(exc, CLIError):
         return exc.message, exc.exit_code
-    if isinstance(exc, NoBatchFitsError):
+    if isinstance(exc, (NoBatchFitsError, GlobalBatchTooLargeError, StepOutOfMemoryError)):
         return one_line(exc), RUNTIME_FAILURE
     if isinstance(exc, HydraException) and isinstance(exc.__cause__, OmegaConfBaseException):
         return f"{one_line(exc)}: {one_line(exc.__cause__)}", BAD_INPUT  # the override, then why

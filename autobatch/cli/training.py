@@ -1,92 +1,180 @@
-"""The training run behind ``python -m autobatch train``: a plain loop at a fixed batch size.
+"""The training run behind ``python -m autobatch train``: the workload on autobatch's Runner.
 
-:func:`run_training` is the seam where autobatch's resilient runner (OOM recovery, gradient
-accumulation) will plug in; until then it trains forward/backward/step at the batch it is
-given, writing one JSON line of metrics per step and optional checkpoints.
+:func:`run_training` maps the ``train`` config onto :class:`~autobatch.Runner` (OOM recovery,
+gradient accumulation, grow-back, step guard, cache hygiene, atomic checkpoints, exact
+resume, progress, fault injection), feeds it the global batches of
+:mod:`autobatch.cli.data`, and writes under the run directory:
+
+* ``metrics.jsonl``: one line per applied update (step, epoch, loss, micro_batch,
+  accumulation, samples, seconds, samples_per_s, recoveries);
+* ``<train.checkpoint_dir>/last.pt``: the runner's checkpoint;
+* ``final_model.pt``: the final ``model.state_dict()`` (what a resumed run is compared by).
+
+Checkpoints are written from the step hook *after* the step's metrics line, so a run killed
+at any instant has a metrics line for every step in its checkpoint; on resume, lines after
+the checkpoint (steps that will run again) are dropped, so the file lists every applied
+update exactly once.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import math
 import time
-from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
 import torch
 from omegaconf import DictConfig
 
+from ..accumulation import micro_batch_sizes
+from ..checkpoint_io import CHECKPOINT_NAME, load_checkpoint, resolve_checkpoint
+from ..faults import FaultInjector
+from ..run_result import RunResult
+from ..runner import Runner
 from .build import Workload, cross_entropy_loss
+from .data import training_data
 
-__all__ = ["total_steps", "run_training"]
+__all__ = ["METRICS", "FINAL_MODEL", "find_resume", "read_checkpoint", "runner_options", "run_training"]
 
 log = logging.getLogger("autobatch")
 
-
-def total_steps(cfg: DictConfig, batch_size: int, samples_per_epoch: int) -> int:
-    """``train.steps``, or with ``train.epochs`` that many passes over the data."""
-    if cfg.train.epochs is not None:
-        return cfg.train.epochs * math.ceil(samples_per_epoch / batch_size)
-    return int(cfg.train.steps)
+METRICS = "metrics.jsonl"
+FINAL_MODEL = "final_model.pt"
 
 
-def _save_checkpoint(directory: Path, step: int, workload: Workload) -> Path:
-    directory.mkdir(parents=True, exist_ok=True)
-    path = directory / f"step_{step:06d}.pt"
-    torch.save({"step": step, "model": workload.model.state_dict(), "optimizer": workload.optimizer.state_dict()}, path)
-    return path
+def find_resume(value: str, checkpoint_dir: str, base: Path, exclude: Path | None = None) -> Path:
+    """The checkpoint file ``train.resume=value`` names: a ``last.pt``, its directory, a run
+    directory (``<run>/<checkpoint_dir>/last.pt``), or ``latest``: the newest checkpoint under
+    ``base/outputs/train`` and ``base/multirun/train`` (not the current run's, ``exclude``)."""
+    if value == "latest":
+        patterns = (f"outputs/train/*/*/{checkpoint_dir}/{CHECKPOINT_NAME}", f"multirun/train/*/*/*/{checkpoint_dir}/{CHECKPOINT_NAME}")
+        found = [p for pattern in patterns for p in base.glob(pattern) if exclude is None or exclude not in p.parents]
+        if not found:
+            raise ValueError(
+                f"train.resume=latest: no checkpoint under {base / 'outputs/train'} or {base / 'multirun/train'}; "
+                "give the path of a last.pt or of a run directory"
+            )
+        return max(found, key=lambda p: p.stat().st_mtime)
+    path = Path(value).expanduser()
+    if not path.is_absolute():
+        path = base / path
+    for candidate in (resolve_checkpoint(path), path / checkpoint_dir / CHECKPOINT_NAME):
+        if candidate.is_file():
+            return candidate
+    raise ValueError(f"train.resume={value!r}: no checkpoint at {resolve_checkpoint(path)}; give a last.pt, its directory or a run directory")
 
 
-def run_training(cfg: DictConfig, workload: Workload, batch_size: int, out_dir: Path) -> dict[str, Any]:
-    """Train ``workload`` at ``batch_size`` for :func:`total_steps`; write ``metrics.jsonl``
-    (and checkpoints) under ``out_dir``; return a summary for ``train_result.json``."""
-    steps = total_steps(cfg, batch_size, workload.samples_per_epoch)
-    every = int(cfg.train.checkpoint_every)
-    checkpoint_dir = out_dir / cfg.train.checkpoint_dir
-    device = workload.device
-    autocast = (
-        torch.autocast(device.type, dtype=workload.autocast_dtype) if workload.autocast_dtype else nullcontext()
+def read_checkpoint(path: Path) -> dict[str, Any]:
+    """The run a checkpoint belongs to: its step and ``RunResult`` (global batch, plan, ...)."""
+    state = load_checkpoint(path)
+    if not isinstance(state, dict) or state.get("format") != "autobatch.runner/1":
+        raise ValueError(f"train.resume: {path} is not a checkpoint written by autobatch's runner")
+    return {"step": state["step"], "result": state["result"]}
+
+
+def runner_options(cfg: DictConfig, workload: Workload, out_dir: Path) -> dict[str, Any]:
+    """:class:`~autobatch.Runner` keyword arguments from the ``train`` and ``plan`` keys."""
+    train = cfg.train
+    faults = None
+    if train.inject_oom:
+        faults = FaultInjector([(int(step), str(phase)) for step, phase in train.inject_oom], times=train.inject_oom_times)
+    return dict(
+        device=workload.device,
+        balanced=bool(cfg.plan.balanced),
+        max_micro_batch=train.max_micro_batch,
+        grow_after=int(train.grow_after) or None,
+        step_guard=train.step_guard.name,
+        checkpointing_fallback=bool(train.checkpointing_fallback),
+        checkpoint_targets=list(cfg.plan.checkpoint_modules) or None,
+        empty_cache_every=train.empty_cache_every,
+        empty_cache_threshold=train.empty_cache_threshold,
+        checkpoint_dir=out_dir / train.checkpoint_dir,
+        checkpoint_every=None,  # written from the step hook, after the metrics line
+        progress=train.progress,
+        log_every=int(train.log_every) or None,
+        autocast_dtype=workload.autocast_dtype,
+        faults=faults,
     )
-    log_every = max(1, steps // 10)
-    model, optimizer, scaler = workload.model, workload.optimizer, workload.grad_scaler
+
+
+def _metrics_file(path: Path, resumed_step: int | None):
+    """Open ``metrics.jsonl`` for this run: new, or on resume kept up to the checkpoint's step."""
+    if resumed_step is None or not path.exists():
+        return open(path, "w", encoding="utf-8")
+    kept = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            if json.loads(line)["step"] <= resumed_step:
+                kept.append(line)
+        except (ValueError, KeyError, TypeError):
+            continue  # a torn last line of a killed run
+    handle = open(path, "w", encoding="utf-8")
+    handle.write("".join(line + "\n" for line in kept))
+    handle.flush()
+    return handle
+
+
+def run_training(
+    cfg: DictConfig,
+    workload: Workload,
+    *,
+    global_batch: int,
+    micro_batch: int | None,
+    out_dir: Path,
+    max_micro_batch: int | None = None,
+    plan: Any = None,
+    resume: Path | None = None,
+    resumed_step: int | None = None,
+) -> tuple[RunResult, Runner]:
+    """Train ``workload`` on the Runner; ``micro_batch`` None only with ``resume`` (it comes
+    from the checkpoint). Writes metrics, checkpoints and the final weights under ``out_dir``."""
+    if workload.grad_scaler is not None:
+        raise ValueError("precision=fp16 on CUDA needs a GradScaler, which the runner does not support; use precision=bf16")
+    train = cfg.train
+    options = runner_options(cfg, workload, out_dir)
+    if max_micro_batch is not None and options["max_micro_batch"] is None:
+        options["max_micro_batch"] = max_micro_batch
+    model, optimizer = workload.model, workload.optimizer
     model.train()
-    began = time.perf_counter()
-    losses: list[float] = []
-    checkpoints: list[str] = []
-    with open(out_dir / "metrics.jsonl", "w", encoding="utf-8") as metrics:
-        for step in range(1, steps + 1):
-            started = time.perf_counter()
-            optimizer.zero_grad(set_to_none=True)
-            batch = workload.make_batch(batch_size)
-            with autocast:
-                loss = cross_entropy_loss(model, batch)
-            if scaler is not None:
-                scaler.scale(loss).backward()
-                scaler.step(optimizer)
-                scaler.update()
-            else:
-                loss.backward()
-                optimizer.step()
-            value = loss.item()  # a float, so nothing keeps the graph alive
-            del batch, loss
-            seconds = time.perf_counter() - started
-            losses.append(value)
-            record = {"step": step, "loss": value, "seconds": round(seconds, 6), "batch_size": batch_size}
+    runner = Runner(model, optimizer, cross_entropy_loss, global_batch=global_batch, micro_batch=micro_batch, **options)
+    if plan is not None:
+        runner.result.plan = plan.to_dict()
+        if plan.checkpointing:
+            runner.checkpoint_handle = plan.handle  # so checkpoints record the wrap
+    data = training_data(cfg, workload, global_batch)
+    every, delay = int(train.checkpoint_every), float(train.inject_delay)
+    if resume is None:
+        torch.manual_seed(cfg.seed)  # training draws the same numbers whether or not a probe ran
+    clock = [time.perf_counter()]
+
+    with _metrics_file(out_dir / METRICS, resumed_step if resume is not None else None) as metrics:
+
+        def on_step_end(info: dict[str, Any]) -> None:
+            now = time.perf_counter()
+            seconds, clock[0] = now - clock[0], now
+            samples, micro = info["samples"], info["micro_batch"]
+            record = {
+                "step": info["step"],
+                "epoch": info["epoch"],
+                "loss": info["loss"],
+                "micro_batch": micro,
+                "accumulation": len(micro_batch_sizes(samples, micro)),
+                "samples": samples,
+                "seconds": round(seconds, 6),
+                "samples_per_s": round(samples / seconds, 2) if seconds > 0 else None,
+                "recoveries": len(runner.result.oom_recoveries),
+            }
             metrics.write(json.dumps(record) + "\n")
             metrics.flush()
-            if step % log_every == 0 or step == steps:
-                log.info("step %d/%d loss=%.4f %.3fs", step, steps, value, seconds)
-            if every and step % every == 0:
-                checkpoints.append(str(_save_checkpoint(checkpoint_dir, step, workload)))
+            if every and info["step"] % every == 0:
+                runner.save()
+            if delay:  # testing: time to kill the run mid-way; not counted in the next step
+                time.sleep(delay)
+                clock[0] = time.perf_counter()
+
+        steps = None if train.epochs is not None else int(train.steps)
+        result = runner.fit(data, epochs=train.epochs, steps=steps, resume=resume, on_step_end=on_step_end)
     optimizer.zero_grad(set_to_none=True)
-    return {
-        "batch_size": batch_size,
-        "steps": steps,
-        "samples": steps * batch_size,
-        "first_loss": losses[0],
-        "final_loss": losses[-1],
-        "elapsed_s": time.perf_counter() - began,
-        "checkpoints": checkpoints,
-    }
+    torch.save(model.state_dict(), out_dir / FINAL_MODEL)
+    return result, runner

@@ -1,0 +1,69 @@
+"""``python -m autobatch cache list|clear [--dir DIR]``: show or empty the probe cache.
+
+Not a Hydra app (there is nothing to configure): plain argparse, called by the dispatcher.
+The directory is ``--dir``, else the one the probe uses by default
+(:func:`autobatch.cache.default_dir`: ``$AUTOBATCH_CACHE_DIR``, ``$XDG_CACHE_HOME/autobatch``
+or ``~/.cache/autobatch``); a probe run with ``probe.cache_dir=DIR`` is listed with ``--dir DIR``.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Sequence
+
+from ..cache import CacheEntry, ProbeCache, default_dir
+from .errors import CLIError
+
+__all__ = ["main", "entry_table"]
+
+KEY_PREFIX = 12
+
+
+def _model(entry: CacheEntry) -> str:
+    """The root module's class (and the autocast dtype, when there is one)."""
+    modules = entry.components.get("model", {}).get("modules") or [["", "?"]]
+    name = str(modules[0][1])
+    autocast = (entry.components.get("precision") or {}).get("autocast")
+    return f"{name} ({autocast.replace('torch.', '')})" if autocast else name
+
+
+def entry_table(entries: list[CacheEntry]) -> str:
+    """A plain-text table: key prefix, model, device, batch size, created."""
+    rows = [("key", "model", "device", "batch size", "created")]
+    rows += [(e.key[:KEY_PREFIX], _model(e), e.device, str(e.batch_size), e.created) for e in entries]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return "\n".join("  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in rows)
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but bad input is one :class:`CLIError` line (the dispatcher prints it)."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise CLIError(f"cache: {message}; usage: python -m autobatch cache list|clear [--dir DIR]")
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="python -m autobatch cache",
+        description="Show or empty the persistent probe cache (probe.cache=true stores every probe result there).",
+    )
+    parser.add_argument("action", choices=("list", "clear"), help="list the entries, or delete them all")
+    parser.add_argument("--dir", type=Path, default=None, help=f"the cache directory (default: {default_dir()})")
+    return parser
+
+
+def main(argv: Sequence[str]) -> int:
+    """Run ``cache list`` or ``cache clear``; return the exit status. Bad input raises
+    :class:`CLIError`; ``--help`` prints the help and exits 0."""
+    args = _parser().parse_args(list(argv))
+    store = ProbeCache(args.dir)
+    if args.action == "clear":
+        removed = store.clear()
+        print(f"removed {removed} entr{'y' if removed == 1 else 'ies'} from {store.directory}")
+        return 0
+    entries = store.entries()
+    print(f"probe cache {store.directory}: {len(entries)} entr{'y' if len(entries) == 1 else 'ies'}")
+    if entries:
+        print(entry_table(entries))
+    return 0

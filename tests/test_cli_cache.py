@@ -1,0 +1,63 @@
+"""The probe cache from the command line: ``probe.cache``, ``probe.cache_dir`` and
+``python -m autobatch cache list|clear``. Every test has its own ``AUTOBATCH_CACHE_DIR``
+(conftest), which the CLI subprocesses inherit through ``cli_env``."""
+
+from __future__ import annotations
+
+import json
+
+from conftest import SMALL, run_cli
+
+PROBE = ["probe", "model=mlp", *SMALL, "probe.memory_limit=1MiB"]
+
+
+def result_of(tmp_path, name: str) -> dict:
+    return json.loads((tmp_path / name / "result.json").read_text())
+
+
+def test_a_repeated_probe_comes_from_the_cache_unless_turned_off(tmp_path, isolated_probe_cache):
+    first = run_cli(*PROBE, f"hydra.run.dir={tmp_path / 'first'}", cwd=tmp_path)
+    assert first.returncode == 0, first.stderr
+    assert result_of(tmp_path, "first")["cached"] is False and "from the probe cache" not in first.stdout
+    assert len(list(isolated_probe_cache.glob("*.json"))) == 1  # stored under the per-test directory
+
+    second = run_cli(*PROBE, f"hydra.run.dir={tmp_path / 'second'}", cwd=tmp_path)
+    assert second.returncode == 0, second.stderr
+    cached = result_of(tmp_path, "second")
+    assert cached["cached"] is True and cached["batch_size"] == result_of(tmp_path, "first")["batch_size"]
+    assert "cached          from the probe cache; no trial ran" in second.stdout
+
+    fresh = run_cli(*PROBE, "probe.cache=false", f"hydra.run.dir={tmp_path / 'fresh'}", cwd=tmp_path)
+    assert fresh.returncode == 0, fresh.stderr
+    assert result_of(tmp_path, "fresh")["cached"] is False and "cached   " not in fresh.stdout
+    assert (tmp_path / "fresh" / "probe.log").read_text().count("trial ") >= 1  # it really probed
+
+
+def test_cache_list_and_clear(tmp_path, isolated_probe_cache):
+    empty = run_cli("cache", "list", cwd=tmp_path)
+    assert empty.returncode == 0 and f"probe cache {isolated_probe_cache}: 0 entries" in empty.stdout
+    done = run_cli(*PROBE, f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    batch = result_of(tmp_path, "run")["batch_size"]
+
+    listed = run_cli("cache", "list", cwd=tmp_path)
+    assert listed.returncode == 0, listed.stderr
+    lines = listed.stdout.splitlines()
+    assert lines[0] == f"probe cache {isolated_probe_cache}: 1 entry"
+    assert lines[1].split() == ["key", "model", "device", "batch", "size", "created"]
+    (entry,) = isolated_probe_cache.glob("*.json")
+    row = lines[2]
+    assert row.startswith(entry.stem[:12]) and " MLP " in row and "cpu" in row and f" {batch} " in row
+
+    cleared = run_cli("cache", "clear", cwd=tmp_path)
+    assert cleared.returncode == 0 and f"removed 1 entry from {isolated_probe_cache}" in cleared.stdout
+    assert "0 entries" in run_cli("cache", "list", cwd=tmp_path).stdout
+
+
+def test_probe_cache_dir_and_cache_dir_flag(tmp_path, isolated_probe_cache):
+    elsewhere = tmp_path / "my-cache"
+    done = run_cli(*PROBE, f"probe.cache_dir={elsewhere}", f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert len(list(elsewhere.glob("*.json"))) == 1 and not list(isolated_probe_cache.glob("*.json"))
+    listed = run_cli("cache", "list", "--dir", str(elsewhere), cwd=tmp_path)
+    assert f"probe cache {elsewhere}: 1 entry" in listed.stdout

@@ -1,0 +1,139 @@
+"""``probe``/``train`` with a global batch (the plan), the runner's options, and a run that is
+killed with SIGKILL and resumed through the command line.
+
+The resumed run must end with the uninterrupted run's weights *exactly* (``torch.equal``):
+the same micro-batch splits, the same batches and the same random numbers (dropout) on one
+CPU thread, so there is not even summation-order noise.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from autobatch.checkpoint_io import load_checkpoint
+from autobatch.cli.training import find_resume
+
+from conftest import SMALL, cli_env, run_cli
+
+#: A small GPT with dropout; global batch 16 = 2 x micro-batch 8; an injected OOM at step
+#: index 1 halves the micro-batch to 4, which the checkpoint must carry.
+RESUME_RUN = [
+    "model=gpt", "model.dropout=0.1", "model.width=32", "data.seq_len=16", "data.num_samples=64",
+    "train.global_batch=16", "train.micro_batch=8", "train.steps=12", "train.checkpoint_every=1",
+    "train.inject_oom=[[1,backward]]", "train.grow_after=0",
+]  # fmt: skip
+TOTAL = 12
+
+
+def metrics_of(run: Path) -> list[dict]:
+    path = run / "metrics.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.endswith("}")]
+
+
+def test_probe_with_a_global_batch_prints_and_writes_the_plan(cli, tmp_path):
+    done = cli("probe", "model=mlp", *SMALL[:3], "probe.max_batch=48", "probe.steps_per_trial=1", "train.global_batch=200")
+    assert done.returncode == 0, done.stderr
+    run = tmp_path / "run"
+    plan = json.loads((run / "plan.json").read_text())
+    result = json.loads((run / "result.json").read_text())
+    assert plan["global_batch"] == 200 and plan["accumulation_steps"] == 5 and plan["micro_batch"] == 40
+    assert sum(plan["micro_batch_sizes"]) == 200 and plan["objective"] == "max_batch"
+    assert result["batch_size"] == 48  # the plan's probe, capped by probe.max_batch
+    assert done.stdout.index("batch size") < done.stdout.index("global batch    200")  # probe table, then plan
+    assert "micro-batch     40 x 5 accumulation steps" in done.stdout
+
+
+def test_train_runs_the_plan_and_recovers_from_an_injected_oom(cli, tmp_path):
+    args = ["model=mlp", *SMALL[:3], "probe.max_batch=32", "probe.steps_per_trial=1", "train.global_batch=64"]
+    done = cli("train", *args, "train.steps=5", "train.inject_oom=[[2,forward]]", "plan.balanced=false")
+    assert done.returncode == 0, done.stderr
+    run = tmp_path / "run"
+    summary = json.loads((run / "train_result.json").read_text())
+    assert summary["plan"]["micro_batch"] == 32 and summary["plan"]["accumulation_steps"] == 2
+    assert summary["steps"] == 5 and summary["samples"] == 5 * 64 and summary["global_batch"] == 64
+    (recovery,) = summary["oom_recoveries"]
+    assert (recovery["step"], recovery["phase"], recovery["micro_batch_before"], recovery["micro_batch"]) == (2, "forward", 32, 16)
+    metrics = metrics_of(run)
+    assert [(m["step"], m["micro_batch"], m["accumulation"], m["recoveries"]) for m in metrics] == [
+        (1, 32, 2, 0), (2, 32, 2, 0), (3, 16, 4, 1), (4, 16, 4, 1), (5, 16, 4, 1),
+    ]  # fmt: skip
+    assert all(m["samples"] == 64 and m["samples_per_s"] > 0 for m in metrics)
+    assert "OOM at step 2 in forward" in done.stdout + done.stderr and "oom recoveries  1" in done.stdout
+
+
+def test_an_oom_that_never_goes_away_is_one_line(cli):
+    args = ["model=mlp", *SMALL[:3], "train.micro_batch=2", "train.steps=3", "train.grow_after=0"]
+    done = cli("train", *args, "train.inject_oom=[[1,backward]]", "train.inject_oom_times=null")
+    assert done.returncode == 1
+    assert done.stderr.startswith("autobatch: error: ") and done.stderr.count("\n") == 1, done.stderr
+    assert "step 1" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_sigkill_and_resume_through_the_cli(tmp_path):
+    reference = run_cli("train", *RESUME_RUN, f"hydra.run.dir={tmp_path / 'reference'}", cwd=tmp_path, timeout=300)
+    assert reference.returncode == 0, reference.stderr
+
+    run = tmp_path / "run"
+    command = [sys.executable, "-m", "autobatch", "train", *RESUME_RUN, "train.inject_delay=0.3", f"hydra.run.dir={run}"]
+    with open(tmp_path / "killed.log", "w") as log:
+        worker = subprocess.Popen(command, cwd=tmp_path, env=cli_env(), stdout=log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 240
+        while len(metrics_of(run)) < 4 and worker.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        alive = worker.poll() is None
+        if alive:
+            os.kill(worker.pid, signal.SIGKILL)
+        worker.wait(timeout=60)
+    assert alive, f"the run ended before it could be killed: {(tmp_path / 'killed.log').read_text()[-2000:]}"
+    assert worker.returncode == -signal.SIGKILL and not (run / "final_model.pt").exists()
+    killed_at = load_checkpoint(run / "checkpoints")["step"]
+    assert 3 <= killed_at < TOTAL
+    # The metrics line of a step is written before its checkpoint: at most one line past it.
+    assert [m["step"] for m in metrics_of(run)] in (list(range(1, killed_at + 1)), list(range(1, killed_at + 2)))
+
+    done = run_cli("train", *RESUME_RUN, f"train.resume={run}", f"hydra.run.dir={run}", cwd=tmp_path, timeout=300)
+    assert done.returncode == 0, done.stderr
+    summary = json.loads((run / "train_result.json").read_text())
+    assert summary["steps"] == TOTAL and summary["steps_this_run"] == TOTAL - killed_at
+    assert summary["resumed_from"]["step"] == killed_at and summary["probe"] is None
+    assert summary["micro_batch"] == 4 and len(summary["oom_recoveries"]) == 1  # carried by the checkpoint
+    # Every step exactly once, with the uninterrupted run's losses; the same final weights.
+    metrics, expected = metrics_of(run), metrics_of(tmp_path / "reference")
+    assert [m["step"] for m in metrics] == list(range(1, TOTAL + 1))
+    assert [m["loss"] for m in metrics] == [m["loss"] for m in expected]
+    final = torch.load(run / "final_model.pt")
+    uninterrupted = torch.load(tmp_path / "reference" / "final_model.pt")
+    assert final.keys() == uninterrupted.keys()
+    assert all(torch.equal(final[name], uninterrupted[name]) for name in final)
+
+
+def test_find_resume_accepts_files_directories_runs_and_latest(tmp_path):
+    def checkpoint(run: str, age: float) -> Path:
+        path = tmp_path / run / "checkpoints" / "last.pt"
+        path.parent.mkdir(parents=True)
+        path.write_bytes(b"x")
+        os.utime(path, (time.time() - age, time.time() - age))
+        return path
+
+    old = checkpoint("outputs/train/2026-01-01/10-00-00", age=100)
+    new = checkpoint("outputs/train/2026-01-02/10-00-00", age=10)
+    assert find_resume(str(old), "checkpoints", tmp_path) == old
+    assert find_resume(str(old.parent), "checkpoints", tmp_path) == old
+    assert find_resume("outputs/train/2026-01-01/10-00-00", "checkpoints", tmp_path) == old  # a run directory
+    assert find_resume("latest", "checkpoints", tmp_path) == new
+    assert find_resume("latest", "checkpoints", tmp_path, exclude=new.parents[1]) == old
+    with pytest.raises(ValueError, match="train.resume='nowhere': no checkpoint"):
+        find_resume("nowhere", "checkpoints", tmp_path)
+    with pytest.raises(ValueError, match="train.resume=latest: no checkpoint"):
+        find_resume("latest", "checkpoints", tmp_path / "empty")
