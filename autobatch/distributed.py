@@ -253,7 +253,14 @@ def init_from_env(device_type: str = "auto") -> bool:
     (``device_type`` ``cuda``, or ``auto`` with CUDA available; the rank's GPU is
     ``LOCAL_RANK``) and gloo otherwise, and initialises the default group. Returns whether this
     process is now distributed.
+
+    Under submitit (Hydra's SLURM launcher) with several tasks, the torch variables are
+    exported from SLURM's first (``submitit.helpers.TorchDistributedEnvironment``).
     """
+    if "RANK" not in os.environ and os.environ.get("SUBMITIT_EXECUTOR") and int(os.environ.get("SLURM_NTASKS", "1") or 1) > 1:
+        from submitit.helpers import TorchDistributedEnvironment
+
+        TorchDistributedEnvironment().export()
     if int(os.environ.get("WORLD_SIZE", "1") or 1) <= 1 or not dist.is_available():
         return False
     if dist.is_initialized():

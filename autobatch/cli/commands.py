@@ -24,6 +24,7 @@ from ..units import format_bytes
 from .build import Workload, build_workload, memory_limit
 from .conf import CONFIG_PATH, ensure_conf_module
 from .config import register_configs
+from . import ranks
 from .errors import reported
 from .training import run_training
 
@@ -40,6 +41,8 @@ def _run_context() -> tuple[Path, str, bool, object]:
 
 
 def _write_json(path: Path, data: dict[str, Any]) -> None:
+    if not ranks.is_rank_zero():
+        return  # under torchrun, rank 0 writes the results
     path.write_text(json.dumps(data, indent=2, default=str) + "\n", encoding="utf-8")
 
 
@@ -81,6 +84,7 @@ def probe_task(cfg: DictConfig) -> dict[str, Any]:
     """``python -m autobatch probe``: find the largest batch, write ``result.json``."""
     out_dir, command, multirun, verbose = _run_context()
     with reported(multirun=multirun, verbose=verbose):
+        ranks.join(cfg)
         workload = build_workload(cfg)
         result = run_probe(cfg, workload)
         _write_json(out_dir / "result.json", {**result.to_dict(), "command": command, "config": _resolved(cfg)})
@@ -94,6 +98,7 @@ def train_task(cfg: DictConfig) -> dict[str, Any]:
     """``python -m autobatch train``: probe (unless ``train.micro_batch``), then train."""
     out_dir, command, multirun, verbose = _run_context()
     with reported(multirun=multirun, verbose=verbose):
+        ranks.join(cfg)
         workload = build_workload(cfg)
         notes: list[str] = []
         result = None
