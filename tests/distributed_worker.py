@@ -37,7 +37,8 @@ def device() -> torch.device:
 
 
 def probe(rank: int, out: Path) -> dict:
-    """Each rank probes under its own budget (``PROBE_LIMITS``, one per rank)."""
+    """Each rank probes under its own budget (``PROBE_LIMITS``, one per rank; on CUDA only
+    when given, as a per-process cap), up to ``PROBE_MAX`` (default 256)."""
     limits = os.environ.get("PROBE_LIMITS", "3MiB,1536KiB").split(",")
     results = {}
     for strategy in ("binary", "auto"):
@@ -50,8 +51,9 @@ def probe(rank: int, out: Path) -> dict:
             return (x.to(device()), torch.zeros(size, 1, dtype=torch.float64, device=device()))
 
         step = TrainStep(model, optimizer, hungry_mse, make_batch)
-        limit = limits[rank % len(limits)] if device().type == "cpu" else None
-        result = find_max_batch(step, strategy=strategy, memory_limit=limit, steps_per_trial=1, max_batch=256, cache=False)
+        limit = limits[rank % len(limits)] if device().type == "cpu" or "PROBE_LIMITS" in os.environ else None
+        largest = int(os.environ.get("PROBE_MAX", "256"))
+        result = find_max_batch(step, strategy=strategy, memory_limit=limit, steps_per_trial=1, max_batch=largest, cache=False)
         results[strategy] = {"batch_size": result.batch_size, "trials": [t.batch_size for t in result.trials]}
     return results
 
