@@ -75,3 +75,9 @@ __all__ += [
     "BatchEstimate",
     "EstimateError",
 ]
+
+# Many GPUs: ranks agree under torch.distributed (issue 7).
+from . import distributed
+from .errors import PeerFailedError, PeerOutOfMemoryError, RankDisagreementError
+
+__all__ += ["distributed", "RankDisagreementError", "PeerOutOfMemoryError", "PeerFailedError"]

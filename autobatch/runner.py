@@ -216,6 +216,10 @@ class Runner:
             self._plan(data)
         if self.distributed:  # every rank starts from rank 0's weights
             broadcast_state(self._train_step.model, "runner: initial weights")
+            log.info(
+                "distributed: %d ranks, global batch %d = %d per rank, micro-batch %d per rank",
+                dist_sync.world_size(), self.global_batch, self.share, self.micro_batch,
+            )
         result = self.result
         result.steps_this_run = result.samples = 0
         total = steps if steps is not None else _epoch_length(data, epochs)
@@ -516,6 +520,8 @@ class Runner:
         probed = [r.batch_size for r in planned.probe_results]
         self.growth.ceiling = self.max_micro_batch or min(self.share, max(probed + [planned.micro_batch]))
         self.result.plan = planned.to_dict()
+        if self.distributed:
+            self.result.plan.update(ranks=dist_sync.world_size(), global_batch_all_ranks=self.global_batch, per_rank_batch=self.share)
         log.info("runner planned micro-batch %d (grow-back ceiling %d)", self.micro_batch, self.growth.ceiling)
 
     @staticmethod
