@@ -80,3 +80,9 @@ __all__ += [
 from .report import plot_probe, plot_sweep
 
 __all__ += ["plot_probe", "plot_sweep"]
+
+# Many GPUs: ranks agree under torch.distributed (issue 7).
+from . import distributed
+from .errors import PeerFailedError, PeerOutOfMemoryError, RankDisagreementError
+
+__all__ += ["distributed", "RankDisagreementError", "PeerOutOfMemoryError", "PeerFailedError"]

@@ -2,9 +2,18 @@
 
 from __future__ import annotations
 
+import torch
+
 from .units import format_bytes
 
-__all__ = ["NoBatchFitsError", "GlobalBatchTooLargeError", "StepOutOfMemoryError"]
+__all__ = [
+    "NoBatchFitsError",
+    "GlobalBatchTooLargeError",
+    "StepOutOfMemoryError",
+    "RankDisagreementError",
+    "PeerOutOfMemoryError",
+    "PeerFailedError",
+]
 
 
 class NoBatchFitsError(MemoryError):
@@ -99,4 +108,51 @@ class StepOutOfMemoryError(MemoryError):
             + ("" if checkpointing else "Enable checkpointing_fallback=True, or try ")
             + "lower precision, a smaller model or sequence length, or more device memory."
         )
+        super().__init__(message)
+
+
+class RankDisagreementError(RuntimeError):
+    """Under ``torch.distributed``, the ranks did not meet at the same sync point in time.
+
+    Raised instead of hanging: a rank did not arrive within the sync timeout, reached a
+    different sync point, or died. ``rank`` is this rank, ``waiting_at`` the sync point it was
+    at, ``doing`` what each rank was last doing (from the process group's store). Not an OOM,
+    so no retry loop replays it.
+    """
+
+    def __init__(self, rank: int, waiting_at: str, doing: dict[int, str], reason: str) -> None:
+        self.rank = rank
+        self.waiting_at = waiting_at
+        self.doing = dict(doing)
+        self.reason = reason
+        ranks = "; ".join(f"rank {other}: {what}" for other, what in sorted(self.doing.items()))
+        super().__init__(
+            f"rank {rank} waited at sync point {waiting_at!r} but {reason}. Last sync point per rank: "
+            f"{ranks or 'unknown'}. Every rank must run the same autobatch calls in the same order "
+            "(AUTOBATCH_SYNC_TIMEOUT sets the wait)."
+        )
+
+
+class PeerOutOfMemoryError(torch.OutOfMemoryError):
+    """Another rank ran out of memory, so this rank replays the step with it.
+
+    An OOM by :func:`~autobatch.is_oom_error` on purpose: the rank that did *not* run out of
+    memory takes the same recovery path as the one that did. ``phase`` is where the first
+    failing rank's error struck, ``ranks`` the ranks that failed.
+    """
+
+    def __init__(self, message: str, phase: str, ranks: list[int]) -> None:
+        self.phase = phase
+        self.ranks = ranks
+        super().__init__(message)
+
+
+class PeerFailedError(RuntimeError):
+    """Another rank raised an error that is not an OOM; this rank stops too instead of waiting.
+
+    ``ranks`` lists the failed ranks; their own logs hold the original exception.
+    """
+
+    def __init__(self, message: str, ranks: list[int]) -> None:
+        self.ranks = ranks
         super().__init__(message)

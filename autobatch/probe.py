@@ -11,7 +11,7 @@ from typing import Callable
 
 import torch
 
-from . import search
+from . import distributed, distributed_probe, search
 from .cache import ProbeCache, key_components, key_of
 from .estimate import BatchEstimate, EstimateError, estimate_line, estimate_max_batch
 from .predict import LinearFit, predictive
@@ -135,6 +135,9 @@ def find_max_batch(
         steps_per_trial=steps_per_trial,
     )
     limit_bytes = None if memory_limit is None else parse_bytes(memory_limit, name="memory_limit")
+    ranks = distributed.is_distributed()
+    if ranks:
+        fn = distributed_probe.local_step(fn)  # trials must run no collective (see distributed_probe)
     if device is None and isinstance(fn, TrainStep):
         device = fn.device
     target = resolve_device(device)
@@ -159,11 +162,13 @@ def find_max_batch(
             fn, cache, cache_key, target, limit_bytes, probe_args
         )
         hit = store.get(key) if store is not None else None
+        if ranks:
+            hit = distributed_probe.agree_cache_hit(hit)
         if hit is not None:
             hit.elapsed_s = time.perf_counter() - began
             hit.notes.append(f"from the probe cache ({store.path_of(key)}); no trial ran")
             log.info("probe cache hit: batch %d (%s)", hit.batch_size, store.path_of(key))
-            return hit
+            return distributed_probe.agree_batch(hit) if ranks else hit
 
     if strategy == "estimate":
         with memory_for(target, limit_bytes) as (memory, note):
@@ -173,17 +178,22 @@ def find_max_batch(
         result.memory_limit_bytes = limit_bytes
         result.steps_per_trial = steps_per_trial
         log.info("estimated batch %d (untested) in %.2fs", result.batch_size, result.elapsed_s)
-        return result
+        return distributed_probe.agree_batch(result) if ranks else result
 
     snapshot = Snapshot.take(*restore) if restore is not None else None
     estimate_note = None
     try:
         with memory_for(target, limit_bytes) as (memory, note):
-            runner = TrialRunner(fn, memory, steps_per_trial, after_oom=after_oom)
+            agree = distributed_probe.agree_trial if ranks else None
+            runner = TrialRunner(fn, memory, steps_per_trial, after_oom=after_oom, agree=agree)
             capacity = memory.capacity()
+            if ranks:
+                capacity = distributed_probe.agree_capacity(capacity)
             prior = None
             if strategy == "auto" and start is None and isinstance(fn, TrainStep):
                 prior, estimate_note = _estimate_prior(fn, memory, capacity, max_batch, multiple_of)
+                if ranks:
+                    prior = distributed_probe.agree_prior(prior)
             result = _search(
                 runner,
                 strategy=strategy,
@@ -211,6 +221,8 @@ def find_max_batch(
     result.steps_per_trial = steps_per_trial
     if note:
         result.notes.append(note)
+    if ranks:  # agreed trials describe the weakest rank, not this device: read the cache, never write it
+        result, store = distributed_probe.agree_batch(result), None
     if store is not None:
         store.put(key, components, result)
     log.info(

@@ -45,6 +45,9 @@ from .oom import free_memory, is_oom_error
 from .progress import Progress
 from .run_result import Recovery, RunResult
 from .step_guard import StepGuard
+from . import distributed as dist_sync
+from .distributed_probe import unwrap
+from .distributed_step import broadcast_state, synced_step
 from .train_step import TrainStep
 
 __all__ = ["Runner", "train"]
@@ -85,6 +88,12 @@ class Runner:
         faults: a :class:`~autobatch.FaultInjector` (or use :func:`~autobatch.inject_oom`).
         no_sync: e.g. DDP's ``model.no_sync``, wrapping every micro-batch but the last.
         plan_options: keyword arguments for :func:`~autobatch.plan` when ``micro_batch`` is None.
+        distributed: run the data-parallel step of :mod:`autobatch.distributed_step` (None: when
+            a ``torch.distributed`` group of more than one rank is active). ``global_batch`` is
+            then global across ranks: each rank's ``data`` yields its share, ``global_batch /
+            world_size`` samples; ``micro_batch`` is per rank. A DDP ``model`` is trained through
+            its local module (gradients are all-reduced after the ranks agree); checkpoints are
+            written by rank 0 only.
     """
 
     def __init__(
@@ -113,6 +122,7 @@ class Runner:
         faults: FaultInjector | None = None,
         no_sync: Callable[[], ContextManager] | None = None,
         plan_options: Mapping[str, Any] | None = None,
+        distributed: bool | None = None,
     ) -> None:
         _positive("global_batch", global_batch)
         if micro_batch is not None:
@@ -122,11 +132,13 @@ class Runner:
         if checkpoint_every is not None and checkpoint_every != 0:
             _positive("checkpoint_every", checkpoint_every)
         self.model = model
+        self.distributed = dist_sync.is_distributed() if distributed is None else distributed
+        self.share = _share(global_batch) if self.distributed else global_batch
         self.optimizer = optimizer
         self.loss_fn = loss_fn
         self.scheduler = scheduler
         self.global_batch = global_batch
-        self.micro_batch = None if micro_batch is None else min(micro_batch, global_batch)
+        self.micro_batch = None if micro_batch is None else min(micro_batch, self.share)
         self.initial_micro_batch = self.micro_batch
         self.device = torch.device(device) if device is not None else _model_device(model)
         self.balanced = balanced
@@ -144,8 +156,9 @@ class Runner:
         self.no_sync = no_sync
         self.plan_options = dict(plan_options or {})
         dtype = getattr(torch, autocast_dtype) if isinstance(autocast_dtype, str) else autocast_dtype
-        self._train_step = TrainStep(model, optimizer, loss_fn, make_batch=self._no_batches, autocast_dtype=dtype)
-        self.growth = GrowBack(grow_after, max_micro_batch or self.micro_batch or global_batch)
+        local = unwrap(model) if self.distributed else model  # no DDP hooks: see distributed_step
+        self._train_step = TrainStep(local, optimizer, loss_fn, make_batch=self._no_batches, autocast_dtype=dtype)
+        self.growth = GrowBack(grow_after, max_micro_batch or self.micro_batch or self.share)
         self.checkpoint_handle: CheckpointHandle | None = None
         # Position: global steps done in the whole run, epoch, batches done in that epoch.
         self.step = 0
@@ -158,6 +171,7 @@ class Runner:
         self._last_error = ""
         self._epoch_rng: dict[str, Any] | None = None
         self._warned_size = False
+        self._local_size = self._global_size = global_batch
         # Imported here so that ``import autobatch`` (the probe, the planner) works on a
         # machine where only torch is installed; the runner itself needs tenacity.
         from tenacity import Retrying, retry_if_exception, wait_none
@@ -200,6 +214,12 @@ class Runner:
             resumed_rng = self._load(resume)
         elif self.micro_batch is None:
             self._plan(data)
+        if self.distributed:  # every rank starts from rank 0's weights
+            broadcast_state(self._train_step.model, "runner: initial weights")
+            log.info(
+                "distributed: %d ranks, global batch %d = %d per rank, micro-batch %d per rank",
+                dist_sync.world_size(), self.global_batch, self.share, self.micro_batch,
+            )
         result = self.result
         result.steps_this_run = result.samples = 0
         total = steps if steps is not None else _epoch_length(data, epochs)
@@ -241,6 +261,8 @@ class Runner:
             path = self.checkpoint_dir / CHECKPOINT_NAME
         self.result.checkpoints_saved += 1  # counted in the checkpoint itself
         self.result.checkpoint_path = str(Path(path))
+        if not dist_sync.is_rank_zero():
+            return Path(path)  # rank 0 writes; every rank holds the same state
         written = save_checkpoint(self.state_dict(), path)
         log.debug("checkpoint at step %d written to %s", self.step, written)
         return written
@@ -266,10 +288,10 @@ class Runner:
 
     # -- one global step, with OOM recovery ----------------------------------------------------
     def _global_step(self, batch: Any) -> tuple[float, int]:
-        size = batch_size_of(batch)
-        if size != self.global_batch and not self._warned_size:
+        size = self._local_size = batch_size_of(batch)
+        if size != self.share and not self._warned_size:
             self._warned_size = True
-            log.warning("a batch of %d samples, not global_batch=%d; each step uses its own batch's size", size, self.global_batch)
+            log.warning("a batch of %d samples, not %d; each step uses its own batch's size", size, self.share)
         self.micro_batch = self.growth.propose(self.micro_batch)
         if self.growth.trying:
             self.result.grow_attempts.append({"step": self.step, "from": self.growth.previous, "to": self.micro_batch, "held": True})
@@ -284,6 +306,10 @@ class Runner:
                 raise
             self._abandon()
             raise StepOutOfMemoryError(self.step, self._phase, self.checkpoint_handle is not None) from exc
+        if self.distributed:
+            size = self._global_size
+            if any(True for _ in self._train_step.model.buffers()):
+                broadcast_state(self._train_step.model, f"runner step {self.step}: buffers", parameters=False)
         self.growth.on_step_done()
         if self.scheduler is not None:
             self.scheduler.step()  # outside the retry: the update it follows is committed
@@ -294,6 +320,13 @@ class Runner:
             self._phase = "transfer"
             self.guard.capture()  # before anything changes; overlaps forward/backward on CUDA
             self._captured_at = self.step
+        if self.distributed:
+            loss, self._global_size = synced_step(
+                self._train_step, self._micro_batches(batch), local_size=size, on_phase=self._enter,
+                phase=lambda: self._phase, label=f"runner step {self.step}",
+            )
+            self._stepping = False
+            return loss
         loss = accumulated_step(
             self._train_step,
             self._micro_batches(batch),
@@ -322,6 +355,7 @@ class Runner:
         if not is_oom_error(exc):
             return False
         self._last_error = str(exc).splitlines()[0][:300] if str(exc) else type(exc).__name__
+        self._phase = getattr(exc, "phase", self._phase)  # another rank's OOM: where it struck
         return True
 
     def _out_of_options(self, retry_state: Any) -> bool:
@@ -400,7 +434,7 @@ class Runner:
         result.last_loss = loss
         if self.hygiene.after_step(self.step):
             result.empty_cache_fires, result.empty_cache_seconds = self.hygiene.fires, self.hygiene.seconds
-        accumulation = len(micro_batch_sizes(size, self.micro_batch))
+        accumulation = len(micro_batch_sizes(self._local_size, self.micro_batch))
         progress.update(self.step, size, self.micro_batch, accumulation, len(result.oom_recoveries), loss)
         if self.checkpoint_every and self.checkpoint_dir is not None and self.step % self.checkpoint_every == 0:
             self.save()
@@ -472,15 +506,22 @@ class Runner:
             index = torch.arange(size) % available
             return to_device(map_tensors(first, lambda t: t.index_select(0, index.to(t.device))), self.device)
 
-        step = TrainStep(self.model, self.optimizer, self.loss_fn, make_batch, autocast_dtype=self._train_step.autocast_dtype)
+        step = TrainStep(self._train_step.model, self.optimizer, self.loss_fn, make_batch, autocast_dtype=self._train_step.autocast_dtype)
         options = {"device": self.device, **self.plan_options}
-        planned = plan(step, global_batch=self.global_batch, **options)
+        planned = plan(step, global_batch=self.share, **options)
+        if self.distributed:  # the probes agreed already; a timed pick may still differ per rank
+            agreed = dist_sync.agree_min(planned.micro_batch, "runner: planned micro-batch")
+            if dist_sync.agree(planned.checkpointing, "runner: planned checkpointing", op="any") != planned.checkpointing:
+                raise RuntimeError("the ranks planned differently (activation checkpointing on some ranks only); pass micro_batch")
+            planned.micro_batch = agreed
         self.micro_batch = self.initial_micro_batch = planned.micro_batch
         if planned.checkpointing:
             self.checkpoint_handle = planned.handle
         probed = [r.batch_size for r in planned.probe_results]
-        self.growth.ceiling = self.max_micro_batch or min(self.global_batch, max(probed + [planned.micro_batch]))
+        self.growth.ceiling = self.max_micro_batch or min(self.share, max(probed + [planned.micro_batch]))
         self.result.plan = planned.to_dict()
+        if self.distributed:
+            self.result.plan.update(ranks=dist_sync.world_size(), global_batch_all_ranks=self.global_batch, per_rank_batch=self.share)
         log.info("runner planned micro-batch %d (grow-back ceiling %d)", self.micro_batch, self.growth.ceiling)
 
     @staticmethod
@@ -510,6 +551,14 @@ def train(
 
 
 # -- helpers ------------------------------------------------------------------------------------
+def _share(global_batch: int) -> int:
+    """This rank's samples per step: ``global_batch`` split evenly over the ranks."""
+    world = dist_sync.world_size()
+    if global_batch % world:
+        raise ValueError(f"global_batch={global_batch} does not split evenly over {world} ranks; use a multiple of {world}")
+    return global_batch // world
+
+
 def _positive(name: str, value: Any) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
         raise ValueError(f"{name} must be a positive integer, got {value!r}")

@@ -71,7 +71,10 @@ class TrialRunner:
     :func:`is_oom_error`) fails the trial; every other exception propagates unchanged at once.
     Memory is freed *after* the ``except`` block has been left, so the traceback no longer
     pins the failed step's tensors; ``after_oom`` (e.g. dropping half-built gradients) runs
-    first. A batch size already tried is answered from memory, never run twice.
+    first. A batch size already tried is answered from memory, never run twice. ``agree``,
+    when given, turns the local record into the one every rank shares (under
+    ``torch.distributed``: :func:`~autobatch.distributed_probe.agree_trial`); it runs after the
+    memory is freed.
     """
 
     def __init__(
@@ -80,11 +83,13 @@ class TrialRunner:
         memory: DeviceMemory,
         steps: int,
         after_oom: Callable[[], None] | None = None,
+        agree: Callable[[TrialRecord], TrialRecord] | None = None,
     ) -> None:
         self.fn = fn
         self.memory = memory
         self.steps = steps
         self.after_oom = after_oom
+        self.agree = agree
         self.records: list[TrialRecord] = []
         self.outcomes: dict[int, bool] = {}
 
@@ -105,6 +110,8 @@ class TrialRunner:
                 self.after_oom()
             free_memory()
         record = TrialRecord(batch_size, error is None, peak, seconds, purpose, error, reserved)
+        if self.agree is not None:
+            record = self.agree(record)
         self.records.append(record)
         self.outcomes[batch_size] = record.passed
         log.info(

@@ -29,6 +29,7 @@ from .build import Workload, build_workload, memory_limit
 from .conf import CONFIG_PATH, ensure_conf_module
 from .display import print_result, trial_progress, write_probe_plot
 from .config import register_configs
+from . import ranks
 from .errors import reported
 from .training import FINAL_MODEL, METRICS, find_resume, read_checkpoint, run_training
 
@@ -45,6 +46,8 @@ def _run_context() -> tuple[Path, str, bool, object]:
 
 
 def _write_json(path: Path, data: dict[str, Any]) -> None:
+    if not ranks.is_rank_zero():
+        return  # under torchrun, rank 0 writes the results
     path.write_text(json.dumps(data, indent=2, default=str) + "\n", encoding="utf-8")
 
 
@@ -131,6 +134,7 @@ def probe_task(cfg: DictConfig) -> dict[str, Any]:
     ``train.global_batch`` plan that global batch too and write ``plan.json``."""
     out_dir, command, multirun, verbose = _run_context()
     with reported(multirun=multirun, verbose=verbose):
+        ranks.join(cfg)
         workload = build_workload(cfg)
         global_batch = cfg.train.global_batch
         if global_batch is None:
@@ -204,6 +208,7 @@ def train_task(cfg: DictConfig) -> dict[str, Any]:
     train on the runner; or continue a run with ``train.resume``."""
     out_dir, command, multirun, verbose = _run_context()
     with reported(multirun=multirun, verbose=verbose):
+        ranks.join(cfg)
         workload = build_workload(cfg)
         if cfg.train.resume is not None:
             setup = _resume_from(cfg, out_dir)

@@ -1,0 +1,274 @@
+"""Ranks that agree: the collectives autobatch uses under ``torch.distributed``, with a timeout.
+
+Every rank decides the same things in the same order (which batch size to try next, whether
+a step replays, the micro-batch after an OOM) only if every decision that depends on one
+rank's memory is *agreed*. This module is the one place where that happens: a **sync point**
+is one call of :func:`exchange`, which every rank enters with a label saying what it is
+deciding (``"runner step 3: gradients ready"``) and a few integers, and which returns every
+rank's integers. :func:`agree`, :func:`agree_min` and :func:`agree_max` are built on it.
+
+Why it cannot hang silently:
+
+* one collective per sync point, ``all_reduce(MAX)`` of a ``world x k`` integer matrix in
+  which each rank fills its own row (an all-gather that every backend supports), on the
+  backend's device: the CPU for gloo, the current CUDA device for NCCL;
+* each row starts with the sync point's sequence number and a hash of its label, so ranks
+  that reach *different* sync points (one rank took a branch the others did not) are
+  detected at once and raise :class:`~autobatch.errors.RankDisagreementError` instead of
+  pairing unrelated collectives;
+* the collective runs asynchronously and is waited for with a deadline (:func:`timeout`,
+  default 300 s, ``AUTOBATCH_SYNC_TIMEOUT`` or :func:`set_timeout`); a rank that never
+  arrives turns into a ``RankDisagreementError`` that names what this rank was waiting for
+  and, from the process group's store, the last sync point each other rank entered. A peer
+  whose process died is reported the same way (the backend fails the collective).
+
+Nothing here runs without an initialised process group of more than one rank: then
+:func:`is_distributed` is False and every helper answers for one rank without communicating.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+import zlib
+from typing import Sequence
+
+import torch
+import torch.distributed as dist
+
+from .errors import RankDisagreementError
+
+__all__ = [
+    "is_distributed",
+    "rank",
+    "world_size",
+    "is_rank_zero",
+    "timeout",
+    "set_timeout",
+    "sync_device",
+    "exchange",
+    "agree",
+    "agree_min",
+    "agree_max",
+    "all_reduce_sum_",
+    "broadcast_",
+    "init_from_env",
+]
+
+log = logging.getLogger("autobatch")
+
+#: Seconds a sync point waits for the other ranks before raising RankDisagreementError.
+DEFAULT_TIMEOUT_S = 300.0
+_INT64_MIN = -(2**63)
+_state = {"timeout": None, "sequence": 0}
+
+
+def is_distributed() -> bool:
+    """Whether a ``torch.distributed`` process group of more than one rank is active."""
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+def rank() -> int:
+    """This process's rank (0 without a process group)."""
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+
+
+def world_size() -> int:
+    """The number of ranks (1 without a process group)."""
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+
+
+def is_rank_zero() -> bool:
+    """True on rank 0, and in a process with no process group: the rank that writes results.
+
+    Before the process group exists (early in a ``torchrun`` job) the ``RANK`` environment
+    variable decides.
+    """
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank() == 0
+    return int(os.environ.get("RANK", "0") or 0) == 0
+
+
+def timeout() -> float:
+    """Seconds a sync point waits: :func:`set_timeout`, else ``AUTOBATCH_SYNC_TIMEOUT``, else 300."""
+    if _state["timeout"] is not None:
+        return float(_state["timeout"])
+    return float(os.environ.get("AUTOBATCH_SYNC_TIMEOUT", DEFAULT_TIMEOUT_S))
+
+
+def set_timeout(seconds: float | None) -> None:
+    """Set the sync-point timeout for this process (None: back to the default)."""
+    if seconds is not None and seconds <= 0:
+        raise ValueError(f"the sync timeout must be a positive number of seconds, got {seconds!r}")
+    _state["timeout"] = seconds
+
+
+def sync_device() -> torch.device:
+    """Where collective tensors live: the current CUDA device for NCCL, else the CPU."""
+    backend = str(dist.get_backend()).lower() if is_distributed() else "gloo"
+    if "nccl" in backend and torch.cuda.is_available():
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def _tag(label: str) -> int:
+    return zlib.crc32(label.encode("utf-8")) & 0x7FFFFFFF
+
+
+def _store():
+    try:
+        return dist.distributed_c10d._get_default_store()
+    except Exception:  # noqa: BLE001 - the store only improves error messages
+        return None
+
+
+def _announce(sequence: int, label: str) -> None:
+    """Publish this rank's current sync point in the process group's store (best effort)."""
+    store = _store()
+    if store is None:
+        return
+    try:
+        store.set(f"autobatch/sync/{rank()}", f"#{sequence} {label}")
+    except Exception:  # noqa: BLE001
+        pass
+
+
+def _peers_doing() -> dict[int, str]:
+    """The last sync point each rank announced ("never reached a sync point" when none)."""
+    store = _store()
+    doing: dict[int, str] = {}
+    for other in range(world_size()):
+        key = f"autobatch/sync/{other}"
+        try:
+            doing[other] = store.get(key).decode("utf-8") if store is not None and store.check([key]) else "never reached a sync point"
+        except Exception:  # noqa: BLE001
+            doing[other] = "unknown (the store did not answer)"
+    return doing
+
+
+def _wait(work, label: str, sequence: int) -> None:
+    """Wait for an async collective; a deadline or a failed peer becomes RankDisagreementError."""
+    limit = timeout()
+    deadline = time.monotonic() + limit
+    pause = 1e-4
+    try:
+        while not work.is_completed():
+            if time.monotonic() > deadline:
+                raise RankDisagreementError(
+                    rank(), f"#{sequence} {label}", _peers_doing(),
+                    reason=f"the other ranks did not reach it within {limit:g} s",
+                )
+            time.sleep(pause)
+            pause = min(pause * 2, 0.01)
+        work.wait()
+    except RankDisagreementError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - a backend error: a peer died or left the group
+        raise RankDisagreementError(
+            rank(), f"#{sequence} {label}", _peers_doing(),
+            reason=f"the collective failed ({type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''})",
+        ) from exc
+
+
+def exchange(values: Sequence[int], label: str) -> list[list[int]]:
+    """A sync point: every rank's ``values`` (same length everywhere), indexed by rank.
+
+    All ranks must call it in the same order with the same ``label``; a rank at a different
+    sync point, one that does not arrive within :func:`timeout`, or one that died raises
+    :class:`~autobatch.errors.RankDisagreementError` on the others. Without a process group it
+    returns ``[list(values)]``.
+    """
+    values = [int(v) for v in values]
+    if not is_distributed():
+        return [values]
+    _state["sequence"] += 1
+    sequence = _state["sequence"]
+    _announce(sequence, label)
+    me, world = rank(), world_size()
+    table = torch.full((world, len(values) + 3), _INT64_MIN, dtype=torch.int64)
+    table[me] = torch.tensor([sequence, _tag(label), len(values), *values], dtype=torch.int64)
+    table = table.to(sync_device())
+    work = dist.all_reduce(table, op=dist.ReduceOp.MAX, async_op=True)
+    _wait(work, label, sequence)
+    rows = table.cpu().tolist()
+    if any(row[:3] != rows[me][:3] for row in rows):
+        doing = {
+            other: f"#{row[0]} {label}" if row[:3] == rows[me][:3] else f"#{row[0]} a different sync point"
+            for other, row in enumerate(rows)
+        }
+        doing.update({other: text for other, text in _peers_doing().items() if not rows[other][:3] == rows[me][:3]})
+        raise RankDisagreementError(me, f"#{sequence} {label}", doing, reason="the ranks reached different sync points")
+    return [row[3:] for row in rows]
+
+
+def agree(flag: bool, label: str = "agree", op: str = "all") -> bool:
+    """The ranks' common answer: ``op="all"`` true when every rank's ``flag`` is true (a MIN),
+    ``op="any"`` true when some rank's is (a MAX)."""
+    if op not in ("all", "any"):
+        raise ValueError(f"op must be 'all' or 'any', got {op!r}")
+    flags = [bool(row[0]) for row in exchange([int(bool(flag))], label)]
+    return all(flags) if op == "all" else any(flags)
+
+
+def agree_min(value: int, label: str = "agree_min") -> int:
+    """The smallest ``value`` over the ranks."""
+    return min(row[0] for row in exchange([value], label))
+
+
+def agree_max(value: int, label: str = "agree_max") -> int:
+    """The largest ``value`` over the ranks."""
+    return max(row[0] for row in exchange([value], label))
+
+
+def all_reduce_sum_(tensor: torch.Tensor, label: str) -> torch.Tensor:
+    """Sum ``tensor`` over the ranks in place, under the same deadline as :func:`exchange`.
+
+    Call it only right after a sync point that agreed every rank will call it too.
+    """
+    if not is_distributed():
+        return tensor
+    _state["sequence"] += 1
+    sequence = _state["sequence"]
+    _announce(sequence, label)
+    _wait(dist.all_reduce(tensor, op=dist.ReduceOp.SUM, async_op=True), label, sequence)
+    return tensor
+
+
+def broadcast_(tensors: Sequence[torch.Tensor], label: str, source: int = 0) -> None:
+    """Overwrite ``tensors`` on every rank with ``source`` 's, under the sync deadline."""
+    if not is_distributed():
+        return
+    for tensor in tensors:
+        _state["sequence"] += 1
+        sequence = _state["sequence"]
+        _announce(sequence, label)
+        _wait(dist.broadcast(tensor.data, src=source, async_op=True), label, sequence)
+
+
+def init_from_env(device_type: str = "auto") -> bool:
+    """Join the process group a launcher such as ``torchrun`` describes in the environment.
+
+    With ``WORLD_SIZE`` > 1 and no process group yet: picks NCCL when this rank runs on CUDA
+    (``device_type`` ``cuda``, or ``auto`` with CUDA available; the rank's GPU is
+    ``LOCAL_RANK``) and gloo otherwise, and initialises the default group. Returns whether this
+    process is now distributed.
+
+    Under submitit (Hydra's SLURM launcher) with several tasks, the torch variables are
+    exported from SLURM's first (``submitit.helpers.TorchDistributedEnvironment``).
+    """
+    if "RANK" not in os.environ and os.environ.get("SUBMITIT_EXECUTOR") and int(os.environ.get("SLURM_NTASKS", "1") or 1) > 1:
+        from submitit.helpers import TorchDistributedEnvironment
+
+        TorchDistributedEnvironment().export()
+    if int(os.environ.get("WORLD_SIZE", "1") or 1) <= 1 or not dist.is_available():
+        return False
+    if dist.is_initialized():
+        return is_distributed()
+    on_cuda = torch.cuda.is_available() and device_type in ("cuda", "auto")
+    if on_cuda:
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0") or 0))
+    backend = "nccl" if on_cuda else "gloo"
+    dist.init_process_group(backend=backend)
+    log.info("joined the process group: rank %d of %d (%s)", rank(), world_size(), backend)
+    return is_distributed()

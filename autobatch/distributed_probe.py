@@ -1,0 +1,114 @@
+"""The probe under ``torch.distributed``: every rank probes its own device, in lockstep.
+
+:func:`~autobatch.find_max_batch` calls these hooks when :func:`~autobatch.distributed.is_distributed`
+is true, so ``torchrun`` jobs need no extra argument. Each rank runs every trial on its own
+device; then the ranks agree on the outcome (one sync point per trial):
+
+* a trial passes only if it passed on **every** rank, so a rank whose trial passed never
+  moves on while another ran out of memory;
+* the measured peaks are the **largest** over the ranks, and the capacity the **smallest**,
+  so the predictive search fits the same line everywhere;
+* the search strategies are deterministic functions of these agreed answers, so every rank
+  proposes the same next size, and the chosen batch is the same on every rank; the final
+  answer is still passed through an all-reduce MIN as a safety net.
+
+Trials must not themselves run collectives: if one rank ran out of memory in forward while
+another waited in DDP's gradient all-reduce, the second would wait for a rank that never
+comes. So a ``TrainStep`` whose model is a ``DistributedDataParallel`` (or anything with a
+``.module`` that is an ``nn.Module`` and a ``no_sync``) is probed on its local module
+(:func:`local_step`). A plain callable that runs collectives is the caller's responsibility;
+a rank stuck that way ends in :class:`~autobatch.errors.RankDisagreementError` after the sync
+timeout, not in a silent hang.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from . import distributed as dist_sync
+from .trial import TrialRecord
+
+__all__ = ["agree_trial", "agree_capacity", "agree_prior", "agree_cache_hit", "agree_batch", "local_step", "unwrap"]
+
+
+def unwrap(model: torch.nn.Module) -> torch.nn.Module:
+    """The local module inside a data-parallel wrapper (DDP: ``model.module``), else ``model``."""
+    inner = getattr(model, "module", None)
+    if isinstance(inner, torch.nn.Module) and hasattr(model, "no_sync"):
+        return inner
+    return model
+
+
+def local_step(fn: Any) -> Any:
+    """``fn``, or for a ``TrainStep`` on a DDP model, the same step on the local module."""
+    from .train_step import TrainStep
+
+    if isinstance(fn, TrainStep) and unwrap(fn.model) is not fn.model:
+        return TrainStep(
+            unwrap(fn.model), fn.optimizer, fn.loss_fn, fn.make_batch,
+            autocast_dtype=fn.autocast_dtype, grad_scaler=fn.grad_scaler,
+        )
+    return fn
+
+
+def agree_trial(record: TrialRecord) -> TrialRecord:
+    """The trial's outcome over all ranks: passed only where every rank passed; the largest
+    peaks. A rank whose own trial passed records the failure as another rank's."""
+    rows = dist_sync.exchange(
+        [int(record.passed), _int(record.peak_bytes), _int(record.reserved_bytes)],
+        f"probe trial ({record.purpose}) at batch {record.batch_size}",
+    )
+    failed = [other for other, row in enumerate(rows) if not row[0]]
+    record.passed = not failed
+    if failed and record.error is None:
+        record.error = f"out of memory on rank {', '.join(map(str, failed))}"
+    record.peak_bytes = _none(max(row[1] for row in rows))
+    record.reserved_bytes = _none(max(row[2] for row in rows))
+    return record
+
+
+def agree_capacity(capacity: int | None) -> int | None:
+    """The smallest capacity over the ranks (None when some rank does not know its own)."""
+    rows = dist_sync.exchange([_int(capacity)], "probe capacity")
+    values = [row[0] for row in rows]
+    return None if min(values) < 0 else min(values)
+
+
+def agree_prior(prior):
+    """``auto``'s estimated line, the same on every rank: None unless every rank has one, else
+    the largest intercept and slope (the most memory any rank predicts)."""
+    line = None if prior is None else prior[0]
+    values = [1, math.ceil(line.intercept), math.ceil(line.slope)] if line is not None else [0, 0, 0]
+    rows = dist_sync.exchange(values, "probe estimated prior")
+    if not all(row[0] for row in rows):
+        return None
+    line.intercept = float(max(row[1] for row in rows))
+    line.slope = float(max(row[2] for row in rows))
+    return prior
+
+
+def agree_cache_hit(hit):
+    """The cached result only if every rank has one; otherwise every rank probes."""
+    return hit if dist_sync.agree(hit is not None, "probe cache hit", op="all") else None
+
+
+def agree_batch(result) -> Any:
+    """Set ``result.batch_size`` to the smallest over the ranks (equal already in lockstep)."""
+    agreed = dist_sync.agree_min(result.batch_size, "probe result")
+    if agreed != result.batch_size:
+        result.notes.append(f"batch {result.batch_size} fits this rank; {agreed} is the smallest over the ranks")
+        result.batch_size = agreed
+    if dist_sync.world_size() > 1:
+        result.notes.append(f"agreed over {dist_sync.world_size()} ranks (each probed its own device)")
+    return result
+
+
+def _int(value: int | None) -> int:
+    return -1 if value is None else int(value)
+
+
+def _none(value: int) -> int | None:
+    return None if value < 0 else value

@@ -1,0 +1,174 @@
+"""One global step across ranks that never leaves a rank waiting in a collective alone.
+
+The :class:`~autobatch.Runner` calls :func:`synced_step` instead of
+:func:`~autobatch.accumulated_step` when it runs under ``torch.distributed``. The design:
+
+1. **Local phase, no collectives.** Every micro-batch of this rank's share runs forward and
+   backward on the *local* module (DDP's ``model.module``; DDP's own hooks never run), so
+   no rank can be inside a collective while another is still computing or has run out of
+   memory. The gradients are then copied into one flat buffer per dtype (allocated here, so
+   an OOM while allocating it is a local failure like any other).
+2. **Sync point "gradients ready".** Every rank votes ok / out of memory / other error, with
+   the phase it reached and its sample count (:func:`~autobatch.distributed.exchange`).
+   Any OOM: every rank raises (the failing rank its own error, the others
+   :class:`~autobatch.errors.PeerOutOfMemoryError`), and the runner's retry loop halves the
+   micro-batch on every rank alike and replays the same global batch. Any other error:
+   the failing rank re-raises it, the others raise :class:`~autobatch.errors.PeerFailedError`.
+3. **Gradient all-reduce**, entered only after every rank agreed to enter it. Each rank's
+   gradient (mean over its share) is weighted by ``share / global`` and summed, which is the
+   gradient of the mean over the whole global batch, also when shares differ.
+4. **Optimizer step, locally**, under the runner's :class:`~autobatch.step_guard.StepGuard`.
+5. **Sync point "optimizer stepped".** If any rank ran out of memory inside its step, every
+   rank (those whose step succeeded too) restores parameters and optimizer state from its
+   guard and replays.
+
+Each collective is therefore entered by every rank or by none, and each sync point is
+bounded by :func:`~autobatch.distributed.timeout`: whatever disagreement remains (a rank
+that crashed outside autobatch, user code that runs its own collectives) ends in a
+:class:`~autobatch.errors.RankDisagreementError` that names each rank's last sync point.
+
+Cost against DDP: the gradient all-reduce runs once after the backward pass instead of in
+buckets overlapped with it, and the flat buffer costs one gradient-sized copy (DDP's
+buckets cost about the same). Two small integer exchanges per step.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any, Callable, Iterable
+
+import torch
+
+from . import distributed as dist_sync
+from .accumulation import accumulate_micro_batches
+from .errors import PeerFailedError, PeerOutOfMemoryError
+from .faults import PHASES
+from .oom import free_memory, is_oom_error
+from .train_step import TrainStep
+
+__all__ = ["synced_step", "broadcast_state"]
+
+_OK, _OOM, _ERROR = 0, 1, 2
+
+
+def synced_step(
+    step: TrainStep,
+    micro_batches: Iterable[Any],
+    *,
+    local_size: int,
+    on_phase: Callable[[str], None],
+    phase: Callable[[], str],
+    label: str,
+) -> tuple[float, int]:
+    """One optimizer step over every rank's micro-batches; returns (mean loss over the global
+    batch, global batch size), the same on every rank. ``step.model`` must be the local
+    module. ``on_phase`` is the runner's phase hook (fault injection, step guard);
+    ``phase()`` reads where the last phase hook left the runner."""
+    step.optimizer.zero_grad(set_to_none=True)
+    params = [p for p in step.model.parameters() if p.requires_grad]
+    failure: BaseException | None = None
+    loss = 0.0
+    flats: dict[torch.dtype, torch.Tensor] = {}
+    try:
+        loss = accumulate_micro_batches(
+            step.model, step.loss_fn, micro_batches, global_batch=local_size,
+            autocast=step.autocast, grad_scaler=step.grad_scaler, on_phase=on_phase,
+        )
+        flats = _flatten(params)
+    except Exception as exc:  # noqa: BLE001 - voted on below, then re-raised
+        failure = _keep(exc)
+    rows = _vote(failure, phase(), local_size, step, f"{label}: gradients ready")
+    global_size = sum(row[2] for row in rows)
+
+    weight = local_size / global_size
+    for dtype, flat in flats.items():
+        flat.mul_(weight)
+        dist_sync.all_reduce_sum_(flat, f"{label}: gradient all-reduce ({dtype})")
+    _unflatten(params, flats)
+    flats.clear()
+    total = torch.tensor([loss * local_size], dtype=torch.float64, device=dist_sync.sync_device())
+    global_loss = float(dist_sync.all_reduce_sum_(total, f"{label}: loss").item()) / global_size
+
+    try:
+        on_phase("optimizer")
+        if step.grad_scaler is not None:
+            step.grad_scaler.step(step.optimizer)
+            step.grad_scaler.update()
+        else:
+            step.optimizer.step()
+    except Exception as exc:  # noqa: BLE001 - voted on below, then re-raised
+        failure = _keep(exc)
+    _vote(failure, phase(), local_size, step, f"{label}: optimizer stepped")
+    step.optimizer.zero_grad(set_to_none=True)
+    return global_loss, global_size
+
+
+def broadcast_state(model: torch.nn.Module, label: str, *, parameters: bool = True) -> None:
+    """Make every rank's parameters (optional) and buffers rank 0's."""
+    tensors = list(model.buffers())
+    if parameters:
+        tensors = [*model.parameters(), *tensors]
+    dist_sync.broadcast_(tensors, label)
+
+
+# -- helpers ------------------------------------------------------------------------------------
+def _keep(exc: Exception) -> Exception:
+    """The error to vote on. An OOM's traceback is dropped now, so the failed frames (and the
+    activations they hold) are freed before the sync point allocates anything."""
+    if is_oom_error(exc):
+        return exc.with_traceback(None)
+    return exc
+
+
+def _vote(failure: BaseException | None, phase: str, local_size: int, step: TrainStep, label: str) -> list[list[int]]:
+    """The sync point: everyone's (code, phase, share); raise on every rank if any failed."""
+    code = _OK if failure is None else (_OOM if is_oom_error(failure) else _ERROR)
+    if code == _OOM:
+        step.clear_grads()
+        free_memory()
+    index = PHASES.index(phase) if phase in PHASES else -1
+    rows = dist_sync.exchange([code, index, local_size], label)
+    errors = [r for r, row in enumerate(rows) if row[0] == _ERROR]
+    ooms = [r for r, row in enumerate(rows) if row[0] == _OOM]
+    if errors:
+        if failure is not None and code == _ERROR:
+            raise failure
+        raise PeerFailedError(
+            f"rank {', '.join(map(str, errors))} raised an error at {label!r} (see that rank's log); "
+            f"rank {dist_sync.rank()} stops too instead of waiting for it",
+            errors,
+        )
+    if ooms:
+        if failure is not None:
+            raise failure
+        where = PHASES[rows[ooms[0]][1]] if rows[ooms[0]][1] >= 0 else "an unknown phase"
+        raise PeerOutOfMemoryError(
+            f"rank {', '.join(map(str, ooms))} ran out of memory in {where} ({label}); "
+            f"rank {dist_sync.rank()} replays the step with it",
+            where,
+            ooms,
+        )
+    return rows
+
+
+def _flatten(params: list[torch.Tensor]) -> dict[torch.dtype, torch.Tensor]:
+    """One flat gradient buffer per dtype (zeros for a parameter with no gradient here)."""
+    groups: dict[torch.dtype, list[torch.Tensor]] = defaultdict(list)
+    for param in params:
+        grad = param.grad if param.grad is not None else torch.zeros_like(param)
+        groups[param.dtype].append(grad.reshape(-1))
+    return {dtype: torch.cat(grads) for dtype, grads in groups.items()}
+
+
+def _unflatten(params: list[torch.Tensor], flats: dict[torch.dtype, torch.Tensor]) -> None:
+    """Copy the summed gradients back into ``param.grad``."""
+    offsets: dict[torch.dtype, int] = defaultdict(int)
+    for param in params:
+        flat = flats[param.dtype]
+        start = offsets[param.dtype]
+        piece = flat[start : start + param.numel()].view_as(param)
+        offsets[param.dtype] = start + param.numel()
+        if param.grad is None:
+            param.grad = piece.clone()
+        else:
+            param.grad.copy_(piece)

@@ -1,0 +1,160 @@
+"""One rank of the multi-process tests in ``test_distributed.py`` (gloo, CPU).
+
+Run as ``python tests/distributed_worker.py SCENARIO OUT_DIR`` with ``RANK``, ``WORLD_SIZE``,
+``MASTER_ADDR`` and ``MASTER_PORT`` set (``scripts/gpu_distributed.sh`` runs it under
+``torchrun`` with NCCL: ``BACKEND=nccl``). Writes ``OUT_DIR/rank<r>.json`` (and weights
+files) and exits with ``os._exit`` so a broken process group cannot stall the teardown.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from runner_workloads import hungry_mse, make_data, make_model, mse  # noqa: E402
+
+from autobatch import Runner, TrainStep, find_max_batch, inject_oom  # noqa: E402
+from autobatch import distributed as dist_sync  # noqa: E402
+from autobatch.errors import PeerFailedError, RankDisagreementError  # noqa: E402
+
+FAULT_PHASES = ("transfer", "forward", "backward", "optimizer")
+
+
+def device() -> torch.device:
+    if dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def probe(rank: int, out: Path) -> dict:
+    """Each rank probes under its own budget (``PROBE_LIMITS``, one per rank; on CUDA only
+    when given, as a per-process cap), up to ``PROBE_MAX`` (default 256)."""
+    limits = os.environ.get("PROBE_LIMITS", "3MiB,1536KiB").split(",")
+    results = {}
+    for strategy in ("binary", "auto"):
+        model = make_model(width=16).to(device())
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+        generator = torch.Generator().manual_seed(0)
+
+        def make_batch(size: int):
+            x = torch.randn(size, 6, generator=generator, dtype=torch.float64)
+            return (x.to(device()), torch.zeros(size, 1, dtype=torch.float64, device=device()))
+
+        step = TrainStep(model, optimizer, hungry_mse, make_batch)
+        limit = limits[rank % len(limits)] if device().type == "cpu" or "PROBE_LIMITS" in os.environ else None
+        largest = int(os.environ.get("PROBE_MAX", "256"))
+        result = find_max_batch(step, strategy=strategy, memory_limit=limit, steps_per_trial=1, max_batch=largest, cache=False)
+        results[strategy] = {"batch_size": result.batch_size, "trials": [t.batch_size for t in result.trials]}
+    return results
+
+
+def _share(batch, rank: int, world: int):
+    size = batch[0].shape[0] // world
+    return tuple(t[rank * size : (rank + 1) * size] for t in batch)
+
+
+def train(rank: int, world: int, out: Path, phase: str | None, wrap: bool = True) -> dict:
+    """3 steps of global batch 16 (8 per rank, micro-batch 4); an OOM on rank 1 only at step 1."""
+    model = make_model(width=16).to(device())
+    if wrap:
+        model = torch.nn.parallel.DistributedDataParallel(model)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.05)
+    data = [tuple(t.to(device()) for t in _share(batch, rank, world)) for batch in make_data(48, 16)]
+    runner = Runner(model, optimizer, mse, global_batch=16, micro_batch=4, grow_after=None, progress=False, log_every=None)
+    if phase is not None and rank == 1:
+        inject_oom(runner, at=(1, phase))
+    result = runner.fit(data)
+    local = runner._train_step.model
+    name = f"weights_{phase or 'none'}_rank{rank}.pt"
+    torch.save([p.detach().cpu() for p in local.parameters()], out / name)
+    return {
+        "weights": name,
+        "recoveries": result.oom_recoveries,
+        "micro_batch": result.micro_batch,
+        "samples": result.samples,
+        "loss": result.last_loss,
+    }
+
+
+def faults(rank: int, world: int, out: Path) -> dict:
+    return {phase or "none": train(rank, world, out, phase) for phase in (None, *FAULT_PHASES)}
+
+
+def peer_error(rank: int, world: int, out: Path) -> dict:
+    """Rank 1's loss raises a ValueError at step 1: rank 1 sees it, rank 0 a PeerFailedError."""
+    model = make_model().to(device())
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    data = [_share(batch, rank, world) for batch in make_data(48, 16)]
+    calls = {"n": 0}
+
+    def loss_fn(m, batch):
+        calls["n"] += 1
+        if rank == 1 and calls["n"] == 3:
+            raise ValueError("a bug in rank 1's loss")
+        return mse(m, batch)
+
+    runner = Runner(model, optimizer, loss_fn, global_batch=16, micro_batch=4, grow_after=None, progress=False, log_every=None)
+    try:
+        runner.fit(data)
+    except (ValueError, PeerFailedError) as exc:
+        return {"error": type(exc).__name__, "message": str(exc)}
+    return {"error": None}
+
+
+def skipped_sync(rank: int, world: int, out: Path) -> dict:
+    """Rank 1 never reaches the sync point; rank 0 must time out with a clear error."""
+    dist_sync.set_timeout(float(os.environ.get("SYNC_TIMEOUT", "3")))
+    if rank == 1:
+        time.sleep(dist_sync.timeout() + 4)
+        return {"error": None}
+    try:
+        dist_sync.agree(True, "the sync rank 1 skips")
+    except RankDisagreementError as exc:
+        return {"error": type(exc).__name__, "message": str(exc)}
+    return {"error": None}
+
+
+def mismatched(rank: int, world: int, out: Path) -> dict:
+    """The ranks reach different sync points: both raise at once."""
+    try:
+        dist_sync.agree(True, f"sync point {'A' if rank == 0 else 'B'}")
+    except RankDisagreementError as exc:
+        return {"error": type(exc).__name__, "message": str(exc)}
+    return {"error": None}
+
+
+SCENARIOS = {"probe": probe, "faults": faults, "peer_error": peer_error, "skipped_sync": skipped_sync, "mismatched": mismatched}
+
+
+def main() -> None:
+    scenario, out = sys.argv[1], Path(sys.argv[2])
+    out.mkdir(parents=True, exist_ok=True)
+    backend = os.environ.get("BACKEND", "gloo")
+    if backend == "nccl":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    dist.init_process_group(backend)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    code = 0
+    try:
+        function = SCENARIOS[scenario]
+        report = function(rank, out) if scenario == "probe" else function(rank, world, out)
+    except BaseException:  # noqa: BLE001 - reported to the parent test
+        report, code = {"crash": traceback.format_exc()}, 1
+    (out / f"rank{rank}.json").write_text(json.dumps(report, default=str), encoding="utf-8")
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,145 @@
+"""Two ranks on the CPU (gloo): the probe agrees on the smallest budget, the runner recovers
+together from an OOM on one rank only, and disagreement ends in an error, never a hang.
+
+Each test starts two processes of ``distributed_worker.py`` and gives them a hard timeout:
+a hang kills both and fails the test. Weights are float64; a run that replayed a step with
+a halved micro-batch differs from the uninjected run only by summation order (tolerance
+``rtol=1e-10, atol=1e-12``, as in the other runner tests); the two ranks agree exactly.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from autobatch import Runner, TrainStep, find_max_batch
+
+from conftest import REPO, SMALL, cli_env
+from runner_workloads import assert_weights_close, hungry_mse, make_data, make_model, mse, weights
+
+pytestmark = pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed is not available")
+
+WORKER = Path(__file__).resolve().parent / "distributed_worker.py"
+TIMEOUT_S = 180  # generous on a loaded 2-core machine; a hang fails here instead of blocking
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def launch(scenario: str, out: Path, world: int = 2, timeout: float = TIMEOUT_S, **env: str) -> list[dict]:
+    """Run ``scenario`` on ``world`` ranks; every rank's report, or fail (killing them) on a hang."""
+    port = str(_free_port())
+    processes = []
+    for rank in range(world):
+        environment = cli_env(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world),
+                              MASTER_ADDR="127.0.0.1", MASTER_PORT=port, **env)
+        processes.append(subprocess.Popen(
+            [sys.executable, str(WORKER), scenario, str(out)], env=environment,
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        ))
+    logs = []
+    try:
+        for process in processes:
+            logs.append(process.communicate(timeout=timeout)[0])
+    except subprocess.TimeoutExpired:
+        for process in processes:
+            process.kill()
+        pytest.fail(f"{scenario}: the ranks did not finish within {timeout} s (a hang)")
+    reports = []
+    for rank in range(world):
+        path = out / f"rank{rank}.json"
+        assert path.exists(), f"rank {rank} wrote no report; its output:\n{logs[rank][-3000:]}"
+        report = json.loads(path.read_text())
+        assert "crash" not in report, f"rank {rank} crashed:\n{report['crash']}"
+        reports.append(report)
+    return reports
+
+
+def test_probe_takes_the_smallest_budget_over_the_ranks(tmp_path):
+    limits = ["3MiB", "1536KiB"]
+    reports = launch("probe", tmp_path, PROBE_LIMITS=",".join(limits))
+    for strategy in ("binary", "auto"):
+        alone = []
+        for limit in limits:  # the same probe in this (non-distributed) process, one budget each
+            model = make_model(width=16)
+            generator = torch.Generator().manual_seed(0)
+            step = TrainStep(
+                model, torch.optim.SGD(model.parameters(), lr=0.01), hungry_mse,
+                lambda size: (torch.randn(size, 6, generator=generator, dtype=torch.float64), torch.zeros(size, 1, dtype=torch.float64)),
+            )
+            alone.append(find_max_batch(step, strategy=strategy, memory_limit=limit, steps_per_trial=1, max_batch=256, cache=False).batch_size)
+        assert alone[0] > alone[1], "the budgets must give different answers for the test to mean anything"
+        got = [report[strategy] for report in reports]
+        assert got[0]["batch_size"] == got[1]["batch_size"] == min(alone), (strategy, got, alone)
+        assert got[0]["trials"] == got[1]["trials"]  # lockstep: the same sizes in the same order
+
+
+def test_an_oom_on_one_rank_in_any_phase_is_recovered_by_both(tmp_path):
+    reports = launch("faults", tmp_path)
+    baseline = [torch.load(tmp_path / reports[rank]["none"]["weights"]) for rank in range(2)]
+    for a, b in zip(*baseline, strict=True):
+        assert torch.equal(a, b)
+    # the uninjected two-rank run equals one process training on the whole global batch
+    model = make_model(width=16)
+    Runner(model, torch.optim.AdamW(model.parameters(), lr=0.05), mse, global_batch=16, micro_batch=8,
+           grow_after=None, progress=False, log_every=None).fit(make_data(48, 16))
+    assert_weights_close(baseline[0], weights(model))
+    for phase in ("transfer", "forward", "backward", "optimizer"):
+        runs = [report[phase] for report in reports]
+        for rank, run in enumerate(runs):
+            assert [(r["step"], r["phase"], r["micro_batch_before"], r["micro_batch"]) for r in run["recoveries"]] == [(1, phase, 4, 2)], (phase, rank, run)
+            assert run["samples"] == 48 and run["micro_batch"] == 2
+        assert "rank 1 ran out of memory" in runs[0]["recoveries"][0]["error"]
+        assert "injected" in runs[1]["recoveries"][0]["error"]
+        got = [torch.load(tmp_path / run["weights"]) for run in runs]
+        for a, b in zip(*got, strict=True):
+            assert torch.equal(a, b), phase  # the ranks hold identical weights
+        assert_weights_close(got[0], baseline[0])
+        assert runs[0]["loss"] == runs[1]["loss"]
+
+
+def test_a_non_oom_error_on_one_rank_stops_every_rank(tmp_path):
+    reports = launch("peer_error", tmp_path)
+    assert reports[1]["error"] == "ValueError"
+    assert reports[0]["error"] == "PeerFailedError" and "rank 1 raised an error" in reports[0]["message"]
+
+
+def test_a_rank_that_skips_a_sync_point_is_a_clear_error_not_a_hang(tmp_path):
+    reports = launch("skipped_sync", tmp_path, SYNC_TIMEOUT="3")
+    message = reports[0]["message"]
+    assert reports[0]["error"] == "RankDisagreementError"
+    assert "the sync rank 1 skips" in message and "within 3 s" in message
+    assert "rank 1: never reached a sync point" in message
+
+
+def test_ranks_at_different_sync_points_fail_at_once(tmp_path):
+    reports = launch("mismatched", tmp_path)
+    for report in reports:
+        assert report["error"] == "RankDisagreementError" and "different sync points" in report["message"]
+
+
+def test_cli_probe_under_torchrun_agrees_and_rank_zero_writes(tmp_path):
+    """``python -m torch.distributed.run --nproc-per-node 2 -m autobatch probe device=cpu``."""
+    run_dir = tmp_path / "run"
+    command = [
+        sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(_free_port()),
+        "-m", "autobatch", "probe", "device=cpu", "model=mlp", "probe.strategy=binary", "probe.memory_limit=8MiB",
+        *SMALL, f"hydra.run.dir={run_dir}",
+    ]
+    try:
+        done = subprocess.run(command, cwd=tmp_path, env=cli_env(), capture_output=True, text=True, timeout=TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        pytest.fail("torchrun probe did not finish (a hang)")
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    result = json.loads((run_dir / "result.json").read_text())
+    assert any("agreed over 2 ranks" in note for note in result["notes"])
+    assert done.stdout.count("result.json") == 1  # only rank 0 reports

@@ -1,0 +1,89 @@
+"""The distributed helpers in one process: no process group, nothing communicated.
+
+The multi-process behaviour is in ``test_distributed.py``; here, the helpers answer for a
+single rank, the probe's agreement hook reshapes a trial record, and the errors read well.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from autobatch import PeerOutOfMemoryError, RankDisagreementError, distributed, is_oom_error
+from autobatch.distributed_probe import local_step, unwrap
+from autobatch.trial import TrialRecord, TrialRunner
+from autobatch.train_step import TrainStep
+
+
+def test_without_a_process_group_every_helper_answers_for_one_rank(monkeypatch):
+    monkeypatch.delenv("RANK", raising=False)
+    assert not distributed.is_distributed()
+    assert (distributed.rank(), distributed.world_size(), distributed.is_rank_zero()) == (0, 1, True)
+    assert distributed.exchange([3, 4], "x") == [[3, 4]]
+    assert distributed.agree(True) and not distributed.agree(False) and distributed.agree(True, op="any")
+    assert distributed.agree_min(7) == 7 == distributed.agree_max(7)
+    assert distributed.init_from_env("cpu") is False  # WORLD_SIZE unset
+    with pytest.raises(ValueError, match="op must be"):
+        distributed.agree(True, op="most")
+
+
+def test_is_rank_zero_reads_the_launcher_environment_before_the_group_exists(monkeypatch):
+    monkeypatch.setenv("RANK", "1")
+    assert not distributed.is_rank_zero()
+
+
+def test_the_timeout_is_configurable_and_checked(monkeypatch):
+    monkeypatch.setenv("AUTOBATCH_SYNC_TIMEOUT", "12")
+    assert distributed.timeout() == 12
+    distributed.set_timeout(2.5)
+    try:
+        assert distributed.timeout() == 2.5
+    finally:
+        distributed.set_timeout(None)
+    with pytest.raises(ValueError):
+        distributed.set_timeout(0)
+
+
+def test_a_trial_runner_hands_each_record_to_its_agreement_hook():
+    seen = []
+
+    def agree(record: TrialRecord) -> TrialRecord:  # another rank ran out of memory
+        seen.append(record.batch_size)
+        record.passed, record.error = False, "out of memory on rank 1"
+        return record
+
+    runner = TrialRunner(lambda size: None, _NullMemory(), 1, agree=agree)
+    assert runner(8) is False and runner(8) is False  # recalled, not re-agreed
+    assert seen == [8] and runner.records[0].error == "out of memory on rank 1"
+
+
+def test_a_ddp_like_wrapper_is_probed_on_its_local_module():
+    class Wrapper(torch.nn.Module):
+        def __init__(self, module):
+            super().__init__()
+            self.module = module
+
+        def no_sync(self):  # pragma: no cover - only its presence matters
+            raise AssertionError
+
+    inner = torch.nn.Linear(2, 2)
+    wrapped = Wrapper(inner)
+    assert unwrap(wrapped) is inner and unwrap(inner) is inner
+    step = TrainStep(wrapped, torch.optim.SGD(wrapped.parameters(), lr=0.1), lambda m, b: m(b).sum(), torch.randn)
+    assert local_step(step).model is inner and local_step(step).optimizer is step.optimizer
+
+
+def test_the_errors_say_what_each_rank_was_doing():
+    error = RankDisagreementError(0, "#3 probe result", {0: "#3 probe result", 1: "never reached a sync point"}, reason="late")
+    assert "rank 1: never reached a sync point" in str(error) and "AUTOBATCH_SYNC_TIMEOUT" in str(error)
+    assert not is_oom_error(error)
+    peer = PeerOutOfMemoryError("rank 1 ran out of memory in forward", "forward", [1])
+    assert is_oom_error(peer) and peer.phase == "forward"
+
+
+class _NullMemory:
+    def release_cached(self): ...
+    def reset_peak(self): ...
+    def synchronize(self): ...
+    def peak(self): return 0
+    def peak_reserved(self): return 0
