@@ -212,6 +212,7 @@ def predictive(
         else:  # the line's answer; lo + 1 when it says lo is already the maximum
             guess = min(max(predicted, lo + 1), upper)
         width = None if hi is None else hi - lo
+        confirming = guess == lo + 1  # checking the line's claim that lo is the maximum
         passed = passes(guess, "verify")
         if passed:
             record_pass(guess)
@@ -226,7 +227,7 @@ def predictive(
             fit = _secant(points) or fit
             if not passed and predicted >= guess:  # the line said it fits: refuted from above
                 gallop, stride = -1, _first_stride(guess)
-            elif passed and predicted < guess:  # the line said lo was the maximum: refuted from below
+            elif passed and (predicted < guess or confirming):  # it said lo was the maximum
                 gallop, stride = 1, _first_stride(guess)
             elif width is not None and hi is not None and (hi - lo) * 2 > width:
                 bisecting = True  # the line creeps instead of halving the bracket

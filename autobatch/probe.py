@@ -83,6 +83,7 @@ def find_max_batch(
     device: str | torch.device | None = None,
     cache: bool | str | os.PathLike | None = None,
     cache_key: object = None,
+    estimate_first: bool | None = None,
 ) -> ProbeResult:
     """Find the largest batch size for which ``fn(batch_size)`` runs without running out of memory.
 
@@ -121,6 +122,10 @@ def find_max_batch(
             ``cache_key``. A hit skips the probe (``result.cached`` is True).
         cache_key: what identifies a plain callable's work (a string or JSON-able data);
             required to cache one, added to the derived key for a ``TrainStep``.
+        estimate_first: ``auto`` on a ``TrainStep`` places its first trial just below the
+            boundary estimated with fake tensors (no OOM in the common case). Default: on for
+            the CPU's simulated device, off on accelerators, where tracing a real model took
+            longer than the trials it saved (README, benchmark).
 
     Raises:
         ValueError: a bad argument (the message names it and the accepted values).
@@ -190,7 +195,12 @@ def find_max_batch(
             if ranks:
                 capacity = distributed_probe.agree_capacity(capacity)
             prior = None
-            if strategy == "auto" and start is None and isinstance(fn, TrainStep):
+            if estimate_first is None:
+                # measured (README, benchmark): on the CPU's simulated device tracing is cheap
+                # and exact; on a GPU the traces of a real model cost seconds, more than the
+                # trials they save, so auto starts from its fit there unless asked otherwise
+                estimate_first = isinstance(memory, SimulatedDeviceMemory)
+            if strategy == "auto" and start is None and isinstance(fn, TrainStep) and estimate_first:
                 prior, estimate_note = _estimate_prior(fn, memory, capacity, max_batch, multiple_of)
                 if ranks:
                     prior = distributed_probe.agree_prior(prior)
@@ -269,13 +279,8 @@ def _search(
         def peak_of(units: int) -> int | None:
             return runner.peak_of(units * multiple_of)
 
-        def usable_capacity() -> int:
-            # the cap limits reserved memory; the fit is of allocated peaks, so scale the cap by
-            # allocated/reserved of the largest passing trial (the allocator's overhead there)
-            return int(capacity * runner.allocated_fraction())
-
         outcome = predictive(
-            passes, peak_of, start_units, max_units, usable_capacity, prior=None if prior is None else prior[0]
+            passes, peak_of, start_units, max_units, capacity, prior=None if prior is None else prior[0]
         )
         found, used, fallback_reason = outcome.units, outcome.strategy_used, outcome.fallback_reason
         fit = outcome.fit_record(multiple_of)

@@ -152,15 +152,6 @@ class TrialRunner:
                 return record.peak_bytes
         return None
 
-    def allocated_fraction(self) -> float:
-        """Allocated / reserved peak of the largest passing trial (1.0 when unknown): the
-        share of a capped process's memory that tensors can really use near the boundary."""
-        passing = [r for r in self.records if r.passed and r.peak_bytes and r.reserved_bytes]
-        if not passing:
-            return 1.0
-        top = max(passing, key=lambda r: r.batch_size)
-        return min(1.0, top.peak_bytes / top.reserved_bytes)
-
     @property
     def passed_sizes(self) -> list[int]:
         return sorted(b for b, ok in self.outcomes.items() if ok)

@@ -53,9 +53,11 @@ class Strategy(Enum):
     """The probe's search strategy (see :func:`autobatch.find_max_batch`)."""
 
     auto = "auto"
+    predict = "predict"
     binary = "binary"
     power = "power"
     halving = "halving"
+    estimate = "estimate"
 
 
 class Objective(Enum):
