@@ -13,7 +13,7 @@ BAD_INPUT = [
     (["fit"], "choose one of: probe, train"),
     (["probe", "probe.stratgy=binary"], "Could not override 'probe.stratgy'"),
     (["probe", "probe.start=abc"], "Value 'abc' of type 'str' could not be converted to Integer"),
-    (["probe", "probe.strategy=fast"], "Invalid value 'fast', expected one of [auto, binary, power, halving]"),
+    (["probe", "probe.strategy=fast"], "Invalid value 'fast', expected one of [auto, predict, binary, power, halving, estimate]"),
     (["probe", "model=transformer"], "Could not find 'model/transformer'"),
     (["probe", "probe.start=64", "probe.max_batch=8"], "probe.start=64 is larger than probe.max_batch=8"),
     (["probe", "probe.multiple_of=0"], "multiple_of must be a positive integer"),
