@@ -17,8 +17,14 @@ cd "$(dirname "$0")/.."
 NPROC=${NPROC:-2}
 OUT=${OUT:-/tmp/autobatch_gpu_distributed}
 rm -rf "$OUT" && mkdir -p "$OUT"
-if [ -d .whl ]; then pip install -q --no-index --find-links .whl tenacity hydra-core omegaconf || true; fi
-export BACKEND=${BACKEND:-nccl} OMP_NUM_THREADS=1 PYTHONPATH="$PWD" PROBE_LIMITS=${PROBE_LIMITS:-96MiB,48MiB} PROBE_MAX=${PROBE_MAX:-8192}
+SITE=""
+if ! python -c "import tenacity, hydra, omegaconf" 2>/dev/null && ls .whl/*.whl >/dev/null 2>&1; then
+  python -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+  SITE=":/tmp/site"
+fi
+# per-rank caps: on CUDA a step needs tens of MiB at batch 1 (cuBLAS workspace, context-side
+# buffers), so the GPU defaults are larger than the CPU test's budgets
+export BACKEND=${BACKEND:-nccl} OMP_NUM_THREADS=1 PYTHONPATH="$PWD$SITE" PROBE_LIMITS=${PROBE_LIMITS:-2GiB,1GiB} PROBE_MAX=${PROBE_MAX:-1000000}
 nvidia-smi --query-gpu=index,name,memory.total --format=csv || true
 status=0
 for scenario in probe faults peer_error skipped_sync mismatched; do
