@@ -205,11 +205,7 @@ def accumulated_step(
     )
     if on_phase is not None:
         on_phase("optimizer")
-    if step.grad_scaler is not None:
-        step.grad_scaler.step(step.optimizer)
-        step.grad_scaler.update()
-    else:
-        step.optimizer.step()
+    step.optimizer_step()
     step.optimizer.zero_grad(set_to_none=True)
     return loss
 

@@ -91,11 +91,7 @@ def synced_step(
 
     try:
         on_phase("optimizer")
-        if step.grad_scaler is not None:
-            step.grad_scaler.step(step.optimizer)
-            step.grad_scaler.update()
-        else:
-            step.optimizer.step()
+        step.optimizer_step()
     except Exception as exc:  # noqa: BLE001 - voted on below, then re-raised
         failure = _keep(exc)
     _vote(failure, phase(), local_size, step, f"{label}: optimizer stepped")

@@ -256,6 +256,21 @@ def estimate_peak(step: TrainStep, batch_size: int, *, include_resident: bool = 
     return estimate.peak_bytes if include_resident else estimate.step_peak_bytes
 
 
+def _tracer(step: TrainStep, *, multiple_of: int, steps: int, include_resident: bool):
+    """``(traced, peak)``: ``peak(units)`` traces batch ``units * multiple_of`` once (memoised
+    in ``traced``, keyed by units) and returns its estimated peak, with or without the resident
+    model."""
+    traced: dict[int, MemoryEstimate] = {}
+
+    def peak(units: int) -> int:
+        if units not in traced:
+            traced[units] = estimate_memory(step, units * multiple_of, steps=steps)
+        e = traced[units]
+        return e.peak_bytes if include_resident else e.step_peak_bytes
+
+    return traced, peak
+
+
 def estimate_line(
     step: TrainStep,
     capacity: int | str,
@@ -273,13 +288,7 @@ def estimate_line(
     lands on the estimated boundary exactly; ``auto`` uses it to place its first real trial.
     """
     capacity_bytes = parse_bytes(capacity, name="capacity")
-    traced: dict[int, MemoryEstimate] = {}
-
-    def peak(units: int) -> int:
-        if units not in traced:
-            traced[units] = estimate_memory(step, units * multiple_of, steps=steps)
-        e = traced[units]
-        return e.peak_bytes if include_resident else e.step_peak_bytes
+    traced, peak = _tracer(step, multiple_of=multiple_of, steps=steps, include_resident=include_resident)
 
     def solve(a: int, b: int) -> tuple[int, float, float]:
         slope = (peak(b) - peak(a)) / (b - a)
@@ -326,13 +335,7 @@ def estimate_max_batch(
     """
     capacity_bytes = parse_bytes(capacity, name="capacity")
     max_units = max_batch // multiple_of if max_batch is not None else None
-    traced: dict[int, MemoryEstimate] = {}
-
-    def peak(units: int) -> int:
-        if units not in traced:
-            traced[units] = estimate_memory(step, units * multiple_of, steps=steps)
-        e = traced[units]
-        return e.peak_bytes if include_resident else e.step_peak_bytes
+    traced, peak = _tracer(step, multiple_of=multiple_of, steps=steps, include_resident=include_resident)
 
     def result(units: int, intercept: float = 0.0, slope: float = 0.0) -> BatchEstimate:
         ordered = [traced[u] for u in sorted(traced)]

@@ -58,14 +58,17 @@ class TrainStep:
         batch = self.make_batch(batch_size)
         with self.autocast():
             loss = self.loss_fn(self.model, batch)
+        (self.grad_scaler.scale(loss) if self.grad_scaler is not None else loss).backward()
+        self.optimizer_step()
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def optimizer_step(self) -> None:
+        """Step the optimizer, through the grad scaler when there is one (fp16)."""
         if self.grad_scaler is not None:
-            self.grad_scaler.scale(loss).backward()
             self.grad_scaler.step(self.optimizer)
             self.grad_scaler.update()
         else:
-            loss.backward()
             self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
 
     def clear_grads(self) -> None:
         """Drop gradients left behind by a step that failed part-way."""
