@@ -323,35 +323,31 @@ class _Planner:
         if not allowed:
             return plain_error
         if checkpoint_error is None:  # nothing to wrap
-            error = NoBatchFitsError(
-                batch_size=plain_error.batch_size,
-                capacity_bytes=plain_error.capacity_bytes,
-                peak_bytes=plain_error.peak_bytes,
-                device=plain_error.device,
-                last_error=plain_error.last_error,
-                hint=(
-                    "Activation checkpointing was tried but found no repeated blocks to wrap; name the "
-                    "block classes in checkpoint_targets, or try lower precision, a smaller model or "
-                    "sequence length, or a larger memory_limit / device."
-                ),
-                diagnostics=plain_error.diagnostics,
+            return self._attempts_error(
+                plain_error,
+                "Activation checkpointing was tried but found no repeated blocks to wrap; name the "
+                "block classes in checkpoint_targets, or try lower precision, a smaller model or "
+                "sequence length, or a larger memory_limit / device.",
             )
-            error.attempts = self.probes
-            return error
         modules = self.handle.modules if self.handle is not None else []
+        return self._attempts_error(
+            checkpoint_error,
+            f"This is with activation checkpointing of {len(modules)} blocks "
+            f"({_short(modules)}); without it batch {plain_error.batch_size} peaked at "
+            f"{format_bytes(plain_error.peak_bytes)} before failing. Try lower precision "
+            "(bf16/fp16 autocast), a smaller model or sequence length, or a larger memory_limit / device.",
+        )
+
+    def _attempts_error(self, source: NoBatchFitsError, hint: str) -> NoBatchFitsError:
+        """``source``'s figures with a new hint, carrying every probe attempt in ``attempts``."""
         error = NoBatchFitsError(
-            batch_size=checkpoint_error.batch_size,
-            capacity_bytes=checkpoint_error.capacity_bytes,
-            peak_bytes=checkpoint_error.peak_bytes,
-            device=checkpoint_error.device,
-            last_error=checkpoint_error.last_error,
-            hint=(
-                f"This is with activation checkpointing of {len(modules)} blocks "
-                f"({_short(modules)}); without it batch {plain_error.batch_size} peaked at "
-                f"{format_bytes(plain_error.peak_bytes)} before failing. Try lower precision "
-                "(bf16/fp16 autocast), a smaller model or sequence length, or a larger memory_limit / device."
-            ),
-            diagnostics=checkpoint_error.diagnostics,
+            batch_size=source.batch_size,
+            capacity_bytes=source.capacity_bytes,
+            peak_bytes=source.peak_bytes,
+            device=source.device,
+            last_error=source.last_error,
+            hint=hint,
+            diagnostics=source.diagnostics,
         )
         error.attempts = self.probes
         return error

@@ -119,15 +119,14 @@ def predictive(
     peak_of: Callable[[int], int | None],
     start: int,
     max_units: int,
-    capacity: int | Callable[[], int],
+    capacity: int,
     *,
     prior: LinearFit | None = None,
 ) -> PredictOutcome:
     """Run the predictive search in units of ``multiple_of``.
 
     ``passes(units, purpose)`` runs (or recalls) a trial; ``peak_of(units)`` is the measured
-    peak of a passing trial; ``capacity`` the bytes available (or a callable giving them,
-    re-read at every prediction, as the usable share of a cap is learnt). Returns the largest passing
+    peak of a passing trial; ``capacity`` the bytes available. Returns the largest passing
     unit (None if unit 1 failed), the fitted curve, and why the search fell back to binary,
     if it did.
 
@@ -137,7 +136,6 @@ def predictive(
     """
     points: list[tuple[int, int]] = []  # (units, peak) of passing trials
     first = min(start, max_units)
-    available = capacity if callable(capacity) else (lambda: capacity)
 
     def record_pass(units: int) -> None:
         peak = peak_of(units)
@@ -155,7 +153,7 @@ def predictive(
 
     # -- 1. fit: from an estimate of the curve, or by growing geometrically --------------
     if prior is not None and prior.usable:
-        seeded = _seed_from_prior(passes, record_pass, points, prior, available(), max_units)
+        seeded = _seed_from_prior(passes, record_pass, points, prior, capacity, max_units)
         if seeded is None:
             return hand_to_binary(
                 "the estimated boundary and a size 20% below it both ran out of memory (the "
@@ -174,7 +172,7 @@ def predictive(
         fit = None
         while lo < max_units:
             fit = _secant(points)
-            if fit is not None and fit.predict_max(available()) <= lo * JUMP_RATIO:
+            if fit is not None and fit.predict_max(capacity) <= lo * JUMP_RATIO:
                 break
             units = min(lo * GROWTH, max_units)  # no usable line yet (too short, or flat): grow
             if not passes(units, "fit"):
@@ -200,7 +198,7 @@ def predictive(
     stride = gallops = 0
     bisecting = False
     while hi is None or hi - lo > 1:
-        predicted = fit.predict_max(available())
+        predicted = fit.predict_max(capacity)
         upper = max_units if hi is None else hi - 1
         if bisecting:
             guess = (lo + hi) // 2
