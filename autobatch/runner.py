@@ -316,10 +316,7 @@ class Runner:
         return loss, size
 
     def _attempt(self, batch: Any, size: int) -> float:
-        if self._captured_at != self.step:
-            self._phase = "transfer"
-            self.guard.capture()  # before anything changes; overlaps forward/backward on CUDA
-            self._captured_at = self.step
+        self._phase = "transfer"
         if self.distributed:
             loss, self._global_size = synced_step(
                 self._train_step, self._micro_batches(batch), local_size=size, on_phase=self._enter,
@@ -347,9 +344,24 @@ class Runner:
         self._phase = phase
         if self.faults is not None:
             self.faults(self.step, phase)
+        if phase in ("backward", "optimizer") and self._captured_at != self.step:
+            self._capture()
         if phase == "optimizer":
             self.guard.ready()
             self._stepping = True  # from here on the optimizer may have written something
+
+    def _capture(self) -> None:
+        """Snapshot what the optimizer step may change, once per global step.
+
+        Taken when the first backward starts, not at the top of the step: parameters and
+        optimizer state cannot change before the optimizer step, and by then the first
+        forward is queued on the device, so the host's work of issuing the copies (hundreds of
+        small transfers) overlaps device work instead of delaying the step's first kernel
+        (each step starts on an idle device after the previous step's loss was read). A
+        replay keeps the snapshot: a failed step's writes are undone from it first.
+        """
+        self.guard.capture()
+        self._captured_at = self.step
 
     def _is_retryable(self, exc: BaseException) -> bool:
         if not is_oom_error(exc):

@@ -17,9 +17,10 @@ the replay recomputes them from scratch.
 Cost, by ``mode``:
 
 * ``"cpu"`` (default): buffers in host memory (pinned on CUDA), so the guard costs no device
-  memory, which is exactly what is short. On CUDA the copy is issued at the *start* of the
-  global step on a side stream, overlapping forward and backward (parameters and optimizer
-  state do not change until the step); the optimizer step waits for it. The host never
+  memory, which is exactly what is short. On CUDA the runner issues the copy on a side stream when
+  the step's first backward starts (parameters and optimizer state do not change until the
+  optimizer step, and the queued forward hides the host's cost of issuing the copies); it
+  overlaps backward, and the optimizer step waits for it. The host never
   waits. The device-to-host traffic is parameters + optimizer state per step (12 bytes per
   fp32 parameter with Adam); when forward/backward is shorter than that copy, the remainder
   shows up in step time (``scripts/bench_runner.py`` measures it).

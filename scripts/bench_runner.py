@@ -4,11 +4,13 @@ Part 1, recovery: a small GPT (``scripts/bench_plan.py``'s) starts with the micr
 to the global batch, far above what fits under a memory cap (CUDA: a per-process cap;
 CPU: a simulated budget). The runner must halve its way down and finish every step.
 
-Part 2, overhead: with no cap and a micro-batch that fits, median global-step time of a
+Part 2, overhead: with no cap and a micro-batch that fits, global-step times of a
 plain accumulation loop (zero_grad, forward/backward per micro-batch with the loss weighted
 n / global, optimizer step, ``loss.item()``) against the runner with each step guard
 (``cpu``, the default; ``device``; ``off``) and with ``empty_cache`` after every step
-(the cache-hygiene cost). Variants run in interleaved rounds, so drift hits them alike.
+(the cache-hygiene cost). Every variant runs once per round, in a shuffled order; the
+overhead is the median over rounds of (variant's median step / plain loop's median step in
+that round) - 1, so drift of the device's clocks cancels.
 Every step is synchronised before its clock is read.
 
 Part 3, guard check: the same steps from the same state with an OOM injected before the
@@ -47,7 +49,7 @@ from bench_plan import GPT, lm_loss  # noqa: E402
 
 DEFAULTS = {
     "cuda": dict(layers=8, d_model=512, heads=8, seq_len=1024, vocab=16384, global_batch=64, memory_limit="6GiB",
-                 micro_batch=8, steps=50, warmup=10, rounds=3),
+                 micro_batch=8, steps=30, warmup=5, rounds=5),
     "cpu": dict(layers=2, d_model=32, heads=2, seq_len=32, vocab=128, global_batch=16, memory_limit="3MiB",
                 micro_batch=4, steps=10, warmup=3, rounds=2),
 }
@@ -168,22 +170,38 @@ VARIANTS = {
 
 
 def part_overhead(args, device, micro: int) -> dict:
+    """Every variant once per round, in a shuffled order (seeded), so neither drift nor a
+    fixed neighbour (the variant that empties the cache) favours one. A variant's overhead is
+    the median over rounds of its median step / the plain loop's median step *in the same
+    round*: paired by round, slow drift of the device's clocks cancels."""
+    import random
+
     model, optimizer = build(args, device)
     batches = make_batches(args, device)
     samples = {name: [] for name in VARIANTS}
+    per_round = {name: [] for name in VARIANTS}
+    order = list(VARIANTS)
+    shuffler = random.Random(0)
     for round_ in range(args.rounds):
-        for name, options in VARIANTS.items():
+        shuffler.shuffle(order)
+        for name in order:
+            options = VARIANTS[name]
             run = cycle(batches, args.warmup + args.steps)
             if options is None:
                 times = plain_loop(model, optimizer, run, micro, device)
             else:
                 times = runner_loop(model, optimizer, run, micro, device, **options)
             samples[name].extend(times[args.warmup :])
-    plain = statistics.median(samples["plain loop"])
+            per_round[name].append(statistics.median(times[args.warmup :]))
     rows = {}
     for name, times in samples.items():
-        median = statistics.median(times)
-        rows[name] = {"median_s": median, "overhead": median / plain - 1, "steps_timed": len(times)}
+        ratios = [mine / plain - 1 for mine, plain in zip(per_round[name], per_round["plain loop"])]
+        rows[name] = {
+            "median_s": statistics.median(times),
+            "overhead": statistics.median(ratios),
+            "overhead_range": [min(ratios), max(ratios)],
+            "steps_timed": len(times),
+        }
     return {"micro_batch": micro, "global_batch": args.global_batch, "rows": rows}
 
 
@@ -239,12 +257,14 @@ def main() -> int:
 
     micro = args.micro_batch
     overhead = part_overhead(args, device, micro)
-    print(f"## Part 2: overhead with no OOM (micro-batch {micro}, median of {args.rounds} x {args.steps} steps "
-          f"after {args.warmup} warm-up steps per round)\n")
-    print("| variant | median step (ms) | vs plain loop |")
-    print("| --- | ---: | ---: |")
+    print(f"## Part 2: overhead with no OOM (micro-batch {micro}, {args.rounds} rounds in shuffled order, "
+          f"{args.steps} timed steps after {args.warmup} warm-up steps per variant and round)\n")
+    print("| variant | median step (ms) | vs plain loop (median over rounds) | range over rounds |")
+    print("| --- | ---: | ---: | ---: |")
     for variant, row in overhead["rows"].items():
-        print(f"| {variant} | {row['median_s'] * 1e3:.2f} | {row['overhead'] * 100:+.2f} % |")
+        low, high = row["overhead_range"]
+        print(f"| {variant} | {row['median_s'] * 1e3:.2f} | {row['overhead'] * 100:+.2f} % | "
+              f"{low * 100:+.2f} … {high * 100:+.2f} % |")
     default = overhead["rows"]["runner (step_guard=cpu, default)"]["overhead"]
     within = default <= OVERHEAD_LIMIT or device.type == "cpu"
     verdict = ("not judged on the CPU (a check that the script runs)" if device.type == "cpu"
