@@ -9,7 +9,14 @@ gradients, optimizer state, workspaces) plus activations per sample. So:
    rounding and fixed costs; a long extrapolation from them overshoots). The first trial pays one-off
    costs (cuDNN autotuning workspaces, lazily created optimizer state, CUDA context), so it is
    left out of the fit once two later points exist.
-2. **Jump.** Trial the predicted boundary.
+2. **Jump.** Trial the predicted boundary; with ``above_first``, the size just above it
+   first, then the boundary itself. Why: when the answer must pass a *full* trial after the
+   last OOM and search trials are shorter (:func:`~autobatch.find_max_batch`), an OOM is
+   the cheapest trial (it stops part-way through a step). Above-then-at then costs one
+   cheap OOM and one full pass when the line is right, where at-then-above costs a search
+   pass, an OOM and a second, full pass of the answer. A pass above the boundary refutes
+   the line (it said that size fails). When every trial is full, at-then-above needs the
+   same two trials and wins when the line is high, so it stays the order.
 3. **Close the gap.** Refit through the two largest passing points (a secant, so curvature
    from allocator rounding or workspaces is followed locally), predict again inside the
    bracket (largest pass, smallest OOM), trial, and repeat until the bracket's ends are
@@ -122,6 +129,7 @@ def predictive(
     capacity: int,
     *,
     prior: LinearFit | None = None,
+    above_first: bool = False,
 ) -> PredictOutcome:
     """Run the predictive search in units of ``multiple_of``.
 
@@ -132,8 +140,10 @@ def predictive(
 
     ``prior`` is an estimated curve (in units, e.g. from :mod:`autobatch.estimate`): the first
     trial is then just below its boundary instead of at ``start``, and the line through that
-    measured point with the prior's slope makes the first jump.
+    measured point with the prior's slope makes the first jump. ``above_first``: try the size
+    above the line's boundary before the boundary (step 2 of the module's description).
     """
+    above = 1 if above_first else 0
     points: list[tuple[int, int]] = []  # (units, peak) of passing trials
     first = min(start, max_units)
 
@@ -207,8 +217,8 @@ def predictive(
         elif gallop > 0:  # up from lo, no farther than the midpoint
             guess = min(lo + stride, upper if hi is None else (lo + hi) // 2 or lo + 1)
             guess = max(guess, lo + 1)
-        else:  # the line's answer; lo + 1 when it says lo is already the maximum
-            guess = min(max(predicted, lo + 1), upper)
+        else:  # the line's answer (just above it first, when ``above_first``); lo + 1 when it says lo is the maximum
+            guess = min(max(predicted + above, lo + 1), upper)
         width = None if hi is None else hi - lo
         confirming = guess == lo + 1  # checking the line's claim that lo is the maximum
         passed = passes(guess, "verify")

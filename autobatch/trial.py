@@ -49,7 +49,8 @@ class TrialRecord:
     trial, the peak reached before the failure); ``reserved_bytes`` the allocator's reserved
     peak (what a per-process cap limits; equal to ``peak_bytes`` on the simulated device);
     ``purpose`` says why the strategy ran it (``search``, ``fit``, ``estimate``, ``verify``,
-    ``bisect``, ``margin``).
+    ``bisect``, ``margin``, ``confirm``); ``steps`` how many times it called the step (a
+    trial that ran out of memory stopped during one of them).
     """
 
     batch_size: int
@@ -59,6 +60,7 @@ class TrialRecord:
     purpose: str = "search"
     error: str | None = None
     reserved_bytes: int | None = None
+    steps: int | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -67,14 +69,23 @@ class TrialRecord:
 class TrialRunner:
     """Runs trials of ``fn`` and remembers every outcome.
 
-    A trial calls ``fn(batch_size)`` ``steps`` times. Any out-of-memory error (by
-    :func:`is_oom_error`) fails the trial; every other exception propagates unchanged at once.
-    Memory is freed *after* the ``except`` block has been left, so the traceback no longer
-    pins the failed step's tensors; ``after_oom`` (e.g. dropping half-built gradients) runs
-    first. A batch size already tried is answered from memory, never run twice. ``agree``,
-    when given, turns the local record into the one every rank shares (under
-    ``torch.distributed``: :func:`~autobatch.distributed_probe.agree_trial`); it runs after the
-    memory is freed.
+    A full trial calls ``fn(batch_size)`` ``steps`` times; a search trial ``search_steps``
+    times (default: ``steps``). Why two lengths: the extra steps of a full trial catch what
+    only a repeated step reveals (state created lazily on the first step, memory that grows
+    from step to step), which matters only for the size that is returned; a search trial
+    only has to tell which side of the boundary a size lies on, and a step that fits once
+    fits again. So the very first trial (where lazy state is created) and every trial the
+    caller marks ``final`` run full; the caller confirms its answer with :meth:`confirmed`.
+
+    Any out-of-memory error (by :func:`is_oom_error`) fails the trial; every other exception
+    propagates unchanged at once. Memory is released *after* the ``except`` block has been
+    left, so the traceback no longer pins the failed step's tensors; ``after_oom`` (e.g.
+    dropping half-built gradients) runs first, and the garbage collector only when memory is
+    still held above the trial's starting level (a full collection costs a tenth of a second
+    in a process with a large heap, and leaving the ``except`` block usually freed it all).
+    A batch size already tried is answered from memory, never run twice. ``agree``, when
+    given, turns the local record into the one every rank shares (under ``torch.distributed``:
+    :func:`~autobatch.distributed_probe.agree_trial`); it runs after the memory is freed.
     """
 
     def __init__(
@@ -84,32 +95,39 @@ class TrialRunner:
         steps: int,
         after_oom: Callable[[], None] | None = None,
         agree: Callable[[TrialRecord], TrialRecord] | None = None,
+        search_steps: int | None = None,
     ) -> None:
         self.fn = fn
         self.memory = memory
         self.steps = steps
+        self.search_steps = steps if search_steps is None else min(search_steps, steps)
         self.after_oom = after_oom
         self.agree = agree
         self.records: list[TrialRecord] = []
         self.outcomes: dict[int, bool] = {}
 
-    def __call__(self, batch_size: int, purpose: str = "search") -> bool:
-        """Whether ``batch_size`` trains; runs a trial unless it was tried already."""
+    def __call__(self, batch_size: int, purpose: str = "search", *, final: bool = False) -> bool:
+        """Whether ``batch_size`` trains; runs a trial unless it was tried already.
+
+        ``final``: this size may be the answer, so the trial runs all ``steps``."""
         if batch_size not in self.outcomes:
-            self.run(batch_size, purpose)
+            self.run(batch_size, purpose, steps=self.steps if final or not self.records else self.search_steps)
         return self.outcomes[batch_size]
 
-    def run(self, batch_size: int, purpose: str = "search") -> TrialRecord:
-        """Run a trial even if this size was tried before (used to re-measure)."""
+    def run(self, batch_size: int, purpose: str = "search", *, steps: int | None = None) -> TrialRecord:
+        """Run a trial even if this size was tried before (used to re-measure); ``steps``
+        calls of ``fn`` (default: a full trial)."""
+        steps = self.steps if steps is None else steps
         _notify(batch_size, purpose, None)
-        error = self._attempt(batch_size)
+        error = self._attempt(batch_size, steps)
         seconds = time.perf_counter() - self._started
         peak, reserved = self.memory.peak(), self.memory.peak_reserved()
         if error is not None:
             if self.after_oom is not None:
                 self.after_oom()
-            free_memory()
-        record = TrialRecord(batch_size, error is None, peak, seconds, purpose, error, reserved)
+            if self.memory.allocated() > self._baseline:
+                free_memory()  # something survived the failed step: collect cycles, return blocks
+        record = TrialRecord(batch_size, error is None, peak, seconds, purpose, error, reserved, steps)
         if self.agree is not None:
             record = self.agree(record)
         self.records.append(record)
@@ -125,14 +143,26 @@ class TrialRunner:
         _notify(batch_size, purpose, record)
         return record
 
-    def _attempt(self, batch_size: int) -> str | None:
+    def confirmed(self, batch_size: int, *, after_last_oom: bool) -> bool:
+        """Whether a full trial of ``batch_size`` passed (with ``after_last_oom``: after the
+        last trial that ran out of memory, so it is known to train in the state the allocator
+        was left in; cuDNN also falls back to smaller workspaces when memory is short)."""
+        for record in reversed(self.records):
+            if record.batch_size == batch_size and record.passed and (record.steps or self.steps) >= self.steps:
+                return True
+            if after_last_oom and not record.passed:
+                return False
+        return False
+
+    def _attempt(self, batch_size: int, steps: int) -> str | None:
         """Run the steps; return None on success or the OOM's first line. Leaves the
         ``except`` block before anything is freed."""
         self.memory.release_cached()
         self.memory.reset_peak()
+        self._baseline = self.memory.allocated()
         self._started = time.perf_counter()
         try:
-            for _ in range(self.steps):
+            for _ in range(steps):
                 self.fn(batch_size)
             self.memory.synchronize()
         except BaseException as exc:  # noqa: BLE001 - re-raised below unless it is an OOM

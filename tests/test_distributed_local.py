@@ -87,3 +87,4 @@ class _NullMemory:
     def synchronize(self): ...
     def peak(self): return 0
     def peak_reserved(self): return 0
+    def allocated(self): return 0

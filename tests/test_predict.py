@@ -127,3 +127,40 @@ def test_linear_fit_helpers():
     assert fit.predict_max(2550) == 25
     assert LinearFit.through([(10, 5)]) is None
     assert not LinearFit.through([(1, 5), (2, 5)]).usable
+
+
+class CountingCurveStep(MemoryCurveStep):
+    """A MemoryCurveStep that counts its calls (every call is one training step)."""
+
+    def __init__(self, curve):
+        super().__init__(curve)
+        self.steps_run = 0
+
+    def __call__(self, batch_size):
+        self.steps_run += 1
+        return super().__call__(batch_size)
+
+
+@pytest.mark.parametrize("curve", sorted(CURVES))
+def test_with_full_trials_longer_than_search_trials_predict_still_matches_binary(curve):
+    """Default probe: search trials of one step, the answer a full trial of three."""
+    with simulated_memory("24MiB"):
+        binary_step, predict_step = CountingCurveStep(CURVES[curve]), CountingCurveStep(CURVES[curve])
+        binary = find_max_batch(binary_step, strategy="binary", steps_per_trial=3)
+        predicted = find_max_batch(predict_step, strategy="predict", steps_per_trial=3)
+    assert predicted.batch_size == binary.batch_size
+    assert predict_step.steps_run < binary_step.steps_run
+    answer = [t for t in predicted.trials if t.batch_size == predicted.batch_size and t.passed][-1]
+    assert answer.steps == 3  # the returned size passed a full trial
+
+
+def test_above_the_boundary_first_when_the_answer_needs_a_full_trial():
+    """An exact line: one OOM just above the boundary, then the boundary in one full trial
+    (no one-step pass of it followed by a second, confirming trial)."""
+    with simulated_memory("200MiB"):
+        result = find_max_batch(MemoryCurveStep(CURVES["linear"]), strategy="auto", steps_per_trial=3)
+    boundary = (200 * MiB - 3 * MiB) // 2000
+    tail = [(t.batch_size, t.passed, t.steps) for t in result.trials[-2:]]
+    assert tail == [(boundary + 1, False, 1), (boundary, True, 3)]
+    assert result.num_ooms == 1 and result.batch_size == boundary
+    assert all(t.steps == 1 for t in result.trials[1:-1])  # every trial but the first and the answer is short

@@ -92,8 +92,54 @@ def test_margin_is_applied_last_and_verified_by_a_trial():
 
 def test_a_trial_runs_every_step_and_stops_at_the_first_oom():
     fn = ThresholdStep(4)
-    find_max_batch(fn, strategy="power", steps_per_trial=3)
+    find_max_batch(fn, strategy="power", steps_per_trial=3, search_steps=None)
     assert fn.calls == [1, 1, 1, 2, 2, 2, 4, 4, 4, 8]
+
+
+def test_search_trials_run_one_step_and_the_answer_a_full_trial():
+    fn = ThresholdStep(4)
+    result = find_max_batch(fn, strategy="power", steps_per_trial=3)
+    # the first trial is full (lazy state); 2, 4 and 8 only find the side of the boundary;
+    # 4 was a one-step pass, so it is confirmed with a full trial
+    assert fn.calls == [1, 1, 1, 2, 4, 8, 4, 4, 4]
+    assert [(t.batch_size, t.steps, t.purpose) for t in result.trials][-1] == (4, 3, "confirm")
+    assert result.batch_size == 4
+
+
+def test_a_size_next_to_a_failure_runs_full_at_once():
+    fn = ThresholdStep(11)
+    result = find_max_batch(fn, strategy="binary", steps_per_trial=2)
+    # 16 and 12 failed, 10 passed one step; 11 is tried after 12 failed, so it may be the
+    # answer and its own trial is full: no confirm trial
+    assert [t.batch_size for t in result.trials] == [1, 2, 4, 8, 16, 12, 10, 11]
+    assert [t.purpose for t in result.trials].count("confirm") == 0
+    last = result.trials[-1]
+    assert (last.batch_size, last.passed, last.steps) == (11, True, 2)
+    assert result.batch_size == 11
+
+
+def test_late_oom_in_the_full_trial_steps_down():
+    """A size that passes one step but not three (memory that grows step by step) is not
+    returned: the full trial fails and the answer steps down until a full trial passes."""
+
+    class Growing:
+        def __init__(self):
+            self.used = 0
+
+        def __call__(self, size):
+            self.used = self.used + 1 if size == getattr(self, "last", None) else 1
+            self.last = size
+            if size * self.used > 30:  # one step of 16 fits, three do not
+                raise torch.OutOfMemoryError("CUDA out of memory (test)")
+
+    result = find_max_batch(Growing(), strategy="power", steps_per_trial=3)
+    assert result.batch_size * 3 <= 30
+    assert result.trials[-1].passed and result.trials[-1].steps == 3
+
+
+def test_search_steps_must_be_a_positive_integer():
+    with pytest.raises(ValueError, match="search_steps"):
+        find_max_batch(ThresholdStep(4), search_steps=0)
 
 
 def test_non_oom_errors_propagate_unchanged():
