@@ -11,8 +11,10 @@ counts: activations saved for backward, gradients, optimizer state created on th
 ``step()`` (two steps are traced, so the second sees it), autocast's casts, checkpointing's
 recomputation, and the temporaries of each operator's outputs.
 
-What it does not see: workspaces internal to an operator (cuDNN, cuBLAS), allocator
-fragmentation, and memory that is not a tensor (the CUDA context). Kernels are chosen for the
+cuBLAS's workspaces are not tensors either, but their sizes are known: on CUDA the estimate
+adds one per thread that ran a matrix product (:mod:`autobatch.workspaces`). What it does not
+see: cuDNN's per-call convolution workspaces, allocator fragmentation, and memory that is
+not a tensor (the CUDA context). Kernels are chosen for the
 device the model lives on, so a CPU-resident model is estimated with CPU kernels (e.g.
 attention's math path saves the attention matrix where CUDA's flash path does not).
 
@@ -39,6 +41,7 @@ from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from .accounting import StorageAccountant
 from .train_step import TrainStep
 from .units import format_bytes, parse_bytes
+from .workspaces import BlasThreads, workspace_bytes
 
 __all__ = ["EstimateError", "MemoryEstimate", "BatchEstimate", "estimate_memory", "estimate_peak", "estimate_max_batch"]
 
@@ -64,17 +67,24 @@ class MemoryEstimate:
     ``resident_bytes``: parameters, buffers and optimizer state that exist before the step.
     ``step_peak_bytes``: the most memory allocated on top of them at any moment of the traced
     steps (activations, gradients, optimizer state created by the first step, temporaries).
+    ``workspace_bytes``: cuBLAS workspaces the step's matrix products hold on CUDA
+    (:mod:`autobatch.workspaces`), allocated by the step and kept by the process.
     """
 
     batch_size: int
     resident_bytes: int
     step_peak_bytes: int
     device: str
+    workspace_bytes: int = 0
 
     @property
     def peak_bytes(self) -> int:
-        """Resident plus step peak: what ``torch.cuda.max_memory_allocated`` would report."""
-        return self.resident_bytes + self.step_peak_bytes
+        """Resident, step peak and workspaces: what ``torch.cuda.max_memory_allocated`` would report."""
+        return self.resident_bytes + self.step_peak_bytes + self.workspace_bytes
+
+    def counted(self, include_resident: bool) -> int:
+        """The peak counted against a capacity: all of it, or without the resident bytes."""
+        return self.peak_bytes if include_resident else self.step_peak_bytes + self.workspace_bytes
 
 
 @dataclass
@@ -98,7 +108,7 @@ class BatchEstimate:
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
-        data["estimates"] = [[e.batch_size, e.resident_bytes, e.step_peak_bytes] for e in self.estimates]
+        data["estimates"] = [[e.batch_size, e.resident_bytes, e.step_peak_bytes, e.workspace_bytes] for e in self.estimates]
         return data
 
 
@@ -227,6 +237,7 @@ def estimate_memory(step: TrainStep, batch_size: int, *, steps: int = 2) -> Memo
     accountant = StorageAccountant(
         lambda t: isinstance(t, FakeTensor) and t.device.type == device.type, round_to=round_to
     )
+    blas = BlasThreads()
     rng = torch.get_rng_state()
     try:
         with ExitStack() as stack:
@@ -238,6 +249,7 @@ def estimate_memory(step: TrainStep, batch_size: int, *, steps: int = 2) -> Memo
                 fake_step.grad_scaler = _TraceScaler()
             stack.enter_context(mode)
             stack.enter_context(accountant)
+            stack.enter_context(blas)
             for _ in range(steps):
                 fake_step(batch_size)
             del fake_step
@@ -245,7 +257,8 @@ def estimate_memory(step: TrainStep, batch_size: int, *, steps: int = 2) -> Memo
         raise EstimateError(f"could not trace the step with fake tensors: {type(exc).__name__}: {exc}") from exc
     finally:
         torch.set_rng_state(rng)
-    return MemoryEstimate(batch_size, resident, accountant.peak_bytes, str(device))
+    workspaces = workspace_bytes(device, len(blas.threads))
+    return MemoryEstimate(batch_size, resident, accountant.peak_bytes, str(device), workspaces)
 
 
 def estimate_peak(step: TrainStep, batch_size: int, *, include_resident: bool = True, steps: int = 2) -> int:
@@ -253,7 +266,7 @@ def estimate_peak(step: TrainStep, batch_size: int, *, include_resident: bool = 
     (the default) the model's parameters, buffers and optimizer state are included, as
     ``torch.cuda.max_memory_allocated`` includes them."""
     estimate = estimate_memory(step, batch_size, steps=steps)
-    return estimate.peak_bytes if include_resident else estimate.step_peak_bytes
+    return estimate.counted(include_resident)
 
 
 def _tracer(step: TrainStep, *, multiple_of: int, steps: int, include_resident: bool):
@@ -266,7 +279,7 @@ def _tracer(step: TrainStep, *, multiple_of: int, steps: int, include_resident: 
         if units not in traced:
             traced[units] = estimate_memory(step, units * multiple_of, steps=steps)
         e = traced[units]
-        return e.peak_bytes if include_resident else e.step_peak_bytes
+        return e.counted(include_resident)
 
     return traced, peak
 
@@ -403,7 +416,7 @@ def _line(traced: dict[int, MemoryEstimate], near: int, include_resident: bool) 
     """Intercept and slope (per unit) through the two traced sizes nearest ``near``."""
     def bytes_of(units: int) -> int:
         e = traced[units]
-        return e.peak_bytes if include_resident else e.step_peak_bytes
+        return e.counted(include_resident)
 
     ordered = sorted(sorted(traced, key=lambda u: abs(u - near))[:2])
     if len(ordered) < 2:

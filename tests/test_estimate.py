@@ -247,3 +247,39 @@ def test_strategy_estimate_applies_margin_and_reports_no_fit():
     assert reduced.batch_size <= full.batch_size * 0.9 and not reduced.tested
     with pytest.raises(autobatch.NoBatchFitsError):
         find_max_batch(step, strategy="estimate", memory_limit="64KiB")
+
+
+# -- cuBLAS workspaces (autobatch.workspaces) ------------------------------------------------
+def test_cublas_workspace_size_follows_pytorchs_rule():
+    from autobatch.workspaces import cublas_workspace_bytes, hipblas_workspace_bytes
+
+    MiB, KiB = 2**20, 2**10
+    assert cublas_workspace_bytes(9) == cublas_workspace_bytes(10) == cublas_workspace_bytes(12) == 32 * MiB
+    assert cublas_workspace_bytes(8) == cublas_workspace_bytes(7) == 8 * MiB + 128 * KiB  # ":4096:2:16:8"
+    assert cublas_workspace_bytes(9, ":4096:8") == 32 * MiB
+    assert cublas_workspace_bytes(8, ":4096:2:16:8") == 8 * MiB + 128 * KiB
+    assert cublas_workspace_bytes(9, ":16:8") == 128 * KiB  # deterministic-algorithms setting
+    assert cublas_workspace_bytes(9, "garbage") == 32 * MiB  # unparsable: PyTorch's default
+    assert hipblas_workspace_bytes("gfx942:sramecc+:xnack-") == 128 * MiB
+    assert hipblas_workspace_bytes("gfx90a") == 32 * MiB
+
+
+def test_matrix_products_are_seen_on_each_thread_that_runs_them():
+    """Forward and backward of a linear layer both multiply matrices; on the CPU the autograd
+    engine runs backward on the caller's thread, so one thread is recorded (on CUDA, the
+    engine's device thread makes it two, and two workspaces)."""
+    from autobatch.workspaces import BlasThreads
+
+    layer = torch.nn.Linear(8, 4)
+    with BlasThreads() as blas:
+        layer(torch.randn(3, 8)).sum().backward()
+    assert len(blas.threads) == 1
+    with BlasThreads() as blas:
+        torch.relu(torch.randn(3, 8)).sum()
+    assert not blas.threads
+
+
+def test_no_workspace_is_added_off_cuda():
+    estimate = estimate_memory(make_mlp_step(width=32, in_features=8), 16)
+    assert estimate.workspace_bytes == 0
+    assert estimate.peak_bytes == estimate.resident_bytes + estimate.step_peak_bytes

@@ -2,6 +2,7 @@
 ``bash scripts/gpu_tests.sh`` (one device call)."""
 
 import gc
+import os
 
 import pytest
 import torch
@@ -130,3 +131,27 @@ def test_nothing_fits_on_cuda_raises_no_batch_fits():
     with pytest.raises(NoBatchFitsError) as info:
         find_max_batch(step, memory_limit="64MiB", steps_per_trial=1, max_batch=64)
     assert "capacity" in str(info.value)
+
+
+def test_estimate_counts_the_two_cublas_workspaces_and_lands_within_ten_percent():
+    from autobatch.estimate import estimate_memory
+    from autobatch.workspaces import cublas_workspace_bytes
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(1024, 4096), torch.nn.GELU(), torch.nn.Linear(4096, 1024)).cuda()
+    optimizer = torch.optim.AdamW(model.parameters())
+    step = autobatch.TrainStep(
+        model, optimizer, lambda m, b: m(b).square().mean(), lambda n: torch.randn(n, 1024, device="cuda")
+    )
+    estimate = estimate_memory(step, 512)
+    major = torch.cuda.get_device_properties(0).major
+    assert estimate.workspace_bytes == 2 * cublas_workspace_bytes(major, os.environ.get("CUBLAS_WORKSPACE_CONFIG"))
+    torch._C._cuda_clearCublasWorkspaces()  # measure from a process state without them
+    gc.collect()
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats()
+    for _ in range(2):
+        step(512)
+    torch.cuda.synchronize()
+    measured = torch.cuda.max_memory_allocated()
+    assert abs(estimate.peak_bytes - measured) / measured < 0.10, (estimate, measured)
