@@ -11,6 +11,7 @@ steps each), bracketed first around autobatch's binary answer and widened if the
 processes disagree with it.
 
     python scripts/bench_probe.py --memory-limit 16GiB --out bench_probe.md
+    python scripts/bench_probe.py --methods autobatch-auto accelerate --repeat 3   # timing spread
     python scripts/bench_probe.py --device cpu --models mlp   # a quick check without a GPU
 
 Needs CUDA for the real run; Lightning and Accelerate where installed (skipped otherwise).
@@ -127,7 +128,16 @@ def worker(args) -> dict:
         )
         found = result.batch_size
         sizes = [t.batch_size for t in result.trials]
-        extra = {"ooms": result.num_ooms, "fallback": result.fallback_reason}
+        extra = {
+            "ooms": result.num_ooms,
+            "fallback": result.fallback_reason,
+            "trial_records": [
+                {"batch": t.batch_size, "passed": t.passed, "purpose": t.purpose, "s": round(t.seconds, 4),
+                 "peak": t.peak_bytes, "reserved": t.reserved_bytes, "steps": getattr(t, "steps", None)}
+                for t in result.trials
+            ],
+            "trial_s": sum(t.seconds for t in result.trials),
+        }
     elif args.method.startswith("lightning-"):
         set_cap(args.device, limit)
         found, sizes = run_lightning(args, model, make_batch, loss_fn)
@@ -274,15 +284,14 @@ def orchestrate(args) -> None:
         exact, exact_trials = exact_maximum(args, binary["found"])
         guess = 2 ** math.ceil(math.log2(exact + 1))  # a generous power-of-two guess above the maximum
         print(f"{model_name}: exact maximum {exact} ({exact_trials} fresh-process trials); guess {guess}", flush=True)
-        results = {"autobatch-binary": binary}
         for method in args.methods:
-            if method not in results:
-                results[method] = spawn(args, method, guess=guess)
-        for method in args.methods:
-            r = results[method]
-            r["exact"] = exact
-            rows.append(r)
-            print(json.dumps(r), flush=True)
+            runs = [binary] if method == "autobatch-binary" else []
+            while len(runs) < args.repeat:
+                runs.append(spawn(args, method, guess=guess))
+            for repeat, r in enumerate(runs):
+                r["exact"], r["repeat"] = exact, repeat
+                rows.append(r)
+                print(json.dumps(r), flush=True)
     write_table(rows, args)
 
 
@@ -301,6 +310,16 @@ def write_table(rows, args) -> None:
             f"| {r['model']} (max {r['exact']}) | {r['method']} | {r['found']} | {share} | {r['trials']} | "
             f"{r['probe_s']:.1f} | {follow} |"
         )
+    times: dict[tuple[str, str], list[float]] = {}
+    for r in rows:
+        if "found" in r:
+            times.setdefault((r["model"], r["method"]), []).append(r["probe_s"])
+    if any(len(t) > 1 for t in times.values()):
+        lines += ["", "| model | method | runs | median probe time (s) | range (s) |", "| --- | --- | ---: | ---: | --- |"]
+        for (model, method), values in times.items():
+            values.sort()
+            lines.append(f"| {model} | {method} | {len(values)} | {values[len(values) // 2]:.2f} | "
+                         f"{values[0]:.2f} - {values[-1]:.2f} |")
     table = "\n".join(lines)
     print(table)
     if args.out:
@@ -316,18 +335,29 @@ def main() -> None:
     parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     parser.add_argument("--memory-limit", default="16GiB")
     parser.add_argument("--timeout", type=int, default=400)
+    parser.add_argument("--repeat", type=int, default=1, help="fresh-process runs of each method (median time reported)")
     parser.add_argument("--out", default=None)
     parser.add_argument("--model")
     parser.add_argument("--method")
     parser.add_argument("--batch", type=int)
     parser.add_argument("--guess", type=int, default=1024)
     parser.add_argument("--max-batch", type=int, default=None)
+    parser.add_argument("--profile", action="store_true", help="worker: print a cProfile summary to stderr")
     args = parser.parse_args()
     if args.mode == "worker":
         import logging
 
         logging.basicConfig(level=logging.WARNING)
-        print("RESULT " + json.dumps(worker(args)), flush=True)
+        if args.profile:  # where the probe's time goes: the 30 costliest calls, to stderr
+            import cProfile
+            import pstats
+
+            profiler = cProfile.Profile()
+            outcome = profiler.runcall(worker, args)
+            pstats.Stats(profiler, stream=sys.stderr).sort_stats("cumulative").print_stats(30)
+        else:
+            outcome = worker(args)
+        print("RESULT " + json.dumps(outcome), flush=True)
     else:
         orchestrate(args)
 
