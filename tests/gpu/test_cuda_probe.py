@@ -130,3 +130,12 @@ def test_nothing_fits_on_cuda_raises_no_batch_fits():
     with pytest.raises(NoBatchFitsError) as info:
         find_max_batch(step, memory_limit="64MiB", steps_per_trial=1, max_batch=64)
     assert "capacity" in str(info.value)
+
+
+def test_cuda_timing_reads_allocator_retries():
+    """The throughput objective's retry counter is the CUDA allocator's ``num_alloc_retries``
+    (an int, 0 or more per candidate), not the CPU's None."""
+    step = conv_step()
+    plan = autobatch.plan(step, global_batch=64, objective="throughput", memory_limit=2 * GiB, timed_steps=2)
+    assert plan.candidates and all(isinstance(c["alloc_retries"], int) for c in plan.candidates if not c["error"])
+    plan.undo()
