@@ -18,6 +18,10 @@ Objectives:
   checkpointing and, where checkpointing makes larger micro-batches fit, with it. A
   checkpointed candidate is only timed at sizes the plain model cannot run: at equal size it
   does the same work plus a recomputed forward (``exhaustive=True`` times them anyway).
+  Every candidate is timed once (warm-up, then ``timed_steps`` steps; the median step
+  counts); the leaders, those within ``retime_within`` of the best, are then re-timed in
+  ``retime_rounds`` interleaved rounds, and the pooled median picks the winner (the fastest
+  step of one short pass can be a lucky one, and drift can favour whoever ran at a good time).
 
 When the plan uses checkpointing the model *stays wrapped* (``Plan.checkpointing`` says so;
 ``Plan.undo()`` unwraps it); otherwise the model is left as it was given.
@@ -43,10 +47,12 @@ from .probe import find_max_batch
 from .result import ProbeResult
 from .throughput import (
     Candidate,
-    accelerator_synchronize,
+    DeviceHooks,
     balanced_micro_batch,
     candidate_micro_batches,
+    leaders,
     measure_candidates,
+    validate_timing,
 )
 from .train_step import TrainStep
 from .units import format_bytes, parse_bytes
@@ -68,8 +74,11 @@ class Plan:
     ``checkpointed_modules`` say whether and where activation checkpointing is on. ``probes``
     holds every probe run (``checkpointing``, ``fits``, and the ``ProbeResult`` dict as
     ``result``, or the error's figures); ``candidates`` the timed candidates of the
-    throughput objective. ``reason`` says why this plan won. JSON-serialisable (``to_json`` /
-    ``from_dict``); the live checkpoint handle is not serialised.
+    throughput objective (:class:`~autobatch.throughput.Candidate` as dicts) and ``timing``
+    how they were timed (``warmup_steps``, ``timed_steps``, ``retime_rounds``,
+    ``retime_within``, and ``retimed``: how many leaders were re-timed). ``reason`` says why
+    this plan won. JSON-serialisable (``to_json`` / ``from_dict``); the live checkpoint
+    handle is not serialised.
     """
 
     global_batch: int
@@ -83,6 +92,7 @@ class Plan:
     reason: str = ""
     probes: list[dict[str, Any]] = field(default_factory=list)
     candidates: list[dict[str, Any]] = field(default_factory=list)
+    timing: dict[str, Any] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     handle: CheckpointHandle | None = field(default=None, repr=False, compare=False)
 
@@ -110,7 +120,7 @@ class Plan:
 
     @property
     def samples_per_s(self) -> float | None:
-        """The chosen candidate's measured samples/s (throughput objective only)."""
+        """The chosen candidate's samples/s at its median step time (throughput objective only)."""
         for candidate in self.candidates:
             if candidate.get("chosen"):
                 return candidate.get("samples_per_s")
@@ -147,17 +157,23 @@ class Plan:
 
 
 def candidates_table(candidates: Iterable[dict[str, Any]]) -> str:
-    """A markdown table of timed candidates, the chosen one marked."""
+    """A markdown table of timed candidates: samples/s at the median step, the median step,
+    how many steps were timed (in how many rounds), allocator retries ("-": not measured);
+    the chosen one marked, one with allocator retries flagged."""
     rows = [
-        "| micro-batch | accumulation | checkpointing | samples/s | s/step | |",
-        "| ---: | ---: | :---: | ---: | ---: | --- |",
+        "| micro-batch | accumulation | checkpointing | samples/s | median s/step | timed steps | alloc retries | |",
+        "| ---: | ---: | :---: | ---: | ---: | ---: | ---: | --- |",
     ]
     for c in candidates:
         speed = "OOM" if c.get("error") else ("-" if c.get("samples_per_s") is None else f"{c['samples_per_s']:.1f}")
         per_step = "-" if c.get("seconds_per_step") is None else f"{c['seconds_per_step']:.4f}"
+        steps = len(c.get("step_seconds") or [])
+        timed = f"{steps} ({c.get('rounds', 1)} rounds)" if c.get("rounds", 1) > 1 else (str(steps) if steps else "-")
+        retries = "-" if c.get("alloc_retries") is None else str(c["alloc_retries"])
+        marks = (["**chosen**"] if c.get("chosen") else []) + (["allocator retries"] if c.get("alloc_retries") else [])
         rows.append(
             f"| {c['micro_batch']} | {c['accumulation_steps']} | {'yes' if c['checkpointing'] else 'no'} "
-            f"| {speed} | {per_step} | {'**chosen**' if c.get('chosen') else ''} |"
+            f"| {speed} | {per_step} | {timed} | {retries} | {', '.join(marks)} |"
         )
     return "\n".join(rows)
 
@@ -175,8 +191,11 @@ def plan(
     min_micro_batch: int | None = None,
     exhaustive: bool = False,
     warmup_steps: int = 1,
-    timed_steps: int = 3,
+    timed_steps: int = 5,
+    retime_rounds: int = 2,
+    retime_within: float = 0.1,
     timer: Callable[[], float] = time.perf_counter,
+    allocator_retries: Callable[[], int | None] | None = None,
     **probe_kwargs: Any,
 ) -> Plan:
     """Find the best way to train ``global_batch`` samples per optimizer step with ``step``.
@@ -194,8 +213,19 @@ def plan(
         min_micro_batch: throughput: the smallest micro-batch timed (default: largest // 16).
         exhaustive: throughput: also time checkpointed candidates the plain model can run
             (probing with checkpointing even when the global batch fits without it).
-        warmup_steps, timed_steps: throughput: untimed and timed global steps per candidate.
+        warmup_steps: throughput: untimed global steps before each candidate's timed ones
+            (in every round), so one-off costs (autotuning, cache growth) are not timed.
+        timed_steps: throughput: global steps timed one by one per candidate and round; the
+            candidate's speed is the global batch over the median step time.
+        retime_rounds: throughput: interleaved rounds (A B C A B C ...) in which the leading
+            candidates are timed again after the first pass; the pick is by the median of all
+            their timed steps (0: no re-timing).
+        retime_within: throughput: which candidates lead: those within this fraction of the
+            best first-pass samples/s (0.1: within 10 %); re-timing needs two or more.
         timer: throughput: the clock (seconds); injectable for tests.
+        allocator_retries: throughput: the allocator's cumulative retry count (default: the
+            accelerator's ``num_alloc_retries``; none on the CPU); injectable for tests.
+            Candidates whose timed steps saw retries are flagged in the table.
         **probe_kwargs: passed to :func:`~autobatch.find_max_batch` (``strategy``,
             ``memory_limit``, ``steps_per_trial``, ``margin``, ``multiple_of``, ...);
             ``max_batch`` caps the micro-batch (default ``global_batch``).
@@ -207,7 +237,11 @@ def plan(
         GlobalBatchTooLargeError: the global batch does not fit in one step and accumulation
             is not allowed.
     """
-    _validate(step, global_batch, objective, warmup_steps, timed_steps, probe_kwargs)
+    _validate(step, global_batch, objective, probe_kwargs)
+    timing = dict(
+        warmup_steps=warmup_steps, timed_steps=timed_steps, retime_rounds=retime_rounds, retime_within=retime_within
+    )
+    validate_timing(**timing)
     cap = min(global_batch, probe_kwargs.pop("max_batch", None) or global_batch)
     multiple_of = probe_kwargs.get("multiple_of", 1)
     if balanced and isinstance(multiple_of, int) and multiple_of > 1:
@@ -223,9 +257,9 @@ def plan(
                 balanced,
                 min_micro_batch=min_micro_batch,
                 exhaustive=exhaustive,
-                warmup_steps=warmup_steps,
-                timed_steps=timed_steps,
+                timing=timing,
                 timer=timer,
+                allocator_retries=allocator_retries,
             )
     except BaseException:
         planner.unwrap()
@@ -241,7 +275,7 @@ def plan(
     return result
 
 
-def _validate(step, global_batch, objective, warmup_steps, timed_steps, probe_kwargs) -> None:
+def _validate(step, global_batch, objective, probe_kwargs) -> None:
     missing = [name for name in ("model", "optimizer", "loss_fn", "make_batch") if not hasattr(step, name)]
     if missing:
         raise TypeError(f"step must be an autobatch.TrainStep (it lacks {', '.join(missing)}), got {step!r}")
@@ -249,10 +283,6 @@ def _validate(step, global_batch, objective, warmup_steps, timed_steps, probe_kw
         raise ValueError(f"global_batch must be a positive integer, got {global_batch!r}")
     if objective not in OBJECTIVES:
         raise ValueError(f"objective must be one of {', '.join(OBJECTIVES)}; got {objective!r}")
-    if not isinstance(warmup_steps, int) or warmup_steps < 0:
-        raise ValueError(f"warmup_steps must be an integer >= 0, got {warmup_steps!r}")
-    if not isinstance(timed_steps, int) or timed_steps < 1:
-        raise ValueError(f"timed_steps must be an integer >= 1, got {timed_steps!r}")
     if not isinstance(probe_kwargs.get("max_batch", 1), (int, type(None))):
         raise ValueError(f"max_batch must be a positive integer or None, got {probe_kwargs['max_batch']!r}")
 
@@ -415,9 +445,9 @@ class _Planner:
         *,
         min_micro_batch: int | None,
         exhaustive: bool,
-        warmup_steps: int,
-        timed_steps: int,
+        timing: dict[str, Any],
         timer: Callable[[], float],
+        allocator_retries: Callable[[], int | None] | None,
     ) -> Plan:
         plain, plain_error = self.probe(False)
         plain_max = plain.batch_size if plain is not None else 0
@@ -454,37 +484,63 @@ class _Planner:
                 "CPU: candidates were timed without the simulated memory budget (it slows every "
                 "operator); the probes had already checked that they fit"
             )
-        timing = dict(
-            global_batch=self.global_batch,
-            warmup_steps=warmup_steps,
-            timed_steps=timed_steps,
-            timer=timer,
-            synchronize=accelerator_synchronize(device),
-        )
-        with _measurement_memory(device, self.probe_kwargs.get("memory_limit")):
-            if ckpt_candidates:
-                self.wrap()
-                measure_candidates(self.step, ckpt_candidates, **timing)
-                self.unwrap()
-            measure_candidates(self.step, plain_candidates, **timing)
-
         candidates = sorted(plain_candidates + ckpt_candidates, key=lambda c: (c.checkpointing, c.micro_batch))
+        retimed = self.time(candidates, device, timing, timer, allocator_retries)
         timed = [c for c in candidates if c.samples_per_s is not None]
         if not timed:
             raise MemoryError(
                 "every candidate plan ran out of memory while being timed, though the probe found "
                 f"them to fit: {[c.error for c in candidates]}; lower memory pressure (margin=0.1)"
             )
-        # Fastest first; ties go to fewer accumulation steps, then to no checkpointing.
+        # Fastest median first; ties go to fewer accumulation steps, then to no checkpointing.
         best = max(timed, key=lambda c: (c.samples_per_s, -c.accumulation_steps, not c.checkpointing))
         best.chosen = True
         reason = (
-            f"fastest of {len(timed)} timed candidates: {best.samples_per_s:.1f} samples/s "
+            f"fastest of {len(timed)} timed candidates at the median step: {best.samples_per_s:.1f} samples/s "
             f"(micro-batch {best.micro_batch} x {best.accumulation_steps}, checkpointing "
             f"{'on' if best.checkpointing else 'off'})"
         )
-        candidate_dicts = [c.to_dict() for c in candidates]
-        return self.build(best.micro_batch, best.checkpointing, "throughput", reason, balanced, candidates=candidate_dicts)
+        if retimed:
+            reason += (
+                f"; the {len(retimed)} within {timing['retime_within']:.0%} of the best were re-timed in "
+                f"{timing['retime_rounds']} interleaved rounds"
+            )
+        if best.retried:
+            self.notes.append(
+                f"the chosen candidate hit {best.alloc_retries} allocator retries while timed (memory "
+                "pressure: the cache was flushed to retry an allocation); its median includes them"
+            )
+        return self.build(
+            best.micro_batch,
+            best.checkpointing,
+            "throughput",
+            reason,
+            balanced,
+            candidates=[c.to_dict() for c in candidates],
+            timing=dict(timing, retimed=len(retimed)),
+        )
+
+    def time(self, candidates, device, timing, timer, allocator_retries) -> list[Candidate]:
+        """Time every candidate once, then the leaders in interleaved rounds; return the
+        re-timed leaders (none when fewer than two lead or ``retime_rounds`` is 0)."""
+        options = dict(
+            global_batch=self.global_batch,
+            warmup_steps=timing["warmup_steps"],
+            timed_steps=timing["timed_steps"],
+            timer=timer,
+            hooks=DeviceHooks.for_device(device, allocator_retries),
+            prepare=lambda candidate: self.wrap() if candidate.checkpointing else self.unwrap(),
+        )
+        with _measurement_memory(device, self.probe_kwargs.get("memory_limit")):
+            try:
+                measure_candidates(self.step, candidates, **options)
+                front = leaders(candidates, timing["retime_within"])
+                if len(front) < 2 or not timing["retime_rounds"]:
+                    return []
+                measure_candidates(self.step, front, rounds=timing["retime_rounds"], **options)
+                return front
+            finally:
+                self.unwrap()
 
 
 def _measurement_memory(device: torch.device, memory_limit: int | str | None) -> ContextManager:

@@ -1,23 +1,41 @@
 """Candidate plans for a global batch, and timing them in samples per second.
 
 A candidate is (micro-batch, accumulation steps, checkpointing). Timing one runs real global
-steps through :func:`~autobatch.accumulation.accumulated_step` (the same loop training uses):
-``warmup_steps`` untimed, then ``timed_steps`` each timed on its own, with a device
-synchronisation before each clock reading. Samples/s = ``global_batch / fastest step``: like
-``timeit``, the minimum is the figure least disturbed by other load (``step_seconds`` keeps
-them all). The model and
-optimizer are put back bit-exactly after every candidate (:class:`~autobatch.restore.Snapshot`),
-so each starts from the same state and the user's model is untouched afterwards. A candidate
-that runs out of memory while timed is recorded with its error and never chosen.
+steps through :func:`~autobatch.accumulation.accumulated_step` (the same loop training uses).
+What the measurement does, and why:
 
-The clock is injectable (``timer``) so tests can give steps a known, deterministic cost.
+* **Warm-up.** ``warmup_steps`` untimed global steps first, so lazy initialisation, kernel
+  autotuning and the allocator growing its cache are not timed.
+* **Per-step times.** Then ``timed_steps`` global steps, each timed on its own with a device
+  synchronisation before each clock reading (``step_seconds`` keeps them all).
+* **Median, not minimum.** ``seconds_per_step`` is the median step time, ``samples_per_s``
+  is ``global_batch`` over it. The minimum rewards one lucky step; the median is the step
+  training will typically see, and a few fast or slow steps do not move it.
+* **Interleaved rounds.** :func:`measure_candidates` can time candidates in rounds
+  (A B C A B C ...), each with its own warm-up, so drift (clocks, heat, other load) hits
+  them alike; the times of all rounds are pooled. The planner re-times the leaders so.
+* **Allocator retries.** On accelerators each candidate starts from an emptied allocator
+  cache (so it does not inherit the previous candidate's blocks), and the allocator's retry
+  counter (``num_alloc_retries``: an allocation failed, the cache was flushed and the
+  allocation retried, a slow path under memory pressure) is read around the timed steps.
+  ``alloc_retries`` records the count; a candidate with retries is flagged, and since the
+  slow steps are among its timed ones its median carries them.
+
+The model and optimizer are put back bit-exactly after every timed candidate
+(:class:`~autobatch.restore.Snapshot`), so each starts from the same state and the user's
+model is untouched afterwards. A candidate that runs out of memory in any round is recorded
+with its error and never chosen.
+
+The clock and the retry counter are injectable (``timer``, :class:`DeviceHooks`) so tests
+can give steps a known, deterministic cost.
 """
 
 from __future__ import annotations
 
 import logging
 import math
-from dataclasses import asdict, dataclass
+import statistics
+from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
 import torch
@@ -26,7 +44,15 @@ from .accumulation import accumulated_step, micro_batch_sizes
 from .oom import free_memory, is_oom_error
 from .restore import Snapshot
 
-__all__ = ["Candidate", "candidate_micro_batches", "balanced_micro_batch", "measure_candidates"]
+__all__ = [
+    "Candidate",
+    "DeviceHooks",
+    "candidate_micro_batches",
+    "balanced_micro_batch",
+    "measure_candidates",
+    "leaders",
+    "validate_timing",
+]
 
 log = logging.getLogger("autobatch")
 
@@ -36,9 +62,11 @@ class Candidate:
     """One way to run the global batch, and what timing it measured.
 
     ``micro_batch_sizes`` are the sizes of the ``accumulation_steps`` micro-batches (they
-    cover the global batch exactly). ``seconds_per_step`` is the fastest timed global step,
-    ``step_seconds`` all of them. ``samples_per_s`` is None until measured, or when the
-    candidate failed (``error`` says why).
+    cover the global batch exactly). ``step_seconds`` holds every timed global step of every
+    round (``rounds`` of them), ``seconds_per_step`` their median and ``samples_per_s`` the
+    global batch over that median. ``alloc_retries`` counts allocator retries during the
+    timed steps (None where the device does not report them, e.g. the CPU). ``samples_per_s``
+    is None until measured, or when the candidate failed (``error`` says why).
     """
 
     micro_batch: int
@@ -47,7 +75,9 @@ class Candidate:
     micro_batch_sizes: list[int]
     samples_per_s: float | None = None
     seconds_per_step: float | None = None
-    step_seconds: list[float] | None = None
+    step_seconds: list[float] = field(default_factory=list)
+    rounds: int = 0
+    alloc_retries: int | None = None
     error: str | None = None
     chosen: bool = False
 
@@ -60,8 +90,80 @@ class Candidate:
     def key(self) -> tuple[int, int, bool]:
         return (self.micro_batch, self.accumulation_steps, self.checkpointing)
 
+    @property
+    def retried(self) -> bool:
+        """True when the allocator had to retry (flush its cache) during the timed steps."""
+        return bool(self.alloc_retries)
+
+    def record(self, times: list[float], retries: int | None, global_batch: int) -> None:
+        """Add one round's step times (and allocator retries); update the pooled median."""
+        self.step_seconds.extend(times)
+        self.rounds += 1
+        if retries is not None:
+            self.alloc_retries = (self.alloc_retries or 0) + retries
+        median = statistics.median(self.step_seconds)
+        self.seconds_per_step = median
+        self.samples_per_s = global_batch / median if median > 0 else math.inf
+
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def validate_timing(*, warmup_steps: int, timed_steps: int, retime_rounds: int = 0, retime_within: float = 0.0) -> None:
+    """Raise ``ValueError`` naming the first bad timing knob."""
+    counts = (("warmup_steps", warmup_steps, 0), ("timed_steps", timed_steps, 1), ("retime_rounds", retime_rounds, 0))
+    for name, value, low in counts:
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
+    within = retime_within
+    if isinstance(within, bool) or not isinstance(within, (int, float)) or not 0 <= within < 1:
+        raise ValueError(f"retime_within must be a fraction in [0, 1) (0.1: within 10 % of the best), got {within!r}")
+
+
+def _noop() -> None:
+    return None
+
+
+@dataclass(frozen=True)
+class DeviceHooks:
+    """What timing needs from the device: ``synchronize`` before each clock reading,
+    ``release_cache`` before each candidate (empty the allocator's cache), and
+    ``allocator_retries`` (the allocator's cumulative retry count, or None: not measured).
+    The defaults do nothing, as on the CPU."""
+
+    synchronize: Callable[[], None] = _noop
+    release_cache: Callable[[], None] = _noop
+    allocator_retries: Callable[[], int | None] | None = None
+
+    @classmethod
+    def for_device(
+        cls, device: torch.device, allocator_retries: Callable[[], int | None] | None = None
+    ) -> "DeviceHooks":
+        """The hooks for ``device``; ``allocator_retries`` replaces the device's counter
+        (the CPU has none)."""
+        if device.type == "cpu":
+            return cls(allocator_retries=allocator_retries)
+        return cls(accelerator_synchronize(device), free_memory, allocator_retries or _retry_counter(device))
+
+
+def _retry_counter(device: torch.device) -> Callable[[], int | None] | None:
+    """Read ``num_alloc_retries`` from the device allocator's statistics; None where the
+    backend keeps no such statistics (then retries are not measured)."""
+    try:
+        if "num_alloc_retries" not in torch.accelerator.memory_stats(device):
+            return None
+    except (RuntimeError, NotImplementedError, AttributeError):
+        return None
+    return lambda: torch.accelerator.memory_stats(device).get("num_alloc_retries")
+
+
+def leaders(candidates: list[Candidate], within: float) -> list[Candidate]:
+    """The measured candidates whose samples/s is at least ``1 - within`` of the best's."""
+    timed = [c for c in candidates if c.samples_per_s is not None and c.error is None]
+    if not timed:
+        return []
+    best = max(c.samples_per_s for c in timed)
+    return [c for c in timed if c.samples_per_s >= (1 - within) * best]
 
 
 def balanced_micro_batch(global_batch: int, largest: int) -> int:
@@ -105,32 +207,47 @@ def measure_candidates(
     *,
     global_batch: int,
     warmup_steps: int = 1,
-    timed_steps: int = 3,
+    timed_steps: int = 5,
+    rounds: int = 1,
     timer: Callable[[], float],
-    synchronize: Callable[[], None] = lambda: None,
+    hooks: DeviceHooks = DeviceHooks(),
+    prepare: Callable[[Candidate], None] | None = None,
 ) -> None:
-    """Time each candidate in place (``samples_per_s``, ``seconds_per_step``, ``error``).
+    """Time the candidates in ``rounds`` interleaved rounds (A B C A B C ...), in place.
 
-    ``step`` is a :class:`~autobatch.TrainStep`; its ``make_batch`` builds each micro-batch.
-    The model must already be in the candidates' checkpointing state (the planner arranges
-    that); model and optimizer are restored after each candidate.
+    Each round gives each candidate ``warmup_steps`` untimed and ``timed_steps`` timed global
+    steps, added to what earlier calls recorded (:meth:`Candidate.record`: the median is over
+    all of them). ``step`` is a :class:`~autobatch.TrainStep`; its ``make_batch`` builds each
+    micro-batch. ``prepare(candidate)`` puts the model in the candidate's checkpointing
+    state; without it the model must already be in it. Model and optimizer are restored
+    after each candidate; a candidate that runs out of memory gets ``error`` and
+    ``samples_per_s = None`` and is skipped in later rounds.
     """
+    validate_timing(warmup_steps=warmup_steps, timed_steps=timed_steps)
     snapshot = Snapshot.take(step.model, step.optimizer)
     try:
-        for candidate in candidates:
-            error = _time(step, candidate, global_batch, warmup_steps, timed_steps, timer, synchronize)
-            if error is not None:
-                step.clear_grads()
-                free_memory()
-                candidate.error = error
-                log.info("candidate %s ran out of memory while timed: %s", candidate.key, error)
-            snapshot.restore()
+        for _ in range(rounds):
+            for candidate in candidates:
+                if candidate.error is not None:
+                    continue
+                if prepare is not None:
+                    prepare(candidate)
+                hooks.release_cache()
+                error = _time(step, candidate, global_batch, warmup_steps, timed_steps, timer, hooks)
+                if error is not None:
+                    step.clear_grads()
+                    free_memory()
+                    candidate.error = error
+                    candidate.samples_per_s = None
+                    log.info("candidate %s ran out of memory while timed: %s", candidate.key, error)
+                snapshot.restore()
     finally:
         snapshot.restore()
 
 
-def _time(step, candidate, global_batch, warmup_steps, timed_steps, timer, synchronize) -> str | None:
-    """Run and time the candidate; return None, or the OOM's first line (outside ``except``)."""
+def _time(step, candidate, global_batch, warmup_steps, timed_steps, timer, hooks) -> str | None:
+    """Run and time the candidate once; return None, or the OOM's first line (outside
+    ``except``). The clock is read exactly twice per timed step: right before and after it."""
 
     def one_step() -> None:
         micro = (step.make_batch(size) for size in candidate.micro_batch_sizes)
@@ -140,27 +257,29 @@ def _time(step, candidate, global_batch, warmup_steps, timed_steps, timer, synch
     try:
         for _ in range(warmup_steps):
             one_step()
-        synchronize()
+        hooks.synchronize()
+        retries_before = hooks.allocator_retries() if hooks.allocator_retries else None
         for _ in range(timed_steps):
             began = timer()
             one_step()
-            synchronize()
+            hooks.synchronize()
             times.append(timer() - began)
+        retries_after = hooks.allocator_retries() if hooks.allocator_retries else None
     except BaseException as exc:  # noqa: BLE001 - re-raised unless it is an OOM
         if not is_oom_error(exc):
             raise
         text = str(exc).strip()
         return text.splitlines()[0][:300] if text else type(exc).__name__
-    fastest = min(times)
-    candidate.step_seconds = times
-    candidate.seconds_per_step = fastest
-    candidate.samples_per_s = global_batch / fastest if fastest > 0 else math.inf
+    retries = None if retries_before is None or retries_after is None else retries_after - retries_before
+    candidate.record(times, retries, global_batch)
     log.info(
-        "candidate micro=%d x %d checkpointing=%s: %.1f samples/s",
+        "candidate micro=%d x %d checkpointing=%s: round %d, median %.1f samples/s%s",
         candidate.micro_batch,
         candidate.accumulation_steps,
         candidate.checkpointing,
+        candidate.rounds,
         candidate.samples_per_s,
+        f", {retries} allocator retries" if retries else "",
     )
     return None
 
@@ -168,5 +287,5 @@ def _time(step, candidate, global_batch, warmup_steps, timed_steps, timer, synch
 def accelerator_synchronize(device: torch.device) -> Callable[[], None]:
     """A synchronise function for ``device`` (a no-op on the CPU)."""
     if device.type == "cpu":
-        return lambda: None
+        return _noop
     return lambda: torch.accelerator.synchronize(device)

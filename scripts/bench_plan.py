@@ -1,9 +1,11 @@
 """Benchmark autobatch.plan(objective="throughput") on a small GPT-like transformer.
 
 The global batch is chosen so it does not fit under the memory cap in one step. The script
-plans it, prints a markdown table of every candidate's samples/s (as the planner timed it),
-then re-times every candidate that fit, in interleaved rounds, and checks that the chosen
-plan is within 3 % of the best re-timed one. Exit status 0 when it is, 1 when not.
+plans it, prints a markdown table of every candidate's samples/s (as the planner timed it:
+median step, leaders re-timed), then re-times every candidate that fit in ``--verify-rounds``
+interleaved rounds (A B C A B C ..., each round a warm-up and the timed steps), pools each
+candidate's step times, and checks that the chosen plan's median samples/s is within 3 % of
+the best median. Exit status 0 when it is, 1 when not.
 
     python scripts/bench_plan.py --device cuda                 # GPU defaults (capped at 6 GiB)
     python scripts/bench_plan.py --device cpu                  # a tiny model, simulated budget
@@ -30,15 +32,22 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 import autobatch  # noqa: E402
 from autobatch.devices import AcceleratorMemory  # noqa: E402
-from autobatch.throughput import Candidate, accelerator_synchronize, measure_candidates  # noqa: E402
+from autobatch.throughput import Candidate, DeviceHooks, measure_candidates  # noqa: E402
 from autobatch.units import parse_bytes  # noqa: E402
 
 TOLERANCE = 0.03
 
-#: Defaults per device type: a GPT-2-ish model on a GPU, a toy one on the CPU.
+#: Defaults per device type: a GPT-2-ish model on a GPU, a toy one on the CPU (a smoke test:
+#: fewer timed steps and re-timing rounds, so it finishes quickly).
 DEFAULTS = {
-    "cuda": dict(layers=8, d_model=512, heads=8, seq_len=1024, vocab=16384, global_batch=128, memory_limit="6GiB"),
-    "cpu": dict(layers=4, d_model=32, heads=2, seq_len=32, vocab=128, global_batch=32, memory_limit="2MiB"),
+    "cuda": dict(
+        layers=8, d_model=512, heads=8, seq_len=1024, vocab=16384, global_batch=128, memory_limit="6GiB",
+        timed_steps=5, verify_rounds=5,
+    ),
+    "cpu": dict(
+        layers=4, d_model=32, heads=2, seq_len=32, vocab=128, global_batch=32, memory_limit="2MiB",
+        timed_steps=3, verify_rounds=3,
+    ),
 }
 
 
@@ -93,9 +102,13 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--strategy", default="auto")
     parser.add_argument("--steps-per-trial", type=int, default=2)
     parser.add_argument("--min-micro-batch", type=int, default=None)
-    parser.add_argument("--warmup-steps", type=int, default=1)
-    parser.add_argument("--timed-steps", type=int, default=3)
-    parser.add_argument("--verify-rounds", type=int, default=2, help="interleaved re-timing rounds")
+    parser.add_argument("--warmup-steps", type=int, default=1, help="untimed steps per candidate and round")
+    parser.add_argument("--timed-steps", type=int, default=None, help="timed steps per candidate and round (GPU 5, CPU 3)")
+    parser.add_argument("--retime-rounds", type=int, default=2, help="planner: interleaved rounds re-timing the leaders")
+    parser.add_argument("--retime-within", type=float, default=0.1, help="planner: leaders are within this fraction of the best")
+    parser.add_argument(
+        "--verify-rounds", type=int, default=None, help="benchmark: interleaved rounds re-timing every candidate (GPU 5, CPU 3)"
+    )
     parser.add_argument("--exhaustive", action="store_true", help="also time checkpointed sizes that fit plainly")
     parser.add_argument("--no-autocast", action="store_true", help="GPU: fp32 instead of bf16 autocast")
     parser.add_argument("--json", default=None, help="write the plan and the re-timing here")
@@ -110,40 +123,55 @@ def parse_args() -> argparse.Namespace:
 
 
 def retime(step, plan, args, device) -> list[dict]:
-    """Re-time every candidate that fit, ``verify_rounds`` interleaved rounds, best round kept."""
+    """Re-time every candidate that fit in ``verify_rounds`` interleaved rounds; each row gets
+    ``retimed_samples_per_s`` (global batch over the median of all its re-timed steps)."""
     plan.undo()
-    fitting = [c for c in plan.candidates if c.get("samples_per_s") is not None]
-    best: dict[tuple, float] = {}
+    fitting = [
+        Candidate(c["micro_batch"], c["accumulation_steps"], c["checkpointing"], c["micro_batch_sizes"])
+        for c in plan.candidates
+        if c.get("samples_per_s") is not None
+    ]
+    handle = None
+
+    def prepare(candidate: Candidate) -> None:
+        nonlocal handle
+        if candidate.checkpointing and (handle is None or not handle.active):
+            handle = autobatch.enable_checkpointing(step.model)
+        elif not candidate.checkpointing and handle is not None:
+            handle.undo()
+
     cap = nullcontext()
     if device.type != "cpu":
         cap = AcceleratorMemory(device).capped(parse_bytes(args.memory_limit))
-    with cap:
-        for _ in range(args.verify_rounds):
-            for data in fitting:
-                candidate = Candidate(
-                    data["micro_batch"], data["accumulation_steps"], data["checkpointing"], data["micro_batch_sizes"]
-                )
-                handle = autobatch.enable_checkpointing(step.model) if candidate.checkpointing else None
-                try:
-                    measure_candidates(
-                        step,
-                        [candidate],
-                        global_batch=plan.global_batch,
-                        warmup_steps=args.warmup_steps,
-                        timed_steps=args.timed_steps,
-                        timer=time.perf_counter,
-                        synchronize=accelerator_synchronize(device),
-                    )
-                finally:
-                    if handle is not None:
-                        handle.undo()
-                key = (candidate.micro_batch, candidate.accumulation_steps, candidate.checkpointing)
-                if candidate.samples_per_s is not None:
-                    best[key] = max(best.get(key, 0.0), candidate.samples_per_s)
+    try:
+        with cap:
+            measure_candidates(
+                step,
+                fitting,
+                global_batch=plan.global_batch,
+                warmup_steps=args.warmup_steps,
+                timed_steps=args.timed_steps,
+                rounds=args.verify_rounds,
+                timer=time.perf_counter,
+                hooks=DeviceHooks.for_device(device),
+                prepare=prepare,
+            )
+    finally:
+        if handle is not None:
+            handle.undo()
+    again = {c.key: c for c in fitting}
     rows = []
     for data in plan.candidates:
-        key = (data["micro_batch"], data["accumulation_steps"], data["checkpointing"])
-        rows.append(dict(data, retimed_samples_per_s=best.get(key)))
+        measured = again.get((data["micro_batch"], data["accumulation_steps"], data["checkpointing"]))
+        rows.append(
+            dict(
+                data,
+                retimed_samples_per_s=measured.samples_per_s if measured else None,
+                retimed_step_seconds=measured.step_seconds if measured else [],
+                retimed_alloc_retries=measured.alloc_retries if measured else None,
+                retimed_error=measured.error if measured else None,
+            )
+        )
     return rows
 
 
@@ -183,6 +211,8 @@ def main() -> int:
         exhaustive=args.exhaustive,
         warmup_steps=args.warmup_steps,
         timed_steps=args.timed_steps,
+        retime_rounds=args.retime_rounds,
+        retime_within=args.retime_within,
     )
     fits_plainly = [p["result"]["batch_size"] for p in plan.probes if p["fits"] and not p["checkpointing"]]
     if fits_plainly and fits_plainly[0] >= args.global_batch:
@@ -191,24 +221,32 @@ def main() -> int:
 
     rows = retime(step, plan, args, device)
     retimed = [r for r in rows if r["retimed_samples_per_s"]]
+    if not retimed:
+        print("\nFAIL: every candidate ran out of memory while re-timed")
+        return 1
     best = max(retimed, key=lambda r: r["retimed_samples_per_s"])
     chosen = next(r for r in rows if r["chosen"])
     ratio = (chosen["retimed_samples_per_s"] or 0.0) / best["retimed_samples_per_s"]
-    print(f"\n## Re-timed ({args.verify_rounds} interleaved rounds, best round)\n")
-    print("| micro-batch | accumulation | checkpointing | planner samples/s | re-timed samples/s | % of best | |")
-    print("| ---: | ---: | :---: | ---: | ---: | ---: | --- |")
+    print(
+        f"\n## Re-timed: {args.verify_rounds} interleaved rounds x ({args.warmup_steps} warm-up + "
+        f"{args.timed_steps} timed steps) per candidate; median of {args.verify_rounds * args.timed_steps} step times\n"
+    )
+    print("| micro-batch | accumulation | checkpointing | planner samples/s | re-timed median samples/s | % of best | alloc retries | |")
+    print("| ---: | ---: | :---: | ---: | ---: | ---: | ---: | --- |")
     for r in rows:
         planned = "OOM" if r.get("error") else f"{r['samples_per_s']:.1f}"
         again = r["retimed_samples_per_s"]
+        shown = "OOM" if r["retimed_error"] else (f"{again:.1f}" if again else "-")
         share = f"{100 * again / best['retimed_samples_per_s']:.1f}" if again else "-"
+        retries = "-" if r["retimed_alloc_retries"] is None else str(r["retimed_alloc_retries"])
         print(
             f"| {r['micro_batch']} | {r['accumulation_steps']} | {'yes' if r['checkpointing'] else 'no'} "
-            f"| {planned} | {again and f'{again:.1f}' or '-'} | {share} | {'**chosen**' if r['chosen'] else ''} |"
+            f"| {planned} | {shown} | {share} | {retries} | {'**chosen**' if r['chosen'] else ''} |"
         )
     ok = ratio >= 1 - TOLERANCE
     print(
         f"\nchosen: micro-batch {plan.micro_batch} x {plan.accumulation_steps}, checkpointing "
-        f"{'on' if plan.checkpointing else 'off'}; re-timed at {100 * ratio:.1f} % of the best "
+        f"{'on' if plan.checkpointing else 'off'}; its re-timed median is {100 * ratio:.1f} % of the best median "
         f"({'PASS' if ok else 'FAIL'}: within {TOLERANCE:.0%})"
     )
     if args.json:

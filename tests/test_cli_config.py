@@ -47,6 +47,7 @@ def test_train_config_ties_the_optimizer_lr_to_train_lr(conf):
         ["model=target", "model._target_=torch.nn.Flatten"],
         ["optimizer=sgd", "probe=safe", "device=cpu", "precision=bf16"],
         ["train.global_batch=512", "plan.objective=throughput", "plan.checkpoint_modules=[_DecoderBlock]"],
+        ["plan.objective=throughput", "plan.timed_steps=3", "plan.retime_rounds=0", "plan.retime_within=0.05"],
     ],
 )
 def test_every_group_option_composes_and_validates(conf, overrides):

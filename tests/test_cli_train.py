@@ -54,6 +54,21 @@ def test_probe_with_a_global_batch_prints_and_writes_the_plan(cli, tmp_path):
     assert "micro-batch     40 x 5 accumulation steps" in done.stdout
 
 
+def test_plan_timing_keys_reach_the_throughput_planner(cli, tmp_path):
+    knobs = ["plan.warmup_steps=0", "plan.timed_steps=2", "plan.retime_rounds=1", "plan.retime_within=0.5"]
+    args = ["model=mlp", *SMALL[:3], "probe.max_batch=32", "probe.steps_per_trial=1", "train.global_batch=64"]
+    done = cli("probe", *args, "plan.objective=throughput", *knobs)
+    assert done.returncode == 0, done.stderr
+    plan = json.loads((tmp_path / "run" / "plan.json").read_text())
+    assert {k: plan["timing"][k] for k in ("warmup_steps", "timed_steps", "retime_rounds", "retime_within")} == {
+        "warmup_steps": 0, "timed_steps": 2, "retime_rounds": 1, "retime_within": 0.5
+    }
+    rounds = sorted(c["rounds"] for c in plan["candidates"])
+    assert set(rounds) <= {1, 2} and rounds.count(2) == plan["timing"]["retimed"]
+    assert all(len(c["step_seconds"]) == 2 * c["rounds"] for c in plan["candidates"])
+    assert "median s/step" in done.stdout
+
+
 def test_train_runs_the_plan_and_recovers_from_an_injected_oom(cli, tmp_path):
     args = ["model=mlp", *SMALL[:3], "probe.max_batch=32", "probe.steps_per_trial=1", "train.global_batch=64"]
     done = cli("train", *args, "train.steps=5", "train.inject_oom=[[2,forward]]", "plan.balanced=false")

@@ -28,11 +28,21 @@ def block(width: int = WIDTH) -> nn.Module:
 
 
 class FakeClock:
+    """Time that only the model's blocks advance. The planner reads the clock right before
+    and right after each timed step, so an odd number of readings means a step is being timed
+    (warm-up steps and probes run with an even number)."""
+
     def __init__(self) -> None:
         self.now = 0.0
+        self.readings = 0
 
     def __call__(self) -> float:
+        self.readings += 1
         return self.now
+
+    @property
+    def timing(self) -> bool:
+        return self.readings % 2 == 1
 
 
 class Costly(nn.Module):
@@ -220,6 +230,16 @@ def test_bad_arguments():
         plan(step, global_batch=0)
     with pytest.raises(ValueError, match="objective"):
         plan(step, global_batch=4, objective="fast")
+    for knob, value, words in (
+        ("warmup_steps", -1, "warmup_steps must be an integer >= 0"),
+        ("timed_steps", 0, "timed_steps must be an integer >= 1"),
+        ("timed_steps", 2.5, "timed_steps must be an integer >= 1"),
+        ("retime_rounds", -1, "retime_rounds must be an integer >= 0"),
+        ("retime_within", 1.0, r"retime_within must be a fraction in \[0, 1\)"),
+        ("retime_within", -0.1, "retime_within must be a fraction"),
+    ):
+        with pytest.raises(ValueError, match=words):
+            plan(step, global_batch=4, objective="throughput", **{knob: value})
     with pytest.raises(TypeError, match="TrainStep"):
         plan(lambda b: None, global_batch=4)
 
@@ -260,3 +280,152 @@ def test_a_candidate_that_runs_out_of_memory_while_timed_is_recorded_and_skipped
     assert candidates[1].samples_per_s is None and candidates[0].samples_per_s == pytest.approx(16 / 32)
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
     assert all(p.grad is None for p in model.parameters())
+
+
+# -- the throughput measurement: median, interleaved re-timing of leaders, allocator retries --
+def per_forward(n: int, slope: float) -> float:
+    """Cost of one block forward on a micro-batch of n: fixed overhead, slower past 8."""
+    return 10 + n + slope * max(0, n - 8)
+
+
+def test_a_single_lucky_step_does_not_win_against_a_better_median():
+    """Micro-batch 16's first timed step is lucky (a quarter of its cost). The fastest single
+    step would pick it (32 / 40 samples per unit); the median picks 8 x 4, the known best."""
+    clock = FakeClock()
+    lucky = {"forwards": 4}  # one global step of micro-batch 16: 2 micro-batches x 2 blocks
+
+    def cost(n):
+        if n == 16 and clock.timing and lucky["forwards"]:
+            lucky["forwards"] -= 1
+            return per_forward(n, 3) / 4
+        return per_forward(n, 3)
+
+    torch.manual_seed(0)
+    step = make_step(nn.Sequential(*(Costly(clock, cost) for _ in range(2))), tokens=2)
+    result = plan(
+        step, global_batch=32, objective="throughput", memory_limit="64MiB", steps_per_trial=1,
+        min_micro_batch=1, warmup_steps=1, timed_steps=3, timer=clock,
+    )
+    by_size = {c["micro_batch"]: c for c in result.candidates}
+    assert lucky["forwards"] == 0 and by_size[16]["step_seconds"] == [50.0, 200.0, 200.0]
+    assert min(by_size[16]["step_seconds"]) < min(by_size[8]["step_seconds"]) == 144
+    assert by_size[16]["seconds_per_step"] == 200 and by_size[16]["samples_per_s"] == pytest.approx(32 / 200)
+    assert (result.micro_batch, result.accumulation_steps) == (8, 4) and by_size[8]["chosen"]
+    assert result.samples_per_s == pytest.approx(32 / 144)
+    assert result.timing["retimed"] == 0  # nothing else within 10 % of 8 x 4: no re-timing
+
+
+def drifting_plan(clock: FakeClock, **timing):
+    """Per-step costs 224, 144, 152, 156 for micro-batches 4, 8, 16, 32 of a global 32, so 8,
+    16 and 32 lead (within 10 %); but 8's first-pass steps are slowed by 12.5 % to 162 (drift:
+    other load while it was timed), so the first pass alone ranks 16 first."""
+    slowed = {"forwards": 3 * 8}  # 3 timed steps of micro-batch 8: 4 micro-batches x 2 blocks
+
+    def cost(n):
+        base = per_forward(n, 1.5)
+        if n == 8 and clock.timing and slowed["forwards"]:
+            slowed["forwards"] -= 1
+            return base * 1.125
+        return base
+
+    torch.manual_seed(0)
+    step = make_step(nn.Sequential(*(Costly(clock, cost) for _ in range(2))), tokens=2)
+    return plan(
+        step, global_batch=32, objective="throughput", memory_limit="64MiB", steps_per_trial=1,
+        min_micro_batch=4, warmup_steps=1, timed_steps=3, timer=clock, **timing,
+    )
+
+
+def test_leaders_are_re_timed_in_interleaved_rounds_and_the_pooled_median_picks():
+    clock = FakeClock()
+    result = drifting_plan(clock, retime_rounds=2, retime_within=0.1)
+    by_size = {c["micro_batch"]: c for c in result.candidates}
+    assert sorted(by_size) == [4, 8, 16, 32]
+    # Leaders (8, 16, 32) timed in 1 + 2 rounds of 3 steps; 4 (224, 36 % slower) once.
+    assert {n: (c["rounds"], len(c["step_seconds"])) for n, c in by_size.items()} == {
+        4: (1, 3), 8: (3, 9), 16: (3, 9), 32: (3, 9)
+    }
+    assert by_size[8]["step_seconds"] == [162.0] * 3 + [144.0] * 6  # drift in the first pass only
+    assert by_size[8]["seconds_per_step"] == 144 and by_size[8]["chosen"]
+    assert (result.micro_batch, result.accumulation_steps) == (8, 4)
+    assert clock.readings == 2 * 3 * (4 + 2 * 3)  # two readings per timed step: 4 firsts, 2 rounds of 3
+    assert result.timing == {
+        "warmup_steps": 1, "timed_steps": 3, "retime_rounds": 2, "retime_within": 0.1, "retimed": 3
+    }
+    assert "re-timed in 2 interleaved rounds" in result.reason
+    assert "9 (3 rounds)" in result.summary()
+    again = Plan.from_dict(json.loads(result.to_json()))
+    assert again.to_dict() == result.to_dict() and again.timing["retimed"] == 3
+
+
+def test_without_re_timing_drift_in_the_single_pass_decides():
+    """The same drift with retime_rounds=0: the first pass alone picks 16 x 2 (152 per step,
+    5 % slower than 8 x 4), which is what re-timing the leaders prevents."""
+    result = drifting_plan(FakeClock(), retime_rounds=0)
+    assert (result.micro_batch, result.accumulation_steps) == (16, 2)
+    assert all(c["rounds"] == 1 for c in result.candidates) and result.timing["retimed"] == 0
+
+
+class RetryCounter:
+    """A fake allocator retry counter: each micro-batch of ``size`` built counts one retry,
+    as if that size pushed the allocator to flush its cache."""
+
+    def __init__(self, step: TrainStep, size: int) -> None:
+        self.count = 0
+        make = step.make_batch
+
+        def make_batch(b):
+            self.count += b == size
+            return make(b)
+
+        step.make_batch = make_batch
+
+    def __call__(self) -> int:
+        return self.count
+
+
+def test_allocator_retries_are_counted_over_timed_steps_and_flagged():
+    from autobatch.throughput import Candidate, DeviceHooks, measure_candidates
+
+    clock = FakeClock()
+    step = make_step(nn.Sequential(*(Costly(clock, lambda n: n) for _ in range(2))), tokens=2)
+    retries = RetryCounter(step, 8)
+    candidates = [Candidate.build(16, m, False) for m in (4, 8)]
+    measure_candidates(
+        step, candidates, global_batch=16, warmup_steps=1, timed_steps=2, rounds=2, timer=clock,
+        hooks=DeviceHooks(allocator_retries=retries),
+    )
+    # 2 micro-batches of 8 per step, 2 timed steps per round, 2 rounds; warm-up not counted.
+    assert [c.alloc_retries for c in candidates] == [0, 8]
+    assert [c.retried for c in candidates] == [False, True]
+    assert retries.count == 12  # the warm-up steps' retries happened but were not timed
+    assert all(c.rounds == 2 and len(c.step_seconds) == 4 for c in candidates)
+
+    table = autobatch.planner.candidates_table([c.to_dict() for c in candidates])
+    assert "| 4 | 4 | no | 0.5 | 32.0000 | 4 (2 rounds) | 0 |  |" in table
+    assert "| 8 | 2 | no | 0.5 | 32.0000 | 4 (2 rounds) | 8 | allocator retries |" in table
+
+
+def test_plan_flags_a_chosen_candidate_with_allocator_retries():
+    clock = FakeClock()
+    torch.manual_seed(0)
+    step = make_step(nn.Sequential(*(Costly(clock, lambda n: 10 + n + 3 * max(0, n - 8)) for _ in range(2))), tokens=2)
+    retries = RetryCounter(step, 8)
+    result = plan(
+        step, global_batch=32, objective="throughput", memory_limit="64MiB", steps_per_trial=1,
+        min_micro_batch=4, warmup_steps=0, timed_steps=1, timer=clock, allocator_retries=retries,
+    )
+    by_size = {c["micro_batch"]: c for c in result.candidates}
+    assert by_size[8]["chosen"] and by_size[8]["alloc_retries"] == 4 and by_size[16]["alloc_retries"] == 0
+    assert any("4 allocator retries" in note for note in result.notes)
+    assert "| 4 | **chosen**, allocator retries |" in result.summary()
+
+
+def test_cpu_timing_records_no_allocator_retries():
+    clock = FakeClock()
+    torch.manual_seed(0)
+    step = make_step(nn.Sequential(*(Costly(clock, lambda n: 10 + n) for _ in range(2))), tokens=2)
+    result = plan(step, global_batch=8, objective="throughput", memory_limit="64MiB", steps_per_trial=1,
+                  min_micro_batch=4, timed_steps=1, timer=clock)
+    assert all(c["alloc_retries"] is None for c in result.candidates)
+    assert all("allocator retries" not in line for line in result.summary().splitlines()[-2:])

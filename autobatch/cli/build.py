@@ -20,6 +20,7 @@ from torch.nn import functional as F
 from ..batches import DatasetBatches, SyntheticBatches
 from ..faults import PHASES
 from ..probe import validate_probe_args
+from ..throughput import validate_timing
 from ..train_step import TrainStep
 from ..units import parse_bytes
 
@@ -102,6 +103,8 @@ def validate(cfg: DictConfig) -> None:
         for name in ("start", "max_batch", "strategy", "margin", "multiple_of", "steps_per_trial"):
             message = message.replace(f"{name}=", f"probe.{name}=").replace(f"{name} must", f"probe.{name} must")
         raise ValueError(message.replace(" or None", " or null")) from None
+    if "plan" in cfg:
+        _validate_plan(cfg.plan)
     for key in ("probe.memory_limit", "device.simulated_budget"):
         value = OmegaConf.select(cfg, key)
         if value is not None:
@@ -115,6 +118,18 @@ def validate(cfg: DictConfig) -> None:
         raise ValueError(f"model.inputs must be 'tensor' or 'tokens', got {inputs!r}")
     if "train" in cfg:
         _validate_train(cfg.train)
+
+
+def _validate_plan(plan: DictConfig) -> None:
+    """The plan's timing knobs (throughput objective); ``ValueError`` names the key to fix."""
+    names = ("warmup_steps", "timed_steps", "retime_rounds", "retime_within")
+    try:
+        validate_timing(**{name: plan[name] for name in names})
+    except ValueError as exc:
+        message = str(exc)
+        for name in names:
+            message = message.replace(f"{name} must", f"plan.{name} must")
+        raise ValueError(message) from None
 
 
 def _validate_train(train: DictConfig) -> None:

@@ -91,6 +91,10 @@ def run_plan(cfg: DictConfig, workload: Workload, global_batch: int) -> Plan:
         allow_checkpointing=bool(options.allow_checkpointing),
         checkpoint_targets=list(options.checkpoint_modules) or None,
         balanced=bool(options.balanced),
+        warmup_steps=int(options.warmup_steps),
+        timed_steps=int(options.timed_steps),
+        retime_rounds=int(options.retime_rounds),
+        retime_within=float(options.retime_within),
         **probe_kwargs(cfg, workload),
     )
 

@@ -258,6 +258,14 @@ class PlanConfig:
     #: Balanced micro-batches (sizes differ by at most one) rather than full ones and a
     #: smaller last one.
     balanced: bool = True
+    #: throughput: untimed global steps before each candidate's timed ones, in every round.
+    warmup_steps: int = 1
+    #: throughput: global steps timed one by one per candidate and round (the median counts).
+    timed_steps: int = 5
+    #: throughput: interleaved rounds re-timing the leading candidates (0: none).
+    retime_rounds: int = 2
+    #: throughput: the leaders are the candidates within this fraction of the best (0.1: 10 %).
+    retime_within: float = 0.1
 
 
 @dataclass

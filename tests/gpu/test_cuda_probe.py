@@ -155,3 +155,11 @@ def test_estimate_counts_the_two_cublas_workspaces_and_lands_within_ten_percent(
     torch.cuda.synchronize()
     measured = torch.cuda.max_memory_allocated()
     assert abs(estimate.peak_bytes - measured) / measured < 0.10, (estimate, measured)
+
+def test_cuda_timing_reads_allocator_retries():
+    """The throughput objective's retry counter is the CUDA allocator's ``num_alloc_retries``
+    (an int, 0 or more per candidate), not the CPU's None."""
+    step = conv_step()
+    plan = autobatch.plan(step, global_batch=64, objective="throughput", memory_limit=2 * GiB, timed_steps=2)
+    assert plan.candidates and all(isinstance(c["alloc_retries"], int) for c in plan.candidates if not c["error"])
+    plan.undo()
