@@ -156,6 +156,7 @@ def test_estimate_counts_the_two_cublas_workspaces_and_lands_within_ten_percent(
     measured = torch.cuda.max_memory_allocated()
     assert abs(estimate.peak_bytes - measured) / measured < 0.10, (estimate, measured)
 
+
 def test_cuda_timing_reads_allocator_retries():
     """The throughput objective's retry counter is the CUDA allocator's ``num_alloc_retries``
     (an int, 0 or more per candidate), not the CPU's None."""
