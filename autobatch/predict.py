@@ -248,12 +248,16 @@ def predictive(
 
 
 def _first_stride(near: int) -> int:
-    """First gallop stride after the line was refuted near ``near``: half a percent.
+    """First gallop stride after the line was refuted near ``near``: half a percent, rounded
+    down (at least one).
 
     A refuted line is usually off by the allocator's rounding and fragmentation, a percent or
     two of the batch, so small strides that double find the boundary in a few cheap trials.
+    Rounded down because a short stride is the cheap mistake: galloping down from a failure,
+    each stride that still fails is an OOM trial (a fraction of a step), while one that
+    overshoots adds a passing trial and a bisection step.
     """
-    return max(1, round(near * 0.005))
+    return max(1, int(near * 0.005))
 def _seed_from_prior(passes, record_pass, points, prior: LinearFit, capacity: int, max_units: int):
     """First trials from an estimated curve: ``PRIOR_BELOW`` under its boundary, then (if that
     ran out of memory) 20 % lower. Returns ``(lo, hi, fit)`` for the closing loop, the fit
