@@ -78,7 +78,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if errors.traceback_wanted(_verbose(rest)):
             raise
         return _fail(exc.message, exc.exit_code)
-    sys.argv = [f"autobatch {command}", *rest]
+    from .cli.ranks import hydra_overrides
+
+    sys.argv = [f"autobatch {command}", *rest, *hydra_overrides(rest)]  # under torchrun, ranks > 0 stay out of the run dir
     try:
         run_app(command)
     except SystemExit as exc:

@@ -31,7 +31,9 @@ import torch
 from . import distributed as dist_sync
 from .trial import TrialRecord
 
-__all__ = ["agree_trial", "agree_capacity", "agree_prior", "agree_cache_hit", "agree_batch", "local_step", "unwrap"]
+__all__ = [
+    "agree_trial", "agree_capacity", "agree_prior", "agree_cache_hit", "agree_batch", "agree_plan", "local_step", "unwrap",
+]
 
 
 def unwrap(model: torch.nn.Module) -> torch.nn.Module:
@@ -104,6 +106,25 @@ def agree_batch(result) -> Any:
     if dist_sync.world_size() > 1:
         result.notes.append(f"agreed over {dist_sync.world_size()} ranks (each probed its own device)")
     return result
+
+
+def agree_plan(planned) -> Any:
+    """Make a :class:`~autobatch.Plan` the same on every rank: the smallest micro-batch over the
+    ranks (the ``max_batch`` objective agrees already, its probes ran in lockstep; a
+    ``throughput`` pick is timed on each rank's own device). Activation checkpointing on some
+    ranks only raises ``RuntimeError`` on every rank. Returns ``planned``, changed in place."""
+    from .accumulation import micro_batch_sizes
+
+    rows = dist_sync.exchange([planned.micro_batch, int(planned.checkpointing)], "plan: micro-batch and checkpointing")
+    if len({row[1] for row in rows}) > 1:
+        raise RuntimeError("the ranks planned differently (activation checkpointing on some ranks only); pass micro_batch")
+    agreed = min(row[0] for row in rows)
+    if agreed != planned.micro_batch:
+        planned.notes.append(f"micro-batch {planned.micro_batch} planned on this rank; {agreed} is the smallest over the ranks")
+        planned.micro_batch = agreed
+        planned.micro_batch_sizes = micro_batch_sizes(planned.global_batch, agreed, balanced=planned.balanced)
+        planned.accumulation_steps = len(planned.micro_batch_sizes)
+    return planned
 
 
 def _int(value: int | None) -> int:

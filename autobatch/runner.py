@@ -46,7 +46,7 @@ from .progress import Progress
 from .run_result import Recovery, RunResult
 from .step_guard import StepGuard
 from . import distributed as dist_sync
-from .distributed_probe import unwrap
+from .distributed_probe import agree_plan, unwrap
 from .distributed_step import broadcast_state, synced_step
 from .train_step import TrainStep
 
@@ -199,7 +199,9 @@ class Runner:
         run, whichever comes first (neither: one epoch). ``resume``: a checkpoint file or
         directory written by this runner; training continues from it exactly (same batches,
         same random numbers). ``on_step_end(info)`` is called after each applied update with
-        ``step`` (steps done), ``epoch``, ``loss``, ``micro_batch`` and ``samples``.
+        ``step`` (steps done), ``epoch``, ``loss``, ``micro_batch``, ``accumulation`` (this
+        rank's micro-batches in the step) and ``samples`` (the step's samples, over all ranks
+        when distributed).
         Returns the :class:`~autobatch.RunResult` (also kept as ``runner.result``).
         """
         if epochs is None and steps is None:
@@ -451,7 +453,10 @@ class Runner:
         if self.checkpoint_every and self.checkpoint_dir is not None and self.step % self.checkpoint_every == 0:
             self.save()
         if on_step_end is not None:
-            on_step_end({"step": self.step, "epoch": self.epoch, "loss": loss, "micro_batch": self.micro_batch, "samples": size})
+            on_step_end({
+                "step": self.step, "epoch": self.epoch, "loss": loss, "micro_batch": self.micro_batch,
+                "accumulation": accumulation, "samples": size,
+            })  # fmt: skip
 
     def _epoch_iterator(self, data: Iterable[Any], resumed_rng: dict[str, Any] | None):
         """A fresh iterator over ``data``; on resume, replays the epoch's start and skips the
@@ -522,10 +527,7 @@ class Runner:
         options = {"device": self.device, **self.plan_options}
         planned = plan(step, global_batch=self.share, **options)
         if self.distributed:  # the probes agreed already; a timed pick may still differ per rank
-            agreed = dist_sync.agree_min(planned.micro_batch, "runner: planned micro-batch")
-            if dist_sync.agree(planned.checkpointing, "runner: planned checkpointing", op="any") != planned.checkpointing:
-                raise RuntimeError("the ranks planned differently (activation checkpointing on some ranks only); pass micro_batch")
-            planned.micro_batch = agreed
+            agree_plan(planned)
         self.micro_batch = self.initial_micro_batch = planned.micro_batch
         if planned.checkpointing:
             self.checkpoint_handle = planned.handle

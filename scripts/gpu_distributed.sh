@@ -2,6 +2,7 @@
 # The distributed checks of tests/test_distributed.py with NCCL on real GPUs, via torchrun.
 #
 #   NPROC=2 scripts/gpu_distributed.sh            # on a machine with >= 2 GPUs
+#   SCENARIOS= NPROC=2 scripts/gpu_distributed.sh # the CLI steps only
 #
 # Each scenario of tests/distributed_worker.py runs under `torchrun --nproc-per-node $NPROC`
 # with BACKEND=nccl (every rank on GPU LOCAL_RANK), then scripts/check_distributed.py checks
@@ -9,7 +10,10 @@
 # with set_per_process_memory_fraction), an OOM injected on rank 1 only in each phase is
 # recovered by every rank with identical weights equal to the uninjected run, a non-OOM error
 # stops every rank, and a skipped or mismatched sync point is a RankDisagreementError.
-# Finally the CLI probe runs under torchrun. Every step has a timeout, so a hang fails.
+# Finally the CLI runs under torchrun: the probe (rank 0 writes result.json), then train with
+# each rank on its share of the global batch and an OOM injected on rank 1 (it finishes, rank 0
+# alone writes one metrics.jsonl with a line per step of the whole global batch, both ranks
+# recovered). Every step has a timeout, so a hang fails.
 # The runner needs tenacity and the CLI hydra-core/omegaconf: with a .whl folder of wheels
 # (see /work/shared/FIELD_NOTES.md), they are installed from it first.
 set -euo pipefail
@@ -27,7 +31,8 @@ fi
 export BACKEND=${BACKEND:-nccl} OMP_NUM_THREADS=1 PYTHONPATH="$PWD$SITE" PROBE_LIMITS=${PROBE_LIMITS:-2GiB,1GiB} PROBE_MAX=${PROBE_MAX:-65536}
 nvidia-smi --query-gpu=index,name,memory.total --format=csv || true
 status=0
-for scenario in probe faults peer_error skipped_sync mismatched; do
+SCENARIOS=${SCENARIOS-probe faults peer_error skipped_sync mismatched}
+for scenario in $SCENARIOS; do
   echo "== $scenario"
   port=$((29500 + RANDOM % 2000))
   if ! timeout 300 python -m torch.distributed.run --nproc-per-node "$NPROC" --master-port "$port" \
@@ -35,7 +40,7 @@ for scenario in probe faults peer_error skipped_sync mismatched; do
     echo "   $scenario: torchrun failed or timed out (log: $OUT/$scenario.log)"; tail -20 "$OUT/$scenario.log"; status=1
   fi
 done
-python scripts/check_distributed.py "$OUT" "$NPROC" || status=1
+if [ -n "$SCENARIOS" ]; then python scripts/check_distributed.py "$OUT" "$NPROC" || status=1; fi
 echo "== CLI: torchrun -m autobatch probe device=${DEVICE:-cuda}"
 if timeout 300 python -m torch.distributed.run --nproc-per-node "$NPROC" --master-port $((31500 + RANDOM % 2000)) \
     -m autobatch probe "device=${DEVICE:-cuda}" model=mlp probe.strategy=binary probe.memory_limit=512MiB \
@@ -43,6 +48,35 @@ if timeout 300 python -m torch.distributed.run --nproc-per-node "$NPROC" --maste
   grep -h "agreed over" "$OUT/cli/result.json" || { echo "   CLI: no agreement note"; status=1; }
 else
   echo "   CLI failed or timed out"; tail -20 "$OUT/cli.log"; status=1
+fi
+STEPS=6 GLOBAL=$((64 * NPROC))
+echo "== CLI: torchrun -m autobatch train device=${DEVICE:-cuda} (global batch $GLOBAL, OOM injected on rank 1)"
+if timeout 300 python -m torch.distributed.run --nproc-per-node "$NPROC" --master-port $((33500 + RANDOM % 2000)) \
+    -m autobatch train "device=${DEVICE:-cuda}" model=mlp "train.global_batch=$GLOBAL" train.micro_batch=32 \
+    "train.steps=$STEPS" train.grow_after=0 "train.inject_oom=[[2,backward]]" "train.inject_oom_ranks=[1]" \
+    "hydra.run.dir=$OUT/cli_train" > "$OUT/cli_train.log" 2>&1; then
+  python - "$OUT/cli_train" "$STEPS" "$GLOBAL" "$NPROC" <<'PY' || status=1
+import json, pathlib, sys
+run, steps, global_batch, world = pathlib.Path(sys.argv[1]), *map(int, sys.argv[2:])
+failures = 0
+def check(name, ok, detail=""):
+    global failures
+    failures += not ok
+    print(f"{'ok  ' if ok else 'FAIL'} CLI train: {name} {detail}")
+found = sorted(str(p.relative_to(run)) for p in run.rglob("metrics.jsonl"))
+check("one metrics.jsonl", found == ["metrics.jsonl"], found)
+lines = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()] if found else []
+check("a line per step", [m["step"] for m in lines] == list(range(1, steps + 1)), len(lines))
+check("global samples per step", all(m["samples"] == global_batch and m["ranks"] == world for m in lines))
+summary = json.loads((run / "train_result.json").read_text())
+recoveries = [(r["step"], r["phase"], r["micro_batch"]) for r in summary["oom_recoveries"]]
+check("rank 0 replayed rank 1's OOM", recoveries == [(2, "backward", 16)], recoveries)
+check("files of rank 0 only", sorted(p.name for p in run.iterdir()) == sorted([".hydra", "checkpoints", "final_model.pt", "metrics.jsonl", "train.log", "train_result.json"]))
+sys.exit(1 if failures else 0)
+PY
+  grep -q "\[rank 1\].*OOM at step 2 in backward" "$OUT/cli_train.log" || { echo "   CLI train: rank 1 logged no recovery"; status=1; }
+else
+  echo "   CLI train failed or timed out"; tail -20 "$OUT/cli_train.log"; status=1
 fi
 echo "== done: status $status (reports under $OUT)"
 exit $status

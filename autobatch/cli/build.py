@@ -149,6 +149,8 @@ def _validate_train(train: DictConfig) -> None:
             raise ValueError(f"train.{key} must be >= {low}{meaning}, got {train[key]}")
     if train.empty_cache_threshold is not None:
         parse_bytes(train.empty_cache_threshold, name="train.empty_cache_threshold")
+    if any(rank < 0 for rank in train.inject_oom_ranks):
+        raise ValueError(f"train.inject_oom_ranks entries must be ranks >= 0, got {list(train.inject_oom_ranks)}")
     for point in train.inject_oom:
         step, phase = list(point) if len(point) == 2 else (None, None)
         if isinstance(step, bool) or not isinstance(step, int) or step < 0 or phase not in PHASES:

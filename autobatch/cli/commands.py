@@ -5,6 +5,11 @@ directory (``result.json``, ``plan.json`` with ``train.global_batch``; ``train_r
 ``metrics.jsonl`` and ``final_model.pt`` for ``train``), prints a short
 table, and returns a row for the sweep summary. Errors go through
 :func:`~autobatch.cli.errors.reported`: one line and an exit code, never a traceback.
+
+Under ``torchrun`` both commands join the process group first (:mod:`autobatch.cli.ranks`);
+``train.global_batch`` is then global over the ranks: the plan is for each rank's share, and
+every rank trains its share of each global batch (:mod:`autobatch.cli.sharding`). Rank 0
+alone writes files and prints.
 """
 
 from __future__ import annotations
@@ -19,7 +24,9 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
+from .. import distributed as dist_sync
 from ..accumulation import micro_batch_sizes
+from ..distributed_probe import agree_plan
 from ..planner import Plan, plan
 from ..probe import find_max_batch
 from ..result import ProbeResult
@@ -31,7 +38,8 @@ from .display import print_result, trial_progress, write_probe_plot
 from .config import register_configs
 from . import ranks
 from .errors import reported
-from .training import FINAL_MODEL, METRICS, find_resume, read_checkpoint, run_training
+from .sharding import per_rank_batch
+from .training import FINAL_MODEL, METRICS, find_resume, rank_fields, read_checkpoint, run_training
 
 __all__ = ["COMMANDS", "probe_task", "train_task", "run_app", "run_probe", "run_plan", "probe_kwargs"]
 
@@ -81,11 +89,17 @@ def run_probe(cfg: DictConfig, workload: Workload) -> ProbeResult:
 
 
 def run_plan(cfg: DictConfig, workload: Workload, global_batch: int) -> Plan:
-    """Run :func:`autobatch.plan` for ``global_batch`` with the ``plan`` and ``probe`` keys."""
+    """Run :func:`autobatch.plan` for ``global_batch`` with the ``plan`` and ``probe`` keys.
+
+    Under a process group of ``W`` ranks ``global_batch`` is over all of them: the plan is for
+    one rank's share, ``global_batch / W`` (a ``ValueError`` naming ``train.global_batch`` when
+    it does not split evenly), and the same on every rank."""
+    world = dist_sync.world_size()
+    share = per_rank_batch(global_batch, world)
     options = cfg.plan
-    return plan(
+    planned = plan(
         workload.probe_step,
-        global_batch=global_batch,
+        global_batch=share,
         objective=options.objective.name,
         allow_accumulation=bool(options.allow_accumulation),
         allow_checkpointing=bool(options.allow_checkpointing),
@@ -97,6 +111,10 @@ def run_plan(cfg: DictConfig, workload: Workload, global_batch: int) -> Plan:
         retime_within=float(options.retime_within),
         **probe_kwargs(cfg, workload),
     )
+    if dist_sync.is_distributed():
+        agree_plan(planned)
+        planned.notes.append(f"{world} ranks: global batch {global_batch} = {world} x {share}; the plan is per rank")
+    return planned
 
 
 def plan_probe(planned: Plan) -> ProbeResult:
@@ -123,14 +141,18 @@ def _row(result: ProbeResult | None, **extra: Any) -> dict[str, Any]:
 def _write_probe(out_dir: Path, result: ProbeResult, command: str, cfg: DictConfig) -> None:
     """result.json, memory_curve.png (unless probe.plot=false) and the result table."""
     _write_json(out_dir / "result.json", {**result.to_dict(), "command": command, "config": _resolved(cfg)})
-    plot = write_probe_plot(cfg, result, out_dir)
+    plot = write_probe_plot(cfg, result, out_dir) if ranks.is_rank_zero() else None
     print_result(result, [("result", str(out_dir / "result.json"))] + ([("plot", str(plot))] if plot else []))
 
 
-def _write_plan(out_dir: Path, planned: Plan, command: str) -> None:
-    _write_json(out_dir / "plan.json", {**planned.to_dict(), "command": command})
+def _write_plan(out_dir: Path, planned: Plan, command: str, global_batch: int) -> None:
+    _write_json(out_dir / "plan.json", {**planned.to_dict(), **rank_fields(global_batch), "command": command})
+    summary = planned.summary()
+    if dist_sync.world_size() > 1:  # the plan's own global batch is one rank's share
+        world = dist_sync.world_size()
+        summary = f"global batch    {global_batch} over {world} ranks, {planned.global_batch} per rank\n" + summary.split("\n", 1)[1]
     print()
-    print(planned.summary())
+    print(summary)
 
 
 def probe_task(cfg: DictConfig) -> dict[str, Any]:
@@ -151,10 +173,10 @@ def probe_task(cfg: DictConfig) -> dict[str, Any]:
         planned.undo()  # probe only reports; the model is not trained here
         result = plan_probe(planned)
         _write_probe(out_dir, result, command, cfg)
-        _write_plan(out_dir, planned, command)
+        _write_plan(out_dir, planned, command, int(global_batch))
         print(f"plan            {out_dir / 'plan.json'}")
         return _row(
-            result, cached=result.cached, global_batch=planned.global_batch, micro_batch=planned.micro_batch,
+            result, cached=result.cached, global_batch=int(global_batch), micro_batch=planned.micro_batch,
             accumulation=planned.accumulation_steps, checkpointing=planned.checkpointing,
         )  # fmt: skip
     raise AssertionError("unreachable")  # reported() exits or raises
@@ -162,13 +184,17 @@ def probe_task(cfg: DictConfig) -> dict[str, Any]:
 
 def _prepare(cfg: DictConfig, workload: Workload, out_dir: Path, command: str) -> dict[str, Any]:
     """Decide the batches of a fresh run: ``train.micro_batch`` as given (no probe), else a
-    plan for ``train.global_batch``, else the probed batch as both global and micro-batch."""
+    plan for ``train.global_batch``, else the probed batch as both global and micro-batch.
+
+    Under ``W`` ranks the micro-batch is per rank and an unset ``train.global_batch`` is ``W``
+    times the per-rank batch (each rank trains one micro-batch a step)."""
     train = cfg.train
+    world = dist_sync.world_size()
     notes: list[str] = []
     result, planned, ceiling = None, None, None
     if train.micro_batch is not None:
         micro = int(train.micro_batch)
-        global_batch = int(train.global_batch or micro)
+        global_batch = int(train.global_batch or micro * world)
         notes.append(f"no probe: train.micro_batch={micro}")
     elif train.global_batch is not None:
         global_batch = int(train.global_batch)
@@ -176,15 +202,16 @@ def _prepare(cfg: DictConfig, workload: Workload, out_dir: Path, command: str) -
             planned = run_plan(cfg, workload, global_batch)
         result = plan_probe(planned)
         _write_probe(out_dir, result, command, cfg)
-        _write_plan(out_dir, planned, command)
+        _write_plan(out_dir, planned, command, global_batch)
         micro = planned.micro_batch
         probed = [p.batch_size for p in planned.probe_results]
-        ceiling = min(global_batch, max(probed + [micro]))
+        ceiling = min(global_batch // world, max(probed + [micro]))
     else:
         with trial_progress():
             result = run_probe(cfg, workload)
         _write_probe(out_dir, result, command, cfg)
-        global_batch = micro = result.batch_size
+        micro = result.batch_size
+        global_batch = micro * world
     return dict(global_batch=global_batch, micro_batch=micro, max_micro_batch=ceiling, plan=planned, probe=result, notes=notes)
 
 
@@ -198,6 +225,7 @@ def _resume_from(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
     wanted = cfg.train.global_batch
     if wanted is not None and wanted != global_batch:
         raise ValueError(f"train.global_batch={wanted} differs from the checkpoint's {global_batch} ({path}); drop it to resume")
+    per_rank_batch(global_batch, dist_sync.world_size(), key=f"the checkpoint's train.global_batch ({path})")
     notes = [f"resumed from {path} at step {state['step']}"]
     if cfg.train.micro_batch is not None:
         notes.append("train.micro_batch is ignored on resume: the checkpoint's micro-batch is used")
@@ -213,6 +241,8 @@ def train_task(cfg: DictConfig) -> dict[str, Any]:
     out_dir, command, multirun, verbose = _run_context()
     with reported(multirun=multirun, verbose=verbose):
         ranks.join(cfg)
+        if cfg.train.global_batch is not None:  # before any probe: a config error, at once
+            per_rank_batch(int(cfg.train.global_batch), dist_sync.world_size())
         workload = build_workload(cfg)
         if cfg.train.resume is not None:
             setup = _resume_from(cfg, out_dir)
@@ -228,6 +258,7 @@ def train_task(cfg: DictConfig) -> dict[str, Any]:
         probe = setup["probe"]
         summary = {
             **run.to_dict(),
+            **rank_fields(run.global_batch),
             "samples_per_s": run.samples_per_s,
             "notes": setup["notes"],
             "probe": None if probe is None else probe.to_dict(),
@@ -248,10 +279,13 @@ def train_task(cfg: DictConfig) -> dict[str, Any]:
 
 
 def _print_training(run: RunResult, notes: list[str]) -> None:
-    accumulation = len(micro_batch_sizes(run.global_batch, run.micro_batch)) if run.micro_batch else 1
+    world = dist_sync.world_size()
+    share = run.global_batch // world
+    accumulation = len(micro_batch_sizes(share, run.micro_batch)) if run.micro_batch else 1
+    split = f"{world} ranks x micro-batch" if world > 1 else "micro-batch"
     print(
         f"trained         {run.steps_this_run} steps ({run.steps} in all) of global batch {run.global_batch} = "
-        f"micro-batch {run.micro_batch} x {accumulation} in {run.elapsed_s:.2f} s ({run.samples_per_s:.1f} samples/s)"
+        f"{split} {run.micro_batch} x {accumulation} in {run.elapsed_s:.2f} s ({run.samples_per_s:.1f} samples/s)"
     )
     if run.last_loss is not None:
         print(f"loss            {run.last_loss:.4f} (last step)")

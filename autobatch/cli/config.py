@@ -316,6 +316,9 @@ class TrainConfig:
     inject_oom: List[List[Any]] = field(default_factory=list)
     #: Testing: how many arrivals at each point fail (null: every one, so the step gives up).
     inject_oom_times: Optional[int] = 1
+    #: Testing, under torchrun: the ranks where ``inject_oom`` strikes, e.g. ``[1]`` (empty:
+    #: every rank).
+    inject_oom_ranks: List[int] = field(default_factory=list)
     #: Testing: sleep this many seconds after each step (to kill a run mid-way).
     inject_delay: float = 0.0
 

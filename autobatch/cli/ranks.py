@@ -1,22 +1,25 @@
-"""The CLI under ``torchrun``: join the process group, and let only rank 0 report.
+"""The CLI under ``torchrun``: join the process group, and let only rank 0 report and write.
 
-``torchrun --nproc-per-node N -m autobatch probe ...`` starts N copies of the CLI with
+``torchrun --nproc-per-node N -m autobatch probe|train ...`` starts N copies of the CLI with
 ``RANK``/``WORLD_SIZE``/``MASTER_ADDR`` set. :func:`join` (called first thing in a task)
 initialises the process group, NCCL on CUDA (each rank on GPU ``LOCAL_RANK``), gloo on the
 CPU, so the probe and the runner agree across ranks (:mod:`autobatch.distributed`). Ranks
-other than 0 print nothing (their log lines still go to the log) and write no result file.
+other than 0 print nothing and write nothing into the run directory: the dispatcher gives
+their Hydra :func:`hydra_overrides` (no ``.hydra/`` config copy, log lines to the console
+only, marked with the rank), and the commands write results on rank 0 only.
 """
 
 from __future__ import annotations
 
 import os
 import sys
+from typing import Sequence
 
 from omegaconf import DictConfig
 
 from ..distributed import init_from_env, is_rank_zero
 
-__all__ = ["join", "is_rank_zero"]
+__all__ = ["join", "is_rank_zero", "launched_rank", "hydra_overrides"]
 
 
 def join(cfg: DictConfig) -> bool:
@@ -27,3 +30,23 @@ def join(cfg: DictConfig) -> bool:
     if joined and not is_rank_zero():
         sys.stdout = open(os.devnull, "w", encoding="utf-8")  # noqa: SIM115 - lives as long as the process
     return joined
+
+
+def launched_rank() -> int:
+    """This process's rank as a launcher such as ``torchrun`` sets it (``RANK`` with
+    ``WORLD_SIZE`` > 1), before any process group exists; 0 otherwise."""
+    if int(os.environ.get("WORLD_SIZE", "1") or 1) <= 1:
+        return 0
+    return int(os.environ.get("RANK", "0") or 0)
+
+
+def hydra_overrides(args: Sequence[str]) -> list[str]:
+    """Hydra overrides that keep a rank other than 0 out of the run directory: no ``.hydra/``
+    copy of the config and no log file (``hydra/job_logging=rank``: the console, lines marked
+    with the rank), unless ``args`` choose their own logging. Nothing for rank 0."""
+    if launched_rank() == 0:
+        return []
+    extra = ["hydra.output_subdir=null"]
+    if not any(arg.lstrip("+~").startswith("hydra/job_logging") for arg in args):
+        extra.append("hydra/job_logging=rank")
+    return extra

@@ -6,9 +6,15 @@ resume, progress, fault injection), feeds it the global batches of
 :mod:`autobatch.cli.data`, and writes under the run directory:
 
 * ``metrics.jsonl``: one line per applied update (step, epoch, loss, micro_batch,
-  accumulation, samples, seconds, samples_per_s, recoveries);
+  accumulation, ranks, samples, seconds, samples_per_s, recoveries);
 * ``<train.checkpoint_dir>/last.pt``: the runner's checkpoint;
 * ``final_model.pt``: the final ``model.state_dict()`` (what a resumed run is compared by).
+
+Under ``torchrun`` every rank trains its share of each global batch (:mod:`autobatch.cli.data`)
+and only rank 0 writes these files (the runner writes its checkpoints on rank 0 too). A
+metrics line describes the whole step: ``loss``, ``samples`` and ``samples_per_s`` are over
+all ranks (the sum of the ranks' shares), ``micro_batch`` and ``accumulation`` are per rank,
+``ranks`` is the number of ranks.
 
 Checkpoints are written from the step hook *after* the step's metrics line, so a run killed
 at any instant has a metrics line for every step in its checkpoint; on resume, lines after
@@ -20,6 +26,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -27,7 +34,7 @@ from typing import Any
 import torch
 from omegaconf import DictConfig
 
-from ..accumulation import micro_batch_sizes
+from .. import distributed as dist_sync
 from ..checkpoint_io import CHECKPOINT_NAME, load_checkpoint, resolve_checkpoint
 from ..faults import FaultInjector
 from ..run_result import RunResult
@@ -35,7 +42,7 @@ from ..runner import Runner
 from .build import Workload, cross_entropy_loss
 from .data import training_data
 
-__all__ = ["METRICS", "FINAL_MODEL", "find_resume", "read_checkpoint", "runner_options", "run_training"]
+__all__ = ["METRICS", "FINAL_MODEL", "find_resume", "read_checkpoint", "runner_options", "run_training", "rank_fields"]
 
 log = logging.getLogger("autobatch")
 
@@ -77,7 +84,7 @@ def runner_options(cfg: DictConfig, workload: Workload, out_dir: Path) -> dict[s
     """:class:`~autobatch.Runner` keyword arguments from the ``train`` and ``plan`` keys."""
     train = cfg.train
     faults = None
-    if train.inject_oom:
+    if train.inject_oom and (not train.inject_oom_ranks or dist_sync.rank() in train.inject_oom_ranks):
         faults = FaultInjector([(int(step), str(phase)) for step, phase in train.inject_oom], times=train.inject_oom_times)
     return dict(
         device=workload.device,
@@ -99,7 +106,10 @@ def runner_options(cfg: DictConfig, workload: Workload, out_dir: Path) -> dict[s
 
 
 def _metrics_file(path: Path, resumed_step: int | None):
-    """Open ``metrics.jsonl`` for this run: new, or on resume kept up to the checkpoint's step."""
+    """Open ``metrics.jsonl`` for this run: new, or on resume kept up to the checkpoint's step.
+    On ranks other than 0 (under ``torchrun``) a sink that writes nowhere."""
+    if not dist_sync.is_rank_zero():
+        return open(os.devnull, "w", encoding="utf-8")
     if resumed_step is None or not path.exists():
         return open(path, "w", encoding="utf-8")
     kept = []
@@ -128,7 +138,9 @@ def run_training(
     resumed_step: int | None = None,
 ) -> tuple[RunResult, Runner]:
     """Train ``workload`` on the Runner; ``micro_batch`` None only with ``resume`` (it comes
-    from the checkpoint). Writes metrics, checkpoints and the final weights under ``out_dir``."""
+    from the checkpoint). Writes metrics, checkpoints and the final weights under ``out_dir``
+    (rank 0 only under ``torchrun``, where ``global_batch`` is over all ranks and
+    ``micro_batch`` per rank)."""
     if workload.grad_scaler is not None:
         raise ValueError("precision=fp16 on CUDA needs a GradScaler, which the runner does not support; use precision=bf16")
     train = cfg.train
@@ -139,7 +151,7 @@ def run_training(
     model.train()
     runner = Runner(model, optimizer, cross_entropy_loss, global_batch=global_batch, micro_batch=micro_batch, **options)
     if plan is not None:
-        runner.result.plan = plan.to_dict()
+        runner.result.plan = {**plan.to_dict(), **rank_fields(global_batch)}
         if plan.checkpointing:
             runner.checkpoint_handle = plan.handle  # so checkpoints record the wrap
     data = training_data(cfg, workload, global_batch)
@@ -147,19 +159,21 @@ def run_training(
     if resume is None:
         torch.manual_seed(cfg.seed)  # training draws the same numbers whether or not a probe ran
     clock = [time.perf_counter()]
+    ranks = dist_sync.world_size()
 
     with _metrics_file(out_dir / METRICS, resumed_step if resume is not None else None) as metrics:
 
         def on_step_end(info: dict[str, Any]) -> None:
             now = time.perf_counter()
             seconds, clock[0] = now - clock[0], now
-            samples, micro = info["samples"], info["micro_batch"]
+            samples = info["samples"]
             record = {
                 "step": info["step"],
                 "epoch": info["epoch"],
                 "loss": info["loss"],
-                "micro_batch": micro,
-                "accumulation": len(micro_batch_sizes(samples, micro)),
+                "micro_batch": info["micro_batch"],
+                "accumulation": info["accumulation"],
+                "ranks": ranks,
                 "samples": samples,
                 "seconds": round(seconds, 6),
                 "samples_per_s": round(samples / seconds, 2) if seconds > 0 else None,
@@ -176,5 +190,15 @@ def run_training(
         steps = None if train.epochs is not None else int(train.steps)
         result = runner.fit(data, epochs=train.epochs, steps=steps, resume=resume, on_step_end=on_step_end)
     optimizer.zero_grad(set_to_none=True)
-    torch.save(model.state_dict(), out_dir / FINAL_MODEL)
+    if dist_sync.is_rank_zero():  # every rank holds the same weights
+        torch.save(model.state_dict(), out_dir / FINAL_MODEL)
     return result, runner
+
+
+def rank_fields(global_batch: int) -> dict[str, int]:
+    """What a plan or summary adds under ``torchrun``: the number of ranks, the global batch
+    over all of them and each rank's share (nothing with one process)."""
+    world = dist_sync.world_size()
+    if world == 1:
+        return {}
+    return {"ranks": world, "global_batch_all_ranks": global_batch, "per_rank_batch": global_batch // world}
