@@ -267,8 +267,14 @@ def init_from_env(device_type: str = "auto") -> bool:
         return is_distributed()
     on_cuda = torch.cuda.is_available() and device_type in ("cuda", "auto")
     if on_cuda:
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0") or 0))
-    backend = "nccl" if on_cuda else "gloo"
-    dist.init_process_group(backend=backend)
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0") or 0))
+        torch.cuda.set_device(device)
+        # device_id: NCCL sets up its communicator now, while every rank is here. Left lazy,
+        # the first collective does it, and that set-up is a blocking rendezvous no sync-point
+        # timeout can interrupt: a rank that never reaches a sync point would hang the others.
+        dist.init_process_group(backend="nccl", device_id=device)
+    else:
+        dist.init_process_group(backend="gloo")
+    backend = dist.get_backend()
     log.info("joined the process group: rank %d of %d (%s)", rank(), world_size(), backend)
     return is_distributed()
