@@ -10,8 +10,15 @@ rank's integers. :func:`agree`, :func:`agree_min` and :func:`agree_max` are buil
 Why it cannot hang silently:
 
 * one collective per sync point, ``all_reduce(MAX)`` of a ``world x k`` integer matrix in
-  which each rank fills its own row (an all-gather that every backend supports), on the
-  backend's device: the CPU for gloo, the current CUDA device for NCCL;
+  which each rank fills its own row (an all-gather that every backend supports), always on
+  the CPU over gloo: the default group when it is gloo, else a gloo side group made once
+  (:func:`control_group`; the CLI makes it when it joins, while every rank is there). Why not
+  over NCCL: the integers are tiny, a CPU collective needs no device synchronisation, and on
+  2 × H200 a rank that never reached a sync point left the other hanging inside the NCCL
+  version of this wait instead of timing out, where gloo's (the one the CPU tests check)
+  times out as designed. Gradients and weights still travel over the default group
+  (:func:`all_reduce_sum_`, :func:`broadcast_`), entered only after a sync point agreed that
+  every rank will enter it;
 * each row starts with the sync point's sequence number and a hash of its label, so ranks
   that reach *different* sync points (one rank took a branch the others did not) are
   detected at once and raise :class:`~autobatch.errors.RankDisagreementError` instead of
@@ -47,6 +54,7 @@ __all__ = [
     "timeout",
     "set_timeout",
     "sync_device",
+    "control_group",
     "exchange",
     "agree",
     "agree_min",
@@ -61,7 +69,7 @@ log = logging.getLogger("autobatch")
 #: Seconds a sync point waits for the other ranks before raising RankDisagreementError.
 DEFAULT_TIMEOUT_S = 300.0
 _INT64_MIN = -(2**63)
-_state = {"timeout": None, "sequence": 0}
+_state: dict = {"timeout": None, "sequence": 0, "control": None}
 
 
 def is_distributed() -> bool:
@@ -105,11 +113,47 @@ def set_timeout(seconds: float | None) -> None:
 
 
 def sync_device() -> torch.device:
-    """Where collective tensors live: the current CUDA device for NCCL, else the CPU."""
+    """Where tensors for the default group's collectives (gradients, loss totals, weights)
+    live: the current CUDA device for NCCL, else the CPU. Sync points always use the CPU."""
     backend = str(dist.get_backend()).lower() if is_distributed() else "gloo"
     if "nccl" in backend and torch.cuda.is_available():
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")
+
+
+def _default_backend() -> str:
+    """The default group's backend name, lower case (a seam the tests replace to run the
+    side-group path over gloo)."""
+    return str(dist.get_backend()).lower()
+
+
+def control_group():
+    """The group sync points run on: a CPU (gloo) group. ``None`` means the default group,
+    which already is one; under NCCL (or any backend without CPU tensors) a gloo side group
+    over every rank, made on the first call and kept while the default group lives.
+
+    Making it is a collective of its own: every rank must call this at the same point (the
+    first sync point does, as does :func:`init_from_env`). A rank that does not come within
+    :func:`timeout` makes it raise :class:`~autobatch.errors.RankDisagreementError`.
+    """
+    backend = _default_backend()
+    if "gloo" in backend or "mpi" in backend:
+        return None
+    world = dist.distributed_c10d._get_default_group()
+    cached = _state["control"]
+    if cached is not None and cached[0] is world:
+        return cached[1]
+    from datetime import timedelta
+
+    try:
+        group = dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout()))
+    except Exception as exc:  # noqa: BLE001 - a rank that never came, or a dead peer
+        raise RankDisagreementError(
+            rank(), "setting up the gloo group for sync points", _peers_doing(),
+            reason=f"the other ranks did not join it ({type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''})",
+        ) from exc
+    _state["control"] = (world, group)
+    return group
 
 
 def _tag(label: str) -> int:
@@ -182,16 +226,16 @@ def exchange(values: Sequence[int], label: str) -> list[list[int]]:
     values = [int(v) for v in values]
     if not is_distributed():
         return [values]
+    group = control_group()
     _state["sequence"] += 1
     sequence = _state["sequence"]
     _announce(sequence, label)
     me, world = rank(), world_size()
     table = torch.full((world, len(values) + 3), _INT64_MIN, dtype=torch.int64)
     table[me] = torch.tensor([sequence, _tag(label), len(values), *values], dtype=torch.int64)
-    table = table.to(sync_device())
-    work = dist.all_reduce(table, op=dist.ReduceOp.MAX, async_op=True)
+    work = dist.all_reduce(table, op=dist.ReduceOp.MAX, group=group, async_op=True)
     _wait(work, label, sequence)
-    rows = table.cpu().tolist()
+    rows = table.tolist()
     if any(row[:3] != rows[me][:3] for row in rows):
         doing = {
             other: f"#{row[0]} {label}" if row[:3] == rows[me][:3] else f"#{row[0]} a different sync point"
@@ -273,6 +317,7 @@ def init_from_env(device_type: str = "auto") -> bool:
         # the first collective does it, and that set-up is a blocking rendezvous no sync-point
         # timeout can interrupt: a rank that never reaches a sync point would hang the others.
         dist.init_process_group(backend="nccl", device_id=device)
+        control_group()  # the gloo group for sync points, while every rank is here
     else:
         dist.init_process_group(backend="gloo")
     backend = dist.get_backend()

@@ -140,12 +140,17 @@ def main() -> None:
     scenario, out = sys.argv[1], Path(sys.argv[2])
     out.mkdir(parents=True, exist_ok=True)
     backend = os.environ.get("BACKEND", "gloo")
-    if backend == "nccl":  # eager communicator set-up, as autobatch.distributed.join does
+    if os.environ.get("SIDE_GROUP") == "1":  # run sync points on a gloo side group, as under NCCL
+        dist_sync._default_backend = lambda: "nccl"
+    if backend == "nccl":  # eager communicator set-up, as autobatch.distributed.init_from_env does
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
         torch.cuda.set_device(device)
         dist.init_process_group(backend, device_id=device)
     else:
         dist.init_process_group(backend)
+    group = dist_sync.control_group()  # while every rank is here, as init_from_env does
+    if os.environ.get("SIDE_GROUP") == "1":
+        assert group is not None and group is not dist.group.WORLD
     rank, world = dist.get_rank(), dist.get_world_size()
     code = 0
     try:

@@ -83,8 +83,11 @@ def test_probe_takes_the_smallest_budget_over_the_ranks(tmp_path):
         assert got[0]["trials"] == got[1]["trials"]  # lockstep: the same sizes in the same order
 
 
-def test_an_oom_on_one_rank_in_any_phase_is_recovered_by_both(tmp_path):
-    reports = launch("faults", tmp_path)
+@pytest.mark.parametrize("side_group", ["0", "1"], ids=["default-group", "gloo-side-group"])
+def test_an_oom_on_one_rank_in_any_phase_is_recovered_by_both(tmp_path, side_group):
+    """side_group=1: sync points on a gloo side group, as under NCCL (the default group stays
+    the one gradients travel on)."""
+    reports = launch("faults", tmp_path, SIDE_GROUP=side_group)
     baseline = [torch.load(tmp_path / reports[rank]["none"]["weights"]) for rank in range(2)]
     for a, b in zip(*baseline, strict=True):
         assert torch.equal(a, b)
@@ -113,8 +116,9 @@ def test_a_non_oom_error_on_one_rank_stops_every_rank(tmp_path):
     assert reports[0]["error"] == "PeerFailedError" and "rank 1 raised an error" in reports[0]["message"]
 
 
-def test_a_rank_that_skips_a_sync_point_is_a_clear_error_not_a_hang(tmp_path):
-    reports = launch("skipped_sync", tmp_path, SYNC_TIMEOUT="3")
+@pytest.mark.parametrize("side_group", ["0", "1"], ids=["default-group", "gloo-side-group"])
+def test_a_rank_that_skips_a_sync_point_is_a_clear_error_not_a_hang(tmp_path, side_group):
+    reports = launch("skipped_sync", tmp_path, SYNC_TIMEOUT="3", SIDE_GROUP=side_group)
     message = reports[0]["message"]
     assert reports[0]["error"] == "RankDisagreementError"
     assert "the sync rank 1 skips" in message and "within 3 s" in message
