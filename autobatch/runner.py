@@ -460,8 +460,10 @@ class Runner:
 
     def _epoch_iterator(self, data: Iterable[Any], resumed_rng: dict[str, Any] | None):
         """A fresh iterator over ``data``; on resume, replays the epoch's start and skips the
-        batches already trained, so a shuffled DataLoader yields the same order."""
-        if resumed_rng is None or self._epoch_rng is None:
+        batches already trained, so a shuffled DataLoader yields the same order. A checkpoint
+        at an epoch boundary (position 0: the run ended with whole epochs) starts the next
+        epoch afresh from the random state it saved, as the uninterrupted run would have."""
+        if resumed_rng is None or self._epoch_rng is None or self.position == 0:
             self._epoch_rng = rng_state()
             self.position = 0
             return iter(data)

@@ -87,6 +87,25 @@ def test_in_process_resume_matches_uninterrupted_run(tmp_path, uninterrupted):
     assert resumed.scheduler.last_epoch == TOTAL_STEPS
 
 
+@pytest.mark.parametrize("first_epochs", [1, 2])
+def test_resume_at_an_epoch_boundary_draws_the_next_epochs_order(tmp_path, uninterrupted, first_epochs):
+    """A run that ended with whole epochs (its last checkpoint at position 0 of the next epoch)
+    and is resumed for more: the next epoch's shuffle must come from the random state at the
+    end of the last one, as in an uninterrupted run, not replay the finished epoch's order.
+    Resumed twice (2 = stop again after one more epoch)."""
+    runner, loader, _ = build(str(tmp_path))
+    runner.fit(loader, epochs=1)
+    assert load_checkpoint(tmp_path)["position"] == 0 and load_checkpoint(tmp_path)["epoch"] == 1
+    if first_epochs == 2:
+        again, loader, _ = build(str(tmp_path))
+        again.fit(loader, epochs=2, resume=tmp_path)
+        assert load_checkpoint(tmp_path)["epoch"] == 2
+    resumed, loader, _ = build(str(tmp_path))
+    result = resumed.fit(loader, epochs=EPOCHS, resume=tmp_path)
+    assert result.steps == TOTAL_STEPS
+    assert_weights_close(weights(resumed.model), uninterrupted)
+
+
 def test_checkpoint_write_is_atomic(tmp_path, monkeypatch):
     path = tmp_path / "last.pt"
     save_checkpoint({"step": 1}, path)
