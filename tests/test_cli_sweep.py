@@ -67,3 +67,19 @@ def test_joblib_launcher_sweep_is_summarised_across_processes(cli, tmp_path):
     assert done.stderr.count("autobatch: error: ") == 1
     rows = _rows(tmp_path / "sweep")
     assert [(r["job"], r["status"]) for r in rows] == [("0", "failed"), ("1", "ok")]
+
+
+def test_only_rank_zero_writes_sweep_rows_and_summaries(tmp_path, monkeypatch):
+    """Under torchrun every rank runs the sweep's jobs; ranks above 0 write nothing."""
+    from types import SimpleNamespace
+
+    from hydra.types import RunMode
+
+    from autobatch.cli.sweep import SweepSummary
+
+    monkeypatch.setenv("RANK", "1")  # before the process group exists, RANK decides
+    config = SimpleNamespace(hydra=SimpleNamespace(mode=RunMode.MULTIRUN, sweep=SimpleNamespace(dir=str(tmp_path))))
+    callback = SweepSummary()
+    callback.on_job_end(config, job_return=None)
+    callback.on_multirun_end(config)
+    assert list(tmp_path.iterdir()) == []

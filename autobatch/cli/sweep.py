@@ -25,6 +25,7 @@ from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
+from ..distributed import is_rank_zero
 from .errors import one_line
 
 __all__ = ["SweepSummary", "COLUMNS", "collect_rows", "write_summary", "render_markdown", "last_sweep_dir"]
@@ -146,13 +147,16 @@ def _job_row(config: DictConfig, job_return: JobReturn) -> dict[str, Any]:
 
 
 class SweepSummary(Callback):
-    """Hydra callback (``hydra.callbacks.sweep_summary``) writing the sweep's summary files."""
+    """Hydra callback (``hydra.callbacks.sweep_summary``) writing the sweep's summary files.
+
+    Under ``torchrun`` every rank runs the sweep's jobs; only rank 0 writes rows and
+    summaries (the other ranks' jobs hold the same, agreed results)."""
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         _last_sweep.append(Path(config.hydra.sweep.dir))
 
     def on_job_end(self, config: DictConfig, job_return: JobReturn, **kwargs: Any) -> None:
-        if config.hydra.mode != RunMode.MULTIRUN:
+        if not is_rank_zero() or config.hydra.mode != RunMode.MULTIRUN:
             return
         output_dir = Path(HydraConfig.get().runtime.output_dir)
         row = _job_row(config, job_return)
@@ -160,4 +164,5 @@ class SweepSummary(Callback):
         write_summary(Path(config.hydra.sweep.dir), plot=_plot_wanted(config))
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
-        write_summary(Path(config.hydra.sweep.dir), plot=_plot_wanted(config))
+        if is_rank_zero():
+            write_summary(Path(config.hydra.sweep.dir), plot=_plot_wanted(config))
