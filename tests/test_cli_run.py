@@ -6,6 +6,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from conftest import REPO, SMALL, cli_env, run_cli
 
 
@@ -35,6 +37,17 @@ def test_probe_writes_result_json_and_prints_a_table(cli, tmp_path):
     assert result["command"].startswith("python -m autobatch probe model=mlp")
     assert (tmp_path / "run" / "probe.log").read_text().count("trial ") == result["num_trials"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]  # nothing outside the run dir
+
+
+@pytest.mark.parametrize("search_steps, expected", [("1", {1, 2}), ("null", {2})])
+def test_probe_search_steps_reaches_the_trials(cli, tmp_path, search_steps, expected):
+    budget = ["probe.memory_limit=1MiB", "probe.steps_per_trial=2", f"probe.search_steps={search_steps}"]
+    done = cli("probe", "model=mlp", "probe.strategy=binary", *budget, *SMALL[:-2])
+    assert done.returncode == 0, done.stderr
+    result = json.loads((tmp_path / "run" / "result.json").read_text())
+    assert {t["steps"] for t in result["trials"] if t["passed"]} == expected
+    answer = [t for t in result["trials"] if t["batch_size"] == result["batch_size"] and t["passed"]][-1]
+    assert answer["steps"] == 2
 
 
 def test_train_probes_then_trains_on_the_runner(cli, tmp_path):

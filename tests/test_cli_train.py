@@ -57,9 +57,10 @@ def test_probe_with_a_global_batch_prints_and_writes_the_plan(cli, tmp_path):
 def test_plan_timing_keys_reach_the_throughput_planner(cli, tmp_path):
     knobs = ["plan.warmup_steps=0", "plan.timed_steps=2", "plan.retime_rounds=1", "plan.retime_within=0.5"]
     args = ["model=mlp", *SMALL[:3], "probe.max_batch=32", "probe.steps_per_trial=1", "train.global_batch=64"]
-    done = cli("probe", *args, "plan.objective=throughput", *knobs)
+    done = cli("probe", *args, "plan.objective=throughput", "plan.min_micro_batch=4", *knobs)
     assert done.returncode == 0, done.stderr
     plan = json.loads((tmp_path / "run" / "plan.json").read_text())
+    assert min(c["micro_batch"] for c in plan["candidates"]) >= 4  # plan.min_micro_batch
     assert {k: plan["timing"][k] for k in ("warmup_steps", "timed_steps", "retime_rounds", "retime_within")} == {
         "warmup_steps": 0, "timed_steps": 2, "retime_rounds": 1, "retime_within": 0.5
     }

@@ -97,10 +97,11 @@ def validate(cfg: DictConfig) -> None:
             margin=probe.margin,
             multiple_of=probe.multiple_of,
             steps_per_trial=probe.steps_per_trial,
+            search_steps=probe.search_steps,
         )
     except ValueError as exc:
         message = str(exc)
-        for name in ("start", "max_batch", "strategy", "margin", "multiple_of", "steps_per_trial"):
+        for name in ("start", "max_batch", "strategy", "margin", "multiple_of", "steps_per_trial", "search_steps"):
             message = message.replace(f"{name}=", f"probe.{name}=").replace(f"{name} must", f"probe.{name} must")
         raise ValueError(message.replace(" or None", " or null")) from None
     if "plan" in cfg:
@@ -122,6 +123,8 @@ def validate(cfg: DictConfig) -> None:
 
 def _validate_plan(plan: DictConfig) -> None:
     """The plan's timing knobs (throughput objective); ``ValueError`` names the key to fix."""
+    if plan.min_micro_batch is not None and plan.min_micro_batch < 1:
+        raise ValueError(f"plan.min_micro_batch must be a positive integer or null, got {plan.min_micro_batch}")
     names = ("warmup_steps", "timed_steps", "retime_rounds", "retime_within")
     try:
         validate_timing(**{name: plan[name] for name in names})

@@ -226,8 +226,11 @@ class ProbeConfig:
     margin: float = 0.0
     #: Every size tried, and the answer, is a multiple of this.
     multiple_of: int = 1
-    #: Training steps per trial (>= 1; 3 puts Adam's lazily created state inside the peak).
+    #: Training steps in a full trial (>= 1; 3 puts Adam's lazily created state inside the
+    #: peak): the first trial and the answer's trial are full.
     steps_per_trial: int = 3
+    #: Training steps in the other trials (>= 1; null: every trial is full).
+    search_steps: Optional[int] = 1
     #: Cap memory at this size, e.g. "16GiB" ("what fits on a 16 GiB card?"); CPU: the
     #: simulated budget. Null: the whole GPU, or ``device.simulated_budget`` on the CPU.
     memory_limit: Optional[str] = None
@@ -258,6 +261,10 @@ class PlanConfig:
     #: Balanced micro-batches (sizes differ by at most one) rather than full ones and a
     #: smaller last one.
     balanced: bool = True
+    #: throughput: the smallest micro-batch timed (null: the largest that fits // 16).
+    min_micro_batch: Optional[int] = None
+    #: throughput: also time checkpointed candidates when the plain model runs the batch.
+    exhaustive: bool = False
     #: throughput: untimed global steps before each candidate's timed ones, in every round.
     warmup_steps: int = 1
     #: throughput: global steps timed one by one per candidate and round (the median counts).
