@@ -49,12 +49,14 @@ def _unit_for(largest: float) -> tuple[str, int]:
 
 
 def _trial_throughput(result: ProbeResult) -> list[tuple[int, float]]:
-    """Rough samples/s of each passing trial: ``batch x steps / trial seconds`` (includes the
-    first step's warm-up, so it understates steady-state speed)."""
+    """Rough samples/s of each passing trial: ``batch x its steps / trial seconds`` (includes
+    the first step's warm-up, so it understates steady-state speed). Search trials run fewer
+    steps than full ones; a record without ``steps`` (written before they existed) ran
+    ``steps_per_trial``."""
     points = {}
     for trial in result.trials:
         if trial.passed and trial.seconds > 0:
-            points[trial.batch_size] = trial.batch_size * result.steps_per_trial / trial.seconds
+            points[trial.batch_size] = trial.batch_size * (trial.steps or result.steps_per_trial) / trial.seconds
     return sorted(points.items())
 
 
@@ -194,8 +196,7 @@ def _draw_candidates(axis: Any, candidates: list[dict[str, Any]]) -> None:
 
 def _draw_trial_speeds(axis: Any, speeds: list[tuple[int, float]], result: ProbeResult) -> None:
     axis.plot([b for b, _ in speeds], [s for _, s in speeds], marker="o", color=_PASS,
-              label=f"passing trials ({result.steps_per_trial} step{'s' if result.steps_per_trial != 1 else ''} "
-              "each, warm-up included)")
+              label="passing trials (samples x steps / seconds, warm-up included)")
     axis.axvline(result.batch_size, color=_CHOSEN, linewidth=1.5)
     axis.set_xlabel("batch size")
     axis.set_ylabel("samples/s (rough)")

@@ -202,3 +202,16 @@ def test_cli_sweep_writes_summary_png(cli, tmp_path):
     assert_png(sweep / "summary.png")
     assert all((sweep / str(job) / "memory_curve.png").is_file() for job in range(2))
     assert "summary.png" in done.stdout
+
+
+def test_trial_throughput_counts_each_trials_own_steps():
+    """Search trials run one step and full trials steps_per_trial: samples/s uses each trial's."""
+    from autobatch.report import _trial_throughput
+    from autobatch.result import ProbeResult
+    from autobatch.trial import TrialRecord
+
+    trials = [TrialRecord(8, True, 1, 2.0, steps=1), TrialRecord(16, True, 1, 2.0, steps=3),
+              TrialRecord(32, True, 1, 2.0)]  # no steps: an older record, steps_per_trial ran
+    result = ProbeResult(batch_size=16, strategy="binary", strategy_used="binary", trials=trials,
+                         capacity_bytes=1, elapsed_s=0.0, margin=0.0, steps_per_trial=3)
+    assert _trial_throughput(result) == [(8, 4.0), (16, 24.0), (32, 48.0)]
