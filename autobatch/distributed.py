@@ -313,9 +313,8 @@ def init_from_env(device_type: str = "auto") -> bool:
     if on_cuda:
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0") or 0))
         torch.cuda.set_device(device)
-        # device_id: NCCL sets up its communicator now, while every rank is here. Left lazy,
-        # the first collective does it, and that set-up is a blocking rendezvous no sync-point
-        # timeout can interrupt: a rank that never reaches a sync point would hang the others.
+        # device_id: NCCL sets up its communicator now, while every rank is here, rather than
+        # inside the first collective (a blocking rendezvous that no sync-point deadline covers)
         dist.init_process_group(backend="nccl", device_id=device)
         control_group()  # the gloo group for sync points, while every rank is here
     else:

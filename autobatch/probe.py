@@ -58,12 +58,11 @@ def validate_probe_args(
     """Raise ``ValueError`` naming the argument and what it accepts."""
     _check_positive_int("start", start)
     _check_positive_int("max_batch", max_batch)
+    _check_positive_int("search_steps", search_steps)
     if isinstance(multiple_of, bool) or not isinstance(multiple_of, int) or multiple_of <= 0:
         raise ValueError(f"multiple_of must be a positive integer, got {multiple_of!r}")
     if isinstance(steps_per_trial, bool) or not isinstance(steps_per_trial, int) or steps_per_trial < 1:
         raise ValueError(f"steps_per_trial must be an integer >= 1, got {steps_per_trial!r}")
-    if search_steps is not None and (isinstance(search_steps, bool) or not isinstance(search_steps, int) or search_steps < 1):
-        raise ValueError(f"search_steps must be an integer >= 1 or None, got {search_steps!r}")
     if strategy not in STRATEGY_NAMES:
         raise ValueError(f"strategy must be one of {', '.join(STRATEGY_NAMES)}; got {strategy!r}")
     if isinstance(margin, bool) or not isinstance(margin, (int, float)) or not 0.0 <= margin < 1.0:

@@ -28,7 +28,7 @@ BAD_INPUT = [
     (["probe", "plan.retime_within=1.5"], "plan.retime_within must be a fraction in [0, 1)"),
     (["probe", "plan.timed_steps=0"], "plan.timed_steps must be an integer >= 1, got 0"),
     (["probe", "plan.min_micro_batch=0"], "plan.min_micro_batch must be a positive integer or null, got 0"),
-    (["probe", "probe.search_steps=0"], "probe.search_steps must be an integer >= 1 or null, got 0"),
+    (["probe", "probe.search_steps=0"], "probe.search_steps must be a positive integer or null, got 0"),
     (["cache", "purge"], "cache: argument action: invalid choice: 'purge'"),
     (["probe", "model=mlp,gpt"], "Ambiguous value for argument 'model=mlp,gpt'"),
     (["probe", "-m", "model=mlp,gpt", "probe.margin=0.1,2"], "probe.margin must be a fraction in [0, 1)"),
