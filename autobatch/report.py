@@ -153,11 +153,7 @@ def _draw_memory(axis: Any, result: ProbeResult) -> None:
         axis.axvspan(result.batch_size, result.largest_passed, color=_CHOSEN, alpha=0.15,
                      label=f"margin {result.margin:.0%} (boundary {result.largest_passed})")
     axis.set_xlim(0, right)
-    axis.set_ylim(bottom=0)
-    axis.set_xlabel("batch size")
-    axis.set_ylabel(f"peak memory ({unit})")
-    axis.grid(True, alpha=0.3)
-    axis.legend(fontsize=8, loc="lower right")
+    _finish_axis(axis, "batch size", f"peak memory ({unit})")
 
 
 def _draw_fit(axis: Any, fit: dict[str, Any] | None, right: float, scale: int) -> None:
@@ -186,24 +182,26 @@ def _draw_candidates(axis: Any, candidates: list[dict[str, Any]]) -> None:
             axis.scatter([c["micro_batch"]], [c["samples_per_s"]], s=140, facecolors="none",
                          edgecolors=_CHOSEN, linewidths=2, zorder=4,
                          label=f"chosen: {c['micro_batch']} x {c['accumulation_steps']}")
-    axis.set_xlabel("micro-batch")
-    axis.set_ylabel("samples/s")
-    axis.set_ylim(bottom=0)
-    axis.grid(True, alpha=0.3)
-    axis.legend(fontsize=8, loc="lower right")
-    axis.set_title("throughput of the timed plans", fontsize=9)
+    _finish_axis(axis, "micro-batch", "samples/s", "throughput of the timed plans")
 
 
 def _draw_trial_speeds(axis: Any, speeds: list[tuple[int, float]], result: ProbeResult) -> None:
     axis.plot([b for b, _ in speeds], [s for _, s in speeds], marker="o", color=_PASS,
               label="passing trials (samples x steps / seconds, warm-up included)")
     axis.axvline(result.batch_size, color=_CHOSEN, linewidth=1.5)
-    axis.set_xlabel("batch size")
-    axis.set_ylabel("samples/s (rough)")
+    _finish_axis(axis, "batch size", "samples/s (rough)", "throughput measured by the probe's trials")
+
+
+def _finish_axis(axis: Any, xlabel: str, ylabel: str, title: str | None = None) -> None:
+    """The look every probe panel shares: labels, y from 0, a light grid, the legend (and a
+    small title for the lower panels)."""
+    axis.set_xlabel(xlabel)
+    axis.set_ylabel(ylabel)
     axis.set_ylim(bottom=0)
     axis.grid(True, alpha=0.3)
     axis.legend(fontsize=8, loc="lower right")
-    axis.set_title("throughput measured by the probe's trials", fontsize=9)
+    if title is not None:
+        axis.set_title(title, fontsize=9)
 
 
 def plot_sweep(rows: Iterable[dict[str, Any]], path: str | os.PathLike, *, title: str | None = None) -> Path:
