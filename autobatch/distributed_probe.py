@@ -58,9 +58,11 @@ def local_step(fn: Any) -> Any:
 
 def agree_trial(record: TrialRecord) -> TrialRecord:
     """The trial's outcome over all ranks: passed only where every rank passed; the largest
-    peaks. A rank whose own trial passed records the failure as another rank's."""
+    peaks (and resident memory). A rank whose own trial passed records the failure as another
+    rank's."""
     rows = dist_sync.exchange(
-        [int(record.passed), _int(record.peak_bytes), _int(record.reserved_bytes)],
+        [int(record.passed), _int(record.peak_bytes), _int(record.reserved_bytes),
+         _int(record.step_peak_bytes), _int(record.resident_bytes)],
         f"probe trial ({record.purpose}) at batch {record.batch_size}",
     )
     failed = [other for other, row in enumerate(rows) if not row[0]]
@@ -69,6 +71,9 @@ def agree_trial(record: TrialRecord) -> TrialRecord:
         record.error = f"out of memory on rank {', '.join(map(str, failed))}"
     record.peak_bytes = _none(max(row[1] for row in rows))
     record.reserved_bytes = _none(max(row[2] for row in rows))
+    # a figure some rank lacks is lacking for all, so every rank fits the same line
+    record.step_peak_bytes = None if min(row[3] for row in rows) < 0 else max(row[3] for row in rows)
+    record.resident_bytes = None if min(row[4] for row in rows) < 0 else max(row[4] for row in rows)
     return record
 
 

@@ -50,7 +50,11 @@ class TrialRecord:
     peak (what a per-process cap limits; equal to ``peak_bytes`` on the simulated device);
     ``purpose`` says why the strategy ran it (``search``, ``fit``, ``estimate``, ``verify``,
     ``bisect``, ``margin``, ``confirm``); ``steps`` how many times it called the step (a
-    trial that ran out of memory stopped during one of them).
+    trial that ran out of memory stopped during one of them). A passing trial also records
+    its last step alone: ``step_peak_bytes``, that step's allocated peak, and
+    ``resident_bytes``, what was allocated as it began (weights, optimizer state). By the
+    last step, state the first step created lazily (Adam's moments) already exists, so these
+    are the figures of a training step in steady state.
     """
 
     batch_size: int
@@ -61,6 +65,8 @@ class TrialRecord:
     error: str | None = None
     reserved_bytes: int | None = None
     steps: int | None = None
+    step_peak_bytes: int | None = None
+    resident_bytes: int | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -77,13 +83,19 @@ class TrialRunner:
     fits again. So the very first trial (where lazy state is created) and every trial the
     caller marks ``final`` run full; the caller confirms its answer with :meth:`confirmed`.
 
-    Any out-of-memory error (by :func:`is_oom_error`) fails the trial; every other exception
+    Any out-of-memory error (by :func:`is_oom_error`) fails the trial, and so does a step
+    whose allocated peak passed ``peak_limit`` (on an accelerator, the capacity less the
+    headroom the caching allocator needs: such a step fits only while fragmentation is kind;
+    the probe's default, :data:`~autobatch.probe.ALLOCATOR_HEADROOM`, says what was
+    measured). Every other exception
     propagates unchanged at once. Memory is released *after* the ``except`` block has been
     left, so the traceback no longer pins the failed step's tensors; ``after_oom`` (e.g.
     dropping half-built gradients) runs first, and the garbage collector only when memory is
     still held above the trial's starting level (a full collection costs a tenth of a second
     in a process with a large heap, and leaving the ``except`` block usually freed it all).
-    A batch size already tried is answered from memory, never run twice. ``agree``, when
+    A batch size already tried is answered from memory, never run twice. Peaks are read step
+    by step (reset before each step; the trial's peak is the largest), so the last step's own
+    figures are known too. ``agree``, when
     given, turns the local record into the one every rank shares (under ``torch.distributed``:
     :func:`~autobatch.distributed_probe.agree_trial`); it runs after the memory is freed.
     """
@@ -96,8 +108,10 @@ class TrialRunner:
         after_oom: Callable[[], None] | None = None,
         agree: Callable[[TrialRecord], TrialRecord] | None = None,
         search_steps: int | None = None,
+        peak_limit: int | None = None,
     ) -> None:
         self.fn = fn
+        self.peak_limit = peak_limit
         self.memory = memory
         self.steps = steps
         self.search_steps = steps if search_steps is None else min(search_steps, steps)
@@ -121,13 +135,23 @@ class TrialRunner:
         _notify(batch_size, purpose, None)
         error = self._attempt(batch_size, steps)
         seconds = time.perf_counter() - self._started
-        peak, reserved = self.memory.peak(), self.memory.peak_reserved()
-        if error is not None:
+        peak, reserved = self._peak, self._reserved
+        ran_out = error is not None
+        if not ran_out and self.peak_limit is not None and peak > self.peak_limit:
+            error = (
+                f"too close to the capacity: allocated peak {format_bytes(peak)} is above "
+                f"{format_bytes(self.peak_limit)}, the capacity less the caching allocator's headroom"
+            )
+        step_peak = self._step_peak if error is None else None
+        resident = self._resident if error is None else None
+        if ran_out:
             if self.after_oom is not None:
                 self.after_oom()
             if self.memory.allocated() > self._baseline:
                 free_memory()  # something survived the failed step: collect cycles, return blocks
-        record = TrialRecord(batch_size, error is None, peak, seconds, purpose, error, reserved, steps)
+        record = TrialRecord(
+            batch_size, error is None, peak, seconds, purpose, error, reserved, steps, step_peak, resident
+        )
         if self.agree is not None:
             record = self.agree(record)
         self.records.append(record)
@@ -158,12 +182,18 @@ class TrialRunner:
         """Run the steps; return None on success or the OOM's first line. Leaves the
         ``except`` block before anything is freed."""
         self.memory.release_cached()
-        self.memory.reset_peak()
         self._baseline = self.memory.allocated()
+        self._peak = self._reserved = 0
+        self._step_peak = self._resident = None
         self._started = time.perf_counter()
         try:
             for _ in range(steps):
-                self.fn(batch_size)
+                self.memory.reset_peak()
+                self._resident = self.memory.allocated()
+                try:
+                    self.fn(batch_size)
+                finally:
+                    self._fold_peaks()
             self.memory.synchronize()
         except BaseException as exc:  # noqa: BLE001 - re-raised below unless it is an OOM
             if not is_oom_error(exc):
@@ -171,15 +201,29 @@ class TrialRunner:
             return str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
         return None
 
+    def _fold_peaks(self) -> None:
+        """The trial's peaks are the largest of its steps' (each step starts a fresh peak)."""
+        self._step_peak = self.memory.peak()
+        self._peak = max(self._peak, self._step_peak)
+        self._reserved = max(self._reserved, self.memory.peak_reserved())
+
     def peak_of(self, batch_size: int) -> int | None:
-        """Allocated peak of the latest passing trial at ``batch_size`` (None if none passed).
+        """Allocated peak of the latest passing trial's last step at ``batch_size`` (None if
+        none passed): the steady-state step, without what only the first step allocates.
 
         Allocated, not reserved, memory is what grows smoothly with the batch; reserved
         memory adds the allocator's rounding, which at small batches dwarfs the activations.
         """
+        record = self.passed_record(batch_size)
+        if record is None:
+            return None
+        return record.step_peak_bytes if record.step_peak_bytes is not None else record.peak_bytes
+
+    def passed_record(self, batch_size: int) -> TrialRecord | None:
+        """The latest passing trial at ``batch_size`` (None if none passed)."""
         for record in reversed(self.records):
             if record.batch_size == batch_size and record.passed:
-                return record.peak_bytes
+                return record
         return None
 
     @property

@@ -133,7 +133,8 @@ def worker(args) -> dict:
             "fallback": result.fallback_reason,
             "trial_records": [
                 {"batch": t.batch_size, "passed": t.passed, "purpose": t.purpose, "s": round(t.seconds, 4),
-                 "peak": t.peak_bytes, "reserved": t.reserved_bytes, "steps": getattr(t, "steps", None)}
+                 "peak": t.peak_bytes, "reserved": t.reserved_bytes, "steps": t.steps,
+                 "step_peak": t.step_peak_bytes, "resident": t.resident_bytes}
                 for t in result.trials
             ],
             "trial_s": sum(t.seconds for t in result.trials),
@@ -151,14 +152,15 @@ def worker(args) -> dict:
         raise SystemExit(f"unknown method {args.method}")
     probe_s = time.perf_counter() - began
     autobatch.free_memory()
-    follow_ok, follow_error = True, None
+    follow_ok, follow_error, done = True, None, 0
     try:
         for _ in range(FOLLOW_ON_STEPS):
             step(found)
+            done += 1
         if args.device == "cuda":
             torch.cuda.synchronize()
     except torch.OutOfMemoryError as exc:
-        follow_ok, follow_error = False, str(exc).splitlines()[0][:120]
+        follow_ok, follow_error = False, f"after {done} steps: " + " ".join(str(exc).split())[:400]
     return {
         "model": args.model,
         "method": args.method,

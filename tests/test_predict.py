@@ -47,7 +47,8 @@ def test_linear_curve_is_found_in_a_handful_of_trials():
     with simulated_memory("200MiB"):
         result = find_max_batch(MemoryCurveStep(CURVES["linear"]), strategy="auto", steps_per_trial=1)
     assert result.batch_size == (200 * MiB - 3 * MiB) // 2000
-    assert result.num_trials <= 8  # 1, 8, 64, 512, 4096, 32768 (fit), the jump, one OOM above it
+    assert result.num_trials == 5  # 8, a leap to 477, a leap to 21960 (fit), the jump, one OOM above it
+    assert [t.purpose for t in result.trials] == ["fit", "fit", "fit", "verify", "verify"]
     assert result.num_ooms == 1 and result.trials[-2].batch_size == result.batch_size  # the jump hit it
 
 
@@ -164,3 +165,143 @@ def test_above_the_boundary_first_when_the_answer_needs_a_full_trial():
     assert tail == [(boundary + 1, False, 1), (boundary, True, 3)]
     assert result.num_ooms == 1 and result.batch_size == boundary
     assert all(t.steps == 1 for t in result.trials[1:-1])  # every trial but the first and the answer is short
+
+
+# ---- the first trial's size, and the leap -------------------------------------------------
+
+class LazyStateStep:
+    """A training-like step: the first call creates ``state`` bytes that stay (like Adam's
+    moments) and allocates a one-off ``spike`` on top; every call then needs ``fixed +
+    per_sample * b`` bytes while it runs."""
+
+    def __init__(self, state, fixed, per_sample, spike=0):
+        self.state_bytes, self.fixed, self.per_sample, self.spike = state, fixed, per_sample, spike
+        self.state = None
+        self.calls: list[int] = []
+
+    def __call__(self, batch_size: int) -> None:
+        import torch
+
+        self.calls.append(batch_size)
+        first = self.state is None
+        if first:
+            self.state = torch.empty(self.state_bytes, dtype=torch.uint8)
+        block = torch.empty(int(self.fixed + self.per_sample * batch_size + (self.spike if first else 0)), dtype=torch.uint8)
+        del block
+
+
+def test_trial_records_its_last_step_alone():
+    from autobatch.devices import SimulatedDeviceMemory
+    from autobatch.trial import TrialRunner
+
+    step = LazyStateStep(state=3 * MiB, fixed=MiB, per_sample=1000, spike=5 * MiB)
+    with simulated_memory("64MiB") as device:
+        runner = TrialRunner(step, SimulatedDeviceMemory(device), steps=3)
+        assert runner(10)
+    record = runner.records[0]
+    assert record.resident_bytes == 3 * MiB  # the state the first step created
+    assert record.step_peak_bytes == 3 * MiB + MiB + 10_000  # the last step: no spike
+    assert record.peak_bytes == 3 * MiB + MiB + 10_000 + 5 * MiB  # the trial: the first step's spike
+    assert runner.peak_of(10) == record.step_peak_bytes  # what a fit uses
+
+
+def test_leap_size_is_a_fraction_of_what_one_trial_guarantees():
+    from autobatch.predict import LEAP_FRACTION, leap_size
+
+    # resident 100, the step peaked at 300 with 8 samples: 200 per 8 samples at most
+    assert leap_size(8, 300, 100, 10_100) == math.floor(8 * 10_000 / 200 * LEAP_FRACTION)
+    assert leap_size(8, 300, None, 10_100) is None  # resident memory unknown
+    assert leap_size(8, 100, 100, 10_100) is None  # the step added nothing: no growth to scale
+    assert leap_size(8, 300, 100, 250) is None  # the trial already used more than the room
+
+
+@pytest.mark.parametrize("budget", ["64MiB", "1GiB"])
+def test_leap_makes_the_second_trial_land_near_the_boundary(budget):
+    """A ResNet-like curve (resident state created by the first step, a fixed cost of two
+    samples): the second trial leaps past the ladder's 64 to below the boundary, and the
+    jump lands on it. The first trial runs 3 steps, so its last step sees the state."""
+    def step():
+        return LazyStateStep(state=8 * MiB, fixed=80_000, per_sample=40_000)
+
+    with simulated_memory(budget):
+        binary = find_max_batch(step(), strategy="binary", steps_per_trial=3)
+        result = find_max_batch(step(), strategy="auto", steps_per_trial=3)
+    assert result.batch_size == binary.batch_size and result.smallest_failed == result.batch_size + 1
+    first, leap = result.trials[0], result.trials[1]
+    assert first.batch_size == 8 and first.resident_bytes == 8 * MiB
+    assert leap.passed and 64 < leap.batch_size < result.batch_size
+    # 8, the leap, one OOM just above the line's boundary, the boundary's full trial
+    assert [(t.passed, t.steps) for t in result.trials] == [(True, 3), (True, 1), (False, 1), (True, 3)]
+
+
+def test_a_leap_that_runs_out_of_memory_leaves_the_ladder_below_it():
+    """A cliff the first trial cannot see: the leap fails, the search still ends exact."""
+    curve = lambda b: 2 * MiB + 1000 * b + (30 * MiB if b > 100 else 0)  # noqa: E731
+    with simulated_memory("24MiB"):
+        binary = find_max_batch(MemoryCurveStep(curve), strategy="binary", steps_per_trial=1)
+        result = find_max_batch(MemoryCurveStep(curve), strategy="auto", steps_per_trial=1)
+    assert result.batch_size == binary.batch_size == 100
+    assert result.num_trials < binary.num_trials
+    leap = result.trials[2]
+    assert leap.purpose == "fit" and not leap.passed and leap.batch_size > 8 * result.trials[1].batch_size
+    assert result.fallback_reason is None
+
+
+@pytest.mark.parametrize("multiple_of, max_batch, first", [(1, None, 8), (3, None, 6), (16, None, 16), (1, 5, 5)])
+def test_predict_starts_at_eight_samples(multiple_of, max_batch, first):
+    with simulated_memory("24MiB"):
+        step = MemoryCurveStep(CURVES["linear"])
+        find_max_batch(step, strategy="auto", multiple_of=multiple_of, max_batch=max_batch, steps_per_trial=1)
+        assert step.calls[0] == first
+        step = MemoryCurveStep(CURVES["linear"])
+        find_max_batch(step, strategy="binary", multiple_of=multiple_of, max_batch=max_batch, steps_per_trial=1)
+        assert step.calls[0] == multiple_of  # the other strategies start at one multiple
+
+
+# ---- the allocator's headroom on accelerators ---------------------------------------------
+
+def test_a_trial_whose_peak_passes_the_limit_fails_and_says_why():
+    from autobatch.devices import SimulatedDeviceMemory
+    from autobatch.trial import TrialRunner
+
+    step = MemoryCurveStep(CURVES["linear"])
+    with simulated_memory("64MiB") as device:
+        runner = TrialRunner(step, SimulatedDeviceMemory(device), steps=1, peak_limit=CURVES["linear"](100))
+        assert runner(100) and not runner(101)
+    failed = runner.records[-1]
+    assert failed.peak_bytes == CURVES["linear"](101)  # it ran: too close, not out of memory
+    assert failed.error.startswith("too close to the capacity") and failed.step_peak_bytes is None
+
+
+def test_the_peak_limit_is_the_capacity_less_the_headroom_on_accelerators_only():
+    from autobatch.devices import SimulatedDeviceMemory
+    from autobatch.probe import ALLOCATOR_HEADROOM, _peak_limit
+
+    with simulated_memory("64MiB") as device:
+        assert _peak_limit(SimulatedDeviceMemory(device), 64 * MiB) is None  # no caching allocator
+    accelerator = object()  # any memory that is not the simulated device
+    assert _peak_limit(accelerator, 1000 * MiB) == int(1000 * MiB * (1 - ALLOCATOR_HEADROOM))
+    assert _peak_limit(accelerator, None) is None
+
+
+@pytest.mark.parametrize("curve", ["linear", "rounded-blocks", "sqrt-then-linear"])
+def test_under_a_peak_limit_every_strategy_stops_at_it(curve):
+    """predict aims its line at the limit, so it lands where binary does, in fewer trials."""
+    from autobatch.devices import SimulatedDeviceMemory
+    from autobatch.probe import _search
+    from autobatch.trial import TrialRunner
+
+    limit = 20 * MiB
+    results = {}
+    for strategy in ("binary", "auto"):
+        with simulated_memory("24MiB") as device:
+            memory = SimulatedDeviceMemory(device)
+            runner = TrialRunner(MemoryCurveStep(CURVES[curve]), memory, steps=1, peak_limit=limit)
+            results[strategy] = _search(
+                runner, strategy=strategy, start=None, max_batch=None, margin=0.0, multiple_of=1,
+                device_name=memory.name, capacity=24 * MiB,
+            )
+    found = results["binary"].batch_size
+    assert results["auto"].batch_size == found
+    assert CURVES[curve](found) <= limit < CURVES[curve](found + 1)
+    assert results["auto"].num_trials < results["binary"].num_trials
