@@ -214,7 +214,9 @@ def find_max_batch(
         log.info("estimated batch %d (untested) in %.2fs", result.batch_size, result.elapsed_s)
         return distributed_probe.agree_batch(result) if ranks else result
 
-    snapshot = Snapshot.take(*restore) if restore is not None else None
+    snapshot = None
+    if restore is not None:  # a TrainStep changes its weights only in the optimizer step: copy meanwhile
+        snapshot = Snapshot.take(*restore, background=isinstance(fn, TrainStep) and fn.optimizer is restore[1])
     estimate_note = None
     try:
         with memory_for(target, limit_bytes) as (memory, note):
@@ -233,6 +235,8 @@ def find_max_batch(
                 # trials they save, so auto starts from its fit there unless asked otherwise
                 estimate_first = isinstance(memory, SimulatedDeviceMemory)
             if strategy == "auto" and start is None and isinstance(fn, TrainStep) and estimate_first:
+                if snapshot is not None:
+                    snapshot.wait()  # the trace swaps fake tensors into the model: copy before it
                 prior, estimate_note = _estimate_prior(fn, memory, capacity, max_batch, multiple_of)
                 if ranks:
                     prior = distributed_probe.agree_prior(prior)

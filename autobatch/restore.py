@@ -6,11 +6,21 @@ snapshot lives in CPU memory so it takes nothing from the device being probed, a
 outside any simulated budget. Restoring is bit-exact: parameters, buffers, gradients,
 optimizer state (including state that did not exist yet, such as Adam's moments before the
 first step), training flags and the random number generators.
+
+Copying the weights off an accelerator is the slow part (measured on an H200: 0.07 s for
+ResNet-50's 98 MiB, 0.32 s for GPT-2's 475 MiB, at ~1.5 GB/s into fresh host memory). With
+``background=True`` the parameters and optimizer state are copied by a thread while the
+first trial runs, and the optimizer's next ``step()`` waits for that copy (a step pre-hook):
+in a :class:`~autobatch.TrainStep` nothing else writes them. Buffers (which forward may
+update, as BatchNorm's statistics), gradients, training flags and random states are copied at
+once.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import threading
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -42,27 +52,85 @@ class Snapshot:
     rng_cpu: torch.Tensor | None = None
     rng_cuda: list[torch.Tensor] | None = None
 
+    _copier: threading.Thread | None = field(default=None, repr=False, compare=False)
+    _copy_error: BaseException | None = field(default=None, repr=False, compare=False)
+    _hook: Any = field(default=None, repr=False, compare=False)
+    _copy_failed: bool = field(default=False, repr=False, compare=False)
+
     @classmethod
-    def take(cls, model: torch.nn.Module | None, optimizer: torch.optim.Optimizer | None = None) -> "Snapshot":
+    def take(
+        cls, model: torch.nn.Module | None, optimizer: torch.optim.Optimizer | None = None, *, background: bool = False
+    ) -> "Snapshot":
+        """Copy the state to CPU memory. ``background``: copy the parameters and optimizer
+        state in a thread, finished before the optimizer's next step (needs an optimizer; for
+        a step that changes parameters only through it, such as a ``TrainStep``)."""
         snap = cls(model=model, optimizer=optimizer)
+        background = background and optimizer is not None
         if model is not None:
+            params = {name: param for name, param in model.named_parameters()}
             for name, tensor in _named_state(model):
-                snap.tensors[name] = tensor.detach().to("cpu", copy=True)
+                if name not in params or not background:
+                    snap.tensors[name] = tensor.detach().to("cpu", copy=True)
             for name, param in model.named_parameters():
                 snap.grads[name] = None if param.grad is None else param.grad.detach().to("cpu", copy=True)
             snap.training = {name: module.training for name, module in model.named_modules()}
-        if optimizer is not None:
-            snap.optimizer_state = _to_cpu(optimizer.state_dict())
         snap.rng_cpu = torch.get_rng_state()
         if torch.cuda.is_available() and torch.cuda.is_initialized():
             snap.rng_cuda = torch.cuda.get_rng_state_all()
+        if not background:
+            if optimizer is not None:
+                snap.optimizer_state = _to_cpu(optimizer.state_dict())
+            return snap
+        snap._hook = optimizer.register_step_pre_hook(lambda *_: snap.wait())
+        devices = {param.device for group in optimizer.param_groups for param in group["params"]}
+        # the copy runs on a stream of its own, after the work queued so far, so that it
+        # overlaps the first trial's kernels instead of queueing them behind it
+        after = {device: torch.cuda.current_stream(device) for device in devices if device.type == "cuda"}
+        snap._copier = threading.Thread(
+            target=snap._copy_catching, args=(after,), name="autobatch-snapshot", daemon=True
+        )
+        snap._copier.start()
         return snap
+
+    def _copy_catching(self, after: dict[torch.device, Any]) -> None:
+        try:
+            self._copy_in_background(after)
+        except BaseException as exc:  # noqa: BLE001 - handed to the thread that waits
+            self._copy_error = exc
+
+    def _copy_in_background(self, after: dict[torch.device, Any]) -> None:
+        with contextlib.ExitStack() as streams:
+            for device, stream in after.items():
+                side = torch.cuda.Stream(device=device)
+                side.wait_stream(stream)
+                streams.enter_context(torch.cuda.stream(side))
+            if self.model is not None:
+                for name, param in self.model.named_parameters():
+                    self.tensors[name] = param.detach().to("cpu", copy=True)
+            if self.optimizer is not None:
+                self.optimizer_state = _to_cpu(self.optimizer.state_dict())
+
+    def wait(self) -> None:
+        """Block until a background copy is complete; re-raise its error, if any."""
+        if self._hook is not None:
+            self._hook.remove()
+            self._hook = None
+        if self._copier is not None:
+            self._copier.join()
+            self._copier = None
+        if self._copy_error is not None:
+            # raised before the optimizer step that waited, so the weights are unchanged
+            error, self._copy_error, self._copy_failed = self._copy_error, None, True
+            raise RuntimeError(f"autobatch could not snapshot the model before probing: {error}") from error
 
     def restore(self) -> None:
         """Write the snapshot back into the same objects (their identity is preserved)."""
+        self.wait()
         with torch.no_grad():
             if self.model is not None:
                 for name, tensor in _named_state(self.model):
+                    if self._copy_failed and name not in self.tensors:
+                        continue  # its copy failed before the optimizer could change it
                     tensor.copy_(self.tensors[name])
                 for name, param in self.model.named_parameters():
                     saved = self.grads.get(name)

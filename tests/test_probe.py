@@ -313,3 +313,67 @@ def test_probe_leaves_no_memory_behind():
         find_max_batch(step, steps_per_trial=2, memory_limit="20MiB")
         gc.collect()
         assert device.current_bytes == before
+
+
+# ---- the snapshot copied in the background -----------------------------------------------
+
+def _slow_copy(monkeypatch, seconds=0.3):
+    """Delay the background copy, so the optimizer step surely arrives while it runs."""
+    import time
+
+    from autobatch.restore import Snapshot
+
+    original = Snapshot._copy_in_background
+
+    def slow(self, after):
+        time.sleep(seconds)
+        original(self, after)
+
+    monkeypatch.setattr(Snapshot, "_copy_in_background", slow)
+
+
+@pytest.mark.parametrize("optimizer", ["adamw", "sgd"])
+def test_background_snapshot_holds_the_weights_from_before_the_optimizer_step(monkeypatch, optimizer):
+    from autobatch.restore import Snapshot
+
+    _slow_copy(monkeypatch)
+    step = make_mlp_step(width=64, optimizer=optimizer)
+    if optimizer == "sgd":
+        step(8)  # momentum buffers exist before the snapshot
+    before = _state(step)
+    snapshot = Snapshot.take(step.model, step.optimizer, background=True)
+    step(8)  # its optimizer step waits for the copy, then changes every weight
+    assert any(not torch.equal(before[0][k], v) for k, v in step.model.state_dict().items())
+    snapshot.restore()
+    after = _state(step)
+    for key in before[0]:
+        assert torch.equal(before[0][key], after[0][key]), key
+    assert before[2] == after[2]
+    assert not step.optimizer._optimizer_step_pre_hooks  # the waiting hook removed itself
+
+
+def test_a_probe_of_a_train_step_copies_its_weights_in_the_background(monkeypatch):
+    _slow_copy(monkeypatch)
+    step = make_mlp_step(width=64)
+    before = _state(step)
+    find_max_batch(step, memory_limit="4MiB", steps_per_trial=2, cache=False)
+    after = _state(step)
+    for key in before[0]:
+        assert torch.equal(before[0][key], after[0][key]), key
+    assert before[2] == after[2] and not step.optimizer._optimizer_step_pre_hooks
+
+
+def test_a_failed_background_copy_stops_the_probe_with_its_error(monkeypatch):
+    from autobatch.restore import Snapshot
+
+    def broken(self, after):
+        raise MemoryError("host memory exhausted")
+
+    monkeypatch.setattr(Snapshot, "_copy_in_background", broken)
+    step = make_mlp_step(width=64)
+    before = _state(step)
+    with pytest.raises(RuntimeError, match="could not snapshot the model before probing: host memory"):
+        find_max_batch(step, memory_limit="4MiB", steps_per_trial=2, cache=False)
+    after = _state(step)  # the optimizer step never ran: the weights are the user's
+    for key in before[0]:
+        assert torch.equal(before[0][key], after[0][key]), key
