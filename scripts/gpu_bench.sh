@@ -2,7 +2,8 @@
 # Every single-GPU figure of the README's "Benchmarks on a GPU" section, in two device calls
 # that each fit a 10-minute limit. Writes logs and tables to $OUT (default /tmp/autobatch_bench).
 #
-#   bash scripts/gpu_bench.sh probe    # GPU tests, probe vs Lightning/Accelerate, estimate accuracy
+#   bash scripts/gpu_bench.sh probe    # GPU tests, probe auto vs Accelerate, estimate accuracy
+#   python scripts/bench_probe.py      # every method once, Lightning's too (a device call of its own)
 #   bash scripts/gpu_bench.sh train    # runner overhead and recovery, planner throughput pick
 #
 # On the lent GPU machine, carry wheels for hydra-core/omegaconf/antlr4/tenacity in .whl/; they
@@ -29,8 +30,8 @@ run() {  # run NAME COMMAND...: log to $OUT/NAME.log, show its tail, remember a 
 case "${1:-probe}" in
   probe)
     run gpu_tests python3 -m pytest -m gpu -q -rs tests
-    run bench_probe python3 scripts/bench_probe.py --memory-limit 16GiB --repeat ${REPEAT:-3} \
-        --methods autobatch-auto autobatch-binary accelerate --out "$OUT/bench_probe.md"
+    run bench_probe python3 scripts/bench_probe.py --memory-limit 16GiB --repeat ${REPEAT:-5} \
+        --methods autobatch-auto accelerate --out "$OUT/bench_probe.md"
     run accuracy python3 scripts/estimate_accuracy.py --json "$OUT/accuracy.json"
     ;;
   train)
