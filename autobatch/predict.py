@@ -18,11 +18,11 @@ gradients, optimizer state, workspaces) plus activations per sample. So:
    so on a straight memory curve the size fits, and the line through the two points
    extrapolates little. It is further than ×8 where the boundary is far, and short of an
    ×8 that would overshoot where it is near (GPT-2 from 8: 9, not 64, whose OOM would
-   leave a single point and a bisection). With the first trial
-   at 8 samples (``find_max_batch``'s default for ``predict``/``auto``), on ResNet-50 under
-   a 16 GiB cap on an H200 the leap lands at 268 of 370, where the ladder needed trials at
-   1, 8 and 64. A leap that runs out of memory (a curve that bends up) leaves the plain
-   ladder to go on below it.
+   leave a single point and a bisection). With the first trial at 8 samples
+   (``find_max_batch``'s default for ``predict``/``auto``), on ResNet-50 under a 16 GiB cap
+   on an H200 the leap lands at 270 of 369, where the ladder needed trials at 1, 8 and 64.
+   A leap that runs out of memory (a curve that bends up) leaves the plain ladder to go on
+   below it.
 2. **Jump.** Trial the predicted boundary; with ``above_first``, the size just above it
    first, then the boundary itself. Why: when the answer must pass a *full* trial after the
    last OOM and search trials are shorter (:func:`~autobatch.find_max_batch`), an OOM is

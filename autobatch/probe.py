@@ -130,9 +130,8 @@ def find_max_batch(
         steps_per_trial: calls of ``fn`` in a full trial (>= 1; default 3). The returned size
             has always passed a full trial (on an accelerator, one run after the last trial
             that ran out of memory), and so has the first trial, where lazy state is created.
-            With a model to restore, a full trial of a size that may be the answer starts from
-            the restored model and optimizer, so its first step creates the optimizer's state
-            as training's first step will.
+            On an accelerator a trial passes only if its allocated peak also stays
+            ``ALLOCATOR_HEADROOM`` (1 %) under the capacity.
         search_steps: calls of ``fn`` in the other trials (default 1; None: every trial is
             full). They only tell which side of the boundary a size lies on; a trial whose
             size could be the answer (the next size up already failed) runs full at once.
