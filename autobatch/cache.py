@@ -20,7 +20,8 @@ The key is the SHA-256 of a canonical JSON of its components (stored in the file
 * ``device``: its name and capacity (in 64 MiB steps, so a few MiB of driver noise do not
   miss), and the memory cap; the torch and autobatch versions;
 * ``probe``: the strategy and its parameters (``start``, ``max_batch``, ``margin``,
-  ``multiple_of``, ``steps_per_trial``, ``search_steps``).
+  ``multiple_of``, ``steps_per_trial``, ``search_steps``), and the allocator headroom a
+  passing trial must leave on an accelerator (``autobatch.probe.ALLOCATOR_HEADROOM``).
 
 A plain callable has no structure to key on; it is cached only under an explicit
 ``cache_key``. Writes are atomic (a temporary file, then ``os.replace``) under a file lock, so

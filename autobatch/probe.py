@@ -379,7 +379,10 @@ def _cache_lookup(fn, cache, cache_key, target, limit_bytes, probe_args):
     try:
         components = key_components(
             fn, cache_key=cache_key, device=device_name, capacity=capacity,
-            memory_limit=limit_bytes, probe=probe_args,
+            memory_limit=limit_bytes,
+            # the headroom decides which trials pass on an accelerator: answers found under
+            # another headroom (older versions had none) are not this probe's answers
+            probe={**probe_args, "allocator_headroom": ALLOCATOR_HEADROOM},
         )
     except Exception as exc:  # noqa: BLE001 - a key we cannot derive only costs the cache
         log.warning("probe cache off for this call: could not derive the key (%s: %s)", type(exc).__name__, exc)

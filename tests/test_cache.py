@@ -141,6 +141,17 @@ def test_a_changed_component_reprobes(component):
     assert find_max_batch(*_variant("baseline")[:1], **_variant("baseline")[1]).cached
 
 
+def test_a_changed_allocator_headroom_reprobes(monkeypatch):
+    """Answers cached under another headroom (before it existed: none) are not served."""
+    import autobatch.probe
+
+    step, args = _variant("baseline")
+    find_max_batch(step, **args)
+    assert find_max_batch(*_variant("baseline")[:1], **args).cached
+    monkeypatch.setattr(autobatch.probe, "ALLOCATOR_HEADROOM", 0.0)
+    assert not find_max_batch(*_variant("baseline")[:1], **args).cached
+
+
 def test_torch_version_is_in_the_key(monkeypatch):
     baseline = _key(*_variant("baseline"))
     monkeypatch.setattr(torch, "__version__", "0.0.0-other")
