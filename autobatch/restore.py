@@ -67,10 +67,8 @@ class Snapshot:
         snap = cls(model=model, optimizer=optimizer)
         background = background and optimizer is not None
         if model is not None:
-            params = {name: param for name, param in model.named_parameters()}
-            for name, tensor in _named_state(model):
-                if name not in params or not background:
-                    snap.tensors[name] = tensor.detach().to("cpu", copy=True)
+            for name, tensor in _named_state(model, parameters=not background):  # the thread copies those
+                snap.tensors[name] = tensor.detach().to("cpu", copy=True)
             for name, param in model.named_parameters():
                 snap.grads[name] = None if param.grad is None else param.grad.detach().to("cpu", copy=True)
             snap.training = {name: module.training for name, module in model.named_modules()}
@@ -147,6 +145,7 @@ class Snapshot:
             torch.cuda.set_rng_state_all(self.rng_cuda)
 
 
-def _named_state(model: torch.nn.Module):
-    yield from model.named_parameters()
+def _named_state(model: torch.nn.Module, *, parameters: bool = True):
+    if parameters:
+        yield from model.named_parameters()
     yield from ((name, buf) for name, buf in model.named_buffers() if buf is not None)

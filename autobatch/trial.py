@@ -87,17 +87,18 @@ class TrialRunner:
     whose allocated peak passed ``peak_limit`` (on an accelerator, the capacity less the
     headroom the caching allocator needs: such a step fits only while fragmentation is kind;
     the probe's default, :data:`~autobatch.probe.ALLOCATOR_HEADROOM`, says what was
-    measured). Every other exception
-    propagates unchanged at once. Memory is released *after* the ``except`` block has been
-    left, so the traceback no longer pins the failed step's tensors; ``after_oom`` (e.g.
-    dropping half-built gradients) runs first, and the garbage collector only when memory is
-    still held above the trial's starting level (a full collection costs a tenth of a second
-    in a process with a large heap, and leaving the ``except`` block usually freed it all).
+    measured). Every other exception propagates unchanged at once. Memory is released
+    *after* the ``except`` block has been left, so the traceback no longer pins the failed
+    step's tensors; ``after_oom`` (e.g. dropping half-built gradients) runs first, and the
+    garbage collector only when memory is still held above the trial's starting level (a
+    full collection costs a tenth of a second in a process with a large heap, and leaving
+    the ``except`` block usually freed it all).
+
     A batch size already tried is answered from memory, never run twice. Peaks are read step
     by step (reset before each step; the trial's peak is the largest), so the last step's own
-    figures are known too. ``agree``, when
-    given, turns the local record into the one every rank shares (under ``torch.distributed``:
-    :func:`~autobatch.distributed_probe.agree_trial`); it runs after the memory is freed.
+    figures are known too. ``agree``, when given, turns the local record into the one every
+    rank shares (under ``torch.distributed``: :func:`~autobatch.distributed_probe.agree_trial`);
+    it runs after the memory is freed.
     """
 
     def __init__(
@@ -215,9 +216,7 @@ class TrialRunner:
         memory adds the allocator's rounding, which at small batches dwarfs the activations.
         """
         record = self.passed_record(batch_size)
-        if record is None:
-            return None
-        return record.step_peak_bytes if record.step_peak_bytes is not None else record.peak_bytes
+        return None if record is None else record.step_peak_bytes
 
     def passed_record(self, batch_size: int) -> TrialRecord | None:
         """The latest passing trial at ``batch_size`` (None if none passed)."""
