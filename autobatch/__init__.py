@@ -4,15 +4,15 @@ The library imports and works without Hydra; Hydra lives in the CLI (``python -m
 """
 
 from .errors import NoBatchFitsError
-from .oom import free_memory, is_oom_error
-from .probe import find_max_batch
-from .result import ProbeResult
-from .simulated import SimulatedMemory, simulated_memory
-from .train_step import TrainStep
-from .trial import TrialRecord
-from .units import format_bytes, parse_bytes
+from .memory.oom import free_memory, is_oom_error
+from .probe.find import find_max_batch
+from .probe.result import ProbeResult
+from .memory.simulated import SimulatedMemory, simulated_memory
+from .probe.train_step import TrainStep
+from .probe.trial import TrialRecord
+from .memory.units import format_bytes, parse_bytes
 
-__version__ = "0.1.0"
+from .version import __version__
 
 __all__ = [
     "find_max_batch",
@@ -26,13 +26,14 @@ __all__ = [
     "SimulatedMemory",
     "parse_bytes",
     "format_bytes",
+    "__version__",
 ]
 
 # Planning: gradient accumulation, activation checkpointing, the fastest plan (issue 5).
-from .accumulation import accumulate_gradients, accumulated_step, batch_size_of, micro_batch_sizes, split_batch
-from .checkpointing import CheckpointHandle, enable_checkpointing
+from .planning.accumulation import accumulate_gradients, accumulated_step, batch_size_of, micro_batch_sizes, split_batch
+from .planning.checkpointing import CheckpointHandle, enable_checkpointing
 from .errors import GlobalBatchTooLargeError
-from .planner import Plan, plan
+from .planning.planner import Plan, plan
 
 __all__ += [
     "plan",
@@ -49,9 +50,9 @@ __all__ += [
 
 # Resilient training: the OOM-surviving runner, fault injection (issue 6).
 from .errors import StepOutOfMemoryError
-from .faults import FaultInjector, inject_oom
-from .run_result import RunResult
-from .runner import Runner, train
+from .training.faults import FaultInjector, inject_oom
+from .training.run_result import RunResult
+from .training.runner import Runner, train
 
 __all__ += [
     "Runner",
@@ -63,8 +64,8 @@ __all__ += [
 ]
 
 # Know before you run: zero-OOM estimates and the persistent probe cache (issue 8).
-from . import cache
-from .estimate import BatchEstimate, EstimateError, MemoryEstimate, estimate_max_batch, estimate_memory, estimate_peak
+from .probe import cache
+from .probe.estimate import BatchEstimate, EstimateError, MemoryEstimate, estimate_max_batch, estimate_memory, estimate_peak
 
 __all__ += [
     "cache",
@@ -77,12 +78,12 @@ __all__ += [
 ]
 
 # Reports: the memory-curve and sweep plots (matplotlib is imported only when drawing; issue 9).
-from .report import plot_probe, plot_sweep
+from .report.plots import plot_probe, plot_sweep
 
 __all__ += ["plot_probe", "plot_sweep"]
 
 # Many GPUs: ranks agree under torch.distributed (issue 7).
-from . import distributed
+from .dist import agreement as distributed
 from .errors import PeerFailedError, PeerOutOfMemoryError, RankDisagreementError
 
 __all__ += ["distributed", "RankDisagreementError", "PeerOutOfMemoryError", "PeerFailedError"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from .units import format_bytes
+from .memory.units import format_bytes
 
 __all__ = [
     "NoBatchFitsError",
@@ -24,7 +24,7 @@ class NoBatchFitsError(MemoryError):
     fits" for "try smaller". ``capacity_bytes``, ``peak_bytes`` and ``batch_size`` give the
     figures; ``result`` is the :class:`~autobatch.ProbeResult` with every trial made.
     ``diagnostics`` holds the device's memory figures (see
-    :func:`~autobatch.diagnostics.memory_diagnostics`): the message gives allocated, reserved
+    :func:`~autobatch.memory.diagnostics.memory_diagnostics`): the message gives allocated, reserved
     and the fragmentation gap in one line, ``diagnostics["memory_summary"]`` the full table.
     """
 
@@ -53,7 +53,7 @@ class NoBatchFitsError(MemoryError):
         )
         memory_line = ""
         if diagnostics:
-            from .diagnostics import diagnostics_line
+            from .memory.diagnostics import diagnostics_line
 
             memory_line = diagnostics_line(diagnostics) + " "
         message = (

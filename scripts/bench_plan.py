@@ -31,9 +31,9 @@ from torch.nn import functional as F
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 import autobatch  # noqa: E402
-from autobatch.devices import AcceleratorMemory  # noqa: E402
-from autobatch.throughput import Candidate, DeviceHooks, measure_candidates  # noqa: E402
-from autobatch.units import parse_bytes  # noqa: E402
+from autobatch.memory.devices import AcceleratorMemory  # noqa: E402
+from autobatch.planning.throughput import Candidate, DeviceHooks, measure_candidates  # noqa: E402
+from autobatch.memory.units import parse_bytes  # noqa: E402
 
 TOLERANCE = 0.03
 

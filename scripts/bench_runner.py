@@ -42,9 +42,9 @@ sys.path.insert(0, os.path.join(HERE, ".."))
 sys.path.insert(0, HERE)
 
 import autobatch  # noqa: E402
-from autobatch.accumulation import split_batch  # noqa: E402
-from autobatch.devices import AcceleratorMemory, resolve_device  # noqa: E402
-from autobatch.units import parse_bytes  # noqa: E402
+from autobatch.planning.accumulation import split_batch  # noqa: E402
+from autobatch.memory.devices import AcceleratorMemory, resolve_device  # noqa: E402
+from autobatch.memory.units import parse_bytes  # noqa: E402
 from bench_plan import GPT, lm_loss  # noqa: E402
 
 DEFAULTS = {

@@ -29,23 +29,23 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 
 import autobatch  # noqa: E402
-import autobatch.models  # noqa: E402
+import autobatch.workloads.models  # noqa: E402
 
 
 def build_model(name: str, small: bool) -> tuple[torch.nn.Module, str]:
     """(model, its description): torchvision's resnet50 when asked and installed; ``small``
     (the CPU check) a small ResNetCNN."""
     if small:
-        return autobatch.models.ResNetCNN(in_channels=3, num_classes=1000, width=16, stages=3), "ResNetCNN (small)"
+        return autobatch.workloads.models.ResNetCNN(in_channels=3, num_classes=1000, width=16, stages=3), "ResNetCNN (small)"
     if name == "resnet50":
         try:
             import torchvision
 
             return torchvision.models.resnet50(num_classes=1000), "ResNet-50 (torchvision)"
         except ImportError:
-            logging.warning("torchvision is not installed; using autobatch.models.ResNetCNN at ResNet-18 size")
-    model = autobatch.models.ResNetCNN(in_channels=3, num_classes=1000, width=64, stages=4, blocks_per_stage=2)
-    return model, "ResNetCNN (ResNet-18 size, autobatch.models)"
+            logging.warning("torchvision is not installed; using autobatch.workloads.models.ResNetCNN at ResNet-18 size")
+    model = autobatch.workloads.models.ResNetCNN(in_channels=3, num_classes=1000, width=64, stages=4, blocks_per_stage=2)
+    return model, "ResNetCNN (ResNet-18 size, autobatch.workloads.models)"
 
 
 def main(argv: list[str] | None = None) -> int:

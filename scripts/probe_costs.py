@@ -37,9 +37,9 @@ def measure(model_name: str, device: str, limit: str) -> dict:
     import torch
 
     import autobatch
-    from autobatch.diagnostics import memory_diagnostics
-    from autobatch.devices import memory_for, resolve_device
-    from autobatch.restore import Snapshot
+    from autobatch.memory.diagnostics import memory_diagnostics
+    from autobatch.memory.devices import memory_for, resolve_device
+    from autobatch.probe.restore import Snapshot
     from bench_probe import build, set_cap
 
     model, make_batch, loss_fn, autocast = build(model_name, device)

@@ -8,7 +8,7 @@ import os
 
 import torch
 
-from autobatch.batches import RandomClassification
+from autobatch.workloads.batches import RandomClassification
 
 
 class RecordingDataset(RandomClassification):

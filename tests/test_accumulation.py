@@ -13,7 +13,7 @@ import pytest
 import torch
 from torch import nn
 
-from autobatch.accumulation import (
+from autobatch.planning.accumulation import (
     accumulate_gradients,
     accumulate_micro_batches,
     accumulated_step,
@@ -21,7 +21,7 @@ from autobatch.accumulation import (
     micro_batch_sizes,
     split_batch,
 )
-from autobatch.train_step import TrainStep
+from autobatch.probe.train_step import TrainStep
 
 ATOL = RTOL = 1e-10
 Pair = namedtuple("Pair", "x y")

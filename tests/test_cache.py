@@ -10,7 +10,7 @@ import torch
 import autobatch
 from autobatch import cache as probe_cache
 from autobatch import find_max_batch
-from autobatch.checkpointing import enable_checkpointing
+from autobatch.planning.checkpointing import enable_checkpointing
 
 from workloads import ThresholdStep, make_mlp_step
 
@@ -108,8 +108,8 @@ COMPONENTS = [
 
 
 def _key(step, args) -> str:
-    from autobatch.devices import memory_for, resolve_device
-    from autobatch.units import parse_bytes
+    from autobatch.memory.devices import memory_for, resolve_device
+    from autobatch.memory.units import parse_bytes
 
     limit = parse_bytes(args["memory_limit"])
     with memory_for(resolve_device("cpu"), limit) as (memory, _):
@@ -143,12 +143,12 @@ def test_a_changed_component_reprobes(component):
 
 def test_a_changed_allocator_headroom_reprobes(monkeypatch):
     """Answers cached under another headroom (before it existed: none) are not served."""
-    import autobatch.probe
+    import autobatch.probe.find
 
     step, args = _variant("baseline")
     find_max_batch(step, **args)
     assert find_max_batch(*_variant("baseline")[:1], **args).cached
-    monkeypatch.setattr(autobatch.probe, "ALLOCATOR_HEADROOM", 0.0)
+    monkeypatch.setattr(autobatch.probe.find, "ALLOCATOR_HEADROOM", 0.0)
     assert not find_max_batch(*_variant("baseline")[:1], **args).cached
 
 

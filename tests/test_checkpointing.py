@@ -7,8 +7,8 @@ import copy
 import torch
 from torch import nn
 
-from autobatch.checkpointing import enable_checkpointing, find_blocks, is_checkpointed
-from autobatch.simulated import simulated_memory
+from autobatch.planning.checkpointing import enable_checkpointing, find_blocks, is_checkpointed
+from autobatch.memory.simulated import simulated_memory
 
 
 def block(width: int) -> nn.Module:

@@ -143,7 +143,7 @@ def test_precision_sets_autocast(conf, precision, dtype):
 
 def test_any_model_by_target_with_its_arguments(conf):
     cfg = conf(
-        "probe", "model=target", "model._target_=autobatch.models.MLP", "+model.in_shape=[4]",
+        "probe", "model=target", "model._target_=autobatch.workloads.models.MLP", "+model.in_shape=[4]",
         "+model.num_classes=3", "data.shape=[4]", "data.num_classes=3",
     )  # fmt: skip
     workload = build_workload(cfg)

@@ -32,7 +32,7 @@ def test_probe_writes_result_json_and_prints_a_table(cli, tmp_path):
         assert label in done.stdout
     result = json.loads((tmp_path / "run" / "result.json").read_text())
     assert result["batch_size"] >= 1 and result["num_ooms"] >= 1  # the 2 MiB budget was hit
-    assert result["config"]["model"]["_target_"] == "autobatch.models.MLP"
+    assert result["config"]["model"]["_target_"] == "autobatch.workloads.models.MLP"
     assert result["config"]["probe"]["strategy"] == "binary"
     assert result["command"].startswith("python -m autobatch probe model=mlp")
     assert (tmp_path / "run" / "probe.log").read_text().count("trial ") == result["num_trials"]
@@ -87,7 +87,7 @@ def test_train_over_a_target_dataset(cli, tmp_path):
 def test_library_imports_without_hydra(tmp_path):
     code = (
         "import sys; sys.modules['hydra'] = None; sys.modules['omegaconf'] = None\n"
-        "import autobatch, autobatch.models, autobatch.batches\n"
+        "import autobatch, autobatch.workloads.models, autobatch.workloads.batches\n"
         "print(autobatch.find_max_batch(lambda b: None, max_batch=8, memory_limit='1MiB').batch_size)"
     )
     done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=cli_env(), capture_output=True, text=True)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from autobatch.batches import SyntheticBatches
+from autobatch.workloads.batches import SyntheticBatches
 from autobatch.cli.data import SyntheticEpochs
 from autobatch.cli.ranks import hydra_overrides, launched_rank
 from autobatch.cli.sharding import ShardedBatches, per_rank_batch, share_bounds, take_share

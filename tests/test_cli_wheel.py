@@ -24,7 +24,7 @@ def test_wheel_installs_and_the_default_probe_runs_outside_the_checkout(tmp_path
     source.mkdir()
     for name in ("autobatch", "conf"):
         shutil.copytree(REPO / name, source / name, ignore=shutil.ignore_patterns("__pycache__"))
-    for name in ("pyproject.toml", "README.md", "LICENSE"):
+    for name in ("pyproject.toml", "setup.py", "README.md", "LICENSE"):
         shutil.copy(REPO / name, source / name)
     wheels = tmp_path / "wheels"
     _run(sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(wheels), str(source))
@@ -48,7 +48,7 @@ def test_wheel_installs_and_the_default_probe_runs_outside_the_checkout(tmp_path
     assert "batch size" in done.stdout
     (result_file,) = elsewhere.glob("outputs/probe/*/*/result.json")
     result = json.loads(result_file.read_text())
-    assert result["batch_size"] >= 1 and result["config"]["model"]["_target_"] == "autobatch.models.GPT"
+    assert result["batch_size"] >= 1 and result["config"]["model"]["_target_"] == "autobatch.workloads.models.GPT"
     assert sorted(p.name for p in elsewhere.iterdir()) == ["outputs"]  # nothing else in the cwd
 
     script = _run(str(venv / "bin" / "autobatch"), "--help", cwd=elsewhere, env=env)  # the console script

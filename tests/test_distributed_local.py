@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from autobatch import PeerOutOfMemoryError, RankDisagreementError, distributed, is_oom_error
-from autobatch.distributed_probe import local_step, unwrap
-from autobatch.trial import TrialRecord, TrialRunner
-from autobatch.train_step import TrainStep
+from autobatch.dist.probe import local_step, unwrap
+from autobatch.probe.trial import TrialRecord, TrialRunner
+from autobatch.probe.train_step import TrainStep
 
 
 def test_without_a_process_group_every_helper_answers_for_one_rank(monkeypatch):

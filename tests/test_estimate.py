@@ -5,8 +5,8 @@ import torch
 
 import autobatch
 from autobatch import find_max_batch, simulated_memory
-from autobatch.checkpointing import enable_checkpointing
-from autobatch.estimate import EstimateError, estimate_max_batch, estimate_memory, estimate_peak
+from autobatch.planning.checkpointing import enable_checkpointing
+from autobatch.probe.estimate import EstimateError, estimate_max_batch, estimate_memory, estimate_peak
 
 from workloads import make_mlp_step
 
@@ -214,7 +214,7 @@ def _oracle(threshold: int):
 
 @pytest.mark.parametrize("true_boundary", [500, 700, 1000, 1300])
 def test_predictive_with_a_prior_is_exact_whatever_the_estimate(true_boundary):
-    from autobatch.predict import LinearFit, predictive
+    from autobatch.probe.predict import LinearFit, predictive
 
     passes, calls = _oracle(true_boundary)
     prior = LinearFit(intercept=0.0, slope=1000.0)  # estimated boundary: unit 1000 of capacity 1e6
@@ -232,7 +232,7 @@ def test_predictive_with_a_prior_is_exact_whatever_the_estimate(true_boundary):
 
 
 def test_predictive_tries_the_cap_directly_when_the_estimate_clears_it():
-    from autobatch.predict import LinearFit, predictive
+    from autobatch.probe.predict import LinearFit, predictive
 
     passes, calls = _oracle(800)
     outcome = predictive(passes, lambda units: units * 1000, 1, 500, 1_000_000, prior=LinearFit(0.0, 1000.0))
@@ -249,9 +249,9 @@ def test_strategy_estimate_applies_margin_and_reports_no_fit():
         find_max_batch(step, strategy="estimate", memory_limit="64KiB")
 
 
-# -- cuBLAS workspaces (autobatch.workspaces) ------------------------------------------------
+# -- cuBLAS workspaces (autobatch.memory.workspaces) ------------------------------------------------
 def test_cublas_workspace_size_follows_pytorchs_rule():
-    from autobatch.workspaces import cublas_workspace_bytes, hipblas_workspace_bytes
+    from autobatch.memory.workspaces import cublas_workspace_bytes, hipblas_workspace_bytes
 
     MiB, KiB = 2**20, 2**10
     assert cublas_workspace_bytes(9) == cublas_workspace_bytes(10) == cublas_workspace_bytes(12) == 32 * MiB
@@ -268,7 +268,7 @@ def test_matrix_products_are_seen_on_each_thread_that_runs_them():
     """Forward and backward of a linear layer both multiply matrices; on the CPU the autograd
     engine runs backward on the caller's thread, so one thread is recorded (on CUDA, the
     engine's device thread makes it two, and two workspaces)."""
-    from autobatch.workspaces import BlasThreads
+    from autobatch.memory.workspaces import BlasThreads
 
     layer = torch.nn.Linear(8, 4)
     with BlasThreads() as blas:

@@ -16,9 +16,9 @@ from torch import nn
 
 import autobatch
 from autobatch import GlobalBatchTooLargeError, NoBatchFitsError, Plan, TrainStep, plan
-from autobatch.accumulation import accumulated_step
-from autobatch.checkpointing import is_checkpointed
-from autobatch.simulated import simulated_memory
+from autobatch.planning.accumulation import accumulated_step
+from autobatch.planning.checkpointing import is_checkpointed
+from autobatch.memory.simulated import simulated_memory
 
 WIDTH, TOKENS = 16, 128  # a "sample" is 128 tokens of width 16: activations dominate memory
 
@@ -245,7 +245,7 @@ def test_bad_arguments():
 
 
 def test_candidate_sizes():
-    from autobatch.throughput import balanced_micro_batch, candidate_micro_batches
+    from autobatch.planning.throughput import balanced_micro_batch, candidate_micro_batches
 
     assert balanced_micro_batch(64, 24) == 22 and balanced_micro_batch(64, 64) == 64
     assert candidate_micro_batches(64, 24, smallest=1) == [1, 2, 4, 8, 16, 22]
@@ -260,7 +260,7 @@ def test_multiple_of_keeps_micro_batches_multiples():
 
 
 def test_a_candidate_that_runs_out_of_memory_while_timed_is_recorded_and_skipped():
-    from autobatch.throughput import Candidate, measure_candidates
+    from autobatch.planning.throughput import Candidate, measure_candidates
 
     clock = FakeClock()
     model = nn.Sequential(*(Costly(clock, lambda n: n) for _ in range(2)))
@@ -385,7 +385,7 @@ class RetryCounter:
 
 
 def test_allocator_retries_are_counted_over_timed_steps_and_flagged():
-    from autobatch.throughput import Candidate, DeviceHooks, measure_candidates
+    from autobatch.planning.throughput import Candidate, DeviceHooks, measure_candidates
 
     clock = FakeClock()
     step = make_step(nn.Sequential(*(Costly(clock, lambda n: n) for _ in range(2))), tokens=2)
@@ -401,7 +401,7 @@ def test_allocator_retries_are_counted_over_timed_steps_and_flagged():
     assert retries.count == 12  # the warm-up steps' retries happened but were not timed
     assert all(c.rounds == 2 and len(c.step_seconds) == 4 for c in candidates)
 
-    table = autobatch.planner.candidates_table([c.to_dict() for c in candidates])
+    table = autobatch.planning.planner.candidates_table([c.to_dict() for c in candidates])
     assert "| 4 | 4 | no | 0.5 | 32.0000 | 4 (2 rounds) | 0 |  |" in table
     assert "| 8 | 2 | no | 0.5 | 32.0000 | 4 (2 rounds) | 8 | allocator retries |" in table
 

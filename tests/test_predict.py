@@ -5,7 +5,7 @@ import math
 import pytest
 
 from autobatch import find_max_batch, simulated_memory
-from autobatch.predict import LinearFit
+from autobatch.probe.predict import LinearFit
 
 from workloads import MemoryCurveStep, ThresholdStep, make_mlp_step
 
@@ -191,8 +191,8 @@ class LazyStateStep:
 
 
 def test_trial_records_its_last_step_alone():
-    from autobatch.devices import SimulatedDeviceMemory
-    from autobatch.trial import TrialRunner
+    from autobatch.memory.devices import SimulatedDeviceMemory
+    from autobatch.probe.trial import TrialRunner
 
     step = LazyStateStep(state=3 * MiB, fixed=MiB, per_sample=1000, spike=5 * MiB)
     with simulated_memory("64MiB") as device:
@@ -206,7 +206,7 @@ def test_trial_records_its_last_step_alone():
 
 
 def test_leap_size_is_a_fraction_of_what_one_trial_guarantees():
-    from autobatch.predict import LEAP_FRACTION, leap_size
+    from autobatch.probe.predict import LEAP_FRACTION, leap_size
 
     # resident 100, the step peaked at 300 with 8 samples: 200 per 8 samples at most
     assert leap_size(8, 300, 100, 10_100) == math.floor(8 * 10_000 / 200 * LEAP_FRACTION)
@@ -261,8 +261,8 @@ def test_predict_starts_at_eight_samples(multiple_of, max_batch, first):
 # ---- the allocator's headroom on accelerators ---------------------------------------------
 
 def test_a_trial_whose_peak_passes_the_limit_fails_and_says_why():
-    from autobatch.devices import SimulatedDeviceMemory
-    from autobatch.trial import TrialRunner
+    from autobatch.memory.devices import SimulatedDeviceMemory
+    from autobatch.probe.trial import TrialRunner
 
     step = MemoryCurveStep(CURVES["linear"])
     with simulated_memory("64MiB") as device:
@@ -274,8 +274,8 @@ def test_a_trial_whose_peak_passes_the_limit_fails_and_says_why():
 
 
 def test_the_peak_limit_is_the_capacity_less_the_headroom_on_accelerators_only():
-    from autobatch.devices import SimulatedDeviceMemory
-    from autobatch.probe import ALLOCATOR_HEADROOM, _peak_limit
+    from autobatch.memory.devices import SimulatedDeviceMemory
+    from autobatch.probe.find import ALLOCATOR_HEADROOM, _peak_limit
 
     with simulated_memory("64MiB") as device:
         assert _peak_limit(SimulatedDeviceMemory(device), 64 * MiB) is None  # no caching allocator
@@ -287,9 +287,9 @@ def test_the_peak_limit_is_the_capacity_less_the_headroom_on_accelerators_only()
 @pytest.mark.parametrize("curve", ["linear", "rounded-blocks", "sqrt-then-linear"])
 def test_under_a_peak_limit_every_strategy_stops_at_it(curve):
     """predict aims its line at the limit, so it lands where binary does, in fewer trials."""
-    from autobatch.devices import SimulatedDeviceMemory
-    from autobatch.probe import _search
-    from autobatch.trial import TrialRunner
+    from autobatch.memory.devices import SimulatedDeviceMemory
+    from autobatch.probe.find import _search
+    from autobatch.probe.trial import TrialRunner
 
     limit = 20 * MiB
     results = {}

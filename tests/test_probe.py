@@ -7,8 +7,8 @@ import torch
 
 import autobatch
 from autobatch import NoBatchFitsError, ProbeResult, find_max_batch, simulated_memory
-from autobatch.devices import SimulatedDeviceMemory
-from autobatch.trial import TrialRunner
+from autobatch.memory.devices import SimulatedDeviceMemory
+from autobatch.probe.trial import TrialRunner
 
 from workloads import ThresholdStep, make_mlp_step
 
@@ -321,7 +321,7 @@ def _slow_copy(monkeypatch, seconds=0.3):
     """Delay the background copy, so the optimizer step surely arrives while it runs."""
     import time
 
-    from autobatch.restore import Snapshot
+    from autobatch.probe.restore import Snapshot
 
     original = Snapshot._copy_in_background
 
@@ -334,7 +334,7 @@ def _slow_copy(monkeypatch, seconds=0.3):
 
 @pytest.mark.parametrize("optimizer", ["adamw", "sgd"])
 def test_background_snapshot_holds_the_weights_from_before_the_optimizer_step(monkeypatch, optimizer):
-    from autobatch.restore import Snapshot
+    from autobatch.probe.restore import Snapshot
 
     _slow_copy(monkeypatch)
     step = make_mlp_step(width=64, optimizer=optimizer)
@@ -364,7 +364,7 @@ def test_a_probe_of_a_train_step_copies_its_weights_in_the_background(monkeypatc
 
 
 def test_a_failed_background_copy_stops_the_probe_with_its_error(monkeypatch):
-    from autobatch.restore import Snapshot
+    from autobatch.probe.restore import Snapshot
 
     def broken(self, after):
         raise MemoryError("host memory exhausted")

@@ -11,9 +11,9 @@ import torch
 
 import autobatch
 from autobatch.cli.display import print_result, render_table, trial_progress
-from autobatch.diagnostics import memory_diagnostics
-from autobatch.report import plot_probe, plot_sweep
-from autobatch.trial import watch_trials
+from autobatch.memory.diagnostics import memory_diagnostics
+from autobatch.report.plots import plot_probe, plot_sweep
+from autobatch.probe.trial import watch_trials
 from conftest import SMALL
 from workloads import MemoryCurveStep, make_mlp_step
 
@@ -126,7 +126,7 @@ def test_no_fit_error_carries_diagnostics_and_a_compact_line():
 
 
 def test_memory_diagnostics_of_a_simulated_device():
-    from autobatch.devices import SimulatedDeviceMemory
+    from autobatch.memory.devices import SimulatedDeviceMemory
 
     with autobatch.simulated_memory("1MiB") as simulation:
         keep = torch.zeros(1024)  # 4 KiB
@@ -206,9 +206,9 @@ def test_cli_sweep_writes_summary_png(cli, tmp_path):
 
 def test_trial_throughput_counts_each_trials_own_steps():
     """Search trials run one step and full trials steps_per_trial: samples/s uses each trial's."""
-    from autobatch.report import _trial_throughput
-    from autobatch.result import ProbeResult
-    from autobatch.trial import TrialRecord
+    from autobatch.report.plots import _trial_throughput
+    from autobatch.probe.result import ProbeResult
+    from autobatch.probe.trial import TrialRecord
 
     trials = [TrialRecord(8, True, 1, 2.0, steps=1), TrialRecord(16, True, 1, 2.0, steps=3),
               TrialRecord(32, True, 1, 2.0)]  # no steps: an older record, steps_per_trial ran

@@ -9,11 +9,11 @@ import pytest
 import torch
 
 from autobatch import FaultInjector, is_oom_error
-from autobatch.accumulation import accumulate_gradients
-from autobatch.growth import GrowBack
-from autobatch.hygiene import CachePolicy
-from autobatch.progress import Progress
-from autobatch.step_guard import StepGuard
+from autobatch.planning.accumulation import accumulate_gradients
+from autobatch.training.growth import GrowBack
+from autobatch.training.hygiene import CachePolicy
+from autobatch.training.progress import Progress
+from autobatch.training.step_guard import StepGuard
 from runner_workloads import make_data, make_model, mse
 
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from autobatch import format_bytes, parse_bytes, simulated_memory
-from autobatch.simulated import active_simulation
+from autobatch.memory.simulated import active_simulation
 
 
 @pytest.mark.parametrize(

@@ -17,12 +17,12 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 from torch.nn import functional as F
 
-from ..batches import DatasetBatches, SyntheticBatches
-from ..faults import PHASES
-from ..probe import validate_probe_args
-from ..throughput import validate_timing
-from ..train_step import TrainStep
-from ..units import parse_bytes
+from ..workloads.batches import DatasetBatches, SyntheticBatches
+from ..training.faults import PHASES
+from ..probe.find import validate_probe_args
+from ..planning.throughput import validate_timing
+from ..probe.train_step import TrainStep
+from ..memory.units import parse_bytes
 
 __all__ = [
     "Workload",

@@ -12,7 +12,7 @@ import argparse
 from pathlib import Path
 from typing import Sequence
 
-from ..cache import CacheEntry, ProbeCache, default_dir
+from ..probe.cache import CacheEntry, ProbeCache, default_dir
 from .errors import CLIError
 
 __all__ = ["main", "entry_table"]

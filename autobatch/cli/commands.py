@@ -24,14 +24,14 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from .. import distributed as dist_sync
-from ..accumulation import micro_batch_sizes
-from ..distributed_probe import agree_plan
-from ..planner import Plan, plan
-from ..probe import find_max_batch
-from ..result import ProbeResult
-from ..run_result import RunResult
-from ..units import format_bytes
+from ..dist import agreement as dist_sync
+from ..planning.accumulation import micro_batch_sizes
+from ..dist.probe import agree_plan
+from ..planning.planner import Plan, plan
+from ..probe.find import find_max_batch
+from ..probe.result import ProbeResult
+from ..training.run_result import RunResult
+from ..memory.units import format_bytes
 from .build import Workload, build_workload, memory_limit
 from .conf import CONFIG_PATH, ensure_conf_module
 from .display import print_result, trial_progress, write_probe_plot

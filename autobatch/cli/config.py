@@ -110,9 +110,9 @@ class ModelConfig:
 
 @dataclass
 class MLPConfig(ModelConfig):
-    """:class:`autobatch.models.MLP`: flatten, ``layers`` x Linear(``width``)+ReLU, classifier."""
+    """:class:`autobatch.workloads.models.MLP`: flatten, ``layers`` x Linear(``width``)+ReLU, classifier."""
 
-    _target_: str = "autobatch.models.MLP"
+    _target_: str = "autobatch.workloads.models.MLP"
     #: Per-sample input shape (flattened); defaults to ``data.shape``.
     in_shape: List[int] = MISSING
     #: Output classes; defaults to ``data.num_classes``.
@@ -125,9 +125,9 @@ class MLPConfig(ModelConfig):
 
 @dataclass
 class CNNConfig(ModelConfig):
-    """:class:`autobatch.models.ResNetCNN`: a small ResNet of basic blocks."""
+    """:class:`autobatch.workloads.models.ResNetCNN`: a small ResNet of basic blocks."""
 
-    _target_: str = "autobatch.models.ResNetCNN"
+    _target_: str = "autobatch.workloads.models.ResNetCNN"
     #: Image channels; defaults to ``data.shape[0]``.
     in_channels: int = MISSING
     #: Output classes; defaults to ``data.num_classes``.
@@ -142,9 +142,9 @@ class CNNConfig(ModelConfig):
 
 @dataclass
 class GPTConfig(ModelConfig):
-    """:class:`autobatch.models.GPT`: a decoder-only transformer."""
+    """:class:`autobatch.workloads.models.GPT`: a decoder-only transformer."""
 
-    _target_: str = "autobatch.models.GPT"
+    _target_: str = "autobatch.workloads.models.GPT"
     inputs: InputKind = InputKind.tokens
     #: Vocabulary size; defaults to ``data.vocab_size``.
     vocab_size: int = MISSING

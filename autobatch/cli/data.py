@@ -26,8 +26,8 @@ import torch
 from omegaconf import DictConfig
 from torch.utils.data import DataLoader
 
-from .. import distributed as dist_sync
-from ..batches import SyntheticBatches
+from ..dist import agreement as dist_sync
+from ..workloads.batches import SyntheticBatches
 from .build import Workload, synthetic_spec
 from .sharding import ShardedBatches, epoch_seed, per_rank_batch, take_share
 

@@ -19,9 +19,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any, Iterator, Sequence
 
-from ..result import ProbeResult
-from ..trial import TrialRecord, watch_trials
-from ..units import format_bytes
+from ..probe.result import ProbeResult
+from ..probe.trial import TrialRecord, watch_trials
+from ..memory.units import format_bytes
 
 __all__ = ["print_result", "render_table", "trial_progress", "write_probe_plot", "PLOT_FILE"]
 
@@ -179,7 +179,7 @@ def write_probe_plot(cfg: Any, result: ProbeResult, out_dir: Path) -> Path | Non
     if not _plot_wanted(cfg):
         return None
     try:
-        from ..report import plot_probe
+        from ..report.plots import plot_probe
 
         return plot_probe(result, out_dir / PLOT_FILE)
     except Exception as exc:  # noqa: BLE001 - the probe's answer matters more than its picture

@@ -17,7 +17,7 @@ from typing import Sequence
 
 from omegaconf import DictConfig
 
-from ..distributed import init_from_env, is_rank_zero
+from ..dist.agreement import init_from_env, is_rank_zero
 
 __all__ = ["join", "is_rank_zero", "launched_rank", "hydra_overrides"]
 

@@ -31,9 +31,9 @@ from typing import Any, Iterator
 import torch
 from torch.utils.data import Sampler
 
-from .. import distributed as dist_sync
-from ..accumulation import batch_size_of
-from ..batch_ops import map_tensors
+from ..dist import agreement as dist_sync
+from ..planning.accumulation import batch_size_of
+from ..training.batch_ops import map_tensors
 
 __all__ = ["per_rank_batch", "share_bounds", "take_share", "epoch_seed", "ShardedBatches"]
 

@@ -25,7 +25,7 @@ from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from ..distributed import is_rank_zero
+from ..dist.agreement import is_rank_zero
 from .errors import one_line
 
 __all__ = ["SweepSummary", "COLUMNS", "collect_rows", "write_summary", "render_markdown", "last_sweep_dir"]
@@ -109,7 +109,7 @@ def write_summary(sweep_dir: Path, *, plot: bool = True) -> list[dict[str, Any]]
 
 def _write_plot(sweep_dir: Path, rows: list[dict[str, Any]]) -> None:
     """``summary.png`` via a temporary file and rename; a plot that fails is only a warning."""
-    from ..report import plot_sweep
+    from ..report.plots import plot_sweep
 
     temporary = sweep_dir / f".summary.{os.getpid()}.tmp.png"
     try:

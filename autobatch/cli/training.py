@@ -34,11 +34,11 @@ from typing import Any
 import torch
 from omegaconf import DictConfig
 
-from .. import distributed as dist_sync
-from ..checkpoint_io import CHECKPOINT_NAME, load_checkpoint, resolve_checkpoint
-from ..faults import FaultInjector
-from ..run_result import RunResult
-from ..runner import Runner
+from ..dist import agreement as dist_sync
+from ..training.checkpoint_io import CHECKPOINT_NAME, load_checkpoint, resolve_checkpoint
+from ..training.faults import FaultInjector
+from ..training.run_result import RunResult
+from ..training.runner import Runner
 from .build import Workload, cross_entropy_loss
 from .data import training_data
 

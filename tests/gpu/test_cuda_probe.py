@@ -134,8 +134,8 @@ def test_nothing_fits_on_cuda_raises_no_batch_fits():
 
 
 def test_estimate_counts_the_two_cublas_workspaces_and_lands_within_ten_percent():
-    from autobatch.estimate import estimate_memory
-    from autobatch.workspaces import cublas_workspace_bytes
+    from autobatch.probe.estimate import estimate_memory
+    from autobatch.memory.workspaces import cublas_workspace_bytes
 
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(1024, 4096), torch.nn.GELU(), torch.nn.Linear(4096, 1024)).cuda()

@@ -1,7 +1,7 @@
 """Apply a function to every tensor of a batch, keeping its structure; move batches to a device.
 
 A batch is a tensor or a (nested) tuple, list, named tuple or dict of tensors, as in
-:mod:`autobatch.accumulation`. The runner moves each micro-batch to the device just before
+:mod:`autobatch.planning.accumulation`. The runner moves each micro-batch to the device just before
 its forward (so a global batch never has to fit on the device at once), and builds the
 planner's batches of any size from the first global batch.
 """

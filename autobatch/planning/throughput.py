@@ -1,7 +1,7 @@
 """Candidate plans for a global batch, and timing them in samples per second.
 
 A candidate is (micro-batch, accumulation steps, checkpointing). Timing one runs real global
-steps through :func:`~autobatch.accumulation.accumulated_step` (the same loop training uses).
+steps through :func:`~autobatch.planning.accumulation.accumulated_step` (the same loop training uses).
 What the measurement does, and why:
 
 * **Warm-up.** ``warmup_steps`` untimed global steps first, so lazy initialisation, kernel
@@ -22,7 +22,7 @@ What the measurement does, and why:
   slow steps are among its timed ones its median carries them.
 
 The model and optimizer are put back bit-exactly after every timed candidate
-(:class:`~autobatch.restore.Snapshot`), so each starts from the same state and the user's
+(:class:`~autobatch.probe.restore.Snapshot`), so each starts from the same state and the user's
 model is untouched afterwards. A candidate that runs out of memory in any round is recorded
 with its error and never chosen.
 
@@ -41,8 +41,8 @@ from typing import Any, Callable
 import torch
 
 from .accumulation import accumulated_step, micro_batch_sizes
-from .oom import free_memory, is_oom_error
-from .restore import Snapshot
+from ..memory.oom import free_memory, is_oom_error
+from ..probe.restore import Snapshot
 
 __all__ = [
     "Candidate",

@@ -7,7 +7,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from .trial import TrialRecord
-from .units import format_bytes
+from ..memory.units import format_bytes
 
 __all__ = ["ProbeResult"]
 
@@ -31,7 +31,7 @@ class ProbeResult:
 
     ``diagnostics`` is the device's memory at the end of the probe (allocated, reserved and
     peak bytes, the fragmentation gap, allocator retry counts, the memory summary text; see
-    :func:`~autobatch.diagnostics.memory_diagnostics`), None where none was taken.
+    :func:`~autobatch.memory.diagnostics.memory_diagnostics`), None where none was taken.
     """
 
     batch_size: int

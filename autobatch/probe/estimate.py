@@ -5,14 +5,14 @@ shape, dtype and device but no data, so a step at any batch size costs the same 
 milliseconds and no memory. The model's parameters and buffers, and the optimizer's state,
 are swapped for fake copies for the duration (tied weights stay tied: one fake per real
 tensor); the user's model and optimizer are never written to. Allocations are counted by the
-same :class:`~autobatch.accounting.StorageAccountant` that backs
+same :class:`~autobatch.memory.accounting.StorageAccountant` that backs
 :func:`~autobatch.simulated_memory`, so what is counted is exactly what a simulated trial
 counts: activations saved for backward, gradients, optimizer state created on the first
 ``step()`` (two steps are traced, so the second sees it), autocast's casts, checkpointing's
 recomputation, and the temporaries of each operator's outputs.
 
 cuBLAS's workspaces are not tensors either, but their sizes are known: on CUDA the estimate
-adds one per thread that ran a matrix product (:mod:`autobatch.workspaces`). What it does not
+adds one per thread that ran a matrix product (:mod:`autobatch.memory.workspaces`). What it does not
 see: cuDNN's per-call convolution workspaces, allocator fragmentation, and memory that is
 not a tensor (the CUDA context). Kernels are chosen for the
 device the model lives on, so a CPU-resident model is estimated with CPU kernels (e.g.
@@ -38,10 +38,10 @@ from typing import Any, Iterator
 import torch
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
-from .accounting import StorageAccountant
+from ..memory.accounting import StorageAccountant
 from .train_step import TrainStep
-from .units import format_bytes, parse_bytes
-from .workspaces import BlasThreads, workspace_bytes
+from ..memory.units import format_bytes, parse_bytes
+from ..memory.workspaces import BlasThreads, workspace_bytes
 
 __all__ = ["EstimateError", "MemoryEstimate", "BatchEstimate", "estimate_memory", "estimate_peak", "estimate_max_batch"]
 
@@ -68,7 +68,7 @@ class MemoryEstimate:
     ``step_peak_bytes``: the most memory allocated on top of them at any moment of the traced
     steps (activations, gradients, optimizer state created by the first step, temporaries).
     ``workspace_bytes``: cuBLAS workspaces the step's matrix products hold on CUDA
-    (:mod:`autobatch.workspaces`), allocated by the step and kept by the process.
+    (:mod:`autobatch.memory.workspaces`), allocated by the step and kept by the process.
     """
 
     batch_size: int

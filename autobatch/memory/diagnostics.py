@@ -8,7 +8,7 @@ and trying again) show a step running at the edge before it runs out. On CUDA th
 allocator's own ``memory_summary()`` table is kept as text; the simulated CPU device writes a
 short one of its own.
 
-:func:`memory_diagnostics` reads them from a :class:`~autobatch.devices.DeviceMemory`; the
+:func:`memory_diagnostics` reads them from a :class:`~autobatch.memory.devices.DeviceMemory`; the
 probe stores the result in ``ProbeResult.diagnostics`` and in
 :class:`~autobatch.NoBatchFitsError`'s ``diagnostics``.
 """
@@ -16,21 +16,29 @@ probe stores the result in ``ProbeResult.diagnostics`` and in
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Any, Protocol
 
 from .devices import AcceleratorMemory, DeviceMemory, SimulatedDeviceMemory
-from .trial import TrialRecord
 from .units import format_bytes
 
 __all__ = ["memory_diagnostics", "diagnostics_line"]
 
 log = logging.getLogger("autobatch")
 
+class FailedTrial(Protocol):
+    """What the diagnostics read of a failed trial (a probe's ``TrialRecord`` has these)."""
+
+    batch_size: int
+    peak_bytes: int | None
+    reserved_bytes: int | None
+    error: str | None
+
+
 #: Counters of ``memory_stats()`` kept in the diagnostics when the device reports them.
 STAT_COUNTERS = ("num_alloc_retries", "num_ooms", "num_sync_all_streams", "num_device_alloc", "num_device_free")
 
 
-def memory_diagnostics(memory: DeviceMemory, *, failed_trial: TrialRecord | None = None) -> dict[str, Any]:
+def memory_diagnostics(memory: DeviceMemory, *, failed_trial: FailedTrial | None = None) -> dict[str, Any]:
     """A JSON-able snapshot of ``memory`` now.
 
     Keys: ``device``, ``capacity_bytes``, ``allocated_bytes``, ``reserved_bytes``,

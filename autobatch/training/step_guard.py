@@ -37,7 +37,7 @@ from typing import Any
 
 import torch
 
-from .oom import is_oom_error
+from ..memory.oom import is_oom_error
 
 __all__ = ["StepGuard", "GUARD_MODES"]
 

@@ -44,7 +44,7 @@ from typing import Sequence
 import torch
 import torch.distributed as dist
 
-from .errors import RankDisagreementError
+from ..errors import RankDisagreementError
 
 __all__ = [
     "is_distributed",

@@ -21,7 +21,7 @@ The key is the SHA-256 of a canonical JSON of its components (stored in the file
   miss), and the memory cap; the torch and autobatch versions;
 * ``probe``: the strategy and its parameters (``start``, ``max_batch``, ``margin``,
   ``multiple_of``, ``steps_per_trial``, ``search_steps``), and the allocator headroom a
-  passing trial must leave on an accelerator (``autobatch.probe.ALLOCATOR_HEADROOM``).
+  passing trial must leave on an accelerator (``autobatch.probe.find.ALLOCATOR_HEADROOM``).
 
 A plain callable has no structure to key on; it is cached only under an explicit
 ``cache_key``. Writes are atomic (a temporary file, then ``os.replace``) under a file lock, so
@@ -44,7 +44,7 @@ from typing import Any, Callable
 import torch
 from filelock import FileLock
 
-from .checkpointing import is_checkpointed
+from ..version import __version__
 from .result import ProbeResult
 from .train_step import TrainStep
 
@@ -153,7 +153,9 @@ def step_components(step: TrainStep) -> dict[str, Any]:
                 [name, list(p.shape), str(p.dtype), p.requires_grad] for name, p in model.named_parameters()
             ],
             "buffers": [[name, list(b.shape), str(b.dtype)] for name, b in model.named_buffers()],
-            "checkpointed": sorted(name for name, module in model.named_modules() if is_checkpointed(module)),
+            # Blocks whose forward is replaced on the instance (activation checkpointing, by
+            # autobatch's planner or anyone's wrapper) train with a different memory profile.
+            "checkpointed": sorted(name for name, module in model.named_modules() if "forward" in module.__dict__),
         },
         "code": {
             "loss_fn": _code_hash(step.loss_fn),
@@ -180,8 +182,6 @@ def key_components(
 ) -> dict[str, Any] | None:
     """Everything that changes a probe's answer, as JSON-able data; None when ``fn`` is a plain
     callable without a ``cache_key`` (nothing to key on)."""
-    from . import __version__
-
     if isinstance(fn, TrainStep):
         components = step_components(fn)
     elif cache_key is not None:

@@ -16,7 +16,7 @@ from typing import Callable
 
 import torch
 
-from .units import parse_bytes
+from ..memory.units import parse_bytes
 
 __all__ = ["CachePolicy"]
 

@@ -18,10 +18,10 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable
 
-from .result import ProbeResult
+from ..probe.result import ProbeResult
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .planner import Plan
+    from ..planning.planner import Plan
 
 __all__ = ["plot_probe", "plot_sweep"]
 

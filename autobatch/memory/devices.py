@@ -7,7 +7,7 @@ One small interface, two implementations:
   allocator keeps freed blocks *reserved*; the CUDA context and other processes take memory
   no call frees, so the capacity is what the driver reports free plus what we reserved,
   bounded by the per-process cap.
-* :class:`SimulatedDeviceMemory` reads a :class:`~autobatch.simulated.SimulatedMemory`
+* :class:`SimulatedDeviceMemory` reads a :class:`~autobatch.memory.simulated.SimulatedMemory`
   budget on the CPU.
 """
 

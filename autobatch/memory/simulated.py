@@ -8,7 +8,7 @@ byte budget; an operator whose outputs would push the total past the budget rais
 are dropped, so the accounting never includes them. Storages are released from the
 accounting when they die, so memory comes back exactly as it would on a device.
 
-How: a :class:`~autobatch.accounting.StorageAccountant` over CPU tensors (see there for what
+How: a :class:`~autobatch.memory.accounting.StorageAccountant` over CPU tensors (see there for what
 counts as an allocation). Tensors that existed before the context (say, the model's
 parameters) are not counted, like memory allocated before a probe; in-place updates of them
 allocate nothing. Workspaces internal to one operator are not seen, so the simulated peak is a

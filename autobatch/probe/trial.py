@@ -8,9 +8,9 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from typing import Callable, Iterator
 
-from .devices import DeviceMemory
-from .oom import free_memory, is_oom_error
-from .units import format_bytes
+from ..memory.devices import DeviceMemory
+from ..memory.oom import free_memory, is_oom_error
+from ..memory.units import format_bytes
 
 __all__ = ["TrialRecord", "TrialRunner", "watch_trials"]
 
@@ -86,7 +86,7 @@ class TrialRunner:
     Any out-of-memory error (by :func:`is_oom_error`) fails the trial, and so does a step
     whose allocated peak passed ``peak_limit`` (on an accelerator, the capacity less the
     headroom the caching allocator needs: such a step fits only while fragmentation is kind;
-    the probe's default, :data:`~autobatch.probe.ALLOCATOR_HEADROOM`, says what was
+    the probe's default, :data:`~autobatch.probe.find.ALLOCATOR_HEADROOM`, says what was
     measured). Every other exception propagates unchanged at once. Memory is released
     *after* the ``except`` block has been left, so the traceback no longer pins the failed
     step's tensors; ``after_oom`` (e.g. dropping half-built gradients) runs first, and the
@@ -97,7 +97,7 @@ class TrialRunner:
     A batch size already tried is answered from memory, never run twice. Peaks are read step
     by step (reset before each step; the trial's peak is the largest), so the last step's own
     figures are known too. ``agree``, when given, turns the local record into the one every
-    rank shares (under ``torch.distributed``: :func:`~autobatch.distributed_probe.agree_trial`);
+    rank shares (under ``torch.distributed``: :func:`~autobatch.dist.probe.agree_trial`);
     it runs after the memory is freed.
     """
 

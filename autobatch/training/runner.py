@@ -9,16 +9,16 @@ On an OOM anywhere in the global step (moving a micro-batch to the device, forwa
 backward, ``optimizer.step()``) the attempt is abandoned and retried with tenacity
 (``for attempt in Retrying(...)``). At the top of the next attempt, outside any ``except``
 block and after tenacity has dropped the failed attempt's traceback, the runner undoes a
-half-applied optimizer step (:class:`~autobatch.step_guard.StepGuard`), drops the partial
+half-applied optimizer step (:class:`~autobatch.training.step_guard.StepGuard`), drops the partial
 gradients, frees memory, halves the micro-batch (read from runner state on every attempt)
 and replays the *same* global batch from its first sample. When micro-batch 1 fails it turns
 on activation checkpointing if ``checkpointing_fallback`` allows, else raises
 :class:`~autobatch.errors.StepOutOfMemoryError`. Non-OOM exceptions propagate unchanged.
 
-Around that loop: grow-back (:mod:`autobatch.growth`), cache hygiene
-(:mod:`autobatch.hygiene`), atomic checkpoints and exact resume
-(:mod:`autobatch.checkpoint_io`), progress (:mod:`autobatch.progress`) and fault injection
-(:mod:`autobatch.faults`). Everything is configured with plain keyword values, so a config
+Around that loop: grow-back (:mod:`autobatch.training.growth`), cache hygiene
+(:mod:`autobatch.training.hygiene`), atomic checkpoints and exact resume
+(:mod:`autobatch.training.checkpoint_io`), progress (:mod:`autobatch.training.progress`) and fault injection
+(:mod:`autobatch.training.faults`). Everything is configured with plain keyword values, so a config
 file maps onto ``Runner(**options)``; :func:`train` is the one call a CLI needs.
 """
 
@@ -33,22 +33,22 @@ from typing import Any, Callable, ContextManager, Iterable, Mapping
 
 import torch
 
-from .accumulation import accumulated_step, batch_size_of, micro_batch_sizes, split_batch
+from ..planning.accumulation import accumulated_step, batch_size_of, micro_batch_sizes, split_batch
 from .batch_ops import map_tensors, to_device
 from .checkpoint_io import CHECKPOINT_NAME, load_checkpoint, resolve_checkpoint, rng_state, save_checkpoint, set_rng_state
-from .checkpointing import CheckpointHandle, enable_checkpointing
-from .errors import StepOutOfMemoryError
+from ..planning.checkpointing import CheckpointHandle, enable_checkpointing
+from ..errors import StepOutOfMemoryError
 from .faults import FaultInjector
 from .growth import GrowBack
 from .hygiene import CachePolicy
-from .oom import free_memory, is_oom_error
+from ..memory.oom import free_memory, is_oom_error
 from .progress import Progress
 from .run_result import Recovery, RunResult
 from .step_guard import StepGuard
-from . import distributed as dist_sync
-from .distributed_probe import agree_plan, unwrap
-from .distributed_step import broadcast_state, synced_step
-from .train_step import TrainStep
+from ..dist import agreement as dist_sync
+from ..dist.probe import agree_plan, unwrap
+from ..dist.step import broadcast_state, synced_step
+from ..probe.train_step import TrainStep
 
 __all__ = ["Runner", "train"]
 
@@ -88,7 +88,7 @@ class Runner:
         faults: a :class:`~autobatch.FaultInjector` (or use :func:`~autobatch.inject_oom`).
         no_sync: e.g. DDP's ``model.no_sync``, wrapping every micro-batch but the last.
         plan_options: keyword arguments for :func:`~autobatch.plan` when ``micro_batch`` is None.
-        distributed: run the data-parallel step of :mod:`autobatch.distributed_step` (None: when
+        distributed: run the data-parallel step of :mod:`autobatch.dist.step` (None: when
             a ``torch.distributed`` group of more than one rank is active). ``global_batch`` is
             then global across ranks: each rank's ``data`` yields its share, ``global_batch /
             world_size`` samples; ``micro_batch`` is per rank. A DDP ``model`` is trained through
@@ -514,7 +514,7 @@ class Runner:
         The peek at the first batch runs with the RNG states saved and restored, so it does
         not change what the run draws; :func:`~autobatch.plan` restores model and optimizer.
         """
-        from .planner import plan
+        from ..planning.planner import plan
 
         saved = rng_state()
         first = next(iter(data))

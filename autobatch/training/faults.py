@@ -28,12 +28,12 @@ from typing import Iterable
 
 import torch
 
+from .phases import PHASES
+
 __all__ = ["PHASES", "FaultInjector", "inject_oom"]
 
 log = logging.getLogger("autobatch")
 
-#: The phases of a global step, in order.
-PHASES: tuple[str, ...] = ("transfer", "forward", "backward", "optimizer")
 
 
 class FaultInjector:

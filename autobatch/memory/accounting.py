@@ -1,7 +1,7 @@
 """Storage accounting: count the bytes of tensor storages that operators newly allocate.
 
-The one place that decides what "an allocation" is, shared by :mod:`autobatch.simulated` (real
-CPU tensors under a byte budget) and :mod:`autobatch.estimate` (fake tensors, no memory at
+The one place that decides what "an allocation" is, shared by :mod:`autobatch.memory.simulated` (real
+CPU tensors under a byte budget) and :mod:`autobatch.probe.estimate` (fake tensors, no memory at
 all). A ``TorchDispatchMode`` sees every ATen operator, forward, backward (the autograd engine
 carries the mode to its threads) and optimizer alike. Outputs whose storage is not among the
 operator's inputs and not already counted are new allocations; a ``weakref.finalize`` on the

@@ -11,18 +11,20 @@ from typing import Callable
 
 import torch
 
-from . import distributed, distributed_probe, search
+from ..dist import agreement as distributed
+from ..dist import probe as distributed_probe
+from . import strategies as search
 from .cache import ProbeCache, key_components, key_of
 from .estimate import BatchEstimate, EstimateError, estimate_line, estimate_max_batch
 from .predict import LinearFit, predictive
-from .devices import SimulatedDeviceMemory, memory_for, resolve_device
-from .diagnostics import memory_diagnostics
-from .errors import NoBatchFitsError
+from ..memory.devices import SimulatedDeviceMemory, memory_for, resolve_device
+from ..memory.diagnostics import memory_diagnostics
+from ..errors import NoBatchFitsError
 from .restore import Snapshot
 from .result import ProbeResult
 from .train_step import TrainStep
 from .trial import TrialRunner
-from .units import parse_bytes
+from ..memory.units import parse_bytes
 
 __all__ = ["find_max_batch", "STRATEGY_NAMES"]
 
@@ -33,7 +35,7 @@ STRATEGY_NAMES = ("auto", "predict", "binary", "power", "halving", "estimate")
 HALVING_DEFAULT_START = 1024
 #: Where ``predict`` (and ``auto``) start when ``start`` is not given, in samples (rounded down
 #: to a multiple of ``multiple_of``, at least one multiple). Why 8, not 1: the first trial's
-#: peak feeds the fit and the leap (:mod:`autobatch.predict`), and at batch 1 a step's peak is
+#: peak feeds the fit and the leap (:mod:`autobatch.probe.predict`), and at batch 1 a step's peak is
 #: distorted by what does not grow with the batch (the optimizer step's temporaries, cuDNN's
 #: small-batch workspaces: ResNet-50's batch-1 peak lies 20 MiB, half a sample, above its
 #: line). Batch 8 fits nearly every model that trains on the device; where it does not, that

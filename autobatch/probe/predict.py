@@ -63,7 +63,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Callable
 
-from . import search
+from . import strategies as search
 
 __all__ = ["predictive", "leap_size", "LinearFit", "GROWTH", "JUMP_RATIO", "LEAP_FRACTION"]
 
@@ -154,7 +154,7 @@ def predictive(
     unit (None if unit 1 failed), the fitted curve, and why the search fell back to binary,
     if it did.
 
-    ``prior`` is an estimated curve (in units, e.g. from :mod:`autobatch.estimate`): the first
+    ``prior`` is an estimated curve (in units, e.g. from :mod:`autobatch.probe.estimate`): the first
     trial is then just below its boundary instead of at ``start``, and the line through that
     measured point with the prior's slope makes the first jump. ``above_first``: try the size
     above the line's boundary before the boundary (step 2 of the module's description).

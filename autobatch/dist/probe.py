@@ -28,8 +28,8 @@ from typing import Any
 
 import torch
 
-from . import distributed as dist_sync
-from .trial import TrialRecord
+from . import agreement as dist_sync
+from ..probe.trial import TrialRecord
 
 __all__ = [
     "agree_trial", "agree_capacity", "agree_prior", "agree_cache_hit", "agree_batch", "agree_plan", "local_step", "unwrap",
@@ -46,7 +46,7 @@ def unwrap(model: torch.nn.Module) -> torch.nn.Module:
 
 def local_step(fn: Any) -> Any:
     """``fn``, or for a ``TrainStep`` on a DDP model, the same step on the local module."""
-    from .train_step import TrainStep
+    from ..probe.train_step import TrainStep
 
     if isinstance(fn, TrainStep) and unwrap(fn.model) is not fn.model:
         return TrainStep(
@@ -118,7 +118,7 @@ def agree_plan(planned) -> Any:
     ranks (the ``max_batch`` objective agrees already, its probes ran in lockstep; a
     ``throughput`` pick is timed on each rank's own device). Activation checkpointing on some
     ranks only raises ``RuntimeError`` on every rank. Returns ``planned``, changed in place."""
-    from .accumulation import micro_batch_sizes
+    from ..planning.accumulation import micro_batch_sizes
 
     rows = dist_sync.exchange([planned.micro_batch, int(planned.checkpointing)], "plan: micro-batch and checkpointing")
     if len({row[1] for row in rows}) > 1:

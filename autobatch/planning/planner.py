@@ -2,8 +2,8 @@
 
 The global batch is what the learning rate and convergence depend on, so the planner never
 changes it: when it does not fit in one step it is split into micro-batches whose gradients
-are accumulated (:mod:`autobatch.accumulation`); when not even batch 1 fits, the model's
-repeated blocks are checkpointed (:mod:`autobatch.checkpointing`) and the probe runs again.
+are accumulated (:mod:`autobatch.planning.accumulation`); when not even batch 1 fits, the model's
+repeated blocks are checkpointed (:mod:`autobatch.planning.checkpointing`) and the probe runs again.
 
 Objectives:
 
@@ -13,7 +13,7 @@ Objectives:
   ``ceil(global / accumulation_steps)``), so no step is mostly empty. Checkpointing is turned
   on only when batch 1 does not fit, or when accumulation is not allowed and checkpointing
   lets the whole global batch fit.
-* ``throughput``: time candidate plans (:mod:`autobatch.throughput`) and pick the one with
+* ``throughput``: time candidate plans (:mod:`autobatch.planning.throughput`) and pick the one with
   the most samples/s: micro-batches from small to the largest that fits, without
   checkpointing and, where checkpointing makes larger micro-batches fit, with it. A
   checkpointed candidate is only timed at sizes the plain model cannot run: at equal size it
@@ -40,11 +40,11 @@ import torch
 
 from .accumulation import micro_batch_sizes, split_batch
 from .checkpointing import CheckpointHandle, enable_checkpointing
-from .devices import AcceleratorMemory, resolve_device
-from .errors import GlobalBatchTooLargeError, NoBatchFitsError
-from .oom import free_memory
-from .probe import find_max_batch
-from .result import ProbeResult
+from ..memory.devices import AcceleratorMemory, resolve_device
+from ..errors import GlobalBatchTooLargeError, NoBatchFitsError
+from ..memory.oom import free_memory
+from ..probe.find import find_max_batch
+from ..probe.result import ProbeResult
 from .throughput import (
     Candidate,
     DeviceHooks,
@@ -54,8 +54,8 @@ from .throughput import (
     measure_candidates,
     validate_timing,
 )
-from .train_step import TrainStep
-from .units import format_bytes, parse_bytes
+from ..probe.train_step import TrainStep
+from ..memory.units import format_bytes, parse_bytes
 
 __all__ = ["Plan", "plan", "OBJECTIVES"]
 
@@ -74,7 +74,7 @@ class Plan:
     ``checkpointed_modules`` say whether and where activation checkpointing is on. ``probes``
     holds every probe run (``checkpointing``, ``fits``, and the ``ProbeResult`` dict as
     ``result``, or the error's figures); ``candidates`` the timed candidates of the
-    throughput objective (:class:`~autobatch.throughput.Candidate` as dicts) and ``timing``
+    throughput objective (:class:`~autobatch.planning.throughput.Candidate` as dicts) and ``timing``
     how they were timed (``warmup_steps``, ``timed_steps``, ``retime_rounds``,
     ``retime_within``, and ``retimed``: how many leaders were re-timed). ``reason`` says why
     this plan won. JSON-serialisable (``to_json`` / ``from_dict``); the live checkpoint

@@ -17,7 +17,7 @@ The :class:`~autobatch.Runner` calls :func:`synced_step` instead of
 3. **Gradient all-reduce**, entered only after every rank agreed to enter it. Each rank's
    gradient (mean over its share) is weighted by ``share / global`` and summed, which is the
    gradient of the mean over the whole global batch, also when shares differ.
-4. **Optimizer step, locally**, under the runner's :class:`~autobatch.step_guard.StepGuard`.
+4. **Optimizer step, locally**, under the runner's :class:`~autobatch.training.step_guard.StepGuard`.
 5. **Sync point "optimizer stepped".** If any rank ran out of memory inside its step, every
    rank (those whose step succeeded too) restores parameters and optimizer state from its
    guard and replays.
@@ -39,12 +39,12 @@ from typing import Any, Callable, Iterable
 
 import torch
 
-from . import distributed as dist_sync
-from .accumulation import accumulate_micro_batches
-from .errors import PeerFailedError, PeerOutOfMemoryError
-from .faults import PHASES
-from .oom import free_memory, is_oom_error
-from .train_step import TrainStep
+from . import agreement as dist_sync
+from ..planning.accumulation import accumulate_micro_batches
+from ..errors import PeerFailedError, PeerOutOfMemoryError
+from ..training.phases import PHASES
+from ..memory.oom import free_memory, is_oom_error
+from ..probe.train_step import TrainStep
 
 __all__ = ["synced_step", "broadcast_state"]
 

@@ -25,7 +25,7 @@ from typing import Any, Callable, ContextManager, Iterable, Iterator, Mapping
 
 import torch
 
-from .train_step import TrainStep
+from ..probe.train_step import TrainStep
 
 __all__ = [
     "batch_size_of",
@@ -106,7 +106,7 @@ def accumulate_micro_batches(
 
     ``on_phase(name)``, when given, is called with ``"forward"`` before each micro-batch's
     loss and ``"backward"`` before its backward: the training runner uses it to know where an
-    out-of-memory error struck and to inject faults there (:mod:`autobatch.faults`).
+    out-of-memory error struck and to inject faults there (:mod:`autobatch.training.faults`).
 
     Returns the sample-weighted mean loss over the micro-batches (a Python float; one
     device synchronisation at the end).

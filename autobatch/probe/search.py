@@ -1,0 +1,188 @@
+"""Running a search strategy over real trials: the boundary, the confirming pass, the margin.
+
+:func:`run_search` turns a :class:`~autobatch.probe.trial.TrialRunner` and a strategy name into
+a :class:`~autobatch.ProbeResult`: it runs the strategy in units of ``multiple_of``
+(:mod:`~autobatch.probe.predict` for ``predict``/``auto``, :mod:`~autobatch.probe.strategies`
+for the others), makes sure the answer passed a full trial, takes the margin off and
+verifies it, and raises :class:`~autobatch.NoBatchFitsError` with the memory figures when
+nothing fits.
+"""
+
+from __future__ import annotations
+
+import math
+
+from ..errors import NoBatchFitsError
+from ..memory.devices import SimulatedDeviceMemory
+from ..memory.diagnostics import memory_diagnostics
+from . import arguments, strategies
+from .estimate import BatchEstimate
+from .predict import LinearFit, predictive
+from .result import ProbeResult
+from .trial import TrialRunner
+
+__all__ = ["run_search", "peak_limit", "max_units_of"]
+
+
+def run_search(
+    runner: TrialRunner,
+    *,
+    strategy: str,
+    start: int | None,
+    max_batch: int | None,
+    margin: float,
+    multiple_of: int,
+    device_name: str,
+    capacity: int | None,
+    prior: tuple[LinearFit, BatchEstimate] | None = None,
+    confirm: bool = False,
+) -> ProbeResult:
+    """Run the strategy in units of ``multiple_of``, apply the margin, build the result.
+
+    A size whose next size up already failed (or that is ``max_batch``) may be the answer,
+    so its trial runs all ``steps_per_trial`` steps; at the end, an answer without such a
+    full pass gets one (:func:`_confirm`). With ``confirm`` (real accelerators) that full pass
+    must also come after the last OOM trial, so the size is known to train in the state
+    training will start from: after OOMs the allocator's cache and cuDNN's choice of
+    algorithms (it falls back to ones with smaller workspaces when memory is short) differ.
+    """
+    used = "predict" if strategy == "auto" else strategy
+    max_units = max_units_of(max_batch, multiple_of)
+    start_units = _start_units(used, start, max_batch, multiple_of)
+
+    def passes(units: int, purpose: str = "search") -> bool:
+        above = runner.outcomes.get((units + 1) * multiple_of)
+        final = units >= max_units or above is False or purpose == "margin"
+        return runner(units * multiple_of, purpose, final=final)
+
+    fit = fallback_reason = None
+    if used == "predict":
+        found, used, fallback_reason, fit = _predict(runner, passes, start_units, max_units, multiple_of, capacity, prior)
+    else:
+        found = strategies.STRATEGIES[used](passes, start_units, max_units)
+    if found is not None:
+        found = _confirm(runner, found, multiple_of, after_last_oom=confirm)
+    if found is None:
+        _raise_no_fit(runner, multiple_of, device_name, capacity)
+    largest_passed = found * multiple_of
+    chosen = _apply_margin(passes, found, margin, multiple_of)
+    if chosen is None:
+        _raise_no_fit(runner, multiple_of, device_name, capacity)
+    failed_above = [b for b in runner.failed_sizes if b > largest_passed]
+    return ProbeResult(
+        batch_size=chosen * multiple_of,
+        strategy=strategy,
+        strategy_used=used,
+        trials=runner.records,
+        capacity_bytes=capacity,
+        elapsed_s=0.0,
+        margin=margin,
+        multiple_of=multiple_of,
+        max_batch=max_batch,
+        largest_passed=largest_passed,
+        smallest_failed=min(failed_above) if failed_above else None,
+        device=device_name,
+        fit=fit,
+        fallback_reason=fallback_reason,
+    )
+
+
+def _start_units(used: str, start: int | None, max_batch: int | None, multiple_of: int) -> int:
+    """The first size tried, in units of ``multiple_of`` (see ``find_max_batch``'s ``start``)."""
+    if start is None:
+        if used == "halving":
+            start = max_batch or arguments.HALVING_DEFAULT_START
+        elif used == "predict":
+            start = max(multiple_of, arguments.PREDICT_DEFAULT_START // multiple_of * multiple_of)
+        else:
+            start = multiple_of
+    return max(1, start // multiple_of)
+
+
+def max_units_of(max_batch: int | None, multiple_of: int) -> int:
+    """The largest size the search may try, in units: ``max_batch`` when given, else
+    ``arguments.SEARCH_CEILING`` samples."""
+    if max_batch is not None:
+        return max_batch // multiple_of
+    return max(1, arguments.SEARCH_CEILING // multiple_of)
+
+
+def _predict(runner: TrialRunner, passes, start_units: int, max_units: int, multiple_of: int, capacity, prior):
+    """``predict``'s search: fit the memory line, leap to its boundary, close the gap.
+    Returns ``(units, strategy used, fallback reason, fit record)``."""
+
+    def peak_of(units: int) -> int | None:
+        return runner.peak_of(units * multiple_of)
+
+    def resident_of(units: int) -> int | None:
+        record = runner.passed_record(units * multiple_of)
+        return None if record is None else record.resident_bytes
+
+    # the line aims where trials stop passing: on an accelerator, at the peak limit
+    usable = capacity if runner.peak_limit is None else runner.peak_limit
+    outcome = predictive(
+        passes, peak_of, start_units, max_units, usable, prior=None if prior is None else prior[0],
+        above_first=runner.search_steps < runner.steps,  # a full pass costs more than an OOM
+        resident_of=resident_of,
+    )
+    fit = outcome.fit_record(multiple_of)
+    if fit is not None and usable != capacity:
+        fit["allocator_headroom_bytes"] = capacity - usable
+    return outcome.units, outcome.strategy_used, outcome.fallback_reason, fit
+
+
+def peak_limit(memory, capacity: int | None) -> int | None:
+    """The largest allocated peak a passing trial may reach: on an accelerator, the capacity
+    less ``arguments.ALLOCATOR_HEADROOM``; on the simulated device (no caching allocator) no limit."""
+    if capacity is None or isinstance(memory, SimulatedDeviceMemory):
+        return None
+    return int(capacity * (1 - arguments.ALLOCATOR_HEADROOM))
+
+
+def _confirm(runner: TrialRunner, found: int, multiple_of: int, *, after_last_oom: bool) -> int | None:
+    """Run a full trial of the answer unless one passed (after the last OOM, with
+    ``after_last_oom``); step down while it fails."""
+    if runner.confirmed(found * multiple_of, after_last_oom=after_last_oom):
+        return found
+    units = found
+    while units >= 1:
+        if runner.run(units * multiple_of, "confirm").passed:
+            return units
+        units -= max(1, units // 100)  # the edge moved: a percent at a time
+    return None
+
+
+def _apply_margin(passes, found_units: int, margin: float, multiple_of: int) -> int | None:
+    """Shrink the boundary by ``margin`` and verify the smaller size with a real trial.
+
+    Memory very nearly grows with batch size, so the verification almost always passes; if
+    it does not (a pathological step), halve further until one does.
+    """
+    if margin == 0:
+        return found_units
+    units = max(1, math.floor(found_units * multiple_of * (1 - margin)) // multiple_of)
+    while units >= 1:
+        if passes(units, "margin"):
+            return units
+        units //= 2
+    return None
+
+
+def _raise_no_fit(runner: TrialRunner, multiple_of: int, device_name: str, capacity: int | None):
+    failures = [record for record in runner.records if not record.passed]
+    smallest = min(failures, key=lambda record: record.batch_size)
+    hint = None
+    if multiple_of > 1:
+        hint = (
+            f"multiple_of={multiple_of} makes {multiple_of} the smallest batch tried; lower "
+            "multiple_of, or try gradient accumulation, activation checkpointing or lower precision."
+        )
+    raise NoBatchFitsError(
+        batch_size=smallest.batch_size,
+        capacity_bytes=capacity,
+        peak_bytes=smallest.peak_bytes,
+        device=device_name,
+        last_error=smallest.error,
+        hint=hint,
+        diagnostics=memory_diagnostics(runner.memory, failed_trial=smallest),
+    )

@@ -1,0 +1,76 @@
+"""How the runner trains across ranks: the seam :mod:`autobatch.dist` fills in.
+
+The runner's loop is the same in one process and under ``torch.distributed``. What differs
+(the world size, who writes checkpoints, the module actually trained, the step that agrees
+and all-reduces gradients, the plan every rank must share) sits behind this interface. The
+single-process behaviour lives here; :mod:`autobatch.dist` installs the collective one, so
+the runner never imports the distributed layer that sits after it in the pipeline.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Iterable
+
+import torch
+
+__all__ = ["DataParallel", "install", "installed", "current"]
+
+
+class DataParallel:
+    """One process: no peers. Subclassed by :mod:`autobatch.dist`."""
+
+    def active(self) -> bool:
+        """Whether a job of more than one rank is running."""
+        return False
+
+    def world_size(self) -> int:
+        return 1
+
+    def is_rank_zero(self) -> bool:
+        return True
+
+    def local_module(self, model: torch.nn.Module) -> torch.nn.Module:
+        """The module the runner trains (a data-parallel wrapper's local module)."""
+        return model
+
+    def start(self, model: torch.nn.Module) -> None:
+        """Make every rank start from the same weights."""
+
+    def step(
+        self,
+        train_step: Any,
+        micro_batches: Iterable[Any],
+        *,
+        local_size: int,
+        on_phase: Callable[[str], None],
+        phase: Callable[[], str],
+        label: str,
+    ) -> tuple[float, int]:
+        """One optimizer step over every rank's micro-batches: (mean loss, global batch)."""
+        raise NotImplementedError("the single-process runner steps with accumulated_step")
+
+    def after_step(self, model: torch.nn.Module, label: str) -> None:
+        """Re-align what the step changed outside the gradients (buffers)."""
+
+    def agree_plan(self, planned: Any) -> Any:
+        return planned
+
+
+_SINGLE = DataParallel()
+_installed: DataParallel = _SINGLE
+
+
+def install(parallel: DataParallel) -> None:
+    """Make ``parallel`` the one the runner uses whenever it reports itself active."""
+    global _installed
+    _installed = parallel
+
+
+def installed() -> DataParallel:
+    """The installed implementation, active or not (a runner told ``distributed=True``)."""
+    return _installed
+
+
+def current() -> DataParallel:
+    """The installed implementation while a multi-rank job runs, else the single process."""
+    return _installed if _installed.active() else _SINGLE
