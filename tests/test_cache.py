@@ -143,12 +143,12 @@ def test_a_changed_component_reprobes(component):
 
 def test_a_changed_allocator_headroom_reprobes(monkeypatch):
     """Answers cached under another headroom (before it existed: none) are not served."""
-    import autobatch.probe.find
+    import autobatch.probe.arguments
 
     step, args = _variant("baseline")
     find_max_batch(step, **args)
     assert find_max_batch(*_variant("baseline")[:1], **args).cached
-    monkeypatch.setattr(autobatch.probe.find, "ALLOCATOR_HEADROOM", 0.0)
+    monkeypatch.setattr(autobatch.probe.arguments, "ALLOCATOR_HEADROOM", 0.0)
     assert not find_max_batch(*_variant("baseline")[:1], **args).cached
 
 

@@ -275,7 +275,8 @@ def test_a_trial_whose_peak_passes_the_limit_fails_and_says_why():
 
 def test_the_peak_limit_is_the_capacity_less_the_headroom_on_accelerators_only():
     from autobatch.memory.devices import SimulatedDeviceMemory
-    from autobatch.probe.find import ALLOCATOR_HEADROOM, _peak_limit
+    from autobatch.probe.arguments import ALLOCATOR_HEADROOM
+    from autobatch.probe.search import peak_limit as _peak_limit
 
     with simulated_memory("64MiB") as device:
         assert _peak_limit(SimulatedDeviceMemory(device), 64 * MiB) is None  # no caching allocator
@@ -288,7 +289,7 @@ def test_the_peak_limit_is_the_capacity_less_the_headroom_on_accelerators_only()
 def test_under_a_peak_limit_every_strategy_stops_at_it(curve):
     """predict aims its line at the limit, so it lands where binary does, in fewer trials."""
     from autobatch.memory.devices import SimulatedDeviceMemory
-    from autobatch.probe.find import _search
+    from autobatch.probe.search import run_search as _search
     from autobatch.probe.trial import TrialRunner
 
     limit = 20 * MiB

@@ -28,11 +28,12 @@ from typing import Any
 
 import torch
 
-from . import agreement as dist_sync
+from ..probe.ranks import ProbeAgreement
 from ..probe.trial import TrialRecord
+from . import agreement as dist_sync
 
 __all__ = [
-    "agree_trial", "agree_capacity", "agree_prior", "agree_cache_hit", "agree_batch", "agree_plan", "local_step", "unwrap",
+    "CollectiveProbeAgreement", "agree_trial", "agree_capacity", "agree_prior", "agree_cache_hit", "agree_batch", "agree_plan", "local_step", "unwrap",
 ]
 
 
@@ -138,3 +139,29 @@ def _int(value: int | None) -> int:
 
 def _none(value: int) -> int | None:
     return None if value < 0 else value
+
+
+class CollectiveProbeAgreement(ProbeAgreement):
+    """The probe's agreement under ``torch.distributed``: the functions above, active while a
+    process group of more than one rank runs (installed by :mod:`autobatch.dist`)."""
+
+    def active(self) -> bool:
+        return dist_sync.is_distributed()
+
+    def local_step(self, fn: Any) -> Any:
+        return local_step(fn)
+
+    def trial_hook(self):
+        return agree_trial
+
+    def capacity(self, capacity: int | None) -> int | None:
+        return agree_capacity(capacity)
+
+    def prior(self, prior):
+        return agree_prior(prior)
+
+    def cache_hit(self, hit):
+        return agree_cache_hit(hit)
+
+    def batch(self, result):
+        return agree_batch(result)

@@ -39,14 +39,16 @@ from typing import Any, Callable, Iterable
 
 import torch
 
-from . import agreement as dist_sync
-from ..planning.accumulation import accumulate_micro_batches
 from ..errors import PeerFailedError, PeerOutOfMemoryError
-from ..training.phases import PHASES
 from ..memory.oom import free_memory, is_oom_error
+from ..planning.accumulation import accumulate_micro_batches
 from ..probe.train_step import TrainStep
+from ..training.phases import PHASES
+from ..training.ranks import DataParallel
+from . import agreement as dist_sync
+from .probe import agree_plan, unwrap
 
-__all__ = ["synced_step", "broadcast_state"]
+__all__ = ["CollectiveDataParallel", "synced_step", "broadcast_state"]
 
 _OK, _OOM, _ERROR = 0, 1, 2
 
@@ -168,3 +170,34 @@ def _unflatten(params: list[torch.Tensor], flats: dict[torch.dtype, torch.Tensor
             param.grad = piece.clone()
         else:
             param.grad.copy_(piece)
+
+
+class CollectiveDataParallel(DataParallel):
+    """The runner's step under ``torch.distributed`` (installed by :mod:`autobatch.dist`):
+    the local module is trained, ranks vote on every step (:func:`synced_step`), and rank 0's
+    weights and buffers are broadcast."""
+
+    def active(self) -> bool:
+        return dist_sync.is_distributed()
+
+    def world_size(self) -> int:
+        return dist_sync.world_size()
+
+    def is_rank_zero(self) -> bool:
+        return dist_sync.is_rank_zero()
+
+    def local_module(self, model: torch.nn.Module) -> torch.nn.Module:
+        return unwrap(model)  # no DDP hooks: gradients are all-reduced after the ranks agree
+
+    def start(self, model: torch.nn.Module) -> None:
+        broadcast_state(model, "runner: initial weights")
+
+    def step(self, train_step, micro_batches, *, local_size, on_phase, phase, label):
+        return synced_step(train_step, micro_batches, local_size=local_size, on_phase=on_phase, phase=phase, label=label)
+
+    def after_step(self, model: torch.nn.Module, label: str) -> None:
+        if any(True for _ in model.buffers()):
+            broadcast_state(model, f"{label}: buffers", parameters=False)
+
+    def agree_plan(self, planned):
+        return agree_plan(planned)

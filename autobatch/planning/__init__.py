@@ -1,0 +1,8 @@
+"""Planning: when the wanted global batch does not fit in one step, the fastest way to train it.
+
+Gradient accumulation over micro-batches (:mod:`.accumulation`, the one implementation the
+runner uses too), activation checkpointing of repeated blocks when not even batch 1 fits
+(:mod:`.checkpointing`), timed candidates for the throughput objective (:mod:`.throughput`)
+and :func:`~autobatch.plan` itself (:mod:`.planner`). The folder is ``planning`` rather than
+``plan`` so that ``autobatch.plan`` stays the function.
+"""

@@ -1,0 +1,14 @@
+"""Probe: the largest batch whose real training step fits, found by trials or estimated.
+
+:func:`find_max_batch` (:mod:`.find`) checks its arguments (:mod:`.arguments`), looks the
+answer up in the persistent cache (:mod:`.cache`), runs trials of the user's step
+(:mod:`.trial`, :mod:`.train_step`) under a search strategy (:mod:`.search`,
+:mod:`.strategies`, :mod:`.predict`) and puts the model back (:mod:`.restore`); or estimates
+the answer with fake tensors without touching the device (:mod:`.estimate`,
+:mod:`.estimated`). Across ranks it agrees through :mod:`.ranks`.
+"""
+
+from .arguments import ALLOCATOR_HEADROOM, STRATEGY_NAMES
+from .find import find_max_batch
+
+__all__ = ["find_max_batch", "ALLOCATOR_HEADROOM", "STRATEGY_NAMES"]

@@ -21,7 +21,7 @@ The key is the SHA-256 of a canonical JSON of its components (stored in the file
   miss), and the memory cap; the torch and autobatch versions;
 * ``probe``: the strategy and its parameters (``start``, ``max_batch``, ``margin``,
   ``multiple_of``, ``steps_per_trial``, ``search_steps``), and the allocator headroom a
-  passing trial must leave on an accelerator (``autobatch.probe.find.ALLOCATOR_HEADROOM``).
+  passing trial must leave on an accelerator (``autobatch.probe.ALLOCATOR_HEADROOM``).
 
 A plain callable has no structure to key on; it is cached only under an explicit
 ``cache_key``. Writes are atomic (a temporary file, then ``os.replace``) under a file lock, so

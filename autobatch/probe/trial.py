@@ -86,7 +86,7 @@ class TrialRunner:
     Any out-of-memory error (by :func:`is_oom_error`) fails the trial, and so does a step
     whose allocated peak passed ``peak_limit`` (on an accelerator, the capacity less the
     headroom the caching allocator needs: such a step fits only while fragmentation is kind;
-    the probe's default, :data:`~autobatch.probe.find.ALLOCATOR_HEADROOM`, says what was
+    the probe's default, :data:`~autobatch.probe.ALLOCATOR_HEADROOM`, says what was
     measured). Every other exception propagates unchanged at once. Memory is released
     *after* the ``except`` block has been left, so the traceback no longer pins the failed
     step's tensors; ``after_oom`` (e.g. dropping half-built gradients) runs first, and the

@@ -24,7 +24,6 @@ file maps onto ``Runner(**options)``; :func:`train` is the one call a CLI needs.
 
 from __future__ import annotations
 
-import itertools
 import logging
 import os
 import time
@@ -33,22 +32,22 @@ from typing import Any, Callable, ContextManager, Iterable, Mapping
 
 import torch
 
-from ..planning.accumulation import accumulated_step, batch_size_of, micro_batch_sizes, split_batch
-from .batch_ops import map_tensors, to_device
-from .checkpoint_io import CHECKPOINT_NAME, load_checkpoint, resolve_checkpoint, rng_state, save_checkpoint, set_rng_state
-from ..planning.checkpointing import CheckpointHandle, enable_checkpointing
 from ..errors import StepOutOfMemoryError
+from ..memory.oom import is_oom_error
+from ..planning.accumulation import accumulated_step, batch_size_of, micro_batch_sizes, split_batch
+from ..planning.checkpointing import CheckpointHandle
+from ..probe.train_step import TrainStep
+from . import ranks
+from .batch_ops import map_tensors, to_device
+from .checkpoint_io import rng_state, set_rng_state
 from .faults import FaultInjector
 from .growth import GrowBack
 from .hygiene import CachePolicy
-from ..memory.oom import free_memory, is_oom_error
 from .progress import Progress
-from .run_result import Recovery, RunResult
+from .recovery import OomRecovery
+from .resume import Resumable
+from .run_result import RunResult
 from .step_guard import StepGuard
-from ..dist import agreement as dist_sync
-from ..dist.probe import agree_plan, unwrap
-from ..dist.step import broadcast_state, synced_step
-from ..probe.train_step import TrainStep
 
 __all__ = ["Runner", "train"]
 
@@ -57,7 +56,7 @@ log = logging.getLogger("autobatch")
 LossFn = Callable[[torch.nn.Module, Any], torch.Tensor]
 
 
-class Runner:
+class Runner(OomRecovery, Resumable):
     """Train ``model`` on global batches of ``global_batch`` samples, surviving OOMs.
 
     Args:
@@ -132,8 +131,11 @@ class Runner:
         if checkpoint_every is not None and checkpoint_every != 0:
             _positive("checkpoint_every", checkpoint_every)
         self.model = model
-        self.distributed = dist_sync.is_distributed() if distributed is None else distributed
-        self.share = _share(global_batch) if self.distributed else global_batch
+        if distributed is None:
+            distributed = ranks.current().active()
+        self._parallel = ranks.installed() if distributed else ranks.DataParallel()
+        self.distributed = bool(distributed)
+        self.share = _share(global_batch, self._parallel.world_size()) if self.distributed else global_batch
         self.optimizer = optimizer
         self.loss_fn = loss_fn
         self.scheduler = scheduler
@@ -156,7 +158,7 @@ class Runner:
         self.no_sync = no_sync
         self.plan_options = dict(plan_options or {})
         dtype = getattr(torch, autocast_dtype) if isinstance(autocast_dtype, str) else autocast_dtype
-        local = unwrap(model) if self.distributed else model  # no DDP hooks: see distributed_step
+        local = self._parallel.local_module(model)
         self._train_step = TrainStep(local, optimizer, loss_fn, make_batch=self._no_batches, autocast_dtype=dtype)
         self.growth = GrowBack(grow_after, max_micro_batch or self.micro_batch or self.share)
         self.checkpoint_handle: CheckpointHandle | None = None
@@ -217,10 +219,10 @@ class Runner:
         elif self.micro_batch is None:
             self._plan(data)
         if self.distributed:  # every rank starts from rank 0's weights
-            broadcast_state(self._train_step.model, "runner: initial weights")
+            self._parallel.start(self._train_step.model)
             log.info(
                 "distributed: %d ranks, global batch %d = %d per rank, micro-batch %d per rank",
-                dist_sync.world_size(), self.global_batch, self.share, self.micro_batch,
+                self._parallel.world_size(), self.global_batch, self.share, self.micro_batch,
             )
         result = self.result
         result.steps_this_run = result.samples = 0
@@ -255,39 +257,6 @@ class Runner:
         )
         return result
 
-    def save(self, path: str | os.PathLike | None = None) -> Path:
-        """Write a checkpoint atomically (default ``checkpoint_dir/last.pt``); returns its path."""
-        if path is None:
-            if self.checkpoint_dir is None:
-                raise ValueError("no path given and no checkpoint_dir configured")
-            path = self.checkpoint_dir / CHECKPOINT_NAME
-        self.result.checkpoints_saved += 1  # counted in the checkpoint itself
-        self.result.checkpoint_path = str(Path(path))
-        if not dist_sync.is_rank_zero():
-            return Path(path)  # rank 0 writes; every rank holds the same state
-        written = save_checkpoint(self.state_dict(), path)
-        log.debug("checkpoint at step %d written to %s", self.step, written)
-        return written
-
-    def state_dict(self) -> dict[str, Any]:
-        """Everything a resumed run needs: model, optimizer, scheduler, RNG, data position."""
-        self._fill_result()
-        return {
-            "format": "autobatch.runner/1",
-            "model": self.model.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
-            "scheduler": None if self.scheduler is None else self.scheduler.state_dict(),
-            "rng": rng_state(),
-            "epoch_rng": self._epoch_rng,
-            "step": self.step,
-            "epoch": self.epoch,
-            "position": self.position,
-            "micro_batch": self.micro_batch,
-            "growth": self.growth.state_dict(),
-            "checkpointed_modules": None if self.checkpoint_handle is None else self.checkpoint_handle.modules,
-            "result": self.result.to_dict(),
-        }
-
     # -- one global step, with OOM recovery ----------------------------------------------------
     def _global_step(self, batch: Any) -> tuple[float, int]:
         size = self._local_size = batch_size_of(batch)
@@ -310,8 +279,7 @@ class Runner:
             raise StepOutOfMemoryError(self.step, self._phase, self.checkpoint_handle is not None) from exc
         if self.distributed:
             size = self._global_size
-            if any(True for _ in self._train_step.model.buffers()):
-                broadcast_state(self._train_step.model, f"runner step {self.step}: buffers", parameters=False)
+            self._parallel.after_step(self._train_step.model, f"runner step {self.step}")
         self.growth.on_step_done()
         if self.scheduler is not None:
             self.scheduler.step()  # outside the retry: the update it follows is committed
@@ -320,7 +288,7 @@ class Runner:
     def _attempt(self, batch: Any, size: int) -> float:
         self._phase = "transfer"
         if self.distributed:
-            loss, self._global_size = synced_step(
+            loss, self._global_size = self._parallel.step(
                 self._train_step, self._micro_batches(batch), local_size=size, on_phase=self._enter,
                 phase=lambda: self._phase, label=f"runner step {self.step}",
             )
@@ -340,103 +308,6 @@ class Runner:
         for micro in split_batch(batch, self.micro_batch, balanced=self.balanced):
             self._enter("transfer")
             yield to_device(micro, self.device)
-
-    def _enter(self, phase: str) -> None:
-        """Phase boundary: remember where we are, and let the fault injector strike."""
-        self._phase = phase
-        if self.faults is not None:
-            self.faults(self.step, phase)
-        if phase in ("backward", "optimizer") and self._captured_at != self.step:
-            self._capture()
-        if phase == "optimizer":
-            self.guard.ready()
-            self._stepping = True  # from here on the optimizer may have written something
-
-    def _capture(self) -> None:
-        """Snapshot what the optimizer step may change, once per global step.
-
-        Taken when the first backward starts, not at the top of the step: parameters and
-        optimizer state cannot change before the optimizer step, and by then the first
-        forward is queued on the device, so the host's work of issuing the copies (hundreds of
-        small transfers) overlaps device work instead of delaying the step's first kernel
-        (each step starts on an idle device after the previous step's loss was read). A
-        replay keeps the snapshot: a failed step's writes are undone from it first.
-        """
-        self.guard.capture()
-        self._captured_at = self.step
-
-    def _is_retryable(self, exc: BaseException) -> bool:
-        if not is_oom_error(exc):
-            return False
-        self._last_error = str(exc).splitlines()[0][:300] if str(exc) else type(exc).__name__
-        self._phase = getattr(exc, "phase", self._phase)  # another rank's OOM: where it struck
-        return True
-
-    def _out_of_options(self, retry_state: Any) -> bool:
-        """tenacity ``stop``: give up when micro-batch 1 failed and no fallback is left."""
-        if self.micro_batch > 1 or self.growth.trying:
-            return False
-        return not self.checkpointing_fallback or self.checkpoint_handle is not None
-
-    def _recover(self) -> None:
-        """Top of a retry: undo, free, shrink. Runs outside the failed attempt's ``except``."""
-        phase, before = self._phase, self.micro_batch
-        self._undo_optimizer_step()
-        self._drop_grads()
-        free_memory()
-        back = self.growth.on_oom()
-        grow = back is not None
-        action = "halve"
-        if grow:
-            self.micro_batch = back
-            self.result.grow_attempts[-1]["held"] = False
-        elif before > 1:
-            self.micro_batch = before // 2
-        else:
-            self._enable_checkpointing()
-            action = "checkpointing"
-        recovery = Recovery(self.step, phase, before, self.micro_batch, action, grow, self._last_error)
-        self.result.oom_recoveries.append(recovery.__dict__.copy())
-        log.warning(
-            "OOM at step %d in %s with micro-batch %d%s: replaying the global batch with micro-batch %d%s "
-            "(recovery %d)",
-            self.step, phase, before, " (a grow-back try)" if grow else "", self.micro_batch,
-            " and activation checkpointing" if action == "checkpointing" else "", len(self.result.oom_recoveries),
-        )
-
-    def _undo_optimizer_step(self) -> None:
-        if not self._stepping:
-            return
-        self._stepping = False
-        if not self.guard.enabled:
-            raise StepOutOfMemoryError(
-                self.step, "optimizer", self.checkpoint_handle is not None,
-                reason=f"global step {self.step} ran out of memory inside optimizer.step() with step_guard='off': "
-                "the update may be half-applied, so replaying it would corrupt the model. Use step_guard='cpu'.",
-            )
-        self.guard.restore()
-
-    def _abandon(self) -> None:
-        """Giving up on a step: leave the model and optimizer as they were before it."""
-        if self._stepping and self.guard.enabled:
-            self.guard.restore()
-        self._stepping = False
-        self._drop_grads()
-
-    def _drop_grads(self) -> None:
-        self.optimizer.zero_grad(set_to_none=True)
-        for param in self.model.parameters():
-            param.grad = None
-
-    def _enable_checkpointing(self) -> None:
-        handle = enable_checkpointing(self.model, self.checkpoint_targets)
-        if not handle.modules:
-            raise StepOutOfMemoryError(
-                self.step, self._phase, False,
-                reason=f"global step {self.step} ran out of memory at micro-batch 1 and activation checkpointing "
-                "found no repeated blocks to wrap; name the block classes in checkpoint_targets.",
-            )
-        self.checkpoint_handle = handle
 
     # -- around the step -----------------------------------------------------------------------
     def _after_step(self, loss: float, size: int, progress: Progress, on_step_end) -> None:
@@ -458,56 +329,7 @@ class Runner:
                 "accumulation": accumulation, "samples": size,
             })  # fmt: skip
 
-    def _epoch_iterator(self, data: Iterable[Any], resumed_rng: dict[str, Any] | None):
-        """A fresh iterator over ``data``; on resume, replays the epoch's start and skips the
-        batches already trained, so a shuffled DataLoader yields the same order. A checkpoint
-        at an epoch boundary (position 0: the run ended with whole epochs) starts the next
-        epoch afresh from the random state it saved, as the uninterrupted run would have."""
-        if resumed_rng is None or self._epoch_rng is None or self.position == 0:
-            self._epoch_rng = rng_state()
-            self.position = 0
-            return iter(data)
-        set_rng_state(self._epoch_rng)
-        batches = iter(data)
-        skipped = sum(1 for _ in itertools.islice(batches, self.position))
-        if skipped < self.position:
-            log.warning("resume: the epoch has only %d batches, the checkpoint is at %d", skipped, self.position)
-        set_rng_state(resumed_rng)
-        return batches
-
-    def _fill_result(self) -> None:
-        result = self.result
-        result.steps, result.epochs = self.step, self.epoch
-        result.micro_batch = self.micro_batch or 0
-        result.initial_micro_batch = self.initial_micro_batch or 0
-        result.checkpointing = self.checkpoint_handle is not None
-        result.empty_cache_fires, result.empty_cache_seconds = self.hygiene.fires, self.hygiene.seconds
-
-    # -- resume and planning -------------------------------------------------------------------
-    def _load(self, resume: str | os.PathLike) -> dict[str, Any]:
-        path = resolve_checkpoint(resume)
-        state = load_checkpoint(path)
-        if state.get("checkpointed_modules") and self.checkpoint_handle is None:
-            self.checkpoint_handle = enable_checkpointing(self.model, modules=state["checkpointed_modules"])
-        self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
-        if self.scheduler is not None and state["scheduler"] is not None:
-            self.scheduler.load_state_dict(state["scheduler"])
-        self.step, self.epoch, self.position = state["step"], state["epoch"], state["position"]
-        self.micro_batch = state["micro_batch"]
-        self.initial_micro_batch = self.initial_micro_batch or self.micro_batch
-        self.growth.load_state_dict(state["growth"])
-        self._epoch_rng = state["epoch_rng"]
-        previous = RunResult.from_dict(state["result"])
-        self.result.oom_recoveries = previous.oom_recoveries
-        self.result.grow_attempts = previous.grow_attempts
-        self.result.checkpoints_saved = previous.checkpoints_saved
-        self.result.plan = previous.plan
-        self.result.resumed_from = {"path": str(path), "step": self.step, "epoch": self.epoch, "position": self.position}
-        log.info("resumed from %s at step %d (epoch %d, batch %d), micro-batch %d", path, self.step, self.epoch, self.position, self.micro_batch)
-        set_rng_state(state["rng"])
-        return state["rng"]
-
+    # -- planning -----------------------------------------------------------------------------
     def _plan(self, data: Iterable[Any]) -> None:
         """micro_batch=None: plan it on (slices of) the first global batch.
 
@@ -529,7 +351,7 @@ class Runner:
         options = {"device": self.device, **self.plan_options}
         planned = plan(step, global_batch=self.share, **options)
         if self.distributed:  # the probes agreed already; a timed pick may still differ per rank
-            agree_plan(planned)
+            self._parallel.agree_plan(planned)
         self.micro_batch = self.initial_micro_batch = planned.micro_batch
         if planned.checkpointing:
             self.checkpoint_handle = planned.handle
@@ -537,7 +359,7 @@ class Runner:
         self.growth.ceiling = self.max_micro_batch or min(self.share, max(probed + [planned.micro_batch]))
         self.result.plan = planned.to_dict()
         if self.distributed:
-            self.result.plan.update(ranks=dist_sync.world_size(), global_batch_all_ranks=self.global_batch, per_rank_batch=self.share)
+            self.result.plan.update(ranks=self._parallel.world_size(), global_batch_all_ranks=self.global_batch, per_rank_batch=self.share)
         log.info("runner planned micro-batch %d (grow-back ceiling %d)", self.micro_batch, self.growth.ceiling)
 
     @staticmethod
@@ -567,9 +389,8 @@ def train(
 
 
 # -- helpers ------------------------------------------------------------------------------------
-def _share(global_batch: int) -> int:
-    """This rank's samples per step: ``global_batch`` split evenly over the ranks."""
-    world = dist_sync.world_size()
+def _share(global_batch: int, world: int) -> int:
+    """This rank's samples per step: ``global_batch`` split evenly over the ``world`` ranks."""
     if global_batch % world:
         raise ValueError(f"global_batch={global_batch} does not split evenly over {world} ranks; use a multiple of {world}")
     return global_batch // world

@@ -1,0 +1,100 @@
+"""The probe's use of estimates: ``auto``'s first trial placed by an estimate, and
+``strategy="estimate"``'s untested answer (the estimates themselves: :mod:`~autobatch.probe.estimate`)."""
+
+from __future__ import annotations
+
+import math
+import time
+
+from ..errors import NoBatchFitsError
+from ..memory.devices import SimulatedDeviceMemory
+from ..memory.diagnostics import memory_diagnostics
+from .estimate import EstimateError, estimate_line, estimate_max_batch
+from .predict import LinearFit
+from .result import ProbeResult
+from .train_step import TrainStep
+
+__all__ = ["estimate_prior", "estimate_only"]
+
+
+def counts_resident(memory) -> tuple[bool, str | None]:
+    """Whether the model's resident memory counts against the capacity (and a note why not):
+    on an accelerator it does; a simulated CPU budget counts only what the step allocates."""
+    if isinstance(memory, SimulatedDeviceMemory):
+        return False, "the simulated CPU budget counts only memory the step allocates, not the model"
+    return True, None
+
+
+def estimate_prior(step: TrainStep, memory, capacity: int, max_batch: int | None, multiple_of: int):
+    """The estimated curve in units of ``multiple_of`` for ``auto``'s first trial, and a note;
+    ``(None, note)`` when the step cannot be estimated."""
+    include_resident, _ = counts_resident(memory)
+    began = time.perf_counter()
+    try:
+        estimate = estimate_line(
+            step, capacity, include_resident=include_resident, max_batch=max_batch, multiple_of=multiple_of
+        )
+    except EstimateError as exc:
+        return None, f"no estimate for the first trial ({exc}); probed from the start"
+    if estimate.batch_size == 0 or estimate.slope_bytes_per_sample <= 0:
+        return None, "the estimate predicted nothing usable; probed from the start"
+    unit_slope = estimate.slope_bytes_per_sample * multiple_of
+    units = estimate.batch_size // multiple_of
+    assert estimate.peak_bytes is not None
+    line = LinearFit(intercept=estimate.peak_bytes - unit_slope * units, slope=unit_slope)
+    note = (
+        f"first trial placed by an estimate (estimated boundary {estimate.batch_size}; "
+        f"{len(estimate.estimates)} fake-tensor traces, {time.perf_counter() - began:.2f} s)"
+    )
+    return (line, estimate), note
+
+
+def estimate_only(step: TrainStep, memory, note, *, max_batch, margin, multiple_of) -> ProbeResult:
+    """``strategy="estimate"``: the estimated boundary, no trials, marked untested."""
+    capacity = memory.capacity()
+    include_resident, why = counts_resident(memory)
+    estimate = estimate_max_batch(
+        step, capacity, include_resident=include_resident, max_batch=max_batch, multiple_of=multiple_of
+    )
+    if estimate.batch_size == 0:
+        smallest = estimate.estimates[0]
+        raise NoBatchFitsError(
+            batch_size=smallest.batch_size,
+            capacity_bytes=capacity,
+            peak_bytes=smallest.counted(include_resident),
+            device=memory.name,
+            last_error="estimated, not run",
+            hint=None,
+            diagnostics=memory_diagnostics(memory),
+        )
+    chosen = estimate.batch_size
+    if margin:
+        chosen = max(multiple_of, math.floor(chosen * (1 - margin)) // multiple_of * multiple_of)
+    notes = [f"untested estimate: traced with fake tensors, no trial ran (peak {estimate.peak_bytes} B)"]
+    if why:
+        notes.append(why)
+    if note:
+        notes.append(note)
+    return ProbeResult(
+        batch_size=chosen,
+        strategy="estimate",
+        strategy_used="estimate",
+        trials=[],
+        capacity_bytes=capacity,
+        elapsed_s=0.0,
+        margin=margin,
+        multiple_of=multiple_of,
+        max_batch=max_batch,
+        largest_passed=None,
+        smallest_failed=None,
+        device=memory.name,
+        fit={
+            "kind": "linear",
+            "intercept_bytes": estimate.intercept_bytes,
+            "slope_bytes_per_sample": estimate.slope_bytes_per_sample,
+            "points": [],
+        },
+        notes=notes,
+        tested=False,
+        estimate=estimate.to_dict(),
+    )

@@ -1,0 +1,123 @@
+"""The runner's recovery from an out-of-memory error: undo, free, shrink, replay.
+
+A mixin of :class:`~autobatch.Runner`, kept apart from the step loop: the phase hook that
+tells where an OOM struck (and lets fault injection strike there), tenacity's retry and stop
+predicates, and what happens at the top of a replay: undo a half-applied optimizer step
+(:class:`~autobatch.training.step_guard.StepGuard`), drop the partial gradients, free memory,
+pick the smaller micro-batch, or turn on activation checkpointing when micro-batch 1 failed.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from ..errors import StepOutOfMemoryError
+from ..memory.oom import free_memory, is_oom_error
+from ..planning.checkpointing import enable_checkpointing
+from .run_result import Recovery
+
+__all__ = ["OomRecovery"]
+
+log = logging.getLogger("autobatch")
+
+
+class OomRecovery:
+    """Recovery state and steps of a :class:`~autobatch.Runner` (which sets the attributes)."""
+
+    def _enter(self, phase: str) -> None:
+        """Phase boundary: remember where we are, and let the fault injector strike."""
+        self._phase = phase
+        if self.faults is not None:
+            self.faults(self.step, phase)
+        if phase in ("backward", "optimizer") and self._captured_at != self.step:
+            self._capture()
+        if phase == "optimizer":
+            self.guard.ready()
+            self._stepping = True  # from here on the optimizer may have written something
+
+    def _capture(self) -> None:
+        """Snapshot what the optimizer step may change, once per global step.
+
+        Taken when the first backward starts, not at the top of the step: parameters and
+        optimizer state cannot change before the optimizer step, and by then the first
+        forward is queued on the device, so the host's work of issuing the copies (hundreds of
+        small transfers) overlaps device work instead of delaying the step's first kernel
+        (each step starts on an idle device after the previous step's loss was read). A
+        replay keeps the snapshot: a failed step's writes are undone from it first.
+        """
+        self.guard.capture()
+        self._captured_at = self.step
+
+    def _is_retryable(self, exc: BaseException) -> bool:
+        if not is_oom_error(exc):
+            return False
+        self._last_error = str(exc).splitlines()[0][:300] if str(exc) else type(exc).__name__
+        self._phase = getattr(exc, "phase", self._phase)  # another rank's OOM: where it struck
+        return True
+
+    def _out_of_options(self, retry_state: Any) -> bool:
+        """tenacity ``stop``: give up when micro-batch 1 failed and no fallback is left."""
+        if self.micro_batch > 1 or self.growth.trying:
+            return False
+        return not self.checkpointing_fallback or self.checkpoint_handle is not None
+
+    def _recover(self) -> None:
+        """Top of a retry: undo, free, shrink. Runs outside the failed attempt's ``except``."""
+        phase, before = self._phase, self.micro_batch
+        self._undo_optimizer_step()
+        self._drop_grads()
+        free_memory()
+        back = self.growth.on_oom()
+        grow = back is not None
+        action = "halve"
+        if grow:
+            self.micro_batch = back
+            self.result.grow_attempts[-1]["held"] = False
+        elif before > 1:
+            self.micro_batch = before // 2
+        else:
+            self._enable_checkpointing()
+            action = "checkpointing"
+        recovery = Recovery(self.step, phase, before, self.micro_batch, action, grow, self._last_error)
+        self.result.oom_recoveries.append(recovery.__dict__.copy())
+        log.warning(
+            "OOM at step %d in %s with micro-batch %d%s: replaying the global batch with micro-batch %d%s "
+            "(recovery %d)",
+            self.step, phase, before, " (a grow-back try)" if grow else "", self.micro_batch,
+            " and activation checkpointing" if action == "checkpointing" else "", len(self.result.oom_recoveries),
+        )
+
+    def _undo_optimizer_step(self) -> None:
+        if not self._stepping:
+            return
+        self._stepping = False
+        if not self.guard.enabled:
+            raise StepOutOfMemoryError(
+                self.step, "optimizer", self.checkpoint_handle is not None,
+                reason=f"global step {self.step} ran out of memory inside optimizer.step() with step_guard='off': "
+                "the update may be half-applied, so replaying it would corrupt the model. Use step_guard='cpu'.",
+            )
+        self.guard.restore()
+
+    def _abandon(self) -> None:
+        """Giving up on a step: leave the model and optimizer as they were before it."""
+        if self._stepping and self.guard.enabled:
+            self.guard.restore()
+        self._stepping = False
+        self._drop_grads()
+
+    def _drop_grads(self) -> None:
+        self.optimizer.zero_grad(set_to_none=True)
+        for param in self.model.parameters():
+            param.grad = None
+
+    def _enable_checkpointing(self) -> None:
+        handle = enable_checkpointing(self.model, self.checkpoint_targets)
+        if not handle.modules:
+            raise StepOutOfMemoryError(
+                self.step, self._phase, False,
+                reason=f"global step {self.step} ran out of memory at micro-batch 1 and activation checkpointing "
+                "found no repeated blocks to wrap; name the block classes in checkpoint_targets.",
+            )
+        self.checkpoint_handle = handle

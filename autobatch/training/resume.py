@@ -1,0 +1,111 @@
+"""The runner's checkpoints and exact resume: what a run saves, and how it continues.
+
+A mixin of :class:`~autobatch.Runner`: ``save`` writes model, optimizer, scheduler, random
+states, the data position and the run's history atomically (rank 0 only;
+:mod:`~autobatch.training.checkpoint_io`), and a resumed run replays the epoch's start and skips
+the batches already trained, so it sees the same batches and draws the same random numbers
+as the run that was interrupted.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+from pathlib import Path
+from typing import Any, Iterable
+
+from ..planning.checkpointing import enable_checkpointing
+from .checkpoint_io import CHECKPOINT_NAME, load_checkpoint, resolve_checkpoint, rng_state, save_checkpoint, set_rng_state
+from .run_result import RunResult
+
+__all__ = ["Resumable"]
+
+log = logging.getLogger("autobatch")
+
+
+class Resumable:
+    """Checkpoint and resume of a :class:`~autobatch.Runner` (which sets the attributes)."""
+
+    def save(self, path: str | os.PathLike | None = None) -> Path:
+        """Write a checkpoint atomically (default ``checkpoint_dir/last.pt``); returns its path."""
+        if path is None:
+            if self.checkpoint_dir is None:
+                raise ValueError("no path given and no checkpoint_dir configured")
+            path = self.checkpoint_dir / CHECKPOINT_NAME
+        self.result.checkpoints_saved += 1  # counted in the checkpoint itself
+        self.result.checkpoint_path = str(Path(path))
+        if not self._parallel.is_rank_zero():
+            return Path(path)  # rank 0 writes; every rank holds the same state
+        written = save_checkpoint(self.state_dict(), path)
+        log.debug("checkpoint at step %d written to %s", self.step, written)
+        return written
+
+    def state_dict(self) -> dict[str, Any]:
+        """Everything a resumed run needs: model, optimizer, scheduler, RNG, data position."""
+        self._fill_result()
+        return {
+            "format": "autobatch.runner/1",
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": None if self.scheduler is None else self.scheduler.state_dict(),
+            "rng": rng_state(),
+            "epoch_rng": self._epoch_rng,
+            "step": self.step,
+            "epoch": self.epoch,
+            "position": self.position,
+            "micro_batch": self.micro_batch,
+            "growth": self.growth.state_dict(),
+            "checkpointed_modules": None if self.checkpoint_handle is None else self.checkpoint_handle.modules,
+            "result": self.result.to_dict(),
+        }
+
+    def _epoch_iterator(self, data: Iterable[Any], resumed_rng: dict[str, Any] | None):
+        """A fresh iterator over ``data``; on resume, replays the epoch's start and skips the
+        batches already trained, so a shuffled DataLoader yields the same order. A checkpoint
+        at an epoch boundary (position 0: the run ended with whole epochs) starts the next
+        epoch afresh from the random state it saved, as the uninterrupted run would have."""
+        if resumed_rng is None or self._epoch_rng is None or self.position == 0:
+            self._epoch_rng = rng_state()
+            self.position = 0
+            return iter(data)
+        set_rng_state(self._epoch_rng)
+        batches = iter(data)
+        skipped = sum(1 for _ in itertools.islice(batches, self.position))
+        if skipped < self.position:
+            log.warning("resume: the epoch has only %d batches, the checkpoint is at %d", skipped, self.position)
+        set_rng_state(resumed_rng)
+        return batches
+
+    def _fill_result(self) -> None:
+        result = self.result
+        result.steps, result.epochs = self.step, self.epoch
+        result.micro_batch = self.micro_batch or 0
+        result.initial_micro_batch = self.initial_micro_batch or 0
+        result.checkpointing = self.checkpoint_handle is not None
+        result.empty_cache_fires, result.empty_cache_seconds = self.hygiene.fires, self.hygiene.seconds
+
+    # -- resume --------------------------------------------------------------------------------
+    def _load(self, resume: str | os.PathLike) -> dict[str, Any]:
+        path = resolve_checkpoint(resume)
+        state = load_checkpoint(path)
+        if state.get("checkpointed_modules") and self.checkpoint_handle is None:
+            self.checkpoint_handle = enable_checkpointing(self.model, modules=state["checkpointed_modules"])
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        if self.scheduler is not None and state["scheduler"] is not None:
+            self.scheduler.load_state_dict(state["scheduler"])
+        self.step, self.epoch, self.position = state["step"], state["epoch"], state["position"]
+        self.micro_batch = state["micro_batch"]
+        self.initial_micro_batch = self.initial_micro_batch or self.micro_batch
+        self.growth.load_state_dict(state["growth"])
+        self._epoch_rng = state["epoch_rng"]
+        previous = RunResult.from_dict(state["result"])
+        self.result.oom_recoveries = previous.oom_recoveries
+        self.result.grow_attempts = previous.grow_attempts
+        self.result.checkpoints_saved = previous.checkpoints_saved
+        self.result.plan = previous.plan
+        self.result.resumed_from = {"path": str(path), "step": self.step, "epoch": self.epoch, "position": self.position}
+        log.info("resumed from %s at step %d (epoch %d, batch %d), micro-batch %d", path, self.step, self.epoch, self.position, self.micro_batch)
+        set_rng_state(state["rng"])
+        return state["rng"]
