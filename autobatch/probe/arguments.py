@@ -5,9 +5,11 @@ Every bad value raises one ``ValueError`` that names the argument and what it ac
 
 from __future__ import annotations
 
+from .train_step import TrainStep
+
 __all__ = [
     "STRATEGY_NAMES", "HALVING_DEFAULT_START", "PREDICT_DEFAULT_START", "ALLOCATOR_HEADROOM", "SEARCH_CEILING",
-    "validate_probe_args",
+    "validate_probe_args", "validate_step",
 ]
 
 STRATEGY_NAMES = ("auto", "predict", "binary", "power", "halving", "estimate")
@@ -67,4 +69,19 @@ def validate_probe_args(
         raise ValueError(
             f"max_batch={max_batch} is smaller than multiple_of={multiple_of}, so no batch size "
             "is allowed; raise max_batch or lower multiple_of"
+        )
+
+
+def validate_step(fn: object, strategy: str) -> None:
+    """Raise ``TypeError``/``ValueError`` unless ``fn`` is something the probe can run:
+    a callable taking the batch size (a :class:`~autobatch.TrainStep` for ``estimate``)."""
+    if not callable(fn):
+        raise TypeError(
+            f"fn must be a callable that runs one training step at a given batch size, e.g. "
+            f"autobatch.TrainStep(model, optimizer, loss_fn, make_batch); got {type(fn).__name__} {fn!r:.60}"
+        )
+    if strategy == "estimate" and not isinstance(fn, TrainStep):
+        raise ValueError(
+            f"strategy='estimate' traces a TrainStep with fake tensors; got {type(fn).__name__}. "
+            "Wrap the step in autobatch.TrainStep or pick another strategy"
         )

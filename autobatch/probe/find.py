@@ -21,7 +21,7 @@ from ..memory.devices import SimulatedDeviceMemory, memory_for, resolve_device
 from ..memory.diagnostics import memory_diagnostics
 from ..memory.units import parse_bytes
 from . import arguments, ranks
-from .arguments import STRATEGY_NAMES, validate_probe_args
+from .arguments import STRATEGY_NAMES, validate_probe_args, validate_step
 from .cache import ProbeCache, key_components, key_of
 from .estimated import estimate_only, estimate_prior
 from .restore import Snapshot
@@ -107,6 +107,7 @@ def find_max_batch(
         ValueError: a bad argument (the message names it and the accepted values).
         NoBatchFitsError: even the smallest allowed batch ran out of memory.
     """
+    validate_step(fn, strategy)
     validate_probe_args(
         start=start, max_batch=max_batch, strategy=strategy, margin=margin,
         multiple_of=multiple_of, steps_per_trial=steps_per_trial, search_steps=search_steps,
@@ -114,11 +115,6 @@ def find_max_batch(
     limit_bytes = None if memory_limit is None else parse_bytes(memory_limit, name="memory_limit")
     agreement = ranks.current()
     fn = agreement.local_step(fn)  # trials run no collective (see autobatch.dist.probe)
-    if strategy == "estimate" and not isinstance(fn, TrainStep):
-        raise ValueError(
-            f"strategy='estimate' traces a TrainStep with fake tensors; got {type(fn).__name__}. "
-            "Wrap the step in autobatch.TrainStep or pick another strategy"
-        )
     if device is None and isinstance(fn, TrainStep):
         device = fn.device
     if restore is None and isinstance(fn, TrainStep):

@@ -38,11 +38,11 @@ from ..planning.accumulation import accumulated_step, batch_size_of, micro_batch
 from ..planning.checkpointing import CheckpointHandle
 from ..probe.train_step import TrainStep
 from . import ranks
-from .batch_ops import map_tensors, to_device
-from .checkpoint_io import rng_state, set_rng_state
+from .batch_ops import to_device
 from .faults import FaultInjector
 from .growth import GrowBack
 from .hygiene import CachePolicy
+from .autoplan import PlansFromData
 from .progress import Progress
 from .recovery import OomRecovery
 from .resume import Resumable
@@ -56,7 +56,7 @@ log = logging.getLogger("autobatch")
 LossFn = Callable[[torch.nn.Module, Any], torch.Tensor]
 
 
-class Runner(OomRecovery, Resumable):
+class Runner(OomRecovery, Resumable, PlansFromData):
     """Train ``model`` on global batches of ``global_batch`` samples, surviving OOMs.
 
     Args:
@@ -328,43 +328,6 @@ class Runner(OomRecovery, Resumable):
                 "step": self.step, "epoch": self.epoch, "loss": loss, "micro_batch": self.micro_batch,
                 "accumulation": accumulation, "samples": size,
             })  # fmt: skip
-
-    # -- planning -----------------------------------------------------------------------------
-    def _plan(self, data: Iterable[Any]) -> None:
-        """micro_batch=None: plan it on (slices of) the first global batch.
-
-        The peek at the first batch runs with the RNG states saved and restored, so it does
-        not change what the run draws; :func:`~autobatch.plan` restores model and optimizer.
-        """
-        from ..planning.planner import plan
-
-        saved = rng_state()
-        first = next(iter(data))
-        set_rng_state(saved)
-        available = batch_size_of(first)
-
-        def make_batch(size: int) -> Any:
-            index = torch.arange(size) % available
-            return to_device(map_tensors(first, lambda t: t.index_select(0, index.to(t.device))), self.device)
-
-        step = TrainStep(self._train_step.model, self.optimizer, self.loss_fn, make_batch, autocast_dtype=self._train_step.autocast_dtype)
-        options = {"device": self.device, **self.plan_options}
-        planned = plan(step, global_batch=self.share, **options)
-        if self.distributed:  # the probes agreed already; a timed pick may still differ per rank
-            self._parallel.agree_plan(planned)
-        self.micro_batch = self.initial_micro_batch = planned.micro_batch
-        if planned.checkpointing:
-            self.checkpoint_handle = planned.handle
-        probed = [r.batch_size for r in planned.probe_results]
-        self.growth.ceiling = self.max_micro_batch or min(self.share, max(probed + [planned.micro_batch]))
-        self.result.plan = planned.to_dict()
-        if self.distributed:
-            self.result.plan.update(ranks=self._parallel.world_size(), global_batch_all_ranks=self.global_batch, per_rank_batch=self.share)
-        log.info("runner planned micro-batch %d (grow-back ceiling %d)", self.micro_batch, self.growth.ceiling)
-
-    @staticmethod
-    def _no_batches(size: int) -> Any:
-        raise RuntimeError("the runner's TrainStep takes its batches from the data, not make_batch")
 
 
 def train(
