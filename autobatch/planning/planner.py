@@ -29,156 +29,29 @@ When the plan uses checkpointing the model *stays wrapped* (``Plan.checkpointing
 
 from __future__ import annotations
 
-import json
 import logging
 import time
-from contextlib import nullcontext
-from dataclasses import dataclass, field, fields
-from typing import Any, Callable, ContextManager, Iterable
+from typing import Any, Callable
 
-import torch
-
-from .accumulation import micro_batch_sizes, split_batch
-from .checkpointing import CheckpointHandle, enable_checkpointing
-from ..memory.devices import AcceleratorMemory, resolve_device
 from ..errors import GlobalBatchTooLargeError, NoBatchFitsError
 from ..memory.oom import free_memory
+from ..memory.units import format_bytes
 from ..probe.find import find_max_batch
 from ..probe.result import ProbeResult
-from .throughput import (
-    Candidate,
-    DeviceHooks,
-    balanced_micro_batch,
-    candidate_micro_batches,
-    leaders,
-    measure_candidates,
-    validate_timing,
-)
 from ..probe.train_step import TrainStep
-from ..memory.units import format_bytes, parse_bytes
+from .accumulation import micro_batch_sizes
+from .checkpointing import CheckpointHandle, enable_checkpointing
+from .fastest import ThroughputObjective
+from .plan_result import Plan, candidates_table, short_list
+from .throughput import balanced_micro_batch, validate_timing
 
-__all__ = ["Plan", "plan", "OBJECTIVES"]
+__all__ = ["Plan", "plan", "OBJECTIVES", "candidates_table"]
 
 log = logging.getLogger("autobatch")
 
 OBJECTIVES = ("max_batch", "throughput")
 
 
-@dataclass
-class Plan:
-    """How to train ``global_batch`` samples per optimizer step on this device.
-
-    ``micro_batch`` samples per forward/backward, ``accumulation_steps`` of them per optimizer
-    step; ``micro_batch_sizes`` are their exact sizes (they sum to ``global_batch``;
-    ``balanced`` says which split policy made them). ``checkpointing`` and
-    ``checkpointed_modules`` say whether and where activation checkpointing is on. ``probes``
-    holds every probe run (``checkpointing``, ``fits``, and the ``ProbeResult`` dict as
-    ``result``, or the error's figures); ``candidates`` the timed candidates of the
-    throughput objective (:class:`~autobatch.planning.throughput.Candidate` as dicts) and ``timing``
-    how they were timed (``warmup_steps``, ``timed_steps``, ``retime_rounds``,
-    ``retime_within``, and ``retimed``: how many leaders were re-timed). ``reason`` says why
-    this plan won. JSON-serialisable (``to_json`` / ``from_dict``); the live checkpoint
-    handle is not serialised.
-    """
-
-    global_batch: int
-    micro_batch: int
-    accumulation_steps: int
-    micro_batch_sizes: list[int]
-    checkpointing: bool
-    checkpointed_modules: list[str] = field(default_factory=list)
-    balanced: bool = True
-    objective: str = "max_batch"
-    reason: str = ""
-    probes: list[dict[str, Any]] = field(default_factory=list)
-    candidates: list[dict[str, Any]] = field(default_factory=list)
-    timing: dict[str, Any] = field(default_factory=dict)
-    notes: list[str] = field(default_factory=list)
-    handle: CheckpointHandle | None = field(default=None, repr=False, compare=False)
-
-    # -- using the plan -------------------------------------------------------------------
-    def split(self, batch: Any) -> list[Any]:
-        """Split a global batch into this plan's micro-batches."""
-        return split_batch(batch, self.micro_batch, balanced=self.balanced)
-
-    def apply(self, model: Any) -> CheckpointHandle | None:
-        """Turn this plan's checkpointing on for ``model`` (e.g. a plan loaded from JSON)."""
-        if not self.checkpointing:
-            return None
-        self.handle = enable_checkpointing(model, modules=self.checkpointed_modules)
-        return self.handle
-
-    def undo(self) -> None:
-        """Remove the activation checkpointing this plan turned on (a no-op without it)."""
-        if self.handle is not None:
-            self.handle.undo()
-
-    @property
-    def probe_results(self) -> list[ProbeResult]:
-        """The successful probes as :class:`ProbeResult` objects."""
-        return [ProbeResult.from_dict(p["result"]) for p in self.probes if p.get("result")]
-
-    @property
-    def samples_per_s(self) -> float | None:
-        """The chosen candidate's samples/s at its median step time (throughput objective only)."""
-        for candidate in self.candidates:
-            if candidate.get("chosen"):
-                return candidate.get("samples_per_s")
-        return None
-
-    # -- serialisation ----------------------------------------------------------------------
-    def to_dict(self) -> dict[str, Any]:
-        return {f.name: _plain(getattr(self, f.name)) for f in fields(self) if f.name != "handle"}
-
-    def to_json(self, **kwargs: Any) -> str:
-        return json.dumps(self.to_dict(), **kwargs)
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "Plan":
-        known = {f.name for f in fields(cls)} - {"handle"}
-        return cls(**{key: value for key, value in data.items() if key in known})
-
-    def summary(self) -> str:
-        """A few readable lines; for the throughput objective, a table of the candidates."""
-        lines = [
-            f"global batch    {self.global_batch}",
-            f"micro-batch     {self.micro_batch} x {self.accumulation_steps} accumulation steps"
-            + (f" (sizes {_short(self.micro_batch_sizes)})" if self.accumulation_steps > 1 else ""),
-            f"checkpointing   "
-            + (f"on, {len(self.checkpointed_modules)} modules ({_short(self.checkpointed_modules)})" if self.checkpointing else "off"),
-            f"objective       {self.objective}",
-            f"reason          {self.reason}",
-        ]
-        lines.extend(f"note            {note}" for note in self.notes)
-        if self.candidates:
-            lines.append("")
-            lines.append(candidates_table(self.candidates))
-        return "\n".join(lines)
-
-
-def candidates_table(candidates: Iterable[dict[str, Any]]) -> str:
-    """A markdown table of timed candidates: samples/s at the median step, the median step,
-    how many steps were timed (in how many rounds), allocator retries ("-": not measured);
-    the chosen one marked, one with allocator retries flagged."""
-    rows = [
-        "| micro-batch | accumulation | checkpointing | samples/s | median s/step | timed steps | alloc retries | |",
-        "| ---: | ---: | :---: | ---: | ---: | ---: | ---: | --- |",
-    ]
-    for c in candidates:
-        speed = "OOM" if c.get("error") else ("-" if c.get("samples_per_s") is None else f"{c['samples_per_s']:.1f}")
-        per_step = "-" if c.get("seconds_per_step") is None else f"{c['seconds_per_step']:.4f}"
-        steps = len(c.get("step_seconds") or [])
-        timed = f"{steps} ({c.get('rounds', 1)} rounds)" if c.get("rounds", 1) > 1 else (str(steps) if steps else "-")
-        retries = "-" if c.get("alloc_retries") is None else str(c["alloc_retries"])
-        marks = (["**chosen**"] if c.get("chosen") else []) + (["allocator retries"] if c.get("alloc_retries") else [])
-        rows.append(
-            f"| {c['micro_batch']} | {c['accumulation_steps']} | {'yes' if c['checkpointing'] else 'no'} "
-            f"| {speed} | {per_step} | {timed} | {retries} | {', '.join(marks)} |"
-        )
-    return "\n".join(rows)
-
-
-# -- planning -------------------------------------------------------------------------------
 def plan(
     step: TrainStep,
     *,
@@ -287,7 +160,7 @@ def _validate(step, global_batch, objective, probe_kwargs) -> None:
         raise ValueError(f"max_batch must be a positive integer or None, got {probe_kwargs['max_batch']!r}")
 
 
-class _Planner:
+class _Planner(ThroughputObjective):
     """The state of one plan() call: probes run so far and the checkpoint handle."""
 
     def __init__(self, step, global_batch, cap, targets, probe_kwargs) -> None:
@@ -363,7 +236,7 @@ class _Planner:
         return self._attempts_error(
             checkpoint_error,
             f"This is with activation checkpointing of {len(modules)} blocks "
-            f"({_short(modules)}); without it batch {plain_error.batch_size} peaked at "
+            f"({short_list(modules)}); without it batch {plain_error.batch_size} peaked at "
             f"{format_bytes(plain_error.peak_bytes)} before failing. Try lower precision "
             "(bf16/fp16 autocast), a smaller model or sequence length, or a larger memory_limit / device.",
         )
@@ -435,129 +308,3 @@ class _Planner:
             handle=self.handle if checkpointing else None,
             **extra,
         )
-
-    # -- objective: throughput ------------------------------------------------------------------
-    def fastest(
-        self,
-        allow_accumulation: bool,
-        allow_checkpointing: bool,
-        balanced: bool,
-        *,
-        min_micro_batch: int | None,
-        exhaustive: bool,
-        timing: dict[str, Any],
-        timer: Callable[[], float],
-        allocator_retries: Callable[[], int | None] | None,
-    ) -> Plan:
-        plain, plain_error = self.probe(False)
-        plain_max = plain.batch_size if plain is not None else 0
-        ckpt = ckpt_error = None
-        if allow_checkpointing and (exhaustive or plain_max < self.global_batch):
-            ckpt, ckpt_error = self.probe_checkpointed()
-        if plain is None and ckpt is None:
-            raise self.no_fit(plain_error, ckpt_error, allow_checkpointing)
-        ckpt_max = ckpt.batch_size if ckpt is not None else 0
-
-        def sizes(largest: int, above: int = 0) -> list[int]:
-            if largest == 0:
-                return []
-            if not allow_accumulation:
-                return [self.global_batch] if largest >= self.global_batch else []
-            multiple_of = self.probe_kwargs.get("multiple_of", 1)
-            found = candidate_micro_batches(
-                self.global_batch, largest, smallest=min_micro_batch, multiple_of=multiple_of
-            )
-            return [size for size in found if size > above]
-
-        plain_candidates = [Candidate.build(self.global_batch, m, False, balanced=balanced) for m in sizes(plain_max)]
-        ckpt_candidates = [
-            Candidate.build(self.global_batch, m, True, balanced=balanced)
-            for m in sizes(ckpt_max, 0 if exhaustive else plain_max)
-        ]
-        if not plain_candidates and not ckpt_candidates:
-            largest, wrapped = max((plain_max, False), (ckpt_max, True))
-            raise GlobalBatchTooLargeError(self.global_batch, largest, wrapped, (plain or ckpt).device)
-
-        device = resolve_device(self.probe_kwargs.get("device") or self.step.device)
-        if device.type == "cpu":
-            self.notes.append(
-                "CPU: candidates were timed without the simulated memory budget (it slows every "
-                "operator); the probes had already checked that they fit"
-            )
-        candidates = sorted(plain_candidates + ckpt_candidates, key=lambda c: (c.checkpointing, c.micro_batch))
-        retimed = self.time(candidates, device, timing, timer, allocator_retries)
-        timed = [c for c in candidates if c.samples_per_s is not None]
-        if not timed:
-            raise MemoryError(
-                "every candidate plan ran out of memory while being timed, though the probe found "
-                f"them to fit: {[c.error for c in candidates]}; lower memory pressure (margin=0.1)"
-            )
-        # Fastest median first; ties go to fewer accumulation steps, then to no checkpointing.
-        best = max(timed, key=lambda c: (c.samples_per_s, -c.accumulation_steps, not c.checkpointing))
-        best.chosen = True
-        reason = (
-            f"fastest of {len(timed)} timed candidates at the median step: {best.samples_per_s:.1f} samples/s "
-            f"(micro-batch {best.micro_batch} x {best.accumulation_steps}, checkpointing "
-            f"{'on' if best.checkpointing else 'off'})"
-        )
-        if retimed:
-            reason += (
-                f"; the {len(retimed)} within {timing['retime_within']:.0%} of the best were re-timed in "
-                f"{timing['retime_rounds']} interleaved rounds"
-            )
-        if best.retried:
-            self.notes.append(
-                f"the chosen candidate hit {best.alloc_retries} allocator retries while timed (memory "
-                "pressure: the cache was flushed to retry an allocation); its median includes them"
-            )
-        return self.build(
-            best.micro_batch,
-            best.checkpointing,
-            "throughput",
-            reason,
-            balanced,
-            candidates=[c.to_dict() for c in candidates],
-            timing=dict(timing, retimed=len(retimed)),
-        )
-
-    def time(self, candidates, device, timing, timer, allocator_retries) -> list[Candidate]:
-        """Time every candidate once, then the leaders in interleaved rounds; return the
-        re-timed leaders (none when fewer than two lead or ``retime_rounds`` is 0)."""
-        options = dict(
-            global_batch=self.global_batch,
-            warmup_steps=timing["warmup_steps"],
-            timed_steps=timing["timed_steps"],
-            timer=timer,
-            hooks=DeviceHooks.for_device(device, allocator_retries),
-            prepare=lambda candidate: self.wrap() if candidate.checkpointing else self.unwrap(),
-        )
-        with _measurement_memory(device, self.probe_kwargs.get("memory_limit")):
-            try:
-                measure_candidates(self.step, candidates, **options)
-                front = leaders(candidates, timing["retime_within"])
-                if len(front) < 2 or not timing["retime_rounds"]:
-                    return []
-                measure_candidates(self.step, front, rounds=timing["retime_rounds"], **options)
-                return front
-            finally:
-                self.unwrap()
-
-
-def _measurement_memory(device: torch.device, memory_limit: int | str | None) -> ContextManager:
-    """Accelerators: time under the same cap the probe used. CPU: no simulated budget."""
-    if device.type == "cpu" or memory_limit is None:
-        return nullcontext()
-    return AcceleratorMemory(device).capped(parse_bytes(memory_limit, name="memory_limit"))
-
-
-def _plain(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {key: _plain(item) for key, item in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_plain(item) for item in value]
-    return value
-
-
-def _short(items: list[Any], limit: int = 4) -> str:
-    shown = ", ".join(str(item) for item in items[:limit])
-    return shown + (f", ... ({len(items)} in all)" if len(items) > limit else "")

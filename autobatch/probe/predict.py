@@ -196,32 +196,7 @@ def predictive(
                 f"the first trial (batch unit {first}) ran out of memory, so there was nothing to fit", None, None
             )
         record_pass(first)
-        lo, hi = first, None
-        fit = None
-        while lo < max_units:
-            fit = _secant(points)
-            if fit is not None and fit.predict_max(capacity) <= lo * JUMP_RATIO:
-                break
-            # no usable line yet (one point, or flat), or it says the boundary is far: grow
-            leap = None
-            if resident_of is not None and hi is None:
-                leap = leap_size(lo, peak_of(lo), resident_of(lo), capacity)
-            if leap is not None and fit is None and len(points) == 1:
-                units = max(leap, lo + 1)  # one point: the bound is all there is to go on
-            else:  # a line says the boundary is far: the ladder, or a leap that reaches further
-                units = max(leap or 0, lo * GROWTH)
-            leaping = leap is not None and units == leap and leap > lo * GROWTH
-            units = min(units, max_units)
-            if hi is not None and units >= hi:
-                break  # the ladder reached a failed leap
-            if not passes(units, "fit"):
-                hi = units
-                if leaping:
-                    continue  # the curve bends up: the plain ladder goes on below the leap
-                break
-            record_pass(units)
-            lo = units
-            fit = None
+        lo, hi, fit = _grow(passes, record_pass, points, peak_of, resident_of, first, max_units, capacity)
         fit = fit or _secant(points)
         if lo >= max_units:
             return PredictOutcome(lo, fit, None, "predict", points)
@@ -234,7 +209,48 @@ def predictive(
             return hand_to_binary(reason, lo, hi)
 
     # -- 2 and 3. jump, then close the bracket -----------------------------------------
-    jump_fit = fit
+    lo, refined = _close(passes, record_pass, points, fit, lo, hi, max_units, capacity, above)
+    return PredictOutcome(lo, fit, None, "predict", points, refined=refined if refined is not fit else None)
+
+
+def _grow(passes, record_pass, points, peak_of, resident_of, first: int, max_units: int, capacity: int):
+    """Step 1 without a prior: from a passing ``first``, grow geometrically (or leap, from
+    what one passing trial guarantees) until a line through the passing points says the
+    boundary is near or a size fails. Returns ``(lo, hi, fit)``: the largest pass, the
+    smallest failure (None: none yet) and the line (None: no usable one yet)."""
+    lo, hi = first, None
+    fit = None
+    while lo < max_units:
+        fit = _secant(points)
+        if fit is not None and fit.predict_max(capacity) <= lo * JUMP_RATIO:
+            break
+        # no usable line yet (one point, or flat), or it says the boundary is far: grow
+        leap = None
+        if resident_of is not None and hi is None:
+            leap = leap_size(lo, peak_of(lo), resident_of(lo), capacity)
+        if leap is not None and fit is None and len(points) == 1:
+            units = max(leap, lo + 1)  # one point: the bound is all there is to go on
+        else:  # a line says the boundary is far: the ladder, or a leap that reaches further
+            units = max(leap or 0, lo * GROWTH)
+        leaping = leap is not None and units == leap and leap > lo * GROWTH
+        units = min(units, max_units)
+        if hi is not None and units >= hi:
+            break  # the ladder reached a failed leap
+        if not passes(units, "fit"):
+            hi = units
+            if leaping:
+                continue  # the curve bends up: the plain ladder goes on below the leap
+            break
+        record_pass(units)
+        lo = units
+        fit = None
+    return lo, hi, fit
+
+
+def _close(passes, record_pass, points, fit: LinearFit, lo: int, hi: int | None, max_units: int, capacity: int, above: int):
+    """Steps 2 and 3: jump to the line's boundary, then close the bracket (gallop where the
+    line is refuted, bisect where it creeps). Returns ``(lo, fit)``: the largest passing
+    size and the refined line."""
     gallop = 0  # 0: follow the line; -1 / +1: the line was refuted, gallop down / up
     stride = gallops = 0
     # a size the line says fits already ran out of memory (a fit trial): refuted before any
@@ -277,7 +293,7 @@ def predictive(
         else:
             stride *= 2
         gallops += gallop != 0
-    return PredictOutcome(lo, jump_fit, None, "predict", points, refined=fit if fit is not jump_fit else None)
+    return lo, fit
 
 
 def leap_size(units: int, peak: int, resident: int | None, capacity: int) -> int | None:

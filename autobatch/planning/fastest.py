@@ -1,0 +1,140 @@
+"""The planner's ``throughput`` objective: generate candidate plans and time them.
+
+A mixin of the planner's per-call state: :meth:`ThroughputObjective.fastest` probes the
+plain (and, where it helps, the checkpointed) model, turns the largest fits into candidate
+micro-batches (:func:`~autobatch.planning.throughput.candidate_micro_batches`), times them
+(:func:`~autobatch.planning.throughput.measure_candidates`, leaders re-timed in interleaved
+rounds) and builds the plan of the fastest.
+"""
+
+from __future__ import annotations
+
+from contextlib import nullcontext
+from typing import Any, Callable, ContextManager
+
+import torch
+
+from ..errors import GlobalBatchTooLargeError
+from ..memory.devices import AcceleratorMemory, resolve_device
+from ..memory.units import parse_bytes
+from .plan_result import Plan
+from .throughput import Candidate, DeviceHooks, candidate_micro_batches, leaders, measure_candidates
+
+__all__ = ["ThroughputObjective"]
+
+
+class ThroughputObjective:
+    """``objective="throughput"`` for the planner (which provides probe, wrap, build, ...)."""
+
+    def fastest(
+        self,
+        allow_accumulation: bool,
+        allow_checkpointing: bool,
+        balanced: bool,
+        *,
+        min_micro_batch: int | None,
+        exhaustive: bool,
+        timing: dict[str, Any],
+        timer: Callable[[], float],
+        allocator_retries: Callable[[], int | None] | None,
+    ) -> Plan:
+        plain, plain_error = self.probe(False)
+        plain_max = plain.batch_size if plain is not None else 0
+        ckpt = ckpt_error = None
+        if allow_checkpointing and (exhaustive or plain_max < self.global_batch):
+            ckpt, ckpt_error = self.probe_checkpointed()
+        if plain is None and ckpt is None:
+            raise self.no_fit(plain_error, ckpt_error, allow_checkpointing)
+        ckpt_max = ckpt.batch_size if ckpt is not None else 0
+
+        def sizes(largest: int, above: int = 0) -> list[int]:
+            if largest == 0:
+                return []
+            if not allow_accumulation:
+                return [self.global_batch] if largest >= self.global_batch else []
+            multiple_of = self.probe_kwargs.get("multiple_of", 1)
+            found = candidate_micro_batches(
+                self.global_batch, largest, smallest=min_micro_batch, multiple_of=multiple_of
+            )
+            return [size for size in found if size > above]
+
+        plain_candidates = [Candidate.build(self.global_batch, m, False, balanced=balanced) for m in sizes(plain_max)]
+        ckpt_candidates = [
+            Candidate.build(self.global_batch, m, True, balanced=balanced)
+            for m in sizes(ckpt_max, 0 if exhaustive else plain_max)
+        ]
+        if not plain_candidates and not ckpt_candidates:
+            largest, wrapped = max((plain_max, False), (ckpt_max, True))
+            raise GlobalBatchTooLargeError(self.global_batch, largest, wrapped, (plain or ckpt).device)
+
+        device = resolve_device(self.probe_kwargs.get("device") or self.step.device)
+        if device.type == "cpu":
+            self.notes.append(
+                "CPU: candidates were timed without the simulated memory budget (it slows every "
+                "operator); the probes had already checked that they fit"
+            )
+        candidates = sorted(plain_candidates + ckpt_candidates, key=lambda c: (c.checkpointing, c.micro_batch))
+        retimed = self.time(candidates, device, timing, timer, allocator_retries)
+        timed = [c for c in candidates if c.samples_per_s is not None]
+        if not timed:
+            raise MemoryError(
+                "every candidate plan ran out of memory while being timed, though the probe found "
+                f"them to fit: {[c.error for c in candidates]}; lower memory pressure (margin=0.1)"
+            )
+        # Fastest median first; ties go to fewer accumulation steps, then to no checkpointing.
+        best = max(timed, key=lambda c: (c.samples_per_s, -c.accumulation_steps, not c.checkpointing))
+        best.chosen = True
+        reason = (
+            f"fastest of {len(timed)} timed candidates at the median step: {best.samples_per_s:.1f} samples/s "
+            f"(micro-batch {best.micro_batch} x {best.accumulation_steps}, checkpointing "
+            f"{'on' if best.checkpointing else 'off'})"
+        )
+        if retimed:
+            reason += (
+                f"; the {len(retimed)} within {timing['retime_within']:.0%} of the best were re-timed in "
+                f"{timing['retime_rounds']} interleaved rounds"
+            )
+        if best.retried:
+            self.notes.append(
+                f"the chosen candidate hit {best.alloc_retries} allocator retries while timed (memory "
+                "pressure: the cache was flushed to retry an allocation); its median includes them"
+            )
+        return self.build(
+            best.micro_batch,
+            best.checkpointing,
+            "throughput",
+            reason,
+            balanced,
+            candidates=[c.to_dict() for c in candidates],
+            timing=dict(timing, retimed=len(retimed)),
+        )
+
+    def time(self, candidates, device, timing, timer, allocator_retries) -> list[Candidate]:
+        """Time every candidate once, then the leaders in interleaved rounds; return the
+        re-timed leaders (none when fewer than two lead or ``retime_rounds`` is 0)."""
+        options = dict(
+            global_batch=self.global_batch,
+            warmup_steps=timing["warmup_steps"],
+            timed_steps=timing["timed_steps"],
+            timer=timer,
+            hooks=DeviceHooks.for_device(device, allocator_retries),
+            prepare=lambda candidate: self.wrap() if candidate.checkpointing else self.unwrap(),
+        )
+        with _measurement_memory(device, self.probe_kwargs.get("memory_limit")):
+            try:
+                measure_candidates(self.step, candidates, **options)
+                front = leaders(candidates, timing["retime_within"])
+                if len(front) < 2 or not timing["retime_rounds"]:
+                    return []
+                measure_candidates(self.step, front, rounds=timing["retime_rounds"], **options)
+                return front
+            finally:
+                self.unwrap()
+
+
+
+def _measurement_memory(device: torch.device, memory_limit: int | str | None) -> ContextManager:
+    """Accelerators: time under the same cap the probe used. CPU: no simulated budget."""
+    if device.type == "cpu" or memory_limit is None:
+        return nullcontext()
+    return AcceleratorMemory(device).capped(parse_bytes(memory_limit, name="memory_limit"))

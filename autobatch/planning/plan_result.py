@@ -1,0 +1,146 @@
+"""Plan: the planner's answer, how to train the global batch on this device, as data.
+
+Serialisable (``to_dict``/``to_json``/``from_dict``) so that the CLI writes it, the cache of
+a sweep summarises it and a later run reads it; :func:`candidates_table` renders the
+throughput objective's timed candidates.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field, fields
+from typing import Any, Iterable
+
+from ..probe.result import ProbeResult
+from .accumulation import split_batch
+from .checkpointing import CheckpointHandle, enable_checkpointing
+
+__all__ = ["Plan", "candidates_table", "short_list"]
+
+
+@dataclass
+class Plan:
+    """How to train ``global_batch`` samples per optimizer step on this device.
+
+    ``micro_batch`` samples per forward/backward, ``accumulation_steps`` of them per optimizer
+    step; ``micro_batch_sizes`` are their exact sizes (they sum to ``global_batch``;
+    ``balanced`` says which split policy made them). ``checkpointing`` and
+    ``checkpointed_modules`` say whether and where activation checkpointing is on. ``probes``
+    holds every probe run (``checkpointing``, ``fits``, and the ``ProbeResult`` dict as
+    ``result``, or the error's figures); ``candidates`` the timed candidates of the
+    throughput objective (:class:`~autobatch.planning.throughput.Candidate` as dicts) and ``timing``
+    how they were timed (``warmup_steps``, ``timed_steps``, ``retime_rounds``,
+    ``retime_within``, and ``retimed``: how many leaders were re-timed). ``reason`` says why
+    this plan won. JSON-serialisable (``to_json`` / ``from_dict``); the live checkpoint
+    handle is not serialised.
+    """
+
+    global_batch: int
+    micro_batch: int
+    accumulation_steps: int
+    micro_batch_sizes: list[int]
+    checkpointing: bool
+    checkpointed_modules: list[str] = field(default_factory=list)
+    balanced: bool = True
+    objective: str = "max_batch"
+    reason: str = ""
+    probes: list[dict[str, Any]] = field(default_factory=list)
+    candidates: list[dict[str, Any]] = field(default_factory=list)
+    timing: dict[str, Any] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    handle: CheckpointHandle | None = field(default=None, repr=False, compare=False)
+
+    # -- using the plan -------------------------------------------------------------------
+    def split(self, batch: Any) -> list[Any]:
+        """Split a global batch into this plan's micro-batches."""
+        return split_batch(batch, self.micro_batch, balanced=self.balanced)
+
+    def apply(self, model: Any) -> CheckpointHandle | None:
+        """Turn this plan's checkpointing on for ``model`` (e.g. a plan loaded from JSON)."""
+        if not self.checkpointing:
+            return None
+        self.handle = enable_checkpointing(model, modules=self.checkpointed_modules)
+        return self.handle
+
+    def undo(self) -> None:
+        """Remove the activation checkpointing this plan turned on (a no-op without it)."""
+        if self.handle is not None:
+            self.handle.undo()
+
+    @property
+    def probe_results(self) -> list[ProbeResult]:
+        """The successful probes as :class:`ProbeResult` objects."""
+        return [ProbeResult.from_dict(p["result"]) for p in self.probes if p.get("result")]
+
+    @property
+    def samples_per_s(self) -> float | None:
+        """The chosen candidate's samples/s at its median step time (throughput objective only)."""
+        for candidate in self.candidates:
+            if candidate.get("chosen"):
+                return candidate.get("samples_per_s")
+        return None
+
+    # -- serialisation ----------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        return {f.name: _plain(getattr(self, f.name)) for f in fields(self) if f.name != "handle"}
+
+    def to_json(self, **kwargs: Any) -> str:
+        return json.dumps(self.to_dict(), **kwargs)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "Plan":
+        known = {f.name for f in fields(cls)} - {"handle"}
+        return cls(**{key: value for key, value in data.items() if key in known})
+
+    def summary(self) -> str:
+        """A few readable lines; for the throughput objective, a table of the candidates."""
+        lines = [
+            f"global batch    {self.global_batch}",
+            f"micro-batch     {self.micro_batch} x {self.accumulation_steps} accumulation steps"
+            + (f" (sizes {short_list(self.micro_batch_sizes)})" if self.accumulation_steps > 1 else ""),
+            "checkpointing   "
+            + (f"on, {len(self.checkpointed_modules)} modules ({short_list(self.checkpointed_modules)})" if self.checkpointing else "off"),
+            f"objective       {self.objective}",
+            f"reason          {self.reason}",
+        ]
+        lines.extend(f"note            {note}" for note in self.notes)
+        if self.candidates:
+            lines.append("")
+            lines.append(candidates_table(self.candidates))
+        return "\n".join(lines)
+
+
+def candidates_table(candidates: Iterable[dict[str, Any]]) -> str:
+    """A markdown table of timed candidates: samples/s at the median step, the median step,
+    how many steps were timed (in how many rounds), allocator retries ("-": not measured);
+    the chosen one marked, one with allocator retries flagged."""
+    rows = [
+        "| micro-batch | accumulation | checkpointing | samples/s | median s/step | timed steps | alloc retries | |",
+        "| ---: | ---: | :---: | ---: | ---: | ---: | ---: | --- |",
+    ]
+    for c in candidates:
+        speed = "OOM" if c.get("error") else ("-" if c.get("samples_per_s") is None else f"{c['samples_per_s']:.1f}")
+        per_step = "-" if c.get("seconds_per_step") is None else f"{c['seconds_per_step']:.4f}"
+        steps = len(c.get("step_seconds") or [])
+        timed = f"{steps} ({c.get('rounds', 1)} rounds)" if c.get("rounds", 1) > 1 else (str(steps) if steps else "-")
+        retries = "-" if c.get("alloc_retries") is None else str(c["alloc_retries"])
+        marks = (["**chosen**"] if c.get("chosen") else []) + (["allocator retries"] if c.get("alloc_retries") else [])
+        rows.append(
+            f"| {c['micro_batch']} | {c['accumulation_steps']} | {'yes' if c['checkpointing'] else 'no'} "
+            f"| {speed} | {per_step} | {timed} | {retries} | {', '.join(marks)} |"
+        )
+    return "\n".join(rows)
+
+
+# -- planning -------------------------------------------------------------------------------
+def _plain(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {key: _plain(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(item) for item in value]
+    return value
+
+
+def short_list(items: list[Any], limit: int = 4) -> str:
+    shown = ", ".join(str(item) for item in items[:limit])
+    return shown + (f", ... ({len(items)} in all)" if len(items) > limit else "")
