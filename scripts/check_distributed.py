@@ -1,7 +1,7 @@
 """Check the reports that ``scripts/gpu_distributed.sh`` collected (one folder per scenario).
 
 Prints one line per check and exits 1 if any failed. The same checks as
-``tests/test_distributed.py``, minus the single-process comparisons the GPU run cannot make.
+``tests/distributed/test_distributed.py``, minus the single-process comparisons the GPU run cannot make.
 """
 
 from __future__ import annotations

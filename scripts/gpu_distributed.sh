@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The distributed checks of tests/test_distributed.py with NCCL on real GPUs, via torchrun.
+# The distributed checks of tests/distributed/test_distributed.py with NCCL on real GPUs, via torchrun.
 #
 #   NPROC=2 scripts/gpu_distributed.sh            # on a machine with >= 2 GPUs
 #   SCENARIOS= NPROC=2 scripts/gpu_distributed.sh # the CLI steps only

@@ -25,7 +25,7 @@ from runner_workloads import assert_weights_close, hungry_mse, make_data, make_m
 
 pytestmark = pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed is not available")
 
-WORKER = Path(__file__).resolve().parent / "distributed_worker.py"
+WORKER = Path(__file__).resolve().parents[1] / "distributed_worker.py"
 TIMEOUT_S = 180  # generous on a loaded 2-core machine; a hang fails here instead of blocking
 
 

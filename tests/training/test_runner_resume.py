@@ -23,7 +23,7 @@ from autobatch.training.checkpoint_io import load_checkpoint, save_checkpoint
 from resume_worker import EPOCHS, SAMPLES, TOTAL_STEPS, build
 from runner_workloads import assert_weights_close, make_data, make_model, mse, weights
 
-WORKER = Path(__file__).with_name("resume_worker.py")
+WORKER = Path(__file__).resolve().parents[1] / "resume_worker.py"
 
 
 @pytest.fixture(scope="module")

@@ -24,7 +24,7 @@ from conftest import REPO, cli_env, run_cli
 pytestmark = pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed is not available")
 
 TIMEOUT_S = 120  # a launch takes about 7 s on a 2-core machine
-TESTS = Path(__file__).resolve().parent
+TESTS = Path(__file__).resolve().parents[1]
 #: model=mlp; 64 samples, global batch 16 (8 per rank), micro-batch 4, 8 steps = 2 epochs.
 COMMON = [
     "device=cpu", "model=mlp", "model.width=32", "data.shape=[16]", "train.global_batch=16", "train.grow_after=0",
