@@ -60,7 +60,8 @@ class Runner(OomRecovery, Resumable, PlansFromData):
     """Train ``model`` on global batches of ``global_batch`` samples, surviving OOMs.
 
     Args:
-        model, optimizer: what to train; the model already on its device.
+        model: what to train, already on its device.
+        optimizer: the optimizer of ``model``'s parameters.
         loss_fn: ``loss_fn(model, micro_batch)`` returns the *mean* loss over the micro-batch.
         global_batch: samples per optimizer step (the size of the batches ``data`` yields).
         micro_batch: samples per forward/backward; None: plan it with
@@ -77,10 +78,12 @@ class Runner(OomRecovery, Resumable, PlansFromData):
             snapshot, and an OOM inside ``optimizer.step()`` raises instead of replaying.
         checkpointing_fallback: when micro-batch 1 OOMs, turn on activation checkpointing of
             the repeated blocks (``checkpoint_targets``: class names) and replay.
-        empty_cache_every, empty_cache_threshold: cache hygiene (every N steps; when reserved
-            - allocated exceeds the threshold, bytes or "2GiB"); off by default.
-        checkpoint_dir, checkpoint_every: write ``checkpoint_dir/last.pt`` atomically every N
-            steps and at the end (``checkpoint_every`` None: only at the end).
+        empty_cache_every: cache hygiene: empty the allocator's cache every N steps (off by default).
+        empty_cache_threshold: cache hygiene: empty it when reserved - allocated exceeds this
+            (bytes or "2GiB"; off by default).
+        checkpoint_dir: write ``checkpoint_dir/last.pt`` atomically at the end of the run and
+            every ``checkpoint_every`` steps.
+        checkpoint_every: steps between checkpoints (None: only at the end).
         progress: tqdm bar True / False / None (when stderr is a terminal); ``log_every``:
             log-line period without a bar.
         autocast_dtype: run forward and loss under ``torch.autocast`` (e.g. ``"bfloat16"``).

@@ -1,0 +1,51 @@
+"""The README is the front door and the docs site the manual: both must stay true and build."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+from conftest import REPO
+
+LINK = re.compile(r"\]\(([^)#\s]+)(?:#[^)]*)?\)")
+
+
+def _relative_links(path):
+    for target in LINK.findall(path.read_text()):
+        if not target.startswith(("http://", "https://", "mailto:")):
+            yield target
+
+
+def test_the_readme_is_a_front_door():
+    lines = (REPO / "README.md").read_text().splitlines()
+    assert len(lines) <= 300, f"README.md has {len(lines)} lines; move detail into docs/"
+    text = "\n".join(lines)
+    assert "bash scripts/setup.sh && python -m autobatch probe" in text
+    assert "bash scripts/setup.sh --dev && python -m pytest" in text
+
+
+@pytest.mark.parametrize("page", ["README.md", *sorted(p.name for p in (REPO / "docs").glob("*.md"))])
+def test_relative_links_point_at_files(page):
+    path = REPO / page if page == "README.md" else REPO / "docs" / page
+    missing = [t for t in _relative_links(path) if not (path.parent / t).exists()]
+    assert not missing, f"{page} links to missing files: {missing}"
+
+
+def test_the_ci_command_is_the_readmes():
+    ci = (REPO / ".ci" / "run").read_text()
+    command = re.search(r"^bash scripts/setup.sh --dev && python -m pytest[^\n#]*", ci, re.M).group(0).strip()
+    assert command in (REPO / "README.md").read_text()
+
+
+def test_the_docs_site_builds_strictly(tmp_path):
+    pytest.importorskip("mkdocs")
+    pytest.importorskip("mkdocstrings")
+    done = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "-q", "-d", str(tmp_path / "site")],
+        cwd=REPO, capture_output=True, text=True, timeout=300, env={**os.environ, "NO_MKDOCS_2_WARNING": "1"},
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert (tmp_path / "site" / "api" / "index.html").exists()
