@@ -49,7 +49,7 @@ __all__ += [
 ]
 
 # Resilient training: the OOM-surviving runner, fault injection (issue 6).
-from .errors import StepOutOfMemoryError
+from .errors import CheckpointError, StepOutOfMemoryError
 from .training.faults import FaultInjector, inject_oom
 from .training.run_result import RunResult
 from .training.runner import Runner, train
@@ -61,6 +61,7 @@ __all__ += [
     "FaultInjector",
     "inject_oom",
     "StepOutOfMemoryError",
+    "CheckpointError",
 ]
 
 # Know before you run: zero-OOM estimates and the persistent probe cache (issue 8).

@@ -13,6 +13,7 @@ __all__ = [
     "RankDisagreementError",
     "PeerOutOfMemoryError",
     "PeerFailedError",
+    "CheckpointError",
 ]
 
 
@@ -156,3 +157,12 @@ class PeerFailedError(RuntimeError):
     def __init__(self, message: str, ranks: list[int]) -> None:
         self.ranks = ranks
         super().__init__(message)
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that autobatch will not resume from: not ours, truncated, holding code, or
+    from another model. ``path`` is the file; the message says what to do."""
+
+    def __init__(self, path, problem: str) -> None:
+        self.path = path
+        super().__init__(f"cannot resume from {path}: {problem}")

@@ -35,7 +35,7 @@ import torch
 from omegaconf import DictConfig
 
 from ..dist import agreement as dist_sync
-from ..training.checkpoint_io import CHECKPOINT_NAME, load_checkpoint, resolve_checkpoint
+from ..training.checkpoint_io import CHECKPOINT_NAME, RUNNER_FORMAT, load_checkpoint, resolve_checkpoint
 from ..training.faults import FaultInjector
 from ..training.run_result import RunResult
 from ..training.runner import Runner
@@ -74,9 +74,7 @@ def find_resume(value: str, checkpoint_dir: str, base: Path, exclude: Path | Non
 
 def read_checkpoint(path: Path) -> dict[str, Any]:
     """The run a checkpoint belongs to: its step and ``RunResult`` (global batch, plan, ...)."""
-    state = load_checkpoint(path)
-    if not isinstance(state, dict) or state.get("format") != "autobatch.runner/1":
-        raise ValueError(f"train.resume: {path} is not a checkpoint written by autobatch's runner")
+    state = load_checkpoint(path, expect_format=RUNNER_FORMAT)  # CheckpointError (one line) if not ours
     return {"step": state["step"], "result": state["result"]}
 
 

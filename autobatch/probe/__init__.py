@@ -8,7 +8,7 @@ the answer with fake tensors without touching the device (:mod:`.estimate`,
 :mod:`.estimated`). Across ranks it agrees through :mod:`.ranks`.
 """
 
-from .arguments import ALLOCATOR_HEADROOM, STRATEGY_NAMES
+from .arguments import ALLOCATOR_HEADROOM, SEARCH_CEILING, STRATEGY_NAMES
 from .find import find_max_batch
 
-__all__ = ["find_max_batch", "ALLOCATOR_HEADROOM", "STRATEGY_NAMES"]
+__all__ = ["find_max_batch", "ALLOCATOR_HEADROOM", "SEARCH_CEILING", "STRATEGY_NAMES"]

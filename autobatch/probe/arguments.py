@@ -30,8 +30,11 @@ PREDICT_DEFAULT_START = 8
 #: the probe, then ran out of memory at the 7th step of training in the same process; at 369
 #: (98.9 %) training ran. The predictive line aims at the same limit.
 ALLOCATOR_HEADROOM = 0.01
-#: Without ``max_batch``, the largest size a search may try.
-SEARCH_CEILING = 2**40
+#: Without ``max_batch``, the largest size a search tries: 2**24 = 16,777,216 samples. A step
+#: that never runs out of memory (a no-op, a model that keeps nothing per sample) would
+#: otherwise double for ever; at the ceiling the search stops, and the result's notes say that
+#: no OOM was seen below it. Pass ``max_batch`` to search higher (or lower).
+SEARCH_CEILING = 2**24
 
 
 def _check_positive_int(name: str, value: int | None) -> None:

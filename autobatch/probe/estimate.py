@@ -38,6 +38,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
 from ..memory.accounting import StorageAccountant
+from .arguments import SEARCH_CEILING
 from .fake_trace import FakeWorld, TraceScaler, resident_bytes
 from .train_step import TrainStep
 from ..memory.units import format_bytes, parse_bytes
@@ -264,7 +265,12 @@ def estimate_max_batch(
         if peak(units) > capacity_bytes:
             hi = units
             break
-        if lo >= 2**40 // GROWTH or peak(units) <= peak(1) and units >= GROWTH**6:
+        if units * multiple_of >= SEARCH_CEILING:
+            raise EstimateError(
+                f"the estimated peak stays under the capacity up to {units * multiple_of} samples (the search "
+                "ceiling, autobatch.probe.SEARCH_CEILING); give max_batch"
+            )
+        if peak(units) <= peak(1) and units >= GROWTH**6:
             raise EstimateError(
                 f"estimated peak does not grow with the batch ({format_bytes(peak(1))} at 1, "
                 f"{format_bytes(peak(units))} at {units * multiple_of}); give max_batch"

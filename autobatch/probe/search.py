@@ -69,6 +69,12 @@ def run_search(
     if chosen is None:
         _raise_no_fit(runner, multiple_of, device_name, capacity)
     failed_above = [b for b in runner.failed_sizes if b > largest_passed]
+    notes = []
+    if max_batch is None and found >= max_units:
+        notes.append(
+            f"reached the search ceiling ({max_units * multiple_of} samples, autobatch.probe.SEARCH_CEILING) "
+            "with no out-of-memory error below it; pass max_batch to search higher"
+        )
     return ProbeResult(
         batch_size=chosen * multiple_of,
         strategy=strategy,
@@ -84,6 +90,7 @@ def run_search(
         device=device_name,
         fit=fit,
         fallback_reason=fallback_reason,
+        notes=notes,
     )
 
 

@@ -7,6 +7,13 @@ a power cut. A process killed at any instant leaves either the old checkpoint or
 never half of one; a stale temporary file from a killed writer is harmless and is replaced
 by the next save.
 
+Loading never runs code: checkpoints are read with ``torch.load(weights_only=True)``, which
+refuses any pickled object that is not a tensor or a plain value (a file carrying a
+``__reduce__`` payload is refused before anything in it runs). Everything the runner saves is
+such a value: the random generator states are stored as tensors and lists. A file that is not
+an autobatch checkpoint, a truncated one, or one that holds code, raises one
+:class:`~autobatch.errors.CheckpointError` naming the file and what to do.
+
 Also here: the random number generator states a checkpoint must carry for a resumed run to
 draw the same numbers (dropout masks, a shuffled DataLoader's order) as an uninterrupted one.
 """
@@ -15,18 +22,24 @@ from __future__ import annotations
 
 import logging
 import os
+import pickle
 import random
+import zipfile
 from pathlib import Path
 from typing import Any
 
 import torch
 
-__all__ = ["save_checkpoint", "load_checkpoint", "resolve_checkpoint", "rng_state", "set_rng_state", "CHECKPOINT_NAME"]
+from ..errors import CheckpointError
+
+__all__ = ["save_checkpoint", "load_checkpoint", "resolve_checkpoint", "rng_state", "set_rng_state", "CHECKPOINT_NAME", "RUNNER_FORMAT"]
 
 log = logging.getLogger("autobatch")
 
 #: File name of the runner's checkpoint inside ``checkpoint_dir``.
 CHECKPOINT_NAME = "last.pt"
+#: The ``format`` key of the runner's checkpoints.
+RUNNER_FORMAT = "autobatch.runner/1"
 
 
 def save_checkpoint(state: dict[str, Any], path: str | os.PathLike) -> Path:
@@ -53,18 +66,43 @@ def resolve_checkpoint(path: str | os.PathLike) -> Path:
     return path / CHECKPOINT_NAME if path.is_dir() else path
 
 
-def load_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
-    """Read a checkpoint written by :func:`save_checkpoint` (a file, or the directory holding it)."""
+def load_checkpoint(path: str | os.PathLike, *, expect_format: str | None = None) -> dict[str, Any]:
+    """Read a checkpoint written by :func:`save_checkpoint` (a file, or the directory holding it),
+    never running code; with ``expect_format``, also check its ``format`` key (the runner's
+    checkpoints carry :data:`RUNNER_FORMAT`)."""
     path = resolve_checkpoint(path)
     if not path.is_file():
         raise FileNotFoundError(f"no checkpoint at {path}")
-    # weights_only=False: the checkpoint holds RNG states and plain Python values we wrote.
-    return torch.load(path, map_location="cpu", weights_only=False)
+    try:
+        # weights_only=True: tensors and plain values only; a pickled object is refused unrun
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as exc:
+        if "weights only load failed" not in str(exc).lower():
+            raise _unreadable(path, exc) from None
+        lines = [line.strip() for line in str(exc).splitlines() if "unsupported" in line.lower() or "error:" in line.lower()]
+        reason = (lines[-1] if lines else "a pickled object")[:200]
+        raise CheckpointError(
+            path, "it holds objects that are not tensors or plain values, and loading it could run code "
+            f"({reason}); autobatch never loads such a file. Use a checkpoint written by autobatch's runner",
+        ) from None
+    except (RuntimeError, EOFError, KeyError, ValueError, zipfile.BadZipFile, OSError) as exc:
+        raise _unreadable(path, exc) from None
+    if expect_format is not None and (not isinstance(state, dict) or state.get("format") != expect_format):
+        raise CheckpointError(path, f"it is not a checkpoint written by autobatch's runner (format {expect_format} expected)")
+    return state
+
+
+def _unreadable(path: Path, exc: BaseException) -> CheckpointError:
+    return CheckpointError(
+        path, f"it is truncated or not a torch checkpoint ({type(exc).__name__}: {' '.join(str(exc).split())[:160]}); "
+        "resume from an earlier checkpoint or start afresh",
+    )
 
 
 def rng_state() -> dict[str, Any]:
     """The CPU, CUDA (every device, when initialised), Python and NumPy generator states."""
-    state: dict[str, Any] = {"torch": torch.get_rng_state(), "python": random.getstate()}
+    version, keys, gauss = random.getstate()
+    state: dict[str, Any] = {"torch": torch.get_rng_state(), "python": [version, list(keys), gauss]}
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         state["cuda"] = torch.cuda.get_rng_state_all()
     try:
@@ -72,20 +110,24 @@ def rng_state() -> dict[str, Any]:
     except ImportError:  # numpy is optional
         pass
     else:
-        state["numpy"] = numpy.random.get_state()
+        name, keys, position, has_gauss, cached = numpy.random.get_state()
+        state["numpy"] = [name, torch.from_numpy(keys.astype("int64")), int(position), int(has_gauss), float(cached)]
     return state
 
 
 def set_rng_state(state: dict[str, Any]) -> None:
     """Put back what :func:`rng_state` returned."""
     torch.set_rng_state(state["torch"])
-    random.setstate(state["python"])
+    version, keys, gauss = state["python"]
+    random.setstate((version, tuple(keys), gauss))
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
     if "numpy" in state:
         import numpy
 
-        numpy.random.set_state(state["numpy"])
+        name, keys, position, has_gauss, cached = state["numpy"]
+        keys = keys.numpy() if isinstance(keys, torch.Tensor) else numpy.asarray(keys)
+        numpy.random.set_state((name, keys.astype(numpy.uint32), position, has_gauss, cached))
 
 
 def _fsync_dir(directory: Path) -> None:

@@ -15,8 +15,9 @@ import os
 from pathlib import Path
 from typing import Any, Iterable
 
+from ..errors import CheckpointError
 from ..planning.checkpointing import enable_checkpointing
-from .checkpoint_io import CHECKPOINT_NAME, load_checkpoint, resolve_checkpoint, rng_state, save_checkpoint, set_rng_state
+from .checkpoint_io import CHECKPOINT_NAME, RUNNER_FORMAT, load_checkpoint, resolve_checkpoint, rng_state, save_checkpoint, set_rng_state
 from .run_result import RunResult
 
 __all__ = ["Resumable"]
@@ -45,7 +46,7 @@ class Resumable:
         """Everything a resumed run needs: model, optimizer, scheduler, RNG, data position."""
         self._fill_result()
         return {
-            "format": "autobatch.runner/1",
+            "format": RUNNER_FORMAT,
             "model": self.model.state_dict(),
             "optimizer": self.optimizer.state_dict(),
             "scheduler": None if self.scheduler is None else self.scheduler.state_dict(),
@@ -88,11 +89,18 @@ class Resumable:
     # -- resume --------------------------------------------------------------------------------
     def _load(self, resume: str | os.PathLike) -> dict[str, Any]:
         path = resolve_checkpoint(resume)
-        state = load_checkpoint(path)
+        state = load_checkpoint(path, expect_format=RUNNER_FORMAT)
         if state.get("checkpointed_modules") and self.checkpoint_handle is None:
             self.checkpoint_handle = enable_checkpointing(self.model, modules=state["checkpointed_modules"])
-        self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
+        try:
+            self.model.load_state_dict(state["model"])
+            self.optimizer.load_state_dict(state["optimizer"])
+        except (RuntimeError, ValueError, KeyError) as exc:  # mismatched keys, shapes or groups
+            detail = " ".join(str(exc).split())[:300]
+            raise CheckpointError(
+                path, f"it was written for another model or optimizer ({detail}); resume with the model it was "
+                "trained with, or start afresh",
+            ) from None
         if self.scheduler is not None and state["scheduler"] is not None:
             self.scheduler.load_state_dict(state["scheduler"])
         self.step, self.epoch, self.position = state["step"], state["epoch"], state["position"]

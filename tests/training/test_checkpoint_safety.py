@@ -1,0 +1,91 @@
+"""Checkpoints are data, never code: hostile, foreign, torn and mismatched files are refused
+with one line that names the file, and nothing in them runs."""
+
+from __future__ import annotations
+
+import pathlib
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from autobatch import CheckpointError, Runner
+from autobatch.training.checkpoint_io import RUNNER_FORMAT, load_checkpoint
+from conftest import REPO
+from runner_workloads import make_data, make_model, mse
+
+
+class Payload:
+    """Pickles to "call pathlib.Path.touch(marker)": what a malicious checkpoint would run."""
+
+    def __init__(self, marker: pathlib.Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (pathlib.Path.touch, (self.marker,))
+
+
+def _runner(model=None, **options):
+    model = model or make_model()
+    return Runner(model, torch.optim.SGD(model.parameters(), lr=0.1), mse, global_batch=16, micro_batch=8,
+                  progress=False, **options)
+
+
+def _hostile(tmp_path) -> tuple[pathlib.Path, pathlib.Path]:
+    marker = tmp_path / "payload-ran"
+    path = tmp_path / "last.pt"
+    torch.save({"format": RUNNER_FORMAT, "step": 1, "x": Payload(marker)}, path)
+    return path, marker
+
+
+def test_a_pickled_payload_never_runs(tmp_path):
+    path, marker = _hostile(tmp_path)
+    with pytest.raises(CheckpointError, match="could run code") as caught:
+        _runner().fit(make_data(), steps=1, resume=path)
+    assert not marker.exists()
+    assert str(path) in str(caught.value) and "\n" not in str(caught.value)
+
+
+@pytest.mark.parametrize("kind", ["truncated", "not torch", "not ours"])
+def test_broken_or_foreign_files_are_one_clear_error(tmp_path, kind):
+    runner = _runner(checkpoint_dir=tmp_path / "run")
+    runner.fit(make_data(), steps=1)
+    good = (tmp_path / "run" / "last.pt").read_bytes()
+    path = tmp_path / "bad.pt"
+    if kind == "truncated":
+        path.write_bytes(good[: len(good) // 2])
+    elif kind == "not torch":
+        path.write_text("hello")
+    else:
+        torch.save({"weights": torch.zeros(3)}, path)
+    with pytest.raises(CheckpointError, match=r"cannot resume from .*bad\.pt: it ") as caught:
+        load_checkpoint(path, expect_format=RUNNER_FORMAT)
+    assert "\n" not in str(caught.value)
+
+
+def test_a_checkpoint_of_another_model_names_the_mismatch(tmp_path):
+    _runner(checkpoint_dir=tmp_path).fit(make_data(), steps=1)
+    other = make_model(width=32)
+    with pytest.raises(CheckpointError, match="another model or optimizer"):
+        _runner(other).fit(make_data(), steps=2, resume=tmp_path)
+
+
+def test_the_rng_state_round_trips_through_a_safe_load(tmp_path):
+    """Random states are stored as tensors and lists, so the weights-only load reads them."""
+    runner = _runner(checkpoint_dir=tmp_path)
+    runner.fit(make_data(), steps=2)
+    state = load_checkpoint(tmp_path, expect_format=RUNNER_FORMAT)
+    assert isinstance(state["rng"]["torch"], torch.Tensor) and isinstance(state["rng"]["python"], list)
+
+
+def test_the_cli_refuses_a_hostile_checkpoint_in_one_line(tmp_path):
+    path, marker = _hostile(tmp_path)
+    done = subprocess.run(
+        [sys.executable, "-m", "autobatch", "train", f"train.resume={path}", f"hydra.run.dir={tmp_path / 'out'}"],
+        cwd=REPO, capture_output=True, text=True, timeout=120,
+    )
+    assert done.returncode == 2, done.stderr[-2000:]  # bad input, like a bad override
+    assert not marker.exists()
+    errors = [line for line in done.stderr.splitlines() if "cannot resume" in line]
+    assert len(errors) == 1 and str(path) in errors[0], done.stderr[-2000:]
