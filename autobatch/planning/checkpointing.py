@@ -30,6 +30,8 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from .. import checks
+
 __all__ = ["CheckpointHandle", "enable_checkpointing", "find_blocks", "is_checkpointed"]
 
 log = logging.getLogger("autobatch")
@@ -138,6 +140,7 @@ def enable_checkpointing(
     are left alone (and not in the handle). Returns the :class:`CheckpointHandle` that undoes
     it; an empty handle when nothing was found to wrap.
     """
+    checks.module("model", model)
     wrapped: list[str] = []
     names = list(modules) if modules is not None else find_blocks(model, targets)
     for name in names:

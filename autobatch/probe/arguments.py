@@ -5,11 +5,12 @@ Every bad value raises one ``ValueError`` that names the argument and what it ac
 
 from __future__ import annotations
 
+from .. import checks
 from .train_step import TrainStep
 
 __all__ = [
     "STRATEGY_NAMES", "HALVING_DEFAULT_START", "PREDICT_DEFAULT_START", "ALLOCATOR_HEADROOM", "SEARCH_CEILING",
-    "validate_probe_args", "validate_step",
+    "validate_probe_args", "validate_step", "validate_places",
 ]
 
 STRATEGY_NAMES = ("auto", "predict", "binary", "power", "halving", "estimate")
@@ -37,13 +38,6 @@ ALLOCATOR_HEADROOM = 0.01
 SEARCH_CEILING = 2**24
 
 
-def _check_positive_int(name: str, value: int | None) -> None:
-    if value is None:
-        return
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ValueError(f"{name} must be a positive integer or None, got {value!r}")
-
-
 def validate_probe_args(
     *,
     start: int | None,
@@ -55,9 +49,9 @@ def validate_probe_args(
     search_steps: int | None = None,
 ) -> None:
     """Raise ``ValueError`` naming the argument and what it accepts."""
-    _check_positive_int("start", start)
-    _check_positive_int("max_batch", max_batch)
-    _check_positive_int("search_steps", search_steps)
+    checks.positive_int("start", start, allow_none=True)
+    checks.positive_int("max_batch", max_batch, allow_none=True)
+    checks.positive_int("search_steps", search_steps, allow_none=True)
     if isinstance(multiple_of, bool) or not isinstance(multiple_of, int) or multiple_of <= 0:
         raise ValueError(f"multiple_of must be a positive integer, got {multiple_of!r}")
     if isinstance(steps_per_trial, bool) or not isinstance(steps_per_trial, int) or steps_per_trial < 1:
@@ -88,3 +82,18 @@ def validate_step(fn: object, strategy: str) -> None:
             f"strategy='estimate' traces a TrainStep with fake tensors; got {type(fn).__name__}. "
             "Wrap the step in autobatch.TrainStep or pick another strategy"
         )
+
+
+def validate_places(device: object, restore: object, cache: object) -> None:
+    """Check where the probe runs, what it restores and where it caches."""
+    import os
+
+    checks.torch_device("device", device)
+    if restore is not None:
+        if not isinstance(restore, tuple) or len(restore) != 2:
+            raise TypeError(f"restore must be a (model, optimizer) pair or None, got {type(restore).__name__} {restore!r:.60}")
+        checks.module("restore[0]", restore[0])
+        if restore[1] is not None:
+            checks.optimizer("restore[1]", restore[1])
+    if cache is not None and not isinstance(cache, (bool, str, os.PathLike)):
+        raise TypeError(f"cache must be True, False, None or a directory path, got {type(cache).__name__} {cache!r:.60}")

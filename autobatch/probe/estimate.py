@@ -38,6 +38,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
 from ..memory.accounting import StorageAccountant
+from .. import checks
 from .arguments import SEARCH_CEILING
 from .fake_trace import FakeWorld, TraceScaler, resident_bytes
 from .train_step import TrainStep
@@ -121,6 +122,8 @@ def estimate_memory(step: TrainStep, batch_size: int, *, steps: int = 2) -> Memo
     """
     if not isinstance(step, TrainStep):
         raise EstimateError(f"only a TrainStep can be estimated, not {type(step).__name__}")
+    checks.positive_int("batch_size", batch_size)
+    checks.positive_int("steps", steps)
     device = step.device
     round_to = CUDA_BLOCK_BYTES if device.type == "cuda" else 1
     resident = resident_bytes(step, device, round_to)

@@ -21,7 +21,7 @@ from ..memory.devices import SimulatedDeviceMemory, memory_for, resolve_device
 from ..memory.diagnostics import memory_diagnostics
 from ..memory.units import parse_bytes
 from . import arguments, ranks
-from .arguments import STRATEGY_NAMES, validate_probe_args, validate_step
+from .arguments import STRATEGY_NAMES, validate_places, validate_probe_args, validate_step
 from .cache import ProbeCache, key_components, key_of
 from .estimated import estimate_only, estimate_prior
 from .restore import Snapshot
@@ -108,6 +108,7 @@ def find_max_batch(
         NoBatchFitsError: even the smallest allowed batch ran out of memory.
     """
     validate_step(fn, strategy)
+    validate_places(device, restore, cache)
     validate_probe_args(
         start=start, max_batch=max_batch, strategy=strategy, margin=margin,
         multiple_of=multiple_of, steps_per_trial=steps_per_trial, search_steps=search_steps,

@@ -253,6 +253,7 @@ def _close(passes, record_pass, points, fit: LinearFit, lo: int, hi: int | None,
     size and the refined line."""
     gallop = 0  # 0: follow the line; -1 / +1: the line was refuted, gallop down / up
     stride = gallops = 0
+    creeping = False  # the last trial followed the line and passed
     # a size the line says fits already ran out of memory (a fit trial): refuted before any
     # jump, so no line points into the bracket; bisect it
     bisecting = hi is not None and fit.predict_max(capacity) >= hi
@@ -280,11 +281,16 @@ def _close(passes, record_pass, points, fit: LinearFit, lo: int, hi: int | None,
             hi = guess
         if bisecting:
             continue
+        crept, creeping = creeping, passed and gallop == 0
         if gallop == 0:
             fit = _secant(points) or fit
             if not passed and predicted >= guess:  # the line said it fits: refuted from above
                 gallop, stride = -1, _first_stride(guess)
             elif passed and (predicted < guess or confirming):  # it said lo was the maximum
+                gallop, stride = 1, _first_stride(guess)
+            elif passed and hi is None and crept:
+                # twice the line's boundary passed and the refit moved it up only a little (a
+                # plateau just under the capacity, e.g. an allocator block): gallop up instead
                 gallop, stride = 1, _first_stride(guess)
             elif width is not None and hi is not None and (hi - lo) * 2 > width:
                 bisecting = True  # the line creeps instead of halving the bracket

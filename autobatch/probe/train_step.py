@@ -7,6 +7,8 @@ from typing import Any, Callable
 
 import torch
 
+from .. import checks
+
 __all__ = ["TrainStep"]
 
 
@@ -28,11 +30,16 @@ class TrainStep:
         model: torch.nn.Module,
         optimizer: torch.optim.Optimizer,
         loss_fn: Callable[[torch.nn.Module, Any], torch.Tensor],
-        make_batch: Callable[[int], Any],
+        make_batch: Callable[[int], Any] | None,
         *,
         autocast_dtype: torch.dtype | None = None,
         grad_scaler: "torch.amp.GradScaler | None" = None,
     ) -> None:
+        checks.module("model", model)
+        checks.optimizer("optimizer", optimizer)
+        checks.function("loss_fn", loss_fn, "loss_fn(model, batch) -> mean loss tensor")
+        if make_batch is not None:  # None: a step that only trains on batches it is given
+            checks.function("make_batch", make_batch, "make_batch(batch_size) -> batch")
         self.model = model
         self.optimizer = optimizer
         self.loss_fn = loss_fn

@@ -79,6 +79,8 @@ def plot_probe(
     micro-batch, the chosen plan marked), or with ``trial_throughput=True`` from the
     probe's own trial times (rough: they include each trial's first, warm-up step).
     """
+    if not isinstance(result, ProbeResult):
+        raise TypeError(f"result must be the ProbeResult find_max_batch returned, got {type(result).__name__}")
     plt = _pyplot()
     path = Path(path)
     candidates = [c for c in (plan.candidates if plan is not None else []) if c.get("samples_per_s")]

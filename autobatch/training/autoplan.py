@@ -8,6 +8,7 @@ ceiling from it.
 
 from __future__ import annotations
 
+import itertools
 import logging
 from typing import Any, Iterable
 
@@ -16,11 +17,13 @@ import torch
 from ..planning.accumulation import batch_size_of
 from ..probe.train_step import TrainStep
 from .batch_ops import map_tensors, to_device
-from .checkpoint_io import rng_state, set_rng_state
+from .checkpoint_io import rng_state
 
 __all__ = ["PlansFromData"]
 
 log = logging.getLogger("autobatch")
+
+_NOTHING = object()
 
 
 class PlansFromData:
@@ -29,14 +32,23 @@ class PlansFromData:
     def _plan(self, data: Iterable[Any]) -> None:
         """micro_batch=None: plan it on (slices of) the first global batch.
 
-        The peek at the first batch runs with the RNG states saved and restored, so it does
-        not change what the run draws; :func:`~autobatch.plan` restores model and optimizer.
+        The first batch is then trained first (see below); :func:`~autobatch.plan` restores
+        the model and optimizer.
         """
         from ..planning.planner import plan
 
-        saved = rng_state()
-        first = next(iter(data))
-        set_rng_state(saved)
+        # The first batch is taken from the iterator the first epoch then trains on, so a
+        # one-shot iterable (a generator, an IterableDataset loader) loses no sample; the epoch's
+        # random state is the one from before that iterator was made (exact resume).
+        epoch_rng = rng_state()
+        batches = iter(data)
+        first = next(batches, _NOTHING)
+        if first is _NOTHING:
+            raise ValueError(
+                "data yielded no batches, so there is nothing to plan the micro-batch on; pass data with "
+                "at least one global batch (or give micro_batch)"
+            )
+        self._planned_epoch = (epoch_rng, itertools.chain([first], batches))
         available = batch_size_of(first)
 
         def make_batch(size: int) -> Any:

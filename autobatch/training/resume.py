@@ -66,6 +66,11 @@ class Resumable:
         batches already trained, so a shuffled DataLoader yields the same order. A checkpoint
         at an epoch boundary (position 0: the run ended with whole epochs) starts the next
         epoch afresh from the random state it saved, as the uninterrupted run would have."""
+        planned = self._planned_epoch
+        if planned is not None:  # the iterator planning took its first batch from
+            self._planned_epoch = None
+            self._epoch_rng, self.position = planned[0], 0
+            return planned[1]
         if resumed_rng is None or self._epoch_rng is None or self.position == 0:
             self._epoch_rng = rng_state()
             self.position = 0

@@ -28,10 +28,11 @@ import logging
 import os
 import time
 from pathlib import Path
-from typing import Any, Callable, ContextManager, Iterable, Mapping
+from typing import Any, Callable, ContextManager, Iterable, Iterator, Mapping
 
 import torch
 
+from .. import checks
 from ..errors import StepOutOfMemoryError
 from ..memory.oom import is_oom_error
 from ..planning.accumulation import accumulated_step, batch_size_of, micro_batch_sizes, split_batch
@@ -126,13 +127,12 @@ class Runner(OomRecovery, Resumable, PlansFromData):
         plan_options: Mapping[str, Any] | None = None,
         distributed: bool | None = None,
     ) -> None:
-        _positive("global_batch", global_batch)
-        if micro_batch is not None:
-            _positive("micro_batch", micro_batch)
-        if max_micro_batch is not None:
-            _positive("max_micro_batch", max_micro_batch)
-        if checkpoint_every is not None and checkpoint_every != 0:
-            _positive("checkpoint_every", checkpoint_every)
+        checks.module("model", model)
+        checks.positive_int("global_batch", global_batch)
+        checks.positive_int("micro_batch", micro_batch, allow_none=True)
+        checks.positive_int("max_micro_batch", max_micro_batch, allow_none=True)
+        checks.positive_int("checkpoint_every", checkpoint_every or None, allow_none=True)
+        checks.torch_device("device", device)
         self.model = model
         if distributed is None:
             distributed = ranks.current().active()
@@ -160,7 +160,7 @@ class Runner(OomRecovery, Resumable, PlansFromData):
         self.faults = faults
         self.no_sync = no_sync
         self.plan_options = dict(plan_options or {})
-        dtype = getattr(torch, autocast_dtype) if isinstance(autocast_dtype, str) else autocast_dtype
+        dtype = checks.dtype("autocast_dtype", autocast_dtype)
         local = self._parallel.local_module(model)
         self._train_step = TrainStep(local, optimizer, loss_fn, make_batch=self._no_batches, autocast_dtype=dtype)
         self.growth = GrowBack(grow_after, max_micro_batch or self.micro_batch or self.share)
@@ -177,6 +177,7 @@ class Runner(OomRecovery, Resumable, PlansFromData):
         self._epoch_rng: dict[str, Any] | None = None
         self._warned_size = False
         self._local_size = self._global_size = global_batch
+        self._planned_epoch: tuple[dict[str, Any], Iterator[Any]] | None = None
         # Imported here so that ``import autobatch`` (the probe, the planner) works on a
         # machine where only torch is installed; the runner itself needs tenacity.
         from tenacity import Retrying, retry_if_exception, wait_none
@@ -211,10 +212,10 @@ class Runner(OomRecovery, Resumable, PlansFromData):
         """
         if epochs is None and steps is None:
             epochs = 1
-        if epochs is not None:
-            _positive("epochs", epochs)
-        if steps is not None:
-            _positive("steps", steps)
+        checks.positive_int("epochs", epochs, allow_none=True)
+        checks.positive_int("steps", steps, allow_none=True)
+        if not hasattr(data, "__iter__"):
+            raise TypeError(f"data must be an iterable of global batches (a DataLoader, a list, a generator), got {type(data).__name__}")
         began = time.perf_counter()
         resumed_rng = None
         if resume is not None:
@@ -360,11 +361,6 @@ def _share(global_batch: int, world: int) -> int:
     if global_batch % world:
         raise ValueError(f"global_batch={global_batch} does not split evenly over {world} ranks; use a multiple of {world}")
     return global_batch // world
-
-
-def _positive(name: str, value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
 
 
 def _model_device(model: torch.nn.Module) -> torch.device:

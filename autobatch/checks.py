@@ -1,0 +1,57 @@
+"""Argument checks shared by every public entry point: one ``TypeError``/``ValueError`` that
+names the argument, what it got and what it accepts, raised before any work starts."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+__all__ = ["positive_int", "module", "optimizer", "function", "torch_device", "dtype"]
+
+
+def positive_int(name: str, value: Any, *, allow_none: bool = False) -> None:
+    """``value`` is an integer >= 1 (or None where ``allow_none``)."""
+    if value is None and allow_none:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        accepted = "a positive integer or None" if allow_none else "a positive integer"
+        raise ValueError(f"{name} must be {accepted}, got {value!r}")
+
+
+def module(name: str, value: Any) -> None:
+    """``value`` is a ``torch.nn.Module``."""
+    if not isinstance(value, torch.nn.Module):
+        raise TypeError(f"{name} must be a torch.nn.Module, got {type(value).__name__} {value!r:.60}")
+
+
+def optimizer(name: str, value: Any) -> None:
+    """``value`` is a ``torch.optim.Optimizer``."""
+    if not isinstance(value, torch.optim.Optimizer):
+        raise TypeError(f"{name} must be a torch.optim.Optimizer, got {type(value).__name__} {value!r:.60}")
+
+
+def function(name: str, value: Any, signature: str) -> None:
+    """``value`` is callable; ``signature`` shows how it is called, for the message."""
+    if not callable(value):
+        raise TypeError(f"{name} must be a callable {signature}, got {type(value).__name__} {value!r:.60}")
+
+
+def torch_device(name: str, value: Any) -> None:
+    """``value`` is None, a ``torch.device`` or a string torch accepts as one."""
+    if value is None or isinstance(value, torch.device):
+        return
+    try:
+        torch.device(value)
+    except (RuntimeError, TypeError, ValueError):
+        raise ValueError(f"{name}={value!r} is not a torch device; use e.g. 'cpu', 'cuda' or 'cuda:1'") from None
+
+
+def dtype(name: str, value: Any) -> torch.dtype | None:
+    """``value`` as a ``torch.dtype``: None, a dtype, or its name ("bfloat16", "float16")."""
+    if value is None or isinstance(value, torch.dtype):
+        return value
+    resolved = getattr(torch, value, None) if isinstance(value, str) else None
+    if not isinstance(resolved, torch.dtype):
+        raise ValueError(f"{name}={value!r} is not a torch dtype; use e.g. 'bfloat16' or 'float16'")
+    return resolved

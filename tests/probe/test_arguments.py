@@ -1,0 +1,56 @@
+"""Every public entry point checks its arguments before any work: one error naming the
+argument, what it got and what it accepts."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import autobatch
+from autobatch import TrainStep, find_max_batch
+
+
+def _step():
+    model = torch.nn.Linear(4, 1)
+    return TrainStep(model, torch.optim.SGD(model.parameters(), lr=0.1), lambda m, b: m(b).mean(), lambda n: torch.randn(n, 4))
+
+
+@pytest.mark.parametrize(
+    ("call", "error", "match"),
+    [
+        (lambda s: find_max_batch(42), TypeError, "fn must be a callable"),
+        (lambda s: find_max_batch(s, device="tpu9"), ValueError, "device='tpu9' is not a torch device"),
+        (lambda s: find_max_batch(s, restore=5), TypeError, r"restore must be a \(model, optimizer\) pair"),
+        (lambda s: find_max_batch(s, restore=(s.model, "sgd")), TypeError, r"restore\[1\] must be a torch.optim.Optimizer"),
+        (lambda s: find_max_batch(s, cache=3), TypeError, "cache must be True, False, None or a directory"),
+        (lambda s: find_max_batch(s, memory_limit="lots"), ValueError, "memory_limit='lots' is not a byte quantity"),
+        (lambda s: find_max_batch(s, max_batch=0), ValueError, "max_batch must be a positive integer or None"),
+        (lambda s: find_max_batch(s, strategy="guess"), ValueError, "strategy must be one of"),
+        (lambda s: find_max_batch(lambda b: None, strategy="estimate"), ValueError, "strategy='estimate' traces a TrainStep"),
+        (lambda s: TrainStep("model", s.optimizer, s.loss_fn, s.make_batch), TypeError, "model must be a torch.nn.Module"),
+        (lambda s: TrainStep(s.model, None, s.loss_fn, s.make_batch), TypeError, "optimizer must be a torch.optim.Optimizer"),
+        (lambda s: TrainStep(s.model, s.optimizer, "mse", s.make_batch), TypeError, "loss_fn must be a callable"),
+        (lambda s: TrainStep(s.model, s.optimizer, s.loss_fn, 64), TypeError, "make_batch must be a callable"),
+        (lambda s: autobatch.plan(s, global_batch=0), ValueError, "global_batch must be a positive integer"),
+        (lambda s: autobatch.plan(s, global_batch=8, objective="speed"), ValueError, "objective must be one of"),
+        (lambda s: autobatch.estimate_memory(s, 0), ValueError, "batch_size must be a positive integer"),
+        (lambda s: autobatch.estimate_max_batch(s, "big"), ValueError, "capacity='big' is not a byte quantity"),
+        (lambda s: autobatch.enable_checkpointing(42), TypeError, "model must be a torch.nn.Module"),
+        (lambda s: autobatch.split_batch(torch.zeros(4), 0), ValueError, "micro_batch must be a positive integer"),
+        (lambda s: autobatch.simulated_memory(-1).__enter__(), ValueError, "limit must be positive"),
+        (lambda s: autobatch.FaultInjector([(1, "lunch")]), ValueError, "fault phase must be one of"),
+        (lambda s: autobatch.plot_probe(42, "x.png"), TypeError, "result must be the ProbeResult"),
+    ],
+)
+def test_bad_arguments_are_one_error_naming_them(call, error, match):
+    with pytest.raises(error, match=match) as caught:
+        call(_step())
+    assert "\n" not in str(caught.value)
+
+
+def test_a_step_that_never_runs_out_of_memory_stops_at_the_ceiling():
+    result = find_max_batch(lambda batch_size: None, memory_limit="1MiB")
+    assert result.batch_size == autobatch.probe.SEARCH_CEILING
+    assert any("search ceiling" in note for note in result.notes)
+    capped = find_max_batch(lambda batch_size: None, memory_limit="1MiB", max_batch=1000)
+    assert capped.batch_size == 1000 and not any("search ceiling" in note for note in capped.notes)

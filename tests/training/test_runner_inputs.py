@@ -1,0 +1,91 @@
+"""What users hand the runner: one-shot iterables lose no sample, and bad arguments are one
+clear error naming the argument."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from autobatch import Runner
+from runner_workloads import SampleTracker, make_data, make_model, mse
+
+GLOBAL, SAMPLES = 16, 80
+
+
+def _generator():
+    yield from make_data(SAMPLES, GLOBAL)
+
+
+def _planned_run(data, **fit):
+    model = make_model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    tracker = SampleTracker(optimizer, GLOBAL)
+    runner = Runner(model, optimizer, tracker.loss_fn, global_batch=GLOBAL, progress=False,
+                    plan_options={"memory_limit": "4MiB"})
+    result = runner.fit(data, **fit)
+    trained = tracker.applied[-result.steps_this_run:]  # the planner's trials step the optimizer too
+    return result, trained
+
+
+@pytest.mark.parametrize("fit", [{"epochs": 1}, {"steps": 5}, {"steps": 3}])
+def test_a_generator_with_a_planned_micro_batch_trains_every_sample_once(fit):
+    result, trained = _planned_run(_generator(), **fit)
+    steps = fit.get("steps", SAMPLES // GLOBAL)
+    assert result.steps == steps
+    assert [ids for step in trained for ids in step] == list(range(steps * GLOBAL))
+
+
+def test_an_iterable_dataset_loader_loses_no_sample():
+    class Stream(torch.utils.data.IterableDataset):
+        def __iter__(self):
+            yield from _generator()
+
+    loader = torch.utils.data.DataLoader(Stream(), batch_size=None)
+    result, trained = _planned_run(loader, epochs=1)
+    assert sorted(i for step in trained for i in step) == list(range(SAMPLES))
+
+
+def test_empty_data_is_a_clear_error_not_a_bare_stop_iteration():
+    model = make_model()
+    runner = Runner(model, torch.optim.SGD(model.parameters(), lr=0.1), mse, global_batch=GLOBAL, progress=False)
+    with pytest.raises(ValueError, match="data yielded no batches"):
+        runner.fit([], steps=3)
+
+
+def _runner(**changes):
+    model = make_model()
+    arguments = dict(model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1), loss_fn=mse, global_batch=GLOBAL)
+    arguments.update(changes)
+    return Runner(arguments.pop("model"), arguments.pop("optimizer"), arguments.pop("loss_fn"), **arguments)
+
+
+@pytest.mark.parametrize(
+    ("changes", "error", "match"),
+    [
+        ({"model": "not a model"}, TypeError, "model must be a torch.nn.Module"),
+        ({"optimizer": 3}, TypeError, "optimizer must be a torch.optim.Optimizer"),
+        ({"loss_fn": 5}, TypeError, "loss_fn must be a callable"),
+        ({"global_batch": 0}, ValueError, "global_batch must be a positive integer"),
+        ({"micro_batch": 2.5}, ValueError, "micro_batch must be a positive integer or None"),
+        ({"device": "tpu9"}, ValueError, "device='tpu9' is not a torch device"),
+        ({"autocast_dtype": "float17"}, ValueError, "autocast_dtype='float17' is not a torch dtype"),
+        ({"step_guard": "maybe"}, ValueError, "step_guard must be one of"),
+        ({"grow_after": -1}, ValueError, "grow_after must be"),
+    ],
+)
+def test_bad_runner_arguments_name_the_argument(changes, error, match):
+    with pytest.raises(error, match=match):
+        _runner(**changes)
+
+
+@pytest.mark.parametrize(
+    ("data", "fit", "error", "match"),
+    [
+        (5, {}, TypeError, "data must be an iterable"),
+        (make_data(), {"steps": 0}, ValueError, "steps must be a positive integer or None"),
+        (make_data(), {"epochs": -1}, ValueError, "epochs must be a positive integer or None"),
+    ],
+)
+def test_bad_fit_arguments_name_the_argument(data, fit, error, match):
+    with pytest.raises(error, match=match):
+        _runner(micro_batch=8).fit(data, **fit)
