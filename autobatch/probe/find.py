@@ -101,10 +101,10 @@ def find_max_batch(
         estimate_first: ``auto`` on a ``TrainStep`` places its first trial just below the
             boundary estimated with fake tensors (no OOM in the common case). Default: on for
             the CPU's simulated device, off on accelerators, where tracing a real model took
-            longer than the trials it saved (README, benchmark).
+            longer than the trials it saved (docs, benchmarks).
 
     Raises:
-        ValueError: a bad argument (the message names it and the accepted values).
+        ValueError, TypeError: a bad argument (the message names it and what it accepts).
         NoBatchFitsError: even the smallest allowed batch ran out of memory.
     """
     validate_step(fn, strategy)
@@ -130,12 +130,10 @@ def find_max_batch(
     )
     if strategy == "estimate":
         return _estimate(call)
-    if cache is not False:
-        hit = _cache_lookup(call, cache, cache_key)
-        if hit is not None:
-            return hit
-    result = _probe(call, restore, estimate_first)
-    return _finish(call, result)
+    hit = _cache_lookup(call, cache, cache_key) if cache is not False else None
+    if hit is not None:
+        return hit
+    return _finish(call, _probe(call, restore, estimate_first))
 
 
 @dataclass
