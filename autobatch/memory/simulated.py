@@ -26,7 +26,7 @@ from torch._subclasses.fake_tensor import FakeTensor
 from .accounting import StorageAccountant
 from .units import format_bytes, parse_bytes
 
-__all__ = ["SimulatedMemory", "simulated_memory", "active_simulation", "host_memory"]
+__all__ = ["SimulatedMemory", "simulated_memory", "active_simulation", "host_memory", "to_simulated_device"]
 
 _active: list["SimulatedMemory"] = []
 
@@ -113,3 +113,14 @@ def host_memory() -> Iterator[None]:
     finally:
         for simulation in paused:
             simulation.paused -= 1
+
+
+def to_simulated_device(tensor: torch.Tensor) -> torch.Tensor:
+    """What moving ``tensor`` to the simulated device does: a tensor whose storage no active
+    budget counts (host memory: made before the simulation, or under :func:`host_memory`) is
+    copied, so the copy takes device memory as a host-to-device transfer does on a GPU; a tensor
+    already counted is returned as it is. Without an active simulation, ``tensor`` itself."""
+    simulation = active_simulation()
+    if simulation is None or not _on_cpu(tensor) or tensor.untyped_storage()._cdata in simulation._live:
+        return tensor
+    return tensor.clone()
