@@ -172,3 +172,34 @@ def test_lazy_micro_batches_are_built_one_at_a_time():
 
     accumulate_micro_batches(model, loss_fn, lazy, global_batch=6)
     assert built == [0, 1, 2]
+
+
+def test_autotune_is_off_for_search_trials_and_the_users_setting_comes_back():
+    from autobatch.probe.autotune import Autotune
+
+    before = torch.backends.cudnn.benchmark
+    try:
+        torch.backends.cudnn.benchmark = True
+        tune = Autotune(torch.device("cuda", 0))  # constructing it needs no GPU
+        assert tune.wanted
+        with pytest.raises(RuntimeError):
+            with tune.trial(False):
+                assert torch.backends.cudnn.benchmark is False
+                raise RuntimeError("a trial failing")
+        assert torch.backends.cudnn.benchmark is True
+        with tune.trial(True):
+            assert torch.backends.cudnn.benchmark is True
+        assert not Autotune(torch.device("cpu")).wanted  # nothing to tune on the CPU
+    finally:
+        torch.backends.cudnn.benchmark = before
+
+
+def test_result_says_why_the_answer_is_safe():
+    model = torch.nn.Linear(64, 64)
+    step = autobatch.TrainStep(model, torch.optim.Adam(model.parameters()), lambda m, b: m(b).pow(2).mean(),
+                               lambda b: torch.randn(b, 64))
+    result = autobatch.find_max_batch(step, memory_limit="1MiB", cache=False)
+    promise = result.promise
+    assert promise["batch_size"] == result.batch_size and promise["steps"] >= 3 and promise["after_last_oom"]
+    assert promise["step_peak_bytes"] <= promise["capacity_bytes"]
+    assert autobatch.ProbeResult.from_dict(result.to_dict()).promise == promise
