@@ -56,6 +56,8 @@ class StorageAccountant(TorchDispatchMode):
         self.peak_bytes = 0
         self._live: dict[int, int] = {}
         self._lock = threading.Lock()
+        #: while > 0, new storages are not counted (see :func:`~autobatch.memory.simulated.host_memory`)
+        self.paused = 0
 
     def _size(self, storage: torch.UntypedStorage) -> int:
         nbytes = storage.nbytes()
@@ -72,6 +74,8 @@ class StorageAccountant(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: D105
         kwargs = kwargs or {}
+        if self.paused:
+            return func(*args, **kwargs)
         inputs = {storage._cdata for storage in _storages((args, kwargs), self.counts)}
         out = func(*args, **kwargs)
         fresh: dict[int, torch.UntypedStorage] = {}

@@ -26,7 +26,7 @@ from torch._subclasses.fake_tensor import FakeTensor
 from .accounting import StorageAccountant
 from .units import format_bytes, parse_bytes
 
-__all__ = ["SimulatedMemory", "simulated_memory", "active_simulation"]
+__all__ = ["SimulatedMemory", "simulated_memory", "active_simulation", "host_memory", "to_simulated_device"]
 
 _active: list["SimulatedMemory"] = []
 
@@ -93,3 +93,34 @@ def simulated_memory(limit: int | str) -> Iterator[SimulatedMemory]:
 def active_simulation() -> SimulatedMemory | None:
     """The innermost active :func:`simulated_memory` context, or None."""
     return _active[-1] if _active else None
+
+
+@contextmanager
+def host_memory() -> Iterator[None]:
+    """Allocate host memory while a :func:`simulated_memory` context is active.
+
+    The simulated device stands for an accelerator whose memory is separate from the host's;
+    CPU tensors created inside this context are the *host's* (a pinned staging buffer on a
+    GPU, the runner's ``step_guard="cpu"`` snapshot), so no active budget counts them, ever.
+    Without it, a snapshot that costs a GPU nothing would take device memory in the
+    simulation, and the simulated runner would fail at a batch that a GPU trains.
+    """
+    paused = list(_active)
+    for simulation in paused:
+        simulation.paused += 1
+    try:
+        yield
+    finally:
+        for simulation in paused:
+            simulation.paused -= 1
+
+
+def to_simulated_device(tensor: torch.Tensor) -> torch.Tensor:
+    """What moving ``tensor`` to the simulated device does: a tensor whose storage no active
+    budget counts (host memory: made before the simulation, or under :func:`host_memory`) is
+    copied, so the copy takes device memory as a host-to-device transfer does on a GPU; a tensor
+    already counted is returned as it is. Without an active simulation, ``tensor`` itself."""
+    simulation = active_simulation()
+    if simulation is None or not _on_cpu(tensor) or tensor.untyped_storage()._cdata in simulation._live:
+        return tensor
+    return tensor.clone()

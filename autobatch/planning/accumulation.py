@@ -34,6 +34,7 @@ __all__ = [
     "accumulate_gradients",
     "accumulate_micro_batches",
     "accumulated_step",
+    "LazyMicroBatches",
 ]
 
 
@@ -101,8 +102,10 @@ def accumulate_micro_batches(
     *not* stepped and gradients are *not* zeroed, so the caller decides both (and may retry
     the whole call after an OOM, having zeroed the gradients). ``no_sync`` (e.g. DDP's
     ``model.no_sync``) wraps every micro-batch but the last, so gradients are all-reduced
-    once. No reference to a loss or graph survives an iteration; a lazy ``micro_batches`` is
-    read one micro-batch ahead (to know which one is last).
+    once. No reference to a loss or graph survives an iteration. A sized ``micro_batches``
+    (a list, a :class:`LazyMicroBatches`) is read one at a time; an unsized lazy one is read
+    one micro-batch ahead (to know which one is last), so two of its micro-batches are alive
+    at once: pass a :class:`LazyMicroBatches` when building one allocates device memory.
 
     ``on_phase(name)``, when given, is called with ``"forward"`` before each micro-batch's
     loss and ``"backward"`` before its backward: the training runner uses it to know where an
@@ -114,7 +117,7 @@ def accumulate_micro_batches(
     autocast = autocast or nullcontext
     total = None
     seen = 0
-    for micro, last in _with_last(iter(micro_batches)):
+    for micro, last in _with_last(micro_batches):
         size = batch_size_of(micro)
         sync = nullcontext() if last or no_sync is None else no_sync()
         with sync:
@@ -210,6 +213,27 @@ def accumulated_step(
     return loss
 
 
+class LazyMicroBatches:
+    """Micro-batches built one at a time as they are iterated, with a known count.
+
+    ``prepare(piece)`` (e.g. moving a slice of the global batch to the device) runs as each
+    micro-batch is reached, never ahead: the device then holds one micro-batch's inputs at a
+    time, as a probe trial at that size does. Because the count is known,
+    :func:`accumulate_micro_batches` needs no look-ahead to tell the last one.
+    """
+
+    def __init__(self, pieces: list[Any], prepare: Callable[[Any], Any]) -> None:
+        self.pieces = pieces
+        self.prepare = prepare
+
+    def __len__(self) -> int:
+        return len(self.pieces)
+
+    def __iter__(self) -> Iterator[Any]:
+        for piece in self.pieces:
+            yield self.prepare(piece)
+
+
 # -- helpers ----------------------------------------------------------------------------------
 def _tensor_leaves(batch: Any) -> Iterator[torch.Tensor]:
     if isinstance(batch, torch.Tensor):
@@ -247,8 +271,14 @@ def _offsets(sizes: list[int]) -> list[int]:
     return offsets
 
 
-def _with_last(items: Iterator[Any]) -> Iterator[tuple[Any, bool]]:
-    """Yield ``(item, is_last)``; looks one item ahead."""
+def _with_last(values: Iterable[Any]) -> Iterator[tuple[Any, bool]]:
+    """Yield ``(item, is_last)``; looks one item ahead only when ``values`` has no length."""
+    if hasattr(values, "__len__"):
+        count = len(values)  # type: ignore[arg-type]
+        for index, value in enumerate(values):
+            yield value, index == count - 1
+        return
+    items = iter(values)
     try:
         current = next(items)
     except StopIteration:

@@ -27,6 +27,8 @@ from .estimated import estimate_only, estimate_prior
 from .restore import Snapshot
 from .result import ProbeResult
 from .search import peak_limit, run_search
+from .autotune import Autotune
+from .promise import promise_note, release_after_probe
 from .train_step import TrainStep
 from .trial import TrialRunner
 
@@ -160,13 +162,15 @@ def _probe(call: _Call, restore, estimate_first: bool | None) -> ProbeResult:
     if restore is not None:  # a TrainStep changes its weights only in the optimizer step: copy meanwhile
         snapshot = Snapshot.take(*restore, background=isinstance(fn, TrainStep) and fn.optimizer is restore[1])
     prior = None
+    autotune = Autotune(call.target)
     try:
         with memory_for(call.target, call.limit_bytes) as (memory, note):
             capacity = call.agreement.capacity(memory.capacity())
+            simulated = isinstance(memory, SimulatedDeviceMemory)
             runner = TrialRunner(
-                fn, memory, call.steps_per_trial, after_oom=fn.clear_grads if isinstance(fn, TrainStep) else None,
+                fn, memory, call.steps_per_trial, after_oom=_after_oom(fn, restore),
                 agree=call.agreement.trial_hook(), search_steps=args["search_steps"],
-                peak_limit=peak_limit(memory, capacity),
+                peak_limit=peak_limit(memory, capacity), autotune=autotune, settle_final=not simulated,
             )
             if estimate_first is None:
                 # measured (docs, benchmarks): on the CPU's simulated device tracing is cheap
@@ -182,17 +186,40 @@ def _probe(call: _Call, restore, estimate_first: bool | None) -> ProbeResult:
             result = run_search(
                 runner, strategy=args["strategy"], start=args["start"], max_batch=args["max_batch"],
                 margin=args["margin"], multiple_of=args["multiple_of"], device_name=memory.name,
-                capacity=capacity, prior=prior, confirm=not isinstance(memory, SimulatedDeviceMemory),
+                capacity=capacity, prior=prior, confirm=not simulated,
             )
             result.diagnostics = memory_diagnostics(memory)
+            call.notes.append(promise_note(runner, result, memory))
     finally:
+        autotune.restore()
         if snapshot is not None:
             snapshot.restore()
+        # leave the allocator as a fresh process has it: blocks the trials split (OOM trials
+        # above all) are returned, so training here starts from the state the answer was
+        # confirmed in (each trial starts from an emptied cache) and a new process starts in
+        release_after_probe(call.target)
     if prior is not None:
         result.estimate = prior[1].to_dict()
     if note:
         call.notes.append(note)
     return result
+
+
+def _after_oom(fn, restore):
+    """What to drop after an OOM trial: the half-built gradients (a ``TrainStep``'s, or those of
+    the model given as ``restore`` with a plain callable, which would otherwise pin blocks in
+    the middle of the cache until the callable's own ``zero_grad``)."""
+    if isinstance(fn, TrainStep):
+        return fn.clear_grads
+    if restore is not None and restore[0] is not None:
+        model = restore[0]
+
+        def clear() -> None:
+            for param in model.parameters():
+                param.grad = None
+
+        return clear
+    return None
 
 
 def _finish(call: _Call, result: ProbeResult) -> ProbeResult:

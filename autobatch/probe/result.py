@@ -32,6 +32,8 @@ class ProbeResult:
     ``diagnostics`` is the device's memory at the end of the probe (allocated, reserved and
     peak bytes, the fragmentation gap, allocator retry counts, the memory summary text; see
     :func:`~autobatch.memory.diagnostics.memory_diagnostics`), None where none was taken.
+    ``promise``: the figures behind the answer (its confirming trial's steps, peaks,
+    fragmentation, autotuning; :mod:`autobatch.probe.promise`), also said in ``notes``.
     """
 
     batch_size: int
@@ -55,6 +57,7 @@ class ProbeResult:
     cached: bool = False
     estimate: dict[str, Any] | None = None
     diagnostics: dict[str, Any] | None = None
+    promise: dict[str, Any] | None = None
 
     @property
     def num_trials(self) -> int:

@@ -153,7 +153,7 @@ def _confirm(runner: TrialRunner, found: int, multiple_of: int, *, after_last_oo
         return found
     units = found
     while units >= 1:
-        if runner.run(units * multiple_of, "confirm").passed:
+        if runner.run(units * multiple_of, "confirm", settle=runner.settle_final).passed:
             return units
         units -= max(1, units // 100)  # the edge moved: a percent at a time
     return None

@@ -11,6 +11,7 @@ from typing import Callable, Iterator
 from ..memory.devices import DeviceMemory
 from ..memory.oom import free_memory, is_oom_error
 from ..memory.units import format_bytes
+from .autotune import Autotune
 
 __all__ = ["TrialRecord", "TrialRunner", "watch_trials"]
 
@@ -55,6 +56,13 @@ class TrialRecord:
     ``resident_bytes``, what was allocated as it began (weights, optimizer state). By the
     last step, state the first step created lazily (Adam's moments) already exists, so these
     are the figures of a training step in steady state.
+
+    What the caching allocator did (on an accelerator; 0 on the simulated device):
+    ``fragmentation_bytes`` is the last step's reserved peak less its allocated peak (memory the
+    allocator held but no tensor used at the worst moment), ``inactive_split_bytes`` the bytes
+    of split blocks the allocator could not hand out whole at the end of the trial. A
+    ``settle`` trial (the answer's confirmation) may run more than its ``steps`` while these
+    still grow. ``autotuned``: cuDNN autotuning was on (None: the user had it off, or not CUDA).
     """
 
     batch_size: int
@@ -67,6 +75,9 @@ class TrialRecord:
     steps: int | None = None
     step_peak_bytes: int | None = None
     resident_bytes: int | None = None
+    fragmentation_bytes: int | None = None
+    inactive_split_bytes: int | None = None
+    autotuned: bool | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -82,6 +93,8 @@ class TrialRunner:
     only has to tell which side of the boundary a size lies on, and a step that fits once
     fits again. So the very first trial (where lazy state is created) and every trial the
     caller marks ``final`` run full; the caller confirms its answer with :meth:`confirmed`.
+    With ``settle_final`` (accelerators) a ``final`` trial also settles (see :meth:`run`: cuDNN
+    autotuning as the user set it, more steps while the reserved peak grows).
 
     Any out-of-memory error (by :func:`is_oom_error`) fails the trial, and so does a step
     whose allocated peak passed ``peak_limit`` (on an accelerator, the capacity less the
@@ -110,8 +123,12 @@ class TrialRunner:
         agree: Callable[[TrialRecord], TrialRecord] | None = None,
         search_steps: int | None = None,
         peak_limit: int | None = None,
+        autotune: "Autotune | None" = None,
+        settle_final: bool = False,
     ) -> None:
         self.fn = fn
+        self.autotune = autotune
+        self.settle_final = settle_final
         self.peak_limit = peak_limit
         self.memory = memory
         self.steps = steps
@@ -120,21 +137,31 @@ class TrialRunner:
         self.agree = agree
         self.records: list[TrialRecord] = []
         self.outcomes: dict[int, bool] = {}
+        self._settled: set[int] = set()  # ids of records of settle trials
 
     def __call__(self, batch_size: int, purpose: str = "search", *, final: bool = False) -> bool:
         """Whether ``batch_size`` trains; runs a trial unless it was tried already.
 
         ``final``: this size may be the answer, so the trial runs all ``steps``."""
         if batch_size not in self.outcomes:
-            self.run(batch_size, purpose, steps=self.steps if final or not self.records else self.search_steps)
+            steps = self.steps if final or not self.records else self.search_steps
+            self.run(batch_size, purpose, steps=steps, settle=final and self.settle_final)
         return self.outcomes[batch_size]
 
-    def run(self, batch_size: int, purpose: str = "search", *, steps: int | None = None) -> TrialRecord:
+    def run(self, batch_size: int, purpose: str = "search", *, steps: int | None = None, settle: bool = False) -> TrialRecord:
         """Run a trial even if this size was tried before (used to re-measure); ``steps``
-        calls of ``fn`` (default: a full trial)."""
+        calls of ``fn`` (default: a full trial). ``settle`` (the answer's confirmation): with
+        cuDNN autotuning as the user set it, and more steps, up to twice ``steps``, while the
+        step's reserved peak still grows (fragmentation that shows only after a few steps)."""
         steps = self.steps if steps is None else steps
         _notify(batch_size, purpose, None)
-        error = self._attempt(batch_size, steps)
+        tuned = settle and self.autotune is not None and self.autotune.wanted
+        if self.autotune is not None:
+            with self.autotune.trial(tuned):
+                error = self._attempt(batch_size, steps, settle)
+        else:
+            error = self._attempt(batch_size, steps, settle)
+        steps = self._steps_run
         seconds = time.perf_counter() - self._started
         peak, reserved = self._peak, self._reserved
         ran_out = error is not None
@@ -151,10 +178,13 @@ class TrialRunner:
             if self.memory.allocated() > self._baseline:
                 free_memory()  # something survived the failed step: collect cycles, return blocks
         record = TrialRecord(
-            batch_size, error is None, peak, seconds, purpose, error, reserved, steps, step_peak, resident
+            batch_size, error is None, peak, seconds, purpose, error, reserved, steps, step_peak, resident,
+            self._fragmentation if error is None else None, self._inactive_split, tuned if self.autotune and self.autotune.wanted else None,
         )
         if self.agree is not None:
             record = self.agree(record)
+        if settle:
+            self._settled.add(id(record))
         self.records.append(record)
         self.outcomes[batch_size] = record.passed
         log.info(
@@ -172,30 +202,40 @@ class TrialRunner:
         """Whether a full trial of ``batch_size`` passed (with ``after_last_oom``: after the
         last trial that ran out of memory, so it is known to train in the state the allocator
         was left in; cuDNN also falls back to smaller workspaces when memory is short)."""
+        autotuned = self.autotune is not None and self.autotune.wanted
         for record in reversed(self.records):
-            if record.batch_size == batch_size and record.passed and (record.steps or self.steps) >= self.steps:
+            if (
+                record.batch_size == batch_size and record.passed and (record.steps or self.steps) >= self.steps
+                and (record.autotuned or not autotuned)
+                and (id(record) in self._settled or not self.settle_final)
+            ):
                 return True
             if after_last_oom and not record.passed:
                 return False
         return False
 
-    def _attempt(self, batch_size: int, steps: int) -> str | None:
+    def _attempt(self, batch_size: int, steps: int, settle: bool = False) -> str | None:
         """Run the steps; return None on success or the OOM's first line. Leaves the
         ``except`` block before anything is freed."""
         self.memory.release_cached()
         self._baseline = self.memory.allocated()
         self._peak = self._reserved = 0
-        self._step_peak = self._resident = None
+        self._step_peak = self._resident = self._fragmentation = self._inactive_split = None
+        self._steps_run = 0
         self._started = time.perf_counter()
+        step_reserved: list[int] = []
         try:
-            for _ in range(steps):
+            while self._steps_run < steps or (settle and _growing(step_reserved) and self._steps_run < 2 * steps):
                 self.memory.reset_peak()
                 self._resident = self.memory.allocated()
+                self._steps_run += 1
                 try:
                     self.fn(batch_size)
                 finally:
                     self._fold_peaks()
+                step_reserved.append(self.memory.peak_reserved())
             self.memory.synchronize()
+            self._inactive_split = _inactive_split(self.memory)
         except BaseException as exc:  # noqa: BLE001 - re-raised below unless it is an OOM
             if not is_oom_error(exc):
                 raise
@@ -207,6 +247,7 @@ class TrialRunner:
         self._step_peak = self.memory.peak()
         self._peak = max(self._peak, self._step_peak)
         self._reserved = max(self._reserved, self.memory.peak_reserved())
+        self._fragmentation = max(0, self.memory.peak_reserved() - self._step_peak)
 
     def peak_of(self, batch_size: int) -> int | None:
         """Allocated peak of the latest passing trial's last step at ``batch_size`` (None if
@@ -232,3 +273,18 @@ class TrialRunner:
     @property
     def failed_sizes(self) -> list[int]:
         return sorted(b for b, ok in self.outcomes.items() if not ok)
+
+
+def _growing(step_reserved: list[int]) -> bool:
+    """Whether the last step reserved more than the one before (the allocator not settled)."""
+    return len(step_reserved) >= 2 and step_reserved[-1] > step_reserved[-2]
+
+
+def _inactive_split(memory: DeviceMemory) -> int | None:
+    """Bytes in split blocks the allocator cannot hand out whole (CUDA), else None."""
+    device = getattr(memory, "device", None)
+    if device is None or getattr(device, "type", None) != "cuda":
+        return None
+    import torch
+
+    return int(torch.cuda.memory_stats(device).get("inactive_split_bytes.all.current", 0))

@@ -12,6 +12,8 @@ from typing import Any, Callable, Mapping
 
 import torch
 
+from ..memory.simulated import to_simulated_device
+
 __all__ = ["map_tensors", "to_device"]
 
 
@@ -34,5 +36,11 @@ def map_tensors(batch: Any, fn: Callable[[torch.Tensor], torch.Tensor], *, scala
 
 
 def to_device(batch: Any, device: torch.device | str) -> Any:
-    """Move every tensor of ``batch`` to ``device`` (a tensor already there is returned as is)."""
+    """Move every tensor of ``batch`` to ``device`` (a tensor already there is returned as is).
+
+    On the CPU under :func:`~autobatch.simulated_memory`, a host tensor is copied into the
+    simulated device's memory, as the transfer to a GPU would (so the runner's step holds what
+    a probe trial held: the micro-batch's inputs on the device)."""
+    if torch.device(device).type == "cpu":
+        return map_tensors(batch, lambda tensor: to_simulated_device(tensor.to(device)), scalars=True)
     return map_tensors(batch, lambda tensor: tensor.to(device, non_blocking=True), scalars=True)

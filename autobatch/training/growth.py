@@ -12,6 +12,13 @@ micro-batch halved at step 40,000 should not stay halved for the rest of the run
 So over ``T`` steps at most ``log2(T / grow_after) + 1`` grow attempts can fail, each
 costing one replayed step: the micro-batch never oscillates. ``grow_after=None`` (or 0)
 turns grow-back off.
+
+After a *measured* recovery (the runner's memory line sized the smaller micro-batch, see
+:mod:`autobatch.training.step_memory`) the squeeze may be transient: a neighbour's burst, a
+tensor held for a few steps. Then the wait is one step, not ``grow_after``: as soon as the line
+says, from what is resident now, that a larger size fits again, the next step tries the
+largest such size up to the one the run had before the squeeze. A try that fails doubles that
+short wait too, so this path cannot oscillate either.
 """
 
 from __future__ import annotations
@@ -33,6 +40,9 @@ class GrowBack:
         self.wait = self.grow_after or 0
         self.streak = 0
         self.previous: int | None = None  # the size that worked, while a larger one is tried
+        self.squeezed_from: int | None = None  # the micro-batch before a measured recovery
+        self.quick_wait = 1  # steps before a measured grow-back try (doubles when one fails)
+        self._quick = False
         self._oom_this_step = False
 
     @property
@@ -43,9 +53,24 @@ class GrowBack:
     def trying(self) -> bool:
         return self.previous is not None
 
-    def propose(self, micro_batch: int) -> int:
-        """The micro-batch to start the next step with (larger than ``micro_batch`` to grow)."""
+    def squeezed(self, before: int) -> None:
+        """A measured recovery took the micro-batch down from ``before``."""
+        self.squeezed_from = max(self.squeezed_from or 0, before)
+
+    def propose(self, micro_batch: int, fits: int | None = None) -> int:
+        """The micro-batch to start the next step with (larger than ``micro_batch`` to grow).
+
+        ``fits``: the largest micro-batch the runner's memory line says fits now (None:
+        unknown); used only to grow back after a measured recovery."""
         self._oom_this_step = False
+        self._quick = False
+        if self.squeezed_from is not None and micro_batch >= min(self.squeezed_from, self.ceiling):
+            self.squeezed_from = None  # back where the squeeze found it
+        if self.enabled and self.squeezed_from is not None and fits is not None and self.streak >= self.quick_wait:
+            target = min(fits, self.squeezed_from, self.ceiling)
+            if target > micro_batch:
+                self.previous, self._quick = micro_batch, True
+                return target
         if not self.enabled or self.streak < self.wait or micro_batch >= self.ceiling:
             return micro_batch
         self.previous = micro_batch
@@ -58,7 +83,10 @@ class GrowBack:
         if self.previous is None:
             return None
         back, self.previous = self.previous, None
-        self.wait *= 2
+        if self._quick:
+            self.quick_wait *= 2
+        else:
+            self.wait *= 2
         return back
 
     def on_step_done(self) -> None:
@@ -68,7 +96,12 @@ class GrowBack:
         self.streak = 0 if (self._oom_this_step or held) else self.streak + 1
 
     def state_dict(self) -> dict[str, Any]:
-        return {"wait": self.wait, "streak": self.streak, "ceiling": self.ceiling}
+        return {
+            "wait": self.wait, "streak": self.streak, "ceiling": self.ceiling,
+            "squeezed_from": self.squeezed_from, "quick_wait": self.quick_wait,
+        }  # fmt: skip
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.wait, self.streak, self.ceiling = state["wait"], state["streak"], state["ceiling"]
+        self.squeezed_from = state.get("squeezed_from")  # absent in checkpoints of older versions
+        self.quick_wait = state.get("quick_wait", 1)

@@ -5,6 +5,13 @@ tells where an OOM struck (and lets fault injection strike there), tenacity's re
 predicates, and what happens at the top of a replay: undo a half-applied optimizer step
 (:class:`~autobatch.training.step_guard.StepGuard`), drop the partial gradients, free memory,
 pick the smaller micro-batch, or turn on activation checkpointing when micro-batch 1 failed.
+
+The smaller micro-batch is sized by measurement where the figures allow
+(:class:`~autobatch.training.step_memory.StepMemory`: the line of the steps' measured peaks, the
+memory resident now, the failed attempt's peak and the allocation that failed), so a squeeze
+of a few percent costs a few percent; it is halved only when nothing better is known (no
+instrument, no measured step, an OOM the figures do not explain such as an injected one, and
+under ``torch.distributed``, where every rank must pick the same size from the same facts).
 """
 
 from __future__ import annotations
@@ -14,6 +21,7 @@ from typing import Any
 
 from ..errors import StepOutOfMemoryError
 from ..memory.oom import free_memory, is_oom_error
+from ..planning.accumulation import micro_batch_sizes
 from ..planning.checkpointing import enable_checkpointing
 from .run_result import Recovery
 
@@ -75,18 +83,36 @@ class OomRecovery:
             self.micro_batch = back
             self.result.grow_attempts[-1]["held"] = False
         elif before > 1:
-            self.micro_batch = before // 2
+            measured = self._measured_micro_batch(before)
+            if measured is not None:
+                self.micro_batch, action = measured, "measured"
+                self.growth.squeezed(before)
+            else:
+                self.micro_batch = before // 2
         else:
             self._enable_checkpointing()
             action = "checkpointing"
         recovery = Recovery(self.step, phase, before, self.micro_batch, action, grow, self._last_error)
         self.result.oom_recoveries.append(recovery.__dict__.copy())
         log.warning(
-            "OOM at step %d in %s with micro-batch %d%s: replaying the global batch with micro-batch %d%s "
+            "OOM at step %d in %s with micro-batch %d%s: replaying the global batch with micro-batch %d%s%s "
             "(recovery %d)",
             self.step, phase, before, " (a grow-back try)" if grow else "", self.micro_batch,
+            " (sized from measured memory)" if action == "measured" else "",
             " and activation checkpointing" if action == "checkpointing" else "", len(self.result.oom_recoveries),
         )
+
+    def _measured_micro_batch(self, before: int) -> int | None:
+        """The next micro-batch from the step memory line and the failed attempt (None: halve)."""
+        if self.distributed:
+            return None  # ranks' figures differ; they must still pick the same size
+        largest = micro_batch_sizes(self._local_size, before, balanced=self.balanced)[0]
+        return self.step_memory.after_oom(largest, self._last_error)
+
+    def _proposal(self) -> int:
+        """The micro-batch the next step starts with (grow-back included)."""
+        squeezed = self.growth.squeezed_from is not None and not self.distributed
+        return self.growth.propose(self.micro_batch, fits=self.step_memory.fitting() if squeezed else None)
 
     def _undo_optimizer_step(self) -> None:
         if not self._stepping:

@@ -15,8 +15,9 @@ class Recovery:
 
     ``step``: global step index (from 0); ``phase``: transfer, forward, backward or
     optimizer; ``micro_batch_before`` / ``micro_batch``: the failed and the new micro-batch;
-    ``action``: ``"halve"``, or ``"checkpointing"`` when micro-batch 1 failed and activation
-    checkpointing was turned on instead; ``grow``: the failed attempt was a grow-back try.
+    ``action``: ``"measured"`` (sized from the runner's measured memory line and the failed
+    attempt, :mod:`autobatch.training.step_memory`), ``"halve"`` (nothing better was known), or
+    ``"checkpointing"`` when micro-batch 1 failed and activation checkpointing was turned on instead; ``grow``: the failed attempt was a grow-back try.
     """
 
     step: int

@@ -35,7 +35,7 @@ import torch
 from .. import checks
 from ..errors import StepOutOfMemoryError
 from ..memory.oom import is_oom_error
-from ..planning.accumulation import accumulated_step, batch_size_of, micro_batch_sizes, split_batch
+from ..planning.accumulation import LazyMicroBatches, accumulated_step, batch_size_of, micro_batch_sizes, split_batch
 from ..planning.checkpointing import CheckpointHandle
 from ..probe.train_step import TrainStep
 from . import ranks
@@ -49,6 +49,7 @@ from .recovery import OomRecovery
 from .resume import Resumable
 from .run_result import RunResult
 from .step_guard import StepGuard
+from .step_memory import StepMemory
 
 __all__ = ["Runner", "train"]
 
@@ -164,6 +165,7 @@ class Runner(OomRecovery, Resumable, PlansFromData):
         local = self._parallel.local_module(model)
         self._train_step = TrainStep(local, optimizer, loss_fn, make_batch=self._no_batches, autocast_dtype=dtype)
         self.growth = GrowBack(grow_after, max_micro_batch or self.micro_batch or self.share)
+        self.step_memory = StepMemory(self.device)
         self.checkpoint_handle: CheckpointHandle | None = None
         # Position: global steps done in the whole run, epoch, batches done in that epoch.
         self.step = 0
@@ -267,7 +269,7 @@ class Runner(OomRecovery, Resumable, PlansFromData):
         if size != self.share and not self._warned_size:
             self._warned_size = True
             log.warning("a batch of %d samples, not %d; each step uses its own batch's size", size, self.share)
-        self.micro_batch = self.growth.propose(self.micro_batch)
+        self.micro_batch = self._proposal()
         if self.growth.trying:
             self.result.grow_attempts.append({"step": self.step, "from": self.growth.previous, "to": self.micro_batch, "held": True})
         try:
@@ -275,6 +277,7 @@ class Runner(OomRecovery, Resumable, PlansFromData):
                 with attempt:
                     if attempt.retry_state.attempt_number > 1:
                         self._recover()
+                    self.step_memory.begin()
                     loss = self._attempt(batch, size)
         except BaseException as exc:
             if not is_oom_error(exc):
@@ -284,6 +287,7 @@ class Runner(OomRecovery, Resumable, PlansFromData):
         if self.distributed:
             size = self._global_size
             self._parallel.after_step(self._train_step.model, f"runner step {self.step}")
+        self.step_memory.record(micro_batch_sizes(self._local_size, self.micro_batch, balanced=self.balanced)[0])
         self.growth.on_step_done()
         if self.scheduler is not None:
             self.scheduler.step()  # outside the retry: the update it follows is committed
@@ -308,10 +312,13 @@ class Runner(OomRecovery, Resumable, PlansFromData):
         self._stepping = False
         return loss
 
-    def _micro_batches(self, batch: Any):
-        for micro in split_batch(batch, self.micro_batch, balanced=self.balanced):
-            self._enter("transfer")
-            yield to_device(micro, self.device)
+    def _micro_batches(self, batch: Any) -> LazyMicroBatches:
+        # moved one at a time, no look-ahead: the device holds one micro-batch's inputs, as a trial does
+        return LazyMicroBatches(split_batch(batch, self.micro_batch, balanced=self.balanced), self._transfer)
+
+    def _transfer(self, micro: Any) -> Any:
+        self._enter("transfer")
+        return to_device(micro, self.device)
 
     # -- around the step -----------------------------------------------------------------------
     def _after_step(self, loss: float, size: int, progress: Progress, on_step_end) -> None:

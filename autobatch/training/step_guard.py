@@ -38,6 +38,7 @@ from typing import Any
 import torch
 
 from ..memory.oom import is_oom_error
+from ..memory.simulated import host_memory
 
 __all__ = ["StepGuard", "GUARD_MODES"]
 
@@ -146,8 +147,11 @@ class StepGuard:
 
     # -- helpers ------------------------------------------------------------------------------
     def _empty_like(self, source: torch.Tensor) -> torch.Tensor:
-        if self.mode == "device" or source.device.type == "cpu":
+        if self.mode == "device":
             return torch.empty_like(source, memory_format=torch.preserve_format)
+        if source.device.type == "cpu":  # "cpu" mode is host memory, also on the simulated device
+            with host_memory():
+                return torch.empty_like(source, memory_format=torch.preserve_format)
         return torch.empty(source.shape, dtype=source.dtype, device="cpu", pin_memory=source.device.type == "cuda")
 
     def _copy_stream(self):

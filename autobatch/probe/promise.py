@@ -1,0 +1,91 @@
+"""Why a probed answer is safe, in figures: what the answer's confirming trial measured.
+
+An answer is a promise that training runs at it, in the process that probed and in a new one
+(a cache hit). What stands behind it, recorded in ``ProbeResult.promise`` and a note:
+
+* the answer passed a full trial (on an accelerator: after the last OOM trial, from an emptied
+  cache, with cuDNN autotuning as the user set it, and for more steps while the allocator's
+  reserved peak still grew: :meth:`~autobatch.probe.trial.TrialRunner.run` ``settle``);
+* its allocated peak left the allocator's headroom free, and what the allocator did on top of
+  it (reserved − allocated at the peak, inactive split blocks) is measured and shown;
+* after the probe the cache is emptied (:func:`release_after_probe`), so training in the same
+  process starts from the state a new process starts in, not from blocks split by OOM trials;
+* whether ``expandable_segments`` was on (it changes the answer; the answer holds for the
+  setting it was found under).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+
+from ..memory.devices import DeviceMemory
+from ..memory.units import format_bytes
+from . import arguments
+from .result import ProbeResult
+from .trial import TrialRunner
+
+__all__ = ["promise_of", "promise_note", "release_after_probe"]
+
+
+def promise_of(runner: TrialRunner, result: ProbeResult, memory: DeviceMemory) -> dict[str, Any] | None:
+    """The figures behind ``result.batch_size``: its latest passing trial's measurements."""
+    record = runner.passed_record(result.batch_size)
+    if record is None:
+        return None
+    last_oom = max((i for i, r in enumerate(runner.records) if not r.passed), default=-1)
+    index = max(i for i, r in enumerate(runner.records) if r is record)
+    capacity = result.capacity_bytes
+    return {
+        "batch_size": record.batch_size,
+        "steps": record.steps,
+        "after_last_oom": index > last_oom,
+        "autotuned": record.autotuned,
+        "step_peak_bytes": record.step_peak_bytes,
+        "reserved_peak_bytes": record.reserved_bytes,
+        "fragmentation_bytes": record.fragmentation_bytes,
+        "inactive_split_bytes": record.inactive_split_bytes,
+        "capacity_bytes": capacity,
+        "peak_fraction": None if not capacity or record.step_peak_bytes is None else record.step_peak_bytes / capacity,
+        "allocator_headroom": None if runner.peak_limit is None else arguments.ALLOCATOR_HEADROOM,
+        "expandable_segments": _expandable_segments(memory),
+    }
+
+
+def promise_note(runner: TrialRunner, result: ProbeResult, memory: DeviceMemory) -> str:
+    """Store :func:`promise_of` on ``result`` and say it in one line (on an accelerator; the
+    simulated device has no allocator whose behaviour needs explaining, so no note there)."""
+    promise = result.promise = promise_of(runner, result, memory)
+    if promise is None or runner.peak_limit is None:
+        return ""
+    parts = [f"why {promise['batch_size']} is safe: it passed {promise['steps']} full steps"]
+    if promise["after_last_oom"] and runner.settle_final:
+        parts.append("after the last OOM trial, from an emptied cache")
+    if promise["autotuned"]:
+        parts.append("with cuDNN autotuning on, as training will run")
+    if promise["peak_fraction"] is not None:
+        parts.append(f"peak {format_bytes(promise['step_peak_bytes'])} allocated = {100 * promise['peak_fraction']:.1f} % of capacity")
+    if runner.peak_limit is not None:
+        parts.append(
+            f"{format_bytes(promise['reserved_peak_bytes'])} reserved, {format_bytes(promise['fragmentation_bytes'])} "
+            f"reserved-but-unused at the peak, {format_bytes(promise['inactive_split_bytes'])} in inactive split blocks; "
+            f"passing trials left {100 * arguments.ALLOCATOR_HEADROOM:g} % of capacity free; expandable_segments "
+            f"{'on' if promise['expandable_segments'] else 'off'}"
+        )
+    return "; ".join(parts)
+
+
+def release_after_probe(device: torch.device) -> None:
+    """Return the cached blocks the trials left, so training starts from a fresh allocator."""
+    if device.type == "cuda" and torch.cuda.is_initialized():
+        torch.cuda.synchronize(device)
+        torch.cuda.empty_cache()
+
+
+def _expandable_segments(memory: DeviceMemory) -> bool | None:
+    if getattr(getattr(memory, "device", None), "type", None) != "cuda":
+        return None
+    conf = os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "") + "," + os.environ.get("PYTORCH_ALLOC_CONF", "")
+    return "expandable_segments:true" in conf.replace(" ", "").lower()

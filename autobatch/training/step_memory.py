@@ -1,0 +1,138 @@
+"""The runner's measured memory line: which micro-batch fits now, from the steps it ran.
+
+After an out-of-memory error the runner needs the next micro-batch. Halving throws away what
+it knows: every step it trained measured its own allocated peak above the memory that was
+resident when it began (weights, optimizer state, anything else alive). Those points give a
+line, ``peak - resident = intercept + slope * micro_batch``; with what is resident *now*
+(after the failed attempt was freed, including whatever squeezed the run: another tensor, a
+neighbour's cache) and the capacity less the allocator's headroom, the line says the largest
+micro-batch that fits. The failed attempt says something too: its peak before the failure
+plus the allocation that failed is a lower bound of what ``micro_batch`` needs.
+
+:meth:`StepMemory.after_oom` combines both. It returns None (the caller halves) when nothing
+is known: no instrument (a CPU run outside :func:`~autobatch.simulated_memory`), no measured
+step and no figure in the error, or an OOM the figures do not explain (the line says the
+size fits and the failed attempt stayed under the capacity: an injected fault, or a
+one-off the figures cannot size). One measured point gives a line through the origin, whose
+slope overestimates the per-sample cost (the intercept's bytes are charged per sample), so
+the answer errs small.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Any
+
+import torch
+
+from ..memory.devices import AcceleratorMemory, DeviceMemory, SimulatedDeviceMemory
+from ..memory.simulated import active_simulation
+from ..memory.units import parse_bytes
+from ..probe.search import peak_limit
+
+__all__ = ["StepMemory"]
+
+_REQUESTED = re.compile(r"[Tt]ried to allocate\s+([0-9.]+\s*[KMGT]?i?B)")
+#: points kept per micro-batch size (the newest wins); sizes kept in all
+_MAX_SIZES = 8
+
+
+def requested_bytes(error: str) -> int | None:
+    """The allocation an OOM message says failed ("Tried to allocate 2.00 GiB"), or None."""
+    match = _REQUESTED.search(error or "")
+    if match is None:
+        return None
+    try:
+        return parse_bytes(match.group(1).replace(" ", ""), name="error")
+    except ValueError:
+        return None
+
+
+class StepMemory:
+    """Per-step allocated peaks of the runner's steps and the micro-batch they imply.
+
+    :meth:`begin` before every attempt, :meth:`record` after a step that passed,
+    :meth:`after_oom` at the top of a replay, :meth:`fitting` for the largest micro-batch the
+    line says fits now. Off (every answer None) where the device has no memory instrument.
+    """
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.points: dict[int, int] = {}  # micro-batch -> step peak above the resident memory
+        self._resident = 0
+        self._memory: DeviceMemory | None = None
+
+    def instrument(self) -> DeviceMemory | None:
+        """The device's memory instrument now (the simulated budget is looked up per step)."""
+        if self.device.type == "cpu":
+            simulation = active_simulation()
+            return None if simulation is None else SimulatedDeviceMemory(simulation)
+        if self.device.type == "cuda" and torch.cuda.is_available():
+            return AcceleratorMemory(self.device)
+        return None
+
+    def begin(self) -> None:
+        """An attempt starts: remember what is resident, start a fresh peak."""
+        self._memory = self.instrument()
+        if self._memory is not None:
+            self._resident = self._memory.allocated()
+            self._memory.reset_peak()
+
+    def record(self, micro_batch: int) -> None:
+        """A step at ``micro_batch`` (its largest micro-batch) passed: add its point."""
+        if self._memory is None:
+            return
+        self.points.pop(micro_batch, None)
+        self.points[micro_batch] = max(0, self._memory.peak() - self._resident)
+        while len(self.points) > _MAX_SIZES:
+            self.points.pop(next(iter(self.points)))
+
+    def line(self) -> tuple[float, float] | None:
+        """``(intercept, slope)`` of peak-above-resident against micro-batch, or None."""
+        if not self.points:
+            return None
+        sizes = sorted(self.points)
+        if len(sizes) == 1:
+            return 0.0, self.points[sizes[0]] / sizes[0]
+        low, high = sizes[0], sizes[-1]
+        slope = (self.points[high] - self.points[low]) / (high - low)
+        if slope <= 0:  # noise or a peak that does not grow: charge every byte per sample
+            return 0.0, max(self.points[s] / s for s in sizes)
+        return max(0.0, self.points[high] - slope * high), slope
+
+    def _room(self, memory: DeviceMemory) -> int:
+        capacity = memory.capacity()
+        limit = peak_limit(memory, capacity)
+        return (capacity if limit is None else limit) - memory.allocated()
+
+    def fitting(self) -> int | None:
+        """The largest micro-batch the line says fits with what is resident now (None: unknown)."""
+        memory, line = self.instrument(), self.line()
+        if memory is None or line is None or line[1] <= 0:
+            return None
+        return max(0, math.floor((self._room(memory) - line[0]) / line[1]))
+
+    def after_oom(self, micro_batch: int, error: str) -> int | None:
+        """The next micro-batch after ``micro_batch`` failed with ``error`` (memory already
+        freed), or None when the figures do not explain the failure (the caller halves)."""
+        memory = self._memory if self._memory is not None else self.instrument()
+        if memory is None:
+            return None
+        guesses: list[int] = []
+        fits = self.fitting()
+        if fits is not None and fits < micro_batch:
+            guesses.append(fits)  # the line: what is resident now leaves no room for micro_batch
+        requested = requested_bytes(error)
+        if requested is not None:
+            needed = memory.peak() + requested - self._resident  # a lower bound of micro_batch's need
+            room = self._room(memory)
+            if needed > room > 0:
+                guesses.append(math.floor(micro_batch * room / needed))
+        if not guesses:
+            return None
+        # at least a small step down, so a line that is slightly off cannot replay forever
+        return max(1, min(min(guesses), micro_batch - max(1, micro_batch // 32)))
+
+    def state(self) -> dict[str, Any]:
+        return {"points": dict(self.points)}

@@ -1,0 +1,365 @@
+"""Is the probed answer a promise? (issue 16) Answer vs exact maximum, 200 steps at the answer in
+the probing process and in a fresh one, probe time vs Accelerate's find_executable_batch_size.
+
+For each workload (ViT-B/16, ResNet-50 with cudnn.benchmark=True, ResNet-50 without, GPT-2-like,
+a Llama-style decoder; tiny stand-ins with ``--quick``), side by side in one process:
+
+1. ``TrainStep`` form: ``find_max_batch(TrainStep(...))`` timed, then ``Runner`` trains ``--steps``
+   steps at the answer in the same process under the same cap (any OOM recovery = broken promise);
+2. plain-callable form (what Accelerate users bring): ``find_max_batch(step_fn)`` timed, then a
+   plain loop of ``--steps`` calls at the answer, same process, same cap;
+3. the exact maximum: from the answer, step up (+1, +2, +4, ...) until a 3-step run OOMs, bisect;
+4. Accelerate's ``find_executable_batch_size`` from the power of two above the exact maximum
+   (3 steps per attempt), timed (skipped when accelerate is not installed);
+5. a fresh process per form trains ``--steps`` steps at that form's answer (``--child``);
+6. with ``--cli`` (GPT and ResNet-50 workloads): ``python -m autobatch probe`` then ``train`` in
+   a new process (a cache hit), reading train_result.json's recoveries.
+
+Run on the GPU (the lead, one H200; full mode < 9 min at the default 8 GiB cap):
+    python scripts/bench_promise.py --out promise.json
+    python scripts/bench_promise.py --quick --device cpu        (seconds; proves it runs)
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from torch.nn import functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import autobatch  # noqa: E402
+from autobatch import free_memory, is_oom_error  # noqa: E402
+from autobatch.memory.simulated import active_simulation, host_memory  # noqa: E402
+from autobatch.workloads.models import GPT, MLP, ResNetCNN  # noqa: E402
+
+WORKLOADS = ("vit_b16", "resnet50_tuned", "resnet50", "gpt2", "llama")
+
+
+# -- workloads ------------------------------------------------------------------------------------
+def build(name: str, device: str, quick: bool):
+    """``(model, optimizer, loss_fn, make_batch, autocast dtype, cudnn.benchmark)``."""
+    torch.manual_seed(0)
+    bench = name == "resnet50_tuned"
+    dtype = torch.bfloat16 if device == "cuda" else None
+    if name.startswith("vit"):
+        model, shape = _vit(quick), (3, 32, 32) if quick else (3, 224, 224)
+    elif name.startswith("resnet50"):
+        model, shape = _resnet(quick), (3, 16, 16) if quick else (3, 224, 224)
+    else:
+        model, shape = _decoder(name, quick), None
+    model = model.to(device)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    if shape is None:
+        seq, vocab = (16, 64) if quick else (1024, 50257)
+
+        def make(b):
+            return torch.randint(0, vocab, (b, seq + 1), device=device)
+
+        def loss_fn(m, tokens):
+            out = m(tokens[:, :-1])
+            logits = out.logits if hasattr(out, "logits") else out
+            return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), tokens[:, 1:].reshape(-1))
+    else:
+        def make(b):
+            return torch.randn(b, *shape, device=device), torch.randint(0, 10, (b,), device=device)
+
+        def loss_fn(m, batch):
+            return F.cross_entropy(m(batch[0]).float(), batch[1])
+    return model, optimizer, loss_fn, make, dtype, bench
+
+
+def _vit(quick: bool):
+    try:
+        from torchvision.models import VisionTransformer, vit_b_16
+    except ImportError:
+        return MLP((3, 32, 32), 10, width=64)  # stand-in where torchvision is missing (CPU quick runs)
+    if quick:
+        return VisionTransformer(32, 8, num_layers=2, num_heads=2, hidden_dim=32, mlp_dim=64, num_classes=10)
+    return vit_b_16(num_classes=10)
+
+
+def _resnet(quick: bool):
+    try:
+        from torchvision.models import resnet18, resnet50
+    except ImportError:
+        return ResNetCNN(3, 10, width=8, stages=2)
+    return resnet18(num_classes=10) if quick else resnet50(num_classes=10)
+
+
+def _decoder(name: str, quick: bool):
+    if name == "llama" and not quick:
+        try:
+            from transformers import LlamaConfig, LlamaForCausalLM
+
+            config = LlamaConfig(vocab_size=50257, hidden_size=768, intermediate_size=2048, num_hidden_layers=12,
+                                 num_attention_heads=12, num_key_value_heads=4, max_position_embeddings=1024)
+            return LlamaForCausalLM(config)
+        except ImportError:
+            pass
+    if quick:
+        return GPT(vocab_size=64, max_seq_len=16, layers=1, width=16, heads=2)
+    return GPT(vocab_size=50257, max_seq_len=1024, layers=12, width=768, heads=12)  # GPT-2 small shape
+
+
+# -- the forms ------------------------------------------------------------------------------------
+def plain_step(model, optimizer, loss_fn, make, dtype, device):
+    """An Accelerate user's step function: forward, backward, step, zero_grad."""
+
+    def step(batch_size: int) -> None:
+        batch = make(batch_size)
+        with torch.autocast(device, dtype=dtype, enabled=dtype is not None):
+            loss = loss_fn(model, batch)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+
+    return step
+
+
+class Capped:
+    """Cap the process (CUDA: per-process fraction; CPU: a simulated budget) for training."""
+
+    def __init__(self, device: str, limit: int) -> None:
+        self.device, self.limit, self.sim = device, limit, None
+
+    def __enter__(self):
+        if self.device == "cuda":
+            torch.cuda.set_per_process_memory_fraction(self.limit / torch.cuda.get_device_properties(0).total_memory)
+        elif active_simulation() is None:  # the CPU workload runs inside one budget (see workload())
+            self.sim = autobatch.simulated_memory(self.limit)
+            self.sim.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        if self.device == "cuda":
+            torch.cuda.set_per_process_memory_fraction(1.0)
+        elif self.sim is not None:
+            self.sim.__exit__(*exc)
+
+
+def train_plain(step, batch_size: int, steps: int, device: str, limit: int) -> dict:
+    began, done = time.perf_counter(), 0
+    with Capped(device, limit):
+        try:
+            for done in range(steps):
+                step(batch_size)
+            done = steps
+        except BaseException as exc:  # noqa: BLE001
+            if not is_oom_error(exc):
+                raise
+            return {"steps": done, "oom_at": done, "seconds": time.perf_counter() - began}
+    return {"steps": done, "oom_at": None, "seconds": time.perf_counter() - began}
+
+
+def train_runner(model, optimizer, loss_fn, make, dtype, batch_size: int, steps: int, device: str, limit: int) -> dict:
+    with host_memory():  # the runner's data lives on the host (no simulated budget counts it)
+        data = [tuple(t.cpu() for t in b) if isinstance(b, tuple) else b.cpu() for b in (make(batch_size) for _ in range(2))]
+    began = time.perf_counter()
+    with Capped(device, limit):
+        runner = autobatch.Runner(model, optimizer, loss_fn, global_batch=batch_size, micro_batch=batch_size,
+                                  autocast_dtype=dtype, progress=False, grow_after=None)
+        result = runner.fit(data * (steps // 2 + steps % 2), steps=steps)
+    return {"steps": result.steps, "recoveries": result.oom_recoveries, "final_micro_batch": result.micro_batch,
+            "seconds": time.perf_counter() - began}
+
+
+def runs(step, batch_size: int, device: str, limit: int, steps: int = 3) -> bool:
+    free_memory()
+    try:
+        with Capped(device, limit):
+            for _ in range(steps):
+                step(batch_size)
+        return True
+    except BaseException as exc:  # noqa: BLE001
+        if not is_oom_error(exc):
+            raise
+    finally:
+        free_memory()
+    return False
+
+
+def exact_max(step, answer: int, device: str, limit: int) -> int:
+    """Step up from the answer (+1, +2, +4, ...) until 3 steps OOM, then bisect."""
+    good, jump = answer, 1
+    while runs(step, good + jump, device, limit):
+        good, jump = good + jump, jump * 2
+    bad = good + jump
+    while bad - good > 1:
+        mid = (good + bad) // 2
+        good, bad = (mid, bad) if runs(step, mid, device, limit) else (good, mid)
+    return good
+
+
+def accelerate_probe(step, start: int, device: str, limit: int) -> dict:
+    try:
+        from accelerate.utils import find_executable_batch_size
+    except ImportError:
+        return {"skipped": "accelerate is not installed"}
+
+    @find_executable_batch_size(starting_batch_size=start)
+    def inner(batch_size):
+        try:
+            for _ in range(3):
+                step(batch_size)
+        except torch.OutOfMemoryError as exc:
+            if device == "cuda":
+                raise
+            # Accelerate matches message strings; say the simulated OOM in words it knows
+            raise RuntimeError(f"CUDA out of memory. (simulated: {str(exc)[:80]})") from None
+        return batch_size
+
+    free_memory()
+    began = time.perf_counter()
+    with Capped(device, limit):
+        found = inner()
+    return {"batch_size": found, "seconds": time.perf_counter() - began, "start": start}
+
+
+def fresh_process(args, name: str, form: str, batch_size: int) -> dict:
+    command = [sys.executable, __file__, "--child", name, "--form", form, "--batch", str(batch_size),
+               "--steps", str(args.steps), "--device", args.device, "--memory-limit", args.memory_limit]
+    if args.quick:
+        command.append("--quick")
+    done = subprocess.run(command, capture_output=True, text=True, timeout=args.child_timeout)
+    if done.returncode != 0:
+        return {"error": done.stderr.strip().splitlines()[-1:] or done.returncode}
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def child(args) -> None:
+    device, limit = args.device, autobatch.parse_bytes(args.memory_limit)
+    torch.backends.cudnn.benchmark = args.child.endswith("_tuned")
+    if device == "cpu":  # the whole child inside one budget, as in workload()
+        with autobatch.simulated_memory(limit):
+            return _child(args, device, limit)
+    return _child(args, device, limit)
+
+
+def _child(args, device: str, limit: int) -> None:
+    model, optimizer, loss_fn, make, dtype, _ = build(args.child, device, args.quick)
+    if args.form == "plain":
+        out = train_plain(plain_step(model, optimizer, loss_fn, make, dtype, device), args.batch, args.steps, device, limit)
+    else:
+        out = train_runner(model, optimizer, loss_fn, make, dtype, args.batch, args.steps, device, limit)
+    print(json.dumps(out, default=str))
+
+
+def cli(args, name: str) -> dict:
+    model = {"gpt2": "gpt", "resnet50": "resnet50", "resnet50_tuned": "resnet50"}.get(name)
+    if model is None or (model == "resnet50" and args.quick):
+        return {"skipped": "the CLI has no such built-in model"}
+    with tempfile.TemporaryDirectory() as tmp:
+        common = [f"model={model}", f"device.type={args.device}", f"probe.memory_limit={args.memory_limit}",
+                  f"probe.cache_dir={tmp}/cache", f"hydra.run.dir={tmp}/run"]
+        if model == "resnet50":
+            common.append("data=imagenet")
+        out = {}
+        for command, extra in (("probe", []), ("train", [f"train.steps={args.steps}"])):
+            began = time.perf_counter()
+            done = subprocess.run([sys.executable, "-m", "autobatch", command, *common, *extra], capture_output=True,
+                                  text=True, timeout=args.child_timeout, cwd=tmp)
+            out[f"{command}_seconds"] = round(time.perf_counter() - began, 2)
+            if done.returncode != 0:
+                out[f"{command}_error"] = done.stderr.strip().splitlines()[-3:]
+                return out
+        summary = json.loads((Path(tmp) / "run" / "train_result.json").read_text())
+        out.update(batch=summary["probe"]["batch_size"] if summary.get("probe") else None, steps=summary["steps"],
+                   recoveries=len(summary["oom_recoveries"]), final_micro_batch=summary["micro_batch"])
+        return out
+
+
+# -- one workload ------------------------------------------------------------------------------------
+def workload(args, name: str) -> dict:
+    """One workload; on the CPU inside one simulated budget, so that state created by a probe
+    (a plain callable's Adam moments) keeps counting afterwards, as it does on a GPU."""
+    if args.device != "cpu":
+        return _workload(args, name, autobatch.parse_bytes(args.memory_limit))
+    with autobatch.simulated_memory(args.memory_limit):
+        return _workload(args, name, None)
+
+
+def _workload(args, name: str, cap: int | None) -> dict:
+    device, limit = args.device, autobatch.parse_bytes(args.memory_limit)
+    user_setting = name.endswith("_tuned")
+    torch.backends.cudnn.benchmark = user_setting
+    row: dict = {"workload": name, "cudnn_benchmark": user_setting}
+    model, optimizer, loss_fn, make, dtype, _ = build(name, device, args.quick)
+    ts = autobatch.TrainStep(model, optimizer, loss_fn, make, autocast_dtype=dtype)
+    began = time.perf_counter()
+    result = autobatch.find_max_batch(ts, memory_limit=cap, cache=False)
+    row["trainstep"] = {"batch": result.batch_size, "probe_s": round(time.perf_counter() - began, 3),
+                        "trials": result.num_trials, "promise": result.promise,
+                        "benchmark_restored": torch.backends.cudnn.benchmark is user_setting}
+    row["trainstep"]["same_process"] = train_runner(model, optimizer, loss_fn, make, dtype, result.batch_size,
+                                                    args.steps, device, limit)
+    del model, optimizer, ts
+    free_memory()
+    model, optimizer, loss_fn, make, dtype, _ = build(name, device, args.quick)
+    step = plain_step(model, optimizer, loss_fn, make, dtype, device)
+    began = time.perf_counter()
+    result = autobatch.find_max_batch(step, memory_limit=cap, device=device, cache=False)
+    row["plain"] = {"batch": result.batch_size, "probe_s": round(time.perf_counter() - began, 3),
+                    "trials": result.num_trials, "promise": result.promise}
+    row["plain"]["same_process"] = train_plain(step, result.batch_size, args.steps, device, limit)
+    exact = exact_max(step, min(row["plain"]["batch"], row["trainstep"]["batch"]), device, limit)
+    row["exact_max"] = exact
+    for form in ("trainstep", "plain"):
+        row[form]["of_exact"] = round(row[form]["batch"] / exact, 4)
+    row["accelerate"] = accelerate_probe(step, 2 ** math.ceil(math.log2(exact * 1.05)), device, limit)
+    del model, optimizer, step
+    free_memory()
+    row["trainstep"]["fresh_process"] = fresh_process(args, name, "runner", row["trainstep"]["batch"])
+    row["plain"]["fresh_process"] = fresh_process(args, name, "plain", row["plain"]["batch"])
+    if args.cli:
+        row["cli"] = cli(args, name)
+    return row
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--quick", action="store_true", help="tiny models, few steps (CPU: seconds)")
+    parser.add_argument("--memory-limit", default=None, help="per-process cap (default 8GiB; 16MiB on the CPU)")
+    parser.add_argument("--steps", type=int, default=None, help="training steps at the answer (default 200; --quick 5)")
+    parser.add_argument("--workloads", default=",".join(WORKLOADS))
+    parser.add_argument("--cli", action=argparse.BooleanOptionalAction, default=True)
+    parser.add_argument("--child-timeout", type=int, default=300)
+    parser.add_argument("--out", default=None)
+    parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--form", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--batch", type=int, default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    args.memory_limit = args.memory_limit or ("16MiB" if args.device == "cpu" else ("2GiB" if args.quick else "8GiB"))
+    args.steps = args.steps or (5 if args.quick else 200)
+    if args.child:
+        return child(args)
+    began, rows = time.perf_counter(), []
+    env = {"device": torch.cuda.get_device_name(0) if args.device == "cuda" else "cpu (simulated)",
+           "torch": torch.__version__, "memory_limit": args.memory_limit, "steps": args.steps,
+           "alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")}
+    print(json.dumps(env))
+    for name in args.workloads.split(","):
+        row = workload(args, name)
+        rows.append(row)
+        t, p = row["trainstep"], row["plain"]
+        print(f"{name:15s} exact {row['exact_max']:6d} | TrainStep {t['batch']} ({t['of_exact']:.3f}) {t['probe_s']:.2f}s "
+              f"same {len(t['same_process']['recoveries'])} rec, fresh {t['fresh_process']} | plain {p['batch']} "
+              f"({p['of_exact']:.3f}) {p['probe_s']:.2f}s same oom_at {p['same_process']['oom_at']}, fresh "
+              f"{p['fresh_process']} | accelerate {row['accelerate']} | cli {row.get('cli')}", flush=True)
+    print(f"total {time.perf_counter() - began:.1f}s")
+    if args.out:
+        Path(args.out).write_text(json.dumps({"env": env, "rows": rows}, indent=1, default=str))
+
+
+if __name__ == "__main__":
+    main()

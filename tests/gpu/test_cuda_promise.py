@@ -1,0 +1,92 @@
+"""Real-GPU checks of issue 16: the probed answer trains in the process that probed, after
+OOM trials, for more steps than the probe ran; autotuning comes back as the user set it; the
+runner's recovery from a real squeeze is sized by measurement. Skipped without CUDA."""
+
+import pytest
+import torch
+from torch.nn import functional as F
+
+import autobatch
+from autobatch import free_memory
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+]
+
+GiB = 2**30
+
+
+def cnn_step():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 64, 3, padding=1), torch.nn.BatchNorm2d(64), torch.nn.ReLU(),
+        torch.nn.Conv2d(64, 64, 3, padding=1), torch.nn.BatchNorm2d(64), torch.nn.ReLU(),
+        torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(64, 10),
+    ).cuda()
+    optimizer = torch.optim.AdamW(model.parameters())
+
+    def loss_fn(m, b):
+        return F.cross_entropy(m(b[0]), b[1])
+
+    def make(n):
+        return torch.randn(n, 3, 64, 64, device="cuda"), torch.randint(0, 10, (n,), device="cuda")
+
+    return model, optimizer, loss_fn, make
+
+
+@pytest.fixture(autouse=True)
+def _clean():
+    free_memory()
+    yield
+    free_memory()
+
+
+@pytest.mark.parametrize("benchmark", [False, True])
+def test_answer_trains_50_steps_in_the_probing_process(benchmark):
+    before = torch.backends.cudnn.benchmark
+    torch.backends.cudnn.benchmark = benchmark
+    try:
+        model, optimizer, loss_fn, make = cnn_step()
+        result = autobatch.find_max_batch(autobatch.TrainStep(model, optimizer, loss_fn, make), memory_limit=2 * GiB,
+                                          cache=False)
+        assert torch.backends.cudnn.benchmark is benchmark  # the user's setting, exactly
+        assert result.promise and result.promise["after_last_oom"]
+        if benchmark:
+            assert result.promise["autotuned"] is True
+            assert all(not r.autotuned for r in result.trials if r.purpose == "search")
+        total = torch.cuda.get_device_properties(0).total_memory
+        torch.cuda.set_per_process_memory_fraction(2 * GiB / total)
+        try:
+            for _ in range(50):
+                optimizer.zero_grad(set_to_none=True)
+                loss_fn(model, make(result.batch_size)).backward()
+                optimizer.step()
+        finally:
+            torch.cuda.set_per_process_memory_fraction(1.0)
+    finally:
+        torch.backends.cudnn.benchmark = before
+
+
+def test_runner_recovery_from_a_real_squeeze_is_measured():
+    model, optimizer, loss_fn, make = cnn_step()
+    answer = autobatch.find_max_batch(autobatch.TrainStep(model, optimizer, loss_fn, make), memory_limit=2 * GiB,
+                                      cache=False).batch_size
+    total = torch.cuda.get_device_properties(0).total_memory
+    squeeze = []
+    torch.cuda.set_per_process_memory_fraction(2 * GiB / total)
+    try:
+        def on_step_end(info):
+            if info["step"] == 3:
+                squeeze.append(torch.empty(GiB // 10, dtype=torch.uint8, device="cuda"))  # 5 % of 2 GiB
+
+        data = [tuple(t.cpu() for t in make(answer)) for _ in range(10)]
+        runner = autobatch.Runner(model, optimizer, loss_fn, global_batch=answer, micro_batch=answer, progress=False)
+        result = runner.fit(data, on_step_end=on_step_end)
+    finally:
+        torch.cuda.set_per_process_memory_fraction(1.0)
+        squeeze.clear()
+    assert result.samples == 10 * answer
+    for recovery in result.oom_recoveries:
+        if recovery["action"] == "measured":
+            assert recovery["micro_batch"] >= 0.8 * recovery["micro_batch_before"]
