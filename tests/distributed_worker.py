@@ -58,6 +58,26 @@ def probe(rank: int, out: Path) -> dict:
     return results
 
 
+def ddp_probe(rank: int, world: int, out: Path) -> dict:
+    """The probe through DDP (the real DDP step) under each rank's budget, vs its local module."""
+    limits = os.environ.get("PROBE_LIMITS", "3MiB,1536KiB").split(",")
+    limit = limits[rank % len(limits)]
+    answers = {}
+    for wrapped in (True, False):
+        model = make_model(width=16).to(device())
+        ddp = torch.nn.parallel.DistributedDataParallel(model)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+        generator = torch.Generator().manual_seed(0)
+
+        def make_batch(size: int):
+            return (torch.randn(size, 6, generator=generator, dtype=torch.float64), torch.zeros(size, 1, dtype=torch.float64))
+
+        step = TrainStep(ddp if wrapped else model, optimizer, hungry_mse, make_batch)
+        result = find_max_batch(step, strategy="binary", memory_limit=limit, steps_per_trial=2, max_batch=256, cache=False)
+        answers["ddp" if wrapped else "local"] = {"batch_size": result.batch_size, "trials": [t.batch_size for t in result.trials]}
+    return answers
+
+
 def _share(batch, rank: int, world: int):
     size = batch[0].shape[0] // world
     return tuple(t[rank * size : (rank + 1) * size] for t in batch)
@@ -199,7 +219,7 @@ def mismatched(rank: int, world: int, out: Path) -> dict:
     return {"error": None}
 
 
-SCENARIOS = {"probe": probe, "faults": faults, "ddp_faults": ddp_faults, "ddp_stalled": ddp_stalled, "peer_error": peer_error, "skipped_sync": skipped_sync, "mismatched": mismatched}
+SCENARIOS = {"probe": probe, "ddp_probe": ddp_probe, "faults": faults, "ddp_faults": ddp_faults, "ddp_stalled": ddp_stalled, "peer_error": peer_error, "skipped_sync": skipped_sync, "mismatched": mismatched}
 
 
 def main() -> None:
