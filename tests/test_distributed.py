@@ -139,6 +139,16 @@ def test_ddp_recovers_an_oom_inside_the_last_backward_and_the_optimizer_step(tmp
         assert runs[0]["loss"] == runs[1]["loss"]
 
 
+def test_the_probe_measures_the_ddp_step_in_lockstep(tmp_path):
+    """find_max_batch on a DDP TrainStep runs the real DDP step (trials fail on every rank
+    together when one rank's budget is exceeded) and agrees with the local-module probe here
+    (the buckets of so small a model are a few KiB)."""
+    reports = launch("ddp_probe", tmp_path, SYNC_TIMEOUT="60")
+    assert reports[0]["ddp"] == reports[1]["ddp"]
+    assert reports[0]["ddp"]["batch_size"] <= reports[0]["local"]["batch_size"]
+    assert reports[0]["ddp"]["batch_size"] > 1
+
+
 def test_ddp_a_rank_that_stops_coming_is_a_clear_error_not_a_hang(tmp_path):
     """Rank 1 leaves after two steps; rank 0 waits inside DDP's bucket all-reduce (gloo blocks
     in backward) and ends in RankDisagreementError within the deadline."""

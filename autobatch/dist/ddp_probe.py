@@ -7,9 +7,15 @@ all-reduce. Probing the local module leaves them out of the measured step (the b
 resident once DDP is built, the rest is not), so :func:`~autobatch.find_max_batch` runs this
 step instead: one forward and backward through DDP with the runner's protocol
 (:mod:`autobatch.dist.ddp_step`), then the optimizer step, each phase ended by a vote.
+``strategy="auto"``'s estimate (fake tensors, nothing runs) traces the local module instead:
+it is only the prior the measured trials correct.
 """
 
 from __future__ import annotations
+
+import copy
+
+from torch.utils._python_dispatch import is_in_torch_dispatch_mode
 
 from ..memory.oom import free_memory
 from ..probe.train_step import TrainStep
@@ -32,6 +38,11 @@ class DDPProbeStep(TrainStep):
         )
 
     def __call__(self, batch_size: int) -> None:
+        if is_in_torch_dispatch_mode():  # the estimator's fake tracing: no collective can run
+            local = copy.copy(self)
+            local.model = self.model.module
+            TrainStep.__call__(local, batch_size)
+            return
         model = self.model
         ledger = ledger_for(model)
         label = f"probe step at batch {batch_size}"
