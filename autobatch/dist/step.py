@@ -1,7 +1,9 @@
 """One global step across ranks that never leaves a rank waiting in a collective alone.
 
-The :class:`~autobatch.Runner` calls :func:`synced_step` instead of
-:func:`~autobatch.accumulated_step` when it runs under ``torch.distributed``. The design:
+The :class:`~autobatch.Runner` calls :class:`CollectiveDataParallel` when it runs under
+``torch.distributed``. A DDP model goes through DDP's own reducer
+(:mod:`autobatch.dist.ddp_step`); everything else (a plain module, a DDP configuration that
+path does not drive) through :func:`synced_step`, whose design is:
 
 1. **Local phase, no collectives.** Every micro-batch of this rank's share runs forward and
    backward on the *local* module (DDP's ``model.module``; DDP's own hooks never run), so
