@@ -58,6 +58,26 @@ def probe(rank: int, out: Path) -> dict:
     return results
 
 
+def ddp_probe(rank: int, world: int, out: Path) -> dict:
+    """The probe through DDP (the real DDP step) under each rank's budget, vs its local module."""
+    limits = os.environ.get("PROBE_LIMITS", "3MiB,1536KiB").split(",")
+    limit = limits[rank % len(limits)]
+    answers = {}
+    for wrapped in (True, False):
+        model = make_model(width=16).to(device())
+        ddp = torch.nn.parallel.DistributedDataParallel(model)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+        generator = torch.Generator().manual_seed(0)
+
+        def make_batch(size: int):
+            return (torch.randn(size, 6, generator=generator, dtype=torch.float64), torch.zeros(size, 1, dtype=torch.float64))
+
+        step = TrainStep(ddp if wrapped else model, optimizer, hungry_mse, make_batch)
+        result = find_max_batch(step, strategy="binary", memory_limit=limit, steps_per_trial=2, max_batch=256, cache=False)
+        answers["ddp" if wrapped else "local"] = {"batch_size": result.batch_size, "trials": [t.batch_size for t in result.trials]}
+    return answers
+
+
 def _share(batch, rank: int, world: int):
     size = batch[0].shape[0] // world
     return tuple(t[rank * size : (rank + 1) * size] for t in batch)
@@ -84,6 +104,72 @@ def train(rank: int, world: int, out: Path, phase: str | None, wrap: bool = True
         "samples": result.samples,
         "loss": result.last_loss,
     }
+
+
+def _arm_backward_oom(model: torch.nn.Module, step_of: callable, at_step: int) -> dict:
+    """Raise an OOM from *inside* the backward of the last micro-batch of ``at_step`` (once):
+    a hook on the first layer's weight gradient, which autograd computes last, so DDP has
+    launched the later layers' buckets (one parameter per bucket) when it fires."""
+    first = next(model.parameters())
+    state = {"fired": False}
+
+    def hook(grad):
+        if not state["fired"] and step_of() == at_step and torch.is_grad_enabled() is not None and model.require_backward_grad_sync:
+            from autobatch.dist.ddp_step import ledger_for
+
+            state["fired"] = True
+            state["launched"] = list(ledger_for(model).launched)  # buckets in flight when it struck
+            raise torch.OutOfMemoryError("CUDA out of memory (injected inside backward, buckets in flight)")
+        return grad
+
+    first.register_hook(hook)
+    return state
+
+
+def ddp_train(rank: int, world: int, out: Path, phase: str | None) -> dict:
+    """As :func:`train`, through DDP with one bucket per parameter; ``phase="last_backward"``
+    raises on rank 1 from inside the last micro-batch's backward at step 1."""
+    model = torch.nn.parallel.DistributedDataParallel(make_model(width=16).to(device()), bucket_cap_mb=1e-6)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.05)
+    data = [tuple(t.to(device()) for t in _share(batch, rank, world)) for batch in make_data(48, 16)]
+    runner = Runner(model, optimizer, mse, global_batch=16, micro_batch=4, grow_after=None, progress=False, log_every=None)
+    assert runner._train_step.model is model  # trained through DDP itself
+    armed = {}
+    if phase == "last_backward" and rank == 1:
+        armed = _arm_backward_oom(model, lambda: runner.step, 1)
+    elif phase is not None and rank == 1:
+        inject_oom(runner, at=(1, phase))
+    result = runner.fit(data)
+    name = f"ddp_weights_{phase or 'none'}_rank{rank}.pt"
+    torch.save([p.detach().cpu() for p in model.parameters()], out / name)
+    buckets = len(model.reducer._get_zeros_like_grad_buckets())
+    return {"weights": name, "recoveries": result.oom_recoveries, "micro_batch": result.micro_batch,
+            "samples": result.samples, "loss": result.last_loss, "buckets": buckets,
+            "launched_at_failure": armed.get("launched")}
+
+
+def ddp_faults(rank: int, world: int, out: Path) -> dict:
+    phases = os.environ.get("DDP_PHASES", "none,last_backward,optimizer").split(",")
+    return {phase: ddp_train(rank, world, out, None if phase == "none" else phase) for phase in phases}
+
+
+def ddp_stalled(rank: int, world: int, out: Path) -> dict:
+    """Rank 1 trains two steps through DDP, then never comes back: rank 0 must end in a clear
+    error within the deadline (it is inside DDP's bucket all-reduce), not hang."""
+    dist_sync.set_timeout(float(os.environ.get("SYNC_TIMEOUT", "3")))
+    model = torch.nn.parallel.DistributedDataParallel(make_model(width=16).to(device()))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    data = [_share(batch, rank, world) for batch in make_data(48, 16)]
+    if rank == 1:
+        data = data[:2]  # step 2 (after the bucket rebuild): rank 0 waits inside backward
+    runner = Runner(model, optimizer, mse, global_batch=16, micro_batch=4, grow_after=None, progress=False, log_every=None)
+    try:
+        runner.fit(data)
+    except RankDisagreementError as exc:
+        return {"error": type(exc).__name__, "message": str(exc)}
+    if rank == 1:
+        time.sleep(dist_sync.timeout() * 2 + 6)
+    return {"error": None}
 
 
 def faults(rank: int, world: int, out: Path) -> dict:
@@ -133,7 +219,7 @@ def mismatched(rank: int, world: int, out: Path) -> dict:
     return {"error": None}
 
 
-SCENARIOS = {"probe": probe, "faults": faults, "peer_error": peer_error, "skipped_sync": skipped_sync, "mismatched": mismatched}
+SCENARIOS = {"probe": probe, "ddp_probe": ddp_probe, "faults": faults, "ddp_faults": ddp_faults, "ddp_stalled": ddp_stalled, "peer_error": peer_error, "skipped_sync": skipped_sync, "mismatched": mismatched}
 
 
 def main() -> None:
@@ -146,8 +232,11 @@ def main() -> None:
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
         torch.cuda.set_device(device)
         dist.init_process_group(backend, device_id=device)
-    else:
-        dist.init_process_group(backend)
+    else:  # the default group's timeout bounds DDP's collectives (init_from_env sets it to the
+        # sync deadline; here 2 s later, so the tests of autobatch's own deadline see that one)
+        from datetime import timedelta
+
+        dist.init_process_group(backend, timeout=timedelta(seconds=float(os.environ.get("SYNC_TIMEOUT", "300")) + 2))
     group = dist_sync.control_group()  # while every rank is here, as init_from_env does
     if os.environ.get("SIDE_GROUP") == "1":
         assert group is not None and group is not dist.group.WORLD

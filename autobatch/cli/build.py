@@ -22,6 +22,7 @@ from ..training.faults import PHASES
 from ..probe.find import validate_probe_args
 from ..planning.throughput import validate_timing
 from ..probe.train_step import TrainStep
+from .ranks import data_parallel
 from ..memory.units import parse_bytes
 
 __all__ = [
@@ -245,6 +246,7 @@ def build_workload(cfg: DictConfig) -> Workload:
     model_args.pop("inputs", None)
     model = instantiate(model_args, _convert_="all").to(device)
     optimizer = instantiate(cfg.optimizer, params=model.parameters(), _convert_="all")
+    model = data_parallel(model, device)  # DDP under torchrun: trained and probed through DDP
     make_batch, probe_batch, samples, dataset = _batch_makers(cfg, device)
     autocast_dtype = _AUTOCAST[_name(cfg.precision)]
     scaler = None

@@ -17,9 +17,11 @@ from typing import Sequence
 
 from omegaconf import DictConfig
 
-from ..dist.agreement import init_from_env, is_rank_zero
+import torch
 
-__all__ = ["join", "is_rank_zero", "launched_rank", "hydra_overrides"]
+from ..dist.agreement import init_from_env, is_distributed, is_rank_zero
+
+__all__ = ["join", "is_rank_zero", "launched_rank", "hydra_overrides", "data_parallel", "unwrapped"]
 
 
 def join(cfg: DictConfig) -> bool:
@@ -50,3 +52,19 @@ def hydra_overrides(args: Sequence[str]) -> list[str]:
     if not any(arg.lstrip("+~").startswith("hydra/job_logging") for arg in args):
         extra.append("hydra/job_logging=rank")
     return extra
+
+
+def data_parallel(model: torch.nn.Module, device: torch.device) -> torch.nn.Module:
+    """``model`` wrapped in DDP when this process is one rank of several (else ``model``):
+    the runner then trains through DDP's own reducer and the probe measures the DDP step
+    (:mod:`autobatch.dist.ddp_step`). DDP's defaults: buffers broadcast from rank 0 at each
+    step's start, 25 MiB buckets."""
+    if not is_distributed():
+        return model
+    ids = [device.index if device.index is not None else torch.cuda.current_device()] if device.type == "cuda" else None
+    return torch.nn.parallel.DistributedDataParallel(model, device_ids=ids)
+
+
+def unwrapped(model: torch.nn.Module) -> torch.nn.Module:
+    """The module inside :func:`data_parallel`'s wrapper (what ``final_model.pt`` holds)."""
+    return model.module if isinstance(model, torch.nn.parallel.DistributedDataParallel) else model

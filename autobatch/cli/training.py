@@ -35,6 +35,7 @@ import torch
 from omegaconf import DictConfig
 
 from ..dist import agreement as dist_sync
+from .ranks import unwrapped
 from ..training.checkpoint_io import CHECKPOINT_NAME, RUNNER_FORMAT, load_checkpoint, resolve_checkpoint
 from ..training.faults import FaultInjector
 from ..training.run_result import RunResult
@@ -189,7 +190,7 @@ def run_training(
         result = runner.fit(data, epochs=train.epochs, steps=steps, resume=resume, on_step_end=on_step_end)
     optimizer.zero_grad(set_to_none=True)
     if dist_sync.is_rank_zero():  # every rank holds the same weights
-        torch.save(model.state_dict(), out_dir / FINAL_MODEL)
+        torch.save(unwrapped(model).state_dict(), out_dir / FINAL_MODEL)
     return result, runner
 
 

@@ -3,7 +3,10 @@
 * :mod:`~autobatch.dist.agreement` - the collectives with timeouts that let ranks agree
   (public as ``autobatch.distributed``);
 * :mod:`~autobatch.dist.probe` - every rank probes its own device in lockstep;
-* :mod:`~autobatch.dist.step` - the data-parallel training step that survives an OOM on one rank.
+* :mod:`~autobatch.dist.step` - the data-parallel training step that survives an OOM on one rank;
+* :mod:`~autobatch.dist.ddp_step` - the same through DDP's own reducer (bucketed all-reduce
+  overlapped with backward), with the one-rank-OOM completion protocol;
+* :mod:`~autobatch.dist.votes` - the vote that ends each phase of a step.
 
 The probe and the runner come earlier in the pipeline and do not import this package: they
 ask :mod:`autobatch.probe.ranks` and :mod:`autobatch.training.ranks`, and importing this

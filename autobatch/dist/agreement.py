@@ -61,6 +61,8 @@ __all__ = [
     "agree_max",
     "all_reduce_sum_",
     "broadcast_",
+    "wait_for",
+    "collective_failed",
     "init_from_env",
 ]
 
@@ -290,6 +292,26 @@ def broadcast_(tensors: Sequence[torch.Tensor], label: str, source: int = 0) -> 
         _wait(dist.broadcast(tensor.data, src=source, async_op=True), label, sequence)
 
 
+def wait_for(work, label: str) -> None:
+    """Wait for a collective another layer launched (DDP's buckets), under the sync deadline.
+
+    Unlike :func:`all_reduce_sum_` it does not count as a sync point of its own (the sequence
+    numbers that pair sync points stay the same on a rank that completes a failed step's
+    buckets and on one that did not need to)."""
+    if is_distributed():
+        _wait(work, label, _state["sequence"])
+
+
+def collective_failed(label: str, exc: BaseException) -> RankDisagreementError:
+    """The error for a collective another layer ran (DDP's) that failed or timed out: a
+    :class:`~autobatch.errors.RankDisagreementError` naming each rank's last sync point."""
+    text = str(exc).splitlines()[0][:200] if str(exc) else ""
+    return RankDisagreementError(
+        rank(), f"#{_state['sequence']} {label}", _peers_doing(),
+        reason=f"the collective failed or timed out ({type(exc).__name__}: {text})",
+    )
+
+
 def init_from_env(device_type: str = "auto") -> bool:
     """Join the process group a launcher such as ``torchrun`` describes in the environment.
 
@@ -309,16 +331,21 @@ def init_from_env(device_type: str = "auto") -> bool:
         return False
     if dist.is_initialized():
         return is_distributed()
+    from datetime import timedelta
+
+    # the default group's own timeout is the sync deadline too: a collective that DDP runs
+    # (a bucket all-reduce a gloo rank blocks in) then ends in an error within it, not later
+    deadline = timedelta(seconds=timeout())
     on_cuda = torch.cuda.is_available() and device_type in ("cuda", "auto")
     if on_cuda:
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0") or 0))
         torch.cuda.set_device(device)
         # device_id: NCCL sets up its communicator now, while every rank is here, rather than
         # inside the first collective (a blocking rendezvous that no sync-point deadline covers)
-        dist.init_process_group(backend="nccl", device_id=device)
+        dist.init_process_group(backend="nccl", device_id=device, timeout=deadline)
         control_group()  # the gloo group for sync points, while every rank is here
     else:
-        dist.init_process_group(backend="gloo")
+        dist.init_process_group(backend="gloo", timeout=deadline)
     backend = dist.get_backend()
     log.info("joined the process group: rank %d of %d (%s)", rank(), world_size(), backend)
     return is_distributed()

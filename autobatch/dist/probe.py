@@ -12,11 +12,14 @@ device; then the ranks agree on the outcome (one sync point per trial):
   proposes the same next size, and the chosen batch is the same on every rank; the final
   answer is still passed through an all-reduce MIN as a safety net.
 
-Trials must not themselves run collectives: if one rank ran out of memory in forward while
-another waited in DDP's gradient all-reduce, the second would wait for a rank that never
-comes. So a ``TrainStep`` whose model is a ``DistributedDataParallel`` (or anything with a
-``.module`` that is an ``nn.Module`` and a ``no_sync``) is probed on its local module
-(:func:`local_step`). A plain callable that runs collectives is the caller's responsibility;
+A ``TrainStep`` whose model is a DDP module that :func:`~autobatch.dist.ddp_step.ddp_supported`
+accepts is probed through DDP itself (:class:`DDPProbeStep`): the real DDP step, buckets,
+their all-reduce and the buffer broadcast included, so the measured peak is the one DDP
+training reaches. Its collectives follow the runner's protocol (:mod:`autobatch.dist.ddp_step`):
+a rank that runs out of memory completes its peers' buckets with zeros, and every rank votes
+after the gradients and after the optimizer step, so every rank fails a trial step together
+and none waits in a collective alone. Any other wrapper (anything with a ``.module`` that is
+an ``nn.Module`` and a ``no_sync``) is probed on its local module (:func:`local_step`). A plain callable that runs collectives is the caller's responsibility;
 a rank stuck that way ends in :class:`~autobatch.errors.RankDisagreementError` after the sync
 timeout, not in a silent hang.
 """
@@ -46,9 +49,14 @@ def unwrap(model: torch.nn.Module) -> torch.nn.Module:
 
 
 def local_step(fn: Any) -> Any:
-    """``fn``, or for a ``TrainStep`` on a DDP model, the same step on the local module."""
+    """``fn``; for a ``TrainStep`` on a DDP model the DDP step (:class:`DDPProbeStep`), or on
+    another data-parallel wrapper the same step on the local module."""
     from ..probe.train_step import TrainStep
+    from .ddp_probe import DDPProbeStep
+    from .ddp_step import ddp_supported
 
+    if isinstance(fn, TrainStep) and not isinstance(fn, DDPProbeStep) and ddp_supported(fn.model):
+        return DDPProbeStep(fn)
     if isinstance(fn, TrainStep) and unwrap(fn.model) is not fn.model:
         return TrainStep(
             unwrap(fn.model), fn.optimizer, fn.loss_fn, fn.make_batch,

@@ -1,7 +1,9 @@
 """One global step across ranks that never leaves a rank waiting in a collective alone.
 
-The :class:`~autobatch.Runner` calls :func:`synced_step` instead of
-:func:`~autobatch.accumulated_step` when it runs under ``torch.distributed``. The design:
+The :class:`~autobatch.Runner` calls :class:`CollectiveDataParallel` when it runs under
+``torch.distributed``. A DDP model goes through DDP's own reducer
+(:mod:`autobatch.dist.ddp_step`); everything else (a plain module, a DDP configuration that
+path does not drive) through :func:`synced_step`, whose design is:
 
 1. **Local phase, no collectives.** Every micro-batch of this rank's share runs forward and
    backward on the *local* module (DDP's ``model.module``; DDP's own hooks never run), so
@@ -39,18 +41,16 @@ from typing import Any, Callable, Iterable
 
 import torch
 
-from ..errors import PeerFailedError, PeerOutOfMemoryError
-from ..memory.oom import free_memory, is_oom_error
 from ..planning.accumulation import accumulate_micro_batches
 from ..probe.train_step import TrainStep
-from ..training.phases import PHASES
 from ..training.ranks import DataParallel
 from . import agreement as dist_sync
+from .ddp_step import ddp_step, ddp_supported
 from .probe import agree_plan, unwrap
+from .votes import keep as _keep
+from .votes import vote
 
 __all__ = ["CollectiveDataParallel", "synced_step", "broadcast_state"]
-
-_OK, _OOM, _ERROR = 0, 1, 2
 
 
 def synced_step(
@@ -79,7 +79,7 @@ def synced_step(
         flats = _flatten(params)
     except Exception as exc:  # noqa: BLE001 - voted on below, then re-raised
         failure = _keep(exc)
-    rows = _vote(failure, phase(), local_size, step, f"{label}: gradients ready")
+    rows = vote(failure, phase(), local_size, f"{label}: gradients ready", clear=step.clear_grads)
     global_size = sum(row[2] for row in rows)
 
     weight = local_size / global_size
@@ -96,7 +96,7 @@ def synced_step(
         step.optimizer_step()
     except Exception as exc:  # noqa: BLE001 - voted on below, then re-raised
         failure = _keep(exc)
-    _vote(failure, phase(), local_size, step, f"{label}: optimizer stepped")
+    vote(failure, phase(), local_size, f"{label}: optimizer stepped", clear=step.clear_grads)
     step.optimizer.zero_grad(set_to_none=True)
     return global_loss, global_size
 
@@ -110,45 +110,6 @@ def broadcast_state(model: torch.nn.Module, label: str, *, parameters: bool = Tr
 
 
 # -- helpers ------------------------------------------------------------------------------------
-def _keep(exc: Exception) -> Exception:
-    """The error to vote on. An OOM's traceback is dropped now, so the failed frames (and the
-    activations they hold) are freed before the sync point allocates anything."""
-    if is_oom_error(exc):
-        return exc.with_traceback(None)
-    return exc
-
-
-def _vote(failure: BaseException | None, phase: str, local_size: int, step: TrainStep, label: str) -> list[list[int]]:
-    """The sync point: everyone's (code, phase, share); raise on every rank if any failed."""
-    code = _OK if failure is None else (_OOM if is_oom_error(failure) else _ERROR)
-    if code == _OOM:
-        step.clear_grads()
-        free_memory()
-    index = PHASES.index(phase) if phase in PHASES else -1
-    rows = dist_sync.exchange([code, index, local_size], label)
-    errors = [r for r, row in enumerate(rows) if row[0] == _ERROR]
-    ooms = [r for r, row in enumerate(rows) if row[0] == _OOM]
-    if errors:
-        if failure is not None and code == _ERROR:
-            raise failure
-        raise PeerFailedError(
-            f"rank {', '.join(map(str, errors))} raised an error at {label!r} (see that rank's log); "
-            f"rank {dist_sync.rank()} stops too instead of waiting for it",
-            errors,
-        )
-    if ooms:
-        if failure is not None:
-            raise failure
-        where = PHASES[rows[ooms[0]][1]] if rows[ooms[0]][1] >= 0 else "an unknown phase"
-        raise PeerOutOfMemoryError(
-            f"rank {', '.join(map(str, ooms))} ran out of memory in {where} ({label}); "
-            f"rank {dist_sync.rank()} replays the step with it",
-            where,
-            ooms,
-        )
-    return rows
-
-
 def _flatten(params: list[torch.Tensor]) -> dict[torch.dtype, torch.Tensor]:
     """One flat gradient buffer per dtype (zeros for a parameter with no gradient here)."""
     groups: dict[torch.dtype, list[torch.Tensor]] = defaultdict(list)
@@ -173,9 +134,13 @@ def _unflatten(params: list[torch.Tensor], flats: dict[torch.dtype, torch.Tensor
 
 
 class CollectiveDataParallel(DataParallel):
-    """The runner's step under ``torch.distributed`` (installed by :mod:`autobatch.dist`):
-    the local module is trained, ranks vote on every step (:func:`synced_step`), and rank 0's
-    weights and buffers are broadcast."""
+    """The runner's step under ``torch.distributed`` (installed by :mod:`autobatch.dist`).
+
+    A DDP model that :func:`~autobatch.dist.ddp_step.ddp_supported` accepts trains through
+    DDP itself (:func:`~autobatch.dist.ddp_step.ddp_step`: bucketed all-reduce overlapped
+    with the last backward, buffers broadcast as DDP does). Anything else (a plain module, a
+    DDP with ``find_unused_parameters``, a comm hook of the user's) trains its local module
+    with :func:`synced_step`, and rank 0's buffers are broadcast after each step."""
 
     def active(self) -> bool:
         return dist_sync.is_distributed()
@@ -187,15 +152,22 @@ class CollectiveDataParallel(DataParallel):
         return dist_sync.is_rank_zero()
 
     def local_module(self, model: torch.nn.Module) -> torch.nn.Module:
-        return unwrap(model)  # no DDP hooks: gradients are all-reduced after the ranks agree
+        return model if ddp_supported(model) else unwrap(model)
 
     def start(self, model: torch.nn.Module) -> None:
         broadcast_state(model, "runner: initial weights")
 
-    def step(self, train_step, micro_batches, *, local_size, on_phase, phase, label):
+    def step(self, train_step, micro_batches, *, local_size, on_phase, phase, label, global_batch=None):
+        if ddp_supported(train_step.model):
+            return ddp_step(
+                train_step, micro_batches, local_size=local_size, on_phase=on_phase, phase=phase, label=label,
+                global_batch=global_batch or local_size * dist_sync.world_size(),
+            )
         return synced_step(train_step, micro_batches, local_size=local_size, on_phase=on_phase, phase=phase, label=label)
 
     def after_step(self, model: torch.nn.Module, label: str) -> None:
+        if ddp_supported(model):
+            return  # DDP broadcasts rank 0's buffers at the next step's start (broadcast_buffers)
         if any(True for _ in model.buffers()):
             broadcast_state(model, f"{label}: buffers", parameters=False)
 

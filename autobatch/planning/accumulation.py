@@ -33,6 +33,7 @@ __all__ = [
     "split_batch",
     "accumulate_gradients",
     "accumulate_micro_batches",
+    "accumulate_loss_sum",
     "accumulated_step",
     "LazyMicroBatches",
 ]
@@ -114,6 +115,28 @@ def accumulate_micro_batches(
     Returns the sample-weighted mean loss over the micro-batches (a Python float; one
     device synchronisation at the end).
     """
+    total, seen = accumulate_loss_sum(
+        model, loss_fn, micro_batches, global_batch=global_batch, autocast=autocast,
+        grad_scaler=grad_scaler, no_sync=no_sync, on_phase=on_phase,
+    )
+    return float(total.item()) / seen
+
+
+def accumulate_loss_sum(
+    model: torch.nn.Module,
+    loss_fn: Callable[[torch.nn.Module, Any], torch.Tensor],
+    micro_batches: Iterable[Any],
+    *,
+    global_batch: int,
+    autocast: Callable[[], ContextManager] | None = None,
+    grad_scaler: "torch.amp.GradScaler | None" = None,
+    no_sync: Callable[[], ContextManager] | None = None,
+    on_phase: Callable[[str], None] | None = None,
+) -> tuple[torch.Tensor, int]:
+    """:func:`accumulate_micro_batches` without its device synchronisation: returns the sum
+    of each micro-batch's mean loss times its size (a 0-dim tensor on the loss's device,
+    still being computed) and the number of samples. The data-parallel step reads it after
+    it has queued the optimizer step, so the device never idles waiting for the host."""
     autocast = autocast or nullcontext
     total = None
     seen = 0
@@ -141,7 +164,7 @@ def accumulate_micro_batches(
         del micro, loss, weighted, value
     if total is None:
         raise ValueError("no micro-batches to accumulate")
-    return float(total.item()) / seen
+    return total, seen
 
 
 def accumulate_gradients(

@@ -117,7 +117,7 @@ def find_max_batch(
     )
     limit_bytes = None if memory_limit is None else parse_bytes(memory_limit, name="memory_limit")
     agreement = ranks.current()
-    fn = agreement.local_step(fn)  # trials run no collective (see autobatch.dist.probe)
+    fn = agreement.local_step(fn)  # DDP: the real DDP step, collectives guarded (autobatch.dist.probe)
     if device is None and isinstance(fn, TrainStep):
         device = fn.device
     if restore is None and isinstance(fn, TrainStep):

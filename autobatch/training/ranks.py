@@ -30,7 +30,9 @@ class DataParallel:
         return True
 
     def local_module(self, model: torch.nn.Module) -> torch.nn.Module:
-        """The module the runner trains (a data-parallel wrapper's local module)."""
+        """The module the runner's step runs forward and backward on: the data-parallel
+        wrapper itself when its collectives are driven safely (DDP through
+        :mod:`autobatch.dist.ddp_step`), else its local module."""
         return model
 
     def start(self, model: torch.nn.Module) -> None:
@@ -45,12 +47,29 @@ class DataParallel:
         on_phase: Callable[[str], None],
         phase: Callable[[], str],
         label: str,
+        global_batch: int | None = None,
     ) -> tuple[float, int]:
-        """One optimizer step over every rank's micro-batches: (mean loss, global batch)."""
+        """One optimizer step over every rank's micro-batches: (mean loss over the global
+        batch, global batch size), the same on every rank.
+
+        ``train_step`` holds the module from :meth:`local_module`, the optimizer, loss,
+        autocast and grad scaler; ``micro_batches`` yields this rank's micro-batches, already
+        on the device (lazily: a failed transfer raises out of the iteration); ``local_size``
+        is this rank's share; ``global_batch`` the configured global batch (None: ``local_size``
+        x world size), the one gradient reductions may weight by before the shares are known.
+        ``on_phase(name)`` must be called at each phase boundary (``"forward"``,
+        ``"backward"``, ``"optimizer"``, before the optimizer step; the runner's fault
+        injection and step guard hang on it) and ``phase()`` reads the last one. Contract: an
+        OOM on any rank, anywhere in the step, raises an OOM on *every* rank (the failing
+        rank's own, the others :class:`~autobatch.errors.PeerOutOfMemoryError`) after every
+        collective the step started has been completed on every rank, with the model's
+        parameters untouched unless the optimizer phase ran (the runner's step guard restores
+        them); the runner then replays the same global batch with a smaller micro-batch."""
         raise NotImplementedError("the single-process runner steps with accumulated_step")
 
     def after_step(self, model: torch.nn.Module, label: str) -> None:
-        """Re-align what the step changed outside the gradients (buffers)."""
+        """Re-align what the step changed outside the gradients (buffers), where the
+        wrapper does not do it itself (DDP broadcasts them at the next step's start)."""
 
     def agree_plan(self, planned: Any) -> Any:
         return planned

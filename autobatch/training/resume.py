@@ -47,7 +47,7 @@ class Resumable:
         self._fill_result()
         return {
             "format": RUNNER_FORMAT,
-            "model": self.model.state_dict(),
+            "model": _unwrapped(self.model).state_dict(),
             "optimizer": self.optimizer.state_dict(),
             "scheduler": None if self.scheduler is None else self.scheduler.state_dict(),
             "rng": rng_state(),
@@ -98,7 +98,7 @@ class Resumable:
         if state.get("checkpointed_modules") and self.checkpoint_handle is None:
             self.checkpoint_handle = enable_checkpointing(self.model, modules=state["checkpointed_modules"])
         try:
-            self.model.load_state_dict(state["model"])
+            _unwrapped(self.model).load_state_dict(_without_wrapper_prefix(state["model"]))
             self.optimizer.load_state_dict(state["optimizer"])
         except (RuntimeError, ValueError, KeyError) as exc:  # mismatched keys, shapes or groups
             detail = " ".join(str(exc).split())[:300]
@@ -122,3 +122,17 @@ class Resumable:
         log.info("resumed from %s at step %d (epoch %d, batch %d), micro-batch %d", path, self.step, self.epoch, self.position, self.micro_batch)
         set_rng_state(state["rng"])
         return state["rng"]
+
+
+def _unwrapped(model: Any) -> Any:
+    """A data-parallel wrapper's module (DDP: ``model.module``), so a checkpoint's keys are the
+    same whether it was written by one process or under ``torchrun``."""
+    inner = getattr(model, "module", None)
+    return inner if inner is not None and hasattr(model, "no_sync") else model
+
+
+def _without_wrapper_prefix(state: dict[str, Any]) -> dict[str, Any]:
+    """Keys of a checkpoint written from a DDP wrapper by an older version (``module.``)."""
+    if state and all(key.startswith("module.") for key in state):
+        return {key[len("module."):]: value for key, value in state.items()}
+    return state

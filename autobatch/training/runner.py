@@ -95,9 +95,10 @@ class Runner(OomRecovery, Resumable, PlansFromData):
         distributed: run the data-parallel step of :mod:`autobatch.dist.step` (None: when
             a ``torch.distributed`` group of more than one rank is active). ``global_batch`` is
             then global across ranks: each rank's ``data`` yields its share, ``global_batch /
-            world_size`` samples; ``micro_batch`` is per rank. A DDP ``model`` is trained through
-            its local module (gradients are all-reduced after the ranks agree); checkpoints are
-            written by rank 0 only.
+            world_size`` samples; ``micro_batch`` is per rank. A DDP ``model`` trains through DDP
+            itself (its bucketed all-reduce overlaps the last micro-batch's backward; a rank
+            that fails part-way completes its peers' buckets before every rank votes and
+            replays, see :mod:`autobatch.dist.ddp_step`); checkpoints are written by rank 0 only.
     """
 
     def __init__(
@@ -298,7 +299,7 @@ class Runner(OomRecovery, Resumable, PlansFromData):
         if self.distributed:
             loss, self._global_size = self._parallel.step(
                 self._train_step, self._micro_batches(batch), local_size=size, on_phase=self._enter,
-                phase=lambda: self._phase, label=f"runner step {self.step}",
+                phase=lambda: self._phase, label=f"runner step {self.step}", global_batch=self.global_batch,
             )
             self._stepping = False
             return loss

@@ -110,6 +110,53 @@ def test_an_oom_on_one_rank_in_any_phase_is_recovered_by_both(tmp_path, side_gro
         assert runs[0]["loss"] == runs[1]["loss"]
 
 
+def test_ddp_recovers_an_oom_inside_the_last_backward_and_the_optimizer_step(tmp_path):
+    """Through DDP's own reducer (one bucket per parameter): rank 1 runs out of memory inside
+    the last micro-batch's backward while its later buckets are already all-reduced, or inside
+    its optimizer step; both ranks replay and end with the uninjected run's weights."""
+    reports = launch("ddp_faults", tmp_path, SYNC_TIMEOUT="60")
+    baseline = [torch.load(tmp_path / reports[rank]["none"]["weights"]) for rank in range(2)]
+    for a, b in zip(*baseline, strict=True):
+        assert torch.equal(a, b)
+    model = make_model(width=16)
+    Runner(model, torch.optim.AdamW(model.parameters(), lr=0.05), mse, global_batch=16, micro_batch=8,
+           grow_after=None, progress=False, log_every=None).fit(make_data(48, 16))
+    assert_weights_close(baseline[0], weights(model))
+    launched = reports[1]["last_backward"]["launched_at_failure"]
+    buckets = reports[1]["last_backward"]["buckets"]
+    assert launched and len(launched) < buckets, (launched, buckets)  # it struck with buckets in flight
+    assert launched == list(range(len(launched)))  # a prefix of the bucket order
+    for phase, where in (("last_backward", "backward"), ("optimizer", "optimizer")):
+        runs = [report[phase] for report in reports]
+        for rank, run in enumerate(runs):
+            assert [(r["step"], r["phase"], r["micro_batch"]) for r in run["recoveries"]] == [(1, where, 2)], (phase, rank, run)
+            assert run["samples"] == 48
+        assert "rank 1 ran out of memory" in runs[0]["recoveries"][0]["error"]
+        got = [torch.load(tmp_path / run["weights"]) for run in runs]
+        for a, b in zip(*got, strict=True):
+            assert torch.equal(a, b), phase
+        assert_weights_close(got[0], baseline[0])
+        assert runs[0]["loss"] == runs[1]["loss"]
+
+
+def test_the_probe_measures_the_ddp_step_in_lockstep(tmp_path):
+    """find_max_batch on a DDP TrainStep runs the real DDP step (trials fail on every rank
+    together when one rank's budget is exceeded) and agrees with the local-module probe here
+    (the buckets of so small a model are a few KiB)."""
+    reports = launch("ddp_probe", tmp_path, SYNC_TIMEOUT="60")
+    assert reports[0]["ddp"] == reports[1]["ddp"]
+    assert reports[0]["ddp"]["batch_size"] <= reports[0]["local"]["batch_size"]
+    assert reports[0]["ddp"]["batch_size"] > 1
+
+
+def test_ddp_a_rank_that_stops_coming_is_a_clear_error_not_a_hang(tmp_path):
+    """Rank 1 leaves after two steps; rank 0 waits inside DDP's bucket all-reduce (gloo blocks
+    in backward) and ends in RankDisagreementError within the deadline."""
+    reports = launch("ddp_stalled", tmp_path, SYNC_TIMEOUT="3")
+    assert reports[0]["error"] == "RankDisagreementError", reports[0]
+    assert "runner step 2" in reports[0]["message"] and "rank 1: #12 runner step 1: optimizer stepped" in reports[0]["message"]
+
+
 def test_a_non_oom_error_on_one_rank_stops_every_rank(tmp_path):
     reports = launch("peer_error", tmp_path)
     assert reports[1]["error"] == "ValueError"

@@ -1,0 +1,72 @@
+"""A probe trial step through DDP itself, so the measured peak is DDP training's.
+
+DDP adds memory the local module does not show: its gradient buckets (as large as the
+gradients, with ``gradient_as_bucket_view=False``), the bucket rebuild after the first
+backward (new buckets allocated before the old are freed), the communication buffers of the
+all-reduce. Probing the local module leaves them out of the measured step (the buckets are
+resident once DDP is built, the rest is not), so :func:`~autobatch.find_max_batch` runs this
+step instead: one forward and backward through DDP with the runner's protocol
+(:mod:`autobatch.dist.ddp_step`), then the optimizer step, each phase ended by a vote.
+``strategy="auto"``'s estimate (fake tensors, nothing runs) traces the local module instead:
+it is only the prior the measured trials correct.
+"""
+
+from __future__ import annotations
+
+import copy
+
+from torch.utils._python_dispatch import is_in_torch_dispatch_mode
+
+from ..memory.oom import free_memory
+from ..probe.train_step import TrainStep
+from . import agreement as dist_sync
+from .ddp_step import complete_buckets, ledger_for, run_prologue
+from .votes import keep, vote
+
+__all__ = ["DDPProbeStep"]
+
+
+class DDPProbeStep(TrainStep):
+    """``step`` (a :class:`~autobatch.TrainStep` on a DDP model) run through DDP: every rank
+    fails a step together (an OOM on one rank is a
+    :class:`~autobatch.errors.PeerOutOfMemoryError` on the others), none waits alone."""
+
+    def __init__(self, step: TrainStep) -> None:
+        super().__init__(
+            step.model, step.optimizer, step.loss_fn, step.make_batch,
+            autocast_dtype=step.autocast_dtype, grad_scaler=step.grad_scaler,
+        )
+
+    def __call__(self, batch_size: int) -> None:
+        if is_in_torch_dispatch_mode():  # the estimator's fake tracing: no collective can run
+            local = copy.copy(self)
+            local.model = self.model.module
+            TrainStep.__call__(local, batch_size)
+            return
+        model = self.model
+        ledger = ledger_for(model)
+        label = f"probe step at batch {batch_size}"
+        self.optimizer.zero_grad(set_to_none=True)
+        ledger.begin(1.0 / dist_sync.world_size())
+        run_prologue(model, label)
+        failure = None
+        try:
+            batch = self.make_batch(batch_size)
+            with self.autocast():
+                loss = self.loss_fn(model, batch)
+            (self.grad_scaler.scale(loss) if self.grad_scaler is not None else loss).backward()
+            del batch, loss
+        except Exception as exc:  # noqa: BLE001 - completed, voted on, re-raised
+            failure = keep(exc)
+        if failure is not None:
+            self.clear_grads()
+            free_memory()
+            complete_buckets(model, ledger, f"{label}: completing DDP's gradient buckets")
+        vote(failure, "backward", batch_size, f"{label}: gradients ready", clear=self.clear_grads,
+             on_failure=model.reducer._reset_state)
+        try:
+            self.optimizer_step()
+        except Exception as exc:  # noqa: BLE001 - voted on, re-raised
+            failure = keep(exc)
+        vote(failure, "optimizer", batch_size, f"{label}: optimizer stepped", clear=self.clear_grads)
+        self.optimizer.zero_grad(set_to_none=True)

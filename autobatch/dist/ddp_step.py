@@ -1,0 +1,221 @@
+"""One global step through DDP's own reducer, with the guarantee that no rank waits alone.
+
+DDP overlaps its bucketed gradient all-reduce with the last micro-batch's backward; the runner
+keeps that (``no_sync()`` on every micro-batch but the last) and adds the one thing DDP lacks:
+a rank that fails part-way (an OOM in a micro-batch's transfer, forward or backward,
+including the last backward while buckets are in flight) completes the collectives its peers
+have entered or will enter, before every rank votes on the step.
+
+The protocol, per global step (every rank, in this order):
+
+1. **Prologue: DDP's forward-side collectives, moved before the first transfer.** The bucket
+   rebuild (once after the first synced backward, and after every abandoned step) and the
+   buffer broadcast (``broadcast_buffers``: rank 0's BatchNorm statistics, once per step, as
+   DDP does it at the first forward) are DDP's own calls, made here while every rank has just
+   left the previous step's last sync point and holds no activations; then DDP's forward
+   skips them. An error inside them is fatal on that rank (not replayed: the model does not
+   fit even without activations) and the peers' wait ends with the backend's timeout.
+2. **Micro-batches.** All but the last under ``no_sync()`` (no collective); the last through
+   DDP, whose reducer launches its buckets in index order through a communication hook
+   (:class:`BucketLedger`) that weights each bucket by ``share / global batch``, launches an
+   asynchronous all-reduce (sum) and records the bucket's index. The launched buckets are
+   therefore always a prefix ``0..k-1`` of the bucket order, which is the same on every rank.
+3. **On any failure in 2**, on the failing rank only: drop the traceback, the gradients and
+   the cached memory, then all-reduce **zero** buckets of the reducer's sizes for every bucket
+   not yet launched (``k..N-1``, in order; DDP's own ``_get_zeros_like_grad_buckets``, the
+   tool of its ``join`` for uneven inputs) and wait for all of them under the sync deadline.
+   Every rank has then entered exactly the ``N`` bucket all-reduces of the step, whether it
+   finished its backward, failed in it, or failed before it; several failing ranks complete
+   alike. A peer blocked inside its backward waiting for those buckets (gloo) is released.
+4. **Vote "gradients ready"** (a gloo sync point with a deadline): ok / OOM / error, phase,
+   share. If any rank failed, every rank resets its reducer (``_reset_state``: DDP's own
+   recovery path, so the next forward does not wait for the abandoned reduction, and the
+   buckets are rebuilt on every rank alike) and raises; the runner replays the same global
+   batch with a halved micro-batch on every rank. Otherwise the summed buckets are the
+   gradient of the mean over the global batch (rescaled once when the shares did not add up
+   to the configured global batch).
+5. **Optimizer step** under the runner's step guard, then the loss is read (the step is
+   queued first, so the device does not idle while the host waits) and **vote "optimizer
+   stepped"** carries it: an OOM inside any rank's step makes every rank restore and replay.
+
+Every collective is thus entered by every rank or, when a rank dies outside autobatch, ends
+in the sync deadline (:class:`~autobatch.errors.RankDisagreementError`) or the process
+group's own timeout; no rank waits in a collective that another rank has decided to skip.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any, Callable, Iterable
+
+import torch
+import torch.distributed as dist
+
+from ..errors import RankDisagreementError
+from ..memory.oom import free_memory, is_oom_error
+from ..planning.accumulation import accumulate_loss_sum
+from ..probe.train_step import TrainStep
+from . import agreement as dist_sync
+from .votes import bits_float, float_bits, keep, vote
+
+__all__ = ["BucketLedger", "ddp_supported", "ledger_for", "run_prologue", "complete_buckets", "ddp_step"]
+
+_LEDGERS: "weakref.WeakKeyDictionary[torch.nn.Module, BucketLedger]" = weakref.WeakKeyDictionary()
+
+
+class BucketLedger:
+    """State of the communication hook: the weight of this rank's buckets and which buckets
+    it has launched in the current step (their indices and asynchronous work handles)."""
+
+    def __init__(self, group: Any) -> None:
+        self.group = group
+        self.weight = 1.0
+        self.launched: list[int] = []
+        self.works: list[Any] = []
+
+    def begin(self, weight: float) -> None:
+        """Start a step: forget the last step's buckets; weight this rank's by ``weight``."""
+        self.weight = float(weight)
+        self.launched.clear()
+        self.works.clear()
+
+
+def _first(future: Any) -> torch.Tensor:
+    return future.value()[0]
+
+
+def _ledger_hook(ledger: BucketLedger, bucket: Any) -> Any:
+    """DDP's all-reduce of one bucket (weighted sum), recorded in the ledger once launched."""
+    buffer = bucket.buffer()
+    if ledger.weight != 1.0:
+        buffer.mul_(ledger.weight)
+    work = dist.all_reduce(buffer, group=ledger.group, async_op=True)
+    ledger.launched.append(bucket.index())
+    ledger.works.append(work)
+    return work.get_future().then(_first)
+
+
+# DDP checks a hook's annotations against its classes; this module's are strings (PEP 563)
+_ledger_hook.__annotations__ = {}
+
+
+def ddp_supported(model: torch.nn.Module) -> bool:
+    """Whether ``model`` is a DDP module this step can drive through its reducer: no
+    ``find_unused_parameters`` or ``static_graph`` (their extra collectives are not in the
+    completion protocol), no communication hook of the user's, no mixed-precision or
+    Python reducer. Anything else trains through its local module (:mod:`autobatch.dist.step`)."""
+    if not isinstance(model, torch.nn.parallel.DistributedDataParallel):
+        return False
+    if model in _LEDGERS:
+        return True
+    return (
+        getattr(model, "reducer", None) is not None
+        and not model.find_unused_parameters
+        and not model.static_graph
+        and not getattr(model, "_comm_hooks", None)
+        and not getattr(model, "_use_python_reducer", False)
+        and not getattr(model, "_delay_all_reduce_all_params", False)
+        and getattr(model, "mixed_precision", None) is None
+    )
+
+
+def ledger_for(model: torch.nn.parallel.DistributedDataParallel) -> BucketLedger:
+    """The ledger of ``model``, registering the recording hook on first use (once per model)."""
+    ledger = _LEDGERS.get(model)
+    if ledger is None:
+        ledger = BucketLedger(model.process_group)
+        model.register_comm_hook(ledger, _ledger_hook)
+        _LEDGERS[model] = ledger
+    return ledger
+
+
+def run_prologue(model: torch.nn.parallel.DistributedDataParallel, label: str) -> None:
+    """DDP's pre-forward collectives (bucket rebuild, buffer broadcast), run now, in DDP's
+    order, so that nothing a single rank can fail in comes before them in the step."""
+    try:
+        if torch.is_grad_enabled() and model.reducer._rebuild_buckets():
+            model._has_rebuilt_buckets = True
+        if model._check_sync_bufs_pre_fwd():
+            model._sync_buffers()
+        model.require_forward_param_sync = False  # done: the first forward must not repeat it
+    except Exception as exc:  # noqa: BLE001 - fatal, and said so; never replayed
+        if not is_oom_error(exc):  # a peer that never came (timeout) or died
+            raise dist_sync.collective_failed(f"{label}: DDP's bucket rebuild / buffer broadcast", exc) from exc
+        raise RuntimeError(
+            f"rank {dist_sync.rank()} failed inside DDP's bucket rebuild or buffer broadcast at {label!r} "
+            f"({type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}); this cannot be "
+            "replayed (the other ranks are inside the same collective), so the run stops"
+        ) from exc
+
+
+def complete_buckets(model: torch.nn.parallel.DistributedDataParallel, ledger: BucketLedger, label: str) -> None:
+    """On a rank whose step failed: all-reduce zeros for every bucket it has not launched,
+    in bucket order, and wait (under the sync deadline) for every bucket of the step."""
+    try:
+        launched = set(ledger.launched)
+        works = list(ledger.works)
+        for bucket in model.reducer._get_zeros_like_grad_buckets():
+            if bucket.index() not in launched:
+                works.append(dist.all_reduce(bucket.buffer(), group=ledger.group, async_op=True))
+        for work in works:
+            dist_sync.wait_for(work, label)
+    except RankDisagreementError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - an OOM here must not be replayed: the peers wait
+        raise RuntimeError(
+            f"rank {dist_sync.rank()} could not complete DDP's gradient buckets after its step failed "
+            f"({type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''})"
+        ) from exc
+    finally:
+        ledger.begin(ledger.weight)
+
+
+def ddp_step(
+    step: TrainStep,
+    micro_batches: Iterable[Any],
+    *,
+    local_size: int,
+    global_batch: int,
+    on_phase: Callable[[str], None],
+    phase: Callable[[], str],
+    label: str,
+) -> tuple[float, int]:
+    """One optimizer step over every rank's micro-batches through DDP (``step.model``);
+    returns (mean loss over the global batch, global batch size), the same on every rank.
+    ``global_batch`` is the configured global batch (the buckets' weights assume it)."""
+    model = step.model
+    ledger = ledger_for(model)
+    step.optimizer.zero_grad(set_to_none=True)
+    ledger.begin(local_size / global_batch)
+    run_prologue(model, label)
+    failure: BaseException | None = None
+    total = None
+    try:
+        total, _ = accumulate_loss_sum(
+            model, step.loss_fn, micro_batches, global_batch=local_size, autocast=step.autocast,
+            grad_scaler=step.grad_scaler, no_sync=model.no_sync, on_phase=on_phase,
+        )
+    except Exception as exc:  # noqa: BLE001 - completed, voted on below, then re-raised
+        failure = keep(exc)
+    if failure is not None:
+        total = None
+        step.clear_grads()
+        free_memory()
+        complete_buckets(model, ledger, f"{label}: completing DDP's gradient buckets")
+    reset = model.reducer._reset_state
+    rows = vote(failure, phase(), local_size, f"{label}: gradients ready", clear=step.clear_grads, on_failure=reset)
+    global_size = sum(row[2] for row in rows)
+    if global_size != global_batch:  # shares that do not add up: buckets were weighted by global_batch
+        with torch.no_grad():
+            for param in model.parameters():
+                if param.grad is not None:
+                    param.grad.mul_(global_batch / global_size)
+    try:
+        on_phase("optimizer")
+        step.optimizer_step()
+    except Exception as exc:  # noqa: BLE001 - voted on below, then re-raised
+        failure = keep(exc)
+    loss_sum = float(total.item())
+    rows = vote(failure, phase(), local_size, f"{label}: optimizer stepped", extra=[float_bits(loss_sum)], clear=step.clear_grads)
+    step.optimizer.zero_grad(set_to_none=True)
+    return sum(bits_float(row[3]) for row in rows) / global_size, global_size
