@@ -8,8 +8,9 @@ ceiling from it.
 
 from __future__ import annotations
 
+import itertools
 import logging
-from typing import Any, Iterable
+from typing import Any, Iterator
 
 import torch
 
@@ -26,24 +27,47 @@ log = logging.getLogger("autobatch")
 class PlansFromData:
     """Planning of a :class:`~autobatch.Runner` (which sets the attributes)."""
 
-    def _plan(self, data: Iterable[Any]) -> None:
-        """micro_batch=None: plan it on (slices of) the first global batch.
+    def _plan_first(self, batches: Iterator[Any]) -> Iterator[Any]:
+        """micro_batch=None: plan it on (slices of) the first global batch of ``batches`` (the
+        first epoch's iterator), and return an iterator that yields that batch again first.
 
-        The peek at the first batch runs with the RNG states saved and restored, so it does
-        not change what the run draws; :func:`~autobatch.plan` restores model and optimizer.
+        Planning takes its batch from the iterator it then trains, so a one-shot iterable (a
+        generator, a stream behind an ``IterableDataset``) loses no sample. The RNG states are
+        put back after planning (:func:`~autobatch.plan` restores model and optimizer), so the
+        run draws the same numbers as one given its micro-batch.
         """
+        try:
+            first = next(batches)
+        except StopIteration:
+            raise ValueError(
+                "data yielded no batches: the runner plans its micro-batch on the first global batch; "
+                "pass data with at least one batch"
+            ) from None
+        saved = rng_state()
+        try:
+            self._plan(first)
+        finally:
+            set_rng_state(saved)
+        return itertools.chain([first], batches)
+
+    def _plan(self, first: Any) -> None:
+        """Plan the micro-batch with :func:`~autobatch.plan` on slices of ``first``."""
         from ..planning.planner import plan
 
-        saved = rng_state()
-        first = next(iter(data))
-        set_rng_state(saved)
         available = batch_size_of(first)
 
         def make_batch(size: int) -> Any:
             index = torch.arange(size) % available
             return to_device(map_tensors(first, lambda t: t.index_select(0, index.to(t.device))), self.device)
 
-        step = TrainStep(self._train_step.model, self.optimizer, self.loss_fn, make_batch, autocast_dtype=self._train_step.autocast_dtype)
+        scaler = self._train_step.grad_scaler
+        if scaler is not None:  # the trials step a scaler of their own: the run's keeps its state
+            scaler, own = type(scaler)(self.device.type), scaler
+            scaler.load_state_dict(own.state_dict())
+        step = TrainStep(
+            self._train_step.model, self.optimizer, self.loss_fn, make_batch,
+            autocast_dtype=self._train_step.autocast_dtype, grad_scaler=scaler,
+        )
         options = {"device": self.device, **self.plan_options}
         planned = plan(step, global_batch=self.share, **options)
         if self.distributed:  # the probes agreed already; a timed pick may still differ per rank

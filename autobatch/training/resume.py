@@ -49,6 +49,7 @@ class Resumable:
             "model": self.model.state_dict(),
             "optimizer": self.optimizer.state_dict(),
             "scheduler": None if self.scheduler is None else self.scheduler.state_dict(),
+            "grad_scaler": None if self.grad_scaler is None else self.grad_scaler.state_dict(),
             "rng": rng_state(),
             "epoch_rng": self._epoch_rng,
             "step": self.step,
@@ -95,6 +96,8 @@ class Resumable:
         self.optimizer.load_state_dict(state["optimizer"])
         if self.scheduler is not None and state["scheduler"] is not None:
             self.scheduler.load_state_dict(state["scheduler"])
+        if self.grad_scaler is not None and state.get("grad_scaler"):
+            self.grad_scaler.load_state_dict(state["grad_scaler"])
         self.step, self.epoch, self.position = state["step"], state["epoch"], state["position"]
         self.micro_batch = state["micro_batch"]
         self.initial_micro_batch = self.initial_micro_batch or self.micro_batch
@@ -105,6 +108,7 @@ class Resumable:
         self.result.grow_attempts = previous.grow_attempts
         self.result.checkpoints_saved = previous.checkpoints_saved
         self.result.plan = previous.plan
+        self.result.skipped_steps = previous.skipped_steps
         self.result.resumed_from = {"path": str(path), "step": self.step, "epoch": self.epoch, "position": self.position}
         log.info("resumed from %s at step %d (epoch %d, batch %d), micro-batch %d", path, self.step, self.epoch, self.position, self.micro_batch)
         set_rng_state(state["rng"])
