@@ -33,6 +33,7 @@ from ..probe.restore import Snapshot
 from ..probe.result import ProbeResult
 from ..training.batch_ops import map_tensors
 from ..training.checkpoint_io import rng_state, set_rng_state
+from .global_batch import accumulation_for
 
 __all__ = ["AutoBatchSize", "accumulation_for"]
 
@@ -107,14 +108,6 @@ class AutoBatchSize(Callback):
         trainer.fit_loop._combined_loader = None  # the train dataloader is re-created at the new size
         log.info("AutoBatchSize: %s=%d (probe %d%s)", name, size, self.result.batch_size,
                  f", accumulate_grad_batches={self.accumulation}" if self.accumulation else "")
-
-
-def accumulation_for(share: int, largest: int) -> tuple[int, int]:
-    """The fewest micro-batches ``k`` with a batch ``b <= largest`` and ``b * k == share``."""
-    k = -(-share // largest)
-    while share % k:
-        k += 1
-    return k, share // k
 
 
 class _LightningStep:
