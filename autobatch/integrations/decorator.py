@@ -8,15 +8,18 @@ out-of-memory error, multiplies the size by 0.9 and calls again. Three things di
   ``gc.collect()`` / ``empty_cache()`` Accelerate runs inside the handler frees nothing they
   hold (pytorch/pytorch#18853). Here the handler only records the failure; the failed call's
   frames are gone before memory is freed and the next size starts.
-* **The next size comes from what the failed attempt measured.** Before each attempt the
-  device's peak counter is reset and the memory in use noted; after a failure, the peak the
-  attempt reached plus the allocation that failed is a lower bound on what the size needed.
-  Scaling the size by ``(usable - in use) / (needed - in use)`` jumps to the largest size that
-  bound allows in one step, where ×0.9 would take many (a 4× too large start: 14 tries at
-  ×0.9). The bound says nothing when the attempt failed early (the step needed far more than
-  it reached); then, and where the device has no instruments (the CPU outside
-  :func:`~autobatch.simulated_memory`), the size is multiplied by ``fallback_factor`` (0.9,
-  Accelerate's).
+* **The next size comes from what the failed attempt measured, where that says more than
+  ×0.9.** Before each attempt the device's peak counter is reset and the memory in use
+  noted; after a failure, the peak the attempt reached plus the allocation that failed is a
+  lower bound on what the size needed, and scaling the size by ``(usable - in use) / (needed -
+  in use)`` is the largest size that bound allows. It is a *lower* bound: it helps when the
+  failing allocation was large (a far too large start failing in one big activation jumps
+  down at once); a step that failed late, near its end, bounds its need barely above the
+  capacity. The next size is the smaller of that and ``fallback_factor`` × the size (0.9,
+  Accelerate's), so it never takes more attempts than Accelerate; without instruments (the
+  CPU outside :func:`~autobatch.simulated_memory`, MPS) it is the fallback. Only the successful
+  call's size is known to run, so like Accelerate's the search only goes down; for the exact
+  largest size in a few trials, probe a step with :func:`~autobatch.find_max_batch` first.
 * **Every attempt is recorded** in ``wrapped.attempts`` (size, outcome, peak, the failed
   allocation, seconds, how the next size was chosen), and the size that ran is
   ``wrapped.batch_size``. As in Accelerate, a later call starts from the last size that ran.
@@ -148,9 +151,10 @@ def _next_size(attempt: Attempt, reduce: Callable[[], int] | None, factor: float
         if chosen < 1:
             raise ValueError(f"reduce_batch_size_fn returned {chosen}; it must return a positive batch size")
     else:
-        chosen, how = _measured(attempt), "measured"
-        if chosen is None:
-            chosen, how = int(size * factor), "fallback"
+        # never a smaller step than the fallback: a bound from a step that failed late is barely
+        # above the capacity, and steps of 1-3 % would cost more attempts than ×0.9
+        measured, blind = _measured(attempt), int(size * factor)
+        chosen, how = (measured, "measured") if measured is not None and measured < blind else (blind, "fallback")
         if chosen >= multiple_of:
             chosen -= chosen % multiple_of
         chosen = max(1, min(chosen, size - 1))
