@@ -88,3 +88,9 @@ from .dist import agreement as distributed
 from .errors import PeerFailedError, PeerOutOfMemoryError, RankDisagreementError
 
 __all__ += ["distributed", "RankDisagreementError", "PeerOutOfMemoryError", "PeerFailedError"]
+
+# Where users train: Accelerate's decorator, measured (issue 19). The Lightning and Transformers
+# integrations live in autobatch.integrations.lightning / .transformers (their packages are optional).
+from .integrations.decorator import find_executable_batch_size
+
+__all__ += ["find_executable_batch_size"]

@@ -250,7 +250,7 @@ def build_workload(cfg: DictConfig) -> Workload:
     make_batch, probe_batch, samples, dataset = _batch_makers(cfg, device)
     autocast_dtype = _AUTOCAST[_name(cfg.precision)]
     scaler = None
-    if autocast_dtype is torch.float16 and device.type == "cuda":
+    if autocast_dtype is torch.float16:  # fp16 trains with a GradScaler (CUDA and, since torch 2.3, the CPU)
         scaler = torch.amp.GradScaler(device.type)
     step = TrainStep(
         model, optimizer, cross_entropy_loss, probe_batch, autocast_dtype=autocast_dtype, grad_scaler=scaler

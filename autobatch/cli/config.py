@@ -42,7 +42,7 @@ __all__ = [
 
 
 class Precision(Enum):
-    """Training precision: full fp32, or bf16/fp16 autocast (fp16 adds a GradScaler on CUDA)."""
+    """Training precision: full fp32, or bf16/fp16 autocast (fp16 adds a GradScaler)."""
 
     fp32 = "fp32"
     bf16 = "bf16"

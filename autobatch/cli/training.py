@@ -100,6 +100,8 @@ def runner_options(cfg: DictConfig, workload: Workload, out_dir: Path) -> dict[s
         progress=train.progress,
         log_every=int(train.log_every) or None,
         autocast_dtype=workload.autocast_dtype,
+        # a scaler of its own: the probe's trials stepped the workload's, training starts afresh
+        grad_scaler=None if workload.grad_scaler is None else torch.amp.GradScaler(workload.device.type),
         faults=faults,
     )
 
@@ -140,8 +142,6 @@ def run_training(
     from the checkpoint). Writes metrics, checkpoints and the final weights under ``out_dir``
     (rank 0 only under ``torchrun``, where ``global_batch`` is over all ranks and
     ``micro_batch`` per rank)."""
-    if workload.grad_scaler is not None:
-        raise ValueError("precision=fp16 on CUDA needs a GradScaler, which the runner does not support; use precision=bf16")
     train = cfg.train
     options = runner_options(cfg, workload, out_dir)
     if max_micro_batch is not None and options["max_micro_batch"] is None:

@@ -10,52 +10,65 @@ from __future__ import annotations
 
 import itertools
 import logging
-from typing import Any, Iterable
+from typing import Any, Iterator
 
 import torch
 
 from ..planning.accumulation import batch_size_of
 from ..probe.train_step import TrainStep
 from .batch_ops import map_tensors, to_device
-from .checkpoint_io import rng_state
+from .checkpoint_io import rng_state, set_rng_state
 
 __all__ = ["PlansFromData"]
 
 log = logging.getLogger("autobatch")
 
-_NOTHING = object()
 
 
 class PlansFromData:
     """Planning of a :class:`~autobatch.Runner` (which sets the attributes)."""
 
-    def _plan(self, data: Iterable[Any]) -> None:
-        """micro_batch=None: plan it on (slices of) the first global batch.
+    def _plan_first(self, batches: Iterator[Any]) -> Iterator[Any]:
+        """micro_batch=None: plan it on (slices of) the first global batch of ``batches`` (the
+        first epoch's iterator), and return an iterator that yields that batch again first.
 
-        The first batch is then trained first (see below); :func:`~autobatch.plan` restores
-        the model and optimizer.
+        Planning takes its batch from the iterator it then trains, so a one-shot iterable (a
+        generator, a stream behind an ``IterableDataset``) loses no sample. The RNG states are
+        put back after planning (:func:`~autobatch.plan` restores model and optimizer), so the
+        run draws the same numbers as one given its micro-batch.
         """
+        try:
+            first = next(batches)
+        except StopIteration:
+            raise ValueError(
+                "data yielded no batches: the runner plans its micro-batch on the first global batch; "
+                "pass data with at least one batch"
+            ) from None
+        saved = rng_state()
+        try:
+            self._plan(first)
+        finally:
+            set_rng_state(saved)
+        return itertools.chain([first], batches)
+
+    def _plan(self, first: Any) -> None:
+        """Plan the micro-batch with :func:`~autobatch.plan` on slices of ``first``."""
         from ..planning.planner import plan
 
-        # The first batch is taken from the iterator the first epoch then trains on, so a
-        # one-shot iterable (a generator, an IterableDataset loader) loses no sample; the epoch's
-        # random state is the one from before that iterator was made (exact resume).
-        epoch_rng = rng_state()
-        batches = iter(data)
-        first = next(batches, _NOTHING)
-        if first is _NOTHING:
-            raise ValueError(
-                "data yielded no batches, so there is nothing to plan the micro-batch on; pass data with "
-                "at least one global batch (or give micro_batch)"
-            )
-        self._planned_epoch = (epoch_rng, itertools.chain([first], batches))
         available = batch_size_of(first)
 
         def make_batch(size: int) -> Any:
             index = torch.arange(size) % available
             return to_device(map_tensors(first, lambda t: t.index_select(0, index.to(t.device))), self.device)
 
-        step = TrainStep(self._train_step.model, self.optimizer, self.loss_fn, make_batch, autocast_dtype=self._train_step.autocast_dtype)
+        scaler = self._train_step.grad_scaler
+        if scaler is not None:  # the trials step a scaler of their own: the run's keeps its state
+            scaler, own = type(scaler)(self.device.type), scaler
+            scaler.load_state_dict(own.state_dict())
+        step = TrainStep(
+            self._train_step.model, self.optimizer, self.loss_fn, make_batch,
+            autocast_dtype=self._train_step.autocast_dtype, grad_scaler=scaler,
+        )
         options = {"device": self.device, **self.plan_options}
         planned = plan(step, global_batch=self.share, **options)
         if self.distributed:  # the probes agreed already; a timed pick may still differ per rank

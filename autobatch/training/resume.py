@@ -18,6 +18,8 @@ from typing import Any, Iterable
 from ..errors import CheckpointError
 from ..planning.checkpointing import enable_checkpointing
 from .checkpoint_io import CHECKPOINT_NAME, RUNNER_FORMAT, load_checkpoint, resolve_checkpoint, rng_state, save_checkpoint, set_rng_state
+from ..planning.accumulation import micro_batch_sizes
+from .progress import Progress
 from .run_result import RunResult
 
 __all__ = ["Resumable"]
@@ -50,6 +52,7 @@ class Resumable:
             "model": _unwrapped(self.model).state_dict(),
             "optimizer": self.optimizer.state_dict(),
             "scheduler": None if self.scheduler is None else self.scheduler.state_dict(),
+            "grad_scaler": None if self.grad_scaler is None else self.grad_scaler.state_dict(),
             "rng": rng_state(),
             "epoch_rng": self._epoch_rng,
             "step": self.step,
@@ -61,16 +64,30 @@ class Resumable:
             "result": self.result.to_dict(),
         }
 
+    def _after_step(self, loss: float, size: int, progress: Progress, on_step_end) -> None:
+        self.step += 1
+        self.position += 1
+        result = self.result
+        result.steps_this_run += 1
+        result.samples += size
+        result.last_loss = loss
+        if self.hygiene.after_step(self.step):
+            result.empty_cache_fires, result.empty_cache_seconds = self.hygiene.fires, self.hygiene.seconds
+        accumulation = len(micro_batch_sizes(self._local_size, self.micro_batch))
+        progress.update(self.step, size, self.micro_batch, accumulation, len(result.oom_recoveries), loss)
+        if self.checkpoint_every and self.checkpoint_dir is not None and self.step % self.checkpoint_every == 0:
+            self.save()
+        if on_step_end is not None:
+            on_step_end({
+                "step": self.step, "epoch": self.epoch, "loss": loss, "micro_batch": self.micro_batch,
+                "accumulation": accumulation, "samples": size,
+            })  # fmt: skip
+
     def _epoch_iterator(self, data: Iterable[Any], resumed_rng: dict[str, Any] | None):
         """A fresh iterator over ``data``; on resume, replays the epoch's start and skips the
         batches already trained, so a shuffled DataLoader yields the same order. A checkpoint
         at an epoch boundary (position 0: the run ended with whole epochs) starts the next
         epoch afresh from the random state it saved, as the uninterrupted run would have."""
-        planned = self._planned_epoch
-        if planned is not None:  # the iterator planning took its first batch from
-            self._planned_epoch = None
-            self._epoch_rng, self.position = planned[0], 0
-            return planned[1]
         if resumed_rng is None or self._epoch_rng is None or self.position == 0:
             self._epoch_rng = rng_state()
             self.position = 0
@@ -108,6 +125,8 @@ class Resumable:
             ) from None
         if self.scheduler is not None and state["scheduler"] is not None:
             self.scheduler.load_state_dict(state["scheduler"])
+        if self.grad_scaler is not None and state.get("grad_scaler"):
+            self.grad_scaler.load_state_dict(state["grad_scaler"])
         self.step, self.epoch, self.position = state["step"], state["epoch"], state["position"]
         self.micro_batch = state["micro_batch"]
         self.initial_micro_batch = self.initial_micro_batch or self.micro_batch
@@ -118,6 +137,7 @@ class Resumable:
         self.result.grow_attempts = previous.grow_attempts
         self.result.checkpoints_saved = previous.checkpoints_saved
         self.result.plan = previous.plan
+        self.result.skipped_steps = previous.skipped_steps
         self.result.resumed_from = {"path": str(path), "step": self.step, "epoch": self.epoch, "position": self.position}
         log.info("resumed from %s at step %d (epoch %d, batch %d), micro-batch %d", path, self.step, self.epoch, self.position, self.micro_batch)
         set_rng_state(state["rng"])

@@ -38,7 +38,8 @@ class RunResult:
     ``oom_recoveries``: every :class:`Recovery` (as dicts); ``grow_attempts``: the steps
     where a larger micro-batch was tried, with the size and whether it held;
     ``empty_cache_fires`` / ``empty_cache_seconds``: cache hygiene; ``checkpoints_saved``
-    and ``checkpoint_path``; ``resumed_from``: the checkpoint and its step, if any.
+    and ``checkpoint_path``; ``resumed_from``: the checkpoint and its step, if any;
+    ``skipped_steps``: fp16 steps the ``GradScaler`` skipped (inf/NaN gradients).
     """
 
     steps: int = 0
@@ -59,6 +60,7 @@ class RunResult:
     checkpoint_path: str | None = None
     resumed_from: dict[str, Any] | None = None
     plan: dict[str, Any] | None = None
+    skipped_steps: int = 0
 
     @property
     def samples_per_s(self) -> float:

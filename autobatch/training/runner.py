@@ -28,7 +28,7 @@ import logging
 import os
 import time
 from pathlib import Path
-from typing import Any, Callable, ContextManager, Iterable, Iterator, Mapping
+from typing import Any, Callable, ContextManager, Iterable, Mapping
 
 import torch
 
@@ -89,6 +89,10 @@ class Runner(OomRecovery, Resumable, PlansFromData):
         progress: tqdm bar True / False / None (when stderr is a terminal); ``log_every``:
             log-line period without a bar.
         autocast_dtype: run forward and loss under ``torch.autocast`` (e.g. ``"bfloat16"``).
+        grad_scaler: a ``torch.amp.GradScaler`` for fp16 (with ``autocast_dtype="float16"``):
+            losses are scaled, steps with inf/NaN gradients are skipped as ``GradScaler``
+            does (counted in ``result.skipped_steps``), and a replay after an OOM leaves the
+            scaler as a run without the OOM would (the step guard holds its state).
         faults: a :class:`~autobatch.FaultInjector` (or use :func:`~autobatch.inject_oom`).
         no_sync: e.g. DDP's ``model.no_sync``, wrapping every micro-batch but the last.
         plan_options: keyword arguments for :func:`~autobatch.plan` when ``micro_batch`` is None.
@@ -124,6 +128,7 @@ class Runner(OomRecovery, Resumable, PlansFromData):
         progress: bool | None = None,
         log_every: int | None = 50,
         autocast_dtype: str | torch.dtype | None = None,
+        grad_scaler: "torch.amp.GradScaler | None" = None,
         faults: FaultInjector | None = None,
         no_sync: Callable[[], ContextManager] | None = None,
         plan_options: Mapping[str, Any] | None = None,
@@ -151,7 +156,8 @@ class Runner(OomRecovery, Resumable, PlansFromData):
         self.balanced = balanced
         self.max_micro_batch = max_micro_batch
         self.grow_after = grow_after
-        self.guard = StepGuard(optimizer, step_guard)
+        self.grad_scaler = grad_scaler
+        self.guard = StepGuard(optimizer, step_guard, grad_scaler)
         self.checkpointing_fallback = checkpointing_fallback
         self.checkpoint_targets = checkpoint_targets
         self.hygiene = CachePolicy(empty_cache_every, empty_cache_threshold, device=self.device)
@@ -164,7 +170,9 @@ class Runner(OomRecovery, Resumable, PlansFromData):
         self.plan_options = dict(plan_options or {})
         dtype = checks.dtype("autocast_dtype", autocast_dtype)
         local = self._parallel.local_module(model)
-        self._train_step = TrainStep(local, optimizer, loss_fn, make_batch=self._no_batches, autocast_dtype=dtype)
+        self._train_step = TrainStep(
+            local, optimizer, loss_fn, make_batch=self._no_batches, autocast_dtype=dtype, grad_scaler=grad_scaler
+        )
         self.growth = GrowBack(grow_after, max_micro_batch or self.micro_batch or self.share)
         self.step_memory = StepMemory(self.device)
         self.checkpoint_handle: CheckpointHandle | None = None
@@ -180,7 +188,6 @@ class Runner(OomRecovery, Resumable, PlansFromData):
         self._epoch_rng: dict[str, Any] | None = None
         self._warned_size = False
         self._local_size = self._global_size = global_batch
-        self._planned_epoch: tuple[dict[str, Any], Iterator[Any]] | None = None
         # Imported here so that ``import autobatch`` (the probe, the planner) works on a
         # machine where only torch is installed; the runner itself needs tenacity.
         from tenacity import Retrying, retry_if_exception, wait_none
@@ -220,11 +227,11 @@ class Runner(OomRecovery, Resumable, PlansFromData):
         if not hasattr(data, "__iter__"):
             raise TypeError(f"data must be an iterable of global batches (a DataLoader, a list, a generator), got {type(data).__name__}")
         began = time.perf_counter()
-        resumed_rng = None
+        resumed_rng = first_epoch = None
         if resume is not None:
             resumed_rng = self._load(resume)
-        elif self.micro_batch is None:
-            self._plan(data)
+        elif self.micro_batch is None:  # planned on the first epoch's first batch, which is then trained
+            first_epoch = self._plan_first(self._epoch_iterator(data, None))
         if self.distributed:  # every rank starts from rank 0's weights
             self._parallel.start(self._train_step.model)
             log.info(
@@ -237,8 +244,8 @@ class Runner(OomRecovery, Resumable, PlansFromData):
         progress = Progress(total, initial=self.step, bar=self.progress, log_every=self.log_every)
         try:
             while (epochs is None or self.epoch < epochs) and (steps is None or self.step < steps):
-                batches = self._epoch_iterator(data, resumed_rng)
-                resumed_rng = None
+                batches = first_epoch if first_epoch is not None else self._epoch_iterator(data, resumed_rng)
+                resumed_rng = first_epoch = None
                 ran = False
                 for batch in batches:
                     ran = True
@@ -248,7 +255,11 @@ class Runner(OomRecovery, Resumable, PlansFromData):
                         break
                 else:
                     if not ran and self.position == 0:
-                        raise ValueError("data yielded no batches in an epoch")
+                        raise ValueError(
+                            f"data yielded no batches in epoch {self.epoch + 1}: a generator or other one-shot "
+                            "iterator is used up after one pass; pass a re-iterable (a list, a DataLoader), "
+                            "or epochs=1 / steps no more than its batches"
+                        )
                     self.epoch += 1
                     self.position = 0
         finally:
@@ -273,6 +284,7 @@ class Runner(OomRecovery, Resumable, PlansFromData):
         self.micro_batch = self._proposal()
         if self.growth.trying:
             self.result.grow_attempts.append({"step": self.step, "from": self.growth.previous, "to": self.micro_batch, "held": True})
+        scale = self._scale()
         try:
             for attempt in self._retrying:
                 with attempt:
@@ -290,9 +302,15 @@ class Runner(OomRecovery, Resumable, PlansFromData):
             self._parallel.after_step(self._train_step.model, f"runner step {self.step}")
         self.step_memory.record(micro_batch_sizes(self._local_size, self.micro_batch, balanced=self.balanced)[0])
         self.growth.on_step_done()
+        if scale is not None and self._scale() < scale:  # GradScaler backed off: it skipped this step
+            self.result.skipped_steps += 1
         if self.scheduler is not None:
             self.scheduler.step()  # outside the retry: the update it follows is committed
         return loss, size
+
+    def _scale(self) -> float | None:
+        scaler = self.grad_scaler
+        return None if scaler is None or not scaler.is_enabled() else scaler.get_scale()
 
     def _attempt(self, batch: Any, size: int) -> float:
         self._phase = "transfer"
@@ -322,24 +340,6 @@ class Runner(OomRecovery, Resumable, PlansFromData):
         return to_device(micro, self.device)
 
     # -- around the step -----------------------------------------------------------------------
-    def _after_step(self, loss: float, size: int, progress: Progress, on_step_end) -> None:
-        self.step += 1
-        self.position += 1
-        result = self.result
-        result.steps_this_run += 1
-        result.samples += size
-        result.last_loss = loss
-        if self.hygiene.after_step(self.step):
-            result.empty_cache_fires, result.empty_cache_seconds = self.hygiene.fires, self.hygiene.seconds
-        accumulation = len(micro_batch_sizes(self._local_size, self.micro_batch))
-        progress.update(self.step, size, self.micro_batch, accumulation, len(result.oom_recoveries), loss)
-        if self.checkpoint_every and self.checkpoint_dir is not None and self.step % self.checkpoint_every == 0:
-            self.save()
-        if on_step_end is not None:
-            on_step_end({
-                "step": self.step, "epoch": self.epoch, "loss": loss, "micro_batch": self.micro_batch,
-                "accumulation": accumulation, "samples": size,
-            })  # fmt: skip
 
 
 def train(

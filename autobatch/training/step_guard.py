@@ -12,7 +12,10 @@ parameter of the optimizer's groups, every tensor and value in ``optimizer.state
 groups' hyper-parameters) into persistent buffers before the step; :meth:`StepGuard.restore`
 writes them back after a failed step, and drops state entries the failed step created
 (Adam's moments on step 1), so the optimizer is exactly as it was. Gradients need no copy:
-the replay recomputes them from scratch.
+the replay recomputes them from scratch. With a ``GradScaler`` (fp16) the capture also holds
+its scale and growth tracker, and a restore puts them back and forgets what ``unscale_`` /
+``step`` recorded for the failed attempt, so the replay's inf/NaN check, skip decision and
+``update()`` are those of a run that never failed.
 
 Cost, by ``mode``:
 
@@ -48,11 +51,13 @@ GUARD_MODES = ("cpu", "device", "off")
 class StepGuard:
     """Snapshot what ``optimizer.step()`` can change; put it back after a failed step."""
 
-    def __init__(self, optimizer: torch.optim.Optimizer, mode: str = "cpu") -> None:
+    def __init__(self, optimizer: torch.optim.Optimizer, mode: str = "cpu", grad_scaler: Any = None) -> None:
         if mode not in GUARD_MODES:
             raise ValueError(f"step_guard must be one of {', '.join(GUARD_MODES)}; got {mode!r}")
         self.optimizer = optimizer
         self.mode = mode
+        self.grad_scaler = grad_scaler
+        self._scaler_state: tuple[torch.Tensor | None, torch.Tensor | None] = (None, None)
         self._buffers: dict[tuple[int, Any], torch.Tensor] = {}
         self._params: list[torch.Tensor] = []
         self._state_keys: dict[int, dict[Any, Any]] = {}  # id(param) -> key -> non-tensor value, or None for a tensor
@@ -105,7 +110,28 @@ class StepGuard:
                     raise
                 for target, source in zip(targets, detached):  # a build without mixed-device foreach
                     target.copy_(source, non_blocking=True)
+        self._capture_scaler()
         self._captured = True
+
+    def _capture_scaler(self) -> None:
+        """The scaler's scale and growth tracker (on its device: two scalars, no sync)."""
+        scaler = self.grad_scaler
+        if scaler is None or not scaler.is_enabled():
+            return
+        scale, tracker = getattr(scaler, "_scale", None), getattr(scaler, "_growth_tracker", None)
+        self._scaler_state = (None if scale is None else scale.clone(), None if tracker is None else tracker.clone())
+
+    def _restore_scaler(self) -> None:
+        scaler = self.grad_scaler
+        if scaler is None or not scaler.is_enabled():
+            return
+        from torch.amp.grad_scaler import _refresh_per_optimizer_state
+
+        scale, tracker = self._scaler_state
+        scaler._scale = None if scale is None else scale.clone()
+        scaler._growth_tracker = None if tracker is None else tracker.clone()
+        # unscale_/step of the failed attempt marked this optimizer; the replay starts afresh
+        scaler._per_optimizer_states[id(self.optimizer)] = _refresh_per_optimizer_state()
 
     def ready(self) -> None:
         """Make the current stream wait for the capture (before the optimizer writes anything)."""
@@ -142,6 +168,7 @@ class StepGuard:
                         state[key] = buffer.to(device, copy=True)
         for group, saved in zip(self.optimizer.param_groups, self._groups):
             group.update({key: copy.copy(value) for key, value in saved.items()})
+        self._restore_scaler()
         if any(p.device.type == "cuda" for p in self._params):
             torch.cuda.synchronize()
 

@@ -153,3 +153,14 @@ def test_find_resume_accepts_files_directories_runs_and_latest(tmp_path):
         find_resume("nowhere", "checkpoints", tmp_path)
     with pytest.raises(ValueError, match="train.resume=latest: no checkpoint"):
         find_resume("latest", "checkpoints", tmp_path / "empty")
+
+
+def test_fp16_trains_with_a_grad_scaler_through_the_cli(cli, tmp_path):
+    args = ["model=mlp", *SMALL[:3], "precision=fp16", "train.global_batch=16", "train.micro_batch=8", "train.steps=3"]
+    done = cli("train", *args, "train.inject_oom=[[1,optimizer]]", "train.grow_after=0")
+    assert done.returncode == 0, done.stderr
+    summary = json.loads((tmp_path / "run" / "train_result.json").read_text())
+    assert summary["steps"] == 3 and [r["phase"] for r in summary["oom_recoveries"]] == ["optimizer"]
+    assert "skipped_steps" in summary
+    state = load_checkpoint(tmp_path / "run" / "checkpoints" / "last.pt")
+    assert state["grad_scaler"]["scale"] > 0  # the scaler's state is checkpointed for resume

@@ -1,0 +1,232 @@
+"""``find_executable_batch_size``: a drop-in for Accelerate's decorator that measures.
+
+Accelerate's decorator calls ``function(batch_size, *args, **kwargs)`` and, on an
+out-of-memory error, multiplies the size by 0.9 and calls again. Three things differ here:
+
+* **Memory is freed outside the ``except`` block.** While an exception is handled its
+  traceback pins every frame of the failed call, and with them its activations, so the
+  ``gc.collect()`` / ``empty_cache()`` Accelerate runs inside the handler frees nothing they
+  hold (pytorch/pytorch#18853). Here the handler only records the failure; the failed call's
+  frames are gone before memory is freed and the next size starts.
+* **The next size comes from what the failed attempt measured, where that says more than
+  ×0.9.** Before each attempt the device's peak counter is reset and the memory in use
+  noted; after a failure, the peak the attempt reached plus the allocation that failed is a
+  lower bound on what the size needed, and scaling the size by ``(usable - in use) / (needed -
+  in use)`` is the largest size that bound allows. It is a *lower* bound: it helps when the
+  failing allocation was large (a far too large start failing in one big activation jumps
+  down at once); a step that failed late, near its end, bounds its need barely above the
+  capacity. The next size is the smaller of that and ``fallback_factor`` × the size (0.9,
+  Accelerate's), so it never takes more attempts than Accelerate; without instruments (the
+  CPU outside :func:`~autobatch.simulated_memory`, MPS) it is the fallback. Only the successful
+  call's size is known to run, so like Accelerate's the search only goes down; for the exact
+  largest size in a few trials, probe a step with :func:`~autobatch.find_max_batch` first.
+* **Every attempt is recorded** in ``wrapped.attempts`` (size, outcome, peak, the failed
+  allocation, seconds, how the next size was chosen), and the size that ran is
+  ``wrapped.batch_size``. As in Accelerate, a later call starts from the last size that ran.
+
+Errors that are not out-of-memory propagate unchanged (the table of
+:func:`~autobatch.is_oom_error`, wider than Accelerate's). When batch 1 fails,
+:class:`~autobatch.NoBatchFitsError` (a ``MemoryError``; Accelerate raises a ``RuntimeError``)
+is raised from the last allocator error, with the figures.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import re
+import time
+from dataclasses import asdict, dataclass
+from typing import Any, Callable
+
+import torch
+
+from ..errors import NoBatchFitsError
+from ..memory.devices import AcceleratorMemory, DeviceMemory, SimulatedDeviceMemory, resolve_device
+from ..memory.oom import free_memory, is_oom_error
+from ..memory.simulated import active_simulation
+from ..memory.units import parse_bytes
+from ..probe.arguments import ALLOCATOR_HEADROOM
+
+__all__ = ["find_executable_batch_size", "Attempt"]
+
+_REQUESTED = re.compile(r"[Tt]ried to allocate ([0-9.]+) ?([KMGT]i?B|B|bytes)")
+
+
+@dataclass
+class Attempt:
+    """One call of the wrapped function at ``batch_size``."""
+
+    batch_size: int
+    ok: bool
+    seconds: float
+    #: bytes in use when the attempt started, the peak it reached (None without instruments)
+    start_bytes: int | None = None
+    peak_bytes: int | None = None
+    #: the allocation that failed, read from the error message (None when it does not say)
+    requested_bytes: int | None = None
+    capacity_bytes: int | None = None
+    error: str | None = None
+    #: the size tried next and why: "measured" (from the peak) or "fallback" (× fallback_factor)
+    next_batch_size: int | None = None
+    next_from: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def find_executable_batch_size(
+    function: Callable[..., Any] | None = None,
+    starting_batch_size: int = 128,
+    reduce_batch_size_fn: Callable[[], int] | None = None,
+    *,
+    device: str | torch.device | None = None,
+    fallback_factor: float = 0.9,
+    multiple_of: int = 1,
+):
+    """Call ``function(batch_size, *args, **kwargs)``, retrying smaller after an out-of-memory error.
+
+    Use as ``@find_executable_batch_size`` or ``@find_executable_batch_size(starting_batch_size=64)``;
+    call the wrapped function without the batch size. ``reduce_batch_size_fn()`` (Accelerate's
+    hook) overrides how the next size is chosen. ``device``: whose memory is measured (default:
+    the current accelerator, else the CPU, measured only under ``simulated_memory``);
+    ``fallback_factor``: the shrink when nothing was measured; ``multiple_of``: every size
+    tried is a multiple of it (while it is at least ``multiple_of``). The wrapper has
+    ``attempts`` (every :class:`Attempt`, over all calls) and ``batch_size`` (the size the
+    next call starts from: the last one that ran).
+
+    Raises:
+        TypeError: the batch size was passed in the call (the decorator supplies it).
+        NoBatchFitsError: batch 1 ran out of memory.
+    """
+    if function is None:
+        return functools.partial(
+            find_executable_batch_size, starting_batch_size=starting_batch_size,
+            reduce_batch_size_fn=reduce_batch_size_fn, device=device, fallback_factor=fallback_factor,
+            multiple_of=multiple_of,
+        )
+    _check(starting_batch_size, fallback_factor, multiple_of, function)
+
+    @functools.wraps(function)
+    def wrapped(*args: Any, **kwargs: Any) -> Any:
+        _check_call(function, args)
+        memory = _instruments(device)
+        while True:
+            size = wrapped.batch_size
+            attempt = Attempt(batch_size=size, ok=False, seconds=0.0)
+            wrapped.attempts.append(attempt)
+            if memory is not None:
+                memory.synchronize()
+                memory.reset_peak()
+                attempt.start_bytes, attempt.capacity_bytes = memory.allocated(), memory.capacity()
+            began = time.perf_counter()
+            try:
+                value = function(size, *args, **kwargs)
+            except Exception as exc:
+                if not is_oom_error(exc):
+                    raise
+                attempt.seconds = time.perf_counter() - began
+                attempt.error = (str(exc).splitlines() or [type(exc).__name__])[0][:300]
+                attempt.requested_bytes = _requested(str(exc))
+                if size <= 1:
+                    raise _nothing_fits(attempt, memory) from exc
+                # leave the handler: only the message is kept, the failed frames are released
+            else:
+                attempt.seconds, attempt.ok = time.perf_counter() - began, True
+                return value
+            free_memory()
+            if memory is not None:
+                attempt.peak_bytes = memory.peak()
+            wrapped.batch_size = _next_size(attempt, reduce_batch_size_fn, fallback_factor, multiple_of)
+
+    wrapped.attempts = []  # type: ignore[attr-defined]
+    wrapped.batch_size = starting_batch_size  # type: ignore[attr-defined]
+    return wrapped
+
+
+def _next_size(attempt: Attempt, reduce: Callable[[], int] | None, factor: float, multiple_of: int) -> int:
+    size = attempt.batch_size
+    if reduce is not None:
+        chosen, how = int(reduce()), "reduce_batch_size_fn"
+        if chosen < 1:
+            raise ValueError(f"reduce_batch_size_fn returned {chosen}; it must return a positive batch size")
+    else:
+        # never a smaller step than the fallback: a bound from a step that failed late is barely
+        # above the capacity, and steps of 1-3 % would cost more attempts than ×0.9
+        measured, blind = _measured(attempt), int(size * factor)
+        chosen, how = (measured, "measured") if measured is not None and measured < blind else (blind, "fallback")
+        if chosen >= multiple_of:
+            chosen -= chosen % multiple_of
+        chosen = max(1, min(chosen, size - 1))
+    attempt.next_batch_size, attempt.next_from = chosen, how
+    return chosen
+
+
+def _measured(attempt: Attempt) -> int | None:
+    """The largest size the failed attempt's lower bound on its need allows, or None."""
+    if attempt.peak_bytes is None or attempt.capacity_bytes is None or attempt.start_bytes is None:
+        return None
+    needed = attempt.peak_bytes + (attempt.requested_bytes or 0) - attempt.start_bytes
+    usable = attempt.capacity_bytes * (1 - ALLOCATOR_HEADROOM) - attempt.start_bytes
+    if needed <= 0 or usable <= 0 or needed < usable:
+        return None  # failed before reaching the capacity: the bound is not informative
+    return int(attempt.batch_size * usable / needed)
+
+
+def _requested(message: str) -> int | None:
+    match = _REQUESTED.search(message)
+    if match is None:
+        return None
+    unit = "B" if match.group(2) == "bytes" else match.group(2)
+    try:
+        return parse_bytes(f"{match.group(1)}{unit}")
+    except ValueError:
+        return None
+
+
+def _instruments(device: str | torch.device | None) -> DeviceMemory | None:
+    target = resolve_device(device)
+    if target.type == "cpu":
+        simulation = active_simulation()
+        return None if simulation is None else SimulatedDeviceMemory(simulation)
+    if target.type == "mps":
+        return None  # no peak counter
+    return AcceleratorMemory(target)
+
+
+def _nothing_fits(attempt: Attempt, memory: DeviceMemory | None) -> NoBatchFitsError:
+    return NoBatchFitsError(
+        batch_size=attempt.batch_size, capacity_bytes=attempt.capacity_bytes,
+        peak_bytes=None if memory is None else memory.peak(), device=getattr(memory, "name", "the device"),
+        last_error=attempt.error,
+        hint="find_executable_batch_size reached batch 1 and it still ran out of memory: use gradient "
+        "accumulation, activation checkpointing, lower precision, a smaller model or a larger device.",
+    )
+
+
+def _check(start: int, factor: float, multiple_of: int, function: Any) -> None:
+    if isinstance(start, bool) or not isinstance(start, int) or start < 1:
+        raise ValueError(f"starting_batch_size must be a positive integer, got {start!r}")
+    if isinstance(multiple_of, bool) or not isinstance(multiple_of, int) or multiple_of < 1:
+        raise ValueError(f"multiple_of must be a positive integer, got {multiple_of!r}")
+    if not isinstance(factor, (int, float)) or not 0 < factor < 1:
+        raise ValueError(f"fallback_factor must be a number between 0 and 1 (exclusive), got {factor!r}")
+    if not callable(function):
+        raise TypeError(f"find_executable_batch_size decorates a function; got {type(function).__name__}")
+
+
+def _check_call(function: Callable[..., Any], args: tuple[Any, ...]) -> None:
+    """Accelerate's guard: the caller must not pass the batch size itself."""
+    try:
+        params = list(inspect.signature(function).parameters.values())
+    except (TypeError, ValueError):
+        return
+    if any(p.kind is inspect.Parameter.VAR_POSITIONAL for p in params):
+        return
+    if len(params) < len(args) + 1:
+        names = ", ".join(f"{p.name}={value!r}" for p, value in zip(params[1:], args[1:]))
+        name = getattr(function, "__name__", "function")
+        raise TypeError(
+            f"Batch size was passed into `{name}` as the first argument when called. Remove it: the "
+            f"decorator supplies it: `{name}({names})`"
+        )

@@ -1,0 +1,132 @@
+"""Set a ``transformers.Trainer``'s batch size from autobatch's probe, before ``train()``.
+
+:func:`fit_batch_size` probes the trainer's own training step (its model, the optimizer it
+creates, its ``compute_loss`` under its accelerator's autocast) on batches its data collator
+builds from the *longest* sample of the training set, so the answer holds for every batch the
+run will see. It sets ``per_device_train_batch_size`` and, given a ``global_batch``,
+``gradient_accumulation_steps`` so each optimizer step keeps exactly that many samples.
+
+Why a function and not a ``TrainerCallback``: by the first callback of ``train()``
+(``on_train_begin``) the train dataloader is already built at the old size. Compared with
+``TrainingArguments(auto_find_batch_size=True)``: that wraps the training loop in Accelerate's
+decorator, so an OOM at any step restarts training from step 0 at ×0.9, and the accumulation
+is not adjusted, so the global batch silently changes (transformers#33281); here the probe
+runs first, the model and optimizer are restored bit-exactly, and the global batch is kept.
+
+Requires ``transformers`` (``pip install autobatch[transformers]``).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+
+from ..probe.find import find_max_batch
+from ..probe.result import ProbeResult
+from ..probe.train_step import TrainStep
+from ..training.batch_ops import to_device
+from .global_batch import accumulation_for
+
+__all__ = ["fit_batch_size", "longest_sample"]
+
+log = logging.getLogger("autobatch")
+
+
+def fit_batch_size(
+    trainer: Any,
+    *,
+    global_batch: int | None = None,
+    memory_limit: int | str | None = None,
+    margin: float = 0.0,
+    multiple_of: int = 1,
+    max_batch: int | None = None,
+    strategy: str = "auto",
+    steps_per_trial: int = 3,
+    sample: Mapping[str, Any] | None = None,
+    **probe_options: Any,
+) -> ProbeResult:
+    """Probe ``trainer``'s training step and set its batch size (call before ``trainer.train()``).
+
+    Args:
+        trainer: a ``transformers.Trainer`` with a ``train_dataset``.
+        global_batch: samples per optimizer step over all processes; sets
+            ``gradient_accumulation_steps`` (None: leave it alone).
+        memory_limit, margin, multiple_of, max_batch, strategy, steps_per_trial,
+            probe_options: for :func:`~autobatch.find_max_batch`.
+        sample: the sample batches are built from (default: :func:`longest_sample` of the
+            training set, which reads every sample once).
+
+    Returns the :class:`~autobatch.ProbeResult`; ``trainer.args`` holds the new settings.
+    """
+    args = trainer.args
+    world = max(1, int(getattr(args, "world_size", 1)))
+    if global_batch is not None:
+        if isinstance(global_batch, bool) or not isinstance(global_batch, int) or global_batch < 1:
+            raise ValueError(f"global_batch must be a positive integer or None, got {global_batch!r}")
+        if global_batch % world:
+            raise ValueError(f"global_batch={global_batch} does not split over {world} processes; use a multiple")
+        max_batch = min(max_batch or global_batch // world, global_batch // world)
+    if sample is None:
+        if trainer.train_dataset is None:
+            raise ValueError("fit_batch_size needs trainer.train_dataset (or pass sample=)")
+        sample = longest_sample(trainer.train_dataset)
+    step, created = _train_step(trainer, sample)
+    try:
+        result = find_max_batch(
+            step, memory_limit=memory_limit, margin=margin, multiple_of=multiple_of, max_batch=max_batch,
+            strategy=strategy, steps_per_trial=steps_per_trial, device=args.device, **probe_options,
+        )
+    finally:
+        if created:
+            trainer.optimizer = None  # train() creates it afresh, as it would have
+    size, accumulation = result.batch_size, None
+    if global_batch is not None:
+        accumulation, size = accumulation_for(global_batch // world, size)
+        args.gradient_accumulation_steps = accumulation
+    args.per_device_train_batch_size = size
+    trainer._train_batch_size = args.train_batch_size  # Trainer copies it at construction
+    log.info("fit_batch_size: per_device_train_batch_size=%d%s (probe %d)", size,
+             f", gradient_accumulation_steps={accumulation}" if accumulation else "", result.batch_size)
+    return result
+
+
+def longest_sample(dataset: Any) -> Mapping[str, Any]:
+    """The sample with the most tokens (the longest sequence among its fields)."""
+    best, best_length = None, -1
+    for item in dataset:
+        length = max((_length(value) for value in item.values()), default=0) if isinstance(item, Mapping) else 0
+        if length > best_length:
+            best, best_length = item, length
+    if best is None:
+        raise ValueError("fit_batch_size: the training set is empty")
+    return best
+
+
+def _length(value: Any) -> int:
+    if isinstance(value, torch.Tensor):
+        return int(value.shape[0]) if value.dim() else 0
+    if isinstance(value, Sequence) and not isinstance(value, str):
+        return len(value)
+    return 0
+
+
+def _train_step(trainer: Any, sample: Mapping[str, Any]) -> tuple[TrainStep, bool]:
+    """The trainer's step as a :class:`~autobatch.TrainStep`; whether its optimizer was created here."""
+    created = trainer.optimizer is None
+    if created:
+        trainer.create_optimizer()
+    device = trainer.args.device
+    collate = trainer.data_collator
+
+    def make_batch(size: int) -> Any:
+        return to_device(collate([sample] * size), device)
+
+    def loss_fn(model: torch.nn.Module, batch: Any) -> torch.Tensor:
+        with trainer.accelerator.autocast(), trainer.compute_loss_context_manager():
+            return trainer.compute_loss(model, batch)
+
+    trainer.model.train()
+    return TrainStep(trainer.model, trainer.optimizer, loss_fn, make_batch), created

@@ -1,0 +1,141 @@
+"""autobatch.find_executable_batch_size: Accelerate's call forms, plus measured shrinking."""
+
+from __future__ import annotations
+
+import gc
+import weakref
+
+import pytest
+import torch
+
+import autobatch
+from autobatch import NoBatchFitsError, find_executable_batch_size, simulated_memory
+
+PER_SAMPLE = 64 * 1024  # bytes of activations per sample in the toy step below
+
+
+def step(batch_size: int, width: int = PER_SAMPLE // 4) -> int:
+    """A toy step whose peak is ~batch_size * PER_SAMPLE (float32 activations kept alive)."""
+    activations = [torch.ones(batch_size, width // 4) for _ in range(4)]
+    return sum(a.shape[0] for a in activations) // 4
+
+
+def test_both_call_forms_forward_arguments():
+    @find_executable_batch_size
+    def bare(batch_size, a, *, b=0):
+        return batch_size, a, b
+
+    @find_executable_batch_size(starting_batch_size=16)
+    def called(batch_size, a, *, b=0):
+        return batch_size, a, b
+
+    assert bare(1, b=2) == (128, 1, 2)
+    assert called("x", b=3) == (16, "x", 3)
+    assert [a.batch_size for a in called.attempts] == [16] and called.attempts[0].ok
+
+
+def test_passing_the_batch_size_is_a_type_error():
+    @find_executable_batch_size(starting_batch_size=8)
+    def train(batch_size, model):
+        return batch_size
+
+    with pytest.raises(TypeError, match="Batch size was passed"):
+        train(8, "model")
+
+
+def test_non_oom_errors_propagate_unchanged():
+    calls = []
+
+    @find_executable_batch_size(starting_batch_size=8)
+    def broken(batch_size):
+        calls.append(batch_size)
+        raise ValueError("shape mismatch")
+
+    with pytest.raises(ValueError, match="shape mismatch"):
+        broken()
+    assert calls == [8]
+
+
+def test_shrinks_from_the_measured_peak_in_one_jump():
+    """Budget for ~100 samples; starting at 400, ×0.9 would need 14 failures, the measured
+    lower bound gets there in a few and the answer is within a few % of the largest fit."""
+    fits = {}
+
+    @find_executable_batch_size(starting_batch_size=400)
+    def train(batch_size):
+        step(batch_size)
+        return batch_size
+
+    with simulated_memory(100 * PER_SAMPLE + PER_SAMPLE // 2):
+        found = train()
+    failed = [a for a in train.attempts if not a.ok]
+    assert 1 <= len(failed) <= 4
+    assert failed[0].next_from == "measured" and failed[0].peak_bytes is not None
+    assert 90 <= found <= 100 and train.batch_size == found
+    assert train.attempts[-1].ok
+
+
+def test_fallback_without_instruments_is_accelerates_factor():
+    @find_executable_batch_size(starting_batch_size=100)
+    def train(batch_size):
+        if batch_size > 80:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return batch_size
+
+    assert train() == 72  # 100 -> 90 -> 81 -> 72
+    assert [a.next_from for a in train.attempts[:-1]] == ["fallback"] * 3
+    assert train.attempts[0].requested_bytes == 2 * 1024**3
+    assert train() == 72 and train.attempts[-1].batch_size == 72  # a later call starts where it ran
+
+
+def test_reduce_batch_size_fn_is_honoured():
+    sizes = iter([10, 3])
+
+    @find_executable_batch_size(starting_batch_size=50, reduce_batch_size_fn=lambda: next(sizes))
+    def train(batch_size):
+        if batch_size > 5:
+            raise torch.OutOfMemoryError("out of memory")
+        return batch_size
+
+    assert train() == 3
+
+
+def test_batch_one_failing_is_a_clear_error():
+    @find_executable_batch_size(starting_batch_size=4)
+    def train(batch_size):
+        raise torch.OutOfMemoryError("CUDA out of memory")
+
+    with pytest.raises(NoBatchFitsError, match="batch 1") as info:
+        train()
+    assert isinstance(info.value.__cause__, torch.OutOfMemoryError)
+    assert [a.batch_size for a in train.attempts] == [4, 3, 2, 1]
+
+
+def test_failed_attempt_memory_is_released_before_the_next_one():
+    """The failed call's frames (and its tensors) are gone when the next attempt starts."""
+    alive = []
+
+    @find_executable_batch_size(starting_batch_size=8)
+    def train(batch_size):
+        held = torch.ones(batch_size, 1024)
+        alive.append(weakref.ref(held))
+        if batch_size == 8:
+            raise torch.OutOfMemoryError("out of memory")
+        gc.disable()
+        try:
+            return [ref() is None for ref in alive[:-1]]
+        finally:
+            gc.enable()
+
+    assert train() == [True]
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError, match="starting_batch_size"):
+        find_executable_batch_size(lambda b: b, starting_batch_size=0)
+    with pytest.raises(ValueError, match="fallback_factor"):
+        find_executable_batch_size(lambda b: b, fallback_factor=1.5)
+
+
+def test_exported_at_top_level():
+    assert "find_executable_batch_size" in autobatch.__all__

@@ -1,0 +1,106 @@
+"""AutoBatchSize with a real lightning.Trainer on the CPU under a simulated memory budget."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+pl = pytest.importorskip("lightning.pytorch")
+
+from autobatch import simulated_memory  # noqa: E402
+from autobatch.integrations.lightning import AutoBatchSize, accumulation_for  # noqa: E402
+
+SAMPLES, WIDTH = 512, 256
+BUDGET = "2MiB"
+
+
+class Tiny(pl.LightningModule):
+    def __init__(self, batch_size: int = 2) -> None:
+        super().__init__()
+        self.save_hyperparameters()
+        torch.manual_seed(0)
+        self.net = nn.Sequential(nn.Linear(8, WIDTH), nn.Tanh(), nn.Linear(WIDTH, WIDTH), nn.Tanh(), nn.Linear(WIDTH, 1))
+        generator = torch.Generator().manual_seed(1)
+        self.data = torch.utils.data.TensorDataset(torch.randn(SAMPLES, 8, generator=generator), torch.randn(SAMPLES, 1, generator=generator))
+        self.seen: list[int] = []
+
+    def training_step(self, batch, index):
+        x, y = batch
+        self.seen.append(x.shape[0])
+        loss = nn.functional.mse_loss(self.net(x), y)
+        self.log("loss", loss)
+        return loss
+
+    def configure_optimizers(self):
+        return torch.optim.Adam(self.parameters(), lr=1e-3)
+
+    def train_dataloader(self):
+        return torch.utils.data.DataLoader(self.data, batch_size=self.hparams.batch_size, drop_last=True)
+
+
+class Capture(pl.Callback):
+    """Copies of the module's and optimizer's state at fit start, where this callback runs."""
+
+    def on_fit_start(self, trainer, module):
+        self.model = {k: v.clone() for k, v in module.state_dict().items()}
+        self.optimizer = repr(trainer.optimizers[0].state_dict())
+        self.rng = torch.get_rng_state()
+        self.seen = list(module.seen)
+
+
+def trainer(*callbacks, **options):
+    return pl.Trainer(accelerator="cpu", devices=1, max_steps=4, logger=False, enable_checkpointing=False,
+                      enable_progress_bar=False, enable_model_summary=False, callbacks=list(callbacks), **options)
+
+
+def test_sets_the_batch_size_and_fit_runs_at_it_under_the_same_budget():
+    module = Tiny()
+    before, after = Capture(), Capture()
+    # margin: the simulated device has no allocator headroom, and Lightning's loop holds a few KiB
+    # its training step does not (logged metrics, the step's outputs): the exact boundary is ~1
+    # sample too large for fit (on an accelerator the probe leaves ALLOCATOR_HEADROOM free instead)
+    finder = AutoBatchSize(strategy="binary", max_batch=SAMPLES, margin=0.01)
+    with simulated_memory(BUDGET) as device:
+        trainer(before, finder, after).fit(module)
+    size = finder.batch_size
+    assert size == finder.result.batch_size and 4 < size < SAMPLES and module.hparams.batch_size == size
+    boundary = max(t.batch_size for t in finder.result.trials if t.passed)
+    assert module.seen[len(after.seen):] == [size] * 4 and device.oom_count >= 1  # the probe met the boundary; fit never did
+    # bit-exact restore: what the next callback saw is what the previous one saw
+    assert before.model.keys() == after.model.keys()
+    assert all(torch.equal(before.model[k], after.model[k]) for k in before.model)
+    assert before.optimizer == after.optimizer and torch.equal(before.rng, after.rng)
+    assert size >= 0.98 * boundary
+    # and one more sample than the boundary does not fit (the captures hold the same memory)
+    with simulated_memory(BUDGET), pytest.raises(torch.OutOfMemoryError):
+        trainer(Capture(), Capture()).fit(Tiny(batch_size=boundary + 1))
+
+
+def test_global_batch_through_accumulation():
+    module = Tiny()
+    finder = AutoBatchSize(strategy="binary", global_batch=384, margin=0.01)
+    with simulated_memory(BUDGET):
+        fit = trainer(finder)
+        fit.fit(module)
+    assert finder.batch_size * finder.accumulation == 384 and finder.batch_size <= finder.result.batch_size
+    assert fit.accumulate_grad_batches == finder.accumulation
+
+
+def test_accumulation_for_keeps_the_global_batch():
+    assert accumulation_for(384, 100) == (4, 96)
+    assert accumulation_for(97, 50) == (97, 1)  # a prime: only batch 1 divides it below 97
+    assert accumulation_for(64, 64) == (1, 64)
+
+
+def test_missing_batch_attribute_is_a_clear_error():
+    class NoSize(Tiny):
+        def __init__(self):
+            super().__init__()
+            del self.hparams["batch_size"]
+
+        def train_dataloader(self):
+            return torch.utils.data.DataLoader(self.data, batch_size=4)
+
+    with pytest.raises(AttributeError, match="batch_size"):
+        trainer(AutoBatchSize()).fit(NoSize())

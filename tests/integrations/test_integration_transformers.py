@@ -1,0 +1,63 @@
+"""fit_batch_size with a real transformers.Trainer and a tiny GPT-2 built locally (no download)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+from autobatch import simulated_memory  # noqa: E402
+from autobatch.integrations.transformers import fit_batch_size, longest_sample  # noqa: E402
+
+BUDGET = "12MiB"
+LENGTHS = [8, 40, 12, 24] * 16  # the longest sample (40 tokens) decides the batch
+
+
+class PadCollator:
+    """Pads to the batch's longest sample; records the batch sizes it built."""
+
+    def __init__(self) -> None:
+        self.sizes: list[int] = []
+
+    def __call__(self, samples):
+        self.sizes.append(len(samples))
+        width = max(len(s["input_ids"]) for s in samples)
+        ids = torch.zeros(len(samples), width, dtype=torch.long)
+        mask = torch.zeros(len(samples), width, dtype=torch.long)
+        for row, sample in enumerate(samples):
+            ids[row, : len(sample["input_ids"])] = torch.tensor(sample["input_ids"])
+            mask[row, : len(sample["input_ids"])] = 1
+        return {"input_ids": ids, "attention_mask": mask, "labels": ids.masked_fill(mask == 0, -100)}
+
+
+def make_trainer(tmp_path, collator, **args):
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(vocab_size=64, n_positions=64, n_embd=32, n_layer=2, n_head=2)
+    model = transformers.GPT2LMHeadModel(config)
+    data = [{"input_ids": [(i * 7 + j) % 64 for j in range(n)]} for i, n in enumerate(LENGTHS)]
+    arguments = transformers.TrainingArguments(
+        output_dir=str(tmp_path), per_device_train_batch_size=2, max_steps=2, use_cpu=True, report_to=[],
+        save_strategy="no", logging_strategy="no", dataloader_drop_last=True, **args,
+    )
+    return transformers.Trainer(model=model, args=arguments, train_dataset=data, data_collator=collator)
+
+
+def test_longest_sample_is_the_longest_sequence():
+    assert len(longest_sample([{"input_ids": [1] * n} for n in (3, 9, 4)])["input_ids"]) == 9
+
+
+def test_sets_the_batch_and_accumulation_and_train_runs_under_the_same_budget(tmp_path):
+    collator = PadCollator()
+    trainer = make_trainer(tmp_path, collator)
+    before = {k: v.clone() for k, v in trainer.model.state_dict().items()}
+    with simulated_memory(BUDGET):
+        result = fit_batch_size(trainer, global_batch=60, strategy="binary", margin=0.02)
+        after = {k: v.clone() for k, v in trainer.model.state_dict().items()}
+        probed = len(collator.sizes)
+        trainer.train()
+    size, accumulation = trainer.args.per_device_train_batch_size, trainer.args.gradient_accumulation_steps
+    assert 1 < size <= result.batch_size < 60 and size * accumulation == 60
+    assert trainer.optimizer is not None and all(torch.equal(before[k], after[k]) for k in before)
+    assert set(collator.sizes[probed:]) == {size}  # train() built its batches at the probed size
+    assert trainer.state.global_step == 2
