@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from ..planning.checkpointing import enable_checkpointing
+from ..probe.shards import has_dtensors, load_plain_state, optimizer_state_for, plain_state
 from .checkpoint_io import CHECKPOINT_NAME, load_checkpoint, resolve_checkpoint, rng_state, save_checkpoint, set_rng_state
 from .run_result import RunResult
 
@@ -35,7 +36,9 @@ class Resumable:
             path = self.checkpoint_dir / CHECKPOINT_NAME
         self.result.checkpoints_saved += 1  # counted in the checkpoint itself
         self.result.checkpoint_path = str(Path(path))
-        if not self._parallel.is_rank_zero():
+        if has_dtensors(self.model):  # FSDP2: every rank writes its own shards, nothing is gathered
+            path = sharded_path(path)
+        elif not self._parallel.is_rank_zero():
             return Path(path)  # rank 0 writes; every rank holds the same state
         written = save_checkpoint(self.state_dict(), path)
         log.debug("checkpoint at step %d written to %s", self.step, written)
@@ -46,8 +49,9 @@ class Resumable:
         self._fill_result()
         return {
             "format": "autobatch.runner/1",
-            "model": self.model.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
+            # a DTensor (FSDP2) as this rank's local shard: plain tensors, loadable with weights_only
+            "model": plain_state(self.model.state_dict()),
+            "optimizer": plain_state(self.optimizer.state_dict()),
             "scheduler": None if self.scheduler is None else self.scheduler.state_dict(),
             "rng": rng_state(),
             "epoch_rng": self._epoch_rng,
@@ -88,11 +92,18 @@ class Resumable:
     # -- resume --------------------------------------------------------------------------------
     def _load(self, resume: str | os.PathLike) -> dict[str, Any]:
         path = resolve_checkpoint(resume)
+        sharded = has_dtensors(self.model)
+        if sharded:
+            path = sharded_path(path)
         state = load_checkpoint(path)
         if state.get("checkpointed_modules") and self.checkpoint_handle is None:
             self.checkpoint_handle = enable_checkpointing(self.model, modules=state["checkpointed_modules"])
-        self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
+        if sharded:  # this rank's shards, written in place
+            load_plain_state(self.model, state["model"])
+            self.optimizer.load_state_dict(optimizer_state_for(self.optimizer, state["optimizer"]))
+        else:
+            self.model.load_state_dict(state["model"])
+            self.optimizer.load_state_dict(state["optimizer"])
         if self.scheduler is not None and state["scheduler"] is not None:
             self.scheduler.load_state_dict(state["scheduler"])
         self.step, self.epoch, self.position = state["step"], state["epoch"], state["position"]
@@ -109,3 +120,13 @@ class Resumable:
         log.info("resumed from %s at step %d (epoch %d, batch %d), micro-batch %d", path, self.step, self.epoch, self.position, self.micro_batch)
         set_rng_state(state["rng"])
         return state["rng"]
+
+
+def sharded_path(path: str | os.PathLike) -> Path:
+    """Where this rank keeps its shards of a sharded (FSDP2) checkpoint: ``last.pt`` becomes
+    ``last.rank<r>-of-<world>.pt``; a resume needs the same world size."""
+    import torch.distributed as dist
+
+    path = resolve_checkpoint(path) if Path(path).is_dir() else Path(path)
+    rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_available() and dist.is_initialized() else (0, 1)
+    return path.with_name(f"{path.stem}.rank{rank}-of-{world}{path.suffix}")

@@ -1,0 +1,27 @@
+"""Many ranks: the probe and the runner under ``torch.distributed``.
+
+* :mod:`~autobatch.dist.agreement` - the collectives with timeouts that let ranks agree
+  (public as ``autobatch.distributed``);
+* :mod:`~autobatch.dist.probe` - every rank probes its own device in lockstep;
+* :mod:`~autobatch.dist.step` - the data-parallel training step that survives an OOM on one rank;
+* :mod:`~autobatch.dist.fsdp` (with :mod:`~autobatch.dist.fsdp_guard`) - FSDP2 (``fully_shard``)
+  models in the probe and the runner, their collectives voted so that one rank's OOM never
+  leaves another waiting in one.
+
+The probe and the runner come earlier in the pipeline and do not import this package: they
+ask :mod:`autobatch.probe.ranks` and :mod:`autobatch.training.ranks`, and importing this
+package installs the collective implementations there (``import autobatch`` does).
+"""
+
+from ..probe import ranks as _probe_ranks
+from ..training import ranks as _training_ranks
+from . import agreement
+from .fsdp import FsdpDataParallel, FsdpProbeAgreement
+from .probe import CollectiveProbeAgreement
+from .step import CollectiveDataParallel
+
+# the FSDP-aware implementations hand every model that is not fully_shard-ed to the DDP ones
+_probe_ranks.install(FsdpProbeAgreement())
+_training_ranks.install(FsdpDataParallel(CollectiveDataParallel()))
+
+__all__ = ["agreement", "CollectiveProbeAgreement", "CollectiveDataParallel", "FsdpProbeAgreement", "FsdpDataParallel"]
