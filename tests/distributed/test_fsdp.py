@@ -20,9 +20,15 @@ import torch
 
 from conftest import cli_env
 
-pytestmark = pytest.mark.skipif(
-    not torch.distributed.is_available() or not hasattr(torch.distributed, "fsdp"), reason="needs torch.distributed with FSDP2"
-)
+def _has_fsdp2() -> bool:
+    try:
+        from torch.distributed.fsdp import fully_shard  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+pytestmark = pytest.mark.skipif(not torch.distributed.is_available() or not _has_fsdp2(), reason="needs torch.distributed with FSDP2")
 
 WORKER = Path(__file__).resolve().parent / "fsdp_worker.py"
 TIMEOUT_S = 240  # a loaded 2-core machine; a hang fails here instead of blocking
