@@ -245,6 +245,10 @@ def build_workload(cfg: DictConfig) -> Workload:
     assert isinstance(model_args, dict)
     model_args.pop("inputs", None)
     model = instantiate(model_args, _convert_="all").to(device)
+    if cfg.train.get("fsdp"):  # before the optimizer: it must hold the sharded parameters
+        from ..dist.fsdp import shard_model
+
+        model = shard_model(model)
     optimizer = instantiate(cfg.optimizer, params=model.parameters(), _convert_="all")
     model = data_parallel(model, device)  # DDP under torchrun: trained and probed through DDP
     make_batch, probe_batch, samples, dataset = _batch_makers(cfg, device)

@@ -310,6 +310,9 @@ class TrainConfig:
     step_guard: StepGuardKind = StepGuardKind.cpu
     #: When micro-batch 1 runs out of memory, turn on activation checkpointing and replay.
     checkpointing_fallback: bool = False
+    #: Under torchrun: shard the model with FSDP2 (``fully_shard`` on each repeated block and
+    #: the root) instead of replicating it; probe, plan and train the sharded model.
+    fsdp: bool = False
     #: Call ``empty_cache()`` after every this many steps (null: never).
     empty_cache_every: Optional[int] = None
     #: Call it when reserved - allocated exceeds this, e.g. "2GiB" (null: never).

@@ -7,6 +7,9 @@
 * :mod:`~autobatch.dist.ddp_step` - the same through DDP's own reducer (bucketed all-reduce
   overlapped with backward), with the one-rank-OOM completion protocol;
 * :mod:`~autobatch.dist.votes` - the vote that ends each phase of a step.
+* :mod:`~autobatch.dist.fsdp` (with :mod:`~autobatch.dist.fsdp_guard`) - FSDP2 (``fully_shard``)
+  models in the probe and the runner, their collectives voted so that one rank's OOM never
+  leaves another waiting in one.
 
 The probe and the runner come earlier in the pipeline and do not import this package: they
 ask :mod:`autobatch.probe.ranks` and :mod:`autobatch.training.ranks`, and importing this
@@ -16,10 +19,12 @@ package installs the collective implementations there (``import autobatch`` does
 from ..probe import ranks as _probe_ranks
 from ..training import ranks as _training_ranks
 from . import agreement
+from .fsdp import FsdpDataParallel, FsdpProbeAgreement
 from .probe import CollectiveProbeAgreement
 from .step import CollectiveDataParallel
 
-_probe_ranks.install(CollectiveProbeAgreement())
-_training_ranks.install(CollectiveDataParallel())
+# the FSDP-aware implementations hand every model that is not fully_shard-ed to the DDP ones
+_probe_ranks.install(FsdpProbeAgreement())
+_training_ranks.install(FsdpDataParallel(CollectiveDataParallel()))
 
-__all__ = ["agreement", "CollectiveProbeAgreement", "CollectiveDataParallel"]
+__all__ = ["agreement", "CollectiveProbeAgreement", "CollectiveDataParallel", "FsdpProbeAgreement", "FsdpDataParallel"]

@@ -41,6 +41,7 @@ from ..memory.accounting import StorageAccountant
 from .. import checks
 from .arguments import SEARCH_CEILING
 from .fake_trace import FakeWorld, TraceScaler, resident_bytes
+from .shards import has_dtensors
 from .train_step import TrainStep
 from ..memory.units import format_bytes, parse_bytes
 from ..memory.workspaces import BlasThreads, workspace_bytes
@@ -120,8 +121,7 @@ def estimate_memory(step: TrainStep, batch_size: int, *, steps: int = 2) -> Memo
     Nothing is allocated and neither the model nor the optimizer is changed. Raises
     :class:`EstimateError` when the step cannot be traced with fake tensors.
     """
-    if not isinstance(step, TrainStep):
-        raise EstimateError(f"only a TrainStep can be estimated, not {type(step).__name__}")
+    _refuse_unestimable(step)
     checks.positive_int("batch_size", batch_size)
     checks.positive_int("steps", steps)
     device = step.device
@@ -164,7 +164,20 @@ def estimate_peak(step: TrainStep, batch_size: int, *, include_resident: bool = 
     return estimate.counted(include_resident)
 
 
+def _refuse_unestimable(step: Any) -> None:
+    """Raise :class:`EstimateError` for a step the fake-tensor trace cannot estimate."""
+    if not isinstance(step, TrainStep):
+        raise EstimateError(f"only a TrainStep can be estimated, not {type(step).__name__}")
+    if has_dtensors(step.model):
+        raise EstimateError(
+            "the model has DTensor parameters (FSDP2 fully_shard, or tensor parallel): the fake-tensor trace "
+            "cannot run their all-gathers and reduce-scatters, so it cannot tell what one rank holds at its peak; "
+            "probe with real trials (strategy='binary', or 'auto' with estimate_first=False)"
+        )
+
+
 def _tracer(step: TrainStep, *, multiple_of: int, steps: int, include_resident: bool):
+    _refuse_unestimable(step)
     """``(traced, peak)``: ``peak(units)`` traces batch ``units * multiple_of`` once (memoised
     in ``traced``, keyed by units) and returns its estimated peak, with or without the resident
     model."""

@@ -288,9 +288,9 @@ def _close(passes, record_pass, points, fit: LinearFit, lo: int, hi: int | None,
                 gallop, stride = -1, _first_stride(guess)
             elif passed and (predicted < guess or confirming):  # it said lo was the maximum
                 gallop, stride = 1, _first_stride(guess)
-            elif passed and hi is None and crept:
-                # twice the line's boundary passed and the refit moved it up only a little (a
-                # plateau just under the capacity, e.g. an allocator block): gallop up instead
+            elif passed and hi is None and crept and guess < fit.predict_max(capacity) < guess + _first_stride(guess):
+                # twice the line's boundary passed and the refit moves it up by less than a stride
+                # each time (a plateau just under the capacity, e.g. an allocator block): gallop
                 gallop, stride = 1, _first_stride(guess)
             elif width is not None and hi is not None and (hi - lo) * 2 > width:
                 bisecting = True  # the line creeps instead of halving the bracket

@@ -26,17 +26,18 @@ from typing import Any
 
 import torch
 
+from .shards import Shard, from_cpu_local, local, to_cpu_local
+
 __all__ = ["Snapshot"]
 
 
 def _to_cpu(value: Any) -> Any:
-    if isinstance(value, torch.Tensor):
-        return value.detach().to("cpu", copy=True)
-    if isinstance(value, dict):
-        return {key: _to_cpu(item) for key, item in value.items()}
-    if isinstance(value, (list, tuple)):
-        return type(value)(_to_cpu(item) for item in value)
-    return copy.deepcopy(value)
+    """A CPU copy; a ``DTensor`` (FSDP2) keeps only this rank's local shard (:mod:`.shards`)."""
+    return to_cpu_local(value, copy.deepcopy)
+
+
+def _copy_local(tensor: torch.Tensor) -> torch.Tensor:
+    return local(tensor).detach().to("cpu", copy=True)
 
 
 @dataclass
@@ -46,7 +47,7 @@ class Snapshot:
     model: torch.nn.Module | None
     optimizer: torch.optim.Optimizer | None
     tensors: dict[str, torch.Tensor] = field(default_factory=dict)
-    grads: dict[str, torch.Tensor | None] = field(default_factory=dict)
+    grads: dict[str, torch.Tensor | Shard | None] = field(default_factory=dict)
     training: dict[str, bool] = field(default_factory=dict)
     optimizer_state: dict[str, Any] | None = None
     rng_cpu: torch.Tensor | None = None
@@ -68,9 +69,9 @@ class Snapshot:
         background = background and optimizer is not None
         if model is not None:
             for name, tensor in _named_state(model, parameters=not background):  # the thread copies those
-                snap.tensors[name] = tensor.detach().to("cpu", copy=True)
+                snap.tensors[name] = _copy_local(tensor)
             for name, param in model.named_parameters():
-                snap.grads[name] = None if param.grad is None else param.grad.detach().to("cpu", copy=True)
+                snap.grads[name] = None if param.grad is None else _to_cpu(param.grad)
             snap.training = {name: module.training for name, module in model.named_modules()}
         snap.rng_cpu = torch.get_rng_state()
         if torch.cuda.is_available() and torch.cuda.is_initialized():
@@ -104,7 +105,7 @@ class Snapshot:
                 streams.enter_context(torch.cuda.stream(side))
             if self.model is not None:
                 for name, param in self.model.named_parameters():
-                    self.tensors[name] = param.detach().to("cpu", copy=True)
+                    self.tensors[name] = _copy_local(param)
             if self.optimizer is not None:
                 self.optimizer_state = _to_cpu(self.optimizer.state_dict())
 
@@ -129,17 +130,20 @@ class Snapshot:
                 for name, tensor in _named_state(self.model):
                     if self._copy_failed and name not in self.tensors:
                         continue  # its copy failed before the optimizer could change it
-                    tensor.copy_(self.tensors[name])
+                    local(tensor).copy_(self.tensors[name])  # a DTensor: into this rank's shard
                 for name, param in self.model.named_parameters():
                     saved = self.grads.get(name)
-                    param.grad = None if saved is None else saved.to(param.device, copy=True)
+                    if saved is None:
+                        param.grad = None
+                    else:
+                        param.grad = from_cpu_local(saved) if isinstance(saved, Shard) else saved.to(param.device, copy=True)
                 for name, module in self.model.named_modules():
                     module.training = self.training.get(name, module.training)
         if self.optimizer is not None and self.optimizer_state is not None:
             # load_state_dict replaces the whole state, so state created during the trials
             # (Adam moments that did not exist before) disappears again; it casts tensors
-            # back to each parameter's device.
-            self.optimizer.load_state_dict(copy.deepcopy(self.optimizer_state))
+            # back to each parameter's device; sharded state becomes DTensors laid out as before.
+            self.optimizer.load_state_dict(from_cpu_local(self.optimizer_state))
         torch.set_rng_state(self.rng_cpu)
         if self.rng_cuda is not None:
             torch.cuda.set_rng_state_all(self.rng_cuda)

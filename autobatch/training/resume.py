@@ -17,8 +17,9 @@ from typing import Any, Iterable
 
 from ..errors import CheckpointError
 from ..planning.checkpointing import enable_checkpointing
-from .checkpoint_io import CHECKPOINT_NAME, RUNNER_FORMAT, load_checkpoint, resolve_checkpoint, rng_state, save_checkpoint, set_rng_state
 from ..planning.accumulation import micro_batch_sizes
+from ..probe.shards import has_dtensors, load_plain_state, optimizer_state_for, plain_state
+from .checkpoint_io import CHECKPOINT_NAME, RUNNER_FORMAT, load_checkpoint, resolve_checkpoint, rng_state, save_checkpoint, set_rng_state
 from .progress import Progress
 from .run_result import RunResult
 
@@ -38,7 +39,9 @@ class Resumable:
             path = self.checkpoint_dir / CHECKPOINT_NAME
         self.result.checkpoints_saved += 1  # counted in the checkpoint itself
         self.result.checkpoint_path = str(Path(path))
-        if not self._parallel.is_rank_zero():
+        if has_dtensors(self.model):  # FSDP2: every rank writes its own shards, nothing is gathered
+            path = sharded_path(path)
+        elif not self._parallel.is_rank_zero():
             return Path(path)  # rank 0 writes; every rank holds the same state
         written = save_checkpoint(self.state_dict(), path)
         log.debug("checkpoint at step %d written to %s", self.step, written)
@@ -49,8 +52,9 @@ class Resumable:
         self._fill_result()
         return {
             "format": RUNNER_FORMAT,
-            "model": _unwrapped(self.model).state_dict(),
-            "optimizer": self.optimizer.state_dict(),
+            # a DTensor (FSDP2) as this rank's local shard: plain tensors, loadable with weights_only
+            "model": plain_state(_unwrapped(self.model).state_dict()),
+            "optimizer": plain_state(self.optimizer.state_dict()),
             "scheduler": None if self.scheduler is None else self.scheduler.state_dict(),
             "grad_scaler": None if self.grad_scaler is None else self.grad_scaler.state_dict(),
             "rng": rng_state(),
@@ -111,12 +115,19 @@ class Resumable:
     # -- resume --------------------------------------------------------------------------------
     def _load(self, resume: str | os.PathLike) -> dict[str, Any]:
         path = resolve_checkpoint(resume)
+        sharded = has_dtensors(self.model)
+        if sharded:
+            path = sharded_path(path)
         state = load_checkpoint(path, expect_format=RUNNER_FORMAT)
         if state.get("checkpointed_modules") and self.checkpoint_handle is None:
             self.checkpoint_handle = enable_checkpointing(self.model, modules=state["checkpointed_modules"])
         try:
-            _unwrapped(self.model).load_state_dict(_without_wrapper_prefix(state["model"]))
-            self.optimizer.load_state_dict(state["optimizer"])
+            if sharded:  # this rank's shards, written in place
+                load_plain_state(self.model, state["model"])
+                self.optimizer.load_state_dict(optimizer_state_for(self.optimizer, state["optimizer"]))
+            else:
+                _unwrapped(self.model).load_state_dict(_without_wrapper_prefix(state["model"]))
+                self.optimizer.load_state_dict(state["optimizer"])
         except (RuntimeError, ValueError, KeyError) as exc:  # mismatched keys, shapes or groups
             detail = " ".join(str(exc).split())[:300]
             raise CheckpointError(
@@ -156,3 +167,13 @@ def _without_wrapper_prefix(state: dict[str, Any]) -> dict[str, Any]:
     if state and all(key.startswith("module.") for key in state):
         return {key[len("module."):]: value for key, value in state.items()}
     return state
+
+
+def sharded_path(path: str | os.PathLike) -> Path:
+    """Where this rank keeps its shards of a sharded (FSDP2) checkpoint: ``last.pt`` becomes
+    ``last.rank<r>-of-<world>.pt``; a resume needs the same world size."""
+    import torch.distributed as dist
+
+    path = resolve_checkpoint(path) if Path(path).is_dir() else Path(path)
+    rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_available() and dist.is_initialized() else (0, 1)
+    return path.with_name(f"{path.stem}.rank{rank}-of-{world}{path.suffix}")

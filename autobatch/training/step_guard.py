@@ -42,6 +42,7 @@ import torch
 
 from ..memory.oom import is_oom_error
 from ..memory.simulated import host_memory
+from ..probe.shards import is_dtensor, local, spec_of
 
 __all__ = ["StepGuard", "GUARD_MODES"]
 
@@ -98,10 +99,12 @@ class StepGuard:
         targets: list[torch.Tensor] = []
         for slot, source in sources:
             buffer = self._buffers.get(slot)
+            source = local(source)
             if buffer is None or buffer.shape != source.shape or buffer.dtype != source.dtype:
                 buffer = self._buffers[slot] = self._empty_like(source)
             targets.append(buffer)
-        detached = [source.detach() for _, source in sources]
+        # a DTensor (FSDP2) is copied as this rank's local shard: nothing is gathered
+        detached = [local(source).detach() for _, source in sources]
         with self._copy_stream():
             try:  # one call rather than hundreds of Python-level copies per step
                 torch._foreach_copy_(targets, detached, non_blocking=True)
@@ -146,7 +149,7 @@ class StepGuard:
         self.ready()
         with torch.no_grad():
             for index, param in enumerate(self._params):
-                param.copy_(self._buffers[(index, None)])
+                local(param).copy_(self._buffers[(index, None)])
                 saved = self._state_keys.get(index)
                 if saved is None:
                     self.optimizer.state.pop(param, None)
@@ -161,11 +164,11 @@ class StepGuard:
                         continue
                     buffer = self._buffers[(index, key)]
                     current = state.get(key)
-                    if isinstance(current, torch.Tensor) and current.shape == buffer.shape and current.dtype == buffer.dtype:
-                        current.copy_(buffer)
+                    part = local(current) if isinstance(current, torch.Tensor) else None
+                    if part is not None and part.shape == buffer.shape and part.dtype == buffer.dtype:
+                        part.copy_(buffer)
                     else:
-                        device = current.device if isinstance(current, torch.Tensor) else param.device
-                        state[key] = buffer.to(device, copy=True)
+                        state[key] = self._fresh(buffer, current, param)
         for group, saved in zip(self.optimizer.param_groups, self._groups):
             group.update({key: copy.copy(value) for key, value in saved.items()})
         self._restore_scaler()
@@ -173,6 +176,15 @@ class StepGuard:
             torch.cuda.synchronize()
 
     # -- helpers ------------------------------------------------------------------------------
+    @staticmethod
+    def _fresh(buffer: torch.Tensor, current: Any, param: torch.Tensor) -> torch.Tensor:
+        """A new state tensor from ``buffer``: a DTensor laid out as the one it replaces (or
+        as its parameter, when the state is shaped like the parameter's shard)."""
+        like = current if is_dtensor(current) else (param if is_dtensor(param) and local(param).shape == buffer.shape else None)
+        device = local(current).device if isinstance(current, torch.Tensor) else local(param).device
+        fresh = buffer.to(device, copy=True)
+        return spec_of(like).rebuild(fresh) if like is not None else fresh
+
     def _empty_like(self, source: torch.Tensor) -> torch.Tensor:
         if self.mode == "device":
             return torch.empty_like(source, memory_format=torch.preserve_format)

@@ -1,0 +1,201 @@
+"""FSDP2 (``fully_shard``) models in the probe and the runner, across ranks, without a hang.
+
+Unlike DDP, an FSDP2 step cannot run "locally first": its forward and backward *are*
+collectives (each block's parameters are all-gathered before it runs). So the trials and the
+runner's steps run FSDP's collectives, each guarded by a vote (:mod:`.fsdp_guard`): a rank
+that runs out of memory anywhere in the step leaves FSDP's state reset and casts one
+"failed" vote; its peers see it at their next collective and leave the step too. Then every
+rank takes the same recovery: the probe records a failed trial, the runner halves the
+micro-batch and replays the global batch (undoing a half-applied optimizer step from its
+:class:`~autobatch.training.step_guard.StepGuard`, which keeps local shards).
+
+* :func:`fsdp_step` - the runner's global step: a vote that exchanges the ranks' sample
+  counts, forward/backward of every micro-batch (gradient sync off for all but the last,
+  so one reduce-scatter per step), the optimizer step, a closing vote, the loss all-reduce.
+* :class:`VotedTrainStep` - a :class:`~autobatch.TrainStep` whose call is one voted step (the
+  probe's trials).
+* :class:`FsdpDataParallel`, :class:`FsdpProbeAgreement` - the seams' implementations: FSDP
+  models take the paths above, every other model the DDP ones (:mod:`.step`, :mod:`.probe`).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Iterable
+
+import torch
+
+from ..memory.oom import free_memory, is_oom_error
+from ..planning.accumulation import accumulate_micro_batches
+from ..probe.shards import is_dtensor
+from ..probe.train_step import TrainStep
+from ..training.ranks import DataParallel
+from . import agreement as dist_sync
+from .fsdp_guard import guard, is_fsdp, no_gradient_sync, reset, voting
+from .probe import CollectiveProbeAgreement
+from .step import CollectiveDataParallel
+
+__all__ = ["shard_model", "fsdp_step", "VotedTrainStep", "FsdpDataParallel", "FsdpProbeAgreement"]
+
+
+def shard_model(model: torch.nn.Module) -> torch.nn.Module:
+    """``fully_shard`` each repeated block of ``model`` (the children of its ``nn.ModuleList`` s)
+    and then ``model`` itself, over every rank (a 1-D mesh on the model's device type). Needs a
+    process group of more than one rank (``torchrun``); returns ``model``, sharded in place."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    if not dist_sync.is_distributed():
+        raise ValueError("train.fsdp=true shards the model over ranks: launch with torchrun --nproc-per-node N (N > 1)")
+    device = next(model.parameters()).device
+    mesh = init_device_mesh(device.type, (dist_sync.world_size(),))
+    for module in model.modules():
+        if isinstance(module, torch.nn.ModuleList):
+            for block in module:
+                fully_shard(block, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    return guard(model)
+
+
+def _keep(exc: Exception) -> Exception:
+    """Drop an OOM's traceback now, so its frames (and activations) are freed before voting."""
+    return exc.with_traceback(None) if is_oom_error(exc) else exc
+
+
+def _after_failure(step: TrainStep) -> None:
+    """A step raised on this rank: FSDP back to idle, partial gradients dropped, memory freed."""
+    reset(step.model)
+    step.clear_grads()
+    free_memory()
+
+
+def fsdp_step(
+    step: TrainStep,
+    micro_batches: Iterable[Any],
+    *,
+    local_size: int,
+    on_phase: Callable[[str], None],
+    phase: Callable[[], str],
+    label: str,
+) -> tuple[float, int]:
+    """One optimizer step of an FSDP2 model over every rank's micro-batches; returns (mean loss
+    over the global batch, global batch size), the same on every rank. Any rank's failure
+    raises on every rank (its own error there, a peer error elsewhere), with FSDP reset."""
+    model = guard(step.model)
+    step.optimizer.zero_grad(set_to_none=True)
+    with voting(label, phase) as ballot:
+        rows = ballot.vote(payload=local_size)  # every rank enters the step: the sizes
+        global_size, world = sum(row[2] for row in rows), len(rows)
+        try:
+            # FSDP averages gradients over the ranks; weighting each micro-batch by
+            # n * world / global makes that the mean over the global batch, shares unequal or not
+            loss = accumulate_micro_batches(
+                model, step.loss_fn, micro_batches, global_batch=global_size / world,
+                autocast=step.autocast, grad_scaler=step.grad_scaler,
+                no_sync=lambda: no_gradient_sync(model), on_phase=on_phase,
+            )
+            on_phase("optimizer")
+            step.optimizer_step()
+            ballot.vote()  # every rank stepped
+        except Exception as exc:  # noqa: BLE001 - voted on, then re-raised
+            failure = _keep(exc)
+            del exc
+            _after_failure(step)
+            ballot.fail(failure)
+    step.optimizer.zero_grad(set_to_none=True)
+    total = torch.tensor([loss * local_size], dtype=torch.float64, device=dist_sync.sync_device())
+    return float(dist_sync.all_reduce_sum_(total, f"{label}: loss").item()) / global_size, global_size
+
+
+class VotedTrainStep(TrainStep):
+    """A :class:`~autobatch.TrainStep` on an FSDP2 model whose every call is one voted step, so
+    a trial that runs out of memory on one rank fails on every rank instead of hanging."""
+
+    def __init__(self, inner: TrainStep) -> None:
+        super().__init__(
+            inner.model, inner.optimizer, inner.loss_fn, inner.make_batch,
+            autocast_dtype=inner.autocast_dtype, grad_scaler=inner.grad_scaler,
+        )
+        guard(self.model)
+        self._calls = 0
+
+    def __call__(self, batch_size: int) -> None:
+        self._calls += 1
+        where = ["forward"]
+        with voting(f"probe trial {self._calls} at batch {batch_size}", lambda: where[0]) as ballot:
+            ballot.vote(payload=batch_size)
+            batch = loss = None
+            try:
+                self.optimizer.zero_grad(set_to_none=True)
+                batch = self.make_batch(batch_size)
+                with self.autocast():
+                    loss = self.loss_fn(self.model, batch)
+                where[0] = "backward"
+                (self.grad_scaler.scale(loss) if self.grad_scaler is not None else loss).backward()
+                del loss, batch
+                where[0] = "optimizer"
+                self.optimizer_step()
+                self.optimizer.zero_grad(set_to_none=True)
+                ballot.vote()
+            except Exception as exc:  # noqa: BLE001 - voted on, then re-raised
+                failure = _keep(exc)
+                del exc
+                batch = loss = None  # the failed step's activations go now
+                _after_failure(self)
+                ballot.fail(failure)
+
+
+class FsdpProbeAgreement(CollectiveProbeAgreement):
+    """The probe's agreement: FSDP2 steps run voted (:class:`VotedTrainStep`); others as before."""
+
+    def local_step(self, fn: Any) -> Any:
+        if isinstance(fn, TrainStep) and not isinstance(fn, VotedTrainStep) and is_fsdp(fn.model):
+            return VotedTrainStep(fn)
+        return super().local_step(fn)
+
+
+class FsdpDataParallel(DataParallel):
+    """The runner's data parallelism: :func:`fsdp_step` for an FSDP2 model, else ``fallback``
+    (:class:`~autobatch.dist.step.CollectiveDataParallel`, the DDP path)."""
+
+    def __init__(self, fallback: DataParallel | None = None) -> None:
+        self.fallback = fallback if fallback is not None else CollectiveDataParallel()
+
+    def active(self) -> bool:
+        return self.fallback.active()
+
+    def world_size(self) -> int:
+        return self.fallback.world_size()
+
+    def is_rank_zero(self) -> bool:
+        return self.fallback.is_rank_zero()
+
+    def local_module(self, model: torch.nn.Module) -> torch.nn.Module:
+        return model if is_fsdp(model) else self.fallback.local_module(model)
+
+    def start(self, model: torch.nn.Module) -> None:
+        if not is_fsdp(model):
+            return self.fallback.start(model)
+        guard(model)
+        # sharded parameters are each rank's own part of one model: nothing to broadcast;
+        # plain (replicated) ones and buffers start as rank 0's
+        plain = [t for t in [*model.parameters(), *model.buffers()] if not is_dtensor(t)]
+        if plain:
+            dist_sync.broadcast_(plain, "runner: initial replicated weights")
+
+    def step(self, train_step, micro_batches, *, local_size, on_phase, phase, label, **extra):
+        if not is_fsdp(train_step.model):
+            return self.fallback.step(
+                train_step, micro_batches, local_size=local_size, on_phase=on_phase, phase=phase, label=label, **extra
+            )
+        return fsdp_step(train_step, micro_batches, local_size=local_size, on_phase=on_phase, phase=phase, label=label)
+
+    def after_step(self, model: torch.nn.Module, label: str) -> None:
+        if not is_fsdp(model):
+            return self.fallback.after_step(model, label)
+        buffers = [b for b in model.buffers() if not is_dtensor(b)]
+        if buffers:
+            dist_sync.broadcast_(buffers, f"{label}: buffers")
+
+    def agree_plan(self, planned: Any) -> Any:
+        return self.fallback.agree_plan(planned)
+

@@ -1,0 +1,206 @@
+"""FSDP2's collectives, entered only when every rank voted to enter them.
+
+An FSDP2 step (``fully_shard``) all-gathers each block's parameters in forward and again in
+backward, and reduce-scatters its gradients in backward. If one rank runs out of memory
+between two of them, the others would wait in the next one for a rank that never comes.
+
+The design (see ``docs`` "FSDP2"): every collective FSDP issues is preceded by a **vote**.
+FSDP2 calls its all-gather and reduce-scatter through replaceable ``Comm`` objects; :func:`guard`
+wraps each FSDP param group's with :class:`VotingAllGather` / :class:`VotingReduceScatter`,
+which vote (a tiny CPU collective on autobatch's sync group, :func:`~autobatch.distributed.exchange`)
+*after* FSDP allocated the buffers and *before* the real collective is issued. A step runs
+inside :func:`voting`, whose :class:`Ballot` gives every vote of the step the same label, so
+that any vote pairs with any other:
+
+* a healthy rank votes "ok" at each collective and at the step's end;
+* a rank whose step raised (an OOM anywhere: compute, FSDP's buffer allocation, the
+  optimizer) resets FSDP's per-iteration state and casts **one** "failed" vote, which pairs
+  with whatever vote its peers reach next. They see the failure and raise
+  :class:`~autobatch.errors.PeerOutOfMemoryError` from inside FSDP's hook (or
+  :class:`~autobatch.errors.PeerFailedError` for any other error), which unwinds their forward
+  or backward; they reset FSDP's state too.
+
+So a real collective is issued by every rank or by none, and after a failure every rank
+has made the same number of votes: no rank is left inside a collective. What remains (a
+rank that died, user code that runs collectives of its own) ends in
+:class:`~autobatch.errors.RankDisagreementError` after the sync timeout.
+
+Resetting before the replay: ``FSDPModule.reset_iter_state()`` on the root (waits for the
+collectives already issued, which every rank issued, reshards every group and clears the
+iteration's trackers), else ``reshard()`` on every FSDP module; the unsharded gradients that
+accumulation micro-batches left (which ``reset_iter_state`` keeps) dropped; gradient sync on.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator
+
+import torch
+from torch.distributed.fsdp import FSDPModule
+from torch.utils._python_dispatch import _disable_current_modes
+
+from ..errors import PeerFailedError, PeerOutOfMemoryError
+from ..memory.oom import is_oom_error
+from ..training.phases import PHASES
+from . import agreement as dist_sync
+
+try:
+    from torch.distributed.fsdp._fully_shard._fsdp_api import AllGather, ReduceScatter
+except ImportError:  # pragma: no cover - an older torch: FSDP2 without replaceable comms
+    AllGather = ReduceScatter = object  # type: ignore[assignment,misc]
+
+__all__ = ["Ballot", "voting", "guard", "reset", "is_fsdp", "fsdp_modules", "fsdp_root", "no_gradient_sync"]
+
+_OK, _OOM, _ERROR = 0, 1, 2
+_current: list["Ballot"] = []
+
+
+def fsdp_modules(model: torch.nn.Module) -> list[FSDPModule]:
+    """Every ``fully_shard`` -ed module in ``model``, outermost first."""
+    return [module for module in model.modules() if isinstance(module, FSDPModule)]
+
+
+def is_fsdp(model: Any) -> bool:
+    """Whether ``model`` is, or contains, an FSDP2 module."""
+    return isinstance(model, torch.nn.Module) and any(True for _ in fsdp_modules(model))
+
+
+def fsdp_root(model: torch.nn.Module) -> FSDPModule | None:
+    """The outermost FSDP module (the one first forwarded, FSDP's root), if any."""
+    modules = fsdp_modules(model)
+    return modules[0] if modules else None
+
+
+class Ballot:
+    """The votes of one step. ``phase()`` tells where this rank is (a name of ``PHASES``)."""
+
+    def __init__(self, label: str, phase: Callable[[], str] = lambda: "forward") -> None:
+        self.label = label
+        self.phase = phase
+        self.settled = False  # a vote already told every rank that the step failed
+        self.votes = 0
+
+    def vote(self, failure: BaseException | None = None, payload: int = 0) -> list[list[int]]:
+        """One vote: every rank's ``[code, phase, payload]``. Raises on every rank when some
+        rank failed: the failing rank its own error, the others a peer error."""
+        code = _OK if failure is None else (_OOM if is_oom_error(failure) else _ERROR)
+        phase = self.phase()
+        index = PHASES.index(phase) if phase in PHASES else -1
+        self.votes += 1
+        with _disable_current_modes():  # a simulated budget must not count (or refuse) the vote
+            rows = dist_sync.exchange([code, index, int(payload)], f"{self.label}: FSDP vote")
+        errors = [r for r, row in enumerate(rows) if row[0] == _ERROR]
+        ooms = [r for r, row in enumerate(rows) if row[0] == _OOM]
+        if not errors and not ooms:
+            return rows
+        self.settled = True
+        if failure is not None:
+            raise failure
+        if errors:
+            raise PeerFailedError(
+                f"rank {', '.join(map(str, errors))} raised an error in {self.label} (see that rank's log); "
+                f"rank {dist_sync.rank()} leaves the step too instead of waiting in a collective", errors,
+            )
+        where = PHASES[rows[ooms[0]][1]] if rows[ooms[0]][1] >= 0 else "an unknown phase"
+        raise PeerOutOfMemoryError(
+            f"rank {', '.join(map(str, ooms))} ran out of memory in {where} ({self.label}); "
+            f"rank {dist_sync.rank()} left FSDP's collectives with it and replays", where, ooms,
+        )
+
+    def fail(self, failure: BaseException) -> None:
+        """This rank's step raised ``failure``: cast the one "failed" vote (unless a vote
+        already settled it) and raise."""
+        if not self.settled:
+            self.vote(failure)
+        raise failure
+
+
+@contextmanager
+def voting(label: str, phase: Callable[[], str] = lambda: "forward") -> Iterator[Ballot]:
+    """Run a step whose FSDP collectives vote on this :class:`Ballot` first."""
+    ballot = Ballot(label, phase)
+    _current.append(ballot)
+    try:
+        yield ballot
+    finally:
+        _current.remove(ballot)
+
+
+def _check() -> None:
+    if _current:
+        _current[-1].vote()
+
+
+class VotingAllGather(AllGather):
+    """FSDP's all-gather, issued only after every rank voted "ok" (within :func:`voting`)."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+
+    def allocate(self, size, *, dtype, device):
+        return self.inner.allocate(size, dtype=dtype, device=device)
+
+    def __call__(self, output_tensor, input_tensor, group, async_op=False):
+        _check()
+        return self.inner(output_tensor, input_tensor, group, async_op)
+
+
+class VotingReduceScatter(ReduceScatter):
+    """FSDP's reduce-scatter, issued only after every rank voted "ok" (within :func:`voting`)."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+
+    def allocate(self, size, *, dtype, device):
+        return self.inner.allocate(size, dtype=dtype, device=device)
+
+    def __call__(self, output_tensor, input_tensor, group, op, async_op=False):
+        _check()
+        return self.inner(output_tensor, input_tensor, group, op, async_op)
+
+
+def guard(model: torch.nn.Module) -> torch.nn.Module:
+    """Make every FSDP param group in ``model`` vote before its collectives (idempotent)."""
+    for module in fsdp_modules(model):
+        for group in module._get_fsdp_state()._fsdp_param_groups:
+            if not isinstance(group._all_gather_comm, VotingAllGather):
+                group._all_gather_comm = VotingAllGather(group._all_gather_comm)
+            if not isinstance(group._reduce_scatter_comm, VotingReduceScatter):
+                group._reduce_scatter_comm = VotingReduceScatter(group._reduce_scatter_comm)
+    return model
+
+
+def reset(model: torch.nn.Module) -> None:
+    """Put FSDP's per-iteration state back to idle after a step that raised: every group
+    resharded, in-flight (already agreed) collectives waited for, gradient sync on."""
+    root = fsdp_root(model)
+    if root is None:
+        return
+    if hasattr(root, "reset_iter_state"):
+        root.reset_iter_state()
+    else:  # an older torch: reshard what we can
+        for module in fsdp_modules(model):
+            module.reshard()
+    # reset_iter_state keeps the unsharded gradients that micro-batches without gradient sync
+    # accumulated: a replay would add onto the failed step's, so they go too
+    for module in fsdp_modules(model):
+        for group in module._get_fsdp_state()._fsdp_param_groups:
+            for param in group.fsdp_params:
+                param.unsharded_accumulated_grad = None
+                unsharded = getattr(param, "_unsharded_param", None)
+                if unsharded is not None:
+                    unsharded.grad = None
+    root.set_requires_gradient_sync(True)
+
+
+@contextmanager
+def no_gradient_sync(model: torch.nn.Module) -> Iterator[None]:
+    """FSDP2's accumulation micro-batch: no reduce-scatter; gradients stay unsharded and add up
+    until the last micro-batch's backward reduce-scatters them once."""
+    root = fsdp_root(model)
+    root.set_requires_gradient_sync(False)
+    try:
+        yield
+    finally:
+        root.set_requires_gradient_sync(True)

@@ -1,0 +1,159 @@
+"""Sharded (``DTensor``) state as this rank's local shard: what snapshots, guards and checkpoints keep.
+
+FSDP2 (``torch.distributed.fsdp.fully_shard``) turns parameters into ``DTensor`` s, and the
+optimizer's state (Adam's moments) follows them. Copying such a tensor to the CPU with
+``.to("cpu")`` gives another ``DTensor``; writing a plain CPU tensor back into one with
+``copy_`` raises ``aten.copy_.default got mixed torch.Tensor and DTensor``. And gathering the
+full tensor would cost a collective and a whole model's memory on every rank.
+
+So everything that copies state in autobatch (:class:`~autobatch.probe.restore.Snapshot`, the
+runner's :class:`~autobatch.training.step_guard.StepGuard`, the runner's checkpoints) keeps
+each rank's **local shard** only (``DTensor.to_local()``, a plain tensor) and writes it back
+into the local shard in place, or rebuilds the ``DTensor`` from it with the layout it had
+(:class:`ShardSpec`). Nothing is gathered; no collective runs.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+try:  # torch.distributed is optional in some builds
+    from torch.distributed.tensor import DTensor
+except ImportError:  # pragma: no cover - a build without distributed support
+    DTensor = None  # type: ignore[assignment,misc]
+
+__all__ = ["is_dtensor", "local", "ShardSpec", "Shard", "spec_of", "to_cpu_local", "from_cpu_local", "has_dtensors", "plain_state", "load_plain_state"]
+
+
+def is_dtensor(value: Any) -> bool:
+    """Whether ``value`` is a ``DTensor`` (a sharded or replicated parameter, FSDP2's)."""
+    return DTensor is not None and isinstance(value, DTensor)
+
+
+def local(tensor: torch.Tensor) -> torch.Tensor:
+    """The tensor this rank holds: a ``DTensor`` 's local shard (a view; writes go into the
+    ``DTensor``), else ``tensor`` itself."""
+    return tensor.to_local() if is_dtensor(tensor) else tensor
+
+
+@dataclass(frozen=True)
+class ShardSpec:
+    """How a ``DTensor`` is laid out over its mesh, to rebuild it from a local shard."""
+
+    mesh: Any
+    placements: tuple
+    shape: torch.Size
+    stride: tuple[int, ...]
+
+    def rebuild(self, shard: torch.Tensor) -> torch.Tensor:
+        """A ``DTensor`` with this layout whose local shard is ``shard`` (no communication)."""
+        return DTensor.from_local(shard, self.mesh, self.placements, run_check=False, shape=self.shape, stride=self.stride)
+
+
+def spec_of(tensor: torch.Tensor) -> ShardSpec | None:
+    """The layout of a ``DTensor``, None for a plain tensor."""
+    if not is_dtensor(tensor):
+        return None
+    return ShardSpec(tensor.device_mesh, tuple(tensor.placements), tensor.shape, tuple(tensor.stride()))
+
+
+@dataclass
+class Shard:
+    """A CPU copy of one ``DTensor`` 's local shard, with its layout and its device."""
+
+    local: torch.Tensor
+    spec: ShardSpec
+    device: torch.device
+
+
+def to_cpu_local(value: Any, copy_other=lambda v: v) -> Any:
+    """A CPU copy of ``value`` (tensors, dicts, lists, tuples of them): a ``DTensor`` becomes a
+    :class:`Shard` of its local shard; other leaves go through ``copy_other``."""
+    if is_dtensor(value):
+        part = value.to_local()
+        return Shard(part.detach().to("cpu", copy=True), spec_of(value), part.device)
+    if isinstance(value, torch.Tensor):
+        return value.detach().to("cpu", copy=True)
+    if isinstance(value, dict):
+        return {key: to_cpu_local(item, copy_other) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(to_cpu_local(item, copy_other) for item in value)
+    return copy_other(value)
+
+
+def from_cpu_local(value: Any) -> Any:
+    """A fresh copy of what :func:`to_cpu_local` returned: each :class:`Shard` a new ``DTensor``
+    on its device, plain tensors cloned on the CPU (``load_state_dict`` moves them), other
+    leaves deep-copied, so the copy shares nothing with ``value``."""
+    if isinstance(value, Shard):
+        return value.spec.rebuild(value.local.to(value.device, copy=True))
+    if isinstance(value, torch.Tensor):
+        return value.clone()
+    if isinstance(value, dict):
+        return {key: from_cpu_local(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(from_cpu_local(item) for item in value)
+    return copy.deepcopy(value)
+
+
+def has_dtensors(model: torch.nn.Module) -> bool:
+    """Whether any parameter of ``model`` is a ``DTensor`` (an FSDP2 / tensor-parallel model)."""
+    return any(is_dtensor(param) for param in model.parameters())
+
+
+# -- checkpoints: plain tensors and plain types, so weights_only=True loads them -------------------
+def plain_state(state: Any) -> Any:
+    """A state dict with every ``DTensor`` replaced by a CPU copy of this rank's local shard:
+    plain tensors and plain types only (what ``torch.load(weights_only=True)`` accepts)."""
+    if is_dtensor(state):
+        return state.to_local().detach().to("cpu", copy=True)
+    if isinstance(state, dict):
+        return {key: plain_state(item) for key, item in state.items()}
+    if isinstance(state, (list, tuple)):
+        return type(state)(plain_state(item) for item in state)
+    return state
+
+
+def load_plain_state(module: torch.nn.Module, saved: dict[str, torch.Tensor]) -> None:
+    """Copy a :func:`plain_state` of ``module.state_dict()`` back into ``module`` in place
+    (each ``DTensor`` 's local shard from this rank's saved shard). Keys or shapes that differ
+    raise ``ValueError`` naming them."""
+    current = module.state_dict()
+    missing = sorted(set(current) - set(saved))
+    unexpected = sorted(set(saved) - set(current))
+    if missing or unexpected:
+        raise ValueError(f"the checkpoint does not match the model: missing {missing[:5]}, unexpected {unexpected[:5]}")
+    with torch.no_grad():
+        for name, tensor in current.items():
+            target = local(tensor)
+            if target.shape != saved[name].shape:
+                raise ValueError(
+                    f"the checkpoint's {name!r} has shape {tuple(saved[name].shape)}, this rank's shard "
+                    f"{tuple(target.shape)}: resume with the same world size and sharding"
+                )
+            target.copy_(saved[name])
+
+
+def optimizer_state_for(optimizer: torch.optim.Optimizer, saved: dict[str, Any]) -> dict[str, Any]:
+    """Turn a :func:`plain_state` of ``optimizer.state_dict()`` back into one
+    ``optimizer.load_state_dict`` accepts: a state tensor shaped like its parameter's local
+    shard becomes a ``DTensor`` laid out as that parameter."""
+    params = [param for group in optimizer.param_groups for param in group["params"]]
+    state = {}
+    for index, entries in saved.get("state", {}).items():
+        param = params[int(index)] if int(index) < len(params) else None
+        spec = spec_of(param) if param is not None else None
+        rebuilt = {}
+        for key, value in entries.items():
+            if spec is not None and isinstance(value, torch.Tensor) and value.shape == local(param).shape:
+                value = spec.rebuild(value.to(local(param).device))
+            rebuilt[key] = value
+        state[index] = rebuilt
+    return {**saved, "state": state}
+
+
+__all__.append("optimizer_state_for")
