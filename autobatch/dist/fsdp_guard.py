@@ -163,7 +163,7 @@ class VotingReduceScatter(ReduceScatter):
 def guard(model: torch.nn.Module) -> torch.nn.Module:
     """Make every FSDP param group in ``model`` vote before its collectives (idempotent)."""
     for module in fsdp_modules(model):
-        for group in module._get_fsdp_state()._fsdp_param_groups:
+        for group in _param_groups(module._get_fsdp_state()):
             if not isinstance(group._all_gather_comm, VotingAllGather):
                 group._all_gather_comm = VotingAllGather(group._all_gather_comm)
             if not isinstance(group._reduce_scatter_comm, VotingReduceScatter):
@@ -185,7 +185,7 @@ def reset(model: torch.nn.Module) -> None:
     # reset_iter_state keeps the unsharded gradients that micro-batches without gradient sync
     # accumulated: a replay would add onto the failed step's, so they go too
     for module in fsdp_modules(model):
-        for group in module._get_fsdp_state()._fsdp_param_groups:
+        for group in _param_groups(module._get_fsdp_state()):
             for param in group.fsdp_params:
                 param.unsharded_accumulated_grad = None
                 unsharded = getattr(param, "_unsharded_param", None)
@@ -204,3 +204,12 @@ def no_gradient_sync(model: torch.nn.Module) -> Iterator[None]:
         yield
     finally:
         root.set_requires_gradient_sync(True)
+
+
+def _param_groups(state: Any) -> list[Any]:
+    """An FSDP state's parameter groups: a list in newer torch, one group (or None) in 2.11."""
+    groups = getattr(state, "_fsdp_param_groups", None)
+    if groups is not None:
+        return list(groups)
+    group = getattr(state, "_fsdp_param_group", None)
+    return [] if group is None else [group]
