@@ -20,6 +20,7 @@ from omegaconf import DictConfig
 import torch
 
 from ..dist.agreement import init_from_env, is_distributed, is_rank_zero
+from ..training.ranks import unwrap
 
 __all__ = ["join", "is_rank_zero", "launched_rank", "hydra_overrides", "data_parallel", "unwrapped"]
 
@@ -67,4 +68,4 @@ def data_parallel(model: torch.nn.Module, device: torch.device) -> torch.nn.Modu
 
 def unwrapped(model: torch.nn.Module) -> torch.nn.Module:
     """The module inside :func:`data_parallel`'s wrapper (what ``final_model.pt`` holds)."""
-    return model.module if isinstance(model, torch.nn.parallel.DistributedDataParallel) else model
+    return unwrap(model)

@@ -24,13 +24,14 @@ from typing import Any, Callable, Iterable
 
 import torch
 
-from ..memory.oom import free_memory, is_oom_error
+from ..memory.oom import free_memory
 from ..planning.accumulation import accumulate_micro_batches
 from ..probe.shards import is_dtensor
 from ..probe.train_step import TrainStep
 from ..training.ranks import DataParallel
 from . import agreement as dist_sync
 from .fsdp_guard import guard, is_fsdp, no_gradient_sync, reset, voting
+from .votes import keep as _keep
 from .probe import CollectiveProbeAgreement
 from .step import CollectiveDataParallel
 
@@ -54,11 +55,6 @@ def shard_model(model: torch.nn.Module) -> torch.nn.Module:
                 fully_shard(block, mesh=mesh)
     fully_shard(model, mesh=mesh)
     return guard(model)
-
-
-def _keep(exc: Exception) -> Exception:
-    """Drop an OOM's traceback now, so its frames (and activations) are freed before voting."""
-    return exc.with_traceback(None) if is_oom_error(exc) else exc
 
 
 def _after_failure(step: TrainStep) -> None:

@@ -29,23 +29,15 @@ from __future__ import annotations
 import math
 from typing import Any
 
-import torch
 
 from ..probe.ranks import ProbeAgreement
+from ..training.ranks import unwrap
 from ..probe.trial import TrialRecord
 from . import agreement as dist_sync
 
 __all__ = [
     "CollectiveProbeAgreement", "agree_trial", "agree_capacity", "agree_prior", "agree_cache_hit", "agree_batch", "agree_plan", "local_step", "unwrap",
 ]
-
-
-def unwrap(model: torch.nn.Module) -> torch.nn.Module:
-    """The local module inside a data-parallel wrapper (DDP: ``model.module``), else ``model``."""
-    inner = getattr(model, "module", None)
-    if isinstance(inner, torch.nn.Module) and hasattr(model, "no_sync"):
-        return inner
-    return model
 
 
 def local_step(fn: Any) -> Any:

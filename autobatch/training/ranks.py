@@ -13,7 +13,7 @@ from typing import Any, Callable, Iterable
 
 import torch
 
-__all__ = ["DataParallel", "install", "installed", "current"]
+__all__ = ["DataParallel", "install", "installed", "current", "unwrap"]
 
 
 class DataParallel:
@@ -93,3 +93,12 @@ def installed() -> DataParallel:
 def current() -> DataParallel:
     """The installed implementation while a multi-rank job runs, else the single process."""
     return _installed if _installed.active() else _SINGLE
+
+
+def unwrap(model: torch.nn.Module) -> torch.nn.Module:
+    """The local module inside a data-parallel wrapper (DDP: ``model.module``), else ``model``:
+    what the runner trains locally and what a checkpoint's keys name, with or without torchrun."""
+    inner = getattr(model, "module", None)
+    if isinstance(inner, torch.nn.Module) and hasattr(model, "no_sync"):
+        return inner
+    return model

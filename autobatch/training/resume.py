@@ -21,6 +21,7 @@ from ..planning.accumulation import micro_batch_sizes
 from ..probe.shards import has_dtensors, load_plain_state, optimizer_state_for, plain_state
 from .checkpoint_io import CHECKPOINT_NAME, RUNNER_FORMAT, load_checkpoint, resolve_checkpoint, rng_state, save_checkpoint, set_rng_state
 from .progress import Progress
+from .ranks import unwrap
 from .run_result import RunResult
 
 __all__ = ["Resumable"]
@@ -53,7 +54,7 @@ class Resumable:
         return {
             "format": RUNNER_FORMAT,
             # a DTensor (FSDP2) as this rank's local shard: plain tensors, loadable with weights_only
-            "model": plain_state(_unwrapped(self.model).state_dict()),
+            "model": plain_state(unwrap(self.model).state_dict()),
             "optimizer": plain_state(self.optimizer.state_dict()),
             "scheduler": None if self.scheduler is None else self.scheduler.state_dict(),
             "grad_scaler": None if self.grad_scaler is None else self.grad_scaler.state_dict(),
@@ -126,7 +127,7 @@ class Resumable:
                 load_plain_state(self.model, state["model"])
                 self.optimizer.load_state_dict(optimizer_state_for(self.optimizer, state["optimizer"]))
             else:
-                _unwrapped(self.model).load_state_dict(_without_wrapper_prefix(state["model"]))
+                unwrap(self.model).load_state_dict(_without_wrapper_prefix(state["model"]))
                 self.optimizer.load_state_dict(state["optimizer"])
         except (RuntimeError, ValueError, KeyError) as exc:  # mismatched keys, shapes or groups
             detail = " ".join(str(exc).split())[:300]
@@ -153,13 +154,6 @@ class Resumable:
         log.info("resumed from %s at step %d (epoch %d, batch %d), micro-batch %d", path, self.step, self.epoch, self.position, self.micro_batch)
         set_rng_state(state["rng"])
         return state["rng"]
-
-
-def _unwrapped(model: Any) -> Any:
-    """A data-parallel wrapper's module (DDP: ``model.module``), so a checkpoint's keys are the
-    same whether it was written by one process or under ``torchrun``."""
-    inner = getattr(model, "module", None)
-    return inner if inner is not None and hasattr(model, "no_sync") else model
 
 
 def _without_wrapper_prefix(state: dict[str, Any]) -> dict[str, Any]:
