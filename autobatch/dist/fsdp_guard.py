@@ -50,7 +50,7 @@ try:
 except ImportError:  # pragma: no cover - an older torch: FSDP2 without replaceable comms
     AllGather = ReduceScatter = object  # type: ignore[assignment,misc]
 
-__all__ = ["Ballot", "voting", "guard", "reset", "is_fsdp", "fsdp_modules", "fsdp_root", "no_gradient_sync"]
+__all__ = ["Ballot", "voting", "guard", "reset", "reset_iter_state", "is_fsdp", "fsdp_modules", "fsdp_root", "no_gradient_sync"]
 
 _OK, _OOM, _ERROR = 0, 1, 2
 _current: list["Ballot"] = []
@@ -179,9 +179,8 @@ def reset(model: torch.nn.Module) -> None:
         return
     if hasattr(root, "reset_iter_state"):
         root.reset_iter_state()
-    else:  # an older torch: reshard what we can
-        for module in fsdp_modules(model):
-            module.reshard()
+    else:  # torch < 2.13: the same recovery, on that torch's private state
+        reset_iter_state(root)
     # reset_iter_state keeps the unsharded gradients that micro-batches without gradient sync
     # accumulated: a replay would add onto the failed step's, so they go too
     for module in fsdp_modules(model):
@@ -192,6 +191,73 @@ def reset(model: torch.nn.Module) -> None:
                 if unsharded is not None:
                     unsharded.grad = None
     root.set_requires_gradient_sync(True)
+
+
+def reset_iter_state(root: FSDPModule) -> None:
+    """``FSDPModule.reset_iter_state()`` (torch 2.13) for older torch, on its private state:
+    wait for the collectives already issued, clear the iteration's trackers, put every state
+    and param group back to idle and reshard every group. Plain ``reshard()`` is not enough
+    after a failure in forward: it keeps the root unsharded (FSDP does not reshard the root
+    after forward), so the next step would see full-size parameters."""
+    from torch.distributed.fsdp._fully_shard._fsdp_common import TrainingState
+
+    state = root._get_fsdp_state()
+    if state._is_root is None:  # failed before FSDP's lazy init finished: nothing is in flight
+        for module in fsdp_modules(root):
+            module.reshard()
+        return
+    stream = state._device_handle.current_stream()
+    ctx = state._comm_ctx
+
+    def wait(event: Any) -> None:
+        if event is not None:
+            stream.wait_event(event)
+
+    if ctx.all_gather_state is not None:
+        wait(ctx.all_gather_state.event)
+        ctx.all_gather_state = None
+    if hasattr(ctx, "reduce_scatter_states"):
+        for rs_state in ctx.reduce_scatter_states:
+            wait(rs_state.event)
+        ctx.reduce_scatter_states.clear()
+    elif getattr(ctx, "reduce_scatter_state", None) is not None:
+        wait(ctx.reduce_scatter_state.event)
+        ctx.reduce_scatter_state = None
+    for event in getattr(ctx, "_last_post_reduce_events", {}).values():
+        wait(event)
+    getattr(ctx, "_last_post_reduce_events", {}).clear()
+    ctx.post_forward_order.clear()
+    for each in state._state_ctx.all_states:
+        each._modules_to_run_forward.clear()
+        each._training_state = TrainingState.IDLE
+        for group in _param_groups(each):
+            _reset_group(group, wait, TrainingState.IDLE)
+    state._state_ctx.iter_forward_root = None
+    state._state_ctx.post_backward_final_callback_queued = False
+
+
+def _reset_group(group: Any, wait: Callable[[Any], None], idle: Any) -> None:
+    """One FSDP param group back to idle and sharded (torch 2.13's ``_reset_iter_state``)."""
+    result = group._all_gather_result
+    if result is not None:
+        wait(result.all_gather_event)
+        if isinstance(result.all_gather_work, torch.distributed.distributed_c10d.Work):
+            result.all_gather_work.wait()
+        group._all_gather_result = None
+    wait(getattr(group, "_post_reduce_event", None))
+    group._post_reduce_event = None
+    all_reduce = getattr(group, "_all_reduce_state", None)
+    if all_reduce is not None:
+        wait(all_reduce.event)
+    group._all_reduce_state = None
+    event = getattr(group, "_reshard_after_forward_event", None)
+    if event is not None:
+        group._wait_all_gather_streams_on_event(event)
+        group._reshard_after_forward_event = None
+    group._partial_reduce_output = None
+    group._post_forward_indices.clear()
+    group._training_state = idle
+    group._to_sharded()
 
 
 @contextmanager

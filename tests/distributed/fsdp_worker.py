@@ -157,6 +157,11 @@ def main() -> None:
         dist.init_process_group(backend, device_id=local_device)
     else:
         dist.init_process_group(backend)
+    if os.environ.get("TORCH_211_RESET"):  # recover as on torch < 2.13 (no FSDPModule.reset_iter_state)
+        from torch.distributed.fsdp import FSDPModule
+
+        if hasattr(FSDPModule, "reset_iter_state"):
+            del FSDPModule.reset_iter_state
     dist_sync.control_group()
     dist_sync.set_timeout(float(os.environ.get("SYNC_TIMEOUT", "60")))
     rank, world = dist.get_rank(), dist.get_world_size()
