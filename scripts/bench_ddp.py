@@ -105,6 +105,8 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--models", default=None, help="comma-separated subset")
     parser.add_argument("--out", default="bench_ddp.json")
+    parser.add_argument("--profile", default=None, help="a folder for chrome traces of 2 steps of each kind (CUDA)")
+    parser.add_argument("--guards", default="", help="also time the runner with these step_guard modes (e.g. off,device)")
     args = parser.parse_args()
     cuda = torch.cuda.is_available() and not args.quick
     if cuda:
@@ -122,13 +124,16 @@ def main() -> None:
             continue
         share = global_batch // world
         torch.manual_seed(0)
+        kinds = ["hand", "runner", *(f"runner_guard_{g}" for g in args.guards.split(",") if g)]
         models = {kind: torch.nn.parallel.DistributedDataParallel(build().to(device), device_ids=[device.index] if cuda else None)
-                  for kind in ("hand", "runner")}
+                  for kind in kinds}
         optimizers = {kind: torch.optim.AdamW(m.parameters(), lr=1e-4, foreach=True) for kind, m in models.items()}
         batch = make(share, device)
-        runner = Runner(models["runner"], optimizers["runner"], loss_fn, global_batch=global_batch, micro_batch=micro,
-                        grow_after=None, progress=False, log_every=None, autocast_dtype="bfloat16" if cuda else None)
-        times = {"hand": [], "runner": []}
+        runners = {kind: Runner(models[kind], optimizers[kind], loss_fn, global_batch=global_batch, micro_batch=micro,
+                                grow_after=None, progress=False, log_every=None, autocast_dtype="bfloat16" if cuda else None,
+                                step_guard=kind.rsplit("_", 1)[1] if kind.startswith("runner_guard_") else "cpu")
+                   for kind in kinds if kind != "hand"}
+        times = {kind: [] for kind in kinds}
 
         def timed(kind: str, steps: int) -> float:
             sync()
@@ -137,24 +142,41 @@ def main() -> None:
                 for _ in range(steps):
                     hand_step(models["hand"], optimizers["hand"], loss_fn, batch, micro, autocast)
             else:
+                runner = runners[kind]
                 before = runner.step
                 runner.fit([batch] * steps, steps=before + steps)  # steps: over the whole run
                 assert runner.step == before + steps
             sync()
             return (time.perf_counter() - start) / steps
 
-        for kind in ("hand", "runner"):
+        for kind in kinds:
             timed(kind, args.warmup)
         for round_ in range(args.rounds):
-            order = ("hand", "runner") if round_ % 2 == 0 else ("runner", "hand")
-            for kind in order:
+            for kind in (kinds if round_ % 2 == 0 else kinds[::-1]):
                 times[kind].append(timed(kind, args.steps))
-        hand, ours = statistics.median(times["hand"]), statistics.median(times["runner"])
+        if args.profile and cuda:  # a trace of 2 steps of each kind, rank 0 (chrome format, gzipped)
+            import gzip
+            import shutil
+
+            for kind in kinds:
+                with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]) as prof:
+                    timed(kind, 2)
+                if rank == 0:
+                    path = Path(args.profile) / f"trace_{name}_{kind}.json"
+                    path.parent.mkdir(parents=True, exist_ok=True)
+                    prof.export_chrome_trace(str(path))
+                    with open(path, "rb") as src, gzip.open(f"{path}.gz", "wb") as dst:
+                        shutil.copyfileobj(src, dst)
+                    path.unlink()
+        hand = statistics.median(times["hand"])
+        medians = {kind: statistics.median(times[kind]) for kind in kinds}
+        ours = medians["runner"]
         rows.append({"model": name, "global_batch": global_batch, "micro_batch": micro, "ranks": world,
                      "hand_ms": hand * 1e3, "runner_ms": ours * 1e3, "overhead_pct": (ours / hand - 1) * 100,
+                     "variants_ms": {k: round(v * 1e3, 2) for k, v in medians.items()},
                      "rounds": {k: [round(v * 1e3, 2) for v in vs] for k, vs in times.items()},
-                     "recoveries": len(runner.result.oom_recoveries)})
-        del models, optimizers, runner, batch
+                     "recoveries": sum(len(r.result.oom_recoveries) for r in runners.values())})
+        del models, optimizers, runners, batch
         if cuda:
             torch.cuda.empty_cache()
     if rank == 0:
@@ -162,7 +184,7 @@ def main() -> None:
         print(f"device: {world} x {device_name}, torch {torch.__version__}")
         for row in rows:
             print(f"{row['model']:>12}  global {row['global_batch']:>5} micro {row['micro_batch']:>4}: hand {row['hand_ms']:8.1f} ms"
-                  f"  runner {row['runner_ms']:8.1f} ms  ({row['overhead_pct']:+.1f} %)  rounds {row['rounds']}")
+                  f"  runner {row['runner_ms']:8.1f} ms  ({row['overhead_pct']:+.1f} %)  variants {row['variants_ms']}  rounds {row['rounds']}")
         Path(args.out).write_text(json.dumps({"device": device_name, "ranks": world, "rows": rows}, indent=2))
     dist.destroy_process_group()
 

@@ -31,6 +31,8 @@ class DDPProbeStep(TrainStep):
     fails a step together (an OOM on one rank is a
     :class:`~autobatch.errors.PeerOutOfMemoryError` on the others), none waits alone."""
 
+    lockstep = True  # every call runs collectives: ranks make the same calls (ProbeAgreement.settle_more)
+
     def __init__(self, step: TrainStep) -> None:
         super().__init__(
             step.model, step.optimizer, step.loss_fn, step.make_batch,

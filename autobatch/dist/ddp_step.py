@@ -179,9 +179,10 @@ def ddp_step(
     on_phase: Callable[[str], None],
     phase: Callable[[], str],
     label: str,
-) -> tuple[float, int]:
+) -> tuple[float | torch.Tensor, int]:
     """One optimizer step over every rank's micro-batches through DDP (``step.model``);
-    returns (mean loss over the global batch, global batch size), the same on every rank.
+    returns (mean loss over the global batch, global batch size), the same on every rank; on
+    an accelerator the loss is a 0-dim tensor still being computed (``float()`` reads it).
     ``global_batch`` is the configured global batch (the buckets' weights assume it)."""
     model = step.model
     ledger = ledger_for(model)
@@ -215,7 +216,15 @@ def ddp_step(
         step.optimizer_step()
     except Exception as exc:  # noqa: BLE001 - voted on below, then re-raised
         failure = keep(exc)
-    loss_sum = float(total.item())
-    rows = vote(failure, phase(), local_size, f"{label}: optimizer stepped", extra=[float_bits(loss_sum)], clear=step.clear_grads)
+    on_device = total is not None and total.device.type != "cpu"
+    # on a CPU the loss rides in the vote; on an accelerator reading it would make the host wait
+    # for the device every step, so it is summed over the ranks on the device, after the vote
+    # (which every rank passed, so every rank enters that all-reduce), and read when reported
+    extra = [] if on_device or total is None else [float_bits(float(total.item()))]
+    rows = vote(failure, phase(), local_size, f"{label}: optimizer stepped", extra=extra, clear=step.clear_grads)
     step.optimizer.zero_grad(set_to_none=True)
-    return sum(bits_float(row[3]) for row in rows) / global_size, global_size
+    if not on_device:
+        return sum(bits_float(row[3]) for row in rows) / global_size, global_size
+    total = total.reshape(1).to(torch.float64)
+    dist.all_reduce(total, group=ledger.group, async_op=True).wait()  # a stream wait, not a host wait
+    return total[0] / global_size, global_size

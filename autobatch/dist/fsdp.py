@@ -106,6 +106,8 @@ class VotedTrainStep(TrainStep):
     """A :class:`~autobatch.TrainStep` on an FSDP2 model whose every call is one voted step, so
     a trial that runs out of memory on one rank fails on every rank instead of hanging."""
 
+    lockstep = True  # every call runs collectives: ranks make the same calls (ProbeAgreement.settle_more)
+
     def __init__(self, inner: TrainStep) -> None:
         super().__init__(
             inner.model, inner.optimizer, inner.loss_fn, inner.make_batch,

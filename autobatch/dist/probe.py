@@ -165,3 +165,8 @@ class CollectiveProbeAgreement(ProbeAgreement):
 
     def batch(self, result):
         return agree_batch(result)
+
+    def settle_more(self, fn: Any, more: bool) -> bool:
+        if not getattr(fn, "lockstep", False):  # trials without collectives: each rank its own
+            return more
+        return dist_sync.agree(more, "probe: settling trial, another step", op="any")

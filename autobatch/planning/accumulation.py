@@ -210,16 +210,19 @@ def accumulated_step(
     global_batch: int,
     no_sync: Callable[[], ContextManager] | None = None,
     on_phase: Callable[[str], None] | None = None,
-) -> float:
+    lazy: bool = False,
+) -> float | torch.Tensor:
     """One optimizer step of a :class:`~autobatch.TrainStep` over accumulated micro-batches.
 
     Zeroes gradients, runs :func:`accumulate_micro_batches` with the step's loss, autocast and
     grad scaler, steps the optimizer once (through the scaler when there is one) and zeroes
     gradients again. ``on_phase`` is passed on, and also called with ``"optimizer"`` just
-    before the optimizer step. Returns the mean loss.
+    before the optimizer step. Returns the mean loss: a float, or with ``lazy`` a 0-dim
+    tensor still being computed (no device synchronisation: the host can queue the next
+    step while the device finishes this one; ``float()`` it when the value is needed).
     """
     step.optimizer.zero_grad(set_to_none=True)
-    loss = accumulate_micro_batches(
+    loss = (accumulate_loss_sum if lazy else accumulate_micro_batches)(
         step.model,
         step.loss_fn,
         micro_batches,
@@ -233,6 +236,9 @@ def accumulated_step(
         on_phase("optimizer")
     step.optimizer_step()
     step.optimizer.zero_grad(set_to_none=True)
+    if lazy:
+        total, seen = loss
+        return total / seen
     return loss
 
 

@@ -171,6 +171,7 @@ def _probe(call: _Call, restore, estimate_first: bool | None) -> ProbeResult:
                 fn, memory, call.steps_per_trial, after_oom=_after_oom(fn, restore),
                 agree=call.agreement.trial_hook(), search_steps=args["search_steps"],
                 peak_limit=peak_limit(memory, capacity), autotune=autotune, settle_final=not simulated,
+                settle_more=lambda more: call.agreement.settle_more(fn, more),
             )
             if estimate_first is None:
                 # measured (docs, benchmarks): on the CPU's simulated device tracing is cheap

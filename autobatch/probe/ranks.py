@@ -41,6 +41,12 @@ class ProbeAgreement:
     def batch(self, result: Any) -> Any:
         return result
 
+    def settle_more(self, fn: Any, more: bool) -> bool:
+        """Whether a settling trial runs another step of ``fn`` (``more``: this rank's
+        reserved memory still grows). Ranks whose steps run collectives in lockstep
+        (``fn.lockstep``) must all run the same number of steps: they decide together."""
+        return more
+
 
 _SINGLE = ProbeAgreement()
 _installed: ProbeAgreement = _SINGLE

@@ -85,27 +85,29 @@ class Snapshot:
         # the copy runs on a stream of its own, after the work queued so far, so that it
         # overlaps the first trial's kernels instead of queueing them behind it
         after = {device: torch.cuda.current_stream(device) for device in devices if device.type == "cuda"}
+        # the parameters as registered now: FSDP2 swaps full (unsharded) tensors into the
+        # modules during a forward, which the thread must not mistake for the sharded ones
+        params = [] if model is None else list(model.named_parameters())
         snap._copier = threading.Thread(
-            target=snap._copy_catching, args=(after,), name="autobatch-snapshot", daemon=True
+            target=snap._copy_catching, args=(after, params), name="autobatch-snapshot", daemon=True
         )
         snap._copier.start()
         return snap
 
-    def _copy_catching(self, after: dict[torch.device, Any]) -> None:
+    def _copy_catching(self, after: dict[torch.device, Any], params: list[tuple[str, torch.Tensor]]) -> None:
         try:
-            self._copy_in_background(after)
+            self._copy_in_background(after, params)
         except BaseException as exc:  # noqa: BLE001 - handed to the thread that waits
             self._copy_error = exc
 
-    def _copy_in_background(self, after: dict[torch.device, Any]) -> None:
+    def _copy_in_background(self, after: dict[torch.device, Any], params: list[tuple[str, torch.Tensor]]) -> None:
         with contextlib.ExitStack() as streams:
             for device, stream in after.items():
                 side = torch.cuda.Stream(device=device)
                 side.wait_stream(stream)
                 streams.enter_context(torch.cuda.stream(side))
-            if self.model is not None:
-                for name, param in self.model.named_parameters():
-                    self.tensors[name] = _copy_local(param)
+            for name, param in params:
+                self.tensors[name] = _copy_local(param)
             if self.optimizer is not None:
                 self.optimizer_state = _to_cpu(self.optimizer.state_dict())
 

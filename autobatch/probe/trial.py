@@ -125,8 +125,10 @@ class TrialRunner:
         peak_limit: int | None = None,
         autotune: "Autotune | None" = None,
         settle_final: bool = False,
+        settle_more: Callable[[bool], bool] | None = None,
     ) -> None:
         self.fn = fn
+        self.settle_more = settle_more if settle_more is not None else (lambda more: more)
         self.autotune = autotune
         self.settle_final = settle_final
         self.peak_limit = peak_limit
@@ -225,7 +227,10 @@ class TrialRunner:
         self._started = time.perf_counter()
         step_reserved: list[int] = []
         try:
-            while self._steps_run < steps or (settle and _growing(step_reserved) and self._steps_run < 2 * steps):
+            # the extra settling steps are agreed (settle_more): ranks in lockstep make the same calls
+            while self._steps_run < steps or (
+                settle and self._steps_run < 2 * steps and self.settle_more(_growing(step_reserved))
+            ):
                 self.memory.reset_peak()
                 self._resident = self.memory.allocated()
                 self._steps_run += 1

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import sys
 import time
-from typing import IO
+from typing import IO, Any
 
 __all__ = ["Progress"]
 
@@ -42,13 +42,15 @@ class Progress:
         self._began = time.perf_counter()
         self._samples = 0
 
-    def update(self, step: int, samples: int, micro_batch: int, accumulation: int, recoveries: int, loss: float) -> None:
-        """After a global step: ``step`` is the number of steps done, ``samples`` this step's."""
+    def update(self, step: int, samples: int, micro_batch: int, accumulation: int, recoveries: int, loss: Any) -> None:
+        """After a global step: ``step`` is the number of steps done, ``samples`` this step's.
+        ``loss`` (a float or a 0-dim tensor) is read only when shown: reading a tensor waits for
+        the device, which the runner otherwise never does between steps."""
         self._samples += samples
         rate = self._samples / max(time.perf_counter() - self._began, 1e-9)
         if self.bar is not None:
             self.bar.set_postfix(
-                {"samples/s": f"{rate:.1f}", "micro": f"{micro_batch}x{accumulation}", "oom": recoveries, "loss": f"{loss:.4g}"},
+                {"samples/s": f"{rate:.1f}", "micro": f"{micro_batch}x{accumulation}", "oom": recoveries, "loss": f"{float(loss):.4g}"},
                 refresh=False,
             )
             self.bar.update(1)
@@ -56,7 +58,7 @@ class Progress:
             of = f"/{self.total}" if self.total else ""
             log.info(
                 "step %d%s  %.1f samples/s  micro-batch %d x %d  OOM recoveries %d  loss %.4g",
-                step, of, rate, micro_batch, accumulation, recoveries, loss,
+                step, of, rate, micro_batch, accumulation, recoveries, float(loss),
             )
 
     def close(self) -> None:

@@ -15,6 +15,8 @@ import os
 from pathlib import Path
 from typing import Any, Iterable
 
+import torch
+
 from ..errors import CheckpointError
 from ..planning.checkpointing import enable_checkpointing
 from ..planning.accumulation import micro_batch_sizes
@@ -69,13 +71,13 @@ class Resumable:
             "result": self.result.to_dict(),
         }
 
-    def _after_step(self, loss: float, size: int, progress: Progress, on_step_end) -> None:
+    def _after_step(self, loss: float | torch.Tensor, size: int, progress: Progress, on_step_end) -> None:
         self.step += 1
         self.position += 1
         result = self.result
         result.steps_this_run += 1
         result.samples += size
-        result.last_loss = loss
+        self._last_loss = loss  # maybe a tensor still being computed: read when reported
         if self.hygiene.after_step(self.step):
             result.empty_cache_fires, result.empty_cache_seconds = self.hygiene.fires, self.hygiene.seconds
         accumulation = len(micro_batch_sizes(self._local_size, self.micro_batch))
@@ -84,7 +86,7 @@ class Resumable:
             self.save()
         if on_step_end is not None:
             on_step_end({
-                "step": self.step, "epoch": self.epoch, "loss": loss, "micro_batch": self.micro_batch,
+                "step": self.step, "epoch": self.epoch, "loss": float(loss), "micro_batch": self.micro_batch,
                 "accumulation": accumulation, "samples": size,
             })  # fmt: skip
 
@@ -108,6 +110,8 @@ class Resumable:
     def _fill_result(self) -> None:
         result = self.result
         result.steps, result.epochs = self.step, self.epoch
+        if getattr(self, "_last_loss", None) is not None:
+            result.last_loss = float(self._last_loss)
         result.micro_batch = self.micro_batch or 0
         result.initial_micro_batch = self.initial_micro_batch or 0
         result.checkpointing = self.checkpoint_handle is not None

@@ -183,6 +183,7 @@ class Runner(OomRecovery, Resumable, PlansFromData):
         self.result = RunResult(global_batch=global_batch)
         self._phase = "transfer"
         self._stepping = False
+        self._last_loss: float | torch.Tensor | None = None
         self._captured_at: int | None = None
         self._last_error = ""
         self._epoch_rng: dict[str, Any] | None = None
@@ -276,7 +277,7 @@ class Runner(OomRecovery, Resumable, PlansFromData):
         return result
 
     # -- one global step, with OOM recovery ----------------------------------------------------
-    def _global_step(self, batch: Any) -> tuple[float, int]:
+    def _global_step(self, batch: Any) -> tuple[float | torch.Tensor, int]:
         size = self._local_size = batch_size_of(batch)
         if size != self.share and not self._warned_size:
             self._warned_size = True
@@ -312,7 +313,7 @@ class Runner(OomRecovery, Resumable, PlansFromData):
         scaler = self.grad_scaler
         return None if scaler is None or not scaler.is_enabled() else scaler.get_scale()
 
-    def _attempt(self, batch: Any, size: int) -> float:
+    def _attempt(self, batch: Any, size: int) -> float | torch.Tensor:
         self._phase = "transfer"
         if self.distributed:
             loss, self._global_size = self._parallel.step(
@@ -327,6 +328,7 @@ class Runner(OomRecovery, Resumable, PlansFromData):
             global_batch=size,
             no_sync=self.no_sync,
             on_phase=self._enter,
+            lazy=True,  # read when reported (progress, on_step_end, the result), not every step
         )
         self._stepping = False
         return loss

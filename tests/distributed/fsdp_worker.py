@@ -23,6 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from autobatch import Runner, TrainStep, find_max_batch  # noqa: E402
 from autobatch import distributed as dist_sync  # noqa: E402
+from autobatch.dist.fsdp_guard import _param_groups  # noqa: E402
 from autobatch.training.faults import FaultInjector  # noqa: E402
 from autobatch.workloads.models import GPT  # noqa: E402
 
@@ -69,11 +70,24 @@ def probe(rank: int, world: int, out: Path) -> dict:
     """The probe under each of ``LIMITS`` (``;``-separated runs, one ``,``-separated budget per
     rank): each run's agreed answer, trials, and whether model and optimizer came back exactly."""
     runs = {}
+    if os.environ.get("SETTLE_SKEW"):  # the answer's settling trial as on a GPU, where only rank 0's
+        # reserved memory keeps growing: the ranks must still run the same steps (they agree)
+        import autobatch.probe.find as find_module
+        import autobatch.probe.trial as trial_module
+
+        class Settling(trial_module.TrialRunner):
+            def __init__(self, *args, **kwargs):
+                super().__init__(*args, **{**kwargs, "settle_final": True})
+
+        find_module.TrialRunner = Settling
+        trial_module._growing = lambda reserved: rank == 0
     for limits in os.environ.get("LIMITS", "6MiB,4MiB;4MiB,4MiB").split(";"):
         limit = limits.split(",")[rank % len(limits.split(","))]
         model, optimizer = build()
         before = shards(model, optimizer)
         generator = torch.Generator().manual_seed(rank)
+        if os.environ.get("SNAPSHOT_IN_FORWARD"):
+            _snapshot_inside_forward(model)
 
         def make_batch(size: int):
             return torch.randint(0, VOCAB, (size, SEQ), generator=generator).to(device())
@@ -82,8 +96,33 @@ def probe(rank: int, world: int, out: Path) -> dict:
         result = find_max_batch(step, strategy=os.environ.get("STRATEGY", "binary"), memory_limit=limit, steps_per_trial=1,
                                 max_batch=int(os.environ.get("PROBE_MAX", "64")), cache=False, estimate_first=False)
         runs[limits] = {"batch_size": result.batch_size, "trials": [t.batch_size for t in result.trials],
+                        "steps": [t.steps for t in result.trials],
                         "restored": shards(model, optimizer) == before}
     return runs
+
+
+def _snapshot_inside_forward(model) -> None:
+    """Make the probe's background snapshot copy run inside the first trial's forward, while
+    FSDP has swapped full (unsharded) parameters into the root: a GPU's timing, made certain."""
+    import threading
+
+    import autobatch.probe.restore as restore_module
+
+    pending = []
+
+    class Deferred(threading.Thread):
+        def start(self) -> None:
+            pending.append(self)
+
+    restore_module.threading = type("threading", (), {"Thread": Deferred})
+
+    def run_pending(*_):
+        while pending:
+            thread = pending.pop()
+            threading.Thread.start(thread)
+            thread.join()
+
+    model.blocks[0].register_forward_pre_hook(run_pending)
 
 
 class Inside:
@@ -98,7 +137,7 @@ class Inside:
         elif where == "block_backward":
             block.register_full_backward_hook(lambda *_: self.fire())
         elif where == "all_gather":
-            group = model.blocks[0]._get_fsdp_state()._fsdp_param_groups[0]
+            group = _param_groups(model.blocks[0]._get_fsdp_state())[0]  # torch 2.11: one group; 2.13: a list
             comm = group._all_gather_comm
             inner = getattr(comm, "inner", comm)
             allocate = inner.allocate

@@ -78,6 +78,17 @@ def test_fsdp_probe_agrees_on_the_smaller_budget_and_restores_the_shards(tmp_pat
     assert reports[0] == reports[1]
 
 
+def test_fsdp_probe_survives_gpu_timings_settling_steps_and_background_snapshot(tmp_path):
+    """Two GPU-only timings, made certain: the answer's confirmation runs extra steps while
+    reserved memory grows, which differs between ranks (they must still run the same steps:
+    each is a collective); the background snapshot copies while FSDP has the root's full
+    parameters swapped in (it must copy the sharded ones)."""
+    reports = launch("probe", tmp_path, LIMITS="6MiB,3MiB", SETTLE_SKEW="1", SNAPSHOT_IN_FORWARD="1")
+    runs = [report["6MiB,3MiB"] for report in reports]
+    assert runs[0] == runs[1] and runs[0]["restored"]
+    assert runs[0]["steps"][-1] == 2  # rank 0 grew, so both ran the extra step
+
+
 FAULTS = "none,forward,backward,optimizer,inside:block_backward,inside:all_gather"
 
 

@@ -325,9 +325,9 @@ def _slow_copy(monkeypatch, seconds=0.3):
 
     original = Snapshot._copy_in_background
 
-    def slow(self, after):
+    def slow(self, after, params):
         time.sleep(seconds)
-        original(self, after)
+        original(self, after, params)
 
     monkeypatch.setattr(Snapshot, "_copy_in_background", slow)
 
@@ -366,7 +366,7 @@ def test_a_probe_of_a_train_step_copies_its_weights_in_the_background(monkeypatc
 def test_a_failed_background_copy_stops_the_probe_with_its_error(monkeypatch):
     from autobatch.probe.restore import Snapshot
 
-    def broken(self, after):
+    def broken(self, after, params):
         raise MemoryError("host memory exhausted")
 
     monkeypatch.setattr(Snapshot, "_copy_in_background", broken)
