@@ -281,15 +281,51 @@ def all_reduce_sum_(tensor: torch.Tensor, label: str) -> torch.Tensor:
     return tensor
 
 
+_BROADCAST_BUCKET = 64 * 2**20  # bytes per collective when broadcasting many small tensors
+
+
 def broadcast_(tensors: Sequence[torch.Tensor], label: str, source: int = 0) -> None:
-    """Overwrite ``tensors`` on every rank with ``source`` 's, under the sync deadline."""
+    """Overwrite ``tensors`` on every rank with ``source`` 's, under the sync deadline.
+
+    Tensors of one device and dtype travel together, flattened into buckets of up to 64 MiB
+    (a model's hundreds of parameters in a few collectives, as DDP syncs them at
+    construction, rather than one sync point each); a larger tensor travels alone, in place.
+    """
     if not is_distributed():
         return
-    for tensor in tensors:
+    for bucket in _buckets([t.data for t in tensors]):
         _state["sequence"] += 1
         sequence = _state["sequence"]
         _announce(sequence, label)
-        _wait(dist.broadcast(tensor.data, src=source, async_op=True), label, sequence)
+        if len(bucket) == 1:
+            _wait(dist.broadcast(bucket[0], src=source, async_op=True), label, sequence)
+            continue
+        flat = torch.cat([t.reshape(-1) for t in bucket])
+        _wait(dist.broadcast(flat, src=source, async_op=True), label, sequence)
+        offset = 0
+        for tensor in bucket:
+            tensor.copy_(flat[offset : offset + tensor.numel()].view_as(tensor))
+            offset += tensor.numel()
+
+
+def _buckets(tensors: Sequence[torch.Tensor]) -> list[list[torch.Tensor]]:
+    """``tensors`` in order, grouped by (device, dtype) into runs of at most 64 MiB."""
+    groups: dict[tuple[torch.device, torch.dtype], list[list[torch.Tensor]]] = {}
+    filled: dict[tuple[torch.device, torch.dtype], int] = {}
+    for tensor in tensors:
+        key = (tensor.device, tensor.dtype)
+        runs = groups.setdefault(key, [[]])
+        size = tensor.numel() * tensor.element_size()
+        if not tensor.is_contiguous() or size >= _BROADCAST_BUCKET:
+            runs += [[tensor], []]
+            filled[key] = 0
+            continue
+        if runs[-1] and filled.get(key, 0) + size > _BROADCAST_BUCKET:
+            runs.append([])
+            filled[key] = 0
+        runs[-1].append(tensor)
+        filled[key] = filled.get(key, 0) + size
+    return [run for runs in groups.values() for run in runs if run]
 
 
 def wait_for(work, label: str) -> None:

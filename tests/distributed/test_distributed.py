@@ -10,6 +10,7 @@ a halved micro-batch differs from the uninjected run only by summation order (to
 from __future__ import annotations
 
 import json
+import re
 import socket
 import subprocess
 import sys
@@ -154,7 +155,8 @@ def test_ddp_a_rank_that_stops_coming_is_a_clear_error_not_a_hang(tmp_path):
     in backward) and ends in RankDisagreementError within the deadline."""
     reports = launch("ddp_stalled", tmp_path, SYNC_TIMEOUT="3")
     assert reports[0]["error"] == "RankDisagreementError", reports[0]
-    assert "runner step 2" in reports[0]["message"] and "rank 1: #12 runner step 1: optimizer stepped" in reports[0]["message"]
+    assert "runner step 2" in reports[0]["message"]
+    assert re.search(r"rank 1: #\d+ runner step 1: optimizer stepped", reports[0]["message"]), reports[0]["message"]
 
 
 def test_a_non_oom_error_on_one_rank_stops_every_rank(tmp_path):
