@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from .shards import Shard, from_cpu_local, local, to_cpu_local
+from .shards import Shard, from_cpu_local, has_dtensors, local, to_cpu_local
 
 __all__ = ["Snapshot"]
 
@@ -66,7 +66,10 @@ class Snapshot:
         state in a thread, finished before the optimizer's next step (needs an optimizer; for
         a step that changes parameters only through it, such as a ``TrainStep``)."""
         snap = cls(model=model, optimizer=optimizer)
-        background = background and optimizer is not None
+        # not for FSDP2: its forward and backward swap a block's sharded parameters for
+        # unsharded ones on the module, so a copy thread that reads them meanwhile would keep
+        # whole tensors (or a mix) instead of this rank's shards
+        background = background and optimizer is not None and not (model is not None and has_dtensors(model))
         if model is not None:
             for name, tensor in _named_state(model, parameters=not background):  # the thread copies those
                 snap.tensors[name] = _copy_local(tensor)
