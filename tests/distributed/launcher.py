@@ -53,7 +53,7 @@ def launch(worker: Path, scenarios: str | list[str], out: Path, world: int = 2, 
     port = str(free_port())
     processes = [
         subprocess.Popen(
-            [sys.executable, str(worker), ",".join(names), str(out)],
+            [sys.executable, str(worker), ",".join(names) + ("" if isinstance(scenarios, str) else ","), str(out)],
             env=cli_env(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=port, **env),
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         )

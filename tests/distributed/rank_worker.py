@@ -5,7 +5,8 @@ A worker script defines its scenarios (functions ``(rank, world, out) -> dict``)
 ``WORLD_SIZE``, ``MASTER_ADDR`` and ``MASTER_PORT`` set (or under ``torchrun``). One scenario
 writes ``OUT_DIR/rank<r>.json``; several run one after the other in the same process group
 (one launch: the imports and the group's start-up are paid once) and write
-``OUT_DIR/<scenario>/rank<r>.json`` each. A scenario that raises is reported as ``{"crash":
+``OUT_DIR/<scenario>/rank<r>.json`` each (a trailing comma, ``SCENARIO,``, asks for that
+layout with one). A scenario that raises is reported as ``{"crash":
 traceback}`` and ends the launch (the process group may be unusable after it). The process
 exits with ``os._exit`` so a broken process group cannot stall the teardown.
 
@@ -59,13 +60,14 @@ def _init() -> None:
 
 def main(scenarios: dict[str, Scenario]) -> None:
     """Run the scenarios named in ``sys.argv[1]`` (comma-separated) on this rank; see the module."""
-    names, out = sys.argv[1].split(","), Path(sys.argv[2])
+    names, out = [name for name in sys.argv[1].split(",") if name], Path(sys.argv[2])
+    nested = "," in sys.argv[1]  # a list (``a,b``; ``a,`` for one): a directory per scenario
     out.mkdir(parents=True, exist_ok=True)
     _init()
     rank, world = dist.get_rank(), dist.get_world_size()
     code = 0
     for name in names:
-        where = out if len(names) == 1 else out / name
+        where = out / name if nested else out
         where.mkdir(parents=True, exist_ok=True)
         try:
             report = scenarios[name](rank, world, where)
