@@ -1,39 +1,32 @@
 """One rank of the multi-process tests in ``test_distributed.py`` (gloo, CPU).
 
-Run as ``python tests/distributed_worker.py SCENARIO OUT_DIR`` with ``RANK``, ``WORLD_SIZE``,
-``MASTER_ADDR`` and ``MASTER_PORT`` set (``scripts/gpu_distributed.sh`` runs it under
-``torchrun`` with NCCL: ``BACKEND=nccl``). Writes ``OUT_DIR/rank<r>.json`` (and weights
-files) and exits with ``os._exit`` so a broken process group cannot stall the teardown.
+Run as ``python tests/distributed_worker.py SCENARIO[,SCENARIO...] OUT_DIR`` with ``RANK``,
+``WORLD_SIZE``, ``MASTER_ADDR`` and ``MASTER_PORT`` set (``scripts/gpu_distributed.sh`` runs it
+under ``torchrun`` with NCCL: ``BACKEND=nccl``). Start-up, reports (``rank<r>.json``, plus
+weights files) and teardown: ``distributed/rank_worker.py``.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import time
-import traceback
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent / "distributed"))
 
 from runner_workloads import hungry_mse, make_data, make_model, mse  # noqa: E402
 
 from autobatch import Runner, TrainStep, find_max_batch, inject_oom  # noqa: E402
 from autobatch import distributed as dist_sync  # noqa: E402
 from autobatch.errors import PeerFailedError, RankDisagreementError  # noqa: E402
+from rank_worker import device, main  # noqa: E402
 
 FAULT_PHASES = ("transfer", "forward", "backward", "optimizer")
-
-
-def device() -> torch.device:
-    if dist.get_backend() == "nccl":
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")
 
 
 def probe(rank: int, out: Path) -> dict:
@@ -222,36 +215,5 @@ def mismatched(rank: int, world: int, out: Path) -> dict:
 SCENARIOS = {"probe": probe, "ddp_probe": ddp_probe, "faults": faults, "ddp_faults": ddp_faults, "ddp_stalled": ddp_stalled, "peer_error": peer_error, "skipped_sync": skipped_sync, "mismatched": mismatched}
 
 
-def main() -> None:
-    scenario, out = sys.argv[1], Path(sys.argv[2])
-    out.mkdir(parents=True, exist_ok=True)
-    backend = os.environ.get("BACKEND", "gloo")
-    if os.environ.get("SIDE_GROUP") == "1":  # run sync points on a gloo side group, as under NCCL
-        dist_sync._default_backend = lambda: "nccl"
-    if backend == "nccl":  # eager communicator set-up, as autobatch.distributed.init_from_env does
-        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
-        torch.cuda.set_device(device)
-        dist.init_process_group(backend, device_id=device)
-    else:  # the default group's timeout bounds DDP's collectives (init_from_env sets it to the
-        # sync deadline; here 2 s later, so the tests of autobatch's own deadline see that one)
-        from datetime import timedelta
-
-        dist.init_process_group(backend, timeout=timedelta(seconds=float(os.environ.get("SYNC_TIMEOUT", "300")) + 2))
-    group = dist_sync.control_group()  # while every rank is here, as init_from_env does
-    if os.environ.get("SIDE_GROUP") == "1":
-        assert group is not None and group is not dist.group.WORLD
-    rank, world = dist.get_rank(), dist.get_world_size()
-    code = 0
-    try:
-        function = SCENARIOS[scenario]
-        report = function(rank, out) if scenario == "probe" else function(rank, world, out)
-    except BaseException:  # noqa: BLE001 - reported to the parent test
-        report, code = {"crash": traceback.format_exc()}, 1
-    (out / f"rank{rank}.json").write_text(json.dumps(report, default=str), encoding="utf-8")
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
-
-
 if __name__ == "__main__":
-    main()
+    main({**SCENARIOS, "probe": lambda rank, world, out: probe(rank, out)})

@@ -250,7 +250,8 @@ def build_workload(cfg: DictConfig) -> Workload:
 
         model = shard_model(model)
     optimizer = instantiate(cfg.optimizer, params=model.parameters(), _convert_="all")
-    model = data_parallel(model, device)  # DDP under torchrun: trained and probed through DDP
+    if not cfg.train.get("fsdp"):  # FSDP2 shards instead of replicating: never also DDP
+        model = data_parallel(model, device)  # DDP under torchrun: trained and probed through DDP
     make_batch, probe_batch, samples, dataset = _batch_makers(cfg, device)
     autocast_dtype = _AUTOCAST[_name(cfg.precision)]
     scaler = None

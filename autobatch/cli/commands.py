@@ -164,6 +164,7 @@ def probe_task(cfg: DictConfig) -> dict[str, Any]:
     out_dir, command, multirun, verbose = _run_context()
     with reported(multirun=multirun, verbose=verbose):
         ranks.join(cfg)
+        out_dir = ranks.shared_run_dir(out_dir)
         workload = build_workload(cfg)
         global_batch = cfg.train.global_batch
         if global_batch is None:
@@ -223,7 +224,7 @@ def _resume_from(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
     micro-batch, the checkpointing wrap and the RNG)."""
     base = Path(HydraConfig.get().runtime.cwd)
     path = find_resume(str(cfg.train.resume), cfg.train.checkpoint_dir, base, exclude=out_dir)
-    state = read_checkpoint(path)
+    state = read_checkpoint(path, sharded=bool(cfg.train.get("fsdp")))
     global_batch = int(state["result"]["global_batch"])
     wanted = cfg.train.global_batch
     if wanted is not None and wanted != global_batch:
@@ -244,6 +245,7 @@ def train_task(cfg: DictConfig) -> dict[str, Any]:
     out_dir, command, multirun, verbose = _run_context()
     with reported(multirun=multirun, verbose=verbose):
         ranks.join(cfg)
+        out_dir = ranks.shared_run_dir(out_dir)  # rank 0's, where every rank's checkpoint shards go
         if cfg.train.global_batch is not None:  # before any probe: a config error, at once
             per_rank_batch(int(cfg.train.global_batch), dist_sync.world_size())
         workload = build_workload(cfg)

@@ -13,16 +13,17 @@ from __future__ import annotations
 
 import os
 import sys
+from pathlib import Path
 from typing import Sequence
 
 from omegaconf import DictConfig
 
 import torch
 
-from ..dist.agreement import init_from_env, is_distributed, is_rank_zero
+from ..dist.agreement import exchange, init_from_env, is_distributed, is_rank_zero
 from ..training.ranks import unwrap
 
-__all__ = ["join", "is_rank_zero", "launched_rank", "hydra_overrides", "data_parallel", "unwrapped"]
+__all__ = ["join", "is_rank_zero", "launched_rank", "hydra_overrides", "shared_run_dir", "data_parallel", "unwrapped"]
 
 
 def join(cfg: DictConfig) -> bool:
@@ -33,6 +34,27 @@ def join(cfg: DictConfig) -> bool:
     if joined and not is_rank_zero():
         sys.stdout = open(os.devnull, "w", encoding="utf-8")  # noqa: SIM115 - lives as long as the process
     return joined
+
+
+def shared_run_dir(out_dir: Path) -> Path:
+    """Rank 0's run directory, on every rank (one sync point; ``out_dir`` without a process group).
+
+    Each rank's Hydra picks its own run directory, and the default one is a timestamp that
+    can differ by a second between ranks. Whatever a rank other than 0 must write (its shards
+    of an FSDP2 checkpoint) goes into rank 0's directory instead, and its own directory, which
+    Hydra created empty, is removed."""
+    if not is_distributed():
+        return out_dir
+    mine = str(Path(out_dir).resolve()).encode()
+    longest = max(row[0] for row in exchange([len(mine)], "cli: run directory length"))
+    rows = exchange(list(mine.ljust(longest, b"\0")), "cli: run directory")
+    shared = Path(bytes(rows[0]).rstrip(b"\0").decode())
+    if not is_rank_zero() and shared != Path(out_dir).resolve():
+        try:
+            Path(out_dir).rmdir()  # empty: no config copy, no log file on ranks > 0
+        except OSError:
+            pass  # not empty (something of the user's) or already gone: left as it is
+    return shared
 
 
 def launched_rank() -> int:

@@ -8,10 +8,15 @@ resume, progress, fault injection), feeds it the global batches of
 * ``metrics.jsonl``: one line per applied update (step, epoch, loss, micro_batch,
   accumulation, ranks, samples, seconds, samples_per_s, recoveries);
 * ``<train.checkpoint_dir>/last.pt``: the runner's checkpoint;
-* ``final_model.pt``: the final ``model.state_dict()`` (what a resumed run is compared by).
+* ``final_model.pt``: the final ``model.state_dict()`` (what a resumed run is compared by),
+  unsharded and on the CPU, loadable with ``torch.load(..., weights_only=True)`` into the
+  model as it was before sharding.
 
 Under ``torchrun`` every rank trains its share of each global batch (:mod:`autobatch.cli.data`)
-and only rank 0 writes these files (the runner writes its checkpoints on rank 0 too). A
+and only rank 0 writes these files (the runner writes its checkpoints on rank 0 too). With
+``train.fsdp=true`` each rank also writes its own shards of each checkpoint
+(``last.rank<r>-of-<world>.pt``, in rank 0's run directory), and ``final_model.pt`` is
+gathered from the shards (a collective on every rank) and written by rank 0. A
 metrics line describes the whole step: ``loss``, ``samples`` and ``samples_per_s`` are over
 all ranks (the sum of the ranks' shares), ``micro_batch`` and ``accumulation`` are per rank,
 ``ranks`` is the number of ranks.
@@ -36,7 +41,9 @@ from omegaconf import DictConfig
 
 from ..dist import agreement as dist_sync
 from .ranks import unwrapped
+from ..probe.shards import has_dtensors
 from ..training.checkpoint_io import CHECKPOINT_NAME, RUNNER_FORMAT, load_checkpoint, resolve_checkpoint
+from ..training.sharded_files import base_path, check_sharded_resume, sharded_sets
 from ..training.faults import FaultInjector
 from ..training.run_result import RunResult
 from ..training.runner import Runner
@@ -54,27 +61,40 @@ FINAL_MODEL = "final_model.pt"
 def find_resume(value: str, checkpoint_dir: str, base: Path, exclude: Path | None = None) -> Path:
     """The checkpoint file ``train.resume=value`` names: a ``last.pt``, its directory, a run
     directory (``<run>/<checkpoint_dir>/last.pt``), or ``latest``: the newest checkpoint under
-    ``base/outputs/train`` and ``base/multirun/train`` (not the current run's, ``exclude``)."""
+    ``base/outputs/train`` and ``base/multirun/train`` (not the current run's, ``exclude``).
+    A sharded (FSDP2) checkpoint is named by its ``last.pt`` although only its
+    ``last.rank<r>-of-<world>.pt`` files exist."""
     if value == "latest":
-        patterns = (f"outputs/train/*/*/{checkpoint_dir}/{CHECKPOINT_NAME}", f"multirun/train/*/*/*/{checkpoint_dir}/{CHECKPOINT_NAME}")
-        found = [p for pattern in patterns for p in base.glob(pattern) if exclude is None or exclude not in p.parents]
+        names = (CHECKPOINT_NAME, "last.rank0-of-*.pt")
+        patterns = [f"{root}/{checkpoint_dir}/{name}" for root in ("outputs/train/*/*", "multirun/train/*/*/*") for name in names]
+        found = [base_path(p) if p.name != CHECKPOINT_NAME else p for pattern in patterns for p in base.glob(pattern)
+                 if exclude is None or exclude not in p.parents]
+        found = [p for p in found if p.is_file() or sharded_sets(p)]
         if not found:
             raise ValueError(
                 f"train.resume=latest: no checkpoint under {base / 'outputs/train'} or {base / 'multirun/train'}; "
                 "give the path of a last.pt or of a run directory"
             )
-        return max(found, key=lambda p: p.stat().st_mtime)
+        return max(found, key=_written_at)
     path = Path(value).expanduser()
     if not path.is_absolute():
         path = base / path
-    for candidate in (resolve_checkpoint(path), path / checkpoint_dir / CHECKPOINT_NAME):
-        if candidate.is_file():
+    for candidate in (base_path(path), path / checkpoint_dir / CHECKPOINT_NAME):
+        if candidate.is_file() or sharded_sets(candidate):
             return candidate
     raise ValueError(f"train.resume={value!r}: no checkpoint at {resolve_checkpoint(path)}; give a last.pt, its directory or a run directory")
 
 
-def read_checkpoint(path: Path) -> dict[str, Any]:
-    """The run a checkpoint belongs to: its step and ``RunResult`` (global batch, plan, ...)."""
+def _written_at(path: Path) -> float:
+    """When the checkpoint ``path`` names was written (a sharded one: its rank 0 file)."""
+    return (path if path.is_file() else next(path.parent.glob(f"{path.stem}.rank0-of-*{path.suffix}"))).stat().st_mtime
+
+
+def read_checkpoint(path: Path, sharded: bool = False) -> dict[str, Any]:
+    """The run a checkpoint belongs to: its step and ``RunResult`` (global batch, plan, ...).
+    ``sharded`` (``train.fsdp``): read this rank's file of the sharded checkpoint ``path`` names;
+    a set written by another number of ranks, or the wrong kind, is one clear error."""
+    path = check_sharded_resume(path, sharded=sharded)
     state = load_checkpoint(path, expect_format=RUNNER_FORMAT)  # CheckpointError (one line) if not ours
     return {"step": state["step"], "result": state["result"]}
 
@@ -189,8 +209,14 @@ def run_training(
         steps = None if train.epochs is not None else int(train.steps)
         result = runner.fit(data, epochs=train.epochs, steps=steps, resume=resume, on_step_end=on_step_end)
     optimizer.zero_grad(set_to_none=True)
-    if dist_sync.is_rank_zero():  # every rank holds the same weights
-        torch.save(unwrapped(model).state_dict(), out_dir / FINAL_MODEL)
+    if has_dtensors(model):  # FSDP2: gathered from every rank's shards (a collective), rank 0 writes
+        from ..dist.fsdp import full_state_dict
+
+        state = full_state_dict(model)
+    else:  # every rank holds the same weights
+        state = unwrapped(model).state_dict() if dist_sync.is_rank_zero() else None
+    if dist_sync.is_rank_zero():
+        torch.save(state, out_dir / FINAL_MODEL)
     return result, runner
 
 

@@ -35,7 +35,7 @@ from .votes import keep as _keep
 from .probe import CollectiveProbeAgreement
 from .step import CollectiveDataParallel
 
-__all__ = ["shard_model", "fsdp_step", "VotedTrainStep", "FsdpDataParallel", "FsdpProbeAgreement"]
+__all__ = ["shard_model", "full_state_dict", "fsdp_step", "VotedTrainStep", "FsdpDataParallel", "FsdpProbeAgreement"]
 
 
 def shard_model(model: torch.nn.Module) -> torch.nn.Module:
@@ -55,6 +55,17 @@ def shard_model(model: torch.nn.Module) -> torch.nn.Module:
                 fully_shard(block, mesh=mesh)
     fully_shard(model, mesh=mesh)
     return guard(model)
+
+
+def full_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The whole, unsharded ``state_dict`` of an FSDP2 model, as plain CPU tensors on rank 0
+    (empty elsewhere): what ``model.state_dict()`` of the unsharded model would hold, so it
+    loads with ``torch.load(weights_only=True)`` into the model before ``fully_shard``. A
+    collective: every rank must call it (PyTorch's ``get_model_state_dict`` with
+    ``full_state_dict=True, cpu_offload=True`` all-gathers one tensor at a time)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
 
 
 def _after_failure(step: TrainStep) -> None:
@@ -196,4 +207,7 @@ class FsdpDataParallel(DataParallel):
 
     def agree_plan(self, planned: Any) -> Any:
         return self.fallback.agree_plan(planned)
+
+    def exchange(self, values: list[int], label: str) -> list[list[int]]:
+        return self.fallback.exchange(values, label)
 

@@ -142,6 +142,9 @@ class CollectiveDataParallel(DataParallel):
     DDP with ``find_unused_parameters``, a comm hook of the user's) trains its local module
     with :func:`synced_step`, and rank 0's buffers are broadcast after each step."""
 
+    def exchange(self, values: list[int], label: str) -> list[list[int]]:
+        return dist_sync.exchange(values, label)
+
     def active(self) -> bool:
         return dist_sync.is_distributed()
 

@@ -4,6 +4,12 @@ When batch 1 does not fit, the activations kept for backward are usually what is
 Checkpointing a block keeps only its inputs and recomputes its activations during backward
 (roughly one more forward per step, the usual 20-30 % compute for a large memory saving).
 
+FSDP2 blocks (``fully_shard``): the instance ``forward`` sits inside the module's call, so
+FSDP's forward hooks (all-gather before, reshard after) still run around it; during backward
+FSDP's pre-backward hook all-gathers the block's parameters again before its gradient is
+computed, which is when the recompute runs. Class-name targets match FSDP's ``FSDP<Name>``
+subclass too.
+
 Which blocks. With ``targets=None``: in every ``nn.Sequential`` and ``nn.ModuleList``, the
 children that have parameters and whose class occurs at least twice among that container's
 children (the transformer layers of a ``ModuleList``, the blocks of a ``Sequential``); the
@@ -56,8 +62,11 @@ def _has_parameters(module: nn.Module) -> bool:
 
 
 def _matches(module: nn.Module, targets: tuple[Any, ...]) -> bool:
+    # a class name matches the module's class or a base: FSDP2's ``fully_shard`` swaps a
+    # block's class for a subclass named ``FSDP<Name>``, and the block is still a ``<Name>``
+    names = {cls.__name__ for cls in type(module).__mro__}
     for target in targets:
-        if isinstance(target, str) and type(module).__name__ == target:
+        if isinstance(target, str) and target in names:
             return True
         if isinstance(target, type) and isinstance(module, target):
             return True

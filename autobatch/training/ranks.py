@@ -74,6 +74,11 @@ class DataParallel:
     def agree_plan(self, planned: Any) -> Any:
         return planned
 
+    def exchange(self, values: list[int], label: str) -> list[list[int]]:
+        """A sync point: every rank's ``values`` (same length everywhere), indexed by rank
+        (here: this process's alone)."""
+        return [list(values)]
+
 
 _SINGLE = DataParallel()
 _installed: DataParallel = _SINGLE

@@ -25,8 +25,9 @@ from .checkpoint_io import CHECKPOINT_NAME, RUNNER_FORMAT, load_checkpoint, reso
 from .progress import Progress
 from .ranks import unwrap
 from .run_result import RunResult
+from .sharded_files import check_sharded_resume, sharded_path
 
-__all__ = ["Resumable"]
+__all__ = ["Resumable", "sharded_path"]
 
 log = logging.getLogger("autobatch")
 
@@ -41,12 +42,17 @@ class Resumable:
                 raise ValueError("no path given and no checkpoint_dir configured")
             path = self.checkpoint_dir / CHECKPOINT_NAME
         self.result.checkpoints_saved += 1  # counted in the checkpoint itself
-        self.result.checkpoint_path = str(Path(path))
-        if has_dtensors(self.model):  # FSDP2: every rank writes its own shards, nothing is gathered
+        sharded = has_dtensors(self.model)
+        if sharded:  # FSDP2: every rank writes its own shards, nothing is gathered
+            self.result.checkpoint_path = str(sharded_path(path, 0, self._parallel.world_size()))  # rank 0's file
             path = sharded_path(path)
-        elif not self._parallel.is_rank_zero():
+        else:
+            self.result.checkpoint_path = str(Path(path))
+        if not sharded and not self._parallel.is_rank_zero():
             return Path(path)  # rank 0 writes; every rank holds the same state
         written = save_checkpoint(self.state_dict(), path)
+        if sharded:  # the set is whole (every rank's file of this step) before any rank goes on
+            self._parallel.exchange([self.step], "checkpoint: every rank's shards written")
         log.debug("checkpoint at step %d written to %s", self.step, written)
         return written
 
@@ -119,11 +125,17 @@ class Resumable:
 
     # -- resume --------------------------------------------------------------------------------
     def _load(self, resume: str | os.PathLike) -> dict[str, Any]:
-        path = resolve_checkpoint(resume)
         sharded = has_dtensors(self.model)
-        if sharded:
-            path = sharded_path(path)
+        # this rank's file; a sharded set for another world size (or none) is one clear error
+        path = check_sharded_resume(resolve_checkpoint(resume), sharded=sharded)
         state = load_checkpoint(path, expect_format=RUNNER_FORMAT)
+        if sharded:  # each rank wrote its file on its own: a run killed between two ranks' writes leaves a mix
+            steps = [row[0] for row in self._parallel.exchange([int(state["step"])], "resume: the checkpoint's step")]
+            if len(set(steps)) > 1:
+                raise CheckpointError(
+                    path, f"its rank files are of different steps ({steps}, by rank): the run was stopped while "
+                    "the ranks wrote them; resume from a checkpoint whose files all hold one step, or start afresh",
+                )
         if state.get("checkpointed_modules") and self.checkpoint_handle is None:
             self.checkpoint_handle = enable_checkpointing(self.model, modules=state["checkpointed_modules"])
         try:
@@ -166,12 +178,3 @@ def _without_wrapper_prefix(state: dict[str, Any]) -> dict[str, Any]:
         return {key[len("module."):]: value for key, value in state.items()}
     return state
 
-
-def sharded_path(path: str | os.PathLike) -> Path:
-    """Where this rank keeps its shards of a sharded (FSDP2) checkpoint: ``last.pt`` becomes
-    ``last.rank<r>-of-<world>.pt``; a resume needs the same world size."""
-    import torch.distributed as dist
-
-    path = resolve_checkpoint(path) if Path(path).is_dir() else Path(path)
-    rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_available() and dist.is_initialized() else (0, 1)
-    return path.with_name(f"{path.stem}.rank{rank}-of-{world}{path.suffix}")

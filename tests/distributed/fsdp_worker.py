@@ -1,18 +1,16 @@
 """One rank of the FSDP2 tests in ``test_fsdp.py`` (gloo, CPU; NCCL under torchrun with ``BACKEND=nccl``).
 
-Run as ``python tests/distributed/fsdp_worker.py SCENARIO OUT_DIR`` with ``RANK``, ``WORLD_SIZE``,
-``MASTER_ADDR`` and ``MASTER_PORT`` set. A tiny float64 GPT (autobatch's built-in), each block
-and the root ``fully_shard`` -ed on a 1-D mesh, AdamW. Writes ``OUT_DIR/rank<r>.json`` and
-exits with ``os._exit`` so a broken process group cannot stall the teardown.
+Run as ``python tests/distributed/fsdp_worker.py SCENARIO[,SCENARIO...] OUT_DIR`` with ``RANK``,
+``WORLD_SIZE``, ``MASTER_ADDR`` and ``MASTER_PORT`` set. A tiny float64 GPT (autobatch's
+built-in), each block and the root ``fully_shard`` -ed on a 1-D mesh, AdamW. Start-up, reports
+and teardown: ``rank_worker.py``.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import time
-import traceback
 from pathlib import Path
 
 import torch
@@ -20,18 +18,15 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from autobatch import Runner, TrainStep, find_max_batch  # noqa: E402
-from autobatch import distributed as dist_sync  # noqa: E402
 from autobatch.dist.fsdp_guard import _param_groups  # noqa: E402
 from autobatch.training.faults import FaultInjector  # noqa: E402
 from autobatch.workloads.models import GPT  # noqa: E402
+from rank_worker import device, main  # noqa: E402
 
 VOCAB, SEQ = 32, 16
-
-
-def device() -> torch.device:
-    return torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
 
 
 def build(width: int = 32, layers: int = 2):
@@ -183,37 +178,72 @@ def train(rank: int, world: int, out: Path) -> dict:
     return runs
 
 
-SCENARIOS = {"probe": probe, "train": train}
+def resume(rank: int, world: int, out: Path) -> dict:
+    """4 steps uninterrupted, against 2 steps with a checkpoint after each, a stop, and a
+    resume in a fresh model and runner for the other 2: each rank's final shards. Then the
+    same checkpoint under another world size's file names: the resume's error."""
+    from autobatch.errors import CheckpointError
 
+    def run(checkpoint_dir: Path | None, steps: int, resume_from: Path | None = None):
+        model, optimizer = build()
+        generator = torch.Generator().manual_seed(1)
+        data = [torch.randint(0, VOCAB, (16, SEQ), generator=generator)[rank * 8 : (rank + 1) * 8] for _ in range(4)]
+        runner = Runner(model, optimizer, loss_fn, global_batch=16, micro_batch=4, device=device(), progress=False,
+                        log_every=None, checkpoint_dir=checkpoint_dir, checkpoint_every=1 if checkpoint_dir else None)
+        result = runner.fit(data, steps=steps, resume=resume_from)
+        return shards(model, optimizer), result
 
-def main() -> None:
-    scenario, out = sys.argv[1], Path(sys.argv[2])
-    out.mkdir(parents=True, exist_ok=True)
-    backend = os.environ.get("BACKEND", "gloo")
-    if backend == "nccl":
-        local_device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
-        torch.cuda.set_device(local_device)
-        dist.init_process_group(backend, device_id=local_device)
-    else:
-        dist.init_process_group(backend)
-    if os.environ.get("TORCH_211_RESET"):  # recover as on torch < 2.13 (no FSDPModule.reset_iter_state)
-        from torch.distributed.fsdp import FSDPModule
-
-        if hasattr(FSDPModule, "reset_iter_state"):
-            del FSDPModule.reset_iter_state
-    dist_sync.control_group()
-    dist_sync.set_timeout(float(os.environ.get("SYNC_TIMEOUT", "60")))
-    rank, world = dist.get_rank(), dist.get_world_size()
-    code = 0
+    whole, _ = run(None, 4)
+    run(out / "ckpt", 2)
+    files = sorted(p.name for p in (out / "ckpt").iterdir())
+    resumed, result = run(out / "ckpt", 4, resume_from=out / "ckpt")
+    report = {"whole": whole, "resumed": resumed, "files": files, "resumed_from": result.resumed_from,
+              "checkpoint_path": result.checkpoint_path}
+    other = out / "other"  # the same shards named as if written by 4 ranks
+    other.mkdir(exist_ok=True)
+    dist.barrier()
+    if rank == 0:
+        for r in range(world):
+            (other / f"last.rank{r}-of-4.pt").write_bytes((out / "ckpt" / f"last.rank{r}-of-{world}.pt").read_bytes())
+    dist.barrier()
     try:
-        report = SCENARIOS[scenario](rank, world, out)
-    except BaseException:  # noqa: BLE001 - reported to the parent test
-        report, code = {"crash": traceback.format_exc()}, 1
-    (out / f"rank{rank}.json").write_text(json.dumps(report, default=str), encoding="utf-8")
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
+        run(None, 4, resume_from=other)
+    except CheckpointError as exc:
+        report["other_world"] = str(exc)
+    return report
 
+
+def checkpointing(rank: int, world: int, out: Path) -> dict:
+    """Activation checkpointing on the sharded blocks: the planner (a budget under which the
+    per-rank batch of 8 fits in one step only with checkpointing, ``CKPT_LIMIT``) wraps them,
+    and the runner trains the planned (wrapped) model; a fresh unwrapped model trains the same
+    batches for comparison. Each run's final shards and the plan."""
+    from autobatch import plan
+    from autobatch.planning.checkpointing import find_blocks, is_checkpointed
+
+    generator = torch.Generator().manual_seed(1)
+    data = [torch.randint(0, VOCAB, (16, SEQ), generator=generator)[rank * 8 : (rank + 1) * 8] for _ in range(3)]
+    report = {}
+    model, optimizer = build(width=64, layers=3)
+    report["blocks"] = find_blocks(model, ["_DecoderBlock"])
+    probe_generator = torch.Generator().manual_seed(rank)
+    step = TrainStep(model, optimizer, loss_fn, lambda n: torch.randint(0, VOCAB, (n, SEQ), generator=probe_generator).to(device()))
+    planned = plan(step, global_batch=8, allow_accumulation=False, memory_limit=os.environ.get("CKPT_LIMIT", "5MiB"),
+                   max_batch=8, steps_per_trial=1, strategy="binary", cache=False, estimate_first=False)
+    report["plan"] = {"checkpointing": planned.checkpointing, "micro_batch": planned.micro_batch,
+                      "modules": planned.checkpointed_modules, "reason": planned.reason}
+    report["wrapped"] = [is_checkpointed(block) for block in model.blocks]
+    runs = {"planned": (model, optimizer), "plain": build(width=64, layers=3)}  # the plan's model stays wrapped
+    for name, (model, optimizer) in runs.items():
+        runner = Runner(model, optimizer, loss_fn, global_batch=16, micro_batch=planned.micro_batch, device=device(),
+                        progress=False, log_every=None, grow_after=None)
+        result = runner.fit(data)
+        report[name] = {"shards": shards(model, optimizer), "loss": result.last_loss, "steps": result.steps,
+                        "recoveries": result.oom_recoveries}
+    return report
+
+
+SCENARIOS = {"probe": probe, "train": train, "resume": resume, "checkpointing": checkpointing}
 
 if __name__ == "__main__":
-    main()
+    main(SCENARIOS)

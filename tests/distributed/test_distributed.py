@@ -11,9 +11,6 @@ from __future__ import annotations
 
 import json
 import re
-import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -21,53 +18,29 @@ import torch
 
 from autobatch import Runner, TrainStep, find_max_batch
 
-from conftest import REPO, SMALL, cli_env
+from conftest import SMALL
+from launcher import launch, shared_launch, torchrun
 from runner_workloads import assert_weights_close, hungry_mse, make_data, make_model, mse, weights
 
 pytestmark = pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed is not available")
 
 WORKER = Path(__file__).resolve().parents[1] / "distributed_worker.py"
-TIMEOUT_S = 180  # generous on a loaded 2-core machine; a hang fails here instead of blocking
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+def shared(tmp_path_factory, key: str, *scenarios: str, **env: str) -> tuple[dict[str, list[dict]], Path]:
+    """Scenarios that share one launch of the worker (and its ~15 s of start-up); see launcher.py."""
+    return shared_launch(tmp_path_factory, key, WORKER, list(scenarios), **env)
 
 
-def launch(scenario: str, out: Path, world: int = 2, timeout: float = TIMEOUT_S, **env: str) -> list[dict]:
-    """Run ``scenario`` on ``world`` ranks; every rank's report, or fail (killing them) on a hang."""
-    port = str(_free_port())
-    processes = []
-    for rank in range(world):
-        environment = cli_env(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world),
-                              MASTER_ADDR="127.0.0.1", MASTER_PORT=port, **env)
-        processes.append(subprocess.Popen(
-            [sys.executable, str(WORKER), scenario, str(out)], env=environment,
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        ))
-    logs = []
-    try:
-        for process in processes:
-            logs.append(process.communicate(timeout=timeout)[0])
-    except subprocess.TimeoutExpired:
-        for process in processes:
-            process.kill()
-        pytest.fail(f"{scenario}: the ranks did not finish within {timeout} s (a hang)")
-    reports = []
-    for rank in range(world):
-        path = out / f"rank{rank}.json"
-        assert path.exists(), f"rank {rank} wrote no report; its output:\n{logs[rank][-3000:]}"
-        report = json.loads(path.read_text())
-        assert "crash" not in report, f"rank {rank} crashed:\n{report['crash']}"
-        reports.append(report)
-    return reports
+#: the scenarios that run in one launch without special settings
+PLAIN = ("probe", "faults", "peer_error", "mismatched")
+#: through DDP's reducer, with a 60 s deadline
+DDP = ("ddp_faults", "ddp_probe")
 
 
-def test_probe_takes_the_smallest_budget_over_the_ranks(tmp_path):
-    limits = ["3MiB", "1536KiB"]
-    reports = launch("probe", tmp_path, PROBE_LIMITS=",".join(limits))
+def test_probe_takes_the_smallest_budget_over_the_ranks(tmp_path_factory):
+    limits = ["3MiB", "1536KiB"]  # the worker's default PROBE_LIMITS
+    reports = shared(tmp_path_factory, "plain", *PLAIN)[0]["probe"]
     for strategy in ("binary", "auto"):
         alone = []
         for limit in limits:  # the same probe in this (non-distributed) process, one budget each
@@ -85,10 +58,14 @@ def test_probe_takes_the_smallest_budget_over_the_ranks(tmp_path):
 
 
 @pytest.mark.parametrize("side_group", ["0", "1"], ids=["default-group", "gloo-side-group"])
-def test_an_oom_on_one_rank_in_any_phase_is_recovered_by_both(tmp_path, side_group):
+def test_an_oom_on_one_rank_in_any_phase_is_recovered_by_both(tmp_path_factory, side_group):
     """side_group=1: sync points on a gloo side group, as under NCCL (the default group stays
     the one gradients travel on)."""
-    reports = launch("faults", tmp_path, SIDE_GROUP=side_group)
+    if side_group == "0":
+        runs, directory = shared(tmp_path_factory, "plain", *PLAIN)
+    else:
+        runs, directory = shared(tmp_path_factory, "side-group", "faults", SIDE_GROUP="1")
+    reports, tmp_path = runs["faults"], directory / "faults"
     baseline = [torch.load(tmp_path / reports[rank]["none"]["weights"]) for rank in range(2)]
     for a, b in zip(*baseline, strict=True):
         assert torch.equal(a, b)
@@ -111,11 +88,12 @@ def test_an_oom_on_one_rank_in_any_phase_is_recovered_by_both(tmp_path, side_gro
         assert runs[0]["loss"] == runs[1]["loss"]
 
 
-def test_ddp_recovers_an_oom_inside_the_last_backward_and_the_optimizer_step(tmp_path):
+def test_ddp_recovers_an_oom_inside_the_last_backward_and_the_optimizer_step(tmp_path_factory):
     """Through DDP's own reducer (one bucket per parameter): rank 1 runs out of memory inside
     the last micro-batch's backward while its later buckets are already all-reduced, or inside
     its optimizer step; both ranks replay and end with the uninjected run's weights."""
-    reports = launch("ddp_faults", tmp_path, SYNC_TIMEOUT="60")
+    runs, directory = shared(tmp_path_factory, "ddp", *DDP, SYNC_TIMEOUT="60")
+    reports, tmp_path = runs["ddp_faults"], directory / "ddp_faults"
     baseline = [torch.load(tmp_path / reports[rank]["none"]["weights"]) for rank in range(2)]
     for a, b in zip(*baseline, strict=True):
         assert torch.equal(a, b)
@@ -140,11 +118,11 @@ def test_ddp_recovers_an_oom_inside_the_last_backward_and_the_optimizer_step(tmp
         assert runs[0]["loss"] == runs[1]["loss"]
 
 
-def test_the_probe_measures_the_ddp_step_in_lockstep(tmp_path):
+def test_the_probe_measures_the_ddp_step_in_lockstep(tmp_path_factory):
     """find_max_batch on a DDP TrainStep runs the real DDP step (trials fail on every rank
     together when one rank's budget is exceeded) and agrees with the local-module probe here
     (the buckets of so small a model are a few KiB)."""
-    reports = launch("ddp_probe", tmp_path, SYNC_TIMEOUT="60")
+    reports = shared(tmp_path_factory, "ddp", *DDP, SYNC_TIMEOUT="60")[0]["ddp_probe"]
     assert reports[0]["ddp"] == reports[1]["ddp"]
     assert reports[0]["ddp"]["batch_size"] <= reports[0]["local"]["batch_size"]
     assert reports[0]["ddp"]["batch_size"] > 1
@@ -153,29 +131,29 @@ def test_the_probe_measures_the_ddp_step_in_lockstep(tmp_path):
 def test_ddp_a_rank_that_stops_coming_is_a_clear_error_not_a_hang(tmp_path):
     """Rank 1 leaves after two steps; rank 0 waits inside DDP's bucket all-reduce (gloo blocks
     in backward) and ends in RankDisagreementError within the deadline."""
-    reports = launch("ddp_stalled", tmp_path, SYNC_TIMEOUT="3")
+    reports = launch(WORKER, "ddp_stalled", tmp_path, SYNC_TIMEOUT="3")
     assert reports[0]["error"] == "RankDisagreementError", reports[0]
     assert "runner step 2" in reports[0]["message"]
     assert re.search(r"rank 1: #\d+ runner step 1: optimizer stepped", reports[0]["message"]), reports[0]["message"]
 
 
-def test_a_non_oom_error_on_one_rank_stops_every_rank(tmp_path):
-    reports = launch("peer_error", tmp_path)
+def test_a_non_oom_error_on_one_rank_stops_every_rank(tmp_path_factory):
+    reports = shared(tmp_path_factory, "plain", *PLAIN)[0]["peer_error"]
     assert reports[1]["error"] == "ValueError"
     assert reports[0]["error"] == "PeerFailedError" and "rank 1 raised an error" in reports[0]["message"]
 
 
 @pytest.mark.parametrize("side_group", ["0", "1"], ids=["default-group", "gloo-side-group"])
 def test_a_rank_that_skips_a_sync_point_is_a_clear_error_not_a_hang(tmp_path, side_group):
-    reports = launch("skipped_sync", tmp_path, SYNC_TIMEOUT="3", SIDE_GROUP=side_group)
+    reports = launch(WORKER, "skipped_sync", tmp_path, SYNC_TIMEOUT="3", SIDE_GROUP=side_group)
     message = reports[0]["message"]
     assert reports[0]["error"] == "RankDisagreementError"
     assert "the sync rank 1 skips" in message and "within 3 s" in message
     assert "rank 1: never reached a sync point" in message
 
 
-def test_ranks_at_different_sync_points_fail_at_once(tmp_path):
-    reports = launch("mismatched", tmp_path)
+def test_ranks_at_different_sync_points_fail_at_once(tmp_path_factory):
+    reports = shared(tmp_path_factory, "plain", *PLAIN)[0]["mismatched"]
     for report in reports:
         assert report["error"] == "RankDisagreementError" and "different sync points" in report["message"]
 
@@ -183,15 +161,8 @@ def test_ranks_at_different_sync_points_fail_at_once(tmp_path):
 def test_cli_probe_under_torchrun_agrees_and_rank_zero_writes(tmp_path):
     """``python -m torch.distributed.run --nproc-per-node 2 -m autobatch probe device=cpu``."""
     run_dir = tmp_path / "run"
-    command = [
-        sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(_free_port()),
-        "-m", "autobatch", "probe", "device=cpu", "model=mlp", "probe.strategy=binary", "probe.memory_limit=8MiB",
-        *SMALL, f"hydra.run.dir={run_dir}",
-    ]
-    try:
-        done = subprocess.run(command, cwd=tmp_path, env=cli_env(), capture_output=True, text=True, timeout=TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        pytest.fail("torchrun probe did not finish (a hang)")
+    done = torchrun("probe", "device=cpu", "model=mlp", "probe.strategy=binary", "probe.memory_limit=8MiB", *SMALL,
+                    f"hydra.run.dir={run_dir}", cwd=tmp_path)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     result = json.loads((run_dir / "result.json").read_text())
     assert any("agreed over 2 ranks" in note for note in result["notes"])

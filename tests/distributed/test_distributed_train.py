@@ -11,14 +11,13 @@ not bit for bit. Each torchrun launch has a timeout, so a hang fails the test.
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
+import launcher
 from conftest import REPO, cli_env, run_cli
 
 pytestmark = pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed is not available")
@@ -42,12 +41,6 @@ STEPS = 8
 RUN_FILES = {".hydra", "checkpoints", "final_model.pt", "metrics.jsonl", "train.log", "train_result.json"}
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def env(**extra: str) -> dict[str, str]:
     environment = cli_env(**extra)
     environment["PYTHONPATH"] = f"{REPO}:{TESTS}"  # recording_dataset
@@ -56,14 +49,7 @@ def env(**extra: str) -> dict[str, str]:
 
 def torchrun(*args: str, cwd: Path, environment: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     """``python -m torch.distributed.run --nproc-per-node 2 -m autobatch train *args``."""
-    command = [
-        sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(_free_port()),
-        "-m", "autobatch", "train", *args,
-    ]  # fmt: skip
-    try:
-        return subprocess.run(command, cwd=cwd, env=environment or env(), capture_output=True, text=True, timeout=TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        pytest.fail(f"torchrun train did not finish within {TIMEOUT_S} s (a hang)")
+    return launcher.torchrun("train", *args, cwd=cwd, env=environment or env(), timeout=TIMEOUT_S)
 
 
 def metrics_of(run: Path) -> list[dict]:

@@ -1,24 +1,26 @@
 """FSDP2 (``fully_shard``) on two CPU ranks (gloo): the probe agrees on the smaller budget's
 answer and restores the sharded model exactly; an OOM on one rank inside forward, backward
 (also inside a block, between FSDP's collectives, and inside FSDP's all-gather allocation) and
-the optimizer step is recovered by both ranks, ending with the uninjected run's weights.
+the optimizer step is recovered by both ranks, ending with the uninjected run's weights; a
+run stopped and resumed from its per-rank sharded checkpoints ends bit-equal to an
+uninterrupted one, and a resume under another world size is one clear error; the planner
+checkpoints the sharded blocks where only that fits, and the planned run trains bit-equal to
+the unwrapped one.
 
-Each test starts two processes of ``fsdp_worker.py`` under a hard timeout: a hang fails it.
-Weights are float64; a replay with a halved micro-batch differs only by summation order.
+All scenarios run in one launch of two ``fsdp_worker.py`` processes (``launcher.shared_launch``)
+under a hard timeout: a hang fails it. Weights are float64; a replay with a halved micro-batch
+differs only by summation order.
 """
 
 from __future__ import annotations
 
-import json
-import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-from conftest import cli_env
+from launcher import shared_launch
+
 
 def _has_fsdp2() -> bool:
     try:
@@ -31,46 +33,19 @@ def _has_fsdp2() -> bool:
 pytestmark = pytest.mark.skipif(not torch.distributed.is_available() or not _has_fsdp2(), reason="needs torch.distributed with FSDP2")
 
 WORKER = Path(__file__).resolve().parent / "fsdp_worker.py"
-TIMEOUT_S = 240  # a loaded 2-core machine; a hang fails here instead of blocking
+FAULTS = "none,forward,backward,optimizer,inside:block_backward,inside:all_gather"
+SCENARIOS = ["probe", "train", "resume", "checkpointing"]
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+def reports_of(tmp_path_factory, scenario: str) -> list[dict]:
+    """Both ranks' reports of ``scenario``, from the one launch the tests of this file share."""
+    runs, _ = shared_launch(tmp_path_factory, "fsdp", WORKER, SCENARIOS, LIMITS="6MiB,3MiB;3MiB,3MiB", FAULTS=FAULTS,
+                            SYNC_TIMEOUT="60", CKPT_LIMIT="5MiB")
+    return runs[scenario]
 
 
-def launch(scenario: str, out: Path, **env: str) -> list[dict]:
-    """Run ``scenario`` on two ranks; both reports, or fail (killing them) on a hang."""
-    port = str(_free_port())
-    processes = [
-        subprocess.Popen(
-            [sys.executable, str(WORKER), scenario, str(out)],
-            env=cli_env(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=port, **env),
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        )
-        for rank in range(2)
-    ]
-    logs = []
-    try:
-        for process in processes:
-            logs.append(process.communicate(timeout=TIMEOUT_S)[0])
-    except subprocess.TimeoutExpired:
-        for process in processes:
-            process.kill()
-        pytest.fail(f"{scenario}: the ranks did not finish within {TIMEOUT_S} s (a hang)")
-    reports = []
-    for rank in range(2):
-        path = out / f"rank{rank}.json"
-        assert path.exists(), f"rank {rank} wrote no report; its output:\n{logs[rank][-3000:]}"
-        report = json.loads(path.read_text())
-        assert "crash" not in report, f"rank {rank} crashed:\n{report['crash']}"
-        reports.append(report)
-    return reports
-
-
-def test_fsdp_probe_agrees_on_the_smaller_budget_and_restores_the_shards(tmp_path):
-    reports = launch("probe", tmp_path, LIMITS="6MiB,3MiB;3MiB,3MiB")
+def test_fsdp_probe_agrees_on_the_smaller_budget_and_restores_the_shards(tmp_path_factory):
+    reports = reports_of(tmp_path_factory, "probe")
     for report in reports:
         mixed, small = report["6MiB,3MiB"], report["3MiB,3MiB"]
         assert mixed["batch_size"] == small["batch_size"] > 1  # the smaller rank's answer
@@ -78,25 +53,26 @@ def test_fsdp_probe_agrees_on_the_smaller_budget_and_restores_the_shards(tmp_pat
     assert reports[0] == reports[1]
 
 
-def test_fsdp_probe_survives_gpu_timings_settling_steps_and_background_snapshot(tmp_path):
-    """Two GPU-only timings, made certain: the answer's confirmation runs extra steps while
-    reserved memory grows, which differs between ranks (they must still run the same steps:
-    each is a collective); the background snapshot copies while FSDP has the root's full
-    parameters swapped in (it must copy the sharded ones)."""
-    reports = launch("probe", tmp_path, LIMITS="6MiB,3MiB", SETTLE_SKEW="1", SNAPSHOT_IN_FORWARD="1")
-    runs = [report["6MiB,3MiB"] for report in reports]
+def gpu_timings(tmp_path_factory, scenario: str) -> list[dict]:
+    """Both ranks' reports of ``scenario`` from a second shared launch that makes three things
+    of the GPU image certain: FSDP's state reset as on torch < 2.13 (no ``reset_iter_state``:
+    a plain ``reshard()`` there left the root unsharded), the answer's settling steps growing
+    on rank 0 only (the ranks must still run the same steps: each is a collective), and the
+    probe's background snapshot copying while FSDP has the root's full parameters swapped in."""
+    runs, _ = shared_launch(tmp_path_factory, "fsdp-gpu-timings", WORKER, ["probe", "train"], LIMITS="6MiB,3MiB",
+                            FAULTS=FAULTS, SYNC_TIMEOUT="60", TORCH_211_RESET="1", SETTLE_SKEW="1", SNAPSHOT_IN_FORWARD="1")
+    return runs[scenario]
+
+
+def test_fsdp_probe_survives_gpu_timings_settling_steps_and_background_snapshot(tmp_path_factory):
+    runs = [report["6MiB,3MiB"] for report in gpu_timings(tmp_path_factory, "probe")]
     assert runs[0] == runs[1] and runs[0]["restored"]
     assert runs[0]["steps"][-1] == 2  # rank 0 grew, so both ran the extra step
 
 
-FAULTS = "none,forward,backward,optimizer,inside:block_backward,inside:all_gather"
-
-
 @pytest.mark.parametrize("reset", ["torch", "backport"])
-def test_fsdp_one_rank_oom_anywhere_is_recovered_by_both_with_the_uninjected_weights(tmp_path, reset):
-    """``backport``: FSDP's state is reset as on torch < 2.13, which has no ``reset_iter_state``
-    (the GPU image's torch 2.11; a plain ``reshard()`` there left the root unsharded)."""
-    reports = launch("train", tmp_path, FAULTS=FAULTS, **({"TORCH_211_RESET": "1"} if reset == "backport" else {}))
+def test_fsdp_one_rank_oom_anywhere_is_recovered_by_both_with_the_uninjected_weights(tmp_path_factory, reset):
+    reports = reports_of(tmp_path_factory, "train") if reset == "torch" else gpu_timings(tmp_path_factory, "train")
     for rank, report in enumerate(reports):
         reference = report["none"]
         assert reference["recoveries"] == []
@@ -109,3 +85,30 @@ def test_fsdp_one_rank_oom_anywhere_is_recovered_by_both_with_the_uninjected_wei
                 torch.testing.assert_close(torch.tensor(run["shards"][name]), torch.tensor(values), rtol=1e-10, atol=1e-12, msg=f"{fault}: {name}")
     for fault in FAULTS.split(","):  # both ranks report the same global loss
         assert reports[0][fault]["loss"] == pytest.approx(reports[1][fault]["loss"], rel=1e-12)
+
+
+def test_fsdp_sharded_checkpoints_resume_bit_exactly_and_only_under_the_same_world_size(tmp_path_factory):
+    reports = reports_of(tmp_path_factory, "resume")
+    for rank, report in enumerate(reports):
+        assert report["files"] == ["last.rank0-of-2.pt", "last.rank1-of-2.pt"]  # one file per rank, nothing else
+        assert report["resumed_from"]["step"] == 2 and report["resumed_from"]["path"].endswith(f"last.rank{rank}-of-2.pt")
+        assert report["checkpoint_path"].endswith("last.rank0-of-2.pt")
+        assert report["resumed"].keys() == report["whole"].keys()
+        for name, values in report["whole"].items():  # weights and AdamW moments of this rank's shards
+            assert report["resumed"][name] == values, (rank, name)
+        message = report["other_world"]  # the shards of a 4-rank job under 2 ranks: what to change
+        assert "sharded over 4 ranks and this job has 2" in message and "torchrun --nproc-per-node 4" in message
+
+
+def test_fsdp_the_planner_checkpoints_sharded_blocks_and_the_planned_run_trains_bit_equal(tmp_path_factory):
+    reports = reports_of(tmp_path_factory, "checkpointing")
+    for rank, report in enumerate(reports):
+        # class names find FSDP's FSDP<Name> subclasses; only with checkpointing does batch 8 fit
+        assert report["blocks"] == ["blocks.0", "blocks.1", "blocks.2"]
+        assert report["plan"]["checkpointing"] and report["plan"]["micro_batch"] == 8, report["plan"]
+        assert report["plan"]["modules"] == report["blocks"] and report["wrapped"] == [True, True, True]
+        planned, plain = report["planned"], report["plain"]
+        assert planned["steps"] == plain["steps"] == 3 and planned["recoveries"] == []
+        # the recompute runs the same kernels on the same all-gathered weights: bit-equal
+        assert planned["shards"] == plain["shards"], rank
+        assert planned["loss"] == plain["loss"]
