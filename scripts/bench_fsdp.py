@@ -43,10 +43,11 @@ def parse() -> argparse.Namespace:
     parser.add_argument("--vocab", type=int, default=32000)
     parser.add_argument("--caps", default="40,30", help="per-rank caps: GiB on CUDA, MiB on the CPU")
     parser.add_argument("--steps", type=int, default=30, help="timed steps for runner vs hand loop")
+    parser.add_argument("--train-steps", type=int, default=200, help="train at the answer until this many steps in all")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     if args.quick:
-        args.layers, args.width, args.seq, args.vocab, args.steps = 2, 32, 32, 64, 4
+        args.layers, args.width, args.seq, args.vocab, args.steps, args.train_steps = 2, 32, 32, 64, 4, 8
         args.caps = "12,8" if args.device == "cpu" else args.caps
     return args
 
@@ -125,6 +126,11 @@ def main() -> None:
     runner_s = timed(lambda: runner.fit(data, epochs=1), args.steps, device)
     hand_s = timed(lambda: hand(data), args.steps, device)
     report["step_seconds"] = {"runner": round(runner_s, 4), "hand": round(hand_s, 4), "overhead": round(runner_s / hand_s - 1, 4)}
+    if args.train_steps > runner.step:  # the answer holds: this many steps at it, no OOM
+        began = time.perf_counter()
+        done = runner.fit(data, steps=args.train_steps)
+        report["trained_at_answer"] = {"steps": done.steps, "micro_batch": runner.micro_batch, "recoveries": len(done.oom_recoveries),
+                                       "seconds": round(time.perf_counter() - began, 1)}
 
     # 3. a real OOM on one rank: rank 0 uncapped, the others keep their cap, at twice the answer
     big = micro * 2

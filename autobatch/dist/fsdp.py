@@ -25,7 +25,7 @@ from typing import Any, Callable, Iterable
 import torch
 
 from ..memory.oom import free_memory
-from ..planning.accumulation import accumulate_micro_batches
+from ..planning.accumulation import accumulate_loss_sum
 from ..probe.shards import is_dtensor
 from ..probe.train_step import TrainStep
 from ..training.ranks import DataParallel
@@ -83,9 +83,10 @@ def fsdp_step(
     on_phase: Callable[[str], None],
     phase: Callable[[], str],
     label: str,
-) -> tuple[float, int]:
+) -> tuple[float | torch.Tensor, int]:
     """One optimizer step of an FSDP2 model over every rank's micro-batches; returns (mean loss
-    over the global batch, global batch size), the same on every rank. Any rank's failure
+    over the global batch, global batch size), the same on every rank (on an accelerator the
+    loss is a 0-dim tensor still being computed: ``float()`` reads it). Any rank's failure
     raises on every rank (its own error there, a peer error elsewhere), with FSDP reset."""
     model = guard(step.model)
     step.optimizer.zero_grad(set_to_none=True)
@@ -95,7 +96,7 @@ def fsdp_step(
         try:
             # FSDP averages gradients over the ranks; weighting each micro-batch by
             # n * world / global makes that the mean over the global batch, shares unequal or not
-            loss = accumulate_micro_batches(
+            loss_sum, _ = accumulate_loss_sum(
                 model, step.loss_fn, micro_batches, global_batch=global_size / world,
                 autocast=step.autocast, grad_scaler=step.grad_scaler,
                 no_sync=lambda: no_gradient_sync(model), on_phase=on_phase,
@@ -109,8 +110,13 @@ def fsdp_step(
             _after_failure(step)
             ballot.fail(failure)
     step.optimizer.zero_grad(set_to_none=True)
-    total = torch.tensor([loss * local_size], dtype=torch.float64, device=dist_sync.sync_device())
-    return float(dist_sync.all_reduce_sum_(total, f"{label}: loss").item()) / global_size, global_size
+    total = loss_sum.detach().reshape(1).to(torch.float64)
+    if total.device.type == "cpu":
+        return float(dist_sync.all_reduce_sum_(total, f"{label}: loss").item()) / global_size, global_size
+    # every rank passed the closing vote, so every rank enters this all-reduce; it is queued,
+    # not waited for: the loss is read when reported, and the host never waits for the device
+    torch.distributed.all_reduce(total, async_op=True).wait()
+    return total[0] / global_size, global_size
 
 
 class VotedTrainStep(TrainStep):
