@@ -116,9 +116,9 @@ class AutoBatchSize(Callback):
             share = self.global_batch // world
             options["max_batch"] = min(options["max_batch"] or share, share)
         saved = rng_state()  # a DataLoader's iterator draws its seed: fit must draw the same
-        first = _first_batch(trainer, pl_module)
+        first, sized = _first_batch(trainer, pl_module)
         set_rng_state(saved)
-        step = _LightningStep(trainer, pl_module, first, accumulating=share is not None and share > 1)
+        step = _LightningStep(trainer, pl_module, first, accumulating=share is not None and share > 1, prefetch=not sized)
         with _saved_state(trainer, pl_module) as reset:
             with _muted(pl_module):
                 self.result = find_max_batch(step, device=pl_module.device, **options)
@@ -185,17 +185,20 @@ class _LightningStep:
     ``backward`` too and the optimizer step follows it.
     """
 
-    def __init__(self, trainer: Trainer, module: LightningModule, first: Any, *, accumulating: bool = False) -> None:
-        self.trainer, self.module, self.first = trainer, module, first
+    def __init__(self, trainer: Trainer, module: LightningModule, first: Any, *, accumulating: bool = False,
+                 prefetch: bool = False) -> None:
+        self.trainer, self.module, self.first, self.prefetch = trainer, module, first, prefetch
         self.available = _size_of(first)
         self.accumulating = accumulating or trainer.accumulate_grad_batches > 1
         self._with_grads: list[torch.nn.Parameter] = []  # parameters the last backward gave a gradient
 
     def __call__(self, batch_size: int) -> None:
         index = torch.arange(batch_size) % self.available
-        batch, ahead = (map_tensors(self.first, lambda t: t.index_select(0, index.to(t.device))) for _ in range(2))
-        # ``ahead`` stands for the batch Lightning's fetcher has already loaded for the next
-        # step while this one runs: host memory on an accelerator, the same memory on the CPU
+        batch, *ahead = [map_tensors(self.first, lambda t: t.index_select(0, index.to(t.device)))
+                         for _ in range(1 + self.prefetch)]
+        # ``ahead``: Lightning's fetcher loads the next batch while this one runs when the train
+        # dataloader has no length (an iterable dataset; with a length it prefetches nothing):
+        # host memory on an accelerator, the same memory on the CPU
         trainer, module = self.trainer, self.module
         batch = trainer.strategy.batch_to_device(batch)
         model = trainer.strategy.model
@@ -269,7 +272,8 @@ def _muted(module: LightningModule) -> Iterator[None]:
         yield
 
 
-def _first_batch(trainer: Trainer, module: LightningModule) -> Any:
+def _first_batch(trainer: Trainer, module: LightningModule) -> tuple[Any, bool]:
+    """The train dataloader's first batch, and whether the dataloader has a length."""
     source = trainer.datamodule if trainer.datamodule is not None else module
     try:
         loader = source.train_dataloader()
@@ -281,7 +285,11 @@ def _first_batch(trainer: Trainer, module: LightningModule) -> Any:
     batch = next(iter(loader), None)
     if batch is None:
         raise ValueError("AutoBatchSize: the train dataloader yielded no batch")
-    return batch
+    try:
+        sized = len(loader) >= 0
+    except TypeError:
+        sized = False
+    return batch, sized
 
 
 def _size_of(batch: Any) -> int:
