@@ -96,7 +96,7 @@ def exact_max(spec, device, limit):
 
 
 # -- Lightning ------------------------------------------------------------------------------------
-def lightning_rows(spec, device, exact, quick, fit_steps):
+def lightning_rows(spec, device, exact, quick, fit_steps, capped):
     """Each finder inside ``Trainer.fit``, then ``fit_steps`` training steps of that same fit at
     its answer: the size, the seconds until it was set, whether fit trained them all (or its OOM)."""
     import lightning.pytorch as pl
@@ -146,13 +146,14 @@ def lightning_rows(spec, device, exact, quick, fit_steps):
         trainer = pl.Trainer(accelerator=accelerator, devices=1, max_steps=fit_steps, max_epochs=-1, logger=False,
                              enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
                              num_sanity_val_steps=0, callbacks=[finder, clock], default_root_dir=os.environ.get("TMPDIR", "/tmp"))
-        module = Module()
-        began, trained, error = time.perf_counter(), True, None
+        began, trained, error, module = time.perf_counter(), True, None, None
         try:
-            trainer.fit(module)
+            with capped():
+                module = Module()
+                trainer.fit(module)
         except Exception as exc:  # noqa: BLE001 - a finder whose answer OOMs in fit is a result
             trained, error = False, f"{type(exc).__name__}: {str(exc).splitlines()[0][:120]}"
-        found = getattr(clock, "size", module.batch_size)
+        found = getattr(clock, "size", getattr(module, "batch_size", None))
         seconds = getattr(clock, "found_at", time.perf_counter()) - began
         steps = getattr(clock, "steps", 0)
         result = row(name, found, exact, seconds, None, trained and steps == fit_steps, error, steps=steps)
@@ -166,7 +167,7 @@ def lightning_rows(spec, device, exact, quick, fit_steps):
 
 
 # -- the decorators -------------------------------------------------------------------------------
-def decorator_rows(spec, device, exact):
+def decorator_rows(spec, device, exact, capped):
     from accelerate.utils import find_executable_batch_size as accelerate_decorator
 
     factory, sample, loss = spec
@@ -174,7 +175,7 @@ def decorator_rows(spec, device, exact):
     for name, decorate in (("accelerate find_executable_batch_size", accelerate_decorator),
                            ("autobatch find_executable_batch_size", autobatch.find_executable_batch_size)):
         cleanup()
-        model, optimizer = fresh(factory, device)
+        model = optimizer = None
         attempts = []
 
         @decorate(starting_batch_size=4 * exact)
@@ -190,7 +191,9 @@ def decorator_rows(spec, device, exact):
 
         began, trained, error, found = time.perf_counter(), True, None, None
         try:
-            found = train()
+            with capped():  # the model is made inside the budget, as in exact_max
+                model, optimizer = fresh(factory, device)
+                found = train()
         except Exception as exc:  # noqa: BLE001
             trained, error = False, f"{type(exc).__name__}: {str(exc).splitlines()[0][:120]}"
         rows.append(row(name, found, exact, time.perf_counter() - began, len(attempts), trained, error))
@@ -222,38 +225,38 @@ def main() -> int:
     specs = workloads(args.device, args.quick or args.device == "cpu")
     if args.models:
         specs = {k: v for k, v in specs.items() if k in args.models.split(",")}
-    capped = nullcontext()
-    if args.device == "cpu":
-        capped = autobatch.simulated_memory(limit)
-    elif limit is not None:
+    # on the CPU each measurement gets a budget of its own: what an earlier row left alive (a
+    # finder's failed fit) is not counted against the next one, as a fresh process would not be
+    capped = (lambda: autobatch.simulated_memory(limit)) if args.device == "cpu" else nullcontext
+    if args.device != "cpu" and limit is not None:
         total = torch.cuda.get_device_properties(0).total_memory
         torch.cuda.set_per_process_memory_fraction(parse_bytes(limit) / total)
     device_name = "cpu (simulated)" if args.device == "cpu" else torch.cuda.get_device_name(0)
     report = {"device": device_name, "memory_limit": limit, "torch": torch.__version__, "models": {}}
     skip = set(args.skip.split(",")) - {""}
     fit_steps = args.fit_steps or (4 if args.quick or args.device == "cpu" else 50)
-    with capped:
-        for name, spec in specs.items():
+    for name, spec in specs.items():
+        with capped():
             exact, exact_s = exact_max(spec, args.device, limit)
-            rows = [row("exact maximum (find_max_batch binary, full trials)", exact, exact, exact_s, None, True, None)]
-            cleanup()
-            if "lightning" not in skip:
-                rows += lightning_rows(spec, args.device, exact, args.quick, fit_steps)
-            if "decorator" not in skip:
-                rows += decorator_rows(spec, args.device, exact)
-            report["models"][name] = rows
-            print(f"\n### {name} on {device_name}, cap {limit or 'none'}\n")
-            print("| method | batch | of exact max | seconds | attempts | trained at it |")
-            print("|---|---:|---:|---:|---:|---|")
-            for r in rows:
-                trained = "yes" if r["trained"] else f"no ({r['error']})"
-                if r["steps"] is not None:
-                    trained = f"{trained}, fit ran {r['steps']}/{fit_steps} steps"
-                print(f"| {r['method']} | {r['batch']} | {r['fraction']} | {r['seconds']} | {r['attempts'] or ''} | {trained} |")
-            for r in rows:
-                if r.get("confirmation"):
-                    print(f"\n{r['method']}: probe {r['probe']}; {r['confirmation']}")
-            sys.stdout.flush()
+        rows = [row("exact maximum (find_max_batch binary, full trials)", exact, exact, exact_s, None, True, None)]
+        cleanup()
+        if "lightning" not in skip:
+            rows += lightning_rows(spec, args.device, exact, args.quick, fit_steps, capped)
+        if "decorator" not in skip:
+            rows += decorator_rows(spec, args.device, exact, capped)
+        report["models"][name] = rows
+        print(f"\n### {name} on {device_name}, cap {limit or 'none'}\n")
+        print("| method | batch | of exact max | seconds | attempts | trained at it |")
+        print("|---|---:|---:|---:|---:|---|")
+        for r in rows:
+            trained = "yes" if r["trained"] else f"no ({r['error']})"
+            if r["steps"] is not None:
+                trained = f"{trained}, fit ran {r['steps']}/{fit_steps} steps"
+            print(f"| {r['method']} | {r['batch']} | {r['fraction']} | {r['seconds']} | {r['attempts'] or ''} | {trained} |")
+        for r in rows:
+            if r.get("confirmation"):
+                print(f"\n{r['method']}: probe {r['probe']}; {r['confirmation']}")
+        sys.stdout.flush()
     if args.json:
         with open(args.json, "w", encoding="utf-8") as handle:
             json.dump(report, handle, indent=2)
