@@ -6,7 +6,9 @@ For each model, in one process, under the same memory cap:
   trials of forward, backward and Adam step): the reference every answer is a fraction of;
 * Lightning: ``BatchSizeFinder(mode="power")`` and ``(mode="binsearch")`` against
   ``autobatch.integrations.lightning.AutoBatchSize``, each inside ``Trainer.fit`` (time from fit
-  start until the size is set; then one training step at that size, whose OOM is reported);
+  start until the size is set; then that same fit trains ``--fit-steps`` steps at the answer (50
+  on the GPU): whether it ran them all or ran out of memory is reported; AutoBatchSize's
+  confirmation in Lightning's loop is printed under the table);
 * the decorator: ``accelerate.utils.find_executable_batch_size`` against
   ``autobatch.find_executable_batch_size``, each starting at 4× the exact maximum and running
   3 training steps per attempt.
@@ -94,7 +96,9 @@ def exact_max(spec, device, limit):
 
 
 # -- Lightning ------------------------------------------------------------------------------------
-def lightning_rows(spec, device, exact, quick):
+def lightning_rows(spec, device, exact, quick, fit_steps, capped):
+    """Each finder inside ``Trainer.fit``, then ``fit_steps`` training steps of that same fit at
+    its answer: the size, the seconds until it was set, whether fit trained them all (or its OOM)."""
     import lightning.pytorch as pl
     from lightning.pytorch.callbacks import BatchSizeFinder
 
@@ -112,7 +116,9 @@ def lightning_rows(spec, device, exact, quick):
             self.data = torch.utils.data.TensorDataset(x, y)
 
         def training_step(self, batch, index):
-            return loss(self.model, *batch)
+            value = loss(self.model, *batch)
+            self.log("loss", value)
+            return value
 
         def configure_optimizers(self):
             return torch.optim.Adam(self.parameters(), lr=1e-4)
@@ -122,7 +128,10 @@ def lightning_rows(spec, device, exact, quick):
 
     class Clock(pl.Callback):
         def on_train_start(self, trainer, module):
-            self.found_at, self.size = time.perf_counter(), module.batch_size
+            self.found_at, self.size, self.steps = time.perf_counter(), module.batch_size, 0
+
+        def on_train_batch_end(self, trainer, module, outputs, batch, index):
+            self.steps += 1
 
     rows = []
     finders = {
@@ -132,26 +141,33 @@ def lightning_rows(spec, device, exact, quick):
     }
     for name, make in finders.items():
         cleanup()
-        clock = Clock()
+        clock, finder = Clock(), make()
         accelerator = "cpu" if device == "cpu" else "gpu"
-        trainer = pl.Trainer(accelerator=accelerator, devices=1, max_steps=3, logger=False, enable_checkpointing=False,
-                             enable_progress_bar=False, enable_model_summary=False, callbacks=[make(), clock],
-                             default_root_dir=os.environ.get("TMPDIR", "/tmp"))
-        module = Module()
-        began, trained, error = time.perf_counter(), True, None
+        trainer = pl.Trainer(accelerator=accelerator, devices=1, max_steps=fit_steps, max_epochs=-1, logger=False,
+                             enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                             num_sanity_val_steps=0, callbacks=[finder, clock], default_root_dir=os.environ.get("TMPDIR", "/tmp"))
+        began, trained, error, module = time.perf_counter(), True, None, None
         try:
-            trainer.fit(module)
+            with capped():
+                module = Module()
+                trainer.fit(module)
         except Exception as exc:  # noqa: BLE001 - a finder whose answer OOMs in fit is a result
             trained, error = False, f"{type(exc).__name__}: {str(exc).splitlines()[0][:120]}"
-        found = getattr(clock, "size", module.batch_size)
+        found = getattr(clock, "size", getattr(module, "batch_size", None))
         seconds = getattr(clock, "found_at", time.perf_counter()) - began
-        rows.append(row(name, found, exact, seconds, None, trained, error))
-        del trainer, module
+        steps = getattr(clock, "steps", 0)
+        result = row(name, found, exact, seconds, None, trained and steps == fit_steps, error, steps=steps)
+        confirmation = getattr(finder, "confirmation", None)
+        if confirmation is not None:
+            result["probe"] = finder.result.batch_size
+            result["confirmation"] = confirmation.summary()
+        rows.append(result)
+        del trainer, module, finder
     return rows
 
 
 # -- the decorators -------------------------------------------------------------------------------
-def decorator_rows(spec, device, exact):
+def decorator_rows(spec, device, exact, capped):
     from accelerate.utils import find_executable_batch_size as accelerate_decorator
 
     factory, sample, loss = spec
@@ -159,7 +175,7 @@ def decorator_rows(spec, device, exact):
     for name, decorate in (("accelerate find_executable_batch_size", accelerate_decorator),
                            ("autobatch find_executable_batch_size", autobatch.find_executable_batch_size)):
         cleanup()
-        model, optimizer = fresh(factory, device)
+        model = optimizer = None
         attempts = []
 
         @decorate(starting_batch_size=4 * exact)
@@ -175,7 +191,9 @@ def decorator_rows(spec, device, exact):
 
         began, trained, error, found = time.perf_counter(), True, None, None
         try:
-            found = train()
+            with capped():  # the model is made inside the budget, as in exact_max
+                model, optimizer = fresh(factory, device)
+                found = train()
         except Exception as exc:  # noqa: BLE001
             trained, error = False, f"{type(exc).__name__}: {str(exc).splitlines()[0][:120]}"
         rows.append(row(name, found, exact, time.perf_counter() - began, len(attempts), trained, error))
@@ -183,9 +201,9 @@ def decorator_rows(spec, device, exact):
     return rows
 
 
-def row(method, found, exact, seconds, attempts, trained, error):
+def row(method, found, exact, seconds, attempts, trained, error, steps=None):
     return {"method": method, "batch": found, "fraction": None if not found else round(found / exact, 3),
-            "seconds": round(seconds, 2), "attempts": attempts, "trained": trained, "error": error}
+            "seconds": round(seconds, 2), "attempts": attempts, "trained": trained, "error": error, "steps": steps}
 
 
 # -- main -----------------------------------------------------------------------------------------
@@ -196,6 +214,8 @@ def main() -> int:
     parser.add_argument("--memory-limit", default=None, help="cap (CUDA: per-process fraction; CPU: simulated budget)")
     parser.add_argument("--models", default=None, help="comma-separated subset")
     parser.add_argument("--skip", default="", help="comma-separated: lightning, decorator")
+    parser.add_argument("--fit-steps", type=int, default=None,
+                        help="training steps fit runs at each Lightning finder's answer (default: 50; quick: 4)")
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
@@ -205,32 +225,38 @@ def main() -> int:
     specs = workloads(args.device, args.quick or args.device == "cpu")
     if args.models:
         specs = {k: v for k, v in specs.items() if k in args.models.split(",")}
-    capped = nullcontext()
-    if args.device == "cpu":
-        capped = autobatch.simulated_memory(limit)
-    elif limit is not None:
+    # on the CPU each measurement gets a budget of its own: what an earlier row left alive (a
+    # finder's failed fit) is not counted against the next one, as a fresh process would not be
+    capped = (lambda: autobatch.simulated_memory(limit)) if args.device == "cpu" else nullcontext
+    if args.device != "cpu" and limit is not None:
         total = torch.cuda.get_device_properties(0).total_memory
         torch.cuda.set_per_process_memory_fraction(parse_bytes(limit) / total)
     device_name = "cpu (simulated)" if args.device == "cpu" else torch.cuda.get_device_name(0)
     report = {"device": device_name, "memory_limit": limit, "torch": torch.__version__, "models": {}}
     skip = set(args.skip.split(",")) - {""}
-    with capped:
-        for name, spec in specs.items():
+    fit_steps = args.fit_steps or (4 if args.quick or args.device == "cpu" else 50)
+    for name, spec in specs.items():
+        with capped():
             exact, exact_s = exact_max(spec, args.device, limit)
-            rows = [row("exact maximum (find_max_batch binary, full trials)", exact, exact, exact_s, None, True, None)]
-            cleanup()
-            if "lightning" not in skip:
-                rows += lightning_rows(spec, args.device, exact, args.quick)
-            if "decorator" not in skip:
-                rows += decorator_rows(spec, args.device, exact)
-            report["models"][name] = rows
-            print(f"\n### {name} on {device_name}, cap {limit or 'none'}\n")
-            print("| method | batch | of exact max | seconds | attempts | trained at it |")
-            print("|---|---:|---:|---:|---:|---|")
-            for r in rows:
-                trained = "yes" if r["trained"] else f"no ({r['error']})"
-                print(f"| {r['method']} | {r['batch']} | {r['fraction']} | {r['seconds']} | {r['attempts'] or ''} | {trained} |")
-            sys.stdout.flush()
+        rows = [row("exact maximum (find_max_batch binary, full trials)", exact, exact, exact_s, None, True, None)]
+        cleanup()
+        if "lightning" not in skip:
+            rows += lightning_rows(spec, args.device, exact, args.quick, fit_steps, capped)
+        if "decorator" not in skip:
+            rows += decorator_rows(spec, args.device, exact, capped)
+        report["models"][name] = rows
+        print(f"\n### {name} on {device_name}, cap {limit or 'none'}\n")
+        print("| method | batch | of exact max | seconds | attempts | trained at it |")
+        print("|---|---:|---:|---:|---:|---|")
+        for r in rows:
+            trained = "yes" if r["trained"] else f"no ({r['error']})"
+            if r["steps"] is not None:
+                trained = f"{trained}, fit ran {r['steps']}/{fit_steps} steps"
+            print(f"| {r['method']} | {r['batch']} | {r['fraction']} | {r['seconds']} | {r['attempts'] or ''} | {trained} |")
+        for r in rows:
+            if r.get("confirmation"):
+                print(f"\n{r['method']}: probe {r['probe']}; {r['confirmation']}")
+        sys.stdout.flush()
     if args.json:
         with open(args.json, "w", encoding="utf-8") as handle:
             json.dump(report, handle, indent=2)

@@ -9,6 +9,7 @@ from torch import nn
 pl = pytest.importorskip("lightning.pytorch")
 
 from autobatch import simulated_memory  # noqa: E402
+from autobatch.memory.simulated import host_memory  # noqa: E402
 from autobatch.integrations.lightning import AutoBatchSize, accumulation_for  # noqa: E402
 
 SAMPLES, WIDTH = 512, 256
@@ -43,6 +44,10 @@ class Capture(pl.Callback):
     """Copies of the module's and optimizer's state at fit start, where this callback runs."""
 
     def on_fit_start(self, trainer, module):
+        with host_memory():  # the test's copies take none of the simulated device's memory
+            self._take(trainer, module)
+
+    def _take(self, trainer, module):
         self.model = {k: v.clone() for k, v in module.state_dict().items()}
         self.optimizer = repr(trainer.optimizers[0].state_dict())
         self.rng = torch.get_rng_state()
@@ -57,14 +62,12 @@ def trainer(*callbacks, **options):
 def test_sets_the_batch_size_and_fit_runs_at_it_under_the_same_budget():
     module = Tiny()
     before, after = Capture(), Capture()
-    # margin: the simulated device has no allocator headroom, and Lightning's loop holds a few KiB
-    # its training step does not (logged metrics, the step's outputs): the exact boundary is ~1
-    # sample too large for fit (on an accelerator the probe leaves ALLOCATOR_HEADROOM free instead)
-    finder = AutoBatchSize(strategy="binary", max_batch=SAMPLES, margin=0.01)
+    # no margin: the answer is confirmed in Lightning's own loop (finder.confirmation)
+    finder = AutoBatchSize(strategy="binary", max_batch=SAMPLES)
     with simulated_memory(BUDGET) as device:
         trainer(before, finder, after).fit(module)
     size = finder.batch_size
-    assert size == finder.result.batch_size and 4 < size < SAMPLES and module.hparams.batch_size == size
+    assert size == finder.confirmation.batch_size and 4 < size < SAMPLES and module.hparams.batch_size == size
     boundary = max(t.batch_size for t in finder.result.trials if t.passed)
     assert module.seen[len(after.seen):] == [size] * 4 and device.oom_count >= 1  # the probe met the boundary; fit never did
     # bit-exact restore: what the next callback saw is what the previous one saw
@@ -79,7 +82,7 @@ def test_sets_the_batch_size_and_fit_runs_at_it_under_the_same_budget():
 
 def test_global_batch_through_accumulation():
     module = Tiny()
-    finder = AutoBatchSize(strategy="binary", global_batch=384, margin=0.01)
+    finder = AutoBatchSize(strategy="binary", global_batch=384)
     with simulated_memory(BUDGET):
         fit = trainer(finder)
         fit.fit(module)

@@ -1,0 +1,70 @@
+"""Real-GPU check of AutoBatchSize: its size trains Lightning's own ``fit`` under the same cap.
+Skipped without CUDA (or Lightning); run with ``bash scripts/gpu_tests.sh``."""
+
+import pytest
+import torch
+from torch import nn
+
+from autobatch import free_memory
+from autobatch.workloads.models import GPT
+
+if not torch.cuda.is_available():  # before importing Lightning: CI without a GPU pays nothing
+    pytest.skip("needs a CUDA device", allow_module_level=True)
+pl = pytest.importorskip("lightning.pytorch")
+
+from autobatch.integrations.lightning import AutoBatchSize  # noqa: E402
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+]
+
+VOCAB, SEQ, CAP = 16384, 256, 3 * 2**30
+
+
+class LM(pl.LightningModule):
+    """GPT-like; ``keep`` holds each step's logits until the next (an epoch-end metric)."""
+
+    def __init__(self, keep: bool) -> None:
+        super().__init__()
+        self.batch_size, self.keep, self.kept, self.steps = 2, keep, None, 0
+        torch.manual_seed(0)
+        self.model = GPT(VOCAB, SEQ, layers=4, width=256, heads=4)
+        tokens = torch.randint(0, VOCAB, (512, SEQ + 1))
+        self.data = torch.utils.data.TensorDataset(tokens[:, :-1], tokens[:, 1:])
+
+    def training_step(self, batch, index):
+        x, y = batch
+        logits = self.model(x)
+        loss = nn.functional.cross_entropy(logits.reshape(-1, VOCAB), y.reshape(-1))
+        self.log("loss", loss)
+        return {"loss": loss, "logits": logits.detach()}
+
+    def on_train_batch_end(self, outputs, batch, index):
+        self.steps += 1
+        if self.keep:
+            self.kept = outputs["logits"]
+
+    def configure_optimizers(self):
+        return torch.optim.AdamW(self.parameters(), lr=1e-4)
+
+    def train_dataloader(self):
+        return torch.utils.data.DataLoader(self.data, batch_size=self.batch_size, shuffle=True, drop_last=True)
+
+
+@pytest.mark.parametrize("keep", [False, True], ids=["plain", "keeps-logits"])
+def test_the_size_trains_20_steps_of_fit_under_the_cap(keep):
+    free_memory()
+    torch.cuda.set_per_process_memory_fraction(CAP / torch.cuda.get_device_properties(0).total_memory)
+    try:
+        module, finder = LM(keep), AutoBatchSize()
+        trainer = pl.Trainer(accelerator="gpu", devices=1, max_steps=20, max_epochs=-1, logger=False,
+                             enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                             num_sanity_val_steps=0, callbacks=[finder])
+        trainer.fit(module)  # an OOM here fails the test
+        print(finder.confirmation.summary())
+        assert module.steps == 20 and module.batch_size == finder.batch_size > 1
+        assert any(run.passed and run.batch_size == finder.batch_size for run in finder.confirmation.runs)
+    finally:
+        torch.cuda.set_per_process_memory_fraction(1.0)
+        free_memory()

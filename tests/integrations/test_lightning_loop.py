@@ -1,0 +1,154 @@
+"""AutoBatchSize's answer holds in Lightning's real fit loop (CPU, simulated budget).
+
+The module keeps each step's logits for an epoch-end metric (``on_train_batch_end``), so
+Lightning's loop holds a whole step's logits more than the training step itself: the probe's
+answer is too large for ``fit`` and the confirmation in the real loop must step it down.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+from torch import nn
+
+pl = pytest.importorskip("lightning.pytorch")
+
+from autobatch import simulated_memory  # noqa: E402
+from autobatch.memory.simulated import host_memory  # noqa: E402
+from autobatch.integrations.lightning import AutoBatchSize  # noqa: E402
+from autobatch.workloads.models import GPT  # noqa: E402
+
+VOCAB, SEQ, BUDGET = 4096, 8, "12MiB"
+
+
+class KeepsLogits(pl.LightningModule):
+    """GPT-like: token ids in, logits over the vocabulary (the big tensor), cross-entropy."""
+
+    def __init__(self, batch_size: int = 2) -> None:
+        super().__init__()
+        self.batch_size = batch_size
+        torch.manual_seed(0)
+        self.model = GPT(VOCAB, SEQ, layers=1, width=32, heads=2)
+        generator = torch.Generator().manual_seed(1)
+        tokens = torch.randint(0, VOCAB, (256, SEQ + 1), generator=generator)
+        self.data = torch.utils.data.TensorDataset(tokens[:, :-1], tokens[:, 1:])
+        self.kept, self.seen = None, []
+
+    def training_step(self, batch, index):
+        x, y = batch
+        self.seen.append(x.shape[0])
+        logits = self.model(x)
+        loss = nn.functional.cross_entropy(logits.reshape(-1, VOCAB), y.reshape(-1))
+        self.log("loss", loss)
+        return {"loss": loss, "logits": logits.detach()}
+
+    def on_train_batch_end(self, outputs, batch, index):
+        self.kept = outputs["logits"]  # alive through the next step: the loop holds it, the step does not
+
+    def configure_optimizers(self):
+        return torch.optim.Adam(self.parameters(), lr=1e-3, foreach=False)
+
+    def train_dataloader(self):
+        return torch.utils.data.DataLoader(self.data, batch_size=self.batch_size, shuffle=True, drop_last=True)
+
+
+class Capture(pl.Callback):
+    def on_fit_start(self, trainer, module):
+        with host_memory():  # the test's copies take none of the simulated device's memory
+            self._take(trainer, module)
+
+    def _take(self, trainer, module):
+        self.model = {k: v.clone() for k, v in module.state_dict().items()}
+        self.optimizer = repr(trainer.optimizers[0].state_dict())
+        self.rng = torch.get_rng_state()
+        self.loop = repr(trainer.fit_loop.state_dict())
+        self.step, self.seen = trainer.global_step, len(module.seen)
+        self.grads = [p.grad for p in module.parameters()]
+
+
+def trainer(*callbacks, steps=4):
+    return pl.Trainer(accelerator="cpu", devices=1, max_steps=steps, logger=False, enable_checkpointing=False,
+                      enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
+                      callbacks=list(callbacks))
+
+
+def fits(batch_size: int) -> bool:
+    module = KeepsLogits(batch_size)  # made outside the budget, as in the test below
+    with simulated_memory(BUDGET):
+        try:
+            trainer(steps=3).fit(module)
+        except torch.OutOfMemoryError:
+            return False
+    return True
+
+
+def test_the_answer_trains_in_lightnings_loop_and_steps_down_by_measurement():
+    module, before, after = KeepsLogits(), Capture(), Capture()
+    finder = AutoBatchSize(strategy="binary", max_batch=64)
+    with simulated_memory(BUDGET):
+        trainer(before, finder, after, steps=4).fit(module)  # fit itself trains 4 steps at the size
+    size, probed, runs = finder.batch_size, finder.result.batch_size, finder.confirmation.runs
+    assert module.seen[after.seen:] == [size] * 4 and module.batch_size == size
+    assert not runs[0].passed and runs[0].batch_size == probed and size < probed  # the loop needed more
+    assert any(r.passed and r.batch_size == size for r in runs) and len(runs) <= 5
+    assert runs[0].extra_bytes > 0 and "trained in Lightning's own fit loop" in finder.result.notes[-1]
+    # bit-exact: what the next callback saw is what the previous one saw
+    assert before.model.keys() == after.model.keys()
+    assert all(torch.equal(before.model[k], after.model[k]) for k in before.model)
+    assert before.optimizer == after.optimizer and torch.equal(before.rng, after.rng)
+    assert before.loop == after.loop and before.step == after.step == 0
+    assert all(g is None for g in after.grads)
+    # the largest size fit really trains, by bisection with short real fits (above size: all fail but one)
+    low, high = size, probed - 1
+    while low < high:
+        middle = (low + high + 1) // 2
+        low, high = (middle, high) if fits(middle) else (low, middle - 1)
+    assert size >= 0.95 * low, (size, low)
+
+
+_DDP_SCRIPT = textwrap.dedent(
+    """
+    import json, os, sys, warnings
+    warnings.filterwarnings("ignore")
+    import torch
+    import lightning.pytorch as pl
+    sys.path.insert(0, {tests!r})
+    from test_lightning_loop import KeepsLogits
+    from autobatch import simulated_memory
+    from autobatch.integrations.lightning import AutoBatchSize
+
+    class Report(pl.Callback):
+        def on_train_start(self, trainer, module):
+            with open(os.path.join({out!r}, f"rank{{trainer.global_rank}}.json"), "w") as handle:
+                json.dump({{"size": module.batch_size, "confirmation": finder.confirmation.skipped}}, handle)
+
+    # rank 1 has less memory: the ranks must still agree (the minimum)
+    budget = os.environ.get("LOCAL_RANK", "0") == "1" and "10MiB" or "12MiB"
+    finder = AutoBatchSize(strategy="binary", max_batch=32)
+    with simulated_memory(budget):
+        trainer = pl.Trainer(accelerator="cpu", devices=2, strategy="ddp", max_steps=1, logger=False,
+                             enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                             callbacks=[finder, Report()])
+        trainer.fit(KeepsLogits())
+    """
+)
+
+
+@pytest.mark.slow  # three processes import Lightning (~15 s of a 2-core box)
+def test_ranks_agree_under_ddp(tmp_path):
+    script = tmp_path / "ddp_fit.py"
+    script.write_text(_DDP_SCRIPT.format(tests=os.path.dirname(__file__), out=str(tmp_path)))
+    env = dict(os.environ, PYTHONWARNINGS="ignore")
+    done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    reports = sorted(tmp_path.glob("rank*.json"))
+    assert len(reports) == 2, done.stderr[-3000:]
+    import json
+
+    sizes = [json.loads(p.read_text()) for p in reports]
+    assert sizes[0]["size"] == sizes[1]["size"] > 1, sizes
+    assert "ranks" in sizes[0]["confirmation"]
