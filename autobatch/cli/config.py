@@ -70,6 +70,7 @@ class Objective(Enum):
 class StepGuardKind(Enum):
     """How the runner makes an OOM inside ``optimizer.step()`` safe to replay."""
 
+    auto = "auto"
     cpu = "cpu"
     device = "device"
     off = "off"
@@ -307,7 +308,7 @@ class TrainConfig:
     #: Grow-back ceiling (null: the largest batch the probe found, at most the global batch).
     max_micro_batch: Optional[int] = None
     #: cpu | device | off: how an OOM inside ``optimizer.step()`` is made safe to replay.
-    step_guard: StepGuardKind = StepGuardKind.cpu
+    step_guard: StepGuardKind = StepGuardKind.auto
     #: When micro-batch 1 runs out of memory, turn on activation checkpointing and replay.
     checkpointing_fallback: bool = False
     #: Under torchrun: shard the model with FSDP2 (``fully_shard`` on each repeated block and

@@ -24,6 +24,7 @@ from ..memory.oom import free_memory, is_oom_error
 from ..planning.accumulation import micro_batch_sizes
 from ..planning.checkpointing import enable_checkpointing
 from .run_result import Recovery
+from .step_guard import GUARD_SPARE
 
 __all__ = ["OomRecovery"]
 
@@ -74,6 +75,7 @@ class OomRecovery:
         """Top of a retry: undo, free, shrink. Runs outside the failed attempt's ``except``."""
         phase, before = self._phase, self.micro_batch
         self._undo_optimizer_step()
+        self.guard.demote()  # memory is short: the step guard's copy goes to host memory from now on
         self._drop_grads()
         free_memory()
         back = self.growth.on_oom()
@@ -113,6 +115,12 @@ class OomRecovery:
         """The micro-batch the next step starts with (grow-back included)."""
         squeezed = self.growth.squeezed_from is not None and not self.distributed
         return self.growth.propose(self.micro_batch, fits=self.step_memory.fitting() if squeezed else None)
+
+    def _guard_room(self, extra: int) -> bool:
+        """Whether the step guard's copy (``extra`` more bytes) may live on the device: the last
+        step's measured peak plus it leaves a quarter of the device free (``GUARD_SPARE``)."""
+        spare = self.step_memory.spare_after(extra)
+        return spare is not None and spare >= GUARD_SPARE
 
     def _undo_optimizer_step(self) -> None:
         if not self._stepping:

@@ -75,9 +75,12 @@ class Runner(OomRecovery, Resumable, PlansFromData):
             else the starting micro-batch).
         grow_after: consecutive OOM-free steps before trying double the micro-batch; None or
             0 turns grow-back off. The wait doubles after each failed try.
-        step_guard: ``"cpu"`` / ``"device"``: snapshot parameters and optimizer state before
-            each optimizer step so an OOM inside it is replayed safely; ``"off"``: no
-            snapshot, and an OOM inside ``optimizer.step()`` raises instead of replaying.
+        step_guard: ``"auto"`` (default) / ``"cpu"`` / ``"device"``: snapshot parameters and
+            optimizer state before each optimizer step so an OOM inside it is replayed safely,
+            in host memory (``"cpu"``), device memory (``"device"``), or on the device while a
+            quarter of it stays free with the copy there and in host memory otherwise
+            (``"auto"``); ``"off"``: no snapshot, and an OOM inside ``optimizer.step()`` raises
+            instead of replaying.
         checkpointing_fallback: when micro-batch 1 OOMs, turn on activation checkpointing of
             the repeated blocks (``checkpoint_targets``: class names) and replay.
         empty_cache_every: cache hygiene: empty the allocator's cache every N steps (off by default).
@@ -118,7 +121,7 @@ class Runner(OomRecovery, Resumable, PlansFromData):
         balanced: bool = True,
         max_micro_batch: int | None = None,
         grow_after: int | None = 100,
-        step_guard: str = "cpu",
+        step_guard: str = "auto",
         checkpointing_fallback: bool = False,
         checkpoint_targets: list[str] | None = None,
         empty_cache_every: int | None = None,
@@ -157,7 +160,7 @@ class Runner(OomRecovery, Resumable, PlansFromData):
         self.max_micro_batch = max_micro_batch
         self.grow_after = grow_after
         self.grad_scaler = grad_scaler
-        self.guard = StepGuard(optimizer, step_guard, grad_scaler)
+        self.guard = StepGuard(optimizer, step_guard, grad_scaler, room=self._guard_room)
         self.checkpointing_fallback = checkpointing_fallback
         self.checkpoint_targets = checkpoint_targets
         self.hygiene = CachePolicy(empty_cache_every, empty_cache_threshold, device=self.device)

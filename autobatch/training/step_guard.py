@@ -19,7 +19,14 @@ its scale and growth tracker, and a restore puts them back and forgets what ``un
 
 Cost, by ``mode``:
 
-* ``"cpu"`` (default): buffers in host memory (pinned on CUDA), so the guard costs no device
+* ``"auto"`` (default): ``"device"`` while the device has room to spare for the copy, else
+  ``"cpu"``. ``room(nbytes)``, given by the runner, says whether the last step's measured peak
+  plus ``nbytes`` still leaves a quarter of the device free; before a step was measured, and
+  for the rest of the run after any out-of-memory error, the buffers are in host memory. So
+  a run at the probed maximum (no room) copies to the host, and a run with memory to spare
+  pays an on-device copy instead of a device-to-host one (on 2 x H200, GPT-2 small under DDP:
+  the host copy cost +2.6 % per step, see ``docs/benchmarks.md``).
+* ``"cpu"``: buffers in host memory (pinned on CUDA), so the guard costs no device
   memory, which is exactly what is short. On CUDA the runner issues the copy on a side stream when
   the step's first backward starts (parameters and optimizer state do not change until the
   optimizer step, and the queued forward hides the host's cost of issuing the copies); it
@@ -36,7 +43,7 @@ Cost, by ``mode``:
 from __future__ import annotations
 
 import copy
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -44,19 +51,29 @@ from ..memory.oom import is_oom_error
 from ..memory.simulated import host_memory
 from ..probe.shards import is_dtensor, local, spec_of
 
-__all__ = ["StepGuard", "GUARD_MODES"]
+__all__ = ["StepGuard", "GUARD_MODES", "GUARD_SPARE"]
 
-GUARD_MODES = ("cpu", "device", "off")
+GUARD_MODES = ("auto", "cpu", "device", "off")
+GUARD_SPARE = 0.25  # "auto" copies on the device only if a quarter of it stays free with the copy there
 
 
 class StepGuard:
     """Snapshot what ``optimizer.step()`` can change; put it back after a failed step."""
 
-    def __init__(self, optimizer: torch.optim.Optimizer, mode: str = "cpu", grad_scaler: Any = None) -> None:
+    def __init__(
+        self,
+        optimizer: torch.optim.Optimizer,
+        mode: str = "auto",
+        grad_scaler: Any = None,
+        room: Callable[[int], bool] | None = None,
+    ) -> None:
         if mode not in GUARD_MODES:
             raise ValueError(f"step_guard must be one of {', '.join(GUARD_MODES)}; got {mode!r}")
         self.optimizer = optimizer
         self.mode = mode
+        self.room = room
+        self.placement = "cpu" if mode == "auto" else mode  # where the buffers are: "cpu" or "device"
+        self.demoted = False
         self.grad_scaler = grad_scaler
         self._scaler_state: tuple[torch.Tensor | None, torch.Tensor | None] = (None, None)
         self._buffers: dict[tuple[int, Any], torch.Tensor] = {}
@@ -92,6 +109,8 @@ class StepGuard:
                 else:
                     keys[key] = copy.deepcopy(value)
             self._state_keys[index] = keys
+        if self.mode == "auto":
+            self._place(sources)
         live = {slot for slot, _ in sources}
         for slot in list(self._buffers):
             if slot not in live:
@@ -185,8 +204,23 @@ class StepGuard:
         fresh = buffer.to(device, copy=True)
         return spec_of(like).rebuild(fresh) if like is not None else fresh
 
+    def _place(self, sources: list[tuple[tuple[int, Any], torch.Tensor]]) -> None:
+        """``"auto"``: put the buffers on the device while ``room`` says it has room to spare."""
+        placement = "cpu"
+        if self.room is not None and not self.demoted:
+            extra = 0 if self.placement == "device" else sum(local(s).numel() * local(s).element_size() for _, s in sources)
+            placement = "device" if self.room(extra) else "cpu"
+        if placement != self.placement:
+            self._buffers.clear()  # reallocated below where they now belong
+            self.placement = placement
+
+    def demote(self) -> None:
+        """After an out-of-memory error: host buffers for the rest of the run (``"auto"``),
+        from the next capture on (a restore may still need the current ones)."""
+        self.demoted = True
+
     def _empty_like(self, source: torch.Tensor) -> torch.Tensor:
-        if self.mode == "device":
+        if self.placement == "device":
             return torch.empty_like(source, memory_format=torch.preserve_format)
         if source.device.type == "cpu":  # "cpu" mode is host memory, also on the simulated device
             with host_memory():

@@ -60,6 +60,7 @@ class StepMemory:
     def __init__(self, device: torch.device) -> None:
         self.device = device
         self.points: dict[int, int] = {}  # micro-batch -> step peak above the resident memory
+        self.last_peak: int | None = None  # the last passing step's allocated peak, in bytes
         self._resident = 0
         self._memory: DeviceMemory | None = None
 
@@ -84,7 +85,8 @@ class StepMemory:
         if self._memory is None:
             return
         self.points.pop(micro_batch, None)
-        self.points[micro_batch] = max(0, self._memory.peak() - self._resident)
+        self.last_peak = self._memory.peak()
+        self.points[micro_batch] = max(0, self.last_peak - self._resident)
         while len(self.points) > _MAX_SIZES:
             self.points.pop(next(iter(self.points)))
 
@@ -105,6 +107,17 @@ class StepMemory:
         capacity = memory.capacity()
         limit = peak_limit(memory, capacity)
         return (capacity if limit is None else limit) - memory.allocated()
+
+    def spare_after(self, extra: int) -> float | None:
+        """The share of the device's capacity the last passing step would have left free with
+        ``extra`` more bytes resident (None: no step measured yet, or no instrument)."""
+        memory = self.instrument()
+        if memory is None or self.last_peak is None:
+            return None
+        capacity = memory.capacity()
+        if not capacity:
+            return None
+        return (capacity - self.last_peak - extra) / capacity
 
     def fitting(self) -> int | None:
         """The largest micro-batch the line says fits with what is resident now (None: unknown)."""

@@ -21,7 +21,7 @@ BAD_INPUT = [
     (["train", "optimizer._target_=torch.optim.Adamm"], "torch.optim has no attribute 'Adamm'"),
     (["train", "train.steps=0"], "train.steps must be >= 1"),
     (["train", "train.inject_oom=[[1,sideways]]"], "train.inject_oom entries must be [step, phase]"),
-    (["train", "train.step_guard=gpu"], "Invalid value 'gpu', expected one of [cpu, device, off]"),
+    (["train", "train.step_guard=gpu"], "Invalid value 'gpu', expected one of [auto, cpu, device, off]"),
     (["train", "train.empty_cache_threshold=lots"], "train.empty_cache_threshold='lots' is not a byte quantity"),
     (["probe", "train.global_batch=0"], "train.global_batch must be a positive integer or null"),
     (["probe", "plan.objective=fastest"], "Invalid value 'fastest', expected one of [max_batch, throughput]"),

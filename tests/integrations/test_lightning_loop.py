@@ -143,7 +143,9 @@ _DDP_SCRIPT = textwrap.dedent(
 def test_ranks_agree_under_ddp(tmp_path):
     script = tmp_path / "ddp_fit.py"
     script.write_text(_DDP_SCRIPT.format(tests=os.path.dirname(__file__), out=str(tmp_path)))
-    env = dict(os.environ, PYTHONWARNINGS="ignore")
+    from conftest import cli_env  # here: the spawned ranks import this module, without tests/ on their path
+
+    env = cli_env(PYTHONWARNINGS="ignore")  # the checkout importable in the spawned ranks
     done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
     reports = sorted(tmp_path.glob("rank*.json"))
     assert len(reports) == 2, done.stderr[-3000:]

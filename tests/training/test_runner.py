@@ -231,12 +231,45 @@ def test_memory_after_recovery_returns_to_its_level(phase):
     levels = []
     with autobatch.simulated_memory("1GiB") as device:
         model = make_model()
-        runner = Runner(model, sgd(model), mse, global_batch=GLOBAL, micro_batch=MICRO, progress=False)
+        # the guard in host memory: "auto" moves it there after an OOM, which would lower the level
+        runner = Runner(model, sgd(model), mse, global_batch=GLOBAL, micro_batch=MICRO, progress=False, step_guard="cpu")
         inject_oom(runner, (3, phase))
         runner.fit(make_data(), epochs=EPOCHS, on_step_end=lambda info: levels.append(device.current_bytes))
     assert len(runner.result.oom_recoveries) == 1
     # levels[k] is memory after step k; step 3 failed once and was replayed.
     assert levels[3] == levels[2] == levels[4] == levels[5]
+
+
+def _guard_bytes(model, optimizer) -> int:
+    tensors = [*model.parameters(), *(v for state in optimizer.state.values() for v in state.values() if torch.is_tensor(v))]
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def test_auto_step_guard_copies_on_the_device_only_while_it_has_room_and_not_after_an_oom():
+    """``step_guard="auto"``: host memory for the first (unmeasured) step, then device memory
+    while a quarter of the device stays free with the copy there; after an OOM, host memory
+    for the rest of the run (memory is short). A tight budget keeps it in host memory."""
+    levels, placements = [], []
+    with autobatch.simulated_memory("1GiB") as device:
+        model = make_model()
+        optimizer = torch.optim.Adam(model.parameters())
+        runner = Runner(model, optimizer, mse, global_batch=GLOBAL, micro_batch=MICRO, progress=False)
+        inject_oom(runner, (3, "backward"))
+        runner.fit(make_data(), epochs=EPOCHS, on_step_end=lambda info: (levels.append(device.current_bytes),
+                                                                          placements.append(runner.guard.placement)))
+    assert runner.guard.mode == "auto"
+    # step 3 ran out of memory; its replay keeps the copy it has, the next step's goes to the host
+    assert placements[:4] == ["cpu", "device", "device", "device"] and set(placements[4:]) == {"cpu"}
+    guard = _guard_bytes(model, optimizer)
+    assert levels[1] - levels[0] == guard  # the copy moved onto the (simulated) device
+    assert levels[3] - levels[4] == guard  # and off it again after the OOM
+    # a budget the step nearly fills: the copy stays in host memory
+    tight = make_model()
+    with autobatch.simulated_memory("1GiB"):
+        probe_free = Runner(tight, sgd(tight), mse, global_batch=GLOBAL, micro_batch=MICRO, progress=False)
+        probe_free.step_memory.spare_after = lambda extra: 0.1  # the last step left 10 % free
+        probe_free.fit(make_data(), epochs=1)
+    assert probe_free.guard.placement == "cpu"
 
 
 def test_failed_attempt_is_freed_before_the_replay_starts():
