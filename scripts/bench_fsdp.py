@@ -84,6 +84,26 @@ def timed(fn, steps, device):
     return (time.perf_counter() - began) / steps
 
 
+def _count_votes() -> dict:
+    """Count autobatch's sync points (FSDP's votes among them) and the host time spent in them."""
+    from autobatch.dist import agreement
+
+    counts = {"count": 0, "seconds": 0.0}
+    inner = agreement.exchange
+
+    def timed_exchange(values, label):
+        began = time.perf_counter()
+        try:
+            return inner(values, label)
+        finally:
+            counts["count"] += 1
+            counts["seconds"] += time.perf_counter() - began
+
+    agreement.exchange = timed_exchange
+    counts["clear"] = lambda: counts.update(count=0, seconds=0.0)
+    return counts
+
+
 def main() -> None:
     args = parse()
     dist_sync.init_from_env(args.device)
@@ -121,11 +141,23 @@ def main() -> None:
             loss.item()
 
     hand(data[:2])  # warm-up
-    runner = Runner(model, optimizer, loss_fn, global_batch=micro * world, micro_batch=micro, device=device,
-                    autocast_dtype=autocast, progress=False, log_every=None, grow_after=0)
-    runner_s = timed(lambda: runner.fit(data, epochs=1), args.steps, device)
+    votes = _count_votes()
+    runners = {guard: Runner(model, optimizer, loss_fn, global_batch=micro * world, micro_batch=micro, device=device,
+                             autocast_dtype=autocast, progress=False, log_every=None, grow_after=0, step_guard=guard)
+               for guard in ("auto", "off")}
+    for each in runners.values():  # warm-up: the first steps allocate the guard's buffers
+        each.fit(data[:3], epochs=1)
+    votes["clear"]()
+    def run(guard):  # args.steps more steps (``steps`` counts over the whole run)
+        runners[guard].fit(data, steps=runners[guard].step + args.steps)
+
+    runner_s = timed(lambda: run("auto"), args.steps, device)
+    report["votes_per_step"] = {"count": votes["count"] / args.steps, "seconds": round(votes["seconds"] / args.steps, 5)}
+    unguarded_s = timed(lambda: run("off"), args.steps, device)
     hand_s = timed(lambda: hand(data), args.steps, device)
-    report["step_seconds"] = {"runner": round(runner_s, 4), "hand": round(hand_s, 4), "overhead": round(runner_s / hand_s - 1, 4)}
+    report["step_seconds"] = {"runner": round(runner_s, 4), "runner_guard_off": round(unguarded_s, 4), "hand": round(hand_s, 4),
+                              "overhead": round(runner_s / hand_s - 1, 4), "guard": runners["auto"].guard.placement}
+    runner = runners["auto"]
     if args.train_steps > runner.step:  # the answer holds: this many steps at it, no OOM
         began = time.perf_counter()
         done = runner.fit(data, steps=args.train_steps)
