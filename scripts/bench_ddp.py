@@ -175,6 +175,7 @@ def main() -> None:
                      "hand_ms": hand * 1e3, "runner_ms": ours * 1e3, "overhead_pct": (ours / hand - 1) * 100,
                      "variants_ms": {k: round(v * 1e3, 2) for k, v in medians.items()},
                      "rounds": {k: [round(v * 1e3, 2) for v in vs] for k, vs in times.items()},
+                     "guard_placement": {k: r.guard.placement for k, r in runners.items()},
                      "recoveries": sum(len(r.result.oom_recoveries) for r in runners.values())})
         del models, optimizers, runners, batch
         if cuda:
@@ -184,7 +185,7 @@ def main() -> None:
         print(f"device: {world} x {device_name}, torch {torch.__version__}")
         for row in rows:
             print(f"{row['model']:>12}  global {row['global_batch']:>5} micro {row['micro_batch']:>4}: hand {row['hand_ms']:8.1f} ms"
-                  f"  runner {row['runner_ms']:8.1f} ms  ({row['overhead_pct']:+.1f} %)  variants {row['variants_ms']}  rounds {row['rounds']}")
+                  f"  runner {row['runner_ms']:8.1f} ms  ({row['overhead_pct']:+.1f} %)  variants {row['variants_ms']}  guard {row['guard_placement']}  rounds {row['rounds']}")
         Path(args.out).write_text(json.dumps({"device": device_name, "ranks": world, "rows": rows}, indent=2))
     dist.destroy_process_group()
 
