@@ -8,4 +8,5 @@ if ! python3 -c "import hydra, omegaconf, tenacity" 2>/dev/null && ls .whl/*.whl
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
     export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
 fi
-python3 -m pytest -m gpu -v -rs tests "$@"
+# -p no:benchmark: the GPU image has pytest-benchmark, whose fixture name clashes with a test argument
+python3 -m pytest -p no:benchmark -m gpu -v -rs tests "$@"
