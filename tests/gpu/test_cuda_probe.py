@@ -56,7 +56,8 @@ def test_a_real_cuda_oom_is_detected_and_its_memory_freed():
     assert "CUDA out of memory" in str(caught)
     del caught, keep
     free_memory()
-    assert torch.cuda.memory_allocated() == before
+    # at most what was there (an earlier failed test's frames may be collected meanwhile)
+    assert torch.cuda.memory_allocated() <= before
 
 
 def test_memory_returns_to_baseline_after_oom_trials():
