@@ -131,7 +131,7 @@ def main() -> None:
         batch = make(share, device)
         runners = {kind: Runner(models[kind], optimizers[kind], loss_fn, global_batch=global_batch, micro_batch=micro,
                                 grow_after=None, progress=False, log_every=None, autocast_dtype="bfloat16" if cuda else None,
-                                step_guard=kind.rsplit("_", 1)[1] if kind.startswith("runner_guard_") else "cpu")
+                                step_guard=kind.rsplit("_", 1)[1] if kind.startswith("runner_guard_") else "auto")
                    for kind in kinds if kind != "hand"}
         times = {kind: [] for kind in kinds}
 

@@ -246,7 +246,11 @@ def exchange(values: Sequence[int], label: str) -> list[list[int]]:
     table[me] = torch.tensor([sequence, _tag(label), len(values), *values], dtype=torch.int64)
     work = dist.all_reduce(table, op=dist.ReduceOp.MAX, group=group, async_op=True)
     _wait(work, label, sequence, on_host=True)
-    rows = table.tolist()
+    return _agreed_rows(table.tolist(), me, sequence, label)
+
+
+def _agreed_rows(rows: list[list[int]], me: int, sequence: int, label: str) -> list[list[int]]:
+    """Each rank's values, once every row names the same sync point (else the error)."""
     if any(row[:3] != rows[me][:3] for row in rows):
         doing = {
             other: f"#{row[0]} {label}" if row[:3] == rows[me][:3] else f"#{row[0]} a different sync point"

@@ -7,7 +7,7 @@ between two of them, the others would wait in the next one for a rank that never
 The design (see ``docs`` "FSDP2"): every collective FSDP issues is preceded by a **vote**.
 FSDP2 calls its all-gather and reduce-scatter through replaceable ``Comm`` objects; :func:`guard`
 wraps each FSDP param group's with :class:`VotingAllGather` / :class:`VotingReduceScatter`,
-which vote (a tiny CPU collective on autobatch's sync group, :func:`~autobatch.distributed.exchange`)
+which vote (a sync point through the process group's store, :mod:`.store_exchange`)
 *after* FSDP allocated the buffers and *before* the real collective is issued. A step runs
 inside :func:`voting`, whose :class:`Ballot` gives every vote of the step the same label, so
 that any vote pairs with any other:
@@ -44,6 +44,7 @@ from ..errors import PeerFailedError, PeerOutOfMemoryError
 from ..memory.oom import is_oom_error
 from ..training.phases import PHASES
 from . import agreement as dist_sync
+from .store_exchange import exchange_via_store
 
 try:
     from torch.distributed.fsdp._fully_shard._fsdp_api import AllGather, ReduceScatter
@@ -89,7 +90,7 @@ class Ballot:
         index = PHASES.index(phase) if phase in PHASES else -1
         self.votes += 1
         with _disable_current_modes():  # a simulated budget must not count (or refuse) the vote
-            rows = dist_sync.exchange([code, index, int(payload)], f"{self.label}: FSDP vote")
+            rows = exchange_via_store([code, index, int(payload)], f"{self.label}: FSDP vote")
         errors = [r for r, row in enumerate(rows) if row[0] == _ERROR]
         ooms = [r for r, row in enumerate(rows) if row[0] == _OOM]
         if not errors and not ooms:
