@@ -258,11 +258,11 @@ def test_auto_step_guard_copies_on_the_device_only_while_it_has_room_and_not_aft
         runner.fit(make_data(), epochs=EPOCHS, on_step_end=lambda info: (levels.append(device.current_bytes),
                                                                           placements.append(runner.guard.placement)))
     assert runner.guard.mode == "auto"
-    # step 3 ran out of memory; its replay keeps the copy it has, the next step's goes to the host
-    assert placements[:4] == ["cpu", "device", "device", "device"] and set(placements[4:]) == {"cpu"}
+    # step 3 ran out of memory as its backward began, before its copy: the replay's goes to the host
+    assert placements[:3] == ["cpu", "device", "device"] and set(placements[3:]) == {"cpu"}
     guard = _guard_bytes(model, optimizer)
     assert levels[1] - levels[0] == guard  # the copy moved onto the (simulated) device
-    assert levels[3] - levels[4] == guard  # and off it again after the OOM
+    assert levels[2] - levels[3] == guard  # and off it again after the OOM
     # a budget the step nearly fills: the copy stays in host memory
     tight = make_model()
     with autobatch.simulated_memory("1GiB"):
