@@ -71,6 +71,39 @@ def ddp_probe(rank: int, world: int, out: Path) -> dict:
     return answers
 
 
+def ddp_squeeze(rank: int, world: int, out: Path) -> dict:
+    """Probe the DDP step under 3 MiB per rank and train at the answer; after step 2 rank 1
+    loses 5 % of its budget for good: both ranks replay the step at one agreed micro-batch
+    sized from rank 1's measurement (not halved), and every sample trains once."""
+    from autobatch import simulated_memory
+
+    budget = "3MiB"
+    model = make_model(width=16).to(device())
+    ddp = torch.nn.parallel.DistributedDataParallel(model)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    generator = torch.Generator().manual_seed(0)
+
+    def make_batch(size: int):
+        return (torch.randn(size, 6, generator=generator, dtype=torch.float64), torch.zeros(size, 1, dtype=torch.float64))
+
+    answer = find_max_batch(TrainStep(ddp, optimizer, hungry_mse, make_batch), strategy="binary", memory_limit=budget,
+                            steps_per_trial=2, max_batch=256, cache=False).batch_size
+    steps = 5
+    data = [_share(batch, rank, world) for batch in make_data(answer * world * steps, answer * world)]
+    squeeze: list[torch.Tensor] = []
+    with simulated_memory(budget) as memory:
+
+        def on_step_end(info):
+            if info["step"] == 2 and rank == 1:
+                squeeze.append(torch.empty(memory.limit_bytes // 20, dtype=torch.uint8))
+
+        runner = Runner(ddp, optimizer, hungry_mse, global_batch=answer * world, micro_batch=answer, grow_after=None,
+                        progress=False, log_every=None)
+        result = runner.fit(data, on_step_end=on_step_end)
+    return {"answer": answer, "recoveries": result.oom_recoveries, "samples": result.samples, "steps": result.steps,
+            "micro_batch": result.micro_batch}
+
+
 def _share(batch, rank: int, world: int):
     size = batch[0].shape[0] // world
     return tuple(t[rank * size : (rank + 1) * size] for t in batch)
@@ -212,7 +245,7 @@ def mismatched(rank: int, world: int, out: Path) -> dict:
     return {"error": None}
 
 
-SCENARIOS = {"probe": probe, "ddp_probe": ddp_probe, "faults": faults, "ddp_faults": ddp_faults, "ddp_stalled": ddp_stalled, "peer_error": peer_error, "skipped_sync": skipped_sync, "mismatched": mismatched}
+SCENARIOS = {"probe": probe, "ddp_probe": ddp_probe, "ddp_squeeze": ddp_squeeze, "faults": faults, "ddp_faults": ddp_faults, "ddp_stalled": ddp_stalled, "peer_error": peer_error, "skipped_sync": skipped_sync, "mismatched": mismatched}
 
 
 if __name__ == "__main__":

@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from ..errors import StepOutOfMemoryError
+from ..errors import PeerOutOfMemoryError, StepOutOfMemoryError
 from ..memory.oom import free_memory, is_oom_error
 from ..planning.accumulation import micro_batch_sizes
 from ..planning.checkpointing import enable_checkpointing
@@ -62,6 +62,7 @@ class OomRecovery:
         if not is_oom_error(exc):
             return False
         self._last_error = str(exc).splitlines()[0][:300] if str(exc) else type(exc).__name__
+        self._own_oom = not isinstance(exc, PeerOutOfMemoryError)  # this rank ran out, not a peer
         self._phase = getattr(exc, "phase", self._phase)  # another rank's OOM: where it struck
         return True
 
@@ -105,11 +106,22 @@ class OomRecovery:
         )
 
     def _measured_micro_batch(self, before: int) -> int | None:
-        """The next micro-batch from the step memory line and the failed attempt (None: halve)."""
-        if self.distributed:
-            return None  # ranks' figures differ; they must still pick the same size
+        """The next micro-batch from the step memory line and the failed attempt (None: halve).
+
+        Distributed, every rank proposes one and the ranks take the smallest (one sync point,
+        every rank recovers at the same place): a rank that ran out proposes its measured size,
+        or half when its figures do not explain the failure; a rank that did not run out
+        proposes its own line's size, or ``before``. None when no rank had figures."""
         largest = micro_batch_sizes(self._local_size, before, balanced=self.balanced)[0]
-        return self.step_memory.after_oom(largest, self._last_error)
+        measured = self.step_memory.after_oom(largest, self._last_error)
+        if not self.distributed:
+            return measured
+        fallback = before // 2 if getattr(self, "_own_oom", True) else before
+        proposal = measured if measured is not None else fallback
+        rows = self._parallel.exchange([proposal, int(measured is not None)], f"runner step {self.step}: next micro-batch")
+        if not any(row[1] for row in rows):
+            return None
+        return max(1, min(row[0] for row in rows))
 
     def _proposal(self) -> int:
         """The micro-batch the next step starts with (grow-back included)."""

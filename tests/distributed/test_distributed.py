@@ -33,7 +33,7 @@ def shared(tmp_path_factory, key: str, *scenarios: str, **env: str) -> tuple[dic
 
 
 #: the scenarios that run in one launch without special settings
-PLAIN = ("probe", "faults", "peer_error", "mismatched")
+PLAIN = ("probe", "faults", "peer_error", "mismatched", "ddp_squeeze")
 #: through DDP's reducer, with a 60 s deadline
 DDP = ("ddp_faults", "ddp_probe")
 
@@ -167,3 +167,15 @@ def test_cli_probe_under_torchrun_agrees_and_rank_zero_writes(tmp_path):
     result = json.loads((run_dir / "result.json").read_text())
     assert any("agreed over 2 ranks" in note for note in result["notes"])
     assert done.stdout.count("result.json") == 1  # only rank 0 reports
+
+
+def test_a_squeeze_on_one_rank_costs_both_a_measured_step_down_not_half(tmp_path_factory):
+    """Rank 1 loses 5 % of its budget mid-run under DDP: both ranks replay the step at the one
+    micro-batch rank 1's measurement allows (at least 0.8 of the old, not half), no sample lost."""
+    reports = shared(tmp_path_factory, "plain", *PLAIN)[0]["ddp_squeeze"]
+    assert reports[0]["recoveries"] == [dict(reports[1]["recoveries"][0], error=reports[0]["recoveries"][0]["error"])]
+    recovery = reports[0]["recoveries"][0]
+    assert recovery["action"] == "measured" and recovery["micro_batch"] >= 0.8 * reports[0]["answer"], recovery
+    for report in reports:
+        assert report["steps"] == 5 and report["samples"] == report["answer"] * 2 * 5
+        assert report["micro_batch"] == recovery["micro_batch"]
