@@ -50,6 +50,9 @@ def test_fsdp_probe_agrees_on_the_smaller_budget_and_restores_the_shards(tmp_pat
         mixed, small = report["6MiB,3MiB"], report["3MiB,3MiB"]
         assert mixed["batch_size"] == small["batch_size"] > 1  # the smaller rank's answer
         assert mixed["restored"] and small["restored"]  # local shards and optimizer state bit-exact
+        # the estimate refuses in one line that says why and what to do instead
+        assert mixed["estimate"].startswith("EstimateError: the model has DTensor parameters (FSDP2 fully_shard")
+        assert "probe with real trials" in mixed["estimate"]
     assert reports[0] == reports[1]
 
 
