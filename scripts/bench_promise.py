@@ -4,6 +4,7 @@ the probing process and in a fresh one, probe time vs Accelerate's find_executab
 For each workload (ViT-B/16, ResNet-50 with cudnn.benchmark=True, ResNet-50 without, GPT-2-like,
 a Llama-style decoder; tiny stand-ins with ``--quick``), side by side in one process:
 
+0. a warm-up: two untimed steps of a throwaway copy, so no timed probe pays the process's warm-up;
 1. ``TrainStep`` form: ``find_max_batch(TrainStep(...))`` timed, then ``Runner`` trains ``--steps``
    steps at the answer in the same process under the same cap (any OOM recovery = broken promise);
 2. plain-callable form (what Accelerate users bring): ``find_max_batch(step_fn)`` timed, then a
@@ -288,11 +289,23 @@ def workload(args, name: str) -> dict:
         return _workload(args, name, None)
 
 
+def warm_up(name: str, device: str, quick: bool) -> None:
+    """Two steps at batch 2 on a throwaway copy, untimed: kernels loaded, cuBLAS and cuDNN handles
+    made, so that the first timed probe does not pay the process's warm-up the others skip."""
+    model, optimizer, loss_fn, make, dtype, _ = build(name, device, quick)
+    step = plain_step(model, optimizer, loss_fn, make, dtype, device)
+    for _ in range(2):
+        step(2)
+    del model, optimizer, step
+    free_memory()
+
+
 def _workload(args, name: str, cap: int | None) -> dict:
     device, limit = args.device, autobatch.parse_bytes(args.memory_limit)
     user_setting = name.endswith("_tuned")
     torch.backends.cudnn.benchmark = user_setting
     row: dict = {"workload": name, "cudnn_benchmark": user_setting}
+    warm_up(name, device, args.quick)
     model, optimizer, loss_fn, make, dtype, _ = build(name, device, args.quick)
     ts = autobatch.TrainStep(model, optimizer, loss_fn, make, autocast_dtype=dtype)
     began = time.perf_counter()

@@ -56,8 +56,9 @@ class DDPProbeStep(TrainStep):
             batch = self.make_batch(batch_size)
             with self.autocast():
                 loss = self.loss_fn(model, batch)
+            batch = None  # backward needs what autograd saved, not the inputs (as in training)
             (self.grad_scaler.scale(loss) if self.grad_scaler is not None else loss).backward()
-            del batch, loss
+            del loss
         except Exception as exc:  # noqa: BLE001 - completed, voted on, re-raised
             failure = keep(exc)
         if failure is not None:

@@ -144,9 +144,10 @@ class VotedTrainStep(TrainStep):
                 batch = self.make_batch(batch_size)
                 with self.autocast():
                     loss = self.loss_fn(self.model, batch)
+                batch = None  # backward needs what autograd saved, not the inputs (as in training)
                 where[0] = "backward"
                 (self.grad_scaler.scale(loss) if self.grad_scaler is not None else loss).backward()
-                del loss, batch
+                del loss
                 where[0] = "optimizer"
                 self.optimizer_step()
                 self.optimizer.zero_grad(set_to_none=True)

@@ -63,7 +63,7 @@ def agree_trial(record: TrialRecord) -> TrialRecord:
     rank's."""
     rows = dist_sync.exchange(
         [int(record.passed), _int(record.peak_bytes), _int(record.reserved_bytes),
-         _int(record.step_peak_bytes), _int(record.resident_bytes)],
+         _int(record.step_peak_bytes), _int(record.resident_bytes), _int(record.over_bytes)],
         f"probe trial ({record.purpose}) at batch {record.batch_size}",
     )
     failed = [other for other, row in enumerate(rows) if not row[0]]
@@ -75,6 +75,7 @@ def agree_trial(record: TrialRecord) -> TrialRecord:
     # a figure some rank lacks is lacking for all, so every rank fits the same line
     record.step_peak_bytes = None if min(row[3] for row in rows) < 0 else max(row[3] for row in rows)
     record.resident_bytes = None if min(row[4] for row in rows) < 0 else max(row[4] for row in rows)
+    record.over_bytes = _none(max(row[5] for row in rows))  # the rank furthest over its wall
     return record
 
 

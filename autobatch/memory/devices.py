@@ -125,6 +125,14 @@ class AcceleratorMemory:
     def synchronize(self) -> None:
         torch.accelerator.synchronize(self.device)
 
+    def inactive_split(self) -> int | None:
+        """Bytes now in free pieces of segments that still hold a tensor, which the caching
+        allocator cannot return to the driver; None off CUDA, whose allocator does not say.
+        (Their peak is no guide: it comes at another moment than the allocated peak.)"""
+        if self.device.type != "cuda":
+            return None
+        return int(torch.cuda.memory_stats(self.device).get("inactive_split_bytes.all.current", 0))
+
     @contextmanager
     def capped(self, limit_bytes: int) -> Iterator[None]:
         """Cap this process at ``limit_bytes`` ("what fits on a 16 GiB card?"), then restore

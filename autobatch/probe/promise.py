@@ -6,8 +6,11 @@ An answer is a promise that training runs at it, in the process that probed and 
 * the answer passed a full trial (on an accelerator: after the last OOM trial, from an emptied
   cache, with cuDNN autotuning as the user set it, and for more steps while the allocator's
   reserved peak still grew: :meth:`~autobatch.probe.trial.TrialRunner.run` ``settle``);
-* its allocated peak left the allocator's headroom free, and what the allocator did on top of
-  it (reserved − allocated at the peak, inactive split blocks) is measured and shown;
+* its allocated peak left the allocator's headroom free, and its steady steps cleared the
+  allocator's wall: the allocated peak plus the most bytes in split blocks the allocator could
+  not return stayed under the capacity (:class:`~autobatch.probe.trial._Wall`); what the
+  allocator did on top of it (reserved − allocated at the peak, inactive split blocks) is
+  measured and shown;
 * after the probe the cache is emptied (:func:`release_after_probe`), so training in the same
   process starts from the state a new process starts in, not from blocks split by OOM trials;
 * whether ``expandable_segments`` was on (it changes the answer; the answer holds for the
@@ -71,7 +74,8 @@ def promise_note(runner: TrialRunner, result: ProbeResult, memory: DeviceMemory)
         parts.append(
             f"{format_bytes(promise['reserved_peak_bytes'])} reserved, {format_bytes(promise['fragmentation_bytes'])} "
             f"reserved-but-unused at the peak, {format_bytes(promise['inactive_split_bytes'])} in inactive split blocks; "
-            f"passing trials left {100 * arguments.ALLOCATOR_HEADROOM:g} % of capacity free; expandable_segments "
+            f"passing trials left {100 * arguments.ALLOCATOR_HEADROOM:g} % of capacity free, and room for the split "
+            f"blocks their steady steps left; expandable_segments "
             f"{'on' if promise['expandable_segments'] else 'off'}"
         )
     return "; ".join(parts)

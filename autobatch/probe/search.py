@@ -153,10 +153,25 @@ def _confirm(runner: TrialRunner, found: int, multiple_of: int, *, after_last_oo
         return found
     units = found
     while units >= 1:
-        if runner.run(units * multiple_of, "confirm", settle=runner.settle_final).passed:
+        record = runner.run(units * multiple_of, "confirm", settle=runner.settle_final)
+        if record.passed:
             return units
-        units -= max(1, units // 100)  # the edge moved: a percent at a time
+        units -= _step_down(record, units)
     return None
+
+
+def _step_down(record, units: int) -> int:
+    """How many units below a failed confirmation to try next: enough to save the bytes a
+    trial that ran but came too close to the capacity measured it was over (at its own step's
+    cost per unit), else a percent (the edge moved: an OOM says nothing about by how much)."""
+    percent = max(1, units // 100)
+    over, peak, resident = record.over_bytes, record.step_peak_bytes, record.resident_bytes
+    if not over or peak is None or resident is None or peak <= resident:
+        return percent
+    # the step's bytes per unit, intercept included, so this may fall a unit short: the next
+    # confirmation then measures again
+    per_unit = (peak - resident) / units
+    return max(1, min(units - 1, math.ceil(over / per_unit))) if units > 1 else 1
 
 
 def _apply_margin(passes, found_units: int, margin: float, multiple_of: int) -> int | None:

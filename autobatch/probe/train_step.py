@@ -65,6 +65,7 @@ class TrainStep:
         batch = self.make_batch(batch_size)
         with self.autocast():
             loss = self.loss_fn(self.model, batch)
+        del batch  # backward needs what autograd saved, not the inputs: as the runner's step
         (self.grad_scaler.scale(loss) if self.grad_scaler is not None else loss).backward()
         self.optimizer_step()
         self.optimizer.zero_grad(set_to_none=True)

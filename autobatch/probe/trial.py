@@ -63,6 +63,9 @@ class TrialRecord:
     of split blocks the allocator could not hand out whole at the end of the trial. A
     ``settle`` trial (the answer's confirmation) may run more than its ``steps`` while these
     still grow. ``autotuned``: cuDNN autotuning was on (None: the user had it off, or not CUDA).
+    ``over_bytes``: for a trial that ran its steps but came too close to the capacity (above the
+    allocator's headroom, or at its wall: :class:`_Wall`), how many bytes its steady step would
+    have to save (what a smaller size has to save).
     """
 
     batch_size: int
@@ -78,6 +81,7 @@ class TrialRecord:
     fragmentation_bytes: int | None = None
     inactive_split_bytes: int | None = None
     autotuned: bool | None = None
+    over_bytes: int | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -167,13 +171,21 @@ class TrialRunner:
         seconds = time.perf_counter() - self._started
         peak, reserved = self._peak, self._reserved
         ran_out = error is not None
+        over_bytes = None
         if not ran_out and self.peak_limit is not None and peak > self.peak_limit:
+            over_bytes = peak - self.peak_limit
             error = (
                 f"too close to the capacity: allocated peak {format_bytes(peak)} is above "
                 f"{format_bytes(self.peak_limit)}, the capacity less the caching allocator's headroom"
             )
-        step_peak = self._step_peak if error is None else None
-        resident = self._resident if error is None else None
+        if not ran_out and error is None and self._at_wall is not None and self._at_wall.excess:
+            error = (
+                f"at the allocator's wall: {self._at_wall.why}; such a size trains only while the free "
+                "pieces happen to sit where the next request fits"
+            )
+            over_bytes = self._at_wall.excess
+        step_peak = self._step_peak if error is None or over_bytes else None
+        resident = self._resident if error is None or over_bytes else None
         if ran_out:
             if self.after_oom is not None:
                 self.after_oom()
@@ -181,7 +193,7 @@ class TrialRunner:
                 free_memory()  # something survived the failed step: collect cycles, return blocks
         record = TrialRecord(
             batch_size, error is None, peak, seconds, purpose, error, reserved, steps, step_peak, resident,
-            self._fragmentation if error is None else None, self._inactive_split, tuned if self.autotune and self.autotune.wanted else None,
+            self._fragmentation if error is None else None, self._inactive_split, tuned if self.autotune and self.autotune.wanted else None, over_bytes,
         )
         if self.agree is not None:
             record = self.agree(record)
@@ -224,6 +236,7 @@ class TrialRunner:
         self._peak = self._reserved = 0
         self._step_peak = self._resident = self._fragmentation = self._inactive_split = None
         self._steps_run = 0
+        self._at_wall = None
         self._started = time.perf_counter()
         step_reserved: list[int] = []
         try:
@@ -240,7 +253,9 @@ class TrialRunner:
                     self._fold_peaks()
                 step_reserved.append(self.memory.peak_reserved())
             self.memory.synchronize()
-            self._inactive_split = _inactive_split(self.memory)
+            self._inactive_split = _split_stat(self.memory)
+            if self.peak_limit is not None and self._inactive_split is not None and self._steps_run > 1:
+                self._at_wall = _Wall(self.memory.capacity(), self._step_peak, self._inactive_split)
         except BaseException as exc:  # noqa: BLE001 - re-raised below unless it is an OOM
             if not is_oom_error(exc):
                 raise
@@ -280,16 +295,39 @@ class TrialRunner:
         return sorted(b for b, ok in self.outcomes.items() if not ok)
 
 
+class _Wall:
+    """Does the step leave room for the free pieces the allocator cannot return? (CUDA)
+
+    The caching allocator serves a request from a cached free block or, failing that, returns
+    its cached free segments to the driver and asks again. What it cannot return are the free
+    pieces of segments that still hold a live tensor (inactive split blocks): a request fails
+    once the allocated bytes, those pieces and the request pass the capacity. So the headroom
+    a size needs above its allocated peak is what its steady steps leave in split pieces,
+    measured at the end of the trial, not a fixed percentage. Measured on an H200 (8 GiB cap,
+    ResNet-50 with cuDNN autotuning; issue 16): steady steps left 0.08-0.18 GiB in split
+    pieces at every size from 165 to 180; a step allocating 7.84 GiB (above 8 GiB less 0.18)
+    passed 3-step trials and ran out of memory after 5-15 training steps, while 7.74 GiB
+    trained 200. Checked once the trial ran more than one step (the first autotunes and
+    creates the optimizer's state).
+    """
+
+    WALL_BYTES = 2 * 2**20  # the allocator's smallest large block: room for nothing less
+
+    def __init__(self, capacity: int, step_peak: int, split: int) -> None:
+        self.excess = max(0, step_peak + split + self.WALL_BYTES - capacity)
+        self.why = (
+            f"allocated peak {format_bytes(step_peak)} plus {format_bytes(split)} left in split blocks the "
+            f"allocator cannot return leaves less than {format_bytes(self.WALL_BYTES)} of the "
+            f"{format_bytes(capacity)} capacity"
+        ) if self.excess else None
+
+
+def _split_stat(memory: DeviceMemory) -> int | None:
+    """``memory.inactive_split()`` where the device reports it (CUDA), else None."""
+    inactive_split = getattr(memory, "inactive_split", None)
+    return None if inactive_split is None else inactive_split()
+
+
 def _growing(step_reserved: list[int]) -> bool:
     """Whether the last step reserved more than the one before (the allocator not settled)."""
     return len(step_reserved) >= 2 and step_reserved[-1] > step_reserved[-2]
-
-
-def _inactive_split(memory: DeviceMemory) -> int | None:
-    """Bytes in split blocks the allocator cannot hand out whole (CUDA), else None."""
-    device = getattr(memory, "device", None)
-    if device is None or getattr(device, "type", None) != "cuda":
-        return None
-    import torch
-
-    return int(torch.cuda.memory_stats(device).get("inactive_split_bytes.all.current", 0))

@@ -61,7 +61,7 @@ class OomRecovery:
     def _is_retryable(self, exc: BaseException) -> bool:
         if not is_oom_error(exc):
             return False
-        self._last_error = str(exc).splitlines()[0][:300] if str(exc) else type(exc).__name__
+        self._last_error = str(exc).splitlines()[0][:600] if str(exc) else type(exc).__name__
         self._own_oom = not isinstance(exc, PeerOutOfMemoryError)  # this rank ran out, not a peer
         self._phase = getattr(exc, "phase", self._phase)  # another rank's OOM: where it struck
         return True

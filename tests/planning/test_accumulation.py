@@ -143,3 +143,33 @@ def test_lazy_micro_batches_and_accumulated_step_matches_full_step():
     assert all(p.grad is None for p in model.parameters())
     with pytest.raises(ValueError, match="no micro-batches"):
         accumulate_micro_batches(model, tuple_loss, [], global_batch=1)
+
+
+@pytest.mark.parametrize("form", ["accumulate", "runner_step", "trial"])
+def test_a_micro_batchs_inputs_are_freed_before_its_backward(form):
+    """Backward needs what autograd saved, not the inputs: every step form lets them go after
+    forward, as a hand loop that writes ``loss_fn(model, make())`` does (an fp32 image batch
+    under autocast is otherwise held beside its saved bf16 copy through the peak)."""
+    import weakref
+
+    from autobatch.planning.accumulation import LazyMicroBatches
+
+    model = nn.Linear(4, 1)
+    alive_in_backward: list[bool] = []
+
+    def loss_fn(m, batch):
+        ref = weakref.ref(batch)
+        out = m(batch.double().float())  # the cast copy is what autograd saves
+        out.register_hook(lambda grad: alive_in_backward.append(ref() is not None))
+        return out.square().mean()
+
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    moved = lambda piece: piece.clone()  # noqa: E731 - the runner's transfer: a copy per micro-batch
+    pieces = list(torch.randn(6, 4).split(2))
+    if form == "accumulate":
+        accumulate_micro_batches(model, loss_fn, LazyMicroBatches(pieces, moved), global_batch=6)
+    elif form == "runner_step":  # what Runner calls for each global batch
+        accumulated_step(TrainStep(model, optimizer, loss_fn, None), LazyMicroBatches(pieces, moved), global_batch=6, lazy=True)
+    else:
+        TrainStep(model, optimizer, loss_fn, lambda b: torch.randn(b, 4))(3)
+    assert alive_in_backward and not any(alive_in_backward)

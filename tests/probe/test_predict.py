@@ -3,6 +3,7 @@
 import math
 
 import pytest
+import torch
 
 from autobatch import find_max_batch, simulated_memory
 from autobatch.probe.predict import LinearFit
@@ -270,7 +271,9 @@ def test_a_trial_whose_peak_passes_the_limit_fails_and_says_why():
         assert runner(100) and not runner(101)
     failed = runner.records[-1]
     assert failed.peak_bytes == CURVES["linear"](101)  # it ran: too close, not out of memory
-    assert failed.error.startswith("too close to the capacity") and failed.step_peak_bytes is None
+    assert failed.error.startswith("too close to the capacity")
+    # its step figures stay, so a confirmation can step down by the bytes over
+    assert failed.over_bytes == CURVES["linear"](101) - CURVES["linear"](100) and failed.step_peak_bytes is not None
 
 
 def test_the_peak_limit_is_the_capacity_less_the_headroom_on_accelerators_only():
@@ -283,6 +286,61 @@ def test_the_peak_limit_is_the_capacity_less_the_headroom_on_accelerators_only()
     accelerator = object()  # any memory that is not the simulated device
     assert _peak_limit(accelerator, 1000 * MiB) == int(1000 * MiB * (1 - ALLOCATOR_HEADROOM))
     assert _peak_limit(accelerator, None) is None
+
+
+def test_a_full_trial_whose_steady_steps_leave_no_room_for_split_blocks_fails_at_the_wall():
+    """The headroom above the allocated peak is what the steady steps left in split blocks the
+    allocator cannot return (measured), and a failed confirmation steps down by the bytes over."""
+    from autobatch.memory.devices import SimulatedDeviceMemory
+    from autobatch.probe.search import _step_down
+    from autobatch.probe.trial import TrialRunner
+
+    class Allocator(SimulatedDeviceMemory):
+        """A simulated device whose split-block figure is set by the step, as CUDA reports it."""
+
+        split = 0
+
+        def inactive_split(self) -> int:
+            return self.split
+
+    capacity = 64 * MiB
+    with simulated_memory(capacity) as device:
+        memory = Allocator(device)
+
+        def step(batch_size: int) -> None:
+            held = torch.empty(batch_size * 8 * MiB, dtype=torch.uint8)  # 4 -> 32 MiB, far under 0.99 x 64
+            memory.split = 40 * MiB if batch_size >= 3 else 0  # 3 x 8 + 40 + 2 = 66 > 64
+            del held
+
+        runner = TrialRunner(step, memory, steps=3, peak_limit=int(capacity * 0.99))
+        assert runner(2)
+        assert runner.run(3, steps=1).passed  # one step says nothing of the steady state
+        assert not runner(4)
+    failed = runner.records[-1]
+    assert failed.error.startswith("at the allocator's wall: allocated peak 32.00 MiB plus 40.00 MiB left in split blocks")
+    assert failed.over_bytes == 32 * MiB + 40 * MiB + 2 * MiB - capacity  # 10 MiB over
+    assert runner.records[0].inactive_split_bytes == 0
+    # the confirmation steps down by the bytes over, not a percent: 32 MiB / 4 = 8 per unit
+    assert _step_down(failed, 4) == 2  # ceil(10 / 8)
+
+
+def test_a_trial_above_the_headroom_says_by_how_much():
+    from autobatch.probe.search import _step_down
+    from autobatch.probe.trial import TrialRunner
+
+    capacity = 64 * MiB
+    with simulated_memory(capacity) as device:
+        from autobatch.memory.devices import SimulatedDeviceMemory
+
+        def step(batch_size: int) -> None:
+            held = torch.empty(batch_size * 4 * MiB, dtype=torch.uint8)
+            del held
+
+        runner = TrialRunner(step, SimulatedDeviceMemory(device), steps=2, peak_limit=30 * MiB)
+        assert runner(10) is False  # 40 MiB allocated: 10 above the limit
+    failed = runner.records[-1]
+    assert failed.error.startswith("too close to the capacity") and failed.over_bytes == 10 * MiB
+    assert _step_down(failed, 10) == 3  # ceil(10 MiB / 4 MiB per sample), not a percent
 
 
 @pytest.mark.parametrize("curve", ["linear", "rounded-blocks", "sqrt-then-linear"])

@@ -154,6 +154,39 @@ def test_step_memory_parts():
     assert fresh.squeezed_from is None and fresh.quick_wait == 1
 
 
+class _Allocator:
+    """A fixed memory instrument: what a CUDA allocator reports after a fragmentation OOM."""
+
+    def __init__(self, capacity, allocated, peak, peak_reserved):
+        self._figures = capacity, allocated, peak, peak_reserved
+
+    def capacity(self):
+        return self._figures[0]
+
+    def allocated(self):
+        return self._figures[1]
+
+    def peak(self):
+        return self._figures[2]
+
+    def peak_reserved(self):
+        return self._figures[3]
+
+
+def test_a_fragmentation_oom_is_sized_from_the_reserved_figures_not_halved():
+    """Measured on an H200: 7.86 of 8 GiB allocated, 122 MiB reserved but free, 36 MiB not found.
+    The allocated figures fit (nothing to size from: halve); the reserved ones do not."""
+    gib, mib = 1024**3, 1024**2
+    error = "CUDA out of memory. Tried to allocate 36.00 MiB. GPU 0 has a total capacity of 139.80 GiB"
+    line = StepMemory(torch.device("cpu"))
+    line._resident = 300 * mib
+    line._memory = _Allocator(8 * gib, 300 * mib, int(7.86 * gib), 8 * gib)
+    sized = line.after_oom(180, error)
+    assert sized is not None and 160 <= sized < 180  # a few percent down, not 90
+    line._memory = _Allocator(8 * gib, 300 * mib, int(7.86 * gib), int(7.86 * gib) + 50 * mib)
+    assert line.after_oom(180, error) is None  # reserved left room too: unexplained, the caller halves
+
+
 def test_lazy_micro_batches_are_built_one_at_a_time():
     built, alive = [], []
 
