@@ -13,7 +13,7 @@ a Llama-style decoder; tiny stand-ins with ``--quick``), side by side in one pro
 4. Accelerate's ``find_executable_batch_size`` from the power of two above the exact maximum
    (3 steps per attempt), timed (skipped when accelerate is not installed);
 5. a fresh process per form trains ``--steps`` steps at that form's answer (``--child``);
-6. with ``--cli`` (GPT and ResNet-50 workloads): ``python -m autobatch probe`` then ``train`` in
+6. with ``--cli`` (GPT, ResNet-50 and ViT workloads): ``python -m autobatch probe`` then ``train`` in
    a new process (a cache hit), reading train_result.json's recoveries.
 
 Run on the GPU (the lead, one H200; full mode < 9 min at the default 8 GiB cap):
@@ -256,14 +256,20 @@ def _child(args, device: str, limit: int) -> None:
 
 
 def cli(args, name: str) -> dict:
-    model = {"gpt2": "gpt", "resnet50": "resnet50", "resnet50_tuned": "resnet50"}.get(name)
-    if model is None or (model == "resnet50" and args.quick):
+    # the vision workloads as the CLI spells them: the same model, optimizer and precision as the
+    # library forms, so the exact maximum is shared (GPT: the CLI's own decoder, not GPT-2)
+    vision = ["data=imagenet", "data.num_classes=10", "precision=bf16"] if args.device == "cuda" else ["data=imagenet", "data.num_classes=10"]
+    spelled = {
+        "gpt2": ["model=gpt"],
+        "resnet50": ["model=resnet50", *vision],
+        "resnet50_tuned": ["model=resnet50", *vision, "device.cudnn_benchmark=true"],
+        "vit_b16": ["model=resnet50", "model._target_=torchvision.models.vit_b_16", *vision],
+    }.get(name)
+    if spelled is None or (name != "gpt2" and args.quick):
         return {"skipped": "the CLI has no such built-in model"}
     with tempfile.TemporaryDirectory() as tmp:
-        common = [f"model={model}", f"device.type={args.device}", f"probe.memory_limit={args.memory_limit}",
+        common = [*spelled, f"device.type={args.device}", f"probe.memory_limit={args.memory_limit}",
                   f"probe.cache_dir={tmp}/cache", f"hydra.run.dir={tmp}/run"]
-        if model == "resnet50":
-            common.append("data=imagenet")
         out = {}
         for command, extra in (("probe", []), ("train", [f"train.steps={args.steps}"])):
             began = time.perf_counter()
@@ -289,6 +295,11 @@ def workload(args, name: str) -> dict:
         return _workload(args, name, None)
 
 
+def _trial_log(result) -> list:
+    """Each trial: size, passed, steps, purpose, seconds (where the probe's time went)."""
+    return [(t.batch_size, t.passed, t.steps, t.purpose, round(t.seconds, 3)) for t in result.trials]
+
+
 def warm_up(name: str, device: str, quick: bool) -> None:
     """Two steps at batch 2 on a throwaway copy, untimed: kernels loaded, cuBLAS and cuDNN handles
     made, so that the first timed probe does not pay the process's warm-up the others skip."""
@@ -311,7 +322,7 @@ def _workload(args, name: str, cap: int | None) -> dict:
     began = time.perf_counter()
     result = autobatch.find_max_batch(ts, memory_limit=cap, cache=False)
     row["trainstep"] = {"batch": result.batch_size, "probe_s": round(time.perf_counter() - began, 3),
-                        "trials": result.num_trials, "promise": result.promise,
+                        "trials": result.num_trials, "promise": result.promise, "trial_log": _trial_log(result),
                         "benchmark_restored": torch.backends.cudnn.benchmark is user_setting}
     row["trainstep"]["same_process"] = train_runner(model, optimizer, loss_fn, make, dtype, result.batch_size,
                                                     args.steps, device, limit)
@@ -322,7 +333,7 @@ def _workload(args, name: str, cap: int | None) -> dict:
     began = time.perf_counter()
     result = autobatch.find_max_batch(step, memory_limit=cap, device=device, cache=False)
     row["plain"] = {"batch": result.batch_size, "probe_s": round(time.perf_counter() - began, 3),
-                    "trials": result.num_trials, "promise": result.promise}
+                    "trials": result.num_trials, "promise": result.promise, "trial_log": _trial_log(result)}
     row["plain"]["same_process"] = train_plain(step, result.batch_size, args.steps, device, limit)
     exact = exact_max(step, min(row["plain"]["batch"], row["trainstep"]["batch"]), device, limit)
     row["exact_max"] = exact

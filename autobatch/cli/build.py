@@ -240,6 +240,7 @@ def build_workload(cfg: DictConfig) -> Workload:
     """Validate ``cfg``, then build the model (on the device), optimizer and batch makers."""
     validate(cfg)
     device = select_device(cfg)
+    torch.backends.cudnn.benchmark = bool(cfg.device.get("cudnn_benchmark", False))
     torch.manual_seed(cfg.seed)
     model_args = OmegaConf.to_container(cfg.model, resolve=True, enum_to_str=True)
     assert isinstance(model_args, dict)

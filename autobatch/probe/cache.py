@@ -194,6 +194,7 @@ def key_components(
         "name": device,
         "capacity_steps": None if capacity is None else capacity // CAPACITY_STEP,
         "memory_limit": memory_limit,
+        "cudnn_benchmark": bool(torch.backends.cudnn.benchmark),  # autotuned workspaces change the answer
     }
     components["versions"] = {"torch": torch.__version__, "autobatch": __version__}
     components["probe"] = dict(probe)

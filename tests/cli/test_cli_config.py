@@ -155,3 +155,13 @@ def test_resnet50_from_torchvision(conf):
     pytest.importorskip("torchvision")
     cfg = conf("probe", "model=resnet50", "data.shape=[3,32,32]")
     assert build_workload(cfg).model(torch.randn(1, 3, 32, 32)).shape == (1, 10)
+
+
+@pytest.mark.parametrize("app", ["probe", "train"])
+def test_device_cudnn_benchmark_sets_autotuning_for_the_run(conf, app, monkeypatch):
+    """Probe and train both honour ``device.cudnn_benchmark`` (default off, torch's default)."""
+    monkeypatch.setattr(torch.backends.cudnn, "benchmark", True)
+    build_workload(conf(app, "model=mlp", "device=cpu"))
+    assert torch.backends.cudnn.benchmark is False
+    build_workload(conf(app, "model=mlp", "device=cpu", "device.cudnn_benchmark=true"))
+    assert torch.backends.cudnn.benchmark is True

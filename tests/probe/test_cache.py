@@ -243,3 +243,12 @@ def test_the_key_is_the_same_in_another_process():
         for _ in range(2)
     }
     assert len(keys) == 1 and len(keys.pop()) == 64
+
+
+def test_cudnn_autotuning_is_in_the_key(monkeypatch):
+    """Autotuned convolutions pick other workspaces: an answer found without autotuning is not
+    served to a run with it (the CLI's ``device.cudnn_benchmark``), nor the other way round."""
+    baseline = _key(*_variant("baseline"))
+    monkeypatch.setattr(torch.backends.cudnn, "benchmark", not torch.backends.cudnn.benchmark)
+    assert _key(*_variant("baseline")) != baseline
+
