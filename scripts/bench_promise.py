@@ -15,6 +15,9 @@ a Llama-style decoder; tiny stand-ins with ``--quick``), side by side in one pro
 5. a fresh process per form trains ``--steps`` steps at that form's answer (``--child``);
 6. with ``--cli`` (GPT, ResNet-50 and ViT workloads): ``python -m autobatch probe`` then ``train`` in
    a new process (a cache hit), reading train_result.json's recoveries.
+7. ``--timing-only``: just the exact maximum and the three probes' wall times (TrainStep, plain,
+   Accelerate), each in its own fresh process after the same warm-up, ``--rounds`` rounds with
+   the order rotated: the speed comparison, free of the order bias of a shared process.
 
 Run on the GPU (the lead, one H200; full mode < 9 min at the default 8 GiB cap):
     python scripts/bench_promise.py --out promise.json
@@ -28,6 +31,7 @@ import gc
 import json
 import math
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -247,12 +251,43 @@ def child(args) -> None:
 
 
 def _child(args, device: str, limit: int) -> None:
+    if args.form.startswith("time_"):
+        return print(json.dumps(timed_probe(args, args.form[5:], device, limit), default=str))
     model, optimizer, loss_fn, make, dtype, _ = build(args.child, device, args.quick)
     if args.form == "plain":
         out = train_plain(plain_step(model, optimizer, loss_fn, make, dtype, device), args.batch, args.steps, device, limit)
     else:
         out = train_runner(model, optimizer, loss_fn, make, dtype, args.batch, args.steps, device, limit)
     print(json.dumps(out, default=str))
+
+
+def timed_probe(args, form: str, device: str, limit: int) -> dict:
+    """One probe, timed, in this (fresh) process after the same untimed warm-up for every form:
+    each pays its own first-shape costs (lazily loaded kernels, cuBLAS/cuDNN choices), which a
+    probe run second in a shared process would skip."""
+    cap = None if device == "cpu" else limit
+    warm_up(args.child, device, args.quick)
+    model, optimizer, loss_fn, make, dtype, _ = build(args.child, device, args.quick)
+    if form == "accelerate":
+        out = accelerate_probe(plain_step(model, optimizer, loss_fn, make, dtype, device), args.batch, device, limit)
+        return {"batch": out.get("batch_size"), "seconds": round(out.get("seconds", float("nan")), 3)}
+    fn = (autobatch.TrainStep(model, optimizer, loss_fn, make, autocast_dtype=dtype) if form == "trainstep"
+          else plain_step(model, optimizer, loss_fn, make, dtype, device))
+    began = time.perf_counter()
+    result = autobatch.find_max_batch(fn, memory_limit=cap, device=device, cache=False)
+    return {"batch": result.batch_size, "seconds": round(time.perf_counter() - began, 3), "trials": _trial_log(result)}
+
+
+def timing(args, name: str, exact: int) -> dict:
+    """``--rounds`` rounds of the three probes, each in a fresh process, the order rotated per round."""
+    forms = ["trainstep", "plain", "accelerate"]
+    runs: dict = {form: [] for form in forms}
+    for round_ in range(args.rounds):
+        for form in forms[round_ % 3:] + forms[:round_ % 3]:
+            start = 2 ** math.ceil(math.log2(exact * 1.05))
+            runs[form].append(fresh_process(args, name, f"time_{form}", start))
+    return {form: {"median_s": statistics.median(r["seconds"] for r in rows if "seconds" in r) if rows else None,
+                   "batches": [r.get("batch") for r in rows], "runs": rows} for form, rows in runs.items()}
 
 
 def cli(args, name: str) -> dict:
@@ -317,6 +352,15 @@ def _workload(args, name: str, cap: int | None) -> dict:
     torch.backends.cudnn.benchmark = user_setting
     row: dict = {"workload": name, "cudnn_benchmark": user_setting}
     warm_up(name, device, args.quick)
+    if args.timing_only:  # the exact maximum from a plain probe's answer, then the fresh-process timings
+        model, optimizer, loss_fn, make, dtype, _ = build(name, device, args.quick)
+        step = plain_step(model, optimizer, loss_fn, make, dtype, device)
+        answer = autobatch.find_max_batch(step, memory_limit=cap, device=device, cache=False).batch_size
+        row["exact_max"] = exact_max(step, answer, device, limit)
+        del model, optimizer, step
+        free_memory()
+        row["timing"] = timing(args, name, row["exact_max"])
+        return row
     model, optimizer, loss_fn, make, dtype, _ = build(name, device, args.quick)
     ts = autobatch.TrainStep(model, optimizer, loss_fn, make, autocast_dtype=dtype)
     began = time.perf_counter()
@@ -358,6 +402,9 @@ def main() -> None:
     parser.add_argument("--workloads", default=",".join(WORKLOADS))
     parser.add_argument("--cli", action=argparse.BooleanOptionalAction, default=True)
     parser.add_argument("--child-timeout", type=int, default=300)
+    parser.add_argument("--timing-only", action="store_true",
+                        help="only the exact maximum and each probe's wall time in fresh processes (--rounds)")
+    parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--out", default=None)
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--form", default=None, help=argparse.SUPPRESS)
@@ -375,6 +422,10 @@ def main() -> None:
     for name in args.workloads.split(","):
         row = workload(args, name)
         rows.append(row)
+        if args.timing_only:
+            print(f"{name:15s} exact {row['exact_max']:6d} | " + " | ".join(
+                f"{form} {v['batches']} median {v['median_s']}s" for form, v in row["timing"].items()), flush=True)
+            continue
         t, p = row["trainstep"], row["plain"]
         print(f"{name:15s} exact {row['exact_max']:6d} | TrainStep {t['batch']} ({t['of_exact']:.3f}) {t['probe_s']:.2f}s "
               f"same {len(t['same_process']['recoveries'])} rec, fresh {t['fresh_process']} | plain {p['batch']} "

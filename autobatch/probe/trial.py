@@ -156,12 +156,16 @@ class TrialRunner:
 
     def run(self, batch_size: int, purpose: str = "search", *, steps: int | None = None, settle: bool = False) -> TrialRecord:
         """Run a trial even if this size was tried before (used to re-measure); ``steps``
-        calls of ``fn`` (default: a full trial). ``settle`` (the answer's confirmation): with
-        cuDNN autotuning as the user set it, and more steps, up to twice ``steps``, while the
-        step's reserved peak still grows (fragmentation that shows only after a few steps)."""
+        calls of ``fn`` (default: a full trial). ``settle`` (a size that may be the answer): more
+        steps, up to twice ``steps``, while the step's reserved peak still grows (fragmentation
+        that shows only after a few steps); with ``purpose="confirm"`` (the answer's
+        confirmation, :func:`~autobatch.probe.search._confirm`) also cuDNN autotuning as the user
+        set it. A trial stops early once its allocated peak is above ``peak_limit``."""
         steps = self.steps if steps is None else steps
         _notify(batch_size, purpose, None)
-        tuned = settle and self.autotune is not None and self.autotune.wanted
+        # autotuning (seconds per new shape) only where the answer is confirmed: a size that
+        # fails untuned never costs an autotuning pass, and the answer is known to train tuned
+        tuned = settle and purpose == "confirm" and self.autotune is not None and self.autotune.wanted
         if self.autotune is not None:
             with self.autotune.trial(tuned):
                 error = self._attempt(batch_size, steps, settle)
@@ -252,6 +256,8 @@ class TrialRunner:
                 finally:
                     self._fold_peaks()
                 step_reserved.append(self.memory.peak_reserved())
+                if self.peak_limit is not None and self._peak > self.peak_limit:
+                    break  # already too close to the capacity: more steps cannot make it pass
             self.memory.synchronize()
             self._inactive_split = _split_stat(self.memory)
             if self.peak_limit is not None and self._inactive_split is not None and self._steps_run > 1:

@@ -336,9 +336,10 @@ def test_a_trial_above_the_headroom_says_by_how_much():
             held = torch.empty(batch_size * 4 * MiB, dtype=torch.uint8)
             del held
 
-        runner = TrialRunner(step, SimulatedDeviceMemory(device), steps=2, peak_limit=30 * MiB)
+        runner = TrialRunner(step, SimulatedDeviceMemory(device), steps=3, peak_limit=30 * MiB)
         assert runner(10) is False  # 40 MiB allocated: 10 above the limit
     failed = runner.records[-1]
+    assert failed.steps == 1  # stopped at the first step above the limit: more could not pass
     assert failed.error.startswith("too close to the capacity") and failed.over_bytes == 10 * MiB
     assert _step_down(failed, 10) == 3  # ceil(10 MiB / 4 MiB per sample), not a percent
 

@@ -227,6 +227,38 @@ def test_autotune_is_off_for_search_trials_and_the_users_setting_comes_back():
         torch.backends.cudnn.benchmark = before
 
 
+def test_only_the_answers_confirmation_autotunes_and_it_comes_after_an_untuned_pass():
+    """A size that may be the answer settles untuned; only the confirmation pays for autotuning
+    (seconds per new shape on a GPU), so a final-looking size that fails costs no tuning pass."""
+    from autobatch import simulated_memory
+    from autobatch.memory.devices import SimulatedDeviceMemory
+    from autobatch.probe.autotune import Autotune
+    from autobatch.probe.search import run_search
+    from autobatch.probe.trial import TrialRunner
+
+    before = torch.backends.cudnn.benchmark
+    try:
+        torch.backends.cudnn.benchmark = True
+        tune = Autotune(torch.device("cuda", 0))
+        seen: list[tuple[int, bool]] = []
+
+        def step(batch_size: int) -> None:
+            seen.append((batch_size, torch.backends.cudnn.benchmark))
+            held = torch.empty(batch_size * 2**20, dtype=torch.uint8)
+            del held
+
+        with simulated_memory("64MiB") as device:
+            runner = TrialRunner(step, SimulatedDeviceMemory(device), steps=3, autotune=tune, settle_final=True)
+            result = run_search(runner, strategy="binary", start=None, max_batch=None, margin=0.0, multiple_of=1,
+                                device_name="cpu", capacity=64 * 2**20, confirm=True)
+        tuned = {size for size, on in seen if on}
+        assert tuned == {result.batch_size}  # the answer alone, in its confirmation
+        assert [r.purpose for r in runner.records if r.autotuned] == ["confirm"]
+        assert torch.backends.cudnn.benchmark is True
+    finally:
+        torch.backends.cudnn.benchmark = before
+
+
 def test_result_says_why_the_answer_is_safe():
     model = torch.nn.Linear(64, 64)
     step = autobatch.TrainStep(model, torch.optim.Adam(model.parameters()), lambda m, b: m(b).pow(2).mean(),
