@@ -343,9 +343,7 @@ class DeviceConfig:
     #: On the CPU, the simulated memory budget when ``probe.memory_limit`` is null
     #: (null: the library default, a quarter of available RAM, at most 2 GiB).
     simulated_budget: Optional[str] = None
-    #: cuDNN autotuning (``torch.backends.cudnn.benchmark``), as vision training often sets it:
-    #: faster convolutions, other workspaces. Probe and train run with the same setting (it
-    #: changes the answer, so it is part of the cache key).
+    #: cuDNN autotuning (``cudnn.benchmark``), probe and train alike; in the probe cache key.
     cudnn_benchmark: bool = False
 
 
