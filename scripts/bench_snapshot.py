@@ -6,7 +6,9 @@ mode runs in a fresh process (first use of host memory, as in a probe), ``--roun
 
 * ``pageable``: one ``tensor.to("cpu", copy=True)`` per parameter (the current copy);
 * ``pinned_flat``: one page-locked buffer for all parameters, asynchronous copies into views
-  of it, one synchronisation.
+  of it, one synchronisation;
+* ``threaded``: the pageable copies spread over 8 threads (fresh host memory is faulted in
+  page by page, and faults run in parallel).
 
     python scripts/bench_snapshot.py --workloads gpt2,vit_b16
 """
@@ -43,6 +45,24 @@ def copy_pinned_flat(params: list[torch.Tensor]) -> list[torch.Tensor]:
     return out
 
 
+def copy_threaded(params: list[torch.Tensor], threads: int = 8) -> list[torch.Tensor]:
+    """The pageable copy spread over threads: fresh host memory is faulted in page by page,
+    which is what bounds the copy, and page faults run in parallel."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    device = params[0].device
+
+    def one(p: torch.Tensor) -> torch.Tensor:
+        with torch.cuda.device(device):
+            return p.detach().to("cpu", copy=True)
+
+    with ThreadPoolExecutor(threads) as pool:
+        return list(pool.map(one, params))
+
+
+MODES = {"pageable": copy_pageable, "pinned_flat": copy_pinned_flat, "threaded": copy_threaded}
+
+
 def child(workload: str, mode: str) -> dict:
     from bench_promise import build
 
@@ -50,7 +70,7 @@ def child(workload: str, mode: str) -> dict:
     params = [p for p in model.parameters()]
     torch.cuda.synchronize()
     began = time.perf_counter()
-    copies = (copy_pinned_flat if mode == "pinned_flat" else copy_pageable)(params)
+    copies = MODES[mode](params)
     seconds = time.perf_counter() - began
     assert all(torch.equal(c, p.detach().cpu()) for c, p in zip(copies, params))
     return {"workload": workload, "mode": mode, "mib": round(sum(p.numel() * p.element_size() for p in params) / 2**20),
@@ -68,7 +88,8 @@ def main() -> None:
         return
     for workload in args.workloads.split(","):
         for round_ in range(args.rounds):
-            for mode in (["pageable", "pinned_flat"] if round_ % 2 == 0 else ["pinned_flat", "pageable"]):
+            modes = list(MODES)
+            for mode in modes[round_ % len(modes):] + modes[:round_ % len(modes)]:
                 done = subprocess.run([sys.executable, __file__, "--child", workload, mode], capture_output=True, text=True)
                 print(done.stdout.strip().splitlines()[-1] if done.returncode == 0 else done.stderr[-400:], flush=True)
 
