@@ -13,7 +13,7 @@ a Llama-style decoder; tiny stand-ins with ``--quick``), side by side in one pro
 4. Accelerate's ``find_executable_batch_size`` from the power of two above the exact maximum
    (3 steps per attempt), timed (skipped when accelerate is not installed);
 5. a fresh process per form trains ``--steps`` steps at that form's answer (``--child``);
-6. with ``--cli`` (GPT, ResNet-50 and ViT workloads): ``python -m autobatch probe`` then ``train`` in
+6. with ``--cli`` (GPT-2, ResNet-50 and ViT workloads, spelled as the library forms): ``python -m autobatch probe`` then ``train`` in
    a new process (a cache hit), reading train_result.json's recoveries.
 7. ``--timing-only``: just the exact maximum and the three probes' wall times (TrainStep, plain,
    Accelerate), each in its own fresh process after the same warm-up, ``--rounds`` rounds with
@@ -292,10 +292,12 @@ def timing(args, name: str, exact: int) -> dict:
 
 def cli(args, name: str) -> dict:
     # the vision workloads as the CLI spells them: the same model, optimizer and precision as the
-    # library forms, so the exact maximum is shared (GPT: the CLI's own decoder, not GPT-2)
-    vision = ["data=imagenet", "data.num_classes=10", "precision=bf16"] if args.device == "cuda" else ["data=imagenet", "data.num_classes=10"]
+    # library forms, so the exact maximum is shared (the Llama decoder needs a config object: no spelling)
+    bf16 = ["precision=bf16"] if args.device == "cuda" else []
+    vision = ["data=imagenet", "data.num_classes=10", *bf16]
+    gpt2 = ["model.layers=12", "model.width=768", "model.heads=12", "data.vocab_size=50257", "data.seq_len=1024"]
     spelled = {
-        "gpt2": ["model=gpt"],
+        "gpt2": ["model=gpt", *bf16, *([] if args.quick else gpt2)],
         "resnet50": ["model=resnet50", *vision],
         "resnet50_tuned": ["model=resnet50", *vision, "device.cudnn_benchmark=true"],
         "vit_b16": ["model=resnet50", "model._target_=torchvision.models.vit_b_16", *vision],
