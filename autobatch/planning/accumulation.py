@@ -309,7 +309,10 @@ def _with_last(values: Iterable[Any]) -> Iterator[tuple[Any, bool]]:
         count = len(values)  # type: ignore[arg-type]
         items = iter(values)
         for index in range(count):  # no local keeps the item: the caller frees it when done
-            yield next(items), index == count - 1
+            try:
+                yield next(items), index == count - 1
+            except StopIteration:  # shorter than its length said: stop, as a for loop would
+                return
         return
     items = iter(values)
     try:
