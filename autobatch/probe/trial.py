@@ -256,8 +256,10 @@ class TrialRunner:
                 finally:
                     self._fold_peaks()
                 step_reserved.append(self.memory.peak_reserved())
-                if self.peak_limit is not None and self._peak > self.peak_limit:
-                    break  # already too close to the capacity: more steps cannot make it pass
+                if self.agree is None and self.peak_limit is not None and self._peak > self.peak_limit:
+                    # too close already: more steps cannot make it pass. Not under agreement:
+                    # ranks in lockstep make the same calls, and each step enters collectives
+                    break
             self.memory.synchronize()
             self._inactive_split = _split_stat(self.memory)
             if self.peak_limit is not None and self._inactive_split is not None and self._steps_run > 1:

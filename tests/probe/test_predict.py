@@ -340,6 +340,9 @@ def test_a_trial_above_the_headroom_says_by_how_much():
         assert runner(10) is False  # 40 MiB allocated: 10 above the limit
     failed = runner.records[-1]
     assert failed.steps == 1  # stopped at the first step above the limit: more could not pass
+    with simulated_memory(capacity) as device:  # ranks in lockstep (an agreement) run every step
+        agreed = TrialRunner(step, SimulatedDeviceMemory(device), steps=3, peak_limit=30 * MiB, agree=lambda r: r)
+        assert agreed(10) is False and agreed.records[-1].steps == 3
     assert failed.error.startswith("too close to the capacity") and failed.over_bytes == 10 * MiB
     assert _step_down(failed, 10) == 3  # ceil(10 MiB / 4 MiB per sample), not a percent
 
