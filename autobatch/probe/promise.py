@@ -7,8 +7,9 @@ An answer is a promise that training runs at it, in the process that probed and 
   cache, with cuDNN autotuning as the user set it, and for more steps while the allocator's
   reserved peak still grew: :meth:`~autobatch.probe.trial.TrialRunner.run` ``settle``);
 * its allocated peak left the allocator's headroom free, and its steady steps cleared the
-  allocator's wall: the allocated peak plus the most bytes in split blocks the allocator could
-  not return stayed under the capacity (:class:`~autobatch.probe.trial._Wall`); what the
+  allocator's wall: the allocated peak plus the bytes the trial left in split blocks the
+  allocator cannot return stayed under the capacity
+  (:meth:`~autobatch.probe.trial.TrialRunner._wall_excess`); what the
   allocator did on top of it (reserved − allocated at the peak, inactive split blocks) is
   measured and shown;
 * after the probe the cache is emptied (:func:`release_after_probe`), so training in the same

@@ -64,7 +64,7 @@ class TrialRecord:
     ``settle`` trial (the answer's confirmation) may run more than its ``steps`` while these
     still grow. ``autotuned``: cuDNN autotuning was on (None: the user had it off, or not CUDA).
     ``over_bytes``: for a trial that ran its steps but came too close to the capacity (above the
-    allocator's headroom, or at its wall: :class:`_Wall`), how many bytes its steady step would
+    allocator's headroom, or at its wall: :meth:`TrialRunner._wall_excess`), how many bytes its steady step would
     have to save (what a smaller size has to save).
     """
 
@@ -182,12 +182,15 @@ class TrialRunner:
                 f"too close to the capacity: allocated peak {format_bytes(peak)} is above "
                 f"{format_bytes(self.peak_limit)}, the capacity less the caching allocator's headroom"
             )
-        if not ran_out and error is None and self._at_wall is not None and self._at_wall.excess:
+        excess = self._wall_excess() if not ran_out and error is None else 0
+        if excess:
             error = (
-                f"at the allocator's wall: {self._at_wall.why}; such a size trains only while the free "
-                "pieces happen to sit where the next request fits"
+                f"at the allocator's wall: allocated peak {format_bytes(self._step_peak)} plus "
+                f"{format_bytes(self._inactive_split)} left in split blocks the allocator cannot return leaves "
+                f"less than {format_bytes(WALL_BYTES)} of the {format_bytes(self.memory.capacity())} capacity; "
+                "such a size trains only while the free pieces happen to sit where the next request fits"
             )
-            over_bytes = self._at_wall.excess
+            over_bytes = excess
         step_peak = self._step_peak if error is None or over_bytes else None
         resident = self._resident if error is None or over_bytes else None
         if ran_out:
@@ -240,7 +243,6 @@ class TrialRunner:
         self._peak = self._reserved = 0
         self._step_peak = self._resident = self._fragmentation = self._inactive_split = None
         self._steps_run = 0
-        self._at_wall = None
         self._started = time.perf_counter()
         step_reserved: list[int] = []
         try:
@@ -262,13 +264,31 @@ class TrialRunner:
                     break
             self.memory.synchronize()
             self._inactive_split = _split_stat(self.memory)
-            if self.peak_limit is not None and self._inactive_split is not None and self._steps_run > 1:
-                self._at_wall = _Wall(self.memory.capacity(), self._step_peak, self._inactive_split)
         except BaseException as exc:  # noqa: BLE001 - re-raised below unless it is an OOM
             if not is_oom_error(exc):
                 raise
             return str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
         return None
+
+    def _wall_excess(self) -> int:
+        """Bytes by which the trial's steady step left no room for the free pieces the allocator
+        cannot return (0: clear of the allocator's wall, or not measurable).
+
+        The caching allocator serves a request from a cached free block or, failing that,
+        returns its cached free segments to the driver and asks again. What it cannot return are
+        the free pieces of segments that still hold a live tensor (inactive split blocks): a
+        request fails once the allocated bytes, those pieces and the request pass the capacity.
+        So the headroom a size needs above its allocated peak is what its steady steps leave in
+        split pieces, measured at the end of the trial, not a fixed percentage. Measured on an
+        H200 (8 GiB cap, ResNet-50 with cuDNN autotuning; issue 16): steady steps left
+        0.08-0.18 GiB in split pieces at every size from 165 to 180; a step allocating 7.84 GiB
+        (above 8 GiB less 0.18) passed 3-step trials and ran out of memory after 5-15 training
+        steps, while 7.74 GiB trained 200. Checked on accelerators once the trial ran more than
+        one step (the first autotunes and creates the optimizer's state).
+        """
+        if self.peak_limit is None or self._inactive_split is None or self._steps_run < 2:
+            return 0
+        return max(0, self._step_peak + self._inactive_split + WALL_BYTES - self.memory.capacity())
 
     def _fold_peaks(self) -> None:
         """The trial's peaks are the largest of its steps' (each step starts a fresh peak)."""
@@ -303,31 +323,7 @@ class TrialRunner:
         return sorted(b for b, ok in self.outcomes.items() if not ok)
 
 
-class _Wall:
-    """Does the step leave room for the free pieces the allocator cannot return? (CUDA)
-
-    The caching allocator serves a request from a cached free block or, failing that, returns
-    its cached free segments to the driver and asks again. What it cannot return are the free
-    pieces of segments that still hold a live tensor (inactive split blocks): a request fails
-    once the allocated bytes, those pieces and the request pass the capacity. So the headroom
-    a size needs above its allocated peak is what its steady steps leave in split pieces,
-    measured at the end of the trial, not a fixed percentage. Measured on an H200 (8 GiB cap,
-    ResNet-50 with cuDNN autotuning; issue 16): steady steps left 0.08-0.18 GiB in split
-    pieces at every size from 165 to 180; a step allocating 7.84 GiB (above 8 GiB less 0.18)
-    passed 3-step trials and ran out of memory after 5-15 training steps, while 7.74 GiB
-    trained 200. Checked once the trial ran more than one step (the first autotunes and
-    creates the optimizer's state).
-    """
-
-    WALL_BYTES = 2 * 2**20  # the allocator's smallest large block: room for nothing less
-
-    def __init__(self, capacity: int, step_peak: int, split: int) -> None:
-        self.excess = max(0, step_peak + split + self.WALL_BYTES - capacity)
-        self.why = (
-            f"allocated peak {format_bytes(step_peak)} plus {format_bytes(split)} left in split blocks the "
-            f"allocator cannot return leaves less than {format_bytes(self.WALL_BYTES)} of the "
-            f"{format_bytes(capacity)} capacity"
-        ) if self.excess else None
+WALL_BYTES = 2 * 2**20  # the allocator's smallest large block: room for nothing less
 
 
 def _split_stat(memory: DeviceMemory) -> int | None:
