@@ -97,6 +97,55 @@ def hand_step(model, optimizer, loss_fn, batch, micro, autocast):
     optimizer.step()
 
 
+def _busy_ms(events) -> tuple[float, float, float]:
+    """(window, union of device-kernel and memcpy intervals, copies' share) in ms: how much of
+    the profiled window the GPU worked, from the profiler's device events."""
+    spans = sorted((e.start_ns(), e.start_ns() + e.duration_ns(), "memcpy" in e.name().lower() or "copy" in e.name().lower())
+                   for e in events if e.device_type() == torch.autograd.DeviceType.CUDA and e.duration_ns() > 0)
+    if not spans:
+        return 0.0, 0.0, 0.0
+    busy, end, copies = 0, spans[0][0], 0
+    for start, stop, copy in spans:
+        copies += (stop - start) if copy else 0
+        if stop > end:
+            busy += stop - max(start, end)
+            end = stop
+    return (spans[-1][1] - spans[0][0]) / 1e6, busy / 1e6, copies / 1e6
+
+
+def profile(args, name: str, kinds: list, timed, rank: int) -> None:
+    """Profile 2 steps of each kind; rank 0 writes ``summary_<model>.txt`` under ``--profile``
+    (GPU busy time over the window, top operators by host time and by device time) and, with
+    ``--traces``, gzipped chrome traces."""
+    import gzip
+    import shutil
+
+    folder = Path(args.profile)
+    lines = []
+    for kind in kinds:
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]) as prof:
+            wall = timed(kind, 2) * 1e3
+        if rank != 0:
+            continue
+        window, busy, copies = _busy_ms(prof.profiler.kineto_results.events())
+        lines.append(f"== {name} {kind}: {wall:.1f} ms/step; device window {window:.1f} ms, busy {busy:.1f} ms "
+                     f"({busy / window * 100 if window else 0:.1f} %), copies {copies:.1f} ms")
+        averages = prof.key_averages()
+        lines.append(averages.table(sort_by="self_cpu_time_total", row_limit=14, max_name_column_width=60))
+        lines.append(averages.table(sort_by="self_device_time_total", row_limit=10, max_name_column_width=60))
+        if args.traces:
+            path = folder / f"trace_{name}_{kind}.json"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            prof.export_chrome_trace(str(path))
+            with open(path, "rb") as src, gzip.open(f"{path}.gz", "wb") as dst:
+                shutil.copyfileobj(src, dst)
+            path.unlink()
+    if rank == 0:
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / f"summary_{name}.txt").write_text("\n".join(lines))
+        print("\n".join(line for line in lines if line.startswith("==")), flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="CPU, gloo, tiny models: proves the script runs")
@@ -105,7 +154,8 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--models", default=None, help="comma-separated subset")
     parser.add_argument("--out", default="bench_ddp.json")
-    parser.add_argument("--profile", default=None, help="a folder for chrome traces of 2 steps of each kind (CUDA)")
+    parser.add_argument("--profile", default=None, help="a folder for a profile summary of 2 steps of each kind (CUDA)")
+    parser.add_argument("--traces", action="store_true", help="with --profile: also gzipped chrome traces")
     parser.add_argument("--guards", default="", help="also time the runner with these step_guard modes (e.g. off,device)")
     args = parser.parse_args()
     cuda = torch.cuda.is_available() and not args.quick
@@ -154,20 +204,8 @@ def main() -> None:
         for round_ in range(args.rounds):
             for kind in (kinds if round_ % 2 == 0 else kinds[::-1]):
                 times[kind].append(timed(kind, args.steps))
-        if args.profile and cuda:  # a trace of 2 steps of each kind, rank 0 (chrome format, gzipped)
-            import gzip
-            import shutil
-
-            for kind in kinds:
-                with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]) as prof:
-                    timed(kind, 2)
-                if rank == 0:
-                    path = Path(args.profile) / f"trace_{name}_{kind}.json"
-                    path.parent.mkdir(parents=True, exist_ok=True)
-                    prof.export_chrome_trace(str(path))
-                    with open(path, "rb") as src, gzip.open(f"{path}.gz", "wb") as dst:
-                        shutil.copyfileobj(src, dst)
-                    path.unlink()
+        if args.profile and cuda:  # 2 steps of each kind on rank 0: a summary, and a trace with --traces
+            profile(args, name, kinds, timed, rank)
         hand = statistics.median(times["hand"])
         medians = {kind: statistics.median(times[kind]) for kind in kinds}
         ours = medians["runner"]
