@@ -48,6 +48,8 @@ from autobatch.memory.simulated import active_simulation, host_memory  # noqa: E
 from autobatch.workloads.models import GPT, MLP, ResNetCNN  # noqa: E402
 
 WORKLOADS = ("vit_b16", "resnet50_tuned", "resnet50", "gpt2", "llama")
+LLAMA = dict(vocab_size=50257, hidden_size=768, intermediate_size=2048, num_hidden_layers=12,  # a Llama-style decoder
+             num_attention_heads=12, num_key_value_heads=4, max_position_embeddings=1024)
 
 
 # -- workloads ------------------------------------------------------------------------------------
@@ -106,9 +108,7 @@ def _decoder(name: str, quick: bool):
         try:
             from transformers import LlamaConfig, LlamaForCausalLM
 
-            config = LlamaConfig(vocab_size=50257, hidden_size=768, intermediate_size=2048, num_hidden_layers=12,
-                                 num_attention_heads=12, num_key_value_heads=4, max_position_embeddings=1024)
-            return LlamaForCausalLM(config)
+            return LlamaForCausalLM(LlamaConfig(**LLAMA))
         except ImportError:
             pass
     if quick:
@@ -291,13 +291,17 @@ def timing(args, name: str, exact: int) -> dict:
 
 
 def cli(args, name: str) -> dict:
-    # the vision workloads as the CLI spells them: the same model, optimizer and precision as the
-    # library forms, so the exact maximum is shared (the Llama decoder needs a config object: no spelling)
+    # each workload as the CLI spells it: the same model, optimizer and precision as the library
+    # forms, so the exact maximum is shared (Llama: a config object built by Hydra, nested _target_)
     bf16 = ["precision=bf16"] if args.device == "cuda" else []
     vision = ["data=imagenet", "data.num_classes=10", *bf16]
     gpt2 = ["model.layers=12", "model.width=768", "model.heads=12", "data.vocab_size=50257", "data.seq_len=1024"]
+    llama = ["model=target", "model._target_=transformers.LlamaForCausalLM", "+model.config._target_=transformers.LlamaConfig",
+             *(f"+model.config.{k}={v}" for k, v in LLAMA.items()), "model.inputs=tokens",
+             "data.vocab_size=50257", "data.seq_len=1024", *bf16]
     spelled = {
         "gpt2": ["model=gpt", *bf16, *([] if args.quick else gpt2)],
+        "llama": llama,
         "resnet50": ["model=resnet50", *vision],
         "resnet50_tuned": ["model=resnet50", *vision, "device.cudnn_benchmark=true"],
         "vit_b16": ["model=resnet50", "model._target_=torchvision.models.vit_b_16", *vision],
