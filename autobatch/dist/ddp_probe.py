@@ -63,7 +63,7 @@ class DDPProbeStep(TrainStep):
             failure = keep(exc)
         if failure is not None:
             self.clear_grads()
-            free_memory()
+            free_memory(generation=1)  # the failure's objects are young (see free_memory)
             complete_buckets(model, ledger, f"{label}: completing DDP's gradient buckets")
         vote(failure, "backward", batch_size, f"{label}: gradients ready", clear=self.clear_grads,
              on_failure=model.reducer._reset_state)

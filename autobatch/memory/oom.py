@@ -50,13 +50,19 @@ def is_oom_error(exc: BaseException) -> bool:
     return any(marker in message for marker in OOM_MESSAGES)
 
 
-def free_memory() -> None:
+def free_memory(generation: int = 2) -> None:
     """Collect garbage and return the device allocator's unused cached blocks to the driver.
 
     Call it outside any ``except`` block that handled the OOM, after dropping references to
     the failed batch. It frees nothing that is still referenced.
+
+    ``generation`` is ``gc.collect``'s: 2 (default) collects everything; 1 only the young
+    generations. After a failed step 1 is enough: the frames and traceback that could hold
+    its tensors in a cycle were created when the error was raised, so they are young, and a
+    full collection of a process with a large heap (torchvision or transformers imported)
+    costs ~0.12 s (measured on an H200 host) per failed trial.
     """
-    gc.collect()
+    gc.collect(generation)
     accelerator = getattr(torch, "accelerator", None)
     if accelerator is None or not accelerator.is_available():
         return

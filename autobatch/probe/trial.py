@@ -107,9 +107,11 @@ class TrialRunner:
     measured). Every other exception propagates unchanged at once. Memory is released
     *after* the ``except`` block has been left, so the traceback no longer pins the failed
     step's tensors; ``after_oom`` (e.g. dropping half-built gradients) runs first, and the
-    garbage collector only when memory is still held above the trial's starting level (a
-    full collection costs a tenth of a second in a process with a large heap, and leaving
-    the ``except`` block usually freed it all).
+    garbage collector only when memory is still held above the trial's starting level, and
+    then only its young generations (a full collection costs a tenth of a second in a process
+    with a large heap, and leaving the ``except`` block usually freed it all); a full one runs
+    when a later trial fails beside such leftover memory, and that trial runs again if the
+    collection freed some (:meth:`_garbage_was_in_the_way`), so old garbage cannot fail a size.
 
     A batch size already tried is answered from memory, never run twice. Peaks are read step
     by step (reset before each step; the trial's peak is the largest), so the last step's own
@@ -144,6 +146,8 @@ class TrialRunner:
         self.records: list[TrialRecord] = []
         self.outcomes: dict[int, bool] = {}
         self._settled: set[int] = set()  # ids of records of settle trials
+        self._leftover = False  # a failed trial left memory held that a quick collection did not free
+        self._full_collection_frees: bool | None = None  # what the last full collection did
 
     def __call__(self, batch_size: int, purpose: str = "search", *, final: bool = False) -> bool:
         """Whether ``batch_size`` trains; runs a trial unless it was tried already.
@@ -166,11 +170,9 @@ class TrialRunner:
         # autotuning (seconds per new shape) only where the answer is confirmed: a size that
         # fails untuned never costs an autotuning pass, and the answer is known to train tuned
         tuned = settle and purpose == "confirm" and self.autotune is not None and self.autotune.wanted
-        if self.autotune is not None:
-            with self.autotune.trial(tuned):
-                error = self._attempt(batch_size, steps, settle)
-        else:
-            error = self._attempt(batch_size, steps, settle)
+        error = self._attempt_as(batch_size, steps, settle, tuned)
+        if error is not None and self._garbage_was_in_the_way():
+            error = self._attempt_as(batch_size, steps, settle, tuned)
         steps = self._steps_run
         seconds = time.perf_counter() - self._started
         peak, reserved = self._peak, self._reserved
@@ -194,10 +196,7 @@ class TrialRunner:
         step_peak = self._step_peak if error is None or over_bytes else None
         resident = self._resident if error is None or over_bytes else None
         if ran_out:
-            if self.after_oom is not None:
-                self.after_oom()
-            if self.memory.allocated() > self._baseline:
-                free_memory()  # something survived the failed step: collect cycles, return blocks
+            self._clean_up_after_oom()
         record = TrialRecord(
             batch_size, error is None, peak, seconds, purpose, error, reserved, steps, step_peak, resident,
             self._fragmentation if error is None else None, self._inactive_split, tuned if self.autotune and self.autotune.wanted else None, over_bytes,
@@ -234,6 +233,42 @@ class TrialRunner:
             if after_last_oom and not record.passed:
                 return False
         return False
+
+    def _attempt_as(self, batch_size: int, steps: int, settle: bool, tuned: bool) -> str | None:
+        if self.autotune is None:
+            return self._attempt(batch_size, steps, settle)
+        with self.autotune.trial(tuned):
+            return self._attempt(batch_size, steps, settle)
+
+    def _clean_up_after_oom(self) -> None:
+        """Drop what the failed step left (``after_oom``), collect the young garbage its failure
+        made (its frames and traceback were created when the error was raised) and return the
+        cached blocks. A full collection (~0.12 s in a process with torchvision imported, on an
+        H200 host) waits until a later trial fails beside the leftover:
+        :meth:`_garbage_was_in_the_way`. Under rank agreement, at once (ranks make the same calls)."""
+        if self.after_oom is not None:
+            self.after_oom()
+        if self.memory.allocated() <= self._baseline:
+            return
+        free_memory(generation=1 if self.agree is None else 2)
+        # what is still held is live state (a plain callable's gradients) or older garbage
+        self._leftover = self._leftover or self.memory.allocated() > self._baseline
+
+    def _garbage_was_in_the_way(self) -> bool:
+        """Whether a trial that just failed should run again: an earlier failed trial left
+        memory held, and a full garbage collection now frees some of it (old cycles holding
+        tensors, e.g. of a model built inside a plain callable), so this failure may be theirs.
+        Once a full collection freed nothing, the leftover is live state and none runs again."""
+        if not self._leftover or self._full_collection_frees is False or self.agree is not None:
+            return False
+        self._leftover = False
+        if self.after_oom is not None:
+            self.after_oom()
+        free_memory(generation=1)  # this failure's own garbage first, so it is not counted
+        before = self.memory.allocated()
+        free_memory()
+        self._full_collection_frees = self.memory.allocated() < before
+        return self._full_collection_frees
 
     def _attempt(self, batch_size: int, steps: int, settle: bool = False) -> str | None:
         """Run the steps; return None on success or the OOM's first line. Leaves the

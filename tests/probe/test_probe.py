@@ -377,3 +377,80 @@ def test_a_failed_background_copy_stops_the_probe_with_its_error(monkeypatch):
     after = _state(step)  # the optimizer step never ran: the weights are the user's
     for key in before[0]:
         assert torch.equal(before[0][key], after[0][key]), key
+
+
+# ---- what a failed trial leaves: young garbage, live state, old garbage ----------------------
+
+class _Cycle:
+    """A reference cycle holding a tensor: freed only by the garbage collector."""
+
+    def __init__(self, tensor: torch.Tensor) -> None:
+        self.me, self.tensor = self, tensor
+
+
+def _collections(monkeypatch) -> list[int]:
+    """Record the generation of every collection free_memory makes."""
+    import autobatch.memory.oom as oom
+
+    made: list[int] = []
+    real = gc.collect
+
+    class Recording:
+        def __getattr__(self, name):
+            return getattr(gc, name)
+
+        @staticmethod
+        def collect(generation: int = 2) -> int:
+            made.append(generation)
+            return real(generation)
+
+    monkeypatch.setattr(oom, "gc", Recording())
+    return made
+
+
+def test_live_leftover_after_an_oom_costs_one_full_collection_at_most(monkeypatch):
+    """A plain callable's gradients survive its OOM (live state, not garbage): the trials after
+    it make quick collections, one full collection finds it frees nothing, and none follows."""
+    held: list[torch.Tensor] = []
+
+    def step(batch_size: int) -> None:  # a failing call leaves a "gradient", as backward does
+        if batch_size > 256 and not held:
+            held.append(torch.empty(2**20, dtype=torch.uint8))
+        torch.empty(batch_size * 2**16, dtype=torch.uint8)
+
+    made = _collections(monkeypatch)
+    with simulated_memory("16MiB"):
+        result = find_max_batch(step, strategy="binary", steps_per_trial=1)
+    assert sum(not record.passed for record in result.trials) >= 3
+    assert made.count(2) == 1 and made.count(1) >= 2, made
+
+
+def test_old_garbage_left_by_an_oom_cannot_fail_a_size(monkeypatch):
+    """A failed call leaves a reference cycle holding 4 MiB in the oldest generation (as a model
+    built inside a plain callable can): the quick collections miss it, so a later trial fails
+    beside it; the full collection that follows frees it and that size runs again. The answer
+    is the one found with no such garbage (halving from 512: 512 fails and litters, 256 fits
+    only without the litter)."""
+    def make_step(litter: bool):
+        littered: list[int] = []
+
+        def step(batch_size: int) -> None:
+            if litter and batch_size > 300 and not littered:
+                holder = [_Cycle(torch.empty(4 * 2**20, dtype=torch.uint8))]
+                gc.collect()  # survives (held): promoted to the oldest generation
+                holder.clear()  # now garbage that only a full collection frees
+                littered.append(batch_size)
+            torch.empty(batch_size * 2**16, dtype=torch.uint8)
+
+        return step
+
+    with simulated_memory("16MiB"):
+        clean = find_max_batch(make_step(False), strategy="halving", start=512, steps_per_trial=1).batch_size
+    made = _collections(monkeypatch)
+    with simulated_memory("16MiB") as device:
+        before = device.current_bytes
+        littered = find_max_batch(make_step(True), strategy="halving", start=512, steps_per_trial=1)
+        gc.collect()
+        assert device.current_bytes == before
+    assert littered.batch_size == clean == 256
+    assert [r.batch_size for r in littered.trials][:2] == [512, 256] and 2 in made

@@ -1,0 +1,92 @@
+"""Where does a probe's wall time go? (issue 16, diagnostics)
+
+Each (workload, form) runs in its own fresh process after bench_promise's warm-up, under
+cProfile: the probe's total, the sum of its trials' own seconds, and the functions with the
+largest cumulative time (autobatch's and torch's allocator / cuDNN calls), so the time
+outside the trials (cleanup after OOM trials, the snapshot, the restore) is visible.
+
+    python scripts/diag_probe_time.py --workloads resnet50,vit_b16,gpt2 --forms trainstep,plain
+    python scripts/diag_probe_time.py --device cpu --quick          (seconds; proves it runs)
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import json
+import pstats
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import autobatch  # noqa: E402
+from bench_promise import build, plain_step, warm_up  # noqa: E402
+
+
+def one(args) -> dict:
+    """The probe of one (workload, form), profiled, in this process."""
+    name, form, device = args.child, args.form, args.device
+    torch.backends.cudnn.benchmark = name.endswith("_tuned")
+    cap = None if device == "cpu" else args.memory_limit
+    warm_up(name, device, args.quick)
+    model, optimizer, loss_fn, make, dtype, _ = build(name, device, args.quick)
+    fn = (autobatch.TrainStep(model, optimizer, loss_fn, make, autocast_dtype=dtype) if form == "trainstep"
+          else plain_step(model, optimizer, loss_fn, make, dtype, device))
+    profiler = cProfile.Profile()
+    began = time.perf_counter()
+    profiler.enable()
+    result = autobatch.find_max_batch(fn, memory_limit=cap, device=device, cache=False)
+    profiler.disable()
+    total = time.perf_counter() - began
+    text = io.StringIO()
+    pstats.Stats(profiler, stream=text).sort_stats("cumulative").print_stats(args.top)
+    lines = [line for line in text.getvalue().splitlines() if line.strip()]
+    start = next((i for i, line in enumerate(lines) if "ncalls" in line), 0)
+    return {"workload": name, "form": form, "batch": result.batch_size, "total_s": round(total, 3),
+            "trials_s": round(sum(t.seconds for t in result.trials), 3),
+            "trials": [(t.batch_size, t.passed, t.steps, t.purpose, round(t.seconds, 3)) for t in result.trials],
+            "profile": lines[start:]}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--workloads", default="resnet50,vit_b16,gpt2")
+    parser.add_argument("--forms", default="trainstep,plain")
+    parser.add_argument("--memory-limit", default="8GiB")
+    parser.add_argument("--top", type=int, default=45)
+    parser.add_argument("--out", default=None)
+    parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--form", default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        if args.device == "cpu":
+            with autobatch.simulated_memory("16MiB"):
+                return print(json.dumps(one(args)))
+        return print(json.dumps(one(args)))
+    rows = []
+    for name in args.workloads.split(","):
+        for form in args.forms.split(","):
+            command = [sys.executable, __file__, "--child", name, "--form", form, "--device", args.device,
+                       "--memory-limit", args.memory_limit, "--top", str(args.top), *(["--quick"] if args.quick else [])]
+            done = subprocess.run(command, capture_output=True, text=True, timeout=300)
+            if done.returncode != 0:
+                rows.append({"workload": name, "form": form, "error": done.stderr.strip().splitlines()[-3:]})
+                continue
+            row = json.loads(done.stdout.strip().splitlines()[-1])
+            rows.append(row)
+            print(f"== {name} {form}: batch {row['batch']} total {row['total_s']} s, in trials {row['trials_s']} s; {row['trials']}")
+            print("\n".join(row["profile"][: args.top + 1]), flush=True)
+    if args.out:
+        Path(args.out).write_text(json.dumps(rows, indent=1))
+
+
+if __name__ == "__main__":
+    main()
