@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import functools
 import inspect
-import re
 import time
 from dataclasses import asdict, dataclass
 from typing import Any, Callable
@@ -43,14 +42,12 @@ import torch
 
 from ..errors import NoBatchFitsError
 from ..memory.devices import AcceleratorMemory, DeviceMemory, SimulatedDeviceMemory, resolve_device
-from ..memory.oom import free_memory, is_oom_error
+from ..memory.oom import free_memory, is_oom_error, requested_bytes
 from ..memory.simulated import active_simulation
-from ..memory.units import parse_bytes
 from ..probe.arguments import ALLOCATOR_HEADROOM
 
 __all__ = ["find_executable_batch_size", "Attempt"]
 
-_REQUESTED = re.compile(r"[Tt]ried to allocate ([0-9.]+) ?([KMGT]i?B|B|bytes)")
 
 
 @dataclass
@@ -127,7 +124,7 @@ def find_executable_batch_size(
                     raise
                 attempt.seconds = time.perf_counter() - began
                 attempt.error = (str(exc).splitlines() or [type(exc).__name__])[0][:300]
-                attempt.requested_bytes = _requested(str(exc))
+                attempt.requested_bytes = requested_bytes(str(exc))
                 if size <= 1:
                     raise _nothing_fits(attempt, memory) from exc
                 # leave the handler: only the message is kept, the failed frames are released
@@ -171,17 +168,6 @@ def _measured(attempt: Attempt) -> int | None:
     if needed <= 0 or usable <= 0 or needed < usable:
         return None  # failed before reaching the capacity: the bound is not informative
     return int(attempt.batch_size * usable / needed)
-
-
-def _requested(message: str) -> int | None:
-    match = _REQUESTED.search(message)
-    if match is None:
-        return None
-    unit = "B" if match.group(2) == "bytes" else match.group(2)
-    try:
-        return parse_bytes(f"{match.group(1)}{unit}")
-    except ValueError:
-        return None
 
 
 def _instruments(device: str | torch.device | None) -> DeviceMemory | None:

@@ -13,8 +13,11 @@ Two rules from the field:
 from __future__ import annotations
 
 import gc
+import re
 
 import torch
+
+from .units import parse_bytes
 
 __all__ = ["is_oom_error", "free_memory", "OOM_MESSAGES"]
 
@@ -69,3 +72,19 @@ def free_memory(generation: int = 2) -> None:
     if accelerator.current_accelerator().type == "cuda" and not torch.cuda.is_initialized():
         return  # nothing cached yet; do not create a CUDA context just to empty it
     accelerator.empty_cache()
+
+
+_REQUESTED = re.compile(r"[Tt]ried to allocate\s*([0-9.]+)\s*([KMGT]i?B|B|bytes)")
+
+
+def requested_bytes(message: str | None) -> int | None:
+    """The allocation an OOM message says failed ("Tried to allocate 2.00 GiB"; the simulated
+    device's "tried to allocate 3.00 MiB"), or None when the message does not say."""
+    match = _REQUESTED.search(message or "")
+    if match is None:
+        return None
+    unit = "B" if match.group(2) == "bytes" else match.group(2)
+    try:
+        return parse_bytes(f"{match.group(1)}{unit}", name="error")
+    except ValueError:
+        return None

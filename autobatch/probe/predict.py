@@ -146,6 +146,7 @@ def predictive(
     prior: LinearFit | None = None,
     above_first: bool = False,
     resident_of: Callable[[int], int | None] | None = None,
+    short_of: Callable[[int], int | None] | None = None,
 ) -> PredictOutcome:
     """Run the predictive search in units of ``multiple_of``.
 
@@ -159,7 +160,9 @@ def predictive(
     measured point with the prior's slope makes the first jump. ``above_first``: try the size
     above the line's boundary before the boundary (step 2 of the module's description).
     ``resident_of(units)``: the memory allocated as a passing trial's last step began (None
-    if unknown), where ``peak_of`` is that step's peak; it enables the leap.
+    if unknown), where ``peak_of`` is that step's peak; it enables the leap. ``short_of(units)``:
+    at least how many bytes a failed size needed beyond what fits (None if unknown); a refuted
+    line then gallops down by at least that many bytes' worth of samples.
     """
     above = 1 if above_first else 0
     points: list[tuple[int, int]] = []  # (units, peak) of passing trials
@@ -209,7 +212,7 @@ def predictive(
             return hand_to_binary(reason, lo, hi)
 
     # -- 2 and 3. jump, then close the bracket -----------------------------------------
-    lo, refined = _close(passes, record_pass, points, fit, lo, hi, max_units, capacity, above)
+    lo, refined = _close(passes, record_pass, points, fit, lo, hi, max_units, capacity, above, short_of)
     return PredictOutcome(lo, fit, None, "predict", points, refined=refined if refined is not fit else None)
 
 
@@ -247,10 +250,13 @@ def _grow(passes, record_pass, points, peak_of, resident_of, first: int, max_uni
     return lo, hi, fit
 
 
-def _close(passes, record_pass, points, fit: LinearFit, lo: int, hi: int | None, max_units: int, capacity: int, above: int):
+def _close(passes, record_pass, points, fit: LinearFit, lo: int, hi: int | None, max_units: int, capacity: int,
+           above: int, short_of=None):
     """Steps 2 and 3: jump to the line's boundary, then close the bracket (gallop where the
     line is refuted, bisect where it creeps). Returns ``(lo, fit)``: the largest passing
-    size and the refined line."""
+    size and the refined line. Galloping down, a stride is at least what the failed size's
+    shortfall (``short_of``) is worth at the line's slope: on an H200 a ViT-B/16 line 4 %
+    high cost four 0.5-2 % strides down."""
     gallop = 0  # 0: follow the line; -1 / +1: the line was refuted, gallop down / up
     stride = gallops = 0
     creeping = False  # the last trial followed the line and passed
@@ -285,7 +291,7 @@ def _close(passes, record_pass, points, fit: LinearFit, lo: int, hi: int | None,
         if gallop == 0:
             fit = _secant(points) or fit
             if not passed and predicted >= guess:  # the line said it fits: refuted from above
-                gallop, stride = -1, _first_stride(guess)
+                gallop, stride = -1, max(_first_stride(guess), _short_units(short_of, guess, fit))
             elif passed and (predicted < guess or confirming):  # it said lo was the maximum
                 gallop, stride = 1, _first_stride(guess)
             elif passed and hi is None and crept and guess < fit.predict_max(capacity) < guess + _first_stride(guess):
@@ -297,9 +303,15 @@ def _close(passes, record_pass, points, fit: LinearFit, lo: int, hi: int | None,
         elif (gallop < 0 and passed) or (gallop > 0 and not passed) or (gallops >= MAX_GALLOPS and hi is not None):
             bisecting = True  # crossed the boundary, or the line is far off: bisect what is left
         else:
-            stride *= 2
+            stride = max(stride * 2, _short_units(short_of, guess, fit) if gallop < 0 else 0)
         gallops += gallop != 0
     return lo, fit
+
+
+def _short_units(short_of, units: int, fit: LinearFit) -> int:
+    """Units worth the bytes a failed ``units`` needed at least beyond what fits (0: unknown)."""
+    short = short_of(units) if short_of is not None else None
+    return math.ceil(short / fit.slope) if short and fit.slope > 0 else 0
 
 
 def leap_size(units: int, peak: int, resident: int | None, capacity: int) -> int | None:

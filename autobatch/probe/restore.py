@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import logging
 import threading
 from dataclasses import dataclass, field
 from typing import Any
@@ -27,8 +28,11 @@ from typing import Any
 import torch
 
 from .shards import Shard, from_cpu_local, local, to_cpu_local
+from .staging import DeviceStage, fill_state, split_state
 
 __all__ = ["Snapshot"]
+
+log = logging.getLogger("autobatch")
 
 
 def _to_cpu(value: Any) -> Any:
@@ -58,13 +62,20 @@ class Snapshot:
     _hook: Any = field(default=None, repr=False, compare=False)
     _copy_failed: bool = field(default=False, repr=False, compare=False)
 
+    _stage: DeviceStage | None = field(default=None, repr=False, compare=False)
+    _stage_kept: bool = field(default=False, repr=False, compare=False)
+
     @classmethod
     def take(
-        cls, model: torch.nn.Module | None, optimizer: torch.optim.Optimizer | None = None, *, background: bool = False
+        cls, model: torch.nn.Module | None, optimizer: torch.optim.Optimizer | None = None, *, background: bool = False,
+        stage_within: int | None = None,
     ) -> "Snapshot":
         """Copy the state to CPU memory. ``background``: copy the parameters and optimizer
         state in a thread, finished before the optimizer's next step (needs an optimizer; for
-        a step that changes parameters only through it, such as a ``TrainStep``)."""
+        a step that changes parameters only through it, such as a ``TrainStep``).
+        ``stage_within`` (bytes, with ``background``): first copy them into one device buffer
+        of at most that size (:mod:`~autobatch.probe.staging`), so the optimizer's next step
+        need not wait; :meth:`staged_bytes` says what it holds until :meth:`wait` frees it."""
         snap = cls(model=model, optimizer=optimizer)
         background = background and optimizer is not None
         if model is not None:
@@ -80,6 +91,12 @@ class Snapshot:
             if optimizer is not None:
                 snap.optimizer_state = _to_cpu(optimizer.state_dict())
             return snap
+        params = [] if model is None else list(model.named_parameters())
+        if stage_within and snap._stage_on_device(params, stage_within):
+            names = [name for name, _ in params]
+            snap._copier = threading.Thread(target=snap._copy_staged, args=(names,), name="autobatch-snapshot", daemon=True)
+            snap._copier.start()
+            return snap
         snap._hook = optimizer.register_step_pre_hook(lambda *_: snap.wait())
         devices = {param.device for group in optimizer.param_groups for param in group["params"]}
         # the copy runs on a stream of its own, after the work queued so far, so that it
@@ -87,7 +104,6 @@ class Snapshot:
         after = {device: torch.cuda.current_stream(device) for device in devices if device.type == "cuda"}
         # the parameters as registered now: FSDP2 swaps full (unsharded) tensors into the
         # modules during a forward, which the thread must not mistake for the sharded ones
-        params = [] if model is None else list(model.named_parameters())
         snap._copier = threading.Thread(
             target=snap._copy_catching, args=(after, params), name="autobatch-snapshot", daemon=True
         )
@@ -111,14 +127,53 @@ class Snapshot:
             if self.optimizer is not None:
                 self.optimizer_state = _to_cpu(self.optimizer.state_dict())
 
+    def _stage_on_device(self, params: list[tuple[str, torch.Tensor]], limit: int) -> bool:
+        """Copy the parameters and the optimizer's state into one device buffer (queued before
+        anything the probe runs); False when they do not qualify (:meth:`DeviceStage.create`)."""
+        assert self.optimizer is not None
+        tensors = [param for _, param in params]
+        template = split_state(self.optimizer.state_dict(), tensors)
+        stage = None if template is None else DeviceStage.create(tensors, limit)
+        if stage is None:
+            return False
+        self._stage, self.optimizer_state = stage, template
+        return True
+
+    def _copy_staged(self, names: list[str]) -> None:
+        """The thread's work with a staged copy: the buffer to host memory, then the parameters
+        and the state from it. If the host copy fails, the device buffer is kept and restored from."""
+        assert self._stage is not None
+        try:
+            try:
+                copies = self._stage.to_host()
+            except Exception as exc:  # noqa: BLE001 - the device buffer still holds every value
+                log.warning("autobatch kept the probe's snapshot on the device: copying it to host memory failed (%s)", exc)
+                copies, self._stage_kept = self._stage.on_device(), True
+            self.tensors.update(zip(names, copies))
+            self.optimizer_state = fill_state(self.optimizer_state, copies[len(names):])
+        except BaseException as exc:  # noqa: BLE001 - handed to the thread that waits
+            self._copy_error = exc
+
+    def staged_bytes(self) -> int:
+        """Device bytes the staged copy holds now (0: none, or freed)."""
+        stage = self._stage
+        return 0 if stage is None or stage.buffer is None else stage.nbytes
+
+    def copy_done(self) -> bool:
+        """Whether the background copy has finished (:meth:`wait` would not block)."""
+        return self._copier is None or not self._copier.is_alive()
+
     def wait(self) -> None:
-        """Block until a background copy is complete; re-raise its error, if any."""
+        """Block until a background copy is complete; re-raise its error, if any. Frees the
+        staged device buffer once its host copy exists."""
         if self._hook is not None:
             self._hook.remove()
             self._hook = None
         if self._copier is not None:
             self._copier.join()
             self._copier = None
+        if self._stage is not None and not self._stage_kept:
+            self._stage.release()
         if self._copy_error is not None:
             # raised before the optimizer step that waited, so the weights are unchanged
             error, self._copy_error, self._copy_failed = self._copy_error, None, True
@@ -146,6 +201,8 @@ class Snapshot:
             # (Adam moments that did not exist before) disappears again; it casts tensors
             # back to each parameter's device; sharded state becomes DTensors laid out as before.
             self.optimizer.load_state_dict(from_cpu_local(self.optimizer_state))
+        if self._stage is not None:  # a kept device copy is not needed any more
+            self._stage.release()
         torch.set_rng_state(self.rng_cpu)
         if self.rng_cuda is not None:
             torch.cuda.set_rng_state_all(self.rng_cuda)

@@ -130,7 +130,7 @@ def _predict(runner: TrialRunner, passes, start_units: int, max_units: int, mult
     outcome = predictive(
         passes, peak_of, start_units, max_units, usable, prior=None if prior is None else prior[0],
         above_first=runner.search_steps < runner.steps,  # a full pass costs more than an OOM
-        resident_of=resident_of,
+        resident_of=resident_of, short_of=lambda units: runner.short_of(units * multiple_of),
     )
     fit = outcome.fit_record(multiple_of)
     if fit is not None and usable != capacity:

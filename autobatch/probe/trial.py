@@ -4,87 +4,20 @@ from __future__ import annotations
 
 import logging
 import time
-from contextlib import contextmanager
-from dataclasses import asdict, dataclass
-from typing import Callable, Iterator
+from typing import TYPE_CHECKING, Callable
 
 from ..memory.devices import DeviceMemory
-from ..memory.oom import free_memory, is_oom_error
+from ..memory.oom import free_memory, is_oom_error, requested_bytes
 from ..memory.units import format_bytes
 from .autotune import Autotune
+from .records import TrialRecord, notify, watch_trials
+
+if TYPE_CHECKING:
+    from .restore import Snapshot
 
 __all__ = ["TrialRecord", "TrialRunner", "watch_trials"]
 
 log = logging.getLogger("autobatch")
-
-#: ``callback(batch_size, purpose, record)`` of every :func:`watch_trials` context: record is
-#: None when a trial starts, the :class:`TrialRecord` when it ended.
-_watchers: list[Callable[[int, str, "TrialRecord | None"], None]] = []
-
-
-@contextmanager
-def watch_trials(callback: Callable[[int, str, "TrialRecord | None"], None]) -> Iterator[None]:
-    """Call ``callback(batch_size, purpose, None)`` as each trial starts and
-    ``callback(batch_size, purpose, record)`` as it ends, while the context is open (how the
-    CLI shows progress without threading a callback through every strategy)."""
-    _watchers.append(callback)
-    try:
-        yield
-    finally:
-        _watchers.remove(callback)
-
-
-def _notify(batch_size: int, purpose: str, record: "TrialRecord | None") -> None:
-    for callback in list(_watchers):
-        try:
-            callback(batch_size, purpose, record)
-        except Exception as exc:  # noqa: BLE001 - a display must never break a probe
-            log.debug("trial watcher failed: %s: %s", type(exc).__name__, exc)
-
-
-@dataclass
-class TrialRecord:
-    """The outcome of one trial.
-
-    ``peak_bytes`` is the device's allocated-memory peak during the trial (for a failed
-    trial, the peak reached before the failure); ``reserved_bytes`` the allocator's reserved
-    peak (what a per-process cap limits; equal to ``peak_bytes`` on the simulated device);
-    ``purpose`` says why the strategy ran it (``search``, ``fit``, ``estimate``, ``verify``,
-    ``bisect``, ``margin``, ``confirm``); ``steps`` how many times it called the step (a
-    trial that ran out of memory stopped during one of them). A passing trial also records
-    its last step alone: ``step_peak_bytes``, that step's allocated peak, and
-    ``resident_bytes``, what was allocated as it began (weights, optimizer state). By the
-    last step, state the first step created lazily (Adam's moments) already exists, so these
-    are the figures of a training step in steady state.
-
-    What the caching allocator did (on an accelerator; 0 on the simulated device):
-    ``fragmentation_bytes`` is the last step's reserved peak less its allocated peak (memory the
-    allocator held but no tensor used at the worst moment), ``inactive_split_bytes`` the bytes
-    of split blocks the allocator could not hand out whole at the end of the trial. A
-    ``settle`` trial (the answer's confirmation) may run more than its ``steps`` while these
-    still grow. ``autotuned``: cuDNN autotuning was on (None: the user had it off, or not CUDA).
-    ``over_bytes``: for a trial that ran its steps but came too close to the capacity (above the
-    allocator's headroom, or at its wall: :meth:`TrialRunner._wall_excess`), how many bytes its steady step would
-    have to save (what a smaller size has to save).
-    """
-
-    batch_size: int
-    passed: bool
-    peak_bytes: int | None
-    seconds: float
-    purpose: str = "search"
-    error: str | None = None
-    reserved_bytes: int | None = None
-    steps: int | None = None
-    step_peak_bytes: int | None = None
-    resident_bytes: int | None = None
-    fragmentation_bytes: int | None = None
-    inactive_split_bytes: int | None = None
-    autotuned: bool | None = None
-    over_bytes: int | None = None
-
-    def to_dict(self) -> dict:
-        return asdict(self)
 
 
 class TrialRunner:
@@ -117,7 +50,10 @@ class TrialRunner:
     by step (reset before each step; the trial's peak is the largest), so the last step's own
     figures are known too. ``agree``, when given, turns the local record into the one every
     rank shares (under ``torch.distributed``: :func:`~autobatch.dist.probe.agree_trial`);
-    it runs after the memory is freed.
+    it runs after the memory is freed. ``staging``, when given, is the probe's
+    :class:`~autobatch.probe.restore.Snapshot` with its weights staged in one device buffer
+    until their host copy is done: search trials may run beside it (its bytes taken off their
+    figures; one that fails runs again without it), a trial that may be the answer never does.
     """
 
     def __init__(
@@ -132,6 +68,7 @@ class TrialRunner:
         autotune: "Autotune | None" = None,
         settle_final: bool = False,
         settle_more: Callable[[bool], bool] | None = None,
+        staging: "Snapshot | None" = None,
     ) -> None:
         self.fn = fn
         self.settle_more = settle_more if settle_more is not None else (lambda more: more)
@@ -148,6 +85,8 @@ class TrialRunner:
         self._settled: set[int] = set()  # ids of records of settle trials
         self._leftover = False  # a failed trial left memory held that a quick collection did not free
         self._full_collection_frees: bool | None = None  # what the last full collection did
+        self.staging = staging
+        self._beside = 0  # bytes of the staged copy the current trial runs beside
 
     def __call__(self, batch_size: int, purpose: str = "search", *, final: bool = False) -> bool:
         """Whether ``batch_size`` trains; runs a trial unless it was tried already.
@@ -166,13 +105,18 @@ class TrialRunner:
         confirmation, :func:`~autobatch.probe.search._confirm`) also cuDNN autotuning as the user
         set it. A trial stops early once its allocated peak is above ``peak_limit``."""
         steps = self.steps if steps is None else steps
-        _notify(batch_size, purpose, None)
+        notify(batch_size, purpose, None)
         # autotuning (seconds per new shape) only where the answer is confirmed: a size that
         # fails untuned never costs an autotuning pass, and the answer is known to train tuned
         tuned = settle and purpose == "confirm" and self.autotune is not None and self.autotune.wanted
+        # a trial that may be the answer never runs beside the snapshot's staged copy
+        self._beside = self._staged_now(final=settle or purpose in ("confirm", "margin"))
         error = self._attempt_as(batch_size, steps, settle, tuned)
+        if error is not None and self._beside and self._unstaged():
+            error = self._attempt_as(batch_size, steps, settle, tuned)  # it may have failed for the buffer
         if error is not None and self._garbage_was_in_the_way():
             error = self._attempt_as(batch_size, steps, settle, tuned)
+        self._discount_stage()
         steps = self._steps_run
         seconds = time.perf_counter() - self._started
         peak, reserved = self._peak, self._reserved
@@ -196,6 +140,7 @@ class TrialRunner:
         step_peak = self._step_peak if error is None or over_bytes else None
         resident = self._resident if error is None or over_bytes else None
         if ran_out:
+            over_bytes = self._shortfall(error)
             self._clean_up_after_oom()
         record = TrialRecord(
             batch_size, error is None, peak, seconds, purpose, error, reserved, steps, step_peak, resident,
@@ -215,7 +160,7 @@ class TrialRunner:
             format_bytes(peak),
             seconds,
         )
-        _notify(batch_size, purpose, record)
+        notify(batch_size, purpose, record)
         return record
 
     def confirmed(self, batch_size: int, *, after_last_oom: bool) -> bool:
@@ -239,6 +184,57 @@ class TrialRunner:
             return self._attempt(batch_size, steps, settle)
         with self.autotune.trial(tuned):
             return self._attempt(batch_size, steps, settle)
+
+    def _shortfall(self, error: str) -> int | None:
+        """For a trial that ran out of memory: bytes its step needed at least beyond what a
+        passing step may allocate (the peak limit; the capacity where there is none): what was
+        allocated when it failed plus the allocation that failed. None when the message does
+        not name the allocation, or these figures leave room (the failure was fragmentation)."""
+        requested = requested_bytes(error)
+        if requested is None or self._failed_at is None:
+            return None
+        usable = self.peak_limit if self.peak_limit is not None else self.memory.capacity()
+        short = self._failed_at - self._beside + requested - usable
+        return short if short > 0 else None
+
+    def short_of(self, batch_size: int) -> int | None:
+        """:attr:`TrialRecord.over_bytes` of the latest failed trial at ``batch_size`` (None: none,
+        or no figure): at least how many bytes that size needs beyond what fits."""
+        for record in reversed(self.records):
+            if record.batch_size == batch_size and not record.passed:
+                return record.over_bytes
+        return None
+
+    def _staged_now(self, *, final: bool) -> int:
+        """Device bytes of the snapshot's staged copy (:mod:`~autobatch.probe.staging`) the
+        next trial runs beside: 0 when there is none, or once its host copy is done (then it
+        is freed), or for a trial that may be the answer (freed first, waiting for the copy)."""
+        if self.staging is None:
+            return 0
+        if final or self.staging.copy_done():
+            self.staging.wait()
+        return self.staging.staged_bytes()
+
+    def _unstaged(self) -> bool:
+        """After a failure beside the staged copy: free it (waiting for its host copy);
+        whether that freed its bytes, so the trial runs again without them."""
+        self._clean_up_after_oom()
+        self.staging.wait()
+        freed = self.staging.staged_bytes() < self._beside
+        self._beside = self.staging.staged_bytes()
+        return freed
+
+    def _discount_stage(self) -> None:
+        """Take the staged copy's bytes (one allocation, a segment of its own, constant during
+        the trial) off the trial's figures: they are then those of the trial without it."""
+        if not self._beside:
+            return
+        self._peak -= self._beside
+        self._reserved -= self._beside
+        if self._step_peak is not None:
+            self._step_peak -= self._beside
+        if self._resident is not None:
+            self._resident -= self._beside
 
     def _clean_up_after_oom(self) -> None:
         """Drop what the failed step left (``after_oom``), collect the young garbage its failure
@@ -278,6 +274,7 @@ class TrialRunner:
         self._peak = self._reserved = 0
         self._step_peak = self._resident = self._fragmentation = self._inactive_split = None
         self._steps_run = 0
+        self._failed_at = None
         self._started = time.perf_counter()
         step_reserved: list[int] = []
         try:
@@ -293,7 +290,7 @@ class TrialRunner:
                 finally:
                     self._fold_peaks()
                 step_reserved.append(self.memory.peak_reserved())
-                if self.agree is None and self.peak_limit is not None and self._peak > self.peak_limit:
+                if self.agree is None and self.peak_limit is not None and self._peak - self._beside > self.peak_limit:
                     # too close already: more steps cannot make it pass. Not under agreement:
                     # ranks in lockstep make the same calls, and each step enters collectives
                     break
@@ -302,6 +299,7 @@ class TrialRunner:
         except BaseException as exc:  # noqa: BLE001 - re-raised below unless it is an OOM
             if not is_oom_error(exc):
                 raise
+            self._failed_at = self.memory.allocated()  # the failed step's tensors are still held here
             return str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
         return None
 

@@ -24,32 +24,19 @@ the answer errs small.
 from __future__ import annotations
 
 import math
-import re
 from typing import Any
 
 import torch
 
 from ..memory.devices import AcceleratorMemory, DeviceMemory, SimulatedDeviceMemory
+from ..memory.oom import requested_bytes
 from ..memory.simulated import active_simulation
-from ..memory.units import parse_bytes
 from ..probe.search import peak_limit
 
 __all__ = ["StepMemory"]
 
-_REQUESTED = re.compile(r"[Tt]ried to allocate\s+([0-9.]+\s*[KMGT]?i?B)")
 #: points kept per micro-batch size (the newest wins); sizes kept in all
 _MAX_SIZES = 8
-
-
-def requested_bytes(error: str) -> int | None:
-    """The allocation an OOM message says failed ("Tried to allocate 2.00 GiB"), or None."""
-    match = _REQUESTED.search(error or "")
-    if match is None:
-        return None
-    try:
-        return parse_bytes(match.group(1).replace(" ", ""), name="error")
-    except ValueError:
-        return None
 
 
 class StepMemory:

@@ -368,3 +368,27 @@ def test_under_a_peak_limit_every_strategy_stops_at_it(curve):
     assert results["auto"].batch_size == found
     assert CURVES[curve](found) <= limit < CURVES[curve](found + 1)
     assert results["auto"].num_trials < results["binary"].num_trials
+
+
+def test_a_refuted_line_steps_down_by_the_failed_sizes_shortfall(monkeypatch):
+    """A memory curve that bends up near the capacity: the line from two passing trials says
+    247 fits; 247 runs out of memory, and what it had allocated plus the allocation that failed
+    (its ``over_bytes``) is worth ~11 samples at the line's slope, so the next trial is at the
+    bracket's midpoint, not a 0.5 % stride down. Same answer, fewer trials than without."""
+    from autobatch import find_max_batch, simulated_memory
+    from autobatch.probe.trial import TrialRunner
+
+    def step(batch_size: int) -> None:
+        linear = torch.empty(batch_size * 2**16, dtype=torch.uint8)
+        bend = torch.empty(max(0, batch_size - 200) ** 2 * 600, dtype=torch.uint8)
+        del linear, bend
+
+    with simulated_memory("16MiB"):
+        informed = find_max_batch(step, steps_per_trial=1)
+    refuted = next(t for t in informed.trials if not t.passed and t.purpose == "verify")
+    assert refuted.over_bytes and refuted.over_bytes > 10 * 2**16
+    monkeypatch.setattr(TrialRunner, "short_of", lambda self, batch_size: None)
+    with simulated_memory("16MiB"):
+        blind = find_max_batch(step, steps_per_trial=1)
+    assert informed.batch_size == blind.batch_size == 240
+    assert len(informed.trials) < len(blind.trials)

@@ -454,3 +454,73 @@ def test_old_garbage_left_by_an_oom_cannot_fail_a_size(monkeypatch):
         assert device.current_bytes == before
     assert littered.batch_size == clean == 256
     assert [r.batch_size for r in littered.trials][:2] == [512, 256] and 2 in made
+
+
+# ---- trials beside the snapshot's staged device copy ----------------------------------------
+
+class _FakeStage:
+    """The staging side of a Snapshot: a buffer held in the (simulated) device budget until
+    ``wait`` frees it; ``done`` says whether its host copy has finished."""
+
+    def __init__(self, nbytes: int, done: bool = False) -> None:
+        self.buffer: torch.Tensor | None = torch.empty(nbytes, dtype=torch.uint8)
+        self.nbytes, self.done, self.waits = nbytes, done, 0
+
+    def staged_bytes(self) -> int:
+        return 0 if self.buffer is None else self.nbytes
+
+    def copy_done(self) -> bool:
+        return self.done
+
+    def wait(self) -> None:
+        self.waits += 1
+        self.buffer = None
+
+
+def _linear_step(per_sample: int = 2**16):
+    def step(batch_size: int) -> None:
+        torch.empty(batch_size * per_sample, dtype=torch.uint8)
+
+    return step
+
+
+def test_a_trial_beside_the_staged_copy_measures_as_without_it():
+    """A search trial that passes beside the staged buffer records the figures of the same
+    trial without it (its bytes taken off peak, reserved, step peak and resident)."""
+    with simulated_memory("16MiB") as device:
+        plain = TrialRunner(_linear_step(), SimulatedDeviceMemory(device), steps=1)
+        plain(40)
+        stage = _FakeStage(2 * 2**20)
+        beside = TrialRunner(_linear_step(), SimulatedDeviceMemory(device), steps=1, staging=stage)
+        beside(40)
+        assert stage.waits == 0  # passed beside it: nothing to wait for
+    a, b = plain.records[-1], beside.records[-1]
+    assert (b.peak_bytes, b.step_peak_bytes, b.resident_bytes, b.reserved_bytes) == (
+        a.peak_bytes, a.step_peak_bytes, a.resident_bytes, a.reserved_bytes)
+
+
+def test_a_trial_that_fails_beside_the_staged_copy_runs_again_without_it():
+    """200 samples fit the 16 MiB budget only without the 4 MiB buffer: the trial fails beside
+    it, the buffer is freed (waiting for its host copy) and the trial runs again and passes."""
+    with simulated_memory("16MiB") as device:
+        stage = _FakeStage(4 * 2**20)
+        runner = TrialRunner(_linear_step(), SimulatedDeviceMemory(device), steps=1, staging=stage)
+        assert runner(200)
+        assert stage.waits == 1 and stage.staged_bytes() == 0
+        assert [r.batch_size for r in runner.records] == [200]  # one record: the rerun's
+
+
+def test_the_answers_trial_never_runs_beside_the_staged_copy():
+    """A trial that may be the answer (final, settled or a confirmation) frees the buffer
+    first; so does any trial once the host copy is done."""
+    with simulated_memory("16MiB") as device:
+        stage = _FakeStage(2**20)
+        runner = TrialRunner(_linear_step(), SimulatedDeviceMemory(device), steps=1, staging=stage)
+        runner(10)
+        assert stage.staged_bytes() == 2**20
+        runner.run(10, "confirm")
+        assert stage.staged_bytes() == 0
+        done = _FakeStage(2**20, done=True)
+        runner = TrialRunner(_linear_step(), SimulatedDeviceMemory(device), steps=1, staging=done)
+        runner(10)
+        assert done.staged_bytes() == 0
