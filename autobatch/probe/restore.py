@@ -203,6 +203,9 @@ class Snapshot:
             self.optimizer.load_state_dict(from_cpu_local(self.optimizer_state))
         if self._stage is not None:  # a kept device copy is not needed any more
             self._stage.release()
+            self._stage = None
+            self.tensors, self.optimizer_state = {}, None  # the page-locked host copy goes back
+            _empty_host_cache()
         torch.set_rng_state(self.rng_cpu)
         if self.rng_cuda is not None:
             torch.cuda.set_rng_state_all(self.rng_cuda)
@@ -212,3 +215,10 @@ def _named_state(model: torch.nn.Module, *, parameters: bool = True):
     if parameters:
         yield from model.named_parameters()
     yield from ((name, buf) for name, buf in model.named_buffers() if buf is not None)
+
+
+def _empty_host_cache() -> None:
+    """Return cached page-locked host memory (the staged snapshot's copy) to the system."""
+    empty = getattr(torch._C, "_host_emptyCache", None)
+    if empty is not None and torch.cuda.is_available():
+        empty()

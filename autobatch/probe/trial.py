@@ -112,7 +112,7 @@ class TrialRunner:
         # a trial that may be the answer never runs beside the snapshot's staged copy
         self._beside = self._staged_now(final=settle or purpose in ("confirm", "margin"))
         error = self._attempt_as(batch_size, steps, settle, tuned)
-        if error is not None and self._beside and self._unstaged():
+        if error is not None and self._beside and self._shortfall(error, beside_only=True) is None and self._unstaged():
             error = self._attempt_as(batch_size, steps, settle, tuned)  # it may have failed for the buffer
         if error is not None and self._garbage_was_in_the_way():
             error = self._attempt_as(batch_size, steps, settle, tuned)
@@ -185,16 +185,22 @@ class TrialRunner:
         with self.autotune.trial(tuned):
             return self._attempt(batch_size, steps, settle)
 
-    def _shortfall(self, error: str) -> int | None:
-        """For a trial that ran out of memory: bytes its step needed at least beyond what a
-        passing step may allocate (the peak limit; the capacity where there is none): what was
-        allocated when it failed plus the allocation that failed. None when the message does
-        not name the allocation, or these figures leave room (the failure was fragmentation)."""
+    def _shortfall(self, error: str, *, beside_only: bool = False) -> int | None:
+        """For a trial that ran out of memory: bytes its step needed beyond what a passing step
+        may allocate (the peak limit; the capacity where there is none), None when unknown.
+
+        What was allocated when it failed plus the allocation that failed is a lower bound
+        (with ``beside_only``, only that: proof that the size fails without the staged copy
+        too). Where it leaves room, the failure was the allocator's: its reserved memory plus
+        the request passed the capacity (blocks held but too split); that figure, an estimate
+        a smaller size may share, sizes the search's next stride down, never an answer."""
         requested = requested_bytes(error)
         if requested is None or self._failed_at is None:
             return None
         usable = self.peak_limit if self.peak_limit is not None else self.memory.capacity()
         short = self._failed_at - self._beside + requested - usable
+        if short <= 0 and not beside_only and self._reserved_at_failure is not None:
+            short = self._reserved_at_failure - self._beside + requested - self.memory.capacity()
         return short if short > 0 else None
 
     def short_of(self, batch_size: int) -> int | None:
@@ -274,7 +280,7 @@ class TrialRunner:
         self._peak = self._reserved = 0
         self._step_peak = self._resident = self._fragmentation = self._inactive_split = None
         self._steps_run = 0
-        self._failed_at = None
+        self._failed_at = self._reserved_at_failure = None
         self._started = time.perf_counter()
         step_reserved: list[int] = []
         try:
@@ -300,6 +306,7 @@ class TrialRunner:
             if not is_oom_error(exc):
                 raise
             self._failed_at = self.memory.allocated()  # the failed step's tensors are still held here
+            self._reserved_at_failure = self.memory.reserved()
             return str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
         return None
 

@@ -158,6 +158,8 @@ def test_a_staged_snapshot_restores_bit_exactly_and_finds_the_unstaged_answer(mo
     after = step.model.state_dict()
     assert all(torch.equal(before[k], after[k]) for k in before)
     assert len(step.optimizer.state) == 0
+    del step, before, after
+    free_memory()  # the second probe must not run beside the first model
     monkeypatch.setattr(find, "STAGE_FRACTION", 0.0)
     unstaged = find_max_batch(_wide_mlp_step(), memory_limit="1GiB", cache=False)
     assert len(created) == 1  # no staging the second time

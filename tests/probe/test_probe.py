@@ -524,3 +524,15 @@ def test_the_answers_trial_never_runs_beside_the_staged_copy():
         runner = TrialRunner(_linear_step(), SimulatedDeviceMemory(device), steps=1, staging=done)
         runner(10)
         assert done.staged_bytes() == 0
+
+
+def test_a_size_that_fails_without_the_staged_copy_too_does_not_wait_for_it():
+    """What was allocated when it failed (less the buffer) plus the allocation that failed is
+    more than the budget: the size fails without the buffer as well, so the trial stands and
+    nothing waits for the host copy."""
+    with simulated_memory("16MiB") as device:
+        stage = _FakeStage(2**20)
+        runner = TrialRunner(_linear_step(), SimulatedDeviceMemory(device), steps=1, staging=stage)
+        assert not runner(400)
+        assert stage.waits == 0 and stage.staged_bytes() == 2**20
+        assert runner.records[-1].over_bytes == 400 * 2**16 - 16 * 2**20
