@@ -13,14 +13,15 @@ ResNet-50's 98 MiB, 0.32 s for GPT-2's 475 MiB, at ~1.5 GB/s into fresh host mem
 first trial runs, and the optimizer's next ``step()`` waits for that copy (a step pre-hook):
 in a :class:`~autobatch.TrainStep` nothing else writes them. Buffers (which forward may
 update, as BatchNorm's statistics), gradients, training flags and random states are copied at
-once.
+once. On CUDA, with ``stage_within``, the parameters and state are first staged in one device
+buffer (:mod:`~autobatch.probe.staging`): nothing waits for the host copy, and the restore
+copies back from the device while the buffer exists.
 """
 
 from __future__ import annotations
 
 import contextlib
 import copy
-import logging
 import threading
 from dataclasses import dataclass, field
 from typing import Any
@@ -28,11 +29,9 @@ from typing import Any
 import torch
 
 from .shards import Shard, from_cpu_local, local, to_cpu_local
-from .staging import DeviceStage, fill_state, split_state
+from .staging import StagedCopy
 
 __all__ = ["Snapshot"]
-
-log = logging.getLogger("autobatch")
 
 
 def _to_cpu(value: Any) -> Any:
@@ -62,8 +61,8 @@ class Snapshot:
     _hook: Any = field(default=None, repr=False, compare=False)
     _copy_failed: bool = field(default=False, repr=False, compare=False)
 
-    _stage: DeviceStage | None = field(default=None, repr=False, compare=False)
-    _stage_kept: bool = field(default=False, repr=False, compare=False)
+    _staged: StagedCopy | None = field(default=None, repr=False, compare=False)
+    _spent: bool = field(default=False, repr=False, compare=False)
 
     @classmethod
     def take(
@@ -92,10 +91,8 @@ class Snapshot:
                 snap.optimizer_state = _to_cpu(optimizer.state_dict())
             return snap
         params = [] if model is None else list(model.named_parameters())
-        if stage_within and snap._stage_on_device(params, stage_within):
-            names = [name for name, _ in params]
-            snap._copier = threading.Thread(target=snap._copy_staged, args=(names,), name="autobatch-snapshot", daemon=True)
-            snap._copier.start()
+        snap._staged = StagedCopy.start(params, optimizer, stage_within) if stage_within else None
+        if snap._staged is not None:
             return snap
         snap._hook = optimizer.register_step_pre_hook(lambda *_: snap.wait())
         devices = {param.device for group in optimizer.param_groups for param in group["params"]}
@@ -127,40 +124,14 @@ class Snapshot:
             if self.optimizer is not None:
                 self.optimizer_state = _to_cpu(self.optimizer.state_dict())
 
-    def _stage_on_device(self, params: list[tuple[str, torch.Tensor]], limit: int) -> bool:
-        """Copy the parameters and the optimizer's state into one device buffer (queued before
-        anything the probe runs); False when they do not qualify (:meth:`DeviceStage.create`)."""
-        assert self.optimizer is not None
-        tensors = [param for _, param in params]
-        template = split_state(self.optimizer.state_dict(), tensors)
-        stage = None if template is None else DeviceStage.create(tensors, limit)
-        if stage is None:
-            return False
-        self._stage, self.optimizer_state = stage, template
-        return True
-
-    def _copy_staged(self, names: list[str]) -> None:
-        """The thread's work with a staged copy: the buffer to host memory, then the parameters
-        and the state from it. If the host copy fails, the device buffer is kept and restored from."""
-        assert self._stage is not None
-        try:
-            try:
-                copies = self._stage.to_host()
-            except Exception as exc:  # noqa: BLE001 - the device buffer still holds every value
-                log.warning("autobatch kept the probe's snapshot on the device: copying it to host memory failed (%s)", exc)
-                copies, self._stage_kept = self._stage.on_device(), True
-            self.tensors.update(zip(names, copies))
-            self.optimizer_state = fill_state(self.optimizer_state, copies[len(names):])
-        except BaseException as exc:  # noqa: BLE001 - handed to the thread that waits
-            self._copy_error = exc
-
     def staged_bytes(self) -> int:
         """Device bytes the staged copy holds now (0: none, or freed)."""
-        stage = self._stage
-        return 0 if stage is None or stage.buffer is None else stage.nbytes
+        return 0 if self._staged is None else self._staged.held_bytes()
 
     def copy_done(self) -> bool:
         """Whether the background copy has finished (:meth:`wait` would not block)."""
+        if self._staged is not None:
+            return self._staged.done()
         return self._copier is None or not self._copier.is_alive()
 
     def wait(self) -> None:
@@ -172,16 +143,23 @@ class Snapshot:
         if self._copier is not None:
             self._copier.join()
             self._copier = None
-        if self._stage is not None and not self._stage_kept:
-            self._stage.release()
+        if self._staged is not None:
+            self._staged.wait()
         if self._copy_error is not None:
             # raised before the optimizer step that waited, so the weights are unchanged
             error, self._copy_error, self._copy_failed = self._copy_error, None, True
             raise RuntimeError(f"autobatch could not snapshot the model before probing: {error}") from error
 
     def restore(self) -> None:
-        """Write the snapshot back into the same objects (their identity is preserved)."""
-        self.wait()
+        """Write the snapshot back into the same objects (their identity is preserved). A
+        staged snapshot restores once (its copy is let go afterwards)."""
+        if self._spent:
+            raise RuntimeError("this snapshot was staged on the device and has been restored already")
+        if self._staged is not None:  # from the device buffer while it exists: no wait
+            tensors, self.optimizer_state = self._staged.copies()
+            self.tensors.update(tensors)
+        else:
+            self.wait()
         with torch.no_grad():
             if self.model is not None:
                 for name, tensor in _named_state(self.model):
@@ -201,11 +179,9 @@ class Snapshot:
             # (Adam moments that did not exist before) disappears again; it casts tensors
             # back to each parameter's device; sharded state becomes DTensors laid out as before.
             self.optimizer.load_state_dict(from_cpu_local(self.optimizer_state))
-        if self._stage is not None:  # a kept device copy is not needed any more
-            self._stage.release()
-            self._stage = None
-            self.tensors, self.optimizer_state = {}, None  # the page-locked host copy goes back
-            _empty_host_cache()
+        if self._staged is not None:  # let go of the buffer's views, so the cache can return it
+            self._staged = None
+            self.tensors, self.optimizer_state, self._spent = {}, None, True
         torch.set_rng_state(self.rng_cpu)
         if self.rng_cuda is not None:
             torch.cuda.set_rng_state_all(self.rng_cuda)
@@ -216,9 +192,3 @@ def _named_state(model: torch.nn.Module, *, parameters: bool = True):
         yield from model.named_parameters()
     yield from ((name, buf) for name, buf in model.named_buffers() if buf is not None)
 
-
-def _empty_host_cache() -> None:
-    """Return cached page-locked host memory (the staged snapshot's copy) to the system."""
-    empty = getattr(torch._C, "_host_emptyCache", None)
-    if empty is not None and torch.cuda.is_available():
-        empty()

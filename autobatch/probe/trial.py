@@ -52,8 +52,9 @@ class TrialRunner:
     rank shares (under ``torch.distributed``: :func:`~autobatch.dist.probe.agree_trial`);
     it runs after the memory is freed. ``staging``, when given, is the probe's
     :class:`~autobatch.probe.restore.Snapshot` with its weights staged in one device buffer
-    until their host copy is done: search trials may run beside it (its bytes taken off their
-    figures; one that fails runs again without it), a trial that may be the answer never does.
+    until their host copy is done: trials run beside it with its bytes taken off their figures
+    (a passing size passes without it too), and one that runs out of memory beside it runs
+    again without it, unless its own figures prove that it fails either way.
     """
 
     def __init__(
@@ -109,8 +110,7 @@ class TrialRunner:
         # autotuning (seconds per new shape) only where the answer is confirmed: a size that
         # fails untuned never costs an autotuning pass, and the answer is known to train tuned
         tuned = settle and purpose == "confirm" and self.autotune is not None and self.autotune.wanted
-        # a trial that may be the answer never runs beside the snapshot's staged copy
-        self._beside = self._staged_now(final=settle or purpose in ("confirm", "margin"))
+        self._beside = self._staged_now()
         error = self._attempt_as(batch_size, steps, settle, tuned)
         if error is not None and self._beside and self._shortfall(error, beside_only=True) is None and self._unstaged():
             error = self._attempt_as(batch_size, steps, settle, tuned)  # it may have failed for the buffer
@@ -211,13 +211,13 @@ class TrialRunner:
                 return record.over_bytes
         return None
 
-    def _staged_now(self, *, final: bool) -> int:
+    def _staged_now(self) -> int:
         """Device bytes of the snapshot's staged copy (:mod:`~autobatch.probe.staging`) the
         next trial runs beside: 0 when there is none, or once its host copy is done (then it
-        is freed), or for a trial that may be the answer (freed first, waiting for the copy)."""
+        is freed first)."""
         if self.staging is None:
             return 0
-        if final or self.staging.copy_done():
+        if self.staging.copy_done():
             self.staging.wait()
         return self.staging.staged_bytes()
 
