@@ -5,7 +5,7 @@ cProfile: the probe's total, the sum of its trials' own seconds, and the functio
 largest cumulative time (autobatch's and torch's allocator / cuDNN calls), so the time
 outside the trials (cleanup after OOM trials, the snapshot, the restore) is visible.
 
-    python scripts/diag_probe_time.py --workloads resnet50,vit_b16,gpt2 --forms trainstep,plain
+    python scripts/diag_probe_time.py --workloads resnet50,vit_b16,gpt2 --forms trainstep,trainstep_unstaged,plain
     python scripts/diag_probe_time.py --device cpu --quick          (seconds; proves it runs)
 """
 
@@ -36,7 +36,11 @@ def one(args) -> dict:
     cap = None if device == "cpu" else args.memory_limit
     warm_up(name, device, args.quick)
     model, optimizer, loss_fn, make, dtype, _ = build(name, device, args.quick)
-    fn = (autobatch.TrainStep(model, optimizer, loss_fn, make, autocast_dtype=dtype) if form == "trainstep"
+    if form == "trainstep_unstaged":  # the snapshot copied to host memory only (no device staging)
+        from autobatch.probe import find
+
+        find.STAGE_FRACTION = 0.0
+    fn = (autobatch.TrainStep(model, optimizer, loss_fn, make, autocast_dtype=dtype) if form.startswith("trainstep")
           else plain_step(model, optimizer, loss_fn, make, dtype, device))
     profiler = cProfile.Profile()
     began = time.perf_counter()
@@ -62,6 +66,7 @@ def main() -> None:
     parser.add_argument("--forms", default="trainstep,plain")
     parser.add_argument("--memory-limit", default="8GiB")
     parser.add_argument("--top", type=int, default=45)
+    parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--out", default=None)
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--form", default=None, help=argparse.SUPPRESS)
@@ -72,18 +77,19 @@ def main() -> None:
                 return print(json.dumps(one(args)))
         return print(json.dumps(one(args)))
     rows = []
-    for name in args.workloads.split(","):
-        for form in args.forms.split(","):
-            command = [sys.executable, __file__, "--child", name, "--form", form, "--device", args.device,
-                       "--memory-limit", args.memory_limit, "--top", str(args.top), *(["--quick"] if args.quick else [])]
-            done = subprocess.run(command, capture_output=True, text=True, timeout=300)
-            if done.returncode != 0:
-                rows.append({"workload": name, "form": form, "error": done.stderr.strip().splitlines()[-3:]})
-                continue
-            row = json.loads(done.stdout.strip().splitlines()[-1])
-            rows.append(row)
-            print(f"== {name} {form}: batch {row['batch']} total {row['total_s']} s, in trials {row['trials_s']} s; {row['trials']}")
-            print("\n".join(row["profile"][: args.top + 1]), flush=True)
+    forms = args.forms.split(",")
+    for name, form in [(n, f) for r in range(args.rounds) for n in args.workloads.split(",")
+                       for f in forms[r % len(forms):] + forms[:r % len(forms)]]:  # order rotated per round
+        command = [sys.executable, __file__, "--child", name, "--form", form, "--device", args.device,
+                   "--memory-limit", args.memory_limit, "--top", str(args.top), *(["--quick"] if args.quick else [])]
+        done = subprocess.run(command, capture_output=True, text=True, timeout=300)
+        if done.returncode != 0:
+            rows.append({"workload": name, "form": form, "error": done.stderr.strip().splitlines()[-3:]})
+            continue
+        row = json.loads(done.stdout.strip().splitlines()[-1])
+        rows.append(row)
+        print(f"== {name} {form}: batch {row['batch']} total {row['total_s']} s, in trials {row['trials_s']} s; {row['trials']}")
+        print("\n".join(row["profile"][: args.top + 1]), flush=True)
     if args.out:
         Path(args.out).write_text(json.dumps(rows, indent=1))
 

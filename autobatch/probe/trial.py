@@ -112,7 +112,7 @@ class TrialRunner:
         tuned = settle and purpose == "confirm" and self.autotune is not None and self.autotune.wanted
         self._beside = self._staged_now()
         error = self._attempt_as(batch_size, steps, settle, tuned)
-        if error is not None and self._beside and self._shortfall(error, beside_only=True) is None and self._unstaged():
+        if error is not None and self._beside and not self._fails_without_stage(error) and self._unstaged():
             error = self._attempt_as(batch_size, steps, settle, tuned)  # it may have failed for the buffer
         if error is not None and self._garbage_was_in_the_way():
             error = self._attempt_as(batch_size, steps, settle, tuned)
@@ -202,6 +202,16 @@ class TrialRunner:
         if short <= 0 and not beside_only and self._reserved_at_failure is not None:
             short = self._reserved_at_failure - self._beside + requested - self.memory.capacity()
         return short if short > 0 else None
+
+    def _fails_without_stage(self, error: str) -> bool:
+        """Whether a trial that ran out of memory beside the staged copy would fail without it
+        too: its allocated figures say so (a lower bound), or its reserved ones do by more than
+        ``PROOF_FRACTION`` of the capacity (live segments a smaller footprint shares; a size
+        that far above the boundary does not hinge on where its blocks landed)."""
+        if self._shortfall(error, beside_only=True) is not None:
+            return True
+        short = self._shortfall(error)
+        return short is not None and short > PROOF_FRACTION * self.memory.capacity()
 
     def short_of(self, batch_size: int) -> int | None:
         """:attr:`TrialRecord.over_bytes` of the latest failed trial at ``batch_size`` (None: none,
@@ -364,6 +374,7 @@ class TrialRunner:
 
 
 WALL_BYTES = 2 * 2**20  # the allocator's smallest large block: room for nothing less
+PROOF_FRACTION = 0.05  # a reserved-figure shortfall this large proves a size fails without the staged copy
 
 
 def _split_stat(memory: DeviceMemory) -> int | None:
