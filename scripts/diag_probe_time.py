@@ -5,7 +5,7 @@ cProfile: the probe's total, the sum of its trials' own seconds, and the functio
 largest cumulative time (autobatch's and torch's allocator / cuDNN calls), so the time
 outside the trials (cleanup after OOM trials, the snapshot, the restore) is visible.
 
-    python scripts/diag_probe_time.py --workloads resnet50,vit_b16,gpt2 --forms trainstep,trainstep_unstaged,plain
+    python scripts/diag_probe_time.py --workloads resnet50,vit_b16,gpt2 --forms trainstep,plain
     python scripts/diag_probe_time.py --device cpu --quick          (seconds; proves it runs)
 """
 
@@ -36,11 +36,7 @@ def one(args) -> dict:
     cap = None if device == "cpu" else args.memory_limit
     warm_up(name, device, args.quick)
     model, optimizer, loss_fn, make, dtype, _ = build(name, device, args.quick)
-    if form == "trainstep_unstaged":  # the snapshot copied to host memory only (no device staging)
-        from autobatch.probe import find
-
-        find.STAGE_FRACTION = 0.0
-    fn = (autobatch.TrainStep(model, optimizer, loss_fn, make, autocast_dtype=dtype) if form.startswith("trainstep")
+    fn = (autobatch.TrainStep(model, optimizer, loss_fn, make, autocast_dtype=dtype) if form == "trainstep"
           else plain_step(model, optimizer, loss_fn, make, dtype, device))
     profiler = cProfile.Profile()
     began = time.perf_counter()

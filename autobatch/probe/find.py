@@ -25,7 +25,6 @@ from .arguments import STRATEGY_NAMES, validate_places, validate_probe_args, val
 from .cache import ProbeCache, key_components, key_of
 from .estimated import estimate_only, estimate_prior
 from .restore import Snapshot
-from .staging import STAGE_FRACTION
 from .result import ProbeResult
 from .search import peak_limit, run_search
 from .autotune import Autotune
@@ -161,8 +160,7 @@ def _probe(call: _Call, restore, estimate_first: bool | None) -> ProbeResult:
     fn, args = call.fn, call.probe_args
     snapshot = None
     if restore is not None:  # a TrainStep changes its weights only in the optimizer step: copy meanwhile
-        background = isinstance(fn, TrainStep) and fn.optimizer is restore[1]
-        snapshot = Snapshot.take(*restore, background=background, stage_within=_stage_within(call) if background else None)
+        snapshot = Snapshot.take(*restore, background=isinstance(fn, TrainStep) and fn.optimizer is restore[1])
     prior = None
     autotune = Autotune(call.target)
     try:
@@ -174,7 +172,6 @@ def _probe(call: _Call, restore, estimate_first: bool | None) -> ProbeResult:
                 agree=call.agreement.trial_hook(), search_steps=args["search_steps"],
                 peak_limit=peak_limit(memory, capacity), autotune=autotune, settle_final=not simulated,
                 settle_more=lambda more: call.agreement.settle_more(fn, more),
-                staging=snapshot if snapshot is not None and snapshot.staged_bytes() else None,
             )
             if estimate_first is None:
                 # measured (docs, benchmarks): on the CPU's simulated device tracing is cheap
@@ -207,16 +204,6 @@ def _probe(call: _Call, restore, estimate_first: bool | None) -> ProbeResult:
     if note:
         call.notes.append(note)
     return result
-
-
-def _stage_within(call: _Call) -> int | None:
-    """How many bytes the snapshot may stage on the device (:mod:`~autobatch.probe.staging`):
-    a fraction of the probe's capacity on CUDA; None (no staging) elsewhere and under rank
-    agreement (a trial run again on one rank only would break the ranks' lockstep)."""
-    if call.target.type != "cuda" or call.agreement.active() or not torch.cuda.is_available():
-        return None
-    capacity = call.limit_bytes or torch.cuda.get_device_properties(call.target).total_memory
-    return int(capacity * STAGE_FRACTION)
 
 
 def _after_oom(fn, restore):

@@ -13,9 +13,7 @@ ResNet-50's 98 MiB, 0.32 s for GPT-2's 475 MiB, at ~1.5 GB/s into fresh host mem
 first trial runs, and the optimizer's next ``step()`` waits for that copy (a step pre-hook):
 in a :class:`~autobatch.TrainStep` nothing else writes them. Buffers (which forward may
 update, as BatchNorm's statistics), gradients, training flags and random states are copied at
-once. On CUDA, with ``stage_within``, the parameters and state are first staged in one device
-buffer (:mod:`~autobatch.probe.staging`): nothing waits for the host copy, and the restore
-copies back from the device while the buffer exists.
+once.
 """
 
 from __future__ import annotations
@@ -29,7 +27,6 @@ from typing import Any
 import torch
 
 from .shards import Shard, from_cpu_local, local, to_cpu_local
-from .staging import StagedCopy
 
 __all__ = ["Snapshot"]
 
@@ -61,20 +58,13 @@ class Snapshot:
     _hook: Any = field(default=None, repr=False, compare=False)
     _copy_failed: bool = field(default=False, repr=False, compare=False)
 
-    _staged: StagedCopy | None = field(default=None, repr=False, compare=False)
-    _spent: bool = field(default=False, repr=False, compare=False)
-
     @classmethod
     def take(
-        cls, model: torch.nn.Module | None, optimizer: torch.optim.Optimizer | None = None, *, background: bool = False,
-        stage_within: int | None = None,
+        cls, model: torch.nn.Module | None, optimizer: torch.optim.Optimizer | None = None, *, background: bool = False
     ) -> "Snapshot":
         """Copy the state to CPU memory. ``background``: copy the parameters and optimizer
         state in a thread, finished before the optimizer's next step (needs an optimizer; for
-        a step that changes parameters only through it, such as a ``TrainStep``).
-        ``stage_within`` (bytes, with ``background``): first copy them into one device buffer
-        of at most that size (:mod:`~autobatch.probe.staging`), so the optimizer's next step
-        need not wait; :meth:`staged_bytes` says what it holds until :meth:`wait` frees it."""
+        a step that changes parameters only through it, such as a ``TrainStep``)."""
         snap = cls(model=model, optimizer=optimizer)
         background = background and optimizer is not None
         if model is not None:
@@ -90,10 +80,6 @@ class Snapshot:
             if optimizer is not None:
                 snap.optimizer_state = _to_cpu(optimizer.state_dict())
             return snap
-        params = [] if model is None else list(model.named_parameters())
-        snap._staged = StagedCopy.start(params, optimizer, stage_within) if stage_within else None
-        if snap._staged is not None:
-            return snap
         snap._hook = optimizer.register_step_pre_hook(lambda *_: snap.wait())
         devices = {param.device for group in optimizer.param_groups for param in group["params"]}
         # the copy runs on a stream of its own, after the work queued so far, so that it
@@ -101,6 +87,7 @@ class Snapshot:
         after = {device: torch.cuda.current_stream(device) for device in devices if device.type == "cuda"}
         # the parameters as registered now: FSDP2 swaps full (unsharded) tensors into the
         # modules during a forward, which the thread must not mistake for the sharded ones
+        params = [] if model is None else list(model.named_parameters())
         snap._copier = threading.Thread(
             target=snap._copy_catching, args=(after, params), name="autobatch-snapshot", daemon=True
         )
@@ -124,42 +111,22 @@ class Snapshot:
             if self.optimizer is not None:
                 self.optimizer_state = _to_cpu(self.optimizer.state_dict())
 
-    def staged_bytes(self) -> int:
-        """Device bytes the staged copy holds now (0: none, or freed)."""
-        return 0 if self._staged is None else self._staged.held_bytes()
-
-    def copy_done(self) -> bool:
-        """Whether the background copy has finished (:meth:`wait` would not block)."""
-        if self._staged is not None:
-            return self._staged.done()
-        return self._copier is None or not self._copier.is_alive()
-
     def wait(self) -> None:
-        """Block until a background copy is complete; re-raise its error, if any. Frees the
-        staged device buffer once its host copy exists."""
+        """Block until a background copy is complete; re-raise its error, if any."""
         if self._hook is not None:
             self._hook.remove()
             self._hook = None
         if self._copier is not None:
             self._copier.join()
             self._copier = None
-        if self._staged is not None:
-            self._staged.wait()
         if self._copy_error is not None:
             # raised before the optimizer step that waited, so the weights are unchanged
             error, self._copy_error, self._copy_failed = self._copy_error, None, True
             raise RuntimeError(f"autobatch could not snapshot the model before probing: {error}") from error
 
     def restore(self) -> None:
-        """Write the snapshot back into the same objects (their identity is preserved). A
-        staged snapshot restores once (its copy is let go afterwards)."""
-        if self._spent:
-            raise RuntimeError("this snapshot was staged on the device and has been restored already")
-        if self._staged is not None:  # from the device buffer while it exists: no wait
-            tensors, self.optimizer_state = self._staged.copies()
-            self.tensors.update(tensors)
-        else:
-            self.wait()
+        """Write the snapshot back into the same objects (their identity is preserved)."""
+        self.wait()
         with torch.no_grad():
             if self.model is not None:
                 for name, tensor in _named_state(self.model):
@@ -179,9 +146,6 @@ class Snapshot:
             # (Adam moments that did not exist before) disappears again; it casts tensors
             # back to each parameter's device; sharded state becomes DTensors laid out as before.
             self.optimizer.load_state_dict(from_cpu_local(self.optimizer_state))
-        if self._staged is not None:  # let go of the buffer's views, so the cache can return it
-            self._staged = None
-            self.tensors, self.optimizer_state, self._spent = {}, None, True
         torch.set_rng_state(self.rng_cpu)
         if self.rng_cuda is not None:
             torch.cuda.set_rng_state_all(self.rng_cuda)
@@ -191,4 +155,3 @@ def _named_state(model: torch.nn.Module, *, parameters: bool = True):
     if parameters:
         yield from model.named_parameters()
     yield from ((name, buf) for name, buf in model.named_buffers() if buf is not None)
-

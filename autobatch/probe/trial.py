@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING, Callable
+from typing import Callable
 
 from ..memory.devices import DeviceMemory
 from ..memory.oom import free_memory, is_oom_error, requested_bytes
@@ -12,8 +12,6 @@ from ..memory.units import format_bytes
 from .autotune import Autotune
 from .records import TrialRecord, notify, watch_trials
 
-if TYPE_CHECKING:
-    from .restore import Snapshot
 
 __all__ = ["TrialRecord", "TrialRunner", "watch_trials"]
 
@@ -50,11 +48,7 @@ class TrialRunner:
     by step (reset before each step; the trial's peak is the largest), so the last step's own
     figures are known too. ``agree``, when given, turns the local record into the one every
     rank shares (under ``torch.distributed``: :func:`~autobatch.dist.probe.agree_trial`);
-    it runs after the memory is freed. ``staging``, when given, is the probe's
-    :class:`~autobatch.probe.restore.Snapshot` with its weights staged in one device buffer
-    until their host copy is done: trials run beside it with its bytes taken off their figures
-    (a passing size passes without it too), and one that runs out of memory beside it runs
-    again without it, unless its own figures prove that it fails either way.
+    it runs after the memory is freed.
     """
 
     def __init__(
@@ -69,7 +63,6 @@ class TrialRunner:
         autotune: "Autotune | None" = None,
         settle_final: bool = False,
         settle_more: Callable[[bool], bool] | None = None,
-        staging: "Snapshot | None" = None,
     ) -> None:
         self.fn = fn
         self.settle_more = settle_more if settle_more is not None else (lambda more: more)
@@ -86,8 +79,6 @@ class TrialRunner:
         self._settled: set[int] = set()  # ids of records of settle trials
         self._leftover = False  # a failed trial left memory held that a quick collection did not free
         self._full_collection_frees: bool | None = None  # what the last full collection did
-        self.staging = staging
-        self._beside = 0  # bytes of the staged copy the current trial runs beside
 
     def __call__(self, batch_size: int, purpose: str = "search", *, final: bool = False) -> bool:
         """Whether ``batch_size`` trains; runs a trial unless it was tried already.
@@ -110,13 +101,9 @@ class TrialRunner:
         # autotuning (seconds per new shape) only where the answer is confirmed: a size that
         # fails untuned never costs an autotuning pass, and the answer is known to train tuned
         tuned = settle and purpose == "confirm" and self.autotune is not None and self.autotune.wanted
-        self._beside = self._staged_now()
         error = self._attempt_as(batch_size, steps, settle, tuned)
-        if error is not None and self._beside and not self._fails_without_stage(error) and self._unstaged():
-            error = self._attempt_as(batch_size, steps, settle, tuned)  # it may have failed for the buffer
         if error is not None and self._garbage_was_in_the_way():
             error = self._attempt_as(batch_size, steps, settle, tuned)
-        self._discount_stage()
         steps = self._steps_run
         seconds = time.perf_counter() - self._started
         peak, reserved = self._peak, self._reserved
@@ -185,33 +172,22 @@ class TrialRunner:
         with self.autotune.trial(tuned):
             return self._attempt(batch_size, steps, settle)
 
-    def _shortfall(self, error: str, *, beside_only: bool = False) -> int | None:
+    def _shortfall(self, error: str) -> int | None:
         """For a trial that ran out of memory: bytes its step needed beyond what a passing step
         may allocate (the peak limit; the capacity where there is none), None when unknown.
 
-        What was allocated when it failed plus the allocation that failed is a lower bound
-        (with ``beside_only``, only that: proof that the size fails without the staged copy
-        too). Where it leaves room, the failure was the allocator's: its reserved memory plus
-        the request passed the capacity (blocks held but too split); that figure, an estimate
-        a smaller size may share, sizes the search's next stride down, never an answer."""
+        What was allocated when it failed plus the allocation that failed is a lower bound.
+        Where it leaves room, the failure was the allocator's: its reserved memory plus the
+        request passed the capacity (blocks held but too split); that figure, an estimate a
+        smaller size may share, sizes the search's next stride down, never an answer."""
         requested = requested_bytes(error)
         if requested is None or self._failed_at is None:
             return None
         usable = self.peak_limit if self.peak_limit is not None else self.memory.capacity()
-        short = self._failed_at - self._beside + requested - usable
-        if short <= 0 and not beside_only and self._reserved_at_failure is not None:
-            short = self._reserved_at_failure - self._beside + requested - self.memory.capacity()
+        short = self._failed_at + requested - usable
+        if short <= 0 and self._reserved_at_failure is not None:
+            short = self._reserved_at_failure + requested - self.memory.capacity()
         return short if short > 0 else None
-
-    def _fails_without_stage(self, error: str) -> bool:
-        """Whether a trial that ran out of memory beside the staged copy would fail without it
-        too: its allocated figures say so (a lower bound), or its reserved ones do by more than
-        ``PROOF_FRACTION`` of the capacity (live segments a smaller footprint shares; a size
-        that far above the boundary does not hinge on where its blocks landed)."""
-        if self._shortfall(error, beside_only=True) is not None:
-            return True
-        short = self._shortfall(error)
-        return short is not None and short > PROOF_FRACTION * self.memory.capacity()
 
     def short_of(self, batch_size: int) -> int | None:
         """:attr:`TrialRecord.over_bytes` of the latest failed trial at ``batch_size`` (None: none,
@@ -220,37 +196,6 @@ class TrialRunner:
             if record.batch_size == batch_size and not record.passed:
                 return record.over_bytes
         return None
-
-    def _staged_now(self) -> int:
-        """Device bytes of the snapshot's staged copy (:mod:`~autobatch.probe.staging`) the
-        next trial runs beside: 0 when there is none, or once its host copy is done (then it
-        is freed first)."""
-        if self.staging is None:
-            return 0
-        if self.staging.copy_done():
-            self.staging.wait()
-        return self.staging.staged_bytes()
-
-    def _unstaged(self) -> bool:
-        """After a failure beside the staged copy: free it (waiting for its host copy);
-        whether that freed its bytes, so the trial runs again without them."""
-        self._clean_up_after_oom()
-        self.staging.wait()
-        freed = self.staging.staged_bytes() < self._beside
-        self._beside = self.staging.staged_bytes()
-        return freed
-
-    def _discount_stage(self) -> None:
-        """Take the staged copy's bytes (one allocation, a segment of its own, constant during
-        the trial) off the trial's figures: they are then those of the trial without it."""
-        if not self._beside:
-            return
-        self._peak -= self._beside
-        self._reserved -= self._beside
-        if self._step_peak is not None:
-            self._step_peak -= self._beside
-        if self._resident is not None:
-            self._resident -= self._beside
 
     def _clean_up_after_oom(self) -> None:
         """Drop what the failed step left (``after_oom``), collect the young garbage its failure
@@ -306,7 +251,7 @@ class TrialRunner:
                 finally:
                     self._fold_peaks()
                 step_reserved.append(self.memory.peak_reserved())
-                if self.agree is None and self.peak_limit is not None and self._peak - self._beside > self.peak_limit:
+                if self.agree is None and self.peak_limit is not None and self._peak > self.peak_limit:
                     # too close already: more steps cannot make it pass. Not under agreement:
                     # ranks in lockstep make the same calls, and each step enters collectives
                     break
@@ -374,7 +319,6 @@ class TrialRunner:
 
 
 WALL_BYTES = 2 * 2**20  # the allocator's smallest large block: room for nothing less
-PROOF_FRACTION = 0.05  # a reserved-figure shortfall this large proves a size fails without the staged copy
 
 
 def _split_stat(memory: DeviceMemory) -> int | None:

@@ -127,45 +127,6 @@ def test_restore_is_bit_exact_on_cuda():
     assert len(step.optimizer.state) == 0
 
 
-def _wide_mlp_step() -> autobatch.TrainStep:
-    torch.manual_seed(0)  # 2 x 2048 x 2048 weights: 32 MiB of parameters, enough to be staged
-    model = torch.nn.Sequential(torch.nn.Linear(2048, 2048), torch.nn.GELU(), torch.nn.Linear(2048, 2048)).cuda()
-    return autobatch.TrainStep(
-        model, torch.optim.AdamW(model.parameters(), lr=1e-3), lambda m, b: m(b).square().mean(),
-        lambda n: torch.randn(n, 2048, device="cuda"),
-    )
-
-
-def test_a_staged_snapshot_restores_bit_exactly_and_finds_the_unstaged_answer(monkeypatch):
-    """The weights are staged in one device buffer (the first optimizer step does not wait for
-    the host copy); trials beside it measure as without it: the same answer as with staging off,
-    and the model and optimizer restored bit-exactly."""
-    from autobatch.probe import find, staging
-
-    created = []
-    real = staging.DeviceStage.create
-
-    def spy(tensors, limit):
-        stage = real(tensors, limit)
-        created.append(stage)
-        return stage
-
-    monkeypatch.setattr(staging.DeviceStage, "create", staticmethod(spy))
-    step = _wide_mlp_step()
-    before = {k: v.cpu() for k, v in step.model.state_dict().items()}  # on the host: not beside the probe
-    staged = find_max_batch(step, memory_limit="1GiB", cache=False)
-    assert created and created[0] is not None and created[0].buffer is None  # staged, then freed
-    after = step.model.state_dict()
-    assert all(torch.equal(before[k], after[k].cpu()) for k in before)
-    assert len(step.optimizer.state) == 0
-    del step, before, after
-    free_memory()  # the second probe must not run beside the first model
-    monkeypatch.setattr(find, "STAGE_FRACTION", 0.0)
-    unstaged = find_max_batch(_wide_mlp_step(), memory_limit="1GiB", cache=False)
-    assert len(created) == 1  # no staging the second time
-    assert abs(staged.batch_size - unstaged.batch_size) <= max(1, unstaged.batch_size // 100)
-
-
 def test_nothing_fits_on_cuda_raises_no_batch_fits():
     step = conv_step(width=512)
     with pytest.raises(NoBatchFitsError) as info:
