@@ -177,9 +177,10 @@ class TrialRunner:
         may allocate (the peak limit; the capacity where there is none), None when unknown.
 
         What was allocated when it failed plus the allocation that failed is a lower bound.
-        Where it leaves room, the failure was the allocator's: its reserved memory plus the
-        request passed the capacity (blocks held but too split); that figure, an estimate a
-        smaller size may share, sizes the search's next stride down, never an answer."""
+        Where it leaves room, the failure was the allocator's: its reserved memory (the step's
+        reserved peak) plus the request passed the capacity (blocks held but too split); that
+        figure, an estimate a smaller size may share, sizes the search's next stride down
+        (never past the bracket's midpoint), never an answer."""
         requested = requested_bytes(error)
         if requested is None or self._failed_at is None:
             return None
@@ -261,7 +262,9 @@ class TrialRunner:
             if not is_oom_error(exc):
                 raise
             self._failed_at = self.memory.allocated()  # the failed step's tensors are still held here
-            self._reserved_at_failure = self.memory.reserved()
+            # the step's reserved peak: by now the allocator has returned its cache (it does so
+            # before it gives up), so the reserved figure of this moment no longer shows the wall
+            self._reserved_at_failure = self.memory.peak_reserved()
             return str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
         return None
 
