@@ -60,9 +60,10 @@ class TrialRecord:
     still grow. ``autotuned``: cuDNN autotuning was on (None: the user had it off, or not CUDA).
     ``over_bytes``: for a trial that ran its steps but came too close to the capacity (above the
     allocator's headroom, or at its wall: :meth:`TrialRunner._wall_excess`), how many bytes its steady step would
-    have to save (what a smaller size has to save); for one that ran out of memory, a lower
-    bound of that: what was allocated when it failed plus the allocation that failed, less the
-    peak limit (None when the message names no allocation or the figures leave room).
+    have to save (what a smaller size has to save); for one that ran out of memory, what was
+    allocated when it failed plus the allocation that failed, less the peak limit (a lower
+    bound), else the step's reserved peak plus that allocation, less the capacity (the
+    allocator's wall; an estimate); None when the message names no allocation or both leave room.
     """
 
     batch_size: int

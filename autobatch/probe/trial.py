@@ -192,7 +192,7 @@ class TrialRunner:
 
     def short_of(self, batch_size: int) -> int | None:
         """:attr:`TrialRecord.over_bytes` of the latest failed trial at ``batch_size`` (None: none,
-        or no figure): at least how many bytes that size needs beyond what fits."""
+        or no figure): how many bytes that size needs beyond what fits (see ``_shortfall``)."""
         for record in reversed(self.records):
             if record.batch_size == batch_size and not record.passed:
                 return record.over_bytes
