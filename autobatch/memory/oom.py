@@ -19,7 +19,7 @@ import torch
 
 from .units import parse_bytes
 
-__all__ = ["is_oom_error", "free_memory", "OOM_MESSAGES"]
+__all__ = ["is_oom_error", "free_memory", "requested_bytes", "OOM_MESSAGES"]
 
 #: Substrings of allocator failure messages that count as "out of memory", by backend.
 OOM_MESSAGES: tuple[str, ...] = (

@@ -161,8 +161,9 @@ def predictive(
     above the line's boundary before the boundary (step 2 of the module's description).
     ``resident_of(units)``: the memory allocated as a passing trial's last step began (None
     if unknown), where ``peak_of`` is that step's peak; it enables the leap. ``short_of(units)``:
-    at least how many bytes a failed size needed beyond what fits (None if unknown); a refuted
-    line then gallops down by at least that many bytes' worth of samples.
+    how many bytes a failed size needed beyond what fits (a lower bound, or the allocator's
+    estimate; None if unknown); a refuted line then gallops down by at least that many bytes'
+    worth of samples, never past the bracket's midpoint.
     """
     above = 1 if above_first else 0
     points: list[tuple[int, int]] = []  # (units, peak) of passing trials
@@ -255,8 +256,8 @@ def _close(passes, record_pass, points, fit: LinearFit, lo: int, hi: int | None,
     """Steps 2 and 3: jump to the line's boundary, then close the bracket (gallop where the
     line is refuted, bisect where it creeps). Returns ``(lo, fit)``: the largest passing
     size and the refined line. Galloping down, a stride is at least what the failed size's
-    shortfall (``short_of``) is worth at the line's slope: on an H200 a ViT-B/16 line 4 %
-    high cost four 0.5-2 % strides down."""
+    shortfall (``short_of``) is worth at the line's slope (on an H200 a ViT-B/16 line 4 %
+    high cost four 0.5-2 % strides down; there the OOMs named no shortfall yet)."""
     gallop = 0  # 0: follow the line; -1 / +1: the line was refuted, gallop down / up
     stride = gallops = 0
     creeping = False  # the last trial followed the line and passed
@@ -309,7 +310,7 @@ def _close(passes, record_pass, points, fit: LinearFit, lo: int, hi: int | None,
 
 
 def _short_units(short_of, units: int, fit: LinearFit) -> int:
-    """Units worth the bytes a failed ``units`` needed at least beyond what fits (0: unknown)."""
+    """Units worth the bytes a failed ``units`` needed beyond what fits (0: unknown)."""
     short = short_of(units) if short_of is not None else None
     return math.ceil(short / fit.slope) if short and fit.slope > 0 else 0
 

@@ -163,7 +163,8 @@ def _confirm(runner: TrialRunner, found: int, multiple_of: int, *, after_last_oo
 def _step_down(record, units: int) -> int:
     """How many units below a failed confirmation to try next: enough to save the bytes a
     trial that ran but came too close to the capacity measured it was over (at its own step's
-    cost per unit), else a percent (the edge moved: an OOM says nothing about by how much)."""
+    cost per unit), else a percent (the edge moved; an OOM trial has no steady step to price
+    its shortfall by)."""
     percent = max(1, units // 100)
     over, peak, resident = record.over_bytes, record.step_peak_bytes, record.resident_bytes
     if not over or peak is None or resident is None or peak <= resident:

@@ -12,7 +12,6 @@ from ..memory.units import format_bytes
 from .autotune import Autotune
 from .records import TrialRecord, notify, watch_trials
 
-
 __all__ = ["TrialRecord", "TrialRunner", "watch_trials"]
 
 log = logging.getLogger("autobatch")
