@@ -51,6 +51,8 @@ def one(args) -> dict:
     return {"workload": name, "form": form, "batch": result.batch_size, "total_s": round(total, 3),
             "trials_s": round(sum(t.seconds for t in result.trials), 3),
             "trials": [(t.batch_size, t.passed, t.steps, t.purpose, round(t.seconds, 3)) for t in result.trials],
+            "records": [t.to_dict() for t in result.trials], "fit": result.fit,
+            "capacity": getattr(result, "capacity_bytes", None), "notes": list(result.notes),
             "profile": lines[start:]}
 
 
