@@ -63,7 +63,7 @@ def agree_trial(record: TrialRecord) -> TrialRecord:
     rank's."""
     rows = dist_sync.exchange(
         [int(record.passed), _int(record.peak_bytes), _int(record.reserved_bytes),
-         _int(record.step_peak_bytes), _int(record.resident_bytes), _int(record.over_bytes)],
+         _int(record.step_peak_bytes), _int(record.resident_bytes), _int(record.over_bytes), _int(record.wall_bytes)],
         f"probe trial ({record.purpose}) at batch {record.batch_size}",
     )
     failed = [other for other, row in enumerate(rows) if not row[0]]
@@ -76,6 +76,7 @@ def agree_trial(record: TrialRecord) -> TrialRecord:
     record.step_peak_bytes = None if min(row[3] for row in rows) < 0 else max(row[3] for row in rows)
     record.resident_bytes = None if min(row[4] for row in rows) < 0 else max(row[4] for row in rows)
     record.over_bytes = _none(max(row[5] for row in rows))  # the rank furthest over its wall
+    record.wall_bytes = _none(max(row[6] for row in rows))  # the most a rank's allocator held in pieces
     return record
 
 

@@ -41,7 +41,9 @@ gradients, optimizer state, workspaces) plus activations per sample. So:
    end in strides that start at 0.5 % and double, never past the bracket's midpoint, until a
    trial lands on the other side (or three strides did not, when the line is far off); then
    it bisects what is left. A line that creeps instead of
-   halving the bracket is also abandoned for bisection. So the worst case stays close to
+   halving the bracket is also abandoned for bisection. An OOM at the allocator's wall (the
+   allocated figures left room; the free pieces of its segments were too small) is no
+   refutation: the line aims that far below the capacity and jumps again. So the worst case stays close to
    binary search, and the answer is exact like binary's: a passing size whose next size
    failed (or ``max_batch``).
 
@@ -123,6 +125,7 @@ class PredictOutcome:
     strategy_used: str
     points: list[tuple[int, int]] = field(default_factory=list)
     refined: LinearFit | None = None
+    aimed: int | None = None  # the allocated peak the line aimed at, where a wall lowered it
 
     def fit_record(self, unit: int) -> dict | None:
         """The fit as stored in ``ProbeResult.fit`` (batch sizes in samples): the line the
@@ -133,6 +136,8 @@ class PredictOutcome:
         record["measured"] = [[units * unit, peak] for units, peak in sorted(self.points)]
         if self.refined is not None:
             record["refined"] = self.refined.to_dict(unit)
+        if self.aimed is not None:
+            record["aimed_at_wall_bytes"] = self.aimed
         return record
 
 
@@ -147,6 +152,7 @@ def predictive(
     above_first: bool = False,
     resident_of: Callable[[int], int | None] | None = None,
     short_of: Callable[[int], int | None] | None = None,
+    usable_after: Callable[[int], int | None] | None = None,
 ) -> PredictOutcome:
     """Run the predictive search in units of ``multiple_of``.
 
@@ -163,7 +169,11 @@ def predictive(
     if unknown), where ``peak_of`` is that step's peak; it enables the leap. ``short_of(units)``:
     how many bytes a failed size needed beyond what fits (a lower bound, or the allocator's
     estimate; None if unknown); a refuted line then gallops down by at least that many bytes'
-    worth of samples, never past the bracket's midpoint.
+    worth of samples, never past the bracket's midpoint. ``usable_after(units)``: for a size
+    that ran out of memory at the allocator's wall (its allocated figures left room for the
+    allocation that failed), the allocated peak a size may reach: the capacity less the free
+    pieces the allocator held but could not hand out (None if unknown); the line then aims
+    there (:func:`_close`).
     """
     above = 1 if above_first else 0
     points: list[tuple[int, int]] = []  # (units, peak) of passing trials
@@ -213,8 +223,9 @@ def predictive(
             return hand_to_binary(reason, lo, hi)
 
     # -- 2 and 3. jump, then close the bracket -----------------------------------------
-    lo, refined = _close(passes, record_pass, points, fit, lo, hi, max_units, capacity, above, short_of)
-    return PredictOutcome(lo, fit, None, "predict", points, refined=refined if refined is not fit else None)
+    lo, refined, aimed = _close(passes, record_pass, points, fit, lo, hi, max_units, capacity, above, short_of, usable_after)
+    return PredictOutcome(lo, fit, None, "predict", points, refined=refined if refined is not fit else None,
+                          aimed=aimed if aimed < capacity else None)
 
 
 def _grow(passes, record_pass, points, peak_of, resident_of, first: int, max_units: int, capacity: int):
@@ -252,15 +263,24 @@ def _grow(passes, record_pass, points, peak_of, resident_of, first: int, max_uni
 
 
 def _close(passes, record_pass, points, fit: LinearFit, lo: int, hi: int | None, max_units: int, capacity: int,
-           above: int, short_of=None):
+           above: int, short_of=None, usable_after=None):
     """Steps 2 and 3: jump to the line's boundary, then close the bracket (gallop where the
-    line is refuted, bisect where it creeps). Returns ``(lo, fit)``: the largest passing
-    size and the refined line. Galloping down, a stride is at least what the failed size's
-    shortfall (``short_of``) is worth at the line's slope (on an H200 a ViT-B/16 line 4 %
-    high cost four 0.5-2 % strides down; there the OOMs named no shortfall yet)."""
+    line is refuted, bisect where it creeps). Returns ``(lo, fit, capacity)``: the largest
+    passing size, the refined line and the allocated peak it aimed at last.
+
+    **The allocator's wall.** A size whose allocated figures left room for the allocation that
+    failed ran out of memory because the free pieces of the allocator's segments were too
+    small (``usable_after``): the line then aims that much below the capacity, and its next
+    trial is a fresh jump (up to ``MAX_GALLOPS`` times), not a refutation. On an H200 (8 GiB
+    cap) ViT-B/16's line was right about the allocated peak (1.206 GiB + 0.0645 GiB per
+    sample) but sizes 101-105 failed with 0.18-0.37 GiB free in pieces; aimed below those
+    pieces the line lands on 99-100 at once, where galloping took four 0.5-2 % strides.
+    Galloping down, a stride is at least what the failed size's shortfall (``short_of``) is
+    worth at the line's slope."""
     gallop = 0  # 0: follow the line; -1 / +1: the line was refuted, gallop down / up
-    stride = gallops = 0
+    stride = gallops = walls = 0
     creeping = False  # the last trial followed the line and passed
+    jumped = False  # the last trial followed a line just lowered to a wall: a fresh jump
     # a size the line says fits already ran out of memory (a fit trial): refuted before any
     # jump, so no line points into the bracket; bisect it
     bisecting = hi is not None and fit.predict_max(capacity) >= hi
@@ -276,7 +296,7 @@ def _close(passes, record_pass, points, fit: LinearFit, lo: int, hi: int | None,
             guess = max(guess, lo + 1)
         else:  # the line's answer (just above it first, when ``above_first``); lo + 1 when it says lo is the maximum
             guess = min(max(predicted + above, lo + 1), upper)
-        width = None if hi is None else hi - lo
+        width = None if hi is None or jumped else hi - lo
         confirming = guess == lo + 1  # checking the line's claim that lo is the maximum
         passed = passes(guess, "verify")
         if passed:
@@ -287,6 +307,11 @@ def _close(passes, record_pass, points, fit: LinearFit, lo: int, hi: int | None,
         else:
             hi = guess
         if bisecting:
+            continue
+        wall = None if passed or gallop or walls >= MAX_GALLOPS or usable_after is None else usable_after(guess)
+        jumped = wall is not None and wall < capacity and fit.predict_max(wall) < guess
+        if jumped:  # the failure is the wall's: aim below it and jump again
+            capacity, walls = wall, walls + 1
             continue
         crept, creeping = creeping, passed and gallop == 0
         if gallop == 0:
@@ -306,7 +331,7 @@ def _close(passes, record_pass, points, fit: LinearFit, lo: int, hi: int | None,
         else:
             stride = max(stride * 2, _short_units(short_of, guess, fit) if gallop < 0 else 0)
         gallops += gallop != 0
-    return lo, fit
+    return lo, fit, capacity
 
 
 def _short_units(short_of, units: int, fit: LinearFit) -> int:

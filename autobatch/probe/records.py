@@ -64,6 +64,11 @@ class TrialRecord:
     allocated when it failed plus the allocation that failed, less the peak limit (a lower
     bound), else the step's reserved peak plus that allocation, less the capacity (the
     allocator's wall; an estimate); None when the message names no allocation or both leave room.
+    ``wall_bytes``: for a trial that ran out of memory although what was allocated plus the
+    allocation that failed stayed under the peak limit, the failing step's reserved peak less its
+    allocated peak: free pieces the allocator held but could not hand out. A size fits only
+    where its allocated peak leaves about that much of the capacity free (the predictive
+    search aims there).
     """
 
     batch_size: int
@@ -80,6 +85,7 @@ class TrialRecord:
     inactive_split_bytes: int | None = None
     autotuned: bool | None = None
     over_bytes: int | None = None
+    wall_bytes: int | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)

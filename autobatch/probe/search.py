@@ -131,11 +131,18 @@ def _predict(runner: TrialRunner, passes, start_units: int, max_units: int, mult
         passes, peak_of, start_units, max_units, usable, prior=None if prior is None else prior[0],
         above_first=runner.search_steps < runner.steps,  # a full pass costs more than an OOM
         resident_of=resident_of, short_of=lambda units: runner.short_of(units * multiple_of),
+        usable_after=lambda units: _below_wall(capacity, runner.wall_of(units * multiple_of)),
     )
     fit = outcome.fit_record(multiple_of)
     if fit is not None and usable != capacity:
         fit["allocator_headroom_bytes"] = capacity - usable
     return outcome.units, outcome.strategy_used, outcome.fallback_reason, fit
+
+
+def _below_wall(capacity: int | None, wall: int | None) -> int | None:
+    """The allocated peak a size may reach where a failed trial measured the allocator's wall:
+    the (agreed) capacity less what the allocator held in pieces too small to use."""
+    return None if capacity is None or wall is None else capacity - wall
 
 
 def peak_limit(memory, capacity: int | None) -> int | None:

@@ -125,12 +125,14 @@ class TrialRunner:
             over_bytes = excess
         step_peak = self._step_peak if error is None or over_bytes else None
         resident = self._resident if error is None or over_bytes else None
+        wall = None
         if ran_out:
-            over_bytes = self._shortfall(error)
+            over_bytes, wall = self._shortfall(error), self._wall(error)
             self._clean_up_after_oom()
         record = TrialRecord(
             batch_size, error is None, peak, seconds, purpose, error, reserved, steps, step_peak, resident,
-            self._fragmentation if error is None else None, self._inactive_split, tuned if self.autotune and self.autotune.wanted else None, over_bytes,
+            self._fragmentation if error is None else None, self._inactive_split,
+            tuned if self.autotune and self.autotune.wanted else None, over_bytes, wall,
         )
         if self.agree is not None:
             record = self.agree(record)
@@ -189,13 +191,29 @@ class TrialRunner:
             short = self._reserved_at_failure + requested - self.memory.capacity()
         return short if short > 0 else None
 
+    def _wall(self, error: str) -> int | None:
+        """For a trial that ran out of memory although what was allocated plus the allocation
+        that failed stayed under the peak limit: the failing step's reserved peak less its
+        allocated peak (the free pieces the allocator held but could not use), else None."""
+        requested = requested_bytes(error)
+        if requested is None or self._failed_at is None or self.peak_limit is None or not self._fragmentation:
+            return None
+        return self._fragmentation if self._failed_at + requested <= self.peak_limit else None
+
+    def wall_of(self, batch_size: int) -> int | None:
+        """:attr:`TrialRecord.wall_bytes` of the latest failed trial at ``batch_size`` (None: none,
+        or no figure): what the allocator held in pieces too small for the failed allocation."""
+        failed = self._latest_failure(batch_size)
+        return None if failed is None else failed.wall_bytes
+
     def short_of(self, batch_size: int) -> int | None:
         """:attr:`TrialRecord.over_bytes` of the latest failed trial at ``batch_size`` (None: none,
         or no figure): how many bytes that size needs beyond what fits (see ``_shortfall``)."""
-        for record in reversed(self.records):
-            if record.batch_size == batch_size and not record.passed:
-                return record.over_bytes
-        return None
+        failed = self._latest_failure(batch_size)
+        return None if failed is None else failed.over_bytes
+
+    def _latest_failure(self, batch_size: int) -> TrialRecord | None:
+        return next((r for r in reversed(self.records) if r.batch_size == batch_size and not r.passed), None)
 
     def _clean_up_after_oom(self) -> None:
         """Drop what the failed step left (``after_oom``), collect the young garbage its failure

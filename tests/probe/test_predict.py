@@ -392,3 +392,47 @@ def test_a_refuted_line_steps_down_by_the_failed_sizes_shortfall(monkeypatch):
         blind = find_max_batch(step, steps_per_trial=1)
     assert informed.batch_size == blind.batch_size == 240
     assert len(informed.trials) < len(blind.trials)
+
+
+def test_an_oom_at_the_allocators_wall_aims_the_line_below_the_free_pieces(monkeypatch):
+    """ViT-B/16 on an H200 (issue 16): the allocated line was right, but sizes above the answer
+    failed with a fifth of a GiB free in pieces too small for the failed allocation. The failed
+    trial's reserved peak less its allocated peak (``wall_bytes``) aims the line below those
+    pieces: the same answer in fewer trials than galloping down from the refuted line."""
+    from autobatch.memory.devices import SimulatedDeviceMemory
+    from autobatch.probe.search import peak_limit, run_search
+    from autobatch.probe.trial import TrialRunner
+
+    capacity, per_sample, fixed, pieces = 64 * MiB, 2**19, 8 * MiB, 3 * MiB  # pieces: ~5 % of the capacity
+
+    class Allocator(SimulatedDeviceMemory):
+        """Reserves its allocated peak plus free pieces; a step needing more than that fails."""
+
+        def peak_reserved(self) -> int:
+            return min(capacity, self.peak() + pieces)
+
+    def step(batch_size: int) -> None:
+        activations = torch.empty(fixed + batch_size * per_sample * 3 // 4, dtype=torch.uint8)
+        last = batch_size * per_sample // 4  # e.g. backward's largest gradient
+        if activations.numel() + last + pieces > capacity:  # the last request finds no piece large enough
+            raise torch.OutOfMemoryError(f"CUDA out of memory. Tried to allocate {last / MiB:.2f} MiB.")
+        grads = torch.empty(last, dtype=torch.uint8)
+        del activations, grads
+
+    def probe():
+        with simulated_memory(capacity) as device:
+            memory = Allocator(device)
+            runner = TrialRunner(step, memory, steps=1, peak_limit=peak_limit(object(), capacity))
+            return run_search(runner, strategy="predict", start=None, max_batch=None, margin=0.0,
+                              multiple_of=1, device_name=memory.name, capacity=capacity), runner
+
+    informed, runner = probe()
+    exact = (capacity - pieces - fixed) // per_sample
+    assert informed.batch_size == exact
+    walls = [record.wall_bytes for record in runner.records if not record.passed]
+    assert walls and all(wall == pieces for wall in walls)
+    assert informed.fit["aimed_at_wall_bytes"] == capacity - pieces
+    monkeypatch.setattr(TrialRunner, "wall_of", lambda self, batch_size: None)
+    blind, _ = probe()
+    assert blind.batch_size == exact
+    assert len(informed.trials) < len(blind.trials)
