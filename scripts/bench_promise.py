@@ -410,6 +410,7 @@ def main() -> None:
     parser.add_argument("--child-timeout", type=int, default=300)
     parser.add_argument("--timing-only", action="store_true",
                         help="only the exact maximum and each probe's wall time in fresh processes (--rounds)")
+    parser.add_argument("--cli-only", action="store_true", help="only the CLI's probe then train, per workload")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--out", default=None)
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
@@ -426,6 +427,10 @@ def main() -> None:
            "alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")}
     print(json.dumps(env))
     for name in args.workloads.split(","):
+        if args.cli_only:
+            rows.append({"workload": name, "cli": cli(args, name)})
+            print(f"{name:15s} cli {rows[-1]['cli']}", flush=True)
+            continue
         row = workload(args, name)
         rows.append(row)
         if args.timing_only:
