@@ -10,7 +10,7 @@ from ..errors import NoBatchFitsError
 from ..memory.devices import SimulatedDeviceMemory
 from ..memory.diagnostics import memory_diagnostics
 from .estimate import EstimateError, estimate_line, estimate_max_batch
-from .predict import LinearFit
+from .line import LinearFit
 from .result import ProbeResult
 from .train_step import TrainStep
 

@@ -17,7 +17,8 @@ from ..memory.devices import SimulatedDeviceMemory
 from ..memory.diagnostics import memory_diagnostics
 from . import arguments, strategies
 from .estimate import BatchEstimate
-from .predict import LinearFit, predictive
+from .line import LinearFit
+from .predict import predictive
 from .result import ProbeResult
 from .trial import TrialRunner
 
