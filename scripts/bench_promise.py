@@ -320,6 +320,11 @@ def cli(args, name: str) -> dict:
             if done.returncode != 0:
                 out[f"{command}_error"] = done.stderr.strip().splitlines()[-3:]
                 return out
+            if command == "probe":  # the trials behind the CLI's answer (its strategy may differ)
+                probed = json.loads((Path(tmp) / "run" / "result.json").read_text())
+                out["probe_trials"] = [(t["batch_size"], t["passed"], t["purpose"], t.get("wall_bytes"))
+                                       for t in probed.get("trials", [])]
+                out["probe_notes"] = probed.get("notes", [])[:3]
         summary = json.loads((Path(tmp) / "run" / "train_result.json").read_text())
         out.update(batch=summary["probe"]["batch_size"] if summary.get("probe") else None, steps=summary["steps"],
                    recoveries=len(summary["oom_recoveries"]), final_micro_batch=summary["micro_batch"])
