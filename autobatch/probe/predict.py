@@ -235,7 +235,7 @@ def _close(passes, record_pass, points, fit: LinearFit, lo: int, hi: int | None,
     small (``usable_after``): the line then aims that much below the capacity, and its next
     trial is a fresh jump (up to ``MAX_GALLOPS`` times), not a refutation. On an H200 (8 GiB
     cap) ViT-B/16's line was right about the allocated peak (1.206 GiB + 0.0645 GiB per
-    sample) but sizes 101-105 failed with 0.18-0.37 GiB free in pieces; aimed below those
+    sample) but sizes 101-105 failed with 0.15-0.37 GiB free in pieces; aimed below those
     pieces the line lands on 99-100 at once, where galloping took four 0.5-2 % strides.
     Galloping down, a stride is at least what the failed size's shortfall (``short_of``) is
     worth at the line's slope."""
