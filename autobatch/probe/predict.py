@@ -40,7 +40,9 @@ gradients, optimizer state, workspaces) plus activations per sample. So:
    the previous size was the maximum, as on a plateau), the search gallops from the refuted
    end in strides that start at 0.5 % and double, never past the bracket's midpoint, until a
    trial lands on the other side (or three strides did not, when the line is far off); then
-   it bisects what is left. A line that creeps instead of
+   it bisects what is left, unless the line through the new passing point points into the
+   bracket: that line is followed again, once (a line fitted on a flat stretch, such as an
+   optimizer step's peak at small sizes, overshoots far). A line that creeps instead of
    halving the bracket is also abandoned for bisection. An OOM at the allocator's wall (the
    allocated figures left room; the free pieces of its segments were too small) is no
    refutation: the line aims that far below the capacity and jumps again. So the worst case stays close to
@@ -243,6 +245,7 @@ def _close(passes, record_pass, points, fit: LinearFit, lo: int, hi: int | None,
     stride = gallops = walls = 0
     creeping = False  # the last trial followed the line and passed
     jumped = False  # the last trial followed a line just lowered to a wall: a fresh jump
+    refollowed = False  # a line refitted after galloping down across the boundary was followed
     # a size the line says fits already ran out of memory (a fit trial): refuted before any
     # jump, so no line points into the bracket; bisect it
     bisecting = hi is not None and fit.predict_max(capacity) >= hi
@@ -288,12 +291,23 @@ def _close(passes, record_pass, points, fit: LinearFit, lo: int, hi: int | None,
                 gallop, stride = 1, _first_stride(guess)
             elif width is not None and hi is not None and (hi - lo) * 2 > width:
                 bisecting = True  # the line creeps instead of halving the bracket
+        elif gallop < 0 and passed and not refollowed and _points_inside(_secant(points), capacity, lo, hi):
+            # crossed going down, far enough to measure a new point: a line through it that points
+            # into the bracket is followed again, once (a curve that bends: the refuted line came
+            # from a flat stretch, such as an optimizer step's peak at small sizes)
+            fit, gallop, refollowed = _secant(points), 0, True
+            creeping = False
         elif (gallop < 0 and passed) or (gallop > 0 and not passed) or (gallops >= MAX_GALLOPS and hi is not None):
             bisecting = True  # crossed the boundary, or the line is far off: bisect what is left
         else:
             stride = max(stride * 2, _short_units(short_of, guess, fit) if gallop < 0 else 0)
         gallops += gallop != 0
     return lo, fit, capacity
+
+
+def _points_inside(fit: LinearFit | None, capacity: int, lo: int, hi: int) -> bool:
+    """Whether ``fit`` says the boundary lies in ``[lo, hi)`` with something left to learn."""
+    return fit is not None and hi - lo > 2 and lo <= fit.predict_max(capacity) < hi - 1
 
 
 def _short_units(short_of, units: int, fit: LinearFit) -> int:

@@ -374,7 +374,7 @@ def test_a_refuted_line_steps_down_by_the_failed_sizes_shortfall(monkeypatch):
     """A memory curve that bends up near the capacity: the line from two passing trials says
     247 fits; 247 runs out of memory, and what it had allocated plus the allocation that failed
     (its ``over_bytes``) is worth ~11 samples at the line's slope, so the next trial is at the
-    bracket's midpoint, not a 0.5 % stride down. Same answer, fewer trials than without."""
+    bracket's midpoint, not a 0.5 % stride down. Same answer, no more trials than without."""
     from autobatch import find_max_batch, simulated_memory
     from autobatch.probe.trial import TrialRunner
 
@@ -391,7 +391,12 @@ def test_a_refuted_line_steps_down_by_the_failed_sizes_shortfall(monkeypatch):
     with simulated_memory("16MiB"):
         blind = find_max_batch(step, steps_per_trial=1)
     assert informed.batch_size == blind.batch_size == 240
-    assert len(informed.trials) < len(blind.trials)
+    sizes = [t.batch_size for t in informed.trials]
+    after = sizes[sizes.index(refuted.batch_size) + 1]
+    assert refuted.batch_size - after >= 5  # the shortfall's stride (the midpoint), not one sample
+    blind_sizes = [t.batch_size for t in blind.trials]
+    assert refuted.batch_size - blind_sizes[blind_sizes.index(refuted.batch_size) + 1] == 1
+    assert len(informed.trials) <= len(blind.trials)
 
 
 def test_an_oom_at_the_allocators_wall_aims_the_line_below_the_free_pieces(monkeypatch):
@@ -436,3 +441,29 @@ def test_an_oom_at_the_allocators_wall_aims_the_line_below_the_free_pieces(monke
     blind, _ = probe()
     assert blind.batch_size == exact
     assert len(informed.trials) < len(blind.trials)
+
+
+def test_a_line_from_a_flat_stretch_is_refitted_after_the_gallop_crosses_the_boundary():
+    """An MLP with AdamW: at small sizes the optimizer step's temporaries make the peak (flat),
+    so the line through the fit trials is too shallow and overshoots by a third. Once a
+    shortfall-sized stride down passes, the line through that new point points into the
+    bracket and is followed again: the binary answer in 8 trials, where bisecting the bracket
+    took 17."""
+    import autobatch
+    from autobatch import find_max_batch, simulated_memory
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(256, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 10))
+    step = autobatch.TrainStep(
+        model, torch.optim.AdamW(model.parameters()),
+        lambda m, batch: torch.nn.functional.cross_entropy(m(batch[0]), batch[1]),
+        lambda n: (torch.randn(n, 256), torch.randint(0, 10, (n,))),
+    )
+    found = {}
+    for strategy in ("predict", "binary"):
+        with simulated_memory("32MiB"):
+            found[strategy] = find_max_batch(step, strategy=strategy, cache=False)
+    predicted = found["predict"]
+    assert predicted.batch_size == found["binary"].batch_size
+    assert predicted.fit["measured"][1][1] == predicted.fit["measured"][0][1]  # the flat stretch
+    assert len(predicted.trials) <= 9
