@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-__all__ = ["LinearFit", "secant"]
+__all__ = ["LinearFit", "secant", "from_corner"]
 
 
 @dataclass
@@ -57,7 +57,8 @@ def secant(points: list[tuple[int, int]], *, usable_only: bool = True) -> Linear
     """The line through the largest passing point and a passing point well below it.
 
     Local, so it follows a gently curving memory curve near the boundary, and it leaves out
-    the first (warm-up) trial as soon as two later points exist. None when fewer than two
+    the first (warm-up) trial as soon as two later points exist. Where that lower point ends a
+    flat stretch (:func:`from_corner`), the next point above it is used instead. None when fewer than two
     points exist or, with ``usable_only``, when the line does not grow with the batch.
     """
     ordered = sorted(points)
@@ -66,6 +67,22 @@ def secant(points: list[tuple[int, int]], *, usable_only: bool = True) -> Linear
     top = ordered[-1]
     below = [point for point in ordered[:-1] if point[0] <= 0.9 * top[0]] or ordered[:-1]
     fit = LinearFit.through([below[-1], top])
+    between = [point for point in ordered[:-1] if point[0] > below[-1][0]]
+    if fit is not None and between and from_corner(ordered, fit):
+        past = LinearFit.through([between[0], top])  # past the corner: closer to the curve
+        fit = past if past is not None and past.slope > fit.slope else fit  # not a rounding step's flat top
     if fit is None or (usable_only and not fit.usable):
         return None
     return fit
+
+
+def from_corner(points: list[tuple[int, int]], fit: LinearFit) -> bool:
+    """Whether ``fit``'s lower point ends a flat stretch of ``points``: the peak rose less than
+    a quarter as fast up to it as from it (at small sizes an optimizer step's temporaries can
+    make the peak, whatever the batch). A line from such a corner is too shallow: it overshoots."""
+    (low, low_peak), _ = sorted(fit.points)
+    earlier = [(units, peak) for units, peak in sorted(points) if units < low]
+    if not earlier or fit.slope <= 0:
+        return False
+    units, peak = earlier[-1]
+    return (low_peak - peak) / (low - units) < 0.25 * fit.slope

@@ -54,11 +54,14 @@ by one trial ``PRIOR_BELOW`` under the estimated boundary (20 % lower if that ra
 memory); the estimate's slope through that measured point makes the first jump.
 
 While the measurements give no usable line (flat peaks: small batches that fit in one
-allocator block, or a step whose memory does not depend on the batch) the fit keeps growing
-by ×8. If the first OOM arrives before a growing line exists (flat or decreasing peaks, a
-single passing point, or a first trial that already ran out of memory), the search is
-handed to binary bisection, continuing from the trials already made (none is repeated),
-and the result says why.
+allocator block, an optimizer step whose temporaries make the peak at small sizes, or a step
+whose memory does not depend on the batch) the fit keeps growing by ×8; a line that starts
+where a flat stretch ends is too shallow, so the fit grows by a leap once more before it
+jumps. If the first OOM arrives before a growing line exists (flat peaks, or a single
+passing point), the bracket is bisected until a passing size gives one, and the line is
+followed from there. Where none appears before the bracket closes, or a first trial already
+ran out of memory, the search is binary bisection, continuing from the trials already made
+(none is repeated), and the result says why.
 """
 
 from __future__ import annotations
@@ -68,7 +71,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from . import strategies as search
-from .line import LinearFit, secant as _secant
+from .line import LinearFit, from_corner as _from_corner, secant as _secant
 
 __all__ = ["predictive", "leap_size", "LinearFit", "GROWTH", "JUMP_RATIO", "LEAP_FRACTION"]
 
@@ -178,6 +181,8 @@ def predictive(
         fit = fit or _secant(points)
         if lo >= max_units:
             return PredictOutcome(lo, fit, None, "predict", points)
+        if fit is None and hi is not None:  # a failure before any growing line: bisect until one exists
+            lo, hi, fit = _bisect_for_line(passes, record_pass, points, lo, hi)
         if fit is None:
             if len(points) >= 2:
                 (u0, p0), (u1, p1) = points[0], points[-1]
@@ -199,16 +204,22 @@ def _grow(passes, record_pass, points, peak_of, resident_of, first: int, max_uni
     smallest failure (None: none yet) and the line (None: no usable one yet)."""
     lo, hi = first, None
     fit = None
+    corner_leaps = 0  # a line from a corner grows by one leap at most (steps of allocator rounding look alike)
     while lo < max_units:
         fit = _secant(points)
-        if fit is not None and fit.predict_max(capacity) <= lo * JUMP_RATIO:
+        cornered = fit is not None and corner_leaps == 0 and _from_corner(points, fit)
+        if fit is not None and not cornered and fit.predict_max(capacity) <= lo * JUMP_RATIO:
             break
-        # no usable line yet (one point, or flat), or it says the boundary is far: grow
+        # no usable line yet (one point, or flat), it says the boundary is far, or it starts
+        # where a flat stretch ends (too shallow: it would overshoot): grow
         leap = None
         if resident_of is not None and hi is None:
             leap = leap_size(lo, peak_of(lo), resident_of(lo), capacity)
-        if leap is not None and fit is None and len(points) == 1:
-            units = max(leap, lo + 1)  # one point: the bound is all there is to go on
+        if cornered and (leap is None or leap <= lo):
+            break  # nothing safer to grow by: jump, and let the closing loop correct the line
+        if leap is not None and (cornered or (fit is None and len(points) == 1)):
+            units = max(leap, lo + 1)  # the bound one trial guarantees is all there is to go on
+            corner_leaps += cornered
         else:  # a line says the boundary is far: the ladder, or a leap that reaches further
             units = max(leap or 0, lo * GROWTH)
         leaping = leap is not None and units == leap and leap > lo * GROWTH
@@ -303,6 +314,23 @@ def _close(passes, record_pass, points, fit: LinearFit, lo: int, hi: int | None,
             stride = max(stride * 2, _short_units(short_of, guess, fit) if gallop < 0 else 0)
         gallops += gallop != 0
     return lo, fit, capacity
+
+
+def _bisect_for_line(passes, record_pass, points, lo: int, hi: int):
+    """Bisect ``(lo, hi)`` until a passing size and an earlier one give a growing line (the
+    peak was flat up to ``lo``: an optimizer step's temporaries, allocator blocks). Returns
+    ``(lo, hi, fit)``, fit None when the bracket closed first."""
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if not passes(mid, "bisect"):
+            hi = mid
+            continue
+        record_pass(mid)
+        lo = mid
+        fit = _secant(points)
+        if fit is not None:
+            return lo, hi, fit
+    return lo, hi, None
 
 
 def _points_inside(fit: LinearFit | None, capacity: int, lo: int, hi: int) -> bool:

@@ -445,10 +445,9 @@ def test_an_oom_at_the_allocators_wall_aims_the_line_below_the_free_pieces(monke
 
 def test_a_line_from_a_flat_stretch_is_refitted_after_the_gallop_crosses_the_boundary():
     """An MLP with AdamW: at small sizes the optimizer step's temporaries make the peak (flat),
-    so the line through the fit trials is too shallow and overshoots by a third. Once a
-    shortfall-sized stride down passes, the line through that new point points into the
-    bracket and is followed again: the binary answer in 8 trials, where bisecting the bracket
-    took 17."""
+    so a line from the end of that flat stretch (a corner) is too shallow and overshoots by a
+    third. The fit grows by one more leap instead of jumping from the corner: the binary answer
+    in 6 trials, where jumping and then bisecting the bracket took 17."""
     import autobatch
     from autobatch import find_max_batch, simulated_memory
 
@@ -466,4 +465,28 @@ def test_a_line_from_a_flat_stretch_is_refitted_after_the_gallop_crosses_the_bou
     predicted = found["predict"]
     assert predicted.batch_size == found["binary"].batch_size
     assert predicted.fit["measured"][1][1] == predicted.fit["measured"][0][1]  # the flat stretch
-    assert len(predicted.trials) <= 9
+    assert len(predicted.trials) <= 6
+
+
+def test_a_failure_before_any_growing_line_bisects_until_one_exists_then_follows_it():
+    """A wide MLP whose peak is AdamW's step up to a few hundred samples: the ×8 ladder's first
+    OOM comes before any growing line. The bracket is bisected until a passing size gives one,
+    and that line is followed: the binary answer in fewer trials than binary, as predict."""
+    import autobatch
+    from autobatch import find_max_batch, simulated_memory
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(256, 4096), torch.nn.ReLU(), torch.nn.Linear(4096, 10))
+    step = autobatch.TrainStep(
+        model, torch.optim.AdamW(model.parameters()),
+        lambda m, batch: torch.nn.functional.cross_entropy(m(batch[0]), batch[1]),
+        lambda n: (torch.randn(n, 256), torch.randint(0, 10, (n,))),
+    )
+    found = {}
+    for strategy in ("predict", "binary"):
+        with simulated_memory("32MiB"):
+            found[strategy] = find_max_batch(step, strategy=strategy, cache=False)
+    predicted = found["predict"]
+    assert predicted.batch_size == found["binary"].batch_size
+    assert predicted.strategy_used == "predict" and predicted.fallback_reason is None
+    assert len(predicted.trials) < len(found["binary"].trials) - 5
