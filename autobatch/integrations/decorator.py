@@ -32,6 +32,7 @@ is raised from the last allocator error, with the figures.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import time
@@ -42,6 +43,7 @@ import torch
 
 from ..errors import NoBatchFitsError
 from ..memory.devices import AcceleratorMemory, DeviceMemory, SimulatedDeviceMemory, resolve_device
+from ..memory.lazy_state import LazyStateWatch
 from ..memory.oom import free_memory, is_oom_error, requested_bytes
 from ..memory.simulated import active_simulation
 from ..probe.arguments import ALLOCATOR_HEADROOM
@@ -108,6 +110,10 @@ def find_executable_batch_size(
     def wrapped(*args: Any, **kwargs: Any) -> Any:
         _check_call(function, args)
         memory = _instruments(device)
+        with _watching_optimizers() as watch:
+            return _attempts(wrapped, watch, memory, args, kwargs)
+
+    def _attempts(wrapped: Any, watch: LazyStateWatch, memory: DeviceMemory | None, args: tuple, kwargs: dict) -> Any:
         while True:
             size = wrapped.batch_size
             attempt = Attempt(batch_size=size, ok=False, seconds=0.0)
@@ -131,6 +137,7 @@ def find_executable_batch_size(
             else:
                 attempt.seconds, attempt.ok = time.perf_counter() - began, True
                 return value
+            watch.repair()  # an optimizer step the OOM interrupted leaves no half-created state
             free_memory()
             if memory is not None:
                 attempt.peak_bytes = memory.peak()
@@ -139,6 +146,15 @@ def find_executable_batch_size(
     wrapped.attempts = []  # type: ignore[attr-defined]
     wrapped.batch_size = starting_batch_size  # type: ignore[attr-defined]
     return wrapped
+
+
+@contextlib.contextmanager
+def _watching_optimizers():
+    watch = LazyStateWatch()
+    try:
+        yield watch
+    finally:
+        watch.close()
 
 
 def _next_size(attempt: Attempt, reduce: Callable[[], int] | None, factor: float, multiple_of: int) -> int:

@@ -4,6 +4,7 @@ What counts as an out-of-memory error and how to free memory after one (:mod:`.o
 units (:mod:`.units`), a device's capacity, allocated and peak figures behind one interface
 (:mod:`.devices`), the simulated memory-capped CPU device that lets CI exercise every
 out-of-memory path (:mod:`.simulated`, :mod:`.accounting`), the workspaces math libraries
-keep per thread (:mod:`.workspaces`), and the figures a person reads when a batch is close
-to the edge (:mod:`.diagnostics`).
+keep per thread (:mod:`.workspaces`), the figures a person reads when a batch is close
+to the edge (:mod:`.diagnostics`), and optimizer state an out-of-memory error interrupted while
+it was being created (:mod:`.lazy_state`).
 """

@@ -24,6 +24,7 @@ from . import arguments, ranks
 from .arguments import STRATEGY_NAMES, validate_places, validate_probe_args, validate_step
 from .cache import ProbeCache, key_components, key_of
 from .estimated import estimate_only, estimate_prior
+from ..memory.lazy_state import LazyStateWatch
 from .restore import Snapshot
 from .result import ProbeResult
 from .search import peak_limit, run_search
@@ -163,12 +164,13 @@ def _probe(call: _Call, restore, estimate_first: bool | None) -> ProbeResult:
         snapshot = Snapshot.take(*restore, background=isinstance(fn, TrainStep) and fn.optimizer is restore[1])
     prior = None
     autotune = Autotune(call.target)
+    watch = LazyStateWatch()
     try:
         with memory_for(call.target, call.limit_bytes) as (memory, note):
             capacity = call.agreement.capacity(memory.capacity())
             simulated = isinstance(memory, SimulatedDeviceMemory)
             runner = TrialRunner(
-                fn, memory, call.steps_per_trial, after_oom=_after_oom(fn, restore),
+                fn, memory, call.steps_per_trial, after_oom=_after_oom(fn, restore, watch),
                 agree=call.agreement.trial_hook(), search_steps=args["search_steps"],
                 peak_limit=peak_limit(memory, capacity), autotune=autotune, settle_final=not simulated,
                 settle_more=lambda more: call.agreement.settle_more(fn, more),
@@ -193,6 +195,7 @@ def _probe(call: _Call, restore, estimate_first: bool | None) -> ProbeResult:
             call.notes.append(promise_note(runner, result, memory))
     finally:
         autotune.restore()
+        watch.close()
         if snapshot is not None:
             snapshot.restore()
         # leave the allocator as a fresh process has it: blocks the trials split (OOM trials
@@ -206,21 +209,22 @@ def _probe(call: _Call, restore, estimate_first: bool | None) -> ProbeResult:
     return result
 
 
-def _after_oom(fn, restore):
+def _after_oom(fn, restore, watch: LazyStateWatch):
     """What to drop after an OOM trial: the half-built gradients (a ``TrainStep``'s, or those of
     the model given as ``restore`` with a plain callable, which would otherwise pin blocks in
-    the middle of the cache until the callable's own ``zero_grad``)."""
-    if isinstance(fn, TrainStep):
-        return fn.clear_grads
-    if restore is not None and restore[0] is not None:
-        model = restore[0]
+    the middle of the cache until the callable's own ``zero_grad``), and optimizer state an
+    interrupted step had only begun to create (:mod:`~autobatch.memory.lazy_state`)."""
+    model = fn.model if isinstance(fn, TrainStep) else (restore[0] if restore is not None else None)
 
-        def clear() -> None:
+    def clear() -> None:
+        watch.repair()
+        if isinstance(fn, TrainStep):
+            fn.clear_grads()
+        elif model is not None:
             for param in model.parameters():
                 param.grad = None
 
-        return clear
-    return None
+    return clear
 
 
 def _finish(call: _Call, result: ProbeResult) -> ProbeResult:

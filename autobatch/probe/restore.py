@@ -80,7 +80,9 @@ class Snapshot:
             if optimizer is not None:
                 snap.optimizer_state = _to_cpu(optimizer.state_dict())
             return snap
-        snap._hook = optimizer.register_step_pre_hook(lambda *_: snap.wait())
+        # the hook only waits: removing itself while the optimizer runs its hooks would mutate
+        # the dict being iterated (the probe's LazyStateWatch hooks the same step); wait() removes it
+        snap._hook = optimizer.register_step_pre_hook(lambda *_: snap._join())
         devices = {param.device for group in optimizer.param_groups for param in group["params"]}
         # the copy runs on a stream of its own, after the work queued so far, so that it
         # overlaps the first trial's kernels instead of queueing them behind it
@@ -116,6 +118,9 @@ class Snapshot:
         if self._hook is not None:
             self._hook.remove()
             self._hook = None
+        self._join()
+
+    def _join(self) -> None:
         if self._copier is not None:
             self._copier.join()
             self._copier = None

@@ -1,0 +1,57 @@
+"""An optimizer step that runs out of memory while it creates its state, undone between trials.
+
+Most torch optimizers create a parameter's state on its first step, key by key: Adam sets
+``step``, then allocates ``exp_avg``, then ``exp_avg_sq`` (twice the parameters' bytes in
+all). A probe trial that runs out of memory in between leaves a state dict with some of the
+keys, and the next trial's step raises ``KeyError: 'exp_avg'``, not an out-of-memory error, so
+the probe stopped with it (found on the CPU's simulated device: an MLP under a 12 MiB cap).
+:class:`LazyStateWatch` remembers which parameters had state as each step began and, after an
+out-of-memory error inside a step, drops the state that step created, so the next trial
+creates it whole again (any optimizer: a plain callable's too, through torch's global step hooks). Values the step may have half-written are the snapshot's business
+(:mod:`~autobatch.probe.restore`); the runner's step guard does both for training.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+__all__ = ["LazyStateWatch"]
+
+
+class LazyStateWatch:
+    """Watch every optimizer's ``step()`` while a probe runs (torch's global step hooks, so a
+    plain callable's own optimizer is watched too) so that an OOM inside one cannot leave
+    half-created state behind for the next trial."""
+
+    def __init__(self) -> None:
+        from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+
+        # each running step's optimizer and the parameters that had state as it began
+        self._running: dict[int, tuple[torch.optim.Optimizer, set[Any]]] = {}
+        self._hooks = [register_optimizer_step_pre_hook(self._began), register_optimizer_step_post_hook(self._ended)]
+
+    def _began(self, optimizer: torch.optim.Optimizer, *_: Any) -> None:
+        self._running[id(optimizer)] = (optimizer, {param for param, state in optimizer.state.items() if state})
+
+    def _ended(self, optimizer: torch.optim.Optimizer, *_: Any) -> None:
+        self._running.pop(id(optimizer), None)
+
+    def repair(self) -> int:
+        """After an out-of-memory error: drop the state created by the steps it interrupted.
+        Returns how many parameters lost their (partial) state; 0 when no step was running."""
+        dropped = 0
+        for optimizer, had in self._running.values():
+            created = [param for param in list(optimizer.state) if param not in had]
+            for param in created:
+                del optimizer.state[param]
+            dropped += len(created)
+        self._running.clear()
+        return dropped
+
+    def close(self) -> None:
+        """Remove the hooks."""
+        for hook in self._hooks:
+            hook.remove()
+        self._hooks = []

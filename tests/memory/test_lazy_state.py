@@ -1,0 +1,82 @@
+"""An OOM inside an optimizer's first step leaves half-created state (Adam: ``step`` and
+``exp_avg`` but no ``exp_avg_sq``); the next step then raises ``KeyError``, not an OOM. The probe
+and the decorator drop what the interrupted step created, so the next try creates it whole."""
+
+import pytest
+import torch
+
+import autobatch
+from autobatch import find_max_batch, simulated_memory
+from autobatch.memory.lazy_state import LazyStateWatch
+
+MiB = 2**20
+
+
+def _model_and_step(held_per_sample: int = MiB):
+    """A plain callable whose loop keeps ``held_per_sample`` bytes a sample through the
+    optimizer step (metrics, outputs), so a large batch runs out of memory while Adam (one
+    tensor at a time) creates its state, and a small one does not."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(512, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 512))
+    optimizer = torch.optim.Adam(model.parameters(), foreach=False)
+
+    def step(batch_size: int) -> None:
+        model(torch.randn(2, 512)).square().mean().backward()
+        held = torch.empty(batch_size * held_per_sample, dtype=torch.uint8)
+        optimizer.step()
+        optimizer.zero_grad()
+        del held
+
+    return model, optimizer, step
+
+
+def test_without_the_repair_the_next_step_raises_a_key_error():
+    with simulated_memory("23MiB"):
+        model, optimizer, step = _model_and_step()
+        with pytest.raises(torch.OutOfMemoryError):
+            step(8)
+        partial = [sorted(state) for state in optimizer.state.values()]
+        assert any(keys and "exp_avg_sq" not in keys for keys in partial)  # half created
+        with pytest.raises(KeyError):
+            step(1)
+
+
+def test_the_watch_drops_only_what_the_interrupted_step_created():
+    with simulated_memory("23MiB"):
+        model, optimizer, step = _model_and_step()
+        watch = LazyStateWatch()
+        try:
+            step(1)  # a whole first step: complete state for every parameter
+            complete = {id(p): sorted(s) for p, s in optimizer.state.items()}
+            assert watch.repair() == 0  # no step was running
+            optimizer.state.clear()
+            with pytest.raises(torch.OutOfMemoryError):
+                step(8)
+            assert watch.repair() > 0
+            assert not optimizer.state  # back to before the step: nothing created
+            step(1)
+            assert {id(p): sorted(s) for p, s in optimizer.state.items()} == complete
+        finally:
+            watch.close()
+
+
+def test_a_plain_callable_whose_first_step_fails_inside_adams_state_is_still_probed():
+    with simulated_memory("23MiB"):
+        _, optimizer, step = _model_and_step()
+        result = find_max_batch(step, strategy="predict", steps_per_trial=2, cache=False)
+    assert result.batch_size >= 1
+    assert not result.trials[0].passed  # 8 ran out of memory while Adam created its state
+    assert all(sorted(state) == ["exp_avg", "exp_avg_sq", "step"] for state in optimizer.state.values())
+
+
+def test_the_decorator_retries_after_an_oom_inside_adams_first_step():
+    with simulated_memory("23MiB"):
+        _, _, step = _model_and_step()
+
+        @autobatch.find_executable_batch_size(starting_batch_size=8)
+        def train(batch_size: int) -> int:
+            step(batch_size)
+            return batch_size
+
+        ran = train()
+    assert ran < 8 and not train.attempts[0].ok
