@@ -161,7 +161,8 @@ def _probe(call: _Call, restore, estimate_first: bool | None) -> ProbeResult:
     fn, args = call.fn, call.probe_args
     snapshot = None
     if restore is not None:  # a TrainStep changes its weights only in the optimizer step: copy meanwhile
-        snapshot = Snapshot.take(*restore, background=isinstance(fn, TrainStep) and fn.optimizer is restore[1])
+        snapshot = Snapshot.take(*restore, background=isinstance(fn, TrainStep) and fn.optimizer is restore[1],
+                                 scaler=fn.grad_scaler if isinstance(fn, TrainStep) else None)
     prior = None
     autotune = Autotune(call.target)
     watch = LazyStateWatch()

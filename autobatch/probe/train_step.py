@@ -79,10 +79,15 @@ class TrainStep:
             self.optimizer.step()
 
     def clear_grads(self) -> None:
-        """Drop gradients left behind by a step that failed part-way."""
+        """Drop gradients left behind by a step that failed part-way (and, with a grad
+        scaler, its mark that this step's gradients were already unscaled)."""
         self.optimizer.zero_grad(set_to_none=True)
         for param in self.model.parameters():
             param.grad = None
+        if self.grad_scaler is not None and self.grad_scaler.is_enabled():
+            from .restore import forget_scaler_stage
+
+            forget_scaler_stage(self.grad_scaler, self.optimizer)
 
     def __repr__(self) -> str:
         return f"TrainStep(model={type(self.model).__name__}, optimizer={type(self.optimizer).__name__})"

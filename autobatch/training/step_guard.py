@@ -49,6 +49,7 @@ import torch
 
 from ..memory.oom import is_oom_error
 from ..memory.simulated import host_memory
+from ..probe.restore import forget_scaler_stage
 from ..probe.shards import is_dtensor, local, spec_of
 
 __all__ = ["StepGuard", "GUARD_MODES", "GUARD_SPARE"]
@@ -147,13 +148,11 @@ class StepGuard:
         scaler = self.grad_scaler
         if scaler is None or not scaler.is_enabled():
             return
-        from torch.amp.grad_scaler import _refresh_per_optimizer_state
-
         scale, tracker = self._scaler_state
         scaler._scale = None if scale is None else scale.clone()
         scaler._growth_tracker = None if tracker is None else tracker.clone()
         # unscale_/step of the failed attempt marked this optimizer; the replay starts afresh
-        scaler._per_optimizer_states[id(self.optimizer)] = _refresh_per_optimizer_state()
+        forget_scaler_stage(scaler, self.optimizer)
 
     def ready(self) -> None:
         """Make the current stream wait for the capture (before the optimizer writes anything)."""

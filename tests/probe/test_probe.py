@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import autobatch
-from autobatch import NoBatchFitsError, ProbeResult, find_max_batch, simulated_memory
+from autobatch import NoBatchFitsError, ProbeResult, TrainStep, find_max_batch, simulated_memory
 from autobatch.memory.devices import SimulatedDeviceMemory
 from autobatch.probe.trial import TrialRunner
 
@@ -454,3 +454,44 @@ def test_old_garbage_left_by_an_oom_cannot_fail_a_size(monkeypatch):
         assert device.current_bytes == before
     assert littered.batch_size == clean == 256
     assert [r.batch_size for r in littered.trials][:2] == [512, 256] and 2 in made
+
+
+def test_an_fp16_probe_puts_the_grad_scalers_scale_back():
+    """fp16 trials whose scaled gradients overflow halve the GradScaler's scale (65536 -> 1024
+    here); the scaler is the user's, so the probe puts its scale and growth tracker back."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 64))
+    optimizer = torch.optim.Adam(model.parameters())
+    scaler = torch.amp.GradScaler("cpu")
+    step = TrainStep(model, optimizer, lambda m, b: (m(b) * 1e4).square().mean(), lambda n: torch.randn(n, 64),
+                     autocast_dtype=torch.float16, grad_scaler=scaler)
+    before = scaler.state_dict()
+    with simulated_memory("4MiB"):
+        find_max_batch(step, cache=False)
+    assert scaler.state_dict() == before
+    step(8)  # and it trains on: the optimizer is not left marked as unscaled
+    assert scaler.get_scale() < before["scale"]  # this step overflowed as the trials did
+
+
+def test_a_trial_that_fails_after_unscaling_leaves_the_scaler_ready_for_the_next():
+    """An OOM inside the optimizer step, after GradScaler.unscale_: the next step must unscale
+    its own gradients again, not reuse the failed step's inf check."""
+    from torch.amp.grad_scaler import OptState
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(8, 8)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    scaler = torch.amp.GradScaler("cpu", init_scale=1.0)  # no overflow: the optimizer step runs
+    step = TrainStep(model, optimizer, lambda m, b: m(b).square().mean(), lambda n: torch.randn(n, 8),
+                     autocast_dtype=torch.float16, grad_scaler=scaler)
+
+    def fail(*_args, **_kwargs):
+        raise torch.OutOfMemoryError("out of memory inside the optimizer step")
+
+    hook = optimizer.register_step_pre_hook(fail)
+    with pytest.raises(torch.OutOfMemoryError):
+        step(4)
+    hook.remove()
+    assert scaler._per_optimizer_states[id(optimizer)]["stage"] is OptState.UNSCALED
+    step.clear_grads()  # what the probe does after an OOM trial
+    assert scaler._per_optimizer_states[id(optimizer)]["stage"] is OptState.READY
