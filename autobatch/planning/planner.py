@@ -229,17 +229,21 @@ class _Planner(ThroughputObjective):
             return self._attempts_error(
                 plain_error,
                 "Activation checkpointing was tried but found no repeated blocks to wrap; name the "
-                "block classes in checkpoint_targets, or try lower precision, a smaller model or "
-                "sequence length, or a larger memory_limit / device.",
+                f"block classes in checkpoint_targets, or try {self._other_options()}.",
             )
         modules = self.handle.modules if self.handle is not None else []
         return self._attempts_error(
             checkpoint_error,
             f"This is with activation checkpointing of {len(modules)} blocks "
             f"({short_list(modules)}); without it batch {plain_error.batch_size} peaked at "
-            f"{format_bytes(plain_error.peak_bytes)} before failing. Try lower precision "
-            "(bf16/fp16 autocast), a smaller model or sequence length, or a larger memory_limit / device.",
+            f"{format_bytes(plain_error.peak_bytes)} before failing. Try {self._other_options()}.",
         )
+
+    def _other_options(self) -> str:
+        """What is left to try when nothing fits: lower precision only where the step is not
+        already under fp16/bf16 autocast."""
+        precision = "" if self.step.autocast_dtype is not None else "lower precision (bf16/fp16 autocast), "
+        return f"{precision}a smaller model or sequence length, an optimizer with less state, or a larger memory_limit / device"
 
     def _attempts_error(self, source: NoBatchFitsError, hint: str) -> NoBatchFitsError:
         """``source``'s figures with a new hint, carrying every probe attempt in ``attempts``."""

@@ -153,6 +153,16 @@ def test_nothing_fits_even_with_checkpointing_says_so():
     assert [p["checkpointing"] for p in info.value.attempts] == [False, True]
     assert all(p["peak_bytes"] for p in info.value.attempts)
     assert not any(is_checkpointed(m) for m in model.modules())  # left unwrapped
+    assert "lower precision" in str(info.value)
+
+
+def test_nothing_fits_under_autocast_does_not_suggest_lower_precision():
+    model = deep_mlp()
+    step = make_step(model)
+    step.autocast_dtype = torch.bfloat16  # already lower precision
+    with pytest.raises(NoBatchFitsError, match="with activation checkpointing") as info:
+        plan(step, global_batch=8, memory_limit="48KiB", steps_per_trial=1)
+    assert "lower precision" not in str(info.value) and "an optimizer with less state" in str(info.value)
 
 
 def test_checkpointing_not_allowed_reraises_the_probe_error():
