@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["positive_int", "module", "optimizer", "function", "torch_device", "dtype"]
+__all__ = ["positive_int", "positive_number", "module", "optimizer", "function", "torch_device", "dtype"]
 
 
 def positive_int(name: str, value: Any, *, allow_none: bool = False) -> None:
@@ -17,6 +17,16 @@ def positive_int(name: str, value: Any, *, allow_none: bool = False) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
         accepted = "a positive integer or None" if allow_none else "a positive integer"
         raise ValueError(f"{name} must be {accepted}, got {value!r}")
+
+
+def positive_number(name: str, value: Any, *, allow_none: bool = False) -> float | None:
+    """``value`` is a finite number > 0 (or None where ``allow_none``); returns it as a float."""
+    if value is None and allow_none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float("inf"):
+        accepted = "a positive number or None" if allow_none else "a positive number"
+        raise ValueError(f"{name} must be {accepted}, got {value!r}")
+    return float(value)
 
 
 def module(name: str, value: Any) -> None:

@@ -151,6 +151,8 @@ def _validate_train(train: DictConfig) -> None:
     ):
         if train[key] < low:
             raise ValueError(f"train.{key} must be >= {low}{meaning}, got {train[key]}")
+    if train.get("max_grad_norm") is not None and not 0 < train.max_grad_norm < float("inf"):
+        raise ValueError(f"train.max_grad_norm must be a positive number or null, got {train.max_grad_norm}")
     if train.empty_cache_threshold is not None:
         parse_bytes(train.empty_cache_threshold, name="train.empty_cache_threshold")
     if any(rank < 0 for rank in train.inject_oom_ranks):
@@ -275,7 +277,8 @@ def build_workload(cfg: DictConfig) -> Workload:
     scaler = None
     if autocast_dtype is torch.float16:  # fp16 trains with a GradScaler (CUDA and, since torch 2.3, the CPU)
         scaler = torch.amp.GradScaler(device.type)
-    step = TrainStep(
-        model, optimizer, cross_entropy_loss, probe_batch, autocast_dtype=autocast_dtype, grad_scaler=scaler
+    step = TrainStep(  # clipped as training clips, so the probe measures the step that trains
+        model, optimizer, cross_entropy_loss, probe_batch, autocast_dtype=autocast_dtype, grad_scaler=scaler,
+        max_grad_norm=cfg.train.get("max_grad_norm"),
     )
     return Workload(device, model, optimizer, make_batch, step, autocast_dtype, scaler, samples, dataset)

@@ -2,18 +2,19 @@
 
 The YAML files in ``conf/`` (shipped as ``autobatch.conf``) fill these schemas in; because
 every node is typed, Hydra rejects an unknown key or a value of the wrong type with its own
-message before any code runs. Choices are ``Enum`` s, which OmegaConf validates (it has no
+message before any code runs. Choices are ``Enum`` s (:mod:`.choices`), which OmegaConf validates (it has no
 ``Literal``). Each field's docstring-comment below says what it does; the README repeats it.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from enum import Enum
 from typing import Any, List, Optional
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
+
+from .choices import DeviceKind, DType, InputKind, Objective, Precision, StepGuardKind, Strategy
 
 __all__ = [
     "Precision",
@@ -41,65 +42,6 @@ __all__ = [
 ]
 
 
-class Precision(Enum):
-    """Training precision: full fp32, or bf16/fp16 autocast (fp16 adds a GradScaler)."""
-
-    fp32 = "fp32"
-    bf16 = "bf16"
-    fp16 = "fp16"
-
-
-class Strategy(Enum):
-    """The probe's search strategy (see :func:`autobatch.find_max_batch`)."""
-
-    auto = "auto"
-    predict = "predict"
-    binary = "binary"
-    power = "power"
-    halving = "halving"
-    estimate = "estimate"
-
-
-class Objective(Enum):
-    """What the planner optimises (see :func:`autobatch.plan`)."""
-
-    max_batch = "max_batch"
-    throughput = "throughput"
-
-
-class StepGuardKind(Enum):
-    """How the runner makes an OOM inside ``optimizer.step()`` safe to replay."""
-
-    auto = "auto"
-    cpu = "cpu"
-    device = "device"
-    off = "off"
-
-
-class DeviceKind(Enum):
-    """Where to run: ``auto`` is the GPU if there is one, else the CPU under a simulated budget."""
-
-    auto = "auto"
-    cuda = "cuda"
-    cpu = "cpu"
-
-
-class InputKind(Enum):
-    """What a model eats: float ``tensor`` s of ``data.shape``, or ``tokens`` of ``data.seq_len``."""
-
-    tensor = "tensor"
-    tokens = "tokens"
-
-
-class DType(Enum):
-    """Floating dtype of synthetic tensor inputs."""
-
-    float32 = "float32"
-    bfloat16 = "bfloat16"
-    float16 = "float16"
-
-
-# -- model ------------------------------------------------------------------------------
 @dataclass
 class ModelConfig:
     """Any ``torch.nn.Module`` by ``_target_``; its keyword arguments are added with ``+model.x=``."""
@@ -311,6 +253,8 @@ class TrainConfig:
     step_guard: StepGuardKind = StepGuardKind.auto
     #: When micro-batch 1 runs out of memory, turn on activation checkpointing and replay.
     checkpointing_fallback: bool = False
+    #: Clip the global batch's gradient to this total norm before each step (null: no clipping).
+    max_grad_norm: Optional[float] = None
     #: Under torchrun: shard the model with FSDP2 (``fully_shard`` on each repeated block and
     #: the root) instead of replicating it; probe, plan and train the sharded model.
     fsdp: bool = False

@@ -122,6 +122,7 @@ def runner_options(cfg: DictConfig, workload: Workload, out_dir: Path) -> dict[s
         autocast_dtype=workload.autocast_dtype,
         # a scaler of its own: the probe's trials stepped the workload's, training starts afresh
         grad_scaler=None if workload.grad_scaler is None else torch.amp.GradScaler(workload.device.type),
+        max_grad_norm=workload.probe_step.max_grad_norm,
         faults=faults,
     )
 

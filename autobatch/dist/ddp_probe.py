@@ -35,8 +35,7 @@ class DDPProbeStep(TrainStep):
 
     def __init__(self, step: TrainStep) -> None:
         super().__init__(
-            step.model, step.optimizer, step.loss_fn, step.make_batch,
-            autocast_dtype=step.autocast_dtype, grad_scaler=step.grad_scaler,
+            step.model, step.optimizer, step.loss_fn, step.make_batch, **step.options()
         )
 
     def __call__(self, batch_size: int) -> None:

@@ -68,6 +68,14 @@ def full_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
 
 
+def _vote_before_clipping(step: TrainStep, ballot) -> None:
+    """Clipping sharded gradients all-reduces their norms, a collective the guard does not
+    vote on: every rank first says it has its gradients, so a rank that failed before the
+    optimizer phase is seen here, not left waiting in the norm's all-reduce."""
+    if step.max_grad_norm is not None:
+        ballot.vote()
+
+
 def _after_failure(step: TrainStep) -> None:
     """A step raised on this rank: FSDP back to idle, partial gradients dropped, memory freed."""
     reset(step.model)
@@ -102,6 +110,7 @@ def fsdp_step(
                 no_sync=lambda: no_gradient_sync(model), on_phase=on_phase,
             )
             on_phase("optimizer")
+            _vote_before_clipping(step, ballot)
             step.optimizer_step()
             ballot.vote()  # every rank stepped
         except Exception as exc:  # noqa: BLE001 - voted on, then re-raised
@@ -127,8 +136,7 @@ class VotedTrainStep(TrainStep):
 
     def __init__(self, inner: TrainStep) -> None:
         super().__init__(
-            inner.model, inner.optimizer, inner.loss_fn, inner.make_batch,
-            autocast_dtype=inner.autocast_dtype, grad_scaler=inner.grad_scaler,
+            inner.model, inner.optimizer, inner.loss_fn, inner.make_batch, **inner.options()
         )
         guard(self.model)
         self._calls = 0
@@ -149,6 +157,7 @@ class VotedTrainStep(TrainStep):
                 (self.grad_scaler.scale(loss) if self.grad_scaler is not None else loss).backward()
                 del loss
                 where[0] = "optimizer"
+                _vote_before_clipping(self, ballot)
                 self.optimizer_step()
                 self.optimizer.zero_grad(set_to_none=True)
                 ballot.vote()

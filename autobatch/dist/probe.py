@@ -51,8 +51,7 @@ def local_step(fn: Any) -> Any:
         return DDPProbeStep(fn)
     if isinstance(fn, TrainStep) and unwrap(fn.model) is not fn.model:
         return TrainStep(
-            unwrap(fn.model), fn.optimizer, fn.loss_fn, fn.make_batch,
-            autocast_dtype=fn.autocast_dtype, grad_scaler=fn.grad_scaler,
+            unwrap(fn.model), fn.optimizer, fn.loss_fn, fn.make_batch, **fn.options()
         )
     return fn
 

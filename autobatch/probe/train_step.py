@@ -22,7 +22,10 @@ class TrainStep:
 
     ``autocast_dtype`` (``torch.bfloat16`` / ``torch.float16``) runs forward and loss under
     ``torch.autocast``; ``grad_scaler`` (a ``torch.amp.GradScaler``) scales the loss for fp16.
-    The step keeps no reference to the batch, the loss or the graph once it returns.
+    ``max_grad_norm`` clips the gradients' total norm before every optimizer step
+    (``torch.nn.utils.clip_grad_norm_``; with a grad scaler, after unscaling them), so a probe
+    measures the step training runs. The step keeps no reference to the batch, the loss or the
+    graph once it returns.
     """
 
     def __init__(
@@ -34,6 +37,7 @@ class TrainStep:
         *,
         autocast_dtype: torch.dtype | None = None,
         grad_scaler: "torch.amp.GradScaler | None" = None,
+        max_grad_norm: float | None = None,
     ) -> None:
         checks.module("model", model)
         checks.optimizer("optimizer", optimizer)
@@ -46,6 +50,12 @@ class TrainStep:
         self.make_batch = make_batch
         self.autocast_dtype = autocast_dtype
         self.grad_scaler = grad_scaler
+        self.max_grad_norm = checks.positive_number("max_grad_norm", max_grad_norm, allow_none=True)
+
+    def options(self) -> dict[str, Any]:
+        """The keyword options, to build another ``TrainStep`` that steps the same way (the
+        distributed wrappers, the runner's planning step)."""
+        return {"autocast_dtype": self.autocast_dtype, "grad_scaler": self.grad_scaler, "max_grad_norm": self.max_grad_norm}
 
     @property
     def device(self) -> torch.device:
@@ -71,7 +81,14 @@ class TrainStep:
         self.optimizer.zero_grad(set_to_none=True)
 
     def optimizer_step(self) -> None:
-        """Step the optimizer, through the grad scaler when there is one (fp16)."""
+        """Clip the gradients' norm (``max_grad_norm``), then step the optimizer, through the
+        grad scaler when there is one (fp16)."""
+        if self.max_grad_norm is not None:
+            if self.grad_scaler is not None:
+                self.grad_scaler.unscale_(self.optimizer)  # clip true gradients; step() will not unscale again
+            torch.nn.utils.clip_grad_norm_(
+                [p for group in self.optimizer.param_groups for p in group["params"]], self.max_grad_norm
+            )
         if self.grad_scaler is not None:
             self.grad_scaler.step(self.optimizer)
             self.grad_scaler.update()

@@ -67,7 +67,7 @@ class PlansFromData:
             scaler.load_state_dict(own.state_dict())
         step = TrainStep(
             self._train_step.model, self.optimizer, self.loss_fn, make_batch,
-            autocast_dtype=self._train_step.autocast_dtype, grad_scaler=scaler,
+            **{**self._train_step.options(), "grad_scaler": scaler},
         )
         options = {"device": self.device, **self.plan_options}
         planned = plan(step, global_batch=self.share, **options)

@@ -96,6 +96,9 @@ class Runner(OomRecovery, Resumable, PlansFromData):
             losses are scaled, steps with inf/NaN gradients are skipped as ``GradScaler``
             does (counted in ``result.skipped_steps``), and a replay after an OOM leaves the
             scaler as a run without the OOM would (the step guard holds its state).
+        max_grad_norm: clip the accumulated gradients' total norm to this before each optimizer
+            step (``torch.nn.utils.clip_grad_norm_``, after unscaling with a grad scaler): the
+            global batch's gradient, so the clipped step is the same whatever the micro-batch.
         faults: a :class:`~autobatch.FaultInjector` (or use :func:`~autobatch.inject_oom`).
         no_sync: e.g. DDP's ``model.no_sync``, wrapping every micro-batch but the last.
         plan_options: keyword arguments for :func:`~autobatch.plan` when ``micro_batch`` is None.
@@ -132,6 +135,7 @@ class Runner(OomRecovery, Resumable, PlansFromData):
         log_every: int | None = 50,
         autocast_dtype: str | torch.dtype | None = None,
         grad_scaler: "torch.amp.GradScaler | None" = None,
+        max_grad_norm: float | None = None,
         faults: FaultInjector | None = None,
         no_sync: Callable[[], ContextManager] | None = None,
         plan_options: Mapping[str, Any] | None = None,
@@ -174,7 +178,8 @@ class Runner(OomRecovery, Resumable, PlansFromData):
         dtype = checks.dtype("autocast_dtype", autocast_dtype)
         local = self._parallel.local_module(model)
         self._train_step = TrainStep(
-            local, optimizer, loss_fn, make_batch=self._no_batches, autocast_dtype=dtype, grad_scaler=grad_scaler
+            local, optimizer, loss_fn, make_batch=self._no_batches, autocast_dtype=dtype, grad_scaler=grad_scaler,
+            max_grad_norm=max_grad_norm,
         )
         self.growth = GrowBack(grow_after, max_micro_batch or self.micro_batch or self.share)
         self.step_memory = StepMemory(self.device)

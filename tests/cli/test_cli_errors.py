@@ -20,6 +20,7 @@ BAD_INPUT = [
     (["probe", "model._target_=nowhere.Net"], "model._target_='nowhere.Net' cannot be imported"),
     (["train", "optimizer._target_=torch.optim.Adamm"], "torch.optim has no attribute 'Adamm'"),
     (["train", "train.steps=0"], "train.steps must be >= 1"),
+    (["train", "train.max_grad_norm=0"], "train.max_grad_norm must be a positive number or null, got 0"),
     (["train", "train.inject_oom=[[1,sideways]]"], "train.inject_oom entries must be [step, phase]"),
     (["train", "train.step_guard=gpu"], "Invalid value 'gpu', expected one of [auto, cpu, device, off]"),
     (["train", "train.empty_cache_threshold=lots"], "train.empty_cache_threshold='lots' is not a byte quantity"),

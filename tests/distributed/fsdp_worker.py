@@ -250,7 +250,25 @@ def checkpointing(rank: int, world: int, out: Path) -> dict:
     return report
 
 
-SCENARIOS = {"probe": probe, "train": train, "resume": resume, "checkpointing": checkpointing}
+def clipped(rank: int, world: int, out: Path) -> dict:
+    """Gradient clipping over the shards (``max_grad_norm``: the global norm, an all-reduce of
+    the DTensor norms): unclipped, clipped, and clipped with an OOM injected inside the
+    optimizer phase on rank 1 at step 1; each run's final shards and loss."""
+    runs = {}
+    for name, norm, faults in (("unclipped", None, None), ("clipped", 0.05, None),
+                               ("clipped_oom", 0.05, FaultInjector((1, "optimizer")) if rank == 1 else None)):
+        model, optimizer = build()
+        generator = torch.Generator().manual_seed(1)
+        data = [torch.randint(0, VOCAB, (16, SEQ), generator=generator) for _ in range(2)]
+        local = [batch[rank * 8 : (rank + 1) * 8] for batch in data]
+        runner = Runner(model, optimizer, loss_fn, global_batch=16, micro_batch=4, device=device(), progress=False,
+                        log_every=None, max_grad_norm=norm, faults=faults)
+        result = runner.fit(local, epochs=1)
+        runs[name] = {"shards": shards(model, optimizer), "loss": result.last_loss, "recoveries": len(result.oom_recoveries)}
+    return runs
+
+
+SCENARIOS = {"probe": probe, "train": train, "resume": resume, "checkpointing": checkpointing, "clipped": clipped}
 
 if __name__ == "__main__":
     main(SCENARIOS)

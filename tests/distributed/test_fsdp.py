@@ -34,7 +34,7 @@ pytestmark = pytest.mark.skipif(not torch.distributed.is_available() or not _has
 
 WORKER = Path(__file__).resolve().parent / "fsdp_worker.py"
 FAULTS = "none,forward,backward,optimizer,inside:block_backward,inside:all_gather"
-SCENARIOS = ["probe", "train", "resume", "checkpointing"]
+SCENARIOS = ["probe", "train", "resume", "checkpointing", "clipped"]
 
 
 def reports_of(tmp_path_factory, scenario: str) -> list[dict]:
@@ -115,3 +115,15 @@ def test_fsdp_the_planner_checkpoints_sharded_blocks_and_the_planned_run_trains_
         # the recompute runs the same kernels on the same all-gathered weights: bit-equal
         assert planned["shards"] == plain["shards"], rank
         assert planned["loss"] == plain["loss"]
+
+
+def test_fsdp_clips_the_global_gradient_norm_and_a_replay_clips_the_same(tmp_path_factory):
+    reports = reports_of(tmp_path_factory, "clipped")
+    for rank, report in enumerate(reports):
+        clipped, replayed, unclipped = report["clipped"], report["clipped_oom"], report["unclipped"]
+        assert replayed["recoveries"] == 1 and clipped["recoveries"] == 0
+        for name, values in clipped["shards"].items():
+            torch.testing.assert_close(torch.tensor(replayed["shards"][name]), torch.tensor(values), rtol=1e-10, atol=1e-12)
+        assert any(not torch.allclose(torch.tensor(unclipped["shards"][name]), torch.tensor(values))
+                   for name, values in clipped["shards"].items()), rank
+    assert reports[0]["clipped"]["loss"] == pytest.approx(reports[1]["clipped"]["loss"], rel=1e-12)
