@@ -31,16 +31,25 @@ def copy_pageable(params: list[torch.Tensor]) -> list[torch.Tensor]:
     return [p.detach().to("cpu", copy=True) for p in params]
 
 
-def copy_pinned_flat(params: list[torch.Tensor]) -> list[torch.Tensor]:
-    total = sum(p.numel() * p.element_size() for p in params)
-    flat = torch.empty(total, dtype=torch.uint8, pin_memory=True)
+def nbytes(params: list[torch.Tensor]) -> int:
+    """The bytes of ``params`` together: the size of one flat buffer for all of them."""
+    return sum(p.numel() * p.element_size() for p in params)
+
+
+def copy_into(params: list[torch.Tensor], flat: torch.Tensor, *, non_blocking: bool = False) -> list[torch.Tensor]:
+    """Copy ``params`` into consecutive views of the byte buffer ``flat``; returns the views."""
     out, offset = [], 0
     for p in params:
-        nbytes = p.numel() * p.element_size()
-        view = flat[offset:offset + nbytes].view(p.dtype).view(p.shape)
-        view.copy_(p.detach(), non_blocking=True)
+        size = p.numel() * p.element_size()
+        view = flat[offset:offset + size].view(p.dtype).view(p.shape)
+        view.copy_(p.detach(), non_blocking=non_blocking)
         out.append(view)
-        offset += nbytes
+        offset += size
+    return out
+
+
+def copy_pinned_flat(params: list[torch.Tensor]) -> list[torch.Tensor]:
+    out = copy_into(params, torch.empty(nbytes(params), dtype=torch.uint8, pin_memory=True), non_blocking=True)
     torch.cuda.synchronize()
     return out
 

@@ -8,7 +8,8 @@ while a training loop runs at a small batch, in a fresh process each, and report
 ``copy_s`` (from the start until the copy is complete) and ``loop_s`` (the loop's own time,
 against ``none``: no copy).
 
-Methods: ``pageable`` (each tensor ``.to("cpu")``, what the probe did), ``flat`` (one pageable
+``scripts/bench_snapshot.py`` times copies alone; this script times them beside a loop. Methods:
+``pageable`` (each tensor ``.to("cpu")``, what the probe did), ``flat`` (one pageable
 buffer, filled tensor by tensor from the thread), ``hugepages`` (the same in a mapping advised
 to use transparent huge pages), ``pinned`` (one
 page-locked buffer, allocated and filled by asynchronous copies from the thread),
@@ -33,12 +34,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_promise import build  # noqa: E402
+from bench_snapshot import copy_into, copy_pageable, nbytes  # noqa: E402  (the copies bench_snapshot times alone)
 
 METHODS = ("none", "pageable", "flat", "hugepages", "pinned", "pinned-main")
-
-
-def _pageable(params: list[torch.Tensor]) -> list[torch.Tensor]:
-    return [p.detach().to("cpu", copy=True) for p in params]
 
 
 def _huge(params: list[torch.Tensor]) -> list[torch.Tensor]:
@@ -46,19 +44,10 @@ def _huge(params: list[torch.Tensor]) -> list[torch.Tensor]:
     faults on first touch), filled tensor by tensor."""
     import mmap
 
-    total = sum(p.numel() * p.element_size() for p in params)
-    area = mmap.mmap(-1, max(total, 1))
+    area = mmap.mmap(-1, max(nbytes(params), 1))
     if hasattr(mmap, "MADV_HUGEPAGE"):
         area.madvise(mmap.MADV_HUGEPAGE)
-    flat = torch.frombuffer(area, dtype=torch.uint8)
-    views, offset = [], 0
-    for p in params:
-        size = p.numel() * p.element_size()
-        view = flat[offset:offset + size].view(p.dtype).view(p.shape)
-        view.copy_(p.detach())
-        views.append(view)
-        offset += size
-    return views
+    return copy_into(params, torch.frombuffer(area, dtype=torch.uint8))
 
 
 def _pinned(params: list[torch.Tensor], device: str, pin: bool = True):
@@ -66,19 +55,12 @@ def _pinned(params: list[torch.Tensor], device: str, pin: bool = True):
     (views, event) where the event marks the copies' completion. ``pin=False``: one pageable
     buffer, filled by blocking copies."""
     pin = pin and device == "cuda"
-    total = sum(p.numel() * p.element_size() for p in params)
-    flat = torch.empty(total, dtype=torch.uint8, pin_memory=pin)
+    flat = torch.empty(nbytes(params), dtype=torch.uint8, pin_memory=pin)
     side = torch.cuda.Stream() if device == "cuda" else None
     if side is not None:
         side.wait_stream(torch.cuda.current_stream())
-    views, offset = [], 0
     with torch.cuda.stream(side) if side is not None else _null():
-        for p in params:
-            size = p.numel() * p.element_size()
-            view = flat[offset:offset + size].view(p.dtype).view(p.shape)
-            view.copy_(p.detach(), non_blocking=pin)
-            views.append(view)
-            offset += size
+        views = copy_into(params, flat, non_blocking=pin)
         event = torch.cuda.Event() if pin else None
         if event is not None:
             event.record()
@@ -120,7 +102,7 @@ def one(method: str, name: str, device: str, steps: int, batch: int) -> dict:
     thread = None
     event = None
     if method == "pageable":
-        thread = threading.Thread(target=copy_in_thread, args=(lambda: _pageable(params),))
+        thread = threading.Thread(target=copy_in_thread, args=(lambda: copy_pageable(params),))
     elif method == "flat":
         thread = threading.Thread(target=copy_in_thread, args=(lambda: _pinned(params, device, pin=False),))
     elif method == "hugepages":
@@ -141,7 +123,7 @@ def one(method: str, name: str, device: str, steps: int, batch: int) -> dict:
     if event is not None:
         event.synchronize()
         done["copy"] = time.perf_counter() - began
-    bytes_ = sum(p.numel() * p.element_size() for p in params)
+    bytes_ = nbytes(params)
     return {"method": method, "workload": name, "MiB": round(bytes_ / 2**20), "loop_s": round(loop, 4),
             "copy_s": round(done.get("copy", 0.0), 4)}
 
