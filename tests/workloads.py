@@ -34,8 +34,10 @@ def make_mlp_step(width: int = 512, depth: int = 2, in_features: int = 64, class
         features = width
     layers.append(torch.nn.Linear(features, classes))
     model = torch.nn.Sequential(*layers)
-    opt = torch.optim.Adam(model.parameters(), lr=1e-3) if optimizer == "adam" else torch.optim.SGD(
-        model.parameters(), lr=0.1, momentum=0.9)
+    if optimizer in ("adam", "adamw"):
+        opt = (torch.optim.Adam if optimizer == "adam" else torch.optim.AdamW)(model.parameters(), lr=1e-3)
+    else:
+        opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
 
     def loss_fn(model, batch):
         inputs, targets = batch

@@ -443,27 +443,24 @@ def test_an_oom_at_the_allocators_wall_aims_the_line_below_the_free_pieces(monke
     assert len(informed.trials) < len(blind.trials)
 
 
-def test_a_line_from_a_flat_stretch_is_refitted_after_the_gallop_crosses_the_boundary():
-    """An MLP with AdamW: at small sizes the optimizer step's temporaries make the peak (flat),
-    so a line from the end of that flat stretch (a corner) is too shallow and overshoots by a
-    third. The fit grows by one more leap instead of jumping from the corner: the binary answer
-    in 6 trials, where jumping and then bisecting the bracket took 17."""
-    import autobatch
-    from autobatch import find_max_batch, simulated_memory
-
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(256, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 10))
-    step = autobatch.TrainStep(
-        model, torch.optim.AdamW(model.parameters()),
-        lambda m, batch: torch.nn.functional.cross_entropy(m(batch[0]), batch[1]),
-        lambda n: (torch.randn(n, 256), torch.randint(0, 10, (n,))),
-    )
+def _adamw_mlp_predict_and_binary(width: int):
+    """An MLP (256 -> ``width`` -> 10) with AdamW under a 32 MiB budget, probed by ``predict``
+    and by ``binary``: at small sizes AdamW's step makes the peak, so the peaks are flat, then rise."""
+    step = make_mlp_step(width=width, depth=1, in_features=256, optimizer="adamw")
     found = {}
     for strategy in ("predict", "binary"):
         with simulated_memory("32MiB"):
             found[strategy] = find_max_batch(step, strategy=strategy, cache=False)
-    predicted = found["predict"]
-    assert predicted.batch_size == found["binary"].batch_size
+    return found["predict"], found["binary"]
+
+
+def test_a_line_from_a_flat_stretch_grows_by_one_more_leap_before_it_jumps():
+    """At small sizes the optimizer step's temporaries make the peak (flat), so a line from the
+    end of that flat stretch (a corner) is too shallow and overshoots by a third. The fit grows
+    by one more leap instead of jumping from the corner: the binary answer in 6 trials, where
+    jumping and then bisecting the bracket took 17."""
+    predicted, binary = _adamw_mlp_predict_and_binary(1024)
+    assert predicted.batch_size == binary.batch_size
     assert predicted.fit["measured"][1][1] == predicted.fit["measured"][0][1]  # the flat stretch
     assert len(predicted.trials) <= 6
 
@@ -472,21 +469,7 @@ def test_a_failure_before_any_growing_line_bisects_until_one_exists_then_follows
     """A wide MLP whose peak is AdamW's step up to a few hundred samples: the ×8 ladder's first
     OOM comes before any growing line. The bracket is bisected until a passing size gives one,
     and that line is followed: the binary answer in fewer trials than binary, as predict."""
-    import autobatch
-    from autobatch import find_max_batch, simulated_memory
-
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(256, 4096), torch.nn.ReLU(), torch.nn.Linear(4096, 10))
-    step = autobatch.TrainStep(
-        model, torch.optim.AdamW(model.parameters()),
-        lambda m, batch: torch.nn.functional.cross_entropy(m(batch[0]), batch[1]),
-        lambda n: (torch.randn(n, 256), torch.randint(0, 10, (n,))),
-    )
-    found = {}
-    for strategy in ("predict", "binary"):
-        with simulated_memory("32MiB"):
-            found[strategy] = find_max_batch(step, strategy=strategy, cache=False)
-    predicted = found["predict"]
-    assert predicted.batch_size == found["binary"].batch_size
+    predicted, binary = _adamw_mlp_predict_and_binary(4096)
+    assert predicted.batch_size == binary.batch_size
     assert predicted.strategy_used == "predict" and predicted.fallback_reason is None
-    assert len(predicted.trials) < len(found["binary"].trials) - 5
+    assert len(predicted.trials) < len(binary.trials) - 5
