@@ -8,6 +8,7 @@ from typing import Any, Callable
 import torch
 
 from .. import checks
+from .restore import forget_scaler_stage
 
 __all__ = ["TrainStep"]
 
@@ -102,8 +103,6 @@ class TrainStep:
         for param in self.model.parameters():
             param.grad = None
         if self.grad_scaler is not None and self.grad_scaler.is_enabled():
-            from .restore import forget_scaler_stage
-
             forget_scaler_stage(self.grad_scaler, self.optimizer)
 
     def __repr__(self) -> str:

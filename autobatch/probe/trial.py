@@ -127,7 +127,8 @@ class TrialRunner:
         resident = self._resident if error is None or over_bytes else None
         wall = None
         if ran_out:
-            over_bytes, wall = self._shortfall(error), self._wall(error)
+            requested = requested_bytes(error)  # "Tried to allocate 2.00 GiB", parsed once for both figures
+            over_bytes, wall = self._shortfall(requested), self._wall(requested)
             self._clean_up_after_oom()
         record = TrialRecord(
             batch_size, error is None, peak, seconds, purpose, error, reserved, steps, step_peak, resident,
@@ -173,7 +174,7 @@ class TrialRunner:
         with self.autotune.trial(tuned):
             return self._attempt(batch_size, steps, settle)
 
-    def _shortfall(self, error: str) -> int | None:
+    def _shortfall(self, requested: int | None) -> int | None:
         """For a trial that ran out of memory: bytes its step needed beyond what a passing step
         may allocate (the peak limit; the capacity where there is none), None when unknown.
 
@@ -181,8 +182,8 @@ class TrialRunner:
         Where it leaves room, the failure was the allocator's: its reserved memory (the step's
         reserved peak) plus the request passed the capacity (blocks held but too split); that
         figure, an estimate a smaller size may share, sizes the search's next stride down
-        (never past the bracket's midpoint), never an answer."""
-        requested = requested_bytes(error)
+        (never past the bracket's midpoint), never an answer. ``requested``: the allocation
+        that failed (None: the message named none)."""
         if requested is None or self._failed_at is None:
             return None
         usable = self.peak_limit if self.peak_limit is not None else self.memory.capacity()
@@ -191,11 +192,10 @@ class TrialRunner:
             short = self._reserved_at_failure + requested - self.memory.capacity()
         return short if short > 0 else None
 
-    def _wall(self, error: str) -> int | None:
+    def _wall(self, requested: int | None) -> int | None:
         """For a trial that ran out of memory although what was allocated plus the allocation
         that failed stayed under the peak limit: the failing step's reserved peak less its
         allocated peak (the free pieces the allocator held but could not use), else None."""
-        requested = requested_bytes(error)
         if requested is None or self._failed_at is None or self.peak_limit is None or not self._fragmentation:
             return None
         return self._fragmentation if self._failed_at + requested <= self.peak_limit else None
