@@ -32,7 +32,6 @@ is raised from the last allocator error, with the figures.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import inspect
 import time
@@ -110,7 +109,7 @@ def find_executable_batch_size(
     def wrapped(*args: Any, **kwargs: Any) -> Any:
         _check_call(function, args)
         memory = _instruments(device)
-        with _watching_optimizers() as watch:
+        with LazyStateWatch() as watch:
             return _attempts(wrapped, watch, memory, args, kwargs)
 
     def _attempts(wrapped: Any, watch: LazyStateWatch, memory: DeviceMemory | None, args: tuple, kwargs: dict) -> Any:
@@ -146,15 +145,6 @@ def find_executable_batch_size(
     wrapped.attempts = []  # type: ignore[attr-defined]
     wrapped.batch_size = starting_batch_size  # type: ignore[attr-defined]
     return wrapped
-
-
-@contextlib.contextmanager
-def _watching_optimizers():
-    watch = LazyStateWatch()
-    try:
-        yield watch
-    finally:
-        watch.close()
 
 
 def _next_size(attempt: Attempt, reduce: Callable[[], int] | None, factor: float, multiple_of: int) -> int:

@@ -7,7 +7,8 @@ keys, and the next trial's step raises ``KeyError: 'exp_avg'``, not an out-of-me
 the probe stopped with it (found on the CPU's simulated device: an MLP under a 12 MiB cap).
 :class:`LazyStateWatch` remembers which parameters had state as each step began and, after an
 out-of-memory error inside a step, drops the state that step created, so the next trial
-creates it whole again (any optimizer: a plain callable's too, through torch's global step hooks). Values the step may have half-written are the snapshot's business
+creates it whole again (any optimizer: a plain callable's too, through torch's global step
+hooks). Values the step may have half-written are the snapshot's business
 (:mod:`~autobatch.probe.restore`); the runner's step guard does both for training.
 """
 
@@ -55,3 +56,9 @@ class LazyStateWatch:
         for hook in self._hooks:
             hook.remove()
         self._hooks = []
+
+    def __enter__(self) -> "LazyStateWatch":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
