@@ -302,11 +302,11 @@ def _close(passes, record_pass, points, fit: LinearFit, lo: int, hi: int | None,
                 gallop, stride = 1, _first_stride(guess)
             elif width is not None and hi is not None and (hi - lo) * 2 > width:
                 bisecting = True  # the line creeps instead of halving the bracket
-        elif gallop < 0 and passed and not refollowed and _points_inside(_secant(points), capacity, lo, hi):
+        elif gallop < 0 and passed and not refollowed and _points_inside(refit := _secant(points), capacity, lo, hi):
             # crossed going down, far enough to measure a new point: a line through it that points
             # into the bracket is followed again, once (a curve that bends: the refuted line came
             # from a flat stretch, such as an optimizer step's peak at small sizes)
-            fit, gallop, refollowed = _secant(points), 0, True
+            fit, gallop, refollowed = refit, 0, True
             creeping = False
         elif (gallop < 0 and passed) or (gallop > 0 and not passed) or (gallops >= MAX_GALLOPS and hi is not None):
             bisecting = True  # crossed the boundary, or the line is far off: bisect what is left
