@@ -160,8 +160,10 @@ def _probe(call: _Call, restore, estimate_first: bool | None) -> ProbeResult:
     """Run the trials on the device (capped), the model's state restored afterwards."""
     fn, args = call.fn, call.probe_args
     snapshot = None
-    if restore is not None:  # a TrainStep changes its weights only in the optimizer step: copy meanwhile
-        snapshot = Snapshot.take(*restore, background=isinstance(fn, TrainStep) and fn.optimizer is restore[1],
+    if restore is not None:  # a TrainStep changes its weights only in the optimizer step: copy
+        # meanwhile, or, where a step at learning rate 0 leaves them exact, copy nothing
+        own = isinstance(fn, TrainStep) and fn.optimizer is restore[1]
+        snapshot = Snapshot.take(*restore, background=own, zero_lr=own,
                                  scaler=fn.grad_scaler if isinstance(fn, TrainStep) else None)
     prior = None
     autotune = Autotune(call.target)

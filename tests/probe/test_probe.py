@@ -355,6 +355,7 @@ def test_background_snapshot_holds_the_weights_from_before_the_optimizer_step(mo
 def test_a_probe_of_a_train_step_copies_its_weights_in_the_background(monkeypatch):
     _slow_copy(monkeypatch)
     step = make_mlp_step(width=64)
+    step(8)  # Adam's moments exist: a step at learning rate 0 would change them, so they are copied
     before = _state(step)
     find_max_batch(step, memory_limit="4MiB", steps_per_trial=2, cache=False)
     after = _state(step)
@@ -371,6 +372,7 @@ def test_a_failed_background_copy_stops_the_probe_with_its_error(monkeypatch):
 
     monkeypatch.setattr(Snapshot, "_copy_in_background", broken)
     step = make_mlp_step(width=64)
+    step(8)  # state exists: the weights are copied (a fresh optimizer would step at learning rate 0)
     before = _state(step)
     with pytest.raises(RuntimeError, match="could not snapshot the model before probing: host memory"):
         find_max_batch(step, memory_limit="4MiB", steps_per_trial=2, cache=False)

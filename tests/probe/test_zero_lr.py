@@ -1,0 +1,137 @@
+"""A TrainStep's probe with a fresh optimizer steps at learning rate 0 instead of copying its
+weights (autobatch.probe.restore): the weights stay exact, the state and learning rates come
+back, and the trials measure the same memory as with the copy."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+import autobatch
+from autobatch import find_max_batch
+from autobatch.probe import restore
+from autobatch.probe.restore import Snapshot, steps_in_place_at_zero_lr
+
+OPTIMIZERS = {
+    "sgd": lambda p: torch.optim.SGD(p, lr=0.1),
+    "sgd-nesterov-wd": lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9, nesterov=True, weight_decay=0.1),
+    "adam-amsgrad-wd": lambda p: torch.optim.Adam(p, lr=0.1, amsgrad=True, weight_decay=0.1),
+    "adamw": lambda p: torch.optim.AdamW(p, lr=0.1, weight_decay=0.5),
+    "adamw-single-tensor": lambda p: torch.optim.AdamW(p, lr=0.1, foreach=False),
+    "adamax": lambda p: torch.optim.Adamax(p, lr=0.1, weight_decay=0.1),
+    "nadam-decoupled": lambda p: torch.optim.NAdam(p, lr=0.1, weight_decay=0.1, decoupled_weight_decay=True),
+    "radam": lambda p: torch.optim.RAdam(p, lr=0.1, weight_decay=0.1),
+    "rmsprop-centered": lambda p: torch.optim.RMSprop(p, lr=0.1, momentum=0.9, centered=True, weight_decay=0.1),
+}
+
+
+def _step(optimizer=OPTIMIZERS["adamw"], loss_scale: float = 1.0, seed: int = 0) -> autobatch.TrainStep:
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(torch.nn.Linear(32, 128), torch.nn.BatchNorm1d(128), torch.nn.ReLU(), torch.nn.Linear(128, 4))
+
+    def loss_fn(m, batch):
+        return m(batch).square().mean() * loss_scale
+
+    return autobatch.TrainStep(model, optimizer(model.parameters()), loss_fn, lambda n: torch.randn(max(n, 2), 32))
+
+
+def _weights(step):
+    return {name: tensor.clone() for name, tensor in step.model.state_dict().items()}
+
+
+def _assert_same(before, after):
+    assert before.keys() == after.keys()
+    for name in before:
+        assert torch.equal(before[name], after[name]), name
+        assert torch.equal(before[name].signbit(), after[name].signbit()), name
+
+
+@pytest.mark.parametrize("name", sorted(OPTIMIZERS))
+def test_a_probe_at_learning_rate_zero_leaves_the_model_and_optimizer_as_they_were(name):
+    step = _step(OPTIMIZERS[name])
+    assert steps_in_place_at_zero_lr(step.optimizer)
+    before, groups = _weights(step), copy.deepcopy(step.optimizer.state_dict()["param_groups"])
+    result = find_max_batch(step, memory_limit="6MiB", steps_per_trial=2, cache=False)
+    assert result.num_trials >= 3
+    _assert_same(before, _weights(step))  # BatchNorm's statistics included: those are copied
+    assert not step.optimizer.state and step.optimizer.state_dict()["param_groups"] == groups
+    assert not step.optimizer._optimizer_step_pre_hooks
+
+    twin = _step(OPTIMIZERS[name])  # never probed: training from here is the same, step for step
+    for trained in (step, twin):
+        torch.manual_seed(1)
+        for _ in range(3):
+            trained(16)
+    _assert_same(_weights(twin), _weights(step))
+
+
+def test_the_trials_measure_what_they_measure_with_the_copy(monkeypatch):
+    in_place = find_max_batch(_step(), memory_limit="6MiB", steps_per_trial=2, cache=False)
+    monkeypatch.setattr(restore, "steps_in_place_at_zero_lr", lambda optimizer: False)
+    copied = find_max_batch(_step(), memory_limit="6MiB", steps_per_trial=2, cache=False)
+    assert in_place.batch_size == copied.batch_size
+    assert [(t.batch_size, t.passed, t.peak_bytes) for t in in_place.trials] == \
+        [(t.batch_size, t.passed, t.peak_bytes) for t in copied.trials]
+
+
+def test_non_finite_gradients_cannot_reach_the_weights():
+    step = _step(loss_scale=float("nan"))
+    before = _weights(step)
+    snapshot = Snapshot.take(step.model, step.optimizer, background=True, zero_lr=True)
+    assert snapshot.weights_in_place
+    step(8)  # every gradient NaN: zeroed before the step, so 0 * update leaves the weights
+    for name, param in step.model.named_parameters():
+        assert torch.equal(param, before[name]), name
+    snapshot.restore()
+    _assert_same(before, _weights(step))
+
+
+def _with_negative_zero(step):
+    with torch.no_grad():
+        step.model[0].weight[0, 0] = -0.0
+    return step
+
+
+def _with_nan(step):
+    with torch.no_grad():
+        step.model[3].bias[0] = float("nan")
+    return step
+
+
+def _stepped(step):
+    step(4)
+    return step
+
+
+def _tensor_lr(step):
+    step.optimizer.param_groups[0]["lr"] = torch.tensor(0.1)
+    return step
+
+
+class _MyAdamW(torch.optim.AdamW):
+    """A subclass may step otherwise (a learning rate it does not scale by)."""
+
+
+@pytest.mark.parametrize("make", [
+    lambda: _stepped(_step()),  # Adam's moments exist: a step would change them
+    lambda: _with_negative_zero(_step()),
+    lambda: _with_nan(_step()),
+    lambda: _tensor_lr(_step()),
+    lambda: _step(lambda p: _MyAdamW(p, lr=0.1)),
+    lambda: _step(lambda p: torch.optim.Adagrad(p, lr=0.1)),  # builds its state at construction
+    lambda: _step(lambda p: torch.optim.Rprop(p, lr=0.1)),  # its step sizes are not scaled by lr
+], ids=["state", "negative-zero", "nan-weight", "tensor-lr", "subclass", "adagrad", "rprop"])
+def test_whatever_a_zero_step_could_change_is_copied_instead(make):
+    step = make()
+    assert not steps_in_place_at_zero_lr(step.optimizer)
+    before = _weights(step)
+    lrs = [group["lr"] for group in step.optimizer.param_groups]
+    snapshot = Snapshot.take(step.model, step.optimizer, background=True, zero_lr=True)
+    assert not snapshot.weights_in_place and [group["lr"] for group in step.optimizer.param_groups] == lrs
+    step(8)
+    snapshot.restore()
+    after = _weights(step)
+    for name in before:  # NaN where the weight was NaN: compared bit for bit
+        assert torch.equal(before[name].view(-1).view(torch.int32), after[name].view(-1).view(torch.int32)), name
