@@ -290,9 +290,10 @@ def timing(args, name: str, exact: int) -> dict:
                    "batches": [r.get("batch") for r in rows], "runs": rows} for form, rows in runs.items()}
 
 
-def cli(args, name: str) -> dict:
-    # each workload as the CLI spells it: the same model, optimizer and precision as the library
-    # forms, so the exact maximum is shared (Llama: a config object built by Hydra, nested _target_)
+def cli_overrides(args, name: str) -> list[str] | None:
+    """The workload as the CLI spells it: the same model, optimizer and precision as the library
+    forms, so the exact maximum is shared (Llama: a config object built by Hydra, nested _target_);
+    None where the CLI has no such model."""
     bf16 = ["precision=bf16"] if args.device == "cuda" else []
     vision = ["data=imagenet", "data.num_classes=10", *bf16]
     gpt2 = ["model.layers=12", "model.width=768", "model.heads=12", "data.vocab_size=50257", "data.seq_len=1024"]
@@ -306,7 +307,12 @@ def cli(args, name: str) -> dict:
         "resnet50_tuned": ["model=resnet50", *vision, "device.cudnn_benchmark=true"],
         "vit_b16": ["model=resnet50", "model._target_=torchvision.models.vit_b_16", *vision],
     }.get(name)
-    if spelled is None or (name != "gpt2" and args.quick):
+    return None if spelled is None or (name != "gpt2" and args.quick) else spelled
+
+
+def cli(args, name: str) -> dict:
+    spelled = cli_overrides(args, name)
+    if spelled is None:
         return {"skipped": "the CLI has no such built-in model"}
     with tempfile.TemporaryDirectory() as tmp:
         common = [*spelled, f"device.type={args.device}", f"probe.memory_limit={args.memory_limit}",
