@@ -205,22 +205,34 @@ def steps_in_place_at_zero_lr(optimizer: torch.optim.Optimizer | None) -> bool:
     """Whether a step of ``optimizer`` at learning rate 0 leaves its parameters bit for
     bit as they are, and restoring its state needs no copy: a type in ``_SCALED_BY_LR``, no
     state yet, float learning rates, and floating weights that are finite and hold no negative
-    zero (``-0.0 + 0.0`` is ``+0.0``). One synchronisation per device for the whole check."""
+    zero (``-0.0 + 0.0`` is ``+0.0``). One synchronisation per device for the whole check (a first
+    version with five kernels per tensor took 0.15 s of a ViT-B/16 probe on an H200)."""
     if optimizer is None or type(optimizer) not in _SCALED_BY_LR or any(optimizer.state.values()):
         return False
     if any(isinstance(group["lr"], torch.Tensor) for group in optimizer.param_groups):
         return False
-    flags: dict[torch.device, list[torch.Tensor]] = {}
+    weights: dict[torch.device, list[torch.Tensor]] = {}
+    for group in optimizer.param_groups:
+        for param in group["params"]:
+            tensor = local(param).detach()
+            if tensor.dtype not in _NEGATIVE_ZERO:
+                return False  # not a float type whose negative zero we can spot
+            weights.setdefault(tensor.device, []).append(tensor)
     with torch.no_grad():
-        for group in optimizer.param_groups:
-            for param in group["params"]:
-                weights = local(param).detach()
-                if not weights.is_floating_point() or weights.is_complex():
-                    return False
-                for chunk in weights.reshape(-1).split(1 << 24):  # bounded temporaries for huge tensors
-                    bad = chunk.eq(0).logical_and_(chunk.signbit()).any() | ~chunk.isfinite().all()
-                    flags.setdefault(bad.device, []).append(bad)
-    return not any(bool(torch.stack(found).any()) for found in flags.values())
+        for found in weights.values():  # a few kernels per tensor, one fused norm, one sync per device
+            as_int = [_NEGATIVE_ZERO[w.dtype] for w in found]
+            negative_zero = torch.stack([w.view(kind).eq(bits).any() for w, (kind, bits) in zip(found, as_int)]).any()
+            norms = torch.stack(torch._foreach_norm(found, 2, dtype=torch.float32))  # NaN / inf: not finite
+            if bool(negative_zero | ~norms.isfinite().all()):
+                return False
+    return True
+
+
+#: a float type's negative zero as the bit pattern of the same-sized integer type
+_NEGATIVE_ZERO = {
+    torch.float32: (torch.int32, -(2**31)), torch.float64: (torch.int64, -(2**63)),
+    torch.bfloat16: (torch.int16, -(2**15)), torch.float16: (torch.int16, -(2**15)),
+}
 
 
 def _zero_non_finite_grads(optimizer: torch.optim.Optimizer) -> None:
