@@ -127,6 +127,38 @@ def test_restore_is_bit_exact_on_cuda():
     assert len(step.optimizer.state) == 0
 
 
+@pytest.mark.parametrize("flavour", ["foreach", "fused", "capturable", "bf16-weights"])
+def test_a_zero_lr_probe_leaves_the_weights_exact_and_training_unchanged_on_cuda(flavour, monkeypatch):
+    from autobatch.probe.restore import steps_in_place_at_zero_lr
+
+    monkeypatch.setattr(torch.backends.cudnn, "deterministic", True)  # the twins' steps compare bit for bit
+
+    def build():
+        step = conv_step(autocast=True)
+        if flavour == "bf16-weights":
+            step.model.to(torch.bfloat16)
+            step.autocast_dtype = None
+            make = step.make_batch
+            step.make_batch = lambda n: (make(n)[0].to(torch.bfloat16), make(n)[1])
+        options = {"fused": {"fused": True}, "capturable": {"capturable": True}}.get(flavour, {"foreach": True})
+        step.optimizer = torch.optim.AdamW(step.model.parameters(), lr=1e-3, **options)
+        return step
+
+    step = build()
+    assert steps_in_place_at_zero_lr(step.optimizer)
+    before = {k: v.clone() for k, v in step.model.state_dict().items()}
+    find_max_batch(step, memory_limit="2GiB", steps_per_trial=2, cache=False)
+    after = step.model.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before)
+    assert len(step.optimizer.state) == 0 and step.optimizer.param_groups[0]["lr"] == 1e-3
+    twin = build()  # never probed: the same three training steps give the same weights
+    for trained in (step, twin):
+        torch.manual_seed(1)
+        for _ in range(3):
+            trained(32)
+    assert all(torch.equal(v, twin.model.state_dict()[k]) for k, v in step.model.state_dict().items())
+
+
 def test_nothing_fits_on_cuda_raises_no_batch_fits():
     step = conv_step(width=512)
     with pytest.raises(NoBatchFitsError) as info:

@@ -20,6 +20,8 @@ OPTIMIZERS = {
     "adam-amsgrad-wd": lambda p: torch.optim.Adam(p, lr=0.1, amsgrad=True, weight_decay=0.1),
     "adamw": lambda p: torch.optim.AdamW(p, lr=0.1, weight_decay=0.5),
     "adamw-single-tensor": lambda p: torch.optim.AdamW(p, lr=0.1, foreach=False),
+    "adamw-fused": lambda p: torch.optim.AdamW(p, lr=0.1, fused=True),
+    "sgd-fused": lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9, fused=True),
     "adamax": lambda p: torch.optim.Adamax(p, lr=0.1, weight_decay=0.1),
     "nadam-decoupled": lambda p: torch.optim.NAdam(p, lr=0.1, weight_decay=0.1, decoupled_weight_decay=True),
     "radam": lambda p: torch.optim.RAdam(p, lr=0.1, weight_decay=0.1),
