@@ -23,7 +23,9 @@ What the measurement does, and why:
 
 The model and optimizer are put back bit-exactly after every timed candidate
 (:class:`~autobatch.probe.restore.Snapshot`), so each starts from the same state and the user's
-model is untouched afterwards. A candidate that runs out of memory in any round is recorded
+model is untouched afterwards. With a fresh optimizer of a kind that scales every change by its
+learning rate (AdamW, SGD, ...) the candidates step at learning rate 0 and no weights are copied
+back: the same kernels run, so the times are the same. A candidate that runs out of memory in any round is recorded
 with its error and never chosen.
 
 The clock and the retry counter are injectable (``timer``, :class:`DeviceHooks`) so tests
@@ -224,7 +226,9 @@ def measure_candidates(
     ``samples_per_s = None`` and is skipped in later rounds.
     """
     validate_timing(warmup_steps=warmup_steps, timed_steps=timed_steps)
-    snapshot = Snapshot.take(step.model, step.optimizer)
+    # a fresh optimizer steps at learning rate 0 instead: no copy of the weights to put back
+    # after every candidate (the same kernels run, so the timing is the same)
+    snapshot = Snapshot.take(step.model, step.optimizer, zero_lr=True)
     try:
         for _ in range(rounds):
             for candidate in candidates:
@@ -240,7 +244,7 @@ def measure_candidates(
                     candidate.error = error
                     candidate.samples_per_s = None
                     log.info("candidate %s ran out of memory while timed: %s", candidate.key, error)
-                snapshot.restore()
+                snapshot.restore(keep=True)
     finally:
         snapshot.restore()
 

@@ -158,10 +158,12 @@ class Snapshot:
             error, self._copy_error, self._copy_failed = self._copy_error, None, True
             raise RuntimeError(f"autobatch could not snapshot the model before probing: {error}") from error
 
-    def restore(self) -> None:
-        """Write the snapshot back into the same objects (their identity is preserved)."""
+    def restore(self, *, keep: bool = False) -> None:
+        """Write the snapshot back into the same objects (their identity is preserved).
+        ``keep``: more trials follow (the planner times one candidate after another), so a
+        ``zero_lr`` snapshot keeps its learning rates at 0; the last restore must not keep."""
         self.wait()
-        if self._guard is not None:
+        if self._guard is not None and not keep:
             self._guard.remove()
             self._guard = None
         with torch.no_grad():
@@ -183,6 +185,9 @@ class Snapshot:
             # (Adam moments that did not exist before) disappears again; it casts tensors
             # back to each parameter's device; sharded state becomes DTensors laid out as before.
             self.optimizer.load_state_dict(from_cpu_local(self.optimizer_state))
+            if keep and self.weights_in_place:
+                for group in self.optimizer.param_groups:
+                    group["lr"] = 0.0
         if self.scaler is not None:
             self.scaler.load_state_dict(self.scaler_state)
             if self.optimizer is not None:

@@ -5,6 +5,7 @@ back, and the trials measure the same memory as with the copy."""
 from __future__ import annotations
 
 import copy
+import time
 
 import pytest
 import torch
@@ -137,3 +138,25 @@ def test_whatever_a_zero_step_could_change_is_copied_instead(make):
     after = _weights(step)
     for name in before:  # NaN where the weight was NaN: compared bit for bit
         assert torch.equal(before[name].view(-1).view(torch.int32), after[name].view(-1).view(torch.int32)), name
+
+
+def test_the_planner_times_candidates_at_learning_rate_zero_and_gives_each_a_fresh_optimizer():
+    from autobatch.planning.throughput import Candidate, measure_candidates
+
+    step = _step()
+    before, lr = _weights(step), step.optimizer.param_groups[0]["lr"]
+    states_seen = []
+    real = step.optimizer_step
+
+    def optimizer_step():  # each candidate starts with no optimizer state, at learning rate 0
+        states_seen.append((len(step.optimizer.state), step.optimizer.param_groups[0]["lr"]))
+        real()
+
+    step.optimizer_step = optimizer_step
+    candidates = [Candidate.build(16, m, False) for m in (4, 8, 16)]
+    measure_candidates(step, candidates, global_batch=16, warmup_steps=0, timed_steps=2, rounds=2, timer=time.perf_counter)
+    assert all(c.error is None for c in candidates) and len(states_seen) == 12
+    assert states_seen[::2] == [(0, 0.0)] * 6 and all(lr_seen == 0.0 for _, lr_seen in states_seen)
+    _assert_same(before, _weights(step))
+    assert not step.optimizer.state and step.optimizer.param_groups[0]["lr"] == lr
+    assert not step.optimizer._optimizer_step_pre_hooks
