@@ -216,18 +216,18 @@ def steps_in_place_at_zero_lr(optimizer: torch.optim.Optimizer | None) -> bool:
         return False
     if any(isinstance(group["lr"], torch.Tensor) for group in optimizer.param_groups):
         return False
-    weights: dict[torch.device, list[torch.Tensor]] = {}
+    weights: dict[tuple[torch.device, torch.dtype], list[torch.Tensor]] = {}
     for group in optimizer.param_groups:
         for param in group["params"]:
             tensor = local(param).detach()
             if tensor.dtype not in _NEGATIVE_ZERO:
                 return False  # not a float type whose negative zero we can spot
-            weights.setdefault(tensor.device, []).append(tensor)
+            weights.setdefault((tensor.device, tensor.dtype), []).append(tensor)
     with torch.no_grad():
-        for found in weights.values():  # a few kernels per tensor, one fused norm, one sync per device
-            as_int = [_NEGATIVE_ZERO[w.dtype] for w in found]
-            negative_zero = torch.stack([w.view(kind).eq(bits).any() for w, (kind, bits) in zip(found, as_int)]).any()
-            norms = torch.stack(torch._foreach_norm(found, 2, dtype=torch.float32))  # NaN / inf: not finite
+        for (_, dtype), found in weights.items():  # two kernels per tensor, one fused norm, one sync
+            kind, bits = _NEGATIVE_ZERO[dtype]
+            negative_zero = torch.stack([w.view(kind).eq(bits).any() for w in found]).any()
+            norms = torch.stack(torch._foreach_norm(found, 2))  # NaN / inf: not finite
             if bool(negative_zero | ~norms.isfinite().all()):
                 return False
     return True

@@ -160,3 +160,21 @@ def test_the_planner_times_candidates_at_learning_rate_zero_and_gives_each_a_fre
     _assert_same(before, _weights(step))
     assert not step.optimizer.state and step.optimizer.param_groups[0]["lr"] == lr
     assert not step.optimizer._optimizer_step_pre_hooks
+
+
+def test_weights_of_mixed_float_types_are_checked_each_in_its_own_type():
+    step = _step()
+    step.model[0].double()  # float64 beside float32: one fused norm per type (a norm asked for float32 fails on float64)
+    make = step.make_batch
+    step.make_batch = lambda n: make(n).double()
+    step.model[1].double()
+    step.model.insert(3, _ToFloat())
+    assert steps_in_place_at_zero_lr(step.optimizer)
+    with torch.no_grad():
+        step.model[0].weight[1, 1] = -0.0  # a float64 negative zero is spotted too
+    assert not steps_in_place_at_zero_lr(step.optimizer)
+
+
+class _ToFloat(torch.nn.Module):
+    def forward(self, x):
+        return x.float()
