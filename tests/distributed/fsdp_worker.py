@@ -105,11 +105,13 @@ def probe(rank: int, world: int, out: Path) -> dict:
 
 def _snapshot_inside_forward(model) -> None:
     """Make the probe's background snapshot copy run inside the first trial's forward, while
-    FSDP has swapped full (unsharded) parameters into the root: a GPU's timing, made certain."""
+    FSDP has swapped full (unsharded) parameters into the root: a GPU's timing, made certain.
+    The snapshot copies (a fresh AdamW would otherwise step the trials at learning rate 0)."""
     import threading
 
     import autobatch.probe.restore as restore_module
 
+    restore_module.steps_in_place_at_zero_lr = lambda optimizer: False
     pending = []
 
     class Deferred(threading.Thread):
