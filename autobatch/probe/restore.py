@@ -105,8 +105,7 @@ class Snapshot:
             if optimizer is not None:
                 snap.optimizer_state = _to_cpu(optimizer.state_dict())  # learning rates included
             if snap.weights_in_place:
-                for group in optimizer.param_groups:
-                    group["lr"] = 0.0
+                _zero_lrs(optimizer)
                 snap._guard = optimizer.register_step_pre_hook(lambda opt, *_: _zero_non_finite_grads(opt))
             return snap
         # the hook only waits: removing itself while the optimizer runs its hooks would mutate
@@ -186,8 +185,7 @@ class Snapshot:
             # back to each parameter's device; sharded state becomes DTensors laid out as before.
             self.optimizer.load_state_dict(from_cpu_local(self.optimizer_state))
             if keep and self.weights_in_place:
-                for group in self.optimizer.param_groups:
-                    group["lr"] = 0.0
+                _zero_lrs(self.optimizer)  # load_state_dict put the learning rates back
         if self.scaler is not None:
             self.scaler.load_state_dict(self.scaler_state)
             if self.optimizer is not None:
@@ -238,6 +236,12 @@ _NEGATIVE_ZERO = {
     torch.float32: (torch.int32, -(2**31)), torch.float64: (torch.int64, -(2**63)),
     torch.bfloat16: (torch.int16, -(2**15)), torch.float16: (torch.int16, -(2**15)),
 }
+
+
+def _zero_lrs(optimizer: torch.optim.Optimizer) -> None:
+    """Every group's learning rate to 0: the trials' steps build state but move no weight."""
+    for group in optimizer.param_groups:
+        group["lr"] = 0.0
 
 
 def _zero_non_finite_grads(optimizer: torch.optim.Optimizer) -> None:
