@@ -17,12 +17,9 @@ gradients, optimizer state, workspaces) plus activations per sample. So:
    gradients, workspaces) counted as if it grew with the batch. That overstates the growth,
    so on a straight memory curve the size fits, and the line through the two points
    extrapolates little. It is further than ×8 where the boundary is far, and short of an
-   ×8 that would overshoot where it is near (GPT-2 from 8: 9, not 64, whose OOM would
-   leave a single point and a bisection). With the first trial at 8 samples
-   (``find_max_batch``'s default for ``predict``/``auto``), on ResNet-50 under a 16 GiB cap
-   on an H200 the leap lands at 270 of 369, where the ladder needed trials at 1, 8 and 64.
-   A leap that runs out of memory (a curve that bends up) leaves the plain ladder to go on
-   below it.
+   ×8 that would overshoot where it is near (GPT-2 from 8: 9, not 64). On ResNet-50 (H200,
+   16 GiB cap) it lands at 270 of 369 from 8, where the ladder needed 1, 8 and 64. A leap
+   that runs out of memory (a curve that bends up) leaves the ladder to go on below it.
 2. **Jump.** Trial the predicted boundary; with ``above_first``, the size just above it
    first, then the boundary itself. Why: when the answer must pass a *full* trial after the
    last OOM and search trials are shorter (:func:`~autobatch.find_max_batch`), an OOM is
@@ -45,9 +42,9 @@ gradients, optimizer state, workspaces) plus activations per sample. So:
    optimizer step's peak at small sizes, overshoots far). A line that creeps instead of
    halving the bracket is also abandoned for bisection. An OOM at the allocator's wall (the
    allocated figures left room; the free pieces of its segments were too small) is no
-   refutation: the line aims that far below the capacity and jumps again. So the worst case stays close to
-   binary search, and the answer is exact like binary's: a passing size whose next size
-   failed (or ``max_batch``).
+   refutation: the line aims that far below the capacity and jumps again. So the worst case
+   stays close to binary search, and the answer is exact like binary's: a passing size whose
+   next size failed (or ``max_batch``).
 
 With an estimated curve (``prior``, from a fake-tensor trace of the step), step 1 is replaced
 by one trial ``PRIOR_BELOW`` under the estimated boundary (20 % lower if that ran out of
@@ -78,6 +75,7 @@ __all__ = ["predictive", "leap_size", "LinearFit", "GROWTH", "JUMP_RATIO", "LEAP
 GROWTH = 8  # size ratio between successive fit trials
 JUMP_RATIO = 8  # extrapolate at most this far beyond the largest measured size (one growth step)
 MAX_GALLOPS = 3  # strides of 0.5 %, 1 %, 2 % cover allocator rounding; farther off, bisect
+STRIDE_FRACTION = 0.005  # a gallop's first stride, as a fraction of the batch (at least one sample)
 PRIOR_BELOW = 0.03  # with an estimated curve, the first trial is this fraction below its boundary
 LEAP_FRACTION = 0.9  # the leap lands this far below the size the first trial guarantees
 
@@ -121,12 +119,10 @@ def predictive(
     short_of: Callable[[int], int | None] | None = None,
     usable_after: Callable[[int], int | None] | None = None,
 ) -> PredictOutcome:
-    """Run the predictive search in units of ``multiple_of``.
-
-    ``passes(units, purpose)`` runs (or recalls) a trial; ``peak_of(units)`` is the measured
-    peak of a passing trial; ``capacity`` the bytes available. Returns the largest passing
-    unit (None if unit 1 failed), the fitted curve, and why the search fell back to binary,
-    if it did.
+    """Run the predictive search in units of ``multiple_of``. ``passes(units, purpose)`` runs
+    (or recalls) a trial; ``peak_of(units)`` is the measured peak of a passing trial;
+    ``capacity`` the bytes available. Returns the largest passing unit (None if unit 1
+    failed), the fitted curve, and why the search fell back to binary, if it did.
 
     ``prior`` is an estimated curve (in units, e.g. from :mod:`autobatch.probe.estimate`): the first
     trial is then just below its boundary instead of at ``start``, and the line through that
@@ -134,9 +130,9 @@ def predictive(
     above the line's boundary before the boundary (step 2 of the module's description).
     ``resident_of(units)``: the memory allocated as a passing trial's last step began (None
     if unknown), where ``peak_of`` is that step's peak; it enables the leap. ``short_of(units)``:
-    how many bytes a failed size needed beyond what fits (a lower bound, or the allocator's
-    estimate; None if unknown); a refuted line then gallops down by at least that many bytes'
-    worth of samples, never past the bracket's midpoint. ``usable_after(units)``: for a size
+    a lower bound of the bytes a failed size needed beyond what fits (None if unknown: an
+    estimate that runs high would overshoot into a passing trial); a refuted line then gallops
+    down by at least that many bytes' worth of samples, never past the bracket's midpoint. ``usable_after(units)``: for a size
     that ran out of memory at the allocator's wall (its allocated figures left room for the
     allocation that failed), the allocated peak a size may reach: the capacity less the free
     pieces the allocator held but could not hand out (None if unknown); the line then aims
@@ -248,12 +244,12 @@ def _close(passes, record_pass, points, fit: LinearFit, lo: int, hi: int | None,
     small (``usable_after``): the line then aims that much below the capacity, and its next
     trial is a fresh jump (up to ``MAX_GALLOPS`` times), not a refutation. On an H200 (8 GiB
     cap) ViT-B/16's line was right about the allocated peak (1.206 GiB + 0.0645 GiB per
-    sample) but sizes 101-105 failed with 0.15-0.37 GiB free in pieces; aimed below those
-    pieces the line lands on 99-100 at once, where galloping took four 0.5-2 % strides.
-    Galloping down, a stride is at least what the failed size's shortfall (``short_of``) is
+    sample) but sizes 101-105 failed with 0.15-0.37 GiB free in pieces. Galloping down, a
+    stride is at least what a lower bound of the failed size's shortfall (``short_of``) is
     worth at the line's slope."""
     gallop = 0  # 0: follow the line; -1 / +1: the line was refuted, gallop down / up
     stride = gallops = walls = 0
+    span = 0.0  # the gallop's stride in samples before rounding down (doubles)
     creeping = False  # the last trial followed the line and passed
     jumped = False  # the last trial followed a line just lowered to a wall: a fresh jump
     refollowed = False  # a line refitted after galloping down across the boundary was followed
@@ -293,13 +289,14 @@ def _close(passes, record_pass, points, fit: LinearFit, lo: int, hi: int | None,
         if gallop == 0:
             fit = _secant(points) or fit
             if not passed and predicted >= guess:  # the line said it fits: refuted from above
-                gallop, stride = -1, max(_first_stride(guess), _short_units(short_of, guess, fit))
+                gallop, span = -1, _first_span(guess)
+                stride = max(_first_stride(guess), _short_units(short_of, guess, fit))
             elif passed and (predicted < guess or confirming):  # it said lo was the maximum
-                gallop, stride = 1, _first_stride(guess)
+                gallop, span, stride = 1, _first_span(guess), _first_stride(guess)
             elif passed and hi is None and crept and guess < fit.predict_max(capacity) < guess + _first_stride(guess):
                 # twice the line's boundary passed and the refit moves it up by less than a stride
                 # each time (a plateau just under the capacity, e.g. an allocator block): gallop
-                gallop, stride = 1, _first_stride(guess)
+                gallop, span, stride = 1, _first_span(guess), _first_stride(guess)
             elif width is not None and hi is not None and (hi - lo) * 2 > width:
                 bisecting = True  # the line creeps instead of halving the bracket
         elif gallop < 0 and passed and not refollowed and _points_inside(refit := _secant(points), capacity, lo, hi):
@@ -311,7 +308,8 @@ def _close(passes, record_pass, points, fit: LinearFit, lo: int, hi: int | None,
         elif (gallop < 0 and passed) or (gallop > 0 and not passed) or (gallops >= MAX_GALLOPS and hi is not None):
             bisecting = True  # crossed the boundary, or the line is far off: bisect what is left
         else:
-            stride = max(stride * 2, _short_units(short_of, guess, fit) if gallop < 0 else 0)
+            span *= 2  # 0.5 %, 1 %, 2 % of the batch (see _first_span)
+            stride = max(1, int(span), _short_units(short_of, guess, fit) if gallop < 0 else 0)
         gallops += gallop != 0
     return lo, fit, capacity
 
@@ -362,17 +360,22 @@ def leap_size(units: int, peak: int, resident: int | None, capacity: int) -> int
     return math.floor(units * room / grown * LEAP_FRACTION)
 
 
-def _first_stride(near: int) -> int:
-    """First gallop stride after the line was refuted near ``near``: half a percent, rounded
-    down (at least one).
+def _first_span(near: int) -> float:
+    """A gallop's first stride after the line was refuted near ``near``, before rounding down:
+    half a percent. A refuted line is usually off by the allocator's rounding and
+    fragmentation, a percent or two of the batch, so small strides that double find the
+    boundary in a few cheap trials. Under one sample, the fraction itself doubles (at 100
+    samples strides of 1, 1, 2, where doubling the rounded count made 1, 2, 4); rounded down,
+    because galloping down each stride that still fails is an OOM trial (a fraction of a
+    step), while one that overshoots adds a passing trial and a bisection step."""
+    fraction = near * STRIDE_FRACTION
+    return fraction if fraction < 1 else float(int(fraction))
 
-    A refuted line is usually off by the allocator's rounding and fragmentation, a percent or
-    two of the batch, so small strides that double find the boundary in a few cheap trials.
-    Rounded down because a short stride is the cheap mistake: galloping down from a failure,
-    each stride that still fails is an OOM trial (a fraction of a step), while one that
-    overshoots adds a passing trial and a bisection step.
-    """
-    return max(1, int(near * 0.005))
+
+def _first_stride(near: int) -> int:  # :func:`_first_span` in whole samples (at least one)
+    return max(1, int(_first_span(near)))
+
+
 def _seed_from_prior(passes, record_pass, points, prior: LinearFit, capacity: int, max_units: int):
     """First trials from an estimated curve: ``PRIOR_BELOW`` under its boundary, then (if that
     ran out of memory) 20 % lower. Returns ``(lo, hi, fit)`` for the closing loop, the fit

@@ -207,10 +207,14 @@ class TrialRunner:
         return None if failed is None else failed.wall_bytes
 
     def short_of(self, batch_size: int) -> int | None:
-        """:attr:`TrialRecord.over_bytes` of the latest failed trial at ``batch_size`` (None: none,
-        or no figure): how many bytes that size needs beyond what fits (see ``_shortfall``)."""
+        """:attr:`TrialRecord.over_bytes` of the latest failed trial at ``batch_size`` where it is
+        a lower bound of the bytes that size needs beyond what fits (see ``_shortfall``); None
+        when there is no failure, no figure, or only the allocator's estimate (a failure at its
+        wall, ``wall_bytes``): a search strides down by at least this, and an estimate that runs
+        high makes it overshoot into a passing trial, the expensive mistake (ViT-B/16 on an H200:
+        101 failed at the wall with an estimate worth 2 samples; 100 trains)."""
         failed = self._latest_failure(batch_size)
-        return None if failed is None else failed.over_bytes
+        return None if failed is None or failed.wall_bytes is not None else failed.over_bytes
 
     def _latest_failure(self, batch_size: int) -> TrialRecord | None:
         return next((r for r in reversed(self.records) if r.batch_size == batch_size and not r.passed), None)

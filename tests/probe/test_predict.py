@@ -473,3 +473,56 @@ def test_a_failure_before_any_growing_line_bisects_until_one_exists_then_follows
     assert predicted.batch_size == binary.batch_size
     assert predicted.strategy_used == "predict" and predicted.fallback_reason is None
     assert len(predicted.trials) < len(binary.trials) - 5
+
+
+def test_galloping_down_from_the_wall_lands_on_the_answer_without_a_pass_below_it():
+    """The trials of a ViT-B/16 ``TrainStep`` probe on an H200 (8 GiB cap, issue 16), replayed:
+    after the line's jump, 105, 103, 102 and 101 ran out of memory at the allocator's wall and
+    100 trains. The gallop's strides are fractions of the batch (0.5 %, 1 %: one sample each at
+    this size) and the wall failures' shortfalls are the allocator's estimates, not lower
+    bounds, so they do not lengthen a stride: the search steps 101 -> 100, where strides of a
+    doubled count (1, 2) or the estimate (112 MiB: two samples) went to 99, a passing trial below
+    the answer, and then to 100, a second one."""
+    from autobatch.probe.predict import predictive
+
+    mib = 2**20
+    capacity = 8 * 2**30
+    passing = {8: 1763.5, 71: 5922.0}  # allocated peaks of the steady steps, MiB
+    resident = {8: 1050.0}  # allocated as the last step began (weights, AdamW state), MiB
+    walls = {105: 185.3, 103: 150.8, 102: 203.8, 101: 324.8}  # free pieces at the failure, MiB
+    tried = []
+
+    def passes(units, purpose="search"):
+        tried.append(units)
+        return units <= 100
+
+    def peak_of(units):
+        return int(passing.get(units, 1235.4 + 66.01 * units) * mib)
+
+    outcome = predictive(
+        passes, peak_of, 8, 2**24, int(capacity * 0.99), above_first=True,
+        resident_of=lambda units: int(resident[units] * mib) if units in resident else None,
+        short_of=lambda units: None,  # TrialRunner.short_of: no lower bound at the wall
+        usable_after=lambda units: capacity - int(walls[units] * mib) if units in walls else None,
+    )
+    assert outcome.units == 100
+    assert tried[:2] == [8, 71]  # the leap from 8 lands where the recorded probe's did
+    assert tried[2:] == [105, 103, 102, 101, 100]
+    assert all(size >= 100 for size in tried[2:])  # no passing trial below the answer
+
+
+def test_a_failure_at_the_wall_gives_no_lower_bound_of_its_shortfall():
+    """``TrialRunner.short_of`` hands the search a failed size's shortfall only where it is a lower
+    bound (what was allocated plus the allocation that failed passed the limit), not the
+    allocator's estimate from its reserved memory (a failure at its wall)."""
+    from autobatch.probe.records import TrialRecord
+    from autobatch.probe.trial import TrialRunner
+
+    runner = TrialRunner(lambda batch: None, memory=None, steps=1)
+    runner.records = [
+        TrialRecord(101, False, 7_861 * 2**20, 0.07, over_bytes=112 * 2**20, wall_bytes=325 * 2**20),
+        TrialRecord(90, False, 7_990 * 2**20, 0.07, over_bytes=40 * 2**20),
+    ]
+    assert runner.short_of(101) is None
+    assert runner.short_of(90) == 40 * 2**20
+    assert runner.short_of(50) is None  # never failed
