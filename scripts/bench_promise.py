@@ -275,7 +275,8 @@ def timed_probe(args, form: str, device: str, limit: int) -> dict:
           else plain_step(model, optimizer, loss_fn, make, dtype, device))
     began = time.perf_counter()
     result = autobatch.find_max_batch(fn, memory_limit=cap, device=device, cache=False)
-    return {"batch": result.batch_size, "seconds": round(time.perf_counter() - began, 3), "trials": _trial_log(result)}
+    return {"batch": result.batch_size, "seconds": round(time.perf_counter() - began, 3), "trials": _trial_log(result),
+            "fit": result.fit}
 
 
 def timing(args, name: str, exact: int) -> dict:
@@ -348,8 +349,14 @@ def workload(args, name: str) -> dict:
 
 
 def _trial_log(result) -> list:
-    """Each trial: size, passed, steps, purpose, seconds (where the probe's time went)."""
-    return [(t.batch_size, t.passed, t.steps, t.purpose, round(t.seconds, 3)) for t in result.trials]
+    """Each trial: size, passed, steps, purpose, seconds (where the probe's time went), and its
+    memory figures in MiB: allocated peak, reserved peak, last step's peak, fragmentation,
+    split bytes, over, wall (what the search reads at the allocator's wall)."""
+    def mib(value):
+        return None if value is None else round(value / 2**20, 1)
+    return [(t.batch_size, t.passed, t.steps, t.purpose, round(t.seconds, 3), mib(t.peak_bytes), mib(t.reserved_bytes),
+             mib(t.step_peak_bytes), mib(t.fragmentation_bytes), mib(t.inactive_split_bytes), mib(t.over_bytes),
+             mib(t.wall_bytes)) for t in result.trials]
 
 
 def warm_up(name: str, device: str, quick: bool) -> None:

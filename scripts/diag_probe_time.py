@@ -6,6 +6,8 @@ largest cumulative time (autobatch's and torch's allocator / cuDNN calls), so th
 outside the trials (cleanup after OOM trials, the snapshot, the restore) is visible.
 
     python scripts/diag_probe_time.py --workloads resnet50,vit_b16,gpt2 --forms trainstep,plain
+    python scripts/diag_probe_time.py --phases ...    (no profiler: the seconds of each of PHASES,
+        synchronised; on an H200 the zero-lr check, steps_in_place_at_zero_lr, took 0.105-0.109 s)
     python scripts/diag_probe_time.py --device cpu --quick          (seconds; proves it runs)
 """
 
@@ -38,14 +40,17 @@ def one(args) -> dict:
     model, optimizer, loss_fn, make, dtype, _ = build(name, device, args.quick)
     fn = (autobatch.TrainStep(model, optimizer, loss_fn, make, autocast_dtype=dtype) if form == "trainstep"
           else plain_step(model, optimizer, loss_fn, make, dtype, device))
+    phases = _time_phases() if args.phases else {}
     profiler = cProfile.Profile()
     began = time.perf_counter()
-    profiler.enable()
+    if not args.phases:
+        profiler.enable()
     result = autobatch.find_max_batch(fn, memory_limit=cap, device=device, cache=False)
     profiler.disable()
     total = time.perf_counter() - began
     text = io.StringIO()
-    pstats.Stats(profiler, stream=text).sort_stats("cumulative").print_stats(args.top)
+    if not args.phases:
+        pstats.Stats(profiler, stream=text).sort_stats("cumulative").print_stats(args.top)
     lines = [line for line in text.getvalue().splitlines() if line.strip()]
     start = next((i for i, line in enumerate(lines) if "ncalls" in line), 0)
     return {"workload": name, "form": form, "batch": result.batch_size, "total_s": round(total, 3),
@@ -53,7 +58,46 @@ def one(args) -> dict:
             "trials": [(t.batch_size, t.passed, t.steps, t.purpose, round(t.seconds, 3)) for t in result.trials],
             "records": [t.to_dict() for t in result.trials], "fit": result.fit,
             "capacity": getattr(result, "capacity_bytes", None), "notes": list(result.notes),
-            "profile": lines[start:]}
+            "profile": lines[start:], "phases": {name: round(t, 4) for name, t in phases.items()}}
+
+
+#: what a probe does outside its trials' own seconds, timed without a profiler's overhead (--phases)
+PHASES = ("autobatch.probe.restore:Snapshot.take", "autobatch.probe.restore:Snapshot.restore",
+          "autobatch.probe.restore:steps_in_place_at_zero_lr", "autobatch.probe.find:release_after_probe",
+          "autobatch.probe.trial:TrialRunner._clean_up_after_oom",
+          "autobatch.probe.find:promise_note", "autobatch.probe.find:memory_diagnostics",
+          "autobatch.probe.find:_finish", "autobatch.probe.trial:TrialRunner.run",
+          "autobatch.probe.trial:TrialRunner._attempt", "autobatch.probe.trial:TrialRunner._garbage_was_in_the_way")
+
+
+def _time_phases() -> dict:
+    """Wrap each of ``PHASES`` so its calls add their seconds (synchronised on CUDA) to a total."""
+    import functools
+    import importlib
+
+    totals: dict = {}
+    for spec in PHASES:
+        module_name, path = spec.split(":")
+        owner = importlib.import_module(module_name)
+        *parents, attr = path.split(".")
+        for parent in parents:
+            owner = getattr(owner, parent)
+        original = owner.__dict__[attr] if isinstance(owner, type) else getattr(owner, attr)
+        is_class = isinstance(original, classmethod)
+        inner = original.__func__ if is_class else original
+
+        def timed(*a, _inner=inner, _spec=spec, **k):
+            began = time.perf_counter()
+            try:
+                return _inner(*a, **k)
+            finally:
+                if torch.cuda.is_available():
+                    torch.cuda.synchronize()
+                totals[_spec.split(":")[1]] = totals.get(_spec.split(":")[1], 0.0) + time.perf_counter() - began
+
+        wrapped = functools.wraps(inner)(timed)
+        setattr(owner, attr, classmethod(wrapped) if is_class else wrapped)
+    return totals
 
 
 def main() -> None:
@@ -65,6 +109,7 @@ def main() -> None:
     parser.add_argument("--memory-limit", default="8GiB")
     parser.add_argument("--top", type=int, default=45)
     parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--phases", action="store_true", help="time the phases outside the trials, no profiler")
     parser.add_argument("--out", default=None)
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--form", default=None, help=argparse.SUPPRESS)
@@ -79,7 +124,8 @@ def main() -> None:
     for name, form in [(n, f) for r in range(args.rounds) for n in args.workloads.split(",")
                        for f in forms[r % len(forms):] + forms[:r % len(forms)]]:  # order rotated per round
         command = [sys.executable, __file__, "--child", name, "--form", form, "--device", args.device,
-                   "--memory-limit", args.memory_limit, "--top", str(args.top), *(["--quick"] if args.quick else [])]
+                   "--memory-limit", args.memory_limit, "--top", str(args.top), *(["--quick"] if args.quick else []),
+                   *(["--phases"] if args.phases else [])]
         done = subprocess.run(command, capture_output=True, text=True, timeout=300)
         if done.returncode != 0:
             rows.append({"workload": name, "form": form, "error": done.stderr.strip().splitlines()[-3:]})
@@ -87,7 +133,10 @@ def main() -> None:
         row = json.loads(done.stdout.strip().splitlines()[-1])
         rows.append(row)
         print(f"== {name} {form}: batch {row['batch']} total {row['total_s']} s, in trials {row['trials_s']} s; {row['trials']}")
-        print("\n".join(row["profile"][: args.top + 1]), flush=True)
+        if args.phases:
+            print("   phases:", row["phases"], flush=True)
+        else:
+            print("\n".join(row["profile"][: args.top + 1]), flush=True)
     if args.out:
         Path(args.out).write_text(json.dumps(rows, indent=1))
 
