@@ -292,11 +292,11 @@ def _close(passes, record_pass, points, fit: LinearFit, lo: int, hi: int | None,
                 gallop, span = -1, _first_span(guess)
                 stride = max(_first_stride(guess), _short_units(short_of, guess, fit))
             elif passed and (predicted < guess or confirming):  # it said lo was the maximum
-                gallop, span, stride = 1, _first_span(guess), _first_stride(guess)
+                gallop, stride = 1, _first_stride(guess)
             elif passed and hi is None and crept and guess < fit.predict_max(capacity) < guess + _first_stride(guess):
                 # twice the line's boundary passed and the refit moves it up by less than a stride
                 # each time (a plateau just under the capacity, e.g. an allocator block): gallop
-                gallop, span, stride = 1, _first_span(guess), _first_stride(guess)
+                gallop, stride = 1, _first_stride(guess)
             elif width is not None and hi is not None and (hi - lo) * 2 > width:
                 bisecting = True  # the line creeps instead of halving the bracket
         elif gallop < 0 and passed and not refollowed and _points_inside(refit := _secant(points), capacity, lo, hi):
@@ -308,8 +308,8 @@ def _close(passes, record_pass, points, fit: LinearFit, lo: int, hi: int | None,
         elif (gallop < 0 and passed) or (gallop > 0 and not passed) or (gallops >= MAX_GALLOPS and hi is not None):
             bisecting = True  # crossed the boundary, or the line is far off: bisect what is left
         else:
-            span *= 2  # 0.5 %, 1 %, 2 % of the batch (see _first_span)
-            stride = max(1, int(span), _short_units(short_of, guess, fit) if gallop < 0 else 0)
+            span *= 2  # down: 0.5 %, 1 %, 2 % (_first_span); up, where overshooting is the cheap OOM: ×2
+            stride = max(1, int(span), _short_units(short_of, guess, fit)) if gallop < 0 else stride * 2
         gallops += gallop != 0
     return lo, fit, capacity
 
@@ -362,12 +362,12 @@ def leap_size(units: int, peak: int, resident: int | None, capacity: int) -> int
 
 def _first_span(near: int) -> float:
     """A gallop's first stride after the line was refuted near ``near``, before rounding down:
-    half a percent. A refuted line is usually off by the allocator's rounding and
-    fragmentation, a percent or two of the batch, so small strides that double find the
-    boundary in a few cheap trials. Under one sample, the fraction itself doubles (at 100
-    samples strides of 1, 1, 2, where doubling the rounded count made 1, 2, 4); rounded down,
-    because galloping down each stride that still fails is an OOM trial (a fraction of a
-    step), while one that overshoots adds a passing trial and a bisection step."""
+    half a percent. A refuted line is usually off by the allocator's rounding and fragmentation,
+    a percent or two, so small strides that double find the boundary in a few cheap trials.
+    Rounded down, because galloping down each stride that still fails is an OOM trial (a
+    fraction of a step), while one that overshoots adds a passing trial and a bisection step;
+    so down, under one sample, the fraction itself doubles (at 100 samples strides of 1, 1, 2,
+    where doubling the rounded count made 1, 2, 4)."""
     fraction = near * STRIDE_FRACTION
     return fraction if fraction < 1 else float(int(fraction))
 
