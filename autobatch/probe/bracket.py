@@ -1,0 +1,147 @@
+"""Steps 2 and 3 of the predictive search (:mod:`autobatch.probe.predict`): jump to the memory
+line's boundary, then close the bracket around it.
+
+From a fitted line and the largest passing size, :func:`close_bracket` trials the line's
+boundary (the size just above it first, where an OOM is the cheapest trial), refits through the
+largest passing points after every trial, and, once a trial refutes the line, gallops from the
+refuted end in strides of 0.5 %, 1 %, 2 % and bisects what is left. An OOM at the allocator's
+wall is no refutation: the line aims below the free pieces it measured and jumps again. The
+answer is exact: a passing size whose next size failed (or the ceiling).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+from .line import LinearFit, secant as _secant
+
+__all__ = ["close_bracket", "MAX_GALLOPS", "STRIDE_FRACTION"]
+
+MAX_GALLOPS = 3  # strides of 0.5 %, 1 %, 2 % cover allocator rounding; farther off, bisect
+STRIDE_FRACTION = 0.005  # a gallop's first stride, as a fraction of the batch (at least one sample)
+
+
+def close_bracket(
+    passes: Callable[..., bool],
+    record_pass: Callable[[int], None],
+    points: list[tuple[int, int]],
+    fit: LinearFit,
+    lo: int,
+    hi: int | None,
+    max_units: int,
+    capacity: int,
+    above: int,
+    short_of: Callable[[int], int | None] | None = None,
+    usable_after: Callable[[int], int | None] | None = None,
+) -> tuple[int, LinearFit, int]:
+    """Steps 2 and 3: jump to the line's boundary, then close the bracket (gallop where the
+    line is refuted, bisect where it creeps). Returns ``(lo, fit, capacity)``: the largest
+    passing size, the refined line and the allocated peak it aimed at last.
+
+    ``passes``, ``short_of`` and ``usable_after`` are :func:`~autobatch.probe.predict.predictive`'s;
+    ``record_pass(units)`` adds a passing size's peak to ``points`` (the line's measurements);
+    ``lo``/``hi`` the largest pass and smallest failure so far (None: none); ``above`` 1 to try
+    the size above the line's boundary first.
+
+    **The allocator's wall.** A size whose allocated figures left room for the allocation that
+    failed ran out of memory because the free pieces of the allocator's segments were too
+    small (``usable_after``): the line then aims that much below the capacity, and its next
+    trial is a fresh jump (up to ``MAX_GALLOPS`` times), not a refutation. On an H200 (8 GiB
+    cap) ViT-B/16's line was right about the allocated peak (1.206 GiB + 0.0645 GiB per
+    sample) but sizes 101-105 failed with 0.15-0.37 GiB free in pieces. Galloping down, a
+    stride is at least what a lower bound of the failed size's shortfall (``short_of``) is
+    worth at the line's slope."""
+    gallop = 0  # 0: follow the line; -1 / +1: the line was refuted, gallop down / up
+    stride = gallops = walls = 0
+    span = 0.0  # the gallop's stride in samples before rounding down (doubles)
+    creeping = False  # the last trial followed the line and passed
+    jumped = False  # the last trial followed a line just lowered to a wall: a fresh jump
+    refollowed = False  # a line refitted after galloping down across the boundary was followed
+    # a size the line says fits already ran out of memory (a fit trial): refuted before any
+    # jump, so no line points into the bracket; bisect it
+    bisecting = hi is not None and fit.predict_max(capacity) >= hi
+    while hi is None or hi - lo > 1:
+        predicted = fit.predict_max(capacity)
+        upper = max_units if hi is None else hi - 1
+        if bisecting:
+            guess = (lo + hi) // 2
+        elif gallop < 0:  # down from hi, no farther than the midpoint
+            guess = max(hi - stride, (lo + hi) // 2, lo + 1)
+        elif gallop > 0:  # up from lo, no farther than the midpoint
+            guess = min(lo + stride, upper if hi is None else (lo + hi) // 2 or lo + 1)
+            guess = max(guess, lo + 1)
+        else:  # the line's answer (just above it first, when ``above_first``); lo + 1 when it says lo is the maximum
+            guess = min(max(predicted + above, lo + 1), upper)
+        width = None if hi is None or jumped else hi - lo
+        confirming = guess == lo + 1  # checking the line's claim that lo is the maximum
+        passed = passes(guess, "verify")
+        if passed:
+            record_pass(guess)
+            lo = guess
+            if lo >= max_units:
+                break
+        else:
+            hi = guess
+        if bisecting:
+            continue
+        wall = None if passed or gallop or walls >= MAX_GALLOPS or usable_after is None else usable_after(guess)
+        jumped = wall is not None and wall < capacity and fit.predict_max(wall) < guess
+        if jumped:  # the failure is the wall's: aim below it and jump again
+            capacity, walls = wall, walls + 1
+            continue
+        crept, creeping = creeping, passed and gallop == 0
+        if gallop == 0:
+            fit = _secant(points) or fit
+            if not passed and predicted >= guess:  # the line said it fits: refuted from above
+                gallop, span = -1, _first_span(guess)
+                stride = max(_first_stride(guess), _short_units(short_of, guess, fit))
+            elif passed and (predicted < guess or confirming):  # it said lo was the maximum
+                gallop, stride = 1, _first_stride(guess)
+            elif passed and hi is None and crept and guess < fit.predict_max(capacity) < guess + _first_stride(guess):
+                # twice the line's boundary passed and the refit moves it up by less than a stride
+                # each time (a plateau just under the capacity, e.g. an allocator block): gallop
+                gallop, stride = 1, _first_stride(guess)
+            elif width is not None and hi is not None and (hi - lo) * 2 > width:
+                bisecting = True  # the line creeps instead of halving the bracket
+        elif gallop < 0 and passed and not refollowed and _points_inside(refit := _secant(points), capacity, lo, hi):
+            # crossed going down, far enough to measure a new point: a line through it that points
+            # into the bracket is followed again, once (a curve that bends: the refuted line came
+            # from a flat stretch, such as an optimizer step's peak at small sizes)
+            fit, gallop, refollowed = refit, 0, True
+            creeping = False
+        elif (gallop < 0 and passed) or (gallop > 0 and not passed) or (gallops >= MAX_GALLOPS and hi is not None):
+            bisecting = True  # crossed the boundary, or the line is far off: bisect what is left
+        else:
+            span *= 2  # down: 0.5 %, 1 %, 2 % (_first_span); up, where overshooting is the cheap OOM: ×2
+            stride = max(1, int(span), _short_units(short_of, guess, fit)) if gallop < 0 else stride * 2
+        gallops += gallop != 0
+    return lo, fit, capacity
+
+
+def _points_inside(fit: LinearFit | None, capacity: int, lo: int, hi: int) -> bool:
+    """Whether ``fit`` says the boundary lies in ``[lo, hi)`` with something left to learn."""
+    return fit is not None and hi - lo > 2 and lo <= fit.predict_max(capacity) < hi - 1
+
+
+def _short_units(short_of, units: int, fit: LinearFit) -> int:
+    """Units worth the bytes a failed ``units`` needed beyond what fits (0: unknown)."""
+    short = short_of(units) if short_of is not None else None
+    return math.ceil(short / fit.slope) if short and fit.slope > 0 else 0
+
+
+def _first_span(near: int) -> float:
+    """A gallop's first stride after the line was refuted near ``near``, before rounding down:
+    half a percent. A refuted line is usually off by the allocator's rounding and fragmentation,
+    a percent or two, so small strides that double find the boundary in a few cheap trials.
+    Rounded down, because galloping down each stride that still fails is an OOM trial (a
+    fraction of a step), while one that overshoots adds a passing trial and a bisection step;
+    so down, under one sample, the fraction itself doubles (at 100 samples strides of 1, 1, 2,
+    where doubling the rounded count made 1, 2, 4)."""
+    fraction = near * STRIDE_FRACTION
+    return fraction if fraction < 1 else float(int(fraction))
+
+
+def _first_stride(near: int) -> int:
+    """:func:`_first_span` in whole samples (at least one)."""
+    return max(1, int(_first_span(near)))
