@@ -181,9 +181,9 @@ class TrialRunner:
         What was allocated when it failed plus the allocation that failed is a lower bound.
         Where it leaves room, the failure was the allocator's: its reserved memory (the step's
         reserved peak) plus the request passed the capacity (blocks held but too split); that
-        figure, an estimate a smaller size may share, sizes the search's next stride down
-        (never past the bracket's midpoint), never an answer. ``requested``: the allocation
-        that failed (None: the message named none)."""
+        figure is an estimate, recorded but never a search's stride (:meth:`short_of` hands
+        out lower bounds only) nor an answer. ``requested``: the allocation that failed (None:
+        the message named none)."""
         if requested is None or self._failed_at is None:
             return None
         usable = self.peak_limit if self.peak_limit is not None else self.memory.capacity()
