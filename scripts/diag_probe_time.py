@@ -86,14 +86,14 @@ def _time_phases() -> dict:
         is_class = isinstance(original, classmethod)
         inner = original.__func__ if is_class else original
 
-        def timed(*a, _inner=inner, _spec=spec, **k):
+        def timed(*a, _inner=inner, _name=path, **k):
             began = time.perf_counter()
             try:
                 return _inner(*a, **k)
             finally:
                 if torch.cuda.is_available():
                     torch.cuda.synchronize()
-                totals[_spec.split(":")[1]] = totals.get(_spec.split(":")[1], 0.0) + time.perf_counter() - began
+                totals[_name] = totals.get(_name, 0.0) + time.perf_counter() - began
 
         wrapped = functools.wraps(inner)(timed)
         setattr(owner, attr, classmethod(wrapped) if is_class else wrapped)

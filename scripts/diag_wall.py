@@ -54,9 +54,9 @@ def sweep(args) -> list[dict]:
     else:
         fn = plain_step(model, optimizer, loss_fn, make, dtype, args.device)
         clear = lambda: [setattr(p, "grad", None) for p in model.parameters()]  # noqa: E731
-    limit = None if args.device == "cpu" else autobatch.parse_bytes(args.memory_limit)
     rows = []
-    with memory_for(device, limit if limit else autobatch.parse_bytes(args.memory_limit)) as (memory, _):
+    # the CPU: a simulated budget of that size; an accelerator: the process capped at it
+    with memory_for(device, autobatch.parse_bytes(args.memory_limit)) as (memory, _):
         runner = TrialRunner(fn, memory, args.steps, after_oom=clear,
                              peak_limit=peak_limit(memory, memory.capacity()), settle_final=args.device != "cpu")
         for size in sizes_of(args.sizes[-1]):

@@ -3,9 +3,9 @@
 :func:`find_max_batch` (:mod:`.find`) checks its arguments (:mod:`.arguments`), looks the
 answer up in the persistent cache (:mod:`.cache`), runs trials of the user's step
 (:mod:`.trial`, :mod:`.train_step`) under a search strategy (:mod:`.search`,
-:mod:`.strategies`, :mod:`.predict` with :mod:`.bracket`) and puts the model back (:mod:`.restore`); or estimates
-the answer with fake tensors without touching the device (:mod:`.estimate`,
-:mod:`.estimated`). Across ranks it agrees through :mod:`.ranks`.
+:mod:`.strategies`, :mod:`.predict` with :mod:`.bracket`) and puts the model back
+(:mod:`.restore`); or estimates the answer with fake tensors without touching the device
+(:mod:`.estimate`, :mod:`.estimated`). Across ranks it agrees through :mod:`.ranks`.
 """
 
 from .arguments import ALLOCATOR_HEADROOM, SEARCH_CEILING, STRATEGY_NAMES

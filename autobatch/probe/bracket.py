@@ -95,7 +95,7 @@ def close_bracket(
             fit = _secant(points) or fit
             if not passed and predicted >= guess:  # the line said it fits: refuted from above
                 gallop, span = -1, _first_span(guess)
-                stride = max(_first_stride(guess), _short_units(short_of, guess, fit))
+                stride = max(1, int(span), _short_units(short_of, guess, fit))
             elif passed and (predicted < guess or confirming):  # it said lo was the maximum
                 gallop, stride = 1, _first_stride(guess)
             elif passed and hi is None and crept and guess < fit.predict_max(capacity) < guess + _first_stride(guess):

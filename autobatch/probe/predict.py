@@ -21,11 +21,12 @@ gradients, optimizer state, workspaces) plus activations per sample. So:
    16 GiB cap) it lands at 270 of 369 from 8, where the ladder needed 1, 8 and 64. A leap
    that runs out of memory (a curve that bends up) leaves the ladder to go on below it.
 2. **Jump** (steps 2 and 3 live in :mod:`autobatch.probe.bracket`). Trial the predicted
-   boundary; with ``above_first``, the size just above it first, then the boundary itself. Why: when the answer must pass a *full* trial after the
-   last OOM and search trials are shorter (:func:`~autobatch.find_max_batch`), an OOM is
-   the cheapest trial (it stops part-way through a step). Above-then-at then costs one
-   cheap OOM and one full pass when the line is right, where at-then-above costs a search
-   pass, an OOM and a second, full pass of the answer. A pass above the boundary refutes
+   boundary; with ``above_first``, the size just above it first, then the boundary itself.
+   Why: when the answer must pass a *full* trial after the last OOM and search trials are
+   shorter (:func:`~autobatch.find_max_batch`), an OOM is the cheapest trial (it stops
+   part-way through a step). Above-then-at then costs one cheap OOM and one full pass when
+   the line is right, where at-then-above costs a search pass, an OOM and a second, full
+   pass of the answer. A pass above the boundary refutes
    the line (it said that size fails). When every trial is full, at-then-above needs the
    same two trials and wins when the line is high, so it stays the order.
 3. **Close the gap.** Refit through the two largest passing points (a secant, so curvature
@@ -131,11 +132,11 @@ def predictive(
     if unknown), where ``peak_of`` is that step's peak; it enables the leap. ``short_of(units)``:
     a lower bound of the bytes a failed size needed beyond what fits (None if unknown: an
     estimate that runs high would overshoot into a passing trial); a refuted line then gallops
-    down by at least that many bytes' worth of samples, never past the bracket's midpoint. ``usable_after(units)``: for a size
-    that ran out of memory at the allocator's wall (its allocated figures left room for the
-    allocation that failed), the allocated peak a size may reach: the capacity less the free
-    pieces the allocator held but could not hand out (None if unknown); the line then aims
-    there (:func:`~autobatch.probe.bracket.close_bracket`).
+    down by at least that many bytes' worth of samples, never past the bracket's midpoint.
+    ``usable_after(units)``: for a size that ran out of memory at the allocator's wall (its
+    allocated figures left room for the allocation that failed), the allocated peak a size
+    may reach: the capacity less the free pieces the allocator held but could not hand out
+    (None if unknown); the line then aims there (:func:`~autobatch.probe.bracket.close_bracket`).
     """
     above = 1 if above_first else 0
     points: list[tuple[int, int]] = []  # (units, peak) of passing trials
@@ -187,7 +188,9 @@ def predictive(
             return hand_to_binary(reason, lo, hi)
 
     # -- 2 and 3. jump, then close the bracket -----------------------------------------
-    lo, refined, aimed = close_bracket(passes, record_pass, points, fit, lo, hi, max_units, capacity, above, short_of, usable_after)
+    lo, refined, aimed = close_bracket(
+        passes, record_pass, points, fit, lo, hi, max_units, capacity, above, short_of, usable_after
+    )
     return PredictOutcome(lo, fit, None, "predict", points, refined=refined if refined is not fit else None,
                           aimed=aimed if aimed < capacity else None)
 
