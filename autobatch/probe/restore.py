@@ -20,7 +20,7 @@ With ``zero_lr=True`` (a fresh optimizer of a kind whose every change to a param
 by its group's learning rate, such as ``AdamW`` or ``SGD``) nothing of the weights is copied at
 all: the trials step at learning rate 0, so the optimizer builds its state and allocates
 every temporary of a real step while the weights stay as they are bit for bit (a step pre-hook
-zeroes non-finite gradients, whose update would be ``0 * nan``), and the restore drops the
+zeroes the gradients, so a NaN cannot make an update ``0 * nan``), and the restore drops the
 state and puts the learning rates back. Weights holding a negative zero or a non-finite
 value (which ``w + 0 * u`` may turn into a positive zero or another NaN), state that already
 exists, a tensor learning rate or any other optimizer take the copy. Measured on an H200
@@ -71,7 +71,7 @@ class Snapshot:
     _copy_error: BaseException | None = field(default=None, repr=False, compare=False)
     _hook: Any = field(default=None, repr=False, compare=False)
     _copy_failed: bool = field(default=False, repr=False, compare=False)
-    _guard: Any = field(default=None, repr=False, compare=False)  # zero_lr: zeroes non-finite gradients
+    _guard: Any = field(default=None, repr=False, compare=False)  # zero_lr: zeroes the gradients
     #: the trials step at learning rate 0: the parameters were not copied and need no restore
     weights_in_place: bool = False
 
@@ -106,7 +106,7 @@ class Snapshot:
                 snap.optimizer_state = _to_cpu(optimizer.state_dict())  # learning rates included
             if snap.weights_in_place:
                 _zero_lrs(optimizer)
-                snap._guard = optimizer.register_step_pre_hook(lambda opt, *_: _zero_non_finite_grads(opt))
+                snap._guard = optimizer.register_step_pre_hook(lambda opt, *_: _zero_grads(opt))
             return snap
         # the hook only waits: removing itself while the optimizer runs its hooks would mutate
         # the dict being iterated (the probe's LazyStateWatch hooks the same step); wait() removes it
@@ -208,8 +208,10 @@ def steps_in_place_at_zero_lr(optimizer: torch.optim.Optimizer | None) -> bool:
     """Whether a step of ``optimizer`` at learning rate 0 leaves its parameters bit for
     bit as they are, and restoring its state needs no copy: a type in ``_SCALED_BY_LR``, no
     state yet, float learning rates, and floating weights that are finite and hold no negative
-    zero (``-0.0 + 0.0`` is ``+0.0``). One synchronisation per device and weight type (a first
-    version with five kernels per tensor took 0.15 s of a ViT-B/16 probe on an H200)."""
+    zero (``-0.0 + 0.0`` is ``+0.0``). Two kernels that a training step does not load (an
+    integer minimum, a fused norm), the verdict read on the host: loading kernels on their first
+    use is most of what this check costs (0.07-0.10 s on an H200 for the version with five
+    kernels, 4-5 ms when they were loaded already; ``scripts/diag_zero_lr_check.py``)."""
     if optimizer is None or type(optimizer) not in _SCALED_BY_LR or any(optimizer.state.values()):
         return False
     if any(isinstance(group["lr"], torch.Tensor) for group in optimizer.param_groups):
@@ -220,13 +222,16 @@ def steps_in_place_at_zero_lr(optimizer: torch.optim.Optimizer | None) -> bool:
             tensor = local(param).detach()
             if tensor.dtype not in _NEGATIVE_ZERO:
                 return False  # not a float type whose negative zero we can spot
-            weights.setdefault((tensor.device, tensor.dtype), []).append(tensor)
+            if tensor.numel():
+                weights.setdefault((tensor.device, tensor.dtype), []).append(tensor)
     with torch.no_grad():
-        for (_, dtype), found in weights.items():  # two kernels per tensor, one fused norm, one sync
+        for (_, dtype), found in weights.items():
             kind, bits = _NEGATIVE_ZERO[dtype]
-            negative_zero = torch.stack([w.view(kind).eq(bits).any() for w in found]).any()
-            norms = torch.stack(torch._foreach_norm(found, 2))  # NaN / inf: not finite
-            if bool(negative_zero | ~norms.isfinite().all()):
+            # a negative zero's bits are the integer type's smallest value: one minimum per
+            # tensor and one fused norm (NaN / inf: not finite), both read on the host
+            smallest = torch.stack([w.view(kind).amin() for w in found]).cpu()
+            norms = torch.stack(torch._foreach_norm(found, 2)).cpu()
+            if bool((smallest == bits).any()) or not bool(norms.isfinite().all()):
                 return False
     return True
 
@@ -244,15 +249,23 @@ def _zero_lrs(optimizer: torch.optim.Optimizer) -> None:
         group["lr"] = 0.0
 
 
-def _zero_non_finite_grads(optimizer: torch.optim.Optimizer) -> None:
-    """Before a step at learning rate 0: a NaN or infinite gradient would make the update
-    ``0 * nan``; zeroed in place, the step's memory is the same and the weights stay exact."""
+def _zero_grads(optimizer: torch.optim.Optimizer) -> None:
+    """Before a step at learning rate 0: every gradient set to zero in place, so no NaN or
+    infinity reaches an update (``0 * nan``) and every update term is a zero; the step's memory
+    and kernels are the same. One fused kernel per device and type (zeroing only the non-finite
+    values cost a kernel per tensor: ~3 ms of every ResNet-50 step on an H200)."""
+    dense: list[torch.Tensor] = []
     with torch.no_grad():
         for group in optimizer.param_groups:
             for param in group["params"]:
                 if param.grad is not None:
                     grad = local(param.grad)
-                    (grad._values() if grad.is_sparse else grad).nan_to_num_(nan=0.0, posinf=0.0, neginf=0.0)
+                    if grad.is_sparse:
+                        grad._values().zero_()
+                    else:
+                        dense.append(grad)
+        if dense:
+            torch._foreach_zero_(dense)
 
 
 def forget_scaler_stage(scaler: Any, optimizer: torch.optim.Optimizer) -> None:

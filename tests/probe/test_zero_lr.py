@@ -103,6 +103,21 @@ def _with_nan(step):
     return step
 
 
+def _with_inf(step):
+    with torch.no_grad():
+        step.model[0].weight[2, 3] = float("-inf")
+    return step
+
+
+def _with_bf16_negative_zero(step):
+    step.model.to(torch.bfloat16)
+    make = step.make_batch
+    step.make_batch = lambda n: make(n).bfloat16()
+    with torch.no_grad():
+        step.model[3].weight[1, 5] = -0.0
+    return step
+
+
 def _stepped(step):
     step(4)
     return step
@@ -121,11 +136,13 @@ class _MyAdamW(torch.optim.AdamW):
     lambda: _stepped(_step()),  # Adam's moments exist: a step would change them
     lambda: _with_negative_zero(_step()),
     lambda: _with_nan(_step()),
+    lambda: _with_inf(_step()),
+    lambda: _with_bf16_negative_zero(_step()),
     lambda: _tensor_lr(_step()),
     lambda: _step(lambda p: _MyAdamW(p, lr=0.1)),
     lambda: _step(lambda p: torch.optim.Adagrad(p, lr=0.1)),  # builds its state at construction
     lambda: _step(lambda p: torch.optim.Rprop(p, lr=0.1)),  # its step sizes are not scaled by lr
-], ids=["state", "negative-zero", "nan-weight", "tensor-lr", "subclass", "adagrad", "rprop"])
+], ids=["state", "negative-zero", "nan-weight", "inf-weight", "bf16-negative-zero", "tensor-lr", "subclass", "adagrad", "rprop"])
 def test_whatever_a_zero_step_could_change_is_copied_instead(make):
     step = make()
     assert not steps_in_place_at_zero_lr(step.optimizer)
@@ -137,7 +154,8 @@ def test_whatever_a_zero_step_could_change_is_copied_instead(make):
     snapshot.restore()
     after = _weights(step)
     for name in before:  # NaN where the weight was NaN: compared bit for bit
-        assert torch.equal(before[name].view(-1).view(torch.int32), after[name].view(-1).view(torch.int32)), name
+        kind = torch.int16 if before[name].dtype == torch.bfloat16 else torch.int32
+        assert torch.equal(before[name].view(-1).view(kind), after[name].view(-1).view(kind)), name
 
 
 def test_the_planner_times_candidates_at_learning_rate_zero_and_gives_each_a_fresh_optimizer():
@@ -178,3 +196,22 @@ def test_weights_of_mixed_float_types_are_checked_each_in_its_own_type():
 class _ToFloat(torch.nn.Module):
     def forward(self, x):
         return x.float()
+
+
+def test_an_empty_parameter_does_not_stop_the_check():
+    step = _step()
+    step.model.register_parameter("empty", torch.nn.Parameter(torch.empty(0)))
+    step.optimizer.add_param_group({"params": [step.model.empty]})
+    assert steps_in_place_at_zero_lr(step.optimizer)
+
+
+def test_huge_gradients_leave_the_weights_exact_at_learning_rate_zero():
+    step = _step(loss_scale=1e38)  # squares overflow: Adam's second moment would be inf
+    before = _weights(step)
+    snapshot = Snapshot.take(step.model, step.optimizer, zero_lr=True)
+    step(8)
+    step(8)
+    for name, param in step.model.named_parameters():
+        assert torch.equal(param, before[name]) and torch.equal(param.signbit(), before[name].signbit()), name
+    snapshot.restore()
+    _assert_same(before, _weights(step))
