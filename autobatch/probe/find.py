@@ -29,6 +29,7 @@ from .restore import Snapshot
 from .result import ProbeResult
 from .search import peak_limit, run_search
 from .autotune import Autotune
+from .peak_guard import peak_guard_for
 from .promise import promise_note, release_after_probe
 from .train_step import TrainStep
 from .trial import TrialRunner
@@ -172,11 +173,13 @@ def _probe(call: _Call, restore, estimate_first: bool | None) -> ProbeResult:
         with memory_for(call.target, call.limit_bytes) as (memory, note):
             capacity = call.agreement.capacity(memory.capacity())
             simulated = isinstance(memory, SimulatedDeviceMemory)
+            agree, limit = call.agreement.trial_hook(), peak_limit(memory, capacity)
             runner = TrialRunner(
                 fn, memory, call.steps_per_trial, after_oom=_after_oom(fn, restore, watch),
-                agree=call.agreement.trial_hook(), search_steps=args["search_steps"],
-                peak_limit=peak_limit(memory, capacity), autotune=autotune, settle_final=not simulated,
+                agree=agree, search_steps=args["search_steps"],
+                peak_limit=limit, autotune=autotune, settle_final=not simulated,
                 settle_more=lambda more: call.agreement.settle_more(fn, more),
+                guard=peak_guard_for(fn, memory.peak, limit, agreed=agree is not None),
             )
             if estimate_first is None:
                 # measured (docs, benchmarks): on the CPU's simulated device tracing is cheap

@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Callable
+from contextlib import nullcontext
+from typing import Callable, ContextManager
+
+import torch
 
 from ..memory.devices import DeviceMemory
 from ..memory.oom import free_memory, is_oom_error, requested_bytes
 from ..memory.units import format_bytes
 from .autotune import Autotune
+from .peak_guard import PeakPassed
 from .records import TrialRecord, notify, watch_trials
 
 __all__ = ["TrialRecord", "TrialRunner", "watch_trials"]
@@ -34,7 +38,9 @@ class TrialRunner:
     whose allocated peak passed ``peak_limit`` (on an accelerator, the capacity less the
     headroom the caching allocator needs: such a step fits only while fragmentation is kind;
     the probe's default, :data:`~autobatch.probe.ALLOCATOR_HEADROOM`, says what was
-    measured). Every other exception propagates unchanged at once. Memory is released
+    measured); ``guard``, when given, makes a context in which such a step stops part-way
+    (:mod:`~autobatch.probe.peak_guard`), so it costs what an OOM costs. Every other exception
+    propagates unchanged at once. Memory is released
     *after* the ``except`` block has been left, so the traceback no longer pins the failed
     step's tensors; ``after_oom`` (e.g. dropping half-built gradients) runs first, and the
     garbage collector only when memory is still held above the trial's starting level, and
@@ -62,8 +68,10 @@ class TrialRunner:
         autotune: "Autotune | None" = None,
         settle_final: bool = False,
         settle_more: Callable[[bool], bool] | None = None,
+        guard: Callable[[], ContextManager[object]] | None = None,
     ) -> None:
         self.fn = fn
+        self.guard = guard
         self.settle_more = settle_more if settle_more is not None else (lambda more: more)
         self.autotune = autotune
         self.settle_final = settle_final
@@ -103,6 +111,8 @@ class TrialRunner:
         error = self._attempt_as(batch_size, steps, settle, tuned)
         if error is not None and self._garbage_was_in_the_way():
             error = self._attempt_as(batch_size, steps, settle, tuned)
+        if self._stopped:
+            self._clean_up_after_oom()  # a step stopped part-way left what an OOM leaves
         steps = self._steps_run
         seconds = time.perf_counter() - self._started
         peak, reserved = self._peak, self._reserved
@@ -113,6 +123,7 @@ class TrialRunner:
             error = (
                 f"too close to the capacity: allocated peak {format_bytes(peak)} is above "
                 f"{format_bytes(self.peak_limit)}, the capacity less the caching allocator's headroom"
+                + (" (the step was stopped there, part-way)" if self._stopped else "")
             )
         excess = self._wall_excess() if not ran_out and error is None else 0
         if excess:
@@ -227,6 +238,7 @@ class TrialRunner:
         :meth:`_garbage_was_in_the_way`. Under rank agreement, at once (ranks make the same calls)."""
         if self.after_oom is not None:
             self.after_oom()
+        _drain_backward()
         if self.memory.allocated() <= self._baseline:
             return
         free_memory(generation=1 if self.agree is None else 2)
@@ -258,27 +270,16 @@ class TrialRunner:
         self._step_peak = self._resident = self._fragmentation = self._inactive_split = None
         self._steps_run = 0
         self._failed_at = self._reserved_at_failure = None
+        self._stopped = False
         self._started = time.perf_counter()
         step_reserved: list[int] = []
         try:
-            # the extra settling steps are agreed (settle_more): ranks in lockstep make the same calls
-            while self._steps_run < steps or (
-                settle and self._steps_run < 2 * steps and self.settle_more(_growing(step_reserved))
-            ):
-                self.memory.reset_peak()
-                self._resident = self.memory.allocated()
-                self._steps_run += 1
-                try:
-                    self.fn(batch_size)
-                finally:
-                    self._fold_peaks()
-                step_reserved.append(self.memory.peak_reserved())
-                if self.agree is None and self.peak_limit is not None and self._peak > self.peak_limit:
-                    # too close already: more steps cannot make it pass. Not under agreement:
-                    # ranks in lockstep make the same calls, and each step enters collectives
-                    break
+            with self.guard() if self.guard is not None else nullcontext():
+                self._steps(batch_size, steps, settle, step_reserved)
             self.memory.synchronize()
             self._inactive_split = _split_stat(self.memory)
+        except PeakPassed:
+            self._stopped = True  # its peak, folded in, is above the limit: the trial fails as too close
         except BaseException as exc:  # noqa: BLE001 - re-raised below unless it is an OOM
             if not is_oom_error(exc):
                 raise
@@ -288,6 +289,26 @@ class TrialRunner:
             self._reserved_at_failure = self.memory.peak_reserved()
             return str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
         return None
+
+    def _steps(self, batch_size: int, steps: int, settle: bool, step_reserved: list[int]) -> None:
+        """Call ``fn`` ``steps`` times (with ``settle``, more while the reserved peak grows),
+        reading each step's peaks; stop once a step's peak passed the peak limit."""
+        # the extra settling steps are agreed (settle_more): ranks in lockstep make the same calls
+        while self._steps_run < steps or (
+            settle and self._steps_run < 2 * steps and self.settle_more(_growing(step_reserved))
+        ):
+            self.memory.reset_peak()
+            self._resident = self.memory.allocated()
+            self._steps_run += 1
+            try:
+                self.fn(batch_size)
+            finally:
+                self._fold_peaks()
+            step_reserved.append(self.memory.peak_reserved())
+            if self.agree is None and self.peak_limit is not None and self._peak > self.peak_limit:
+                # too close already: more steps cannot make it pass. Not under agreement:
+                # ranks in lockstep make the same calls, and each step enters collectives
+                break
 
     def _wall_excess(self) -> int:
         """Bytes by which the trial's steady step left no room for the free pieces the allocator
@@ -343,6 +364,16 @@ class TrialRunner:
 
 
 WALL_BYTES = 2 * 2**20  # the allocator's smallest large block: room for nothing less
+
+
+def _drain_backward() -> None:
+    """Let this thread's autograd queue drop the tasks a backward pass that failed part-way left
+    in it. When a backward raises (an OOM, :class:`~autobatch.probe.peak_guard.PeakPassed`),
+    the calling thread's ready queue keeps the nodes it had not run yet, and with them their
+    saved activations, until the next backward on that thread skips them (devices' worker
+    threads skip theirs at once); an empty backward is that next one."""
+    with torch.enable_grad():
+        torch.zeros((), requires_grad=True).sum().backward()
 
 
 def _split_stat(memory: DeviceMemory) -> int | None:

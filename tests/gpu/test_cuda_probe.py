@@ -197,3 +197,35 @@ def test_cuda_timing_reads_allocator_retries():
     plan = autobatch.plan(step, global_batch=64, objective="throughput", memory_limit=2 * GiB, timed_steps=2)
     assert plan.candidates and all(isinstance(c["alloc_retries"], int) for c in plan.candidates if not c["error"])
     plan.undo()
+
+
+def test_a_step_over_the_peak_limit_stops_in_its_backward_pass_on_cuda():
+    """The guard's hooks run on the autograd engine's CUDA thread: the stopped step fails as too
+    close to the capacity, after one step, and the next trial starts from the same memory."""
+    from autobatch.memory.devices import memory_for
+    from autobatch.probe.peak_guard import peak_guard_for
+    from autobatch.probe.trial import TrialRunner
+
+    step = conv_step()
+    with memory_for(torch.device("cuda", torch.cuda.current_device()), 2 * GiB) as (memory, _):
+        small = TrialRunner(step, memory, 2, after_oom=step.clear_grads).run(16)
+        limit = small.step_peak_bytes + 64 * 2**20  # a size some way above 16 passes it, short of the cap
+        runner = TrialRunner(step, memory, 2, after_oom=step.clear_grads, peak_limit=limit,
+                             guard=peak_guard_for(step, memory.peak, limit, agreed=False))
+        before = runner.run(16)
+        over = runner.run(128)
+        after = runner.run(16)
+    assert before.passed and after.passed and not over.passed
+    assert "stopped there, part-way" in over.error and over.steps == 1 and over.over_bytes > 0
+    assert after.step_peak_bytes == before.step_peak_bytes
+    assert all(p.grad is None for p in step.model.parameters())
+
+
+def test_the_quick_allocator_readers_agree_with_torchs():
+    from autobatch.memory.devices import AcceleratorMemory
+
+    memory = AcceleratorMemory(torch.device("cuda", torch.cuda.current_device()))
+    held = torch.empty(3 * 2**20, device="cuda")
+    assert memory.allocated() == torch.cuda.memory_allocated() > 0
+    assert memory.peak() == torch.cuda.max_memory_allocated() >= memory.allocated()
+    del held
