@@ -179,7 +179,7 @@ def _probe(call: _Call, restore, estimate_first: bool | None) -> ProbeResult:
                 agree=agree, search_steps=args["search_steps"],
                 peak_limit=limit, autotune=autotune, settle_final=not simulated,
                 settle_more=lambda more: call.agreement.settle_more(fn, more),
-                guard=peak_guard_for(fn, memory.peak, limit, agreed=agree is not None),
+                guard=peak_guard_for(_trained_model(fn, restore), memory.peak, limit, agreed=agree is not None),
             )
             if estimate_first is None:
                 # measured (docs, benchmarks): on the CPU's simulated device tracing is cheap
@@ -215,12 +215,19 @@ def _probe(call: _Call, restore, estimate_first: bool | None) -> ProbeResult:
     return result
 
 
+def _trained_model(fn, restore) -> torch.nn.Module | None:
+    """The model ``fn`` trains, where known: a ``TrainStep``'s, or the one given as ``restore``."""
+    if isinstance(fn, TrainStep):
+        return fn.model
+    return restore[0] if restore is not None else None
+
+
 def _after_oom(fn, restore, watch: LazyStateWatch):
     """What to drop after an OOM trial: the half-built gradients (a ``TrainStep``'s, or those of
     the model given as ``restore`` with a plain callable, which would otherwise pin blocks in
     the middle of the cache until the callable's own ``zero_grad``), and optimizer state an
     interrupted step had only begun to create (:mod:`~autobatch.memory.lazy_state`)."""
-    model = fn.model if isinstance(fn, TrainStep) else (restore[0] if restore is not None else None)
+    model = _trained_model(fn, restore)
 
     def clear() -> None:
         watch.repair()

@@ -10,7 +10,8 @@ ResNet-50 ``TrainStep``): 182 ran a whole step 4.8 MiB over the limit, 0.23-0.29
 OOM at 183 took 0.10-0.16 s.
 
 A step's peak is reached in its backward pass or before it (saved activations, then the first
-gradients and workspaces). A :class:`PeakGuard` hooks a ``TrainStep``'s parameters (every
+gradients and workspaces). A :class:`PeakGuard` hooks the trained model's parameters (a ``TrainStep``'s, or the model a
+plain callable names in ``restore``) (every
 ``EVERY``-th, in the order backward reaches them, so a check costs a few microseconds per
 parameter on average) and raises :class:`PeakPassed` from the first hook that sees the peak
 above the limit. Nothing is allocated by a hook, so the memory a trial measures is unchanged.
@@ -29,7 +30,6 @@ from typing import Any, Callable, Iterable
 import torch
 
 from .shards import is_dtensor
-from .train_step import TrainStep
 
 __all__ = ["PeakGuard", "PeakPassed", "peak_guard_for"]
 
@@ -71,13 +71,15 @@ class PeakGuard:
         self._handles = []
 
 
-def peak_guard_for(fn: object, peak: Callable[[], int], limit: int | None, *, agreed: bool) -> Callable[[], PeakGuard] | None:
-    """A factory of guards for ``fn``'s trials, or None where none applies: no peak limit (the
-    simulated device), trials agreed over ranks, a step that is not a ``TrainStep`` (its model
-    unknown), or a model with sharded parameters."""
-    if limit is None or agreed or not isinstance(fn, TrainStep):
+def peak_guard_for(
+    model: torch.nn.Module | None, peak: Callable[[], int], limit: int | None, *, agreed: bool
+) -> Callable[[], PeakGuard] | None:
+    """A factory of guards for trials that train ``model`` (a ``TrainStep``'s, or the model a
+    plain callable names in ``restore``), or None where none applies: no model, no peak limit
+    (the simulated device), trials agreed over ranks, or a model with sharded parameters."""
+    if model is None or limit is None or agreed:
         return None
-    params = list(fn.model.parameters())
+    params = list(model.parameters())
     if not params or any(is_dtensor(p) for p in params):
         return None
     return lambda: PeakGuard(params, peak, limit)

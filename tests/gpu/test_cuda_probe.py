@@ -211,7 +211,7 @@ def test_a_step_over_the_peak_limit_stops_in_its_backward_pass_on_cuda():
         small = TrialRunner(step, memory, 2, after_oom=step.clear_grads).run(16)
         limit = small.step_peak_bytes + 64 * 2**20  # a size some way above 16 passes it, short of the cap
         runner = TrialRunner(step, memory, 2, after_oom=step.clear_grads, peak_limit=limit,
-                             guard=peak_guard_for(step, memory.peak, limit, agreed=False))
+                             guard=peak_guard_for(step.model, memory.peak, limit, agreed=False))
         before = runner.run(16)
         over = runner.run(128)
         after = runner.run(16)

@@ -24,7 +24,7 @@ def _step(layers: int = 20) -> autobatch.TrainStep:
 
 
 def _runner(step, memory, guarded: bool) -> TrialRunner:
-    guard = peak_guard_for(step, memory.peak, LIMIT, agreed=False) if guarded else None
+    guard = peak_guard_for(step.model, memory.peak, LIMIT, agreed=False) if guarded else None
     return TrialRunner(step, memory, steps=2, peak_limit=LIMIT, after_oom=step.clear_grads, guard=guard)
 
 
@@ -77,14 +77,24 @@ def test_a_guard_raises_from_the_backward_pass():
         step(8)
 
 
-@pytest.mark.parametrize("case", ["plain", "no-limit", "agreed", "no-params"])
+@pytest.mark.parametrize("case", ["no-model", "no-limit", "agreed", "no-params"])
 def test_no_guard_where_it_does_not_apply(case):
-    step = _step(layers=1)
-    if case == "no-params":
-        step.model = torch.nn.ReLU()
-    fn = (lambda batch: None) if case == "plain" else step
+    model = {"no-model": None, "no-params": torch.nn.ReLU()}.get(case, torch.nn.Linear(2, 2))
     limit = None if case == "no-limit" else LIMIT
-    assert peak_guard_for(fn, lambda: 0, limit, agreed=case == "agreed") is None
+    assert peak_guard_for(model, lambda: 0, limit, agreed=case == "agreed") is None
+
+
+def test_the_probe_guards_the_model_a_plain_callable_names_in_restore(monkeypatch):
+    from autobatch.probe import find
+
+    step, guarded = _step(), []
+    monkeypatch.setattr(find, "peak_guard_for", lambda model, *a, **k: guarded.append(model))
+    monkeypatch.setattr(find, "peak_limit", lambda memory, capacity: LIMIT)
+    plain = lambda batch: step(batch)  # noqa: E731
+    autobatch.find_max_batch(plain, memory_limit="64MiB", restore=(step.model, step.optimizer), cache=False)
+    autobatch.find_max_batch(plain, memory_limit="64MiB", cache=False)
+    autobatch.find_max_batch(step, memory_limit="64MiB", cache=False)
+    assert guarded[0] is step.model and guarded[1] is None and guarded[2] is step.model
 
 
 class _BackwardSpike(torch.autograd.Function):
