@@ -16,7 +16,7 @@ plain callable names in ``restore``) (every
 parameter on average) and raises :class:`PeakPassed` from the first hook that sees the peak
 above the limit. Nothing is allocated by a hook, so the memory a trial measures is unchanged.
 The trial then fails as "too close to the capacity" with the peak seen so far, a lower bound of
-the step's own (:meth:`~autobatch.probe.trial.TrialRunner.run`).
+the step's own (also where a plain callable catches the guard's exception and raises its own from it) (:meth:`~autobatch.probe.trial.TrialRunner.run`).
 
 Not under rank agreement (a rank that stopped part-way would leave the others waiting in a
 collective), nor on sharded (DTensor) parameters, whose hooks belong to FSDP's gradient

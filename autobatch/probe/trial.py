@@ -278,9 +278,10 @@ class TrialRunner:
                 self._steps(batch_size, steps, settle, step_reserved)
             self.memory.synchronize()
             self._inactive_split = _split_stat(self.memory)
-        except PeakPassed:
-            self._stopped = True  # its peak, folded in, is above the limit: the trial fails as too close
         except BaseException as exc:  # noqa: BLE001 - re-raised below unless it is an OOM
+            if _stopped_by_guard(exc):
+                self._stopped = True  # its peak, folded in, is above the limit: the trial fails as too close
+                return None
             if not is_oom_error(exc):
                 raise
             self._failed_at = self.memory.allocated()  # the failed step's tensors are still held here
@@ -364,6 +365,18 @@ class TrialRunner:
 
 
 WALL_BYTES = 2 * 2**20  # the allocator's smallest large block: room for nothing less
+
+
+def _stopped_by_guard(exc: BaseException) -> bool:
+    """Whether ``exc`` is, or was raised from, a :class:`PeakPassed` (a plain callable may
+    catch the guard's exception and raise its own)."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, PeakPassed):
+            return True
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return False
 
 
 def _drain_backward() -> None:

@@ -61,6 +61,24 @@ def test_the_stopped_step_never_reaches_the_optimizer():
     assert not record.passed and not stepped and not step.optimizer.state
 
 
+def test_a_callable_that_wraps_the_guards_exception_is_stopped_all_the_same():
+    step = _step()
+
+    def wrapping(batch: int) -> None:
+        try:
+            step(batch)
+        except Exception as exc:
+            raise RuntimeError("my training loop failed") from exc
+
+    with simulated_memory("64MiB") as device:
+        memory = SimulatedDeviceMemory(device)
+        runner = TrialRunner(wrapping, memory, steps=2, peak_limit=LIMIT, after_oom=step.clear_grads,
+                             guard=peak_guard_for(step.model, memory.peak, LIMIT, agreed=False))
+        record = runner.run(2048)
+        assert memory.allocated() == runner._baseline
+    assert not record.passed and "stopped there, part-way" in record.error
+
+
 def test_hooks_are_removed_after_each_trial_and_only_every_few_parameters_are_hooked():
     step = _step()
     params = list(step.model.parameters())
