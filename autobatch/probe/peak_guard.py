@@ -7,16 +7,17 @@ much as a passing trial, where an OOM stops part-way: the dearest kind of failur
 usual one where fragmentation is low, because the line aims just under the limit and the size
 above it lands in the band between the limit and the capacity. Measured on an H200 (8 GiB cap,
 ResNet-50 ``TrainStep``): 182 ran a whole step 4.8 MiB over the limit, 0.23-0.29 s, where the
-OOM at 183 took 0.10-0.16 s.
+OOM at 183 took 0.10-0.16 s; stopped by the guard, 0.06-0.09 s.
 
 A step's peak is reached in its backward pass or before it (saved activations, then the first
-gradients and workspaces). A :class:`PeakGuard` hooks the trained model's parameters (a ``TrainStep``'s, or the model a
-plain callable names in ``restore``) (every
-``EVERY``-th, in the order backward reaches them, so a check costs a few microseconds per
-parameter on average) and raises :class:`PeakPassed` from the first hook that sees the peak
-above the limit. Nothing is allocated by a hook, so the memory a trial measures is unchanged.
-The trial then fails as "too close to the capacity" with the peak seen so far, a lower bound of
-the step's own (also where a plain callable catches the guard's exception and raises its own from it) (:meth:`~autobatch.probe.trial.TrialRunner.run`).
+gradients and workspaces). A :class:`PeakGuard` hooks the trained model's parameters (a
+``TrainStep``'s, or the model a plain callable names in ``restore``): every ``EVERY``-th, in
+the order backward reaches them, because each check reads the allocator's statistics. The first
+hook that sees the allocated peak above the limit raises :class:`PeakPassed`. A hook allocates
+nothing, so the memory a trial measures is unchanged. The trial then fails as "too close to the
+capacity", with the peak seen so far as a lower bound of the step's own
+(:meth:`~autobatch.probe.trial.TrialRunner.run`), also where a plain callable catches the
+guard's exception and raises its own from it.
 
 Not under rank agreement (a rank that stopped part-way would leave the others waiting in a
 collective), nor on sharded (DTensor) parameters, whose hooks belong to FSDP's gradient
