@@ -32,7 +32,7 @@ import torch
 
 from .shards import is_dtensor
 
-__all__ = ["PeakGuard", "PeakPassed", "peak_guard_for"]
+__all__ = ["PeakGuard", "PeakPassed", "drain_backward", "peak_guard_for", "raised_by_guard"]
 
 EVERY = 8  # hook every 8th parameter (and the first backward reaches): a check reads the allocator's stats
 
@@ -84,3 +84,25 @@ def peak_guard_for(
     if not params or any(is_dtensor(p) for p in params):
         return None
     return lambda: PeakGuard(params, peak, limit)
+
+
+def raised_by_guard(exc: BaseException) -> bool:
+    """Whether ``exc`` is, or was raised from, a :class:`PeakPassed` (a plain callable may
+    catch the guard's exception and raise its own)."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, PeakPassed):
+            return True
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
+def drain_backward() -> None:
+    """Let this thread's autograd queue drop the tasks a backward pass that failed part-way left
+    in it. When a backward raises (an OOM, :class:`PeakPassed`), the calling thread's ready
+    queue keeps the nodes it had not run yet, and with them their saved activations, until the
+    next backward on that thread skips them (devices' worker threads skip theirs at once); an
+    empty backward is that next one."""
+    with torch.enable_grad():
+        torch.zeros((), requires_grad=True).sum().backward()

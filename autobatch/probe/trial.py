@@ -7,13 +7,11 @@ import time
 from contextlib import nullcontext
 from typing import Callable, ContextManager
 
-import torch
-
 from ..memory.devices import DeviceMemory
 from ..memory.oom import free_memory, is_oom_error, requested_bytes
 from ..memory.units import format_bytes
 from .autotune import Autotune
-from .peak_guard import PeakPassed
+from .peak_guard import drain_backward, raised_by_guard
 from .records import TrialRecord, notify, watch_trials
 
 __all__ = ["TrialRecord", "TrialRunner", "watch_trials"]
@@ -238,7 +236,7 @@ class TrialRunner:
         :meth:`_garbage_was_in_the_way`. Under rank agreement, at once (ranks make the same calls)."""
         if self.after_oom is not None:
             self.after_oom()
-        _drain_backward()
+        drain_backward()
         if self.memory.allocated() <= self._baseline:
             return
         free_memory(generation=1 if self.agree is None else 2)
@@ -279,7 +277,7 @@ class TrialRunner:
             self.memory.synchronize()
             self._inactive_split = _split_stat(self.memory)
         except BaseException as exc:  # noqa: BLE001 - re-raised below unless it is an OOM
-            if _stopped_by_guard(exc):
+            if raised_by_guard(exc):
                 self._stopped = True  # its peak, folded in, is above the limit: the trial fails as too close
                 return None
             if not is_oom_error(exc):
@@ -365,28 +363,6 @@ class TrialRunner:
 
 
 WALL_BYTES = 2 * 2**20  # the allocator's smallest large block: room for nothing less
-
-
-def _stopped_by_guard(exc: BaseException) -> bool:
-    """Whether ``exc`` is, or was raised from, a :class:`PeakPassed` (a plain callable may
-    catch the guard's exception and raise its own)."""
-    seen: set[int] = set()
-    while exc is not None and id(exc) not in seen:
-        if isinstance(exc, PeakPassed):
-            return True
-        seen.add(id(exc))
-        exc = exc.__cause__ or exc.__context__
-    return False
-
-
-def _drain_backward() -> None:
-    """Let this thread's autograd queue drop the tasks a backward pass that failed part-way left
-    in it. When a backward raises (an OOM, :class:`~autobatch.probe.peak_guard.PeakPassed`),
-    the calling thread's ready queue keeps the nodes it had not run yet, and with them their
-    saved activations, until the next backward on that thread skips them (devices' worker
-    threads skip theirs at once); an empty backward is that next one."""
-    with torch.enable_grad():
-        torch.zeros((), requires_grad=True).sum().backward()
 
 
 def _split_stat(memory: DeviceMemory) -> int | None:
