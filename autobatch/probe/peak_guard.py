@@ -103,6 +103,9 @@ def drain_backward() -> None:
     in it. When a backward raises (an OOM, :class:`PeakPassed`), the calling thread's ready
     queue keeps the nodes it had not run yet, and with them their saved activations, until the
     next backward on that thread skips them (devices' worker threads skip theirs at once); an
-    empty backward is that next one."""
+    empty backward is that next one. Under inference mode no backward can have run, and none can
+    run: nothing to do (a probe of an inference step may be called inside one)."""
+    if torch.is_inference_mode_enabled():
+        return
     with torch.enable_grad():
         torch.zeros((), requires_grad=True).sum().backward()

@@ -152,3 +152,15 @@ def test_an_oom_in_the_backward_pass_leaves_nothing_held_on_the_cpu():
         record = runner.run(1024)
         assert not record.passed and "aten.ones" in record.error  # in the spike's backward
         assert memory.allocated() == runner._baseline
+
+
+@pytest.mark.parametrize("mode", [torch.inference_mode, torch.no_grad])
+def test_an_inference_probe_inside_inference_or_no_grad_mode_cleans_up_after_its_ooms(mode):
+    model = torch.nn.Linear(256, 256)
+
+    def forward_only(batch: int) -> None:
+        model(torch.randn(batch, 256))
+
+    with mode():
+        result = autobatch.find_max_batch(forward_only, memory_limit="8MiB", cache=False)
+    assert result.batch_size > 0 and any(not t.passed for t in result.trials)
