@@ -50,7 +50,7 @@ class PeakGuard:
     :class:`PeakPassed` once ``peak()`` (the allocated peak since the step began) is above ``limit``."""
 
     def __init__(self, params: Iterable[torch.Tensor], peak: Callable[[], int], limit: int) -> None:
-        trainable = [p for p in params if p.requires_grad]
+        trainable = [p for p in params if p.requires_grad and p.is_leaf]  # hooks take leaves only
         # backward reaches the last parameters first: hook the last one, then every EVERY-th before it
         self.params = [p for i, p in enumerate(reversed(trainable)) if i % EVERY == 0]
         self.peak = peak
