@@ -46,8 +46,9 @@ class PeakPassed(Exception):
 
 
 class PeakGuard:
-    """Context manager: while entered, a hooked parameter's gradient accumulation raises
-    :class:`PeakPassed` once ``peak()`` (the allocated peak since the step began) is above ``limit``."""
+    """Context manager, entered once per trial: while entered, a hooked parameter's gradient
+    accumulation raises :class:`PeakPassed` once ``peak()`` (the allocated peak since the step
+    began) is above ``limit``."""
 
     def __init__(self, params: Iterable[torch.Tensor], peak: Callable[[], int], limit: int) -> None:
         trainable = [p for p in params if p.requires_grad and p.is_leaf]  # hooks take leaves only
@@ -74,16 +75,16 @@ class PeakGuard:
 
 def peak_guard_for(
     model: torch.nn.Module | None, peak: Callable[[], int], limit: int | None, *, agreed: bool
-) -> Callable[[], PeakGuard] | None:
-    """A factory of guards for trials that train ``model`` (a ``TrainStep``'s, or the model a
-    plain callable names in ``restore``), or None where none applies: no model, no peak limit
-    (the simulated device), trials agreed over ranks, or a model with sharded parameters."""
+) -> PeakGuard | None:
+    """The guard for trials that train ``model`` (a ``TrainStep``'s, or the model a plain
+    callable names in ``restore``), or None where none applies: no model, no peak limit (the
+    simulated device), trials agreed over ranks, or a model with sharded parameters."""
     if model is None or limit is None or agreed:
         return None
     params = list(model.parameters())
     if not params or any(is_dtensor(p) for p in params):
         return None
-    return lambda: PeakGuard(params, peak, limit)
+    return PeakGuard(params, peak, limit)
 
 
 def raised_by_guard(exc: BaseException) -> bool:

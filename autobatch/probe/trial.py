@@ -36,7 +36,7 @@ class TrialRunner:
     whose allocated peak passed ``peak_limit`` (on an accelerator, the capacity less the
     headroom the caching allocator needs: such a step fits only while fragmentation is kind;
     the probe's default, :data:`~autobatch.probe.ALLOCATOR_HEADROOM`, says what was
-    measured); ``guard``, when given, makes a context in which such a step stops part-way
+    measured); ``guard``, when given, is a context in which such a step stops part-way
     (:mod:`~autobatch.probe.peak_guard`), so it costs what an OOM costs. Every other exception
     propagates unchanged at once. Memory is released
     *after* the ``except`` block has been left, so the traceback no longer pins the failed
@@ -66,7 +66,7 @@ class TrialRunner:
         autotune: "Autotune | None" = None,
         settle_final: bool = False,
         settle_more: Callable[[bool], bool] | None = None,
-        guard: Callable[[], ContextManager[object]] | None = None,
+        guard: ContextManager[object] | None = None,
     ) -> None:
         self.fn = fn
         self.guard = guard
@@ -109,8 +109,6 @@ class TrialRunner:
         error = self._attempt_as(batch_size, steps, settle, tuned)
         if error is not None and self._garbage_was_in_the_way():
             error = self._attempt_as(batch_size, steps, settle, tuned)
-        if self._stopped:
-            self._clean_up_after_oom()  # a step stopped part-way left what an OOM leaves
         steps = self._steps_run
         seconds = time.perf_counter() - self._started
         peak, reserved = self._peak, self._reserved
@@ -138,6 +136,7 @@ class TrialRunner:
         if ran_out:
             requested = requested_bytes(error)  # "Tried to allocate 2.00 GiB", parsed once for both figures
             over_bytes, wall = self._shortfall(requested), self._wall(requested)
+        if ran_out or self._stopped:  # a step stopped part-way left what an OOM leaves
             self._clean_up_after_oom()
         record = TrialRecord(
             batch_size, error is None, peak, seconds, purpose, error, reserved, steps, step_peak, resident,
@@ -272,7 +271,7 @@ class TrialRunner:
         self._started = time.perf_counter()
         step_reserved: list[int] = []
         try:
-            with self.guard() if self.guard is not None else nullcontext():
+            with self.guard if self.guard is not None else nullcontext():
                 self._steps(batch_size, steps, settle, step_reserved)
             self.memory.synchronize()
             self._inactive_split = _split_stat(self.memory)
