@@ -41,15 +41,24 @@ def one(args) -> dict:
     fn = (autobatch.TrainStep(model, optimizer, loss_fn, make, autocast_dtype=dtype) if form == "trainstep"
           else plain_step(model, optimizer, loss_fn, make, dtype, device))
     phases = _time_phases() if args.phases else {}
+    if args.no_guard:  # the same probe without the peak guard (what the guard's hooks cost a step)
+        import autobatch.probe.find as find_module
+        find_module.peak_guard_for = lambda *a, **k: None
+    calls: list = []
+    if args.step_times:
+        fn = _timed_calls(fn, calls, device)
+    if form == "accelerate":
+        return _accelerate(args, name, fn, cap, calls)
     profiler = cProfile.Profile()
     began = time.perf_counter()
-    if not args.phases:
+    if not (args.phases or args.step_times):
         profiler.enable()
-    result = autobatch.find_max_batch(fn, memory_limit=cap, device=device, cache=False)
+    result = autobatch.find_max_batch(fn, memory_limit=cap, device=device, cache=False,
+                                      restore=None)
     profiler.disable()
     total = time.perf_counter() - began
     text = io.StringIO()
-    if not args.phases:
+    if not (args.phases or args.step_times):
         pstats.Stats(profiler, stream=text).sort_stats("cumulative").print_stats(args.top)
     lines = [line for line in text.getvalue().splitlines() if line.strip()]
     start = next((i for i, line in enumerate(lines) if "ncalls" in line), 0)
@@ -58,7 +67,45 @@ def one(args) -> dict:
             "trials": [(t.batch_size, t.passed, t.steps, t.purpose, round(t.seconds, 3)) for t in result.trials],
             "records": [t.to_dict() for t in result.trials], "fit": result.fit,
             "capacity": getattr(result, "capacity_bytes", None), "notes": list(result.notes),
-            "profile": lines[start:], "phases": {name: round(t, 4) for name, t in phases.items()}}
+            "profile": lines[start:], "phases": {name: round(t, 4) for name, t in phases.items()},
+            "calls": calls}
+
+
+def _timed_calls(fn, calls: list, device: str):
+    """``fn`` with each call's (batch, seconds from the probe's start, seconds, outcome) appended
+    to ``calls``, synchronised on CUDA: where inside each trial the time goes (--step-times).
+    A ``TrainStep`` stays one (its peak guard and zero-lr steps apply), its call timed."""
+    began = time.perf_counter()
+
+    def timed(call, batch_size):
+        if device == "cuda":
+            torch.cuda.synchronize()
+        start, outcome = time.perf_counter(), "ok"
+        try:
+            return call(batch_size)
+        except BaseException as exc:
+            outcome = type(exc).__name__
+            raise
+        finally:
+            if device == "cuda" and outcome == "ok":
+                torch.cuda.synchronize()
+            calls.append((batch_size, round(start - began, 4), round(time.perf_counter() - start, 4), outcome))
+
+    if isinstance(fn, autobatch.TrainStep):
+        base = type(fn)
+        fn.__class__ = type("TimedTrainStep", (base,), {"__call__": lambda self, b: timed(lambda n: base.__call__(self, n), b)})
+        return fn
+    return lambda batch_size: timed(fn, batch_size)
+
+
+def _accelerate(args, name, fn, cap, calls) -> dict:
+    """Accelerate's decorator on the same (timed) step, from the benchmark's start size."""
+    from bench_promise import accelerate_probe
+
+    out = accelerate_probe(fn, args.start, args.device, autobatch.parse_bytes(args.memory_limit))
+    return {"workload": name, "form": "accelerate", "batch": out.get("batch_size"),
+            "total_s": round(out.get("seconds", float("nan")), 3), "trials_s": None, "trials": [], "calls": calls,
+            "profile": [], "phases": {}}
 
 
 #: what a probe does outside its trials' own seconds, timed without a profiler's overhead (--phases)
@@ -110,6 +157,10 @@ def main() -> None:
     parser.add_argument("--top", type=int, default=45)
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--phases", action="store_true", help="time the phases outside the trials, no profiler")
+    parser.add_argument("--step-times", action="store_true",
+                        help="no profiler: each call of the step, synchronised (forms may include accelerate)")
+    parser.add_argument("--no-guard", action="store_true", help="probe without the peak guard")
+    parser.add_argument("--start", type=int, default=256, help="Accelerate's starting batch size")
     parser.add_argument("--out", default=None)
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--form", default=None, help=argparse.SUPPRESS)
@@ -125,7 +176,8 @@ def main() -> None:
                        for f in forms[r % len(forms):] + forms[:r % len(forms)]]:  # order rotated per round
         command = [sys.executable, __file__, "--child", name, "--form", form, "--device", args.device,
                    "--memory-limit", args.memory_limit, "--top", str(args.top), *(["--quick"] if args.quick else []),
-                   *(["--phases"] if args.phases else [])]
+                   *(["--phases"] if args.phases else []), *(["--step-times"] if args.step_times else []),
+                   "--start", str(args.start), *(["--no-guard"] if args.no_guard else [])]
         done = subprocess.run(command, capture_output=True, text=True, timeout=300)
         if done.returncode != 0:
             rows.append({"workload": name, "form": form, "error": done.stderr.strip().splitlines()[-3:]})
@@ -135,6 +187,8 @@ def main() -> None:
         print(f"== {name} {form}: batch {row['batch']} total {row['total_s']} s, in trials {row['trials_s']} s; {row['trials']}")
         if args.phases:
             print("   phases:", row["phases"], flush=True)
+        elif args.step_times:
+            print("   calls:", row["calls"], flush=True)
         else:
             print("\n".join(row["profile"][: args.top + 1]), flush=True)
     if args.out:

@@ -51,7 +51,9 @@ def close_bracket(
     cap) ViT-B/16's line was right about the allocated peak (1.206 GiB + 0.0645 GiB per
     sample) but sizes 101-105 failed with 0.15-0.37 GiB free in pieces. Galloping down, a
     stride is at least what a lower bound of the failed size's shortfall (``short_of``) is
-    worth at the line's slope."""
+    worth at the line's slope. Once the line aims below a wall, its trials (``purpose``
+    ``"wall"``) run every step: there a size's first step proves little, since the free pieces
+    it needs may be split by the step before, and a full pass is the answer's own confirmation."""
     gallop = 0  # 0: follow the line; -1 / +1: the line was refuted, gallop down / up
     stride = gallops = walls = 0
     span = 0.0  # the gallop's stride in samples before rounding down (doubles)
@@ -75,7 +77,9 @@ def close_bracket(
             guess = min(max(predicted + above, lo + 1), upper)
         width = None if hi is None or jumped else hi - lo
         confirming = guess == lo + 1  # checking the line's claim that lo is the maximum
-        passed = passes(guess, "verify")
+        # below a wall, a size whose first step passes may fail its second (ViT-B/16 as a plain
+        # callable on an H200: 100 passed one step, then failed the answer's full trial): run all
+        passed = passes(guess, "wall" if walls and not bisecting else "verify")
         if passed:
             record_pass(guess)
             lo = guess

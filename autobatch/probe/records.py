@@ -45,7 +45,8 @@ class TrialRecord:
     trial, the peak reached before the failure); ``reserved_bytes`` the allocator's reserved
     peak (what a per-process cap limits; equal to ``peak_bytes`` on the simulated device);
     ``purpose`` says why the strategy ran it (``search``, ``fit``, ``estimate``, ``verify``,
-    ``bisect``, ``margin``, ``confirm``); ``steps`` how many times it called the step (a
+    ``bisect``, ``margin``, ``confirm``, ``wall``: a size tried below the allocator's wall, run
+    full); ``steps`` how many times it called the step (a
     trial that ran out of memory stopped during one of them). A passing trial also records
     its last step alone: ``step_peak_bytes``, that step's allocated peak, and
     ``resident_bytes``, what was allocated as it began (weights, optimizer state). By the

@@ -53,7 +53,7 @@ def run_search(
 
     def passes(units: int, purpose: str = "search") -> bool:
         above = runner.outcomes.get((units + 1) * multiple_of)
-        final = units >= max_units or above is False or purpose == "margin"
+        final = units >= max_units or above is False or purpose in ("margin", "wall")
         return runner(units * multiple_of, purpose, final=final)
 
     fit = fallback_reason = None

@@ -511,6 +511,71 @@ def test_galloping_down_from_the_wall_lands_on_the_answer_without_a_pass_below_i
     assert all(size >= 100 for size in tried[2:])  # no passing trial below the answer
 
 
+def test_below_a_wall_a_size_that_passes_one_step_but_not_two_is_found_by_running_every_step():
+    """The trials of a ViT-B/16 plain-callable probe on an H200 (8 GiB cap, issue 16), replayed:
+    104 ran out of memory at the allocator's wall; 100, just above the wall-lowered line, passed
+    one step and failed the second (the free pieces split by the first). Run as a one-step search
+    it passed, so the search went on to 101 (an OOM) and a full confirmation of 100 that failed,
+    then 99. Below a wall the search runs every step of its trials (``purpose="wall"``): 100 fails
+    as a whole, and 99's trial is the answer's own full pass."""
+    from autobatch.probe.predict import predictive
+
+    mib = 2**20
+    capacity = 8 * 2**30
+    passing = {8: 1771.2, 70: 5879.1, 99: 7837.9}  # allocated peaks of the steady steps, MiB
+    walls = {104: 374.7, 100: 275.2, 101: 222.9}  # free pieces at the failure, MiB
+    tried = []
+
+    def passes(units, purpose="search"):
+        tried.append((units, purpose))
+        return units <= 99 or (units == 100 and purpose != "wall")  # 100 fails at its second step
+
+    outcome = predictive(
+        passes, lambda units: int(passing.get(units, 1241.2 + 66.26 * units) * mib), 8, 2**24,
+        int(capacity * 0.99), above_first=True,
+        resident_of=lambda units: int(1049.3 * mib) if units == 8 else None,
+        short_of=lambda units: None,
+        usable_after=lambda units: capacity - int(walls[units] * mib) if units in walls else None,
+    )
+    assert outcome.units == 99
+    assert [units for units, _ in tried[:2]] == [8, 70]  # the recorded probe's fit
+    assert tried[2:] == [(104, "verify"), (100, "wall"), (99, "wall")]
+
+
+def test_trials_below_a_wall_run_every_step_and_the_last_one_is_the_answers_confirmation():
+    """Through ``run_search``: after a failure at the allocator's wall, the trials that follow
+    the lowered line call the step ``steps_per_trial`` times (a one-step search trial elsewhere),
+    so the passing one confirms the answer and no separate confirmation runs."""
+    from autobatch.memory.devices import SimulatedDeviceMemory
+    from autobatch.probe.search import peak_limit, run_search
+    from autobatch.probe.trial import TrialRunner
+
+    capacity, per_sample, fixed, pieces = 64 * MiB, 2**19, 8 * MiB, 3 * MiB
+
+    class Allocator(SimulatedDeviceMemory):
+        def peak_reserved(self) -> int:
+            return min(capacity, self.peak() + pieces)
+
+    def step(batch_size: int) -> None:
+        activations = torch.empty(fixed + batch_size * per_sample * 3 // 4, dtype=torch.uint8)
+        last = batch_size * per_sample // 4
+        if activations.numel() + last + pieces > capacity:
+            raise torch.OutOfMemoryError(f"CUDA out of memory. Tried to allocate {last / MiB:.2f} MiB.")
+        grads = torch.empty(last, dtype=torch.uint8)
+        del activations, grads
+
+    with simulated_memory(capacity) as device:
+        memory = Allocator(device)
+        runner = TrialRunner(step, memory, steps=3, search_steps=1, peak_limit=peak_limit(object(), capacity))
+        result = run_search(runner, strategy="predict", start=None, max_batch=None, margin=0.0,
+                            multiple_of=1, device_name=memory.name, capacity=capacity)
+    assert result.batch_size == (capacity - pieces - fixed) // per_sample
+    below_wall = [record for record in runner.records if record.purpose == "wall"]
+    assert below_wall and all(record.steps == 3 for record in below_wall if record.passed)
+    assert runner.records[-1].purpose == "wall" and runner.records[-1].passed  # no "confirm" trial after it
+    assert runner.records[-1].batch_size == result.batch_size
+
+
 def test_a_failure_at_the_wall_gives_no_lower_bound_of_its_shortfall():
     """``TrialRunner.short_of`` hands the search a failed size's shortfall only where it is a lower
     bound (what was allocated plus the allocation that failed passed the limit), not the
