@@ -119,7 +119,10 @@ def _timed_calls(fn, calls: list, device: str):
 
     if isinstance(fn, autobatch.TrainStep):
         base = type(fn)
-        fn.__class__ = type("TimedTrainStep", (base,), {"__call__": lambda self, b: timed(lambda n: base.__call__(self, n), b)})
+        def call(self, batch_size):
+            return timed(lambda n: base.__call__(self, n), batch_size)
+
+        fn.__class__ = type("TimedTrainStep", (base,), {"__call__": call})
         return fn
     return lambda batch_size: timed(fn, batch_size)
 
