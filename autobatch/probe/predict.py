@@ -43,7 +43,8 @@ gradients, optimizer state, workspaces) plus activations per sample. So:
    optimizer step's peak at small sizes, overshoots far). A line that creeps instead of
    halving the bracket is also abandoned for bisection. An OOM at the allocator's wall (the
    allocated figures left room; the free pieces of its segments were too small) is no
-   refutation: the line aims that far below the capacity and jumps again. So the worst case
+   refutation: the line aims that far below the capacity and jumps again, and from then on
+   its trials run every step (a size's first step proves little at the wall). So the worst case
    stays close to binary search, and the answer is exact like binary's: a passing size whose
    next size failed (or ``max_batch``).
 
