@@ -62,8 +62,7 @@ def one(args) -> dict:
     began = time.perf_counter()
     if not (args.phases or args.step_times):
         profiler.enable()
-    result = autobatch.find_max_batch(fn, memory_limit=cap, device=device, cache=False,
-                                      restore=None)
+    result = autobatch.find_max_batch(fn, memory_limit=cap, device=device, cache=False)
     profiler.disable()
     total = time.perf_counter() - began
     text = io.StringIO()
@@ -221,11 +220,11 @@ def main() -> None:
             print("   phases:", row["phases"], flush=True)
         elif args.step_times:
             print("   calls:", row["calls"], flush=True)
+        else:
+            print("\n".join(row["profile"][: args.top + 1]), flush=True)
         if args.gc_log:
             print("   collections (generation, at, took):", [c for c in row["collections"] if c[0] > 0 or c[2] > 0.005],
                   "gen0:", sum(1 for c in row["collections"] if c[0] == 0), flush=True)
-        else:
-            print("\n".join(row["profile"][: args.top + 1]), flush=True)
     if args.out:
         Path(args.out).write_text(json.dumps(rows, indent=1))
 
