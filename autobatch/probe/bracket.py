@@ -51,9 +51,10 @@ def close_bracket(
     cap) ViT-B/16's line was right about the allocated peak (1.206 GiB + 0.0645 GiB per
     sample) but sizes 101-105 failed with 0.15-0.37 GiB free in pieces. Galloping down, a
     stride is at least what a lower bound of the failed size's shortfall (``short_of``) is
-    worth at the line's slope. Once the line aims below a wall, its trials (``purpose``
-    ``"wall"``) run every step: there a size's first step proves little, since the free pieces
-    it needs may be split by the step before, and a full pass is the answer's own confirmation."""
+    worth at the line's slope. Once the line aims below a wall, its trials and gallops
+    (``purpose="wall"``; bisection's stay short) run every step: there a size's first step
+    proves little, since the free pieces it needs may be split by the step before, and a full
+    pass is the answer's own confirmation."""
     gallop = 0  # 0: follow the line; -1 / +1: the line was refuted, gallop down / up
     stride = gallops = walls = 0
     span = 0.0  # the gallop's stride in samples before rounding down (doubles)

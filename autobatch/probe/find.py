@@ -87,7 +87,8 @@ def find_max_batch(
             ``ALLOCATOR_HEADROOM`` (1 %, :mod:`autobatch.probe.arguments`) under the capacity.
         search_steps: calls of ``fn`` in the other trials (default 1; None: every trial is
             full). They only tell which side of the boundary a size lies on; a trial whose
-            size could be the answer (the next size up already failed) runs full at once.
+            size could be the answer (the next size up already failed), or that the line
+            tries below the allocator's wall (where a first step proves little), runs full.
         memory_limit: cap the probe at this many bytes (int or "16GiB"). On CUDA the process
             is capped with ``set_per_process_memory_fraction`` and the previous cap restored;
             on the CPU the trials run under :func:`~autobatch.simulated_memory`. On the CPU

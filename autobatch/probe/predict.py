@@ -44,7 +44,8 @@ gradients, optimizer state, workspaces) plus activations per sample. So:
    halving the bracket is also abandoned for bisection. An OOM at the allocator's wall (the
    allocated figures left room; the free pieces of its segments were too small) is no
    refutation: the line aims that far below the capacity and jumps again, and from then on
-   its trials run every step (a size's first step proves little at the wall). So the worst case
+   the trials it and its gallops make run every step (a size's first step proves little at
+   the wall; bisection's trials stay short). So the worst case
    stays close to binary search, and the answer is exact like binary's: a passing size whose
    next size failed (or ``max_batch``).
 
