@@ -2,24 +2,73 @@
 line's boundary, then close the bracket around it.
 
 From a fitted line and the largest passing size, :func:`close_bracket` trials the line's
-boundary (the size just above it first, where an OOM is the cheapest trial), refits through the
+boundary (the size just above it first, where an OOM is the cheapest trial, unless the line
+may settle that size), refits through the
 largest passing points after every trial, and, once a trial refutes the line, gallops from the
 refuted end in strides of 0.5 %, 1 %, 2 % and bisects what is left. An OOM at the allocator's
 wall is no refutation: the line aims below the free pieces it measured and jumps again. The
-answer is exact: a passing size whose next size failed (or the ceiling).
+answer is exact: a passing size whose next size failed (or the ceiling), or, with ``settle``,
+whose next size the line puts well past the limit (:data:`SETTLE_FRACTION`).
+
+**The allocator's wall.** A size whose allocated figures left room for the allocation that
+failed ran out of memory because the free pieces of the allocator's segments were too
+small (``usable_after``): the line then aims that much below the capacity, and its next
+trial is a fresh jump (up to ``MAX_GALLOPS`` times), not a refutation. On an H200 (8 GiB
+cap) ViT-B/16's line was right about the allocated peak (1.206 GiB + 0.0645 GiB per
+sample) but sizes 101-105 failed with 0.15-0.37 GiB free in pieces. Galloping down, a
+stride is at least what a lower bound of the failed size's shortfall (``short_of``) is
+worth at the line's slope. Once the line aims below a wall, its trials and gallops
+(``purpose="wall"``; bisection's stay short) run every step: there a size's first step
+proves little, since the free pieces it needs may be split by the step before, and a full
+pass is the answer's own confirmation.
+
+**The line settles the last step** (``settle``: ``capacity`` is a limit that fails every
+trial whose allocated peak passes it, and a trial costs a new size's kernel choices). Where
+the answer would be at least ``SETTLE_MIN_UNITS``, the line through the two largest passes
+puts ``lo + 1``'s peak at least ``SETTLE_FRACTION`` of a unit past the limit and at least
+twice as far past as the line followed to ``lo`` missed ``lo``'s peak by (allocated peaks stray
+from a line by the allocator's block rounding), and bends by less than ``STRAIGHT`` from that
+line, ``lo + 1`` is taken as failed without a trial. For that the jump tries the boundary itself first, as a full trial
+(``purpose="edge"``), where its line puts the size above ``EDGE_FRACTION`` of a unit past:
+ResNet-50 on an H200 went 182 (over the limit) → 181 where above-first went 183 → 182 → 181.
+Not below a wall (its aim is an estimate, not a limit) and not once the line was refuted.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Callable
 
 from .line import LinearFit, secant as _secant
 
-__all__ = ["close_bracket", "MAX_GALLOPS", "STRIDE_FRACTION"]
+__all__ = ["close_bracket", "Bracket", "MAX_GALLOPS", "STRIDE_FRACTION", "SETTLE_FRACTION", "EDGE_FRACTION",
+           "SETTLE_MIN_UNITS"]
 
 MAX_GALLOPS = 3  # strides of 0.5 %, 1 %, 2 % cover allocator rounding; farther off, bisect
 STRIDE_FRACTION = 0.005  # a gallop's first stride, as a fraction of the batch (at least one sample)
+# With ``settle``: the size above a pass is not tried where the line through the two largest
+# passes puts its peak at least this fraction of a unit's bytes past the limit (a one-unit
+# extrapolation of a secant; ResNet-50's 46-unit one from its leap erred by a third of a unit)
+SETTLE_FRACTION = 0.25
+# ... and the jump tries the line's boundary first, as a full trial, where the line before it
+# puts the size above at least this far past the limit (so the refit is likely to settle it)
+EDGE_FRACTION = 0.5
+SETTLE_MIN_UNITS = 100  # only where an answer one unit short would still be 99 % of the exact one
+STRAIGHT = 0.05  # ... and the refit's slope is within 5 % of the line it followed (no bend, no step)
+
+
+@dataclass
+class Bracket:
+    """What :func:`close_bracket` found: ``lo`` the largest passing size, ``fit`` the refined
+    line, ``capacity`` the allocated peak it aimed at last (below the capacity after a wall),
+    ``settled`` the bytes by which the line put ``lo + 1``'s peak past the limit where it was
+    not tried (None: the bracket closed by trials)."""
+
+    lo: int
+    fit: LinearFit
+    capacity: int
+    settled: int | None = None
 
 
 def close_bracket(
@@ -34,39 +83,31 @@ def close_bracket(
     above: int,
     short_of: Callable[[int], int | None] | None = None,
     usable_after: Callable[[int], int | None] | None = None,
-) -> tuple[int, LinearFit, int]:
+    settle: bool = False,
+) -> Bracket:
     """Steps 2 and 3: jump to the line's boundary, then close the bracket (gallop where the
-    line is refuted, bisect where it creeps). Returns ``(lo, fit, capacity)``: the largest
-    passing size, the refined line and the allocated peak it aimed at last.
+    line is refuted, bisect where it creeps). Returns the largest passing size, the refined
+    line and the allocated peak it aimed at last (:class:`Bracket`).
 
     ``passes``, ``short_of`` and ``usable_after`` are :func:`~autobatch.probe.predict.predictive`'s;
     ``record_pass(units)`` adds a passing size's peak to ``points`` (the line's measurements);
     ``lo``/``hi`` the largest pass and smallest failure so far (None: none); ``above`` 1 to try
-    the size above the line's boundary first.
-
-    **The allocator's wall.** A size whose allocated figures left room for the allocation that
-    failed ran out of memory because the free pieces of the allocator's segments were too
-    small (``usable_after``): the line then aims that much below the capacity, and its next
-    trial is a fresh jump (up to ``MAX_GALLOPS`` times), not a refutation. On an H200 (8 GiB
-    cap) ViT-B/16's line was right about the allocated peak (1.206 GiB + 0.0645 GiB per
-    sample) but sizes 101-105 failed with 0.15-0.37 GiB free in pieces. Galloping down, a
-    stride is at least what a lower bound of the failed size's shortfall (``short_of``) is
-    worth at the line's slope. Once the line aims below a wall, its trials and gallops
-    (``purpose="wall"``; bisection's stay short) run every step: there a size's first step
-    proves little, since the free pieces it needs may be split by the step before, and a full
-    pass is the answer's own confirmation."""
+    the size above the line's boundary first; ``settle`` lets the line settle the last step.
+    The module's description says how the wall and the settling work."""
     gallop = 0  # 0: follow the line; -1 / +1: the line was refuted, gallop down / up
     stride = gallops = walls = 0
     span = 0.0  # the gallop's stride in samples before rounding down (doubles)
     creeping = False  # the last trial followed the line and passed
     jumped = False  # the last trial followed a line just lowered to a wall: a fresh jump
     refollowed = False  # a line refitted after galloping down across the boundary was followed
+    edged = False  # the jump tried the line's boundary first (once per search)
     # a size the line says fits already ran out of memory (a fit trial): refuted before any
     # jump, so no line points into the bracket; bisect it
     bisecting = hi is not None and fit.predict_max(capacity) >= hi
     while hi is None or hi - lo > 1:
         predicted = fit.predict_max(capacity)
         upper = max_units if hi is None else hi - 1
+        edge = False
         if bisecting:
             guess = (lo + hi) // 2
         elif gallop < 0:  # down from hi, no farther than the midpoint
@@ -75,12 +116,16 @@ def close_bracket(
             guess = min(lo + stride, upper if hi is None else (lo + hi) // 2 or lo + 1)
             guess = max(guess, lo + 1)
         else:  # the line's answer (just above it first, when ``above_first``); lo + 1 when it says lo is the maximum
-            guess = min(max(predicted + above, lo + 1), upper)
+            edge = settle and above and not edged and walls == 0 and lo < predicted < upper and _settles(
+                fit, predicted, capacity, EDGE_FRACTION)
+            edged = edged or edge
+            guess = min(max(predicted + (0 if edge else above), lo + 1), upper)
         width = None if hi is None or jumped else hi - lo
         confirming = guess == lo + 1  # checking the line's claim that lo is the maximum
         # below a wall, a size whose first step passes may fail its second (ViT-B/16 as a plain
         # callable on an H200: 100 passed one step, then failed the answer's full trial): run all
-        passed = passes(guess, "wall" if walls and not bisecting else "verify")
+        purpose = "wall" if walls and not bisecting else "edge" if edge else "verify"
+        passed = passes(guess, purpose)
         if passed:
             record_pass(guess)
             lo = guess
@@ -97,7 +142,9 @@ def close_bracket(
             continue
         crept, creeping = creeping, passed and gallop == 0
         if gallop == 0:
-            fit = _secant(points) or fit
+            followed, fit = fit, _secant(points) or fit
+            if passed and settle and walls == 0 and _settled_above(fit, followed, lo, capacity):
+                return Bracket(lo, fit, capacity, settled=int(fit.intercept + fit.slope * (lo + 1)) - capacity)
             if not passed and predicted >= guess:  # the line said it fits: refuted from above
                 gallop, span = -1, _first_span(guess)
                 stride = max(1, int(span), _short_units(short_of, guess, fit))
@@ -121,7 +168,34 @@ def close_bracket(
             span *= 2  # down: 0.5 %, 1 %, 2 % (_first_span); up, where overshooting is the cheap OOM: ×2
             stride = max(1, int(span), _short_units(short_of, guess, fit)) if gallop < 0 else stride * 2
         gallops += gallop != 0
-    return lo, fit, capacity
+    return Bracket(lo, fit, capacity)
+
+
+def _settled_above(fit: LinearFit, followed: LinearFit, lo: int, limit: int) -> bool:
+    """Whether the line ``fit`` refitted through the pass at ``lo`` settles ``lo + 1`` as
+    failed: ``fit`` runs through ``lo``; it puts ``lo + 1`` ``SETTLE_FRACTION`` of a unit past
+    ``limit``, and at least twice as far past as the line ``followed`` to ``lo`` missed ``lo``'s
+    measured peak by; and its slope is within ``STRAIGHT`` of that line's.
+
+    The miss measures how far a size's allocated peak strays from a line: the allocator hands
+    a tensor a whole cached block where the rest is too small to split off, so peaks climb in
+    uneven stairs (a small CNN on an H200: +3.2 and +9.4 MB by turns, 6.3 MB per sample on
+    average) and move by a few MB with the allocator's history (its 324 peaked 2.4 MB apart in
+    two processes, once either side of the limit). There the followed line missed by 2.0 MB
+    and the refit put 324 2.1 MB past the limit: not settled."""
+    top = max(fit.points, default=None)
+    if top is None or top[0] != lo or followed.slope <= 0:
+        return False
+    missed = abs(followed.intercept + followed.slope * lo - top[1])
+    past = fit.intercept + fit.slope * (lo + 1) - limit
+    straight = abs(fit.slope - followed.slope) <= STRAIGHT * followed.slope
+    return straight and past >= 2 * missed and _settles(fit, lo, limit, SETTLE_FRACTION)
+
+
+def _settles(fit: LinearFit, units: int, limit: int, fraction: float) -> bool:
+    """Whether ``fit`` puts ``units + 1``'s peak at least ``fraction`` of a unit's bytes past
+    ``limit``, for an answer of at least ``SETTLE_MIN_UNITS`` (one short costs under 1 %)."""
+    return units >= SETTLE_MIN_UNITS and fit.slope > 0 and fit.intercept + fit.slope * (units + 1) - limit >= fraction * fit.slope
 
 
 def _points_inside(fit: LinearFit | None, capacity: int, lo: int, hi: int) -> bool:

@@ -93,6 +93,7 @@ class PredictOutcome:
     points: list[tuple[int, int]] = field(default_factory=list)
     refined: LinearFit | None = None
     aimed: int | None = None  # the allocated peak the line aimed at, where a wall lowered it
+    settled: int | None = None  # bytes the line put the size above the answer past the limit, untried
 
     def fit_record(self, unit: int) -> dict | None:
         """The fit as stored in ``ProbeResult.fit`` (batch sizes in samples): the line the
@@ -105,6 +106,8 @@ class PredictOutcome:
             record["refined"] = self.refined.to_dict(unit)
         if self.aimed is not None:
             record["aimed_at_wall_bytes"] = self.aimed
+        if self.settled is not None and self.units is not None:
+            record["settled_above"] = {"batch_size": (self.units + 1) * unit, "past_limit_bytes": self.settled}
         return record
 
 
@@ -120,6 +123,7 @@ def predictive(
     resident_of: Callable[[int], int | None] | None = None,
     short_of: Callable[[int], int | None] | None = None,
     usable_after: Callable[[int], int | None] | None = None,
+    settle: bool = False,
 ) -> PredictOutcome:
     """Run the predictive search in units of ``multiple_of``. ``passes(units, purpose)`` runs
     (or recalls) a trial; ``peak_of(units)`` is the measured peak of a passing trial;
@@ -139,6 +143,9 @@ def predictive(
     allocated figures left room for the allocation that failed), the allocated peak a size
     may reach: the capacity less the free pieces the allocator held but could not hand out
     (None if unknown); the line then aims there (:func:`~autobatch.probe.bracket.close_bracket`).
+    ``settle``: ``capacity`` is a limit past which every trial fails (an accelerator's peak
+    limit), so where the line puts the size above a pass well past it, that size is not tried
+    (:func:`~autobatch.probe.bracket.close_bracket`; the outcome's ``settled``).
     """
     above = 1 if above_first else 0
     points: list[tuple[int, int]] = []  # (units, peak) of passing trials
@@ -190,11 +197,11 @@ def predictive(
             return hand_to_binary(reason, lo, hi)
 
     # -- 2 and 3. jump, then close the bracket -----------------------------------------
-    lo, refined, aimed = close_bracket(
-        passes, record_pass, points, fit, lo, hi, max_units, capacity, above, short_of, usable_after
+    closed = close_bracket(
+        passes, record_pass, points, fit, lo, hi, max_units, capacity, above, short_of, usable_after, settle
     )
-    return PredictOutcome(lo, fit, None, "predict", points, refined=refined if refined is not fit else None,
-                          aimed=aimed if aimed < capacity else None)
+    return PredictOutcome(closed.lo, fit, None, "predict", points, refined=closed.fit if closed.fit is not fit else None,
+                          aimed=closed.capacity if closed.capacity < capacity else None, settled=closed.settled)
 
 
 def _grow(passes, record_pass, points, peak_of, resident_of, first: int, max_units: int, capacity: int):

@@ -46,7 +46,8 @@ class TrialRecord:
     peak (what a per-process cap limits; equal to ``peak_bytes`` on the simulated device);
     ``purpose`` says why the strategy ran it (``search``, ``fit``, ``estimate``, ``verify``,
     ``bisect``, ``margin``, ``confirm``, ``wall``: a size tried below the allocator's wall, run
-    full); ``steps`` how many times it called the step (a
+    full; ``edge``: the line's boundary tried before the size above it, run full, where the
+    line may settle that size); ``steps`` how many times it called the step (a
     trial that ran out of memory stopped during one of them). A passing trial also records
     its last step alone: ``step_peak_bytes``, that step's allocated peak, and
     ``resident_bytes``, what was allocated as it began (weights, optimizer state). By the

@@ -15,6 +15,7 @@ import math
 from ..errors import NoBatchFitsError
 from ..memory.devices import SimulatedDeviceMemory
 from ..memory.diagnostics import memory_diagnostics
+from ..memory.units import format_bytes
 from . import arguments, strategies
 from .estimate import BatchEstimate
 from .line import LinearFit
@@ -53,7 +54,7 @@ def run_search(
 
     def passes(units: int, purpose: str = "search") -> bool:
         above = runner.outcomes.get((units + 1) * multiple_of)
-        final = units >= max_units or above is False or purpose in ("margin", "wall")
+        final = units >= max_units or above is False or purpose in ("margin", "wall", "edge")
         return runner(units * multiple_of, purpose, final=final)
 
     fit = fallback_reason = None
@@ -71,6 +72,14 @@ def run_search(
         _raise_no_fit(runner, multiple_of, device_name, capacity)
     failed_above = [b for b in runner.failed_sizes if b > largest_passed]
     notes = []
+    settled = (fit or {}).get("settled_above")
+    if settled is not None and settled["batch_size"] == largest_passed + multiple_of:
+        slope = fit.get("refined", fit)["slope_bytes_per_sample"] * multiple_of
+        notes.append(
+            f"{settled['batch_size']} was not tried: the memory line through the two largest passing sizes puts "
+            f"its allocated peak {format_bytes(settled['past_limit_bytes'])} past the peak limit "
+            f"({settled['past_limit_bytes'] / slope:.0%} of its step's bytes per unit), and a step past it fails"
+        )
     if max_batch is None and found >= max_units:
         notes.append(
             f"reached the search ceiling ({max_units * multiple_of} samples, autobatch.probe.SEARCH_CEILING) "
@@ -133,6 +142,8 @@ def _predict(runner: TrialRunner, passes, start_units: int, max_units: int, mult
         above_first=runner.search_steps < runner.steps,  # a full pass costs more than an OOM
         resident_of=resident_of, short_of=lambda units: runner.short_of(units * multiple_of),
         usable_after=lambda units: _below_wall(capacity, runner.wall_of(units * multiple_of)),
+        # on an accelerator a step past the peak limit fails: the line may settle the last size
+        settle=runner.peak_limit is not None,
     )
     fit = outcome.fit_record(multiple_of)
     if fit is not None and usable != capacity:

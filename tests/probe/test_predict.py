@@ -591,3 +591,135 @@ def test_a_failure_at_the_wall_gives_no_lower_bound_of_its_shortfall():
     assert runner.short_of(101) is None
     assert runner.short_of(90) == 40 * 2**20
     assert runner.short_of(50) is None  # never failed
+
+
+# ---- the line settles the last step (accelerators) -------------------------------------------
+
+RESNET_LIMIT = int(8 * 2**30 * 0.99)  # an H200 capped at 8 GiB, less the allocator's headroom
+
+
+def _replay(passing: dict, resident8: int, secant: tuple, settle: bool = True):
+    """``predictive`` over a ResNet-50 probe's H200 figures (issue 16): the measured allocated
+    peaks of the passing trials, and beyond them the line through the two largest."""
+    from autobatch.probe.predict import predictive
+
+    (u0, p0), (u1, p1) = secant
+    slope = (p1 - p0) / (u1 - u0)
+
+    def peak_of(units):
+        return passing.get(units, int(p1 + slope * (units - u1)))
+
+    tried = []
+
+    def passes(units, purpose="search"):
+        tried.append((units, purpose))
+        return peak_of(units) <= RESNET_LIMIT
+
+    outcome = predictive(
+        passes, peak_of, 8, 2**24, RESNET_LIMIT, above_first=True,
+        resident_of=lambda units: resident8 if units == 8 else None,
+        short_of=lambda units: peak_of(units) - RESNET_LIMIT if peak_of(units) > RESNET_LIMIT else None,
+        settle=settle,
+    )
+    return outcome, tried
+
+
+def test_the_line_settles_the_last_step_where_it_puts_the_next_size_well_past_the_limit():
+    """ResNet-50 as a plain callable on an H200: the leap's line put 181 0.56 of a sample past
+    the limit, so the jump tried 180 first as a full trial (``edge``); the line refitted through
+    it put 181 0.41 of a sample past, so 181 (an OOM trial above-first) is not run."""
+    passing = {8: 791_321_088, 134: 6_427_004_416, 180: 8_477_687_296}
+    outcome, tried = _replay(passing, 353_400_000, ((134, passing[134]), (180, passing[180])))
+    assert tried == [(8, "fit"), (134, "fit"), (180, "edge")]
+    assert outcome.units == 180
+    assert 0.25 * 44e6 < outcome.settled < 0.5 * 45e6  # bytes past the limit, about 0.41 of a sample
+    assert outcome.fit_record(1)["settled_above"] == {"batch_size": 181, "past_limit_bytes": outcome.settled}
+    # without settling: above-first, as before (181 runs out of memory, then 180 in full)
+    outcome, tried = _replay(passing, 353_400_000, ((134, passing[134]), (180, passing[180])), settle=False)
+    assert [units for units, _ in tried] == [8, 134, 181, 180] and outcome.settled is None
+
+
+def test_a_boundary_tried_first_that_fails_is_followed_by_the_size_below_it_in_full():
+    """ResNet-50 as a ``TrainStep`` on an H200: the leap's line said 182 fits with 9 MiB to
+    spare; it came 4.8 MiB over. Above-first went 183 (OOM) → 182 (over) → 181; trying the
+    boundary first skips 183, and 181's trial is full, the answer's own confirmation."""
+    passing = {8: 787_552_256, 136: 6_456_965_632, 181: 8_474_575_872}
+    outcome, tried = _replay(passing, 357_309_440, ((136, passing[136]), (181, passing[181])))
+    assert tried == [(8, "fit"), (136, "fit"), (182, "edge"), (181, "verify")]
+    assert outcome.units == 181 and outcome.settled is None  # 182 failed: closed by trials
+
+
+def test_the_line_settles_nothing_closer_than_twice_what_the_followed_line_missed_by():
+    """A small CNN's probe on an H200 (2 GiB cap), replayed: its peaks climb in uneven stairs
+    (+3.2 and +9.4 MB by turns), and 324's peak moved 2.4 MB between processes, either side of
+    the limit. The leap's line missed 323's peak by 2.0 MB and the refit put 324 2.1 MB past
+    the limit (a third of a sample): too close to settle, so 324 is tried."""
+    from autobatch.probe.predict import predictive
+
+    limit = int(2 * 2**30 * 0.99)
+    measured = {8: 121_734_144, 279: 1_844_151_296, 323: 2_121_760_768, 324: 2_126_218_240}
+    tried = []
+
+    def passes(units, purpose="search"):
+        tried.append((units, purpose))
+        return measured.get(units, units * 7_000_000) <= limit
+
+    outcome = predictive(passes, measured.get, 8, 2**24, limit, above_first=True,
+                         resident_of=lambda units: 68_800_000 if units == 8 else None, settle=True)
+    assert tried == [(8, "fit"), (279, "fit"), (323, "edge"), (324, "verify")]
+    assert outcome.units == 323 and outcome.settled is None
+
+
+def test_the_line_settles_nothing_under_a_hundred_units_or_where_it_bends():
+    """One unit short is more than 1 % below a hundred units, and a refit that bends away from
+    the line it followed (a kernel switch, a rounding step) is no prediction: the size above runs."""
+    from autobatch.probe.predict import predictive
+
+    def search(curve, limit):
+        tried = []
+
+        def passes(units, purpose="search"):
+            tried.append(units)
+            return curve(units) <= limit
+
+        outcome = predictive(passes, curve, 8, 2**24, limit, above_first=True,
+                             resident_of=lambda units: 3 * MiB if units == 8 else None, settle=True)
+        return outcome, tried
+
+    linear = lambda units: 4 * MiB + units * MiB  # noqa: E731
+    outcome, tried = search(linear, int(54.5 * MiB))  # answer 50: above-first, 51 runs
+    assert outcome.units == 50 and 51 in tried and outcome.settled is None
+    outcome, tried = search(linear, int(154.5 * MiB))  # answer 150: settled by the line
+    assert outcome.units == 150 and 151 not in tried and outcome.settled == MiB // 2
+    # a step of 10 % in the slope past 120 units: the refit bends, so 151 is tried
+    bent = lambda units: linear(units) + (0.1 * MiB * (units - 120) if units > 120 else 0)  # noqa: E731
+    outcome, tried = search(bent, int(bent(150) + 0.5 * MiB))
+    assert outcome.units == 150 and 151 in tried and outcome.settled is None
+
+
+def test_a_settled_answer_says_so_and_needs_no_separate_confirmation():
+    """Through ``run_search`` with an accelerator's peak limit: the boundary's full trial is the
+    answer's confirmation, the size above it is not run, and the result says why."""
+    from autobatch.memory.devices import SimulatedDeviceMemory
+    from autobatch.probe.search import peak_limit, run_search
+    from autobatch.probe.trial import TrialRunner
+
+    capacity, per_sample = 256 * MiB, 2**20
+
+    def step(batch_size: int) -> None:
+        held = torch.empty(8 * MiB + batch_size * per_sample, dtype=torch.uint8)
+        del held
+
+    with simulated_memory(capacity) as device:
+        memory = SimulatedDeviceMemory(device)
+        limit = peak_limit(object(), capacity)
+        runner = TrialRunner(step, memory, steps=3, search_steps=1, peak_limit=limit)
+        result = run_search(runner, strategy="predict", start=None, max_batch=None, margin=0.0,
+                            multiple_of=1, device_name=memory.name, capacity=capacity)
+    exact = (limit - 8 * MiB) // per_sample
+    assert result.batch_size == exact
+    assert exact + 1 not in [record.batch_size for record in runner.records]
+    last = runner.records[-1]
+    assert last.batch_size == exact and last.purpose == "edge" and last.steps == 3 and last.passed
+    assert any(note.startswith(f"{exact + 1} was not tried: the memory line") for note in result.notes)
+    assert result.fit["settled_above"]["batch_size"] == exact + 1
