@@ -79,7 +79,20 @@ def promise_note(runner: TrialRunner, result: ProbeResult, memory: DeviceMemory)
             f"blocks their steady steps left; expandable_segments "
             f"{'on' if promise['expandable_segments'] else 'off'}"
         )
+    if promise["autotuned"]:
+        parts.append(NEW_PROCESS_AUTOTUNING)
     return "; ".join(parts)
+
+
+#: What a new process should do with cuDNN autotuning (issue 16, measured on one H200 under an
+#: 8 GiB cap: a hand loop at ResNet-50's exact maximum ran out of memory at step 16 or 25 in 2 of
+#: 8 new processes that autotuned at their first step, and in none of 8 that began at the second)
+NEW_PROCESS_AUTOTUNING = (
+    "in a new process, let cuDNN autotune once the optimizer's state exists (run the first step "
+    "with torch.backends.cudnn.benchmark off): autotuning at the first step can pick workspaces "
+    "that leave no room for that state later (autobatch's Runner replays a step that runs out of "
+    "memory)"
+)
 
 
 def release_after_probe(device: torch.device) -> None:

@@ -497,3 +497,24 @@ def test_a_trial_that_fails_after_unscaling_leaves_the_scaler_ready_for_the_next
     assert scaler._per_optimizer_states[id(optimizer)]["stage"] is OptState.UNSCALED
     step.clear_grads()  # what the probe does after an OOM trial
     assert scaler._per_optimizer_states[id(optimizer)]["stage"] is OptState.READY
+
+
+def test_an_autotuned_answer_says_how_a_new_process_should_autotune(monkeypatch):
+    """With cuDNN autotuning the answer's note says to autotune after the optimizer's state
+    exists in a new process (on an H200 a hand loop autotuning at its first step ran out of
+    memory in 2 of 8 new processes at the exact maximum, in 0 of 8 from the second step)."""
+    from types import SimpleNamespace
+
+    from autobatch.probe import promise
+
+    figures = {"batch_size": 180, "steps": 4, "after_last_oom": True, "autotuned": True, "step_peak_bytes": 2**30,
+               "peak_fraction": 0.98, "reserved_peak_bytes": 2**30, "fragmentation_bytes": 0,
+               "inactive_split_bytes": 0, "expandable_segments": False}
+    runner = SimpleNamespace(peak_limit=2**30, settle_final=True)
+    result = SimpleNamespace(promise=None)
+    monkeypatch.setattr(promise, "promise_of", lambda *a: dict(figures))
+    note = promise.promise_note(runner, result, memory=None)
+    assert "with cuDNN autotuning on" in note and note.endswith(promise.NEW_PROCESS_AUTOTUNING)
+    assert "torch.backends.cudnn.benchmark off" in note
+    monkeypatch.setattr(promise, "promise_of", lambda *a: dict(figures, autotuned=False))
+    assert promise.NEW_PROCESS_AUTOTUNING not in promise.promise_note(runner, result, memory=None)
