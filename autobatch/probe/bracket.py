@@ -28,8 +28,9 @@ the answer would be at least ``SETTLE_MIN_UNITS``, the line through the two larg
 puts ``lo + 1``'s peak at least ``SETTLE_FRACTION`` of a unit past the limit and at least
 twice as far past as the line followed to ``lo`` missed ``lo``'s peak by (allocated peaks stray
 from a line by the allocator's block rounding), and bends by less than ``STRAIGHT`` from that
-line, ``lo + 1`` is taken as failed without a trial. For that the jump tries the boundary itself first, as a full trial
-(``purpose="edge"``), where its line puts the size above ``EDGE_FRACTION`` of a unit past:
+line, ``lo + 1`` is taken as failed without a trial. For that the jump tries the boundary
+itself first, as a full trial (``purpose="edge"``), where its line puts the size above
+``EDGE_FRACTION`` of a unit past:
 ResNet-50 on an H200 went 182 (over the limit) → 181 where above-first went 183 → 182 → 181.
 Not below a wall (its aim is an estimate, not a limit) and not once the line was refuted.
 """
@@ -143,7 +144,7 @@ def close_bracket(
         crept, creeping = creeping, passed and gallop == 0
         if gallop == 0:
             followed, fit = fit, _secant(points) or fit
-            if passed and settle and walls == 0 and _settled_above(fit, followed, lo, capacity):
+            if passed and settle and walls == 0 and not refollowed and _settled_above(fit, followed, lo, capacity):
                 return Bracket(lo, fit, capacity, settled=int(fit.intercept + fit.slope * (lo + 1)) - capacity)
             if not passed and predicted >= guess:  # the line said it fits: refuted from above
                 gallop, span = -1, _first_span(guess)
@@ -195,7 +196,8 @@ def _settled_above(fit: LinearFit, followed: LinearFit, lo: int, limit: int) -> 
 def _settles(fit: LinearFit, units: int, limit: int, fraction: float) -> bool:
     """Whether ``fit`` puts ``units + 1``'s peak at least ``fraction`` of a unit's bytes past
     ``limit``, for an answer of at least ``SETTLE_MIN_UNITS`` (one short costs under 1 %)."""
-    return units >= SETTLE_MIN_UNITS and fit.slope > 0 and fit.intercept + fit.slope * (units + 1) - limit >= fraction * fit.slope
+    past = fit.intercept + fit.slope * (units + 1) - limit
+    return units >= SETTLE_MIN_UNITS and fit.slope > 0 and past >= fraction * fit.slope
 
 
 def _points_inside(fit: LinearFit | None, capacity: int, lo: int, hi: int) -> bool:
