@@ -25,9 +25,9 @@ pass is the answer's own confirmation.
 **The line settles the last step** (``settle``: ``capacity`` is a limit that fails every
 trial whose allocated peak passes it, and a trial costs a new size's kernel choices). Where
 the answer would be at least ``SETTLE_MIN_UNITS``, the line through the two largest passes
-puts ``lo + 1``'s peak at least ``SETTLE_FRACTION`` of a unit past the limit and at least
-twice as far past as the line followed to ``lo`` missed ``lo``'s peak by (allocated peaks stray
-from a line by the allocator's block rounding), and bends by less than ``STRAIGHT`` from that
+puts ``lo + 1``'s peak at least ``SETTLE_FRACTION`` of a unit past the limit, at least
+``STAIR_BYTES`` past and at least twice as far past as the line followed to ``lo`` missed
+``lo``'s peak by (allocated peaks stray from a line by the allocator's block rounding), and bends by less than ``STRAIGHT`` from that
 line, ``lo + 1`` is taken as failed without a trial. For that the jump tries the boundary
 itself first, as a full trial (``purpose="edge"``), where its line puts the size above
 ``EDGE_FRACTION`` of a unit past:
@@ -44,7 +44,7 @@ from typing import Callable
 from .line import LinearFit, secant as _secant
 
 __all__ = ["close_bracket", "Bracket", "MAX_GALLOPS", "STRIDE_FRACTION", "SETTLE_FRACTION", "EDGE_FRACTION",
-           "SETTLE_MIN_UNITS"]
+           "SETTLE_MIN_UNITS", "STAIR_BYTES"]
 
 MAX_GALLOPS = 3  # strides of 0.5 %, 1 %, 2 % cover allocator rounding; farther off, bisect
 STRIDE_FRACTION = 0.005  # a gallop's first stride, as a fraction of the batch (at least one sample)
@@ -56,6 +56,10 @@ SETTLE_FRACTION = 0.25
 # puts the size above at least this far past the limit (so the refit is likely to settle it)
 EDGE_FRACTION = 0.5
 SETTLE_MIN_UNITS = 100  # only where an answer one unit short would still be 99 % of the exact one
+# ... and at least this far past: the caching allocator rounds a large block up to 2 MiB and hands
+# out a whole cached block whose rest is too small to split, so peaks can stand still or leap by
+# that much from one size to the next, whatever a unit is worth
+STAIR_BYTES = 2 * 2**20
 STRAIGHT = 0.05  # ... and the refit's slope is within 5 % of the line it followed (no bend, no step)
 
 
@@ -144,7 +148,8 @@ def close_bracket(
         crept, creeping = creeping, passed and gallop == 0
         if gallop == 0:
             followed, fit = fit, _secant(points) or fit
-            if passed and settle and walls == 0 and not refollowed and _settled_above(fit, followed, lo, capacity):
+            if passed and settle and walls == 0 and not refollowed and (hi is None or hi > lo + 1) and _settled_above(
+                    fit, followed, lo, capacity):
                 return Bracket(lo, fit, capacity, settled=int(fit.intercept + fit.slope * (lo + 1)) - capacity)
             if not passed and predicted >= guess:  # the line said it fits: refuted from above
                 gallop, span = -1, _first_span(guess)
@@ -175,8 +180,9 @@ def close_bracket(
 def _settled_above(fit: LinearFit, followed: LinearFit, lo: int, limit: int) -> bool:
     """Whether the line ``fit`` refitted through the pass at ``lo`` settles ``lo + 1`` as
     failed: ``fit`` runs through ``lo``; it puts ``lo + 1`` ``SETTLE_FRACTION`` of a unit past
-    ``limit``, and at least twice as far past as the line ``followed`` to ``lo`` missed ``lo``'s
-    measured peak by; and its slope is within ``STRAIGHT`` of that line's.
+    ``limit``, at least ``STAIR_BYTES`` past, and at least twice as far past as the line
+    ``followed`` to ``lo`` missed ``lo``'s measured peak by; and its slope is within
+    ``STRAIGHT`` of that line's.
 
     The miss measures how far a size's allocated peak strays from a line: the allocator hands
     a tensor a whole cached block where the rest is too small to split off, so peaks climb in
@@ -190,7 +196,7 @@ def _settled_above(fit: LinearFit, followed: LinearFit, lo: int, limit: int) -> 
     missed = abs(followed.intercept + followed.slope * lo - top[1])
     past = fit.intercept + fit.slope * (lo + 1) - limit
     straight = abs(fit.slope - followed.slope) <= STRAIGHT * followed.slope
-    return straight and past >= 2 * missed and _settles(fit, lo, limit, SETTLE_FRACTION)
+    return straight and past >= max(2 * missed, STAIR_BYTES) and _settles(fit, lo, limit, SETTLE_FRACTION)
 
 
 def _settles(fit: LinearFit, units: int, limit: int, fraction: float) -> bool:

@@ -686,15 +686,20 @@ def test_the_line_settles_nothing_under_a_hundred_units_or_where_it_bends():
                              resident_of=lambda units: 3 * MiB if units == 8 else None, settle=True)
         return outcome, tried
 
-    linear = lambda units: 4 * MiB + units * MiB  # noqa: E731
-    outcome, tried = search(linear, int(54.5 * MiB))  # answer 50: above-first, 51 runs
+    linear = lambda units: 4 * MiB + units * 8 * MiB  # noqa: E731
+    outcome, tried = search(linear, linear(50) + 4 * MiB)  # answer 50: above-first, 51 runs
     assert outcome.units == 50 and 51 in tried and outcome.settled is None
-    outcome, tried = search(linear, int(154.5 * MiB))  # answer 150: settled by the line
-    assert outcome.units == 150 and 151 not in tried and outcome.settled == MiB // 2
+    outcome, tried = search(linear, linear(150) + 4 * MiB)  # answer 150: settled by the line
+    assert outcome.units == 150 and 151 not in tried and outcome.settled == 4 * MiB
     # a step of 10 % in the slope past 120 units: the refit bends, so 151 is tried
-    bent = lambda units: linear(units) + (0.1 * MiB * (units - 120) if units > 120 else 0)  # noqa: E731
-    outcome, tried = search(bent, int(bent(150) + 0.5 * MiB))
+    bent = lambda units: linear(units) + (0.8 * MiB * (units - 120) if units > 120 else 0)  # noqa: E731
+    outcome, tried = search(bent, int(bent(150) + 4 * MiB))
     assert outcome.units == 150 and 151 in tried and outcome.settled is None
+    # three quarters of a unit past, but a unit is 2 MiB: within the allocator's stairs, so 151
+    # is tried after the edge's pass
+    small = lambda units: 4 * MiB + units * 2 * MiB  # noqa: E731
+    outcome, tried = search(small, small(150) + MiB // 2)
+    assert outcome.units == 150 and tried[-2:] == [150, 151] and outcome.settled is None
 
 
 def test_a_settled_answer_says_so_and_needs_no_separate_confirmation():
@@ -704,7 +709,7 @@ def test_a_settled_answer_says_so_and_needs_no_separate_confirmation():
     from autobatch.probe.search import peak_limit, run_search
     from autobatch.probe.trial import TrialRunner
 
-    capacity, per_sample = 256 * MiB, 2**20
+    capacity, per_sample = 2**30, 4 * MiB  # the next size lands 2.24 MiB past the limit
 
     def step(batch_size: int) -> None:
         held = torch.empty(8 * MiB + batch_size * per_sample, dtype=torch.uint8)
