@@ -196,14 +196,16 @@ def _settled_above(fit: LinearFit, followed: LinearFit, lo: int, limit: int) -> 
     missed = abs(followed.intercept + followed.slope * lo - top[1])
     past = fit.intercept + fit.slope * (lo + 1) - limit
     straight = abs(fit.slope - followed.slope) <= STRAIGHT * followed.slope
-    return straight and past >= max(2 * missed, STAIR_BYTES) and _settles(fit, lo, limit, SETTLE_FRACTION)
+    return straight and past >= 2 * missed and _settles(fit, lo, limit, SETTLE_FRACTION)
 
 
 def _settles(fit: LinearFit, units: int, limit: int, fraction: float) -> bool:
-    """Whether ``fit`` puts ``units + 1``'s peak at least ``fraction`` of a unit's bytes past
-    ``limit``, for an answer of at least ``SETTLE_MIN_UNITS`` (one short costs under 1 %)."""
+    """Whether ``fit`` puts ``units + 1``'s peak at least ``fraction`` of a unit's bytes and
+    ``STAIR_BYTES`` past ``limit``, for an answer of at least ``SETTLE_MIN_UNITS`` (one short
+    costs under 1 %). The jump's edge asks it too, so it never runs a full trial first where
+    the refit could not settle the size above."""
     past = fit.intercept + fit.slope * (units + 1) - limit
-    return units >= SETTLE_MIN_UNITS and fit.slope > 0 and past >= fraction * fit.slope
+    return units >= SETTLE_MIN_UNITS and fit.slope > 0 and past >= max(fraction * fit.slope, STAIR_BYTES)
 
 
 def _points_inside(fit: LinearFit | None, capacity: int, lo: int, hi: int) -> bool:

@@ -695,11 +695,11 @@ def test_the_line_settles_nothing_under_a_hundred_units_or_where_it_bends():
     bent = lambda units: linear(units) + (0.8 * MiB * (units - 120) if units > 120 else 0)  # noqa: E731
     outcome, tried = search(bent, int(bent(150) + 4 * MiB))
     assert outcome.units == 150 and 151 in tried and outcome.settled is None
-    # three quarters of a unit past, but a unit is 2 MiB: within the allocator's stairs, so 151
-    # is tried after the edge's pass
+    # three quarters of a unit past, but a unit is 2 MiB: within the allocator's stairs, so the
+    # line can settle nothing, and the search stays above-first (151, then 150)
     small = lambda units: 4 * MiB + units * 2 * MiB  # noqa: E731
     outcome, tried = search(small, small(150) + MiB // 2)
-    assert outcome.units == 150 and tried[-2:] == [150, 151] and outcome.settled is None
+    assert outcome.units == 150 and tried[-2:] == [151, 150] and outcome.settled is None
 
 
 def test_a_settled_answer_says_so_and_needs_no_separate_confirmation():
