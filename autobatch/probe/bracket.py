@@ -27,11 +27,11 @@ trial whose allocated peak passes it, and a trial costs a new size's kernel choi
 the answer would be at least ``SETTLE_MIN_UNITS``, the line through the two largest passes
 puts ``lo + 1``'s peak at least ``SETTLE_FRACTION`` of a unit past the limit, at least
 ``STAIR_BYTES`` past and at least twice as far past as the line followed to ``lo`` missed
-``lo``'s peak by (allocated peaks stray from a line by the allocator's block rounding), and bends by less than ``STRAIGHT`` from that
-line, ``lo + 1`` is taken as failed without a trial. For that the jump tries the boundary
-itself first, as a full trial (``purpose="edge"``), where its line puts the size above
-``EDGE_FRACTION`` of a unit past:
-ResNet-50 on an H200 went 182 (over the limit) → 181 where above-first went 183 → 182 → 181.
+``lo``'s peak by (allocated peaks stray from a line by the allocator's block rounding), and
+bends by less than ``STRAIGHT`` from that line, ``lo + 1`` is taken as failed without a trial.
+For that the jump tries the boundary itself first, as a full trial (``purpose="edge"``), where
+its line puts the size above ``EDGE_FRACTION`` of a unit past: ResNet-50 on an H200 went 182
+(over the limit) → 181 where above-first went 183 → 182 → 181.
 Not below a wall (its aim is an estimate, not a limit) and not once the line was refuted.
 """
 
@@ -122,7 +122,7 @@ def close_bracket(
             guess = max(guess, lo + 1)
         else:  # the line's answer (just above it first, when ``above_first``); lo + 1 when it says lo is the maximum
             edge = settle and above and not edged and walls == 0 and lo < predicted < upper and _settles(
-                fit, predicted, capacity, EDGE_FRACTION)
+                fit, predicted, fit.predict(predicted + 1) - capacity, EDGE_FRACTION)
             edged = edged or edge
             guess = min(max(predicted + (0 if edge else above), lo + 1), upper)
         width = None if hi is None or jumped else hi - lo
@@ -148,9 +148,9 @@ def close_bracket(
         crept, creeping = creeping, passed and gallop == 0
         if gallop == 0:
             followed, fit = fit, _secant(points) or fit
-            if passed and settle and walls == 0 and not refollowed and (hi is None or hi > lo + 1) and _settled_above(
-                    fit, followed, lo, capacity):
-                return Bracket(lo, fit, capacity, settled=int(fit.intercept + fit.slope * (lo + 1)) - capacity)
+            if passed and settle and walls == 0 and not refollowed and (hi is None or hi > lo + 1) and (
+                    settled := _settled_above(fit, followed, lo, capacity)) is not None:
+                return Bracket(lo, fit, capacity, settled=settled)
             if not passed and predicted >= guess:  # the line said it fits: refuted from above
                 gallop, span = -1, _first_span(guess)
                 stride = max(1, int(span), _short_units(short_of, guess, fit))
@@ -177,9 +177,9 @@ def close_bracket(
     return Bracket(lo, fit, capacity)
 
 
-def _settled_above(fit: LinearFit, followed: LinearFit, lo: int, limit: int) -> bool:
-    """Whether the line ``fit`` refitted through the pass at ``lo`` settles ``lo + 1`` as
-    failed: ``fit`` runs through ``lo``; it puts ``lo + 1`` ``SETTLE_FRACTION`` of a unit past
+def _settled_above(fit: LinearFit, followed: LinearFit, lo: int, limit: int) -> int | None:
+    """The bytes by which the line ``fit`` refitted through the pass at ``lo`` puts ``lo + 1``
+    past ``limit`` where that settles ``lo + 1`` as failed, else None: ``fit`` runs through ``lo``; it puts ``lo + 1`` ``SETTLE_FRACTION`` of a unit past
     ``limit``, at least ``STAIR_BYTES`` past, and at least twice as far past as the line
     ``followed`` to ``lo`` missed ``lo``'s measured peak by; and its slope is within
     ``STRAIGHT`` of that line's.
@@ -192,19 +192,18 @@ def _settled_above(fit: LinearFit, followed: LinearFit, lo: int, limit: int) -> 
     and the refit put 324 2.1 MB past the limit: not settled."""
     top = max(fit.points, default=None)
     if top is None or top[0] != lo or followed.slope <= 0:
-        return False
-    missed = abs(followed.intercept + followed.slope * lo - top[1])
-    past = fit.intercept + fit.slope * (lo + 1) - limit
+        return None
+    missed = abs(followed.predict(lo) - top[1])
+    past = fit.predict(lo + 1) - limit
     straight = abs(fit.slope - followed.slope) <= STRAIGHT * followed.slope
-    return straight and past >= 2 * missed and _settles(fit, lo, limit, SETTLE_FRACTION)
+    return int(past) if straight and past >= 2 * missed and _settles(fit, lo, past, SETTLE_FRACTION) else None
 
 
-def _settles(fit: LinearFit, units: int, limit: int, fraction: float) -> bool:
-    """Whether ``fit`` puts ``units + 1``'s peak at least ``fraction`` of a unit's bytes and
-    ``STAIR_BYTES`` past ``limit``, for an answer of at least ``SETTLE_MIN_UNITS`` (one short
-    costs under 1 %). The jump's edge asks it too, so it never runs a full trial first where
-    the refit could not settle the size above."""
-    past = fit.intercept + fit.slope * (units + 1) - limit
+def _settles(fit: LinearFit, units: int, past: float, fraction: float) -> bool:
+    """Whether ``past``, the bytes by which ``fit`` puts ``units + 1``'s peak past the limit,
+    is at least ``fraction`` of a unit's bytes and ``STAIR_BYTES``, for an answer of at least
+    ``SETTLE_MIN_UNITS`` (one short costs under 1 %). The jump's edge asks it too, so it never
+    runs a full trial first where the refit could not settle the size above."""
     return units >= SETTLE_MIN_UNITS and fit.slope > 0 and past >= max(fraction * fit.slope, STAIR_BYTES)
 
 

@@ -39,6 +39,10 @@ class LinearFit:
         """A line that grows with the batch; a flat or falling one predicts nothing."""
         return self.slope > 0
 
+    def predict(self, batch_size: float) -> float:
+        """The peak the line gives ``batch_size``."""
+        return self.intercept + self.slope * batch_size
+
     def predict_max(self, capacity: int) -> int:
         """The largest batch whose predicted peak fits ``capacity`` (0 if none does)."""
         return max(0, math.floor((capacity - self.intercept) / self.slope))

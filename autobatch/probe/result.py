@@ -20,8 +20,9 @@ class ProbeResult:
     were applied). ``largest_passed`` is the boundary before the margin; ``smallest_failed``
     the smallest size that ran out of memory (None if none did, e.g. when ``max_batch``
     passed, or when the memory line settled the size above the answer untried on an
-    accelerator: ``fit["settled_above"]`` and a note then say so). ``strategy`` is what was asked for, ``strategy_used`` what ran (``auto`` resolves
-    to a concrete strategy; ``fallback_reason`` says why when it had to change course).
+    accelerator: ``fit["settled_above"]`` and a note then say so). ``strategy`` is what was
+    asked for, ``strategy_used`` what ran (``auto`` resolves to a concrete strategy;
+    ``fallback_reason`` says why when it had to change course).
     ``fit`` holds a fitted memory curve when a strategy made one. ``notes`` explain choices
     made for the user, such as the default CPU budget.
 
