@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -60,7 +61,12 @@ def loop(model, optimizer, loss_fn, make, batch: int, steps: int, late: bool = F
             optimizer.zero_grad()
             torch.cuda.synchronize()
         except torch.OutOfMemoryError as exc:
-            out.append({"step": i, "oom": str(exc).splitlines()[0][:200]})
+            stats = torch.cuda.memory_stats()
+            text = " ".join(str(exc).split())
+            out.append({"step": i, "oom": text[:420], "retries": stats["num_alloc_retries"],
+                        "alloc_now": round(stats["allocated_bytes.all.current"] / GIB, 3),
+                        "reserved_now": round(stats["reserved_bytes.all.current"] / GIB, 3),
+                        "split_now": round(stats.get("inactive_split_bytes.all.current", 0) / GIB, 3)})
             return out
         stats = torch.cuda.memory_stats()
         out.append({"step": i, "alloc": round(stats["allocated_bytes.all.peak"] / GIB, 3),
@@ -140,15 +146,25 @@ def main() -> None:
     parser.add_argument("--limit", default="8GiB")
     parser.add_argument("--modes", default="fresh,late,probe")
     parser.add_argument("--child", default=None)
+    parser.add_argument("--repeat", type=int, default=1, help="runs per mode and size (fresh processes)")
+    parser.add_argument("--alloc-conf", default="", help="PYTORCH_CUDA_ALLOC_CONF for the children")
     args = parser.parse_args()
     limit = autobatch.parse_bytes(args.limit)
     if args.child:
         print(json.dumps(child(args.child, int(args.batch), args.steps, limit), default=str))
         return
+    env = dict(os.environ, **({"PYTORCH_CUDA_ALLOC_CONF": args.alloc_conf} if args.alloc_conf else {}))
     for mode, batch in [(m, b) for b in args.batch.split(",") for m in args.modes.split(",")]:
-        done = subprocess.run([sys.executable, __file__, "--child", mode, "--batch", batch, "--steps",
-                               str(args.steps), "--limit", args.limit], capture_output=True, text=True, timeout=300)
-        print(done.stdout.strip().splitlines()[-1] if done.returncode == 0 else done.stderr[-800:], flush=True)
+        failed = []
+        for _ in range(args.repeat):
+            done = subprocess.run([sys.executable, __file__, "--child", mode, "--batch", batch, "--steps",
+                                   str(args.steps), "--limit", args.limit], capture_output=True, text=True,
+                                  timeout=300, env=env)
+            print(done.stdout.strip().splitlines()[-1] if done.returncode == 0 else done.stderr[-800:], flush=True)
+            row = json.loads(done.stdout.strip().splitlines()[-1]) if done.returncode == 0 else {}
+            failed += [s["step"] for s in row.get("oom", [])]
+        print(json.dumps({"summary": mode, "batch": batch, "runs": args.repeat, "oom_steps": failed,
+                          "alloc_conf": args.alloc_conf}), flush=True)
 
 
 if __name__ == "__main__":
