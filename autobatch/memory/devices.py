@@ -133,6 +133,15 @@ class AcceleratorMemory:
             return None
         return int(torch.cuda.memory_stats(self.device).get("inactive_split_bytes.all.current", 0))
 
+    def alloc_retries(self) -> int | None:
+        """How many times the caching allocator has returned its cached blocks to the driver to
+        retry an allocation it could not serve (``num_alloc_retries``); None off CUDA. A step
+        that does this every time is at the allocator's wall: it trains only while the pieces
+        happen to fall right, and it pays a device-wide free and synchronization per step."""
+        if self.device.type != "cuda":
+            return None
+        return _device_stat(self.device, "num_alloc_retries")
+
     @contextmanager
     def capped(self, limit_bytes: int) -> Iterator[None]:
         """Cap this process at ``limit_bytes`` ("what fits on a 16 GiB card?"), then restore
@@ -188,19 +197,39 @@ class SimulatedDeviceMemory:
         pass
 
 
-def _allocated_stat(device: torch.device, which: str) -> int:
-    """The allocator's ``allocated_bytes.all.<which>`` (``current`` or ``peak``), read from its
-    nested statistics: the public readers flatten and sort every statistic on each call (80-92
-    us on an H200 host, against 11 us for the nested read, which waits for no kernel), and a
-    trial reads the peak from hooks inside the backward pass (:mod:`autobatch.probe.peak_guard`).
-    Falls back to the public readers where torch lacks the nested reader."""
+def _nested_stats(device: torch.device) -> dict | None:
+    """The allocator's nested statistics, or None where torch lacks the nested reader (or the
+    allocator has not started): the public readers flatten and sort every statistic on each
+    call (80-92 us on an H200 host, against 11 us for the nested read, which waits for no
+    kernel), and a trial reads the peak from hooks inside the backward pass
+    (:mod:`autobatch.probe.peak_guard`)."""
     nested = getattr(torch._C, "_accelerator_getDeviceStats", None)
     initialized = getattr(torch._C, "_accelerator_isAllocatorInitialized", None)
-    if nested is not None and initialized is not None and device.index is not None and initialized():
-        try:
-            return int(nested(device.index)["allocated_bytes"]["all"][which])
-        except (KeyError, TypeError, RuntimeError):
-            pass
+    if nested is None or initialized is None or device.index is None or not initialized():
+        return None
+    try:
+        return nested(device.index)
+    except (TypeError, RuntimeError):
+        return None
+
+
+def _device_stat(device: torch.device, name: str) -> int:
+    """One top-level counter of the allocator's statistics (``num_alloc_retries``)."""
+    stats = _nested_stats(device)
+    if stats is not None and name in stats:
+        return int(stats[name])
+    return int(torch.accelerator.memory_stats(device).get(name, 0))
+
+
+def _allocated_stat(device: torch.device, which: str) -> int:
+    """The allocator's ``allocated_bytes.all.<which>`` (``current`` or ``peak``), from its nested
+    statistics where it can (:func:`_nested_stats`), else from the public readers."""
+    stats = _nested_stats(device)
+    try:
+        if stats is not None:
+            return int(stats["allocated_bytes"]["all"][which])
+    except (KeyError, TypeError):
+        pass
     if which == "peak":
         return torch.accelerator.max_memory_allocated(device)
     return torch.accelerator.memory_allocated(device)

@@ -71,6 +71,9 @@ class TrialRecord:
     allocated peak: free pieces the allocator held but could not hand out. A size fits only
     where its allocated peak leaves about that much of the capacity free (the predictive
     search aims there).
+    ``flushes``: how many of the trial's steps after its first made the caching allocator
+    return its cache to the driver to serve a request (``num_alloc_retries`` rose; None where
+    the device does not count it). A settle trial fails while its last step still does.
     """
 
     batch_size: int
@@ -88,6 +91,7 @@ class TrialRecord:
     autotuned: bool | None = None
     over_bytes: int | None = None
     wall_bytes: int | None = None
+    flushes: int | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)

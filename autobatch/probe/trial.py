@@ -13,6 +13,7 @@ from ..memory.units import format_bytes
 from .autotune import Autotune
 from .peak_guard import drain_backward, raised_by_guard
 from .records import TrialRecord, notify, watch_trials
+from .settling import WALL_BYTES, FlushCount, growing, split_bytes, wall_excess
 
 __all__ = ["TrialRecord", "TrialRunner", "watch_trials"]
 
@@ -84,6 +85,7 @@ class TrialRunner:
         self._settled: set[int] = set()  # ids of records of settle trials
         self._leftover = False  # a failed trial left memory held that a quick collection did not free
         self._full_collection_frees: bool | None = None  # what the last full collection did
+        self._flush_count = FlushCount()
 
     def __call__(self, batch_size: int, purpose: str = "search", *, final: bool = False) -> bool:
         """Whether ``batch_size`` trains; runs a trial unless it was tried already.
@@ -121,6 +123,13 @@ class TrialRunner:
                 f"{format_bytes(self.peak_limit)}, the capacity less the caching allocator's headroom"
                 + (" (the step was stopped there, part-way)" if self._stopped else "")
             )
+        if not ran_out and error is None and settle and self._flushes_matter() and self._flush_count.flushing:
+            error = (
+                f"at the allocator's wall: its last step still made the caching allocator return its "
+                f"cache to the driver to serve a request ({self._flush_count.flushes} of {steps - 1} steps "
+                "after the first did); with cuDNN autotuning, whose workspaces fill the memory free when it "
+                "tunes, such a size trains only while the pieces happen to fall right"
+            )
         excess = self._wall_excess() if not ran_out and error is None else 0
         if excess:
             error = (
@@ -141,7 +150,7 @@ class TrialRunner:
         record = TrialRecord(
             batch_size, error is None, peak, seconds, purpose, error, reserved, steps, step_peak, resident,
             self._fragmentation if error is None else None, self._inactive_split,
-            tuned if self.autotune and self.autotune.wanted else None, over_bytes, wall,
+            tuned if self.autotune and self.autotune.wanted else None, over_bytes, wall, self._flush_count.flushes,
         )
         if self.agree is not None:
             record = self.agree(record)
@@ -268,13 +277,14 @@ class TrialRunner:
         self._steps_run = 0
         self._failed_at = self._reserved_at_failure = None
         self._stopped = False
+        self._flush_count = FlushCount()
         self._started = time.perf_counter()
         step_reserved: list[int] = []
         try:
             with self.guard if self.guard is not None else nullcontext():
                 self._steps(batch_size, steps, settle, step_reserved)
             self.memory.synchronize()
-            self._inactive_split = _split_stat(self.memory)
+            self._inactive_split = split_bytes(self.memory)
         except BaseException as exc:  # noqa: BLE001 - re-raised below unless it is an OOM
             if raised_by_guard(exc):
                 self._stopped = True  # its peak, folded in, is above the limit: the trial fails as too close
@@ -289,11 +299,15 @@ class TrialRunner:
         return None
 
     def _steps(self, batch_size: int, steps: int, settle: bool, step_reserved: list[int]) -> None:
-        """Call ``fn`` ``steps`` times (with ``settle``, more while the reserved peak grows),
-        reading each step's peaks; stop once a step's peak passed the peak limit."""
+        """Call ``fn`` ``steps`` times (with ``settle``, more while the reserved peak grows or the
+        last step flushed the allocator's cache), reading each step's peaks and the allocator's
+        retry counter; stop once a step's peak passed the peak limit."""
+        retries = getattr(self.memory, "alloc_retries", lambda: None)
+        self._flush_count.read(retries())
         # the extra settling steps are agreed (settle_more): ranks in lockstep make the same calls
         while self._steps_run < steps or (
-            settle and self._steps_run < 2 * steps and self.settle_more(_growing(step_reserved))
+            settle and self._steps_run < 2 * steps
+            and self.settle_more(growing(step_reserved) or self._flushes_matter() and self._flush_count.flushing)
         ):
             self.memory.reset_peak()
             self._resident = self.memory.allocated()
@@ -303,30 +317,26 @@ class TrialRunner:
             finally:
                 self._fold_peaks()
             step_reserved.append(self.memory.peak_reserved())
+            self._flush_count.read(retries())
             if self.agree is None and self.peak_limit is not None and self._peak > self.peak_limit:
                 # too close already: more steps cannot make it pass. Not under agreement:
                 # ranks in lockstep make the same calls, and each step enters collectives
                 break
 
-    def _wall_excess(self) -> int:
-        """Bytes by which the trial's steady step left no room for the free pieces the allocator
-        cannot return (0: clear of the allocator's wall, or not measurable).
+    def _flushes_matter(self) -> bool:
+        """Whether a settle trial whose steps still flush the allocator's cache fails: where
+        cuDNN autotuning is wanted (:mod:`~autobatch.probe.settling` says what was measured).
+        Without it, a size whose steady steps flush still trained (ResNet-50 at 180 on an H200:
+        200 steps in a new process), so flushing is only recorded."""
+        return self.autotune is not None and self.autotune.wanted
 
-        The caching allocator serves a request from a cached free block or, failing that,
-        returns its cached free segments to the driver and asks again. What it cannot return are
-        the free pieces of segments that still hold a live tensor (inactive split blocks): a
-        request fails once the allocated bytes, those pieces and the request pass the capacity.
-        So the headroom a size needs above its allocated peak is what its steady steps leave in
-        split pieces, measured at the end of the trial, not a fixed percentage. Measured on an
-        H200 (8 GiB cap, ResNet-50 with cuDNN autotuning; issue 16): steady steps left
-        0.08-0.18 GiB in split pieces at every size from 165 to 180; a step allocating 7.84 GiB
-        (above 8 GiB less 0.18) passed 3-step trials and ran out of memory after 5-15 training
-        steps, while 7.74 GiB trained 200. Checked on accelerators once the trial ran more than
-        one step (the first autotunes and creates the optimizer's state).
-        """
+    def _wall_excess(self) -> int:
+        """Bytes by which the trial's steady step left no room for the split pieces the
+        allocator cannot return (:func:`~autobatch.probe.settling.wall_excess`); 0 off
+        accelerators or after one step (the first autotunes and creates the optimizer's state)."""
         if self.peak_limit is None or self._inactive_split is None or self._steps_run < 2:
             return 0
-        return max(0, self._step_peak + self._inactive_split + WALL_BYTES - self.memory.capacity())
+        return wall_excess(self._step_peak, self._inactive_split, self.memory.capacity())
 
     def _fold_peaks(self) -> None:
         """The trial's peaks are the largest of its steps' (each step starts a fresh peak)."""
@@ -359,17 +369,3 @@ class TrialRunner:
     @property
     def failed_sizes(self) -> list[int]:
         return sorted(b for b, ok in self.outcomes.items() if not ok)
-
-
-WALL_BYTES = 2 * 2**20  # the allocator's smallest large block: room for nothing less
-
-
-def _split_stat(memory: DeviceMemory) -> int | None:
-    """``memory.inactive_split()`` where the device reports it (CUDA), else None."""
-    inactive_split = getattr(memory, "inactive_split", None)
-    return None if inactive_split is None else inactive_split()
-
-
-def _growing(step_reserved: list[int]) -> bool:
-    """Whether the last step reserved more than the one before (the allocator not settled)."""
-    return len(step_reserved) >= 2 and step_reserved[-1] > step_reserved[-2]

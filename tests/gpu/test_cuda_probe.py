@@ -245,4 +245,5 @@ def test_the_quick_allocator_readers_agree_with_torchs():
     held = torch.empty(3 * 2**20, device="cuda")
     assert memory.allocated() == torch.cuda.memory_allocated() > 0
     assert memory.peak() == torch.cuda.max_memory_allocated() >= memory.allocated()
+    assert memory.alloc_retries() == torch.cuda.memory_stats()["num_alloc_retries"]
     del held

@@ -51,6 +51,7 @@ def test_answer_trains_50_steps_in_the_probing_process(benchmark):
         result = autobatch.find_max_batch(autobatch.TrainStep(model, optimizer, loss_fn, make), memory_limit=2 * GiB,
                                           cache=False)
         assert torch.backends.cudnn.benchmark is benchmark  # the user's setting, exactly
+        assert torch.backends.cudnn.deterministic is False  # flipped for untuned trials only
         assert result.promise and result.promise["after_last_oom"]
         if benchmark:
             assert result.promise["autotuned"] is True

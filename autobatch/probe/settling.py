@@ -1,0 +1,83 @@
+"""When the answer's trial has settled: what the caching allocator does after a few steps.
+
+A size that passes three steps can still fail later, because the caching allocator's state
+keeps changing after the first steps (issue 16). The answer's confirming trial (a *settle*
+trial, :meth:`~autobatch.probe.trial.TrialRunner.run`) keeps stepping, up to twice its steps,
+while either sign of an unsettled allocator shows, and must end clear of its wall:
+
+* **Reserved memory still grows** (:func:`growing`): fragmentation that shows only after a
+  few steps.
+* **The allocator still flushes its cache** (:class:`FlushCount`): a request it could not
+  serve from its cached blocks made it return them all to the driver and ask again
+  (``num_alloc_retries``). A step that has to do this every time trains only while the pieces
+  happen to fall right. Measured on an H200 (ResNet-50 with cuDNN autotuning, 8 GiB cap, a
+  hand loop at 180 in a new process, ``scripts/bench_promise.py --child``): 4 of 6 runs ran
+  out of memory at step 5-25 asking for 2 MiB with ~0.8 GiB reserved but unallocated, after
+  19-62 retries (several a step); runs that trained 80 steps stopped flushing by their third.
+  It also costs speed: each flush frees and re-maps device memory and synchronizes.
+* **The steady step clears the allocator's wall** (:func:`wall_excess`): its allocated peak
+  plus the split pieces it left leave room for a request.
+"""
+
+from __future__ import annotations
+
+from ..memory.devices import DeviceMemory
+
+__all__ = ["WALL_BYTES", "FlushCount", "growing", "split_bytes", "wall_excess"]
+
+#: the allocator's smallest large block: room for nothing less
+WALL_BYTES = 2 * 2**20
+
+
+class FlushCount:
+    """The allocator's retry counter read before a trial's first step and after each step.
+
+    ``flushes``: the steps after the first (which autotunes and creates the optimizer's lazy
+    state) during which the counter rose; None where the device does not count retries.
+    ``flushing``: the last of those steps did."""
+
+    def __init__(self) -> None:
+        self.readings: list[int] = []
+
+    def read(self, retries: int | None) -> None:
+        if retries is not None:
+            self.readings.append(retries)
+
+    @property
+    def flushes(self) -> int | None:
+        if not self.readings:
+            return None
+        return sum(b > a for a, b in zip(self.readings[1:], self.readings[2:]))
+
+    @property
+    def flushing(self) -> bool:
+        return len(self.readings) >= 3 and self.readings[-1] > self.readings[-2]
+
+
+def growing(step_reserved: list[int]) -> bool:
+    """Whether the last step reserved more than the one before (the allocator not settled)."""
+    return len(step_reserved) >= 2 and step_reserved[-1] > step_reserved[-2]
+
+
+def split_bytes(memory: DeviceMemory) -> int | None:
+    """``memory.inactive_split()`` where the device reports it (CUDA), else None."""
+    inactive_split = getattr(memory, "inactive_split", None)
+    return None if inactive_split is None else inactive_split()
+
+
+def wall_excess(step_peak: int, inactive_split: int, capacity: int) -> int:
+    """Bytes by which a steady step left no room for the free pieces the allocator cannot
+    return (0: clear of the allocator's wall).
+
+    The caching allocator serves a request from a cached free block or, failing that,
+    returns its cached free segments to the driver and asks again. What it cannot return are
+    the free pieces of segments that still hold a live tensor (inactive split blocks): a
+    request fails once the allocated bytes, those pieces and the request pass the capacity.
+    So the headroom a size needs above its allocated peak is what its steady steps leave in
+    split pieces, measured at the end of the trial, not a fixed percentage. Measured on an
+    H200 (8 GiB cap, ResNet-50 with cuDNN autotuning; issue 16): steady steps left
+    0.08-0.18 GiB in split pieces at every size from 165 to 180; a step allocating 7.84 GiB
+    (above 8 GiB less 0.18) passed 3-step trials and ran out of memory after 5-15 training
+    steps, while 7.74 GiB trained 200.
+    """
+    return max(0, step_peak + inactive_split + WALL_BYTES - capacity)

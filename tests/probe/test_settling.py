@@ -1,0 +1,137 @@
+"""The answer's trial settles (issue 16): cuDNN's plan cache is left to training, and with
+autotuning a size whose steps still flush the allocator's cache is not an answer.
+
+On the CPU the allocator's retry counter is played by a fake memory whose counter the step
+advances; the cuDNN flags are plain flags without a GPU, so the autotune switching is checked
+exactly as it runs on one."""
+
+import pytest
+import torch
+
+from autobatch import simulated_memory
+from autobatch.memory.devices import SimulatedDeviceMemory
+from autobatch.probe.autotune import Autotune
+from autobatch.probe.search import _confirm
+from autobatch.probe.settling import FlushCount, wall_excess
+from autobatch.probe.trial import TrialRunner
+
+MiB = 2**20
+
+
+@pytest.fixture
+def cudnn_flags():
+    """Put the process's cuDNN flags back after a test sets them."""
+    saved = torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic
+    yield
+    torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic = saved
+
+
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_untuned_trials_cache_their_plans_under_a_key_training_never_uses(cudnn_flags, deterministic):
+    """PyTorch keys cuDNN's plan cache by ``deterministic`` but not by ``benchmark``: an untuned
+    trial runs with ``deterministic`` flipped, so its heuristic plans never stand in for the
+    autotuned ones training would pick; a tuned trial runs under the user's own flags."""
+    torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic = True, deterministic
+    autotune = Autotune(torch.device("cuda"))
+    assert autotune.wanted
+    with autotune.trial(tuned=False):
+        assert torch.backends.cudnn.benchmark is False
+        assert torch.backends.cudnn.deterministic is (not deterministic)
+    assert (torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic) == (True, deterministic)
+    with autotune.trial(tuned=True):
+        assert (torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic) == (True, deterministic)
+    with pytest.raises(RuntimeError), autotune.trial(tuned=False):
+        raise RuntimeError("a trial's own error")
+    assert (torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic) == (True, deterministic)
+
+
+def test_without_autotuning_the_flags_are_left_alone(cudnn_flags):
+    torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic = False, False
+    for device in (torch.device("cuda"), torch.device("cpu")):
+        with Autotune(device).trial(tuned=False):
+            assert (torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic) == (False, False)
+    torch.backends.cudnn.benchmark = True
+    with Autotune(torch.device("cpu")).trial(tuned=False):  # nothing to tune off CUDA
+        assert (torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic) == (True, False)
+
+
+def test_flush_count_ignores_the_first_step():
+    count = FlushCount()
+    assert count.flushes is None and not count.flushing  # nothing read: a device that does not count
+    for retries in (0, 3, 3, 4):  # before the first step, then after each of three
+        count.read(retries)
+    assert count.flushes == 1 and count.flushing  # step 1's three retries are the autotuner's
+    count.read(4)
+    assert count.flushes == 1 and not count.flushing
+    count.read(None)  # an unreadable counter changes nothing
+    assert count.flushes == 1
+
+
+def test_wall_excess_leaves_room_for_a_request():
+    assert wall_excess(100 * MiB, 10 * MiB, 200 * MiB) == 0
+    assert wall_excess(190 * MiB, 9 * MiB, 200 * MiB) == MiB
+
+
+class FlushingMemory(SimulatedDeviceMemory):
+    """The simulated device with an allocator retry counter, advanced by the step."""
+
+    def __init__(self, simulation) -> None:
+        super().__init__(simulation)
+        self.retries = 0
+
+    def alloc_retries(self) -> int:
+        return self.retries
+
+
+def flushing_step(memory: FlushingMemory, from_size: int, steady_from: int | None = None):
+    """A step that makes the allocator flush at every call at ``from_size`` and above (at the
+    first call of a trial too, as autotuning does); with ``steady_from``, only before that call."""
+    calls = {}
+
+    def step(batch_size: int) -> None:
+        calls[batch_size] = calls.get(batch_size, 0) + 1
+        torch.empty(batch_size * 1000, dtype=torch.uint8)
+        if batch_size >= from_size and (steady_from is None or calls[batch_size] < steady_from):
+            memory.retries += 2
+
+    return step, calls
+
+
+@pytest.mark.parametrize("wanted", [True, False])
+def test_with_autotuning_a_settle_trial_fails_while_its_steps_still_flush(cudnn_flags, wanted):
+    torch.backends.cudnn.benchmark = wanted
+    with simulated_memory("64MiB") as device:
+        memory = FlushingMemory(device)
+        step, calls = flushing_step(memory, from_size=50)
+        runner = TrialRunner(step, memory, steps=3, peak_limit=60 * MiB, autotune=Autotune(torch.device("cuda")),
+                             settle_final=True)
+        record = runner.run(50, "confirm", settle=True)
+    assert record.flushes == record.steps - 1  # every step after the first
+    if wanted:  # it kept settling, up to twice its steps, and still flushed: at the allocator's wall
+        assert not record.passed and record.steps == 6 and "return its cache" in record.error
+    else:  # without autotuning flushing is recorded, and the trial passes as it did
+        assert record.passed and record.steps == 3
+
+
+def test_a_trial_whose_flushing_stops_while_it_settles_passes(cudnn_flags):
+    torch.backends.cudnn.benchmark = True
+    with simulated_memory("64MiB") as device:
+        memory = FlushingMemory(device)
+        step, calls = flushing_step(memory, from_size=1, steady_from=4)  # steps 1-3 flush, then not
+        runner = TrialRunner(step, memory, steps=3, peak_limit=60 * MiB, autotune=Autotune(torch.device("cuda")),
+                             settle_final=True)
+        record = runner.run(40, "confirm", settle=True)
+    assert record.passed and record.steps == 4 and record.flushes == 2
+
+
+def test_the_confirmation_steps_down_to_a_size_that_stops_flushing(cudnn_flags):
+    torch.backends.cudnn.benchmark = True
+    with simulated_memory("64MiB") as device:
+        memory = FlushingMemory(device)
+        step, calls = flushing_step(memory, from_size=50)
+        runner = TrialRunner(step, memory, steps=3, peak_limit=60 * MiB, autotune=Autotune(torch.device("cuda")),
+                             settle_final=True)
+        assert _confirm(runner, 51, 1, after_last_oom=True) == 49
+    assert [(r.batch_size, r.passed, r.autotuned) for r in runner.records] == [
+        (51, False, True), (50, False, True), (49, True, True)]
+    assert torch.backends.cudnn.benchmark is True  # the user's setting, back
