@@ -5,7 +5,10 @@ An answer is a promise that training runs at it, in the process that probed and 
 
 * the answer passed a full trial (on an accelerator: after the last OOM trial, from an emptied
   cache, with cuDNN autotuning as the user set it, and for more steps while the allocator's
-  reserved peak still grew: :meth:`~autobatch.probe.trial.TrialRunner.run` ``settle``);
+  reserved peak still grew or, with autotuning, while its steps still flushed the allocator's
+  cache: :meth:`~autobatch.probe.trial.TrialRunner.run` ``settle``,
+  :mod:`~autobatch.probe.settling`); with autotuning the confirmation tuned for real, and its
+  plans stay cached for training in this process (:mod:`~autobatch.probe.autotune`);
 * its allocated peak left the allocator's headroom free, and its steady steps cleared the
   allocator's wall: the allocated peak plus the bytes the trial left in split blocks the
   allocator cannot return stayed under the capacity
@@ -51,6 +54,7 @@ def promise_of(runner: TrialRunner, result: ProbeResult, memory: DeviceMemory) -
         "reserved_peak_bytes": record.reserved_bytes,
         "fragmentation_bytes": record.fragmentation_bytes,
         "inactive_split_bytes": record.inactive_split_bytes,
+        "flushes": record.flushes,
         "capacity_bytes": capacity,
         "peak_fraction": None if not capacity or record.step_peak_bytes is None else record.step_peak_bytes / capacity,
         "allocator_headroom": None if runner.peak_limit is None else arguments.ALLOCATOR_HEADROOM,
@@ -68,7 +72,8 @@ def promise_note(runner: TrialRunner, result: ProbeResult, memory: DeviceMemory)
     if promise["after_last_oom"] and runner.settle_final:
         parts.append("after the last OOM trial, from an emptied cache")
     if promise["autotuned"]:
-        parts.append("with cuDNN autotuning on, as training will run")
+        parts.append("with cuDNN autotuning on, tuned for real as training will be (its plans stay cached for "
+                     "training in this process), its last step no longer flushing the allocator's cache")
     if promise["peak_fraction"] is not None:
         parts.append(f"peak {format_bytes(promise['step_peak_bytes'])} allocated = {100 * promise['peak_fraction']:.1f} % of capacity")
     if runner.peak_limit is not None:
@@ -84,14 +89,15 @@ def promise_note(runner: TrialRunner, result: ProbeResult, memory: DeviceMemory)
     return "; ".join(parts)
 
 
-#: What a new process should do with cuDNN autotuning (issue 16, measured on one H200 under an
-#: 8 GiB cap: a hand loop at ResNet-50's exact maximum ran out of memory at step 16 or 25 in 2 of
-#: 8 new processes that autotuned at their first step, and in none of 8 that began at the second)
+#: What a new process should know about cuDNN autotuning (issue 16, measured on one H200 under an
+#: 8 GiB cap, ResNet-50 as a hand loop: a new process autotunes again at its first step; at the
+#: probe's answer, 177, 4 of 4 new processes trained 200 steps, where at 180, a size whose steps
+#: flush the allocator's cache, 4 of 6 ran out of memory by step 25)
 NEW_PROCESS_AUTOTUNING = (
-    "in a new process, let cuDNN autotune once the optimizer's state exists (run the first step "
-    "with torch.backends.cudnn.benchmark off): autotuning at the first step can pick workspaces "
-    "that leave no room for that state later (autobatch's Runner replays a step that runs out of "
-    "memory)"
+    "in a new process cuDNN autotunes again at the first step; keep torch.backends.cudnn.benchmark on from "
+    "that step (PyTorch keeps one plan per shape whatever the flag, so a first step run untuned keeps its "
+    "untuned plans for good), and PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True removes the allocator "
+    "flushing that autotuned workspaces cause (autobatch's Runner replays a step that runs out of memory)"
 )
 
 
