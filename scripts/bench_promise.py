@@ -12,7 +12,8 @@ a Llama-style decoder; tiny stand-ins with ``--quick``), side by side in one pro
 3. the exact maximum: from the answer, step up (+1, +2, +4, ...) until a 3-step run OOMs, bisect;
 4. Accelerate's ``find_executable_batch_size`` from the power of two above the exact maximum
    (3 steps per attempt), timed (skipped when accelerate is not installed);
-5. a fresh process per form trains ``--steps`` steps at that form's answer (``--child``);
+5. a fresh process per form trains ``--steps`` steps at that form's answer (``--child``; ``--fresh-runs``
+   new processes each, since a size at the allocator's wall passes some runs and fails others);
 6. with ``--cli`` (GPT-2, ResNet-50 and ViT workloads, spelled as the library forms): ``python -m autobatch probe`` then ``train`` in
    a new process (a cache hit), reading train_result.json's recoveries.
 7. ``--timing-only``: just the exact maximum and the three probes' wall times (TrainStep, plain,
@@ -162,7 +163,11 @@ def train_plain(step, batch_size: int, steps: int, device: str, limit: int) -> d
         except BaseException as exc:  # noqa: BLE001
             if not is_oom_error(exc):
                 raise
-            return {"steps": done, "oom_at": done, "seconds": time.perf_counter() - began}
+            out = {"steps": done, "oom_at": done, "seconds": time.perf_counter() - began,
+                   "error": " ".join(str(exc).split())[:300]}
+            if device == "cuda":  # how often the allocator had to flush its cache to serve a request
+                out["alloc_retries"] = torch.cuda.memory_stats()["num_alloc_retries"]
+            return out
     return {"steps": done, "oom_at": None, "seconds": time.perf_counter() - began}
 
 
@@ -351,12 +356,13 @@ def workload(args, name: str) -> dict:
 def _trial_log(result) -> list:
     """Each trial: size, passed, steps, purpose, seconds (where the probe's time went), and its
     memory figures in MiB: allocated peak, reserved peak, last step's peak, fragmentation,
-    split bytes, over, wall (what the search reads at the allocator's wall)."""
+    split bytes, over, wall (what the search reads at the allocator's wall); then whether it
+    autotuned and how many steps after its first flushed the allocator's cache."""
     def mib(value):
         return None if value is None else round(value / 2**20, 1)
     return [(t.batch_size, t.passed, t.steps, t.purpose, round(t.seconds, 3), mib(t.peak_bytes), mib(t.reserved_bytes),
              mib(t.step_peak_bytes), mib(t.fragmentation_bytes), mib(t.inactive_split_bytes), mib(t.over_bytes),
-             mib(t.wall_bytes)) for t in result.trials]
+             mib(t.wall_bytes), t.autotuned, t.flushes) for t in result.trials]
 
 
 def warm_up(name: str, device: str, quick: bool) -> None:
@@ -410,8 +416,12 @@ def _workload(args, name: str, cap: int | None) -> dict:
     row["accelerate"] = accelerate_probe(step, 2 ** math.ceil(math.log2(exact * 1.05)), device, limit)
     del model, optimizer, step
     free_memory()
-    row["trainstep"]["fresh_process"] = fresh_process(args, name, "runner", row["trainstep"]["batch"])
-    row["plain"]["fresh_process"] = fresh_process(args, name, "plain", row["plain"]["batch"])
+    for form, child_form in (("trainstep", "runner"), ("plain", "plain")):
+        # several new processes: a size at the allocator's wall passes some runs and fails others
+        runs_ = [fresh_process(args, name, child_form, row[form]["batch"]) for _ in range(args.fresh_runs)]
+        row[form]["fresh_process"] = runs_[0] if len(runs_) == 1 else {
+            "runs": len(runs_), "failed": sum(1 for r in runs_ if r.get("oom_at") is not None or r.get("recoveries")
+                                              or "error" in r and "steps" not in r), "each": runs_}
     if args.cli:
         row["cli"] = cli(args, name)
     return row
@@ -430,6 +440,7 @@ def main() -> None:
                         help="only the exact maximum and each probe's wall time in fresh processes (--rounds)")
     parser.add_argument("--cli-only", action="store_true", help="only the CLI's probe then train, per workload")
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--fresh-runs", type=int, default=1, help="new processes per form that train at the answer")
     parser.add_argument("--out", default=None)
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--form", default=None, help=argparse.SUPPRESS)
