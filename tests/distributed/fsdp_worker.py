@@ -75,7 +75,7 @@ def probe(rank: int, world: int, out: Path) -> dict:
                 super().__init__(*args, **{**kwargs, "settle_final": True})
 
         find_module.TrialRunner = Settling
-        trial_module._growing = lambda reserved: rank == 0
+        trial_module.growing = lambda reserved: rank == 0
     for limits in os.environ.get("LIMITS", "6MiB,4MiB;4MiB,4MiB").split(";"):
         limit = limits.split(",")[rank % len(limits.split(","))]
         model, optimizer = build()

@@ -98,17 +98,19 @@ def flushing_step(memory: FlushingMemory, from_size: int, steady_from: int | Non
 
 
 @pytest.mark.parametrize("wanted", [True, False])
-def test_with_autotuning_a_settle_trial_fails_while_its_steps_still_flush(cudnn_flags, wanted):
+@pytest.mark.parametrize("purpose", ["confirm", "verify"])
+def test_with_autotuning_a_settle_trial_fails_while_its_steps_still_flush(cudnn_flags, wanted, purpose):
     torch.backends.cudnn.benchmark = wanted
     with simulated_memory("64MiB") as device:
         memory = FlushingMemory(device)
         step, calls = flushing_step(memory, from_size=50)
         runner = TrialRunner(step, memory, steps=3, peak_limit=60 * MiB, autotune=Autotune(torch.device("cuda")),
                              settle_final=True)
-        record = runner.run(50, "confirm", settle=True)
+        record = runner.run(50, purpose, settle=True)
     assert record.flushes == record.steps - 1  # every step after the first
-    if wanted:  # it kept settling, up to twice its steps, and still flushed: at the allocator's wall
-        assert not record.passed and record.steps == 6 and "return its cache" in record.error
+    if wanted:  # at the allocator's wall; the tuned confirmation kept settling, up to twice its steps
+        assert not record.passed and "return its cache" in record.error
+        assert record.autotuned is (purpose == "confirm") and record.steps == (6 if purpose == "confirm" else 3)
     else:  # without autotuning flushing is recorded, and the trial passes as it did
         assert record.passed and record.steps == 3
 
