@@ -24,7 +24,9 @@ never uses: same heuristics less the nondeterministic engines, and the same allo
 that measurement (7.0178 GiB bf16, 6.8171 GiB fp32; flipping ``allow_tf32`` instead moved the
 fp32 peak to 7.34 GiB). The confirmation runs under the user's own flags, autotunes for real,
 and leaves its plans cached for training. Both flags are put back exactly when the probe
-ends, whatever happens.
+ends, whatever happens. cuDNN operators other than convolutions that read the flag (RNNs,
+CTC loss) run under the flipped setting in untuned trials too; the confirmation measures the
+answer under the user's.
 """
 
 from __future__ import annotations

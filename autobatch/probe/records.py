@@ -73,7 +73,8 @@ class TrialRecord:
     search aims there).
     ``flushes``: how many of the trial's steps after its first made the caching allocator
     return its cache to the driver to serve a request (``num_alloc_retries`` rose; None where
-    the device does not count it). A settle trial fails while its last step still does.
+    the device does not count it). Under cuDNN autotuning a settle trial fails while its last
+    step still does (:mod:`~autobatch.probe.settling`).
     """
 
     batch_size: int

@@ -7,14 +7,17 @@ while either sign of an unsettled allocator shows, and must end clear of its wal
 
 * **Reserved memory still grows** (:func:`growing`): fragmentation that shows only after a
   few steps.
-* **The allocator still flushes its cache** (:class:`FlushCount`): a request it could not
-  serve from its cached blocks made it return them all to the driver and ask again
-  (``num_alloc_retries``). A step that has to do this every time trains only while the pieces
-  happen to fall right. Measured on an H200 (ResNet-50 with cuDNN autotuning, 8 GiB cap, a
-  hand loop at 180 in a new process, ``scripts/bench_promise.py --child``): 4 of 6 runs ran
-  out of memory at step 5-25 asking for 2 MiB with ~0.8 GiB reserved but unallocated, after
-  19-62 retries (several a step); runs that trained 80 steps stopped flushing by their third.
-  It also costs speed: each flush frees and re-maps device memory and synchronizes.
+* **The allocator still flushes its cache** (:class:`FlushCount`, where cuDNN autotuning is
+  wanted): a request it could not serve from its cached blocks made it return them all to the
+  driver and ask again (``num_alloc_retries``). With autotuned workspaces, which fill the
+  memory free when the autotuner ran, a step that has to do this every time trains only while
+  the pieces happen to fall right. Measured on an H200 (ResNet-50 with cuDNN autotuning, 8 GiB
+  cap, a hand loop in new processes, ``scripts/bench_promise.py --child``): at 180, 4 of 6 runs
+  ran out of memory at step 5-25 asking for 2 MiB with ~0.8 GiB reserved but unallocated,
+  after 19-62 retries (several a step); at 179, 2 of 4 at step 23; at 178, 0 of 3; and at the
+  probe's answer, 177, 0 of 4. Without autotuning flushing is only recorded: untuned plans
+  that flushed at ResNet-50's 180 trained 200 steps in a new process. Each flush frees and
+  re-maps device memory and synchronizes, so it costs speed too.
 * **The steady step clears the allocator's wall** (:func:`wall_excess`): its allocated peak
   plus the split pieces it left leave room for a request.
 """
