@@ -94,7 +94,14 @@ def flushing_step(memory: FlushingMemory, from_size: int, steady_from: int | Non
         if batch_size >= from_size and (steady_from is None or calls[batch_size] < steady_from):
             memory.retries += 2
 
-    return step, calls
+    return step
+
+
+def settling_runner(memory: FlushingMemory, step) -> TrialRunner:
+    """A runner as on an accelerator (a peak limit, answers that settle) with autotuning as the
+    process's flag says."""
+    return TrialRunner(step, memory, steps=3, peak_limit=60 * MiB, autotune=Autotune(torch.device("cuda")),
+                       settle_final=True)
 
 
 @pytest.mark.parametrize("wanted", [True, False])
@@ -103,9 +110,7 @@ def test_with_autotuning_a_settle_trial_fails_while_its_steps_still_flush(cudnn_
     torch.backends.cudnn.benchmark = wanted
     with simulated_memory("64MiB") as device:
         memory = FlushingMemory(device)
-        step, calls = flushing_step(memory, from_size=50)
-        runner = TrialRunner(step, memory, steps=3, peak_limit=60 * MiB, autotune=Autotune(torch.device("cuda")),
-                             settle_final=True)
+        runner = settling_runner(memory, flushing_step(memory, from_size=50))
         record = runner.run(50, purpose, settle=True)
     assert record.flushes == record.steps - 1  # every step after the first
     if wanted:  # it kept settling, up to twice its steps, and still flushed: at the allocator's wall
@@ -119,9 +124,7 @@ def test_a_trial_whose_flushing_stops_while_it_settles_passes(cudnn_flags):
     torch.backends.cudnn.benchmark = True
     with simulated_memory("64MiB") as device:
         memory = FlushingMemory(device)
-        step, calls = flushing_step(memory, from_size=1, steady_from=4)  # steps 1-3 flush, then not
-        runner = TrialRunner(step, memory, steps=3, peak_limit=60 * MiB, autotune=Autotune(torch.device("cuda")),
-                             settle_final=True)
+        runner = settling_runner(memory, flushing_step(memory, from_size=1, steady_from=4))  # steps 1-3 flush
         record = runner.run(40, "confirm", settle=True)
     assert record.passed and record.steps == 4 and record.flushes == 2
 
@@ -130,9 +133,7 @@ def test_the_confirmation_steps_down_to_a_size_that_stops_flushing(cudnn_flags):
     torch.backends.cudnn.benchmark = True
     with simulated_memory("64MiB") as device:
         memory = FlushingMemory(device)
-        step, calls = flushing_step(memory, from_size=50)
-        runner = TrialRunner(step, memory, steps=3, peak_limit=60 * MiB, autotune=Autotune(torch.device("cuda")),
-                             settle_final=True)
+        runner = settling_runner(memory, flushing_step(memory, from_size=50))
         assert _confirm(runner, 51, 1, after_last_oom=True) == 49
     assert [(r.batch_size, r.passed, r.autotuned) for r in runner.records] == [
         (51, False, True), (50, False, True), (49, True, True)]
