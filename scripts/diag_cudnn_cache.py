@@ -35,11 +35,13 @@ GIB = 2**30
 CASES = ("heuristic", "tuned", "poisoned", "det", "tf32")
 
 
-def steps(model, optimizer, batch: int, n: int, dtype) -> dict:
+def steps(model, optimizer, batch: int, n: int, dtype, keep_input: bool = False) -> dict:
     """``n`` training steps at ``batch``: the first step's and the median later step's seconds,
-    and the allocated peak of the last step."""
-    times = []
+    the allocated peak of the last step, and each step's seconds and allocator retries (cache
+    flushes). ``keep_input``: the input lives through backward, as in a hand loop's step."""
+    times, retries = [], []
     for _ in range(n):
+        before = torch.cuda.memory_stats().get("num_alloc_retries", 0)
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
         began = time.perf_counter()
@@ -47,18 +49,22 @@ def steps(model, optimizer, batch: int, n: int, dtype) -> dict:
         y = torch.randint(0, 10, (batch,), device="cuda")
         with torch.autocast("cuda", dtype=dtype or torch.float32, enabled=dtype is not None):
             loss = F.cross_entropy(model(x).float(), y)
-        del x
+        if not keep_input:
+            del x
         loss.backward()
         optimizer.step()
         optimizer.zero_grad()
         torch.cuda.synchronize()
         times.append(time.perf_counter() - began)
+        retries.append(torch.cuda.memory_stats().get("num_alloc_retries", 0) - before)
+        x = None
     steady = sorted(times[1:])[len(times[1:]) // 2] if n > 1 else None
     return {"first_s": round(times[0], 3), "steady_s": None if steady is None else round(steady, 4),
-            "peak_gib": round(torch.cuda.max_memory_allocated() / GIB, 4)}
+            "peak_gib": round(torch.cuda.max_memory_allocated() / GIB, 4),
+            "each_s": [round(t, 3) for t in times], "retries": retries}
 
 
-def child(case: str, batch: int, dtype_name: str, limit: int, warm: int, tuned_steps: int) -> dict:
+def child(case: str, batch: int, dtype_name: str, limit: int, warm: int, tuned_steps: int, keep: bool = False) -> dict:
     from torchvision.models import resnet50
 
     torch.cuda.set_per_process_memory_fraction(limit / torch.cuda.get_device_properties(0).total_memory)
@@ -71,7 +77,7 @@ def child(case: str, batch: int, dtype_name: str, limit: int, warm: int, tuned_s
     row: dict = {"case": case, "dtype": dtype_name, "batch": batch}
     if case == "heuristic":
         cudnn.benchmark = False
-        row["untuned"] = steps(model, optimizer, batch, warm + tuned_steps, dtype)
+        row["untuned"] = steps(model, optimizer, batch, warm + tuned_steps, dtype, keep)
         return row
     if case != "tuned":
         cudnn.benchmark = False
@@ -79,10 +85,10 @@ def child(case: str, batch: int, dtype_name: str, limit: int, warm: int, tuned_s
             cudnn.deterministic = not user["deterministic"]
         if case == "tf32":
             cudnn.allow_tf32 = not user["allow_tf32"]
-        row["untuned"] = steps(model, optimizer, batch, warm, dtype)
+        row["untuned"] = steps(model, optimizer, batch, warm, dtype, keep)
         cudnn.deterministic, cudnn.allow_tf32 = user["deterministic"], user["allow_tf32"]
     cudnn.benchmark = True
-    row["tuned"] = steps(model, optimizer, batch, tuned_steps, dtype)
+    row["tuned"] = steps(model, optimizer, batch, tuned_steps, dtype, keep)
     row["retries"] = torch.cuda.memory_stats()["num_alloc_retries"]
     return row
 
@@ -90,6 +96,9 @@ def child(case: str, batch: int, dtype_name: str, limit: int, warm: int, tuned_s
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--batch", type=int, default=160)
+    parser.add_argument("--batches", default=None, help="several sizes (comma-separated), each case at each")
+    parser.add_argument("--repeat", type=int, default=1, help="new processes per case and size")
+    parser.add_argument("--keep-input", action="store_true", help="the input lives through backward (a hand loop)")
     parser.add_argument("--dtypes", default="bf16,fp32")
     parser.add_argument("--cases", default=",".join(CASES))
     parser.add_argument("--limit", default="8GiB")
@@ -100,15 +109,21 @@ def main() -> None:
     args = parser.parse_args()
     limit = autobatch.parse_bytes(args.limit)
     if args.child:
-        print(json.dumps(child(args.child, args.batch, args.dtype, limit, args.warm, args.tuned_steps)))
+        print(json.dumps(child(args.child, args.batch, args.dtype, limit, args.warm, args.tuned_steps, args.keep_input)))
         return
+    sizes = [int(b) for b in args.batches.split(",")] if args.batches else [args.batch]
     for dtype in args.dtypes.split(","):
-        batch = args.batch if dtype != "fp32" else args.batch // 2  # fp32 activations take twice the bytes
-        for case in args.cases.split(","):
-            done = subprocess.run([sys.executable, __file__, "--child", case, "--dtype", dtype, "--batch", str(batch),
-                                   "--limit", args.limit, "--warm", str(args.warm), "--tuned-steps", str(args.tuned_steps)],
-                                  capture_output=True, text=True, timeout=300)
-            print(done.stdout.strip().splitlines()[-1] if done.returncode == 0 else done.stderr[-600:], flush=True)
+        for size in sizes:
+            batch = size if dtype != "fp32" or args.batches else size // 2  # fp32 activations take twice the bytes
+            for case in args.cases.split(","):
+                for _ in range(args.repeat):
+                    done = subprocess.run(
+                        [sys.executable, __file__, "--child", case, "--dtype", dtype, "--batch", str(batch), "--limit",
+                         args.limit, "--warm", str(args.warm), "--tuned-steps", str(args.tuned_steps)]
+                        + (["--keep-input"] if args.keep_input else []),
+                        capture_output=True, text=True, timeout=300,
+                    )  # fmt: skip
+                    print(done.stdout.strip().splitlines()[-1] if done.returncode == 0 else done.stderr[-600:], flush=True)
 
 
 if __name__ == "__main__":
