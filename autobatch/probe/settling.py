@@ -2,8 +2,9 @@
 
 A size that passes three steps can still fail later, because the caching allocator's state
 keeps changing after the first steps (issue 16). The answer's confirming trial (a *settle*
-trial, :meth:`~autobatch.probe.trial.TrialRunner.run`) keeps stepping, up to twice its steps,
-while either sign of an unsettled allocator shows, and must end clear of its wall:
+trial, :meth:`~autobatch.probe.trial.TrialRunner.run`) keeps stepping, up to
+:func:`most_steps`, while either sign of an unsettled allocator shows, and must end clear of
+its wall:
 
 * **Reserved memory still grows** (:func:`growing`): fragmentation that shows only after a
   few steps.
@@ -26,10 +27,33 @@ from __future__ import annotations
 
 from ..memory.devices import DeviceMemory
 
-__all__ = ["WALL_BYTES", "FlushCount", "growing", "split_bytes", "wall_excess"]
+__all__ = ["WALL_BYTES", "SETTLE_FACTOR", "TUNED_SETTLE_FACTOR", "FlushCount", "growing", "most_steps", "split_bytes",
+           "wall_excess"]
 
 #: the allocator's smallest large block: room for nothing less
 WALL_BYTES = 2 * 2**20
+#: a settle trial's most steps, in multiples of its own
+SETTLE_FACTOR = 2
+#: the same for a trial whose first step autotuned
+TUNED_SETTLE_FACTOR = 4
+
+
+def most_steps(steps: int, tuned: bool) -> int:
+    """How many steps a settle trial may run while its allocator has not settled.
+
+    Twice its steps; four times where its first step autotuned. cuDNN's search for each new
+    convolution empties the allocator's cache (PyTorch does so after every search) and tries
+    workspaces that do not fit, so the allocator starts the steady steps further from its
+    settled state, and flushing takes longer to stop at any size. Measured on an H200
+    (ResNet-50 with cuDNN autotuning, 8 GiB cap, a hand loop in new processes,
+    ``scripts/diag_cudnn_cache.py --cases det --keep-input``): after the tuned first step the
+    allocator flushed through step 6 or 7 at 174, 176, 177 and 178 alike, and stopped by step 8
+    (178 trained 200 steps in 3 of 3 new processes); a tuned confirmation cut off at six steps
+    failed 178 in 2 of 3 probes and paid a second autotuning pass (3.7-8.7 s) for 177. At 179
+    and 180, which failed in 2 of 4 and 4 of 6 new processes, the flushing went on (out of
+    memory at steps 5-25 after 19-62 retries), and the untuned trials before the confirmation
+    already fail them at twice their steps."""
+    return steps * (TUNED_SETTLE_FACTOR if tuned else SETTLE_FACTOR)
 
 
 class FlushCount:

@@ -13,7 +13,7 @@ from ..memory.units import format_bytes
 from .autotune import Autotune
 from .peak_guard import drain_backward, raised_by_guard
 from .records import TrialRecord, notify, watch_trials
-from .settling import WALL_BYTES, FlushCount, growing, split_bytes, wall_excess
+from .settling import WALL_BYTES, FlushCount, growing, most_steps, split_bytes, wall_excess
 
 __all__ = ["TrialRecord", "TrialRunner", "watch_trials"]
 
@@ -99,7 +99,7 @@ class TrialRunner:
     def run(self, batch_size: int, purpose: str = "search", *, steps: int | None = None, settle: bool = False) -> TrialRecord:
         """Run a trial even if this size was tried before (used to re-measure); ``steps``
         calls of ``fn`` (default: a full trial). ``settle`` (a size that may be the answer): more
-        steps, up to twice ``steps``, while the step's reserved peak still grows (fragmentation
+        steps (:func:`~autobatch.probe.settling.most_steps`) while the step's reserved peak still grows (fragmentation
         that shows only after a few steps); with ``purpose="confirm"`` (the answer's
         confirmation, :func:`~autobatch.probe.search._confirm`) also cuDNN autotuning as the user
         set it. A trial stops early once its allocated peak is above ``peak_limit``."""
@@ -186,10 +186,13 @@ class TrialRunner:
         return False
 
     def _attempt_as(self, batch_size: int, steps: int, settle: bool, tuned: bool) -> str | None:
+        """:meth:`_attempt` under the trial's cuDNN flags; a settle trial may run up to
+        :func:`~autobatch.probe.settling.most_steps` steps."""
+        most = most_steps(steps, tuned) if settle else steps
         if self.autotune is None:
-            return self._attempt(batch_size, steps, settle)
+            return self._attempt(batch_size, steps, most)
         with self.autotune.trial(tuned):
-            return self._attempt(batch_size, steps, settle)
+            return self._attempt(batch_size, steps, most)
 
     def _shortfall(self, requested: int | None) -> int | None:
         """For a trial that ran out of memory: bytes its step needed beyond what a passing step
@@ -267,9 +270,9 @@ class TrialRunner:
         self._full_collection_frees = self.memory.allocated() < before
         return self._full_collection_frees
 
-    def _attempt(self, batch_size: int, steps: int, settle: bool = False) -> str | None:
-        """Run the steps; return None on success or the OOM's first line. Leaves the
-        ``except`` block before anything is freed."""
+    def _attempt(self, batch_size: int, steps: int, most: int) -> str | None:
+        """Run the steps (up to ``most`` while the allocator settles); return None on success or
+        the OOM's first line. Leaves the ``except`` block before anything is freed."""
         self.memory.release_cached()
         self._baseline = self.memory.allocated()
         self._peak = self._reserved = 0
@@ -282,7 +285,7 @@ class TrialRunner:
         step_reserved: list[int] = []
         try:
             with self.guard if self.guard is not None else nullcontext():
-                self._steps(batch_size, steps, settle, step_reserved)
+                self._steps(batch_size, steps, most, step_reserved)
             self.memory.synchronize()
             self._inactive_split = split_bytes(self.memory)
         except BaseException as exc:  # noqa: BLE001 - re-raised below unless it is an OOM
@@ -298,15 +301,15 @@ class TrialRunner:
             return str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
         return None
 
-    def _steps(self, batch_size: int, steps: int, settle: bool, step_reserved: list[int]) -> None:
-        """Call ``fn`` ``steps`` times (with ``settle``, more while the reserved peak grows or the
-        last step flushed the allocator's cache), reading each step's peaks and the allocator's
+    def _steps(self, batch_size: int, steps: int, most: int, step_reserved: list[int]) -> None:
+        """Call ``fn`` ``steps`` times (up to ``most`` while the reserved peak grows or the last
+        step flushed the allocator's cache), reading each step's peaks and the allocator's
         retry counter; stop once a step's peak passed the peak limit."""
         retries = getattr(self.memory, "alloc_retries", lambda: None)
         self._flush_count.read(retries())
         # the extra settling steps are agreed (settle_more): ranks in lockstep make the same calls
         while self._steps_run < steps or (
-            settle and self._steps_run < 2 * steps
+            self._steps_run < most
             and self.settle_more(growing(step_reserved) or self._flushes_matter() and self._flush_count.flushing)
         ):
             self.memory.reset_peak()
@@ -330,8 +333,9 @@ class TrialRunner:
         (ResNet-50 at 180 on an H200: 200 steps in a new process), so flushing is only recorded.
         Untuned trials there count too: autotuned workspaces take at least the room heuristic
         ones do, so they guide where the tuned confirmation lands. Flushing at the wall comes
-        and goes, so a trial gets up to twice its steps to stop (cutting that off turned a
-        ResNet-50 answer of 181, which trained in 4 of 4 new processes, into 178)."""
+        and goes, so a trial gets more steps to stop (:func:`~autobatch.probe.settling.most_steps`;
+        cutting untuned ones off at their own steps turned a ResNet-50 answer of 181, which
+        trained in 4 of 4 new processes, into 178)."""
         return self.autotune is not None and self.autotune.wanted
 
     def _wall_excess(self) -> int:
