@@ -10,16 +10,6 @@ out-of-memory error inside a step, drops the state that step created, so the nex
 creates it whole again (any optimizer: a plain callable's too, through torch's global step
 hooks). Values the step may have half-written are the snapshot's business
 (:mod:`~autobatch.probe.restore`); the runner's step guard does both for training.
-
-:meth:`LazyStateWatch.drop_created` goes further: it drops all the state the probe's steps
-created, so that the next trial creates it in its own first step, as training's first step
-does in a new process. State created in an earlier trial at another size lands in segments
-that trial's activations shaped, and a segment holding a live block cannot be returned to
-the driver: on an H200 (Llama-style decoder, 8 GiB cap) AdamW's moments created by a trial at
-4 pinned a 786 MiB segment with 165 MiB free in it, and the answer's trial at 5 then ran out of
-memory with 0.66-0.82 GiB held in pieces too small, in the CLI's process and in every process
-without a warm-up, where a new process trains 200 steps at 5
-(``scripts/diag_wall_segments.py``).
 """
 
 from __future__ import annotations
@@ -41,14 +31,10 @@ class LazyStateWatch:
 
         # each running step's optimizer and the parameters that had state as it began
         self._running: dict[int, tuple[torch.optim.Optimizer, set[Any]]] = {}
-        # every optimizer seen stepping and the parameters that had state when it was first seen
-        self._seen: dict[int, tuple[torch.optim.Optimizer, set[Any]]] = {}
         self._hooks = [register_optimizer_step_pre_hook(self._began), register_optimizer_step_post_hook(self._ended)]
 
     def _began(self, optimizer: torch.optim.Optimizer, *_: Any) -> None:
-        had = {param for param, state in optimizer.state.items() if state}
-        self._running[id(optimizer)] = (optimizer, had)
-        self._seen.setdefault(id(optimizer), (optimizer, had))
+        self._running[id(optimizer)] = (optimizer, {param for param, state in optimizer.state.items() if state})
 
     def _ended(self, optimizer: torch.optim.Optimizer, *_: Any) -> None:
         self._running.pop(id(optimizer), None)
@@ -63,17 +49,6 @@ class LazyStateWatch:
                 del optimizer.state[param]
             dropped += len(created)
         self._running.clear()
-        return dropped
-
-    def drop_created(self) -> int:
-        """Drop the state every watched optimizer created since it was first seen (state it had
-        before, e.g. of a resumed run, stays). Returns how many parameters lost theirs."""
-        dropped = 0
-        for optimizer, had in self._seen.values():
-            created = [param for param in list(optimizer.state) if param not in had]
-            for param in created:
-                del optimizer.state[param]
-            dropped += len(created)
         return dropped
 
     def close(self) -> None:

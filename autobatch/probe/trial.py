@@ -52,10 +52,7 @@ class TrialRunner:
     by step (reset before each step; the trial's peak is the largest), so the last step's own
     figures are known too. ``agree``, when given, turns the local record into the one every
     rank shares (under ``torch.distributed``: :func:`~autobatch.dist.probe.agree_trial`);
-    it runs after the memory is freed. ``fresh_state``, when given, runs before each settle
-    trial (a size that may be the answer): it drops the optimizer state earlier trials created
-    (:meth:`~autobatch.memory.lazy_state.LazyStateWatch.drop_created`), so the trial's first
-    step creates it where training's first step in a new process would.
+    it runs after the memory is freed.
     """
 
     def __init__(
@@ -71,10 +68,8 @@ class TrialRunner:
         settle_final: bool = False,
         settle_more: Callable[[bool], bool] | None = None,
         guard: ContextManager[object] | None = None,
-        fresh_state: Callable[[], object] | None = None,
     ) -> None:
         self.fn = fn
-        self.fresh_state = fresh_state
         self.guard = guard
         self.settle_more = settle_more if settle_more is not None else (lambda more: more)
         self.autotune = autotune
@@ -194,8 +189,6 @@ class TrialRunner:
         """:meth:`_attempt` under the trial's cuDNN flags; a settle trial may run up to
         :func:`~autobatch.probe.settling.most_steps` steps."""
         most = most_steps(steps, tuned) if settle else steps
-        if settle and self.fresh_state is not None:  # its first step creates the optimizer's state, as training's does
-            self.fresh_state()
         if self.autotune is None:
             return self._attempt(batch_size, steps, most)
         with self.autotune.trial(tuned):

@@ -156,29 +156,3 @@ def test_the_confirmation_steps_down_to_a_size_that_stops_flushing(cudnn_flags):
     assert [(r.batch_size, r.passed, r.autotuned) for r in runner.records] == [
         (51, False, True), (50, False, True), (49, True, True)]
     assert torch.backends.cudnn.benchmark is True  # the user's setting, back
-
-
-def test_a_settle_trial_creates_the_optimizers_state_in_its_own_first_step():
-    """State an earlier trial created at another size is dropped before a size that may be the
-    answer, so its first step creates it where training's first step in a new process would;
-    search trials keep it (their one step measures the steady state)."""
-    from autobatch.memory.lazy_state import LazyStateWatch
-
-    model = torch.nn.Linear(64, 64)
-    optimizer = torch.optim.AdamW(model.parameters())
-    had_state = []
-
-    def step(batch_size: int) -> None:
-        had_state.append((batch_size, bool(optimizer.state)))
-        model(torch.randn(batch_size, 64)).square().mean().backward()
-        optimizer.step()
-        optimizer.zero_grad()
-
-    with simulated_memory("64MiB") as device, LazyStateWatch() as watch:
-        runner = TrialRunner(step, SimulatedDeviceMemory(device), steps=3, search_steps=1, settle_final=True,
-                             fresh_state=watch.drop_created)
-        runner(8)  # the first trial: three steps, creates the state
-        runner(16)  # a search trial: one step, with the state resident
-        runner(12, final=True)  # may be the answer: settles, from no state
-    assert had_state == [(8, False), (8, True), (8, True), (16, True), (12, False), (12, True), (12, True)]
-    assert len(optimizer.state) == 2  # and the settle trial created it again
