@@ -20,7 +20,8 @@ from omegaconf import DictConfig
 
 import torch
 
-from ..dist.agreement import exchange, init_from_env, is_distributed, is_rank_zero
+from ..dist.agreement import exchange, is_distributed, is_rank_zero
+from ..dist.joining import init_from_env
 from ..training.ranks import unwrap
 
 __all__ = ["join", "is_rank_zero", "launched_rank", "hydra_overrides", "shared_run_dir", "data_parallel", "unwrapped"]

@@ -2,6 +2,7 @@
 
 * :mod:`~autobatch.dist.agreement` - the collectives with timeouts that let ranks agree
   (public as ``autobatch.distributed``);
+* :mod:`~autobatch.dist.joining` - joining the launcher's process group, left at exit;
 * :mod:`~autobatch.dist.probe` - every rank probes its own device in lockstep;
 * :mod:`~autobatch.dist.step` - the data-parallel training step that survives an OOM on one rank;
 * :mod:`~autobatch.dist.ddp_step` - the same through DDP's own reducer (bucketed all-reduce

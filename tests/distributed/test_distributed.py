@@ -182,14 +182,16 @@ def test_a_squeeze_on_one_rank_costs_both_a_measured_step_down_not_half(tmp_path
 
 
 
-#: a rank that joins through ``init_from_env``, sums a tensor with the other and exits
+#: a rank that joins through ``init_from_env``, sums a tensor with the other, writes the sum
+#: to ``<directory>/rank<r>-<pid>`` and exits
 JOIN_AND_EXIT = """
-import torch, torch.distributed as dist
-from autobatch.dist.agreement import init_from_env
+import os, sys, torch, torch.distributed as dist
+from autobatch.dist.joining import init_from_env
 assert init_from_env("cpu")
 total = torch.ones(1)
 dist.all_reduce(total)
-print("sum", total.item())
+with open(os.path.join(sys.argv[1], f"rank{os.environ['RANK']}-{os.getpid()}"), "w") as out:
+    out.write(str(total.item()))
 """
 
 
@@ -205,7 +207,8 @@ def test_a_group_joined_from_the_environment_is_torn_down_at_exit_so_torchrun_re
     script.write_text(JOIN_AND_EXIT)
     runs = [  # six at once: an abort in one run of two to eight rarely slips through all six
         subprocess.Popen(
-            [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(free_port()), str(script)],
+            [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(free_port()), str(script),
+             str(tmp_path)],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=cli_env(),
         )
         for _ in range(6)
@@ -213,4 +216,5 @@ def test_a_group_joined_from_the_environment_is_torn_down_at_exit_so_torchrun_re
     for run in runs:
         out = run.communicate(timeout=180)[0]
         assert run.returncode == 0, out[-2000:]
-        assert out.count("sum 2.0") == 2, out[-2000:]
+    sums = [path.read_text() for path in tmp_path.glob("rank*-*")]
+    assert sorted(sums) == ["2.0"] * 12  # six runs of two ranks, each summed with its peer
