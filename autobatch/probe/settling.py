@@ -46,9 +46,9 @@ def most_steps(steps: int, tuned: bool) -> int:
     workspaces that do not fit, so the allocator starts the steady steps further from its
     settled state, and flushing takes longer to stop at any size. Measured on an H200
     (ResNet-50 with cuDNN autotuning, 8 GiB cap, a hand loop in new processes,
-    ``scripts/diag_cudnn_cache.py --cases det --keep-input``): after the tuned first step the
-    allocator flushed through step 6 or 7 at 174, 176, 177 and 178 alike, and stopped by step 8
-    (178 trained 200 steps in 5 of 5 new processes); a tuned confirmation cut off at six steps
+    ``scripts/diag_cudnn_cache.py --cases det --keep-input``, two runs a size): after the tuned
+    first step the allocator flushed through step 6-8 in six of eight runs, at 174 and 176 (which
+    train) as at 178 (which trained 200 steps in 5 of 5 new processes); a tuned confirmation cut off at six steps
     failed 178 in 2 of 3 probes and paid a second autotuning pass (3.7-8.7 s) for 177, where
     with four times its steps it passed 178 at its twelfth step in 3 of 3 probes. At 179
     and 180, which failed in 2 of 4 and 4 of 6 new processes, the flushing went on (out of
