@@ -91,8 +91,8 @@ def promise_note(runner: TrialRunner, result: ProbeResult, memory: DeviceMemory)
 
 #: What a new process should know about cuDNN autotuning (issue 16, measured on one H200 under an
 #: 8 GiB cap, ResNet-50 as a hand loop: a new process autotunes again at its first step; at the
-#: probe's answer, 177, 4 of 4 new processes trained 200 steps, where at 180, a size whose steps
-#: flush the allocator's cache, 4 of 6 ran out of memory by step 25)
+#: probe's answers, 177 and (now) 178, 4 of 4 and 5 of 5 new processes trained 200 steps, where at
+#: 180, a size whose steps flush the allocator's cache, 4 of 6 ran out of memory by step 25)
 NEW_PROCESS_AUTOTUNING = (
     "in a new process cuDNN autotunes again at the first step; keep torch.backends.cudnn.benchmark on from "
     "that step (PyTorch keeps one plan per shape whatever the flag, so a first step run untuned keeps its "

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -18,8 +20,8 @@ import torch
 
 from autobatch import Runner, TrainStep, find_max_batch
 
-from conftest import SMALL
-from launcher import launch, shared_launch, torchrun
+from conftest import SMALL, cli_env
+from launcher import free_port, launch, shared_launch, torchrun
 from runner_workloads import assert_weights_close, hungry_mse, make_data, make_model, mse, weights
 
 pytestmark = pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed is not available")
@@ -181,7 +183,6 @@ def test_a_squeeze_on_one_rank_costs_both_a_measured_step_down_not_half(tmp_path
         assert report["micro_batch"] == recovery["micro_batch"]
 
 
-
 #: a rank that joins through ``init_from_env``, sums a tensor with the other, writes the sum
 #: to ``<directory>/rank<r>-<pid>`` and exits
 JOIN_AND_EXIT = """
@@ -197,12 +198,6 @@ with open(os.path.join(sys.argv[1], f"rank{os.environ['RANK']}-{os.getpid()}"), 
 
 def test_a_group_joined_from_the_environment_is_torn_down_at_exit_so_torchrun_reports_success(tmp_path):
     # left to the interpreter's teardown, gloo aborted a rank (SIGABRT) in 8 of 16 such runs
-    import subprocess
-    import sys
-
-    from conftest import cli_env
-    from launcher import free_port
-
     script = tmp_path / "join_and_exit.py"
     script.write_text(JOIN_AND_EXIT)
     runs = [  # six at once: an abort in one run of two to eight rarely slips through all six
