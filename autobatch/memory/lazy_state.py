@@ -10,6 +10,10 @@ out-of-memory error inside a step, drops the state that step created, so the nex
 creates it whole again (any optimizer: a plain callable's too, through torch's global step
 hooks). Values the step may have half-written are the snapshot's business
 (:mod:`~autobatch.probe.restore`); the runner's step guard does both for training.
+
+:meth:`LazyStateWatch.drop_created` goes further: it drops all the state the probe's steps
+created, so that the next step creates it again (:mod:`~autobatch.probe.pinned_state` says
+when the probe does that, and why).
 """
 
 from __future__ import annotations
@@ -31,10 +35,14 @@ class LazyStateWatch:
 
         # each running step's optimizer and the parameters that had state as it began
         self._running: dict[int, tuple[torch.optim.Optimizer, set[Any]]] = {}
+        # every optimizer seen stepping and the parameters that had state when it was first seen
+        self._seen: dict[int, tuple[torch.optim.Optimizer, set[Any]]] = {}
         self._hooks = [register_optimizer_step_pre_hook(self._began), register_optimizer_step_post_hook(self._ended)]
 
     def _began(self, optimizer: torch.optim.Optimizer, *_: Any) -> None:
-        self._running[id(optimizer)] = (optimizer, {param for param, state in optimizer.state.items() if state})
+        had = {param for param, state in optimizer.state.items() if state}
+        self._running[id(optimizer)] = (optimizer, had)
+        self._seen.setdefault(id(optimizer), (optimizer, had))
 
     def _ended(self, optimizer: torch.optim.Optimizer, *_: Any) -> None:
         self._running.pop(id(optimizer), None)
@@ -49,6 +57,21 @@ class LazyStateWatch:
                 del optimizer.state[param]
             dropped += len(created)
         self._running.clear()
+        return dropped
+
+    def has_created(self) -> bool:
+        """Whether a watched optimizer holds state it did not have when it was first seen."""
+        return any(param not in had for optimizer, had in self._seen.values() for param in optimizer.state)
+
+    def drop_created(self) -> int:
+        """Drop the state every watched optimizer created since it was first seen (state it had
+        before, e.g. of a resumed run, stays). Returns how many parameters lost theirs."""
+        dropped = 0
+        for optimizer, had in self._seen.values():
+            created = [param for param in list(optimizer.state) if param not in had]
+            for param in created:
+                del optimizer.state[param]
+            dropped += len(created)
         return dropped
 
     def close(self) -> None:

@@ -32,6 +32,7 @@ from .autotune import Autotune
 from .peak_guard import peak_guard_for
 from .promise import promise_note, release_after_probe
 from .train_step import TrainStep
+from .pinned_state import PinnedState
 from .trial import TrialRunner
 
 __all__ = ["find_max_batch", "STRATEGY_NAMES"]
@@ -181,6 +182,7 @@ def _probe(call: _Call, restore, estimate_first: bool | None) -> ProbeResult:
                 peak_limit=limit, autotune=autotune, settle_final=not simulated,
                 settle_more=lambda more: call.agreement.settle_more(fn, more),
                 guard=peak_guard_for(_trained_model(fn, restore), memory.peak, limit, agreed=agree is not None),
+                pinned=PinnedState(watch),
             )
             if estimate_first is None:
                 # measured (docs, benchmarks): on the CPU's simulated device tracing is cheap

@@ -12,6 +12,7 @@ from ..memory.oom import free_memory, is_oom_error, requested_bytes
 from ..memory.units import format_bytes
 from .autotune import Autotune
 from .peak_guard import drain_backward, raised_by_guard
+from .pinned_state import PinnedState
 from .records import TrialRecord, notify, watch_trials
 from .settling import WALL_BYTES, FlushCount, growing, most_steps, split_bytes, wall_excess
 
@@ -52,7 +53,9 @@ class TrialRunner:
     by step (reset before each step; the trial's peak is the largest), so the last step's own
     figures are known too. ``agree``, when given, turns the local record into the one every
     rank shares (under ``torch.distributed``: :func:`~autobatch.dist.probe.agree_trial`);
-    it runs after the memory is freed.
+    it runs after the memory is freed. ``pinned``, when given, lets a settle trial that ran
+    out of memory at the allocator's wall beside optimizer state made at a nearby size run once
+    more without it (:mod:`~autobatch.probe.pinned_state`).
     """
 
     def __init__(
@@ -68,8 +71,10 @@ class TrialRunner:
         settle_final: bool = False,
         settle_more: Callable[[bool], bool] | None = None,
         guard: ContextManager[object] | None = None,
+        pinned: PinnedState | None = None,
     ) -> None:
         self.fn = fn
+        self.pinned = pinned
         self.guard = guard
         self.settle_more = settle_more if settle_more is not None else (lambda more: more)
         self.autotune = autotune
@@ -110,6 +115,8 @@ class TrialRunner:
         tuned = settle and purpose == "confirm" and self.autotune is not None and self.autotune.wanted
         error = self._attempt_as(batch_size, steps, settle, tuned)
         if error is not None and self._garbage_was_in_the_way():
+            error = self._attempt_as(batch_size, steps, settle, tuned)
+        if error is not None and settle and self._unpinned(batch_size, error):
             error = self._attempt_as(batch_size, steps, settle, tuned)
         steps = self._steps_run
         seconds = time.perf_counter() - self._started
@@ -158,14 +165,8 @@ class TrialRunner:
             self._settled.add(id(record))
         self.records.append(record)
         self.outcomes[batch_size] = record.passed
-        log.info(
-            "trial %-7s batch=%d %s peak=%s %.3fs",
-            purpose,
-            batch_size,
-            "passed" if record.passed else "OOM",
-            format_bytes(peak),
-            seconds,
-        )
+        log.info("trial %-7s batch=%d %s peak=%s %.3fs", purpose, batch_size, "passed" if record.passed else "OOM",
+                 format_bytes(peak), seconds)
         notify(batch_size, purpose, record)
         return record
 
@@ -189,10 +190,21 @@ class TrialRunner:
         """:meth:`_attempt` under the trial's cuDNN flags; a settle trial may run up to
         :func:`~autobatch.probe.settling.most_steps` steps."""
         most = most_steps(steps, tuned) if settle else steps
-        if self.autotune is None:
-            return self._attempt(batch_size, steps, most)
-        with self.autotune.trial(tuned):
-            return self._attempt(batch_size, steps, most)
+        with self.autotune.trial(tuned) if self.autotune is not None else nullcontext():
+            error = self._attempt(batch_size, steps, most)
+        if self.pinned is not None:
+            self.pinned.observe(batch_size)
+        return error
+
+    def _unpinned(self, batch_size: int, error: str) -> bool:
+        """Whether a settle trial that just failed runs again: it ran out of memory at the
+        allocator's wall beside optimizer state made at a nearby size, now dropped
+        (:mod:`~autobatch.probe.pinned_state`). Not under rank agreement (ranks make the same calls)."""
+        at_wall = self.pinned is not None and self.agree is None and self._wall(requested_bytes(error)) is not None
+        dropped = at_wall and self.pinned.drop_if_pinning(batch_size)
+        if dropped and self.after_oom is not None:
+            self.after_oom()  # what the failed attempt left (half-built gradients), as after any OOM
+        return dropped
 
     def _shortfall(self, requested: int | None) -> int | None:
         """For a trial that ran out of memory: bytes its step needed beyond what a passing step
@@ -276,7 +288,7 @@ class TrialRunner:
         self.memory.release_cached()
         self._baseline = self.memory.allocated()
         self._peak = self._reserved = 0
-        self._step_peak = self._resident = self._fragmentation = self._inactive_split = None
+        self._step_peak = self._step_reserved = self._resident = self._fragmentation = self._inactive_split = None
         self._steps_run = 0
         self._failed_at = self._reserved_at_failure = None
         self._stopped = False
@@ -341,17 +353,23 @@ class TrialRunner:
     def _wall_excess(self) -> int:
         """Bytes by which the trial's steady step left no room for the split pieces the
         allocator cannot return (:func:`~autobatch.probe.settling.wall_excess`); 0 off
-        accelerators or after one step (the first autotunes and creates the optimizer's state)."""
+        accelerators or after one step (the first autotunes and creates the optimizer's state).
+        The last step's reserved peak bounds the figure only where no step after the first
+        flushed the allocator's cache: a flush returns blocks, so the reserved peak no longer
+        holds every piece (ResNet-50 on an H200, 8 GiB cap: 182 stayed 14 MiB below the cap
+        in its last step after three flushing steps, and ran out of memory at training step 8)."""
         if self.peak_limit is None or self._inactive_split is None or self._steps_run < 2:
             return 0
-        return wall_excess(self._step_peak, self._inactive_split, self.memory.capacity())
+        reserved = self._step_reserved if self._flush_count.flushes == 0 else None
+        return wall_excess(self._step_peak, self._inactive_split, self.memory.capacity(), reserved)
 
     def _fold_peaks(self) -> None:
         """The trial's peaks are the largest of its steps' (each step starts a fresh peak)."""
         self._step_peak = self.memory.peak()
         self._peak = max(self._peak, self._step_peak)
         self._reserved = max(self._reserved, self.memory.peak_reserved())
-        self._fragmentation = max(0, self.memory.peak_reserved() - self._step_peak)
+        self._step_reserved = self.memory.peak_reserved()
+        self._fragmentation = max(0, self._step_reserved - self._step_peak)
 
     def peak_of(self, batch_size: int) -> int | None:
         """Allocated peak of the latest passing trial's last step at ``batch_size`` (None if

@@ -80,3 +80,25 @@ def test_the_decorator_retries_after_an_oom_inside_adams_first_step():
 
         ran = train()
     assert ran < 8 and not train.attempts[0].ok
+
+
+def test_drop_created_drops_what_the_probe_created_and_keeps_what_was_there_before():
+    """State a run had before the probe (a resumed run) stays; what the trials created goes, so
+    the next trial's first step creates it, as training's first step does in a new process."""
+    model, optimizer, step = _model_and_step()
+    first, *rest = list(model.parameters())
+    first.grad = torch.zeros_like(first)
+    optimizer.step()  # a resumed run: state for every parameter with a gradient (the first)
+    resumed = set(optimizer.state)
+    assert resumed == {first}
+    watch = LazyStateWatch()
+    try:
+        assert watch.drop_created() == 0  # nothing seen stepping yet
+        step(1)
+        assert set(optimizer.state) == {first, *rest}
+        assert watch.drop_created() == len(rest)
+        assert set(optimizer.state) == resumed
+        step(1)  # the next step creates it whole again
+        assert all(sorted(optimizer.state[p]) == ["exp_avg", "exp_avg_sq", "step"] for p in model.parameters())
+    finally:
+        watch.close()

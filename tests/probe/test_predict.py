@@ -299,9 +299,19 @@ def test_a_full_trial_whose_steady_steps_leave_no_room_for_split_blocks_fails_at
         """A simulated device whose split-block figure is set by the step, as CUDA reports it."""
 
         split = 0
+        reused = False  # the split pieces are blocks the step's own activations filled at its peak
 
         def inactive_split(self) -> int:
             return self.split
+
+        flushing = False  # each step makes the allocator return its cache to serve a request
+        retries = 0
+
+        def peak_reserved(self) -> int:
+            return self.peak() + (0 if self.reused else self.split)
+
+        def alloc_retries(self) -> int:
+            return self.retries
 
     capacity = 64 * MiB
     with simulated_memory(capacity) as device:
@@ -310,6 +320,7 @@ def test_a_full_trial_whose_steady_steps_leave_no_room_for_split_blocks_fails_at
         def step(batch_size: int) -> None:
             held = torch.empty(batch_size * 8 * MiB, dtype=torch.uint8)  # 4 -> 32 MiB, far under 0.99 x 64
             memory.split = 40 * MiB if batch_size >= 3 else 0  # 3 x 8 + 40 + 2 = 66 > 64
+            memory.retries += memory.flushing
             del held
 
         runner = TrialRunner(step, memory, steps=3, peak_limit=int(capacity * 0.99))
@@ -322,6 +333,15 @@ def test_a_full_trial_whose_steady_steps_leave_no_room_for_split_blocks_fails_at
     assert runner.records[0].inactive_split_bytes == 0
     # the confirmation steps down by the bytes over, not a percent: 32 MiB / 4 = 8 per unit
     assert _step_down(failed, 4) == 2  # ceil(10 / 8)
+    # the same pieces, filled by the step's activations at its peak (its reserved memory stayed
+    # clear of the capacity and no step flushed the cache): no wall
+    with simulated_memory(capacity) as device:
+        memory = Allocator(device)
+        memory.reused = True
+        assert TrialRunner(step, memory, steps=3, peak_limit=int(capacity * 0.99)).run(4).passed
+        # steps that flush the cache returned blocks, so the reserved peak no longer holds every piece
+        memory.flushing = True
+        assert not TrialRunner(step, memory, steps=3, peak_limit=int(capacity * 0.99)).run(4).passed
 
 
 def test_a_trial_above_the_headroom_says_by_how_much():

@@ -72,6 +72,14 @@ def test_wall_excess_leaves_room_for_a_request():
     assert wall_excess(190 * MiB, 9 * MiB, 200 * MiB) == MiB
 
 
+def test_a_step_whose_reserved_memory_stayed_clear_of_the_capacity_never_met_the_wall():
+    """Pieces split at the end of a step may be the blocks its activations filled at the peak
+    (optimizer state created mid-step): the step's own reserved peak bounds them."""
+    assert wall_excess(150 * MiB, 60 * MiB, 200 * MiB, reserved_peak=180 * MiB) == 0
+    assert wall_excess(150 * MiB, 60 * MiB, 200 * MiB, reserved_peak=199 * MiB) == MiB  # the reserved figure, smaller
+    assert wall_excess(190 * MiB, 9 * MiB, 200 * MiB, reserved_peak=200 * MiB) == MiB  # the pieces' figure, smaller
+
+
 class FlushingMemory(SimulatedDeviceMemory):
     """The simulated device with an allocator retry counter, advanced by the step."""
 
@@ -156,3 +164,59 @@ def test_the_confirmation_steps_down_to_a_size_that_stops_flushing(cudnn_flags):
     assert [(r.batch_size, r.passed, r.autotuned) for r in runner.records] == [
         (51, False, True), (50, False, True), (49, True, True)]
     assert torch.backends.cudnn.benchmark is True  # the user's setting, back
+
+
+def _pinned_runner(device, wall_sizes):
+    """A runner over a step that runs out of memory at the allocator's wall (2 MiB asked, far
+    under the limit, 8 MiB held in pieces) at ``wall_sizes`` while optimizer state made at
+    another size is resident: the Llama-style decoder's trial at 5 beside state made at 4."""
+    from autobatch.memory.lazy_state import LazyStateWatch
+    from autobatch.probe.pinned_state import PinnedState
+
+    class Fragmented(SimulatedDeviceMemory):
+        def peak_reserved(self) -> int:
+            return self.peak() + 8 * MiB
+
+    model = torch.nn.Linear(64, 64)
+    optimizer = torch.optim.AdamW(model.parameters())
+    made_at, began = {}, []
+
+    def step(batch_size: int) -> None:
+        began.append((batch_size, bool(optimizer.state)))
+        if optimizer.state and made_at["size"] != batch_size and batch_size in wall_sizes:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 MiB.")
+        model(torch.randn(batch_size, 64)).square().mean().backward()
+        if not optimizer.state:
+            made_at["size"] = batch_size
+        optimizer.step()
+        optimizer.zero_grad()
+
+    watch = LazyStateWatch()
+    runner = TrialRunner(step, Fragmented(device), steps=3, search_steps=1, settle_final=True,
+                         peak_limit=60 * MiB, pinned=PinnedState(watch))
+    return runner, began, watch
+
+
+def test_a_settle_trial_at_the_wall_beside_state_made_at_a_nearby_size_runs_again_without_it():
+    """The state an earlier trial made at a nearby size is dropped and the trial runs once more,
+    its first step creating the state as training's first step in a new process does."""
+    with simulated_memory("64MiB") as device:
+        runner, began, watch = _pinned_runner(device, wall_sizes={12})
+        with watch:
+            assert runner(8)  # the first trial: three steps, creates the state
+            assert runner(12, final=True)  # may be the answer: at the wall beside 8's state, then again without it
+    assert began == [(8, False), (8, True), (8, True), (12, True), (12, False), (12, True), (12, True)]
+    assert [(r.batch_size, r.passed) for r in runner.records] == [(8, True), (12, True)]
+
+
+@pytest.mark.parametrize("first, final", [(4, True), (8, False)])
+def test_state_made_far_below_or_a_search_trial_at_the_wall_is_not_run_again(first, final):
+    """State made at under half the size sits in segments too small to pin what it needs, and a
+    search trial only tells a side of the boundary: both fail as they ran, with the state kept."""
+    with simulated_memory("64MiB") as device:
+        runner, began, watch = _pinned_runner(device, wall_sizes={12})
+        with watch:
+            assert runner(first)
+            assert not runner(12, final=final)
+    assert began[3:] == [(12, True)]
+    assert runner.records[-1].wall_bytes == 8 * MiB

@@ -1,0 +1,59 @@
+"""Optimizer state an earlier trial created, pinning the segments a larger size needs.
+
+Most optimizers create their state in their first step, and a probe keeps it from trial to
+trial (creating it again costs the step's time). It lands in the segments that step's
+activations had just freed, and a segment holding a live block cannot be returned to the
+driver. When it was created at a size near the one now tried, those segments are the ones
+this size's activations need, only too small: on an H200 (Llama-style decoder, 8 GiB cap)
+AdamW's moments created by the trial at 4 pinned a 786 MiB segment with 165-197 MiB free in
+it, and the trial at 5 ran out of memory with 0.66-0.82 GiB held in pieces too small, in the
+CLI's process and in every process without a warm-up (``scripts/diag_wall_segments.py``),
+while a new process that trains at 5 from its first step trained 200 steps every time.
+
+So a settle trial (a size that may be the answer) that ran out of memory *at the allocator's
+wall* (what was allocated plus the request stayed under the limit), with state created at
+least half its size, runs once more after :meth:`PinnedState.drop_if_pinning` (its first step then
+creates the state where training's first step in a new process does). Only then: dropping
+the state before every settle trial, measured on the same H200, moved ResNet-50's answers
+down (181 -> 180 as a ``TrainStep`` and 180 -> 178 as a plain callable, one probe each; with
+cuDNN autotuning the plain callable 178 -> 176 in 4 of 4 probes) and made the autotuned probes
+slower than Accelerate's (medians 8.6 and 7.7 s against 7.5 s), since state made among a
+step's activations leaves the allocator flushing at the wall. State made at a far smaller
+size (a first trial at 8 against answers near 100 or 180) sits in small segments that pin
+nothing a larger step needs, so ViT-B/16 and ResNet-50 never run a trial twice.
+
+The trial run again leaves its state among its activations, in split pieces the steady steps
+reuse (1.70 GiB of them for the Llama decoder at 5, which then trained 200 steps with none of
+the CLI's recoveries); the allocator's wall rule bounds such pieces by the step's own reserved
+peak (:func:`~autobatch.probe.settling.wall_excess`). A trial run again that fails again costs
+its steps: GPT-2 small at 6 (its answer is 5) made that probe 0.4-0.6 s slower.
+"""
+
+from __future__ import annotations
+
+from ..memory.lazy_state import LazyStateWatch
+
+__all__ = ["PinnedState"]
+
+
+class PinnedState:
+    """The size whose trial created the optimizer state the trials hold, and dropping it."""
+
+    def __init__(self, watch: LazyStateWatch) -> None:
+        self.watch = watch
+        self.made_at: int | None = None
+
+    def observe(self, batch_size: int) -> None:
+        """After a trial at ``batch_size``: remember it if its steps created the state."""
+        if self.made_at is None and self.watch.has_created():
+            self.made_at = batch_size
+
+    def drop_if_pinning(self, batch_size: int) -> bool:
+        """Drop the state the trials created if it may pin segments a trial at ``batch_size``
+        needs (it was created at least half that size); whether it did. The next step creates
+        it again."""
+        if self.made_at is None or 2 * self.made_at < batch_size:
+            return False
+        self.watch.drop_created()
+        self.made_at = None
+        return True
