@@ -12,7 +12,8 @@ while a new process that trains at 5 from its first step trained 200 steps every
 
 So a settle trial (a size that may be the answer) that ran out of memory *at the allocator's
 wall* (what was allocated plus the request stayed under the limit), with state created at
-least half its size, runs once more after :meth:`PinnedState.drop_if_pinning` (its first step then
+least half its size, and whose peak the passing sizes put under the limit (:func:`fits`),
+runs once more after :meth:`PinnedState.drop_if_pinning` (its first step then
 creates the state where training's first step in a new process does). Only then: dropping
 the state before every settle trial, measured on the same H200, moved ResNet-50's answers
 down (181 -> 180 as a ``TrainStep`` and 180 -> 178 as a plain callable, one probe each; with
@@ -26,15 +27,22 @@ The trial run again leaves its state among its activations, in split pieces the 
 reuse (1.70 GiB of them for the Llama decoder at 5, which then trained 200 steps with none of
 the CLI's recoveries); the allocator's wall rule bounds such pieces by the step's own reserved
 peak (:func:`~autobatch.probe.settling.wall_excess`). A trial run again that fails again costs
-its steps: GPT-2 small's trial at 6 (its answer is 5) runs twice, and that probe's median
-went from 0.80 s (1.24 s for Accelerate) to 1.37-1.40 s (1.34 s) from one call to the next.
+its steps. GPT-2 small (answer 5) ran two such: its trial at 7 failed at the wall and ran
+again, although the passing 4 and 6 put 7's peak 1.1 GiB past the limit (no layout trains
+it), and so did its confirmation at 6. Medians of two probes each, one H200 call: the code
+before this module 0.87 s as a ``TrainStep`` and 0.91 s as a plain callable, with 7 run again
+1.24 s and 1.11 s, against Accelerate's 1.49-1.50 s; with both run again, in an earlier call,
+1.40 s and 1.37 s against 1.34 s. :func:`fits` keeps a size the passing sizes put past the
+limit from running again (its effect on a GPU not yet measured). Runs again only after a
+first step that failed were tried and dropped: the CLI's Llama trial at 5 fails at a later
+step, and answered 4 again.
 """
 
 from __future__ import annotations
 
 from ..memory.lazy_state import LazyStateWatch
 
-__all__ = ["PinnedState"]
+__all__ = ["PinnedState", "fits"]
 
 
 class PinnedState:
@@ -58,3 +66,18 @@ class PinnedState:
         self.watch.drop_created()
         self.made_at = None
         return True
+
+
+def fits(batch_size: int, peaks: dict[int, int | None], limit: int | None) -> bool:
+    """Whether the steady peaks of the passing sizes (``peaks``: size -> allocated peak) put
+    ``batch_size``'s under ``limit``: its own peak where it passed a trial, else the line
+    through the two largest passing sizes below it, or through the origin and the one there
+    is (which errs high, the model's own bytes scaled too). True where nothing is known."""
+    known = sorted((b, peak) for b, peak in peaks.items() if peak is not None and b <= batch_size)
+    if limit is None or not known:
+        return True
+    (b1, p1) = known[-1]
+    if b1 == batch_size:
+        return p1 <= limit
+    b0, p0 = known[-2] if len(known) > 1 else (0, 0)
+    return p1 + (p1 - p0) * (batch_size - b1) / (b1 - b0) <= limit

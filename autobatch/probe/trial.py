@@ -12,7 +12,7 @@ from ..memory.oom import free_memory, is_oom_error, requested_bytes
 from ..memory.units import format_bytes
 from .autotune import Autotune
 from .peak_guard import drain_backward, raised_by_guard
-from .pinned_state import PinnedState
+from .pinned_state import PinnedState, fits
 from .records import TrialRecord, notify, watch_trials
 from .settling import WALL_BYTES, FlushCount, growing, most_steps, split_bytes, wall_excess
 
@@ -197,10 +197,11 @@ class TrialRunner:
         return error
 
     def _unpinned(self, batch_size: int, error: str) -> bool:
-        """Whether a settle trial that just failed runs again: it ran out of memory at the
-        allocator's wall beside optimizer state made at a nearby size, now dropped
-        (:mod:`~autobatch.probe.pinned_state`). Not under rank agreement (ranks make the same calls)."""
+        """Whether a settle trial that just failed runs again: it ran out of memory at the allocator's
+        wall beside optimizer state made at a nearby size, now dropped, and the passing sizes put its
+        peak under the limit (:mod:`~autobatch.probe.pinned_state`). Not under rank agreement."""
         at_wall = self.pinned is not None and self.agree is None and self._wall(requested_bytes(error)) is not None
+        at_wall = at_wall and fits(batch_size, {b: self.peak_of(b) for b in self.passed_sizes}, self.peak_limit)
         dropped = at_wall and self.pinned.drop_if_pinning(batch_size)
         if dropped and self.after_oom is not None:
             self.after_oom()  # what the failed attempt left (half-built gradients), as after any OOM

@@ -220,3 +220,17 @@ def test_state_made_far_below_or_a_search_trial_at_the_wall_is_not_run_again(fir
             assert not runner(12, final=final)
     assert began[3:] == [(12, True)]
     assert runner.records[-1].wall_bytes == 8 * MiB
+
+
+def test_a_size_the_passing_sizes_put_past_the_limit_is_not_run_again():
+    """GPT-2 small on an H200 (8 GiB cap, limit 8110 MiB): 4 and 6 passed at 4607 and 7717 MiB,
+    so 7 needs ~9272 MiB and no layout trains it; 6 itself passed a step under the limit; the
+    Llama decoder's 5, with only 4 passed (5185 MiB), is put at 6481 MiB through the origin."""
+    from autobatch.probe.pinned_state import fits
+
+    gpt2 = {4: 4607 * MiB, 6: 7717 * MiB}
+    assert not fits(7, gpt2, 8110 * MiB)
+    assert fits(6, gpt2, 8110 * MiB)
+    assert fits(5, {4: 5185 * MiB}, 8110 * MiB)
+    assert not fits(7, {4: 5185 * MiB}, 8110 * MiB)  # 9074 MiB through the origin
+    assert fits(7, {}, 8110 * MiB) and fits(7, gpt2, None)  # nothing known: the wall decides
