@@ -154,6 +154,8 @@ class TrialRunner:
             over_bytes, wall = self._shortfall(requested), self._wall(requested)
         if ran_out or self._stopped:  # a step stopped part-way left what an OOM leaves
             self._clean_up_after_oom()
+        if self.pinned is not None:  # after the clean-up, which drops state a failed optimizer step half-made
+            self.pinned.observe(batch_size)
         record = TrialRecord(
             batch_size, error is None, peak, seconds, purpose, error, reserved, steps, step_peak, resident,
             self._fragmentation if error is None else None, self._inactive_split,
@@ -191,10 +193,7 @@ class TrialRunner:
         :func:`~autobatch.probe.settling.most_steps` steps."""
         most = most_steps(steps, tuned) if settle else steps
         with self.autotune.trial(tuned) if self.autotune is not None else nullcontext():
-            error = self._attempt(batch_size, steps, most)
-        if self.pinned is not None:
-            self.pinned.observe(batch_size)
-        return error
+            return self._attempt(batch_size, steps, most)
 
     def _unpinned(self, batch_size: int, error: str) -> bool:
         """Whether a settle trial that just failed runs again: it ran out of memory at the allocator's

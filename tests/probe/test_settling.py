@@ -234,3 +234,27 @@ def test_a_size_the_passing_sizes_put_past_the_limit_is_not_run_again():
     assert fits(5, {4: 5185 * MiB}, 8110 * MiB)
     assert not fits(7, {4: 5185 * MiB}, 8110 * MiB)  # 9074 MiB through the origin
     assert fits(7, {}, 8110 * MiB) and fits(7, gpt2, None)  # nothing known: the wall decides
+
+
+def test_pinned_state_remembers_the_size_that_made_the_state_it_holds():
+    """Only state still held counts (the runner observes after a failed trial's clean-up, which
+    drops what a failed optimizer step half-made), the first size that made it, and a drop
+    forgets it."""
+    from autobatch.memory.lazy_state import LazyStateWatch
+    from autobatch.probe.pinned_state import PinnedState
+
+    model = torch.nn.Linear(4, 4)
+    optimizer = torch.optim.AdamW(model.parameters())
+    with LazyStateWatch() as watch:
+        pinned = PinnedState(watch)
+        pinned.observe(3)  # no step ran: no state
+        assert pinned.made_at is None
+        model(torch.randn(2, 4)).sum().backward()
+        optimizer.step()
+        pinned.observe(4)
+        pinned.observe(5)  # the state is 4's
+        assert pinned.made_at == 4
+        assert not pinned.drop_if_pinning(9)  # made at under half of 9: kept
+        assert pinned.drop_if_pinning(8) and not optimizer.state and pinned.made_at is None
+        pinned.observe(6)
+        assert pinned.made_at is None
