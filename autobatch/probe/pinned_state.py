@@ -70,14 +70,17 @@ class PinnedState:
 
 def fits(batch_size: int, peaks: dict[int, int | None], limit: int | None) -> bool:
     """Whether the steady peaks of the passing sizes (``peaks``: size -> allocated peak) put
-    ``batch_size``'s under ``limit``: its own peak where it passed a trial, else the line
-    through the two largest passing sizes below it, or through the origin and the one there
-    is (which errs high, the model's own bytes scaled too). True where nothing is known."""
-    known = sorted((b, peak) for b, peak in peaks.items() if peak is not None and b <= batch_size)
-    if limit is None or not known:
+    ``batch_size``'s under ``limit``: the smallest peak of a passing size at least as large
+    bounds it; else the line through the two largest passing sizes below it, or through the
+    origin and the one there is (which errs high, the model's own bytes scaled too). True
+    where nothing is known."""
+    known = {b: peak for b, peak in peaks.items() if peak is not None}
+    at_least = [peak for b, peak in known.items() if b >= batch_size]
+    if limit is None or at_least:
+        return limit is None or min(at_least) <= limit
+    below = sorted(known.items())
+    if not below:
         return True
-    (b1, p1) = known[-1]
-    if b1 == batch_size:
-        return p1 <= limit
-    b0, p0 = known[-2] if len(known) > 1 else (0, 0)
+    (b1, p1) = below[-1]
+    b0, p0 = below[-2] if len(below) > 1 else (0, 0)
     return p1 + (p1 - p0) * (batch_size - b1) / (b1 - b0) <= limit

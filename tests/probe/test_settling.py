@@ -234,6 +234,7 @@ def test_a_size_the_passing_sizes_put_past_the_limit_is_not_run_again():
     assert fits(5, {4: 5185 * MiB}, 8110 * MiB)
     assert not fits(7, {4: 5185 * MiB}, 8110 * MiB)  # 9074 MiB through the origin
     assert fits(7, {}, 8110 * MiB) and fits(7, gpt2, None)  # nothing known: the wall decides
+    assert fits(5, {4: 4607 * MiB, 6: 7717 * MiB, 9: None}, 8110 * MiB)  # 6 passed: 5 fits under its peak
 
 
 def test_pinned_state_remembers_the_size_that_made_the_state_it_holds():
