@@ -18,7 +18,7 @@ when the probe does that, and why).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Iterable
 
 import torch
 
@@ -50,12 +50,7 @@ class LazyStateWatch:
     def repair(self) -> int:
         """After an out-of-memory error: drop the state created by the steps it interrupted.
         Returns how many parameters lost their (partial) state; 0 when no step was running."""
-        dropped = 0
-        for optimizer, had in self._running.values():
-            created = [param for param in list(optimizer.state) if param not in had]
-            for param in created:
-                del optimizer.state[param]
-            dropped += len(created)
+        dropped = _drop_new(self._running.values())
         self._running.clear()
         return dropped
 
@@ -66,13 +61,7 @@ class LazyStateWatch:
     def drop_created(self) -> int:
         """Drop the state every watched optimizer created since it was first seen (state it had
         before, e.g. of a resumed run, stays). Returns how many parameters lost theirs."""
-        dropped = 0
-        for optimizer, had in self._seen.values():
-            created = [param for param in list(optimizer.state) if param not in had]
-            for param in created:
-                del optimizer.state[param]
-            dropped += len(created)
-        return dropped
+        return _drop_new(self._seen.values())
 
     def close(self) -> None:
         """Remove the hooks."""
@@ -85,3 +74,14 @@ class LazyStateWatch:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+
+def _drop_new(entries: Iterable[tuple[torch.optim.Optimizer, set[Any]]]) -> int:
+    """Drop each optimizer's state for the parameters not in its ``had`` set; how many lost theirs."""
+    dropped = 0
+    for optimizer, had in entries:
+        created = [param for param in list(optimizer.state) if param not in had]
+        for param in created:
+            del optimizer.state[param]
+        dropped += len(created)
+    return dropped
