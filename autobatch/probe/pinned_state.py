@@ -41,6 +41,7 @@ step, and answered 4 again.
 from __future__ import annotations
 
 from ..memory.lazy_state import LazyStateWatch
+from .line import LinearFit
 
 __all__ = ["PinnedState", "fits"]
 
@@ -81,6 +82,5 @@ def fits(batch_size: int, peaks: dict[int, int | None], limit: int | None) -> bo
     below = sorted(known.items())
     if not below:
         return True
-    (b1, p1) = below[-1]
-    b0, p0 = below[-2] if len(below) > 1 else (0, 0)
-    return p1 + (p1 - p0) * (batch_size - b1) / (b1 - b0) <= limit
+    line = LinearFit.through([below[-2] if len(below) > 1 else (0, 0), below[-1]])
+    return line.predict(batch_size) <= limit
