@@ -34,7 +34,7 @@ from . import arguments
 from .result import ProbeResult
 from .trial import TrialRunner
 
-__all__ = ["promise_of", "promise_note", "release_after_probe"]
+__all__ = ["promise_of", "promise_note", "release_after_probe", "still_flushing"]
 
 
 def promise_of(runner: TrialRunner, result: ProbeResult, memory: DeviceMemory) -> dict[str, Any] | None:
@@ -84,9 +84,32 @@ def promise_note(runner: TrialRunner, result: ProbeResult, memory: DeviceMemory)
             f"blocks their steady steps left; expandable_segments "
             f"{'on' if promise['expandable_segments'] else 'off'}"
         )
+    if still_flushing(promise):
+        parts.append(STILL_FLUSHING)
     if promise["autotuned"]:
         parts.append(NEW_PROCESS_AUTOTUNING)
     return "; ".join(parts)
+
+
+def still_flushing(promise: dict[str, Any]) -> bool:
+    """Whether every step of the answer's trial after the first made the allocator flush its
+    cache, with no autotuning (whose confirmation keeps stepping until flushing stops, and
+    fails if it does not: :mod:`~autobatch.probe.settling`)."""
+    flushes = promise.get("flushes")
+    return not promise["autotuned"] and bool(flushes) and flushes >= promise["steps"] - 1
+
+
+#: What an answer whose steps all flushed the allocator's cache means for a hand-written loop
+#: (issue 16, measured on one H100 under an 8 GiB cap, ``scripts/diag_retries.py``: ResNet-50 as
+#: a plain callable answered 180, whose trial flushed 2-4 times a step; in the probing process a
+#: hand loop at 180 ran out of memory at step 14 in 3 of 3 runs, 179 trained 200 steps flushing
+#: at every step, 178 stopped flushing by step 7; on an H200 the same trial figures trained 200
+#: steps at 180, and the TrainStep's 181, flushing likewise in its trial, trained on both)
+STILL_FLUSHING = (
+    "every step after the first flushed the allocator's cache: this size sits at the allocator's wall, where a "
+    "hand-written loop may run out of memory after some steps on some machines; autobatch's Runner replays such "
+    "a step in smaller micro-batches, and a hand loop is safer a size or two lower"
+)
 
 
 #: What a new process should know about cuDNN autotuning (issue 16, measured on one H200 under an

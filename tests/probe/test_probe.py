@@ -517,3 +517,26 @@ def test_an_autotuned_answer_says_how_a_new_process_should_autotune(monkeypatch)
     assert "tuned for real" in note and "whatever the flag" in note and "expandable_segments" in note
     monkeypatch.setattr(promise, "promise_of", lambda *a: dict(figures, autotuned=False))
     assert promise.NEW_PROCESS_AUTOTUNING not in promise.promise_note(runner, result, memory=None)
+
+
+@pytest.mark.parametrize(
+    ("autotuned", "steps", "flushes", "warned"),
+    [(False, 4, 3, True), (False, 4, 2, False), (False, 3, 0, False), (False, 3, None, False), (True, 5, 4, False)],
+)
+def test_an_answer_whose_every_step_flushed_warns_a_hand_loop(monkeypatch, autotuned, steps, flushes, warned):
+    """An untuned answer whose every step after the first flushed the allocator's cache sits at
+    the wall (an H100 ran a hand loop out of memory there at step 14): the note says so and what
+    to do. Not where a step stopped flushing, nor where the device counts no flushes, nor with
+    autotuning (its confirmation already steps until flushing stops)."""
+    from types import SimpleNamespace
+
+    from autobatch.probe import promise
+
+    figures = {"batch_size": 180, "steps": steps, "after_last_oom": True, "autotuned": autotuned, "flushes": flushes,
+               "step_peak_bytes": 2**30, "peak_fraction": 0.98, "reserved_peak_bytes": 2**30,
+               "fragmentation_bytes": 0, "inactive_split_bytes": 0, "expandable_segments": False}
+    runner = SimpleNamespace(peak_limit=2**30, settle_final=True)
+    monkeypatch.setattr(promise, "promise_of", lambda *a: dict(figures))
+    note = promise.promise_note(runner, SimpleNamespace(promise=None), memory=None)
+    assert (promise.STILL_FLUSHING in note) is warned
+    assert promise.still_flushing(figures) is warned
