@@ -75,10 +75,12 @@ def fits(batch_size: int, peaks: dict[int, int | None], limit: int | None) -> bo
     bounds it; else the line through the two largest passing sizes below it, or through the
     origin and the one there is (which errs high, the model's own bytes scaled too). True
     where nothing is known."""
+    if limit is None:
+        return True
     known = {b: peak for b, peak in peaks.items() if peak is not None}
     at_least = [peak for b, peak in known.items() if b >= batch_size]
-    if limit is None or at_least:
-        return limit is None or min(at_least) <= limit
+    if at_least:
+        return min(at_least) <= limit
     below = sorted(known.items())
     if not below:
         return True

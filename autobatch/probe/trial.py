@@ -331,7 +331,7 @@ class TrialRunner:
                 self.fn(batch_size)
             finally:
                 self._fold_peaks()
-            step_reserved.append(self.memory.peak_reserved())
+            step_reserved.append(self._step_reserved)
             self._flush_count.read(retries())
             if self.agree is None and self.peak_limit is not None and self._peak > self.peak_limit:
                 # too close already: more steps cannot make it pass. Not under agreement:
@@ -367,8 +367,8 @@ class TrialRunner:
         """The trial's peaks are the largest of its steps' (each step starts a fresh peak)."""
         self._step_peak = self.memory.peak()
         self._peak = max(self._peak, self._step_peak)
-        self._reserved = max(self._reserved, self.memory.peak_reserved())
         self._step_reserved = self.memory.peak_reserved()
+        self._reserved = max(self._reserved, self._step_reserved)
         self._fragmentation = max(0, self._step_reserved - self._step_peak)
 
     def peak_of(self, batch_size: int) -> int | None:
