@@ -12,7 +12,19 @@ beside those of the training that follows.
 
     python scripts/diag_retries.py --workloads resnet50 --steps 200
     python scripts/diag_retries.py --workloads resnet50 --forms plain --train-offset -1
+    python scripts/diag_retries.py --workloads resnet50 --forms plain --relayout lazy
     python scripts/diag_retries.py --device cpu --quick --workloads gpt2     (proves it runs)
+
+``--relayout`` moves the optimizer state the probe's trials created before the hand loop trains,
+to tell whether *where* that state sits is what breaks the loop in the probing process (a new
+process, whose first step creates the state among its activations, trained 180): ``compact``
+sends it to the host and back (fresh segments of its own), ``lazy`` sends it to the host and
+brings it back at the loop's first optimizer step (where a new process creates it), ``drop``
+forgets it (a new process's placement and values), ``swap`` leaves it in place and, at the loop's
+first optimizer step, copies it into new device memory and frees the old (no host round trip);
+``pinned`` is ``lazy`` through one pinned host buffer, ``pool`` is ``lazy`` through a private
+device memory pool (``torch.cuda.MemPool``) instead of the host. The seconds the move off the
+default pool took are printed as ``relayout_s``.
 """
 
 from __future__ import annotations
@@ -20,6 +32,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -80,6 +93,69 @@ def train(step, batch_size: int, steps: int, device: str, limit: int) -> dict:
     return {"steps": len(per_step), "oom_at": oom_at, "retries_per_step": per_step}
 
 
+def relayout(optimizer: torch.optim.Optimizer, how: str, device: str) -> float:
+    """Move ``optimizer``'s device state as ``--relayout`` says (values kept, except ``drop``);
+    the seconds the move off the device took."""
+    moved = [t for state in optimizer.state.values() for t in state.values()
+             if isinstance(t, torch.Tensor) and t.device.type == device]
+    began = time.perf_counter()
+    if how == "none":
+        return 0.0
+    if how == "drop":
+        optimizer.state.clear()
+        free_memory()
+        return 0.0
+    if how == "swap":  # stay put; new device memory at the first step
+        def back(*_) -> None:
+            fresh = [torch.empty_like(t) for t in moved]
+            for tensor, new in zip(moved, fresh):
+                new.copy_(tensor)
+                tensor.data = new
+    else:
+        keep = None
+        if how in ("compact", "lazy"):  # pageable host memory
+            for tensor in moved:
+                tensor.data = tensor.data.to("cpu")
+        elif how == "pinned":  # one pinned host buffer, asynchronous copies
+            sizes = [-(-t.numel() * t.element_size() // 512) * 512 for t in moved]
+            flat = torch.empty(sum(sizes), dtype=torch.uint8, pin_memory=True)
+            offset = 0
+            for tensor, size in zip(moved, sizes):
+                view = flat[offset:offset + tensor.numel() * tensor.element_size()].view(tensor.dtype).view(tensor.shape)
+                view.copy_(tensor, non_blocking=True)
+                offset += size
+                tensor.data = view
+            torch.cuda.synchronize()
+        elif how == "pool":  # a private device pool, out of the default pool's way
+            keep = torch.cuda.MemPool()
+            with torch.cuda.use_mem_pool(keep):
+                for tensor in moved:
+                    tensor.data = tensor.data.clone()
+            torch.cuda.synchronize()
+        taken = time.perf_counter() - began
+
+        def back(*_) -> None:
+            nonlocal keep
+            for tensor in moved:
+                tensor.data = tensor.data.to(device, copy=True, non_blocking=True)
+            keep = None
+    if how != "swap":
+        torch.cuda.empty_cache() if device == "cuda" else None
+    else:
+        taken = 0.0
+    if how == "compact":
+        back()
+        return taken
+    handle = None
+
+    def once(*_) -> None:
+        handle.remove()
+        back()
+
+    handle = optimizer.register_step_pre_hook(once)
+    return taken
+
+
 def form(args, name: str, which: str, cap: int | None, limit: int) -> dict:
     """Probe one form, then train ``--steps`` steps at its answer (plus ``--train-offset``)."""
     model, optimizer, loss_fn, make, dtype, _ = build(name, args.device, args.quick)
@@ -97,8 +173,9 @@ def form(args, name: str, which: str, cap: int | None, limit: int) -> dict:
         trained = {"steps": ran["steps"], "oom_at": ran["recoveries"] or None,
                    "retries_per_step": [retries(args.device) - before]}
     else:
+        relayout_s = relayout(optimizer, args.relayout, args.device)
         trained = train(step.fn, size, args.steps, args.device, limit)
-    out = {"form": which, "batch": result.batch_size, "trained_at": size, "probe_calls": step.calls, "trained": trained}
+    out = {"relayout_s": round(relayout_s, 4) if which != "trainstep" else None, "form": which, "batch": result.batch_size, "trained_at": size, "probe_calls": step.calls, "trained": trained}
     del model, optimizer, step
     free_memory()
     return out
@@ -112,6 +189,8 @@ def main() -> None:
     parser.add_argument("--forms", default="trainstep,plain")
     parser.add_argument("--memory-limit", default=None)
     parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--relayout", choices=["none", "compact", "lazy", "drop", "swap", "pinned", "pool"], default="none",
+                        help="move the plain callable's optimizer state before its hand loop (see above)")
     parser.add_argument("--train-offset", type=int, default=0, help="train at the answer plus this (e.g. -1)")
     args = parser.parse_args()
     args.memory_limit = args.memory_limit or ("16MiB" if args.device == "cpu" else "8GiB")
@@ -126,7 +205,7 @@ def main() -> None:
             rows = [form(args, name, which, limit, limit) for which in args.forms.split(",")]
         for row in rows:
             trained = row["trained"]
-            print(json.dumps({"workload": name, "form": row["form"], "batch": row["batch"], "trained_at": row["trained_at"],
+            print(json.dumps({"workload": name, "form": row["form"], "relayout": args.relayout, "relayout_s": row["relayout_s"], "batch": row["batch"], "trained_at": row["trained_at"],
                               "probe_calls": row["probe_calls"], "trained_steps": trained["steps"],
                               "oom_at": trained["oom_at"], "train_retries_first_20": trained["retries_per_step"][:20],
                               "train_retries_total": sum(trained["retries_per_step"])}), flush=True)

@@ -63,6 +63,18 @@ class LazyStateWatch:
         before, e.g. of a resumed run, stays). Returns how many parameters lost theirs."""
         return _drop_new(self._seen.values())
 
+    def created_on(self, device: torch.device) -> list[tuple[torch.optim.Optimizer, list[torch.Tensor]]]:
+        """Each watched optimizer with the plain tensors of the state it created on ``device``
+        (what :func:`~autobatch.memory.parking.park_until_step` moves); state it had before is not
+        listed, nor tensor subclasses (a DTensor's shards, the fake tensors of an estimate's trace)."""
+        found = []
+        for optimizer, had in self._seen.values():
+            tensors = [value for param, state in optimizer.state.items() if param not in had
+                       for value in state.values() if type(value) is torch.Tensor and value.device == device]
+            if tensors:
+                found.append((optimizer, tensors))
+        return found
+
     def close(self) -> None:
         """Remove the hooks."""
         for hook in self._hooks:

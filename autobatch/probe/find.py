@@ -30,7 +30,7 @@ from .result import ProbeResult
 from .search import peak_limit, run_search
 from .autotune import Autotune
 from .peak_guard import peak_guard_for
-from .promise import promise_note, release_after_probe
+from .promise import park_created_state, parked_note, promise_note, release_after_probe
 from .train_step import TrainStep
 from .pinned_state import PinnedState
 from .trial import TrialRunner
@@ -168,7 +168,7 @@ def _probe(call: _Call, restore, estimate_first: bool | None) -> ProbeResult:
         own = isinstance(fn, TrainStep) and fn.optimizer is restore[1]
         snapshot = Snapshot.take(*restore, background=own, zero_lr=own,
                                  scaler=fn.grad_scaler if isinstance(fn, TrainStep) else None)
-    prior = None
+    prior = result = None
     autotune = Autotune(call.target)
     watch = LazyStateWatch()
     try:
@@ -207,10 +207,14 @@ def _probe(call: _Call, restore, estimate_first: bool | None) -> ProbeResult:
         watch.close()
         if snapshot is not None:
             snapshot.restore()
-        # leave the allocator as a fresh process has it: blocks the trials split (OOM trials
-        # above all) are returned, so training here starts from the state the answer was
-        # confirmed in (each trial starts from an emptied cache) and a new process starts in
+        # leave the allocator as a fresh process has it: state the trials created waits out of
+        # the way until its optimizer's next step, and blocks the trials split (OOM trials
+        # above all) are returned, so training here starts from the state a new process starts in
+        parked = park_created_state(watch, call.target) if result is not None else 0
         release_after_probe(call.target)
+    if parked:
+        result.promise = None if result.promise is None else {**result.promise, "parked_state_bytes": parked}
+        call.notes.append(parked_note(parked))
     if prior is not None:
         result.estimate = prior[1].to_dict()
     if note:

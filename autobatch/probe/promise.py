@@ -15,26 +15,30 @@ An answer is a promise that training runs at it, in the process that probed and 
   (:meth:`~autobatch.probe.trial.TrialRunner._wall_excess`); what the
   allocator did on top of it (reserved − allocated at the peak, inactive split blocks) is
   measured and shown;
-* after the probe the cache is emptied (:func:`release_after_probe`), so training in the same
-  process starts from the state a new process starts in, not from blocks split by OOM trials;
+* after the probe the optimizer state the trials created waits in a private memory pool until
+  its optimizer's next step, which puts it where a new process's first step creates it
+  (:func:`park_created_state`, :mod:`~autobatch.memory.parking`), and the cache is emptied
+  (:func:`release_after_probe`), so training in the same process starts from the state a new
+  process starts in, not from blocks split by OOM trials or state made at a smaller size;
 * whether ``expandable_segments`` was on (it changes the answer; the answer holds for the
   setting it was found under).
 """
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import torch
 
 from ..memory.devices import DeviceMemory
+from ..memory.lazy_state import LazyStateWatch
+from ..memory.parking import expandable_segments, park_until_step
 from ..memory.units import format_bytes
 from . import arguments
 from .result import ProbeResult
 from .trial import TrialRunner
 
-__all__ = ["promise_of", "promise_note", "release_after_probe", "still_flushing"]
+__all__ = ["park_created_state", "parked_note", "promise_of", "promise_note", "release_after_probe", "still_flushing"]
 
 
 def promise_of(runner: TrialRunner, result: ProbeResult, memory: DeviceMemory) -> dict[str, Any] | None:
@@ -102,13 +106,14 @@ def still_flushing(promise: dict[str, Any]) -> bool:
 #: What an answer whose steps all flushed the allocator's cache means for a hand-written loop
 #: (issue 16, measured on one H100 under an 8 GiB cap, ``scripts/diag_retries.py``: ResNet-50 as
 #: a plain callable answered 180, whose trial flushed 2-4 times a step; in the probing process a
-#: hand loop at 180 ran out of memory at step 14 in 3 of 3 runs, 179 trained 200 steps flushing
-#: at every step, 178 stopped flushing by step 7; on an H200 the same trial figures trained 200
-#: steps at 180, and the TrainStep's 181, flushing likewise in its trial, trained on both)
+#: hand loop at 180 ran out of memory at step 14 in 3 of 3 runs while the trials' optimizer state
+#: stayed where the trial at 8 had made it; parked and brought back at the loop's first step
+#: (:func:`park_created_state`) the loop flushed for eight steps, then never, 200 steps in every
+#: run, as in a new process; 179 trained flushing at every step, 178 stopped by step 7)
 STILL_FLUSHING = (
-    "every step after the first flushed the allocator's cache: this size sits at the allocator's wall, where a "
-    "hand-written loop may run out of memory after some steps on some machines; autobatch's Runner replays such "
-    "a step in smaller micro-batches, and a hand loop is safer a size or two lower"
+    "every step after the first flushed the allocator's cache: this size sits at the allocator's wall, so the "
+    "first training steps may flush too (each flush costs time), and memory a loop holds beyond what the step "
+    "held here has no room; autobatch's Runner replays a step that runs out of memory in smaller micro-batches"
 )
 
 
@@ -124,6 +129,21 @@ NEW_PROCESS_AUTOTUNING = (
 )
 
 
+def park_created_state(watch: LazyStateWatch, device: torch.device) -> int:
+    """Park the optimizer state the trials created on ``device`` until each optimizer's next
+    step (:func:`~autobatch.memory.parking.park_until_step`); the bytes parked. Only a plain
+    callable's state is left to park: a snapshot's restore drops what a ``TrainStep``'s trials
+    created, and its first training step creates it again."""
+    return sum(park_until_step(optimizer, tensors, device) for optimizer, tensors in watch.created_on(device))
+
+
+def parked_note(parked: int) -> str:
+    """The note for state :func:`park_created_state` parked."""
+    return (f"the optimizer state the trials created ({format_bytes(parked)}) waits in a private memory pool until "
+            "the optimizer's next step, which copies it back where a new process's first step creates it "
+            "(state made at a smaller trial size, left in place, broke a hand loop at the answer)")
+
+
 def release_after_probe(device: torch.device) -> None:
     """Return the cached blocks the trials left, so training starts from a fresh allocator."""
     if device.type == "cuda" and torch.cuda.is_initialized():
@@ -134,5 +154,4 @@ def release_after_probe(device: torch.device) -> None:
 def _expandable_segments(memory: DeviceMemory) -> bool | None:
     if getattr(getattr(memory, "device", None), "type", None) != "cuda":
         return None
-    conf = os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "") + "," + os.environ.get("PYTORCH_ALLOC_CONF", "")
-    return "expandable_segments:true" in conf.replace(" ", "").lower()
+    return expandable_segments()

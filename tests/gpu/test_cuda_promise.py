@@ -124,3 +124,32 @@ def test_the_runners_step_allocates_what_a_hand_loop_does():
     autobatch.Runner(model, optimizer, loss_fn, global_batch=256, micro_batch=256, autocast_dtype=torch.bfloat16,
                      progress=False, step_guard="off").fit([host] * 3, steps=3, on_step_end=on_step_end)
     assert peaks[-1] <= hand + 2 * 2**20, (peaks, hand)
+
+
+def test_a_plain_callables_state_waits_in_a_private_pool_until_the_next_step():
+    """The optimizer state a plain callable's trials created is parked off the default pool and
+    comes back, values intact, at the next optimizer step (autobatch.memory.parking)."""
+    model, optimizer, loss_fn, make = cnn_step()
+
+    def step(batch_size):
+        loss_fn(model, make(batch_size)).backward()
+        optimizer.step()
+        optimizer.zero_grad()
+
+    result = autobatch.find_max_batch(step, memory_limit=2 * GiB, device="cuda")
+    state = [t for s in optimizer.state.values() for t in s.values() if t.is_cuda]
+    assert result.promise["parked_state_bytes"] == sum(t.numel() * t.element_size() for t in state)
+    assert any("private memory pool" in note for note in result.notes)
+    parked = {t.data_ptr() for t in state}
+    values = [t.clone() for t in state]
+    seen = []  # hooks run in the order registered: this one after the park's
+    optimizer.register_step_pre_hook(lambda opt, *_: seen.append(
+        [torch.equal(t, v) for t, v in zip(state, values)] + [t.data_ptr() not in parked for t in state]))
+    total = torch.cuda.get_device_properties(0).total_memory
+    torch.cuda.set_per_process_memory_fraction(2 * GiB / total)
+    try:
+        for _ in range(20):
+            step(result.batch_size)
+    finally:
+        torch.cuda.set_per_process_memory_fraction(1.0)
+    assert seen[0] and all(seen[0])  # back in the default pool before the first step ran, unchanged
