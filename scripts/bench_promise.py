@@ -14,6 +14,9 @@ a Llama-style decoder; tiny stand-ins with ``--quick``), side by side in one pro
    (3 steps per attempt), timed (skipped when accelerate is not installed);
 5. a fresh process per form trains ``--steps`` steps at that form's answer (``--child``; ``--fresh-runs``
    new processes each, since a size at the allocator's wall passes some runs and fails others);
+   With ``--exact-fresh``, also the largest size whose plain loop trains ``--steps`` steps in a new
+   process, stepping by one from the smaller answer (the 3-step figure is a size that ran 3 steps
+   in the probing process; whether it trains is the new process's question);
 6. with ``--cli`` (GPT-2, ResNet-50 and ViT workloads, spelled as the library forms): ``python -m autobatch probe`` then ``train`` in
    a new process (a cache hit), reading train_result.json's recoveries.
 7. ``--timing-only``: just the exact maximum and the three probes' wall times (TrainStep, plain,
@@ -208,6 +211,26 @@ def exact_max(step, answer: int, device: str, limit: int) -> int:
         mid = (good + bad) // 2
         good, bad = (mid, bad) if runs(step, mid, device, limit) else (good, mid)
     return good
+
+
+def exact_fresh(args, name: str, start: int, steps: int) -> dict:
+    """The largest size whose plain loop trains ``steps`` steps in a new process: up by one from
+    ``start`` while it trains, or down by one while it does not; each size's run as it went."""
+    def trains(size: int) -> bool:
+        ran = fresh_process(args, name, "plain", size)
+        tried[size] = ran.get("oom_at", "error") if ran.get("steps") != steps else None
+        return tried[size] is None
+
+    tried: dict[int, object] = {}
+    size = start
+    if trains(size):
+        while trains(size + 1):
+            size += 1
+    else:
+        while size > 1 and not trains(size - 1):
+            size -= 1
+        size -= 1
+    return {"batch": size, "oom_at_by_size": tried}
 
 
 def accelerate_probe(step, start: int, device: str, limit: int) -> dict:
@@ -416,6 +439,10 @@ def _workload(args, name: str, cap: int | None) -> dict:
     row["accelerate"] = accelerate_probe(step, 2 ** math.ceil(math.log2(exact * 1.05)), device, limit)
     del model, optimizer, step
     free_memory()
+    if args.exact_fresh:
+        row["exact_fresh"] = exact_fresh(args, name, min(row["plain"]["batch"], row["trainstep"]["batch"]), args.steps)
+        for form in ("trainstep", "plain"):
+            row[form]["of_exact_fresh"] = round(row[form]["batch"] / max(1, row["exact_fresh"]["batch"]), 4)
     for form, child_form in (("trainstep", "runner"), ("plain", "plain")):
         # several new processes: a size at the allocator's wall passes some runs and fails others
         runs_ = [fresh_process(args, name, child_form, row[form]["batch"]) for _ in range(args.fresh_runs)]
@@ -441,6 +468,8 @@ def main() -> None:
     parser.add_argument("--cli-only", action="store_true", help="only the CLI's probe then train, per workload")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--fresh-runs", type=int, default=1, help="new processes per form that train at the answer")
+    parser.add_argument("--exact-fresh", action="store_true",
+                        help="also the largest size a plain loop trains --steps steps at in new processes")
     parser.add_argument("--out", default=None)
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--form", default=None, help=argparse.SUPPRESS)
@@ -470,7 +499,8 @@ def main() -> None:
         print(f"{name:15s} exact {row['exact_max']:6d} | TrainStep {t['batch']} ({t['of_exact']:.3f}) {t['probe_s']:.2f}s "
               f"same {len(t['same_process']['recoveries'])} rec, fresh {t['fresh_process']} | plain {p['batch']} "
               f"({p['of_exact']:.3f}) {p['probe_s']:.2f}s same oom_at {p['same_process']['oom_at']}, fresh "
-              f"{p['fresh_process']} | accelerate {row['accelerate']} | cli {row.get('cli')}", flush=True)
+              f"{p['fresh_process']} | accelerate {row['accelerate']} | cli {row.get('cli')}"
+              + (f" | exact in new processes {row['exact_fresh']}" if "exact_fresh" in row else ""), flush=True)
     print(f"total {time.perf_counter() - began:.1f}s")
     if args.out:
         Path(args.out).write_text(json.dumps({"env": env, "rows": rows}, indent=1, default=str))
