@@ -30,7 +30,7 @@ from .result import ProbeResult
 from .search import peak_limit, run_search
 from .autotune import Autotune
 from .peak_guard import peak_guard_for
-from .promise import park_created_state, parked_note, promise_note, release_after_probe
+from .promise import forget_parking, park_created_state, parked_note, promise_note, release_after_probe
 from .train_step import TrainStep
 from .pinned_state import PinnedState
 from .trial import TrialRunner
@@ -305,6 +305,7 @@ def _cache_lookup(call: _Call, cache, cache_key) -> ProbeResult | None:
     hit = call.agreement.cache_hit(call.store.get(call.key))
     if hit is None:
         return None
+    forget_parking(hit)
     hit.elapsed_s = time.perf_counter() - call.began
     hit.notes.append(f"from the probe cache ({call.store.path_of(call.key)}); no trial ran")
     log.info("probe cache hit: batch %d (%s)", hit.batch_size, call.store.path_of(call.key))

@@ -38,7 +38,7 @@ from . import arguments
 from .result import ProbeResult
 from .trial import TrialRunner
 
-__all__ = ["park_created_state", "parked_note", "promise_of", "promise_note", "release_after_probe", "still_flushing"]
+__all__ = ["forget_parking", "park_created_state", "parked_note", "promise_of", "promise_note", "release_after_probe", "still_flushing"]
 
 
 def promise_of(runner: TrialRunner, result: ProbeResult, memory: DeviceMemory) -> dict[str, Any] | None:
@@ -137,11 +137,24 @@ def park_created_state(watch: LazyStateWatch, device: torch.device) -> int:
     return sum(park_until_step(optimizer, tensors, device) for optimizer, tensors in watch.created_on(device))
 
 
+#: how :func:`parked_note` begins (a cache hit drops the note: it parked nothing)
+PARKED = "the optimizer state the trials created ("
+
+
 def parked_note(parked: int) -> str:
     """The note for state :func:`park_created_state` parked."""
-    return (f"the optimizer state the trials created ({format_bytes(parked)}) waits in a private memory pool until "
-            "the optimizer's next step, which copies it back where a new process's first step creates it "
-            "(state made at a smaller trial size, left in place, broke a hand loop at the answer)")
+    return (f"{PARKED}{format_bytes(parked)}) waits in a private memory pool until the optimizer's next step, "
+            "which copies it back where a new process's first step creates it (state made at a smaller trial "
+            "size, left in place, broke a hand loop at the answer)")
+
+
+def forget_parking(result: ProbeResult) -> ProbeResult:
+    """A cached answer as a hit returns it: the probe that wrote it parked its own process's
+    state; this process parked nothing, so its note and figure go."""
+    result.notes = [note for note in result.notes if not note.startswith(PARKED)]
+    if result.promise is not None:
+        result.promise.pop("parked_state_bytes", None)
+    return result
 
 
 def release_after_probe(device: torch.device) -> None:

@@ -177,6 +177,20 @@ def test_the_probe_parks_what_a_plain_callables_trials_created_and_says_so(monke
     assert any("private memory pool" in note for note in result.notes)
 
 
+def test_a_cache_hit_parked_nothing_and_does_not_say_it_did(monkeypatch, tmp_path):
+    monkeypatch.setattr(promise, "park_until_step", lambda o, t, d: 1234)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 64), torch.nn.ReLU(), torch.nn.Linear(64, 4))
+    optimizer = torch.optim.AdamW(model.parameters())
+    probe = dict(memory_limit="8MiB", device="cpu", max_batch=64, cache=tmp_path, cache_key="mlp")
+    first = autobatch.find_max_batch(_plain(model, optimizer), **probe)
+    assert not first.cached and first.promise["parked_state_bytes"] == 1234
+    hit = autobatch.find_max_batch(_plain(model, optimizer), **probe)
+    assert hit.cached and hit.batch_size == first.batch_size
+    assert "parked_state_bytes" not in hit.promise
+    assert not any("private memory pool" in note for note in hit.notes)
+
+
 def test_a_train_steps_restore_leaves_nothing_to_park(monkeypatch):
     seen = []
     monkeypatch.setattr(promise, "park_until_step", lambda o, t, d: seen.append(list(t)) or 0)
