@@ -17,7 +17,10 @@ beside those of the training that follows.
 
 ``--relayout`` moves the optimizer state the probe's trials created before the hand loop trains,
 to tell whether *where* that state sits is what breaks the loop in the probing process (a new
-process, whose first step creates the state among its activations, trained 180): ``compact``
+process, whose first step creates the state among its activations, trained 180). ``none`` leaves
+the probe as it is: since commit ca966d3 it parks that state itself (``autobatch.memory.parking``,
+as ``pool`` below). Every other choice turns the probe's parking off first: ``keep`` then leaves
+the state where the trials made it (what ``none`` measured before the parking), ``compact``
 sends it to the host and back (fresh segments of its own), ``lazy`` sends it to the host and
 brings it back at the loop's first optimizer step (where a new process creates it), ``drop``
 forgets it (a new process's placement and values), ``swap`` leaves it in place and, at the loop's
@@ -30,10 +33,12 @@ default pool took are printed as ``relayout_s``.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 import time
 from pathlib import Path
+from unittest import mock
 
 import torch
 
@@ -95,24 +100,23 @@ def train(step, batch_size: int, steps: int, device: str, limit: int) -> dict:
 
 def relayout(optimizer: torch.optim.Optimizer, how: str, device: str) -> float:
     """Move ``optimizer``'s device state as ``--relayout`` says (values kept, except ``drop``);
-    the seconds the move off the device took."""
-    moved = [t for state in optimizer.state.values() for t in state.values()
-             if isinstance(t, torch.Tensor) and t.device.type == device]
-    began = time.perf_counter()
-    if how == "none":
+    the seconds the move off the default pool took."""
+    if how in ("none", "keep"):
         return 0.0
     if how == "drop":
         optimizer.state.clear()
         free_memory()
         return 0.0
-    if how == "swap":  # stay put; new device memory at the first step
-        def back(*_) -> None:
+    moved = [t for state in optimizer.state.values() for t in state.values()
+             if isinstance(t, torch.Tensor) and t.device.type == device]
+    began, keep = time.perf_counter(), None
+    if how == "swap":  # stays put; new device memory for all of it at the first step, then the copies
+        def back() -> None:
             fresh = [torch.empty_like(t) for t in moved]
             for tensor, new in zip(moved, fresh):
                 new.copy_(tensor)
                 tensor.data = new
     else:
-        keep = None
         if how in ("compact", "lazy"):  # pageable host memory
             for tensor in moved:
                 tensor.data = tensor.data.to("cpu")
@@ -132,27 +136,25 @@ def relayout(optimizer: torch.optim.Optimizer, how: str, device: str) -> float:
                 for tensor in moved:
                     tensor.data = tensor.data.clone()
             torch.cuda.synchronize()
-        taken = time.perf_counter() - began
+        if device == "cuda":
+            torch.cuda.empty_cache()
 
-        def back(*_) -> None:
-            nonlocal keep
+        def back() -> None:
             for tensor in moved:
                 tensor.data = tensor.data.to(device, copy=True, non_blocking=True)
-            keep = None
-    if how != "swap":
-        torch.cuda.empty_cache() if device == "cuda" else None
-    else:
-        taken = 0.0
+
+    taken = 0.0 if how == "swap" else time.perf_counter() - began
     if how == "compact":
         back()
         return taken
-    handle = None
+    pending = [keep]  # the pool (if any) lives until the state is back
 
-    def once(*_) -> None:
-        handle.remove()
-        back()
+    def once(*_) -> None:  # stays registered: removing a hook inside torch's loop over them breaks later hooks
+        if pending:
+            pending.clear()
+            back()
 
-    handle = optimizer.register_step_pre_hook(once)
+    optimizer.register_step_pre_hook(once)
     return taken
 
 
@@ -164,7 +166,12 @@ def form(args, name: str, which: str, cap: int | None, limit: int) -> dict:
         step.calls = []
     else:
         step = LoggedStep(plain_step(model, optimizer, loss_fn, make, dtype, args.device), args.device)
-    result = autobatch.find_max_batch(step, memory_limit=cap, device=args.device, cache=False)
+    # every --relayout but ``none`` acts on the state where the trials left it: the probe's own
+    # parking (autobatch.memory.parking, what ``pool`` measured) is turned off for them
+    parking = contextlib.nullcontext() if args.relayout == "none" or which == "trainstep" else \
+        mock.patch("autobatch.probe.promise.park_until_step", lambda *_: 0)
+    with parking:
+        result = autobatch.find_max_batch(step, memory_limit=cap, device=args.device, cache=False)
     free_memory()
     size = result.batch_size + args.train_offset
     if which == "trainstep":  # as bench_promise trains it: the Runner, its retries in total
@@ -189,7 +196,7 @@ def main() -> None:
     parser.add_argument("--forms", default="trainstep,plain")
     parser.add_argument("--memory-limit", default=None)
     parser.add_argument("--steps", type=int, default=200)
-    parser.add_argument("--relayout", choices=["none", "compact", "lazy", "drop", "swap", "pinned", "pool"], default="none",
+    parser.add_argument("--relayout", choices=["none", "keep", "compact", "lazy", "drop", "swap", "pinned", "pool"], default="none",
                         help="move the plain callable's optimizer state before its hand loop (see above)")
     parser.add_argument("--train-offset", type=int, default=0, help="train at the answer plus this (e.g. -1)")
     args = parser.parse_args()
