@@ -20,8 +20,13 @@ down (181 -> 180 as a ``TrainStep`` and 180 -> 178 as a plain callable, one prob
 cuDNN autotuning the plain callable 178 -> 176 in 4 of 4 probes) and made the autotuned probes
 slower than Accelerate's (medians 8.6 and 7.7 s against 7.5 s), since state made among a
 step's activations leaves the allocator flushing at the wall. State made at a far smaller
-size (a first trial at 8 against answers near 100 or 180) sits in small segments that pin
-nothing a larger step needs, so ViT-B/16 and ResNet-50 never run a trial twice.
+size (a first trial at 8 against answers near 100 or 180) is kept: ResNet-50 trains as the
+probe found it. ViT-B/16 as a plain callable does not: beside AdamW's moments made at 8, its
+101 and 100 fail at the wall and it answers 99, where new processes train 101. Dropping such
+state too, at a failure at the wall, made that answer 101 on the same H200, but the trials
+that followed walked up to 102 and confirmed 101 again, and a ``TrainStep``'s trials after
+the drop ran three steps before failing where they had failed in one: 0.3-0.4 s more a probe,
+level with Accelerate's instead of below it (``docs/promise.md``, "Tried and not kept").
 
 The trial run again leaves its state among its activations, in split pieces the steady steps
 reuse (1.70 GiB of them for the Llama decoder at 5, which then trained 200 steps with none of
