@@ -18,7 +18,8 @@ a Llama-style decoder; tiny stand-ins with ``--quick``), side by side in one pro
    process, stepping by one from the smaller answer (the 3-step figure is a size that ran 3 steps
    in the probing process; whether it trains is the new process's question);
 6. with ``--cli`` (GPT-2, ResNet-50 and ViT workloads, spelled as the library forms): ``python -m autobatch probe`` then ``train`` in
-   a new process (a cache hit), reading train_result.json's recoveries.
+   a new process (a cache hit), reading train_result.json's recoveries. ``--cli-only --workloads default
+   --memory-limit none`` runs the README's first command on the whole device, then ``train``.
 7. ``--timing-only``: just the exact maximum and the three probes' wall times (TrainStep, plain,
    Accelerate), each in its own fresh process after the same warm-up, ``--rounds`` rounds with
    the order rotated: the speed comparison, free of the order bias of a shared process.
@@ -330,13 +331,14 @@ def cli_overrides(args, name: str) -> list[str] | None:
              *(f"+model.config.{k}={v}" for k, v in LLAMA.items()), "model.inputs=tokens",
              "data.vocab_size=50257", "data.seq_len=1024", *bf16]
     spelled = {
+        "default": [],  # the embedded default, as the README's first command runs it (--cli-only)
         "gpt2": ["model=gpt", *bf16, *([] if args.quick else gpt2)],
         "llama": llama,
         "resnet50": ["model=resnet50", *vision],
         "resnet50_tuned": ["model=resnet50", *vision, "device.cudnn_benchmark=true"],
         "vit_b16": ["model=resnet50", "model._target_=torchvision.models.vit_b_16", *vision],
     }.get(name)
-    return None if spelled is None or (name != "gpt2" and args.quick) else spelled
+    return None if spelled is None or (name not in ("gpt2", "default") and args.quick) else spelled
 
 
 def cli(args, name: str) -> dict:
@@ -344,8 +346,8 @@ def cli(args, name: str) -> dict:
     if spelled is None:
         return {"skipped": "the CLI has no such built-in model"}
     with tempfile.TemporaryDirectory() as tmp:
-        common = [*spelled, f"device.type={args.device}", f"probe.memory_limit={args.memory_limit}",
-                  f"probe.cache_dir={tmp}/cache", f"hydra.run.dir={tmp}/run"]
+        cap = [] if args.memory_limit == "none" else [f"probe.memory_limit={args.memory_limit}"]
+        common = [*spelled, f"device.type={args.device}", *cap, f"probe.cache_dir={tmp}/cache", f"hydra.run.dir={tmp}/run"]
         out = {}
         for command, extra in (("probe", []), ("train", [f"train.steps={args.steps}"])):
             began = time.perf_counter()
@@ -362,7 +364,9 @@ def cli(args, name: str) -> dict:
                 out["probe_notes"] = probed.get("notes", [])[:3]
         summary = json.loads((Path(tmp) / "run" / "train_result.json").read_text())
         out.update(batch=summary["probe"]["batch_size"] if summary.get("probe") else None, steps=summary["steps"],
-                   recoveries=len(summary["oom_recoveries"]), final_micro_batch=summary["micro_batch"])
+                   recoveries=len(summary["oom_recoveries"]), final_micro_batch=summary["micro_batch"],
+                   recovered=[(r["step"], r["phase"], r["micro_batch_before"], r["micro_batch"])
+                              for r in summary["oom_recoveries"]])
         return out
 
 
@@ -458,7 +462,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--quick", action="store_true", help="tiny models, few steps (CPU: seconds)")
-    parser.add_argument("--memory-limit", default=None, help="per-process cap (default 8GiB; 16MiB on the CPU)")
+    parser.add_argument("--memory-limit", default=None,
+                        help="per-process cap (default 8GiB; 16MiB on the CPU); 'none' probes the whole device "
+                             "(--cli-only: e.g. --workloads default, the README's probe then train)")
     parser.add_argument("--steps", type=int, default=None, help="training steps at the answer (default 200; --quick 5)")
     parser.add_argument("--workloads", default=",".join(WORKLOADS))
     parser.add_argument("--cli", action=argparse.BooleanOptionalAction, default=True)
