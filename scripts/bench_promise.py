@@ -482,6 +482,8 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     args.memory_limit = args.memory_limit or ("16MiB" if args.device == "cpu" else ("2GiB" if args.quick else "8GiB"))
+    if args.memory_limit == "none" and not args.cli_only:
+        parser.error("--memory-limit none is for --cli-only (the library forms and Accelerate run under a cap)")
     args.steps = args.steps or (5 if args.quick else 200)
     if args.child:
         return child(args)
