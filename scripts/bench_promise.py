@@ -342,32 +342,60 @@ def cli_overrides(args, name: str) -> list[str] | None:
 
 
 def cli(args, name: str) -> dict:
+    """``probe`` then ``train`` (a new process, a cache hit); with ``--cli-same`` also ``train``
+    probing in its own process (no cache); with ``--cli-bound`` also ``train`` at the smallest size
+    above the answer's 0.99 reach (``train.micro_batch``, no probe): a recovery there bounds the
+    exact maximum, so the answer is at least 0.99 of it."""
     spelled = cli_overrides(args, name)
     if spelled is None:
         return {"skipped": "the CLI has no such built-in model"}
     with tempfile.TemporaryDirectory() as tmp:
         cap = [] if args.memory_limit == "none" else [f"probe.memory_limit={args.memory_limit}"]
-        common = [*spelled, f"device.type={args.device}", *cap, f"probe.cache_dir={tmp}/cache", f"hydra.run.dir={tmp}/run"]
-        out = {}
-        for command, extra in (("probe", []), ("train", [f"train.steps={args.steps}"])):
-            began = time.perf_counter()
-            done = subprocess.run([sys.executable, "-m", "autobatch", command, *common, *extra], capture_output=True,
-                                  text=True, timeout=args.child_timeout, cwd=tmp)
-            out[f"{command}_seconds"] = round(time.perf_counter() - began, 2)
-            if done.returncode != 0:
-                out[f"{command}_error"] = done.stderr.strip().splitlines()[-3:]
-                return out
-            if command == "probe":  # the trials behind the CLI's answer (its strategy may differ)
-                probed = json.loads((Path(tmp) / "run" / "result.json").read_text())
-                out["probe_trials"] = [(t["batch_size"], t["passed"], t["purpose"], t.get("wall_bytes"))
-                                       for t in probed.get("trials", [])]
-                out["probe_notes"] = probed.get("notes", [])[:3]
-        summary = json.loads((Path(tmp) / "run" / "train_result.json").read_text())
-        out.update(batch=summary["probe"]["batch_size"] if summary.get("probe") else None, steps=summary["steps"],
-                   recoveries=len(summary["oom_recoveries"]), final_micro_batch=summary["micro_batch"],
-                   recovered=[(r["step"], r["phase"], r["micro_batch_before"], r["micro_batch"])
-                              for r in summary["oom_recoveries"]])
+        common = [*spelled, f"device.type={args.device}", *cap, f"probe.cache_dir={tmp}/cache", *args.cli_args]
+        out: dict = {}
+        probed = _cli_command(args, tmp, "probe", common, [], out)
+        if probed is None:
+            return out
+        out["probe_trials"] = [(t["batch_size"], t["passed"], t["purpose"], t.get("wall_bytes"))
+                               for t in probed.get("trials", [])]
+        out["probe_notes"] = probed.get("notes", [])[:3]
+        runs = {"train": []}
+        if args.cli_same:
+            runs["train_same"] = ["probe.cache=false"]
+        answer = probed["batch_size"]
+        if args.cli_bound:
+            bound = max(answer + 1, math.ceil(answer / 0.99))
+            runs["train_bound"] = [f"train.micro_batch={bound}", f"train.global_batch={bound}", "probe.cache=false"]
+        for command, extra in runs.items():
+            steps = args.bound_steps if command == "train_bound" else args.steps
+            summary = _cli_command(args, tmp, command, common, [*extra, f"train.steps={steps}"], out)
+            if summary is not None:
+                out[command] = _trained(summary)
+        out.update(batch=answer, **{k: v for k, v in out.get("train", {}).items() if k != "batch"})
         return out
+
+
+def _cli_command(args, tmp: str, label: str, common: list[str], extra: list[str], out: dict) -> dict | None:
+    """Run one CLI command in a new process; its result JSON (None on a failure, said in ``out``)."""
+    command = label.split("_")[0]
+    run_dir = f"{tmp}/{label}"
+    began = time.perf_counter()
+    done = subprocess.run([sys.executable, "-m", "autobatch", command, *common, *extra, f"hydra.run.dir={run_dir}"],
+                          capture_output=True, text=True, timeout=args.child_timeout, cwd=tmp)
+    out[f"{label}_seconds"] = round(time.perf_counter() - began, 2)
+    if done.returncode != 0:
+        out[f"{label}_error"] = done.stderr.strip().splitlines()[-3:]
+        return None
+    return json.loads((Path(run_dir) / ("result.json" if command == "probe" else "train_result.json")).read_text())
+
+
+def _trained(summary: dict) -> dict:
+    """What a ``train`` run did: its answer, steps, micro-batch and each OOM recovery."""
+    return dict(batch=summary["probe"]["batch_size"] if summary.get("probe") else None, steps=summary["steps"],
+                recoveries=len(summary["oom_recoveries"]), final_micro_batch=summary["micro_batch"],
+                samples_per_s=round(summary["samples_per_s"], 1),
+                recovered=[(r["step"], r["phase"], r["micro_batch_before"], r["micro_batch"], r.get("error", "")[:300])
+                           for r in summary["oom_recoveries"]])
 
 
 # -- one workload ------------------------------------------------------------------------------------
@@ -472,6 +500,12 @@ def main() -> None:
     parser.add_argument("--timing-only", action="store_true",
                         help="only the exact maximum and each probe's wall time in fresh processes (--rounds)")
     parser.add_argument("--cli-only", action="store_true", help="only the CLI's probe then train, per workload")
+    parser.add_argument("--cli-same", action="store_true",
+                        help="also the CLI's train probing in its own process (probe.cache=false)")
+    parser.add_argument("--cli-bound", action="store_true",
+                        help="also the CLI's train at the smallest size above the answer's 0.99 reach (no probe)")
+    parser.add_argument("--bound-steps", type=int, default=20, help="steps of the --cli-bound run")
+    parser.add_argument("--cli-args", nargs="*", default=[], help="more overrides for every CLI command")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--fresh-runs", type=int, default=1, help="new processes per form that train at the answer")
     parser.add_argument("--exact-fresh", action="store_true",
@@ -490,7 +524,7 @@ def main() -> None:
     began, rows = time.perf_counter(), []
     env = {"device": torch.cuda.get_device_name(0) if args.device == "cuda" else "cpu (simulated)",
            "torch": torch.__version__, "memory_limit": args.memory_limit, "steps": args.steps,
-           "alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")}
+           "alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""), "cli_args": args.cli_args}
     print(json.dumps(env))
     for name in args.workloads.split(","):
         if args.cli_only:

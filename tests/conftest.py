@@ -19,7 +19,8 @@ SMALL = ["data.shape=[16]", "data.seq_len=16", "model.width=32", "probe.max_batc
 def cli_env(**extra: str) -> dict[str, str]:
     """The environment of a CLI subprocess: the checkout importable, no error-display flags."""
     env = {k: v for k, v in os.environ.items() if k not in ("HYDRA_FULL_ERROR", "AUTOBATCH_TRACEBACK")}
-    env["PYTHONPATH"] = str(REPO)
+    # the checkout first; what the caller's path adds stays (the GPU machine's wheels in /tmp/site)
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))])
     env["OMP_NUM_THREADS"] = "1"  # tiny ops: threads only contend on a shared 2-core CI box
     env.update(extra)
     return env

@@ -9,8 +9,9 @@ the :class:`~autobatch.TrainStep` the probe runs.
 from __future__ import annotations
 
 import importlib
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import torch
 from hydra.utils import instantiate
@@ -23,13 +24,16 @@ from ..probe.find import validate_probe_args
 from ..planning.throughput import validate_timing
 from ..probe.train_step import TrainStep
 from .ranks import data_parallel
-from ..memory.units import parse_bytes
+from ..memory.allocator import environment_expandable_segments, set_expandable_segments
+from ..memory.devices import memory_for
+from ..memory.units import format_bytes, parse_bytes
 
 __all__ = [
     "Workload",
     "validate",
     "select_device",
     "memory_limit",
+    "training_memory",
     "build_workload",
     "synthetic_spec",
     "cross_entropy_loss",
@@ -176,6 +180,24 @@ def select_device(cfg: DictConfig) -> torch.device:
     return torch.device("cpu")
 
 
+def configure_allocator(cfg: DictConfig, device: torch.device) -> bool | None:
+    """``device.expandable_segments`` on a CUDA device: null turns them on unless the
+    environment's allocator settings name them; what was set (None: nothing, the environment
+    or the CPU decides). On by default because with fixed segments a size at the edge of memory
+    trains only while a new process's first step happens to leave its free pieces where the next
+    large request fits (:mod:`autobatch.memory.allocator`), and the command line probes in one
+    process and trains in another."""
+    if device.type != "cuda":
+        return None
+    wanted = cfg.device.get("expandable_segments")
+    if wanted is None:
+        if environment_expandable_segments() is not None:
+            return None
+        wanted = True
+    set_expandable_segments(bool(wanted))
+    return bool(wanted)
+
+
 def memory_limit(cfg: DictConfig, device: torch.device) -> str | None:
     """The probe's memory limit: ``probe.memory_limit``, else on the CPU ``device.simulated_budget``."""
     if cfg.probe.memory_limit is not None:
@@ -183,6 +205,23 @@ def memory_limit(cfg: DictConfig, device: torch.device) -> str | None:
     if device.type == "cpu" and cfg.device.simulated_budget is not None:
         return str(cfg.device.simulated_budget)
     return None
+
+
+@contextmanager
+def training_memory(cfg: DictConfig, device: torch.device) -> Iterator[str | None]:
+    """Train within the memory the probe was given (:func:`memory_limit`): on a GPU the process is
+    capped as the probe's trials were, on the CPU the run counts against the same simulated
+    budget. Without it the answer of a capped probe would be trained on the whole device, where
+    it cannot run out of memory, and ``probe.memory_limit`` would not be the question the user
+    asked ("what trains on a 16 GiB card?"). Yields a note saying so (None: no limit)."""
+    limit = memory_limit(cfg, device)
+    if limit is None:
+        yield None
+        return
+    limit_bytes = parse_bytes(limit)
+    with memory_for(device, limit_bytes):
+        source = "probe.memory_limit" if cfg.probe.memory_limit is not None else "device.simulated_budget"
+        yield f"trained within {format_bytes(limit_bytes)} ({source}), the memory the probe was given"
 
 
 def cross_entropy_loss(model: torch.nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
@@ -259,6 +298,7 @@ def build_workload(cfg: DictConfig) -> Workload:
     """Validate ``cfg``, then build the model (on the device), optimizer and batch makers."""
     validate(cfg)
     device = select_device(cfg)
+    configure_allocator(cfg, device)  # before the model moves: segments keep the kind they were made with
     torch.backends.cudnn.benchmark = bool(cfg.device.get("cudnn_benchmark", False))
     torch.manual_seed(cfg.seed)
     model_args = OmegaConf.to_container(cfg.model, resolve=True, enum_to_str=True)

@@ -32,7 +32,7 @@ from ..probe.find import find_max_batch
 from ..probe.result import ProbeResult
 from ..training.run_result import RunResult
 from ..memory.units import format_bytes
-from .build import Workload, build_workload, memory_limit
+from .build import Workload, build_workload, memory_limit, training_memory
 from .conf import CONFIG_PATH, ensure_conf_module
 from .display import print_result, trial_progress, write_probe_plot
 from .config import register_configs
@@ -253,13 +253,16 @@ def train_task(cfg: DictConfig) -> dict[str, Any]:
             setup = _resume_from(cfg, out_dir)
         else:
             setup = _prepare(cfg, workload, out_dir, command)
-        for note in setup["notes"]:
-            log.info(note)
-        run, _ = run_training(
-            cfg, workload, global_batch=setup["global_batch"], micro_batch=setup["micro_batch"], out_dir=out_dir,
-            max_micro_batch=setup["max_micro_batch"], plan=setup["plan"], resume=setup.get("path"),
-            resumed_step=setup.get("step"),
-        )  # fmt: skip
+        with training_memory(cfg, workload.device) as capped:
+            if capped:
+                setup["notes"].append(capped)
+            for note in setup["notes"]:
+                log.info(note)
+            run, _ = run_training(
+                cfg, workload, global_batch=setup["global_batch"], micro_batch=setup["micro_batch"], out_dir=out_dir,
+                max_micro_batch=setup["max_micro_batch"], plan=setup["plan"], resume=setup.get("path"),
+                resumed_step=setup.get("step"),
+            )  # fmt: skip
         probe = setup["probe"]
         summary = {
             **run.to_dict(),

@@ -176,6 +176,7 @@ class ProbeConfig:
     search_steps: Optional[int] = 1
     #: Cap memory at this size, e.g. "16GiB" ("what fits on a 16 GiB card?"); CPU: the
     #: simulated budget. Null: the whole GPU, or ``device.simulated_budget`` on the CPU.
+    #: ``train`` trains within the same cap.
     memory_limit: Optional[str] = None
     #: Draw memory_curve.png (peak memory per trial, fit, capacity, chosen batch) next to
     #: result.json, and summary.png next to a sweep's summary.csv.
@@ -289,6 +290,10 @@ class DeviceConfig:
     simulated_budget: Optional[str] = None
     #: cuDNN autotuning (``cudnn.benchmark``), probe and train alike; in the probe cache key.
     cudnn_benchmark: bool = False
+    #: The CUDA caching allocator's expandable segments, probe and train alike; in the probe
+    #: cache key. null: on, unless PYTORCH_CUDA_ALLOC_CONF / PYTORCH_ALLOC_CONF names the
+    #: setting (then the environment decides); true / false: on / off whatever it says.
+    expandable_segments: Optional[bool] = None
 
 
 # -- the two apps -----------------------------------------------------------------------

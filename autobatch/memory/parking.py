@@ -28,19 +28,14 @@ that existed before the probe (a resumed run) is never moved.
 
 from __future__ import annotations
 
-import os
 import weakref
 from typing import Callable, ContextManager, Iterable
 
 import torch
 
+from .allocator import expandable_segments
+
 __all__ = ["can_park", "expandable_segments", "park_until_step"]
-
-
-def expandable_segments() -> bool:
-    """Whether the CUDA caching allocator was configured with ``expandable_segments:True``."""
-    conf = os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "") + "," + os.environ.get("PYTORCH_ALLOC_CONF", "")
-    return "expandable_segments:true" in conf.replace(" ", "").lower()
 
 
 def can_park(device: torch.device) -> bool:

@@ -44,6 +44,7 @@ from typing import Any, Callable
 import torch
 from filelock import FileLock
 
+from ..memory.allocator import expandable_segments
 from ..version import __version__
 from .result import ProbeResult
 from .train_step import TrainStep
@@ -196,6 +197,8 @@ def key_components(
         "memory_limit": memory_limit,
         "cudnn_benchmark": bool(torch.backends.cudnn.benchmark),  # autotuned workspaces change the answer
     }
+    if device.startswith("cuda"):  # where free memory may sit decides what fits at the edge
+        components["device"]["expandable_segments"] = expandable_segments()
     components["versions"] = {"torch": torch.__version__, "autobatch": __version__}
     components["probe"] = dict(probe)
     return components

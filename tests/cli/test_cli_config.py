@@ -165,3 +165,23 @@ def test_device_cudnn_benchmark_sets_autotuning_for_the_run(conf, app, monkeypat
     assert torch.backends.cudnn.benchmark is False
     build_workload(conf(app, "model=mlp", "device=cpu", "device.cudnn_benchmark=true"))
     assert torch.backends.cudnn.benchmark is True
+
+
+def test_device_expandable_segments_turns_the_allocator_setting_on_for_cuda(conf, monkeypatch):
+    """The command line probes in one process and trains in another: on CUDA it makes the
+    caching allocator's segments expandable unless the environment or the config says."""
+    from autobatch.cli.build import configure_allocator
+    from autobatch.memory import allocator
+
+    made = []
+    monkeypatch.setattr("autobatch.cli.build.set_expandable_segments", made.append)
+    for var in allocator.ALLOC_CONF_VARS:
+        monkeypatch.delenv(var, raising=False)
+    cuda = torch.device("cuda", 0)  # never touched: only its type is read
+    assert configure_allocator(conf("train"), torch.device("cpu")) is None and made == []
+    assert configure_allocator(conf("train"), cuda) is True and made == [True]
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:False")  # the user's own setting stands
+    assert configure_allocator(conf("probe"), cuda) is None and made == [True]
+    assert configure_allocator(conf("probe", "device.expandable_segments=true"), cuda) is True
+    assert configure_allocator(conf("train", "device=cuda", "device.expandable_segments=false"), cuda) is False
+    assert made == [True, True, False]

@@ -88,6 +88,23 @@ def test_train_runs_the_plan_and_recovers_from_an_injected_oom(cli, tmp_path):
     assert "OOM at step 2 in forward" in done.stdout + done.stderr and "oom recoveries  1" in done.stdout
 
 
+def test_train_runs_within_the_memory_the_probe_was_given(cli, tmp_path):
+    """``probe.memory_limit`` is the question ("what trains in 2 MiB?"): training runs under the
+    same cap, so a micro-batch that does not fit there runs out of memory and is sized down from
+    measured memory (no injected fault), where the whole device (no limit) trains it as asked."""
+    args = ["model=mlp", *SMALL[:3], "device=cpu", "train.micro_batch=8000", "train.global_batch=8000", "train.steps=2"]
+    done = cli("train", *args, "probe.memory_limit=2MiB")
+    assert done.returncode == 0, done.stderr
+    summary = json.loads((tmp_path / "run" / "train_result.json").read_text())
+    assert summary["oom_recoveries"] and summary["oom_recoveries"][0]["action"] == "measured"
+    assert summary["micro_batch"] < 8000 and summary["samples"] == 2 * 8000
+    assert "trained within 2.00 MiB (probe.memory_limit)" in done.stdout
+    done = cli("train", *args)
+    assert done.returncode == 0, done.stderr
+    summary = json.loads((tmp_path / "run" / "train_result.json").read_text())
+    assert summary["oom_recoveries"] == [] and summary["micro_batch"] == 8000 and "trained within" not in done.stdout
+
+
 def test_an_oom_that_never_goes_away_is_one_line(cli):
     args = ["model=mlp", *SMALL[:3], "train.micro_batch=2", "train.steps=3", "train.grow_after=0"]
     done = cli("train", *args, "train.inject_oom=[[1,backward]]", "train.inject_oom_times=null")

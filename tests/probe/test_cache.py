@@ -133,6 +133,19 @@ def test_changing_one_component_misses(component):
     assert _key(*_variant(component)) != _key(*_variant("baseline"))
 
 
+def test_a_cuda_answer_is_keyed_by_the_allocator_segments(monkeypatch):
+    """Expandable segments change what fits at the edge of memory (issue 16): an answer found
+    with them is not served without them. Off CUDA the setting is not part of the key."""
+    step, _ = _variant("baseline")
+
+    def key(device: str, expandable: bool) -> str:
+        monkeypatch.setattr(probe_cache, "expandable_segments", lambda: expandable)
+        return probe_cache.key_of(probe_cache.key_components(step, device=device, capacity=2**33, memory_limit=None, probe={}))
+
+    assert key("cuda:0 (NVIDIA H200)", True) != key("cuda:0 (NVIDIA H200)", False)
+    assert key("cpu (simulated 64.00 MiB)", True) == key("cpu (simulated 64.00 MiB)", False)
+
+
 @pytest.mark.parametrize("component", ["model-shape", "optimizer", "memory-cap", "margin"])
 def test_a_changed_component_reprobes(component):
     find_max_batch(*_variant("baseline")[:1], **_variant("baseline")[1])
