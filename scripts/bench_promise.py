@@ -18,8 +18,11 @@ a Llama-style decoder; tiny stand-ins with ``--quick``), side by side in one pro
    process, stepping by one from the smaller answer (the 3-step figure is a size that ran 3 steps
    in the probing process; whether it trains is the new process's question);
 6. with ``--cli`` (GPT-2, ResNet-50 and ViT workloads, spelled as the library forms): ``python -m autobatch probe`` then ``train`` in
-   a new process (a cache hit), reading train_result.json's recoveries. ``--cli-only --workloads default
-   --memory-limit none`` runs the README's first command on the whole device, then ``train``.
+   a new process (a cache hit), reading train_result.json's recoveries (``train`` runs within the same
+   cap); ``--cli-same`` adds ``train`` probing for itself (``probe.cache=false``), ``--cli-bound`` a
+   ``train`` at the smallest size above the answer's 0.99 reach (a recovery there bounds the exact
+   maximum). ``--cli-only --workloads default --memory-limit none`` runs the README's first command on
+   the whole device, then ``train``.
 7. ``--timing-only``: just the exact maximum and the three probes' wall times (TrainStep, plain,
    Accelerate), each in its own fresh process after the same warm-up, ``--rounds`` rounds with
    the order rotated: the speed comparison, free of the order bias of a shared process.
@@ -356,8 +359,8 @@ def cli(args, name: str) -> dict:
         probed = _cli_command(args, tmp, "probe", common, [], out)
         if probed is None:
             return out
-        out["probe_trials"] = [(t["batch_size"], t["passed"], t["purpose"], t.get("wall_bytes"))
-                               for t in probed.get("trials", [])]
+        out["probe_trials"] = [(t["batch_size"], t["passed"], t["purpose"], t.get("wall_bytes"), t.get("steps"),
+                                t.get("flushes"), (t.get("error") or "")[:160]) for t in probed.get("trials", [])]
         out["probe_notes"] = probed.get("notes", [])[:3]
         runs = {"train": []}
         if args.cli_same:

@@ -32,6 +32,7 @@ __all__ = [
     "Workload",
     "validate",
     "select_device",
+    "device_kind",
     "memory_limit",
     "training_memory",
     "build_workload",
@@ -170,10 +171,16 @@ def _validate_train(train: DictConfig) -> None:
             )
 
 
+def device_kind(cfg: DictConfig) -> str:
+    """``"cuda"`` or ``"cpu"``: ``device.type``, ``auto`` being CUDA when available. Reads no
+    device property, so no CUDA context is made."""
+    kind = _name(cfg.device.type)
+    return "cuda" if kind == "cuda" or (kind == "auto" and torch.cuda.is_available()) else "cpu"
+
+
 def select_device(cfg: DictConfig) -> torch.device:
     """``device.type``: ``auto`` is CUDA when available, else the CPU."""
-    kind = _name(cfg.device.type)
-    if kind == "cuda" or (kind == "auto" and torch.cuda.is_available()):
+    if device_kind(cfg) == "cuda":
         if not torch.cuda.is_available():
             raise ValueError("device=cuda but no CUDA device is available; use device=auto or device=cpu")
         return torch.device("cuda", torch.cuda.current_device())

@@ -32,12 +32,13 @@ from ..probe.find import find_max_batch
 from ..probe.result import ProbeResult
 from ..training.run_result import RunResult
 from ..memory.units import format_bytes
-from .build import Workload, build_workload, memory_limit, training_memory
+from .build import Workload, build_workload, device_kind, memory_limit, training_memory
 from .conf import CONFIG_PATH, ensure_conf_module
 from .display import print_result, trial_progress, write_probe_plot
 from .config import register_configs
 from . import ranks
 from .errors import reported
+from .isolated import isolate_probe, probe_in_child
 from .sharding import per_rank_batch
 from .training import FINAL_MODEL, METRICS, find_resume, rank_fields, read_checkpoint, run_training
 
@@ -186,9 +187,11 @@ def probe_task(cfg: DictConfig) -> dict[str, Any]:
     raise AssertionError("unreachable")  # reported() exits or raises
 
 
-def _prepare(cfg: DictConfig, workload: Workload, out_dir: Path, command: str) -> dict[str, Any]:
+def _prepare(cfg: DictConfig, workload: Workload, out_dir: Path, command: str,
+             probed: ProbeResult | None = None) -> dict[str, Any]:
     """Decide the batches of a fresh run: ``train.micro_batch`` as given (no probe), else a
-    plan for ``train.global_batch``, else the probed batch as both global and micro-batch.
+    plan for ``train.global_batch``, else the probed batch as both global and micro-batch
+    (``probed``: the answer of a probe that ran in a child process, :mod:`.isolated`).
 
     Under ``W`` ranks the micro-batch is per rank and an unset ``train.global_batch`` is ``W``
     times the per-rank batch (each rank trains one micro-batch a step)."""
@@ -210,6 +213,13 @@ def _prepare(cfg: DictConfig, workload: Workload, out_dir: Path, command: str) -
         micro = planned.micro_batch
         probed = [p.batch_size for p in planned.probe_results]
         ceiling = min(global_batch // world, max(probed + [micro]))
+    elif probed is not None:
+        result = probed
+        _write_json(out_dir / "result.json", {**result.to_dict(), "command": command, "config": _resolved(cfg)})
+        notes.append(f"probed in a child process (probe.isolate; its run: {out_dir / 'probe'}), so training starts "
+                     "in a process no trial ran in")
+        micro = result.batch_size
+        global_batch = micro * world
     else:
         with trial_progress():
             result = run_probe(cfg, workload)
@@ -248,11 +258,14 @@ def train_task(cfg: DictConfig) -> dict[str, Any]:
         out_dir = ranks.shared_run_dir(out_dir)  # rank 0's, where every rank's checkpoint shards go
         if cfg.train.global_batch is not None:  # before any probe: a config error, at once
             per_rank_batch(int(cfg.train.global_batch), dist_sync.world_size())
+        probed = None
+        if cfg.train.resume is None and cfg.train.micro_batch is None and isolate_probe(cfg, device_kind(cfg)):
+            probed = probe_in_child(out_dir / "probe")  # before this process makes a CUDA context
         workload = build_workload(cfg)
         if cfg.train.resume is not None:
             setup = _resume_from(cfg, out_dir)
         else:
-            setup = _prepare(cfg, workload, out_dir, command)
+            setup = _prepare(cfg, workload, out_dir, command, probed)
         with training_memory(cfg, workload.device) as capped:
             if capped:
                 setup["notes"].append(capped)

@@ -186,6 +186,9 @@ class ProbeConfig:
     cache: bool = True
     #: The cache directory (null: ``$AUTOBATCH_CACHE_DIR``, else ``~/.cache/autobatch``).
     cache_dir: Optional[str] = None
+    #: ``train`` only: probe in a child process, so training starts in a process no trial ran
+    #: in. Null: on CUDA without ``train.global_batch`` and outside ``torchrun``.
+    isolate: Optional[bool] = None
 
 
 @dataclass

@@ -181,3 +181,50 @@ def test_fp16_trains_with_a_grad_scaler_through_the_cli(cli, tmp_path):
     assert "skipped_steps" in summary
     state = load_checkpoint(tmp_path / "run" / "checkpoints" / "last.pt")
     assert state["grad_scaler"]["scale"] > 0  # the scaler's state is checkpointed for resume
+
+
+def test_train_can_probe_in_a_child_process_and_trains_from_its_answer(cli, tmp_path):
+    """``probe.isolate=true`` (the default on CUDA): the probe runs as ``python -m autobatch probe``
+    with the job's overrides in its own process, writing into the run's ``probe/``; training
+    starts from that answer in a process no trial ran in."""
+    args = ["model=mlp", *SMALL[:3], "device=cpu", "probe.memory_limit=2MiB", "probe.cache=false", "train.steps=2"]
+    done = cli("train", *args, "probe.isolate=true")
+    assert done.returncode == 0, done.stderr
+    run = tmp_path / "run"
+    child = json.loads((run / "probe" / "result.json").read_text())
+    summary = json.loads((run / "train_result.json").read_text())
+    assert summary["micro_batch"] == child["batch_size"] == summary["probe"]["batch_size"]
+    assert summary["oom_recoveries"] == [] and any("probed in a child process" in n for n in summary["notes"])
+    assert "model=mlp" in child["command"] and "probe.isolate=false" in child["command"]
+    assert json.loads((run / "result.json").read_text())["batch_size"] == child["batch_size"]
+
+
+def test_probe_isolate_says_where_it_cannot_run(cli):
+    done = cli("train", "model=mlp", *SMALL[:3], "device=cpu", "probe.isolate=true", "train.global_batch=64")
+    assert done.returncode == 2 and "probe.isolate=true probes without a plan" in done.stderr
+
+
+def test_the_childs_command_keeps_the_jobs_overrides_and_config_flags(tmp_path):
+    from autobatch.cli.isolated import child_command
+
+    argv = ["-cd", "/my/conf", "--config-name=exp", "model=mlp,gpt", "-m"]
+    task = ["model=gpt", "+model.extra=1", "hydra.verbose=true", "train.steps=5"]
+    command = child_command(tmp_path / "probe", argv=argv, task=task)
+    assert command[1:4] == ["-m", "autobatch", "probe"]
+    assert command[4:] == ["-cd", "/my/conf", "--config-name=exp", "model=gpt", "+model.extra=1", "train.steps=5",
+                           f"hydra.run.dir={tmp_path / 'probe'}", "probe.isolate=false"]
+
+
+@pytest.mark.parametrize("model", [
+    ["model=mlp", "data.shape=[16]", "model.width=32", "probe.memory_limit=2MiB"],
+    ["model=cnn", "data.shape=[3,16,16]", "probe.memory_limit=8MiB"],
+    ["model=gpt", "data.seq_len=16", "model.width=32", "probe.memory_limit=16MiB"],
+], ids=["mlp", "cnn", "gpt"])
+def test_the_clis_answer_trains_within_the_budget_it_was_probed_under(cli, tmp_path, model):
+    """Issue 16 through the command line: ``train`` probes (same process on the CPU), then trains
+    at the answer under the same simulated budget with no out-of-memory recovery. The global batch
+    is host memory, as on a GPU; only the runner's move of a micro-batch takes device memory."""
+    done = cli("train", *model, "device=cpu", "probe.cache=false", "train.steps=5")
+    assert done.returncode == 0, done.stderr
+    summary = json.loads((tmp_path / "run" / "train_result.json").read_text())
+    assert summary["oom_recoveries"] == [] and summary["micro_batch"] == summary["probe"]["batch_size"] > 1

@@ -1,6 +1,6 @@
 """Real-GPU checks of the command line's memory regime (issue 16): ``probe`` and ``train`` make the
-caching allocator's segments expandable, key their cache by it, and ``train`` runs within the
-probe's ``probe.memory_limit``. Skipped without CUDA; each command runs in its own process."""
+caching allocator's segments expandable, key their cache by it, ``train`` probes in a child
+process and runs within the probe's ``probe.memory_limit``. Skipped without CUDA; each command runs in its own process."""
 
 import json
 
@@ -33,6 +33,8 @@ def test_probe_then_train_use_expandable_segments_and_train_within_the_cap(tmp_p
     trained = json.loads((tmp_path / "train" / "train_result.json").read_text())
     assert trained["probe"]["cached"] and trained["micro_batch"] == probed["batch_size"]
     assert trained["oom_recoveries"] == [] and "trained within 1.00 GiB" in done.stdout
+    assert any("probed in a child process" in note for note in trained["notes"])  # probe.isolate, on CUDA
+    assert json.loads((tmp_path / "train" / "probe" / "result.json").read_text())["cached"]
     # the cache keys the setting: fixed segments are another allocator, so the probe runs again
     _run(tmp_path, "fixed", "probe", *args, "device.expandable_segments=false")
     fixed = json.loads((tmp_path / "fixed" / "result.json").read_text())

@@ -1,0 +1,84 @@
+"""``train``'s probe in a child process, so training starts in a process no trial ran in.
+
+A probe leaves its process changed in ways no cleanup undoes: where the caching allocator put the
+small tensors that outlived the trials (cuBLAS workspaces, the optimizer's step counters), which
+segments and pages they pin, what cuDNN cached after the out-of-memory trials. A size at the
+edge of memory trains or not by such details. Measured on one NVIDIA H200 (issue 16, ViT-B/16,
+bf16, 8 GiB cap, expandable segments, ``scripts/diag_cli_same.py``): the CLI's probe answered 103;
+a new process trained 103 for 200 steps with 6 allocator retries in all, while the process that
+probed retried at every step and ran out of memory at step 78 (7.70 GiB allocated, 193 MiB
+reserved in pieces it could not release, 120 MiB asked for), with the same allocated figures
+step for step, and a full garbage collection after the probe changed nothing. So on CUDA
+``train`` runs ``python -m autobatch probe`` with the job's own overrides as a child process and
+trains from its answer, as a cache hit does: the probe cache's promise (the answer trains in a
+new process) is then the only promise ``train`` needs.
+
+Only the plain probe is moved: a plan (``train.global_batch``) may wrap the model for activation
+checkpointing in this process, and under ``torchrun`` the ranks' probe agrees through the
+process group; both still run here (``probe.isolate``).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig
+
+from ..dist import agreement as dist_sync
+from ..probe.result import ProbeResult
+from .errors import RUNTIME_FAILURE, CLIError
+
+__all__ = ["child_command", "isolate_probe", "probe_in_child"]
+
+#: flags whose value follows them and names where the configs come from (kept for the child)
+_CONFIG_FLAGS = ("-cp", "--config-path", "-cn", "--config-name", "-cd", "--config-dir")
+
+
+def isolate_probe(cfg: DictConfig, device_type: str) -> bool:
+    """Whether ``train`` probes in a child process: ``probe.isolate``, where null means on CUDA
+    for a plain probe (no ``train.global_batch``) in a single process. Decided before this
+    process touches the device, so the child has the whole device to itself."""
+    wanted = cfg.probe.get("isolate")
+    distributed = dist_sync.is_distributed()
+    if wanted and distributed:
+        raise CLIError("probe.isolate=true cannot run under torchrun: the ranks' probe agrees through the process "
+                       "group; drop it (the probe then runs in each rank's own process)")
+    if wanted and cfg.train.global_batch is not None:
+        raise CLIError("probe.isolate=true probes without a plan: drop train.global_batch, or probe.isolate")
+    if wanted is None:
+        return device_type == "cuda" and not distributed and cfg.train.global_batch is None
+    return bool(wanted)
+
+
+def child_command(out_dir: Path, argv: list[str] | None = None, task: list[str] | None = None) -> list[str]:
+    """``python -m autobatch probe`` with this job's overrides (``task``: Hydra's, which are this
+    job's own values in a sweep), the config-location flags of ``argv``, and ``out_dir`` as
+    its run directory."""
+    argv = sys.argv[1:] if argv is None else argv
+    task = list(HydraConfig.get().overrides.task) if task is None else task
+    flags: list[str] = []
+    for index, arg in enumerate(argv):
+        name = arg.split("=", 1)[0]
+        if name in _CONFIG_FLAGS:
+            flags += [arg] if "=" in arg else argv[index:index + 2]
+    overrides = [o for o in task if not o.lstrip("+~").startswith("hydra.")]
+    return [sys.executable, "-m", "autobatch", "probe", *flags, *overrides, f"hydra.run.dir={out_dir}", "probe.isolate=false"]
+
+
+def probe_in_child(out_dir: Path) -> ProbeResult:
+    """Run the probe as a child process writing into ``out_dir`` (its table and trial lines go
+    to this process's terminal); its result. A failed child is one error naming its exit status
+    (its own message is printed above it)."""
+    done = subprocess.run(child_command(out_dir), check=False)
+    result_file = out_dir / "result.json"
+    if done.returncode != 0 or not result_file.is_file():
+        raise CLIError(f"the probe's child process (probe.isolate) failed with exit status {done.returncode}; "
+                       f"its error is above (run dir {out_dir})", done.returncode or RUNTIME_FAILURE)
+    data = json.loads(result_file.read_text(encoding="utf-8"))
+    for extra in ("command", "config"):
+        data.pop(extra, None)
+    return ProbeResult.from_dict(data)
