@@ -188,10 +188,10 @@ def probe_task(cfg: DictConfig) -> dict[str, Any]:
 
 
 def _prepare(cfg: DictConfig, workload: Workload, out_dir: Path, command: str,
-             probed: ProbeResult | None = None) -> dict[str, Any]:
+             child_result: ProbeResult | None = None) -> dict[str, Any]:
     """Decide the batches of a fresh run: ``train.micro_batch`` as given (no probe), else a
     plan for ``train.global_batch``, else the probed batch as both global and micro-batch
-    (``probed``: the answer of a probe that ran in a child process, :mod:`.isolated`).
+    (``child_result``: the answer of a probe that ran in a child process, :mod:`.isolated`).
 
     Under ``W`` ranks the micro-batch is per rank and an unset ``train.global_batch`` is ``W``
     times the per-rank batch (each rank trains one micro-batch a step)."""
@@ -213,8 +213,8 @@ def _prepare(cfg: DictConfig, workload: Workload, out_dir: Path, command: str,
         micro = planned.micro_batch
         probed = [p.batch_size for p in planned.probe_results]
         ceiling = min(global_batch // world, max(probed + [micro]))
-    elif probed is not None:
-        result = probed
+    elif child_result is not None:
+        result = child_result
         _write_json(out_dir / "result.json", {**result.to_dict(), "command": command, "config": _resolved(cfg)})
         notes.append(f"probed in a child process (probe.isolate; its run: {out_dir / 'probe'}), so training starts "
                      "in a process no trial ran in")
@@ -258,14 +258,14 @@ def train_task(cfg: DictConfig) -> dict[str, Any]:
         out_dir = ranks.shared_run_dir(out_dir)  # rank 0's, where every rank's checkpoint shards go
         if cfg.train.global_batch is not None:  # before any probe: a config error, at once
             per_rank_batch(int(cfg.train.global_batch), dist_sync.world_size())
-        probed = None
+        child_result = None
         if cfg.train.resume is None and cfg.train.micro_batch is None and isolate_probe(cfg, device_kind(cfg)):
-            probed = probe_in_child(out_dir / "probe")  # before this process makes a CUDA context
+            child_result = probe_in_child(out_dir / "probe")  # before this process makes a CUDA context
         workload = build_workload(cfg)
         if cfg.train.resume is not None:
             setup = _resume_from(cfg, out_dir)
         else:
-            setup = _prepare(cfg, workload, out_dir, command, probed)
+            setup = _prepare(cfg, workload, out_dir, command, child_result)
         with training_memory(cfg, workload.device) as capped:
             if capped:
                 setup["notes"].append(capped)
