@@ -1,9 +1,9 @@
 """``train``'s probe in a child process, so training starts in a process no trial ran in.
 
-A probe leaves its process changed in ways no cleanup undoes: where the caching allocator put the
-small tensors that outlived the trials (cuBLAS workspaces, the optimizer's step counters), which
-segments and pages they pin, what cuDNN cached after the out-of-memory trials. A size at the
-edge of memory trains or not by such details. Measured on one NVIDIA H200 (issue 16, ViT-B/16,
+A probe leaves its process changed in ways no cleanup undoes: where the caching allocator put
+what outlived the trials, which pages that pins, what libraries cached after the out-of-memory
+trials (which of these mattered below was not measured). A size at the edge of memory trains or
+not by such details. Measured on one NVIDIA H200 (issue 16, ViT-B/16,
 bf16, 8 GiB cap, expandable segments, ``scripts/diag_cli_same.py``): the CLI's probe answered 103;
 a new process trained 103 for 200 steps with 6 allocator retries in all, while the process that
 probed retried at every step and ran out of memory at step 78 (7.70 GiB allocated, 193 MiB
@@ -29,6 +29,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from ..dist import agreement as dist_sync
+from ..probe.promise import forget_parking
 from ..probe.result import ProbeResult
 from .errors import RUNTIME_FAILURE, CLIError
 
@@ -71,8 +72,9 @@ def child_command(out_dir: Path, argv: list[str] | None = None, task: list[str] 
 
 def probe_in_child(out_dir: Path) -> ProbeResult:
     """Run the probe as a child process writing into ``out_dir`` (its table and trial lines go
-    to this process's terminal); its result. A failed child is one error naming its exit status
-    (its own message is printed above it)."""
+    to this process's terminal); its result, as a cache hit returns one (without the parking the
+    child did in its own process). A failed child is one error naming its exit status (its own
+    message is printed above it)."""
     done = subprocess.run(child_command(out_dir), check=False)
     result_file = out_dir / "result.json"
     if done.returncode != 0 or not result_file.is_file():
@@ -81,4 +83,4 @@ def probe_in_child(out_dir: Path) -> ProbeResult:
     data = json.loads(result_file.read_text(encoding="utf-8"))
     for extra in ("command", "config"):
         data.pop(extra, None)
-    return ProbeResult.from_dict(data)
+    return forget_parking(ProbeResult.from_dict(data))  # the child parked its own state, not this process's

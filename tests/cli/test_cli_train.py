@@ -228,3 +228,25 @@ def test_the_clis_answer_trains_within_the_budget_it_was_probed_under(cli, tmp_p
     assert done.returncode == 0, done.stderr
     summary = json.loads((tmp_path / "run" / "train_result.json").read_text())
     assert summary["oom_recoveries"] == [] and summary["micro_batch"] == summary["probe"]["batch_size"] > 1
+
+
+def test_a_child_probes_parking_is_not_claimed_by_the_training_process(tmp_path, monkeypatch):
+    """The child parked its own optimizer state (fixed segments); the process that trains parked
+    nothing, so the answer it takes over says nothing of parking, as a cache hit does."""
+    from autobatch.cli import isolated
+    from autobatch.probe.promise import PARKED, parked_note
+    from autobatch.probe.result import ProbeResult
+
+    written = ProbeResult(batch_size=7, strategy="auto", strategy_used="predict", trials=[], capacity_bytes=2**20,
+                          elapsed_s=0.1, margin=0.0, notes=[parked_note(2**20), "kept"],
+                          promise={"parked_state_bytes": 2**20})
+
+    def child(command, check):
+        (tmp_path / "result.json").write_text(json.dumps({**written.to_dict(), "command": "x", "config": {}}))
+        return subprocess.CompletedProcess(command, 0)
+
+    monkeypatch.setattr(isolated, "child_command", lambda out_dir: ["probe"])
+    monkeypatch.setattr(isolated.subprocess, "run", child)
+    result = isolated.probe_in_child(tmp_path)
+    assert result.batch_size == 7 and result.notes == ["kept"] and result.promise == {}
+    assert not any(note.startswith(PARKED) for note in result.notes)
