@@ -9,8 +9,10 @@ among that step's freed activations, where a probe's trials made it at a smaller
 on one NVIDIA H200 (issue 16, the CLI's embedded default, uncapped): the probe's 38799 passed
 its trials, and in a new process step 1 asked for 18.95 GiB with 18.91 GiB reserved but
 unallocated, in 3 of 3 runs. With ``expandable_segments:True`` a segment grows and shrinks by
-2 MiB pages, so free memory is free wherever it sits and a new process's placement cannot
-decide whether a size trains.
+pages (20 MiB in the large pool, 2 MiB in the small one: :data:`LARGE_PAGE_BYTES`), and on a
+failed request the allocator unmaps the whole pages of its free pieces and maps them again where
+the request fits, so free memory is free wherever it sits (but for the partly used pages at the
+ends of a free piece) and a new process's placement cannot decide whether a size trains.
 
 The command line turns it on for CUDA unless told otherwise (``device.expandable_segments``);
 the library never changes a user's allocator, it only reads the setting (the probe cache keys
@@ -24,10 +26,15 @@ import re
 
 import torch
 
-__all__ = ["environment_expandable_segments", "expandable_segments", "set_expandable_segments"]
+__all__ = ["LARGE_PAGE_BYTES", "environment_expandable_segments", "expandable_segments", "expandable_segments_on",
+           "set_expandable_segments"]
 
 #: the environment variables the caching allocator reads (the first is the older name)
 ALLOC_CONF_VARS = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")
+
+#: the page by which an expandable segment of the caching allocator's large pool (requests over
+#: 1 MiB) maps and unmaps device memory (``kLargeBuffer`` in PyTorch's CUDACachingAllocator)
+LARGE_PAGE_BYTES = 20 * 2**20
 
 _SETTING = re.compile(r"expandable_segments\s*:\s*(\w+)", re.IGNORECASE)
 
@@ -59,6 +66,14 @@ def expandable_segments() -> bool:
     if _set_here is not None:
         return _set_here
     return bool(environment_expandable_segments())
+
+
+def expandable_segments_on(device: torch.device | None) -> bool | None:
+    """:func:`expandable_segments` for memory on ``device``: None off CUDA, where the setting
+    does not apply."""
+    if getattr(device, "type", None) != "cuda":
+        return None
+    return expandable_segments()
 
 
 def set_expandable_segments(on: bool) -> None:

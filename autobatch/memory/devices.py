@@ -103,6 +103,14 @@ class AcceleratorMemory:
         reachable = free + self.reserved()
         return int(min(reachable, self.total() * self.cap_fraction()))
 
+    def cap_binds(self) -> bool:
+        """Whether the per-process cap, not the driver's free memory, bounds :meth:`capacity`.
+        The cap counts only the caching allocator's reserved memory; the driver's free memory
+        also shrinks by what is allocated outside it (kernels loaded on their first launch,
+        library handles, other processes)."""
+        free, _ = torch.accelerator.get_memory_info(self.device)
+        return self.total() * self.cap_fraction() < free + self.reserved()
+
     def allocated(self) -> int:
         return _allocated_stat(self.device, "current")
 

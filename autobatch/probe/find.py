@@ -294,7 +294,8 @@ def _cache_lookup(call: _Call, cache, cache_key) -> ProbeResult | None:
             fn, cache_key=cache_key, device=device_name, capacity=capacity, memory_limit=call.limit_bytes,
             # the headroom decides which trials pass on an accelerator: answers found under
             # another headroom (older versions had none) are not this probe's answers
-            probe={**call.probe_args, "allocator_headroom": arguments.ALLOCATOR_HEADROOM},
+            probe={**call.probe_args, "allocator_headroom": arguments.ALLOCATOR_HEADROOM,
+                   "expandable_headroom_bytes": arguments.EXPANDABLE_HEADROOM_BYTES},
         )
     except Exception as exc:  # noqa: BLE001 - a key we cannot derive only costs the cache
         log.warning("probe cache off for this call: could not derive the key (%s: %s)", type(exc).__name__, exc)

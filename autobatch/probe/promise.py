@@ -9,7 +9,9 @@ An answer is a promise that training runs at it, in the process that probed and 
   cache: :meth:`~autobatch.probe.trial.TrialRunner.run` ``settle``,
   :mod:`~autobatch.probe.settling`); with autotuning the confirmation tuned for real, and its
   plans stay cached for training in this process (:mod:`~autobatch.probe.autotune`);
-* its allocated peak left the allocator's headroom free, and its steady steps cleared the
+* its allocated peak left the allocator's headroom free (1 % of the capacity, or two 20 MiB
+  pages where expandable segments are on: :func:`~autobatch.probe.search.allocator_headroom`),
+  and its steady steps cleared the
   allocator's wall: the allocated peak plus the bytes the trial left in split blocks the
   allocator cannot return stayed under the capacity
   (:meth:`~autobatch.probe.trial.TrialRunner._wall_excess`); what the
@@ -32,9 +34,9 @@ import torch
 
 from ..memory.devices import DeviceMemory
 from ..memory.lazy_state import LazyStateWatch
-from ..memory.parking import expandable_segments, park_until_step
+from ..memory.allocator import expandable_segments_on
+from ..memory.parking import park_until_step
 from ..memory.units import format_bytes
-from . import arguments
 from .result import ProbeResult
 from .trial import TrialRunner
 
@@ -61,8 +63,9 @@ def promise_of(runner: TrialRunner, result: ProbeResult, memory: DeviceMemory) -
         "flushes": record.flushes,
         "capacity_bytes": capacity,
         "peak_fraction": None if not capacity or record.step_peak_bytes is None else record.step_peak_bytes / capacity,
-        "allocator_headroom": None if runner.peak_limit is None else arguments.ALLOCATOR_HEADROOM,
-        "expandable_segments": _expandable_segments(memory),
+        # what a passing trial's allocated peak had to leave free (search.allocator_headroom)
+        "allocator_headroom_bytes": None if runner.peak_limit is None or not capacity else capacity - runner.peak_limit,
+        "expandable_segments": expandable_segments_on(getattr(memory, "device", None)),
     }
 
 
@@ -84,7 +87,7 @@ def promise_note(runner: TrialRunner, result: ProbeResult, memory: DeviceMemory)
         parts.append(
             f"{format_bytes(promise['reserved_peak_bytes'])} reserved, {format_bytes(promise['fragmentation_bytes'])} "
             f"reserved-but-unused at the peak, {format_bytes(promise['inactive_split_bytes'])} in inactive split blocks; "
-            f"passing trials left {100 * arguments.ALLOCATOR_HEADROOM:g} % of capacity free, and room for the split "
+            f"passing trials left {_headroom(promise)} free, and room for the split "
             f"blocks their steady steps left; expandable_segments "
             f"{'on' if promise['expandable_segments'] else 'off'}"
         )
@@ -93,6 +96,14 @@ def promise_note(runner: TrialRunner, result: ProbeResult, memory: DeviceMemory)
     if promise["autotuned"]:
         parts.append(NEW_PROCESS_AUTOTUNING)
     return "; ".join(parts)
+
+
+def _headroom(promise: dict[str, Any]) -> str:
+    """The headroom a passing trial left, in words: bytes, and the share of the capacity."""
+    headroom, capacity = promise["allocator_headroom_bytes"], promise["capacity_bytes"]
+    if headroom is None:
+        return "the allocator's headroom"
+    return f"{format_bytes(headroom)} ({100 * headroom / capacity:.2g} % of capacity)"
 
 
 def still_flushing(promise: dict[str, Any]) -> bool:
@@ -164,7 +175,3 @@ def release_after_probe(device: torch.device) -> None:
         torch.cuda.empty_cache()
 
 
-def _expandable_segments(memory: DeviceMemory) -> bool | None:
-    if getattr(getattr(memory, "device", None), "type", None) != "cuda":
-        return None
-    return expandable_segments()

@@ -12,7 +12,10 @@ from __future__ import annotations
 
 import math
 
+import torch
+
 from ..errors import NoBatchFitsError
+from ..memory.allocator import expandable_segments_on
 from ..memory.devices import SimulatedDeviceMemory
 from ..memory.diagnostics import memory_diagnostics
 from ..memory.units import format_bytes
@@ -23,7 +26,7 @@ from .predict import predictive
 from .result import ProbeResult
 from .trial import TrialRunner
 
-__all__ = ["run_search", "peak_limit", "max_units_of"]
+__all__ = ["run_search", "peak_limit", "allocator_headroom", "max_units_of"]
 
 
 def run_search(
@@ -159,10 +162,27 @@ def _below_wall(capacity: int | None, wall: int | None) -> int | None:
 
 def peak_limit(memory, capacity: int | None) -> int | None:
     """The largest allocated peak a passing trial may reach: on an accelerator, the capacity
-    less ``arguments.ALLOCATOR_HEADROOM``; on the simulated device (no caching allocator) no limit."""
+    less :func:`allocator_headroom`; on the simulated device (no caching allocator) no limit."""
     if capacity is None or isinstance(memory, SimulatedDeviceMemory):
         return None
-    return int(capacity * (1 - arguments.ALLOCATOR_HEADROOM))
+    capped = getattr(memory, "cap_binds", lambda: False)()
+    return capacity - allocator_headroom(capacity, getattr(memory, "device", None), capped=capped)
+
+
+def allocator_headroom(capacity: int, device: torch.device | None, *, capped: bool) -> int:
+    """The bytes a passing step's allocated peak must leave free on an accelerator:
+    ``arguments.ALLOCATOR_HEADROOM`` of the capacity, or ``arguments.EXPANDABLE_HEADROOM_BYTES``
+    if that is less where expandable segments are on (CUDA) and the per-process cap bounds the
+    capacity (``capped``). Fixed segments need the percent for free pieces that sit where no
+    large request fits; expandable ones remap free pages where a request fits, so only partly
+    used pages are lost. Without a binding cap the capacity is the driver's free memory, which
+    also shrinks by what is allocated outside the caching allocator after the probe measured it
+    (measured on an H200, the CLI's default uncapped: with two pages of headroom 39147 passed a
+    step, then ran out of memory in its second, 19.12 GiB asked with 19.11 GiB free)."""
+    fixed = int(capacity * arguments.ALLOCATOR_HEADROOM)
+    if capped and expandable_segments_on(device):
+        return min(fixed, arguments.EXPANDABLE_HEADROOM_BYTES)
+    return fixed
 
 
 def _confirm(runner: TrialRunner, found: int, multiple_of: int, *, after_last_oom: bool) -> int | None:

@@ -29,6 +29,9 @@ def test_probe_then_train_use_expandable_segments_and_train_within_the_cap(tmp_p
     _run(tmp_path, "probe", "probe", *args)
     probed = json.loads((tmp_path / "probe" / "result.json").read_text())
     assert probed["promise"]["expandable_segments"] is True
+    # under the cap with expandable segments: two 20 MiB pages of headroom, never more than 1 %
+    capacity = probed["promise"]["capacity_bytes"]
+    assert probed["promise"]["allocator_headroom_bytes"] == min(int(capacity * 0.01), 40 * 2**20)
     done = _run(tmp_path, "train", "train", *args, "train.steps=20")
     trained = json.loads((tmp_path / "train" / "train_result.json").read_text())
     assert trained["probe"]["cached"] and trained["micro_batch"] == probed["batch_size"]

@@ -114,8 +114,23 @@ def _assert_next_size_fails(result, step) -> None:
         torch.cuda.reset_peak_memory_stats()
         step(result.batch_size + 1)
         torch.cuda.synchronize()
-    limit = result.capacity_bytes * (1 - autobatch.probe.ALLOCATOR_HEADROOM)
+    limit = result.capacity_bytes - result.promise["allocator_headroom_bytes"]  # what the probe's trials had to leave
     assert torch.cuda.max_memory_allocated() > limit
+
+
+def test_the_cap_binds_the_capacity_only_under_a_per_process_cap():
+    """Under a cap the capacity counts the allocator's memory only (two pages of headroom with
+    expandable segments); without one it is the driver's free memory (the percent)."""
+    from autobatch.memory.devices import AcceleratorMemory
+
+    memory, previous = AcceleratorMemory(torch.device("cuda", 0)), torch.cuda.get_per_process_memory_fraction(0)
+    try:
+        torch.cuda.set_per_process_memory_fraction(0.25, 0)
+        assert memory.cap_binds() and memory.capacity() == int(memory.total() * 0.25)
+        torch.cuda.set_per_process_memory_fraction(1.0, 0)
+        assert not memory.cap_binds()
+    finally:
+        torch.cuda.set_per_process_memory_fraction(previous, 0)
 
 
 def test_memory_limit_caps_the_process_and_restores_the_previous_cap():

@@ -163,6 +163,10 @@ def test_a_changed_allocator_headroom_reprobes(monkeypatch):
     assert find_max_batch(*_variant("baseline")[:1], **args).cached
     monkeypatch.setattr(autobatch.probe.arguments, "ALLOCATOR_HEADROOM", 0.0)
     assert not find_max_batch(*_variant("baseline")[:1], **args).cached
+    assert find_max_batch(*_variant("baseline")[:1], **args).cached
+    # the headroom under expandable segments decides them too
+    monkeypatch.setattr(autobatch.probe.arguments, "EXPANDABLE_HEADROOM_BYTES", 0)
+    assert not find_max_batch(*_variant("baseline")[:1], **args).cached
 
 
 def test_torch_version_is_in_the_key(monkeypatch):

@@ -284,8 +284,35 @@ def test_the_peak_limit_is_the_capacity_less_the_headroom_on_accelerators_only()
     with simulated_memory("64MiB") as device:
         assert _peak_limit(SimulatedDeviceMemory(device), 64 * MiB) is None  # no caching allocator
     accelerator = object()  # any memory that is not the simulated device
-    assert _peak_limit(accelerator, 1000 * MiB) == int(1000 * MiB * (1 - ALLOCATOR_HEADROOM))
+    assert _peak_limit(accelerator, 1000 * MiB) == 1000 * MiB - int(1000 * MiB * ALLOCATOR_HEADROOM)
     assert _peak_limit(accelerator, None) is None
+
+
+@pytest.mark.parametrize(
+    ("device", "expandable", "capped", "capacity", "headroom"),
+    [
+        ("cuda", True, True, 8 * 1024 * MiB, 40 * MiB),  # two 20 MiB pages, not 1 % (82 MiB)
+        ("cuda", True, True, 2 * 1024 * MiB, int(2 * 1024 * MiB * 0.01)),  # never more than 1 %
+        ("cuda", True, False, 8 * 1024 * MiB, int(8 * 1024 * MiB * 0.01)),  # the driver's free memory: 1 %
+        ("cuda", False, True, 8 * 1024 * MiB, int(8 * 1024 * MiB * 0.01)),  # fixed segments: 1 %
+        ("xpu", True, True, 8 * 1024 * MiB, int(8 * 1024 * MiB * 0.01)),  # the setting is CUDA's
+    ],
+)
+def test_expandable_segments_under_a_cap_leave_two_pages_of_headroom_not_a_percent(
+    monkeypatch, device, expandable, capped, capacity, headroom
+):
+    """With expandable segments the caching allocator remaps free pages where a request fits,
+    so under a per-process cap (which counts only the allocator's memory) a passing step leaves
+    two of its 20 MiB large pages free, not 1 % of the capacity."""
+    from types import SimpleNamespace
+
+    import autobatch.memory.allocator as allocator
+    from autobatch.probe.search import allocator_headroom, peak_limit as _peak_limit
+
+    monkeypatch.setattr(allocator, "expandable_segments", lambda: expandable)
+    memory = SimpleNamespace(device=torch.device(device, 0), cap_binds=lambda: capped)
+    assert allocator_headroom(capacity, memory.device, capped=capped) == headroom
+    assert _peak_limit(memory, capacity) == capacity - headroom
 
 
 def test_a_full_trial_whose_steady_steps_leave_no_room_for_split_blocks_fails_at_the_wall():

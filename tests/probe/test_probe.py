@@ -508,13 +508,15 @@ def test_an_autotuned_answer_says_how_a_new_process_should_autotune(monkeypatch)
 
     figures = {"batch_size": 180, "steps": 4, "after_last_oom": True, "autotuned": True, "step_peak_bytes": 2**30,
                "peak_fraction": 0.98, "reserved_peak_bytes": 2**30, "fragmentation_bytes": 0,
-               "inactive_split_bytes": 0, "expandable_segments": False}
+               "inactive_split_bytes": 0, "expandable_segments": False, "capacity_bytes": 2**30 + 2**24,
+               "allocator_headroom_bytes": 2**24}
     runner = SimpleNamespace(peak_limit=2**30, settle_final=True)
     result = SimpleNamespace(promise=None)
     monkeypatch.setattr(promise, "promise_of", lambda *a: dict(figures))
     note = promise.promise_note(runner, result, memory=None)
     assert "with cuDNN autotuning on" in note and note.endswith(promise.NEW_PROCESS_AUTOTUNING)
     assert "tuned for real" in note and "whatever the flag" in note and "expandable_segments" in note
+    assert "passing trials left 16.00 MiB (1.5 % of capacity) free" in note
     monkeypatch.setattr(promise, "promise_of", lambda *a: dict(figures, autotuned=False))
     assert promise.NEW_PROCESS_AUTOTUNING not in promise.promise_note(runner, result, memory=None)
 
@@ -534,7 +536,8 @@ def test_an_answer_whose_every_step_flushed_warns_a_hand_loop(monkeypatch, autot
 
     figures = {"batch_size": 180, "steps": steps, "after_last_oom": True, "autotuned": autotuned, "flushes": flushes,
                "step_peak_bytes": 2**30, "peak_fraction": 0.98, "reserved_peak_bytes": 2**30,
-               "fragmentation_bytes": 0, "inactive_split_bytes": 0, "expandable_segments": False}
+               "fragmentation_bytes": 0, "inactive_split_bytes": 0, "expandable_segments": False,
+               "capacity_bytes": 2**30 + 2**24, "allocator_headroom_bytes": 2**24}
     runner = SimpleNamespace(peak_limit=2**30, settle_final=True)
     monkeypatch.setattr(promise, "promise_of", lambda *a: dict(figures))
     note = promise.promise_note(runner, SimpleNamespace(promise=None), memory=None)
