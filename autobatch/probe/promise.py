@@ -90,6 +90,8 @@ def promise_note(runner: TrialRunner, result: ProbeResult, memory: DeviceMemory)
             f"passing trials left {_headroom(promise)} free, and room for the split "
             f"blocks their steady steps left; expandable_segments "
             f"{'on' if promise['expandable_segments'] else 'off'}"
+            + (", its last step not flushing the allocator's cache (a step that does is at the cap)"
+               if promise["expandable_segments"] and promise.get("flushes") is not None and runner.settle_final else "")
         )
     if still_flushing(promise):
         parts.append(STILL_FLUSHING)

@@ -9,16 +9,24 @@ its wall:
 * **Reserved memory still grows** (:func:`growing`): fragmentation that shows only after a
   few steps.
 * **The allocator still flushes its cache** (:class:`FlushCount`, where cuDNN autotuning is
-  wanted): a request it could not serve from its cached blocks made it return them all to the
+  wanted or the segments are expandable): a request it could not serve from its cached blocks made it return them all to the
   driver and ask again (``num_alloc_retries``). With autotuned workspaces, which fill the
   memory free when the autotuner ran, a step that has to do this every time trains only while
   the pieces happen to fall right. Measured on an H200 (ResNet-50 with cuDNN autotuning, 8 GiB
   cap, a hand loop in new processes, ``scripts/bench_promise.py --child``): at 180, 4 of 6 runs
   ran out of memory at step 5-25 asking for 2 MiB with ~0.8 GiB reserved but unallocated,
   after 19-62 retries (several a step); at 179, 2 of 4 at step 23; at 178, 0 of 3; and at the
-  probe's answer, 177, 0 of 4. Without autotuning flushing is only recorded: untuned plans
+  probe's answer, 177, 0 of 4. Without either, flushing is only recorded: untuned plans
   that flushed at ResNet-50's 180 trained 200 steps in a new process. Each flush frees and
-  re-maps device memory and synchronizes, so it costs speed too.
+  re-maps device memory and synchronizes, so it costs speed too. With expandable segments
+  (autotuned or not) a flush unmaps the free pages and maps them where the request fits, so a
+  step that flushes every time sits at the cap and trains only while the partly used pages
+  leave room. Measured on an H200 (8 GiB cap, the library under ``expandable_segments:True``,
+  ``scripts/bench_promise.py``): the answers whose trials flushed at every step ran out of
+  memory in training (ViT-B/16 at 103: a hand loop at step 10 in the probing process and at
+  step 15 in a new one, the Runner at step 93; ResNet-50 at 182 as a plain callable, its
+  reserved peak at the cap: a hand loop at step 24 in a new process); those whose trials did
+  not flush trained 200 steps in both (ResNet-50's ``TrainStep`` at 183, GPT-2 at 6).
 * **The steady step clears the allocator's wall** (:func:`wall_excess`): its allocated peak
   plus the split pieces it left leave room for a request.
 """
@@ -27,8 +35,8 @@ from __future__ import annotations
 
 from ..memory.devices import DeviceMemory
 
-__all__ = ["WALL_BYTES", "SETTLE_FACTOR", "TUNED_SETTLE_FACTOR", "FlushCount", "growing", "most_steps", "split_bytes",
-           "wall_excess"]
+__all__ = ["WALL_BYTES", "SETTLE_FACTOR", "TUNED_SETTLE_FACTOR", "FlushCount", "flushing_error", "growing",
+           "most_steps", "split_bytes", "wall_excess"]
 
 #: the allocator's smallest large block: room for nothing less
 WALL_BYTES = 2 * 2**20
@@ -80,6 +88,15 @@ class FlushCount:
     @property
     def flushing(self) -> bool:
         return len(self.readings) >= 3 and self.readings[-1] > self.readings[-2]
+
+
+def flushing_error(flushes: int | None, steps: int, expandable: bool) -> str:
+    """Why a settle trial whose last step still flushed the allocator's cache fails."""
+    why = ("with expandable segments such a step is at the cap, and trains only while the partly used pages "
+           "leave room" if expandable else "with cuDNN autotuning, whose workspaces fill the memory free when it "
+           "tunes, such a size trains only while the pieces happen to fall right")
+    return (f"at the allocator's wall: its last step still made the caching allocator return its cache to the "
+            f"driver to serve a request ({flushes} of {steps - 1} steps after the first did); {why}")
 
 
 def growing(step_reserved: list[int]) -> bool:

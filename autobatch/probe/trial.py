@@ -7,6 +7,7 @@ import time
 from contextlib import nullcontext
 from typing import Callable, ContextManager
 
+from ..memory.allocator import expandable_segments_on
 from ..memory.devices import DeviceMemory
 from ..memory.oom import free_memory, is_oom_error, requested_bytes
 from ..memory.units import format_bytes
@@ -14,7 +15,7 @@ from .autotune import Autotune
 from .peak_guard import drain_backward, raised_by_guard
 from .pinned_state import PinnedState, fits
 from .records import TrialRecord, notify, watch_trials
-from .settling import WALL_BYTES, FlushCount, growing, most_steps, split_bytes, wall_excess
+from .settling import WALL_BYTES, FlushCount, flushing_error, growing, most_steps, split_bytes, wall_excess
 
 __all__ = ["TrialRecord", "TrialRunner", "watch_trials"]
 
@@ -91,6 +92,7 @@ class TrialRunner:
         self._leftover = False  # a failed trial left memory held that a quick collection did not free
         self._full_collection_frees: bool | None = None  # what the last full collection did
         self._flush_count = FlushCount()
+        self._expandable = bool(expandable_segments_on(getattr(memory, "device", None)))
 
     def __call__(self, batch_size: int, purpose: str = "search", *, final: bool = False) -> bool:
         """Whether ``batch_size`` trains; runs a trial unless it was tried already.
@@ -131,12 +133,7 @@ class TrialRunner:
                 + (" (the step was stopped there, part-way)" if self._stopped else "")
             )
         if not ran_out and error is None and settle and self._flushes_matter() and self._flush_count.flushing:
-            error = (
-                f"at the allocator's wall: its last step still made the caching allocator return its "
-                f"cache to the driver to serve a request ({self._flush_count.flushes} of {steps - 1} steps "
-                "after the first did); with cuDNN autotuning, whose workspaces fill the memory free when it "
-                "tunes, such a size trains only while the pieces happen to fall right"
-            )
+            error = flushing_error(self._flush_count.flushes, steps, self._expandable)
         excess = self._wall_excess() if not ran_out and error is None else 0
         if excess:
             error = (
@@ -340,15 +337,16 @@ class TrialRunner:
 
     def _flushes_matter(self) -> bool:
         """Whether a settle trial keeps stepping while its steps flush the allocator's cache, and
-        fails if its last still does: where cuDNN autotuning is wanted (:mod:`~autobatch.probe.settling`
-        says what was measured). Without it, a size whose steady steps flush still trained
-        (ResNet-50 at 180 on an H200: 200 steps in a new process), so flushing is only recorded.
-        Untuned trials there count too: autotuned workspaces take at least the room heuristic
+        fails if its last still does: where cuDNN autotuning is wanted or the allocator's segments
+        are expandable (:mod:`~autobatch.probe.settling` says what was measured for each). With
+        fixed segments and no autotuning, a size whose steady steps flush still trained (ResNet-50
+        at 180 on an H200: 200 steps in a new process), so flushing is only recorded there.
+        Untuned trials count too: autotuned workspaces take at least the room heuristic
         ones do, so they guide where the tuned confirmation lands. Flushing at the wall comes
         and goes, so a trial gets more steps to stop (:func:`~autobatch.probe.settling.most_steps`;
         cutting untuned ones off at their own steps turned a ResNet-50 answer of 181, which
         trained in 4 of 4 new processes, into 178)."""
-        return self.autotune is not None and self.autotune.wanted
+        return self._expandable or self.autotune is not None and self.autotune.wanted
 
     def _wall_excess(self) -> int:
         """Bytes by which the trial's steady step left no room for the split pieces the

@@ -131,6 +131,30 @@ def test_with_autotuning_a_settle_trial_fails_while_its_steps_still_flush(cudnn_
         assert record.passed and record.steps == 3
 
 
+@pytest.mark.parametrize("expandable", [True, False])
+def test_with_expandable_segments_an_untuned_settle_trial_fails_while_its_steps_still_flush(
+    cudnn_flags, monkeypatch, expandable
+):
+    """Expandable segments remap free pages on a flush, so a step that flushes every time is at
+    the cap (on an H200 such answers ran out of memory at training steps 10-93): without
+    autotuning too, the trial keeps settling and fails if its last step still flushes."""
+    import autobatch.memory.allocator as allocator
+
+    torch.backends.cudnn.benchmark = False
+    monkeypatch.setattr(allocator, "expandable_segments", lambda: expandable)
+    with simulated_memory("64MiB") as device:
+        memory = FlushingMemory(device)
+        memory.device = torch.device("cuda", 0)  # the setting is CUDA's
+        runner = settling_runner(memory, flushing_step(memory, from_size=50))
+        flushing = runner.run(50, "verify", settle=True)
+        settled = settling_runner(memory, flushing_step(memory, from_size=1, steady_from=4)).run(40, "verify", settle=True)
+    if expandable:
+        assert not flushing.passed and flushing.steps == 6 and "expandable segments" in flushing.error
+        assert settled.passed and settled.steps == 4  # its flushing stopped while it settled
+    else:
+        assert flushing.passed and flushing.steps == 3 and flushing.flushes == 2  # recorded only
+
+
 def test_a_trial_whose_flushing_stops_while_it_settles_passes(cudnn_flags):
     torch.backends.cudnn.benchmark = True
     with simulated_memory("64MiB") as device:
