@@ -33,12 +33,13 @@ PREDICT_DEFAULT_START = 8
 #: the probe, then ran out of memory at the 7th step of training in the same process; at 369
 #: (98.9 %) training ran. The predictive line aims at the same limit.
 ALLOCATOR_HEADROOM = 0.01
-#: With expandable segments on CUDA, the bytes a passing trial's allocated peak must leave free
-#: instead (where that is less than ``ALLOCATOR_HEADROOM``): two of the allocator's large pages
-#: (:data:`~autobatch.memory.allocator.LARGE_PAGE_BYTES`, 20 MiB). There the allocator maps memory
-#: page by page and, when a request does not fit, unmaps the free pages and maps them where it
-#: does, so fragmentation costs at most the partly used pages around the free pieces, which the
-#: settle trial's reserved peak measures (:func:`~autobatch.probe.search.allocator_headroom`).
+#: With expandable segments on CUDA under a per-process cap, the bytes a passing trial's
+#: allocated peak must leave free instead (where that is less than ``ALLOCATOR_HEADROOM``): two
+#: of the allocator's large pages (:data:`~autobatch.memory.allocator.LARGE_PAGE_BYTES`, 20 MiB).
+#: There the allocator maps memory page by page and, when a request does not fit, unmaps the
+#: free pages and maps them where it does, so fragmentation costs the partly used pages around
+#: the free pieces; a step that needs such a flush at every step is at the cap, and fails the
+#: answer's trial (:mod:`~autobatch.probe.settling`, :func:`~autobatch.probe.search.allocator_headroom`).
 #: Measured on an H200 under an 8 GiB cap (ResNet-50 with cuDNN autotuning, the command line):
 #: under the fixed 1 % the tuned 182 failed only the headroom (7.92 GiB allocated) and the
 #: answer was 181, while 182 and 183 trained 200 steps in new processes.

@@ -9,8 +9,8 @@ its wall:
 * **Reserved memory still grows** (:func:`growing`): fragmentation that shows only after a
   few steps.
 * **The allocator still flushes its cache** (:class:`FlushCount`, where cuDNN autotuning is
-  wanted or the segments are expandable): a request it could not serve from its cached blocks made it return them all to the
-  driver and ask again (``num_alloc_retries``). With autotuned workspaces, which fill the
+  wanted or the segments are expandable): a request it could not serve from its cached blocks
+  made it return them all to the driver and ask again (``num_alloc_retries``). With autotuned workspaces, which fill the
   memory free when the autotuner ran, a step that has to do this every time trains only while
   the pieces happen to fall right. Measured on an H200 (ResNet-50 with cuDNN autotuning, 8 GiB
   cap, a hand loop in new processes, ``scripts/bench_promise.py --child``): at 180, 4 of 6 runs
