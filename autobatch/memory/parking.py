@@ -35,7 +35,7 @@ import torch
 
 from .allocator import expandable_segments
 
-__all__ = ["can_park", "expandable_segments", "park_until_step"]
+__all__ = ["can_park", "park_until_step"]
 
 
 def can_park(device: torch.device) -> bool:

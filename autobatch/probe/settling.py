@@ -10,9 +10,9 @@ its wall:
   few steps.
 * **The allocator still flushes its cache** (:class:`FlushCount`, where cuDNN autotuning is
   wanted or the segments are expandable): a request it could not serve from its cached blocks
-  made it return them all to the driver and ask again (``num_alloc_retries``). With autotuned workspaces, which fill the
-  memory free when the autotuner ran, a step that has to do this every time trains only while
-  the pieces happen to fall right. Measured on an H200 (ResNet-50 with cuDNN autotuning, 8 GiB
+  made it return them all to the driver and ask again (``num_alloc_retries``). With autotuned
+  workspaces, which fill the memory free when the autotuner ran, a step that has to do this
+  every time trains only while the pieces happen to fall right. Measured on an H200 (ResNet-50 with cuDNN autotuning, 8 GiB
   cap, a hand loop in new processes, ``scripts/bench_promise.py --child``): at 180, 4 of 6 runs
   ran out of memory at step 5-25 asking for 2 MiB with ~0.8 GiB reserved but unallocated,
   after 19-62 retries (several a step); at 179, 2 of 4 at step 23; at 178, 0 of 3; and at the
