@@ -121,6 +121,7 @@ def find_max_batch(
     )
     limit_bytes = None if memory_limit is None else parse_bytes(memory_limit, name="memory_limit")
     agreement = ranks.current()
+    hand_loop = not isinstance(fn, TrainStep)  # trained by the user's own loop, which cannot replay a step
     fn = agreement.local_step(fn)  # DDP: the real DDP step, collectives guarded (autobatch.dist.probe)
     if device is None and isinstance(fn, TrainStep):
         device = fn.device
@@ -128,7 +129,7 @@ def find_max_batch(
         restore = (fn.model, fn.optimizer)
     call = _Call(
         fn=fn, target=resolve_device(device), limit_bytes=limit_bytes, agreement=agreement,
-        began=time.perf_counter(), steps_per_trial=steps_per_trial,
+        began=time.perf_counter(), steps_per_trial=steps_per_trial, hand_loop=hand_loop,
         probe_args=dict(
             strategy=strategy, start=start, max_batch=max_batch, margin=margin,
             multiple_of=multiple_of, steps_per_trial=steps_per_trial, search_steps=search_steps,
@@ -152,6 +153,7 @@ class _Call:
     agreement: ranks.ProbeAgreement
     began: float
     steps_per_trial: int
+    hand_loop: bool
     probe_args: dict[str, Any]
     store: ProbeCache | None = None
     key: str | None = None
@@ -198,7 +200,7 @@ def _probe(call: _Call, restore, estimate_first: bool | None) -> ProbeResult:
             result = run_search(
                 runner, strategy=args["strategy"], start=args["start"], max_batch=args["max_batch"],
                 margin=args["margin"], multiple_of=args["multiple_of"], device_name=memory.name,
-                capacity=capacity, prior=prior, confirm=not simulated,
+                capacity=capacity, prior=prior, confirm=not simulated, hand_loop=call.hand_loop,
             )
             result.diagnostics = memory_diagnostics(memory)
             call.notes.append(promise_note(runner, result, memory))

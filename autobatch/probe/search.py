@@ -41,6 +41,7 @@ def run_search(
     capacity: int | None,
     prior: tuple[LinearFit, BatchEstimate] | None = None,
     confirm: bool = False,
+    hand_loop: bool = False,
 ) -> ProbeResult:
     """Run the strategy in units of ``multiple_of``, apply the margin, build the result.
 
@@ -50,6 +51,9 @@ def run_search(
     must also come after the last OOM trial, so the size is known to train in the state
     training will start from: after OOMs the allocator's cache and cuDNN's choice of
     algorithms (it falls back to ones with smaller workspaces when memory is short) differ.
+    ``hand_loop`` (a plain callable: the user's own loop trains it, and cannot replay a step):
+    under expandable segments, an answer whose next size up failed still flushing steps one
+    size lower (:func:`below_moving_wall`).
     """
     used = "predict" if strategy == "auto" else strategy
     max_units = max_units_of(max_batch, multiple_of)
@@ -70,11 +74,16 @@ def run_search(
     if found is None:
         _raise_no_fit(runner, multiple_of, device_name, capacity)
     largest_passed = found * multiple_of
-    chosen = _apply_margin(passes, found, margin, multiple_of)
+    below = below_moving_wall(runner, found, multiple_of, after_last_oom=confirm) if hand_loop else found
+    if below is None:
+        _raise_no_fit(runner, multiple_of, device_name, capacity)
+    chosen = _apply_margin(passes, below, margin, multiple_of)
     if chosen is None:
         _raise_no_fit(runner, multiple_of, device_name, capacity)
     failed_above = [b for b in runner.failed_sizes if b > largest_passed]
     notes = []
+    if below != found:
+        notes.append(moving_wall_note(largest_passed, below * multiple_of, (found + 1) * multiple_of))
     settled = (fit or {}).get("settled_above")
     if settled is not None and settled["batch_size"] == largest_passed + multiple_of:
         slope = fit.get("refined", fit)["slope_bytes_per_sample"] * multiple_of
@@ -183,6 +192,34 @@ def allocator_headroom(capacity: int, device: torch.device | None, *, capped: bo
     if capped and expandable_segments_on(device):
         return min(fixed, arguments.EXPANDABLE_HEADROOM_BYTES)
     return fixed
+
+
+def below_moving_wall(runner: TrialRunner, found: int, multiple_of: int, *, after_last_oom: bool) -> int | None:
+    """The answer for a hand loop (in units): one size below ``found`` where the allocator's
+    segments are expandable and the next size up failed its settle trial still flushing (at the
+    allocator's wall in the trials' layout), confirmed by a full trial; else ``found``.
+
+    Why: the wall moves with the process. A new process lays its memory out afresh (the
+    optimizer's state made among its first step's activations, the matmul libraries'
+    workspaces made during that step), and there the wall can sit one size lower than the
+    trials, whose state and workspaces were made at their first, small trial. Measured on an
+    H200 (ViT-B/16 as a plain callable, bf16, AdamW, 8 GiB cap, ``scripts/diag_fresh_layout.py
+    --cold``): the trials flushed from 103 and passed 102 without a flush, and in new processes
+    102 flushed its cache at nearly every step and ran out of memory at step 23-32, while 101
+    never flushed; with the optimizer's state and the libraries' handles made before the first
+    step, 102 trained. A ``TrainStep``'s Runner at 102 trained 200 steps in new processes (and
+    would replay a step that ran out of memory), so only a hand loop, which cannot, steps down.
+    """
+    if found <= 1 or not runner.expandable or not runner.flushed_out((found + 1) * multiple_of):
+        return found
+    return _confirm(runner, found - 1, multiple_of, after_last_oom=after_last_oom)
+
+
+def moving_wall_note(passed: int, answer: int, flushing: int) -> str:
+    """Why a hand loop's answer is one size below the largest that passed (:func:`below_moving_wall`)."""
+    return (f"{answer}, one size below {passed}, which passed: with expandable segments {flushing} kept flushing the "
+            f"allocator's cache at the wall, and a new process, which lays its memory out afresh, meets that wall "
+            f"up to one size lower; a hand loop cannot replay a step that runs out of memory (autobatch's Runner can)")
 
 
 def _confirm(runner: TrialRunner, found: int, multiple_of: int, *, after_last_oom: bool) -> int | None:

@@ -93,6 +93,7 @@ class TrialRunner:
         self._full_collection_frees: bool | None = None  # what the last full collection did
         self._flush_count = FlushCount()
         self._expandable = bool(expandable_segments_on(getattr(memory, "device", None)))
+        self._flushed_out: set[int] = set()  # sizes whose settle trial failed still flushing
 
     def __call__(self, batch_size: int, purpose: str = "search", *, final: bool = False) -> bool:
         """Whether ``batch_size`` trains; runs a trial unless it was tried already.
@@ -134,6 +135,7 @@ class TrialRunner:
             )
         if not ran_out and error is None and settle and self._flushes_matter() and self._flush_count.flushing:
             error = flushing_error(self._flush_count.flushes, steps, self._expandable)
+            self._flushed_out.add(batch_size)
         excess = self._wall_excess() if not ran_out and error is None else 0
         if excess:
             error = (
@@ -168,6 +170,16 @@ class TrialRunner:
                  format_bytes(peak), seconds)
         notify(batch_size, purpose, record)
         return record
+
+    @property
+    def expandable(self) -> bool:
+        """Whether the trials run under expandable segments (CUDA's allocator setting)."""
+        return self._expandable
+
+    def flushed_out(self, batch_size: int) -> bool:
+        """Whether a settle trial at ``batch_size`` ran its steps and failed because its last
+        step still made the allocator flush its cache (:func:`~autobatch.probe.settling.flushing_error`)."""
+        return batch_size in self._flushed_out
 
     def confirmed(self, batch_size: int, *, after_last_oom: bool) -> bool:
         """Whether a full trial of ``batch_size`` passed (with ``after_last_oom``: after the

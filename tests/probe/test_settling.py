@@ -284,3 +284,59 @@ def test_pinned_state_remembers_the_size_that_made_the_state_it_holds():
         assert pinned.drop_if_pinning(8) and not optimizer.state and pinned.made_at is None
         pinned.observe(6)
         assert pinned.made_at is None
+
+
+def _expandable_runner(monkeypatch, memory: FlushingMemory, step, expandable: bool = True) -> TrialRunner:
+    """A settling runner whose trials run under expandable segments (or not) on a CUDA-named device."""
+    import autobatch.memory.allocator as allocator
+
+    monkeypatch.setattr(allocator, "expandable_segments", lambda: expandable)
+    memory.device = torch.device("cuda", 0)  # the setting is CUDA's
+    return settling_runner(memory, step)
+
+
+@pytest.mark.parametrize("expandable", [True, False])
+@pytest.mark.parametrize("hand_loop", [True, False])
+def test_a_hand_loop_steps_below_a_size_whose_next_size_up_kept_flushing(cudnn_flags, monkeypatch, expandable, hand_loop):
+    """With expandable segments a new process met the flushing wall one size lower than the
+    trials (ViT-B/16 on an H200: the trials flushed from 103, new processes from 102, which ran
+    out of memory at step 23-32): a plain callable's answer below a size that failed still
+    flushing steps down one size, through a full trial, and says why. A TrainStep's (its Runner
+    replays a step) and any answer under fixed segments (where flushing without autotuning is
+    only recorded) stay where they were."""
+    from autobatch.probe.search import run_search
+
+    torch.backends.cudnn.benchmark = False
+    with simulated_memory("64MiB") as device:
+        memory = FlushingMemory(device)
+        runner = _expandable_runner(monkeypatch, memory, flushing_step(memory, from_size=51), expandable)
+        result = run_search(runner, strategy="binary", start=None, max_batch=None, margin=0.0, multiple_of=1,
+                            device_name="sim", capacity=64 * MiB, confirm=True, hand_loop=hand_loop)
+    steps_down = expandable and hand_loop
+    if expandable:
+        assert runner.flushed_out(51) and not runner.outcomes[51]
+    # fixed segments: flushing only recorded, the boundary is the peak limit (60 MiB at 1000 bytes a sample)
+    assert result.largest_passed == (50 if expandable else 60 * MiB // 1000)
+    assert result.batch_size == result.largest_passed - steps_down
+    last = runner.records[-1]
+    assert (last.batch_size, last.passed, last.purpose) == ((49, True, "confirm") if steps_down else (last.batch_size, True, last.purpose))
+    moving = [note for note in result.notes if "lays its memory out afresh" in note]
+    assert bool(moving) is steps_down
+    if steps_down:
+        assert moving[0].startswith("49, one size below 50") and "51 kept flushing" in moving[0]
+
+
+def test_no_step_down_where_the_size_above_failed_for_another_reason(cudnn_flags, monkeypatch):
+    """Only a failure still flushing marks the moving wall: a size above that ran out of memory
+    or passed the peak limit says nothing about the layout, and the answer stands."""
+    from autobatch.probe.search import below_moving_wall
+
+    torch.backends.cudnn.benchmark = False
+    with simulated_memory("64MiB") as device:
+        memory = FlushingMemory(device)
+        runner = _expandable_runner(monkeypatch, memory, flushing_step(memory, from_size=10**9))
+        over = 60 * MiB // 1000 + 1  # past the 60 MiB peak limit at 1000 bytes a sample, no flushing
+        assert not runner.run(over, "verify", settle=True).passed
+        assert runner.run(over - 1, "verify", settle=True).passed
+        assert below_moving_wall(runner, over - 1, 1, after_last_oom=True) == over - 1
+        assert not runner.flushed_out(over) and len(runner.records) == 2  # no trial run

@@ -1,0 +1,154 @@
+"""Where a new process's optimizer state lands, and what its steps do there (issue 16, diagnostics).
+
+A plain callable's trials keep the optimizer state their first trial (at 8) created; a new
+process creates it in its first step at the answer, among that step's freed activations. Under
+``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`` ViT-B/16's plain answer (102) trained 200
+steps in the probing process and ran out of memory at step 32 in every new process, after 38
+allocator retries. This script sets, step by step, what the allocator does in three layouts:
+
+* ``fresh``: a new process, a hand loop at each ``--sizes`` from its first step;
+* ``probed``: the probing process, the hand loop at the probe's answer (the trials' state kept);
+* ``dropped``: the probing process, the trials' state dropped after the probe, so the loop's first
+  step creates it among its activations, as a new process does.
+
+For every step: the allocator retries it made (flushes of its cache), its allocated and reserved
+peaks, and the inactive split bytes after it, in MiB.
+
+    PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True python scripts/diag_fresh_layout.py --sizes 101,102
+    python scripts/diag_fresh_layout.py --device cpu --quick --sizes 4        (proves it runs)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import autobatch  # noqa: E402
+from bench_promise import Capped, build, free_memory, plain_step, warm_up  # noqa: E402
+
+
+def stepwise(step, batch_size: int, steps: int, device: str, limit: int) -> dict:
+    """``steps`` calls of ``step(batch_size)`` under the cap, each one's allocator figures."""
+    rows, error = [], None
+    mib = lambda b: round(b / 2**20, 1)  # noqa: E731
+    with Capped(device, limit):
+        for index in range(steps):
+            if device == "cuda":
+                before = torch.cuda.memory_stats().get("num_alloc_retries", 0)
+                torch.cuda.reset_peak_memory_stats()
+            try:
+                step(batch_size)
+            except BaseException as exc:  # noqa: BLE001
+                if not autobatch.is_oom_error(exc):
+                    raise
+                error = {"step": index, "error": " ".join(str(exc).split())[:400]}
+                break
+            if device == "cuda":
+                stats = torch.cuda.memory_stats()
+                rows.append((index, stats.get("num_alloc_retries", 0) - before, mib(stats["allocated_bytes.all.peak"]),
+                             mib(stats["reserved_bytes.all.peak"]), mib(stats["inactive_split_bytes.all.current"])))
+            else:
+                rows.append((index,))
+    return {"batch": batch_size, "steps_run": len(rows), "oom": error, "per_step": rows}
+
+
+def prime(what: str, model, optimizer, device: str, dtype) -> None:
+    """Before the first step: ``cublas`` makes the matmul libraries' handles and workspaces (a
+    tiny matmul in each precision), ``state`` the optimizer's state (one step on zero gradients),
+    ``none`` nothing."""
+    if what in ("cublas", "both"):
+        x = torch.ones(16, 16, device=device)
+        with torch.autocast(device, dtype=dtype, enabled=dtype is not None):
+            (x @ x).sum().item()
+        (x @ x).sum().item()
+    if what in ("state", "both"):
+        for param in model.parameters():
+            param.grad = torch.zeros_like(param)
+        optimizer.step()
+        optimizer.zero_grad()
+
+
+def child(args) -> dict:
+    """One layout in this process: ``fresh`` at ``args.batch``, or a probe then ``probed``/``dropped``."""
+    device, limit = args.device, autobatch.parse_bytes(args.memory_limit)
+    if not args.cold:
+        warm_up(args.workload, device, args.quick)
+    model, optimizer, loss_fn, make, dtype, _ = build(args.workload, device, args.quick)
+    prime(args.prime, model, optimizer, device, dtype)
+    step = plain_step(model, optimizer, loss_fn, make, dtype, device)
+    out: dict = {"layout": args.layout}
+    batch = args.batch
+    if args.layout != "fresh":
+        result = autobatch.find_max_batch(step, memory_limit=None if device == "cpu" else limit, device=device, cache=False)
+        batch = result.batch_size + args.offset
+        out["answer"], out["promise"] = result.batch_size, result.promise
+        out["trials"] = [(t.batch_size, t.passed, t.steps, t.purpose, t.flushes,
+                          None if t.step_peak_bytes is None else round(t.step_peak_bytes / 2**20, 1),
+                          None if t.reserved_bytes is None else round(t.reserved_bytes / 2**20, 1)) for t in result.trials]
+        if args.layout == "dropped":
+            optimizer.state.clear()  # the loop's first step makes it again, as in a new process
+            free_memory()
+    out.update(stepwise(step, batch, args.steps, device, limit))
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--workloads", default="vit_b16")
+    parser.add_argument("--sizes", default="101,102", help="sizes for the fresh layout")
+    parser.add_argument("--layouts", default="fresh,probed,dropped")
+    parser.add_argument("--offset", type=int, default=0, help="probed/dropped: train at the answer plus this")
+    parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--memory-limit", default=None, help="default 8GiB (16MiB on the CPU)")
+    parser.add_argument("--cold", action="store_true", help="no warm-up in the child (a training script's own start)")
+    parser.add_argument("--primes", default="none", help="fresh layout: none,cublas,state,both before the first step")
+    parser.add_argument("--out", default=None)
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--workload", help=argparse.SUPPRESS)
+    parser.add_argument("--layout", help=argparse.SUPPRESS)
+    parser.add_argument("--batch", type=int, default=0, help=argparse.SUPPRESS)
+    parser.add_argument("--prime", default="none", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    args.memory_limit = args.memory_limit or ("16MiB" if args.device == "cpu" else "8GiB")
+    if args.child:
+        torch.backends.cudnn.benchmark = args.workload.endswith("_tuned")
+        if args.device == "cpu":
+            with autobatch.simulated_memory(args.memory_limit):
+                return print(json.dumps(child(args), default=str))
+        return print(json.dumps(child(args), default=str))
+    rows = []
+    for name in args.workloads.split(","):
+        jobs = [("fresh", int(s), p) for s in args.sizes.split(",") for p in args.primes.split(",")
+                if "fresh" in args.layouts.split(",")]
+        jobs += [(layout, 0, "none") for layout in ("probed", "dropped") if layout in args.layouts.split(",")]
+        for layout, size, primed in jobs:
+            command = [sys.executable, __file__, "--child", "--workload", name, "--layout", layout, "--batch", str(size),
+                       "--steps", str(args.steps), "--device", args.device, "--memory-limit", args.memory_limit,
+                       "--offset", str(args.offset), "--prime", primed] + (["--quick"] if args.quick else []) + (
+                       ["--cold"] if args.cold else [])
+            done = subprocess.run(command, capture_output=True, text=True)
+            row = json.loads(done.stdout.strip().splitlines()[-1]) if done.returncode == 0 else {
+                "layout": layout, "error": done.stderr.strip().splitlines()[-3:]}
+            row["workload"], row["prime"], row["cold"] = name, primed, args.cold
+            rows.append(row)
+            per = row.get("per_step", [])
+            print(name, layout, row.get("batch"), "cold" if args.cold else "warm", "prime", primed, "answer", row.get("answer"), "oom", row.get("oom"),
+                  "retries by step", [r[1] for r in per if len(r) > 1], flush=True)
+            if "trials" in row:
+                print("   trials", row["trials"], flush=True)
+            print("   first steps", per[:6], "last", per[-2:], flush=True)
+    if args.out:
+        Path(args.out).write_text(json.dumps(rows, indent=1, default=str))
+
+
+if __name__ == "__main__":
+    main()
