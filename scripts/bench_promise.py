@@ -16,7 +16,10 @@ a Llama-style decoder; tiny stand-ins with ``--quick``), side by side in one pro
    new processes each, since a size at the allocator's wall passes some runs and fails others);
    With ``--exact-fresh``, also the largest size whose plain loop trains ``--steps`` steps in a new
    process, stepping by one from the smaller answer (the 3-step figure is a size that ran 3 steps
-   in the probing process; whether it trains is the new process's question);
+   in the probing process; whether it trains is the new process's question); with ``--resumed``
+   the size must also train in a new process whose optimizer state exists before its first step,
+   as after loading a checkpoint (``plain_resumed``: made by one step on zero gradients), where
+   the state sits apart from the first step's activations instead of among them;
 6. with ``--cli`` (GPT-2, ResNet-50 and ViT workloads, spelled as the library forms): ``python -m autobatch probe`` then ``train`` in
    a new process (a cache hit), reading train_result.json's recoveries (``train`` runs within the same
    cap); ``--cli-same`` adds ``train`` probing for itself (``probe.cache=false``), ``--cli-bound`` a
@@ -218,12 +221,19 @@ def exact_max(step, answer: int, device: str, limit: int) -> int:
 
 
 def exact_fresh(args, name: str, start: int, steps: int) -> dict:
-    """The largest size whose plain loop trains ``steps`` steps in a new process: up by one from
-    ``start`` while it trains, or down by one while it does not; each size's run as it went."""
+    """The largest size whose plain loop trains ``steps`` steps in a new process (with
+    ``--resumed``, in a resumed one too): up by one from ``start`` while it trains, or down by one
+    while it does not; each size's run as it went (the step it ran out of memory at, by form)."""
+    forms = ("plain", "plain_resumed") if args.resumed else ("plain",)
+
     def trains(size: int) -> bool:
-        ran = fresh_process(args, name, "plain", size)
-        tried[size] = ran.get("oom_at", "error") if ran.get("steps") != steps else None
-        return tried[size] is None
+        tried[size] = {}
+        for form in forms:  # the first form that fails settles it
+            ran = fresh_process(args, name, form, size)
+            tried[size][form] = ran.get("oom_at", "error") if ran.get("steps") != steps else None
+            if tried[size][form] is not None:
+                return False
+        return True
 
     tried: dict[int, object] = {}
     size = start
@@ -286,11 +296,22 @@ def _child(args, device: str, limit: int) -> None:
     if args.form.startswith("time_"):
         return print(json.dumps(timed_probe(args, args.form[5:], device, limit), default=str))
     model, optimizer, loss_fn, make, dtype, _ = build(args.child, device, args.quick)
-    if args.form == "plain":
+    if args.form == "plain_resumed":
+        make_state(model, optimizer)
+    if args.form.startswith("plain"):
         out = train_plain(plain_step(model, optimizer, loss_fn, make, dtype, device), args.batch, args.steps, device, limit)
     else:
         out = train_runner(model, optimizer, loss_fn, make, dtype, args.batch, args.steps, device, limit)
     print(json.dumps(out, default=str))
+
+
+def make_state(model, optimizer) -> None:
+    """Make ``optimizer``'s state before the first training step, where loading a checkpoint
+    makes it: one step on zero gradients (its memory, not its values, is what is measured)."""
+    for param in model.parameters():
+        param.grad = torch.zeros_like(param)
+    optimizer.step()
+    optimizer.zero_grad()
 
 
 def timed_probe(args, form: str, device: str, limit: int) -> dict:
@@ -513,6 +534,8 @@ def main() -> None:
     parser.add_argument("--fresh-runs", type=int, default=1, help="new processes per form that train at the answer")
     parser.add_argument("--exact-fresh", action="store_true",
                         help="also the largest size a plain loop trains --steps steps at in new processes")
+    parser.add_argument("--resumed", action="store_true",
+                        help="--exact-fresh: the size must also train where the optimizer state exists before step 0")
     parser.add_argument("--out", default=None)
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--form", default=None, help=argparse.SUPPRESS)

@@ -31,7 +31,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import autobatch  # noqa: E402
-from bench_promise import Capped, build, free_memory, plain_step, warm_up  # noqa: E402
+from bench_promise import Capped, build, free_memory, make_state, plain_step, warm_up  # noqa: E402
 
 
 def stepwise(step, batch_size: int, steps: int, device: str, limit: int) -> dict:
@@ -69,10 +69,7 @@ def prime(what: str, model, optimizer, device: str, dtype) -> None:
             (x @ x).sum().item()
         (x @ x).sum().item()
     if what in ("state", "both"):
-        for param in model.parameters():
-            param.grad = torch.zeros_like(param)
-        optimizer.step()
-        optimizer.zero_grad()
+        make_state(model, optimizer)
 
 
 def child(args) -> dict:

@@ -184,7 +184,7 @@ def _probe(call: _Call, restore, estimate_first: bool | None) -> ProbeResult:
                 peak_limit=limit, autotune=autotune, settle_final=not simulated,
                 settle_more=lambda more: call.agreement.settle_more(fn, more),
                 guard=peak_guard_for(_trained_model(fn, restore), memory.peak, limit, agreed=agree is not None),
-                pinned=PinnedState(watch),
+                pinned=PinnedState(watch), hand_loop=call.hand_loop,
             )
             if estimate_first is None:
                 # measured (docs, benchmarks): on the CPU's simulated device tracing is cheap

@@ -9,7 +9,7 @@ its wall:
 * **Reserved memory still grows** (:func:`growing`): fragmentation that shows only after a
   few steps.
 * **The allocator still flushes its cache** (:class:`FlushCount`, where cuDNN autotuning is
-  wanted or the segments are expandable): a request it could not serve from its cached blocks
+  wanted, the segments are expandable, or a hand loop trains the answer): a request it could not serve from its cached blocks
   made it return them all to the driver and ask again (``num_alloc_retries``). With autotuned
   workspaces, which fill the memory free when the autotuner ran, a step that has to do this
   every time trains only while the pieces happen to fall right. Measured on an H200 (ResNet-50 with cuDNN autotuning, 8 GiB
@@ -26,7 +26,14 @@ its wall:
   memory in training (ViT-B/16 at 103: a hand loop at step 10 in the probing process and at
   step 15 in a new one, the Runner at step 93; ResNet-50 at 182 as a plain callable, its
   reserved peak at the cap: a hand loop at step 24 in a new process); those whose trials did
-  not flush trained 200 steps in both (ResNet-50's ``TrainStep`` at 183, GPT-2 at 6).
+  not flush trained 200 steps in both (ResNet-50's ``TrainStep`` at 183, GPT-2 at 6). A hand
+  loop (a plain callable's) under fixed segments, untuned: a new process that makes its
+  optimizer state in its first step trains at a size whose steps flush, but a run resumed from
+  a checkpoint, whose state exists before its first step, does not. Measured on an H200 (8 GiB
+  cap, ``scripts/bench_promise.py --exact-fresh --resumed``): ResNet-50's plain answer, 180, its
+  trial flushing at every step, trained 200 steps from scratch and ran out of memory at step 4
+  resumed; 179 at step 6; 178 trained both ways. The ``TrainStep``'s Runner replays a step that
+  runs out of memory, so there flushing is only recorded.
 * **The steady step clears the allocator's wall** (:func:`wall_excess`): its allocated peak
   plus the split pieces it left leave room for a request.
 """
@@ -35,7 +42,7 @@ from __future__ import annotations
 
 from ..memory.devices import DeviceMemory
 
-__all__ = ["WALL_BYTES", "SETTLE_FACTOR", "TUNED_SETTLE_FACTOR", "FlushCount", "flushing_error", "growing",
+__all__ = ["WALL_BYTES", "SETTLE_FACTOR", "TUNED_SETTLE_FACTOR", "FLUSHING_WHY", "FlushCount", "flushing_error", "growing",
            "most_steps", "split_bytes", "wall_excess"]
 
 #: the allocator's smallest large block: room for nothing less
@@ -90,13 +97,22 @@ class FlushCount:
         return len(self.readings) >= 3 and self.readings[-1] > self.readings[-2]
 
 
-def flushing_error(flushes: int | None, steps: int, expandable: bool) -> str:
-    """Why a settle trial whose last step still flushed the allocator's cache fails."""
-    why = ("with expandable segments such a step is at the cap, and trains only while the partly used pages "
-           "leave room" if expandable else "with cuDNN autotuning, whose workspaces fill the memory free when it "
-           "tunes, such a size trains only while the pieces happen to fall right")
+#: why a settle trial still flushing fails, by what makes flushing matter (:func:`flushing_error`)
+FLUSHING_WHY = {
+    "expandable": "with expandable segments such a step is at the cap, and trains only while the partly used pages "
+                  "leave room",
+    "autotuned": "with cuDNN autotuning, whose workspaces fill the memory free when it tunes, such a size trains only "
+                 "while the pieces happen to fall right",
+    "hand_loop": "a hand loop cannot replay a step, and a run resumed from a checkpoint (its optimizer state made before "
+                 "the first step) runs out of memory at such a size",
+}
+
+
+def flushing_error(flushes: int | None, steps: int, why: str) -> str:
+    """Why a settle trial whose last step still flushed the allocator's cache fails; ``why`` is
+    a key of :data:`FLUSHING_WHY`."""
     return (f"at the allocator's wall: its last step still made the caching allocator return its cache to the "
-            f"driver to serve a request ({flushes} of {steps - 1} steps after the first did); {why}")
+            f"driver to serve a request ({flushes} of {steps - 1} steps after the first did); {FLUSHING_WHY[why]}")
 
 
 def growing(step_reserved: list[int]) -> bool:

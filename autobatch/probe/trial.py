@@ -73,8 +73,10 @@ class TrialRunner:
         settle_more: Callable[[bool], bool] | None = None,
         guard: ContextManager[object] | None = None,
         pinned: PinnedState | None = None,
+        hand_loop: bool = False,
     ) -> None:
         self.fn = fn
+        self.hand_loop = hand_loop
         self.pinned = pinned
         self.guard = guard
         self.settle_more = settle_more if settle_more is not None else (lambda more: more)
@@ -134,7 +136,7 @@ class TrialRunner:
                 + (" (the step was stopped there, part-way)" if self._stopped else "")
             )
         if not ran_out and error is None and settle and self._flushes_matter() and self._flush_count.flushing:
-            error = flushing_error(self._flush_count.flushes, steps, self._expandable)
+            error = flushing_error(self._flush_count.flushes, steps, self._flushing_why())
             self._flushed_out.add(batch_size)
         excess = self._wall_excess() if not ran_out and error is None else 0
         if excess:
@@ -349,16 +351,24 @@ class TrialRunner:
 
     def _flushes_matter(self) -> bool:
         """Whether a settle trial keeps stepping while its steps flush the allocator's cache, and
-        fails if its last still does: where cuDNN autotuning is wanted or the allocator's segments
-        are expandable (:mod:`~autobatch.probe.settling` says what was measured for each). With
-        fixed segments and no autotuning, a size whose steady steps flush still trained (ResNet-50
-        at 180 on an H200: 200 steps in a new process), so flushing is only recorded there.
-        Untuned trials count too: autotuned workspaces take at least the room heuristic
-        ones do, so they guide where the tuned confirmation lands. Flushing at the wall comes
-        and goes, so a trial gets more steps to stop (:func:`~autobatch.probe.settling.most_steps`;
-        cutting untuned ones off at their own steps turned a ResNet-50 answer of 181, which
-        trained in 4 of 4 new processes, into 178)."""
-        return self._expandable or self.autotune is not None and self.autotune.wanted
+        fails if its last still does: where cuDNN autotuning is wanted, the allocator's segments
+        are expandable, or the step is a hand loop's (``hand_loop``: a plain callable, whose loop
+        cannot replay a step); :mod:`~autobatch.probe.settling` says what was measured for each.
+        A ``TrainStep`` under fixed segments, untuned, only records flushing: the Runner that
+        trains it replays a step that runs out of memory, and ResNet-50 at 180 on an H200, whose
+        steps flushed, trained 200 steps in a new process that made its optimizer state in its
+        first step. Untuned trials count too: autotuned workspaces take at least the room
+        heuristic ones do, so they guide where the tuned confirmation lands. Flushing at the wall
+        comes and goes, so a trial gets more steps to stop
+        (:func:`~autobatch.probe.settling.most_steps`; cutting untuned ones off at their own
+        steps turned a ResNet-50 answer of 181, which trained in 4 of 4 new processes, into 178)."""
+        return self._expandable or self.hand_loop or self.autotune is not None and self.autotune.wanted
+
+    def _flushing_why(self) -> str:
+        """What makes flushing fail this runner's settle trials (a key of ``settling.FLUSHING_WHY``)."""
+        if self._expandable:
+            return "expandable"
+        return "autotuned" if self.autotune is not None and self.autotune.wanted else "hand_loop"
 
     def _wall_excess(self) -> int:
         """Bytes by which the trial's steady step left no room for the split pieces the

@@ -340,3 +340,24 @@ def test_no_step_down_where_the_size_above_failed_for_another_reason(cudnn_flags
         assert runner.run(over - 1, "verify", settle=True).passed
         assert below_moving_wall(runner, over - 1, 1, after_last_oom=True) == over - 1
         assert not runner.flushed_out(over) and len(runner.records) == 2  # no trial run
+
+
+@pytest.mark.parametrize("hand_loop", [True, False])
+def test_under_fixed_segments_a_hand_loops_settle_trial_fails_while_its_steps_still_flush(cudnn_flags, hand_loop):
+    """Untuned, fixed segments: a resumed hand loop (optimizer state made before its first step)
+    ran out of memory at ResNet-50's flushing answer on an H200, so a plain callable's settle trial
+    keeps stepping and fails if its last step still flushes; a TrainStep's (its Runner replays a
+    step) only records the flushing."""
+    torch.backends.cudnn.benchmark = False
+    with simulated_memory("64MiB") as device:
+        memory = FlushingMemory(device)
+        runner = TrialRunner(flushing_step(memory, from_size=50), memory, steps=3, peak_limit=60 * MiB,
+                             autotune=Autotune(torch.device("cuda")), settle_final=True, hand_loop=hand_loop)
+        flushing = runner.run(50, "verify", settle=True)
+        settled = runner.run(40, "verify", settle=True)
+    assert settled.passed and settled.steps == 3
+    if hand_loop:
+        assert not flushing.passed and flushing.steps == 6 and "resumed from a checkpoint" in flushing.error
+        assert runner.flushed_out(50)
+    else:
+        assert flushing.passed and flushing.steps == 3 and flushing.flushes == 2
