@@ -19,7 +19,8 @@ a Llama-style decoder; tiny stand-ins with ``--quick``), side by side in one pro
    in the probing process; whether it trains is the new process's question); with ``--resumed``
    the size must also train in a new process whose optimizer state exists before its first step,
    as after loading a checkpoint (``plain_resumed``: made by one step on zero gradients), where
-   the state sits apart from the first step's activations instead of among them;
+   the state sits apart from the first step's activations instead of among them, and each form's
+   answer trains in a resumed new process as well (``runner_resumed``, ``plain_resumed``);
 6. with ``--cli`` (GPT-2, ResNet-50 and ViT workloads, spelled as the library forms): ``python -m autobatch probe`` then ``train`` in
    a new process (a cache hit), reading train_result.json's recoveries (``train`` runs within the same
    cap); ``--cli-same`` adds ``train`` probing for itself (``probe.cache=false``), ``--cli-bound`` a
@@ -296,7 +297,7 @@ def _child(args, device: str, limit: int) -> None:
     if args.form.startswith("time_"):
         return print(json.dumps(timed_probe(args, args.form[5:], device, limit), default=str))
     model, optimizer, loss_fn, make, dtype, _ = build(args.child, device, args.quick)
-    if args.form == "plain_resumed":
+    if args.form.endswith("_resumed"):  # plain_resumed, runner_resumed
         make_state(model, optimizer)
     if args.form.startswith("plain"):
         out = train_plain(plain_step(model, optimizer, loss_fn, make, dtype, device), args.batch, args.steps, device, limit)
@@ -499,10 +500,13 @@ def _workload(args, name: str, cap: int | None) -> dict:
         row["exact_fresh"] = exact_fresh(args, name, min(row["plain"]["batch"], row["trainstep"]["batch"]), args.steps)
         for form in ("trainstep", "plain"):
             row[form]["of_exact_fresh"] = round(row[form]["batch"] / max(1, row["exact_fresh"]["batch"]), 4)
-    for form, child_form in (("trainstep", "runner"), ("plain", "plain")):
+    children = (("trainstep", "runner"), ("plain", "plain"))
+    if args.resumed:  # each answer in a resumed new process too
+        children += (("trainstep", "runner_resumed"), ("plain", "plain_resumed"))
+    for form, child_form in children:
         # several new processes: a size at the allocator's wall passes some runs and fails others
         runs_ = [fresh_process(args, name, child_form, row[form]["batch"]) for _ in range(args.fresh_runs)]
-        row[form]["fresh_process"] = runs_[0] if len(runs_) == 1 else {
+        row[form]["fresh_process" if not child_form.endswith("_resumed") else "resumed_process"] = runs_[0] if len(runs_) == 1 else {
             "runs": len(runs_), "failed": sum(1 for r in runs_ if r.get("oom_at") is not None or r.get("recoveries")
                                               or "error" in r and "steps" not in r), "each": runs_}
     if args.cli:

@@ -77,7 +77,9 @@ def fit_batch_size(
     try:
         result = find_max_batch(
             step, memory_limit=memory_limit, margin=margin, multiple_of=multiple_of, max_batch=max_batch,
-            strategy=strategy, steps_per_trial=steps_per_trial, device=args.device, **probe_options,
+            strategy=strategy, steps_per_trial=steps_per_trial, device=args.device,
+            # the Trainer's loop trains the answer, and it cannot replay a step that runs out of memory
+            **{"hand_loop": True, **probe_options},
         )
     finally:
         if created:

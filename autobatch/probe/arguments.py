@@ -12,7 +12,7 @@ from .train_step import TrainStep
 __all__ = [
     "STRATEGY_NAMES", "HALVING_DEFAULT_START", "PREDICT_DEFAULT_START", "ALLOCATOR_HEADROOM",
     "EXPANDABLE_HEADROOM_BYTES", "SEARCH_CEILING",
-    "validate_probe_args", "validate_step", "validate_places",
+    "validate_probe_args", "validate_step", "validate_places", "hand_loop_of",
 ]
 
 STRATEGY_NAMES = ("auto", "predict", "binary", "power", "halving", "estimate")
@@ -111,3 +111,12 @@ def validate_places(device: object, restore: object, cache: object) -> None:
             checks.optimizer("restore[1]", restore[1])
     if cache is not None and not isinstance(cache, (bool, str, os.PathLike)):
         raise TypeError(f"cache must be True, False, None or a directory path, got {type(cache).__name__} {cache!r:.60}")
+
+
+def hand_loop_of(fn: object, hand_loop: bool | None) -> bool:
+    """Whether a loop that cannot replay a step trains ``fn``'s answer: ``hand_loop`` as given,
+    by default True for a plain callable (the user's own loop) and False for a
+    :class:`~autobatch.TrainStep` (autobatch's Runner, which replays)."""
+    if hand_loop is not None and not isinstance(hand_loop, bool):
+        raise TypeError(f"hand_loop must be True, False or None (decided by the step's type), got {hand_loop!r:.60}")
+    return not isinstance(fn, TrainStep) if hand_loop is None else hand_loop

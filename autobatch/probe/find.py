@@ -56,6 +56,7 @@ def find_max_batch(
     cache: bool | str | os.PathLike | None = None,
     cache_key: object = None,
     estimate_first: bool | None = None,
+    hand_loop: bool | None = None,
 ) -> ProbeResult:
     """Find the largest batch size for which ``fn(batch_size)`` runs without running out of memory.
 
@@ -70,14 +71,12 @@ def find_max_batch(
             multiple of ``multiple_of``; for ``halving``, ``max_batch`` or 1024).
         max_batch: the largest size worth trying; the search never goes above it.
         strategy: ``auto`` (the default: ``predict``, handing over to ``binary`` where the
-            memory curve cannot be fitted; for a ``TrainStep`` with no ``start``, the first
-            trial lands just below the boundary that ``estimate`` predicts), ``estimate``
-            (no trial at all: the largest batch whose peak, traced with fake tensors, fits
-            the capacity; an untested prediction, ``result.tested`` is False), ``predict``
-            (fit peak memory against batch size, jump to the predicted boundary, close the
-            gap), ``binary`` (double, then bisect),
-            ``power`` (largest power-of-two multiple of ``start``), ``halving`` (halve from a
-            high start). ``auto``, ``predict`` and ``binary`` return the exact boundary.
+            memory curve cannot be fitted; see ``estimate_first``), ``estimate`` (no trial: the
+            largest batch whose fake-tensor-traced peak fits; ``result.tested`` is False),
+            ``predict`` (fit peak memory against batch size, jump to the predicted boundary,
+            close the gap), ``binary`` (double, then bisect), ``power`` (largest power-of-two
+            multiple of ``start``), ``halving`` (halve from a high start). ``auto``,
+            ``predict`` and ``binary`` return the exact boundary.
         margin: fraction taken off the boundary at the end, e.g. 0.05; the reduced size is
             verified with one more trial.
         multiple_of: the result (and every size tried) is a multiple of this.
@@ -90,11 +89,10 @@ def find_max_batch(
             full). They only tell which side of the boundary a size lies on; a trial whose
             size could be the answer (the next size up already failed), or that the line
             tries below the allocator's wall (where a first step proves little), runs full.
-        memory_limit: cap the probe at this many bytes (int or "16GiB"). On CUDA the process
-            is capped with ``set_per_process_memory_fraction`` and the previous cap restored;
-            on the CPU the trials run under :func:`~autobatch.simulated_memory`. On the CPU
-            without it, an active ``simulated_memory`` context is used, else a safe default
-            budget (noted in the result).
+        memory_limit: cap the probe at this many bytes (int or "16GiB"): on CUDA with
+            ``set_per_process_memory_fraction`` (the previous cap restored), on the CPU under
+            :func:`~autobatch.simulated_memory` (without it, an active ``simulated_memory``
+            context, else a safe default budget, noted in the result).
         restore: ``(model, optimizer)`` to put back bit-exactly after probing; implied when
             ``fn`` is a ``TrainStep``.
         device: where ``fn`` runs; default the ``TrainStep``'s model device, else the current
@@ -104,10 +102,13 @@ def find_max_batch(
             ``cache_key``. A hit skips the probe (``result.cached`` is True).
         cache_key: what identifies a plain callable's work (a string or JSON-able data);
             required to cache one, added to the derived key for a ``TrainStep``.
-        estimate_first: ``auto`` on a ``TrainStep`` places its first trial just below the
-            boundary estimated with fake tensors (no OOM in the common case). Default: on for
-            the CPU's simulated device, off on accelerators, where tracing a real model took
-            longer than the trials it saved (docs, benchmarks).
+        estimate_first: ``auto`` on a ``TrainStep`` with no ``start`` places its first trial
+            just below the boundary estimated with fake tensors. Default: on for the CPU's
+            simulated device, off on accelerators (tracing a real model took longer there).
+        hand_loop: whether a loop that cannot replay a step that runs out of memory trains the
+            answer (your own, Lightning's, the Transformers ``Trainer``'s): its trial must then
+            stop flushing the allocator's cache, so a run resumed from a checkpoint trains too
+            (``docs/promise.md``). Default: True for a plain callable, False for a ``TrainStep``.
 
     Raises:
         ValueError, TypeError: a bad argument (the message names it and what it accepts).
@@ -119,21 +120,18 @@ def find_max_batch(
         start=start, max_batch=max_batch, strategy=strategy, margin=margin,
         multiple_of=multiple_of, steps_per_trial=steps_per_trial, search_steps=search_steps,
     )
+    hand_loop = arguments.hand_loop_of(fn, hand_loop)
     limit_bytes = None if memory_limit is None else parse_bytes(memory_limit, name="memory_limit")
     agreement = ranks.current()
-    hand_loop = not isinstance(fn, TrainStep)  # trained by the user's own loop, which cannot replay a step
     fn = agreement.local_step(fn)  # DDP: the real DDP step, collectives guarded (autobatch.dist.probe)
-    if device is None and isinstance(fn, TrainStep):
-        device = fn.device
-    if restore is None and isinstance(fn, TrainStep):
-        restore = (fn.model, fn.optimizer)
+    if isinstance(fn, TrainStep):  # its model's device; its model and optimizer, restored
+        device, restore = device if device is not None else fn.device, restore or (fn.model, fn.optimizer)
     call = _Call(
         fn=fn, target=resolve_device(device), limit_bytes=limit_bytes, agreement=agreement,
         began=time.perf_counter(), steps_per_trial=steps_per_trial, hand_loop=hand_loop,
-        probe_args=dict(
-            strategy=strategy, start=start, max_batch=max_batch, margin=margin,
-            multiple_of=multiple_of, steps_per_trial=steps_per_trial, search_steps=search_steps,
-        ),
+        probe_args=dict(  # the cache key holds them all: each can move the answer
+            strategy=strategy, start=start, max_batch=max_batch, margin=margin, multiple_of=multiple_of,
+            steps_per_trial=steps_per_trial, search_steps=search_steps, hand_loop=hand_loop),
     )
     if strategy == "estimate":
         return _estimate(call)

@@ -53,10 +53,11 @@ class TrialRunner:
     A batch size already tried is answered from memory, never run twice. Peaks are read step
     by step (reset before each step; the trial's peak is the largest), so the last step's own
     figures are known too. ``agree``, when given, turns the local record into the one every
-    rank shares (under ``torch.distributed``: :func:`~autobatch.dist.probe.agree_trial`);
-    it runs after the memory is freed. ``pinned``, when given, lets a settle trial that ran
-    out of memory at the allocator's wall beside optimizer state made at a nearby size run once
-    more without it (:mod:`~autobatch.probe.pinned_state`).
+    rank shares (:func:`~autobatch.dist.probe.agree_trial`), after the memory is freed.
+    ``pinned`` lets a settle trial that ran out of memory at the allocator's wall beside
+    optimizer state made at a nearby size run once more without it
+    (:mod:`~autobatch.probe.pinned_state`). ``hand_loop``: a loop that cannot replay a step
+    trains the answer (:meth:`_flushes_matter`).
     """
 
     def __init__(
@@ -136,7 +137,8 @@ class TrialRunner:
                 + (" (the step was stopped there, part-way)" if self._stopped else "")
             )
         if not ran_out and error is None and settle and self._flushes_matter() and self._flush_count.flushing:
-            error = flushing_error(self._flush_count.flushes, steps, self._flushing_why())
+            why = "expandable" if self._expandable else "autotuned" if self.autotune and self.autotune.wanted else "hand_loop"
+            error = flushing_error(self._flush_count.flushes, steps, why)
             self._flushed_out.add(batch_size)
         excess = self._wall_excess() if not ran_out and error is None else 0
         if excess:
@@ -174,13 +176,10 @@ class TrialRunner:
         return record
 
     @property
-    def expandable(self) -> bool:
-        """Whether the trials run under expandable segments (CUDA's allocator setting)."""
+    def expandable(self) -> bool:  # the trials run under expandable segments (CUDA's allocator setting)
         return self._expandable
 
-    def flushed_out(self, batch_size: int) -> bool:
-        """Whether a settle trial at ``batch_size`` ran its steps and failed because its last
-        step still made the allocator flush its cache (:func:`~autobatch.probe.settling.flushing_error`)."""
+    def flushed_out(self, batch_size: int) -> bool:  # its settle trial failed still flushing
         return batch_size in self._flushed_out
 
     def confirmed(self, batch_size: int, *, after_last_oom: bool) -> bool:
@@ -221,12 +220,9 @@ class TrialRunner:
         """For a trial that ran out of memory: bytes its step needed beyond what a passing step
         may allocate (the peak limit; the capacity where there is none), None when unknown.
 
-        What was allocated when it failed plus the allocation that failed is a lower bound.
-        Where it leaves room, the failure was the allocator's: its reserved memory (the step's
-        reserved peak) plus the request passed the capacity (blocks held but too split); that
-        figure is an estimate, recorded but never a search's stride (:meth:`short_of` hands
-        out lower bounds only) nor an answer. ``requested``: the allocation that failed (None:
-        the message named none)."""
+        What was allocated when it failed plus the failed allocation (``requested``) is a lower
+        bound. Where it leaves room, the failure was the allocator's (its reserved peak plus the
+        request passed the capacity): an estimate, recorded but never a search's stride."""
         if requested is None or self._failed_at is None:
             return None
         usable = self.peak_limit if self.peak_limit is not None else self.memory.capacity()
@@ -236,9 +232,8 @@ class TrialRunner:
         return short if short > 0 else None
 
     def _wall(self, requested: int | None) -> int | None:
-        """For a trial that ran out of memory although what was allocated plus the allocation
-        that failed stayed under the peak limit: the failing step's reserved peak less its
-        allocated peak (the free pieces the allocator held but could not use), else None."""
+        """For a trial that ran out of memory although allocated bytes plus the failed allocation
+        stayed under the peak limit: the step's reserved less allocated peak (unusable pieces)."""
         if requested is None or self._failed_at is None or self.peak_limit is None or not self._fragmentation:
             return None
         return self._fragmentation if self._failed_at + requested <= self.peak_limit else None
@@ -252,10 +247,9 @@ class TrialRunner:
     def short_of(self, batch_size: int) -> int | None:
         """:attr:`TrialRecord.over_bytes` of the latest failed trial at ``batch_size`` where it is
         a lower bound of the bytes that size needs beyond what fits (see ``_shortfall``); None
-        when there is no failure, no figure, or only the allocator's estimate (a failure at its
-        wall, ``wall_bytes``): a search strides down by at least this, and an estimate that runs
-        high makes it overshoot into a passing trial, the expensive mistake (ViT-B/16 on an H200:
-        101 failed at the wall with an estimate worth 2 samples; 100 trains)."""
+        when there is no failure, no figure, or only the allocator's estimate (``wall_bytes``):
+        a search strides down by at least this, and an estimate that runs high overshoots into a
+        passing trial (ViT-B/16 on an H200: 101 failed at the wall, an estimate worth 2 samples)."""
         failed = self._latest_failure(batch_size)
         return None if failed is None or failed.wall_bytes is not None else failed.over_bytes
 
@@ -350,25 +344,14 @@ class TrialRunner:
                 break
 
     def _flushes_matter(self) -> bool:
-        """Whether a settle trial keeps stepping while its steps flush the allocator's cache, and
-        fails if its last still does: where cuDNN autotuning is wanted, the allocator's segments
-        are expandable, or the step is a hand loop's (``hand_loop``: a plain callable, whose loop
-        cannot replay a step); :mod:`~autobatch.probe.settling` says what was measured for each.
-        A ``TrainStep`` under fixed segments, untuned, only records flushing: the Runner that
-        trains it replays a step that runs out of memory, and ResNet-50 at 180 on an H200, whose
-        steps flushed, trained 200 steps in a new process that made its optimizer state in its
-        first step. Untuned trials count too: autotuned workspaces take at least the room
-        heuristic ones do, so they guide where the tuned confirmation lands. Flushing at the wall
-        comes and goes, so a trial gets more steps to stop
-        (:func:`~autobatch.probe.settling.most_steps`; cutting untuned ones off at their own
-        steps turned a ResNet-50 answer of 181, which trained in 4 of 4 new processes, into 178)."""
+        """Whether a settle trial keeps stepping while its steps flush the allocator's cache
+        (up to :func:`~autobatch.probe.settling.most_steps`: flushing at the wall comes and
+        goes), and fails if its last still does: where cuDNN autotuning is wanted, the segments
+        are expandable, or a hand loop trains the answer (a plain callable: it cannot replay a
+        step, and a resumed run failed at a flushing size). A ``TrainStep`` under fixed segments,
+        untuned, only records it: its Runner replays. :mod:`~autobatch.probe.settling` has the
+        measurements for each."""
         return self._expandable or self.hand_loop or self.autotune is not None and self.autotune.wanted
-
-    def _flushing_why(self) -> str:
-        """What makes flushing fail this runner's settle trials (a key of ``settling.FLUSHING_WHY``)."""
-        if self._expandable:
-            return "expandable"
-        return "autotuned" if self.autotune is not None and self.autotune.wanted else "hand_loop"
 
     def _wall_excess(self) -> int:
         """Bytes by which the trial's steady step left no room for the split pieces the

@@ -61,3 +61,18 @@ def test_sets_the_batch_and_accumulation_and_train_runs_under_the_same_budget(tm
     assert trainer.optimizer is not None and all(torch.equal(before[k], after[k]) for k in before)
     assert set(collator.sizes[probed:]) == {size}  # train() built its batches at the probed size
     assert trainer.state.global_step == 2
+
+
+def test_the_trainers_loop_is_probed_as_a_hand_loop(tmp_path, monkeypatch):
+    """The Trainer cannot replay a step that runs out of memory: its probe says so (hand_loop),
+    so the answer's trial must stop flushing the allocator's cache, as for a plain callable;
+    an explicit probe option still wins."""
+    import autobatch.integrations.transformers as integration
+
+    seen = []
+    real = integration.find_max_batch
+    monkeypatch.setattr(integration, "find_max_batch", lambda step, **kw: seen.append(kw["hand_loop"]) or real(step, **kw))
+    with simulated_memory(BUDGET):
+        fit_batch_size(make_trainer(tmp_path, PadCollator()), strategy="binary")
+        fit_batch_size(make_trainer(tmp_path, PadCollator()), strategy="binary", hand_loop=False)
+    assert seen == [True, False]

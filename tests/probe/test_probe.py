@@ -543,3 +543,37 @@ def test_an_answer_whose_every_step_flushed_warns_a_hand_loop(monkeypatch, autot
     note = promise.promise_note(runner, SimpleNamespace(promise=None), memory=None)
     assert (promise.STILL_FLUSHING in note) is warned
     assert promise.still_flushing(figures) is warned
+
+
+def test_hand_loop_defaults_to_the_step_type_and_is_checked(monkeypatch):
+    """Who trains the answer decides whether a still-flushing trial fails (docs/promise.md,
+    "Resumed runs"): a plain callable's own loop (True) unless told, a TrainStep's Runner (False)
+    unless told; the setting reaches the trials and the search, and it is part of the cache key."""
+    import autobatch.probe.find as find
+
+    seen = []
+    real = find.TrialRunner
+
+    def spy(*args, **kwargs):
+        seen.append(kwargs["hand_loop"])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(find, "TrialRunner", spy)
+    step = make_mlp_step()
+    with simulated_memory("16MiB"):
+        find_max_batch(ThresholdStep(40), strategy="binary")
+        find_max_batch(ThresholdStep(40), strategy="binary", hand_loop=False)
+        find_max_batch(step, strategy="binary", cache=False)
+        find_max_batch(step, strategy="binary", cache=False, hand_loop=True)
+    assert seen == [True, False, False, True]
+    with pytest.raises(TypeError, match="hand_loop must be True, False or None"):
+        find_max_batch(ThresholdStep(40), hand_loop="yes")
+
+
+def test_hand_loop_is_part_of_the_cache_key(tmp_path):
+    step = make_mlp_step()
+    with simulated_memory("16MiB"):
+        first = find_max_batch(step, strategy="binary", cache=tmp_path)
+        other = find_max_batch(step, strategy="binary", cache=tmp_path, hand_loop=True)
+        again = find_max_batch(step, strategy="binary", cache=tmp_path, hand_loop=True)
+    assert not first.cached and not other.cached and again.cached
