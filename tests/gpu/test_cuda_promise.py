@@ -2,6 +2,8 @@
 OOM trials, for more steps than the probe ran; autotuning comes back as the user set it; the
 runner's recovery from a real squeeze is sized by measurement. Skipped without CUDA."""
 
+import io
+
 import pytest
 import torch
 from torch.nn import functional as F
@@ -153,3 +155,36 @@ def test_a_plain_callables_state_waits_in_a_private_pool_until_the_next_step():
     finally:
         torch.cuda.set_per_process_memory_fraction(1.0)
     assert seen[0] and all(seen[0])  # back in the default pool before the first step ran, unchanged
+
+
+def test_a_plain_callables_answer_trains_in_a_resumed_hand_loop():
+    """A hand loop resumed from a checkpoint has its optimizer state before its first step; the
+    probe's answer for a plain callable must train there too (its trial's last step no longer
+    flushing the allocator's cache: docs/promise.md, "Resumed runs")."""
+    model, optimizer, loss_fn, make = cnn_step()
+
+    def step(batch_size):
+        loss_fn(model, make(batch_size)).backward()
+        optimizer.step()
+        optimizer.zero_grad()
+
+    result = autobatch.find_max_batch(step, memory_limit=2 * GiB, device="cuda")
+    assert result.promise is not None and not autobatch.probe.promise.still_flushing(result.promise)
+    saved = io.BytesIO()  # a checkpoint file, read back to the host
+    torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict()}, saved)
+    saved.seek(0)
+    checkpoint = torch.load(saved, map_location="cpu", weights_only=True)
+    del model, optimizer, step
+    free_memory()
+    model, optimizer, loss_fn, make = cnn_step()  # a resumed run: weights and state before step 0
+    model.load_state_dict(checkpoint["model"])
+    optimizer.load_state_dict(checkpoint["optimizer"])
+    total = torch.cuda.get_device_properties(0).total_memory
+    torch.cuda.set_per_process_memory_fraction(2 * GiB / total)
+    try:
+        for _ in range(50):
+            loss_fn(model, make(result.batch_size)).backward()
+            optimizer.step()
+            optimizer.zero_grad()
+    finally:
+        torch.cuda.set_per_process_memory_fraction(1.0)
