@@ -5,8 +5,8 @@ An answer is a promise that training runs at it, in the process that probed and 
 
 * the answer passed a full trial (on an accelerator: after the last OOM trial, from an emptied
   cache, with cuDNN autotuning as the user set it, and for more steps while the allocator's
-  reserved peak still grew or, with autotuning, while its steps still flushed the allocator's
-  cache: :meth:`~autobatch.probe.trial.TrialRunner.run` ``settle``,
+  reserved peak still grew or, with autotuning, expandable segments or a plain callable (a hand
+  loop), while its steps still flushed the allocator's cache: :meth:`~autobatch.probe.trial.TrialRunner.run` ``settle``,
   :mod:`~autobatch.probe.settling`); with autotuning the confirmation tuned for real, and its
   plans stay cached for training in this process (:mod:`~autobatch.probe.autotune`);
 * its allocated peak left the allocator's headroom free (1 % of the capacity, or two 20 MiB

@@ -16,8 +16,9 @@ its wall:
   cap, a hand loop in new processes, ``scripts/bench_promise.py --child``): at 180, 4 of 6 runs
   ran out of memory at step 5-25 asking for 2 MiB with ~0.8 GiB reserved but unallocated,
   after 19-62 retries (several a step); at 179, 2 of 4 at step 23; at 178, 0 of 3; and at the
-  probe's answer, 177, 0 of 4. Without either, flushing is only recorded: untuned plans
-  that flushed at ResNet-50's 180 trained 200 steps in a new process. Each flush frees and
+  probe's answer, 177, 0 of 4. Without either, for a ``TrainStep``, flushing is only
+  recorded: untuned plans that flushed at ResNet-50's 180 trained 200 steps in a new process
+  from scratch (a resumed one did not: below). Each flush frees and
   re-maps device memory and synchronizes, so it costs speed too. With expandable segments
   (autotuned or not) a flush unmaps the free pages and maps them where the request fits, so a
   step that flushes every time sits at the cap and trains only while the partly used pages
