@@ -31,7 +31,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import autobatch  # noqa: E402
-from bench_promise import Capped, build, free_memory, make_state, plain_step, warm_up  # noqa: E402
+from bench_promise import Capped, _trial_log, build, free_memory, make_state, plain_step, warm_up  # noqa: E402
 
 
 def stepwise(step, batch_size: int, steps: int, device: str, limit: int) -> dict:
@@ -86,9 +86,7 @@ def child(args) -> dict:
         result = autobatch.find_max_batch(step, memory_limit=None if device == "cpu" else limit, device=device, cache=False)
         batch = result.batch_size + args.offset
         out["answer"], out["promise"] = result.batch_size, result.promise
-        out["trials"] = [(t.batch_size, t.passed, t.steps, t.purpose, t.flushes,
-                          None if t.step_peak_bytes is None else round(t.step_peak_bytes / 2**20, 1),
-                          None if t.reserved_bytes is None else round(t.reserved_bytes / 2**20, 1)) for t in result.trials]
+        out["trials"] = _trial_log(result)  # bench_promise's columns (MiB), the flushes last
         if args.layout == "dropped":
             optimizer.state.clear()  # the loop's first step makes it again, as in a new process
             free_memory()

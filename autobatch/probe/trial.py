@@ -95,7 +95,8 @@ class TrialRunner:
         self._leftover = False  # a failed trial left memory held that a quick collection did not free
         self._full_collection_frees: bool | None = None  # what the last full collection did
         self._flush_count = FlushCount()
-        self._expandable = bool(expandable_segments_on(getattr(memory, "device", None)))
+        # the trials run under expandable segments (CUDA's allocator setting)
+        self.expandable = bool(expandable_segments_on(getattr(memory, "device", None)))
         self._flushed_out: set[int] = set()  # sizes whose settle trial failed still flushing
 
     def __call__(self, batch_size: int, purpose: str = "search", *, final: bool = False) -> bool:
@@ -137,8 +138,7 @@ class TrialRunner:
                 + (" (the step was stopped there, part-way)" if self._stopped else "")
             )
         if not ran_out and error is None and settle and self._flushes_matter() and self._flush_count.flushing:
-            why = "expandable" if self._expandable else "autotuned" if self.autotune and self.autotune.wanted else "hand_loop"
-            error = flushing_error(self._flush_count.flushes, steps, why)
+            error = flushing_error(self._flush_count.flushes, steps, self._flushes_matter())
             self._flushed_out.add(batch_size)
         excess = self._wall_excess() if not ran_out and error is None else 0
         if excess:
@@ -174,10 +174,6 @@ class TrialRunner:
                  format_bytes(peak), seconds)
         notify(batch_size, purpose, record)
         return record
-
-    @property
-    def expandable(self) -> bool:  # the trials run under expandable segments (CUDA's allocator setting)
-        return self._expandable
 
     def flushed_out(self, batch_size: int) -> bool:  # its settle trial failed still flushing
         return batch_size in self._flushed_out
@@ -343,15 +339,18 @@ class TrialRunner:
                 # ranks in lockstep make the same calls, and each step enters collectives
                 break
 
-    def _flushes_matter(self) -> bool:
-        """Whether a settle trial keeps stepping while its steps flush the allocator's cache
-        (up to :func:`~autobatch.probe.settling.most_steps`: flushing at the wall comes and
-        goes), and fails if its last still does: where cuDNN autotuning is wanted, the segments
-        are expandable, or a hand loop trains the answer (a plain callable: it cannot replay a
-        step, and a resumed run failed at a flushing size). A ``TrainStep`` under fixed segments,
-        untuned, only records it: its Runner replays. :mod:`~autobatch.probe.settling` has the
-        measurements for each."""
-        return self._expandable or self.hand_loop or self.autotune is not None and self.autotune.wanted
+    def _flushes_matter(self) -> str | None:
+        """Why a settle trial keeps stepping while its steps flush the allocator's cache (up to
+        :func:`~autobatch.probe.settling.most_steps`: flushing at the wall comes and goes) and
+        fails if its last still does, as a key of ``settling.FLUSHING_WHY``: the segments are
+        expandable, cuDNN autotuning is wanted, or a hand loop trains the answer (it cannot replay
+        a step, and a resumed run failed at a flushing size). None for a ``TrainStep`` under fixed
+        segments, untuned: its Runner replays, so flushing is only recorded."""
+        if self.expandable:
+            return "expandable"
+        if self.autotune is not None and self.autotune.wanted:
+            return "autotuned"
+        return "hand_loop" if self.hand_loop else None
 
     def _wall_excess(self) -> int:
         """Bytes by which the trial's steady step left no room for the split pieces the

@@ -3,6 +3,7 @@ OOM trials, for more steps than the probe ran; autotuning comes back as the user
 runner's recovery from a real squeeze is sized by measurement. Skipped without CUDA."""
 
 import io
+from contextlib import contextmanager
 
 import pytest
 import torch
@@ -37,6 +38,27 @@ def cnn_step():
     return model, optimizer, loss_fn, make
 
 
+def hand_step(model, optimizer, loss_fn, make):
+    """A plain callable, as a hand loop's step: forward, backward, step, zero_grad."""
+
+    def step(batch_size):
+        loss_fn(model, make(batch_size)).backward()
+        optimizer.step()
+        optimizer.zero_grad()
+
+    return step
+
+
+@contextmanager
+def capped(limit: int = 2 * GiB):
+    """The process capped at ``limit`` bytes of device memory (as the probe was), lifted after."""
+    torch.cuda.set_per_process_memory_fraction(limit / torch.cuda.get_device_properties(0).total_memory)
+    try:
+        yield
+    finally:
+        torch.cuda.set_per_process_memory_fraction(1.0)
+
+
 @pytest.fixture(autouse=True)
 def _clean():
     free_memory()
@@ -60,15 +82,11 @@ def test_answer_trains_50_steps_in_the_probing_process(benchmark):
             assert all(not r.autotuned for r in result.trials if r.purpose == "search")
             # only the answer's confirmation pays for autotuning (seconds per shape near the capacity)
             assert {r.purpose for r in result.trials if r.autotuned} == {"confirm"}
-        total = torch.cuda.get_device_properties(0).total_memory
-        torch.cuda.set_per_process_memory_fraction(2 * GiB / total)
-        try:
+        with capped():
             for _ in range(50):
                 optimizer.zero_grad(set_to_none=True)
                 loss_fn(model, make(result.batch_size)).backward()
                 optimizer.step()
-        finally:
-            torch.cuda.set_per_process_memory_fraction(1.0)
     finally:
         torch.backends.cudnn.benchmark = before
 
@@ -77,19 +95,17 @@ def test_runner_recovery_from_a_real_squeeze_is_measured():
     model, optimizer, loss_fn, make = cnn_step()
     answer = autobatch.find_max_batch(autobatch.TrainStep(model, optimizer, loss_fn, make), memory_limit=2 * GiB,
                                       cache=False).batch_size
-    total = torch.cuda.get_device_properties(0).total_memory
     squeeze = []
-    torch.cuda.set_per_process_memory_fraction(2 * GiB / total)
     try:
-        def on_step_end(info):
-            if info["step"] == 3:
-                squeeze.append(torch.empty(GiB // 10, dtype=torch.uint8, device="cuda"))  # 5 % of 2 GiB
+        with capped():
+            def on_step_end(info):
+                if info["step"] == 3:
+                    squeeze.append(torch.empty(GiB // 10, dtype=torch.uint8, device="cuda"))  # 5 % of 2 GiB
 
-        data = [tuple(t.cpu() for t in make(answer)) for _ in range(10)]
-        runner = autobatch.Runner(model, optimizer, loss_fn, global_batch=answer, micro_batch=answer, progress=False)
-        result = runner.fit(data, on_step_end=on_step_end)
+            data = [tuple(t.cpu() for t in make(answer)) for _ in range(10)]
+            runner = autobatch.Runner(model, optimizer, loss_fn, global_batch=answer, micro_batch=answer, progress=False)
+            result = runner.fit(data, on_step_end=on_step_end)
     finally:
-        torch.cuda.set_per_process_memory_fraction(1.0)
         squeeze.clear()
     assert result.samples == 10 * answer
     for recovery in result.oom_recoveries:
@@ -132,12 +148,7 @@ def test_a_plain_callables_state_waits_in_a_private_pool_until_the_next_step():
     """The optimizer state a plain callable's trials created is parked off the default pool and
     comes back, values intact, at the next optimizer step (autobatch.memory.parking)."""
     model, optimizer, loss_fn, make = cnn_step()
-
-    def step(batch_size):
-        loss_fn(model, make(batch_size)).backward()
-        optimizer.step()
-        optimizer.zero_grad()
-
+    step = hand_step(model, optimizer, loss_fn, make)
     result = autobatch.find_max_batch(step, memory_limit=2 * GiB, device="cuda")
     state = [t for s in optimizer.state.values() for t in s.values() if t.is_cuda]
     assert result.promise["parked_state_bytes"] == sum(t.numel() * t.element_size() for t in state)
@@ -147,13 +158,9 @@ def test_a_plain_callables_state_waits_in_a_private_pool_until_the_next_step():
     seen = []  # hooks run in the order registered: this one after the park's
     optimizer.register_step_pre_hook(lambda opt, *_: seen.append(
         [torch.equal(t, v) for t, v in zip(state, values)] + [t.data_ptr() not in parked for t in state]))
-    total = torch.cuda.get_device_properties(0).total_memory
-    torch.cuda.set_per_process_memory_fraction(2 * GiB / total)
-    try:
+    with capped():
         for _ in range(20):
             step(result.batch_size)
-    finally:
-        torch.cuda.set_per_process_memory_fraction(1.0)
     assert seen[0] and all(seen[0])  # back in the default pool before the first step ran, unchanged
 
 
@@ -162,12 +169,7 @@ def test_a_plain_callables_answer_trains_in_a_resumed_hand_loop():
     probe's answer for a plain callable must train there too (its trial's last step no longer
     flushing the allocator's cache: docs/promise.md, "Resumed runs")."""
     model, optimizer, loss_fn, make = cnn_step()
-
-    def step(batch_size):
-        loss_fn(model, make(batch_size)).backward()
-        optimizer.step()
-        optimizer.zero_grad()
-
+    step = hand_step(model, optimizer, loss_fn, make)
     result = autobatch.find_max_batch(step, memory_limit=2 * GiB, device="cuda")
     assert result.promise is not None and not autobatch.probe.promise.still_flushing(result.promise)
     saved = io.BytesIO()  # a checkpoint file, read back to the host
@@ -179,12 +181,7 @@ def test_a_plain_callables_answer_trains_in_a_resumed_hand_loop():
     model, optimizer, loss_fn, make = cnn_step()  # a resumed run: weights and state before step 0
     model.load_state_dict(checkpoint["model"])
     optimizer.load_state_dict(checkpoint["optimizer"])
-    total = torch.cuda.get_device_properties(0).total_memory
-    torch.cuda.set_per_process_memory_fraction(2 * GiB / total)
-    try:
+    with capped():
+        step = hand_step(model, optimizer, loss_fn, make)
         for _ in range(50):
-            loss_fn(model, make(result.batch_size)).backward()
-            optimizer.step()
-            optimizer.zero_grad()
-    finally:
-        torch.cuda.set_per_process_memory_fraction(1.0)
+            step(result.batch_size)
