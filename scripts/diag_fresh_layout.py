@@ -9,10 +9,14 @@ allocator retries. This script sets, step by step, what the allocator does in th
 * ``fresh``: a new process, a hand loop at each ``--sizes`` from its first step;
 * ``probed``: the probing process, the hand loop at the probe's answer (the trials' state kept);
 * ``dropped``: the probing process, the trials' state dropped after the probe, so the loop's first
-  step creates it among its activations, as a new process does.
+  step creates it among its activations, as a new process does;
+* ``trials``: the probe's trials by hand, in one process: 3 steps at 8 (the optimizer's state made
+  there, as the probe's first trial makes it), 1 at ``--fit``, then ``--steps`` steps at each of
+  ``--sizes`` in the order given, the allocator's cache returned before each, as
+  :class:`~autobatch.probe.trial.TrialRunner` does (what each trial size's steps do, step by step).
 
 For every step: the allocator retries it made (flushes of its cache), its allocated and reserved
-peaks, and the inactive split bytes after it, in MiB.
+peaks and the inactive split bytes after it, in MiB, and the segments it asked the driver for.
 
     PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True python scripts/diag_fresh_layout.py --sizes 101,102
     python scripts/diag_fresh_layout.py --device cpu --quick --sizes 4        (proves it runs)
@@ -21,6 +25,7 @@ peaks, and the inactive split bytes after it, in MiB.
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import subprocess
 import sys
@@ -41,7 +46,8 @@ def stepwise(step, batch_size: int, steps: int, device: str, limit: int) -> dict
     with Capped(device, limit):
         for index in range(steps):
             if device == "cuda":
-                before = torch.cuda.memory_stats().get("num_alloc_retries", 0)
+                stats = torch.cuda.memory_stats()
+                before, mallocs = stats.get("num_alloc_retries", 0), stats.get("num_device_alloc", 0)
                 torch.cuda.reset_peak_memory_stats()
             try:
                 step(batch_size)
@@ -53,7 +59,8 @@ def stepwise(step, batch_size: int, steps: int, device: str, limit: int) -> dict
             if device == "cuda":
                 stats = torch.cuda.memory_stats()
                 rows.append((index, stats.get("num_alloc_retries", 0) - before, mib(stats["allocated_bytes.all.peak"]),
-                             mib(stats["reserved_bytes.all.peak"]), mib(stats["inactive_split_bytes.all.current"])))
+                             mib(stats["reserved_bytes.all.peak"]), mib(stats["inactive_split_bytes.all.current"]),
+                             stats.get("num_device_alloc", 0) - mallocs))
             else:
                 rows.append((index,))
     return {"batch": batch_size, "steps_run": len(rows), "oom": error, "per_step": rows}
@@ -62,7 +69,10 @@ def stepwise(step, batch_size: int, steps: int, device: str, limit: int) -> dict
 def prime(what: str, model, optimizer, device: str, dtype) -> None:
     """Before the first step: ``cublas`` makes the matmul libraries' handles and workspaces (a
     tiny matmul in each precision), ``state`` the optimizer's state (one step on zero gradients),
-    ``none`` nothing."""
+    ``ckpt_cpu``/``ckpt_cuda`` that state through a checkpoint (``torch.save``, the state dropped
+    and the cache emptied, then ``torch.load(map_location=...)`` and ``load_state_dict`` for the
+    model and the optimizer: a resumed run, loading to the host or to the device), ``none``
+    nothing."""
     if what in ("cublas", "both"):
         x = torch.ones(16, 16, device=device)
         with torch.autocast(device, dtype=dtype, enabled=dtype is not None):
@@ -70,6 +80,33 @@ def prime(what: str, model, optimizer, device: str, dtype) -> None:
         (x @ x).sum().item()
     if what in ("state", "both"):
         make_state(model, optimizer)
+    if what.startswith("ckpt_"):  # a checkpoint round trip: saved, the process emptied, loaded back
+        make_state(model, optimizer)
+        saved = io.BytesIO()
+        torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict()}, saved)
+        optimizer.state.clear()
+        free_memory()
+        saved.seek(0)
+        checkpoint = torch.load(saved, map_location=what[len("ckpt_"):], weights_only=True)
+        model.load_state_dict(checkpoint["model"])
+        optimizer.load_state_dict(checkpoint["optimizer"])
+        del checkpoint
+
+
+def by_hand_trial(step, model, optimizer, size: int, steps: int, device: str, limit: int) -> dict:
+    """One probe trial by hand: the cache returned first, ``steps`` steps, the leftovers of an
+    out-of-memory step dropped after it (its gradients, its garbage)."""
+    if device == "cuda":
+        torch.cuda.empty_cache()
+    row = stepwise(step, size, steps, device, limit)
+    if device == "cuda":  # each large request has a segment of its own: the largest bounds the largest request
+        segments = [segment["total_size"] for segment in torch.cuda.memory_snapshot()]
+        row["segments"] = len(segments)
+        row["largest_segments_mib"] = [round(b / 2**20, 1) for b in sorted(segments)[-3:]]
+    if row["oom"] is not None:
+        optimizer.zero_grad()
+        free_memory()
+    return row
 
 
 def child(args) -> dict:
@@ -81,6 +118,10 @@ def child(args) -> dict:
     prime(args.prime, model, optimizer, device, dtype)
     step = plain_step(model, optimizer, loss_fn, make, dtype, device)
     out: dict = {"layout": args.layout}
+    if args.layout == "trials":
+        out["sizes"] = [by_hand_trial(step, model, optimizer, size, steps, device, limit)
+                        for size, steps in [(8, 3), (args.fit, 1)] + [(int(s), args.steps) for s in args.sizes.split(",")]]
+        return out
     batch = args.batch
     if args.layout != "fresh":
         result = autobatch.find_max_batch(step, memory_limit=None if device == "cpu" else limit, device=device, cache=False)
@@ -101,11 +142,12 @@ def main() -> None:
     parser.add_argument("--workloads", default="vit_b16")
     parser.add_argument("--sizes", default="101,102", help="sizes for the fresh layout")
     parser.add_argument("--layouts", default="fresh,probed,dropped")
+    parser.add_argument("--fit", type=int, default=134, help="trials: the second fit size")
     parser.add_argument("--offset", type=int, default=0, help="probed/dropped: train at the answer plus this")
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--memory-limit", default=None, help="default 8GiB (16MiB on the CPU)")
     parser.add_argument("--cold", action="store_true", help="no warm-up in the child (a training script's own start)")
-    parser.add_argument("--primes", default="none", help="fresh layout: none,cublas,state,both before the first step")
+    parser.add_argument("--primes", default="none", help="fresh layout: none,cublas,state,both,ckpt_cpu,ckpt_cuda before the first step")
     parser.add_argument("--out", default=None)
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--workload", help=argparse.SUPPRESS)
@@ -124,17 +166,23 @@ def main() -> None:
     for name in args.workloads.split(","):
         jobs = [("fresh", int(s), p) for s in args.sizes.split(",") for p in args.primes.split(",")
                 if "fresh" in args.layouts.split(",")]
-        jobs += [(layout, 0, "none") for layout in ("probed", "dropped") if layout in args.layouts.split(",")]
+        jobs += [(layout, 0, "none") for layout in ("probed", "dropped", "trials") if layout in args.layouts.split(",")]
         for layout, size, primed in jobs:
             command = [sys.executable, __file__, "--child", "--workload", name, "--layout", layout, "--batch", str(size),
                        "--steps", str(args.steps), "--device", args.device, "--memory-limit", args.memory_limit,
-                       "--offset", str(args.offset), "--prime", primed] + (["--quick"] if args.quick else []) + (
+                       "--offset", str(args.offset), "--prime", primed, "--sizes", args.sizes,
+                       "--fit", str(args.fit)] + (["--quick"] if args.quick else []) + (
                        ["--cold"] if args.cold else [])
             done = subprocess.run(command, capture_output=True, text=True)
             row = json.loads(done.stdout.strip().splitlines()[-1]) if done.returncode == 0 else {
                 "layout": layout, "error": done.stderr.strip().splitlines()[-3:]}
             row["workload"], row["prime"], row["cold"] = name, primed, args.cold
             rows.append(row)
+            for trial in row.get("sizes", []):
+                print("   trial", trial["batch"], "oom", trial["oom"] and trial["oom"]["step"],
+                      "retries by step", [r[1] for r in trial["per_step"] if len(r) > 1],
+                      "mallocs by step", [r[5] for r in trial["per_step"] if len(r) > 5], "last", trial["per_step"][-1:],
+                      "largest segments", trial.get("largest_segments_mib"), flush=True)
             per = row.get("per_step", [])
             print(name, layout, row.get("batch"), "cold" if args.cold else "warm", "prime", primed, "answer", row.get("answer"), "oom", row.get("oom"),
                   "retries by step", [r[1] for r in per if len(r) > 1], flush=True)
