@@ -93,10 +93,14 @@ def prime(what: str, model, optimizer, device: str, dtype) -> None:
         del checkpoint
 
 
-def by_hand_trial(step, model, optimizer, size: int, steps: int, device: str, limit: int) -> dict:
+def by_hand_trial(step, model, optimizer, size: int, steps: int, device: str, limit: int, clear: bool = False) -> dict:
     """One probe trial by hand: the cache returned first, ``steps`` steps, the leftovers of an
-    out-of-memory step dropped after it (its gradients, its garbage)."""
+    out-of-memory step dropped after it (its gradients, its garbage). ``clear``: the cuBLAS
+    workspaces freed first too, so the first step makes them among its activations, as a new
+    process does."""
     if device == "cuda":
+        if clear:
+            torch._C._cuda_clearCublasWorkspaces()
         torch.cuda.empty_cache()
     row = stepwise(step, size, steps, device, limit)
     if device == "cuda":  # each large request has a segment of its own: the largest bounds the largest request
@@ -119,7 +123,8 @@ def child(args) -> dict:
     step = plain_step(model, optimizer, loss_fn, make, dtype, device)
     out: dict = {"layout": args.layout}
     if args.layout == "trials":
-        out["sizes"] = [by_hand_trial(step, model, optimizer, size, steps, device, limit)
+        out["sizes"] = [by_hand_trial(step, model, optimizer, size, steps, device, limit,
+                                      args.clear_workspaces and size != 8)
                         for size, steps in [(8, 3), (args.fit, 1)] + [(int(s), args.steps) for s in args.sizes.split(",")]]
         return out
     batch = args.batch
@@ -142,6 +147,7 @@ def main() -> None:
     parser.add_argument("--workloads", default="vit_b16")
     parser.add_argument("--sizes", default="101,102", help="sizes for the fresh layout")
     parser.add_argument("--layouts", default="fresh,probed,dropped")
+    parser.add_argument("--clear-workspaces", action="store_true", help="trials: free the cuBLAS workspaces before each")
     parser.add_argument("--fit", type=int, default=134, help="trials: the second fit size")
     parser.add_argument("--offset", type=int, default=0, help="probed/dropped: train at the answer plus this")
     parser.add_argument("--steps", type=int, default=40)
@@ -171,7 +177,7 @@ def main() -> None:
             command = [sys.executable, __file__, "--child", "--workload", name, "--layout", layout, "--batch", str(size),
                        "--steps", str(args.steps), "--device", args.device, "--memory-limit", args.memory_limit,
                        "--offset", str(args.offset), "--prime", primed, "--sizes", args.sizes,
-                       "--fit", str(args.fit)] + (["--quick"] if args.quick else []) + (
+                       "--fit", str(args.fit)] + (["--clear-workspaces"] if args.clear_workspaces else []) + (["--quick"] if args.quick else []) + (
                        ["--cold"] if args.cold else [])
             done = subprocess.run(command, capture_output=True, text=True)
             row = json.loads(done.stdout.strip().splitlines()[-1]) if done.returncode == 0 else {
