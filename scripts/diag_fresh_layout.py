@@ -93,7 +93,7 @@ def prime(what: str, model, optimizer, device: str, dtype) -> None:
         del checkpoint
 
 
-def by_hand_trial(step, model, optimizer, size: int, steps: int, device: str, limit: int, clear: bool = False) -> dict:
+def by_hand_trial(step, optimizer, size: int, steps: int, device: str, limit: int, clear: bool = False) -> dict:
     """One probe trial by hand: the cache returned first, ``steps`` steps, the leftovers of an
     out-of-memory step dropped after it (its gradients, its garbage). ``clear``: the cuBLAS
     workspaces freed first too, so the first step makes them among its activations, as a new
@@ -123,9 +123,10 @@ def child(args) -> dict:
     step = plain_step(model, optimizer, loss_fn, make, dtype, device)
     out: dict = {"layout": args.layout}
     if args.layout == "trials":
-        out["sizes"] = [by_hand_trial(step, model, optimizer, size, steps, device, limit,
-                                      args.clear_workspaces and size != 8)
-                        for size, steps in [(8, 3), (args.fit, 1)] + [(int(s), args.steps) for s in args.sizes.split(",")]]
+        trials = [(8, 3), (args.fit, 1)] + [(int(s), args.steps) for s in args.sizes.split(",")]
+        # the first trial makes the workspaces, as the probe's first trial does
+        out["sizes"] = [by_hand_trial(step, optimizer, size, steps, device, limit, args.clear_workspaces and index > 0)
+                        for index, (size, steps) in enumerate(trials)]
         return out
     batch = args.batch
     if args.layout != "fresh":

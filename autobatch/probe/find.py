@@ -108,7 +108,8 @@ def find_max_batch(
         hand_loop: whether a loop that cannot replay a step that runs out of memory trains the
             answer (your own, Lightning's, the Transformers ``Trainer``'s): its trial must then
             stop flushing the allocator's cache, at which a run resumed from a checkpoint ran out of
-            memory (``docs/promise.md``; not every resumed layout is covered). Default: True for a plain callable, False for a ``TrainStep``.
+            memory (``docs/promise.md``; not every resumed layout is covered). Default: True for a
+            plain callable, False for a ``TrainStep``.
 
     Raises:
         ValueError, TypeError: a bad argument (the message names it and what it accepts).
