@@ -10,6 +10,7 @@ gloo on the CPU) and, under NCCL, the gloo group the sync points run on
 from __future__ import annotations
 
 import atexit
+import gc
 import os
 
 import torch
@@ -31,11 +32,8 @@ def init_from_env(device_type: str = "auto") -> bool:
     Under submitit (Hydra's SLURM launcher) with several tasks, the torch variables are
     exported from SLURM's first (``submitit.helpers.TorchDistributedEnvironment``).
 
-    A group made here is destroyed when the process exits (:func:`_leave_at_exit`): left to
-    the interpreter's teardown, gloo aborted the process (``terminate called without an
-    active exception``, SIGABRT) in 8 of 16 two-rank runs on the CPU, so torchrun reported a
-    finished run as failed; destroyed before the teardown, 0 of 106 (30 of them through
-    ``atexit``, as here).
+    A group made here is destroyed when the process exits (:func:`_leave_at_exit`), so that
+    gloo does not abort a finished run at the interpreter's teardown (details there).
     """
     if "RANK" not in os.environ and os.environ.get("SUBMITIT_EXECUTOR") and int(os.environ.get("SLURM_NTASKS", "1") or 1) > 1:
         from submitit.helpers import TorchDistributedEnvironment
@@ -67,8 +65,19 @@ def init_from_env(device_type: str = "auto") -> bool:
 
 
 def _leave_at_exit() -> None:
-    """Destroy the process group :func:`init_from_env` made, before the interpreter's teardown
-    (every group, the gloo control group too). Runs once, at exit; a user who destroyed the
-    group already is left alone."""
+    """Destroy the process group :func:`init_from_env` made, and free what still holds it,
+    before the interpreter's teardown (every group, the gloo control group too). Runs once,
+    at exit; a user who destroyed the group already is left alone.
+
+    Why both: a gloo group freed during the teardown aborts the process (``terminate called
+    without an active exception``, SIGABRT), and torchrun then reports a finished run as
+    failed. Left to the teardown, 8 of 16 two-rank CPU runs aborted. Destroyed here, the
+    group object can still outlive the call, held by garbage such as a DDP model's reducer:
+    a two-rank DDP job aborted in 32 of 490 launches (the CLI once in CI; a barrier before
+    the destroy, 4 of 80). Collecting that garbage before and after the destroy, 0 of 320
+    (``scripts/diag_gloo_exit.py``).
+    """
     if dist.is_available() and dist.is_initialized():
+        gc.collect()  # garbage (a finished task's DDP model) that holds the group
         dist.destroy_process_group()
+        gc.collect()  # the group objects themselves, now only in reference cycles

@@ -1,7 +1,8 @@
 """The distributed helpers in one process: no process group, nothing communicated.
 
 The multi-process behaviour is in ``test_distributed.py``; here, the helpers answer for a
-single rank, the probe's agreement hook reshapes a trial record, and the errors read well.
+single rank, the probe's agreement hook reshapes a trial record, and the errors read well;
+and leaving a one-rank group (in a subprocess) frees it before the interpreter's teardown.
 """
 
 from __future__ import annotations
@@ -88,3 +89,34 @@ class _NullMemory:
     def peak(self): return 0
     def peak_reserved(self): return 0
     def allocated(self): return 0
+
+
+LEAVE = """
+import gc, weakref
+import torch.distributed as dist
+from autobatch.dist.joining import _leave_at_exit
+
+dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+class Holder:  # garbage in a reference cycle that holds the group, as a finished DDP model does
+    pass
+holder = Holder()
+holder.group, holder.me = dist.group.WORLD, holder
+gone = weakref.ref(holder)
+gc.disable()  # only _leave_at_exit may collect it
+del holder
+_leave_at_exit()
+print("destroyed", not dist.is_initialized(), "freed", gone() is None)
+"""
+
+
+def test_leaving_destroys_the_group_and_frees_the_garbage_that_holds_it():
+    """Freed during the interpreter's teardown, a gloo group aborts a finished run (SIGABRT):
+    ``_leave_at_exit`` frees it while the interpreter is whole (scripts/diag_gloo_exit.py)."""
+    import subprocess
+    import sys
+
+    from conftest import cli_env
+
+    done = subprocess.run([sys.executable, "-c", LEAVE], env=cli_env(), capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split() == ["destroyed", "True", "freed", "True"]
