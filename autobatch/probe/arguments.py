@@ -43,7 +43,7 @@ ALLOCATOR_HEADROOM = 0.01
 #: Measured on an H200 under an 8 GiB cap (ResNet-50 with cuDNN autotuning, the command line):
 #: under the fixed 1 % the tuned 182 failed only the headroom (7.92 GiB allocated) and the
 #: answer was 181, while 182 and 183 trained 200 steps in new processes; with two pages it
-#: answers 183, which trained 200 steps in a new process (``docs/promise.md`` has every workload).
+#: answers 183, which trained 200 steps in a new process (``docs/promise-log.md`` has every workload).
 EXPANDABLE_HEADROOM_BYTES = 2 * LARGE_PAGE_BYTES
 #: Without ``max_batch``, the largest size a search tries: 2**24 = 16,777,216 samples. A step
 #: that never runs out of memory (a no-op, a model that keeps nothing per sample) would

@@ -26,7 +26,7 @@ probe found it. ViT-B/16 as a plain callable does not: beside AdamW's moments ma
 state too, at a failure at the wall, made that answer 101 on the same H200, but the trials
 that followed walked up to 102 and confirmed 101 again, and a ``TrainStep``'s trials after
 the drop ran three steps before failing where they had failed in one: 0.3-0.4 s more a probe,
-level with Accelerate's instead of below it (``docs/promise.md``, "Tried and not kept").
+level with Accelerate's instead of below it (``docs/promise-log.md``, "Tried and not kept").
 
 The trial run again leaves its state among its activations, in split pieces the steady steps
 reuse (1.70 GiB of them for the Llama decoder at 5, which then trained 200 steps with none of

@@ -167,7 +167,7 @@ def test_a_plain_callables_state_waits_in_a_private_pool_until_the_next_step():
 def test_a_plain_callables_answer_trains_in_a_resumed_hand_loop():
     """A hand loop resumed from a checkpoint has its optimizer state before its first step; the
     probe's answer for a plain callable must train there too (its trial's last step no longer
-    flushing the allocator's cache: docs/promise.md, "Resumed runs")."""
+    flushing the allocator's cache: docs/promise-log.md, "Resumed runs")."""
     model, optimizer, loss_fn, make = cnn_step()
     step = hand_step(model, optimizer, loss_fn, make)
     result = autobatch.find_max_batch(step, memory_limit=2 * GiB, device="cuda")

@@ -236,7 +236,7 @@ def test_a_settle_trial_at_the_wall_beside_state_made_at_a_nearby_size_runs_agai
 @pytest.mark.parametrize("first, final", [(4, True), (8, False)])
 def test_state_made_far_below_or_a_search_trial_at_the_wall_is_not_run_again(first, final):
     """State made at under half the size is kept (dropping it too made ViT-B/16's probes slower
-    than Accelerate's: docs/promise.md), and a search trial only tells a side of the boundary:
+    than Accelerate's: docs/promise-log.md), and a search trial only tells a side of the boundary:
     both fail as they ran, with the state kept."""
     with simulated_memory("64MiB") as device:
         runner, began, watch = _pinned_runner(device, wall_sizes={12})
