@@ -26,13 +26,13 @@ import pickle
 import random
 import zipfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import torch
 
 from ..errors import CheckpointError
 
-__all__ = ["save_checkpoint", "load_checkpoint", "resolve_checkpoint", "rng_state", "set_rng_state", "CHECKPOINT_NAME", "RUNNER_FORMAT"]
+__all__ = ["save_checkpoint", "load_checkpoint", "resolve_checkpoint", "rng_state", "set_rng_state", "data_generators", "CHECKPOINT_NAME", "RUNNER_FORMAT"]
 
 log = logging.getLogger("autobatch")
 
@@ -99,8 +99,9 @@ def _unreadable(path: Path, exc: BaseException) -> CheckpointError:
     )
 
 
-def rng_state() -> dict[str, Any]:
-    """The CPU, CUDA (every device, when initialised), Python and NumPy generator states."""
+def rng_state(generators: Sequence[torch.Generator] = ()) -> dict[str, Any]:
+    """The CPU, CUDA (every device, when initialised), Python and NumPy generator states, and
+    those of ``generators`` (a data loader's own: :func:`data_generators`)."""
     version, keys, gauss = random.getstate()
     state: dict[str, Any] = {"torch": torch.get_rng_state(), "python": [version, list(keys), gauss]}
     if torch.cuda.is_available() and torch.cuda.is_initialized():
@@ -112,11 +113,13 @@ def rng_state() -> dict[str, Any]:
     else:
         name, keys, position, has_gauss, cached = numpy.random.get_state()
         state["numpy"] = [name, torch.from_numpy(keys.astype("int64")), int(position), int(has_gauss), float(cached)]
+    if generators:
+        state["data"] = [generator.get_state() for generator in generators]
     return state
 
 
-def set_rng_state(state: dict[str, Any]) -> None:
-    """Put back what :func:`rng_state` returned."""
+def set_rng_state(state: dict[str, Any], generators: Sequence[torch.Generator] = ()) -> None:
+    """Put back what :func:`rng_state` returned (``generators``: the same data generators)."""
     torch.set_rng_state(state["torch"])
     version, keys, gauss = state["python"]
     random.setstate((version, tuple(keys), gauss))
@@ -128,6 +131,29 @@ def set_rng_state(state: dict[str, Any]) -> None:
         name, keys, position, has_gauss, cached = state["numpy"]
         keys = keys.numpy() if isinstance(keys, torch.Tensor) else numpy.asarray(keys)
         numpy.random.set_state((name, keys.astype(numpy.uint32), position, has_gauss, cached))
+    saved = state.get("data", [])
+    if generators and len(saved) == len(generators):
+        for generator, generator_state in zip(generators, saved):
+            generator.set_state(generator_state)
+    elif generators or saved:
+        log.warning(
+            "resume: the checkpoint holds %d data-loader generator states and the data has %d; its order may "
+            "differ from the interrupted run's", len(saved), len(generators),
+        )
+
+
+def data_generators(data: Any) -> list[torch.Generator]:
+    """The ``torch.Generator`` objects a data loader draws its order from, which the global
+    random state does not cover: ``DataLoader(generator=...)`` (its shuffling sampler and its
+    workers' base seed), a sampler's or batch sampler's own. Each once, in a fixed order."""
+    found: list[torch.Generator] = []
+    sampler = getattr(data, "sampler", None)
+    batch_sampler = getattr(data, "batch_sampler", None)
+    for owner in (data, sampler, batch_sampler, getattr(batch_sampler, "sampler", None)):
+        generator = getattr(owner, "generator", None)
+        if isinstance(generator, torch.Generator) and all(generator is not seen for seen in found):
+            found.append(generator)
+    return found
 
 
 def _fsync_dir(directory: Path) -> None:

@@ -3,7 +3,8 @@
 A mixin of :class:`~autobatch.Runner`, kept apart from the step loop: the phase hook that
 tells where an OOM struck (and lets fault injection strike there), tenacity's retry and stop
 predicates, and what happens at the top of a replay: undo a half-applied optimizer step
-(:class:`~autobatch.training.step_guard.StepGuard`), drop the partial gradients, free memory,
+(:class:`~autobatch.training.step_guard.StepGuard`), put back the buffers forward changed
+(:class:`~autobatch.training.buffer_guard.BufferGuard`), drop the partial gradients, free memory,
 pick the smaller micro-batch, or turn on activation checkpointing when micro-batch 1 failed.
 
 The smaller micro-batch is sized by measurement where the figures allow
@@ -76,6 +77,7 @@ class OomRecovery:
         """Top of a retry: undo, free, shrink. Runs outside the failed attempt's ``except``."""
         phase, before = self._phase, self.micro_batch
         self._undo_optimizer_step()
+        self.buffers.restore()  # the failed attempt's forward passes updated BatchNorm's statistics
         self.guard.demote()  # memory is short: the step guard's copy goes to host memory from now on
         self._drop_grads()
         free_memory()
@@ -151,6 +153,7 @@ class OomRecovery:
         if self._stepping and self.guard.enabled:
             self.guard.restore()
         self._stepping = False
+        self.buffers.restore()
         self._drop_grads()
 
     def _drop_grads(self) -> None:

@@ -4,7 +4,8 @@ A mixin of :class:`~autobatch.Runner`: ``save`` writes model, optimizer, schedul
 states, the data position and the run's history atomically (rank 0 only;
 :mod:`~autobatch.training.checkpoint_io`), and a resumed run replays the epoch's start and skips
 the batches already trained, so it sees the same batches and draws the same random numbers
-as the run that was interrupted.
+as the run that was interrupted: the global generators' and a data loader's own
+(``DataLoader(generator=...)``, :func:`~autobatch.training.checkpoint_io.data_generators`).
 """
 
 from __future__ import annotations
@@ -21,7 +22,9 @@ from ..errors import CheckpointError
 from ..planning.checkpointing import enable_checkpointing
 from ..planning.accumulation import micro_batch_sizes
 from ..probe.shards import has_dtensors, load_plain_state, optimizer_state_for, plain_state
-from .checkpoint_io import CHECKPOINT_NAME, RUNNER_FORMAT, load_checkpoint, resolve_checkpoint, rng_state, save_checkpoint, set_rng_state
+from .checkpoint_io import (
+    CHECKPOINT_NAME, RUNNER_FORMAT, load_checkpoint, resolve_checkpoint, rng_state, save_checkpoint, set_rng_state,
+)
 from .progress import Progress
 from .ranks import unwrap
 from .run_result import RunResult
@@ -66,7 +69,7 @@ class Resumable:
             "optimizer": plain_state(self.optimizer.state_dict()),
             "scheduler": None if self.scheduler is None else self.scheduler.state_dict(),
             "grad_scaler": None if self.grad_scaler is None else self.grad_scaler.state_dict(),
-            "rng": rng_state(),
+            "rng": rng_state(self._data_generators),
             "epoch_rng": self._epoch_rng,
             "step": self.step,
             "epoch": self.epoch,
@@ -102,15 +105,15 @@ class Resumable:
         at an epoch boundary (position 0: the run ended with whole epochs) starts the next
         epoch afresh from the random state it saved, as the uninterrupted run would have."""
         if resumed_rng is None or self._epoch_rng is None or self.position == 0:
-            self._epoch_rng = rng_state()
+            self._epoch_rng = rng_state(self._data_generators)
             self.position = 0
             return iter(data)
-        set_rng_state(self._epoch_rng)
+        set_rng_state(self._epoch_rng, self._data_generators)
         batches = iter(data)
         skipped = sum(1 for _ in itertools.islice(batches, self.position))
         if skipped < self.position:
             log.warning("resume: the epoch has only %d batches, the checkpoint is at %d", skipped, self.position)
-        set_rng_state(resumed_rng)
+        set_rng_state(resumed_rng, self._data_generators)
         return batches
 
     def _fill_result(self) -> None:
@@ -168,7 +171,7 @@ class Resumable:
         self.result.skipped_steps = previous.skipped_steps
         self.result.resumed_from = {"path": str(path), "step": self.step, "epoch": self.epoch, "position": self.position}
         log.info("resumed from %s at step %d (epoch %d, batch %d), micro-batch %d", path, self.step, self.epoch, self.position, self.micro_batch)
-        set_rng_state(state["rng"])
+        set_rng_state(state["rng"], self._data_generators)
         return state["rng"]
 
 

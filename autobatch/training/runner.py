@@ -9,7 +9,8 @@ On an OOM anywhere in the global step (moving a micro-batch to the device, forwa
 backward, ``optimizer.step()``) the attempt is abandoned and retried with tenacity
 (``for attempt in Retrying(...)``). At the top of the next attempt, outside any ``except``
 block and after tenacity has dropped the failed attempt's traceback, the runner undoes a
-half-applied optimizer step (:class:`~autobatch.training.step_guard.StepGuard`), drops the partial
+half-applied optimizer step (:class:`~autobatch.training.step_guard.StepGuard`), puts back the
+buffers forward changed (:class:`~autobatch.training.buffer_guard.BufferGuard`), drops the partial
 gradients, frees memory, halves the micro-batch (read from runner state on every attempt)
 and replays the *same* global batch from its first sample. When micro-batch 1 fails it turns
 on activation checkpointing if ``checkpointing_fallback`` allows, else raises
@@ -40,6 +41,8 @@ from ..planning.checkpointing import CheckpointHandle
 from ..probe.train_step import TrainStep
 from . import ranks
 from .batch_ops import to_device
+from .buffer_guard import BufferGuard
+from .checkpoint_io import data_generators
 from .faults import FaultInjector
 from .growth import GrowBack
 from .hygiene import CachePolicy
@@ -165,6 +168,7 @@ class Runner(OomRecovery, Resumable, PlansFromData):
         self.grow_after = grow_after
         self.grad_scaler = grad_scaler
         self.guard = StepGuard(optimizer, step_guard, grad_scaler, room=self._guard_room)
+        self.buffers = BufferGuard(model)  # what forward changed (BatchNorm statistics), undone on a replay
         self.checkpointing_fallback = checkpointing_fallback
         self.checkpoint_targets = checkpoint_targets
         self.hygiene = CachePolicy(empty_cache_every, empty_cache_threshold, device=self.device)
@@ -195,6 +199,7 @@ class Runner(OomRecovery, Resumable, PlansFromData):
         self._captured_at: int | None = None
         self._last_error = ""
         self._epoch_rng: dict[str, Any] | None = None
+        self._data_generators: list[torch.Generator] = []  # the data loader's own, saved beside the global ones
         self._warned_size = False
         self._local_size = self._global_size = global_batch
         # Imported here so that ``import autobatch`` (the probe, the planner) works on a
@@ -236,6 +241,7 @@ class Runner(OomRecovery, Resumable, PlansFromData):
         if not hasattr(data, "__iter__"):
             raise TypeError(f"data must be an iterable of global batches (a DataLoader, a list, a generator), got {type(data).__name__}")
         began = time.perf_counter()
+        self._data_generators = data_generators(data)
         resumed_rng = first_epoch = None
         if resume is not None:
             resumed_rng = self._load(resume)
@@ -294,6 +300,7 @@ class Runner(OomRecovery, Resumable, PlansFromData):
         if self.growth.trying:
             self.result.grow_attempts.append({"step": self.step, "from": self.growth.previous, "to": self.micro_batch, "held": True})
         scale = self._scale()
+        self.buffers.capture()
         try:
             for attempt in self._retrying:
                 with attempt:
@@ -348,8 +355,6 @@ class Runner(OomRecovery, Resumable, PlansFromData):
     def _transfer(self, micro: Any) -> Any:
         self._enter("transfer")
         return to_device(micro, self.device)
-
-    # -- around the step -----------------------------------------------------------------------
 
 
 def train(
