@@ -12,9 +12,11 @@ Copying the weights off an accelerator is the slow part (measured on an H200: 0.
 ResNet-50's 98 MiB, 0.32 s for GPT-2's 475 MiB, at ~1.5 GB/s into fresh host memory). With
 ``background=True`` the parameters and optimizer state are copied by a thread while the
 first trial runs, and the optimizer's next ``step()`` waits for that copy (a step pre-hook):
-in a :class:`~autobatch.TrainStep` nothing else writes them. Buffers (which forward may
-update, as BatchNorm's statistics), gradients, training flags and random states are copied at
-once.
+in a :class:`~autobatch.TrainStep` nothing else writes them, except where forward does
+(:func:`written_outside_the_optimizer`: an ``Embedding`` with ``max_norm`` renorms its rows, a
+custom module may update a parameter the optimizer does not hold, as a vector quantizer's
+moving-average codebook), and those are copied at once. So are buffers (which forward may
+update, as BatchNorm's statistics), gradients, training flags and random states.
 
 With ``zero_lr=True`` (a fresh optimizer of a kind whose every change to a parameter is scaled
 by its group's learning rate, such as ``AdamW`` or ``SGD``) nothing of the weights is copied at
@@ -40,7 +42,7 @@ import torch
 
 from .shards import Shard, from_cpu_local, local, to_cpu_local
 
-__all__ = ["Snapshot", "forget_scaler_stage", "steps_in_place_at_zero_lr"]
+__all__ = ["Snapshot", "forget_scaler_stage", "steps_in_place_at_zero_lr", "written_outside_the_optimizer"]
 
 
 def _to_cpu(value: Any) -> Any:
@@ -91,10 +93,17 @@ class Snapshot:
             snap.scaler, snap.scaler_state = scaler, scaler.state_dict()
         snap.weights_in_place = zero_lr and model is not None and steps_in_place_at_zero_lr(optimizer)
         background = background and optimizer is not None and not snap.weights_in_place
+        eager: set[str] = set()  # parameters copied now although the thread copies, or nothing does
         if model is not None:
-            parameters = not (background or snap.weights_in_place)  # the thread copies them, or nothing does
-            for name, tensor in _named_state(model, parameters=parameters):
-                snap.tensors[name] = _copy_local(tensor)
+            if background or snap.weights_in_place:
+                written = written_outside_the_optimizer(model, optimizer)
+                eager = {name for name, param in model.named_parameters() if id(param) in written}
+            everything = not (background or snap.weights_in_place)
+            for name, param in model.named_parameters():
+                if everything or name in eager:
+                    snap.tensors[name] = _copy_local(param)
+            for name, buffer in _named_state(model, parameters=False):
+                snap.tensors[name] = _copy_local(buffer)
             for name, param in model.named_parameters():
                 snap.grads[name] = None if param.grad is None else _to_cpu(param.grad)
             snap.training = {name: module.training for name, module in model.named_modules()}
@@ -117,7 +126,7 @@ class Snapshot:
         after = {device: torch.cuda.current_stream(device) for device in devices if device.type == "cuda"}
         # the parameters as registered now: FSDP2 swaps full (unsharded) tensors into the
         # modules during a forward, which the thread must not mistake for the sharded ones
-        params = [] if model is None else list(model.named_parameters())
+        params = [] if model is None else [(n, p) for n, p in model.named_parameters() if n not in eager]
         snap._copier = threading.Thread(
             target=snap._copy_catching, args=(after, params), name="autobatch-snapshot", daemon=True
         )
@@ -167,9 +176,9 @@ class Snapshot:
             self._guard = None
         with torch.no_grad():
             if self.model is not None:
-                for name, tensor in _named_state(self.model, parameters=not self.weights_in_place):
-                    if self._copy_failed and name not in self.tensors:
-                        continue  # its copy failed before the optimizer could change it
+                for name, tensor in _named_state(self.model):
+                    if name not in self.tensors and (self.weights_in_place or self._copy_failed):
+                        continue  # a step at learning rate 0 left it, or its copy failed before a step could
                     local(tensor).copy_(self.tensors[name])  # a DTensor: into this rank's shard
                 for name, param in self.model.named_parameters():
                     saved = self.grads.get(name)
@@ -183,7 +192,7 @@ class Snapshot:
             # load_state_dict replaces the whole state, so state created during the trials
             # (Adam moments that did not exist before) disappears again; it casts tensors
             # back to each parameter's device; sharded state becomes DTensors laid out as before.
-            self.optimizer.load_state_dict(from_cpu_local(self.optimizer_state))
+            _load_keeping_groups(self.optimizer, from_cpu_local(self.optimizer_state))
             if keep and self.weights_in_place:
                 _zero_lrs(self.optimizer)  # load_state_dict put the learning rates back
         if self.scaler is not None:
@@ -274,6 +283,41 @@ def forget_scaler_stage(scaler: Any, optimizer: torch.optim.Optimizer) -> None:
     from torch.amp.grad_scaler import _refresh_per_optimizer_state
 
     scaler._per_optimizer_states[id(optimizer)] = _refresh_per_optimizer_state()
+
+
+def written_outside_the_optimizer(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None) -> set[int]:
+    """Ids of ``model``'s parameters that something other than ``optimizer.step()`` may write
+    during a trial, so a snapshot that leaves the weights to the optimizer (a copy made while
+    the first trial runs, or none at learning rate 0) must copy them first: an ``Embedding`` or
+    ``EmbeddingBag`` with ``max_norm`` (forward renorms the rows it looks up, in place), and a
+    parameter the optimizer does not hold that belongs to a module of the user's own (a
+    vector quantizer's codebook updated by a moving average in forward). A module of
+    ``torch.nn`` writes no parameter of its own in forward but those, so a frozen backbone's
+    weights (LoRA) are not copied."""
+    held = set() if optimizer is None else {id(p) for group in optimizer.param_groups for p in group["params"]}
+    written: set[int] = set()
+    for module in model.modules():
+        renorms = isinstance(module, (torch.nn.Embedding, torch.nn.EmbeddingBag)) and module.max_norm is not None
+        own = not any(cls.__module__.startswith("torch.nn.") for cls in type(module).__mro__ if cls not in _BASES)
+        for param in module.parameters(recurse=False):
+            if renorms or (own and id(param) not in held):
+                written.add(id(param))
+    return written
+
+
+_BASES = (torch.nn.Module, object)
+
+
+def _load_keeping_groups(optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
+    """``optimizer.load_state_dict(state)``, its ``param_groups`` kept the same list and dicts:
+    a scheduler or a user's warm-up that holds a group goes on writing the optimizer's own."""
+    groups, dicts = optimizer.param_groups, list(optimizer.param_groups)
+    optimizer.load_state_dict(state)
+    for kept, loaded in zip(dicts, optimizer.param_groups):
+        kept.clear()
+        kept.update(loaded)
+    groups[:] = dicts
+    optimizer.param_groups = groups
 
 
 def _named_state(model: torch.nn.Module, *, parameters: bool = True):

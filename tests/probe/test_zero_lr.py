@@ -215,3 +215,71 @@ def test_huge_gradients_leave_the_weights_exact_at_learning_rate_zero():
         assert torch.equal(param, before[name]) and torch.equal(param.signbit(), before[name].signbit()), name
     snapshot.restore()
     _assert_same(before, _weights(step))
+
+
+class _Renormed(torch.nn.Module):
+    """Forward renorms the embedding rows it looks up (``max_norm``), in place."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb = torch.nn.Embedding(200, 16, max_norm=1.0)
+        self.head = torch.nn.Linear(16, 4)
+
+    def forward(self, x):
+        return self.head(self.emb(x).mean(1))
+
+
+class _Codebook(torch.nn.Module):
+    """A vector quantizer's codebook: a parameter no optimizer holds, moved by forward."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = torch.nn.Parameter(torch.randn(32, 16), requires_grad=False)
+        self.proj = torch.nn.Linear(16, 16)
+
+    def forward(self, x):
+        h = self.proj(x)
+        with torch.no_grad():
+            self.embed.mul_(0.99).add_(0.01 * h.mean(0))
+        return h @ self.embed.t()
+
+
+WRITERS = {  # model, its optimizer (zero_lr: AdamW; the background copy: Adagrad), batch
+    "max_norm-zero-lr": (_Renormed, lambda m: torch.optim.AdamW(m.parameters()), lambda n: torch.randint(0, 200, (n, 8))),
+    "max_norm-background": (_Renormed, lambda m: torch.optim.Adagrad(m.parameters()), lambda n: torch.randint(0, 200, (n, 8))),
+    "codebook-zero-lr": (_Codebook, lambda m: torch.optim.AdamW(m.proj.parameters()), lambda n: torch.randn(n, 16)),
+    "codebook-background": (_Codebook, lambda m: torch.optim.Adagrad(m.proj.parameters()), lambda n: torch.randn(n, 16)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(WRITERS))
+def test_parameters_forward_writes_are_copied_before_the_first_trial(name):
+    """Neither a step at learning rate 0 nor a copy that waits for the optimizer protects a
+    parameter forward writes: those are copied at once, and the model comes back exact."""
+    make_model, make_optimizer, make_batch = WRITERS[name]
+    torch.manual_seed(0)
+    model = make_model()
+    step = autobatch.TrainStep(model, make_optimizer(model), lambda m, b: m(b).square().mean(), make_batch)
+    before = _weights(step)
+    find_max_batch(step, memory_limit="4MiB", steps_per_trial=2, cache=False)
+    _assert_same(before, _weights(step))
+
+
+def test_a_frozen_backbone_of_torch_modules_is_left_to_the_optimizer_path():
+    """Only what may be written is copied at once: torch.nn's modules write no parameter of
+    their own in forward (but ``max_norm``), so a frozen backbone costs no copy."""
+    backbone = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Embedding(4, 8), torch.nn.Embedding(4, 8, max_norm=1.0))
+    backbone.requires_grad_(False)
+    head = torch.nn.Linear(8, 1)
+    written = restore.written_outside_the_optimizer(torch.nn.ModuleList([backbone, head]), torch.optim.SGD(head.parameters(), lr=1))
+    assert written == {id(backbone[2].weight)}
+
+
+@pytest.mark.parametrize("name", ["adamw", "sgd-nesterov-wd"])
+def test_the_optimizers_groups_are_the_same_objects_after_a_probe(name):
+    step = _step(OPTIMIZERS[name])
+    groups, first = step.optimizer.param_groups, step.optimizer.param_groups[0]
+    find_max_batch(step, memory_limit="6MiB", steps_per_trial=2, cache=False)
+    assert step.optimizer.param_groups is groups and groups[0] is first
+    first["lr"] = 0.25  # a warm-up writing through the group it holds reaches the optimizer
+    assert step.optimizer.state_dict()["param_groups"][0]["lr"] == 0.25
