@@ -35,6 +35,7 @@ import datetime
 import hashlib
 import json
 import logging
+import math
 import os
 import tempfile
 from dataclasses import dataclass
@@ -149,7 +150,8 @@ def step_components(step: TrainStep) -> dict[str, Any]:
     classes = {type(module) for module in model.modules()}
     return {
         "model": {
-            "modules": [[name, type(module).__qualname__] for name, module in model.named_modules()],
+            # with each module's settings: heads, a scale factor, train or eval change the memory
+            "modules": [[name, type(module).__qualname__, _settings(module)] for name, module in model.named_modules()],
             "parameters": [
                 [name, list(p.shape), str(p.dtype), p.requires_grad] for name, p in model.named_parameters()
             ],
@@ -170,6 +172,24 @@ def step_components(step: TrainStep) -> dict[str, Any]:
             "grad_scaler": type(step.grad_scaler).__qualname__ if step.grad_scaler is not None else None,
         },
     }
+
+
+_PLAIN = (bool, int, float, str, type(None))
+
+
+def _settings(module: torch.nn.Module) -> dict[str, Any]:
+    """A module's plain public attributes (``num_heads``, ``scale_factor``, ``max_norm``,
+    ``training``...): what shapes its activations beside its parameters' shapes and its code."""
+    settings = {}
+    for name, value in vars(module).items():
+        if name.startswith("_"):
+            continue
+        if isinstance(value, (tuple, list)) and all(isinstance(item, _PLAIN) for item in value):
+            value = list(value)
+        elif not isinstance(value, _PLAIN):
+            continue
+        settings[name] = value if not isinstance(value, float) or math.isfinite(value) else str(value)
+    return settings
 
 
 def key_components(

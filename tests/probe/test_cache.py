@@ -79,6 +79,10 @@ def _variant(name: str):
         step.make_batch = lambda size: (torch.randn(size, 64), torch.randint(0, 10, (size,)), torch.zeros(size, 8))
     elif name == "optimizer":
         step = make_mlp_step(width=64, optimizer="sgd")
+    elif name == "module-setting":
+        step.model[1].inplace = True  # ReLU(inplace=True) keeps one activation fewer
+    elif name == "eval-mode":
+        step.model.eval()
     elif name == "precision":
         step.autocast_dtype = torch.bfloat16
     elif name == "checkpointing":
@@ -102,7 +106,8 @@ def _variant(name: str):
 
 
 COMPONENTS = [
-    "model-shape", "param-dtype", "structure", "input-shape", "optimizer", "precision", "checkpointing",
+    "model-shape", "param-dtype", "structure", "module-setting", "eval-mode", "input-shape", "optimizer", "precision",
+    "checkpointing",
     "memory-cap", "strategy", "margin", "multiple_of", "steps_per_trial", "max_batch",
 ]
 
