@@ -139,6 +139,44 @@ def test_untraceable_step_raises_estimate_error():
         estimate_memory(lambda size: None, 4)
 
 
+class _Recurrent(torch.nn.Module):
+    def __init__(self, kind):
+        super().__init__()
+        self.rnn = kind(16, 64, batch_first=True)
+        self.head = torch.nn.Linear(64, 1)
+
+    def forward(self, x):
+        return self.head(self.rnn(x)[0][:, -1])
+
+
+def _recurrent_step(kind):
+    torch.manual_seed(0)
+    model = _Recurrent(kind)
+    return autobatch.TrainStep(model, torch.optim.SGD(model.parameters(), lr=0.1), lambda m, b: m(b).square().mean(),
+                               lambda size: torch.randn(size, 20, 16))
+
+
+def test_steps_fake_tensors_count_short_are_refused_and_auto_probes_with_trials():
+    """A CPU LSTM's kernel workspace (0 in the trace: 0.6 of 3.1 MB) and sparse gradients
+    (data-dependent rows) would make the estimate answer a size that runs out of memory."""
+    lstm = _recurrent_step(torch.nn.LSTM)
+    with pytest.raises(EstimateError, match="LSTM on the CPU"):
+        estimate_memory(lstm, 8)
+    auto = find_max_batch(lstm, memory_limit="32MiB", cache=False, steps_per_trial=2)
+    assert any("no estimate for the first trial" in note for note in auto.notes)
+    assert auto.batch_size == find_max_batch(lstm, memory_limit="32MiB", cache=False, strategy="binary",
+                                             steps_per_trial=2).batch_size
+    gru = _recurrent_step(torch.nn.GRU)  # within 4 %: estimated as before
+    with simulated_memory("1GiB") as budget:
+        gru(32)
+        gru(32)
+    assert abs(estimate_peak(gru, 32) / budget.peak_bytes - 1) < 0.05
+    sparse = make_mlp_step(width=64)
+    sparse.model[0] = torch.nn.EmbeddingBag(64, 64, sparse=True)
+    with pytest.raises(EstimateError, match="sparse gradients"):
+        estimate_memory(sparse, 4)
+
+
 def test_estimated_max_batch_is_the_probed_boundary():
     step = make_mlp_step(width=256)
     estimate = estimate_max_batch(step, "64MiB", include_resident=False)
