@@ -9,9 +9,10 @@ out-of-memory error, multiplies the size by 0.9 and calls again. Three things di
   hold (pytorch/pytorch#18853). Here the handler only records the failure; the failed call's
   frames are gone before memory is freed and the next size starts.
 * **The next size comes from what the failed attempt measured, where that says more than
-  ×0.9.** Before each attempt the device's peak counter is reset and the memory in use
-  noted; after a failure, the peak the attempt reached plus the allocation that failed is a
-  lower bound on what the size needed, and scaling the size by ``(usable - in use) / (needed -
+  ×0.9.** Before each attempt the memory in use is noted; at a failure, the memory allocated
+  then (as the error message says it, or as the failed frames still hold it until the handler
+  is left) plus the allocation that failed is a lower bound on what the size needed (the attempt's peak is not: it may have come
+  earlier and been freed), and scaling the size by ``(usable - in use) / (needed -
   in use)`` is the largest size that bound allows. It is a *lower* bound: it helps when the
   failing allocation was large (a far too large start failing in one big activation jumps
   down at once); a step that failed late, near its end, bounds its need barely above the
@@ -43,7 +44,7 @@ import torch
 from ..errors import NoBatchFitsError
 from ..memory.devices import AcceleratorMemory, DeviceMemory, SimulatedDeviceMemory, resolve_device
 from ..memory.lazy_state import LazyStateWatch
-from ..memory.oom import free_memory, is_oom_error, requested_bytes
+from ..memory.oom import allocated_at_failure, free_memory, is_oom_error, requested_bytes
 from ..memory.simulated import active_simulation
 from ..probe.arguments import ALLOCATOR_HEADROOM
 
@@ -58,9 +59,11 @@ class Attempt:
     batch_size: int
     ok: bool
     seconds: float
-    #: bytes in use when the attempt started, the peak it reached (None without instruments)
+    #: bytes in use when the attempt started, the peak it reached, and those allocated when it
+    #: failed (None without instruments)
     start_bytes: int | None = None
     peak_bytes: int | None = None
+    failed_at_bytes: int | None = None
     #: the allocation that failed, read from the error message (None when it does not say)
     requested_bytes: int | None = None
     capacity_bytes: int | None = None
@@ -127,6 +130,9 @@ def find_executable_batch_size(
             except Exception as exc:
                 if not is_oom_error(exc):
                     raise
+                if memory is not None:  # the message's figure, or what the failed frames still hold
+                    said = allocated_at_failure(str(exc))
+                    attempt.failed_at_bytes = max(memory.allocated(), said or 0)
                 attempt.seconds = time.perf_counter() - began
                 attempt.error = (str(exc).splitlines() or [type(exc).__name__])[0][:300]
                 attempt.requested_bytes = requested_bytes(str(exc))
@@ -166,10 +172,11 @@ def _next_size(attempt: Attempt, reduce: Callable[[], int] | None, factor: float
 
 
 def _measured(attempt: Attempt) -> int | None:
-    """The largest size the failed attempt's lower bound on its need allows, or None."""
-    if attempt.peak_bytes is None or attempt.capacity_bytes is None or attempt.start_bytes is None:
+    """The largest size the failed attempt's lower bound on its need allows, or None: what was
+    allocated when it failed plus the allocation that failed, above what the attempt started with."""
+    if attempt.failed_at_bytes is None or attempt.capacity_bytes is None or attempt.start_bytes is None:
         return None
-    needed = attempt.peak_bytes + (attempt.requested_bytes or 0) - attempt.start_bytes
+    needed = attempt.failed_at_bytes + (attempt.requested_bytes or 0) - attempt.start_bytes
     usable = attempt.capacity_bytes * (1 - ALLOCATOR_HEADROOM) - attempt.start_bytes
     if needed <= 0 or usable <= 0 or needed < usable:
         return None  # failed before reaching the capacity: the bound is not informative

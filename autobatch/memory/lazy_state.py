@@ -18,7 +18,8 @@ when the probe does that, and why).
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+import weakref
+from typing import Any, Iterable, Iterator
 
 import torch
 
@@ -28,21 +29,37 @@ __all__ = ["LazyStateWatch"]
 class LazyStateWatch:
     """Watch every optimizer's ``step()`` while a probe runs (torch's global step hooks, so a
     plain callable's own optimizer is watched too) so that an OOM inside one cannot leave
-    half-created state behind for the next trial."""
+    half-created state behind for the next trial.
+
+    Optimizers are held weakly, and the parameters that had state by id: a function that builds
+    its model and optimizer in every call (Accelerate's pattern) lets each attempt's go when
+    the attempt ends, where strong references kept every failed attempt's weights, gradients
+    and moments until the search ended (each attempt then started with less room, down to
+    batch 1)."""
 
     def __init__(self) -> None:
         from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
-        # each running step's optimizer and the parameters that had state as it began
-        self._running: dict[int, tuple[torch.optim.Optimizer, set[Any]]] = {}
-        # every optimizer seen stepping and the parameters that had state when it was first seen
-        self._seen: dict[int, tuple[torch.optim.Optimizer, set[Any]]] = {}
+        # each running step's optimizer and the ids of the parameters that had state as it began
+        self._running: dict[int, tuple[torch.optim.Optimizer, set[int]]] = {}
+        # every live optimizer seen stepping, and the ids of the parameters that had state when first seen
+        self._seen: dict[int, tuple[weakref.ref, set[int]]] = {}
         self._hooks = [register_optimizer_step_pre_hook(self._began), register_optimizer_step_post_hook(self._ended)]
 
     def _began(self, optimizer: torch.optim.Optimizer, *_: Any) -> None:
-        had = {param for param, state in optimizer.state.items() if state}
-        self._running[id(optimizer)] = (optimizer, had)
-        self._seen.setdefault(id(optimizer), (optimizer, had))
+        had = {id(param) for param, state in optimizer.state.items() if state}
+        key = id(optimizer)
+        self._running[key] = (optimizer, had)
+        if key not in self._seen:
+            seen = self._seen
+            self._seen[key] = (weakref.ref(optimizer, lambda _, key=key: seen.pop(key, None)), had)
+
+    def _watched(self) -> Iterator[tuple[torch.optim.Optimizer, set[int]]]:
+        """Every optimizer seen stepping that is still alive, with its ``had`` ids."""
+        for ref, had in list(self._seen.values()):
+            optimizer = ref()
+            if optimizer is not None:
+                yield optimizer, had
 
     def _ended(self, optimizer: torch.optim.Optimizer, *_: Any) -> None:
         self._running.pop(id(optimizer), None)
@@ -56,20 +73,20 @@ class LazyStateWatch:
 
     def has_created(self) -> bool:
         """Whether a watched optimizer holds state it did not have when it was first seen."""
-        return any(param not in had for optimizer, had in self._seen.values() for param in optimizer.state)
+        return any(id(param) not in had for optimizer, had in self._watched() for param in optimizer.state)
 
     def drop_created(self) -> int:
         """Drop the state every watched optimizer created since it was first seen (state it had
         before, e.g. of a resumed run, stays). Returns how many parameters lost theirs."""
-        return _drop_new(self._seen.values())
+        return _drop_new(self._watched())
 
     def created_on(self, device: torch.device) -> list[tuple[torch.optim.Optimizer, list[torch.Tensor]]]:
         """Each watched optimizer with the plain tensors of the state it created on ``device``
         (what :func:`~autobatch.memory.parking.park_until_step` moves); state it had before is not
         listed, nor tensor subclasses (a DTensor's shards, the fake tensors of an estimate's trace)."""
         found = []
-        for optimizer, had in self._seen.values():
-            tensors = [value for param, state in optimizer.state.items() if param not in had
+        for optimizer, had in self._watched():
+            tensors = [value for param, state in optimizer.state.items() if id(param) not in had
                        for value in state.values() if type(value) is torch.Tensor and value.device == device]
             if tensors:
                 found.append((optimizer, tensors))
@@ -88,11 +105,12 @@ class LazyStateWatch:
         self.close()
 
 
-def _drop_new(entries: Iterable[tuple[torch.optim.Optimizer, set[Any]]]) -> int:
-    """Drop each optimizer's state for the parameters not in its ``had`` set; how many lost theirs."""
+def _drop_new(entries: Iterable[tuple[torch.optim.Optimizer, set[int]]]) -> int:
+    """Drop each optimizer's state for the parameters whose ids are not in its ``had`` set; how
+    many lost theirs."""
     dropped = 0
     for optimizer, had in entries:
-        created = [param for param in list(optimizer.state) if param not in had]
+        created = [param for param in list(optimizer.state) if id(param) not in had]
         for param in created:
             del optimizer.state[param]
         dropped += len(created)

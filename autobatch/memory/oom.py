@@ -19,7 +19,7 @@ import torch
 
 from .units import parse_bytes
 
-__all__ = ["is_oom_error", "free_memory", "requested_bytes", "OOM_MESSAGES"]
+__all__ = ["is_oom_error", "free_memory", "requested_bytes", "allocated_at_failure", "OOM_MESSAGES"]
 
 #: Substrings of allocator failure messages that count as "out of memory", by backend.
 OOM_MESSAGES: tuple[str, ...] = (
@@ -81,6 +81,24 @@ def requested_bytes(message: str | None) -> int | None:
     """The allocation an OOM message says failed ("Tried to allocate 2.00 GiB"; the simulated
     device's "tried to allocate 3.00 MiB"), or None when the message does not say."""
     match = _REQUESTED.search(message or "")
+    if match is None:
+        return None
+    unit = "B" if match.group(2) == "bytes" else match.group(2)
+    try:
+        return parse_bytes(f"{match.group(1)}{unit}", name="error")
+    except ValueError:
+        return None
+
+
+_ALLOCATED = re.compile(r"([0-9.]+)\s*([KMGT]i?B|B|bytes)\s+(?:is allocated by PyTorch|already in use)")
+
+
+def allocated_at_failure(message: str | None) -> int | None:
+    """The bytes an OOM message says were allocated when the allocation failed (CUDA's "Of the
+    allocated memory 78.25 GiB is allocated by PyTorch"; the simulated device's "38.32 MiB
+    already in use"), or None. Read at the failure itself: temporaries that only the failed
+    expression held are freed while the error unwinds, before any handler can measure."""
+    match = _ALLOCATED.search(message or "")
     if match is None:
         return None
     unit = "B" if match.group(2) == "bytes" else match.group(2)

@@ -130,6 +130,63 @@ def test_failed_attempt_memory_is_released_before_the_next_one():
     assert train() == [True]
 
 
+VOCAB, SEQ = 8192, 32
+
+
+def _fresh_model_step(batch_size: int) -> None:
+    """Accelerate's pattern: model and optimizer built inside the call, two AdamW steps."""
+    model = torch.nn.Sequential(torch.nn.Embedding(VOCAB, 64), torch.nn.Linear(64, VOCAB))
+    optimizer = torch.optim.AdamW(model.parameters())
+    for _ in range(2):
+        x = torch.randint(0, VOCAB, (batch_size, SEQ))
+        torch.nn.functional.cross_entropy(model(x).flatten(0, 1), x.flatten()).backward()
+        optimizer.step()
+        optimizer.zero_grad()
+
+
+def test_a_model_built_in_each_call_is_let_go_with_its_attempt():
+    """Each failed attempt's model, gradients and AdamW moments are freed before the next: every
+    attempt starts from empty memory and the search ends at the largest size that trains, where
+    optimizers held by the step watch kept them all and the search fell to batch 1."""
+
+    @find_executable_batch_size(starting_batch_size=64)
+    def train(batch_size):
+        _fresh_model_step(batch_size)
+        return batch_size
+
+    with simulated_memory("40MiB"):
+        found = train()
+        assert all(a.start_bytes == 0 for a in train.attempts)
+        largest = max(b for b in range(found, found + 3) if _fits(b))
+    assert found == largest
+
+
+def _fits(batch_size: int) -> bool:
+    try:
+        _fresh_model_step(batch_size)
+    except torch.OutOfMemoryError:
+        return False
+    return True
+
+
+def test_the_bound_is_what_was_allocated_at_the_failure_not_an_earlier_peak():
+    """An attempt whose peak came early and was freed bounds its need by what was allocated when
+    the later allocation failed: 120 needs 108 MiB of a 100 MiB budget, so 108 is next (×0.9),
+    not the 58 that the early peak plus the failed allocation said."""
+    mib = 2**20
+
+    @find_executable_batch_size(starting_batch_size=120)
+    def work(batch_size):
+        early = torch.ones(int(0.8 * batch_size * mib), dtype=torch.uint8)
+        del early
+        late = torch.ones(int(0.9 * batch_size * mib), dtype=torch.uint8)
+        return late.numel() // mib
+
+    with simulated_memory("100MiB"):
+        work()
+    assert [a.batch_size for a in work.attempts] == [120, 108] and work.attempts[0].failed_at_bytes == 0
+
+
 def test_bad_arguments():
     with pytest.raises(ValueError, match="starting_batch_size"):
         find_executable_batch_size(lambda b: b, starting_batch_size=0)

@@ -71,3 +71,18 @@ def test_real_cpu_allocator_failure_is_oom():
     with pytest.raises(RuntimeError) as info:
         torch.empty(2**62, dtype=torch.uint8)
     assert is_oom_error(info.value)
+
+
+@pytest.mark.parametrize("message, expected", [
+    ("CUDA out of memory. Tried to allocate 20.00 MiB. GPU 0 has a total capacity of 79.15 GiB of which 3.44 MiB is "
+     "free. Including non-PyTorch memory, this process has 79.14 GiB memory in use. Of the allocated memory 78.25 GiB "
+     "is allocated by PyTorch, and 409.95 MiB is reserved by PyTorch but unallocated.", int(78.25 * 2**30)),
+    ("Simulated out of memory: tried to allocate 2.00 MiB in aten.mm.default; the simulated device has a budget of "
+     "40.00 MiB, 38.32 MiB already in use, 1.68 MiB free (autobatch.simulated_memory).", int(38.32 * 2**20)),
+    ("CUDA out of memory (injected by autobatch at step 1, phase forward)", None),
+    (None, None),
+])
+def test_the_bytes_allocated_at_the_failure_are_read_from_the_message(message, expected):
+    from autobatch.memory.oom import allocated_at_failure
+
+    assert allocated_at_failure(message) == expected

@@ -577,3 +577,21 @@ def test_hand_loop_is_part_of_the_cache_key(tmp_path):
         other = find_max_batch(step, strategy="binary", cache=tmp_path, hand_loop=True)
         again = find_max_batch(step, strategy="binary", cache=tmp_path, hand_loop=True)
     assert not first.cached and not other.cached and again.cached
+
+
+def test_a_plain_callable_that_builds_its_model_in_each_call_is_probed_exactly():
+    """Each trial's model and optimizer die with the trial (the step watch holds optimizers
+    weakly): the trials do not pile up, and auto finds what binary finds."""
+    vocab, seq = 8192, 32
+
+    def fn(batch_size):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Embedding(vocab, 64), torch.nn.Linear(64, vocab))
+        optimizer = torch.optim.AdamW(model.parameters())
+        x = torch.randint(0, vocab, (batch_size, seq))
+        torch.nn.functional.cross_entropy(model(x).flatten(0, 1), x.flatten()).backward()
+        optimizer.step()
+
+    auto = find_max_batch(fn, memory_limit="40MiB", cache=False)
+    binary = find_max_batch(fn, memory_limit="40MiB", cache=False, strategy="binary")
+    assert auto.batch_size == binary.batch_size > 1
