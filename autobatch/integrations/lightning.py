@@ -8,8 +8,10 @@ search is :func:`~autobatch.find_max_batch` (the exact boundary in a handful of 
 Lightning's ``BatchSizeFinder`` doubles and may stop at a power of two). The size goes where
 ``BatchSizeFinder`` puts it (``model.batch_size``, ``model.hparams.batch_size`` or the
 datamodule's, found with Lightning's ``lightning_hasattr``), and the train dataloader is
-re-created at it. The module, its optimizers, the scaler and the random states are put back
-bit-exactly after the trials; no checkpoint file is written.
+re-created at it, never larger than the train dataset (as ``BatchSizeFinder``). The module,
+its optimizers, the scaler, the learning-rate schedulers and the random states are put back
+bit-exactly after the trials; no checkpoint file is written. Dataloaders passed to ``fit()``
+directly are refused, as ``BatchSizeFinder`` refuses them: their batch size is fixed.
 
 With ``global_batch`` the callback keeps that many samples per optimizer step: it sets
 ``trainer.accumulate_grad_batches`` and a batch size no larger than the probed one with
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import logging
 from contextlib import ExitStack, contextmanager, nullcontext
+from copy import deepcopy
 from typing import Any, Callable, Iterator, Mapping
 
 import torch
@@ -107,6 +110,12 @@ class AutoBatchSize(Callback):
                 f"AutoBatchSize: no field {name!r} in the module, its hparams or the datamodule; add it "
                 "(and build the train dataloader from it) or pass batch_arg_name"
             )
+        if not trainer.fit_loop._data_source.is_module():
+            raise ValueError(
+                "AutoBatchSize cannot set the batch size of dataloaders passed to fit() directly (they are built "
+                "already): build the train dataloader in the module's or datamodule's train_dataloader() from "
+                f"{name!r}, as Lightning's BatchSizeFinder requires"
+            )
         world = max(1, trainer.world_size)
         options = dict(self.probe_options)
         share = None
@@ -116,8 +125,10 @@ class AutoBatchSize(Callback):
             share = self.global_batch // world
             options["max_batch"] = min(options["max_batch"] or share, share)
         saved = rng_state()  # a DataLoader's iterator draws its seed: fit must draw the same
-        first, sized = _first_batch(trainer, pl_module)
+        first, sized, samples = _first_batch(trainer, pl_module)
         set_rng_state(saved)
+        if samples is not None:  # as BatchSizeFinder: no batch larger than the dataset
+            options["max_batch"] = min(options["max_batch"] or samples, samples)
         step = _LightningStep(trainer, pl_module, first, accumulating=share is not None and share > 1, prefetch=not sized)
         with _saved_state(trainer, pl_module) as reset:
             with _muted(pl_module):
@@ -236,14 +247,16 @@ class _LightningStep:
 
 @contextmanager
 def _saved_state(trainer: Trainer, module: LightningModule) -> Iterator[Callable[[], None]]:
-    """Snapshots of the module, every optimizer, the precision plugin's scaler and the random
-    states; yields ``reset()`` (put them back, as often as needed) and resets on the way out."""
+    """Snapshots of the module, every optimizer, the precision plugin's scaler, the learning-rate
+    schedulers and the random states; yields ``reset()`` (put them back, as often as needed) and resets on the way out."""
     optimizers = list(trainer.optimizers) or [None]
     with host_memory():  # host copies: on an accelerator they take none of its memory
         snapshots = [Snapshot.take(module if i == 0 else None, opt) for i, opt in enumerate(optimizers)]
         randoms = rng_state()
     scaler = getattr(trainer.precision_plugin, "scaler", None)
     scaler_state = None if scaler is None else scaler.state_dict()
+    # the confirmation's loop runs step the schedulers: OneCycleLR would run out of steps in fit
+    schedulers = [(config.scheduler, deepcopy(config.scheduler.state_dict())) for config in trainer.lr_scheduler_configs]
 
     def reset() -> None:
         for snapshot in reversed(snapshots):
@@ -254,6 +267,8 @@ def _saved_state(trainer: Trainer, module: LightningModule) -> Iterator[Callable
             scaler.load_state_dict(scaler_state)
             scaler._per_optimizer_states.clear()
             scaler._per_optimizer_states.default_factory = _refresh_per_optimizer_state
+        for scheduler, state in schedulers:
+            scheduler.load_state_dict(deepcopy(state))
         set_rng_state(randoms)
 
     try:
@@ -272,8 +287,9 @@ def _muted(module: LightningModule) -> Iterator[None]:
         yield
 
 
-def _first_batch(trainer: Trainer, module: LightningModule) -> tuple[Any, bool]:
-    """The train dataloader's first batch, and whether the dataloader has a length."""
+def _first_batch(trainer: Trainer, module: LightningModule) -> tuple[Any, bool, int | None]:
+    """The train dataloader's first batch, whether the dataloader has a length, and how many
+    samples its dataset holds (None: unknown)."""
     source = trainer.datamodule if trainer.datamodule is not None else module
     try:
         loader = source.train_dataloader()
@@ -289,7 +305,11 @@ def _first_batch(trainer: Trainer, module: LightningModule) -> tuple[Any, bool]:
         sized = len(loader) >= 0
     except TypeError:
         sized = False
-    return batch, sized
+    try:
+        samples = len(loader.dataset)
+    except (AttributeError, TypeError):
+        samples = None
+    return batch, sized, samples
 
 
 def _size_of(batch: Any) -> int:

@@ -12,12 +12,13 @@ If the loop runs out of memory, the next size comes from what was measured, not 
 the probe's memory line (bytes per sample from its passing trials) and the bytes the loop
 needed beyond the probed step (a lower bound from the failure: memory in use when it failed plus
 the allocation refused). A run that passes measures the loop's extra bytes exactly, and the
-largest size the line allows with them is tried once more if it is larger.
+largest size the line allows with them is tried once more if it is larger. Memory the loop keeps
+batch after batch (outputs gathered for an epoch-end metric) shows as allocations that rise at
+every batch of the run: the smallest rise is carried to the end of the epoch ``fit`` will run.
 """
 
 from __future__ import annotations
 
-import re
 import time
 from copy import deepcopy
 from dataclasses import asdict, dataclass, field
@@ -26,16 +27,14 @@ from typing import Any, Callable
 from lightning.pytorch import Trainer
 
 from ..memory.devices import DeviceMemory
-from ..memory.oom import free_memory, is_oom_error
-from ..memory.units import format_bytes, parse_bytes
+from ..memory.oom import free_memory, is_oom_error, requested_bytes
+from ..memory.units import format_bytes
 from ..probe.result import ProbeResult
 
 __all__ = ["LoopRun", "LoopConfirmation", "MemoryLine", "confirm_in_loop"]
 
 #: The most loop runs a confirmation makes .
 MAX_RUNS = 6
-
-_REQUESTED = re.compile(r"[Tt]ried to allocate ([0-9.]+) ?([KMGT]i?B|B|bytes)")
 
 
 @dataclass
@@ -44,7 +43,8 @@ class LoopRun:
 
     ``peak_bytes``: the loop's allocated peak (a failed run: the peak before the OOM);
     ``probe_bytes``: the probe's memory line at this size; ``extra_bytes``: what the loop needed
-    beyond the probed step (a passed run: measured; a failed run: a lower bound)."""
+    beyond the probed step (a passed run: measured, with the growth carried to the epoch's end; a
+    failed run: a lower bound); ``steps``: the optimizer steps the loop took."""
 
     batch_size: int
     passed: bool
@@ -54,6 +54,11 @@ class LoopRun:
     extra_bytes: int
     seconds: float
     error: str | None = None
+    #: bytes still allocated after each batch beyond the last (memory the loop keeps batch after
+    #: batch, as outputs gathered for an epoch-end metric), and the batches of the epoch it was
+    #: carried to; None where the allocations did not grow at every batch
+    growth_bytes: int | None = None
+    epoch_batches: int | None = None
 
 
 @dataclass
@@ -77,7 +82,9 @@ class LoopConfirmation:
         parts = [
             f"{'passed' if r.passed else 'OOM'} at {r.batch_size} ({r.steps} steps, loop peak "
             f"{format_bytes(r.peak_bytes)}, {'+' if r.extra_bytes >= 0 else '-'}{format_bytes(abs(r.extra_bytes))} "
-            f"{'beyond' if r.passed else 'at least beyond'} the probed step, {r.seconds:.2f}s)"
+            f"{'beyond' if r.passed else 'at least beyond'} the probed step"
+            + (f", growing {format_bytes(r.growth_bytes)} a batch over {r.epoch_batches} batches" if r.growth_bytes else "")
+            + f", {r.seconds:.2f}s)"
             for r in self.runs
         ]
         return (f"batch {self.batch_size} trained in Lightning's own fit loop under "
@@ -136,9 +143,16 @@ def confirm_in_loop(
             break
         run = _run_loop(trainer, micro, steps if accumulation == 1 else 2, line, memory, limit, reset)
         confirmation.runs.append(run)
+        if run.passed and run.steps == 0:  # nothing measured: the answer stands unconfirmed
+            confirmation.skipped = (f"the loop took no optimizer step at {micro} (a train dataloader with no full "
+                                    "batch at that size?)")
+            return confirmation
         if run.passed:  # the loop's extra bytes, measured: the largest size they allow, below any failure
             best, cut = micro, 0
             nxt = min(failed_below - 1, line.largest(budget - run.extra_bytes))
+        elif run.steps:  # ran its steps, over the limit by measured bytes (the growth carried to
+            failed_below = min(failed_below, micro)  # the epoch's end, or its peak): no gallop
+            nxt = min(micro - 1, line.largest(budget - run.extra_bytes))
         else:  # at least the lower bound's cut; doubled while runs keep failing (a gallop down)
             failed_below = min(failed_below, micro)
             cut = max(1, micro - line.largest(budget - run.extra_bytes), 2 * cut)
@@ -166,10 +180,13 @@ def _run_loop(trainer: Trainer, size: int, steps: int, line: MemoryLine, memory:
     memory.release_cached()
     memory.reset_peak()
     began = time.perf_counter()
+    watch = _BatchMemory(memory)
     try:
-        saved.prepare(trainer, steps)
+        saved.prepare(trainer, steps, watch)
+        first = trainer.global_step
         loop.run()
         memory.synchronize()
+        ran = trainer.global_step - first
     except BaseException as exc:  # noqa: BLE001 - re-raised below unless it is an OOM
         if not is_oom_error(exc):
             saved.restore(trainer)
@@ -177,21 +194,44 @@ def _run_loop(trainer: Trainer, size: int, steps: int, line: MemoryLine, memory:
             raise
         message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         # the frames still hold the step's tensors; it needed more than the capacity, at least
-        need = max(memory.allocated() + (_requested(message) or 0), memory.capacity() + 1)
+        need = max(memory.allocated() + (requested_bytes(message) or 0), memory.capacity() + 1)
         error = message[:300]
     seconds = time.perf_counter() - began
     peak = memory.peak()
+    growth, batches = watch.growth(), saved.epoch_batches(watch.batches, trainer.accumulate_grad_batches)
     saved.restore(trainer)
     reset()
+    ahead = 0 if growth is None or batches is None else growth * max(0, batches - len(watch.allocated))
     if error is not None:
+        ran = 0
         free_memory()  # outside the except block: the traceback no longer pins the failed step
-    elif limit is not None and peak > limit:
-        error = f"too close to the capacity: loop peak {format_bytes(peak)} above {format_bytes(limit)}"
-        need = peak
+    elif peak + ahead > (limit if limit is not None else memory.capacity()) and (limit is not None or ahead):
+        error = (f"too close to the capacity: loop peak {format_bytes(peak)}"
+                 + (f" and {format_bytes(ahead)} more kept by the epoch's end" if ahead else "")
+                 + f" above {format_bytes(limit if limit is not None else memory.capacity())}")
+        need = peak + ahead
     memory.release_cached()  # training (or the next run) starts from an emptied cache, as after the probe
     probe = line.at(size)
-    extra = (peak if error is None else need) - probe
-    return LoopRun(size, error is None, steps, peak, probe, extra, seconds, error)
+    extra = (peak + ahead if error is None else need) - probe
+    return LoopRun(size, error is None, ran, peak, probe, extra, seconds, error, growth, batches if growth else None)
+
+
+class _BatchMemory:
+    """A callback for a loop run: the bytes allocated after each training batch, and the
+    batches an epoch has at this size (``trainer.num_training_batches``)."""
+
+    def __init__(self, memory: DeviceMemory) -> None:
+        self.memory, self.allocated, self.batches = memory, [], None
+
+    def on_train_batch_end(self, trainer: Trainer, *_: Any) -> None:
+        self.allocated.append(self.memory.allocated())
+        self.batches = trainer.num_training_batches
+
+    def growth(self) -> int | None:
+        """Bytes a batch adds, where every batch after the first left more allocated than the one
+        before (the smallest rise: the least the loop keeps per batch); None otherwise."""
+        rises = [b - a for a, b in zip(self.allocated[1:], self.allocated[2:])]
+        return min(rises) if len(rises) >= 1 and all(rise > 0 for rise in rises) and len(self.allocated) >= 3 else None
 
 
 @dataclass
@@ -210,10 +250,12 @@ class _LoopState:
         return cls(deepcopy(trainer.fit_loop.state_dict()), trainer.callbacks, trainer.loggers,
                    trainer.fit_loop.epoch_loop.max_steps, trainer.limit_train_batches, trainer.limit_val_batches)
 
-    def prepare(self, trainer: Trainer, steps: int) -> None:
+    def prepare(self, trainer: Trainer, steps: int, watch: Any) -> None:
+        from lightning.pytorch import Callback
         from lightning.pytorch.loggers.logger import DummyLogger
 
-        trainer.callbacks = []  # no checkpoint, progress bar or user callback runs during the check
+        # no checkpoint, progress bar or user callback runs during the check; only the watch
+        trainer.callbacks = [type("_Watch", (Callback,), {"on_train_batch_end": watch.on_train_batch_end})()]
         trainer.logger = DummyLogger() if trainer.logger is not None else None
         trainer.limit_train_batches, trainer.limit_val_batches = 1.0, 0
         loop = trainer.fit_loop
@@ -221,6 +263,15 @@ class _LoopState:
         loop.load_state_dict(deepcopy(self.loop_state))
         loop.restarting = False
         loop._combined_loader = None  # built at the size just set
+
+    def epoch_batches(self, batches: float | int | None, accumulation: int) -> int | None:
+        """The batches of an epoch that ``fit`` will run, from a full epoch's at this size, under the
+        user's ``limit_train_batches`` and ``max_steps`` (None: unknown, an endless loader)."""
+        if batches is None or batches == float("inf"):
+            return None
+        limit = self.limit_train_batches
+        batches = int(batches if limit is None else min(batches, limit) if isinstance(limit, int) else batches * limit)
+        return batches if self.max_steps is None or self.max_steps < 0 else min(batches, self.max_steps * accumulation)
 
     def restore(self, trainer: Trainer) -> None:
         trainer.callbacks, trainer.loggers = self.callbacks, self.loggers
@@ -236,12 +287,3 @@ class _LoopState:
         trainer.should_stop = False
 
 
-def _requested(message: str) -> int | None:
-    match = _REQUESTED.search(message)
-    if match is None:
-        return None
-    unit = "B" if match.group(2) == "bytes" else match.group(2)
-    try:
-        return parse_bytes(f"{match.group(1)}{unit}")
-    except ValueError:
-        return None

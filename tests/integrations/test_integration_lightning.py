@@ -107,3 +107,72 @@ def test_missing_batch_attribute_is_a_clear_error():
 
     with pytest.raises(AttributeError, match="batch_size"):
         trainer(AutoBatchSize()).fit(NoSize())
+
+
+def test_dataloaders_passed_to_fit_are_refused_as_batch_size_finder_refuses_them():
+    module = Tiny()
+    with pytest.raises(ValueError, match="passed to fit"):
+        trainer(AutoBatchSize()).fit(module, train_dataloaders=torch.utils.data.DataLoader(module.data, batch_size=7))
+
+
+def test_the_batch_is_never_larger_than_the_dataset():
+    module = Tiny()
+    finder = AutoBatchSize()
+    with simulated_memory("64MiB"):
+        trainer(finder).fit(module)
+    assert finder.batch_size == SAMPLES and module.seen[-1] == SAMPLES  # drop_last: a batch of the dataset trains
+
+
+class Scheduled(Tiny):
+    def configure_optimizers(self):
+        optimizer = torch.optim.AdamW(self.parameters(), lr=1e-3)
+        schedule = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=0.1, total_steps=4)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
+
+    def on_train_batch_start(self, batch, index):
+        self.lrs = getattr(self, "lrs", []) + [self.trainer.optimizers[0].param_groups[0]["lr"]]
+
+
+def test_the_learning_rate_schedulers_are_put_back():
+    """The confirmation's loop runs step the schedulers; fit must start from step 0 of the
+    schedule (a OneCycleLR of 4 steps would run out of steps in a 4-step fit)."""
+    probed, plain = Scheduled(), Scheduled()
+    finder = AutoBatchSize(strategy="binary", max_batch=SAMPLES)
+    with simulated_memory(BUDGET):
+        trainer(finder).fit(probed)
+    trainer().fit(plain)
+    assert probed.lrs[-4:] == plain.lrs[-4:]
+
+
+class KeepsOutputs(Tiny):
+    """Gathers every step's predictions for an epoch-end metric: memory grows batch by batch."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        generator = torch.Generator().manual_seed(2)
+        self.data = torch.utils.data.TensorDataset(torch.randn(8 * SAMPLES, 8, generator=generator),
+                                                   torch.randn(8 * SAMPLES, 1, generator=generator))
+
+    def training_step(self, batch, index):
+        x, y = batch
+        prediction = self.net(x)
+        return {"loss": nn.functional.mse_loss(prediction, y), "prediction": prediction.detach().repeat(1, 16)}
+
+    def on_train_epoch_start(self):
+        self.kept = []
+
+    def on_train_batch_end(self, outputs, batch, index):
+        self.kept.append(outputs["prediction"])
+
+
+def test_what_the_loop_keeps_batch_after_batch_is_carried_to_the_epochs_end():
+    """Three confirmation steps see the kept outputs grow; carried to the epoch's end they step
+    the size down, and a whole epoch of fit trains under the same budget."""
+    module = KeepsOutputs()
+    finder = AutoBatchSize(strategy="binary")
+    with simulated_memory(BUDGET):
+        pl.Trainer(accelerator="cpu", devices=1, max_epochs=1, logger=False, enable_checkpointing=False,
+                   enable_progress_bar=False, enable_model_summary=False, callbacks=[finder]).fit(module)
+    grown = [run for run in finder.confirmation.runs if run.growth_bytes]
+    assert grown and finder.batch_size < finder.result.batch_size
+    assert len(module.kept) == 8 * SAMPLES // finder.batch_size  # the whole epoch trained
