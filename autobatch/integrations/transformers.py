@@ -18,6 +18,7 @@ Requires ``transformers`` (``pip install autobatch[transformers]``).
 
 from __future__ import annotations
 
+import itertools
 import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -57,7 +58,7 @@ def fit_batch_size(
         memory_limit, margin, multiple_of, max_batch, strategy, steps_per_trial,
             probe_options: for :func:`~autobatch.find_max_batch`.
         sample: the sample batches are built from (default: :func:`longest_sample` of the
-            training set, which reads every sample once).
+            training set, which reads every sample once; a stream's first 1,000).
 
     Returns the :class:`~autobatch.ProbeResult`; ``trainer.args`` holds the new settings.
     """
@@ -95,9 +96,22 @@ def fit_batch_size(
     return result
 
 
+#: samples read from a training set without a length (a stream) in search of the longest
+STREAM_SAMPLES = 1000
+
+
 def longest_sample(dataset: Any) -> Mapping[str, Any]:
-    """The sample with the most tokens (the longest sequence among its fields)."""
+    """The sample with the most tokens (the longest sequence among its fields). A dataset
+    without a length (an ``IterableDataset``, maybe endless) is read for its first
+    :data:`STREAM_SAMPLES` samples only, with a warning: pass ``sample=`` to probe at the
+    longest one yourself."""
     best, best_length = None, -1
+    try:
+        len(dataset)
+    except TypeError:
+        dataset = itertools.islice(iter(dataset), STREAM_SAMPLES)
+        log.warning("fit_batch_size: the training set has no length (a stream); probing at the longest of its first "
+                    "%d samples; pass sample= (your longest sample) if a later one is longer", STREAM_SAMPLES)
     for item in dataset:
         length = max((_length(value) for value in item.values()), default=0) if isinstance(item, Mapping) else 0
         if length > best_length:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
 
@@ -76,3 +78,18 @@ def test_the_trainers_loop_is_probed_as_a_hand_loop(tmp_path, monkeypatch):
         fit_batch_size(make_trainer(tmp_path, PadCollator()), strategy="binary")
         fit_batch_size(make_trainer(tmp_path, PadCollator()), strategy="binary", hand_loop=False)
     assert seen == [True, False]
+
+
+def test_a_stream_is_read_for_its_first_samples_only(caplog):
+    """An endless IterableDataset (which the Trainer takes with max_steps) must not hang the
+    search for the longest sample."""
+    from autobatch.integrations.transformers import STREAM_SAMPLES
+
+    class Endless(torch.utils.data.IterableDataset):
+        def __iter__(self):
+            for i in itertools.count():
+                yield {"input_ids": list(range(1 + i % 7 + (i == 3 * STREAM_SAMPLES)))}
+
+    with caplog.at_level("WARNING", logger="autobatch"):
+        longest = longest_sample(Endless())
+    assert len(longest["input_ids"]) == 7 and "no length" in caplog.text
