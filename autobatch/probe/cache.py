@@ -355,18 +355,32 @@ class ProbeCache:
         return sorted(found, key=lambda entry: entry.created)
 
     def clear(self) -> int:
-        """Delete every entry (and leftover temporary files); return how many entries went."""
+        """Delete every entry, of this schema or an older one, and leftover temporary files;
+        return how many entries went. Any other file, JSON or not, stays: ``--dir`` may name a
+        directory that holds more than the cache."""
         if not self.directory.is_dir():
             return 0
         removed = 0
         with self._lock():
             for path in self.directory.glob("*.json"):
+                temporary = path.name.startswith(".tmp-")
+                if not temporary and not _is_entry(path):
+                    continue
                 try:
                     path.unlink()
                 except FileNotFoundError:
                     continue
-                removed += not path.name.startswith(".tmp-")
+                removed += not temporary
         return removed
+
+
+def _is_entry(path: Path) -> bool:
+    """Whether ``path`` holds a probe-cache entry (any schema): the only files ``clear`` deletes."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, ValueError):
+        return False
+    return isinstance(data, dict) and data.get("kind") == KIND
 
 
 def list_entries(directory: str | os.PathLike | None = None) -> list[CacheEntry]:

@@ -216,6 +216,19 @@ def test_list_and_clear(isolated_probe_cache):
     assert probe_cache.list_entries() == [] and probe_cache.clear() == 0
 
 
+def test_clear_deletes_only_cache_entries(tmp_path):
+    """``cache clear --dir`` may name a directory that holds more than the cache: a run's
+    result.json, a user's settings, a file that is not JSON all stay; an entry of an older
+    schema and a leftover temporary file go."""
+    find_max_batch(ThresholdStep(50), cache_key="x", steps_per_trial=1, cache=tmp_path)
+    (tmp_path / "result.json").write_text(json.dumps({"batch_size": 3}))
+    (tmp_path / "notes.json").write_text("not json")
+    (tmp_path / "old.json").write_text(json.dumps({"kind": probe_cache.KIND, "schema": 0}))
+    (tmp_path / ".tmp-123.json").write_text("{")
+    assert probe_cache.clear(tmp_path) == 2
+    assert sorted(p.name for p in tmp_path.glob("*.json")) == ["notes.json", "result.json"]
+
+
 def _writer(directory: str, worker: int, rounds: int) -> None:
     store = probe_cache.ProbeCache(directory)
     result = autobatch.ProbeResult(
