@@ -51,6 +51,7 @@ class StepMemory:
         self.device = device
         self.points: dict[int, int] = {}  # micro-batch -> step peak above the resident memory
         self.last_peak: int | None = None  # the last passing step's allocated peak, in bytes
+        self.max_peak: int | None = None  # the largest passing step's (a short last batch is not the next one)
         self._resident = 0
         self._memory: DeviceMemory | None = None
 
@@ -76,6 +77,7 @@ class StepMemory:
             return
         self.points.pop(micro_batch, None)
         self.last_peak = self._memory.peak()
+        self.max_peak = max(self.max_peak or 0, self.last_peak)
         self.points[micro_batch] = max(0, self.last_peak - self._resident)
         while len(self.points) > _MAX_SIZES:
             self.points.pop(next(iter(self.points)))
@@ -99,15 +101,18 @@ class StepMemory:
         return (capacity if limit is None else limit) - memory.allocated()
 
     def spare_after(self, extra: int) -> float | None:
-        """The share of the device's capacity the last passing step would have left free with
-        ``extra`` more bytes resident (None: no step measured yet, or no instrument)."""
+        """The share of the device's capacity the largest passing step would have left free
+        with ``extra`` more bytes resident (None: no step measured yet, or no instrument). The
+        largest, not the last: after a short batch (an epoch's ragged last one, short
+        sequences) the last step's peak says nothing of the next full one, which then ran out
+        of memory beside a step guard moved to the device."""
         memory = self.instrument()
-        if memory is None or self.last_peak is None:
+        if memory is None or self.max_peak is None:
             return None
         capacity = memory.capacity()
         if not capacity:
             return None
-        return (capacity - self.last_peak - extra) / capacity
+        return (capacity - self.max_peak - extra) / capacity
 
     def fitting(self) -> int | None:
         """The largest micro-batch the line says fits with what is resident now (None: unknown)."""

@@ -52,6 +52,21 @@ def test_runner_trains_at_the_probed_answer_under_the_same_budget(name):
     assert result.samples == 3 * answer
 
 
+def test_a_short_batch_does_not_move_the_step_guard_beside_the_next_full_one():
+    """An epoch's ragged last batch peaks far below the answer; the step guard's "auto"
+    placement must judge room by the largest step, or the next epoch's first full batch runs
+    out of memory beside a guard copy moved to the device."""
+    model, loss_fn, make = workload("mlp")
+    optimizer = torch.optim.AdamW(model.parameters())
+    answer = autobatch.find_max_batch(autobatch.TrainStep(model, optimizer, loss_fn, make), memory_limit=BUDGET,
+                                      cache=False).batch_size
+    data = [make(answer), make(answer), make(answer // 9)]
+    with autobatch.simulated_memory(BUDGET) as device:
+        runner = autobatch.Runner(model, optimizer, loss_fn, global_batch=answer, micro_batch=answer, progress=False)
+        result = runner.fit(data, epochs=3)
+    assert result.oom_recoveries == [] and device.oom_count == 0 and runner.guard.placement == "cpu"
+
+
 SEEN: list[tuple[int, int]] = []  # (first, last) sample id of each micro-batch of the running attempt
 
 
