@@ -39,7 +39,7 @@ from ..memory.units import format_bytes
 from ..probe.find import find_max_batch
 from ..probe.result import ProbeResult
 from ..probe.train_step import TrainStep
-from .accumulation import micro_batch_sizes
+from .accumulation import AccumulatingStep, micro_batch_sizes
 from .checkpointing import CheckpointHandle, enable_checkpointing
 from .fastest import ThroughputObjective
 from .plan_result import Plan, candidates_table, short_list
@@ -174,19 +174,24 @@ class _Planner(ThroughputObjective):
         self.handle: CheckpointHandle | None = None
 
     # -- probing --------------------------------------------------------------------------
-    def probe(self, checkpointing: bool) -> tuple[ProbeResult | None, NoBatchFitsError | None]:
-        """Probe the largest batch up to the cap in the model's current wrapping."""
+    def probe(self, checkpointing: bool, *, accumulating: int | None = None) -> tuple[ProbeResult | None, NoBatchFitsError | None]:
+        """Probe the largest batch up to the cap in the model's current wrapping; with
+        ``accumulating`` (a one-step answer), the largest micro-batch of an accumulated step
+        up to it (:class:`~autobatch.planning.accumulation.AccumulatingStep`)."""
+        step = self.step if accumulating is None else AccumulatingStep(self.step)
         try:
-            result = find_max_batch(self.step, max_batch=self.cap, **self.probe_kwargs)
+            result = find_max_batch(step, max_batch=accumulating or self.cap, **self.probe_kwargs)
         except NoBatchFitsError as exc:
             error = exc
         else:
-            self.probes.append({"checkpointing": checkpointing, "fits": True, "result": result.to_dict()})
+            self.probes.append({"checkpointing": checkpointing, "accumulating": accumulating is not None, "fits": True,
+                                "result": result.to_dict()})
             return result, None
         free_memory()
         self.probes.append(
             {
                 "checkpointing": checkpointing,
+                "accumulating": accumulating is not None,
                 "fits": False,
                 "result": None,
                 "batch_size": error.batch_size,
@@ -214,12 +219,22 @@ class _Planner(ThroughputObjective):
         if self.handle is not None:
             self.handle.undo()
 
-    def probe_checkpointed(self) -> tuple[ProbeResult | None, NoBatchFitsError | None]:
+    def probe_checkpointed(self, *, accumulating: int | None = None) -> tuple[ProbeResult | None, NoBatchFitsError | None]:
         if not self.wrap():
             return None, None
-        result, error = self.probe(True)
+        result, error = self.probe(True, accumulating=accumulating)
         self.unwrap()
         return result, error
+
+    def accumulated(self, one_step: ProbeResult, checkpointing: bool) -> ProbeResult | None:
+        """The largest micro-batch an accumulated step trains, up to the one-step answer (None:
+        not even 1). A plan with accumulation holds the first micro-batch's gradients through the
+        next one's step, which the one-step trials never held."""
+        if checkpointing:
+            result, _ = self.probe_checkpointed(accumulating=one_step.batch_size)
+        else:
+            result, _ = self.probe(False, accumulating=one_step.batch_size)
+        return result
 
     def no_fit(self, plain_error: NoBatchFitsError, checkpoint_error: NoBatchFitsError | None, allowed: bool):
         """The NoBatchFitsError for "not even batch 1", with both attempts' figures."""
@@ -237,6 +252,19 @@ class _Planner(ThroughputObjective):
             f"This is with activation checkpointing of {len(modules)} blocks "
             f"({short_list(modules)}); without it batch {plain_error.batch_size} peaked at "
             f"{format_bytes(plain_error.peak_bytes)} before failing. Try {self._other_options()}.",
+        )
+
+    def _accumulation_error(self, one_step: ProbeResult) -> NoBatchFitsError:
+        """Batch ``one_step.batch_size`` fits in one step, but an accumulated step of micro-batch
+        1 does not: the first micro-batch's gradients leave no room for the second."""
+        failed = self.probes[-1]
+        return NoBatchFitsError(
+            batch_size=1, capacity_bytes=failed.get("capacity_bytes") or one_step.capacity_bytes,
+            peak_bytes=failed.get("peak_bytes") or 0, device=one_step.device,
+            last_error=failed.get("error"),
+            hint=f"up to {one_step.batch_size} fits in one step, but not the global batch; with accumulation the "
+                 "first micro-batch's gradients stay alive through the next one's step and no micro-batch fits "
+                 f"beside them. Try {self._other_options()}.",
         )
 
     def _other_options(self) -> str:
@@ -264,17 +292,15 @@ class _Planner(ThroughputObjective):
         plain, plain_error = self.probe(False)
         if plain is not None and plain.batch_size >= self.global_batch:
             return self.build(self.global_batch, False, "max_batch", "the global batch fits in one step", balanced)
-        if plain is not None and allow_accumulation:
-            return self.build(
-                plain.batch_size,
-                False,
-                "max_batch",
-                f"largest micro-batch that fits is {plain.batch_size}",
-                balanced,
-            )
+        accumulated = self.accumulated(plain, False) if plain is not None and allow_accumulation else None
+        if accumulated is not None:
+            why = f"largest micro-batch that fits with accumulation is {accumulated.batch_size} ({plain.batch_size} in one step)"
+            return self.build(accumulated.batch_size, False, "max_batch", why, balanced)
         if not allow_checkpointing:
             if plain is None:
                 raise plain_error
+            if allow_accumulation:  # even an accumulated micro-batch of 1 does not fit
+                raise self.no_fit(self._accumulation_error(plain), None, False)
             raise GlobalBatchTooLargeError(self.global_batch, plain.batch_size, False, plain.device)
         ckpt, ckpt_error = self.probe_checkpointed()
         if ckpt is None:
@@ -286,8 +312,12 @@ class _Planner(ThroughputObjective):
             return self.build(self.global_batch, True, "max_batch", why, balanced)
         if not allow_accumulation:
             raise GlobalBatchTooLargeError(self.global_batch, ckpt.batch_size, True, ckpt.device)
-        why = f"batch 1 does not fit without activation checkpointing; with it, up to {ckpt.batch_size} fits"
-        return self.build(ckpt.batch_size, True, "max_batch", why, balanced)
+        accumulated = self.accumulated(ckpt, True)
+        if accumulated is None:
+            raise self.no_fit(self._accumulation_error(ckpt), None, False)
+        why = (f"an accumulated micro-batch does not fit without activation checkpointing; with it, up to "
+               f"{accumulated.batch_size} fits ({ckpt.batch_size} in one step)")
+        return self.build(accumulated.batch_size, True, "max_batch", why, balanced)
 
     def build(self, largest: int, checkpointing: bool, objective: str, reason: str, balanced: bool, **extra) -> Plan:
         """A plan for micro-batches of at most ``largest``; wraps the model when needed."""

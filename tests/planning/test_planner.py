@@ -100,6 +100,29 @@ def test_accumulation_keeps_the_global_batch_balanced_and_round_trips_json():
     assert [len(p) for p in parts] == result.micro_batch_sizes
 
 
+def test_an_accumulated_plan_trains_where_its_gradients_take_room():
+    """Parameters as large as the activations: with accumulation, the first micro-batch's
+    gradients stay alive through the next one's step. The one-step answer planned 256 x 2,
+    which ran out of memory at step 1; the plan comes from an accumulated step, and trains."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 10))
+    optimizer = torch.optim.AdamW(model.parameters())
+
+    def loss_fn(m, batch):
+        return nn.functional.cross_entropy(m(batch[0]), batch[1])
+
+    step = TrainStep(model, optimizer, loss_fn, lambda b: (torch.randn(b, 64), torch.randint(0, 10, (b,))))
+    result = plan(step, global_batch=512, memory_limit="2MiB", cache=False)
+    one_step, accumulated = (probe.batch_size for probe in result.probe_results)
+    assert accumulated < one_step and result.micro_batch <= accumulated and sum(result.micro_batch_sizes) == 512
+    data = [step.make_batch(512) for _ in range(3)]
+    with simulated_memory("2MiB") as device:
+        runner = autobatch.Runner(model, optimizer, loss_fn, global_batch=512, micro_batch=result.micro_batch,
+                                  progress=False)
+        trained = runner.fit(data)
+    assert trained.oom_recoveries == [] and device.oom_count == 0
+
+
 def test_no_accumulation_allowed_raises_with_figures():
     with pytest.raises(GlobalBatchTooLargeError, match="global_batch=64 does not fit.*largest batch"):
         plan(
@@ -122,8 +145,9 @@ def test_checkpointing_plan_when_batch_one_does_not_fit_and_it_trains():
 
     result = plan(step, global_batch=8, memory_limit=TOO_SMALL_FOR_PLAIN, steps_per_trial=1)
     assert result.checkpointing and result.checkpointed_modules == [str(i) for i in range(6)]
-    assert [p["checkpointing"] for p in result.probes] == [False, True]
-    assert [p["fits"] for p in result.probes] == [False, True]
+    assert [p["checkpointing"] for p in result.probes] == [False, True, True]
+    assert [p["accumulating"] for p in result.probes] == [False, False, True]  # the accumulated step, verified
+    assert [p["fits"] for p in result.probes] == [False, True, True]
     assert result.accumulation_steps > 1 and sum(result.micro_batch_sizes) == 8
     assert all(is_checkpointed(model[i]) for i in range(6))  # left on: the plan uses it
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())  # probes restored
