@@ -67,6 +67,7 @@ class Resumable:
             # a DTensor (FSDP2) as this rank's local shard: plain tensors, loadable with weights_only
             "model": plain_state(unwrap(self.model).state_dict()),
             "optimizer": plain_state(self.optimizer.state_dict()),
+            "optimizer_type": type(self.optimizer).__qualname__,
             "scheduler": None if self.scheduler is None else self.scheduler.state_dict(),
             "grad_scaler": None if self.grad_scaler is None else self.grad_scaler.state_dict(),
             "rng": rng_state(self._data_generators),
@@ -139,6 +140,12 @@ class Resumable:
                     path, f"its rank files are of different steps ({steps}, by rank): the run was stopped while "
                     "the ranks wrote them; resume from a checkpoint whose files all hold one step, or start afresh",
                 )
+        kind = state.get("optimizer_type")  # absent from checkpoints of earlier versions
+        if kind is not None and kind != type(self.optimizer).__qualname__:
+            raise CheckpointError(
+                path, f"it was written with optimizer {kind} and this run's is {type(self.optimizer).__qualname__}; "
+                f"resume with {kind}, or start afresh",
+            )
         if state.get("checkpointed_modules") and self.checkpoint_handle is None:
             self.checkpoint_handle = enable_checkpointing(self.model, modules=state["checkpointed_modules"])
         try:
@@ -147,6 +154,7 @@ class Resumable:
                 self.optimizer.load_state_dict(optimizer_state_for(self.optimizer, state["optimizer"]))
             else:
                 unwrap(self.model).load_state_dict(_without_wrapper_prefix(state["model"]))
+                _warn_replaced_settings(self.optimizer, state["optimizer"])
                 self.optimizer.load_state_dict(state["optimizer"])
         except (RuntimeError, ValueError, KeyError) as exc:  # mismatched keys, shapes or groups
             detail = " ".join(str(exc).split())[:300]
@@ -173,6 +181,26 @@ class Resumable:
         log.info("resumed from %s at step %d (epoch %d, batch %d), micro-batch %d", path, self.step, self.epoch, self.position, self.micro_batch)
         set_rng_state(state["rng"], self._data_generators)
         return state["rng"]
+
+
+def _warn_replaced_settings(optimizer: torch.optim.Optimizer, saved: dict[str, Any]) -> None:
+    """Warn where the checkpoint's optimizer settings replace this run's (a learning rate set
+    anew for the resumed run is overwritten by ``load_state_dict``, as PyTorch resumes). The
+    learning rate is compared at its schedule's start (``initial_lr``) where a scheduler set one."""
+    def plain(value: Any) -> Any:
+        return list(value) if isinstance(value, tuple) else value
+
+    changed = set()
+    for group, old in zip(optimizer.param_groups, saved.get("param_groups", [])):
+        skip = {"params", "lr"} if "initial_lr" in group else {"params"}  # a schedule moves lr itself
+        for key, value in group.items():
+            if key in skip or key not in old or not isinstance(value, (int, float, str, bool, tuple, type(None))):
+                continue
+            if plain(old[key]) != plain(value):
+                changed.add(f"{key} {old[key]!r} (this run: {value!r})")
+    if changed:
+        log.warning("resume: the checkpoint's optimizer settings replace this run's: %s; set them after resuming "
+                    "to change them", ", ".join(sorted(changed)))
 
 
 def _without_wrapper_prefix(state: dict[str, Any]) -> dict[str, Any]:

@@ -71,6 +71,21 @@ def test_a_checkpoint_of_another_model_names_the_mismatch(tmp_path):
         _runner(other).fit(make_data(), steps=2, resume=tmp_path)
 
 
+def test_a_checkpoint_of_another_optimizer_is_refused_and_changed_settings_are_said(tmp_path, caplog):
+    """An SGD run resumed from an AdamW checkpoint crashed mid-step (KeyError: 'momentum');
+    a learning rate set anew for the resumed run was replaced by the checkpoint's silently."""
+    _runner(checkpoint_dir=tmp_path).fit(make_data(), steps=1)
+    model = make_model()
+    adam = Runner(model, torch.optim.AdamW(model.parameters()), mse, global_batch=16, micro_batch=8, progress=False)
+    with pytest.raises(CheckpointError, match="written with optimizer SGD and this run's is AdamW"):
+        adam.fit(make_data(), steps=2, resume=tmp_path)
+    model = make_model()
+    faster = Runner(model, torch.optim.SGD(model.parameters(), lr=0.5), mse, global_batch=16, micro_batch=8, progress=False)
+    with caplog.at_level("WARNING", logger="autobatch"):
+        faster.fit(make_data(), steps=2, resume=tmp_path)
+    assert "lr 0.1 (this run: 0.5)" in caplog.text and faster.optimizer.param_groups[0]["lr"] == 0.1
+
+
 def test_the_rng_state_round_trips_through_a_safe_load(tmp_path):
     """Random states are stored as tensors and lists, so the weights-only load reads them."""
     runner = _runner(checkpoint_dir=tmp_path)
