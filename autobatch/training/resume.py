@@ -30,7 +30,7 @@ from .ranks import unwrap
 from .run_result import RunResult
 from .sharded_files import check_sharded_resume, sharded_path
 
-__all__ = ["Resumable", "sharded_path"]
+__all__ = ["Resumable", "epoch_length", "sharded_path"]
 
 log = logging.getLogger("autobatch")
 
@@ -117,6 +117,13 @@ class Resumable:
         set_rng_state(resumed_rng, self._data_generators)
         return batches
 
+    def _stopped_at_epoch_end(self, data: Iterable[Any]) -> None:
+        """A run stopped by ``steps`` at an epoch's last batch has completed that epoch: count it,
+        as a run that went on would (its checkpoint then starts the next epoch afresh)."""
+        if epoch_length(data, 1) == self.position:
+            self.epoch += 1
+            self.position = 0
+
     def _fill_result(self) -> None:
         result = self.result
         result.steps, result.epochs = self.step, self.epoch
@@ -181,6 +188,14 @@ class Resumable:
         log.info("resumed from %s at step %d (epoch %d, batch %d), micro-batch %d", path, self.step, self.epoch, self.position, self.micro_batch)
         set_rng_state(state["rng"], self._data_generators)
         return state["rng"]
+
+
+def epoch_length(data: Iterable[Any], epochs: int | None) -> int | None:
+    """Batches in ``epochs`` passes over ``data`` (None: no length, or no epoch count)."""
+    try:
+        return len(data) * epochs if epochs is not None else None  # type: ignore[arg-type]
+    except TypeError:
+        return None
 
 
 def _warn_replaced_settings(optimizer: torch.optim.Optimizer, saved: dict[str, Any]) -> None:

@@ -49,7 +49,7 @@ from .hygiene import CachePolicy
 from .autoplan import PlansFromData
 from .progress import Progress
 from .recovery import OomRecovery
-from .resume import Resumable
+from .resume import Resumable, epoch_length
 from .run_result import RunResult
 from .step_guard import StepGuard
 from .step_memory import StepMemory
@@ -255,7 +255,7 @@ class Runner(OomRecovery, Resumable, PlansFromData):
             )
         result = self.result
         result.steps_this_run = result.samples = 0
-        total = steps if steps is not None else _epoch_length(data, epochs)
+        total = steps if steps is not None else epoch_length(data, epochs)
         progress = Progress(total, initial=self.step, bar=self.progress, log_every=self.log_every)
         try:
             while (epochs is None or self.epoch < epochs) and (steps is None or self.step < steps):
@@ -267,6 +267,7 @@ class Runner(OomRecovery, Resumable, PlansFromData):
                     loss, size = self._global_step(batch)
                     self._after_step(loss, size, progress, on_step_end)
                     if steps is not None and self.step >= steps:
+                        self._stopped_at_epoch_end(data)
                         break
                 else:
                     if not ran and self.position == 0:
@@ -390,10 +391,3 @@ def _model_device(model: torch.nn.Module) -> torch.device:
     for tensor in model.parameters():
         return tensor.device
     return torch.device("cpu")
-
-
-def _epoch_length(data: Iterable[Any], epochs: int | None) -> int | None:
-    try:
-        return len(data) * epochs if epochs is not None else None  # type: ignore[arg-type]
-    except TypeError:
-        return None

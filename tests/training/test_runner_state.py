@@ -124,3 +124,11 @@ def test_a_resume_draws_a_seeded_loaders_order_as_the_interrupted_run(tmp_path, 
     assert result.steps == TOTAL and result.steps_this_run == TOTAL - stop
     for mine, theirs in zip(resumed.model.parameters(), uninterrupted.model.parameters()):
         assert torch.equal(mine, theirs)
+
+
+def test_a_run_stopped_at_an_epochs_last_batch_has_completed_that_epoch():
+    """``steps`` ending at an epoch's last batch counts the epoch, as ``epochs`` would."""
+    by_steps = linear_runner().fit(seeded_loader(), steps=3)
+    by_epochs = linear_runner().fit(seeded_loader(), epochs=1)
+    assert by_steps.epochs == by_epochs.epochs == 1
+    assert linear_runner().fit(seeded_loader(), steps=4).epochs == 1
