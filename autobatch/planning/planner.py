@@ -40,7 +40,7 @@ from ..probe.find import find_max_batch
 from ..probe.result import ProbeResult
 from ..probe.train_step import TrainStep
 from .accumulation import AccumulatingStep, micro_batch_sizes
-from .checkpointing import CheckpointHandle, enable_checkpointing
+from .checkpointing import CheckpointHandle, enable_checkpointing, is_checkpointed
 from .fastest import ThroughputObjective
 from .plan_result import Plan, candidates_table, short_list
 from .throughput import balanced_micro_batch, validate_timing
@@ -120,6 +120,10 @@ def plan(
     if balanced and isinstance(multiple_of, int) and multiple_of > 1:
         balanced = False  # balanced sizes would not be multiples; full chunks and a smaller last one
     planner = _Planner(step, global_batch, cap, checkpoint_targets, probe_kwargs)
+    # blocks a plan (or anyone with enable_checkpointing) left wrapped: plan from the plain model,
+    # and leave them as given unless the new plan wraps the model itself
+    given = [name for name, module in step.model.named_modules() if is_checkpointed(module)]
+    CheckpointHandle(step.model, given).undo()
     try:
         if objective == "max_batch":
             result = planner.largest(allow_accumulation, allow_checkpointing, balanced)
@@ -136,7 +140,10 @@ def plan(
             )
     except BaseException:
         planner.unwrap()
+        enable_checkpointing(step.model, modules=given)
         raise
+    if not result.checkpointing and given:
+        enable_checkpointing(step.model, modules=given)
     log.info(
         "plan: global %d = %d x %d micro-batches, checkpointing %s (%s)",
         result.global_batch,

@@ -170,6 +170,20 @@ def test_checkpointing_plan_when_batch_one_does_not_fit_and_it_trains():
     assert not any(is_checkpointed(m) for m in model.modules())
 
 
+def test_planning_again_plans_from_the_plain_model_and_leaves_the_wrapping_as_given():
+    """A second plan on a model the first left checkpointed must see it needs checkpointing
+    (it said "checkpointing off, no repeated blocks"); a plan without checkpointing leaves
+    blocks someone wrapped wrapped."""
+    model = deep_mlp()
+    step = make_step(model)
+    first = plan(step, global_batch=8, memory_limit=TOO_SMALL_FOR_PLAIN, steps_per_trial=1)
+    again = plan(step, global_batch=8, memory_limit=TOO_SMALL_FOR_PLAIN, steps_per_trial=1)
+    assert first.checkpointing and again.checkpointing
+    assert again.checkpointed_modules == first.checkpointed_modules == [str(i) for i in range(6)]
+    roomy = plan(step, global_batch=2, memory_limit="4MiB", steps_per_trial=1)
+    assert not roomy.checkpointing and all(is_checkpointed(model[i]) for i in range(6))
+
+
 def test_nothing_fits_even_with_checkpointing_says_so():
     model = deep_mlp()
     with pytest.raises(NoBatchFitsError, match="with activation checkpointing of 6 blocks.*without it batch 1") as info:
