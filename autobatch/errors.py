@@ -39,6 +39,7 @@ class NoBatchFitsError(MemoryError):
         result=None,
         hint: str | None = None,
         diagnostics: dict | None = None,
+        estimated: bool = False,
     ) -> None:
         self.batch_size = batch_size
         self.capacity_bytes = capacity_bytes
@@ -57,12 +58,18 @@ class NoBatchFitsError(MemoryError):
             from .memory.diagnostics import diagnostics_line
 
             memory_line = diagnostics_line(diagnostics) + " "
-        message = (
-            f"No batch size fits: batch {batch_size} ran out of memory on {device} "
-            f"(capacity {format_bytes(capacity_bytes)}, peak reached before the failure "
-            f"{format_bytes(peak_bytes)}). {memory_line}{advice}"
-        )
-        if last_error:
+        if estimated:  # strategy="estimate": traced with fake tensors, nothing ran
+            message = (
+                f"No batch size fits: batch {batch_size} is estimated to peak at {format_bytes(peak_bytes)} on "
+                f"{device}, above its capacity of {format_bytes(capacity_bytes)} (fake tensors, no trial ran). {advice}"
+            )
+        else:
+            message = (
+                f"No batch size fits: batch {batch_size} ran out of memory on {device} "
+                f"(capacity {format_bytes(capacity_bytes)}, peak reached before the failure "
+                f"{format_bytes(peak_bytes)}). {memory_line}{advice}"
+            )
+        if last_error and not estimated:
             message += f" Last allocator error: {last_error}"
         super().__init__(message)
 

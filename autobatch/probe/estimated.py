@@ -8,7 +8,6 @@ import time
 
 from ..errors import NoBatchFitsError
 from ..memory.devices import SimulatedDeviceMemory
-from ..memory.diagnostics import memory_diagnostics
 from .estimate import EstimateError, estimate_line, estimate_max_batch
 from .line import LinearFit
 from .result import ProbeResult
@@ -63,9 +62,7 @@ def estimate_only(step: TrainStep, memory, note, *, max_batch, margin, multiple_
             capacity_bytes=capacity,
             peak_bytes=smallest.counted(include_resident),
             device=memory.name,
-            last_error="estimated, not run",
-            hint=None,
-            diagnostics=memory_diagnostics(memory),
+            estimated=True,
         )
     chosen = estimate.batch_size
     if margin:
