@@ -80,14 +80,7 @@ _REQUESTED = re.compile(r"[Tt]ried to allocate\s*([0-9.]+)\s*([KMGT]i?B|B|bytes)
 def requested_bytes(message: str | None) -> int | None:
     """The allocation an OOM message says failed ("Tried to allocate 2.00 GiB"; the simulated
     device's "tried to allocate 3.00 MiB"), or None when the message does not say."""
-    match = _REQUESTED.search(message or "")
-    if match is None:
-        return None
-    unit = "B" if match.group(2) == "bytes" else match.group(2)
-    try:
-        return parse_bytes(f"{match.group(1)}{unit}", name="error")
-    except ValueError:
-        return None
+    return _bytes_of(_REQUESTED.search(message or ""))
 
 
 _ALLOCATED = re.compile(r"([0-9.]+)\s*([KMGT]i?B|B|bytes)\s+(?:is allocated by PyTorch|already in use)")
@@ -98,7 +91,11 @@ def allocated_at_failure(message: str | None) -> int | None:
     allocated memory 78.25 GiB is allocated by PyTorch"; the simulated device's "38.32 MiB
     already in use"), or None. Read at the failure itself: temporaries that only the failed
     expression held are freed while the error unwinds, before any handler can measure."""
-    match = _ALLOCATED.search(message or "")
+    return _bytes_of(_ALLOCATED.search(message or ""))
+
+
+def _bytes_of(match: "re.Match[str] | None") -> int | None:
+    """The bytes a message's figure says (number, unit), or None."""
     if match is None:
         return None
     unit = "B" if match.group(2) == "bytes" else match.group(2)
