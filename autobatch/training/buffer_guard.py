@@ -51,7 +51,11 @@ class BufferGuard:
         return unseen or saved is None or saved[0] != id(buffer) or saved[1] != _version(buffer)
 
     def capture(self) -> None:
-        """Copy every buffer changed since its last copy (all of them, the first time)."""
+        """Copy every buffer changed since its last copy (all of them, the first time), in one
+        ``_foreach_copy_`` call (ResNet-50 has 159 BatchNorm buffers: one copy each would cost
+        the host more than the copy)."""
+        targets: list[torch.Tensor] = []
+        sources: list[torch.Tensor] = []
         with torch.no_grad(), host_memory():
             for module, name, buffer, unseen in self._buffers():
                 saved = self._saved.get((module, name))
@@ -62,8 +66,16 @@ class BufferGuard:
                 if copy is None:
                     pinned = part.device.type == "cuda"
                     copy = torch.empty(part.shape, dtype=part.dtype, device="cpu", pin_memory=pinned)
-                copy.copy_(part, non_blocking=True)
+                targets.append(copy)
+                sources.append(part)
                 self._saved[(module, name)] = (id(buffer), _version(buffer), copy)
+            if not targets:
+                return
+            try:
+                torch._foreach_copy_(targets, sources, non_blocking=True)
+            except RuntimeError:  # a build without mixed-device foreach copies
+                for target, source in zip(targets, sources):
+                    target.copy_(source, non_blocking=True)
 
     def restore(self) -> None:
         """Write back every buffer changed since :meth:`capture`; a new one (none saved) stays."""
