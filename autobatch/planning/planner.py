@@ -129,14 +129,8 @@ def plan(
             result = planner.largest(allow_accumulation, allow_checkpointing, balanced)
         else:
             result = planner.fastest(
-                allow_accumulation,
-                allow_checkpointing,
-                balanced,
-                min_micro_batch=min_micro_batch,
-                exhaustive=exhaustive,
-                timing=timing,
-                timer=timer,
-                allocator_retries=allocator_retries,
+                allow_accumulation, allow_checkpointing, balanced, min_micro_batch=min_micro_batch,
+                exhaustive=exhaustive, timing=timing, timer=timer, allocator_retries=allocator_retries,
             )
     except BaseException:
         planner.unwrap()
@@ -144,14 +138,8 @@ def plan(
         raise
     if not result.checkpointing and given:
         enable_checkpointing(step.model, modules=given)
-    log.info(
-        "plan: global %d = %d x %d micro-batches, checkpointing %s (%s)",
-        result.global_batch,
-        result.micro_batch,
-        result.accumulation_steps,
-        "on" if result.checkpointing else "off",
-        result.reason,
-    )
+    log.info("plan: global %d = %d x %d micro-batches, checkpointing %s (%s)", result.global_batch, result.micro_batch,
+             result.accumulation_steps, "on" if result.checkpointing else "off", result.reason)
     return result
 
 
