@@ -18,11 +18,13 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 from torch.nn import functional as F
 
+from ..dist import agreement as dist_sync
 from ..workloads.batches import DatasetBatches, SyntheticBatches
 from ..training.faults import PHASES
 from ..probe.find import validate_probe_args
 from ..planning.throughput import validate_timing
 from ..probe.train_step import TrainStep
+from . import validation
 from .ranks import data_parallel
 from ..memory.allocator import environment_expandable_segments, set_expandable_segments
 from ..memory.devices import memory_for
@@ -77,13 +79,22 @@ def locate(path: str) -> Any:
     return obj
 
 
-def _check_target(key: str, node: Any) -> None:
-    """Raise ``ValueError`` unless ``node._target_`` names something importable."""
+#: An example ``_target_`` for each key that takes one (for "is not set" messages).
+_TARGET_EXAMPLES = {
+    "model": "torchvision.models.resnet18",
+    "optimizer": "torch.optim.SGD",
+    "data.dataset": "my_project.data.MyDataset",
+}
+
+
+def _check_target(key: str, node: Any) -> Any:
+    """The object ``node._target_`` names; ``ValueError`` unless it is set and importable."""
     target = node.get("_target_") if isinstance(node, DictConfig) else None
     if not target:
-        raise ValueError(f"{key}._target_ is not set; give an import path such as {key}._target_=torch.optim.SGD")
+        example = _TARGET_EXAMPLES.get(key, "my_project.Thing")
+        raise ValueError(f"{key}._target_ is not set; give an import path such as {key}._target_={example}")
     try:
-        locate(target)
+        return locate(target)
     except ImportError as exc:
         reason = str(exc)
         raise ValueError(
@@ -116,13 +127,16 @@ def validate(cfg: DictConfig) -> None:
         value = OmegaConf.select(cfg, key)
         if value is not None:
             parse_bytes(value, name=key)
-    _check_target("model", cfg.model)
-    _check_target("optimizer", cfg.optimizer)
+    validation.check_unknown_keys(cfg)
+    validation.check_sizes(cfg)
+    validation.check_target_arguments("model", cfg.model, _check_target("model", cfg.model), own=("inputs",))
+    validation.check_target_arguments("optimizer", cfg.optimizer, _check_target("optimizer", cfg.optimizer))
     if cfg.data.dataset is not None:
-        _check_target("data.dataset", cfg.data.dataset)
+        validation.check_target_arguments("data.dataset", cfg.data.dataset, _check_target("data.dataset", cfg.data.dataset))
     inputs = _name(cfg.model.get("inputs", "tensor"))
     if inputs not in ("tensor", "tokens"):
         raise ValueError(f"model.inputs must be 'tensor' or 'tokens', got {inputs!r}")
+    validation.check_input_shape(cfg)
     if "train" in cfg:
         _validate_train(cfg.train)
 
@@ -312,6 +326,7 @@ def build_workload(cfg: DictConfig) -> Workload:
     assert isinstance(model_args, dict)
     model_args.pop("inputs", None)
     model = instantiate(model_args, _convert_="all").to(device)
+    validation.check_checkpoint_modules(cfg, model)
     if cfg.train.get("fsdp"):  # before the optimizer: it must hold the sharded parameters
         from ..dist.fsdp import shard_model
 
@@ -320,6 +335,9 @@ def build_workload(cfg: DictConfig) -> Workload:
     if not cfg.train.get("fsdp"):  # FSDP2 shards instead of replicating: never also DDP
         model = data_parallel(model, device)  # DDP under torchrun: trained and probed through DDP
     make_batch, probe_batch, samples, dataset = _batch_makers(cfg, device)
+    if dataset is not None:
+        validation.check_dataset_inputs(cfg, dataset)
+        validation.check_dataset_size(cfg, len(dataset), dist_sync.world_size())
     autocast_dtype = _AUTOCAST[_name(cfg.precision)]
     scaler = None
     if autocast_dtype is torch.float16:  # fp16 trains with a GradScaler (CUDA and, since torch 2.3, the CPU)

@@ -37,10 +37,10 @@ from .conf import CONFIG_PATH, ensure_conf_module
 from .display import print_result, trial_progress, write_probe_plot
 from .config import register_configs
 from . import ranks
-from .errors import reported
+from .errors import cli_keys, reported
 from .isolated import isolate_probe, probe_in_child
 from .sharding import per_rank_batch
-from .training import FINAL_MODEL, METRICS, find_resume, rank_fields, read_checkpoint, run_training
+from .training import FINAL_MODEL, METRICS, check_resume_target, find_resume, rank_fields, read_checkpoint, run_training
 
 __all__ = ["COMMANDS", "probe_task", "train_task", "run_app", "run_probe", "run_plan", "probe_kwargs"]
 
@@ -66,12 +66,17 @@ def _resolved(cfg: DictConfig) -> Any:
 
 def probe_kwargs(cfg: DictConfig, workload: Workload) -> dict[str, Any]:
     """:func:`find_max_batch` keyword arguments from the ``probe`` keys (also what
-    :func:`autobatch.plan` passes on to it)."""
+    :func:`autobatch.plan` passes on to it).
+
+    A finite ``data.dataset`` caps ``max_batch`` at its length (its share of it under
+    ``torchrun``): a larger batch would repeat samples, and training could never take it. The
+    probe step clips as training does (``train.max_grad_norm``), which the probe cache's own
+    key does not see, so it goes into the key."""
     probe = cfg.probe
     cache: bool | str = bool(probe.cache)
     if cache and probe.cache_dir is not None:
         cache = str(probe.cache_dir)
-    return dict(
+    kwargs = dict(
         start=probe.start,
         max_batch=probe.max_batch,
         strategy=probe.strategy.name,
@@ -83,11 +88,28 @@ def probe_kwargs(cfg: DictConfig, workload: Workload) -> dict[str, Any]:
         device=workload.device,
         cache=cache,
     )
+    cap = dataset_cap(workload)
+    if cap is not None and (probe.max_batch is None or probe.max_batch > cap):
+        kwargs["max_batch"] = cap
+    if workload.probe_step.max_grad_norm is not None:
+        kwargs["cache_key"] = {"max_grad_norm": workload.probe_step.max_grad_norm}
+    return kwargs
+
+
+def dataset_cap(workload: Workload) -> int | None:
+    """The largest batch (per rank) a finite ``data.dataset`` holds; None for synthetic data."""
+    if workload.dataset is None:
+        return None
+    return max(1, len(workload.dataset) // dist_sync.world_size())
 
 
 def run_probe(cfg: DictConfig, workload: Workload) -> ProbeResult:
     """Run :func:`find_max_batch` on the workload with the config's ``probe`` arguments."""
-    return find_max_batch(workload.probe_step, **probe_kwargs(cfg, workload))
+    kwargs = probe_kwargs(cfg, workload)
+    result = find_max_batch(workload.probe_step, **kwargs)
+    if kwargs["max_batch"] != cfg.probe.max_batch:
+        result.notes.append(f"largest batch tried capped at {kwargs['max_batch']}, the samples in data.dataset")
+    return result
 
 
 def run_plan(cfg: DictConfig, workload: Workload, global_batch: int) -> Plan:
@@ -151,7 +173,7 @@ def _write_probe(out_dir: Path, result: ProbeResult, command: str, cfg: DictConf
 
 def _write_plan(out_dir: Path, planned: Plan, command: str, global_batch: int) -> None:
     _write_json(out_dir / "plan.json", {**planned.to_dict(), **rank_fields(global_batch), "command": command})
-    summary = planned.summary()
+    summary = cli_keys(planned.summary())  # the library's argument names as the command line's keys
     if dist_sync.world_size() > 1:  # the plan's own global batch is one rank's share
         world = dist_sync.world_size()
         summary = f"global batch    {global_batch} over {world} ranks, {planned.global_batch} per rank\n" + summary.split("\n", 1)[1]
@@ -233,19 +255,21 @@ def _resume_from(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
     """Resume: the checkpoint's global batch (no probe, no plan; the runner restores the
     micro-batch, the checkpointing wrap and the RNG)."""
     base = Path(HydraConfig.get().runtime.cwd)
-    path = find_resume(str(cfg.train.resume), cfg.train.checkpoint_dir, base, exclude=out_dir)
+    value = str(cfg.train.resume)
+    path = find_resume(value, cfg.train.checkpoint_dir, base, run_dir=out_dir)
+    own = check_resume_target(path, out_dir, cfg.train.checkpoint_dir, value)  # never another run's files
     state = read_checkpoint(path, sharded=bool(cfg.train.get("fsdp")))
     global_batch = int(state["result"]["global_batch"])
     wanted = cfg.train.global_batch
     if wanted is not None and wanted != global_batch:
         raise ValueError(f"train.global_batch={wanted} differs from the checkpoint's {global_batch} ({path}); drop it to resume")
     per_rank_batch(global_batch, dist_sync.world_size(), key=f"the checkpoint's train.global_batch ({path})")
-    notes = [f"resumed from {path} at step {state['step']}"]
+    notes = [f"resumed from {path} at step {state['step']}" + ("" if own else f" into a new run directory, {out_dir}")]
     if cfg.train.micro_batch is not None:
         notes.append("train.micro_batch is ignored on resume: the checkpoint's micro-batch is used")
     return dict(
         global_batch=global_batch, micro_batch=None, max_micro_batch=None, plan=None, probe=None, notes=notes,
-        path=path, step=state["step"],
+        path=path, step=state["step"] if own else None,  # metrics.jsonl is continued only in the run's own directory
     )  # fmt: skip
 
 

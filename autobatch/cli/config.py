@@ -9,7 +9,7 @@ message before any code runs. Choices are ``Enum`` s (:mod:`.choices`), which Om
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, List, Optional
+from typing import Any, ClassVar, List, Optional, Tuple
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
@@ -38,6 +38,7 @@ __all__ = [
     "DeviceConfig",
     "ProbeAppConfig",
     "TrainAppConfig",
+    "SCHEMAS",
     "register_configs",
 ]
 
@@ -49,6 +50,8 @@ class ModelConfig:
     _target_: str = MISSING
     #: Which synthetic input the model takes (not passed to the constructor).
     inputs: InputKind = InputKind.tensor
+    #: Not a key: the per-sample dimensions a built-in model needs (None: any number).
+    INPUT_DIMS: ClassVar[Optional[Tuple[str, ...]]] = None
 
 
 @dataclass
@@ -71,6 +74,7 @@ class CNNConfig(ModelConfig):
     """:class:`autobatch.workloads.models.ResNetCNN`: a small ResNet of basic blocks."""
 
     _target_: str = "autobatch.workloads.models.ResNetCNN"
+    INPUT_DIMS: ClassVar[Optional[Tuple[str, ...]]] = ("channels", "height", "width")
     #: Image channels; defaults to ``data.shape[0]``.
     in_channels: int = MISSING
     #: Output classes; defaults to ``data.num_classes``.
@@ -242,12 +246,14 @@ class TrainConfig:
     lr: float = 1e-3
     #: Shuffle a ``_target_`` dataset every epoch (synthetic data is random anyway).
     shuffle: bool = True
-    #: Checkpoint directory, relative to the run directory; ``last.pt`` is written atomically.
+    #: Checkpoint directory: a relative one is under the run directory, an absolute one is used
+    #: as it is (every run then writes the same ``last.pt``); ``last.pt`` is written atomically.
     checkpoint_dir: str = "checkpoints"
     #: Checkpoint every this many steps (0: only at the end).
     checkpoint_every: int = 0
     #: Continue from a checkpoint: a ``last.pt`` file, its directory, a run directory, or
-    #: ``latest`` (the newest checkpoint under ``outputs/train`` and ``multirun/train``).
+    #: ``latest`` (the run directory's own checkpoint, else the newest at any depth under
+    #: ``outputs/train`` and ``multirun/train``).
     resume: Optional[str] = None
     #: Grow-back: OOM-free steps before trying double the micro-batch (0: never grow).
     grow_after: int = 100
@@ -329,24 +335,31 @@ class TrainAppConfig(ProbeAppConfig):
 def register_configs() -> None:
     """Store the schemas in Hydra's ConfigStore; the YAMLs in ``conf/`` extend them.
 
-    Schemas are stored as ``<name>_schema`` so that they never shadow a YAML option.
-    Idempotent: storing again replaces the same entries.
+    Each group's schemas are stored at the top level as ``schema_<group>[_<option>]``, outside
+    the group, so that they are never listed among a group's options (``--help``, "Available
+    options"); a group's YAML names its schema with ``- /schema_<group>_<option>@_here_``. The
+    apps' schemas are ``probe_schema`` and ``train_schema``. Idempotent: storing again
+    replaces the same entries.
     """
     store = ConfigStore.instance()
     store.store(name="probe_schema", node=ProbeAppConfig)
     store.store(name="train_schema", node=TrainAppConfig)
-    for group, name, node in (
-        ("model", "model_schema", ModelConfig),
-        ("model", "mlp_schema", MLPConfig),
-        ("model", "cnn_schema", CNNConfig),
-        ("model", "gpt_schema", GPTConfig),
-        ("data", "data_schema", DataConfig),
-        ("optimizer", "optimizer_schema", OptimizerConfig),
-        ("optimizer", "adamw_schema", AdamWConfig),
-        ("optimizer", "sgd_schema", SGDConfig),
-        ("probe", "probe_schema", ProbeConfig),
-        ("plan", "plan_schema", PlanConfig),
-        ("train", "train_schema", TrainConfig),
-        ("device", "device_schema", DeviceConfig),
-    ):
-        store.store(group=group, name=name, node=node)
+    for name, node in SCHEMAS.items():
+        store.store(name=name, node=node)
+
+
+#: The group schemas by their ConfigStore name (see :func:`register_configs`).
+SCHEMAS: dict[str, type] = {
+    "schema_model": ModelConfig,
+    "schema_model_mlp": MLPConfig,
+    "schema_model_cnn": CNNConfig,
+    "schema_model_gpt": GPTConfig,
+    "schema_data": DataConfig,
+    "schema_optimizer": OptimizerConfig,
+    "schema_optimizer_adamw": AdamWConfig,
+    "schema_optimizer_sgd": SGDConfig,
+    "schema_probe": ProbeConfig,
+    "schema_plan": PlanConfig,
+    "schema_train": TrainConfig,
+    "schema_device": DeviceConfig,
+}

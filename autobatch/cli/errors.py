@@ -9,6 +9,7 @@ exit status 2 for bad input (a wrong override, impossible probe bounds, an unimp
 from __future__ import annotations
 
 import os
+import re
 import sys
 import traceback
 from contextlib import contextmanager
@@ -19,7 +20,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from ..errors import GlobalBatchTooLargeError, NoBatchFitsError, StepOutOfMemoryError
 
-__all__ = ["CLIError", "BAD_INPUT", "RUNTIME_FAILURE", "one_line", "describe", "traceback_wanted", "reported"]
+__all__ = ["CLIError", "BAD_INPUT", "RUNTIME_FAILURE", "one_line", "cli_keys", "describe", "traceback_wanted", "reported"]
 
 BAD_INPUT = 2
 RUNTIME_FAILURE = 1
@@ -53,16 +54,49 @@ def one_line(exc: BaseException) -> str:
     return text if len(text) <= 600 else text[:597] + "..."
 
 
+#: The library's argument names in its messages, and the command line's keys for them.
+_CLI_KEYS = [
+    (r"allow_accumulation=True", "plan.allow_accumulation=true"),
+    (r"allow activation checkpointing(?= ?[.,])", "allow activation checkpointing (plan.allow_checkpointing=true)"),
+    (r"checkpointing_fallback=True", "train.checkpointing_fallback=true"),
+    (r"checkpoint_targets", "plan.checkpoint_modules"),
+    (r"memory_limit", "probe.memory_limit"),
+    (r"global_batch=", "train.global_batch="),
+    (r"autobatch\.plan", "train.global_batch"),
+]
+#: Launcher plugins and the extra that installs each (``pip install "autobatch[extra]"``).
+_LAUNCHER_EXTRAS = {"submitit_": "slurm", "slurm": "slurm", "joblib": "sweep"}
+
+
+def cli_keys(message: str) -> str:
+    """A library message with its argument names as the command line's keys
+    (``allow_accumulation=True`` -> ``plan.allow_accumulation=true``)."""
+    for name, key in _CLI_KEYS:
+        message = re.sub(rf"(?<![\w.]){name}", key, message)
+    return message
+
+
+def _install_hint(message: str) -> str:
+    """An install hint when Hydra cannot find a launcher config that a plugin provides."""
+    found = re.search(r"Could not (?:find|load) 'hydra/launcher/(\w+)'", message)
+    if found is None:
+        return message
+    for prefix, extra in _LAUNCHER_EXTRAS.items():
+        if found.group(1).startswith(prefix):
+            return f'{message.rstrip(".")}; the launcher is a plugin: pip install "autobatch[{extra}]"'
+    return message
+
+
 def describe(exc: BaseException) -> tuple[str, int]:
     """``(message, exit code)`` for an exception that reached the command line's edge."""
     if isinstance(exc, CLIError):
         return exc.message, exc.exit_code
     if isinstance(exc, (NoBatchFitsError, GlobalBatchTooLargeError, StepOutOfMemoryError)):
-        return one_line(exc), RUNTIME_FAILURE
+        return cli_keys(one_line(exc)), RUNTIME_FAILURE
     if isinstance(exc, HydraException) and isinstance(exc.__cause__, OmegaConfBaseException):
         return f"{one_line(exc)}: {one_line(exc.__cause__)}", BAD_INPUT  # the override, then why
     if isinstance(exc, (ValueError, HydraException, OmegaConfBaseException)):
-        return one_line(exc), BAD_INPUT
+        return _install_hint(one_line(exc)), BAD_INPUT
     return f"{type(exc).__name__}: {one_line(exc)}", RUNTIME_FAILURE
 
 

@@ -21,6 +21,8 @@ process group; both still run here (``probe.isolate``).
 from __future__ import annotations
 
 import json
+import os
+import site
 import subprocess
 import sys
 from pathlib import Path
@@ -33,7 +35,7 @@ from ..probe.promise import forget_parking
 from ..probe.result import ProbeResult
 from .errors import RUNTIME_FAILURE, CLIError
 
-__all__ = ["child_command", "isolate_probe", "probe_in_child"]
+__all__ = ["child_command", "child_environment", "isolate_probe", "probe_in_child"]
 
 #: flags whose value follows them and names where the configs come from (kept for the child)
 _CONFIG_FLAGS = ("-cp", "--config-path", "-cn", "--config-name", "-cd", "--config-dir")
@@ -70,12 +72,40 @@ def child_command(out_dir: Path, argv: list[str] | None = None, task: list[str] 
     return [sys.executable, "-m", "autobatch", "probe", *flags, *overrides, f"hydra.run.dir={out_dir}", "probe.isolate=false"]
 
 
+def child_environment(environ: dict[str, str] | None = None, path: list[str] | None = None) -> dict[str, str]:
+    """The child's environment: this one, with this process's own import paths (``sys.path``
+    entries outside the interpreter's installation, such as the directory ``python -m`` ran in)
+    added to ``PYTHONPATH``, so a ``_target_`` from the user's own modules imports in the child
+    wherever it starts."""
+    environ = dict(os.environ if environ is None else environ)
+    site_dirs = getattr(site, "getsitepackages", list)()  # absent in some old virtualenvs
+    installed = [sys.prefix, sys.base_prefix, sys.exec_prefix, *site_dirs, site.getusersitepackages()]
+    installed = [str(Path(p).resolve()) for p in installed if p]
+    own = []
+    for entry in sys.path if path is None else path:
+        if not entry or not Path(entry).is_dir():
+            continue
+        resolved = str(Path(entry).resolve())
+        if not any(resolved == root or resolved.startswith(root + os.sep) for root in installed):
+            own.append(resolved)
+    current = [p for p in environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    joined = list(dict.fromkeys([*current, *own]))
+    if joined:
+        environ["PYTHONPATH"] = os.pathsep.join(joined)
+    return environ
+
+
 def probe_in_child(out_dir: Path) -> ProbeResult:
     """Run the probe as a child process writing into ``out_dir`` (its table and trial lines go
     to this process's terminal); its result, as a cache hit returns one (without the parking the
     child did in its own process). A failed child is one error naming its exit status (its own
-    message is printed above it)."""
-    done = subprocess.run(child_command(out_dir), check=False)
+    message is printed above it).
+
+    The child starts in the directory the command was run from (Hydra's ``runtime.cwd``), not
+    the run directory ``hydra.job.chdir=true`` moved this process into: relative paths in the
+    overrides and the user's own modules resolve there as they did for this process."""
+    cwd = HydraConfig.get().runtime.cwd if HydraConfig.initialized() else None
+    done = subprocess.run(child_command(out_dir.resolve()), check=False, cwd=cwd, env=child_environment())
     result_file = out_dir / "result.json"
     if done.returncode != 0 or not result_file.is_file():
         raise CLIError(f"the probe's child process (probe.isolate) failed with exit status {done.returncode}; "

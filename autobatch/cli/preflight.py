@@ -5,20 +5,33 @@ Hydra reports a misspelt key or a wrong type over several lines, and problems it
 :func:`check` composes the config of every job the command line describes (each
 combination of a ``-m`` sweep) with Hydra's compose API and runs
 :func:`~autobatch.cli.build.validate` on it; the first problem becomes a :class:`CLIError`.
-Anything it cannot judge (``--help``, ``--cfg``, sweeper plugins' own syntax) is left to Hydra.
+It also checks that the run (or sweep) directory can be created, which Hydra would otherwise
+report with a traceback. With a flag that prints the config (``--cfg``, ``--info``...) the
+overrides are composed (a misspelt key is still one line) but not validated: the config is
+shown as given. Anything it cannot judge (``--help``, sweeper plugins' own syntax) is left
+to Hydra.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
+import os
+import re
+import tempfile
+import typing
+from pathlib import Path
 from typing import Sequence
 
 from hydra import compose, initialize_config_module
 from hydra.core.override_parser.overrides_parser import OverridesParser
+from omegaconf import OmegaConf
 
 from .build import validate
 from .conf import CONF_MODULE
+from .config import ProbeAppConfig
 from .errors import BAD_INPUT, CLIError, describe
+from .validation import close_match
 
 __all__ = ["check", "job_overrides", "MAX_JOBS_CHECKED"]
 
@@ -26,10 +39,13 @@ __all__ = ["check", "job_overrides", "MAX_JOBS_CHECKED"]
 MAX_JOBS_CHECKED = 64
 #: Hydra flags after which a check makes no sense (Hydra prints or does something else).
 _HANDS_OFF = {
-    "-h", "--help", "--hydra-help", "--version", "-c", "--cfg", "-i", "--info", "-p", "--package",
-    "--resolve", "-sc", "--shell-completion", "--experimental-rerun", "-cp", "--config-path",
-    "-cn", "--config-name", "-cd", "--config-dir",
+    "-h", "--help", "--hydra-help", "--version", "-sc", "--shell-completion", "--experimental-rerun",
+    "-cp", "--config-path", "-cn", "--config-name", "-cd", "--config-dir",
 }  # fmt: skip
+#: Hydra flags that print the config instead of running, and whether a value follows them
+#: (``"optional"``: only one of ``_INFO_CHOICES``).
+_PRINTING = {"-c": True, "--cfg": True, "-p": True, "--package": True, "--resolve": False, "-i": "optional", "--info": "optional"}
+_INFO_CHOICES = {"all", "config", "defaults", "defaults-tree", "plugins", "searchpath"}
 _MULTIRUN = {"-m", "--multirun"}
 
 
@@ -51,10 +67,77 @@ def job_overrides(overrides: Sequence[str], multirun: bool) -> list[list[str]]:
     return [list(job) for job in itertools.islice(itertools.product(*choices), MAX_JOBS_CHECKED)]
 
 
+def _without_printing_flags(args: Sequence[str]) -> tuple[list[str], bool]:
+    """``args`` without the flags that print the config (and their values); whether there were any."""
+    rest: list[str] = []
+    printing, skip = False, False
+    for index, arg in enumerate(args):
+        if skip:
+            skip = False
+            continue
+        name = arg.split("=", 1)[0]
+        if name not in _PRINTING:
+            rest.append(arg)
+            continue
+        printing = True
+        takes = _PRINTING[name]
+        following = args[index + 1] if index + 1 < len(args) else None
+        if "=" not in arg and following is not None and (takes is True or (takes and following in _INFO_CHOICES)):
+            skip = True
+    return rest, printing
+
+
+def _override_hint(message: str) -> str:
+    """Hydra's "Could not override 'probe.stratgy'. To append to your config use +probe.stratgy=..."
+    advises ``+``, which a typed group rejects: name the closest key of its schema instead."""
+    found = re.search(r"Could not override '([\w.]+)'\. To append to your config use \+\S+", message)
+    if found is None:
+        return message
+    *parents, last = found.group(1).split(".")
+    schema: typing.Any = ProbeAppConfig
+    for part in parents:
+        schema = typing.get_type_hints(schema).get(part) if dataclasses.is_dataclass(schema) else None
+    if not dataclasses.is_dataclass(schema):
+        return message  # a free group (model, optimizer, data.dataset): + adds a constructor argument
+    fields = [field.name for field in dataclasses.fields(schema)]
+    where = ".".join(parents) or "the config"
+    prefix = ".".join(parents) + "." if parents else ""
+    return f"Could not override '{found.group(1)}': {where} has no key {last!r}{close_match(last, fields, prefix)}"
+
+
+def _check_output_dir(key: str, value: str) -> None:
+    """``CLIError`` unless the run or sweep directory ``value`` exists as a directory or can be
+    created (Hydra would report it with a traceback): no file in its way, a writable parent."""
+    path = Path(value).expanduser().absolute()
+    existing = path
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        raise CLIError(f"{key}={value}: {existing} is a file, not a directory; choose another {key}")
+    if existing == path:
+        return
+    try:  # the only reliable test (permissions, read-only and virtual file systems): make a directory there
+        os.rmdir(tempfile.mkdtemp(prefix=".autobatch-", dir=existing))
+    except OSError as exc:
+        raise CLIError(f"{key}={value}: cannot create it in {existing} ({exc.strerror}); choose another {key}") from None
+
+
+def _output_dir(config_name: str, job: list[str], multirun: bool) -> None:
+    """Check the run directory of a single run (the sweep directory of a multirun)."""
+    key = "hydra.sweep.dir" if multirun else "hydra.run.dir"
+    try:
+        value = OmegaConf.select(compose(config_name, overrides=job, return_hydra_config=True), key)
+    except Exception:  # noqa: BLE001 - an interpolation only Hydra's run can resolve: Hydra judges it
+        return
+    if value:
+        _check_output_dir(key, str(value))
+
+
 def check(config_name: str, args: Sequence[str]) -> None:
     """Raise :class:`CLIError` (exit 2) naming the first problem in ``args``; else return."""
     if any(arg.split("=", 1)[0] in _HANDS_OFF for arg in args):
         return
+    args, printing = _without_printing_flags(args)
     multirun = any(arg in _MULTIRUN for arg in args)
     overrides = [arg for arg in args if arg not in _MULTIRUN]
     unknown = [arg for arg in overrides if arg.startswith("-")]
@@ -64,9 +147,13 @@ def check(config_name: str, args: Sequence[str]) -> None:
         jobs = job_overrides(overrides, multirun)
         with initialize_config_module(CONF_MODULE, version_base="1.3", job_name=config_name):
             for job in jobs:
-                validate(compose(config_name, overrides=job))
+                cfg = compose(config_name, overrides=job)
+                if not printing:
+                    validate(cfg)
+            if not printing:
+                _output_dir(config_name, jobs[0], multirun)
     except CLIError:
         raise
     except Exception as exc:  # noqa: BLE001 - turned into one line
         message, _ = describe(exc)
-        raise CLIError(message, BAD_INPUT) from exc
+        raise CLIError(_override_hint(message), BAD_INPUT) from exc

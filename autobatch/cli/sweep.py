@@ -7,6 +7,11 @@ with joblib, on a cluster node with submitit). The summary is rebuilt from those
 every job and once more at the end of the sweep, so it is complete even when a failed job
 stops the sweep early, and it never depends on jobs sharing a process. Failed jobs are rows
 too, with their status and error.
+
+A sweep directory given again (``hydra.sweep.dir=``) still holds the rows of the earlier
+sweep's jobs. So each sweep writes a fresh id into ``.sweep_id`` when it starts, every row
+carries the id of the sweep its job ran in, and the summary lists only the rows of the
+sweep that wrote the current id (the other rows and their job directories are left as they are).
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ import io
 import json
 import logging
 import os
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -28,11 +34,14 @@ from omegaconf import DictConfig, OmegaConf
 from ..dist.agreement import is_rank_zero
 from .errors import one_line
 
-__all__ = ["SweepSummary", "COLUMNS", "collect_rows", "write_summary", "render_markdown", "last_sweep_dir"]
+__all__ = ["SweepSummary", "COLUMNS", "sweep_id", "collect_rows", "write_summary", "render_markdown", "last_sweep_dir"]
 
 log = logging.getLogger("autobatch")
 
 ROW_FILE = "summary_row.json"
+SWEEP_ID_FILE = ".sweep_id"
+#: The key of a row's sweep id in its file (not a column of the summary).
+_SWEEP_KEY = "_sweep"
 PLOT_FILE = "summary.png"
 COLUMNS = ("job", "overrides", "status", "batch_size", "trials", "peak", "time_s", "error")
 _last_sweep: list[Path] = []
@@ -43,14 +52,26 @@ def last_sweep_dir() -> Path | None:
     return _last_sweep[-1] if _last_sweep else None
 
 
+def sweep_id(sweep_dir: Path) -> str | None:
+    """The id of the sweep that last started in ``sweep_dir`` (None: none recorded)."""
+    try:
+        return (sweep_dir / SWEEP_ID_FILE).read_text(encoding="utf-8").strip() or None
+    except OSError:
+        return None
+
+
 def collect_rows(sweep_dir: Path) -> list[dict[str, Any]]:
-    """Every job's row under ``sweep_dir``, in job order."""
+    """The rows of the jobs of the sweep that last started in ``sweep_dir`` (every row when no
+    sweep id was recorded), in job order."""
+    current = sweep_id(sweep_dir)
     rows = []
     for path in sweep_dir.rglob(ROW_FILE):
         try:
-            rows.append(json.loads(path.read_text(encoding="utf-8")))
+            row = json.loads(path.read_text(encoding="utf-8"))
         except (OSError, ValueError):  # a row being written right now
             continue
+        if current is None or row.pop(_SWEEP_KEY, None) == current:
+            rows.append(row)
     return sorted(rows, key=lambda row: row.get("job", 0))
 
 
@@ -153,13 +174,17 @@ class SweepSummary(Callback):
     summaries (the other ranks' jobs hold the same, agreed results)."""
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
-        _last_sweep.append(Path(config.hydra.sweep.dir))
+        sweep_dir = Path(config.hydra.sweep.dir)
+        _last_sweep.append(sweep_dir)
+        if is_rank_zero():  # a new id: rows left by an earlier sweep into this directory are not this one's
+            sweep_dir.mkdir(parents=True, exist_ok=True)
+            _atomic_write(sweep_dir / SWEEP_ID_FILE, uuid.uuid4().hex + "\n")
 
     def on_job_end(self, config: DictConfig, job_return: JobReturn, **kwargs: Any) -> None:
         if not is_rank_zero() or config.hydra.mode != RunMode.MULTIRUN:
             return
         output_dir = Path(HydraConfig.get().runtime.output_dir)
-        row = _job_row(config, job_return)
+        row = {**_job_row(config, job_return), _SWEEP_KEY: sweep_id(Path(config.hydra.sweep.dir))}
         _atomic_write(output_dir / ROW_FILE, json.dumps(row, default=str) + "\n")
         write_summary(Path(config.hydra.sweep.dir), plot=_plot_wanted(config))
 

@@ -50,7 +50,7 @@ from ..training.runner import Runner
 from .build import Workload, cross_entropy_loss
 from .data import training_data
 
-__all__ = ["METRICS", "FINAL_MODEL", "find_resume", "read_checkpoint", "runner_options", "run_training", "rank_fields"]
+__all__ = ["METRICS", "FINAL_MODEL", "checkpoint_in", "find_resume", "check_resume_target", "read_checkpoint", "runner_options", "run_training", "rank_fields"]
 
 log = logging.getLogger("autobatch")
 
@@ -58,31 +58,67 @@ METRICS = "metrics.jsonl"
 FINAL_MODEL = "final_model.pt"
 
 
-def find_resume(value: str, checkpoint_dir: str, base: Path, exclude: Path | None = None) -> Path:
+def checkpoint_in(run_dir: Path, checkpoint_dir: str) -> Path:
+    """The ``last.pt`` a run in ``run_dir`` writes: ``<run_dir>/<train.checkpoint_dir>/last.pt``;
+    an absolute ``train.checkpoint_dir`` is used as it is, whatever the run directory."""
+    return Path(run_dir) / Path(checkpoint_dir).expanduser() / CHECKPOINT_NAME
+
+
+def _exists(path: Path) -> bool:
+    """Whether the checkpoint ``path`` names was written (a sharded one: any of its files)."""
+    return path.is_file() or bool(sharded_sets(path))
+
+
+def find_resume(value: str, checkpoint_dir: str, base: Path, run_dir: Path | None = None) -> Path:
     """The checkpoint file ``train.resume=value`` names: a ``last.pt``, its directory, a run
-    directory (``<run>/<checkpoint_dir>/last.pt``), or ``latest``: the newest checkpoint under
-    ``base/outputs/train`` and ``base/multirun/train`` (not the current run's, ``exclude``).
-    A sharded (FSDP2) checkpoint is named by its ``last.pt`` although only its
-    ``last.rank<r>-of-<world>.pt`` files exist."""
+    directory (``<run>/<checkpoint_dir>/last.pt``), or ``latest``: the checkpoint of this run's
+    own directory ``run_dir`` when it has one (``hydra.run.dir`` of a run to continue), else the
+    newest under ``base/outputs/train`` and ``base/multirun/train``, at any depth (a run
+    directory such as ``outputs/train/runA`` is found too); with an absolute ``checkpoint_dir``
+    the one checkpoint there. A sharded (FSDP2) checkpoint is named by its ``last.pt``
+    although only its ``last.rank<r>-of-<world>.pt`` files exist."""
     if value == "latest":
-        names = (CHECKPOINT_NAME, "last.rank0-of-*.pt")
-        patterns = [f"{root}/{checkpoint_dir}/{name}" for root in ("outputs/train/*/*", "multirun/train/*/*/*") for name in names]
-        found = [base_path(p) if p.name != CHECKPOINT_NAME else p for pattern in patterns for p in base.glob(pattern)
-                 if exclude is None or exclude not in p.parents]
-        found = [p for p in found if p.is_file() or sharded_sets(p)]
+        if run_dir is not None and _exists(checkpoint_in(run_dir, checkpoint_dir)):
+            return checkpoint_in(run_dir, checkpoint_dir)
+        if Path(checkpoint_dir).expanduser().is_absolute():
+            found = [checkpoint_in(base, checkpoint_dir)]
+            where = str(found[0].parent)
+        else:
+            roots = [base / "outputs" / "train", base / "multirun" / "train"]
+            patterns = [f"**/{checkpoint_dir}/{name}" for name in (CHECKPOINT_NAME, "last.rank0-of-*.pt")]
+            found = list(dict.fromkeys(base_path(p) for root in roots for pattern in patterns for p in root.glob(pattern)))
+            where = f"{roots[0]} or {roots[1]}"
+        found = [p for p in found if _exists(p)]
         if not found:
             raise ValueError(
-                f"train.resume=latest: no checkpoint under {base / 'outputs/train'} or {base / 'multirun/train'}; "
-                "give the path of a last.pt or of a run directory"
+                f"train.resume=latest: no checkpoint under {where}; give the path of a last.pt or of a run directory"
             )
         return max(found, key=_written_at)
     path = Path(value).expanduser()
     if not path.is_absolute():
         path = base / path
-    for candidate in (base_path(path), path / checkpoint_dir / CHECKPOINT_NAME):
-        if candidate.is_file() or sharded_sets(candidate):
+    for candidate in (base_path(path), checkpoint_in(path, checkpoint_dir)):
+        if _exists(candidate):
             return candidate
     raise ValueError(f"train.resume={value!r}: no checkpoint at {resolve_checkpoint(path)}; give a last.pt, its directory or a run directory")
+
+
+def check_resume_target(path: Path, run_dir: Path, checkpoint_dir: str, value: str) -> bool:
+    """Whether the checkpoint ``path`` is ``run_dir`` 's own (its metrics are then continued).
+    Resuming another run's checkpoint into a directory that already holds a run (its
+    ``metrics.jsonl`` or checkpoint) would overwrite that run's files: ``ValueError``."""
+    own = checkpoint_in(run_dir, checkpoint_dir)
+    if path.resolve() == own.resolve():
+        return True
+    held = [str(p) for p, there in ((Path(run_dir) / METRICS, (Path(run_dir) / METRICS).is_file()), (own, _exists(own))) if there]
+    if held:
+        depth = len(Path(checkpoint_dir).parts)
+        in_place = "" if Path(checkpoint_dir).is_absolute() else f", or hydra.run.dir={path.parents[depth]} to continue that run in place"
+        raise ValueError(
+            f"train.resume={value} continues {path}, but the run directory {run_dir} holds another run "
+            f"({' and '.join(held)}), which resuming would overwrite; give a new hydra.run.dir (or none){in_place}"
+        )
+    return False
 
 
 def _written_at(path: Path) -> float:
@@ -115,7 +151,7 @@ def runner_options(cfg: DictConfig, workload: Workload, out_dir: Path) -> dict[s
         checkpoint_targets=list(cfg.plan.checkpoint_modules) or None,
         empty_cache_every=train.empty_cache_every,
         empty_cache_threshold=train.empty_cache_threshold,
-        checkpoint_dir=out_dir / train.checkpoint_dir,
+        checkpoint_dir=checkpoint_in(out_dir, train.checkpoint_dir).parent,
         checkpoint_every=None,  # written from the step hook, after the metrics line
         progress=train.progress,
         log_every=int(train.log_every) or None,

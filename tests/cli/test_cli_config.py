@@ -185,3 +185,21 @@ def test_device_expandable_segments_turns_the_allocator_setting_on_for_cuda(conf
     assert configure_allocator(conf("probe", "device.expandable_segments=true"), cuda) is True
     assert configure_allocator(conf("train", "device=cuda", "device.expandable_segments=false"), cuda) is False
     assert made == [True, True, False]
+
+
+def test_schemas_are_not_options_of_the_groups(cli):
+    """The structured configs are stored outside the groups: --help and "Available options" list
+    only the YAML options."""
+    done = cli("probe", "--help")
+    assert done.returncode == 0, done.stderr
+    assert "_schema" not in done.stdout and "optimizer: adamw, sgd, target" in done.stdout
+    done = cli("probe", "model=transformer")
+    assert "Available options in 'model': cnn gpt mlp resnet50 target" in done.stderr, done.stderr
+
+
+def test_optimizer_target_sets_only_the_target_and_lr(conf):
+    cfg = conf("train", "optimizer=target", "optimizer._target_=torch.optim.Adagrad", "+optimizer.lr_decay=0.01", "train.lr=0.05")
+    assert dict(cfg.optimizer) == {"_target_": "torch.optim.Adagrad", "lr": 0.05, "lr_decay": 0.01}
+    workload = build_workload(conf("probe", "model=mlp", "data.shape=[4]", "optimizer=target",
+                                   "optimizer._target_=torch.optim.Adagrad"))
+    assert type(workload.optimizer) is torch.optim.Adagrad

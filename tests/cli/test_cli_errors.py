@@ -34,6 +34,28 @@ BAD_INPUT = [
     (["probe", "model=mlp,gpt"], "Ambiguous value for argument 'model=mlp,gpt'"),
     (["probe", "-m", "model=mlp,gpt", "probe.margin=0.1,2"], "probe.margin must be a fraction in [0, 1)"),
     (["probe", "--bogus"], "unknown option '--bogus'"),
+    # keys added with + to a typed group: rejected with the closest key (free only under a _target_)
+    (["probe", "+probe.stratgy=binary"], "+probe.stratgy: probe has no key 'stratgy' (did you mean probe.strategy?)"),
+    (["train", "+train.stpes=2"], "did you mean train.steps?"),
+    (["probe", "+seeed=1"], "the top level has no key 'seeed' (did you mean seed?)"),
+    (["probe", "+data.shap=[3]"], "did you mean data.shape?"),
+    (["probe", "probe.stratgy=binary"], "probe has no key 'stratgy' (did you mean probe.strategy?)"),
+    (["probe", "model=mlp", "+model.widht=3"], "model.widht is not an argument of autobatch.workloads.models.MLP (did you mean width?)"),
+    # an optimizer by _target_ over adamw's keys: named, with the option that has none
+    (["probe", "optimizer._target_=torch.optim.Adagrad"], "optimizer.betas is not an argument of torch.optim.Adagrad"),
+    # sizes and counts must be positive; the data must suit the model
+    (["probe", "data.seq_len=0"], "data.seq_len must be a positive integer, got 0"),
+    (["probe", "model.layers=-1"], "model.layers must be a positive integer, got -1"),
+    (["probe", "data.vocab_size=0"], "data.vocab_size must be a positive integer, got 0"),
+    (["probe", "model=mlp", "data.shape=[0,3]"], "data.shape must be positive integers, got [0, 3]"),
+    (["probe", "data.min_seq_len=300", "data.seq_len=256"], "data.min_seq_len=300 is larger than data.seq_len=256"),
+    (["probe", "model=cnn", "data.shape=[64]"], "data.shape=[64] does not suit model._target_=autobatch.workloads.models.ResNetCNN"),
+    (["probe", "model.inputs=tensor"], "model.inputs=tensor: GPT takes tokens"),
+    (["probe", "model=target", "model._target_=null"], "model._target_ is not set; give an import path such as model._target_=torchvision"),
+    # a launcher that is a plugin: how to install it
+    (["probe", "-m", "hydra/launcher=submitit_slurm"], 'pip install "autobatch[slurm]"'),
+    # a flag that prints the config still reports a misspelt key in one line
+    (["probe", "--cfg", "job", "probe.stratgy=x"], "Could not override 'probe.stratgy'"),
 ]
 
 
@@ -81,3 +103,50 @@ def test_hydra_verbose_raises_instead_of_one_line(monkeypatch):
     with pytest.raises(CLIError, match="probe.start must be a positive integer or null"):
         main(["probe", "hydra.verbose=true", "probe.start=0"])
     assert main(["probe", "hydra.verbose=false", "probe.start=0"]) == 2
+
+
+def test_a_run_dir_that_cannot_be_made_is_one_line(tmp_path, capsys, monkeypatch):
+    """Hydra makes the run directory before any task runs and reports a failure with a traceback."""
+    monkeypatch.delenv("AUTOBATCH_TRACEBACK", raising=False)
+    afile = tmp_path / "afile"
+    afile.write_text("mine")
+    for where, words in [(afile, "is a file, not a directory"), (afile / "run", "is a file, not a directory"),
+                         ("/proc/nope", "cannot create it in /proc")]:
+        assert main(["probe", "model=mlp", f"hydra.run.dir={where}"]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"autobatch: error: hydra.run.dir={where}: ") and err.count("\n") == 1 and words in err, err
+    assert main(["probe", "-m", "model=mlp", f"hydra.sweep.dir={afile}"]) == 2
+    assert "hydra.sweep.dir=" in capsys.readouterr().err and afile.read_text() == "mine"
+
+
+def test_print_flags_still_print_a_config_that_composes(capsys):
+    assert main(["probe", "--cfg", "job", "model=mlp", "probe.start=64", "probe.max_batch=8"]) == 0
+    assert "max_batch: 8" in capsys.readouterr().out  # shown as given, not validated
+
+
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (["plan.checkpoint_modules=[_DecoderBlok]", "train.global_batch=64"],
+         "plan.checkpoint_modules: no module of class '_DecoderBlok' in the model (did you mean _DecoderBlock?); "
+         "its module classes: GPT, "),
+        (["data=dataset"], "takes token ids but data.dataset's inputs are float32 tensors of shape [16]"),
+        (["model=cnn", "data=dataset"], "takes 3 dimensions [channels, height, width] but data.dataset's inputs"),
+        (["model=mlp", "data=dataset", "train.global_batch=1024"], "train.global_batch=1024 is larger than data.dataset (512 samples)"),
+    ],
+)
+def test_errors_found_once_the_model_and_data_exist(cli, args, words):
+    done = cli("probe", *SMALL, *args)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.startswith("autobatch: error: ") and done.stderr.count("\n") == 1 and words in done.stderr, done.stderr
+
+
+def test_library_errors_name_the_command_lines_keys():
+    from autobatch.cli.errors import describe
+    from autobatch.errors import GlobalBatchTooLargeError, StepOutOfMemoryError
+
+    message, code = describe(GlobalBatchTooLargeError(64, 16, False, "cpu"))
+    assert code == 1 and message.startswith("train.global_batch=64 does not fit in one step")
+    assert "(plan.allow_accumulation=true)" in message and "allow_accumulation=True" not in message
+    assert "activation checkpointing (plan.allow_checkpointing=true)" in message
+    assert "train.checkpointing_fallback=true" in describe(StepOutOfMemoryError(3, "forward", False))[0]

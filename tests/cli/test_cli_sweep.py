@@ -83,3 +83,16 @@ def test_only_rank_zero_writes_sweep_rows_and_summaries(tmp_path, monkeypatch):
     callback.on_job_end(config, job_return=None)
     callback.on_multirun_end(config)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_sweep_into_an_earlier_sweeps_directory_lists_only_its_own_jobs(cli, tmp_path):
+    """``hydra.sweep.dir`` given again: the earlier sweep's rows (jobs 2 and 3) stay on disk but
+    are not this sweep's, so the summary leaves them out."""
+    done = cli("probe", "-m", "model=mlp", "probe.strategy=binary,halving,power,auto", *SMALL)
+    assert done.returncode == 0, done.stderr
+    done = cli("probe", "-m", "model=gpt", "probe.strategy=binary,halving", *SMALL)
+    assert done.returncode == 0, done.stderr
+    rows = _rows(tmp_path / "sweep")
+    assert [(r["job"], r["overrides"].split()[0]) for r in rows] == [("0", "model=gpt"), ("1", "model=gpt")]
+    assert "2 jobs, 0 failed" in done.stdout
+    assert (tmp_path / "sweep" / "3" / "summary_row.json").is_file()  # the earlier sweep's files are kept

@@ -165,7 +165,7 @@ def test_find_resume_accepts_files_directories_runs_and_latest(tmp_path):
     assert find_resume(str(old.parent), "checkpoints", tmp_path) == old
     assert find_resume("outputs/train/2026-01-01/10-00-00", "checkpoints", tmp_path) == old  # a run directory
     assert find_resume("latest", "checkpoints", tmp_path) == new
-    assert find_resume("latest", "checkpoints", tmp_path, exclude=new.parents[1]) == old
+    assert find_resume("latest", "checkpoints", tmp_path, run_dir=old.parents[1]) == old  # the run's own first
     with pytest.raises(ValueError, match="train.resume='nowhere': no checkpoint"):
         find_resume("nowhere", "checkpoints", tmp_path)
     with pytest.raises(ValueError, match="train.resume=latest: no checkpoint"):
@@ -241,7 +241,7 @@ def test_a_child_probes_parking_is_not_claimed_by_the_training_process(tmp_path,
                           elapsed_s=0.1, margin=0.0, notes=[parked_note(2**20), "kept"],
                           promise={"parked_state_bytes": 2**20})
 
-    def child(command, check):
+    def child(command, check, **kwargs):
         (tmp_path / "result.json").write_text(json.dumps({**written.to_dict(), "command": "x", "config": {}}))
         return subprocess.CompletedProcess(command, 0)
 
@@ -250,3 +250,100 @@ def test_a_child_probes_parking_is_not_claimed_by_the_training_process(tmp_path,
     result = isolated.probe_in_child(tmp_path)
     assert result.batch_size == 7 and result.notes == ["kept"] and result.promise == {}
     assert not any(note.startswith(PARKED) for note in result.notes)
+
+
+def test_resume_latest_continues_the_run_dirs_own_run_and_never_writes_into_another(tmp_path):
+    """``train.resume=latest`` with ``hydra.run.dir`` of a run resumes that run (not the newest
+    elsewhere); without a run dir it finds the newest run at any depth under outputs/train; and
+    another run's checkpoint is never resumed into a directory that holds a run."""
+    args = ["model=mlp", *SMALL[:3], "train.micro_batch=4", "train.checkpoint_every=1", "train.grow_after=0"]
+    run_a, run_b = tmp_path / "outputs" / "train" / "runA", tmp_path / "outputs" / "train" / "runB"
+    for run, steps in ((run_a, 2), (run_b, 3)):
+        done = run_cli("train", *args, f"train.steps={steps}", f"hydra.run.dir={run}", cwd=tmp_path)
+        assert done.returncode == 0, done.stderr
+    os.utime(run_a / "checkpoints" / "last.pt", (time.time() - 100, time.time() - 100))  # runB is the newest
+    b_files = {name: (run_b / name).read_bytes() for name in ("metrics.jsonl", "checkpoints/last.pt")}
+
+    done = run_cli("train", *args, "train.steps=4", "train.resume=latest", f"hydra.run.dir={run_a}", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert f"resumed from {run_a / 'checkpoints' / 'last.pt'} at step 2" in done.stdout
+    assert [m["step"] for m in metrics_of(run_a)] == [1, 2, 3, 4] and load_checkpoint(run_a / "checkpoints")["step"] == 4
+    assert {name: (run_b / name).read_bytes() for name in b_files} == b_files  # runB untouched
+
+    done = run_cli("train", *args, "train.steps=5", "train.resume=latest", cwd=tmp_path)  # a new run dir
+    assert done.returncode == 0, done.stderr
+    assert f"resumed from {run_a / 'checkpoints' / 'last.pt'} at step 4 into a new run directory" in done.stdout
+    (new,) = (tmp_path / "outputs" / "train").glob("*/*/metrics.jsonl")  # outputs/train/<date>/<time>
+    assert [m["step"] for m in metrics_of(new.parent)] == [5]  # its own metrics: none of runA's lines
+
+    before = (run_a / "metrics.jsonl").read_bytes()
+    done = run_cli("train", *args, "train.steps=6", f"train.resume={run_b}", f"hydra.run.dir={run_a}", cwd=tmp_path)
+    assert done.returncode == 2 and "holds another run" in done.stderr and done.stderr.count("\n") == 1, done.stderr
+    assert (run_a / "metrics.jsonl").read_bytes() == before and load_checkpoint(run_a / "checkpoints")["step"] == 4
+
+
+def test_find_resume_latest_prefers_the_run_dir_and_searches_nested_and_absolute_dirs(tmp_path):
+    def checkpoint(path: Path, age: float) -> Path:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(b"x")
+        os.utime(path, (time.time() - age, time.time() - age))
+        return path
+
+    own = checkpoint(tmp_path / "outputs/train/runA/checkpoints/last.pt", age=100)
+    newest = checkpoint(tmp_path / "multirun/train/a/b/c/d/checkpoints/last.pt", age=10)
+    assert find_resume("latest", "checkpoints", tmp_path) == newest  # any depth
+    assert find_resume("latest", "checkpoints", tmp_path, run_dir=own.parents[1]) == own
+    assert find_resume("latest", "checkpoints", tmp_path, run_dir=tmp_path / "fresh") == newest
+    absolute = checkpoint(tmp_path / "elsewhere" / "last.pt", age=50)
+    assert find_resume("latest", str(absolute.parent), tmp_path / "other", run_dir=tmp_path / "fresh") == absolute
+    assert find_resume(str(own.parents[1]), str(absolute.parent), tmp_path) == absolute  # what the run writes
+
+
+def test_an_isolated_probe_imports_the_users_module_under_hydra_job_chdir(cli, tmp_path):
+    """``hydra.job.chdir=true`` moves the job into its run directory; the child probe starts where
+    the command ran, so ``model._target_`` from the user's own package imports there too."""
+    package = tmp_path / "user_models_pkg"
+    package.mkdir()
+    (package / "__init__.py").write_text(
+        "import torch\n"
+        "class Tiny(torch.nn.Module):\n"
+        "    def __init__(self):\n"
+        "        super().__init__()\n"
+        "        self.net = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(16, 10))\n"
+        "    def forward(self, x):\n"
+        "        return self.net(x)\n"
+    )
+    args = ["model=target", "model._target_=user_models_pkg.Tiny", "data.shape=[16]", "device=cpu",
+            "probe.memory_limit=2MiB", "probe.cache=false", "train.steps=2"]
+    done = cli("train", *args, "hydra.job.chdir=true", "probe.isolate=true")
+    assert done.returncode == 0, done.stderr
+    child = json.loads((tmp_path / "run" / "probe" / "result.json").read_text())
+    assert json.loads((tmp_path / "run" / "train_result.json").read_text())["micro_batch"] == child["batch_size"]
+
+
+def test_a_finite_dataset_caps_the_probe_and_the_global_batch(cli, tmp_path):
+    """A batch larger than the dataset would repeat its samples: the probe stops at its length."""
+    done = cli("train", "model=mlp", *SMALL[:3], "data=dataset", "data.dataset.size=64", "train.steps=2", "probe.cache=false")
+    assert done.returncode == 0, done.stderr
+    summary = json.loads((tmp_path / "run" / "train_result.json").read_text())
+    assert summary["probe"]["batch_size"] == summary["global_batch"] == 64
+    assert any("capped at 64, the samples in data.dataset" in note for note in summary["probe"]["notes"])
+    assert [m["samples"] for m in metrics_of(tmp_path / "run")] == [64, 64]
+    assert "global batch 64 = micro-batch 64 x 1" in done.stdout
+
+
+def test_the_probe_cache_key_includes_the_clipping(tmp_path):
+    """The probe step clips like training (train.max_grad_norm); the library's key does not see
+    the clipping, so the CLI adds it to the key."""
+    from hydra import compose, initialize_config_module
+
+    import autobatch.cli  # noqa: F401
+    from autobatch.cli.build import build_workload
+    from autobatch.cli.commands import probe_kwargs
+
+    with initialize_config_module("autobatch.conf", version_base="1.3"):
+        small = ["model=mlp", *SMALL[:3], "device=cpu"]
+        clipped = compose("probe", overrides=[*small, "train.max_grad_norm=1.0"])
+        plain = compose("probe", overrides=small)
+    assert probe_kwargs(clipped, build_workload(clipped))["cache_key"] == {"max_grad_norm": 1.0}
+    assert "cache_key" not in probe_kwargs(plain, build_workload(plain))

@@ -1,0 +1,242 @@
+"""Checks of a composed config that its types cannot make, each a ``ValueError`` naming the key.
+
+:func:`~autobatch.cli.build.validate` runs the checks that need only the config (before
+anything is built); :func:`~autobatch.cli.build.build_workload` runs the others once the
+model and the dataset exist:
+
+* :func:`check_unknown_keys`: a key added with ``+`` to a typed group (``+probe.stratgy=``)
+  would otherwise be carried along and never read. Only a node with a ``_target_`` (a model,
+  an optimizer, a dataset) takes free keys: they are its constructor's arguments, which
+  :func:`check_target_arguments` checks against the constructor's signature instead.
+* :func:`check_sizes`: every integer of the built-in model and data schemas is a size or a
+  count; zero or a negative one builds a model that runs nothing (a probe of ``data.seq_len=0``
+  answers the search's ceiling) or fails deep inside torch.
+* :func:`check_input_shape` / :func:`check_dataset_inputs`: a built-in model takes one kind
+  of input (token ids, or float tensors of a given rank); other data fails inside its forward.
+* :func:`check_checkpoint_modules`: a misspelt block class would wrap nothing and the plan
+  would then fail for a reason that is not the real one.
+* :func:`check_dataset_size`: a batch larger than a finite dataset repeats its samples.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import inspect
+import typing
+from typing import Any, Iterable
+
+import torch
+from omegaconf import DictConfig, ListConfig, OmegaConf
+
+from .config import ModelConfig
+
+__all__ = [
+    "close_match",
+    "check_unknown_keys",
+    "check_sizes",
+    "check_input_shape",
+    "check_target_arguments",
+    "check_dataset_inputs",
+    "check_checkpoint_modules",
+    "check_dataset_size",
+    "schema_of",
+]
+
+
+def close_match(word: str, choices: Iterable[str], prefix: str = "") -> str:
+    """``" (did you mean <prefix>X?)"`` for the choice X closest to ``word``, or ``""``."""
+    found = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
+    return f" (did you mean {prefix}{found[0]}?)" if found else ""
+
+
+def schema_of(node: Any) -> type | None:
+    """The dataclass that types ``node`` (None for an untyped node or a plain value)."""
+    if not isinstance(node, DictConfig):
+        return None
+    schema = OmegaConf.get_type(node)
+    return schema if isinstance(schema, type) and dataclasses.is_dataclass(schema) else None
+
+
+def _takes_free_keys(schema: type) -> bool:
+    """A ``_target_`` node's other keys are its constructor's arguments, any the target takes."""
+    return any(field.name == "_target_" for field in dataclasses.fields(schema))
+
+
+def check_unknown_keys(node: Any, prefix: str = "") -> None:
+    """Raise ``ValueError`` for a key of a typed node that its schema does not define (only a
+    ``+key=`` override can add one), with the closest defined key; recurse into typed children."""
+    schema = schema_of(node)
+    if schema is None:
+        return
+    fields = [field.name for field in dataclasses.fields(schema)]
+    if not _takes_free_keys(schema):
+        for key in node.keys():
+            if key not in fields:
+                where = prefix.rstrip(".") or "the top level"
+                raise ValueError(
+                    f"+{prefix}{key}: {where} has no key {key!r}"
+                    f"{close_match(str(key), fields, prefix)}; "
+                    "+ adds keys only to a _target_ (model, optimizer, data.dataset), whose constructor takes them"
+                )
+    for key in fields:
+        child = None if OmegaConf.is_missing(node, key) else node[key]
+        if isinstance(child, DictConfig):
+            check_unknown_keys(child, f"{prefix}{key}.")
+
+
+def _int_kind(hint: Any) -> str | None:
+    """``"int"`` for an ``int`` or ``Optional[int]`` field, ``"list"`` for ``List[int]``."""
+    if hint is int:
+        return "int"
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin is typing.Union and set(args) == {int, type(None)}:
+        return "int"
+    if origin is list and args == (int,):
+        return "list"
+    return None
+
+
+def check_sizes(cfg: DictConfig) -> None:
+    """Every integer of the typed ``data`` and ``model`` nodes (sizes and counts: ``seq_len``,
+    ``vocab_size``, ``layers``, ``width``, each entry of ``shape``...) must be positive."""
+    for group in ("data", "model"):
+        node = cfg.get(group)
+        schema = schema_of(node)
+        if schema is None:
+            continue
+        hints = typing.get_type_hints(schema)
+        for field in dataclasses.fields(schema):
+            kind = _int_kind(hints.get(field.name))
+            if kind is None or OmegaConf.is_missing(node, field.name):
+                continue
+            value = node[field.name]
+            values = list(value) if kind == "list" and value is not None else [value]
+            if any(v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1) for v in values):
+                shown = OmegaConf.to_container(value) if isinstance(value, ListConfig) else value
+                what = "positive integers" if kind == "list" else "a positive integer"
+                null = " or null" if field.default is None else ""
+                raise ValueError(f"{group}.{field.name} must be {what}{null}, got {shown}")
+    data = cfg.data
+    if data.get("min_seq_len") is not None and data.min_seq_len > data.seq_len:
+        raise ValueError(f"data.min_seq_len={data.min_seq_len} is larger than data.seq_len={data.seq_len}; lower it")
+
+
+def _input_kind(cfg: DictConfig) -> tuple[str, tuple[str, ...] | None] | None:
+    """What a built-in model takes: (``tensor`` or ``tokens``, the names of its per-sample
+    dimensions when it needs a fixed number); None for a ``_target_`` model (unknown)."""
+    schema = schema_of(cfg.model)
+    if schema is None or schema is ModelConfig:  # any nn.Module: what it takes is its own business
+        return None
+    kind = getattr(cfg.model.inputs, "name", str(cfg.model.inputs))
+    default = {f.name: f.default for f in dataclasses.fields(schema)}["inputs"]
+    if kind != default.name:
+        raise ValueError(f"model.inputs={kind}: {schema.__name__.removesuffix('Config')} takes {default.name}; drop model.inputs")
+    return kind, getattr(schema, "INPUT_DIMS", None)
+
+
+def _dims_text(dims: tuple[str, ...]) -> str:
+    return f"{len(dims)} dimensions [{', '.join(dims)}]"
+
+
+def check_input_shape(cfg: DictConfig) -> None:
+    """Synthetic tensor data of a built-in model that needs a fixed rank (the CNN: ``[channels,
+    height, width]``) must have that many ``data.shape`` entries."""
+    found = _input_kind(cfg)
+    if found is None or cfg.data.dataset is not None:
+        return
+    kind, dims = found
+    shape = list(cfg.data.shape)
+    if kind == "tensor" and dims is not None and len(shape) != len(dims):
+        raise ValueError(
+            f"data.shape={shape} does not suit model._target_={cfg.model._target_}, which takes "
+            f"{_dims_text(dims)}; give data.shape {len(dims)} entries"
+        )
+
+
+def check_dataset_inputs(cfg: DictConfig, dataset: Any) -> None:
+    """A ``_target_`` dataset's inputs (its first sample's) must suit a built-in model: token
+    ids (integers) for ``tokens``, floating tensors of the model's rank for ``tensor``."""
+    found = _input_kind(cfg)
+    sample = dataset[0] if len(dataset) else None
+    inputs = sample[0] if isinstance(sample, (tuple, list)) and sample else None
+    if found is None or not isinstance(inputs, torch.Tensor):
+        return  # a _target_ model takes what its dataset gives; anything else is for collate to judge
+    kind, dims = found
+    what = f"{str(inputs.dtype).replace('torch.', '')} tensors of shape {list(inputs.shape)}"
+    target = cfg.model._target_
+    if kind == "tokens" and inputs.is_floating_point():
+        raise ValueError(f"model._target_={target} takes token ids but data.dataset's inputs are {what}; "
+                         "use a tensor model (model=mlp, model=cnn) or a dataset of token ids")
+    if kind == "tensor" and not inputs.is_floating_point():
+        raise ValueError(f"model._target_={target} takes float tensors but data.dataset's inputs are {what}; "
+                         "use a token model (model=gpt) or a dataset of float inputs")
+    if kind == "tensor" and dims is not None and inputs.dim() != len(dims):
+        raise ValueError(f"model._target_={target} takes {_dims_text(dims)} but data.dataset's inputs are {what}")
+
+
+def _parameters(target: Any) -> tuple[list[str], bool] | None:
+    """(the named arguments ``target`` takes, whether it also takes ``**kwargs``); None when its
+    signature cannot be read (some C extensions)."""
+    try:
+        signature = inspect.signature(target)
+    except (TypeError, ValueError):
+        return None
+    names = [p.name for p in signature.parameters.values() if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+    return names, any(p.kind == p.VAR_KEYWORD for p in signature.parameters.values())
+
+
+def check_target_arguments(key: str, node: DictConfig, target: Any, *, own: Iterable[str] = ()) -> None:
+    """Every key of the ``_target_`` node ``key`` (but ``_target_`` and the CLI's ``own`` keys)
+    must be an argument of ``target``, unless it takes ``**kwargs``. Catches a misspelt
+    ``+model.widht=`` and keys left by a group option after ``key._target_`` changed
+    (``optimizer._target_=torch.optim.Adagrad`` keeps adamw's ``betas``)."""
+    found = _parameters(target)
+    if found is None or found[1]:
+        return
+    names = found[0]
+    skip = {"_target_", "_convert_", "_recursive_", "_partial_", "_args_", *own}
+    for name in node.keys():
+        if name in skip or name in names:
+            continue
+        hint = close_match(str(name), names)
+        option = " or start from optimizer=target (only _target_ and lr)" if key == "optimizer" else ""
+        raise ValueError(
+            f"{key}.{name} is not an argument of {node._target_}{hint}; its arguments: "
+            f"{', '.join(n for n in names if n not in ('self', 'params')) or 'none'}. Remove it with ~{key}.{name}{option}"
+        )
+
+
+def check_checkpoint_modules(cfg: DictConfig, model: torch.nn.Module) -> None:
+    """Each class name in ``plan.checkpoint_modules`` must be the class (or a base class) of a
+    module of ``model``, as activation checkpointing matches them."""
+    wanted = list(cfg.plan.checkpoint_modules) if "plan" in cfg else []
+    if not wanted:
+        return
+    present: dict[str, None] = {}
+    matched: set[str] = set()
+    for module in model.modules():
+        present.setdefault(type(module).__name__)
+        matched.update(cls.__name__ for cls in type(module).__mro__)
+    missing = [name for name in wanted if name not in matched]
+    if missing:
+        raise ValueError(
+            f"plan.checkpoint_modules: no module of class {missing[0]!r} in the model{close_match(missing[0], present)}; "
+            f"its module classes: {', '.join(present)}"
+        )
+
+
+def check_dataset_size(cfg: DictConfig, size: int, world: int = 1) -> None:
+    """Batches larger than a finite dataset of ``size`` samples would repeat samples: the
+    global batch (``train.global_batch``, else ``train.micro_batch`` times the ranks) and the
+    probe's first size must fit in it. (The probe's largest size is capped at it.)"""
+    train = cfg.train
+    checks = [("train.global_batch", train.global_batch, 1)]
+    if train.global_batch is None:
+        checks.append(("train.micro_batch", train.micro_batch, world))
+    checks += [("probe.start", cfg.probe.start, world), ("probe.multiple_of", cfg.probe.multiple_of, world)]
+    for key, value, per in checks:
+        if value is not None and value * per > size:
+            ranks = f" over {world} ranks" if per > 1 else ""
+            raise ValueError(f"{key}={value}{ranks} is larger than data.dataset ({size} samples); a batch cannot hold "
+                             f"more samples than the dataset has, lower {key}")
