@@ -251,13 +251,31 @@ def _prepare(cfg: DictConfig, workload: Workload, out_dir: Path, command: str,
     return dict(global_batch=global_batch, micro_batch=micro, max_micro_batch=ceiling, plan=planned, probe=result, notes=notes)
 
 
+def _agreed_resume_target(value: str, checkpoint_dir: str, base: Path, out_dir: Path) -> tuple[Path, bool]:
+    """The checkpoint to resume and whether it is the run directory's own, judged by every rank
+    before any rank writes into the shared run directory (one sync point under ``torchrun``):
+    without it, rank 0 went on and made ``metrics.jsonl`` while a later rank still looked, and
+    took it for another run's."""
+    try:
+        path = find_resume(value, checkpoint_dir, base, run_dir=out_dir)
+        own, error = check_resume_target(path, out_dir, checkpoint_dir, value), None  # never another run's files
+    except ValueError as exc:
+        error = exc
+    if dist_sync.is_distributed():
+        refused = [index for index, row in enumerate(dist_sync.exchange([int(error is not None)], "cli: resume target")) if row[0]]
+        if refused and error is None:
+            raise ValueError(f"train.resume={value}: rank {refused[0]} refused it (its message says why)")
+    if error is not None:
+        raise error
+    return path, own
+
+
 def _resume_from(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
     """Resume: the checkpoint's global batch (no probe, no plan; the runner restores the
     micro-batch, the checkpointing wrap and the RNG)."""
     base = Path(HydraConfig.get().runtime.cwd)
     value = str(cfg.train.resume)
-    path = find_resume(value, cfg.train.checkpoint_dir, base, run_dir=out_dir)
-    own = check_resume_target(path, out_dir, cfg.train.checkpoint_dir, value)  # never another run's files
+    path, own = _agreed_resume_target(value, cfg.train.checkpoint_dir, base, out_dir)
     state = read_checkpoint(path, sharded=bool(cfg.train.get("fsdp")))
     global_batch = int(state["result"]["global_batch"])
     wanted = cfg.train.global_batch

@@ -299,6 +299,24 @@ def test_find_resume_latest_prefers_the_run_dir_and_searches_nested_and_absolute
     assert find_resume(str(own.parents[1]), str(absolute.parent), tmp_path) == absolute  # what the run writes
 
 
+def test_every_rank_judges_the_resume_target_before_any_rank_writes(tmp_path, monkeypatch):
+    """Under torchrun rank 0 made metrics.jsonl while a later rank still checked the shared run
+    directory, which then looked like another run's: every rank checks, then one sync point
+    (a refusal on any rank stops every rank, each with a message)."""
+    from autobatch.cli import commands
+
+    run = tmp_path / "outputs/train/runA"
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "checkpoints/last.pt").write_bytes(b"x")
+    calls = []
+    monkeypatch.setattr(commands.dist_sync, "is_distributed", lambda: True)
+    monkeypatch.setattr(commands, "check_resume_target", lambda *a: calls.append("check") or False)
+    monkeypatch.setattr(commands.dist_sync, "exchange", lambda values, label: calls.append(label) or [values, [1]])
+    with pytest.raises(ValueError, match="rank 1 refused it"):
+        commands._agreed_resume_target(str(run), "checkpoints", tmp_path, tmp_path / "new")
+    assert calls == ["check", "cli: resume target"]
+
+
 def test_an_isolated_probe_imports_the_users_module_under_hydra_job_chdir(cli, tmp_path):
     """``hydra.job.chdir=true`` moves the job into its run directory; the child probe starts where
     the command ran, so ``model._target_`` from the user's own package imports there too."""
