@@ -245,7 +245,25 @@ def mismatched(rank: int, world: int, out: Path) -> dict:
     return {"error": None}
 
 
-SCENARIOS = {"probe": probe, "ddp_probe": ddp_probe, "ddp_squeeze": ddp_squeeze, "faults": faults, "ddp_faults": ddp_faults, "ddp_stalled": ddp_stalled, "peer_error": peer_error, "skipped_sync": skipped_sync, "mismatched": mismatched}
+def ddp_resume(rank: int, world: int, out: Path) -> dict:
+    """Dropout seeded per rank through DDP: 4 steps at once, and 2 steps then a resume to 4,
+    end with the same weights on each rank (each rank's random state is in the checkpoint)."""
+    final = {}
+    for name, stop, resume in (("whole", None, None), ("half", 2, None), ("resumed", None, out / "ckpt_half")):
+        torch.manual_seed(0)
+        model = torch.nn.parallel.DistributedDataParallel(make_model(width=16, dropout=0.3).to(device()))
+        optimizer = torch.optim.AdamW(model.parameters(), lr=0.05)
+        torch.manual_seed(100 + rank)  # each rank its own masks, as training scripts seed
+        data = [tuple(t.to(device()) for t in _share(batch, rank, world)) for batch in make_data(64, 16)]
+        checkpoints = out / ("ckpt_whole" if name == "whole" else "ckpt_half")
+        runner = Runner(model, optimizer, mse, global_batch=16, micro_batch=8, progress=False, log_every=None,
+                        checkpoint_dir=checkpoints)
+        runner.fit(data, steps=stop, resume=resume)
+        final[name] = [p.detach().cpu().tolist() for p in runner._train_step.model.parameters()]
+    return {"same": final["whole"] == final["resumed"], "moved": final["whole"] != final["half"]}
+
+
+SCENARIOS = {"ddp_resume": ddp_resume, "probe": probe, "ddp_probe": ddp_probe, "ddp_squeeze": ddp_squeeze, "faults": faults, "ddp_faults": ddp_faults, "ddp_stalled": ddp_stalled, "peer_error": peer_error, "skipped_sync": skipped_sync, "mismatched": mismatched}
 
 
 if __name__ == "__main__":

@@ -194,6 +194,9 @@ class FsdpDataParallel(DataParallel):
     def is_rank_zero(self) -> bool:
         return self.fallback.is_rank_zero()
 
+    def rank(self) -> int:
+        return self.fallback.rank()
+
     def local_module(self, model: torch.nn.Module) -> torch.nn.Module:
         return model if is_fsdp(model) else self.fallback.local_module(model)
 

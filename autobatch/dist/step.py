@@ -154,6 +154,9 @@ class CollectiveDataParallel(DataParallel):
     def is_rank_zero(self) -> bool:
         return dist_sync.is_rank_zero()
 
+    def rank(self) -> int:
+        return dist_sync.rank()
+
     def local_module(self, model: torch.nn.Module) -> torch.nn.Module:
         return model if ddp_supported(model) else unwrap(model)
 

@@ -29,6 +29,9 @@ class DataParallel:
     def is_rank_zero(self) -> bool:
         return True
 
+    def rank(self) -> int:
+        return 0
+
     def local_module(self, model: torch.nn.Module) -> torch.nn.Module:
         """The module the runner's step runs forward and backward on: the data-parallel
         wrapper itself when its collectives are driven safely (DDP through

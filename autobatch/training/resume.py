@@ -10,6 +10,7 @@ as the run that was interrupted: the global generators' and a data loader's own
 
 from __future__ import annotations
 
+import io
 import itertools
 import logging
 import os
@@ -51,9 +52,13 @@ class Resumable:
             path = sharded_path(path)
         else:
             self.result.checkpoint_path = str(Path(path))
+        ranks = None if sharded else self._ranks_random_states()  # a sync point of every rank
         if not sharded and not self._parallel.is_rank_zero():
-            return Path(path)  # rank 0 writes; every rank holds the same state
-        written = save_checkpoint(self.state_dict(), path)
+            return Path(path)  # rank 0 writes; every rank holds the same state but its random one
+        state = self.state_dict()
+        if ranks is not None:
+            state["rng_ranks"] = ranks
+        written = save_checkpoint(state, path)
         if sharded:  # the set is whole (every rank's file of this step) before any rank goes on
             self._parallel.exchange([self.step], "checkpoint: every rank's shards written")
         log.debug("checkpoint at step %d written to %s", self.step, written)
@@ -80,6 +85,19 @@ class Resumable:
             "checkpointed_modules": None if self.checkpoint_handle is None else self.checkpoint_handle.modules,
             "result": self.result.to_dict(),
         }
+
+    def _ranks_random_states(self) -> list[dict[str, Any]] | None:
+        """Every rank's random states (now, and at the epoch's start), gathered for rank 0's
+        checkpoint; None in one process. Ranks draw their own (dropout seeded per rank): restoring
+        rank 0's on every rank made a resumed run's masks differ from the uninterrupted run's."""
+        if self._parallel.world_size() <= 1:
+            return None
+        buffer = io.BytesIO()
+        torch.save({"rng": rng_state(self._data_generators), "epoch_rng": self._epoch_rng}, buffer)
+        mine = buffer.getvalue()
+        lengths = [row[0] for row in self._parallel.exchange([len(mine)], "checkpoint: random state sizes")]
+        rows = self._parallel.exchange(list(mine.ljust(max(lengths), b"\0")), "checkpoint: random states")
+        return [torch.load(io.BytesIO(bytes(row[:n])), weights_only=True) for row, n in zip(rows, lengths)]
 
     def _after_step(self, loss: float | torch.Tensor, size: int, progress: Progress, on_step_end) -> None:
         self.step += 1
@@ -177,7 +195,10 @@ class Resumable:
         self.micro_batch = state["micro_batch"]
         self.initial_micro_batch = self.initial_micro_batch or self.micro_batch
         self.growth.load_state_dict(state["growth"])
-        self._epoch_rng = state["epoch_rng"]
+        self._epoch_rng, rng = state["epoch_rng"], state["rng"]
+        ranks = state.get("rng_ranks")  # each rank's own random states, where the run had them
+        if ranks is not None and len(ranks) == self._parallel.world_size():
+            self._epoch_rng, rng = ranks[self._parallel.rank()]["epoch_rng"], ranks[self._parallel.rank()]["rng"]
         previous = RunResult.from_dict(state["result"])
         self.result.oom_recoveries = previous.oom_recoveries
         self.result.grow_attempts = previous.grow_attempts
@@ -186,8 +207,8 @@ class Resumable:
         self.result.skipped_steps = previous.skipped_steps
         self.result.resumed_from = {"path": str(path), "step": self.step, "epoch": self.epoch, "position": self.position}
         log.info("resumed from %s at step %d (epoch %d, batch %d), micro-batch %d", path, self.step, self.epoch, self.position, self.micro_batch)
-        set_rng_state(state["rng"], self._data_generators)
-        return state["rng"]
+        set_rng_state(rng, self._data_generators)
+        return rng
 
 
 def epoch_length(data: Iterable[Any], epochs: int | None) -> int | None:

@@ -35,7 +35,7 @@ def shared(tmp_path_factory, key: str, *scenarios: str, **env: str) -> tuple[dic
 
 
 #: the scenarios that run in one launch without special settings
-PLAIN = ("probe", "faults", "peer_error", "mismatched", "ddp_squeeze")
+PLAIN = ("probe", "faults", "peer_error", "mismatched", "ddp_squeeze", "ddp_resume")
 #: through DDP's reducer, with a 60 s deadline
 DDP = ("ddp_faults", "ddp_probe")
 
@@ -213,3 +213,10 @@ def test_a_group_joined_from_the_environment_is_torn_down_at_exit_so_torchrun_re
         assert run.returncode == 0, out[-2000:]
     sums = [path.read_text() for path in tmp_path.glob("rank*-*")]
     assert sorted(sums) == ["2.0"] * 12  # six runs of two ranks, each summed with its peer
+
+
+def test_a_ddp_resume_restores_each_ranks_own_random_state(tmp_path_factory):
+    """Dropout masks drawn per rank: a run resumed from rank 0's checkpoint ends with the
+    uninterrupted run's weights on every rank (each rank's random state was restored, not rank 0's)."""
+    reports = shared(tmp_path_factory, "plain", *PLAIN)[0]["ddp_resume"]
+    assert all(report["same"] and report["moved"] for report in reports), reports
