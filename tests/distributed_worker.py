@@ -68,7 +68,36 @@ def ddp_probe(rank: int, world: int, out: Path) -> dict:
         step = TrainStep(ddp if wrapped else model, optimizer, hungry_mse, make_batch)
         result = find_max_batch(step, strategy="binary", memory_limit=limit, steps_per_trial=2, max_batch=256, cache=False)
         answers["ddp" if wrapped else "local"] = {"batch_size": result.batch_size, "trials": [t.batch_size for t in result.trials]}
+    answers["trained"] = _ddp_answer_trains(rank, world)
     return answers
+
+
+def _ddp_answer_trains(rank: int, world: int) -> dict:
+    """Parameters as large as the activations: DDP's gradient buckets (and their rebuild after
+    the first step) take room the local module's step does not; the DDP probe's answer must
+    train through DDP under the same budget with no recovery."""
+    from autobatch import simulated_memory
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(32, 256), torch.nn.ReLU(), torch.nn.Linear(256, 256), torch.nn.ReLU(),
+                                torch.nn.Linear(256, 10)).to(device())
+    ddp = torch.nn.parallel.DistributedDataParallel(model)
+    optimizer = torch.optim.AdamW(ddp.parameters())
+
+    def loss_fn(module, batch):
+        return torch.nn.functional.cross_entropy(module(batch[0]), batch[1])
+
+    def make_batch(size: int):
+        return torch.randn(size, 32), torch.randint(0, 10, (size,))
+
+    answer = find_max_batch(TrainStep(ddp, optimizer, loss_fn, make_batch), memory_limit="4MiB", cache=False).batch_size
+    generator = torch.Generator().manual_seed(3 + rank)
+    data = [(torch.randn(answer, 32, generator=generator), torch.randint(0, 10, (answer,), generator=generator)) for _ in range(4)]
+    with simulated_memory("4MiB"):
+        runner = Runner(ddp, optimizer, loss_fn, global_batch=answer * world, micro_batch=answer, grow_after=None,
+                        progress=False, log_every=None)
+        result = runner.fit(data)
+    return {"answer": answer, "recoveries": result.oom_recoveries}
 
 
 def ddp_squeeze(rank: int, world: int, out: Path) -> dict:

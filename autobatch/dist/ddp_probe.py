@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import copy
 
-from torch.utils._python_dispatch import is_in_torch_dispatch_mode
+import torch
 
 from ..memory.oom import free_memory
 from ..probe.train_step import TrainStep
@@ -24,6 +24,14 @@ from .ddp_step import complete_buckets, ledger_for, run_prologue
 from .votes import keep, vote
 
 __all__ = ["DDPProbeStep"]
+
+
+def _tracing_fakes() -> bool:
+    """Whether a fake-tensor trace (the estimator's) is running. Not any dispatch mode: the CPU's
+    simulated device is one too, and under it the trials must run DDP itself (the test of
+    "is any mode active" ran every simulated trial on the local module, so DDP's buckets and
+    their rebuild were never measured: the answer then ran out of memory in DDP training)."""
+    return torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.FAKE) is not None
 
 
 class DDPProbeStep(TrainStep):
@@ -39,7 +47,7 @@ class DDPProbeStep(TrainStep):
         )
 
     def __call__(self, batch_size: int) -> None:
-        if is_in_torch_dispatch_mode():  # the estimator's fake tracing: no collective can run
+        if _tracing_fakes():  # the estimator's fake tracing: no collective can run
             local = copy.copy(self)
             local.model = self.model.module
             TrainStep.__call__(local, batch_size)

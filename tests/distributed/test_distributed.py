@@ -123,11 +123,14 @@ def test_ddp_recovers_an_oom_inside_the_last_backward_and_the_optimizer_step(tmp
 def test_the_probe_measures_the_ddp_step_in_lockstep(tmp_path_factory):
     """find_max_batch on a DDP TrainStep runs the real DDP step (trials fail on every rank
     together when one rank's budget is exceeded) and agrees with the local-module probe here
-    (the buckets of so small a model are a few KiB)."""
+    (the buckets of so small a model are a few KiB); with parameters as large as the
+    activations its answer trains through DDP under the same budget."""
     reports = shared(tmp_path_factory, "ddp", *DDP, SYNC_TIMEOUT="60")[0]["ddp_probe"]
     assert reports[0]["ddp"] == reports[1]["ddp"]
     assert reports[0]["ddp"]["batch_size"] <= reports[0]["local"]["batch_size"]
     assert reports[0]["ddp"]["batch_size"] > 1
+    # the probe runs DDP itself under the simulated device too: its answer trains through DDP
+    assert all(report["trained"]["recoveries"] == [] for report in reports), [r["trained"] for r in reports]
 
 
 def test_ddp_a_rank_that_stops_coming_is_a_clear_error_not_a_hang(tmp_path):

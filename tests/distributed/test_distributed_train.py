@@ -99,7 +99,9 @@ def test_two_ranks_train_disjoint_shares_and_rank_zero_writes(tmp_path, referenc
     assert summary["samples"] == STEPS * 16 and summary["ranks"] == 2 and summary["per_rank_batch"] == 8
 
     # every epoch: each sample trained exactly once, by one rank; a new order each epoch
-    served = {rank: [int(i) for i in (records / f"rank{rank}.txt").read_text().split()] for rank in (0, 1)}
+    read = {rank: [int(i) for i in (records / f"rank{rank}.txt").read_text().split()] for rank in (0, 1)}
+    assert read[0][0] == read[1][0] == 0  # each rank reads the first sample once to check the model's input kind
+    served = {rank: indices[1:] for rank, indices in read.items()}
     assert len(served[0]) == len(served[1]) == 2 * 32
     epochs = [[served[rank][e * 32 : (e + 1) * 32] for rank in (0, 1)] for e in (0, 1)]
     for first, second in epochs:
