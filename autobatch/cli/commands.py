@@ -69,9 +69,7 @@ def probe_kwargs(cfg: DictConfig, workload: Workload) -> dict[str, Any]:
     :func:`autobatch.plan` passes on to it).
 
     A finite ``data.dataset`` caps ``max_batch`` at its length (its share of it under
-    ``torchrun``): a larger batch would repeat samples, and training could never take it. The
-    probe step clips as training does (``train.max_grad_norm``), which the probe cache's own
-    key does not see, so it goes into the key."""
+    ``torchrun``): a larger batch would repeat samples, and training could never take it."""
     probe = cfg.probe
     cache: bool | str = bool(probe.cache)
     if cache and probe.cache_dir is not None:
@@ -91,8 +89,6 @@ def probe_kwargs(cfg: DictConfig, workload: Workload) -> dict[str, Any]:
     cap = dataset_cap(workload)
     if cap is not None and (probe.max_batch is None or probe.max_batch > cap):
         kwargs["max_batch"] = cap
-    if workload.probe_step.max_grad_norm is not None:
-        kwargs["cache_key"] = {"max_grad_norm": workload.probe_step.max_grad_norm}
     return kwargs
 
 

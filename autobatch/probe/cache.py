@@ -171,6 +171,7 @@ def step_components(step: TrainStep) -> dict[str, Any]:
             "autocast": str(step.autocast_dtype) if step.autocast_dtype is not None else None,
             "grad_scaler": type(step.grad_scaler).__qualname__ if step.grad_scaler is not None else None,
         },
+        "clipping": step.max_grad_norm,  # clip_grad_norm_ allocates the norms of every gradient
     }
 
 

@@ -348,20 +348,3 @@ def test_a_finite_dataset_caps_the_probe_and_the_global_batch(cli, tmp_path):
     assert any("capped at 64, the samples in data.dataset" in note for note in summary["probe"]["notes"])
     assert [m["samples"] for m in metrics_of(tmp_path / "run")] == [64, 64]
     assert "global batch 64 = micro-batch 64 x 1" in done.stdout
-
-
-def test_the_probe_cache_key_includes_the_clipping(tmp_path):
-    """The probe step clips like training (train.max_grad_norm); the library's key does not see
-    the clipping, so the CLI adds it to the key."""
-    from hydra import compose, initialize_config_module
-
-    import autobatch.cli  # noqa: F401
-    from autobatch.cli.build import build_workload
-    from autobatch.cli.commands import probe_kwargs
-
-    with initialize_config_module("autobatch.conf", version_base="1.3"):
-        small = ["model=mlp", *SMALL[:3], "device=cpu"]
-        clipped = compose("probe", overrides=[*small, "train.max_grad_norm=1.0"])
-        plain = compose("probe", overrides=small)
-    assert probe_kwargs(clipped, build_workload(clipped))["cache_key"] == {"max_grad_norm": 1.0}
-    assert "cache_key" not in probe_kwargs(plain, build_workload(plain))

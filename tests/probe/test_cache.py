@@ -83,6 +83,8 @@ def _variant(name: str):
         step.model[1].inplace = True  # ReLU(inplace=True) keeps one activation fewer
     elif name == "eval-mode":
         step.model.eval()
+    elif name == "clipping":
+        step.max_grad_norm = 1.0
     elif name == "precision":
         step.autocast_dtype = torch.bfloat16
     elif name == "checkpointing":
@@ -106,7 +108,7 @@ def _variant(name: str):
 
 
 COMPONENTS = [
-    "model-shape", "param-dtype", "structure", "module-setting", "eval-mode", "input-shape", "optimizer", "precision",
+    "model-shape", "param-dtype", "structure", "module-setting", "eval-mode", "clipping", "input-shape", "optimizer", "precision",
     "checkpointing",
     "memory-cap", "strategy", "margin", "multiple_of", "steps_per_trial", "max_batch",
 ]
