@@ -75,7 +75,9 @@ def _matches(module: nn.Module, targets: tuple[Any, ...]) -> bool:
 
 def find_blocks(model: nn.Module, targets: Iterable[str | type] | None = None) -> list[str]:
     """Qualified names of the modules :func:`enable_checkpointing` would wrap (see the module
-    docstring for the rule); ``""`` names the model itself."""
+    docstring for the rule); ``""`` names the model itself. ``ValueError`` when ``targets``
+    are given and match no module (a misspelt class would wrap nothing, and the run would
+    then fail for another reason)."""
     wanted = None if targets is None else tuple([targets] if isinstance(targets, (str, type)) else targets)
     found: list[str] = []
 
@@ -95,6 +97,11 @@ def find_blocks(model: nn.Module, targets: Iterable[str | type] | None = None) -
                 visit(child, qualified)
 
     visit(model, "")
+    if wanted is not None and not found:
+        classes = sorted({cls.__name__ for module in model.modules() for cls in type(module).__mro__[:-2]})
+        names = [target if isinstance(target, str) else target.__name__ for target in wanted]
+        raise ValueError(f"checkpoint targets {names} match no module of the model; its module classes: "
+                         f"{', '.join(classes)}")
     return found
 
 

@@ -40,7 +40,7 @@ from ..probe.find import find_max_batch
 from ..probe.result import ProbeResult
 from ..probe.train_step import TrainStep
 from .accumulation import AccumulatingStep, micro_batch_sizes
-from .checkpointing import CheckpointHandle, enable_checkpointing, is_checkpointed
+from .checkpointing import CheckpointHandle, enable_checkpointing, find_blocks, is_checkpointed
 from .fastest import ThroughputObjective
 from .plan_result import Plan, candidates_table, short_list
 from .throughput import balanced_micro_batch, validate_timing
@@ -111,6 +111,8 @@ def plan(
             is not allowed.
     """
     _validate(step, global_batch, objective, probe_kwargs)
+    if checkpoint_targets is not None:
+        find_blocks(step.model, checkpoint_targets)  # targets that match nothing: a ValueError now, not a wrong plan
     timing = dict(
         warmup_steps=warmup_steps, timed_steps=timed_steps, retime_rounds=retime_rounds, retime_within=retime_within
     )

@@ -37,7 +37,7 @@ from .. import checks
 from ..errors import StepOutOfMemoryError
 from ..memory.oom import is_oom_error
 from ..planning.accumulation import LazyMicroBatches, accumulated_step, batch_size_of, micro_batch_sizes, split_batch
-from ..planning.checkpointing import CheckpointHandle
+from ..planning.checkpointing import CheckpointHandle, find_blocks
 from ..probe.train_step import TrainStep
 from . import ranks
 from .batch_ops import to_device
@@ -171,6 +171,8 @@ class Runner(OomRecovery, Resumable, PlansFromData):
         self.buffers = BufferGuard(model)  # what forward changed (BatchNorm statistics), undone on a replay
         self.checkpointing_fallback = checkpointing_fallback
         self.checkpoint_targets = checkpoint_targets
+        if checkpoint_targets is not None:  # targets that match nothing fail now, not at an OOM mid-run
+            find_blocks(model, checkpoint_targets)
         self.hygiene = CachePolicy(empty_cache_every, empty_cache_threshold, device=self.device)
         self.checkpoint_dir = None if checkpoint_dir is None else Path(checkpoint_dir)
         self.checkpoint_every = checkpoint_every or None

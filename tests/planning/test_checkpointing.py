@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 
+import pytest
 import torch
 from torch import nn
 
@@ -111,3 +112,17 @@ def test_checkpointing_lowers_the_simulated_peak():
     with enable_checkpointing(model):
         wrapped = peak()
     assert wrapped < plain / 2
+
+
+def test_targets_that_match_no_module_are_one_clear_error():
+    """A misspelt block class wrapped nothing; the plan then failed blaming something else."""
+    import autobatch
+
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU(), torch.nn.Linear(4, 1))
+    with pytest.raises(ValueError, match=r"\['Linearr'\] match no module of the model; its module classes: Linear, ReLU"):
+        enable_checkpointing(model, ["Linearr"])
+    step = autobatch.TrainStep(model, torch.optim.SGD(model.parameters(), lr=0.1), lambda m, x: m(x).sum(), torch.randn)
+    with pytest.raises(ValueError, match="match no module"):
+        autobatch.plan(step, global_batch=4, checkpoint_targets=["Linearr"], memory_limit="1MiB")
+    with pytest.raises(ValueError, match="match no module"):
+        autobatch.Runner(model, step.optimizer, step.loss_fn, global_batch=4, checkpoint_targets=["Linearr"])
