@@ -40,7 +40,7 @@ from . import ranks
 from .errors import cli_keys, reported
 from .isolated import isolate_probe, probe_in_child
 from .sharding import per_rank_batch
-from .training import FINAL_MODEL, METRICS, check_resume_target, find_resume, rank_fields, read_checkpoint, run_training
+from .training import FINAL_MODEL, METRICS, check_fresh_target, check_resume_target, find_resume, rank_fields, read_checkpoint, run_training
 
 __all__ = ["COMMANDS", "probe_task", "train_task", "run_app", "run_probe", "run_plan", "probe_kwargs"]
 
@@ -252,18 +252,27 @@ def _agreed_resume_target(value: str, checkpoint_dir: str, base: Path, out_dir: 
     before any rank writes into the shared run directory (one sync point under ``torchrun``):
     without it, rank 0 went on and made ``metrics.jsonl`` while a later rank still looked, and
     took it for another run's."""
-    try:
+    def judge() -> tuple[Path, bool]:
         path = find_resume(value, checkpoint_dir, base, run_dir=out_dir)
-        own, error = check_resume_target(path, out_dir, checkpoint_dir, value), None  # never another run's files
+        return path, check_resume_target(path, out_dir, checkpoint_dir, value)  # never another run's files
+
+    return _on_every_rank(judge, "cli: resume target", f"train.resume={value}")
+
+
+def _on_every_rank(judge: Callable[[], Any], label: str, what: str) -> Any:
+    """``judge()`` on every rank, then one sync point: a ``ValueError`` on any rank stops every
+    rank (the others say which rank refused), and no rank goes on while another still judges."""
+    try:
+        answer, error = judge(), None
     except ValueError as exc:
-        error = exc
+        answer, error = None, exc
     if dist_sync.is_distributed():
-        refused = [index for index, row in enumerate(dist_sync.exchange([int(error is not None)], "cli: resume target")) if row[0]]
+        refused = [index for index, row in enumerate(dist_sync.exchange([int(error is not None)], label)) if row[0]]
         if refused and error is None:
-            raise ValueError(f"train.resume={value}: rank {refused[0]} refused it (its message says why)")
+            raise ValueError(f"{what}: rank {refused[0]} refused it (its message says why)")
     if error is not None:
         raise error
-    return path, own
+    return answer
 
 
 def _resume_from(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
@@ -297,6 +306,9 @@ def train_task(cfg: DictConfig) -> dict[str, Any]:
         if cfg.train.global_batch is not None:  # before any probe: a config error, at once
             per_rank_batch(int(cfg.train.global_batch), dist_sync.world_size())
         child_result = None
+        if cfg.train.resume is None:  # before any probe: never over an earlier run's files
+            _on_every_rank(lambda: check_fresh_target(out_dir, cfg.train.checkpoint_dir), "cli: run directory free",
+                           f"hydra.run.dir={out_dir}")
         if cfg.train.resume is None and cfg.train.micro_batch is None and isolate_probe(cfg, device_kind(cfg)):
             child_result = probe_in_child(out_dir / "probe")  # before this process makes a CUDA context
         workload = build_workload(cfg)

@@ -50,7 +50,7 @@ from ..training.runner import Runner
 from .build import Workload, cross_entropy_loss
 from .data import training_data
 
-__all__ = ["METRICS", "FINAL_MODEL", "checkpoint_in", "find_resume", "check_resume_target", "read_checkpoint", "runner_options", "run_training", "rank_fields"]
+__all__ = ["METRICS", "FINAL_MODEL", "checkpoint_in", "find_resume", "check_resume_target", "check_fresh_target", "run_files", "read_checkpoint", "runner_options", "run_training", "rank_fields"]
 
 log = logging.getLogger("autobatch")
 
@@ -110,7 +110,7 @@ def check_resume_target(path: Path, run_dir: Path, checkpoint_dir: str, value: s
     own = checkpoint_in(run_dir, checkpoint_dir)
     if path.resolve() == own.resolve():
         return True
-    held = [str(p) for p, there in ((Path(run_dir) / METRICS, (Path(run_dir) / METRICS).is_file()), (own, _exists(own))) if there]
+    held = run_files(run_dir, checkpoint_dir)
     if held:
         depth = len(Path(checkpoint_dir).parts)
         in_place = "" if Path(checkpoint_dir).is_absolute() else f", or hydra.run.dir={path.parents[depth]} to continue that run in place"
@@ -119,6 +119,24 @@ def check_resume_target(path: Path, run_dir: Path, checkpoint_dir: str, value: s
             f"({' and '.join(held)}), which resuming would overwrite; give a new hydra.run.dir (or none){in_place}"
         )
     return False
+
+
+def run_files(run_dir: Path, checkpoint_dir: str) -> list[str]:
+    """The files of a run that ``run_dir`` already holds: its ``metrics.jsonl`` and its checkpoint."""
+    metrics, checkpoint = Path(run_dir) / METRICS, checkpoint_in(run_dir, checkpoint_dir)
+    return [str(path) for path, there in ((metrics, metrics.is_file()), (checkpoint, _exists(checkpoint))) if there]
+
+
+def check_fresh_target(run_dir: Path, checkpoint_dir: str) -> None:
+    """A run started afresh (no ``train.resume``) must not overwrite the files of a run the
+    directory already holds (``hydra.run.dir`` of an earlier run, a shared absolute
+    ``train.checkpoint_dir``): ``ValueError`` naming how to continue it or start elsewhere."""
+    held = run_files(run_dir, checkpoint_dir)
+    if held:
+        raise ValueError(
+            f"{run_dir} already holds a run ({' and '.join(held)}), which training afresh would overwrite; "
+            "continue it with train.resume=latest, or give a new hydra.run.dir (remove that run's files to start over)"
+        )
 
 
 def _written_at(path: Path) -> float:

@@ -99,10 +99,21 @@ def test_train_runs_within_the_memory_the_probe_was_given(cli, tmp_path):
     assert summary["oom_recoveries"] and summary["oom_recoveries"][0]["action"] == "measured"
     assert summary["micro_batch"] < 8000 and summary["samples"] == 2 * 8000
     assert "trained within 2.00 MiB (probe.memory_limit)" in done.stdout
-    done = cli("train", *args)
+    done = run_cli("train", *args, f"hydra.run.dir={tmp_path / 'whole'}", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
-    summary = json.loads((tmp_path / "run" / "train_result.json").read_text())
+    summary = json.loads((tmp_path / "whole" / "train_result.json").read_text())
     assert summary["oom_recoveries"] == [] and summary["micro_batch"] == 8000 and "trained within" not in done.stdout
+
+
+def test_training_afresh_never_overwrites_a_run(cli, tmp_path):
+    """A second ``train`` into a run directory that holds a run (its metrics, its checkpoint)
+    would overwrite them: one line, exit 2, naming how to continue it; nothing is touched."""
+    args = ["model=mlp", *SMALL[:3], "train.micro_batch=8", "train.steps=2"]
+    assert cli("train", *args).returncode == 0
+    before = (tmp_path / "run" / "metrics.jsonl").read_bytes(), (tmp_path / "run/checkpoints/last.pt").read_bytes()
+    done = cli("train", *args)
+    assert done.returncode == 2 and "already holds a run" in done.stderr and "train.resume=latest" in done.stderr
+    assert before == ((tmp_path / "run" / "metrics.jsonl").read_bytes(), (tmp_path / "run/checkpoints/last.pt").read_bytes())
 
 
 def test_an_oom_that_never_goes_away_is_one_line(cli):
