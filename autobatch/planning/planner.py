@@ -223,15 +223,23 @@ class _Planner(ThroughputObjective):
         self.unwrap()
         return result, error
 
-    def accumulated(self, one_step: ProbeResult, checkpointing: bool) -> ProbeResult | None:
-        """The largest micro-batch an accumulated step trains, up to the one-step answer (None:
-        not even 1). A plan with accumulation holds the first micro-batch's gradients through the
-        next one's step, which the one-step trials never held."""
+    def accumulated(self, one_step: ProbeResult, checkpointing: bool) -> ProbeResult:
+        """The largest micro-batch an accumulated step trains, up to the one-step answer. A plan
+        with accumulation holds the first micro-batch's gradients through the next one's step,
+        which the one-step trials never held; when not even micro-batch 1 fits beside them, the
+        accumulated probe's ``NoBatchFitsError``, with every attempt's figures."""
         if checkpointing:
-            result, _ = self.probe_checkpointed(accumulating=one_step.batch_size)
+            result, error = self.probe_checkpointed(accumulating=one_step.batch_size)
         else:
-            result, _ = self.probe(False, accumulating=one_step.batch_size)
-        return result
+            result, error = self.probe(False, accumulating=one_step.batch_size)
+        if result is not None:
+            return result
+        raise self._attempts_error(
+            error,
+            f"up to {one_step.batch_size} fits in one step, but not the global batch; with accumulation the first "
+            "micro-batch's gradients stay alive through the next one's step and no micro-batch fits beside them. "
+            f"Try {self._other_options()}.",
+        )
 
     def no_fit(self, plain_error: NoBatchFitsError, checkpoint_error: NoBatchFitsError | None, allowed: bool):
         """The NoBatchFitsError for "not even batch 1", with both attempts' figures."""
@@ -249,19 +257,6 @@ class _Planner(ThroughputObjective):
             f"This is with activation checkpointing of {len(modules)} blocks "
             f"({short_list(modules)}); without it batch {plain_error.batch_size} peaked at "
             f"{format_bytes(plain_error.peak_bytes)} before failing. Try {self._other_options()}.",
-        )
-
-    def _accumulation_error(self, one_step: ProbeResult) -> NoBatchFitsError:
-        """Batch ``one_step.batch_size`` fits in one step, but an accumulated step of micro-batch
-        1 does not: the first micro-batch's gradients leave no room for the second."""
-        failed = self.probes[-1]
-        return NoBatchFitsError(
-            batch_size=1, capacity_bytes=failed.get("capacity_bytes") or one_step.capacity_bytes,
-            peak_bytes=failed.get("peak_bytes") or 0, device=one_step.device,
-            last_error=failed.get("error"),
-            hint=f"up to {one_step.batch_size} fits in one step, but not the global batch; with accumulation the "
-                 "first micro-batch's gradients stay alive through the next one's step and no micro-batch fits "
-                 f"beside them. Try {self._other_options()}.",
         )
 
     def _other_options(self) -> str:
@@ -289,31 +284,35 @@ class _Planner(ThroughputObjective):
         plain, plain_error = self.probe(False)
         if plain is not None and plain.batch_size >= self.global_batch:
             return self.build(self.global_batch, False, "max_batch", "the global batch fits in one step", balanced)
-        accumulated = self.accumulated(plain, False) if plain is not None and allow_accumulation else None
-        if accumulated is not None:
-            why = f"largest micro-batch that fits with accumulation is {accumulated.batch_size} ({plain.batch_size} in one step)"
-            return self.build(accumulated.batch_size, False, "max_batch", why, balanced)
+        accumulation_error = None  # micro-batch 1 fits alone, not beside the first one's gradients
+        if plain is not None and allow_accumulation:
+            try:
+                accumulated = self.accumulated(plain, False)
+            except NoBatchFitsError as exc:
+                if not allow_checkpointing:
+                    raise
+                accumulation_error = exc  # checkpointing is tried
+            else:
+                why = f"largest micro-batch that fits with accumulation is {accumulated.batch_size} ({plain.batch_size} in one step)"
+                return self.build(accumulated.batch_size, False, "max_batch", why, balanced)
         if not allow_checkpointing:
             if plain is None:
                 raise plain_error
-            if allow_accumulation:  # even an accumulated micro-batch of 1 does not fit
-                raise self.no_fit(self._accumulation_error(plain), None, False)
             raise GlobalBatchTooLargeError(self.global_batch, plain.batch_size, False, plain.device)
         ckpt, ckpt_error = self.probe_checkpointed()
         if ckpt is None:
             if plain is None:
                 raise self.no_fit(plain_error, ckpt_error, True)
-            raise GlobalBatchTooLargeError(self.global_batch, plain.batch_size, False, plain.device)
+            raise accumulation_error or GlobalBatchTooLargeError(self.global_batch, plain.batch_size, False, plain.device)
         if ckpt.batch_size >= self.global_batch:
             why = "the global batch fits in one step only with activation checkpointing"
             return self.build(self.global_batch, True, "max_batch", why, balanced)
         if not allow_accumulation:
             raise GlobalBatchTooLargeError(self.global_batch, ckpt.batch_size, True, ckpt.device)
         accumulated = self.accumulated(ckpt, True)
-        if accumulated is None:
-            raise self.no_fit(self._accumulation_error(ckpt), None, False)
-        why = (f"an accumulated micro-batch does not fit without activation checkpointing; with it, up to "
-               f"{accumulated.batch_size} fits ({ckpt.batch_size} in one step)")
+        what = "batch 1" if plain is None else "an accumulated micro-batch"
+        why = (f"{what} does not fit without activation checkpointing; with it, up to {accumulated.batch_size} fits "
+               f"with accumulation ({ckpt.batch_size} in one step)")
         return self.build(accumulated.batch_size, True, "max_batch", why, balanced)
 
     def build(self, largest: int, checkpointing: bool, objective: str, reason: str, balanced: bool, **extra) -> Plan:

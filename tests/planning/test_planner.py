@@ -477,3 +477,17 @@ def test_cpu_timing_records_no_allocator_retries():
                   min_micro_batch=4, timed_steps=1, timer=clock)
     assert all(c["alloc_retries"] is None for c in result.candidates)
     assert all("allocator retries" not in line for line in result.summary().splitlines()[-2:])
+
+
+@pytest.mark.parametrize("allow_checkpointing", [False, True])
+def test_an_accumulated_step_that_fits_no_micro_batch_says_so(allow_checkpointing):
+    """One large layer: batch 1 fits a step alone (255 do), but not beside the first
+    micro-batch's gradients. With nothing to checkpoint either, the error names accumulation
+    (it said "allow gradient accumulation", which was allowed) and carries every attempt."""
+    torch.manual_seed(0)
+    model = nn.Linear(1024, 1024)
+    step = TrainStep(model, torch.optim.SGD(model.parameters(), lr=0.1), lambda m, x: m(x).square().mean(),
+                     lambda b: torch.randn(b, 1024))
+    with pytest.raises(NoBatchFitsError, match="fits in one step, but not the global batch; with accumulation") as info:
+        plan(step, global_batch=100_000, memory_limit="6MiB", cache=False, allow_checkpointing=allow_checkpointing)
+    assert [p["accumulating"] for p in info.value.attempts] == [False, True]
