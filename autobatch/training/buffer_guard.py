@@ -10,11 +10,12 @@ is off, so the model in eval mode differs from that of a run that never failed.
 What it does. :meth:`BufferGuard.capture`, at the start of every global step, keeps a host copy
 of each buffer that changed since it was last copied, told by the tensor's identity and
 version counter (an in-place operation bumps it, under ``no_grad`` too); a buffer that never
-changes is copied once. The normalization layers' running statistics are copied every step: the
-batch-norm kernels update them in place without bumping the counter (torch 2.13, CPU). So a step copies only what forward changes (ResNet-50: its BatchNorm
-statistics, 0.2 MiB), into host memory, which the device's budget (the probed maximum) never
-pays for. :meth:`BufferGuard.restore`, at the top of a replay, writes back every buffer changed
-since: in place, or by putting the saved tensor back where forward replaced the buffer object.
+changes is copied once. The normalization layers' running statistics are copied every step:
+the batch-norm kernels update them in place without bumping the counter (torch 2.13, CPU). So
+a step copies only what forward changes (ResNet-50: its BatchNorm statistics, 0.2 MiB), into
+host memory, which the device's budget (the probed maximum) never pays for.
+:meth:`BufferGuard.restore`, at the top of a replay, writes back every buffer changed since: in
+place, or by putting the saved tensor back where forward replaced the buffer object.
 A write through ``.data`` bypasses the version counter and is not seen.
 """
 
@@ -25,6 +26,7 @@ from torch.nn.modules.batchnorm import _NormBase
 
 from ..memory.simulated import host_memory
 from ..probe.shards import local
+from .step_guard import copy_all
 
 __all__ = ["BufferGuard"]
 
@@ -52,8 +54,7 @@ class BufferGuard:
 
     def capture(self) -> None:
         """Copy every buffer changed since its last copy (all of them, the first time), in one
-        ``_foreach_copy_`` call (ResNet-50 has 159 BatchNorm buffers: one copy each would cost
-        the host more than the copy)."""
+        call (:func:`~autobatch.training.step_guard.copy_all`; ResNet-50 has 159 BatchNorm buffers)."""
         targets: list[torch.Tensor] = []
         sources: list[torch.Tensor] = []
         with torch.no_grad(), host_memory():
@@ -69,13 +70,8 @@ class BufferGuard:
                 targets.append(copy)
                 sources.append(part)
                 self._saved[(module, name)] = (id(buffer), _version(buffer), copy)
-            if not targets:
-                return
-            try:
-                torch._foreach_copy_(targets, sources, non_blocking=True)
-            except RuntimeError:  # a build without mixed-device foreach copies
-                for target, source in zip(targets, sources):
-                    target.copy_(source, non_blocking=True)
+            if targets:
+                copy_all(targets, sources)
 
     def restore(self) -> None:
         """Write back every buffer changed since :meth:`capture`; a new one (none saved) stays."""

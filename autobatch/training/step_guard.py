@@ -52,7 +52,7 @@ from ..memory.simulated import host_memory
 from ..probe.restore import forget_scaler_stage
 from ..probe.shards import is_dtensor, local, spec_of
 
-__all__ = ["StepGuard", "GUARD_MODES", "GUARD_SPARE"]
+__all__ = ["StepGuard", "GUARD_MODES", "GUARD_SPARE", "copy_all"]
 
 GUARD_MODES = ("auto", "cpu", "device", "off")
 GUARD_SPARE = 0.25  # "auto" copies on the device only if a quarter of it stays free with the copy there
@@ -126,13 +126,7 @@ class StepGuard:
         # a DTensor (FSDP2) is copied as this rank's local shard: nothing is gathered
         detached = [local(source).detach() for _, source in sources]
         with self._copy_stream():
-            try:  # one call rather than hundreds of Python-level copies per step
-                torch._foreach_copy_(targets, detached, non_blocking=True)
-            except RuntimeError as exc:
-                if is_oom_error(exc):
-                    raise
-                for target, source in zip(targets, detached):  # a build without mixed-device foreach
-                    target.copy_(source, non_blocking=True)
+            copy_all(targets, detached)
         self._capture_scaler()
         self._captured = True
 
@@ -235,6 +229,19 @@ class StepGuard:
             self._stream = torch.cuda.Stream(cuda)
         self._stream.wait_stream(torch.cuda.current_stream(cuda))
         return _StreamNoGrad(self._stream)
+
+
+def copy_all(targets: list[torch.Tensor], sources: list[torch.Tensor]) -> None:
+    """``target.copy_(source, non_blocking=True)`` for every pair, in one ``_foreach_copy_`` call
+    rather than hundreds of Python-level copies a step; one by one on a build without
+    mixed-device foreach copies. An out-of-memory error is raised, not retried."""
+    try:
+        torch._foreach_copy_(targets, sources, non_blocking=True)
+    except RuntimeError as exc:
+        if is_oom_error(exc):
+            raise
+        for target, source in zip(targets, sources):
+            target.copy_(source, non_blocking=True)
 
 
 class _StreamNoGrad:
