@@ -22,7 +22,7 @@ import torch
 
 from ..dist.agreement import exchange, is_distributed, is_rank_zero
 from ..dist.joining import init_from_env
-from ..training.ranks import unwrap
+from ..training.ranks import exchange_bytes, unwrap
 
 __all__ = ["join", "is_rank_zero", "launched_rank", "hydra_overrides", "shared_run_dir", "data_parallel", "unwrapped"]
 
@@ -47,9 +47,7 @@ def shared_run_dir(out_dir: Path) -> Path:
     if not is_distributed():
         return out_dir
     mine = str(Path(out_dir).resolve()).encode()
-    longest = max(row[0] for row in exchange([len(mine)], "cli: run directory length"))
-    rows = exchange(list(mine.ljust(longest, b"\0")), "cli: run directory")
-    shared = Path(bytes(rows[0]).rstrip(b"\0").decode())
+    shared = Path(exchange_bytes(exchange, mine, "cli: run directory")[0].decode())
     if not is_rank_zero() and shared != Path(out_dir).resolve():
         try:
             Path(out_dir).rmdir()  # empty: no config copy, no log file on ranks > 0

@@ -13,7 +13,7 @@ from typing import Any, Callable, Iterable
 
 import torch
 
-__all__ = ["DataParallel", "install", "installed", "current", "unwrap"]
+__all__ = ["DataParallel", "exchange_bytes", "install", "installed", "current", "unwrap"]
 
 
 class DataParallel:
@@ -81,6 +81,19 @@ class DataParallel:
         """A sync point: every rank's ``values`` (same length everywhere), indexed by rank
         (here: this process's alone)."""
         return [list(values)]
+
+    def exchange_bytes(self, data: bytes, label: str) -> list[bytes]:
+        """Every rank's ``data`` (any length), indexed by rank: :func:`exchange_bytes` over
+        :meth:`exchange`."""
+        return exchange_bytes(self.exchange, data, label)
+
+
+def exchange_bytes(exchange: Callable[[list[int], str], list[list[int]]], data: bytes, label: str) -> list[bytes]:
+    """Every rank's ``data`` through an ``exchange`` of equal-length integer lists: the lengths
+    first, then the bytes padded to the longest (two sync points)."""
+    lengths = [row[0] for row in exchange([len(data)], f"{label} (sizes)")]
+    rows = exchange(list(data.ljust(max(lengths), b"\0")), label)
+    return [bytes(row[:length]) for row, length in zip(rows, lengths)]
 
 
 _SINGLE = DataParallel()

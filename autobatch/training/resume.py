@@ -94,10 +94,8 @@ class Resumable:
             return None
         buffer = io.BytesIO()
         torch.save({"rng": rng_state(self._data_generators), "epoch_rng": self._epoch_rng}, buffer)
-        mine = buffer.getvalue()
-        lengths = [row[0] for row in self._parallel.exchange([len(mine)], "checkpoint: random state sizes")]
-        rows = self._parallel.exchange(list(mine.ljust(max(lengths), b"\0")), "checkpoint: random states")
-        return [torch.load(io.BytesIO(bytes(row[:n])), weights_only=True) for row, n in zip(rows, lengths)]
+        every = self._parallel.exchange_bytes(buffer.getvalue(), "checkpoint: random states")
+        return [torch.load(io.BytesIO(data), weights_only=True) for data in every]
 
     def _after_step(self, loss: float | torch.Tensor, size: int, progress: Progress, on_step_end) -> None:
         self.step += 1
@@ -195,10 +193,9 @@ class Resumable:
         self.micro_batch = state["micro_batch"]
         self.initial_micro_batch = self.initial_micro_batch or self.micro_batch
         self.growth.load_state_dict(state["growth"])
-        self._epoch_rng, rng = state["epoch_rng"], state["rng"]
         ranks = state.get("rng_ranks")  # each rank's own random states, where the run had them
-        if ranks is not None and len(ranks) == self._parallel.world_size():
-            self._epoch_rng, rng = ranks[self._parallel.rank()]["epoch_rng"], ranks[self._parallel.rank()]["rng"]
+        mine = ranks[self._parallel.rank()] if ranks is not None and len(ranks) == self._parallel.world_size() else state
+        self._epoch_rng, rng = mine["epoch_rng"], mine["rng"]
         previous = RunResult.from_dict(state["result"])
         self.result.oom_recoveries = previous.oom_recoveries
         self.result.grow_attempts = previous.grow_attempts
