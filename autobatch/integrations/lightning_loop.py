@@ -205,10 +205,10 @@ def _run_loop(trainer: Trainer, size: int, steps: int, line: MemoryLine, memory:
     if error is not None:
         ran = 0
         free_memory()  # outside the except block: the traceback no longer pins the failed step
-    elif peak + ahead > (limit if limit is not None else memory.capacity()) and (limit is not None or ahead):
+    elif (limit is not None or ahead) and peak + ahead > (ceiling := limit if limit is not None else memory.capacity()):
         error = (f"too close to the capacity: loop peak {format_bytes(peak)}"
                  + (f" and {format_bytes(ahead)} more kept by the epoch's end" if ahead else "")
-                 + f" above {format_bytes(limit if limit is not None else memory.capacity())}")
+                 + f" above {format_bytes(ceiling)}")
         need = peak + ahead
     memory.release_cached()  # training (or the next run) starts from an emptied cache, as after the probe
     probe = line.at(size)
@@ -231,7 +231,7 @@ class _BatchMemory:
         """Bytes a batch adds, where every batch after the first left more allocated than the one
         before (the smallest rise: the least the loop keeps per batch); None otherwise."""
         rises = [b - a for a, b in zip(self.allocated[1:], self.allocated[2:])]
-        return min(rises) if len(rises) >= 1 and all(rise > 0 for rise in rises) and len(self.allocated) >= 3 else None
+        return min(rises) if rises and all(rise > 0 for rise in rises) else None
 
 
 @dataclass
