@@ -24,18 +24,27 @@ copies it back into the default pool at the optimizer's next ``step()``: after t
 backward, where a new process creates it. Values and tensor identities are kept; until that
 step the state tensors live in the private pool (``state_dict()`` reads them as usual). State
 that existed before the probe (a resumed run) is never moved.
+
+During the probe the same moves lay the state out the other way a loop meets it: as a run
+resumed from a checkpoint has it, made before the first step in fresh memory above what is
+resident (:func:`relayout_as_loaded`, before each settle trial of a hand loop). A Llama-style
+decoder's 5 passed its trials beside state where the trial at 4 made it, trained from scratch,
+and ran out of memory at the second step of every hand loop resumed cold; laid out as loaded,
+its trial fails 5 and the answer, 4, trains resumed (H200, 8 GiB cap, ``python
+scripts/bench_promise.py --no-cli --workloads llama --resumed``).
 """
 
 from __future__ import annotations
 
 import weakref
+from contextlib import nullcontext
 from typing import Callable, ContextManager, Iterable
 
 import torch
 
 from .allocator import expandable_segments
 
-__all__ = ["can_park", "park_until_step"]
+__all__ = ["can_park", "park_until_step", "relayout_as_loaded"]
 
 
 def can_park(device: torch.device) -> bool:
@@ -51,6 +60,7 @@ def park_until_step(optimizer: torch.optim.Optimizer, tensors: Iterable[torch.Te
     optimizer's next step; the bytes parked. Nothing is moved where :func:`can_park` is false."""
     if not can_park(device):
         return 0
+    device = _indexed(device)
     pool = torch.cuda.MemPool()
     return park(optimizer, tensors, lambda: torch.cuda.use_mem_pool(pool, device), keep=pool)
 
@@ -61,7 +71,39 @@ def park(optimizer: torch.optim.Optimizer, tensors: Iterable[torch.Tensor],
     take the copies) and arm the optimizer's step pre-hook that copies them back at its next
     step. ``keep`` (the pool) lives until then. An out-of-memory error stops the parking where
     it is: what moved comes back at the step, what did not stays put."""
-    tensors = [t for t in tensors if type(t) is torch.Tensor]  # a DTensor's shards are left alone
+    moved = _move([t for t in tensors if type(t) is torch.Tensor], into)  # a DTensor's shards are left alone
+    _arm(optimizer, moved, keep)
+    return _bytes(moved)
+
+
+def relayout_as_loaded(optimizer: torch.optim.Optimizer, tensors: Iterable[torch.Tensor], device: torch.device) -> int:
+    """Lay ``tensors`` (``optimizer``'s state) out as loading a checkpoint does: moved out of the
+    way (a private pool), the cache emptied, then copied back one by one into fresh memory above
+    what stays resident, before any step's activations; the bytes laid out again. Values and
+    tensor objects are kept; what finds no room stays parked until the optimizer's next step.
+
+    Why: a run resumed from a checkpoint makes its optimizer state before its first step,
+    apart from that step's activations, where a new run makes it among them, and the
+    allocator's wall can sit lower there. Measured on an H200 (8 GiB cap; docs/promise-log.md,
+    "Resumed runs"): ResNet-50 as a hand loop trained 180 from scratch and ran out of memory at
+    step 4 resumed, and in the probing process a loop at 180 with its state copied into fresh
+    segments of its own failed at step 5; a Llama-style decoder's 5 trained from scratch and ran
+    out of memory at the second step resumed. Nothing moves where :func:`can_park` is false."""
+    if not can_park(device):
+        return 0
+    device = _indexed(device)
+    pool = torch.cuda.MemPool()
+    out = _move([t for t in tensors if type(t) is torch.Tensor], lambda: torch.cuda.use_mem_pool(pool, device))
+    torch.cuda.synchronize(device)
+    torch.cuda.empty_cache()
+    back = _move(out, nullcontext)
+    _arm(optimizer, out[len(back):], pool)
+    return _bytes(back)
+
+
+def _move(tensors: list[torch.Tensor], into: Callable[[], ContextManager]) -> list[torch.Tensor]:
+    """Give each tensor a copy of its data allocated under ``into()``, in order, until one finds
+    no room; the tensors moved."""
     moved: list[torch.Tensor] = []
     with torch.no_grad():
         for tensor in tensors:
@@ -72,12 +114,25 @@ def park(optimizer: torch.optim.Optimizer, tensors: Iterable[torch.Tensor],
                 break
             tensor.data = copy
             moved.append(tensor)
+    return moved
+
+
+def _arm(optimizer: torch.optim.Optimizer, moved: list[torch.Tensor], keep: object) -> None:
+    """Bring ``moved`` back into the default pool at ``optimizer``'s next step."""
     if moved:
         hook = _HOOKS.get(optimizer)
         if hook is None:
             hook = _HOOKS[optimizer] = _Unpark(optimizer)
         hook.arm(moved, keep)
-    return sum(t.numel() * t.element_size() for t in moved)
+
+
+def _indexed(device: torch.device) -> torch.device:
+    """``device`` with its index (a memory pool is bound to one numbered device)."""
+    return device if device.index is not None else torch.device("cuda", torch.cuda.current_device())
+
+
+def _bytes(tensors: list[torch.Tensor]) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors)
 
 
 class _Unpark:

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-__all__ = ["BlasThreads", "cublas_workspace_bytes", "hipblas_workspace_bytes", "workspace_bytes"]
+__all__ = ["BlasThreads", "cublas_workspace_bytes", "hipblas_workspace_bytes", "release_workspaces", "workspace_bytes"]
 
 #: aten operators that run on cuBLAS (and so hold its workspace on the thread that runs them).
 BLAS_OPERATORS = frozenset({
@@ -82,3 +82,25 @@ def workspace_bytes(device: torch.device, blas_threads: int) -> int:
         config = config or os.environ.get("HIPBLAS_WORKSPACE_CONFIG") or os.environ.get("ROCBLAS_WORKSPACE_CONFIG")
         return blas_threads * hipblas_workspace_bytes(getattr(properties, "gcnArchName", ""), config)
     return blas_threads * cublas_workspace_bytes(properties.major, config)
+
+
+def release_workspaces(device: torch.device | None) -> bool:
+    """Free the cuBLAS workspaces PyTorch keeps for the life of the process, so the next matrix
+    product makes them again; whether any were freed (CUDA only, where this torch can).
+
+    Why: a new process makes them during its first step, among that step's activations, where
+    they stay; a probe's trials would otherwise all share the ones their first, small trial made,
+    at the bottom of memory. Measured on an H200 (a Llama-style decoder, bf16, AdamW, 8 GiB cap,
+    ``scripts/diag_fresh_layout.py --layouts trials --clear-workspaces``): with the workspaces
+    kept, trials passed 5; made again in each trial's first step, 5 ran out of memory at its
+    second step, as new processes resumed from a checkpoint did, and 4 passed. A matrix product
+    still queued is safe: the caching allocator reuses a freed block only in stream order, and
+    PyTorch hands each handle its workspace again at its next use (it does this itself before
+    capturing a CUDA graph)."""
+    if device is None or device.type != "cuda" or torch.version.hip or not torch.cuda.is_initialized():
+        return False
+    clear = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
+    if clear is None:
+        return False
+    clear()
+    return True

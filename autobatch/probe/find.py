@@ -30,7 +30,8 @@ from .result import ProbeResult
 from .search import peak_limit, run_search
 from .autotune import Autotune
 from .peak_guard import peak_guard_for
-from .promise import forget_parking, park_created_state, parked_note, promise_note, release_after_probe
+from .promise import (forget_parking, park_created_state, parked_note, promise_note, relayout_created_state,
+                      release_after_probe)
 from .train_step import TrainStep
 from .pinned_state import PinnedState
 from .trial import TrialRunner
@@ -183,7 +184,10 @@ def _probe(call: _Call, restore, estimate_first: bool | None) -> ProbeResult:
                 peak_limit=limit, autotune=autotune, settle_final=not simulated,
                 settle_more=lambda more: call.agreement.settle_more(fn, more),
                 guard=peak_guard_for(_trained_model(fn, restore), memory.peak, limit, agreed=agree is not None),
-                pinned=PinnedState(watch), hand_loop=call.hand_loop,
+                # a hand loop's settle trials run beside state laid out as a resumed run has it;
+                # a TrainStep's (its Runner replays) may drop state made at a nearby size
+                pinned=None if call.hand_loop else PinnedState(watch), hand_loop=call.hand_loop,
+                resume_layout=(lambda: relayout_created_state(watch, call.target)) if call.hand_loop else None,
             )
             if estimate_first is None:
                 # measured (docs, benchmarks): on the CPU's simulated device tracing is cheap
@@ -212,7 +216,7 @@ def _probe(call: _Call, restore, estimate_first: bool | None) -> ProbeResult:
         # the way until its optimizer's next step, and blocks the trials split (OOM trials
         # above all) are returned, so training here starts from the state a new process starts in
         parked = park_created_state(watch, call.target) if result is not None else 0
-        release_after_probe(call.target)
+        release_after_probe(call.target, workspaces=call.hand_loop)
     if parked:
         result.promise = None if result.promise is None else {**result.promise, "parked_state_bytes": parked}
         call.notes.append(parked_note(parked))

@@ -34,12 +34,13 @@ import torch
 from ..memory.devices import DeviceMemory
 from ..memory.lazy_state import LazyStateWatch
 from ..memory.allocator import expandable_segments_on
-from ..memory.parking import park_until_step
+from ..memory.parking import park_until_step, relayout_as_loaded
+from ..memory.workspaces import release_workspaces
 from ..memory.units import format_bytes
 from .result import ProbeResult
 from .trial import TrialRunner
 
-__all__ = ["forget_parking", "park_created_state", "parked_note", "promise_of", "promise_note", "release_after_probe", "still_flushing"]
+__all__ = ["forget_parking", "park_created_state", "relayout_created_state", "parked_note", "promise_of", "promise_note", "release_after_probe", "still_flushing"]
 
 
 def promise_of(runner: TrialRunner, result: ProbeResult, memory: DeviceMemory) -> dict[str, Any] | None:
@@ -149,6 +150,13 @@ def park_created_state(watch: LazyStateWatch, device: torch.device) -> int:
     return sum(park_until_step(optimizer, tensors, device) for optimizer, tensors in watch.created_on(device))
 
 
+def relayout_created_state(watch: LazyStateWatch, device: torch.device) -> int:
+    """Lay the optimizer state the trials created on ``device`` out as a run resumed from a
+    checkpoint has it, before its first step (:func:`~autobatch.memory.parking.relayout_as_loaded`);
+    the bytes laid out. Before each settle trial of a hand loop, which cannot replay a step."""
+    return sum(relayout_as_loaded(optimizer, tensors, device) for optimizer, tensors in watch.created_on(device))
+
+
 #: how :func:`parked_note` begins (a cache hit drops the note: it parked nothing)
 PARKED = "the optimizer state the trials created ("
 
@@ -169,8 +177,12 @@ def forget_parking(result: ProbeResult) -> ProbeResult:
     return result
 
 
-def release_after_probe(device: torch.device) -> None:
-    """Return the cached blocks the trials left, so training starts from a fresh allocator."""
+def release_after_probe(device: torch.device, *, workspaces: bool = False) -> None:
+    """Return the cached blocks the trials left, so training starts from a fresh allocator;
+    with ``workspaces`` (a hand loop's probe) the cuBLAS workspaces too, which the loop's first
+    step then makes among its activations, as a new process's does."""
     if device.type == "cuda" and torch.cuda.is_initialized():
         torch.cuda.synchronize(device)
+        if workspaces:
+            release_workspaces(device)
         torch.cuda.empty_cache()

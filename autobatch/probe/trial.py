@@ -11,6 +11,7 @@ from ..memory.allocator import expandable_segments_on
 from ..memory.devices import DeviceMemory
 from ..memory.oom import free_memory, is_oom_error, requested_bytes
 from ..memory.units import format_bytes
+from ..memory.workspaces import release_workspaces
 from .autotune import Autotune
 from .peak_guard import drain_backward, raised_by_guard
 from .pinned_state import PinnedState, fits
@@ -26,29 +27,19 @@ class TrialRunner:
     """Runs trials of ``fn`` and remembers every outcome.
 
     A full trial calls ``fn(batch_size)`` ``steps`` times; a search trial ``search_steps``
-    times (default: ``steps``). Why two lengths: the extra steps of a full trial catch what
-    only a repeated step reveals (state created lazily on the first step, memory that grows
-    from step to step), which matters only for the size that is returned; a search trial
-    only has to tell which side of the boundary a size lies on, and a step that fits once
-    fits again. So the very first trial (where lazy state is created) and every trial the
-    caller marks ``final`` run full; the caller confirms its answer with :meth:`confirmed`.
-    With ``settle_final`` (accelerators) a ``final`` trial also settles (see :meth:`run`: cuDNN
-    autotuning as the user set it, more steps while the reserved peak grows).
+    times (default: ``steps``): only the size returned needs the extra steps that catch what a
+    repeated step reveals (lazily created state, memory growing from step to step), so the first
+    trial and every trial the caller marks ``final`` run full; the caller confirms its answer
+    with :meth:`confirmed`. With ``settle_final`` (accelerators) a ``final`` trial also settles
+    (:meth:`run`: cuDNN autotuning as the user set it, more steps while the allocator settles).
 
     Any out-of-memory error (by :func:`is_oom_error`) fails the trial, and so does a step
     whose allocated peak passed ``peak_limit`` (on an accelerator, the capacity less the
-    headroom the caching allocator needs: such a step fits only while fragmentation is kind;
-    the probe's default, :data:`~autobatch.probe.ALLOCATOR_HEADROOM`, says what was
-    measured); ``guard``, when given, is a context in which such a step stops part-way
-    (:mod:`~autobatch.probe.peak_guard`), so it costs what an OOM costs. Every other exception
-    propagates unchanged at once. Memory is released
-    *after* the ``except`` block has been left, so the traceback no longer pins the failed
-    step's tensors; ``after_oom`` (e.g. dropping half-built gradients) runs first, and the
-    garbage collector only when memory is still held above the trial's starting level, and
-    then only its young generations (a full collection costs a tenth of a second in a process
-    with a large heap, and leaving the ``except`` block usually freed it all); a full one runs
-    when a later trial fails beside such leftover memory, and that trial runs again if the
-    collection freed some (:meth:`_garbage_was_in_the_way`), so old garbage cannot fail a size.
+    caching allocator's headroom, :data:`~autobatch.probe.ALLOCATOR_HEADROOM`); ``guard``, when
+    given, stops such a step part-way (:mod:`~autobatch.probe.peak_guard`). Every other
+    exception propagates unchanged at once. Memory is released *after* the ``except`` block has
+    been left, so the traceback no longer pins the failed step's tensors
+    (:meth:`_clean_up_after_oom`, :meth:`_garbage_was_in_the_way`).
 
     A batch size already tried is answered from memory, never run twice. Peaks are read step
     by step (reset before each step; the trial's peak is the largest), so the last step's own
@@ -57,8 +48,10 @@ class TrialRunner:
     ``pinned`` lets a settle trial that ran out of memory at the allocator's wall beside
     optimizer state made at a nearby size run once more without it
     (:mod:`~autobatch.probe.pinned_state`). ``hand_loop``: a loop that cannot replay a step
-    trains the answer (:meth:`_flushes_matter`).
-    """
+    trains the answer (:meth:`_flushes_matter`); its trials start without the cuBLAS
+    workspaces, as a new process's first step (:func:`~autobatch.memory.workspaces.release_workspaces`).
+    ``resume_layout`` (a hand loop's) runs before each settle trial: the optimizer state laid
+    out as a run resumed from a checkpoint has it (:func:`~autobatch.probe.promise.relayout_created_state`)."""
 
     def __init__(
         self,
@@ -75,9 +68,12 @@ class TrialRunner:
         guard: ContextManager[object] | None = None,
         pinned: PinnedState | None = None,
         hand_loop: bool = False,
+        resume_layout: Callable[[], object] | None = None,
     ) -> None:
         self.fn = fn
         self.hand_loop = hand_loop
+        self.resume_layout = resume_layout
+        self._fresh_workspaces = getattr(memory, "device", None) if hand_loop else None
         self.pinned = pinned
         self.guard = guard
         self.settle_more = settle_more if settle_more is not None else (lambda more: more)
@@ -199,7 +195,7 @@ class TrialRunner:
         :func:`~autobatch.probe.settling.most_steps` steps."""
         most = most_steps(steps, tuned) if settle else steps
         with self.autotune.trial(tuned) if self.autotune is not None else nullcontext():
-            return self._attempt(batch_size, steps, most)
+            return self._attempt(batch_size, steps, most, resumed=settle)
 
     def _unpinned(self, batch_size: int, error: str) -> bool:
         """Whether a settle trial that just failed runs again: it ran out of memory at the allocator's
@@ -242,10 +238,9 @@ class TrialRunner:
 
     def short_of(self, batch_size: int) -> int | None:
         """:attr:`TrialRecord.over_bytes` of the latest failed trial at ``batch_size`` where it is
-        a lower bound of the bytes that size needs beyond what fits (see ``_shortfall``); None
-        when there is no failure, no figure, or only the allocator's estimate (``wall_bytes``):
-        a search strides down by at least this, and an estimate that runs high overshoots into a
-        passing trial (ViT-B/16 on an H200: 101 failed at the wall, an estimate worth 2 samples)."""
+        a lower bound of the bytes that size needs beyond what fits (``_shortfall``); None where
+        there is no failure, no figure, or only the allocator's estimate (``wall_bytes``, which
+        can run high: ViT-B/16 on an H200 failed 101 at the wall by an estimate worth 2 samples)."""
         failed = self._latest_failure(batch_size)
         return None if failed is None or failed.wall_bytes is not None else failed.over_bytes
 
@@ -261,6 +256,7 @@ class TrialRunner:
         if self.after_oom is not None:
             self.after_oom()
         drain_backward()
+        release_workspaces(self._fresh_workspaces)  # remade by the failed step: not its leftover
         if self.memory.allocated() <= self._baseline:
             return
         free_memory(generation=1 if self.agree is None else 2)
@@ -283,10 +279,14 @@ class TrialRunner:
         self._full_collection_frees = self.memory.allocated() < before
         return self._full_collection_frees
 
-    def _attempt(self, batch_size: int, steps: int, most: int) -> str | None:
+    def _attempt(self, batch_size: int, steps: int, most: int, resumed: bool = False) -> str | None:
         """Run the steps (up to ``most`` while the allocator settles); return None on success or
-        the OOM's first line. Leaves the ``except`` block before anything is freed."""
+        the OOM's first line. Leaves the ``except`` block before anything is freed. ``resumed``:
+        with the optimizer state laid out as a resumed run has it (``resume_layout``)."""
+        release_workspaces(self._fresh_workspaces)  # each trial starts as a new process's first step
         self.memory.release_cached()
+        if resumed and self.resume_layout is not None:
+            self.resume_layout()
         self._baseline = self.memory.allocated()
         self._peak = self._reserved = 0
         self._step_peak = self._step_reserved = self._resident = self._fragmentation = self._inactive_split = None

@@ -185,3 +185,59 @@ def test_a_plain_callables_answer_trains_in_a_resumed_hand_loop():
         step = hand_step(model, optimizer, loss_fn, make)
         for _ in range(50):
             step(result.batch_size)
+
+
+def test_a_hand_loops_probe_leaves_the_cublas_workspaces_to_its_first_step():
+    """A new process makes the cuBLAS workspaces in its first step, among its activations; a hand
+    loop's trials, and training in the probing process after them, start without them too (a
+    TrainStep's probe keeps them)."""
+    from autobatch.memory.workspaces import release_workspaces
+
+    x = torch.ones(64, 64, device="cuda")
+
+    def workspace_made() -> bool:
+        torch.cuda.synchronize()
+        before = torch.cuda.memory_allocated()
+        (x @ x).sum().item()
+        return torch.cuda.memory_allocated() > before
+
+    workspace_made()
+    assert not workspace_made()  # kept for the life of the process
+    assert release_workspaces(torch.device("cuda")) and workspace_made()
+    model, optimizer, loss_fn, make = cnn_step()
+    starts = []  # whether each call of the step began without a workspace
+
+    def step(n: int) -> None:
+        starts.append(workspace_made())
+        release_workspaces(torch.device("cuda")) if starts[-1] else None  # the step makes them itself
+        hand_step(model, optimizer, loss_fn, make)(n)
+
+    result = autobatch.find_max_batch(step, memory_limit=2 * GiB, device="cuda", max_batch=64, cache=False)
+    firsts, call = [], 0
+    for trial in result.trials:
+        firsts.append(starts[call])
+        call += trial.steps
+    assert all(firsts), firsts  # every trial's first step made them again
+    assert workspace_made()  # released after the probe too
+
+
+def test_state_laid_out_as_a_checkpoint_load_keeps_its_values_and_tensors():
+    """Before a hand loop's settle trial the state the trials made is laid out again as loading
+    a checkpoint places it (autobatch.memory.parking.relayout_as_loaded): new device memory,
+    the same tensor objects and values, nothing left behind in a private pool."""
+    from autobatch.memory.parking import relayout_as_loaded
+
+    model, optimizer, loss_fn, make = cnn_step()
+    hand_step(model, optimizer, loss_fn, make)(32)
+    state = [t for s in optimizer.state.values() for t in s.values() if t.is_cuda]
+    values = [t.clone() for t in state]
+    where = [t.data_ptr() for t in state]
+    torch.cuda.synchronize()
+    held = torch.cuda.memory_allocated()
+    moved = relayout_as_loaded(optimizer, state, torch.device("cuda"))
+    assert moved == sum(t.numel() * t.element_size() for t in state)
+    now = [t for s in optimizer.state.values() for t in s.values() if t.is_cuda]
+    assert len(now) == len(state) and all(a is b for a, b in zip(now, state))  # the same objects
+    assert all(torch.equal(t, v) for t, v in zip(state, values))
+    assert [t.data_ptr() for t in state] != where
+    assert torch.cuda.memory_allocated() == held  # no copy left in a private pool

@@ -361,3 +361,38 @@ def test_under_fixed_segments_a_hand_loops_settle_trial_fails_while_its_steps_st
         assert runner.flushed_out(50)
     else:
         assert flushing.passed and flushing.steps == 3 and flushing.flushes == 2
+
+
+@pytest.mark.parametrize("hand_loop", [True, False])
+def test_a_hand_loops_trials_each_start_without_the_cublas_workspaces(monkeypatch, hand_loop):
+    """Each trial of a hand loop starts without the cuBLAS workspaces, as a new process's first
+    step does (released again after a failed trial, so they never count as its leftover); a
+    TrainStep's trials keep them."""
+    released = []
+    monkeypatch.setattr("autobatch.probe.trial.release_workspaces",
+                        lambda device: device is not None and released.append(device))
+    with simulated_memory("64MiB") as device:
+        memory = FlushingMemory(device)
+        memory.device = torch.device("cuda")  # as an accelerator's memory names its device
+        runner = TrialRunner(flushing_step(memory, from_size=10**9), memory, steps=2, hand_loop=hand_loop)
+        assert runner(10)
+        assert not runner(10**6)  # out of memory: released before the trial and after it
+    assert released == ([torch.device("cuda")] * 3 if hand_loop else [])
+
+
+def test_a_hand_loops_settle_trials_run_beside_state_laid_out_as_a_resumed_run_has_it(cudnn_flags):
+    """``resume_layout`` runs before every attempt of a settle trial (a size that may be the
+    answer), after the cache was returned, and never before a search trial."""
+    torch.backends.cudnn.benchmark = False
+    events = []
+    with simulated_memory("64MiB") as device:
+        memory = FlushingMemory(device)
+        release = memory.release_cached
+        memory.release_cached = lambda: (events.append("release"), release())
+        step = flushing_step(memory, from_size=10**9)
+        runner = TrialRunner(lambda n: (events.append(n), step(n)), memory, steps=2, settle_final=True,
+                             hand_loop=True, resume_layout=lambda: events.append("layout"))
+        assert runner(10)  # a search trial
+        assert runner(20, final=True)  # may be the answer: it settles
+        assert runner.run(30, "confirm", settle=True).passed
+    assert events == ["release", 10, 10, "release", "layout", 20, 20, "release", "layout", 30, 30]
