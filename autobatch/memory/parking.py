@@ -71,7 +71,7 @@ def park(optimizer: torch.optim.Optimizer, tensors: Iterable[torch.Tensor],
     take the copies) and arm the optimizer's step pre-hook that copies them back at its next
     step. ``keep`` (the pool) lives until then. An out-of-memory error stops the parking where
     it is: what moved comes back at the step, what did not stays put."""
-    moved = _move([t for t in tensors if type(t) is torch.Tensor], into)  # a DTensor's shards are left alone
+    moved = _move(_movable(tensors), into)
     _arm(optimizer, moved, keep)
     return _bytes(moved)
 
@@ -93,12 +93,20 @@ def relayout_as_loaded(optimizer: torch.optim.Optimizer, tensors: Iterable[torch
         return 0
     device = _indexed(device)
     pool = torch.cuda.MemPool()
-    out = _move([t for t in tensors if type(t) is torch.Tensor], lambda: torch.cuda.use_mem_pool(pool, device))
+    out = _move(_movable(tensors), lambda: torch.cuda.use_mem_pool(pool, device))
     torch.cuda.synchronize(device)
     torch.cuda.empty_cache()
     back = _move(out, nullcontext)
     _arm(optimizer, out[len(back):], pool)
     return _bytes(back)
+
+
+def _movable(tensors: Iterable[torch.Tensor]) -> list[torch.Tensor]:
+    """The tensors whose data may be swapped for a copy: plain tensors (a DTensor's shards are
+    left alone) that own their storage (a view of a flat buffer, as some optimizers keep their
+    state, would part from its buffer)."""
+    return [t for t in tensors if type(t) is torch.Tensor and t._base is None
+            and t.untyped_storage().nbytes() == t.numel() * t.element_size()]
 
 
 def _move(tensors: list[torch.Tensor], into: Callable[[], ContextManager]) -> list[torch.Tensor]:

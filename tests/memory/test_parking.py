@@ -111,6 +111,18 @@ def test_an_oom_while_parking_stops_there_and_loses_nothing():
     assert len(parking._HOOKS[optimizer].refs) == 2
 
 
+def test_state_that_is_a_view_of_a_flat_buffer_stays_put():
+    """Some optimizers keep their state as views of one flat buffer: swapping a view's data for
+    a copy would part it from the buffer, so such state is never moved (nor a slice of one)."""
+    (model, optimizer), _ = _twins()
+    flat = torch.zeros(64)
+    view, owned = flat[:16].view(4, 4), torch.ones(4)
+    parked = parking.park(optimizer, [view, owned, flat[16:32]], contextlib.nullcontext)
+    assert parked == owned.numel() * owned.element_size()
+    view.add_(1)
+    assert flat[:16].eq(1).all()  # still the buffer's
+
+
 def test_an_error_that_is_not_an_oom_propagates():
     (model, optimizer), _ = _twins()
 
