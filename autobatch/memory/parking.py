@@ -97,6 +97,7 @@ def relayout_as_loaded(optimizer: torch.optim.Optimizer, tensors: Iterable[torch
     torch.cuda.synchronize(device)
     torch.cuda.empty_cache()
     back = _move(out, nullcontext)
+    _disarm(optimizer, back)  # laid out for good: an earlier park's copy-back at the step is off
     _arm(optimizer, out[len(back):], pool)
     return _bytes(back)
 
@@ -139,6 +140,15 @@ def _indexed(device: torch.device) -> torch.device:
     return device if device.index is not None else torch.device("cuda", torch.cuda.current_device())
 
 
+def _disarm(optimizer: torch.optim.Optimizer, tensors: list[torch.Tensor]) -> None:
+    """Take ``tensors`` off ``optimizer``'s pending copy-back (their pools go with the last)."""
+    hook = _HOOKS.get(optimizer)
+    if hook is not None:
+        ids = {id(t) for t in tensors}
+        hook.refs = [ref for ref in hook.refs if ref() is not None and id(ref()) not in ids]
+        hook.keep = hook.keep if hook.refs else []
+
+
 def _bytes(tensors: list[torch.Tensor]) -> int:
     return sum(t.numel() * t.element_size() for t in tensors)
 
@@ -157,7 +167,8 @@ class _Unpark:
         self.handle = optimizer.register_step_pre_hook(self)
 
     def arm(self, moved: list[torch.Tensor], keep: object) -> None:
-        self.refs += [weakref.ref(t) for t in moved]  # state the user drops is not kept alive
+        armed = {id(ref()) for ref in self.refs}
+        self.refs += [weakref.ref(t) for t in moved if id(t) not in armed]  # state the user drops is not kept alive
         self.keep.append(keep)
 
     def __call__(self, optimizer: torch.optim.Optimizer, *_: object) -> None:

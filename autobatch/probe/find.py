@@ -184,10 +184,12 @@ def _probe(call: _Call, restore, estimate_first: bool | None) -> ProbeResult:
                 peak_limit=limit, autotune=autotune, settle_final=not simulated,
                 settle_more=lambda more: call.agreement.settle_more(fn, more),
                 guard=peak_guard_for(_trained_model(fn, restore), memory.peak, limit, agreed=agree is not None),
-                # a hand loop's settle trials run beside state laid out as a resumed run has it;
-                # a TrainStep's (its Runner replays) may drop state made at a nearby size
+                # a hand loop's settle trials run beside state laid out as a resumed run has it, and
+                # its answer's also as a new run makes it; a TrainStep's (its Runner replays) may
+                # drop state made at a nearby size
                 pinned=None if call.hand_loop else PinnedState(watch), hand_loop=call.hand_loop,
-                resume_layout=(lambda: relayout_created_state(watch, call.target)) if call.hand_loop else None,
+                layouts={"resumed": lambda: relayout_created_state(watch, call.target),
+                         "fresh": lambda: park_created_state(watch, call.target)} if call.hand_loop else None,
             )
             if estimate_first is None:
                 # measured (docs, benchmarks): on the CPU's simulated device tracing is cheap

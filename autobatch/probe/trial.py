@@ -50,8 +50,9 @@ class TrialRunner:
     (:mod:`~autobatch.probe.pinned_state`). ``hand_loop``: a loop that cannot replay a step
     trains the answer (:meth:`_flushes_matter`); its trials start without the cuBLAS
     workspaces, as a new process's first step (:func:`~autobatch.memory.workspaces.release_workspaces`).
-    ``resume_layout`` (a hand loop's) runs before each settle trial: the optimizer state laid
-    out as a run resumed from a checkpoint has it (:func:`~autobatch.probe.promise.relayout_created_state`)."""
+    ``layouts`` (a hand loop's) lay the optimizer state the trials made out before a settle trial:
+    ``"resumed"`` (the default for settle trials) as a run resumed from a checkpoint has it,
+    ``"fresh"`` as a new run makes it, in its first step (:mod:`~autobatch.probe.promise`)."""
 
     def __init__(
         self,
@@ -68,11 +69,11 @@ class TrialRunner:
         guard: ContextManager[object] | None = None,
         pinned: PinnedState | None = None,
         hand_loop: bool = False,
-        resume_layout: Callable[[], object] | None = None,
+        layouts: dict[str, Callable[[], object]] | None = None,
     ) -> None:
         self.fn = fn
         self.hand_loop = hand_loop
-        self.resume_layout = resume_layout
+        self.layouts = layouts or {}
         self._fresh_workspaces = getattr(memory, "device", None) if hand_loop else None
         self.pinned = pinned
         self.guard = guard
@@ -104,23 +105,24 @@ class TrialRunner:
             self.run(batch_size, purpose, steps=steps, settle=final and self.settle_final)
         return self.outcomes[batch_size]
 
-    def run(self, batch_size: int, purpose: str = "search", *, steps: int | None = None, settle: bool = False) -> TrialRecord:
-        """Run a trial even if this size was tried before (used to re-measure); ``steps``
-        calls of ``fn`` (default: a full trial). ``settle`` (a size that may be the answer): more
-        steps (:func:`~autobatch.probe.settling.most_steps`) while the step's reserved peak still grows (fragmentation
-        that shows only after a few steps); with ``purpose="confirm"`` (the answer's
-        confirmation, :func:`~autobatch.probe.search._confirm`) also cuDNN autotuning as the user
-        set it. A trial stops early once its allocated peak is above ``peak_limit``."""
+    def run(self, batch_size: int, purpose: str = "search", *, steps: int | None = None, settle: bool = False,
+            layout: str = "resumed") -> TrialRecord:
+        """Run a trial even if this size was tried before; ``steps`` calls of ``fn`` (default: a
+        full trial). ``settle`` (a size that may be the answer): more steps while the allocator
+        settles (:mod:`~autobatch.probe.settling`), the state laid out by ``layouts[layout]``, and
+        with ``purpose="confirm"`` cuDNN autotuning as the user set it. A trial stops early once
+        its allocated peak is above ``peak_limit``."""
         steps = self.steps if steps is None else steps
         notify(batch_size, purpose, None)
         # autotuning (seconds per new shape) only where the answer is confirmed: a size that
         # fails untuned never costs an autotuning pass, and the answer is known to train tuned
         tuned = settle and purpose == "confirm" and self.autotune is not None and self.autotune.wanted
-        error = self._attempt_as(batch_size, steps, settle, tuned)
+        prepare = self.layouts.get(layout) if settle else None
+        error = self._attempt_as(batch_size, steps, settle, tuned, prepare)
         if error is not None and self._garbage_was_in_the_way():
-            error = self._attempt_as(batch_size, steps, settle, tuned)
+            error = self._attempt_as(batch_size, steps, settle, tuned, prepare)
         if error is not None and settle and self._unpinned(batch_size, error):
-            error = self._attempt_as(batch_size, steps, settle, tuned)
+            error = self._attempt_as(batch_size, steps, settle, tuned, prepare)
         steps = self._steps_run
         seconds = time.perf_counter() - self._started
         peak, reserved = self._peak, self._reserved
@@ -190,12 +192,12 @@ class TrialRunner:
                 return False
         return False
 
-    def _attempt_as(self, batch_size: int, steps: int, settle: bool, tuned: bool) -> str | None:
+    def _attempt_as(self, batch_size: int, steps: int, settle: bool, tuned: bool, prepare=None) -> str | None:
         """:meth:`_attempt` under the trial's cuDNN flags; a settle trial may run up to
         :func:`~autobatch.probe.settling.most_steps` steps."""
         most = most_steps(steps, tuned) if settle else steps
         with self.autotune.trial(tuned) if self.autotune is not None else nullcontext():
-            return self._attempt(batch_size, steps, most, resumed=settle)
+            return self._attempt(batch_size, steps, most, prepare)
 
     def _unpinned(self, batch_size: int, error: str) -> bool:
         """Whether a settle trial that just failed runs again: it ran out of memory at the allocator's
@@ -237,10 +239,9 @@ class TrialRunner:
         return None if failed is None else failed.wall_bytes
 
     def short_of(self, batch_size: int) -> int | None:
-        """:attr:`TrialRecord.over_bytes` of the latest failed trial at ``batch_size`` where it is
-        a lower bound of the bytes that size needs beyond what fits (``_shortfall``); None where
-        there is no failure, no figure, or only the allocator's estimate (``wall_bytes``, which
-        can run high: ViT-B/16 on an H200 failed 101 at the wall by an estimate worth 2 samples)."""
+        """:attr:`TrialRecord.over_bytes` of the latest failed trial at ``batch_size`` where it
+        bounds the bytes that size needs beyond what fits from below (``_shortfall``); None where
+        only the allocator's estimate (``wall_bytes``) is known, which can run high."""
         failed = self._latest_failure(batch_size)
         return None if failed is None or failed.wall_bytes is not None else failed.over_bytes
 
@@ -279,14 +280,14 @@ class TrialRunner:
         self._full_collection_frees = self.memory.allocated() < before
         return self._full_collection_frees
 
-    def _attempt(self, batch_size: int, steps: int, most: int, resumed: bool = False) -> str | None:
+    def _attempt(self, batch_size: int, steps: int, most: int, prepare: Callable[[], object] | None) -> str | None:
         """Run the steps (up to ``most`` while the allocator settles); return None on success or
-        the OOM's first line. Leaves the ``except`` block before anything is freed. ``resumed``:
-        with the optimizer state laid out as a resumed run has it (``resume_layout``)."""
+        the OOM's first line. Leaves the ``except`` block before anything is freed. ``prepare``
+        lays the optimizer state out first (one of ``layouts``)."""
         release_workspaces(self._fresh_workspaces)  # each trial starts as a new process's first step
         self.memory.release_cached()
-        if resumed and self.resume_layout is not None:
-            self.resume_layout()
+        if prepare is not None:
+            prepare()
         self._baseline = self.memory.allocated()
         self._peak = self._reserved = 0
         self._step_peak = self._step_reserved = self._resident = self._fragmentation = self._inactive_split = None

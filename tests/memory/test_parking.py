@@ -123,6 +123,21 @@ def test_state_that_is_a_view_of_a_flat_buffer_stays_put():
     assert flat[:16].eq(1).all()  # still the buffer's
 
 
+def test_parking_twice_arms_each_tensor_once_and_a_layout_for_good_disarms_it():
+    """State parked again (a fresh-layout trial, then the park after the probe) is copied back
+    once; state laid out for good before a step (relayout_as_loaded) is no longer copied back."""
+    (model, optimizer), _ = _twins()
+    tensors = _state(optimizer)
+    parking.park(optimizer, tensors, contextlib.nullcontext, keep="pool 1")
+    parking.park(optimizer, tensors, contextlib.nullcontext, keep="pool 2")
+    hook = parking._HOOKS[optimizer]
+    assert len(hook.refs) == len(tensors)
+    parking._disarm(optimizer, tensors[:2])
+    assert [ref() for ref in hook.refs] == tensors[2:] and hook.keep
+    parking._disarm(optimizer, tensors[2:])
+    assert hook.refs == [] and hook.keep == []
+
+
 def test_an_error_that_is_not_an_oom_propagates():
     (model, optimizer), _ = _twins()
 

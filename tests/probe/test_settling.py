@@ -381,8 +381,9 @@ def test_a_hand_loops_trials_each_start_without_the_cublas_workspaces(monkeypatc
 
 
 def test_a_hand_loops_settle_trials_run_beside_state_laid_out_as_a_resumed_run_has_it(cudnn_flags):
-    """``resume_layout`` runs before every attempt of a settle trial (a size that may be the
-    answer), after the cache was returned, and never before a search trial."""
+    """The ``"resumed"`` layout runs before every attempt of a settle trial (a size that may be
+    the answer), after the cache was returned, and never before a search trial; ``layout=`` picks
+    another."""
     torch.backends.cudnn.benchmark = False
     events = []
     with simulated_memory("64MiB") as device:
@@ -391,8 +392,36 @@ def test_a_hand_loops_settle_trials_run_beside_state_laid_out_as_a_resumed_run_h
         memory.release_cached = lambda: (events.append("release"), release())
         step = flushing_step(memory, from_size=10**9)
         runner = TrialRunner(lambda n: (events.append(n), step(n)), memory, steps=2, settle_final=True,
-                             hand_loop=True, resume_layout=lambda: events.append("layout"))
+                             hand_loop=True, layouts={"resumed": lambda: events.append("resumed"),
+                                                      "fresh": lambda: events.append("fresh")})
         assert runner(10)  # a search trial
         assert runner(20, final=True)  # may be the answer: it settles
         assert runner.run(30, "confirm", settle=True).passed
-    assert events == ["release", 10, 10, "release", "layout", 20, 20, "release", "layout", 30, 30]
+        assert runner.run(30, "fresh", settle=True, layout="fresh").passed
+    assert events == ["release", 10, 10, "release", "resumed", 20, 20, "release", "resumed", 30, 30,
+                      "release", "fresh", 30, 30]
+
+
+def test_a_hand_loops_answer_steps_down_until_it_passes_in_both_layouts(cudnn_flags):
+    """A hand loop's answer must pass a settle trial beside the state laid out as a new run makes
+    it too; where it does not, the answer steps down and passes both (each size below confirmed
+    again in the resumed layout)."""
+    from autobatch.probe.search import in_both_layouts
+
+    torch.backends.cudnn.benchmark = False
+    layout = {"now": None}
+    with simulated_memory("64MiB") as device:
+        memory = FlushingMemory(device)
+
+        def step(batch_size: int) -> None:
+            if layout["now"] == "fresh" and batch_size > 40:
+                raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 MiB")
+            torch.empty(batch_size * 1000, dtype=torch.uint8)
+
+        runner = TrialRunner(step, memory, steps=3, peak_limit=60 * MiB, settle_final=True, hand_loop=True,
+                             layouts={name: (lambda name=name: layout.update(now=name)) for name in ("resumed", "fresh")})
+        assert runner.run(42, "confirm", settle=True).passed
+        assert in_both_layouts(runner, 42, 1) == 40
+    tried = [(r.batch_size, r.purpose, r.passed) for r in runner.records]
+    assert tried == [(42, "confirm", True), (42, "fresh", False), (41, "confirm", True), (41, "fresh", False),
+                     (40, "confirm", True), (40, "fresh", True)]
