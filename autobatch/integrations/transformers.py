@@ -27,6 +27,7 @@ import torch
 
 from ..probe.find import find_max_batch
 from ..probe.result import ProbeResult
+from ..planning.accumulation import AccumulatingStep
 from ..probe.train_step import TrainStep
 from ..training.batch_ops import to_device
 from .global_batch import accumulation_for
@@ -70,18 +71,24 @@ def fit_batch_size(
         if global_batch % world:
             raise ValueError(f"global_batch={global_batch} does not split over {world} processes; use a multiple")
         max_batch = min(max_batch or global_batch // world, global_batch // world)
+    shard = _shard_length(trainer.train_dataset, world)
+    if shard is not None:  # no batch larger than a process's share of the training set
+        max_batch = min(max_batch or shard, shard)
     if sample is None:
         if trainer.train_dataset is None:
             raise ValueError("fit_batch_size needs trainer.train_dataset (or pass sample=)")
         sample = longest_sample(trainer.train_dataset)
     step, created = _train_step(trainer, sample)
+    options = dict(memory_limit=memory_limit, margin=margin, multiple_of=multiple_of, strategy=strategy,
+                   steps_per_trial=steps_per_trial, device=args.device,
+                   # the Trainer's loop trains the answer, and it cannot replay a step that runs out of memory
+                   **{"hand_loop": True, **probe_options})
     try:
-        result = find_max_batch(
-            step, memory_limit=memory_limit, margin=margin, multiple_of=multiple_of, max_batch=max_batch,
-            strategy=strategy, steps_per_trial=steps_per_trial, device=args.device,
-            # the Trainer's loop trains the answer, and it cannot replay a step that runs out of memory
-            **{"hand_loop": True, **probe_options},
-        )
+        result = find_max_batch(step, max_batch=max_batch, **options)
+        if global_batch is not None and global_batch // world > result.batch_size:
+            # the Trainer will accumulate: its later micro-batches run beside the earlier ones'
+            # gradients, which a one-batch step never holds (as plan() probes an accumulated plan)
+            result = find_max_batch(AccumulatingStep(step), max_batch=result.batch_size, **options)
     finally:
         if created:
             trainer.optimizer = None  # train() creates it afresh, as it would have
@@ -127,6 +134,14 @@ def _length(value: Any) -> int:
     if isinstance(value, Sequence) and not isinstance(value, str):
         return len(value)
     return 0
+
+
+def _shard_length(dataset: Any, world: int) -> int | None:
+    """Samples of ``dataset`` each of ``world`` processes trains per epoch (None: no length)."""
+    try:
+        return max(1, len(dataset) // world) if dataset is not None else None
+    except TypeError:
+        return None
 
 
 def _train_step(trainer: Any, sample: Mapping[str, Any]) -> tuple[TrainStep, bool]:

@@ -93,3 +93,41 @@ def test_a_stream_is_read_for_its_first_samples_only(caplog):
     with caplog.at_level("WARNING", logger="autobatch"):
         longest = longest_sample(Endless())
     assert len(longest["input_ids"]) == 7 and "no length" in caplog.text
+
+
+def test_the_batch_is_capped_at_each_processs_share_of_the_training_set(tmp_path):
+    """A per-device batch larger than the training set trains nothing under drop_last (an
+    epoch of no batch); the probe stops at the set's length (64 samples here)."""
+    trainer = make_trainer(tmp_path, PadCollator())
+    with simulated_memory("1GiB"):
+        result = fit_batch_size(trainer, strategy="binary")
+        trainer.train()
+    assert result.batch_size == trainer.args.per_device_train_batch_size == len(LENGTHS)
+    assert trainer.state.global_step == 2
+
+
+def test_an_accumulated_answer_is_probed_with_the_earlier_micro_batches_gradients_held(tmp_path, monkeypatch):
+    """With gradient accumulation the Trainer's later micro-batches run beside the earlier ones'
+    gradients, which a one-batch step never holds: the micro-batch is probed again as an
+    accumulated step, and train() runs under the same budget (a Trainer of this shape set to the
+    one-batch answer, 3 x 2, ran out of memory in the softmax backward in a user's script)."""
+    import autobatch.integrations.transformers as integration
+    from autobatch.planning.accumulation import AccumulatingStep
+
+    probed = []
+    real = integration.find_max_batch
+    monkeypatch.setattr(integration, "find_max_batch", lambda step, **kw: probed.append(type(step)) or real(step, **kw))
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(vocab_size=16384, n_positions=64, n_embd=64, n_layer=2, n_head=2)
+    data = [{"input_ids": [(i * 7 + j) % 16384 for j in range(40)]} for i in range(256)]
+    arguments = transformers.TrainingArguments(
+        output_dir=str(tmp_path), per_device_train_batch_size=2, max_steps=3, use_cpu=True, report_to=[],
+        save_strategy="no", logging_strategy="no")
+    trainer = transformers.Trainer(model=transformers.GPT2LMHeadModel(config), args=arguments, train_dataset=data,
+                                   data_collator=PadCollator())
+    with simulated_memory("40MiB"):
+        fit_batch_size(trainer, global_batch=6, cache=False)
+        trainer.train()  # an OOM here fails the test
+    size, accumulation = trainer.args.per_device_train_batch_size, trainer.args.gradient_accumulation_steps
+    assert size * accumulation == 6 and accumulation > 1
+    assert probed[-1] is AccumulatingStep and trainer.state.global_step == 3
