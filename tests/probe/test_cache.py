@@ -146,7 +146,7 @@ def test_a_cuda_answer_is_keyed_by_the_allocator_segments(monkeypatch):
     step, _ = _variant("baseline")
 
     def key(device: str, expandable: bool) -> str:
-        monkeypatch.setattr(probe_cache, "expandable_segments", lambda: expandable)
+        monkeypatch.setattr("autobatch.probe.cache_key.expandable_segments", lambda: expandable)
         return probe_cache.key_of(probe_cache.key_components(step, device=device, capacity=2**33, memory_limit=None, probe={}))
 
     assert key("cuda:0 (NVIDIA H200)", True) != key("cuda:0 (NVIDIA H200)", False)
@@ -289,3 +289,84 @@ def test_cudnn_autotuning_is_in_the_key(monkeypatch):
     monkeypatch.setattr(torch.backends.cudnn, "benchmark", not torch.backends.cudnn.benchmark)
     assert _key(*_variant("baseline")) != baseline
 
+
+
+class _Config:
+    def __init__(self, n_passes: int) -> None:
+        self.n_passes = n_passes
+
+
+class _Repeated(torch.nn.Module):
+    """A model whose activations grow with a setting held in a config object."""
+
+    scale = 1  # a class attribute forward reads
+
+    def __init__(self, config: _Config) -> None:
+        super().__init__()
+        self.config = config
+        self.layer = torch.nn.Linear(8, 8)
+
+    def forward(self, x):
+        for _ in range(self.config.n_passes * self.scale):
+            x = self.layer(x)
+        return x
+
+
+N_PASSES = 1  # a global a loss reads
+
+
+def _step_with(config=1, loss=None, scale=1):
+    model = _Repeated(_Config(config))
+    model.scale = scale if scale != 1 else model.scale
+    loss = loss or (lambda m, b: m(b).square().mean())
+    return autobatch.TrainStep(model, torch.optim.SGD(model.parameters(), lr=0.1), loss, lambda n: torch.randn(n, 8))
+
+
+def _step_key(step) -> str:
+    return probe_cache.key_of(probe_cache.key_components(step, device="cpu", capacity=2**26, memory_limit=None, probe={}))
+
+
+def test_the_key_follows_the_values_the_code_reads():
+    """A config object's fields, a class attribute, a partial's arguments, a closure's cells and
+    the plain globals a loss names all change the answer, so they change the key (each was
+    served a stale answer about twice too large)."""
+    import functools
+
+    def loss_over(m, b, passes):
+        return sum(m(b).square().mean() for _ in range(passes))
+
+    def closure_over(passes):
+        return lambda m, b: sum(m(b).square().mean() for _ in range(passes))
+
+    def global_loss(m, b):
+        return sum(m(b).square().mean() for _ in range(N_PASSES))
+
+    assert _step_key(_step_with(config=1)) != _step_key(_step_with(config=4))
+    assert _step_key(_step_with(scale=1)) == _step_key(_step_with(scale=1))
+    assert _step_key(_step_with(loss=functools.partial(loss_over, passes=1))) != _step_key(
+        _step_with(loss=functools.partial(loss_over, passes=4)))
+    assert _step_key(_step_with(loss=closure_over(1))) != _step_key(_step_with(loss=closure_over(4)))
+    before = _step_key(_step_with(loss=global_loss))
+    globals()["N_PASSES"] = 4
+    try:
+        assert _step_key(_step_with(loss=global_loss)) != before
+    finally:
+        globals()["N_PASSES"] = 1
+    assert _step_key(_step_with(config=1)) == _step_key(_step_with(config=1))  # stable across instances
+
+
+def test_a_class_attribute_read_in_forward_changes_the_key(monkeypatch):
+    before = _step_key(_step_with())
+    monkeypatch.setattr(_Repeated, "scale", 3)
+    assert _step_key(_step_with()) != before
+
+
+def test_a_cache_key_object_is_keyed_by_its_fields(tmp_path):
+    """An object passed as cache_key is keyed by its public fields, not its class name alone."""
+
+    def components(key):
+        return probe_cache.key_components(lambda n: None, cache_key=key, device="cpu", capacity=2**26,
+                                          memory_limit=None, probe={})
+
+    assert probe_cache.key_of(components(_Config(1024))) != probe_cache.key_of(components(_Config(4096)))
+    assert probe_cache.key_of(components(_Config(1024))) == probe_cache.key_of(components(_Config(1024)))

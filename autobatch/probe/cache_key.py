@@ -1,0 +1,255 @@
+"""The probe cache's key: everything that changes a probe's answer, as JSON-able data.
+
+:func:`key_components` describes a :class:`~autobatch.TrainStep` (its model, code, inputs,
+optimizer, precision, clipping), the device, the versions and the probe's settings;
+:func:`key_of` hashes them (:mod:`~autobatch.probe.cache` stores one entry per key). The code
+of the loss and of every module's ``forward`` is keyed by content, with the values it reads
+that are not in its bytecode: a closure's cells, a ``functools.partial``'s arguments, the plain
+globals it names, a bound method's object; and each module by its plain settings, including
+those of a config object it holds (``self.config.n_passes``) and of its class.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import math
+from typing import Any, Callable
+
+import torch
+
+from ..memory.allocator import expandable_segments
+from ..version import __version__
+from .train_step import TrainStep
+
+__all__ = ["CAPACITY_STEP", "STATE_HYPERPARAMETERS", "key_components", "key_of", "step_components"]
+
+#: Device capacity enters the key in steps of this many bytes.
+CAPACITY_STEP = 64 * 1024**2
+#: Optimizer hyperparameters that change the optimizer's state or its temporaries.
+STATE_HYPERPARAMETERS = (
+    "momentum", "nesterov", "dampening", "amsgrad", "foreach", "fused", "capturable",
+    "differentiable", "centered", "weight_decay", "decoupled_weight_decay",
+)
+
+
+# -- the key --------------------------------------------------------------------------------
+def _hash_code(code: Any, digest: "hashlib._Hash") -> None:
+    """Feed a code object into ``digest``: bytecode, names and constants, nested code objects
+    (lambdas, generator expressions) by their content, never by their address."""
+    digest.update(code.co_code)
+    digest.update(repr(code.co_names).encode())
+    for const in code.co_consts:
+        if hasattr(const, "co_code"):
+            _hash_code(const, digest)
+        else:
+            digest.update(repr(const).encode())
+
+
+#: how deep the key follows a config object, a closure's cells or a partial's arguments
+DEPTH = 3
+#: containers longer than this are keyed by their length only
+BREADTH = 64
+
+
+def _code_hash(fn: Any, depth: int = 0) -> str:
+    """A hash of ``fn``'s code and of the values it reads that its bytecode does not hold: a
+    ``functools.partial``'s function and arguments, a bound method's object, a closure's cells
+    and the plain globals its code names (a loss over ``n_passes`` keyed by its value)."""
+    if isinstance(fn, functools.partial):
+        return _digest([_code_hash(fn.func, depth + 1), _describe(fn.args, depth + 1), _describe(fn.keywords, depth + 1)])
+    owner = getattr(fn, "__self__", None)
+    fn = getattr(fn, "__func__", fn)
+    code = getattr(fn, "__code__", None)
+    if code is None and callable(fn) and not isinstance(fn, type):  # a callable object
+        owner, fn = fn, getattr(type(fn), "__call__", None)
+        code = getattr(fn, "__code__", None)
+    if code is None:
+        return getattr(fn, "__qualname__", type(fn).__qualname__)
+    digest = hashlib.sha256()
+    _hash_code(code, digest)
+    cells = [cell.cell_contents for cell in getattr(fn, "__closure__", None) or () if _filled(cell)]
+    reads = {"cells": _describe(cells, depth + 1), "globals": _globals_read(fn, code)}
+    if owner is not None and not isinstance(owner, (torch.nn.Module, type)):
+        reads["self"] = _describe(owner, depth + 1)
+    digest.update(json.dumps(reads, sort_keys=True, default=str).encode())
+    return digest.hexdigest()[:16]
+
+
+def _filled(cell: Any) -> bool:
+    try:
+        cell.cell_contents
+    except ValueError:  # a cell not yet assigned
+        return False
+    return True
+
+
+def _globals_read(fn: Any, code: Any) -> dict[str, Any]:
+    """The plain values (numbers, strings, tuples of them) among the globals ``code`` names."""
+    names, stack = set(), [code]
+    while stack:
+        current = stack.pop()
+        names.update(current.co_names)
+        stack.extend(const for const in current.co_consts if hasattr(const, "co_code"))
+    scope = getattr(fn, "__globals__", {})
+    return {name: _describe(scope[name], DEPTH) for name in sorted(names) if name in scope and _is_plain(scope[name])}
+
+
+def _is_plain(value: Any) -> bool:
+    if isinstance(value, (tuple, list)):
+        return all(isinstance(item, _PLAIN) for item in value)
+    return isinstance(value, _PLAIN)
+
+
+def _digest(parts: Any) -> str:
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def _describe(value: Any, depth: int = 0) -> Any:
+    """JSON-able data that changes when ``value`` changes the answer: tensors by shape and
+    dtype, containers item by item, other objects by class and (to :data:`DEPTH`) their public
+    attributes; a module by its class (its structure is keyed by ``model``), a callable by its
+    code."""
+    if isinstance(value, torch.Tensor):
+        return {"shape": list(value.shape), "dtype": str(value.dtype), "device": value.device.type}
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value if not isinstance(value, float) or math.isfinite(value) else str(value)
+    if isinstance(value, (dict, list, tuple, set, frozenset)) and len(value) > BREADTH:
+        return {"class": type(value).__qualname__, "len": len(value)}  # a vocabulary, a dataset: not item by item
+    if depth >= DEPTH or isinstance(value, (torch.nn.Module, type)):
+        return type(value).__qualname__ if not isinstance(value, type) else value.__qualname__
+    if isinstance(value, dict):
+        return {str(key): _describe(item, depth + 1) for key, item in sorted(value.items(), key=lambda kv: str(kv[0]))}
+    if isinstance(value, (list, tuple, set, frozenset)):
+        items = [_describe(item, depth + 1) for item in value]
+        return sorted(items, key=str) if isinstance(value, (set, frozenset)) else items
+    if callable(value) and (hasattr(value, "__code__") or isinstance(value, functools.partial)):
+        return {"code": _code_hash(value, depth + 1)}
+    attributes = getattr(value, "__dict__", None)
+    if isinstance(attributes, dict):
+        public = {name: item for name, item in attributes.items() if not name.startswith("_")}
+        return {"class": type(value).__qualname__, **{name: _describe(item, depth + 1) for name, item in public.items()}}
+    return {"class": type(value).__qualname__, "repr": repr(value) if " at 0x" not in repr(value) else None}
+
+
+def _inputs(make_batch: Callable[[int], Any]) -> Any:
+    """Shapes and dtypes of batches of 1 and 2, built with fake tensors (no memory)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    try:
+        with FakeTensorMode(allow_non_fake_inputs=True):
+            return [_describe(make_batch(1)), _describe(make_batch(2))]
+    except Exception:  # noqa: BLE001 - a make_batch fake tensors cannot run: build them for real
+        return [_describe(make_batch(1)), _describe(make_batch(2))]
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.item() if value.numel() == 1 else list(value.shape)
+    if isinstance(value, (bool, int, float, str)) or value is None:
+        return value
+    return repr(value)
+
+
+def _optimizer(optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    groups = []
+    for group in optimizer.param_groups:
+        settings = {name: _plain(group[name]) for name in STATE_HYPERPARAMETERS if name in group}
+        for name in ("momentum", "weight_decay"):  # only whether it is on changes memory
+            if name in settings and isinstance(settings[name], (int, float)):
+                settings[name] = bool(settings[name])
+        groups.append({"params": len(group["params"]), **settings})
+    state_tensors = sum(
+        1 for state in optimizer.state.values() for value in state.values() if isinstance(value, torch.Tensor)
+    )
+    return {"class": type(optimizer).__qualname__, "groups": groups, "state_tensors": state_tensors}
+
+
+def step_components(step: TrainStep) -> dict[str, Any]:
+    """The parts of the key that describe a :class:`TrainStep`."""
+    model = step.model
+    classes = {type(module) for module in model.modules()}
+    return {
+        "model": {
+            # with each module's settings: heads, a scale factor, train or eval change the memory
+            "modules": [[name, type(module).__qualname__, _settings(module)] for name, module in model.named_modules()],
+            "parameters": [
+                [name, list(p.shape), str(p.dtype), p.requires_grad] for name, p in model.named_parameters()
+            ],
+            "buffers": [[name, list(b.shape), str(b.dtype)] for name, b in model.named_buffers()],
+            # Blocks whose forward is replaced on the instance (activation checkpointing, by
+            # autobatch's planner or anyone's wrapper) train with a different memory profile.
+            "checkpointed": sorted(name for name, module in model.named_modules() if "forward" in module.__dict__),
+        },
+        "code": {
+            "loss_fn": _code_hash(step.loss_fn),
+            "forward": sorted(f"{cls.__qualname__}:{_code_hash(cls.forward)}" for cls in classes),
+            "step": type(step).__qualname__,
+        },
+        "inputs": _inputs(step.make_batch),
+        "optimizer": _optimizer(step.optimizer),
+        "precision": {
+            "autocast": str(step.autocast_dtype) if step.autocast_dtype is not None else None,
+            "grad_scaler": type(step.grad_scaler).__qualname__ if step.grad_scaler is not None else None,
+        },
+        "clipping": step.max_grad_norm,  # clip_grad_norm_ allocates the norms of every gradient
+    }
+
+
+_PLAIN = (bool, int, float, str, type(None))
+
+
+def _settings(module: torch.nn.Module) -> dict[str, Any]:
+    """A module's public attributes (``num_heads``, ``scale_factor``, ``max_norm``,
+    ``training``, a config object's fields...) and its class's plain ones: what shapes its
+    activations beside its parameters' shapes and its code."""
+    settings = {}
+    for name, value in vars(type(module)).items():
+        if not name.startswith("_") and _is_plain(value):
+            settings[f"class.{name}"] = _describe(value)
+    for name, value in vars(module).items():
+        if name.startswith("_") or callable(value) and not hasattr(value, "__dict__"):
+            continue
+        settings[name] = _describe(value, 1)
+    return settings
+
+
+def key_components(
+    fn: Any,
+    *,
+    cache_key: Any = None,
+    device: str,
+    capacity: int | None,
+    memory_limit: int | None,
+    probe: dict[str, Any],
+) -> dict[str, Any] | None:
+    """Everything that changes a probe's answer, as JSON-able data; None when ``fn`` is a plain
+    callable without a ``cache_key`` (nothing to key on)."""
+    if isinstance(fn, TrainStep):
+        components = step_components(fn)
+    elif cache_key is not None:
+        components = {}
+    else:
+        return None
+    if cache_key is not None:
+        components["user_key"] = _describe(cache_key) if not isinstance(cache_key, str) else cache_key
+    components["device"] = {
+        "name": device,
+        "capacity_steps": None if capacity is None else capacity // CAPACITY_STEP,
+        "memory_limit": memory_limit,
+        "cudnn_benchmark": bool(torch.backends.cudnn.benchmark),  # autotuned workspaces change the answer
+    }
+    if device.startswith("cuda"):  # where free memory may sit decides what fits at the edge
+        components["device"]["expandable_segments"] = expandable_segments()
+    components["versions"] = {"torch": torch.__version__, "autobatch": __version__}
+    components["probe"] = dict(probe)
+    return components
+
+
+def key_of(components: dict[str, Any]) -> str:
+    """SHA-256 of the canonical JSON of ``components``."""
+    canonical = json.dumps(components, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
