@@ -80,6 +80,7 @@ class Resumable:
             "step": self.step,
             "epoch": self.epoch,
             "position": self.position,
+            "global_batch": self.global_batch,
             "micro_batch": self.micro_batch,
             "growth": self.growth.state_dict(),
             "checkpointed_modules": None if self.checkpoint_handle is None else self.checkpoint_handle.modules,
@@ -132,6 +133,12 @@ class Resumable:
             log.warning("resume: the epoch has only %d batches, the checkpoint is at %d", skipped, self.position)
         set_rng_state(resumed_rng, self._data_generators)
         return batches
+
+    def _continued_rng(self) -> dict[str, Any] | None:
+        """Where an earlier ``fit()`` of this runner stopped inside an epoch (by ``steps``): the
+        random state now, so the next ``fit()`` replays that epoch's start and skips the batches
+        it trained, as a resume does, instead of training them again; else None."""
+        return rng_state(self._data_generators) if self.position > 0 and self._epoch_rng is not None else None
 
     def _stopped_at_epoch_end(self, data: Iterable[Any]) -> None:
         """A run stopped by ``steps`` at an epoch's last batch has completed that epoch: count it,
@@ -189,7 +196,8 @@ class Resumable:
             self.scheduler.load_state_dict(state["scheduler"])
         if self.grad_scaler is not None and state.get("grad_scaler"):
             self.grad_scaler.load_state_dict(state["grad_scaler"])
-        self.step, self.epoch, self.position = state["step"], state["epoch"], state["position"]
+        self.step, self.epoch = state["step"], state["epoch"]
+        self.position = _position_for(path, state["position"], state.get("global_batch"), self.global_batch)
         self.micro_batch = state["micro_batch"]
         self.initial_micro_batch = self.initial_micro_batch or self.micro_batch
         self.growth.load_state_dict(state["growth"])
@@ -206,6 +214,24 @@ class Resumable:
         log.info("resumed from %s at step %d (epoch %d, batch %d), micro-batch %d", path, self.step, self.epoch, self.position, self.micro_batch)
         set_rng_state(rng, self._data_generators)
         return rng
+
+
+def _position_for(path: Path, position: int, saved: int | None, global_batch: int) -> int:
+    """The checkpoint's position in its epoch (batches trained) in batches of this run's
+    ``global_batch``: the same samples, counted again, so a resumed run neither repeats nor
+    skips one. A position that is no whole number of the new batches is one clear error."""
+    if saved is None or saved == global_batch or position == 0:
+        return position
+    samples = position * saved
+    if samples % global_batch:
+        raise CheckpointError(
+            path, f"it stopped {position} batches of {saved} into its epoch ({samples} samples), which is no whole "
+            f"number of batches of global_batch={global_batch}; resume with global_batch={saved} (or a divisor of "
+            f"{samples}), or from a checkpoint at an epoch's end",
+        )
+    log.warning("resume: the checkpoint trained batches of %d and this run's are of %d: %d samples into the epoch, "
+                "batch %d of this run's", saved, global_batch, samples, samples // global_batch)
+    return samples // global_batch
 
 
 def epoch_length(data: Iterable[Any], epochs: int | None) -> int | None:

@@ -244,10 +244,9 @@ class Runner(OomRecovery, Resumable, PlansFromData):
             raise TypeError(f"data must be an iterable of global batches (a DataLoader, a list, a generator), got {type(data).__name__}")
         began = time.perf_counter()
         self._data_generators = data_generators(data)
-        resumed_rng = first_epoch = None
-        if resume is not None:
-            resumed_rng = self._load(resume)
-        elif self.micro_batch is None:  # planned on the first epoch's first batch, which is then trained
+        first_epoch = None
+        resumed_rng = self._load(resume) if resume is not None else self._continued_rng()
+        if resumed_rng is None and self.micro_batch is None:  # planned on the first epoch's first batch, which is then trained
             first_epoch = self._plan_first(self._epoch_iterator(data, None))
         if self.distributed:  # every rank starts from rank 0's weights
             self._parallel.start(self._train_step.model)

@@ -151,3 +151,42 @@ def test_sigkill_at_20_random_moments_resumes_bit_equal(tmp_path):
     for run in runs:
         assert run["killed"] and run["resumed_exit"] == 0 and run["steps"] == TOTAL_STEPS, run
         assert run["bit_equal"], run
+
+
+def _counting_run(global_batch: int, trained, checkpoint_dir=None) -> Runner:
+    torch.manual_seed(0)
+    model = torch.nn.Linear(16, 4)
+
+    def loss_fn(m, batch):
+        trained.extend(batch[1].tolist())
+        return m(batch[0]).square().mean()
+
+    return Runner(model, torch.optim.SGD(model.parameters(), lr=0.1), loss_fn, global_batch=global_batch,
+                  micro_batch=8, checkpoint_dir=checkpoint_dir, grow_after=None, progress=False)
+
+
+def _batches(global_batch: int):
+    x, ids = torch.randn(64, 16, generator=torch.Generator().manual_seed(1)), torch.arange(64)
+    return [(x[i:i + global_batch], ids[i:i + global_batch]) for i in range(0, 64, global_batch)]
+
+
+def test_resuming_with_another_global_batch_counts_the_same_samples(tmp_path):
+    """The checkpoint's position is converted to batches of the new size (32 -> 16: batch 2);
+    a position that is no whole number of them is one CheckpointError naming what to change."""
+    trained: list[int] = []
+    _counting_run(32, trained, tmp_path / "a").fit(_batches(32), steps=1)
+    _counting_run(16, trained).fit(_batches(16), epochs=1, resume=tmp_path / "a")
+    assert sorted(trained) == list(range(64))  # every sample once
+    _counting_run(16, [], tmp_path / "b").fit(_batches(16), steps=1)
+    with pytest.raises(autobatch.CheckpointError, match="global_batch=16"):
+        _counting_run(32, []).fit(_batches(32), epochs=1, resume=tmp_path / "b")
+
+
+def test_fit_again_on_the_same_runner_goes_on_inside_the_epoch():
+    """steps and epochs count the whole run: a second fit() after one stopped mid-epoch trains
+    the epoch's remaining batches, not its first ones again."""
+    trained: list[int] = []
+    runner = _counting_run(16, trained)
+    runner.fit(_batches(16), steps=2)
+    runner.fit(_batches(16), steps=4)
+    assert sorted(trained) == list(range(64)) and runner.epoch == 1
