@@ -121,7 +121,10 @@ class Resumable:
         """A fresh iterator over ``data``; on resume, replays the epoch's start and skips the
         batches already trained, so a shuffled DataLoader yields the same order. A checkpoint
         at an epoch boundary (position 0: the run ended with whole epochs) starts the next
-        epoch afresh from the random state it saved, as the uninterrupted run would have."""
+        epoch afresh from the random state it saved, as the uninterrupted run would have. A
+        sampler with ``set_epoch`` (``DistributedSampler``) is told the epoch first, so each
+        epoch draws its own order, a resumed one the interrupted run's."""
+        _set_epoch(data, self.epoch)
         if resumed_rng is None or self._epoch_rng is None or self.position == 0:
             self._epoch_rng = rng_state(self._data_generators)
             self.position = 0
@@ -214,6 +217,19 @@ class Resumable:
         log.info("resumed from %s at step %d (epoch %d, batch %d), micro-batch %d", path, self.step, self.epoch, self.position, self.micro_batch)
         set_rng_state(rng, self._data_generators)
         return rng
+
+
+def _set_epoch(data: Iterable[Any], epoch: int) -> None:
+    """``set_epoch(epoch)`` on ``data``'s sampler and batch sampler (a DataLoader's) or on
+    ``data`` itself, where they have it: a ``DistributedSampler`` shuffles by it, and drew the
+    same order every epoch without it."""
+    seen = set()
+    for holder in (data, getattr(data, "sampler", None), getattr(data, "batch_sampler", None),
+                   getattr(getattr(data, "batch_sampler", None), "sampler", None)):
+        set_epoch = getattr(holder, "set_epoch", None)
+        if callable(set_epoch) and id(holder) not in seen:
+            seen.add(id(holder))
+            set_epoch(epoch)
 
 
 def _position_for(path: Path, position: int, saved: int | None, global_batch: int) -> int:

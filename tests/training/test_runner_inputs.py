@@ -89,3 +89,28 @@ def test_bad_runner_arguments_name_the_argument(changes, error, match):
 def test_bad_fit_arguments_name_the_argument(data, fit, error, match):
     with pytest.raises(error, match=match):
         _runner(micro_batch=8).fit(data, **fit)
+
+
+def test_a_distributed_sampler_is_told_each_epoch():
+    """A DistributedSampler shuffles by the epoch it is told: the runner, which owns the epoch
+    loop, calls set_epoch, so each epoch draws its own order (the same order every epoch before)."""
+    from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+
+    data = TensorDataset(torch.randn(32, 4), torch.arange(32))
+    sampler = DistributedSampler(data, num_replicas=1, rank=0, shuffle=True, seed=0)
+    loader = DataLoader(data, batch_size=8, sampler=sampler)
+    seen: list[list[int]] = []
+    model = torch.nn.Linear(4, 1)
+
+    def loss_fn(m, batch):
+        seen.append(batch[1].tolist())
+        return m(batch[0]).square().mean()
+
+    Runner(model, torch.optim.SGD(model.parameters(), lr=0.1), loss_fn, global_batch=8, micro_batch=8,
+           progress=False).fit(loader, epochs=3)
+    orders = [sum(seen[i:i + 4], []) for i in range(0, 12, 4)]
+    expected = []
+    for epoch in range(3):
+        sampler.set_epoch(epoch)
+        expected.append(list(iter(sampler)))
+    assert orders == expected and orders[0] != orders[1]
