@@ -28,6 +28,14 @@ class TraceScaler:
     def scale(self, loss: torch.Tensor) -> torch.Tensor:
         return loss * 65536.0
 
+    def unscale_(self, optimizer: torch.optim.Optimizer) -> None:
+        """In place, as the real one (before gradient clipping): no allocation beyond a flag."""
+        with torch.no_grad():
+            for group in optimizer.param_groups:
+                for param in group["params"]:
+                    if param.grad is not None:
+                        param.grad.mul_(1 / 65536.0)
+
     def step(self, optimizer: torch.optim.Optimizer) -> None:
         optimizer.step()
 

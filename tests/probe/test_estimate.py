@@ -129,6 +129,17 @@ def test_grad_scaler_and_lr_scheduler_are_not_disturbed():
     assert not step.optimizer.state and scheduler.last_epoch == 0
 
 
+def test_an_fp16_step_with_gradient_clipping_is_estimated():
+    """The standard fp16 recipe unscales the gradients before clipping them: the trace's scaler
+    does that in place too (it had no unscale_, and the estimate failed)."""
+    step = make_mlp_step(width=64)
+    step.grad_scaler, step.max_grad_norm = torch.amp.GradScaler("cpu"), 1.0
+    with simulated_memory("8MiB"):
+        estimated = find_max_batch(step, strategy="estimate", cache=False).batch_size
+        probed = find_max_batch(step, strategy="binary", cache=False).batch_size
+    assert abs(estimated - probed) <= 0.05 * probed
+
+
 def test_untraceable_step_raises_estimate_error():
     step = make_mlp_step(width=64)
     plain_loss = step.loss_fn
