@@ -141,6 +141,8 @@ def find_executable_batch_size(
                 # leave the handler: only the message is kept, the failed frames are released
             else:
                 attempt.seconds, attempt.ok = time.perf_counter() - began, True
+                if memory is not None:
+                    attempt.peak_bytes = memory.peak()
                 return value
             watch.repair()  # an optimizer step the OOM interrupted leaves no half-created state
             free_memory()
