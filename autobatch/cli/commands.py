@@ -247,14 +247,23 @@ def _prepare(cfg: DictConfig, workload: Workload, out_dir: Path, command: str,
     return dict(global_batch=global_batch, micro_batch=micro, max_micro_batch=ceiling, plan=planned, probe=result, notes=notes)
 
 
-def _agreed_resume_target(value: str, checkpoint_dir: str, base: Path, out_dir: Path) -> tuple[Path, bool]:
+def _agreed_resume_target(value: str, checkpoint_dir: str, base: Path, out_dir: Path,
+                          sweep: bool = False) -> tuple[Path, bool]:
     """The checkpoint to resume and whether it is the run directory's own, judged by every rank
     before any rank writes into the shared run directory (one sync point under ``torchrun``):
     without it, rank 0 went on and made ``metrics.jsonl`` while a later rank still looked, and
-    took it for another run's."""
+    took it for another run's. In a ``sweep``, ``latest`` is only a job's own checkpoint: the
+    newest elsewhere may be an earlier job's of the same sweep (each job then resumed the last)."""
     def judge() -> tuple[Path, bool]:
         path = find_resume(value, checkpoint_dir, base, run_dir=out_dir)
-        return path, check_resume_target(path, out_dir, checkpoint_dir, value)  # never another run's files
+        own = check_resume_target(path, out_dir, checkpoint_dir, value)  # never another run's files
+        if sweep and value == "latest" and not own:
+            raise ValueError(
+                f"train.resume=latest in a sweep (-m) resumes each job from its own run directory (continue a sweep "
+                f"with its hydra.sweep.dir), and {out_dir} holds no checkpoint; the newest elsewhere, {path}, may be "
+                "an earlier job's of this sweep: give train.resume=PATH to start every job from one checkpoint"
+            )
+        return path, own
 
     return _on_every_rank(judge, "cli: resume target", f"train.resume={value}")
 
@@ -280,7 +289,8 @@ def _resume_from(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
     micro-batch, the checkpointing wrap and the RNG)."""
     base = Path(HydraConfig.get().runtime.cwd)
     value = str(cfg.train.resume)
-    path, own = _agreed_resume_target(value, cfg.train.checkpoint_dir, base, out_dir)
+    sweep = HydraConfig.get().mode == RunMode.MULTIRUN
+    path, own = _agreed_resume_target(value, cfg.train.checkpoint_dir, base, out_dir, sweep=sweep)
     state = read_checkpoint(path, sharded=bool(cfg.train.get("fsdp")))
     global_batch = int(state["result"]["global_batch"])
     wanted = cfg.train.global_batch

@@ -112,6 +112,8 @@ def check_sizes(cfg: DictConfig) -> None:
                 continue
             value = node[field.name]
             values = list(value) if kind == "list" and value is not None else [value]
+            if kind == "list" and value is not None and not values:
+                raise ValueError(f"{group}.{field.name} must be a non-empty list of positive integers, got []")
             if any(v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1) for v in values):
                 shown = OmegaConf.to_container(value) if isinstance(value, ListConfig) else value
                 what = "positive integers" if kind == "list" else "a positive integer"

@@ -48,6 +48,7 @@ BAD_INPUT = [
     (["probe", "model.layers=-1"], "model.layers must be a positive integer, got -1"),
     (["probe", "data.vocab_size=0"], "data.vocab_size must be a positive integer, got 0"),
     (["probe", "model=mlp", "data.shape=[0,3]"], "data.shape must be positive integers, got [0, 3]"),
+    (["probe", "model=mlp", "data.shape=[]"], "data.shape must be a non-empty list of positive integers, got []"),
     (["probe", "data.min_seq_len=300", "data.seq_len=256"], "data.min_seq_len=300 is larger than data.seq_len=256"),
     (["probe", "model=cnn", "data.shape=[64]"], "data.shape=[64] does not suit model._target_=autobatch.workloads.models.ResNetCNN"),
     (["probe", "model.inputs=tensor"], "model.inputs=tensor: GPT takes tokens"),

@@ -6,7 +6,7 @@ import csv
 
 import pytest
 
-from conftest import SMALL
+from conftest import SMALL, run_cli
 
 from autobatch.cli.sweep import COLUMNS, render_markdown
 
@@ -96,3 +96,21 @@ def test_a_sweep_into_an_earlier_sweeps_directory_lists_only_its_own_jobs(cli, t
     assert [(r["job"], r["overrides"].split()[0]) for r in rows] == [("0", "model=gpt"), ("1", "model=gpt")]
     assert "2 jobs, 0 failed" in done.stdout
     assert (tmp_path / "sweep" / "3" / "summary_row.json").is_file()  # the earlier sweep's files are kept
+
+
+def test_resume_latest_in_a_sweep_is_each_jobs_own_checkpoint(tmp_path):
+    """A sweep continued in its own directory resumes each job from its own checkpoint; a sweep
+    whose jobs have none is refused, each job with one line (it used to resume every job from
+    the newest checkpoint, an earlier job's of the same sweep, and train nothing)."""
+    args = ("model=mlp", "train.micro_batch=8", *SMALL[:3], "optimizer.lr=0.001,0.01")
+    first = tmp_path / "multirun" / "train" / "first"
+    done = run_cli("train", "-m", "train.steps=2", *args, f"hydra.sweep.dir={first}", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    done = run_cli("train", "-m", "train.steps=4", "train.resume=latest", *args, f"hydra.sweep.dir={first}", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert [r["steps"] for r in _rows(first)] == ["4", "4"]
+    done = run_cli("train", "-m", "train.steps=6", "train.resume=latest", *args,
+                   f"hydra.sweep.dir={tmp_path / 'multirun' / 'train' / 'second'}", cwd=tmp_path)
+    assert done.returncode == 1
+    assert "train.resume=latest in a sweep (-m) resumes each job from its own run directory" in done.stderr
+    assert [r["status"] for r in _rows(tmp_path / "multirun" / "train" / "second")] == ["failed", "failed"]
