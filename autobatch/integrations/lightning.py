@@ -120,6 +120,12 @@ class AutoBatchSize(Callback):
         options = dict(self.probe_options)
         share = None
         if self.global_batch is not None:
+            if not pl_module.automatic_optimization:  # Lightning accumulates only for automatic optimization
+                raise ValueError(
+                    f"global_batch={self.global_batch} needs gradient accumulation, which Lightning does not do under "
+                    "manual optimization (automatic_optimization=False: your training_step steps the optimizers); "
+                    "drop global_batch, or accumulate in your training_step"
+                )
             if self.global_batch % world:
                 raise ValueError(f"global_batch={self.global_batch} does not split over {world} ranks; use a multiple")
             share = self.global_batch // world
@@ -180,6 +186,25 @@ class AutoBatchSize(Callback):
         self.batch_size, self.accumulation = self._apply(trainer, module, share, self.confirmation.batch_size)
 
 
+def _resized(batch: Any, index: torch.Tensor, available: int) -> Any:
+    """``batch`` (the first training batch, of ``available`` samples) at ``len(index)`` samples:
+    its tensors along dim 0, and its per-sample lists of plain values (file names, raw text a
+    ``training_step`` tokenizes) item by item, so every field keeps one entry per sample."""
+    if isinstance(batch, (list, tuple)) and not hasattr(batch, "_fields") and len(batch) == available and batch and all(
+            not isinstance(item, (torch.Tensor, Mapping, list, tuple)) for item in batch):
+        return type(batch)(batch[i] for i in index.tolist())
+    if isinstance(batch, Mapping):
+        items = {key: _resized(value, index, available) for key, value in batch.items()}
+        try:
+            return type(batch)(items)
+        except TypeError:
+            return items
+    if isinstance(batch, (list, tuple)):
+        items = [_resized(value, index, available) for value in batch]
+        return type(batch)(*items) if hasattr(batch, "_fields") else type(batch)(items)
+    return map_tensors(batch, lambda t: t.index_select(0, index.to(t.device)))
+
+
 class _LightningStep:
     """``fn(batch_size)``: one training step of the module at ``batch_size``, as Lightning's
     automatic-optimization loop runs it (``_AutomaticOptimization``'s ``Closure``).
@@ -205,8 +230,7 @@ class _LightningStep:
 
     def __call__(self, batch_size: int) -> None:
         index = torch.arange(batch_size) % self.available
-        batch, *ahead = [map_tensors(self.first, lambda t: t.index_select(0, index.to(t.device)))
-                         for _ in range(1 + self.prefetch)]
+        batch, *ahead = [_resized(self.first, index, self.available) for _ in range(1 + self.prefetch)]
         # ``ahead``: Lightning's fetcher loads the next batch while this one runs when the train
         # dataloader has no length (an iterable dataset; with a length it prefetches nothing):
         # host memory on an accelerator, the same memory on the CPU

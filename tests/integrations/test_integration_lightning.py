@@ -115,6 +115,46 @@ def test_dataloaders_passed_to_fit_are_refused_as_batch_size_finder_refuses_them
         trainer(AutoBatchSize()).fit(module, train_dataloaders=torch.utils.data.DataLoader(module.data, batch_size=7))
 
 
+def test_global_batch_under_manual_optimization_is_refused():
+    """Lightning accumulates only under automatic optimization: a global batch it would need
+    accumulation for is one error, not a run at another global batch."""
+
+    class Manual(Tiny):
+        def __init__(self):
+            super().__init__()
+            self.automatic_optimization = False
+
+        def training_step(self, batch, index):
+            optimizer = self.optimizers()
+            optimizer.zero_grad()
+            self.manual_backward(nn.functional.mse_loss(self.net(batch[0]), batch[1]))
+            optimizer.step()
+
+    with pytest.raises(ValueError, match="manual optimization"):
+        trainer(AutoBatchSize(global_batch=200)).fit(Manual())
+
+
+def test_per_sample_values_that_are_not_tensors_grow_with_the_batch():
+    """A batch's per-sample lists (labels by name, file names, raw text) are resized with its
+    tensors: the probe's batches had the first batch's labels, and the loss met 8 inputs and 4
+    targets."""
+    names = ["cat", "dog", "bird"]
+
+    class Named(Tiny):
+        def training_step(self, batch, index):
+            target = torch.tensor([names.index(label) for label in batch["label"]], dtype=torch.float32)[:, None]
+            return nn.functional.mse_loss(self.net(batch["x"]), target)
+
+        def train_dataloader(self):
+            samples = [{"x": self.data[i][0], "label": names[i % 3]} for i in range(SAMPLES)]
+            return torch.utils.data.DataLoader(samples, batch_size=self.hparams.batch_size)
+
+    module = Named()
+    with simulated_memory(BUDGET):
+        trainer(AutoBatchSize()).fit(module)
+    assert module.hparams.batch_size > 2
+
+
 def test_the_batch_is_never_larger_than_the_dataset():
     module = Tiny()
     finder = AutoBatchSize()
