@@ -49,6 +49,7 @@ class Plan:
     timing: dict[str, Any] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     handle: CheckpointHandle | None = field(default=None, repr=False, compare=False)
+    applied: list[CheckpointHandle] = field(default_factory=list, repr=False, compare=False)
 
     # -- using the plan -------------------------------------------------------------------
     def split(self, batch: Any) -> list[Any]:
@@ -56,16 +57,21 @@ class Plan:
         return split_batch(batch, self.micro_batch, balanced=self.balanced)
 
     def apply(self, model: Any) -> CheckpointHandle | None:
-        """Turn this plan's checkpointing on for ``model`` (e.g. a plan loaded from JSON)."""
+        """Turn this plan's checkpointing on for ``model`` (e.g. a plan loaded from JSON, or
+        another copy of the planned model); :meth:`undo` removes it with the rest."""
         if not self.checkpointing:
             return None
-        self.handle = enable_checkpointing(model, modules=self.checkpointed_modules)
-        return self.handle
+        handle = enable_checkpointing(model, modules=self.checkpointed_modules)
+        self.applied.append(handle)
+        return handle
 
     def undo(self) -> None:
-        """Remove the activation checkpointing this plan turned on (a no-op without it)."""
-        if self.handle is not None:
-            self.handle.undo()
+        """Remove the activation checkpointing this plan turned on: on the planned model and on
+        every model :meth:`apply` wrapped (a no-op without it)."""
+        for handle in [self.handle, *reversed(self.applied)]:
+            if handle is not None:
+                handle.undo()
+        self.applied.clear()
 
     @property
     def probe_results(self) -> list[ProbeResult]:
@@ -82,14 +88,14 @@ class Plan:
 
     # -- serialisation ----------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
-        return {f.name: _plain(getattr(self, f.name)) for f in fields(self) if f.name != "handle"}
+        return {f.name: _plain(getattr(self, f.name)) for f in fields(self) if f.name not in ("handle", "applied")}
 
     def to_json(self, **kwargs: Any) -> str:
         return json.dumps(self.to_dict(), **kwargs)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "Plan":
-        known = {f.name for f in fields(cls)} - {"handle"}
+        known = {f.name for f in fields(cls)} - {"handle", "applied"}
         return cls(**{key: value for key, value in data.items() if key in known})
 
     def summary(self) -> str:

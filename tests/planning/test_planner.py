@@ -170,6 +170,19 @@ def test_checkpointing_plan_when_batch_one_does_not_fit_and_it_trains():
     assert not any(is_checkpointed(m) for m in model.modules())
 
 
+def test_undo_removes_the_checkpointing_the_plan_applied_to_another_model_too():
+    """apply() on another copy of the model keeps the plan's own handle: undo() unwraps both (it
+    unwrapped only the other, and left the planned model checkpointed with nothing to undo it)."""
+    model, other = deep_mlp(), deep_mlp()
+    result = plan(make_step(model), global_batch=8, memory_limit=TOO_SMALL_FOR_PLAIN, steps_per_trial=1)
+    assert result.checkpointing
+    result.apply(other)
+    assert all(is_checkpointed(m[i]) for m in (model, other) for i in range(6))
+    result.undo()
+    assert not any(is_checkpointed(m) for m in [*model.modules(), *other.modules()])
+    assert "applied" not in result.to_dict()
+
+
 def test_planning_again_plans_from_the_plain_model_and_leaves_the_wrapping_as_given():
     """A second plan on a model the first left checkpointed must see it needs checkpointing
     (it said "checkpointing off, no repeated blocks"); a plan without checkpointing leaves
