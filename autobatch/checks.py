@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["positive_int", "positive_number", "module", "optimizer", "function", "torch_device", "dtype"]
+__all__ = ["positive_int", "positive_number", "module", "optimizer", "function", "torch_device", "dtype", "scheduler"]
 
 
 def positive_int(name: str, value: Any, *, allow_none: bool = False) -> None:
@@ -65,3 +65,18 @@ def dtype(name: str, value: Any) -> torch.dtype | None:
     if not isinstance(resolved, torch.dtype):
         raise ValueError(f"{name}={value!r} is not a torch dtype; use e.g. 'bfloat16' or 'float16'")
     return resolved
+
+
+def scheduler(name: str, value: Any) -> None:
+    """``value`` is None or a scheduler whose ``step()`` takes no argument: the runner steps it
+    after every optimizer step, with no metric (``ReduceLROnPlateau`` needs one)."""
+    if value is None:
+        return
+    if not callable(getattr(value, "step", None)):
+        raise TypeError(f"{name} must be an LR scheduler (with step()) or None, got {type(value).__name__}")
+    if isinstance(value, torch.optim.lr_scheduler.ReduceLROnPlateau):
+        raise ValueError(
+            f"{name}=ReduceLROnPlateau needs a metric at each step(), and the runner steps {name} after every optimizer "
+            f"step with none; pass {name}=None and step it yourself in on_step_end(info) with info['loss'] (or a "
+            "validation metric)"
+        )

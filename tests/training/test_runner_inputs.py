@@ -56,6 +56,8 @@ def _runner(**changes):
     model = make_model()
     arguments = dict(model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1), loss_fn=mse, global_batch=GLOBAL)
     arguments.update(changes)
+    if arguments.get("scheduler") == "plateau":  # ReduceLROnPlateau needs a metric the runner has not got
+        arguments["scheduler"] = torch.optim.lr_scheduler.ReduceLROnPlateau(arguments["optimizer"])
     return Runner(arguments.pop("model"), arguments.pop("optimizer"), arguments.pop("loss_fn"), **arguments)
 
 
@@ -71,6 +73,8 @@ def _runner(**changes):
         ({"autocast_dtype": "float17"}, ValueError, "autocast_dtype='float17' is not a torch dtype"),
         ({"step_guard": "maybe"}, ValueError, "step_guard must be one of"),
         ({"grow_after": -1}, ValueError, "grow_after must be"),
+        ({"scheduler": 3}, TypeError, "scheduler must be an LR scheduler"),
+        ({"scheduler": "plateau"}, ValueError, "scheduler=ReduceLROnPlateau needs a metric"),
     ],
 )
 def test_bad_runner_arguments_name_the_argument(changes, error, match):
