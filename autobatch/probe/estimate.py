@@ -33,7 +33,7 @@ import logging
 import math
 from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
@@ -198,10 +198,10 @@ def _untraceable_memory(step: TrainStep) -> str | None:
 
 
 def _tracer(step: TrainStep, *, multiple_of: int, steps: int, include_resident: bool):
-    _refuse_unestimable(step)
     """``(traced, peak)``: ``peak(units)`` traces batch ``units * multiple_of`` once (memoised
     in ``traced``, keyed by units) and returns its estimated peak, with or without the resident
     model."""
+    _refuse_unestimable(step)
     traced: dict[int, MemoryEstimate] = {}
 
     def peak(units: int) -> int:
@@ -211,6 +211,24 @@ def _tracer(step: TrainStep, *, multiple_of: int, steps: int, include_resident: 
         return e.counted(include_resident)
 
     return traced, peak
+
+
+def _smallest_traced(peak: Callable[[int], int], max_units: int | None) -> int:
+    """1, or 2 where a step cannot run at one unit but can at two (``BatchNorm`` in training
+    needs more than one value per channel; the probe's first trial is larger anyway)."""
+    try:
+        peak(1)
+        return 1
+    except EstimateError:
+        if max_units is not None and max_units < 2:
+            raise
+        try:
+            peak(2)
+        except EstimateError:
+            pass
+        else:
+            return 2
+        raise
 
 
 def estimate_line(
@@ -292,11 +310,12 @@ def estimate_max_batch(
             estimates=ordered,
         )
 
-    if peak(1) > capacity_bytes:
+    first = _smallest_traced(peak, max_units)
+    if peak(first) > capacity_bytes:
         return result(0)
-    # bracket: grow x8 from 1 (small batches are dominated by fixed costs such as the
-    # optimizer step, so a line through them says little about large ones)
-    lo, hi = 1, None
+    # bracket: grow x8 from the smallest size (small batches are dominated by fixed costs such
+    # as the optimizer step, so a line through them says little about large ones)
+    lo, hi = first, None
     while max_units is None or lo < max_units:
         units = lo * GROWTH if max_units is None else min(lo * GROWTH, max_units)
         if peak(units) > capacity_bytes:
@@ -307,9 +326,9 @@ def estimate_max_batch(
                 f"the estimated peak stays under the capacity up to {units * multiple_of} samples (the search "
                 "ceiling, autobatch.probe.SEARCH_CEILING); give max_batch"
             )
-        if peak(units) <= peak(1) and units >= GROWTH**6:
+        if peak(units) <= peak(first) and units >= GROWTH**6:
             raise EstimateError(
-                f"estimated peak does not grow with the batch ({format_bytes(peak(1))} at 1, "
+                f"estimated peak does not grow with the batch ({format_bytes(peak(first))} at {first * multiple_of}, "
                 f"{format_bytes(peak(units))} at {units * multiple_of}); give max_batch"
             )
         lo = units

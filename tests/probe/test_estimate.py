@@ -140,6 +140,19 @@ def test_an_fp16_step_with_gradient_clipping_is_estimated():
     assert abs(estimated - probed) <= 0.05 * probed
 
 
+def test_a_model_that_cannot_train_at_batch_one_is_estimated_from_two():
+    """BatchNorm in training needs more than one value per channel: the estimate's smallest size
+    is then 2 (it traced 1 and failed), and it lands near the probed answer."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(32, 256), torch.nn.BatchNorm1d(256), torch.nn.ReLU(), torch.nn.Linear(256, 4))
+    step = autobatch.TrainStep(model, torch.optim.SGD(model.parameters(), lr=0.1),
+                               lambda m, b: m(b).square().mean(), lambda n: torch.randn(n, 32))
+    with simulated_memory("4MiB"):
+        estimated = find_max_batch(step, strategy="estimate", cache=False).batch_size
+        probed = find_max_batch(step, strategy="binary", start=2, cache=False).batch_size
+    assert abs(estimated - probed) <= 0.05 * probed
+
+
 def test_untraceable_step_raises_estimate_error():
     step = make_mlp_step(width=64)
     plain_loss = step.loss_fn
