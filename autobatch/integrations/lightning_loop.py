@@ -234,6 +234,19 @@ class _BatchMemory:
         return min(rises) if rises and all(rise > 0 for rise in rises) else None
 
 
+def _set_restarting(loop: Any, restarting: bool) -> None:
+    """Set the fit loop's and its child loops' restarting flag after ``load_state_dict`` (which
+    turns it on). The fit loop's own setter keeps it on for iteration-based training
+    (``max_steps``), which made ``fit`` skip its sanity check after the callback ran; the base
+    loop's setter sets what it is given."""
+    try:
+        from lightning.pytorch.loops.loop import _Loop
+    except ImportError:  # another layout of Lightning's internals: its own setter, as before
+        loop.restarting = restarting
+        return
+    _Loop.restarting.fset(loop, restarting)
+
+
 @dataclass
 class _LoopState:
     """What a loop run changes on the trainer, as ``BatchSizeFinder`` dumps and restores it."""
@@ -244,11 +257,13 @@ class _LoopState:
     max_steps: int
     limit_train_batches: Any
     limit_val_batches: Any
+    restarting: bool  # as fit found it: on where it resumes from a checkpoint (ckpt_path=...)
 
     @classmethod
     def take(cls, trainer: Trainer) -> "_LoopState":
         return cls(deepcopy(trainer.fit_loop.state_dict()), trainer.callbacks, trainer.loggers,
-                   trainer.fit_loop.epoch_loop.max_steps, trainer.limit_train_batches, trainer.limit_val_batches)
+                   trainer.fit_loop.epoch_loop.max_steps, trainer.limit_train_batches, trainer.limit_val_batches,
+                   bool(getattr(trainer.fit_loop, "_restarting", False)))
 
     def prepare(self, trainer: Trainer, steps: int, watch: Any) -> None:
         from lightning.pytorch import Callback
@@ -261,7 +276,7 @@ class _LoopState:
         loop = trainer.fit_loop
         loop.epoch_loop.max_steps = steps
         loop.load_state_dict(deepcopy(self.loop_state))
-        loop.restarting = False
+        _set_restarting(loop, False)  # a check run is no resumed run
         loop._combined_loader = None  # built at the size just set
 
     def epoch_batches(self, batches: float | int | None, accumulation: int) -> int | None:
@@ -279,7 +294,7 @@ class _LoopState:
         loop = trainer.fit_loop
         loop.epoch_loop.max_steps = self.max_steps
         loop.load_state_dict(deepcopy(self.loop_state))
-        loop.restarting = False
+        _set_restarting(loop, self.restarting)
         loop._combined_loader = None
         loop.epoch_loop.val_loop._combined_loader = None
         trainer._logger_connector.reset_results()

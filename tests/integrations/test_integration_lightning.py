@@ -155,6 +155,25 @@ def test_per_sample_values_that_are_not_tensors_grow_with_the_batch():
     assert module.hparams.batch_size > 2
 
 
+def test_fit_still_runs_its_sanity_check_with_max_steps():
+    """Putting the loop's state back marked it as restarting under max_steps (the fit loop's
+    own setter keeps the flag for iteration-based training), and fit skipped its sanity check."""
+
+    class Validated(Tiny):
+        sanity = 0
+
+        def validation_step(self, batch, index):
+            self.sanity += self.trainer.sanity_checking
+
+        def val_dataloader(self):
+            return torch.utils.data.DataLoader(self.data, batch_size=16)
+
+    module = Validated()
+    with simulated_memory(BUDGET):
+        trainer(AutoBatchSize(), num_sanity_val_steps=2, limit_val_batches=2).fit(module)
+    assert module.sanity == 2
+
+
 def test_the_batch_is_never_larger_than_the_dataset():
     module = Tiny()
     finder = AutoBatchSize()
