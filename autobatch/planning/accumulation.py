@@ -79,11 +79,14 @@ def split_batch(batch: Any, micro_batch: int, *, balanced: bool = False) -> list
     """Split ``batch`` along dim 0 into micro-batches of at most ``micro_batch`` samples.
 
     ``batch`` is a tensor or a (nested) tuple, list, named tuple or dict of tensors; each
-    micro-batch has the same structure. The pieces are views (no copy). Non-tensor leaves and
-    0-dim tensors are shared by every micro-batch. See the module docstring for the policy.
+    micro-batch has the same structure. The pieces are views (no copy). A list or tuple of
+    plain per-sample values (strings, numbers: a default-collated list of file names) as long
+    as the batch is split with it; other non-tensor leaves and 0-dim tensors are shared by
+    every micro-batch. See the module docstring for the policy.
     """
-    sizes = micro_batch_sizes(batch_size_of(batch), micro_batch, balanced=balanced)
-    return [_select(batch, start, size) for start, size in zip(_offsets(sizes), sizes)]
+    total = batch_size_of(batch)
+    sizes = micro_batch_sizes(total, micro_batch, balanced=balanced)
+    return [_select(batch, start, size, total) for start, size in zip(_offsets(sizes), sizes)]
 
 
 def accumulate_micro_batches(
@@ -294,20 +297,22 @@ def _tensor_leaves(batch: Any) -> Iterator[torch.Tensor]:
             yield from _tensor_leaves(value)
 
 
-def _select(batch: Any, start: int, size: int) -> Any:
-    """The samples ``start:start+size`` of ``batch``, keeping its structure."""
+def _select(batch: Any, start: int, size: int, total: int | None = None) -> Any:
+    """The samples ``start:start+size`` of ``batch`` (of ``total`` samples), keeping its structure."""
     if isinstance(batch, torch.Tensor):
         return batch.narrow(0, start, size) if batch.dim() > 0 else batch
     if isinstance(batch, Mapping):
-        items = {key: _select(value, start, size) for key, value in batch.items()}
+        items = {key: _select(value, start, size, total) for key, value in batch.items()}
         try:
             return type(batch)(items)
         except TypeError:  # a mapping type that cannot be built from a dict (defaultdict)
             return items
     if isinstance(batch, tuple) and hasattr(batch, "_fields"):  # named tuple
-        return type(batch)(*(_select(value, start, size) for value in batch))
+        return type(batch)(*(_select(value, start, size, total) for value in batch))
     if isinstance(batch, (tuple, list)):
-        return type(batch)(_select(value, start, size) for value in batch)
+        if total is not None and len(batch) == total and all(isinstance(v, (str, bytes, int, float, bool)) for v in batch):
+            return batch[start:start + size]  # one plain value per sample
+        return type(batch)(_select(value, start, size, total) for value in batch)
     return batch
 
 

@@ -173,3 +173,15 @@ def test_a_micro_batchs_inputs_are_freed_before_its_backward(form):
     else:
         TrainStep(model, optimizer, loss_fn, lambda b: torch.randn(b, 4))(3)
     assert alive_in_backward and not any(alive_in_backward)
+
+
+def test_per_sample_lists_of_plain_values_are_split_with_the_tensors():
+    """A default-collated list of file names (or of integer ids) has one entry per sample: each
+    micro-batch gets its own entries (every micro-batch got the whole list)."""
+    from autobatch.planning.accumulation import split_batch
+
+    batch = {"x": torch.zeros(5, 3), "name": ["a", "b", "c", "d", "e"], "ids": (1, 2, 3, 4, 5), "shape": [224, 224]}
+    parts = split_batch(batch, 2)
+    assert [p["name"] for p in parts] == [["a", "b"], ["c", "d"], ["e"]]
+    assert [p["ids"] for p in parts] == [(1, 2), (3, 4), (5,)]
+    assert all(p["shape"] == [224, 224] for p in parts)  # not one value per sample: shared
