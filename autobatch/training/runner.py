@@ -71,8 +71,7 @@ class Runner(OomRecovery, Resumable, PlansFromData):
         global_batch: samples per optimizer step (the size of the batches ``data`` yields).
         micro_batch: samples per forward/backward; None: plan it with
             :func:`~autobatch.plan` on the first global batch (``plan_options`` go to it).
-        scheduler: stepped once after every optimizer step (so not ``ReduceLROnPlateau``, which
-            needs a metric: step it in ``on_step_end``).
+        scheduler: stepped once after every optimizer step (not ``ReduceLROnPlateau``: it needs a metric).
         device: where micro-batches are moved (default: the model's device).
         balanced: split policy of :func:`~autobatch.split_batch` (sizes differ by at most one).
         max_micro_batch: grow-back never goes above it (default: the planned probe maximum,
