@@ -67,11 +67,11 @@ def dtype(name: str, value: Any) -> torch.dtype | None:
     return resolved
 
 
-def scheduler(name: str, value: Any) -> None:
-    """``value`` is None or a scheduler whose ``step()`` takes no argument: the runner steps it
-    after every optimizer step, with no metric (``ReduceLROnPlateau`` needs one)."""
+def scheduler(name: str, value: Any) -> Any:
+    """``value`` is None or a scheduler whose ``step()`` takes no argument (the runner steps it
+    after every optimizer step, with no metric: ``ReduceLROnPlateau`` needs one); returns it."""
     if value is None:
-        return
+        return None
     if not callable(getattr(value, "step", None)):
         raise TypeError(f"{name} must be an LR scheduler (with step()) or None, got {type(value).__name__}")
     if isinstance(value, torch.optim.lr_scheduler.ReduceLROnPlateau):
@@ -80,3 +80,4 @@ def scheduler(name: str, value: Any) -> None:
             f"step with none; pass {name}=None and step it yourself in on_step_end(info) with info['loss'] (or a "
             "validation metric)"
         )
+    return value

@@ -150,7 +150,6 @@ class Runner(OomRecovery, Resumable, PlansFromData):
         checks.positive_int("max_micro_batch", max_micro_batch, allow_none=True)
         checks.positive_int("checkpoint_every", checkpoint_every or None, allow_none=True)
         checks.torch_device("device", device)
-        checks.scheduler("scheduler", scheduler)
         self.model = model
         if distributed is None:
             distributed = ranks.current().active()
@@ -159,7 +158,7 @@ class Runner(OomRecovery, Resumable, PlansFromData):
         self.share = _share(global_batch, self._parallel.world_size()) if self.distributed else global_batch
         self.optimizer = optimizer
         self.loss_fn = loss_fn
-        self.scheduler = scheduler
+        self.scheduler = checks.scheduler("scheduler", scheduler)
         self.global_batch = global_batch
         self.micro_batch = None if micro_batch is None else min(micro_batch, self.share)
         self.initial_micro_batch = self.micro_batch
