@@ -35,6 +35,7 @@ from lightning.pytorch.utilities.parsing import lightning_getattr, lightning_has
 from ..memory.devices import memory_for
 from ..memory.simulated import host_memory
 from ..memory.units import parse_bytes
+from ..planning.accumulation import map_samples
 from ..probe.find import find_max_batch
 from ..probe.restore import Snapshot
 from ..probe.result import ProbeResult
@@ -186,25 +187,6 @@ class AutoBatchSize(Callback):
         self.batch_size, self.accumulation = self._apply(trainer, module, share, self.confirmation.batch_size)
 
 
-def _resized(batch: Any, index: torch.Tensor, available: int) -> Any:
-    """``batch`` (the first training batch, of ``available`` samples) at ``len(index)`` samples:
-    its tensors along dim 0, and its per-sample lists of plain values (file names, raw text a
-    ``training_step`` tokenizes) item by item, so every field keeps one entry per sample."""
-    if isinstance(batch, (list, tuple)) and not hasattr(batch, "_fields") and len(batch) == available and batch and all(
-            not isinstance(item, (torch.Tensor, Mapping, list, tuple)) for item in batch):
-        return type(batch)(batch[i] for i in index.tolist())
-    if isinstance(batch, Mapping):
-        items = {key: _resized(value, index, available) for key, value in batch.items()}
-        try:
-            return type(batch)(items)
-        except TypeError:
-            return items
-    if isinstance(batch, (list, tuple)):
-        items = [_resized(value, index, available) for value in batch]
-        return type(batch)(*items) if hasattr(batch, "_fields") else type(batch)(items)
-    return map_tensors(batch, lambda t: t.index_select(0, index.to(t.device)))
-
-
 class _LightningStep:
     """``fn(batch_size)``: one training step of the module at ``batch_size``, as Lightning's
     automatic-optimization loop runs it (``_AutomaticOptimization``'s ``Closure``).
@@ -230,7 +212,11 @@ class _LightningStep:
 
     def __call__(self, batch_size: int) -> None:
         index = torch.arange(batch_size) % self.available
-        batch, *ahead = [_resized(self.first, index, self.available) for _ in range(1 + self.prefetch)]
+        picks = index.tolist()
+        # tensors and per-sample lists (label names, raw text a training_step tokenizes) alike
+        batch, *ahead = [map_samples(self.first, lambda t: t.index_select(0, index.to(t.device)),
+                                     lambda values: type(values)(values[i] for i in picks), self.available)
+                         for _ in range(1 + self.prefetch)]
         # ``ahead``: Lightning's fetcher loads the next batch while this one runs when the train
         # dataloader has no length (an iterable dataset; with a length it prefetches nothing):
         # host memory on an accelerator, the same memory on the CPU

@@ -31,6 +31,7 @@ __all__ = [
     "batch_size_of",
     "micro_batch_sizes",
     "split_batch",
+    "map_samples",
     "accumulate_gradients",
     "accumulate_micro_batches",
     "accumulate_loss_sum",
@@ -80,13 +81,15 @@ def split_batch(batch: Any, micro_batch: int, *, balanced: bool = False) -> list
 
     ``batch`` is a tensor or a (nested) tuple, list, named tuple or dict of tensors; each
     micro-batch has the same structure. The pieces are views (no copy). A list or tuple of
-    plain per-sample values (strings, numbers: a default-collated list of file names) as long
-    as the batch is split with it; other non-tensor leaves and 0-dim tensors are shared by
+    per-sample values as long as the batch (a default-collated list of file names) is split
+    with it (:func:`map_samples`); other non-tensor leaves and 0-dim tensors are shared by
     every micro-batch. See the module docstring for the policy.
     """
     total = batch_size_of(batch)
     sizes = micro_batch_sizes(total, micro_batch, balanced=balanced)
-    return [_select(batch, start, size, total) for start, size in zip(_offsets(sizes), sizes)]
+    return [map_samples(batch, lambda t, start=start, size=size: t.narrow(0, start, size),
+                        lambda values, start=start, size=size: values[start:start + size], total)
+            for start, size in zip(_offsets(sizes), sizes)]
 
 
 def accumulate_micro_batches(
@@ -297,22 +300,26 @@ def _tensor_leaves(batch: Any) -> Iterator[torch.Tensor]:
             yield from _tensor_leaves(value)
 
 
-def _select(batch: Any, start: int, size: int, total: int | None = None) -> Any:
-    """The samples ``start:start+size`` of ``batch`` (of ``total`` samples), keeping its structure."""
+def map_samples(batch: Any, tensors: Callable[[torch.Tensor], torch.Tensor], values: Callable[[Any], Any],
+                total: int) -> Any:
+    """``batch`` (of ``total`` samples) with ``tensors`` applied to each tensor with a batch
+    dimension and ``values`` to each list or tuple of per-sample values (as long as the batch,
+    holding no tensor, mapping, list or tuple: label names, file names, raw text), keeping its
+    structure; other leaves and 0-dim tensors are kept as they are."""
     if isinstance(batch, torch.Tensor):
-        return batch.narrow(0, start, size) if batch.dim() > 0 else batch
+        return tensors(batch) if batch.dim() > 0 else batch
     if isinstance(batch, Mapping):
-        items = {key: _select(value, start, size, total) for key, value in batch.items()}
+        items = {key: map_samples(value, tensors, values, total) for key, value in batch.items()}
         try:
             return type(batch)(items)
         except TypeError:  # a mapping type that cannot be built from a dict (defaultdict)
             return items
     if isinstance(batch, tuple) and hasattr(batch, "_fields"):  # named tuple
-        return type(batch)(*(_select(value, start, size, total) for value in batch))
+        return type(batch)(*(map_samples(value, tensors, values, total) for value in batch))
     if isinstance(batch, (tuple, list)):
-        if total is not None and len(batch) == total and all(isinstance(v, (str, bytes, int, float, bool)) for v in batch):
-            return batch[start:start + size]  # one plain value per sample
-        return type(batch)(_select(value, start, size, total) for value in batch)
+        if batch and len(batch) == total and not any(isinstance(v, (torch.Tensor, Mapping, list, tuple)) for v in batch):
+            return values(batch)  # one value per sample
+        return type(batch)(map_samples(value, tensors, values, total) for value in batch)
     return batch
 
 
