@@ -62,10 +62,10 @@ def _code_hash(fn: Any, depth: int = 0) -> str:
     owner = getattr(fn, "__self__", None)
     fn = getattr(fn, "__func__", fn)
     code = getattr(fn, "__code__", None)
-    if code is None and callable(fn) and not isinstance(fn, type):  # a callable object
-        owner, fn = fn, getattr(type(fn), "__call__", None)
-        code = getattr(fn, "__code__", None)
-    if code is None:
+    call = getattr(type(fn), "__call__", None)
+    if code is None and hasattr(call, "__code__") and not isinstance(fn, type):  # a callable object
+        owner, fn, code = fn, call, call.__code__
+    if code is None:  # a builtin: its name (its code is C)
         return getattr(fn, "__qualname__", type(fn).__qualname__)
     digest = hashlib.sha256()
     _hash_code(code, digest)
@@ -73,7 +73,7 @@ def _code_hash(fn: Any, depth: int = 0) -> str:
     reads = {"cells": _describe(cells, depth + 1), "globals": _globals_read(fn, code)}
     if owner is not None and not isinstance(owner, (torch.nn.Module, type)):
         reads["self"] = _describe(owner, depth + 1)
-    digest.update(json.dumps(reads, sort_keys=True, default=str).encode())
+    digest.update(_canonical(reads).encode())
     return digest.hexdigest()[:16]
 
 
@@ -103,7 +103,12 @@ def _is_plain(value: Any) -> bool:
 
 
 def _digest(parts: Any) -> str:
-    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    return hashlib.sha256(_canonical(parts).encode()).hexdigest()[:16]
+
+
+def _canonical(data: Any) -> str:
+    """The canonical JSON of ``data`` (sorted keys, no spaces; what JSON cannot hold as text)."""
+    return json.dumps(data, sort_keys=True, separators=(",", ":"), default=str)
 
 
 def _describe(value: Any, depth: int = 0) -> Any:
@@ -130,7 +135,8 @@ def _describe(value: Any, depth: int = 0) -> Any:
     if isinstance(attributes, dict):
         public = {name: item for name, item in attributes.items() if not name.startswith("_")}
         return {"class": type(value).__qualname__, **{name: _describe(item, depth + 1) for name, item in public.items()}}
-    return {"class": type(value).__qualname__, "repr": repr(value) if " at 0x" not in repr(value) else None}
+    shown = repr(value)
+    return {"class": type(value).__qualname__, "repr": shown if " at 0x" not in shown else None}
 
 
 def _inputs(make_batch: Callable[[int], Any]) -> Any:
@@ -249,7 +255,6 @@ def key_components(
 
 def key_of(components: dict[str, Any]) -> str:
     """SHA-256 of the canonical JSON of ``components``."""
-    canonical = json.dumps(components, sort_keys=True, separators=(",", ":"), default=str)
-    return hashlib.sha256(canonical.encode()).hexdigest()
+    return hashlib.sha256(_canonical(components).encode()).hexdigest()
 
 

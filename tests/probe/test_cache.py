@@ -353,6 +353,9 @@ def test_the_key_follows_the_values_the_code_reads():
     finally:
         globals()["N_PASSES"] = 1
     assert _step_key(_step_with(config=1)) == _step_key(_step_with(config=1))  # stable across instances
+    from autobatch.probe.cache_key import _code_hash
+
+    assert _code_hash(torch.sum) != _code_hash(torch.mean)  # builtins keep their names (C code has no bytecode)
 
 
 def test_a_class_attribute_read_in_forward_changes_the_key(monkeypatch):
