@@ -60,9 +60,8 @@ def park_until_step(optimizer: torch.optim.Optimizer, tensors: Iterable[torch.Te
     optimizer's next step; the bytes parked. Nothing is moved where :func:`can_park` is false."""
     if not can_park(device):
         return 0
-    device = _indexed(device)
-    pool = torch.cuda.MemPool()
-    return park(optimizer, tensors, lambda: torch.cuda.use_mem_pool(pool, device), keep=pool)
+    pool, into = _private_pool(device)
+    return park(optimizer, tensors, into, keep=pool)
 
 
 def park(optimizer: torch.optim.Optimizer, tensors: Iterable[torch.Tensor],
@@ -91,9 +90,8 @@ def relayout_as_loaded(optimizer: torch.optim.Optimizer, tensors: Iterable[torch
     out of memory at the second step resumed. Nothing moves where :func:`can_park` is false."""
     if not can_park(device):
         return 0
-    device = _indexed(device)
-    pool = torch.cuda.MemPool()
-    out = _move(_movable(tensors), lambda: torch.cuda.use_mem_pool(pool, device))
+    pool, into = _private_pool(device)
+    out = _move(_movable(tensors), into)
     torch.cuda.synchronize(device)
     torch.cuda.empty_cache()
     back = _move(out, nullcontext)
@@ -135,9 +133,12 @@ def _arm(optimizer: torch.optim.Optimizer, moved: list[torch.Tensor], keep: obje
         hook.arm(moved, keep)
 
 
-def _indexed(device: torch.device) -> torch.device:
-    """``device`` with its index (a memory pool is bound to one numbered device)."""
-    return device if device.index is not None else torch.device("cuda", torch.cuda.current_device())
+def _private_pool(device: torch.device) -> tuple[object, Callable[[], ContextManager]]:
+    """A new private memory pool on ``device`` and the context that allocates from it (a pool is
+    bound to one numbered device: an unnumbered ``cuda`` is the current one)."""
+    device = device if device.index is not None else torch.device("cuda", torch.cuda.current_device())
+    pool = torch.cuda.MemPool()
+    return pool, lambda: torch.cuda.use_mem_pool(pool, device)
 
 
 def _disarm(optimizer: torch.optim.Optimizer, tensors: list[torch.Tensor]) -> None:
