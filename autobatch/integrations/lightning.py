@@ -35,7 +35,7 @@ from lightning.pytorch.utilities.parsing import lightning_getattr, lightning_has
 from ..memory.devices import memory_for
 from ..memory.simulated import host_memory
 from ..memory.units import parse_bytes
-from ..planning.accumulation import map_samples
+from ..planning.accumulation import take_samples
 from ..probe.find import find_max_batch
 from ..probe.restore import Snapshot
 from ..probe.result import ProbeResult
@@ -212,11 +212,8 @@ class _LightningStep:
 
     def __call__(self, batch_size: int) -> None:
         index = torch.arange(batch_size) % self.available
-        picks = index.tolist()
         # tensors and per-sample lists (label names, raw text a training_step tokenizes) alike
-        batch, *ahead = [map_samples(self.first, lambda t: t.index_select(0, index.to(t.device)),
-                                     lambda values: type(values)(values[i] for i in picks), self.available)
-                         for _ in range(1 + self.prefetch)]
+        batch, *ahead = [take_samples(self.first, index, self.available) for _ in range(1 + self.prefetch)]
         # ``ahead``: Lightning's fetcher loads the next batch while this one runs when the train
         # dataloader has no length (an iterable dataset; with a length it prefetches nothing):
         # host memory on an accelerator, the same memory on the CPU

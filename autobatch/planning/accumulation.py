@@ -32,6 +32,7 @@ __all__ = [
     "micro_batch_sizes",
     "split_batch",
     "map_samples",
+    "take_samples",
     "accumulate_gradients",
     "accumulate_micro_batches",
     "accumulate_loss_sum",
@@ -298,6 +299,14 @@ def _tensor_leaves(batch: Any) -> Iterator[torch.Tensor]:
     elif isinstance(batch, (tuple, list)):
         for value in batch:
             yield from _tensor_leaves(value)
+
+
+def take_samples(batch: Any, index: torch.Tensor, total: int) -> Any:
+    """The samples ``index`` of ``batch`` (of ``total`` samples): tensors and per-sample lists
+    alike (:func:`map_samples`); a planner's or a probe's batch of any size built from one."""
+    picks = index.tolist()
+    return map_samples(batch, lambda t: t.index_select(0, index.to(t.device)),
+                       lambda values: type(values)(values[i] for i in picks), total)
 
 
 def map_samples(batch: Any, tensors: Callable[[torch.Tensor], torch.Tensor], values: Callable[[Any], Any],

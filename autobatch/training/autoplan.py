@@ -14,9 +14,9 @@ from typing import Any, Iterator
 
 import torch
 
-from ..planning.accumulation import batch_size_of
+from ..planning.accumulation import batch_size_of, take_samples
 from ..probe.train_step import TrainStep
-from .batch_ops import map_tensors, to_device
+from .batch_ops import to_device
 from .checkpoint_io import rng_state, set_rng_state
 
 __all__ = ["PlansFromData"]
@@ -58,8 +58,7 @@ class PlansFromData:
         available = batch_size_of(first)
 
         def make_batch(size: int) -> Any:
-            index = torch.arange(size) % available
-            return to_device(map_tensors(first, lambda t: t.index_select(0, index.to(t.device))), self.device)
+            return to_device(take_samples(first, torch.arange(size) % available, available), self.device)
 
         scaler = self._train_step.grad_scaler
         if scaler is not None:  # the trials step a scaler of their own: the run's keeps its state

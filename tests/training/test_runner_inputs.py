@@ -118,3 +118,22 @@ def test_a_distributed_sampler_is_told_each_epoch():
         sampler.set_epoch(epoch)
         expected.append(list(iter(sampler)))
     assert orders == expected and orders[0] != orders[1]
+
+
+def test_the_runners_plan_builds_per_sample_lists_with_the_tensors():
+    """The runner plans its micro-batch on batches built from the first global batch: a list of
+    per-sample values (file names) grows with the tensors there, as split_batch splits it after
+    (the planner's batches kept the first batch's list, and a loss pairing them failed)."""
+    from autobatch import simulated_memory
+
+    model = torch.nn.Linear(4, 1)
+    batches = [(torch.randn(16, 4), [f"file{i}" for i in range(16)]) for _ in range(2)]
+
+    def loss_fn(m, batch):
+        assert len(batch[1]) == batch[0].shape[0], (len(batch[1]), batch[0].shape[0])
+        return m(batch[0]).square().mean()
+
+    with simulated_memory("64MiB"):
+        result = Runner(model, torch.optim.SGD(model.parameters(), lr=0.1), loss_fn, global_batch=16,
+                        progress=False).fit(batches, epochs=1)
+    assert result.steps == 2
