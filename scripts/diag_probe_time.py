@@ -97,14 +97,18 @@ def _log_collections() -> list:
 
 
 def _timed_calls(fn, calls: list, device: str):
-    """``fn`` with each call's (batch, seconds from the probe's start, seconds, outcome) appended
-    to ``calls``, synchronised on CUDA: where inside each trial the time goes (--step-times).
+    """``fn`` with each call's (batch, seconds from the probe's start, seconds, outcome, allocator
+    flushes during it) appended to ``calls``, synchronised on CUDA: where inside each trial the time goes (--step-times).
     A ``TrainStep`` stays one (its peak guard and zero-lr steps apply), its call timed."""
     began = time.perf_counter()
+
+    def retries():
+        return torch.cuda.memory_stats().get("num_alloc_retries", 0) if device == "cuda" else 0
 
     def timed(call, batch_size):
         if device == "cuda":
             torch.cuda.synchronize()
+        before = retries()
         start, outcome = time.perf_counter(), "ok"
         try:
             return call(batch_size)
@@ -114,7 +118,8 @@ def _timed_calls(fn, calls: list, device: str):
         finally:
             if device == "cuda" and outcome == "ok":
                 torch.cuda.synchronize()
-            calls.append((batch_size, round(start - began, 4), round(time.perf_counter() - start, 4), outcome))
+            calls.append((batch_size, round(start - began, 4), round(time.perf_counter() - start, 4), outcome,
+                          retries() - before))
 
     if isinstance(fn, autobatch.TrainStep):
         base = type(fn)

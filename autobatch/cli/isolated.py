@@ -31,7 +31,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from ..dist import agreement as dist_sync
-from ..probe.promise import forget_parking
+from ..probe.promise import forget_own_layout
 from ..probe.result import ProbeResult
 from .errors import RUNTIME_FAILURE, CLIError
 
@@ -113,4 +113,4 @@ def probe_in_child(out_dir: Path) -> ProbeResult:
     data = json.loads(result_file.read_text(encoding="utf-8"))
     for extra in ("command", "config"):
         data.pop(extra, None)
-    return forget_parking(ProbeResult.from_dict(data))  # the child parked its own state, not this process's
+    return forget_own_layout(ProbeResult.from_dict(data))  # the child laid out its own state, not this process's

@@ -1,36 +1,37 @@
-"""Optimizer state a probe created, parked out of the allocator's way until the next step.
+"""Optimizer state a probe created, laid out as loading a checkpoint places it.
 
 A plain callable (``find_max_batch(step_fn)``, the form Accelerate users bring) trains for
 real in its trials, and its optimizer creates its state (Adam's moments) in the first trial
-that steps, among that trial's freed activations: at batch 8 when the answer is 180. After
-the probe that state stays where it was made, pinning segments laid out for a far smaller
-step, and the training that follows in the same process works around them. A new process
-creates the state in its first step at the answer, among the answer's activations.
+that steps, among that trial's freed activations: at batch 8 when the answer is 180. Left
+there, that state pins segments laid out for a far smaller step, and the training that follows
+works around them. Measured on an NVIDIA H100 80GB (ResNet-50, bf16, AdamW, 8 GiB cap; ``python
+scripts/diag_retries.py --forms plain --relayout R``): a hand loop at the then answer, 180, ran
+out of memory at step 14 in 3 of 3 processes with the state left where the probe made it.
 
-Measured on an NVIDIA H100 80GB (ResNet-50, bf16, AdamW, 8 GiB cap; ``python
-scripts/diag_retries.py --forms plain --relayout R``): a hand loop at the answer, 180, ran out
-of memory at step 14 in 3 of 3 processes with the state left where the probe made it, and at
-step 5 with it copied into fresh segments of its own (``compact``). With the state moved off
-the default pool and brought back at the loop's first optimizer step (``lazy``, ``pool``) or
-forgotten (``drop``, a new process's placement), the loop's allocator flushed its cache for
-eight steps and then never again, 200 steps in every run (``lazy`` 4 of 4, ``pool``, ``drop`` and
-a pinned host buffer 1 of 1 each), as in a new process. Copying the state at that step without
-first moving it away (``swap``) failed at step 1 (2 of 2), ``compact`` at step 5 (2 of 2).
-
-So after the probe, :func:`park_until_step` moves the state the trials created into a private
-memory pool of the caching allocator (``torch.cuda.MemPool``: device memory, a device-to-device
-copy, 0.01-0.06 s where the host round trip took 0.25-1.3 s) and a one-shot step pre-hook
-copies it back into the default pool at the optimizer's next ``step()``: after that step's
-backward, where a new process creates it. Values and tensor identities are kept; until that
-step the state tensors live in the private pool (``state_dict()`` reads them as usual). State
+:func:`relayout_as_loaded` lays the state out the way a run resumed from a checkpoint has it:
+moved out of the way (a private memory pool of the caching allocator, ``torch.cuda.MemPool``: a
+device-to-device copy, 0.01-0.06 s where a host round trip took 0.25-1.3 s), the cache
+emptied, then copied back one by one into fresh memory above what stays resident, before any
+step's activations. Values and tensor identities are kept. A hand loop's settle trials run in
+that layout, and after the probe the state is left in it, so training in the probing process
+starts in the layout the answer passed in (:mod:`~autobatch.probe.promise`). Where it was
+tried instead, the state parked until the loop's first optimizer step (made among that step's
+activations, as a new run makes it) held a second copy through that step: on an H100 ViT-B/16's
+100 passed its trials laid out as loaded and then ran out of memory at step 3 of a hand loop in
+the probing process (docs/promise-log.md). What finds no room on the way back stays in the pool
+until the optimizer's next ``step()``, whose pre-hook copies it back (:class:`_Unpark`). State
 that existed before the probe (a resumed run) is never moved.
 
-During the probe the same moves lay the state out the other way a loop meets it: as a run
-resumed from a checkpoint has it, made before the first step in fresh memory above what is
-resident (:func:`relayout_as_loaded`, before each settle trial of a hand loop). A Llama-style
-decoder's 5 passed its trials beside state where the trial at 4 made it, trained from scratch,
-and ran out of memory at the second step of every hand loop resumed cold; laid out as loaded,
-its trial fails 5 and the answer, 4, trains resumed (H200, 8 GiB cap, ``python
+A plain callable probed with ``hand_loop=False`` (its loop is never resumed, and its trials
+ran in no particular layout) has its state parked instead (:func:`park_until_step`): moved to a
+private pool and copied back at the optimizer's next ``step()``, after that step's backward,
+where a new run makes it. On the H100 above the loop at 180 then flushed its cache for eight
+steps and never again, 200 steps in 4 of 4 processes, where the state copied into fresh
+segments of its own before the first step (the resumed layout) ran out of memory at step 5.
+
+A Llama-style decoder's 5 passed its trials beside state where the trial at 4 made it, trained
+from scratch, and ran out of memory at the second step of every hand loop resumed cold; laid
+out as loaded, its trial fails 5 and the answer, 4, trains resumed (H200, 8 GiB cap, ``python
 scripts/bench_promise.py --no-cli --workloads llama --resumed``).
 """
 
@@ -48,9 +49,9 @@ __all__ = ["can_park", "park_until_step", "relayout_as_loaded"]
 
 
 def can_park(device: torch.device) -> bool:
-    """Whether state on ``device`` can be parked: a CUDA device whose torch has memory pools,
-    and an allocator that splits fixed segments (with expandable segments there is nothing to
-    avoid: on an H200 a ResNet-50 loop at the wall made no allocator retries with them)."""
+    """Whether state on ``device`` can be laid out again: a CUDA device whose torch has memory
+    pools, and an allocator that splits fixed segments (with expandable segments there is
+    nothing to avoid)."""
     return (device.type == "cuda" and hasattr(torch.cuda, "MemPool") and hasattr(torch.cuda, "use_mem_pool")
             and not expandable_segments())
 
@@ -78,8 +79,10 @@ def park(optimizer: torch.optim.Optimizer, tensors: Iterable[torch.Tensor],
 def relayout_as_loaded(optimizer: torch.optim.Optimizer, tensors: Iterable[torch.Tensor], device: torch.device) -> int:
     """Lay ``tensors`` (``optimizer``'s state) out as loading a checkpoint does: moved out of the
     way (a private pool), the cache emptied, then copied back one by one into fresh memory above
-    what stays resident, before any step's activations; the bytes laid out again. Values and
-    tensor objects are kept; what finds no room stays parked until the optimizer's next step.
+    what stays resident, before any step's activations, as ``optimizer.load_state_dict`` places
+    state loaded to the host (``torch.load(..., map_location="cpu")``); the bytes laid out again.
+    Values and tensor objects are kept; what finds no room stays parked until the optimizer's next
+    step.
 
     Why: a run resumed from a checkpoint makes its optimizer state before its first step,
     apart from that step's activations, where a new run makes it among them, and the
@@ -87,16 +90,41 @@ def relayout_as_loaded(optimizer: torch.optim.Optimizer, tensors: Iterable[torch
     "Resumed runs"): ResNet-50 as a hand loop trained 180 from scratch and ran out of memory at
     step 4 resumed, and in the probing process a loop at 180 with its state copied into fresh
     segments of its own failed at step 5; a Llama-style decoder's 5 trained from scratch and ran
-    out of memory at the second step resumed. Nothing moves where :func:`can_park` is false."""
+    out of memory at the second step resumed.
+
+    Not covered: a checkpoint loaded onto the device leaves its copy of the weights, freed, in the
+    allocator's cache below the state. On an H100 (8 GiB cap) the decoder's 5 passed its trial in
+    this layout and ran out of memory at the first step of a hand loop whose state was made after
+    as many bytes of gradients, freed before the step; standing those bytes in during the
+    trials instead kept ResNet-50's steps flushing down to 159 (of 177). ``del checkpoint;
+    torch.cuda.empty_cache()`` after loading returns them, leaving this layout. Nothing moves
+    where :func:`can_park` is false: off
+    CUDA, and with expandable segments (on an H200 a ResNet-50 loop at the wall made no allocator
+    retries with them)."""
     if not can_park(device):
         return 0
     pool, into = _private_pool(device)
+
+    def empty() -> None:
+        torch.cuda.synchronize(device)
+        torch.cuda.empty_cache()
+
+    return lay_out(optimizer, tensors, into, empty, pool)
+
+
+def lay_out(optimizer: torch.optim.Optimizer, tensors: Iterable[torch.Tensor], into: Callable[[], ContextManager],
+            empty: Callable[[], None], keep: object = None) -> int:
+    """:func:`relayout_as_loaded`'s moves, with the pool's context (``into``), the cache's
+    emptying (``empty``) and the pool (``keep``) given: each tensor's data copied under
+    ``into()`` (the same tensor objects take the copies), ``empty()``, then copied back in
+    order; the bytes back. An out-of-memory error stops either pass where it is: what did not
+    move out stays put, and what did not come back waits (``keep`` alive) for the optimizer's
+    next step."""
     out = _move(_movable(tensors), into)
-    torch.cuda.synchronize(device)
-    torch.cuda.empty_cache()
+    empty()
     back = _move(out, nullcontext)
-    _disarm(optimizer, back)  # laid out for good: an earlier park's copy-back at the step is off
-    _arm(optimizer, out[len(back):], pool)
+    _disarm(optimizer, back)  # laid out for good: an earlier wait for the step is off
+    _arm(optimizer, out[len(back):], keep)
     return _bytes(back)
 
 

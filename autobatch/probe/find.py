@@ -30,7 +30,7 @@ from .result import ProbeResult
 from .search import peak_limit, run_search
 from .autotune import Autotune
 from .peak_guard import peak_guard_for
-from .promise import (forget_parking, park_created_state, parked_note, promise_note, relayout_created_state,
+from .promise import (forget_own_layout, laid_out_note, park_created_state, promise_note, relayout_created_state,
                       release_after_probe)
 from .train_step import TrainStep
 from .pinned_state import PinnedState
@@ -184,12 +184,10 @@ def _probe(call: _Call, restore, estimate_first: bool | None) -> ProbeResult:
                 peak_limit=limit, autotune=autotune, settle_final=not simulated,
                 settle_more=lambda more: call.agreement.settle_more(fn, more),
                 guard=peak_guard_for(_trained_model(fn, restore), memory.peak, limit, agreed=agree is not None),
-                # a hand loop's settle trials run beside state laid out as a resumed run has it, and
-                # its answer's also as a new run makes it; a TrainStep's (its Runner replays) may
-                # drop state made at a nearby size
+                # a hand loop's settle trials run beside state laid out as a resumed run has it; a
+                # TrainStep's (its Runner replays) may drop state made at a nearby size
                 pinned=None if call.hand_loop else PinnedState(watch), hand_loop=call.hand_loop,
-                layouts={"resumed": lambda: relayout_created_state(watch, call.target),
-                         "fresh": lambda: park_created_state(watch, call.target)} if call.hand_loop else None,
+                layout=(lambda: relayout_created_state(watch, call.target)) if call.hand_loop else None,
             )
             if estimate_first is None:
                 # measured (docs, benchmarks): on the CPU's simulated device tracing is cheap
@@ -214,14 +212,18 @@ def _probe(call: _Call, restore, estimate_first: bool | None) -> ProbeResult:
         watch.close()
         if snapshot is not None:
             snapshot.restore()
-        # leave the allocator as a fresh process has it: state the trials created waits out of
-        # the way until its optimizer's next step, and blocks the trials split (OOM trials
-        # above all) are returned, so training here starts from the state a new process starts in
-        parked = park_created_state(watch, call.target) if result is not None else 0
+        # return the blocks the trials split (OOM trials above all) and lay the state the trials
+        # created out as a hand loop's settle trials had it: training here starts where the answer
+        # passed (without a hand loop, where a new run makes it: parked until the next step)
         release_after_probe(call.target, workspaces=call.hand_loop)
-    if parked:
-        result.promise = None if result.promise is None else {**result.promise, "parked_state_bytes": parked}
-        call.notes.append(parked_note(parked))
+        laid_out = 0
+        if result is not None:
+            laid_out = (relayout_created_state if call.hand_loop else park_created_state)(watch, call.target)
+        if laid_out and call.hand_loop:
+            release_after_probe(call.target)  # what the layout's private pool held
+    if laid_out:
+        result.promise = None if result.promise is None else {**result.promise, "laid_out_state_bytes": laid_out}
+        call.notes.append(laid_out_note(laid_out, parked=not call.hand_loop))
     if prior is not None:
         result.estimate = prior[1].to_dict()
     if note:
@@ -313,7 +315,7 @@ def _cache_lookup(call: _Call, cache, cache_key) -> ProbeResult | None:
     hit = call.agreement.cache_hit(call.store.get(call.key))
     if hit is None:
         return None
-    forget_parking(hit)
+    forget_own_layout(hit)
     hit.elapsed_s = time.perf_counter() - call.began
     hit.notes.append(f"from the probe cache ({call.store.path_of(call.key)}); no trial ran")
     log.info("probe cache hit: batch %d (%s)", hit.batch_size, call.store.path_of(call.key))

@@ -124,6 +124,7 @@ def predictive(
     short_of: Callable[[int], int | None] | None = None,
     usable_after: Callable[[int], int | None] | None = None,
     settle: bool = False,
+    flushed_out: Callable[[int], bool] | None = None,
 ) -> PredictOutcome:
     """Run the predictive search in units of ``multiple_of``. ``passes(units, purpose)`` runs
     (or recalls) a trial; ``peak_of(units)`` is the measured peak of a passing trial;
@@ -146,6 +147,8 @@ def predictive(
     ``settle``: ``capacity`` is a limit past which every trial fails (an accelerator's peak
     limit), so where the line puts the size above a pass well past it, that size is not tried
     (:func:`~autobatch.probe.bracket.close_bracket`; the outcome's ``settled``).
+    ``flushed_out(units)``: a failed size's full trial kept flushing the allocator's cache; below
+    it every trial is a full one (:func:`~autobatch.probe.bracket.close_bracket`).
     """
     above = 1 if above_first else 0
     points: list[tuple[int, int]] = []  # (units, peak) of passing trials
@@ -198,7 +201,8 @@ def predictive(
 
     # -- 2 and 3. jump, then close the bracket -----------------------------------------
     closed = close_bracket(
-        passes, record_pass, points, fit, lo, hi, max_units, capacity, above, short_of, usable_after, settle
+        passes, record_pass, points, fit, lo, hi, max_units, capacity, above, short_of, usable_after, settle,
+        flushed_out,
     )
     return PredictOutcome(closed.lo, fit, None, "predict", points, refined=closed.fit if closed.fit is not fit else None,
                           aimed=closed.capacity if closed.capacity < capacity else None, settled=closed.settled)

@@ -16,11 +16,11 @@ An answer is a promise that training runs at it, in the process that probed and 
   (:meth:`~autobatch.probe.trial.TrialRunner._wall_excess`); what the
   allocator did on top of it (reserved − allocated at the peak, inactive split blocks) is
   measured and shown;
-* after the probe the optimizer state the trials created waits in a private memory pool until
-  its optimizer's next step, which puts it where a new process's first step creates it
-  (:func:`park_created_state`, :mod:`~autobatch.memory.parking`), and the cache is emptied
-  (:func:`release_after_probe`), so training in the same process starts from the state a new
-  process starts in, not from blocks split by OOM trials or state made at a smaller size;
+* after the probe the cache is emptied (:func:`release_after_probe`) and the optimizer state a
+  hand loop's trials created is laid out as loading a checkpoint places it, the layout its
+  settle trials passed in (:func:`relayout_created_state`, :mod:`~autobatch.memory.parking`), so
+  training in the same process starts where the answer was confirmed, not among blocks split by
+  OOM trials or beside state made at a smaller size;
 * whether ``expandable_segments`` was on (it changes the answer; the answer holds for the
   setting it was found under).
 """
@@ -40,7 +40,8 @@ from ..memory.units import format_bytes
 from .result import ProbeResult
 from .trial import TrialRunner
 
-__all__ = ["forget_parking", "park_created_state", "relayout_created_state", "parked_note", "promise_of", "promise_note", "release_after_probe", "still_flushing"]
+__all__ = ["forget_own_layout", "park_created_state", "relayout_created_state", "laid_out_note", "promise_of", "promise_note", "release_after_probe",
+           "still_flushing"]
 
 
 def promise_of(runner: TrialRunner, result: ProbeResult, memory: DeviceMemory) -> dict[str, Any] | None:
@@ -121,8 +122,8 @@ def still_flushing(promise: dict[str, Any]) -> bool:
 #: a plain callable answered 180, whose trial flushed 2-4 times a step; in the probing process a
 #: hand loop at 180 ran out of memory at step 14 in 3 of 3 runs while the trials' optimizer state
 #: stayed where the trial at 8 had made it; parked and brought back at the loop's first step
-#: (:func:`park_created_state`) the loop flushed for eight steps, then never, 200 steps in every
-#: run, as in a new process; 179 trained flushing at every step, 178 stopped by step 7)
+#: the loop flushed for eight steps, then never, 200 steps in every run, as in a new process;
+#: 179 trained flushing at every step, 178 stopped by step 7)
 STILL_FLUSHING = (
     "every step after the first flushed the allocator's cache: this size sits at the allocator's wall, so the "
     "first training steps may flush too (each flush costs time), and memory a loop holds beyond what the step "
@@ -144,36 +145,41 @@ NEW_PROCESS_AUTOTUNING = (
 
 def park_created_state(watch: LazyStateWatch, device: torch.device) -> int:
     """Park the optimizer state the trials created on ``device`` until each optimizer's next
-    step (:func:`~autobatch.memory.parking.park_until_step`); the bytes parked. Only a plain
-    callable's state is left to park: a snapshot's restore drops what a ``TrainStep``'s trials
-    created, and its first training step creates it again."""
+    step (:func:`~autobatch.memory.parking.park_until_step`), where a new run makes it; the bytes
+    parked. After the probe of a plain callable with ``hand_loop=False``, whose trials laid
+    nothing out."""
     return sum(park_until_step(optimizer, tensors, device) for optimizer, tensors in watch.created_on(device))
 
 
 def relayout_created_state(watch: LazyStateWatch, device: torch.device) -> int:
     """Lay the optimizer state the trials created on ``device`` out as a run resumed from a
     checkpoint has it, before its first step (:func:`~autobatch.memory.parking.relayout_as_loaded`);
-    the bytes laid out. Before each settle trial of a hand loop, which cannot replay a step."""
+    the bytes laid out. Before each settle trial of a hand loop, which cannot replay a step, and
+    after its probe. Only a plain callable's state is left to lay out: a snapshot's restore drops
+    what a ``TrainStep``'s trials created, and its first training step creates it again."""
     return sum(relayout_as_loaded(optimizer, tensors, device) for optimizer, tensors in watch.created_on(device))
 
 
-#: how :func:`parked_note` begins (a cache hit drops the note: it parked nothing)
-PARKED = "the optimizer state the trials created ("
+#: how :func:`laid_out_note` begins (a cache hit drops the note: it laid nothing out)
+LAID_OUT = "the optimizer state the trials created ("
 
 
-def parked_note(parked: int) -> str:
-    """The note for state :func:`park_created_state` parked."""
-    return (f"{PARKED}{format_bytes(parked)}) waits in a private memory pool until the optimizer's next step, "
-            "which copies it back where a new process's first step creates it (state made at a smaller trial "
-            "size, left in place, broke a hand loop at the answer)")
+def laid_out_note(laid_out: int, *, parked: bool = False) -> str:
+    """The note for state :func:`relayout_created_state` laid out after the probe (``parked``:
+    :func:`park_created_state` parked it)."""
+    where = ("waits in a private memory pool until the optimizer's next step, which copies it back where a new run "
+             "makes it" if parked else "was laid out as loading a checkpoint places it, in fresh memory before the next "
+             "step's activations: the layout the answer's trials passed in")
+    return (f"{LAID_OUT}{format_bytes(laid_out)}) {where} (state made at a smaller trial size, left in place, broke a "
+            "hand loop at the answer)")
 
 
-def forget_parking(result: ProbeResult) -> ProbeResult:
-    """A cached answer as a hit returns it: the probe that wrote it parked its own process's
-    state; this process parked nothing, so its note and figure go."""
-    result.notes = [note for note in result.notes if not note.startswith(PARKED)]
+def forget_own_layout(result: ProbeResult) -> ProbeResult:
+    """A cached answer as a hit returns it: the probe that wrote it laid out its own process's
+    state; this process laid out nothing, so its note and figure go."""
+    result.notes = [note for note in result.notes if not note.startswith(LAID_OUT)]
     if result.promise is not None:
-        result.promise.pop("parked_state_bytes", None)
+        result.promise.pop("laid_out_state_bytes", None)
     return result
 
 

@@ -26,7 +26,7 @@ from .predict import predictive
 from .result import ProbeResult
 from .trial import TrialRunner
 
-__all__ = ["run_search", "peak_limit", "allocator_headroom", "max_units_of", "in_both_layouts"]
+__all__ = ["run_search", "peak_limit", "allocator_headroom", "max_units_of"]
 
 
 def run_search(
@@ -75,22 +75,15 @@ def run_search(
         _raise_no_fit(runner, multiple_of, device_name, capacity)
     largest_passed = found * multiple_of
     walled = below_moving_wall(runner, found, multiple_of, after_last_oom=confirm) if hand_loop else found
-    below = walled
-    if walled is not None and hand_loop and confirm and runner.layouts:
-        below = in_both_layouts(runner, walled, multiple_of)
-    if below is None:
+    if walled is None:
         _raise_no_fit(runner, multiple_of, device_name, capacity)
-    chosen = _apply_margin(passes, below, margin, multiple_of)
+    chosen = _apply_margin(passes, walled, margin, multiple_of)
     if chosen is None:
         _raise_no_fit(runner, multiple_of, device_name, capacity)
     failed_above = [b for b in runner.failed_sizes if b > largest_passed]
     notes = []
     if walled != found:
         notes.append(moving_wall_note(largest_passed, walled * multiple_of, (found + 1) * multiple_of))
-    if below != walled:
-        notes.append(f"{below * multiple_of}, below {walled * multiple_of}: a hand loop's answer must also pass beside the "
-                     "optimizer state laid out as a new run makes it (in its first step), and "
-                     f"{walled * multiple_of} did not")
     settled = (fit or {}).get("settled_above")
     if settled is not None and settled["batch_size"] == largest_passed + multiple_of:
         slope = fit.get("refined", fit)["slope_bytes_per_sample"] * multiple_of
@@ -163,6 +156,7 @@ def _predict(runner: TrialRunner, passes, start_units: int, max_units: int, mult
         usable_after=lambda units: _below_wall(capacity, runner.wall_of(units * multiple_of)),
         # on an accelerator a step past the peak limit fails: the line may settle the last size
         settle=runner.peak_limit is not None,
+        flushed_out=lambda units: runner.flushed_out(units * multiple_of),
     )
     fit = outcome.fit_record(multiple_of)
     if fit is not None and usable != capacity:
@@ -220,28 +214,6 @@ def below_moving_wall(runner: TrialRunner, found: int, multiple_of: int, *, afte
     if found <= 1 or not runner.expandable or not runner.flushed_out((found + 1) * multiple_of):
         return found
     return _confirm(runner, found - 1, multiple_of, after_last_oom=after_last_oom)
-
-
-def in_both_layouts(runner: TrialRunner, units: int, multiple_of: int) -> int | None:
-    """The answer for a hand loop (in units) once it also passed a settle trial beside the
-    optimizer state laid out as a new run makes it, in its first step (``layout="fresh"``: what
-    training in the probing process meets after the probe parks the state), where its other
-    settle trials ran beside state laid out as a resumed run has it; step down while either fails.
-
-    Why both: the wall moves with the layout. Measured on an H100 (ViT-B/16 as a plain callable,
-    bf16, AdamW, 8 GiB cap, ``scripts/bench_promise.py --resumed``): 100 passed its settle trial
-    in the resumed layout and trained 200 steps in a new process from scratch and in one resumed
-    from a checkpoint, but a hand loop in the probing process ran out of memory at its fourth
-    step (59 allocator retries)."""
-    while units >= 1:
-        record = runner.run(units * multiple_of, "fresh", settle=True, layout="fresh")
-        if record.passed:
-            return units
-        below = _confirm(runner, units - _step_down(record, units), multiple_of, after_last_oom=True)
-        if below is None:
-            return None
-        units = below
-    return None
 
 
 def moving_wall_note(passed: int, answer: int, flushing: int) -> str:

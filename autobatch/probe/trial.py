@@ -50,9 +50,8 @@ class TrialRunner:
     (:mod:`~autobatch.probe.pinned_state`). ``hand_loop``: a loop that cannot replay a step
     trains the answer (:meth:`_flushes_matter`); its trials start without the cuBLAS
     workspaces, as a new process's first step (:func:`~autobatch.memory.workspaces.release_workspaces`).
-    ``layouts`` (a hand loop's) lay the optimizer state the trials made out before a settle trial:
-    ``"resumed"`` (the default for settle trials) as a run resumed from a checkpoint has it,
-    ``"fresh"`` as a new run makes it, in its first step (:mod:`~autobatch.probe.promise`)."""
+    ``layout`` (a hand loop's) lays the optimizer state the trials made out before each settle
+    trial, as a run resumed from a checkpoint has it (:mod:`~autobatch.probe.promise`)."""
 
     def __init__(
         self,
@@ -69,11 +68,11 @@ class TrialRunner:
         guard: ContextManager[object] | None = None,
         pinned: PinnedState | None = None,
         hand_loop: bool = False,
-        layouts: dict[str, Callable[[], object]] | None = None,
+        layout: Callable[[], object] | None = None,
     ) -> None:
         self.fn = fn
         self.hand_loop = hand_loop
-        self.layouts = layouts or {}
+        self.layout = layout
         self._fresh_workspaces = getattr(memory, "device", None) if hand_loop else None
         self.pinned = pinned
         self.guard = guard
@@ -105,11 +104,11 @@ class TrialRunner:
             self.run(batch_size, purpose, steps=steps, settle=final and self.settle_final)
         return self.outcomes[batch_size]
 
-    def run(self, batch_size: int, purpose: str = "search", *, steps: int | None = None, settle: bool = False,
-            layout: str = "resumed") -> TrialRecord:
+    def run(self, batch_size: int, purpose: str = "search", *, steps: int | None = None, settle: bool = False
+            ) -> TrialRecord:
         """Run a trial even if this size was tried before; ``steps`` calls of ``fn`` (default: a
         full trial). ``settle`` (a size that may be the answer): more steps while the allocator
-        settles (:mod:`~autobatch.probe.settling`), the state laid out by ``layouts[layout]``, and
+        settles (:mod:`~autobatch.probe.settling`), the state laid out by ``layout``, and
         with ``purpose="confirm"`` cuDNN autotuning as the user set it. A trial stops early once
         its allocated peak is above ``peak_limit``."""
         steps = self.steps if steps is None else steps
@@ -117,7 +116,7 @@ class TrialRunner:
         # autotuning (seconds per new shape) only where the answer is confirmed: a size that
         # fails untuned never costs an autotuning pass, and the answer is known to train tuned
         tuned = settle and purpose == "confirm" and self.autotune is not None and self.autotune.wanted
-        prepare = self.layouts.get(layout) if settle else None
+        prepare = self.layout if settle else None
         error = self._attempt_as(batch_size, steps, settle, tuned, prepare)
         if error is not None and self._garbage_was_in_the_way():
             error = self._attempt_as(batch_size, steps, settle, tuned, prepare)
@@ -283,7 +282,7 @@ class TrialRunner:
     def _attempt(self, batch_size: int, steps: int, most: int, prepare: Callable[[], object] | None) -> str | None:
         """Run the steps (up to ``most`` while the allocator settles); return None on success or
         the OOM's first line. Leaves the ``except`` block before anything is freed. ``prepare``
-        lays the optimizer state out first (one of ``layouts``)."""
+        lays the optimizer state out first (``layout``)."""
         release_workspaces(self._fresh_workspaces)  # each trial starts as a new process's first step
         self.memory.release_cached()
         if prepare is not None:

@@ -241,16 +241,16 @@ def test_the_clis_answer_trains_within_the_budget_it_was_probed_under(cli, tmp_p
     assert summary["oom_recoveries"] == [] and summary["micro_batch"] == summary["probe"]["batch_size"] > 1
 
 
-def test_a_child_probes_parking_is_not_claimed_by_the_training_process(tmp_path, monkeypatch):
-    """The child parked its own optimizer state (fixed segments); the process that trains parked
-    nothing, so the answer it takes over says nothing of parking, as a cache hit does."""
+def test_a_child_probes_layout_is_not_claimed_by_the_training_process(tmp_path, monkeypatch):
+    """The child laid out its own optimizer state (fixed segments); the process that trains laid
+    out nothing, so the answer it takes over says nothing of it, as a cache hit does."""
     from autobatch.cli import isolated
-    from autobatch.probe.promise import PARKED, parked_note
+    from autobatch.probe.promise import LAID_OUT, laid_out_note
     from autobatch.probe.result import ProbeResult
 
     written = ProbeResult(batch_size=7, strategy="auto", strategy_used="predict", trials=[], capacity_bytes=2**20,
-                          elapsed_s=0.1, margin=0.0, notes=[parked_note(2**20), "kept"],
-                          promise={"parked_state_bytes": 2**20})
+                          elapsed_s=0.1, margin=0.0, notes=[laid_out_note(2**20), "kept"],
+                          promise={"laid_out_state_bytes": 2**20})
 
     def child(command, check, **kwargs):
         (tmp_path / "result.json").write_text(json.dumps({**written.to_dict(), "command": "x", "config": {}}))
@@ -260,7 +260,7 @@ def test_a_child_probes_parking_is_not_claimed_by_the_training_process(tmp_path,
     monkeypatch.setattr(isolated.subprocess, "run", child)
     result = isolated.probe_in_child(tmp_path)
     assert result.batch_size == 7 and result.notes == ["kept"] and result.promise == {}
-    assert not any(note.startswith(PARKED) for note in result.notes)
+    assert not any(note.startswith(LAID_OUT) for note in result.notes)
 
 
 def test_resume_latest_continues_the_run_dirs_own_run_and_never_writes_into_another(tmp_path):

@@ -144,24 +144,28 @@ def test_the_runners_step_allocates_what_a_hand_loop_does():
     assert peaks[-1] <= hand + 2 * 2**20, (peaks, hand)
 
 
-def test_a_plain_callables_state_waits_in_a_private_pool_until_the_next_step():
-    """The optimizer state a plain callable's trials created is parked off the default pool and
-    comes back, values intact, at the next optimizer step (autobatch.memory.parking)."""
+@pytest.mark.parametrize("hand_loop", [True, False])
+def test_a_plain_callables_state_is_laid_out_after_the_probe(hand_loop):
+    """After a hand loop's probe the optimizer state its trials created is laid out as loading a
+    checkpoint places it (in new memory before the first step, and left there by it); with
+    hand_loop=False it waits in a private pool and comes back at the next optimizer step. Values
+    intact either way (autobatch.memory.parking). The loop trains the answer of a hand loop; with
+    hand_loop=False (a loop that replays: its answer may sit at the allocator's wall) half of it."""
     model, optimizer, loss_fn, make = cnn_step()
     step = hand_step(model, optimizer, loss_fn, make)
-    result = autobatch.find_max_batch(step, memory_limit=2 * GiB, device="cuda")
+    result = autobatch.find_max_batch(step, memory_limit=2 * GiB, device="cuda", hand_loop=hand_loop, cache=False)
     state = [t for s in optimizer.state.values() for t in s.values() if t.is_cuda]
-    assert result.promise["parked_state_bytes"] == sum(t.numel() * t.element_size() for t in state)
-    assert any("private memory pool" in note for note in result.notes)
-    parked = {t.data_ptr() for t in state}
+    assert result.promise["laid_out_state_bytes"] == sum(t.numel() * t.element_size() for t in state)
+    assert any(("laid out as loading" if hand_loop else "private memory pool") in note for note in result.notes)
+    where = {t.data_ptr() for t in state}
     values = [t.clone() for t in state]
     seen = []  # hooks run in the order registered: this one after the park's
     optimizer.register_step_pre_hook(lambda opt, *_: seen.append(
-        [torch.equal(t, v) for t, v in zip(state, values)] + [t.data_ptr() not in parked for t in state]))
+        [torch.equal(t, v) for t, v in zip(state, values)] + [(t.data_ptr() in where) is hand_loop for t in state]))
     with capped():
         for _ in range(20):
-            step(result.batch_size)
-    assert seen[0] and all(seen[0])  # back in the default pool before the first step ran, unchanged
+            step(result.batch_size if hand_loop else result.batch_size // 2)
+    assert seen[0] and all(seen[0])  # laid out already, or back in the default pool before the first step ran
 
 
 def test_a_plain_callables_answer_trains_in_a_resumed_hand_loop():

@@ -1,7 +1,8 @@
-"""Optimizer state a probe created waits out of the allocator's way until the next step, then
-comes back (autobatch.memory.parking). On the CPU the private pool is stood in for by plain
-allocation: what is checked is the mechanism (values, identities, one-shot hook, replaced state,
-an OOM half-way); the pool itself is checked on a GPU (tests/gpu/test_cuda_promise.py)."""
+"""Optimizer state a probe created is laid out as loading a checkpoint places it, or waits out of
+the allocator's way until the next step (autobatch.memory.parking). On the CPU the private pool
+is stood in for by plain allocation: what is checked is the mechanism (values, identities,
+one-shot hook, replaced state, an OOM half-way); the pool itself is checked on a GPU
+(tests/gpu/test_cuda_promise.py)."""
 
 import contextlib
 
@@ -124,8 +125,8 @@ def test_state_that_is_a_view_of_a_flat_buffer_stays_put():
 
 
 def test_parking_twice_arms_each_tensor_once_and_a_layout_for_good_disarms_it():
-    """State parked again (a fresh-layout trial, then the park after the probe) is copied back
-    once; state laid out for good before a step (relayout_as_loaded) is no longer copied back."""
+    """State parked again is copied back once; state laid out for good before a step
+    (relayout_as_loaded) is no longer copied back."""
     (model, optimizer), _ = _twins()
     tensors = _state(optimizer)
     parking.park(optimizer, tensors, contextlib.nullcontext, keep="pool 1")
@@ -184,46 +185,103 @@ def _plain(model, optimizer):
     return step
 
 
-def test_the_probe_parks_what_a_plain_callables_trials_created_and_says_so(monkeypatch):
-    seen = []
+def test_laid_out_state_keeps_its_values_and_tensors_and_what_finds_no_room_waits_for_the_step():
+    """The moves of relayout_as_loaded: out (the pool), the cache emptied, back in order into new
+    memory; a copy back that runs out of memory leaves the rest in the pool until the next step."""
+    (model, optimizer), (twin, twin_optimizer) = _twins()
+    tensors = _state(optimizer)
+    ids, values = [id(t) for t in tensors], [t.clone() for t in tensors]
+    events, copies = [], {"n": 0}
 
-    def fake(optimizer, tensors, device):
-        seen.append((optimizer, list(tensors)))
-        return 1234
+    @contextlib.contextmanager
+    def into():
+        events.append("out")
+        yield
 
-    monkeypatch.setattr(promise, "park_until_step", fake)
+    real_move = parking._move
+
+    def move(moving, context):
+        if context is contextlib.nullcontext:  # the way back: room for two tensors only
+            @contextlib.contextmanager
+            def back():
+                copies["n"] += 1
+                if copies["n"] > 2:
+                    raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 MiB")
+                yield
+            return real_move(moving, back)
+        return real_move(moving, context)
+
+    parking._move = move
+    try:
+        laid = parking.lay_out(optimizer, tensors, into, lambda: events.append("empty"), keep="pool")
+    finally:
+        parking._move = real_move
+    assert events == ["out"] * len(tensors) + ["empty"]
+    assert laid == sum(t.numel() * t.element_size() for t in tensors[:2])
+    assert [id(t) for t in _state(optimizer)] == ids and all(torch.equal(t, v) for t, v in zip(tensors, values))
+    hook = parking._HOOKS[optimizer]
+    assert [ref() for ref in hook.refs] == tensors[2:] and hook.keep == ["pool"]  # the rest waits for the step
+    for seed in (2, 3):
+        _step(model, optimizer, seed)
+        _step(twin, twin_optimizer, seed)
+    assert hook.refs == [] and hook.keep == []  # came back at the step
+    for a, b in zip(model.parameters(), twin.parameters()):
+        assert torch.equal(a, b)
+
+
+def test_the_probe_lays_out_what_a_hand_loops_trials_created_and_says_so(monkeypatch):
+    """After a plain callable's probe (a hand loop) the state its trials created is laid out as
+    its settle trials had it; with hand_loop=False it is parked until the next step instead."""
+    seen = {"relayout": [], "park": []}
+
+    def fake(kind):
+        def lay(optimizer, tensors, device):
+            seen[kind].append((optimizer, list(tensors)))
+            return 1234
+        return lay
+
+    monkeypatch.setattr(promise, "relayout_as_loaded", fake("relayout"))
+    monkeypatch.setattr(promise, "park_until_step", fake("park"))
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(8, 64), torch.nn.ReLU(), torch.nn.Linear(64, 4))
     optimizer = torch.optim.AdamW(model.parameters())
     result = autobatch.find_max_batch(_plain(model, optimizer), memory_limit="8MiB", device="cpu", max_batch=64)
-    assert [o for o, _ in seen] == [optimizer]
+    assert [o for o, _ in seen["relayout"]] == [optimizer] and seen["park"] == []
     every = {id(t) for state in optimizer.state.values() for t in state.values()}  # ``step`` too: it is on the device
-    assert {id(t) for t in seen[0][1]} == every
-    assert result.promise["parked_state_bytes"] == 1234
+    assert {id(t) for t in seen["relayout"][-1][1]} == every
+    assert result.promise["laid_out_state_bytes"] == 1234
+    assert any("laid out as loading a checkpoint places it" in note for note in result.notes)
+    seen["relayout"].clear()
+    optimizer = torch.optim.AdamW(model.parameters())  # no state yet: the trials make it
+    result = autobatch.find_max_batch(_plain(model, optimizer), memory_limit="8MiB", device="cpu", max_batch=64,
+                                      hand_loop=False, cache=False)
+    assert seen["relayout"] == []  # no settle trial lays anything out without a hand loop
+    assert [o for o, _ in seen["park"]] == [optimizer]
     assert any("private memory pool" in note for note in result.notes)
 
 
-def test_a_cache_hit_parked_nothing_and_does_not_say_it_did(monkeypatch, tmp_path):
-    monkeypatch.setattr(promise, "park_until_step", lambda o, t, d: 1234)
+def test_a_cache_hit_laid_nothing_out_and_does_not_say_it_did(monkeypatch, tmp_path):
+    monkeypatch.setattr(promise, "relayout_as_loaded", lambda o, t, d: 1234)
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(8, 64), torch.nn.ReLU(), torch.nn.Linear(64, 4))
     optimizer = torch.optim.AdamW(model.parameters())
     probe = dict(memory_limit="8MiB", device="cpu", max_batch=64, cache=tmp_path, cache_key="mlp")
     first = autobatch.find_max_batch(_plain(model, optimizer), **probe)
-    assert not first.cached and first.promise["parked_state_bytes"] == 1234
+    assert not first.cached and first.promise["laid_out_state_bytes"] == 1234
     hit = autobatch.find_max_batch(_plain(model, optimizer), **probe)
     assert hit.cached and hit.batch_size == first.batch_size
-    assert "parked_state_bytes" not in hit.promise
-    assert not any("private memory pool" in note for note in hit.notes)
+    assert "laid_out_state_bytes" not in hit.promise
+    assert not any("laid out as loading" in note for note in hit.notes)
 
 
-def test_a_train_steps_restore_leaves_nothing_to_park(monkeypatch):
+def test_a_train_steps_restore_leaves_nothing_to_lay_out(monkeypatch):
     seen = []
     monkeypatch.setattr(promise, "park_until_step", lambda o, t, d: seen.append(list(t)) or 0)
+    monkeypatch.setattr(promise, "relayout_as_loaded", lambda o, t, d: seen.append(list(t)) or 0)
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(8, 64), torch.nn.ReLU(), torch.nn.Linear(64, 4))
     optimizer = torch.optim.AdamW(model.parameters())
     step = autobatch.TrainStep(model, optimizer, lambda m, b: m(b).square().mean(), lambda n: torch.randn(n, 8))
     result = autobatch.find_max_batch(step, memory_limit="8MiB", max_batch=64, cache=False)
     assert seen == [] and not optimizer.state  # the snapshot dropped the trials' state
-    assert not any("private memory pool" in note for note in result.notes)
+    assert not any("the optimizer state the trials created" in note for note in result.notes)

@@ -381,9 +381,8 @@ def test_a_hand_loops_trials_each_start_without_the_cublas_workspaces(monkeypatc
 
 
 def test_a_hand_loops_settle_trials_run_beside_state_laid_out_as_a_resumed_run_has_it(cudnn_flags):
-    """The ``"resumed"`` layout runs before every attempt of a settle trial (a size that may be
-    the answer), after the cache was returned, and never before a search trial; ``layout=`` picks
-    another."""
+    """The layout runs before every attempt of a settle trial (a size that may be the answer),
+    after the cache was returned, and never before a search trial."""
     torch.backends.cudnn.benchmark = False
     events = []
     with simulated_memory("64MiB") as device:
@@ -392,36 +391,31 @@ def test_a_hand_loops_settle_trials_run_beside_state_laid_out_as_a_resumed_run_h
         memory.release_cached = lambda: (events.append("release"), release())
         step = flushing_step(memory, from_size=10**9)
         runner = TrialRunner(lambda n: (events.append(n), step(n)), memory, steps=2, settle_final=True,
-                             hand_loop=True, layouts={"resumed": lambda: events.append("resumed"),
-                                                      "fresh": lambda: events.append("fresh")})
+                             hand_loop=True, layout=lambda: events.append("resumed"))
         assert runner(10)  # a search trial
         assert runner(20, final=True)  # may be the answer: it settles
         assert runner.run(30, "confirm", settle=True).passed
-        assert runner.run(30, "fresh", settle=True, layout="fresh").passed
-    assert events == ["release", 10, 10, "release", "resumed", 20, 20, "release", "resumed", 30, 30,
-                      "release", "fresh", 30, 30]
+    assert events == ["release", 10, 10, "release", "resumed", 20, 20, "release", "resumed", 30, 30]
 
 
-def test_a_hand_loops_answer_steps_down_until_it_passes_in_both_layouts(cudnn_flags):
-    """A hand loop's answer must pass a settle trial beside the state laid out as a new run makes
-    it too; where it does not, the answer steps down and passes both (each size below confirmed
-    again in the resumed layout)."""
-    from autobatch.probe.search import in_both_layouts
+@pytest.mark.parametrize("wall", [56_000, 62_000])
+def test_below_a_size_that_kept_flushing_every_trial_is_a_full_one(cudnn_flags, wall):
+    """A one-step trial cannot see flushing: below a size whose settle trial kept flushing, the
+    predictive search runs only full (settle) trials, in strides of a percent that double, then
+    bisects to within a percent (ResNet-50 as a plain callable on an H200 paid two one-step trials
+    of 0.2 s each there). The answer is the largest size found that stops flushing."""
+    from autobatch.probe.search import run_search
 
     torch.backends.cudnn.benchmark = False
-    layout = {"now": None}
     with simulated_memory("64MiB") as device:
         memory = FlushingMemory(device)
-
-        def step(batch_size: int) -> None:
-            if layout["now"] == "fresh" and batch_size > 40:
-                raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 MiB")
-            torch.empty(batch_size * 1000, dtype=torch.uint8)
-
-        runner = TrialRunner(step, memory, steps=3, peak_limit=60 * MiB, settle_final=True, hand_loop=True,
-                             layouts={name: (lambda name=name: layout.update(now=name)) for name in ("resumed", "fresh")})
-        assert runner.run(42, "confirm", settle=True).passed
-        assert in_both_layouts(runner, 42, 1) == 40
-    tried = [(r.batch_size, r.purpose, r.passed) for r in runner.records]
-    assert tried == [(42, "confirm", True), (42, "fresh", False), (41, "confirm", True), (41, "fresh", False),
-                     (40, "confirm", True), (40, "fresh", True)]
+        runner = TrialRunner(flushing_step(memory, from_size=wall), memory, steps=3, peak_limit=60 * MiB,
+                             settle_final=True, hand_loop=True, search_steps=1)
+        result = run_search(runner, strategy="predict", start=None, max_batch=None, margin=0.0, multiple_of=1,
+                            device_name="sim", capacity=64 * MiB, confirm=True, hand_loop=True)
+    first = next(i for i, r in enumerate(runner.records) if r.error and "return its cache" in r.error)
+    below = runner.records[first + 1:]
+    assert below and all(r.steps >= 3 for r in below)  # full trials only
+    assert all(not r.passed for r in below if r.batch_size >= wall)
+    assert wall * 0.99 <= result.batch_size < wall
+    assert len(below) <= 8
