@@ -3,10 +3,14 @@
 :func:`key_components` describes a :class:`~autobatch.TrainStep` (its model, code, inputs,
 optimizer, precision, clipping), the device, the versions and the probe's settings;
 :func:`key_of` hashes them (:mod:`~autobatch.probe.cache` stores one entry per key). The code
-of the loss and of every module's ``forward`` is keyed by content, with the values it reads
-that are not in its bytecode: a closure's cells, a ``functools.partial``'s arguments, the plain
-globals it names, a bound method's object; and each module by its plain settings, including
-those of a config object it holds (``self.config.n_passes``) and of its class.
+of the loss and of every module class (each method a user's class defines, ``forward`` of
+torch's) is keyed by content, with the values it reads that are not in its bytecode: a
+closure's cells, a ``functools.partial``'s arguments, the globals it names (plain values,
+containers of them such as a config dict, and the functions it calls, followed to
+:data:`DEPTH`), a bound method's object; a loss that is a module by its class and settings;
+each module by its settings (plain private ones too: ``self._reps``), including those of a
+config object it holds (``self.config.n_passes``) and of its class, and by the code of the
+hooks registered on it (a forward hook that keeps activations).
 """
 
 from __future__ import annotations
@@ -59,6 +63,8 @@ def _code_hash(fn: Any, depth: int = 0) -> str:
     and the plain globals its code names (a loss over ``n_passes`` keyed by its value)."""
     if isinstance(fn, functools.partial):
         return _digest([_code_hash(fn.func, depth + 1), _describe(fn.args, depth + 1), _describe(fn.keywords, depth + 1)])
+    if isinstance(fn, torch.nn.Module):  # a loss module: its class's code and its settings, not Module.__call__
+        return _digest([class_code(type(fn), depth + 1), _settings(fn)])
     owner = getattr(fn, "__self__", None)
     fn = getattr(fn, "__func__", fn)
     code = getattr(fn, "__code__", None)
@@ -70,7 +76,7 @@ def _code_hash(fn: Any, depth: int = 0) -> str:
     digest = hashlib.sha256()
     _hash_code(code, digest)
     cells = [cell.cell_contents for cell in getattr(fn, "__closure__", None) or () if _filled(cell)]
-    reads = {"cells": _describe(cells, depth + 1), "globals": _globals_read(fn, code)}
+    reads = {"cells": _describe(cells, depth + 1), "globals": _globals_read(fn, code, depth)}
     if owner is not None and not isinstance(owner, (torch.nn.Module, type)):
         reads["self"] = _describe(owner, depth + 1)
     digest.update(_canonical(reads).encode())
@@ -85,15 +91,58 @@ def _filled(cell: Any) -> bool:
     return True
 
 
-def _globals_read(fn: Any, code: Any) -> dict[str, Any]:
-    """The plain values (numbers, strings, tuples of them) among the globals ``code`` names."""
+def _globals_read(fn: Any, code: Any, depth: int = 0) -> dict[str, Any]:
+    """The globals ``code`` names that can change what it allocates: plain values (numbers,
+    strings), containers (a config dict, a list of sizes) item by item, and the functions of the
+    user's code it calls, by their code (to :data:`DEPTH`); not modules, classes or torch's own
+    functions (keyed by torch's version)."""
     names, stack = set(), [code]
     while stack:
         current = stack.pop()
         names.update(current.co_names)
         stack.extend(const for const in current.co_consts if hasattr(const, "co_code"))
     scope = getattr(fn, "__globals__", {})
-    return {name: _describe(scope[name], DEPTH) for name in sorted(names) if name in scope and _is_plain(scope[name])}
+    read = {}
+    for name in sorted(names):
+        value = scope.get(name, _MISSING)
+        if _is_plain(value):
+            read[name] = _describe(value, DEPTH)
+        elif isinstance(value, (dict, list, tuple, set, frozenset)):
+            read[name] = _describe(value, 1)
+        elif _users_function(value) and value is not fn and depth + 1 < DEPTH:
+            read[name] = {"code": _code_hash(value, depth + 1)}
+    return read
+
+
+_MISSING = object()
+
+
+def _users_function(value: Any) -> bool:
+    """A Python function (or partial) of the user's code: not torch's, not a builtin."""
+    func = value.func if isinstance(value, functools.partial) else value
+    return hasattr(func, "__code__") and not _torchs(getattr(func, "__module__", None))
+
+
+def _torchs(module: str | None) -> bool:
+    return bool(module) and (module == "torch" or module.startswith(("torch.", "torchvision.", "autobatch.")))
+
+
+def class_code(cls: type, depth: int = 0) -> str:
+    """A module class's code: every function the user's classes in its method order define
+    (``forward`` and the helpers it calls, ``self.body``), with what they read; a class of
+    torch's by its ``forward`` (its code is keyed by torch's version)."""
+    parts = []
+    for owner in cls.__mro__:
+        if owner in (torch.nn.Module, object):
+            break
+        if _torchs(owner.__module__):
+            forward = vars(owner).get("forward")
+            parts.append([owner.__qualname__, _code_hash(forward, depth) if forward is not None else None])
+            continue
+        methods = {name: getattr(value, "__func__", value) for name, value in vars(owner).items()}
+        parts.append([owner.__qualname__, {name: _code_hash(method, depth) for name, method in sorted(methods.items())
+                                            if hasattr(method, "__code__")}])
+    return _digest(parts)
 
 
 def _is_plain(value: Any) -> bool:
@@ -140,14 +189,23 @@ def _describe(value: Any, depth: int = 0) -> Any:
 
 
 def _inputs(make_batch: Callable[[int], Any]) -> Any:
-    """Shapes and dtypes of batches of 1 and 2, built with fake tensors (no memory)."""
+    """Shapes and dtypes of batches of 1 and 2, built with fake tensors (no memory), every random
+    generator put back after (the key is read before the probe's snapshot is taken)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    try:
-        with FakeTensorMode(allow_non_fake_inputs=True):
-            return [_describe(make_batch(1)), _describe(make_batch(2))]
-    except Exception:  # noqa: BLE001 - a make_batch fake tensors cannot run: build them for real
-        return [_describe(make_batch(1)), _describe(make_batch(2))]
+    from .restore import host_rng_states, set_host_rng_states
+
+    host = host_rng_states()
+    devices = list(range(torch.cuda.device_count())) if torch.cuda.is_initialized() else []
+    with torch.random.fork_rng(devices=devices):
+        try:
+            try:
+                with FakeTensorMode(allow_non_fake_inputs=True):
+                    return [_describe(make_batch(1)), _describe(make_batch(2))]
+            except Exception:  # noqa: BLE001 - a make_batch fake tensors cannot run: build them for real
+                return [_describe(make_batch(1)), _describe(make_batch(2))]
+        finally:
+            set_host_rng_states(host)
 
 
 def _plain(value: Any) -> Any:
@@ -190,7 +248,8 @@ def step_components(step: TrainStep) -> dict[str, Any]:
         },
         "code": {
             "loss_fn": _code_hash(step.loss_fn),
-            "forward": sorted(f"{cls.__qualname__}:{_code_hash(cls.forward)}" for cls in classes),
+            "forward": sorted(f"{cls.__qualname__}:{class_code(cls)}" for cls in classes),
+            "hooks": _hooks(model),
             "step": type(step).__qualname__,
         },
         "inputs": _inputs(step.make_batch),
@@ -204,21 +263,37 @@ def step_components(step: TrainStep) -> dict[str, Any]:
 
 
 _PLAIN = (bool, int, float, str, type(None))
+#: the hooks a module may hold: a forward hook that keeps activations changes the memory
+HOOKS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
 
 
 def _settings(module: torch.nn.Module) -> dict[str, Any]:
     """A module's public attributes (``num_heads``, ``scale_factor``, ``max_norm``,
-    ``training``, a config object's fields...) and its class's plain ones: what shapes its
-    activations beside its parameters' shapes and its code."""
+    ``training``, a config object's fields...), its plain private ones (``self._reps``) and its
+    class's plain ones: what shapes its activations beside its parameters' shapes and its code."""
     settings = {}
     for name, value in vars(type(module)).items():
         if not name.startswith("_") and _is_plain(value):
             settings[f"class.{name}"] = _describe(value)
     for name, value in vars(module).items():
-        if name.startswith("_") or callable(value) and not hasattr(value, "__dict__"):
+        if name.startswith("_"):
+            if _is_plain(value) and not name.startswith("__"):
+                settings[name] = _describe(value)
+            continue
+        if callable(value) and not hasattr(value, "__dict__"):
             continue
         settings[name] = _describe(value, 1)
     return settings
+
+
+def _hooks(model: torch.nn.Module) -> list[Any]:
+    """The code of every hook registered on the model's modules, by module name and kind."""
+    found = []
+    for name, module in model.named_modules():
+        for kind in HOOKS:
+            hooks = getattr(module, kind, None) or {}
+            found += [[name, kind, _code_hash(hook)] for hook in hooks.values()]
+    return found
 
 
 def key_components(

@@ -373,3 +373,78 @@ def test_a_cache_key_object_is_keyed_by_its_fields(tmp_path):
 
     assert probe_cache.key_of(components(_Config(1024))) != probe_cache.key_of(components(_Config(4096)))
     assert probe_cache.key_of(components(_Config(1024))) == probe_cache.key_of(components(_Config(1024)))
+
+
+GATES = {"gates": 1}  # a global config dict forward reads
+
+
+def _helper_loss(m, b):  # a helper the loss calls
+    return m(b).square().mean()
+
+
+class _WithHelper(torch.nn.Module):
+    """forward calls a helper method, reads a global dict and a private setting."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = torch.nn.Linear(8, 8)
+        self._reps = 1
+
+    def body(self, x):
+        return self.layer(x)
+
+    def forward(self, x):
+        for _ in range(GATES["gates"] * self._reps):
+            x = self.body(x)
+        return x
+
+
+class _LossModule(torch.nn.Module):
+    def __init__(self, views: int) -> None:
+        super().__init__()
+        self.views = views
+
+    def forward(self, m, b):
+        return sum(m(b * (i + 1)).square().mean() for i in range(self.views))
+
+
+def _helper_step(loss=None, model=None):
+    model = model or _WithHelper()
+    loss = loss or (lambda m, b: _helper_loss(m, b))
+    return autobatch.TrainStep(model, torch.optim.SGD(model.parameters(), lr=0.1), loss, lambda n: torch.randn(n, 8))
+
+
+def test_the_key_follows_helpers_global_containers_private_settings_hooks_and_loss_modules(monkeypatch):
+    """Each of these changed the answer and was served a stale one: a helper method forward
+    calls, a helper function the loss calls, a global dict forward reads, a private setting, a
+    forward hook that keeps activations, and a loss that is a module (every one keyed as
+    Module.__call__)."""
+    before = _step_key(_helper_step())
+    assert _step_key(_helper_step()) == before  # stable
+
+    monkeypatch.setattr(_WithHelper, "body", lambda self, x: self.layer(x) * torch.sigmoid(self.layer(x)))
+    assert _step_key(_helper_step()) != before
+    monkeypatch.undo()
+
+    def three_times(m, b):
+        return sum(m(k * b).square().mean() for k in (1, 2, 3))
+
+    monkeypatch.setitem(globals(), "_helper_loss", three_times)
+    assert _step_key(_helper_step()) != before
+    monkeypatch.undo()
+
+    monkeypatch.setitem(GATES, "gates", 4)
+    assert _step_key(_helper_step()) != before
+    monkeypatch.undo()
+
+    model = _WithHelper()
+    model._reps = 3
+    assert _step_key(_helper_step(model=model)) != before
+
+    model = _WithHelper()
+    kept = []
+    model.layer.register_forward_hook(lambda module, args, out: kept.append(out))
+    assert _step_key(_helper_step(model=model)) != before
+
+    assert _step_key(_helper_step(loss=_LossModule(1))) != _step_key(_helper_step(loss=_LossModule(4)))
+    assert _step_key(_helper_step(loss=_LossModule(2))) == _step_key(_helper_step(loss=_LossModule(2)))
