@@ -34,6 +34,8 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import random
+import sys
 import threading
 from dataclasses import dataclass, field
 from typing import Any
@@ -42,7 +44,7 @@ import torch
 
 from .shards import Shard, from_cpu_local, local, to_cpu_local
 
-__all__ = ["Snapshot", "forget_scaler_stage", "steps_in_place_at_zero_lr", "written_outside_the_optimizer"]
+__all__ = ["Snapshot", "forget_scaler_stage", "host_rng_states", "set_host_rng_states", "steps_in_place_at_zero_lr", "written_outside_the_optimizer"]
 
 
 def _to_cpu(value: Any) -> Any:
@@ -66,6 +68,7 @@ class Snapshot:
     optimizer_state: dict[str, Any] | None = None
     rng_cpu: torch.Tensor | None = None
     rng_cuda: list[torch.Tensor] | None = None
+    rng_host: Any = None  # Python's and NumPy's generators (make_batch may draw from them)
     scaler: Any = None  # a GradScaler whose scale the trials may move (fp16: inf gradients halve it)
     scaler_state: dict[str, Any] | None = None
 
@@ -110,6 +113,7 @@ class Snapshot:
         snap.rng_cpu = torch.get_rng_state()
         if torch.cuda.is_available() and torch.cuda.is_initialized():
             snap.rng_cuda = torch.cuda.get_rng_state_all()
+        snap.rng_host = host_rng_states()
         if not background:
             if optimizer is not None:
                 snap.optimizer_state = _to_cpu(optimizer.state_dict())  # learning rates included
@@ -202,6 +206,24 @@ class Snapshot:
         torch.set_rng_state(self.rng_cpu)
         if self.rng_cuda is not None:
             torch.cuda.set_rng_state_all(self.rng_cuda)
+        set_host_rng_states(self.rng_host)
+
+
+def host_rng_states() -> tuple[Any, Any]:
+    """Python's ``random`` state and NumPy's global one (None where NumPy is not imported: a
+    ``make_batch`` that draws from it has imported it)."""
+    numpy = sys.modules.get("numpy")
+    return random.getstate(), None if numpy is None else numpy.random.get_state()
+
+
+def set_host_rng_states(states: tuple[Any, Any] | None) -> None:
+    """Put back what :func:`host_rng_states` read."""
+    if states is None:
+        return
+    python, numpy_state = states
+    random.setstate(python)
+    if numpy_state is not None:
+        sys.modules["numpy"].random.set_state(numpy_state)
 
 
 #: optimizers whose every change to a parameter, weight decay included, is scaled by the group's

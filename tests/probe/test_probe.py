@@ -595,3 +595,27 @@ def test_a_plain_callable_that_builds_its_model_in_each_call_is_probed_exactly()
     auto = find_max_batch(fn, memory_limit="40MiB", cache=False)
     binary = find_max_batch(fn, memory_limit="40MiB", cache=False, strategy="binary")
     assert auto.batch_size == binary.batch_size > 1
+
+
+def test_every_random_generator_a_make_batch_draws_from_is_put_back(tmp_path):
+    """make_batch may draw from torch's, Python's and NumPy's generators, and the cache key builds
+    batches (for real where fake tensors cannot run, as with padding to the longest sampled
+    length) before the snapshot is taken: after the probe, cached or not, all three are as before."""
+    import random
+
+    np = pytest.importorskip("numpy")
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Embedding(50, 16), torch.nn.Linear(16, 2))
+
+    def make_batch(n):
+        longest = int(torch.randint(5, 20, (n,)).max()) + random.randint(0, 3) + int(np.random.randint(0, 3))
+        return torch.randint(0, 50, (n, longest)), torch.randint(0, 2, (n,))
+
+    step = autobatch.TrainStep(model, torch.optim.Adam(model.parameters()),
+                               lambda m, b: torch.nn.functional.cross_entropy(m(b[0]).mean(1), b[1]), make_batch)
+    for cache in (False, tmp_path):
+        torch_state, python_state, numpy_state = torch.get_rng_state(), random.getstate(), np.random.get_state()
+        autobatch.find_max_batch(step, memory_limit="4MiB", cache=cache, max_batch=256)
+        assert torch.equal(torch.get_rng_state(), torch_state)
+        assert random.getstate() == python_state
+        assert np.array_equal(np.random.get_state()[1], numpy_state[1])
