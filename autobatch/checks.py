@@ -57,6 +57,27 @@ def torch_device(name: str, value: Any) -> None:
         raise ValueError(f"{name}={value!r} is not a torch device; use e.g. 'cpu', 'cuda' or 'cuda:1'") from None
 
 
+def device_available(name: str, value: Any) -> None:
+    """``value`` (None or a valid device) names a device this machine has: the CPU, or an
+    accelerator whose backend is available, with that index; not ``meta`` (it holds no memory)."""
+    if value is None:
+        return
+    device = torch.device(value)
+    if device.type == "cpu":
+        return
+    if device.type == "meta":
+        raise ValueError(f"{name}={value!r} holds no memory to measure; use 'cpu' (a simulated memory budget) "
+                         "or an accelerator")
+    backend = getattr(torch, device.type, None)
+    available = getattr(backend, "is_available", None)
+    if backend is None or available is None or not available():
+        raise ValueError(f"{name}={value!r}: this machine has no {device.type} device; use 'cpu' (a simulated "
+                         "memory budget) or leave it unset for the current accelerator")
+    count = getattr(backend, "device_count", None)
+    if device.index is not None and count is not None and device.index >= count():
+        raise ValueError(f"{name}={value!r}: this machine has {count()} {device.type} device(s), numbered from 0")
+
+
 def dtype(name: str, value: Any) -> torch.dtype | None:
     """``value`` as a ``torch.dtype``: None, a dtype, or its name ("bfloat16", "float16")."""
     if value is None or isinstance(value, torch.dtype):

@@ -91,6 +91,11 @@ def validate_step(fn: object, strategy: str) -> None:
             f"fn must be a callable that runs one training step at a given batch size, e.g. "
             f"autobatch.TrainStep(model, optimizer, loss_fn, make_batch); got {type(fn).__name__} {fn!r:.60}"
         )
+    if isinstance(fn, TrainStep) and fn.make_batch is None:
+        raise ValueError(
+            "this TrainStep has no make_batch: the probe builds each trial's batch with make_batch(batch_size); "
+            "pass make_batch=lambda n: ... (a batch of n samples on the device) to TrainStep"
+        )
     if strategy == "estimate" and not isinstance(fn, TrainStep):
         raise ValueError(
             f"strategy='estimate' traces a TrainStep with fake tensors; got {type(fn).__name__}. "
@@ -103,6 +108,7 @@ def validate_places(device: object, restore: object, cache: object) -> None:
     import os
 
     checks.torch_device("device", device)
+    checks.device_available("device", device)
     if restore is not None:
         if not isinstance(restore, tuple) or len(restore) != 2:
             raise TypeError(f"restore must be a (model, optimizer) pair or None, got {type(restore).__name__} {restore!r:.60}")

@@ -20,6 +20,9 @@ def _step():
     [
         (lambda s: find_max_batch(42), TypeError, "fn must be a callable"),
         (lambda s: find_max_batch(s, device="tpu9"), ValueError, "device='tpu9' is not a torch device"),
+        (lambda s: find_max_batch(s, device="meta"), ValueError, "device='meta' holds no memory"),
+        (lambda s: find_max_batch(TrainStep(s.model, s.optimizer, s.loss_fn, None)), ValueError,
+         "this TrainStep has no make_batch"),
         (lambda s: find_max_batch(s, restore=5), TypeError, r"restore must be a \(model, optimizer\) pair"),
         (lambda s: find_max_batch(s, restore=(s.model, "sgd")), TypeError, r"restore\[1\] must be a torch.optim.Optimizer"),
         (lambda s: find_max_batch(s, cache=3), TypeError, "cache must be True, False, None or a directory"),
@@ -54,3 +57,10 @@ def test_a_step_that_never_runs_out_of_memory_stops_at_the_ceiling():
     assert any("search ceiling" in note for note in result.notes)
     capped = find_max_batch(lambda batch_size: None, memory_limit="1MiB", max_batch=1000)
     assert capped.batch_size == 1000 and not any("search ceiling" in note for note in capped.notes)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks a machine without CUDA")
+@pytest.mark.parametrize("device", ["cuda", "cuda:0"])
+def test_an_accelerator_this_machine_lacks_is_one_error_before_any_trial(device):
+    with pytest.raises(ValueError, match=f"device='{device}': this machine has no cuda device"):
+        find_max_batch(_step(), device=device)
