@@ -265,7 +265,9 @@ class AccumulatingStep(TrainStep):
         super().__init__(step.model, step.optimizer, step.loss_fn, step.make_batch, **step.options())
 
     def __call__(self, batch_size: int) -> None:
-        accumulated_step(self, LazyMicroBatches([batch_size, batch_size], self.make_batch), global_batch=2 * batch_size)
+        # lazy: no .item(), so an estimate can trace it with fake tensors and a trial queues no sync
+        accumulated_step(self, LazyMicroBatches([batch_size, batch_size], self.make_batch), global_batch=2 * batch_size,
+                         lazy=True)
 
 
 class LazyMicroBatches:

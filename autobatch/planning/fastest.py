@@ -14,7 +14,7 @@ from typing import Any, Callable, ContextManager
 
 import torch
 
-from ..errors import GlobalBatchTooLargeError
+from ..errors import GlobalBatchTooLargeError, NoBatchFitsError
 from ..memory.devices import AcceleratorMemory, resolve_device
 from ..memory.units import parse_bytes
 from .plan_result import Plan
@@ -39,13 +39,13 @@ class ThroughputObjective:
         allocator_retries: Callable[[], int | None] | None,
     ) -> Plan:
         plain, plain_error = self.probe(False)
-        plain_max = plain.batch_size if plain is not None else 0
+        plain_max = self.with_accumulation(plain, False, allow_accumulation)
         ckpt = ckpt_error = None
         if allow_checkpointing and (exhaustive or plain_max < self.global_batch):
             ckpt, ckpt_error = self.probe_checkpointed()
         if plain is None and ckpt is None:
             raise self.no_fit(plain_error, ckpt_error, allow_checkpointing)
-        ckpt_max = ckpt.batch_size if ckpt is not None else 0
+        ckpt_max = self.with_accumulation(ckpt, True, allow_accumulation)
 
         def sizes(largest: int, above: int = 0) -> list[int]:
             if largest == 0:
@@ -108,6 +108,21 @@ class ThroughputObjective:
             candidates=[c.to_dict() for c in candidates],
             timing=dict(timing, retimed=len(retimed)),
         )
+
+    def with_accumulation(self, one_step, checkpointing: bool, allow_accumulation: bool) -> int:
+        """The largest micro-batch a candidate may use: ``one_step``'s answer where the global
+        batch fits in one step or accumulation is not allowed, else the largest micro-batch of an
+        accumulated step (the planner's second probe: the first micro-batch's gradients stay
+        held through the next one's step; a candidate sized by the one-step answer ran out of
+        memory in training); 0 where nothing fits."""
+        if one_step is None:
+            return 0
+        if one_step.batch_size >= self.global_batch or not allow_accumulation:
+            return one_step.batch_size
+        try:
+            return self.accumulated(one_step, checkpointing).batch_size
+        except NoBatchFitsError:
+            return 0
 
     def time(self, candidates, device, timing, timer, allocator_retries) -> list[Candidate]:
         """Time every candidate once, then the leaders in interleaved rounds; return the

@@ -111,6 +111,7 @@ def plan(
             is not allowed.
     """
     _validate(step, global_batch, objective, probe_kwargs)
+    _check_one_step_cap(global_batch, probe_kwargs.get("max_batch"), allow_accumulation)
     if checkpoint_targets is not None:
         find_blocks(step.model, checkpoint_targets)  # targets that match nothing: a ValueError now, not a wrong plan
     timing = dict(
@@ -153,8 +154,19 @@ def _validate(step, global_batch, objective, probe_kwargs) -> None:
         raise ValueError(f"global_batch must be a positive integer, got {global_batch!r}")
     if objective not in OBJECTIVES:
         raise ValueError(f"objective must be one of {', '.join(OBJECTIVES)}; got {objective!r}")
-    if not isinstance(probe_kwargs.get("max_batch", 1), (int, type(None))):
-        raise ValueError(f"max_batch must be a positive integer or None, got {probe_kwargs['max_batch']!r}")
+    max_batch, multiple_of = probe_kwargs.get("max_batch"), probe_kwargs.get("multiple_of", 1)
+    if not isinstance(max_batch, (int, type(None))) or isinstance(max_batch, bool):
+        raise ValueError(f"max_batch must be a positive integer or None, got {max_batch!r}")
+    if isinstance(multiple_of, int) and not isinstance(multiple_of, bool) and multiple_of > global_batch:
+        raise ValueError(f"global_batch={global_batch} is smaller than multiple_of={multiple_of}: no micro-batch of it "
+                         "is a multiple; lower multiple_of or raise global_batch")
+
+
+def _check_one_step_cap(global_batch: int, max_batch: int | None, allow_accumulation: bool) -> None:
+    """Without accumulation one step holds the global batch: a ``max_batch`` below it can never plan."""
+    if not allow_accumulation and max_batch is not None and max_batch < global_batch:
+        raise ValueError(f"max_batch={max_batch} is below global_batch={global_batch} and allow_accumulation=False: "
+                         "one step must hold the whole global batch; raise max_batch or allow accumulation")
 
 
 class _Planner(ThroughputObjective):

@@ -123,6 +123,31 @@ def test_an_accumulated_plan_trains_where_its_gradients_take_room():
     assert trained.oom_recoveries == [] and device.oom_count == 0
 
 
+def test_throughputs_candidates_are_sized_by_an_accumulated_step():
+    """The throughput objective's accumulating candidates fit beside the first micro-batch's
+    gradients (the planner's accumulated probe), not just in one step: sized by the one-step
+    answer, the timed-fastest ran out of memory in training."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 10))
+    optimizer = torch.optim.AdamW(model.parameters())
+
+    def loss_fn(m, batch):
+        return nn.functional.cross_entropy(m(batch[0]), batch[1])
+
+    step = TrainStep(model, optimizer, loss_fn, lambda b: (torch.randn(b, 64), torch.randint(0, 10, (b,))))
+    result = plan(step, global_batch=512, memory_limit="2MiB", cache=False, objective="throughput",
+                  allow_checkpointing=False, timed_steps=1, retime_rounds=0)
+    one_step, accumulated = (probe.batch_size for probe in result.probe_results)
+    assert accumulated < one_step
+    assert all(c["micro_batch"] <= accumulated for c in result.candidates)
+    data = [step.make_batch(512) for _ in range(2)]
+    with simulated_memory("2MiB") as device:
+        runner = autobatch.Runner(model, optimizer, loss_fn, global_batch=512, micro_batch=result.micro_batch,
+                                  progress=False)
+        trained = runner.fit(data)
+    assert trained.oom_recoveries == [] and device.oom_count == 0
+
+
 def test_no_accumulation_allowed_raises_with_figures():
     with pytest.raises(GlobalBatchTooLargeError, match="global_batch=64 does not fit.*largest batch"):
         plan(
@@ -303,6 +328,11 @@ def test_bad_arguments():
             plan(step, global_batch=4, objective="throughput", **{knob: value})
     with pytest.raises(TypeError, match="TrainStep"):
         plan(lambda b: None, global_batch=4)
+    # a cap the user set is named as such, never blamed on memory; an argument not passed is not named
+    with pytest.raises(ValueError, match="max_batch=3 is below global_batch=4 and allow_accumulation=False"):
+        plan(step, global_batch=4, max_batch=3, allow_accumulation=False)
+    with pytest.raises(ValueError, match="global_batch=7 is smaller than multiple_of=8"):
+        plan(step, global_batch=7, multiple_of=8)
 
 
 def test_candidate_sizes():
