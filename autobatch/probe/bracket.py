@@ -100,16 +100,13 @@ def close_bracket(
     settle: bool = False,
     flushed_out: Callable[[int], bool] | None = None,
 ) -> Bracket:
-    """Steps 2 and 3: jump to the line's boundary, then close the bracket (gallop where the
-    line is refuted, bisect where it creeps). Returns the largest passing size, the refined
-    line and the allocated peak it aimed at last (:class:`Bracket`).
-
+    """Steps 2 and 3: jump to the line's boundary, then close the bracket (gallop where the line is
+    refuted, bisect where it creeps); the largest pass, refined line and last aim (:class:`Bracket`).
     ``passes``, ``short_of`` and ``usable_after`` are :func:`~autobatch.probe.predict.predictive`'s;
     ``record_pass(units)`` adds a passing size's peak to ``points`` (the line's measurements);
     ``lo``/``hi`` the largest pass and smallest failure so far (None: none); ``above`` 1 to try
     the size above the line's boundary first; ``settle`` lets the line settle the last step;
-    ``flushed_out(units)``: a failed size's full trial kept flushing the allocator's cache. The
-    module's description says how the wall, the settling and the flushing work."""
+    ``flushed_out(units)``: a failed size's full trial kept flushing (module description)."""
     gallop = 0  # 0: follow the line; -1 / +1: the line was refuted, gallop down / up
     stride = gallops = walls = 0
     span = 0.0  # the gallop's stride in samples before rounding down (doubles)
@@ -121,7 +118,7 @@ def close_bracket(
     # jump, so no line points into the bracket; bisect it
     bisecting = hi is not None and fit.predict_max(capacity) >= hi
     while hi is None or hi - lo > 1:
-        if hi is not None and flushed_out is not None and flushed_out(hi):
+        if hi is not None and flushed_out is not None and flushed_out(hi):  # only full trials below
             return _step_below_flushing(passes, record_pass, fit, lo, hi, capacity)
         predicted = fit.predict_max(capacity)
         upper = max_units if hi is None else hi - 1

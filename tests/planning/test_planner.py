@@ -100,52 +100,50 @@ def test_accumulation_keeps_the_global_batch_balanced_and_round_trips_json():
     assert [len(p) for p in parts] == result.micro_batch_sizes
 
 
-def test_an_accumulated_plan_trains_where_its_gradients_take_room():
-    """Parameters as large as the activations: with accumulation, the first micro-batch's
-    gradients stay alive through the next one's step. The one-step answer planned 256 x 2,
-    which ran out of memory at step 1; the plan comes from an accumulated step, and trains."""
+def wide_step() -> TrainStep:
+    """Parameters as large as the activations: accumulation's held gradients take real room."""
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 10))
-    optimizer = torch.optim.AdamW(model.parameters())
 
     def loss_fn(m, batch):
         return nn.functional.cross_entropy(m(batch[0]), batch[1])
 
-    step = TrainStep(model, optimizer, loss_fn, lambda b: (torch.randn(b, 64), torch.randint(0, 10, (b,))))
+    return TrainStep(model, torch.optim.AdamW(model.parameters()), loss_fn,
+                     lambda b: (torch.randn(b, 64), torch.randint(0, 10, (b,))))
+
+
+def trains_without_an_oom(step: TrainStep, micro_batch: int, batches: int) -> None:
+    """A Runner trains global batches of 512 at ``micro_batch`` under the planning budget, no OOM."""
+    data = [step.make_batch(512) for _ in range(batches)]
+    with simulated_memory("2MiB") as device:
+        runner = autobatch.Runner(step.model, step.optimizer, step.loss_fn, global_batch=512,
+                                  micro_batch=micro_batch, progress=False)
+        trained = runner.fit(data)
+    assert trained.oom_recoveries == [] and device.oom_count == 0
+
+
+def test_an_accumulated_plan_trains_where_its_gradients_take_room():
+    """Parameters as large as the activations: with accumulation, the first micro-batch's
+    gradients stay alive through the next one's step. The one-step answer planned 256 x 2,
+    which ran out of memory at step 1; the plan comes from an accumulated step, and trains."""
+    step = wide_step()
     result = plan(step, global_batch=512, memory_limit="2MiB", cache=False)
     one_step, accumulated = (probe.batch_size for probe in result.probe_results)
     assert accumulated < one_step and result.micro_batch <= accumulated and sum(result.micro_batch_sizes) == 512
-    data = [step.make_batch(512) for _ in range(3)]
-    with simulated_memory("2MiB") as device:
-        runner = autobatch.Runner(model, optimizer, loss_fn, global_batch=512, micro_batch=result.micro_batch,
-                                  progress=False)
-        trained = runner.fit(data)
-    assert trained.oom_recoveries == [] and device.oom_count == 0
+    trains_without_an_oom(step, result.micro_batch, batches=3)
 
 
 def test_throughputs_candidates_are_sized_by_an_accumulated_step():
     """The throughput objective's accumulating candidates fit beside the first micro-batch's
     gradients (the planner's accumulated probe), not just in one step: sized by the one-step
     answer, the timed-fastest ran out of memory in training."""
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 10))
-    optimizer = torch.optim.AdamW(model.parameters())
-
-    def loss_fn(m, batch):
-        return nn.functional.cross_entropy(m(batch[0]), batch[1])
-
-    step = TrainStep(model, optimizer, loss_fn, lambda b: (torch.randn(b, 64), torch.randint(0, 10, (b,))))
+    step = wide_step()
     result = plan(step, global_batch=512, memory_limit="2MiB", cache=False, objective="throughput",
                   allow_checkpointing=False, timed_steps=1, retime_rounds=0)
     one_step, accumulated = (probe.batch_size for probe in result.probe_results)
     assert accumulated < one_step
     assert all(c["micro_batch"] <= accumulated for c in result.candidates)
-    data = [step.make_batch(512) for _ in range(2)]
-    with simulated_memory("2MiB") as device:
-        runner = autobatch.Runner(model, optimizer, loss_fn, global_batch=512, micro_batch=result.micro_batch,
-                                  progress=False)
-        trained = runner.fit(data)
-    assert trained.oom_recoveries == [] and device.oom_count == 0
+    trains_without_an_oom(step, result.micro_batch, batches=2)
 
 
 def test_no_accumulation_allowed_raises_with_figures():
