@@ -193,7 +193,7 @@ def _inputs(make_batch: Callable[[int], Any]) -> Any:
     generator put back after (the key is read before the probe's snapshot is taken)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from .restore import host_rng_states, set_host_rng_states
+    from .rng import host_rng_states, set_host_rng_states
 
     host = host_rng_states()
     devices = list(range(torch.cuda.device_count())) if torch.cuda.is_initialized() else []

@@ -34,17 +34,17 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import random
-import sys
 import threading
+import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
+from .rng import host_rng_states, set_host_rng_states
 from .shards import Shard, from_cpu_local, local, to_cpu_local
 
-__all__ = ["Snapshot", "forget_scaler_stage", "host_rng_states", "set_host_rng_states", "steps_in_place_at_zero_lr", "written_outside_the_optimizer"]
+__all__ = ["Snapshot", "forget_scaler_stage", "steps_in_place_at_zero_lr", "written_outside_the_optimizer"]
 
 
 def _to_cpu(value: Any) -> Any:
@@ -79,6 +79,9 @@ class Snapshot:
     _guard: Any = field(default=None, repr=False, compare=False)  # zero_lr: zeroes the gradients
     #: the trials step at learning rate 0: the parameters were not copied and need no restore
     weights_in_place: bool = False
+    #: version counters of the parameters nothing copied at once (the optimizer's own too, at lr 0)
+    _versions: dict[str, int] = field(default_factory=dict, repr=False, compare=False)
+    _stepping: Any = field(default=None, repr=False, compare=False)  # lr 0: the bumps the optimizer made
 
     @classmethod
     def take(
@@ -109,6 +112,10 @@ class Snapshot:
                 snap.tensors[name] = _copy_local(buffer)
             for name, param in model.named_parameters():
                 snap.grads[name] = None if param.grad is None else _to_cpu(param.grad)
+            if not everything:  # a write outside the optimizer would go unrestored: watch for one
+                held = set() if optimizer is None else {id(p) for g in optimizer.param_groups for p in g["params"]}
+                snap._versions = {name: param._version for name, param in model.named_parameters()
+                                  if name not in eager and (id(param) not in held or snap.weights_in_place)}
             snap.training = {name: module.training for name, module in model.named_modules()}
         snap.rng_cpu = torch.get_rng_state()
         if torch.cuda.is_available() and torch.cuda.is_initialized():
@@ -120,6 +127,7 @@ class Snapshot:
             if snap.weights_in_place:
                 _zero_lrs(optimizer)
                 snap._guard = optimizer.register_step_pre_hook(lambda opt, *_: _zero_grads(opt))
+                snap._stepping = _VersionsInStep(optimizer)
             return snap
         # the hook only waits: removing itself while the optimizer runs its hooks would mutate
         # the dict being iterated (the probe's LazyStateWatch hooks the same step); wait() removes it
@@ -178,6 +186,7 @@ class Snapshot:
         if self._guard is not None and not keep:
             self._guard.remove()
             self._guard = None
+            self._stepping.remove()
         with torch.no_grad():
             if self.model is not None:
                 for name, tensor in _named_state(self.model):
@@ -207,23 +216,52 @@ class Snapshot:
         if self.rng_cuda is not None:
             torch.cuda.set_rng_state_all(self.rng_cuda)
         set_host_rng_states(self.rng_host)
+        if not keep:
+            self._warn_unrestored()
+
+    def _warn_unrestored(self) -> None:
+        """Say so where the step wrote a parameter the optimizer does not hold and nothing copied
+        (an EMA teacher updated in the loss, a frozen weight clamped): the probe could not put it
+        back. Which ones it cannot tell beforehand: a frozen backbone looks the same, and copying
+        every frozen weight would cost a LoRA probe seconds."""
+        if self.model is None or not self._versions:
+            return
+        inside = {} if self._stepping is None else self._stepping.bumps
+        written = [name for name, param in self.model.named_parameters()
+                   if name in self._versions and name not in self.tensors
+                   and param._version - self._versions[name] != inside.get(id(param), 0)]
+        if written:
+            shown = ", ".join(written[:5]) + (f" and {len(written) - 5} more" if len(written) > 5 else "")
+            warnings.warn(
+                f"the probe's trials wrote {shown} outside optimizer.step() (in forward or the loss), and the probe "
+                "did not copy them, so they keep the trials' changes; probe a TrainStep that does not write weights "
+                "(update an EMA teacher after the step), or save and reload them around the probe",
+                RuntimeWarning, stacklevel=3,
+            )
 
 
-def host_rng_states() -> tuple[Any, Any]:
-    """Python's ``random`` state and NumPy's global one (None where NumPy is not imported: a
-    ``make_batch`` that draws from it has imported it)."""
-    numpy = sys.modules.get("numpy")
-    return random.getstate(), None if numpy is None else numpy.random.get_state()
 
+class _VersionsInStep:
+    """How far each of an optimizer's parameters' version counters moved inside its ``step()``
+    calls (at learning rate 0 the step writes them, unchanged): a move outside was a write by
+    something else, which the snapshot did not copy."""
 
-def set_host_rng_states(states: tuple[Any, Any] | None) -> None:
-    """Put back what :func:`host_rng_states` read."""
-    if states is None:
-        return
-    python, numpy_state = states
-    random.setstate(python)
-    if numpy_state is not None:
-        sys.modules["numpy"].random.set_state(numpy_state)
+    def __init__(self, optimizer: torch.optim.Optimizer) -> None:
+        self.params = [p for group in optimizer.param_groups for p in group["params"]]
+        self.bumps: dict[int, int] = {}
+        self.before: dict[int, int] = {}
+        self.handles = [optimizer.register_step_pre_hook(self.enter), optimizer.register_step_post_hook(self.leave)]
+
+    def enter(self, *_: Any) -> None:
+        self.before = {id(p): p._version for p in self.params}
+
+    def leave(self, *_: Any) -> None:
+        for p in self.params:
+            self.bumps[id(p)] = self.bumps.get(id(p), 0) + p._version - self.before.get(id(p), p._version)
+
+    def remove(self) -> None:
+        for handle in self.handles:
+            handle.remove()
 
 
 #: optimizers whose every change to a parameter, weight decay included, is scaled by the group's

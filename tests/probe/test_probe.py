@@ -619,3 +619,48 @@ def test_every_random_generator_a_make_batch_draws_from_is_put_back(tmp_path):
         assert torch.equal(torch.get_rng_state(), torch_state)
         assert random.getstate() == python_state
         assert np.array_equal(np.random.get_state()[1], numpy_state[1])
+
+
+def test_a_weight_written_outside_the_optimizer_that_the_probe_could_not_put_back_is_named():
+    """A fresh SGD's trials step at learning rate 0 and copy no weight: an EMA teacher updated in
+    the loss (not held by the optimizer) or a clamp of the optimizer's own weights in the loss
+    keeps the trials' changes. The probe cannot tell those weights from a frozen backbone's
+    beforehand; afterwards their version counters say so, and a warning names them."""
+    import copy
+    import warnings
+
+    class Pair(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.student = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+            self.teacher = copy.deepcopy(self.student).requires_grad_(False)
+
+    def ema_loss(m, b):
+        with torch.no_grad():
+            for t, s in zip(m.teacher.parameters(), m.student.parameters()):
+                t.mul_(0.99).add_(s, alpha=0.01)
+        return (m.student(b) - m.teacher(b)).square().mean()
+
+    def clamping_loss(m, b):
+        with torch.no_grad():
+            for p in m.student.parameters():
+                p.clamp_(-0.01, 0.01)
+        return m.student(b).square().mean()
+
+    def plain_loss(m, b):
+        return m.student(b).square().mean()
+
+    for loss, written in ((ema_loss, "teacher.0.weight"), (clamping_loss, "student.0.weight"), (plain_loss, None)):
+        torch.manual_seed(0)
+        model = Pair()
+        with torch.no_grad():
+            model.student[0].weight.add_(0.5)
+        step = TrainStep(model, torch.optim.SGD(model.student.parameters(), lr=0.1), loss, lambda n: torch.randn(n, 8))
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            find_max_batch(step, memory_limit="2MiB", cache=False, max_batch=512)
+        said = [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)]
+        if written is None:
+            assert not said  # only the optimizer wrote the weights: nothing to say
+        else:
+            assert len(said) == 1 and written in said[0] and "outside optimizer.step()" in said[0]
