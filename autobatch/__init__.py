@@ -85,9 +85,9 @@ __all__ += ["plot_probe", "plot_sweep"]
 
 # Many GPUs: ranks agree under torch.distributed (issue 7).
 from .dist import agreement as distributed
-from .errors import PeerFailedError, PeerOutOfMemoryError, RankDisagreementError
+from .errors import PeerFailedError, PeerOutOfMemoryError, RankDisagreementError, UnevenDataError
 
-__all__ += ["distributed", "RankDisagreementError", "PeerOutOfMemoryError", "PeerFailedError"]
+__all__ += ["distributed", "RankDisagreementError", "PeerOutOfMemoryError", "PeerFailedError", "UnevenDataError"]
 
 # Where users train: Accelerate's decorator, measured (issue 19). The Lightning and Transformers
 # integrations live in autobatch.integrations.lightning / .transformers (their packages are optional).

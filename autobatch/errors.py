@@ -173,3 +173,8 @@ class CheckpointError(ValueError):
     def __init__(self, path, problem: str) -> None:
         self.path = path
         super().__init__(f"cannot resume from {path}: {problem}")
+
+
+class UnevenDataError(ValueError):
+    """The ranks' data yield different numbers of batches per epoch (an unevenly sharded
+    dataset); raised on every rank before they would pair batches across epochs."""

@@ -215,11 +215,10 @@ def ddp_stalled(rank: int, world: int, out: Path) -> dict:
     model = torch.nn.parallel.DistributedDataParallel(make_model(width=16).to(device()))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
     data = [_share(batch, rank, world) for batch in make_data(48, 16)]
-    if rank == 1:
-        data = data[:2]  # step 2 (after the bucket rebuild): rank 0 waits inside backward
     runner = Runner(model, optimizer, mse, global_batch=16, micro_batch=4, grow_after=None, progress=False, log_every=None)
     try:
-        runner.fit(data)
+        # rank 1 leaves after step 2 (after the bucket rebuild): rank 0 waits inside backward
+        runner.fit(data, steps=2 if rank == 1 else None)
     except RankDisagreementError as exc:
         return {"error": type(exc).__name__, "message": str(exc)}
     if rank == 1:

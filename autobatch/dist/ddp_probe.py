@@ -20,7 +20,7 @@ import torch
 from ..memory.oom import free_memory
 from ..probe.train_step import TrainStep
 from . import agreement as dist_sync
-from .ddp_step import complete_buckets, ledger_for, run_prologue
+from .ddp_step import complete_buckets, ledger_for, reset_after_failure, run_prologue
 from .votes import keep, vote
 
 __all__ = ["DDPProbeStep"]
@@ -57,7 +57,7 @@ class DDPProbeStep(TrainStep):
         label = f"probe step at batch {batch_size}"
         self.optimizer.zero_grad(set_to_none=True)
         ledger.begin(1.0 / dist_sync.world_size())
-        run_prologue(model, label)
+        forward_sync = run_prologue(model, label)
         failure = None
         try:
             batch = self.make_batch(batch_size)
@@ -73,7 +73,7 @@ class DDPProbeStep(TrainStep):
             free_memory(generation=1)  # the failure's objects are young (see free_memory)
             complete_buckets(model, ledger, f"{label}: completing DDP's gradient buckets")
         vote(failure, "backward", batch_size, f"{label}: gradients ready", clear=self.clear_grads,
-             on_failure=model.reducer._reset_state)
+             on_failure=lambda: reset_after_failure(model, forward_sync))
         try:
             self.optimizer_step()
         except Exception as exc:  # noqa: BLE001 - voted on, re-raised

@@ -30,8 +30,10 @@ The protocol, per global step (every rank, in this order):
 4. **Vote "gradients ready"** (a gloo sync point with a deadline): ok / OOM / error, phase,
    share. If any rank failed, every rank resets its reducer (``_reset_state``: DDP's own
    recovery path, so the next forward does not wait for the abandoned reduction, and the
-   buckets are rebuilt on every rank alike) and raises; the runner replays the same global
-   batch with a halved micro-batch on every rank. Otherwise the summed buckets are the
+   buckets are rebuilt on every rank alike), puts DDP's forward-sync flag back to what the
+   step found (:func:`reset_after_failure`: the ranks failed at different forwards, and the
+   flag decides whether the replay's prologue broadcasts buffers) and raises; the runner
+   replays the same global batch with a halved micro-batch on every rank. Otherwise the summed buckets are the
    gradient of the mean over the global batch (rescaled once when the shares did not add up
    to the configured global batch).
 5. **Optimizer step** under the runner's step guard, then the loss is read (the step is
@@ -58,7 +60,9 @@ from ..probe.train_step import TrainStep
 from . import agreement as dist_sync
 from .votes import bits_float, float_bits, keep, vote
 
-__all__ = ["BucketLedger", "ddp_supported", "ledger_for", "run_prologue", "complete_buckets", "ddp_step"]
+__all__ = [
+    "BucketLedger", "ddp_supported", "ledger_for", "run_prologue", "reset_after_failure", "complete_buckets", "ddp_step",
+]
 
 _LEDGERS: "weakref.WeakKeyDictionary[torch.nn.Module, BucketLedger]" = weakref.WeakKeyDictionary()
 
@@ -129,15 +133,18 @@ def ledger_for(model: torch.nn.parallel.DistributedDataParallel) -> BucketLedger
     return ledger
 
 
-def run_prologue(model: torch.nn.parallel.DistributedDataParallel, label: str) -> None:
+def run_prologue(model: torch.nn.parallel.DistributedDataParallel, label: str) -> bool:
     """DDP's pre-forward collectives (bucket rebuild, buffer broadcast), run now, in DDP's
-    order, so that nothing a single rank can fail in comes before them in the step."""
+    order, so that nothing a single rank can fail in comes before them in the step. Returns
+    DDP's forward-sync flag as the step found it, for :func:`reset_after_failure`."""
+    forward_sync = bool(model.require_forward_param_sync)
     try:
         if torch.is_grad_enabled() and model.reducer._rebuild_buckets():
             model._has_rebuilt_buckets = True
         if model._check_sync_bufs_pre_fwd():
             model._sync_buffers()
         model.require_forward_param_sync = False  # done: the first forward must not repeat it
+        return forward_sync
     except Exception as exc:  # noqa: BLE001 - fatal, and said so; never replayed
         if not is_oom_error(exc):  # a peer that never came (timeout) or died
             raise dist_sync.collective_failed(f"{label}: DDP's bucket rebuild / buffer broadcast", exc) from exc
@@ -146,6 +153,18 @@ def run_prologue(model: torch.nn.parallel.DistributedDataParallel, label: str) -
             f"({type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}); this cannot be "
             "replayed (the other ranks are inside the same collective), so the run stops"
         ) from exc
+
+
+def reset_after_failure(model: torch.nn.parallel.DistributedDataParallel, forward_sync: bool) -> None:
+    """After a step some rank failed, on every rank: DDP's reducer recovery (``_reset_state``)
+    and DDP's per-rank forward-sync flag put back to what the step found
+    (:func:`run_prologue`'s answer, the same on every rank). DDP sets that flag in each
+    forward (True after a synced one, False under ``no_sync``), so a rank that failed before
+    its last micro-batch's forward held False while a peer that got past it held True: the
+    replay's prologue then broadcast buffers (BatchNorm) on one rank only, and the ranks hung
+    in different collectives."""
+    model.reducer._reset_state()
+    model.require_forward_param_sync = forward_sync
 
 
 def complete_buckets(model: torch.nn.parallel.DistributedDataParallel, ledger: BucketLedger, label: str) -> None:
@@ -188,7 +207,7 @@ def ddp_step(
     ledger = ledger_for(model)
     step.optimizer.zero_grad(set_to_none=True)
     ledger.begin(local_size / global_batch)
-    run_prologue(model, label)
+    forward_sync = run_prologue(model, label)
     failure: BaseException | None = None
     total = None
     try:
@@ -203,7 +222,7 @@ def ddp_step(
         step.clear_grads()
         free_memory()
         complete_buckets(model, ledger, f"{label}: completing DDP's gradient buckets")
-    reset = model.reducer._reset_state
+    reset = lambda: reset_after_failure(model, forward_sync)  # noqa: E731 - on every rank, when some rank failed
     rows = vote(failure, phase(), local_size, f"{label}: gradients ready", clear=step.clear_grads, on_failure=reset)
     global_size = sum(row[2] for row in rows)
     if global_size != global_batch:  # shares that do not add up: buckets were weighted by global_batch

@@ -15,17 +15,18 @@ import itertools
 import logging
 import os
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Iterator
 
 import torch
 
-from ..errors import CheckpointError
+from ..errors import CheckpointError, PeerFailedError
 from ..planning.checkpointing import enable_checkpointing
 from ..planning.accumulation import micro_batch_sizes
 from ..probe.shards import has_dtensors, load_plain_state, optimizer_state_for, plain_state
 from .checkpoint_io import (
     CHECKPOINT_NAME, RUNNER_FORMAT, load_checkpoint, resolve_checkpoint, rng_state, save_checkpoint, set_rng_state,
 )
+from .pacing import agree_epoch_length, paced
 from .progress import Progress
 from .ranks import unwrap
 from .run_result import RunResult
@@ -53,16 +54,34 @@ class Resumable:
         else:
             self.result.checkpoint_path = str(Path(path))
         ranks = None if sharded else self._ranks_random_states()  # a sync point of every rank
-        if not sharded and not self._parallel.is_rank_zero():
-            return Path(path)  # rank 0 writes; every rank holds the same state but its random one
-        state = self.state_dict()
-        if ranks is not None:
-            state["rng_ranks"] = ranks
-        written = save_checkpoint(state, path)
-        if sharded:  # the set is whole (every rank's file of this step) before any rank goes on
-            self._parallel.exchange([self.step], "checkpoint: every rank's shards written")
+        written, failure = Path(path), None
+        if sharded or self._parallel.is_rank_zero():  # else rank 0 writes: every rank holds its state but the random one
+            try:
+                state = self.state_dict()
+                if ranks is not None:
+                    state["rng_ranks"] = ranks
+                written = save_checkpoint(state, path)
+            except Exception as exc:  # noqa: BLE001 - told to every rank, then re-raised
+                failure = exc
+        self._checkpoint_written(failure)
         log.debug("checkpoint at step %d written to %s", self.step, written)
         return written
+
+    def _checkpoint_written(self, failure: Exception | None) -> None:
+        """The sync point that ends every save: no rank returns before every file of this
+        checkpoint is complete (rank 0's ``last.pt``; each rank's shards under FSDP2), so a rank
+        that resumes or reads it right after sees this step's file, never a missing or stale one.
+        A rank whose write failed re-raises its error, the others raise
+        :class:`~autobatch.errors.PeerFailedError` instead of going on without the checkpoint."""
+        rows = self._parallel.exchange([self.step, int(failure is not None)], "checkpoint: every rank's file written")
+        if failure is not None:
+            raise failure
+        failed = [rank for rank, row in enumerate(rows) if row[1]]
+        if failed:
+            raise PeerFailedError(
+                f"rank {', '.join(map(str, failed))} could not write the checkpoint of step {self.step} (see that "
+                f"rank's error); rank {self._parallel.rank()} stops too instead of going on without it", failed,
+            )
 
     def state_dict(self) -> dict[str, Any]:
         """Everything a resumed run needs: model, optimizer, scheduler, RNG, data position."""
@@ -123,7 +142,10 @@ class Resumable:
         at an epoch boundary (position 0: the run ended with whole epochs) starts the next
         epoch afresh from the random state it saved, as the uninterrupted run would have. A
         sampler with ``set_epoch`` (``DistributedSampler``) is told the epoch first, so each
-        epoch draws its own order, a resumed one the interrupted run's."""
+        epoch draws its own order, a resumed one the interrupted run's. Under
+        ``torch.distributed`` the ranks first agree on their data's length
+        (:func:`~autobatch.training.pacing.agree_epoch_length`: uneven data is one error)."""
+        self._each_step = self.distributed and agree_epoch_length(self._parallel, data, self.epoch)
         _set_epoch(data, self.epoch)
         if resumed_rng is None or self._epoch_rng is None or self.position == 0:
             self._epoch_rng = rng_state(self._data_generators)
@@ -137,18 +159,37 @@ class Resumable:
         set_rng_state(resumed_rng, self._data_generators)
         return batches
 
+    def _paced(self, batches: Iterator[Any]) -> Iterator[Any]:
+        """The epoch's ``batches`` as the step loop takes them: where some rank's data has no
+        length, checked before each step to be there on every rank
+        (:func:`~autobatch.training.pacing.paced`)."""
+        if not getattr(self, "_each_step", False):
+            return batches
+        return paced(self._parallel, batches, lambda: self.step, self.epoch, lambda: self.position)
+
     def _continued_rng(self) -> dict[str, Any] | None:
         """Where an earlier ``fit()`` of this runner stopped inside an epoch (by ``steps``): the
         random state now, so the next ``fit()`` replays that epoch's start and skips the batches
         it trained, as a resume does, instead of training them again; else None."""
         return rng_state(self._data_generators) if self.position > 0 and self._epoch_rng is not None else None
 
-    def _stopped_at_epoch_end(self, data: Iterable[Any]) -> None:
+    def _stopped_at_epoch_end(self, data: Iterable[Any], batches: Iterator[Any]) -> None:
         """A run stopped by ``steps`` at an epoch's last batch has completed that epoch: count it,
-        as a run that went on would (its checkpoint then starts the next epoch afresh)."""
-        if epoch_length(data, 1) == self.position:
+        as a run that went on would (its checkpoint then starts the next epoch afresh).
+
+        ``batches`` (the epoch's iterator) is first run to its end, as the run that went on
+        does: a ``DataLoader(generator=g)``'s ``RandomSampler`` draws one more permutation from
+        ``g`` only when its iterator is exhausted, and without it the next epoch (resumed, or a
+        second ``fit()``) trained another order than the uninterrupted run's."""
+        if epoch_length(data, 1) != self.position:
+            return
+        try:
+            next(batches)
+        except StopIteration:
             self.epoch += 1
             self.position = 0
+        else:  # ``len(data)`` was short of its batches: the epoch goes on (a later fit() skips the trained ones)
+            log.warning("data yielded more batches than len(data) = %d; the epoch is not counted finished", self.position)
 
     def _fill_result(self) -> None:
         result = self.result
@@ -161,11 +202,33 @@ class Resumable:
         result.empty_cache_fires, result.empty_cache_seconds = self.hygiene.fires, self.hygiene.seconds
 
     # -- resume --------------------------------------------------------------------------------
+    def _read(self, resume: str | os.PathLike, sharded: bool) -> tuple[Path, dict[str, Any]]:
+        """This rank's checkpoint file and its contents. Under ``torch.distributed`` the ranks
+        agree first that every rank could read its file (one sync point): a checkpoint that one
+        rank cannot read (missing there, truncated) is a :class:`~autobatch.errors.CheckpointError`
+        on every rank, not an error on one rank while the others wait for it."""
+        path, state, failure = Path(resume), {}, None
+        try:  # this rank's file; a sharded set for another world size (or none) is one clear error
+            path = check_sharded_resume(resolve_checkpoint(resume), sharded=sharded)
+            state = load_checkpoint(path, expect_format=RUNNER_FORMAT)
+        except (OSError, CheckpointError) as exc:
+            failure = exc
+        if self._parallel.world_size() > 1:
+            rows = self._parallel.exchange([int(failure is not None)], "resume: every rank read the checkpoint")
+            failed = [rank for rank, row in enumerate(rows) if row[0]]
+            if failure is not None and not isinstance(failure, CheckpointError):
+                raise CheckpointError(path, f"rank {self._parallel.rank()} cannot read it ({failure}); every rank "
+                                      "reads the checkpoint: put it where every rank sees it") from failure
+            if failed and failure is None:
+                raise CheckpointError(path, f"rank {', '.join(map(str, failed))} could not read it (see that rank's "
+                                      "error); every rank reads the checkpoint: put it where every rank sees it")
+        if failure is not None:
+            raise failure
+        return path, state
+
     def _load(self, resume: str | os.PathLike) -> dict[str, Any]:
         sharded = has_dtensors(self.model)
-        # this rank's file; a sharded set for another world size (or none) is one clear error
-        path = check_sharded_resume(resolve_checkpoint(resume), sharded=sharded)
-        state = load_checkpoint(path, expect_format=RUNNER_FORMAT)
+        path, state = self._read(resume, sharded)
         if sharded:  # each rank wrote its file on its own: a run killed between two ranks' writes leaves a mix
             steps = [row[0] for row in self._parallel.exchange([int(state["step"])], "resume: the checkpoint's step")]
             if len(set(steps)) > 1:

@@ -263,12 +263,12 @@ class Runner(OomRecovery, Resumable, PlansFromData):
                 batches = first_epoch if first_epoch is not None else self._epoch_iterator(data, resumed_rng)
                 resumed_rng = first_epoch = None
                 ran = False
-                for batch in batches:
+                for batch in self._paced(batches):  # under torch.distributed: on every rank, or an error
                     ran = True
                     loss, size = self._global_step(batch)
                     self._after_step(loss, size, progress, on_step_end)
                     if steps is not None and self.step >= steps:
-                        self._stopped_at_epoch_end(data)
+                        self._stopped_at_epoch_end(data, batches)
                         break
                 else:
                     if not ran and self.position == 0:

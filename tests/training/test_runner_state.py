@@ -91,9 +91,9 @@ SAMPLES, BATCH, EPOCHS = 25, 10, 3  # 3 batches an epoch, the last short
 TOTAL = 3 * EPOCHS
 
 
-def seeded_loader():
+def seeded_loader(samples: int = SAMPLES):
     generator = torch.Generator().manual_seed(5)
-    x = torch.randn(SAMPLES, 4, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+    x = torch.randn(samples, 4, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
     y = x.sum(1, keepdim=True)
     return DataLoader(TensorDataset(x, y), batch_size=BATCH, shuffle=True, generator=generator)
 
@@ -123,6 +123,27 @@ def test_a_resume_draws_a_seeded_loaders_order_as_the_interrupted_run(tmp_path, 
     result = resumed.fit(seeded_loader(), epochs=EPOCHS, resume=tmp_path)
     assert result.steps == TOTAL and result.steps_this_run == TOTAL - stop
     for mine, theirs in zip(resumed.model.parameters(), uninterrupted.model.parameters()):
+        assert torch.equal(mine, theirs)
+
+
+@pytest.mark.parametrize("how", ["resume", "fit again"])
+def test_a_run_stopped_at_an_epochs_end_by_steps_goes_on_in_the_uninterrupted_order(tmp_path, how):
+    """30 samples in batches of 10: the last batch is whole, so RandomSampler draws its last
+    (empty) permutation from the loader's generator only when the epoch's iterator is exhausted.
+    A run stopped by ``steps`` at that batch must exhaust it too before counting the epoch, or
+    the next epoch (resumed, or a second fit()) trains another order."""
+    uninterrupted = linear_runner()
+    uninterrupted.fit(seeded_loader(30), epochs=EPOCHS)
+    if how == "resume":
+        linear_runner(checkpoint_dir=tmp_path).fit(seeded_loader(30), epochs=EPOCHS, steps=3)
+        runner = linear_runner()
+        result = runner.fit(seeded_loader(30), epochs=EPOCHS, resume=tmp_path)
+    else:
+        runner, loader = linear_runner(), seeded_loader(30)
+        runner.fit(loader, steps=3)
+        result = runner.fit(loader, epochs=EPOCHS)
+    assert result.steps == TOTAL and result.epochs == EPOCHS
+    for mine, theirs in zip(runner.model.parameters(), uninterrupted.model.parameters()):
         assert torch.equal(mine, theirs)
 
 
