@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
 import torch
-from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 from torch.nn import functional as F
 
@@ -25,6 +24,7 @@ from ..probe.find import validate_probe_args
 from ..planning.throughput import validate_timing
 from ..probe.train_step import TrainStep
 from . import validation
+from .construct import construct
 from .ranks import data_parallel
 from ..memory.allocator import environment_expandable_segments, set_expandable_segments
 from ..memory.devices import memory_for
@@ -229,12 +229,13 @@ def memory_limit(cfg: DictConfig, device: torch.device) -> str | None:
 
 
 @contextmanager
-def training_memory(cfg: DictConfig, device: torch.device) -> Iterator[str | None]:
+def training_memory(cfg: DictConfig, device: torch.device, *, probed: bool = True) -> Iterator[str | None]:
     """Train within the memory the probe was given (:func:`memory_limit`): on a GPU the process is
     capped as the probe's trials were, on the CPU the run counts against the same simulated
     budget. Without it the answer of a capped probe would be trained on the whole device, where
     it cannot run out of memory, and ``probe.memory_limit`` would not be the question the user
-    asked ("what trains on a 16 GiB card?"). Yields a note saying so (None: no limit)."""
+    asked ("what trains on a 16 GiB card?"). Yields a note saying so (None: no limit); without
+    ``probed`` (``train.micro_batch``, ``train.resume``: no probe ran) it names only the limit."""
     limit = memory_limit(cfg, device)
     if limit is None:
         yield None
@@ -242,7 +243,11 @@ def training_memory(cfg: DictConfig, device: torch.device) -> Iterator[str | Non
     limit_bytes = parse_bytes(limit)
     with memory_for(device, limit_bytes):
         source = "probe.memory_limit" if cfg.probe.memory_limit is not None else "device.simulated_budget"
-        yield f"trained within {format_bytes(limit_bytes)} ({source}), the memory the probe was given"
+        if not probed:
+            simulated = ", the CPU's simulated budget" if device.type == "cpu" else ""
+            yield f"trained within {format_bytes(limit_bytes)} ({source}){simulated}"
+        else:
+            yield f"trained within {format_bytes(limit_bytes)} ({source}), the memory the probe was given"
 
 
 def cross_entropy_loss(model: torch.nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
@@ -308,7 +313,7 @@ def _batch_makers(cfg: DictConfig, device: torch.device) -> tuple[Callable, Call
     """(training batches, probe batches, samples per epoch, the ``_target_`` dataset or None)."""
     data = cfg.data
     if data.dataset is not None:
-        dataset = instantiate(data.dataset, _convert_="all")
+        dataset = construct("data.dataset", data.dataset)
         batches = DatasetBatches(dataset, device)
         return batches, DatasetBatches(dataset, device), len(batches), dataset
     spec = synthetic_spec(cfg, device)
@@ -325,13 +330,13 @@ def build_workload(cfg: DictConfig) -> Workload:
     model_args = OmegaConf.to_container(cfg.model, resolve=True, enum_to_str=True)
     assert isinstance(model_args, dict)
     model_args.pop("inputs", None)
-    model = instantiate(model_args, _convert_="all").to(device)
+    model = construct("model", model_args).to(device)
     validation.check_checkpoint_modules(cfg, model)
     if cfg.train.get("fsdp"):  # before the optimizer: it must hold the sharded parameters
         from ..dist.fsdp import shard_model
 
         model = shard_model(model)
-    optimizer = instantiate(cfg.optimizer, params=model.parameters(), _convert_="all")
+    optimizer = construct("optimizer", cfg.optimizer, params=model.parameters())
     if not cfg.train.get("fsdp"):  # FSDP2 shards instead of replicating: never also DDP
         model = data_parallel(model, device)  # DDP under torchrun: trained and probed through DDP
     make_batch, probe_batch, samples, dataset = _batch_makers(cfg, device)
@@ -339,6 +344,7 @@ def build_workload(cfg: DictConfig) -> Workload:
         validation.check_dataset_inputs(cfg, dataset)
         validation.check_dataset_size(cfg, len(dataset), dist_sync.world_size())
     autocast_dtype = _AUTOCAST[_name(cfg.precision)]
+    validation.check_data_dtype(cfg, model, autocast_dtype)
     scaler = None
     if autocast_dtype is torch.float16:  # fp16 trains with a GradScaler (CUDA and, since torch 2.3, the CPU)
         scaler = torch.amp.GradScaler(device.type)

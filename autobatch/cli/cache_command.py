@@ -53,10 +53,21 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _check_dir(action: str, directory: Path) -> None:
+    """A ``--dir`` given explicitly must be a directory: a typo or a file would otherwise list
+    (or clear) nothing and say "0 entries" as if the cache were empty."""
+    if directory.is_dir():
+        return
+    what = "is a file, not a directory" if directory.exists() else "does not exist"
+    raise CLIError(f"cache {action} --dir {directory}: {what}; give the cache directory (a probe's probe.cache_dir)")
+
+
 def main(argv: Sequence[str]) -> int:
     """Run ``cache list`` or ``cache clear``; return the exit status. Bad input raises
     :class:`CLIError`; ``--help`` prints the help and exits 0."""
     args = _parser().parse_args(list(argv))
+    if args.dir is not None:
+        _check_dir(args.action, args.dir)
     store = ProbeCache(args.dir)
     if args.action == "clear":
         removed = store.clear()

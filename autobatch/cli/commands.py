@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import logging
+import sys
 from pathlib import Path
 from typing import Any, Callable
 
@@ -37,10 +38,10 @@ from .conf import CONFIG_PATH, ensure_conf_module
 from .display import print_result, trial_progress, write_probe_plot
 from .config import register_configs
 from . import ranks
-from .errors import cli_keys, reported
+from .errors import cli_keys, hydra_noise_filtered, reported
 from .isolated import isolate_probe, probe_in_child
 from .sharding import per_rank_batch
-from .training import FINAL_MODEL, METRICS, check_fresh_target, check_resume_target, find_resume, rank_fields, read_checkpoint, run_training
+from .training import FINAL_MODEL, METRICS, check_fresh_target, check_steps_left, check_resume_target, find_resume, rank_fields, read_checkpoint, run_training
 
 __all__ = ["COMMANDS", "probe_task", "train_task", "run_app", "run_probe", "run_plan", "probe_kwargs"]
 
@@ -292,6 +293,7 @@ def _resume_from(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
     sweep = HydraConfig.get().mode == RunMode.MULTIRUN
     path, own = _agreed_resume_target(value, cfg.train.checkpoint_dir, base, out_dir, sweep=sweep)
     state = read_checkpoint(path, sharded=bool(cfg.train.get("fsdp")))
+    check_steps_left(cfg.train, state, path)
     global_batch = int(state["result"]["global_batch"])
     wanted = cfg.train.global_batch
     if wanted is not None and wanted != global_batch:
@@ -326,7 +328,8 @@ def train_task(cfg: DictConfig) -> dict[str, Any]:
             setup = _resume_from(cfg, out_dir)
         else:
             setup = _prepare(cfg, workload, out_dir, command, child_result)
-        with training_memory(cfg, workload.device) as capped:
+        probed = setup["probe"] is not None or setup["plan"] is not None
+        with training_memory(cfg, workload.device, probed=probed) as capped:
             if capped:
                 setup["notes"].append(capped)
             for note in setup["notes"]:
@@ -389,4 +392,6 @@ def run_app(command: str) -> None:
     ensure_conf_module()
     register_configs()
     task, config_name, _ = COMMANDS[command]
-    hydra.main(config_path=CONFIG_PATH, config_name=config_name, version_base="1.3")(task)()
+    verbose = [arg.split("=", 1)[1] for arg in sys.argv[1:] if arg.startswith(("hydra.verbose=", "++hydra.verbose="))]
+    with hydra_noise_filtered(verbose=bool(verbose) and verbose[-1].strip() not in ("", "false", "False", "null", "[]")):
+        hydra.main(config_path=CONFIG_PATH, config_name=config_name, version_base="1.3")(task)()

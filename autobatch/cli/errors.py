@@ -13,19 +13,26 @@ import re
 import sys
 import traceback
 from contextlib import contextmanager
-from typing import Iterator
+from typing import Any, Iterator
 
 from hydra.errors import CompactHydraException, HydraException
 from omegaconf.errors import OmegaConfBaseException
 
 from ..errors import GlobalBatchTooLargeError, NoBatchFitsError, StepOutOfMemoryError
 
-__all__ = ["CLIError", "BAD_INPUT", "RUNTIME_FAILURE", "one_line", "cli_keys", "describe", "traceback_wanted", "reported"]
+__all__ = [
+    "CLIError", "BAD_INPUT", "RUNTIME_FAILURE", "one_line", "cli_keys", "describe", "traceback_wanted", "reported",
+    "hydra_noise_filtered",
+]  # fmt: skip
 
 BAD_INPUT = 2
 RUNTIME_FAILURE = 1
 PREFIX = "autobatch: error: "
 _NOISE = ("full_key:", "object_type=", "reference_type=", "Set the environment variable HYDRA_FULL_ERROR")
+#: What Hydra itself writes to stderr around a failed job of a sweep (each in one write):
+#: the job's overrides each time a failed job's result is read, and how to get its traceback
+#: (here ``AUTOBATCH_TRACEBACK=1``). The summary table and the ``autobatch: error:`` line say it.
+_HYDRA_STDERR_NOISE = ("Error executing job with overrides:", "Set the environment variable HYDRA_FULL_ERROR")
 
 
 class CLIError(CompactHydraException):
@@ -104,6 +111,39 @@ def traceback_wanted(verbose: object = False) -> bool:
     """Whether to show full tracebacks: ``AUTOBATCH_TRACEBACK`` set (not 0) or Hydra's verbose."""
     flag = os.environ.get("AUTOBATCH_TRACEBACK", "")
     return flag not in ("", "0", "false", "False") or bool(verbose)
+
+
+class _FilteredStderr:
+    """``sys.stderr`` without Hydra's own lines about a failed job (:data:`_HYDRA_STDERR_NOISE`);
+    everything else, attributes included (``isatty``, ``fileno``), goes to the real stream."""
+
+    def __init__(self, stream: Any) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        if text.strip().startswith(_HYDRA_STDERR_NOISE):
+            return len(text)
+        return self._stream.write(text)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
+@contextmanager
+def hydra_noise_filtered(*, verbose: object = False) -> Iterator[None]:
+    """While a Hydra app runs, drop Hydra's "Error executing job with overrides" and
+    "Set the environment variable HYDRA_FULL_ERROR=1" lines (a failed job of a sweep); kept when
+    a traceback is wanted (:func:`traceback_wanted`)."""
+    if traceback_wanted(verbose):
+        yield
+        return
+    original = sys.stderr
+    sys.stderr = _FilteredStderr(original)
+    try:
+        yield
+    finally:
+        if isinstance(sys.stderr, _FilteredStderr):
+            sys.stderr = original
 
 
 @contextmanager

@@ -157,9 +157,10 @@ def _job_row(config: DictConfig, job_return: JobReturn) -> dict[str, Any]:
         if isinstance(value, dict):
             row.update(value)
     else:
-        try:
-            job_return.return_value  # re-raises the job's exception
-        except Exception as exc:  # noqa: BLE001
+        # the job's exception, read without JobReturn.return_value, which writes Hydra's
+        # "Error executing job with overrides" to stderr each time (the row says it)
+        exc = getattr(job_return, "_return_value", None)
+        if isinstance(exc, BaseException):
             error = getattr(exc, "message", None) or one_line(exc)
         else:
             error = "unknown"

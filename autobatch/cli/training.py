@@ -42,15 +42,17 @@ from omegaconf import DictConfig
 from ..dist import agreement as dist_sync
 from .ranks import unwrapped
 from ..probe.shards import has_dtensors
-from ..training.checkpoint_io import CHECKPOINT_NAME, RUNNER_FORMAT, load_checkpoint, resolve_checkpoint
+from ..training.checkpoint_io import (CHECKPOINT_NAME, RUNNER_FORMAT, load_checkpoint, resolve_checkpoint,
+                                      written_by_torch_save)
 from ..training.sharded_files import base_path, check_sharded_resume, sharded_sets
 from ..training.faults import FaultInjector
 from ..training.run_result import RunResult
 from ..training.runner import Runner
+from ..errors import CheckpointError
 from .build import Workload, cross_entropy_loss
 from .data import training_data
 
-__all__ = ["METRICS", "FINAL_MODEL", "checkpoint_in", "find_resume", "check_resume_target", "check_fresh_target", "run_files", "read_checkpoint", "runner_options", "run_training", "rank_fields"]
+__all__ = ["METRICS", "FINAL_MODEL", "checkpoint_in", "find_resume", "check_resume_target", "check_fresh_target", "run_files", "records_updates", "read_checkpoint", "check_steps_left", "runner_options", "run_training", "rank_fields"]
 
 log = logging.getLogger("autobatch")
 
@@ -105,15 +107,22 @@ def find_resume(value: str, checkpoint_dir: str, base: Path, run_dir: Path | Non
 
 def check_resume_target(path: Path, run_dir: Path, checkpoint_dir: str, value: str) -> bool:
     """Whether the checkpoint ``path`` is ``run_dir`` 's own (its metrics are then continued).
-    Resuming another run's checkpoint into a directory that already holds a run (its
-    ``metrics.jsonl`` or checkpoint) would overwrite that run's files: ``ValueError``."""
+    Resuming another run's checkpoint into a directory that already holds a run (a
+    ``metrics.jsonl`` that records an update, or a checkpoint) would overwrite that run's
+    files: ``ValueError`` naming the key to change."""
     own = checkpoint_in(run_dir, checkpoint_dir)
     if path.resolve() == own.resolve():
         return True
     held = run_files(run_dir, checkpoint_dir)
+    if _shared_checkpoint(checkpoint_dir) and _exists(own):
+        raise ValueError(
+            f"train.resume={value} continues {path}, but train.checkpoint_dir={checkpoint_dir} already holds another "
+            f"run's checkpoint ({own}), which resuming would overwrite; give another train.checkpoint_dir (a relative "
+            "one is under each run directory)"
+        )
     if held:
         depth = len(Path(checkpoint_dir).parts)
-        in_place = "" if Path(checkpoint_dir).is_absolute() else f", or hydra.run.dir={path.parents[depth]} to continue that run in place"
+        in_place = "" if _shared_checkpoint(checkpoint_dir) else f", or hydra.run.dir={path.parents[depth]} to continue that run in place"
         raise ValueError(
             f"train.resume={value} continues {path}, but the run directory {run_dir} holds another run "
             f"({' and '.join(held)}), which resuming would overwrite; give a new hydra.run.dir (or none){in_place}"
@@ -121,21 +130,55 @@ def check_resume_target(path: Path, run_dir: Path, checkpoint_dir: str, value: s
     return False
 
 
+def _shared_checkpoint(checkpoint_dir: str) -> bool:
+    """An absolute ``train.checkpoint_dir``: the same ``last.pt`` whatever the run directory."""
+    return Path(checkpoint_dir).expanduser().is_absolute()
+
+
+def records_updates(metrics: Path) -> bool:
+    """Whether ``metrics.jsonl`` records at least one applied update (a line with its ``step``).
+    A run that failed before its first update leaves an empty file: nothing to keep."""
+    try:
+        with open(metrics, encoding="utf-8") as handle:
+            for line in handle:
+                try:
+                    if isinstance(json.loads(line).get("step"), int):
+                        return True
+                except (ValueError, AttributeError):
+                    continue  # a torn line of a killed run
+    except OSError:
+        return False
+    return False
+
+
 def run_files(run_dir: Path, checkpoint_dir: str) -> list[str]:
-    """The files of a run that ``run_dir`` already holds: its ``metrics.jsonl`` and its checkpoint."""
+    """The files of a run that ``run_dir`` already holds: its ``metrics.jsonl`` when it records
+    an update (not the empty one a run that failed before its first update leaves) and its
+    checkpoint."""
     metrics, checkpoint = Path(run_dir) / METRICS, checkpoint_in(run_dir, checkpoint_dir)
-    return [str(path) for path, there in ((metrics, metrics.is_file()), (checkpoint, _exists(checkpoint))) if there]
+    held = ((metrics, records_updates(metrics)), (checkpoint, _exists(checkpoint)))
+    return [str(path) for path, there in held if there]
 
 
 def check_fresh_target(run_dir: Path, checkpoint_dir: str) -> None:
     """A run started afresh (no ``train.resume``) must not overwrite the files of a run the
-    directory already holds (``hydra.run.dir`` of an earlier run, a shared absolute
-    ``train.checkpoint_dir``): ``ValueError`` naming how to continue it or start elsewhere."""
+    directory already holds (``hydra.run.dir`` of an earlier run) or the checkpoint in a shared
+    absolute ``train.checkpoint_dir``: ``ValueError`` naming how to continue it or what to
+    change. A run directory whose run failed before its first update (an empty
+    ``metrics.jsonl``, no checkpoint) is no obstacle: the rerun starts it again."""
+    checkpoint = checkpoint_in(run_dir, checkpoint_dir)
+    if _shared_checkpoint(checkpoint_dir) and _exists(checkpoint):
+        raise ValueError(
+            f"train.checkpoint_dir={checkpoint_dir} already holds a checkpoint ({checkpoint}), which training afresh "
+            "would overwrite; continue that run with train.resume=latest, or give another train.checkpoint_dir "
+            "(a relative one, such as the default checkpoints, is under each run directory)"
+        )
     held = run_files(run_dir, checkpoint_dir)
     if held:
+        how = "continue it with train.resume=latest, or give" if _exists(checkpoint) else "it has no checkpoint to continue from; give"
         raise ValueError(
             f"{run_dir} already holds a run ({' and '.join(held)}), which training afresh would overwrite; "
-            "continue it with train.resume=latest, or give a new hydra.run.dir (remove that run's files to start over)"
+            f"{how} a new hydra.run.dir (remove that run's files to start over)"
         )
 
 
@@ -149,8 +192,35 @@ def read_checkpoint(path: Path, sharded: bool = False) -> dict[str, Any]:
     ``sharded`` (``train.fsdp``): read this rank's file of the sharded checkpoint ``path`` names;
     a set written by another number of ranks, or the wrong kind, is one clear error."""
     path = check_sharded_resume(path, sharded=sharded)
+    _check_torch_file(path)
     state = load_checkpoint(path, expect_format=RUNNER_FORMAT)  # CheckpointError (one line) if not ours
-    return {"step": state["step"], "result": state["result"]}
+    return {"step": state["step"], "epoch": state.get("epoch"), "result": state["result"]}
+
+
+def _check_torch_file(path: Path) -> None:
+    """``CheckpointError`` when ``path`` is not a file ``torch.save`` wrote (a JSON or text file
+    given to ``train.resume``), saying what ``train.resume`` takes."""
+    if not written_by_torch_save(path):
+        raise CheckpointError(
+            path, "it is not an autobatch checkpoint; give train.resume the last.pt that python -m autobatch train "
+            "writes (in the run directory's checkpoints/), its directory, the run directory, or latest",
+        )
+
+
+def check_steps_left(train: DictConfig, state: dict[str, Any], path: Path) -> None:
+    """``ValueError`` when the checkpoint has already reached the run's end (``train.steps``,
+    or ``train.epochs`` when set, count the whole run): resuming would train nothing."""
+    epochs = train.epochs
+    if epochs is None and state["step"] >= train.steps:
+        raise ValueError(
+            f"the checkpoint {path} is at step {state['step']} >= train.steps={train.steps} (steps count the whole "
+            f"run), so resuming would train nothing; raise train.steps (e.g. train.steps={state['step'] + train.steps})"
+        )
+    if epochs is not None and state.get("epoch") is not None and state["epoch"] >= epochs:
+        raise ValueError(
+            f"the checkpoint {path} has done {state['epoch']} epochs >= train.epochs={epochs} (epochs count the whole "
+            f"run), so resuming would train nothing; raise train.epochs (e.g. train.epochs={state['epoch'] + epochs})"
+        )
 
 
 def runner_options(cfg: DictConfig, workload: Workload, out_dir: Path) -> dict[str, Any]:

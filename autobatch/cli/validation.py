@@ -16,6 +16,8 @@ model and the dataset exist:
 * :func:`check_checkpoint_modules`: a misspelt block class would wrap nothing and the plan
   would then fail for a reason that is not the real one.
 * :func:`check_dataset_size`: a batch larger than a finite dataset repeats its samples.
+* :func:`check_data_dtype`: half-precision synthetic inputs meet float32 weights only under
+  autocast; without it the first forward fails inside torch.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ __all__ = [
     "check_dataset_inputs",
     "check_checkpoint_modules",
     "check_dataset_size",
+    "check_data_dtype",
     "schema_of",
 ]
 
@@ -242,3 +245,26 @@ def check_dataset_size(cfg: DictConfig, size: int, world: int = 1) -> None:
             ranks = f" over {world} ranks" if per > 1 else ""
             raise ValueError(f"{key}={value}{ranks} is larger than data.dataset ({size} samples); a batch cannot hold "
                              f"more samples than the dataset has, lower {key}")
+
+
+def check_data_dtype(cfg: DictConfig, model: torch.nn.Module, autocast_dtype: torch.dtype | None) -> None:
+    """Synthetic tensor inputs of ``data.dtype`` (bfloat16, float16) must match the model's
+    floating weights unless autocast (``precision=bf16`` or ``fp16``) casts them: float32
+    weights and bfloat16 inputs fail in the first matmul ("mat1 and mat2 must have the same
+    dtype"). Token ids (``model.inputs=tokens``) and a ``data.dataset`` are not judged."""
+    data = cfg.data
+    if data.dataset is not None or autocast_dtype is not None:
+        return
+    if getattr(cfg.model.get("inputs", "tensor"), "name", str(cfg.model.get("inputs", "tensor"))) != "tensor":
+        return
+    name = getattr(data.dtype, "name", str(data.dtype))
+    weights = next((p.dtype for p in model.parameters() if p.is_floating_point()), None)
+    if weights is None or str(weights) == f"torch.{name}":
+        return
+    autocast = {"bfloat16": "bf16", "float16": "fp16"}.get(name)
+    fix = f"set precision={autocast} (autocast casts the inputs and the weights' matmuls) or " if autocast else ""
+    raise ValueError(
+        f"data.dtype={name} does not match the model's {str(weights).replace('torch.', '')} weights with "
+        f"precision={getattr(cfg.precision, 'name', cfg.precision)} (no autocast); {fix}"
+        f"set data.dtype={str(weights).replace('torch.', '')}"
+    )

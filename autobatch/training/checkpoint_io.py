@@ -73,6 +73,9 @@ def load_checkpoint(path: str | os.PathLike, *, expect_format: str | None = None
     path = resolve_checkpoint(path)
     if not path.is_file():
         raise FileNotFoundError(f"no checkpoint at {path}")
+    if not written_by_torch_save(path):  # torch would read it as a legacy pickle and blame its objects
+        raise CheckpointError(path, "it is not an autobatch checkpoint (not a file torch.save writes); resume from the "
+                                    "last.pt autobatch's runner wrote")
     try:
         # weights_only=True: tensors and plain values only; a pickled object is refused unrun
         state = torch.load(path, map_location="cpu", weights_only=True)
@@ -90,6 +93,20 @@ def load_checkpoint(path: str | os.PathLike, *, expect_format: str | None = None
     if expect_format is not None and (not isinstance(state, dict) or state.get("format") != expect_format):
         raise CheckpointError(path, f"it is not a checkpoint written by autobatch's runner (format {expect_format} expected)")
     return state
+
+
+#: The first bytes of a file ``torch.save`` writes (a zip archive), as every checkpoint is.
+ZIP_MAGIC = b"PK\x03\x04"
+
+
+def written_by_torch_save(path: Path) -> bool:
+    """Whether ``path`` starts as a file ``torch.save`` writes (a zip archive); True where it
+    cannot be read (loading it says why)."""
+    try:
+        with open(path, "rb") as handle:
+            return handle.read(len(ZIP_MAGIC)) == ZIP_MAGIC
+    except OSError:
+        return True
 
 
 def _unreadable(path: Path, exc: BaseException) -> CheckpointError:

@@ -61,3 +61,17 @@ def test_probe_cache_dir_and_cache_dir_flag(tmp_path, isolated_probe_cache):
     assert len(list(elsewhere.glob("*.json"))) == 1 and not list(isolated_probe_cache.glob("*.json"))
     listed = run_cli("cache", "list", "--dir", str(elsewhere), cwd=tmp_path)
     assert f"probe cache {elsewhere}: 1 entry" in listed.stdout
+
+
+def test_cache_dir_that_is_missing_or_a_file_is_one_line(tmp_path, capsys, monkeypatch):
+    """A mistyped --dir used to list "0 entries" (and clear nothing) with exit status 0."""
+    from autobatch.__main__ import main
+
+    monkeypatch.delenv("AUTOBATCH_TRACEBACK", raising=False)
+    afile = tmp_path / "afile"
+    afile.write_text("mine")
+    for action, where, words in [("list", tmp_path / "nowhere", "does not exist"), ("clear", afile, "is a file, not a directory")]:
+        assert main(["cache", action, "--dir", str(where)]) == 2
+        err = capsys.readouterr().err
+        assert err == f"autobatch: error: cache {action} --dir {where}: {words}; give the cache directory (a probe's probe.cache_dir)\n"
+    assert afile.read_text() == "mine"

@@ -134,6 +134,14 @@ def test_print_flags_still_print_a_config_that_composes(capsys):
         (["data=dataset"], "takes token ids but data.dataset's inputs are float32 tensors of shape [16]"),
         (["model=cnn", "data=dataset"], "takes 3 dimensions [channels, height, width] but data.dataset's inputs"),
         (["model=mlp", "data=dataset", "train.global_batch=1024"], "train.global_batch=1024 is larger than data.dataset (512 samples)"),
+        # half-precision inputs for float32 weights without autocast (a RuntimeError in the first matmul)
+        (["model=mlp", "data.dtype=bfloat16"], "data.dtype=bfloat16 does not match the model's float32 weights with "
+         "precision=fp32 (no autocast); set precision=bf16"),
+        # a value the constructor rejects: the group, its target and the override to fix
+        (["optimizer.betas=[0.9]"], "optimizer: torch.optim.AdamW rejected its arguments (IndexError: list index out "
+         "of range); check optimizer.betas=[0.9]"),
+        (["model.dropout=1.5"], "model: autobatch.workloads.models.GPT rejected its arguments (ValueError: dropout "
+         "probability has to be between 0 and 1, but got 1.5); check model.width=32 model.dropout=1.5"),
     ],
 )
 def test_errors_found_once_the_model_and_data_exist(cli, args, words):
@@ -151,3 +159,28 @@ def test_library_errors_name_the_command_lines_keys():
     assert "(plan.allow_accumulation=true)" in message and "allow_accumulation=True" not in message
     assert "activation checkpointing (plan.allow_checkpointing=true)" in message
     assert "train.checkpointing_fallback=true" in describe(StepOutOfMemoryError(3, "forward", False))[0]
+
+
+def test_a_rejected_learning_rate_names_train_lr(cli):
+    done = cli("train", "model=mlp", *SMALL[:3], "train.micro_batch=4", "train.steps=1", "train.lr=-1")
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.startswith("autobatch: error: ") and done.stderr.count("\n") == 1, done.stderr
+    assert "optimizer: torch.optim.AdamW rejected its arguments (ValueError: Invalid learning rate: -1.0); check train.lr=-1" in done.stderr
+
+
+class Broken:
+    """A constructor with an error of its own (not a rejected argument)."""
+
+    def __init__(self, fail: bool = True) -> None:
+        if fail:
+            raise RuntimeError("broken inside")
+        raise ValueError("fail must be true")
+
+
+def test_a_constructor_error_that_is_not_about_its_arguments_is_raised_as_it_is():
+    from autobatch.cli.build import construct
+
+    with pytest.raises(RuntimeError, match="broken inside"):  # an error in the user's code: as it is (exit 1)
+        construct("model", {"_target_": f"{__name__}.Broken"})
+    with pytest.raises(ValueError, match=r"^model: \S+Broken rejected its arguments \(ValueError: fail must be true\); check "):
+        construct("model", {"_target_": f"{__name__}.Broken", "fail": False})

@@ -39,6 +39,9 @@ def test_failed_jobs_are_rows_too_and_the_exit_status_says_so(cli, tmp_path):
     done = cli("probe", "-m", "model=gpt", "probe.memory_limit=256KiB,64MiB", *SMALL)
     assert done.returncode == 1
     assert "autobatch: error: No batch size fits" in done.stderr and "Traceback" not in done.stderr
+    # the table and one error line; not Hydra's own lines (its HYDRA_FULL_ERROR hint: AUTOBATCH_TRACEBACK=1 here)
+    assert "HYDRA_FULL_ERROR" not in done.stderr and "Error executing job" not in done.stderr, done.stderr
+    assert done.stderr.count("autobatch: error: ") == 1 and "| failed |" in done.stdout
     rows = _rows(tmp_path / "sweep")
     assert [(r["job"], r["status"]) for r in rows] == [("0", "failed"), ("1", "ok")]
     assert rows[0]["error"].startswith("No batch size fits") and rows[0]["batch_size"] == ""

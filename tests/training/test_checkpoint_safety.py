@@ -104,3 +104,15 @@ def test_the_cli_refuses_a_hostile_checkpoint_in_one_line(tmp_path):
     assert not marker.exists()
     errors = [line for line in done.stderr.splitlines() if "cannot resume" in line]
     assert len(errors) == 1 and str(path) in errors[0], done.stderr[-2000:]
+
+
+def test_a_file_torch_save_did_not_write_is_not_a_checkpoint(tmp_path):
+    """A JSON or text file given as a checkpoint (train_result.json) is named for what it is, not
+    read as a legacy pickle and blamed for objects that could run code."""
+    from autobatch import CheckpointError
+    from autobatch.training.checkpoint_io import load_checkpoint
+
+    path = tmp_path / "train_result.json"
+    path.write_text('{"steps": 3}')
+    with pytest.raises(CheckpointError, match="it is not an autobatch checkpoint"):
+        load_checkpoint(path)

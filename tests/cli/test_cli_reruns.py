@@ -1,0 +1,91 @@
+"""Running ``train`` again: after a run that failed, into a shared checkpoint directory, from a
+checkpoint that is done or is not a checkpoint. Each refusal is one line naming the key to
+change; nothing that records progress is overwritten."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from hydra import compose, initialize_config_module
+
+import autobatch.cli  # noqa: F401 - registers the schemas, makes autobatch.conf importable
+from autobatch.cli.build import training_memory
+from autobatch.cli.training import check_fresh_target, check_resume_target, read_checkpoint, run_files
+from autobatch.errors import CheckpointError
+
+from conftest import SMALL
+
+TRAIN = ["model=mlp", *SMALL[:3], "train.micro_batch=8", "train.steps=2"]
+
+
+def test_a_run_that_failed_before_its_first_update_does_not_block_the_corrected_command(cli, tmp_path):
+    """An OOM at step 0 leaves an empty metrics.jsonl and no checkpoint: the corrected command
+    into the same run directory trains (it was refused as "already holds a run", and the
+    train.resume=latest it advised found no checkpoint). No probe ran, so the note names only
+    the budget it trained within."""
+    failed = cli("train", *TRAIN, "train.inject_oom=[[0,forward]]", "train.inject_oom_times=null")
+    assert failed.returncode == 1, failed.stderr
+    assert (tmp_path / "run" / "metrics.jsonl").read_text() == ""
+    done = cli("train", *TRAIN)
+    assert done.returncode == 0, done.stderr
+    assert [json.loads(line)["step"] for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()] == [1, 2]
+    assert "note            trained within 64.00 MiB (device.simulated_budget), the CPU's simulated budget" in done.stdout
+    assert "the memory the probe was given" not in done.stdout  # no probe ran (train.micro_batch)
+
+
+def test_run_files_counts_only_metrics_that_record_an_update(tmp_path):
+    (tmp_path / "metrics.jsonl").write_text("")
+    assert run_files(tmp_path, "checkpoints") == []
+    check_fresh_target(tmp_path, "checkpoints")  # no obstacle
+    (tmp_path / "metrics.jsonl").write_text('{"step": 1, "loss": 2.0}\n{"ste')  # one update, then a torn line
+    assert run_files(tmp_path, "checkpoints") == [str(tmp_path / "metrics.jsonl")]
+    with pytest.raises(ValueError, match="it has no checkpoint to continue from; give a new hydra.run.dir"):
+        check_fresh_target(tmp_path, "checkpoints")  # progress is never overwritten
+
+
+def test_resume_past_train_steps_is_one_line_and_writes_nothing(cli, tmp_path):
+    assert cli("train", *TRAIN).returncode == 0
+    other = tmp_path / "other"
+    done = cli("train", *TRAIN[:-1], "train.steps=2", "train.resume=latest", f"hydra.run.dir={other}")
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.startswith("autobatch: error: ") and done.stderr.count("\n") == 1, done.stderr
+    assert "is at step 2 >= train.steps=2" in done.stderr and "raise train.steps" in done.stderr
+    assert not (other / "metrics.jsonl").exists() and not (other / "final_model.pt").exists()
+
+
+def test_an_absolute_checkpoint_dir_that_holds_a_checkpoint_names_train_checkpoint_dir(tmp_path):
+    """Every run with an absolute train.checkpoint_dir writes the same last.pt: a fresh run (or
+    another run's resume) would overwrite it, and a new hydra.run.dir cannot help."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    (shared / "last.pt").write_bytes(b"progress")
+    fresh = tmp_path / "fresh"
+    with pytest.raises(ValueError, match=r"train.checkpoint_dir=\S+ already holds a checkpoint .* give another train.checkpoint_dir") as caught:
+        check_fresh_target(fresh, str(shared))
+    assert "hydra.run.dir" not in str(caught.value)
+    elsewhere = tmp_path / "elsewhere" / "last.pt"
+    with pytest.raises(ValueError, match="give another train.checkpoint_dir"):
+        check_resume_target(elsewhere, fresh, str(shared), str(elsewhere))
+    assert check_resume_target(shared / "last.pt", fresh, str(shared), "latest") is True  # its own: continued
+    assert (shared / "last.pt").read_bytes() == b"progress"
+
+
+def test_a_resume_file_that_is_not_a_checkpoint_says_so(tmp_path):
+    result = tmp_path / "train_result.json"
+    result.write_text('{"steps": 3}\n')
+    with pytest.raises(CheckpointError, match="it is not an autobatch checkpoint; give train.resume the last.pt") as caught:
+        read_checkpoint(result)
+    assert "could run code" not in str(caught.value)
+
+
+@pytest.mark.parametrize("probed, note", [
+    (False, "trained within 64.00 MiB (device.simulated_budget), the CPU's simulated budget"),
+    (True, "trained within 64.00 MiB (device.simulated_budget), the memory the probe was given"),
+])  # fmt: skip
+def test_the_training_memory_note_mentions_the_probe_only_when_one_ran(probed, note):
+    with initialize_config_module("autobatch.conf", version_base="1.3"):
+        cfg = compose("train", overrides=["device=auto"])
+    with training_memory(cfg, torch.device("cpu"), probed=probed) as said:
+        assert said == note
