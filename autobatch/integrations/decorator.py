@@ -214,6 +214,12 @@ def _check(start: int, factor: float, multiple_of: int, function: Any) -> None:
         raise ValueError(f"fallback_factor must be a number between 0 and 1 (exclusive), got {factor!r}")
     if not callable(function):
         raise TypeError(f"find_executable_batch_size decorates a function; got {type(function).__name__}")
+    if inspect.isgeneratorfunction(function) or inspect.isasyncgenfunction(function):
+        raise TypeError(
+            f"find_executable_batch_size cannot retry the generator `{getattr(function, '__name__', 'function')}`: "
+            "its steps run while the caller iterates, after the call returned, so an out-of-memory error there "
+            "escapes the retry; decorate a function that trains and returns (collect what it yields in a list)"
+        )
 
 
 def _check_call(function: Callable[..., Any], args: tuple[Any, ...]) -> None:
@@ -225,7 +231,7 @@ def _check_call(function: Callable[..., Any], args: tuple[Any, ...]) -> None:
     if any(p.kind is inspect.Parameter.VAR_POSITIONAL for p in params):
         return
     if len(params) < len(args) + 1:
-        names = ", ".join(f"{p.name}={value!r}" for p, value in zip(params[1:], args[1:]))
+        names = ", ".join(p.name for p in params[1:len(args)])
         name = getattr(function, "__name__", "function")
         raise TypeError(
             f"Batch size was passed into `{name}` as the first argument when called. Remove it: the "

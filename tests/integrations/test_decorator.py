@@ -39,8 +39,18 @@ def test_passing_the_batch_size_is_a_type_error():
     def train(batch_size, model):
         return batch_size
 
-    with pytest.raises(TypeError, match="Batch size was passed"):
-        train(8, "model")
+    with pytest.raises(TypeError, match="Batch size was passed") as raised:
+        train(8, torch.optim.Adam(torch.nn.Linear(4, 4).parameters()))
+    assert "\n" not in str(raised.value) and "`train(model)`" in str(raised.value)  # one line: names, not reprs
+
+
+def test_a_generator_is_refused_where_it_is_decorated():
+    """A generator's steps run while the caller iterates, after the wrapper returned: an OOM there
+    would escape the retry, and the record would say a size ran that did not."""
+    with pytest.raises(TypeError, match="cannot retry the generator `train`"):
+        @find_executable_batch_size(starting_batch_size=8)
+        def train(batch_size):
+            yield batch_size
 
 
 def test_non_oom_errors_propagate_unchanged():
