@@ -134,6 +134,11 @@ class AutoBatchSize(Callback):
         saved = rng_state()  # a DataLoader's iterator draws its seed: fit must draw the same
         first, sized, samples = _first_batch(trainer, pl_module)
         set_rng_state(saved)
+        if samples is not None and self.global_batch is not None and self.global_batch > samples:
+            raise ValueError(  # an epoch would end first: every optimizer step would train fewer samples
+                f"global_batch={self.global_batch} is larger than the train dataset ({samples} samples): each epoch "
+                "would end before one global batch; lower global_batch"
+            )
         if samples is not None:  # as BatchSizeFinder: no batch larger than the dataset
             options["max_batch"] = min(options["max_batch"] or samples, samples)
         step = _LightningStep(trainer, pl_module, first, accumulating=share is not None and share > 1, prefetch=not sized)

@@ -72,6 +72,12 @@ def fit_batch_size(
             raise ValueError(f"global_batch={global_batch} does not split over {world} processes; use a multiple")
         max_batch = min(max_batch or global_batch // world, global_batch // world)
     shard = _shard_length(trainer.train_dataset, world)
+    if shard is not None and global_batch is not None and global_batch // world > shard:
+        raise ValueError(  # an epoch would end first: every optimizer step would train fewer samples
+            f"global_batch={global_batch} is larger than the training set ({shard * world} samples"
+            f"{f', {shard} per process' if world > 1 else ''}): each epoch would end before one global batch; "
+            "lower global_batch"
+        )
     if shard is not None:  # no batch larger than a process's share of the training set
         max_batch = min(max_batch or shard, shard)
     if sample is None:

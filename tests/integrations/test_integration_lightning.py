@@ -235,3 +235,9 @@ def test_what_the_loop_keeps_batch_after_batch_is_carried_to_the_epochs_end():
     grown = [run for run in finder.confirmation.runs if run.growth_bytes]
     assert grown and finder.batch_size < finder.result.batch_size
     assert len(module.kept) == 8 * SAMPLES // finder.batch_size  # the whole epoch trained
+
+
+def test_a_global_batch_larger_than_the_dataset_is_one_error():
+    """Each epoch would end before one global batch: refused, naming both figures."""
+    with simulated_memory("64MiB"), pytest.raises(ValueError, match=f"global_batch={4 * SAMPLES} is larger than"):
+        trainer(AutoBatchSize(global_batch=4 * SAMPLES)).fit(Tiny())

@@ -131,3 +131,11 @@ def test_an_accumulated_answer_is_probed_with_the_earlier_micro_batches_gradient
     size, accumulation = trainer.args.per_device_train_batch_size, trainer.args.gradient_accumulation_steps
     assert size * accumulation == 6 and accumulation > 1
     assert probed[-1] is AccumulatingStep and trainer.state.global_step == 3
+
+
+def test_a_global_batch_larger_than_the_training_set_is_one_error(tmp_path):
+    """Every epoch would end before one global batch, so each optimizer step would train fewer
+    samples than asked for: refused before any trial, naming both figures."""
+    trainer = make_trainer(tmp_path, PadCollator())
+    with pytest.raises(ValueError, match=f"global_batch=128 is larger than the training set \\({len(LENGTHS)} samples"):
+        fit_batch_size(trainer, global_batch=128)
