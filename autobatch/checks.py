@@ -41,6 +41,16 @@ def optimizer(name: str, value: Any) -> None:
         raise TypeError(f"{name} must be a torch.optim.Optimizer, got {type(value).__name__} {value!r:.60}")
 
 
+def trains(name: str, value: Any, model: torch.nn.Module) -> None:
+    """``value`` is a ``torch.optim.Optimizer`` holding at least one of ``model``'s parameters
+    (one built on another model's would train nothing, or fail deep in a grad scaler's step)."""
+    optimizer(name, value)
+    held = {id(p) for group in value.param_groups for p in group["params"]}
+    if held and not any(id(p) in held for p in model.parameters()):
+        raise ValueError(f"{name} holds none of the model's parameters: build it from this model's parameters, "
+                         f"e.g. torch.optim.AdamW(model.parameters())")
+
+
 def function(name: str, value: Any, signature: str) -> None:
     """``value`` is callable; ``signature`` shows how it is called, for the message."""
     if not callable(value):

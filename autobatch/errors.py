@@ -110,11 +110,15 @@ class StepOutOfMemoryError(MemoryError):
         self.phase = phase
         self.checkpointing = checkpointing
         how = "with activation checkpointing" if checkpointing else "without activation checkpointing"
+        if phase == "optimizer":  # checkpointing shrinks activations, not the optimizer's step
+            advice = ("The optimizer step itself does not fit: try an optimizer with less state (SGD, Adafactor), "
+                      "lower precision, a smaller model, or more device memory.")
+        else:
+            advice = (("" if checkpointing else "Enable checkpointing_fallback=True, or try ")
+                      + "lower precision, a smaller model or sequence length, or more device memory.")
         message = reason or (
             f"global step {step} ran out of memory in {phase} at micro-batch 1 {how}; nothing smaller "
-            "is left to try. "
-            + ("" if checkpointing else "Enable checkpointing_fallback=True, or try ")
-            + "lower precision, a smaller model or sequence length, or more device memory."
+            "is left to try. " + advice
         )
         super().__init__(message)
 

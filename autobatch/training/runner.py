@@ -145,6 +145,7 @@ class Runner(OomRecovery, Resumable, PlansFromData):
         distributed: bool | None = None,
     ) -> None:
         checks.module("model", model)
+        checks.trains("optimizer", optimizer, model)
         checks.positive_int("global_batch", global_batch)
         checks.positive_int("micro_batch", micro_batch, allow_none=True)
         checks.positive_int("max_micro_batch", max_micro_batch, allow_none=True)
@@ -191,9 +192,7 @@ class Runner(OomRecovery, Resumable, PlansFromData):
         self.step_memory = StepMemory(self.device)
         self.checkpoint_handle: CheckpointHandle | None = None
         # Position: global steps done in the whole run, epoch, batches done in that epoch.
-        self.step = 0
-        self.epoch = 0
-        self.position = 0
+        self.step = self.epoch = self.position = 0
         self.result = RunResult(global_batch=global_batch)
         self._phase = "transfer"
         self._stepping = False

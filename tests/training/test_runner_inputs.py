@@ -66,6 +66,8 @@ def _runner(**changes):
     [
         ({"model": "not a model"}, TypeError, "model must be a torch.nn.Module"),
         ({"optimizer": 3}, TypeError, "optimizer must be a torch.optim.Optimizer"),
+        ({"optimizer": torch.optim.SGD(torch.nn.Linear(2, 2).parameters(), lr=0.1)}, ValueError,
+         "optimizer holds none of the model's parameters"),
         ({"loss_fn": 5}, TypeError, "loss_fn must be a callable"),
         ({"global_batch": 0}, ValueError, "global_batch must be a positive integer"),
         ({"micro_batch": 2.5}, ValueError, "micro_batch must be a positive integer or None"),
@@ -137,3 +139,14 @@ def test_the_runners_plan_builds_per_sample_lists_with_the_tensors():
         result = Runner(model, torch.optim.SGD(model.parameters(), lr=0.1), loss_fn, global_batch=16,
                         progress=False).fit(batches, epochs=1)
     assert result.steps == 2
+
+
+def test_an_optimizer_step_that_never_fits_is_not_advised_checkpointing():
+    """Activation checkpointing shrinks activations, not the optimizer's step: the advice follows
+    the phase that ran out of memory."""
+    from autobatch import StepOutOfMemoryError
+
+    in_backward = str(StepOutOfMemoryError(3, "backward", False))
+    in_optimizer = str(StepOutOfMemoryError(3, "optimizer", False))
+    assert "checkpointing_fallback=True" in in_backward
+    assert "checkpointing_fallback" not in in_optimizer and "optimizer with less state" in in_optimizer
