@@ -25,6 +25,7 @@ import torch
 
 from ..memory.allocator import expandable_segments
 from ..version import __version__
+from .rng import rng_state, set_rng_state
 from .train_step import TrainStep
 
 __all__ = ["CAPACITY_STEP", "STATE_HYPERPARAMETERS", "key_components", "key_of", "step_components"]
@@ -193,19 +194,14 @@ def _inputs(make_batch: Callable[[int], Any]) -> Any:
     generator put back after (the key is read before the probe's snapshot is taken)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from .rng import host_rng_states, set_host_rng_states
-
-    host = host_rng_states()
-    devices = list(range(torch.cuda.device_count())) if torch.cuda.is_initialized() else []
-    with torch.random.fork_rng(devices=devices):
-        try:
-            try:
-                with FakeTensorMode(allow_non_fake_inputs=True):
-                    return [_describe(make_batch(1)), _describe(make_batch(2))]
-            except Exception:  # noqa: BLE001 - a make_batch fake tensors cannot run: build them for real
-                return [_describe(make_batch(1)), _describe(make_batch(2))]
-        finally:
-            set_host_rng_states(host)
+    saved = rng_state()
+    try:
+        with FakeTensorMode(allow_non_fake_inputs=True):
+            return [_describe(make_batch(1)), _describe(make_batch(2))]
+    except Exception:  # noqa: BLE001 - a make_batch fake tensors cannot run: build them for real
+        return [_describe(make_batch(1)), _describe(make_batch(2))]
+    finally:
+        set_rng_state(saved)
 
 
 def _plain(value: Any) -> Any:

@@ -41,7 +41,7 @@ from typing import Any
 
 import torch
 
-from .rng import host_rng_states, set_host_rng_states
+from .rng import rng_state, set_rng_state
 from .shards import Shard, from_cpu_local, local, to_cpu_local
 
 __all__ = ["Snapshot", "forget_scaler_stage", "steps_in_place_at_zero_lr", "written_outside_the_optimizer"]
@@ -66,9 +66,7 @@ class Snapshot:
     grads: dict[str, torch.Tensor | Shard | None] = field(default_factory=dict)
     training: dict[str, bool] = field(default_factory=dict)
     optimizer_state: dict[str, Any] | None = None
-    rng_cpu: torch.Tensor | None = None
-    rng_cuda: list[torch.Tensor] | None = None
-    rng_host: Any = None  # Python's and NumPy's generators (make_batch may draw from them)
+    rng: dict[str, Any] | None = None  # every generator: torch's, Python's, NumPy's (make_batch may draw)
     scaler: Any = None  # a GradScaler whose scale the trials may move (fp16: inf gradients halve it)
     scaler_state: dict[str, Any] | None = None
 
@@ -117,10 +115,7 @@ class Snapshot:
                 snap._versions = {name: param._version for name, param in model.named_parameters()
                                   if name not in eager and (id(param) not in held or snap.weights_in_place)}
             snap.training = {name: module.training for name, module in model.named_modules()}
-        snap.rng_cpu = torch.get_rng_state()
-        if torch.cuda.is_available() and torch.cuda.is_initialized():
-            snap.rng_cuda = torch.cuda.get_rng_state_all()
-        snap.rng_host = host_rng_states()
+        snap.rng = rng_state()
         if not background:
             if optimizer is not None:
                 snap.optimizer_state = _to_cpu(optimizer.state_dict())  # learning rates included
@@ -212,10 +207,7 @@ class Snapshot:
             self.scaler.load_state_dict(self.scaler_state)
             if self.optimizer is not None:
                 forget_scaler_stage(self.scaler, self.optimizer)
-        torch.set_rng_state(self.rng_cpu)
-        if self.rng_cuda is not None:
-            torch.cuda.set_rng_state_all(self.rng_cuda)
-        set_host_rng_states(self.rng_host)
+        set_rng_state(self.rng)
         if not keep:
             self._warn_unrestored()
 

@@ -15,15 +15,14 @@ an autobatch checkpoint, a truncated one, or one that holds code, raises one
 :class:`~autobatch.errors.CheckpointError` naming the file and what to do.
 
 Also here: the random number generator states a checkpoint must carry for a resumed run to
-draw the same numbers (dropout masks, a shuffled DataLoader's order) as an uninterrupted one.
+draw the same numbers (dropout masks, a shuffled DataLoader's order) as an uninterrupted one
+(read and put back by :mod:`autobatch.probe.rng`, which the probe's restore shares).
 """
 
 from __future__ import annotations
 
-import logging
 import os
 import pickle
-import random
 import zipfile
 from pathlib import Path
 from typing import Any, Sequence
@@ -31,10 +30,10 @@ from typing import Any, Sequence
 import torch
 
 from ..errors import CheckpointError
+from ..probe.rng import rng_state, set_rng_state  # the checkpoint carries them; re-exported here
 
 __all__ = ["save_checkpoint", "load_checkpoint", "resolve_checkpoint", "rng_state", "set_rng_state", "data_generators", "CHECKPOINT_NAME", "RUNNER_FORMAT"]
 
-log = logging.getLogger("autobatch")
 
 #: File name of the runner's checkpoint inside ``checkpoint_dir``.
 CHECKPOINT_NAME = "last.pt"
@@ -114,49 +113,6 @@ def _unreadable(path: Path, exc: BaseException) -> CheckpointError:
         path, f"it is truncated or not a torch checkpoint ({type(exc).__name__}: {' '.join(str(exc).split())[:160]}); "
         "resume from an earlier checkpoint or start afresh",
     )
-
-
-def rng_state(generators: Sequence[torch.Generator] = ()) -> dict[str, Any]:
-    """The CPU, CUDA (every device, when initialised), Python and NumPy generator states, and
-    those of ``generators`` (a data loader's own: :func:`data_generators`)."""
-    version, keys, gauss = random.getstate()
-    state: dict[str, Any] = {"torch": torch.get_rng_state(), "python": [version, list(keys), gauss]}
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    try:
-        import numpy
-    except ImportError:  # numpy is optional
-        pass
-    else:
-        name, keys, position, has_gauss, cached = numpy.random.get_state()
-        state["numpy"] = [name, torch.from_numpy(keys.astype("int64")), int(position), int(has_gauss), float(cached)]
-    if generators:
-        state["data"] = [generator.get_state() for generator in generators]
-    return state
-
-
-def set_rng_state(state: dict[str, Any], generators: Sequence[torch.Generator] = ()) -> None:
-    """Put back what :func:`rng_state` returned (``generators``: the same data generators)."""
-    torch.set_rng_state(state["torch"])
-    version, keys, gauss = state["python"]
-    random.setstate((version, tuple(keys), gauss))
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
-    if "numpy" in state:
-        import numpy
-
-        name, keys, position, has_gauss, cached = state["numpy"]
-        keys = keys.numpy() if isinstance(keys, torch.Tensor) else numpy.asarray(keys)
-        numpy.random.set_state((name, keys.astype(numpy.uint32), position, has_gauss, cached))
-    saved = state.get("data", [])
-    if generators and len(saved) == len(generators):
-        for generator, generator_state in zip(generators, saved):
-            generator.set_state(generator_state)
-    elif generators or saved:
-        log.warning(
-            "resume: the checkpoint holds %d data-loader generator states and the data has %d; its order may "
-            "differ from the interrupted run's", len(saved), len(generators),
-        )
 
 
 def data_generators(data: Any) -> list[torch.Generator]:
