@@ -26,6 +26,9 @@ __all__ = ["ThroughputObjective"]
 class ThroughputObjective:
     """``objective="throughput"`` for the planner (which provides probe, wrap, build, ...)."""
 
+    #: the accumulated probe's error where micro-batch 1 fits one step but not accumulated
+    accumulation_error: NoBatchFitsError | None = None
+
     def fastest(
         self,
         allow_accumulation: bool,
@@ -64,6 +67,8 @@ class ThroughputObjective:
             for m in sizes(ckpt_max, 0 if exhaustive else plain_max)
         ]
         if not plain_candidates and not ckpt_candidates:
+            if self.accumulation_error is not None:  # one step fits micro-batch 1, accumulation none
+                raise self.accumulation_error
             largest, wrapped = max((plain_max, False), (ckpt_max, True))
             raise GlobalBatchTooLargeError(self.global_batch, largest, wrapped, (plain or ckpt).device)
 
@@ -114,14 +119,16 @@ class ThroughputObjective:
         batch fits in one step or accumulation is not allowed, else the largest micro-batch of an
         accumulated step (the planner's second probe: the first micro-batch's gradients stay
         held through the next one's step; a candidate sized by the one-step answer ran out of
-        memory in training); 0 where nothing fits."""
+        memory in training); 0 where nothing fits (the accumulated probe's error is kept in
+        ``accumulation_error``, raised if no candidate is left)."""
         if one_step is None:
             return 0
         if one_step.batch_size >= self.global_batch or not allow_accumulation:
             return one_step.batch_size
         try:
             return self.accumulated(one_step, checkpointing).batch_size
-        except NoBatchFitsError:
+        except NoBatchFitsError as exc:
+            self.accumulation_error = exc
             return 0
 
     def time(self, candidates, device, timing, timer, allocator_retries) -> list[Candidate]:

@@ -532,3 +532,7 @@ def test_an_accumulated_step_that_fits_no_micro_batch_says_so(allow_checkpointin
     with pytest.raises(NoBatchFitsError, match="fits in one step, but not the global batch; with accumulation") as info:
         plan(step, global_batch=100_000, memory_limit="6MiB", cache=False, allow_checkpointing=allow_checkpointing)
     assert [p["accumulating"] for p in info.value.attempts] == [False, True]
+    # the throughput objective says the same (it said "largest batch 0")
+    with pytest.raises(NoBatchFitsError, match="fits in one step, but not the global batch; with accumulation"):
+        plan(step, global_batch=100_000, memory_limit="6MiB", cache=False, allow_checkpointing=allow_checkpointing,
+             objective="throughput", timed_steps=1, retime_rounds=0)
