@@ -204,6 +204,9 @@ def _probe(call: _Call, restore, estimate_first: bool | None) -> ProbeResult:
                 runner, strategy=args["strategy"], start=args["start"], max_batch=args["max_batch"],
                 margin=args["margin"], multiple_of=args["multiple_of"], device_name=memory.name,
                 capacity=capacity, prior=prior, confirm=not simulated, hand_loop=call.hand_loop,
+                # a hand loop's TrainStep gets its state back dropped: training makes it afresh
+                fresh_layout=(lambda: (watch.drop_created(), memory.release_cached()))
+                if call.hand_loop and isinstance(fn, TrainStep) else None,
             )
             result.diagnostics = memory_diagnostics(memory)
             call.notes.append(promise_note(runner, result, memory))

@@ -11,6 +11,7 @@ nothing fits.
 from __future__ import annotations
 
 import math
+from typing import Callable
 
 import torch
 
@@ -42,6 +43,7 @@ def run_search(
     prior: tuple[LinearFit, BatchEstimate] | None = None,
     confirm: bool = False,
     hand_loop: bool = False,
+    fresh_layout: Callable[[], object] | None = None,
 ) -> ProbeResult:
     """Run the strategy in units of ``multiple_of``, apply the margin, build the result.
 
@@ -53,7 +55,9 @@ def run_search(
     algorithms (it falls back to ones with smaller workspaces when memory is short) differ.
     ``hand_loop`` (a plain callable: the user's own loop trains it, and cannot replay a step):
     under expandable segments, an answer whose next size up failed still flushing steps one
-    size lower (:func:`below_moving_wall`).
+    size lower (:func:`below_moving_wall`). ``fresh_layout`` (a hand loop's ``TrainStep``, whose
+    state training makes afresh): the answer must pass a settle trial in that layout too
+    (:func:`in_fresh_layout`).
     """
     used = "predict" if strategy == "auto" else strategy
     max_units = max_units_of(max_batch, multiple_of)
@@ -75,15 +79,22 @@ def run_search(
         _raise_no_fit(runner, multiple_of, device_name, capacity)
     largest_passed = found * multiple_of
     walled = below_moving_wall(runner, found, multiple_of, after_last_oom=confirm) if hand_loop else found
-    if walled is None:
+    below = walled
+    if walled is not None and fresh_layout is not None and confirm:
+        below = in_fresh_layout(runner, walled, multiple_of, fresh_layout)
+    if below is None:
         _raise_no_fit(runner, multiple_of, device_name, capacity)
-    chosen = _apply_margin(passes, walled, margin, multiple_of)
+    chosen = _apply_margin(passes, below, margin, multiple_of)
     if chosen is None:
         _raise_no_fit(runner, multiple_of, device_name, capacity)
     failed_above = [b for b in runner.failed_sizes if b > largest_passed]
     notes = []
     if walled != found:
         notes.append(moving_wall_note(largest_passed, walled * multiple_of, (found + 1) * multiple_of))
+    if below != walled:
+        notes.append(f"{below * multiple_of}, below {walled * multiple_of}: the answer must also pass beside the optimizer "
+                     f"state made in its first step, as training makes it after the probe, and {walled * multiple_of} "
+                     "did not")
     settled = (fit or {}).get("settled_above")
     if settled is not None and settled["batch_size"] == largest_passed + multiple_of:
         slope = fit.get("refined", fit)["slope_bytes_per_sample"] * multiple_of
@@ -214,6 +225,29 @@ def below_moving_wall(runner: TrialRunner, found: int, multiple_of: int, *, afte
     if found <= 1 or not runner.expandable or not runner.flushed_out((found + 1) * multiple_of):
         return found
     return _confirm(runner, found - 1, multiple_of, after_last_oom=after_last_oom)
+
+
+def in_fresh_layout(runner: TrialRunner, units: int, multiple_of: int, fresh_layout: Callable[[], object]) -> int | None:
+    """The answer (in units) once it also passed a settle trial whose optimizer state its first
+    step makes among that step's activations (``fresh_layout`` drops the state the trials made
+    and returns the cache), where the other settle trials ran beside state laid out as a resumed
+    run has it; step down while either fails.
+
+    Why: a hand loop's ``TrainStep`` (a ``transformers.Trainer``'s loop) gets its state back
+    dropped by the probe's restore, so training makes it afresh, and the wall moves with the
+    layout. Measured on an H200 (GPT-2 small in a ``Trainer``, bf16, 12 GiB cap,
+    ``scripts/bench_transformers.py``): 6 passed its settle trial in the resumed layout, and a
+    new trainer's loop at 6 ran out of memory at its second step in 2 of 3 runs, asking for the
+    1.15 GiB of the logits' float copy."""
+    while units >= 1:
+        record = runner.run(units * multiple_of, "fresh", settle=True, layout=fresh_layout)
+        if record.passed:
+            return units
+        below = _confirm(runner, units - _step_down(record, units), multiple_of, after_last_oom=True)
+        if below is None:
+            return None
+        units = below
+    return None
 
 
 def moving_wall_note(passed: int, answer: int, flushing: int) -> str:

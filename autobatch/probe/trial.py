@@ -104,11 +104,11 @@ class TrialRunner:
             self.run(batch_size, purpose, steps=steps, settle=final and self.settle_final)
         return self.outcomes[batch_size]
 
-    def run(self, batch_size: int, purpose: str = "search", *, steps: int | None = None, settle: bool = False
-            ) -> TrialRecord:
+    def run(self, batch_size: int, purpose: str = "search", *, steps: int | None = None, settle: bool = False,
+            layout: Callable[[], object] | None = None) -> TrialRecord:
         """Run a trial even if this size was tried before; ``steps`` calls of ``fn`` (default: a
         full trial). ``settle`` (a size that may be the answer): more steps while the allocator
-        settles (:mod:`~autobatch.probe.settling`), the state laid out by ``layout``, and
+        settles (:mod:`~autobatch.probe.settling`), the state laid out by ``layout`` (default: the runner's), and
         with ``purpose="confirm"`` cuDNN autotuning as the user set it. A trial stops early once
         its allocated peak is above ``peak_limit``."""
         steps = self.steps if steps is None else steps
@@ -116,7 +116,7 @@ class TrialRunner:
         # autotuning (seconds per new shape) only where the answer is confirmed: a size that
         # fails untuned never costs an autotuning pass, and the answer is known to train tuned
         tuned = settle and purpose == "confirm" and self.autotune is not None and self.autotune.wanted
-        prepare = self.layout if settle else None
+        prepare = (layout or self.layout) if settle else None
         error = self._attempt_as(batch_size, steps, settle, tuned, prepare)
         if error is not None and self._garbage_was_in_the_way():
             error = self._attempt_as(batch_size, steps, settle, tuned, prepare)

@@ -8,7 +8,7 @@ exactly as it runs on one."""
 import pytest
 import torch
 
-from autobatch import simulated_memory
+from autobatch import TrainStep, find_max_batch, simulated_memory
 from autobatch.memory.devices import SimulatedDeviceMemory
 from autobatch.probe.autotune import Autotune
 from autobatch.probe.search import _confirm
@@ -419,3 +419,47 @@ def test_below_a_size_that_kept_flushing_every_trial_is_a_full_one(cudnn_flags, 
     assert all(not r.passed for r in below if r.batch_size >= wall)
     assert wall * 0.99 <= result.batch_size < wall
     assert len(below) <= 8
+
+
+def test_a_hand_loops_train_steps_answer_steps_down_until_it_passes_in_the_fresh_layout_too(cudnn_flags):
+    """A hand loop's TrainStep (a Trainer's loop) gets its optimizer state back dropped, so
+    training makes it in its first step: the answer must pass a settle trial in that layout too;
+    where it does not, it steps down, each size below confirmed again in the resumed layout."""
+    from autobatch.probe.search import in_fresh_layout
+
+    torch.backends.cudnn.benchmark = False
+    layout = {"now": None}
+    with simulated_memory("64MiB") as device:
+        memory = FlushingMemory(device)
+
+        def step(batch_size: int) -> None:
+            if layout["now"] == "fresh" and batch_size > 40:
+                raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 MiB")
+            torch.empty(batch_size * 1000, dtype=torch.uint8)
+
+        runner = TrialRunner(step, memory, steps=3, peak_limit=60 * MiB, settle_final=True, hand_loop=True,
+                             layout=lambda: layout.update(now="resumed"))
+        assert runner.run(42, "confirm", settle=True).passed
+        assert in_fresh_layout(runner, 42, 1, lambda: layout.update(now="fresh")) == 40
+    tried = [(r.batch_size, r.purpose, r.passed) for r in runner.records]
+    assert tried == [(42, "confirm", True), (42, "fresh", False), (41, "confirm", True), (41, "fresh", False),
+                     (40, "confirm", True), (40, "fresh", True)]
+
+
+@pytest.mark.parametrize("form", ["plain", "trainstep", "trainstep-replayed"])
+def test_only_a_hand_loops_train_step_is_checked_in_the_fresh_layout(monkeypatch, form):
+    """A plain callable's state stays laid out as its trials had it after the probe, and a
+    TrainStep trained by the Runner replays a step that runs out of memory: only a TrainStep
+    with ``hand_loop`` (whose state the restore drops) gets the fresh layout's check."""
+    import autobatch.probe.find as find_module
+
+    seen = []
+    real = find_module.run_search
+    monkeypatch.setattr(find_module, "run_search", lambda runner, **kw: seen.append(kw["fresh_layout"]) or real(runner, **kw))
+    model = torch.nn.Linear(8, 8)
+    optimizer = torch.optim.AdamW(model.parameters())
+    step = TrainStep(model, optimizer, lambda m, b: m(b).square().mean(), lambda n: torch.randn(n, 8))
+    fn = (lambda n: step(n)) if form == "plain" else step
+    with simulated_memory("4MiB"):
+        find_max_batch(fn, strategy="binary", max_batch=64, hand_loop=form != "trainstep-replayed", cache=False)
+    assert (seen[0] is not None) == (form == "trainstep")
