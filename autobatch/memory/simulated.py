@@ -4,7 +4,9 @@ CI has no GPU, yet every search strategy, fallback and recovery path must be exe
 real models. :func:`simulated_memory` makes the CPU behave like a small accelerator: while
 it is active, every CPU tensor storage that an operator *newly allocates* counts against a
 byte budget; an operator whose outputs would push the total past the budget raises
-``torch.OutOfMemoryError`` (the exception the CUDA caching allocator raises) and its outputs
+``torch.OutOfMemoryError`` (the exception the CUDA caching allocator raises, its message
+worded like CUDA's, "... out of memory. Tried to allocate ...", so that string-matched
+detection such as Accelerate's ``should_reduce_batch_size`` sees it too) and its outputs
 are dropped, so the accounting never includes them. Storages are released from the
 accounting when they die, so memory comes back exactly as it would on a device.
 
@@ -49,7 +51,7 @@ class SimulatedMemory(StorageAccountant):
     def over_limit(self, func, requested: int, in_use: int) -> None:
         self.oom_count += 1
         raise torch.OutOfMemoryError(
-            f"Simulated out of memory: tried to allocate {format_bytes(requested)} in "
+            f"Simulated out of memory. Tried to allocate {format_bytes(requested)} in "
             f"{func}; the simulated device has a budget of {format_bytes(self.limit_bytes)}, "
             f"{format_bytes(in_use)} already in use, "
             f"{format_bytes(self.limit_bytes - in_use)} free (autobatch.simulated_memory)."
