@@ -27,10 +27,8 @@ import torch
 
 from ..probe.find import find_max_batch
 from ..probe.result import ProbeResult
-from ..planning.accumulation import AccumulatingStep
-from ..probe.train_step import TrainStep
-from ..training.batch_ops import to_device
 from .global_batch import accumulation_for
+from .transformers_step import TrainerStep, trainer_key
 
 __all__ = ["fit_batch_size", "longest_sample"]
 
@@ -84,17 +82,16 @@ def fit_batch_size(
         if trainer.train_dataset is None:
             raise ValueError("fit_batch_size needs trainer.train_dataset (or pass sample=)")
         sample = longest_sample(trainer.train_dataset)
-    step, created = _train_step(trainer, sample)
-    options = dict(memory_limit=memory_limit, margin=margin, multiple_of=multiple_of, strategy=strategy,
-                   steps_per_trial=steps_per_trial, device=args.device,
-                   # the Trainer's loop trains the answer, and it cannot replay a step that runs out of memory
-                   **{"hand_loop": True, **probe_options})
+    share = None if global_batch is None else global_batch // world
+    step, created = _train_step(trainer, sample, share)
+    # the Trainer's loop trains the answer, and it cannot replay a step that runs out of memory
+    options = {"hand_loop": True, **probe_options}
+    # what the step holds beside the model (the share's inputs, a subclass's own step) moves the answer
+    options["cache_key"] = {"trainer": trainer_key(trainer), "share": share, "user": options.get("cache_key")}
     try:
-        result = find_max_batch(step, max_batch=max_batch, **options)
-        if global_batch is not None and global_batch // world > result.batch_size:
-            # the Trainer will accumulate: its later micro-batches run beside the earlier ones'
-            # gradients, which a one-batch step never holds (as plan() probes an accumulated plan)
-            result = find_max_batch(AccumulatingStep(step), max_batch=result.batch_size, **options)
+        result = find_max_batch(step, max_batch=max_batch, memory_limit=memory_limit, margin=margin,
+                                multiple_of=multiple_of, strategy=strategy, steps_per_trial=steps_per_trial,
+                                device=args.device, **options)
     finally:
         if created:
             trainer.optimizer = None  # train() creates it afresh, as it would have
@@ -150,20 +147,10 @@ def _shard_length(dataset: Any, world: int) -> int | None:
         return None
 
 
-def _train_step(trainer: Any, sample: Mapping[str, Any]) -> tuple[TrainStep, bool]:
-    """The trainer's step as a :class:`~autobatch.TrainStep`; whether its optimizer was created here."""
+def _train_step(trainer: Any, sample: Mapping[str, Any], share: int | None) -> tuple["TrainerStep", bool]:
+    """The trainer's step as a :class:`TrainerStep`; whether its optimizer was created here."""
     created = trainer.optimizer is None
     if created:
         trainer.create_optimizer()
-    device = trainer.args.device
-    collate = trainer.data_collator
-
-    def make_batch(size: int) -> Any:
-        return to_device(collate([sample] * size), device)
-
-    def loss_fn(model: torch.nn.Module, batch: Any) -> torch.Tensor:
-        with trainer.accelerator.autocast(), trainer.compute_loss_context_manager():
-            return trainer.compute_loss(model, batch)
-
     trainer.model.train()
-    return TrainStep(trainer.model, trainer.optimizer, loss_fn, make_batch), created
+    return TrainerStep(trainer, sample, share), created

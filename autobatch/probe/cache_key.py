@@ -28,7 +28,7 @@ from ..version import __version__
 from .rng import rng_state, set_rng_state
 from .train_step import TrainStep
 
-__all__ = ["CAPACITY_STEP", "STATE_HYPERPARAMETERS", "key_components", "key_of", "step_components"]
+__all__ = ["CAPACITY_STEP", "STATE_HYPERPARAMETERS", "key_components", "key_of", "own_code", "step_components", "class_code"]
 
 #: Device capacity enters the key in steps of this many bytes.
 CAPACITY_STEP = 64 * 1024**2
@@ -140,10 +140,14 @@ def class_code(cls: type, depth: int = 0) -> str:
             forward = vars(owner).get("forward")
             parts.append([owner.__qualname__, _code_hash(forward, depth) if forward is not None else None])
             continue
-        methods = {name: getattr(value, "__func__", value) for name, value in vars(owner).items()}
-        parts.append([owner.__qualname__, {name: _code_hash(method, depth) for name, method in sorted(methods.items())
-                                            if hasattr(method, "__code__")}])
+        parts.append([owner.__qualname__, own_code(owner, depth)])
     return _digest(parts)
+
+
+def own_code(cls: type, depth: int = 0) -> dict[str, str]:
+    """The code of each function ``cls`` itself defines (not its bases'), with what it reads."""
+    methods = {name: getattr(value, "__func__", value) for name, value in vars(cls).items()}
+    return {name: _code_hash(method, depth) for name, method in sorted(methods.items()) if hasattr(method, "__code__")}
 
 
 def _is_plain(value: Any) -> bool:

@@ -108,15 +108,16 @@ def test_the_batch_is_capped_at_each_processs_share_of_the_training_set(tmp_path
 
 def test_an_accumulated_answer_is_probed_with_the_earlier_micro_batches_gradients_held(tmp_path, monkeypatch):
     """With gradient accumulation the Trainer's later micro-batches run beside the earlier ones'
-    gradients, which a one-batch step never holds: the micro-batch is probed again as an
-    accumulated step, and train() runs under the same budget (a Trainer of this shape set to the
-    one-batch answer, 3 x 2, ran out of memory in the softmax backward in a user's script)."""
+    gradients, which a one-batch step never holds: the probed step runs two micro-batches where
+    the Trainer would accumulate, and train() runs under the same budget (a Trainer of this
+    shape set to the one-batch answer, 3 x 2, ran out of memory in the softmax backward in a
+    user's script)."""
     import autobatch.integrations.transformers as integration
-    from autobatch.planning.accumulation import AccumulatingStep
+    from autobatch.integrations.transformers_step import TrainerStep
 
     probed = []
     real = integration.find_max_batch
-    monkeypatch.setattr(integration, "find_max_batch", lambda step, **kw: probed.append(type(step)) or real(step, **kw))
+    monkeypatch.setattr(integration, "find_max_batch", lambda step, **kw: probed.append(step) or real(step, **kw))
     torch.manual_seed(0)
     config = transformers.GPT2Config(vocab_size=16384, n_positions=64, n_embd=64, n_layer=2, n_head=2)
     data = [{"input_ids": [(i * 7 + j) % 16384 for j in range(40)]} for i in range(256)]
@@ -130,7 +131,8 @@ def test_an_accumulated_answer_is_probed_with_the_earlier_micro_batches_gradient
         trainer.train()  # an OOM here fails the test
     size, accumulation = trainer.args.per_device_train_batch_size, trainer.args.gradient_accumulation_steps
     assert size * accumulation == 6 and accumulation > 1
-    assert probed[-1] is AccumulatingStep and trainer.state.global_step == 3
+    assert len(probed) == 1 and isinstance(probed[0], TrainerStep) and probed[0].share == 6
+    assert trainer.state.global_step == 3
 
 
 def test_a_global_batch_larger_than_the_training_set_is_one_error(tmp_path):
@@ -139,3 +141,59 @@ def test_a_global_batch_larger_than_the_training_set_is_one_error(tmp_path):
     trainer = make_trainer(tmp_path, PadCollator())
     with pytest.raises(ValueError, match=f"global_batch=128 is larger than the training set \\({len(LENGTHS)} samples"):
         fit_batch_size(trainer, global_batch=128)
+
+
+def vit_trainer(tmp_path, data, size=1, **args):
+    """A tiny ViT's Trainer; ``data`` made before the simulated budget (a host-side dataset)."""
+    torch.manual_seed(0)
+    config = transformers.ViTConfig(image_size=32, patch_size=8, hidden_size=64, num_hidden_layers=2,
+                                    num_attention_heads=2, intermediate_size=128, num_labels=10)
+    arguments = transformers.TrainingArguments(
+        output_dir=str(tmp_path), per_device_train_batch_size=size, max_steps=3, use_cpu=True, report_to=[],
+        save_strategy="no", logging_strategy="no", disable_tqdm=True, dataloader_drop_last=True, **args)
+    return transformers.Trainer(model=transformers.ViTForImageClassification(config), args=arguments,
+                                train_dataset=data, data_collator=transformers.default_data_collator)
+
+
+@pytest.mark.parametrize("global_batch", [None, 480])
+def test_the_answer_trains_where_the_trainer_holds_its_inputs(tmp_path, global_batch):
+    """The Trainer's loop holds every micro-batch of an optimizer step (and the loader's
+    look-ahead) through forward, backward and the optimizer step; a bare step lets its inputs go
+    after forward. Probing the bare step, a ViT's answer (184) ran out of memory in train() under
+    the same budget, and so did 179; the Trainer's own step answers a size train() runs, and a
+    few percent more does not."""
+    data = [{"pixel_values": torch.randn(3, 32, 32), "labels": i % 10} for i in range(1024)]
+    with simulated_memory("24MiB"):
+        trainer = vit_trainer(tmp_path, data)
+        result = fit_batch_size(trainer, global_batch=global_batch, cache=False)
+        trainer.train()  # an OOM here fails the test
+        size, accumulation = trainer.args.per_device_train_batch_size, trainer.args.gradient_accumulation_steps
+        assert trainer.state.global_step == 3 and size * accumulation == (global_batch or size)
+        if global_batch is None:
+            trainer.model = trainer.model_wrapped = trainer.optimizer = None  # its memory back
+            over = vit_trainer(tmp_path, data, size=int(result.batch_size * 1.03) + 1)
+            with pytest.raises(torch.OutOfMemoryError):
+                over.train()
+
+
+def test_under_native_mixed_precision_the_probe_runs_the_forward_accelerate_prepares(tmp_path):
+    """Under bf16 Accelerate's prepare_model wraps the forward in autocast and converts its
+    outputs to fp32 (a float copy of the logits a bare autocast never makes): the trials run that
+    forward, and the model's own forward is back after the probe."""
+    seen = []
+
+    class Recording(transformers.Trainer):
+        def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+            loss, outputs = super().compute_loss(model, inputs, return_outputs=True, num_items_in_batch=num_items_in_batch)
+            seen.append(outputs.logits.dtype)
+            return (loss, outputs) if return_outputs else loss
+
+    torch.manual_seed(0)
+    trainer = make_trainer(tmp_path, PadCollator(), bf16=True)
+    trainer = Recording(model=trainer.model, args=trainer.args, train_dataset=trainer.train_dataset,
+                        data_collator=trainer.data_collator)
+    assert trainer.accelerator.native_amp
+    with simulated_memory(BUDGET):
+        fit_batch_size(trainer, strategy="binary", cache=False)
+    assert seen and set(seen) == {torch.float32}
+    assert "forward" not in vars(trainer.model)

@@ -1,0 +1,133 @@
+"""One optimizer step of a ``transformers.Trainer``'s loop, as the probe's unit of work.
+
+:func:`~autobatch.integrations.transformers.fit_batch_size` probes this step, not a bare
+forward and backward, because the ``Trainer``'s loop holds memory a bare step does not
+(``Trainer._run_epoch``, transformers 5; measured on the CPU's simulated device, where a
+ViT's bare-step answer ran out of memory in ``train()`` five sizes below it):
+
+* **The inputs of the whole optimizer step.** ``get_batch_samples`` fetches every micro-batch
+  of a gradient-accumulation window onto the device before the first forward, and the list
+  keeps each alive until the optimizer has stepped: a process's whole share of the global
+  batch (``share``), where a bare step lets its one micro-batch go after forward. For images
+  that is not small: 512 samples of 224 x 224 float pixels are 308 MB.
+* **The accelerate loader's look-ahead.** ``DataLoaderShard`` fetches the next batch before
+  yielding the current one: host memory on an accelerator, the same memory on the CPU.
+* **The earlier micro-batches' gradients** alive through the later ones' forward and backward
+  (as :class:`~autobatch.planning.accumulation.AccumulatingStep` probes an accumulated plan).
+* **The forward Accelerate prepares.** Under native mixed precision ``prepare_model`` wraps
+  the model's forward in autocast and converts its outputs to fp32
+  (``convert_outputs_to_fp32``): a float copy of every half-precision output, a language
+  model's logits among them, that a bare ``torch.autocast`` never makes.
+* **The ``Trainer``'s own ``training_step``** (its ``compute_loss``, a subclass's override,
+  ``accelerator.backward`` with its grad scaler) and gradient clipping at ``max_grad_norm``.
+
+A trial at batch ``B`` runs the first two micro-batches of ``B`` where the ``Trainer`` would
+accumulate (``share`` > ``B``), holding the inputs of ``max(share, 2B)`` samples; the
+``Trainer`` then runs micro-batches of at most ``B`` (:func:`~autobatch.integrations.global_batch.accumulation_for`).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any
+
+from ..probe.cache_key import own_code
+from ..probe.train_step import TrainStep
+from ..training.batch_ops import to_device
+
+__all__ = ["TrainerStep", "trainer_key"]
+
+
+class TrainerStep(TrainStep):
+    """``fn(batch_size)``: one optimizer step of ``trainer``'s loop on batches its data collator
+    builds from ``sample`` (module description); ``share`` is this process's samples per
+    optimizer step (None: no accumulation). A :class:`~autobatch.TrainStep`, so the probe
+    restores the model, the optimizer and the accelerator's grad scaler."""
+
+    def __init__(self, trainer: Any, sample: Mapping[str, Any], share: int | None) -> None:
+        self.trainer, self.sample, self.share = trainer, sample, share
+        max_grad_norm = getattr(trainer.args, "max_grad_norm", None)
+        super().__init__(trainer.model, trainer.optimizer, self._loss, self._device_batch,
+                         grad_scaler=getattr(trainer.accelerator, "scaler", None),
+                         max_grad_norm=max_grad_norm if max_grad_norm and max_grad_norm > 0 else None)
+
+    def _host_batch(self, size: int) -> Any:
+        return self.trainer.data_collator([self.sample] * size)
+
+    def _device_batch(self, size: int) -> Any:
+        return to_device(self._host_batch(size), self.trainer.args.device)
+
+    def _loss(self, model: Any, batch: Any) -> Any:
+        """The ``Trainer``'s loss on ``batch`` (what estimates trace and the cache key reads)."""
+        with self.trainer.accelerator.autocast(), self.trainer.compute_loss_context_manager():
+            return self.trainer.compute_loss(model, batch)
+
+    def __call__(self, batch_size: int) -> None:
+        micro = 1 if self.share is None or batch_size >= self.share else 2
+        self.optimizer.zero_grad(set_to_none=True)
+        batches = [self._device_batch(batch_size) for _ in range(micro)]
+        rest = (self.share or 0) - micro * batch_size  # the window's other micro-batches, fetched too
+        held = self._device_batch(rest) if rest > 0 else None
+        ahead = self._host_batch(batch_size)  # the loader's look-ahead
+        with prepared_forward(self.trainer), _accumulating(self.trainer, micro):
+            for inputs in batches:
+                self.trainer.training_step(self.model, inputs)
+        self.optimizer_step()
+        self.optimizer.zero_grad(set_to_none=True)
+        del batches, held, ahead
+
+
+@contextmanager
+def _accumulating(trainer: Any, micro: int) -> Iterator[None]:
+    """``trainer.current_gradient_accumulation_steps``, which ``training_step`` divides the loss
+    by, set for the trial (``_run_epoch`` sets it per window) and put back after."""
+    missing = object()
+    previous = getattr(trainer, "current_gradient_accumulation_steps", missing)
+    trainer.current_gradient_accumulation_steps = micro
+    try:
+        yield
+    finally:
+        if previous is missing:
+            del trainer.current_gradient_accumulation_steps
+        else:
+            trainer.current_gradient_accumulation_steps = previous
+
+
+@contextmanager
+def prepared_forward(trainer: Any) -> Iterator[None]:
+    """The model's forward as ``trainer.train()`` runs it, for the duration: under native mixed
+    precision Accelerate's ``prepare_model`` wraps it in autocast and converts its outputs to
+    fp32; a model Accelerate already prepared (``_original_forward``) is left as it is."""
+    model, accelerator = trainer.model, trainer.accelerator
+    if not getattr(accelerator, "native_amp", False) or hasattr(model, "_original_forward"):
+        yield
+        return
+    from accelerate.utils import convert_outputs_to_fp32, get_mixed_precision_context_manager
+
+    own = model.__dict__.get("forward")
+    context = get_mixed_precision_context_manager(accelerator.native_amp, accelerator.autocast_handler)
+    model.forward = convert_outputs_to_fp32(context(model.forward))
+    try:
+        yield
+    finally:
+        if own is None:
+            del model.forward
+        else:
+            model.forward = own
+
+
+def trainer_key(trainer: Any) -> dict[str, Any]:
+    """What of ``trainer`` the probe cache keys on beside the model: its own class's code (a
+    subclass's ``compute_loss`` or ``training_step``; ``Trainer``'s by the transformers
+    version), the mixed precision and the clipping."""
+    own = []
+    for cls in type(trainer).__mro__:
+        if cls.__module__.split(".")[0] == "transformers":
+            break
+        own.append([cls.__qualname__, own_code(cls)])
+    transformers = sys.modules.get("transformers")
+    return {"classes": own, "transformers": getattr(transformers, "__version__", None),
+            "mixed_precision": str(getattr(trainer.accelerator, "mixed_precision", None)),
+            "max_grad_norm": getattr(trainer.args, "max_grad_norm", None)}
