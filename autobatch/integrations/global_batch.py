@@ -5,14 +5,20 @@ from __future__ import annotations
 __all__ = ["accumulation_for"]
 
 
-def accumulation_for(share: int, largest: int) -> tuple[int, int]:
+def accumulation_for(share: int, largest: int, *, multiple_of: int = 1) -> tuple[int, int]:
     """``(k, b)``: the fewest micro-batches ``k`` with ``b <= largest`` and ``b * k == share``
-    exactly (``share``: this rank's samples per optimizer step). ``b`` may be below ``largest``
-    where ``share`` has no divisor closer to it; batch 1 always divides."""
-    for name, value in (("share", share), ("largest", largest)):
+    exactly (``share``: this rank's samples per optimizer step), ``b`` a multiple of
+    ``multiple_of`` (a batch size the kernels or the hardware prefer, as ``find_max_batch``'s
+    option). ``b`` may be below ``largest`` where ``share`` has no divisor closer to it; with
+    ``multiple_of=1`` batch 1 always divides."""
+    for name, value in (("share", share), ("largest", largest), ("multiple_of", multiple_of)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{name} must be a positive integer, got {value!r}")
-    k = -(-share // largest)
-    while share % k:
-        k += 1
-    return k, share // k
+    for k in range(-(-share // largest), share + 1):
+        if share % k == 0 and (share // k) % multiple_of == 0:
+            return k, share // k
+    raise ValueError(
+        f"no micro-batch of at most {largest} samples that is a multiple of multiple_of={multiple_of} divides "
+        f"{share} samples per step; use a share that is a multiple of {multiple_of} and a largest batch of at "
+        f"least {multiple_of}, or a smaller multiple_of"
+    )

@@ -5,8 +5,11 @@ know of (what callbacks and hooks keep, the fetcher, logging). So after the prob
 runs a few optimizer steps of the trainer's real ``fit_loop`` at the answer, as Lightning's
 ``BatchSizeFinder`` runs its trials (``_try_loop_run``: the loop's state dict loaded back, the
 loop run with ``max_steps`` steps, callbacks and loggers set aside), and measures the loop's
-allocated peak. Everything is put back afterwards (the caller's snapshot: module, optimizers,
-scaler, random states; here: loop progress, limits, callbacks, loggers, logged metrics).
+allocated peak. Where ``fit`` validates, the run ends with one validation batch, as the loop
+runs it mid-training (gradients dropped, the optimizer's state alive): a val dataloader built
+from the batch size (often twice it, with no gradients to keep) is checked at the same size.
+Everything is put back afterwards (the caller's snapshot: module, optimizers, scaler, random
+states; here: loop progress, limits, callbacks, loggers, logged metrics).
 
 If the loop runs out of memory, the next size comes from what was measured, not from halving:
 the probe's memory line (bytes per sample from its passing trials) and the bytes the loop
@@ -59,6 +62,8 @@ class LoopRun:
     #: carried to; None where the allocations did not grow at every batch
     growth_bytes: int | None = None
     epoch_batches: int | None = None
+    #: the run ended with a validation batch at this size (the module validates in fit)
+    validated: bool = False
 
 
 @dataclass
@@ -84,6 +89,7 @@ class LoopConfirmation:
             f"{format_bytes(r.peak_bytes)}, {'+' if r.extra_bytes >= 0 else '-'}{format_bytes(abs(r.extra_bytes))} "
             f"{'beyond' if r.passed else 'at least beyond'} the probed step"
             + (f", growing {format_bytes(r.growth_bytes)} a batch over {r.epoch_batches} batches" if r.growth_bytes else "")
+            + (", then a validation batch" if r.validated else "")
             + f", {r.seconds:.2f}s)"
             for r in self.runs
         ]
@@ -164,7 +170,7 @@ def confirm_in_loop(
         raise MemoryError(
             f"AutoBatchSize: no batch size trained in Lightning's fit loop (runs: {confirmation.summary()}); "
             "the loop needs more memory than the probed step at every size: lower what the loop keeps "
-            "(callbacks, logged tensors) or give it more memory"
+            "(callbacks, logged tensors) or what one validation batch needs, or give it more memory"
         )
     apply(best)
     confirmation.batch_size = best
@@ -213,7 +219,8 @@ def _run_loop(trainer: Trainer, size: int, steps: int, line: MemoryLine, memory:
     memory.release_cached()  # training (or the next run) starts from an emptied cache, as after the probe
     probe = line.at(size)
     extra = (peak + ahead if error is None else need) - probe
-    return LoopRun(size, error is None, ran, peak, probe, extra, seconds, error, growth, batches if growth else None)
+    return LoopRun(size, error is None, ran, peak, probe, extra, seconds, error, growth, batches if growth else None,
+                   watch.validated)
 
 
 class _BatchMemory:
@@ -221,11 +228,14 @@ class _BatchMemory:
     batches an epoch has at this size (``trainer.num_training_batches``)."""
 
     def __init__(self, memory: DeviceMemory) -> None:
-        self.memory, self.allocated, self.batches = memory, [], None
+        self.memory, self.allocated, self.batches, self.validated = memory, [], None, False
 
     def on_train_batch_end(self, trainer: Trainer, *_: Any) -> None:
         self.allocated.append(self.memory.allocated())
         self.batches = trainer.num_training_batches
+
+    def on_validation_batch_end(self, *_: Any) -> None:
+        self.validated = True
 
     def growth(self) -> int | None:
         """Bytes a batch adds, where every batch after the first left more allocated than the one
@@ -258,26 +268,36 @@ class _LoopState:
     limit_train_batches: Any
     limit_val_batches: Any
     restarting: bool  # as fit found it: on where it resumes from a checkpoint (ckpt_path=...)
+    validate: bool  # fit validates (a validation_step, a val dataloader, limit_val_batches above 0)
+    val_reload_epoch: Any  # the validation loop's record of when it last built its dataloader
 
     @classmethod
     def take(cls, trainer: Trainer) -> "_LoopState":
-        return cls(deepcopy(trainer.fit_loop.state_dict()), trainer.callbacks, trainer.loggers,
-                   trainer.fit_loop.epoch_loop.max_steps, trainer.limit_train_batches, trainer.limit_val_batches,
-                   bool(getattr(trainer.fit_loop, "_restarting", False)))
+        loop = trainer.fit_loop
+        return cls(deepcopy(loop.state_dict()), trainer.callbacks, trainer.loggers,
+                   loop.epoch_loop.max_steps, trainer.limit_train_batches, trainer.limit_val_batches,
+                   bool(getattr(loop, "_restarting", False)), bool(trainer.enable_validation),
+                   getattr(loop.epoch_loop.val_loop, "_last_val_dl_reload_epoch", None))
 
     def prepare(self, trainer: Trainer, steps: int, watch: Any) -> None:
         from lightning.pytorch import Callback
         from lightning.pytorch.loggers.logger import DummyLogger
 
         # no checkpoint, progress bar or user callback runs during the check; only the watch
-        trainer.callbacks = [type("_Watch", (Callback,), {"on_train_batch_end": watch.on_train_batch_end})()]
+        trainer.callbacks = [type("_Watch", (Callback,), {"on_train_batch_end": watch.on_train_batch_end,
+                                                         "on_validation_batch_end": watch.on_validation_batch_end})()]
         trainer.logger = DummyLogger() if trainer.logger is not None else None
-        trainer.limit_train_batches, trainer.limit_val_batches = 1.0, 0
+        # one validation batch after the last step, where fit validates: its batch may follow the
+        # batch size (a val loader at twice the size, no gradients), the optimizer's state is alive
+        trainer.limit_train_batches, trainer.limit_val_batches = 1.0, 1 if self.validate else 0
         loop = trainer.fit_loop
-        loop.epoch_loop.max_steps = steps
+        epoch_loop = loop.epoch_loop
+        epoch_loop.max_steps = steps
+        epoch_loop._should_check_val_fx = lambda *_: (  # the loop's own validation, after its last step
+            self.validate and trainer.global_step >= epoch_loop.max_steps and not epoch_loop._should_accumulate())
         loop.load_state_dict(deepcopy(self.loop_state))
         _set_restarting(loop, False)  # a check run is no resumed run
-        loop._combined_loader = None  # built at the size just set
+        loop._combined_loader = epoch_loop.val_loop._combined_loader = None  # built at the size just set
 
     def epoch_batches(self, batches: float | int | None, accumulation: int) -> int | None:
         """The batches of an epoch that ``fit`` will run, from a full epoch's at this size, under the
@@ -293,6 +313,9 @@ class _LoopState:
         trainer.limit_train_batches, trainer.limit_val_batches = self.limit_train_batches, self.limit_val_batches
         loop = trainer.fit_loop
         loop.epoch_loop.max_steps = self.max_steps
+        vars(loop.epoch_loop).pop("_should_check_val_fx", None)  # the class's own again
+        if self.val_reload_epoch is not None:
+            loop.epoch_loop.val_loop._last_val_dl_reload_epoch = self.val_reload_epoch
         loop.load_state_dict(deepcopy(self.loop_state))
         _set_restarting(loop, self.restarting)
         loop._combined_loader = None

@@ -1,0 +1,150 @@
+"""What :class:`~autobatch.integrations.lightning.AutoBatchSize` saves before its trials and puts back.
+
+The trials and the confirmation's loop runs train for real, so everything they change is put back
+before ``fit`` trains: the module's parameters, buffers and gradients, every optimizer, the
+precision plugin's scaler, the learning-rate schedulers, the random states, and the module's
+state that is neither a parameter nor a buffer (:class:`ModuleAttributes`: a ``training_step``'s
+gathered outputs, counters, a torchmetrics ``Metric``'s states). While the probe runs, no user
+callback is called and the module's ``log`` does nothing (:func:`probing`).
+"""
+
+from __future__ import annotations
+
+from contextlib import ExitStack, contextmanager
+from copy import deepcopy
+from typing import Any, Iterator
+
+import torch
+from lightning.pytorch import LightningModule, Trainer
+
+from ..memory.simulated import host_memory
+from ..probe.restore import Snapshot
+from ..training.checkpoint_io import rng_state, set_rng_state
+
+__all__ = ["ModuleAttributes", "SavedState", "probing"]
+
+#: ``nn.Module``'s own bookkeeping (parameters, buffers, child modules, hooks, ``training``):
+#: the snapshot of parameters and buffers covers what of it a step changes
+_MODULE_KEYS = frozenset(torch.nn.Module().__dict__)
+
+
+class ModuleAttributes:
+    """The plain attributes of a module and of every module inside it (what ``__dict__`` holds
+    beside ``nn.Module``'s own bookkeeping), shallow: a list, dict or set keeps its items, a
+    tensor its values (a host copy; a torchmetrics ``Metric`` updates its states in place),
+    anything else its reference.
+
+    Why: a ``training_step`` that appends its outputs to ``self.training_step_outputs``
+    (Lightning 2's epoch-end pattern), counts samples, or updates a metric changes the module
+    at every trial; without this the outputs pile up over the trials (the probe ran out of
+    memory at batch 1) and ``fit`` starts from the trials' counts."""
+
+    def __init__(self, module: torch.nn.Module) -> None:
+        self.saved: list[tuple[torch.nn.Module, dict[str, Any], dict[str, Any]]] = []
+        with host_memory():  # host copies: on an accelerator they take none of its memory
+            for child in module.modules():
+                values = {k: v for k, v in vars(child).items() if k not in _MODULE_KEYS}
+                self.saved.append((child, values, {k: _copy(v) for k, v in values.items()}))
+
+    def restore(self, *, drop_new: bool = True) -> None:
+        """Put every attribute back (its object, with its saved contents). ``drop_new``: remove
+        attributes set since the snapshot (not while the probe's own ``log`` stand-ins are set)."""
+        for child, values, copies in self.saved:
+            attributes = vars(child)
+            if drop_new:
+                for name in [k for k in attributes if k not in values and k not in _MODULE_KEYS]:
+                    del attributes[name]
+            for name, value in values.items():
+                attributes[name] = _put_back(value, copies[name])
+
+
+def _copy(value: Any) -> Any:
+    """What :func:`_put_back` needs to restore ``value``'s contents (None: its reference is enough)."""
+    if isinstance(value, torch.Tensor):
+        if value.is_meta or value._base is not None:
+            return None  # no values, or a view: its base (a parameter, a buffer, an attribute) is restored
+        version = None if value.is_inference() else value._version
+        return value.detach().to("cpu", copy=True), version
+    if isinstance(value, list):
+        return list(value)
+    if isinstance(value, dict):
+        return dict(value)
+    return set(value) if isinstance(value, set) else None
+
+
+def _put_back(value: Any, saved: Any) -> Any:
+    """``value`` with the contents it had when ``saved`` was taken (in place where it can)."""
+    if isinstance(value, torch.Tensor) and saved is not None:
+        data, version = saved
+        if version is not None and value._version == version:
+            return value  # not written in place since
+        if version is None or value.shape != data.shape or value.dtype != data.dtype:
+            return data.to(value.device, copy=True)
+        with torch.no_grad():
+            value.copy_(data)
+        return value
+    if isinstance(value, list):
+        value[:] = saved
+    elif isinstance(value, (dict, set)):
+        value.clear()
+        value.update(saved)
+    return value
+
+
+class SavedState:
+    """Snapshots of the module (parameters, buffers, gradients, plain attributes), every
+    optimizer, the precision plugin's scaler, the learning-rate schedulers and the random
+    states; :meth:`reset` puts them back, as often as needed."""
+
+    def __init__(self, trainer: Trainer, module: LightningModule) -> None:
+        optimizers = list(trainer.optimizers) or [None]
+        with host_memory():  # host copies: on an accelerator they take none of its memory
+            self.snapshots = [Snapshot.take(module if i == 0 else None, opt) for i, opt in enumerate(optimizers)]
+            self.randoms = rng_state()
+        self.attributes = ModuleAttributes(module)
+        self.scaler = getattr(trainer.precision_plugin, "scaler", None)
+        self.scaler_state = None if self.scaler is None else self.scaler.state_dict()
+        # the confirmation's loop runs step the schedulers: OneCycleLR would run out of steps in fit
+        self.schedulers = [(config.scheduler, deepcopy(config.scheduler.state_dict()))
+                           for config in trainer.lr_scheduler_configs]
+
+    def reset(self) -> None:
+        for snapshot in reversed(self.snapshots):
+            snapshot.restore()
+        self.attributes.restore()
+        if self.scaler is not None:
+            from torch.amp.grad_scaler import _refresh_per_optimizer_state
+
+            self.scaler.load_state_dict(self.scaler_state)
+            self.scaler._per_optimizer_states.clear()
+            self.scaler._per_optimizer_states.default_factory = _refresh_per_optimizer_state
+        for scheduler, state in self.schedulers:
+            scheduler.load_state_dict(deepcopy(state))
+        set_rng_state(self.randoms)
+
+    @classmethod
+    @contextmanager
+    def kept(cls, trainer: Trainer, module: LightningModule) -> Iterator["SavedState"]:
+        """The saved state; reset on the way out."""
+        saved = cls(trainer, module)
+        try:
+            yield saved
+        finally:
+            saved.reset()
+
+
+@contextmanager
+def probing(trainer: Trainer, module: LightningModule) -> Iterator[None]:
+    """While the probe runs: no user callback's hook is called (the trials run the precision
+    plugin's backward and optimizer step, which call ``on_before_backward``, ``on_after_backward``
+    and ``on_before_optimizer_step``: a callback counting steps or tracking gradient norms would
+    count the trials; no callback hook runs outside fit's own steps), and the module's
+    ``log``/``log_dict`` do nothing (no loop runs to receive them)."""
+    callbacks = trainer.callbacks
+    with ExitStack() as stack:
+        trainer.callbacks = []
+        stack.callback(setattr, trainer, "callbacks", callbacks)
+        for name in ("log", "log_dict"):
+            setattr(module, name, lambda *args, **kwargs: None)
+            stack.callback(delattr, module, name)
+        yield

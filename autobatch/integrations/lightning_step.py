@@ -1,0 +1,192 @@
+"""The training step :class:`~autobatch.integrations.lightning.AutoBatchSize` probes, and its first batch.
+
+The step does what Lightning's training loop does with a batch (``training_epoch_loop.py`` and
+``_AutomaticOptimization``): the precision plugin's ``convert_input`` (a ``"64-true"`` or
+``"bf16-true"`` run casts the batch), the module's (or datamodule's) ``on_before_batch_transfer``,
+the strategy's ``batch_to_device`` with ``transfer_batch_to_device`` and
+``on_after_batch_transfer``, then ``training_step``, ``backward`` and the optimizer step.
+The first batch comes from the train dataloader(s) as Lightning combines them
+(``CombinedLoader``, ``"max_size_cycle"``), before any of those hooks.
+"""
+
+from __future__ import annotations
+
+from contextlib import nullcontext
+from typing import Any, Callable, Mapping
+
+import torch
+from lightning.pytorch import LightningModule, Trainer
+from lightning.pytorch.trainer import call
+from lightning.pytorch.utilities.combined_loader import CombinedLoader
+
+from ..planning.accumulation import take_samples
+from ..training.batch_ops import map_tensors
+
+__all__ = ["LightningStep", "first_batch", "size_of"]
+
+#: batch indices a probe step tries while ``training_step`` returns None (Lightning skips the batch)
+SKIPPED_BATCHES = 3
+
+
+class LightningStep:
+    """``fn(batch_size)``: one training step of the module at ``batch_size``, as Lightning's
+    automatic-optimization loop runs it (``_AutomaticOptimization``'s ``Closure``).
+
+    What the loop holds, and so this step too (measured on the simulated device, see
+    docs/integrations.md): the previous step's gradients stay alive through the forward pass,
+    because the loop calls ``optimizer_zero_grad`` *after* ``training_step`` and before
+    ``backward`` (a step that zeroes first, as a plain PyTorch loop does, misses them: for a
+    GPT with a large vocabulary that is the weight of the embedding and the head, about one
+    sample at the boundary); the ``training_step`` output (loss and any extra tensors
+    returned in its dict) lives until the optimizer step has run; the loss is divided by
+    ``accumulate_grad_batches``; and while accumulating (``accumulating``), no micro-batch but
+    the first of a window zeroes the gradients, so the old ones stay alive through
+    ``backward`` too and the optimizer step follows it.
+
+    ``restore()`` runs before each step: it puts the module's plain attributes back (outputs a
+    ``training_step`` gathers, counters), so what a step keeps does not pile up over the trials;
+    what the loop keeps batch after batch is the confirmation's to measure.
+    """
+
+    def __init__(self, trainer: Trainer, module: LightningModule, first: Any, *, accumulating: bool = False,
+                 prefetch: bool = False, restore: Callable[[], None] = lambda: None) -> None:
+        self.trainer, self.module, self.first, self.prefetch = trainer, module, first, prefetch
+        self.available = size_of(first)
+        self.accumulating = accumulating or trainer.accumulate_grad_batches > 1
+        self.restore = restore
+        self.index = 0  # the batch_idx passed to training_step: the first one it does not skip
+        self._with_grads: list[torch.nn.Parameter] = []  # parameters the last backward gave a gradient
+
+    def __call__(self, batch_size: int) -> None:
+        self.restore()
+        index = torch.arange(batch_size) % self.available
+        # tensors and per-sample lists (label names, raw text a training_step tokenizes) alike
+        batch, *ahead = [take_samples(self.first, index, self.available) for _ in range(1 + self.prefetch)]
+        # ``ahead``: Lightning's fetcher loads the next batch while this one runs when the train
+        # dataloader has no length (an iterable dataset; with a length it prefetches nothing):
+        # host memory on an accelerator, the same memory on the CPU
+        trainer, module = self.trainer, self.module
+        batch = trainer.precision_plugin.convert_input(batch)  # as the loop, in this order
+        batch = module._on_before_batch_transfer(batch, dataloader_idx=0)
+        batch = call._call_strategy_hook(trainer, "batch_to_device", batch, dataloader_idx=0)
+        model = trainer.strategy.model
+        sync = model.no_sync() if hasattr(model, "no_sync") else nullcontext()  # trials run no collective
+        with sync:
+            if not module.automatic_optimization:
+                trainer.strategy.training_step(batch, self.index)  # it steps its optimizers itself
+                return
+            self._previous_gradients()
+            optimizer = trainer.optimizers[0]
+            held: dict[str, Any] = {}
+
+            def closure() -> torch.Tensor:
+                out = held["out"] = self._training_step(batch)  # the ClosureResult keeps it
+                loss = _loss_of(out)
+                if trainer.accumulate_grad_batches > 1:
+                    loss = loss / trainer.accumulate_grad_batches
+                held["loss"] = loss.detach().clone()
+                if not self.accumulating:
+                    call._call_lightning_module_hook(trainer, "optimizer_zero_grad", trainer.current_epoch, 0, optimizer)
+                trainer.strategy.backward(loss, optimizer)
+                return held["loss"]
+
+            trainer.strategy.optimizer_step(optimizer, closure=closure)
+            self._with_grads = [p for p in module.parameters() if p.grad is not None]
+        del ahead, held
+
+    def _training_step(self, batch: Any) -> Any:
+        """The module's ``training_step`` output at the first batch index it does not skip (a
+        module may return None for batch 0, as a data-dependent initialisation does)."""
+        for index in range(self.index, self.index + SKIPPED_BATCHES):
+            out = self.trainer.strategy.training_step(batch, index)
+            if out is not None:
+                self.index = index
+                return out
+        raise ValueError(
+            f"AutoBatchSize: training_step returned None (Lightning skips the batch) for batch_idx {self.index} to "
+            f"{self.index + SKIPPED_BATCHES - 1}: the probe needs a step that trains; return the loss for at least "
+            "one of the first batches, or set the batch size yourself"
+        )
+
+    def _previous_gradients(self) -> None:
+        """Give back the gradients a previous step left (the loop's steady state), where a failed
+        trial or ``zero_grad`` dropped them: same shapes, same memory."""
+        for param in self._with_grads:
+            if param.grad is None:
+                param.grad = torch.zeros_like(param)
+
+
+def _loss_of(out: Any) -> torch.Tensor:
+    """The loss in a ``training_step`` output, as Lightning's ``ClosureResult`` reads it."""
+    loss = out.get("loss") if isinstance(out, Mapping) else out
+    if isinstance(out, Mapping) and loss is None:
+        raise ValueError(
+            f"AutoBatchSize: training_step returned a dict without a 'loss' key (keys: {sorted(map(str, out))}); "
+            "under automatic optimization Lightning needs it too: return {'loss': loss, ...}"
+        )
+    if not isinstance(loss, torch.Tensor):
+        raise ValueError(
+            f"AutoBatchSize: training_step returned {type(out).__name__}; return the loss tensor, a dict with a "
+            "'loss' key, or None to skip the batch"
+        )
+    return loss
+
+
+def first_batch(trainer: Trainer, module: LightningModule, world: int) -> tuple[Any, bool, int | None]:
+    """The train dataloader's first batch, whether the dataloader has a length, and how many
+    samples each of ``world`` ranks trains per epoch (None: unknown).
+
+    Several train dataloaders (a dict or list of them) are combined as ``fit`` combines them; the
+    samples are the smallest dataset's, as a batch larger than any of them would not fill."""
+    source = trainer.datamodule if trainer.datamodule is not None else module
+    try:
+        loader = source.train_dataloader()
+    except Exception as exc:  # noqa: BLE001 - re-raised with what to do
+        raise RuntimeError(
+            "AutoBatchSize builds the train dataloader from the module's or datamodule's train_dataloader(); "
+            f"it failed ({type(exc).__name__}: {exc}). Dataloaders passed to fit() directly have a fixed batch size."
+        ) from exc
+    combined = loader if isinstance(loader, CombinedLoader) else CombinedLoader(loader, "max_size_cycle")
+    try:
+        batch, _, _ = next(iter(combined))
+        sized = _has_length(combined)
+    except StopIteration:
+        raise ValueError("AutoBatchSize: the train dataloader yielded no batch") from None
+    finally:
+        combined.reset()  # its workers, if any, shut down
+    shares = [_share_of(part, world, trainer) for part in combined.flattened]
+    return batch, sized, None if not shares or None in shares else min(shares)
+
+
+def _has_length(combined: CombinedLoader) -> bool:
+    try:
+        return len(combined) >= 0
+    except TypeError:  # a dataloader without a length (an iterable dataset): the fetcher prefetches
+        return False
+
+
+def _share_of(loader: Any, world: int, trainer: Trainer) -> int | None:
+    """Samples of ``loader`` each of ``world`` ranks trains per epoch: a ``DistributedSampler``'s
+    length; under more than one rank, where Lightning gives the loader one (its
+    ``use_distributed_sampler``, the default), the dataset split over the ranks."""
+    from torch.utils.data.distributed import DistributedSampler
+
+    sampler = getattr(loader, "sampler", None)
+    if isinstance(sampler, DistributedSampler):
+        return len(sampler)
+    try:
+        samples = len(loader.dataset)
+    except (AttributeError, TypeError):
+        return None
+    if world > 1 and getattr(trainer._accelerator_connector, "use_distributed_sampler", True):
+        return max(1, samples // world)
+    return samples
+
+
+def size_of(batch: Any) -> int:
+    """The batch's size: dim 0 of its tensors (one error where they disagree)."""
+    sizes: set[int] = set()
+    map_tensors(batch, lambda t: sizes.add(t.shape[0]) or t)
+    if len(sizes) != 1:
+        raise ValueError(f"AutoBatchSize: the batch's tensors must share dim 0 (the batch); got sizes {sorted(sizes)}")
+    return sizes.pop()
