@@ -83,11 +83,14 @@ def fit_batch_size(
             raise ValueError("fit_batch_size needs trainer.train_dataset (or pass sample=)")
         sample = longest_sample(trainer.train_dataset)
     share = None if global_batch is None else global_batch // world
-    step, created = _train_step(trainer, sample, share)
+    # without a global batch, the trainer's own accumulation stays: its window is probed
+    accumulation = 1 if share is not None else max(1, int(args.gradient_accumulation_steps))
+    step, created = _train_step(trainer, sample, share, accumulation)
     # the Trainer's loop trains the answer, and it cannot replay a step that runs out of memory
     options = {"hand_loop": True, **probe_options}
-    # what the step holds beside the model (the share's inputs, a subclass's own step) moves the answer
-    options["cache_key"] = {"trainer": trainer_key(trainer), "share": share, "user": options.get("cache_key")}
+    # what the step holds beside the model (the window's inputs, a subclass's own step) moves the answer
+    options["cache_key"] = {"trainer": trainer_key(trainer), "share": share, "accumulation": accumulation,
+                            "user": options.get("cache_key")}
     try:
         result = find_max_batch(step, max_batch=max_batch, memory_limit=memory_limit, margin=margin,
                                 multiple_of=multiple_of, strategy=strategy, steps_per_trial=steps_per_trial,
@@ -95,14 +98,15 @@ def fit_batch_size(
     finally:
         if created:
             trainer.optimizer = None  # train() creates it afresh, as it would have
-    size, accumulation = result.batch_size, None
-    if global_batch is not None:
-        accumulation, size = accumulation_for(global_batch // world, size)
+    size = result.batch_size
+    if share is not None:
+        accumulation, size = accumulation_for(share, size, multiple_of=multiple_of)
         args.gradient_accumulation_steps = accumulation
     args.per_device_train_batch_size = size
     trainer._train_batch_size = args.train_batch_size  # Trainer copies it at construction
-    log.info("fit_batch_size: per_device_train_batch_size=%d%s (probe %d)", size,
-             f", gradient_accumulation_steps={accumulation}" if accumulation else "", result.batch_size)
+    log.info("fit_batch_size: per_device_train_batch_size=%d, gradient_accumulation_steps=%d: %d samples per "
+             "optimizer step over %d process(es) (probe %d)%s", size, accumulation, size * accumulation * world,
+             world, result.batch_size, "" if share is not None else "; pass global_batch= to keep a global batch")
     return result
 
 
@@ -111,32 +115,57 @@ STREAM_SAMPLES = 1000
 
 
 def longest_sample(dataset: Any) -> Mapping[str, Any]:
-    """The sample with the most tokens (the longest sequence among its fields). A dataset
-    without a length (an ``IterableDataset``, maybe endless) is read for its first
+    """The worst-case sample: each field at its longest over the training set, as a padded
+    batch can meet them. A collator pads every field to its own longest in the batch, so a
+    batch may pair one sample's long source with another's long target (seq2seq): the probe's
+    sample takes each field from wherever it is longest, measured by its padded size (a
+    multiple-choice sample's choices count as choices x their longest). Fields of the same
+    length in every sample (token ids and their attention mask) stay the same length.
+
+    A dataset without a length (an ``IterableDataset``, maybe endless) is read for its first
     :data:`STREAM_SAMPLES` samples only, with a warning: pass ``sample=`` to probe at the
-    longest one yourself."""
-    best, best_length = None, -1
+    longest one yourself, and always for a stream that cannot be read twice (the samples read
+    here would be gone when ``train()`` reads it)."""
+    best: dict[str, Any] = {}
+    sizes: dict[str, int] = {}
+    first = None
     try:
         len(dataset)
     except TypeError:
         dataset = itertools.islice(iter(dataset), STREAM_SAMPLES)
         log.warning("fit_batch_size: the training set has no length (a stream); probing at the longest of its first "
-                    "%d samples; pass sample= (your longest sample) if a later one is longer", STREAM_SAMPLES)
+                    "%d samples, which this reads; pass sample= (your longest sample) if a later one is longer, and "
+                    "always for a stream that cannot be read twice", STREAM_SAMPLES)
     for item in dataset:
-        length = max((_length(value) for value in item.values()), default=0) if isinstance(item, Mapping) else 0
-        if length > best_length:
-            best, best_length = item, length
-    if best is None:
+        if not isinstance(item, Mapping):
+            return item  # not a record of fields: the first sample stands for all
+        first = item if first is None else first
+        for key, value in item.items():
+            size = _padded_size(value)
+            if size > sizes.get(key, -1):
+                best[key], sizes[key] = value, size
+    if first is None:
         raise ValueError("fit_batch_size: the training set is empty")
-    return best
+    return type(first)(best) if type(first) is not dict and _rebuildable(first) else dict(best)
 
 
-def _length(value: Any) -> int:
+def _padded_size(value: Any) -> int:
+    """The elements ``value`` takes once padded: a sequence's length, a nested sequence's
+    outer length times its longest inner one, a tensor's element count; 0 for a scalar."""
     if isinstance(value, torch.Tensor):
-        return int(value.shape[0]) if value.dim() else 0
-    if isinstance(value, Sequence) and not isinstance(value, str):
-        return len(value)
+        return int(value.numel()) if value.dim() else 0
+    if isinstance(value, Sequence) and not isinstance(value, (str, bytes)):
+        inner = [_padded_size(v) for v in value if isinstance(v, (Sequence, torch.Tensor)) and not isinstance(v, (str, bytes))]
+        return len(value) * max(inner) if inner else len(value)
     return 0
+
+
+def _rebuildable(record: Mapping[str, Any]) -> bool:
+    try:
+        type(record)({})
+        return True
+    except TypeError:
+        return False
 
 
 def _shard_length(dataset: Any, world: int) -> int | None:
@@ -147,10 +176,30 @@ def _shard_length(dataset: Any, world: int) -> int | None:
         return None
 
 
-def _train_step(trainer: Any, sample: Mapping[str, Any], share: int | None) -> tuple["TrainerStep", bool]:
-    """The trainer's step as a :class:`TrainerStep`; whether its optimizer was created here."""
+def _train_step(trainer: Any, sample: Mapping[str, Any], share: int | None,
+                accumulation: int) -> tuple["TrainerStep", bool]:
+    """The trainer's step as a :class:`TrainerStep`; whether its optimizer was created here.
+    Gradient checkpointing is switched on first where ``train()`` would switch it on."""
+    _checkpointing_as_train(trainer)
     created = trainer.optimizer is None
     if created:
         trainer.create_optimizer()
     trainer.model.train()
-    return TrainerStep(trainer, sample, share), created
+    return TrainerStep(trainer, sample, share, accumulation), created
+
+
+def _checkpointing_as_train(trainer: Any) -> None:
+    """Switch activation (gradient) checkpointing on as ``train()`` will, before the probe: a
+    probe without it answered 8 where ``train()`` with it trained 14. transformers 5 names the
+    setting ``activation_checkpointing`` (``gradient_checkpointing`` before, kept as an alias)."""
+    args, model = trainer.args, trainer.model
+    if not (getattr(args, "activation_checkpointing", False) or getattr(args, "gradient_checkpointing", False)):
+        return
+    kwargs = dict(getattr(args, "activation_checkpointing_kwargs", None)
+                  or getattr(args, "gradient_checkpointing_kwargs", None) or {})
+    every, offload = kwargs.pop("every_n_layers", 1), kwargs.pop("offload", False)
+    if hasattr(model, "activation_checkpointing_enable"):
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs or None, every_n_layers=every,
+                                              offload=offload)
+    elif hasattr(model, "gradient_checkpointing_enable"):
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs or None)

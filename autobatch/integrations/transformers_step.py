@@ -28,6 +28,8 @@ accumulate (``share`` > ``B``), holding the inputs of ``max(share, 2B)`` samples
 
 from __future__ import annotations
 
+import hashlib
+import json
 import sys
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -46,15 +48,16 @@ class TrainerStep(TrainStep):
     optimizer step (None: no accumulation). A :class:`~autobatch.TrainStep`, so the probe
     restores the model, the optimizer and the accelerator's grad scaler."""
 
-    def __init__(self, trainer: Any, sample: Mapping[str, Any], share: int | None) -> None:
-        self.trainer, self.sample, self.share = trainer, sample, share
+    def __init__(self, trainer: Any, sample: Mapping[str, Any], share: int | None, accumulation: int = 1) -> None:
+        self.trainer, self.sample, self.share, self.accumulation = trainer, sample, share, accumulation
+        self.collate = _training_collator(trainer)
         max_grad_norm = getattr(trainer.args, "max_grad_norm", None)
         super().__init__(trainer.model, trainer.optimizer, self._loss, self._device_batch,
                          grad_scaler=getattr(trainer.accelerator, "scaler", None),
                          max_grad_norm=max_grad_norm if max_grad_norm and max_grad_norm > 0 else None)
 
     def _host_batch(self, size: int) -> Any:
-        return self.trainer.data_collator([self.sample] * size)
+        return self.collate([self.sample] * size)
 
     def _device_batch(self, size: int) -> Any:
         return to_device(self._host_batch(size), self.trainer.args.device)
@@ -64,11 +67,20 @@ class TrainerStep(TrainStep):
         with self.trainer.accelerator.autocast(), self.trainer.compute_loss_context_manager():
             return self.trainer.compute_loss(model, batch)
 
+    def window(self, batch_size: int) -> tuple[int, int]:
+        """``(micro-batches run, samples whose inputs are held)`` of a trial at ``batch_size``:
+        with ``share``, the window of micro-batches of at most ``batch_size`` that make it up;
+        else ``accumulation`` micro-batches of ``batch_size`` (the trainer's own setting)."""
+        if self.share is not None:
+            micro = 1 if batch_size >= self.share else 2
+            return micro, max(self.share, micro * batch_size)
+        return min(self.accumulation, 2), self.accumulation * batch_size
+
     def __call__(self, batch_size: int) -> None:
-        micro = 1 if self.share is None or batch_size >= self.share else 2
+        micro, held_samples = self.window(batch_size)
         self.optimizer.zero_grad(set_to_none=True)
         batches = [self._device_batch(batch_size) for _ in range(micro)]
-        rest = (self.share or 0) - micro * batch_size  # the window's other micro-batches, fetched too
+        rest = held_samples - micro * batch_size  # the window's other micro-batches, fetched too
         held = self._device_batch(rest) if rest > 0 else None
         ahead = self._host_batch(batch_size)  # the loader's look-ahead
         with prepared_forward(self.trainer), _accumulating(self.trainer, micro):
@@ -77,6 +89,17 @@ class TrainerStep(TrainStep):
         self.optimizer_step()
         self.optimizer.zero_grad(set_to_none=True)
         del batches, held, ahead
+
+
+def _training_collator(trainer: Any) -> Any:
+    """The collator ``train()`` batches with: the data collator behind the ``Trainer``'s removal
+    of the columns the model's forward does not take (``remove_unused_columns``, the default),
+    which a raw collator chokes on (a ``text`` column beside the token ids)."""
+    collator = trainer.data_collator
+    remove = getattr(trainer, "_get_collator_with_removed_columns", None)
+    if getattr(trainer.args, "remove_unused_columns", False) and remove is not None:
+        return remove(collator, description="training")
+    return collator
 
 
 @contextmanager
@@ -118,16 +141,22 @@ def prepared_forward(trainer: Any) -> Iterator[None]:
             model.forward = own
 
 
-def trainer_key(trainer: Any) -> dict[str, Any]:
-    """What of ``trainer`` the probe cache keys on beside the model: its own class's code (a
-    subclass's ``compute_loss`` or ``training_step``; ``Trainer``'s by the transformers
-    version), the mixed precision and the clipping."""
+def trainer_key(trainer: Any) -> str:
+    """What of ``trainer`` the probe cache keys on beside the model, as one digest: its own
+    class's code (a subclass's ``compute_loss`` or ``training_step``; ``Trainer``'s by the
+    transformers version), the mixed precision, the clipping, gradient checkpointing and the
+    column removal."""
     own = []
     for cls in type(trainer).__mro__:
         if cls.__module__.split(".")[0] == "transformers":
             break
         own.append([cls.__qualname__, own_code(cls)])
     transformers = sys.modules.get("transformers")
-    return {"classes": own, "transformers": getattr(transformers, "__version__", None),
-            "mixed_precision": str(getattr(trainer.accelerator, "mixed_precision", None)),
-            "max_grad_norm": getattr(trainer.args, "max_grad_norm", None)}
+    args = trainer.args
+    parts = {"classes": own, "transformers": getattr(transformers, "__version__", None),
+             "mixed_precision": str(getattr(trainer.accelerator, "mixed_precision", None)),
+             "max_grad_norm": getattr(args, "max_grad_norm", None),
+             "gradient_checkpointing": [getattr(args, "gradient_checkpointing", False),
+                                        repr(getattr(args, "gradient_checkpointing_kwargs", None))],
+             "remove_unused_columns": getattr(args, "remove_unused_columns", None)}
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=repr).encode()).hexdigest()

@@ -48,6 +48,8 @@ def _hash_code(code: Any, digest: "hashlib._Hash") -> None:
     for const in code.co_consts:
         if hasattr(const, "co_code"):
             _hash_code(const, digest)
+        elif isinstance(const, frozenset):  # `x in {"a", "b"}`: its repr's order follows the hash seed
+            digest.update(repr(sorted(map(repr, const))).encode())
         else:
             digest.update(repr(const).encode())
 

@@ -197,3 +197,98 @@ def test_under_native_mixed_precision_the_probe_runs_the_forward_accelerate_prep
         fit_batch_size(trainer, strategy="binary", cache=False)
     assert seen and set(seen) == {torch.float32}
     assert "forward" not in vars(trainer.model)
+
+
+def test_the_worst_case_sample_takes_each_field_at_its_longest():
+    """A collator pads each field to its own longest in the batch, so a seq2seq batch may pair
+    one sample's long source with another's long target; a multiple-choice sample's size is its
+    choices times its longest choice, not the number of choices."""
+    seq2seq = [{"input_ids": [1] * 120, "attention_mask": [1] * 120, "labels": [2] * 8},
+               {"input_ids": [1] * 8, "attention_mask": [1] * 8, "labels": [2] * 110}]
+    worst = longest_sample(seq2seq)
+    assert (len(worst["input_ids"]), len(worst["attention_mask"]), len(worst["labels"])) == (120, 120, 110)
+    choices = [{"input_ids": [[1] * 16] * 4, "label": 0}, {"input_ids": [[1] * 16] * 3 + [[1] * 128], "label": 1}]
+    assert max(len(c) for c in longest_sample(choices)["input_ids"]) == 128
+
+
+def lm_trainer(tmp_path, budget_model=True, **args):
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(vocab_size=2048, n_positions=64, n_embd=96, n_layer=2, n_head=2)
+    data = [{"input_ids": [(i * 7 + j) % 2048 for j in range(32)]} for i in range(512)]
+    arguments = transformers.TrainingArguments(
+        output_dir=str(tmp_path), max_steps=3, use_cpu=True, report_to=[], save_strategy="no",
+        logging_strategy="no", disable_tqdm=True, **{"per_device_train_batch_size": 64, **args})
+    return transformers.Trainer(model=transformers.GPT2LMHeadModel(config), args=arguments, train_dataset=data,
+                                data_collator=PadCollator())
+
+
+def test_the_trainers_own_accumulation_is_probed_where_no_global_batch_is_asked_for(tmp_path):
+    """``gradient_accumulation_steps`` already set, no ``global_batch``: the probe holds that
+    window (the earlier micro-batches' gradients and inputs), so train() runs at the answer; a
+    one-micro-batch probe answered 5 and train() at 5 x 4 ran out of memory."""
+    with simulated_memory("12MiB"):
+        trainer = lm_trainer(tmp_path, gradient_accumulation_steps=4)
+        fit_batch_size(trainer, cache=False)
+        trainer.train()  # an OOM here fails the test
+    assert trainer.args.gradient_accumulation_steps == 4 and trainer.state.global_step == 3
+
+
+def test_the_probe_switches_on_the_checkpointing_train_will(tmp_path):
+    """With gradient checkpointing in the arguments, train() checkpoints: the probe does too
+    (without it the answer was 8 where train() trained 14)."""
+    with simulated_memory("12MiB"):
+        plain = fit_batch_size(lm_trainer(tmp_path), cache=False).batch_size
+        trainer = lm_trainer(tmp_path, gradient_checkpointing=True)
+        checkpointed = fit_batch_size(trainer, cache=False).batch_size
+        trainer.train()
+    assert checkpointed > plain and trainer.model.is_gradient_checkpointing
+
+
+def test_columns_the_model_does_not_take_are_removed_as_train_removes_them(tmp_path):
+    """``remove_unused_columns`` (the default): the Trainer's collator drops a ``text`` column
+    before collating; the probe's batches are built the same way, not by the raw collator."""
+    def collate(samples):
+        assert "text" not in samples[0], "the probe collated a column the model does not take"
+        return PadCollator()(samples)
+
+    torch.manual_seed(0)
+    data = [{"input_ids": [(i * 7 + j) % 64 for j in range(n)], "text": "raw"} for i, n in enumerate(LENGTHS)]
+    trainer = make_trainer(tmp_path, collate)
+    trainer.train_dataset = data
+    with simulated_memory(BUDGET):
+        fit_batch_size(trainer, strategy="binary", cache=False)
+        trainer.train()
+
+
+def test_the_micro_batch_stays_a_multiple_with_a_global_batch(tmp_path):
+    """``multiple_of`` holds for the size set, not just the probe's answer (40 = 8 x 5, not 10 x 4)."""
+    with simulated_memory("1GiB"):
+        trainer = make_trainer(tmp_path, PadCollator())
+        fit_batch_size(trainer, global_batch=40, multiple_of=8, max_batch=16, strategy="binary", cache=False)
+    assert trainer.args.per_device_train_batch_size % 8 == 0
+    assert trainer.args.per_device_train_batch_size * trainer.args.gradient_accumulation_steps == 40
+
+
+def test_an_edited_trainer_subclass_misses_the_cache(tmp_path):
+    """The cache key holds the subclass's own code whole: a ``compute_loss`` edited in a notebook
+    (two forwards, R-Drop) is probed again, not answered from the old entry."""
+    from autobatch.integrations.transformers_step import trainer_key
+
+    def subclass(passes):
+        class MyTrainer(transformers.Trainer):
+            def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+                total = 0
+                for _ in range(passes):
+                    total = total + super().compute_loss(model, inputs, num_items_in_batch=num_items_in_batch)
+                return total / passes
+        return MyTrainer
+
+    cached = []
+    for passes in (1, 2, 1):
+        base = make_trainer(tmp_path, PadCollator())
+        trainer = subclass(passes)(model=base.model, args=base.args, train_dataset=base.train_dataset,
+                                   data_collator=base.data_collator)
+        with simulated_memory(BUDGET):
+            cached.append(fit_batch_size(trainer, strategy="binary", cache=tmp_path / "cache").cached)
+    assert cached == [False, False, True]
+    assert isinstance(trainer_key(trainer), str)  # one digest: the key's depth limit cannot cut it
