@@ -19,7 +19,7 @@ from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.trainer import call
 from lightning.pytorch.utilities.combined_loader import CombinedLoader
 
-from ..planning.accumulation import take_samples
+from ..planning.samples import cycle_samples
 from ..training.batch_ops import map_tensors
 
 __all__ = ["LightningStep", "first_batch", "size_of"]
@@ -59,9 +59,9 @@ class LightningStep:
 
     def __call__(self, batch_size: int) -> None:
         self.restore()
-        index = torch.arange(batch_size) % self.available
-        # tensors and per-sample lists (label names, raw text a training_step tokenizes) alike
-        batch, *ahead = [take_samples(self.first, index, self.available) for _ in range(1 + self.prefetch)]
+        # tensors and per-sample lists (label names, raw text a training_step tokenizes) alike;
+        # cut, not indexed, so an estimate's fake tensors can build it too
+        batch, *ahead = [cycle_samples(self.first, batch_size, self.available) for _ in range(1 + self.prefetch)]
         # ``ahead``: Lightning's fetcher loads the next batch while this one runs when the train
         # dataloader has no length (an iterable dataset; with a length it prefetches nothing):
         # host memory on an accelerator, the same memory on the CPU

@@ -20,19 +20,23 @@ accumulated gradient is then the gradient of the mean over the whole global batc
 from __future__ import annotations
 
 import math
+import numbers
 from contextlib import nullcontext
 from typing import Any, Callable, ContextManager, Iterable, Iterator, Mapping
 
 import torch
 
 from ..probe.train_step import TrainStep
+from .samples import cycle_samples, map_samples, take_samples  # here too: where callers have found them
 
 __all__ = [
     "batch_size_of",
+    "check_global_batch",
     "micro_batch_sizes",
     "split_batch",
     "map_samples",
     "take_samples",
+    "cycle_samples",
     "accumulate_gradients",
     "accumulate_micro_batches",
     "accumulate_loss_sum",
@@ -54,6 +58,21 @@ def batch_size_of(batch: Any) -> int:
     if len(sizes) > 1:
         raise ValueError(f"batch tensors disagree on dim 0 (the batch dimension): sizes {sorted(sizes)}")
     return sizes.pop()
+
+
+def check_global_batch(global_batch: Any, *, given: int | None = None, integer: bool = False) -> None:
+    """``ValueError`` unless ``global_batch`` is a positive integer (a float too, unless
+    ``integer``: FSDP weights by the mean share per rank) and at least the ``given`` samples.
+    Every micro-batch's loss is weighted by ``size / global_batch``: 0 divided by zero, a
+    negative one flipped the gradient and the optimizer climbed the loss, a smaller one
+    scaled the gradient up, all silently."""
+    kinds = numbers.Integral if integer else (numbers.Integral, float)
+    if isinstance(global_batch, bool) or not isinstance(global_batch, kinds) or not 0 < global_batch < math.inf:
+        raise ValueError("global_batch must be a positive integer (the samples of one optimizer step), "
+                         f"got {global_batch!r}")
+    if given is not None and global_batch < given:
+        raise ValueError(f"global_batch={global_batch} is smaller than the {given} samples given: pass the whole "
+                         f"global batch (at least {given}), or leave it out for the batch's size")
 
 
 def micro_batch_sizes(global_batch: int, micro_batch: int, *, balanced: bool = False) -> list[int]:
@@ -144,12 +163,18 @@ def accumulate_loss_sum(
     """:func:`accumulate_micro_batches` without its device synchronisation: returns the sum
     of each micro-batch's mean loss times its size (a 0-dim tensor on the loss's device,
     still being computed) and the number of samples. The data-parallel step reads it after
-    it has queued the optimizer step, so the device never idles waiting for the host."""
+    it has queued the optimizer step, so the device never idles waiting for the host.
+    ``global_batch`` (:func:`check_global_batch`): an integer is checked against the samples
+    given; a float (FSDP's mean share per rank) only weights."""
+    check_global_batch(global_batch)
     autocast = autocast or nullcontext
     total = None
     seen = 0
     for micro, last in _with_last(micro_batches):
         size = batch_size_of(micro)
+        if isinstance(global_batch, numbers.Integral) and seen + size > global_batch:
+            raise ValueError(f"global_batch={global_batch} is smaller than the samples given (at least {seen + size}; "
+                             "the gradients of the micro-batches before stay accumulated): pass the whole global batch")
         sync = nullcontext() if last or no_sync is None else no_sync()
         with sync:
             if on_phase is not None:
@@ -202,6 +227,8 @@ def accumulate_gradients(
     ``no_sync`` and ``on_phase``. Returns the mean loss as a float.
     """
     size = batch_size_of(batch)
+    if global_batch is not None:
+        check_global_batch(global_batch, given=size, integer=True)
     return accumulate_micro_batches(
         model,
         loss_fn,
@@ -232,6 +259,7 @@ def accumulated_step(
     tensor still being computed (no device synchronisation: the host can queue the next
     step while the device finishes this one; ``float()`` it when the value is needed).
     """
+    check_global_batch(global_batch, integer=True)
     step.optimizer.zero_grad(set_to_none=True)
     loss = (accumulate_loss_sum if lazy else accumulate_micro_batches)(
         step.model,
@@ -301,37 +329,6 @@ def _tensor_leaves(batch: Any) -> Iterator[torch.Tensor]:
     elif isinstance(batch, (tuple, list)):
         for value in batch:
             yield from _tensor_leaves(value)
-
-
-def take_samples(batch: Any, index: torch.Tensor, total: int) -> Any:
-    """The samples ``index`` of ``batch`` (of ``total`` samples): tensors and per-sample lists
-    alike (:func:`map_samples`); a planner's or a probe's batch of any size built from one."""
-    picks = index.tolist()
-    return map_samples(batch, lambda t: t.index_select(0, index.to(t.device)),
-                       lambda values: type(values)(values[i] for i in picks), total)
-
-
-def map_samples(batch: Any, tensors: Callable[[torch.Tensor], torch.Tensor], values: Callable[[Any], Any],
-                total: int) -> Any:
-    """``batch`` (of ``total`` samples) with ``tensors`` applied to each tensor with a batch
-    dimension and ``values`` to each list or tuple of per-sample values (as long as the batch,
-    holding no tensor, mapping, list or tuple: label names, file names, raw text), keeping its
-    structure; other leaves and 0-dim tensors are kept as they are."""
-    if isinstance(batch, torch.Tensor):
-        return tensors(batch) if batch.dim() > 0 else batch
-    if isinstance(batch, Mapping):
-        items = {key: map_samples(value, tensors, values, total) for key, value in batch.items()}
-        try:
-            return type(batch)(items)
-        except TypeError:  # a mapping type that cannot be built from a dict (defaultdict)
-            return items
-    if isinstance(batch, tuple) and hasattr(batch, "_fields"):  # named tuple
-        return type(batch)(*(map_samples(value, tensors, values, total) for value in batch))
-    if isinstance(batch, (tuple, list)):
-        if batch and len(batch) == total and not any(isinstance(v, (torch.Tensor, Mapping, list, tuple)) for v in batch):
-            return values(batch)  # one value per sample
-        return type(batch)(map_samples(value, tensors, values, total) for value in batch)
-    return batch
 
 
 def _offsets(sizes: list[int]) -> list[int]:

@@ -13,22 +13,36 @@ subclass too.
 Which blocks. With ``targets=None``: in every ``nn.Sequential`` and ``nn.ModuleList``, the
 children that have parameters and whose class occurs at least twice among that container's
 children (the transformer layers of a ``ModuleList``, the blocks of a ``Sequential``); the
-search does not descend into a block it wraps, so blocks are never nested. With ``targets``
-(class names such as ``"GPTBlock"``, or classes): every module of those classes, outermost
-ones only.
+search does not descend into a block it wraps, so blocks are never nested. A single layer of
+``torch.nn`` (a ``Linear``, ``Conv2d`` or ``BatchNorm2d`` with no children; recurrent layers
+excepted) is not a block: it saves its input for backward, which is just what a checkpoint
+keeps, so wrapping it saves nothing and costs a recompute (a flat VGG-style ``Sequential``
+wrapped each ``Conv2d`` and ``BatchNorm2d`` alone). Consecutive layers are not grouped: a
+wrapped block is a module the plan names. With ``targets`` (class names such as
+``"GPTBlock"``, or classes): every module of those classes, outermost ones only.
 
-How. The block's ``forward`` is replaced *on the instance* by one that calls the class's
-forward through ``torch.utils.checkpoint.checkpoint(..., use_reentrant=False)`` (only while
-gradients are enabled). Nothing else changes: the module objects, their parameters and the
-``state_dict`` keys stay the same, so optimizers and checkpoints keep working, and
-:meth:`CheckpointHandle.undo` simply removes the instance attribute. A ``copy.deepcopy`` of a
-wrapped model is wrapped too (the bound method is rebound to the copy).
+How. The block's ``forward`` is replaced *on the instance* by a :class:`_CheckpointedForward`
+that calls the class's forward through ``torch.utils.checkpoint.checkpoint(...,
+use_reentrant=False)`` (only while gradients are enabled). Nothing else changes: the module
+objects, their parameters and the ``state_dict`` keys stay the same, so optimizers and
+checkpoints keep working, and :meth:`CheckpointHandle.undo` simply removes the instance
+attribute. A ``copy.deepcopy`` of a wrapped model is wrapped too, and so is one that
+``pickle`` (``torch.save(model)``) wrote and read: the installed forward is an object of a
+module-level class holding its block, not a bound method pickle cannot find.
+
+The recompute. Backward runs the block's forward a second time. Modules with running
+statistics (``track_running_stats``: BatchNorm, InstanceNorm) would update them twice per
+micro-batch, so their buffers are saved before the recompute and put back after it (in
+training mode their output uses the batch's statistics, so the recompute's activations are
+the same). Anything else a block's forward does runs twice: a Python counter counts twice, a
+buffer of the user's own that forward updates is updated twice.
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import logging
-import types
 from collections import Counter
 from typing import Any, Iterable
 
@@ -43,22 +57,82 @@ __all__ = ["CheckpointHandle", "enable_checkpointing", "find_blocks", "is_checkp
 log = logging.getLogger("autobatch")
 
 
-def _checkpointed_forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
-    """The forward installed on a wrapped block (bound to it with ``types.MethodType``)."""
-    forward = type(self).forward.__get__(self)
-    if not torch.is_grad_enabled():
-        return forward(*args, **kwargs)
-    return checkpoint(forward, *args, use_reentrant=False, **kwargs)
+class _CheckpointedForward:
+    """The forward installed on a wrapped block: the class's forward through a non-reentrant
+    checkpoint whose recompute leaves running statistics alone (:class:`_RunningStatsKept`).
+
+    An object of a module-level class that holds its block (a bound method of a function
+    pickled as ``getattr(block, "_checkpointed_forward")``, which fails), so a wrapped model
+    can be pickled; a deepcopy or an unpickled copy holds, and calls, its own block."""
+
+    def __init__(self, module: nn.Module) -> None:
+        self.module = module
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        module = self.module
+        forward = type(module).forward.__get__(module)
+        if not torch.is_grad_enabled():
+            return forward(*args, **kwargs)
+        if torch.compiler.is_compiling() or not _running_stats_owners(module):
+            # compiled, the partitioner recomputes and buffer updates are applied once, from the
+            # graph's outputs; a custom context_fn would take torch's selective-checkpoint path
+            return checkpoint(forward, *args, use_reentrant=False, **kwargs)
+        contexts = functools.partial(_recompute_contexts, module)
+        return checkpoint(forward, *args, use_reentrant=False, context_fn=contexts, **kwargs)
+
+    def __repr__(self) -> str:
+        return f"<checkpointed forward of {type(self.module).__name__}>"
+
+
+def _running_stats_owners(module: nn.Module) -> list[nn.Module]:
+    """The modules of ``module`` that update running statistics in their forward now."""
+    return [owner for owner in module.modules() if owner.training and getattr(owner, "track_running_stats", False) is True]
+
+
+def _recompute_contexts(module: nn.Module) -> tuple[contextlib.AbstractContextManager, "_RunningStatsKept"]:
+    """``checkpoint``'s ``context_fn``: nothing around the forward, running statistics kept
+    around the recompute."""
+    return contextlib.nullcontext(), _RunningStatsKept(module)
+
+
+class _RunningStatsKept:
+    """Around a block's recompute: the buffers of its modules that track running statistics
+    (``track_running_stats`` and training: BatchNorm's ``running_mean``, ``running_var`` and
+    ``num_batches_tracked``) are saved on entry and written back on exit, so each micro-batch
+    updates them once (in the forward), as without checkpointing. Their owners in training
+    mode normalise with the batch's statistics, so the recomputed activations are the same."""
+
+    def __init__(self, module: nn.Module) -> None:
+        self.module = module
+        self.saved: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+    def __enter__(self) -> "_RunningStatsKept":
+        self.saved = [(b, b.clone()) for owner in _running_stats_owners(self.module) for b in owner.buffers(recurse=False)]
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        # also when the recompute stops early (non-reentrant checkpoint raises to stop it)
+        with torch.no_grad():
+            for buffer, value in self.saved:
+                buffer.copy_(value)
+        self.saved = []
 
 
 def is_checkpointed(module: nn.Module) -> bool:
     """Whether ``module``'s forward is autobatch's checkpointed forward."""
-    installed = module.__dict__.get("forward")
-    return getattr(installed, "__func__", None) is _checkpointed_forward
+    return isinstance(module.__dict__.get("forward"), _CheckpointedForward)
 
 
 def _has_parameters(module: nn.Module) -> bool:
     return any(True for _ in module.parameters())
+
+
+def _block(module: nn.Module) -> bool:
+    """Whether the automatic rule may wrap ``module``: it has parameters and is not a single
+    layer of ``torch.nn`` (which saves only its input, what the checkpoint keeps anyway; a
+    recurrent layer saves much more, and is a block)."""
+    single = not any(True for _ in module.children()) and type(module).__module__.startswith("torch.nn.")
+    return _has_parameters(module) and (not single or isinstance(module, nn.RNNBase))
 
 
 def _matches(module: nn.Module, targets: tuple[Any, ...]) -> bool:
@@ -88,10 +162,10 @@ def find_blocks(model: nn.Module, targets: Iterable[str | type] | None = None) -
         children = list(module.named_children())
         repeated: Counter = Counter()
         if wanted is None and isinstance(module, (nn.Sequential, nn.ModuleList)):
-            repeated = Counter(type(child) for _, child in children if _has_parameters(child))
+            repeated = Counter(type(child) for _, child in children if _block(child))
         for name, child in children:
             qualified = f"{prefix}.{name}" if prefix else name
-            if repeated[type(child)] >= 2 and _has_parameters(child):
+            if repeated[type(child)] >= 2 and _block(child):
                 found.append(qualified)
             else:
                 visit(child, qualified)
@@ -165,7 +239,7 @@ def enable_checkpointing(
             if not is_checkpointed(module):
                 log.warning("not checkpointing %s: its forward is already replaced on the instance", name or "<model>")
             continue
-        module.forward = types.MethodType(_checkpointed_forward, module)
+        module.forward = _CheckpointedForward(module)
         wrapped.append(name)
     log.info("activation checkpointing enabled on %d modules", len(wrapped))
     return CheckpointHandle(model, wrapped)

@@ -23,6 +23,8 @@ Objectives:
   ``retime_rounds`` interleaved rounds, and the pooled median picks the winner (the fastest
   step of one short pass can be a lucky one, and drift can favour whoever ran at a good time).
 
+With ``multiple_of`` > 1 every micro-batch is a multiple of it; a global batch that is not
+one cannot be split so, and runs in one step (the probes try it alone) or is a ``ValueError``.
 When the plan uses checkpointing the model *stays wrapped* (``Plan.checkpointing`` says so;
 ``Plan.undo()`` unwraps it); otherwise the model is left as it was given.
 """
@@ -104,13 +106,14 @@ def plan(
             ``max_batch`` caps the micro-batch (default ``global_batch``).
 
     Raises:
-        ValueError: a bad argument.
+        ValueError: a bad argument, or a global batch not a multiple of ``multiple_of`` that
+            does not fit in one step.
         NoBatchFitsError: batch 1 does not fit even with checkpointing (or checkpointing is
             not allowed, or found nothing to wrap); the message gives both attempts' figures.
         GlobalBatchTooLargeError: the global batch does not fit in one step and accumulation
             is not allowed.
     """
-    _validate(step, global_batch, objective, probe_kwargs)
+    _validate(step, global_batch, objective, probe_kwargs, min_micro_batch)
     _check_one_step_cap(global_batch, probe_kwargs.get("max_batch"), allow_accumulation)
     if checkpoint_targets is not None:
         find_blocks(step.model, checkpoint_targets)  # targets that match nothing: a ValueError now, not a wrong plan
@@ -122,13 +125,16 @@ def plan(
     multiple_of = probe_kwargs.get("multiple_of", 1)
     if balanced and isinstance(multiple_of, int) and multiple_of > 1:
         balanced = False  # balanced sizes would not be multiples; full chunks and a smaller last one
+    ragged = isinstance(multiple_of, int) and multiple_of > 1 and global_batch % multiple_of != 0
     planner = _Planner(step, global_batch, cap, checkpoint_targets, probe_kwargs)
     # blocks a plan (or anyone with enable_checkpointing) left wrapped: plan from the plain model,
     # and leave them as given unless the new plan wraps the model itself
     given = [name for name, module in step.model.named_modules() if is_checkpointed(module)]
     CheckpointHandle(step.model, given).undo()
     try:
-        if objective == "max_batch":
+        if ragged:  # its micro-batches cannot all be multiples: one step, or no plan
+            result = planner.one_step(allow_checkpointing, objective)
+        elif objective == "max_batch":
             result = planner.largest(allow_accumulation, allow_checkpointing, balanced)
         else:
             result = planner.fastest(
@@ -146,7 +152,7 @@ def plan(
     return result
 
 
-def _validate(step, global_batch, objective, probe_kwargs) -> None:
+def _validate(step, global_batch, objective, probe_kwargs, min_micro_batch=None) -> None:
     missing = [name for name in ("model", "optimizer", "loss_fn", "make_batch") if not hasattr(step, name)]
     if missing:
         raise TypeError(f"step must be an autobatch.TrainStep (it lacks {', '.join(missing)}), got {step!r}")
@@ -155,11 +161,24 @@ def _validate(step, global_batch, objective, probe_kwargs) -> None:
     if objective not in OBJECTIVES:
         raise ValueError(f"objective must be one of {', '.join(OBJECTIVES)}; got {objective!r}")
     max_batch, multiple_of = probe_kwargs.get("max_batch"), probe_kwargs.get("multiple_of", 1)
-    if not isinstance(max_batch, (int, type(None))) or isinstance(max_batch, bool):
+    if not isinstance(max_batch, (int, type(None))) or isinstance(max_batch, bool) or (max_batch is not None and max_batch < 1):
         raise ValueError(f"max_batch must be a positive integer or None, got {max_batch!r}")
+    if min_micro_batch is not None and (type(min_micro_batch) is not int or min_micro_batch < 1):
+        raise ValueError(f"min_micro_batch must be a positive integer or None (throughput: the smallest micro-batch "
+                         f"timed), got {min_micro_batch!r}")
     if isinstance(multiple_of, int) and not isinstance(multiple_of, bool) and multiple_of > global_batch:
         raise ValueError(f"global_batch={global_batch} is smaller than multiple_of={multiple_of}: no micro-batch of it "
                          "is a multiple; lower multiple_of or raise global_batch")
+    if isinstance(multiple_of, int) and multiple_of > 1 and global_batch % multiple_of and (max_batch or global_batch) < global_batch:
+        raise ValueError(_ragged_message(global_batch, multiple_of, f"max_batch={max_batch} keeps it from one step"))
+
+
+def _ragged_message(global_batch: int, multiple_of: int, why: str) -> str:
+    """The error for a global batch that is not a multiple of ``multiple_of`` and cannot run in one step."""
+    below = global_batch // multiple_of * multiple_of
+    return (f"global_batch={global_batch} is not a multiple of multiple_of={multiple_of}, so its micro-batches cannot "
+            f"all be multiples, and {why}; use a global_batch that is a multiple of {multiple_of} "
+            f"({below} or {below + multiple_of}), or a multiple_of that divides {global_batch}")
 
 
 def _check_one_step_cap(global_batch: int, max_batch: int | None, allow_accumulation: bool) -> None:
@@ -183,13 +202,20 @@ class _Planner(ThroughputObjective):
         self.handle: CheckpointHandle | None = None
 
     # -- probing --------------------------------------------------------------------------
-    def probe(self, checkpointing: bool, *, accumulating: int | None = None) -> tuple[ProbeResult | None, NoBatchFitsError | None]:
+    def probe(self, checkpointing: bool, *, accumulating: int | None = None,
+              only: int | None = None) -> tuple[ProbeResult | None, NoBatchFitsError | None]:
         """Probe the largest batch up to the cap in the model's current wrapping; with
         ``accumulating`` (a one-step answer), the largest micro-batch of an accumulated step
-        up to it (:class:`~autobatch.planning.accumulation.AccumulatingStep`)."""
+        up to it (:class:`~autobatch.planning.accumulation.AccumulatingStep`); with ``only``,
+        that size alone (in units of itself: the search tries nothing else), in at least two
+        steps: its trial is also the first, whose first step creates the optimizer's state."""
         step = self.step if accumulating is None else AccumulatingStep(self.step)
+        options = self.probe_kwargs
+        if only is not None:
+            steps = max(2, options.get("steps_per_trial", 3))
+            options = {**options, "multiple_of": only, "start": only, "steps_per_trial": steps}
         try:
-            result = find_max_batch(step, max_batch=accumulating or self.cap, **self.probe_kwargs)
+            result = find_max_batch(step, max_batch=only or accumulating or self.cap, **options)
         except NoBatchFitsError as exc:
             error = exc
         else:
@@ -218,8 +244,8 @@ class _Planner(ThroughputObjective):
             self.handle = enable_checkpointing(self.step.model, self.targets)
         if not self.handle.modules:
             self.notes.append(
-                "activation checkpointing found no repeated blocks to wrap (no nn.Sequential / "
-                "nn.ModuleList with repeated children); name the block classes in checkpoint_targets"
+                "activation checkpointing found no repeated blocks to wrap (no nn.Sequential / nn.ModuleList with "
+                "repeated children; a single torch.nn layer is no block); name the block classes in checkpoint_targets"
             )
             return False
         return True
@@ -228,10 +254,10 @@ class _Planner(ThroughputObjective):
         if self.handle is not None:
             self.handle.undo()
 
-    def probe_checkpointed(self, *, accumulating: int | None = None) -> tuple[ProbeResult | None, NoBatchFitsError | None]:
+    def probe_checkpointed(self, *, accumulating: int | None = None, only: int | None = None) -> tuple[ProbeResult | None, NoBatchFitsError | None]:
         if not self.wrap():
             return None, None
-        result, error = self.probe(True, accumulating=accumulating)
+        result, error = self.probe(True, accumulating=accumulating, only=only)
         self.unwrap()
         return result, error
 
@@ -290,6 +316,27 @@ class _Planner(ThroughputObjective):
         )
         error.attempts = self.probes
         return error
+
+    def one_step(self, allow_checkpointing: bool, objective: str) -> Plan:
+        """A global batch that is not a multiple of ``multiple_of``: split, its micro-batches
+        could not all be multiples (100 by 8 gave 96 + 4, and 65 gave 64 + 1, which BatchNorm
+        cannot train), so it runs in one step, plainly or with checkpointing, or there is no
+        plan. The probes try the global batch itself, the only size that matters."""
+        size, multiple_of = self.global_batch, self.probe_kwargs["multiple_of"]
+        self.notes.append(f"global_batch={size} is not a multiple of multiple_of={multiple_of}: it is not split, "
+                          "and the probes tried it alone, in one step")
+        plain, plain_error = self.probe(False, only=size)
+        if plain is not None:
+            return self.build(size, False, objective, "the global batch fits in one step", False)
+        ckpt = self.probe_checkpointed(only=size)[0] if allow_checkpointing else None
+        if ckpt is not None:
+            why = "the global batch fits in one step only with activation checkpointing"
+            return self.build(size, True, objective, why, False)
+        wrapped = allow_checkpointing and self.handle is not None and self.handle.modules
+        tried = " even with activation checkpointing" if wrapped else ""
+        peak = f" (plainly it peaked at {format_bytes(plain_error.peak_bytes)})" if plain_error.peak_bytes else ""
+        why = f"it does not fit in one step{tried}{peak}"
+        raise ValueError(_ragged_message(size, multiple_of, why))
 
     # -- objective: max_batch -------------------------------------------------------------------
     def largest(self, allow_accumulation: bool, allow_checkpointing: bool, balanced: bool) -> Plan:

@@ -12,9 +12,7 @@ import itertools
 import logging
 from typing import Any, Iterator
 
-import torch
-
-from ..planning.accumulation import batch_size_of, take_samples
+from ..planning.accumulation import batch_size_of, cycle_samples
 from ..probe.train_step import TrainStep
 from .batch_ops import to_device
 from .checkpoint_io import rng_state, set_rng_state
@@ -58,7 +56,9 @@ class PlansFromData:
         available = batch_size_of(first)
 
         def make_batch(size: int) -> Any:
-            return to_device(take_samples(first, torch.arange(size) % available, available), self.device)
+            # sample i is sample i % available, cut and concatenated: the estimate traces this
+            # under fake tensors, which cannot read an index tensor back (take_samples does)
+            return to_device(cycle_samples(first, size, available), self.device)
 
         scaler = self._train_step.grad_scaler
         if scaler is not None:  # the trials step a scaler of their own: the run's keeps its state

@@ -185,3 +185,62 @@ def test_per_sample_lists_of_plain_values_are_split_with_the_tensors():
     assert [p["name"] for p in parts] == [["a", "b"], ["c", "d"], ["e"]]
     assert [p["ids"] for p in parts] == [(1, 2), (3, 4), (5,)]
     assert all(p["shape"] == [224, 224] for p in parts)  # not one value per sample: shared
+
+
+def test_global_batch_is_checked_before_it_weights_the_losses():
+    """0 divided by zero; a negative global batch flipped the gradient (the optimizer climbed
+    the loss); one smaller than the samples given scaled the gradient up, all without a word."""
+    model = make_model()
+    batch = (torch.randn(8, 6, dtype=torch.float64), torch.randn(8, 3, dtype=torch.float64))
+    step = TrainStep(model, torch.optim.SGD(model.parameters(), lr=0.1), tuple_loss, None)
+    before = [p.detach().clone() for p in model.parameters()]
+    for bad in (0, -8, 2.5, True, "8"):
+        with pytest.raises(ValueError, match=r"global_batch must be a positive integer .*got"):
+            accumulate_gradients(model, tuple_loss, batch, 4, global_batch=bad)
+        with pytest.raises(ValueError, match=r"global_batch must be a positive integer"):
+            accumulated_step(step, split_batch(batch, 4), global_batch=bad)
+    with pytest.raises(ValueError, match=r"global_batch=4 is smaller than the 8 samples given"):
+        accumulate_gradients(model, tuple_loss, batch, 4, global_batch=4)
+    assert all(p.grad is None for p in model.parameters())  # refused before any backward
+    with pytest.raises(ValueError, match=r"global_batch=6 is smaller than the samples given \(at least 8"):
+        accumulated_step(step, split_batch(batch, 4), global_batch=6)
+    with pytest.raises(ValueError, match=r"global_batch must be a positive integer"):
+        accumulate_micro_batches(model, tuple_loss, split_batch(batch, 4), global_batch=-8.0)
+    assert all(torch.equal(p, b) for p, b in zip(model.parameters(), before))  # no step was taken
+    accumulate_micro_batches(model, tuple_loss, split_batch(batch, 4), global_batch=16.0)  # a float only weights
+
+
+def test_cycled_samples_are_the_indexed_ones_and_build_under_fake_tensors():
+    """The runner plans on its first batch: make_batch(n) took samples i % available with
+    index.tolist(), which fake tensors cannot do, so strategy="estimate" always failed and auto
+    lost its estimated first trial."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from autobatch.planning.samples import cycle_samples, take_samples
+
+    batch = {"x": torch.arange(10.0).view(5, 2), "names": [f"s{i}" for i in range(5)], "scale": torch.tensor(2.0)}
+    for size in (1, 3, 5, 7, 12):
+        cycled = cycle_samples(batch, size, 5)
+        indexed = take_samples(batch, torch.arange(size) % 5, 5)
+        assert torch.equal(cycled["x"], indexed["x"]) and cycled["names"] == indexed["names"]
+        assert cycled["scale"] is batch["scale"] and cycled["x"].data_ptr() != batch["x"].data_ptr()  # a copy
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        fake = cycle_samples(batch, 12, 5)
+        assert fake["x"].shape == (12, 2) and fake["names"] == indexed["names"]
+        assert take_samples({"x": batch["x"]}, torch.arange(7) % 5, 5)["x"].shape == (7, 2)  # tensors only: no tolist
+    with pytest.raises(ValueError, match="size must be a positive integer"):
+        cycle_samples(batch, 0, 5)
+
+
+def test_a_runner_plans_its_micro_batch_with_the_estimate_strategy():
+    import autobatch
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(32, 256), nn.ReLU(), nn.Linear(256, 10))
+    data = [(torch.randn(64, 32), torch.randint(0, 10, (64,))) for _ in range(2)]
+    runner = autobatch.Runner(model, torch.optim.AdamW(model.parameters()),
+                              lambda m, b: nn.functional.cross_entropy(m(b[0]), b[1]), global_batch=64, progress=False,
+                              grow_after=None, plan_options={"memory_limit": "1MiB", "cache": False, "strategy": "estimate"})
+    with autobatch.simulated_memory("1MiB"):
+        result = runner.fit(data, steps=2)
+    assert result.micro_batch == 64 and result.plan["probes"][0]["result"]["strategy_used"] == "estimate"

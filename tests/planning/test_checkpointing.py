@@ -126,3 +126,78 @@ def test_targets_that_match_no_module_are_one_clear_error():
         autobatch.plan(step, global_batch=4, checkpoint_targets=["Linearr"], memory_limit="1MiB")
     with pytest.raises(ValueError, match="match no module"):
         autobatch.Runner(model, step.optimizer, step.loss_fn, global_batch=4, checkpoint_targets=["Linearr"])
+
+
+class ConvBlock(nn.Module):
+    def __init__(self, channels: int = 4, momentum: float | None = 0.1) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(channels, channels, 3, padding=1)
+        self.bn = nn.BatchNorm2d(channels, momentum=momentum)
+
+    def forward(self, x):
+        return torch.relu(self.bn(self.conv(x))) + x
+
+
+def test_batchnorm_statistics_count_each_micro_batch_once_when_checkpointed():
+    """The recompute in backward ran BatchNorm's training forward again: num_batches_tracked
+    went up by 2 per forward and running_mean/var took the batch in twice."""
+    for momentum in (0.1, None):  # None: the cumulative average reads num_batches_tracked
+        torch.manual_seed(0)
+        plain = nn.Sequential(*(ConvBlock(momentum=momentum) for _ in range(3))).double()
+        wrapped = copy.deepcopy(plain)
+        assert enable_checkpointing(wrapped).modules == ["0", "1", "2"]
+        for _ in range(3):  # three micro-batches
+            x = torch.randn(2, 4, 5, 5, dtype=torch.float64)
+            out_plain, out_wrapped = plain(x), wrapped(x)
+            torch.testing.assert_close(out_wrapped, out_plain, atol=0, rtol=0)
+            out_plain.square().mean().backward()
+            out_wrapped.square().mean().backward()
+        for (name, a), b in zip(plain.named_buffers(), wrapped.buffers()):
+            torch.testing.assert_close(b, a, atol=0, rtol=0, msg=name)
+        assert wrapped[0].bn.num_batches_tracked.item() == 3
+        for a, b in zip(plain.parameters(), wrapped.parameters()):
+            torch.testing.assert_close(b.grad, a.grad, atol=1e-12, rtol=1e-12)
+
+
+def test_single_torch_layers_are_not_blocks():
+    """Checkpointing one Linear, Conv2d or BatchNorm2d keeps its input, which is what it saves: a
+    flat VGG-style Sequential had each Conv2d and BatchNorm2d wrapped alone, for nothing."""
+    vgg = nn.Sequential(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8), nn.ReLU(), nn.Conv2d(8, 8, 3), nn.BatchNorm2d(8),
+                        nn.ReLU(), nn.Flatten(), nn.LazyLinear(2))
+    assert find_blocks(vgg) == []
+    assert find_blocks(nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 4))) == []
+    assert find_blocks(vgg, targets=[nn.Conv2d]) == ["0", "3"]  # named, they are wrapped
+    assert find_blocks(nn.ModuleList([nn.GRU(4, 4), nn.GRU(4, 4)])) == ["0", "1"]  # a recurrent layer saves a lot
+
+    class Leaf(nn.Module):  # a block of the user's own without children still counts
+        def __init__(self) -> None:
+            super().__init__()
+            self.weight = nn.Parameter(torch.ones(4))
+
+        def forward(self, x):
+            return torch.tanh(x * self.weight)
+
+    assert find_blocks(nn.Sequential(Leaf(), Leaf())) == ["0", "1"]
+
+
+def test_a_checkpointed_model_pickles_and_stays_wrapped():
+    """torch.save(model) failed: the installed bound method pickled as
+    getattr(block, '_checkpointed_forward')."""
+    import io
+
+    torch.manual_seed(0)
+    model = Net().double()
+    handle = enable_checkpointing(model)
+    x = torch.randn(3, 4, dtype=torch.float64)
+    buffer = io.BytesIO()
+    torch.save(model, buffer)
+    buffer.seek(0)
+    loaded = torch.load(buffer, weights_only=False)
+    assert [name for name, m in loaded.named_modules() if is_checkpointed(m)] == handle.modules
+    assert loaded.layers[0].forward.module is loaded.layers[0]  # calls its own block
+    torch.testing.assert_close(loaded(x), model(x), atol=0, rtol=0)
+    with torch.no_grad():
+        loaded.layers[0].fc.weight.add_(1.0)
+    assert not torch.equal(loaded(x), model(x))
+    clone = copy.deepcopy(model)
+    assert clone.layers[1].forward.module is clone.layers[1] and is_checkpointed(clone.layers[1])

@@ -331,6 +331,12 @@ def test_bad_arguments():
         plan(step, global_batch=4, max_batch=3, allow_accumulation=False)
     with pytest.raises(ValueError, match="global_batch=7 is smaller than multiple_of=8"):
         plan(step, global_batch=7, multiple_of=8)
+    for value in (0, -3, 2.5):  # 0 was silently no cap
+        with pytest.raises(ValueError, match=f"max_batch must be a positive integer or None, got {value}"):
+            plan(step, global_batch=4, max_batch=value)
+    for value in (0, -7, 1.5):  # silently accepted
+        with pytest.raises(ValueError, match=f"min_micro_batch must be a positive integer or None .*got {value}"):
+            plan(step, global_batch=4, objective="throughput", min_micro_batch=value)
 
 
 def test_candidate_sizes():
@@ -343,9 +349,44 @@ def test_candidate_sizes():
 
 
 def test_multiple_of_keeps_micro_batches_multiples():
-    result = plan(make_step(deep_mlp(2)), global_batch=21, memory_limit="1MiB", steps_per_trial=1, multiple_of=4)
-    assert result.micro_batch % 4 == 0 and not result.balanced
-    assert all(size % 4 == 0 for size in result.micro_batch_sizes[:-1]) and sum(result.micro_batch_sizes) == 21
+    result = plan(make_step(deep_mlp(2)), global_batch=28, memory_limit="1MiB", steps_per_trial=1, multiple_of=4)
+    assert result.micro_batch % 4 == 0 and not result.balanced and result.accumulation_steps > 1
+    assert all(size % 4 == 0 for size in result.micro_batch_sizes) and sum(result.micro_batch_sizes) == 28
+
+
+def bn_step() -> TrainStep:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 256), nn.BatchNorm1d(256), nn.ReLU(), nn.Linear(256, 10))
+    return TrainStep(model, torch.optim.AdamW(model.parameters()),
+                     lambda m, b: nn.functional.cross_entropy(m(b[0]), b[1]),
+                     lambda n: (torch.randn(n, 64), torch.randint(0, 10, (n,))))
+
+
+@pytest.mark.parametrize("objective", ["max_batch", "throughput"])
+def test_a_global_batch_that_is_not_a_multiple_runs_in_one_step_when_it_fits(objective):
+    """100 by multiple_of=8 was planned 96 + 4 though 100 fits in one step, and 65 was 64 + 1,
+    which BatchNorm cannot train ("Expected more than 1 value per channel")."""
+    step = bn_step()
+    for global_batch in (100, 65):
+        result = plan(step, global_batch=global_batch, memory_limit="8MiB", multiple_of=8, objective=objective,
+                      steps_per_trial=1, cache=False)
+        assert result.micro_batch_sizes == [global_batch] and not result.checkpointing
+        assert result.reason == "the global batch fits in one step"
+        assert [p["result"]["batch_size"] for p in result.probes] == [global_batch]  # it alone was tried
+    with simulated_memory("8MiB"):
+        accumulated_step(step, result.split((torch.randn(65, 64), torch.randint(0, 10, (65,)))), global_batch=65)
+
+
+def test_a_global_batch_that_is_not_a_multiple_and_needs_splitting_is_refused():
+    step = bn_step()
+    words = (r"global_batch=100 is not a multiple of multiple_of=8, so its micro-batches cannot all be multiples, "
+             r"and {}.*; use a global_batch that is a multiple of 8 \(96 or 104\), or a multiple_of that divides 100")
+    with pytest.raises(ValueError, match=words.format("it does not fit in one step")):
+        plan(step, global_batch=100, memory_limit="512KiB", multiple_of=8, steps_per_trial=1, cache=False)
+    with pytest.raises(ValueError, match=words.format("max_batch=64 keeps it from one step")):
+        plan(step, global_batch=100, max_batch=64, multiple_of=8)  # refused before probing: no memory_limit needed
+    assert plan(step, global_batch=96, memory_limit="512KiB", multiple_of=8, steps_per_trial=1,
+                cache=False).micro_batch_sizes[-1] % 8 == 0  # a multiple splits into multiples
 
 
 def test_a_candidate_that_runs_out_of_memory_while_timed_is_recorded_and_skipped():
