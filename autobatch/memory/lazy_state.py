@@ -23,7 +23,7 @@ from typing import Any, Iterable, Iterator
 
 import torch
 
-__all__ = ["LazyStateWatch"]
+__all__ = ["LazyStateWatch", "hooked"]
 
 
 class LazyStateWatch:
@@ -115,3 +115,14 @@ def _drop_new(entries: Iterable[tuple[torch.optim.Optimizer, set[int]]]) -> int:
             del optimizer.state[param]
         dropped += len(created)
     return dropped
+
+
+def hooked(optimizer: Any) -> torch.optim.Optimizer:
+    """The torch optimizer whose step hooks fire: a wrapper that never ran
+    ``Optimizer.__init__`` (Accelerate's ``AcceleratedOptimizer``) steps the one it holds as
+    ``.optimizer``, and has no hooks of its own to register."""
+    for _ in range(4):  # wrappers of wrappers, a few deep at most
+        if hasattr(optimizer, "_optimizer_step_pre_hooks") or not hasattr(optimizer, "optimizer"):
+            break
+        optimizer = optimizer.optimizer
+    return optimizer

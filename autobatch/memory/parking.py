@@ -44,6 +44,7 @@ from typing import Callable, ContextManager, Iterable
 import torch
 
 from .allocator import expandable_segments
+from .lazy_state import hooked
 
 __all__ = ["can_park", "park_until_step", "relayout_as_loaded"]
 
@@ -193,7 +194,7 @@ class _Unpark:
     def __init__(self, optimizer: torch.optim.Optimizer) -> None:
         self.refs: list[weakref.ref] = []
         self.keep: list[object] = []
-        self.handle = optimizer.register_step_pre_hook(self)
+        self.handle = hooked(optimizer).register_step_pre_hook(self)
 
     def arm(self, moved: list[torch.Tensor], keep: object) -> None:
         armed = {id(ref()) for ref in self.refs}

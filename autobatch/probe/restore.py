@@ -41,6 +41,7 @@ from typing import Any
 
 import torch
 
+from ..memory.lazy_state import hooked
 from .rng import rng_state, set_rng_state
 from .shards import Shard, from_cpu_local, local, to_cpu_local
 
@@ -121,12 +122,12 @@ class Snapshot:
                 snap.optimizer_state = _to_cpu(optimizer.state_dict())  # learning rates included
             if snap.weights_in_place:
                 _zero_lrs(optimizer)
-                snap._guard = optimizer.register_step_pre_hook(lambda opt, *_: _zero_grads(opt))
+                snap._guard = hooked(optimizer).register_step_pre_hook(lambda opt, *_: _zero_grads(opt))
                 snap._stepping = _VersionsInStep(optimizer)
             return snap
         # the hook only waits: removing itself while the optimizer runs its hooks would mutate
         # the dict being iterated (the probe's LazyStateWatch hooks the same step); wait() removes it
-        snap._hook = optimizer.register_step_pre_hook(lambda *_: snap._join())
+        snap._hook = hooked(optimizer).register_step_pre_hook(lambda *_: snap._join())
         devices = {param.device for group in optimizer.param_groups for param in group["params"]}
         # the copy runs on a stream of its own, after the work queued so far, so that it
         # overlaps the first trial's kernels instead of queueing them behind it
@@ -236,22 +237,34 @@ class Snapshot:
 class _VersionsInStep:
     """How far each of an optimizer's parameters' version counters moved inside its ``step()``
     calls (at learning rate 0 the step writes them, unchanged): a move outside was a write by
-    something else, which the snapshot did not copy."""
+    something else, which the snapshot did not copy.
+
+    A step that raised (a trial out of memory inside ``AdamW.step()``) runs no post-hook, so
+    its window stays open until the next step begins or :meth:`remove`: the step's own writes
+    are counted as the step's, not blamed on the forward. Writes in that window that are not
+    the step's (the next trial's forward) are counted with it; the first trial's forward
+    comes before any step, so a forward that writes on every call is still seen."""
 
     def __init__(self, optimizer: torch.optim.Optimizer) -> None:
         self.params = [p for group in optimizer.param_groups for p in group["params"]]
         self.bumps: dict[int, int] = {}
-        self.before: dict[int, int] = {}
-        self.handles = [optimizer.register_step_pre_hook(self.enter), optimizer.register_step_post_hook(self.leave)]
+        self.before: dict[int, int] | None = None  # the versions where the open step began
+        inner = hooked(optimizer)
+        self.handles = [inner.register_step_pre_hook(self.enter), inner.register_step_post_hook(self.leave)]
 
     def enter(self, *_: Any) -> None:
+        self.leave()  # a step that raised left its window open: what it wrote was its own
         self.before = {id(p): p._version for p in self.params}
 
     def leave(self, *_: Any) -> None:
+        if self.before is None:
+            return
         for p in self.params:
             self.bumps[id(p)] = self.bumps.get(id(p), 0) + p._version - self.before.get(id(p), p._version)
+        self.before = None
 
     def remove(self) -> None:
+        self.leave()
         for handle in self.handles:
             handle.remove()
 
