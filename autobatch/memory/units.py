@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import sys
 
 __all__ = ["parse_bytes", "format_bytes"]
 
@@ -35,8 +36,10 @@ def parse_bytes(value: int | float | str, *, name: str = "memory_limit") -> int:
     """
     if isinstance(value, bool):
         raise ValueError(f"{name} must be a byte count or a string like '512MiB' or '2GiB', got {value!r}")
-    if isinstance(value, (int, float)):
-        number, unit = float(value), ""
+    if isinstance(value, int):
+        number, unit = value, ""  # exact: a float would round a large count
+    elif isinstance(value, float):
+        number, unit = value, ""
     elif isinstance(value, str):
         match = _PATTERN.match(value)
         if match is None or match.group(2).lower() not in _UNITS:
@@ -47,7 +50,12 @@ def parse_bytes(value: int | float | str, *, name: str = "memory_limit") -> int:
         number, unit = float(match.group(1)), match.group(2).lower()
     else:
         raise ValueError(f"{name} must be a byte count or a string like '512MiB' or '2GiB', got {value!r}")
-    result = int(number * _UNITS[unit])
+    scaled = number * _UNITS[unit]
+    if not scaled <= sys.float_info.max:
+        # int() would raise OverflowError (inf, "1e400") or a ValueError that names no argument
+        # (nan); a count past any float breaks the arithmetic that sizes batches from it
+        raise ValueError(f"{name}={value!r} is not a finite byte count; give a number of bytes such as '80GiB'")
+    result = int(scaled)
     if result <= 0:
         raise ValueError(f"{name} must be positive, got {value!r}")
     return result

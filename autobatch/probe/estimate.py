@@ -36,12 +36,13 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
 import torch
-from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+from torch._subclasses.fake_tensor import FakeTensorMode
 
 from ..memory.accounting import StorageAccountant
 from .. import checks
-from .arguments import SEARCH_CEILING
+from .arguments import SEARCH_CEILING, validate_probe_args, validate_step
 from .fake_trace import FakeWorld, TraceScaler, resident_bytes
+from .rng import rng_state, set_rng_state
 from .shards import has_dtensors
 from .train_step import TrainStep
 from ..memory.units import format_bytes, parse_bytes
@@ -57,6 +58,8 @@ CUDA_BLOCK_BYTES = 512
 GROWTH = 8
 #: At most this many refining traces inside the bracket.
 MAX_REFINE = 16
+#: What to do instead, said by every refusal.
+TRIALS = "probe with real trials (strategy='binary', or 'auto' with estimate_first=False)"
 
 
 class EstimateError(RuntimeError):
@@ -119,26 +122,29 @@ class BatchEstimate:
 def estimate_memory(step: TrainStep, batch_size: int, *, steps: int = 2) -> MemoryEstimate:
     """Estimate the memory of ``steps`` training steps of ``step`` at ``batch_size``.
 
-    Nothing is allocated and neither the model nor the optimizer is changed. Raises
-    :class:`EstimateError` when the step cannot be traced with fake tensors.
+    Nothing is allocated and neither the model nor the optimizer is changed (nor any random
+    generator). Raises :class:`EstimateError` when the step cannot be traced with fake tensors,
+    or when the trace left a fake tensor where it cannot be taken back (the model is then
+    restored as far as the estimate reaches, and trials must measure the step).
     """
     _refuse_unestimable(step)
     checks.positive_int("batch_size", batch_size)
     checks.positive_int("steps", steps)
     device = step.device
     round_to = CUDA_BLOCK_BYTES if device.type == "cuda" else 1
-    resident = resident_bytes(step, device, round_to)
     mode = FakeTensorMode(allow_non_fake_inputs=True)
-    world = FakeWorld(step, mode)
-    accountant = StorageAccountant(
-        lambda t: isinstance(t, FakeTensor) and t.device.type == device.type, round_to=round_to
-    )
+    world = FakeWorld(step, mode, device, round_to)
+    refusal = world.refusal()
+    if refusal is not None:
+        raise EstimateError(f"{refusal}; {TRIALS}")
+    resident = resident_bytes(step, device, round_to)
+    accountant = StorageAccountant(world.counts, round_to=round_to)
     blas = BlasThreads()
-    rng = torch.get_rng_state()
+    rng, failure = rng_state(), None
     try:
         with ExitStack() as stack:
+            stack.callback(world.swap_out)  # first: a swap that fails part-way is put back too
             world.swap_in()
-            stack.callback(world.swap_out)
             fake_step = copy.copy(step)
             fake_step.optimizer = world.optimizer()
             if step.grad_scaler is not None:
@@ -149,12 +155,21 @@ def estimate_memory(step: TrainStep, batch_size: int, *, steps: int = 2) -> Memo
             for _ in range(steps):
                 fake_step(batch_size)
             del fake_step
-    except Exception as exc:  # noqa: BLE001 - anything fake tracing cannot do
-        raise EstimateError(f"could not trace the step with fake tensors: {type(exc).__name__}: {exc}") from exc
+    except Exception as exc:  # noqa: BLE001 - anything fake tracing cannot do: raised below, with what it left
+        failure = exc
     finally:
-        torch.set_rng_state(rng)
+        set_rng_state(rng)
+    left = world.leftover()  # put back what it can; where else a fake is kept, it cannot
+    if left:
+        dropped = " (dropped)" if left.endswith(".grad") else ""
+        left = f"the trace left a fake tensor{dropped} in {left}, outside the modules' state it puts back"
+    if failure is not None:
+        traced = f"could not trace the step with fake tensors: {type(failure).__name__}: {failure}"
+        raise EstimateError(traced + (f"; {left}" if left else "")) from failure
+    if left:
+        raise EstimateError(f"{left}; {TRIALS}")
     workspaces = workspace_bytes(device, len(blas.threads))
-    return MemoryEstimate(batch_size, resident, accountant.peak_bytes, str(device), workspaces)
+    return MemoryEstimate(batch_size, resident + world.existing_bytes, accountant.peak_bytes, str(device), workspaces)
 
 
 def estimate_peak(step: TrainStep, batch_size: int, *, include_resident: bool = True, steps: int = 2) -> int:
@@ -169,14 +184,14 @@ def _refuse_unestimable(step: Any) -> None:
     """Raise :class:`EstimateError` for a step the fake-tensor trace cannot estimate."""
     if not isinstance(step, TrainStep):
         raise EstimateError(f"only a TrainStep can be estimated, not {type(step).__name__}")
+    validate_step(step, "estimate")  # a TrainStep without make_batch: say what to pass
     reason = _untraceable_memory(step)
     if reason is not None:
-        raise EstimateError(f"{reason}; probe with real trials (strategy='binary', or 'auto' with estimate_first=False)")
+        raise EstimateError(f"{reason}; {TRIALS}")
     if has_dtensors(step.model):
         raise EstimateError(
             "the model has DTensor parameters (FSDP2 fully_shard, or tensor parallel): the fake-tensor trace "
-            "cannot run their all-gathers and reduce-scatters, so it cannot tell what one rank holds at its peak; "
-            "probe with real trials (strategy='binary', or 'auto' with estimate_first=False)"
+            f"cannot run their all-gathers and reduce-scatters, so it cannot tell what one rank holds at its peak; {TRIALS}"
         )
 
 
@@ -197,11 +212,14 @@ def _untraceable_memory(step: TrainStep) -> str | None:
     return None
 
 
-def _tracer(step: TrainStep, *, multiple_of: int, steps: int, include_resident: bool):
+def _tracer(step: TrainStep, *, multiple_of: int, max_batch: int | None, steps: int, include_resident: bool):
     """``(traced, peak)``: ``peak(units)`` traces batch ``units * multiple_of`` once (memoised
     in ``traced``, keyed by units) and returns its estimated peak, with or without the resident
-    model."""
+    model. Checks the arguments as :func:`~autobatch.find_max_batch` does."""
     _refuse_unestimable(step)
+    validate_probe_args(start=None, max_batch=max_batch, strategy="estimate", margin=0.0, multiple_of=multiple_of,
+                        steps_per_trial=1)
+    checks.positive_int("steps", steps)
     traced: dict[int, MemoryEstimate] = {}
 
     def peak(units: int) -> int:
@@ -248,7 +266,8 @@ def estimate_line(
     lands on the estimated boundary exactly; ``auto`` uses it to place its first real trial.
     """
     capacity_bytes = parse_bytes(capacity, name="capacity")
-    traced, peak = _tracer(step, multiple_of=multiple_of, steps=steps, include_resident=include_resident)
+    traced, peak = _tracer(step, multiple_of=multiple_of, max_batch=max_batch, steps=steps,
+                           include_resident=include_resident)
 
     def solve(a: int, b: int) -> tuple[int, float, float]:
         slope = (peak(b) - peak(a)) / (b - a)
@@ -294,8 +313,9 @@ def estimate_max_batch(
     does not grow with the batch and no ``max_batch`` bounds it.
     """
     capacity_bytes = parse_bytes(capacity, name="capacity")
+    traced, peak = _tracer(step, multiple_of=multiple_of, max_batch=max_batch, steps=steps,
+                           include_resident=include_resident)
     max_units = max_batch // multiple_of if max_batch is not None else None
-    traced, peak = _tracer(step, multiple_of=multiple_of, steps=steps, include_resident=include_resident)
 
     def result(units: int, intercept: float = 0.0, slope: float = 0.0) -> BatchEstimate:
         ordered = [traced[u] for u in sorted(traced)]

@@ -3,22 +3,37 @@
 :class:`FakeWorld` swaps a :class:`~autobatch.TrainStep`'s parameters, buffers and
 optimizer state for fake tensors (one fake per real tensor, so tied weights stay tied) for
 the duration of a trace, and puts the real ones back; the user's model and optimizer are
-never written to. :func:`resident_bytes` is what the real tensors already hold on the device.
-Used by :mod:`autobatch.probe.estimate`.
+never written to. The model's modules (and those of a loss that is a module, whose parameters
+the optimizer may train too) are snapshotted first and restored exactly afterwards: a tensor a
+module caches in forward, a buffer or submodule it registers, a hook's list of outputs are
+undone, and :meth:`FakeWorld.leftover` finds a fake tensor still reachable from the step (kept
+where no snapshot reaches, as in a closure) so the estimate can refuse instead of leaving the
+model to train on it. :func:`resident_bytes` is what the real tensors already hold on the
+device. Used by :mod:`autobatch.probe.estimate`.
 """
 
 from __future__ import annotations
 
 import copy
-from collections import defaultdict
-from typing import Any, Iterator
+import functools
+import types
+import weakref
+from collections import defaultdict, deque
+from typing import Any, Callable, Iterator
 
 import torch
-from torch._subclasses.fake_tensor import FakeTensorMode
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
 from .train_step import TrainStep
 
-__all__ = ["FakeWorld", "TraceScaler", "resident_bytes"]
+__all__ = ["FakeWorld", "TraceScaler", "resident_bytes", "loss_module"]
+
+#: Values the search for left-over fake tensors never looks inside.
+_ATOMS = (str, bytes, int, float, complex, bool, type(None), type, types.ModuleType, torch.dtype, torch.device)
+#: Objects that search visits at most, and the largest container it looks inside (a dataset
+#: in a closure could hold millions of items): what lies beyond is not checked.
+SEARCH_BUDGET = 100_000
+SEARCH_ITEMS = 10_000
 
 
 class TraceScaler:
@@ -54,13 +69,30 @@ def _tensors_of(value: Any) -> Iterator[torch.Tensor]:
             yield from _tensors_of(item)
 
 
+def loss_module(step: TrainStep) -> torch.nn.Module | None:
+    """The module the loss is (or whose method it is), other than the model: the parameters it
+    holds (a learnable margin head, uncertainty weights) may train with the model's."""
+    owner = step.loss_fn.__self__ if isinstance(step.loss_fn, types.MethodType) else step.loss_fn
+    return owner if isinstance(owner, torch.nn.Module) and owner is not step.model else None
+
+
+def _owned_modules(step: TrainStep) -> list[torch.nn.Module]:
+    """Every module of the model and of the loss module, each once."""
+    modules = {id(m): m for m in step.model.modules()}
+    loss = loss_module(step)
+    for module in loss.modules() if loss is not None else ():
+        modules.setdefault(id(module), module)
+    return list(modules.values())
+
+
 def resident_bytes(step: TrainStep, device: torch.device, round_to: int) -> int:
-    """Bytes of the distinct storages of parameters, buffers and optimizer state on ``device``."""
+    """Bytes of the distinct storages of parameters, buffers (the model's and the loss
+    module's) and optimizer state on ``device``."""
     seen: dict[int, int] = {}
-    tensors = list(step.model.parameters()) + [b for b in step.model.buffers() if b is not None]
+    tensors = [t for m in _owned_modules(step) for t in (*m._parameters.values(), *m._buffers.values())]
     tensors += list(_tensors_of(list(step.optimizer.state.values())))
     for tensor in tensors:
-        if tensor.device.type != device.type:
+        if tensor is None or tensor.device.type != device.type:
             continue
         storage = tensor.untyped_storage()
         seen[storage._cdata] = -(-storage.nbytes() // round_to) * round_to
@@ -68,32 +100,118 @@ def resident_bytes(step: TrainStep, device: torch.device, round_to: int) -> int:
 
 
 class FakeWorld:
-    """Fake copies of a step's model state and optimizer, swapped in while tracing."""
+    """Fake copies of a step's model state and optimizer, swapped in while tracing.
 
-    def __init__(self, step: TrainStep, mode: FakeTensorMode) -> None:
+    ``device`` and ``round_to`` are those of the estimate: :meth:`counts` is the accountant's
+    choice of the tensors whose storages a trace allocates, and ``existing_bytes`` what the
+    step reads on the device that existed before it and is not the model's (a preloaded
+    dataset it slices: resident, as the model is).
+    """
+
+    def __init__(self, step: TrainStep, mode: FakeTensorMode, device: torch.device, round_to: int = 1) -> None:
         self.step = step
         self.mode = mode
+        self.device_type = device.type
+        self.round_to = round_to
         self.memo: dict[int, torch.Tensor] = {}
-        self.swapped: list[tuple[dict, str, torch.Tensor]] = []
+        self.modules = _owned_modules(step)
+        self.saved: list[tuple[Any, type, dict[str, Any], dict[str, Any]]] = []
+        self.grads: list[tuple[torch.Tensor, torch.Tensor | None]] = []
+        #: fake storage keys of real tensors the trace read -> the fake (kept alive, so the mode
+        #: reuses it and its storage key stays the same); and -> the real tensor and its bytes
+        self.existing: dict[int, torch.Tensor] = {}
+        self.sources: dict[int, tuple[weakref.ref, int]] = {}
 
     def fake(self, tensor: torch.Tensor) -> torch.Tensor:
+        """The one fake of ``tensor``, with the gradient hooks registered on it (a per-parameter
+        clamp allocates as much as the gradient)."""
         key = id(tensor)
         if key not in self.memo:
-            self.memo[key] = self.mode.from_tensor(tensor)
+            fake = self.mode.from_tensor(tensor)
+            for hook in (tensor._backward_hooks or {}).values():
+                fake.register_hook(hook)
+            self.memo[key] = self.existing[fake.untyped_storage()._cdata] = fake
         return self.memo[key]
 
+    def refusal(self) -> str | None:
+        """Why the real parameters cannot all be swapped for fakes, or None: one the optimizer
+        trains that neither the model nor the loss module holds (the step would read the real
+        one, and its fake gradient would land on it), or one with a post-accumulate-grad hook
+        (typically an optimizer stepping the real parameter inside backward)."""
+        named = {}
+        for prefix, module in (("", self.step.model), ("loss_fn.", loss_module(self.step))):
+            for name, param in module.named_parameters() if module is not None else ():
+                named.setdefault(id(param), prefix + name)
+        for g, group in enumerate(self.step.optimizer.param_groups):
+            for i, param in enumerate(group["params"]):
+                if id(param) not in named:
+                    return (
+                        f"the optimizer trains param_groups[{g}]['params'][{i}] (shape {tuple(param.shape)}), which "
+                        "neither the model nor the loss module holds, so the trace cannot swap it for a fake tensor; "
+                        "make it a parameter of the model, or pass the module holding it as loss_fn"
+                    )
+        for module in self.modules:
+            for param in module._parameters.values():
+                if isinstance(param, torch.nn.parameter.UninitializedParameter):
+                    return (f"parameter {named.get(id(param), '?')} is not initialised yet (a lazy module): run "
+                            "one forward pass first")
+                if param is not None and getattr(param, "_post_accumulate_grad_hooks", None):
+                    return (
+                        f"parameter {named.get(id(param), '?')} has a post-accumulate-grad hook, which would run "
+                        "on its fake copy (an optimizer stepped in backward would step the real one)"
+                    )
+        return None
+
     def swap_in(self) -> None:
-        for module in self.step.model.modules():
+        """Snapshot every module (its attributes and the contents of its dicts, lists and
+        sets) and the parameters' gradients, then swap parameters and buffers for fakes."""
+        self.saved = [_snapshot(module) for module in self.modules]
+        params = {id(p): p for m in self.modules for p in m.parameters()}
+        params.update((id(p), p) for group in self.step.optimizer.param_groups for p in group["params"])
+        self.grads = [(param, param._grad) for param in params.values()]
+        for module in self.modules:
             for slots in (module._parameters, module._buffers):
                 for name, tensor in list(slots.items()):
                     if tensor is not None:
-                        self.swapped.append((slots, name, tensor))
                         slots[name] = self.fake(tensor)
 
     def swap_out(self) -> None:
-        for slots, name, tensor in reversed(self.swapped):
-            slots[name] = tensor
-        self.swapped.clear()
+        """Put every module back as :meth:`swap_in` found it, and the gradients."""
+        for saved in reversed(self.saved):
+            _restore(*saved)
+        for param, grad in self.grads:
+            if param._grad is not grad:
+                param.grad = grad
+        self.saved, self.grads = [], []
+
+    def counts(self, tensor: torch.Tensor) -> bool:
+        """Whether the accountant counts ``tensor``'s storage: a fake on the device that the
+        trace made, not the fake copy of a tensor that existed before it (a slice of it is a
+        view, which allocates nothing, as :func:`~autobatch.simulated_memory` sees it)."""
+        if tensor.device.type != self.device_type:
+            return False
+        if isinstance(tensor, FakeTensor):
+            return tensor.untyped_storage()._cdata not in self.existing
+        fake = self.mode.from_tensor(tensor)  # what the mode will use for it: memoised
+        key = fake.untyped_storage()._cdata
+        if key not in self.existing:
+            self.existing[key] = fake
+            nbytes = -(-tensor.untyped_storage().nbytes() // self.round_to) * self.round_to
+            self.sources[key] = (weakref.ref(tensor), nbytes)
+        return False
+
+    @property
+    def existing_bytes(self) -> int:
+        """Bytes of the real tensors the trace read that are still alive after it: data that
+        existed before it (a real tensor ``torch.tensor(0.0)`` makes mid-step dies at once)."""
+        return sum(nbytes for ref, nbytes in self.sources.values() if ref() is not None)
+
+    def leftover(self) -> str | None:
+        """Where a fake tensor of this trace is still reachable from the step after
+        :meth:`swap_out` (its model, loss, batch maker, optimizer and their gradients), or None."""
+        roots = {"model": self.step.model, "loss_fn": self.step.loss_fn, "make_batch": self.step.make_batch,
+                 "optimizer": self.step.optimizer}
+        return _find_fake(roots, lambda t: isinstance(t, FakeTensor) and t.fake_mode is self.mode)
 
     def optimizer(self) -> torch.optim.Optimizer:
         """A shallow copy of the optimizer over the fake parameters, with fake state."""
@@ -127,6 +245,116 @@ class FakeWorld:
             with self.mode:
                 return torch.tensor(number, dtype=value.dtype, device=value.device)
         return self.fake(value)
+
+
+def _snapshot(obj: Any) -> tuple[Any, type, dict[str, Any], dict[str, Any]]:
+    """``obj``, its class, its attributes (shallow) and a copy of each dict, list and set
+    among them (a module's parameters, buffers, submodules and hooks are dicts)."""
+    attributes = dict(vars(obj))
+    contents = {name: kind(value) for name, value in attributes.items()
+                for kind in _CONTAINERS if isinstance(value, kind)}
+    return obj, type(obj), attributes, contents
+
+
+def _restore(obj: Any, cls: type, attributes: dict[str, Any], contents: dict[str, Any]) -> None:
+    """Put back what :func:`_snapshot` saw: the class (a lazy module becomes its eager class
+    when first run), attributes added removed, replaced ones back, containers' items back."""
+    if type(obj) is not cls:
+        obj.__class__ = cls
+    current = vars(obj)
+    for name in [name for name in current if name not in attributes]:
+        del current[name]
+    for name, value in attributes.items():
+        if current.get(name, _MISSING) is not value:
+            current[name] = value
+    for name, saved in contents.items():
+        container = attributes[name]
+        if _changed(container, saved):
+            container.clear()
+            (container.extend if isinstance(container, list) else container.update)(saved)
+
+
+def _changed(container: Any, saved: Any) -> bool:
+    """Whether ``container`` holds other items (by identity) than its copy ``saved``."""
+    if len(container) != len(saved):
+        return True
+    if isinstance(container, dict):
+        return any(key not in container or container[key] is not value for key, value in saved.items())
+    if isinstance(container, list):
+        return any(a is not b for a, b in zip(container, saved))
+    return container != saved
+
+
+_MISSING = object()
+#: The containers :func:`_snapshot` copies (subclasses too, into the plain type: a module's
+#: hooks are ``OrderedDict``s).
+_CONTAINERS = (dict, list, set)
+
+
+def _find_fake(roots: dict[str, Any], is_fake: Callable[[torch.Tensor], bool]) -> str | None:
+    """The path of the nearest fake tensor (``is_fake``) reachable from ``roots``, or of a real
+    tensor holding one as its gradient, or None. Every such gradient is dropped (a fake is
+    never left on a real tensor). Follows attributes, container items (and tensor keys),
+    closures, defaults, ``functools.partial``, bound methods and tensors' gradient hooks."""
+    seen: set[int] = set()
+    queue = deque((value, name) for name, value in roots.items())
+    budget, found = SEARCH_BUDGET, None
+    while queue and budget:
+        value, path = queue.popleft()
+        if isinstance(value, _ATOMS) or id(value) in seen:
+            continue
+        seen.add(id(value))
+        budget -= 1
+        if isinstance(value, torch.Tensor):
+            if is_fake(value):
+                found = found or path
+                continue
+            if value.is_leaf and value._grad is not None and is_fake(value._grad):
+                value.grad = None
+                found = found or f"{path}.grad"
+            queue.extend((hook, f"{path}._backward_hooks[{key}]") for key, hook in (value._backward_hooks or {}).items())
+        else:
+            queue.extend(_children(value, path))
+    return found
+
+
+def _children(value: Any, path: str) -> Iterator[tuple[Any, str]]:
+    """``(child, path)`` of what :func:`_find_fake` follows from ``value``."""
+    if isinstance(value, (dict, list, tuple, set, frozenset, deque)) and len(value) > SEARCH_ITEMS:
+        return
+    if isinstance(value, dict):
+        for key, item in list(value.items()):
+            label = repr(key) if isinstance(key, (str, int)) else f"<{type(key).__name__} key>"
+            yield item, f"{path}[{label}]"
+            if isinstance(key, torch.Tensor):
+                yield key, f"{path}{label}"
+    elif isinstance(value, (list, tuple, set, frozenset, deque)):
+        yield from ((item, f"{path}[{i}]") for i, item in enumerate(list(value)))
+    elif isinstance(value, types.FunctionType):
+        for name, cell in zip(value.__code__.co_freevars, value.__closure__ or ()):
+            try:
+                yield cell.cell_contents, f"{path}.<closure {name}>"
+            except ValueError:  # an empty cell: nothing to follow
+                continue
+        yield from ((item, f"{path}.<default {i}>") for i, item in enumerate(value.__defaults__ or ()))
+        yield from ((item, f"{path}.<default {k}>") for k, item in (value.__kwdefaults__ or {}).items())
+    elif isinstance(value, types.MethodType):
+        yield value.__self__, f"{path}.__self__"
+        yield value.__func__, path
+    elif isinstance(value, functools.partial):
+        yield value.func, f"{path}.func"
+        yield from ((item, f"{path}.args[{i}]") for i, item in enumerate(value.args))
+        yield from ((item, f"{path}.keywords[{k!r}]") for k, item in value.keywords.items())
+    try:  # an object's own attributes, never through a __getattr__ of its class
+        attributes = object.__getattribute__(value, "__dict__")
+    except AttributeError:  # no attributes to follow
+        attributes = None
+    if isinstance(attributes, dict) and not isinstance(value, (types.FunctionType, types.MethodType)):
+        for name, item in list(attributes.items()):
+            if isinstance(value, torch.nn.Module) and name in ("_parameters", "_buffers", "_modules"):
+                yield from ((child, f"{path}.{key}") for key, child in list(item.items()))
+            else:
+                yield item, f"{path}.{name}"
 
 
 def _default_foreach(params: list[torch.Tensor]) -> bool:
