@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["positive_int", "positive_number", "module", "optimizer", "function", "torch_device", "dtype", "scheduler"]
+__all__ = ["positive_int", "positive_number", "module", "materialized", "optimizer", "function", "torch_device", "dtype", "scheduler"]
 
 
 def positive_int(name: str, value: Any, *, allow_none: bool = False) -> None:
@@ -33,6 +33,19 @@ def module(name: str, value: Any) -> None:
     """``value`` is a ``torch.nn.Module``."""
     if not isinstance(value, torch.nn.Module):
         raise TypeError(f"{name} must be a torch.nn.Module, got {type(value).__name__} {value!r:.60}")
+
+
+def materialized(name: str, model: torch.nn.Module) -> None:
+    """``model`` holds no uninitialized lazy parameter (a ``LazyLinear`` before its first
+    forward): a probe snapshots and a runner guards every weight before its first step, and an
+    uninitialized one has no shape to copy."""
+    from torch.nn.parameter import is_lazy
+
+    lazy = [key for key, value in [*model.named_parameters(), *model.named_buffers()] if is_lazy(value)]
+    if lazy:
+        raise ValueError(
+            f"{name} has uninitialized lazy parameters ({', '.join(lazy[:3])}{', ...' if len(lazy) > 3 else ''}): "
+            f"run it on one batch first (e.g. {name}(make_batch(1))) so their shapes are known, then probe or train")
 
 
 def optimizer(name: str, value: Any) -> None:

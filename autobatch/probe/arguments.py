@@ -113,6 +113,7 @@ def validate_places(device: object, restore: object, cache: object) -> None:
         if not isinstance(restore, tuple) or len(restore) != 2:
             raise TypeError(f"restore must be a (model, optimizer) pair or None, got {type(restore).__name__} {restore!r:.60}")
         checks.module("restore[0]", restore[0])
+        checks.materialized("restore[0]", restore[0])
         if restore[1] is not None:
             checks.optimizer("restore[1]", restore[1])
     if cache is not None and not isinstance(cache, (bool, str, os.PathLike)):

@@ -41,6 +41,7 @@ class TrainStep:
         max_grad_norm: float | None = None,
     ) -> None:
         checks.module("model", model)
+        checks.materialized("model", model)
         checks.trains("optimizer", optimizer, model)
         checks.function("loss_fn", loss_fn, "loss_fn(model, batch) -> mean loss tensor")
         if make_batch is not None:  # None: a step that only trains on batches it is given

@@ -64,3 +64,18 @@ def test_a_step_that_never_runs_out_of_memory_stops_at_the_ceiling():
 def test_an_accelerator_this_machine_lacks_is_one_error_before_any_trial(device):
     with pytest.raises(ValueError, match=f"device='{device}': this machine has no cuda device"):
         find_max_batch(_step(), device=device)
+
+
+def test_a_model_with_uninitialized_lazy_parameters_is_one_error():
+    """A LazyLinear before its first forward has no shape: the probe's snapshot failed deep in
+    torch ("Attempted to use an uninitialized parameter"); now one error says what to run."""
+    import torch
+
+    from autobatch import TrainStep
+
+    model = torch.nn.Sequential(torch.nn.LazyLinear(8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+    optimizer = torch.optim.AdamW(model.parameters())
+    with pytest.raises(ValueError, match=r"uninitialized lazy parameters \(0.weight, 0.bias\).*model\(make_batch\(1\)\)"):
+        TrainStep(model, optimizer, lambda m, b: m(b).sum(), lambda n: torch.randn(n, 4))
+    model(torch.randn(1, 4))  # initialized: accepted
+    TrainStep(model, optimizer, lambda m, b: m(b).sum(), lambda n: torch.randn(n, 4))
