@@ -19,6 +19,10 @@ tensor held for a few steps. Then the wait is one step, not ``grow_after``: as s
 says, from what is resident now, that a larger size fits again, the next step tries the
 largest such size up to the one the run had before the squeeze. A try that fails doubles that
 short wait too, so this path cannot oscillate either.
+
+A resumed run keeps what its checkpoint's run learned from OOMs (the back-off doublings, the
+streak, a measured squeeze) and takes its settings (``grow_after``, the ceiling when given)
+from its own constructor, never from the checkpoint: see :meth:`GrowBack.load_state_dict`.
 """
 
 from __future__ import annotations
@@ -32,11 +36,12 @@ class GrowBack:
     """The grow-back state machine; the runner calls :meth:`propose`, then one of
     :meth:`on_oom` (any number of times) and :meth:`on_step_done` per global step."""
 
-    def __init__(self, grow_after: int | None, ceiling: int) -> None:
+    def __init__(self, grow_after: int | None, ceiling: int, *, configured: bool = True) -> None:
         if grow_after is not None and (isinstance(grow_after, bool) or not isinstance(grow_after, int) or grow_after < 0):
             raise ValueError(f"grow_after must be an integer >= 0 or None (off), got {grow_after!r}")
         self.grow_after = grow_after or None
         self.ceiling = ceiling
+        self.configured = configured  # the ceiling is the user's (max_micro_batch, micro_batch), not a placeholder to plan
         self.wait = self.grow_after or 0
         self.streak = 0
         self.previous: int | None = None  # the size that worked, while a larger one is tried
@@ -89,6 +94,12 @@ class GrowBack:
             self.wait *= 2
         return back
 
+    def cancel(self) -> int | None:
+        """The step was abandoned (an interrupt, an error): a grow try in it did not happen.
+        Returns the size to go back to (None: no try was running); the wait is unchanged."""
+        back, self.previous, self._quick = self.previous, None, False
+        return back
+
     def on_step_done(self) -> None:
         """The step finished. A grow that held restarts the count towards the next one."""
         held = self.previous is not None and not self._oom_this_step
@@ -97,11 +108,33 @@ class GrowBack:
 
     def state_dict(self) -> dict[str, Any]:
         return {
-            "wait": self.wait, "streak": self.streak, "ceiling": self.ceiling,
+            "wait": self.wait, "streak": self.streak, "ceiling": self.ceiling, "grow_after": self.grow_after,
             "squeezed_from": self.squeezed_from, "quick_wait": self.quick_wait,
         }  # fmt: skip
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.wait, self.streak, self.ceiling = state["wait"], state["streak"], state["ceiling"]
+    def load_state_dict(self, state: dict[str, Any], limit: int | None = None) -> None:
+        """Carry over what a checkpoint's run learned; this object's settings win.
+
+        Learned, and kept: the streak of OOM-free steps, the back-off (the number of failed tries
+        that doubled the wait, applied to this ``grow_after``), a measured squeeze and its short
+        wait. Settings, never taken from the checkpoint: ``grow_after`` (a checkpoint of a run with
+        grow-back off held ``wait=0``, which made every step try to grow) and a configured ceiling
+        (``max_micro_batch``). Only a ceiling left to planning (a resume does not plan) is the
+        checkpoint's: its run's probe maximum, at most ``limit`` (this run's batch per rank).
+        """
+        self.streak = state["streak"]
         self.squeezed_from = state.get("squeezed_from")  # absent in checkpoints of older versions
         self.quick_wait = state.get("quick_wait", 1)
+        if not self.configured:
+            self.ceiling = state["ceiling"] if limit is None else min(state["ceiling"], limit)
+        self.wait = (self.grow_after or 0) * self._doublings(state["wait"], state.get("grow_after"))
+
+    def _doublings(self, wait: int, grow_after: int | None) -> int:
+        """``2**k``, k the failed grow tries behind the checkpoint's ``wait`` (1: none, or unknown).
+        A checkpoint of an older version holds no ``grow_after``: its wait counts as this
+        ``grow_after``'s when it is a power-of-two multiple of it (the same setting), else as none."""
+        base = grow_after if grow_after is not None else self.grow_after
+        if not base or not wait or wait % base:
+            return 1
+        factor = wait // base
+        return factor if factor & (factor - 1) == 0 else 1

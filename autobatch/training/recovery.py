@@ -4,8 +4,11 @@ A mixin of :class:`~autobatch.Runner`, kept apart from the step loop: the phase 
 tells where an OOM struck (and lets fault injection strike there), tenacity's retry and stop
 predicates, and what happens at the top of a replay: undo a half-applied optimizer step
 (:class:`~autobatch.training.step_guard.StepGuard`), put back the buffers forward changed
-(:class:`~autobatch.training.buffer_guard.BufferGuard`), drop the partial gradients, free memory,
-pick the smaller micro-batch, or turn on activation checkpointing when micro-batch 1 failed.
+(:class:`~autobatch.training.buffer_guard.BufferGuard`) and the random generators it drew from
+(:class:`~autobatch.training.step_random.StepRandom`), drop the partial gradients, free memory,
+pick the smaller micro-batch, or turn on activation checkpointing when micro-batch 1 failed. A
+step given up (out of options, or any other exception, an interrupt too) is undone the same
+way before the exception propagates (:meth:`OomRecovery._abandon`).
 
 The smaller micro-batch is sized by measurement where the figures allow
 (:class:`~autobatch.training.step_memory.StepMemory`: the line of the steps' measured peaks, the
@@ -73,11 +76,22 @@ class OomRecovery:
             return False
         return not self.checkpointing_fallback or self.checkpoint_handle is not None
 
+    def _retried(self, batch: Any, size: int) -> Any:
+        """The step's attempts: replayed after an OOM (:meth:`_recover` first) until one succeeds."""
+        for attempt in self._retrying:
+            with attempt:
+                if attempt.retry_state.attempt_number > 1:
+                    self._recover()
+                self.step_memory.begin()
+                loss = self._attempt(batch, size)
+        return loss
+
     def _recover(self) -> None:
         """Top of a retry: undo, free, shrink. Runs outside the failed attempt's ``except``."""
         phase, before = self._phase, self.micro_batch
         self._undo_optimizer_step()
         self.buffers.restore()  # the failed attempt's forward passes updated BatchNorm's statistics
+        self.random.restore()  # and drew dropout masks: the replay draws the same ones
         self.guard.demote()  # memory is short: the step guard's copy goes to host memory from now on
         self._drop_grads()
         free_memory()
@@ -139,22 +153,52 @@ class OomRecovery:
     def _undo_optimizer_step(self) -> None:
         if not self._stepping:
             return
-        self._stepping = False
-        if not self.guard.enabled:
+        if not self.guard.enabled:  # still stepping: _abandon marks the weights as holding an uncounted update
             raise StepOutOfMemoryError(
                 self.step, "optimizer", self.checkpoint_handle is not None,
                 reason=f"global step {self.step} ran out of memory inside optimizer.step() with step_guard='off': "
                 "the update may be half-applied, so replaying it would corrupt the model. Use step_guard='cpu'.",
             )
         self.guard.restore()
+        self._stepping = False
 
     def _abandon(self) -> None:
-        """Giving up on a step: leave the model and optimizer as they were before it."""
-        if self._stepping and self.guard.enabled:
-            self.guard.restore()
-        self._stepping = False
+        """Giving up on a step (out of options, or any other exception: an interrupt, an error in
+        ``loss_fn`` or ``scheduler.step()``): leave weights, optimizer, scaler, scheduler, buffers,
+        random state and micro-batch as they were before it, so a checkpoint saved now, or another
+        ``fit()``, does not apply its update twice. With ``step_guard="off"`` an optimizer step
+        that began cannot be undone: the runner then refuses to save or train on (:meth:`_refuse_torn`)."""
+        if self._stepping:
+            self._torn = (f"global step {self.step} stopped after its optimizer.step() began, with step_guard='off', "
+                          "so the weights and optimizer state may hold part of an update the step count does not")
+            if self.guard.enabled:
+                self.guard.restore()
+                self._torn = None
+            self._stepping = False
+        self._captured_at = None  # the next attempt of this step takes a fresh snapshot
         self.buffers.restore()
+        self.random.restore()
         self._drop_grads()
+        back = self.growth.cancel()
+        if back is not None:  # an interrupted grow-back try: back to the size that worked, tried again later
+            self.micro_batch = back
+            self.result.grow_attempts.pop()
+
+    def _step_scheduler(self) -> None:
+        """``scheduler.step()``; one that fails part-way is put back as it was (with the step),
+        where it has ``state_dict()`` (an object with ``step()`` alone cannot be put back)."""
+        state_dict = getattr(self.scheduler, "state_dict", None)
+        saved = state_dict() if callable(state_dict) else None
+        try:
+            self.scheduler.step()
+        except BaseException:
+            if saved is not None:
+                self.scheduler.load_state_dict(saved)
+            raise
+
+    def _scale(self) -> float | None:
+        scaler = self.grad_scaler
+        return None if scaler is None or not scaler.is_enabled() else scaler.get_scale()
 
     def _drop_grads(self) -> None:
         self.optimizer.zero_grad(set_to_none=True)

@@ -29,6 +29,8 @@ from .checkpoint_io import (
 from .pacing import agree_epoch_length, paced
 from .progress import Progress
 from .ranks import unwrap
+from .resume_checks import check_kinds, kind, load_scheduler, position_for, warn_persistent_workers, warn_replaced_settings
+from .resume_checks import without_wrapper_prefix
 from .run_result import RunResult
 from .sharded_files import check_sharded_resume, sharded_path
 
@@ -40,8 +42,14 @@ log = logging.getLogger("autobatch")
 class Resumable:
     """Checkpoint and resume of a :class:`~autobatch.Runner` (which sets the attributes)."""
 
+    _torn: str | None = None  # why the weights may hold an update the step count does not (step_guard="off")
+    _epoch_samples = 0  # samples trained in the current epoch (a short batch counted as it is)
+    _epoch_batches: int | None = None  # the data's batches an epoch (None: no length)
+    _epoch_iter: "_EpochBatches | None" = None  # the current epoch's iterator
+
     def save(self, path: str | os.PathLike | None = None) -> Path:
         """Write a checkpoint atomically (default ``checkpoint_dir/last.pt``); returns its path."""
+        self._refuse_torn("save()")
         if path is None:
             if self.checkpoint_dir is None:
                 raise ValueError("no path given and no checkpoint_dir configured")
@@ -66,6 +74,18 @@ class Resumable:
         self._checkpoint_written(failure)
         log.debug("checkpoint at step %d written to %s", self.step, written)
         return written
+
+    def _refuse_torn(self, doing: str) -> None:
+        """Refuse to save or train on weights that may hold an update the step count does not
+        (a step stopped inside or after ``optimizer.step()`` with ``step_guard="off"``, which
+        keeps no copy to undo it): a checkpoint of them, or the step trained again, applies
+        that update twice. The last checkpoint is left as it was."""
+        if self._torn is not None:
+            raise RuntimeError(
+                f"{doing} refused: {self._torn}; {doing} now would apply that update twice. Resume from the last "
+                "checkpoint (fit(data, resume=...)) to go on, and use step_guard='cpu' (or 'auto') so that an "
+                "interrupted step is undone",
+            )
 
     def _checkpoint_written(self, failure: Exception | None) -> None:
         """The sync point that ends every save: no rank returns before every file of this
@@ -93,12 +113,15 @@ class Resumable:
             "optimizer": plain_state(self.optimizer.state_dict()),
             "optimizer_type": type(self.optimizer).__qualname__,
             "scheduler": None if self.scheduler is None else self.scheduler.state_dict(),
+            "scheduler_type": kind(self.scheduler),
             "grad_scaler": None if self.grad_scaler is None else self.grad_scaler.state_dict(),
             "rng": rng_state(self._data_generators),
             "epoch_rng": self._epoch_rng,
             "step": self.step,
-            "epoch": self.epoch,
-            "position": self.position,
+            # an epoch whose iterator was run to its end is finished: the checkpoint is of the next one's start
+            "epoch": self.epoch + 1 if self._epoch_ended() else self.epoch,
+            "position": 0 if self._epoch_ended() else self.position,
+            "epoch_samples": 0 if self._epoch_ended() else self._epoch_samples,  # the position in samples
             "global_batch": self.global_batch,
             "micro_batch": self.micro_batch,
             "growth": self.growth.state_dict(),
@@ -120,6 +143,7 @@ class Resumable:
     def _after_step(self, loss: float | torch.Tensor, size: int, progress: Progress, on_step_end) -> None:
         self.step += 1
         self.position += 1
+        self._epoch_samples = (self._epoch_samples if self.position > 1 else 0) + size
         result = self.result
         result.steps_this_run += 1
         result.samples += size
@@ -129,12 +153,20 @@ class Resumable:
         accumulation = len(micro_batch_sizes(self._local_size, self.micro_batch))
         progress.update(self.step, size, self.micro_batch, accumulation, len(result.oom_recoveries), loss)
         if self.checkpoint_every and self.checkpoint_dir is not None and self.step % self.checkpoint_every == 0:
+            if self.position == self._epoch_batches and not getattr(self, "_each_step", False):
+                self._epoch_iter.end()  # the epoch's last batch: the checkpoint is of the next epoch's start
             self.save()
         if on_step_end is not None:
             on_step_end({
                 "step": self.step, "epoch": self.epoch, "loss": float(loss), "micro_batch": self.micro_batch,
                 "accumulation": accumulation, "samples": size,
             })  # fmt: skip
+
+    def _epoch_ended(self) -> bool:
+        """Whether the epoch's iterator was run to its end after its last batch trained, before
+        the loop counted the epoch finished (:meth:`_EpochBatches.end`)."""
+        ended = self._epoch_iter is not None and self._epoch_iter.ended
+        return ended and self.position == self._epoch_batches
 
     def _epoch_iterator(self, data: Iterable[Any], resumed_rng: dict[str, Any] | None):
         """A fresh iterator over ``data``; on resume, replays the epoch's start and skips the
@@ -146,18 +178,22 @@ class Resumable:
         ``torch.distributed`` the ranks first agree on their data's length
         (:func:`~autobatch.training.pacing.agree_epoch_length`: uneven data is one error)."""
         self._each_step = self.distributed and agree_epoch_length(self._parallel, data, self.epoch)
+        if resumed_rng is not None and (self.position > 0 or self.epoch > 0):
+            warn_persistent_workers(data)
         _set_epoch(data, self.epoch)
         if resumed_rng is None or self._epoch_rng is None or self.position == 0:
             self._epoch_rng = rng_state(self._data_generators)
             self.position = 0
-            return iter(data)
+            self._epoch_iter = _EpochBatches(iter(data))
+            return self._epoch_iter
         set_rng_state(self._epoch_rng, self._data_generators)
         batches = iter(data)
         skipped = sum(1 for _ in itertools.islice(batches, self.position))
         if skipped < self.position:
             log.warning("resume: the epoch has only %d batches, the checkpoint is at %d", skipped, self.position)
         set_rng_state(resumed_rng, self._data_generators)
-        return batches
+        self._epoch_iter = _EpochBatches(batches)
+        return self._epoch_iter
 
     def _paced(self, batches: Iterator[Any]) -> Iterator[Any]:
         """The epoch's ``batches`` as the step loop takes them: where some rank's data has no
@@ -171,6 +207,7 @@ class Resumable:
         """Where an earlier ``fit()`` of this runner stopped inside an epoch (by ``steps``): the
         random state now, so the next ``fit()`` replays that epoch's start and skips the batches
         it trained, as a resume does, instead of training them again; else None."""
+        self._refuse_torn("fit()")
         return rng_state(self._data_generators) if self.position > 0 and self._epoch_rng is not None else None
 
     def _stopped_at_epoch_end(self, data: Iterable[Any], batches: Iterator[Any]) -> None:
@@ -236,12 +273,7 @@ class Resumable:
                     path, f"its rank files are of different steps ({steps}, by rank): the run was stopped while "
                     "the ranks wrote them; resume from a checkpoint whose files all hold one step, or start afresh",
                 )
-        kind = state.get("optimizer_type")  # absent from checkpoints of earlier versions
-        if kind is not None and kind != type(self.optimizer).__qualname__:
-            raise CheckpointError(
-                path, f"it was written with optimizer {kind} and this run's is {type(self.optimizer).__qualname__}; "
-                f"resume with {kind}, or start afresh",
-            )
+        check_kinds(path, state, self.optimizer, self.scheduler)  # before anything is loaded
         if state.get("checkpointed_modules") and self.checkpoint_handle is None:
             self.checkpoint_handle = enable_checkpointing(self.model, modules=state["checkpointed_modules"])
         try:
@@ -249,8 +281,8 @@ class Resumable:
                 load_plain_state(self.model, state["model"])
                 self.optimizer.load_state_dict(optimizer_state_for(self.optimizer, state["optimizer"]))
             else:
-                unwrap(self.model).load_state_dict(_without_wrapper_prefix(state["model"]))
-                _warn_replaced_settings(self.optimizer, state["optimizer"])
+                unwrap(self.model).load_state_dict(without_wrapper_prefix(state["model"]))
+                warn_replaced_settings(self.optimizer, state["optimizer"])
                 self.optimizer.load_state_dict(state["optimizer"])
         except (RuntimeError, ValueError, KeyError) as exc:  # mismatched keys, shapes or groups
             detail = " ".join(str(exc).split())[:300]
@@ -258,15 +290,15 @@ class Resumable:
                 path, f"it was written for another model or optimizer ({detail}); resume with the model it was "
                 "trained with, or start afresh",
             ) from None
-        if self.scheduler is not None and state["scheduler"] is not None:
-            self.scheduler.load_state_dict(state["scheduler"])
+        load_scheduler(path, self.scheduler, state["scheduler"])
         if self.grad_scaler is not None and state.get("grad_scaler"):
             self.grad_scaler.load_state_dict(state["grad_scaler"])
-        self.step, self.epoch = state["step"], state["epoch"]
-        self.position = _position_for(path, state["position"], state.get("global_batch"), self.global_batch)
+        self.step, self.epoch, self._torn = state["step"], state["epoch"], None
+        self._epoch_samples = state.get("epoch_samples", state["position"] * (state.get("global_batch") or 0))
+        self.position = position_for(path, state, self.global_batch)
         self.micro_batch = state["micro_batch"]
         self.initial_micro_batch = self.initial_micro_batch or self.micro_batch
-        self.growth.load_state_dict(state["growth"])
+        self.growth.load_state_dict(state["growth"], limit=self.share)
         ranks = state.get("rng_ranks")  # each rank's own random states, where the run had them
         mine = ranks[self._parallel.rank()] if ranks is not None and len(ranks) == self._parallel.world_size() else state
         self._epoch_rng, rng = mine["epoch_rng"], mine["rng"]
@@ -282,6 +314,39 @@ class Resumable:
         return rng
 
 
+class _EpochBatches:
+    """An epoch's iterator, which the runner may run to its end right after the last batch
+    (``len(data)``) trained, before a checkpoint: a ``DataLoader(generator=...)``'s
+    ``RandomSampler`` draws once more from its generator only then, and a checkpoint written
+    after that draw is one of the next epoch's start (position 0), resumed with any global
+    batch, in the uninterrupted run's order, without iterating the finished epoch again."""
+
+    def __init__(self, batches: Iterator[Any]) -> None:
+        self._batches = batches
+        self._extra: list[Any] = []  # a batch beyond len(data), which end() took: yielded next
+        self.ended = False
+
+    def __iter__(self) -> "_EpochBatches":
+        return self
+
+    def __next__(self) -> Any:
+        if self._extra:
+            return self._extra.pop()
+        if self.ended:
+            raise StopIteration
+        return next(self._batches)
+
+    def end(self) -> None:
+        """Run the iterator to its end; a batch it still yields (``len(data)`` was short) is kept
+        for the loop, and the epoch goes on."""
+        if self.ended or self._extra:
+            return
+        try:
+            self._extra.append(next(self._batches))
+        except StopIteration:
+            self.ended = True
+
+
 def _set_epoch(data: Iterable[Any], epoch: int) -> None:
     """``set_epoch(epoch)`` on ``data``'s sampler and batch sampler (a DataLoader's) or on
     ``data`` itself, where they have it: a ``DistributedSampler`` shuffles by it, and drew the
@@ -295,55 +360,9 @@ def _set_epoch(data: Iterable[Any], epoch: int) -> None:
             set_epoch(epoch)
 
 
-def _position_for(path: Path, position: int, saved: int | None, global_batch: int) -> int:
-    """The checkpoint's position in its epoch (batches trained) in batches of this run's
-    ``global_batch``: the same samples, counted again, so a resumed run neither repeats nor
-    skips one. A position that is no whole number of the new batches is one clear error."""
-    if saved is None or saved == global_batch or position == 0:
-        return position
-    samples = position * saved
-    if samples % global_batch:
-        raise CheckpointError(
-            path, f"it stopped {position} batches of {saved} into its epoch ({samples} samples), which is no whole "
-            f"number of batches of global_batch={global_batch}; resume with global_batch={saved} (or a divisor of "
-            f"{samples}), or from a checkpoint at an epoch's end",
-        )
-    log.warning("resume: the checkpoint trained batches of %d and this run's are of %d: %d samples into the epoch, "
-                "batch %d of this run's", saved, global_batch, samples, samples // global_batch)
-    return samples // global_batch
-
-
 def epoch_length(data: Iterable[Any], epochs: int | None) -> int | None:
     """Batches in ``epochs`` passes over ``data`` (None: no length, or no epoch count)."""
     try:
         return len(data) * epochs if epochs is not None else None  # type: ignore[arg-type]
     except TypeError:
         return None
-
-
-def _warn_replaced_settings(optimizer: torch.optim.Optimizer, saved: dict[str, Any]) -> None:
-    """Warn where the checkpoint's optimizer settings replace this run's (a learning rate set
-    anew for the resumed run is overwritten by ``load_state_dict``, as PyTorch resumes). The
-    learning rate is compared at its schedule's start (``initial_lr``) where a scheduler set one."""
-    def plain(value: Any) -> Any:
-        return list(value) if isinstance(value, tuple) else value
-
-    changed = set()
-    for group, old in zip(optimizer.param_groups, saved.get("param_groups", [])):
-        skip = {"params", "lr"} if "initial_lr" in group else {"params"}  # a schedule moves lr itself
-        for key, value in group.items():
-            if key in skip or key not in old or not isinstance(value, (int, float, str, bool, tuple, type(None))):
-                continue
-            if plain(old[key]) != plain(value):
-                changed.add(f"{key} {old[key]!r} (this run: {value!r})")
-    if changed:
-        log.warning("resume: the checkpoint's optimizer settings replace this run's: %s; set them after resuming "
-                    "to change them", ", ".join(sorted(changed)))
-
-
-def _without_wrapper_prefix(state: dict[str, Any]) -> dict[str, Any]:
-    """Keys of a checkpoint written from a DDP wrapper by an older version (``module.``)."""
-    if state and all(key.startswith("module.") for key in state):
-        return {key[len("module."):]: value for key, value in state.items()}
-    return state
-

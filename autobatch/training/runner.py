@@ -10,11 +10,14 @@ backward, ``optimizer.step()``) the attempt is abandoned and retried with tenaci
 (``for attempt in Retrying(...)``). At the top of the next attempt, outside any ``except``
 block and after tenacity has dropped the failed attempt's traceback, the runner undoes a
 half-applied optimizer step (:class:`~autobatch.training.step_guard.StepGuard`), puts back the
-buffers forward changed (:class:`~autobatch.training.buffer_guard.BufferGuard`), drops the partial
-gradients, frees memory, halves the micro-batch (read from runner state on every attempt)
-and replays the *same* global batch from its first sample. When micro-batch 1 fails it turns
+buffers forward changed (:class:`~autobatch.training.buffer_guard.BufferGuard`) and the random
+state (:class:`~autobatch.training.step_random.StepRandom`), drops the partial gradients, frees
+memory, halves the micro-batch (read from runner state on every attempt) and replays the
+*same* global batch from its first sample. When micro-batch 1 fails it turns
 on activation checkpointing if ``checkpointing_fallback`` allows, else raises
-:class:`~autobatch.errors.StepOutOfMemoryError`. Non-OOM exceptions propagate unchanged.
+:class:`~autobatch.errors.StepOutOfMemoryError`. Any other exception (a ``KeyboardInterrupt`` too)
+propagates unchanged, after the step is undone the same way, so a checkpoint saved then, or
+another ``fit()``, does not count its update twice.
 
 Around that loop: grow-back (:mod:`autobatch.training.growth`), cache hygiene
 (:mod:`autobatch.training.hygiene`), atomic checkpoints and exact resume
@@ -53,6 +56,7 @@ from .resume import Resumable, epoch_length
 from .run_result import RunResult
 from .step_guard import StepGuard
 from .step_memory import StepMemory
+from .step_random import StepRandom
 
 __all__ = ["Runner", "train"]
 
@@ -145,6 +149,7 @@ class Runner(OomRecovery, Resumable, PlansFromData):
         distributed: bool | None = None,
     ) -> None:
         checks.module("model", model)
+        checks.materialized("model", model)
         checks.trains("optimizer", optimizer, model)
         checks.positive_int("global_batch", global_batch)
         checks.positive_int("micro_batch", micro_batch, allow_none=True)
@@ -170,6 +175,7 @@ class Runner(OomRecovery, Resumable, PlansFromData):
         self.grad_scaler = grad_scaler
         self.guard = StepGuard(optimizer, step_guard, grad_scaler, room=self._guard_room)
         self.buffers = BufferGuard(model)  # what forward changed (BatchNorm statistics), undone on a replay
+        self.random = StepRandom(self.device)  # the step's random state: a replay draws the same dropout masks
         self.checkpointing_fallback = checkpointing_fallback
         self.checkpoint_targets = checkpoint_targets
         if checkpoint_targets is not None:  # targets that match nothing fail now, not at an OOM mid-run
@@ -188,7 +194,8 @@ class Runner(OomRecovery, Resumable, PlansFromData):
             local, optimizer, loss_fn, make_batch=self._no_batches, autocast_dtype=dtype, grad_scaler=grad_scaler,
             max_grad_norm=max_grad_norm,
         )
-        self.growth = GrowBack(grow_after, max_micro_batch or self.micro_batch or self.share)
+        given = max_micro_batch or self.micro_batch  # else planned (a resume takes its checkpoint's)
+        self.growth = GrowBack(grow_after, given or self.share, configured=given is not None)
         self.step_memory = StepMemory(self.device)
         self.checkpoint_handle: CheckpointHandle | None = None
         # Position: global steps done in the whole run, epoch, batches done in that epoch.
@@ -207,12 +214,8 @@ class Runner(OomRecovery, Resumable, PlansFromData):
         # machine where only torch is installed; the runner itself needs tenacity.
         from tenacity import Retrying, retry_if_exception, wait_none
 
-        self._retrying = Retrying(
-            retry=retry_if_exception(self._is_retryable),
-            stop=self._out_of_options,
-            wait=wait_none(),
-            reraise=True,
-        )
+        self._retrying = Retrying(retry=retry_if_exception(self._is_retryable), stop=self._out_of_options, wait=wait_none(),
+                                  reraise=True)
 
     # -- the public loop --------------------------------------------------------------------
     def fit(
@@ -229,7 +232,8 @@ class Runner(OomRecovery, Resumable, PlansFromData):
         Stops after ``epochs`` passes or when ``steps`` global steps are done in the whole
         run, whichever comes first (neither: one epoch). ``resume``: a checkpoint file or
         directory written by this runner; training continues from it exactly (same batches,
-        same random numbers). ``on_step_end(info)`` is called after each applied update with
+        same random numbers; not those of ``DataLoader(persistent_workers=True)``'s workers, which
+        no checkpoint holds: see ``docs/runner.md``). ``on_step_end(info)`` is called after each applied update with
         ``step`` (steps done), ``epoch``, ``loss``, ``micro_batch``, ``accumulation`` (this
         rank's micro-batches in the step) and ``samples`` (the step's samples, over all ranks
         when distributed).
@@ -242,7 +246,7 @@ class Runner(OomRecovery, Resumable, PlansFromData):
         if not hasattr(data, "__iter__"):
             raise TypeError(f"data must be an iterable of global batches (a DataLoader, a list, a generator), got {type(data).__name__}")
         began = time.perf_counter()
-        self._data_generators = data_generators(data)
+        self._data_generators, self._epoch_batches = data_generators(data), epoch_length(data, 1)
         first_epoch = None
         resumed_rng = self._load(resume) if resume is not None else self._continued_rng()
         if resumed_rng is None and self.micro_batch is None:  # planned on the first epoch's first batch, which is then trained
@@ -297,37 +301,31 @@ class Runner(OomRecovery, Resumable, PlansFromData):
         if size != self.share and not self._warned_size:
             self._warned_size = True
             log.warning("a batch of %d samples, not %d; each step uses its own batch's size", size, self.share)
+        self._stepping = False  # a new step: its optimizer has not run yet
         self.micro_batch = self._proposal()
         if self.growth.trying:
             self.result.grow_attempts.append({"step": self.step, "from": self.growth.previous, "to": self.micro_batch, "held": True})
         scale = self._scale()
         self.buffers.capture()
-        try:
-            for attempt in self._retrying:
-                with attempt:
-                    if attempt.retry_state.attempt_number > 1:
-                        self._recover()
-                    self.step_memory.begin()
-                    loss = self._attempt(batch, size)
+        self.random.capture()
+        try:  # any exception, an interrupt too, leaves the runner as it was before this step
+            loss = self._retried(batch, size)
+            if self.distributed:
+                size = self._global_size
+                self._parallel.after_step(self._train_step.model, f"runner step {self.step}")
+            if self.scheduler is not None:
+                self._step_scheduler()  # after the update it follows, undone with it
+            self._stepping = False
         except BaseException as exc:
+            self._abandon()
             if not is_oom_error(exc):
                 raise
-            self._abandon()
             raise StepOutOfMemoryError(self.step, self._phase, self.checkpoint_handle is not None) from exc
-        if self.distributed:
-            size = self._global_size
-            self._parallel.after_step(self._train_step.model, f"runner step {self.step}")
         self.step_memory.record(micro_batch_sizes(self._local_size, self.micro_batch, balanced=self.balanced)[0])
         self.growth.on_step_done()
         if scale is not None and self._scale() < scale:  # GradScaler backed off: it skipped this step
             self.result.skipped_steps += 1
-        if self.scheduler is not None:
-            self.scheduler.step()  # outside the retry: the update it follows is committed
         return loss, size
-
-    def _scale(self) -> float | None:
-        scaler = self.grad_scaler
-        return None if scaler is None or not scaler.is_enabled() else scaler.get_scale()
 
     def _attempt(self, batch: Any, size: int) -> float | torch.Tensor:
         self._phase = "transfer"
@@ -336,7 +334,6 @@ class Runner(OomRecovery, Resumable, PlansFromData):
                 self._train_step, self._micro_batches(batch), local_size=size, on_phase=self._enter,
                 phase=lambda: self._phase, label=f"runner step {self.step}", global_batch=self.global_batch,
             )
-            self._stepping = False
             return loss
         loss = accumulated_step(
             self._train_step,
@@ -346,7 +343,6 @@ class Runner(OomRecovery, Resumable, PlansFromData):
             on_phase=self._enter,
             lazy=True,  # read when reported (progress, on_step_end, the result), not every step
         )
-        self._stepping = False
         return loss
 
     def _micro_batches(self, batch: Any) -> LazyMicroBatches:

@@ -1,0 +1,127 @@
+"""What a resume checks and converts before it continues a run: one clear error, or a warning.
+
+Kept apart from :mod:`autobatch.training.resume` (which saves and loads): a checkpoint of
+another optimizer or scheduler class is refused before anything is loaded (one
+:class:`~autobatch.errors.CheckpointError` naming both classes, not a bare ``KeyError`` a step
+later, nor a scheduler silently running on another one's attributes); a scheduler state that
+does not load is the same error; the checkpoint's place in its epoch is converted to batches of
+this run's global batch; settings the checkpoint replaces, and a data loader whose workers'
+random state no checkpoint holds, are warned about.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any, Iterable
+
+import torch
+
+from ..errors import CheckpointError
+
+__all__ = ["check_kinds", "kind", "load_scheduler", "position_for", "warn_persistent_workers", "warn_replaced_settings",
+           "without_wrapper_prefix"]
+
+log = logging.getLogger("autobatch")
+
+
+def kind(value: Any) -> str | None:
+    """The class name a checkpoint stores for an optimizer or scheduler (None: none)."""
+    return None if value is None else type(value).__qualname__
+
+
+def check_kinds(path: Path, state: dict[str, Any], optimizer: Any, scheduler: Any) -> None:
+    """Refuse a checkpoint written with another optimizer or scheduler class (checkpoints of
+    earlier versions name neither, or no scheduler); warn where one run has a scheduler and the
+    other none (the schedule then stops, or starts afresh, at the resumed step)."""
+    for what, saved, mine in (("optimizer", state.get("optimizer_type"), kind(optimizer)),
+                              ("scheduler", state.get("scheduler_type"), kind(scheduler))):
+        if saved is not None and mine is not None and saved != mine:
+            raise CheckpointError(
+                path, f"it was written with {what} {saved} and this run's is {mine}; resume with {saved}, or start afresh",
+            )
+    if "scheduler_type" not in state:
+        return
+    saved = state["scheduler_type"]
+    if saved is None and scheduler is not None:
+        log.warning("resume: the checkpoint's run had no scheduler and this run has %s: its schedule starts afresh "
+                    "at the resumed step", kind(scheduler))
+    elif saved is not None and scheduler is None:
+        log.warning("resume: the checkpoint's run had scheduler %s and this run has none: the learning rate stays "
+                    "as the checkpoint left it", saved)
+
+
+def load_scheduler(path: Path, scheduler: Any, saved: dict[str, Any] | None) -> None:
+    """``scheduler.load_state_dict(saved)``; a state it cannot take is a :class:`CheckpointError`."""
+    if scheduler is None or saved is None:
+        return
+    try:
+        scheduler.load_state_dict(saved)
+    except (RuntimeError, ValueError, KeyError, TypeError, AttributeError, IndexError) as exc:
+        detail = " ".join(f"{type(exc).__name__}: {exc}".split())[:300]
+        raise CheckpointError(
+            path, f"its scheduler state does not fit this run's {kind(scheduler)} ({detail}); resume with the scheduler "
+            "it was written with, or start afresh",
+        ) from None
+
+
+def position_for(path: Path, state: dict[str, Any], global_batch: int) -> int:
+    """The checkpoint's position in its epoch (batches trained) in batches of this run's
+    ``global_batch``: the same samples (``epoch_samples``, a short batch counted as it is),
+    counted again, so a resumed run neither repeats nor skips one. A position that is no whole
+    number of the new batches is one clear error. (A checkpoint at an epoch's last step is one
+    of the next epoch's start: position 0, whatever the batches.)"""
+    position, saved = state["position"], state.get("global_batch")
+    if saved is None or saved == global_batch or position == 0:
+        return position
+    samples = state.get("epoch_samples", position * saved)  # checkpoints of earlier versions: whole batches
+    if samples % global_batch:
+        raise CheckpointError(
+            path, f"it stopped {position} batches of {saved} into its epoch ({samples} samples), which is no whole "
+            f"number of batches of global_batch={global_batch}; resume with global_batch={saved} (or a divisor of "
+            f"{samples}), or from a checkpoint at an epoch's end",
+        )
+    log.warning("resume: the checkpoint trained batches of %d and this run's are of %d: %d samples into the epoch, "
+                "batch %d of this run's", saved, global_batch, samples, samples // global_batch)
+    return samples // global_batch
+
+
+def warn_persistent_workers(data: Iterable[Any]) -> None:
+    """Warn that a ``DataLoader(persistent_workers=True)`` resumes with other random numbers in
+    its workers: they are started once and keep their generators across epochs, and no checkpoint
+    holds those, so a resumed (or continued) run's new workers draw other augmentations than the
+    uninterrupted run's kept ones did. The batches' order is still the same."""
+    if getattr(data, "persistent_workers", False) and (getattr(data, "num_workers", 0) or 0) > 0:
+        log.warning(
+            "resume: the DataLoader keeps its workers across epochs (persistent_workers=True), and their random "
+            "state is in no checkpoint: random augmentation in them draws other numbers than the uninterrupted run "
+            "(the batches' order is the same). For an exact resume use persistent_workers=False, or seed each "
+            "sample's augmentation from its index and epoch",
+        )
+
+
+def warn_replaced_settings(optimizer: torch.optim.Optimizer, saved: dict[str, Any]) -> None:
+    """Warn where the checkpoint's optimizer settings replace this run's (a learning rate set
+    anew for the resumed run is overwritten by ``load_state_dict``, as PyTorch resumes). The
+    learning rate is compared at its schedule's start (``initial_lr``) where a scheduler set one."""
+    def plain(value: Any) -> Any:
+        return list(value) if isinstance(value, tuple) else value
+
+    changed = set()
+    for group, old in zip(optimizer.param_groups, saved.get("param_groups", [])):
+        skip = {"params", "lr"} if "initial_lr" in group else {"params"}  # a schedule moves lr itself
+        for key, value in group.items():
+            if key in skip or key not in old or not isinstance(value, (int, float, str, bool, tuple, type(None))):
+                continue
+            if plain(old[key]) != plain(value):
+                changed.add(f"{key} {old[key]!r} (this run: {value!r})")
+    if changed:
+        log.warning("resume: the checkpoint's optimizer settings replace this run's: %s; set them after resuming "
+                    "to change them", ", ".join(sorted(changed)))
+
+
+def without_wrapper_prefix(state: dict[str, Any]) -> dict[str, Any]:
+    """Keys of a checkpoint written from a DDP wrapper by an older version (``module.``)."""
+    if state and all(key.startswith("module.") for key in state):
+        return {key[len("module."):]: value for key, value in state.items()}
+    return state

@@ -1,0 +1,233 @@
+"""What a resume takes from its checkpoint, and what from the resumed run's own settings.
+
+* Grow-back: the resumed Runner's ``grow_after`` and ``max_micro_batch`` win; what the first run
+  learned from its OOMs (the back-off, the streak) carries over.
+* A checkpoint written at an epoch's last step (the epoch not yet counted) resumes with another
+  ``global_batch`` as the start of the next epoch; a position that does not convert names the
+  samples really trained.
+* The scheduler's class is checked as the optimizer's is: another one is one ``CheckpointError``
+  naming both, before anything is loaded; a state it cannot load is the same error.
+* A ``DataLoader(persistent_workers=True)`` resume is warned about (its workers' random state is
+  in no checkpoint).
+"""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from autobatch import CheckpointError, Runner
+from autobatch.training.growth import GrowBack
+
+
+def mse(model, batch):
+    return nn.functional.mse_loss(model(batch[0]), batch[1])
+
+
+def batches(samples: int, size: int):
+    generator = torch.Generator().manual_seed(1)
+    x = torch.randn(samples, 6, generator=generator, dtype=torch.float64)
+    y = torch.randn(samples, 1, generator=generator, dtype=torch.float64)
+    return [(x[i : i + size], y[i : i + size]) for i in range(0, samples, size)]
+
+
+def runner(loss_fn=mse, scheduler=None, **options) -> Runner:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 1)).double()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    options = {"global_batch": 16, "progress": False, **options}
+    return Runner(model, optimizer, loss_fn, scheduler=scheduler(optimizer) if scheduler else None, **options)
+
+
+def small_only(model, batch):
+    """A device on which micro-batches above 8 never fit."""
+    if batch[0].shape[0] > 8:
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 MiB")
+    return mse(model, batch)
+
+
+# -- grow-back settings ----------------------------------------------------------------------------
+def failed_tries(result) -> list[int]:
+    return [attempt["step"] for attempt in result.grow_attempts if not attempt["held"]]
+
+
+def test_a_resume_with_grow_back_on_grows_as_a_fresh_run_after_one_with_it_off(tmp_path):
+    """The checkpoint of a run with grow-back off held wait=0: resumed with grow_after=10, every
+    step tried to grow (25 failed tries in 25 steps), and the doubled wait stayed 0."""
+    data = batches(160, 16)
+    runner(small_only, micro_batch=8, max_micro_batch=16, grow_after=None, checkpoint_dir=tmp_path).fit(data, steps=5)
+    resumed = runner(small_only, micro_batch=8, max_micro_batch=16, grow_after=10, checkpoint_dir=tmp_path)
+    result = resumed.fit(data, epochs=3, resume=tmp_path)
+    fresh = runner(small_only, micro_batch=8, max_micro_batch=16, grow_after=10).fit(data, epochs=3)
+    assert failed_tries(result) == failed_tries(fresh) == [10]
+    assert resumed.growth.wait == 20
+
+
+def test_a_resume_takes_max_micro_batch_from_its_runner(tmp_path):
+    data = batches(160, 16)
+    runner(micro_batch=4, grow_after=2, checkpoint_dir=tmp_path).fit(data, steps=1)  # ceiling 4: its micro-batch
+    resumed = runner(micro_batch=4, max_micro_batch=16, grow_after=2)
+    result = resumed.fit(data, epochs=2, resume=tmp_path)
+    assert resumed.growth.ceiling == 16 and result.micro_batch == 16
+
+
+def test_a_resume_keeps_the_back_off_learned_from_failed_grow_tries(tmp_path):
+    """Two failed tries doubled the wait twice (2 -> 8): a resume with grow_after=3 waits 3 x 4."""
+    data = batches(160, 16)
+    first = runner(small_only, micro_batch=8, max_micro_batch=16, grow_after=2, checkpoint_dir=tmp_path)
+    assert len(failed_tries(first.fit(data, steps=12))) == 2 and first.growth.wait == 8
+    resumed = runner(small_only, micro_batch=8, max_micro_batch=16, grow_after=3)
+    resumed.fit(data, steps=13, resume=tmp_path)
+    assert resumed.growth.wait == 12 and resumed.growth.streak == first.growth.streak + 1
+
+
+def test_the_grow_back_state_machine_loads_learned_state_under_its_own_settings():
+    saved = GrowBack(4, 32).state_dict() | {"wait": 16, "streak": 3, "ceiling": 32}  # two failed tries
+    mine = GrowBack(None, 8)
+    mine.load_state_dict(saved)
+    assert (mine.wait, mine.ceiling, mine.streak) == (0, 8, 3)
+    planned = GrowBack(5, 64, configured=False)  # a planned run resumed: the checkpoint's probe maximum
+    planned.load_state_dict(saved, limit=16)
+    assert (planned.wait, planned.ceiling) == (20, 16)
+    older = {key: value for key, value in saved.items() if key != "grow_after"}  # an earlier version's checkpoint
+    for grow_after, wait in ((4, 16), (8, 16), (5, 5)):
+        growth = GrowBack(grow_after, 8)
+        growth.load_state_dict(older)
+        assert growth.wait == wait
+
+
+# -- a checkpoint at an epoch's last step, resumed with another global batch -------------------------
+class Stop(Exception):
+    pass
+
+
+def loader(global_batch: int, samples: int = 84) -> DataLoader:
+    x = torch.randn(samples, 6, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+    dataset = TensorDataset(x, x.sum(1, keepdim=True))
+    return DataLoader(dataset, batch_size=global_batch, shuffle=True, generator=torch.Generator().manual_seed(5))
+
+
+@pytest.mark.parametrize("samples, new_batch", [(84, 32), (80, 32), (84, 28)])
+def test_a_checkpoint_at_an_epochs_last_step_resumes_with_another_global_batch(tmp_path, samples, new_batch):
+    """A periodic checkpoint at the epoch's last step held position 6 of 6 of an epoch not yet
+    counted: another global batch was refused, the message counting 96 samples for an 84-sample
+    epoch. It is now the next epoch's start, as the checkpoint of a run stopped there by
+    ``steps``: the same file but for its counters, resumed in the seeded loader's uninterrupted
+    order whether the epoch's last batch was short (84) or whole (80)."""
+    per_epoch = -(-samples // 16)
+    periodic, ended = tmp_path / "periodic", tmp_path / "ended"
+    holder = []
+
+    def stopped_in_the_next_epoch(model, batch):
+        if holder[0].step == per_epoch + 1:
+            raise Stop()
+        return mse(model, batch)
+    holder.append(runner(stopped_in_the_next_epoch, micro_batch=8, checkpoint_dir=periodic, checkpoint_every=per_epoch))
+    with pytest.raises(Stop):
+        holder[0].fit(loader(16, samples), epochs=3)
+    runner(micro_batch=8, checkpoint_dir=ended).fit(loader(16, samples), steps=per_epoch)
+    saved = torch.load(periodic / "last.pt", weights_only=True)
+    assert (saved["step"], saved["epoch"], saved["position"]) == (per_epoch, 1, 0)
+    finals = []
+    for checkpoint in (periodic, ended):
+        resumed = runner(micro_batch=8, global_batch=new_batch)
+        result = resumed.fit(loader(new_batch, samples), epochs=3, resume=checkpoint)
+        assert result.epochs == 3 and result.samples == 2 * samples
+        finals.append([p.detach().clone() for p in resumed.model.parameters()])
+    for mine, theirs in zip(*finals):
+        assert torch.equal(mine, theirs)
+
+
+def test_a_checkpoint_at_an_epochs_last_step_resumes_the_uninterrupted_order(tmp_path):
+    """Same global batch, seeded loader with a whole last batch: bit-equal to the run that went on."""
+    reference = runner(micro_batch=8)
+    reference.fit(loader(16, 80), epochs=3)
+    holder = []
+
+    def stopped_in_the_next_epoch(model, batch):
+        if holder[0].step == 7:
+            raise Stop()
+        return mse(model, batch)
+    holder.append(runner(stopped_in_the_next_epoch, micro_batch=8, checkpoint_dir=tmp_path, checkpoint_every=5))
+    with pytest.raises(Stop):
+        holder[0].fit(loader(16, 80), epochs=3)
+    resumed = runner(micro_batch=8)
+    assert resumed.fit(loader(16, 80), epochs=3, resume=tmp_path).steps_this_run == 10
+    for mine, theirs in zip(resumed.model.parameters(), reference.model.parameters()):
+        assert torch.equal(mine, theirs)
+
+
+def test_a_position_that_does_not_convert_counts_the_samples_trained(tmp_path):
+    """Batches of 16, 16, 4 (short), 16: stopped after 3, the epoch is 36 samples in, not 48."""
+    data = batches(36, 16) + batches(16, 16)
+    runner(micro_batch=8, checkpoint_dir=tmp_path).fit(data, steps=3)
+    with pytest.raises(CheckpointError, match=r"3 batches of 16 into its epoch \(36 samples\).*global_batch=32"):
+        runner(micro_batch=8, global_batch=32).fit(data, epochs=1, resume=tmp_path)
+    resumed = runner(micro_batch=8, global_batch=12)
+    assert resumed.fit(batches(52, 12), epochs=1, resume=tmp_path).steps == 3 + 2  # 36 = 3 x 12 trained
+
+
+# -- the scheduler's class -------------------------------------------------------------------------
+SCHEDULERS = {
+    "StepLR": lambda optimizer: torch.optim.lr_scheduler.StepLR(optimizer, 3, 0.5),
+    "OneCycleLR": lambda optimizer: torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=0.05, total_steps=100),
+}
+
+
+@pytest.mark.parametrize("old, new", [("StepLR", "OneCycleLR"), ("OneCycleLR", "StepLR")])
+def test_a_checkpoint_of_another_scheduler_is_one_clear_error(tmp_path, old, new):
+    """StepLR into OneCycleLR raised a bare KeyError: 'max_lr' a step later; OneCycleLR into
+    StepLR trained on with OneCycleLR's attributes. Now refused before anything is loaded."""
+    data = batches(64, 16)
+    runner(micro_batch=8, scheduler=SCHEDULERS[old], checkpoint_dir=tmp_path).fit(data, steps=2)
+    resumed = runner(micro_batch=8, scheduler=SCHEDULERS[new])
+    before = [p.detach().clone() for p in resumed.model.parameters()]
+    with pytest.raises(CheckpointError, match=f"written with scheduler {old} and this run's is {new}; resume with {old}"):
+        resumed.fit(data, steps=4, resume=tmp_path)
+    assert all(torch.equal(a, b) for a, b in zip(before, resumed.model.parameters()))
+
+
+class Picky(torch.optim.lr_scheduler.StepLR):
+    """A scheduler whose state needs a key the checkpoint lacks."""
+
+    def load_state_dict(self, state_dict):
+        self.milestone = state_dict["milestone"]
+        super().load_state_dict(state_dict)
+
+
+def test_a_scheduler_state_that_does_not_load_is_a_checkpoint_error(tmp_path):
+    data = batches(64, 16)
+    scheduler = lambda optimizer: Picky(optimizer, 3, 0.5)  # noqa: E731
+    runner(micro_batch=8, scheduler=scheduler, checkpoint_dir=tmp_path).fit(data, steps=2)
+    with pytest.raises(CheckpointError, match=r"scheduler state does not fit this run's Picky \(KeyError: 'milestone'\)"):
+        runner(micro_batch=8, scheduler=scheduler).fit(data, steps=4, resume=tmp_path)
+
+
+def test_a_scheduler_added_or_dropped_on_resume_is_warned_about(tmp_path, caplog):
+    data = batches(64, 16)
+    runner(micro_batch=8, scheduler=SCHEDULERS["StepLR"], checkpoint_dir=tmp_path).fit(data, steps=2)
+    with caplog.at_level(logging.WARNING, logger="autobatch"):
+        runner(micro_batch=8).fit(data, steps=4, resume=tmp_path)
+    assert "the checkpoint's run had scheduler StepLR and this run has none" in caplog.text
+
+
+# -- persistent workers ----------------------------------------------------------------------------
+class Loader(list):
+    """Stands for a DataLoader (no workers started): its worker settings and batches."""
+
+    def __init__(self, items, persistent_workers):
+        super().__init__(items)
+        self.num_workers, self.persistent_workers = 2, persistent_workers
+
+
+@pytest.mark.parametrize("persistent", [True, False])
+def test_a_resume_with_persistent_workers_is_warned_about(tmp_path, caplog, persistent):
+    data = batches(64, 16)
+    runner(micro_batch=8, checkpoint_dir=tmp_path).fit(Loader(data, persistent), steps=6, epochs=2)
+    with caplog.at_level(logging.WARNING, logger="autobatch"):
+        runner(micro_batch=8).fit(Loader(data, persistent), epochs=2, resume=tmp_path)
+    assert ("persistent_workers=True" in caplog.text) is persistent
