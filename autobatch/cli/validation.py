@@ -25,13 +25,16 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import inspect
+import logging
 import typing
 from typing import Any, Iterable
 
 import torch
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from .config import ModelConfig
+from .config import DataConfig, ModelConfig
+
+log = logging.getLogger("autobatch")
 
 __all__ = [
     "close_match",
@@ -152,6 +155,11 @@ def check_input_shape(cfg: DictConfig) -> None:
         return
     kind, dims = found
     shape = list(cfg.data.shape)
+    default = {f.name: f for f in dataclasses.fields(DataConfig)}["shape"].default_factory()
+    if kind == "tokens" and shape != list(default):  # a sweep over both kinds may set it: say so, go on
+        log.warning("data.shape=%s is not used: model._target_=%s reads token ids (data.seq_len=%s tokens from a "
+                    "vocabulary of data.vocab_size=%s); drop data.shape or set those", shape, cfg.model._target_,
+                    cfg.data.seq_len, cfg.data.vocab_size)
     if kind == "tensor" and dims is not None and len(shape) != len(dims):
         raise ValueError(
             f"data.shape={shape} does not suit model._target_={cfg.model._target_}, which takes "
