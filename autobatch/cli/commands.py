@@ -40,6 +40,7 @@ from .config import register_configs
 from . import ranks
 from .errors import cli_keys, hydra_noise_filtered, reported
 from .isolated import isolate_probe, probe_in_child
+from .run_dir import check_probe_target, claim_run_dir
 from .sharding import per_rank_batch
 from .training import FINAL_MODEL, METRICS, check_fresh_target, check_steps_left, check_resume_target, find_resume, rank_fields, read_checkpoint, run_training
 
@@ -185,6 +186,7 @@ def probe_task(cfg: DictConfig) -> dict[str, Any]:
     with reported(multirun=multirun, verbose=verbose):
         ranks.join(cfg)
         out_dir = ranks.shared_run_dir(out_dir)
+        _on_every_rank(lambda: check_probe_target(out_dir), "cli: probe directory", f"hydra.run.dir={out_dir}")
         workload = build_workload(cfg)
         global_batch = cfg.train.global_batch
         if global_batch is None:
@@ -317,7 +319,8 @@ def train_task(cfg: DictConfig) -> dict[str, Any]:
         out_dir = ranks.shared_run_dir(out_dir)  # rank 0's, where every rank's checkpoint shards go
         if cfg.train.global_batch is not None:  # before any probe: a config error, at once
             per_rank_batch(int(cfg.train.global_batch), dist_sync.world_size())
-        child_result = None
+        child_result = None  # one run a directory: two started in the same second share Hydra's
+        _on_every_rank(lambda: claim_run_dir(out_dir, dist_sync.rank()), "cli: run directory claimed", f"hydra.run.dir={out_dir}")
         if cfg.train.resume is None:  # before any probe: never over an earlier run's files
             _on_every_rank(lambda: check_fresh_target(out_dir, cfg.train.checkpoint_dir), "cli: run directory free",
                            f"hydra.run.dir={out_dir}")

@@ -20,6 +20,7 @@ from typing import Any, Iterable, Iterator
 import torch
 
 from ..errors import CheckpointError, PeerFailedError
+from ..memory.simulated import host_memory, to_simulated_device
 from ..planning.checkpointing import enable_checkpointing
 from ..planning.accumulation import micro_batch_sizes
 from ..probe.shards import has_dtensors, load_plain_state, optimizer_state_for, plain_state
@@ -29,7 +30,8 @@ from .checkpoint_io import (
 from .pacing import agree_epoch_length, paced
 from .progress import Progress
 from .ranks import unwrap
-from .resume_checks import check_kinds, kind, load_scheduler, position_for, warn_persistent_workers, warn_replaced_settings
+from .resume_checks import check_kinds, kind, load_scheduler, position_for, precision_of, warn_changed_precision
+from .resume_checks import warn_persistent_workers, warn_replaced_settings
 from .resume_checks import without_wrapper_prefix
 from .run_result import RunResult
 from .sharded_files import check_sharded_resume, sharded_path
@@ -115,6 +117,7 @@ class Resumable:
             "scheduler": None if self.scheduler is None else self.scheduler.state_dict(),
             "scheduler_type": kind(self.scheduler),
             "grad_scaler": None if self.grad_scaler is None else self.grad_scaler.state_dict(),
+            "precision": precision_of(self._train_step),
             "rng": rng_state(self._data_generators),
             "epoch_rng": self._epoch_rng,
             "step": self.step,
@@ -247,7 +250,8 @@ class Resumable:
         path, state, failure = Path(resume), {}, None
         try:  # this rank's file; a sharded set for another world size (or none) is one clear error
             path = check_sharded_resume(resolve_checkpoint(resume), sharded=sharded)
-            state = load_checkpoint(path, expect_format=RUNNER_FORMAT)
+            with host_memory():  # read into host memory (map_location="cpu"): no device budget counts it
+                state = load_checkpoint(path, expect_format=RUNNER_FORMAT)
         except (OSError, CheckpointError) as exc:
             failure = exc
         if self._parallel.world_size() > 1:
@@ -274,6 +278,7 @@ class Resumable:
                     "the ranks wrote them; resume from a checkpoint whose files all hold one step, or start afresh",
                 )
         check_kinds(path, state, self.optimizer, self.scheduler)  # before anything is loaded
+        warn_changed_precision(state, precision_of(self._train_step))
         if state.get("checkpointed_modules") and self.checkpoint_handle is None:
             self.checkpoint_handle = enable_checkpointing(self.model, modules=state["checkpointed_modules"])
         try:
@@ -284,6 +289,7 @@ class Resumable:
                 unwrap(self.model).load_state_dict(without_wrapper_prefix(state["model"]))
                 warn_replaced_settings(self.optimizer, state["optimizer"])
                 self.optimizer.load_state_dict(state["optimizer"])
+                _state_onto_device(self.optimizer)
         except (RuntimeError, ValueError, KeyError) as exc:  # mismatched keys, shapes or groups
             detail = " ".join(str(exc).split())[:300]
             raise CheckpointError(
@@ -366,3 +372,16 @@ def epoch_length(data: Iterable[Any], epochs: int | None) -> int | None:
         return len(data) * epochs if epochs is not None else None  # type: ignore[arg-type]
     except TypeError:
         return None
+
+
+def _state_onto_device(optimizer: torch.optim.Optimizer) -> None:
+    """On the CPU's simulated device, the optimizer state just loaded from host memory is copied
+    onto the device, as ``load_state_dict`` copies host tensors to a GPU's parameters' device
+    (there ``to`` is a no-op on the CPU, so the budget never counted the state). Measured: a CLI
+    run resumed under the 2 MiB its probe was given counted the checkpoint's random states and
+    none of the state, and failed its first step at an answer that trained before. A no-op
+    without a simulated device."""
+    for state in optimizer.state.values():
+        for key, value in state.items():
+            if type(value) is torch.Tensor and value.dim() > 0:
+                state[key] = to_simulated_device(value)

@@ -5,6 +5,7 @@ change; nothing that records progress is overwritten."""
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 import torch
@@ -15,7 +16,7 @@ from autobatch.cli.build import training_memory
 from autobatch.cli.training import check_fresh_target, check_resume_target, read_checkpoint, run_files
 from autobatch.errors import CheckpointError
 
-from conftest import SMALL
+from conftest import SMALL, run_cli
 
 TRAIN = ["model=mlp", *SMALL[:3], "train.micro_batch=8", "train.steps=2"]
 
@@ -89,3 +90,39 @@ def test_the_training_memory_note_mentions_the_probe_only_when_one_ran(probed, n
         cfg = compose("train", overrides=["device=auto"])
     with training_memory(cfg, torch.device("cpu"), probed=probed) as said:
         assert said == note
+
+
+def test_a_run_resumed_in_the_probes_budget_trains_as_the_uninterrupted_one(tmp_path):
+    """The checkpoint is read into host memory and its optimizer state copied onto the simulated
+    device, as a GPU run's is: a resume under the 2 MiB its probe was given counted the
+    checkpoint's random states and failed its first step at the answer the run trained before."""
+    common = ["model=mlp", "data.shape=[64]", "probe.memory_limit=2MiB", "probe.cache=false"]
+    full = run_cli("train", *common, "train.steps=6", f"hydra.run.dir={tmp_path / 'full'}", cwd=tmp_path)
+    part = run_cli("train", *common, "train.steps=3", f"hydra.run.dir={tmp_path / 'part'}", cwd=tmp_path)
+    resumed = run_cli("train", *common, "train.steps=6", "train.resume=latest", f"hydra.run.dir={tmp_path / 'part'}",
+                      cwd=tmp_path)
+    assert full.returncode == part.returncode == resumed.returncode == 0, resumed.stderr
+    summary = json.loads((tmp_path / "part" / "train_result.json").read_text())
+    assert summary["oom_recoveries"] == [] and summary["steps"] == 6
+    final, uninterrupted = (torch.load(tmp_path / run / "final_model.pt") for run in ("part", "full"))
+    assert all(torch.equal(final[name], uninterrupted[name]) for name in final)
+
+
+def test_one_training_run_a_directory_and_no_probe_over_one(tmp_path):
+    """Two runs started in the same second share Hydra's default directory: the second one is
+    refused while the first holds it (a claim with its process id; a dead owner's is taken
+    over); a probe given a training run's directory is refused instead of overwriting it."""
+    from autobatch.cli.run_dir import CLAIM, check_probe_target, claim_run_dir
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / CLAIM).write_text("1\n")  # pid 1 (init) is alive and not this process
+    with pytest.raises(ValueError, match="in use by another training run"):
+        claim_run_dir(run)
+    (run / CLAIM).write_text("999999999\n")  # a run killed outright: no such process
+    claim_run_dir(run)
+    assert (run / CLAIM).read_text().strip() == str(os.getpid())
+    claim_run_dir(run)  # this process's own claim: a second run in the same process (a sweep) goes on
+    with pytest.raises(ValueError, match="holds a training run"):
+        check_probe_target(run)
+    check_probe_target(tmp_path / "elsewhere")

@@ -231,3 +231,25 @@ def test_a_resume_with_persistent_workers_is_warned_about(tmp_path, caplog, pers
     with caplog.at_level(logging.WARNING, logger="autobatch"):
         runner(micro_batch=8).fit(Loader(data, persistent), epochs=2, resume=tmp_path)
     assert ("persistent_workers=True" in caplog.text) is persistent
+
+
+def test_a_resume_at_another_precision_is_warned_about(tmp_path, caplog):
+    """The checkpoint records its precision: a run resumed under another autocast dtype (its
+    micro-batch sized for the old one) says so, where it used to change silently."""
+    import autobatch
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 2))
+    data = [(torch.randn(8, 8), torch.randint(0, 2, (8,))) for _ in range(4)]
+    loss = lambda m, b: torch.nn.functional.cross_entropy(m(b[0]), b[1])  # noqa: E731
+
+    def runner(dtype):
+        return autobatch.Runner(model, torch.optim.SGD(model.parameters(), lr=0.1), loss, global_batch=8,
+                                micro_batch=8, autocast_dtype=dtype, checkpoint_dir=tmp_path)
+
+    runner("bfloat16").fit(data, steps=2)
+    with caplog.at_level("WARNING", logger="autobatch"):
+        runner("bfloat16").fit(data, steps=3, resume=tmp_path)
+        assert "precision" not in caplog.text
+        runner(None).fit(data, steps=4, resume=tmp_path)
+    assert "trained with autocast bfloat16 and this run with None" in caplog.text
