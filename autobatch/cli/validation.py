@@ -155,8 +155,10 @@ def check_input_shape(cfg: DictConfig) -> None:
         return
     kind, dims = found
     shape = list(cfg.data.shape)
-    default = {f.name: f for f in dataclasses.fields(DataConfig)}["shape"].default_factory()
-    if kind == "tokens" and shape != list(default):  # a sweep over both kinds may set it: say so, go on
+    fields = {f.name: f for f in dataclasses.fields(DataConfig)}
+    # a shape set for a token model, where nothing token-shaped was: say so, go on (a config for
+    # models of both kinds, as a sweep's, sets data.seq_len too, and is not told)
+    if kind == "tokens" and shape != list(fields["shape"].default_factory()) and cfg.data.seq_len == fields["seq_len"].default:
         log.warning("data.shape=%s is not used: model._target_=%s reads token ids (data.seq_len=%s tokens from a "
                     "vocabulary of data.vocab_size=%s); drop data.shape or set those", shape, cfg.model._target_,
                     cfg.data.seq_len, cfg.data.vocab_size)

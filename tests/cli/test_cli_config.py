@@ -207,12 +207,14 @@ def test_optimizer_target_sets_only_the_target_and_lr(conf):
 
 def test_a_shape_a_token_model_does_not_read_is_named(conf, caplog):
     """``model=gpt data.shape=[3,64,64]`` probed as if the shape were used: now a warning names
-    it and what the model reads (a warning, not an error: a sweep over models of both kinds may
-    set both); the default shape says nothing."""
+    it and what the model reads (a warning, not an error); the default shape, or a shape given
+    beside a sequence length (a config for models of both kinds), says nothing."""
     from autobatch.cli.validation import check_input_shape
 
     with caplog.at_level("WARNING", logger="autobatch"):
         check_input_shape(conf("probe", "model=gpt"))
         assert "data.shape" not in caplog.text
+        check_input_shape(conf("probe", "model=gpt", "data.shape=[3,64,64]", "data.seq_len=64"))
+        assert "data.shape" not in caplog.text  # set for models of both kinds: nothing to say
         check_input_shape(conf("probe", "model=gpt", "data.shape=[3,64,64]"))
     assert "data.shape=[3, 64, 64] is not used" in caplog.text and "data.seq_len=128" in caplog.text
