@@ -28,7 +28,7 @@ import torch
 from ..probe.find import find_max_batch
 from ..probe.result import ProbeResult
 from .global_batch import accumulation_for
-from .transformers_step import TrainerStep, trainer_key
+from .transformers_step import TrainerStep, checkpointing_as_train, trainer_key
 
 __all__ = ["fit_batch_size", "longest_sample"]
 
@@ -180,26 +180,9 @@ def _train_step(trainer: Any, sample: Mapping[str, Any], share: int | None,
                 accumulation: int) -> tuple["TrainerStep", bool]:
     """The trainer's step as a :class:`TrainerStep`; whether its optimizer was created here.
     Gradient checkpointing is switched on first where ``train()`` would switch it on."""
-    _checkpointing_as_train(trainer)
+    checkpointing_as_train(trainer)
     created = trainer.optimizer is None
     if created:
         trainer.create_optimizer()
     trainer.model.train()
     return TrainerStep(trainer, sample, share, accumulation), created
-
-
-def _checkpointing_as_train(trainer: Any) -> None:
-    """Switch activation (gradient) checkpointing on as ``train()`` will, before the probe: a
-    probe without it answered 8 where ``train()`` with it trained 14. transformers 5 names the
-    setting ``activation_checkpointing`` (``gradient_checkpointing`` before, kept as an alias)."""
-    args, model = trainer.args, trainer.model
-    if not (getattr(args, "activation_checkpointing", False) or getattr(args, "gradient_checkpointing", False)):
-        return
-    kwargs = dict(getattr(args, "activation_checkpointing_kwargs", None)
-                  or getattr(args, "gradient_checkpointing_kwargs", None) or {})
-    every, offload = kwargs.pop("every_n_layers", 1), kwargs.pop("offload", False)
-    if hasattr(model, "activation_checkpointing_enable"):
-        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs or None, every_n_layers=every,
-                                              offload=offload)
-    elif hasattr(model, "gradient_checkpointing_enable"):
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs or None)

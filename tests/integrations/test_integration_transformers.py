@@ -292,3 +292,16 @@ def test_an_edited_trainer_subclass_misses_the_cache(tmp_path):
             cached.append(fit_batch_size(trainer, strategy="binary", cache=tmp_path / "cache").cached)
     assert cached == [False, False, True]
     assert isinstance(trainer_key(trainer), str)  # one digest: the key's depth limit cannot cut it
+
+
+def test_the_cache_key_reads_the_checkpointing_the_probe_switches_on(tmp_path):
+    """The key reads checkpointing where the probe does (``activation_checkpointing`` in
+    transformers 5, ``gradient_checkpointing`` before): a run with it must not be answered from
+    the entry of one without it."""
+    from autobatch.integrations.transformers_step import trainer_key
+
+    plain = trainer_key(lm_trainer(tmp_path))
+    names = [name for name in ("activation_checkpointing", "gradient_checkpointing")
+             if hasattr(transformers.TrainingArguments, name)]
+    for name in names:
+        assert trainer_key(lm_trainer(tmp_path, **{name: True})) != plain
