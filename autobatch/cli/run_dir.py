@@ -31,22 +31,23 @@ def claim_run_dir(run_dir: Path, rank: int = 0) -> None:
         return
     path = Path(run_dir) / CLAIM
     path.parent.mkdir(parents=True, exist_ok=True)
-    for _ in range(2):
+    try:
+        handle = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+    except FileExistsError:
+        owner = _owner(path)
+        if owner is not None and owner != os.getpid() and _alive(owner):
+            raise ValueError(
+                f"{run_dir} is in use by another training run (process {owner}; two runs started in the same "
+                "second share Hydra's default directory, named to the second); give this run its own hydra.run.dir"
+            ) from None
+        path.unlink(missing_ok=True)  # its owner is gone, or it is this process's own
         try:
             handle = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-        except FileExistsError:
-            owner = _owner(path)
-            if owner is not None and owner != os.getpid() and _alive(owner):
-                raise ValueError(
-                    f"{run_dir} is in use by another training run (process {owner}; two runs started in the same "
-                    "second share Hydra's default directory, named to the second); give this run its own hydra.run.dir"
-                ) from None
-            path.unlink(missing_ok=True)  # its owner is gone, or it is this process's own
-            continue
-        with os.fdopen(handle, "w") as file:
-            file.write(f"{os.getpid()}\n")
-        atexit.register(_release, path, os.getpid())
-        return
+        except FileExistsError:  # another run took the stale claim first
+            raise ValueError(f"{run_dir} is in use by another training run; give this run its own hydra.run.dir") from None
+    with os.fdopen(handle, "w") as file:
+        file.write(f"{os.getpid()}\n")
+    atexit.register(_release, path, os.getpid())
 
 
 def _owner(path: Path) -> int | None:
