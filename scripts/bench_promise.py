@@ -60,6 +60,10 @@ from autobatch.memory.simulated import active_simulation, host_memory  # noqa: E
 from autobatch.workloads.models import GPT, MLP, ResNetCNN  # noqa: E402
 
 WORKLOADS = ("vit_b16", "resnet50_tuned", "resnet50", "gpt2", "llama")
+# beside them, models the probe was not tuned on (``--workloads`` picks them): depthwise
+# convolutions with SiLU and cuDNN autotuning, LayerNorm and 7x7 depthwise kernels, a bidirectional
+# encoder with a padding mask and a masked-language-model loss
+MORE_WORKLOADS = ("efficientnet_b0_tuned", "convnext_tiny", "bert")
 LLAMA = dict(vocab_size=50257, hidden_size=768, intermediate_size=2048, num_hidden_layers=12,  # a Llama-style decoder
              num_attention_heads=12, num_key_value_heads=4, max_position_embeddings=1024)
 
@@ -68,12 +72,16 @@ LLAMA = dict(vocab_size=50257, hidden_size=768, intermediate_size=2048, num_hidd
 def build(name: str, device: str, quick: bool):
     """``(model, optimizer, loss_fn, make_batch, autocast dtype, cudnn.benchmark)``."""
     torch.manual_seed(0)
-    bench = name == "resnet50_tuned"
+    bench = name.endswith("_tuned")
     dtype = torch.bfloat16 if device == "cuda" else None
     if name.startswith("vit"):
         model, shape = _vit(quick), (3, 32, 32) if quick else (3, 224, 224)
     elif name.startswith("resnet50"):
         model, shape = _resnet(quick), (3, 16, 16) if quick else (3, 224, 224)
+    elif name.startswith(("efficientnet", "convnext")):
+        model, shape = _torchvision(name.removesuffix("_tuned"), quick), (3, 32, 32) if quick else (3, 224, 224)
+    elif name == "bert" and _importable("transformers"):
+        return _bert(device, quick) + (dtype, bench)
     else:
         model, shape = _decoder(name, quick), None
     model = model.to(device)
@@ -113,6 +121,44 @@ def _resnet(quick: bool):
     except ImportError:
         return ResNetCNN(3, 10, width=8, stages=2)
     return resnet18(num_classes=10) if quick else resnet50(num_classes=10)
+
+
+def _importable(module: str) -> bool:
+    import importlib.util
+    return importlib.util.find_spec(module) is not None
+
+
+def _torchvision(name: str, quick: bool):
+    try:
+        import torchvision.models as models
+    except ImportError:
+        return ResNetCNN(3, 10, width=8, stages=2)
+    return models.resnet18(num_classes=10) if quick else getattr(models, name)(num_classes=10)
+
+
+def _bert(device: str, quick: bool):
+    """BERT-base as a masked-language model: 512-token sequences with a padding mask (a random
+    length each), 15 % of the tokens predicted. ``(model, optimizer, loss_fn, make)``."""
+    seq, vocab = (16, 64) if quick else (512, 30522)
+    from transformers import BertConfig, BertForMaskedLM
+
+    config = (BertConfig(vocab_size=vocab, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                         intermediate_size=64, max_position_embeddings=seq) if quick else BertConfig(vocab_size=vocab))
+    model = BertForMaskedLM(config).to(device)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+
+    def make(b):
+        ids = torch.randint(0, vocab, (b, seq), device=device)
+        lengths = torch.randint(seq // 2, seq + 1, (b, 1), device=device)
+        mask = (torch.arange(seq, device=device) < lengths).long()
+        labels = torch.where((torch.rand(b, seq, device=device) < 0.15) & mask.bool(), ids, -100)
+        return ids, mask, labels
+
+    def loss_fn(m, batch):
+        ids, mask, labels = batch
+        logits = m(input_ids=ids, attention_mask=mask).logits
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), labels.reshape(-1), ignore_index=-100)
+    return model, optimizer, loss_fn, make
 
 
 def _decoder(name: str, quick: bool):
