@@ -22,12 +22,12 @@ from __future__ import annotations
 import math
 import numbers
 from contextlib import nullcontext
-from typing import Any, Callable, ContextManager, Iterable, Iterator, Mapping
+from typing import Any, Callable, ContextManager, Iterable, Iterator
 
 import torch
 
 from ..probe.train_step import TrainStep
-from .samples import cycle_samples, map_samples, take_samples  # here too: where callers have found them
+from .samples import batch_size_of, cycle_samples, map_samples, take_samples  # here too: where callers have found them
 
 __all__ = [
     "batch_size_of",
@@ -44,20 +44,6 @@ __all__ = [
     "AccumulatingStep",
     "LazyMicroBatches",
 ]
-
-
-def batch_size_of(batch: Any) -> int:
-    """The number of samples in ``batch``: dim 0 of its tensors.
-
-    ``batch`` is a tensor or a (nested) tuple, list or dict of tensors; non-tensor leaves and
-    0-dim tensors are ignored. Every batched tensor must agree on dim 0.
-    """
-    sizes = {leaf.shape[0] for leaf in _tensor_leaves(batch) if leaf.dim() > 0}
-    if not sizes:
-        raise ValueError(f"batch has no tensor with a batch dimension: {type(batch).__name__}")
-    if len(sizes) > 1:
-        raise ValueError(f"batch tensors disagree on dim 0 (the batch dimension): sizes {sorted(sizes)}")
-    return sizes.pop()
 
 
 def check_global_batch(global_batch: Any, *, given: int | None = None, integer: bool = False) -> None:
@@ -102,8 +88,9 @@ def split_batch(batch: Any, micro_batch: int, *, balanced: bool = False) -> list
     ``batch`` is a tensor or a (nested) tuple, list, named tuple or dict of tensors; each
     micro-batch has the same structure. The pieces are views (no copy). A list or tuple of
     per-sample values as long as the batch (a default-collated list of file names) is split
-    with it (:func:`map_samples`); other non-tensor leaves and 0-dim tensors are shared by
-    every micro-batch. See the module docstring for the policy.
+    with it, as are per-sample dicts and the other forms of :mod:`~autobatch.planning.samples`
+    (:func:`map_samples`); other non-tensor leaves and 0-dim tensors are shared by every
+    micro-batch. See the module docstring for the policy.
     """
     total = batch_size_of(batch)
     sizes = micro_batch_sizes(total, micro_batch, balanced=balanced)
@@ -320,17 +307,6 @@ class LazyMicroBatches:
 
 
 # -- helpers ----------------------------------------------------------------------------------
-def _tensor_leaves(batch: Any) -> Iterator[torch.Tensor]:
-    if isinstance(batch, torch.Tensor):
-        yield batch
-    elif isinstance(batch, Mapping):
-        for value in batch.values():
-            yield from _tensor_leaves(value)
-    elif isinstance(batch, (tuple, list)):
-        for value in batch:
-            yield from _tensor_leaves(value)
-
-
 def _offsets(sizes: list[int]) -> list[int]:
     offsets, position = [], 0
     for size in sizes:

@@ -46,6 +46,7 @@ from .checkpointing import CheckpointHandle, enable_checkpointing, find_blocks, 
 from .fastest import ThroughputObjective
 from .plan_result import Plan, candidates_table, short_list
 from .throughput import balanced_micro_batch, validate_timing
+from .trial_notes import note_small_trial
 
 __all__ = ["Plan", "plan", "OBJECTIVES", "candidates_table"]
 
@@ -141,9 +142,10 @@ def plan(
                 allow_accumulation, allow_checkpointing, balanced, min_micro_batch=min_micro_batch,
                 exhaustive=exhaustive, timing=timing, timer=timer, allocator_retries=allocator_retries,
             )
-    except BaseException:
+    except BaseException as exc:
         planner.unwrap()
         enable_checkpointing(step.model, modules=given)
+        note_small_trial(exc)  # a model that cannot train on batch 1, where the search went: said so
         raise
     if not result.checkpointing and given:
         enable_checkpointing(step.model, modules=given)
@@ -223,19 +225,11 @@ class _Planner(ThroughputObjective):
                                 "result": result.to_dict()})
             return result, None
         free_memory()
-        self.probes.append(
-            {
-                "checkpointing": checkpointing,
-                "accumulating": accumulating is not None,
-                "fits": False,
-                "result": None,
-                "batch_size": error.batch_size,
-                "peak_bytes": error.peak_bytes,
-                "capacity_bytes": error.capacity_bytes,
-                "device": error.device,
-                "error": str(error),
-            }
-        )
+        self.probes.append({
+            "checkpointing": checkpointing, "accumulating": accumulating is not None, "fits": False, "result": None,
+            "batch_size": error.batch_size, "peak_bytes": error.peak_bytes, "capacity_bytes": error.capacity_bytes,
+            "device": error.device, "error": str(error),
+        })  # fmt: skip
         return None, error
 
     def wrap(self) -> bool:

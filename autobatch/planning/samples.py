@@ -2,19 +2,41 @@
 
 A probe trial needs a batch of every size it tries; the runner plans on its first global
 batch, and a trial larger than it goes round it again. :func:`map_samples` applies one function
-to every batched tensor and another to every list of per-sample values (file names, raw text),
-keeping the batch's structure; :func:`take_samples` picks given samples, and
+to every batched tensor and another to every list of per-sample values (file names, raw text,
+per-sample dicts), keeping the batch's structure; :func:`take_samples` picks given samples, and
 :func:`cycle_samples` the first ``n`` round and round by slicing, which fake tensors can trace
 (the ``estimate`` strategy builds its batches under them, and they cannot read an index back).
+
+What is per sample follows what ``DataLoader``'s ``default_collate`` builds, and the custom
+collates beside it (a detection collate's tuple of per-sample dicts, a list of variable-length
+token lists); the rule, in ``docs/runner.md`` ("What a batch may hold"):
+
+* a tensor with a dimension is split along dim 0; a 0-dim tensor, a number, a string, ``None``
+  are shared by every micro-batch; dicts and named tuples hold fields, each read by this rule;
+* a list or tuple holding tensors or dicts holds the batch's *fields* (default_collate's
+  ``(inputs, targets)``, each split) where their tensors all have the batch's samples on dim 0,
+  else *one entry per sample* (split as a list) where it has one entry per sample, else it is
+  one error naming it; the batch itself is always fields;
+* a list or tuple of plain values (strings, objects, token lists) is one entry per sample when
+  it is as long as the batch and shared otherwise, but for default_collate's transposed text
+  (a list of per-sample tuples of strings, each as long as the batch, split one by one);
+* numbers: a tuple of them is a constant (an image's ``(H, W)``), shared whatever its length
+  (reading it by its length split ``(32, 48)`` when a batch had 2 samples); a list of them as
+  long as the batch is an error, for it could be either (default_collate makes per-sample
+  numbers a tensor: do so, and make a constant a tuple).
+
+:func:`batch_size_of` reads the batch's size by the same rule, so a list of per-sample dicts
+holding tensors of their own sizes (detection boxes) is no disagreement on dim 0.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping
+import numbers
+from typing import Any, Callable, Iterable, Mapping
 
 import torch
 
-__all__ = ["cycle_samples", "map_samples", "take_samples"]
+__all__ = ["batch_size_of", "cycle_samples", "map_samples", "take_samples"]
 
 
 def take_samples(batch: Any, index: torch.Tensor, total: int) -> Any:
@@ -47,24 +69,139 @@ def cycle_samples(batch: Any, size: int, total: int) -> Any:
     return map_samples(batch, tensors, lambda found: type(found)(list(found) * rounds + list(found[:rest])), total)
 
 
+def batch_size_of(batch: Any) -> int:
+    """The number of samples in ``batch``: dim 0 of its tensors, those in a list of per-sample
+    entries aside (that list's length counts); one ``ValueError`` naming the tensors where they
+    disagree, or where there is none with a batch dimension."""
+    sizes = _fields(batch)
+    if sizes is None:
+        raise ValueError(f"batch has no tensor with a batch dimension: {type(batch).__name__}")
+    if len(sizes) == 1:
+        return next(iter(sizes))
+    found = ", ".join(f"{path} has {size}" for path, size in _leaf_sizes(batch, "batch")[:6])
+    if sizes:  # a list of tensors or dicts, read as fields or one entry per sample, fits several sizes
+        raise ValueError(
+            f"cannot tell the batch's size: it fits {' or '.join(map(str, sorted(sizes)))} samples (dim 0: {found}), "
+            "for a list or tuple of tensors or dicts holds the batch's fields where their dim 0 is the batch's size, "
+            "and one entry per sample where it has one per sample. Add a tensor with the batch's samples on dim 0 "
+            "(the labels, the samples' indices); see 'What a batch may hold' in docs/runner.md"
+        )
+    raise ValueError(
+        f"batch tensors disagree on dim 0 (the batch dimension): {found}. Every tensor needs the batch's samples on "
+        "dim 0, but those in a list or tuple with one entry per sample (per-sample tensors or dicts, as a detection "
+        "collate makes); see 'What a batch may hold' in docs/runner.md"
+    )
+
+
 def map_samples(batch: Any, tensors: Callable[[torch.Tensor], torch.Tensor], values: Callable[[Any], Any],
                 total: int) -> Any:
     """``batch`` (of ``total`` samples) with ``tensors`` applied to each tensor with a batch
-    dimension and ``values`` to each list or tuple of per-sample values (as long as the batch,
-    holding no tensor, mapping, list or tuple: label names, file names, raw text), keeping its
-    structure; other leaves and 0-dim tensors are kept as they are."""
-    if isinstance(batch, torch.Tensor):
-        return tensors(batch) if batch.dim() > 0 else batch
-    if isinstance(batch, Mapping):
-        items = {key: map_samples(value, tensors, values, total) for key, value in batch.items()}
+    dimension and ``values`` to each list or tuple of per-sample entries, keeping its structure;
+    other leaves and 0-dim tensors are kept as they are. What is per sample: the module's rule.
+    A list or tuple that fits it neither way is one ``ValueError`` naming its path."""
+    return _map(batch, "batch", tensors, values, total, root=True)
+
+
+def _map(node: Any, path: str, tensors: Callable, values: Callable, total: int, root: bool = False) -> Any:
+    if isinstance(node, torch.Tensor):
+        return tensors(node) if node.dim() > 0 else node
+    if isinstance(node, Mapping):
+        items = {key: _map(value, f"{path}[{key!r}]", tensors, values, total) for key, value in node.items()}
         try:
-            return type(batch)(items)
+            return type(node)(items)
         except TypeError:  # a mapping type that cannot be built from a dict (defaultdict)
             return items
-    if isinstance(batch, tuple) and hasattr(batch, "_fields"):  # named tuple
-        return type(batch)(*(map_samples(value, tensors, values, total) for value in batch))
-    if isinstance(batch, (tuple, list)):
-        if batch and len(batch) == total and not any(isinstance(v, (torch.Tensor, Mapping, list, tuple)) for v in batch):
-            return values(batch)  # one value per sample
-        return type(batch)(map_samples(value, tensors, values, total) for value in batch)
-    return batch
+    if _named(node):
+        return type(node)(*(_map(value, f"{path}.{name}", tensors, values, total) for name, value in zip(node._fields, node)))
+    if not isinstance(node, (tuple, list)) or not node:
+        return node
+    if _plain(node):
+        return _map_plain(node, path, values, total)
+    fields = _fields(node)
+    if root or (fields is None and len(node) != total) or (fields is not None and total in fields):
+        return type(node)(_map(value, f"{path}[{index}]", tensors, values, total) for index, value in enumerate(node))
+    if len(node) == total:
+        return values(node)  # one entry per sample: per-sample dicts, tensors of their own sizes
+    found = ", ".join(f"{where} has {size}" for where, size in _leaf_sizes(node, path)[:4])
+    raise ValueError(
+        f"{path} is a {type(node).__name__} of {len(node)} entries in a batch of {total} samples, and its tensors do "
+        f"not all have {total} on dim 0 ({found}): it is neither the batch's fields (each split along dim 0) nor one "
+        f"entry per sample. Give its tensors the batch's samples on dim 0, or make it a list of {total} per-sample "
+        "entries (tensors or dicts); see 'What a batch may hold' in docs/runner.md"
+    )
+
+
+def _map_plain(node: list | tuple, path: str, values: Callable, total: int) -> Any:
+    """A list or tuple of plain values (no tensor, no mapping in it), by the module's rule."""
+    if all(isinstance(value, (list, tuple)) and len(value) == total and _all_text(value) for value in node):
+        return type(node)(values(value) for value in node)  # default_collate's transposed per-sample text
+    if len(node) != total:
+        return node  # not one entry per sample: shared
+    if all(_number(value) for value in node):
+        if isinstance(node, tuple):
+            return node  # (H, W): a constant, whatever the batch's size
+        raise ValueError(
+            f"{path} is a list of {total} numbers in a batch of {total} samples: autobatch cannot tell one number per "
+            "sample (split with the batch) from one value for the whole batch (shared). Make per-sample numbers a "
+            "tensor, torch.tensor(...), as DataLoader's default collate does, and a constant a tuple"
+        )
+    return values(node)  # strings, objects, token lists: one per sample
+
+
+def _fits(node: Any) -> frozenset[int] | None:
+    """The batch sizes ``node`` is consistent with (None: any): a tensor's dim 0; a list or tuple
+    of tensors or dicts, as the batch's fields or as one entry per sample."""
+    if isinstance(node, torch.Tensor):
+        return frozenset({node.shape[0]}) if node.dim() > 0 else None
+    if isinstance(node, (list, tuple)) and not _named(node):
+        if not node or _plain(node):
+            return None
+        fields = _fields(node)
+        return None if fields is None else fields | {len(node)}
+    return _fields(node) if isinstance(node, (Mapping, tuple)) else None
+
+
+def _fields(node: Any) -> frozenset[int] | None:
+    """The batch sizes ``node``'s fields agree on (None: any; empty: none)."""
+    if isinstance(node, Mapping):
+        return _meet(_fits(value) for value in node.values())
+    if isinstance(node, (list, tuple)):
+        return _meet(_fits(value) for value in node)
+    return _fits(node)
+
+
+def _meet(options: Iterable[frozenset[int] | None]) -> frozenset[int] | None:
+    met = None
+    for option in options:
+        if option is not None:
+            met = option if met is None else met & option
+    return met
+
+
+def _leaf_sizes(node: Any, path: str) -> list[tuple[str, int]]:
+    """``(path, dim 0)`` of every tensor with a dimension in ``node``, for a message."""
+    if isinstance(node, torch.Tensor):
+        return [(path, node.shape[0])] if node.dim() > 0 else []
+    if isinstance(node, Mapping):
+        return [found for key, value in node.items() for found in _leaf_sizes(value, f"{path}[{key!r}]")]
+    if isinstance(node, (list, tuple)):
+        return [found for index, value in enumerate(node) for found in _leaf_sizes(value, f"{path}[{index}]")]
+    return []
+
+
+def _named(node: Any) -> bool:
+    return isinstance(node, tuple) and hasattr(node, "_fields")
+
+
+def _plain(node: list | tuple) -> bool:
+    """Whether ``node`` holds no tensor and no mapping, at any depth of lists and tuples."""
+    return not any(isinstance(value, (torch.Tensor, Mapping)) or (isinstance(value, (list, tuple)) and not _plain(value))
+                   for value in node)
+
+
+def _all_text(node: list | tuple) -> bool:
+    return all(isinstance(value, (str, bytes)) for value in node)
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, numbers.Number)

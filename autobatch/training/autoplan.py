@@ -72,11 +72,14 @@ class PlansFromData:
         planned = plan(step, global_batch=self.share, **options)
         if self.distributed:  # the probes agreed already; a timed pick may still differ per rank
             self._parallel.agree_plan(planned)
-        self.micro_batch = self.initial_micro_batch = planned.micro_batch
+        self.micro_batch = self.initial_micro_batch = max(planned.micro_batch, self.min_micro_batch)
+        if planned.micro_batch < self.min_micro_batch:  # the floor wins: out of memory there, the run gives up clearly
+            log.warning("plan() chose micro-batch %d, below min_micro_batch=%d: the run starts at %d",
+                        planned.micro_batch, self.min_micro_batch, self.micro_batch)
         if planned.checkpointing:
             self.checkpoint_handle = planned.handle
         probed = [r.batch_size for r in planned.probe_results]
-        self.growth.ceiling = self.max_micro_batch or min(self.share, max(probed + [planned.micro_batch]))
+        self.growth.ceiling = self.max_micro_batch or min(self.share, max(probed + [self.micro_batch]))
         self.result.plan = planned.to_dict()
         if self.distributed:
             self.result.plan.update(ranks=self._parallel.world_size(), global_batch_all_ranks=self.global_batch, per_rank_batch=self.share)

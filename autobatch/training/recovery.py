@@ -6,9 +6,11 @@ predicates, and what happens at the top of a replay: undo a half-applied optimiz
 (:class:`~autobatch.training.step_guard.StepGuard`), put back the buffers forward changed
 (:class:`~autobatch.training.buffer_guard.BufferGuard`) and the random generators it drew from
 (:class:`~autobatch.training.step_random.StepRandom`), drop the partial gradients, free memory,
-pick the smaller micro-batch, or turn on activation checkpointing when micro-batch 1 failed. A
-step given up (out of options, or any other exception, an interrupt too) is undone the same
-way before the exception propagates (:meth:`OomRecovery._abandon`).
+pick the smaller micro-batch (never below ``min_micro_batch``), or turn on activation
+checkpointing when the smallest failed. A step given up (out of options, or any other
+exception, an interrupt too) is undone the same way, its micro-batch included, before the
+exception propagates (:meth:`OomRecovery._abandon_step`); an error raised at a micro-batch a
+recovery shrank below every size that trained gets a note saying so, and what to do.
 
 The smaller micro-batch is sized by measurement where the figures allow
 (:class:`~autobatch.training.step_memory.StepMemory`: the line of the steps' measured peaks, the
@@ -24,19 +26,37 @@ import logging
 from typing import Any
 
 from ..errors import PeerOutOfMemoryError, StepOutOfMemoryError
+from .. import checks
 from ..memory.oom import free_memory, is_oom_error
 from ..planning.accumulation import micro_batch_sizes
 from ..planning.checkpointing import enable_checkpointing
 from .run_result import Recovery
 from .step_guard import GUARD_SPARE
 
-__all__ = ["OomRecovery"]
+__all__ = ["OomRecovery", "checked_min_micro_batch"]
 
 log = logging.getLogger("autobatch")
 
 
+def checked_min_micro_batch(value: int, micro_batch: int | None, max_micro_batch: int | None, share: int) -> int:
+    """``Runner(min_micro_batch=)``: a positive integer no larger than the batch per rank
+    (``share``), the micro-batch given or its grow-back ceiling; one ``ValueError`` otherwise."""
+    checks.positive_int("min_micro_batch", value)
+    for name, bound in (("the global batch per rank", share), ("micro_batch", micro_batch),
+                        ("max_micro_batch", max_micro_batch)):
+        if bound is not None and value > bound:
+            raise ValueError(f"min_micro_batch={value} is above {name} ({bound}): the runner would never train; "
+                             f"lower min_micro_batch to at most {bound}")
+    return value
+
+
 class OomRecovery:
     """Recovery state and steps of a :class:`~autobatch.Runner` (which sets the attributes)."""
+
+    min_micro_batch = 1  # a recovery never shrinks the micro-batch below it
+    _micro_before_step: int | None = None  # the micro-batch the current step began with, put back when it is given up
+    _smallest_trained: int | None = None  # the smallest micro-batch that completed a step in this run
+    _last_shrink: tuple[int, int, int] | None = None  # (step, before, after) of the last recovery that shrank it
 
     def _enter(self, phase: str) -> None:
         """Phase boundary: remember where we are, and let the fault injector strike."""
@@ -71,8 +91,9 @@ class OomRecovery:
         return True
 
     def _out_of_options(self, retry_state: Any) -> bool:
-        """tenacity ``stop``: give up when micro-batch 1 failed and no fallback is left."""
-        if self.micro_batch > 1 or self.growth.trying:
+        """tenacity ``stop``: give up when the smallest micro-batch (``min_micro_batch``) failed
+        and no fallback is left."""
+        if self.micro_batch > self.min_micro_batch or self.growth.trying:
             return False
         return not self.checkpointing_fallback or self.checkpoint_handle is not None
 
@@ -101,13 +122,14 @@ class OomRecovery:
         if grow:
             self.micro_batch = back
             self.result.grow_attempts[-1]["held"] = False
-        elif before > 1:
+        elif before > self.min_micro_batch:
             measured = self._measured_micro_batch(before)
             if measured is not None:
-                self.micro_batch, action = measured, "measured"
+                self.micro_batch, action = max(measured, self.min_micro_batch), "measured"
                 self.growth.squeezed(before)
             else:
-                self.micro_batch = before // 2
+                self.micro_batch = max(before // 2, self.min_micro_batch)
+            self._last_shrink = (self.step, before, self.micro_batch)
         else:
             self._enable_checkpointing()
             action = "checkpointing"
@@ -162,12 +184,59 @@ class OomRecovery:
         self.guard.restore()
         self._stepping = False
 
+    def _abandon_step(self, exc: BaseException) -> BaseException:
+        """Give up on the step ``exc`` stopped (:meth:`_abandon`) and return what to raise: an
+        OOM with nothing left to try becomes :class:`~autobatch.errors.StepOutOfMemoryError`;
+        any other exception is returned as it is, never swallowed, with a note where it came at a
+        micro-batch a recovery shrank below every size that trained (:meth:`_note_shrunk`)."""
+        failed_at = self.micro_batch
+        self._abandon()
+        if not is_oom_error(exc):
+            self._note_shrunk(exc, failed_at)
+            return exc
+        reason = None
+        if failed_at > 1:  # the default message is for micro-batch 1
+            how = "with" if self.checkpoint_handle is not None else "without"
+            fallback = "" if self.checkpointing_fallback else "checkpointing_fallback=True, "
+            reason = (f"global step {self.step} ran out of memory in {self._phase} at micro-batch {failed_at}, the "
+                      f"smallest min_micro_batch={self.min_micro_batch} allows, {how} activation checkpointing. Try "
+                      f"{fallback}lower precision, a smaller model or sequence length, more device memory, or a "
+                      "lower min_micro_batch if the model trains on fewer samples.")
+        return StepOutOfMemoryError(self.step, self._phase, self.checkpoint_handle is not None, reason=reason)
+
+    def _note_shrunk(self, exc: BaseException, failed_at: int) -> None:
+        """Add a note to ``exc`` (not an interrupt, not autobatch's own error) where it was raised
+        at a micro-batch smaller than every one that trained in this run, after a recovery shrank
+        it: the smaller size is then likely what the model cannot take (BatchNorm in training
+        needs more than one value per channel), which its own message does not say."""
+        if self._last_shrink is None or not isinstance(exc, Exception) or type(exc).__module__.startswith("autobatch"):
+            return
+        if self._smallest_trained is not None and failed_at >= self._smallest_trained:
+            return
+        step, before, after = self._last_shrink
+        further = f", then to {failed_at}" if failed_at != after else ""
+        fallback = "" if self.checkpointing_fallback else ", turn on activation checkpointing (checkpointing_fallback=True)"
+        exc.add_note(
+            f"autobatch: this error came at micro-batch {failed_at} in global step {self.step}, smaller than any "
+            f"micro-batch that trained in this run: after an out-of-memory error at micro-batch {before} (step {step}) "
+            f"the runner shrank it to {after}{further}. If the model cannot train on so few samples (BatchNorm needs "
+            f"more than one value per channel in training), give it more memory{fallback}, or pass "
+            f"Runner(min_micro_batch={failed_at + 1}) so that recovery never goes below that size (out of memory "
+            "there, it raises StepOutOfMemoryError, or turns on checkpointing with checkpointing_fallback=True)."
+        )
+
+    def _completed(self) -> None:
+        """The step trained: count it towards grow-back, and remember its micro-batch."""
+        self.growth.on_step_done()
+        self._smallest_trained = min(self._smallest_trained or self.micro_batch, self.micro_batch)
+
     def _abandon(self) -> None:
         """Giving up on a step (out of options, or any other exception: an interrupt, an error in
         ``loss_fn`` or ``scheduler.step()``): leave weights, optimizer, scaler, scheduler, buffers,
         random state and micro-batch as they were before it, so a checkpoint saved now, or another
-        ``fit()``, does not apply its update twice. With ``step_guard="off"`` an optimizer step
-        that began cannot be undone: the runner then refuses to save or train on (:meth:`_refuse_torn`)."""
+        ``fit()``, does not apply its update twice, and the next step starts at the size this one
+        started with (not at one a recovery shrank it to). With ``step_guard="off"`` an optimizer
+        step that began cannot be undone: the runner then refuses to save or train on (:meth:`_refuse_torn`)."""
         if self._stepping:
             self._torn = (f"global step {self.step} stopped after its optimizer.step() began, with step_guard='off', "
                           "so the weights and optimizer state may hold part of an update the step count does not")
@@ -181,8 +250,10 @@ class OomRecovery:
         self._drop_grads()
         back = self.growth.cancel()
         if back is not None:  # an interrupted grow-back try: back to the size that worked, tried again later
-            self.micro_batch = back
             self.result.grow_attempts.pop()
+        started = self._micro_before_step if self._micro_before_step is not None else back
+        if started is not None:  # a grow-back try's size, or one a recovery shrank it to, is undone too
+            self.micro_batch = started
 
     def _step_scheduler(self) -> None:
         """``scheduler.step()``; one that fails part-way is put back as it was (with the step),
@@ -210,7 +281,7 @@ class OomRecovery:
         if not handle.modules:
             raise StepOutOfMemoryError(
                 self.step, self._phase, False,
-                reason=f"global step {self.step} ran out of memory at micro-batch 1 and activation checkpointing "
-                "found no repeated blocks to wrap; name the block classes in checkpoint_targets.",
+                reason=f"global step {self.step} ran out of memory at micro-batch {self.micro_batch} and activation "
+                "checkpointing found no repeated blocks to wrap; name the block classes in checkpoint_targets.",
             )
         self.checkpoint_handle = handle

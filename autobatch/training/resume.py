@@ -27,6 +27,7 @@ from ..probe.shards import has_dtensors, load_plain_state, optimizer_state_for, 
 from .checkpoint_io import (
     CHECKPOINT_NAME, RUNNER_FORMAT, load_checkpoint, resolve_checkpoint, rng_state, save_checkpoint, set_rng_state,
 )
+from .checkpoint_values import load_loose_parameters, saved_loose_parameters, storable
 from .pacing import agree_epoch_length, paced
 from .progress import Progress
 from .ranks import unwrap
@@ -106,12 +107,15 @@ class Resumable:
             )
 
     def state_dict(self) -> dict[str, Any]:
-        """Everything a resumed run needs: model, optimizer, scheduler, RNG, data position."""
+        """Everything a resumed run needs: model, the parameters the optimizer trains outside it
+        (a loss module's), optimizer, scheduler, RNG, data position; only values a weights-only
+        load reads back (numpy scalars made Python ones, anything else a ``TypeError`` naming it)."""
         self._fill_result()
-        return {
+        return storable({
             "format": RUNNER_FORMAT,
             # a DTensor (FSDP2) as this rank's local shard: plain tensors, loadable with weights_only
             "model": plain_state(unwrap(self.model).state_dict()),
+            "loose_parameters": saved_loose_parameters(unwrap(self.model), self.optimizer),
             "optimizer": plain_state(self.optimizer.state_dict()),
             "optimizer_type": type(self.optimizer).__qualname__,
             "scheduler": None if self.scheduler is None else self.scheduler.state_dict(),
@@ -130,7 +134,7 @@ class Resumable:
             "growth": self.growth.state_dict(),
             "checkpointed_modules": None if self.checkpoint_handle is None else self.checkpoint_handle.modules,
             "result": self.result.to_dict(),
-        }
+        })
 
     def _ranks_random_states(self) -> list[dict[str, Any]] | None:
         """Every rank's random states (now, and at the epoch's start), gathered for rank 0's
@@ -296,13 +300,14 @@ class Resumable:
                 path, f"it was written for another model or optimizer ({detail}); resume with the model it was "
                 "trained with, or start afresh",
             ) from None
+        load_loose_parameters(path, unwrap(self.model), self.optimizer, state.get("loose_parameters"))
         load_scheduler(path, self.scheduler, state["scheduler"])
         if self.grad_scaler is not None and state.get("grad_scaler"):
             self.grad_scaler.load_state_dict(state["grad_scaler"])
         self.step, self.epoch, self._torn = state["step"], state["epoch"], None
         self._epoch_samples = state.get("epoch_samples", state["position"] * (state.get("global_batch") or 0))
         self.position = position_for(path, state, self.global_batch)
-        self.micro_batch = state["micro_batch"]
+        self.micro_batch = max(state["micro_batch"], self.min_micro_batch)  # this run's floor wins
         self.initial_micro_batch = self.initial_micro_batch or self.micro_batch
         self.growth.load_state_dict(state["growth"], limit=self.share)
         ranks = state.get("rng_ranks")  # each rank's own random states, where the run had them

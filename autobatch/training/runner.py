@@ -13,10 +13,11 @@ half-applied optimizer step (:class:`~autobatch.training.step_guard.StepGuard`),
 buffers forward changed (:class:`~autobatch.training.buffer_guard.BufferGuard`) and the random
 state (:class:`~autobatch.training.step_random.StepRandom`), drops the partial gradients, frees
 memory, halves the micro-batch (read from runner state on every attempt) and replays the
-*same* global batch from its first sample. When micro-batch 1 fails it turns
-on activation checkpointing if ``checkpointing_fallback`` allows, else raises
+*same* global batch from its first sample. When micro-batch 1 (``min_micro_batch``) fails it
+turns on activation checkpointing if ``checkpointing_fallback`` allows, else raises
 :class:`~autobatch.errors.StepOutOfMemoryError`. Any other exception (a ``KeyboardInterrupt`` too)
-propagates unchanged, after the step is undone the same way, so a checkpoint saved then, or
+propagates unchanged but for a note where a recovery's smaller micro-batch is its likely cause,
+after the step is undone the same way (its micro-batch too), so a checkpoint saved then, or
 another ``fit()``, does not count its update twice.
 
 Around that loop: grow-back (:mod:`autobatch.training.growth`), cache hygiene
@@ -37,8 +38,6 @@ from typing import Any, Callable, ContextManager, Iterable, Mapping
 import torch
 
 from .. import checks
-from ..errors import StepOutOfMemoryError
-from ..memory.oom import is_oom_error
 from ..planning.accumulation import LazyMicroBatches, accumulated_step, batch_size_of, micro_batch_sizes, split_batch
 from ..planning.checkpointing import CheckpointHandle, find_blocks
 from ..probe.train_step import TrainStep
@@ -51,7 +50,7 @@ from .growth import GrowBack
 from .hygiene import CachePolicy
 from .autoplan import PlansFromData
 from .progress import Progress
-from .recovery import OomRecovery
+from .recovery import OomRecovery, checked_min_micro_batch
 from .resume import Resumable, epoch_length
 from .run_result import RunResult
 from .step_guard import StepGuard
@@ -80,6 +79,9 @@ class Runner(OomRecovery, Resumable, PlansFromData):
         balanced: split policy of :func:`~autobatch.split_batch` (sizes differ by at most one).
         max_micro_batch: grow-back never goes above it (default: the planned probe maximum,
             else the starting micro-batch).
+        min_micro_batch: an OOM recovery never shrinks the micro-batch below it (default 1): a
+            model that cannot train on fewer samples (BatchNorm: more than one) gives up with
+            ``StepOutOfMemoryError`` there, or turns on ``checkpointing_fallback``, instead.
         grow_after: consecutive OOM-free steps before trying double the micro-batch; None or
             0 turns grow-back off. The wait doubles after each failed try.
         step_guard: ``"auto"`` (default) / ``"cpu"`` / ``"device"``: snapshot parameters and
@@ -130,6 +132,7 @@ class Runner(OomRecovery, Resumable, PlansFromData):
         device: str | torch.device | None = None,
         balanced: bool = True,
         max_micro_batch: int | None = None,
+        min_micro_batch: int = 1,
         grow_after: int | None = 100,
         step_guard: str = "auto",
         checkpointing_fallback: bool = False,
@@ -171,6 +174,7 @@ class Runner(OomRecovery, Resumable, PlansFromData):
         self.device = torch.device(device) if device is not None else _model_device(model)
         self.balanced = balanced
         self.max_micro_batch = max_micro_batch
+        self.min_micro_batch = checked_min_micro_batch(min_micro_batch, self.micro_batch, max_micro_batch, self.share)
         self.grow_after = grow_after
         self.grad_scaler = grad_scaler
         self.guard = StepGuard(optimizer, step_guard, grad_scaler, room=self._guard_room)
@@ -243,8 +247,9 @@ class Runner(OomRecovery, Resumable, PlansFromData):
             epochs = 1
         checks.positive_int("epochs", epochs, allow_none=True)
         checks.positive_int("steps", steps, allow_none=True)
-        if not hasattr(data, "__iter__"):
-            raise TypeError(f"data must be an iterable of global batches (a DataLoader, a list, a generator), got {type(data).__name__}")
+        if not hasattr(data, "__iter__") or isinstance(data, (torch.Tensor, Mapping)):  # a tensor: its rows; a dict: its keys
+            raise TypeError(f"data must be an iterable of global batches (a DataLoader, a list of batches, a generator), "
+                            f"got {type(data).__name__}; to train on one batch, pass [batch]")
         began = time.perf_counter()
         self._data_generators, self._epoch_batches = data_generators(data), epoch_length(data, 1)
         first_epoch = None
@@ -302,7 +307,7 @@ class Runner(OomRecovery, Resumable, PlansFromData):
             self._warned_size = True
             log.warning("a batch of %d samples, not %d; each step uses its own batch's size", size, self.share)
         self._stepping = False  # a new step: its optimizer has not run yet
-        self.micro_batch = self._proposal()
+        self._micro_before_step, self.micro_batch = self.micro_batch, self._proposal()
         if self.growth.trying:
             self.result.grow_attempts.append({"step": self.step, "from": self.growth.previous, "to": self.micro_batch, "held": True})
         scale = self._scale()
@@ -317,12 +322,12 @@ class Runner(OomRecovery, Resumable, PlansFromData):
                 self._step_scheduler()  # after the update it follows, undone with it
             self._stepping = False
         except BaseException as exc:
-            self._abandon()
-            if not is_oom_error(exc):
+            error = self._abandon_step(exc)  # the step undone; what to raise: exc itself, or StepOutOfMemoryError
+            if error is exc:
                 raise
-            raise StepOutOfMemoryError(self.step, self._phase, self.checkpoint_handle is not None) from exc
+            raise error from exc
         self.step_memory.record(micro_batch_sizes(self._local_size, self.micro_batch, balanced=self.balanced)[0])
-        self.growth.on_step_done()
+        self._completed()
         if scale is not None and self._scale() < scale:  # GradScaler backed off: it skipped this step
             self.result.skipped_steps += 1
         return loss, size

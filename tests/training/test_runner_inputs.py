@@ -150,3 +150,15 @@ def test_an_optimizer_step_that_never_fits_is_not_advised_checkpointing():
     in_optimizer = str(StepOutOfMemoryError(3, "optimizer", False))
     assert "checkpointing_fallback=True" in in_backward
     assert "checkpointing_fallback" not in in_optimizer and "optimizer with less state" in in_optimizer
+
+
+@pytest.mark.parametrize("data", [torch.randn(4, 6, dtype=torch.float64), {"x": torch.randn(4, 6)}], ids=["tensor", "dict"])
+def test_one_batch_passed_as_data_is_one_clear_error(data):
+    """A tensor was iterated row by row (each row a 'batch'), and the model failed with "both
+    arguments to linear need to be at least 1D"; a dict yields its keys."""
+    model = make_model()
+    runner = Runner(model, torch.optim.SGD(model.parameters(), lr=0.1), mse, global_batch=4, micro_batch=2,
+                    progress=False)
+    with pytest.raises(TypeError, match=r"data must be an iterable of global batches .* pass \[batch\]"):
+        runner.fit(data)
+    assert runner.step == 0
