@@ -3,11 +3,17 @@ names the argument, what it got and what it accepts, raised before any work star
 
 from __future__ import annotations
 
+import inspect
+from collections.abc import Mapping
 from typing import Any
 
 import torch
+from torch._subclasses.fake_tensor import FakeTensor
 
-__all__ = ["positive_int", "positive_number", "module", "materialized", "optimizer", "function", "torch_device", "dtype", "scheduler"]
+from .errors import FakeTensorLeakError
+
+__all__ = ["positive_int", "positive_number", "module", "materialized", "optimizer", "function", "torch_device", "dtype",
+           "scheduler", "no_closure", "loss"]
 
 
 def positive_int(name: str, value: Any, *, allow_none: bool = False) -> None:
@@ -62,6 +68,60 @@ def trains(name: str, value: Any, model: torch.nn.Module) -> None:
     if held and not any(id(p) in held for p in model.parameters()):
         raise ValueError(f"{name} holds none of the model's parameters: build it from this model's parameters, "
                          f"e.g. torch.optim.AdamW(model.parameters())")
+
+
+def no_closure(name: str, value: torch.optim.Optimizer) -> None:
+    """``value``'s ``step()`` runs without a closure. ``LBFGS`` (and any optimizer whose step
+    requires one) evaluates the loss several times per step through it; a probe trial and the
+    runner's step call ``step()`` once after one backward, so such an optimizer would fail deep
+    inside with ``step() missing 1 required positional argument: 'closure'``."""
+    try:
+        closure = inspect.signature(type(value).step).parameters.get("closure")
+    except (TypeError, ValueError):  # a step whose signature Python cannot read: nothing to tell
+        return
+    if isinstance(value, torch.optim.LBFGS) or (closure is not None and closure.default is inspect.Parameter.empty):
+        raise ValueError(
+            f"{name}={type(value).__name__} needs a closure in step(closure) (it re-evaluates the loss several times per "
+            "step), and autobatch's steps run one forward and backward, then optimizer.step(): optimizers that need a "
+            "closure are not supported. Use a first-order optimizer (SGD, Adam, AdamW), or probe a plain callable "
+            "fn(batch_size) that runs your closure step: find_max_batch(fn, restore=(model, optimizer))"
+        )
+
+
+def loss(name: str, value: Any) -> torch.Tensor:
+    """The loss tensor to backward from what ``name`` (the loss function) returned: a scalar
+    tensor; or, as the Transformers ``Trainer`` and Lightning take them, the ``"loss"`` of a
+    dict or model output (``model(**batch)`` of a Transformers model given labels) or its
+    ``.loss``, the rest of the output dropped before backward. A tuple is refused (which item is
+    the loss is a guess), so is a tensor of more than one element (backward needs one number),
+    and a fake tensor outside a fake-tensor trace (:class:`~autobatch.errors.FakeTensorLeakError`)."""
+    found = value
+    if isinstance(value, Mapping):
+        found = value.get("loss")
+    elif not isinstance(value, (torch.Tensor, tuple, list)) and hasattr(value, "loss"):
+        found = value.loss
+    if not isinstance(found, torch.Tensor):
+        if found is value:
+            what = f"{type(value).__name__} {value!r:.80}"
+        elif found is None:
+            keys = f"its keys: {', '.join(map(str, list(value)[:6])) or 'none'}; " if isinstance(value, Mapping) else ""
+            what = (f"a {type(value).__name__} without a loss ({keys}a Transformers model computes one only when the "
+                    "batch has labels)")
+        else:
+            what = f"a {type(value).__name__} whose loss is {type(found).__name__} {found!r:.40}"
+        raise TypeError(
+            f"{name} must return the loss as a scalar tensor (or a dict / model output holding it as 'loss'), got "
+            f"{what}; return the loss itself, e.g. "
+            "loss_fn=lambda model, batch: F.cross_entropy(model(batch[0]), batch[1]) (for a tuple (loss, ...), its [0])"
+        )
+    if found.numel() != 1:
+        raise ValueError(
+            f"{name} returned a tensor of shape {tuple(found.shape)}, not a scalar loss (backward needs one number): "
+            "reduce it, e.g. .mean() over the batch (reduction='mean')"
+        )
+    if isinstance(found, FakeTensor) and torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.FAKE) is None:
+        raise FakeTensorLeakError(f"the loss {name} returned")
+    return found
 
 
 def function(name: str, value: Any, signature: str) -> None:

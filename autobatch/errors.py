@@ -14,6 +14,7 @@ __all__ = [
     "PeerOutOfMemoryError",
     "PeerFailedError",
     "CheckpointError",
+    "FakeTensorLeakError",
 ]
 
 
@@ -182,3 +183,21 @@ class CheckpointError(ValueError):
 class UnevenDataError(ValueError):
     """The ranks' data yield different numbers of batches per epoch (an unevenly sharded
     dataset); raised on every rank before they would pair batches across epochs."""
+
+
+class FakeTensorLeakError(RuntimeError):
+    """A training step computed with a fake tensor (shape, no data) outside any fake-tensor trace.
+
+    A trace (autobatch's estimate: ``strategy="estimate"``, ``auto``'s first trial on the CPU,
+    ``estimate_max_batch``) puts back everything of the user's it can reach; a fake it could not
+    (kept in a cache it cannot see) would have the step train on tensors without data, and the
+    probe answer and cache sizes it never ran. Not an OOM: no search or retry goes on past it."""
+
+    def __init__(self, what: str) -> None:
+        super().__init__(
+            f"{what} is a FakeTensor (a shape without data) outside any fake-tensor trace: the step computed with a "
+            "fake tensor that an estimate's trace (strategy='estimate', 'auto' on the CPU, estimate_max_batch) left "
+            "in a cache of yours it could not put back, so it would train on no data and measure nothing. Rebuild "
+            "that cache (clear it, or start a new process); keep such caches as module attributes or buffers, which "
+            "the trace puts back; or probe without tracing: strategy='predict' or 'binary' (or estimate_first=False)"
+        )

@@ -5,14 +5,20 @@ Every bad value raises one ``ValueError`` that names the argument and what it ac
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
 from .. import checks
 from ..memory.allocator import LARGE_PAGE_BYTES
+from .cache_key import sample_batches
 from .train_step import TrainStep
 
 __all__ = [
     "STRATEGY_NAMES", "HALVING_DEFAULT_START", "PREDICT_DEFAULT_START", "ALLOCATOR_HEADROOM",
     "EXPANDABLE_HEADROOM_BYTES", "SEARCH_CEILING",
-    "validate_probe_args", "validate_step", "validate_places", "hand_loop_of",
+    "validate_probe_args", "validate_step", "validate_places", "hand_loop_of", "checked_batches",
 ]
 
 STRATEGY_NAMES = ("auto", "predict", "binary", "power", "halving", "estimate")
@@ -50,6 +56,9 @@ EXPANDABLE_HEADROOM_BYTES = 2 * LARGE_PAGE_BYTES
 #: otherwise double for ever; at the ceiling the search stops, and the result's notes say that
 #: no OOM was seen below it. Pass ``max_batch`` to search higher (or lower).
 SEARCH_CEILING = 2**24
+#: The size :func:`checked_batches` builds a third batch at, where ``make_batch(1)`` and
+#: ``make_batch(2)`` are the same: small enough to build for real where fake tensors cannot.
+CHECK_SIZE = 64
 
 
 def validate_probe_args(
@@ -127,3 +136,66 @@ def hand_loop_of(fn: object, hand_loop: bool | None) -> bool:
     if hand_loop is not None and not isinstance(hand_loop, bool):
         raise TypeError(f"hand_loop must be True, False or None (decided by the step's type), got {hand_loop!r:.60}")
     return not isinstance(fn, TrainStep) if hand_loop is None else hand_loop
+
+
+def checked_batches(step: TrainStep) -> tuple[Any, Any] | None:
+    """``make_batch(1)`` and ``make_batch(2)`` (:func:`~autobatch.probe.cache_key.sample_batches`,
+    reused by the cache key), after checking that the batch changes with its size: a
+    ``make_batch`` that ignores its argument runs the same batch in every trial, none runs out of
+    memory, and the search climbed to :data:`SEARCH_CEILING` and answered it with only a note.
+    Where 1 and 2 build the same batch, so does :data:`CHECK_SIZE` before it is refused (a
+    make_batch may pad to 2 samples for ``BatchNorm``). None where the two cannot be built (a
+    make_batch that takes only multiples of 8): the cache key builds them again and notes why,
+    and the trials call make_batch at their own sizes, where its error is raised."""
+    try:
+        batches = sample_batches(step.make_batch)
+    except Exception:  # noqa: BLE001 - not swallowed: raised again by the key or by the trials (above)
+        return None
+    first = _shapes(batches[0])
+    if first == _shapes(batches[1]) and first == _shapes(sample_batches(step.make_batch, (CHECK_SIZE,))[0]):
+        raise ValueError(
+            f"make_batch ignores its batch size: make_batch(1), make_batch(2) and make_batch({CHECK_SIZE}) built the "
+            f"same batch ({_summary(first)}), so every trial would run that batch and none could run out of memory; "
+            "make_batch(n) must build a batch of n samples, e.g. "
+            "make_batch=lambda n: (torch.randn(n, 512), torch.randint(0, 10, (n,)))"
+        )
+    return batches
+
+
+def _shapes(batch: Any, depth: int = 0) -> Any:
+    """What of ``batch`` grows with its size: tensors' shapes, containers' items (and lengths),
+    plain values, objects' public attributes."""
+    if isinstance(batch, torch.Tensor):
+        return ("tensor", tuple(batch.shape))
+    if batch is None or isinstance(batch, (bool, int, float, str, bytes)):
+        return batch
+    if depth > 8:
+        return type(batch).__name__
+    if isinstance(batch, Mapping):
+        return {repr(key): _shapes(item, depth + 1) for key, item in list(batch.items())[:64]}, len(batch)
+    if isinstance(batch, (list, tuple)):
+        return [_shapes(item, depth + 1) for item in batch[:64]], len(batch)
+    attributes = getattr(batch, "__dict__", None)
+    if isinstance(attributes, dict):
+        return type(batch).__name__, {k: _shapes(v, depth + 1) for k, v in attributes.items() if not k.startswith("_")}
+    return type(batch).__name__, getattr(batch, "shape", None), getattr(batch, "__len__", lambda: None)()
+
+
+def _summary(shapes: Any) -> str:
+    """The tensors' shapes in :func:`_shapes`' description, for a message."""
+    found: list[str] = []
+
+    def collect(value: Any) -> None:
+        if isinstance(value, tuple) and len(value) == 2 and value[0] == "tensor":
+            found.append(str(tuple(value[1])))
+        elif isinstance(value, (list, tuple)):
+            for item in value:
+                collect(item)
+        elif isinstance(value, dict):
+            for item in value.values():
+                collect(item)
+
+    collect(shapes)
+    if not found:
+        return f"{str(shapes):.80}"
+    return f"tensors of shapes {', '.join(found[:6])}{', ...' if len(found) > 6 else ''}"

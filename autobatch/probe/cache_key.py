@@ -6,8 +6,9 @@ optimizer, precision, clipping), the device, the versions and the probe's settin
 of the loss and of every module class (each method a user's class defines, ``forward`` of
 torch's) is keyed by content, with the values it reads that are not in its bytecode: a
 closure's cells, a ``functools.partial``'s arguments, the globals it names (plain values,
-containers of them such as a config dict, and the functions it calls, followed to
-:data:`DEPTH`), a bound method's object; a loss that is a module by its class and settings;
+containers of them such as a config dict, the functions it calls, followed to :data:`DEPTH`,
+and objects by their public attributes, such as a module-level dataclass or ``SimpleNamespace``
+config), a bound method's object; a loss that is a module by its class and settings;
 each module by its settings (plain private ones too: ``self._reps``), including those of a
 config object it holds (``self.config.n_passes``) and of its class, and by the code of the
 hooks registered on it (a forward hook that keeps activations).
@@ -15,10 +16,13 @@ hooks registered on it (a forward hook that keeps activations).
 
 from __future__ import annotations
 
+import enum
 import functools
 import hashlib
 import json
 import math
+import sys
+import types
 from typing import Any, Callable
 
 import torch
@@ -26,9 +30,11 @@ import torch
 from ..memory.allocator import expandable_segments
 from ..version import __version__
 from .rng import rng_state, set_rng_state
+from .trace_state import OutsideState
 from .train_step import TrainStep
 
-__all__ = ["CAPACITY_STEP", "STATE_HYPERPARAMETERS", "key_components", "key_of", "own_code", "step_components", "class_code"]
+__all__ = ["CAPACITY_STEP", "STATE_HYPERPARAMETERS", "key_components", "key_of", "own_code", "step_components", "class_code",
+           "sample_batches"]
 
 #: Device capacity enters the key in steps of this many bytes.
 CAPACITY_STEP = 64 * 1024**2
@@ -96,8 +102,9 @@ def _filled(cell: Any) -> bool:
 
 def _globals_read(fn: Any, code: Any, depth: int = 0) -> dict[str, Any]:
     """The globals ``code`` names that can change what it allocates: plain values (numbers,
-    strings), containers (a config dict, a list of sizes) item by item, and the functions of the
-    user's code it calls, by their code (to :data:`DEPTH`); not modules, classes or torch's own
+    strings), containers (a config dict, a list of sizes) item by item, the functions of the
+    user's code it calls, by their code (to :data:`DEPTH`), and objects by their state (a
+    module-level dataclass config: :func:`_keyed_object`); not modules, classes or torch's own
     functions (keyed by torch's version)."""
     names, stack = set(), [code]
     while stack:
@@ -114,7 +121,27 @@ def _globals_read(fn: Any, code: Any, depth: int = 0) -> dict[str, Any]:
             read[name] = _describe(value, 1)
         elif _users_function(value) and value is not fn and depth + 1 < DEPTH:
             read[name] = {"code": _code_hash(value, depth + 1)}
+        elif _keyed_object(value):
+            read[name] = _describe(value, 1)
     return read
+
+
+def _keyed_object(value: Any) -> bool:
+    """A global keyed by its state (:func:`_describe`: public attributes, to :data:`DEPTH`): a
+    config object (a dataclass, ``SimpleNamespace``, ``argparse.Namespace``, any object of your
+    code or a library's), an enum member, a tensor (by shape); not Python modules, classes,
+    functions (keyed by code above) or the standard library's machinery (a logger, a lock),
+    whose state is not the model's and differs from process to process."""
+    if isinstance(value, (torch.Tensor, enum.Enum)):
+        return True
+    if isinstance(value, (types.ModuleType, type)) or hasattr(value, "__code__"):
+        return False
+    try:
+        attributes = object.__getattribute__(value, "__dict__")
+    except AttributeError:  # a C object (a lock, an array): no attributes to key
+        return False
+    top = (type(value).__module__ or "").partition(".")[0]
+    return isinstance(attributes, dict) and (top not in sys.stdlib_module_names or top in ("types", "argparse"))
 
 
 _MISSING = object()
@@ -187,6 +214,8 @@ def _describe(value: Any, depth: int = 0) -> Any:
         return sorted(items, key=str) if isinstance(value, (set, frozenset)) else items
     if callable(value) and (hasattr(value, "__code__") or isinstance(value, functools.partial)):
         return {"code": _code_hash(value, depth + 1)}
+    if isinstance(value, enum.Enum):  # its attributes are private: by its name
+        return {"class": type(value).__qualname__, "name": value.name}
     attributes = getattr(value, "__dict__", None)
     if isinstance(attributes, dict):
         public = {name: item for name, item in attributes.items() if not name.startswith("_")}
@@ -195,19 +224,29 @@ def _describe(value: Any, depth: int = 0) -> Any:
     return {"class": type(value).__qualname__, "repr": shown if " at 0x" not in shown else None}
 
 
-def _inputs(make_batch: Callable[[int], Any]) -> Any:
-    """Shapes and dtypes of batches of 1 and 2, built with fake tensors (no memory), every random
-    generator put back after (the key is read before the probe's snapshot is taken)."""
+def sample_batches(make_batch: Callable[[int], Any], sizes: tuple[int, ...] = (1, 2)) -> tuple[Any, ...]:
+    """``make_batch(n)`` for each of ``sizes``, built with fake tensors (no memory) where it can,
+    else for real; every random generator put back after (the key is read before the probe's
+    snapshot is taken), and what make_batch reaches too (a batch it memoises in a closure or an
+    ``lru_cache`` would hand the trials a fake tensor: :mod:`~autobatch.probe.trace_state`)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    saved = rng_state()
+    saved, outside = rng_state(), OutsideState({"make_batch": make_batch}, [make_batch])
     try:
-        with FakeTensorMode(allow_non_fake_inputs=True):
-            return [_describe(make_batch(1)), _describe(make_batch(2))]
+        try:
+            with FakeTensorMode(allow_non_fake_inputs=True):
+                return tuple(make_batch(size) for size in sizes)
+        finally:
+            outside.put_back()
     except Exception:  # noqa: BLE001 - a make_batch fake tensors cannot run: build them for real
-        return [_describe(make_batch(1)), _describe(make_batch(2))]
+        return tuple(make_batch(size) for size in sizes)
     finally:
         set_rng_state(saved)
+
+
+def _inputs(make_batch: Callable[[int], Any], batches: tuple[Any, Any] | None = None) -> Any:
+    """Shapes and dtypes of batches of 1 and 2 (``batches``, where already built)."""
+    return [_describe(batch) for batch in (batches if batches is not None else sample_batches(make_batch))]
 
 
 def _plain(value: Any) -> Any:
@@ -232,8 +271,9 @@ def _optimizer(optimizer: torch.optim.Optimizer) -> dict[str, Any]:
     return {"class": type(optimizer).__qualname__, "groups": groups, "state_tensors": state_tensors}
 
 
-def step_components(step: TrainStep) -> dict[str, Any]:
-    """The parts of the key that describe a :class:`TrainStep`."""
+def step_components(step: TrainStep, batches: tuple[Any, Any] | None = None) -> dict[str, Any]:
+    """The parts of the key that describe a :class:`TrainStep` (``batches``: its
+    :func:`sample_batches`, where already built)."""
     model = step.model
     classes = {type(module) for module in model.modules()}
     return {
@@ -254,7 +294,7 @@ def step_components(step: TrainStep) -> dict[str, Any]:
             "hooks": _hooks(model),
             "step": type(step).__qualname__,
         },
-        "inputs": _inputs(step.make_batch),
+        "inputs": _inputs(step.make_batch, batches),
         "optimizer": _optimizer(step.optimizer),
         "precision": {
             "autocast": str(step.autocast_dtype) if step.autocast_dtype is not None else None,
@@ -306,11 +346,13 @@ def key_components(
     capacity: int | None,
     memory_limit: int | None,
     probe: dict[str, Any],
+    batches: tuple[Any, Any] | None = None,
 ) -> dict[str, Any] | None:
     """Everything that changes a probe's answer, as JSON-able data; None when ``fn`` is a plain
-    callable without a ``cache_key`` (nothing to key on)."""
+    callable without a ``cache_key`` (nothing to key on). ``batches``: a ``TrainStep``'s
+    :func:`sample_batches`, where already built."""
     if isinstance(fn, TrainStep):
-        components = step_components(fn)
+        components = step_components(fn, batches)
     elif cache_key is not None:
         components = {}
     else:

@@ -6,35 +6,29 @@ the duration of a trace, and puts the real ones back; the user's model and optim
 never written to. The model's modules (and those of a loss that is a module, whose parameters
 the optimizer may train too) are snapshotted first and restored exactly afterwards: a tensor a
 module caches in forward, a buffer or submodule it registers, a hook's list of outputs are
-undone, and :meth:`FakeWorld.leftover` finds a fake tensor still reachable from the step (kept
-where no snapshot reaches, as in a closure) so the estimate can refuse instead of leaving the
-model to train on it. :func:`resident_bytes` is what the real tensors already hold on the
+undone; so is what else the step reaches (a helper object the model holds, a dict in a closure
+or a global, a rebound global) and an ``lru_cache`` the code calls that computed with fakes is
+cleared (:mod:`~autobatch.probe.trace_state`). :meth:`FakeWorld.leftover` finds a fake tensor
+still reachable from the step (kept where nothing puts it back) so the estimate can refuse
+instead of leaving the model to train on it. :func:`resident_bytes` is what the real tensors already hold on the
 device. Used by :mod:`autobatch.probe.estimate`.
 """
 
 from __future__ import annotations
 
 import copy
-import functools
 import types
 import weakref
-from collections import defaultdict, deque
-from typing import Any, Callable, Iterator
+from collections import defaultdict
+from typing import Any, Iterator
 
 import torch
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
+from .trace_state import SEARCH_BUDGET, SEARCH_ITEMS, OutsideState, class_members, find_fake, restore, snapshot
 from .train_step import TrainStep
 
-__all__ = ["FakeWorld", "TraceScaler", "resident_bytes", "loss_module"]
-
-#: Values the search for left-over fake tensors never looks inside.
-_ATOMS = (str, bytes, int, float, complex, bool, type(None), type, types.ModuleType, torch.dtype, torch.device)
-#: Objects that search visits at most, and the largest container it looks inside (a dataset
-#: in a closure could hold millions of items): what lies beyond is not checked.
-SEARCH_BUDGET = 100_000
-SEARCH_ITEMS = 10_000
-
+__all__ = ["FakeWorld", "TraceScaler", "resident_bytes", "loss_module", "SEARCH_BUDGET", "SEARCH_ITEMS"]
 
 class TraceScaler:
     """Stands in for a ``GradScaler`` while tracing: same memory (a scaled loss, in-place
@@ -116,6 +110,8 @@ class FakeWorld:
         self.memo: dict[int, torch.Tensor] = {}
         self.modules = _owned_modules(step)
         self.saved: list[tuple[Any, type, dict[str, Any], dict[str, Any]]] = []
+        self.outside: OutsideState | None = None
+        self.globals: dict[str, Any] = {}
         self.grads: list[tuple[torch.Tensor, torch.Tensor | None]] = []
         #: fake storage keys of real tensors the trace read -> the fake (kept alive, so the mode
         #: reuses it and its storage key stays the same); and -> the real tensor and its bytes
@@ -164,8 +160,13 @@ class FakeWorld:
 
     def swap_in(self) -> None:
         """Snapshot every module (its attributes and the contents of its dicts, lists and
-        sets) and the parameters' gradients, then swap parameters and buffers for fakes."""
-        self.saved = [_snapshot(module) for module in self.modules]
+        sets), what else the step reaches (:class:`~autobatch.probe.trace_state.OutsideState`)
+        and the parameters' gradients, then swap parameters and buffers for fakes."""
+        members = class_members({type(module) for module in self.modules})
+        self.outside = OutsideState({**self._roots(), **members},
+                                    [*members.values(), self.step.loss_fn, self.step.make_batch], skip=self.modules)
+        self.globals = {**members, **self.outside.globals}
+        self.saved = [snapshot(module) for module in self.modules]
         params = {id(p): p for m in self.modules for p in m.parameters()}
         params.update((id(p), p) for group in self.step.optimizer.param_groups for p in group["params"])
         self.grads = [(param, param._grad) for param in params.values()]
@@ -176,13 +177,21 @@ class FakeWorld:
                         slots[name] = self.fake(tensor)
 
     def swap_out(self) -> None:
-        """Put every module back as :meth:`swap_in` found it, and the gradients."""
+        """Put every module back as :meth:`swap_in` found it, what else the step reaches (an
+        ``lru_cache`` that computed with fakes is cleared), and the gradients."""
         for saved in reversed(self.saved):
-            _restore(*saved)
+            restore(*saved)
+        if self.outside is not None:
+            self.outside.put_back()
         for param, grad in self.grads:
             if param._grad is not grad:
                 param.grad = grad
-        self.saved, self.grads = [], []
+        self.saved, self.grads, self.outside = [], [], None
+
+    def _roots(self) -> dict[str, Any]:
+        """Where the step's state is reached from: its model, loss, batch maker and optimizer."""
+        return {"model": self.step.model, "loss_fn": self.step.loss_fn, "make_batch": self.step.make_batch,
+                "optimizer": self.step.optimizer}
 
     def counts(self, tensor: torch.Tensor) -> bool:
         """Whether the accountant counts ``tensor``'s storage: a fake on the device that the
@@ -208,10 +217,10 @@ class FakeWorld:
 
     def leftover(self) -> str | None:
         """Where a fake tensor of this trace is still reachable from the step after
-        :meth:`swap_out` (its model, loss, batch maker, optimizer and their gradients), or None."""
-        roots = {"model": self.step.model, "loss_fn": self.step.loss_fn, "make_batch": self.step.make_batch,
-                 "optimizer": self.step.optimizer}
-        return _find_fake(roots, lambda t: isinstance(t, FakeTensor) and t.fake_mode is self.mode)
+        :meth:`swap_out` (its model, loss, batch maker, optimizer, their gradients and the
+        globals their code reads), or None."""
+        return find_fake({**self._roots(), **self.globals},
+                         lambda t: isinstance(t, FakeTensor) and t.fake_mode is self.mode)
 
     def optimizer(self) -> torch.optim.Optimizer:
         """A shallow copy of the optimizer over the fake parameters, with fake state."""
@@ -245,116 +254,6 @@ class FakeWorld:
             with self.mode:
                 return torch.tensor(number, dtype=value.dtype, device=value.device)
         return self.fake(value)
-
-
-def _snapshot(obj: Any) -> tuple[Any, type, dict[str, Any], dict[str, Any]]:
-    """``obj``, its class, its attributes (shallow) and a copy of each dict, list and set
-    among them (a module's parameters, buffers, submodules and hooks are dicts)."""
-    attributes = dict(vars(obj))
-    contents = {name: kind(value) for name, value in attributes.items()
-                for kind in _CONTAINERS if isinstance(value, kind)}
-    return obj, type(obj), attributes, contents
-
-
-def _restore(obj: Any, cls: type, attributes: dict[str, Any], contents: dict[str, Any]) -> None:
-    """Put back what :func:`_snapshot` saw: the class (a lazy module becomes its eager class
-    when first run), attributes added removed, replaced ones back, containers' items back."""
-    if type(obj) is not cls:
-        obj.__class__ = cls
-    current = vars(obj)
-    for name in [name for name in current if name not in attributes]:
-        del current[name]
-    for name, value in attributes.items():
-        if current.get(name, _MISSING) is not value:
-            current[name] = value
-    for name, saved in contents.items():
-        container = attributes[name]
-        if _changed(container, saved):
-            container.clear()
-            (container.extend if isinstance(container, list) else container.update)(saved)
-
-
-def _changed(container: Any, saved: Any) -> bool:
-    """Whether ``container`` holds other items (by identity) than its copy ``saved``."""
-    if len(container) != len(saved):
-        return True
-    if isinstance(container, dict):
-        return any(key not in container or container[key] is not value for key, value in saved.items())
-    if isinstance(container, list):
-        return any(a is not b for a, b in zip(container, saved))
-    return container != saved
-
-
-_MISSING = object()
-#: The containers :func:`_snapshot` copies (subclasses too, into the plain type: a module's
-#: hooks are ``OrderedDict``s).
-_CONTAINERS = (dict, list, set)
-
-
-def _find_fake(roots: dict[str, Any], is_fake: Callable[[torch.Tensor], bool]) -> str | None:
-    """The path of the nearest fake tensor (``is_fake``) reachable from ``roots``, or of a real
-    tensor holding one as its gradient, or None. Every such gradient is dropped (a fake is
-    never left on a real tensor). Follows attributes, container items (and tensor keys),
-    closures, defaults, ``functools.partial``, bound methods and tensors' gradient hooks."""
-    seen: set[int] = set()
-    queue = deque((value, name) for name, value in roots.items())
-    budget, found = SEARCH_BUDGET, None
-    while queue and budget:
-        value, path = queue.popleft()
-        if isinstance(value, _ATOMS) or id(value) in seen:
-            continue
-        seen.add(id(value))
-        budget -= 1
-        if isinstance(value, torch.Tensor):
-            if is_fake(value):
-                found = found or path
-                continue
-            if value.is_leaf and value._grad is not None and is_fake(value._grad):
-                value.grad = None
-                found = found or f"{path}.grad"
-            queue.extend((hook, f"{path}._backward_hooks[{key}]") for key, hook in (value._backward_hooks or {}).items())
-        else:
-            queue.extend(_children(value, path))
-    return found
-
-
-def _children(value: Any, path: str) -> Iterator[tuple[Any, str]]:
-    """``(child, path)`` of what :func:`_find_fake` follows from ``value``."""
-    if isinstance(value, (dict, list, tuple, set, frozenset, deque)) and len(value) > SEARCH_ITEMS:
-        return
-    if isinstance(value, dict):
-        for key, item in list(value.items()):
-            label = repr(key) if isinstance(key, (str, int)) else f"<{type(key).__name__} key>"
-            yield item, f"{path}[{label}]"
-            if isinstance(key, torch.Tensor):
-                yield key, f"{path}{label}"
-    elif isinstance(value, (list, tuple, set, frozenset, deque)):
-        yield from ((item, f"{path}[{i}]") for i, item in enumerate(list(value)))
-    elif isinstance(value, types.FunctionType):
-        for name, cell in zip(value.__code__.co_freevars, value.__closure__ or ()):
-            try:
-                yield cell.cell_contents, f"{path}.<closure {name}>"
-            except ValueError:  # an empty cell: nothing to follow
-                continue
-        yield from ((item, f"{path}.<default {i}>") for i, item in enumerate(value.__defaults__ or ()))
-        yield from ((item, f"{path}.<default {k}>") for k, item in (value.__kwdefaults__ or {}).items())
-    elif isinstance(value, types.MethodType):
-        yield value.__self__, f"{path}.__self__"
-        yield value.__func__, path
-    elif isinstance(value, functools.partial):
-        yield value.func, f"{path}.func"
-        yield from ((item, f"{path}.args[{i}]") for i, item in enumerate(value.args))
-        yield from ((item, f"{path}.keywords[{k!r}]") for k, item in value.keywords.items())
-    try:  # an object's own attributes, never through a __getattr__ of its class
-        attributes = object.__getattribute__(value, "__dict__")
-    except AttributeError:  # no attributes to follow
-        attributes = None
-    if isinstance(attributes, dict) and not isinstance(value, (types.FunctionType, types.MethodType)):
-        for name, item in list(attributes.items()):
-            if isinstance(value, torch.nn.Module) and name in ("_parameters", "_buffers", "_modules"):
-                yield from ((child, f"{path}.{key}") for key, child in list(item.items()))
-            else:
-                yield item, f"{path}.{name}"
 
 
 def _default_foreach(params: list[torch.Tensor]) -> bool:

@@ -118,11 +118,11 @@ def find_max_batch(
     """
     validate_step(fn, strategy)
     validate_places(device, restore, cache)
-    validate_probe_args(
-        start=start, max_batch=max_batch, strategy=strategy, margin=margin,
-        multiple_of=multiple_of, steps_per_trial=steps_per_trial, search_steps=search_steps,
-    )
+    validate_probe_args(start=start, max_batch=max_batch, strategy=strategy, margin=margin,
+                        multiple_of=multiple_of, steps_per_trial=steps_per_trial, search_steps=search_steps)
     hand_loop = arguments.hand_loop_of(fn, hand_loop)
+    # a make_batch that ignores its size is an error, not a climb to the search ceiling
+    batches = arguments.checked_batches(fn) if isinstance(fn, TrainStep) else None
     limit_bytes = None if memory_limit is None else parse_bytes(memory_limit, name="memory_limit")
     agreement = ranks.current()
     fn = agreement.local_step(fn)  # DDP: the real DDP step, collectives guarded (autobatch.dist.probe)
@@ -130,7 +130,7 @@ def find_max_batch(
         device, restore = device if device is not None else fn.device, restore or (fn.model, fn.optimizer)
     call = _Call(
         fn=fn, target=resolve_device(device), limit_bytes=limit_bytes, agreement=agreement,
-        began=time.perf_counter(), steps_per_trial=steps_per_trial, hand_loop=hand_loop,
+        began=time.perf_counter(), steps_per_trial=steps_per_trial, hand_loop=hand_loop, batches=batches,
         probe_args=dict(  # the cache key holds them all: each can move the answer
             strategy=strategy, start=start, max_batch=max_batch, margin=margin, multiple_of=multiple_of,
             steps_per_trial=steps_per_trial, search_steps=search_steps, hand_loop=hand_loop),
@@ -155,6 +155,7 @@ class _Call:
     steps_per_trial: int
     hand_loop: bool
     probe_args: dict[str, Any]
+    batches: Any = None  # a TrainStep's make_batch(1) and make_batch(2), for the cache key
     store: ProbeCache | None = None
     key: str | None = None
     components: dict[str, Any] | None = None
@@ -308,6 +309,7 @@ def _cache_lookup(call: _Call, cache, cache_key) -> ProbeResult | None:
             # another headroom (older versions had none) are not this probe's answers
             probe={**call.probe_args, "allocator_headroom": arguments.ALLOCATOR_HEADROOM,
                    "expandable_headroom_bytes": arguments.EXPANDABLE_HEADROOM_BYTES},
+            batches=call.batches,
         )
     except Exception as exc:  # noqa: BLE001 - a key we cannot derive only costs the cache
         log.warning("probe cache off for this call: could not derive the key (%s: %s)", type(exc).__name__, exc)

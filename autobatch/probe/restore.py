@@ -3,7 +3,8 @@
 Probe trials run real optimizer steps, so without a restore the model a user probes is not
 the model they start training (Lightning users hit leaked optimizer state, #6570). The
 snapshot lives in CPU memory so it takes nothing from the device being probed, and is taken
-outside any simulated budget. Restoring is bit-exact: parameters, buffers, gradients,
+outside any simulated budget. Restoring is bit-exact: parameters (the model's, and those the
+optimizer trains outside it, such as a CLIP loss module's ``logit_scale``), buffers, gradients,
 optimizer state (including state that did not exist yet, such as Adam's moments before the
 first step), training flags, the random number generators and a ``GradScaler``'s scale (fp16
 trials whose gradients overflow halve it).
@@ -44,6 +45,7 @@ import torch
 from ..memory.lazy_state import hooked
 from .rng import rng_state, set_rng_state
 from .shards import Shard, from_cpu_local, local, to_cpu_local
+from .zero_lr import _NEGATIVE_ZERO, _SCALED_BY_LR, _VersionsInStep, _zero_grads, _zero_lrs, steps_in_place_at_zero_lr  # noqa: F401
 
 __all__ = ["Snapshot", "forget_scaler_stage", "steps_in_place_at_zero_lr", "written_outside_the_optimizer"]
 
@@ -81,6 +83,8 @@ class Snapshot:
     #: version counters of the parameters nothing copied at once (the optimizer's own too, at lr 0)
     _versions: dict[str, int] = field(default_factory=dict, repr=False, compare=False)
     _stepping: Any = field(default=None, repr=False, compare=False)  # lr 0: the bumps the optimizer made
+    #: parameters the optimizer trains that the model does not hold (a loss's ``logit_scale``), by place
+    extra: dict[str, torch.Tensor] = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
     def take(
@@ -99,11 +103,16 @@ class Snapshot:
         snap.weights_in_place = zero_lr and model is not None and steps_in_place_at_zero_lr(optimizer)
         background = background and optimizer is not None and not snap.weights_in_place
         eager: set[str] = set()  # parameters copied now although the thread copies, or nothing does
+        everything = not (background or snap.weights_in_place)
+        snap.extra = _outside_the_model(model, optimizer)  # stepped as the model's are (at lr 0: left exact)
+        for name, param in snap.extra.items():
+            if everything:
+                snap.tensors[name] = _copy_local(param)
+            snap.grads[name] = None if param.grad is None else _to_cpu(param.grad)
         if model is not None:
             if background or snap.weights_in_place:
                 written = written_outside_the_optimizer(model, optimizer)
                 eager = {name for name, param in model.named_parameters() if id(param) in written}
-            everything = not (background or snap.weights_in_place)
             for name, param in model.named_parameters():
                 if everything or name in eager:
                     snap.tensors[name] = _copy_local(param)
@@ -135,6 +144,7 @@ class Snapshot:
         # the parameters as registered now: FSDP2 swaps full (unsharded) tensors into the
         # modules during a forward, which the thread must not mistake for the sharded ones
         params = [] if model is None else [(n, p) for n, p in model.named_parameters() if n not in eager]
+        params += list(snap.extra.items())
         snap._copier = threading.Thread(
             target=snap._copy_catching, args=(after, params), name="autobatch-snapshot", daemon=True
         )
@@ -184,17 +194,19 @@ class Snapshot:
             self._guard = None
             self._stepping.remove()
         with torch.no_grad():
+            state = [*(_named_state(self.model) if self.model is not None else ()), *self.extra.items()]
+            for name, tensor in state:
+                if name not in self.tensors and (self.weights_in_place or self._copy_failed):
+                    continue  # a step at learning rate 0 left it, or its copy failed before a step could
+                local(tensor).copy_(self.tensors[name])  # a DTensor: into this rank's shard
+            params = [*(self.model.named_parameters() if self.model is not None else ()), *self.extra.items()]
+            for name, param in params:
+                saved = self.grads.get(name)
+                if saved is None:
+                    param.grad = None
+                else:
+                    param.grad = from_cpu_local(saved) if isinstance(saved, Shard) else saved.to(param.device, copy=True)
             if self.model is not None:
-                for name, tensor in _named_state(self.model):
-                    if name not in self.tensors and (self.weights_in_place or self._copy_failed):
-                        continue  # a step at learning rate 0 left it, or its copy failed before a step could
-                    local(tensor).copy_(self.tensors[name])  # a DTensor: into this rank's shard
-                for name, param in self.model.named_parameters():
-                    saved = self.grads.get(name)
-                    if saved is None:
-                        param.grad = None
-                    else:
-                        param.grad = from_cpu_local(saved) if isinstance(saved, Shard) else saved.to(param.device, copy=True)
                 for name, module in self.model.named_modules():
                     module.training = self.training.get(name, module.training)
         if self.optimizer is not None and self.optimizer_state is not None:
@@ -234,114 +246,6 @@ class Snapshot:
 
 
 
-class _VersionsInStep:
-    """How far each of an optimizer's parameters' version counters moved inside its ``step()``
-    calls (at learning rate 0 the step writes them, unchanged): a move outside was a write by
-    something else, which the snapshot did not copy.
-
-    A step that raised (a trial out of memory inside ``AdamW.step()``) runs no post-hook, so
-    its window stays open until the next step begins or :meth:`remove`: the step's own writes
-    are counted as the step's, not blamed on the forward. Writes in that window that are not
-    the step's (the next trial's forward) are counted with it; the first trial's forward
-    comes before any step, so a forward that writes on every call is still seen."""
-
-    def __init__(self, optimizer: torch.optim.Optimizer) -> None:
-        self.params = [p for group in optimizer.param_groups for p in group["params"]]
-        self.bumps: dict[int, int] = {}
-        self.before: dict[int, int] | None = None  # the versions where the open step began
-        inner = hooked(optimizer)
-        self.handles = [inner.register_step_pre_hook(self.enter), inner.register_step_post_hook(self.leave)]
-
-    def enter(self, *_: Any) -> None:
-        self.leave()  # a step that raised left its window open: what it wrote was its own
-        self.before = {id(p): p._version for p in self.params}
-
-    def leave(self, *_: Any) -> None:
-        if self.before is None:
-            return
-        for p in self.params:
-            self.bumps[id(p)] = self.bumps.get(id(p), 0) + p._version - self.before.get(id(p), p._version)
-        self.before = None
-
-    def remove(self) -> None:
-        self.leave()
-        for handle in self.handles:
-            handle.remove()
-
-
-#: optimizers whose every change to a parameter, weight decay included, is scaled by the group's
-#: ``lr`` (read in torch's source: ``p.add_(u, alpha=-lr)``, ``p.mul_(1 - lr * wd)``); their state
-#: is built lazily at the first step. Exact types only: a subclass may step otherwise.
-_SCALED_BY_LR = tuple(
-    getattr(torch.optim, name) for name in ("SGD", "Adam", "AdamW", "Adamax", "NAdam", "RAdam", "RMSprop")
-    if hasattr(torch.optim, name)
-)
-
-
-def steps_in_place_at_zero_lr(optimizer: torch.optim.Optimizer | None) -> bool:
-    """Whether a step of ``optimizer`` at learning rate 0 leaves its parameters bit for
-    bit as they are, and restoring its state needs no copy: a type in ``_SCALED_BY_LR``, no
-    state yet, float learning rates, and floating weights that are finite and hold no negative
-    zero (``-0.0 + 0.0`` is ``+0.0``). Two kernels that a training step does not load (an
-    integer minimum, a fused norm), the verdict read on the host: loading kernels on their first
-    use is most of what this check costs (0.07-0.10 s on an H200 for the version with five
-    kernels, 4-5 ms when they were loaded already; ``scripts/diag_zero_lr_check.py``)."""
-    if optimizer is None or type(optimizer) not in _SCALED_BY_LR or any(optimizer.state.values()):
-        return False
-    if any(isinstance(group["lr"], torch.Tensor) for group in optimizer.param_groups):
-        return False
-    weights: dict[tuple[torch.device, torch.dtype], list[torch.Tensor]] = {}
-    for group in optimizer.param_groups:
-        for param in group["params"]:
-            tensor = local(param).detach()
-            if tensor.dtype not in _NEGATIVE_ZERO:
-                return False  # not a float type whose negative zero we can spot
-            if tensor.numel():
-                weights.setdefault((tensor.device, tensor.dtype), []).append(tensor)
-    with torch.no_grad():
-        for (_, dtype), found in weights.items():
-            kind, bits = _NEGATIVE_ZERO[dtype]
-            # a negative zero's bits are the integer type's smallest value: one minimum per
-            # tensor and one fused norm (NaN / inf: not finite), both read on the host
-            smallest = torch.stack([w.view(kind).amin() for w in found]).cpu()
-            norms = torch.stack(torch._foreach_norm(found, 2)).cpu()
-            if bool((smallest == bits).any()) or not bool(norms.isfinite().all()):
-                return False
-    return True
-
-
-#: a float type's negative zero as the bit pattern of the same-sized integer type
-_NEGATIVE_ZERO = {
-    torch.float32: (torch.int32, -(2**31)), torch.float64: (torch.int64, -(2**63)),
-    torch.bfloat16: (torch.int16, -(2**15)), torch.float16: (torch.int16, -(2**15)),
-}
-
-
-def _zero_lrs(optimizer: torch.optim.Optimizer) -> None:
-    """Every group's learning rate to 0: the trials' steps build state but move no weight."""
-    for group in optimizer.param_groups:
-        group["lr"] = 0.0
-
-
-def _zero_grads(optimizer: torch.optim.Optimizer) -> None:
-    """Before a step at learning rate 0: every gradient set to zero in place, so no NaN or
-    infinity reaches an update (``0 * nan``) and every update term is a zero; the step's memory
-    and kernels are the same. One fused kernel per device and type (zeroing only the non-finite
-    values cost a kernel per tensor: ~3 ms of every ResNet-50 step on an H200)."""
-    dense: list[torch.Tensor] = []
-    with torch.no_grad():
-        for group in optimizer.param_groups:
-            for param in group["params"]:
-                if param.grad is not None:
-                    grad = local(param.grad)
-                    if grad.is_sparse:
-                        grad._values().zero_()
-                    else:
-                        dense.append(grad)
-        if dense:
-            torch._foreach_zero_(dense)
-
-
 def forget_scaler_stage(scaler: Any, optimizer: torch.optim.Optimizer) -> None:
     """Mark ``optimizer`` unscaled in ``scaler`` again: a step that failed after ``unscale_``
     left it marked, and the next step would skip unscaling (with the failed step's inf check)."""
@@ -371,6 +275,21 @@ def written_outside_the_optimizer(model: torch.nn.Module, optimizer: torch.optim
 
 
 _BASES = (torch.nn.Module, object)
+
+
+def _outside_the_model(model: torch.nn.Module | None,
+                       optimizer: torch.optim.Optimizer | None) -> dict[str, torch.Tensor]:
+    """The parameters ``optimizer`` trains that ``model`` does not hold (a CLIP loss module's
+    ``logit_scale``, a free temperature the loss captures), named by their place in its
+    ``param_groups``: the trials step them as they step the model's."""
+    held = set() if model is None else {id(param) for param in model.parameters()}
+    found: dict[str, torch.Tensor] = {}
+    for g, group in enumerate(optimizer.param_groups if optimizer is not None else ()):
+        for i, param in enumerate(group["params"]):
+            if id(param) not in held:
+                held.add(id(param))
+                found[f"optimizer.param_groups[{g}]['params'][{i}]"] = param
+    return found
 
 
 def _load_keeping_groups(optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:

@@ -17,7 +17,12 @@ class TrainStep:
     """``fn(batch_size)`` that runs forward, backward and an optimizer step on a fresh batch.
 
     ``make_batch(B)`` builds a batch of ``B`` samples on the model's device (a tensor, or any
-    structure of tensors); ``loss_fn(model, batch)`` returns a scalar loss. Because a trial
+    structure of tensors); ``loss_fn(model, batch)`` returns a scalar loss tensor (or a dict or
+    model output holding it as ``"loss"``, as a Transformers model given labels returns: the
+    loss is taken and the rest dropped before backward, as the Transformers ``Trainer`` does;
+    anything else is refused with what to return, and so is a loss that is a fake tensor left
+    by a trace, :class:`~autobatch.errors.FakeTensorLeakError`). The optimizer's ``step()``
+    must run without a closure (not ``LBFGS``). Because a trial
     really trains, :func:`~autobatch.find_max_batch` snapshots the model and optimizer before
     probing and restores them afterwards whenever it is given a ``TrainStep``.
 
@@ -43,6 +48,7 @@ class TrainStep:
         checks.module("model", model)
         checks.materialized("model", model)
         checks.trains("optimizer", optimizer, model)
+        checks.no_closure("optimizer", optimizer)  # LBFGS: its step needs a closure, which no step here passes
         checks.function("loss_fn", loss_fn, "loss_fn(model, batch) -> mean loss tensor")
         if make_batch is not None:  # None: a step that only trains on batches it is given
             checks.function("make_batch", make_batch, "make_batch(batch_size) -> batch")
@@ -76,7 +82,7 @@ class TrainStep:
         self.optimizer.zero_grad(set_to_none=True)
         batch = self.make_batch(batch_size)
         with self.autocast():
-            loss = self.loss_fn(self.model, batch)
+            loss = checks.loss("loss_fn", self.loss_fn(self.model, batch))  # a model output's .loss; the rest dropped
         del batch  # backward needs what autograd saved, not the inputs: as the runner's step
         (self.grad_scaler.scale(loss) if self.grad_scaler is not None else loss).backward()
         self.optimizer_step()

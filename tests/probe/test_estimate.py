@@ -1,5 +1,7 @@
 """Zero-OOM estimates: fake-tensor traces against simulated_memory's measured peaks (CPU)."""
 
+import queue
+
 import pytest
 import torch
 
@@ -222,18 +224,19 @@ def test_a_gpu_sized_question_on_the_cpu():
 # -- in find_max_batch ----------------------------------------------------------------------
 def test_strategy_estimate_is_untested_and_runs_nothing():
     step = make_mlp_step(width=256)
-    made = []
+    made = queue.SimpleQueue()  # not a list: the trace puts a list it reaches back as it was
     make = step.make_batch
 
     def recording(size):
         batch = make(size)
-        made.append(type(batch[0]).__name__)
+        made.put(type(batch[0]).__name__)
         return batch
 
     step.make_batch = recording
     result = find_max_batch(step, strategy="estimate", memory_limit="24MiB")
     assert not result.tested and result.trials == [] and result.strategy_used == "estimate"
-    assert made and set(made) == {"FakeTensor"}  # no real batch was ever built
+    kinds = {made.get() for _ in range(made.qsize())}
+    assert kinds == {"FakeTensor"}  # no real batch was ever built
     probed = find_max_batch(step, strategy="binary", memory_limit="24MiB", steps_per_trial=2, cache=False)
     assert result.batch_size == pytest.approx(probed.batch_size, rel=0.01)
     assert any("untested" in note for note in result.notes) and "untested" in result.summary()

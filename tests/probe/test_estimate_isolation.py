@@ -1,9 +1,10 @@
-"""The fake-tensor trace leaves no trace: whatever the step does to the model, its loss module
-and the random generators while tracing is undone, and what cannot be undone (a fake tensor
-kept where the estimate cannot reach, a parameter it cannot swap) is an EstimateError, so
+"""The fake-tensor trace leaves no trace: whatever the step does to the model, its loss module,
+what they reach and the random generators while tracing is undone, and what cannot be undone (a
+fake tensor kept where the estimate cannot reach, a parameter it cannot swap) is an EstimateError, so
 ``auto`` probes with trials; gradient hooks, learnable losses and views of preloaded data are
 counted as simulated_memory counts them."""
 
+import queue
 import random
 
 import numpy
@@ -94,10 +95,23 @@ def test_buffers_modules_and_attributes_added_while_tracing_are_removed():
     assert type(model.scale) is torch.Tensor and all(type(t) is torch.Tensor for t in model.seen)
 
 
-def test_a_fake_kept_out_of_reach_is_an_estimate_error_and_auto_probes_with_trials():
+def test_a_list_in_a_hooks_closure_is_put_back():
     outputs = [None]
     step = make_mlp_step(width=64)
     step.model[-1].register_forward_hook(lambda module, args, out: outputs.__setitem__(0, out.detach()))
+    estimate_memory(step, 4)
+    assert outputs == [None]
+
+
+def test_a_fake_kept_out_of_reach_is_an_estimate_error_and_auto_probes_with_trials():
+    outputs = queue.Queue()  # the standard library's machinery is never rolled back: out of reach
+
+    def keep(module, args, out):
+        outputs.queue.clear()
+        outputs.put(out.detach())
+
+    step = make_mlp_step(width=64)
+    step.model[-1].register_forward_hook(keep)
     with pytest.raises(EstimateError, match=r"model\.4\._forward_hooks.*outputs"):
         estimate_memory(step, 4)
     auto = find_max_batch(step, memory_limit="4MiB", cache=False, steps_per_trial=2)
