@@ -59,6 +59,7 @@ from autobatch import free_memory, is_oom_error  # noqa: E402
 from autobatch.memory.simulated import active_simulation, host_memory  # noqa: E402
 from autobatch.workloads.models import GPT, MLP, ResNetCNN  # noqa: E402
 
+COMPILE = False  # --compile (set in main)
 WORKLOADS = ("vit_b16", "resnet50_tuned", "resnet50", "gpt2", "llama")
 # beside them, models the probe was not tuned on (``--workloads`` picks them): depthwise
 # convolutions with SiLU and cuDNN autotuning, LayerNorm and 7x7 depthwise kernels, a bidirectional
@@ -85,6 +86,8 @@ def build(name: str, device: str, quick: bool):
     else:
         model, shape = _decoder(name, quick), None
     model = model.to(device)
+    if COMPILE:  # --compile: every form trains the torch.compile'd model (one wrapper per build)
+        model = torch.compile(model, dynamic=True if COMPILE == "dynamic" else None)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
     if shape is None:
         seq, vocab = (16, 64) if quick else (1024, 50257)
@@ -324,6 +327,8 @@ def fresh_process(args, name: str, form: str, batch_size: int) -> dict:
                "--steps", str(args.steps), "--device", args.device, "--memory-limit", args.memory_limit]
     if args.quick:
         command.append("--quick")
+    if args.compile:
+        command.append("--compile")
     done = subprocess.run(command, capture_output=True, text=True, timeout=args.child_timeout)
     if done.returncode != 0:
         return {"error": done.stderr.strip().splitlines()[-1:] or done.returncode}
@@ -555,6 +560,9 @@ def _workload(args, name: str, cap: int | None) -> dict:
         row[form]["fresh_process" if not child_form.endswith("_resumed") else "resumed_process"] = runs_[0] if len(runs_) == 1 else {
             "runs": len(runs_), "failed": sum(1 for r in runs_ if r.get("oom_at") is not None or r.get("recoveries")
                                               or "error" in r and "steps" not in r), "each": runs_}
+    if COMPILE:  # how often the probes and trainings made dynamo capture and compile a graph
+        from torch._dynamo.utils import counters
+        row["dynamo"] = {key: dict(value) for key, value in counters.items() if key in ("stats", "recompiles")}
     if args.cli:
         row["cli"] = cli(args, name)
     return row
@@ -586,11 +594,14 @@ def main() -> None:
                         help="also the largest size a plain loop trains --steps steps at in new processes")
     parser.add_argument("--resumed", action="store_true",
                         help="--exact-fresh: the size must also train where the optimizer state exists before step 0")
+    parser.add_argument("--compile", action="store_true", help="every form trains the model under torch.compile")
     parser.add_argument("--out", default=None)
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--form", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--batch", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    global COMPILE
+    COMPILE = args.compile
     args.memory_limit = args.memory_limit or ("16MiB" if args.device == "cpu" else ("2GiB" if args.quick else "8GiB"))
     if args.memory_limit == "none" and not args.cli_only:
         parser.error("--memory-limit none is for --cli-only (the library forms and Accelerate run under a cap)")

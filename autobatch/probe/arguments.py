@@ -5,6 +5,7 @@ Every bad value raises one ``ValueError`` that names the argument and what it ac
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Mapping
 from typing import Any
 
@@ -18,7 +19,7 @@ from .train_step import TrainStep
 __all__ = [
     "STRATEGY_NAMES", "HALVING_DEFAULT_START", "PREDICT_DEFAULT_START", "ALLOCATOR_HEADROOM",
     "EXPANDABLE_HEADROOM_BYTES", "SEARCH_CEILING",
-    "validate_probe_args", "validate_step", "validate_places", "hand_loop_of", "checked_batches",
+    "validate_probe_args", "validate_step", "validate_places", "hand_loop_of", "compiled_model", "checked_batches",
 ]
 
 STRATEGY_NAMES = ("auto", "predict", "binary", "power", "halving", "estimate")
@@ -129,13 +130,45 @@ def validate_places(device: object, restore: object, cache: object) -> None:
         raise TypeError(f"cache must be True, False, None or a directory path, got {type(cache).__name__} {cache!r:.60}")
 
 
-def hand_loop_of(fn: object, hand_loop: bool | None) -> bool:
-    """Whether a loop that cannot replay a step trains ``fn``'s answer: ``hand_loop`` as given,
-    by default True for a plain callable (the user's own loop) and False for a
-    :class:`~autobatch.TrainStep` (autobatch's Runner, which replays)."""
+def hand_loop_of(fn: object, hand_loop: bool | None) -> tuple[bool, list[str]]:
+    """Whether a loop that cannot replay a step trains ``fn``'s answer, and the notes saying why
+    where it was decided for the user: ``hand_loop`` as given; by default True for a plain
+    callable (the user's own loop) and for a :class:`~autobatch.TrainStep` whose model runs under
+    ``torch.compile`` (:func:`compiled_model`), False for any other ``TrainStep`` (autobatch's
+    Runner, which replays)."""
     if hand_loop is not None and not isinstance(hand_loop, bool):
         raise TypeError(f"hand_loop must be True, False or None (decided by the step's type), got {hand_loop!r:.60}")
-    return not isinstance(fn, TrainStep) if hand_loop is None else hand_loop
+    if hand_loop is not None or not isinstance(fn, TrainStep):
+        return (not isinstance(fn, TrainStep) if hand_loop is None else hand_loop), []
+    if not compiled_model(fn.model):
+        return False, []
+    return True, [COMPILED_NOTE]
+
+
+#: why a torch.compile'd TrainStep is probed as a hand loop (:func:`hand_loop_of`)
+COMPILED_NOTE = (
+    "probed under a hand loop's rules (the optimizer state laid out as a resumed run has it; hand_loop=False "
+    "to probe as an uncompiled TrainStep): the model runs under torch.compile, and a new process compiles in its "
+    "first step, among that step's activations, which the trials (whose sizes share one compiled graph) do not"
+)
+
+
+def compiled_model(model: torch.nn.Module) -> bool:
+    """Whether ``model`` or a module in it runs under ``torch.compile`` (an ``OptimizedModule``
+    wrapper, or ``Module.compile()`` in place).
+
+    Why it matters: the trials' sizes share the graphs the first ones compiled, where a training
+    process compiles its own graph in its first step. Measured on an H100 (GPT-2 small compiled,
+    bf16, 8 GiB cap, ``scripts/diag_compile.py``): a ``TrainStep``'s trials passed 6, which then
+    ran out of memory at step 1 in new processes (as a ``TrainStep`` called by hand, the
+    ``Runner``, a plain loop; compiled static or with ``dynamic=True``) and in the probing
+    process's ``Runner``; 5, a plain callable's answer under a hand loop's rules, trained."""
+    if "torch._dynamo" not in sys.modules:  # nothing was compiled in this process
+        return False
+    from torch._dynamo.eval_frame import OptimizedModule
+
+    return any(isinstance(m, OptimizedModule) or getattr(m, "_compiled_call_impl", None) is not None
+               for m in model.modules())
 
 
 def checked_batches(step: TrainStep) -> tuple[Any, Any] | None:

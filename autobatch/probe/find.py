@@ -110,7 +110,9 @@ def find_max_batch(
             answer (your own, Lightning's, the Transformers ``Trainer``'s): its trial must then
             stop flushing the allocator's cache, at which a run resumed from a checkpoint ran out of
             memory (``docs/promise.md``; not every resumed layout is covered). Default: True for a
-            plain callable, False for a ``TrainStep``.
+            plain callable and for a ``TrainStep`` whose model runs under ``torch.compile`` (a new
+            process compiles in its first step; the result's notes say so), False for any other
+            ``TrainStep``.
 
     Raises:
         ValueError, TypeError: a bad argument (the message names it and what it accepts).
@@ -120,7 +122,7 @@ def find_max_batch(
     validate_places(device, restore, cache)
     validate_probe_args(start=start, max_batch=max_batch, strategy=strategy, margin=margin,
                         multiple_of=multiple_of, steps_per_trial=steps_per_trial, search_steps=search_steps)
-    hand_loop = arguments.hand_loop_of(fn, hand_loop)
+    hand_loop, loop_notes = arguments.hand_loop_of(fn, hand_loop)
     # a make_batch that ignores its size is an error, not a climb to the search ceiling
     batches = arguments.checked_batches(fn) if isinstance(fn, TrainStep) else None
     limit_bytes = None if memory_limit is None else parse_bytes(memory_limit, name="memory_limit")
@@ -130,7 +132,7 @@ def find_max_batch(
         device, restore = device if device is not None else fn.device, restore or (fn.model, fn.optimizer)
     call = _Call(
         fn=fn, target=resolve_device(device), limit_bytes=limit_bytes, agreement=agreement,
-        began=time.perf_counter(), steps_per_trial=steps_per_trial, hand_loop=hand_loop, batches=batches,
+        began=time.perf_counter(), steps_per_trial=steps_per_trial, hand_loop=hand_loop, batches=batches, notes=loop_notes,
         probe_args=dict(  # the cache key holds them all: each can move the answer
             strategy=strategy, start=start, max_batch=max_batch, margin=margin, multiple_of=multiple_of,
             steps_per_trial=steps_per_trial, search_steps=search_steps, hand_loop=hand_loop),

@@ -1,0 +1,41 @@
+"""A torch.compile'd TrainStep is probed under a hand loop's rules (autobatch.probe.arguments)."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+import autobatch
+from autobatch.probe.arguments import COMPILED_NOTE, compiled_model, hand_loop_of
+
+
+def _step(model: nn.Module) -> autobatch.TrainStep:
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    return autobatch.TrainStep(model, optimizer, lambda m, b: nn.functional.mse_loss(m(b), b),
+                               lambda n: torch.randn(n, 8))
+
+
+def test_a_compiled_model_is_seen_wrapped_in_place_and_inside_another():
+    assert not compiled_model(nn.Linear(8, 8))
+    assert compiled_model(torch.compile(nn.Linear(8, 8)))
+    in_place = nn.Linear(8, 8)
+    in_place.compile()
+    assert compiled_model(in_place)
+    assert compiled_model(nn.Sequential(torch.compile(nn.Linear(8, 8)), nn.ReLU()))
+
+
+def test_a_compiled_trainstep_defaults_to_a_hand_loop_and_says_why():
+    assert hand_loop_of(_step(nn.Linear(8, 8)), None) == (False, [])
+    assert hand_loop_of(_step(torch.compile(nn.Linear(8, 8))), None) == (True, [COMPILED_NOTE])
+    assert hand_loop_of(_step(torch.compile(nn.Linear(8, 8))), False) == (False, [])  # the user's word stands
+    assert hand_loop_of(lambda n: None, None) == (True, [])
+
+
+def test_the_note_reaches_the_result_and_the_answer_trains():
+    torch.manual_seed(0)
+    model = torch.compile(nn.Sequential(nn.Linear(8, 64), nn.ReLU(), nn.Linear(64, 8)))
+    result = autobatch.find_max_batch(_step(model), device="cpu", memory_limit="4MiB", cache=False)
+    assert COMPILED_NOTE in result.notes
+    with autobatch.simulated_memory("4MiB"):  # the answer trains in the budget it was found in
+        for _ in range(3):
+            _step(model)(result.batch_size)
