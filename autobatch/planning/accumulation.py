@@ -26,6 +26,7 @@ from typing import Any, Callable, ContextManager, Iterable, Iterator
 
 import torch
 
+from .. import checks
 from ..probe.train_step import TrainStep
 from .samples import batch_size_of, cycle_samples, map_samples, take_samples  # here too: where callers have found them
 
@@ -167,7 +168,7 @@ def accumulate_loss_sum(
             if on_phase is not None:
                 on_phase("forward")
             with autocast():
-                loss = loss_fn(model, micro)
+                loss = checks.loss("loss_fn", loss_fn(model, micro))  # a model output's .loss; the rest dropped
             del micro  # backward needs what autograd saved, not the inputs (an fp32 image batch
             # under autocast is saved as its bf16 copy: holding the original cost 0.055 GiB at a
             # ResNet-50 micro-batch of 180 on an H200)

@@ -110,13 +110,13 @@ def find_max_batch(
             answer (your own, Lightning's, the Transformers ``Trainer``'s): its trial must then
             stop flushing the allocator's cache, at which a run resumed from a checkpoint ran out of
             memory (``docs/promise.md``; not every resumed layout is covered). Default: True for a
-            plain callable and for a ``TrainStep`` whose model runs under ``torch.compile`` (a new
-            process compiles in its first step; the result's notes say so), False for any other
-            ``TrainStep``.
+            plain callable and a ``torch.compile``'d ``TrainStep`` (notes say why), else False.
 
     Raises:
         ValueError, TypeError: a bad argument (the message names it and what it accepts).
-        NoBatchFitsError: even the smallest allowed batch ran out of memory.
+        NoBatchFitsError: even the smallest allowed batch ran out of memory. EstimateError:
+            ``strategy="estimate"`` where no estimate stands (the peak stays under the capacity
+            up to the search ceiling: give ``max_batch``; a step the trace cannot follow).
     """
     validate_step(fn, strategy)
     validate_places(device, restore, cache)
@@ -140,9 +140,7 @@ def find_max_batch(
     if strategy == "estimate":
         return _estimate(call)
     hit = _cache_lookup(call, cache, cache_key) if cache is not False else None
-    if hit is not None:
-        return hit
-    return _finish(call, _probe(call, restore, estimate_first))
+    return hit if hit is not None else _finish(call, _probe(call, restore, estimate_first))
 
 
 @dataclass

@@ -162,3 +162,21 @@ def test_one_batch_passed_as_data_is_one_clear_error(data):
     with pytest.raises(TypeError, match=r"data must be an iterable of global batches .* pass \[batch\]"):
         runner.fit(data)
     assert runner.step == 0
+
+
+def test_a_loss_held_in_a_dict_trains_as_the_tensor_and_a_tuple_is_one_clear_error():
+    """The Runner's step takes the loss as TrainStep does (autobatch.checks.loss): a dict's or a
+    model output's "loss"; before, the dict was multiplied by the micro-batch's weight
+    ("unsupported operand type(s) for *: 'dict' and 'float'")."""
+    weights = []
+    for loss_fn in (mse, lambda model, batch: {"loss": mse(model, batch), "logged": 1.0}):
+        model = make_model()
+        Runner(model, torch.optim.SGD(model.parameters(), lr=0.1), loss_fn, global_batch=16, micro_batch=4,
+               progress=False).fit(make_data(), steps=3)
+        weights.append(torch.cat([p.detach().flatten() for p in model.parameters()]))
+    assert torch.equal(weights[0], weights[1])
+    model = make_model()
+    runner = Runner(model, torch.optim.SGD(model.parameters(), lr=0.1), lambda m, b: (mse(m, b), 0),
+                    global_batch=16, micro_batch=4, progress=False)
+    with pytest.raises(TypeError, match=r"loss_fn must return the loss as a scalar tensor .* its \[0\]"):
+        runner.fit(make_data(), steps=1)
