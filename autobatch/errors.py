@@ -82,18 +82,21 @@ class GlobalBatchTooLargeError(MemoryError):
     ``checkpointing`` is true); ``global_batch`` what was asked for.
     """
 
-    def __init__(self, global_batch: int, largest_fit: int, checkpointing: bool, device: str) -> None:
+    def __init__(self, global_batch: int, largest_fit: int, checkpointing: bool, device: str,
+                 checkpointing_unavailable: str | None = None) -> None:
         self.global_batch = global_batch
         self.largest_fit = largest_fit
         self.checkpointing = checkpointing
         self.device = device
         how = "with activation checkpointing" if checkpointing else "without activation checkpointing"
+        if checkpointing or checkpointing_unavailable:  # allowed: say why it did not help, not to allow it
+            other = f"; activation checkpointing could not help: {checkpointing_unavailable}" if checkpointing_unavailable else ""
+        else:
+            other = ", or allow activation checkpointing"
         super().__init__(
             f"global_batch={global_batch} does not fit in one step on {device}: the largest batch "
             f"that trains {how} is {largest_fit}. Allow gradient accumulation "
-            "(allow_accumulation=True) to keep the global batch in several micro-batches"
-            + ("" if checkpointing else ", or allow activation checkpointing")
-            + "."
+            f"(allow_accumulation=True) to keep the global batch in several micro-batches{other}."
         )
 
 

@@ -356,7 +356,9 @@ class _Planner(ThroughputObjective):
         if ckpt is None:
             if plain is None:
                 raise self.no_fit(plain_error, ckpt_error, True)
-            raise accumulation_error or GlobalBatchTooLargeError(self.global_batch, plain.batch_size, False, plain.device)
+            why = ("no block to checkpoint was found in the model (name its blocks' classes in checkpoint_targets)"
+                   if ckpt_error is None else "with it, not even batch 1 fit")
+            raise accumulation_error or GlobalBatchTooLargeError(self.global_batch, plain.batch_size, False, plain.device, why)
         if ckpt.batch_size >= self.global_batch:
             why = "the global batch fits in one step only with activation checkpointing"
             return self.build(self.global_batch, True, "max_batch", why, balanced)

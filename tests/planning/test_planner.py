@@ -577,3 +577,17 @@ def test_an_accumulated_step_that_fits_no_micro_batch_says_so(allow_checkpointin
     with pytest.raises(NoBatchFitsError, match="fits in one step, but not the global batch; with accumulation"):
         plan(step, global_batch=100_000, memory_limit="6MiB", cache=False, allow_checkpointing=allow_checkpointing,
              objective="throughput", timed_steps=1, retime_rounds=0)
+
+
+def test_a_global_batch_too_large_where_checkpointing_was_allowed_says_why_it_did_not_help():
+    """Checkpointing allowed (the default) on a model with no blocks: the error said "or allow
+    activation checkpointing", a setting already on."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 512), torch.nn.ReLU(), torch.nn.Linear(512, 10))
+    step = autobatch.TrainStep(model, torch.optim.AdamW(model.parameters()),
+                               lambda m, b: torch.nn.functional.cross_entropy(m(b[0]), b[1]),
+                               lambda n: (torch.randn(n, 64), torch.randint(0, 10, (n,))))
+    with pytest.raises(autobatch.GlobalBatchTooLargeError) as raised:
+        autobatch.plan(step, global_batch=1_000_000, allow_accumulation=False, device="cpu", memory_limit="8MiB")
+    assert "could not help: no block to checkpoint was found" in str(raised.value)
+    assert "or allow activation checkpointing" not in str(raised.value)
