@@ -33,7 +33,7 @@ from .progress import Progress
 from .ranks import unwrap
 from .resume_checks import check_kinds, kind, load_scheduler, position_for, precision_of, warn_changed_precision
 from .resume_checks import warn_persistent_workers, warn_replaced_settings
-from .resume_checks import without_wrapper_prefix
+from .resume_checks import local_module_names, without_wrapper_prefix
 from .run_result import RunResult
 from .sharded_files import check_sharded_resume, sharded_path
 
@@ -132,7 +132,7 @@ class Resumable:
             "global_batch": self.global_batch,
             "micro_batch": self.micro_batch,
             "growth": self.growth.state_dict(),
-            "checkpointed_modules": None if self.checkpoint_handle is None else self.checkpoint_handle.modules,
+            "checkpointed_modules": None if self.checkpoint_handle is None else local_module_names(self.checkpoint_handle.modules, unwrap(self.model)),
             "result": self.result.to_dict(),
         })
 
@@ -284,7 +284,7 @@ class Resumable:
         check_kinds(path, state, self.optimizer, self.scheduler)  # before anything is loaded
         warn_changed_precision(state, precision_of(self._train_step))
         if state.get("checkpointed_modules") and self.checkpoint_handle is None:
-            self.checkpoint_handle = enable_checkpointing(self.model, modules=state["checkpointed_modules"])
+            self.checkpoint_handle = enable_checkpointing(unwrap(self.model), modules=local_module_names(state["checkpointed_modules"], unwrap(self.model)))
         try:
             if sharded:  # this rank's shards, written in place
                 load_plain_state(self.model, state["model"])

@@ -20,7 +20,7 @@ import torch
 from ..errors import CheckpointError
 
 __all__ = ["precision_of", "warn_changed_precision", "check_kinds", "kind", "load_scheduler", "position_for", "warn_persistent_workers", "warn_replaced_settings",
-           "without_wrapper_prefix"]
+           "without_wrapper_prefix", "local_module_names"]
 
 log = logging.getLogger("autobatch")
 
@@ -145,3 +145,14 @@ def without_wrapper_prefix(state: dict[str, Any]) -> dict[str, Any]:
     if state and all(key.startswith("module.") for key in state):
         return {key[len("module."):]: value for key, value in state.items()}
     return state
+
+
+def local_module_names(names: list[str], local: torch.nn.Module) -> list[str]:
+    """Module names as ``local`` (the model inside any DDP wrapper) has them. The checkpointing
+    fallback names modules from the model it was given, the wrapper under torchrun
+    (``module.blocks.0``), so a checkpoint keeps them relative to the local model and one
+    written before (with the wrapper's ``module.``) still resumes, with or without the wrapper."""
+    known = dict(local.named_modules())
+    if all(name in known for name in names):
+        return list(names)
+    return list(without_wrapper_prefix(dict.fromkeys(names)))
