@@ -157,7 +157,8 @@ def _validate_plan(plan: DictConfig) -> None:
 
 def _validate_train(train: DictConfig) -> None:
     """The ``train`` keys the schema cannot judge; ``ValueError`` names the key to fix."""
-    for key in ("global_batch", "micro_batch", "epochs", "max_micro_batch", "empty_cache_every", "inject_oom_times"):
+    for key in ("global_batch", "micro_batch", "epochs", "max_micro_batch", "min_micro_batch", "empty_cache_every",
+                "inject_oom_times"):
         value = train[key]
         if value is not None and value < 1:
             raise ValueError(f"train.{key} must be a positive integer or null, got {value}")

@@ -259,6 +259,8 @@ class TrainConfig:
     grow_after: int = 100
     #: Grow-back ceiling (null: the largest batch the probe found, at most the global batch).
     max_micro_batch: Optional[int] = None
+    #: An OOM recovery never shrinks the micro-batch below this (e.g. 2 for BatchNorm).
+    min_micro_batch: int = 1
     #: cpu | device | off: how an OOM inside ``optimizer.step()`` is made safe to replay.
     step_guard: StepGuardKind = StepGuardKind.auto
     #: When micro-batch 1 runs out of memory, turn on activation checkpointing and replay.

@@ -66,6 +66,7 @@ _CLI_KEYS = [
     (r"allow_accumulation=True", "plan.allow_accumulation=true"),
     (r"allow activation checkpointing(?= ?[.,])", "allow activation checkpointing (plan.allow_checkpointing=true)"),
     (r"checkpointing_fallback=True", "train.checkpointing_fallback=true"),
+    (r"min_micro_batch", "train.min_micro_batch"),
     (r"checkpoint_targets", "plan.checkpoint_modules"),
     (r"memory_limit", "probe.memory_limit"),
     (r"global_batch=", "train.global_batch="),

@@ -233,6 +233,7 @@ def runner_options(cfg: DictConfig, workload: Workload, out_dir: Path) -> dict[s
         device=workload.device,
         balanced=bool(cfg.plan.balanced),
         max_micro_batch=train.max_micro_batch,
+        min_micro_batch=int(train.min_micro_batch),
         grow_after=int(train.grow_after) or None,
         step_guard=train.step_guard.name,
         checkpointing_fallback=bool(train.checkpointing_fallback),

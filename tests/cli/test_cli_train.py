@@ -124,6 +124,15 @@ def test_an_oom_that_never_goes_away_is_one_line(cli):
     assert "step 1" in done.stderr and "Traceback" not in done.stderr
 
 
+def test_min_micro_batch_keeps_the_recovery_above_it_and_its_error_names_the_key(cli):
+    args = ["model=mlp", *SMALL[:3], "train.micro_batch=8", "train.global_batch=8", "train.steps=3", "train.grow_after=0"]
+    done = cli("train", *args, "train.min_micro_batch=2", "train.inject_oom=[[1,forward]]", "train.inject_oom_times=null")
+    assert done.returncode == 1
+    assert "at micro-batch 2, the smallest train.min_micro_batch=2 allows" in done.stderr, done.stderr
+    bad = cli("train", *args, "train.min_micro_batch=0")
+    assert bad.returncode == 2 and "train.min_micro_batch must be a positive integer" in bad.stderr
+
+
 def test_sigkill_and_resume_through_the_cli(tmp_path):
     reference = run_cli("train", *RESUME_RUN, f"hydra.run.dir={tmp_path / 'reference'}", cwd=tmp_path, timeout=300)
     assert reference.returncode == 0, reference.stderr
