@@ -8,9 +8,10 @@
 * :mod:`~autobatch.dist.ddp_step` - the same through DDP's own reducer (bucketed all-reduce
   overlapped with backward), with the one-rank-OOM completion protocol;
 * :mod:`~autobatch.dist.votes` - the vote that ends each phase of a step.
-* :mod:`~autobatch.dist.fsdp` (with :mod:`~autobatch.dist.fsdp_guard`) - FSDP2 (``fully_shard``)
-  models in the probe and the runner, their collectives voted so that one rank's OOM never
-  leaves another waiting in one.
+* :mod:`~autobatch.dist.fsdp` (with :mod:`~autobatch.dist.fsdp_guard` and
+  :mod:`~autobatch.dist.fsdp_passes`) - FSDP2 (``fully_shard``) models in the probe and the
+  runner, their collectives voted so that one rank's OOM never leaves another waiting in
+  one; the same number of passes on every rank, and models sharded only in parts.
 
 The probe and the runner come earlier in the pipeline and do not import this package: they
 ask :mod:`autobatch.probe.ranks` and :mod:`autobatch.training.ranks`, and importing this

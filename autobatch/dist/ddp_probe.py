@@ -17,6 +17,7 @@ import copy
 
 import torch
 
+from .. import checks
 from ..memory.oom import free_memory
 from ..probe.train_step import TrainStep
 from . import agreement as dist_sync
@@ -56,22 +57,25 @@ class DDPProbeStep(TrainStep):
         ledger = ledger_for(model)
         label = f"probe step at batch {batch_size}"
         self.optimizer.zero_grad(set_to_none=True)
-        ledger.begin(1.0 / dist_sync.world_size())
         forward_sync = run_prologue(model, label)
         failure = None
-        try:
-            batch = self.make_batch(batch_size)
-            with self.autocast():
-                loss = self.loss_fn(model, batch)
-            batch = None  # backward needs what autograd saved, not the inputs (as in training)
-            (self.grad_scaler.scale(loss) if self.grad_scaler is not None else loss).backward()
-            del loss
-        except Exception as exc:  # noqa: BLE001 - completed, voted on, re-raised
-            failure = keep(exc)
-        if failure is not None:
-            self.clear_grads()
-            free_memory(generation=1)  # the failure's objects are young (see free_memory)
-            complete_buckets(model, ledger, f"{label}: completing DDP's gradient buckets")
+        ledger.begin(1.0 / dist_sync.world_size())
+        try:  # the hook is DDP's default again afterwards, whatever happens (BucketLedger.end)
+            try:
+                batch = self.make_batch(batch_size)
+                with self.autocast():
+                    loss = checks.loss("loss_fn", self.loss_fn(model, batch))
+                batch = None  # backward needs what autograd saved, not the inputs (as in training)
+                (self.grad_scaler.scale(loss) if self.grad_scaler is not None else loss).backward()
+                del loss
+            except Exception as exc:  # noqa: BLE001 - completed, voted on, re-raised
+                failure = keep(exc)
+            if failure is not None:
+                self.clear_grads()
+                free_memory(generation=1)  # the failure's objects are young (see free_memory)
+                complete_buckets(model, ledger, f"{label}: completing DDP's gradient buckets")
+        finally:
+            ledger.end()
         vote(failure, "backward", batch_size, f"{label}: gradients ready", clear=self.clear_grads,
              on_failure=lambda: reset_after_failure(model, forward_sync))
         try:

@@ -20,6 +20,8 @@ The protocol, per global step (every rank, in this order):
    (:class:`BucketLedger`) that weights each bucket by ``share / global batch``, launches an
    asynchronous all-reduce (sum) and records the bucket's index. The launched buckets are
    therefore always a prefix ``0..k-1`` of the bucket order, which is the same on every rank.
+   The hook stays on the model (DDP cannot remove one); between steps it is DDP's default
+   all-reduce and records nothing (:class:`BucketLedger`).
 3. **On any failure in 2**, on the failing rank only: drop the traceback, the gradients and
    the cached memory, then all-reduce **zero** buckets of the reducer's sizes for every bucket
    not yet launched (``k..N-1``, in order; DDP's own ``_get_zeros_like_grad_buckets``, the
@@ -53,6 +55,8 @@ from typing import Any, Callable, Iterable
 import torch
 import torch.distributed as dist
 
+from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
 from ..errors import RankDisagreementError
 from ..memory.oom import free_memory, is_oom_error
 from ..planning.accumulation import accumulate_loss_sum
@@ -61,7 +65,8 @@ from . import agreement as dist_sync
 from .votes import bits_float, float_bits, keep, vote
 
 __all__ = [
-    "BucketLedger", "ddp_supported", "ledger_for", "run_prologue", "reset_after_failure", "complete_buckets", "ddp_step",
+    "BucketLedger", "ddp_supported", "check_whole_world", "ledger_for", "run_prologue", "reset_after_failure",
+    "complete_buckets", "ddp_step",
 ]
 
 _LEDGERS: "weakref.WeakKeyDictionary[torch.nn.Module, BucketLedger]" = weakref.WeakKeyDictionary()
@@ -69,17 +74,30 @@ _LEDGERS: "weakref.WeakKeyDictionary[torch.nn.Module, BucketLedger]" = weakref.W
 
 class BucketLedger:
     """State of the communication hook: the weight of this rank's buckets and which buckets
-    it has launched in the current step (their indices and asynchronous work handles)."""
+    it has launched in the current step (their indices and asynchronous work handles).
+
+    DDP keeps a communication hook for the model's whole life (it has no way to remove one),
+    so the hook outlives the runner's steps: outside them (:meth:`end`) it is DDP's default
+    all-reduce (mean over the group, :func:`allreduce_hook`) and records nothing, so a plain
+    DDP backward on the model after ``fit`` or ``find_max_batch`` gets DDP's own gradient."""
 
     def __init__(self, group: Any) -> None:
         self.group = group
         self.weight = 1.0
+        self.active = False  # inside one of autobatch's steps
         self.launched: list[int] = []
         self.works: list[Any] = []
 
     def begin(self, weight: float) -> None:
         """Start a step: forget the last step's buckets; weight this rank's by ``weight``."""
         self.weight = float(weight)
+        self.active = True
+        self.launched.clear()
+        self.works.clear()
+
+    def end(self) -> None:
+        """The step is over (done or failed): back to DDP's default all-reduce, nothing held."""
+        self.active = False
         self.launched.clear()
         self.works.clear()
 
@@ -89,7 +107,10 @@ def _first(future: Any) -> torch.Tensor:
 
 
 def _ledger_hook(ledger: BucketLedger, bucket: Any) -> Any:
-    """DDP's all-reduce of one bucket (weighted sum), recorded in the ledger once launched."""
+    """DDP's all-reduce of one bucket (weighted sum), recorded in the ledger once launched;
+    outside autobatch's steps, DDP's default (the mean over the group), recording nothing."""
+    if not ledger.active:
+        return allreduce_hook(ledger.group, bucket)
     buffer = bucket.buffer()
     if ledger.weight != 1.0:
         buffer.mul_(ledger.weight)
@@ -101,6 +122,16 @@ def _ledger_hook(ledger: BucketLedger, bucket: Any) -> Any:
 
 # DDP checks a hook's annotations against its classes; this module's are strings (PEP 563)
 _ledger_hook.__annotations__ = {}
+
+
+def _has_comm_hook(model: torch.nn.parallel.DistributedDataParallel) -> bool:
+    """Whether a communication hook is registered on ``model``: a Python one (``_comm_hooks``)
+    or a built-in one (``_register_builtin_comm_hook``, which only DDP's logging data names)."""
+    if getattr(model, "_comm_hooks", None):
+        return True
+    if getattr(model, "logger", None) is None:  # no logging data (no reducer): the Python list decides
+        return False
+    return bool(model._get_ddp_logging_data().get("comm_hook"))
 
 
 def ddp_supported(model: torch.nn.Module) -> bool:
@@ -116,17 +147,40 @@ def ddp_supported(model: torch.nn.Module) -> bool:
         getattr(model, "reducer", None) is not None
         and not model.find_unused_parameters
         and not model.static_graph
-        and not getattr(model, "_comm_hooks", None)
         and not getattr(model, "_use_python_reducer", False)
         and not getattr(model, "_delay_all_reduce_all_params", False)
         and getattr(model, "mixed_precision", None) is None
+        and not _has_comm_hook(model)
     )
 
 
+def check_whole_world(model: torch.nn.Module) -> None:
+    """``ValueError`` unless a DDP ``model`` replicates over every rank of the job. The
+    runner splits each global batch over all ranks, weights gradients by ``share / global``
+    over all of them and votes over all of them; a DDP over a sub-group (two replica groups
+    of 2 in a job of 4) averages over its own group only, and its gradients came out halved."""
+    if not isinstance(model, torch.nn.parallel.DistributedDataParallel) or not dist_sync.is_distributed():
+        return
+    size, world = dist.get_world_size(model.process_group), dist_sync.world_size()
+    if size != world:
+        raise ValueError(
+            f"the DDP model's process group has {size} of the job's {world} ranks; autobatch splits each global "
+            "batch over every rank of the job (the default group), so its gradients would be wrong: build the DDP "
+            "model over the whole job (process_group=None), or launch each replica group as its own torchrun job"
+        )
+
+
 def ledger_for(model: torch.nn.parallel.DistributedDataParallel) -> BucketLedger:
-    """The ledger of ``model``, registering the recording hook on first use (once per model)."""
+    """The ledger of ``model``, registering the recording hook on first use (once per model:
+    DDP takes one hook per model and never lets it go, see :class:`BucketLedger`)."""
     ledger = _LEDGERS.get(model)
     if ledger is None:
+        if _has_comm_hook(model):  # ddp_supported sends these to the local module; never here
+            raise ValueError(
+                "this DDP model already has a communication hook, and DDP allows one: autobatch's step through DDP "
+                "needs its own; pass the model without registering a hook (autobatch then trains it through its "
+                "local module with one agreed all-reduce)"
+            )
         ledger = BucketLedger(model.process_group)
         model.register_comm_hook(ledger, _ledger_hook)
         _LEDGERS[model] = ledger
@@ -189,6 +243,33 @@ def complete_buckets(model: torch.nn.parallel.DistributedDataParallel, ledger: B
         ledger.begin(ledger.weight)
 
 
+def _micro_batches(
+    step: TrainStep, ledger: BucketLedger, micro_batches: Iterable[Any], weight: float, local_size: int,
+    on_phase: Callable[[str], None], label: str,
+) -> tuple[torch.Tensor | None, BaseException | None]:
+    """Step 2 and 3 of the protocol: every micro-batch through DDP, buckets weighted by
+    ``weight``; on a failure, this rank's unlaunched buckets completed with zeros. Returns
+    (this rank's loss sum or None, the failure to vote on). The hook is DDP's default again
+    afterwards, whatever happened (:meth:`BucketLedger.end`)."""
+    model = step.model
+    ledger.begin(weight)
+    try:
+        try:
+            total, _ = accumulate_loss_sum(
+                model, step.loss_fn, micro_batches, global_batch=local_size, autocast=step.autocast,
+                grad_scaler=step.grad_scaler, no_sync=model.no_sync, on_phase=on_phase,
+            )
+            return total, None
+        except Exception as exc:  # noqa: BLE001 - completed here, voted on by the caller, then re-raised
+            failure = keep(exc)
+        step.clear_grads()
+        free_memory()
+        complete_buckets(model, ledger, f"{label}: completing DDP's gradient buckets")
+        return None, failure
+    finally:
+        ledger.end()
+
+
 def ddp_step(
     step: TrainStep,
     micro_batches: Iterable[Any],
@@ -206,22 +287,8 @@ def ddp_step(
     model = step.model
     ledger = ledger_for(model)
     step.optimizer.zero_grad(set_to_none=True)
-    ledger.begin(local_size / global_batch)
     forward_sync = run_prologue(model, label)
-    failure: BaseException | None = None
-    total = None
-    try:
-        total, _ = accumulate_loss_sum(
-            model, step.loss_fn, micro_batches, global_batch=local_size, autocast=step.autocast,
-            grad_scaler=step.grad_scaler, no_sync=model.no_sync, on_phase=on_phase,
-        )
-    except Exception as exc:  # noqa: BLE001 - completed, voted on below, then re-raised
-        failure = keep(exc)
-    if failure is not None:
-        total = None
-        step.clear_grads()
-        free_memory()
-        complete_buckets(model, ledger, f"{label}: completing DDP's gradient buckets")
+    total, failure = _micro_batches(step, ledger, micro_batches, local_size / global_batch, local_size, on_phase, label)
     reset = lambda: reset_after_failure(model, forward_sync)  # noqa: E731 - on every rank, when some rank failed
     rows = vote(failure, phase(), local_size, f"{label}: gradients ready", clear=step.clear_grads, on_failure=reset)
     global_size = sum(row[2] for row in rows)

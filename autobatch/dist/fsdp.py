@@ -9,9 +9,11 @@ rank takes the same recovery: the probe records a failed trial, the runner halve
 micro-batch and replays the global batch (undoing a half-applied optimizer step from its
 :class:`~autobatch.training.step_guard.StepGuard`, which keeps local shards).
 
-* :func:`fsdp_step` - the runner's global step: a vote that exchanges the ranks' sample
-  counts, forward/backward of every micro-batch (gradient sync off for all but the last,
-  so one reduce-scatter per step), the optimizer step, a closing vote, the loss all-reduce.
+* :func:`fsdp_step` - the runner's global step: a vote that exchanges the ranks' sample and
+  micro-batch counts, forward/backward of every micro-batch (gradient sync off for all but
+  the last, so one reduce-scatter per step; every rank runs as many passes as the rank with
+  the most micro-batches, :mod:`.fsdp_passes`), the plain parameters' all-reduce of a model
+  sharded only in parts, the optimizer step, a closing vote, the loss all-reduce.
 * :class:`VotedTrainStep` - a :class:`~autobatch.TrainStep` whose call is one voted step (the
   probe's trials).
 * :class:`FsdpDataParallel`, :class:`FsdpProbeAgreement` - the seams' implementations: FSDP
@@ -24,6 +26,7 @@ from typing import Any, Callable, Iterable
 
 import torch
 
+from .. import checks
 from ..memory.oom import free_memory
 from ..planning.accumulation import accumulate_loss_sum
 from ..probe.shards import is_dtensor
@@ -31,6 +34,7 @@ from ..probe.train_step import TrainStep
 from ..training.ranks import DataParallel
 from . import agreement as dist_sync
 from .fsdp_guard import guard, is_fsdp, no_gradient_sync, reset, voting
+from .fsdp_passes import check_clipping, check_mesh, equal_passes, micro_batch_count, sync_plain_grads
 from .votes import keep as _keep
 from .probe import CollectiveProbeAgreement
 from .step import CollectiveDataParallel
@@ -97,18 +101,24 @@ def fsdp_step(
     loss is a 0-dim tensor still being computed: ``float()`` reads it). Any rank's failure
     raises on every rank (its own error there, a peer error elsewhere), with FSDP reset."""
     model = guard(step.model)
+    check_clipping(model, step.max_grad_norm)
+    count = micro_batch_count(micro_batches)
     step.optimizer.zero_grad(set_to_none=True)
     with voting(label, phase) as ballot:
-        rows = ballot.vote(payload=local_size)  # every rank enters the step: the sizes
-        global_size, world = sum(row[2] for row in rows), len(rows)
+        rows = ballot.vote(payload=(local_size, count))  # every rank enters the step: the sizes and counts
+        global_size, world = sum(row[0] for row in rows), len(rows)
         try:
             # FSDP averages gradients over the ranks; weighting each micro-batch by
             # n * world / global makes that the mean over the global batch, shares unequal or not
+            # (and each micro-batch is a run of collectives: every rank runs as many passes as the
+            # rank with the most, the extra ones weighted zero)
+            micro_batches, loss_fn = equal_passes(model, step.loss_fn, micro_batches, count, max(row[1] for row in rows))
             loss_sum, _ = accumulate_loss_sum(
-                model, step.loss_fn, micro_batches, global_batch=global_size / world,
+                model, loss_fn, micro_batches, global_batch=global_size / world,
                 autocast=step.autocast, grad_scaler=step.grad_scaler,
                 no_sync=lambda: no_gradient_sync(model), on_phase=on_phase,
             )
+            sync_plain_grads(model, ballot)
             on_phase("optimizer")
             _vote_before_clipping(step, ballot)
             step.optimizer_step()
@@ -151,11 +161,12 @@ class VotedTrainStep(TrainStep):
                 self.optimizer.zero_grad(set_to_none=True)
                 batch = self.make_batch(batch_size)
                 with self.autocast():
-                    loss = self.loss_fn(self.model, batch)
+                    loss = checks.loss("loss_fn", self.loss_fn(self.model, batch))
                 batch = None  # backward needs what autograd saved, not the inputs (as in training)
                 where[0] = "backward"
                 (self.grad_scaler.scale(loss) if self.grad_scaler is not None else loss).backward()
                 del loss
+                sync_plain_grads(self.model, ballot)
                 where[0] = "optimizer"
                 _vote_before_clipping(self, ballot)
                 self.optimizer_step()
@@ -174,6 +185,8 @@ class FsdpProbeAgreement(CollectiveProbeAgreement):
 
     def local_step(self, fn: Any) -> Any:
         if isinstance(fn, TrainStep) and not isinstance(fn, VotedTrainStep) and is_fsdp(fn.model):
+            check_mesh(fn.model)
+            check_clipping(fn.model, fn.max_grad_norm)
             return VotedTrainStep(fn)
         return super().local_step(fn)
 
@@ -198,7 +211,10 @@ class FsdpDataParallel(DataParallel):
         return self.fallback.rank()
 
     def local_module(self, model: torch.nn.Module) -> torch.nn.Module:
-        return model if is_fsdp(model) else self.fallback.local_module(model)
+        if not is_fsdp(model):
+            return self.fallback.local_module(model)
+        check_mesh(model)  # at the runner's start
+        return model
 
     def start(self, model: torch.nn.Module) -> None:
         if not is_fsdp(model):

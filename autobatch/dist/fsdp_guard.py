@@ -10,7 +10,10 @@ wraps each FSDP param group's with :class:`VotingAllGather` / :class:`VotingRedu
 which vote (a sync point through the process group's store, :mod:`.store_exchange`)
 *after* FSDP allocated the buffers and *before* the real collective is issued. A step runs
 inside :func:`voting`, whose :class:`Ballot` gives every vote of the step the same label, so
-that any vote pairs with any other:
+that any vote pairs with any other (each vote also carries what it precedes, an all-gather, a
+reduce-scatter or a step boundary, and its number in the step: healthy ranks at *different*
+collectives, whose micro-batches or modules run differ, raise
+:class:`~autobatch.errors.RankDisagreementError` at once instead of pairing them):
 
 * a healthy rank votes "ok" at each collective and at the step's end;
 * a rank whose step raised (an OOM anywhere: compute, FSDP's buffer allocation, the
@@ -25,22 +28,29 @@ has made the same number of votes: no rank is left inside a collective. What rem
 rank that died, user code that runs collectives of its own) ends in
 :class:`~autobatch.errors.RankDisagreementError` after the sync timeout.
 
-Resetting before the replay: ``FSDPModule.reset_iter_state()`` on the root (waits for the
-collectives already issued, which every rank issued, reshards every group and clears the
-iteration's trackers), else ``reshard()`` on every FSDP module; the unsharded gradients that
+Resetting before the replay: ``FSDPModule.reset_iter_state()`` on every FSDP root (waits
+for the collectives already issued, which every rank issued, reshards every group and clears
+the iteration's trackers); on torch < 2.13, or before FSDP's lazy init ran (a failure before
+the model's first forward, where torch's ``reset_iter_state`` fails on state that does not
+exist yet and hid the failure), :func:`reset_iter_state`; the unsharded gradients that
 accumulation micro-batches left (which ``reset_iter_state`` keeps) dropped; gradient sync on.
+
+Roots: a model whose own root is not ``fully_shard`` -ed (only its blocks are) has one FSDP
+root per outermost sharded module (:func:`fsdp_roots`); every one of them is reset and has
+its gradient sync switched. Its other, plain parameters are replicated: the step all-reduces
+their gradients itself (:mod:`.fsdp_passes`).
 """
 
 from __future__ import annotations
 
 from contextlib import contextmanager
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Sequence
 
 import torch
 from torch.distributed.fsdp import FSDPModule
 from torch.utils._python_dispatch import _disable_current_modes
 
-from ..errors import PeerFailedError, PeerOutOfMemoryError
+from ..errors import PeerFailedError, PeerOutOfMemoryError, RankDisagreementError
 from ..memory.oom import is_oom_error
 from ..training.phases import PHASES
 from . import agreement as dist_sync
@@ -51,9 +61,16 @@ try:
 except ImportError:  # pragma: no cover - an older torch: FSDP2 without replaceable comms
     AllGather = ReduceScatter = object  # type: ignore[assignment,misc]
 
-__all__ = ["Ballot", "voting", "guard", "reset", "reset_iter_state", "is_fsdp", "fsdp_modules", "fsdp_root", "no_gradient_sync"]
+__all__ = [
+    "Ballot", "voting", "guard", "reset", "reset_iter_state", "is_fsdp", "fsdp_modules", "fsdp_roots", "no_gradient_sync",
+    "STEP", "ALL_GATHER", "REDUCE_SCATTER",
+]
 
 _OK, _OOM, _ERROR = 0, 1, 2
+#: what a vote comes before: a boundary of the step itself, or one of FSDP's collectives
+STEP, ALL_GATHER, REDUCE_SCATTER = 0, 1, 2
+_KINDS = ("a step vote", "an all-gather", "a reduce-scatter")
+_PAYLOAD = 2  # integers a vote carries (fixed: any vote of a step must pair with any other)
 _current: list["Ballot"] = []
 
 
@@ -67,10 +84,18 @@ def is_fsdp(model: Any) -> bool:
     return isinstance(model, torch.nn.Module) and any(True for _ in fsdp_modules(model))
 
 
-def fsdp_root(model: torch.nn.Module) -> FSDPModule | None:
-    """The outermost FSDP module (the one first forwarded, FSDP's root), if any."""
-    modules = fsdp_modules(model)
-    return modules[0] if modules else None
+def fsdp_roots(model: torch.nn.Module) -> list[FSDPModule]:
+    """FSDP's roots in ``model``: every FSDP module inside no other one. One (the model) when
+    the model itself is ``fully_shard`` -ed; one per sharded block when only blocks are."""
+    roots: list[FSDPModule] = []
+    inside: set[int] = set()
+    for module in model.modules():  # parents come before their children
+        if id(module) in inside:
+            continue
+        if isinstance(module, FSDPModule):
+            roots.append(module)
+            inside.update(id(child) for child in module.modules())
+    return roots
 
 
 class Ballot:
@@ -82,19 +107,27 @@ class Ballot:
         self.settled = False  # a vote already told every rank that the step failed
         self.votes = 0
 
-    def vote(self, failure: BaseException | None = None, payload: int = 0) -> list[list[int]]:
-        """One vote: every rank's ``[code, phase, payload]``. Raises on every rank when some
-        rank failed: the failing rank its own error, the others a peer error."""
+    def vote(
+        self, failure: BaseException | None = None, payload: int | Sequence[int] = (), kind: int = STEP
+    ) -> list[list[int]]:
+        """One vote before a collective of ``kind``: every rank's ``payload`` (up to two
+        integers, zeros after). Raises on every rank when some rank failed: the failing rank
+        its own error, the others a peer error; and when healthy ranks reached different
+        collectives (:class:`~autobatch.errors.RankDisagreementError`)."""
         code = _OK if failure is None else (_OOM if is_oom_error(failure) else _ERROR)
         phase = self.phase()
         index = PHASES.index(phase) if phase in PHASES else -1
         self.votes += 1
+        values = [payload] if isinstance(payload, int) else list(payload)
+        values = [int(v) for v in values] + [0] * (_PAYLOAD - len(values))
         with _disable_current_modes():  # a simulated budget must not count (or refuse) the vote
-            rows = exchange_via_store([code, index, int(payload)], f"{self.label}: FSDP vote")
+            rows = exchange_via_store([code, index, kind, self.votes, *values], f"{self.label}: FSDP vote")
         errors = [r for r, row in enumerate(rows) if row[0] == _ERROR]
         ooms = [r for r, row in enumerate(rows) if row[0] == _OOM]
         if not errors and not ooms:
-            return rows
+            if any(row[2:4] != rows[0][2:4] for row in rows):
+                self._mispaired(rows)
+            return [row[4:] for row in rows]
         self.settled = True
         if failure is not None:
             raise failure
@@ -107,6 +140,18 @@ class Ballot:
         raise PeerOutOfMemoryError(
             f"rank {', '.join(map(str, ooms))} ran out of memory in {where} ({self.label}); "
             f"rank {dist_sync.rank()} left FSDP's collectives with it and replays", where, ooms,
+        )
+
+    def _mispaired(self, rows: list[list[int]]) -> None:
+        """Healthy ranks at different collectives of the step: every rank raises (they all
+        see the same rows) before any of them issues the collective."""
+        self.settled = True
+        me = dist_sync.rank()
+        doing = {r: f"vote {row[3]} of {self.label}, before {_KINDS[row[2]]}" for r, row in enumerate(rows)}
+        raise RankDisagreementError(
+            me, f"vote {rows[me][3]} of {self.label}, before {_KINDS[rows[me][2]]}", doing,
+            reason="the ranks reached different collectives of FSDP's step (their forward ran different "
+                   "modules or a different number of micro-batches), so none of them is issued",
         )
 
     def fail(self, failure: BaseException) -> None:
@@ -128,9 +173,9 @@ def voting(label: str, phase: Callable[[], str] = lambda: "forward") -> Iterator
         _current.remove(ballot)
 
 
-def _check() -> None:
+def _check(kind: int) -> None:
     if _current:
-        _current[-1].vote()
+        _current[-1].vote(kind=kind)
 
 
 class VotingAllGather(AllGather):
@@ -143,7 +188,7 @@ class VotingAllGather(AllGather):
         return self.inner.allocate(size, dtype=dtype, device=device)
 
     def __call__(self, output_tensor, input_tensor, group, async_op=False):
-        _check()
+        _check(ALL_GATHER)
         return self.inner(output_tensor, input_tensor, group, async_op)
 
 
@@ -157,7 +202,7 @@ class VotingReduceScatter(ReduceScatter):
         return self.inner.allocate(size, dtype=dtype, device=device)
 
     def __call__(self, output_tensor, input_tensor, group, op, async_op=False):
-        _check()
+        _check(REDUCE_SCATTER)
         return self.inner(output_tensor, input_tensor, group, op, async_op)
 
 
@@ -173,15 +218,14 @@ def guard(model: torch.nn.Module) -> torch.nn.Module:
 
 
 def reset(model: torch.nn.Module) -> None:
-    """Put FSDP's per-iteration state back to idle after a step that raised: every group
-    resharded, in-flight (already agreed) collectives waited for, gradient sync on."""
-    root = fsdp_root(model)
-    if root is None:
-        return
-    if hasattr(root, "reset_iter_state"):
-        root.reset_iter_state()
-    else:  # torch < 2.13: the same recovery, on that torch's private state
-        reset_iter_state(root)
+    """Put FSDP's per-iteration state back to idle after a step that raised: every root's
+    groups resharded, in-flight (already agreed) collectives waited for, gradient sync on."""
+    for root in fsdp_roots(model):
+        initialised = root._get_fsdp_state()._is_root is not None
+        if initialised and hasattr(root, "reset_iter_state"):
+            root.reset_iter_state()
+        else:  # torch < 2.13, or a failure before FSDP's lazy init (torch's reset fails there)
+            reset_iter_state(root)
     # reset_iter_state keeps the unsharded gradients that micro-batches without gradient sync
     # accumulated: a replay would add onto the failed step's, so they go too
     for module in fsdp_modules(model):
@@ -191,7 +235,8 @@ def reset(model: torch.nn.Module) -> None:
                 unsharded = getattr(param, "_unsharded_param", None)
                 if unsharded is not None:
                     unsharded.grad = None
-    root.set_requires_gradient_sync(True)
+    for root in fsdp_roots(model):
+        root.set_requires_gradient_sync(True)
 
 
 def reset_iter_state(root: FSDPModule) -> None:
@@ -265,12 +310,14 @@ def _reset_group(group: Any, wait: Callable[[Any], None], idle: Any) -> None:
 def no_gradient_sync(model: torch.nn.Module) -> Iterator[None]:
     """FSDP2's accumulation micro-batch: no reduce-scatter; gradients stay unsharded and add up
     until the last micro-batch's backward reduce-scatters them once."""
-    root = fsdp_root(model)
-    root.set_requires_gradient_sync(False)
+    roots = fsdp_roots(model)
+    for root in roots:
+        root.set_requires_gradient_sync(False)
     try:
         yield
     finally:
-        root.set_requires_gradient_sync(True)
+        for root in roots:
+            root.set_requires_gradient_sync(True)
 
 
 def _param_groups(state: Any) -> list[Any]:

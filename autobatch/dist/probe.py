@@ -45,8 +45,10 @@ def local_step(fn: Any) -> Any:
     another data-parallel wrapper the same step on the local module."""
     from ..probe.train_step import TrainStep
     from .ddp_probe import DDPProbeStep
-    from .ddp_step import ddp_supported
+    from .ddp_step import check_whole_world, ddp_supported
 
+    if isinstance(fn, TrainStep):
+        check_whole_world(fn.model)  # a DDP over a sub-group: refused before any trial
     if isinstance(fn, TrainStep) and not isinstance(fn, DDPProbeStep) and ddp_supported(fn.model):
         return DDPProbeStep(fn)
     if isinstance(fn, TrainStep) and unwrap(fn.model) is not fn.model:

@@ -9,7 +9,8 @@ path does not drive) through :func:`synced_step`, whose design is:
    backward on the *local* module (DDP's ``model.module``; DDP's own hooks never run), so
    no rank can be inside a collective while another is still computing or has run out of
    memory. The gradients are then copied into one flat buffer per dtype (allocated here, so
-   an OOM while allocating it is a local failure like any other).
+   an OOM while allocating it is a local failure like any other; zeros for a parameter
+   that got no gradient on this rank).
 2. **Sync point "gradients ready".** Every rank votes ok / out of memory / other error, with
    the phase it reached and its sample count (:func:`~autobatch.distributed.exchange`).
    Any OOM: every rank raises (the failing rank its own error, the others
@@ -18,7 +19,10 @@ path does not drive) through :func:`synced_step`, whose design is:
    the failing rank re-raises it, the others raise :class:`~autobatch.errors.PeerFailedError`.
 3. **Gradient all-reduce**, entered only after every rank agreed to enter it. Each rank's
    gradient (mean over its share) is weighted by ``share / global`` and summed, which is the
-   gradient of the mean over the whole global batch, also when shares differ.
+   gradient of the mean over the whole global batch, also when shares differ. A parameter
+   that got no gradient on any rank keeps ``grad = None``, as under DDP with
+   ``find_unused_parameters=True`` (the vote carries each rank's count of missing gradients;
+   only when one is missing somewhere is the presence of each all-reduced first).
 4. **Optimizer step, locally**, under the runner's :class:`~autobatch.training.step_guard.StepGuard`.
 5. **Sync point "optimizer stepped".** If any rank ran out of memory inside its step, every
    rank (those whose step succeeded too) restores parameters and optimizer state from its
@@ -45,12 +49,12 @@ from ..planning.accumulation import accumulate_micro_batches
 from ..probe.train_step import TrainStep
 from ..training.ranks import DataParallel
 from . import agreement as dist_sync
-from .ddp_step import ddp_step, ddp_supported
+from .ddp_step import check_whole_world, ddp_step, ddp_supported
 from .probe import agree_plan, unwrap
 from .votes import keep as _keep
 from .votes import vote
 
-__all__ = ["CollectiveDataParallel", "synced_step", "broadcast_state"]
+__all__ = ["CollectiveDataParallel", "synced_step", "broadcast_state", "missing_grads", "flatten_grads", "reduce_grads"]
 
 
 def synced_step(
@@ -76,18 +80,13 @@ def synced_step(
             step.model, step.loss_fn, micro_batches, global_batch=local_size,
             autocast=step.autocast, grad_scaler=step.grad_scaler, on_phase=on_phase,
         )
-        flats = _flatten(params)
+        flats = flatten_grads(params)
     except Exception as exc:  # noqa: BLE001 - voted on below, then re-raised
         failure = _keep(exc)
-    rows = vote(failure, phase(), local_size, f"{label}: gradients ready", clear=step.clear_grads)
+    rows = vote(failure, phase(), local_size, f"{label}: gradients ready", extra=[missing_grads(params)],
+                clear=step.clear_grads)
     global_size = sum(row[2] for row in rows)
-
-    weight = local_size / global_size
-    for dtype, flat in flats.items():
-        flat.mul_(weight)
-        dist_sync.all_reduce_sum_(flat, f"{label}: gradient all-reduce ({dtype})")
-    _unflatten(params, flats)
-    flats.clear()
+    reduce_grads(params, flats, local_size / global_size, label, some_missing=any(row[3] for row in rows))
     total = torch.tensor([loss * local_size], dtype=torch.float64, device=dist_sync.sync_device())
     global_loss = float(dist_sync.all_reduce_sum_(total, f"{label}: loss").item()) / global_size
 
@@ -109,9 +108,16 @@ def broadcast_state(model: torch.nn.Module, label: str, *, parameters: bool = Tr
     dist_sync.broadcast_(tensors, label)
 
 
-# -- helpers ------------------------------------------------------------------------------------
-def _flatten(params: list[torch.Tensor]) -> dict[torch.dtype, torch.Tensor]:
-    """One flat gradient buffer per dtype (zeros for a parameter with no gradient here)."""
+# -- the gradient all-reduce ------------------------------------------------------------------
+def missing_grads(params: list[torch.Tensor]) -> int:
+    """How many of ``params`` have no gradient on this rank (0 in a dense model): the ranks
+    compare it in their vote, and only when some rank misses one do they learn which."""
+    return sum(1 for param in params if param.grad is None)
+
+
+def flatten_grads(params: list[torch.Tensor]) -> dict[torch.dtype, torch.Tensor]:
+    """One flat gradient buffer per dtype (zeros for a parameter with no gradient here), made
+    before the vote: an OOM while allocating it is a local failure like any other."""
     groups: dict[torch.dtype, list[torch.Tensor]] = defaultdict(list)
     for param in params:
         grad = param.grad if param.grad is not None else torch.zeros_like(param)
@@ -119,14 +125,35 @@ def _flatten(params: list[torch.Tensor]) -> dict[torch.dtype, torch.Tensor]:
     return {dtype: torch.cat(grads) for dtype, grads in groups.items()}
 
 
-def _unflatten(params: list[torch.Tensor], flats: dict[torch.dtype, torch.Tensor]) -> None:
-    """Copy the summed gradients back into ``param.grad``."""
+def reduce_grads(params: list[torch.Tensor], flats: dict[torch.dtype, torch.Tensor], weight: float, label: str, *,
+                 some_missing: bool) -> None:
+    """After a vote every rank passed: ``param.grad`` = the sum over the ranks of ``weight``
+    times each rank's gradient. As DDP (``find_unused_parameters``) does it, a parameter
+    without a gradient on some ranks counts zero there, and one without a gradient on
+    *every* rank keeps ``grad = None`` (the optimizer then leaves it alone: no weight decay,
+    no momentum, no state). ``some_missing``: some rank lacks a gradient (the vote said so,
+    the same on every rank); only then is the presence of each one all-reduced."""
+    keep = None
+    if some_missing:
+        present = torch.tensor([float(p.grad is not None) for p in params], device=dist_sync.sync_device())
+        keep = (dist_sync.all_reduce_sum_(present, f"{label}: which gradients exist") > 0).tolist()
+    for dtype, flat in flats.items():
+        flat.mul_(weight)
+        dist_sync.all_reduce_sum_(flat, f"{label}: gradient all-reduce ({dtype})")
+    _unflatten(params, flats, keep)
+    flats.clear()
+
+
+def _unflatten(params: list[torch.Tensor], flats: dict[torch.dtype, torch.Tensor], keep: list[bool] | None) -> None:
+    """Copy the summed gradients back into ``param.grad`` (only where ``keep`` says so)."""
     offsets: dict[torch.dtype, int] = defaultdict(int)
-    for param in params:
+    for index, param in enumerate(params):
         flat = flats[param.dtype]
         start = offsets[param.dtype]
         piece = flat[start : start + param.numel()].view_as(param)
         offsets[param.dtype] = start + param.numel()
+        if keep is not None and not keep[index]:
+            continue  # no rank had a gradient for it: it stays None, as under DDP
         if param.grad is None:
             param.grad = piece.clone()
         else:
@@ -158,6 +185,7 @@ class CollectiveDataParallel(DataParallel):
         return dist_sync.rank()
 
     def local_module(self, model: torch.nn.Module) -> torch.nn.Module:
+        check_whole_world(model)  # at the runner's start: a DDP over a sub-group is refused
         return model if ddp_supported(model) else unwrap(model)
 
     def start(self, model: torch.nn.Module) -> None:

@@ -10,9 +10,13 @@ Each rank writes its row under a key named by the sync point's sequence number, 
 the other ranks' keys (the store blocks server-side, with the sync deadline as timeout) and
 reads them; a few round trips to the store instead of a collective.
 
-Keys do not pile up: at sync point ``n`` each rank deletes its own key of ``n - 2``. That is
-safe: to reach ``n`` this rank passed ``n - 1``, which every rank entered only after reading
-every key of ``n - 2``.
+Keys do not pile up: once a rank has read every rank's key of a store vote, it deletes its
+own key of its *previous* store vote. That is safe: every rank wrote its key of this vote only
+after it had read every key of the previous one. "Previous" is counted in store votes, not in
+sync-point numbers: those are shared with :func:`~autobatch.distributed.exchange` and the
+other collectives, which write no key, so deleting "the key of ``n - 2``" (as an earlier
+version did) missed every key whose successor was not a store vote (two keys per FSDP step
+stayed). Each rank keeps one key in the store between votes (two while one runs).
 """
 
 from __future__ import annotations
@@ -25,6 +29,8 @@ from ..errors import RankDisagreementError
 from . import agreement
 
 __all__ = ["exchange_via_store"]
+
+_written: list[int] = []  # this rank's store votes whose keys are still in the store
 
 
 def _key(sequence: int, rank: int) -> str:
@@ -50,8 +56,9 @@ def exchange_via_store(values: Sequence[int], label: str) -> list[list[int]]:
         store.set(_key(sequence, me), ",".join(map(str, mine)))
         store.wait([_key(sequence, r) for r in range(world) if r != me], timedelta(seconds=limit))
         rows = [mine if r == me else [int(x) for x in store.get(_key(sequence, r)).decode().split(",")] for r in range(world)]
-        if sequence > 2:
-            store.delete_key(_key(sequence - 2, me))
+        _written.append(sequence)
+        while len(_written) > 1:  # every rank read the previous vote's keys before writing this one's
+            store.delete_key(_key(_written.pop(0), me))
     except Exception as exc:  # noqa: BLE001 - the deadline, or a store that went away with its rank
         late = time.monotonic() - began >= 0.95 * limit
         text = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
