@@ -28,7 +28,7 @@ if ! python -c "import tenacity, hydra, omegaconf" 2>/dev/null && ls .whl/*.whl 
 fi
 # per-rank caps: on CUDA a step needs tens of MiB at batch 1 (cuBLAS workspace, context-side
 # buffers), so the GPU defaults are larger than the CPU test's budgets
-export BACKEND=${BACKEND:-nccl} OMP_NUM_THREADS=1 PYTHONPATH="$PWD$SITE" PROBE_LIMITS=${PROBE_LIMITS:-2GiB,1GiB} PROBE_MAX=${PROBE_MAX:-65536}
+export BACKEND=${BACKEND:-nccl} OMP_NUM_THREADS=1 PYTHONPATH="$PWD$SITE${PYTHONPATH:+:$PYTHONPATH}" PROBE_LIMITS=${PROBE_LIMITS:-2GiB,1GiB} PROBE_MAX=${PROBE_MAX:-65536}
 nvidia-smi --query-gpu=index,name,memory.total --format=csv || true
 status=0
 SCENARIOS=${SCENARIOS-probe faults peer_error skipped_sync mismatched}
