@@ -135,6 +135,8 @@ class ProbeCache:
             return None
         result = ProbeResult.from_dict(data["result"])
         result.cached = True
+        # its notes tell how the storing probe found the answer, not what this call did
+        result.notes = [note if note.startswith("stored probe: ") else f"stored probe: {note}" for note in result.notes]
         return result
 
     def put(self, key: str, components: dict[str, Any], result: ProbeResult) -> Path | None:

@@ -37,6 +37,9 @@ def test_a_train_step_is_cached_by_default_and_a_hit_runs_nothing(isolated_probe
     assert [size for size in calls if size > 2] == []  # only the key's fake batches of 1 and 2
     assert any("probe cache" in note for note in second.notes)
     assert autobatch.ProbeResult.from_dict(second.to_dict()).cached
+    # the storing probe's notes say so (no trial ran in this call); stored again, not twice
+    assert [f"stored probe: {note}" for note in first.notes] == second.notes[:len(first.notes)]
+    assert find_max_batch(step, **PROBE).notes == second.notes
 
 
 def test_off_switch_and_explicit_directory(tmp_path, isolated_probe_cache):
