@@ -16,6 +16,12 @@ from autobatch.probe.cache_key import key_of, step_components
 ROOT = str(pathlib.Path(__file__).resolve().parents[2])
 
 
+def _keys_under_two_hash_seeds(script) -> set[str]:
+    """What ``script`` prints (a key) in two processes whose hash seeds differ."""
+    return {subprocess.run([sys.executable, str(script)], capture_output=True, text=True, check=True,
+                           env={**os.environ, "PYTHONHASHSEED": seed, "PYTHONPATH": ROOT}).stdout for seed in ("1", "2")}
+
+
 def test_a_set_literal_in_the_code_is_keyed_the_same_under_any_hash_seed(tmp_path):
     """``x in {"gelu", "relu"}`` compiles to a frozenset constant whose repr's order follows
     PYTHONHASHSEED: keyed by its repr, the same code got another key in every new process, and
@@ -25,9 +31,7 @@ def test_a_set_literal_in_the_code_is_keyed_the_same_under_any_hash_seed(tmp_pat
         "from autobatch.probe.cache_key import _code_hash\n"
         "def act(x):\n    return x in {'gelu', 'relu', 'silu', 'tanh', 'swish', 'mish', 'quick_gelu'}\n"
         "print(_code_hash(act))\n")
-    keys = {subprocess.run([sys.executable, str(script)], capture_output=True, text=True, check=True,
-                           env={**os.environ, "PYTHONHASHSEED": seed, "PYTHONPATH": ROOT}).stdout for seed in ("1", "2")}
-    assert len(keys) == 1
+    assert len(_keys_under_two_hash_seeds(script)) == 1
 
 
 @dataclasses.dataclass
@@ -88,6 +92,4 @@ def test_a_global_object_is_keyed_the_same_in_every_process(tmp_path):
         "LOG, LOCK = logging.getLogger('user'), threading.Lock()\n"
         "def forward(x):\n    LOG.debug('x')\n    with LOCK:\n        return x * CFG.n, CFG.acts, CFG.token\n"
         "print(_code_hash(forward))\n")
-    keys = {subprocess.run([sys.executable, str(script)], capture_output=True, text=True, check=True,
-                           env={**os.environ, "PYTHONHASHSEED": seed, "PYTHONPATH": ROOT}).stdout for seed in ("1", "2")}
-    assert len(keys) == 1
+    assert len(_keys_under_two_hash_seeds(script)) == 1
