@@ -43,7 +43,7 @@ from typing import Any
 from filelock import FileLock
 
 from .cache_key import CAPACITY_STEP, STATE_HYPERPARAMETERS, key_components, key_of, step_components  # noqa: F401
-from .result import ProbeResult
+from .result import STORED_NOTE, ProbeResult
 
 __all__ = ["SCHEMA", "CacheEntry", "ProbeCache", "default_dir", "list_entries", "clear", "key_components", "key_of"]
 
@@ -136,7 +136,7 @@ class ProbeCache:
         result = ProbeResult.from_dict(data["result"])
         result.cached = True
         # its notes tell how the storing probe found the answer, not what this call did
-        result.notes = [note if note.startswith("stored probe: ") else f"stored probe: {note}" for note in result.notes]
+        result.notes = [note if note.startswith(STORED_NOTE) else STORED_NOTE + note for note in result.notes]
         return result
 
     def put(self, key: str, components: dict[str, Any], result: ProbeResult) -> Path | None:

@@ -37,7 +37,7 @@ from ..memory.allocator import expandable_segments_on
 from ..memory.parking import park_until_step, relayout_as_loaded
 from ..memory.workspaces import release_workspaces
 from ..memory.units import format_bytes
-from .result import ProbeResult
+from .result import STORED_NOTE, ProbeResult
 from .trial import TrialRunner
 
 __all__ = ["forget_own_layout", "park_created_state", "relayout_created_state", "laid_out_note", "promise_of", "promise_note", "release_after_probe",
@@ -177,7 +177,7 @@ def laid_out_note(laid_out: int, *, parked: bool = False) -> str:
 def forget_own_layout(result: ProbeResult) -> ProbeResult:
     """A cached answer as a hit returns it: the probe that wrote it laid out its own process's
     state; this process laid out nothing, so its note and figure go."""
-    result.notes = [note for note in result.notes if not note.startswith(LAID_OUT)]
+    result.notes = [note for note in result.notes if not note.removeprefix(STORED_NOTE).startswith(LAID_OUT)]
     if result.promise is not None:
         result.promise.pop("laid_out_state_bytes", None)
     return result

@@ -12,6 +12,9 @@ from ..memory.units import format_bytes
 __all__ = ["ProbeResult"]
 
 
+#: how a cache hit marks the notes of the probe that stored it (:meth:`ProbeCache.get <autobatch.probe.cache.ProbeCache.get>`)
+STORED_NOTE = "stored probe: "
+
 @dataclass
 class ProbeResult:
     """The outcome of :func:`~autobatch.find_max_batch`.

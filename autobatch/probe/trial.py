@@ -28,8 +28,8 @@ class TrialRunner:
 
     A full trial calls ``fn(batch_size)`` ``steps`` times; a search trial ``search_steps``
     times (default: ``steps``): only the size returned needs the extra steps that catch what a
-    repeated step reveals (lazily created state, memory growing from step to step), so the first
-    trial and every trial the caller marks ``final`` run full; the caller confirms its answer
+    repeated step reveals (lazily created state, memory growing from step to step), so every
+    trial up to the first that passes and every trial the caller marks ``final`` run full; the caller confirms its answer
     with :meth:`confirmed`. With ``settle_final`` (accelerators) a ``final`` trial also settles
     (:meth:`run`: cuDNN autotuning as the user set it, more steps while the allocator settles).
 
@@ -100,7 +100,10 @@ class TrialRunner:
 
         ``final``: this size may be the answer, so the trial runs all ``steps``."""
         if batch_size not in self.outcomes:
-            steps = self.steps if final or not self.records else self.search_steps
+            # full until a trial passed: a first trial that ran out of memory made no lazy state
+            # (Adam's moments), so a one-step pass after it would be measured without that state
+            full = final or not any(record.passed for record in self.records)
+            steps = self.steps if full else self.search_steps
             self.run(batch_size, purpose, steps=steps, settle=final and self.settle_final)
         return self.outcomes[batch_size]
 

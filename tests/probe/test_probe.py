@@ -4,6 +4,7 @@ import gc
 
 import pytest
 import torch
+from torch import nn
 
 import autobatch
 from autobatch import NoBatchFitsError, ProbeResult, TrainStep, find_max_batch, simulated_memory
@@ -664,3 +665,23 @@ def test_a_weight_written_outside_the_optimizer_that_the_probe_could_not_put_bac
             assert not said  # only the optimizer wrote the weights: nothing to say
         else:
             assert len(said) == 1 and written in said[0] and "outside optimizer.step()" in said[0]
+
+
+def test_a_start_above_the_answer_runs_full_trials_until_one_passes():
+    """A first trial that runs out of memory creates no lazy state (AdamW's moments): the first
+    passing trial after it ran one step, without that state, passed a size that cannot train,
+    and the search bisected the wrong bracket and stepped down 1 % per OOM (30 trials, answer
+    one short)."""
+    def make():
+        torch.manual_seed(0)
+        block = lambda: nn.Sequential(nn.Linear(256, 256), nn.GELU(), nn.Linear(256, 256), nn.GELU(), nn.LayerNorm(256))
+        model = nn.Sequential(nn.Linear(64, 256), *[block() for _ in range(4)], nn.Linear(256, 10))
+        return TrainStep(model, torch.optim.AdamW(model.parameters()), lambda m, b: nn.functional.cross_entropy(m(b[0]), b[1]),
+                         lambda n: (torch.randn(n, 64), torch.randint(0, 10, (n,))))
+
+    default = find_max_batch(make(), memory_limit="16MiB", cache=False, strategy="predict")
+    for strategy in ("predict", "binary"):
+        high = find_max_batch(make(), memory_limit="16MiB", cache=False, strategy=strategy, start=5000)
+        first_pass = next(trial for trial in high.trials if trial.passed)
+        assert first_pass.steps == 3 and high.batch_size == default.batch_size
+        assert high.num_trials <= 16
