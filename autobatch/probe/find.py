@@ -62,10 +62,10 @@ def find_max_batch(
     """Find the largest batch size for which ``fn(batch_size)`` runs without running out of memory.
 
     ``fn`` performs one real unit of work at the given batch size; for training, forward,
-    backward and an optimizer step (a :class:`~autobatch.TrainStep` does exactly that). The
-    first trial and the answer's trial call it ``steps_per_trial`` times, so state created
-    lazily on the first step (Adam's moments) is inside the measured peak; the other trials
-    call it ``search_steps`` times.
+    backward and an optimizer step (a :class:`~autobatch.TrainStep` does exactly that). Every
+    trial up to the first that passes, and the answer's, call it ``steps_per_trial`` times, so
+    state created lazily on the first step (Adam's moments) is inside the measured peak; the
+    other trials call it ``search_steps`` times.
 
     Args:
         start: first size tried (default 1; for ``predict`` and ``auto``, 8 rounded down to a
@@ -83,7 +83,7 @@ def find_max_batch(
         multiple_of: the result (and every size tried) is a multiple of this.
         steps_per_trial: calls of ``fn`` in a full trial (>= 1; default 3). The returned size
             has always passed a full trial (on an accelerator, one run after the last trial
-            that ran out of memory), and so has the first trial, where lazy state is created.
+            that ran out of memory), and so has the first passing trial, where lazy state is made.
             On an accelerator a trial passes only if its allocated peak also stays
             ``ALLOCATOR_HEADROOM`` (1 %, :mod:`autobatch.probe.arguments`) under the capacity.
         search_steps: calls of ``fn`` in the other trials (default 1; None: every trial is
