@@ -100,10 +100,8 @@ class TrialRunner:
 
         ``final``: this size may be the answer, so the trial runs all ``steps``."""
         if batch_size not in self.outcomes:
-            # full until a trial passed: a first trial that ran out of memory made no lazy state
-            # (Adam's moments), so a one-step pass after it would be measured without that state
-            full = final or not any(record.passed for record in self.records)
-            steps = self.steps if full else self.search_steps
+            # full until one passed: an OOM trial made no lazy state (Adam's moments) to measure beside
+            steps = self.steps if final or not any(r.passed for r in self.records) else self.search_steps
             self.run(batch_size, purpose, steps=steps, settle=final and self.settle_final)
         return self.outcomes[batch_size]
 
