@@ -24,6 +24,13 @@ out-of-memory error, multiplies the size by 0.9 and calls again. Three things di
 * **Every attempt is recorded** in ``wrapped.attempts`` (size, outcome, peak, the failed
   allocation, seconds, how the next size was chosen), and the size that ran is
   ``wrapped.batch_size``. As in Accelerate, a later call starts from the last size that ran.
+* **A failed attempt's gradients are dropped.** Its backward pass may have run before the
+  OOM (a metric buffer after ``backward()``, an optimizer step that ran out of memory): its
+  gradients would stay on the parameters, so the next attempt's step would apply the sum of
+  several backward passes, and their bytes would shrink the next size. After a failure (never
+  after a call that ran), ``.grad`` is set to None on every parameter of every live optimizer
+  (those the watch saw stepping and those that never stepped, found by the garbage collector),
+  as ``zero_grad(set_to_none=True)`` does; gradients of parameters no optimizer holds stay.
 
 Errors that are not out-of-memory propagate unchanged (the table of
 :func:`~autobatch.is_oom_error`, wider than Accelerate's). When batch 1 fails,
@@ -34,6 +41,7 @@ is raised from the last allocator error, with the figures.
 from __future__ import annotations
 
 import functools
+import gc
 import inspect
 import time
 from dataclasses import asdict, dataclass
@@ -92,12 +100,17 @@ def find_executable_batch_size(
     hook) overrides how the next size is chosen. ``device``: whose memory is measured (default:
     the current accelerator, else the CPU, measured only under ``simulated_memory``);
     ``fallback_factor``: the shrink when nothing was measured; ``multiple_of``: every size
-    tried is a multiple of it (while it is at least ``multiple_of``). The wrapper has
+    tried is a multiple of it (while it is at least ``multiple_of``): a start that is not is
+    rounded down to one (100 with 8 starts at 96), and a start below ``multiple_of`` is a
+    ``ValueError`` rather than a size larger than asked. The wrapper has
     ``attempts`` (every :class:`Attempt`, over all calls) and ``batch_size`` (the size the
     next call starts from: the last one that ran).
 
     Raises:
-        TypeError: the batch size was passed in the call (the decorator supplies it).
+        TypeError: the batch size was passed in the call (the decorator supplies it); the
+            function is a generator or ``async def`` (its steps would run after the call returned,
+            where no retry sees an out-of-memory error).
+        ValueError: a bad argument, or ``starting_batch_size`` below ``multiple_of``.
         NoBatchFitsError: batch 1 ran out of memory.
     """
     if function is None:
@@ -140,18 +153,20 @@ def find_executable_batch_size(
                     raise _nothing_fits(attempt, memory) from exc
                 # leave the handler: only the message is kept, the failed frames are released
             else:
+                _refuse_coroutine(function, value)
                 attempt.seconds, attempt.ok = time.perf_counter() - began, True
                 if memory is not None:
                     attempt.peak_bytes = memory.peak()
                 return value
             watch.repair()  # an optimizer step the OOM interrupted leaves no half-created state
+            _drop_gradients()  # the next attempt neither steps with nor holds the failed one's
             free_memory()
             if memory is not None:
                 attempt.peak_bytes = memory.peak()
             wrapped.batch_size = _next_size(attempt, reduce_batch_size_fn, fallback_factor, multiple_of)
 
     wrapped.attempts = []  # type: ignore[attr-defined]
-    wrapped.batch_size = starting_batch_size  # type: ignore[attr-defined]
+    wrapped.batch_size = starting_batch_size - starting_batch_size % multiple_of  # type: ignore[attr-defined]
     return wrapped
 
 
@@ -185,6 +200,40 @@ def _measured(attempt: Attempt) -> int | None:
     return int(attempt.batch_size * usable / needed)
 
 
+def _drop_gradients() -> int:
+    """Set ``.grad = None`` on every parameter of every live optimizer; how many had one.
+
+    Called after a failed attempt only, so that the next attempt starts without the failed
+    backward's gradients (stepping with them would apply several backward passes at once). The
+    optimizers are found by the garbage collector, not only the step watch: the failure may come
+    before any optimizer stepped (after ``backward()``, before ``step()``), and a wrapper such
+    as Accelerate's ``AcceleratedOptimizer`` is found with the torch optimizer it holds."""
+    dropped = 0
+    for obj in gc.get_objects():
+        # type(), not isinstance(): isinstance reads ``__class__``, which lazy proxies and
+        # deprecated module attributes answer with a warning or an import
+        if not issubclass(type(obj), torch.optim.Optimizer):
+            continue
+        for group in getattr(obj, "param_groups", None) or ():
+            for param in group.get("params", ()) if isinstance(group, dict) else ():
+                if isinstance(param, torch.Tensor) and param.grad is not None:
+                    param.grad = None
+                    dropped += 1
+    return dropped
+
+
+def _refuse_coroutine(function: Callable[..., Any], value: Any) -> None:
+    """A callable that returned a coroutine (a sync wrapper of an ``async def``, which the
+    decoration-time check cannot see) has not run its steps: refuse it, closing the coroutine."""
+    if inspect.iscoroutine(value):
+        value.close()
+        raise TypeError(
+            f"find_executable_batch_size cannot retry `{getattr(function, '__name__', 'function')}`: it "
+            "returned a coroutine, whose steps run when it is awaited, after the retry returned; "
+            "decorate a synchronous function that trains (run the loop with asyncio.run inside it)"
+        )
+
+
 def _instruments(device: str | torch.device | None) -> DeviceMemory | None:
     target = resolve_device(device)
     if target.type == "cpu":
@@ -212,8 +261,20 @@ def _check(start: int, factor: float, multiple_of: int, function: Any) -> None:
         raise ValueError(f"multiple_of must be a positive integer, got {multiple_of!r}")
     if not isinstance(factor, (int, float)) or not 0 < factor < 1:
         raise ValueError(f"fallback_factor must be a number between 0 and 1 (exclusive), got {factor!r}")
+    if start < multiple_of:
+        raise ValueError(
+            f"starting_batch_size {start} is below multiple_of {multiple_of}: no size from it down is a "
+            f"multiple; start at {multiple_of} or more, or pass a smaller multiple_of"
+        )
     if not callable(function):
         raise TypeError(f"find_executable_batch_size decorates a function; got {type(function).__name__}")
+    if inspect.iscoroutinefunction(function):
+        raise TypeError(
+            f"find_executable_batch_size cannot retry the coroutine function "
+            f"`{getattr(function, '__name__', 'function')}`: calling it returns a coroutine whose steps run "
+            "when it is awaited, after the call returned, so an out-of-memory error there escapes the "
+            "retry; decorate a synchronous function that trains (run the loop with asyncio.run inside it)"
+        )
     if inspect.isgeneratorfunction(function) or inspect.isasyncgenfunction(function):
         raise TypeError(
             f"find_executable_batch_size cannot retry the generator `{getattr(function, '__name__', 'function')}`: "

@@ -4,7 +4,9 @@ Two rules from the field:
 
 * Only allocator failures count. A shape error at batch 1 or a ``KeyboardInterrupt`` is the
   user's problem and must propagate unchanged, so detection is a fixed, tested table of the
-  messages each backend's allocator produces, plus ``torch.OutOfMemoryError`` itself.
+  messages each backend's allocator produces, plus ``torch.OutOfMemoryError`` itself. It is
+  at least as wide as Accelerate's ``should_reduce_batch_size`` (a drop-in for its decorator
+  must retry every error that one retries: NPU, MLU, MUSA and HPU allocators included).
 * Free memory *after* leaving the ``except`` block. While the exception is being handled its
   traceback pins every frame of the failed step, and with them the activations; collecting
   garbage inside the handler frees nothing (pytorch/pytorch#18853).
@@ -35,6 +37,11 @@ OOM_MESSAGES: tuple[str, ...] = (
     "CUBLAS_STATUS_ALLOC_FAILED",  # cuBLAS workspace allocation
     "CUDNN_STATUS_NOT_SUPPORTED",  # cuDNN under memory pressure (Lightning treats it so)
     "CUDNN_STATUS_ALLOC_FAILED",  # cuDNN workspace allocation
+    "NPU out of memory",  # Ascend NPU (torch_npu) caching allocator
+    "MLU out of memory",  # Cambricon MLU (torch_mlu)
+    "MUSA out of memory",  # Moore Threads MUSA (torch_musa)
+    "FATAL ERROR :: MODULE:PT_DEVMEM Allocation failed",  # Habana Gaudi (HPU)
+    " out of memory.",  # any "<DEVICE> out of memory." allocator: Accelerate's generic pattern
 )
 
 

@@ -25,6 +25,11 @@ OOM_MESSAGES = [
     "CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`",
     "cuDNN error: CUDNN_STATUS_NOT_SUPPORTED. This error may appear if you passed in a non-contiguous input.",
     "cuDNN error: CUDNN_STATUS_ALLOC_FAILED",
+    "NPU out of memory. Tried to allocate 2.00 GiB (NPU 0; 60.97 GiB total capacity)",
+    "MLU out of memory. Tried to allocate 2.00 GiB",
+    "MUSA out of memory. Tried to allocate 2.00 GiB",
+    "FATAL ERROR :: MODULE:PT_DEVMEM Allocation failed for size::2147483648 (2048)MB",
+    "Some future device out of memory. Tried to allocate 1.00 GiB",  # Accelerate's " out of memory."
 ]
 
 NOT_OOM_MESSAGES = [
@@ -33,6 +38,10 @@ NOT_OOM_MESSAGES = [
     "CUDA error: an illegal memory access was encountered",
     "Expected all tensors to be on the same device, but found at least two devices, cuda:0 and cpu!",
     "cuDNN error: CUDNN_STATUS_EXECUTION_FAILED",
+    "index 12 is out of bounds for dimension 0 with size 4",
+    "Trying to resize storage that is not resizable",
+    "DataLoader worker (pid 123) is killed by signal: Killed.",
+    "Caught an error: value out of range",
     "",
 ]
 
@@ -86,3 +95,11 @@ def test_the_bytes_allocated_at_the_failure_are_read_from_the_message(message, e
     from autobatch.memory.oom import allocated_at_failure
 
     assert allocated_at_failure(message) == expected
+
+
+def test_at_least_as_wide_as_accelerates_should_reduce_batch_size():
+    """A drop-in for Accelerate's decorator retries every error Accelerate's retries."""
+    memory = pytest.importorskip("accelerate.utils.memory")
+    for message in OOM_MESSAGES + NOT_OOM_MESSAGES:
+        if memory.should_reduce_batch_size(RuntimeError(message)):
+            assert is_oom_error(RuntimeError(message)), message
