@@ -4,6 +4,12 @@ Not a Hydra app (there is nothing to configure): plain argparse, called by the d
 The directory is ``--dir``, else the one the probe uses by default
 (:func:`autobatch.cache.default_dir`: ``$AUTOBATCH_CACHE_DIR``, ``$XDG_CACHE_HOME/autobatch``
 or ``~/.cache/autobatch``); a probe run with ``probe.cache_dir=DIR`` is listed with ``--dir DIR``.
+
+``cache list`` skips a malformed entry with one warning naming the file (the probe treats it
+as a miss). ``cache clear`` on a directory it cannot lock or delete from (read-only, no
+permission) fails at once with one ``autobatch: error:`` line naming the directory and the
+cause, exit status 1 (a failure at run time, as in :mod:`autobatch.cli.errors`); so does a
+lock another process held for the whole 60 s wait.
 """
 
 from __future__ import annotations
@@ -12,8 +18,10 @@ import argparse
 from pathlib import Path
 from typing import Sequence
 
-from ..probe.cache import CacheEntry, ProbeCache, default_dir
-from .errors import CLIError
+from filelock import Timeout
+
+from ..probe.cache import CacheEntry, CacheLockError, ProbeCache, default_dir
+from .errors import RUNTIME_FAILURE, CLIError
 
 __all__ = ["main", "entry_table"]
 
@@ -62,6 +70,19 @@ def _check_dir(action: str, directory: Path) -> None:
     raise CLIError(f"cache {action} --dir {directory}: {what}; give the cache directory (a probe's probe.cache_dir)")
 
 
+def _clear(store: ProbeCache) -> int:
+    """``store.clear()``, its failures as one :class:`CLIError` line naming the directory."""
+    try:
+        return store.clear()
+    except CacheLockError as exc:
+        why = f"{exc}; make it writable or give another with --dir"
+    except Timeout:
+        why = "another process held its lock for 60 s (a probe writing to it?); try again when it is done"
+    except OSError as exc:
+        why = f"{exc.strerror or exc}" + (f": {exc.filename}" if exc.filename else "") + "; make it writable"
+    raise CLIError(f"cache clear: cannot clear {store.directory}: {why}", RUNTIME_FAILURE)
+
+
 def main(argv: Sequence[str]) -> int:
     """Run ``cache list`` or ``cache clear``; return the exit status. Bad input raises
     :class:`CLIError`; ``--help`` prints the help and exits 0."""
@@ -70,7 +91,7 @@ def main(argv: Sequence[str]) -> int:
         _check_dir(args.action, args.dir)
     store = ProbeCache(args.dir)
     if args.action == "clear":
-        removed = store.clear()
+        removed = _clear(store)
         print(f"removed {removed} entr{'y' if removed == 1 else 'ies'} from {store.directory}")
         return 0
     entries = store.entries()

@@ -25,8 +25,13 @@ The key is the SHA-256 of a canonical JSON of its components (stored in the file
 
 A plain callable has no structure to key on; it is cached only under an explicit
 ``cache_key``. Writes are atomic (a temporary file, then ``os.replace``) under a file lock, so
-concurrent sweep jobs never see half a file. A corrupt or foreign file is reported once (a
-warning per path) and treated as a miss: the probe runs and the entry is rewritten.
+concurrent sweep jobs never see half a file. A corrupt or foreign file, or an entry whose
+result would be a wrong answer (a ``batch_size`` that is not a positive integer, a margin
+outside [0, 1), ...: :func:`result_problem`), is reported once (a warning per path) and
+treated as a miss: the probe runs and the entry is rewritten. A directory where the lock file
+cannot be created (read-only, no permission) is not waited on as if another process held the
+lock: :meth:`ProbeCache.put` warns once per directory and does not cache;
+:meth:`ProbeCache.clear` raises :class:`CacheLockError` at once.
 """
 
 from __future__ import annotations
@@ -45,7 +50,10 @@ from filelock import FileLock
 from .cache_key import CAPACITY_STEP, STATE_HYPERPARAMETERS, key_components, key_of, step_components  # noqa: F401
 from .result import STORED_NOTE, ProbeResult
 
-__all__ = ["SCHEMA", "CacheEntry", "ProbeCache", "default_dir", "list_entries", "clear", "key_components", "key_of"]
+__all__ = [
+    "SCHEMA", "CacheEntry", "CacheLockError", "ProbeCache", "default_dir", "list_entries", "clear", "key_components",
+    "key_of", "result_problem",
+]  # fmt: skip
 
 log = logging.getLogger("autobatch")
 
@@ -61,8 +69,47 @@ def default_dir() -> Path:
     explicit = os.environ.get("AUTOBATCH_CACHE_DIR")
     if explicit:
         return Path(explicit).expanduser()
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "autobatch"
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join("~", ".cache")
+    return Path(base).expanduser() / "autobatch"
+
+
+class CacheLockError(OSError):
+    """The cache directory's lock file cannot be created or opened (a read-only directory, no
+    permission, a filesystem that refuses it): not another process holding the lock, so
+    nothing is gained by waiting for it."""
+
+
+def result_problem(result: ProbeResult) -> str | None:
+    """Why a stored result cannot be served as the answer, or None when it can: a hand-edited
+    or damaged entry must be a miss, never a batch size of ``"4096"``, ``0`` or ``None``."""
+
+    def count(value: Any, least: int) -> bool:
+        return isinstance(value, int) and not isinstance(value, bool) and value >= least
+
+    def number(value: Any) -> bool:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+    if not count(result.batch_size, 1):
+        return f"batch_size {result.batch_size!r} is not a positive integer"
+    for name in ("multiple_of", "steps_per_trial"):
+        if not count(getattr(result, name), 1):
+            return f"{name} {getattr(result, name)!r} is not a positive integer"
+    for name in ("max_batch", "largest_passed", "smallest_failed", "capacity_bytes", "memory_limit_bytes"):
+        value = getattr(result, name)
+        if value is not None and not count(value, 0):
+            return f"{name} {value!r} is neither null nor a non-negative integer"
+    if not number(result.margin) or not 0.0 <= result.margin < 1.0:
+        return f"margin {result.margin!r} is not a fraction in [0, 1)"
+    if not number(result.elapsed_s) or result.elapsed_s < 0:
+        return f"elapsed_s {result.elapsed_s!r} is not a non-negative number"
+    for name in ("strategy", "strategy_used", "device"):
+        if not isinstance(getattr(result, name), str):
+            return f"{name} {getattr(result, name)!r} is not a string"
+    if not isinstance(result.notes, list) or not all(isinstance(note, str) for note in result.notes):
+        return "notes is not a list of strings"
+    if not isinstance(result.tested, bool):
+        return f"tested {result.tested!r} is not true or false"
+    return None
 
 
 # -- the store ------------------------------------------------------------------------------
@@ -84,6 +131,13 @@ def _warn_once(path: Path, why: str) -> None:
         log.warning("ignoring probe cache file %s: %s", path, why)
 
 
+def _warn_unlockable_once(directory: Path, exc: CacheLockError) -> None:
+    """One warning per directory whose lock file cannot be created: every probe would say it."""
+    if f"lock:{directory}" not in _warned:
+        _warned.add(f"lock:{directory}")
+        log.warning("%s; probe results are not cached there (choose a writable cache directory)", exc)
+
+
 class ProbeCache:
     """The cache directory: :meth:`get` and :meth:`put` probe results by key."""
 
@@ -96,8 +150,18 @@ class ProbeCache:
         return self.directory / f"{key}.json"
 
     def _lock(self) -> FileLock:
-        self.directory.mkdir(parents=True, exist_ok=True)
-        return FileLock(str(self.directory / self.LOCK_NAME), timeout=60)
+        """The directory's lock (waits up to 60 s for another process). A lock file that
+        cannot be created raises :class:`CacheLockError` at once: filelock would retry that
+        error for the whole timeout and then report it as if another process held the lock."""
+        lock_path = self.directory / self.LOCK_NAME
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            os.close(os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o666))
+        except OSError as exc:
+            error = CacheLockError(f"cannot create the probe cache lock file {lock_path} ({exc.strerror or exc})")
+            error.errno = exc.errno
+            raise error from exc
+        return FileLock(str(lock_path), timeout=60)
 
     def _read(self, path: Path) -> dict[str, Any] | None:
         """The entry in ``path``, or None (with one warning per path) when it is not ours."""
@@ -114,13 +178,18 @@ class ProbeCache:
         if data.get("schema") != SCHEMA:
             _warn_once(path, f"schema {data.get('schema')!r}, this autobatch reads {SCHEMA}")
             return None
+        if not isinstance(data.get("components"), dict):
+            _warn_once(path, "its components are not an object")
+            return None
         if data.get("key") != path.stem:
             _warn_once(path, "its key does not match its file name")
             return None
         try:
-            ProbeResult.from_dict(data["result"])
+            problem = result_problem(ProbeResult.from_dict(data["result"]))
         except Exception as exc:  # noqa: BLE001 - any malformed result is a miss
-            _warn_once(path, f"malformed result ({type(exc).__name__}: {exc})")
+            problem = f"{type(exc).__name__}: {exc}"
+        if problem is not None:
+            _warn_once(path, f"malformed result ({problem})")
             return None
         return data
 
@@ -163,6 +232,9 @@ class ProbeCache:
                 except BaseException:
                     os.unlink(temporary)
                     raise
+        except CacheLockError as exc:
+            _warn_unlockable_once(self.directory, exc)
+            return None
         except Exception as exc:  # noqa: BLE001 - a cache that cannot be written is no reason to fail
             log.warning("could not write the probe cache entry %s: %s", path, exc)
             return None
@@ -194,7 +266,8 @@ class ProbeCache:
     def clear(self) -> int:
         """Delete every entry, of this schema or an older one, and leftover temporary files;
         return how many entries went. Any other file, JSON or not, stays: ``--dir`` may name a
-        directory that holds more than the cache."""
+        directory that holds more than the cache. A lock file that cannot be created raises
+        :class:`CacheLockError`; a file that cannot be deleted, its ``OSError``."""
         if not self.directory.is_dir():
             return 0
         removed = 0

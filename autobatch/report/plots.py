@@ -9,6 +9,11 @@ whose candidates were timed, a second panel shows samples/s per micro-batch.
 
 matplotlib is imported only inside these functions, with the non-interactive Agg backend,
 so ``import autobatch`` stays light and nothing needs a display.
+
+Both return exactly the file they wrote (:func:`plot_file`): ``~`` is expanded, a path without
+a suffix gets ``.png`` (as matplotlib would add, so the returned path is the file), and an
+existing directory gets the default file name inside it (``memory_curve.png`` for a probe,
+``summary.png`` for a sweep: the names the CLI writes).
 """
 
 from __future__ import annotations
@@ -23,9 +28,13 @@ from ..probe.result import ProbeResult
 if TYPE_CHECKING:  # pragma: no cover
     from ..planning.planner import Plan
 
-__all__ = ["plot_probe", "plot_sweep"]
+__all__ = ["plot_probe", "plot_sweep", "plot_file", "PROBE_PLOT_NAME", "SWEEP_PLOT_NAME"]
 
 log = logging.getLogger("autobatch")
+
+#: The file name written inside a directory given as the path (the CLI's names).
+PROBE_PLOT_NAME = "memory_curve.png"
+SWEEP_PLOT_NAME = "summary.png"
 
 _UNITS = (("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024), ("B", 1))
 _PASS, _FAIL, _FIT, _CAP, _CHOSEN = "#1f77b4", "#d62728", "#555555", "#ff7f0e", "#2ca02c"
@@ -39,6 +48,18 @@ def _pyplot():
     import matplotlib.pyplot as plt
 
     return plt
+
+
+def plot_file(path: str | os.PathLike, default_name: str) -> Path:
+    """The file a plot given ``path`` is written to: ``~`` expanded; inside an existing
+    directory, ``default_name``; without a suffix, ``.png`` appended. Returning this path, not
+    the one given, means the caller can open what it gets back."""
+    target = Path(path).expanduser()
+    if target.is_dir():
+        return target / default_name
+    if not target.suffix:
+        return target.with_name(target.name + ".png")
+    return target
 
 
 def _unit_for(largest: float) -> tuple[str, int]:
@@ -68,7 +89,9 @@ def plot_probe(
     trial_throughput: bool = False,
     title: str | None = None,
 ) -> Path:
-    """Draw ``result`` 's memory curve into a PNG at ``path``; return the path.
+    """Draw ``result`` 's memory curve into a PNG at ``path``; return the file written
+    (:func:`plot_file`: ``~`` expanded, ``.png`` added to a path without a suffix, an existing
+    directory gets ``memory_curve.png`` inside it).
 
     The memory panel: each trial's allocated peak against its batch size (passed: filled
     dots; OOM: crosses at the peak reached before the failure), the reserved peak where it
@@ -82,7 +105,7 @@ def plot_probe(
     if not isinstance(result, ProbeResult):
         raise TypeError(f"result must be the ProbeResult find_max_batch returned, got {type(result).__name__}")
     plt = _pyplot()
-    path = Path(path)
+    path = plot_file(path, PROBE_PLOT_NAME)
     candidates = [c for c in (plan.candidates if plan is not None else []) if c.get("samples_per_s")]
     trial_speeds = _trial_throughput(result) if trial_throughput and not candidates else []
     panels = 2 if candidates or trial_speeds else 1
@@ -209,10 +232,12 @@ def _finish_axis(axis: Any, xlabel: str, ylabel: str, title: str | None = None) 
 def plot_sweep(rows: Iterable[dict[str, Any]], path: str | os.PathLike, *, title: str | None = None) -> Path:
     """Draw a sweep's rows (``batch_size``, ``time_s``, ``status``, ``overrides`` per job, as
     in ``summary.csv``) into a PNG at ``path``: the found batch per job (bars; failed jobs
-    marked) above the time each job took. Returns the path."""
+    marked) above the time each job took. Returns the file written (:func:`plot_file`: ``~``
+    expanded, ``.png`` added to a path without a suffix, an existing directory gets
+    ``summary.png`` inside it)."""
     rows = list(rows)
     plt = _pyplot()
-    path = Path(path)
+    path = plot_file(path, SWEEP_PLOT_NAME)
     labels = [_job_label(row) for row in rows]
     positions = list(range(len(rows)))
     height = 5.0 + 0.06 * max((len(label) for label in labels), default=0)

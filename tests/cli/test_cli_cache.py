@@ -75,3 +75,51 @@ def test_cache_dir_that_is_missing_or_a_file_is_one_line(tmp_path, capsys, monke
         err = capsys.readouterr().err
         assert err == f"autobatch: error: cache {action} --dir {where}: {words}; give the cache directory (a probe's probe.cache_dir)\n"
     assert afile.read_text() == "mine"
+
+
+def test_cache_list_skips_a_malformed_entry_with_a_warning(tmp_path, capsys, caplog):
+    """An entry whose batch_size is null used to crash ``cache list`` (TypeError in int())."""
+    import logging
+
+    import autobatch
+    from autobatch.__main__ import main
+    from autobatch.probe import cache as probe_cache
+    from workloads import ThresholdStep
+
+    autobatch.find_max_batch(ThresholdStep(50), cache_key="x", steps_per_trial=1, cache=tmp_path)
+    (path,) = tmp_path.glob("*.json")
+    entry = json.loads(path.read_text())
+    entry["result"]["batch_size"] = None
+    path.write_text(json.dumps(entry))
+    probe_cache._warned.clear()
+    with caplog.at_level(logging.WARNING, logger="autobatch"):
+        assert main(["cache", "list", "--dir", str(tmp_path)]) == 0
+    assert f"probe cache {tmp_path}: 0 entries" in capsys.readouterr().out
+    assert any(f"{path}: malformed result (batch_size None" in r.getMessage() for r in caplog.records)
+
+
+def test_cache_clear_on_a_directory_it_cannot_lock_is_one_line(tmp_path, capsys, monkeypatch):
+    """A lock file that cannot be created used to end ``cache clear`` in a raw PermissionError
+    traceback (EACCES), or a 60 s hang and a filelock.Timeout traceback (ENOENT)."""
+    import errno
+    import os
+    import time
+
+    from autobatch.__main__ import main
+
+    monkeypatch.delenv("AUTOBATCH_TRACEBACK", raising=False)
+    real = os.open
+    for code in (errno.EACCES, errno.ENOENT):
+
+        def refusing(path, flags, *args, **kwargs):
+            if str(path).startswith(str(tmp_path)) and flags & os.O_CREAT:
+                raise OSError(code, os.strerror(code), str(path))
+            return real(path, flags, *args, **kwargs)
+
+        monkeypatch.setattr(os, "open", refusing)
+        began = time.monotonic()
+        assert main(["cache", "clear", "--dir", str(tmp_path)]) == 1
+        assert time.monotonic() - began < 10
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and err.startswith(f"autobatch: error: cache clear: cannot clear {tmp_path}: "), err
+        assert f"{tmp_path / '.lock'} ({os.strerror(code)})" in err

@@ -1,7 +1,10 @@
 """The persistent probe cache: keys, hits and misses, concurrent writers, corrupt files (CPU)."""
 
+import errno
 import json
 import logging
+import os
+import time
 import multiprocessing
 
 import pytest
@@ -22,6 +25,13 @@ def test_default_dir_follows_the_environment(monkeypatch, tmp_path):
     assert probe_cache.default_dir() == tmp_path / "explicit"
     monkeypatch.delenv("AUTOBATCH_CACHE_DIR")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert probe_cache.default_dir() == tmp_path / "xdg" / "autobatch"
+
+
+def test_default_dir_expands_a_tilde_in_xdg_cache_home(monkeypatch, tmp_path):
+    monkeypatch.delenv("AUTOBATCH_CACHE_DIR", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("XDG_CACHE_HOME", "~/xdg")
     assert probe_cache.default_dir() == tmp_path / "xdg" / "autobatch"
 
 
@@ -237,7 +247,7 @@ def test_clear_deletes_only_cache_entries(tmp_path):
 def _writer(directory: str, worker: int, rounds: int) -> None:
     store = probe_cache.ProbeCache(directory)
     result = autobatch.ProbeResult(
-        batch_size=worker, strategy="binary", strategy_used="binary", trials=[], capacity_bytes=1, elapsed_s=0.0,
+        batch_size=worker + 1, strategy="binary", strategy_used="binary", trials=[], capacity_bytes=1, elapsed_s=0.0,
         margin=0.0, notes=["x" * 20000],
     )
     for index in range(rounds):
@@ -451,3 +461,64 @@ def test_the_key_follows_helpers_global_containers_private_settings_hooks_and_lo
 
     assert _step_key(_helper_step(loss=_LossModule(1))) != _step_key(_helper_step(loss=_LossModule(4)))
     assert _step_key(_helper_step(loss=_LossModule(2))) == _step_key(_helper_step(loss=_LossModule(2)))
+
+
+@pytest.mark.parametrize(
+    "field, bad",
+    [("batch_size", "4096"), ("batch_size", -3), ("batch_size", 0), ("batch_size", None), ("batch_size", True),
+     ("margin", 1.5), ("notes", [3]), ("multiple_of", 0), ("capacity_bytes", "1")],
+)  # fmt: skip
+def test_an_entry_whose_result_is_impossible_warns_once_and_misses(tmp_path, caplog, field, bad):
+    """Valid JSON with a batch size of "4096", -3, 0 or null used to be served as the answer
+    (cached=True), and null crashed ``list_entries`` (``int(None)``)."""
+    step = ThresholdStep(50)
+    first = find_max_batch(step, cache_key="x", steps_per_trial=1, cache=tmp_path)
+    (path,) = tmp_path.glob("*.json")
+    entry = json.loads(path.read_text())
+    entry["result"][field] = bad
+    path.write_text(json.dumps(entry))
+    probe_cache._warned.clear()
+    with caplog.at_level(logging.WARNING, logger="autobatch"):
+        assert probe_cache.ProbeCache(tmp_path).get(path.stem) is None
+        assert probe_cache.list_entries(tmp_path) == []
+    warnings = [r.getMessage() for r in caplog.records if "probe cache file" in r.getMessage()]
+    assert len(warnings) == 1 and "malformed result" in warnings[0] and field in warnings[0], warnings
+    again = find_max_batch(step, cache_key="x", steps_per_trial=1, cache=tmp_path)
+    assert not again.cached and again.batch_size == first.batch_size == 50
+    assert [e.batch_size for e in probe_cache.list_entries(tmp_path)] == [50]  # rewritten
+
+
+def refuse_lock_files(monkeypatch, directory, code):
+    """``os.open`` refusing to create files in ``directory`` with errno ``code`` (a read-only
+    directory, even for root)."""
+    real = os.open
+
+    def refusing(path, flags, *args, **kwargs):
+        if str(path).startswith(str(directory)) and flags & os.O_CREAT:
+            raise OSError(code, os.strerror(code), str(path))  # PermissionError, FileNotFoundError
+        return real(path, flags, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", refusing)
+
+
+@pytest.mark.parametrize("code", [errno.EACCES, errno.ENOENT, errno.EROFS])
+def test_a_lock_file_that_cannot_be_created_fails_fast_and_warns_once(tmp_path, caplog, monkeypatch, code):
+    """ENOENT from creating the lock file used to be retried for filelock's whole 60 s timeout
+    (every probe +60 s, then a warning as if another process held the lock); EACCES warned on
+    every write, and ``clear`` raised the raw error."""
+    result = autobatch.ProbeResult(
+        batch_size=3, strategy="binary", strategy_used="binary", trials=[], capacity_bytes=1, elapsed_s=0.0, margin=0.0
+    )
+    store = probe_cache.ProbeCache(tmp_path)
+    probe_cache._warned.clear()
+    refuse_lock_files(monkeypatch, tmp_path, code)
+    began = time.monotonic()
+    with caplog.at_level(logging.WARNING, logger="autobatch"):
+        assert store.put("a" * 64, {}, result) is None
+        assert store.put("b" * 64, {}, result) is None
+    assert time.monotonic() - began < 10
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and f"{tmp_path / '.lock'}" in warnings[0] and "not cached" in warnings[0], warnings
+    with pytest.raises(probe_cache.CacheLockError, match="cannot create the probe cache lock file"):
+        store.clear()
+    assert time.monotonic() - began < 10

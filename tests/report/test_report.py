@@ -215,3 +215,27 @@ def test_trial_throughput_counts_each_trials_own_steps():
     result = ProbeResult(batch_size=16, strategy="binary", strategy_used="binary", trials=trials,
                          capacity_bytes=1, elapsed_s=0.0, margin=0.0, steps_per_trial=3)
     assert _trial_throughput(result) == [(8, 4.0), (16, 24.0), (32, 48.0)]
+
+
+def test_plots_return_exactly_the_file_written(tmp_path, monkeypatch):
+    """A path without a suffix, an existing directory and ``~`` used to come back as given
+    while matplotlib wrote ``curve.png``, ``<dir>.png`` and ``./~/x.png``."""
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+    result = linear_probe(cache=False)
+    rows = [dict(job=0, status="ok", batch_size=4, time_s=1.0)]
+    plots = tmp_path / "plots"
+    plots.mkdir()
+    cases = [
+        (plot_probe, plots / "curve", plots / "curve.png"),
+        (plot_probe, plots, plots / "memory_curve.png"),
+        (plot_probe, "~/x.png", tmp_path / "home" / "x.png"),
+        (plot_sweep, plots / "sweep", plots / "sweep.png"),
+        (plot_sweep, plots, plots / "summary.png"),
+    ]
+    for draw, given, written in cases:
+        path = draw(result if draw is plot_probe else rows, given)
+        assert path == written, (given, path)
+        assert_png(path, min_bytes=1000)
+    assert not (tmp_path / "~").exists() and not (tmp_path / "plots.png").exists()
+    assert sorted(p.name for p in plots.iterdir()) == ["curve.png", "memory_curve.png", "summary.png", "sweep.png"]
