@@ -30,7 +30,7 @@ import torch
 from ..memory.allocator import expandable_segments
 from ..version import __version__
 from .rng import rng_state, set_rng_state
-from .trace_state import OutsideState
+from .trace_state import OutsideState, nested_codes
 from .train_step import TrainStep
 
 __all__ = ["CAPACITY_STEP", "STATE_HYPERPARAMETERS", "key_components", "key_of", "own_code", "step_components", "class_code",
@@ -106,11 +106,7 @@ def _globals_read(fn: Any, code: Any, depth: int = 0) -> dict[str, Any]:
     user's code it calls, by their code (to :data:`DEPTH`), and objects by their state (a
     module-level dataclass config: :func:`_keyed_object`); not modules, classes or torch's own
     functions (keyed by torch's version)."""
-    names, stack = set(), [code]
-    while stack:
-        current = stack.pop()
-        names.update(current.co_names)
-        stack.extend(const for const in current.co_consts if hasattr(const, "co_code"))
+    names = {name for current in nested_codes(code) for name in current.co_names}
     scope = getattr(fn, "__globals__", {})
     read = {}
     for name in sorted(names):

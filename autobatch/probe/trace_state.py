@@ -28,7 +28,7 @@ from typing import Any, Callable, Iterable, Iterator
 
 import torch
 
-__all__ = ["OutsideState", "class_members", "code_globals", "find_fake", "SEARCH_BUDGET", "SEARCH_ITEMS"]
+__all__ = ["OutsideState", "class_members", "code_globals", "find_fake", "nested_codes", "SEARCH_BUDGET", "SEARCH_ITEMS"]
 
 #: Values the walks never look inside.
 ATOMS = (str, bytes, int, float, complex, bool, type(None), type, types.ModuleType, torch.dtype, torch.device)
@@ -204,15 +204,22 @@ def _torchs(value: Any) -> bool:
     return module == "torch" or module.startswith(("torch.", "autobatch."))
 
 
-def _names(code: Any) -> tuple[set[str], set[str]]:
-    """The names ``code`` (and the code nested in it) reads, and the globals it assigns."""
-    names, stored, stack = set(), set(), [code]
+def nested_codes(code: Any) -> Iterator[Any]:
+    """``code`` and every code object nested in it (its inner functions, lambdas, comprehensions)."""
+    stack = [code]
     while stack:
         current = stack.pop()
+        yield current
+        stack.extend(const for const in current.co_consts if hasattr(const, "co_code"))
+
+
+def _names(code: Any) -> tuple[set[str], set[str]]:
+    """The names ``code`` (and the code nested in it) reads, and the globals it assigns."""
+    names, stored = set(), set()
+    for current in nested_codes(code):
         names.update(current.co_names)
         stored.update(ins.argval for ins in dis.get_instructions(current)
                       if ins.opname in ("STORE_GLOBAL", "DELETE_GLOBAL"))
-        stack.extend(const for const in current.co_consts if hasattr(const, "co_code"))
     return names, stored
 
 
