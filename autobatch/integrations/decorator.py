@@ -200,15 +200,16 @@ def _measured(attempt: Attempt) -> int | None:
     return int(attempt.batch_size * usable / needed)
 
 
-def _drop_gradients() -> int:
-    """Set ``.grad = None`` on every parameter of every live optimizer; how many had one.
+def _drop_gradients() -> None:
+    """Set ``.grad = None`` on every parameter of every live optimizer (read from its
+    ``param_groups``, not through its ``zero_grad``, which a wrapper such as Accelerate's skips
+    while it accumulates gradients).
 
     Called after a failed attempt only, so that the next attempt starts without the failed
     backward's gradients (stepping with them would apply several backward passes at once). The
     optimizers are found by the garbage collector, not only the step watch: the failure may come
     before any optimizer stepped (after ``backward()``, before ``step()``), and a wrapper such
     as Accelerate's ``AcceleratedOptimizer`` is found with the torch optimizer it holds."""
-    dropped = 0
     for obj in gc.get_objects():
         # type(), not isinstance(): isinstance reads ``__class__``, which lazy proxies and
         # deprecated module attributes answer with a warning or an import
@@ -218,8 +219,6 @@ def _drop_gradients() -> int:
             for param in group.get("params", ()) if isinstance(group, dict) else ():
                 if isinstance(param, torch.Tensor) and param.grad is not None:
                     param.grad = None
-                    dropped += 1
-    return dropped
 
 
 def _refuse_coroutine(function: Callable[..., Any], value: Any) -> None:
