@@ -46,7 +46,6 @@ from .checkpointing import CheckpointHandle, enable_checkpointing, find_blocks, 
 from .fastest import ThroughputObjective
 from .plan_result import Plan, candidates_table, short_list
 from .throughput import balanced_micro_batch, validate_timing
-from .trial_notes import note_small_trial
 
 __all__ = ["Plan", "plan", "OBJECTIVES", "candidates_table"]
 
@@ -142,10 +141,9 @@ def plan(
                 allow_accumulation, allow_checkpointing, balanced, min_micro_batch=min_micro_batch,
                 exhaustive=exhaustive, timing=timing, timer=timer, allocator_retries=allocator_retries,
             )
-    except BaseException as exc:
+    except BaseException:
         planner.unwrap()
         enable_checkpointing(step.model, modules=given)
-        note_small_trial(exc)  # a model that cannot train on batch 1, where the search went: said so
         raise
     if not result.checkpointing and given:
         enable_checkpointing(step.model, modules=given)

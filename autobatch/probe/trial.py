@@ -14,6 +14,7 @@ from ..memory.units import format_bytes
 from ..memory.workspaces import release_workspaces
 from .autotune import Autotune
 from .peak_guard import drain_backward, raised_by_guard
+from .trial_notes import with_trial_note
 from .pinned_state import PinnedState, fits
 from .records import TrialRecord, notify, watch_trials
 from .settling import WALL_BYTES, FlushCount, flushing_error, growing, most_steps, split_bytes, wall_excess
@@ -281,9 +282,8 @@ class TrialRunner:
         return self._full_collection_frees
 
     def _attempt(self, batch_size: int, steps: int, most: int, prepare: Callable[[], object] | None) -> str | None:
-        """Run the steps (up to ``most`` while the allocator settles); return None on success or
-        the OOM's first line. Leaves the ``except`` block before anything is freed. ``prepare``
-        lays the optimizer state out first (``layout``)."""
+        """Run the steps (up to ``most`` while the allocator settles); None on success, else the OOM's
+        first line; leaves the ``except`` block before anything is freed. ``prepare``: ``layout``."""
         release_workspaces(self._fresh_workspaces)  # each trial starts as a new process's first step
         self.memory.release_cached()
         if prepare is not None:
@@ -307,7 +307,7 @@ class TrialRunner:
                 self._stopped = True  # its peak, folded in, is above the limit: the trial fails as too close
                 return None
             if not is_oom_error(exc):
-                raise
+                raise with_trial_note(exc, batch_size)  # the same error; a note where a trial of 1 raised it
             self._failed_at = self.memory.allocated()  # the failed step's tensors are still held here
             # the step's reserved peak: by now the allocator has returned its cache (it does so
             # before it gives up), so the reserved figure of this moment no longer shows the wall

@@ -115,3 +115,16 @@ def test_plan_notes_an_error_of_a_trial_at_batch_one():
         autobatch.plan(step, global_batch=64, memory_limit="700KiB", device="cpu", cache=False)
     note = "\n".join(caught.value.__notes__)
     assert "probe trial at batch 1" in note and "multiple_of=2" in note
+
+
+def test_find_max_batch_notes_an_error_of_a_trial_at_batch_one_as_plan_does():
+    """The note is added where the trial runs, so a probe without plan() gets it too."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(32, 128), *[_Block(128) for _ in range(4)], nn.Linear(128, 10))
+    step = autobatch.TrainStep(model, torch.optim.Adam(model.parameters()),
+                               lambda m, b: nn.functional.cross_entropy(m(b[0]), b[1]),
+                               lambda size: (torch.randn(size, 32), torch.randint(0, 10, (size,))))
+    with pytest.raises(ValueError, match="Expected more than 1 value per channel") as caught:
+        autobatch.find_max_batch(step, memory_limit="700KiB", device="cpu", cache=False)
+    assert len(caught.value.__notes__) == 1
+    assert "probe trial at batch 1" in caught.value.__notes__[0] and "multiple_of=2" in caught.value.__notes__[0]
