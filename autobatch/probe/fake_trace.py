@@ -30,6 +30,7 @@ from .train_step import TrainStep
 
 __all__ = ["FakeWorld", "TraceScaler", "resident_bytes", "loss_module", "SEARCH_BUDGET", "SEARCH_ITEMS"]
 
+
 class TraceScaler:
     """Stands in for a ``GradScaler`` while tracing: same memory (a scaled loss, in-place
     unscaling of gradients allocates nothing), but no ``.item()`` on fake tensors."""
