@@ -103,14 +103,19 @@ class _Block(nn.Module):
         return x + self.down(torch.relu(self.up(self.norm(x))))
 
 
+def _batchnorm_step() -> autobatch.TrainStep:
+    """Blocks with BatchNorm, which cannot train on one sample."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(32, 128), *[_Block(128) for _ in range(4)], nn.Linear(128, 10))
+    return autobatch.TrainStep(model, torch.optim.Adam(model.parameters()),
+                               lambda m, b: nn.functional.cross_entropy(m(b[0]), b[1]),
+                               lambda size: (torch.randn(size, 32), torch.randint(0, 10, (size,))))
+
+
 def test_plan_notes_an_error_of_a_trial_at_batch_one():
     """Under a tight budget the probe went down to batch 1, where BatchNorm raised its own
     ValueError: plan() let it through with nothing saying the search led there."""
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(32, 128), *[_Block(128) for _ in range(4)], nn.Linear(128, 10))
-    step = autobatch.TrainStep(model, torch.optim.Adam(model.parameters()),
-                               lambda m, b: nn.functional.cross_entropy(m(b[0]), b[1]),
-                               lambda size: (torch.randn(size, 32), torch.randint(0, 10, (size,))))
+    step = _batchnorm_step()
     with pytest.raises(ValueError, match="Expected more than 1 value per channel") as caught:
         autobatch.plan(step, global_batch=64, memory_limit="700KiB", device="cpu", cache=False)
     note = "\n".join(caught.value.__notes__)
@@ -119,11 +124,7 @@ def test_plan_notes_an_error_of_a_trial_at_batch_one():
 
 def test_find_max_batch_notes_an_error_of_a_trial_at_batch_one_as_plan_does():
     """The note is added where the trial runs, so a probe without plan() gets it too."""
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(32, 128), *[_Block(128) for _ in range(4)], nn.Linear(128, 10))
-    step = autobatch.TrainStep(model, torch.optim.Adam(model.parameters()),
-                               lambda m, b: nn.functional.cross_entropy(m(b[0]), b[1]),
-                               lambda size: (torch.randn(size, 32), torch.randint(0, 10, (size,))))
+    step = _batchnorm_step()
     with pytest.raises(ValueError, match="Expected more than 1 value per channel") as caught:
         autobatch.find_max_batch(step, memory_limit="700KiB", device="cpu", cache=False)
     assert len(caught.value.__notes__) == 1
