@@ -64,7 +64,8 @@ def agree_trial(record: TrialRecord) -> TrialRecord:
     rank's."""
     rows = dist_sync.exchange(
         [int(record.passed), _int(record.peak_bytes), _int(record.reserved_bytes),
-         _int(record.step_peak_bytes), _int(record.resident_bytes), _int(record.over_bytes), _int(record.wall_bytes)],
+         _int(record.step_peak_bytes), _int(record.resident_bytes), _int(record.over_bytes), _int(record.wall_bytes),
+         _int(record.flushes), int(record.flushed_out)],
         f"probe trial ({record.purpose}) at batch {record.batch_size}",
     )
     failed = [other for other, row in enumerate(rows) if not row[0]]
@@ -78,6 +79,8 @@ def agree_trial(record: TrialRecord) -> TrialRecord:
     record.resident_bytes = None if min(row[4] for row in rows) < 0 else max(row[4] for row in rows)
     record.over_bytes = _none(max(row[5] for row in rows))  # the rank furthest over its wall
     record.wall_bytes = _none(max(row[6] for row in rows))  # the most a rank's allocator held in pieces
+    # the search reads both below a size that kept flushing: every rank must read the same
+    record.flushes, record.flushed_out = _none(max(row[7] for row in rows)), any(row[8] for row in rows)
     return record
 
 

@@ -94,6 +94,7 @@ class PredictOutcome:
     refined: LinearFit | None = None
     aimed: int | None = None  # the allocated peak the line aimed at, where a wall lowered it
     settled: int | None = None  # bytes the line put the size above the answer past the limit, untried
+    at_wall: bool = False  # the size above the answer untried: the answer's own settle trial met the wall
 
     def fit_record(self, unit: int) -> dict | None:
         """The fit as stored in ``ProbeResult.fit`` (batch sizes in samples): the line the
@@ -108,6 +109,8 @@ class PredictOutcome:
             record["aimed_at_wall_bytes"] = self.aimed
         if self.settled is not None and self.units is not None:
             record["settled_above"] = {"batch_size": (self.units + 1) * unit, "past_limit_bytes": self.settled}
+        if self.at_wall and self.units is not None:
+            record["at_wall_above"] = {"batch_size": (self.units + 1) * unit}
         return record
 
 
@@ -125,6 +128,7 @@ def predictive(
     usable_after: Callable[[int], int | None] | None = None,
     settle: bool = False,
     flushed_out: Callable[[int], bool] | None = None,
+    flushed: Callable[[int], bool] | None = None,
 ) -> PredictOutcome:
     """Run the predictive search in units of ``multiple_of``. ``passes(units, purpose)`` runs
     (or recalls) a trial; ``peak_of(units)`` is the measured peak of a passing trial;
@@ -148,7 +152,8 @@ def predictive(
     limit), so where the line puts the size above a pass well past it, that size is not tried
     (:func:`~autobatch.probe.bracket.close_bracket`; the outcome's ``settled``).
     ``flushed_out(units)``: a failed size's full trial kept flushing the allocator's cache; below
-    it every trial is a full one (:func:`~autobatch.probe.bracket.close_bracket`).
+    it every trial is a full one (:func:`~autobatch.probe.bracket.close_bracket`); ``flushed(units)``:
+    a passing size's settle trial flushed in a step after its first (there, at the wall itself).
     """
     above = 1 if above_first else 0
     points: list[tuple[int, int]] = []  # (units, peak) of passing trials
@@ -202,10 +207,11 @@ def predictive(
     # -- 2 and 3. jump, then close the bracket -----------------------------------------
     closed = close_bracket(
         passes, record_pass, points, fit, lo, hi, max_units, capacity, above, short_of, usable_after, settle,
-        flushed_out,
+        flushed_out, flushed,
     )
     return PredictOutcome(closed.lo, fit, None, "predict", points, refined=closed.fit if closed.fit is not fit else None,
-                          aimed=closed.capacity if closed.capacity < capacity else None, settled=closed.settled)
+                          aimed=closed.capacity if closed.capacity < capacity else None, settled=closed.settled,
+                          at_wall=closed.at_wall)
 
 
 def _grow(passes, record_pass, points, peak_of, resident_of, first: int, max_units: int, capacity: int):

@@ -49,7 +49,7 @@ def promise_of(runner: TrialRunner, result: ProbeResult, memory: DeviceMemory) -
     record = runner.passed_record(result.batch_size)
     if record is None:
         return None
-    last_oom = max((i for i, r in enumerate(runner.records) if not r.passed), default=-1)
+    last_oom = max((i for i, r in enumerate(runner.records) if runner.ran_out(r)), default=-1)
     index = max(i for i, r in enumerate(runner.records) if r is record)
     capacity = result.capacity_bytes
     return {

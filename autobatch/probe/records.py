@@ -74,7 +74,8 @@ class TrialRecord:
     ``flushes``: how many of the trial's steps after its first made the caching allocator
     return its cache to the driver to serve a request (``num_alloc_retries`` rose; None where
     the device does not count it). Under cuDNN autotuning a settle trial fails while its last
-    step still does (:mod:`~autobatch.probe.settling`).
+    step still does (:mod:`~autobatch.probe.settling`). ``flushed_out``: a settle trial that
+    failed for that (on some rank, under rank agreement).
     """
 
     batch_size: int
@@ -93,6 +94,7 @@ class TrialRecord:
     over_bytes: int | None = None
     wall_bytes: int | None = None
     flushes: int | None = None
+    flushed_out: bool = False
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -95,14 +95,7 @@ def run_search(
         notes.append(f"{below * multiple_of}, below {walled * multiple_of}: the answer must also pass beside the optimizer "
                      f"state made in its first step, as training makes it after the probe, and {walled * multiple_of} "
                      "did not")
-    settled = (fit or {}).get("settled_above")
-    if settled is not None and settled["batch_size"] == largest_passed + multiple_of:
-        slope = fit.get("refined", fit)["slope_bytes_per_sample"] * multiple_of
-        notes.append(
-            f"{settled['batch_size']} was not tried: the memory line through the two largest passing sizes puts "
-            f"its allocated peak {format_bytes(settled['past_limit_bytes'])} past the peak limit "
-            f"({settled['past_limit_bytes'] / slope:.0%} of its step's bytes per unit), and a step past it fails"
-        )
+    notes.extend(_untried_above_notes(runner, fit, largest_passed, failed_above, multiple_of))
     if max_batch is None and found >= max_units:
         notes.append(
             f"reached the search ceiling ({max_units * multiple_of} samples, autobatch.probe.SEARCH_CEILING) "
@@ -125,6 +118,29 @@ def run_search(
         fallback_reason=fallback_reason,
         notes=notes,
     )
+
+
+def _untried_above_notes(runner: TrialRunner, fit: dict | None, largest_passed: int, failed_above: list[int],
+                         multiple_of: int) -> list[str]:
+    """Why the size above the answer was not tried, where the search settled it without a trial:
+    the line put it past the peak limit, or the answer's own trial met the allocator's wall."""
+    notes = []
+    settled = (fit or {}).get("settled_above")
+    if settled is not None and settled["batch_size"] == largest_passed + multiple_of:
+        slope = fit.get("refined", fit)["slope_bytes_per_sample"] * multiple_of
+        notes.append(
+            f"{settled['batch_size']} was not tried: the memory line through the two largest passing sizes puts "
+            f"its allocated peak {format_bytes(settled['past_limit_bytes'])} past the peak limit "
+            f"({settled['past_limit_bytes'] / slope:.0%} of its step's bytes per unit), and a step past it fails"
+        )
+    at_wall = (fit or {}).get("at_wall_above")
+    if at_wall is not None and at_wall["batch_size"] == largest_passed + multiple_of and failed_above:
+        notes.append(
+            f"{at_wall['batch_size']} was not tried: {largest_passed}'s own trial made the allocator flush its cache "
+            f"in {runner.passed_record(largest_passed).flushes} of its steps before it settled, below "
+            f"{min(failed_above)}, which kept flushing; a larger step, needing more at the same wall, would not settle"
+        )
+    return notes
 
 
 def _start_units(used: str, start: int | None, max_batch: int | None, multiple_of: int) -> int:
@@ -168,6 +184,7 @@ def _predict(runner: TrialRunner, passes, start_units: int, max_units: int, mult
         # on an accelerator a step past the peak limit fails: the line may settle the last size
         settle=runner.peak_limit is not None,
         flushed_out=lambda units: runner.flushed_out(units * multiple_of),
+        flushed=lambda units: bool(getattr(runner.passed_record(units * multiple_of), "flushes", 0)),
     )
     fit = outcome.fit_record(multiple_of)
     if fit is not None and usable != capacity:

@@ -27,12 +27,11 @@ log = logging.getLogger("autobatch")
 class TrialRunner:
     """Runs trials of ``fn`` and remembers every outcome.
 
-    A full trial calls ``fn(batch_size)`` ``steps`` times; a search trial ``search_steps``
-    times (default: ``steps``): only the size returned needs the extra steps that catch what a
-    repeated step reveals (lazily created state, memory growing from step to step), so every
-    trial up to the first that passes and every trial the caller marks ``final`` run full; the caller confirms its answer
-    with :meth:`confirmed`. With ``settle_final`` (accelerators) a ``final`` trial also settles
-    (:meth:`run`: cuDNN autotuning as the user set it, more steps while the allocator settles).
+    A full trial calls ``fn(batch_size)`` ``steps`` times, a search trial ``search_steps`` times
+    (default: ``steps``): only the answer needs what a repeated step reveals (lazy state, memory
+    growing), so trials up to the first pass and those marked ``final`` run full; the caller
+    confirms its answer with :meth:`confirmed`. With ``settle_final`` (accelerators) a ``final``
+    trial settles (:meth:`run`: cuDNN autotuning as set, more steps while the allocator settles).
 
     Any out-of-memory error (by :func:`is_oom_error`) fails the trial, and so does a step
     whose allocated peak passed ``peak_limit`` (on an accelerator, the capacity less the
@@ -42,10 +41,9 @@ class TrialRunner:
     been left, so the traceback no longer pins the failed step's tensors
     (:meth:`_clean_up_after_oom`, :meth:`_garbage_was_in_the_way`).
 
-    A batch size already tried is answered from memory, never run twice. Peaks are read step
-    by step (reset before each step; the trial's peak is the largest), so the last step's own
-    figures are known too. ``agree``, when given, turns the local record into the one every
-    rank shares (:func:`~autobatch.dist.probe.agree_trial`), after the memory is freed.
+    A size already tried is answered from memory. Peaks are read step by step, so the last
+    step's own figures are known too. ``agree``, when given, turns the local record into the one
+    every rank shares (:func:`~autobatch.dist.probe.agree_trial`), after the memory is freed.
     ``pinned`` lets a settle trial that ran out of memory at the allocator's wall beside
     optimizer state made at a nearby size run once more without it
     (:mod:`~autobatch.probe.pinned_state`). ``hand_loop``: a loop that cannot replay a step
@@ -94,11 +92,10 @@ class TrialRunner:
         self._flush_count = FlushCount()
         # the trials run under expandable segments (CUDA's allocator setting)
         self.expandable = bool(expandable_segments_on(getattr(memory, "device", None)))
-        self._flushed_out: set[int] = set()  # sizes whose settle trial failed still flushing
+        self._ran_out: set[int] = set()  # ids of records of trials that ran out of memory or were stopped
 
     def __call__(self, batch_size: int, purpose: str = "search", *, final: bool = False) -> bool:
         """Whether ``batch_size`` trains; runs a trial unless it was tried already.
-
         ``final``: this size may be the answer, so the trial runs all ``steps``."""
         if batch_size not in self.outcomes:
             # full until one passed: an OOM trial made no lazy state (Adam's moments) to measure beside
@@ -136,9 +133,9 @@ class TrialRunner:
                 f"{format_bytes(self.peak_limit)}, the capacity less the caching allocator's headroom"
                 + (" (the step was stopped there, part-way)" if self._stopped else "")
             )
-        if not ran_out and error is None and settle and self._flushes_matter() and self._flush_count.flushing:
+        flushed_out = not ran_out and error is None and settle and bool(self._flushes_matter()) and self._flush_count.flushing
+        if flushed_out:
             error = flushing_error(self._flush_count.flushes, steps, self._flushes_matter())
-            self._flushed_out.add(batch_size)
         excess = self._wall_excess() if not ran_out and error is None else 0
         if excess:
             error = (
@@ -162,11 +159,14 @@ class TrialRunner:
             batch_size, error is None, peak, seconds, purpose, error, reserved, steps, step_peak, resident,
             self._fragmentation if error is None else None, self._inactive_split,
             tuned if self.autotune and self.autotune.wanted else None, over_bytes, wall, self._flush_count.flushes,
+            flushed_out,
         )
         if self.agree is not None:
             record = self.agree(record)
         if settle:
             self._settled.add(id(record))
+        if ran_out or self._stopped:
+            self._ran_out.add(id(record))
         self.records.append(record)
         self.outcomes[batch_size] = record.passed
         log.info("trial %-7s batch=%d %s peak=%s %.3fs", purpose, batch_size, "passed" if record.passed else "OOM",
@@ -174,13 +174,15 @@ class TrialRunner:
         notify(batch_size, purpose, record)
         return record
 
-    def flushed_out(self, batch_size: int) -> bool:  # its settle trial failed still flushing
-        return batch_size in self._flushed_out
+    def flushed_out(self, batch_size: int) -> bool:  # its settle trial failed still flushing (on some rank)
+        return any(r.flushed_out for r in self.records if r.batch_size == batch_size)
 
     def confirmed(self, batch_size: int, *, after_last_oom: bool) -> bool:
         """Whether a full trial of ``batch_size`` passed (with ``after_last_oom``: after the
         last trial that ran out of memory, so it is known to train in the state the allocator
-        was left in; cuDNN also falls back to smaller workspaces when memory is short)."""
+        was left in; cuDNN also falls back to smaller workspaces when memory is short). A trial
+        that failed having run its steps (still flushing, too close, at the wall) left no such
+        state (:meth:`ran_out`): a pass before it stands."""
         autotuned = self.autotune is not None and self.autotune.wanted
         for record in reversed(self.records):
             if (
@@ -189,9 +191,13 @@ class TrialRunner:
                 and (id(record) in self._settled or not self.settle_final)
             ):
                 return True
-            if after_last_oom and not record.passed:
+            if after_last_oom and self.ran_out(record):
                 return False
         return False
+
+    def ran_out(self, record: TrialRecord) -> bool:
+        """Whether ``record``'s trial ran out of memory or was stopped part-way (under rank agreement: failed)."""
+        return not record.passed and (self.agree is not None or id(record) in self._ran_out)
 
     def _attempt_as(self, batch_size: int, steps: int, settle: bool, tuned: bool, prepare=None) -> str | None:
         """:meth:`_attempt` under the trial's cuDNN flags; a settle trial may run up to
@@ -376,20 +382,14 @@ class TrialRunner:
 
     def peak_of(self, batch_size: int) -> int | None:
         """Allocated peak of the latest passing trial's last step at ``batch_size`` (None if
-        none passed): the steady-state step, without what only the first step allocates.
-
-        Allocated, not reserved, memory is what grows smoothly with the batch; reserved
-        memory adds the allocator's rounding, which at small batches dwarfs the activations.
-        """
+        none passed): the steady step. Allocated memory grows smoothly with the batch; reserved
+        memory adds the allocator's rounding, which at small batches dwarfs the activations."""
         record = self.passed_record(batch_size)
         return None if record is None else record.step_peak_bytes
 
     def passed_record(self, batch_size: int) -> TrialRecord | None:
         """The latest passing trial at ``batch_size`` (None if none passed)."""
-        for record in reversed(self.records):
-            if record.batch_size == batch_size and record.passed:
-                return record
-        return None
+        return next((r for r in reversed(self.records) if r.batch_size == batch_size and r.passed), None)
 
     @property
     def passed_sizes(self) -> list[int]:

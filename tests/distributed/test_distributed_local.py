@@ -58,6 +58,24 @@ def test_a_trial_runner_hands_each_record_to_its_agreement_hook():
     assert seen == [8] and runner.records[0].error == "out of memory on rank 1"
 
 
+def test_agreed_trials_say_alike_whether_a_size_kept_flushing(monkeypatch):
+    """Below a size that kept flushing the search runs only full trials, and a passing size whose
+    trial flushed may close it: every rank reads both from the agreed record, so one rank's
+    flushing steers every rank's next trial the same way (else the ranks call different sizes)."""
+    import autobatch.dist.probe as dist_probe
+
+    def exchange(values, label):  # rank 1 failed its settle trial still flushing; rank 0 passed
+        other = list(values)
+        other[0], other[7], other[8] = 0, 5, 1
+        return [list(values), other]
+
+    monkeypatch.setattr(dist_probe.dist_sync, "exchange", exchange)
+    mine = TrialRecord(180, True, 100, 0.1, "wall", steps=6, step_peak_bytes=90, resident_bytes=10, flushes=2)
+    agreed = dist_probe.agree_trial(mine)
+    assert not agreed.passed and agreed.flushed_out and agreed.flushes == 5
+    assert agreed.error == "out of memory on rank 1"
+
+
 def test_a_ddp_like_wrapper_is_probed_on_its_local_module():
     class Wrapper(torch.nn.Module):
         def __init__(self, module):
