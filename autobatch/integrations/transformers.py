@@ -20,11 +20,13 @@ from __future__ import annotations
 
 import itertools
 import logging
-from collections.abc import Mapping, Sequence
+import numbers
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
 
+from .. import checks
 from ..probe.find import find_max_batch
 from ..probe.result import ProbeResult
 from .global_batch import accumulation_for
@@ -45,7 +47,7 @@ def fit_batch_size(
     max_batch: int | None = None,
     strategy: str = "auto",
     steps_per_trial: int = 3,
-    sample: Mapping[str, Any] | None = None,
+    sample: Any = None,
     **probe_options: Any,
 ) -> ProbeResult:
     """Probe ``trainer``'s training step and set its batch size (call before ``trainer.train()``).
@@ -56,48 +58,51 @@ def fit_batch_size(
             ``gradient_accumulation_steps`` (None: leave it alone).
         memory_limit, margin, multiple_of, max_batch, strategy, steps_per_trial,
             probe_options: for :func:`~autobatch.find_max_batch`.
-        sample: the sample batches are built from (default: :func:`longest_sample` of the
-            training set, which reads every sample once; a stream's first 1,000).
+        sample: the sample batches are built from, as the training set yields it (default:
+            :func:`longest_sample` of the training set, which reads every sample once; a
+            stream's first 1,000).
 
-    Returns the :class:`~autobatch.ProbeResult`; ``trainer.args`` holds the new settings.
+    Returns the :class:`~autobatch.ProbeResult`; ``trainer.args`` holds the new settings. The
+    model's train/eval mode (each module's) is as it was before the call.
     """
     args = trainer.args
     world = max(1, int(getattr(args, "world_size", 1)))
-    if global_batch is not None:
-        if isinstance(global_batch, bool) or not isinstance(global_batch, int) or global_batch < 1:
-            raise ValueError(f"global_batch must be a positive integer or None, got {global_batch!r}")
-        if global_batch % world:
-            raise ValueError(f"global_batch={global_batch} does not split over {world} processes; use a multiple")
-        max_batch = min(max_batch or global_batch // world, global_batch // world)
+    _check_sizes(global_batch, multiple_of, max_batch, world)
+    share = None if global_batch is None else global_batch // world
+    if share is not None:
+        max_batch = share if max_batch is None else min(max_batch, share)
     shard = _shard_length(trainer.train_dataset, world)
-    if shard is not None and global_batch is not None and global_batch // world > shard:
+    if shard is not None and share is not None and share > shard:
         raise ValueError(  # an epoch would end first: every optimizer step would train fewer samples
             f"global_batch={global_batch} is larger than the training set ({shard * world} samples"
             f"{f', {shard} per process' if world > 1 else ''}): each epoch would end before one global batch; "
             "lower global_batch"
         )
     if shard is not None:  # no batch larger than a process's share of the training set
-        max_batch = min(max_batch or shard, shard)
+        max_batch = shard if max_batch is None else min(max_batch, shard)
     if sample is None:
         if trainer.train_dataset is None:
             raise ValueError("fit_batch_size needs trainer.train_dataset (or pass sample=)")
         sample = longest_sample(trainer.train_dataset)
-    share = None if global_batch is None else global_batch // world
     # without a global batch, the trainer's own accumulation stays: its window is probed
     accumulation = 1 if share is not None else max(1, int(args.gradient_accumulation_steps))
-    step, created = _train_step(trainer, sample, share, accumulation)
     # the Trainer's loop trains the answer, and it cannot replay a step that runs out of memory
     options = {"hand_loop": True, **probe_options}
     # what the step holds beside the model (the window's inputs, a subclass's own step) moves the answer
     options["cache_key"] = {"trainer": trainer_key(trainer), "share": share, "accumulation": accumulation,
                             "user": options.get("cache_key")}
+    modes = [(module, module.training) for module in trainer.model.modules()]
+    created = trainer.optimizer is None
     try:
+        step = _train_step(trainer, sample, share, accumulation)
         result = find_max_batch(step, max_batch=max_batch, memory_limit=memory_limit, margin=margin,
                                 multiple_of=multiple_of, strategy=strategy, steps_per_trial=steps_per_trial,
                                 device=args.device, **options)
     finally:
         if created:
             trainer.optimizer = None  # train() creates it afresh, as it would have
+        for module, training in modes:  # a model in eval() stays in eval(): train() switches it itself
+            module.training = training
     size = result.batch_size
     if share is not None:
         accumulation, size = accumulation_for(share, size, multiple_of=multiple_of)
@@ -110,11 +115,30 @@ def fit_batch_size(
     return result
 
 
+def _check_sizes(global_batch: int | None, multiple_of: int, max_batch: int | None, world: int) -> None:
+    """One ``ValueError`` for sizes no probe can serve, before any sample is read or trial run
+    (``find_max_batch`` checks the rest; these are used here before it is called)."""
+    checks.positive_int("max_batch", max_batch, allow_none=True)  # 0 is refused, not taken for "no cap"
+    checks.positive_int("multiple_of", multiple_of)
+    if global_batch is None:
+        return
+    if isinstance(global_batch, bool) or not isinstance(global_batch, int) or global_batch < 1:
+        raise ValueError(f"global_batch must be a positive integer or None, got {global_batch!r}")
+    if global_batch % world:
+        raise ValueError(f"global_batch={global_batch} does not split over {world} processes; use a multiple")
+    if (global_batch // world) % multiple_of:
+        raise ValueError(
+            f"global_batch={global_batch} gives each of {world} process(es) {global_batch // world} samples per "
+            f"optimizer step, which no batch that is a multiple of multiple_of={multiple_of} divides; use a "
+            f"global_batch that is a multiple of {multiple_of * world}"
+        )
+
+
 #: samples read from a training set without a length (a stream) in search of the longest
 STREAM_SAMPLES = 1000
 
 
-def longest_sample(dataset: Any) -> Mapping[str, Any]:
+def longest_sample(dataset: Any) -> Any:
     """The worst-case sample: each field at its longest over the training set, as a padded
     batch can meet them. A collator pads every field to its own longest in the batch, so a
     batch may pair one sample's long source with another's long target (seq2seq): the probe's
@@ -122,40 +146,116 @@ def longest_sample(dataset: Any) -> Mapping[str, Any]:
     multiple-choice sample's choices count as choices x their longest). Fields of the same
     length in every sample (token ids and their attention mask) stay the same length.
 
-    A dataset without a length (an ``IterableDataset``, maybe endless) is read for its first
-    :data:`STREAM_SAMPLES` samples only, with a warning: pass ``sample=`` to probe at the
-    longest one yourself, and always for a stream that cannot be read twice (the samples read
-    here would be gone when ``train()`` reads it)."""
-    best: dict[str, Any] = {}
-    sizes: dict[str, int] = {}
-    first = None
-    try:
-        len(dataset)
-    except TypeError:
-        dataset = itertools.islice(iter(dataset), STREAM_SAMPLES)
-        log.warning("fit_batch_size: the training set has no length (a stream); probing at the longest of its first "
-                    "%d samples, which this reads; pass sample= (your longest sample) if a later one is longer, and "
-                    "always for a stream that cannot be read twice", STREAM_SAMPLES)
-    for item in dataset:
-        if not isinstance(item, Mapping):
-            return item  # not a record of fields: the first sample stands for all
-        first = item if first is None else first
-        for key, value in item.items():
+    A sample is a record of fields when it is a mapping (by key) or a tuple (by position); any
+    other sample (a list of token ids, a tensor) is one field, and the largest one is kept.
+    Where the samples cannot be compared (a field of another kind than sequences, arrays and
+    numbers, such as a string or an image, or samples of different structures), this warns and
+    returns the first: pass ``sample=`` (your longest) then.
+
+    A map-style dataset is read by index over its length, once. A dataset without a length
+    (an ``IterableDataset``, maybe endless) is read for its first :data:`STREAM_SAMPLES`
+    samples only, with a warning: pass ``sample=`` to probe at the longest one yourself, and
+    always for a stream that cannot be read twice (the samples read here would be gone when
+    ``train()`` reads it)."""
+    items = _samples(dataset)
+    first = next(items, _EMPTY)
+    if first is _EMPTY:
+        raise ValueError("fit_batch_size: the training set is empty")
+    best: dict[Any, Any] = {}
+    sizes: dict[Any, int] = {}
+    for index, item in enumerate(itertools.chain([first], items)):
+        fields = _fields(item, first)
+        if isinstance(fields, str):
+            log.warning("fit_batch_size: cannot tell the longest sample of the training set (sample %d: %s); probing "
+                        "at the first sample, which a longer one may not fit beside; pass sample= (your longest "
+                        "sample, as the dataset yields it)", index, fields)
+            return first
+        for key, value in fields:
             size = _padded_size(value)
             if size > sizes.get(key, -1):
                 best[key], sizes[key] = value, size
-    if first is None:
-        raise ValueError("fit_batch_size: the training set is empty")
-    return type(first)(best) if type(first) is not dict and _rebuildable(first) else dict(best)
+    return _rebuilt(first, best)
+
+
+_EMPTY = object()
+
+
+def _samples(dataset: Any) -> Iterator[Any]:
+    """The samples :func:`longest_sample` reads, a bounded number: a map-style dataset by index
+    over its length (iterating one runs ``__getitem__`` until it raises ``IndexError``, which a
+    synthetic or wrapping dataset never does); a stream by iteration, up to its length or,
+    without one, up to :data:`STREAM_SAMPLES` (with a warning)."""
+    try:
+        length = len(dataset)
+    except TypeError:
+        log.warning("fit_batch_size: the training set has no length (a stream); probing at the longest of its first "
+                    "%d samples, which this reads; pass sample= (your longest sample) if a later one is longer, and "
+                    "always for a stream that cannot be read twice", STREAM_SAMPLES)
+        return itertools.islice(iter(dataset), STREAM_SAMPLES)
+    if isinstance(dataset, torch.utils.data.IterableDataset) or not hasattr(dataset, "__getitem__"):
+        return itertools.islice(iter(dataset), length)
+    return (dataset[index] for index in range(length))
+
+
+def _fields(item: Any, first: Any) -> list[tuple[Any, Any]] | str:
+    """``item``'s ``(key, value)`` fields, shaped as ``first``'s: a mapping's items, a tuple's
+    positions, or the whole sample as one field; a string saying why not where ``item`` cannot be
+    compared with ``first`` (another structure, or a value with no padded size)."""
+    if isinstance(first, Mapping):
+        if not isinstance(item, Mapping):
+            return f"a {type(item).__name__} among {type(first).__name__} samples"
+        return list(item.items())  # a mapping's other columns (text) are the collator's to drop
+    if isinstance(first, tuple):
+        if not isinstance(item, tuple) or len(item) != len(first):
+            return f"a {type(item).__name__} of {_length(item)} among tuples of {len(first)}"
+        fields = list(enumerate(item))
+    elif isinstance(item, (Mapping, tuple)):
+        return f"a {type(item).__name__} among {type(first).__name__} samples"
+    else:
+        fields = [(None, item)]
+    unknown = [value for _, value in fields if not _measurable(value)]
+    return f"a {type(unknown[0]).__name__} has no padded size" if unknown else fields
+
+
+def _length(item: Any) -> str:
+    try:
+        return str(len(item))
+    except TypeError:
+        return "no length"
+
+
+def _rebuilt(first: Any, best: dict[Any, Any]) -> Any:
+    """The worst-case sample in ``first``'s structure, from its fields at their longest."""
+    if isinstance(first, Mapping):
+        return type(first)(best) if type(first) is not dict and _rebuildable(first) else dict(best)
+    if isinstance(first, tuple):
+        values = [best[index] for index in range(len(first))]
+        return type(first)._make(values) if hasattr(type(first), "_make") else tuple(values)
+    return best[None]
+
+
+def _measurable(value: Any) -> bool:
+    """Whether :func:`_padded_size` knows what ``value`` takes in a padded batch."""
+    return (value is None or isinstance(value, (numbers.Number, torch.Tensor)) or _is_array(value)
+            or (isinstance(value, Sequence) and not isinstance(value, (str, bytes))))
+
+
+def _is_array(value: Any) -> bool:
+    """An array of another library (NumPy's): an integer ``ndim`` and element count ``size``."""
+    return isinstance(getattr(value, "ndim", None), int) and isinstance(getattr(value, "size", None), int)
 
 
 def _padded_size(value: Any) -> int:
     """The elements ``value`` takes once padded: a sequence's length, a nested sequence's
-    outer length times its longest inner one, a tensor's element count; 0 for a scalar."""
+    outer length times its longest inner one, a tensor's (or array's) element count; 0 for a
+    scalar."""
     if isinstance(value, torch.Tensor):
         return int(value.numel()) if value.dim() else 0
+    if _is_array(value):
+        return int(value.size) if value.ndim else 0
     if isinstance(value, Sequence) and not isinstance(value, (str, bytes)):
-        inner = [_padded_size(v) for v in value if isinstance(v, (Sequence, torch.Tensor)) and not isinstance(v, (str, bytes))]
+        inner = [_padded_size(v) for v in value
+                 if (isinstance(v, (Sequence, torch.Tensor)) or _is_array(v)) and not isinstance(v, (str, bytes))]
         return len(value) * max(inner) if inner else len(value)
     return 0
 
@@ -176,13 +276,11 @@ def _shard_length(dataset: Any, world: int) -> int | None:
         return None
 
 
-def _train_step(trainer: Any, sample: Mapping[str, Any], share: int | None,
-                accumulation: int) -> tuple["TrainerStep", bool]:
-    """The trainer's step as a :class:`TrainerStep`; whether its optimizer was created here.
+def _train_step(trainer: Any, sample: Any, share: int | None, accumulation: int) -> TrainerStep:
+    """The trainer's step as a :class:`TrainerStep`, its optimizer created where it has none yet.
     Gradient checkpointing is switched on first where ``train()`` would switch it on."""
     checkpointing_as_train(trainer)
-    created = trainer.optimizer is None
-    if created:
+    if trainer.optimizer is None:
         trainer.create_optimizer()
     trainer.model.train()
-    return TrainerStep(trainer, sample, share, accumulation), created
+    return TrainerStep(trainer, sample, share, accumulation)

@@ -19,7 +19,9 @@ ViT's bare-step answer ran out of memory in ``train()`` five sizes below it):
   (``convert_outputs_to_fp32``): a float copy of every half-precision output, a language
   model's logits among them, that a bare ``torch.autocast`` never makes.
 * **The ``Trainer``'s own ``training_step``** (its ``compute_loss``, a subclass's override,
-  ``accelerator.backward`` with its grad scaler) and gradient clipping at ``max_grad_norm``.
+  ``accelerator.backward`` with its grad scaler) and gradient clipping at ``max_grad_norm``,
+  passed the ``num_items_in_batch`` ``train()`` counts over the window (a ``compute_loss_func``
+  that divides by it fails without it).
 
 A trial at batch ``B`` runs the first two micro-batches of ``B`` where the ``Trainer`` would
 accumulate (``share`` > ``B``), holding the inputs of ``max(share, 2B)`` samples; the
@@ -29,17 +31,20 @@ accumulate (``share`` > ``B``), holding the inputs of ``max(share, 2B)`` samples
 from __future__ import annotations
 
 import hashlib
+import inspect
 import json
 import sys
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
+
+import torch
 
 from ..probe.cache_key import own_code
 from ..probe.train_step import TrainStep
 from ..training.batch_ops import to_device
 
-__all__ = ["TrainerStep", "checkpointing_as_train", "checkpointing_settings", "trainer_key"]
+__all__ = ["TrainerStep", "checkpointing_as_train", "checkpointing_settings", "num_items_in_batch", "trainer_key"]
 
 
 class TrainerStep(TrainStep):
@@ -48,7 +53,7 @@ class TrainerStep(TrainStep):
     optimizer step (None: no accumulation). A :class:`~autobatch.TrainStep`, so the probe
     restores the model, the optimizer and the accelerator's grad scaler."""
 
-    def __init__(self, trainer: Any, sample: Mapping[str, Any], share: int | None, accumulation: int = 1) -> None:
+    def __init__(self, trainer: Any, sample: Any, share: int | None, accumulation: int = 1) -> None:
         self.trainer, self.sample, self.share, self.accumulation = trainer, sample, share, accumulation
         self.collate = _training_collator(trainer)
         max_grad_norm = getattr(trainer.args, "max_grad_norm", None)
@@ -63,9 +68,12 @@ class TrainerStep(TrainStep):
         return to_device(self._host_batch(size), self.trainer.args.device)
 
     def _loss(self, model: Any, batch: Any) -> Any:
-        """The ``Trainer``'s loss on ``batch`` (what estimates trace and the cache key reads)."""
+        """The ``Trainer``'s loss on ``batch`` (what estimates trace and the cache key reads),
+        normalised by ``num_items_in_batch`` where ``train()`` passes one."""
+        items = num_items_in_batch(self.trainer, [batch])
+        extra = {} if items is None else {"num_items_in_batch": items}
         with self.trainer.accelerator.autocast(), self.trainer.compute_loss_context_manager():
-            return self.trainer.compute_loss(model, batch)
+            return self.trainer.compute_loss(model, batch, **extra)
 
     def window(self, batch_size: int) -> tuple[int, int]:
         """``(micro-batches run, samples whose inputs are held)`` of a trial at ``batch_size``:
@@ -83,12 +91,71 @@ class TrainerStep(TrainStep):
         rest = held_samples - micro * batch_size  # the window's other micro-batches, fetched too
         held = self._device_batch(rest) if rest > 0 else None
         ahead = self._host_batch(batch_size)  # the loader's look-ahead
+        # train() counts the window's tokens once and passes the count to each micro-batch's step
+        extra = [num_items_in_batch(self.trainer, batches + ([held] if held is not None else []))]
+        extra = extra if _takes_num_items(self.trainer.training_step) else []
         with prepared_forward(self.trainer), _accumulating(self.trainer, micro):
             for inputs in batches:
-                self.trainer.training_step(self.model, inputs)
+                self.trainer.training_step(self.model, inputs, *extra)
         self.optimizer_step()
         self.optimizer.zero_grad(set_to_none=True)
         del batches, held, ahead
+
+
+def num_items_in_batch(trainer: Any, batches: list[Any]) -> Any:
+    """What ``train()`` passes ``training_step`` as ``num_items_in_batch`` for an optimizer step
+    over ``batches``: the label tokens a ``compute_loss_func`` (or a model taking loss kwargs)
+    divides the loss by, counted by the trainer's own ``get_batch_samples`` (a subclass's
+    override too; transformers 4.46 on, its ``device`` argument when it takes one); None where the
+    trainer counts none, or has no such method (older transformers pass none).
+
+    A count over processes (``average_tokens_across_devices``) is taken as this process's count
+    times the world size, not gathered: every process probes the same batches, and a trial must
+    not wait on a collective its peers may not run (processes' searches run different trials)."""
+    count = getattr(trainer, "get_batch_samples", None)
+    if count is None:
+        return None
+    device = [trainer.args.device] if _positional_arguments(count) >= 3 else []
+    with _gathered_locally(trainer):
+        _, items = count(iter(batches), len(batches), *device)
+    return items
+
+
+def _positional_arguments(function: Any) -> int:
+    """How many positional arguments ``function`` takes (a large number for ``*args``)."""
+    try:
+        parameters = inspect.signature(function).parameters.values()
+    except (TypeError, ValueError):  # a builtin without a signature: call it as the oldest API
+        return 0
+    if any(p.kind is inspect.Parameter.VAR_POSITIONAL for p in parameters):
+        return sys.maxsize
+    return sum(p.kind in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+               for p in parameters)
+
+
+def _takes_num_items(training_step: Any) -> bool:
+    """Whether ``training_step`` takes ``num_items_in_batch`` (third, as ``train()`` passes it:
+    transformers 4.46 on; an override written for an older one does not)."""
+    return _positional_arguments(training_step) >= 3
+
+
+@contextmanager
+def _gathered_locally(trainer: Any) -> Iterator[None]:
+    """``trainer.accelerator.gather`` for the duration, over several processes, as every process
+    holding this one's tensor: the sum a gather of identical batches gives, with no collective."""
+    accelerator, world = trainer.accelerator, int(getattr(trainer.args, "world_size", 1) or 1)
+    if world <= 1:
+        yield
+        return
+    own = accelerator.__dict__.get("gather")
+    accelerator.gather = lambda tensor: torch.cat([tensor.reshape(-1) if tensor.dim() == 0 else tensor] * world)
+    try:
+        yield
+    finally:
+        if own is None:
+            del accelerator.gather
+        else:
+            accelerator.gather = own
 
 
 def _training_collator(trainer: Any) -> Any:
