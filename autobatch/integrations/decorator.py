@@ -24,13 +24,19 @@ out-of-memory error, multiplies the size by 0.9 and calls again. Three things di
 * **Every attempt is recorded** in ``wrapped.attempts`` (size, outcome, peak, the failed
   allocation, seconds, how the next size was chosen), and the size that ran is
   ``wrapped.batch_size``. As in Accelerate, a later call starts from the last size that ran.
-* **A failed attempt's gradients are dropped.** Its backward pass may have run before the
-  OOM (a metric buffer after ``backward()``, an optimizer step that ran out of memory): its
-  gradients would stay on the parameters, so the next attempt's step would apply the sum of
-  several backward passes, and their bytes would shrink the next size. After a failure (never
-  after a call that ran), ``.grad`` is set to None on every parameter of every live optimizer
-  (those the watch saw stepping and those that never stepped, found by the garbage collector),
-  as ``zero_grad(set_to_none=True)`` does; gradients of parameters no optimizer holds stay.
+* **A failed attempt's gradients are dropped, and only those.** Its backward pass may have run
+  before the OOM (a metric buffer after ``backward()``, an optimizer step that ran out of
+  memory): its gradients would stay on the parameters, so the next attempt's step would apply
+  the sum of several backward passes, and their bytes would shrink the next size. At each
+  attempt's start the gradient of every parameter of every optimizer that was live at the
+  process's first decorated call or has stepped since is noted (the tensor,
+  weakly, and its ``_version`` counter: nothing copied); after a failure (never after a call
+  that ran) a gradient the attempt created is set to None, as ``zero_grad(set_to_none=True)``
+  does, and one it left alone is kept: a training loop half-way through an accumulation window
+  that calls a decorated inference helper keeps its gradients. A gradient that existed and the
+  failed attempt changed in place (its backward added into it) cannot be put back without a
+  copy: it is set to None too, with one ``RuntimeWarning`` saying that the gradients accumulated
+  before the call were lost. Gradients of parameters no optimizer holds stay.
 
 Errors that are not out-of-memory propagate unchanged (the table of
 :func:`~autobatch.is_oom_error`, wider than Accelerate's). When batch 1 fails,
@@ -44,10 +50,13 @@ import functools
 import gc
 import inspect
 import time
+import warnings
+import weakref
 from dataclasses import asdict, dataclass
 from typing import Any, Callable
 
 import torch
+from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from ..errors import NoBatchFitsError
 from ..memory.devices import AcceleratorMemory, DeviceMemory, SimulatedDeviceMemory, resolve_device
@@ -97,7 +106,9 @@ def find_executable_batch_size(
 
     Use as ``@find_executable_batch_size`` or ``@find_executable_batch_size(starting_batch_size=64)``;
     call the wrapped function without the batch size. ``reduce_batch_size_fn()`` (Accelerate's
-    hook) overrides how the next size is chosen. ``device``: whose memory is measured (default:
+    hook) overrides how the next size is chosen; its answer is rounded down to a multiple of
+    ``multiple_of`` (where it is at least ``multiple_of``) and must be below the size that failed.
+    ``device``: whose memory is measured (default:
     the current accelerator, else the CPU, measured only under ``simulated_memory``);
     ``fallback_factor``: the shrink when nothing was measured; ``multiple_of``: every size
     tried is a multiple of it (while it is at least ``multiple_of``): a start that is not is
@@ -110,8 +121,14 @@ def find_executable_batch_size(
         TypeError: the batch size was passed in the call (the decorator supplies it); the
             function is a generator or ``async def`` (its steps would run after the call returned,
             where no retry sees an out-of-memory error).
-        ValueError: a bad argument, or ``starting_batch_size`` below ``multiple_of``.
+        ValueError: a bad argument, ``starting_batch_size`` below ``multiple_of``, or a
+            ``reduce_batch_size_fn`` that returned a size not below the one that failed (the
+            retries would never end).
         NoBatchFitsError: batch 1 ran out of memory.
+
+    After a failed attempt the gradients it created are set to None and those it left alone
+    are kept; gradients from before the call that it changed in place are set to None with a
+    ``RuntimeWarning`` (see the module's docstring).
     """
     if function is None:
         return functools.partial(
@@ -126,13 +143,15 @@ def find_executable_batch_size(
         _check_call(function, args)
         memory = _instruments(device)
         with LazyStateWatch() as watch:
-            return _attempts(wrapped, watch, memory, args, kwargs)
+            return _attempts(wrapped, watch, memory, _Gradients(), args, kwargs)
 
-    def _attempts(wrapped: Any, watch: LazyStateWatch, memory: DeviceMemory | None, args: tuple, kwargs: dict) -> Any:
+    def _attempts(wrapped: Any, watch: LazyStateWatch, memory: DeviceMemory | None, grads: "_Gradients",
+                  args: tuple, kwargs: dict) -> Any:
         while True:
             size = wrapped.batch_size
             attempt = Attempt(batch_size=size, ok=False, seconds=0.0)
             wrapped.attempts.append(attempt)
+            grads.record()
             if memory is not None:
                 memory.synchronize()
                 memory.reset_peak()
@@ -159,7 +178,10 @@ def find_executable_batch_size(
                     attempt.peak_bytes = memory.peak()
                 return value
             watch.repair()  # an optimizer step the OOM interrupted leaves no half-created state
-            _drop_gradients()  # the next attempt neither steps with nor holds the failed one's
+            lost = grads.drop_failed()  # the next attempt neither steps with nor holds the failed one's
+            if lost:
+                name = getattr(function, "__name__", "function")
+                warnings.warn(_lost_message(lost, name), RuntimeWarning, stacklevel=3)
             free_memory()
             if memory is not None:
                 attempt.peak_bytes = memory.peak()
@@ -173,9 +195,16 @@ def find_executable_batch_size(
 def _next_size(attempt: Attempt, reduce: Callable[[], int] | None, factor: float, multiple_of: int) -> int:
     size = attempt.batch_size
     if reduce is not None:
-        chosen, how = int(reduce()), "reduce_batch_size_fn"
-        if chosen < 1:
-            raise ValueError(f"reduce_batch_size_fn returned {chosen}; it must return a positive batch size")
+        asked, how = int(reduce()), "reduce_batch_size_fn"
+        if asked < 1:
+            raise ValueError(f"reduce_batch_size_fn returned {asked}; it must return a positive batch size")
+        chosen = asked - asked % multiple_of if asked >= multiple_of else asked  # a multiple, as the fallback's
+        if chosen >= size:  # the same size again would fail again, for ever
+            rounded = f" (rounded down to {chosen}, a multiple of multiple_of={multiple_of})" if chosen != asked else ""
+            raise ValueError(
+                f"reduce_batch_size_fn returned {asked}{rounded} after batch {size} ran out of memory; it must "
+                f"return a size below {size} (the same size would fail again, for ever): make it return a smaller one"
+            )
     else:
         # never a smaller step than the fallback: a bound from a step that failed late is barely
         # above the capacity, and steps of 1-3 % would cost more attempts than ×0.9
@@ -200,25 +229,97 @@ def _measured(attempt: Attempt) -> int | None:
     return int(attempt.batch_size * usable / needed)
 
 
-def _drop_gradients() -> None:
-    """Set ``.grad = None`` on every parameter of every live optimizer (read from its
-    ``param_groups``, not through its ``zero_grad``, which a wrapper such as Accelerate's skips
-    while it accumulates gradients).
+class _Gradients:
+    """The gradients of the known optimizers' parameters as each attempt started, so that a failed
+    attempt's are dropped and the others kept.
 
-    Called after a failed attempt only, so that the next attempt starts without the failed
-    backward's gradients (stepping with them would apply several backward passes at once). The
-    optimizers are found by the garbage collector, not only the step watch: the failure may come
-    before any optimizer stepped (after ``backward()``, before ``step()``), and a wrapper such
-    as Accelerate's ``AcceleratedOptimizer`` is found with the torch optimizer it holds."""
-    for obj in gc.get_objects():
-        # type(), not isinstance(): isinstance reads ``__class__``, which lazy proxies and
-        # deprecated module attributes answer with a warning or an import
-        if not issubclass(type(obj), torch.optim.Optimizer):
-            continue
-        for group in getattr(obj, "param_groups", None) or ():
+    Why not every gradient, as before: a training loop half-way through an accumulation window
+    that calls a decorated helper (a ``no_grad`` evaluation) lost its accumulated gradients to
+    the helper's first OOM. Only weak references and ``_version`` counters are kept (no copy;
+    nothing kept alive, so a gradient the attempt frees is freed). The optimizers are those
+    :func:`_known_optimizers` knows (a scan costs 20-90 ms in a large process: once, not per
+    call); after a failure every live optimizer is found (a failure may come before any
+    optimizer stepped), and a gradient with no record from the attempt's start (the attempt
+    made it, or an optimizer made since the scan that never stepped holds it) is dropped."""
+
+    def __init__(self) -> None:
+        self.before: dict[int, tuple[weakref.ref, weakref.ref, int]] = {}
+
+    def record(self) -> None:
+        """At an attempt's start: each parameter's gradient (weakly) and its version counter."""
+        self.before = {}
+        for param in _params_of(_known_optimizers()):
+            if param.grad is not None:
+                self.before[id(param)] = (weakref.ref(param), weakref.ref(param.grad), param.grad._version)
+
+    def drop_failed(self) -> int:
+        """After a failed attempt: ``.grad = None`` where the attempt created the gradient or changed
+        it (read from ``param_groups``, not through ``zero_grad``, which a wrapper such as
+        Accelerate's skips while it accumulates). Returns how many gradients that existed before the
+        attempt it changed in place: what they held before the call is lost."""
+        lost = 0
+        live = _live_optimizers()
+        _KNOWN.update(live)
+        for param in _params_of(live):
+            grad = param.grad
+            if grad is None:
+                continue
+            ref, old, version = self.before.get(id(param), (None, None, None))
+            if ref is not None and ref() is param and old() is grad:
+                if grad._version == version:
+                    continue  # untouched by the failed attempt
+                lost += 1
+            param.grad = None
+        return lost
+
+
+#: optimizers whose gradients are recorded at each attempt's start: every live one when the first
+#: decorated call ran, and every one seen stepping since (a global step pre-hook; a set insertion)
+_KNOWN: "weakref.WeakSet[torch.optim.Optimizer]" = weakref.WeakSet()
+_SCANNED: list[bool] = []
+
+
+def _known_optimizers() -> list[torch.optim.Optimizer]:
+    """:data:`_KNOWN`, filled by one scan of the live objects on the first call in the process."""
+    if not _SCANNED:
+        _KNOWN.update(_live_optimizers())
+        register_optimizer_step_pre_hook(lambda optimizer, args, kwargs: _KNOWN.add(optimizer))
+        _SCANNED.append(True)
+    return list(_KNOWN)
+
+
+def _live_optimizers() -> list[torch.optim.Optimizer]:
+    """Every live optimizer, found by the garbage collector (a wrapper such as Accelerate's
+    ``AcceleratedOptimizer`` is found with the torch optimizer it holds)."""
+    kinds, stack = {torch.optim.Optimizer}, [torch.optim.Optimizer]
+    while stack:  # the subclasses, so the scan tests type() in a set (twice as fast as issubclass)
+        for kind in stack.pop().__subclasses__():
+            if kind not in kinds:
+                kinds.add(kind)
+                stack.append(kind)
+    # type(), not isinstance(): isinstance reads ``__class__``, which lazy proxies and deprecated
+    # module attributes answer with a warning or an import
+    return [obj for obj in gc.get_objects() if type(obj) in kinds]
+
+
+def _params_of(optimizers: list[torch.optim.Optimizer]) -> list[torch.Tensor]:
+    """Every parameter of ``optimizers``, each once."""
+    params: dict[int, torch.Tensor] = {}
+    for optimizer in optimizers:
+        for group in getattr(optimizer, "param_groups", None) or ():
             for param in group.get("params", ()) if isinstance(group, dict) else ():
-                if isinstance(param, torch.Tensor) and param.grad is not None:
-                    param.grad = None
+                if isinstance(param, torch.Tensor):
+                    params.setdefault(id(param), param)
+    return list(params.values())
+
+
+def _lost_message(lost: int, name: str) -> str:
+    return (
+        f"find_executable_batch_size: an attempt of `{name}` ran out of memory after changing in place {lost} "
+        "gradient(s) that existed before the call (its backward pass added into them); they cannot be put back "
+        "without a copy and were set to None, so the gradients accumulated before the call are lost. Call the "
+        "decorated function at the start of an accumulation window, or after optimizer.zero_grad()"
+    )
 
 
 def _refuse_coroutine(function: Callable[..., Any], value: Any) -> None:

@@ -27,6 +27,7 @@ Requires ``lightning`` (``pip install autobatch[lightning]``).
 
 from __future__ import annotations
 
+import inspect
 import logging
 from typing import Any, Callable, Mapping
 
@@ -35,6 +36,7 @@ from lightning.pytorch.utilities.parsing import lightning_getattr, lightning_has
 
 from ..memory.devices import memory_for
 from ..memory.units import parse_bytes
+from ..probe.arguments import validate_probe_args
 from ..probe.find import find_max_batch
 from ..probe.result import ProbeResult
 from ..probe.search import peak_limit
@@ -58,12 +60,18 @@ class AutoBatchSize(Callback):
             :func:`~autobatch.find_max_batch` (``memory_limit`` caps the probe and the
             confirmation: "16GiB").
         global_batch: keep this many samples per optimizer step over all ranks through
-            ``accumulate_grad_batches`` (None: leave accumulation alone).
+            ``accumulate_grad_batches`` (None: leave accumulation alone). Refused at fit start
+            where the train dataset, or ``trainer.limit_train_batches``, leaves an epoch fewer
+            samples than one global batch.
         confirm: after the probe, run ``confirm_steps`` optimizer steps of the trainer's own fit
             loop at the answer, and step down from measurements if the loop runs out of memory
             (:mod:`autobatch.integrations.lightning_loop`). Skipped on more than one rank: an OOM
             on one rank inside the loop's gradient all-reduce would leave the others waiting.
         probe_options: further keyword arguments for ``find_max_batch``.
+
+    The probe's options are checked here, as ``find_max_batch`` checks them (``max_batch`` a
+    positive integer or None for no cap, ``multiple_of`` a positive integer, ...): a
+    ``ValueError`` naming the option now, not an error at fit start.
 
     After fit start, ``result`` is the :class:`~autobatch.ProbeResult`, ``confirmation`` the
     :class:`~autobatch.integrations.lightning_loop.LoopConfirmation` (its ``summary()`` says why
@@ -95,10 +103,10 @@ class AutoBatchSize(Callback):
         self.global_batch = global_batch
         self.confirm, self.confirm_steps = bool(confirm), confirm_steps
         self.memory_limit = None if memory_limit is None else parse_bytes(memory_limit, name="memory_limit")
-        self.probe_options = dict(
+        self.probe_options = _probe_options(dict(
             memory_limit=memory_limit, margin=margin, multiple_of=multiple_of, max_batch=max_batch,
-            strategy=strategy, steps_per_trial=steps_per_trial, **(probe_options or {}),
-        )
+            strategy=strategy, steps_per_trial=steps_per_trial,
+        ), probe_options)
         self.result: ProbeResult | None = None
         self.confirmation: LoopConfirmation | None = None
         self.batch_size: int | None = None
@@ -139,7 +147,7 @@ class AutoBatchSize(Callback):
         options = dict(self.probe_options)
         share = None if self.global_batch is None else self.global_batch // world
         if share is not None:
-            options["max_batch"] = min(options["max_batch"] or share, share)
+            options["max_batch"] = share if options["max_batch"] is None else min(options["max_batch"], share)
         saved = rng_state()  # a DataLoader's iterator draws its seed: fit must draw the same
         first, sized, samples = first_batch(trainer, pl_module, world)
         set_rng_state(saved)
@@ -150,7 +158,8 @@ class AutoBatchSize(Callback):
                 "batch; lower global_batch"
             )
         if samples is not None:  # as BatchSizeFinder: no batch larger than the dataset (a rank's share of it)
-            options["max_batch"] = min(options["max_batch"] or samples, samples)
+            cap = options["max_batch"]
+            options["max_batch"] = samples if cap is None else min(cap, samples)
         with SavedState.kept(trainer, pl_module) as state:
             step = LightningStep(trainer, pl_module, first, accumulating=share is not None and share > 1,
                                  prefetch=not sized, restore=lambda: state.attributes.restore(drop_new=False))
@@ -174,6 +183,7 @@ class AutoBatchSize(Callback):
                 agreed = agree_min(self.batch_size, "AutoBatchSize batch size")
                 if agreed != self.batch_size:
                     self.batch_size, self.accumulation = self._apply(trainer, pl_module, share, agreed)
+        self._check_limit(trainer, samples)
         if self.confirmation is not None:
             self.result.notes.append(self.confirmation.summary())
         trainer.fit_loop._combined_loader = None  # the train dataloader is re-created at the new size
@@ -232,6 +242,7 @@ class AutoBatchSize(Callback):
                      "again", restored.get("global_batch"), restored.get("world_size"))
             return False
         self.batch_size, self.accumulation = restored["batch_size"], restored["accumulation"]
+        self._check_limit(trainer, None)
         lightning_setattr(module, self.batch_arg_name, self.batch_size)
         if self.accumulation:
             trainer.accumulate_grad_batches = self.accumulation
@@ -240,6 +251,36 @@ class AutoBatchSize(Callback):
                  "size it trained at)", self.batch_arg_name, self.batch_size,
                  f", accumulate_grad_batches={self.accumulation}" if self.accumulation else "")
         return True
+
+    def _check_limit(self, trainer: Trainer, samples: int | None) -> None:
+        """One error where ``limit_train_batches`` ends each epoch before one global batch.
+
+        Why: Lightning steps the optimizer at an epoch's end with the micro-batches it has, so an
+        epoch of fewer batches than the accumulation trains fewer samples per step than
+        ``global_batch``, silently (as the dataset check in :meth:`on_fit_start`, for the limit).
+        ``samples``: a rank's samples per epoch (None: unknown; only an integer limit is checked).
+        Batches are counted as a ``DataLoader`` without ``drop_last`` (its default) counts them, a
+        last partial batch included; under ``drop_last`` a fraction may leave ``fit`` one batch
+        fewer than counted here."""
+        limit, accumulation, size = trainer.limit_train_batches, self.accumulation, self.batch_size
+        if self.global_batch is None or not accumulation or accumulation <= 1 or not size or size < 1:
+            return
+        whole = None if samples is None else -(-samples // size)
+        if isinstance(limit, int):
+            batches = limit if whole is None else min(limit, whole)
+        elif whole is None or limit is None:
+            return  # a fraction of an endless loader: Lightning accepts only 1.0
+        else:
+            batches = int(whole * limit)
+        if batches >= accumulation:
+            return
+        fraction = "" if isinstance(limit, int) or not whole else f" (a fraction of at least {accumulation}/{whole})"
+        raise ValueError(
+            f"limit_train_batches={limit!r} leaves {batches} batch(es) of {size} per epoch, fewer than the "
+            f"{accumulation} micro-batches each optimizer step accumulates for global_batch={self.global_batch}: "
+            f"every epoch would end before one global batch; raise limit_train_batches to {accumulation} batches or "
+            f"more{fraction}, or lower global_batch"
+        )
 
     def _apply(self, trainer: Trainer, module: LightningModule, share: int | None, largest: int) -> tuple[int, int | None]:
         """Set the batch size (and accumulation) for a largest micro-batch; return them."""
@@ -264,6 +305,27 @@ class AutoBatchSize(Callback):
                 memory=memory, limit=peak_limit(memory, capacity), apply=apply, reset=reset, steps=self.confirm_steps,
             )
         self.batch_size, self.accumulation = self._apply(trainer, module, share, self.confirmation.batch_size)
+
+
+def _probe_options(given: dict[str, Any], extra: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The options for :func:`~autobatch.find_max_batch`, checked at construction (one error naming
+    the option), where a bad one failed only at fit start, as a bare ``ZeroDivisionError`` for
+    ``multiple_of=0``, and ``max_batch=0`` meant no cap."""
+    if extra is not None and not isinstance(extra, Mapping):
+        raise TypeError(f"probe_options must be a mapping of find_max_batch's options, got {type(extra).__name__}")
+    accepted = set(inspect.signature(find_max_batch).parameters) - {"fn", "device"} - set(given)
+    for name in extra or {}:
+        if name in given:
+            raise TypeError(f"AutoBatchSize: pass {name} as AutoBatchSize's own argument, not in probe_options")
+        if name not in accepted:
+            why = "the callback sets it" if name in ("fn", "device") else "find_max_batch does not take it"
+            raise TypeError(f"AutoBatchSize: probe_options cannot have {name!r} ({why}); it accepts "
+                            f"{', '.join(sorted(accepted))}")
+    options = {**given, **(extra or {})}
+    validate_probe_args(start=options.get("start"), max_batch=options["max_batch"], strategy=options["strategy"],
+                        margin=options["margin"], multiple_of=options["multiple_of"],
+                        steps_per_trial=options["steps_per_trial"], search_steps=options.get("search_steps"))
+    return options
 
 
 def current_batch_size(module: LightningModule, name: str = "batch_size") -> Any:
