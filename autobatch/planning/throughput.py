@@ -11,6 +11,11 @@ What the measurement does, and why:
 * **Median, not minimum.** ``seconds_per_step`` is the median step time, ``samples_per_s``
   is ``global_batch`` over it. The minimum rewards one lucky step; the median is the step
   training will typically see, and a few fast or slow steps do not move it.
+* **Clearly slower candidates stop early.** Within a round the candidates run from the largest
+  micro-batch down (usually the fastest first), and one whose first timed step took more than
+  :data:`PRUNE_FACTOR` times the best median so far stops there (``pruned``): more steps could
+  not make it a leader. On the CPU a 512-sample global batch in 512 micro-batches of 1 took 6 s a
+  step; its five timed steps ran for half a minute to say it was the slowest.
 * **Interleaved rounds.** :func:`measure_candidates` can time candidates in rounds
   (A B C A B C ...), each with its own warm-up, so drift (clocks, heat, other load) hits
   them alike; the times of all rounds are pooled. The planner re-times the leaders so.
@@ -58,6 +63,10 @@ __all__ = [
 
 log = logging.getLogger("autobatch")
 
+#: a candidate whose first timed step takes more than this many times the best median so far is
+#: timed no further (``Candidate.pruned``); a leader is within ``retime_within`` (10 %) of the best
+PRUNE_FACTOR = 2.0
+
 
 @dataclass
 class Candidate:
@@ -82,6 +91,7 @@ class Candidate:
     alloc_retries: int | None = None
     error: str | None = None
     chosen: bool = False
+    pruned: bool = False  # its first timed step already took PRUNE_FACTOR times the best median: timed no further
 
     @classmethod
     def build(cls, global_batch: int, micro_batch: int, checkpointing: bool, *, balanced: bool = True) -> "Candidate":
@@ -231,13 +241,16 @@ def measure_candidates(
     snapshot = Snapshot.take(step.model, step.optimizer, zero_lr=True)
     try:
         for _ in range(rounds):
-            for candidate in candidates:
-                if candidate.error is not None:
+            for candidate in sorted(candidates, key=lambda c: -c.micro_batch):  # the likely fastest first
+                if candidate.error is not None or candidate.pruned:
                     continue
                 if prepare is not None:
                     prepare(candidate)
                 hooks.release_cache()
-                error = _time(step, candidate, global_batch, warmup_steps, timed_steps, timer, hooks)
+                best = min((c.seconds_per_step for c in candidates if c.seconds_per_step and c.error is None),
+                           default=None)
+                bound = None if best is None else PRUNE_FACTOR * best
+                error = _time(step, candidate, global_batch, warmup_steps, timed_steps, timer, hooks, bound)
                 if error is not None:
                     step.clear_grads()
                     free_memory()
@@ -249,9 +262,10 @@ def measure_candidates(
         snapshot.restore()
 
 
-def _time(step, candidate, global_batch, warmup_steps, timed_steps, timer, hooks) -> str | None:
+def _time(step, candidate, global_batch, warmup_steps, timed_steps, timer, hooks, bound=None) -> str | None:
     """Run and time the candidate once; return None, or the OOM's first line (outside
-    ``except``). The clock is read exactly twice per timed step: right before and after it."""
+    ``except``). The clock is read exactly twice per timed step: right before and after it. A
+    first timed step over ``bound`` seconds ends the timing (``candidate.pruned``)."""
 
     def one_step() -> None:
         micro = (step.make_batch(size) for size in candidate.micro_batch_sizes)
@@ -268,6 +282,9 @@ def _time(step, candidate, global_batch, warmup_steps, timed_steps, timer, hooks
             one_step()
             hooks.synchronize()
             times.append(timer() - began)
+            if bound is not None and times[0] > bound:
+                candidate.pruned = True  # its first step alone rules it out
+                break
         retries_after = hooks.allocator_retries() if hooks.allocator_retries else None
     except BaseException as exc:  # noqa: BLE001 - re-raised unless it is an OOM
         if not is_oom_error(exc):
@@ -283,7 +300,7 @@ def _time(step, candidate, global_batch, warmup_steps, timed_steps, timer, hooks
         candidate.checkpointing,
         candidate.rounds,
         candidate.samples_per_s,
-        f", {retries} allocator retries" if retries else "",
+        (f", {retries} allocator retries" if retries else "") + (", pruned after one step" if candidate.pruned else ""),
     )
     return None
 

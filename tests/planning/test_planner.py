@@ -412,6 +412,34 @@ def test_a_candidate_that_runs_out_of_memory_while_timed_is_recorded_and_skipped
     assert all(p.grad is None for p in model.parameters())
 
 
+def test_a_candidate_whose_first_timed_step_is_over_twice_the_best_is_timed_no_further():
+    """Candidates run from the largest micro-batch down, and one whose first timed step took more
+    than PRUNE_FACTOR times the best median so far stops there, marked, never a leader (on the CPU
+    the documented 512-sample example timed 512 micro-batches of 1 for half a minute)."""
+    from autobatch.planning.throughput import PRUNE_FACTOR, Candidate, leaders, measure_candidates
+
+    clock = FakeClock()
+    order = []
+    model = nn.Sequential(*(Costly(clock, lambda n: 10 + n) for _ in range(2)))
+    step = make_step(model, tokens=2)
+    make = step.make_batch
+    step.make_batch = lambda b: (order.append(b), make(b))[1]
+    # global step costs (2 blocks, 10 + n a forward): micro 1: 16 x 22 = 352; 4: 4 x 28 = 112; 16: 52
+    candidates = [Candidate.build(16, m, False) for m in (1, 4, 16)]
+    measure_candidates(step, candidates, global_batch=16, warmup_steps=0, timed_steps=3, timer=clock)
+    assert order[0] == 16  # the largest first
+    one, four, sixteen = candidates
+    assert 352 > PRUNE_FACTOR * 52 and 112 > PRUNE_FACTOR * 52
+    assert one.pruned and four.pruned and not sixteen.pruned
+    assert [len(c.step_seconds) for c in candidates] == [1, 1, 3]
+    assert one.samples_per_s == pytest.approx(16 / 352) and leaders(candidates, 0.1) == [sixteen]
+    table = autobatch.planning.planner.candidates_table([c.to_dict() for c in candidates])
+    assert "| 1 | 16 | no | 0.0 | 352.0000 | 1 | - | its first step was too slow to lead: timed no further |" in table
+    # a later round (re-timing leaders) skips a pruned candidate
+    measure_candidates(step, candidates, global_batch=16, warmup_steps=0, timed_steps=1, timer=clock)
+    assert [len(c.step_seconds) for c in candidates] == [1, 1, 4]
+
+
 # -- the throughput measurement: median, interleaved re-timing of leaders, allocator retries --
 def per_forward(n: int, slope: float) -> float:
     """Cost of one block forward on a micro-batch of n: fixed overhead, slower past 8."""
