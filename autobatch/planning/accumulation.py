@@ -9,7 +9,10 @@ does not divide the batch, the *last* chunk is smaller (``10`` by ``4`` gives ``
 ``balanced=True`` keeps the same number of chunks, ``ceil(B / m)``, but spreads the samples
 so chunk sizes differ by at most one (``10`` by ``4`` gives ``4, 3, 3``); no chunk is ever
 larger than ``m``, so a micro-batch size that fits memory fits either way. No sample is
-dropped or repeated.
+dropped or repeated. ``min_micro_batch`` (the runner's, for a model that cannot train on fewer
+samples) makes no chunk smaller: where a chunk would be, the batch is cut into fewer balanced
+chunks, at most one sample larger than ``m`` (``15`` by ``2``, at least ``2``: ``3, 2, 2, 2, 2,
+2, 2``, not ``2`` seven times and ``1``), or it is one error.
 
 Weighting. The loss of a micro-batch of ``n`` samples is multiplied by ``n / global_batch``
 before ``backward``. With a ``loss_fn`` that returns the *mean* over its micro-batch, the
@@ -62,29 +65,56 @@ def check_global_batch(global_batch: Any, *, given: int | None = None, integer: 
                          f"global batch (at least {given}), or leave it out for the batch's size")
 
 
-def micro_batch_sizes(global_batch: int, micro_batch: int, *, balanced: bool = False) -> list[int]:
+def micro_batch_sizes(global_batch: int, micro_batch: int, *, balanced: bool = False,
+                      min_micro_batch: int = 1) -> list[int]:
     """The micro-batch sizes that cover ``global_batch`` exactly with micro-batches of at most
     ``micro_batch``: ``ceil(global_batch / micro_batch)`` of them.
 
     Default: full chunks, last one smaller. ``balanced``: sizes differ by at most one, larger
-    ones first.
+    ones first. ``min_micro_batch``: no piece is smaller (a model that cannot train on fewer
+    samples, BatchNorm on one): where the split leaves a smaller piece, the batch is cut into
+    fewer pieces, ``global_batch // min_micro_batch``, balanced, so a piece may hold
+    ``micro_batch + 1`` samples; where that is not enough either it is one ``ValueError`` naming
+    both. A batch smaller than ``min_micro_batch`` is one piece: there is nothing to split.
 
     >>> micro_batch_sizes(10, 4), micro_batch_sizes(10, 4, balanced=True)
     ([4, 4, 2], [4, 3, 3])
+    >>> micro_batch_sizes(15, 2, balanced=True, min_micro_batch=2)
+    [3, 2, 2, 2, 2, 2, 2]
     """
-    for name, value in (("global_batch", global_batch), ("micro_batch", micro_batch)):
+    for name, value in (("global_batch", global_batch), ("micro_batch", micro_batch),
+                        ("min_micro_batch", min_micro_batch)):
         if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
             raise ValueError(f"{name} must be a positive integer, got {value!r}")
     steps = math.ceil(global_batch / micro_batch)
     if balanced:
-        base, extra = divmod(global_batch, steps)
-        return [base + 1] * extra + [base] * (steps - extra)
-    full, tail = divmod(global_batch, micro_batch)
-    return [micro_batch] * full + ([tail] if tail else [])
+        sizes = _balanced(global_batch, steps)
+    else:
+        full, tail = divmod(global_batch, micro_batch)
+        sizes = [micro_batch] * full + ([tail] if tail else [])
+    if sizes[-1] >= min_micro_batch:  # the smallest piece is the last, either way
+        return sizes
+    steps = max(1, min(steps, global_batch // min_micro_batch))
+    sizes = _balanced(global_batch, steps)
+    if sizes[0] > micro_batch + 1:
+        raise ValueError(
+            f"global_batch={global_batch} cannot be cut into micro-batches of at least min_micro_batch="
+            f"{min_micro_batch} and at most {micro_batch + 1} samples (one more than micro_batch={micro_batch}): "
+            f"{steps} of {min_micro_batch} leave {global_batch - steps * min_micro_batch} over. Lower min_micro_batch, "
+            "or use a global batch of more samples (a DataLoader's short last batch: drop_last=True)"
+        )
+    return sizes
 
 
-def split_batch(batch: Any, micro_batch: int, *, balanced: bool = False) -> list[Any]:
-    """Split ``batch`` along dim 0 into micro-batches of at most ``micro_batch`` samples.
+def _balanced(global_batch: int, steps: int) -> list[int]:
+    """``global_batch`` in ``steps`` sizes differing by at most one, larger ones first."""
+    base, extra = divmod(global_batch, steps)
+    return [base + 1] * extra + [base] * (steps - extra)
+
+
+def split_batch(batch: Any, micro_batch: int, *, balanced: bool = False, min_micro_batch: int = 1) -> list[Any]:
+    """Split ``batch`` along dim 0 into micro-batches of at most ``micro_batch`` samples (none
+    below ``min_micro_batch``: :func:`micro_batch_sizes`).
 
     ``batch`` is a tensor or a (nested) tuple, list, named tuple or dict of tensors; each
     micro-batch has the same structure. The pieces are views (no copy). A list or tuple of
@@ -94,7 +124,7 @@ def split_batch(batch: Any, micro_batch: int, *, balanced: bool = False) -> list
     micro-batch. See the module docstring for the policy.
     """
     total = batch_size_of(batch)
-    sizes = micro_batch_sizes(total, micro_batch, balanced=balanced)
+    sizes = micro_batch_sizes(total, micro_batch, balanced=balanced, min_micro_batch=min_micro_batch)
     return [map_samples(batch, lambda t, start=start, size=size: t.narrow(0, start, size),
                         lambda values, start=start, size=size: values[start:start + size], total)
             for start, size in zip(_offsets(sizes), sizes)]

@@ -26,7 +26,10 @@ token lists); the rule, in ``docs/runner.md`` ("What a batch may hold"):
   numbers a tensor: do so, and make a constant a tuple).
 
 :func:`batch_size_of` reads the batch's size by the same rule, so a list of per-sample dicts
-holding tensors of their own sizes (detection boxes) is no disagreement on dim 0.
+holding tensors of their own sizes (detection boxes) is no disagreement on dim 0. A batch that
+is itself a list of per-sample items of one form (``DataLoader(collate_fn=list)``: ``(x, y)``
+tuples) would read as the size of one item's parts; where no tensor has the samples on dim 0
+it is one error naming the forms to pass instead (:func:`per_sample_items`).
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ from typing import Any, Callable, Iterable, Mapping
 
 import torch
 
-__all__ = ["batch_size_of", "cycle_samples", "map_samples", "take_samples"]
+__all__ = ["batch_size_of", "cycle_samples", "items_message", "map_samples", "per_sample_items", "take_samples"]
 
 
 def take_samples(batch: Any, index: torch.Tensor, total: int) -> Any:
@@ -74,6 +77,8 @@ def batch_size_of(batch: Any) -> int:
     entries aside (that list's length counts); one ``ValueError`` naming the tensors where they
     disagree, or where there is none with a batch dimension."""
     sizes = _fields(batch)
+    if _items(batch, sizes):
+        raise ValueError(items_message(batch, sizes))
     if sizes is None:
         raise ValueError(f"batch has no tensor with a batch dimension: {type(batch).__name__}")
     if len(sizes) == 1:
@@ -91,6 +96,67 @@ def batch_size_of(batch: Any) -> int:
         "dim 0, but those in a list or tuple with one entry per sample (per-sample tensors or dicts, as a detection "
         "collate makes); see 'What a batch may hold' in docs/runner.md"
     )
+
+
+def per_sample_items(batch: Any) -> bool:
+    """Whether ``batch`` may be a list of per-sample items, as ``collate_fn=list`` (or ``lambda
+    samples: samples``) makes: a list (a collate's own structure is a tuple or a dict) of at least
+    two entries of one form, each a list, tuple or dict (a sample's ``(x, y)``) or a tensor (a
+    sample's token ids), alike down to their tensors' shapes and dtypes. Read as the batch's
+    fields, such a list has the size of one sample's parts (2 for ``(x, y)``, a sequence's length),
+    not its entries' count; :func:`batch_size_of` refuses it where no tensor has the samples on dim
+    0, and the runner where it has as many entries as its global batch but reads otherwise."""
+    if not isinstance(batch, list) or len(batch) < 2:
+        return False
+    first = _form(batch[0], shape=True)
+    return first[0] in ("seq", "map", "tensor") and all(_form(entry, shape=True) == first for entry in batch[1:])
+
+
+def items_message(batch: list, sizes: frozenset[int] | None, expected: int | None = None) -> str:
+    """The one error for a list of per-sample items (:func:`per_sample_items`): what it is read
+    as (beside the ``expected`` samples, where known), and the two forms that say what the
+    samples are."""
+    read = (f"which reads as {' or '.join(map(str, sorted(sizes)))} samples (read from the entries' own lengths or "
+            "dim 0)"
+            if sizes else "whose entries' tensors do not agree on a batch dimension")
+    if expected is not None:
+        read = f"as many as the global batch's {expected} samples, {read}"
+    return (
+        f"batch is a list of {len(batch)} entries of one form ({type(batch[0]).__name__}), {read}: it looks like "
+        "per-sample items, as DataLoader(collate_fn=list) or `lambda samples: samples` gives, which autobatch "
+        "cannot split without knowing where the samples are. Collate them (the default collate_fn, "
+        "torch.utils.data.default_collate: tensors with the samples on dim 0), or pass a (list, tensor) batch: the "
+        "per-sample items as one list beside a tensor with the batch's samples on dim 0 (the labels, the samples' "
+        "indices); see 'What a batch may hold' in docs/runner.md"
+    )
+
+
+def _items(batch: Any, sizes: frozenset[int] | None) -> bool:
+    """A list of per-sample items whose size comes only from its entries' own lengths: none of
+    its tensors is read with the batch's samples on dim 0 (or they agree on no size at all)."""
+    if not per_sample_items(batch) or isinstance(batch[0], torch.Tensor):
+        return False  # a list of tensors with one dim 0 reads as fields: the runner checks its count
+    if not sizes:
+        return sizes is not None  # disagreeing tensors: the same error; no tensor at all: that error
+    if len(sizes) > 1:
+        return True
+    batched: list[torch.Tensor] = []
+    map_samples(batch, lambda tensor: batched.append(tensor) or tensor, lambda values: values, next(iter(sizes)))
+    return not batched
+
+
+def _form(node: Any, shape: bool = False) -> tuple:
+    """What a per-sample item looks like, to compare with the others: its kind, and its parts'
+    forms down to each tensor's dimensions and dtype. A tensor item's whole ``shape`` counts (a
+    list of fields ``[inputs, targets]`` differs there); an item's parts may differ in size (a
+    sequence's length, an image's)."""
+    if isinstance(node, torch.Tensor):
+        return ("tensor", tuple(node.shape) if shape else node.dim(), node.dtype)
+    if isinstance(node, Mapping):
+        return ("map", tuple((key, _form(value)) for key, value in node.items()))
+    if isinstance(node, (list, tuple)):
+        return ("seq", type(node), tuple(_form(value) for value in node))
+    return ("value", type(node))
 
 
 def map_samples(batch: Any, tensors: Callable[[torch.Tensor], torch.Tensor], values: Callable[[Any], Any],

@@ -68,11 +68,12 @@ class PlansFromData:
             self._train_step.model, self.optimizer, self.loss_fn, make_batch,
             **{**self._train_step.options(), "grad_scaler": scaler},
         )
-        options = {"device": self.device, **self.plan_options}
+        options = {"device": self.device, "balanced": self.balanced, **self.plan_options}  # the runner's split, planned
         planned = plan(step, global_batch=self.share, **options)
         if self.distributed:  # the probes agreed already; a timed pick may still differ per rank
             self._parallel.agree_plan(planned)
         self.micro_batch = self.initial_micro_batch = max(planned.micro_batch, self.min_micro_batch)
+        self.balanced = planned.balanced  # the plan's split (multiple_of: full pieces, a smaller last), as it reports
         if planned.micro_batch < self.min_micro_batch:  # the floor wins: out of memory there, the run gives up clearly
             log.warning("plan() chose micro-batch %d, below min_micro_batch=%d: the run starts at %d",
                         planned.micro_batch, self.min_micro_batch, self.micro_batch)

@@ -11,7 +11,6 @@ as the run that was interrupted: the global generators' and a data loader's own
 from __future__ import annotations
 
 import io
-import itertools
 import logging
 import os
 from pathlib import Path
@@ -22,12 +21,12 @@ import torch
 from ..errors import CheckpointError, PeerFailedError
 from ..memory.simulated import host_memory, to_simulated_device
 from ..planning.checkpointing import enable_checkpointing
-from ..planning.accumulation import micro_batch_sizes
 from ..probe.shards import has_dtensors, load_plain_state, optimizer_state_for, plain_state
 from .checkpoint_io import (
     CHECKPOINT_NAME, RUNNER_FORMAT, load_checkpoint, resolve_checkpoint, rng_state, save_checkpoint, set_rng_state,
 )
 from .checkpoint_values import load_loose_parameters, saved_loose_parameters, storable
+from .epochs import EpochBatches, epoch_length, replayed, set_epoch
 from .pacing import agree_epoch_length, paced
 from .progress import Progress
 from .ranks import unwrap
@@ -48,7 +47,8 @@ class Resumable:
     _torn: str | None = None  # why the weights may hold an update the step count does not (step_guard="off")
     _epoch_samples = 0  # samples trained in the current epoch (a short batch counted as it is)
     _epoch_batches: int | None = None  # the data's batches an epoch (None: no length)
-    _epoch_iter: "_EpochBatches | None" = None  # the current epoch's iterator
+    _epoch_iter: EpochBatches | None = None  # the current epoch's iterator
+    _fetched_at_load = False  # the loaded checkpoint's step had drawn its batch (a step stopped part-way)
 
     def save(self, path: str | os.PathLike | None = None) -> Path:
         """Write a checkpoint atomically (default ``checkpoint_dir/last.pt``); returns its path."""
@@ -129,6 +129,9 @@ class Resumable:
             "epoch": self.epoch + 1 if self._epoch_ended() else self.epoch,
             "position": 0 if self._epoch_ended() else self.position,
             "epoch_samples": 0 if self._epoch_ended() else self._epoch_samples,  # the position in samples
+            # the step at ``position`` had drawn its batch (stopped part-way): a resume draws it under the
+            # epoch's replay, not afresh from "rng" (drawn after it); absent in older checkpoints: False
+            "batch_fetched": self._batch_fetched(),
             "global_batch": self.global_batch,
             "micro_batch": self.micro_batch,
             "growth": self.growth.state_dict(),
@@ -157,7 +160,7 @@ class Resumable:
         self._last_loss = loss  # maybe a tensor still being computed: read when reported
         if self.hygiene.after_step(self.step):
             result.empty_cache_fires, result.empty_cache_seconds = self.hygiene.fires, self.hygiene.seconds
-        accumulation = len(micro_batch_sizes(self._local_size, self.micro_batch))
+        accumulation = len(self._piece_sizes())
         progress.update(self.step, size, self.micro_batch, accumulation, len(result.oom_recoveries), loss)
         if self.checkpoint_every and self.checkpoint_dir is not None and self.step % self.checkpoint_every == 0:
             if self.position == self._epoch_batches and not getattr(self, "_each_step", False):
@@ -171,36 +174,45 @@ class Resumable:
 
     def _epoch_ended(self) -> bool:
         """Whether the epoch's iterator was run to its end after its last batch trained, before
-        the loop counted the epoch finished (:meth:`_EpochBatches.end`)."""
+        the loop counted the epoch finished (:meth:`~autobatch.training.epochs.EpochBatches.end`)."""
         ended = self._epoch_iter is not None and self._epoch_iter.ended
         return ended and self.position == self._epoch_batches
 
-    def _epoch_iterator(self, data: Iterable[Any], resumed_rng: dict[str, Any] | None):
-        """A fresh iterator over ``data``; on resume, replays the epoch's start and skips the
-        batches already trained, so a shuffled DataLoader yields the same order. A checkpoint
-        at an epoch boundary (position 0: the run ended with whole epochs) starts the next
-        epoch afresh from the random state it saved, as the uninterrupted run would have. A
+    def _epoch_iterator(self, data: Iterable[Any], resumed_rng: dict[str, Any] | None) -> EpochBatches:
+        """A fresh iterator over ``data``; on resume (or a continued ``fit()``), the epoch's start
+        replayed (:func:`~autobatch.training.epochs.replayed`): the batches already trained
+        skipped, and the batch a step stopped part-way had drawn drawn again before the saved
+        random state is put back, so a shuffled DataLoader yields the same order and the loader
+        draws nothing twice, a step stopped in the epoch's first batch included. A checkpoint at
+        an epoch boundary (position 0, nothing drawn: the run ended with whole epochs) starts the
+        next epoch afresh from the random state it saved, as the uninterrupted run would have. A
         sampler with ``set_epoch`` (``DistributedSampler``) is told the epoch first, so each
         epoch draws its own order, a resumed one the interrupted run's. Under
         ``torch.distributed`` the ranks first agree on their data's length
         (:func:`~autobatch.training.pacing.agree_epoch_length`: uneven data is one error)."""
+        fetched, self._fetched_at_load = self._batch_fetched(), False  # read before the iterator is replaced
         self._each_step = self.distributed and agree_epoch_length(self._parallel, data, self.epoch)
         if resumed_rng is not None and (self.position > 0 or self.epoch > 0):
             warn_persistent_workers(data)
-        _set_epoch(data, self.epoch)
-        if resumed_rng is None or self._epoch_rng is None or self.position == 0:
+        set_epoch(data, self.epoch)
+        if resumed_rng is None or self._epoch_rng is None or (self.position == 0 and not fetched):
             self._epoch_rng = rng_state(self._data_generators)
             self.position = 0
-            self._epoch_iter = _EpochBatches(iter(data))
+            self._epoch_iter = EpochBatches(iter(data), self.epoch)
             return self._epoch_iter
-        set_rng_state(self._epoch_rng, self._data_generators)
-        batches = iter(data)
-        skipped = sum(1 for _ in itertools.islice(batches, self.position))
-        if skipped < self.position:
-            log.warning("resume: the epoch has only %d batches, the checkpoint is at %d", skipped, self.position)
-        set_rng_state(resumed_rng, self._data_generators)
-        self._epoch_iter = _EpochBatches(batches)
+        self._epoch_iter = replayed(data, self.epoch, self._epoch_rng, resumed_rng, self._data_generators,
+                                    self.position, fetched)
         return self._epoch_iter
+
+    def _batch_fetched(self) -> bool:
+        """Whether the epoch's iterator had drawn the batch at ``position`` (a step that drew it
+        stopped part-way, or the runner ran the iterator to its end and found one more): a resume
+        draws it again before it puts the saved random state back. After a resume, until its
+        iterator is made: what the checkpoint said."""
+        batches = self._epoch_iter
+        if batches is None or batches.epoch != self.epoch:
+            return self._fetched_at_load
+        return not self._epoch_ended() and batches.drawn > self.position
 
     def _paced(self, batches: Iterator[Any]) -> Iterator[Any]:
         """The epoch's ``batches`` as the step loop takes them: where some rank's data has no
@@ -215,7 +227,8 @@ class Resumable:
         random state now, so the next ``fit()`` replays that epoch's start and skips the batches
         it trained, as a resume does, instead of training them again; else None."""
         self._refuse_torn("fit()")
-        return rng_state(self._data_generators) if self.position > 0 and self._epoch_rng is not None else None
+        began = self.position > 0 or self._batch_fetched()  # stopped in the epoch's first step too
+        return rng_state(self._data_generators) if began and self._epoch_rng is not None else None
 
     def _stopped_at_epoch_end(self, data: Iterable[Any], batches: Iterator[Any]) -> None:
         """A run stopped by ``steps`` at an epoch's last batch has completed that epoch: count it,
@@ -307,6 +320,7 @@ class Resumable:
         self.step, self.epoch, self._torn = state["step"], state["epoch"], None
         self._epoch_samples = state.get("epoch_samples", state["position"] * (state.get("global_batch") or 0))
         self.position = position_for(path, state, self.global_batch)
+        self._epoch_iter, self._fetched_at_load = None, bool(state.get("batch_fetched", False))
         self.micro_batch = max(state["micro_batch"], self.min_micro_batch)  # this run's floor wins
         self.initial_micro_batch = self.initial_micro_batch or self.micro_batch
         self.growth.load_state_dict(state["growth"], limit=self.share)
@@ -323,60 +337,6 @@ class Resumable:
         log.info("resumed from %s at step %d (epoch %d, batch %d), micro-batch %d", path, self.step, self.epoch, self.position, self.micro_batch)
         set_rng_state(rng, self._data_generators)
         return rng
-
-
-class _EpochBatches:
-    """An epoch's iterator, which the runner may run to its end right after the last batch
-    (``len(data)``) trained, before a checkpoint: a ``DataLoader(generator=...)``'s
-    ``RandomSampler`` draws once more from its generator only then, and a checkpoint written
-    after that draw is one of the next epoch's start (position 0), resumed with any global
-    batch, in the uninterrupted run's order, without iterating the finished epoch again."""
-
-    def __init__(self, batches: Iterator[Any]) -> None:
-        self._batches = batches
-        self._extra: list[Any] = []  # a batch beyond len(data), which end() took: yielded next
-        self.ended = False
-
-    def __iter__(self) -> "_EpochBatches":
-        return self
-
-    def __next__(self) -> Any:
-        if self._extra:
-            return self._extra.pop()
-        if self.ended:
-            raise StopIteration
-        return next(self._batches)
-
-    def end(self) -> None:
-        """Run the iterator to its end; a batch it still yields (``len(data)`` was short) is kept
-        for the loop, and the epoch goes on."""
-        if self.ended or self._extra:
-            return
-        try:
-            self._extra.append(next(self._batches))
-        except StopIteration:
-            self.ended = True
-
-
-def _set_epoch(data: Iterable[Any], epoch: int) -> None:
-    """``set_epoch(epoch)`` on ``data``'s sampler and batch sampler (a DataLoader's) or on
-    ``data`` itself, where they have it: a ``DistributedSampler`` shuffles by it, and drew the
-    same order every epoch without it."""
-    seen = set()
-    for holder in (data, getattr(data, "sampler", None), getattr(data, "batch_sampler", None),
-                   getattr(getattr(data, "batch_sampler", None), "sampler", None)):
-        set_epoch = getattr(holder, "set_epoch", None)
-        if callable(set_epoch) and id(holder) not in seen:
-            seen.add(id(holder))
-            set_epoch(epoch)
-
-
-def epoch_length(data: Iterable[Any], epochs: int | None) -> int | None:
-    """Batches in ``epochs`` passes over ``data`` (None: no length, or no epoch count)."""
-    try:
-        return len(data) * epochs if epochs is not None else None  # type: ignore[arg-type]
-    except TypeError:
-        return None
 
 
 def _state_onto_device(optimizer: torch.optim.Optimizer) -> None:

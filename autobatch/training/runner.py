@@ -49,6 +49,7 @@ from .faults import FaultInjector
 from .growth import GrowBack
 from .hygiene import CachePolicy
 from .autoplan import PlansFromData
+from .inputs import check_batch_count, check_data, check_options, check_split, model_device, share_of
 from .progress import Progress
 from .recovery import OomRecovery, checked_min_micro_batch
 from .resume import Resumable, epoch_length
@@ -75,13 +76,14 @@ class Runner(OomRecovery, Resumable, PlansFromData):
         micro_batch: samples per forward/backward; None: plan it with
             :func:`~autobatch.plan` on the first global batch (``plan_options`` go to it).
         scheduler: stepped once after every optimizer step (not ``ReduceLROnPlateau``: it needs a metric).
-        device: where micro-batches are moved (default: the model's device).
+        device: where micro-batches are moved (default: the model's device); one this machine has.
         balanced: split policy of :func:`~autobatch.split_batch` (sizes differ by at most one).
         max_micro_batch: grow-back never goes above it (default: the planned probe maximum,
             else the starting micro-batch).
         min_micro_batch: an OOM recovery never shrinks the micro-batch below it (default 1): a
             model that cannot train on fewer samples (BatchNorm: more than one) gives up with
-            ``StepOutOfMemoryError`` there, or turns on ``checkpointing_fallback``, instead.
+            ``StepOutOfMemoryError`` there, or turns on ``checkpointing_fallback``, instead. No
+            piece of a split is smaller (15 by 2 is ``3, 2, ...``, not ``..., 2, 1``).
         grow_after: consecutive OOM-free steps before trying double the micro-batch; None or
             0 turns grow-back off. The wait doubles after each failed try.
         step_guard: ``"auto"`` (default) / ``"cpu"`` / ``"device"``: snapshot parameters and
@@ -97,7 +99,7 @@ class Runner(OomRecovery, Resumable, PlansFromData):
             (bytes or "2GiB"; off by default).
         checkpoint_dir: write ``checkpoint_dir/last.pt`` atomically at the end of the run and
             every ``checkpoint_every`` steps.
-        checkpoint_every: steps between checkpoints (None: only at the end).
+        checkpoint_every: steps between checkpoints (None: only at the end); needs ``checkpoint_dir``.
         progress: tqdm bar True / False / None (when stderr is a terminal); ``log_every``:
             log-line period without a bar.
         autocast_dtype: run forward and loss under ``torch.autocast`` (e.g. ``"bfloat16"``).
@@ -157,24 +159,24 @@ class Runner(OomRecovery, Resumable, PlansFromData):
         checks.positive_int("global_batch", global_batch)
         checks.positive_int("micro_batch", micro_batch, allow_none=True)
         checks.positive_int("max_micro_batch", max_micro_batch, allow_none=True)
-        checks.positive_int("checkpoint_every", checkpoint_every or None, allow_none=True)
-        checks.torch_device("device", device)
+        check_options(device, checkpoint_dir, checkpoint_every)
         self.model = model
         if distributed is None:
             distributed = ranks.current().active()
         self._parallel = ranks.installed() if distributed else ranks.DataParallel()
         self.distributed = bool(distributed)
-        self.share = _share(global_batch, self._parallel.world_size()) if self.distributed else global_batch
+        self.share = share_of(global_batch, self._parallel.world_size()) if self.distributed else global_batch
         self.optimizer = optimizer
         self.loss_fn = loss_fn
         self.scheduler = checks.scheduler("scheduler", scheduler)
         self.global_batch = global_batch
         self.micro_batch = None if micro_batch is None else min(micro_batch, self.share)
         self.initial_micro_batch = self.micro_batch
-        self.device = torch.device(device) if device is not None else _model_device(model)
+        self.device = torch.device(device) if device is not None else model_device(model)
         self.balanced = balanced
         self.max_micro_batch = max_micro_batch
         self.min_micro_batch = checked_min_micro_batch(min_micro_batch, self.micro_batch, max_micro_batch, self.share)
+        check_split(self.share, self.min_micro_batch, balanced, per_rank=self.distributed)
         self.grow_after = grow_after
         self.grad_scaler = grad_scaler
         self.guard = StepGuard(optimizer, step_guard, grad_scaler, room=self._guard_room)
@@ -247,9 +249,7 @@ class Runner(OomRecovery, Resumable, PlansFromData):
             epochs = 1
         checks.positive_int("epochs", epochs, allow_none=True)
         checks.positive_int("steps", steps, allow_none=True)
-        if not hasattr(data, "__iter__") or isinstance(data, (torch.Tensor, Mapping)):  # a tensor: its rows; a dict: its keys
-            raise TypeError(f"data must be an iterable of global batches (a DataLoader, a list of batches, a generator), "
-                            f"got {type(data).__name__}; to train on one batch, pass [batch]")
+        check_data(data)  # not one batch: a tensor, a dict, a tuple of tensors iterate its rows, keys, fields
         began = time.perf_counter()
         self._data_generators, self._epoch_batches = data_generators(data), epoch_length(data, 1)
         first_epoch = None
@@ -303,6 +303,8 @@ class Runner(OomRecovery, Resumable, PlansFromData):
     # -- one global step, with OOM recovery ----------------------------------------------------
     def _global_step(self, batch: Any) -> tuple[float | torch.Tensor, int]:
         size = self._local_size = batch_size_of(batch)
+        if size != self.share:
+            check_batch_count(batch, size, self.share)  # per-sample items (collate_fn=list), not a short batch
         if size != self.share and not self._warned_size:
             self._warned_size = True
             log.warning("a batch of %d samples, not %d; each step uses its own batch's size", size, self.share)
@@ -326,7 +328,7 @@ class Runner(OomRecovery, Resumable, PlansFromData):
             if error is exc:
                 raise
             raise error from exc
-        self.step_memory.record(micro_batch_sizes(self._local_size, self.micro_batch, balanced=self.balanced)[0])
+        self.step_memory.record(self._piece_sizes()[0])
         self._completed()
         if scale is not None and self._scale() < scale:  # GradScaler backed off: it skipped this step
             self.result.skipped_steps += 1
@@ -352,7 +354,14 @@ class Runner(OomRecovery, Resumable, PlansFromData):
 
     def _micro_batches(self, batch: Any) -> LazyMicroBatches:
         # moved one at a time, no look-ahead: the device holds one micro-batch's inputs, as a trial does
-        return LazyMicroBatches(split_batch(batch, self.micro_batch, balanced=self.balanced), self._transfer)
+        pieces = split_batch(batch, self.micro_batch, balanced=self.balanced, min_micro_batch=self.min_micro_batch)
+        return LazyMicroBatches(pieces, self._transfer)
+
+    def _piece_sizes(self) -> list[int]:
+        """The sizes the current batch is split into at the current micro-batch (none below
+        ``min_micro_batch``: an odd global batch by 2 is ``3, 2, ...``, not ``..., 2, 1``)."""
+        return micro_batch_sizes(self._local_size, self.micro_batch, balanced=self.balanced,
+                                 min_micro_batch=self.min_micro_batch)
 
     def _transfer(self, micro: Any) -> Any:
         self._enter("transfer")
@@ -378,17 +387,3 @@ def train(
     """
     runner = Runner(model, optimizer, loss_fn, **options)
     return runner.fit(data, epochs=epochs, steps=steps, resume=resume)
-
-
-# -- helpers ------------------------------------------------------------------------------------
-def _share(global_batch: int, world: int) -> int:
-    """This rank's samples per step: ``global_batch`` split evenly over the ``world`` ranks."""
-    if global_batch % world:
-        raise ValueError(f"global_batch={global_batch} does not split evenly over {world} ranks; use a multiple of {world}")
-    return global_batch // world
-
-
-def _model_device(model: torch.nn.Module) -> torch.device:
-    for tensor in model.parameters():
-        return tensor.device
-    return torch.device("cpu")

@@ -1,0 +1,109 @@
+"""An epoch's batches as the runner takes them, and the replay that puts a resume in its place.
+
+Kept apart from :mod:`autobatch.training.resume` (which saves and loads checkpoints): the epoch's
+iterator counts the batches it drew from ``iter(data)``, so a checkpoint can tell a step whose
+batch was already drawn (an interrupt inside it) from one that was not (a checkpoint between
+steps, an epoch's end), and :func:`replayed` rebuilds the iterator a resumed run continues:
+made under the epoch's start random state, past the batches already drawn, the saved random
+state put back after them. A ``DataLoader`` draws from its generators at ``iter()`` (the
+workers' base seed) and at the first batch (a shuffle's permutation), and a dataset may draw
+augmentation in ``__getitem__``: a resume that made the iterator afresh from the random state of
+an interrupted first step, which had drawn all that already, trained another order.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from typing import Any, Iterable, Iterator
+
+import torch
+
+from .checkpoint_io import set_rng_state
+
+__all__ = ["EpochBatches", "epoch_length", "replayed", "set_epoch"]
+
+log = logging.getLogger("autobatch")
+
+
+class EpochBatches:
+    """An epoch's iterator over ``iter(data)``, counting the batches drawn from it (``drawn``).
+
+    The runner may run it to its end right after the last batch (``len(data)``) trained, before
+    a checkpoint (:meth:`end`): a ``DataLoader(generator=...)``'s ``RandomSampler`` draws once
+    more from its generator only then, and a checkpoint written after that draw is one of the
+    next epoch's start (position 0), resumed with any global batch, in the uninterrupted run's
+    order, without iterating the finished epoch again. Batches drawn but not yet yielded (one
+    beyond ``len(data)`` that :meth:`end` took; those a resume drew while replaying) are yielded
+    first."""
+
+    def __init__(self, batches: Iterator[Any], epoch: int, *, drawn: int = 0, ahead: list[Any] | None = None) -> None:
+        self._batches = batches
+        self.epoch = epoch  # the runner's epoch this iterator is of
+        self.drawn = drawn  # batches drawn from ``iter(data)`` in this epoch, skipped ones included
+        self._ahead: list[Any] = list(reversed(ahead or []))  # drawn, not yet yielded (popped from the end)
+        self.ended = False
+
+    def __iter__(self) -> "EpochBatches":
+        return self
+
+    def __next__(self) -> Any:
+        if self._ahead:
+            return self._ahead.pop()
+        if self.ended:
+            raise StopIteration
+        batch = next(self._batches)
+        self.drawn += 1
+        return batch
+
+    def end(self) -> None:
+        """Run the iterator to its end; a batch it still yields (``len(data)`` was short) is kept
+        for the loop, and the epoch goes on."""
+        if self.ended or self._ahead:
+            return
+        try:
+            batch = next(self._batches)
+        except StopIteration:
+            self.ended = True
+        else:
+            self.drawn += 1
+            self._ahead.append(batch)
+
+
+def replayed(data: Iterable[Any], epoch: int, epoch_rng: dict[str, Any], resumed_rng: dict[str, Any],
+             generators: list[torch.Generator], position: int, fetched: bool) -> EpochBatches:
+    """The epoch's iterator where a resumed (or continued) run goes on: ``iter(data)`` made under
+    the epoch's start random state ``epoch_rng``, the ``position`` batches already trained drawn
+    and dropped, the batch at ``position`` drawn too where the interrupted run had drawn it
+    (``fetched``: a step stopped part-way) and kept to be yielded first, then ``resumed_rng``
+    (the checkpoint's) put back: the loader's draws at ``iter()`` and at each batch, the
+    interrupted run's, are not drawn a second time from the saved state."""
+    set_rng_state(epoch_rng, generators)
+    batches = iter(data)
+    skipped = sum(1 for _ in itertools.islice(batches, position))
+    if skipped < position:
+        log.warning("resume: the epoch has only %d batches, the checkpoint is at %d", skipped, position)
+    ahead = list(itertools.islice(batches, 1)) if fetched and skipped == position else []
+    set_rng_state(resumed_rng, generators)
+    return EpochBatches(batches, epoch, drawn=skipped + len(ahead), ahead=ahead)
+
+
+def set_epoch(data: Iterable[Any], epoch: int) -> None:
+    """``set_epoch(epoch)`` on ``data``'s sampler and batch sampler (a DataLoader's) or on
+    ``data`` itself, where they have it: a ``DistributedSampler`` shuffles by it, and drew the
+    same order every epoch without it."""
+    seen = set()
+    for holder in (data, getattr(data, "sampler", None), getattr(data, "batch_sampler", None),
+                   getattr(getattr(data, "batch_sampler", None), "sampler", None)):
+        method = getattr(holder, "set_epoch", None)
+        if callable(method) and id(holder) not in seen:
+            seen.add(id(holder))
+            method(epoch)
+
+
+def epoch_length(data: Iterable[Any], epochs: int | None) -> int | None:
+    """Batches in ``epochs`` passes over ``data`` (None: no length, or no epoch count)."""
+    try:
+        return len(data) * epochs if epochs is not None else None  # type: ignore[arg-type]
+    except TypeError:
+        return None

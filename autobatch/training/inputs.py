@@ -1,0 +1,99 @@
+"""What the runner checks of its arguments and its data: one clear error naming what to change.
+
+Kept apart from :mod:`autobatch.training.runner` (the step loop): each check here turns an
+input that trained the wrong thing silently, or failed later with an error naming no argument,
+into one error at the call that passed it. ``checkpoint_every`` without ``checkpoint_dir`` wrote
+nothing; ``device="cuda"`` on a machine without CUDA failed at the first transfer with torch's
+bare ``AssertionError``; ``fit((x, y))`` trained ``x`` and ``y`` as two batches; a list of
+per-sample items (``collate_fn=list``) was split along the wrong dimension with a warning; a
+``min_micro_batch`` the global batch cannot be cut by left a one-sample piece.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Mapping
+
+import torch
+
+from .. import checks
+from ..planning.accumulation import micro_batch_sizes
+from ..planning.samples import items_message, per_sample_items
+
+__all__ = ["check_batch_count", "check_data", "check_options", "check_split", "model_device", "share_of"]
+
+
+def check_options(device: Any, checkpoint_dir: str | os.PathLike | None, checkpoint_every: int | None) -> None:
+    """``Runner(device=)`` names a device this machine has (as the probe checks it:
+    :func:`~autobatch.checks.device_available`), and ``checkpoint_every`` (0: off) is a step
+    count that comes with the ``checkpoint_dir`` it writes to."""
+    checks.positive_int("checkpoint_every", checkpoint_every or None, allow_none=True)
+    checks.torch_device("device", device)
+    checks.device_available("device", device)
+    if checkpoint_every and checkpoint_dir is None:
+        raise ValueError(f"checkpoint_every={checkpoint_every} needs checkpoint_dir, where the checkpoints are "
+                         "written; pass checkpoint_dir=... too, or leave checkpoint_every unset")
+
+
+def check_split(share: int, min_micro_batch: int, balanced: bool, per_rank: bool = False) -> None:
+    """The global batch (``share``: per rank where ``per_rank``) can be cut into micro-batches of
+    at least ``min_micro_batch`` samples at every micro-batch a recovery may shrink to (the
+    hardest is ``min_micro_batch`` itself); else one ``ValueError`` naming both, and the floor
+    that works."""
+    if _splits(share, min_micro_batch, balanced):
+        return
+    fits = max(floor for floor in range(1, min_micro_batch) if _splits(share, floor, balanced))
+    raise ValueError(
+        f"global_batch={share}{' per rank' if per_rank else ''} cannot be cut into micro-batches of at least "
+        f"min_micro_batch={min_micro_batch} samples and at most one more, as a recovery that shrinks the micro-batch "
+        f"to {min_micro_batch} must ({share // min_micro_batch} of {min_micro_batch} leave {share % min_micro_batch} "
+        f"over). Lower min_micro_batch to {fits}, or use a global batch that is a multiple of {min_micro_batch}"
+    )
+
+
+def _splits(share: int, floor: int, balanced: bool) -> bool:
+    try:
+        micro_batch_sizes(share, floor, balanced=balanced, min_micro_batch=floor)
+    except ValueError:
+        return False
+    return True
+
+
+def check_data(data: Any) -> None:
+    """``fit(data)``: an iterable of global batches, not one batch. A tensor iterates its rows,
+    a dict its keys, and a tuple of tensors sharing dim 0 (an ``(inputs, targets)`` batch) its
+    fields: each was trained as a batch of its own; one ``TypeError`` instead."""
+    one_batch = isinstance(data, (torch.Tensor, Mapping)) or _tuple_of_fields(data)
+    if not hasattr(data, "__iter__") or one_batch:
+        raise TypeError(f"data must be an iterable of global batches (a DataLoader, a list of batches, a generator), "
+                        f"got {type(data).__name__}{' of tensors' if one_batch and isinstance(data, tuple) else ''}; "
+                        "to train on one batch, pass [batch]")
+
+
+def _tuple_of_fields(data: Any) -> bool:
+    """A tuple (a named one too) of tensors that all share their dim 0: one batch's fields."""
+    if not isinstance(data, tuple) or not data or not all(isinstance(item, torch.Tensor) for item in data):
+        return False
+    return all(item.dim() > 0 for item in data) and len({item.shape[0] for item in data}) == 1
+
+
+def check_batch_count(batch: Any, size: int, share: int) -> None:
+    """A batch read as ``size`` samples, not the ``share`` expected, that is a list of ``share``
+    entries of one form: per-sample items (``collate_fn=list``: 16 token sequences of 8 read as 8
+    samples), not a short batch; one ``ValueError`` naming what to pass instead."""
+    if size != share and isinstance(batch, list) and len(batch) == share and per_sample_items(batch):
+        raise ValueError(items_message(batch, frozenset({size}), expected=share))
+
+
+def share_of(global_batch: int, world: int) -> int:
+    """This rank's samples per step: ``global_batch`` split evenly over the ``world`` ranks."""
+    if global_batch % world:
+        raise ValueError(f"global_batch={global_batch} does not split evenly over {world} ranks; use a multiple of {world}")
+    return global_batch // world
+
+
+def model_device(model: torch.nn.Module) -> torch.device:
+    """The device of ``model``'s first parameter (the CPU for a model without one)."""
+    for tensor in model.parameters():
+        return tensor.device
+    return torch.device("cpu")
