@@ -190,9 +190,11 @@ class OomRecovery:
         any other exception is returned as it is, never swallowed, with a note where it came at a
         micro-batch a recovery shrank below every size that trained (:meth:`_note_shrunk`)."""
         failed_at = self.micro_batch
+        # the split's smallest piece (a last, shorter one) is what a model that cannot take few samples fails on
+        smallest = min(self._piece_sizes(), default=failed_at) if getattr(self, "_local_size", None) else failed_at
         self._abandon()
         if not is_oom_error(exc):
-            self._note_shrunk(exc, failed_at)
+            self._note_shrunk(exc, failed_at, smallest)
             return exc
         reason = None
         if failed_at > 1:  # the default message is for micro-batch 1
@@ -204,11 +206,12 @@ class OomRecovery:
                       "lower min_micro_batch if the model trains on fewer samples.")
         return StepOutOfMemoryError(self.step, self._phase, self.checkpoint_handle is not None, reason=reason)
 
-    def _note_shrunk(self, exc: BaseException, failed_at: int) -> None:
+    def _note_shrunk(self, exc: BaseException, failed_at: int, smallest: int) -> None:
         """Add a note to ``exc`` (not an interrupt, not autobatch's own error) where it was raised
         at a micro-batch smaller than every one that trained in this run, after a recovery shrank
         it: the smaller size is then likely what the model cannot take (BatchNorm in training
-        needs more than one value per channel), which its own message does not say."""
+        needs more than one value per channel), which its own message does not say. ``smallest``:
+        the smallest piece of the step's split at ``failed_at``."""
         if self._last_shrink is None or not isinstance(exc, Exception) or type(exc).__module__.startswith("autobatch"):
             return
         if self._smallest_trained is not None and failed_at >= self._smallest_trained:
@@ -216,12 +219,13 @@ class OomRecovery:
         step, before, after = self._last_shrink
         further = f", then to {failed_at}" if failed_at != after else ""
         fallback = "" if self.checkpointing_fallback else ", turn on activation checkpointing (checkpointing_fallback=True)"
+        piece = f" (its smallest piece: {smallest} samples)" if smallest < failed_at else ""
         exc.add_note(
-            f"autobatch: this error came at micro-batch {failed_at} in global step {self.step}, smaller than any "
+            f"autobatch: this error came at micro-batch {failed_at}{piece} in global step {self.step}, smaller than any "
             f"micro-batch that trained in this run: after an out-of-memory error at micro-batch {before} (step {step}) "
             f"the runner shrank it to {after}{further}. If the model cannot train on so few samples (BatchNorm needs "
             f"more than one value per channel in training), give it more memory{fallback}, or pass "
-            f"Runner(min_micro_batch={failed_at + 1}) so that recovery never goes below that size (out of memory "
+            f"Runner(min_micro_batch={smallest + 1}) so that no piece is ever below that size (out of memory "
             "there, it raises StepOutOfMemoryError, or turns on checkpointing with checkpointing_fallback=True)."
         )
 

@@ -39,6 +39,17 @@ def test_an_error_at_a_micro_batch_a_recovery_shrank_gets_a_note():
     assert runner.step == 1 and runner.micro_batch == 2  # the step undone, at the size it began with
 
 
+def test_the_note_names_the_piece_that_failed_where_the_split_leaves_a_shorter_one():
+    """16 by a shrunk micro-batch of 3 is 3, 3, 3, 3, 3, 1 (unbalanced): BatchNorm fails on the
+    piece of 1, and the note says so and suggests a floor above it, not above 3."""
+    runner = _bn_runner(micro_batch=6, balanced=False)
+    autobatch.inject_oom(runner, at=[(1, "backward")], times=1)  # 6 -> 3 (halved: no memory measured)
+    with pytest.raises(ValueError, match="Expected more than 1 value per channel") as caught:
+        runner.fit(make_data(), epochs=1)
+    note = "\n".join(caught.value.__notes__)
+    assert "micro-batch 3 (its smallest piece: 1 samples)" in note and "Runner(min_micro_batch=2)" in note
+
+
 def test_an_error_at_a_size_that_trained_gets_no_note():
     model = make_model()
     calls = []
