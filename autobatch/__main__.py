@@ -4,7 +4,10 @@ Hydra has no subcommands, so this small dispatcher takes the first argument as t
 (``probe`` or ``train``), checks the rest (:mod:`autobatch.cli.preflight`), and hands them
 to that command's Hydra app as its ``sys.argv``. ``--help`` lists the commands;
 ``python -m autobatch probe --help`` is Hydra's help for one of them. ``cache list|clear``
-is not a Hydra app: plain argparse (:mod:`autobatch.cli.cache_command`).
+is not a Hydra app: plain argparse (:mod:`autobatch.cli.cache_command`). ``--version``, alone
+or after a command, prints autobatch's version (Hydra's own flag would print Hydra's). A
+Ctrl-C outside training ends the command with one line and exit status 130 (``train`` saves
+its progress first: :mod:`autobatch.cli.interrupt`).
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from typing import Sequence
 
 USAGE = """\
 usage: python -m autobatch <command> [--multirun|-m] [key=value ...] [hydra flags]
+       python -m autobatch --version
 
 Find the largest batch size that trains in memory, from the command line (Hydra configs).
 
@@ -29,6 +33,7 @@ examples:
   python -m autobatch train train.resume=latest              # continue the newest run's checkpoint
   python -m autobatch cache list                             # the probe cache (cache clear: empty it)
   python -m autobatch probe -m model=mlp,gpt probe.strategy=binary,halving   # a sweep + summary
+  python -m autobatch train --config-dir myconf --config-name mytrain   # your own config (defaults: [train, _self_])
 
 `python -m autobatch <command> --help` shows that command's config groups and options.
 Set AUTOBATCH_TRACEBACK=1 for full tracebacks on errors."""
@@ -45,9 +50,26 @@ def _usage() -> str:
     return USAGE.format(commands="\n".join(lines))
 
 
+#: Commands people reach for that are part of another: the hint names where it lives.
+MOVED = {"plan": "the plan is part of probe: python -m autobatch probe train.global_batch=N (writes plan.json)"}
+
+
 def _fail(message: str, code: int = 2) -> int:
     print(f"autobatch: error: {message}", file=sys.stderr)
     return code
+
+
+def _version() -> str:
+    """``autobatch <version>``, the installed distribution's when there is one (else the source's)."""
+    from importlib import metadata
+
+    from .version import __version__
+
+    try:
+        version = metadata.version("autobatch")
+    except metadata.PackageNotFoundError:
+        version = __version__
+    return f"autobatch {version}"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -56,10 +78,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not args or args[0] in ("-h", "--help", "help"):
         print(_usage())
         return 0 if args else 2
+    if args[0] != "cache" and "--version" in args:
+        print(_version())
+        return 0
     from .cli import errors, preflight
     from .cli.commands import COMMANDS, run_app
 
     command, rest = args[0], args[1:]
+    if command in MOVED:
+        return _fail(f"unknown command {command!r}; {MOVED[command]}")
     if command == "cache":
         from .cli.cache_command import main as cache_main
 
@@ -83,6 +110,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     sys.argv = [f"autobatch {command}", *rest, *hydra_overrides(rest)]  # under torchrun, ranks > 0 stay out of the run dir
     try:
         run_app(command)
+    except KeyboardInterrupt:  # outside training (which saves and exits 130 itself): no traceback
+        if errors.traceback_wanted(_verbose(rest)):
+            raise
+        _report_sweep()
+        return _fail("interrupted", 130)
     except SystemExit as exc:
         _report_sweep()
         code = exc.code

@@ -9,6 +9,7 @@ the :class:`~autobatch.TrainStep` the probe runs.
 from __future__ import annotations
 
 import importlib
+import os
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
@@ -41,10 +42,16 @@ __all__ = [
     "synthetic_spec",
     "cross_entropy_loss",
     "locate",
+    "MIN_MEMORY_LIMIT",
 ]
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 _AUTOCAST = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+#: The smallest ``probe.memory_limit`` (and ``device.simulated_budget``) taken: 1 KiB. Below it
+#: nothing but a few scalars fits (the probe failed with a raw out-of-memory error building the
+#: model); a bare number is bytes, so ``probe.memory_limit=1.5`` is a missing unit. Small limits
+#: above it stay allowed: 64 KiB rehearses "no batch size fits" with a tiny model.
+MIN_MEMORY_LIMIT = 1 << 10
 
 
 def _name(value: Any) -> str:
@@ -125,8 +132,11 @@ def validate(cfg: DictConfig) -> None:
         _validate_plan(cfg.plan)
     for key in ("probe.memory_limit", "device.simulated_budget"):
         value = OmegaConf.select(cfg, key)
-        if value is not None:
-            parse_bytes(value, name=key)
+        if value is not None and parse_bytes(value, name=key) < MIN_MEMORY_LIMIT:
+            raise ValueError(
+                f"{key}={value} is {format_bytes(parse_bytes(value))}, too little to hold any model and batch; give at "
+                f"least {format_bytes(MIN_MEMORY_LIMIT)}, with a unit: e.g. {key}=256MiB (a bare number is bytes)"
+            )
     validation.check_unknown_keys(cfg)
     validation.check_sizes(cfg)
     validation.check_target_arguments("model", cfg.model, _check_target("model", cfg.model), own=("inputs",))
@@ -162,6 +172,7 @@ def _validate_train(train: DictConfig) -> None:
         value = train[key]
         if value is not None and value < 1:
             raise ValueError(f"train.{key} must be a positive integer or null, got {value}")
+    _check_micro_within_global(train)
     for key, low, meaning in (
         ("steps", 1, ""),
         ("checkpoint_every", 0, " (0: only at the end)"),
@@ -184,6 +195,22 @@ def _validate_train(train: DictConfig) -> None:
                 f"train.inject_oom entries must be [step, phase] with step >= 0 and phase one of "
                 f"{', '.join(PHASES)}; got {list(point)}, e.g. train.inject_oom=[[3,backward]]"
             )
+
+
+def _check_micro_within_global(train: DictConfig) -> None:
+    """``train.micro_batch`` is a part of each rank's share of ``train.global_batch``: a larger
+    one was silently cut down to the share while the run's notes still named it. Under a
+    launcher (``WORLD_SIZE`` ranks) the share is ``global_batch / WORLD_SIZE``."""
+    if train.micro_batch is None or train.global_batch is None:
+        return
+    world = max(1, int(os.environ.get("WORLD_SIZE") or 1))
+    share = train.global_batch // world
+    if train.micro_batch > share:
+        ranks = f" ({world} ranks: {share} samples a rank)" if world > 1 else ""
+        raise ValueError(
+            f"train.micro_batch={train.micro_batch} is larger than train.global_batch={train.global_batch}{ranks}; a "
+            f"micro-batch is a part of the global batch: lower train.micro_batch or raise train.global_batch"
+        )
 
 
 def device_kind(cfg: DictConfig) -> str:

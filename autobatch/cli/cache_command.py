@@ -6,7 +6,8 @@ The directory is ``--dir``, else the one the probe uses by default
 or ``~/.cache/autobatch``); a probe run with ``probe.cache_dir=DIR`` is listed with ``--dir DIR``.
 
 ``cache list`` skips a malformed entry with one warning naming the file (the probe treats it
-as a miss). ``cache clear`` on a directory it cannot lock or delete from (read-only, no
+as a miss); ``cache clear`` deletes it with the valid ones. A default directory that is a file
+(``AUTOBATCH_CACHE_DIR`` pointing at one) is one error, as a ``--dir`` that is one is. ``cache clear`` on a directory it cannot lock or delete from (read-only, no
 permission) fails at once with one ``autobatch: error:`` line naming the directory and the
 cause, exit status 1 (a failure at run time, as in :mod:`autobatch.cli.errors`); so does a
 lock another process held for the whole 60 s wait.
@@ -15,6 +16,7 @@ lock another process held for the whole 60 s wait.
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 from typing import Sequence
 
@@ -70,6 +72,13 @@ def _check_dir(action: str, directory: Path) -> None:
     raise CLIError(f"cache {action} --dir {directory}: {what}; give the cache directory (a probe's probe.cache_dir)")
 
 
+def _default_source() -> str:
+    """The variable that chose the default cache directory, for a message."""
+    if os.environ.get("AUTOBATCH_CACHE_DIR"):
+        return "AUTOBATCH_CACHE_DIR"
+    return "XDG_CACHE_HOME" if os.environ.get("XDG_CACHE_HOME") else "the cache directory (~/.cache/autobatch)"
+
+
 def _clear(store: ProbeCache) -> int:
     """``store.clear()``, its failures as one :class:`CLIError` line naming the directory."""
     try:
@@ -89,6 +98,9 @@ def main(argv: Sequence[str]) -> int:
     args = _parser().parse_args(list(argv))
     if args.dir is not None:
         _check_dir(args.action, args.dir)
+    elif default_dir().exists() and not default_dir().is_dir():  # a missing default is an empty cache
+        raise CLIError(f"cache {args.action}: the cache directory {default_dir()} is a file, not a directory; point "
+                       f"{_default_source()} at a directory (or give --dir DIR)")
     store = ProbeCache(args.dir)
     if args.action == "clear":
         removed = _clear(store)

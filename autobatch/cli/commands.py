@@ -26,21 +26,20 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from ..dist import agreement as dist_sync
-from ..planning.accumulation import micro_batch_sizes
 from ..dist.probe import agree_plan
 from ..planning.planner import Plan, plan
 from ..probe.find import find_max_batch
 from ..probe.result import ProbeResult
-from ..training.run_result import RunResult
 from ..memory.units import format_bytes
 from .build import Workload, build_workload, device_kind, memory_limit, training_memory
 from .conf import CONFIG_PATH, ensure_conf_module
-from .display import print_result, trial_progress, write_probe_plot
+from .display import print_result, print_training, trial_progress, write_probe_plot
 from .config import register_configs
 from . import ranks
 from .errors import cli_keys, hydra_noise_filtered, reported
 from .isolated import isolate_probe, probe_in_child
 from .run_dir import check_probe_target, claim_run_dir
+from .user_config import command_line, run_roots
 from .sharding import per_rank_batch
 from .training import FINAL_MODEL, METRICS, check_fresh_target, check_steps_left, check_resume_target, find_resume, rank_fields, read_checkpoint, run_training
 
@@ -49,11 +48,13 @@ __all__ = ["COMMANDS", "probe_task", "train_task", "run_app", "run_probe", "run_
 log = logging.getLogger("autobatch")
 
 
-def _run_context() -> tuple[Path, str, bool, object]:
-    """(run directory, the command that reproduces this job, multirun?, verbose)."""
+def _run_context(command: str) -> tuple[Path, str, bool, object]:
+    """(run directory, the command line that reproduces this job, multirun?, verbose). The
+    command is named by the subcommand, not ``hydra.job.name`` (a config of the user's own
+    that sets none has Hydra's, the task's module name), with the user's config flags."""
     hydra_cfg = HydraConfig.get()
-    command = " ".join(["python -m autobatch", hydra_cfg.job.name, *hydra_cfg.overrides.task])
-    return Path(hydra_cfg.runtime.output_dir), command, hydra_cfg.mode == RunMode.MULTIRUN, hydra_cfg.verbose
+    line = command_line(command)
+    return Path(hydra_cfg.runtime.output_dir), line, hydra_cfg.mode == RunMode.MULTIRUN, hydra_cfg.verbose
 
 
 def _write_json(path: Path, data: dict[str, Any]) -> None:
@@ -75,7 +76,7 @@ def probe_kwargs(cfg: DictConfig, workload: Workload) -> dict[str, Any]:
     probe = cfg.probe
     cache: bool | str = bool(probe.cache)
     if cache and probe.cache_dir is not None:
-        cache = str(probe.cache_dir)
+        cache = str(_from_launch_dir(str(probe.cache_dir)))
     kwargs = dict(
         start=probe.start,
         max_batch=probe.max_batch,
@@ -92,6 +93,16 @@ def probe_kwargs(cfg: DictConfig, workload: Workload) -> dict[str, Any]:
     if cap is not None and (probe.max_batch is None or probe.max_batch > cap):
         kwargs["max_batch"] = cap
     return kwargs
+
+
+def _from_launch_dir(path: str) -> Path:
+    """A relative ``path`` from the command line, against the directory the command ran in:
+    under ``hydra.job.chdir=true`` the job runs in its run directory, where a relative
+    ``probe.cache_dir`` was a new, empty cache each run."""
+    resolved = Path(path).expanduser()
+    if resolved.is_absolute() or not HydraConfig.initialized():
+        return resolved
+    return Path(HydraConfig.get().runtime.cwd) / resolved
 
 
 def dataset_cap(workload: Workload) -> int | None:
@@ -182,7 +193,7 @@ def _write_plan(out_dir: Path, planned: Plan, command: str, global_batch: int) -
 def probe_task(cfg: DictConfig) -> dict[str, Any]:
     """``python -m autobatch probe``: find the largest batch, write ``result.json``; with
     ``train.global_batch`` plan that global batch too and write ``plan.json``."""
-    out_dir, command, multirun, verbose = _run_context()
+    out_dir, command, multirun, verbose = _run_context("probe")
     with reported(multirun=multirun, verbose=verbose):
         ranks.join(cfg)
         out_dir = ranks.shared_run_dir(out_dir)
@@ -251,14 +262,14 @@ def _prepare(cfg: DictConfig, workload: Workload, out_dir: Path, command: str,
 
 
 def _agreed_resume_target(value: str, checkpoint_dir: str, base: Path, out_dir: Path,
-                          sweep: bool = False) -> tuple[Path, bool]:
+                          sweep: bool = False, roots: list[Path] | None = None) -> tuple[Path, bool]:
     """The checkpoint to resume and whether it is the run directory's own, judged by every rank
     before any rank writes into the shared run directory (one sync point under ``torchrun``):
     without it, rank 0 went on and made ``metrics.jsonl`` while a later rank still looked, and
     took it for another run's. In a ``sweep``, ``latest`` is only a job's own checkpoint: the
     newest elsewhere may be an earlier job's of the same sweep (each job then resumed the last)."""
     def judge() -> tuple[Path, bool]:
-        path = find_resume(value, checkpoint_dir, base, run_dir=out_dir)
+        path = find_resume(value, checkpoint_dir, base, run_dir=out_dir, roots=roots)
         own = check_resume_target(path, out_dir, checkpoint_dir, value)  # never another run's files
         if sweep and value == "latest" and not own:
             raise ValueError(
@@ -293,7 +304,7 @@ def _resume_from(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
     base = Path(HydraConfig.get().runtime.cwd)
     value = str(cfg.train.resume)
     sweep = HydraConfig.get().mode == RunMode.MULTIRUN
-    path, own = _agreed_resume_target(value, cfg.train.checkpoint_dir, base, out_dir, sweep=sweep)
+    path, own = _agreed_resume_target(value, cfg.train.checkpoint_dir, base, out_dir, sweep=sweep, roots=run_roots(base))
     state = read_checkpoint(path, sharded=bool(cfg.train.get("fsdp")))
     check_steps_left(cfg.train, state, path)
     global_batch = int(state["result"]["global_batch"])
@@ -313,7 +324,7 @@ def _resume_from(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
 def train_task(cfg: DictConfig) -> dict[str, Any]:
     """``python -m autobatch train``: probe or plan (unless ``train.micro_batch``), then
     train on the runner; or continue a run with ``train.resume``."""
-    out_dir, command, multirun, verbose = _run_context()
+    out_dir, command, multirun, verbose = _run_context("train")
     with reported(multirun=multirun, verbose=verbose):
         ranks.join(cfg)
         out_dir = ranks.shared_run_dir(out_dir)  # rank 0's, where every rank's checkpoint shards go
@@ -355,7 +366,7 @@ def train_task(cfg: DictConfig) -> dict[str, Any]:
             "config": _resolved(cfg),
         }
         _write_json(out_dir / "train_result.json", summary)
-        _print_training(run, setup["notes"])
+        print_training(run, setup["notes"])
         print(f"result          {out_dir / 'train_result.json'}")
         return _row(  # batch_size: the (final) micro-batch it trained at
             probe, batch_size=run.micro_batch, global_batch=run.global_batch, steps=run.steps,
@@ -363,24 +374,6 @@ def train_task(cfg: DictConfig) -> dict[str, Any]:
             final_loss=None if run.last_loss is None else round(run.last_loss, 4),
         )  # fmt: skip
     raise AssertionError("unreachable")
-
-
-def _print_training(run: RunResult, notes: list[str]) -> None:
-    world = dist_sync.world_size()
-    share = run.global_batch // world
-    accumulation = len(micro_batch_sizes(share, run.micro_batch)) if run.micro_batch else 1
-    split = f"{world} ranks x micro-batch" if world > 1 else "micro-batch"
-    print(
-        f"trained         {run.steps_this_run} steps ({run.steps} in all) of global batch {run.global_batch} = "
-        f"{split} {run.micro_batch} x {accumulation} in {run.elapsed_s:.2f} s ({run.samples_per_s:.1f} samples/s)"
-    )
-    if run.last_loss is not None:
-        print(f"loss            {run.last_loss:.4f} (last step)")
-    print(f"oom recoveries  {len(run.oom_recoveries)}" + ("; activation checkpointing on" if run.checkpointing else ""))
-    if run.checkpoint_path:
-        print(f"checkpoint      {run.checkpoint_path}")
-    for note in notes:
-        print(f"note            {note}")
 
 
 #: subcommand -> (task function, primary config name, one-line description)

@@ -4,7 +4,9 @@ Hydra reports a constructor that rejects a value as "Error in call to target '..
 ValueError(...)", which names neither the config key nor the override that set the value.
 :func:`construct` turns it into one ``ValueError`` line naming both (bad input, exit status 2);
 an exception that is not about the arguments (out of memory, an error in the user's code)
-is raised as it is.
+is raised as it is. A constructor that cannot open what a value names (``root: /missing``:
+``FileNotFoundError``, ``NotADirectoryError``, ``PermissionError``) is bad input too: the same
+one line, naming the key and the path.
 """
 
 from __future__ import annotations
@@ -21,6 +23,9 @@ __all__ = ["construct"]
 
 #: The exceptions a constructor raises for a value it rejects: bad input, exit status 2.
 _REJECTED = (ValueError, TypeError, IndexError, KeyError, AssertionError)
+#: A path among its arguments that does not exist, is not a directory, or may not be read:
+#: bad input as well (a wrong ``root``), not a failure at run time.
+_UNOPENABLE = (FileNotFoundError, NotADirectoryError, IsADirectoryError, PermissionError)
 #: The other keys whose value reaches a group's constructor (``optimizer.lr`` is ``train.lr``).
 _FED_BY = {"optimizer": ("train.lr",)}
 
@@ -46,18 +51,18 @@ def construct(key: str, node: Any, **kwargs: Any) -> Any:
     ``train.lr=-1``, ``model.dropout=1.5``) is one ``ValueError`` line naming ``key``, its
     ``_target_`` and the command line's overrides of it, instead of Hydra's "Error in call to
     target"; any other exception (out of memory, an error in the user's code) is raised as it
-    is."""
+    is. A path it cannot open (``FileNotFoundError``, ``NotADirectoryError``, ``PermissionError``)
+    is reported the same way."""
     try:
         return instantiate(node, _convert_="all", **kwargs)
     except InstantiationException as exc:
         cause = exc.__cause__
-        if not isinstance(cause, _REJECTED):
+        if not isinstance(cause, (*_REJECTED, *_UNOPENABLE)):
             if cause is not None:
                 raise cause from None
             raise
         target = node.get("_target_") if hasattr(node, "get") else None
         given = _overrides_of(key)
         fix = f"check {' '.join(given)}" if given else f"check the {key} keys (python -m autobatch probe --cfg job)"
-        raise ValueError(
-            f"{key}: {target} rejected its arguments ({type(cause).__name__}: {one_line(cause)}); {fix}"
-        ) from None
+        what = "could not open a path it was given" if isinstance(cause, _UNOPENABLE) else "rejected its arguments"
+        raise ValueError(f"{key}: {target} {what} ({type(cause).__name__}: {one_line(cause)}); {fix}") from None

@@ -19,11 +19,13 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any, Iterator, Sequence
 
+from ..dist import agreement as dist_sync
+from ..planning.accumulation import micro_batch_sizes
 from ..probe.result import ProbeResult
 from ..probe.trial import TrialRecord, watch_trials
 from ..memory.units import format_bytes
 
-__all__ = ["print_result", "render_table", "trial_progress", "write_probe_plot", "PLOT_FILE"]
+__all__ = ["print_result", "print_training", "render_table", "trial_progress", "write_probe_plot", "PLOT_FILE"]
 
 log = logging.getLogger("autobatch")
 
@@ -190,3 +192,23 @@ def write_probe_plot(cfg: Any, result: ProbeResult, out_dir: Path) -> Path | Non
 def _plot_wanted(cfg: Any) -> bool:
     probe = cfg.get("probe") if hasattr(cfg, "get") else None
     return bool(probe.get("plot", True)) if probe is not None else True
+
+
+# -- the training summary -------------------------------------------------------------------
+def print_training(run: Any, notes: Sequence[str]) -> None:
+    """The summary of a training run (a :class:`~autobatch.RunResult`) and its notes."""
+    world = dist_sync.world_size()
+    share = run.global_batch // world
+    accumulation = len(micro_batch_sizes(share, run.micro_batch)) if run.micro_batch else 1
+    split = f"{world} ranks x micro-batch" if world > 1 else "micro-batch"
+    print(
+        f"trained         {run.steps_this_run} steps ({run.steps} in all) of global batch {run.global_batch} = "
+        f"{split} {run.micro_batch} x {accumulation} in {run.elapsed_s:.2f} s ({run.samples_per_s:.1f} samples/s)"
+    )
+    if run.last_loss is not None:
+        print(f"loss            {run.last_loss:.4f} (last step)")
+    print(f"oom recoveries  {len(run.oom_recoveries)}" + ("; activation checkpointing on" if run.checkpointing else ""))
+    if run.checkpoint_path:
+        print(f"checkpoint      {run.checkpoint_path}")
+    for note in notes:
+        print(f"note            {note}")

@@ -34,6 +34,7 @@ from ..dist import agreement as dist_sync
 from ..probe.promise import forget_own_layout
 from ..probe.result import ProbeResult
 from .errors import RUNTIME_FAILURE, CLIError
+from .preflight import QUIET_ENV
 
 __all__ = ["child_command", "child_environment", "isolate_probe", "probe_in_child"]
 
@@ -105,7 +106,8 @@ def probe_in_child(out_dir: Path) -> ProbeResult:
     the run directory ``hydra.job.chdir=true`` moved this process into: relative paths in the
     overrides and the user's own modules resolve there as they did for this process."""
     cwd = HydraConfig.get().runtime.cwd if HydraConfig.initialized() else None
-    done = subprocess.run(child_command(out_dir.resolve()), check=False, cwd=cwd, env=child_environment())
+    environ = {**child_environment(), QUIET_ENV: "1"}  # this process already named the keys a run ignores
+    done = subprocess.run(child_command(out_dir.resolve()), check=False, cwd=cwd, env=environ)
     result_file = out_dir / "result.json"
     if done.returncode != 0 or not result_file.is_file():
         raise CLIError(f"the probe's child process (probe.isolate) failed with exit status {done.returncode}; "

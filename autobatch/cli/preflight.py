@@ -10,6 +10,13 @@ report with a traceback. With a flag that prints the config (``--cfg``, ``--info
 overrides are composed (a misspelt key is still one line) but not validated: the config is
 shown as given. Anything it cannot judge (``--help``, sweeper plugins' own syntax) is left
 to Hydra.
+
+A config of the user's own (``--config-dir``, ``--config-name``) is composed the same way, on
+the search path Hydra will use (:mod:`autobatch.cli.user_config`): a missing directory or config
+is one line, as is a config that lacks keys because it does not extend the packaged one.
+``--shell-completion`` is refused (Hydra's completion needs a script of its own to call).
+Keys the run will not read (:mod:`autobatch.cli.ignored`) and a config that does not extend the
+packaged one are named in ``autobatch: warning:`` lines, once each, and the run goes on.
 """
 
 from __future__ import annotations
@@ -18,19 +25,22 @@ import dataclasses
 import itertools
 import os
 import re
+import sys
 import tempfile
 import typing
 from pathlib import Path
 from typing import Sequence
 
-from hydra import compose, initialize_config_module
+from hydra import compose
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import OmegaConf
 
 from .build import validate
-from .conf import CONF_MODULE
 from .config import ProbeAppConfig
 from .errors import BAD_INPUT, CLIError, describe
+from .ignored import ignored_keys
+from .ranks import launched_rank
+from .user_config import check_config_name, check_extends, composing, config_flags, without_config_flags
 from .validation import close_match
 
 __all__ = ["check", "job_overrides", "MAX_JOBS_CHECKED"]
@@ -38,10 +48,12 @@ __all__ = ["check", "job_overrides", "MAX_JOBS_CHECKED"]
 #: Sweeps larger than this are checked on their first jobs only.
 MAX_JOBS_CHECKED = 64
 #: Hydra flags after which a check makes no sense (Hydra prints or does something else).
-_HANDS_OFF = {
-    "-h", "--help", "--hydra-help", "--version", "-sc", "--shell-completion", "--experimental-rerun",
-    "-cp", "--config-path", "-cn", "--config-name", "-cd", "--config-dir",
-}  # fmt: skip
+_HANDS_OFF = {"-h", "--help", "--hydra-help", "--version", "--experimental-rerun"}
+#: Hydra's flags that the dispatcher cannot honour: ``python -m autobatch`` is no script that
+#: Hydra's shell completion could call back.
+_REFUSED = {"-sc", "--shell-completion"}
+#: Set in ``train``'s child probe (:mod:`autobatch.cli.isolated`): its parent already warned.
+QUIET_ENV = "AUTOBATCH_NO_WARNINGS"
 #: Hydra flags that print the config instead of running, and whether a value follows them
 #: (``"optional"``: only one of ``_INFO_CHOICES``).
 _PRINTING = {"-c": True, "--cfg": True, "-p": True, "--package": True, "--resolve": False, "-i": "optional", "--info": "optional"}
@@ -133,27 +145,55 @@ def _output_dir(config_name: str, job: list[str], multirun: bool) -> None:
         _check_output_dir(key, str(value))
 
 
-def check(config_name: str, args: Sequence[str]) -> None:
-    """Raise :class:`CLIError` (exit 2) naming the first problem in ``args``; else return."""
+def _warn(lines: Sequence[str], said: set[str]) -> None:
+    """Print each warning once (a sweep composes many jobs), on rank 0 only under a launcher."""
+    for line in lines:
+        if line not in said and launched_rank() == 0 and not os.environ.get(QUIET_ENV):
+            print(f"autobatch: warning: {line}", file=sys.stderr)
+        said.add(line)
+
+
+def _refuse_flags(command: str, args: Sequence[str]) -> None:
+    """``CLIError`` for a Hydra flag the dispatcher cannot honour, and for unknown options."""
+    refused = [arg for arg in args if arg.split("=", 1)[0] in _REFUSED]
+    if refused:
+        raise CLIError(f"{refused[0]}: shell completion is not available for python -m autobatch (Hydra's completion "
+                       f"calls back a script of its own); see python -m autobatch {command} --help for the keys")
+    unknown = [arg for arg in args if arg.startswith("-") and arg not in _MULTIRUN]
+    if unknown:
+        raise CLIError(f"unknown option {unknown[0]!r}; see python -m autobatch {command} --help")
+
+
+def check(command: str, args: Sequence[str]) -> None:
+    """Raise :class:`CLIError` (exit 2) naming the first problem in ``args``; else return
+    (after printing a warning line for each key the run will not read)."""
+    config_dir, config_name = config_flags(args)  # also before --help: Hydra reports these over several lines
+    args = without_config_flags(args)
     if any(arg.split("=", 1)[0] in _HANDS_OFF for arg in args):
         return
     args, printing = _without_printing_flags(args)
     multirun = any(arg in _MULTIRUN for arg in args)
     overrides = [arg for arg in args if arg not in _MULTIRUN]
-    unknown = [arg for arg in overrides if arg.startswith("-")]
-    if unknown:
-        raise CLIError(f"unknown option {unknown[0]!r}; see python -m autobatch {config_name} --help")
+    _refuse_flags(command, overrides)
+    name = config_name or command
     try:
         jobs = job_overrides(overrides, multirun)
-        with initialize_config_module(CONF_MODULE, version_base="1.3", job_name=config_name):
-            for job in jobs:
-                cfg = compose(config_name, overrides=job)
+        warnings: list[str] = []
+        with composing(command, config_dir):
+            check_config_name(name, config_dir)
+            packaged = compose(command)  # what the user did not change
+            for index, job in enumerate(jobs):
+                cfg = compose(name, overrides=job)
+                if index == 0 and config_name is not None:
+                    warnings += filter(None, [check_extends(command, name, job, cfg)])
                 if not printing:
                     validate(cfg)
+                    warnings += ignored_keys(command, cfg, packaged)
             if not printing:
-                _output_dir(config_name, jobs[0], multirun)
+                _output_dir(name, jobs[0], multirun)
     except CLIError:
         raise
     except Exception as exc:  # noqa: BLE001 - turned into one line
         message, _ = describe(exc)
         raise CLIError(_override_hint(message), BAD_INPUT) from exc
+    _warn(warnings, set())

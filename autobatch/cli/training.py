@@ -24,7 +24,9 @@ all ranks (the sum of the ranks' shares), ``micro_batch`` and ``accumulation`` a
 Checkpoints are written from the step hook *after* the step's metrics line, so a run killed
 at any instant has a metrics line for every step in its checkpoint; on resume, lines after
 the checkpoint (steps that will run again) are dropped, so the file lists every applied
-update exactly once.
+update exactly once. A run stopped by Ctrl-C, SIGTERM or an out-of-memory error it cannot
+recover from saves its checkpoint first and names the command that continues it
+(:mod:`autobatch.cli.interrupt`).
 """
 
 from __future__ import annotations
@@ -48,9 +50,10 @@ from ..training.sharded_files import base_path, check_sharded_resume, sharded_se
 from ..training.faults import FaultInjector
 from ..training.run_result import RunResult
 from ..training.runner import Runner
-from ..errors import CheckpointError
+from ..errors import CheckpointError, StepOutOfMemoryError
 from .build import Workload, cross_entropy_loss
 from .data import training_data
+from .interrupt import Interrupts, stopped
 
 __all__ = ["METRICS", "FINAL_MODEL", "checkpoint_in", "find_resume", "check_resume_target", "check_fresh_target", "run_files", "records_updates", "read_checkpoint", "check_steps_left", "runner_options", "run_training", "rank_fields"]
 
@@ -71,14 +74,18 @@ def _exists(path: Path) -> bool:
     return path.is_file() or bool(sharded_sets(path))
 
 
-def find_resume(value: str, checkpoint_dir: str, base: Path, run_dir: Path | None = None) -> Path:
+def find_resume(value: str, checkpoint_dir: str, base: Path, run_dir: Path | None = None,
+                roots: list[Path] | None = None) -> Path:
     """The checkpoint file ``train.resume=value`` names: a ``last.pt``, its directory, a run
     directory (``<run>/<checkpoint_dir>/last.pt``), or ``latest``: the checkpoint of this run's
     own directory ``run_dir`` when it has one (``hydra.run.dir`` of a run to continue), else the
-    newest under ``base/outputs/train`` and ``base/multirun/train``, at any depth (a run
-    directory such as ``outputs/train/runA`` is found too); with an absolute ``checkpoint_dir``
-    the one checkpoint there. A sharded (FSDP2) checkpoint is named by its ``last.pt``
-    although only its ``last.rank<r>-of-<world>.pt`` files exist."""
+    newest under ``roots`` (where the config's runs go), ``base/outputs/train`` and
+    ``base/multirun/train`` (the packaged config's), at any depth (a run directory such as
+    ``outputs/train/runA`` is found too); with an absolute ``checkpoint_dir`` the one checkpoint
+    there. A sharded (FSDP2) checkpoint is named by its ``last.pt`` although only its
+    ``last.rank<r>-of-<world>.pt`` files exist. ``latest`` is refused when a run newer than the
+    newest checkpoint recorded updates but wrote no checkpoint (killed outright): the newest
+    checkpoint is then an older, unrelated run's, which ``latest`` silently continued."""
     if value == "latest":
         if run_dir is not None and _exists(checkpoint_in(run_dir, checkpoint_dir)):
             return checkpoint_in(run_dir, checkpoint_dir)
@@ -86,16 +93,19 @@ def find_resume(value: str, checkpoint_dir: str, base: Path, run_dir: Path | Non
             found = [checkpoint_in(base, checkpoint_dir)]
             where = str(found[0].parent)
         else:
-            roots = [base / "outputs" / "train", base / "multirun" / "train"]
+            roots = list(dict.fromkeys([*(roots or []), base / "outputs" / "train", base / "multirun" / "train"]))
             patterns = [f"**/{checkpoint_dir}/{name}" for name in (CHECKPOINT_NAME, "last.rank0-of-*.pt")]
             found = list(dict.fromkeys(base_path(p) for root in roots for pattern in patterns for p in root.glob(pattern)))
-            where = f"{roots[0]} or {roots[1]}"
+            where = " or ".join(map(str, roots))
         found = [p for p in found if _exists(p)]
         if not found:
             raise ValueError(
                 f"train.resume=latest: no checkpoint under {where}; give the path of a last.pt or of a run directory"
             )
-        return max(found, key=_written_at)
+        newest = max(found, key=_written_at)
+        if not Path(checkpoint_dir).expanduser().is_absolute():
+            _check_no_newer_run(newest, checkpoint_dir, roots or [], run_dir)
+        return newest
     path = Path(value).expanduser()
     if not path.is_absolute():
         path = base / path
@@ -103,6 +113,23 @@ def find_resume(value: str, checkpoint_dir: str, base: Path, run_dir: Path | Non
         if _exists(candidate):
             return candidate
     raise ValueError(f"train.resume={value!r}: no checkpoint at {resolve_checkpoint(path)}; give a last.pt, its directory or a run directory")
+
+
+def _check_no_newer_run(newest: Path, checkpoint_dir: str, roots: list[Path], run_dir: Path | None) -> None:
+    """``ValueError`` when a run under ``roots`` recorded updates after the checkpoint ``newest``
+    was written and has no checkpoint of its own: ``latest`` would continue an older run."""
+    owner = newest.parents[len(Path(checkpoint_dir).parts)]
+    written = _written_at(newest)
+    for metrics in (m for root in roots for m in root.glob(f"**/{METRICS}")):
+        run = metrics.parent
+        if run in (owner, run_dir) or metrics.stat().st_mtime <= written or _exists(checkpoint_in(run, checkpoint_dir)):
+            continue
+        if records_updates(metrics):
+            raise ValueError(
+                f"train.resume=latest: the newest run, {run}, has no checkpoint (it stopped before writing one), and "
+                f"the newest checkpoint is an older run's, {owner}; to continue that one give "
+                f"train.resume={newest}, or start afresh without train.resume"
+            )
 
 
 def check_resume_target(path: Path, run_dir: Path, checkpoint_dir: str, value: str) -> bool:
@@ -306,9 +333,18 @@ def run_training(
     clock = [time.perf_counter()]
     ranks = dist_sync.world_size()
 
-    with _metrics_file(out_dir / METRICS, resumed_step if resume is not None else None) as metrics:
+    logged: list[int | None] = [None]  # the last step whose line this run wrote
+    interrupts = Interrupts(enabled=not dist_sync.is_distributed())  # distributed: see autobatch.cli.interrupt
+    with _metrics_file(out_dir / METRICS, resumed_step if resume is not None else None) as metrics, interrupts:
 
         def on_step_end(info: dict[str, Any]) -> None:
+            with interrupts.atomic():  # a signal waits for the line (and a checkpoint) to be whole
+                _record(info)
+            if delay:  # testing: time to kill the run mid-way; not counted in the next step
+                time.sleep(delay)
+                clock[0] = time.perf_counter()
+
+        def _record(info: dict[str, Any]) -> None:
             now = time.perf_counter()
             seconds, clock[0] = now - clock[0], now
             samples = info["samples"]
@@ -326,14 +362,19 @@ def run_training(
             }
             metrics.write(json.dumps(record) + "\n")
             metrics.flush()
+            logged[0] = info["step"]
             if every and info["step"] % every == 0:
                 runner.save()
-            if delay:  # testing: time to kill the run mid-way; not counted in the next step
-                time.sleep(delay)
-                clock[0] = time.perf_counter()
 
         steps = None if train.epochs is not None else int(train.steps)
-        result = runner.fit(data, epochs=train.epochs, steps=steps, resume=resume, on_step_end=on_step_end)
+        try:
+            result = runner.fit(data, epochs=train.epochs, steps=steps, resume=resume, on_step_end=on_step_end)
+        except (KeyboardInterrupt, StepOutOfMemoryError) as exc:
+            if not interrupts.enabled:
+                raise
+            with interrupts.atomic():  # a second Ctrl-C waits for the save
+                stopped(exc, runner, interrupts, out_dir=out_dir, logged=logged[0], metrics=metrics, resume=resume)
+            raise  # not reached: stopped() exits or raises
     optimizer.zero_grad(set_to_none=True)
     if has_dtensors(model):  # FSDP2: gathered from every rank's shards (a collective), rank 0 writes
         from ..dist.fsdp import full_state_dict

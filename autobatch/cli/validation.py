@@ -169,12 +169,30 @@ def check_input_shape(cfg: DictConfig) -> None:
         )
 
 
+def _describe_sample(sample: Any) -> str:
+    """What a dataset's sample is, for a message: its type, and its items or shape."""
+    if isinstance(sample, (tuple, list)):
+        return f"a {type(sample).__name__} of {len(sample)} items ({', '.join(type(item).__name__ for item in sample)})"
+    if isinstance(sample, dict):
+        return f"a dict with keys {', '.join(map(str, list(sample)[:6]))}"
+    if isinstance(sample, torch.Tensor):
+        return f"a tensor of shape {list(sample.shape)}"
+    return f"a {type(sample).__name__}"
+
+
 def check_dataset_inputs(cfg: DictConfig, dataset: Any) -> None:
-    """A ``_target_`` dataset's inputs (its first sample's) must suit a built-in model: token
-    ids (integers) for ``tokens``, floating tensors of the model's rank for ``tensor``."""
+    """A ``_target_`` dataset's samples must be ``(input, target)`` pairs (the CLI's loss takes
+    them apart; anything else failed deep in training as "too many values to unpack"), judged
+    by its first sample; and their inputs must suit a built-in model: token ids (integers) for
+    ``tokens``, floating tensors of the model's rank for ``tensor``."""
     found = _input_kind(cfg)
     sample = dataset[0] if len(dataset) else None
-    inputs = sample[0] if isinstance(sample, (tuple, list)) and sample else None
+    if sample is not None and not (isinstance(sample, (tuple, list)) and len(sample) == 2):
+        raise ValueError(
+            f"data.dataset={cfg.data.dataset.get('_target_')}: its samples must be (input, target) pairs, but "
+            f"data.dataset[0] is {_describe_sample(sample)}; give a dataset whose __getitem__ returns (input, target)"
+        )
+    inputs = sample[0] if sample is not None else None
     if found is None or not isinstance(inputs, torch.Tensor):
         return  # a _target_ model takes what its dataset gives; anything else is for collate to judge
     kind, dims = found

@@ -40,6 +40,7 @@ import datetime
 import json
 import logging
 import os
+import re
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -265,16 +266,19 @@ class ProbeCache:
 
     def clear(self) -> int:
         """Delete every entry, of this schema or an older one, and leftover temporary files;
-        return how many entries went. Any other file, JSON or not, stays: ``--dir`` may name a
-        directory that holds more than the cache. A lock file that cannot be created raises
-        :class:`CacheLockError`; a file that cannot be deleted, its ``OSError``."""
+        return how many entries went. A file named as an entry is (``<64 hex digits>.json``) goes
+        too, even when it cannot be read (torn, corrupt, no read permission): the probe skips it
+        with a warning every time, and ``clear`` is how to be rid of it. Any other file, JSON or
+        not, stays: ``--dir`` may name a directory that holds more than the cache. A lock file
+        that cannot be created raises :class:`CacheLockError`; a file that cannot be deleted,
+        its ``OSError``."""
         if not self.directory.is_dir():
             return 0
         removed = 0
         with self._lock():
             for path in self.directory.glob("*.json"):
                 temporary = path.name.startswith(".tmp-")
-                if not temporary and not _is_entry(path):
+                if not temporary and not _ENTRY_NAME.fullmatch(path.name) and not _is_entry(path):
                     continue
                 try:
                     path.unlink()
@@ -282,6 +286,10 @@ class ProbeCache:
                     continue
                 removed += not temporary
         return removed
+
+
+#: The name of an entry's file: its key, a SHA-256 digest in hex.
+_ENTRY_NAME = re.compile(r"[0-9a-f]{64}\.json")
 
 
 def _is_entry(path: Path) -> bool:

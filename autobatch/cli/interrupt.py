@@ -1,0 +1,133 @@
+"""Stop ``python -m autobatch train`` on Ctrl-C or SIGTERM without losing its progress.
+
+Before, an interrupted run (Ctrl-C, or the SIGTERM a scheduler sends before it kills a job) or
+one that ran out of memory beyond recovery ended with a traceback and saved nothing: with the
+default ``train.checkpoint_every=0`` every step was lost, with ``checkpoint_every=10`` the steps
+since the last save. Now :class:`Interrupts` turns both signals into ``KeyboardInterrupt`` in the
+main thread while the runner trains, and :func:`stopped` saves a checkpoint, prints one line
+naming it and the command that continues the run, and exits 130 (SIGINT) or 143 (SIGTERM);
+after the error, its one ``autobatch: error:`` line names the checkpoint too (exit status 1).
+
+Saving then is safe: the runner undoes a step it was stopped in (the optimizer's half-applied
+update, the buffers, the random state, the micro-batch) before the exception leaves ``fit``
+(:mod:`autobatch.training.runner`), so the checkpoint holds exactly the steps applied. The step
+hook (its ``metrics.jsonl`` line, a periodic checkpoint) runs with the signals held
+(:meth:`Interrupts.atomic`) so a line is never half-written; an update applied just before its
+hook ran gets its line written here, so ``metrics.jsonl`` lists every step in the checkpoint.
+
+Under ``torch.distributed`` nothing of this is done: saving is a collective every rank must
+join, and a signal reaches the ranks at different steps (or only some of them), so a save
+could hang or mix steps; the ranks stop as before, and ``train.checkpoint_every`` is what a
+distributed run resumes from.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+import threading
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Iterator
+
+from ..errors import StepOutOfMemoryError
+from .errors import CLIError, describe
+from .user_config import command_line
+
+__all__ = ["Interrupts", "stopped", "continue_command"]
+
+_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+class Interrupts:
+    """While entered (in the main thread): SIGINT and SIGTERM raise ``KeyboardInterrupt``,
+    except inside :meth:`atomic`, which holds one until it ends; :attr:`received` is the last
+    signal. The handlers in place before are put back on exit; a signal ignored before (a
+    ``nohup`` run's SIGINT) stays ignored."""
+
+    def __init__(self, enabled: bool = True) -> None:
+        self.enabled = enabled and threading.current_thread() is threading.main_thread()
+        self.received: signal.Signals | None = None
+        self._held = 0
+        self._pending = False
+        self._previous: dict[signal.Signals, Any] = {}
+
+    def __enter__(self) -> "Interrupts":
+        if self.enabled:
+            for sig in _SIGNALS:
+                if signal.getsignal(sig) is not signal.SIG_IGN:
+                    self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
+        self._previous.clear()
+
+    def _handle(self, signum: int, frame: object) -> None:
+        self.received = signal.Signals(signum)
+        if self._held:
+            self._pending = True
+            return
+        raise KeyboardInterrupt
+
+    @contextmanager
+    def atomic(self) -> Iterator[None]:
+        """Hold SIGINT and SIGTERM until the block ends, then raise ``KeyboardInterrupt``."""
+        self._held += 1
+        try:
+            yield
+        finally:
+            self._held -= 1
+        if self._pending and not self._held:
+            self._pending = False
+            raise KeyboardInterrupt
+
+    @property
+    def exit_code(self) -> int:
+        """128 + the signal's number: 130 for SIGINT (also a Ctrl-C no handler saw), 143 for SIGTERM."""
+        return 128 + int(self.received or signal.SIGINT)
+
+
+def continue_command(out_dir: Path) -> str:
+    """The command line that continues this run in its own directory (``metrics.jsonl`` then
+    goes on from the checkpoint's step): its config flags and overrides, with
+    ``train.resume=latest hydra.run.dir=<out_dir>``."""
+    return command_line("train", extra=["train.resume=latest", f"hydra.run.dir={out_dir}"], drop=["train.resume"], quote=True)
+
+
+def _missing_line(runner: Any, logged: int | None, metrics: Any) -> None:
+    """Write the ``metrics.jsonl`` line of an update that was applied but stopped before its
+    hook wrote the line (a signal between the two): the checkpoint will hold that step."""
+    if logged is not None and runner.step <= logged:
+        return
+    loss = getattr(runner, "_last_loss", None)
+    metrics.write(json.dumps({
+        "step": runner.step, "epoch": runner.epoch, "loss": None if loss is None else float(loss),
+        "micro_batch": runner.micro_batch, "accumulation": None, "ranks": 1, "samples": None, "seconds": None,
+        "samples_per_s": None, "recoveries": len(runner.result.oom_recoveries),
+    }) + "\n")  # fmt: skip
+    metrics.flush()
+
+
+def stopped(exc: BaseException, runner: Any, interrupts: Interrupts, *, out_dir: Path, logged: int | None,
+            metrics: Any, resume: Path | None) -> None:
+    """After ``fit`` stopped on an interrupt or a :class:`StepOutOfMemoryError`: save what the run
+    applied (``logged``: the last step whose line this run wrote; None: no step of this run
+    finished, nothing new to keep) and say how to continue. An interrupt then exits 130 or 143
+    with one line; the error becomes one :class:`CLIError` line (exit status 1): its own message,
+    then the checkpoint. A save that fails raises its own error, never hidden."""
+    if logged is None:
+        again = f"; continue with: {continue_command(out_dir)}" if resume is not None else ""
+        line = f"no step of this run finished, nothing saved{again}"
+    else:
+        _missing_line(runner, logged, metrics)
+        line = f"checkpoint {runner.save()}; continue with: {continue_command(out_dir)}"
+    if isinstance(exc, StepOutOfMemoryError):
+        message, code = describe(exc)
+        raise CLIError(f"{message.rstrip('.')}; the steps before it are saved, step {runner.step}: {line}", code) from exc
+    name = (interrupts.received or signal.SIGINT).name
+    print(f"autobatch: interrupted ({name}) at step {runner.step}; {line}", file=sys.stderr)
+    sys.stdout.flush()
+    raise SystemExit(interrupts.exit_code)

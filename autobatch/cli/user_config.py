@@ -1,0 +1,208 @@
+"""A config of the user's own (``--config-dir DIR --config-name NAME``), judged before Hydra runs.
+
+Hydra's way to change a packaged app's config is a config that extends it through its
+defaults list, setting only what differs::
+
+    # myconf/mytrain.yaml; python -m autobatch train --config-dir myconf --config-name mytrain
+    defaults:
+      - train      # autobatch's own train config (probe for probe): its groups, optimizer.lr: ${train.lr},
+      - _self_     #   the run and sweep directories, the job name and the sweep summary
+    train:
+      lr: 0.5
+
+``--config-dir`` adds DIR to the search path after autobatch's configs (``pkg://autobatch.conf``),
+so ``train``, ``probe`` and every group option (``model: mlp``) resolve as before, DIR's own
+options (``myconf/model/tiny.yaml``) join the groups, and a YAML of DIR named ``train`` or
+``probe`` is never found (the packaged one is): give yours another name.
+
+A config that does not extend the packaged one loses what only that one wires up: the
+optimizer's ``lr`` is no longer ``train.lr``, runs go to Hydra's ``outputs/<date>/<time>``, and
+sweeps have no summary. :func:`check_extends` says so in one warning; when the config lacks keys
+the commands need (``model``, ``train``...) it is refused in one line naming the fix. Hydra's
+own handling of these flags prints a missing directory or config over several lines with exit
+status 1; :func:`config_flags` checks them first. ``--config-path`` *replaces* the packaged
+configs instead of adding to them (nothing a user config extends is left), so it is refused
+with a pointer to ``--config-dir``.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator, Sequence
+
+from hydra import initialize_config_module
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig, OmegaConf
+
+from .conf import CONF_MODULE
+from .errors import CLIError
+
+__all__ = [
+    "CONFIG_DIR_FLAGS", "CONFIG_NAME_FLAGS", "CONFIG_PATH_FLAGS", "REQUIRED_KEYS", "config_flags",
+    "without_config_flags", "composing", "check_config_name", "check_extends", "rerun_flags", "command_line",
+    "run_roots",
+]  # fmt: skip
+
+CONFIG_DIR_FLAGS = ("-cd", "--config-dir")
+CONFIG_NAME_FLAGS = ("-cn", "--config-name")
+CONFIG_PATH_FLAGS = ("-cp", "--config-path")
+#: The top-level keys every command reads; a config without one of them cannot run.
+REQUIRED_KEYS = ("model", "data", "optimizer", "probe", "train", "plan", "device")
+#: The packaged configs a user config of each command may extend.
+_BASES = {"probe": ("probe", "train"), "train": ("train",)}
+_HOW = "put `defaults: [{base}, _self_]` at its top and set only what differs (docs/cli.md, \"Your own config\")"
+
+
+def _flag_value(args: Sequence[str], names: Sequence[str]) -> tuple[str | None, list[int]]:
+    """The value of the last of the flags ``names`` in ``args`` (``-cd DIR`` or ``--config-dir=DIR``)
+    and the indices it and its value take; a flag with no value is one :class:`CLIError`."""
+    value, taken = None, []
+    for index, arg in enumerate(args):
+        name, _, inline = arg.partition("=")
+        if name not in names:
+            continue
+        if "=" in arg:
+            value, spots = inline, [index]
+        elif index + 1 < len(args) and not args[index + 1].startswith("-"):
+            value, spots = args[index + 1], [index, index + 1]
+        else:
+            raise CLIError(f"{name} needs a value: {name} DIR for a directory, {name} NAME for a config")
+        taken += spots
+    return value, taken
+
+
+def config_flags(args: Sequence[str]) -> tuple[str | None, str | None]:
+    """``(config dir, config name)`` that ``args`` give (None: not given), checked: the directory
+    must exist and be a directory; ``--config-path`` is refused (it drops the packaged configs)."""
+    if any(arg.split("=", 1)[0] in CONFIG_PATH_FLAGS for arg in args):
+        raise CLIError(
+            "--config-path replaces autobatch's packaged configs (the probe and train bases a config of your own "
+            "extends); give your config's directory with --config-dir DIR instead"
+        )
+    config_dir, _ = _flag_value(args, CONFIG_DIR_FLAGS)
+    config_name, _ = _flag_value(args, CONFIG_NAME_FLAGS)
+    if config_dir is not None:
+        path = Path(config_dir).expanduser().absolute()
+        if not path.is_dir():
+            what = "is a file, not a directory" if path.exists() else "does not exist"
+            raise CLIError(f"--config-dir {config_dir}: {path} {what}; give the directory that holds your YAML configs")
+    if config_name is not None and not config_name.strip():
+        raise CLIError("--config-name needs a config's name (a YAML in --config-dir, without .yaml)")
+    return config_dir, config_name
+
+
+def without_config_flags(args: Sequence[str]) -> list[str]:
+    """``args`` without ``--config-dir`` and ``--config-name`` and their values."""
+    taken = set(_flag_value(args, CONFIG_DIR_FLAGS)[1]) | set(_flag_value(args, CONFIG_NAME_FLAGS)[1])
+    return [arg for index, arg in enumerate(args) if index not in taken]
+
+
+@contextmanager
+def composing(job_name: str, config_dir: str | None = None) -> Iterator[None]:
+    """Hydra's compose API over the search path the command will have: autobatch's configs,
+    then ``config_dir`` (where ``--config-dir`` puts it, before the structured schemas)."""
+    with initialize_config_module(CONF_MODULE, version_base="1.3", job_name=job_name):
+        if config_dir is not None:
+            from hydra._internal.hydra import Hydra
+            from hydra._internal.utils import create_automatic_config_search_path
+            from hydra.core.config_search_path import SearchPathQuery
+            from hydra.core.global_hydra import GlobalHydra
+
+            search_path = create_automatic_config_search_path(None, f"{CONF_MODULE}.{job_name}", None)
+            where = f"file://{Path(config_dir).expanduser().absolute()}"
+            search_path.prepend(provider="command-line", path=where, anchor=SearchPathQuery(provider="schema"))
+            GlobalHydra.instance().clear()
+            Hydra.create_main_hydra2(job_name, search_path)  # initialize_config_module's exit restores the old one
+        yield
+
+
+def check_config_name(config_name: str, config_dir: str | None) -> None:
+    """``CLIError`` unless the config ``config_name`` is on the search path (call inside
+    :func:`composing`): Hydra's own message lists its search path over several lines."""
+    from hydra.core.global_hydra import GlobalHydra
+
+    loader = GlobalHydra.instance().config_loader()
+    name = config_name.removesuffix(".yaml")
+    if loader.repository.config_exists(name):  # type: ignore[attr-defined]
+        return
+    where = f"{config_dir} or " if config_dir else ""
+    raise CLIError(
+        f"--config-name {config_name}: no {name}.yaml in {where}autobatch's configs (probe, train); "
+        f"give the name of a YAML{' in ' + config_dir if config_dir else ' with --config-dir DIR'}, without .yaml"
+    )
+
+
+def _extended(command: str, config_name: str, overrides: Sequence[str]) -> bool:
+    """Whether the config ``config_name`` is, or extends, the packaged config of ``command``."""
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.types import RunMode
+
+    loader = GlobalHydra.instance().config_loader()
+    try:
+        found = loader.compute_defaults_list(config_name, list(overrides), RunMode.RUN).defaults  # type: ignore[attr-defined]
+    except Exception:  # noqa: BLE001 - compose reports what is wrong with the overrides
+        return True
+    return any(entry.config_path in _BASES[command] for entry in found)
+
+
+def check_extends(command: str, config_name: str, overrides: Sequence[str], cfg: DictConfig) -> str | None:
+    """A warning (None: nothing to say) for a config that does not extend the packaged
+    ``command`` config; ``CLIError`` when it also lacks a key the commands need."""
+    if config_name.removesuffix(".yaml") in _BASES[command] or _extended(command, config_name, overrides):
+        return None
+    base = _BASES[command][0]
+    missing = [key for key in REQUIRED_KEYS if key not in cfg or OmegaConf.is_missing(cfg, key)]
+    if missing:
+        raise CLIError(
+            f"--config-name {config_name} has no {', '.join(missing)} (it does not extend autobatch's {base} config); "
+            + _HOW.format(base=base)
+        )
+    lost = "optimizer.lr is not train.lr, " if command == "train" else ""
+    return (
+        f"--config-name {config_name} does not extend autobatch's {base} config, so {lost}runs go to Hydra's "
+        f"outputs/<date>/<time> and sweeps get no summary; " + _HOW.format(base=base)
+    )
+
+
+def rerun_flags(command: str) -> list[str]:
+    """The config-location flags that run this Hydra job again: ``--config-dir`` for a directory
+    given on the command line, ``--config-name`` for a config other than the command's own."""
+    hydra_cfg = HydraConfig.get()
+    flags = []
+    for source in hydra_cfg.runtime.config_sources:
+        if source.provider == "command-line" and source.schema == "file":
+            flags += ["--config-dir", str(source.path)]  # absolute: Hydra made it so
+    name = hydra_cfg.job.config_name
+    if name and name != command:
+        flags += ["--config-name", name]
+    return flags
+
+
+def command_line(command: str, *, extra: Sequence[str] = (), drop: Sequence[str] = (), quote: bool = False) -> str:
+    """``python -m autobatch <command>`` with this job's config flags and overrides (but keys
+    in ``drop``), then ``extra``: what reproduces (or, with ``extra``, continues) the job."""
+    overrides = [o for o in HydraConfig.get().overrides.task if o.lstrip("+~").split("=", 1)[0] not in drop]
+    words = [*rerun_flags(command), *overrides, *extra]
+    return " ".join(["python -m autobatch", command, *(shlex.quote(w) if quote else w for w in words)])
+
+
+def run_roots(base: Path) -> list[Path]:
+    """Where this config's runs go, for ``train.resume=latest`` to search: the fixed part of
+    ``hydra.run.dir`` and ``hydra.sweep.dir`` before their first interpolation (``outputs/train``
+    of ``outputs/train/${now:...}``; ``outputs`` for a config that sets neither), under ``base``
+    when relative. A directory with no interpolation is one run's, found as the run's own."""
+    hydra_cfg = HydraConfig.get()
+    roots = []
+    for node in (hydra_cfg.run, hydra_cfg.sweep):
+        raw = str(OmegaConf.to_container(node, resolve=False).get("dir", ""))  # type: ignore[union-attr]
+        if "${" not in raw:
+            continue
+        fixed = raw.split("${", 1)[0]
+        root = Path(fixed) if fixed.endswith(("/", os.sep)) else Path(fixed).parent
+        root = root if root.is_absolute() else base / root
+        if root.resolve() not in (base.resolve(), Path(root.anchor)):  # never the whole working directory
+            roots.append(root)
+    return list(dict.fromkeys(roots))

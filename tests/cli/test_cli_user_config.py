@@ -1,0 +1,107 @@
+"""A config of the user's own (``--config-dir``, ``--config-name``): the documented one, which
+extends the packaged config, keeps its wiring (the optimizer's lr is ``train.lr``, the run
+directories ``train.resume=latest`` searches, the recorded command); one that does not extend
+it is named in a warning, or refused in one line when it lacks keys.
+
+In-process runs (``autobatch.__main__.main``) of a tiny MLP.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+from autobatch.__main__ import main
+
+from conftest import REPO
+
+
+@pytest.fixture(autouse=True)
+def _in_tmp(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "argv", ["autobatch"])  # main() sets it for Hydra
+    monkeypatch.delenv("AUTOBATCH_TRACEBACK", raising=False)
+
+
+def _documented_config(directory: Path) -> Path:
+    """Write docs/cli.md's ``myconf/mytrain.yaml`` example into ``directory``."""
+    text = (REPO / "docs" / "cli.md").read_text()
+    block = re.search(r"```yaml\n# myconf/mytrain.yaml\n(.*?)```", text, re.S)
+    assert block, "docs/cli.md lost its myconf/mytrain.yaml example"
+    directory.mkdir(exist_ok=True)
+    (directory / "mytrain.yaml").write_text(block.group(1))
+    return directory
+
+
+def _results(tmp_path: Path) -> list[dict]:
+    found = sorted((tmp_path / "outputs" / "train").glob("**/train_result.json"))
+    return [json.loads(path.read_text()) for path in found]
+
+
+def test_the_documented_config_keeps_the_packaged_wiring_and_resumes_with_latest(tmp_path, capsys):
+    conf = _documented_config(tmp_path / "myconf")
+    flags = ["--config-dir", "myconf", "--config-name", "mytrain"]
+    assert main(["train", *flags]) == 0
+    assert "warning" not in capsys.readouterr().err
+    first = _results(tmp_path)
+    assert len(first) == 1  # in Hydra's run directory of the packaged train config: outputs/train/<date>/<time>
+    assert first[0]["config"]["optimizer"]["lr"] == 0.5 == first[0]["config"]["train"]["lr"]
+    assert first[0]["command"] == f"python -m autobatch train --config-dir {conf} --config-name mytrain"
+    assert first[0]["steps"] == 3
+    assert main(["train", *flags, "train.steps=6", "train.resume=latest"]) == 0  # found under outputs/train
+    last = max(_results(tmp_path), key=lambda result: result["steps"])
+    assert last["steps"] == 6 and last["resumed_from"]
+
+
+def test_a_config_that_does_not_extend_the_packaged_one(tmp_path, capsys):
+    conf = tmp_path / "myconf"
+    conf.mkdir()
+    (conf / "bare.yaml").write_text("train:\n  lr: 0.5\n")
+    assert main(["train", "--config-dir", str(conf), "--config-name", "bare"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--config-name bare has no model" in err and "defaults: [train, _self_]" in err
+    whole = "\n".join(["defaults:", *(f"  - {g}" for g in ["train_schema", "model: mlp", "data: synthetic",
+                       "optimizer: adamw", "probe: default", "train: default", "plan: default", "device: auto",
+                       "_self_"]), "data:", "  shape: [16]", "train:", "  micro_batch: 4", "  steps: 1", "  lr: 0.5"])
+    (conf / "whole.yaml").write_text(whole + "\n")
+    assert main(["train", "--config-dir", str(conf), "--config-name", "whole", f"hydra.run.dir={tmp_path / 'run'}"]) == 0
+    err = capsys.readouterr().err
+    assert "autobatch: warning: --config-name whole does not extend autobatch's train config" in err
+    assert "optimizer.lr is not train.lr" in err and "defaults: [train, _self_]" in err
+    result = json.loads((tmp_path / "run" / "train_result.json").read_text())
+    assert result["command"].startswith("python -m autobatch train --config-dir")  # not Hydra's job name
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--config-dir", "nosuchdir"], "--config-dir nosuchdir: "),
+    (["--config-dir=afile"], "is a file, not a directory"),
+    (["--config-name=nosuch"], "--config-name nosuch: no nosuch.yaml in autobatch's configs"),
+    (["-cd", "myconf", "-cn", "nosuch"], "no nosuch.yaml in myconf or autobatch's configs"),
+    (["--config-path", "myconf"], "give your config's directory with --config-dir DIR"),
+    (["--shell-completion"], "shell completion is not available"),
+    (["-sc", "install=bash"], "shell completion is not available"),
+])  # fmt: skip
+def test_hydras_config_flags_are_one_line_and_exit_2(tmp_path, capsys, args, words):
+    (tmp_path / "myconf").mkdir()
+    (tmp_path / "afile").write_text("x")
+    assert main(["probe", *args]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("autobatch: error: ") and err.count("\n") == 1 and words in err, err
+
+
+def test_version_at_the_top_level_and_after_a_command(capsys):
+    from importlib import metadata
+
+    from autobatch.version import __version__
+
+    try:
+        expected = metadata.version("autobatch")  # the installed distribution's, else the source's
+    except metadata.PackageNotFoundError:
+        expected = __version__
+    for args in (["--version"], ["probe", "--version"], ["train", "model=mlp", "--version"]):
+        assert main(args) == 0
+        assert capsys.readouterr().out == f"autobatch {expected}\n"  # not Hydra's "Hydra 1.3.8"
