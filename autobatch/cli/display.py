@@ -33,7 +33,11 @@ PLOT_FILE = "memory_curve.png"
 
 
 def _is_terminal(stream: IO[str]) -> bool:
-    return bool(getattr(stream, "isatty", lambda: False)())
+    """Whether ``stream`` is a terminal; a closed one (a handler left on a stream since closed) is not."""
+    try:
+        return bool(getattr(stream, "isatty", lambda: False)())
+    except ValueError:  # I/O operation on closed file
+        return False
 
 
 # -- the result table ------------------------------------------------------------------------

@@ -4,6 +4,7 @@ the terminal table and trial progress."""
 from __future__ import annotations
 
 import io
+import logging
 import json
 
 import pytest
@@ -239,3 +240,17 @@ def test_plots_return_exactly_the_file_written(tmp_path, monkeypatch):
         assert_png(path, min_bytes=1000)
     assert not (tmp_path / "~").exists() and not (tmp_path / "plots.png").exists()
     assert sorted(p.name for p in plots.iterdir()) == ["curve.png", "memory_curve.png", "summary.png", "sweep.png"]
+
+
+def test_trial_progress_ignores_a_logging_handler_left_on_a_closed_stream():
+    """A handler whose stream was closed (a test's or an app's captured stderr) is no terminal:
+    asking it raised ValueError and stopped the probe before its first trial."""
+    closed = io.StringIO()
+    handler = logging.StreamHandler(closed)
+    closed.close()
+    logging.getLogger().addHandler(handler)
+    try:
+        with trial_progress(file=io.StringIO()):
+            pass
+    finally:
+        logging.getLogger().removeHandler(handler)
