@@ -10,6 +10,12 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
+
+# tiny ops on a shared 2-core box: one thread per test process (xdist runs one process per core,
+# and each would otherwise start a thread per core), inherited by the processes tests start
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+torch.set_num_threads(1)
 
 REPO = Path(__file__).resolve().parents[1]
 #: Small workloads so every CLI run takes a second or two on a CPU.

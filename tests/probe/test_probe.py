@@ -674,14 +674,14 @@ def test_a_start_above_the_answer_runs_full_trials_until_one_passes():
     one short)."""
     def make():
         torch.manual_seed(0)
-        block = lambda: nn.Sequential(nn.Linear(256, 256), nn.GELU(), nn.Linear(256, 256), nn.GELU(), nn.LayerNorm(256))
-        model = nn.Sequential(nn.Linear(64, 256), *[block() for _ in range(4)], nn.Linear(256, 10))
+        block = lambda: nn.Sequential(nn.Linear(128, 128), nn.GELU(), nn.Linear(128, 128), nn.GELU(), nn.LayerNorm(128))
+        model = nn.Sequential(nn.Linear(64, 128), *[block() for _ in range(4)], nn.Linear(128, 10))
         return TrainStep(model, torch.optim.AdamW(model.parameters()), lambda m, b: nn.functional.cross_entropy(m(b[0]), b[1]),
                          lambda n: (torch.randn(n, 64), torch.randint(0, 10, (n,))))
 
-    default = find_max_batch(make(), memory_limit="16MiB", cache=False, strategy="predict")
+    default = find_max_batch(make(), memory_limit="8MiB", cache=False, strategy="predict")
     for strategy in ("predict", "binary"):
-        high = find_max_batch(make(), memory_limit="16MiB", cache=False, strategy=strategy, start=5000)
+        high = find_max_batch(make(), memory_limit="8MiB", cache=False, strategy=strategy, start=5000)
         first_pass = next(trial for trial in high.trials if trial.passed)
         assert first_pass.steps == 3 and high.batch_size == default.batch_size
         assert high.num_trials <= 16
