@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["accumulation_for"]
+__all__ = ["accumulation_for", "check_share"]
 
 
 def accumulation_for(share: int, largest: int, *, multiple_of: int = 1) -> tuple[int, int]:
@@ -22,3 +22,20 @@ def accumulation_for(share: int, largest: int, *, multiple_of: int = 1) -> tuple
         f"{share} samples per step; use a share that is a multiple of {multiple_of} and a largest batch of at "
         f"least {multiple_of}, or a smaller multiple_of"
     )
+
+
+def check_share(global_batch: int, world: int, multiple_of: int, *, unit: str = "rank") -> int:
+    """Each of ``world`` ``unit``\ s' share of ``global_batch`` (samples per optimizer step), or
+    one ``ValueError`` where the ranks cannot split it evenly, or no batch that is a multiple of
+    ``multiple_of`` divides a share (checked before any probe: no answer could keep it)."""
+    suffix = "es" if unit.endswith("s") else "s"
+    if global_batch % world:
+        raise ValueError(f"global_batch={global_batch} does not split over {world} {unit}{suffix}; use a multiple")
+    share = global_batch // world
+    if share % multiple_of:
+        raise ValueError(
+            f"global_batch={global_batch} gives each of {world} {unit}({suffix}) {share} samples per optimizer step, which "
+            f"no batch that is a multiple of multiple_of={multiple_of} divides; use a global_batch that is a multiple "
+            f"of {multiple_of * world}"
+        )
+    return share

@@ -41,7 +41,8 @@ from ..probe.find import find_max_batch
 from ..probe.result import ProbeResult
 from ..probe.search import peak_limit
 from ..training.checkpoint_io import rng_state, set_rng_state
-from .global_batch import accumulation_for
+from .. import checks
+from .global_batch import accumulation_for, check_share
 from .lightning_loop import LoopConfirmation, MemoryLine, confirm_in_loop
 from .lightning_state import SavedState, probing
 from .lightning_step import LightningStep, first_batch
@@ -95,8 +96,7 @@ class AutoBatchSize(Callback):
         confirm_steps: int = 3,
         probe_options: Mapping[str, Any] | None = None,
     ) -> None:
-        if global_batch is not None and (isinstance(global_batch, bool) or not isinstance(global_batch, int) or global_batch < 1):
-            raise ValueError(f"global_batch must be a positive integer or None, got {global_batch!r}")
+        checks.positive_int("global_batch", global_batch, allow_none=True)
         if isinstance(confirm_steps, bool) or not isinstance(confirm_steps, int) or confirm_steps < 1:
             raise ValueError(f"confirm_steps must be a positive integer, got {confirm_steps!r}")
         self.batch_arg_name = batch_arg_name
@@ -220,15 +220,7 @@ class AutoBatchSize(Callback):
                 f"global_batch={self.global_batch} sets accumulate_grad_batches, and the GradientAccumulationScheduler "
                 "callback changes it by epoch: the global batch would not hold; drop global_batch or the scheduler"
             )
-        if self.global_batch % world:
-            raise ValueError(f"global_batch={self.global_batch} does not split over {world} ranks; use a multiple")
-        multiple = self.probe_options["multiple_of"]
-        if (self.global_batch // world) % multiple:
-            raise ValueError(
-                f"global_batch={self.global_batch} gives each of {world} rank(s) {self.global_batch // world} samples "
-                f"per optimizer step, which no batch that is a multiple of multiple_of={multiple} divides; use a "
-                f"global_batch that is a multiple of {multiple * world}"
-            )
+        check_share(self.global_batch, world, self.probe_options["multiple_of"], unit="rank")
         return world
 
     def _resume(self, trainer: Trainer, module: LightningModule) -> bool:

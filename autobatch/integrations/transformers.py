@@ -29,7 +29,7 @@ import torch
 from .. import checks
 from ..probe.find import find_max_batch
 from ..probe.result import ProbeResult
-from .global_batch import accumulation_for
+from .global_batch import accumulation_for, check_share
 from .transformers_step import TrainerStep, checkpointing_as_train, trainer_key
 
 __all__ = ["fit_batch_size", "longest_sample"]
@@ -120,18 +120,9 @@ def _check_sizes(global_batch: int | None, multiple_of: int, max_batch: int | No
     (``find_max_batch`` checks the rest; these are used here before it is called)."""
     checks.positive_int("max_batch", max_batch, allow_none=True)  # 0 is refused, not taken for "no cap"
     checks.positive_int("multiple_of", multiple_of)
-    if global_batch is None:
-        return
-    if isinstance(global_batch, bool) or not isinstance(global_batch, int) or global_batch < 1:
-        raise ValueError(f"global_batch must be a positive integer or None, got {global_batch!r}")
-    if global_batch % world:
-        raise ValueError(f"global_batch={global_batch} does not split over {world} processes; use a multiple")
-    if (global_batch // world) % multiple_of:
-        raise ValueError(
-            f"global_batch={global_batch} gives each of {world} process(es) {global_batch // world} samples per "
-            f"optimizer step, which no batch that is a multiple of multiple_of={multiple_of} divides; use a "
-            f"global_batch that is a multiple of {multiple_of * world}"
-        )
+    checks.positive_int("global_batch", global_batch, allow_none=True)
+    if global_batch is not None:
+        check_share(global_batch, world, multiple_of, unit="process")
 
 
 #: samples read from a training set without a length (a stream) in search of the longest
