@@ -65,6 +65,10 @@ WORKLOADS = ("vit_b16", "resnet50_tuned", "resnet50", "gpt2", "llama")
 # convolutions with SiLU and cuDNN autotuning, LayerNorm and 7x7 depthwise kernels, a bidirectional
 # encoder with a padding mask and a masked-language-model loss
 MORE_WORKLOADS = ("efficientnet_b0_tuned", "convnext_tiny", "bert")
+# ... and any other torchvision classifier by its name (``--workloads densenet121,swin_t``): these
+# prefixes route to ``torchvision.models.<name>(num_classes=10)`` at 224x224
+TORCHVISION_PREFIXES = ("efficientnet", "convnext", "densenet", "swin", "mobilenet", "regnet", "resnext",
+                        "wide_resnet", "shufflenet", "maxvit", "vgg")
 LLAMA = dict(vocab_size=50257, hidden_size=768, intermediate_size=2048, num_hidden_layers=12,  # a Llama-style decoder
              num_attention_heads=12, num_key_value_heads=4, max_position_embeddings=1024)
 
@@ -79,7 +83,7 @@ def build(name: str, device: str, quick: bool):
         model, shape = _vit(quick), (3, 32, 32) if quick else (3, 224, 224)
     elif name.startswith("resnet50"):
         model, shape = _resnet(quick), (3, 16, 16) if quick else (3, 224, 224)
-    elif name.startswith(("efficientnet", "convnext")):
+    elif name.startswith(TORCHVISION_PREFIXES):
         model, shape = _torchvision(name.removesuffix("_tuned"), quick), (3, 32, 32) if quick else (3, 224, 224)
     elif name == "bert" and _importable("transformers"):
         return _bert(device, quick) + (dtype, bench)

@@ -98,7 +98,7 @@ def _log_collections() -> list:
 
 def _timed_calls(fn, calls: list, device: str):
     """``fn`` with each call's (batch, seconds from the probe's start, seconds, outcome, allocator
-    flushes during it) appended to ``calls``, synchronised on CUDA: where inside each trial the time goes (--step-times).
+    flushes during it, then its allocated, reserved and inactive-split peaks in MiB) appended to ``calls``, synchronised on CUDA: where inside each trial the time goes (--step-times).
     A ``TrainStep`` stays one (its peak guard and zero-lr steps apply), its call timed."""
     began = time.perf_counter()
 
@@ -119,7 +119,7 @@ def _timed_calls(fn, calls: list, device: str):
             if device == "cuda" and outcome == "ok":
                 torch.cuda.synchronize()
             calls.append((batch_size, round(start - began, 4), round(time.perf_counter() - start, 4), outcome,
-                          retries() - before))
+                          retries() - before) + _peaks(device))
 
     if isinstance(fn, autobatch.TrainStep):
         base = type(fn)
@@ -129,6 +129,17 @@ def _timed_calls(fn, calls: list, device: str):
         fn.__class__ = type("TimedTrainStep", (base,), {"__call__": call})
         return fn
     return lambda batch_size: timed(fn, batch_size)
+
+
+def _peaks(device: str) -> tuple:
+    """The call's peaks in MiB since the trial's reset (each trial step resets them): allocated,
+    reserved, and the bytes in free pieces of partly used segments (inactive split), the
+    fragmentation the allocator cannot return to serve a request; () off CUDA."""
+    if device != "cuda":
+        return ()
+    stats = torch.cuda.memory_stats()
+    return tuple(round(stats.get(f"{key}.all.peak", 0) / 2**20, 1)
+                 for key in ("allocated_bytes", "reserved_bytes", "inactive_split_bytes"))
 
 
 def _accelerate(args, name, fn, cap, calls) -> dict:

@@ -23,6 +23,7 @@ from ..memory.units import format_bytes
 from . import arguments, strategies
 from .estimate import BatchEstimate
 from .line import LinearFit
+from .measured_wall import below_measured_wall, measured_wall_note
 from .predict import predictive
 from .result import ProbeResult
 from .trial import TrialRunner
@@ -78,19 +79,25 @@ def run_search(
     if found is None:
         _raise_no_fit(runner, multiple_of, device_name, capacity)
     largest_passed = found * multiple_of
-    walled = below_moving_wall(runner, found, multiple_of, after_last_oom=confirm) if hand_loop else found
+    cleared = below_measured_wall(runner, found, multiple_of, capacity,
+                                  lambda units: _confirm(runner, units, multiple_of, after_last_oom=confirm))
+    if cleared is None:
+        _raise_no_fit(runner, multiple_of, device_name, capacity)
+    walled = below_moving_wall(runner, cleared, multiple_of, after_last_oom=confirm) if hand_loop else cleared
     below = walled
     if walled is not None and fresh_layout is not None and confirm:
         below = in_fresh_layout(runner, walled, multiple_of, fresh_layout)
     if below is None:
         _raise_no_fit(runner, multiple_of, device_name, capacity)
-    chosen = _apply_margin(passes, below, margin, multiple_of)
+    chosen = _apply_margin(runner, passes, below, margin, multiple_of)
     if chosen is None:
         _raise_no_fit(runner, multiple_of, device_name, capacity)
     failed_above = [b for b in runner.failed_sizes if b > largest_passed]
     notes = []
-    if walled != found:
-        notes.append(moving_wall_note(largest_passed, walled * multiple_of, (found + 1) * multiple_of))
+    if cleared != found:
+        notes.append(measured_wall_note(runner, largest_passed, cleared * multiple_of, capacity))
+    if walled != cleared:
+        notes.append(moving_wall_note(cleared * multiple_of, walled * multiple_of, (found + 1) * multiple_of))
     if below != walled:
         notes.append(f"{below * multiple_of}, below {walled * multiple_of}: the answer must also pass beside the optimizer "
                      f"state made in its first step, as training makes it after the probe, and {walled * multiple_of} "
@@ -303,8 +310,9 @@ def _step_down(record, units: int) -> int:
     return max(1, min(units - 1, math.ceil(over / per_unit))) if units > 1 else 1
 
 
-def _apply_margin(passes, found_units: int, margin: float, multiple_of: int) -> int | None:
-    """Shrink the boundary by ``margin`` and verify the smaller size with a real trial.
+def _apply_margin(runner: TrialRunner, passes, found_units: int, margin: float, multiple_of: int) -> int | None:
+    """Shrink the boundary by ``margin`` and verify the smaller size with a full trial (one that
+    ran every step; a search trial of that size that ran fewer is run again in full).
 
     Memory very nearly grows with batch size, so the verification almost always passes; if
     it does not (a pathological step), halve further until one does.
@@ -313,7 +321,12 @@ def _apply_margin(passes, found_units: int, margin: float, multiple_of: int) -> 
         return found_units
     units = max(1, math.floor(found_units * multiple_of * (1 - margin)) // multiple_of)
     while units >= 1:
-        if passes(units, "margin"):
+        size = units * multiple_of
+        if size not in runner.outcomes:
+            if passes(units, "margin"):
+                return units
+        elif runner.outcomes[size] and (runner.confirmed(size, after_last_oom=False)
+                                        or runner.run(size, "margin", settle=runner.settle_final).passed):
             return units
         units //= 2
     return None
