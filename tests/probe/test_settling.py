@@ -318,8 +318,10 @@ def test_a_hand_loop_steps_below_a_size_whose_next_size_up_kept_flushing(cudnn_f
     # fixed segments: flushing only recorded, the boundary is the peak limit (60 MiB at 1000 bytes a sample)
     assert result.largest_passed == (50 if expandable else 60 * MiB // 1000)
     assert result.batch_size == result.largest_passed - steps_down
-    last = runner.records[-1]
-    assert (last.batch_size, last.passed, last.purpose) == ((49, True, "confirm") if steps_down else (last.batch_size, True, last.purpose))
+    # the answer passed a full trial (the confirmation's bisection may have tried the size above it after)
+    assert any(r.batch_size == result.batch_size and r.passed and r.steps >= 3 for r in runner.records)
+    if steps_down:
+        assert any((r.batch_size, r.passed, r.purpose) == (49, True, "confirm") for r in runner.records)
     moving = [note for note in result.notes if "lays its memory out afresh" in note]
     assert bool(moving) is steps_down
     if steps_down:
