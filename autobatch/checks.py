@@ -4,6 +4,8 @@ names the argument, what it got and what it accepts, raised before any work star
 from __future__ import annotations
 
 import inspect
+import numbers
+import operator
 from collections.abc import Mapping
 from typing import Any
 
@@ -12,27 +14,63 @@ from torch._subclasses.fake_tensor import FakeTensor
 
 from .errors import FakeTensorLeakError
 
-__all__ = ["positive_int", "positive_number", "module", "materialized", "optimizer", "function", "torch_device", "dtype",
-           "scheduler", "no_closure", "loss"]
+__all__ = ["positive_int", "positive_number", "integer", "flag", "module", "materialized", "optimizer", "function",
+           "torch_device", "dtype", "grad_scaler", "scheduler", "no_closure", "loss"]
 
 
-def positive_int(name: str, value: Any, *, allow_none: bool = False) -> None:
-    """``value`` is an integer >= 1 (or None where ``allow_none``)."""
+def integer(value: Any) -> int | None:
+    """``value`` as a Python ``int`` where it is an integer of any type (``int``, a NumPy or a
+    one-element torch integer: whatever ``operator.index`` takes), else None. A bool is not
+    taken (``True`` is no batch size), nor a float, even a whole one (``8.0`` may be a typo for
+    a fraction, and an index must be exact)."""
+    if isinstance(value, bool) or (isinstance(value, torch.Tensor) and value.dtype == torch.bool):
+        return None
+    try:
+        return operator.index(value)
+    except TypeError:
+        return None
+
+
+def positive_int(name: str, value: Any, *, allow_none: bool = False) -> int | None:
+    """``value`` is an integer >= 1 of any integer type (:func:`integer`), or None where
+    ``allow_none``; returns it as a Python ``int``, so that what is stored (a cache key, a
+    checkpoint) holds plain types."""
     if value is None and allow_none:
-        return
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        return None
+    number = integer(value)
+    if number is None or number <= 0:
         accepted = "a positive integer or None" if allow_none else "a positive integer"
         raise ValueError(f"{name} must be {accepted}, got {value!r}")
+    return number
 
 
 def positive_number(name: str, value: Any, *, allow_none: bool = False) -> float | None:
-    """``value`` is a finite number > 0 (or None where ``allow_none``); returns it as a float."""
+    """``value`` is a finite real number > 0 of any real type (a NumPy float too; not a bool),
+    or None where ``allow_none``; returns it as a Python float."""
     if value is None and allow_none:
         return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float("inf"):
+    real = isinstance(value, numbers.Real) and not isinstance(value, bool)
+    if not real or not 0 < value < float("inf"):
         accepted = "a positive number or None" if allow_none else "a positive number"
         raise ValueError(f"{name} must be {accepted}, got {value!r}")
     return float(value)
+
+
+def flag(name: str, value: Any, *, allow_none: bool = False, none_means: str = "") -> bool | None:
+    """``value`` is True or False (or None where ``allow_none``; ``none_means`` says what None
+    decides, for the message); returns it. A string such as ``"no"`` or ``"false"`` is truthy
+    in Python, so it would quietly mean True: refused, with the bool to pass."""
+    if isinstance(value, bool) or (value is None and allow_none):
+        return value
+    accepted = "True or False" if not allow_none else f"True, False or None{f' ({none_means})' if none_means else ''}"
+    hint = ""
+    if isinstance(value, str) and value.strip().lower() in BOOLEAN_WORDS:
+        hint = f"; pass {name}={BOOLEAN_WORDS[value.strip().lower()]} (the bool, not a string)"
+    raise TypeError(f"{name} must be {accepted}, got {type(value).__name__} {value!r:.60}{hint}")
+
+
+#: Strings that read as a boolean, and the bool they read as.
+BOOLEAN_WORDS = {"true": True, "yes": True, "on": True, "1": True, "false": False, "no": False, "off": False, "0": False}
 
 
 def module(name: str, value: Any) -> None:
@@ -161,14 +199,32 @@ def device_available(name: str, value: Any) -> None:
         raise ValueError(f"{name}={value!r}: this machine has {count()} {device.type} device(s), numbered from 0")
 
 
-def dtype(name: str, value: Any) -> torch.dtype | None:
-    """``value`` as a ``torch.dtype``: None, a dtype, or its name ("bfloat16", "float16")."""
-    if value is None or isinstance(value, torch.dtype):
-        return value
-    resolved = getattr(torch, value, None) if isinstance(value, str) else None
+def dtype(name: str, value: Any, *, allowed: tuple[torch.dtype, ...] | None = None) -> torch.dtype | None:
+    """``value`` as a ``torch.dtype``: None, a dtype, or its name ("bfloat16", "float16", also
+    "torch.bfloat16"); with ``allowed``, one of those (an autocast dtype: an integer type would
+    be taken by ``torch.autocast`` without a word, or refused deep inside)."""
+    if value is None:
+        return None
+    resolved = value
+    if isinstance(value, str):
+        resolved = getattr(torch, value.strip().removeprefix("torch."), None)
     if not isinstance(resolved, torch.dtype):
         raise ValueError(f"{name}={value!r} is not a torch dtype; use e.g. 'bfloat16' or 'float16'")
+    if allowed is not None and resolved not in allowed:
+        names = ", ".join(str(d).removeprefix("torch.") for d in allowed)
+        raise ValueError(f"{name}={value!r} is not one of {names}; use e.g. torch.bfloat16 (or 'bfloat16')")
     return resolved
+
+
+def grad_scaler(name: str, value: Any) -> Any:
+    """``value`` is None or a ``torch.amp.GradScaler`` (the older ``torch.cuda.amp.GradScaler``
+    is one); returns it. Anything else (``True``) failed at the first step's ``is_enabled()``."""
+    if value is None or isinstance(value, torch.amp.GradScaler):
+        return value
+    raise TypeError(
+        f"{name} must be a torch.amp.GradScaler or None, got {type(value).__name__} {value!r:.60}; "
+        f"for fp16 pass {name}=torch.amp.GradScaler(device) (with autocast_dtype=torch.float16)"
+    )
 
 
 def scheduler(name: str, value: Any) -> Any:

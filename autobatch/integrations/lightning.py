@@ -96,7 +96,7 @@ class AutoBatchSize(Callback):
         confirm_steps: int = 3,
         probe_options: Mapping[str, Any] | None = None,
     ) -> None:
-        checks.positive_int("global_batch", global_batch, allow_none=True)
+        global_batch = checks.positive_int("global_batch", global_batch, allow_none=True)
         if isinstance(confirm_steps, bool) or not isinstance(confirm_steps, int) or confirm_steps < 1:
             raise ValueError(f"confirm_steps must be a positive integer, got {confirm_steps!r}")
         self.batch_arg_name = batch_arg_name

@@ -67,7 +67,7 @@ def fit_batch_size(
     """
     args = trainer.args
     world = max(1, int(getattr(args, "world_size", 1)))
-    _check_sizes(global_batch, multiple_of, max_batch, world)
+    global_batch, multiple_of, max_batch = _check_sizes(global_batch, multiple_of, max_batch, world)
     share = None if global_batch is None else global_batch // world
     if share is not None:
         max_batch = share if max_batch is None else min(max_batch, share)
@@ -115,14 +115,17 @@ def fit_batch_size(
     return result
 
 
-def _check_sizes(global_batch: int | None, multiple_of: int, max_batch: int | None, world: int) -> None:
+def _check_sizes(global_batch: int | None, multiple_of: int, max_batch: int | None,
+                 world: int) -> tuple[int | None, int, int | None]:
     """One ``ValueError`` for sizes no probe can serve, before any sample is read or trial run
-    (``find_max_batch`` checks the rest; these are used here before it is called)."""
-    checks.positive_int("max_batch", max_batch, allow_none=True)  # 0 is refused, not taken for "no cap"
-    checks.positive_int("multiple_of", multiple_of)
-    checks.positive_int("global_batch", global_batch, allow_none=True)
+    (``find_max_batch`` checks the rest; these are used here before it is called); the sizes as
+    plain ints (``trainer.args`` is saved as JSON)."""
+    max_batch = checks.positive_int("max_batch", max_batch, allow_none=True)  # 0 is refused, not "no cap"
+    multiple_of = checks.positive_int("multiple_of", multiple_of)
+    global_batch = checks.positive_int("global_batch", global_batch, allow_none=True)
     if global_batch is not None:
         check_share(global_batch, world, multiple_of, unit="process")
+    return global_batch, multiple_of, max_batch
 
 
 #: samples read from a training set without a length (a stream) in search of the longest

@@ -29,6 +29,8 @@ __all__ = [
     "resolve_device",
     "default_cpu_budget",
     "memory_for",
+    "check_limit_in_simulation",
+    "simulated_counts",
 ]
 
 
@@ -243,20 +245,53 @@ def _allocated_stat(device: torch.device, which: str) -> int:
     return torch.accelerator.memory_allocated(device)
 
 
+def simulated_counts(tensor: torch.Tensor) -> bool:
+    """Whether the innermost active :func:`simulated_memory` budget counts ``tensor``'s storage:
+    made inside it as device memory, not before it nor under
+    :func:`~autobatch.memory.simulated.host_memory`. False with no active budget."""
+    simulation = active_simulation()
+    if simulation is None or tensor.device.type != "cpu" or tensor.is_meta:
+        return False
+    try:
+        return tensor.untyped_storage()._cdata in simulation._live
+    except (NotImplementedError, RuntimeError):  # a tensor without a plain storage (a subclass, a fake)
+        return False
+
+
+def check_limit_in_simulation(device: torch.device, memory_limit: int | None) -> None:
+    """On the CPU, refuse a ``memory_limit`` given inside an active :func:`simulated_memory` budget of
+    another size. Budgets nest (an allocation must fit every one), so a larger limit would be
+    bounded by the outer budget while the result, and the cache key, claimed the larger one
+    (and a later probe of that limit outside the block was served the smaller answer); a
+    smaller one would share the outer budget's bytes already in use. Either way no answer
+    describes ``memory_limit``. The same size is taken: it asks what the block does."""
+    outer = active_simulation()
+    if device.type != "cpu" or memory_limit is None or outer is None or memory_limit == outer.limit_bytes:
+        return
+    raise ValueError(
+        f"memory_limit={format_bytes(memory_limit)} was given inside an active autobatch.simulated_memory("
+        f"{format_bytes(outer.limit_bytes)}) block, which bounds every allocation, so the probe cannot describe "
+        f"{format_bytes(memory_limit)}: drop memory_limit to probe the block's {format_bytes(outer.limit_bytes)}, "
+        "or call it outside the simulated_memory block"
+    )
+
+
 @contextmanager
 def memory_for(device: torch.device, memory_limit: int | None) -> Iterator[tuple[DeviceMemory, str | None]]:
     """Enter the memory regime a probe on ``device`` runs under; yield its instruments and a
     note for the result (or None).
 
     CPU: an active :func:`simulated_memory` context is used as it is; ``memory_limit`` (or, with
-    neither, :func:`default_cpu_budget`) opens a new one. Accelerators: ``memory_limit`` caps
-    the process for the duration.
+    neither, :func:`default_cpu_budget`) opens a new one. A ``memory_limit`` of another size
+    inside an active context is a ``ValueError`` (:func:`check_limit_in_simulation`).
+    Accelerators: ``memory_limit`` caps the process for the duration.
     """
     if device.type == "cpu":
         outer = active_simulation()
         if memory_limit is None and outer is not None:
             yield SimulatedDeviceMemory(outer), None
             return
+        check_limit_in_simulation(device, memory_limit)
         note = None
         if memory_limit is None:
             memory_limit = default_cpu_budget()

@@ -5,6 +5,7 @@ Every bad value raises one ``ValueError`` that names the argument and what it ac
 
 from __future__ import annotations
 
+import numbers
 import sys
 from collections.abc import Mapping
 from typing import Any
@@ -71,18 +72,21 @@ def validate_probe_args(
     multiple_of: int,
     steps_per_trial: int,
     search_steps: int | None = None,
-) -> None:
-    """Raise ``ValueError`` naming the argument and what it accepts."""
-    checks.positive_int("start", start, allow_none=True)
-    checks.positive_int("max_batch", max_batch, allow_none=True)
-    checks.positive_int("search_steps", search_steps, allow_none=True)
-    if isinstance(multiple_of, bool) or not isinstance(multiple_of, int) or multiple_of <= 0:
-        raise ValueError(f"multiple_of must be a positive integer, got {multiple_of!r}")
-    if isinstance(steps_per_trial, bool) or not isinstance(steps_per_trial, int) or steps_per_trial < 1:
-        raise ValueError(f"steps_per_trial must be an integer >= 1, got {steps_per_trial!r}")
+    estimate_first: bool | None = None,
+) -> dict[str, Any]:
+    """Raise ``ValueError`` (``TypeError`` for ``estimate_first``) naming the argument and what it
+    accepts. Return the numbers as plain Python ones, by argument name (``estimate_first`` aside):
+    any integer type is taken (a NumPy ``int64`` from a config), and what the probe stores (the
+    cache key, the result) must hold ``int``."""
+    checks.flag("estimate_first", estimate_first, allow_none=True, none_means="on for the CPU's simulated device")
+    start = checks.positive_int("start", start, allow_none=True)
+    max_batch = checks.positive_int("max_batch", max_batch, allow_none=True)
+    search_steps = checks.positive_int("search_steps", search_steps, allow_none=True)
+    multiple_of = checks.positive_int("multiple_of", multiple_of)
+    steps_per_trial = checks.positive_int("steps_per_trial", steps_per_trial)
     if strategy not in STRATEGY_NAMES:
         raise ValueError(f"strategy must be one of {', '.join(STRATEGY_NAMES)}; got {strategy!r}")
-    if isinstance(margin, bool) or not isinstance(margin, (int, float)) or not 0.0 <= margin < 1.0:
+    if isinstance(margin, bool) or not isinstance(margin, numbers.Real) or not 0.0 <= margin < 1.0:
         raise ValueError(f"margin must be a fraction in [0, 1), e.g. 0.05 for 5%; got {margin!r}")
     if start is not None and max_batch is not None and start > max_batch:
         raise ValueError(f"start={start} is larger than max_batch={max_batch}; lower start or raise max_batch")
@@ -91,11 +95,21 @@ def validate_probe_args(
             f"max_batch={max_batch} is smaller than multiple_of={multiple_of}, so no batch size "
             "is allowed; raise max_batch or lower multiple_of"
         )
+    return dict(start=start, max_batch=max_batch, margin=float(margin), multiple_of=multiple_of,
+                steps_per_trial=steps_per_trial, search_steps=search_steps)
 
 
 def validate_step(fn: object, strategy: str) -> None:
     """Raise ``TypeError``/``ValueError`` unless ``fn`` is something the probe can run:
-    a callable taking the batch size (a :class:`~autobatch.TrainStep` for ``estimate``)."""
+    a callable taking the batch size (a :class:`~autobatch.TrainStep` for ``estimate``). A
+    model is callable too, but ``model(batch_size)`` is no step: it failed in the first trial
+    with an error from inside the model."""
+    if isinstance(fn, torch.nn.Module):
+        raise TypeError(
+            f"fn is a model ({type(fn).__name__}), not a training step: the probe calls fn(batch_size). Wrap the "
+            "model in autobatch.TrainStep(model, optimizer, loss_fn, make_batch), or pass a function that runs one "
+            "training step at a batch size"
+        )
     if not callable(fn):
         raise TypeError(
             f"fn must be a callable that runs one training step at a given batch size, e.g. "
@@ -120,12 +134,28 @@ def validate_places(device: object, restore: object, cache: object) -> None:
     checks.torch_device("device", device)
     checks.device_available("device", device)
     if restore is not None:
-        if not isinstance(restore, tuple) or len(restore) != 2:
-            raise TypeError(f"restore must be a (model, optimizer) pair or None, got {type(restore).__name__} {restore!r:.60}")
+        if not isinstance(restore, tuple) or len(restore) < 2:
+            raise TypeError(
+                "restore must be a (model, optimizer) pair, optionally followed by objects with state_dict() "
+                "and load_state_dict() (an LR scheduler, a GradScaler), or None; "
+                f"got {type(restore).__name__} {restore!r:.60}"
+            )
         checks.module("restore[0]", restore[0])
         checks.materialized("restore[0]", restore[0])
         if restore[1] is not None:
             checks.optimizer("restore[1]", restore[1])
+        for i, item in enumerate(restore[2:], start=2):
+            if not (callable(getattr(item, "state_dict", None)) and callable(getattr(item, "load_state_dict", None))):
+                raise TypeError(
+                    f"restore[{i}] must have state_dict() and load_state_dict() (an LR scheduler, a GradScaler: what "
+                    f"the step advances), got {type(item).__name__} {item!r:.60}"
+                )
+    if isinstance(cache, str) and cache.strip().lower() in checks.BOOLEAN_WORDS:
+        raise ValueError(
+            f"cache={cache!r} reads as a boolean, but a string is the cache's directory: pass "
+            f"cache={checks.BOOLEAN_WORDS[cache.strip().lower()]} (the bool), or a path such as './{cache}' for a "
+            "directory of that name"
+        )
     if cache is not None and not isinstance(cache, (bool, str, os.PathLike)):
         raise TypeError(f"cache must be True, False, None or a directory path, got {type(cache).__name__} {cache!r:.60}")
 

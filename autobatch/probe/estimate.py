@@ -128,8 +128,8 @@ def estimate_memory(step: TrainStep, batch_size: int, *, steps: int = 2) -> Memo
     restored as far as the estimate reaches, and trials must measure the step).
     """
     _refuse_unestimable(step)
-    checks.positive_int("batch_size", batch_size)
-    checks.positive_int("steps", steps)
+    batch_size = checks.positive_int("batch_size", batch_size)  # a plain int: the estimate is stored (to_dict)
+    steps = checks.positive_int("steps", steps)
     device = step.device
     round_to = CUDA_BLOCK_BYTES if device.type == "cuda" else 1
     mode = FakeTensorMode(allow_non_fake_inputs=True)
@@ -176,8 +176,8 @@ def estimate_peak(step: TrainStep, batch_size: int, *, include_resident: bool = 
     """Estimated peak bytes of a training step at ``batch_size``; with ``include_resident``
     (the default) the model's parameters, buffers and optimizer state are included, as
     ``torch.cuda.max_memory_allocated`` includes them."""
-    estimate = estimate_memory(step, batch_size, steps=steps)
-    return estimate.counted(include_resident)
+    checks.flag("include_resident", include_resident)
+    return estimate_memory(step, batch_size, steps=steps).counted(include_resident)
 
 
 def _refuse_unestimable(step: Any) -> None:
@@ -213,22 +213,22 @@ def _untraceable_memory(step: TrainStep) -> str | None:
 
 
 def _tracer(step: TrainStep, *, multiple_of: int, max_batch: int | None, steps: int, include_resident: bool):
-    """``(traced, peak)``: ``peak(units)`` traces batch ``units * multiple_of`` once (memoised
-    in ``traced``, keyed by units) and returns its estimated peak, with or without the resident
-    model. Checks the arguments as :func:`~autobatch.find_max_batch` does."""
+    """``(traced, peak, max_batch, multiple_of)``: ``peak(units)`` traces batch ``units * multiple_of``
+    once (memoised in ``traced``, keyed by units) and returns its estimated peak, with or without the
+    resident model. Checks the arguments as :func:`~autobatch.find_max_batch` does (plain ints back)."""
     _refuse_unestimable(step)
-    validate_probe_args(start=None, max_batch=max_batch, strategy="estimate", margin=0.0, multiple_of=multiple_of,
-                        steps_per_trial=1)
-    checks.positive_int("steps", steps)
+    given = validate_probe_args(start=None, max_batch=max_batch, strategy="estimate", margin=0.0,
+                                multiple_of=multiple_of, steps_per_trial=1)
+    max_batch, multiple_of, steps = given["max_batch"], given["multiple_of"], checks.positive_int("steps", steps)
+    checks.flag("include_resident", include_resident)  # "no" is truthy: it would count the resident model
     traced: dict[int, MemoryEstimate] = {}
 
     def peak(units: int) -> int:
         if units not in traced:
             traced[units] = estimate_memory(step, units * multiple_of, steps=steps)
-        e = traced[units]
-        return e.counted(include_resident)
+        return traced[units].counted(include_resident)
 
-    return traced, peak
+    return traced, peak, max_batch, multiple_of
 
 
 def _smallest_traced(peak: Callable[[int], int], max_units: int | None) -> int:
@@ -266,8 +266,8 @@ def estimate_line(
     lands on the estimated boundary exactly; ``auto`` uses it to place its first real trial.
     """
     capacity_bytes = parse_bytes(capacity, name="capacity")
-    traced, peak = _tracer(step, multiple_of=multiple_of, max_batch=max_batch, steps=steps,
-                           include_resident=include_resident)
+    traced, peak, max_batch, multiple_of = _tracer(step, multiple_of=multiple_of, max_batch=max_batch, steps=steps,
+                                                   include_resident=include_resident)
 
     def solve(a: int, b: int) -> tuple[int, float, float]:
         slope = (peak(b) - peak(a)) / (b - a)
@@ -313,8 +313,8 @@ def estimate_max_batch(
     does not grow with the batch and no ``max_batch`` bounds it.
     """
     capacity_bytes = parse_bytes(capacity, name="capacity")
-    traced, peak = _tracer(step, multiple_of=multiple_of, max_batch=max_batch, steps=steps,
-                           include_resident=include_resident)
+    traced, peak, max_batch, multiple_of = _tracer(step, multiple_of=multiple_of, max_batch=max_batch, steps=steps,
+                                                   include_resident=include_resident)
     max_units = max_batch // multiple_of if max_batch is not None else None
 
     def result(units: int, intercept: float = 0.0, slope: float = 0.0) -> BatchEstimate:
@@ -388,8 +388,7 @@ def estimate_max_batch(
 def _line(traced: dict[int, MemoryEstimate], near: int, include_resident: bool) -> tuple[float, float]:
     """Intercept and slope (per unit) through the two traced sizes nearest ``near``."""
     def bytes_of(units: int) -> int:
-        e = traced[units]
-        return e.counted(include_resident)
+        return traced[units].counted(include_resident)
 
     ordered = sorted(sorted(traced, key=lambda u: abs(u - near))[:2])
     if len(ordered) < 2:

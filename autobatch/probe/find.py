@@ -17,7 +17,7 @@ from typing import Any, Callable
 
 import torch
 
-from ..memory.devices import SimulatedDeviceMemory, memory_for, resolve_device
+from ..memory.devices import SimulatedDeviceMemory, check_limit_in_simulation, memory_for, resolve_device
 from ..memory.diagnostics import memory_diagnostics
 from ..memory.units import parse_bytes
 from . import arguments, ranks
@@ -52,7 +52,7 @@ def find_max_batch(
     steps_per_trial: int = 3,
     search_steps: int | None = 1,
     memory_limit: int | str | None = None,
-    restore: tuple[torch.nn.Module, torch.optim.Optimizer | None] | None = None,
+    restore: tuple[Any, ...] | None = None,
     device: str | torch.device | None = None,
     cache: bool | str | os.PathLike | None = None,
     cache_key: object = None,
@@ -95,7 +95,9 @@ def find_max_batch(
             :func:`~autobatch.simulated_memory` (without it, an active ``simulated_memory``
             context, else a safe default budget, noted in the result).
         restore: ``(model, optimizer)`` to put back bit-exactly after probing; implied when
-            ``fn`` is a ``TrainStep``.
+            ``fn`` is a ``TrainStep``. Further items, ``(model, optimizer, scheduler)``, have
+            ``state_dict()`` and ``load_state_dict()`` (an LR scheduler a plain callable steps, a
+            ``GradScaler``): their state dicts are copied to host memory and loaded back after.
         device: where ``fn`` runs; default the ``TrainStep``'s model device, else the current
             accelerator, else the CPU.
         cache: the persistent probe cache (see :mod:`autobatch.cache`): ``True``, ``False``,
@@ -120,8 +122,8 @@ def find_max_batch(
     """
     validate_step(fn, strategy)
     validate_places(device, restore, cache)
-    validate_probe_args(start=start, max_batch=max_batch, strategy=strategy, margin=margin,
-                        multiple_of=multiple_of, steps_per_trial=steps_per_trial, search_steps=search_steps)
+    given = validate_probe_args(start=start, max_batch=max_batch, strategy=strategy, margin=margin, multiple_of=multiple_of,
+                                steps_per_trial=steps_per_trial, search_steps=search_steps, estimate_first=estimate_first)
     hand_loop, loop_notes = arguments.hand_loop_of(fn, hand_loop)
     # a make_batch that ignores its size is an error, not a climb to the search ceiling
     batches = arguments.checked_batches(fn) if isinstance(fn, TrainStep) else None
@@ -132,10 +134,8 @@ def find_max_batch(
         device, restore = device if device is not None else fn.device, restore or (fn.model, fn.optimizer)
     call = _Call(
         fn=fn, target=resolve_device(device), limit_bytes=limit_bytes, agreement=agreement,
-        began=time.perf_counter(), steps_per_trial=steps_per_trial, hand_loop=hand_loop, batches=batches, notes=loop_notes,
-        probe_args=dict(  # the cache key holds them all: each can move the answer
-            strategy=strategy, start=start, max_batch=max_batch, margin=margin, multiple_of=multiple_of,
-            steps_per_trial=steps_per_trial, search_steps=search_steps, hand_loop=hand_loop),
+        began=time.perf_counter(), steps_per_trial=given["steps_per_trial"], hand_loop=hand_loop, batches=batches,
+        notes=loop_notes, probe_args={"strategy": strategy, **given, "hand_loop": hand_loop},  # all in the cache key
     )
     if strategy == "estimate":
         return _estimate(call)
@@ -165,11 +165,12 @@ class _Call:
 def _probe(call: _Call, restore, estimate_first: bool | None) -> ProbeResult:
     """Run the trials on the device (capped), the model's state restored afterwards."""
     fn, args = call.fn, call.probe_args
+    check_limit_in_simulation(call.target, call.limit_bytes)  # a memory_limit no answer here could be: before the copy
     snapshot = None
     if restore is not None:  # a TrainStep changes its weights only in the optimizer step: copy
         # meanwhile, or, where a step at learning rate 0 leaves them exact, copy nothing
         own = isinstance(fn, TrainStep) and fn.optimizer is restore[1]
-        snapshot = Snapshot.take(*restore, background=own, zero_lr=own,
+        snapshot = Snapshot.take(restore[0], restore[1], background=own, zero_lr=own, others=restore[2:],
                                  scaler=fn.grad_scaler if isinstance(fn, TrainStep) else None)
     prior = result = None
     autotune = Autotune(call.target)

@@ -6,8 +6,10 @@ snapshot lives in CPU memory so it takes nothing from the device being probed, a
 outside any simulated budget. Restoring is bit-exact: parameters (the model's, and those the
 optimizer trains outside it, such as a CLIP loss module's ``logit_scale``), buffers, gradients,
 optimizer state (including state that did not exist yet, such as Adam's moments before the
-first step), training flags, the random number generators and a ``GradScaler``'s scale (fp16
-trials whose gradients overflow halve it).
+first step), training flags, the random number generators, a ``GradScaler``'s scale (fp16
+trials whose gradients overflow halve it) and the state dicts of further objects the step
+advances (an LR scheduler). What forward added to the module tree (a lazily registered mask, a
+cache made again at another size) goes too (:mod:`.restore_places`).
 
 Copying the weights off an accelerator is the slow part (measured on an H200: 0.07 s for
 ResNet-50's 98 MiB, 0.32 s for GPT-2's 475 MiB, at ~1.5 GB/s into fresh host memory). With
@@ -42,9 +44,12 @@ from typing import Any
 
 import torch
 
+from ..memory.devices import simulated_counts
 from ..memory.lazy_state import hooked
+from ..memory.simulated import host_memory
+from .restore_places import all_params, attempt, counted_places, host_copy, layout_of, places, put_back_layout
 from .rng import rng_state, set_rng_state
-from .shards import Shard, from_cpu_local, local, to_cpu_local
+from .shards import Shard, from_cpu_local, is_dtensor, local, to_cpu_local
 from .zero_lr import _NEGATIVE_ZERO, _SCALED_BY_LR, _VersionsInStep, _zero_grads, _zero_lrs, steps_in_place_at_zero_lr  # noqa: F401
 
 __all__ = ["Snapshot", "forget_scaler_stage", "steps_in_place_at_zero_lr", "written_outside_the_optimizer"]
@@ -70,8 +75,6 @@ class Snapshot:
     training: dict[str, bool] = field(default_factory=dict)
     optimizer_state: dict[str, Any] | None = None
     rng: dict[str, Any] | None = None  # every generator: torch's, Python's, NumPy's (make_batch may draw)
-    scaler: Any = None  # a GradScaler whose scale the trials may move (fp16: inf gradients halve it)
-    scaler_state: dict[str, Any] | None = None
 
     _copier: threading.Thread | None = field(default=None, repr=False, compare=False)
     _copy_error: BaseException | None = field(default=None, repr=False, compare=False)
@@ -85,26 +88,47 @@ class Snapshot:
     _stepping: Any = field(default=None, repr=False, compare=False)  # lr 0: the bumps the optimizer made
     #: parameters the optimizer trains that the model does not hold (a loss's ``logit_scale``), by place
     extra: dict[str, torch.Tensor] = field(default_factory=dict, repr=False, compare=False)
+    #: further objects the step advances (an LR scheduler; the scaler, whose scale fp16 trials whose
+    #: gradients overflow halve), each with a host copy of its ``state_dict()``
+    others: list[tuple[Any, Any]] = field(default_factory=list, repr=False, compare=False)
+    #: every module's parameter, buffer and submodule names at take (:func:`layout_of`)
+    _layout: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+    #: places whose tensor an active simulated budget counted at take (:func:`counted_places`)
+    _counted: set[tuple] = field(default_factory=set, repr=False, compare=False)
 
     @classmethod
     def take(
         cls, model: torch.nn.Module | None, optimizer: torch.optim.Optimizer | None = None, *,
-        background: bool = False, scaler: Any = None, zero_lr: bool = False,
+        background: bool = False, scaler: Any = None, zero_lr: bool = False, others: tuple[Any, ...] = (),
     ) -> "Snapshot":
         """Copy the state to CPU memory. ``background``: copy the parameters and optimizer
         state in a thread, finished before the optimizer's next step (needs an optimizer; for
         a step that changes parameters only through it, such as a ``TrainStep``). ``zero_lr``:
         for such a step, when the optimizer allows it (:func:`steps_in_place_at_zero_lr`), set
         its learning rates to 0 until :meth:`restore` instead of copying the parameters.
-        ``scaler``: a ``torch.amp.GradScaler`` whose scale and growth tracker are put back too."""
+        ``scaler``: a ``torch.amp.GradScaler`` whose scale and growth tracker are put back too.
+        ``others``: objects with ``state_dict()``/``load_state_dict()`` the step advances (an LR
+        scheduler a plain callable steps, a ``GradScaler``): their state dicts are copied too.
+
+        The copies are host memory (:func:`~autobatch.memory.simulated.host_memory`): inside a
+        :func:`~autobatch.simulated_memory` block they take none of its budget, as on a GPU they
+        take none of the device's, so a probe there answers what ``memory_limit`` of that size does."""
+        with host_memory():
+            snap = cls._take(model, optimizer, background=background, zero_lr=zero_lr)
+            others = (scaler, *others) if scaler is not None and scaler.is_enabled() else others
+            snap.others = [(other, host_copy(other.state_dict())) for other in others]
+        return snap
+
+    @classmethod
+    def _take(cls, model: torch.nn.Module | None, optimizer: torch.optim.Optimizer | None, *,
+              background: bool, zero_lr: bool) -> "Snapshot":
         snap = cls(model=model, optimizer=optimizer)
-        if scaler is not None and scaler.is_enabled():
-            snap.scaler, snap.scaler_state = scaler, scaler.state_dict()
+        snap.extra = _outside_the_model(model, optimizer)  # stepped as the model's are (at lr 0: left exact)
+        snap._counted, snap._layout = counted_places(model, optimizer, snap.extra), layout_of(model)
         snap.weights_in_place = zero_lr and model is not None and steps_in_place_at_zero_lr(optimizer)
         background = background and optimizer is not None and not snap.weights_in_place
         eager: set[str] = set()  # parameters copied now although the thread copies, or nothing does
         everything = not (background or snap.weights_in_place)
-        snap.extra = _outside_the_model(model, optimizer)  # stepped as the model's are (at lr 0: left exact)
         for name, param in snap.extra.items():
             if everything:
                 snap.tensors[name] = _copy_local(param)
@@ -187,20 +211,46 @@ class Snapshot:
     def restore(self, *, keep: bool = False) -> None:
         """Write the snapshot back into the same objects (their identity is preserved).
         ``keep``: more trials follow (the planner times one candidate after another), so a
-        ``zero_lr`` snapshot keeps its learning rates at 0; the last restore must not keep."""
-        self.wait()
+        ``zero_lr`` snapshot keeps its learning rates at 0; the last restore must not keep.
+
+        Every stage runs even where one before it raised (the copy failed, the model changed in
+        a way the snapshot cannot put back): the learning rates, the optimizer state, the other
+        objects (the scaler) and the random generators are never left as the trials had them.
+        The first error is raised once all ran. What is made again is host memory, as the
+        copies were, and made again as device memory where a simulated budget counted it."""
+        errors: list[BaseException] = []
+        with host_memory():
+            for stage in (self.wait, lambda: self._unguard(keep), self._restore_model,
+                          lambda: self._restore_optimizer(keep), self._restore_others, lambda: set_rng_state(self.rng)):
+                attempt(stage, errors)
+        attempt(self._recount, errors)
+        if errors:
+            raise errors[0]
+        if not keep:
+            self._warn_unrestored()
+
+    def _unguard(self, keep: bool) -> None:
         if self._guard is not None and not keep:
             self._guard.remove()
             self._guard = None
             self._stepping.remove()
+
+    def _restore_model(self) -> None:
+        """Parameters, buffers, gradients and training flags; first the module tree as it was
+        (:func:`put_back_layout`: a buffer forward registered, a lazily made mask, is dropped)."""
         with torch.no_grad():
+            if self.model is not None:
+                put_back_layout(self.model, self._layout)
             state = [*(_named_state(self.model) if self.model is not None else ()), *self.extra.items()]
             for name, tensor in state:
                 if name not in self.tensors and (self.weights_in_place or self._copy_failed):
                     continue  # a step at learning rate 0 left it, or its copy failed before a step could
-                local(tensor).copy_(self.tensors[name])  # a DTensor: into this rank's shard
-            params = [*(self.model.named_parameters() if self.model is not None else ()), *self.extra.items()]
-            for name, param in params:
+                saved, target = self.tensors[name], local(tensor)
+                if is_dtensor(tensor) or (target.shape == saved.shape and target.dtype == saved.dtype):
+                    target.copy_(saved)  # a DTensor: into this rank's shard
+                else:  # forward made it again at another size (a rotary cache): the saved one goes back
+                    self._put_back(name, tensor, saved.to(target.device, copy=True))
+            for name, param in all_params(self.model, self.extra):
                 saved = self.grads.get(name)
                 if saved is None:
                     param.grad = None
@@ -209,6 +259,17 @@ class Snapshot:
             if self.model is not None:
                 for name, module in self.model.named_modules():
                     module.training = self.training.get(name, module.training)
+
+    def _put_back(self, name: str, tensor: torch.Tensor, fresh: torch.Tensor) -> None:
+        """``fresh`` in place of a tensor whose shape or dtype changed: a parameter keeps its
+        object (the optimizer holds it), a buffer is replaced in its module."""
+        if isinstance(tensor, torch.nn.Parameter) or name in self.extra:
+            tensor.data = fresh
+        else:
+            owner, _, leaf = name.rpartition(".")
+            self.model.get_submodule(owner)._buffers[leaf] = fresh
+
+    def _restore_optimizer(self, keep: bool) -> None:
         if self.optimizer is not None and self.optimizer_state is not None:
             # load_state_dict replaces the whole state, so state created during the trials
             # (Adam moments that did not exist before) disappears again; it casts tensors
@@ -216,13 +277,33 @@ class Snapshot:
             _load_keeping_groups(self.optimizer, from_cpu_local(self.optimizer_state))
             if keep and self.weights_in_place:
                 _zero_lrs(self.optimizer)  # load_state_dict put the learning rates back
-        if self.scaler is not None:
-            self.scaler.load_state_dict(self.scaler_state)
-            if self.optimizer is not None:
-                forget_scaler_stage(self.scaler, self.optimizer)
-        set_rng_state(self.rng)
-        if not keep:
-            self._warn_unrestored()
+
+    def _restore_others(self) -> None:
+        """Load each further object's state dict back (a scheduler the probe's steps advanced);
+        a ``GradScaler`` also forgets a failed trial's ``unscale_`` of the optimizer."""
+        errors: list[BaseException] = []
+        for other, state in self.others:
+            attempt(lambda: _load_other(other, host_copy(state), self.optimizer), errors)
+        if errors:
+            raise errors[0]
+
+    def _recount(self) -> None:
+        """Make again as device memory what an active simulated budget counted at take and the
+        restore made as host memory (gradients, a buffer put back, optimizer state), so the
+        budget counts what it did before the probe: no more (the copies), and no less."""
+        if not self._counted:
+            return
+        params = dict(all_params(self.model, self.extra))
+        held = [p for group in self.optimizer.param_groups for p in group["params"]] if self.optimizer else []
+        for place, tensor in list(places(self.model, self.optimizer, self.extra)):
+            if place not in self._counted or simulated_counts(tensor):
+                continue
+            if place[0] == "grad":
+                params[place[1]].grad = tensor.clone()
+            elif place[0] == "buffer":
+                self._put_back(place[1], tensor, tensor.clone())
+            else:
+                self.optimizer.state[held[place[1]]][place[2]] = tensor.clone()
 
     def _warn_unrestored(self) -> None:
         """Say so where the step wrote a parameter the optimizer does not hold and nothing copied
@@ -290,6 +371,15 @@ def _outside_the_model(model: torch.nn.Module | None,
                 held.add(id(param))
                 found[f"optimizer.param_groups[{g}]['params'][{i}]"] = param
     return found
+
+
+def _load_other(other: Any, state: Any, optimizer: torch.optim.Optimizer | None) -> None:
+    if isinstance(other, torch.optim.Optimizer):
+        _load_keeping_groups(other, state)
+    else:
+        other.load_state_dict(state)
+    if isinstance(other, torch.amp.GradScaler) and optimizer is not None:
+        forget_scaler_stage(other, optimizer)
 
 
 def _load_keeping_groups(optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:

@@ -10,7 +10,11 @@ import torch
 from .. import checks
 from .restore import forget_scaler_stage
 
-__all__ = ["TrainStep"]
+__all__ = ["TrainStep", "AUTOCAST_DTYPES"]
+
+#: The dtypes ``autocast_dtype`` takes: the half types autocast runs in, and float32 (autocast's
+#: no-op on the CPU). An integer type, which ``torch.autocast`` would take without a word, is refused.
+AUTOCAST_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 
 class TrainStep:
@@ -26,8 +30,10 @@ class TrainStep:
     really trains, :func:`~autobatch.find_max_batch` snapshots the model and optimizer before
     probing and restores them afterwards whenever it is given a ``TrainStep``.
 
-    ``autocast_dtype`` (``torch.bfloat16`` / ``torch.float16``) runs forward and loss under
-    ``torch.autocast``; ``grad_scaler`` (a ``torch.amp.GradScaler``) scales the loss for fp16.
+    ``autocast_dtype`` (``torch.bfloat16`` / ``torch.float16`` / ``torch.float32``, or its name,
+    ``"bfloat16"``) runs forward and loss under ``torch.autocast`` (float32 on the CPU, whose
+    autocast takes only the half types, runs without it); ``grad_scaler`` (a
+    ``torch.amp.GradScaler``) scales the loss for fp16. Any other value is refused at once.
     ``max_grad_norm`` clips the gradients' total norm before every optimizer step
     (``torch.nn.utils.clip_grad_norm_``; with a grad scaler, after unscaling them), so a probe
     measures the step training runs. The step keeps no reference to the batch, the loss or the
@@ -41,7 +47,7 @@ class TrainStep:
         loss_fn: Callable[[torch.nn.Module, Any], torch.Tensor],
         make_batch: Callable[[int], Any] | None,
         *,
-        autocast_dtype: torch.dtype | None = None,
+        autocast_dtype: torch.dtype | str | None = None,
         grad_scaler: "torch.amp.GradScaler | None" = None,
         max_grad_norm: float | None = None,
     ) -> None:
@@ -56,8 +62,8 @@ class TrainStep:
         self.optimizer = optimizer
         self.loss_fn = loss_fn
         self.make_batch = make_batch
-        self.autocast_dtype = autocast_dtype
-        self.grad_scaler = grad_scaler
+        self.autocast_dtype = checks.dtype("autocast_dtype", autocast_dtype, allowed=AUTOCAST_DTYPES)
+        self.grad_scaler = checks.grad_scaler("grad_scaler", grad_scaler)
         self.max_grad_norm = checks.positive_number("max_grad_norm", max_grad_norm, allow_none=True)
 
     def options(self) -> dict[str, Any]:
@@ -74,8 +80,8 @@ class TrainStep:
 
     def autocast(self):
         """The autocast context of this step (a no-op without ``autocast_dtype``)."""
-        if self.autocast_dtype is None:
-            return nullcontext()
+        if self.autocast_dtype is None or (self.autocast_dtype is torch.float32 and self.device.type == "cpu"):
+            return nullcontext()  # the CPU's autocast would switch itself off for float32, with a warning
         return torch.autocast(self.device.type, dtype=self.autocast_dtype)
 
     def __call__(self, batch_size: int) -> None:

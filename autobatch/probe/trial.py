@@ -10,6 +10,7 @@ from typing import Callable, ContextManager
 from ..memory.allocator import expandable_segments_on
 from ..memory.devices import DeviceMemory
 from ..memory.oom import free_memory, is_oom_error, requested_bytes
+from ..memory.simulated import host_memory
 from ..memory.units import format_bytes
 from ..memory.workspaces import release_workspaces
 from .autotune import Autotune
@@ -256,14 +257,13 @@ class TrialRunner:
         return next((r for r in reversed(self.records) if r.batch_size == batch_size and not r.passed), None)
 
     def _clean_up_after_oom(self) -> None:
-        """Drop what the failed step left (``after_oom``), collect the young garbage its failure
-        made (its frames and traceback were created when the error was raised) and return the
-        cached blocks. A full collection (~0.12 s in a process with torchvision imported, on an
-        H200 host) waits until a later trial fails beside the leftover:
-        :meth:`_garbage_was_in_the_way`. Under rank agreement, at once (ranks make the same calls)."""
+        """Drop what the failed step left (``after_oom``; its backward queue, drained in host memory that a spent
+        simulated budget cannot refuse), collect its young garbage, return the cached blocks. A full collection
+        (~0.12 s) waits for a later trial failing beside the leftover (:meth:`_garbage_was_in_the_way`); with ranks, at once."""
         if self.after_oom is not None:
             self.after_oom()
-        drain_backward()
+        with host_memory():
+            drain_backward()
         release_workspaces(self._fresh_workspaces)  # remade by the failed step: not its leftover
         if self.memory.allocated() <= self._baseline:
             return

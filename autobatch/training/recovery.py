@@ -41,7 +41,7 @@ log = logging.getLogger("autobatch")
 def checked_min_micro_batch(value: int, micro_batch: int | None, max_micro_batch: int | None, share: int) -> int:
     """``Runner(min_micro_batch=)``: a positive integer no larger than the batch per rank
     (``share``), the micro-batch given or its grow-back ceiling; one ``ValueError`` otherwise."""
-    checks.positive_int("min_micro_batch", value)
+    value = checks.positive_int("min_micro_batch", value)
     for name, bound in (("the global batch per rank", share), ("micro_batch", micro_batch),
                         ("max_micro_batch", max_micro_batch)):
         if bound is not None and value > bound:

@@ -156,9 +156,10 @@ class Runner(OomRecovery, Resumable, PlansFromData):
         checks.module("model", model)
         checks.materialized("model", model)
         checks.trains("optimizer", optimizer, model)
-        checks.positive_int("global_batch", global_batch)
-        checks.positive_int("micro_batch", micro_batch, allow_none=True)
-        checks.positive_int("max_micro_batch", max_micro_batch, allow_none=True)
+        # plain ints from here on (a NumPy integer is taken, and stored in checkpoints as an int)
+        global_batch = checks.positive_int("global_batch", global_batch)
+        micro_batch = checks.positive_int("micro_batch", micro_batch, allow_none=True)
+        max_micro_batch = checks.positive_int("max_micro_batch", max_micro_batch, allow_none=True)
         check_options(device, checkpoint_dir, checkpoint_every)
         self.model = model
         if distributed is None:
@@ -247,8 +248,8 @@ class Runner(OomRecovery, Resumable, PlansFromData):
         """
         if epochs is None and steps is None:
             epochs = 1
-        checks.positive_int("epochs", epochs, allow_none=True)
-        checks.positive_int("steps", steps, allow_none=True)
+        epochs = checks.positive_int("epochs", epochs, allow_none=True)
+        steps = checks.positive_int("steps", steps, allow_none=True)
         check_data(data)  # not one batch: a tensor, a dict, a tuple of tensors iterate its rows, keys, fields
         began = time.perf_counter()
         self._data_generators, self._epoch_batches = data_generators(data), epoch_length(data, 1)

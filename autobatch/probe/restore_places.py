@@ -1,0 +1,100 @@
+"""What a :class:`~autobatch.probe.restore.Snapshot` records beside the tensors it copies.
+
+* The module tree's shape (:func:`layout_of`): forward may register a buffer the snapshot has
+  no copy of (a lazily made attention mask), and the restore removes it again
+  (:func:`put_back_layout`), where it failed with ``KeyError`` part-way.
+* The places an active :func:`~autobatch.simulated_memory` budget counted (:func:`counted_places`):
+  the snapshot and the restore work in host memory, which no budget counts, and what the
+  restore makes again (gradients, optimizer state) is made again as device memory only where
+  the budget counted it before the probe, so a probe inside the block leaves it as it found it.
+* Host copies of further objects' state dicts (:func:`host_copy`: an LR scheduler, a GradScaler).
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any, Callable, Iterator
+
+import torch
+
+from ..memory.devices import simulated_counts
+from ..memory.simulated import active_simulation
+from .shards import to_cpu_local
+
+__all__ = ["attempt", "host_copy", "layout_of", "put_back_layout", "all_params", "places", "counted_places"]
+
+#: What a module registers by name, and forward may add to.
+_KINDS = ("_parameters", "_buffers", "_modules")
+
+
+def attempt(stage: Callable[[], object], errors: list[BaseException]) -> None:
+    """Run one stage of a restore; an error is kept for after the stages that follow."""
+    try:
+        stage()
+    except BaseException as exc:  # noqa: BLE001 - raised once every stage ran (Snapshot.restore)
+        errors.append(exc)
+
+
+def host_copy(state: Any) -> Any:
+    """A host copy of another object's ``state_dict()`` (tensors copied to the CPU, values
+    deep-copied), sharing nothing with it; functions it holds (a ``LambdaLR``'s lambdas) are
+    kept as they are, for a bound method's deep copy would copy its object (an optimizer)."""
+    return to_cpu_local(state, lambda value: value if callable(value) else copy.deepcopy(value))
+
+
+def layout_of(model: torch.nn.Module | None) -> dict[str, dict[str, dict[str, bool]]]:
+    """Each module's parameter, buffer and submodule names, by module name, each with whether
+    it held something (a buffer registered as None holds nothing): what forward may add to."""
+    if model is None:
+        return {}
+    return {name: {kind: {key: value is not None for key, value in getattr(module, kind).items()}
+                   for kind in _KINDS} for name, module in model.named_modules()}
+
+
+def put_back_layout(model: torch.nn.Module, layout: dict[str, dict[str, dict[str, bool]]]) -> None:
+    """Undo what forward added to the module tree since :func:`layout_of`: a parameter, buffer or
+    submodule registered during a trial (a lazily made attention mask) is removed, a slot that
+    held None holds None again. The snapshot has no copy of such a tensor to write back."""
+    for name, module in list(model.named_modules()):
+        known = layout.get(name)
+        if known is None:
+            continue  # made by forward: removed from its parent below (or already)
+        for kind in _KINDS:
+            current = getattr(module, kind)
+            for key in [key for key in current if key not in known[kind]]:
+                delattr(module, key)
+            for key, held in known[kind].items():
+                if not held and current.get(key) is not None:
+                    current[key] = None
+
+
+def all_params(model: torch.nn.Module | None, extra: dict[str, torch.Tensor]) -> list[tuple[str, torch.Tensor]]:
+    """The model's named parameters, then those the optimizer trains outside it (``extra``)."""
+    return [*(model.named_parameters() if model is not None else ()), *extra.items()]
+
+
+def places(model: torch.nn.Module | None, optimizer: torch.optim.Optimizer | None,
+           extra: dict[str, torch.Tensor]) -> Iterator[tuple[tuple, torch.Tensor]]:
+    """``(place, tensor)`` for what a restore makes again rather than writes in place: each
+    gradient (``("grad", name)``), buffer (``("buffer", name)``) and optimizer state tensor
+    (``("state", index, key)``, the index as in ``state_dict()``)."""
+    for name, param in all_params(model, extra):
+        if param.grad is not None:
+            yield ("grad", name), param.grad
+    for name, buffer in model.named_buffers() if model is not None else ():
+        yield ("buffer", name), buffer
+    held = [p for group in optimizer.param_groups for p in group["params"]] if optimizer is not None else []
+    for index, param in enumerate(held):
+        for key, value in optimizer.state.get(param, {}).items():
+            if isinstance(value, torch.Tensor):
+                yield ("state", index, key), value
+
+
+def counted_places(model: torch.nn.Module | None, optimizer: torch.optim.Optimizer | None,
+                   extra: dict[str, torch.Tensor]) -> set[tuple]:
+    """The places (:func:`places`) whose tensor an active simulated budget counts: made inside
+    it, as device memory. The restore makes those again as device memory, and only those (a
+    tensor made before the block, as the model's parameters, stays outside the budget)."""
+    if active_simulation() is None:
+        return set()
+    return {place for place, tensor in places(model, optimizer, extra) if simulated_counts(tensor)}
