@@ -49,11 +49,21 @@ class NoBatchFitsError(MemoryError):
         self.last_error = last_error
         self.result = result
         self.diagnostics = diagnostics
-        advice = hint or (
-            "Try gradient accumulation with a smaller micro-batch (autobatch.plan), activation "
-            "checkpointing, lower precision (bf16/fp16 autocast), a smaller model or sequence "
-            "length, or a larger memory_limit / device."
-        )
+        if hint:
+            advice = hint
+        elif batch_size == 1:  # no micro-batch is smaller: accumulation alone cannot help
+            advice = (
+                "Batch 1 is the smallest micro-batch, so gradient accumulation alone cannot help; try activation "
+                "checkpointing (autobatch.enable_checkpointing; a plan turns it on where batch 1 does not fit), "
+                "lower precision (bf16/fp16 autocast), a smaller model or sequence length, or a larger memory_limit "
+                "/ device."
+            )
+        else:
+            advice = (
+                "Try gradient accumulation with a smaller micro-batch (autobatch.plan), activation "
+                "checkpointing, lower precision (bf16/fp16 autocast), a smaller model or sequence "
+                "length, or a larger memory_limit / device."
+            )
         memory_line = ""
         if diagnostics:
             from .memory.diagnostics import diagnostics_line

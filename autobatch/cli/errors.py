@@ -64,6 +64,7 @@ def one_line(exc: BaseException) -> str:
 #: The library's argument names in its messages, and the command line's keys for them.
 _CLI_KEYS = [
     (r"allow_accumulation=True", "plan.allow_accumulation=true"),
+    (r"allow_checkpointing=True", "plan.allow_checkpointing=true"),
     (r"allow activation checkpointing(?= ?[.,])", "allow activation checkpointing (plan.allow_checkpointing=true)"),
     (r"checkpointing_fallback=True", "train.checkpointing_fallback=true"),
     (r"min_micro_batch", "train.min_micro_batch"),

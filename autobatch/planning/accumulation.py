@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import operator
 from contextlib import nullcontext
 from typing import Any, Callable, ContextManager, Iterable, Iterator
 
@@ -36,6 +37,7 @@ from .samples import batch_size_of, cycle_samples, map_samples, take_samples  # 
 __all__ = [
     "batch_size_of",
     "check_global_batch",
+    "check_samples",
     "micro_batch_sizes",
     "split_batch",
     "map_samples",
@@ -82,10 +84,9 @@ def micro_batch_sizes(global_batch: int, micro_batch: int, *, balanced: bool = F
     >>> micro_batch_sizes(15, 2, balanced=True, min_micro_batch=2)
     [3, 2, 2, 2, 2, 2, 2]
     """
-    for name, value in (("global_batch", global_batch), ("micro_batch", micro_batch),
-                        ("min_micro_batch", min_micro_batch)):
-        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    global_batch, micro_batch, min_micro_batch = (
+        _positive_integer(name, value) for name, value in (("global_batch", global_batch), ("micro_batch", micro_batch),
+                                                           ("min_micro_batch", min_micro_batch)))
     steps = math.ceil(global_batch / micro_batch)
     if balanced:
         sizes = _balanced(global_batch, steps)
@@ -106,6 +107,26 @@ def micro_batch_sizes(global_batch: int, micro_batch: int, *, balanced: bool = F
     return sizes
 
 
+def _positive_integer(name: str, value: Any) -> int:
+    """``value`` as a Python int where it is a positive integer of any type (numpy's too, read
+    with ``operator.index``); one ``ValueError`` naming it otherwise (``bool``, ``float``)."""
+    try:
+        number = None if isinstance(value, bool) else operator.index(value)
+    except TypeError:
+        number = None
+    if number is None or number <= 0:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    return number
+
+
+def check_samples(size: int) -> None:
+    """``ValueError`` for a batch of no samples: there is nothing to split or accumulate (it
+    was blamed on ``global_batch``, which the caller may never have passed)."""
+    if size == 0:
+        raise ValueError("the batch has 0 samples: there is nothing to split or accumulate; skip empty batches "
+                         "(a filtered or exhausted loader can yield one)")
+
+
 def _balanced(global_batch: int, steps: int) -> list[int]:
     """``global_batch`` in ``steps`` sizes differing by at most one, larger ones first."""
     base, extra = divmod(global_batch, steps)
@@ -124,6 +145,7 @@ def split_batch(batch: Any, micro_batch: int, *, balanced: bool = False, min_mic
     micro-batch. See the module docstring for the policy.
     """
     total = batch_size_of(batch)
+    check_samples(total)
     sizes = micro_batch_sizes(total, micro_batch, balanced=balanced, min_micro_batch=min_micro_batch)
     return [map_samples(batch, lambda t, start=start, size=size: t.narrow(0, start, size),
                         lambda values, start=start, size=size: values[start:start + size], total)
@@ -245,6 +267,7 @@ def accumulate_gradients(
     ``no_sync`` and ``on_phase``. Returns the mean loss as a float.
     """
     size = batch_size_of(batch)
+    check_samples(size)
     if global_batch is not None:
         check_global_batch(global_batch, given=size, integer=True)
     return accumulate_micro_batches(

@@ -19,7 +19,8 @@ excepted) is not a block: it saves its input for backward, which is just what a 
 keeps, so wrapping it saves nothing and costs a recompute (a flat VGG-style ``Sequential``
 wrapped each ``Conv2d`` and ``BatchNorm2d`` alone). Consecutive layers are not grouped: a
 wrapped block is a module the plan names. With ``targets`` (class names such as
-``"GPTBlock"``, or classes): every module of those classes, outermost ones only.
+``"GPTBlock"``, or classes): every module of those classes below the model, outermost ones
+only (the model itself is never wrapped whole: its recompute holds every activation again).
 
 How. The block's ``forward`` is replaced *on the instance* by a :class:`_CheckpointedForward`
 that calls the class's forward through ``torch.utils.checkpoint.checkpoint(...,
@@ -73,12 +74,16 @@ class _CheckpointedForward:
         forward = type(module).forward.__get__(module)
         if not torch.is_grad_enabled():
             return forward(*args, **kwargs)
+        # the block's keywords go in a partial, never to checkpoint itself: checkpoint takes
+        # debug, early_stop, determinism_check, context_fn and use_reentrant as its own options
+        # (a block's debug=True was eaten silently; its use_reentrant was a TypeError)
+        forward = functools.partial(forward, **kwargs) if kwargs else forward
         if torch.compiler.is_compiling() or not _running_stats_owners(module):
             # compiled, the partitioner recomputes and buffer updates are applied once, from the
             # graph's outputs; a custom context_fn would take torch's selective-checkpoint path
-            return checkpoint(forward, *args, use_reentrant=False, **kwargs)
+            return checkpoint(forward, *args, use_reentrant=False)
         contexts = functools.partial(_recompute_contexts, module)
-        return checkpoint(forward, *args, use_reentrant=False, context_fn=contexts, **kwargs)
+        return checkpoint(forward, *args, use_reentrant=False, context_fn=contexts)
 
     def __repr__(self) -> str:
         return f"<checkpointed forward of {type(self.module).__name__}>"
@@ -147,16 +152,36 @@ def _matches(module: nn.Module, targets: tuple[Any, ...]) -> bool:
     return False
 
 
+def _targets(targets: Any) -> tuple[str | type, ...] | None:
+    """``targets`` as a tuple of class names and classes (a bare one is one target); one
+    ``TypeError`` for anything else (an int raised an AttributeError from the error message)."""
+    if targets is None:
+        return None
+    wanted = (targets,) if isinstance(targets, (str, type)) else targets
+    try:
+        wanted = tuple(wanted)
+    except TypeError:
+        wanted = (targets,)
+    wrong = [target for target in wanted if not isinstance(target, (str, type))]
+    if wrong:
+        raise TypeError("checkpoint targets must be class names (e.g. 'GPTBlock') or classes, one or a list of them; "
+                        f"got {targets!r:.80}, which holds {type(wrong[0]).__name__} {wrong[0]!r:.40}")
+    return wanted
+
+
 def find_blocks(model: nn.Module, targets: Iterable[str | type] | None = None) -> list[str]:
     """Qualified names of the modules :func:`enable_checkpointing` would wrap (see the module
-    docstring for the rule); ``""`` names the model itself. ``ValueError`` when ``targets``
-    are given and match no module (a misspelt class would wrap nothing, and the run would
-    then fail for another reason)."""
-    wanted = None if targets is None else tuple([targets] if isinstance(targets, (str, type)) else targets)
+    docstring for the rule). The model itself is never one: checkpointing it whole saves
+    next to nothing at backward's peak, where its recompute holds every activation again (a
+    target naming the model's own class, ``"Sequential"`` for an ``nn.Sequential`` model,
+    wrapped the root). ``TypeError`` for a target that is neither a class name nor a class;
+    ``ValueError`` when ``targets`` are given and match no module below the model (a misspelt
+    class would wrap nothing, and the run would then fail for another reason)."""
+    wanted = _targets(targets)
     found: list[str] = []
 
     def visit(module: nn.Module, prefix: str) -> None:
-        if wanted is not None and _matches(module, wanted):
+        if wanted is not None and prefix and _matches(module, wanted):
             found.append(prefix)
             return
         children = list(module.named_children())
@@ -174,7 +199,8 @@ def find_blocks(model: nn.Module, targets: Iterable[str | type] | None = None) -
     if wanted is not None and not found:
         classes = sorted({cls.__name__ for module in model.modules() for cls in type(module).__mro__[:-2]})
         names = [target if isinstance(target, str) else target.__name__ for target in wanted]
-        raise ValueError(f"checkpoint targets {names} match no module of the model; its module classes: "
+        root = " but the model itself, which is never wrapped whole" if _matches(model, wanted) else ""
+        raise ValueError(f"checkpoint targets {names} match no module of the model{root}; its module classes: "
                          f"{', '.join(classes)}")
     return found
 
@@ -225,13 +251,16 @@ def enable_checkpointing(
     """Wrap ``model``'s repeated blocks with non-reentrant activation checkpointing.
 
     ``targets``: class names or classes to wrap instead of the automatic choice. ``modules``:
-    exact qualified names to wrap (e.g. a saved plan's ``checkpointed_modules``). Blocks that
+    exact qualified names to wrap (e.g. a saved plan's ``checkpointed_modules``; a bare
+    string is one name, not its characters). Blocks that
     are already wrapped, or whose ``forward`` was replaced on the instance by someone else,
     are left alone (and not in the handle). Returns the :class:`CheckpointHandle` that undoes
     it; an empty handle when nothing was found to wrap.
     """
     checks.module("model", model)
     wrapped: list[str] = []
+    if isinstance(modules, str):
+        modules = [modules]
     names = list(modules) if modules is not None else find_blocks(model, targets)
     for name in names:
         module = model.get_submodule(name)

@@ -115,18 +115,21 @@ class ThroughputObjective:
         )
 
     def with_accumulation(self, one_step, checkpointing: bool, allow_accumulation: bool) -> int:
-        """The largest micro-batch a candidate may use: ``one_step``'s answer where the global
-        batch fits in one step or accumulation is not allowed, else the largest micro-batch of an
-        accumulated step (the planner's second probe: the first micro-batch's gradients stay
-        held through the next one's step; a candidate sized by the one-step answer ran out of
-        memory in training); 0 where nothing fits (the accumulated probe's error is kept in
+        """The largest micro-batch a candidate may use: the global batch where it fits in one
+        step (no margin off it: :meth:`fits`), ``one_step``'s answer where accumulation is not
+        allowed, else the largest micro-batch of an accumulated step less the margin, taken once
+        (the planner's second probe: the first micro-batch's gradients stay held through the
+        next one's step; a candidate sized by the one-step answer ran out of memory in
+        training); 0 where nothing fits (the accumulated probe's error is kept in
         ``accumulation_error``, raised if no candidate is left)."""
         if one_step is None:
             return 0
-        if one_step.batch_size >= self.global_batch or not allow_accumulation:
+        if self.fits(one_step):
+            return self.global_batch
+        if not allow_accumulation:
             return one_step.batch_size
         try:
-            return self.accumulated(one_step, checkpointing).batch_size
+            return self.accumulated(one_step, checkpointing)
         except NoBatchFitsError as exc:
             self.accumulation_error = exc
             return 0

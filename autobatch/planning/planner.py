@@ -32,6 +32,7 @@ When the plan uses checkpointing the model *stays wrapped* (``Plan.checkpointing
 from __future__ import annotations
 
 import logging
+import math
 import time
 from typing import Any, Callable
 
@@ -44,14 +45,13 @@ from ..probe.train_step import TrainStep
 from .accumulation import AccumulatingStep, micro_batch_sizes
 from .checkpointing import CheckpointHandle, enable_checkpointing, find_blocks, is_checkpointed
 from .fastest import ThroughputObjective
+from .plan_arguments import OBJECTIVES, ragged_message, validate
 from .plan_result import Plan, candidates_table, short_list
 from .throughput import balanced_micro_batch, validate_timing
 
 __all__ = ["Plan", "plan", "OBJECTIVES", "candidates_table"]
 
 log = logging.getLogger("autobatch")
-
-OBJECTIVES = ("max_batch", "throughput")
 
 
 def plan(
@@ -102,8 +102,9 @@ def plan(
             accelerator's ``num_alloc_retries``; none on the CPU); injectable for tests.
             Candidates whose timed steps saw retries are flagged in the table.
         **probe_kwargs: passed to :func:`~autobatch.find_max_batch` (``strategy``,
-            ``memory_limit``, ``steps_per_trial``, ``margin``, ``multiple_of``, ...);
-            ``max_batch`` caps the micro-batch (default ``global_batch``).
+            ``memory_limit``, ``steps_per_trial``, ``multiple_of``, ...); ``max_batch`` caps
+            the micro-batch (default ``global_batch``), ``start`` is at most ``global_batch``;
+            ``margin`` is taken once, off the micro-batch (none off a global batch that fits).
 
     Raises:
         ValueError: a bad argument, or a global batch not a multiple of ``multiple_of`` that
@@ -113,20 +114,20 @@ def plan(
         GlobalBatchTooLargeError: the global batch does not fit in one step and accumulation
             is not allowed.
     """
-    _validate(step, global_batch, objective, probe_kwargs, min_micro_batch)
-    _check_one_step_cap(global_batch, probe_kwargs.get("max_batch"), allow_accumulation)
+    global_batch, min_micro_batch = validate(
+        step, global_batch, objective, probe_kwargs, min_micro_batch, allow_accumulation=allow_accumulation,
+        allow_checkpointing=allow_checkpointing, balanced=balanced, exhaustive=exhaustive,
+    )
     if checkpoint_targets is not None:
         find_blocks(step.model, checkpoint_targets)  # targets that match nothing: a ValueError now, not a wrong plan
-    timing = dict(
-        warmup_steps=warmup_steps, timed_steps=timed_steps, retime_rounds=retime_rounds, retime_within=retime_within
-    )
+    timing = dict(warmup_steps=warmup_steps, timed_steps=timed_steps, retime_rounds=retime_rounds, retime_within=retime_within)
     validate_timing(**timing)
     cap = min(global_batch, probe_kwargs.pop("max_batch", None) or global_batch)
     multiple_of = probe_kwargs.get("multiple_of", 1)
     if balanced and isinstance(multiple_of, int) and multiple_of > 1:
         balanced = False  # balanced sizes would not be multiples; full chunks and a smaller last one
     ragged = isinstance(multiple_of, int) and multiple_of > 1 and global_batch % multiple_of != 0
-    planner = _Planner(step, global_batch, cap, checkpoint_targets, probe_kwargs)
+    planner = _Planner(step, global_batch, cap, checkpoint_targets, probe_kwargs, allow_checkpointing)
     # blocks a plan (or anyone with enable_checkpointing) left wrapped: plan from the plain model,
     # and leave them as given unless the new plan wraps the model itself
     given = [name for name, module in step.model.named_modules() if is_checkpointed(module)]
@@ -152,51 +153,16 @@ def plan(
     return result
 
 
-def _validate(step, global_batch, objective, probe_kwargs, min_micro_batch=None) -> None:
-    missing = [name for name in ("model", "optimizer", "loss_fn", "make_batch") if not hasattr(step, name)]
-    if missing:
-        raise TypeError(f"step must be an autobatch.TrainStep (it lacks {', '.join(missing)}), got {step!r}")
-    if isinstance(global_batch, bool) or not isinstance(global_batch, int) or global_batch <= 0:
-        raise ValueError(f"global_batch must be a positive integer, got {global_batch!r}")
-    if objective not in OBJECTIVES:
-        raise ValueError(f"objective must be one of {', '.join(OBJECTIVES)}; got {objective!r}")
-    max_batch, multiple_of = probe_kwargs.get("max_batch"), probe_kwargs.get("multiple_of", 1)
-    if not isinstance(max_batch, (int, type(None))) or isinstance(max_batch, bool) or (max_batch is not None and max_batch < 1):
-        raise ValueError(f"max_batch must be a positive integer or None, got {max_batch!r}")
-    if min_micro_batch is not None and (type(min_micro_batch) is not int or min_micro_batch < 1):
-        raise ValueError(f"min_micro_batch must be a positive integer or None (throughput: the smallest micro-batch "
-                         f"timed), got {min_micro_batch!r}")
-    if isinstance(multiple_of, int) and not isinstance(multiple_of, bool) and multiple_of > global_batch:
-        raise ValueError(f"global_batch={global_batch} is smaller than multiple_of={multiple_of}: no micro-batch of it "
-                         "is a multiple; lower multiple_of or raise global_batch")
-    if isinstance(multiple_of, int) and multiple_of > 1 and global_batch % multiple_of and (max_batch or global_batch) < global_batch:
-        raise ValueError(_ragged_message(global_batch, multiple_of, f"max_batch={max_batch} keeps it from one step"))
-
-
-def _ragged_message(global_batch: int, multiple_of: int, why: str) -> str:
-    """The error for a global batch that is not a multiple of ``multiple_of`` and cannot run in one step."""
-    below = global_batch // multiple_of * multiple_of
-    return (f"global_batch={global_batch} is not a multiple of multiple_of={multiple_of}, so its micro-batches cannot "
-            f"all be multiples, and {why}; use a global_batch that is a multiple of {multiple_of} "
-            f"({below} or {below + multiple_of}), or a multiple_of that divides {global_batch}")
-
-
-def _check_one_step_cap(global_batch: int, max_batch: int | None, allow_accumulation: bool) -> None:
-    """Without accumulation one step holds the global batch: a ``max_batch`` below it can never plan."""
-    if not allow_accumulation and max_batch is not None and max_batch < global_batch:
-        raise ValueError(f"max_batch={max_batch} is below global_batch={global_batch} and allow_accumulation=False: "
-                         "one step must hold the whole global batch; raise max_batch or allow accumulation")
-
-
 class _Planner(ThroughputObjective):
     """The state of one plan() call: probes run so far and the checkpoint handle."""
 
-    def __init__(self, step, global_batch, cap, targets, probe_kwargs) -> None:
+    def __init__(self, step, global_batch, cap, targets, probe_kwargs, allow_checkpointing: bool = True) -> None:
         self.step = step
         self.global_batch = global_batch
         self.cap = cap
         self.targets = targets
         self.probe_kwargs = probe_kwargs
+        self.allow_checkpointing = allow_checkpointing
         self.probes: list[dict[str, Any]] = []
         self.notes: list[str] = []
         self.handle: CheckpointHandle | None = None
@@ -208,14 +174,20 @@ class _Planner(ThroughputObjective):
         ``accumulating`` (a one-step answer), the largest micro-batch of an accumulated step
         up to it (:class:`~autobatch.planning.accumulation.AccumulatingStep`); with ``only``,
         that size alone (in units of itself: the search tries nothing else), in at least two
-        steps: its trial is also the first, whose first step creates the optimizer's state."""
+        steps: its trial is also the first, whose first step creates the optimizer's state.
+        Those two take no margin (the planner takes it once, :meth:`with_margin`), and a
+        ``start`` above their cap starts at it (the probe refused it, naming a ``max_batch``)."""
         step = self.step if accumulating is None else AccumulatingStep(self.step)
+        cap = only or accumulating or self.cap
         options = self.probe_kwargs
+        if accumulating is not None or only is not None:
+            start = options.get("start")
+            options = {**options, "margin": 0.0, "start": None if start is None else min(start, cap)}
         if only is not None:
             steps = max(2, options.get("steps_per_trial", 3))
             options = {**options, "multiple_of": only, "start": only, "steps_per_trial": steps}
         try:
-            result = find_max_batch(step, max_batch=only or accumulating or self.cap, **options)
+            result = find_max_batch(step, max_batch=cap, **options)
         except NoBatchFitsError as exc:
             error = exc
         else:
@@ -253,28 +225,60 @@ class _Planner(ThroughputObjective):
         self.unwrap()
         return result, error
 
-    def accumulated(self, one_step: ProbeResult, checkpointing: bool) -> ProbeResult:
-        """The largest micro-batch an accumulated step trains, up to the one-step answer. A plan
-        with accumulation holds the first micro-batch's gradients through the next one's step,
-        which the one-step trials never held; when not even micro-batch 1 fits beside them, the
-        accumulated probe's ``NoBatchFitsError``, with every attempt's figures."""
+    def fits(self, one_step: ProbeResult) -> bool:
+        """Whether the global batch trains in one step: the probe's boundary before its margin
+        (``largest_passed``) reached it, and no trial at it failed (a hand loop's fresh-layout
+        trial can, after it passed). The global batch is then the cap and no OOM was seen below
+        it, so no margin is taken off it: that would split a batch that fits with room to spare."""
+        reached = (one_step.largest_passed or one_step.batch_size) >= self.global_batch
+        return reached and all(t.passed for t in one_step.trials if t.batch_size >= self.global_batch)
+
+    def accumulated(self, one_step: ProbeResult, checkpointing: bool) -> int:
+        """The largest micro-batch an accumulated step trains, up to the one-step boundary
+        (``largest_passed``, before the margin), less the margin, taken once (:meth:`with_margin`).
+        A plan with accumulation holds the first micro-batch's gradients through the next one's
+        step, which the one-step trials never held; when not even micro-batch 1 fits beside them,
+        the accumulated probe's ``NoBatchFitsError``, with every attempt's figures."""
+        boundary = one_step.largest_passed or one_step.batch_size
         if checkpointing:
-            result, error = self.probe_checkpointed(accumulating=one_step.batch_size)
+            result, error = self.probe_checkpointed(accumulating=boundary)
         else:
-            result, error = self.probe(False, accumulating=one_step.batch_size)
+            result, error = self.probe(False, accumulating=boundary)
         if result is not None:
-            return result
+            return self.with_margin(result, one_step, checkpointing)
         raise self._attempts_error(
             error,
-            f"up to {one_step.batch_size} fits in one step, but not the global batch; with accumulation the first "
+            f"up to {boundary} fits in one step, but not the global batch; with accumulation the first "
             "micro-batch's gradients stay alive through the next one's step and no micro-batch fits beside them. "
             f"Try {self._other_options()}.",
         )
 
+    def with_margin(self, accumulated: ProbeResult, one_step: ProbeResult, checkpointing: bool) -> int:
+        """The accumulated probe's answer (run without a margin) less the user's ``margin``,
+        rounded down to ``multiple_of``: the margin taken once, off the boundary the plan rests
+        on. None is taken where neither probe met a memory boundary (both answered their cap: a
+        ``max_batch`` below the global batch, and no OOM seen), as none is off the global batch."""
+        margin, size = self.probe_kwargs.get("margin") or 0.0, accumulated.batch_size
+        if not margin or (accumulated.hit_max_batch and one_step.hit_max_batch):
+            return size
+        multiple_of = self.probe_kwargs.get("multiple_of", 1)
+        reduced = max(multiple_of, math.floor(size * (1 - margin)) // multiple_of * multiple_of)
+        if reduced < size:
+            self.notes.append(f"margin {margin:.0%} taken once, off the largest micro-batch an accumulated step trains "
+                              f"{'with' if checkpointing else 'without'} activation checkpointing ({size}): at most {reduced}")
+        return reduced
+
     def no_fit(self, plain_error: NoBatchFitsError, checkpoint_error: NoBatchFitsError | None, allowed: bool):
-        """The NoBatchFitsError for "not even batch 1", with both attempts' figures."""
+        """The NoBatchFitsError for "not even batch 1", with both attempts' figures; where
+        checkpointing was not allowed, advice to allow it (accumulation cannot go below batch 1)."""
         if not allowed:
-            return plain_error
+            smallest = plain_error.batch_size
+            lower = f", or a multiple_of below {smallest}" if self.probe_kwargs.get("multiple_of", 1) > 1 else ""
+            return self._attempts_error(plain_error, (
+                f"Not even batch {smallest} fits in one step, so gradient accumulation cannot help (no micro-batch is "
+                "smaller), and activation checkpointing was not tried (allow_checkpointing=False): allow it "
+                "(allow_checkpointing=True) to recompute the repeated blocks' activations in backward instead of "
+                f"keeping them{lower}; or try {self._other_options(checkpointing=False)}."))
         if checkpoint_error is None:  # nothing to wrap
             return self._attempts_error(
                 plain_error,
@@ -289,11 +293,14 @@ class _Planner(ThroughputObjective):
             f"{format_bytes(plain_error.peak_bytes)} before failing. Try {self._other_options()}.",
         )
 
-    def _other_options(self) -> str:
+    def _other_options(self, checkpointing: bool = True) -> str:
         """What is left to try when nothing fits: lower precision only where the step is not
-        already under fp16/bf16 autocast."""
+        already under fp16/bf16 autocast; checkpointing where it was not allowed (and
+        ``checkpointing``: the hint does not name it already)."""
         precision = "" if self.step.autocast_dtype is not None else "lower precision (bf16/fp16 autocast), "
-        return f"{precision}a smaller model or sequence length, an optimizer with less state, or a larger memory_limit / device"
+        allow = "activation checkpointing (allow_checkpointing=True), " if checkpointing and not self.allow_checkpointing else ""
+        return (f"{allow}{precision}a smaller model or sequence length, an optimizer with less state, or a "
+                "larger memory_limit / device")
 
     def _attempts_error(self, source: NoBatchFitsError, hint: str) -> NoBatchFitsError:
         """``source``'s figures with a new hint, carrying every probe attempt in ``attempts``."""
@@ -328,12 +335,12 @@ class _Planner(ThroughputObjective):
         tried = " even with activation checkpointing" if wrapped else ""
         peak = f" (plainly it peaked at {format_bytes(plain_error.peak_bytes)})" if plain_error.peak_bytes else ""
         why = f"it does not fit in one step{tried}{peak}"
-        raise ValueError(_ragged_message(size, multiple_of, why))
+        raise ValueError(ragged_message(size, multiple_of, why))
 
     # -- objective: max_batch -------------------------------------------------------------------
     def largest(self, allow_accumulation: bool, allow_checkpointing: bool, balanced: bool) -> Plan:
         plain, plain_error = self.probe(False)
-        if plain is not None and plain.batch_size >= self.global_batch:
+        if plain is not None and self.fits(plain):
             return self.build(self.global_batch, False, "max_batch", "the global batch fits in one step", balanced)
         accumulation_error = None  # micro-batch 1 fits alone, not beside the first one's gradients
         if plain is not None and allow_accumulation:
@@ -344,11 +351,11 @@ class _Planner(ThroughputObjective):
                     raise
                 accumulation_error = exc  # checkpointing is tried
             else:
-                why = f"largest micro-batch that fits with accumulation is {accumulated.batch_size} ({plain.batch_size} in one step)"
-                return self.build(accumulated.batch_size, False, "max_batch", why, balanced)
+                why = f"largest micro-batch that fits with accumulation is {accumulated} ({plain.largest_passed or plain.batch_size} in one step)"
+                return self.build(accumulated, False, "max_batch", why, balanced)
         if not allow_checkpointing:
             if plain is None:
-                raise plain_error
+                raise self.no_fit(plain_error, None, False)
             raise GlobalBatchTooLargeError(self.global_batch, plain.batch_size, False, plain.device)
         ckpt, ckpt_error = self.probe_checkpointed()
         if ckpt is None:
@@ -357,16 +364,16 @@ class _Planner(ThroughputObjective):
             why = ("no block to checkpoint was found in the model (name its blocks' classes in checkpoint_targets)"
                    if ckpt_error is None else "with it, not even batch 1 fit")
             raise accumulation_error or GlobalBatchTooLargeError(self.global_batch, plain.batch_size, False, plain.device, why)
-        if ckpt.batch_size >= self.global_batch:
+        if self.fits(ckpt):
             why = "the global batch fits in one step only with activation checkpointing"
             return self.build(self.global_batch, True, "max_batch", why, balanced)
         if not allow_accumulation:
             raise GlobalBatchTooLargeError(self.global_batch, ckpt.batch_size, True, ckpt.device)
         accumulated = self.accumulated(ckpt, True)
         what = "batch 1" if plain is None else "an accumulated micro-batch"
-        why = (f"{what} does not fit without activation checkpointing; with it, up to {accumulated.batch_size} fits "
-               f"with accumulation ({ckpt.batch_size} in one step)")
-        return self.build(accumulated.batch_size, True, "max_batch", why, balanced)
+        why = (f"{what} does not fit without activation checkpointing; with it, up to {accumulated} fits "
+               f"with accumulation ({ckpt.largest_passed or ckpt.batch_size} in one step)")
+        return self.build(accumulated, True, "max_batch", why, balanced)
 
     def build(self, largest: int, checkpointing: bool, objective: str, reason: str, balanced: bool, **extra) -> Plan:
         """A plan for micro-batches of at most ``largest``; wraps the model when needed."""

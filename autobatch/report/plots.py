@@ -100,7 +100,8 @@ def plot_probe(
 
     A throughput panel is added when ``plan`` has timed candidates (samples/s per
     micro-batch, the chosen plan marked), or with ``trial_throughput=True`` from the
-    probe's own trial times (rough: they include each trial's first, warm-up step).
+    probe's own trial times (rough: they include each trial's first, warm-up step). Both
+    panels share one x-range, wide enough for every trial and every timed candidate.
     """
     if not isinstance(result, ProbeResult):
         raise TypeError(f"result must be the ProbeResult find_max_batch returned, got {type(result).__name__}")
@@ -120,8 +121,11 @@ def plot_probe(
             _draw_candidates(axes[1][0], candidates)
         elif trial_speeds:
             _draw_trial_speeds(axes[1][0], trial_speeds, result)
-        if panels == 2:
-            axes[1][0].set_xlim(memory_axis.get_xlim())
+        if panels == 2:  # one x-range for both, covering every candidate (a checkpointed
+            # candidate's micro-batch can lie past every trial of the plain probe)
+            right = max([memory_axis.get_xlim()[1]] + [c["micro_batch"] * 1.08 + 1 for c in candidates])
+            for axis in (memory_axis, axes[1][0]):
+                axis.set_xlim(0, right)
         memory_axis.set_title(title or _title(result), fontsize=10)
         figure.tight_layout()
         path.parent.mkdir(parents=True, exist_ok=True)

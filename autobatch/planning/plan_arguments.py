@@ -1,0 +1,91 @@
+"""plan()'s arguments: checked before any probe runs, each bad one a single error that names it.
+
+Integers may be of any integer type (``numpy.int64`` from an array or a config): they are
+read with ``operator.index`` and passed on as Python ints; ``bool`` and ``float`` are refused.
+Switches must be real booleans: ``allow_accumulation="false"`` read as true and planned the
+accumulation it meant to forbid, and ``balanced=None`` planned unbalanced micro-batches.
+"""
+
+from __future__ import annotations
+
+import operator
+from typing import Any
+
+__all__ = ["as_integer", "check_switches", "validate", "ragged_message", "check_one_step_cap", "OBJECTIVES"]
+
+OBJECTIVES = ("max_batch", "throughput")
+
+#: probe_kwargs that are sizes: read as Python ints (their checks are find_max_batch's)
+_SIZES = ("max_batch", "start", "multiple_of")
+
+
+def as_integer(value: Any) -> int | None:
+    """``value`` as a Python int where it is an integer of any type (numpy's too); None for
+    anything else, ``bool`` and ``float`` included."""
+    if isinstance(value, bool):
+        return None
+    try:
+        return operator.index(value)
+    except TypeError:
+        return None
+
+
+def check_switches(**switches: Any) -> None:
+    """``ValueError`` unless every switch is ``True`` or ``False`` (``type(x) is bool``)."""
+    for name, value in switches.items():
+        if type(value) is not bool:
+            raise ValueError(f"{name} must be True or False, got {type(value).__name__} {value!r:.60} (a string such "
+                            "as 'false' would read as true, None as false: convert it to a bool first)")
+
+
+def validate(step, global_batch, objective, probe_kwargs: dict[str, Any], min_micro_batch=None,
+             **switches: Any) -> tuple[int, int | None]:
+    """Check plan()'s own arguments (``switches``: its booleans, ``allow_accumulation`` among
+    them); return ``global_batch`` and ``min_micro_batch`` as ints, and leave the integer
+    ``probe_kwargs`` (``max_batch``, ``start``, ``multiple_of``) as ints."""
+    check_switches(**switches)
+    missing = [name for name in ("model", "optimizer", "loss_fn", "make_batch") if not hasattr(step, name)]
+    if missing:
+        raise TypeError(f"step must be an autobatch.TrainStep (it lacks {', '.join(missing)}), got {step!r}")
+    given = global_batch
+    global_batch = as_integer(global_batch)
+    if global_batch is None or global_batch <= 0:
+        raise ValueError(f"global_batch must be a positive integer, got {given!r}")
+    if objective not in OBJECTIVES:
+        raise ValueError(f"objective must be one of {', '.join(OBJECTIVES)}; got {objective!r}")
+    for name in _SIZES:
+        if probe_kwargs.get(name) is not None and as_integer(probe_kwargs[name]) is not None:
+            probe_kwargs[name] = as_integer(probe_kwargs[name])
+    max_batch, multiple_of, start = probe_kwargs.get("max_batch"), probe_kwargs.get("multiple_of", 1), probe_kwargs.get("start")
+    if not isinstance(max_batch, (int, type(None))) or isinstance(max_batch, bool) or (max_batch is not None and max_batch < 1):
+        raise ValueError(f"max_batch must be a positive integer or None, got {max_batch!r}")
+    if min_micro_batch is not None:
+        given, min_micro_batch = min_micro_batch, as_integer(min_micro_batch)
+        if min_micro_batch is None or min_micro_batch < 1:
+            raise ValueError(f"min_micro_batch must be a positive integer or None (throughput: the smallest micro-batch "
+                             f"timed), got {given!r}")
+    if isinstance(start, int) and not isinstance(start, bool) and start > global_batch:
+        raise ValueError(f"start={start} is larger than global_batch={global_batch}: the probes try micro-batches of at "
+                         "most the global batch; lower start (or leave it out)")
+    if isinstance(multiple_of, int) and not isinstance(multiple_of, bool) and multiple_of > global_batch:
+        raise ValueError(f"global_batch={global_batch} is smaller than multiple_of={multiple_of}: no micro-batch of it "
+                         "is a multiple; lower multiple_of or raise global_batch")
+    if isinstance(multiple_of, int) and multiple_of > 1 and global_batch % multiple_of and (max_batch or global_batch) < global_batch:
+        raise ValueError(ragged_message(global_batch, multiple_of, f"max_batch={max_batch} keeps it from one step"))
+    check_one_step_cap(global_batch, max_batch, switches.get("allow_accumulation", True))
+    return global_batch, min_micro_batch
+
+
+def ragged_message(global_batch: int, multiple_of: int, why: str) -> str:
+    """The error for a global batch that is not a multiple of ``multiple_of`` and cannot run in one step."""
+    below = global_batch // multiple_of * multiple_of
+    return (f"global_batch={global_batch} is not a multiple of multiple_of={multiple_of}, so its micro-batches cannot "
+            f"all be multiples, and {why}; use a global_batch that is a multiple of {multiple_of} "
+            f"({below} or {below + multiple_of}), or a multiple_of that divides {global_batch}")
+
+
+def check_one_step_cap(global_batch: int, max_batch: int | None, allow_accumulation: bool) -> None:
+    """Without accumulation one step holds the global batch: a ``max_batch`` below it can never plan."""
+    if not allow_accumulation and max_batch is not None and max_batch < global_batch:
+        raise ValueError(f"max_batch={max_batch} is below global_batch={global_batch} and allow_accumulation=False: "
+                         "one step must hold the whole global batch; raise max_batch or allow accumulation")
