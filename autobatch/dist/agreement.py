@@ -11,14 +11,18 @@ Why it cannot hang silently:
 
 * one collective per sync point, ``all_reduce(MAX)`` of a ``world x k`` integer matrix in
   which each rank fills its own row (an all-gather that every backend supports), always on
-  the CPU over gloo: the default group when it is gloo, else a gloo side group made once
-  (:func:`control_group`; the CLI makes it when it joins, while every rank is there). Why not
-  over NCCL: the integers are tiny, a CPU collective needs no device synchronisation, and on
-  2 × H200 a rank that never reached a sync point left the other hanging inside the NCCL
-  version of this wait instead of timing out, where gloo's (the one the CPU tests check)
-  times out as designed. Gradients and weights still travel over the default group
+  the CPU over a gloo group of its own (:func:`control_group`, made once while every rank is
+  there; the CLI makes it when it joins). Not over the default group, even under gloo: DDP's
+  bucket all-reduces run there, and a rank at a sync point while its peer is in a bucket
+  would pair the two (gloo aborts the process on the size mismatch). Not over NCCL: the
+  integers are tiny, a CPU collective needs no device synchronisation, and on 2 × H200 a
+  rank that never reached a sync point left the other hanging inside the NCCL version of this
+  wait instead of timing out. Gradients and weights still travel over the default group
   (:func:`all_reduce_sum_`, :func:`broadcast_`), entered only after a sync point agreed that
   every rank will enter it;
+* the first matrix has the same width at every sync point (:data:`HEAD_VALUES` values after
+  the header), so ranks at different sync points always pair like-sized collectives; a longer
+  payload's rest travels in a second one, entered only once every rank's header matched;
 * each row starts with the sync point's sequence number and a hash of its label, so ranks
   that reach *different* sync points (one rank took a branch the others did not) are
   detected at once and raise :class:`~autobatch.errors.RankDisagreementError` instead of
@@ -38,6 +42,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+import weakref
 import zlib
 from typing import Sequence
 
@@ -71,6 +76,9 @@ log = logging.getLogger("autobatch")
 #: Seconds a sync point waits for the other ranks before raising RankDisagreementError.
 DEFAULT_TIMEOUT_S = 300.0
 _INT64_MIN = -(2**63)
+#: values every sync point's first collective carries after its 3-integer header (sequence,
+#: label hash, length): the same width everywhere, whatever the sync point
+HEAD_VALUES = 12
 _state: dict = {"timeout": None, "sequence": 0, "control": None}
 
 
@@ -123,28 +131,21 @@ def sync_device() -> torch.device:
     return torch.device("cpu")
 
 
-def _default_backend() -> str:
-    """The default group's backend name, lower case (a seam the tests replace to run the
-    side-group path over gloo)."""
-    return str(dist.get_backend()).lower()
-
-
 def control_group():
-    """The group sync points run on: a CPU (gloo) group. ``None`` means the default group,
-    which already is one; under NCCL (or any backend without CPU tensors) a gloo side group
-    over every rank, made on the first call and kept while the default group lives.
+    """The gloo group sync points run on: a group of every rank beside the default one (under
+    gloo too: the default group carries DDP's bucket all-reduces, which a sync point must
+    never pair with), made on the first call and kept while the default group lives.
 
-    Making it is a collective of its own: every rank must call this at the same point (the
-    first sync point does, as does :func:`init_from_env`). A rank that does not come within
-    :func:`timeout` makes it raise :class:`~autobatch.errors.RankDisagreementError`.
+    Making it is a collective of its own (gloo connects every pair of ranks: about 1.4 ms for
+    2 CPU ranks, once): every rank must call this at the same point (the first sync point
+    does, as does :func:`init_from_env`). A rank that does not come within :func:`timeout`
+    makes it raise :class:`~autobatch.errors.RankDisagreementError`. Only weak references are
+    kept, so a group the user destroys is freed then, not at the interpreter's teardown.
     """
-    backend = _default_backend()
-    if "gloo" in backend or "mpi" in backend:
-        return None
     world = dist.distributed_c10d._get_default_group()
     cached = _state["control"]
-    if cached is not None and cached[0] is world:
-        return cached[1]
+    if cached is not None and cached[0]() is world and cached[1]() is not None:
+        return cached[1]()
     from datetime import timedelta
 
     try:
@@ -154,7 +155,7 @@ def control_group():
             rank(), "setting up the gloo group for sync points", _peers_doing(),
             reason=f"the other ranks did not join it ({type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''})",
         ) from exc
-    _state["control"] = (world, group)
+    _state["control"] = (weakref.ref(world), weakref.ref(group))
     return group
 
 
@@ -232,7 +233,9 @@ def exchange(values: Sequence[int], label: str) -> list[list[int]]:
     All ranks must call it in the same order with the same ``label``; a rank at a different
     sync point, one that does not arrive within :func:`timeout`, or one that died raises
     :class:`~autobatch.errors.RankDisagreementError` on the others. Without a process group it
-    returns ``[list(values)]``.
+    returns ``[list(values)]``. One collective of a fixed width (the header and the first
+    :data:`HEAD_VALUES` values), then, for a longer ``values``, one more for the rest, whose
+    length every rank's header agreed on.
     """
     values = [int(v) for v in values]
     if not is_distributed():
@@ -241,16 +244,27 @@ def exchange(values: Sequence[int], label: str) -> list[list[int]]:
     _state["sequence"] += 1
     sequence = _state["sequence"]
     _announce(sequence, label)
-    me, world = rank(), world_size()
-    table = torch.full((world, len(values) + 3), _INT64_MIN, dtype=torch.int64)
-    table[me] = torch.tensor([sequence, _tag(label), len(values), *values], dtype=torch.int64)
+    me = rank()
+    head = _gather([sequence, _tag(label), len(values), *values[:HEAD_VALUES]], 3 + HEAD_VALUES, group, label, sequence)
+    rows = [row[: 3 + min(len(values), HEAD_VALUES)] for row in _agreed_rows(head, me, sequence, label, header=True)]
+    if len(values) > HEAD_VALUES:  # every rank's header said this length: the same collective everywhere
+        rest = _gather(values[HEAD_VALUES:], len(values) - HEAD_VALUES, group, label, sequence)
+        rows = [row + more for row, more in zip(rows, rest)]
+    return [row[3:] for row in rows]
+
+
+def _gather(mine: list[int], width: int, group, label: str, sequence: int) -> list[list[int]]:
+    """Every rank's row of ``width`` integers (``mine``, padded), over the sync points' group."""
+    table = torch.full((world_size(), width), _INT64_MIN, dtype=torch.int64)
+    table[rank(), : len(mine)] = torch.tensor(mine, dtype=torch.int64)
     work = dist.all_reduce(table, op=dist.ReduceOp.MAX, group=group, async_op=True)
     _wait(work, label, sequence, on_host=True)
-    return _agreed_rows(table.tolist(), me, sequence, label)
+    return table.tolist()
 
 
-def _agreed_rows(rows: list[list[int]], me: int, sequence: int, label: str) -> list[list[int]]:
-    """Each rank's values, once every row names the same sync point (else the error)."""
+def _agreed_rows(rows: list[list[int]], me: int, sequence: int, label: str, *, header: bool = False) -> list[list[int]]:
+    """Each rank's values, once every row names the same sync point (else the error); with
+    ``header`` the rows whole, header included."""
     if any(row[:3] != rows[me][:3] for row in rows):
         doing = {
             other: f"#{row[0]} {label}" if row[:3] == rows[me][:3] else f"#{row[0]} a different sync point"
@@ -258,7 +272,7 @@ def _agreed_rows(rows: list[list[int]], me: int, sequence: int, label: str) -> l
         }
         doing.update({other: text for other, text in _peers_doing().items() if not rows[other][:3] == rows[me][:3]})
         raise RankDisagreementError(me, f"#{sequence} {label}", doing, reason="the ranks reached different sync points")
-    return [row[3:] for row in rows]
+    return rows if header else [row[3:] for row in rows]
 
 
 def agree(flag: bool, label: str = "agree", op: str = "all") -> bool:

@@ -187,6 +187,11 @@ class FsdpProbeAgreement(CollectiveProbeAgreement):
         if isinstance(fn, TrainStep) and not isinstance(fn, VotedTrainStep) and is_fsdp(fn.model):
             check_mesh(fn.model)
             check_clipping(fn.model, fn.max_grad_norm)
+            from ..planning.accumulation import AccumulatingStep
+            from .timing import LockstepAccumulatingStep
+
+            if isinstance(fn, AccumulatingStep):  # the planner's accumulated probe: two voted micro-batches
+                return fn if isinstance(fn, LockstepAccumulatingStep) else LockstepAccumulatingStep(fn)
             return VotedTrainStep(fn)
         return super().local_step(fn)
 

@@ -2,7 +2,7 @@
 
 ``torchrun`` (or Hydra's submitit launcher) starts the ranks with ``RANK``, ``WORLD_SIZE`` and
 ``MASTER_ADDR`` set; :func:`init_from_env` makes the default group from them (NCCL on CUDA,
-gloo on the CPU) and, under NCCL, the gloo group the sync points run on
+gloo on the CPU) and the gloo group the sync points run on (a side group under gloo too)
 (:func:`~autobatch.dist.agreement.control_group`). Public as
 ``autobatch.distributed.init_from_env``; the CLI calls it first thing in a task.
 """
@@ -55,9 +55,9 @@ def init_from_env(device_type: str = "auto") -> bool:
         # device_id: NCCL sets up its communicator now, while every rank is here, rather than
         # inside the first collective (a blocking rendezvous that no sync-point deadline covers)
         dist.init_process_group(backend="nccl", device_id=device, timeout=deadline)
-        control_group()  # the gloo group for sync points, while every rank is here
     else:
         dist.init_process_group(backend="gloo", timeout=deadline)
+    control_group()  # the gloo group for sync points (under gloo too), while every rank is here
     atexit.register(_leave_at_exit)
     backend = dist.get_backend()
     log.info("joined the process group: rank %d of %d (%s)", rank(), world_size(), backend)

@@ -19,7 +19,10 @@ training reaches. Its collectives follow the runner's protocol (:mod:`autobatch.
 a rank that runs out of memory completes its peers' buckets with zeros, and every rank votes
 after the gradients and after the optimizer step, so every rank fails a trial step together
 and none waits in a collective alone. Any other wrapper (anything with a ``.module`` that is
-an ``nn.Module`` and a ``no_sync``) is probed on its local module (:func:`local_step`). A plain callable that runs collectives is the caller's responsibility;
+an ``nn.Module`` and a ``no_sync``) is probed on its local module (:func:`local_step`). The
+planner's accumulated probe (:class:`~autobatch.planning.accumulation.AccumulatingStep`) on a
+wrapped model keeps its two micro-batches, run through the runner's step
+(:class:`~autobatch.dist.timing.LockstepAccumulatingStep`). A plain callable that runs collectives is the caller's responsibility;
 a rank stuck that way ends in :class:`~autobatch.errors.RankDisagreementError` after the sync
 timeout, not in a silent hang.
 """
@@ -43,12 +46,16 @@ __all__ = [
 def local_step(fn: Any) -> Any:
     """``fn``; for a ``TrainStep`` on a DDP model the DDP step (:class:`DDPProbeStep`), or on
     another data-parallel wrapper the same step on the local module."""
+    from ..planning.accumulation import AccumulatingStep
     from ..probe.train_step import TrainStep
     from .ddp_probe import DDPProbeStep
     from .ddp_step import check_whole_world, ddp_supported
+    from .timing import LockstepAccumulatingStep
 
     if isinstance(fn, TrainStep):
         check_whole_world(fn.model)  # a DDP over a sub-group: refused before any trial
+    if isinstance(fn, AccumulatingStep) and not isinstance(fn, LockstepAccumulatingStep) and unwrap(fn.model) is not fn.model:
+        return LockstepAccumulatingStep(fn)  # the planner's accumulated probe: two micro-batches, not one
     if isinstance(fn, TrainStep) and not isinstance(fn, DDPProbeStep) and ddp_supported(fn.model):
         return DDPProbeStep(fn)
     if isinstance(fn, TrainStep) and unwrap(fn.model) is not fn.model:
@@ -122,8 +129,8 @@ def agree_batch(result) -> Any:
 
 def agree_plan(planned) -> Any:
     """Make a :class:`~autobatch.Plan` the same on every rank: the smallest micro-batch over the
-    ranks (the ``max_batch`` objective agrees already, its probes ran in lockstep; a
-    ``throughput`` pick is timed on each rank's own device). Activation checkpointing on some
+    ranks (a safety net: the probes ran in lockstep, and a ``throughput`` pick is made from
+    timings the ranks agreed, :mod:`autobatch.dist.timing`). Activation checkpointing on some
     ranks only raises ``RuntimeError`` on every rank. Returns ``planned``, changed in place."""
     from ..planning.accumulation import micro_batch_sizes
 
@@ -156,6 +163,17 @@ class CollectiveProbeAgreement(ProbeAgreement):
 
     def local_step(self, fn: Any) -> Any:
         return local_step(fn)
+
+    def exchange(self, values: list[int], label: str) -> list[list[int]]:
+        """A sync point (:func:`~autobatch.distributed.exchange`): the planner's timing agrees through it."""
+        return dist_sync.exchange(values, label)
+
+    def timed_step(self, step: Any) -> Any:
+        """The planner's timing step: ``run(sizes)``, one global step through the runner's
+        data-parallel step, failing on every rank together (:mod:`autobatch.dist.timing`)."""
+        from .timing import timed_step
+
+        return timed_step(step)
 
     def trial_hook(self):
         return agree_trial

@@ -26,6 +26,14 @@ What the measurement does, and why:
   ``alloc_retries`` records the count; a candidate with retries is flagged, and since the
   slow steps are among its timed ones its median carries them.
 
+* **Ranks in lockstep.** Under ``torch.distributed`` (an active
+  :class:`~autobatch.probe.ranks.ProbeAgreement`) every step of a candidate is the runner's
+  own data-parallel step (DDP's buckets, FSDP2's voted collectives), which fails on every
+  rank together; the ranks agree whether a candidate's first timed step prunes it (the
+  slowest rank's time decides) and then its outcome and step times (each the largest over
+  the ranks). So every rank times the same candidates for the same number of steps, enters
+  the same collectives, and records the same numbers: the planner picks alike everywhere.
+
 The model and optimizer are put back bit-exactly after every timed candidate
 (:class:`~autobatch.probe.restore.Snapshot`), so each starts from the same state and the user's
 model is untouched afterwards. With a fresh optimizer of a kind that scales every change by its
@@ -42,13 +50,15 @@ from __future__ import annotations
 import logging
 import math
 import statistics
+import struct
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
 import torch
 
-from .accumulation import accumulated_step, micro_batch_sizes
+from .accumulation import LazyMicroBatches, accumulated_step, micro_batch_sizes
 from ..memory.oom import free_memory, is_oom_error
+from ..probe import ranks
 from ..probe.restore import Snapshot
 
 __all__ = [
@@ -236,6 +246,7 @@ def measure_candidates(
     ``samples_per_s = None`` and is skipped in later rounds.
     """
     validate_timing(warmup_steps=warmup_steps, timed_steps=timed_steps)
+    agreed = _Lockstep.of(step)  # None in one process
     # a fresh optimizer steps at learning rate 0 instead: no copy of the weights to put back
     # after every candidate (the same kernels run, so the timing is the same)
     snapshot = Snapshot.take(step.model, step.optimizer, zero_lr=True)
@@ -250,7 +261,7 @@ def measure_candidates(
                 best = min((c.seconds_per_step for c in candidates if c.seconds_per_step and c.error is None),
                            default=None)
                 bound = None if best is None else PRUNE_FACTOR * best
-                error = _time(step, candidate, global_batch, warmup_steps, timed_steps, timer, hooks, bound)
+                error = _time(step, candidate, global_batch, warmup_steps, timed_steps, timer, hooks, bound, agreed)
                 if error is not None:
                     step.clear_grads()
                     free_memory()
@@ -262,36 +273,104 @@ def measure_candidates(
         snapshot.restore()
 
 
-def _time(step, candidate, global_batch, warmup_steps, timed_steps, timer, hooks, bound=None) -> str | None:
-    """Run and time the candidate once; return None, or the OOM's first line (outside
-    ``except``). The clock is read exactly twice per timed step: right before and after it. A
-    first timed step over ``bound`` seconds ends the timing (``candidate.pruned``)."""
+class _Lockstep:
+    """Timing in lockstep with the other ranks of a job: ``run(sizes)`` is one global step of
+    the runner's data-parallel step (it fails on every rank together, so no rank waits alone in
+    a collective), ``exchange`` a sync point. Both come from the probe's agreement, which
+    :mod:`autobatch.dist` installs (planning never imports the distributed layer)."""
+
+    def __init__(self, agreement: Any, step: Any) -> None:
+        self.exchange = agreement.exchange
+        self.run = agreement.timed_step(step)
+
+    @classmethod
+    def of(cls, step: Any) -> "_Lockstep | None":
+        agreement = ranks.current()
+        return cls(agreement, step) if agreement.active() else None
+
+    def slowest(self, failure: str | None, seconds: float, candidate: Candidate) -> float | None:
+        """The largest of the ranks' first timed step, so that whether it prunes is decided alike;
+        None where some rank failed before it (every rank then goes on to the outcome)."""
+        rows = self.exchange([int(failure is not None), _bits(seconds)],
+                             f"plan timing: candidate {candidate.key}, first timed step")
+        return None if any(row[0] for row in rows) else max(_seconds(row[1]) for row in rows)
+
+    def outcome(self, candidate: Candidate, failure: str | None, times: list[float], retries: int | None,
+                timed_steps: int) -> tuple[str | None, list[float], int | None]:
+        """Every rank's (failure, step times, allocator retries) agreed: failed where any rank
+        failed; each step's time the largest over the ranks; the retries the most, or None
+        where some rank does not count them."""
+        padded = [_bits(t) for t in times] + [0] * (timed_steps - len(times))
+        rows = self.exchange([int(failure is not None), len(times), -1 if retries is None else retries, *padded],
+                             f"plan timing: candidate {candidate.key}, outcome")
+        failed = [rank for rank, row in enumerate(rows) if row[0]]
+        if failed:
+            return failure or f"out of memory on rank {', '.join(map(str, failed))}", [], None
+        count = min(row[1] for row in rows)
+        agreed = [max(_seconds(row[3 + i]) for row in rows) for i in range(count)]
+        return None, agreed, None if min(row[2] for row in rows) < 0 else max(row[2] for row in rows)
+
+
+def _bits(seconds: float) -> int:
+    """A time as the int64 of its float64's bits (exact; ``-0.0`` as ``0.0``)."""
+    return struct.unpack("<q", struct.pack("<d", float(seconds) + 0.0))[0]
+
+
+def _seconds(bits: int) -> float:
+    return struct.unpack("<d", struct.pack("<q", int(bits)))[0]
+
+
+def _time(step, candidate, global_batch, warmup_steps, timed_steps, timer, hooks, bound=None, agreed=None) -> str | None:
+    """Run and time the candidate once; return None, or the OOM's first line. The clock is read
+    exactly twice per timed step: right before and after it. A first timed step over ``bound``
+    seconds ends the timing (``candidate.pruned``). ``agreed`` (a :class:`_Lockstep`): the
+    ranks step together and agree the pruning (every rank at the same sync point, failed or
+    not) and the outcome."""
 
     def one_step() -> None:
-        micro = (step.make_batch(size) for size in candidate.micro_batch_sizes)
-        accumulated_step(step, micro, global_batch=global_batch)
+        if agreed is not None:
+            agreed.run(candidate.micro_batch_sizes)
+            return
+        # built one at a time as reached, as the probe and the runner do (no look-ahead)
+        accumulated_step(step, LazyMicroBatches(candidate.micro_batch_sizes, step.make_batch), global_batch=global_batch)
 
     times: list[float] = []
-    try:
-        for _ in range(warmup_steps):
-            one_step()
-        hooks.synchronize()
-        retries_before = hooks.allocator_retries() if hooks.allocator_retries else None
-        for _ in range(timed_steps):
-            began = timer()
-            one_step()
-            hooks.synchronize()
-            times.append(timer() - began)
-            if bound is not None and times[0] > bound:
-                candidate.pruned = True  # its first step alone rules it out
-                break
-        retries_after = hooks.allocator_retries() if hooks.allocator_retries else None
-    except BaseException as exc:  # noqa: BLE001 - re-raised unless it is an OOM
-        if not is_oom_error(exc):
-            raise
-        text = str(exc).strip()
-        return text.splitlines()[0][:300] if text else type(exc).__name__
-    retries = None if retries_before is None or retries_after is None else retries_after - retries_before
+    counts: list[int | None] = []  # the allocator's retry count after the warm-up, and at the end
+
+    def run(first: bool) -> str | None:
+        """The warm-up and the first timed step, or the other timed steps; None or the OOM's line."""
+        try:
+            if first:
+                for _ in range(warmup_steps):
+                    one_step()
+                hooks.synchronize()
+                counts.append(hooks.allocator_retries() if hooks.allocator_retries else None)
+            for _ in range(1 if first else timed_steps - 1):
+                began = timer()
+                one_step()
+                hooks.synchronize()
+                times.append(timer() - began)
+        except BaseException as exc:  # noqa: BLE001 - re-raised unless it is an OOM
+            if not is_oom_error(exc):
+                raise
+            text = str(exc).strip()
+            return text.splitlines()[0][:300] if text else type(exc).__name__
+        return None
+
+    failure = run(first=True)
+    peers_failed = False
+    if bound is not None and (failure is None or agreed is not None):
+        first = times[0] if agreed is None else agreed.slowest(failure, times[0] if times else 0.0, candidate)
+        peers_failed = first is None
+        candidate.pruned = not peers_failed and first > bound  # its first step alone rules it out
+    if failure is None and not peers_failed and not candidate.pruned and timed_steps > 1:
+        failure = run(first=False)
+    counts.append(hooks.allocator_retries() if hooks.allocator_retries else None)
+    retries = None if None in counts or len(counts) < 2 else counts[-1] - counts[0]
+    if agreed is not None:
+        failure, times, retries = agreed.outcome(candidate, failure, times, retries, timed_steps)
+    if failure is not None:
+        return failure
     candidate.record(times, retries, global_batch)
     log.info(
         "candidate micro=%d x %d checkpointing=%s: round %d, median %.1f samples/s%s",

@@ -16,11 +16,12 @@ from ..planning.accumulation import batch_size_of, cycle_samples
 from ..probe.train_step import TrainStep
 from .batch_ops import to_device
 from .checkpoint_io import rng_state, set_rng_state
+from .pacing import _every_rank_has as every_rank_has
 
 __all__ = ["PlansFromData"]
 
 log = logging.getLogger("autobatch")
-
+_NONE = object()  # the data had no first batch
 
 
 class PlansFromData:
@@ -31,17 +32,21 @@ class PlansFromData:
         first epoch's iterator), and return an iterator that yields that batch again first.
 
         Planning takes its batch from the iterator it then trains, so a one-shot iterable (a
-        generator, a stream behind an ``IterableDataset``) loses no sample. The RNG states are
+        generator, a stream behind an ``IterableDataset``) loses no sample. Under
+        ``torch.distributed`` the ranks first agree that each of them drew one (the sync point
+        of every step, :mod:`~autobatch.training.pacing`): a rank whose data is empty is one
+        :class:`~autobatch.UnevenDataError` on every rank, before any rank plans. The RNG states are
         put back after planning (:func:`~autobatch.plan` restores model and optimizer), so the
         run draws the same numbers as one given its micro-batch.
         """
-        try:
-            first = next(batches)
-        except StopIteration:
+        first = next(batches, _NONE)
+        if self.distributed:  # the first draw too, as every step's: one rank without a batch is an error on all
+            every_rank_has(self._parallel, first is not _NONE, self.step, self.epoch, self.position)
+        if first is _NONE:
             raise ValueError(
                 "data yielded no batches: the runner plans its micro-batch on the first global batch; "
                 "pass data with at least one batch"
-            ) from None
+            )
         saved = rng_state()
         try:
             self._plan(first)

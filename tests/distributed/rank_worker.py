@@ -12,7 +12,6 @@ exits with ``os._exit`` so a broken process group cannot stall the teardown.
 
 Environment: ``BACKEND`` (gloo; ``nccl`` puts rank r on GPU ``LOCAL_RANK``), ``SYNC_TIMEOUT``
 (autobatch's sync deadline, when given; the gloo group's own timeout is 2 s longer),
-``SIDE_GROUP=1`` (autobatch's sync points on a gloo side group, as under NCCL),
 ``TORCH_211_RESET=1`` (FSDP's state reset as on torch < 2.13, without ``reset_iter_state``).
 """
 
@@ -43,8 +42,6 @@ def device() -> torch.device:
 
 def _init() -> None:
     backend = os.environ.get("BACKEND", "gloo")
-    if os.environ.get("SIDE_GROUP") == "1":  # run sync points on a gloo side group, as under NCCL
-        dist_sync._default_backend = lambda: "nccl"
     if backend == "nccl":  # eager communicator set-up, as autobatch.distributed.init_from_env does
         local = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
         torch.cuda.set_device(local)
@@ -58,8 +55,7 @@ def _init() -> None:
         if hasattr(FSDPModule, "reset_iter_state"):
             del FSDPModule.reset_iter_state
     group = dist_sync.control_group()  # while every rank is here, as init_from_env does
-    if os.environ.get("SIDE_GROUP") == "1":
-        assert group is not None and group is not dist.group.WORLD
+    assert group is not None and group is not dist.group.WORLD  # sync points never share the default group
     if "SYNC_TIMEOUT" in os.environ:
         dist_sync.set_timeout(float(os.environ["SYNC_TIMEOUT"]))
 

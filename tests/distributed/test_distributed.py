@@ -59,14 +59,9 @@ def test_probe_takes_the_smallest_budget_over_the_ranks(tmp_path_factory):
         assert got[0]["trials"] == got[1]["trials"]  # lockstep: the same sizes in the same order
 
 
-@pytest.mark.parametrize("side_group", ["0", "1"], ids=["default-group", "gloo-side-group"])
-def test_an_oom_on_one_rank_in_any_phase_is_recovered_by_both(tmp_path_factory, side_group):
-    """side_group=1: sync points on a gloo side group, as under NCCL (the default group stays
-    the one gradients travel on)."""
-    if side_group == "0":
-        runs, directory = shared(tmp_path_factory, "plain", *PLAIN)
-    else:
-        runs, directory = shared(tmp_path_factory, "side-group", "faults", SIDE_GROUP="1")
+def test_an_oom_on_one_rank_in_any_phase_is_recovered_by_both(tmp_path_factory):
+    """Sync points run on a gloo side group (under gloo too), gradients on the default group."""
+    runs, directory = shared(tmp_path_factory, "plain", *PLAIN)
     reports, tmp_path = runs["faults"], directory / "faults"
     baseline = [torch.load(tmp_path / reports[rank]["none"]["weights"]) for rank in range(2)]
     for a, b in zip(*baseline, strict=True):
@@ -148,9 +143,8 @@ def test_a_non_oom_error_on_one_rank_stops_every_rank(tmp_path_factory):
     assert reports[0]["error"] == "PeerFailedError" and "rank 1 raised an error" in reports[0]["message"]
 
 
-@pytest.mark.parametrize("side_group", ["0", "1"], ids=["default-group", "gloo-side-group"])
-def test_a_rank_that_skips_a_sync_point_is_a_clear_error_not_a_hang(tmp_path, side_group):
-    reports = launch(WORKER, "skipped_sync", tmp_path, SYNC_TIMEOUT="3", SIDE_GROUP=side_group)
+def test_a_rank_that_skips_a_sync_point_is_a_clear_error_not_a_hang(tmp_path):
+    reports = launch(WORKER, "skipped_sync", tmp_path, SYNC_TIMEOUT="3")
     message = reports[0]["message"]
     assert reports[0]["error"] == "RankDisagreementError"
     assert "the sync rank 1 skips" in message and "within 3 s" in message
