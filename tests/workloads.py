@@ -64,3 +64,22 @@ class MemoryCurveStep:
         self.calls.append(batch_size)
         block = torch.empty(int(self.curve(batch_size)), dtype=torch.uint8)
         del block
+
+
+#: the planner tests' sample: 128 tokens of width 16, so activations dominate memory
+PLAN_WIDTH, PLAN_TOKENS = 16, 128
+
+
+def stacked_mlp(depth: int = 2) -> torch.nn.Module:
+    """``depth`` blocks of three Linear + GELU pairs: repeated blocks for checkpointing to wrap."""
+    torch.manual_seed(0)
+    nn = torch.nn
+    layers = lambda: (nn.Linear(PLAN_WIDTH, PLAN_WIDTH), nn.GELU())  # noqa: E731
+    return nn.Sequential(*(nn.Sequential(*layers(), *layers(), *layers()) for _ in range(depth)))
+
+
+def plan_step(model: torch.nn.Module) -> autobatch.TrainStep:
+    """A ``TrainStep`` of ``model`` (SGD) on batches of ``PLAN_TOKENS`` x ``PLAN_WIDTH`` samples."""
+    return autobatch.TrainStep(model, torch.optim.SGD(model.parameters(), lr=1e-3),
+                               loss_fn=lambda m, x: m(x).pow(2).mean(),
+                               make_batch=lambda b: torch.randn(b, PLAN_TOKENS, PLAN_WIDTH))

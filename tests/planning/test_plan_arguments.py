@@ -10,22 +10,11 @@ import torch
 from torch import nn
 
 import autobatch
-from autobatch import NoBatchFitsError, TrainStep, plan
+from autobatch import NoBatchFitsError, plan
 from autobatch.errors import NoBatchFitsError as Error
 from autobatch.planning.accumulation import accumulate_gradients, micro_batch_sizes, split_batch
 
-WIDTH, TOKENS = 16, 128
-
-
-def deep_mlp(depth: int = 2) -> nn.Module:
-    torch.manual_seed(0)
-    layers = lambda: (nn.Linear(WIDTH, WIDTH), nn.GELU())  # noqa: E731
-    return nn.Sequential(*(nn.Sequential(*layers(), *layers(), *layers()) for _ in range(depth)))
-
-
-def make_step(model: nn.Module) -> TrainStep:
-    return TrainStep(model, torch.optim.SGD(model.parameters(), lr=1e-3), loss_fn=lambda m, x: m(x).pow(2).mean(),
-                     make_batch=lambda b: torch.randn(b, TOKENS, WIDTH))
+from workloads import plan_step as make_step, stacked_mlp as deep_mlp
 
 
 @pytest.mark.parametrize("name", ["allow_accumulation", "allow_checkpointing", "balanced", "exhaustive"])

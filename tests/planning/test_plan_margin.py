@@ -11,24 +11,11 @@ from __future__ import annotations
 import math
 
 import pytest
-import torch
-from torch import nn
 
-from autobatch import TrainStep, plan
+from autobatch import plan
 from autobatch.planning.throughput import balanced_micro_batch
 
-WIDTH, TOKENS = 16, 128
-
-
-def deep_mlp(depth: int = 2) -> nn.Module:
-    torch.manual_seed(0)
-    layers = lambda: (nn.Linear(WIDTH, WIDTH), nn.GELU())  # noqa: E731
-    return nn.Sequential(*(nn.Sequential(*layers(), *layers(), *layers()) for _ in range(depth)))
-
-
-def make_step(model: nn.Module) -> TrainStep:
-    return TrainStep(model, torch.optim.SGD(model.parameters(), lr=1e-3), loss_fn=lambda m, x: m(x).pow(2).mean(),
-                     make_batch=lambda b: torch.randn(b, TOKENS, WIDTH))
+from workloads import plan_step as make_step, stacked_mlp as deep_mlp
 
 
 @pytest.mark.parametrize("objective", ["max_batch", "throughput"])
