@@ -85,7 +85,7 @@ class Attempt:
     requested_bytes: int | None = None
     capacity_bytes: int | None = None
     error: str | None = None
-    #: the size tried next and why: "measured" (from the peak) or "fallback" (× fallback_factor)
+    #: the size tried next and why: "measured" (allocated at the failure + the request), "fallback" (× fallback_factor) or "reduce_batch_size_fn"
     next_batch_size: int | None = None
     next_from: str | None = None
 

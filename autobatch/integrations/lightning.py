@@ -314,10 +314,12 @@ def _probe_options(given: dict[str, Any], extra: Mapping[str, Any] | None) -> di
             raise TypeError(f"AutoBatchSize: probe_options cannot have {name!r} ({why}); it accepts "
                             f"{', '.join(sorted(accepted))}")
     options = {**given, **(extra or {})}
-    validate_probe_args(start=options.get("start"), max_batch=options["max_batch"], strategy=options["strategy"],
-                        margin=options["margin"], multiple_of=options["multiple_of"],
-                        steps_per_trial=options["steps_per_trial"], search_steps=options.get("search_steps"))
-    return options
+    checked = validate_probe_args(start=options.get("start"), max_batch=options["max_batch"],
+                                  strategy=options["strategy"], margin=options["margin"],
+                                  multiple_of=options["multiple_of"], steps_per_trial=options["steps_per_trial"],
+                                  search_steps=options.get("search_steps"))
+    # plain ints (a NumPy multiple_of would make the batch size written to the module a NumPy one)
+    return {**options, **{name: value for name, value in checked.items() if name in options}}
 
 
 def current_batch_size(module: LightningModule, name: str = "batch_size") -> Any:

@@ -84,7 +84,13 @@ class LoopConfirmation:
         """One paragraph: why the size is safe."""
         if self.skipped:
             return f"batch {self.batch_size} from the probe, not confirmed in Lightning's loop: {self.skipped}"
-        parts = [
+        return (f"batch {self.batch_size} trained in Lightning's own fit loop under "
+                f"{format_bytes(self.limit_bytes) if self.limit_bytes else 'the device memory'} (probe: {self.probed}); runs: "
+                + self.runs_summary())
+
+    def runs_summary(self) -> str:
+        """What each run in the loop did (passed or ran out of memory, its steps and peaks)."""
+        return "; ".join([
             f"{'passed' if r.passed else 'OOM'} at {r.batch_size} ({r.steps} steps, loop peak "
             f"{format_bytes(r.peak_bytes)}, {'+' if r.extra_bytes >= 0 else '-'}{format_bytes(abs(r.extra_bytes))} "
             f"{'beyond' if r.passed else 'at least beyond'} the probed step"
@@ -92,10 +98,7 @@ class LoopConfirmation:
             + (", then a validation batch" if r.validated else "")
             + f", {r.seconds:.2f}s)"
             for r in self.runs
-        ]
-        return (f"batch {self.batch_size} trained in Lightning's own fit loop under "
-                f"{format_bytes(self.limit_bytes) if self.limit_bytes else 'the device memory'} (probe: {self.probed}); runs: "
-                + "; ".join(parts))
+        ])
 
 
 @dataclass(frozen=True)
@@ -168,7 +171,8 @@ def confirm_in_loop(
         largest = nxt
     if best is None:
         raise MemoryError(
-            f"AutoBatchSize: no batch size trained in Lightning's fit loop (runs: {confirmation.summary()}); "
+            f"AutoBatchSize: no batch size trained in Lightning's fit loop (probe: {confirmation.probed}; runs: "
+            f"{confirmation.runs_summary()}); "
             "the loop needs more memory than the probed step at every size: lower what the loop keeps "
             "(callbacks, logged tensors) or what one validation batch needs, or give it more memory"
         )

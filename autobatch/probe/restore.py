@@ -237,10 +237,10 @@ class Snapshot:
 
     def _restore_model(self) -> None:
         """Parameters, buffers, gradients and training flags; first the module tree as it was
-        (:func:`put_back_layout`: a buffer forward registered, a lazily made mask, is dropped)."""
+        (:func:`put_back_layout`: a buffer forward registered is dropped, one it cleared is back)."""
         with torch.no_grad():
             if self.model is not None:
-                put_back_layout(self.model, self._layout)
+                put_back_layout(self.model, self._layout, self.tensors)
             state = [*(_named_state(self.model) if self.model is not None else ()), *self.extra.items()]
             for name, tensor in state:
                 if name not in self.tensors and (self.weights_in_place or self._copy_failed):

@@ -42,19 +42,26 @@ def host_copy(state: Any) -> Any:
     return to_cpu_local(state, lambda value: value if callable(value) else copy.deepcopy(value))
 
 
-def layout_of(model: torch.nn.Module | None) -> dict[str, dict[str, dict[str, bool]]]:
-    """Each module's parameter, buffer and submodule names, by module name, each with whether
-    it held something (a buffer registered as None holds nothing): what forward may add to."""
+def layout_of(model: torch.nn.Module | None) -> dict[str, dict[str, dict[str, Any]]]:
+    """Each module's parameter, buffer and submodule names, by module name, each with what it
+    held: a tensor's device, True for a submodule, False for nothing (a buffer registered as
+    None): what forward may add to, or clear."""
     if model is None:
         return {}
-    return {name: {kind: {key: value is not None for key, value in getattr(module, kind).items()}
+    return {name: {kind: {key: _held(value) for key, value in getattr(module, kind).items()}
                    for kind in _KINDS} for name, module in model.named_modules()}
 
 
-def put_back_layout(model: torch.nn.Module, layout: dict[str, dict[str, dict[str, bool]]]) -> None:
-    """Undo what forward added to the module tree since :func:`layout_of`: a parameter, buffer or
+def _held(value: Any) -> Any:
+    return value.device if isinstance(value, torch.Tensor) else value is not None
+
+
+def put_back_layout(model: torch.nn.Module, layout: dict[str, dict[str, dict[str, Any]]],
+                    saved: dict[str, torch.Tensor] | None = None) -> None:
+    """Undo what forward did to the module tree since :func:`layout_of`: a parameter, buffer or
     submodule registered during a trial (a lazily made attention mask) is removed, a slot that
-    held None holds None again. The snapshot has no copy of such a tensor to write back."""
+    held None holds None again, and a buffer forward cleared (set to None, deleted) gets its
+    ``saved`` copy back, on the device it was on."""
     for name, module in list(model.named_modules()):
         known = layout.get(name)
         if known is None:
@@ -66,6 +73,9 @@ def put_back_layout(model: torch.nn.Module, layout: dict[str, dict[str, dict[str
             for key, held in known[kind].items():
                 if not held and current.get(key) is not None:
                     current[key] = None
+                full = f"{name}.{key}" if name else key
+                if kind == "_buffers" and held and current.get(key) is None and saved and full in saved:
+                    current[key] = saved[full].to(held, copy=True)
 
 
 def all_params(model: torch.nn.Module | None, extra: dict[str, torch.Tensor]) -> list[tuple[str, torch.Tensor]]:

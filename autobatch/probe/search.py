@@ -293,13 +293,16 @@ def _confirm(runner: TrialRunner, found: int, multiple_of: int, *, after_last_oo
     bytes went to 70, 0.53 of the 132 that ran three steps."""
     if runner.confirmed(found * multiple_of, after_last_oom=after_last_oom):
         return found
-    units, hi, failures = found, None, 0
+    units, hi, failures, priced = found, None, 0, False
     while units >= 1:
         record = runner.run(units * multiple_of, "confirm", settle=runner.settle_final)
         if record.passed:
-            return _bisect_up(runner, units, hi, multiple_of, after_last_oom)
+            return _bisect_up(runner, units, None if priced else hi, multiple_of, after_last_oom)
         hi, failures = units, failures + 1
-        units = max(units - _stride(_step_down(record, units), max(1, units // 100), failures), 1 if units > 1 else 0)
+        stride = _stride(_step_down(record, units), max(1, units // 100), failures)
+        # a step of at most two percents that the failure measured priced what lies between: no bisection
+        priced = failures <= 2 and units - stride >= 1
+        units = max(units - stride, 1 if units > 1 else 0)
     return None
 
 
@@ -313,10 +316,8 @@ def _stride(measured: int, percent: int, failures: int) -> int:
 
 def _bisect_up(runner: TrialRunner, lo: int, hi: int | None, multiple_of: int, after_last_oom: bool) -> int | None:
     """The largest size that passes a full trial between ``lo`` (passed one) and ``hi`` (failed
-    one), to within a percent (one unit below 100 units), where the steps down galloped past two
-    percents; confirmed again where a later trial ran out of memory (``after_last_oom``)."""
-    if hi is not None and hi - lo <= 2 * max(1, hi // 100):  # a measured step: the failure priced the rest
-        hi = None
+    one; None: nothing to bisect), to within a percent (one unit below 100 units); confirmed
+    again where a later trial ran out of memory (``after_last_oom``)."""
     while hi is not None and hi - lo > max(1, hi // 100):
         mid = (lo + hi) // 2
         if runner.run(mid * multiple_of, "confirm", settle=runner.settle_final).passed:

@@ -111,3 +111,30 @@ def test_max_batch_zero_is_refused_not_read_as_no_cap():
         AutoBatchSize(max_batch=0)
     with pytest.raises(ValueError, match="max_batch=4 is smaller than multiple_of=8"):
         AutoBatchSize(max_batch=4, multiple_of=8)
+
+
+@pytest.mark.parametrize("global_batch", [None, 64])
+def test_a_numpy_multiple_of_is_kept_as_a_plain_int(global_batch):
+    """A NumPy multiple_of made the batch size written to the module a NumPy integer: the
+    DataLoader refused it, or the accumulation check did, after the whole probe had run."""
+    import numpy as np
+
+    finder = AutoBatchSize(strategy="binary", max_batch=32, steps_per_trial=1, multiple_of=np.int64(8),
+                           global_batch=global_batch)
+    assert type(finder.probe_options["multiple_of"]) is int
+    module = Small()
+    with simulated_memory("64MiB"):
+        trainer(finder).fit(module)
+    assert type(module.batch_size) is int and module.batch_size % 8 == 0
+
+
+def test_the_summary_of_runs_that_all_ran_out_of_memory_claims_no_batch():
+    """The "no batch trained" error embedded a summary that began "batch N trained"."""
+    from autobatch.integrations.lightning_loop import LoopConfirmation, LoopRun
+
+    failed = LoopRun(batch_size=256, passed=False, steps=0, peak_bytes=2**20, probe_bytes=2**19, extra_bytes=2**19,
+                     seconds=0.1, error="out of memory")
+    confirmation = LoopConfirmation(batch_size=512, probed=512, limit_bytes=2**21, runs=[failed])
+    runs = confirmation.runs_summary()
+    assert runs.startswith("OOM at 256") and "trained" not in runs
+    assert confirmation.summary().endswith("runs: " + runs)

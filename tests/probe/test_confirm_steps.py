@@ -76,3 +76,11 @@ def test_a_pass_before_an_oom_in_the_bisection_is_confirmed_again():
     assert _confirm(runner, 60, 1, after_last_oom=True) == 50
     last = runner.records[-1]
     assert last.batch_size == 50 and last.passed  # 50's full pass came after the last OOM trial
+
+
+@pytest.mark.parametrize("multiple_of", [1, 8])
+def test_a_gallop_cut_short_at_one_unit_bisects_back(multiple_of):
+    """5, 4, 3 units fail; the third failure's gallop (4 units) is cut to 1 unit: 2 is tried."""
+    runner = Runner(passes_to=2 * multiple_of, over_mib=None)
+    assert _confirm(runner, 5, multiple_of, after_last_oom=True) == 2
+    assert [size // multiple_of for size in runner.sizes] == [5, 4, 3, 1, 2]

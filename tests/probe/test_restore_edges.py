@@ -178,3 +178,30 @@ def test_the_snapshot_of_a_plain_step_restores_the_scheduler_with_keep():
         snapshot.restore(keep=True)
         assert scheduler.last_epoch == 0 and optimizer.param_groups[0]["lr"] == 1e-3
     snapshot.restore()
+
+
+class ClearsCache(torch.nn.Module):
+    """Forward clears a registered buffer (``self.cache = None``) or deletes it."""
+
+    def __init__(self, delete: bool) -> None:
+        super().__init__()
+        self.lin, self.delete = torch.nn.Linear(8, 8), delete
+        self.register_buffer("cache", torch.arange(4.0))
+
+    def forward(self, x):
+        if self.delete:
+            self._buffers.pop("cache", None)
+        else:
+            self.cache = None
+        return self.lin(x)
+
+
+@pytest.mark.parametrize("delete", [False, True])
+@pytest.mark.parametrize("optimizer", [torch.optim.SGD, torch.optim.Adagrad])  # learning rate 0, copies
+def test_a_buffer_forward_cleared_is_put_back(delete, optimizer):
+    torch.manual_seed(0)
+    model = ClearsCache(delete)
+    step = TrainStep(model, optimizer(model.parameters(), lr=0.1), lambda m, b: m(b).pow(2).mean(),
+                     lambda n: torch.randn(n, 8))
+    find_max_batch(step, strategy="binary", max_batch=16, memory_limit="64MiB", cache=False)
+    assert torch.equal(dict(model.named_buffers())["cache"], torch.arange(4.0))
