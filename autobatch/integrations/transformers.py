@@ -69,6 +69,9 @@ def fit_batch_size(
     """
     args = trainer.args
     world = max(1, int(getattr(args, "world_size", 1)))
+    if "probe_options" in probe_options:  # AutoBatchSize's spelling: here they are keywords
+        raise TypeError(f"fit_batch_size takes find_max_batch's options as keywords (fit_batch_size(trainer, "
+                        f"cache=False)), not as probe_options=...; pass **{probe_options['probe_options']!r:.60}")
     global_batch, multiple_of, max_batch = _check_sizes(global_batch, multiple_of, max_batch, world)
     share = None if global_batch is None else global_batch // world
     if share is not None:

@@ -173,3 +173,9 @@ def test_the_models_train_and_eval_modes_are_put_back(tmp_path):
     with simulated_memory(BUDGET):
         fit_batch_size(trainer, strategy="binary", cache=False)
     assert [module.training for module in trainer.model.modules()] == before
+
+
+def test_probe_options_as_a_dict_is_one_error_naming_the_keywords(tmp_path):
+    """AutoBatchSize takes probe_options={...}; fit_batch_size takes them as keywords."""
+    with pytest.raises(TypeError, match=r"as keywords .*not as probe_options"):
+        fit_batch_size(make_trainer(tmp_path), memory_limit="8MiB", probe_options={"cache": False})
