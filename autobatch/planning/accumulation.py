@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import math
 import numbers
-import operator
 from contextlib import nullcontext
 from typing import Any, Callable, ContextManager, Iterable, Iterator
 
@@ -85,7 +84,7 @@ def micro_batch_sizes(global_batch: int, micro_batch: int, *, balanced: bool = F
     [3, 2, 2, 2, 2, 2, 2]
     """
     global_batch, micro_batch, min_micro_batch = (
-        _positive_integer(name, value) for name, value in (("global_batch", global_batch), ("micro_batch", micro_batch),
+        checks.positive_int(name, value) for name, value in (("global_batch", global_batch), ("micro_batch", micro_batch),
                                                            ("min_micro_batch", min_micro_batch)))
     steps = math.ceil(global_batch / micro_batch)
     if balanced:
@@ -105,18 +104,6 @@ def micro_batch_sizes(global_batch: int, micro_batch: int, *, balanced: bool = F
             "or use a global batch of more samples (a DataLoader's short last batch: drop_last=True)"
         )
     return sizes
-
-
-def _positive_integer(name: str, value: Any) -> int:
-    """``value`` as a Python int where it is a positive integer of any type (numpy's too, read
-    with ``operator.index``); one ``ValueError`` naming it otherwise (``bool``, ``float``)."""
-    try:
-        number = None if isinstance(value, bool) else operator.index(value)
-    except TypeError:
-        number = None
-    if number is None or number <= 0:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
-    return number
 
 
 def check_samples(size: int) -> None:

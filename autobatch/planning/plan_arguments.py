@@ -1,33 +1,24 @@
 """plan()'s arguments: checked before any probe runs, each bad one a single error that names it.
 
 Integers may be of any integer type (``numpy.int64`` from an array or a config): they are
-read with ``operator.index`` and passed on as Python ints; ``bool`` and ``float`` are refused.
+read with :func:`~autobatch.checks.integer` and passed on as Python ints; ``bool`` and
+``float`` are refused.
 Switches must be real booleans: ``allow_accumulation="false"`` read as true and planned the
 accumulation it meant to forbid, and ``balanced=None`` planned unbalanced micro-batches.
 """
 
 from __future__ import annotations
 
-import operator
 from typing import Any
 
-__all__ = ["as_integer", "check_switches", "validate", "ragged_message", "check_one_step_cap", "OBJECTIVES"]
+from .. import checks
+
+__all__ = ["check_switches", "validate", "ragged_message", "check_one_step_cap", "OBJECTIVES"]
 
 OBJECTIVES = ("max_batch", "throughput")
 
 #: probe_kwargs that are sizes: read as Python ints (their checks are find_max_batch's)
 _SIZES = ("max_batch", "start", "multiple_of")
-
-
-def as_integer(value: Any) -> int | None:
-    """``value`` as a Python int where it is an integer of any type (numpy's too); None for
-    anything else, ``bool`` and ``float`` included."""
-    if isinstance(value, bool):
-        return None
-    try:
-        return operator.index(value)
-    except TypeError:
-        return None
 
 
 def check_switches(**switches: Any) -> None:
@@ -47,20 +38,17 @@ def validate(step, global_batch, objective, probe_kwargs: dict[str, Any], min_mi
     missing = [name for name in ("model", "optimizer", "loss_fn", "make_batch") if not hasattr(step, name)]
     if missing:
         raise TypeError(f"step must be an autobatch.TrainStep (it lacks {', '.join(missing)}), got {step!r}")
-    given = global_batch
-    global_batch = as_integer(global_batch)
-    if global_batch is None or global_batch <= 0:
-        raise ValueError(f"global_batch must be a positive integer, got {given!r}")
+    global_batch = checks.positive_int("global_batch", global_batch)
     if objective not in OBJECTIVES:
         raise ValueError(f"objective must be one of {', '.join(OBJECTIVES)}; got {objective!r}")
     for name in _SIZES:
-        if probe_kwargs.get(name) is not None and as_integer(probe_kwargs[name]) is not None:
-            probe_kwargs[name] = as_integer(probe_kwargs[name])
+        if probe_kwargs.get(name) is not None and checks.integer(probe_kwargs[name]) is not None:
+            probe_kwargs[name] = checks.integer(probe_kwargs[name])
     max_batch, multiple_of, start = probe_kwargs.get("max_batch"), probe_kwargs.get("multiple_of", 1), probe_kwargs.get("start")
     if not isinstance(max_batch, (int, type(None))) or isinstance(max_batch, bool) or (max_batch is not None and max_batch < 1):
         raise ValueError(f"max_batch must be a positive integer or None, got {max_batch!r}")
     if min_micro_batch is not None:
-        given, min_micro_batch = min_micro_batch, as_integer(min_micro_batch)
+        given, min_micro_batch = min_micro_batch, checks.integer(min_micro_batch)
         if min_micro_batch is None or min_micro_batch < 1:
             raise ValueError(f"min_micro_batch must be a positive integer or None (throughput: the smallest micro-batch "
                              f"timed), got {given!r}")

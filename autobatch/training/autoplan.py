@@ -16,7 +16,7 @@ from ..planning.accumulation import batch_size_of, cycle_samples
 from ..probe.train_step import TrainStep
 from .batch_ops import to_device
 from .checkpoint_io import rng_state, set_rng_state
-from .pacing import _every_rank_has as every_rank_has
+from .pacing import every_rank_has
 
 __all__ = ["PlansFromData"]
 

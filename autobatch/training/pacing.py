@@ -20,7 +20,7 @@ import torch
 
 from ..errors import UnevenDataError
 
-__all__ = ["UnevenDataError", "trusted_length", "agree_epoch_length", "paced"]
+__all__ = ["UnevenDataError", "trusted_length", "agree_epoch_length", "paced", "every_rank_has"]
 
 _ADVICE = (
     "every rank must yield the same number of batches per epoch (its share of each global batch): "
@@ -62,12 +62,14 @@ def paced(parallel: Any, batches: Iterator[Any], step: Callable[[], int], epoch:
     trains; none: the epoch ends on every rank; some: :class:`UnevenDataError` on every rank.
     ``step()`` and ``position()`` read the runner's global step and place in the epoch."""
     for batch in batches:
-        _every_rank_has(parallel, True, step(), epoch, position())
+        every_rank_has(parallel, True, step(), epoch, position())
         yield batch
-    _every_rank_has(parallel, False, step(), epoch, position())
+    every_rank_has(parallel, False, step(), epoch, position())
 
 
-def _every_rank_has(parallel: Any, has: bool, step: int, epoch: int, position: int) -> None:
+def every_rank_has(parallel: Any, has: bool, step: int, epoch: int, position: int) -> None:
+    """The sync point before each step (and planning's first draw): every rank says whether it
+    drew a batch; where some did and some did not, :class:`UnevenDataError` on every rank."""
     rows = parallel.exchange([int(has), position], f"runner step {step}: every rank has a batch")
     out = [rank for rank, row in enumerate(rows) if not row[0]]
     if out and len(out) < len(rows):
