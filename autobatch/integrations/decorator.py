@@ -48,7 +48,6 @@ from __future__ import annotations
 
 import functools
 import gc
-import inspect
 import time
 import warnings
 import weakref
@@ -64,6 +63,7 @@ from ..memory.lazy_state import LazyStateWatch
 from ..memory.oom import allocated_at_failure, free_memory, is_oom_error, requested_bytes
 from ..memory.simulated import active_simulation
 from ..probe.arguments import ALLOCATOR_HEADROOM
+from .decorator_checks import check_arguments, check_call, is_method, refuse_coroutine
 
 __all__ = ["find_executable_batch_size", "Attempt"]
 
@@ -105,7 +105,8 @@ def find_executable_batch_size(
     """Call ``function(batch_size, *args, **kwargs)``, retrying smaller after an out-of-memory error.
 
     Use as ``@find_executable_batch_size`` or ``@find_executable_batch_size(starting_batch_size=64)``;
-    call the wrapped function without the batch size. ``reduce_batch_size_fn()`` (Accelerate's
+    call the wrapped function without the batch size. A method (first parameter ``self`` or
+    ``cls``) gets it after the instance (Accelerate's passes it as ``self``). ``reduce_batch_size_fn()`` (Accelerate's
     hook) overrides how the next size is chosen; its answer is rounded down to a multiple of
     ``multiple_of`` (where it is at least ``multiple_of``) and must be below the size that failed.
     ``device``: whose memory is measured (default:
@@ -118,7 +119,8 @@ def find_executable_batch_size(
     next call starts from: the last one that ran).
 
     Raises:
-        TypeError: the batch size was passed in the call (the decorator supplies it); the
+        TypeError: the batch size was passed in the call, by position or name (the decorator
+            supplies it), or as the function (``@find_executable_batch_size(64)``); the
             function is a generator or ``async def`` (its steps would run after the call returned,
             where no retry sees an out-of-memory error).
         ValueError: a bad argument, ``starting_batch_size`` below ``multiple_of``, or a
@@ -136,11 +138,12 @@ def find_executable_batch_size(
             reduce_batch_size_fn=reduce_batch_size_fn, device=device, fallback_factor=fallback_factor,
             multiple_of=multiple_of,
         )
-    _check(starting_batch_size, fallback_factor, multiple_of, function)
+    check_arguments(starting_batch_size, fallback_factor, multiple_of, function)
+    method = is_method(function)
 
     @functools.wraps(function)
     def wrapped(*args: Any, **kwargs: Any) -> Any:
-        _check_call(function, args)
+        check_call(function, args[int(method):], kwargs, method)
         memory = _instruments(device)
         with LazyStateWatch() as watch:
             return _attempts(wrapped, watch, memory, _Gradients(), args, kwargs)
@@ -158,7 +161,7 @@ def find_executable_batch_size(
                 attempt.start_bytes, attempt.capacity_bytes = memory.allocated(), memory.capacity()
             began = time.perf_counter()
             try:
-                value = function(size, *args, **kwargs)
+                value = function(*args[:1], size, *args[1:], **kwargs) if method else function(size, *args, **kwargs)
             except Exception as exc:
                 if not is_oom_error(exc):
                     raise
@@ -172,7 +175,7 @@ def find_executable_batch_size(
                     raise _nothing_fits(attempt, memory) from exc
                 # leave the handler: only the message is kept, the failed frames are released
             else:
-                _refuse_coroutine(function, value)
+                refuse_coroutine(function, value)
                 attempt.seconds, attempt.ok = time.perf_counter() - began, True
                 if memory is not None:
                     attempt.peak_bytes = memory.peak()
@@ -322,18 +325,6 @@ def _lost_message(lost: int, name: str) -> str:
     )
 
 
-def _refuse_coroutine(function: Callable[..., Any], value: Any) -> None:
-    """A callable that returned a coroutine (a sync wrapper of an ``async def``, which the
-    decoration-time check cannot see) has not run its steps: refuse it, closing the coroutine."""
-    if inspect.iscoroutine(value):
-        value.close()
-        raise TypeError(
-            f"find_executable_batch_size cannot retry `{getattr(function, '__name__', 'function')}`: it "
-            "returned a coroutine, whose steps run when it is awaited, after the retry returned; "
-            "decorate a synchronous function that trains (run the loop with asyncio.run inside it)"
-        )
-
-
 def _instruments(device: str | torch.device | None) -> DeviceMemory | None:
     target = resolve_device(device)
     if target.type == "cpu":
@@ -352,49 +343,3 @@ def _nothing_fits(attempt: Attempt, memory: DeviceMemory | None) -> NoBatchFitsE
         hint="find_executable_batch_size reached batch 1 and it still ran out of memory: use gradient "
         "accumulation, activation checkpointing, lower precision, a smaller model or a larger device.",
     )
-
-
-def _check(start: int, factor: float, multiple_of: int, function: Any) -> None:
-    if isinstance(start, bool) or not isinstance(start, int) or start < 1:
-        raise ValueError(f"starting_batch_size must be a positive integer, got {start!r}")
-    if isinstance(multiple_of, bool) or not isinstance(multiple_of, int) or multiple_of < 1:
-        raise ValueError(f"multiple_of must be a positive integer, got {multiple_of!r}")
-    if not isinstance(factor, (int, float)) or not 0 < factor < 1:
-        raise ValueError(f"fallback_factor must be a number between 0 and 1 (exclusive), got {factor!r}")
-    if start < multiple_of:
-        raise ValueError(
-            f"starting_batch_size {start} is below multiple_of {multiple_of}: no size from it down is a "
-            f"multiple; start at {multiple_of} or more, or pass a smaller multiple_of"
-        )
-    if not callable(function):
-        raise TypeError(f"find_executable_batch_size decorates a function; got {type(function).__name__}")
-    if inspect.iscoroutinefunction(function):
-        raise TypeError(
-            f"find_executable_batch_size cannot retry the coroutine function "
-            f"`{getattr(function, '__name__', 'function')}`: calling it returns a coroutine whose steps run "
-            "when it is awaited, after the call returned, so an out-of-memory error there escapes the "
-            "retry; decorate a synchronous function that trains (run the loop with asyncio.run inside it)"
-        )
-    if inspect.isgeneratorfunction(function) or inspect.isasyncgenfunction(function):
-        raise TypeError(
-            f"find_executable_batch_size cannot retry the generator `{getattr(function, '__name__', 'function')}`: "
-            "its steps run while the caller iterates, after the call returned, so an out-of-memory error there "
-            "escapes the retry; decorate a function that trains and returns (collect what it yields in a list)"
-        )
-
-
-def _check_call(function: Callable[..., Any], args: tuple[Any, ...]) -> None:
-    """Accelerate's guard: the caller must not pass the batch size itself."""
-    try:
-        params = list(inspect.signature(function).parameters.values())
-    except (TypeError, ValueError):
-        return
-    if any(p.kind is inspect.Parameter.VAR_POSITIONAL for p in params):
-        return
-    if len(params) < len(args) + 1:
-        names = ", ".join(p.name for p in params[1:len(args)])
-        name = getattr(function, "__name__", "function")
-        raise TypeError(
-            f"Batch size was passed into `{name}` as the first argument when called. Remove it: the "
-            f"decorator supplies it: `{name}({names})`"
-        )

@@ -97,6 +97,9 @@ class AutoBatchSize(Callback):
         probe_options: Mapping[str, Any] | None = None,
     ) -> None:
         global_batch = checks.positive_int("global_batch", global_batch, allow_none=True)
+        if not isinstance(batch_arg_name, str) or not batch_arg_name.isidentifier():  # else a TypeError at fit start
+            raise TypeError(f"batch_arg_name must name the batch size attribute (a string such as 'batch_size'), "
+                            f"got {batch_arg_name!r}")
         if isinstance(confirm_steps, bool) or not isinstance(confirm_steps, int) or confirm_steps < 1:
             raise ValueError(f"confirm_steps must be a positive integer, got {confirm_steps!r}")
         self.batch_arg_name = batch_arg_name

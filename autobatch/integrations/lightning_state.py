@@ -37,10 +37,17 @@ class ModuleAttributes:
     Why: a ``training_step`` that appends its outputs to ``self.training_step_outputs``
     (Lightning 2's epoch-end pattern), counts samples, or updates a metric changes the module
     at every trial; without this the outputs pile up over the trials (the probe ran out of
-    memory at batch 1) and ``fit`` starts from the trials' counts."""
+    memory at batch 1) and ``fit`` starts from the trials' counts.
+
+    Each parameter's ``requires_grad`` flag is put back too: a manual-optimization step that
+    calls ``toggle_optimizer`` (a GAN's) freezes the other optimizers' parameters until its
+    ``untoggle_optimizer``; a trial that ran out of memory in between left them frozen, the next
+    trial's toggle saved them as frozen, and its discriminator loss had no gradient (a
+    ``RuntimeError`` ended the probe)."""
 
     def __init__(self, module: torch.nn.Module) -> None:
         self.saved: list[tuple[torch.nn.Module, dict[str, Any], dict[str, Any]]] = []
+        self.requires_grad = [(param, param.requires_grad) for param in module.parameters()]
         with host_memory():  # host copies: on an accelerator they take none of its memory
             for child in module.modules():
                 values = {k: v for k, v in vars(child).items() if k not in _MODULE_KEYS}
@@ -49,6 +56,9 @@ class ModuleAttributes:
     def restore(self, *, drop_new: bool = True) -> None:
         """Put every attribute back (its object, with its saved contents). ``drop_new``: remove
         attributes set since the snapshot (not while the probe's own ``log`` stand-ins are set)."""
+        for param, flag in self.requires_grad:
+            if param.requires_grad != flag:
+                param.requires_grad_(flag)
         for child, values, copies in self.saved:
             attributes = vars(child)
             if drop_new:

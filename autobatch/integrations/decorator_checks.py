@@ -1,0 +1,102 @@
+"""The checks of :func:`~autobatch.integrations.decorator.find_executable_batch_size`: its
+arguments where it decorates, the call's where the wrapped function is called, and what the call
+returned. Each bad input is one error naming what to change.
+
+Where the batch size goes: first, as Accelerate passes it, except for a function defined as a
+method (its first parameter named ``self`` or ``cls``), which gets it second, after the instance:
+Accelerate passes a method's batch size as ``self`` and the instance as the batch size, so that
+``self.model`` fails on an ``int`` far from the cause (:func:`is_method`).
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any, Callable
+
+__all__ = ["check_arguments", "check_call", "is_method", "refuse_coroutine"]
+
+#: the first parameter's names that make a function a method: the batch size goes second
+METHOD_FIRST = ("self", "cls")
+
+
+def is_method(function: Callable[..., Any]) -> bool:
+    """Whether ``function`` is a plain function written as a method (``def train(self,
+    batch_size)`` in a class body): its first parameter is named ``self`` or ``cls``. A bound
+    method (``trainer.train``) is not: its instance is bound already, the batch size is first."""
+    if not inspect.isfunction(function):
+        return False
+    params = list(inspect.signature(function).parameters.values())
+    return len(params) >= 2 and params[0].name in METHOD_FIRST and params[0].kind in (
+        inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+
+
+def refuse_coroutine(function: Callable[..., Any], value: Any) -> None:
+    """A callable that returned a coroutine (a sync wrapper of an ``async def``, which the
+    decoration-time check cannot see) has not run its steps: refuse it, closing the coroutine."""
+    if inspect.iscoroutine(value):
+        value.close()
+        raise TypeError(
+            f"find_executable_batch_size cannot retry `{getattr(function, '__name__', 'function')}`: it "
+            "returned a coroutine, whose steps run when it is awaited, after the retry returned; "
+            "decorate a synchronous function that trains (run the loop with asyncio.run inside it)"
+        )
+
+
+def check_arguments(start: int, factor: float, multiple_of: int, function: Any) -> None:
+    """One error for a bad argument of the decorator, naming it."""
+    if isinstance(start, bool) or not isinstance(start, int) or start < 1:
+        raise ValueError(f"starting_batch_size must be a positive integer, got {start!r}")
+    if isinstance(multiple_of, bool) or not isinstance(multiple_of, int) or multiple_of < 1:
+        raise ValueError(f"multiple_of must be a positive integer, got {multiple_of!r}")
+    if not isinstance(factor, (int, float)) or not 0 < factor < 1:
+        raise ValueError(f"fallback_factor must be a number between 0 and 1 (exclusive), got {factor!r}")
+    if start < multiple_of:
+        raise ValueError(
+            f"starting_batch_size {start} is below multiple_of {multiple_of}: no size from it down is a "
+            f"multiple; start at {multiple_of} or more, or pass a smaller multiple_of"
+        )
+    if isinstance(function, int) and not isinstance(function, bool):  # @find_executable_batch_size(64)
+        raise TypeError(
+            f"find_executable_batch_size({function}) took {function} for the function to decorate: pass the size "
+            f"by name, @find_executable_batch_size(starting_batch_size={function})"
+        )
+    if not callable(function):
+        raise TypeError(f"find_executable_batch_size decorates a function; got {type(function).__name__}")
+    name = getattr(function, "__name__", "function")
+    if inspect.iscoroutinefunction(function):
+        raise TypeError(
+            f"find_executable_batch_size cannot retry the coroutine function `{name}`: calling it returns a "
+            "coroutine whose steps run when it is awaited, after the call returned, so an out-of-memory error "
+            "there escapes the retry; decorate a synchronous function that trains (run the loop with "
+            "asyncio.run inside it)"
+        )
+    if inspect.isgeneratorfunction(function) or inspect.isasyncgenfunction(function):
+        raise TypeError(
+            f"find_executable_batch_size cannot retry the generator `{name}`: its steps run while the caller "
+            "iterates, after the call returned, so an out-of-memory error there escapes the retry; decorate a "
+            "function that trains and returns (collect what it yields in a list)"
+        )
+
+
+def check_call(function: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], method: bool) -> None:
+    """Accelerate's guard, by position and by name: the caller must not pass the batch size
+    itself (by name Python would only say it got "multiple values" for it). ``args`` are the
+    call's own (a method's without its instance)."""
+    try:
+        params = list(inspect.signature(function).parameters.values())[int(method):]
+    except (TypeError, ValueError):
+        return
+    name = getattr(function, "__name__", "function")
+    if params and params[0].kind is inspect.Parameter.POSITIONAL_OR_KEYWORD and params[0].name in kwargs:
+        raise TypeError(
+            f"Batch size was passed into `{name}` by name ({params[0].name}={kwargs[params[0].name]!r}). Remove "
+            "it: the decorator supplies it (start elsewhere with starting_batch_size=)"
+        )
+    if any(p.kind is inspect.Parameter.VAR_POSITIONAL for p in params):
+        return
+    if len(params) < len(args) + 1:
+        names = ", ".join(p.name for p in params[1:len(args)])
+        raise TypeError(
+            f"Batch size was passed into `{name}` as the first argument when called. Remove it: the "
+            f"decorator supplies it: `{name}({names})`"
+        )
