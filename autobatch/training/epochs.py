@@ -37,24 +37,44 @@ class EpochBatches:
     beyond ``len(data)`` that :meth:`end` took; those a resume drew while replaying) are yielded
     first."""
 
-    def __init__(self, batches: Iterator[Any], epoch: int, *, drawn: int = 0, ahead: list[Any] | None = None) -> None:
+    def __init__(self, batches: Iterator[Any], epoch: int, *, drawn: int = 0, ahead: list[Any] | None = None,
+                 data: Any = None) -> None:
         self._batches = batches
         self.epoch = epoch  # the runner's epoch this iterator is of
         self.drawn = drawn  # batches drawn from ``iter(data)`` in this epoch, skipped ones included
         self._ahead: list[Any] = list(reversed(ahead or []))  # drawn, not yet yielded (popped from the end)
         self.ended = False
+        # ``data`` where it is a one-shot iterator (a generator): a later fit() on it goes on with this
+        # iterator (:meth:`continues`); its last batch is kept, which a step stopped part-way had drawn
+        self.one_shot = data if isinstance(data, Iterator) else None
+        self.last: Any = None
 
     def __iter__(self) -> "EpochBatches":
         return self
 
     def __next__(self) -> Any:
         if self._ahead:
-            return self._ahead.pop()
-        if self.ended:
+            batch = self._ahead.pop()
+        elif self.ended:
             raise StopIteration
-        batch = next(self._batches)
-        self.drawn += 1
+        else:
+            batch = next(self._batches)
+            self.drawn += 1
+        if self.one_shot is not None:
+            self.last = batch
         return batch
+
+    def continues(self, data: Any, epoch: int, fetched: bool) -> bool:
+        """Whether a later ``fit(data)`` of epoch ``epoch`` goes on with this iterator: ``data`` is
+        the one-shot iterator it reads. Replaying the epoch's start is for data that iterate
+        afresh (a list, a DataLoader, a checkpoint's resume): on a generator it skipped, untrained,
+        as many batches as were trained. ``fetched``: the step at the runner's position had drawn
+        its batch (stopped part-way), which is yielded first again."""
+        if self.one_shot is None or self.one_shot is not data or self.epoch != epoch:
+            return False
+        if fetched and not self._ahead and self.last is not None:
+            self._ahead.append(self.last)
+        return True
 
     def end(self) -> None:
         """Run the iterator to its end; a batch it still yields (``len(data)`` was short) is kept
@@ -85,7 +105,7 @@ def replayed(data: Iterable[Any], epoch: int, epoch_rng: dict[str, Any], resumed
         log.warning("resume: the epoch has only %d batches, the checkpoint is at %d", skipped, position)
     ahead = list(itertools.islice(batches, 1)) if fetched and skipped == position else []
     set_rng_state(resumed_rng, generators)
-    return EpochBatches(batches, epoch, drawn=skipped + len(ahead), ahead=ahead)
+    return EpochBatches(batches, epoch, drawn=skipped + len(ahead), ahead=ahead, data=data)
 
 
 def set_epoch(data: Iterable[Any], epoch: int) -> None:

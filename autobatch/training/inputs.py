@@ -12,6 +12,8 @@ per-sample items (``collate_fn=list``) was split along the wrong dimension with 
 from __future__ import annotations
 
 import os
+import tempfile
+from pathlib import Path
 from typing import Any, Mapping
 
 import torch
@@ -20,19 +22,43 @@ from .. import checks
 from ..planning.accumulation import micro_batch_sizes
 from ..planning.samples import items_message, per_sample_items
 
-__all__ = ["check_batch_count", "check_data", "check_options", "check_split", "model_device", "share_of"]
+__all__ = ["check_batch_count", "check_checkpoint_dir", "check_data", "check_options", "check_split", "model_device", "share_of"]
 
 
-def check_options(device: Any, checkpoint_dir: str | os.PathLike | None, checkpoint_every: int | None) -> None:
+def check_options(device: Any, checkpoint_dir: str | os.PathLike | None, checkpoint_every: int | None, *,
+                  writes: bool = True) -> None:
     """``Runner(device=)`` names a device this machine has (as the probe checks it:
-    :func:`~autobatch.checks.device_available`), and ``checkpoint_every`` (0: off) is a step
-    count that comes with the ``checkpoint_dir`` it writes to."""
+    :func:`~autobatch.checks.device_available`), ``checkpoint_every`` (0: off) is a step
+    count that comes with the ``checkpoint_dir`` it writes to, and that folder can be written
+    where this process ``writes`` checkpoints (rank 0; every rank under FSDP2: :func:`check_checkpoint_dir`)."""
     checks.positive_int("checkpoint_every", checkpoint_every or None, allow_none=True)
     checks.torch_device("device", device)
     checks.device_available("device", device)
     if checkpoint_every and checkpoint_dir is None:
         raise ValueError(f"checkpoint_every={checkpoint_every} needs checkpoint_dir, where the checkpoints are "
                          "written; pass checkpoint_dir=... too, or leave checkpoint_every unset")
+    if writes:
+        check_checkpoint_dir(checkpoint_dir)
+
+
+def check_checkpoint_dir(checkpoint_dir: str | os.PathLike | None) -> None:
+    """``checkpoint_dir`` can be written: it, or the nearest folder above it that exists (where it
+    will be made), takes a file; else one ``ValueError`` when the runner is made. Without the
+    check the first ``save()`` failed, ``checkpoint_every`` steps in, or at the end of the run:
+    after all its training, which the error then lost. Nothing is left behind (no folder made)."""
+    if checkpoint_dir is None:
+        return
+    path = existing = Path(checkpoint_dir)
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    try:
+        if not existing.is_dir():
+            raise NotADirectoryError(f"{existing} is not a directory")
+        with tempfile.TemporaryFile(dir=existing, prefix=".autobatch-write-check-"):
+            pass
+    except OSError as exc:
+        raise ValueError(f"checkpoint_dir={str(path)!r} cannot be written ({exc}); the runner writes its checkpoints "
+                         "there: give a folder it can create and write, or leave checkpoint_dir unset") from exc
 
 
 def check_split(share: int, min_micro_batch: int, balanced: bool, per_rank: bool = False) -> None:

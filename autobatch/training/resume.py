@@ -30,7 +30,7 @@ from .epochs import EpochBatches, epoch_length, replayed, set_epoch
 from .pacing import agree_epoch_length, paced
 from .progress import Progress
 from .ranks import unwrap
-from .resume_checks import check_kinds, kind, load_scheduler, position_for, precision_of, warn_changed_precision
+from .resume_checks import check_fits, check_kinds, kind, load_scheduler, position_for, precision_of, warn_changed_precision
 from .resume_checks import warn_persistent_workers, warn_replaced_settings
 from .resume_checks import local_module_names, without_wrapper_prefix
 from .run_result import RunResult
@@ -77,6 +77,25 @@ class Resumable:
         self._checkpoint_written(failure)
         log.debug("checkpoint at step %d written to %s", self.step, written)
         return written
+
+    def _saved_on_give_up(self, exc: BaseException) -> BaseException:
+        """Where the run gives up (a step that fits at no micro-batch, data used up), the steps it
+        trained since the last checkpoint are written to ``checkpoint_dir`` before ``exc`` is
+        raised, with a note naming the file: the step given up was undone, so this is a state to
+        resume from (before, up to ``checkpoint_every`` steps, or a whole run without it, were
+        lost). Not under ``torch.distributed``, where ``save()`` is collective, nor where the
+        weights may hold an update the step count does not (``step_guard="off"``), nor before
+        this ``fit()`` trained a step."""
+        if self.checkpoint_dir is None or self.distributed or self._torn is not None or not self.result.steps_this_run:
+            return exc  # nothing trained in this fit(): an earlier run's checkpoint there is kept
+        try:
+            path = self.save()
+        except Exception as error:  # noqa: BLE001 - the give-up's own error is the one to raise
+            exc.add_note(f"autobatch: the checkpoint of step {self.step} could not be written ({error})")
+        else:
+            exc.add_note(f"autobatch: the {self.step} steps trained are saved in {path} (the step given up is not "
+                         "counted); go on from there with fit(data, resume=...)")
+        return exc
 
     def _refuse_torn(self, doing: str) -> None:
         """Refuse to save or train on weights that may hold an update the step count does not
@@ -195,10 +214,12 @@ class Resumable:
         if resumed_rng is not None and (self.position > 0 or self.epoch > 0):
             warn_persistent_workers(data)
         set_epoch(data, self.epoch)
+        if resumed_rng is not None and self._epoch_iter is not None and self._epoch_iter.continues(data, self.epoch, fetched):
+            return self._epoch_iter  # a later fit() on the same generator: it goes on where it stopped
         if resumed_rng is None or self._epoch_rng is None or (self.position == 0 and not fetched):
             self._epoch_rng = rng_state(self._data_generators)
             self.position = 0
-            self._epoch_iter = EpochBatches(iter(data), self.epoch)
+            self._epoch_iter = EpochBatches(iter(data), self.epoch, data=data)
             return self._epoch_iter
         self._epoch_iter = replayed(data, self.epoch, self._epoch_rng, resumed_rng, self._data_generators,
                                     self.position, fetched)
@@ -296,9 +317,11 @@ class Resumable:
                 )
         check_kinds(path, state, self.optimizer, self.scheduler)  # before anything is loaded
         warn_changed_precision(state, precision_of(self._train_step))
-        if state.get("checkpointed_modules") and self.checkpoint_handle is None:
-            self.checkpoint_handle = enable_checkpointing(unwrap(self.model), modules=local_module_names(state["checkpointed_modules"], unwrap(self.model)))
         try:
+            if not sharded:  # load_state_dict loads what fits before it raises: nothing is loaded unless all fits
+                check_fits(unwrap(self.model), without_wrapper_prefix(state["model"]), self.optimizer, state["optimizer"])
+            if state.get("checkpointed_modules") and self.checkpoint_handle is None:
+                self.checkpoint_handle = enable_checkpointing(unwrap(self.model), modules=local_module_names(state["checkpointed_modules"], unwrap(self.model)))
             if sharded:  # this rank's shards, written in place
                 load_plain_state(self.model, state["model"])
                 self.optimizer.load_state_dict(optimizer_state_for(self.optimizer, state["optimizer"]))
@@ -307,7 +330,7 @@ class Resumable:
                 warn_replaced_settings(self.optimizer, state["optimizer"])
                 self.optimizer.load_state_dict(state["optimizer"])
                 _state_onto_device(self.optimizer)
-        except (RuntimeError, ValueError, KeyError) as exc:  # mismatched keys, shapes or groups
+        except (RuntimeError, ValueError, KeyError, AttributeError) as exc:  # mismatched keys, shapes, groups, modules
             detail = " ".join(str(exc).split())[:300]
             raise CheckpointError(
                 path, f"it was written for another model or optimizer ({detail}); resume with the model it was "

@@ -19,7 +19,7 @@ import torch
 
 from ..errors import CheckpointError
 
-__all__ = ["precision_of", "warn_changed_precision", "check_kinds", "kind", "load_scheduler", "position_for", "warn_persistent_workers", "warn_replaced_settings",
+__all__ = ["precision_of", "warn_changed_precision", "check_fits", "check_kinds", "kind", "load_scheduler", "position_for", "warn_persistent_workers", "warn_replaced_settings",
            "without_wrapper_prefix", "local_module_names"]
 
 log = logging.getLogger("autobatch")
@@ -49,6 +49,29 @@ def check_kinds(path: Path, state: dict[str, Any], optimizer: Any, scheduler: An
     elif saved is not None and scheduler is None:
         log.warning("resume: the checkpoint's run had scheduler %s and this run has none: the learning rate stays "
                     "as the checkpoint left it", saved)
+
+
+def check_fits(model: torch.nn.Module, saved_model: dict[str, Any], optimizer: torch.optim.Optimizer,
+               saved_optimizer: dict[str, Any]) -> None:
+    """A ``ValueError`` naming the first mismatches where the checkpoint's model state (its keys,
+    its tensors' shapes) or its optimizer's parameter groups (their number, their sizes) do not
+    fit this run's, checked before anything is loaded: ``load_state_dict`` copies every entry
+    that fits before it raises on the rest, so a refused resume left the model part the
+    checkpoint's, and a run started afresh after the error trained that mix."""
+    mine = model.state_dict()
+    problems = [f"missing key(s) {', '.join(sorted(set(mine) - set(saved_model))[:4])}" if set(mine) - set(saved_model) else "",
+                f"unexpected key(s) {', '.join(sorted(set(saved_model) - set(mine))[:4])}" if set(saved_model) - set(mine) else ""]
+    shapes = [f"{key} {tuple(saved_model[key].shape)} (this model: {tuple(value.shape)})" for key, value in mine.items()
+              if isinstance(value, torch.Tensor) and isinstance(saved_model.get(key), torch.Tensor)
+              and saved_model[key].shape != value.shape]
+    problems.append(f"size mismatch for {', '.join(shapes[:4])}" if shapes else "")
+    groups = [len(group["params"]) for group in optimizer.param_groups]
+    saved_groups = [len(group.get("params", ())) for group in saved_optimizer.get("param_groups", [])]
+    if saved_groups != groups:
+        problems.append(f"optimizer parameter groups of {saved_groups} parameters (this optimizer: {groups})")
+    problems = [problem for problem in problems if problem]
+    if problems:
+        raise ValueError("; ".join(problems))
 
 
 def precision_of(step: Any) -> dict[str, Any]:

@@ -38,8 +38,10 @@ from typing import Any, Callable, ContextManager, Iterable, Mapping
 import torch
 
 from .. import checks
+from ..errors import StepOutOfMemoryError
 from ..planning.accumulation import LazyMicroBatches, accumulated_step, batch_size_of, micro_batch_sizes, split_batch
 from ..planning.checkpointing import CheckpointHandle, find_blocks
+from ..probe.shards import has_dtensors
 from ..probe.train_step import TrainStep
 from . import ranks
 from .batch_ops import to_device
@@ -159,13 +161,13 @@ class Runner(OomRecovery, Resumable, PlansFromData):
         global_batch = checks.positive_int("global_batch", global_batch)  # a plain int (a NumPy one is taken)
         micro_batch = checks.positive_int("micro_batch", micro_batch, allow_none=True)
         max_micro_batch = checks.positive_int("max_micro_batch", max_micro_batch, allow_none=True)
-        check_options(device, checkpoint_dir, checkpoint_every)
         self.model = model
         if distributed is None:
             distributed = ranks.current().active()
         self._parallel = ranks.installed() if distributed else ranks.DataParallel()
         self.distributed = bool(distributed)
         self.share = share_of(global_batch, self._parallel.world_size()) if self.distributed else global_batch
+        check_options(device, checkpoint_dir, checkpoint_every, writes=self._parallel.is_rank_zero() or has_dtensors(model))
         self.optimizer = optimizer
         self.loss_fn = loss_fn
         self.scheduler = checks.scheduler("scheduler", scheduler)
@@ -280,13 +282,15 @@ class Runner(OomRecovery, Resumable, PlansFromData):
                         break
                 else:
                     if not ran and self.position == 0:
-                        raise ValueError(
+                        raise self._saved_on_give_up(ValueError(
                             f"data yielded no batches in epoch {self.epoch + 1}: a generator or other one-shot "
                             "iterator is used up after one pass; pass a re-iterable (a list, a DataLoader), "
                             "or epochs=1 / steps no more than its batches"
-                        )
+                        ))
                     self.epoch += 1
                     self.position = 0
+        except StepOutOfMemoryError as exc:  # the step was undone: the steps before it are saved
+            raise self._saved_on_give_up(exc)
         finally:
             progress.close()
             result.elapsed_s = time.perf_counter() - began
