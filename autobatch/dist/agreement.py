@@ -26,7 +26,8 @@ Why it cannot hang silently:
 * each row starts with the sync point's sequence number and a hash of its label, so ranks
   that reach *different* sync points (one rank took a branch the others did not) are
   detected at once and raise :class:`~autobatch.errors.RankDisagreementError` instead of
-  pairing unrelated collectives;
+  pairing unrelated collectives (the header also carries this rank's stop request, so a stop
+  asked for on any rank reaches every rank at the same sync point: :mod:`.stopping`);
 * the collective runs asynchronously and is waited for with a deadline (:func:`timeout`,
   default 300 s, ``AUTOBATCH_SYNC_TIMEOUT`` or :func:`set_timeout`); a rank that never
   arrives turns into a ``RankDisagreementError`` that names what this rank was waiting for
@@ -50,6 +51,7 @@ import torch
 import torch.distributed as dist
 
 from ..errors import RankDisagreementError
+from . import stopping
 
 __all__ = [
     "is_distributed",
@@ -76,9 +78,12 @@ log = logging.getLogger("autobatch")
 #: Seconds a sync point waits for the other ranks before raising RankDisagreementError.
 DEFAULT_TIMEOUT_S = 300.0
 _INT64_MIN = -(2**63)
-#: values every sync point's first collective carries after its 3-integer header (sequence,
-#: label hash, length): the same width everywhere, whatever the sync point
+#: values every sync point's first collective carries after its header (:data:`HEADER`): the
+#: same width everywhere, whatever the sync point
 HEAD_VALUES = 12
+#: a sync point's header: its sequence number, its label's hash, its length, and this rank's stop
+#: request (:mod:`~autobatch.dist.stopping`; the first three must match on every rank)
+HEADER = 4
 _state: dict = {"timeout": None, "sequence": 0, "control": None}
 
 
@@ -245,12 +250,13 @@ def exchange(values: Sequence[int], label: str) -> list[list[int]]:
     sequence = _state["sequence"]
     _announce(sequence, label)
     me = rank()
-    head = _gather([sequence, _tag(label), len(values), *values[:HEAD_VALUES]], 3 + HEAD_VALUES, group, label, sequence)
-    rows = [row[: 3 + min(len(values), HEAD_VALUES)] for row in _agreed_rows(head, me, sequence, label, header=True)]
+    head = _gather([sequence, _tag(label), len(values), stopping.requested(), *values[:HEAD_VALUES]], HEADER + HEAD_VALUES,
+                   group, label, sequence)
+    rows = [row[: HEADER + min(len(values), HEAD_VALUES)] for row in _agreed_rows(head, me, sequence, label, header=True)]
     if len(values) > HEAD_VALUES:  # every rank's header said this length: the same collective everywhere
         rest = _gather(values[HEAD_VALUES:], len(values) - HEAD_VALUES, group, label, sequence)
         rows = [row + more for row, more in zip(rows, rest)]
-    return [row[3:] for row in rows]
+    return [row[HEADER:] for row in rows]
 
 
 def _gather(mine: list[int], width: int, group, label: str, sequence: int) -> list[list[int]]:
@@ -264,7 +270,8 @@ def _gather(mine: list[int], width: int, group, label: str, sequence: int) -> li
 
 def _agreed_rows(rows: list[list[int]], me: int, sequence: int, label: str, *, header: bool = False) -> list[list[int]]:
     """Each rank's values, once every row names the same sync point (else the error); with
-    ``header`` the rows whole, header included."""
+    ``header`` the rows whole, header included. Notes the stop requests the rows carried
+    (:mod:`~autobatch.dist.stopping`)."""
     if any(row[:3] != rows[me][:3] for row in rows):
         doing = {
             other: f"#{row[0]} {label}" if row[:3] == rows[me][:3] else f"#{row[0]} a different sync point"
@@ -272,7 +279,8 @@ def _agreed_rows(rows: list[list[int]], me: int, sequence: int, label: str, *, h
         }
         doing.update({other: text for other, text in _peers_doing().items() if not rows[other][:3] == rows[me][:3]})
         raise RankDisagreementError(me, f"#{sequence} {label}", doing, reason="the ranks reached different sync points")
-    return rows if header else [row[3:] for row in rows]
+    stopping.note(row[3] for row in rows)
+    return rows if header else [row[HEADER:] for row in rows]
 
 
 def agree(flag: bool, label: str = "agree", op: str = "all") -> bool:

@@ -251,3 +251,12 @@ class FsdpDataParallel(DataParallel):
     def exchange(self, values: list[int], label: str) -> list[list[int]]:
         return self.fallback.exchange(values, label)
 
+    def request_stop(self) -> None:
+        self.fallback.request_stop()
+
+    def stop_agreed(self) -> bool:
+        return self.fallback.stop_agreed()
+
+    def clear_stop(self) -> None:
+        self.fallback.clear_stop()
+

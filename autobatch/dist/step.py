@@ -49,6 +49,7 @@ from ..planning.accumulation import accumulate_micro_batches
 from ..probe.train_step import TrainStep
 from ..training.ranks import DataParallel
 from . import agreement as dist_sync
+from . import stopping
 from .ddp_step import check_whole_world, ddp_step, ddp_supported
 from .probe import agree_plan, unwrap
 from .votes import keep as _keep
@@ -171,6 +172,15 @@ class CollectiveDataParallel(DataParallel):
 
     def exchange(self, values: list[int], label: str) -> list[list[int]]:
         return dist_sync.exchange(values, label)
+
+    def request_stop(self) -> None:
+        stopping.request()  # rides on the next sync point to every rank
+
+    def stop_agreed(self) -> bool:
+        return stopping.agreed()
+
+    def clear_stop(self) -> None:
+        stopping.clear()
 
     def active(self) -> bool:
         return dist_sync.is_distributed()

@@ -26,7 +26,7 @@ import time
 from typing import Sequence
 
 from ..errors import RankDisagreementError
-from . import agreement
+from . import agreement, stopping
 
 __all__ = ["exchange_via_store"]
 
@@ -48,7 +48,7 @@ def exchange_via_store(values: Sequence[int], label: str) -> list[list[int]]:
     agreement._state["sequence"] += 1
     sequence = agreement._state["sequence"]
     me, world = agreement.rank(), agreement.world_size()
-    mine = [sequence, agreement._tag(label), len(values), *values]
+    mine = [sequence, agreement._tag(label), len(values), stopping.requested(), *values]
     limit = agreement.timeout()
     began = time.monotonic()
     try:

@@ -77,6 +77,19 @@ class DataParallel:
     def agree_plan(self, planned: Any) -> Any:
         return planned
 
+    def request_stop(self) -> None:
+        """Ask the run to end after the step in progress (:meth:`autobatch.Runner.request_stop`)."""
+        self._stop = True
+
+    def stop_agreed(self) -> bool:
+        """Whether the run ends after this step: in one process, whether a stop was asked for;
+        under ``torch.distributed``, whether a sync point carried some rank's request to every rank."""
+        return getattr(self, "_stop", False)
+
+    def clear_stop(self) -> None:
+        """Forget a stop request (after the run it ended, or one that came after the run's last step)."""
+        self._stop = False
+
     def exchange(self, values: list[int], label: str) -> list[list[int]]:
         """A sync point: every rank's ``values`` (same length everywhere), indexed by rank
         (here: this process's alone)."""

@@ -25,6 +25,8 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+import torch
+
 from ..errors import PeerOutOfMemoryError, StepOutOfMemoryError
 from .. import checks
 from ..memory.oom import free_memory, is_oom_error
@@ -271,9 +273,33 @@ class OomRecovery:
                 self.scheduler.load_state_dict(saved)
             raise
 
-    def _scale(self) -> float | None:
+    def _scale(self) -> torch.Tensor | float | None:
+        """The ``GradScaler``'s scale before a step, without the host waiting for the device
+        (``get_scale()`` reads it with ``.item()``): its scale tensor copied on the device, or its
+        initial scale before its first step; None without an enabled scaler."""
         scaler = self.grad_scaler
-        return None if scaler is None or not scaler.is_enabled() else scaler.get_scale()
+        if scaler is None or not scaler.is_enabled():
+            return None
+        scale = getattr(scaler, "_scale", None)
+        return scaler.get_scale() if scale is None else scale.detach().clone()
+
+    def _note_skip(self, before: torch.Tensor | float) -> None:
+        """Count the step just applied as skipped where the scaler's scale fell below ``before``
+        (it backs off on inf/NaN gradients and skips the optimizer step): on the device, added to
+        ``result.skipped_steps`` when reported (:meth:`_count_skips`), so no step waits for it."""
+        after = getattr(self.grad_scaler, "_scale", None)
+        if after is None:
+            return
+        fell = (after < before).to(torch.int64).sum()
+        pending = getattr(self, "_pending_skips", None)
+        self._pending_skips = fell if pending is None else pending + fell
+
+    def _count_skips(self) -> None:
+        """Add the skipped steps counted on the device to ``result.skipped_steps`` (one read)."""
+        pending = getattr(self, "_pending_skips", None)
+        if pending is not None:
+            self.result.skipped_steps += int(pending.item())
+            self._pending_skips = None
 
     def _drop_grads(self) -> None:
         self.optimizer.zero_grad(set_to_none=True)

@@ -58,6 +58,7 @@ class Resumable:
                 raise ValueError("no path given and no checkpoint_dir configured")
             path = self.checkpoint_dir / CHECKPOINT_NAME
         self.result.checkpoints_saved += 1  # counted in the checkpoint itself
+        self._count_skips()
         sharded = has_dtensors(self.model)
         if sharded:  # FSDP2: every rank writes its own shards, nothing is gathered
             self.result.checkpoint_path = str(sharded_path(path, 0, self._parallel.world_size()))  # rank 0's file
@@ -272,6 +273,7 @@ class Resumable:
     def _fill_result(self) -> None:
         result = self.result
         result.steps, result.epochs = self.step, self.epoch
+        self._count_skips()
         if getattr(self, "_last_loss", None) is not None:
             result.last_loss = float(self._last_loss)
         result.micro_batch = self.micro_batch or 0

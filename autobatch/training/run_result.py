@@ -39,7 +39,8 @@ class RunResult:
     where a larger micro-batch was tried, with the size and whether it held;
     ``empty_cache_fires`` / ``empty_cache_seconds``: cache hygiene; ``checkpoints_saved``
     and ``checkpoint_path``; ``resumed_from``: the checkpoint and its step, if any;
-    ``skipped_steps``: fp16 steps the ``GradScaler`` skipped (inf/NaN gradients).
+    ``skipped_steps``: fp16 steps the ``GradScaler`` skipped (inf/NaN gradients);
+    ``stopped``: the run ended early, after a whole step, on :meth:`~autobatch.Runner.request_stop`.
     """
 
     steps: int = 0
@@ -61,6 +62,7 @@ class RunResult:
     resumed_from: dict[str, Any] | None = None
     plan: dict[str, Any] | None = None
     skipped_steps: int = 0
+    stopped: bool = False
 
     @property
     def samples_per_s(self) -> float:

@@ -59,6 +59,7 @@ from .run_result import RunResult
 from .step_guard import StepGuard
 from .step_memory import StepMemory
 from .step_random import StepRandom
+from .stop_request import Stoppable
 
 __all__ = ["Runner", "train"]
 
@@ -67,7 +68,7 @@ log = logging.getLogger("autobatch")
 LossFn = Callable[[torch.nn.Module, Any], torch.Tensor]
 
 
-class Runner(OomRecovery, Resumable, PlansFromData):
+class Runner(OomRecovery, Resumable, PlansFromData, Stoppable):
     """Train ``model`` on global batches of ``global_batch`` samples, surviving OOMs.
 
     Args:
@@ -238,7 +239,8 @@ class Runner(OomRecovery, Resumable, PlansFromData):
         """Train on ``data`` (an iterable of global batches, re-iterated once per epoch).
 
         Stops after ``epochs`` passes or when ``steps`` global steps are done in the whole
-        run, whichever comes first (neither: one epoch). ``resume``: a checkpoint file or
+        run, whichever comes first (neither: one epoch), or early after a whole step on
+        :meth:`request_stop` (``result.stopped``). ``resume``: a checkpoint file or
         directory written by this runner; training continues from it exactly (same batches,
         same random numbers; not those of ``DataLoader(persistent_workers=True)``'s workers, which
         no checkpoint holds: see ``docs/runner.md``). ``on_step_end(info)`` is called after each applied update with
@@ -268,8 +270,9 @@ class Runner(OomRecovery, Resumable, PlansFromData):
         result.steps_this_run = result.samples = 0
         total = steps if steps is not None else epoch_length(data, epochs)
         progress = Progress(total, initial=self.step, bar=self.progress, log_every=self.log_every)
+        stopped = False  # request_stop(): agreed by every rank after a step
         try:
-            while (epochs is None or self.epoch < epochs) and (steps is None or self.step < steps):
+            while not stopped and (epochs is None or self.epoch < epochs) and (steps is None or self.step < steps):
                 batches = first_epoch if first_epoch is not None else self._epoch_iterator(data, resumed_rng)
                 resumed_rng = first_epoch = None
                 ran = False
@@ -277,7 +280,8 @@ class Runner(OomRecovery, Resumable, PlansFromData):
                     ran = True
                     loss, size = self._global_step(batch)
                     self._after_step(loss, size, progress, on_step_end)
-                    if steps is not None and self.step >= steps:
+                    stopped = self._stop_agreed()
+                    if stopped or (steps is not None and self.step >= steps):
                         self._stopped_at_epoch_end(data, batches)
                         break
                 else:
@@ -292,10 +296,13 @@ class Runner(OomRecovery, Resumable, PlansFromData):
         except StepOutOfMemoryError as exc:  # the step was undone: the steps before it are saved
             raise self._saved_on_give_up(exc)
         finally:
+            self._clear_stop()
             progress.close()
             result.elapsed_s = time.perf_counter() - began
+        result.stopped = stopped
         if self.checkpoint_dir is not None:
             self.save()
+            self._clear_stop()  # one the save's sync points carried, after the run's last step
         self._fill_result()
         log.info(
             "training done: %d steps (%d this run), %d samples in %.1fs, %d OOM recoveries, micro-batch %d",
@@ -334,8 +341,8 @@ class Runner(OomRecovery, Resumable, PlansFromData):
             raise error from exc
         self.step_memory.record(self._piece_sizes()[0])
         self._completed()
-        if scale is not None and self._scale() < scale:  # GradScaler backed off: it skipped this step
-            self.result.skipped_steps += 1
+        if scale is not None:
+            self._note_skip(scale)  # GradScaler backed off: it skipped this step (counted on the device)
         return loss, size
 
     def _attempt(self, batch: Any, size: int) -> float | torch.Tensor:

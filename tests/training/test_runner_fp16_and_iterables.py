@@ -133,3 +133,15 @@ def test_fp16_oom_inside_the_scaler_step_is_replayed(fp16_reference):
     runner, result, scaler, failed = fp16_run(oom_inside_step_at=8)
     assert failed == [8] and [r["phase"] for r in result.oom_recoveries] == ["optimizer"]
     assert_same_run(runner, result, scaler, fp16_reference)
+
+
+def test_skipped_steps_are_counted_without_reading_the_scale_each_step(monkeypatch, fp16_reference):
+    """``GradScaler.get_scale()`` reads the scale with ``.item()``: on a GPU the host waited for
+    the device twice a step to count skipped steps. The runner now compares the scale tensors on
+    the device and reads the count when it reports it: the same count, no read per step."""
+    reads = []
+    original = torch.amp.GradScaler.get_scale
+    monkeypatch.setattr(torch.amp.GradScaler, "get_scale", lambda self: reads.append(self._scale) or original(self))
+    runner, result, scaler, _ = fp16_run()
+    assert result.skipped_steps == fp16_reference[2] == 4
+    assert all(scale is None for scale in reads)  # only the initial scale, before the first step made the tensor
