@@ -12,9 +12,11 @@ import importlib
 import os
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import torch
+from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 from torch.nn import functional as F
 
@@ -139,6 +141,7 @@ def validate(cfg: DictConfig) -> None:
             )
     validation.check_unknown_keys(cfg)
     validation.check_sizes(cfg)
+    validation.check_cache_dir(cfg, Path(HydraConfig.get().runtime.cwd) if HydraConfig.initialized() else None)
     validation.check_target_arguments("model", cfg.model, _check_target("model", cfg.model), own=("inputs",))
     validation.check_target_arguments("optimizer", cfg.optimizer, _check_target("optimizer", cfg.optimizer))
     if cfg.data.dataset is not None:

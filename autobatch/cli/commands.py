@@ -38,10 +38,10 @@ from .config import register_configs
 from . import ranks
 from .errors import cli_keys, hydra_noise_filtered, reported
 from .isolated import isolate_probe, probe_in_child
-from .run_dir import check_probe_target, claim_run_dir
+from .run_dir import check_probe_target, check_train_target, claim_run_dir
 from .user_config import command_line, run_roots
 from .sharding import per_rank_batch
-from .training import FINAL_MODEL, METRICS, check_fresh_target, check_steps_left, check_resume_target, find_resume, rank_fields, read_checkpoint, run_training
+from .training import FINAL_MODEL, METRICS, check_steps_left, check_resume_target, find_resume, rank_fields, read_checkpoint, run_training
 
 __all__ = ["COMMANDS", "probe_task", "train_task", "run_app", "run_probe", "run_plan", "probe_kwargs"]
 
@@ -333,7 +333,7 @@ def train_task(cfg: DictConfig) -> dict[str, Any]:
         child_result = None  # one run a directory: two started in the same second share Hydra's
         _on_every_rank(lambda: claim_run_dir(out_dir, dist_sync.rank()), "cli: run directory claimed", f"hydra.run.dir={out_dir}")
         if cfg.train.resume is None:  # before any probe: never over an earlier run's files
-            _on_every_rank(lambda: check_fresh_target(out_dir, cfg.train.checkpoint_dir), "cli: run directory free",
+            _on_every_rank(lambda: check_train_target(out_dir, cfg.train.checkpoint_dir), "cli: run directory free",
                            f"hydra.run.dir={out_dir}")
         if cfg.train.resume is None and cfg.train.micro_batch is None and isolate_probe(cfg, device_kind(cfg)):
             child_result = probe_in_child(out_dir / "probe")  # before this process makes a CUDA context

@@ -8,6 +8,7 @@ exit status 2 for bad input (a wrong override, impossible probe bounds, an unimp
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import sys
@@ -21,13 +22,17 @@ from omegaconf.errors import OmegaConfBaseException
 from ..errors import GlobalBatchTooLargeError, NoBatchFitsError, StepOutOfMemoryError
 
 __all__ = [
-    "CLIError", "BAD_INPUT", "RUNTIME_FAILURE", "one_line", "cli_keys", "describe", "traceback_wanted", "reported",
-    "hydra_noise_filtered",
+    "CLIError", "BAD_INPUT", "RUNTIME_FAILURE", "ERROR_FILE_ENV", "one_line", "cli_keys", "describe", "traceback_wanted",
+    "reported", "hydra_noise_filtered", "handed_back",
 ]  # fmt: skip
 
 BAD_INPUT = 2
 RUNTIME_FAILURE = 1
 PREFIX = "autobatch: error: "
+#: Set by a parent process to a file: the command writes its error there (``{"message", "code"}``)
+#: instead of printing it, and the parent reports it as its own (``train``'s probe in a child
+#: process, :mod:`autobatch.cli.isolated`): one line, and a sweep's summary names the real error.
+ERROR_FILE_ENV = "AUTOBATCH_ERROR_FILE"
 _NOISE = ("full_key:", "object_type=", "reference_type=", "Set the environment variable HYDRA_FULL_ERROR")
 #: What Hydra itself writes to stderr around a failed job of a sweep (each in one write):
 #: the job's overrides each time a failed job's result is read, and how to get its traceback
@@ -166,5 +171,31 @@ def reported(*, multirun: bool, verbose: object = False) -> Iterator[None]:
             sys.exit(code)
         if multirun:
             raise CLIError(message, code) from None
-        print(PREFIX + message, file=sys.stderr)
+        if not _hand_back(message, code):
+            print(PREFIX + message, file=sys.stderr)
         sys.exit(code)
+
+
+def _hand_back(message: str, code: int) -> bool:
+    """Write the error to the parent's file (:data:`ERROR_FILE_ENV`); False where there is none
+    or it cannot be written (the error is then printed here)."""
+    path = os.environ.get(ERROR_FILE_ENV)
+    if not path:
+        return False
+    try:
+        with open(path, "w", encoding="utf-8") as handle:
+            json.dump({"message": message, "code": code}, handle)
+    except OSError:
+        return False
+    return True
+
+
+def handed_back(path: str) -> tuple[str, int] | None:
+    """``(message, exit code)`` a child process wrote to ``path`` (:data:`ERROR_FILE_ENV`); None
+    where it wrote none (it crashed, or printed its error itself)."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            data = json.load(handle)
+        return str(data["message"]), int(data["code"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None

@@ -7,6 +7,7 @@ since the last save. Now :class:`Interrupts` turns both signals into ``KeyboardI
 main thread while the runner trains, and :func:`stopped` saves a checkpoint, prints one line
 naming it and the command that continues the run, and exits 130 (SIGINT) or 143 (SIGTERM);
 after the error, its one ``autobatch: error:`` line names the checkpoint too (exit status 1).
+Any other error mid-run (a dataset that fails at step 900) saves the steps before it the same way.
 
 Saving then is safe: the runner undoes a step it was stopped in (the optimizer's half-applied
 update, the buffers, the random state, the micro-batch) before the exception leaves ``fit``
@@ -113,11 +114,15 @@ def _missing_line(runner: Any, logged: int | None, metrics: Any) -> None:
 
 def stopped(exc: BaseException, runner: Any, interrupts: Interrupts, *, out_dir: Path, logged: int | None,
             metrics: Any, resume: Path | None) -> None:
-    """After ``fit`` stopped on an interrupt or a :class:`StepOutOfMemoryError`: save what the run
-    applied (``logged``: the last step whose line this run wrote; None: no step of this run
-    finished, nothing new to keep) and say how to continue. An interrupt then exits 130 or 143
-    with one line; the error becomes one :class:`CLIError` line (exit status 1): its own message,
-    then the checkpoint. A save that fails raises its own error, never hidden."""
+    """After ``fit`` stopped on an interrupt or an error: save what the run applied (``logged``:
+    the last step whose line this run wrote; None: no step of this run finished, nothing new to
+    keep) and say how to continue. An interrupt then exits 130 or 143 with one line; an error
+    becomes one :class:`CLIError` line: its own message and exit status, then the checkpoint.
+    A :class:`StepOutOfMemoryError` whose save fails raises the save's error, never hidden; any
+    other error is raised as it is when no step finished, else its line says the save failed."""
+    if not isinstance(exc, (KeyboardInterrupt, StepOutOfMemoryError)):
+        _error_saved(exc, runner, out_dir=out_dir, logged=logged, metrics=metrics)
+        return
     if logged is None:
         again = f"; continue with: {continue_command(out_dir)}" if resume is not None else ""
         line = f"no step of this run finished, nothing saved{again}"
@@ -131,3 +136,21 @@ def stopped(exc: BaseException, runner: Any, interrupts: Interrupts, *, out_dir:
     print(f"autobatch: interrupted ({name}) at step {runner.step}; {line}", file=sys.stderr)
     sys.stdout.flush()
     raise SystemExit(interrupts.exit_code)
+
+
+def _error_saved(exc: BaseException, runner: Any, *, out_dir: Path, logged: int | None, metrics: Any) -> None:
+    """Any other error mid-run (a sample the dataset cannot read, a bug in the model at step
+    900): before, every step since the last ``train.checkpoint_every`` save was lost (the whole
+    run with the default 0), and the run directory was left holding a run nothing could
+    continue. The runner undid the step the error stopped, so the steps applied are saved as an
+    interrupt's are, and the error's one line says so; with no step finished it is left as it is."""
+    if logged is None:
+        return
+    message, code = describe(exc)
+    try:
+        _missing_line(runner, logged, metrics)
+        line = f"checkpoint {runner.save()}; continue with: {continue_command(out_dir)}"
+    except Exception as error:  # noqa: BLE001 - the run's own error is the one to report
+        raise CLIError(f"{message.rstrip('.')}; the checkpoint of step {runner.step} could not be written "
+                       f"({describe(error)[0]})", code) from exc
+    raise CLIError(f"{message.rstrip('.')}; the steps before it are saved, step {runner.step}: {line}", code) from exc

@@ -25,6 +25,7 @@ import os
 import site
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 from hydra.core.hydra_config import HydraConfig
@@ -33,7 +34,7 @@ from omegaconf import DictConfig
 from ..dist import agreement as dist_sync
 from ..probe.promise import forget_own_layout
 from ..probe.result import ProbeResult
-from .errors import RUNTIME_FAILURE, CLIError
+from .errors import ERROR_FILE_ENV, RUNTIME_FAILURE, CLIError, handed_back
 from .preflight import QUIET_ENV
 
 __all__ = ["child_command", "child_environment", "isolate_probe", "probe_in_child"]
@@ -99,15 +100,25 @@ def child_environment(environ: dict[str, str] | None = None, path: list[str] | N
 def probe_in_child(out_dir: Path) -> ProbeResult:
     """Run the probe as a child process writing into ``out_dir`` (its table and trial lines go
     to this process's terminal); its result, as a cache hit returns one (without the parking the
-    child did in its own process). A failed child is one error naming its exit status (its own
-    message is printed above it).
+    child did in its own process). A failed child hands its one-line error back
+    (:data:`~autobatch.cli.errors.ERROR_FILE_ENV`) and it is raised here with the child's exit
+    status: one line, and a sweep's summary names it; a child that died without one (killed,
+    crashed) is one error naming its exit status.
 
     The child starts in the directory the command was run from (Hydra's ``runtime.cwd``), not
     the run directory ``hydra.job.chdir=true`` moved this process into: relative paths in the
     overrides and the user's own modules resolve there as they did for this process."""
     cwd = HydraConfig.get().runtime.cwd if HydraConfig.initialized() else None
-    environ = {**child_environment(), QUIET_ENV: "1"}  # this process already named the keys a run ignores
-    done = subprocess.run(child_command(out_dir.resolve()), check=False, cwd=cwd, env=environ)
+    handle, error_file = tempfile.mkstemp(prefix="autobatch-probe-error-", suffix=".json")
+    os.close(handle)
+    environ = {**child_environment(), QUIET_ENV: "1", ERROR_FILE_ENV: error_file}  # keys ignored: named here already
+    try:
+        done = subprocess.run(child_command(out_dir.resolve()), check=False, cwd=cwd, env=environ)
+        error = handed_back(error_file) if done.returncode != 0 else None
+    finally:
+        os.unlink(error_file)
+    if error is not None:
+        raise CLIError(*error)
     result_file = out_dir / "result.json"
     if done.returncode != 0 or not result_file.is_file():
         raise CLIError(f"the probe's child process (probe.isolate) failed with exit status {done.returncode}; "

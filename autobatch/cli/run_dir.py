@@ -6,18 +6,20 @@ so two ``train`` commands started in the same second share one directory; each p
 reported success, and the directory kept one run's checkpoint and metrics with the other's
 config. :func:`claim_run_dir` makes the first one the owner (a file created exclusively, with
 its process id), and the second is one error. :func:`check_probe_target` keeps ``probe`` from
-overwriting the ``result.json`` and config of a training run given as ``hydra.run.dir``.
+overwriting the ``result.json`` and config of a training run given as ``hydra.run.dir``, and
+:func:`check_train_target` a fresh ``train`` from overwriting a probe's.
 """
 
 from __future__ import annotations
 
 import atexit
+import json
 import os
 from pathlib import Path
 
-from .training import FINAL_MODEL, METRICS
+from .training import FINAL_MODEL, METRICS, check_fresh_target
 
-__all__ = ["CLAIM", "claim_run_dir", "check_probe_target"]
+__all__ = ["CLAIM", "claim_run_dir", "check_probe_target", "check_train_target"]
 
 #: the claim's file in the run directory, holding the owning process's id
 CLAIM = ".autobatch-train.pid"
@@ -81,4 +83,23 @@ def check_probe_target(run_dir: Path) -> None:
         raise ValueError(
             f"{run_dir} holds a training run ({', '.join(held)}), whose result.json and config a probe would "
             "overwrite; give the probe its own hydra.run.dir"
+        )
+
+
+def check_train_target(run_dir: Path, checkpoint_dir: str) -> None:
+    """A fresh ``train`` (no ``train.resume``) writes ``result.json``, ``plan.json`` and its config
+    into ``run_dir``: refused over an earlier run's files
+    (:func:`~autobatch.cli.training.check_fresh_target`) and, as :func:`check_probe_target`
+    refuses a probe over a training run, over a probe's answer (a ``result.json`` that
+    ``python -m autobatch probe`` wrote: ``hydra.run.dir`` of a probe), which it overwrote with
+    another model's and left the probe's ``plan.json`` beside it."""
+    check_fresh_target(run_dir, checkpoint_dir)
+    try:
+        command = json.loads((Path(run_dir) / "result.json").read_text(encoding="utf-8")).get("command")
+    except (OSError, ValueError, AttributeError):
+        return  # none, or not a probe's: a train run that failed before its first update may run again
+    if isinstance(command, str) and command.startswith("python -m autobatch probe"):
+        raise ValueError(
+            f"{run_dir} holds a probe's result ({Path(run_dir) / 'result.json'}, of {command}), which training would "
+            "overwrite; give the training run its own hydra.run.dir"
         )

@@ -168,6 +168,15 @@ def _job_row(config: DictConfig, job_return: JobReturn) -> dict[str, Any]:
     return row
 
 
+def _sweep_dir(config: DictConfig) -> Path:
+    """``hydra.sweep.dir``, a relative one against the directory the command ran in: under
+    ``hydra.job.chdir=true`` a job (and ``on_job_end``) runs in its own directory, where the
+    rows were looked for in ``<job>/multirun/...`` and the sweep's summary was never written."""
+    path = Path(config.hydra.sweep.dir)
+    cwd = OmegaConf.select(config, "hydra.runtime.cwd")
+    return path if path.is_absolute() or not cwd else Path(cwd) / path
+
+
 class SweepSummary(Callback):
     """Hydra callback (``hydra.callbacks.sweep_summary``) writing the sweep's summary files.
 
@@ -175,8 +184,8 @@ class SweepSummary(Callback):
     summaries (the other ranks' jobs hold the same, agreed results)."""
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
-        sweep_dir = Path(config.hydra.sweep.dir)
-        _last_sweep.append(sweep_dir)
+        sweep_dir = _sweep_dir(config)
+        _last_sweep.append(Path(config.hydra.sweep.dir))  # as given: the final line names it so
         if is_rank_zero():  # a new id: rows left by an earlier sweep into this directory are not this one's
             sweep_dir.mkdir(parents=True, exist_ok=True)
             _atomic_write(sweep_dir / SWEEP_ID_FILE, uuid.uuid4().hex + "\n")
@@ -185,10 +194,10 @@ class SweepSummary(Callback):
         if not is_rank_zero() or config.hydra.mode != RunMode.MULTIRUN:
             return
         output_dir = Path(HydraConfig.get().runtime.output_dir)
-        row = {**_job_row(config, job_return), _SWEEP_KEY: sweep_id(Path(config.hydra.sweep.dir))}
+        row = {**_job_row(config, job_return), _SWEEP_KEY: sweep_id(_sweep_dir(config))}
         _atomic_write(output_dir / ROW_FILE, json.dumps(row, default=str) + "\n")
-        write_summary(Path(config.hydra.sweep.dir), plot=_plot_wanted(config))
+        write_summary(_sweep_dir(config), plot=_plot_wanted(config))
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         if is_rank_zero():
-            write_summary(Path(config.hydra.sweep.dir), plot=_plot_wanted(config))
+            write_summary(_sweep_dir(config), plot=_plot_wanted(config))

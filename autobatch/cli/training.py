@@ -24,8 +24,8 @@ all ranks (the sum of the ranks' shares), ``micro_batch`` and ``accumulation`` a
 Checkpoints are written from the step hook *after* the step's metrics line, so a run killed
 at any instant has a metrics line for every step in its checkpoint; on resume, lines after
 the checkpoint (steps that will run again) are dropped, so the file lists every applied
-update exactly once. A run stopped by Ctrl-C, SIGTERM or an out-of-memory error it cannot
-recover from saves its checkpoint first and names the command that continues it
+update exactly once. A run stopped by Ctrl-C, SIGTERM, an out-of-memory error it cannot
+recover from or any other error mid-run saves its checkpoint first and names the command that continues it
 (:mod:`autobatch.cli.interrupt`).
 """
 
@@ -50,7 +50,7 @@ from ..training.sharded_files import base_path, check_sharded_resume, sharded_se
 from ..training.faults import FaultInjector
 from ..training.run_result import RunResult
 from ..training.runner import Runner
-from ..errors import CheckpointError, StepOutOfMemoryError
+from ..errors import CheckpointError
 from .build import Workload, cross_entropy_loss
 from .data import training_data
 from .interrupt import Interrupts, stopped
@@ -369,7 +369,7 @@ def run_training(
         steps = None if train.epochs is not None else int(train.steps)
         try:
             result = runner.fit(data, epochs=train.epochs, steps=steps, resume=resume, on_step_end=on_step_end)
-        except (KeyboardInterrupt, StepOutOfMemoryError) as exc:
+        except (KeyboardInterrupt, Exception) as exc:  # the steps applied are saved (autobatch.cli.interrupt)
             if not interrupts.enabled:
                 raise
             with interrupts.atomic():  # a second Ctrl-C waits for the save

@@ -18,6 +18,8 @@ model and the dataset exist:
 * :func:`check_dataset_size`: a batch larger than a finite dataset repeats its samples.
 * :func:`check_data_dtype`: half-precision synthetic inputs meet float32 weights only under
   autocast; without it the first forward fails inside torch.
+* :func:`check_cache_dir`: a ``probe.cache_dir`` that is a file (or under one) cached nothing,
+  with two warnings that blamed the entries, where ``cache list --dir`` of it is an error.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import difflib
 import inspect
 import logging
 import typing
+from pathlib import Path
 from typing import Any, Iterable
 
 import torch
@@ -46,6 +49,7 @@ __all__ = [
     "check_checkpoint_modules",
     "check_dataset_size",
     "check_data_dtype",
+    "check_cache_dir",
     "schema_of",
 ]
 
@@ -296,3 +300,21 @@ def check_data_dtype(cfg: DictConfig, model: torch.nn.Module, autocast_dtype: to
         f"precision={getattr(cfg.precision, 'name', cfg.precision)} (no autocast); {fix}"
         f"set data.dtype={str(weights).replace('torch.', '')}"
     )
+
+
+def check_cache_dir(cfg: DictConfig, base: Path | None = None) -> None:
+    """``probe.cache_dir`` (with ``probe.cache``) must be a directory or one that can be made:
+    ``ValueError`` where it, or a directory above it, is a file. ``base``: where a relative one
+    is (the directory the command ran in)."""
+    probe = cfg.probe
+    if not probe.cache or probe.cache_dir is None:
+        return
+    path = Path(str(probe.cache_dir)).expanduser()
+    path = path if path.is_absolute() or base is None else base / path
+    existing = path
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if existing.exists() and not existing.is_dir():
+        where = "is a file" if existing == path else f"is under a file, {existing}"
+        raise ValueError(f"probe.cache_dir={probe.cache_dir} {where}, not a directory; give a directory for the probe "
+                         "cache (it is made if missing), or probe.cache=false")
