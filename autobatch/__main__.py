@@ -13,6 +13,7 @@ its progress first: :mod:`autobatch.cli.interrupt`).
 from __future__ import annotations
 
 import difflib
+import os
 import sys
 from typing import Sequence
 
@@ -114,6 +115,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if errors.traceback_wanted(_verbose(rest)):
             raise
         _report_sweep()
+        if os.environ.get(errors.ERROR_FILE_ENV):  # train's probe child: the parent, interrupted too, says it once
+            return 130
         return _fail("interrupted", 130)
     except SystemExit as exc:
         _report_sweep()

@@ -169,3 +169,24 @@ def test_a_sweep_under_hydra_job_chdir_writes_and_prints_its_summary(tmp_path):
         rows = list(csv.DictReader(handle))
     assert [(row["job"], row["status"]) for row in rows] == [("0", "ok"), ("1", "ok")]
     assert "2 jobs, 0 failed; summary: sweep/summary.md" in done.stdout
+
+
+def test_an_interrupted_probe_child_leaves_the_one_line_to_its_parent(monkeypatch, capsys):
+    """Ctrl-C reaches ``train``'s probe child and its parent alike (one process group): both
+    said ``autobatch: error: interrupted``. The child (``AUTOBATCH_ERROR_FILE`` set) now exits
+    130 silently, and the parent says it once."""
+    import autobatch.cli.commands as commands
+    from autobatch.__main__ import main
+    from autobatch.cli.errors import ERROR_FILE_ENV
+
+    def interrupted(command):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(commands, "run_app", interrupted)
+    monkeypatch.delenv("AUTOBATCH_TRACEBACK", raising=False)
+    monkeypatch.setenv(ERROR_FILE_ENV, "unused.json")
+    assert main(["probe", "model=mlp"]) == 130
+    assert "interrupted" not in capsys.readouterr().err
+    monkeypatch.delenv(ERROR_FILE_ENV)
+    assert main(["probe", "model=mlp"]) == 130
+    assert capsys.readouterr().err.count("autobatch: error: interrupted") == 1
