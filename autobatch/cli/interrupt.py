@@ -16,39 +16,57 @@ hook (its ``metrics.jsonl`` line, a periodic checkpoint) runs with the signals h
 (:meth:`Interrupts.atomic`) so a line is never half-written; an update applied just before its
 hook ran gets its line written here, so ``metrics.jsonl`` lists every step in the checkpoint.
 
-Under ``torch.distributed`` nothing of this is done: saving is a collective every rank must
-join, and a signal reaches the ranks at different steps (or only some of them), so a save
-could hang or mix steps; the ranks stop as before, and ``train.checkpoint_every`` is what a
-distributed run resumes from.
+Under ``torch.distributed`` (``torchrun``) a signal does not stop a rank where it is: saving is a
+collective every rank must join, and a signal reaches the ranks at different moments (or only
+some of them), so a rank that stopped alone would leave the others in a collective, and the
+run used to end with nothing saved since its last ``train.checkpoint_every``. There the
+signal *asks* for a stop (:meth:`autobatch.Runner.request_stop`): the request rides on the next
+sync point to every rank (:mod:`autobatch.dist.stopping`), every rank finishes that step, the
+runner writes the checkpoint (together), and :func:`stopped_together` prints the one line (rank
+0) and exits 130 or 143 on every rank. The launcher passes a Ctrl-C on to its ranks, which the
+terminal already sent them: a second signal within :data:`ESCALATE_AFTER_S` of the first is that
+echo; one later (the step does not end: a hung peer) stops the rank at once, saving nothing, as
+before. ``torchrun`` kills its ranks 30 s after it passed a signal on (a SLURM job gets its own
+grace period): a step must end within that to be saved.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import signal
 import sys
 import threading
+import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
 
+from ..dist import agreement as dist_sync
 from ..errors import StepOutOfMemoryError
 from .errors import CLIError, describe
 from .user_config import command_line
 
-__all__ = ["Interrupts", "stopped", "continue_command"]
+__all__ = ["Interrupts", "stopped", "stopped_together", "continue_command", "ESCALATE_AFTER_S"]
 
 _SIGNALS = (signal.SIGINT, signal.SIGTERM)
+#: under ``defer``, a second signal this long after the first stops the rank at once (sooner: the
+#: launcher's echo of the same Ctrl-C, which the terminal sent every rank already)
+ESCALATE_AFTER_S = 5.0
 
 
 class Interrupts:
     """While entered (in the main thread): SIGINT and SIGTERM raise ``KeyboardInterrupt``,
     except inside :meth:`atomic`, which holds one until it ends; :attr:`received` is the last
     signal. The handlers in place before are put back on exit; a signal ignored before (a
-    ``nohup`` run's SIGINT) stays ignored."""
+    ``nohup`` run's SIGINT) stays ignored. With ``defer`` (under ``torch.distributed``: the
+    runner's ``request_stop``) a signal calls it instead of raising, and only a second one at
+    least :data:`ESCALATE_AFTER_S` later raises."""
 
-    def __init__(self, enabled: bool = True) -> None:
+    def __init__(self, enabled: bool = True, defer: Any = None) -> None:
         self.enabled = enabled and threading.current_thread() is threading.main_thread()
+        self.defer = defer
+        self._first: float | None = None  # when the first deferred signal came
         self.received: signal.Signals | None = None
         self._held = 0
         self._pending = False
@@ -68,6 +86,14 @@ class Interrupts:
 
     def _handle(self, signum: int, frame: object) -> None:
         self.received = signal.Signals(signum)
+        if self.defer is not None:
+            now = time.monotonic()
+            if self._first is None:
+                self._first = now
+                self.defer()
+                return
+            if now - self._first < ESCALATE_AFTER_S:
+                return  # the launcher's echo of the same Ctrl-C
         if self._held:
             self._pending = True
             return
@@ -94,8 +120,28 @@ class Interrupts:
 def continue_command(out_dir: Path) -> str:
     """The command line that continues this run in its own directory (``metrics.jsonl`` then
     goes on from the checkpoint's step): its config flags and overrides, with
-    ``train.resume=latest hydra.run.dir=<out_dir>``."""
-    return command_line("train", extra=["train.resume=latest", f"hydra.run.dir={out_dir}"], drop=["train.resume"], quote=True)
+    ``train.resume=latest hydra.run.dir=<out_dir>``; under ``torchrun``, launched by it."""
+    line = command_line("train", extra=["train.resume=latest", f"hydra.run.dir={out_dir}"], drop=["train.resume"], quote=True)
+    world = dist_sync.world_size()
+    if world == 1:
+        return line
+    local = os.environ.get("LOCAL_WORLD_SIZE")
+    launcher = f"torchrun --nproc-per-node {world}" if local == str(world) else "torchrun <this run's launcher options>"
+    return line.replace("python -m autobatch", f"{launcher} -m autobatch", 1)
+
+
+def stopped_together(runner: Any, interrupts: Interrupts, *, out_dir: Path) -> None:
+    """After ``fit`` ended early on every rank (a signal under ``torch.distributed`` asked for it,
+    on one rank or more): the runner wrote the checkpoint; print one line naming it and the
+    command that continues the run (rank 0), and exit 130 or 143 on every rank (the signal the
+    ranks agree on: one sync point)."""
+    signum = dist_sync.agree_max(int(interrupts.received or 0), "train: the signal that stopped the run")
+    name = signal.Signals(signum).name if signum else "a stop request"
+    if dist_sync.is_rank_zero():
+        print(f"autobatch: interrupted ({name}) at step {runner.step} on every rank; checkpoint "
+              f"{runner.result.checkpoint_path}; continue with: {continue_command(out_dir)}", file=sys.stderr)
+    sys.stdout.flush()
+    raise SystemExit(128 + signum if signum else 130)
 
 
 def _missing_line(runner: Any, logged: int | None, metrics: Any) -> None:

@@ -53,7 +53,7 @@ from ..training.runner import Runner
 from ..errors import CheckpointError
 from .build import Workload, cross_entropy_loss
 from .data import training_data
-from .interrupt import Interrupts, stopped
+from .interrupt import Interrupts, stopped, stopped_together
 
 __all__ = ["METRICS", "FINAL_MODEL", "checkpoint_in", "find_resume", "check_resume_target", "check_fresh_target", "run_files", "records_updates", "read_checkpoint", "check_steps_left", "runner_options", "run_training", "rank_fields"]
 
@@ -334,7 +334,8 @@ def run_training(
     ranks = dist_sync.world_size()
 
     logged: list[int | None] = [None]  # the last step whose line this run wrote
-    interrupts = Interrupts(enabled=not dist_sync.is_distributed())  # distributed: see autobatch.cli.interrupt
+    # under torchrun a signal asks every rank to stop after the same step (autobatch.cli.interrupt)
+    interrupts = Interrupts(defer=runner.request_stop if dist_sync.is_distributed() else None)
     with _metrics_file(out_dir / METRICS, resumed_step if resume is not None else None) as metrics, interrupts:
 
         def on_step_end(info: dict[str, Any]) -> None:
@@ -370,11 +371,13 @@ def run_training(
         try:
             result = runner.fit(data, epochs=train.epochs, steps=steps, resume=resume, on_step_end=on_step_end)
         except (KeyboardInterrupt, Exception) as exc:  # the steps applied are saved (autobatch.cli.interrupt)
-            if not interrupts.enabled:
+            if not interrupts.enabled or interrupts.defer is not None:
                 raise
             with interrupts.atomic():  # a second Ctrl-C waits for the save
                 stopped(exc, runner, interrupts, out_dir=out_dir, logged=logged[0], metrics=metrics, resume=resume)
             raise  # not reached: stopped() exits or raises
+        if result.stopped:  # a signal under torchrun: every rank ended after the same step, saved
+            stopped_together(runner, interrupts, out_dir=out_dir)
     optimizer.zero_grad(set_to_none=True)
     if has_dtensors(model):  # FSDP2: gathered from every rank's shards (a collective), rank 0 writes
         from ..dist.fsdp import full_state_dict
