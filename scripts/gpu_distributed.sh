@@ -13,7 +13,8 @@
 # Finally the CLI runs under torchrun: the probe (rank 0 writes result.json), then train with
 # each rank on its share of the global batch and an OOM injected on rank 1 (it finishes, rank 0
 # alone writes one metrics.jsonl with a line per step of the whole global batch, both ranks
-# recovered). Every step has a timeout, so a hang fails.
+# recovered); and a Ctrl-C to torchrun's process group after 3 training steps stops every rank
+# after the same step with the checkpoint written. Every step has a timeout, so a hang fails.
 # The runner needs tenacity and the CLI hydra-core/omegaconf: with a .whl folder of wheels
 # (see /work/shared/FIELD_NOTES.md), they are installed from it first.
 set -euo pipefail
@@ -78,5 +79,25 @@ PY
 else
   echo "   CLI train failed or timed out"; tail -20 "$OUT/cli_train.log"; status=1
 fi
+echo "== CLI: Ctrl-C to torchrun -m autobatch train device=${DEVICE:-cuda} after 3 steps: every rank stops after the same step, saved"
+setsid python -m torch.distributed.run --nproc-per-node "$NPROC" --master-port $((35500 + RANDOM % 2000)) \
+    -m autobatch train "device=${DEVICE:-cuda}" model=mlp "train.global_batch=$GLOBAL" train.micro_batch=32 \
+    train.steps=200 train.inject_delay=0.2 "hydra.run.dir=$OUT/cli_stop" > "$OUT/cli_stop.log" 2>&1 &
+launcher=$!
+for _ in $(seq 600); do
+  [ -f "$OUT/cli_stop/metrics.jsonl" ] && [ "$(wc -l < "$OUT/cli_stop/metrics.jsonl")" -ge 3 ] && break; sleep 0.1
+done
+kill -INT -- "-$launcher" 2>/dev/null || true  # the whole process group, as a terminal's Ctrl-C
+timeout 120 tail --pid="$launcher" -f /dev/null || { echo "   CLI stop: the ranks did not end"; kill -KILL -- "-$launcher"; status=1; }
+python - "$OUT/cli_stop" "$OUT/cli_stop.log" <<'PY' || status=1
+import json, pathlib, re, sys, torch
+run, log = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2]).read_text()
+said = re.findall(r"interrupted \(SIGINT\) at step (\d+) on every rank; checkpoint", log)
+step = torch.load(run / "checkpoints" / "last.pt", map_location="cpu", weights_only=True)["step"]
+lines = [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()]
+ok = said == [str(step)] and lines == list(range(1, step + 1)) and 3 <= step < 200
+print(f"{'ok  ' if ok else 'FAIL'} CLI stop: one line {said}, checkpoint step {step}, metrics 1..{lines[-1] if lines else None}")
+sys.exit(0 if ok else 1)
+PY
 echo "== done: status $status (reports under $OUT)"
 exit $status
