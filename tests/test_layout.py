@@ -117,3 +117,19 @@ def test_modules_and_functions_stay_short(path):
         and node.end_lineno - node.lineno + 1 > MAX_FUNCTION_LINES
     ]
     assert not long, f"functions over {MAX_FUNCTION_LINES} lines: {long}"
+
+
+def test_every_module_compiles_without_a_warning():
+    """An invalid escape in a docstring (``\\ s``) is a SyntaxWarning on Python 3.12, printed in
+    every user's test output (and an error in a later Python)."""
+    import warnings
+
+    noisy = []
+    for path in _modules():
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            try:
+                compile(path.read_text(encoding="utf-8"), str(path), "exec")
+            except SyntaxError as exc:
+                noisy.append(f"{path.relative_to(PACKAGE)}: {exc.msg}")
+    assert not noisy, noisy

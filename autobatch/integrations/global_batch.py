@@ -25,7 +25,7 @@ def accumulation_for(share: int, largest: int, *, multiple_of: int = 1) -> tuple
 
 
 def check_share(global_batch: int, world: int, multiple_of: int, *, unit: str = "rank") -> int:
-    """Each of ``world`` ``unit``\ s' share of ``global_batch`` (samples per optimizer step), or
+    """Each of ``world`` ``unit``'s share of ``global_batch`` (samples per optimizer step), or
     one ``ValueError`` where the ranks cannot split it evenly, or no batch that is a multiple of
     ``multiple_of`` divides a share (checked before any probe: no answer could keep it)."""
     suffix = "es" if unit.endswith("s") else "s"

@@ -1,0 +1,47 @@
+"""fp16 on a real GPU: the Runner counts the steps ``GradScaler`` skipped without the host waiting
+for the device every step. Skipped without CUDA.
+
+``GradScaler.get_scale()`` reads the scale with ``.item()``; the runner called it twice a step
+to count skipped steps, so the host waited for the device each step and could not queue the
+next step's kernels behind the running ones. With a fused optimizer (whose step takes the
+scaler's inf check on the device) nothing else in a step needs to wait.
+"""
+
+import warnings
+
+import pytest
+import torch
+from torch.nn import functional as F
+
+import autobatch
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+]
+
+
+def test_fp16_skipped_steps_are_counted_without_a_host_wait_per_step():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(32, 256), torch.nn.GELU(), torch.nn.Linear(256, 10)).cuda()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)
+    scaler = torch.amp.GradScaler("cuda", init_scale=2.0**10, growth_interval=2)
+    data = [(torch.randn(64, 32, device="cuda"), torch.randint(0, 10, (64,), device="cuda")) for _ in range(12)]
+    for poisoned in (2, 7):  # a non-finite input: the scaler skips the step and backs off
+        data[poisoned][0][3, 5] = float("inf")
+    runner = autobatch.Runner(model, optimizer, lambda m, b: F.cross_entropy(m(b[0]).float(), b[1]),
+                              global_batch=64, micro_batch=32, autocast_dtype="float16", grad_scaler=scaler,
+                              progress=False, log_every=None, grow_after=None)
+    runner.fit(data, steps=1)  # the first step makes the optimizer's state and the scaler's tensors
+    waits = []
+    torch.cuda.set_sync_debug_mode("warn")
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            result = runner.fit(data, steps=len(data))  # goes on from the second batch
+        waits = [f"{w.filename}:{w.lineno}" for w in caught if "synchroniz" in str(w.message)]
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert result.skipped_steps == 2, result.skipped_steps
+    steps = len(data) - 1
+    assert len(waits) < steps, f"{len(waits)} host waits in {steps} steps: {sorted(set(waits))}"
