@@ -27,6 +27,7 @@ import pytest
 import torch
 
 import launcher
+from conftest import run_cli
 from test_distributed_train import COMMON, DATA, MICRO, assert_same_weights, env, metrics_of
 
 pytestmark = pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed is not available")
@@ -85,9 +86,10 @@ def _continued(tmp_path: Path, err: str, run: Path, reference) -> None:
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
+    """One process training the same global batches (as ``test_distributed_train`` compares)."""
     base = tmp_path_factory.mktemp("reference")
-    done = launcher.torchrun("train", *COMMON, *MICRO, *DATA["synthetic"], f"train.steps={STEPS}",
-                             f"hydra.run.dir={base / 'run'}", cwd=base, env=env(), timeout=launcher.TIMEOUT_S)
+    done = run_cli("train", *COMMON, *MICRO, *DATA["synthetic"], f"train.steps={STEPS}", f"hydra.run.dir={base / 'run'}",
+                   cwd=base, env=env())
     assert done.returncode == 0, done.stderr[-3000:]
     return base / "run"
 
