@@ -41,7 +41,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from ..memory.accounting import StorageAccountant
 from .. import checks
 from .arguments import SEARCH_CEILING, validate_probe_args, validate_step
-from .fake_trace import FakeWorld, TraceScaler, resident_bytes
+from .fake_trace import FakeWorld, KernelDtypes, TraceScaler, resident_bytes
 from .rng import rng_state, set_rng_state
 from .shards import has_dtensors
 from .train_step import TrainStep
@@ -150,6 +150,7 @@ def estimate_memory(step: TrainStep, batch_size: int, *, steps: int = 2) -> Memo
             if step.grad_scaler is not None:
                 fake_step.grad_scaler = TraceScaler()
             stack.enter_context(mode)
+            stack.enter_context(KernelDtypes())  # real kernels' dtypes, between the fake mode and the accountant
             stack.enter_context(accountant)
             stack.enter_context(blas)
             for _ in range(steps):
