@@ -23,7 +23,8 @@ run used to end with nothing saved since its last ``train.checkpoint_every``. Th
 signal *asks* for a stop (:meth:`autobatch.Runner.request_stop`): the request rides on the next
 sync point to every rank (:mod:`autobatch.dist.stopping`), every rank finishes that step, the
 runner writes the checkpoint (together), and :func:`stopped_together` prints the one line (rank
-0) and exits 130 or 143 on every rank. The launcher passes a Ctrl-C on to its ranks, which the
+0) and exits 130 or 143 on every rank (unless that step was the run's last: the run is complete,
+``result.stopped`` is False, and it ends as a finished run does). The launcher passes a Ctrl-C on to its ranks, which the
 terminal already sent them: a second signal within :data:`ESCALATE_AFTER_S` of the first is that
 echo; one later (the step does not end: a hung peer) stops the rank at once, saving nothing, as
 before. ``torchrun`` kills its ranks 30 s after it passed a signal on (a SLURM job gets its own

@@ -267,7 +267,7 @@ class Runner(OomRecovery, Resumable, PlansFromData, Stoppable):
                 self._parallel.world_size(), self.global_batch, self.share, self.micro_batch,
             )
         result = self.result
-        result.steps_this_run = result.samples = 0
+        result.steps_this_run, result.samples, result.stopped = 0, 0, False  # not an earlier fit()'s stop
         total = steps if steps is not None else epoch_length(data, epochs)
         progress = Progress(total, initial=self.step, bar=self.progress, log_every=self.log_every)
         stopped = False  # request_stop(): agreed by every rank after a step
@@ -299,7 +299,7 @@ class Runner(OomRecovery, Resumable, PlansFromData, Stoppable):
             self._clear_stop()
             progress.close()
             result.elapsed_s = time.perf_counter() - began
-        result.stopped = stopped
+        result.stopped = self._ended_early(stopped, epochs, steps)
         if self.checkpoint_dir is not None:
             self.save()
             self._clear_stop()  # one the save's sync points carried, after the run's last step

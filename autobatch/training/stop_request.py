@@ -7,13 +7,15 @@ under ``torchrun`` turns Ctrl-C and SIGTERM into one: :mod:`autobatch.cli.interr
 sets a flag, so it is safe from a signal handler or another thread. ``fit`` checks it after
 each applied step: the step in progress finishes (no update is half-applied, nothing is
 undone), the checkpoint is written (with ``checkpoint_dir``), and ``fit`` returns with
-``result.stopped``; a resume goes on from the next batch.
+``result.stopped`` (not when that step was the run's last anyway: the run is complete); a
+resume goes on from the next batch.
 
 Under ``torch.distributed`` a request on any rank travels on the next sync point to every rank
-(:mod:`autobatch.dist.stopping`), and every rank ends after the same step: a step's own
-sync points carry it, so it costs no collective, and the rank that asked ends one step later
-than it would alone. Stopping there on one rank alone would leave its peers in a collective,
-and a checkpoint then (a collective too) could not be written.
+(:mod:`autobatch.dist.stopping`), and every rank ends after the same step: a step's own sync
+points carry it, so it costs no collective. A request made before the step's last sync point
+(its vote after the optimizer step) ends the run after that step, as in one process; one made
+after it (in ``on_step_end``, say) after the next step. Stopping there on one rank alone would
+leave its peers in a collective, and a checkpoint then (a collective too) could not be written.
 """
 
 from __future__ import annotations
@@ -36,6 +38,16 @@ class Stoppable:
     def _stop_agreed(self) -> bool:
         """Whether the run ends after the step just applied (on every rank alike)."""
         return self._parallel.stop_agreed()
+
+    def _ended_early(self, stopped: bool, epochs: int | None, steps: int | None) -> bool:
+        """``result.stopped``: whether the stop ended the run before its ``epochs`` or ``steps``
+        were done. One agreed in the run's last step ends nothing early: the run is complete and
+        is reported so (a stopped run is one to continue; under ``torchrun`` the command line
+        exited 130 without the final weights and printed a continue command that refused to
+        run, the checkpoint being at ``train.steps`` already). An epoch of data without a length
+        is complete only once the next draw finds nothing: a stop at its last batch is early."""
+        done = (epochs is not None and self.epoch >= epochs) or (steps is not None and self.step >= steps)
+        return stopped and not done
 
     def _clear_stop(self) -> None:
         """Forget the request the run ended on, or one that came after its last step."""

@@ -4,13 +4,16 @@ Early stopping from an ``on_step_end`` hook (or a watchdog thread, or a signal h
 ``fit`` after the step in progress: nothing is undone, the checkpoint holds that step, and
 ``result.stopped`` says so. A stop at an epoch's last batch counts the epoch. A resume ends with
 the weights of the run that was never stopped, with a shuffling ``DataLoader`` too. A request
-is forgotten once the run it ended returns. (Two ranks: ``tests/distributed/test_stop_ranks.py``.)
+is forgotten once the run it ended returns. A request in the run's last step ends nothing early
+(``result.stopped`` False: the run is complete), and a second ``fit()`` does not report the
+first one's stop. (Two ranks: ``tests/distributed/test_stop_ranks.py``.)
 """
 
 from __future__ import annotations
 
 import threading
 
+import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -82,3 +85,37 @@ def test_a_request_from_another_thread_ends_the_run_after_a_whole_step():
     watcher.start()
     result = runner.fit(_loader(), epochs=2, on_step_end=on_step_end)
     assert result.stopped and result.steps == 2
+
+
+def _asking_at(runner, step: int):
+    return lambda info: runner.request_stop() if info["step"] == step else None
+
+
+@pytest.mark.parametrize("until", [{"steps": 4}, {"epochs": 1}, {"epochs": 2}])
+def test_a_request_in_the_runs_last_step_is_no_early_stop(tmp_path, until):
+    last = until.get("steps") or 6 * until["epochs"]  # 6 batches an epoch
+    runner = _runner(checkpoint_dir=tmp_path)
+    result = runner.fit(_loader(), **until, on_step_end=_asking_at(runner, last))
+    assert result.steps == last and not result.stopped
+    saved = torch.load(result.checkpoint_path, map_location="cpu", weights_only=True)
+    assert saved["step"] == last and saved["result"]["stopped"] is False
+
+
+def test_a_request_before_the_last_step_still_stops_the_run(tmp_path):
+    runner = _runner(checkpoint_dir=tmp_path)
+    result = runner.fit(_loader(), steps=4, on_step_end=_asking_at(runner, 3))
+    assert result.steps == 3 and result.stopped
+
+
+def test_a_fit_after_a_stopped_one_starts_not_stopped(tmp_path):
+    runner = _runner(checkpoint_dir=tmp_path, checkpoint_every=1)
+    assert runner.fit(_loader(), epochs=1, on_step_end=_asking_at(runner, 2)).stopped
+    seen = []
+
+    def on_step_end(info):
+        saved = torch.load(tmp_path / "last.pt", map_location="cpu", weights_only=True)  # this step's checkpoint
+        seen.append((runner.result.stopped, saved["result"]["stopped"]))
+
+    second = runner.fit(_loader(), epochs=1, on_step_end=on_step_end)
+    assert not second.stopped and second.steps == 6
+    assert seen == [(False, False)] * 4
