@@ -315,6 +315,7 @@ def check_cache_dir(cfg: DictConfig, base: Path | None = None) -> None:
     while not existing.exists() and existing != existing.parent:
         existing = existing.parent
     if existing.exists() and not existing.is_dir():
-        where = "is a file" if existing == path else f"is under a file, {existing}"
+        shown = existing.relative_to(base) if base is not None and existing.is_relative_to(base) else existing
+        where = "is a file" if existing == path else f"is under a file, {shown}"
         raise ValueError(f"probe.cache_dir={probe.cache_dir} {where}, not a directory; give a directory for the probe "
                          "cache (it is made if missing), or probe.cache=false")
