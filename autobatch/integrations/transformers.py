@@ -30,7 +30,7 @@ from .. import checks
 from ..probe.find import find_max_batch
 from ..probe.result import ProbeResult
 from .global_batch import accumulation_for, check_share
-from .transformers_step import TrainerStep, checkpointing_as_train, trainer_key
+from .transformers_step import TrainerStep, checkpointing_as_train, ddp_bucket_bytes, trainer_key
 
 __all__ = ["fit_batch_size", "longest_sample"]
 
@@ -95,7 +95,7 @@ def fit_batch_size(
     options = {"hand_loop": True, **probe_options}
     # what the step holds beside the model (the window's inputs, a subclass's own step) moves the answer
     options["cache_key"] = {"trainer": trainer_key(trainer), "share": share, "accumulation": accumulation,
-                            "user": options.get("cache_key")}
+                            "ddp_buckets": ddp_bucket_bytes(trainer), "user": options.get("cache_key")}
     modes = [(module, module.training) for module in trainer.model.modules()]
     created = trainer.optimizer is None
     try:

@@ -22,6 +22,13 @@ ViT's bare-step answer ran out of memory in ``train()`` five sizes below it):
   ``accelerator.backward`` with its grad scaler) and gradient clipping at ``max_grad_norm``,
   passed the ``num_items_in_batch`` ``train()`` counts over the window (a ``compute_loss_func``
   that divides by it fails without it).
+* **DDP's gradient buckets.** Over several processes ``train()`` wraps the model in
+  ``DistributedDataParallel`` (Accelerate's ``prepare_model``), whose reducer holds buckets as
+  large as the trainable parameters from then on; the probe runs the model unwrapped (a
+  collective in a trial would wait on peers whose searches run other trials), so each trial
+  holds a stand-in of that size through its step (:func:`ddp_bucket_bytes`). Measured on the
+  CPU's simulated device (2 gloo processes, a 1.6 M-parameter GPT-2, 24 MiB): without it the
+  answer, 4, ran out of memory in ``train()``'s first step, in the reducer's bucket copy.
 
 A trial at batch ``B`` runs the first two micro-batches of ``B`` where the ``Trainer`` would
 accumulate (``share`` > ``B``), holding the inputs of ``max(share, 2B)`` samples; the
@@ -44,7 +51,8 @@ from ..probe.cache_key import own_code
 from ..probe.train_step import TrainStep
 from ..training.batch_ops import to_device
 
-__all__ = ["TrainerStep", "checkpointing_as_train", "checkpointing_settings", "num_items_in_batch", "trainer_key"]
+__all__ = ["TrainerStep", "checkpointing_as_train", "checkpointing_settings", "ddp_bucket_bytes", "num_items_in_batch",
+           "trainer_key"]
 
 
 class TrainerStep(TrainStep):
@@ -57,6 +65,7 @@ class TrainerStep(TrainStep):
         self.trainer, self.sample, self.share, self.accumulation = trainer, sample, share, accumulation
         self.collate = _training_collator(trainer)
         max_grad_norm = getattr(trainer.args, "max_grad_norm", None)
+        self.bucket_bytes = ddp_bucket_bytes(trainer)
         super().__init__(trainer.model, trainer.optimizer, self._loss, self._device_batch,
                          grad_scaler=getattr(trainer.accelerator, "scaler", None),
                          max_grad_norm=max_grad_norm if max_grad_norm and max_grad_norm > 0 else None)
@@ -87,6 +96,9 @@ class TrainerStep(TrainStep):
     def __call__(self, batch_size: int) -> None:
         micro, held_samples = self.window(batch_size)
         self.optimizer.zero_grad(set_to_none=True)
+        # DDP's buckets, allocated before the step as train()'s exist before its first
+        buckets = torch.empty(self.bucket_bytes, dtype=torch.uint8, device=self.trainer.args.device) \
+            if self.bucket_bytes else None
         batches = [self._device_batch(batch_size) for _ in range(micro)]
         rest = held_samples - micro * batch_size  # the window's other micro-batches, fetched too
         held = self._device_batch(rest) if rest > 0 else None
@@ -99,7 +111,27 @@ class TrainerStep(TrainStep):
                 self.trainer.training_step(self.model, inputs, *extra)
         self.optimizer_step()
         self.optimizer.zero_grad(set_to_none=True)
-        del batches, held, ahead
+        del batches, held, ahead, buckets
+
+
+def ddp_bucket_bytes(trainer: Any) -> int:
+    """The bytes of the gradient buckets ``DistributedDataParallel`` will hold once ``train()``
+    wraps ``trainer.model`` in it (0 where it will not): the trainable parameters' bytes, since
+    the reducer keeps one bucket slot per trainable element in the parameter's dtype (with
+    ``gradient_as_bucket_view`` the gradients live there, but from the wrap on, not from
+    backward on as an unwrapped model's do). Accelerate wraps a model with a trainable
+    parameter where its ``distributed_type`` is one of the ``MULTI_*`` kinds (CPU and GPU data
+    parallelism) and no tensor parallelism is configured; FSDP, DeepSpeed and XLA shard or
+    reduce gradients their own way and get no stand-in; a model already wrapped is measured
+    as it is."""
+    accelerator = getattr(trainer, "accelerator", None)
+    kind = getattr(getattr(accelerator, "distributed_type", None), "name", "")
+    parallelism = getattr(accelerator, "parallelism_config", None)
+    if (not kind.startswith("MULTI_") or int(getattr(trainer.args, "world_size", 1) or 1) <= 1
+            or getattr(parallelism, "tp_enabled", False)
+            or isinstance(trainer.model, torch.nn.parallel.DistributedDataParallel)):
+        return 0
+    return sum(p.numel() * p.element_size() for p in trainer.model.parameters() if p.requires_grad)
 
 
 def num_items_in_batch(trainer: Any, batches: list[Any]) -> Any:

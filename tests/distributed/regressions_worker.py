@@ -294,7 +294,59 @@ def mispaired(rank: int, world: int, out: Path) -> dict:
     return {"error": None}
 
 
-SCENARIOS = {"fsdp_uneven": fsdp_uneven, "fsdp_first_step_oom": fsdp_first_step_oom, "fsdp_partial": fsdp_partial,
+def _trainer_under(budget: str, batch: int, tmp: Path):
+    """A ``transformers.Trainer`` (a 1.6 M-parameter GPT-2, CPU) built under ``budget``, so the
+    simulated device counts its weights (Accelerate's ``model.to`` copies them over several
+    processes on the CPU: uncounted originals would make the copies look like new memory)."""
+    import transformers
+
+    class Collator:
+        def __call__(self, samples):
+            ids = torch.zeros(len(samples), 32, dtype=torch.long)
+            return {"input_ids": ids, "labels": ids}
+
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(vocab_size=64, n_positions=64, n_embd=256, n_layer=2, n_head=2)
+    args = transformers.TrainingArguments(output_dir=str(tmp), per_device_train_batch_size=batch, max_steps=2,
+                                          use_cpu=True, report_to=[], save_strategy="no", logging_strategy="no",
+                                          disable_tqdm=True, dataloader_drop_last=True)
+    return transformers.Trainer(model=transformers.GPT2LMHeadModel(config), args=args, data_collator=Collator(),
+                                train_dataset=[{"input_ids": [1] * 32}] * 256)
+
+
+def hf_ddp(rank: int, world: int, out: Path) -> dict:
+    """``fit_batch_size`` over two processes, whose ``train()`` wraps the model in DDP (its
+    gradient buckets as large as the parameters), then ``train()`` at the answer and one above,
+    each under the same 32 MiB (measured: the unwrapped probe answered 5, which ran out of
+    memory in DDP's first step; 2 trains, 3 does not)."""
+    try:
+        import transformers  # noqa: F401
+    except ImportError:
+        return {"skipped": "transformers is not installed"}
+    from autobatch import simulated_memory
+    from autobatch.integrations.transformers import fit_batch_size
+    from autobatch.integrations.transformers_step import ddp_bucket_bytes
+
+    trained = {}
+    with simulated_memory("32MiB"):
+        trainer = _trainer_under("32MiB", 1, out / "probe")
+        bucket_bytes = ddp_bucket_bytes(trainer)
+        answer = fit_batch_size(trainer, strategy="binary", cache=False).batch_size
+    for size in (answer, answer + 1):
+        with simulated_memory("32MiB"):
+            trainer = _trainer_under("32MiB", size, out / f"train{size}")
+            try:
+                trainer.train()
+                trained[size] = True
+            except torch.OutOfMemoryError:
+                trained[size] = False
+        dist.barrier()
+    parameters = sum(p.numel() * p.element_size() for p in trainer.model.parameters())
+    return {"answer": answer, "trained": trained[answer], "above_trained": trained[answer + 1],
+            "bucket_bytes": bucket_bytes, "parameter_bytes": parameters}
+
+
+SCENARIOS = {"hf_ddp": hf_ddp, "fsdp_uneven": fsdp_uneven, "fsdp_first_step_oom": fsdp_first_step_oom, "fsdp_partial": fsdp_partial,
              "ddp_unused": ddp_unused, "ddp_hook": ddp_hook, "subgroups": subgroups, "store_keys": store_keys,
              "mispaired": mispaired}
 

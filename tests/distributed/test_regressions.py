@@ -13,7 +13,9 @@
 * DDP over a sub-group, FSDP over a smaller mesh: one clear error (DDP's gradients were
   silently halved);
 * the store-based votes leave one key per rank, not two per step;
-* healthy ranks at different FSDP collectives raise at once instead of pairing them.
+* healthy ranks at different FSDP collectives raise at once instead of pairing them;
+* ``fit_batch_size`` over several processes counts the gradient buckets of the DDP ``train()`` wraps
+  the model in (the unwrapped probe's answer ran out of memory in DDP's first step).
 
 All scenarios share one launch of ``regressions_worker.py`` (``launcher.shared_launch``) under
 a hard timeout; a hang fails it. Float64 weights, compared up to summation order.
@@ -31,7 +33,7 @@ from launcher import shared_launch
 pytestmark = pytest.mark.skipif(not torch.distributed.is_available(), reason="needs torch.distributed")
 
 WORKER = Path(__file__).resolve().parent / "regressions_worker.py"
-SCENARIOS = ["mispaired", "store_keys", "fsdp_uneven", "fsdp_first_step_oom", "fsdp_partial", "ddp_unused", "ddp_hook",
+SCENARIOS = ["hf_ddp", "mispaired", "store_keys", "fsdp_uneven", "fsdp_first_step_oom", "fsdp_partial", "ddp_unused", "ddp_hook",
              "subgroups"]
 
 
@@ -108,3 +110,11 @@ def test_healthy_ranks_at_different_fsdp_collectives_raise_at_once(tmp_path_fact
     for report in reports_of(tmp_path_factory, "mispaired"):
         assert report["settled"] and "different collectives" in report["error"]
         assert "before an all-gather" in report["error"] and "before a reduce-scatter" in report["error"]
+
+
+def test_a_trainers_answer_over_processes_trains_in_the_ddp_train_wraps_it_in(tmp_path_factory):
+    for report in reports_of(tmp_path_factory, "hf_ddp"):
+        if "skipped" in report:
+            pytest.skip(report["skipped"])
+        assert report["bucket_bytes"] == report["parameter_bytes"], report
+        assert report["trained"] and not report["above_trained"], report  # the exact maximum under DDP

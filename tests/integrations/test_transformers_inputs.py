@@ -179,3 +179,46 @@ def test_probe_options_as_a_dict_is_one_error_naming_the_keywords(tmp_path):
     """AutoBatchSize takes probe_options={...}; fit_batch_size takes them as keywords."""
     with pytest.raises(TypeError, match=r"as keywords .*not as probe_options"):
         fit_batch_size(make_trainer(tmp_path), memory_limit="8MiB", probe_options={"cache": False})
+
+
+@pytest.mark.parametrize("kind, world, tp, wrapped, expected", [
+    ("MULTI_GPU", 2, False, False, "trainable"),  # DDP: buckets as large as the trainable parameters
+    ("MULTI_CPU", 2, False, False, "trainable"),
+    ("NO", 1, False, False, 0),
+    ("FSDP", 2, False, False, 0),  # shards its gradients its own way
+    ("DEEPSPEED", 2, False, False, 0),
+    ("MULTI_GPU", 2, True, False, 0),  # tensor parallelism: no DDP wrap
+    ("MULTI_GPU", 2, False, True, 0),  # already wrapped: measured as it is
+])
+def test_ddp_buckets_are_held_where_train_will_wrap_the_model_in_ddp(kind, world, tp, wrapped, expected):
+    from autobatch.integrations.transformers_step import ddp_bucket_bytes
+
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Linear(8, 2))
+    model[0].weight.requires_grad_(False)  # frozen: no bucket slot
+    trainable = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
+    if wrapped:
+        model = torch.nn.parallel.DistributedDataParallel.__new__(torch.nn.parallel.DistributedDataParallel)
+    accelerator = types.SimpleNamespace(distributed_type=types.SimpleNamespace(name=kind),
+                                        parallelism_config=types.SimpleNamespace(tp_enabled=tp))
+    trainer = types.SimpleNamespace(accelerator=accelerator, model=model, args=types.SimpleNamespace(world_size=world))
+    assert ddp_bucket_bytes(trainer) == (trainable if expected == "trainable" else 0)
+
+
+def test_a_trial_over_processes_holds_the_buckets_through_its_step(tmp_path, monkeypatch):
+    """The stand-in for DDP's buckets is allocated before the step and held through it: a trial's
+    peak is the unwrapped step's plus its bytes."""
+    from autobatch.integrations import transformers_step
+
+    sample = {"input_ids": [1] * 16}
+    peaks = {}
+    for held in (0, 3 * 2**20):
+        monkeypatch.setattr(transformers_step, "ddp_bucket_bytes", lambda trainer, held=held: held)
+        trainer = make_trainer(tmp_path)
+        trainer.create_optimizer()
+        step = transformers_step.TrainerStep(trainer, sample, None)
+        with simulated_memory("1GiB") as memory:
+            step(2)  # the optimizer's state, made in the first step
+            memory.reset_peak()
+            step(2)
+            peaks[held] = memory.peak_bytes
+    assert peaks[3 * 2**20] - peaks[0] == 3 * 2**20
