@@ -24,7 +24,7 @@ from filelock import FileLock
 
 from conftest import cli_env
 
-__all__ = ["free_port", "launch", "shared_launch", "torchrun", "TIMEOUT_S"]
+__all__ = ["free_port", "launch", "shared_launch", "stop_runs", "torchrun", "TIMEOUT_S"]
 
 TIMEOUT_S = 240  # a loaded 2-core machine; a hang fails here instead of blocking
 
@@ -104,3 +104,14 @@ def torchrun(*args: str, cwd: Path, env: dict[str, str] | None = None, timeout: 
         return subprocess.run(command, cwd=cwd, env=env or cli_env(), capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
         pytest.fail(f"torchrun {' '.join(args[:1])} did not finish within {timeout} s (a hang)")
+
+
+#: the scenarios of ``stop_review_worker.py`` (``test_stop_ranks.py``'s and ``test_stop_review.py``'s), one launch
+STOP_SCENARIOS = ["stop_plain", "stop_ddp", "stop_fsdp", "last_step_in_forward", "last_step_in_hook", "unsized",
+                  "unsized_epoch_end", "epoch_end", "oom_replay", "planned", "second_fit", "fsdp_oom"]
+
+
+def stop_runs(tmp_path_factory) -> dict[str, list[dict]]:
+    """Every rank's report of every stop-request scenario, from the one launch both files share."""
+    worker = Path(__file__).resolve().parent / "stop_review_worker.py"
+    return shared_launch(tmp_path_factory, "stop", worker, STOP_SCENARIOS, SYNC_TIMEOUT="60")[0]

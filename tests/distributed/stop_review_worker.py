@@ -18,7 +18,7 @@ sys.path[:0] = [str(HERE.parents[1]), str(HERE.parent), str(HERE)]
 from autobatch import Runner, inject_oom  # noqa: E402
 from lockstep_worker import _batches, _model, _mse  # noqa: E402
 from rank_worker import main  # noqa: E402
-from stop_worker import _weights  # noqa: E402
+from stop_worker import SCENARIOS as ONE_RANK_ASKS, _weights  # noqa: E402
 
 QUIET = dict(grow_after=None, progress=False, log_every=None)
 
@@ -91,31 +91,30 @@ def last_step_in_hook(rank, world, out):
     return report
 
 
-def unsized(rank, world, out):
-    """Data without a length (a sync point before each step): rank 1 asks after step 3."""
-    data = Unsized(_batches(128, 16, rank, 2))
+def _asked_after(step: int, sized: bool, rank: int, out):
+    """Two epochs of 8 steps, rank 1 asking for a stop after ``step``; sized data or data without
+    a length (a sync point before each step); then a resume from the checkpoint."""
+    data = _batches(128, 16, rank, 2)
+    data = data if sized else Unsized(data)
     runner = _runner(checkpoint_dir=out)
     result = runner.fit(data, epochs=2,
-                        on_step_end=lambda info: runner.request_stop() if rank == 1 and info["step"] == 3 else None)
+                        on_step_end=lambda info: runner.request_stop() if rank == 1 and info["step"] == step else None)
     return {**_report(result, runner), **_resumed_same("plain", data, out)}
+
+
+def unsized(rank, world, out):
+    """Data without a length: rank 1 asks after step 3."""
+    return _asked_after(3, False, rank, out)
 
 
 def unsized_epoch_end(rank, world, out):
     """Data without a length: rank 1 asks after step 7, so the stop falls on the epoch's last batch."""
-    data = Unsized(_batches(128, 16, rank, 2))
-    runner = _runner(checkpoint_dir=out)
-    result = runner.fit(data, epochs=2,
-                        on_step_end=lambda info: runner.request_stop() if rank == 1 and info["step"] == 7 else None)
-    return {**_report(result, runner), **_resumed_same("plain", data, out)}
+    return _asked_after(7, False, rank, out)
 
 
 def epoch_end(rank, world, out):
     """Sized data: the stop falls on the epoch's last batch, which counts the epoch."""
-    data = _batches(128, 16, rank, 2)
-    runner = _runner(checkpoint_dir=out)
-    result = runner.fit(data, epochs=2,
-                        on_step_end=lambda info: runner.request_stop() if rank == 1 and info["step"] == 7 else None)
-    return {**_report(result, runner), **_resumed_same("plain", data, out)}
+    return _asked_after(7, True, rank, out)
 
 
 def _oom_replay(kind, rank, out):
@@ -162,8 +161,10 @@ def fsdp_oom(rank, world, out):
     return _oom_replay("fsdp", rank, out)
 
 
-SCENARIOS = {f.__name__: f for f in (last_step_in_forward, last_step_in_hook, unsized, unsized_epoch_end, epoch_end,
-                                     oom_replay, planned, second_fit, fsdp_oom)}
+# test_stop_ranks.py's scenarios too: one launch for both files (launch_stop_scenarios)
+SCENARIOS = {**ONE_RANK_ASKS, **{f.__name__: f for f in (
+    last_step_in_forward, last_step_in_hook, unsized, unsized_epoch_end, epoch_end, oom_replay, planned, second_fit,
+    fsdp_oom)}}
 
 
 if __name__ == "__main__":

@@ -5,28 +5,23 @@ rides on the next sync point, so both ranks end after step 4, write the checkpoi
 return with ``result.stopped``; a resume from it ends with the uninterrupted run's weights
 exactly, for a plain module, DDP and FSDP2. Before, a distributed run could only stop where it
 was, and a checkpoint then (a collective) could not be written. One launch of
-``stop_worker.py`` for the three (``launcher.shared_launch``).
+``stop_worker.py``'s scenarios, shared with ``test_stop_review.py`` (``launcher.stop_runs``).
 """
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import pytest
 import torch
 
-from launcher import shared_launch
+from launcher import stop_runs
 
 pytestmark = pytest.mark.skipif(not torch.distributed.is_available(), reason="needs torch.distributed")
-
-WORKER = Path(__file__).resolve().parent / "stop_worker.py"
-SCENARIOS = ["stop_plain", "stop_ddp", "stop_fsdp"]
 
 
 @pytest.mark.parametrize("kind", ["plain", "ddp", "fsdp"])
 def test_a_stop_asked_on_one_rank_ends_every_rank_after_the_same_step_and_resumes_exactly(tmp_path_factory, kind):
-    runs, _ = shared_launch(tmp_path_factory, "stop_request", WORKER, SCENARIOS, SYNC_TIMEOUT="60")
-    reports = runs[f"stop_{kind}"]
+    reports = stop_runs(tmp_path_factory)[f"stop_{kind}"]
     for rank, report in enumerate(reports):
         assert report["stopped"] is True, (rank, report)
         assert report["stopped_at"] == report["checkpoint_step"] == 4, (rank, report)  # asked after 3, carried by 4

@@ -17,7 +17,7 @@ same step with the same ``result.stopped``:
 And ``python -m autobatch train`` under ``torchrun`` with a SIGTERM to rank 1 as the run's last
 step starts: the run is complete, so it ends as a finished run (exit 0, ``final_model.pt``).
 
-One launch of ``stop_review_worker.py`` for all of them.
+One launch of ``stop_review_worker.py`` for all of them and ``test_stop_ranks.py``'s (``launcher.stop_runs``).
 """
 
 from __future__ import annotations
@@ -25,23 +25,19 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-from pathlib import Path
 
 import pytest
 import torch
 
-from launcher import shared_launch
+from launcher import stop_runs
 
 pytestmark = pytest.mark.skipif(not torch.distributed.is_available(), reason="needs torch.distributed")
 
-WORKER = Path(__file__).resolve().parent / "stop_review_worker.py"
-SCENARIOS = ["last_step_in_forward", "last_step_in_hook", "unsized", "unsized_epoch_end", "epoch_end", "oom_replay",
-             "planned", "second_fit", "fsdp_oom"]
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    return shared_launch(tmp_path_factory, "stop_review", WORKER, SCENARIOS, SYNC_TIMEOUT="60")[0]
+    return stop_runs(tmp_path_factory)
 
 
 def _same_on_every_rank(reports: list[dict]) -> dict:
