@@ -14,7 +14,9 @@
 # each rank on its share of the global batch and an OOM injected on rank 1 (it finishes, rank 0
 # alone writes one metrics.jsonl with a line per step of the whole global batch, both ranks
 # recovered); and a Ctrl-C to torchrun's process group after 3 training steps stops every rank
-# after the same step with the checkpoint written. Every step has a timeout, so a hang fails.
+# after the same step with the checkpoint written. Where transformers is installed, a Trainer's
+# fit_batch_size over the processes must train in the DDP train() wraps the model in
+# (scripts/gpu_hf_ddp.py). Every step has a timeout, so a hang fails.
 # The runner needs tenacity and the CLI hydra-core/omegaconf: with a .whl folder of wheels
 # (see /work/shared/FIELD_NOTES.md), they are installed from it first.
 set -euo pipefail
@@ -99,5 +101,24 @@ ok = said == [str(step)] and lines == list(range(1, step + 1)) and 3 <= step < 2
 print(f"{'ok  ' if ok else 'FAIL'} CLI stop: one line {said}, checkpoint step {step}, metrics 1..{lines[-1] if lines else None}")
 sys.exit(0 if ok else 1)
 PY
+if python -c "import transformers" 2>/dev/null && [ "${DEVICE:-cuda}" = cuda ]; then
+  echo "== transformers: fit_batch_size over $NPROC processes, then train() in the DDP it wraps (scripts/gpu_hf_ddp.py)"
+  if timeout 480 python -m torch.distributed.run --nproc-per-node "$NPROC" --master-port $((37500 + RANDOM % 2000)) \
+      scripts/gpu_hf_ddp.py --memory-limit "${HF_LIMIT:-12GiB}" --out "$OUT/hf_ddp.json" > "$OUT/hf_ddp.log" 2>&1; then
+    python - "$OUT/hf_ddp.json" <<'PY' || status=1
+import json, sys
+rows = json.load(open(sys.argv[1]))["rows"]
+shipped, unwrapped, above = rows
+ok = not shipped["any_rank_oom"] and shipped["wrapped"] == "DistributedDataParallel" and shipped["bucket_bytes"] > 0
+print(f"{'ok  ' if ok else 'FAIL'} transformers DDP: answer {shipped['answer']} trained {shipped['steps_trained']} steps "
+      f"(stand-in {shipped['bucket_bytes'] / 2**20:.0f} MiB); without it {unwrapped['answer']}, "
+      f"{'out of memory' if unwrapped['any_rank_oom'] else 'trained'}; {above['batch']}: "
+      f"{'out of memory' if above['any_rank_oom'] else 'trained'}")
+sys.exit(0 if ok else 1)
+PY
+  else
+    echo "   transformers DDP failed or timed out"; tail -20 "$OUT/hf_ddp.log"; status=1
+  fi
+fi
 echo "== done: status $status (reports under $OUT)"
 exit $status
