@@ -22,13 +22,18 @@ ViT's bare-step answer ran out of memory in ``train()`` five sizes below it):
   ``accelerator.backward`` with its grad scaler) and gradient clipping at ``max_grad_norm``,
   passed the ``num_items_in_batch`` ``train()`` counts over the window (a ``compute_loss_func``
   that divides by it fails without it).
-* **DDP's gradient buckets.** Over several processes ``train()`` wraps the model in
-  ``DistributedDataParallel`` (Accelerate's ``prepare_model``), whose reducer holds buckets as
-  large as the trainable parameters from then on; the probe runs the model unwrapped (a
-  collective in a trial would wait on peers whose searches run other trials), so each trial
-  holds a stand-in of that size through its step (:func:`ddp_bucket_bytes`). Measured on the
-  CPU's simulated device (2 gloo processes, a 1.6 M-parameter GPT-2, 24 MiB): without it the
-  answer, 4, ran out of memory in ``train()``'s first step, in the reducer's bucket copy.
+* **DDP's gradient buckets, on the CPU.** Over several processes ``train()`` wraps the model in
+  ``DistributedDataParallel`` (Accelerate's ``prepare_model``), and the probe runs the model
+  unwrapped (a collective in a trial would wait on peers whose searches run other trials).
+  Over CPU processes (gloo) the wrapped step holds buckets as large as the trainable
+  parameters beyond the unwrapped one's, so there each trial holds a stand-in of that size
+  through its step (:func:`ddp_bucket_bytes`): on the simulated device (2 processes, a
+  1.6 M-parameter GPT-2, 32 MiB) the unwrapped answer, 5, ran out of memory in ``train()``'s
+  first step; with the stand-in 2 trains and 3 does not. Over CUDA processes the ``Trainer``'s
+  DDP step peaked where the unwrapped trials did (2 x H200, 12 GiB: GPT-2 small at 22 and
+  ViT-B/16 at 124, within 10 MiB, with ``ddp_find_unused_parameters`` on and off), and the
+  unwrapped answers were the exact maxima under DDP (23 and 125 ran out of memory), where a
+  stand-in answered 21 and 121 (``scripts/gpu_hf_ddp.py``): no stand-in there.
 
 A trial at batch ``B`` runs the first two micro-batches of ``B`` where the ``Trainer`` would
 accumulate (``share`` > ``B``), holding the inputs of ``max(share, 2B)`` samples; the
@@ -115,19 +120,16 @@ class TrainerStep(TrainStep):
 
 
 def ddp_bucket_bytes(trainer: Any) -> int:
-    """The bytes of the gradient buckets ``DistributedDataParallel`` will hold once ``train()``
-    wraps ``trainer.model`` in it (0 where it will not): the trainable parameters' bytes, since
-    the reducer keeps one bucket slot per trainable element in the parameter's dtype (with
-    ``gradient_as_bucket_view`` the gradients live there, but from the wrap on, not from
-    backward on as an unwrapped model's do). Accelerate wraps a model with a trainable
-    parameter where its ``distributed_type`` is one of the ``MULTI_*`` kinds (CPU and GPU data
-    parallelism) and no tensor parallelism is configured; FSDP, DeepSpeed and XLA shard or
-    reduce gradients their own way and get no stand-in; a model already wrapped is measured
-    as it is."""
+    """The bytes a trial holds for the gradient buckets of the ``DistributedDataParallel`` that
+    ``train()`` wraps ``trainer.model`` in over several CPU processes (Accelerate's
+    ``MULTI_CPU``): the trainable parameters' bytes, one bucket slot per trainable element in
+    its dtype; 0 elsewhere. Over GPU processes the ``Trainer``'s DDP step measured no more than
+    the unwrapped step (module description); FSDP, DeepSpeed, XLA and tensor parallelism
+    reduce gradients their own way; a model already wrapped is measured as it is."""
     accelerator = getattr(trainer, "accelerator", None)
     kind = getattr(getattr(accelerator, "distributed_type", None), "name", "")
     parallelism = getattr(accelerator, "parallelism_config", None)
-    if (not kind.startswith("MULTI_") or int(getattr(trainer.args, "world_size", 1) or 1) <= 1
+    if (kind != "MULTI_CPU" or int(getattr(trainer.args, "world_size", 1) or 1) <= 1
             or getattr(parallelism, "tp_enabled", False)
             or isinstance(trainer.model, torch.nn.parallel.DistributedDataParallel)):
         return 0
