@@ -55,7 +55,10 @@ class StorageAccountant(TorchDispatchMode):
         self.current_bytes = 0
         self.peak_bytes = 0
         self._live: dict[int, int] = {}
-        self._lock = threading.Lock()
+        # re-entrant: a garbage collection can run at any allocation inside the locked section
+        # (``weakref.finalize`` allocates) and free a counted storage, whose release takes the lock
+        # again on this thread; a plain lock waited for itself there, and the process hung
+        self._lock = threading.RLock()
         #: while > 0, new storages are not counted (see :func:`~autobatch.memory.simulated.host_memory`)
         self.paused = 0
 
@@ -87,8 +90,8 @@ class StorageAccountant(TorchDispatchMode):
             elif key not in inputs and key not in fresh:
                 fresh[key] = storage
         requested = grown + sum(self._size(storage) for storage in fresh.values())
-        if requested == 0:
-            return out
+        if requested == 0 and not fresh:
+            return out  # an empty new storage (``torch.empty(0)``) is still tracked: what it grows to counts
         with self._lock:
             oom = self.limit_bytes is not None and self.current_bytes + requested > self.limit_bytes
             in_use = self.current_bytes

@@ -281,14 +281,17 @@ def memory_for(device: torch.device, memory_limit: int | None) -> Iterator[tuple
     """Enter the memory regime a probe on ``device`` runs under; yield its instruments and a
     note for the result (or None).
 
-    CPU: an active :func:`simulated_memory` context is used as it is; ``memory_limit`` (or, with
-    neither, :func:`default_cpu_budget`) opens a new one. A ``memory_limit`` of another size
-    inside an active context is a ``ValueError`` (:func:`check_limit_in_simulation`).
+    CPU: an active :func:`simulated_memory` context is used as it is, with no ``memory_limit`` or
+    one of its own size (a second budget of that size inside it would not see the bytes the block
+    already holds: the probe planned for room the block no longer had, and its figures left them
+    out); else ``memory_limit`` (or, with neither, :func:`default_cpu_budget`) opens a new one. A
+    ``memory_limit`` of another size inside an active context is a ``ValueError``
+    (:func:`check_limit_in_simulation`).
     Accelerators: ``memory_limit`` caps the process for the duration.
     """
     if device.type == "cpu":
         outer = active_simulation()
-        if memory_limit is None and outer is not None:
+        if outer is not None and memory_limit in (None, outer.limit_bytes):
             yield SimulatedDeviceMemory(outer), None
             return
         check_limit_in_simulation(device, memory_limit)

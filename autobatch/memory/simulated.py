@@ -19,6 +19,7 @@ slight underestimate of a real allocator's.
 
 from __future__ import annotations
 
+import threading
 from contextlib import contextmanager
 from typing import Iterator
 
@@ -30,7 +31,18 @@ from .units import format_bytes, parse_bytes
 
 __all__ = ["SimulatedMemory", "simulated_memory", "active_simulation", "host_memory", "to_simulated_device"]
 
-_active: list["SimulatedMemory"] = []
+
+class _Active(threading.local):
+    """This thread's active budgets, innermost last: per thread, as torch's dispatch modes are. A
+    block open in another thread counts nothing in this one; shared, its budget was taken for
+    this thread's (a probe here refused another ``memory_limit`` "inside" it, or read its figures
+    and counted nothing) and :func:`host_memory` here paused its counting."""
+
+    def __init__(self) -> None:
+        self.budgets: list["SimulatedMemory"] = []
+
+
+_active = _Active()
 
 
 def _on_cpu(tensor: torch.Tensor) -> bool:
@@ -76,7 +88,9 @@ def simulated_memory(limit: int | str) -> Iterator[SimulatedMemory]:
 
     While active, an allocation past the budget raises ``torch.OutOfMemoryError``. The yielded
     :class:`SimulatedMemory` reports ``current_bytes`` and ``peak_bytes``; tensors that die give
-    their bytes back. Contexts nest: an allocation must fit every active budget.
+    their bytes back. Contexts nest: an allocation must fit every active budget. A context is
+    active in the thread that entered it (and in the autograd threads of its backward passes),
+    as torch's dispatch modes are: threads probing at once each have their own.
 
     >>> with simulated_memory("64MiB") as device:
     ...     x = torch.zeros(1024, 1024)          # 4 MiB, fits
@@ -85,16 +99,16 @@ def simulated_memory(limit: int | str) -> Iterator[SimulatedMemory]:
     """
     simulation = SimulatedMemory(parse_bytes(limit, name="limit"))
     with simulation:
-        _active.append(simulation)
+        _active.budgets.append(simulation)
         try:
             yield simulation
         finally:
-            _active.remove(simulation)
+            _active.budgets.remove(simulation)
 
 
 def active_simulation() -> SimulatedMemory | None:
-    """The innermost active :func:`simulated_memory` context, or None."""
-    return _active[-1] if _active else None
+    """The innermost :func:`simulated_memory` context active in this thread, or None."""
+    return _active.budgets[-1] if _active.budgets else None
 
 
 @contextmanager
@@ -107,7 +121,7 @@ def host_memory() -> Iterator[None]:
     Without it, a snapshot that costs a GPU nothing would take device memory in the
     simulation, and the simulated runner would fail at a batch that a GPU trains.
     """
-    paused = list(_active)
+    paused = list(_active.budgets)
     for simulation in paused:
         simulation.paused += 1
     try:

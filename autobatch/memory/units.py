@@ -67,7 +67,8 @@ def format_bytes(count: int | float | None) -> str:
         return "-"
     value = float(count)
     for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(value) < 1024:
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.2f} {unit}"
+        digits = 0 if unit == "B" else 2
+        if abs(round(value, digits)) < 1024:  # rounded first: 2**20 - 1 is "1.00 MiB", not "1024.00 KiB"
+            return f"{value:.{digits}f} {unit}"
         value /= 1024
     return f"{value:.2f} TiB"

@@ -19,6 +19,7 @@ existing directory gets the default file name inside it (``memory_curve.png`` fo
 from __future__ import annotations
 
 import logging
+import math
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable
@@ -277,16 +278,21 @@ def plot_sweep(rows: Iterable[dict[str, Any]], path: str | os.PathLike, *, title
 
 
 def _job_label(row: dict[str, Any]) -> str:
+    """``#<job> <overrides>``, cut to 48 characters, its ``$`` escaped: matplotlib draws the text
+    between two of them as math (``tag=$HOME/run_$`` failed the plot, ``${a}_${b}`` was mangled)."""
     overrides = str(row.get("overrides") or "").strip()
     label = f"#{row.get('job', '?')}" + (f" {overrides}" if overrides else "")
-    return label if len(label) <= 48 else label[:45] + "..."
+    label = label if len(label) <= 48 else label[:45] + "..."
+    return label.replace("$", r"\$")
 
 
 def _number(value: Any) -> float | None:
-    """A CSV cell or JSON value as a number (None when empty or not a number)."""
+    """A CSV cell or JSON value as a number (None when empty, not a number, or not finite: rows
+    read back with pandas hold NaN in a failed job's empty cells, which no axis can scale to)."""
     if value is None or value == "":
         return None
     try:
-        return float(value)
+        number = float(value)
     except (TypeError, ValueError):
         return None
+    return number if math.isfinite(number) else None
