@@ -202,10 +202,12 @@ def run_prologue(model: torch.nn.parallel.DistributedDataParallel, label: str) -
     except Exception as exc:  # noqa: BLE001 - fatal, and said so; never replayed
         if not is_oom_error(exc):  # a peer that never came (timeout) or died
             raise dist_sync.collective_failed(f"{label}: DDP's bucket rebuild / buffer broadcast", exc) from exc
+        # the allocator's message is left to the chained error: quoted here it made this error
+        # an OOM by is_oom_error, which the runner would replay inside a collective its peers hold
         raise RuntimeError(
             f"rank {dist_sync.rank()} failed inside DDP's bucket rebuild or buffer broadcast at {label!r} "
-            f"({type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}); this cannot be "
-            "replayed (the other ranks are inside the same collective), so the run stops"
+            f"({type(exc).__name__}, the error above: memory ran short there); this cannot be replayed (the other "
+            "ranks are inside the same collective), so the run stops"
         ) from exc
 
 

@@ -138,3 +138,20 @@ def test_leaving_destroys_the_group_and_frees_the_garbage_that_holds_it():
     done = subprocess.run([sys.executable, "-c", LEAVE], env=cli_env(), capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.split() == ["destroyed", "True", "freed", "True"]
+
+
+def test_an_oom_inside_ddps_bucket_rebuild_is_fatal_not_an_oom_to_replay():
+    """The rank is inside a collective its peers hold: the error must not read as an OOM, which
+    the runner would replay (the allocator's message stays in the chained error)."""
+    import types
+
+    from autobatch.dist.ddp_step import run_prologue
+
+    def rebuild():
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 MiB")
+
+    model = types.SimpleNamespace(require_forward_param_sync=True, reducer=types.SimpleNamespace(_rebuild_buckets=rebuild))
+    with pytest.raises(RuntimeError, match="cannot be replayed") as caught:
+        run_prologue(model, "step 3")
+    assert not is_oom_error(caught.value)
+    assert is_oom_error(caught.value.__cause__)
