@@ -76,7 +76,8 @@ def micro_batch_sizes(global_batch: int, micro_batch: int, *, balanced: bool = F
     samples, BatchNorm on one): where the split leaves a smaller piece, the batch is cut into
     fewer pieces, ``global_batch // min_micro_batch``, balanced, so a piece may hold
     ``micro_batch + 1`` samples; where that is not enough either it is one ``ValueError`` naming
-    both. A batch smaller than ``min_micro_batch`` is one piece: there is nothing to split.
+    both. A batch smaller than ``min_micro_batch`` is one piece (that error where it holds more
+    than ``micro_batch + 1`` samples): there is nothing to split.
 
     >>> micro_batch_sizes(10, 4), micro_batch_sizes(10, 4, balanced=True)
     ([4, 4, 2], [4, 3, 3])
@@ -96,11 +97,13 @@ def micro_batch_sizes(global_batch: int, micro_batch: int, *, balanced: bool = F
         return sizes
     steps = max(1, min(steps, global_batch // min_micro_batch))
     sizes = _balanced(global_batch, steps)
-    if sizes[0] > micro_batch + 1:
+    if sizes[0] > micro_batch + 1:  # a batch below min_micro_batch is one piece: "1 of 8 leave -3 over" said nothing
+        left = (f"{steps} of {min_micro_batch} leave {global_batch - steps * min_micro_batch} over"
+                if global_batch >= min_micro_batch else f"it has fewer samples than that, so it is one piece of {global_batch}")
         raise ValueError(
             f"global_batch={global_batch} cannot be cut into micro-batches of at least min_micro_batch="
             f"{min_micro_batch} and at most {micro_batch + 1} samples (one more than micro_batch={micro_batch}): "
-            f"{steps} of {min_micro_batch} leave {global_batch - steps * min_micro_batch} over. Lower min_micro_batch, "
+            f"{left}. Lower min_micro_batch, "
             "or use a global batch of more samples (a DataLoader's short last batch: drop_last=True)"
         )
     return sizes

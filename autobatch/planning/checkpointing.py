@@ -13,7 +13,9 @@ subclass too.
 Which blocks. With ``targets=None``: in every ``nn.Sequential`` and ``nn.ModuleList``, the
 children that have parameters and whose class occurs at least twice among that container's
 children (the transformer layers of a ``ModuleList``, the blocks of a ``Sequential``); the
-search does not descend into a block it wraps, so blocks are never nested. A single layer of
+search does not descend into a block it wraps, so blocks are never nested. A container with no
+forward of its own (an inner ``nn.ModuleList`` or ``nn.ModuleDict``) is never called, so it is
+searched, not wrapped. A single layer of
 ``torch.nn`` (a ``Linear``, ``Conv2d`` or ``BatchNorm2d`` with no children; recurrent layers
 excepted) is not a block: it saves its input for backward, which is just what a checkpoint
 keeps, so wrapping it saves nothing and costs a recompute (a flat VGG-style ``Sequential``
@@ -133,11 +135,15 @@ def _has_parameters(module: nn.Module) -> bool:
 
 
 def _block(module: nn.Module) -> bool:
-    """Whether the automatic rule may wrap ``module``: it has parameters and is not a single
-    layer of ``torch.nn`` (which saves only its input, what the checkpoint keeps anyway; a
-    recurrent layer saves much more, and is a block)."""
+    """Whether the automatic rule may wrap ``module``: it has parameters, a forward of its own
+    and is not a single layer of ``torch.nn`` (which saves only its input, what the checkpoint
+    keeps anyway; a recurrent layer saves much more, and is a block). A container that is never
+    called (``nn.ModuleList``, ``nn.ModuleDict``: no forward) is searched instead: wrapping the
+    inner lists of a ``ModuleList`` of ``ModuleList`` stages checkpointed nothing, while the
+    plan named them as checkpointed."""
     single = not any(True for _ in module.children()) and type(module).__module__.startswith("torch.nn.")
-    return _has_parameters(module) and (not single or isinstance(module, nn.RNNBase))
+    called = type(module).forward is not nn.Module.forward
+    return _has_parameters(module) and called and (not single or isinstance(module, nn.RNNBase))
 
 
 def _matches(module: nn.Module, targets: tuple[Any, ...]) -> bool:

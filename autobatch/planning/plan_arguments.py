@@ -44,6 +44,9 @@ def validate(step, global_batch, objective, probe_kwargs: dict[str, Any], min_mi
     for name in _SIZES:
         if probe_kwargs.get(name) is not None and checks.integer(probe_kwargs[name]) is not None:
             probe_kwargs[name] = checks.integer(probe_kwargs[name])
+    if "steps_per_trial" in probe_kwargs:  # here, not only in find_max_batch: a global batch probed alone
+        # runs max(2, steps_per_trial) steps, which took 0 or True silently and None as a TypeError
+        probe_kwargs["steps_per_trial"] = checks.positive_int("steps_per_trial", probe_kwargs["steps_per_trial"])
     max_batch, multiple_of, start = probe_kwargs.get("max_batch"), probe_kwargs.get("multiple_of", 1), probe_kwargs.get("start")
     if not isinstance(max_batch, (int, type(None))) or isinstance(max_batch, bool) or (max_batch is not None and max_batch < 1):
         raise ValueError(f"max_batch must be a positive integer or None, got {max_batch!r}")

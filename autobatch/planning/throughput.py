@@ -241,7 +241,7 @@ def measure_candidates(
     steps, added to what earlier calls recorded (:meth:`Candidate.record`: the median is over
     all of them). ``step`` is a :class:`~autobatch.TrainStep`; its ``make_batch`` builds each
     micro-batch. ``prepare(candidate)`` puts the model in the candidate's checkpointing
-    state; without it the model must already be in it. Model and optimizer are restored
+    state; without it the model must already be in it. Model, optimizer and grad scaler are restored
     after each candidate; a candidate that runs out of memory gets ``error`` and
     ``samples_per_s = None`` and is skipped in later rounds.
     """
@@ -249,7 +249,9 @@ def measure_candidates(
     agreed = _Lockstep.of(step)  # None in one process
     # a fresh optimizer steps at learning rate 0 instead: no copy of the weights to put back
     # after every candidate (the same kernels run, so the timing is the same)
-    snapshot = Snapshot.take(step.model, step.optimizer, zero_lr=True)
+    # the grad scaler too: every candidate starts from the user's scale, and plan() leaves it so
+    # (the timed steps grew it, 1024 to 131072 over a few candidates)
+    snapshot = Snapshot.take(step.model, step.optimizer, zero_lr=True, scaler=getattr(step, "grad_scaler", None))
     try:
         for _ in range(rounds):
             for candidate in sorted(candidates, key=lambda c: -c.micro_batch):  # the likely fastest first
