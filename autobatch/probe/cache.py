@@ -14,11 +14,12 @@ The key is the SHA-256 of a canonical JSON of its components (stored in the file
   ``forward`` with the values it reads (:mod:`~autobatch.probe.cache_key`);
 * ``inputs``: the structure, shapes and dtypes of ``make_batch(1)`` and ``make_batch(2)``
   (built with fake tensors, so nothing is allocated);
-* ``optimizer``: its class and the hyperparameters that change its state or temporaries
-  (momentum on or off, ``amsgrad``, ``foreach``, ``fused``, ...; not the learning rate);
+* ``optimizer``: its class (module, qualified name, a user class's code), the parameters each
+  group trains, and the hyperparameters that change its state or temporaries (momentum on or
+  off, ``amsgrad``, ``foreach``, ``fused``, ...; not the learning rate);
 * ``precision``: the autocast dtype and the grad scaler;
 * ``device``: its name and capacity (in 64 MiB steps, so a few MiB of driver noise do not
-  miss), and the memory cap; the torch and autobatch versions;
+  miss), and the memory cap; the attention kernels switched on; the torch and autobatch versions;
 * ``probe``: the strategy and its parameters (``start``, ``max_batch``, ``margin``,
   ``multiple_of``, ``steps_per_trial``, ``search_steps``), and the allocator headroom a
   passing trial must leave on an accelerator (``autobatch.probe.ALLOCATOR_HEADROOM``).
@@ -28,7 +29,8 @@ A plain callable has no structure to key on; it is cached only under an explicit
 concurrent sweep jobs never see half a file. A corrupt or foreign file, or an entry whose
 result would be a wrong answer (a ``batch_size`` that is not a positive integer, a margin
 outside [0, 1), ...: :func:`result_problem`), is reported once (a warning per path) and
-treated as a miss: the probe runs and the entry is rewritten. A directory where the lock file
+treated as a miss: the probe runs and the entry is rewritten. Entries are made readable as the
+umask allows (not ``mkstemp``'s 0600), so a cache a team shares serves everyone. A directory where the lock file
 cannot be created (read-only, no permission) is not waited on as if another process held the
 lock: :meth:`ProbeCache.put` warns once per directory and does not cache;
 :meth:`ProbeCache.clear` raises :class:`CacheLockError` at once.
@@ -49,6 +51,7 @@ from typing import Any
 from filelock import FileLock
 
 from .cache_key import CAPACITY_STEP, STATE_HYPERPARAMETERS, key_components, key_of, step_components  # noqa: F401
+from .records import TrialRecord
 from .result import STORED_NOTE, ProbeResult
 
 __all__ = [
@@ -110,6 +113,26 @@ def result_problem(result: ProbeResult) -> str | None:
         return "notes is not a list of strings"
     if not isinstance(result.tested, bool):
         return f"tested {result.tested!r} is not true or false"
+    # what a hit hands on or shows: a promise that is not an object crashed the hit, a
+    # fallback_reason or a trial's peak that is not a number its table and summary()
+    for name in ("fit", "estimate", "diagnostics", "promise"):
+        if getattr(result, name) is not None and not isinstance(getattr(result, name), dict):
+            return f"{name} {getattr(result, name)!r:.40} is neither null nor an object"
+    if result.fallback_reason is not None and not isinstance(result.fallback_reason, str):
+        return f"fallback_reason {result.fallback_reason!r} is neither null nor a string"
+    return next(filter(None, map(_trial_problem, result.trials)), None)
+
+
+def _trial_problem(trial: TrialRecord) -> str | None:
+    """Why a stored trial cannot be shown (its size, whether it passed, its byte counts), or None."""
+    if not isinstance(trial.batch_size, int) or isinstance(trial.batch_size, bool) or trial.batch_size < 1:
+        return f"a trial's batch_size {trial.batch_size!r} is not a positive integer"
+    if not isinstance(trial.passed, bool):
+        return f"a trial's passed {trial.passed!r} is not true or false"
+    for name, value in vars(trial).items():
+        number = isinstance(value, (int, float)) and not isinstance(value, bool)
+        if name.endswith("_bytes") and value is not None and not number:
+            return f"a trial's {name} {value!r:.40} is neither null nor a number"
     return None
 
 
@@ -225,6 +248,9 @@ class ProbeCache:
             with self._lock():
                 handle, temporary = tempfile.mkstemp(dir=self.directory, prefix=".tmp-", suffix=".json")
                 try:
+                    # mkstemp's 0600 would hide the entry from the others sharing the directory
+                    if hasattr(os, "fchmod"):
+                        os.fchmod(handle, 0o666 & ~_umask())
                     with os.fdopen(handle, "w") as out:
                         out.write(text)
                         out.flush()
@@ -286,6 +312,21 @@ class ProbeCache:
                     continue
                 removed += not temporary
         return removed
+
+
+def _umask() -> int:
+    """The process's umask (the kernel's record where there is one: setting it to read it
+    back is not thread-safe)."""
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 #: The name of an entry's file: its key, a SHA-256 digest in hex.

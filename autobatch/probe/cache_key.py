@@ -29,8 +29,8 @@ import torch
 
 from ..memory.allocator import expandable_segments
 from ..version import __version__
-from .rng import rng_state, set_rng_state
-from .trace_state import OutsideState, nested_codes
+from .key_batches import sample_batches
+from .trace_state import nested_codes
 from .train_step import TrainStep
 
 __all__ = ["CAPACITY_STEP", "STATE_HYPERPARAMETERS", "key_components", "key_of", "own_code", "step_components", "class_code",
@@ -212,6 +212,8 @@ def _describe(value: Any, depth: int = 0) -> Any:
         return {"code": _code_hash(value, depth + 1)}
     if isinstance(value, enum.Enum):  # its attributes are private: by its name
         return {"class": type(value).__qualname__, "name": value.name}
+    if _is_array(value):  # like a tensor: its repr holds its values (random ones differ every run)
+        return {"shape": list(value.shape), "dtype": str(value.dtype), "device": "numpy"}
     attributes = getattr(value, "__dict__", None)
     if isinstance(attributes, dict):
         public = {name: item for name, item in attributes.items() if not name.startswith("_")}
@@ -220,24 +222,22 @@ def _describe(value: Any, depth: int = 0) -> Any:
     return {"class": type(value).__qualname__, "repr": shown if " at 0x" not in shown else None}
 
 
-def sample_batches(make_batch: Callable[[int], Any], sizes: tuple[int, ...] = (1, 2)) -> tuple[Any, ...]:
-    """``make_batch(n)`` for each of ``sizes``, built with fake tensors (no memory) where it can,
-    else for real; every random generator put back after (the key is read before the probe's
-    snapshot is taken), and what make_batch reaches too (a batch it memoises in a closure or an
-    ``lru_cache`` would hand the trials a fake tensor: :mod:`~autobatch.probe.trace_state`)."""
-    from torch._subclasses.fake_tensor import FakeTensorMode
+def _is_array(value: Any) -> bool:
+    """A NumPy array of one or more dimensions (NumPy is not imported for it)."""
+    numpy = sys.modules.get("numpy")
+    return numpy is not None and isinstance(value, numpy.ndarray) and value.ndim > 0
 
-    saved, outside = rng_state(), OutsideState({"make_batch": make_batch}, [make_batch])
-    try:
-        try:
-            with FakeTensorMode(allow_non_fake_inputs=True):
-                return tuple(make_batch(size) for size in sizes)
-        finally:
-            outside.put_back()
-    except Exception:  # noqa: BLE001 - a make_batch fake tensors cannot run: build them for real
-        return tuple(make_batch(size) for size in sizes)
-    finally:
-        set_rng_state(saved)
+
+def user_key(value: Any) -> Any:
+    """A ``cache_key`` as JSON-able data, every item at every depth: it names the work (a
+    flattened config of 100 keys, a width four levels down), so unlike a closure's cells it is
+    not cut at :data:`DEPTH` or :data:`BREADTH`; what is not a container, by :func:`_describe`."""
+    if isinstance(value, dict):
+        return {str(key): user_key(item) for key, item in sorted(value.items(), key=lambda kv: str(kv[0]))}
+    if isinstance(value, (list, tuple, set, frozenset)):
+        items = [user_key(item) for item in value]
+        return sorted(items, key=str) if isinstance(value, (set, frozenset)) else items
+    return user_key(value.tolist()) if _is_array(value) else _describe(value)
 
 
 def _inputs(make_batch: Callable[[int], Any], batches: tuple[Any, Any] | None = None) -> Any:
@@ -253,18 +253,26 @@ def _plain(value: Any) -> Any:
     return repr(value)
 
 
-def _optimizer(optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+def _optimizer(optimizer: torch.optim.Optimizer, model: torch.nn.Module) -> dict[str, Any]:
+    """The optimizer's class (with its module and code: a user's ``Adam`` is not torch's) and,
+    for each group, which parameters it trains (by name in the model, else shape and dtype:
+    Adam over the head or over the body holds different state) and the settings that change
+    its state or temporaries."""
+    names = {id(param): name for name, param in model.named_parameters()}
     groups = []
     for group in optimizer.param_groups:
         settings = {name: _plain(group[name]) for name in STATE_HYPERPARAMETERS if name in group}
         for name in ("momentum", "weight_decay"):  # only whether it is on changes memory
             if name in settings and isinstance(settings[name], (int, float)):
                 settings[name] = bool(settings[name])
-        groups.append({"params": len(group["params"]), **settings})
+        params = [names.get(id(p), [list(p.shape), str(p.dtype)]) for p in group["params"]]
+        groups.append({"params": params, **settings})
     state_tensors = sum(
         1 for state in optimizer.state.values() for value in state.values() if isinstance(value, torch.Tensor)
     )
-    return {"class": type(optimizer).__qualname__, "groups": groups, "state_tensors": state_tensors}
+    cls = type(optimizer)
+    return {"class": f"{cls.__module__}.{cls.__qualname__}", "code": class_code(cls), "groups": groups,
+            "state_tensors": state_tensors}
 
 
 def step_components(step: TrainStep, batches: tuple[Any, Any] | None = None) -> dict[str, Any]:
@@ -291,7 +299,7 @@ def step_components(step: TrainStep, batches: tuple[Any, Any] | None = None) -> 
             "step": type(step).__qualname__,
         },
         "inputs": _inputs(step.make_batch, batches),
-        "optimizer": _optimizer(step.optimizer),
+        "optimizer": _optimizer(step.optimizer, model),
         "precision": {
             "autocast": str(step.autocast_dtype) if step.autocast_dtype is not None else None,
             "grad_scaler": type(step.grad_scaler).__qualname__ if step.grad_scaler is not None else None,
@@ -303,6 +311,8 @@ def step_components(step: TrainStep, batches: tuple[Any, Any] | None = None) -> 
 _PLAIN = (bool, int, float, str, type(None))
 #: the hooks a module may hold: a forward hook that keeps activations changes the memory
 HOOKS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
+#: the hooks a parameter may hold (``register_hook``, ``register_post_accumulate_grad_hook``)
+PARAMETER_HOOKS = ("_backward_hooks", "_post_accumulate_grad_hooks")
 
 
 def _settings(module: torch.nn.Module) -> dict[str, Any]:
@@ -325,11 +335,17 @@ def _settings(module: torch.nn.Module) -> dict[str, Any]:
 
 
 def _hooks(model: torch.nn.Module) -> list[Any]:
-    """The code of every hook registered on the model's modules, by module name and kind."""
+    """The code of every hook registered on the model's modules and parameters, by name and
+    kind (a gradient hook that keeps a copy; a post-accumulate-grad hook that steps and frees
+    each gradient in backward)."""
     found = []
     for name, module in model.named_modules():
         for kind in HOOKS:
             hooks = getattr(module, kind, None) or {}
+            found += [[name, kind, _code_hash(hook)] for hook in hooks.values()]
+    for name, param in model.named_parameters():
+        for kind in PARAMETER_HOOKS:
+            hooks = getattr(param, kind, None) or {}
             found += [[name, kind, _code_hash(hook)] for hook in hooks.values()]
     return found
 
@@ -354,18 +370,27 @@ def key_components(
     else:
         return None
     if cache_key is not None:
-        components["user_key"] = _describe(cache_key) if not isinstance(cache_key, str) else cache_key
+        components["user_key"] = user_key(cache_key) if not isinstance(cache_key, str) else cache_key
     components["device"] = {
         "name": device,
         "capacity_steps": None if capacity is None else capacity // CAPACITY_STEP,
         "memory_limit": memory_limit,
         "cudnn_benchmark": bool(torch.backends.cudnn.benchmark),  # autotuned workspaces change the answer
+        "attention": attention_backends(),
     }
     if device.startswith("cuda"):  # where free memory may sit decides what fits at the edge
         components["device"]["expandable_segments"] = expandable_segments()
     components["versions"] = {"torch": torch.__version__, "autobatch": __version__}
     components["probe"] = dict(probe)
     return components
+
+
+def attention_backends() -> dict[str, bool]:
+    """Which ``scaled_dot_product_attention`` kernels are switched on (``enable_flash_sdp``,
+    ``sdpa_kernel``; CPU and CUDA alike): with the fused ones off, attention keeps its score
+    matrix, and a tenth of the batch fit in a test."""
+    names = ("flash_sdp_enabled", "mem_efficient_sdp_enabled", "math_sdp_enabled", "cudnn_sdp_enabled")
+    return {name: bool(getattr(torch.backends.cuda, name)()) for name in names if hasattr(torch.backends.cuda, name)}
 
 
 def key_of(components: dict[str, Any]) -> str:
