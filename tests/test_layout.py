@@ -92,13 +92,15 @@ def test_hydra_is_imported_only_by_the_cli():
     assert not offenders, f"hydra/omegaconf outside cli/: {offenders}"
 
 
-def test_import_autobatch_needs_no_hydra_and_every_public_name_resolves():
+def test_import_autobatch_needs_no_hydra_nor_fsdp_and_every_public_name_resolves():
     code = (
         "import sys; sys.modules['hydra'] = None; sys.modules['omegaconf'] = None\n"
         "import autobatch\n"
         "missing = [n for n in autobatch.__all__ if getattr(autobatch, n, None) is None]\n"
         "assert not missing, missing\n"
         "assert callable(autobatch.plan) and callable(autobatch.train)\n"
+        "heavy = [m for m in ('torch.distributed.tensor', 'torch.distributed.fsdp') if m in sys.modules]\n"
+        "assert not heavy, f'imported at start-up (about a second a process): {heavy}'\n"
         "print(len(autobatch.__all__))\n"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

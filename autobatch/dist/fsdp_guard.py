@@ -6,7 +6,7 @@ between two of them, the others would wait in the next one for a rank that never
 
 The design (see ``docs`` "FSDP2"): every collective FSDP issues is preceded by a **vote**.
 FSDP2 calls its all-gather and reduce-scatter through replaceable ``Comm`` objects; :func:`guard`
-wraps each FSDP param group's with :class:`VotingAllGather` / :class:`VotingReduceScatter`,
+wraps each FSDP param group's with ``VotingAllGather`` / ``VotingReduceScatter`` (:func:`_voting_comms`),
 which vote (a sync point through the process group's store, :mod:`.store_exchange`)
 *after* FSDP allocated the buffers and *before* the real collective is issued. A step runs
 inside :func:`voting`, whose :class:`Ballot` gives every vote of the step the same label, so
@@ -43,11 +43,12 @@ their gradients itself (:mod:`.fsdp_passes`).
 
 from __future__ import annotations
 
+import sys
 from contextlib import contextmanager
+from functools import cache
 from typing import Any, Callable, Iterator, Sequence
 
 import torch
-from torch.distributed.fsdp import FSDPModule
 from torch.utils._python_dispatch import _disable_current_modes
 
 from ..errors import PeerFailedError, PeerOutOfMemoryError, RankDisagreementError
@@ -55,11 +56,6 @@ from ..memory.oom import is_oom_error
 from ..training.phases import PHASES
 from . import agreement as dist_sync
 from .store_exchange import exchange_via_store
-
-try:
-    from torch.distributed.fsdp._fully_shard._fsdp_api import AllGather, ReduceScatter
-except ImportError:  # pragma: no cover - an older torch: FSDP2 without replaceable comms
-    AllGather = ReduceScatter = object  # type: ignore[assignment,misc]
 
 __all__ = [
     "Ballot", "voting", "guard", "reset", "reset_iter_state", "is_fsdp", "fsdp_modules", "fsdp_roots", "no_gradient_sync",
@@ -74,9 +70,19 @@ _PAYLOAD = 2  # integers a vote carries (fixed: any vote of a step must pair wit
 _current: list["Ballot"] = []
 
 
-def fsdp_modules(model: torch.nn.Module) -> list[FSDPModule]:
-    """Every ``fully_shard`` -ed module in ``model``, outermost first."""
-    return [module for module in model.modules() if isinstance(module, FSDPModule)]
+def _fsdp_module_class() -> type | None:
+    """``FSDPModule`` once ``torch.distributed.fsdp`` is loaded, else None: no module is
+    ``fully_shard`` -ed before that (importing it costs a process about a second, so
+    ``import autobatch`` leaves it to the user's ``fully_shard``)."""
+    return getattr(sys.modules.get("torch.distributed.fsdp"), "FSDPModule", None)
+
+
+def fsdp_modules(model: torch.nn.Module) -> list[Any]:
+    """Every ``fully_shard`` -ed module (``FSDPModule``) in ``model``, outermost first."""
+    fsdp_module = _fsdp_module_class()
+    if fsdp_module is None:
+        return []
+    return [module for module in model.modules() if isinstance(module, fsdp_module)]
 
 
 def is_fsdp(model: Any) -> bool:
@@ -84,15 +90,16 @@ def is_fsdp(model: Any) -> bool:
     return isinstance(model, torch.nn.Module) and any(True for _ in fsdp_modules(model))
 
 
-def fsdp_roots(model: torch.nn.Module) -> list[FSDPModule]:
+def fsdp_roots(model: torch.nn.Module) -> list[Any]:
     """FSDP's roots in ``model``: every FSDP module inside no other one. One (the model) when
     the model itself is ``fully_shard`` -ed; one per sharded block when only blocks are."""
-    roots: list[FSDPModule] = []
+    roots: list[Any] = []
     inside: set[int] = set()
+    sharded = {id(module) for module in fsdp_modules(model)}
     for module in model.modules():  # parents come before their children
         if id(module) in inside:
             continue
-        if isinstance(module, FSDPModule):
+        if id(module) in sharded:
             roots.append(module)
             inside.update(id(child) for child in module.modules())
     return roots
@@ -178,42 +185,51 @@ def _check(kind: int) -> None:
         _current[-1].vote(kind=kind)
 
 
-class VotingAllGather(AllGather):
-    """FSDP's all-gather, issued only after every rank voted "ok" (within :func:`voting`)."""
+@cache
+def _voting_comms() -> tuple[type, type]:
+    """``(VotingAllGather, VotingReduceScatter)``: FSDP's all-gather and reduce-scatter, each
+    issued only after every rank voted "ok" (within :func:`voting`). Made at first use, as
+    subclasses of FSDP's comm interfaces (``object`` on a torch without replaceable comms), so
+    that importing autobatch does not import FSDP."""
+    try:
+        from torch.distributed.fsdp._fully_shard._fsdp_api import AllGather, ReduceScatter
+    except ImportError:  # pragma: no cover - an older torch: FSDP2 without replaceable comms
+        AllGather = ReduceScatter = object  # type: ignore[assignment,misc]
 
-    def __init__(self, inner: Any) -> None:
-        self.inner = inner
+    class VotingAllGather(AllGather):
+        def __init__(self, inner: Any) -> None:
+            self.inner = inner
 
-    def allocate(self, size, *, dtype, device):
-        return self.inner.allocate(size, dtype=dtype, device=device)
+        def allocate(self, size, *, dtype, device):
+            return self.inner.allocate(size, dtype=dtype, device=device)
 
-    def __call__(self, output_tensor, input_tensor, group, async_op=False):
-        _check(ALL_GATHER)
-        return self.inner(output_tensor, input_tensor, group, async_op)
+        def __call__(self, output_tensor, input_tensor, group, async_op=False):
+            _check(ALL_GATHER)
+            return self.inner(output_tensor, input_tensor, group, async_op)
 
+    class VotingReduceScatter(ReduceScatter):
+        def __init__(self, inner: Any) -> None:
+            self.inner = inner
 
-class VotingReduceScatter(ReduceScatter):
-    """FSDP's reduce-scatter, issued only after every rank voted "ok" (within :func:`voting`)."""
+        def allocate(self, size, *, dtype, device):
+            return self.inner.allocate(size, dtype=dtype, device=device)
 
-    def __init__(self, inner: Any) -> None:
-        self.inner = inner
+        def __call__(self, output_tensor, input_tensor, group, op, async_op=False):
+            _check(REDUCE_SCATTER)
+            return self.inner(output_tensor, input_tensor, group, op, async_op)
 
-    def allocate(self, size, *, dtype, device):
-        return self.inner.allocate(size, dtype=dtype, device=device)
-
-    def __call__(self, output_tensor, input_tensor, group, op, async_op=False):
-        _check(REDUCE_SCATTER)
-        return self.inner(output_tensor, input_tensor, group, op, async_op)
+    return VotingAllGather, VotingReduceScatter
 
 
 def guard(model: torch.nn.Module) -> torch.nn.Module:
     """Make every FSDP param group in ``model`` vote before its collectives (idempotent)."""
     for module in fsdp_modules(model):
+        all_gather, reduce_scatter = _voting_comms()
         for group in _param_groups(module._get_fsdp_state()):
-            if not isinstance(group._all_gather_comm, VotingAllGather):
-                group._all_gather_comm = VotingAllGather(group._all_gather_comm)
-            if not isinstance(group._reduce_scatter_comm, VotingReduceScatter):
-                group._reduce_scatter_comm = VotingReduceScatter(group._reduce_scatter_comm)
+            if not isinstance(group._all_gather_comm, all_gather):
+                group._all_gather_comm = all_gather(group._all_gather_comm)
+            if not isinstance(group._reduce_scatter_comm, reduce_scatter):
+                group._reduce_scatter_comm = reduce_scatter(group._reduce_scatter_comm)
     return model
 
 
@@ -239,7 +255,7 @@ def reset(model: torch.nn.Module) -> None:
         root.set_requires_gradient_sync(True)
 
 
-def reset_iter_state(root: FSDPModule) -> None:
+def reset_iter_state(root: Any) -> None:
     """``FSDPModule.reset_iter_state()`` (torch 2.13) for older torch, on its private state:
     wait for the collectives already issued, clear the iteration's trackers, put every state
     and param group back to idle and reshard every group. Plain ``reshard()`` is not enough

@@ -16,22 +16,27 @@ into the local shard in place, or rebuilds the ``DTensor`` from it with the layo
 from __future__ import annotations
 
 import copy
+import sys
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-try:  # torch.distributed is optional in some builds
-    from torch.distributed.tensor import DTensor
-except ImportError:  # pragma: no cover - a build without distributed support
-    DTensor = None  # type: ignore[assignment,misc]
+
+def _dtensor_class() -> type | None:
+    """``torch.distributed.tensor.DTensor`` once something imported it, else None: no tensor can
+    be a ``DTensor`` before that module is loaded (``fully_shard`` and ``distribute_tensor``
+    load it), and importing it costs a process about a second (sympy, the sharding rules)."""
+    module = sys.modules.get("torch.distributed.tensor")
+    return getattr(module, "DTensor", None)
 
 __all__ = ["is_dtensor", "local", "ShardSpec", "Shard", "spec_of", "to_cpu_local", "from_cpu_local", "has_dtensors", "plain_state", "load_plain_state"]
 
 
 def is_dtensor(value: Any) -> bool:
     """Whether ``value`` is a ``DTensor`` (a sharded or replicated parameter, FSDP2's)."""
-    return DTensor is not None and isinstance(value, DTensor)
+    dtensor = _dtensor_class()
+    return dtensor is not None and isinstance(value, dtensor)
 
 
 def local(tensor: torch.Tensor) -> torch.Tensor:
@@ -51,7 +56,7 @@ class ShardSpec:
 
     def rebuild(self, shard: torch.Tensor) -> torch.Tensor:
         """A ``DTensor`` with this layout whose local shard is ``shard`` (no communication)."""
-        return DTensor.from_local(shard, self.mesh, self.placements, run_check=False, shape=self.shape, stride=self.stride)
+        return _dtensor_class().from_local(shard, self.mesh, self.placements, run_check=False, shape=self.shape, stride=self.stride)
 
 
 def spec_of(tensor: torch.Tensor) -> ShardSpec | None:
