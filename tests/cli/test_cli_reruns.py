@@ -96,7 +96,8 @@ def test_a_run_resumed_in_the_probes_budget_trains_as_the_uninterrupted_one(tmp_
     """The checkpoint is read into host memory and its optimizer state copied onto the simulated
     device, as a GPU run's is: a resume under the 2 MiB its probe was given counted the
     checkpoint's random states and failed its first step at the answer the run trained before."""
-    common = ["model=mlp", "data.shape=[64]", "probe.memory_limit=2MiB", "probe.cache=false"]
+    # the second run's probe is the first one's, from the cache: the same micro-batch, one probe fewer
+    common = ["model=mlp", "data.shape=[64]", "probe.memory_limit=2MiB"]
     full = run_cli("train", *common, "train.steps=6", f"hydra.run.dir={tmp_path / 'full'}", cwd=tmp_path)
     part = run_cli("train", *common, "train.steps=3", f"hydra.run.dir={tmp_path / 'part'}", cwd=tmp_path)
     resumed = run_cli("train", *common, "train.steps=6", "train.resume=latest", f"hydra.run.dir={tmp_path / 'part'}",
