@@ -27,7 +27,7 @@ import re
 import torch
 
 __all__ = ["LARGE_PAGE_BYTES", "environment_expandable_segments", "expandable_segments", "expandable_segments_on",
-           "set_expandable_segments"]
+           "other_allocator_settings", "set_expandable_segments"]
 
 #: the environment variables the caching allocator reads (the first is the older name)
 ALLOC_CONF_VARS = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")
@@ -46,6 +46,15 @@ def _named(conf: str) -> bool | None:
     """The last ``expandable_segments:<value>`` in an allocator settings string (None: not named)."""
     found = _SETTING.findall(conf or "")
     return None if not found else found[-1].lower() == "true"
+
+
+def other_allocator_settings() -> list[str]:
+    """The caching allocator's settings from the environment other than ``expandable_segments``
+    (``max_split_size_mb``, ``garbage_collection_threshold``, ``backend:cudaMallocAsync``, ...),
+    normalised and sorted: they change where free memory sits, so the cache keys on them."""
+    options = (option.strip().replace(" ", "").lower() for var in ALLOC_CONF_VARS
+               for option in os.environ.get(var, "").split(","))
+    return sorted({option for option in options if option and not _SETTING.match(option)})
 
 
 def environment_expandable_segments() -> bool | None:

@@ -27,8 +27,9 @@ from typing import Any, Callable
 
 import torch
 
-from ..memory.allocator import expandable_segments
+from ..memory.allocator import expandable_segments, other_allocator_settings
 from ..version import __version__
+from .key_backends import attention_backends, layout_of
 from .key_batches import sample_batches
 from .trace_state import nested_codes
 from .train_step import TrainStep
@@ -196,7 +197,7 @@ def _describe(value: Any, depth: int = 0) -> Any:
     attributes; a module by its class (its structure is keyed by ``model``), a callable by its
     code."""
     if isinstance(value, torch.Tensor):
-        return {"shape": list(value.shape), "dtype": str(value.dtype), "device": value.device.type}
+        return {"shape": list(value.shape), "dtype": str(value.dtype), "device": value.device.type, **layout_of(value)}
     if value is None or isinstance(value, (bool, int, float, str)):
         return value if not isinstance(value, float) or math.isfinite(value) else str(value)
     if isinstance(value, (dict, list, tuple, set, frozenset)) and len(value) > BREADTH:
@@ -285,7 +286,8 @@ def step_components(step: TrainStep, batches: tuple[Any, Any] | None = None) -> 
             # with each module's settings: heads, a scale factor, train or eval change the memory
             "modules": [[name, type(module).__qualname__, _settings(module)] for name, module in model.named_modules()],
             "parameters": [
-                [name, list(p.shape), str(p.dtype), p.requires_grad] for name, p in model.named_parameters()
+                [name, list(p.shape), str(p.dtype), p.requires_grad, *layout_of(p).values()]
+                for name, p in model.named_parameters()
             ],
             "buffers": [[name, list(b.shape), str(b.dtype)] for name, b in model.named_buffers()],
             # Blocks whose forward is replaced on the instance (activation checkpointing, by
@@ -302,7 +304,8 @@ def step_components(step: TrainStep, batches: tuple[Any, Any] | None = None) -> 
         "optimizer": _optimizer(step.optimizer, model),
         "precision": {
             "autocast": str(step.autocast_dtype) if step.autocast_dtype is not None else None,
-            "grad_scaler": type(step.grad_scaler).__qualname__ if step.grad_scaler is not None else None,
+            "grad_scaler": None if step.grad_scaler is None else type(step.grad_scaler).__qualname__
+            + ("" if getattr(step.grad_scaler, "is_enabled", lambda: True)() else " (disabled)"),
         },
         "clipping": step.max_grad_norm,  # clip_grad_norm_ allocates the norms of every gradient
     }
@@ -380,17 +383,11 @@ def key_components(
     }
     if device.startswith("cuda"):  # where free memory may sit decides what fits at the edge
         components["device"]["expandable_segments"] = expandable_segments()
+        if other_allocator_settings():  # (absent where none is set: the keys cached before stay)
+            components["device"]["allocator"] = other_allocator_settings()
     components["versions"] = {"torch": torch.__version__, "autobatch": __version__}
     components["probe"] = dict(probe)
     return components
-
-
-def attention_backends() -> dict[str, bool]:
-    """Which ``scaled_dot_product_attention`` kernels are switched on (``enable_flash_sdp``,
-    ``sdpa_kernel``; CPU and CUDA alike): with the fused ones off, attention keeps its score
-    matrix, and a tenth of the batch fit in a test."""
-    names = ("flash_sdp_enabled", "mem_efficient_sdp_enabled", "math_sdp_enabled", "cudnn_sdp_enabled")
-    return {name: bool(getattr(torch.backends.cuda, name)()) for name in names if hasattr(torch.backends.cuda, name)}
 
 
 def key_of(components: dict[str, Any]) -> str:

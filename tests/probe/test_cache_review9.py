@@ -199,3 +199,52 @@ def test_an_entry_is_readable_as_the_umask_allows(tmp_path):
         os.umask(old)
     (path,) = tmp_path.glob("*.json")
     assert stat.S_IMODE(path.stat().st_mode) == 0o644
+
+
+# -- channels-last layouts, the allocator's other settings, a disabled grad scaler --------------
+def _conv_step(channels_last: bool, scaler=None) -> autobatch.TrainStep:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.ReLU(), torch.nn.Conv2d(8, 8, 3))
+    layout = torch.channels_last if channels_last else torch.contiguous_format
+    model = model.to(memory_format=layout)
+    return autobatch.TrainStep(model, torch.optim.SGD(model.parameters(), lr=0.1), lambda m, b: m(b).sum(),
+                               make_batch=lambda n: torch.randn(n, 3, 16, 16).to(memory_format=layout),
+                               grad_scaler=scaler)
+
+
+def test_a_channels_last_model_and_input_are_keyed_apart():
+    """Convolutions over channels-last tensors pick other kernels and workspaces: a model and
+    inputs converted to channels-last were served the contiguous model's answer."""
+    assert _key(_conv_step(True)) != _key(_conv_step(False))
+    assert _key(_conv_step(False)) == _key(_conv_step(False))
+
+
+def test_the_allocators_other_settings_are_in_a_cuda_key(monkeypatch):
+    """``max_split_size_mb`` or ``garbage_collection_threshold`` change where free memory sits;
+    only ``expandable_segments`` was keyed. Where none is set the key is what it was."""
+    step = make_mlp_step(seed=0)
+
+    def key() -> str:
+        return probe_cache.key_of(probe_cache.key_components(step, cache_key=None, device="cuda:0", capacity=2**34,
+                                                             memory_limit=None, probe={}))
+
+    monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF", raising=False)
+    monkeypatch.delenv("PYTORCH_ALLOC_CONF", raising=False)
+    plain = key()
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "max_split_size_mb:512")
+    split = key()
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "max_split_size_mb:512, garbage_collection_threshold:0.8")
+    both = key()
+    assert len({plain, split, both}) == 3
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "garbage_collection_threshold:0.8,max_split_size_mb:512")
+    assert key() == both  # the same settings in another order
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:False")
+    assert key() == plain  # keyed on its own (what the allocator runs with), not twice
+    assert "allocator" not in probe_cache.key_components(step, cache_key=None, device="cpu", capacity=2**30,
+                                                         memory_limit=None, probe={})["device"]
+
+
+def test_a_disabled_grad_scaler_is_keyed_apart_from_an_enabled_one():
+    enabled = torch.amp.GradScaler("cpu")
+    disabled = torch.amp.GradScaler("cpu", enabled=False)
+    assert _key(_conv_step(False, enabled)) != _key(_conv_step(False, disabled))
