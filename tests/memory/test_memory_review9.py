@@ -196,3 +196,13 @@ def test_a_memory_limit_of_the_blocks_own_size_probes_the_block():
     assert named.batch_size == plain.batch_size == 128
     assert (named.num_trials, named.num_ooms) == (plain.num_trials, plain.num_ooms)
     assert named.peak_bytes == plain.peak_bytes == 2**20
+
+
+def test_a_negative_quantity_is_said_to_be_negative():
+    from autobatch.memory.units import parse_bytes
+
+    for value in ("-1GiB", " -512 MiB", "-3"):
+        with pytest.raises(ValueError, match="memory_limit must be positive"):
+            parse_bytes(value)
+    with pytest.raises(ValueError, match="is not a byte quantity"):
+        parse_bytes("-lots")
