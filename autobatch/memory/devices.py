@@ -67,13 +67,16 @@ def default_cpu_budget() -> int:
     """The simulated budget used on the CPU when no ``memory_limit`` is given.
 
     A quarter of the RAM available now, at most 2 GiB: enough to probe small models in
-    seconds, never enough to exhaust the machine.
+    seconds, never enough to exhaust the machine. Rounded down to 256 MiB, so that the free
+    memory's drift between runs does not change the budget (the probe cache keys on it, and
+    a budget a few MiB apart missed it every run).
     """
     try:
         available = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     except (ValueError, OSError, AttributeError):  # not POSIX
         available = 8 * 1024**3
-    return max(64 * 1024**2, min(2 * 1024**3, available // 4))
+    step = 256 * 1024**2
+    return max(64 * 1024**2, min(2 * 1024**3, available // 4 // step * step))
 
 
 class AcceleratorMemory:

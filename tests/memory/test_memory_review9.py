@@ -206,3 +206,19 @@ def test_a_negative_quantity_is_said_to_be_negative():
             parse_bytes(value)
     with pytest.raises(ValueError, match="is not a byte quantity"):
         parse_bytes("-lots")
+
+
+def test_the_default_cpu_budget_does_not_drift_with_free_memory(monkeypatch):
+    """The probe cache keys on the budget: a budget that followed free RAM byte for byte missed
+    the cache on every run of a machine with under 8 GiB free."""
+    import os
+
+    from autobatch.memory.devices import default_cpu_budget
+
+    def budget_with(free: int) -> int:
+        monkeypatch.setattr(os, "sysconf", lambda name: {"SC_AVPHYS_PAGES": free // 4096, "SC_PAGE_SIZE": 4096}[name])
+        return default_cpu_budget()
+
+    assert budget_with(5 * 2**30) == budget_with(5 * 2**30 + 300 * 2**20) == 5 * 2**30 // 4 // 2**28 * 2**28
+    assert budget_with(64 * 2**30) == 2 * 2**30  # at most 2 GiB
+    assert budget_with(100 * 2**20) == 64 * 2**20  # at least 64 MiB
