@@ -30,3 +30,17 @@ def test_overrides_with_dollar_signs_are_drawn_as_written(tmp_path, overrides):
     path = plot_sweep(rows, tmp_path / "summary.png")
     assert path.read_bytes()[:8] == PNG_SIGNATURE
     assert _job_label(rows[0]).replace("\\$", "$") == f"#0 {overrides}"[:48]
+
+
+def test_a_sweep_of_thousands_of_jobs_plots_at_a_bounded_size(tmp_path):
+    """One bar and label per job made 2000 jobs an 1800-inch figure (26 s); past
+    ``SWEEP_LABELLED`` jobs every k-th is labelled and the width stays bounded."""
+    from PIL import Image
+
+    from autobatch.report.plots import SWEEP_LABELLED
+
+    rows = [{"job": i, "batch_size": 100 + i % 7, "time_s": 1.0, "status": "ok", "overrides": f"x={i}"}
+            for i in range(2000)]
+    path = plot_sweep(rows, tmp_path / "big.png")
+    width, _ = Image.open(path).size
+    assert width <= (0.9 * SWEEP_LABELLED + 2) * 120 + 1
