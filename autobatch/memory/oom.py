@@ -86,8 +86,11 @@ _REQUESTED = re.compile(r"[Tt]ried to allocate\s*([0-9.]+)\s*([KMGT]i?B|B|bytes)
 
 def requested_bytes(message: str | None) -> int | None:
     """The allocation an OOM message says failed ("Tried to allocate 2.00 GiB"; the simulated
-    device's "tried to allocate 3.00 MiB"), or None when the message does not say."""
-    return _bytes_of(_REQUESTED.search(message or ""))
+    device's "tried to allocate 3.00 MiB"), or None when the message does not say. The MPS
+    allocator writes powers of 1024 as "KB", "MB" and "GB" ("Tried to allocate 256.00 MB on
+    private pool"): read as such, not as powers of 1000 (5 % low at GB)."""
+    binary = "MPS backend out of memory" in (message or "")
+    return _bytes_of(_REQUESTED.search(message or ""), binary=binary)
 
 
 _ALLOCATED = re.compile(r"([0-9.]+)\s*([KMGT]i?B|B|bytes)\s+(?:is allocated by PyTorch|already in use)")
@@ -101,11 +104,13 @@ def allocated_at_failure(message: str | None) -> int | None:
     return _bytes_of(_ALLOCATED.search(message or ""))
 
 
-def _bytes_of(match: "re.Match[str] | None") -> int | None:
-    """The bytes a message's figure says (number, unit), or None."""
+def _bytes_of(match: "re.Match[str] | None", *, binary: bool = False) -> int | None:
+    """The bytes a message's figure says (number, unit), or None; ``binary``: "MB" means MiB."""
     if match is None:
         return None
     unit = "B" if match.group(2) == "bytes" else match.group(2)
+    if binary and len(unit) == 2 and unit != "iB":
+        unit = unit[0] + "iB"
     try:
         return parse_bytes(f"{match.group(1)}{unit}", name="error")
     except ValueError:

@@ -222,3 +222,14 @@ def test_the_default_cpu_budget_does_not_drift_with_free_memory(monkeypatch):
     assert budget_with(5 * 2**30) == budget_with(5 * 2**30 + 300 * 2**20) == 5 * 2**30 // 4 // 2**28 * 2**28
     assert budget_with(64 * 2**30) == 2 * 2**30  # at most 2 GiB
     assert budget_with(100 * 2**20) == 64 * 2**20  # at least 64 MiB
+
+
+def test_an_mps_oom_message_is_read_in_powers_of_1024():
+    """The MPS allocator labels powers of 1024 "MB" and "GB": read as decimal they were 5 % low."""
+    from autobatch.memory.oom import requested_bytes
+
+    mps = ("MPS backend out of memory (MPS allocated: 1.80 GB, other allocations: 2.10 MB, max allowed: "
+           "18.13 GB). Tried to allocate 256.00 MB on private pool.")
+    assert requested_bytes(mps) == 256 * 2**20
+    assert requested_bytes("CUDA out of memory. Tried to allocate 2.00 GiB.") == 2 * 2**30
+    assert requested_bytes("XPU out of memory. Tried to allocate 3.00 MB") == 3 * 10**6  # no MPS: as written
