@@ -95,11 +95,13 @@ def fsdp_roots(model: torch.nn.Module) -> list[Any]:
     the model itself is ``fully_shard`` -ed; one per sharded block when only blocks are."""
     roots: list[Any] = []
     inside: set[int] = set()
-    sharded = {id(module) for module in fsdp_modules(model)}
+    fsdp_module = _fsdp_module_class()
+    if fsdp_module is None:
+        return roots
     for module in model.modules():  # parents come before their children
         if id(module) in inside:
             continue
-        if id(module) in sharded:
+        if isinstance(module, fsdp_module):
             roots.append(module)
             inside.update(id(child) for child in module.modules())
     return roots

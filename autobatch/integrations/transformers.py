@@ -30,7 +30,7 @@ from .. import checks
 from ..probe.find import find_max_batch
 from ..probe.result import ProbeResult
 from .global_batch import accumulation_for, check_share
-from .transformers_step import TrainerStep, checkpointing_as_train, ddp_bucket_bytes, trainer_key
+from .transformers_step import TrainerStep, checkpointing_as_train, trainer_key
 
 __all__ = ["fit_batch_size", "longest_sample"]
 
@@ -93,13 +93,14 @@ def fit_batch_size(
     accumulation = 1 if share is not None else max(1, int(args.gradient_accumulation_steps))
     # the Trainer's loop trains the answer, and it cannot replay a step that runs out of memory
     options = {"hand_loop": True, **probe_options}
-    # what the step holds beside the model (the window's inputs, a subclass's own step) moves the answer
-    options["cache_key"] = {"trainer": trainer_key(trainer), "share": share, "accumulation": accumulation,
-                            "ddp_buckets": ddp_bucket_bytes(trainer), "user": options.get("cache_key")}
     modes = [(module, module.training) for module in trainer.model.modules()]
     created = trainer.optimizer is None
     try:
         step = _train_step(trainer, sample, share, accumulation)
+        # what the step holds beside the model (the window's inputs, the stand-in for DDP's buckets,
+        # a subclass's own step) moves the answer
+        options["cache_key"] = {"trainer": trainer_key(trainer), "share": share, "accumulation": accumulation,
+                                "ddp_buckets": step.bucket_bytes, "user": options.get("cache_key")}
         result = find_max_batch(step, max_batch=max_batch, memory_limit=memory_limit, margin=margin,
                                 multiple_of=multiple_of, strategy=strategy, steps_per_trial=steps_per_trial,
                                 device=args.device, **options)

@@ -109,7 +109,7 @@ def _bytes_of(match: "re.Match[str] | None", *, binary: bool = False) -> int | N
     if match is None:
         return None
     unit = "B" if match.group(2) == "bytes" else match.group(2)
-    if binary and len(unit) == 2 and unit != "iB":
+    if binary and len(unit) == 2:  # KB, MB, GB, TB
         unit = unit[0] + "iB"
     try:
         return parse_bytes(f"{match.group(1)}{unit}", name="error")

@@ -42,7 +42,8 @@ def parse_bytes(value: int | float | str, *, name: str = "memory_limit") -> int:
         number, unit = value, ""
     elif isinstance(value, str):
         match = _PATTERN.match(value)
-        if _PATTERN.match(value.strip().lstrip("-")) is not None and value.strip().startswith("-"):
+        stripped = value.strip()
+        if stripped.startswith("-") and _PATTERN.match(stripped.lstrip("-")) is not None:
             raise ValueError(f"{name} must be positive, got {value!r}")  # not "not a byte quantity"
         if match is None or match.group(2).lower() not in _UNITS:
             raise ValueError(

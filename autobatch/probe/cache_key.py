@@ -383,8 +383,9 @@ def key_components(
     }
     if device.startswith("cuda"):  # where free memory may sit decides what fits at the edge
         components["device"]["expandable_segments"] = expandable_segments()
-        if other_allocator_settings():  # (absent where none is set: the keys cached before stay)
-            components["device"]["allocator"] = other_allocator_settings()
+        allocator = other_allocator_settings()
+        if allocator:  # (absent where none is set: the keys cached before stay)
+            components["device"]["allocator"] = allocator
     components["versions"] = {"torch": torch.__version__, "autobatch": __version__}
     components["probe"] = dict(probe)
     return components
