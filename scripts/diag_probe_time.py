@@ -51,7 +51,7 @@ def one(args) -> dict:
         find_module.peak_guard_for = lambda *a, **k: None
     calls: list = []
     if args.step_times:
-        fn = _timed_calls(fn, calls, device)
+        fn = _timed_calls(fn, calls, device, args.signatures)
     if form == "accelerate":
         return _accelerate(args, name, fn, cap, calls)
     collections = _log_collections() if args.gc_log else []
@@ -96,7 +96,16 @@ def _log_collections() -> list:
     return log
 
 
-def _timed_calls(fn, calls: list, device: str):
+def _layout_signature() -> int:
+    """A hash of the caching allocator's layout: each segment's kind, stream and size, in address
+    order, with its blocks' sizes and states (no addresses): equal layouts serve the same requests
+    the same way."""
+    segments = sorted(torch.cuda.memory_snapshot(), key=lambda s: s["address"])
+    return hash(tuple((s["segment_type"], s["stream"], s["total_size"],
+                       tuple((b["size"], b["state"]) for b in s["blocks"])) for s in segments))
+
+
+def _timed_calls(fn, calls: list, device: str, signatures: bool = False):
     """``fn`` with each call's (batch, seconds from the probe's start, seconds, outcome, allocator
     flushes during it, then its allocated, reserved and inactive-split peaks in MiB) appended to ``calls``, synchronised on CUDA: where inside each trial the time goes (--step-times).
     A ``TrainStep`` stays one (its peak guard and zero-lr steps apply), its call timed."""
@@ -119,7 +128,8 @@ def _timed_calls(fn, calls: list, device: str):
             if device == "cuda" and outcome == "ok":
                 torch.cuda.synchronize()
             calls.append((batch_size, round(start - began, 4), round(time.perf_counter() - start, 4), outcome,
-                          retries() - before) + _peaks(device))
+                          retries() - before) + _peaks(device)
+                         + ((_layout_signature() % 10**6,) if signatures and device == "cuda" else ()))
 
     if isinstance(fn, autobatch.TrainStep):
         base = type(fn)
@@ -205,6 +215,8 @@ def main() -> None:
                         help="no profiler: each call of the step, synchronised (forms may include accelerate)")
     parser.add_argument("--gc-log", action="store_true", help="log the garbage collector's runs during the probe")
     parser.add_argument("--no-gc", action="store_true", help="probe with automatic garbage collection off")
+    parser.add_argument("--signatures", action="store_true",
+                        help="with --step-times: a hash of the allocator's layout after each call (segments, blocks)")
     parser.add_argument("--no-guard", action="store_true", help="probe without the peak guard")
     parser.add_argument("--start", type=int, default=256, help="Accelerate's starting batch size")
     parser.add_argument("--out", default=None)
@@ -223,6 +235,7 @@ def main() -> None:
         command = [sys.executable, __file__, "--child", name, "--form", form, "--device", args.device,
                    "--memory-limit", args.memory_limit, "--top", str(args.top), *(["--quick"] if args.quick else []),
                    *(["--phases"] if args.phases else []), *(["--step-times"] if args.step_times else []),
+                   *(["--signatures"] if args.signatures else []),
                    "--start", str(args.start), *(["--no-guard"] if args.no_guard else []),
                    *(["--gc-log"] if args.gc_log else []), *(["--no-gc"] if args.no_gc else [])]
         done = subprocess.run(command, capture_output=True, text=True, timeout=300)
