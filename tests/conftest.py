@@ -55,6 +55,32 @@ def cli(tmp_path):
     return run
 
 
+@pytest.fixture
+def cli_here(tmp_path, monkeypatch, capsys):
+    """``cli_here(*args)``: what ``cli(*args)`` checks, through the CLI's ``main`` in this test's
+    own process (in ``tmp_path``, with the same run and sweep dirs), as a CompletedProcess. A CLI
+    subprocess spends ~3.5 s of the CI box on imports alone (torch, Hydra, and the
+    ``torch._dynamo`` that making an optimizer loads), so a test of output, exit status or
+    written files runs here; one of what only a real process shows (signals, the interpreter's
+    exit status, its environment, imports of a user's module) keeps ``cli``."""
+    from autobatch.__main__ import main
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "argv", ["autobatch"])  # main() sets it for Hydra
+    for name in ("HYDRA_FULL_ERROR", "AUTOBATCH_TRACEBACK"):
+        monkeypatch.delenv(name, raising=False)
+
+    def run(*args: str, dirs: bool = True) -> subprocess.CompletedProcess:
+        """``dirs=False``: no run and sweep dirs added (``run_cli``'s: the ones ``args`` name, else Hydra's)."""
+        extra = [f"hydra.run.dir={tmp_path / 'run'}", f"hydra.sweep.dir={tmp_path / 'sweep'}"] if dirs else []
+        capsys.readouterr()
+        code = main([*args, *extra])
+        out, err = capsys.readouterr()
+        return subprocess.CompletedProcess(["autobatch", *args], code, out, err)
+
+    return run
+
+
 @pytest.fixture(autouse=True)
 def isolated_probe_cache(tmp_path_factory, monkeypatch):
     directory = tmp_path_factory.mktemp("autobatch-cache")

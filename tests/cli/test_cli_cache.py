@@ -33,14 +33,14 @@ def test_a_repeated_probe_comes_from_the_cache_unless_turned_off(tmp_path, isola
     assert (tmp_path / "fresh" / "probe.log").read_text().count("trial ") >= 1  # it really probed
 
 
-def test_cache_list_and_clear(tmp_path, isolated_probe_cache):
-    empty = run_cli("cache", "list", cwd=tmp_path)
+def test_cache_list_and_clear(cli_here, tmp_path, isolated_probe_cache):
+    empty = cli_here("cache", "list", dirs=False)
     assert empty.returncode == 0 and f"probe cache {isolated_probe_cache}: 0 entries" in empty.stdout
-    done = run_cli(*PROBE, f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path)
+    done = cli_here(*PROBE, f"hydra.run.dir={tmp_path / 'run'}", dirs=False)
     assert done.returncode == 0, done.stderr
     batch = result_of(tmp_path, "run")["batch_size"]
 
-    listed = run_cli("cache", "list", cwd=tmp_path)
+    listed = cli_here("cache", "list", dirs=False)
     assert listed.returncode == 0, listed.stderr
     lines = listed.stdout.splitlines()
     assert lines[0] == f"probe cache {isolated_probe_cache}: 1 entry"
@@ -49,17 +49,17 @@ def test_cache_list_and_clear(tmp_path, isolated_probe_cache):
     row = lines[2]
     assert row.startswith(entry.stem[:12]) and " MLP " in row and "cpu" in row and f" {batch} " in row
 
-    cleared = run_cli("cache", "clear", cwd=tmp_path)
+    cleared = cli_here("cache", "clear", dirs=False)
     assert cleared.returncode == 0 and f"removed 1 entry from {isolated_probe_cache}" in cleared.stdout
-    assert "0 entries" in run_cli("cache", "list", cwd=tmp_path).stdout
+    assert "0 entries" in cli_here("cache", "list", dirs=False).stdout
 
 
-def test_probe_cache_dir_and_cache_dir_flag(tmp_path, isolated_probe_cache):
+def test_probe_cache_dir_and_cache_dir_flag(cli_here, tmp_path, isolated_probe_cache):
     elsewhere = tmp_path / "my-cache"
-    done = run_cli(*PROBE, f"probe.cache_dir={elsewhere}", f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path)
+    done = cli_here(*PROBE, f"probe.cache_dir={elsewhere}", f"hydra.run.dir={tmp_path / 'run'}", dirs=False)
     assert done.returncode == 0, done.stderr
     assert len(list(elsewhere.glob("*.json"))) == 1 and not list(isolated_probe_cache.glob("*.json"))
-    listed = run_cli("cache", "list", "--dir", str(elsewhere), cwd=tmp_path)
+    listed = cli_here("cache", "list", "--dir", str(elsewhere), dirs=False)
     assert f"probe cache {elsewhere}: 1 entry" in listed.stdout
 
 

@@ -144,8 +144,8 @@ def test_print_flags_still_print_a_config_that_composes(capsys):
          "probability has to be between 0 and 1, but got 1.5); check model.width=32 model.dropout=1.5"),
     ],
 )
-def test_errors_found_once_the_model_and_data_exist(cli, args, words):
-    done = cli("probe", *SMALL, *args)
+def test_errors_found_once_the_model_and_data_exist(cli_here, args, words):
+    done = cli_here("probe", *SMALL, *args)
     assert done.returncode == 2, done.stderr
     assert done.stderr.startswith("autobatch: error: ") and done.stderr.count("\n") == 1 and words in done.stderr, done.stderr
 

@@ -16,20 +16,20 @@ from autobatch.cli.build import training_memory
 from autobatch.cli.training import check_fresh_target, check_resume_target, read_checkpoint, run_files
 from autobatch.errors import CheckpointError
 
-from conftest import SMALL, run_cli
+from conftest import SMALL
 
 TRAIN = ["model=mlp", *SMALL[:3], "train.micro_batch=8", "train.steps=2"]
 
 
-def test_a_run_that_failed_before_its_first_update_does_not_block_the_corrected_command(cli, tmp_path):
+def test_a_run_that_failed_before_its_first_update_does_not_block_the_corrected_command(cli_here, tmp_path):
     """An OOM at step 0 leaves an empty metrics.jsonl and no checkpoint: the corrected command
     into the same run directory trains (it was refused as "already holds a run", and the
     train.resume=latest it advised found no checkpoint). No probe ran, so the note names only
     the budget it trained within."""
-    failed = cli("train", *TRAIN, "train.inject_oom=[[0,forward]]", "train.inject_oom_times=null")
+    failed = cli_here("train", *TRAIN, "train.inject_oom=[[0,forward]]", "train.inject_oom_times=null")
     assert failed.returncode == 1, failed.stderr
     assert (tmp_path / "run" / "metrics.jsonl").read_text() == ""
-    done = cli("train", *TRAIN)
+    done = cli_here("train", *TRAIN)
     assert done.returncode == 0, done.stderr
     assert [json.loads(line)["step"] for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()] == [1, 2]
     assert "note            trained within 64.00 MiB (device.simulated_budget), the CPU's simulated budget" in done.stdout
@@ -46,10 +46,10 @@ def test_run_files_counts_only_metrics_that_record_an_update(tmp_path):
         check_fresh_target(tmp_path, "checkpoints")  # progress is never overwritten
 
 
-def test_resume_past_train_steps_is_one_line_and_writes_nothing(cli, tmp_path):
-    assert cli("train", *TRAIN).returncode == 0
+def test_resume_past_train_steps_is_one_line_and_writes_nothing(cli_here, tmp_path):
+    assert cli_here("train", *TRAIN).returncode == 0
     other = tmp_path / "other"
-    done = cli("train", *TRAIN[:-1], "train.steps=2", "train.resume=latest", f"hydra.run.dir={other}")
+    done = cli_here("train", *TRAIN[:-1], "train.steps=2", "train.resume=latest", f"hydra.run.dir={other}")
     assert done.returncode == 2, done.stderr
     assert done.stderr.startswith("autobatch: error: ") and done.stderr.count("\n") == 1, done.stderr
     assert "is at step 2 >= train.steps=2" in done.stderr and "raise train.steps" in done.stderr
@@ -92,16 +92,15 @@ def test_the_training_memory_note_mentions_the_probe_only_when_one_ran(probed, n
         assert said == note
 
 
-def test_a_run_resumed_in_the_probes_budget_trains_as_the_uninterrupted_one(tmp_path):
+def test_a_run_resumed_in_the_probes_budget_trains_as_the_uninterrupted_one(cli_here, tmp_path):
     """The checkpoint is read into host memory and its optimizer state copied onto the simulated
     device, as a GPU run's is: a resume under the 2 MiB its probe was given counted the
     checkpoint's random states and failed its first step at the answer the run trained before."""
     # the second run's probe is the first one's, from the cache: the same micro-batch, one probe fewer
     common = ["model=mlp", "data.shape=[64]", "probe.memory_limit=2MiB"]
-    full = run_cli("train", *common, "train.steps=6", f"hydra.run.dir={tmp_path / 'full'}", cwd=tmp_path)
-    part = run_cli("train", *common, "train.steps=3", f"hydra.run.dir={tmp_path / 'part'}", cwd=tmp_path)
-    resumed = run_cli("train", *common, "train.steps=6", "train.resume=latest", f"hydra.run.dir={tmp_path / 'part'}",
-                      cwd=tmp_path)
+    full = cli_here("train", *common, "train.steps=6", f"hydra.run.dir={tmp_path / 'full'}", dirs=False)
+    part = cli_here("train", *common, "train.steps=3", f"hydra.run.dir={tmp_path / 'part'}", dirs=False)
+    resumed = cli_here("train", *common, "train.steps=6", "train.resume=latest", f"hydra.run.dir={tmp_path / 'part'}", dirs=False)
     assert full.returncode == part.returncode == resumed.returncode == 0, resumed.stderr
     summary = json.loads((tmp_path / "part" / "train_result.json").read_text())
     assert summary["oom_recoveries"] == [] and summary["steps"] == 6

@@ -24,9 +24,9 @@ def test_probe_help_is_hydras(tmp_path):
     assert list(tmp_path.iterdir()) == []  # --help writes nothing
 
 
-def test_probe_writes_result_json_and_prints_a_table(cli, tmp_path):
+def test_probe_writes_result_json_and_prints_a_table(cli_here, tmp_path):
     budget = ["probe.memory_limit=1MiB", "probe.steps_per_trial=1", "probe.multiple_of=8"]
-    done = cli("probe", "model=mlp", "probe.strategy=binary", *budget, *SMALL[:-2])
+    done = cli_here("probe", "model=mlp", "probe.strategy=binary", *budget, *SMALL[:-2])
     assert done.returncode == 0, done.stderr
     for label in ("batch size", "strategy", "trials", "peak memory", "capacity", "time"):
         assert label in done.stdout
@@ -40,9 +40,9 @@ def test_probe_writes_result_json_and_prints_a_table(cli, tmp_path):
 
 
 @pytest.mark.parametrize("search_steps, expected", [("1", {1, 2}), ("null", {2})])
-def test_probe_search_steps_reaches_the_trials(cli, tmp_path, search_steps, expected):
+def test_probe_search_steps_reaches_the_trials(cli_here, tmp_path, search_steps, expected):
     budget = ["probe.memory_limit=1MiB", "probe.steps_per_trial=2", f"probe.search_steps={search_steps}"]
-    done = cli("probe", "model=mlp", "probe.strategy=binary", *budget, *SMALL[:-2])
+    done = cli_here("probe", "model=mlp", "probe.strategy=binary", *budget, *SMALL[:-2])
     assert done.returncode == 0, done.stderr
     result = json.loads((tmp_path / "run" / "result.json").read_text())
     assert {t["steps"] for t in result["trials"] if t["passed"]} == expected
@@ -50,8 +50,8 @@ def test_probe_search_steps_reaches_the_trials(cli, tmp_path, search_steps, expe
     assert answer["steps"] == 2
 
 
-def test_train_probes_then_trains_on_the_runner(cli, tmp_path):
-    done = cli("train", "model=gpt", *SMALL, "train.steps=4", "train.checkpoint_every=2")
+def test_train_probes_then_trains_on_the_runner(cli_here, tmp_path):
+    done = cli_here("train", "model=gpt", *SMALL, "train.steps=4", "train.checkpoint_every=2")
     assert done.returncode == 0, done.stderr
     run = tmp_path / "run"
     summary = json.loads((run / "train_result.json").read_text())
@@ -66,8 +66,8 @@ def test_train_probes_then_trains_on_the_runner(cli, tmp_path):
     assert (run / "final_model.pt").is_file()
 
 
-def test_train_with_micro_batch_and_epochs_skips_the_probe(cli, tmp_path):
-    done = cli("train", "model=mlp", "data.shape=[8]", "data.num_samples=40", "train.micro_batch=16", "train.epochs=2")
+def test_train_with_micro_batch_and_epochs_skips_the_probe(cli_here, tmp_path):
+    done = cli_here("train", "model=mlp", "data.shape=[8]", "data.num_samples=40", "train.micro_batch=16", "train.epochs=2")
     assert done.returncode == 0, done.stderr
     summary = json.loads((tmp_path / "run" / "train_result.json").read_text())
     assert summary["probe"] is None and summary["global_batch"] == summary["micro_batch"] == 16
@@ -75,9 +75,9 @@ def test_train_with_micro_batch_and_epochs_skips_the_probe(cli, tmp_path):
     assert not (tmp_path / "run" / "result.json").exists()
 
 
-def test_train_over_a_target_dataset(cli, tmp_path):
+def test_train_over_a_target_dataset(cli_here, tmp_path):
     args = ["model=mlp", "data=dataset", "data.dataset.size=40", "data.shape=[4]", "train.micro_batch=8"]
-    done = cli("train", *args, "train.global_batch=16", "train.epochs=1")
+    done = cli_here("train", *args, "train.global_batch=16", "train.epochs=1")
     assert done.returncode == 0, done.stderr
     metrics = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [m["samples"] for m in metrics] == [16, 16, 8]  # a DataLoader pass: the last batch is smaller

@@ -6,7 +6,7 @@ import csv
 
 import pytest
 
-from conftest import SMALL, run_cli
+from conftest import SMALL
 
 from autobatch.cli.sweep import COLUMNS, render_markdown
 
@@ -16,8 +16,8 @@ def _rows(sweep):
         return list(csv.DictReader(handle))
 
 
-def test_sweep_runs_every_combination_and_summarises(cli, tmp_path):
-    done = cli("probe", "-m", "model=mlp,gpt", "probe.strategy=binary,halving", *SMALL)
+def test_sweep_runs_every_combination_and_summarises(cli_here, tmp_path):
+    done = cli_here("probe", "-m", "model=mlp,gpt", "probe.strategy=binary,halving", *SMALL)
     assert done.returncode == 0, done.stderr
     sweep = tmp_path / "sweep"
     rows = _rows(sweep)
@@ -35,8 +35,8 @@ def test_sweep_runs_every_combination_and_summarises(cli, tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["sweep"]
 
 
-def test_failed_jobs_are_rows_too_and_the_exit_status_says_so(cli, tmp_path):
-    done = cli("probe", "-m", "model=gpt", "probe.memory_limit=256KiB,64MiB", *SMALL)
+def test_failed_jobs_are_rows_too_and_the_exit_status_says_so(cli_here, tmp_path):
+    done = cli_here("probe", "-m", "model=gpt", "probe.memory_limit=256KiB,64MiB", *SMALL)
     assert done.returncode == 1
     assert "autobatch: error: No batch size fits" in done.stderr and "Traceback" not in done.stderr
     # the table and one error line; not Hydra's own lines (its HYDRA_FULL_ERROR hint: AUTOBATCH_TRACEBACK=1 here)
@@ -48,8 +48,8 @@ def test_failed_jobs_are_rows_too_and_the_exit_status_says_so(cli, tmp_path):
     assert "| failed |" in (tmp_path / "sweep" / "summary.md").read_text()
 
 
-def test_train_sweep_adds_its_columns(cli, tmp_path):
-    done = cli("train", "-m", "optimizer=adamw,sgd", "model=mlp", "train.micro_batch=8", "train.steps=2", *SMALL[:3])
+def test_train_sweep_adds_its_columns(cli_here, tmp_path):
+    done = cli_here("train", "-m", "optimizer=adamw,sgd", "model=mlp", "train.micro_batch=8", "train.steps=2", *SMALL[:3])
     assert done.returncode == 0, done.stderr
     rows = _rows(tmp_path / "sweep")
     assert [r["status"] for r in rows] == ["ok", "ok"]
@@ -88,12 +88,12 @@ def test_only_rank_zero_writes_sweep_rows_and_summaries(tmp_path, monkeypatch):
     assert list(tmp_path.iterdir()) == []
 
 
-def test_a_sweep_into_an_earlier_sweeps_directory_lists_only_its_own_jobs(cli, tmp_path):
+def test_a_sweep_into_an_earlier_sweeps_directory_lists_only_its_own_jobs(cli_here, tmp_path):
     """``hydra.sweep.dir`` given again: the earlier sweep's rows (jobs 2 and 3) stay on disk but
     are not this sweep's, so the summary leaves them out."""
-    done = cli("probe", "-m", "model=mlp", "probe.strategy=binary,halving,power,auto", *SMALL)
+    done = cli_here("probe", "-m", "model=mlp", "probe.strategy=binary,halving,power,auto", *SMALL)
     assert done.returncode == 0, done.stderr
-    done = cli("probe", "-m", "model=gpt", "probe.strategy=binary,halving", *SMALL)
+    done = cli_here("probe", "-m", "model=gpt", "probe.strategy=binary,halving", *SMALL)
     assert done.returncode == 0, done.stderr
     rows = _rows(tmp_path / "sweep")
     assert [(r["job"], r["overrides"].split()[0]) for r in rows] == [("0", "model=gpt"), ("1", "model=gpt")]
@@ -101,19 +101,19 @@ def test_a_sweep_into_an_earlier_sweeps_directory_lists_only_its_own_jobs(cli, t
     assert (tmp_path / "sweep" / "3" / "summary_row.json").is_file()  # the earlier sweep's files are kept
 
 
-def test_resume_latest_in_a_sweep_is_each_jobs_own_checkpoint(tmp_path):
+def test_resume_latest_in_a_sweep_is_each_jobs_own_checkpoint(cli_here, tmp_path):
     """A sweep continued in its own directory resumes each job from its own checkpoint; a sweep
     whose jobs have none is refused, each job with one line (it used to resume every job from
     the newest checkpoint, an earlier job's of the same sweep, and train nothing)."""
     args = ("model=mlp", "train.micro_batch=8", *SMALL[:3], "optimizer.lr=0.001,0.01")
     first = tmp_path / "multirun" / "train" / "first"
-    done = run_cli("train", "-m", "train.steps=2", *args, f"hydra.sweep.dir={first}", cwd=tmp_path)
+    done = cli_here("train", "-m", "train.steps=2", *args, f"hydra.sweep.dir={first}", dirs=False)
     assert done.returncode == 0, done.stderr
-    done = run_cli("train", "-m", "train.steps=4", "train.resume=latest", *args, f"hydra.sweep.dir={first}", cwd=tmp_path)
+    done = cli_here("train", "-m", "train.steps=4", "train.resume=latest", *args, f"hydra.sweep.dir={first}", dirs=False)
     assert done.returncode == 0, done.stderr
     assert [r["steps"] for r in _rows(first)] == ["4", "4"]
-    done = run_cli("train", "-m", "train.steps=6", "train.resume=latest", *args,
-                   f"hydra.sweep.dir={tmp_path / 'multirun' / 'train' / 'second'}", cwd=tmp_path)
+    done = cli_here("train", "-m", "train.steps=6", "train.resume=latest", *args,
+                   f"hydra.sweep.dir={tmp_path / 'multirun' / 'train' / 'second'}", dirs=False)
     assert done.returncode == 1
     assert "train.resume=latest in a sweep (-m) resumes each job from its own run directory" in done.stderr
     assert [r["status"] for r in _rows(tmp_path / "multirun" / "train" / "second")] == ["failed", "failed"]

@@ -41,8 +41,8 @@ def metrics_of(run: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.endswith("}")]
 
 
-def test_probe_with_a_global_batch_prints_and_writes_the_plan(cli, tmp_path):
-    done = cli("probe", "model=mlp", *SMALL[:3], "probe.max_batch=48", "probe.steps_per_trial=1", "train.global_batch=200")
+def test_probe_with_a_global_batch_prints_and_writes_the_plan(cli_here, tmp_path):
+    done = cli_here("probe", "model=mlp", *SMALL[:3], "probe.max_batch=48", "probe.steps_per_trial=1", "train.global_batch=200")
     assert done.returncode == 0, done.stderr
     run = tmp_path / "run"
     plan = json.loads((run / "plan.json").read_text())
@@ -54,10 +54,10 @@ def test_probe_with_a_global_batch_prints_and_writes_the_plan(cli, tmp_path):
     assert "micro-batch     40 x 5 accumulation steps" in done.stdout
 
 
-def test_plan_timing_keys_reach_the_throughput_planner(cli, tmp_path):
+def test_plan_timing_keys_reach_the_throughput_planner(cli_here, tmp_path):
     knobs = ["plan.warmup_steps=0", "plan.timed_steps=2", "plan.retime_rounds=1", "plan.retime_within=0.5"]
     args = ["model=mlp", *SMALL[:3], "probe.max_batch=32", "probe.steps_per_trial=1", "train.global_batch=64"]
-    done = cli("probe", *args, "plan.objective=throughput", "plan.min_micro_batch=4", *knobs)
+    done = cli_here("probe", *args, "plan.objective=throughput", "plan.min_micro_batch=4", *knobs)
     assert done.returncode == 0, done.stderr
     plan = json.loads((tmp_path / "run" / "plan.json").read_text())
     assert min(c["micro_batch"] for c in plan["candidates"]) >= 4  # plan.min_micro_batch
@@ -71,9 +71,9 @@ def test_plan_timing_keys_reach_the_throughput_planner(cli, tmp_path):
     assert "median s/step" in done.stdout
 
 
-def test_train_runs_the_plan_and_recovers_from_an_injected_oom(cli, tmp_path):
+def test_train_runs_the_plan_and_recovers_from_an_injected_oom(cli_here, tmp_path):
     args = ["model=mlp", *SMALL[:3], "probe.max_batch=32", "probe.steps_per_trial=1", "train.global_batch=64"]
-    done = cli("train", *args, "train.steps=5", "train.inject_oom=[[2,forward]]", "plan.balanced=false")
+    done = cli_here("train", *args, "train.steps=5", "train.inject_oom=[[2,forward]]", "plan.balanced=false")
     assert done.returncode == 0, done.stderr
     run = tmp_path / "run"
     summary = json.loads((run / "train_result.json").read_text())
@@ -106,31 +106,31 @@ def test_train_runs_within_the_memory_the_probe_was_given(cli, tmp_path):
     assert summary["oom_recoveries"] == [] and summary["micro_batch"] == 8000 and "trained within" not in done.stdout
 
 
-def test_training_afresh_never_overwrites_a_run(cli, tmp_path):
+def test_training_afresh_never_overwrites_a_run(cli_here, tmp_path):
     """A second ``train`` into a run directory that holds a run (its metrics, its checkpoint)
     would overwrite them: one line, exit 2, naming how to continue it; nothing is touched."""
     args = ["model=mlp", *SMALL[:3], "train.micro_batch=8", "train.steps=2"]
-    assert cli("train", *args).returncode == 0
+    assert cli_here("train", *args).returncode == 0
     before = (tmp_path / "run" / "metrics.jsonl").read_bytes(), (tmp_path / "run/checkpoints/last.pt").read_bytes()
-    done = cli("train", *args)
+    done = cli_here("train", *args)
     assert done.returncode == 2 and "already holds a run" in done.stderr and "train.resume=latest" in done.stderr
     assert before == ((tmp_path / "run" / "metrics.jsonl").read_bytes(), (tmp_path / "run/checkpoints/last.pt").read_bytes())
 
 
-def test_an_oom_that_never_goes_away_is_one_line(cli):
+def test_an_oom_that_never_goes_away_is_one_line(cli_here):
     args = ["model=mlp", *SMALL[:3], "train.micro_batch=2", "train.steps=3", "train.grow_after=0"]
-    done = cli("train", *args, "train.inject_oom=[[1,backward]]", "train.inject_oom_times=null")
+    done = cli_here("train", *args, "train.inject_oom=[[1,backward]]", "train.inject_oom_times=null")
     assert done.returncode == 1
     assert done.stderr.startswith("autobatch: error: ") and done.stderr.count("\n") == 1, done.stderr
     assert "step 1" in done.stderr and "Traceback" not in done.stderr
 
 
-def test_min_micro_batch_keeps_the_recovery_above_it_and_its_error_names_the_key(cli):
+def test_min_micro_batch_keeps_the_recovery_above_it_and_its_error_names_the_key(cli_here):
     args = ["model=mlp", *SMALL[:3], "train.micro_batch=8", "train.global_batch=8", "train.steps=3", "train.grow_after=0"]
-    done = cli("train", *args, "train.min_micro_batch=2", "train.inject_oom=[[1,forward]]", "train.inject_oom_times=null")
+    done = cli_here("train", *args, "train.min_micro_batch=2", "train.inject_oom=[[1,forward]]", "train.inject_oom_times=null")
     assert done.returncode == 1
     assert "at micro-batch 2, the smallest train.min_micro_batch=2 allows" in done.stderr, done.stderr
-    bad = cli("train", *args, "train.min_micro_batch=0")
+    bad = cli_here("train", *args, "train.min_micro_batch=0")
     assert bad.returncode == 2 and "train.min_micro_batch must be a positive integer" in bad.stderr
 
 
@@ -193,9 +193,9 @@ def test_find_resume_accepts_files_directories_runs_and_latest(tmp_path):
         find_resume("latest", "checkpoints", tmp_path / "empty")
 
 
-def test_fp16_trains_with_a_grad_scaler_through_the_cli(cli, tmp_path):
+def test_fp16_trains_with_a_grad_scaler_through_the_cli(cli_here, tmp_path):
     args = ["model=mlp", *SMALL[:3], "precision=fp16", "train.global_batch=16", "train.micro_batch=8", "train.steps=3"]
-    done = cli("train", *args, "train.inject_oom=[[1,optimizer]]", "train.grow_after=0")
+    done = cli_here("train", *args, "train.inject_oom=[[1,optimizer]]", "train.grow_after=0")
     assert done.returncode == 0, done.stderr
     summary = json.loads((tmp_path / "run" / "train_result.json").read_text())
     assert summary["steps"] == 3 and [r["phase"] for r in summary["oom_recoveries"]] == ["optimizer"]
@@ -220,8 +220,8 @@ def test_train_can_probe_in_a_child_process_and_trains_from_its_answer(cli, tmp_
     assert json.loads((run / "result.json").read_text())["batch_size"] == child["batch_size"]
 
 
-def test_probe_isolate_says_where_it_cannot_run(cli):
-    done = cli("train", "model=mlp", *SMALL[:3], "device=cpu", "probe.isolate=true", "train.global_batch=64")
+def test_probe_isolate_says_where_it_cannot_run(cli_here):
+    done = cli_here("train", "model=mlp", *SMALL[:3], "device=cpu", "probe.isolate=true", "train.global_batch=64")
     assert done.returncode == 2 and "probe.isolate=true probes without a plan" in done.stderr
 
 
@@ -241,11 +241,11 @@ def test_the_childs_command_keeps_the_jobs_overrides_and_config_flags(tmp_path):
     ["model=cnn", "data.shape=[3,16,16]", "probe.memory_limit=8MiB"],
     ["model=gpt", "data.seq_len=16", "model.width=32", "probe.memory_limit=16MiB"],
 ], ids=["mlp", "cnn", "gpt"])
-def test_the_clis_answer_trains_within_the_budget_it_was_probed_under(cli, tmp_path, model):
+def test_the_clis_answer_trains_within_the_budget_it_was_probed_under(cli_here, tmp_path, model):
     """Issue 16 through the command line: ``train`` probes (same process on the CPU), then trains
     at the answer under the same simulated budget with no out-of-memory recovery. The global batch
     is host memory, as on a GPU; only the runner's move of a micro-batch takes device memory."""
-    done = cli("train", *model, "device=cpu", "probe.cache=false", "train.steps=5")
+    done = cli_here("train", *model, "device=cpu", "probe.cache=false", "train.steps=5")
     assert done.returncode == 0, done.stderr
     summary = json.loads((tmp_path / "run" / "train_result.json").read_text())
     assert summary["oom_recoveries"] == [] and summary["micro_batch"] == summary["probe"]["batch_size"] > 1
@@ -273,32 +273,32 @@ def test_a_child_probes_layout_is_not_claimed_by_the_training_process(tmp_path, 
     assert not any(note.startswith(LAID_OUT) for note in result.notes)
 
 
-def test_resume_latest_continues_the_run_dirs_own_run_and_never_writes_into_another(tmp_path):
+def test_resume_latest_continues_the_run_dirs_own_run_and_never_writes_into_another(cli_here, tmp_path):
     """``train.resume=latest`` with ``hydra.run.dir`` of a run resumes that run (not the newest
     elsewhere); without a run dir it finds the newest run at any depth under outputs/train; and
     another run's checkpoint is never resumed into a directory that holds a run."""
     args = ["model=mlp", *SMALL[:3], "train.micro_batch=4", "train.checkpoint_every=1", "train.grow_after=0"]
     run_a, run_b = tmp_path / "outputs" / "train" / "runA", tmp_path / "outputs" / "train" / "runB"
     for run, steps in ((run_a, 2), (run_b, 3)):
-        done = run_cli("train", *args, f"train.steps={steps}", f"hydra.run.dir={run}", cwd=tmp_path)
+        done = cli_here("train", *args, f"train.steps={steps}", f"hydra.run.dir={run}", dirs=False)
         assert done.returncode == 0, done.stderr
     os.utime(run_a / "checkpoints" / "last.pt", (time.time() - 100, time.time() - 100))  # runB is the newest
     b_files = {name: (run_b / name).read_bytes() for name in ("metrics.jsonl", "checkpoints/last.pt")}
 
-    done = run_cli("train", *args, "train.steps=4", "train.resume=latest", f"hydra.run.dir={run_a}", cwd=tmp_path)
+    done = cli_here("train", *args, "train.steps=4", "train.resume=latest", f"hydra.run.dir={run_a}", dirs=False)
     assert done.returncode == 0, done.stderr
     assert f"resumed from {run_a / 'checkpoints' / 'last.pt'} at step 2" in done.stdout
     assert [m["step"] for m in metrics_of(run_a)] == [1, 2, 3, 4] and load_checkpoint(run_a / "checkpoints")["step"] == 4
     assert {name: (run_b / name).read_bytes() for name in b_files} == b_files  # runB untouched
 
-    done = run_cli("train", *args, "train.steps=5", "train.resume=latest", cwd=tmp_path)  # a new run dir
+    done = cli_here("train", *args, "train.steps=5", "train.resume=latest", dirs=False)  # a new run dir
     assert done.returncode == 0, done.stderr
     assert f"resumed from {run_a / 'checkpoints' / 'last.pt'} at step 4 into a new run directory" in done.stdout
     (new,) = (tmp_path / "outputs" / "train").glob("*/*/metrics.jsonl")  # outputs/train/<date>/<time>
     assert [m["step"] for m in metrics_of(new.parent)] == [5]  # its own metrics: none of runA's lines
 
     before = (run_a / "metrics.jsonl").read_bytes()
-    done = run_cli("train", *args, "train.steps=6", f"train.resume={run_b}", f"hydra.run.dir={run_a}", cwd=tmp_path)
+    done = cli_here("train", *args, "train.steps=6", f"train.resume={run_b}", f"hydra.run.dir={run_a}", dirs=False)
     assert done.returncode == 2 and "holds another run" in done.stderr and done.stderr.count("\n") == 1, done.stderr
     assert (run_a / "metrics.jsonl").read_bytes() == before and load_checkpoint(run_a / "checkpoints")["step"] == 4
 
@@ -360,9 +360,9 @@ def test_an_isolated_probe_imports_the_users_module_under_hydra_job_chdir(cli, t
     assert json.loads((tmp_path / "run" / "train_result.json").read_text())["micro_batch"] == child["batch_size"]
 
 
-def test_a_finite_dataset_caps_the_probe_and_the_global_batch(cli, tmp_path):
+def test_a_finite_dataset_caps_the_probe_and_the_global_batch(cli_here, tmp_path):
     """A batch larger than the dataset would repeat its samples: the probe stops at its length."""
-    done = cli("train", "model=mlp", *SMALL[:3], "data=dataset", "data.dataset.size=64", "train.steps=2", "probe.cache=false")
+    done = cli_here("train", "model=mlp", *SMALL[:3], "data=dataset", "data.dataset.size=64", "train.steps=2", "probe.cache=false")
     assert done.returncode == 0, done.stderr
     summary = json.loads((tmp_path / "run" / "train_result.json").read_text())
     assert summary["probe"]["batch_size"] == summary["global_batch"] == 64

@@ -174,8 +174,8 @@ def test_trial_progress_on_a_terminal_prints_a_line_per_trial():
 
 
 # -- the command line ------------------------------------------------------------------------------
-def test_cli_probe_writes_the_memory_curve_and_diagnostics(cli, tmp_path):
-    done = cli("probe", "model=mlp", "probe.strategy=binary", "probe.memory_limit=1MiB", *SMALL[:-2], "probe.steps_per_trial=1")
+def test_cli_probe_writes_the_memory_curve_and_diagnostics(cli_here, tmp_path):
+    done = cli_here("probe", "model=mlp", "probe.strategy=binary", "probe.memory_limit=1MiB", *SMALL[:-2], "probe.steps_per_trial=1")
     assert done.returncode == 0, done.stderr
     run = tmp_path / "run"
     assert_png(run / "memory_curve.png")
@@ -184,20 +184,20 @@ def test_cli_probe_writes_the_memory_curve_and_diagnostics(cli, tmp_path):
     assert all(key in diagnostics for key in DIAGNOSTIC_KEYS)
 
 
-def test_cli_probe_plot_false_draws_nothing(cli, tmp_path):
-    done = cli("probe", "model=mlp", "probe.plot=false", *SMALL)
+def test_cli_probe_plot_false_draws_nothing(cli_here, tmp_path):
+    done = cli_here("probe", "model=mlp", "probe.plot=false", *SMALL)
     assert done.returncode == 0, done.stderr
     assert not (tmp_path / "run" / "memory_curve.png").exists() and "plot  " not in done.stdout
 
 
-def test_cli_no_fit_error_names_the_memory_figures(cli):
-    done = cli("probe", "model=gpt", "probe.memory_limit=256KiB", *SMALL)
+def test_cli_no_fit_error_names_the_memory_figures(cli_here):
+    done = cli_here("probe", "model=gpt", "probe.memory_limit=256KiB", *SMALL)
     assert done.returncode == 1
     assert "autobatch: error: No batch size fits" in done.stderr and "reserved peak" in done.stderr
 
 
-def test_cli_sweep_writes_summary_png(cli, tmp_path):
-    done = cli("probe", "-m", "model=mlp", "probe.strategy=binary,halving", *SMALL)
+def test_cli_sweep_writes_summary_png(cli_here, tmp_path):
+    done = cli_here("probe", "-m", "model=mlp", "probe.strategy=binary,halving", *SMALL)
     assert done.returncode == 0, done.stderr
     sweep = tmp_path / "sweep"
     assert_png(sweep / "summary.png")
