@@ -120,8 +120,8 @@ def plan(
     )
     if checkpoint_targets is not None:
         find_blocks(step.model, checkpoint_targets)  # targets that match nothing: a ValueError now, not a wrong plan
-    timing = dict(warmup_steps=warmup_steps, timed_steps=timed_steps, retime_rounds=retime_rounds, retime_within=retime_within)
-    validate_timing(**timing)
+    timing = validate_timing(warmup_steps=warmup_steps, timed_steps=timed_steps, retime_rounds=retime_rounds,
+                             retime_within=retime_within)
     cap = min(global_batch, probe_kwargs.pop("max_batch", None) or global_batch)
     multiple_of = probe_kwargs.get("multiple_of", 1)
     if balanced and isinstance(multiple_of, int) and multiple_of > 1:

@@ -339,6 +339,27 @@ def test_bad_arguments():
             plan(step, global_batch=4, objective="throughput", min_micro_batch=value)
 
 
+
+def test_timing_knobs_of_any_number_type_are_taken_and_reported_as_plain_numbers():
+    """A sweep's knobs are often NumPy numbers: ``timed_steps=np.int64(2)`` was refused."""
+    import json
+
+    import numpy as np
+
+    from autobatch.planning.throughput import validate_timing
+
+    knobs = validate_timing(warmup_steps=np.int64(0), timed_steps=np.int32(2), retime_rounds=np.uint8(1),
+                            retime_within=np.float32(0.25))
+    assert knobs == {"warmup_steps": 0, "timed_steps": 2, "retime_rounds": 1, "retime_within": 0.25}
+    assert [type(v) for v in knobs.values()] == [int, int, int, float]
+    for knob, value in (("timed_steps", np.float64(2.0)), ("warmup_steps", True), ("retime_within", np.bool_(True))):
+        with pytest.raises(ValueError, match=knob):
+            validate_timing(**{"warmup_steps": 1, "timed_steps": 1, knob: value})
+    result = plan(make_step(deep_mlp(1)), global_batch=8, objective="throughput", warmup_steps=np.int64(0),
+                  timed_steps=np.int64(1), retime_rounds=np.int64(0), memory_limit="64MiB")
+    assert result.micro_batch * result.accumulation_steps >= 8
+    json.dumps(result.to_dict())  # plain types all the way through
+
 def test_candidate_sizes():
     from autobatch.planning.throughput import balanced_micro_batch, candidate_micro_batches
 
