@@ -160,7 +160,8 @@ def _matches(module: nn.Module, targets: tuple[Any, ...]) -> bool:
 
 def _targets(targets: Any) -> tuple[str | type, ...] | None:
     """``targets`` as a tuple of class names and classes (a bare one is one target); one
-    ``TypeError`` for anything else (an int raised an AttributeError from the error message)."""
+    ``TypeError`` for anything else (an int raised an AttributeError from the error message),
+    one ``ValueError`` for none at all."""
     if targets is None:
         return None
     wanted = (targets,) if isinstance(targets, (str, type)) else targets
@@ -168,6 +169,10 @@ def _targets(targets: Any) -> tuple[str | type, ...] | None:
         wanted = tuple(wanted)
     except TypeError:
         wanted = (targets,)
+    if not wanted:  # it matched nothing, and the error listed the model's classes as if one were misspelt
+        raise ValueError("checkpoint targets are empty: name the block classes to wrap (e.g. ['GPTBlock']), or "
+                         "pass None for autobatch's choice (repeated blocks of a Sequential or ModuleList); "
+                         "allow_checkpointing=False turns checkpointing off")
     wrong = [target for target in wanted if not isinstance(target, (str, type))]
     if wrong:
         raise TypeError("checkpoint targets must be class names (e.g. 'GPTBlock') or classes, one or a list of them; "

@@ -82,6 +82,19 @@ def test_targets_that_are_not_class_names_or_classes_are_one_type_error(targets)
         autobatch.plan(step, global_batch=4, checkpoint_targets=targets)
 
 
+
+@pytest.mark.parametrize("targets", [[], ()])
+def test_no_targets_at_all_is_one_value_error_naming_none_and_allow_checkpointing(targets):
+    """[] listed the model's classes as if a class name were misspelt."""
+    model = Net()
+    step = autobatch.TrainStep(model, torch.optim.SGD(model.parameters(), lr=0.1), lambda m, x: m(x),
+                               lambda b: torch.randn(b, 4))
+    for call in (lambda: find_blocks(model, targets), lambda: enable_checkpointing(model, targets),
+                 lambda: autobatch.plan(step, global_batch=4, checkpoint_targets=targets)):
+        with pytest.raises(ValueError, match=r"checkpoint targets are empty: .* pass None .* allow_checkpointing=False"):
+            call()
+    assert not any(is_checkpointed(m) for m in model.modules())
+
 def test_a_target_never_wraps_the_model_itself():
     """["Sequential"] on an nn.Sequential model wrapped the root: the whole model recomputed at once."""
     model = deep_sequential()
