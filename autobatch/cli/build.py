@@ -24,7 +24,7 @@ from ..dist import agreement as dist_sync
 from ..workloads.batches import DatasetBatches, SyntheticBatches
 from ..training.faults import PHASES
 from ..probe.find import validate_probe_args
-from ..planning.throughput import validate_timing
+from ..planning.plan_arguments import validate_timing
 from ..probe.train_step import TrainStep
 from . import validation
 from .construct import construct

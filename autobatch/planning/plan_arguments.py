@@ -9,11 +9,12 @@ accumulation it meant to forbid, and ``balanced=None`` planned unbalanced micro-
 
 from __future__ import annotations
 
+import numbers
 from typing import Any
 
 from .. import checks
 
-__all__ = ["check_switches", "validate", "ragged_message", "check_one_step_cap", "OBJECTIVES"]
+__all__ = ["check_switches", "validate", "validate_timing", "ragged_message", "check_one_step_cap", "OBJECTIVES"]
 
 OBJECTIVES = ("max_batch", "throughput")
 
@@ -80,3 +81,22 @@ def check_one_step_cap(global_batch: int, max_batch: int | None, allow_accumulat
     if not allow_accumulation and max_batch is not None and max_batch < global_batch:
         raise ValueError(f"max_batch={max_batch} is below global_batch={global_batch} and allow_accumulation=False: "
                          "one step must hold the whole global batch; raise max_batch or allow accumulation")
+
+
+def validate_timing(*, warmup_steps: int, timed_steps: int, retime_rounds: int = 0,
+                    retime_within: float = 0.0) -> dict[str, int | float]:
+    """Raise ``ValueError`` naming the first bad timing knob; else the knobs as plain Python
+    numbers (a NumPy integer or float is taken, as everywhere else: a sweep's values often
+    are), so the plan's report and JSON hold plain types."""
+    timing: dict[str, int | float] = {}
+    counts = (("warmup_steps", warmup_steps, 0), ("timed_steps", timed_steps, 1), ("retime_rounds", retime_rounds, 0))
+    for name, value, low in counts:
+        number = checks.integer(value)
+        if number is None or number < low:
+            raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
+        timing[name] = number
+    within = retime_within
+    if isinstance(within, bool) or not isinstance(within, numbers.Real) or not 0 <= within < 1:
+        raise ValueError(f"retime_within must be a fraction in [0, 1) (0.1: within 10 % of the best), got {within!r}")
+    timing["retime_within"] = float(within)
+    return timing

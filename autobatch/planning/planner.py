@@ -45,9 +45,9 @@ from ..probe.train_step import TrainStep
 from .accumulation import AccumulatingStep, micro_batch_sizes
 from .checkpointing import CheckpointHandle, enable_checkpointing, find_blocks, is_checkpointed
 from .fastest import ThroughputObjective
-from .plan_arguments import OBJECTIVES, ragged_message, validate
+from .plan_arguments import OBJECTIVES, ragged_message, validate, validate_timing
 from .plan_result import Plan, candidates_table, short_list
-from .throughput import balanced_micro_batch, validate_timing
+from .throughput import balanced_micro_batch
 
 __all__ = ["Plan", "plan", "OBJECTIVES", "candidates_table"]
 

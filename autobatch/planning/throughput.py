@@ -49,7 +49,6 @@ from __future__ import annotations
 
 import logging
 import math
-import numbers
 import statistics
 import struct
 from dataclasses import asdict, dataclass, field
@@ -58,7 +57,7 @@ from typing import Any, Callable
 import torch
 
 from .accumulation import LazyMicroBatches, accumulated_step, micro_batch_sizes
-from .. import checks
+from .plan_arguments import validate_timing
 from ..memory.oom import free_memory, is_oom_error
 from ..probe import ranks
 from ..probe.restore import Snapshot
@@ -131,25 +130,6 @@ class Candidate:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
-
-
-def validate_timing(*, warmup_steps: int, timed_steps: int, retime_rounds: int = 0,
-                    retime_within: float = 0.0) -> dict[str, int | float]:
-    """Raise ``ValueError`` naming the first bad timing knob; else the knobs as plain Python
-    numbers (a NumPy integer or float is taken, as everywhere else: a sweep's values often
-    are), so the plan's report and JSON hold plain types."""
-    timing: dict[str, int | float] = {}
-    counts = (("warmup_steps", warmup_steps, 0), ("timed_steps", timed_steps, 1), ("retime_rounds", retime_rounds, 0))
-    for name, value, low in counts:
-        number = checks.integer(value)
-        if number is None or number < low:
-            raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
-        timing[name] = number
-    within = retime_within
-    if isinstance(within, bool) or not isinstance(within, numbers.Real) or not 0 <= within < 1:
-        raise ValueError(f"retime_within must be a fraction in [0, 1) (0.1: within 10 % of the best), got {within!r}")
-    timing["retime_within"] = float(within)
-    return timing
 
 
 def _noop() -> None:

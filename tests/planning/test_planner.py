@@ -346,7 +346,7 @@ def test_timing_knobs_of_any_number_type_are_taken_and_reported_as_plain_numbers
 
     import numpy as np
 
-    from autobatch.planning.throughput import validate_timing
+    from autobatch.planning.plan_arguments import validate_timing
 
     knobs = validate_timing(warmup_steps=np.int64(0), timed_steps=np.int32(2), retime_rounds=np.uint8(1),
                             retime_within=np.float32(0.25))
