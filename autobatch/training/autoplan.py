@@ -66,7 +66,9 @@ class PlansFromData:
             return to_device(cycle_samples(first, size, available), self.device)
 
         scaler = self._train_step.grad_scaler
-        if scaler is not None:  # the trials step a scaler of their own: the run's keeps its state
+        # the trials step a scaler of their own: the run's keeps its state. A disabled one (GradScaler(enabled=
+        # use_fp16)) holds none (its empty state_dict() was refused by load_state_dict) and changes nothing
+        if scaler is not None and scaler.is_enabled():
             scaler, own = type(scaler)(self.device.type), scaler
             scaler.load_state_dict(own.state_dict())
         step = TrainStep(
@@ -85,7 +87,7 @@ class PlansFromData:
         if planned.checkpointing:
             self.checkpoint_handle = planned.handle
         probed = [r.batch_size for r in planned.probe_results]
-        self.growth.ceiling = self.max_micro_batch or min(self.share, max(probed + [self.micro_batch]))
+        self.growth.ceiling = min(self.share, self.max_micro_batch or max(probed + [self.micro_batch]))  # never above the batch
         self.result.plan = planned.to_dict()
         if self.distributed:
             self.result.plan.update(ranks=self._parallel.world_size(), global_batch_all_ranks=self.global_batch, per_rank_batch=self.share)

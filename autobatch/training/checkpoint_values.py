@@ -28,7 +28,7 @@ import torch
 from ..errors import CheckpointError
 from ..probe.shards import local, plain_state
 
-__all__ = ["loose_parameters", "saved_loose_parameters", "load_loose_parameters", "storable"]
+__all__ = ["loose_parameters", "saved_loose_parameters", "check_loose_parameters", "load_loose_parameters", "storable"]
 
 log = logging.getLogger("autobatch")
 
@@ -57,22 +57,14 @@ def saved_loose_parameters(model: torch.nn.Module, optimizer: torch.optim.Optimi
     return {key: plain_state(param.detach()) for key, param in loose_parameters(model, optimizer).items()}
 
 
-def load_loose_parameters(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-                          saved: dict[str, torch.Tensor] | None) -> None:
-    """Copy the checkpoint's parameters trained outside the model back in place. A checkpoint
-    of an earlier version holds none (``saved`` None): it still loads, with a warning where this
-    run's optimizer trains such parameters (they keep this run's values). Another set of them,
-    or another shape, is one :class:`~autobatch.errors.CheckpointError`."""
-    current = loose_parameters(model, optimizer)
+def check_loose_parameters(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                           saved: dict[str, torch.Tensor] | None) -> None:
+    """One :class:`~autobatch.errors.CheckpointError` where the checkpoint's parameters trained
+    outside the model are another set than this run's, or of another shape: called before the
+    resume loads anything, so a refused resume leaves the model and optimizer as they were."""
     if saved is None:
-        if current:
-            log.warning(
-                "resume: the checkpoint holds the model's parameters but not the %d the optimizer trains outside it "
-                "(optimizer group.index %s; a loss module's, say): it was written by an earlier version. They keep "
-                "this run's values, so the resumed run differs from the uninterrupted one",
-                len(current), ", ".join(sorted(current)),
-            )
         return
+    current = loose_parameters(model, optimizer)
     if set(saved) != set(current):
         raise CheckpointError(
             path, f"the parameters its optimizer trained outside the model were at optimizer group.index "
@@ -87,8 +79,29 @@ def load_loose_parameters(path: Path, model: torch.nn.Module, optimizer: torch.o
                 f"{tuple(saved[key].shape)} and this run's {tuple(target.shape)}; resume with the loss module it was "
                 "trained with, or start afresh",
             )
+
+
+def load_loose_parameters(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                          saved: dict[str, torch.Tensor] | None) -> None:
+    """Copy the checkpoint's parameters trained outside the model back in place. A checkpoint
+    of an earlier version holds none (``saved`` None): it still loads, with a warning where this
+    run's optimizer trains such parameters (they keep this run's values). Another set of them,
+    or another shape, is one :class:`~autobatch.errors.CheckpointError`
+    (:func:`check_loose_parameters`)."""
+    current = loose_parameters(model, optimizer)
+    if saved is None:
+        if current:
+            log.warning(
+                "resume: the checkpoint holds the model's parameters but not the %d the optimizer trains outside it "
+                "(optimizer group.index %s; a loss module's, say): it was written by an earlier version. They keep "
+                "this run's values, so the resumed run differs from the uninterrupted one",
+                len(current), ", ".join(sorted(current)),
+            )
+        return
+    check_loose_parameters(path, model, optimizer, saved)
+    for key, param in current.items():
         with torch.no_grad():
-            target.copy_(saved[key])
+            local(param).copy_(saved[key])
 
 
 def storable(value: Any, where: str = "checkpoint") -> Any:

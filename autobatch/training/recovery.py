@@ -202,10 +202,13 @@ class OomRecovery:
         if failed_at > 1:  # the default message is for micro-batch 1
             how = "with" if self.checkpoint_handle is not None else "without"
             fallback = "" if self.checkpointing_fallback else "checkpointing_fallback=True, "
-            reason = (f"global step {self.step} ran out of memory in {self._phase} at micro-batch {failed_at}, the "
-                      f"smallest min_micro_batch={self.min_micro_batch} allows, {how} activation checkpointing. Try "
-                      f"{fallback}lower precision, a smaller model or sequence length, more device memory, or a "
+            advice = (f"Try {fallback}lower precision, a smaller model or sequence length, more device memory, or a "
                       "lower min_micro_batch if the model trains on fewer samples.")
+            if self._phase == "optimizer":  # neither checkpointing nor the micro-batch sizes the optimizer step
+                advice = ("The optimizer step itself does not fit: try an optimizer with less state (SGD, Adafactor), "
+                          "lower precision, a smaller model, or more device memory.")
+            reason = (f"global step {self.step} ran out of memory in {self._phase} at micro-batch {failed_at}, the "
+                      f"smallest min_micro_batch={self.min_micro_batch} allows, {how} activation checkpointing. {advice}")
         return StepOutOfMemoryError(self.step, self._phase, self.checkpoint_handle is not None, reason=reason)
 
     def _note_shrunk(self, exc: BaseException, failed_at: int, smallest: int) -> None:

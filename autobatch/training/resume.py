@@ -25,7 +25,7 @@ from ..probe.shards import has_dtensors, load_plain_state, optimizer_state_for, 
 from .checkpoint_io import (
     CHECKPOINT_NAME, RUNNER_FORMAT, load_checkpoint, resolve_checkpoint, rng_state, save_checkpoint, set_rng_state,
 )
-from .checkpoint_values import load_loose_parameters, saved_loose_parameters, storable
+from .checkpoint_values import check_loose_parameters, load_loose_parameters, saved_loose_parameters, storable
 from .epochs import EpochBatches, epoch_length, replayed, set_epoch
 from .pacing import agree_epoch_length, paced
 from .progress import Progress
@@ -51,12 +51,14 @@ class Resumable:
     _fetched_at_load = False  # the loaded checkpoint's step had drawn its batch (a step stopped part-way)
 
     def save(self, path: str | os.PathLike | None = None) -> Path:
-        """Write a checkpoint atomically (default ``checkpoint_dir/last.pt``); returns its path."""
+        """Write a checkpoint atomically (default ``checkpoint_dir/last.pt``; a directory given
+        as ``path``: its ``last.pt``, as ``fit(resume=)`` reads it); returns its path."""
         self._refuse_torn("save()")
         if path is None:
             if self.checkpoint_dir is None:
                 raise ValueError("no path given and no checkpoint_dir configured")
             path = self.checkpoint_dir / CHECKPOINT_NAME
+        path = resolve_checkpoint(path)  # os.replace of the file over a directory failed (IsADirectoryError)
         self.result.checkpoints_saved += 1  # counted in the checkpoint itself
         self._count_skips()
         sharded = has_dtensors(self.model)
@@ -322,6 +324,9 @@ class Resumable:
         try:
             if not sharded:  # load_state_dict loads what fits before it raises: nothing is loaded unless all fits
                 check_fits(unwrap(self.model), without_wrapper_prefix(state["model"]), self.optimizer, state["optimizer"])
+            # these refuse with their own CheckpointError, before the weights and optimizer state are loaded too
+            check_loose_parameters(path, unwrap(self.model), self.optimizer, state.get("loose_parameters"))
+            load_scheduler(path, self.scheduler, state["scheduler"])
             if state.get("checkpointed_modules") and self.checkpoint_handle is None:
                 self.checkpoint_handle = enable_checkpointing(unwrap(self.model), modules=local_module_names(state["checkpointed_modules"], unwrap(self.model)))
             if sharded:  # this rank's shards, written in place
@@ -332,6 +337,8 @@ class Resumable:
                 warn_replaced_settings(self.optimizer, state["optimizer"])
                 self.optimizer.load_state_dict(state["optimizer"])
                 _state_onto_device(self.optimizer)
+        except CheckpointError:
+            raise
         except (RuntimeError, ValueError, KeyError, AttributeError) as exc:  # mismatched keys, shapes, groups, modules
             detail = " ".join(str(exc).split())[:300]
             raise CheckpointError(
@@ -339,20 +346,23 @@ class Resumable:
                 "trained with, or start afresh",
             ) from None
         load_loose_parameters(path, unwrap(self.model), self.optimizer, state.get("loose_parameters"))
-        load_scheduler(path, self.scheduler, state["scheduler"])
         if self.grad_scaler is not None and state.get("grad_scaler"):
             self.grad_scaler.load_state_dict(state["grad_scaler"])
         self.step, self.epoch, self._torn = state["step"], state["epoch"], None
+        self._captured_at = None  # a step-guard snapshot of this runner's own step of that index is not the checkpoint's
         self._epoch_samples = state.get("epoch_samples", state["position"] * (state.get("global_batch") or 0))
         self.position = position_for(path, state, self.global_batch)
         self._epoch_iter, self._fetched_at_load = None, bool(state.get("batch_fetched", False))
-        self.micro_batch = max(state["micro_batch"], self.min_micro_batch)  # this run's floor wins
+        previous = RunResult.from_dict(state["result"])
+        if self.micro_batch is None and previous.plan is not None:  # not planned again: train the plan's split
+            self.balanced = bool(previous.plan.get("balanced", self.balanced))  # multiple_of: full pieces, not balanced
+        # this run's floor wins, and no size above this run's batch (resumed with a smaller global_batch)
+        self.micro_batch = min(max(state["micro_batch"], self.min_micro_batch), self.share)
         self.initial_micro_batch = self.initial_micro_batch or self.micro_batch
         self.growth.load_state_dict(state["growth"], limit=self.share)
         ranks = state.get("rng_ranks")  # each rank's own random states, where the run had them
         mine = ranks[self._parallel.rank()] if ranks is not None and len(ranks) == self._parallel.world_size() else state
         self._epoch_rng, rng = mine["epoch_rng"], mine["rng"]
-        previous = RunResult.from_dict(state["result"])
         self.result.oom_recoveries = previous.oom_recoveries
         self.result.grow_attempts = previous.grow_attempts
         self.result.checkpoints_saved = previous.checkpoints_saved

@@ -204,7 +204,7 @@ class Runner(OomRecovery, Resumable, PlansFromData, Stoppable):
             max_grad_norm=max_grad_norm,
         )
         given = max_micro_batch or self.micro_batch  # else planned (a resume takes its checkpoint's)
-        self.growth = GrowBack(grow_after, given or self.share, configured=given is not None)
+        self.growth = GrowBack(grow_after, min(given or self.share, self.share), configured=given is not None)
         self.step_memory = StepMemory(self.device)
         self.checkpoint_handle: CheckpointHandle | None = None
         # Position: global steps done in the whole run, epoch, batches done in that epoch.
