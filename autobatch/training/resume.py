@@ -238,6 +238,17 @@ class Resumable:
             return self._fetched_at_load
         return not self._epoch_ended() and batches.drawn > self.position
 
+    def _no_batches(self, data: Iterable[Any]) -> ValueError:
+        """Why an epoch yielded no batch: ``data`` is empty (a filtered set, a loader whose
+        ``drop_last`` dropped its one short batch), or a one-shot iterator was used up."""
+        if hasattr(data, "__len__") and len(data) == 0:  # type: ignore[arg-type]
+            return ValueError(f"data yielded no batches in epoch {self.epoch + 1}: it is empty (len(data) == 0; a "
+                              "DataLoader with drop_last=True over fewer samples than one batch has none); pass data "
+                              "that holds at least one batch")
+        return ValueError(f"data yielded no batches in epoch {self.epoch + 1}: a generator or other one-shot iterator "
+                          "is used up after one pass; pass a re-iterable (a list, a DataLoader), or epochs=1 / steps "
+                          "no more than its batches")
+
     def _paced(self, batches: Iterator[Any]) -> Iterator[Any]:
         """The epoch's ``batches`` as the step loop takes them: where some rank's data has no
         length, checked before each step to be there on every rank

@@ -286,11 +286,7 @@ class Runner(OomRecovery, Resumable, PlansFromData, Stoppable):
                         break
                 else:
                     if not ran and self.position == 0:
-                        raise self._saved_on_give_up(ValueError(
-                            f"data yielded no batches in epoch {self.epoch + 1}: a generator or other one-shot "
-                            "iterator is used up after one pass; pass a re-iterable (a list, a DataLoader), "
-                            "or epochs=1 / steps no more than its batches"
-                        ))
+                        raise self._saved_on_give_up(self._no_batches(data))
                     self.epoch += 1
                     self.position = 0
         except StepOutOfMemoryError as exc:  # the step was undone: the steps before it are saved
