@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["accumulation_for", "check_share"]
+__all__ = ["accumulation_for", "cap_at_samples", "check_share"]
 
 
 def accumulation_for(share: int, largest: int, *, multiple_of: int = 1) -> tuple[int, int]:
@@ -39,3 +39,20 @@ def check_share(global_batch: int, world: int, multiple_of: int, *, unit: str = 
             f"of {multiple_of * world}"
         )
     return share
+
+
+def cap_at_samples(samples: int | None, max_batch: int | None, start: int | None, multiple_of: int, *,
+                   where: str) -> tuple[int | None, int | None]:
+    """``(max_batch, start)`` capped at ``samples`` (a process's share of the training set or of
+    ``global_batch``; None: no cap): no batch larger can train. Why here, not by passing the cap on
+    as ``max_batch``: ``find_max_batch`` then refused a set smaller than ``multiple_of``, or a
+    ``start`` above the set, naming ``max_batch``, an option the user never set. A set smaller than
+    ``multiple_of`` is one ``ValueError`` naming ``where``; a ``start`` above the cap starts at it."""
+    if samples is None:
+        return max_batch, start
+    if samples < multiple_of:
+        raise ValueError(
+            f"{where} has {samples} samples, fewer than multiple_of={multiple_of}: no batch that is a multiple of "
+            f"{multiple_of} fits in it; lower multiple_of or use more samples"
+        )
+    return (samples if max_batch is None else min(max_batch, samples)), (None if start is None else min(start, samples))

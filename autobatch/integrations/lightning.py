@@ -42,7 +42,7 @@ from ..probe.result import ProbeResult
 from ..probe.search import peak_limit
 from ..training.checkpoint_io import rng_state, set_rng_state
 from .. import checks
-from .global_batch import accumulation_for, check_share
+from .global_batch import accumulation_for, cap_at_samples, check_share
 from .lightning_loop import LoopConfirmation, MemoryLine, confirm_in_loop
 from .lightning_state import SavedState, probing
 from .lightning_step import LightningStep, first_batch
@@ -149,8 +149,9 @@ class AutoBatchSize(Callback):
             return
         options = dict(self.probe_options)
         share = None if self.global_batch is None else self.global_batch // world
-        if share is not None:
-            options["max_batch"] = share if options["max_batch"] is None else min(options["max_batch"], share)
+        multiple = options["multiple_of"]
+        options["max_batch"], options["start"] = cap_at_samples(
+            share, options["max_batch"], options.get("start"), multiple, where=f"global_batch={self.global_batch}")
         saved = rng_state()  # a DataLoader's iterator draws its seed: fit must draw the same
         first, sized, samples = first_batch(trainer, pl_module, world)
         set_rng_state(saved)
@@ -160,9 +161,10 @@ class AutoBatchSize(Callback):
                 f"{f' per rank, {world} ranks' if world > 1 else ''}): each epoch would end before one global "
                 "batch; lower global_batch"
             )
-        if samples is not None:  # as BatchSizeFinder: no batch larger than the dataset (a rank's share of it)
-            cap = options["max_batch"]
-            options["max_batch"] = samples if cap is None else min(cap, samples)
+        # as BatchSizeFinder: no batch larger than the dataset (a rank's share of it)
+        options["max_batch"], options["start"] = cap_at_samples(
+            samples, options["max_batch"], options["start"], multiple,
+            where=f"the train dataset{f' (a rank of {world})' if world > 1 else ''}")
         with SavedState.kept(trainer, pl_module) as state:
             step = LightningStep(trainer, pl_module, first, accumulating=share is not None and share > 1,
                                  prefetch=not sized, restore=lambda: state.attributes.restore(drop_new=False))

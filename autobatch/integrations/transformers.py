@@ -29,7 +29,7 @@ import torch
 from .. import checks
 from ..probe.find import find_max_batch
 from ..probe.result import ProbeResult
-from .global_batch import accumulation_for, check_share
+from .global_batch import accumulation_for, cap_at_samples, check_share
 from .transformers_step import TrainerStep, checkpointing_as_train, trainer_key
 
 __all__ = ["fit_batch_size", "longest_sample"]
@@ -74,8 +74,8 @@ def fit_batch_size(
                         f"cache=False)), not as probe_options=...; pass **{probe_options['probe_options']!r:.60}")
     global_batch, multiple_of, max_batch = _check_sizes(global_batch, multiple_of, max_batch, world)
     share = None if global_batch is None else global_batch // world
-    if share is not None:
-        max_batch = share if max_batch is None else min(max_batch, share)
+    start = probe_options.pop("start", None)
+    max_batch, start = cap_at_samples(share, max_batch, start, multiple_of, where=f"global_batch={global_batch}")
     shard = _shard_length(trainer.train_dataset, world)
     if shard is not None and share is not None and share > shard:
         raise ValueError(  # an epoch would end first: every optimizer step would train fewer samples
@@ -83,8 +83,9 @@ def fit_batch_size(
             f"{f', {shard} per process' if world > 1 else ''}): each epoch would end before one global batch; "
             "lower global_batch"
         )
-    if shard is not None:  # no batch larger than a process's share of the training set
-        max_batch = shard if max_batch is None else min(max_batch, shard)
+    # no batch larger than a process's share of the training set
+    max_batch, start = cap_at_samples(shard, max_batch, start, multiple_of,
+                                      where=f"the training set{f' (a process of {world})' if world > 1 else ''}")
     if sample is None:
         if trainer.train_dataset is None:
             raise ValueError("fit_batch_size needs trainer.train_dataset (or pass sample=)")
@@ -92,7 +93,7 @@ def fit_batch_size(
     # without a global batch, the trainer's own accumulation stays: its window is probed
     accumulation = 1 if share is not None else max(1, int(args.gradient_accumulation_steps))
     # the Trainer's loop trains the answer, and it cannot replay a step that runs out of memory
-    options = {"hand_loop": True, **probe_options}
+    options = {"hand_loop": True, **probe_options, "start": start}
     modes = [(module, module.training) for module in trainer.model.modules()]
     created = trainer.optimizer is None
     try:
@@ -278,7 +279,14 @@ def _shard_length(dataset: Any, world: int) -> int | None:
 
 def _train_step(trainer: Any, sample: Any, share: int | None, accumulation: int) -> TrainerStep:
     """The trainer's step as a :class:`TrainerStep`, its optimizer created where it has none yet.
-    Gradient checkpointing is switched on first where ``train()`` would switch it on."""
+    Gradient checkpointing is switched on first where ``train()`` would switch it on, and the
+    model placed on ``args.device`` where ``train()`` places it: under ``bf16_full_eval`` or
+    ``fp16_full_eval`` the ``Trainer``'s ``__init__`` leaves it where it was built (on a GPU the
+    probe's batches then met a host model: a device-mismatch error, no trial)."""
+    args = trainer.args
+    if ((getattr(args, "fp16_full_eval", False) or getattr(args, "bf16_full_eval", False))
+            and not getattr(trainer, "is_model_parallel", False) and getattr(trainer, "model_init", None) is None):
+        trainer._move_model_to_device(trainer.model, args.device)  # as train() does before its first step
     checkpointing_as_train(trainer)
     if trainer.optimizer is None:
         trainer.create_optimizer()
