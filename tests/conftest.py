@@ -4,6 +4,7 @@ the real user cache or sees another test's entries), and the command-line tests 
 
 from __future__ import annotations
 
+import logging
 import os
 import subprocess
 import sys
@@ -74,7 +75,16 @@ def cli_here(tmp_path, monkeypatch, capsys):
         """``dirs=False``: no run and sweep dirs added (``run_cli``'s: the ones ``args`` name, else Hydra's)."""
         extra = [f"hydra.run.dir={tmp_path / 'run'}", f"hydra.sweep.dir={tmp_path / 'sweep'}"] if dirs else []
         capsys.readouterr()
-        code = main([*args, *extra])
+        loggers = [logging.getLogger(), logging.getLogger("autobatch")]
+        saved = [(lg.handlers[:], lg.level, lg.propagate, lg.disabled) for lg in loggers]
+        try:
+            code = main([*args, *extra])
+        finally:  # Hydra's job logging (a file in the run dir, the console) stays this run's
+            for logger, (handlers, level, propagate, disabled) in zip(loggers, saved):
+                for handler in set(logger.handlers) - set(handlers):
+                    handler.close()
+                logger.handlers[:], logger.propagate, logger.disabled = handlers, propagate, disabled
+                logger.setLevel(level)
         out, err = capsys.readouterr()
         return subprocess.CompletedProcess(["autobatch", *args], code, out, err)
 
