@@ -69,6 +69,7 @@ def fit_batch_size(
     """
     args = trainer.args
     world = max(1, int(getattr(args, "world_size", 1)))
+    _refuse_data_parallel(args)
     if "probe_options" in probe_options:  # AutoBatchSize's spelling: here they are keywords
         raise TypeError(f"fit_batch_size takes find_max_batch's options as keywords (fit_batch_size(trainer, "
                         f"cache=False)), not as probe_options=...; pass **{probe_options['probe_options']!r:.60}")
@@ -120,6 +121,22 @@ def fit_batch_size(
              "optimizer step over %d process(es) (probe %d)%s", size, accumulation, size * accumulation * world,
              world, result.batch_size, "" if share is not None else "; pass global_batch= to keep a global batch")
     return result
+
+
+def _refuse_data_parallel(args: Any) -> None:
+    """One ``ValueError`` where ``train()`` would wrap the model in ``torch.nn.DataParallel``:
+    several GPUs visible to one process that no launcher started (``args.n_gpu`` > 1). Each
+    step then trains ``per_device_train_batch_size`` times the GPUs, and the first GPU also
+    holds the gathered outputs and the loss of the whole batch, so neither the answer nor the
+    global batch's arithmetic (one process, ``world_size`` 1) would be that of the run."""
+    gpus = int(getattr(args, "n_gpu", 1) or 1)
+    if gpus > 1 and int(getattr(args, "world_size", 1) or 1) == 1:
+        raise ValueError(
+            f"fit_batch_size: this process sees {gpus} GPUs, so Trainer.train() would run torch.nn.DataParallel "
+            "over them (per_device_train_batch_size x GPUs a step, the outputs gathered on the first), which the "
+            "probe does not model; launch one process per GPU (torchrun --nproc-per-node "
+            f"{gpus} your_script.py, or accelerate launch), or make one GPU visible (CUDA_VISIBLE_DEVICES=0)"
+        )
 
 
 def _check_sizes(global_batch: int | None, multiple_of: int, max_batch: int | None,
