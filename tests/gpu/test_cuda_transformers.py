@@ -62,3 +62,27 @@ def test_the_size_trains_under_the_cap(tmp_path, make, global_batch):
     size, accumulation = trainer.args.per_device_train_batch_size, trainer.args.gradient_accumulation_steps
     assert trainer.state.global_step == STEPS and 1 < size <= result.batch_size
     assert size * accumulation == (global_batch or size)
+
+
+def test_a_model_left_on_the_host_by_bf16_full_eval_is_probed_on_the_gpu(tmp_path):
+    """With ``bf16_full_eval`` the Trainer's ``__init__`` leaves the model where it was built
+    (here the host) and ``train()`` moves it: the probe moves it first, as ``train()`` would
+    (its batches on the GPU met a host model before: a device-mismatch error, no trial)."""
+    free_memory()
+    torch.manual_seed(0)
+    model, data, collate = language_model()
+    args = transformers.TrainingArguments(
+        output_dir=str(tmp_path), per_device_train_batch_size=1, max_steps=5, bf16=True, bf16_full_eval=True,
+        report_to=[], save_strategy="no", logging_strategy="no", disable_tqdm=True)
+    trainer = transformers.Trainer(model=model, args=args, train_dataset=data, data_collator=collate)
+    assert next(trainer.model.parameters()).device.type == "cpu"  # as the Trainer left it
+    torch.cuda.set_per_process_memory_fraction(CAP / torch.cuda.get_device_properties(0).total_memory)
+    try:
+        result = fit_batch_size(trainer, cache=False)
+        assert next(trainer.model.parameters()).device.type == "cuda"
+        trainer.train()  # an OOM here fails the test
+    finally:
+        torch.cuda.set_per_process_memory_fraction(1.0)
+        trainer.model = trainer.model_wrapped = trainer.optimizer = None
+        free_memory()
+    assert trainer.state.global_step == 5 and 1 < trainer.args.per_device_train_batch_size <= result.batch_size
