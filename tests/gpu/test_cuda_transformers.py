@@ -86,3 +86,17 @@ def test_a_model_left_on_the_host_by_bf16_full_eval_is_probed_on_the_gpu(tmp_pat
         trainer.model = trainer.model_wrapped = trainer.optimizer = None
         free_memory()
     assert trainer.state.global_step == 5 and 1 < trainer.args.per_device_train_batch_size <= result.batch_size
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs in one process")
+def test_several_gpus_without_a_launcher_is_one_error_naming_torchrun(tmp_path):
+    """A plain ``python`` process that sees two GPUs: ``train()`` would run DataParallel
+    (``args.n_gpu`` == 2), which the probe does not model; one error, the arguments untouched."""
+    model, data, collate = language_model()
+    args = transformers.TrainingArguments(output_dir=str(tmp_path), per_device_train_batch_size=4, max_steps=1,
+                                          report_to=[], save_strategy="no", logging_strategy="no", disable_tqdm=True)
+    trainer = transformers.Trainer(model=model, args=args, train_dataset=data, data_collator=collate)
+    assert args.n_gpu == torch.cuda.device_count() and args.world_size == 1
+    with pytest.raises(ValueError, match=r"DataParallel.*torchrun --nproc-per-node"):
+        fit_batch_size(trainer, global_batch=64, cache=False)
+    assert (args.per_device_train_batch_size, args.gradient_accumulation_steps) == (4, 1)
