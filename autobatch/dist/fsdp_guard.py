@@ -129,8 +129,14 @@ class Ballot:
         self.votes += 1
         values = [payload] if isinstance(payload, int) else list(payload)
         values = [int(v) for v in values] + [0] * (_PAYLOAD - len(values))
-        with _disable_current_modes():  # a simulated budget must not count (or refuse) the vote
-            rows = exchange_via_store([code, index, kind, self.votes, *values], f"{self.label}: FSDP vote")
+        try:
+            with _disable_current_modes():  # a simulated budget must not count (or refuse) the vote
+                rows = exchange_via_store([code, index, kind, self.votes, *values], f"{self.label}: FSDP vote")
+        except RankDisagreementError:
+            # the vote itself failed (a peer past the deadline, a dead store): the ranks are out of
+            # step, so no "failed" vote follows (it only waited another whole deadline)
+            self.settled = True
+            raise
         errors = [r for r, row in enumerate(rows) if row[0] == _ERROR]
         ooms = [r for r, row in enumerate(rows) if row[0] == _OOM]
         if not errors and not ooms:
