@@ -371,11 +371,12 @@ def build_workload(cfg: DictConfig) -> Workload:
     if not cfg.train.get("fsdp"):  # FSDP2 shards instead of replicating: never also DDP
         model = data_parallel(model, device)  # DDP under torchrun: trained and probed through DDP
     make_batch, probe_batch, samples, dataset = _batch_makers(cfg, device)
+    first_input = None
     if dataset is not None:
-        validation.check_dataset_inputs(cfg, dataset)
+        first_input = validation.check_dataset_inputs(cfg, dataset)
         validation.check_dataset_size(cfg, len(dataset), dist_sync.world_size())
     autocast_dtype = _AUTOCAST[_name(cfg.precision)]
-    validation.check_data_dtype(cfg, model, autocast_dtype)
+    validation.check_data_dtype(cfg, model, autocast_dtype, first_input)
     scaler = None
     if autocast_dtype is torch.float16:  # fp16 trains with a GradScaler (CUDA and, since torch 2.3, the CPU)
         scaler = torch.amp.GradScaler(device.type)

@@ -14,7 +14,10 @@ to Hydra.
 A config of the user's own (``--config-dir``, ``--config-name``) is composed the same way, on
 the search path Hydra will use (:mod:`autobatch.cli.user_config`): a missing directory or config
 is one line, as is a config that lacks keys because it does not extend the packaged one.
-``--shell-completion`` is refused (Hydra's completion needs a script of its own to call).
+``--shell-completion`` is refused (Hydra's completion needs a script of its own to call), as are
+Hydra flags that do not go together or lack their value (Hydra raised those as tracebacks). A
+sweep is ``-m`` or ``hydra.mode=MULTIRUN`` (:func:`_multirun_mode`); :func:`flags_first` puts
+Hydra's flags before the overrides, where its parser wants them.
 Keys the run will not read (:mod:`autobatch.cli.ignored`) and a config that does not extend the
 packaged one are named in ``autobatch: warning:`` lines, once each, and the run goes on.
 """
@@ -40,10 +43,11 @@ from .config import ProbeAppConfig
 from .errors import BAD_INPUT, CLIError, describe
 from .ignored import ignored_keys
 from .ranks import launched_rank
-from .user_config import check_config_name, check_extends, composing, config_flags, without_config_flags
+from .user_config import (CONFIG_DIR_FLAGS, CONFIG_NAME_FLAGS, CONFIG_PATH_FLAGS, check_config_name, check_extends,
+                          composing, config_flags, without_config_flags)
 from .validation import close_match
 
-__all__ = ["check", "job_overrides", "MAX_JOBS_CHECKED"]
+__all__ = ["check", "flags_first", "job_overrides", "MAX_JOBS_CHECKED"]
 
 #: Sweeps larger than this are checked on their first jobs only.
 MAX_JOBS_CHECKED = 64
@@ -97,6 +101,32 @@ def _without_printing_flags(args: Sequence[str]) -> tuple[list[str], bool]:
         if "=" not in arg and following is not None and (takes is True or (takes and following in _INFO_CHOICES)):
             skip = True
     return rest, printing
+
+
+def flags_first(args: Sequence[str]) -> list[str]:
+    """``args`` with Hydra's flags (and their values) before the overrides. Hydra's parser takes
+    the overrides as one run of positionals, so those after a flag between them
+    (``model=mlp,gpt -m probe.max_batch=64``) were "unrecognized arguments", its whole usage text."""
+    valued = {name for name, takes in _PRINTING.items() if takes is True}
+    valued |= {*CONFIG_DIR_FLAGS, *CONFIG_NAME_FLAGS, *CONFIG_PATH_FLAGS, "--experimental-rerun"}
+    flags: list[str] = []
+    overrides: list[str] = []
+    skip = False
+    for index, arg in enumerate(args):
+        if skip:
+            skip = False
+            continue
+        if not arg.startswith("-"):
+            overrides.append(arg)
+            continue
+        flags.append(arg)
+        following = args[index + 1] if index + 1 < len(args) else None
+        if "=" not in arg and following is not None and (
+            arg in valued or (_PRINTING.get(arg) == "optional" and following in _INFO_CHOICES)
+        ):
+            flags.append(following)
+            skip = True
+    return [*flags, *overrides]
 
 
 def _override_hint(message: str) -> str:
@@ -170,6 +200,42 @@ def _refuse_flags(command: str, args: Sequence[str]) -> None:
         raise CLIError(f"unknown option {unknown[0]!r}; see python -m autobatch {command} --help")
 
 
+def _multirun_mode(config_name: str, overrides: Sequence[str], own_config: bool) -> bool:
+    """Whether ``hydra.mode=MULTIRUN`` asks for a sweep without ``-m`` (an override, or a config of
+    the user's own that sets it), read as Hydra reads it (call inside :func:`composing`). Without
+    this a sweep so asked for had its comma lists composed as one run and was refused. Only the
+    ``hydra`` overrides are composed: a misspelt task key is then reported as itself."""
+    hydra_overrides = [o for o in overrides if o.lstrip("+~").startswith(("hydra.", "hydra/"))]
+    if not own_config and not any(o.lstrip("+~").startswith("hydra.mode") for o in hydra_overrides):
+        return False  # the packaged configs set no mode
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.types import RunMode
+
+    mode = GlobalHydra.instance().hydra.get_mode(config_name=config_name, overrides=hydra_overrides)  # type: ignore[union-attr]
+    return mode == RunMode.MULTIRUN
+
+
+def _check_flag_mix(command: str, args: Sequence[str]) -> None:
+    """``CLIError`` for Hydra flags that do not go together: Hydra raised its ``ValueError``
+    about them outside its own error reporting, a traceback with exit status 1."""
+    given = {arg.split("=", 1)[0] for arg in args if arg.startswith("-")}
+    modes = [name for names in (("-m", "--multirun"), ("-c", "--cfg"), ("-i", "--info")) for name in names if name in given]
+    if len(modes) > 1:
+        raise CLIError(f"{modes[0]} and {modes[1]} do not go together (Hydra takes one of --multirun, --cfg and --info); "
+                       f"drop one (--cfg and --info show the config of one run: python -m autobatch {command} --cfg job)")
+    if "--resolve" in given and not given & {"-c", "--cfg"}:
+        raise CLIError(f"--resolve only goes with --cfg: python -m autobatch {command} --cfg job --resolve")
+    for index, arg in enumerate(args):  # Hydra's parser prints its usage text for a missing value
+        name, inline, value = *arg.partition("=")[::2], None
+        if name in ("-c", "--cfg", "-p", "--package"):
+            value = inline if "=" in arg else (args[index + 1] if index + 1 < len(args) else "")
+        if name in ("-c", "--cfg") and value not in ("job", "hydra", "all"):
+            raise CLIError(f"{name} takes job, hydra or all (got {value!r}): python -m autobatch {command} --cfg job")
+        if name in ("-p", "--package") and (not value or value.startswith("-") or "=" in value):
+            raise CLIError(f"{name} needs a package (a config node) after it: python -m autobatch {command} --cfg job "
+                           f"--package probe")
+
+
 def check(command: str, args: Sequence[str]) -> None:
     """Raise :class:`CLIError` (exit 2) naming the first problem in ``args``; else return
     (after printing a warning line for each key the run will not read)."""
@@ -177,16 +243,18 @@ def check(command: str, args: Sequence[str]) -> None:
     args = without_config_flags(args)
     if any(arg.split("=", 1)[0] in _HANDS_OFF for arg in args):
         return
+    _check_flag_mix(command, args)
     args, printing = _without_printing_flags(args)
     multirun = any(arg in _MULTIRUN for arg in args)
     overrides = [arg for arg in args if arg not in _MULTIRUN]
     _refuse_flags(command, overrides)
     name = config_name or command
     try:
-        jobs = job_overrides(overrides, multirun)
         warnings: list[str] = []
         with composing(command, config_dir):
             check_config_name(name, config_dir)
+            multirun = multirun or _multirun_mode(name, overrides, config_name is not None)
+            jobs = job_overrides(overrides, multirun)
             packaged = compose(command)  # what the user did not change
             for index, job in enumerate(jobs):
                 # the first job's run directory (a multirun's sweep directory) is checked too

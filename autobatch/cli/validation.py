@@ -17,7 +17,8 @@ model and the dataset exist:
   would then fail for a reason that is not the real one.
 * :func:`check_dataset_size`: a batch larger than a finite dataset repeats its samples.
 * :func:`check_data_dtype`: half-precision synthetic inputs meet float32 weights only under
-  autocast; without it the first forward fails inside torch.
+  autocast, and a built-in model's ``data.dataset`` inputs (numpy's float64) only when they have
+  its dtype or autocast casts them; else the first forward fails inside torch.
 * :func:`check_cache_dir`: a ``probe.cache_dir`` that is a file (or under one) cached nothing,
   with two warnings that blamed the entries, where ``cache list --dir`` of it is an error.
 """
@@ -184,11 +185,12 @@ def _describe_sample(sample: Any) -> str:
     return f"a {type(sample).__name__}"
 
 
-def check_dataset_inputs(cfg: DictConfig, dataset: Any) -> None:
+def check_dataset_inputs(cfg: DictConfig, dataset: Any) -> Any:
     """A ``_target_`` dataset's samples must be ``(input, target)`` pairs (the CLI's loss takes
     them apart; anything else failed deep in training as "too many values to unpack"), judged
     by its first sample; and their inputs must suit a built-in model: token ids (integers) for
-    ``tokens``, floating tensors of the model's rank for ``tensor``."""
+    ``tokens``, floating tensors of the model's rank for ``tensor``. Returns that first input
+    (None for an empty dataset), for :func:`check_data_dtype`: the sample is read once."""
     found = _input_kind(cfg)
     sample = dataset[0] if len(dataset) else None
     if sample is not None and not (isinstance(sample, (tuple, list)) and len(sample) == 2):
@@ -198,7 +200,7 @@ def check_dataset_inputs(cfg: DictConfig, dataset: Any) -> None:
         )
     inputs = sample[0] if sample is not None else None
     if found is None or not isinstance(inputs, torch.Tensor):
-        return  # a _target_ model takes what its dataset gives; anything else is for collate to judge
+        return inputs  # a _target_ model takes what its dataset gives; anything else is for collate to judge
     kind, dims = found
     what = f"{str(inputs.dtype).replace('torch.', '')} tensors of shape {list(inputs.shape)}"
     target = cfg.model._target_
@@ -210,6 +212,7 @@ def check_dataset_inputs(cfg: DictConfig, dataset: Any) -> None:
                          "use a token model (model=gpt) or a dataset of float inputs")
     if kind == "tensor" and dims is not None and inputs.dim() != len(dims):
         raise ValueError(f"model._target_={target} takes {_dims_text(dims)} but data.dataset's inputs are {what}")
+    return inputs
 
 
 def _parameters(target: Any) -> tuple[list[str], bool] | None:
@@ -279,13 +282,18 @@ def check_dataset_size(cfg: DictConfig, size: int, world: int = 1) -> None:
                              f"more samples than the dataset has, lower {key}")
 
 
-def check_data_dtype(cfg: DictConfig, model: torch.nn.Module, autocast_dtype: torch.dtype | None) -> None:
+def check_data_dtype(cfg: DictConfig, model: torch.nn.Module, autocast_dtype: torch.dtype | None,
+                     first_input: Any = None) -> None:
     """Synthetic tensor inputs of ``data.dtype`` (bfloat16, float16) must match the model's
     floating weights unless autocast (``precision=bf16`` or ``fp16``) casts them: float32
     weights and bfloat16 inputs fail in the first matmul ("mat1 and mat2 must have the same
-    dtype"). Token ids (``model.inputs=tokens``) and a ``data.dataset`` are not judged."""
+    dtype"). Token ids (``model.inputs=tokens``) are not judged; a ``data.dataset`` is judged by
+    :func:`_check_dataset_dtype` on its ``first_input`` (what :func:`check_dataset_inputs` read)."""
     data = cfg.data
-    if data.dataset is not None or autocast_dtype is not None:
+    if data.dataset is not None:
+        _check_dataset_dtype(cfg, model, autocast_dtype, first_input)
+        return
+    if autocast_dtype is not None:
         return
     if getattr(cfg.model.get("inputs", "tensor"), "name", str(cfg.model.get("inputs", "tensor"))) != "tensor":
         return
@@ -319,3 +327,32 @@ def check_cache_dir(cfg: DictConfig, base: Path | None = None) -> None:
         where = "is a file" if existing == path else f"is under a file, {shown}"
         raise ValueError(f"probe.cache_dir={probe.cache_dir} {where}, not a directory; give a directory for the probe "
                          "cache (it is made if missing), or probe.cache=false")
+
+
+def _check_dataset_dtype(cfg: DictConfig, model: torch.nn.Module, autocast_dtype: torch.dtype | None, inputs: Any) -> None:
+    """A built-in tensor model's ``data.dataset`` inputs (its first sample's: a tensor or an
+    array, such as numpy's float64 default) must have its weights' dtype, or one autocast casts
+    (it never casts float64): else the probe's first trial failed inside torch ("mat1 and mat2
+    must have the same dtype"), exit status 1, naming neither the key nor the fix."""
+    found = _input_kind(cfg)
+    if found is None or found[0] != "tensor" or inputs is None:
+        return  # a _target_ model may cast its inputs itself
+    if not isinstance(inputs, torch.Tensor):
+        if not (hasattr(inputs, "dtype") and hasattr(inputs, "__array__")):
+            return
+        try:
+            inputs = torch.as_tensor(inputs)
+        except (TypeError, ValueError, RuntimeError):
+            return
+    weights = next((p.dtype for p in model.parameters() if p.is_floating_point()), None)
+    if weights is None or not inputs.is_floating_point() or inputs.dtype == weights:
+        return
+    if autocast_dtype is not None and inputs.dtype != torch.float64:
+        return  # autocast casts them
+    name, wanted = (str(d).replace("torch.", "") for d in (inputs.dtype, weights))
+    why = "autocast never casts float64" if name == "float64" else "no autocast; precision=bf16 or fp16 would cast them"
+    raise ValueError(
+        f"data.dataset={cfg.data.dataset.get('_target_')}: its inputs are {name} but the model's weights are {wanted} "
+        f"(precision={getattr(cfg.precision, 'name', cfg.precision)}: {why}); return {wanted} inputs from the "
+        f"dataset's __getitem__ (e.g. torch.as_tensor(x, dtype=torch.{wanted}))"
+    )
