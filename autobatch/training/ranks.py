@@ -13,7 +13,7 @@ from typing import Any, Callable, Iterable
 
 import torch
 
-__all__ = ["DataParallel", "exchange_bytes", "install", "installed", "current", "unwrap"]
+__all__ = ["DataParallel", "agree_fit", "exchange_bytes", "install", "installed", "current", "unwrap"]
 
 
 class DataParallel:
@@ -100,6 +100,34 @@ class DataParallel:
         :meth:`exchange`."""
         return exchange_bytes(self.exchange, data, label)
 
+
+
+def agree_fit(parallel: DataParallel, **arguments: int | bool | None) -> None:
+    """One ``ValueError`` on every rank where ``fit()``'s run-shaping arguments differ between
+    ranks (one sync point, before anything is loaded or trained). A checkpoint is written by
+    every rank together (each its random state, rank 0 the model), so ``checkpoint_dir`` given
+    on rank 0 only (the habit of ``if rank == 0: save``) failed at the first save, or left rank 0
+    waiting out the sync timeout at the run's end; a resume or a length on some ranks only
+    trains them out of step. ``arguments``: a flag (set or not) or a count (None: unset)."""
+    names = list(arguments)
+    values = [-1 if value is None else int(value) for value in arguments.values()]
+    rows = parallel.exchange(values, "fit(): every rank's arguments")
+    differ = [i for i in range(len(names)) if len({row[i] for row in rows}) > 1]
+    if not differ:
+        return
+
+    def shown(i: int, value: int) -> str:
+        if isinstance(arguments[names[i]], bool):
+            return "set" if value else "not set"
+        return "None" if value < 0 else str(value)
+
+    detail = "; ".join(f"{names[i]}: " + ", ".join(f"rank {r} {shown(i, row[i])}" for r, row in enumerate(rows))
+                       for i in differ)
+    raise ValueError(
+        f"fit() was called with other arguments on other ranks ({detail}); pass the same on every rank: "
+        "every rank trains each step and writes each checkpoint together (its own random state; rank 0 the "
+        "model), so give checkpoint_dir, resume, epochs and steps to every rank's Runner and fit(), not to rank 0's alone"
+    )
 
 def exchange_bytes(exchange: Callable[[list[int], str], list[list[int]]], data: bytes, label: str) -> list[bytes]:
     """Every rank's ``data`` through an ``exchange`` of equal-length integer lists: the lengths

@@ -68,7 +68,24 @@ def fsdp_stalled(rank: int, world: int, out: Path) -> dict:
             "limit": limit}
 
 
-SCENARIOS = {"fsdp_stalled": fsdp_stalled}
+def checkpoint_on_rank_zero(rank: int, world: int, out: Path) -> dict:
+    """``checkpoint_dir`` on rank 0 only (the habit of saving on rank 0): one error on every rank
+    before any step, naming the argument, instead of a hang at the first save."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 1)).double()
+    runner = Runner(model, torch.optim.SGD(model.parameters(), lr=0.01), lambda m, b: nn.functional.mse_loss(m(b[0]), b[1]),
+                    global_batch=16, micro_batch=8, checkpoint_dir=out / "ckpt" if rank == 0 else None, **QUIET)
+    began = time.monotonic()
+    try:
+        runner.fit(_data(rank), steps=2 if rank == 0 else None)
+        error, message = None, ""
+    except BaseException as exc:  # noqa: BLE001 - reported
+        error, message = type(exc).__name__, str(exc)
+    return {"error": error, "message": message[:2000], "seconds": time.monotonic() - began, "step": runner.step,
+            "written": (out / "ckpt").exists() and any((out / "ckpt").iterdir())}
+
+
+SCENARIOS = {"fsdp_stalled": fsdp_stalled, "checkpoint_on_rank_zero": checkpoint_on_rank_zero}
 
 if __name__ == "__main__":
     main(SCENARIOS)
