@@ -35,6 +35,11 @@ def _in_tmp(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(sys, "argv", ["autobatch"])  # main() sets it for Hydra
     monkeypatch.delenv("AUTOBATCH_TRACEBACK", raising=False)
+    # a test run started in the background (`pytest &`, no job control) inherits SIGINT ignored,
+    # which the CLI rightly leaves ignored (a nohup run's): these tests need it to arrive
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
 
 
 def _signal_at(monkeypatch, signum: int, call: int) -> None:
