@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from torch import nn
 
 from autobatch import simulated_memory
 
@@ -34,25 +33,15 @@ def test_the_cap_keeps_max_batch_and_start_within_the_samples():
 pl = pytest.importorskip("lightning.pytorch")
 
 from autobatch.integrations.lightning import AutoBatchSize  # noqa: E402
+from test_lightning_checks import Small as ChecksSmall  # noqa: E402
 
 
-class Small(pl.LightningModule):
+class Small(ChecksSmall):
+    """test_lightning_checks' module over ``samples`` samples."""
+
     def __init__(self, samples: int) -> None:
         super().__init__()
-        self.batch_size = 2
-        torch.manual_seed(0)
-        self.net = nn.Linear(8, 1)
         self.data = torch.utils.data.TensorDataset(torch.randn(samples, 8), torch.randn(samples, 1))
-
-    def training_step(self, batch, index):
-        x, y = batch
-        return nn.functional.mse_loss(self.net(x), y)
-
-    def configure_optimizers(self):
-        return torch.optim.SGD(self.parameters(), lr=1e-3)
-
-    def train_dataloader(self):
-        return torch.utils.data.DataLoader(self.data, batch_size=self.batch_size)
 
 
 def fit(module, callback):
