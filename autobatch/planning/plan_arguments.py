@@ -95,8 +95,8 @@ def validate_timing(*, warmup_steps: int, timed_steps: int, retime_rounds: int =
         if number is None or number < low:
             raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
         timing[name] = number
-    within = retime_within
-    if isinstance(within, bool) or not isinstance(within, numbers.Real) or not 0 <= within < 1:
-        raise ValueError(f"retime_within must be a fraction in [0, 1) (0.1: within 10 % of the best), got {within!r}")
-    timing["retime_within"] = float(within)
+    if isinstance(retime_within, bool) or not isinstance(retime_within, numbers.Real) or not 0 <= retime_within < 1:
+        raise ValueError("retime_within must be a fraction in [0, 1) (0.1: within 10 % of the best), "
+                         f"got {retime_within!r}")
+    timing["retime_within"] = float(retime_within)
     return timing

@@ -81,13 +81,13 @@ def check_loose_parameters(path: Path, model: torch.nn.Module, optimizer: torch.
             )
 
 
-def load_loose_parameters(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+def load_loose_parameters(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                           saved: dict[str, torch.Tensor] | None) -> None:
     """Copy the checkpoint's parameters trained outside the model back in place. A checkpoint
     of an earlier version holds none (``saved`` None): it still loads, with a warning where this
-    run's optimizer trains such parameters (they keep this run's values). Another set of them,
-    or another shape, is one :class:`~autobatch.errors.CheckpointError`
-    (:func:`check_loose_parameters`)."""
+    run's optimizer trains such parameters (they keep this run's values). The caller checks
+    first with :func:`check_loose_parameters`, before it loads anything else (another set of
+    them, or another shape, is one :class:`~autobatch.errors.CheckpointError` there)."""
     current = loose_parameters(model, optimizer)
     if saved is None:
         if current:
@@ -98,7 +98,6 @@ def load_loose_parameters(path: Path, model: torch.nn.Module, optimizer: torch.o
                 len(current), ", ".join(sorted(current)),
             )
         return
-    check_loose_parameters(path, model, optimizer, saved)
     for key, param in current.items():
         with torch.no_grad():
             local(param).copy_(saved[key])

@@ -101,7 +101,6 @@ class DataParallel:
         return exchange_bytes(self.exchange, data, label)
 
 
-
 def agree_fit(parallel: DataParallel, **arguments: int | bool | None) -> None:
     """One ``ValueError`` on every rank where ``fit()``'s run-shaping arguments differ between
     ranks (one sync point, before anything is loaded or trained). A checkpoint is written by
@@ -128,6 +127,7 @@ def agree_fit(parallel: DataParallel, **arguments: int | bool | None) -> None:
         "every rank trains each step and writes each checkpoint together (its own random state; rank 0 the "
         "model), so give checkpoint_dir, resume, epochs and steps to every rank's Runner and fit(), not to rank 0's alone"
     )
+
 
 def exchange_bytes(exchange: Callable[[list[int], str], list[list[int]]], data: bytes, label: str) -> list[bytes]:
     """Every rank's ``data`` through an ``exchange`` of equal-length integer lists: the lengths

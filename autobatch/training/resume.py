@@ -356,7 +356,7 @@ class Resumable:
                 path, f"it was written for another model or optimizer ({detail}); resume with the model it was "
                 "trained with, or start afresh",
             ) from None
-        load_loose_parameters(path, unwrap(self.model), self.optimizer, state.get("loose_parameters"))
+        load_loose_parameters(unwrap(self.model), self.optimizer, state.get("loose_parameters"))
         if self.grad_scaler is not None and state.get("grad_scaler"):
             self.grad_scaler.load_state_dict(state["grad_scaler"])
         self.step, self.epoch, self._torn = state["step"], state["epoch"], None

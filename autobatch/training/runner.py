@@ -255,8 +255,8 @@ class Runner(OomRecovery, Resumable, PlansFromData, Stoppable):
         steps = checks.positive_int("steps", steps, allow_none=True)
         check_data(data)  # not one batch: a tensor, a dict, a tuple of tensors iterate its rows, keys, fields
         if self.distributed:  # before anything is loaded: a save or a resume on some ranks only hangs the others
-            ranks.agree_fit(self._parallel, checkpoint_dir=self.checkpoint_dir is not None, resume=resume is not None,
-                      epochs=epochs, steps=steps)
+            ranks.agree_fit(self._parallel, checkpoint_dir=self.checkpoint_dir is not None,
+                            resume=resume is not None, epochs=epochs, steps=steps)
         began = time.perf_counter()
         self._data_generators, self._epoch_batches = data_generators(data), epoch_length(data, 1)
         first_epoch = None
