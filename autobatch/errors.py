@@ -111,7 +111,9 @@ class GlobalBatchTooLargeError(MemoryError):
 
 
 class StepOutOfMemoryError(MemoryError):
-    """The training runner could not fit a global step even at micro-batch 1.
+    """The training runner could not fit a global step even at micro-batch 1 (or at the smallest
+    ``min_micro_batch`` allows), or an OOM struck after the step's attempts had succeeded, outside
+    the replay (``phase="scheduler"``: in ``scheduler.step()``, which no smaller micro-batch shrinks).
 
     Raised ``from`` the last out-of-memory error. ``step`` is the global step index,
     ``phase`` where the last attempt failed, ``checkpointing`` whether activation

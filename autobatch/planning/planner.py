@@ -7,12 +7,11 @@ repeated blocks are checkpointed (:mod:`autobatch.planning.checkpointing`) and t
 
 Objectives:
 
-* ``max_batch`` (default): the largest micro-batch that trains. The global batch in one
-  step when it fits; otherwise ``accumulation_steps = ceil(global / largest fitting)`` and the
-  micro-batches balanced (sizes differ by at most one, the micro-batch is
-  ``ceil(global / accumulation_steps)``), so no step is mostly empty. Checkpointing is turned
-  on only when batch 1 does not fit, or when accumulation is not allowed and checkpointing
-  lets the whole global batch fit.
+* ``max_batch`` (default): the largest micro-batch that trains. The global batch in one step when it
+  fits; otherwise ``accumulation_steps = ceil(global / largest fitting)`` and the micro-batches balanced
+  (sizes differ by at most one, the micro-batch is ``ceil(global / accumulation_steps)``), so no step is
+  mostly empty. Checkpointing is turned on only when batch 1 does not fit, or when accumulation is not
+  allowed and checkpointing lets the whole global batch fit.
 * ``throughput``: time candidate plans (:mod:`autobatch.planning.throughput`) and pick the one with
   the most samples/s: micro-batches from small to the largest that fits, without
   checkpointing and, where checkpointing makes larger micro-batches fit, with it. A
@@ -23,10 +22,10 @@ Objectives:
   ``retime_rounds`` interleaved rounds, and the pooled median picks the winner (the fastest
   step of one short pass can be a lucky one, and drift can favour whoever ran at a good time).
 
-With ``multiple_of`` > 1 every micro-batch is a multiple of it; a global batch that is not
-one cannot be split so, and runs in one step (the probes try it alone) or is a ``ValueError``.
-When the plan uses checkpointing the model *stays wrapped* (``Plan.checkpointing`` says so;
-``Plan.undo()`` unwraps it); otherwise the model is left as it was given.
+With ``multiple_of`` > 1 every micro-batch is a multiple of it (full pieces of the least-padded
+multiple, a smaller last one); a global batch that is not one cannot be split so: one step (the
+probes try it alone) or a ``ValueError``. A plan that uses checkpointing leaves the model *wrapped*
+(``Plan.checkpointing`` says so; ``Plan.undo()`` unwraps it); otherwise it is left as given.
 """
 
 from __future__ import annotations
@@ -377,7 +376,8 @@ class _Planner(ThroughputObjective):
 
     def build(self, largest: int, checkpointing: bool, objective: str, reason: str, balanced: bool, **extra) -> Plan:
         """A plan for micro-batches of at most ``largest``; wraps the model when needed."""
-        micro = balanced_micro_batch(self.global_batch, largest) if balanced else min(largest, self.global_batch)
+        multiple = self.probe_kwargs.get("multiple_of", 1)  # > 1: full pieces of the least-padded multiple
+        micro = balanced_micro_batch(self.global_batch, largest, multiple) if balanced or multiple > 1 else min(largest, self.global_batch)
         sizes = micro_batch_sizes(self.global_batch, micro, balanced=balanced)
         if checkpointing:
             self.wrap()

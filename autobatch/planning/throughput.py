@@ -178,10 +178,13 @@ def leaders(candidates: list[Candidate], within: float) -> list[Candidate]:
     return [c for c in timed if c.samples_per_s >= (1 - within) * best]
 
 
-def balanced_micro_batch(global_batch: int, largest: int) -> int:
+def balanced_micro_batch(global_batch: int, largest: int, multiple_of: int = 1) -> int:
     """The smallest micro-batch that needs no more steps than ``largest`` does:
-    ``ceil(global / ceil(global / largest))`` (64 with at most 24 fitting: 3 steps of 22, 21, 21)."""
-    return math.ceil(global_batch / math.ceil(global_batch / largest))
+    ``ceil(global / ceil(global / largest))`` (64 with at most 24 fitting: 3 steps of 22, 21, 21);
+    with ``multiple_of`` > 1 (``largest`` one of its multiples) the smallest such multiple, split
+    in full pieces and a smaller last one (100 by 2 with 62 fitting: 50 + 50, not 62 + 38)."""
+    size = math.ceil(global_batch / math.ceil(global_batch / largest))
+    return min(largest, math.ceil(size / multiple_of) * multiple_of)
 
 
 def candidate_micro_batches(
@@ -193,8 +196,8 @@ def candidate_micro_batches(
 
     Sizes that need the same number of steps do the same number of micro-steps, so only the
     smallest such size (:func:`balanced_micro_batch`, the least padding) is kept. With
-    ``multiple_of`` > 1 every size is a multiple of it and the largest per step count is kept
-    (a balanced split would break the multiple).
+    ``multiple_of`` > 1 every size is a multiple of it, the smallest multiple per step count (a
+    balanced split would break the multiple: these are split in full pieces, a smaller last).
     """
     largest = min(largest, global_batch)
     low = max(1, largest // 16) if smallest is None else max(1, smallest)
@@ -209,7 +212,7 @@ def candidate_micro_batches(
     by_steps: dict[int, int] = {}
     for size in sorted(sizes):
         steps = math.ceil(global_batch / size)
-        by_steps[steps] = size if multiple_of > 1 else balanced_micro_batch(global_batch, size)
+        by_steps[steps] = balanced_micro_batch(global_batch, size, multiple_of)
     return sorted(set(by_steps.values()))
 
 

@@ -19,9 +19,9 @@ from typing import Any, Iterable, Iterator
 
 import torch
 
-from .checkpoint_io import set_rng_state
+from .checkpoint_io import rng_state, set_rng_state
 
-__all__ = ["EpochBatches", "epoch_length", "replayed", "set_epoch"]
+__all__ = ["EpochBatches", "epoch_length", "replayed", "set_epoch", "started"]
 
 log = logging.getLogger("autobatch")
 
@@ -99,13 +99,31 @@ def replayed(data: Iterable[Any], epoch: int, epoch_rng: dict[str, Any], resumed
     (the checkpoint's) put back: the loader's draws at ``iter()`` and at each batch, the
     interrupted run's, are not drawn a second time from the saved state."""
     set_rng_state(epoch_rng, generators)
-    batches = iter(data)
+    batches = started(data, epoch, generators)
     skipped = sum(1 for _ in itertools.islice(batches, position))
     if skipped < position:
         log.warning("resume: the epoch has only %d batches, the checkpoint is at %d", skipped, position)
     ahead = list(itertools.islice(batches, 1)) if fetched and skipped == position else []
     set_rng_state(resumed_rng, generators)
     return EpochBatches(batches, epoch, drawn=skipped + len(ahead), ahead=ahead, data=data)
+
+
+def started(data: Iterable[Any], epoch: int, generators: list[torch.Generator]) -> Iterator[Any]:
+    """``iter(data)``, drawing from the random generators what the uninterrupted run drew there.
+
+    A ``DataLoader(persistent_workers=True, num_workers>0)`` makes its iterator once, in the
+    first epoch (its workers' base seed drawn from its generator, then the shuffle's order), and
+    later epochs only reset it (the order alone). A resumed process's loader has no iterator yet:
+    made afresh at a later epoch, it drew the base seed first and shuffled another order than the
+    uninterrupted run, so part of the epoch's samples trained twice and others not at all. There
+    it is first made and the random state put back, so ``iter(data)`` resets it as that run did
+    (the workers' own random numbers still differ: ``warn_persistent_workers``)."""
+    persistent = getattr(data, "persistent_workers", False) and (getattr(data, "num_workers", 0) or 0) > 0
+    if epoch > 0 and persistent and isinstance(data, torch.utils.data.DataLoader) and data._iterator is None:
+        state = rng_state(generators)
+        iter(data)  # the workers, and the first epoch's draws, thrown away
+        set_rng_state(state, generators)
+    return iter(data)
 
 
 def set_epoch(data: Iterable[Any], epoch: int) -> None:

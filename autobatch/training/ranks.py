@@ -13,7 +13,7 @@ from typing import Any, Callable, Iterable
 
 import torch
 
-__all__ = ["DataParallel", "agree_fit", "exchange_bytes", "install", "installed", "current", "unwrap"]
+__all__ = ["DataParallel", "agree_fit", "agree_loaded", "exchange_bytes", "install", "installed", "current", "unwrap"]
 
 
 class DataParallel:
@@ -127,6 +127,26 @@ def agree_fit(parallel: DataParallel, **arguments: int | bool | None) -> None:
         "every rank trains each step and writes each checkpoint together (its own random state; rank 0 the "
         "model), so give checkpoint_dir, resume, epochs and steps to every rank's Runner and fit(), not to rank 0's alone"
     )
+
+
+def agree_loaded(parallel: DataParallel, path: Any, failure: BaseException | None) -> None:
+    """Once each rank has loaded its checkpoint into the model and optimizer: a load that failed on
+    some rank (``failure``, a :class:`~autobatch.errors.CheckpointError`) fails on every rank (one
+    sync point), that rank's own error there, a ``CheckpointError`` naming it on the others. The
+    ranks agreed before that they could read their files, but a sharded model's rank reads a file
+    of its own that no other rank reads: one whose shard does not fit raised on that rank alone,
+    and its peers went on into training and waited out the sync timeout at their first step."""
+    if parallel.world_size() > 1:
+        rows = parallel.exchange([int(failure is not None)], "resume: every rank loaded the checkpoint")
+        failed = [rank for rank, row in enumerate(rows) if row[0]]
+        if failed and failure is None:
+            from ..errors import CheckpointError
+
+            raise CheckpointError(path, f"rank {', '.join(map(str, failed))} could not load its checkpoint file into "
+                                  "the model and optimizer (see that rank's error, which says what to change); "
+                                  f"rank {parallel.rank()} stops too instead of training without it")
+    if failure is not None:
+        raise failure
 
 
 def exchange_bytes(exchange: Callable[[list[int], str], list[list[int]]], data: bytes, label: str) -> list[bytes]:

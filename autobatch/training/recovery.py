@@ -100,13 +100,17 @@ class OomRecovery:
         return not self.checkpointing_fallback or self.checkpoint_handle is not None
 
     def _retried(self, batch: Any, size: int) -> Any:
-        """The step's attempts: replayed after an OOM (:meth:`_recover` first) until one succeeds."""
+        """The step's attempts: replayed after an OOM (:meth:`_recover` first) until one succeeds.
+        ``_replaying`` says whether an OOM that stops the step came from them (their options
+        used up) or after them (``scheduler.step()``: :meth:`_outside_replay`)."""
+        self._replaying = True
         for attempt in self._retrying:
             with attempt:
                 if attempt.retry_state.attempt_number > 1:
                     self._recover()
                 self.step_memory.begin()
                 loss = self._attempt(batch, size)
+        self._replaying = False
         return loss
 
     def _recover(self) -> None:
@@ -120,7 +124,7 @@ class OomRecovery:
         free_memory()
         back = self.growth.on_oom()
         grow = back is not None
-        action = "halve"
+        action = "back" if grow else "halve"  # a failed grow-back try returns to the size that trained
         if grow:
             self.micro_batch = back
             self.result.grow_attempts[-1]["held"] = False
@@ -198,6 +202,8 @@ class OomRecovery:
         if not is_oom_error(exc):
             self._note_shrunk(exc, failed_at, smallest)
             return exc
+        if not getattr(self, "_replaying", True):
+            return self._outside_replay(failed_at)
         reason = None
         if failed_at > 1:  # the default message is for micro-batch 1
             how = "with" if self.checkpoint_handle is not None else "without"
@@ -210,6 +216,19 @@ class OomRecovery:
             reason = (f"global step {self.step} ran out of memory in {self._phase} at micro-batch {failed_at}, the "
                       f"smallest min_micro_batch={self.min_micro_batch} allows, {how} activation checkpointing. {advice}")
         return StepOutOfMemoryError(self.step, self._phase, self.checkpoint_handle is not None, reason=reason)
+
+    def _outside_replay(self, micro_batch: int) -> StepOutOfMemoryError:
+        """The error for an OOM raised after the step's attempts succeeded (in ``scheduler.step()``,
+        or the buffers' re-alignment over the ranks): nothing was replayed, since a smaller
+        micro-batch does not make that part smaller, and the message says so instead of claiming
+        that the smallest micro-batch ran out (the step is undone by then, as for any error)."""
+        where = "scheduler.step()" if self._phase == "scheduler" else "the step's end, after optimizer.step()"
+        return StepOutOfMemoryError(self.step, self._phase, self.checkpoint_handle is not None, reason=(
+            f"global step {self.step} ran out of memory in {where}, after its micro-batches and optimizer step had "
+            f"succeeded at micro-batch {micro_batch}: that is outside the runner's OOM replay (moving "
+            "micro-batches, forward, backward, optimizer.step()), and a smaller micro-batch would not make it "
+            "smaller, so nothing was replayed. The step was undone (weights, optimizer, scheduler as before it); "
+            "the out-of-memory error is chained below: free memory before that call, or make it allocate less."))
 
     def _note_shrunk(self, exc: BaseException, failed_at: int, smallest: int) -> None:
         """Add a note to ``exc`` (not an interrupt, not autobatch's own error) where it was raised
@@ -269,6 +288,7 @@ class OomRecovery:
         where it has ``state_dict()`` (an object with ``step()`` alone cannot be put back)."""
         state_dict = getattr(self.scheduler, "state_dict", None)
         saved = state_dict() if callable(state_dict) else None
+        self._phase = "scheduler"  # an OOM here is not the replay's: :meth:`_outside_replay`
         try:
             self.scheduler.step()
         except BaseException:

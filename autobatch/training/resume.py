@@ -26,13 +26,12 @@ from .checkpoint_io import (
     CHECKPOINT_NAME, RUNNER_FORMAT, load_checkpoint, resolve_checkpoint, rng_state, save_checkpoint, set_rng_state,
 )
 from .checkpoint_values import check_loose_parameters, load_loose_parameters, saved_loose_parameters, storable
-from .epochs import EpochBatches, epoch_length, replayed, set_epoch
+from .epochs import EpochBatches, epoch_length, replayed, set_epoch, started
 from .pacing import agree_epoch_length, paced
 from .progress import Progress
-from .ranks import unwrap
+from .ranks import agree_loaded, unwrap
 from .resume_checks import check_fits, check_kinds, kind, load_scheduler, position_for, precision_of, warn_changed_precision
-from .resume_checks import warn_persistent_workers, warn_replaced_settings
-from .resume_checks import local_module_names, without_wrapper_prefix
+from .resume_checks import local_module_names, warn_persistent_workers, warn_replaced_settings, without_wrapper_prefix
 from .run_result import RunResult
 from .sharded_files import check_sharded_resume, sharded_path
 
@@ -59,6 +58,7 @@ class Resumable:
                 raise ValueError("no path given and no checkpoint_dir configured")
             path = self.checkpoint_dir / CHECKPOINT_NAME
         path = resolve_checkpoint(path)  # os.replace of the file over a directory failed (IsADirectoryError)
+        counted = self.result.checkpoints_saved, self.result.checkpoint_path  # put back where no file is written
         self.result.checkpoints_saved += 1  # counted in the checkpoint itself
         self._count_skips()
         sharded = has_dtensors(self.model)
@@ -77,7 +77,7 @@ class Resumable:
                 written = save_checkpoint(state, path)
             except Exception as exc:  # noqa: BLE001 - told to every rank, then re-raised
                 failure = exc
-        self._checkpoint_written(failure)
+        self._checkpoint_written(failure, counted)
         log.debug("checkpoint at step %d written to %s", self.step, written)
         return written
 
@@ -112,16 +112,18 @@ class Resumable:
                 "interrupted step is undone",
             )
 
-    def _checkpoint_written(self, failure: Exception | None) -> None:
-        """The sync point that ends every save: no rank returns before every file of this
-        checkpoint is complete (rank 0's ``last.pt``; each rank's shards under FSDP2), so a rank
-        that resumes or reads it right after sees this step's file, never a missing or stale one.
-        A rank whose write failed re-raises its error, the others raise
-        :class:`~autobatch.errors.PeerFailedError` instead of going on without the checkpoint."""
+    def _checkpoint_written(self, failure: Exception | None, counted: tuple[int, str | None]) -> None:
+        """The sync point that ends every save: no rank returns before every file of this checkpoint
+        is complete (rank 0's ``last.pt``; each rank's shards under FSDP2), so a rank that resumes or
+        reads it right after sees this step's file, never a missing or stale one. A rank whose write
+        failed re-raises its error, the others raise :class:`~autobatch.errors.PeerFailedError`, and
+        ``result.checkpoints_saved`` and ``checkpoint_path`` go back to ``counted`` (nothing written)."""
         rows = self._parallel.exchange([self.step, int(failure is not None)], "checkpoint: every rank's file written")
+        failed = [rank for rank, row in enumerate(rows) if row[1]]
+        if failure is not None or failed:  # no checkpoint written: not counted, nor named as the last one
+            self.result.checkpoints_saved, self.result.checkpoint_path = counted
         if failure is not None:
             raise failure
-        failed = [rank for rank, row in enumerate(rows) if row[1]]
         if failed:
             raise PeerFailedError(
                 f"rank {', '.join(map(str, failed))} could not write the checkpoint of step {self.step} (see that "
@@ -222,7 +224,7 @@ class Resumable:
         if resumed_rng is None or self._epoch_rng is None or (self.position == 0 and not fetched):
             self._epoch_rng = rng_state(self._data_generators)
             self.position = 0
-            self._epoch_iter = EpochBatches(iter(data), self.epoch, data=data)
+            self._epoch_iter = EpochBatches(started(data, self.epoch, self._data_generators), self.epoch, data=data)
             return self._epoch_iter
         self._epoch_iter = replayed(data, self.epoch, self._epoch_rng, resumed_rng, self._data_generators,
                                     self.position, fetched)
@@ -330,9 +332,10 @@ class Resumable:
                     path, f"its rank files are of different steps ({steps}, by rank): the run was stopped while "
                     "the ranks wrote them; resume from a checkpoint whose files all hold one step, or start afresh",
                 )
-        check_kinds(path, state, self.optimizer, self.scheduler)  # before anything is loaded
-        warn_changed_precision(state, precision_of(self._train_step))
+        failure = None  # this rank's; a sharded rank reads a file no other rank reads
         try:
+            check_kinds(path, state, self.optimizer, self.scheduler)  # before anything is loaded
+            warn_changed_precision(state, precision_of(self._train_step))
             if not sharded:  # load_state_dict loads what fits before it raises: nothing is loaded unless all fits
                 check_fits(unwrap(self.model), without_wrapper_prefix(state["model"]), self.optimizer, state["optimizer"])
             # these refuse with their own CheckpointError, before the weights and optimizer state are loaded too
@@ -348,14 +351,15 @@ class Resumable:
                 warn_replaced_settings(self.optimizer, state["optimizer"])
                 self.optimizer.load_state_dict(state["optimizer"])
                 _state_onto_device(self.optimizer)
-        except CheckpointError:
-            raise
+        except CheckpointError as exc:
+            failure = exc
         except (RuntimeError, ValueError, KeyError, AttributeError) as exc:  # mismatched keys, shapes, groups, modules
             detail = " ".join(str(exc).split())[:300]
-            raise CheckpointError(
+            failure = CheckpointError(
                 path, f"it was written for another model or optimizer ({detail}); resume with the model it was "
                 "trained with, or start afresh",
-            ) from None
+            )
+        agree_loaded(self._parallel, path, failure)  # a failure on any rank is raised on every rank
         load_loose_parameters(unwrap(self.model), self.optimizer, state.get("loose_parameters"))
         if self.grad_scaler is not None and state.get("grad_scaler"):
             self.grad_scaler.load_state_dict(state["grad_scaler"])
@@ -374,11 +378,8 @@ class Resumable:
         ranks = state.get("rng_ranks")  # each rank's own random states, where the run had them
         mine = ranks[self._parallel.rank()] if ranks is not None and len(ranks) == self._parallel.world_size() else state
         self._epoch_rng, rng = mine["epoch_rng"], mine["rng"]
-        self.result.oom_recoveries = previous.oom_recoveries
-        self.result.grow_attempts = previous.grow_attempts
-        self.result.checkpoints_saved = previous.checkpoints_saved
-        self.result.plan = previous.plan
-        self.result.skipped_steps = previous.skipped_steps
+        for kept in ("oom_recoveries", "grow_attempts", "checkpoints_saved", "plan", "skipped_steps"):
+            setattr(self.result, kept, getattr(previous, kept))
         self.result.resumed_from = {"path": str(path), "step": self.step, "epoch": self.epoch, "position": self.position}
         log.info("resumed from %s at step %d (epoch %d, batch %d), micro-batch %d", path, self.step, self.epoch, self.position, self.micro_batch)
         set_rng_state(rng, self._data_generators)
