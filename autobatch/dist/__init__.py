@@ -8,6 +8,8 @@
 * :mod:`~autobatch.dist.ddp_step` - the same through DDP's own reducer (bucketed all-reduce
   overlapped with backward), with the one-rank-OOM completion protocol;
 * :mod:`~autobatch.dist.votes` - the vote that ends each phase of a step.
+* :mod:`~autobatch.dist.leaving` - a rank whose own error no vote sees (a probe of a plain
+  module or callable) tells its peers at once.
 * :mod:`~autobatch.dist.timing` - the planner's timing and accumulated probe through the
   runner's step, failing on every rank together.
 * :mod:`~autobatch.dist.fsdp` (with :mod:`~autobatch.dist.fsdp_guard` and

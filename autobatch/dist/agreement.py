@@ -271,7 +271,12 @@ def _gather(mine: list[int], width: int, group, label: str, sequence: int) -> li
 def _agreed_rows(rows: list[list[int]], me: int, sequence: int, label: str, *, header: bool = False) -> list[list[int]]:
     """Each rank's values, once every row names the same sync point (else the error); with
     ``header`` the rows whole, header included. Notes the stop requests the rows carried
-    (:mod:`~autobatch.dist.stopping`)."""
+    (:mod:`~autobatch.dist.stopping`). A peer that left with its own error is that error here."""
+    from .leaving import peers_left
+
+    left = peers_left(rows, me, sequence, label)
+    if left is not None:
+        raise left
     if any(row[:3] != rows[me][:3] for row in rows):
         doing = {
             other: f"#{row[0]} {label}" if row[:3] == rows[me][:3] else f"#{row[0]} a different sync point"

@@ -55,6 +55,7 @@ from ..errors import PeerFailedError, PeerOutOfMemoryError, RankDisagreementErro
 from ..memory.oom import is_oom_error
 from ..training.phases import PHASES
 from . import agreement as dist_sync
+from .leaving import describe, publish
 from .store_exchange import exchange_via_store
 
 __all__ = [
@@ -127,6 +128,8 @@ class Ballot:
         phase = self.phase()
         index = PHASES.index(phase) if phase in PHASES else -1
         self.votes += 1
+        if code == _ERROR:
+            publish(failure)  # the peers' PeerFailedError names it
         values = [payload] if isinstance(payload, int) else list(payload)
         values = [int(v) for v in values] + [0] * (_PAYLOAD - len(values))
         try:
@@ -148,7 +151,7 @@ class Ballot:
             raise failure
         if errors:
             raise PeerFailedError(
-                f"rank {', '.join(map(str, errors))} raised an error in {self.label} (see that rank's log); "
+                f"rank {', '.join(map(str, errors))} raised an error in {self.label} ({describe(errors)}; see that rank's log); "
                 f"rank {dist_sync.rank()} leaves the step too instead of waiting in a collective", errors,
             )
         where = PHASES[rows[ooms[0]][1]] if rows[ooms[0]][1] >= 0 else "an unknown phase"

@@ -19,7 +19,11 @@ training reaches. Its collectives follow the runner's protocol (:mod:`autobatch.
 a rank that runs out of memory completes its peers' buckets with zeros, and every rank votes
 after the gradients and after the optimizer step, so every rank fails a trial step together
 and none waits in a collective alone. Any other wrapper (anything with a ``.module`` that is
-an ``nn.Module`` and a ``no_sync``) is probed on its local module (:func:`local_step`). The
+an ``nn.Module`` and a ``no_sync``) is probed on its local module (:func:`local_step`). Such a
+step, a plain module's and a plain callable run no collective and cast no vote: a rank whose
+probe raises an error that is not an OOM tells its peers before it re-raises it
+(:meth:`CollectiveProbeAgreement.left`, :mod:`~autobatch.dist.leaving`), and they raise
+:class:`~autobatch.errors.PeerFailedError` at their next sync point (the trial's agreement) at once. The
 planner's accumulated probe (:class:`~autobatch.planning.accumulation.AccumulatingStep`) on a
 wrapped model keeps its two micro-batches, run through the runner's step
 (:class:`~autobatch.dist.timing.LockstepAccumulatingStep`). A plain callable that runs collectives is the caller's responsibility;
@@ -37,6 +41,7 @@ from ..probe.ranks import ProbeAgreement
 from ..training.ranks import unwrap
 from ..probe.trial import TrialRecord
 from . import agreement as dist_sync
+from .leaving import leave
 
 __all__ = [
     "CollectiveProbeAgreement", "agree_trial", "agree_capacity", "agree_prior", "agree_cache_hit", "agree_batch", "agree_plan", "local_step", "unwrap",
@@ -174,6 +179,10 @@ class CollectiveProbeAgreement(ProbeAgreement):
         from .timing import timed_step
 
         return timed_step(step)
+
+    def left(self, fn: Any, failure: BaseException) -> None:
+        if not getattr(fn, "lockstep", False):  # a lockstep step's errors are voted on in the step
+            leave(failure, "probe")
 
     def trial_hook(self):
         return agree_trial

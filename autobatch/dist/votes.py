@@ -20,6 +20,7 @@ from ..errors import PeerFailedError, PeerOutOfMemoryError
 from ..memory.oom import free_memory, is_oom_error
 from ..training.phases import PHASES
 from . import agreement as dist_sync
+from .leaving import describe, publish
 
 __all__ = ["keep", "vote", "float_bits", "bits_float"]
 
@@ -65,6 +66,8 @@ def vote(
             clear()
         free_memory()
     index = PHASES.index(phase) if phase in PHASES else -1
+    if code == _ERROR:
+        publish(failure)  # the peers' PeerFailedError names it
     rows = dist_sync.exchange([code, index, local_size, *extra], label)
     errors = [r for r, row in enumerate(rows) if row[0] == _ERROR]
     ooms = [r for r, row in enumerate(rows) if row[0] == _OOM]
@@ -74,7 +77,7 @@ def vote(
         if failure is not None and code == _ERROR:
             raise failure
         raise PeerFailedError(
-            f"rank {', '.join(map(str, errors))} raised an error at {label!r} (see that rank's log); "
+            f"rank {', '.join(map(str, errors))} raised an error at {label!r} ({describe(errors)}; see that rank's log); "
             f"rank {dist_sync.rank()} stops too instead of waiting for it",
             errors,
         )

@@ -212,6 +212,9 @@ def _probe(call: _Call, restore, estimate_first: bool | None) -> ProbeResult:
             )
             result.diagnostics = memory_diagnostics(memory)
             call.notes.append(promise_note(runner, result, memory))
+    except Exception as exc:
+        call.agreement.left(fn, exc)  # other ranks: told at once, not left waiting for this one
+        raise
     finally:
         autotune.restore()
         watch.close()

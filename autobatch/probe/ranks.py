@@ -25,6 +25,11 @@ class ProbeAgreement:
         """The step to run in trials (a distributed job runs them without collectives)."""
         return fn
 
+    def left(self, fn: Any, failure: BaseException) -> None:
+        """``fn``'s probe raised ``failure`` on this rank (not an OOM trial: an error that ends
+        the probe), which is about to propagate: tell the other ranks, where no vote of ``fn``'s
+        own did, so they stop at once instead of waiting for this rank at their next sync point."""
+
     def trial_hook(self) -> Callable[[Any], Any] | None:
         """What the trial runner calls on each trial record to agree it; None: nothing."""
         return None

@@ -1,0 +1,139 @@
+"""One rank of the ``test_review11_dist_*.py`` tests (gloo, CPU): scenarios of the eleventh review.
+
+Run as ``python tests/distributed/review11_worker.py SCENARIO[,SCENARIO...] OUT_DIR`` with
+``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR`` and ``MASTER_PORT`` set; start-up, reports and
+teardown: ``rank_worker.py``. Every scenario reports what each rank raised and how long it
+took (``seconds``) against the sync deadline (``limit``): an error no vote saw used to leave
+the other ranks waiting out the whole deadline.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from autobatch import Runner, TrainStep, find_max_batch  # noqa: E402
+from autobatch import distributed as dist_sync  # noqa: E402
+from autobatch.dist.store_exchange import exchange_via_store  # noqa: E402
+from rank_worker import main  # noqa: E402
+
+QUIET = dict(grow_after=None, progress=False, log_every=None)
+
+
+def _outcome(call, *, linger: bool = True) -> dict:
+    """What ``call()`` returned or raised, and when. With ``linger`` every rank then stays until
+    1.3 sync deadlines after the call began, as a script that handles the error would: a rank's
+    peers must learn of its error at once, not when its process exits (and the next scenario
+    starts on every rank together)."""
+    began = time.monotonic()
+    try:
+        value = call()
+        error, message = None, ""
+    except BaseException as exc:  # noqa: BLE001 - reported
+        value, error, message = None, type(exc).__name__, str(exc)
+    seconds, limit = time.monotonic() - began, dist_sync.timeout()
+    if linger:
+        time.sleep(max(0.0, began + 1.3 * limit - time.monotonic()))
+    return {"error": error, "message": message[:2000], "seconds": seconds, "limit": limit, "value": value}
+
+
+def probe_plain_error(rank: int, world: int, out: Path) -> dict:
+    """``find_max_batch`` on a plain callable whose step raises a ``ValueError`` on rank 1 alone
+    from batch 8 on: no vote sees it (the callable runs no collective)."""
+    weight = torch.randn(32, 32, requires_grad=True)
+
+    def step(batch_size: int) -> None:
+        if rank == 1 and batch_size >= 8:
+            raise ValueError(f"rank 1's data has no batch of {batch_size}")
+        (torch.randn(batch_size, 32) @ weight).sum().backward()
+
+    return _outcome(lambda: find_max_batch(step, strategy="binary", max_batch=64, memory_limit="4MiB",
+                                           steps_per_trial=1, cache=False).batch_size)
+
+
+def probe_module_error(rank: int, world: int, out: Path) -> dict:
+    """The same with a ``TrainStep`` on a plain module (trained without collectives)."""
+    torch.manual_seed(0)
+    model = nn.Linear(32, 4)
+
+    def make_batch(batch_size: int):
+        if rank == 1 and batch_size >= 8:
+            raise KeyError(f"rank 1 has no batch of {batch_size}")
+        return torch.randn(batch_size, 32), torch.randn(batch_size, 4)
+
+    step = TrainStep(model, torch.optim.SGD(model.parameters(), lr=0.1),
+                     lambda m, b: nn.functional.mse_loss(m(b[0]), b[1]), make_batch)
+    return _outcome(lambda: find_max_batch(step, strategy="binary", max_batch=64, memory_limit="4MiB",
+                                           steps_per_trial=1, cache=False).batch_size)
+
+
+def _sharded() -> nn.Module:
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 1)).double()
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    fully_shard(model[0], mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    return model
+
+
+def _data(rank: int, steps: int):
+    generator = torch.Generator().manual_seed(1)
+    x = torch.randn(16 * steps, 6, generator=generator, dtype=torch.float64)
+    y = torch.randn(16 * steps, 1, generator=generator, dtype=torch.float64)
+    return [(x[i + rank * 8 : i + rank * 8 + 8], y[i + rank * 8 : i + rank * 8 + 8]) for i in range(0, 16 * steps, 16)]
+
+
+def fsdp_resume_bad_shard(rank: int, world: int, out: Path) -> dict:
+    """An FSDP2 run saves its sharded checkpoint; rank 1's file is then replaced by one that reads
+    fine (the ranks agree they could read their files, and on its step) but whose shard has
+    another shape: rank 1's load raises its own ``CheckpointError``."""
+    ckpt = out / "ckpt"
+
+    def runner(model: nn.Module) -> Runner:
+        return Runner(model, torch.optim.SGD(model.parameters(), lr=0.01),
+                      lambda m, b: nn.functional.mse_loss(m(b[0]), b[1]), global_batch=16, micro_batch=8,
+                      checkpoint_dir=ckpt, **QUIET)
+
+    runner(_sharded()).fit(_data(rank, 1), steps=1)
+    dist_sync.agree(True, "review11: checkpoint written")
+    if rank == 1:
+        path = next(ckpt.glob("last.rank1-of-*.pt"))
+        state = torch.load(path, weights_only=True)
+        name = next(iter(state["model"]))
+        state["model"][name] = torch.zeros(3, 3, dtype=torch.float64)  # not this rank's shard
+        torch.save(state, path)
+    dist_sync.agree(True, "review11: file replaced")
+    return _outcome(lambda: runner(_sharded()).fit(_data(rank, 2), steps=2, resume=ckpt).steps)
+
+
+def store_late_peer(rank: int, world: int, out: Path) -> dict:
+    """A store vote rank 1 gave up on (its deadline passed) must not read as agreement to rank 0,
+    which comes later (rank 0 hosts the store, which outlives rank 1's process): rank 0 would go
+    on alone into the collective the vote guards (an FSDP all-gather), and wait there."""
+    began, limit = time.monotonic(), dist_sync.timeout()
+    dist_sync.set_timeout(2)
+    if rank == 0:
+        time.sleep(4)  # rank 1 has given up by now
+    report = _outcome(lambda: exchange_via_store([rank], "review11: a vote rank 0 comes late to"), linger=False)
+    dist_sync.set_timeout(limit)
+    time.sleep(max(0.0, began + 5 - time.monotonic()))  # the next scenario starts on both ranks together
+    return report
+
+
+SCENARIOS = {"probe_plain_error": probe_plain_error, "probe_module_error": probe_module_error,
+             "fsdp_resume_bad_shard": fsdp_resume_bad_shard, "store_late_peer": store_late_peer}
+
+if __name__ == "__main__":
+    main(SCENARIOS)
