@@ -18,6 +18,7 @@ from typing import Any, Callable, Iterator
 import torch
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 from torch.nn import functional as F
 
 from ..dist import agreement as dist_sync
@@ -126,6 +127,8 @@ def validate(cfg: DictConfig) -> None:
             search_steps=probe.search_steps,
         )
     except ValueError as exc:
+        if isinstance(exc, OmegaConfBaseException):  # reading a key failed (an interpolation): the edge names it
+            raise
         message = str(exc)
         for name in ("start", "max_batch", "strategy", "margin", "multiple_of", "steps_per_trial", "search_steps"):
             message = message.replace(f"{name}=", f"probe.{name}=").replace(f"{name} must", f"probe.{name} must")

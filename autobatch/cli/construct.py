@@ -6,26 +6,32 @@ ValueError(...)", which names neither the config key nor the override that set t
 an exception that is not about the arguments (out of memory, an error in the user's code)
 is raised as it is. A constructor that cannot open what a value names (``root: /missing``:
 ``FileNotFoundError``, ``NotADirectoryError``, ``PermissionError``) is bad input too: the same
-one line, naming the key and the path.
+one line, naming the key and the path. Under ``hydra.job.chdir=true`` a relative path named as
+one (``root: data``) is from the directory the command ran in (:func:`from_launch_dir`).
 """
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
 from typing import Any
 
 from hydra.core.hydra_config import HydraConfig
 from hydra.errors import InstantiationException
 from hydra.utils import instantiate
+from omegaconf import OmegaConf
 
 from .errors import one_line
 
-__all__ = ["construct"]
+__all__ = ["construct", "from_launch_dir"]
 
 #: The exceptions a constructor raises for a value it rejects: bad input, exit status 2.
 _REJECTED = (ValueError, TypeError, IndexError, KeyError, AssertionError)
 #: A path among its arguments that does not exist, is not a directory, or may not be read:
 #: bad input as well (a wrong ``root``), not a failure at run time.
 _UNOPENABLE = (FileNotFoundError, NotADirectoryError, IsADirectoryError, PermissionError)
+#: Constructor arguments named as a file or directory (``root``, ``data_dir``, ``csv_file``, ``data_files``).
+_PATH_NAME = re.compile(r"(?:^|_)(?:root|path|dir|directory|file|filename)s?$")
 #: The other keys whose value reaches a group's constructor (``optimizer.lr`` is ``train.lr``).
 _FED_BY = {"optimizer": ("train.lr",)}
 
@@ -52,7 +58,9 @@ def construct(key: str, node: Any, **kwargs: Any) -> Any:
     ``_target_`` and the command line's overrides of it, instead of Hydra's "Error in call to
     target"; any other exception (out of memory, an error in the user's code) is raised as it
     is. A path it cannot open (``FileNotFoundError``, ``NotADirectoryError``, ``PermissionError``)
-    is reported the same way."""
+    is reported the same way. Relative paths under a path's name are from the directory the
+    command ran in (:func:`from_launch_dir`)."""
+    node = from_launch_dir(node)
     try:
         return instantiate(node, _convert_="all", **kwargs)
     except InstantiationException as exc:
@@ -65,4 +73,54 @@ def construct(key: str, node: Any, **kwargs: Any) -> Any:
         given = _overrides_of(key)
         fix = f"check {' '.join(given)}" if given else f"check the {key} keys (python -m autobatch probe --cfg job)"
         what = "could not open a path it was given" if isinstance(cause, _UNOPENABLE) else "rejected its arguments"
+        if isinstance(cause, _UNOPENABLE) and _moved_from() is not None:
+            fix += (f" (hydra.job.chdir=true runs the job in {Path.cwd()}: a relative path is from there unless it exists "
+                    "where the command ran and its argument is named root, path, *_dir, *_path or *_file; or give "
+                    "${hydra:runtime.cwd}/PATH)")
         raise ValueError(f"{key}: {target} {what} ({type(cause).__name__}: {one_line(cause)}); {fix}") from None
+
+
+def _moved_from() -> Path | None:
+    """The directory the command ran in, when ``hydra.job.chdir=true`` moved the job out of it
+    (None: the job runs where the command ran, or outside a Hydra run)."""
+    if not HydraConfig.initialized():
+        return None
+    launch = Path(HydraConfig.get().runtime.cwd)
+    return None if launch.resolve() == Path.cwd().resolve() else launch
+
+
+def _path_values(value: Any, launch: Path) -> Any:
+    """``value`` (a string or a list of them) with each relative path that exists under
+    ``launch`` made absolute there; anything else as it is."""
+    if isinstance(value, list):
+        return [_path_values(item, launch) for item in value]
+    if isinstance(value, str) and value and "://" not in value and not Path(value).expanduser().is_absolute():
+        if (launch / value).exists():
+            return str(launch / value)
+    return value
+
+
+def _absolute_paths(node: Any, launch: Path) -> Any:
+    if isinstance(node, dict):
+        return {key: _path_values(value, launch) if isinstance(key, str) and _PATH_NAME.search(key)
+                and not isinstance(value, dict) else _absolute_paths(value, launch) for key, value in node.items()}
+    if isinstance(node, list):
+        return [_absolute_paths(item, launch) for item in node]
+    return node
+
+
+def from_launch_dir(node: Any) -> Any:
+    """``node`` (a ``_target_`` node's arguments) as the user meant it under ``hydra.job.chdir=true``:
+    a relative path under a path's name (``root``, ``path``, ``file``, ``dir``, or ending in
+    ``_root``, ``_path``, ``_file``, ``_dir``, and their plurals, in nested nodes too) that exists
+    in the directory the command ran in is made absolute there, as ``probe.cache_dir`` and
+    ``train.resume`` are. Without it the job, moved into its run directory, looked for
+    ``root: data`` there, while ``train``'s probe child (:mod:`.isolated`), which starts where the
+    command ran, found it: the probe ran, then training failed. A path that does not exist there
+    (a download root, a hub name such as ``gpt2``) and every other argument are left as given.
+    Unchanged (the same object) when the job runs where the command ran."""
+    launch = _moved_from()
+    if launch is None:
+        return node
+    plain = OmegaConf.to_container(node, resolve=True) if OmegaConf.is_config(node) else node
+    return _absolute_paths(plain, launch)

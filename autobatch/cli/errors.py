@@ -101,6 +101,15 @@ def _install_hint(message: str) -> str:
     return message
 
 
+def _keyed(exc: OmegaConfBaseException) -> str:
+    """OmegaConf's message, led by the key it is about (its ``full_key``, which :func:`one_line`
+    drops as bookkeeping) unless the message names it: "Interpolation key 'nope' not found" said
+    where the value is found, not which key holds the interpolation."""
+    message = one_line(exc)
+    key = getattr(exc, "full_key", None)
+    return f"{key}: {message}" if isinstance(key, str) and key and key not in message else message
+
+
 def describe(exc: BaseException) -> tuple[str, int]:
     """``(message, exit code)`` for an exception that reached the command line's edge."""
     if isinstance(exc, CLIError):
@@ -109,7 +118,9 @@ def describe(exc: BaseException) -> tuple[str, int]:
         return cli_keys(one_line(exc)), RUNTIME_FAILURE
     if isinstance(exc, HydraException) and isinstance(exc.__cause__, OmegaConfBaseException):
         return f"{one_line(exc)}: {one_line(exc.__cause__)}", BAD_INPUT  # the override, then why
-    if isinstance(exc, (ValueError, HydraException, OmegaConfBaseException)):
+    if isinstance(exc, OmegaConfBaseException):
+        return _keyed(exc), BAD_INPUT
+    if isinstance(exc, (ValueError, HydraException)):
         return _install_hint(one_line(exc)), BAD_INPUT
     return f"{type(exc).__name__}: {one_line(exc)}", RUNTIME_FAILURE
 

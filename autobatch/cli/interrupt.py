@@ -122,7 +122,7 @@ def continue_command(out_dir: Path) -> str:
     """The command line that continues this run in its own directory (``metrics.jsonl`` then
     goes on from the checkpoint's step): its config flags and overrides, with
     ``train.resume=latest hydra.run.dir=<out_dir>``; under ``torchrun``, launched by it."""
-    line = command_line("train", extra=["train.resume=latest", f"hydra.run.dir={out_dir}"], drop=["train.resume"], quote=True)
+    line = command_line("train", extra=["train.resume=latest", f"hydra.run.dir={out_dir}"], drop=["train.resume"])
     world = dist_sync.world_size()
     if world == 1:
         return line

@@ -63,6 +63,9 @@ QUIET_ENV = "AUTOBATCH_NO_WARNINGS"
 _PRINTING = {"-c": True, "--cfg": True, "-p": True, "--package": True, "--resolve": False, "-i": "optional", "--info": "optional"}
 _INFO_CHOICES = {"all", "config", "defaults", "defaults-tree", "plugins", "searchpath"}
 _MULTIRUN = {"-m", "--multirun"}
+#: Hydra's ``--run`` (``-r``): one run, what Hydra does without ``-m`` (a ``hydra.mode`` the
+#: config or an override sets still wins, as in Hydra); it takes no value.
+_RUN = {"-r", "--run"}
 
 
 def job_overrides(overrides: Sequence[str], multirun: bool) -> list[list[str]]:
@@ -129,22 +132,52 @@ def flags_first(args: Sequence[str]) -> list[str]:
     return [*flags, *overrides]
 
 
-def _override_hint(message: str) -> str:
+#: Where a dict given to a free node is all of it: the group option that leaves the node empty.
+_FRESH = {
+    "data.dataset": "a data option without a dataset (drop data=dataset: data.dataset is then null)",
+    "optimizer": "optimizer=target (only _target_ and lr)",
+}
+
+
+def _failed_key(exc: BaseException | None) -> str | None:
+    """The full key where OmegaConf stopped applying an override (deeper than the override's own
+    key when its value is a dict merged into a node), from ``exc`` 's causes; None if none says."""
+    while exc is not None:
+        full_key = getattr(exc, "full_key", None)
+        if isinstance(full_key, str) and full_key:
+            return full_key
+        exc = exc.__cause__
+    return None
+
+
+def _override_hint(message: str, exc: BaseException | None = None) -> str:
     """Hydra's "Could not override 'probe.stratgy'. To append to your config use +probe.stratgy=..."
-    advises ``+``, which a typed group rejects: name the closest key of its schema instead."""
+    advises ``+``, which a typed group rejects: name the closest key of its schema instead. For
+    a dict value (``probe={stratgy: binary}``, ``data.dataset={_target_: ..., root: data}``) the
+    key that failed is inside it (``exc`` 's cause names it): before, the message said the
+    override's own key did not exist ("data has no key 'dataset' (did you mean data.dataset?)")."""
     found = re.search(r"Could not override '([\w.]+)'\. To append to your config use \+\S+", message)
     if found is None:
         return message
-    *parents, last = found.group(1).split(".")
+    key = found.group(1)
+    failed = _failed_key(exc) or key
+    parts = failed.split(".") if failed.startswith(key) else key.split(".")
     schema: typing.Any = ProbeAppConfig
-    for part in parents:
-        schema = typing.get_type_hints(schema).get(part) if dataclasses.is_dataclass(schema) else None
-    if not dataclasses.is_dataclass(schema):
-        return message  # a free group (model, optimizer, data.dataset): + adds a constructor argument
-    fields = [field.name for field in dataclasses.fields(schema)]
-    where = ".".join(parents) or "the config"
-    prefix = ".".join(parents) + "." if parents else ""
-    return f"Could not override '{found.group(1)}': {where} has no key {last!r}{close_match(last, fields, prefix)}"
+    for depth, part in enumerate(parts):
+        fields = [field.name for field in dataclasses.fields(schema)]
+        if part not in fields:
+            where = ".".join(parts[:depth]) or "the config"
+            prefix = where + "." if depth else ""
+            return f"Could not override '{key}': {where} has no key {part!r}{close_match(part, fields, prefix)}"
+        schema = typing.get_type_hints(schema).get(part)
+        if not dataclasses.is_dataclass(schema):
+            break  # a free node (model, optimizer, data.dataset): + adds a constructor argument
+    if len(parts) > len(key.split(".")):  # a dict merged into a free node that has no such key
+        node = ".".join(parts[:-1])
+        fresh = f", or start from {_FRESH[node]}" if node in _FRESH else ""
+        return (f"Could not override '{key}': a dict given to {key} is merged into the one already there, and {node} "
+                f"has no key {parts[-1]!r}; add it with +{'.'.join(parts)}=VALUE{fresh}")
+    return message
 
 
 def _check_output_dir(key: str, value: str) -> None:
@@ -195,7 +228,7 @@ def _refuse_flags(command: str, args: Sequence[str]) -> None:
     if refused:
         raise CLIError(f"{refused[0]}: shell completion is not available for python -m autobatch (Hydra's completion "
                        f"calls back a script of its own); see python -m autobatch {command} --help for the keys")
-    unknown = [arg for arg in args if arg.startswith("-") and arg not in _MULTIRUN]
+    unknown = [arg for arg in args if arg.startswith("-") and arg not in _MULTIRUN | _RUN]
     if unknown:
         raise CLIError(f"unknown option {unknown[0]!r}; see python -m autobatch {command} --help")
 
@@ -219,10 +252,11 @@ def _check_flag_mix(command: str, args: Sequence[str]) -> None:
     """``CLIError`` for Hydra flags that do not go together: Hydra raised its ``ValueError``
     about them outside its own error reporting, a traceback with exit status 1."""
     given = {arg.split("=", 1)[0] for arg in args if arg.startswith("-")}
-    modes = [name for names in (("-m", "--multirun"), ("-c", "--cfg"), ("-i", "--info")) for name in names if name in given]
+    pairs = (("-r", "--run"), ("-m", "--multirun"), ("-c", "--cfg"), ("-i", "--info"))
+    modes = [next(name for name in names if name in given) for names in pairs if given & set(names)]
     if len(modes) > 1:
-        raise CLIError(f"{modes[0]} and {modes[1]} do not go together (Hydra takes one of --multirun, --cfg and --info); "
-                       f"drop one (--cfg and --info show the config of one run: python -m autobatch {command} --cfg job)")
+        raise CLIError(f"{modes[0]} and {modes[1]} do not go together (Hydra takes one of --run, --multirun, --cfg and "
+                       f"--info); drop one (--cfg and --info show the config of one run: python -m autobatch {command} --cfg job)")
     if "--resolve" in given and not given & {"-c", "--cfg"}:
         raise CLIError(f"--resolve only goes with --cfg: python -m autobatch {command} --cfg job --resolve")
     for index, arg in enumerate(args):  # Hydra's parser prints its usage text for a missing value
@@ -246,7 +280,7 @@ def check(command: str, args: Sequence[str]) -> None:
     _check_flag_mix(command, args)
     args, printing = _without_printing_flags(args)
     multirun = any(arg in _MULTIRUN for arg in args)
-    overrides = [arg for arg in args if arg not in _MULTIRUN]
+    overrides = [arg for arg in args if arg not in _MULTIRUN | _RUN]
     _refuse_flags(command, overrides)
     name = config_name or command
     try:
@@ -271,5 +305,5 @@ def check(command: str, args: Sequence[str]) -> None:
         raise
     except Exception as exc:  # noqa: BLE001 - turned into one line
         message, _ = describe(exc)
-        raise CLIError(_override_hint(message), BAD_INPUT) from exc
+        raise CLIError(_override_hint(message, exc), BAD_INPUT) from exc
     _warn(warnings, set())

@@ -181,12 +181,29 @@ def rerun_flags(command: str) -> list[str]:
     return flags
 
 
-def command_line(command: str, *, extra: Sequence[str] = (), drop: Sequence[str] = (), quote: bool = False) -> str:
+#: Hydra overrides that say how Hydra ran the job, not what it ran: Hydra adds ``hydra.mode`` to
+#: every job (``MULTIRUN`` in a sweep, where a job's own command, one value a key, is one run).
+#: (The overrides :func:`autobatch.cli.ranks.hydra_overrides` adds are on ranks other than 0,
+#: which never write a command.)
+_NOT_REPEATED = ("hydra.mode",)
+
+
+def _override_key(override: str) -> str:
+    return override.lstrip("+~").split("=", 1)[0]
+
+
+def command_line(command: str, *, extra: Sequence[str] = (), drop: Sequence[str] = ()) -> str:
     """``python -m autobatch <command>`` with this job's config flags and overrides (but keys
-    in ``drop``), then ``extra``: what reproduces (or, with ``extra``, continues) the job."""
-    overrides = [o for o in HydraConfig.get().overrides.task if o.lstrip("+~").split("=", 1)[0] not in drop]
+    in ``drop``, and those ``extra`` sets again), then ``extra``: what reproduces (or, with
+    ``extra``, continues) the job, shell-quoted so that it can be pasted into a shell. Its
+    overrides are the job's own (one value each in a sweep) and the ``hydra.*`` ones given
+    (``hydra.job.chdir=true``, ``hydra.run.dir=...``), which Hydra keeps apart from the job's."""
+    hydra_cfg = HydraConfig.get()
+    left_out = {*drop, *_NOT_REPEATED, *map(_override_key, extra)}
+    given = [*hydra_cfg.overrides.task, *hydra_cfg.overrides.hydra]
+    overrides = [o for o in given if _override_key(o) not in left_out]
     words = [*rerun_flags(command), *overrides, *extra]
-    return " ".join(["python -m autobatch", command, *(shlex.quote(w) if quote else w for w in words)])
+    return " ".join(["python -m autobatch", command, *map(shlex.quote, words)])
 
 
 def run_roots(base: Path) -> list[Path]:
