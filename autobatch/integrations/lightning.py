@@ -31,7 +31,14 @@ import inspect
 import logging
 from typing import Any, Callable, Mapping
 
-from lightning.pytorch import Callback, LightningModule, Trainer
+try:
+    from lightning.pytorch import Callback, LightningModule, Trainer
+except ModuleNotFoundError as exc:  # only this integration needs it: say what to install
+    if exc.name not in ("lightning", "lightning.pytorch"):
+        raise
+    raise ModuleNotFoundError(
+        "autobatch.integrations.lightning needs Lightning 2 (the `lightning` package): pip install "
+        "'autobatch[lightning]' (or pip install lightning)", name=exc.name) from exc
 from lightning.pytorch.utilities.parsing import lightning_getattr, lightning_hasattr, lightning_setattr
 
 from ..memory.devices import memory_for
@@ -141,6 +148,17 @@ class AutoBatchSize(Callback):
 
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._fitting = None
+
+    def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        """Refuse a ``BatchSizeFinder`` beside this callback, before either searches: Lightning runs
+        tuner callbacks first, so its trials (and checkpoint file) would be spent and its answer
+        replaced (Lightning refuses two ``BatchSizeFinder`` callbacks the same way)."""
+        from lightning.pytorch.callbacks import BatchSizeFinder
+
+        if stage == "fit" and any(isinstance(callback, BatchSizeFinder) for callback in trainer.callbacks):
+            raise ValueError("AutoBatchSize and Lightning's BatchSizeFinder both set the batch size: remove the "
+                             "BatchSizeFinder callback, or the Tuner.scale_batch_size call (AutoBatchSize replaces "
+                             "them)")
 
     def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         world = self._check(trainer, pl_module)

@@ -7,7 +7,9 @@ runs a few optimizer steps of the trainer's real ``fit_loop`` at the answer, as 
 loop run with ``max_steps`` steps, callbacks and loggers set aside), and measures the loop's
 allocated peak. Where ``fit`` validates, the run ends with one validation batch, as the loop
 runs it mid-training (gradients dropped, the optimizer's state alive): a val dataloader built
-from the batch size (often twice it, with no gradients to keep) is checked at the same size.
+from the batch size (often twice it, with no gradients to keep) is checked at the same size. It also
+validates where ``fit`` would within the run (an epoch's end it crosses: an epoch-end
+``ReduceLROnPlateau`` reads the ``val_loss`` logged there, and failed without it).
 Everything is put back afterwards (the caller's snapshot: module, optimizers, scaler, random
 states; here: loop progress, limits, callbacks, loggers, logged metrics).
 
@@ -297,8 +299,9 @@ class _LoopState:
         loop = trainer.fit_loop
         epoch_loop = loop.epoch_loop
         epoch_loop.max_steps = steps
-        epoch_loop._should_check_val_fx = lambda *_: (  # the loop's own validation, after its last step
-            self.validate and trainer.global_step >= epoch_loop.max_steps and not epoch_loop._should_accumulate())
+        own = epoch_loop._should_check_val_fx  # where fit validates (an epoch's end the run crosses), and
+        epoch_loop._should_check_val_fx = lambda *args: self.validate and (  # after the run's last step
+            (trainer.global_step >= epoch_loop.max_steps and not epoch_loop._should_accumulate()) or own(*args))
         loop.load_state_dict(deepcopy(self.loop_state))
         _set_restarting(loop, False)  # a check run is no resumed run
         loop._combined_loader = epoch_loop.val_loop._combined_loader = None  # built at the size just set

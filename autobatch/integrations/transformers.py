@@ -74,6 +74,7 @@ def fit_batch_size(
         raise TypeError(f"fit_batch_size takes find_max_batch's options as keywords (fit_batch_size(trainer, "
                         f"cache=False)), not as probe_options=...; pass **{probe_options['probe_options']!r:.60}")
     global_batch, multiple_of, max_batch = _check_sizes(global_batch, multiple_of, max_batch, world)
+    _refuse_auto_find(args, global_batch)
     share = None if global_batch is None else global_batch // world
     start = probe_options.pop("start", None)
     max_batch, start = cap_at_samples(share, max_batch, start, multiple_of, where=f"global_batch={global_batch}")
@@ -136,6 +137,21 @@ def _refuse_data_parallel(args: Any) -> None:
             "over them (per_device_train_batch_size x GPUs a step, the outputs gathered on the first), which the "
             "probe does not model; launch one process per GPU (torchrun --nproc-per-node "
             f"{gpus} your_script.py, or accelerate launch), or make one GPU visible (CUDA_VISIBLE_DEVICES=0)"
+        )
+
+
+def _refuse_auto_find(args: Any, global_batch: int | None) -> None:
+    """One ``ValueError`` for ``global_batch`` beside ``auto_find_batch_size=True``: on an OOM in
+    ``train()`` that restarts the loop at x0.9 the per-device batch without raising
+    ``gradient_accumulation_steps`` (transformers#33281), and a run resumed from a checkpoint
+    takes the checkpoint's per-device batch back, so the global batch asked for would not hold,
+    silently. Without ``global_batch`` it may stay on, as a fallback starting at the answer."""
+    if global_batch is not None and getattr(args, "auto_find_batch_size", False):
+        raise ValueError(
+            f"fit_batch_size(global_batch={global_batch}) with TrainingArguments(auto_find_batch_size=True): on an "
+            "out-of-memory error train() would lower per_device_train_batch_size without raising "
+            "gradient_accumulation_steps, so the global batch would not hold; set auto_find_batch_size=False (the "
+            "probe replaces it), or drop global_batch"
         )
 
 
