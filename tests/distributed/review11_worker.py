@@ -14,7 +14,6 @@ import time
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
@@ -25,6 +24,7 @@ from autobatch import Runner, TrainStep, find_max_batch  # noqa: E402
 from autobatch import distributed as dist_sync  # noqa: E402
 from autobatch.dist.store_exchange import exchange_via_store  # noqa: E402
 from rank_worker import main  # noqa: E402
+from review10_worker import _data, _sharded  # noqa: E402  (the same FSDP2 model and data)
 
 QUIET = dict(grow_after=None, progress=False, log_every=None)
 
@@ -74,25 +74,6 @@ def probe_module_error(rank: int, world: int, out: Path) -> dict:
                      lambda m, b: nn.functional.mse_loss(m(b[0]), b[1]), make_batch)
     return _outcome(lambda: find_max_batch(step, strategy="binary", max_batch=64, memory_limit="4MiB",
                                            steps_per_trial=1, cache=False).batch_size)
-
-
-def _sharded() -> nn.Module:
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
-
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 1)).double()
-    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
-    fully_shard(model[0], mesh=mesh)
-    fully_shard(model, mesh=mesh)
-    return model
-
-
-def _data(rank: int, steps: int):
-    generator = torch.Generator().manual_seed(1)
-    x = torch.randn(16 * steps, 6, generator=generator, dtype=torch.float64)
-    y = torch.randn(16 * steps, 1, generator=generator, dtype=torch.float64)
-    return [(x[i + rank * 8 : i + rank * 8 + 8], y[i + rank * 8 : i + rank * 8 + 8]) for i in range(0, 16 * steps, 16)]
 
 
 def fsdp_resume_bad_shard(rank: int, world: int, out: Path) -> dict:
