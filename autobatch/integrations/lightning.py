@@ -64,9 +64,13 @@ class AutoBatchSize(Callback):
 
     Args:
         batch_arg_name: the attribute holding the batch size (as ``BatchSizeFinder``).
-        memory_limit, margin, multiple_of, max_batch, strategy, steps_per_trial: passed to
-            :func:`~autobatch.find_max_batch` (``memory_limit`` caps the probe and the
-            confirmation: "16GiB").
+        memory_limit: caps the probe and the confirmation ("16GiB"); passed to
+            :func:`~autobatch.find_max_batch`, as are the five below.
+        margin: as ``find_max_batch``'s.
+        multiple_of: as ``find_max_batch``'s.
+        max_batch: as ``find_max_batch``'s.
+        strategy: as ``find_max_batch``'s.
+        steps_per_trial: as ``find_max_batch``'s.
         global_batch: keep this many samples per optimizer step over all ranks through
             ``accumulate_grad_batches`` (None: leave accumulation alone). Refused at fit start
             where the train dataset, or ``trainer.limit_train_batches``, leaves an epoch fewer

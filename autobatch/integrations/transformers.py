@@ -56,8 +56,12 @@ def fit_batch_size(
         trainer: a ``transformers.Trainer`` with a ``train_dataset``.
         global_batch: samples per optimizer step over all processes; sets
             ``gradient_accumulation_steps`` (None: leave it alone).
-        memory_limit, margin, multiple_of, max_batch, strategy, steps_per_trial: for
-            :func:`~autobatch.find_max_batch`.
+        memory_limit: for :func:`~autobatch.find_max_batch`, as are the five below.
+        margin: as ``find_max_batch``'s.
+        multiple_of: as ``find_max_batch``'s.
+        max_batch: as ``find_max_batch``'s.
+        strategy: as ``find_max_batch``'s.
+        steps_per_trial: as ``find_max_batch``'s.
         **probe_options: any further option of :func:`~autobatch.find_max_batch`, passed as a
             keyword (``cache=False``), not as a ``probe_options=`` dict as ``AutoBatchSize`` takes them.
         sample: the sample batches are built from, as the training set yields it (default:
