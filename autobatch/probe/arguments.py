@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import numbers
 import sys
-from collections.abc import Mapping
 from typing import Any
 
 import torch
 
 from .. import checks
 from ..memory.allocator import LARGE_PAGE_BYTES
+from .batch_growth import batch_shapes, shapes_summary
 from .cache_key import sample_batches
 from .train_step import TrainStep
 
@@ -175,6 +175,19 @@ def hand_loop_of(fn: object, hand_loop: bool | None) -> tuple[bool, list[str]]:
     return True, [COMPILED_NOTE]
 
 
+def eval_mode_notes(fn: object) -> list[str]:
+    """The note (a list of one, else empty) where a ``TrainStep``'s model is in eval mode
+    (``model.eval()`` left from a validation pass): its trials train as it is, Dropout without
+    masks and BatchNorm on its running statistics, which keep less for backward than training
+    mode; a run that calls ``model.train()`` first can need more memory than the answer measured. The mode is the user's
+    (the probe keeps it, and the cache key holds it), so this is a note, not a change."""
+    if not isinstance(fn, TrainStep) or fn.model.training:
+        return []
+    return ["the model is in eval mode (model.eval()): the trials trained it so (Dropout off, BatchNorm on its "
+            "running statistics), which can take less memory than training mode; call model.train() before the "
+            "probe if training runs in train mode"]
+
+
 #: why a torch.compile'd TrainStep is probed as a hand loop (:func:`hand_loop_of`)
 COMPILED_NOTE = (
     "probed under a hand loop's rules (the optimizer state laid out as a resumed run has it; hand_loop=False "
@@ -214,51 +227,12 @@ def checked_batches(step: TrainStep) -> tuple[Any, Any] | None:
         batches = sample_batches(step.make_batch)
     except Exception:  # noqa: BLE001 - not swallowed: raised again by the key or by the trials (above)
         return None
-    first = _shapes(batches[0])
-    if first == _shapes(batches[1]) and first == _shapes(sample_batches(step.make_batch, (CHECK_SIZE,))[0]):
+    first = batch_shapes(batches[0])
+    if first == batch_shapes(batches[1]) and first == batch_shapes(sample_batches(step.make_batch, (CHECK_SIZE,))[0]):
         raise ValueError(
             f"make_batch ignores its batch size: make_batch(1), make_batch(2) and make_batch({CHECK_SIZE}) built the "
-            f"same batch ({_summary(first)}), so every trial would run that batch and none could run out of memory; "
+            f"same batch ({shapes_summary(first)}), so every trial would run that batch and none could run out of memory; "
             "make_batch(n) must build a batch of n samples, e.g. "
             "make_batch=lambda n: (torch.randn(n, 512), torch.randint(0, 10, (n,)))"
         )
     return batches
-
-
-def _shapes(batch: Any, depth: int = 0) -> Any:
-    """What of ``batch`` grows with its size: tensors' shapes, containers' items (and lengths),
-    plain values, objects' public attributes."""
-    if isinstance(batch, torch.Tensor):
-        return ("tensor", tuple(batch.shape))
-    if batch is None or isinstance(batch, (bool, int, float, str, bytes)):
-        return batch
-    if depth > 8:
-        return type(batch).__name__
-    if isinstance(batch, Mapping):
-        return {repr(key): _shapes(item, depth + 1) for key, item in list(batch.items())[:64]}, len(batch)
-    if isinstance(batch, (list, tuple)):
-        return [_shapes(item, depth + 1) for item in batch[:64]], len(batch)
-    attributes = getattr(batch, "__dict__", None)
-    if isinstance(attributes, dict):
-        return type(batch).__name__, {k: _shapes(v, depth + 1) for k, v in attributes.items() if not k.startswith("_")}
-    return type(batch).__name__, getattr(batch, "shape", None), getattr(batch, "__len__", lambda: None)()
-
-
-def _summary(shapes: Any) -> str:
-    """The tensors' shapes in :func:`_shapes`' description, for a message."""
-    found: list[str] = []
-
-    def collect(value: Any) -> None:
-        if isinstance(value, tuple) and len(value) == 2 and value[0] == "tensor":
-            found.append(str(tuple(value[1])))
-        elif isinstance(value, (list, tuple)):
-            for item in value:
-                collect(item)
-        elif isinstance(value, dict):
-            for item in value.values():
-                collect(item)
-
-    collect(shapes)
-    if not found:
-        return f"{str(shapes):.80}"
-    return f"tensors of shapes {', '.join(found[:6])}{', ...' if len(found) > 6 else ''}"

@@ -41,7 +41,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from ..memory.accounting import StorageAccountant
 from .. import checks
 from .arguments import SEARCH_CEILING, validate_probe_args, validate_step
-from .fake_trace import FakeWorld, KernelDtypes, TraceScaler, resident_bytes
+from .fake_trace import FakeWorld, KernelDtypes, TraceScaler, quiet_meta_errors, resident_bytes
 from .rng import rng_state, set_rng_state
 from .shards import has_dtensors
 from .train_step import TrainStep
@@ -149,6 +149,7 @@ def estimate_memory(step: TrainStep, batch_size: int, *, steps: int = 2) -> Memo
             fake_step.optimizer = world.optimizer()
             if step.grad_scaler is not None:
                 fake_step.grad_scaler = TraceScaler()
+            stack.enter_context(quiet_meta_errors())  # the error is the EstimateError's cause, not a log
             stack.enter_context(mode)
             stack.enter_context(KernelDtypes())  # real kernels' dtypes, between the fake mode and the accountant
             stack.enter_context(accountant)
@@ -166,7 +167,7 @@ def estimate_memory(step: TrainStep, batch_size: int, *, steps: int = 2) -> Memo
         left = f"the trace left a fake tensor{dropped} in {left}, outside the modules' state it puts back"
     if failure is not None:
         traced = f"could not trace the step with fake tensors: {type(failure).__name__}: {failure}"
-        raise EstimateError(traced + (f"; {left}" if left else "")) from failure
+        raise EstimateError(traced + (f"; {left}" if left else "") + f"; {TRIALS}") from failure
     if left:
         raise EstimateError(f"{left}; {TRIALS}")
     workspaces = workspace_bytes(device, len(blas.threads))

@@ -8,7 +8,9 @@ import time
 
 from ..errors import NoBatchFitsError
 from ..memory.devices import SimulatedDeviceMemory
-from .estimate import EstimateError, estimate_line, estimate_max_batch
+from .arguments import SEARCH_CEILING
+from .batch_growth import check_batch_grows
+from .estimate import TRIALS, EstimateError, estimate_line, estimate_max_batch
 from .line import LinearFit
 from .result import ProbeResult
 from .train_step import TrainStep
@@ -34,7 +36,8 @@ def estimate_prior(step: TrainStep, memory, capacity: int, max_batch: int | None
             step, capacity, include_resident=include_resident, max_batch=max_batch, multiple_of=multiple_of
         )
     except EstimateError as exc:
-        return None, f"no estimate for the first trial ({exc}); probed from the start"
+        why = str(exc).replace(f"; {TRIALS}", "")  # what to do instead is what auto does next
+        return None, f"no estimate for the first trial ({why}); probed from the start"
     if estimate.batch_size == 0 or estimate.slope_bytes_per_sample <= 0:
         return None, "the estimate predicted nothing usable; probed from the start"
     unit_slope = estimate.slope_bytes_per_sample * multiple_of
@@ -52,9 +55,15 @@ def estimate_only(step: TrainStep, memory, note, *, max_batch, margin, multiple_
     """``strategy="estimate"``: the estimated boundary, no trials, marked untested."""
     capacity = memory.capacity()
     include_resident, why = counts_resident(memory)
-    estimate = estimate_max_batch(
-        step, capacity, include_resident=include_resident, max_batch=max_batch, multiple_of=multiple_of
-    )
+    try:
+        estimate = estimate_max_batch(
+            step, capacity, include_resident=include_resident, max_batch=max_batch, multiple_of=multiple_of
+        )
+    except EstimateError:  # its peak stayed under the capacity: a make_batch that stopped growing says why
+        check_batch_grows(step.make_batch, max_batch or SEARCH_CEILING // multiple_of * multiple_of, "the estimate's bound")
+        raise
+    if max_batch is not None and estimate.batch_size == max_batch // multiple_of * multiple_of:
+        check_batch_grows(step.make_batch, estimate.batch_size, "the estimate")  # bounded by max_batch, not memory
     if estimate.batch_size == 0:
         smallest = estimate.estimates[0]
         raise NoBatchFitsError(

@@ -17,9 +17,11 @@ device. Used by :mod:`autobatch.probe.estimate`.
 from __future__ import annotations
 
 import copy
+import logging
 import types
 import weakref
 from collections import defaultdict
+from contextlib import contextmanager
 from typing import Any, Iterator
 
 import torch
@@ -29,9 +31,27 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from .trace_state import SEARCH_BUDGET, SEARCH_ITEMS, OutsideState, class_members, find_fake, restore, snapshot
 from .train_step import TrainStep
 
-__all__ = ["FakeWorld", "TraceScaler", "KernelDtypes", "resident_bytes", "loss_module", "SEARCH_BUDGET", "SEARCH_ITEMS"]
+__all__ = ["FakeWorld", "TraceScaler", "KernelDtypes", "quiet_meta_errors", "resident_bytes", "loss_module",
+           "SEARCH_BUDGET", "SEARCH_ITEMS"]
 
 _HALF = (torch.bfloat16, torch.float16)
+
+
+@contextmanager
+def quiet_meta_errors() -> Iterator[None]:
+    """Silence PyTorch's fake-tensor logger for a trace: where an operator's meta kernel raises
+    (a shape error the real step raises too), it logs the whole traceback at ERROR level
+    before raising it, and the estimate turns that very error into its
+    :class:`~autobatch.probe.estimate.EstimateError` (``auto``: a note, then the trials, whose
+    own error the user sees). A user saw 20 lines of "failed while attempting to run meta"
+    ahead of their model's real error."""
+    logger = logging.getLogger("torch._subclasses.fake_tensor")
+    level = logger.level
+    logger.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
 
 
 class KernelDtypes(TorchDispatchMode):

@@ -22,6 +22,7 @@ from ..memory.diagnostics import memory_diagnostics
 from ..memory.units import parse_bytes
 from . import arguments, ranks
 from .arguments import STRATEGY_NAMES, validate_places, validate_probe_args, validate_step
+from .batch_growth import check_batch_grows
 from .cache import ProbeCache, key_components, key_of
 from .estimated import estimate_only, estimate_prior
 from ..memory.lazy_state import LazyStateWatch
@@ -135,7 +136,7 @@ def find_max_batch(
     call = _Call(
         fn=fn, target=resolve_device(device), limit_bytes=limit_bytes, agreement=agreement,
         began=time.perf_counter(), steps_per_trial=given["steps_per_trial"], hand_loop=hand_loop, batches=batches,
-        notes=loop_notes, probe_args={"strategy": strategy, **given, "hand_loop": hand_loop},  # all in the cache key
+        notes=loop_notes + arguments.eval_mode_notes(fn), probe_args={"strategy": strategy, **given, "hand_loop": hand_loop},
     )
     if strategy == "estimate":
         return _estimate(call)
@@ -210,6 +211,8 @@ def _probe(call: _Call, restore, estimate_first: bool | None) -> ProbeResult:
                 fresh_layout=(lambda: (watch.drop_created(), memory.release_cached()))
                 if call.hand_loop and isinstance(fn, TrainStep) else None,
             )
+            if isinstance(fn, TrainStep) and result.smallest_failed is None:  # no OOM bounded it: a batch that grew?
+                check_batch_grows(fn.make_batch, result.largest_passed, "the answer")
             result.diagnostics = memory_diagnostics(memory)
             call.notes.append(promise_note(runner, result, memory))
     except Exception as exc:

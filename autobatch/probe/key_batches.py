@@ -12,11 +12,14 @@ from .trace_state import OutsideState
 __all__ = ["sample_batches"]
 
 
-def sample_batches(make_batch: Callable[[int], Any], sizes: tuple[int, ...] = (1, 2)) -> tuple[Any, ...]:
+def sample_batches(make_batch: Callable[[int], Any], sizes: tuple[int, ...] = (1, 2), *,
+                   real: bool = True) -> tuple[Any, ...] | None:
     """``make_batch(n)`` for each of ``sizes``, built with fake tensors (no memory) where it can,
-    else for real; every random generator put back after (the key is read before the probe's
-    snapshot is taken), and what make_batch reaches too (a batch it memoises in a closure or an
-    ``lru_cache`` would hand the trials a fake tensor: :mod:`~autobatch.probe.trace_state`)."""
+    else for real (``real=False``: None instead, where a real batch could be too large to build,
+    as at a probe's answer, :mod:`~autobatch.probe.batch_growth`); every random generator put
+    back after (the key is read before the probe's snapshot is taken), and what make_batch
+    reaches too (a batch it memoises in a closure or an ``lru_cache`` would hand the trials a
+    fake tensor: :mod:`~autobatch.probe.trace_state`)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     saved, outside = rng_state(), OutsideState({"make_batch": make_batch}, [make_batch])
@@ -27,6 +30,6 @@ def sample_batches(make_batch: Callable[[int], Any], sizes: tuple[int, ...] = (1
         finally:
             outside.put_back()
     except Exception:  # noqa: BLE001 - a make_batch fake tensors cannot run: build them for real
-        return tuple(make_batch(size) for size in sizes)
+        return tuple(make_batch(size) for size in sizes) if real else None
     finally:
         set_rng_state(saved)

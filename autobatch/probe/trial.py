@@ -313,7 +313,7 @@ class TrialRunner:
                 self._stopped = True  # its peak, folded in, is above the limit: the trial fails as too close
                 return None
             if not is_oom_error(exc):
-                raise with_trial_note(exc, batch_size)  # the same error; a note where a trial of 1 raised it
+                raise with_trial_note(exc, batch_size, self.passed_sizes)  # the same error; a note on the size
             self._failed_at = self.memory.allocated()  # the failed step's tensors are still held here
             # the step's reserved peak: by now the allocator has returned its cache (it does so
             # before it gives up), so the reserved figure of this moment no longer shows the wall

@@ -1,4 +1,4 @@
-"""A note on an error a probe trial of batch 1 raised.
+"""A note on an error a probe trial raised at batch 1, or at a size after other sizes passed.
 
 When larger batches run out of memory the probe tries smaller ones, down to batch 1, and a
 model that cannot train on one sample (BatchNorm in training: "Expected more than 1 value per
@@ -8,18 +8,39 @@ out-of-memory errors; a model that refuses a size is no memory figure, and a che
 would end at batch 1 too wherever batch 2 does not fit): :func:`with_trial_note` adds a note
 naming the trial's batch and what to do, where the trial runs
 (:meth:`~autobatch.probe.trial.TrialRunner.run`), so every probe's caller gets it.
+
+The same holds for a step that refuses some sizes only (a batch split in pairs, ``view(n // 2,
+2, ...)``, at an odd size): the search jumps to sizes such as 1813, and the step's shape error
+said nothing of why that size was tried. Where other sizes passed before, the note names them
+and ``multiple_of`` (their common divisor, where the failing size is not a multiple of it). An
+error at the first trial, with no size passed, is the step's at any size: it gets no note.
 """
 
 from __future__ import annotations
 
+import math
+
 __all__ = ["with_trial_note"]
 
 
-def with_trial_note(exc: BaseException, batch_size: int) -> BaseException:
+def with_trial_note(exc: BaseException, batch_size: int, passed: list[int] | tuple[int, ...] = ()) -> BaseException:
     """``exc``, the error (not an out-of-memory one) a trial of ``batch_size`` raised, with a
-    note where that trial was of batch 1 (not for an interrupt nor autobatch's own error): the
-    model may not train on one sample, and how to probe and plan without it."""
-    if batch_size == 1 and isinstance(exc, Exception) and not type(exc).__module__.startswith("autobatch"):
+    note where that trial was of batch 1, or where trials of the sizes ``passed`` ran before it
+    (not for an interrupt nor autobatch's own error): the model may not train on one sample, or
+    on this size, and how to probe and plan without it."""
+    if not isinstance(exc, Exception) or type(exc).__module__.startswith("autobatch"):
+        return exc
+    if batch_size != 1 and passed:
+        divisor = math.gcd(*passed)
+        why = (f": every size that passed is a multiple of {divisor} and {batch_size} is not, so the multiple it needs "
+               f"divides {divisor}") if divisor > 1 and batch_size % divisor else ""
+        exc.add_note(
+            f"autobatch: this error came from a probe trial at batch {batch_size}, after trials at {_sizes(passed)} "
+            "passed: the step may refuse some batch sizes (a batch split in pairs or groups). Pass multiple_of (to "
+            f"find_max_batch or plan(), or in a Runner's plan_options) so that only sizes it takes are tried{why}."
+        )
+        return exc
+    if batch_size == 1:
         exc.add_note(
             "autobatch: this error came from a probe trial at batch 1; the probe goes down to batch 1 when larger "
             "batches run out of memory (or starts there). If the model cannot train on one sample (BatchNorm needs "
@@ -29,3 +50,9 @@ def with_trial_note(exc: BaseException, batch_size: int) -> BaseException:
             "memory_limit or device)."
         )
     return exc
+
+
+def _sizes(passed: list[int] | tuple[int, ...]) -> str:
+    """The passed sizes for a note: all of them, or the first three and the largest."""
+    ordered = sorted(passed)
+    return ", ".join(map(str, ordered)) if len(ordered) <= 4 else f"{', '.join(map(str, ordered[:3]))}, ..., {ordered[-1]}"
