@@ -250,9 +250,10 @@ def check_steps_left(train: DictConfig, state: dict[str, Any], path: Path) -> No
         )
 
 
-def runner_options(cfg: DictConfig, workload: Workload, out_dir: Path) -> dict[str, Any]:
-    """:class:`~autobatch.Runner` keyword arguments from the ``train`` and ``plan`` keys."""
-    train = cfg.train
+def runner_options(cfg: DictConfig, workload: Workload, out_dir: Path, global_batch: int) -> dict[str, Any]:
+    """:class:`~autobatch.Runner` keyword arguments from the ``train``, ``plan`` and ``probe`` keys:
+    ``probe.multiple_of`` kept through recoveries and grow-back (a batch that is none: one step, as planned)."""
+    train, multiple = cfg.train, int(cfg.probe.multiple_of)
     faults = None
     if train.inject_oom and (not train.inject_oom_ranks or dist_sync.rank() in train.inject_oom_ranks):
         faults = FaultInjector([(int(step), str(phase)) for step, phase in train.inject_oom], times=train.inject_oom_times)
@@ -276,6 +277,7 @@ def runner_options(cfg: DictConfig, workload: Workload, out_dir: Path) -> dict[s
         grad_scaler=None if workload.grad_scaler is None else torch.amp.GradScaler(workload.device.type),
         max_grad_norm=workload.probe_step.max_grad_norm,
         faults=faults,
+        multiple_of=multiple if (global_batch // dist_sync.world_size()) % multiple == 0 else 1,
     )
 
 
@@ -315,8 +317,7 @@ def run_training(
     from the checkpoint). Writes metrics, checkpoints and the final weights under ``out_dir``
     (rank 0 only under ``torchrun``, where ``global_batch`` is over all ranks and
     ``micro_batch`` per rank)."""
-    train = cfg.train
-    options = runner_options(cfg, workload, out_dir)
+    train, options = cfg.train, runner_options(cfg, workload, out_dir, global_batch)
     if max_micro_batch is not None and options["max_micro_batch"] is None:
         options["max_micro_batch"] = max_micro_batch
     model, optimizer = workload.model, workload.optimizer

@@ -39,6 +39,7 @@ __all__ = [
     "check_samples",
     "micro_batch_sizes",
     "split_batch",
+    "cut_batch",
     "map_samples",
     "take_samples",
     "cycle_samples",
@@ -134,9 +135,16 @@ def split_batch(batch: Any, micro_batch: int, *, balanced: bool = False, min_mic
     (:func:`map_samples`); other non-tensor leaves and 0-dim tensors are shared by every
     micro-batch. See the module docstring for the policy.
     """
+    return cut_batch(batch, lambda total: micro_batch_sizes(total, micro_batch, balanced=balanced,
+                                                            min_micro_batch=min_micro_batch))
+
+
+def cut_batch(batch: Any, sizes_of: Callable[[int], list[int]]) -> list[Any]:
+    """``batch`` cut along dim 0 into pieces of the sizes ``sizes_of(samples)`` gives (summing to
+    its samples), as :func:`split_batch` cuts it: views, per-sample values cut with them."""
     total = batch_size_of(batch)
     check_samples(total)
-    sizes = micro_batch_sizes(total, micro_batch, balanced=balanced, min_micro_batch=min_micro_batch)
+    sizes = sizes_of(total)
     return [map_samples(batch, lambda t, start=start, size=size: t.narrow(0, start, size),
                         lambda values, start=start, size=size: values[start:start + size], total)
             for start, size in zip(_offsets(sizes), sizes)]

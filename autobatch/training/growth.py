@@ -20,6 +20,10 @@ says, from what is resident now, that a larger size fits again, the next step tr
 largest such size up to the one the run had before the squeeze. A try that fails doubles that
 short wait too, so this path cannot oscillate either.
 
+With ``Runner(multiple_of=N)`` every size it proposes is a multiple of N: the ceiling is rounded
+down to one (the batch per rank, its upper bound, is one), doubling a multiple is one, and a
+measured target is rounded down (:mod:`autobatch.training.multiples`).
+
 A resumed run keeps what its checkpoint's run learned from OOMs (the back-off doublings, the
 streak, a measured squeeze) and takes its settings (``grow_after``, the ceiling when given)
 from its own constructor, never from the checkpoint: see :meth:`GrowBack.load_state_dict`.
@@ -36,10 +40,11 @@ class GrowBack:
     """The grow-back state machine; the runner calls :meth:`propose`, then one of
     :meth:`on_oom` (any number of times) and :meth:`on_step_done` per global step."""
 
-    def __init__(self, grow_after: int | None, ceiling: int, *, configured: bool = True) -> None:
+    def __init__(self, grow_after: int | None, ceiling: int, *, configured: bool = True, multiple_of: int = 1) -> None:
         if grow_after is not None and (isinstance(grow_after, bool) or not isinstance(grow_after, int) or grow_after < 0):
             raise ValueError(f"grow_after must be an integer >= 0 or None (off), got {grow_after!r}")
         self.grow_after = grow_after or None
+        self.multiple_of = multiple_of  # every size proposed is a multiple of it
         self.ceiling = ceiling
         self.configured = configured  # the ceiling is the user's (max_micro_batch, micro_batch), not a placeholder to plan
         self.wait = self.grow_after or 0
@@ -49,6 +54,15 @@ class GrowBack:
         self.quick_wait = 1  # steps before a measured grow-back try (doubles when one fails)
         self._quick = False
         self._oom_this_step = False
+
+    @property
+    def ceiling(self) -> int:
+        """The largest micro-batch grow-back tries: a multiple of ``multiple_of`` (set rounded down, at least it)."""
+        return self._ceiling
+
+    @ceiling.setter
+    def ceiling(self, value: int) -> None:
+        self._ceiling = max(self.multiple_of, value // self.multiple_of * self.multiple_of)
 
     @property
     def enabled(self) -> bool:
@@ -72,7 +86,7 @@ class GrowBack:
         if self.squeezed_from is not None and micro_batch >= min(self.squeezed_from, self.ceiling):
             self.squeezed_from = None  # back where the squeeze found it
         if self.enabled and self.squeezed_from is not None and fits is not None and self.streak >= self.quick_wait:
-            target = min(fits, self.squeezed_from, self.ceiling)
+            target = min(fits, self.squeezed_from, self.ceiling) // self.multiple_of * self.multiple_of
             if target > micro_batch:
                 self.previous, self._quick = micro_batch, True
                 return target

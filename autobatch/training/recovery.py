@@ -6,7 +6,8 @@ predicates, and what happens at the top of a replay: undo a half-applied optimiz
 (:class:`~autobatch.training.step_guard.StepGuard`), put back the buffers forward changed
 (:class:`~autobatch.training.buffer_guard.BufferGuard`) and the random generators it drew from
 (:class:`~autobatch.training.step_random.StepRandom`), drop the partial gradients, free memory,
-pick the smaller micro-batch (never below ``min_micro_batch``), or turn on activation
+pick the smaller micro-batch (never below ``min_micro_batch``; a multiple of ``multiple_of``:
+:mod:`autobatch.training.multiples`), or turn on activation
 checkpointing when the smallest failed. A step given up (out of options, or any other
 exception, an interrupt too) is undone the same way, its micro-batch included, before the
 exception propagates (:meth:`OomRecovery._abandon_step`); an error raised at a micro-batch a
@@ -30,8 +31,8 @@ import torch
 from ..errors import PeerOutOfMemoryError, StepOutOfMemoryError
 from .. import checks
 from ..memory.oom import free_memory, is_oom_error
-from ..planning.accumulation import micro_batch_sizes
 from ..planning.checkpointing import enable_checkpointing
+from .multiples import round_down
 from .run_result import Recovery
 from .step_guard import GUARD_SPARE
 
@@ -55,7 +56,8 @@ def checked_min_micro_batch(value: int, micro_batch: int | None, max_micro_batch
 class OomRecovery:
     """Recovery state and steps of a :class:`~autobatch.Runner` (which sets the attributes)."""
 
-    min_micro_batch = 1  # a recovery never shrinks the micro-batch below it
+    min_micro_batch = 1  # a recovery never shrinks the micro-batch below it (a multiple of multiple_of)
+    multiple_of = 1  # every size a recovery picks is a multiple of it
     _micro_before_step: int | None = None  # the micro-batch the current step began with, put back when it is given up
     _smallest_trained: int | None = None  # the smallest micro-batch that completed a step in this run
     _last_shrink: tuple[int, int, int] | None = None  # (step, before, after) of the last recovery that shrank it
@@ -84,6 +86,17 @@ class OomRecovery:
         self.guard.capture()
         self._captured_at = self.step
 
+    def _retry_loop(self) -> Any:
+        """tenacity's loop of a step's attempts: an OOM is retried (:meth:`_is_retryable`) until the
+        smallest micro-batch failed with no fallback left (:meth:`_out_of_options`), at once,
+        re-raising the last error."""
+        # imported here so that ``import autobatch`` (the probe, the planner) works on a machine
+        # where only torch is installed; the runner itself needs tenacity
+        from tenacity import Retrying, retry_if_exception, wait_none
+
+        return Retrying(retry=retry_if_exception(self._is_retryable), stop=self._out_of_options, wait=wait_none(),
+                        reraise=True)
+
     def _is_retryable(self, exc: BaseException) -> bool:
         if not is_oom_error(exc):
             return False
@@ -93,8 +106,8 @@ class OomRecovery:
         return True
 
     def _out_of_options(self, retry_state: Any) -> bool:
-        """tenacity ``stop``: give up when the smallest micro-batch (``min_micro_batch``) failed
-        and no fallback is left."""
+        """tenacity ``stop``: give up when the smallest micro-batch (``min_micro_batch``, a multiple of
+        ``multiple_of``: N itself by default) failed and no fallback is left."""
         if self.micro_batch > self.min_micro_batch or self.growth.trying:
             return False
         return not self.checkpointing_fallback or self.checkpoint_handle is not None
@@ -131,10 +144,10 @@ class OomRecovery:
         elif before > self.min_micro_batch:
             measured = self._measured_micro_batch(before)
             if measured is not None:
-                self.micro_batch, action = max(measured, self.min_micro_batch), "measured"
+                self.micro_batch, action = max(round_down(measured, self.multiple_of), self.min_micro_batch), "measured"
                 self.growth.squeezed(before)
-            else:
-                self.micro_batch = max(before // 2, self.min_micro_batch)
+            else:  # rounded down to a multiple: below ``before``, which is a multiple above the floor
+                self.micro_batch = max(round_down(before // 2, self.multiple_of), self.min_micro_batch)
             self._last_shrink = (self.step, before, self.micro_batch)
         else:
             self._enable_checkpointing()
@@ -156,7 +169,7 @@ class OomRecovery:
         every rank recovers at the same place): a rank that ran out proposes its measured size,
         or half when its figures do not explain the failure; a rank that did not run out
         proposes its own line's size, or ``before``. None when no rank had figures."""
-        largest = micro_batch_sizes(self._local_size, before, balanced=self.balanced)[0]
+        largest = max(self._piece_sizes())  # at ``before``, still the current micro-batch
         measured = self.step_memory.after_oom(largest, self._last_error)
         if not self.distributed:
             return measured
@@ -206,15 +219,18 @@ class OomRecovery:
             return self._outside_replay(failed_at)
         reason = None
         if failed_at > 1:  # the default message is for micro-batch 1
+            allowed = (f"min_micro_batch={self.min_micro_batch} and multiple_of={self.multiple_of} allow"
+                       if self.multiple_of > 1 else f"min_micro_batch={self.min_micro_batch} allows")
+            lower = "lower min_micro_batch or multiple_of" if self.multiple_of > 1 else "lower min_micro_batch"
             how = "with" if self.checkpoint_handle is not None else "without"
             fallback = "" if self.checkpointing_fallback else "checkpointing_fallback=True, "
             advice = (f"Try {fallback}lower precision, a smaller model or sequence length, more device memory, or a "
-                      "lower min_micro_batch if the model trains on fewer samples.")
+                      f"{lower} if the model trains on fewer samples.")
             if self._phase == "optimizer":  # neither checkpointing nor the micro-batch sizes the optimizer step
                 advice = ("The optimizer step itself does not fit: try an optimizer with less state (SGD, Adafactor), "
                           "lower precision, a smaller model, or more device memory.")
             reason = (f"global step {self.step} ran out of memory in {self._phase} at micro-batch {failed_at}, the "
-                      f"smallest min_micro_batch={self.min_micro_batch} allows, {how} activation checkpointing. {advice}")
+                      f"smallest {allowed}, {how} activation checkpointing. {advice}")
         return StepOutOfMemoryError(self.step, self._phase, self.checkpoint_handle is not None, reason=reason)
 
     def _outside_replay(self, micro_batch: int) -> StepOutOfMemoryError:

@@ -27,6 +27,7 @@ from .checkpoint_io import (
 )
 from .checkpoint_values import check_loose_parameters, load_loose_parameters, saved_loose_parameters, storable
 from .epochs import EpochBatches, epoch_length, replayed, set_epoch, started
+from .multiples import resumed_micro_batch
 from .pacing import agree_epoch_length, paced
 from .progress import Progress
 from .ranks import agree_loaded, unwrap
@@ -158,6 +159,7 @@ class Resumable:
             "batch_fetched": self._batch_fetched(),
             "global_batch": self.global_batch,
             "micro_batch": self.micro_batch,
+            "multiple_of": self.multiple_of,  # absent in checkpoints of older versions: 1
             "growth": self.growth.state_dict(),
             "checkpointed_modules": None if self.checkpoint_handle is None else local_module_names(self.checkpoint_handle.modules, unwrap(self.model)),
             "result": self.result.to_dict(),
@@ -371,8 +373,7 @@ class Resumable:
         previous = RunResult.from_dict(state["result"])
         if self.micro_batch is None and previous.plan is not None:  # not planned again: train the plan's split
             self.balanced = bool(previous.plan.get("balanced", self.balanced))  # multiple_of: full pieces, not balanced
-        # this run's floor wins, and no size above this run's batch (resumed with a smaller global_batch)
-        self.micro_batch = min(max(state["micro_batch"], self.min_micro_batch), self.share)
+        self.micro_batch = resumed_micro_batch(state, self.multiple_of, self.min_micro_batch, self.share)  # this run's floor, batch, multiple
         self.initial_micro_batch = self.initial_micro_batch or self.micro_batch
         self.growth.load_state_dict(state["growth"], limit=self.share)
         ranks = state.get("rng_ranks")  # each rank's own random states, where the run had them

@@ -39,7 +39,7 @@ import torch
 
 from .. import checks
 from ..errors import StepOutOfMemoryError
-from ..planning.accumulation import LazyMicroBatches, accumulated_step, batch_size_of, micro_batch_sizes, split_batch
+from ..planning.accumulation import accumulated_step, batch_size_of
 from ..planning.checkpointing import CheckpointHandle, find_blocks
 from ..probe.shards import has_dtensors
 from ..probe.train_step import TrainStep
@@ -51,9 +51,10 @@ from .faults import FaultInjector
 from .growth import GrowBack
 from .hygiene import CachePolicy
 from .autoplan import PlansFromData
-from .inputs import check_batch_count, check_data, check_options, check_split, model_device, share_of
+from .inputs import check_batch_count, check_data, check_options, model_device, share_of
+from .multiples import SplitsInMultiples, multiple_options
 from .progress import Progress
-from .recovery import OomRecovery, checked_min_micro_batch
+from .recovery import OomRecovery
 from .resume import Resumable, epoch_length
 from .run_result import RunResult
 from .step_guard import StepGuard
@@ -68,7 +69,7 @@ log = logging.getLogger("autobatch")
 LossFn = Callable[[torch.nn.Module, Any], torch.Tensor]
 
 
-class Runner(OomRecovery, Resumable, PlansFromData, Stoppable):
+class Runner(OomRecovery, SplitsInMultiples, Resumable, PlansFromData, Stoppable):
     """Train ``model`` on global batches of ``global_batch`` samples, surviving OOMs.
 
     Args:
@@ -87,6 +88,11 @@ class Runner(OomRecovery, Resumable, PlansFromData, Stoppable):
             model that cannot train on fewer samples (BatchNorm: more than one) gives up with
             ``StepOutOfMemoryError`` there, or turns on ``checkpointing_fallback``, instead. No
             piece of a split is smaller (15 by 2 is ``3, 2, ...``, not ``..., 2, 1``).
+        multiple_of: every micro-batch trained is a multiple of it (tensor cores; a model that needs
+            an even batch): the split, a recovery's smaller size, grow-back, and ``multiple_of`` itself
+            the smallest size (``min_micro_batch`` is rounded up to a multiple); the batch per rank
+            and ``micro_batch`` must be multiples. Taken from ``plan_options["multiple_of"]`` when only
+            that is given; see :mod:`autobatch.training.multiples`.
         grow_after: consecutive OOM-free steps before trying double the micro-batch; None or
             0 turns grow-back off. The wait doubles after each failed try.
         step_guard: ``"auto"`` (default) / ``"cpu"`` / ``"device"``: snapshot parameters and
@@ -138,6 +144,7 @@ class Runner(OomRecovery, Resumable, PlansFromData, Stoppable):
         balanced: bool = True,
         max_micro_batch: int | None = None,
         min_micro_batch: int = 1,
+        multiple_of: int = 1,
         grow_after: int | None = 100,
         step_guard: str = "auto",
         checkpointing_fallback: bool = False,
@@ -176,10 +183,11 @@ class Runner(OomRecovery, Resumable, PlansFromData, Stoppable):
         self.micro_batch = None if micro_batch is None else min(micro_batch, self.share)
         self.initial_micro_batch = self.micro_batch
         self.device = torch.device(device) if device is not None else model_device(model)
-        self.balanced = balanced
         self.max_micro_batch = max_micro_batch
-        self.min_micro_batch = checked_min_micro_batch(min_micro_batch, self.micro_batch, max_micro_batch, self.share)
-        check_split(self.share, self.min_micro_batch, balanced, per_rank=self.distributed)
+        self.plan_options = dict(plan_options or {})  # a multiple_of > 1 goes to the planner too
+        self.multiple_of, self.balanced, self.min_micro_batch = multiple_options(
+            multiple_of, self.plan_options, share=self.share, micro_batch=micro_batch, max_micro_batch=max_micro_batch,
+            min_micro_batch=min_micro_batch, balanced=balanced, per_rank=self.distributed)
         self.grow_after = grow_after
         self.grad_scaler = grad_scaler
         self.guard = StepGuard(optimizer, step_guard, grad_scaler, room=self._guard_room)
@@ -196,7 +204,6 @@ class Runner(OomRecovery, Resumable, PlansFromData, Stoppable):
         self.log_every = log_every
         self.faults = faults
         self.no_sync = no_sync
-        self.plan_options = dict(plan_options or {})
         dtype = checks.dtype("autocast_dtype", autocast_dtype)
         local = self._parallel.local_module(model)
         self._train_step = TrainStep(
@@ -204,7 +211,8 @@ class Runner(OomRecovery, Resumable, PlansFromData, Stoppable):
             max_grad_norm=max_grad_norm,
         )
         given = max_micro_batch or self.micro_batch  # else planned (a resume takes its checkpoint's)
-        self.growth = GrowBack(grow_after, min(given or self.share, self.share), configured=given is not None)
+        self.growth = GrowBack(grow_after, min(given or self.share, self.share), configured=given is not None,
+                               multiple_of=self.multiple_of)
         self.step_memory = StepMemory(self.device)
         self.checkpoint_handle: CheckpointHandle | None = None
         # Position: global steps done in the whole run, epoch, batches done in that epoch.
@@ -219,12 +227,7 @@ class Runner(OomRecovery, Resumable, PlansFromData, Stoppable):
         self._data_generators: list[torch.Generator] = []  # the data loader's own, saved beside the global ones
         self._warned_size = False
         self._local_size = self._global_size = global_batch
-        # Imported here so that ``import autobatch`` (the probe, the planner) works on a
-        # machine where only torch is installed; the runner itself needs tenacity.
-        from tenacity import Retrying, retry_if_exception, wait_none
-
-        self._retrying = Retrying(retry=retry_if_exception(self._is_retryable), stop=self._out_of_options, wait=wait_none(),
-                                  reraise=True)
+        self._retrying = self._retry_loop()
 
     # -- the public loop --------------------------------------------------------------------
     def fit(
@@ -317,7 +320,9 @@ class Runner(OomRecovery, Resumable, PlansFromData, Stoppable):
             check_batch_count(batch, size, self.share)  # per-sample items (collate_fn=list), not a short batch
         if size != self.share and not self._warned_size:
             self._warned_size = True
-            log.warning("a batch of %d samples, not %d; each step uses its own batch's size", size, self.share)
+            ragged = f" (no multiple of multiple_of={self.multiple_of}: one of its micro-batches is not one either; " \
+                "drop_last=True avoids it)" if size % self.multiple_of else ""
+            log.warning("a batch of %d samples, not %d%s; each step uses its own batch's size", size, self.share, ragged)
         self._stepping = False  # a new step: its optimizer has not run yet
         self._micro_before_step, self.micro_batch = self.micro_batch, self._proposal()
         if self.growth.trying:
@@ -361,17 +366,6 @@ class Runner(OomRecovery, Resumable, PlansFromData, Stoppable):
             lazy=True,  # read when reported (progress, on_step_end, the result), not every step
         )
         return loss
-
-    def _micro_batches(self, batch: Any) -> LazyMicroBatches:
-        # moved one at a time, no look-ahead: the device holds one micro-batch's inputs, as a trial does
-        pieces = split_batch(batch, self.micro_batch, balanced=self.balanced, min_micro_batch=self.min_micro_batch)
-        return LazyMicroBatches(pieces, self._transfer)
-
-    def _piece_sizes(self) -> list[int]:
-        """The sizes the current batch is split into at the current micro-batch (none below
-        ``min_micro_batch``: an odd global batch by 2 is ``3, 2, ...``, not ``..., 2, 1``)."""
-        return micro_batch_sizes(self._local_size, self.micro_batch, balanced=self.balanced,
-                                 min_micro_batch=self.min_micro_batch)
 
     def _transfer(self, micro: Any) -> Any:
         self._enter("transfer")
