@@ -79,11 +79,12 @@ def build(name: str, device: str, quick: bool):
     torch.manual_seed(0)
     bench = name.endswith("_tuned")
     dtype = torch.bfloat16 if device == "cuda" else None
-    if name.startswith("vit"):
+    base = name.removesuffix("_tuned")  # the built-in ViT-B/16 and ResNet-50 by these names only (vit_b_32, resnet101: torchvision's)
+    if base == "vit_b16":
         model, shape = _vit(quick), (3, 32, 32) if quick else (3, 224, 224)
-    elif name.startswith("resnet50"):
+    elif base == "resnet50":
         model, shape = _resnet(quick), (3, 16, 16) if quick else (3, 224, 224)
-    elif name.startswith(TORCHVISION_PREFIXES):
+    elif base.startswith(TORCHVISION_PREFIXES) or _is_torchvision(base):
         model, shape = _torchvision(name.removesuffix("_tuned"), quick), (3, 32, 32) if quick else (3, 224, 224)
     elif name == "bert" and _importable("transformers"):
         return _bert(device, quick) + (dtype, bench)
@@ -135,6 +136,15 @@ def _importable(module: str) -> bool:
     return importlib.util.find_spec(module) is not None
 
 
+def _is_torchvision(name: str) -> bool:
+    """Whether ``name`` is a torchvision classifier builder (``resnet101``, ``vit_b_32``)."""
+    try:
+        import torchvision.models as models
+    except ImportError:
+        return False
+    return name in models.list_models(module=models)
+
+
 def _torchvision(name: str, quick: bool):
     try:
         import torchvision.models as models
@@ -169,6 +179,9 @@ def _bert(device: str, quick: bool):
 
 
 def _decoder(name: str, quick: bool):
+    if name not in ("gpt2", "llama"):  # a misspelt name was silently GPT-2 ("resnet101" before this check)
+        raise SystemExit(f"unknown workload {name!r}: one of {', '.join(WORKLOADS + MORE_WORKLOADS)}, or a "
+                         "torchvision classifier's name")
     if name == "llama" and not quick:
         try:
             from transformers import LlamaConfig, LlamaForCausalLM
