@@ -8,17 +8,16 @@ its wall:
 
 * **Reserved memory still grows** (:func:`growing`): fragmentation that shows only after a
   few steps.
-* **The allocator still flushes its cache** (:class:`FlushCount`, where cuDNN autotuning is
-  wanted, the segments are expandable, or a hand loop trains the answer): a request it could not serve from its cached blocks
+* **The allocator still flushes its cache** (:class:`FlushCount`; every settle trial, whoever
+  trains the answer): a request it could not serve from its cached blocks
   made it return them all to the driver and ask again (``num_alloc_retries``). With autotuned
   workspaces, which fill the memory free when the autotuner ran, a step that has to do this
   every time trains only while the pieces happen to fall right. Measured on an H200 (ResNet-50 with cuDNN autotuning, 8 GiB
   cap, a hand loop in new processes, ``scripts/bench_promise.py --child``): at 180, 4 of 6 runs
   ran out of memory at step 5-25 asking for 2 MiB with ~0.8 GiB reserved but unallocated,
   after 19-62 retries (several a step); at 179, 2 of 4 at step 23; at 178, 0 of 3; and at the
-  probe's answer, 177, 0 of 4. Without either, for a ``TrainStep``, flushing is only
-  recorded: untuned plans that flushed at ResNet-50's 180 trained 200 steps in a new process
-  from scratch (a resumed one did not: below). Each flush frees and
+  probe's answer, 177, 0 of 4. Untuned, plans that flushed at ResNet-50's 180 trained 200 steps
+  in a new process from scratch (a resumed one did not: below). Each flush frees and
   re-maps device memory and synchronizes, so it costs speed too. With expandable segments
   (autotuned or not) a flush unmaps the free pages and maps them where the request fits, so a
   step that flushes every time sits at the cap and trains only while the partly used pages
@@ -33,8 +32,11 @@ its wall:
   a checkpoint, whose state exists before its first step, does not. Measured on an H200 (8 GiB
   cap, ``scripts/bench_promise.py --exact-fresh --resumed``): ResNet-50's plain answer, 180, its
   trial flushing at every step, trained 200 steps from scratch and ran out of memory at step 4
-  resumed; 179 at step 6; 178 trained both ways. The ``TrainStep``'s Runner replays a step that
-  runs out of memory, so there flushing is only recorded.
+  resumed; 179 at step 6; 178 trained both ways. A ``TrainStep``'s Runner replays a step that
+  runs out of memory, but the answer must train without that: ResNet-101's ``TrainStep`` (H200,
+  8 GiB cap) passed 120 with every step flushing, and the Runner at 120 ran out of memory at its
+  step 2-5 in the probing process, a new one and a resumed one; settled, the trial answers 119,
+  which trained 200 steps in all three (ResNet-50's 181 stops flushing by its third step).
 * **The steady step clears the allocator's wall** (:func:`wall_excess`): its allocated peak
   plus the split pieces it left leave room for a request.
 """
@@ -106,6 +108,8 @@ FLUSHING_WHY = {
                  "while the pieces happen to fall right",
     "hand_loop": "a hand loop cannot replay a step, and a run resumed from a checkpoint (its optimizer state made before "
                  "the first step) runs out of memory at such a size",
+    "replay": "such a size trains only while the pieces happen to fall right, and the answer must train without a "
+              "replay of a step that runs out of memory (autobatch's Runner replays one, at a cost)",
 }
 
 

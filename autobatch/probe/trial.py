@@ -350,14 +350,14 @@ class TrialRunner:
         """Why a settle trial keeps stepping while its steps flush the allocator's cache (up to
         :func:`~autobatch.probe.settling.most_steps`: flushing at the wall comes and goes) and
         fails if its last still does, as a key of ``settling.FLUSHING_WHY``: the segments are
-        expandable, cuDNN autotuning is wanted, or a hand loop trains the answer (it cannot replay
-        a step, and a resumed run failed at a flushing size). None for a ``TrainStep`` under fixed
-        segments, untuned: its Runner replays, so flushing is only recorded."""
+        expandable, cuDNN autotuning is wanted, a hand loop trains the answer (it cannot replay a
+        step, and a resumed run failed at a flushing size), or the Runner does (ResNet-101's 120
+        flushed in every step and ran out of memory at its steps 2-5 in every process)."""
         if self.expandable:
             return "expandable"
         if self.autotune is not None and self.autotune.wanted:
             return "autotuned"
-        return "hand_loop" if self.hand_loop else None
+        return "hand_loop" if self.hand_loop else "replay"
 
     def _wall_excess(self) -> int:
         """Bytes by which the trial's steady step left no room for the split pieces the
