@@ -30,6 +30,7 @@ from .. import checks
 from ..probe.find import find_max_batch
 from ..probe.result import ProbeResult
 from .global_batch import accumulation_for, cap_at_samples, check_share
+from .transformers_resume import resumed_global_batch, warn_unseen_resume
 from .transformers_step import TrainerStep, checkpointing_as_train, trainer_key
 
 __all__ = ["fit_batch_size", "longest_sample"]
@@ -41,6 +42,7 @@ def fit_batch_size(
     trainer: Any,
     *,
     global_batch: int | None = None,
+    resume_from_checkpoint: str | bool | None = None,
     memory_limit: int | str | None = None,
     margin: float = 0.0,
     multiple_of: int = 1,
@@ -55,7 +57,12 @@ def fit_batch_size(
     Args:
         trainer: a ``transformers.Trainer`` with a ``train_dataset``.
         global_batch: samples per optimizer step over all processes; sets
-            ``gradient_accumulation_steps`` (None: leave it alone).
+            ``gradient_accumulation_steps`` (None: leave it alone, unless the run resumes).
+        resume_from_checkpoint: what you pass to ``train()`` (a checkpoint's path, ``True``: the
+            last in ``args.output_dir``, ``False``: no resume; None: ``args.resume_from_checkpoint``).
+            Resuming without ``global_batch`` keeps the checkpoint's samples per optimizer step, so
+            the batches ``train()`` skips are the samples already trained (see
+            :mod:`~autobatch.integrations.transformers_resume`).
         memory_limit: for :func:`~autobatch.find_max_batch`, as are the five below.
         margin: as ``find_max_batch``'s.
         multiple_of: as ``find_max_batch``'s.
@@ -78,6 +85,8 @@ def fit_batch_size(
         raise TypeError(f"fit_batch_size takes find_max_batch's options as keywords (fit_batch_size(trainer, "
                         f"cache=False)), not as probe_options=...; pass **{probe_options['probe_options']!r:.60}")
     global_batch, multiple_of, max_batch = _check_sizes(global_batch, multiple_of, max_batch, world)
+    asked = global_batch
+    global_batch = resumed_global_batch(trainer, resume_from_checkpoint, global_batch, world, multiple_of)
     _refuse_auto_find(args, global_batch)
     share = None if global_batch is None else global_batch // world
     start = probe_options.pop("start", None)
@@ -122,6 +131,8 @@ def fit_batch_size(
         args.gradient_accumulation_steps = accumulation
     args.per_device_train_batch_size = size
     trainer._train_batch_size = args.train_batch_size  # Trainer copies it at construction
+    if asked is None and resume_from_checkpoint is None and getattr(args, "resume_from_checkpoint", None) is None:
+        warn_unseen_resume(trainer, size)
     log.info("fit_batch_size: per_device_train_batch_size=%d, gradient_accumulation_steps=%d: %d samples per "
              "optimizer step over %d process(es) (probe %d)%s", size, accumulation, size * accumulation * world,
              world, result.batch_size, "" if share is not None else "; pass global_batch= to keep a global batch")
