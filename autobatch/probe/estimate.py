@@ -41,6 +41,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from ..memory.accounting import StorageAccountant
 from .. import checks
 from .arguments import SEARCH_CEILING, validate_probe_args, validate_step
+from .flat_peak import past_flat
 from .fake_trace import FakeWorld, KernelDtypes, TraceScaler, quiet_meta_errors, resident_bytes
 from .rng import rng_state, set_rng_state
 from .shards import has_dtensors
@@ -263,13 +264,16 @@ def estimate_line(
 ) -> BatchEstimate:
     """A quick estimate from three traces: the line through the estimated peaks at
     ``sizes`` is solved for ``capacity``, the step is traced once more at that answer, and the
-    secant through the two largest traces gives the estimate. Tracing costs the same at any
-    batch size, so this is far cheaper than :func:`estimate_max_batch`, which traces until it
+    secant through the two largest traces gives the estimate. Where the peaks at ``sizes`` are
+    equal (the optimizer step's constant peak above the activations') it traces on by ``GROWTH``
+    until the peak grows (:func:`~autobatch.probe.flat_peak.past_flat`). Tracing costs the same at
+    any batch size, so this is far cheaper than :func:`estimate_max_batch`, which traces until it
     lands on the estimated boundary exactly; ``auto`` uses it to place its first real trial.
     """
     capacity_bytes = parse_bytes(capacity, name="capacity")
     traced, peak, max_batch, multiple_of = _tracer(step, multiple_of=multiple_of, max_batch=max_batch, steps=steps,
                                                    include_resident=include_resident)
+    max_units = max_batch // multiple_of if max_batch is not None else None
 
     def solve(a: int, b: int) -> tuple[int, float, float]:
         slope = (peak(b) - peak(a)) / (b - a)
@@ -277,13 +281,13 @@ def estimate_line(
             raise EstimateError("estimated peak does not grow with the batch")
         intercept = peak(a) - slope * a
         units = max(0, math.floor((capacity_bytes - intercept) / slope))
-        if max_batch is not None:
-            units = min(units, max_batch // multiple_of)
-        return units, intercept, slope
+        return (units if max_units is None else min(units, max_units)), intercept, slope
 
-    units, intercept, slope = solve(*sizes)
-    if units > sizes[1]:
-        units, intercept, slope = solve(sizes[1], units)
+    low, high = past_flat(peak, *sizes, capacity_bytes, growth=GROWTH, max_units=max_units, multiple_of=multiple_of,
+                          flat_units=GROWTH**6)  # the optimizer step's constant peak first: trace on till it grows
+    units, intercept, slope = solve(low, high)
+    if units > high or (high != sizes[1] and low < units < high):  # the secant nearest the answer
+        units, intercept, slope = solve(*sorted((high, units)))
     return BatchEstimate(
         batch_size=units * multiple_of,
         capacity_bytes=capacity_bytes,
@@ -377,13 +381,8 @@ def estimate_max_batch(
             middle = (lo + hi) // 2
             lo, hi = (middle, hi) if fits(middle) else (lo, middle)
     intercept, slope = _line(traced, lo, include_resident)
-    log.info(
-        "estimated max batch %d for %s (peak %s of %s)",
-        lo * multiple_of,
-        step,
-        format_bytes(peak(lo)),
-        format_bytes(capacity_bytes),
-    )
+    log.info("estimated max batch %d for %s (peak %s of %s)", lo * multiple_of, step, format_bytes(peak(lo)),
+             format_bytes(capacity_bytes))
     return result(lo, intercept, slope)
 
 
