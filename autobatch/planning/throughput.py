@@ -14,7 +14,8 @@ What the measurement does, and why:
 * **Clearly slower candidates stop early.** Within a round the candidates run from the largest
   micro-batch down (usually the fastest first), and one whose first timed step took more than
   :data:`PRUNE_FACTOR` times the best median so far stops there (``pruned``): more steps could
-  not make it a leader. On the CPU a 512-sample global batch in 512 micro-batches of 1 took 6 s a
+  not make it a leader. Only in its first round: a leader retimed in a later round is not ruled
+  out by one slow step. On the CPU a 512-sample global batch in 512 micro-batches of 1 took 6 s a
   step; its five timed steps ran for half a minute to say it was the slowest.
 * **Interleaved rounds.** :func:`measure_candidates` can time candidates in rounds
   (A B C A B C ...), each with its own warm-up, so drift (clocks, heat, other load) hits
@@ -355,7 +356,9 @@ def _time(step, candidate, global_batch, warmup_steps, timed_steps, timer, hooks
 
     failure = run(first=True)
     peers_failed = False
-    if bound is not None and (failure is None or agreed is not None):
+    # only in a candidate's first round: a leader retimed is not ruled out by one slow step (a spike
+    # of other load), and its pooled median keeps the first round's steps
+    if bound is not None and candidate.rounds == 0 and (failure is None or agreed is not None):
         first = times[0] if agreed is None else agreed.slowest(failure, times[0] if times else 0.0, candidate)
         peers_failed = first is None
         candidate.pruned = not peers_failed and first > bound  # its first step alone rules it out

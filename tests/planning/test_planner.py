@@ -461,6 +461,23 @@ def test_a_candidate_whose_first_timed_step_is_over_twice_the_best_is_timed_no_f
     assert [len(c.step_seconds) for c in candidates] == [1, 1, 4]
 
 
+
+def test_a_leader_retimed_is_not_pruned_by_one_slow_step():
+    """Pruning rules a candidate out by its first timed step in its first round only: a leader
+    retimed in a later round whose first step meets a spike of other load (CI: the throughput
+    test's candidate was pruned in its second round with three step times) keeps its steps."""
+    from autobatch.planning.throughput import Candidate, measure_candidates
+
+    clock, spike = FakeClock(), {"on": False}
+    model = nn.Sequential(Costly(clock, lambda n: (1000 if spike["on"] and n == 8 else 10 + n)))
+    step = make_step(model, tokens=2)
+    candidates = [Candidate.build(16, m, False) for m in (8, 16)]
+    measure_candidates(step, candidates, global_batch=16, warmup_steps=0, timed_steps=2, timer=clock)
+    spike["on"] = True  # the second round: micro-batch 8's steps take far more than twice the best
+    measure_candidates(step, candidates, global_batch=16, warmup_steps=0, timed_steps=2, timer=clock)
+    assert not any(c.pruned for c in candidates)
+    assert [len(c.step_seconds) for c in candidates] == [4, 4] and [c.rounds for c in candidates] == [2, 2]
+
 # -- the throughput measurement: median, interleaved re-timing of leaders, allocator retries --
 def per_forward(n: int, slope: float) -> float:
     """Cost of one block forward on a micro-batch of n: fixed overhead, slower past 8."""
