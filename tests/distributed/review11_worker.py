@@ -20,11 +20,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from autobatch import Runner, TrainStep, find_max_batch  # noqa: E402
+from autobatch import Runner, TrainStep, find_max_batch, inject_oom  # noqa: E402
 from autobatch import distributed as dist_sync  # noqa: E402
 from autobatch.dist.store_exchange import exchange_via_store  # noqa: E402
 from rank_worker import main  # noqa: E402
 from review10_worker import _data, _sharded  # noqa: E402  (the same FSDP2 model and data)
+from agreement_worker import _share  # noqa: E402
+from runner_workloads import FEATURES, make_data, mse  # noqa: E402
 
 QUIET = dict(grow_after=None, progress=False, log_every=None)
 
@@ -113,8 +115,37 @@ def store_late_peer(rank: int, world: int, out: Path) -> dict:
     return report
 
 
+def _ddp_linear() -> nn.Module:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(FEATURES, 16), nn.Tanh(), nn.Linear(16, 1)).double()
+    return torch.nn.parallel.DistributedDataParallel(model)
+
+
+def ddp_multiple(rank: int, world: int, out: Path) -> dict:
+    """``Runner(multiple_of=4)`` under DDP, an OOM on rank 1 only at step 1: both ranks replay at
+    the same multiple (12 halved is 6, rounded down to 4), against a run given micro-batch 12 for
+    step 0 and 4 from step 1 on."""
+    data = [_share(batch, rank, world) for batch in make_data(96, 48)]
+    options = dict(grow_after=None, progress=False, log_every=None)
+    model = _ddp_linear()
+    runner = Runner(model, torch.optim.SGD(model.parameters(), lr=0.1), mse, global_batch=48, micro_batch=12,
+                    multiple_of=4, **options)
+    if rank == 1:
+        inject_oom(runner, at=[(1, "forward")], times=1)
+    result = runner.fit(data)
+    reference = _ddp_linear()
+    optimizer = torch.optim.SGD(reference.parameters(), lr=0.1)
+    for micro, part in ((12, data[:1]), (4, data[1:])):
+        Runner(reference, optimizer, mse, global_batch=48, micro_batch=micro, **options).fit(part)
+    return {"recoveries": [(r["micro_batch_before"], r["micro_batch"]) for r in result.oom_recoveries],
+            "micro_batch": result.micro_batch, "samples": result.samples,
+            "state": [t.detach().tolist() for t in model.parameters()],
+            "reference": [t.detach().tolist() for t in reference.parameters()]}
+
+
 SCENARIOS = {"probe_plain_error": probe_plain_error, "probe_module_error": probe_module_error,
-             "fsdp_resume_bad_shard": fsdp_resume_bad_shard, "store_late_peer": store_late_peer}
+             "fsdp_resume_bad_shard": fsdp_resume_bad_shard, "store_late_peer": store_late_peer,
+             "ddp_multiple": ddp_multiple}
 
 if __name__ == "__main__":
     main(SCENARIOS)

@@ -9,6 +9,8 @@
 * An FSDP2 resume whose rank-1 file reads fine but does not fit rank 1's shards: one
   ``CheckpointError`` on every rank (``autobatch.training.ranks.agree_loaded``), instead of rank 0
   training on and waiting out the deadline at its first step.
+* ``Runner(multiple_of=4)`` under DDP: an OOM on rank 1 alone is replayed by both ranks at the same
+  multiple.
 
 One launch for all (the failing scenarios leave the ranks in step; the stale vote comes after the
 probes so that the ranks' sync points pair again after it).
@@ -26,7 +28,7 @@ from launcher import shared_launch
 pytestmark = pytest.mark.skipif(not torch.distributed.is_available(), reason="needs torch.distributed")
 
 WORKER = Path(__file__).resolve().parent / "review11_worker.py"
-SCENARIOS = ["probe_plain_error", "probe_module_error", "store_late_peer", "fsdp_resume_bad_shard"]
+SCENARIOS = ["probe_plain_error", "probe_module_error", "store_late_peer", "fsdp_resume_bad_shard", "ddp_multiple"]
 
 
 @pytest.fixture(scope="module")
@@ -56,3 +58,14 @@ def test_one_fsdp_ranks_own_checkpoint_error_is_every_ranks(runs):
     assert rank1["error"] == "CheckpointError" and "this rank's shard" in rank1["message"], rank1
     assert rank0["error"] == "CheckpointError" and "rank 1 could not load" in rank0["message"], rank0
     assert abs(rank0["seconds"] - rank1["seconds"]) < 0.5 * rank0["limit"], (rank0, rank1)
+
+
+def test_runner_multiple_of_under_ddp_replays_one_ranks_oom_at_the_same_multiple(runs):
+    """``Runner(multiple_of=4)``: rank 1's OOM is replayed by both ranks at a multiple (12 → 4),
+    every sample trained once, the ranks' weights equal and those of the uninjected split."""
+    reports = runs["ddp_multiple"]
+    for report in reports:
+        assert report["recoveries"] == [[12, 4]] and report["micro_batch"] == 4 and report["samples"] == 96
+        for got, want in zip(report["state"], report["reference"], strict=True):
+            torch.testing.assert_close(torch.tensor(got), torch.tensor(want), rtol=1e-10, atol=1e-12)
+    assert reports[0]["state"] == reports[1]["state"]
