@@ -13,7 +13,7 @@ from typing import Any, Callable, Iterable
 
 import torch
 
-__all__ = ["DataParallel", "agree_fit", "agree_loaded", "exchange_bytes", "install", "installed", "current", "unwrap"]
+__all__ = ["DataParallel", "agree_fit", "agree_resume", "exchange_bytes", "install", "installed", "current", "unwrap"]
 
 
 class DataParallel:
@@ -129,22 +129,21 @@ def agree_fit(parallel: DataParallel, **arguments: int | bool | None) -> None:
     )
 
 
-def agree_loaded(parallel: DataParallel, path: Any, failure: BaseException | None) -> None:
-    """Once each rank has loaded its checkpoint into the model and optimizer: a load that failed on
-    some rank (``failure``, a :class:`~autobatch.errors.CheckpointError`) fails on every rank (one
-    sync point), that rank's own error there, a ``CheckpointError`` naming it on the others. The
-    ranks agreed before that they could read their files, but a sharded model's rank reads a file
-    of its own that no other rank reads: one whose shard does not fit raised on that rank alone,
-    and its peers went on into training and waited out the sync timeout at their first step."""
+def agree_resume(parallel: DataParallel, path: Any, failure: BaseException | None, label: str, failed_to: str) -> None:
+    """A step of a resume that failed on some rank (``failure``: this rank's, a
+    :class:`~autobatch.errors.CheckpointError`, or None) fails on every rank (one sync point,
+    ``label``): that rank's own error there, a ``CheckpointError`` on the others: "rank N" and
+    ``failed_to`` (what it could not do, and what to change). Used where each rank reads its checkpoint file, and where it loads
+    it into the model and optimizer: a sharded model's rank reads a file of its own that no other
+    rank reads, and one whose shard did not fit raised on that rank alone while its peers went on
+    into training and waited out the sync timeout at their first step."""
     if parallel.world_size() > 1:
-        rows = parallel.exchange([int(failure is not None)], "resume: every rank loaded the checkpoint")
+        rows = parallel.exchange([int(failure is not None)], label)
         failed = [rank for rank, row in enumerate(rows) if row[0]]
         if failed and failure is None:
             from ..errors import CheckpointError
 
-            raise CheckpointError(path, f"rank {', '.join(map(str, failed))} could not load its checkpoint file into "
-                                  "the model and optimizer (see that rank's error, which says what to change); "
-                                  f"rank {parallel.rank()} stops too instead of training without it")
+            raise CheckpointError(path, f"rank {', '.join(map(str, failed))} {failed_to}")
     if failure is not None:
         raise failure
 

@@ -30,7 +30,7 @@ from .epochs import EpochBatches, epoch_length, replayed, set_epoch, started
 from .multiples import resumed_micro_batch
 from .pacing import agree_epoch_length, paced
 from .progress import Progress
-from .ranks import agree_loaded, unwrap
+from .ranks import agree_resume, unwrap
 from .resume_checks import check_fits, check_kinds, kind, load_scheduler, position_for, precision_of, warn_changed_precision
 from .resume_checks import local_module_names, warn_persistent_workers, warn_replaced_settings, without_wrapper_prefix
 from .run_result import RunResult
@@ -311,17 +311,12 @@ class Resumable:
                 state = load_checkpoint(path, expect_format=RUNNER_FORMAT)
         except (OSError, CheckpointError) as exc:
             failure = exc
-        if self._parallel.world_size() > 1:
-            rows = self._parallel.exchange([int(failure is not None)], "resume: every rank read the checkpoint")
-            failed = [rank for rank, row in enumerate(rows) if row[0]]
-            if failure is not None and not isinstance(failure, CheckpointError):
-                raise CheckpointError(path, f"rank {self._parallel.rank()} cannot read it ({failure}); every rank "
-                                      "reads the checkpoint: put it where every rank sees it") from failure
-            if failed and failure is None:
-                raise CheckpointError(path, f"rank {', '.join(map(str, failed))} could not read it (see that rank's "
-                                      "error); every rank reads the checkpoint: put it where every rank sees it")
-        if failure is not None:
-            raise failure
+        if failure is not None and not isinstance(failure, CheckpointError) and self._parallel.world_size() > 1:
+            own = CheckpointError(path, f"rank {self._parallel.rank()} cannot read it ({failure}); every rank reads "
+                                  "the checkpoint: put it where every rank sees it")
+            own.__cause__, failure = failure, own
+        agree_resume(self._parallel, path, failure, "resume: every rank read the checkpoint", "could not read it (see "
+                     "that rank's error); every rank reads the checkpoint: put it where every rank sees it")
         return path, state
 
     def _load(self, resume: str | os.PathLike) -> dict[str, Any]:
@@ -361,7 +356,9 @@ class Resumable:
                 path, f"it was written for another model or optimizer ({detail}); resume with the model it was "
                 "trained with, or start afresh",
             )
-        agree_loaded(self._parallel, path, failure)  # a failure on any rank is raised on every rank
+        agree_resume(self._parallel, path, failure, "resume: every rank loaded the checkpoint", "could not load its "
+                     "checkpoint file into the model and optimizer (see that rank's error, which says what to change); "
+                     f"rank {self._parallel.rank()} stops too instead of training without it")
         load_loose_parameters(unwrap(self.model), self.optimizer, state.get("loose_parameters"))
         if self.grad_scaler is not None and state.get("grad_scaler"):
             self.grad_scaler.load_state_dict(state["grad_scaler"])

@@ -7,7 +7,7 @@
 * A store vote (FSDP's) that rank 1 gave up on at its deadline is a ``RankDisagreementError`` for
   rank 0 arriving later, not agreement (rank 0 went on alone into the collective it guards).
 * An FSDP2 resume whose rank-1 file reads fine but does not fit rank 1's shards: one
-  ``CheckpointError`` on every rank (``autobatch.training.ranks.agree_loaded``), instead of rank 0
+  ``CheckpointError`` on every rank (``autobatch.training.ranks.agree_resume``), instead of rank 0
   training on and waiting out the deadline at its first step.
 * ``Runner(multiple_of=4)`` under DDP: an OOM on rank 1 alone is replayed by both ranks at the same
   multiple.
