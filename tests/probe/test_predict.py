@@ -775,3 +775,83 @@ def test_a_settled_answer_says_so_and_needs_no_separate_confirmation():
     assert last.batch_size == exact and last.purpose == "edge" and last.steps == 3 and last.passed
     assert any(note.startswith(f"{exact + 1} was not tried: the memory line") for note in result.notes)
     assert result.fit["settled_above"]["batch_size"] == exact + 1
+
+
+def test_a_line_past_what_its_largest_pass_guarantees_grows_by_one_more_leap():
+    """The trials of a ViT-B/32 probe (plain callable) on an H200 (8 GiB cap), replayed: at 8
+    the peak is AdamW's step (flat), so the line through 8 and the leap's 74 rose 12.6 MiB a
+    sample where the curve rises 17.5 and said 513. What 74's own step guarantees (everything
+    above its resident memory counted as growing with the batch) is 343: a straight line cannot
+    say more than that by half. The search leaps once more, from 74, before it jumps: the
+    boundary in two trials after it, where jumping to 513 took seven failures at the wall and a
+    bisection of 74-489 (20 trials in all)."""
+    from autobatch.probe.predict import LEAP_FRACTION, predictive
+
+    mib = 2**20
+    capacity = 8 * 2**30
+    usable = int(capacity * 0.99)
+    resident = 1058.0 * mib  # weights and AdamW state, as the leap from 8 to 74 implies
+
+    def peak_of(units):
+        return int((1744.0 if units == 8 else 1280.5 + 17.49 * units) * mib)
+
+    tried = []
+
+    def passes(units, purpose="search"):
+        tried.append(units)
+        return peak_of(units) <= usable  # 390 (the wall the real trials met is tested above)
+
+    outcome = predictive(passes, peak_of, 8, 2**24, usable, above_first=True,
+                         resident_of=lambda units: int(resident), short_of=lambda units: None)
+    assert outcome.units == 390
+    second_leap = math.floor(74 * (usable - resident) / (peak_of(74) - resident) * LEAP_FRACTION)
+    assert tried == [8, 74, second_leap, 391, 390]  # the jump: above the boundary first, then it
+
+
+def test_a_line_that_agrees_with_what_its_pass_guarantees_jumps_at_once():
+    """ResNet-50 on an H200 (8 GiB cap): the line through 8 and the leap's 134 and what 134
+    guarantees agree (182 and 180), so the search jumps from the two points, as before."""
+    from autobatch.probe.predict import predictive
+
+    mib = 2**20
+    usable = int(8 * 2**30 * 0.99)
+    tried = []
+
+    def passes(units, purpose="search"):
+        tried.append(units)
+        return units <= 181
+
+    def peak_of(units):
+        return int((751.1 if units == 8 else 409.0 + 42.69 * units) * mib)
+
+    outcome = predictive(passes, peak_of, 8, 2**24, usable, above_first=True,
+                         resident_of=lambda units: 333 * mib, short_of=lambda units: None)
+    assert outcome.units == 181
+    assert tried[1] in (133, 134) and all(size > 134 for size in tried[2:])
+
+
+@pytest.mark.parametrize("budget, trials_before", [("40MiB", 11), ("80MiB", 12)])
+def test_a_transformer_under_adamw_leaps_past_its_optimizer_plateau_and_lands_exact(budget, trials_before):
+    """A small transformer encoder under AdamW as a plain callable (simulated device): at 8 the
+    peak is the optimizer step's, so the line through 8 and 64 overshot by 9-12 % and the
+    search galloped down four failures before bisecting (``trials_before``). What 64 guarantees
+    says the line is too shallow; one more leap lands below the boundary and the jump hits it:
+    the binary answer in six trials."""
+    torch.manual_seed(0)
+    nn = torch.nn
+    model = nn.Sequential(nn.Linear(16, 128), nn.TransformerEncoder(
+        nn.TransformerEncoderLayer(128, 4, 512, batch_first=True, dropout=0.0), 4), nn.Flatten(), nn.Linear(1024, 10))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+
+    def step(size):
+        optimizer.zero_grad(set_to_none=True)
+        inputs, targets = torch.randn(size, 8, 16), torch.randint(0, 10, (size,))
+        nn.functional.cross_entropy(model(inputs), targets).backward()
+        optimizer.step()
+
+    with simulated_memory(budget):
+        result = find_max_batch(step, cache=False)
+    assert result.num_trials == 6 < trials_before
+    assert result.smallest_failed == result.batch_size + 1  # exact: the size above failed
+    leap = result.trials[3]
+    assert leap.purpose == "fit" and leap.passed and result.trials[2].batch_size < leap.batch_size < result.batch_size
