@@ -41,7 +41,7 @@ from .result import STORED_NOTE, ProbeResult
 from .trial import TrialRunner
 
 __all__ = ["forget_own_layout", "park_created_state", "relayout_created_state", "laid_out_note", "promise_of", "promise_note", "release_after_probe",
-           "still_flushing"]
+           "still_flushing", "at_fixed_wall"]
 
 
 def promise_of(runner: TrialRunner, result: ProbeResult, memory: DeviceMemory) -> dict[str, Any] | None:
@@ -96,6 +96,8 @@ def promise_note(runner: TrialRunner, result: ProbeResult, memory: DeviceMemory)
         )
     if still_flushing(promise):
         parts.append(STILL_FLUSHING)
+    elif at_fixed_wall(promise):
+        parts.append(f"{promise['flushes']} of its {promise['steps'] - 1} steps after the first {AT_FIXED_WALL}")
     if promise["autotuned"]:
         parts.append(NEW_PROCESS_AUTOTUNING)
     return "; ".join(parts)
@@ -128,6 +130,27 @@ STILL_FLUSHING = (
     "every step after the first flushed the allocator's cache: this size sits at the allocator's wall, so the "
     "first training steps may flush too (each flush costs time), and memory a loop holds beyond what the step "
     "held here has no room; autobatch's Runner replays a step that runs out of memory in smaller micro-batches"
+)
+
+
+def at_fixed_wall(promise: dict[str, Any]) -> bool:
+    """Whether at least two steps of the answer's trial after the first made the allocator
+    flush its cache (not every one: :func:`still_flushing`), under fixed segments, untuned."""
+    flushes = promise.get("flushes")
+    return not promise["autotuned"] and not promise["expandable_segments"] and bool(flushes) and flushes >= 2
+
+
+#: What an answer some of whose steps flushed under fixed segments means for a new process (issue
+#: 16, measured on one H200 under an 8 GiB cap, ViT-B/32 as a plain callable: 376's trial flushed
+#: in two of its three steps after the first and trained 200 steps in the probing process; a new
+#: process that started training at it, cold, ran out of memory at step 3 from scratch and at step
+#: 1 resumed, where 373 trained in both; under expandable segments its answer, 383, trained
+#: everywhere: ``scripts/diag_fresh_layout.py --cold``)
+AT_FIXED_WALL = (
+    "flushed the allocator's cache: under fixed segments this size is at the allocator's wall, and a new process, "
+    "whose blocks fall otherwise, can run out of memory a few sizes lower; PYTORCH_CUDA_ALLOC_CONF="
+    "expandable_segments:True (set before CUDA starts; the command line's default) removes that wall, and "
+    "autobatch's Runner replays a step that runs out of memory"
 )
 
 

@@ -546,6 +546,35 @@ def test_an_answer_whose_every_step_flushed_warns_a_hand_loop(monkeypatch, autot
     assert promise.still_flushing(figures) is warned
 
 
+@pytest.mark.parametrize(
+    ("expandable", "autotuned", "steps", "flushes", "warned"),
+    [(False, False, 4, 2, True), (False, False, 6, 4, True), (False, False, 4, 1, False), (True, False, 4, 2, False),
+     (False, True, 5, 2, False), (False, False, 4, 3, False), (False, False, 4, None, False)],
+)
+def test_an_answer_some_of_whose_steps_flushed_under_fixed_segments_says_a_new_process_may_not(
+        monkeypatch, expandable, autotuned, steps, flushes, warned):
+    """ViT-B/32 as a plain callable on an H200 (8 GiB cap, fixed segments): 376's trial flushed in
+    two of its three steps after the first and trained in the probing process; a new process ran out
+    of memory at step 3, where 373 trained. Two or more flushing steps (not all: that is
+    STILL_FLUSHING's note) under fixed segments, untuned, get a note naming expandable segments;
+    one flushing step, expandable segments, or autotuning (its confirmation steps on) do not."""
+    from types import SimpleNamespace
+
+    from autobatch.probe import promise
+
+    figures = {"batch_size": 376, "steps": steps, "after_last_oom": True, "autotuned": autotuned, "flushes": flushes,
+               "step_peak_bytes": 2**30, "peak_fraction": 0.96, "reserved_peak_bytes": 2**30,
+               "fragmentation_bytes": 0, "inactive_split_bytes": 0, "expandable_segments": expandable,
+               "capacity_bytes": 2**30 + 2**24, "allocator_headroom_bytes": 2**24}
+    runner = SimpleNamespace(peak_limit=2**30, settle_final=True)
+    monkeypatch.setattr(promise, "promise_of", lambda *a: dict(figures))
+    note = promise.promise_note(runner, SimpleNamespace(promise=None), memory=None)
+    assert (promise.AT_FIXED_WALL in note) is warned
+    if warned:
+        assert f"{flushes} of its {steps - 1} steps after the first flushed" in note
+        assert "expandable_segments:True" in note
+
+
 def test_hand_loop_defaults_to_the_step_type_and_is_checked(monkeypatch):
     """Who trains the answer decides whether a still-flushing trial fails (docs/promise.md,
     "Resumed runs"): a plain callable's own loop (True) unless told, a TrainStep's Runner (False)
