@@ -8,15 +8,17 @@ through the loop's own input path (``convert_input``, the batch-transfer hooks; 
 :mod:`.lightning_step`). No user callback's hook runs during the trials. The
 search is :func:`~autobatch.find_max_batch` (the exact boundary in a handful of trials, where
 Lightning's ``BatchSizeFinder`` doubles and may stop at a power of two). The size goes where
-``BatchSizeFinder`` puts it (``model.batch_size``, ``model.hparams.batch_size`` or the
-datamodule's, found with Lightning's ``lightning_hasattr``), and the train dataloader is
+``BatchSizeFinder`` puts it (``model.batch_size``, ``model.hparams.batch_size``, the datamodule's
+attribute or its ``hparams`` entry, found with Lightning's ``lightning_hasattr``), and the train dataloader is
 re-created at it, never larger than the train dataset (under DDP: a rank's share of it). The
 module (its plain attributes too: gathered outputs, counters, metric states), its optimizers,
 the scaler, the learning-rate schedulers and the random states are put back bit-exactly after
 the trials (:mod:`.lightning_state`); no checkpoint file is written. The size is saved in
 Lightning's checkpoints (the callback's state): ``fit(ckpt_path=...)`` trains at it again,
 without a probe. Dataloaders passed to ``fit()``
-directly are refused, as ``BatchSizeFinder`` refuses them: their batch size is fixed.
+directly are refused, as ``BatchSizeFinder`` refuses them: their batch size is fixed. An integer
+``val_check_interval`` longer than an epoch at the size set (which ``fit`` would refuse) is one
+``ValueError`` before training, naming what to change.
 
 With ``global_batch`` the callback keeps that many samples per optimizer step: it sets
 ``trainer.accumulate_grad_batches`` and a batch size no larger than the probed one with
@@ -50,7 +52,7 @@ from ..probe.search import peak_limit
 from ..training.checkpoint_io import rng_state, set_rng_state
 from .. import checks
 from .global_batch import accumulation_for, cap_at_samples, check_share
-from .lightning_loop import LoopConfirmation, MemoryLine, confirm_in_loop
+from .lightning_loop import LoopConfirmation, MemoryLine, confirm_in_loop, refuses_interval, training_batches
 from .lightning_state import SavedState, probing
 from .lightning_step import LightningStep, first_batch
 
@@ -211,6 +213,7 @@ class AutoBatchSize(Callback):
                 if agreed != self.batch_size:
                     self.batch_size, self.accumulation = self._apply(trainer, pl_module, share, agreed)
         self._check_limit(trainer, samples)
+        self._check_val_interval(trainer, samples)
         if self.confirmation is not None:
             self.result.notes.append(self.confirmation.summary())
         trainer.fit_loop._combined_loader = None  # the train dataloader is re-created at the new size
@@ -222,7 +225,7 @@ class AutoBatchSize(Callback):
         name = self.batch_arg_name
         if not lightning_hasattr(module, name):
             raise AttributeError(
-                f"AutoBatchSize: no field {name!r} in the module, its hparams or the datamodule; add it "
+                f"AutoBatchSize: no field {name!r} in the module, its hparams, the datamodule or its hparams; add it "
                 "(and build the train dataloader from it) or pass batch_arg_name"
             )
         if not trainer.fit_loop._data_source.is_module():
@@ -261,8 +264,9 @@ class AutoBatchSize(Callback):
                      "again", restored.get("global_batch"), restored.get("world_size"))
             return False
         self.batch_size, self.accumulation = restored["batch_size"], restored["accumulation"]
-        self._check_limit(trainer, None)
         lightning_setattr(module, self.batch_arg_name, self.batch_size)
+        self._check_limit(trainer, None)
+        self._check_val_interval(trainer, None)
         if self.accumulation:
             trainer.accumulate_grad_batches = self.accumulation
         trainer.fit_loop._combined_loader = None  # the train dataloader is re-created at the restored size
@@ -299,6 +303,44 @@ class AutoBatchSize(Callback):
             f"{accumulation} micro-batches each optimizer step accumulates for global_batch={self.global_batch}: "
             f"every epoch would end before one global batch; raise limit_train_batches to {accumulation} batches or "
             f"more{fraction}, or lower global_batch"
+        )
+
+    def _check_val_interval(self, trainer: Trainer, samples: int | None) -> None:
+        """One error, before ``fit`` trains, where an integer ``val_check_interval`` is longer than an
+        epoch at the size set.
+
+        Why: Lightning counts such an interval in batches within an epoch and refuses one above the
+        epoch's batches (unless ``check_val_every_n_epoch=None``); a larger batch shortens the epoch,
+        so an interval that held at the module's own size failed ``fit`` with Lightning's
+        ``ValueError``, naming neither the callback nor its size. The interval is not changed (it
+        would validate at other points than asked) and the size is not cut silently: the error
+        names what to change. The batches are counted as ``fit`` counts them (the loader is built,
+        then dropped, the random states put back). ``samples``: a rank's per epoch (None: unknown)."""
+        interval, size = trainer.val_check_interval, self.batch_size
+        if not size or size < 1 or not trainer.limit_train_batches or not refuses_interval(trainer, 1):
+            return  # no epoch is too short for the interval (refused at 1 batch: refused at some length)
+        loop, saved = trainer.fit_loop, rng_state()  # a DataLoader's iterator draws its seed
+        loop._combined_loader = None
+        try:
+            batches = training_batches(trainer)
+        finally:
+            set_rng_state(saved)
+            if loop._data_fetcher is not None:  # its workers, if any, shut down; fit builds its own
+                loop._data_fetcher.teardown()
+            loop._combined_loader = loop._data_fetcher = None
+        if not refuses_interval(trainer, batches):
+            return
+        limit, multiple = trainer.limit_train_batches, self.probe_options["multiple_of"]
+        whole = isinstance(limit, float) and limit == 1.0  # an int limit of 1 is one batch
+        cap = samples // interval // multiple * multiple if samples and (whole or isinstance(limit, int) and limit >= interval) else 0
+        raise ValueError(
+            f"AutoBatchSize: at batch size {size} an epoch has {batches} training batch(es)"
+            f"{'' if whole else f' (limit_train_batches={limit!r})'}, fewer than Trainer(val_check_interval="
+            f"{interval}), which Lightning counts within an epoch and refuses above the epoch's batches: fit would "
+            f"fail. Change one: Trainer(check_val_every_n_epoch=None) to validate every {interval} batches counted "
+            f"across epochs, a val_check_interval of at most {batches} (or a float, a fraction of each epoch)"
+            + (f", AutoBatchSize(max_batch={cap}) for epochs of at least {interval} batches" if cap else "")
+            + ", or limit_val_batches=0 for no validation"
         )
 
     def _apply(self, trainer: Trainer, module: LightningModule, share: int | None, largest: int) -> tuple[int, int | None]:

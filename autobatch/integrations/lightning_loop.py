@@ -9,7 +9,9 @@ allocated peak. Where ``fit`` validates, the run ends with one validation batch,
 runs it mid-training (gradients dropped, the optimizer's state alive): a val dataloader built
 from the batch size (often twice it, with no gradients to keep) is checked at the same size. It also
 validates where ``fit`` would within the run (an epoch's end it crosses: an epoch-end
-``ReduceLROnPlateau`` reads the ``val_loss`` logged there, and failed without it).
+``ReduceLROnPlateau`` reads the ``val_loss`` logged there, and failed without it); at a size
+whose epoch is shorter than an integer ``val_check_interval``, which Lightning refuses, at each
+epoch's end (:func:`training_batches`).
 Everything is put back afterwards (the caller's snapshot: module, optimizers, scaler, random
 states; here: loop progress, limits, callbacks, loggers, logged metrics).
 
@@ -36,7 +38,7 @@ from ..memory.oom import free_memory, is_oom_error, requested_bytes
 from ..memory.units import format_bytes
 from ..probe.result import ProbeResult
 
-__all__ = ["LoopRun", "LoopConfirmation", "MemoryLine", "confirm_in_loop"]
+__all__ = ["LoopRun", "LoopConfirmation", "MemoryLine", "confirm_in_loop", "refuses_interval", "training_batches"]
 
 #: The most loop runs a confirmation makes .
 MAX_RUNS = 6
@@ -250,6 +252,37 @@ class _BatchMemory:
         return min(rises) if rises and all(rise > 0 for rise in rises) else None
 
 
+def training_batches(trainer: Trainer) -> int | float:
+    """Build the train dataloader as ``fit`` builds it (``fit_loop.setup_data``, at the size set,
+    under ``limit_train_batches``) and return its batches per epoch (inf: no length); the loader
+    stays built (a loop run uses it; the caller drops it otherwise).
+
+    Without Lightning's check of an integer ``val_check_interval`` against those batches
+    (:func:`refuses_interval`), which raised from inside the callback's loop run where a larger
+    batch made the epoch shorter than the interval: such a run validates at each epoch's end
+    instead (as ``val_check_interval=1.0`` does), and the callback says once, before ``fit``
+    trains, what to change if the size it sets is one (``AutoBatchSize._check_val_interval``).
+    Every other interval is kept as Lightning sets it."""
+    loop, every = trainer.fit_loop, trainer.check_val_every_n_epoch
+    trainer.check_val_every_n_epoch = None  # turns the check off: setup_data reads it nowhere else
+    try:
+        loop.setup_data()
+    finally:
+        trainer.check_val_every_n_epoch = every
+    if refuses_interval(trainer, loop.max_batches):
+        trainer.val_check_batch = max(1, int(loop.max_batches))
+    return loop.max_batches
+
+
+def refuses_interval(trainer: Trainer, batches: int | float) -> bool:
+    """Whether Lightning's ``fit_loop.setup_data`` refuses the trainer's ``val_check_interval`` for
+    an epoch of ``batches``: an integer interval (counted in batches within an epoch) above them,
+    while ``check_val_every_n_epoch`` is set and ``limit_val_batches`` above 0."""
+    interval = getattr(trainer, "val_check_interval", None)
+    return (isinstance(interval, int) and getattr(trainer, "_val_check_time_interval", None) is None
+            and trainer.check_val_every_n_epoch is not None and trainer.limit_val_batches > 0 and 0 < batches < interval)
+
+
 def _set_restarting(loop: Any, restarting: bool) -> None:
     """Set the fit loop's and its child loops' restarting flag after ``load_state_dict`` (which
     turns it on). The fit loop's own setter keeps it on for iteration-based training
@@ -305,6 +338,7 @@ class _LoopState:
         loop.load_state_dict(deepcopy(self.loop_state))
         _set_restarting(loop, False)  # a check run is no resumed run
         loop._combined_loader = epoch_loop.val_loop._combined_loader = None  # built at the size just set
+        training_batches(trainer)  # built here: an integer val_check_interval longer than its epoch is no error
 
     def epoch_batches(self, batches: float | int | None, accumulation: int) -> int | None:
         """The batches of an epoch that ``fit`` will run, from a full epoch's at this size, under the
