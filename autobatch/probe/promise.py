@@ -96,7 +96,7 @@ def promise_note(runner: TrialRunner, result: ProbeResult, memory: DeviceMemory)
         )
     if still_flushing(promise):
         parts.append(STILL_FLUSHING)
-    elif at_fixed_wall(promise):
+    if at_fixed_wall(promise):
         parts.append(f"{promise['flushes']} of its {promise['steps'] - 1} steps after the first {AT_FIXED_WALL}")
     if promise["autotuned"]:
         parts.append(NEW_PROCESS_AUTOTUNING)
@@ -137,7 +137,8 @@ def at_fixed_wall(promise: dict[str, Any]) -> bool:
     """Whether at least two steps of the answer's trial after the first made the allocator
     flush its cache (not every one: :func:`still_flushing`), under fixed segments, untuned."""
     flushes = promise.get("flushes")
-    return not promise["autotuned"] and not promise["expandable_segments"] and bool(flushes) and flushes >= 2
+    return (not promise["autotuned"] and not promise["expandable_segments"] and bool(flushes) and flushes >= 2
+            and not still_flushing(promise))
 
 
 #: What an answer some of whose steps flushed under fixed segments means for a new process (issue

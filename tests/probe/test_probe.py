@@ -531,19 +531,27 @@ def test_an_answer_whose_every_step_flushed_warns_a_hand_loop(monkeypatch, autot
     the wall (an H100 ran a hand loop out of memory there at step 14): the note says so and what
     to do. Not where a step stopped flushing, nor where the device counts no flushes, nor with
     autotuning (its confirmation already steps until flushing stops)."""
+    from autobatch.probe import promise
+
+    figures, note = _flushing_note(monkeypatch, steps=steps, flushes=flushes, autotuned=autotuned, expandable=False)
+    assert (promise.STILL_FLUSHING in note) is warned
+    assert promise.still_flushing(figures) is warned
+
+
+def _flushing_note(monkeypatch, *, steps, flushes, autotuned, expandable):
+    """A promise's figures for an answer whose trial ran ``steps`` steps, ``flushes`` of them after
+    the first flushing the allocator's cache, and the note ``promise_note`` makes of them."""
     from types import SimpleNamespace
 
     from autobatch.probe import promise
 
     figures = {"batch_size": 180, "steps": steps, "after_last_oom": True, "autotuned": autotuned, "flushes": flushes,
                "step_peak_bytes": 2**30, "peak_fraction": 0.98, "reserved_peak_bytes": 2**30,
-               "fragmentation_bytes": 0, "inactive_split_bytes": 0, "expandable_segments": False,
+               "fragmentation_bytes": 0, "inactive_split_bytes": 0, "expandable_segments": expandable,
                "capacity_bytes": 2**30 + 2**24, "allocator_headroom_bytes": 2**24}
     runner = SimpleNamespace(peak_limit=2**30, settle_final=True)
     monkeypatch.setattr(promise, "promise_of", lambda *a: dict(figures))
-    note = promise.promise_note(runner, SimpleNamespace(promise=None), memory=None)
-    assert (promise.STILL_FLUSHING in note) is warned
-    assert promise.still_flushing(figures) is warned
+    return figures, promise.promise_note(runner, SimpleNamespace(promise=None), memory=None)
 
 
 @pytest.mark.parametrize(
@@ -558,18 +566,11 @@ def test_an_answer_some_of_whose_steps_flushed_under_fixed_segments_says_a_new_p
     of memory at step 3, where 373 trained. Two or more flushing steps (not all: that is
     STILL_FLUSHING's note) under fixed segments, untuned, get a note naming expandable segments;
     one flushing step, expandable segments, or autotuning (its confirmation steps on) do not."""
-    from types import SimpleNamespace
-
     from autobatch.probe import promise
 
-    figures = {"batch_size": 376, "steps": steps, "after_last_oom": True, "autotuned": autotuned, "flushes": flushes,
-               "step_peak_bytes": 2**30, "peak_fraction": 0.96, "reserved_peak_bytes": 2**30,
-               "fragmentation_bytes": 0, "inactive_split_bytes": 0, "expandable_segments": expandable,
-               "capacity_bytes": 2**30 + 2**24, "allocator_headroom_bytes": 2**24}
-    runner = SimpleNamespace(peak_limit=2**30, settle_final=True)
-    monkeypatch.setattr(promise, "promise_of", lambda *a: dict(figures))
-    note = promise.promise_note(runner, SimpleNamespace(promise=None), memory=None)
+    figures, note = _flushing_note(monkeypatch, steps=steps, flushes=flushes, autotuned=autotuned, expandable=expandable)
     assert (promise.AT_FIXED_WALL in note) is warned
+    assert promise.at_fixed_wall(figures) is warned
     if warned:
         assert f"{flushes} of its {steps - 1} steps after the first flushed" in note
         assert "expandable_segments:True" in note
