@@ -53,6 +53,7 @@ from ..training.checkpoint_io import rng_state, set_rng_state
 from .. import checks
 from .global_batch import accumulation_for, cap_at_samples, check_share
 from .lightning_loop import LoopConfirmation, MemoryLine, confirm_in_loop, refuses_interval, training_batches
+from .lightning_schedules import StepSchedule
 from .lightning_state import SavedState, probing
 from .lightning_step import LightningStep, first_batch
 
@@ -169,6 +170,7 @@ class AutoBatchSize(Callback):
     def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         world = self._check(trainer, pl_module)
         self._fitting, self.result, self.confirmation = (trainer, pl_module), None, None
+        self._schedule = StepSchedule.taken(trainer, pl_module, self.batch_arg_name)  # before the trials change it
         if self._resume(trainer, pl_module):
             return
         options = dict(self.probe_options)
@@ -219,6 +221,7 @@ class AutoBatchSize(Callback):
         trainer.fit_loop._combined_loader = None  # the train dataloader is re-created at the new size
         log.info("AutoBatchSize: %s=%d (probe %d%s)", self.batch_arg_name, self.batch_size, self.result.batch_size,
                  f", accumulate_grad_batches={self.accumulation}" if self.accumulation else "")
+        self._schedule.resize(trainer, self.batch_size)  # schedulers sized for the steps fit will run at it
 
     def _check(self, trainer: Trainer, module: LightningModule) -> int:
         """One clear error for a setup the callback cannot serve; the world size."""
@@ -273,6 +276,7 @@ class AutoBatchSize(Callback):
         log.info("AutoBatchSize: %s=%d%s restored from the checkpoint, not probed again (a resumed run trains at the "
                  "size it trained at)", self.batch_arg_name, self.batch_size,
                  f", accumulate_grad_batches={self.accumulation}" if self.accumulation else "")
+        self._schedule.resize(trainer, self.batch_size)
         return True
 
     def _check_limit(self, trainer: Trainer, samples: int | None) -> None:
