@@ -33,6 +33,18 @@ def cli_env(**extra: str) -> dict[str, str]:
     return env
 
 
+def rank_reports(tmp_path: Path, name: str, script: str, timeout: float = 180) -> tuple[list[dict], str]:
+    """Write ``script`` (a program that launches ranks and has each write ``rank<N>.json`` in
+    ``tmp_path``) as ``name``, run it in ``tmp_path``, and return the reports in rank order and its stderr."""
+    import json
+
+    path = tmp_path / name
+    path.write_text(script)
+    done = subprocess.run([sys.executable, str(path)], cwd=tmp_path, env=cli_env(PYTHONWARNINGS="ignore"),
+                          capture_output=True, text=True, timeout=timeout)
+    return [json.loads(p.read_text()) for p in sorted(tmp_path.glob("rank*.json"))], done.stderr
+
+
 def run_cli(*args: str, cwd: Path, env: dict[str, str] | None = None, timeout: float = 120):
     """Run ``python -m autobatch *args`` in ``cwd``; return the CompletedProcess (text)."""
     return subprocess.run(

@@ -9,8 +9,6 @@ batch never checked, a batch larger than a rank's share of the data.
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
@@ -269,16 +267,11 @@ _DDP_SHARE = textwrap.dedent(
 def test_under_ddp_the_batch_is_at_most_a_ranks_share(tmp_path):
     """Each of 2 ranks trains half of 300 samples (Lightning's DistributedSampler): the batch was
     capped at 300, and with ``drop_last`` fit trained no step at all."""
-    script = tmp_path / "ddp_share.py"
-    script.write_text(_DDP_SHARE.format(tests=os.path.dirname(__file__), out=str(tmp_path)))
-    from conftest import cli_env
+    from conftest import rank_reports
 
-    done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=cli_env(PYTHONWARNINGS="ignore"),
-                          capture_output=True, text=True, timeout=180)
-    import json
-
-    reports = [json.loads(p.read_text()) for p in sorted(tmp_path.glob("rank*.json"))]
-    assert len(reports) == 2, done.stderr[-3000:]
+    reports, stderr = rank_reports(tmp_path, "ddp_share.py", _DDP_SHARE.format(tests=os.path.dirname(__file__),
+                                                                              out=str(tmp_path)))
+    assert len(reports) == 2, stderr[-3000:]
     assert all(r["size"] == 150 and r["steps"] == 2 for r in reports), reports
 
 

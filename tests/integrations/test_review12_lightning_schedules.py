@@ -12,12 +12,9 @@ Now ``configure_optimizers`` runs again once the size is set, where that is safe
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import os
-import subprocess
-import sys
 import textwrap
 import types
 
@@ -353,14 +350,11 @@ _DDP = textwrap.dedent(
 def test_under_ddp_every_rank_sizes_the_schedule_at_the_size_set(tmp_path):
     """2 ranks of 160 samples each: the module's 4 sized the schedule for 80 steps, fit runs 6 at
     64 (3 batches an epoch): every rank configures again, alike, and ends the schedule."""
-    script = tmp_path / "ddp_schedules.py"
-    script.write_text(_DDP.format(tests=os.path.dirname(__file__), out=str(tmp_path)))
-    from conftest import cli_env
+    from conftest import rank_reports
 
-    done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=cli_env(PYTHONWARNINGS="ignore"),
-                          capture_output=True, text=True, timeout=180)
-    reports = [json.loads(p.read_text()) for p in sorted(tmp_path.glob("rank*.json"))]
-    assert len(reports) == 2, done.stderr[-3000:]
+    reports, stderr = rank_reports(tmp_path, "ddp_schedules.py", _DDP.format(tests=os.path.dirname(__file__),
+                                                                            out=str(tmp_path)))
+    assert len(reports) == 2, stderr[-3000:]
     for report in reports:
         assert report["size"] == 64 and report["steps"] == report["total"] == 6
         assert report["configured"] == [[4, 80], [64, 6]] and report["last_lr"] == pytest.approx(FINAL_LR)
