@@ -283,6 +283,10 @@ def refuses_interval(trainer: Trainer, batches: int | float) -> bool:
             and trainer.check_val_every_n_epoch is not None and trainer.limit_val_batches > 0 and 0 < batches < interval)
 
 
+def _held_step(*_: Any, **__: Any) -> None:
+    """A scheduler's ``step`` during a check run: nothing (:meth:`_LoopState.prepare`)."""
+
+
 def _set_restarting(loop: Any, restarting: bool) -> None:
     """Set the fit loop's and its child loops' restarting flag after ``load_state_dict`` (which
     turns it on). The fit loop's own setter keeps it on for iteration-based training
@@ -309,6 +313,7 @@ class _LoopState:
     restarting: bool  # as fit found it: on where it resumes from a checkpoint (ckpt_path=...)
     validate: bool  # fit validates (a validation_step, a val dataloader, limit_val_batches above 0)
     val_reload_epoch: Any  # the validation loop's record of when it last built its dataloader
+    held: list[Any] = field(default_factory=list)  # the schedulers whose step the run holds
 
     @classmethod
     def take(cls, trainer: Trainer) -> "_LoopState":
@@ -326,6 +331,13 @@ class _LoopState:
         trainer.callbacks = [type("_Watch", (Callback,), {"on_train_batch_end": watch.on_train_batch_end,
                                                          "on_validation_batch_end": watch.on_validation_batch_end})()]
         trainer.logger = DummyLogger() if trainer.logger is not None else None
+        # no schedule steps either (Lightning's, or the training_step's under manual optimization):
+        # memory does not follow the learning rate, the states are put back after the run anyway,
+        # and a schedule sized for fewer steps than the run (OneCycleLR at a module size whose
+        # epochs take two steps) raised from inside it
+        self.held = [config.scheduler for config in trainer.lr_scheduler_configs]
+        for scheduler in self.held:
+            scheduler.step = _held_step
         # one validation batch after the last step, where fit validates: its batch may follow the
         # batch size (a val loader at twice the size, no gradients), the optimizer's state is alive
         trainer.limit_train_batches, trainer.limit_val_batches = 1.0, 1 if self.validate else 0
@@ -351,6 +363,8 @@ class _LoopState:
 
     def restore(self, trainer: Trainer) -> None:
         trainer.callbacks, trainer.loggers = self.callbacks, self.loggers
+        for scheduler in self.held:
+            vars(scheduler).pop("step", None)  # the class's own again
         trainer.limit_train_batches, trainer.limit_val_batches = self.limit_train_batches, self.limit_val_batches
         loop = trainer.fit_loop
         loop.epoch_loop.max_steps = self.max_steps

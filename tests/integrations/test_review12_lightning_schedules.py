@@ -358,3 +358,20 @@ def test_under_ddp_every_rank_sizes_the_schedule_at_the_size_set(tmp_path):
     for report in reports:
         assert report["size"] == 64 and report["steps"] == report["total"] == 6
         assert report["configured"] == [[4, 80], [64, 6]] and report["last_lr"] == pytest.approx(FINAL_LR)
+
+
+def test_a_schedule_shorter_than_the_check_run_is_not_stepped_by_it():
+    """At the module's own 320 (every sample in one batch) the schedule is sized for 2 steps; the
+    probe answers less under 1 MiB, and the callback's check run at that size takes 3 optimizer
+    steps: OneCycleLR raised ``Tried to step 3 times`` from inside it. The run steps no schedule
+    (its memory does not follow the learning rate); fit then trains at the size set, the schedule
+    sized for it, and ends it."""
+    module, finder = Scheduled(batch_size=SAMPLES, width=1024), AutoBatchSize()
+    with simulated_memory("1MiB"):
+        fit = trainer(finder)
+        fit.fit(module)
+    assert finder.batch_size < SAMPLES // 2 and max(run.steps for run in finder.confirmation.runs) == 3
+    scheduler = fit.lr_scheduler_configs[0].scheduler
+    assert "step" not in vars(scheduler)  # the class's own step again
+    assert fit.global_step == scheduler.total_steps == _steps(finder.batch_size) == len(module.lrs)
+    assert module.lrs[-1] == pytest.approx(FINAL_LR)
