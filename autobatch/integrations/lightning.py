@@ -52,8 +52,8 @@ from ..probe.search import peak_limit
 from ..training.checkpoint_io import rng_state, set_rng_state
 from .. import checks
 from .global_batch import accumulation_for, cap_at_samples, check_share
-from .lightning_loop import LoopConfirmation, MemoryLine, confirm_in_loop, refuses_interval, training_batches
-from .lightning_schedules import StepSchedule
+from .lightning_loop import LoopConfirmation, MemoryLine, confirm_in_loop, refuses_interval
+from .lightning_schedules import StepSchedule, train_loader
 from .lightning_state import SavedState, probing
 from .lightning_step import LightningStep, first_batch
 
@@ -323,15 +323,9 @@ class AutoBatchSize(Callback):
         interval, size = trainer.val_check_interval, self.batch_size
         if not size or size < 1 or not trainer.limit_train_batches or not refuses_interval(trainer, 1):
             return  # no epoch is too short for the interval (refused at 1 batch: refused at some length)
-        loop, saved = trainer.fit_loop, rng_state()  # a DataLoader's iterator draws its seed
-        loop._combined_loader = None
-        try:
-            batches = training_batches(trainer)
-        finally:
-            set_rng_state(saved)
-            if loop._data_fetcher is not None:  # its workers, if any, shut down; fit builds its own
-                loop._data_fetcher.teardown()
-            loop._combined_loader = loop._data_fetcher = None
+        trainer.fit_loop._combined_loader = None  # counted at the size set
+        with train_loader(trainer) as batches:
+            pass
         if not refuses_interval(trainer, batches):
             return
         limit, multiple = trainer.limit_train_batches, self.probe_options["multiple_of"]

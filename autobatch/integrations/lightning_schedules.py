@@ -47,7 +47,7 @@ from lightning.pytorch.utilities.parsing import lightning_getattr
 from ..training.checkpoint_io import rng_state, set_rng_state
 from .lightning_loop import training_batches
 
-__all__ = ["StepSchedule", "step_schedulers", "stepping_batches", "unsafe"]
+__all__ = ["StepSchedule", "step_schedulers", "stepping_batches", "train_loader", "unsafe"]
 
 log = logging.getLogger("autobatch")
 
@@ -161,23 +161,35 @@ def stepping_batches(trainer: Trainer) -> int | float:
 
 
 @contextmanager
-def _train_loader(trainer: Trainer) -> Iterator[None]:
-    """The train dataloader built as ``fit`` builds it (at the size set now) while inside, where
-    ``estimated_stepping_batches`` needs one and none is built; dropped on the way out, its
-    workers shut down, and the random states put back (fit builds its own)."""
+def train_loader(trainer: Trainer) -> Iterator[int | float]:
+    """The train dataloader built as ``fit`` builds it (at the size set now, under
+    ``limit_train_batches``, :func:`~.lightning_loop.training_batches`) while inside, its batches per
+    epoch yielded; dropped on the way out, its workers shut down, and the random states put back (a
+    loader's iterator draws its seed; fit builds its own). A loader already built is read as it
+    is, and kept."""
     loop = trainer.fit_loop
-    if loop._combined_loader is not None or trainer.max_epochs == -1:  # read as it is, or no loader needed
-        yield
+    if loop._combined_loader is not None:
+        yield loop.max_batches
         return
     saved = rng_state()
     try:
-        training_batches(trainer)  # an integer val_check_interval longer than the epoch is the callback's to report
-        yield
+        yield training_batches(trainer)  # an integer val_check_interval longer than the epoch is the callback's to report
     finally:
         set_rng_state(saved)
         if loop._data_fetcher is not None:
             loop._data_fetcher.teardown()
         loop._combined_loader = loop._data_fetcher = None
+
+
+@contextmanager
+def _train_loader(trainer: Trainer) -> Iterator[None]:
+    """:func:`train_loader` where ``estimated_stepping_batches`` needs one: not under
+    ``max_epochs=-1`` (``max_steps`` alone counts the steps)."""
+    if trainer.max_epochs == -1:
+        yield
+        return
+    with train_loader(trainer):
+        yield
 
 
 def _configure(trainer: Trainer) -> None:
