@@ -21,7 +21,7 @@ from __future__ import annotations
 import itertools
 import logging
 import numbers
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence, Sized
 from typing import Any
 
 import torch
@@ -254,13 +254,14 @@ def _samples(dataset: Any) -> Iterator[Any]:
 def _rows_by_slice(dataset: Any, length: int) -> Iterator[Any]:
     """A columnar dataset's rows (🤗 ``datasets.Dataset``: ``column_names``, and a slice gives a
     mapping of columns), read :data:`SLICE_ROWS` at a time: what ``dataset[i]`` gives, as that
-    slice's ``i``-th value of each column. Measured here (CPU, 100,000 tokenized rows): 1.1 s,
-    where one ``dataset[i]`` a row took 21 s. Where the first slice is no such mapping of
-    ``dataset[0]``'s fields, row by row."""
+    slice's ``i``-th value of each column. Measured here (CPU, 100,000 tokenized rows,
+    ``datasets`` 5.2): :func:`longest_sample` in 1.3 s, where one ``dataset[i]`` a row took 2.7 s.
+    Where the first slice is no such mapping of ``dataset[0]``'s fields, row by row."""
     batch = dataset[0:SLICE_ROWS]
     first = dataset[0]
+    rows = min(SLICE_ROWS, length)
     if not (isinstance(batch, Mapping) and isinstance(first, Mapping) and list(batch) == list(first)
-            and all(_length_or_none(column) == min(SLICE_ROWS, length) for column in batch.values())):
+            and all(isinstance(column, Sized) and len(column) == rows for column in batch.values())):
         yield from (dataset[index] for index in range(length))
         return
     for start in range(0, length, SLICE_ROWS):
@@ -268,13 +269,6 @@ def _rows_by_slice(dataset: Any, length: int) -> Iterator[Any]:
         keys = list(batch)
         for values in zip(*(batch[key] for key in keys)):
             yield dict(zip(keys, values))
-
-
-def _length_or_none(value: Any) -> int | None:
-    try:
-        return len(value)
-    except TypeError:
-        return None
 
 
 def _fields(item: Any, first: Any) -> list[tuple[Any, Any]] | str:
