@@ -8,7 +8,8 @@ tensor); the user's model and optimizer are never written to. Allocations are co
 same :class:`~autobatch.memory.accounting.StorageAccountant` that backs
 :func:`~autobatch.simulated_memory`, so what is counted is exactly what a simulated trial
 counts: activations saved for backward, gradients, optimizer state created on the first
-``step()`` (two steps are traced, so the second sees it), autocast's casts, checkpointing's
+``step()`` (two steps are traced, so the second sees it, and more while a step made state:
+:func:`~autobatch.probe.fake_trace.trace_steps`), autocast's casts, checkpointing's
 recomputation, and the temporaries of each operator's outputs.
 
 cuBLAS's workspaces are not tensors either, but their sizes are known: on CUDA the estimate
@@ -42,7 +43,8 @@ from ..memory.accounting import StorageAccountant
 from .. import checks
 from .arguments import SEARCH_CEILING, validate_probe_args, validate_step
 from .flat_peak import past_flat
-from .fake_trace import FakeWorld, KernelDtypes, TraceScaler, quiet_meta_errors, resident_bytes
+from .fake_trace import (FakeWorld, KernelDtypes, TraceScaler, quiet_meta_errors, resident_bytes, trace_steps,
+                         untraceable)
 from .rng import rng_state, set_rng_state
 from .shards import has_dtensors
 from .train_step import TrainStep
@@ -155,8 +157,7 @@ def estimate_memory(step: TrainStep, batch_size: int, *, steps: int = 2) -> Memo
             stack.enter_context(KernelDtypes())  # real kernels' dtypes, between the fake mode and the accountant
             stack.enter_context(accountant)
             stack.enter_context(blas)
-            for _ in range(steps):
-                fake_step(batch_size)
+            trace_steps(fake_step, batch_size, steps, accountant)
             del fake_step
     except Exception as exc:  # noqa: BLE001 - anything fake tracing cannot do: raised below, with what it left
         failure = exc
@@ -167,7 +168,7 @@ def estimate_memory(step: TrainStep, batch_size: int, *, steps: int = 2) -> Memo
         dropped = " (dropped)" if left.endswith(".grad") else ""
         left = f"the trace left a fake tensor{dropped} in {left}, outside the modules' state it puts back"
     if failure is not None:
-        traced = f"could not trace the step with fake tensors: {type(failure).__name__}: {failure}"
+        traced = f"could not trace the step with fake tensors: {untraceable(failure)}"
         raise EstimateError(traced + (f"; {left}" if left else "") + f"; {TRIALS}") from failure
     if left:
         raise EstimateError(f"{left}; {TRIALS}")

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import copy
 import logging
+import os
+import traceback
 import types
 import weakref
 from collections import defaultdict
@@ -31,7 +33,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from .trace_state import SEARCH_BUDGET, SEARCH_ITEMS, OutsideState, class_members, find_fake, restore, snapshot
 from .train_step import TrainStep
 
-__all__ = ["FakeWorld", "TraceScaler", "KernelDtypes", "quiet_meta_errors", "resident_bytes", "loss_module",
+__all__ = ["FakeWorld", "TraceScaler", "KernelDtypes", "quiet_meta_errors", "resident_bytes", "loss_module", "trace_steps",
+           "untraceable",
            "SEARCH_BUDGET", "SEARCH_ITEMS"]
 
 _HALF = (torch.bfloat16, torch.float16)
@@ -322,3 +325,45 @@ def _default_foreach(params: list[torch.Tensor]) -> bool:
         return bool(_default_to_fused_or_foreach(params, differentiable=False, use_fused=False)[1])
     except Exception:  # noqa: BLE001 - a private helper; the loop is a fine default
         return False
+
+
+#: At most this many steps beyond the ``steps`` asked for are traced while each leaves more memory
+#: held than it found (:func:`trace_steps`).
+LATE_STEPS = 2
+
+
+def trace_steps(fake_step: TrainStep, batch_size: int, steps: int, accountant: Any) -> None:
+    """Trace ``steps`` steps, then (``steps`` of 2 or more) up to :data:`LATE_STEPS` more while the
+    last one left more memory held than it found: state it made (an optimizer whose buffers appear
+    on its second step) is first under activations in the next step's peak, as in a trial's third
+    step, which the default ``steps_per_trial`` runs. A step that keeps growing what it holds (a
+    leak) stops there. ``steps=1`` traces a first step only."""
+    most = steps + (LATE_STEPS if steps >= 2 else 0)
+    traced, grew = 0, False
+    while traced < steps or (grew and traced < most):
+        held = accountant.current_bytes
+        fake_step(batch_size)
+        traced += 1
+        grew = accountant.current_bytes > held
+
+
+#: What a fake tensor cannot do, by the exception PyTorch raises, in the words of the user's code.
+_CANNOT = {
+    "DataDependentOutputException": "the step reads a tensor's value in Python, by .item(), float(), int(), "
+                                    "bool() or `if tensor:`, and a fake tensor has none",
+    "DynamicOutputShapeException": "an output's shape depends on the data, as after nonzero, boolean-mask "
+                                   "indexing or unique, and a fake tensor cannot know it",
+}
+_LIBRARIES = (os.path.dirname(torch.__file__) + os.sep, os.path.dirname(os.path.dirname(__file__)) + os.sep)
+
+
+def untraceable(exc: BaseException) -> str:
+    """Why a step could not be traced: the exception, what it means where PyTorch's name does not
+    say it (``aten._local_scalar_dense`` is ``.item()``), and the line of the user's code that
+    raised it (the innermost frame outside torch and autobatch), so the message says what to change."""
+    meaning = _CANNOT.get(type(exc).__name__)
+    frames = [(f.f_code.co_filename, line, f.f_code.co_name) for f, line in traceback.walk_tb(exc.__traceback__)
+              if not f.f_code.co_filename.startswith(_LIBRARIES)]
+    where = "at {}:{} in {}".format(*frames[-1]) if frames else ""
+    told = "; ".join(part for part in (meaning, where) if part)
+    return f"{type(exc).__name__}: {exc}" + (f" ({told})" if told else "")

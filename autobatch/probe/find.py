@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -168,11 +169,8 @@ def _probe(call: _Call, restore, estimate_first: bool | None) -> ProbeResult:
     fn, args = call.fn, call.probe_args
     check_limit_in_simulation(call.target, call.limit_bytes)  # a memory_limit no answer here could be: before the copy
     snapshot = None
-    if restore is not None:  # a TrainStep changes its weights only in the optimizer step: copy
-        # meanwhile, or, where a step at learning rate 0 leaves them exact, copy nothing
-        own = isinstance(fn, TrainStep) and fn.optimizer is restore[1]
-        snapshot = Snapshot.take(restore[0], restore[1], background=own, zero_lr=own, others=restore[2:],
-                                 scaler=fn.grad_scaler if isinstance(fn, TrainStep) else None)
+    if restore is not None:
+        snapshot = _snapshot(fn, restore)
     prior = result = None
     autotune = Autotune(call.target)
     watch = LazyStateWatch()
@@ -240,6 +238,32 @@ def _probe(call: _Call, restore, estimate_first: bool | None) -> ProbeResult:
     if note:
         call.notes.append(note)
     return result
+
+
+def _snapshot(fn, restore: tuple[Any, ...]) -> Snapshot:
+    """The snapshot of ``restore``. A ``TrainStep`` changes its weights only in its optimizer's
+    step: they are copied meanwhile, or, where a step at learning rate 0 leaves them exact, not at
+    all. A further module in ``restore`` (a GAN's discriminator) is put back as the model is
+    (weights, buffers, gradients, train/eval flags, what forward registered), not only by its state
+    dict, and so are the weights a further optimizer trains outside the modules: both are copied
+    before the trials, as another optimizer may step first."""
+    modules = [item for item in restore[2:] if isinstance(item, torch.nn.Module)]
+    more = bool(modules) or any(isinstance(item, torch.optim.Optimizer) for item in restore[2:])
+    own = isinstance(fn, TrainStep) and fn.optimizer is restore[1] and not more
+    model = torch.nn.ModuleList([restore[0], *modules]) if modules else restore[0]
+    held = {id(param) for param in model.parameters()}
+    loose = [k for k, item in enumerate(restore[2:], start=2) if isinstance(item, torch.optim.Optimizer)
+             and any(id(p) not in held for group in item.param_groups for p in group["params"])]
+    if loose:
+        warnings.warn(
+            f"restore[{loose[0]}] trains parameters that no module in restore holds: the probe puts their values and "
+            "the optimizer's state back, but not the buffers of the module they belong to (BatchNorm's running "
+            "statistics); pass that module in restore too, as (model, optimizer, other_model, other_optimizer)",
+            RuntimeWarning, stacklevel=4,
+        )
+    others = tuple(item for item in restore[2:] if not isinstance(item, torch.nn.Module))
+    return Snapshot.take(model, restore[1], background=own, zero_lr=own, others=others,
+                         scaler=fn.grad_scaler if isinstance(fn, TrainStep) else None)
 
 
 def _trained_model(fn, restore) -> torch.nn.Module | None:

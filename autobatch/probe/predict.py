@@ -62,10 +62,10 @@ While the measurements give no usable line (flat peaks: small batches that fit i
 allocator block, an optimizer step whose temporaries make the peak at small sizes, or a step
 whose memory does not depend on the batch) the fit keeps growing by ×8; a line that starts
 where a flat stretch ends is too shallow, so the fit grows by a leap once more before it
-jumps. If the first OOM arrives before a growing line exists (flat peaks, or a single
-passing point), the bracket is bisected until a passing size gives one, and the line is
-followed from there. Where none appears before the bracket closes, or a first trial already
-ran out of memory, the search is binary bisection, continuing from the trials already made
+jumps. If the first OOM arrives before a growing line exists (flat peaks, a single passing
+point, or a ``start`` above the boundary, halved until a size passes), the bracket is bisected
+until a passing size gives one, and the line is followed from there. Where none appears before
+the bracket closes, the search is binary bisection, continuing from the trials already made
 (none is repeated), and the result says why.
 """
 
@@ -196,12 +196,14 @@ def predictive(
         if lo >= max_units:
             return PredictOutcome(lo, fit, None, "predict", points)
     else:
-        if not passes(first, "fit"):
-            return hand_to_binary(
-                f"the first trial (batch unit {first}) ran out of memory, so there was nothing to fit", None, None
-            )
-        record_pass(first)
-        lo, hi, fit = _grow(passes, record_pass, points, peak_of, resident_of, first, max_units, capacity)
+        below = _halve_to_pass(passes, first)
+        if below is None:
+            return hand_to_binary(f"every trial from batch unit {first} down to 1 ran out of memory", None, None)
+        lo, hi = below
+        record_pass(lo)
+        fit = None
+        if hi is None:
+            lo, hi, fit = _grow(passes, record_pass, points, peak_of, resident_of, first, max_units, capacity)
         fit = fit or _secant(points)
         if lo >= max_units:
             return PredictOutcome(lo, fit, None, "predict", points)
@@ -223,6 +225,18 @@ def predictive(
     return PredictOutcome(closed.lo, fit, None, "predict", points, refined=closed.fit if closed.fit is not fit else None,
                           aimed=closed.capacity if closed.capacity < capacity else None, settled=closed.settled,
                           at_wall=closed.at_wall)
+
+
+def _halve_to_pass(passes, first: int) -> tuple[int, int | None] | None:
+    """The first trial, halved while it runs out of memory (a ``start`` above the boundary):
+    ``(the pass, the smallest failure above it or None)``, or None where unit 1 failed too. From
+    a failure the line is then found by bisecting (:func:`_bisect_for_line`), not by binary search."""
+    units, failed = first, None
+    while not passes(units, "fit"):
+        if units == 1:
+            return None
+        units, failed = units // 2, units
+    return units, failed
 
 
 def _grow(passes, record_pass, points, peak_of, resident_of, first: int, max_units: int, capacity: int):

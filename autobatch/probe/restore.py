@@ -114,16 +114,16 @@ class Snapshot:
         :func:`~autobatch.simulated_memory` block they take none of its budget, as on a GPU they
         take none of the device's, so a probe there answers what ``memory_limit`` of that size does."""
         with host_memory():
-            snap = cls._take(model, optimizer, background=background, zero_lr=zero_lr)
+            snap = cls._take(model, optimizer, background=background, zero_lr=zero_lr, others=others)
             others = (scaler, *others) if scaler is not None and scaler.is_enabled() else others
             snap.others = [(other, host_copy(other.state_dict())) for other in others]
         return snap
 
     @classmethod
     def _take(cls, model: torch.nn.Module | None, optimizer: torch.optim.Optimizer | None, *,
-              background: bool, zero_lr: bool) -> "Snapshot":
+              background: bool, zero_lr: bool, others: tuple[Any, ...] = ()) -> "Snapshot":
         snap = cls(model=model, optimizer=optimizer)
-        snap.extra = _outside_the_model(model, optimizer)  # stepped as the model's are (at lr 0: left exact)
+        snap.extra = _outside_the_model(model, optimizer, others)  # stepped as the model's are (at lr 0: left exact)
         snap._counted, snap._layout = counted_places(model, optimizer, snap.extra), layout_of(model)
         snap.weights_in_place = zero_lr and model is not None and steps_in_place_at_zero_lr(optimizer)
         background = background and optimizer is not None and not snap.weights_in_place
@@ -326,7 +326,6 @@ class Snapshot:
             )
 
 
-
 def forget_scaler_stage(scaler: Any, optimizer: torch.optim.Optimizer) -> None:
     """Mark ``optimizer`` unscaled in ``scaler`` again: a step that failed after ``unscale_``
     left it marked, and the next step would skip unscaling (with the failed step's inf check)."""
@@ -358,18 +357,19 @@ def written_outside_the_optimizer(model: torch.nn.Module, optimizer: torch.optim
 _BASES = (torch.nn.Module, object)
 
 
-def _outside_the_model(model: torch.nn.Module | None,
-                       optimizer: torch.optim.Optimizer | None) -> dict[str, torch.Tensor]:
-    """The parameters ``optimizer`` trains that ``model`` does not hold (a CLIP loss module's
-    ``logit_scale``, a free temperature the loss captures), named by their place in its
-    ``param_groups``: the trials step them as they step the model's."""
-    held = set() if model is None else {id(param) for param in model.parameters()}
-    found: dict[str, torch.Tensor] = {}
-    for g, group in enumerate(optimizer.param_groups if optimizer is not None else ()):
-        for i, param in enumerate(group["params"]):
-            if id(param) not in held:
-                held.add(id(param))
-                found[f"optimizer.param_groups[{g}]['params'][{i}]"] = param
+def _outside_the_model(model: torch.nn.Module | None, optimizer: torch.optim.Optimizer | None,
+                       others: tuple[Any, ...] = ()) -> dict[str, torch.Tensor]:
+    """The parameters ``optimizer``, and each further optimizer in ``others`` (a GAN's second one),
+    train that ``model`` does not hold (a CLIP loss's ``logit_scale``; a discriminator not given as a
+    module), named by their place in its ``param_groups``: the trials step them as the model's."""
+    held, found = (set() if model is None else {id(param) for param in model.parameters()}), {}
+    named = [("optimizer", optimizer)] + [(f"restore[{k + 2}]", o) for k, o in enumerate(others)]
+    for where, opt in ((w, o) for w, o in named if isinstance(o, torch.optim.Optimizer)):
+        for g, group in enumerate(opt.param_groups):
+            for i, param in enumerate(group["params"]):
+                if id(param) not in held:
+                    held.add(id(param))
+                    found[f"{where}.param_groups[{g}]['params'][{i}]"] = param
     return found
 
 

@@ -27,6 +27,7 @@ from .measured_wall import below_measured_wall, measured_wall_note
 from .predict import predictive
 from .result import ProbeResult
 from .trial import TrialRunner
+from .trial_notes import growth_hint
 
 __all__ = ["run_search", "peak_limit", "allocator_headroom", "max_units_of"]
 
@@ -369,8 +370,9 @@ def _apply_margin(runner: TrialRunner, passes, found_units: int, margin: float, 
 def _raise_no_fit(runner: TrialRunner, multiple_of: int, device_name: str, capacity: int | None):
     failures = [record for record in runner.records if not record.passed]
     smallest = min(failures, key=lambda record: record.batch_size)
-    hint = None
-    if multiple_of > 1:
+    hint = None if smallest.batch_size != multiple_of else growth_hint(  # failed down to the smallest size
+        [r for r in runner.records if r.passed], smallest.batch_size, runner.memory.allocated())
+    if hint is None and multiple_of > 1:
         hint = (
             f"multiple_of={multiple_of} makes {multiple_of} the smallest batch tried; lower "
             "multiple_of, or try gradient accumulation, activation checkpointing or lower precision."

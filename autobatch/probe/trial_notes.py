@@ -14,13 +14,20 @@ The same holds for a step that refuses some sizes only (a batch split in pairs, 
 said nothing of why that size was tried. Where other sizes passed before, the note names them
 and ``multiple_of`` (their common divisor, where the failing size is not a multiple of it). An
 error at the first trial, with no size passed, is the step's at any size: it gets no note.
+
+:func:`growth_hint` words the other contradiction a search can end in: a size passed, and later
+every size down to the smallest ran out of memory. Memory held between calls grew: the step keeps
+tensors alive (outputs appended to a list for metrics, a hook that keeps activations), and
+"nothing fits, try checkpointing" would send the user the wrong way.
 """
 
 from __future__ import annotations
 
 import math
 
-__all__ = ["with_trial_note"]
+from ..memory.units import format_bytes
+
+__all__ = ["with_trial_note", "growth_hint"]
 
 
 def with_trial_note(exc: BaseException, batch_size: int, passed: list[int] | tuple[int, ...] = ()) -> BaseException:
@@ -56,3 +63,22 @@ def _sizes(passed: list[int] | tuple[int, ...]) -> str:
     """The passed sizes for a note: all of them, or the first three and the largest."""
     ordered = sorted(passed)
     return ", ".join(map(str, ordered)) if len(ordered) <= 4 else f"{', '.join(map(str, ordered[:3]))}, ..., {ordered[-1]}"
+
+
+def growth_hint(passed: list, smallest: int, held_bytes: int) -> str | None:
+    """What to change where trials ran out of memory down to ``smallest`` after the trials
+    ``passed`` (:class:`~autobatch.probe.records.TrialRecord`) passed at sizes at least as large,
+    and memory held between trials grew: ``held_bytes``, allocated now, after the last trial's
+    clean-up, is more than the first such pass began its last step with (weights, optimizer
+    state). None otherwise (an allocator's wall on an accelerator holds no more)."""
+    passed = [r for r in passed if r.batch_size >= smallest]
+    if not passed or passed[0].resident_bytes is None or held_bytes <= passed[0].resident_bytes:
+        return None
+    return (
+        f"batch {max(r.batch_size for r in passed)} passed earlier in this probe, yet later trials ran out of memory "
+        f"down to batch {smallest}; memory held between trials grew from {format_bytes(passed[0].resident_bytes)} as "
+        f"the first pass's last step began to {format_bytes(held_bytes)} now: the step keeps tensors alive from call "
+        "to call (outputs or losses appended to a list, a hook that keeps activations, a cache that grows), and "
+        "training would run out of memory the same way. Keep only what you need (loss.item(), out.detach().cpu()), "
+        "or clear it, and probe again."
+    )

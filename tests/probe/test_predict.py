@@ -87,13 +87,16 @@ def test_decreasing_measurements_fall_back_to_binary():
     assert result.strategy_used == "binary" and result.fallback_reason
 
 
-def test_first_trial_oom_falls_back_to_binary_halving_down():
+def test_first_trial_oom_halves_down_then_follows_the_line():
+    """A ``start`` above the boundary is halved until a size passes, and the line found by
+    bisecting from there closes the gap (review 13: it handed the whole search to binary, 15 trials)."""
     with simulated_memory("24MiB"):
-        binary = find_max_batch(MemoryCurveStep(CURVES["linear"]), strategy="binary", steps_per_trial=1)
+        binary = find_max_batch(MemoryCurveStep(CURVES["linear"]), strategy="binary", start=20_000, steps_per_trial=1)
         result = find_max_batch(MemoryCurveStep(CURVES["linear"]), strategy="auto", start=20_000, steps_per_trial=1)
     assert result.batch_size == binary.batch_size
     assert not result.trials[0].passed
-    assert "first trial" in result.fallback_reason
+    assert result.strategy_used == "predict" and result.fallback_reason is None
+    assert len(result.trials) <= 8 < len(binary.trials)
 
 
 def test_prediction_beyond_max_batch_returns_max_batch_tested():
