@@ -14,7 +14,8 @@ from typing import Any
 
 from .. import checks
 
-__all__ = ["check_switches", "validate", "validate_timing", "ragged_message", "check_one_step_cap", "OBJECTIVES"]
+__all__ = ["check_switches", "validate", "validate_timing", "ragged_message", "smallest_batch", "check_one_step_cap",
+           "OBJECTIVES"]
 
 OBJECTIVES = ("max_batch", "throughput")
 
@@ -74,6 +75,13 @@ def ragged_message(global_batch: int, multiple_of: int, why: str) -> str:
     return (f"global_batch={global_batch} is not a multiple of multiple_of={multiple_of}, so its micro-batches cannot "
             f"all be multiples, and {why}; use a global_batch that is a multiple of {multiple_of} "
             f"({below} or {below + multiple_of}), or a multiple_of that divides {global_batch}")
+
+
+def smallest_batch(probe_kwargs: dict[str, Any]) -> str:
+    """The smallest batch a probe tries, for a plan's reason: ``batch 1``, or with ``multiple_of=N``
+    ``batch N (multiple_of=N)`` (a plan at multiple_of=8 said "batch 1 does not fit" where 1 fitted)."""
+    smallest = probe_kwargs.get("multiple_of", 1)
+    return f"batch {smallest}" + (f" (multiple_of={smallest})" if smallest > 1 else "")
 
 
 def check_one_step_cap(global_batch: int, max_batch: int | None, allow_accumulation: bool) -> None:

@@ -44,7 +44,7 @@ from ..probe.train_step import TrainStep
 from .accumulation import AccumulatingStep, micro_batch_sizes
 from .checkpointing import CheckpointHandle, enable_checkpointing, find_blocks, is_checkpointed
 from .fastest import ThroughputObjective
-from .plan_arguments import OBJECTIVES, ragged_message, validate, validate_timing
+from .plan_arguments import OBJECTIVES, ragged_message, smallest_batch, validate, validate_timing
 from .plan_result import Plan, candidates_table, short_list
 from .throughput import balanced_micro_batch
 
@@ -361,7 +361,7 @@ class _Planner(ThroughputObjective):
             if plain is None:
                 raise self.no_fit(plain_error, ckpt_error, True)
             why = ("no block to checkpoint was found in the model (name its blocks' classes in checkpoint_targets)"
-                   if ckpt_error is None else "with it, not even batch 1 fit")
+                   if ckpt_error is None else f"with it, not even {smallest_batch(self.probe_kwargs)} fit")
             raise accumulation_error or GlobalBatchTooLargeError(self.global_batch, plain.batch_size, False, plain.device, why)
         if self.fits(ckpt):
             why = "the global batch fits in one step only with activation checkpointing"
@@ -369,7 +369,7 @@ class _Planner(ThroughputObjective):
         if not allow_accumulation:
             raise GlobalBatchTooLargeError(self.global_batch, ckpt.batch_size, True, ckpt.device)
         accumulated = self.accumulated(ckpt, True)
-        what = "batch 1" if plain is None else "an accumulated micro-batch"
+        what = smallest_batch(self.probe_kwargs) if plain is None else "an accumulated micro-batch"
         why = (f"{what} does not fit without activation checkpointing; with it, up to {accumulated} fits "
                f"with accumulation ({ckpt.largest_passed or ckpt.batch_size} in one step)")
         return self.build(accumulated, True, "max_batch", why, balanced)

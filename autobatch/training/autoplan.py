@@ -76,6 +76,8 @@ class PlansFromData:
             **{**self._train_step.options(), "grad_scaler": scaler},
         )
         options = {"device": self.device, "balanced": self.balanced, **self.plan_options}  # the runner's split, planned
+        if self.max_micro_batch is not None and self.max_micro_batch < self.share:  # the ceiling caps the plan too
+            options["max_batch"] = min(options.get("max_batch") or self.max_micro_batch, self.max_micro_batch)
         planned = plan(step, global_batch=self.share, **options)
         if self.distributed:  # the probes agreed already; a timed pick may still differ per rank
             self._parallel.agree_plan(planned)

@@ -11,6 +11,7 @@ per-sample items (``collate_fn=list``) was split along the wrong dimension with 
 
 from __future__ import annotations
 
+import logging
 import os
 import tempfile
 from pathlib import Path
@@ -22,7 +23,10 @@ from .. import checks
 from ..planning.accumulation import micro_batch_sizes
 from ..planning.samples import items_message, per_sample_items
 
-__all__ = ["check_batch_count", "check_checkpoint_dir", "check_data", "check_options", "check_split", "model_device", "share_of"]
+__all__ = ["check_batch_count", "check_checkpoint_dir", "check_data", "check_options", "check_split", "model_device", "share_of",
+           "warn_batch_statistics"]
+
+log = logging.getLogger("autobatch")
 
 
 def check_options(device: Any, checkpoint_dir: str | os.PathLike | None, checkpoint_every: int | None, *,
@@ -123,3 +127,29 @@ def model_device(model: torch.nn.Module) -> torch.device:
     for tensor in model.parameters():
         return tensor.device
     return torch.device("cpu")
+
+
+def warn_batch_statistics(model: torch.nn.Module, sizes: list[int]) -> bool:
+    """Warn, once a step trains in several micro-batches (``sizes``), where ``model`` has BatchNorm
+    layers in training mode: each piece is normalised with its own statistics, so the step's
+    gradients and running statistics are not those of one batch (GroupNorm and LayerNorm do not
+    depend on the batch), and an OOM recovery's smaller pieces change them again. The
+    accumulation of every other loss is exact, so this is the one place the split shows.
+    Returns whether it warned."""
+    names = [f"{name or 'the model'}: {type(module).__name__}" for name, module in model.named_modules()
+             if isinstance(module, torch.nn.modules.batchnorm._BatchNorm) and module.training]
+    if not names:
+        return False
+    shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+    log.warning(
+        "BatchNorm layers in training mode (%s) normalise each micro-batch with its own statistics: this step's "
+        "micro-batches of %s train otherwise than one batch of %d would (gradients and running statistics; "
+        "GroupNorm and LayerNorm do not depend on the batch), as an OOM recovery's smaller ones do again; "
+        "Runner(min_micro_batch=N) keeps every piece at N or more", shown, _sizes_text(sizes), sum(sizes),
+    )
+    return True
+
+
+def _sizes_text(sizes: list[int]) -> str:
+    distinct = sorted(set(sizes), reverse=True)
+    return " and ".join(map(str, distinct)) if len(distinct) <= 2 else f"{distinct[0]} down to {distinct[-1]}"

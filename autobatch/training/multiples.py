@@ -83,6 +83,10 @@ def multiple_options(multiple_of: Any, plan_options: dict[str, Any], *, share: i
     if max_micro_batch is not None and max_micro_batch < multiple_of:  # a larger one is rounded down (a ceiling)
         raise ValueError(f"max_micro_batch={max_micro_batch} is below multiple_of={multiple_of}: grow-back could never "
                          f"reach a multiple; raise max_micro_batch to at least {multiple_of}, or leave it unset")
+    if micro_batch is not None and max_micro_batch is not None and micro_batch > max_micro_batch:
+        raise ValueError(f"micro_batch={micro_batch} is above max_micro_batch={max_micro_batch}, the largest micro-batch "
+                         f"the run may grow to: it would train above it from the start; lower micro_batch to at most "
+                         f"{max_micro_batch}, or raise max_micro_batch")
     floor = checked_min_micro_batch(min_micro_batch, micro_batch, max_micro_batch, share)
     if multiple_of == 1:
         check_split(share, floor, balanced, per_rank=per_rank)
@@ -126,7 +130,7 @@ def multiple_sizes(total: int, micro_batch: int, multiple_of: int, floor: int) -
 
 def resumed_micro_batch(state: Mapping[str, Any], multiple_of: int, floor: int, share: int) -> int:
     """The micro-batch a resumed run starts with: the checkpoint's, at least this run's ``floor``,
-    at most its batch per rank (``share``), and rounded down to *this* run's ``multiple_of`` (its
+    at most its batch per rank (``share``; the caller passes its ``max_micro_batch`` where lower), and rounded down to *this* run's ``multiple_of`` (its
     setting wins, as every setting of the resumed run's constructor does). A checkpoint written
     with another multiple (an older one has none: 1) is warned about, not refused: training on is
     still exact, and a deliberate change (another device) resumes."""

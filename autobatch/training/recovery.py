@@ -32,6 +32,7 @@ from ..errors import PeerOutOfMemoryError, StepOutOfMemoryError
 from .. import checks
 from ..memory.oom import free_memory, is_oom_error
 from ..planning.checkpointing import enable_checkpointing
+from .inputs import warn_batch_statistics
 from .multiples import round_down
 from .run_result import Recovery
 from .step_guard import GUARD_SPARE
@@ -61,6 +62,7 @@ class OomRecovery:
     _micro_before_step: int | None = None  # the micro-batch the current step began with, put back when it is given up
     _smallest_trained: int | None = None  # the smallest micro-batch that completed a step in this run
     _last_shrink: tuple[int, int, int] | None = None  # (step, before, after) of the last recovery that shrank it
+    _told_batch_statistics = False  # warned that BatchNorm normalises each micro-batch on its own
 
     def _enter(self, phase: str) -> None:
         """Phase boundary: remember where we are, and let the fault injector strike."""
@@ -273,6 +275,9 @@ class OomRecovery:
         """The step trained: count it towards grow-back, and remember its micro-batch."""
         self.growth.on_step_done()
         self._smallest_trained = min(self._smallest_trained or self.micro_batch, self.micro_batch)
+        if not self._told_batch_statistics and len(sizes := self._piece_sizes()) > 1:  # once: BatchNorm sees the split
+            warn_batch_statistics(self._train_step.model, sizes)
+            self._told_batch_statistics = True
 
     def _abandon(self) -> None:
         """Giving up on a step (out of options, or any other exception: an interrupt, an error in

@@ -370,8 +370,10 @@ class Resumable:
         previous = RunResult.from_dict(state["result"])
         if self.micro_batch is None and previous.plan is not None:  # not planned again: train the plan's split
             self.balanced = bool(previous.plan.get("balanced", self.balanced))  # multiple_of: full pieces, not balanced
-        self.micro_batch = resumed_micro_batch(state, self.multiple_of, self.min_micro_batch, self.share)  # this run's floor, batch, multiple
-        self.initial_micro_batch = self.initial_micro_batch or self.micro_batch
+        if state["micro_batch"] is not None:  # None: saved before its run's first plan; this run's given, or planned
+            self.micro_batch = resumed_micro_batch(state, self.multiple_of, self.min_micro_batch,  # this run's floor,
+                                                   min(self.share, self.max_micro_batch or self.share))  # ceiling, multiple
+            self.initial_micro_batch = self.initial_micro_batch or self.micro_batch
         self.growth.load_state_dict(state["growth"], limit=self.share)
         ranks = state.get("rng_ranks")  # each rank's own random states, where the run had them
         mine = ranks[self._parallel.rank()] if ranks is not None and len(ranks) == self._parallel.world_size() else state
@@ -379,7 +381,8 @@ class Resumable:
         for kept in ("oom_recoveries", "grow_attempts", "checkpoints_saved", "plan", "skipped_steps"):
             setattr(self.result, kept, getattr(previous, kept))
         self.result.resumed_from = {"path": str(path), "step": self.step, "epoch": self.epoch, "position": self.position}
-        log.info("resumed from %s at step %d (epoch %d, batch %d), micro-batch %d", path, self.step, self.epoch, self.position, self.micro_batch)
+        log.info("resumed from %s at step %d (epoch %d, batch %d), micro-batch %s", path, self.step, self.epoch, self.position,
+                 "planned on its first batch" if self.micro_batch is None else self.micro_batch)
         set_rng_state(rng, self._data_generators)
         return rng
 

@@ -146,13 +146,16 @@ def warn_persistent_workers(data: Iterable[Any]) -> None:
 def warn_replaced_settings(optimizer: torch.optim.Optimizer, saved: dict[str, Any]) -> None:
     """Warn where the checkpoint's optimizer settings replace this run's (a learning rate set
     anew for the resumed run is overwritten by ``load_state_dict``, as PyTorch resumes). The
-    learning rate is compared at its schedule's start (``initial_lr``) where a scheduler set one."""
+    learning rate is compared at its schedule's start (``initial_lr``) where a scheduler set one, and
+    the momentum not at all where one cycles it (``OneCycleLR``, ``CyclicLR``: ``base_momentum``)."""
     def plain(value: Any) -> Any:
         return list(value) if isinstance(value, tuple) else value
 
     changed = set()
     for group, old in zip(optimizer.param_groups, saved.get("param_groups", [])):
         skip = {"params", "lr"} if "initial_lr" in group else {"params"}  # a schedule moves lr itself
+        if "base_momentum" in group:  # and a cycling one momentum (SGD's) or beta1 (Adam's)
+            skip |= {"momentum", "betas"}
         for key, value in group.items():
             if key in skip or key not in old or not isinstance(value, (int, float, str, bool, tuple, type(None))):
                 continue

@@ -82,8 +82,8 @@ class Runner(OomRecovery, SplitsInMultiples, Resumable, PlansFromData, Stoppable
         scheduler: stepped once after every optimizer step (not ``ReduceLROnPlateau``: it needs a metric).
         device: where micro-batches are moved (default: the model's device); one this machine has.
         balanced: split policy of :func:`~autobatch.split_batch` (sizes differ by at most one).
-        max_micro_batch: grow-back never goes above it (default: the planned probe maximum,
-            else the starting micro-batch).
+        max_micro_batch: no micro-batch goes above it, grow-back's tries, a plan and a resume's
+            included (default: the planned probe maximum, else the starting micro-batch).
         min_micro_batch: an OOM recovery never shrinks the micro-batch below it (default 1): a
             model that cannot train on fewer samples (BatchNorm: more than one) gives up with
             ``StepOutOfMemoryError`` there, or turns on ``checkpointing_fallback``, instead. No
@@ -261,11 +261,15 @@ class Runner(OomRecovery, SplitsInMultiples, Resumable, PlansFromData, Stoppable
             ranks.agree_fit(self._parallel, checkpoint_dir=self.checkpoint_dir is not None,
                             resume=resume is not None, epochs=epochs, steps=steps)
         began = time.perf_counter()
+        # read before the data's generators replace the last fit()'s: a new loader's own (fresh) generator would
+        # be set back to its first epoch's state after the replay, and the next epoch repeat that order
+        continued = self._continued_rng() if resume is None else None
         self._data_generators, self._epoch_batches = data_generators(data), epoch_length(data, 1)
         first_epoch = None
-        resumed_rng = self._load(resume) if resume is not None else self._continued_rng()
-        if resumed_rng is None and self.micro_batch is None:  # planned on the first epoch's first batch, which is then trained
-            first_epoch = self._plan_first(self._epoch_iterator(data, None))
+        resumed_rng = self._load(resume) if resume is not None else continued
+        if self.micro_batch is None:  # planned on the first batch it trains, then trained: the first epoch's, or
+            # a resumed one's where the run stopped before its first plan (an interrupt in it, then save())
+            first_epoch = self._plan_first(self._epoch_iterator(data, resumed_rng))
         if self.distributed:  # every rank starts from rank 0's weights
             self._parallel.start(self._train_step.model)
             log.info(
