@@ -364,13 +364,13 @@ def build_workload(cfg: DictConfig) -> Workload:
     model_args = OmegaConf.to_container(cfg.model, resolve=True, enum_to_str=True)
     assert isinstance(model_args, dict)
     model_args.pop("inputs", None)
-    model = construct("model", model_args).to(device)
+    model = construct("model", model_args, expect=torch.nn.Module).to(device)
     validation.check_checkpoint_modules(cfg, model)
     if cfg.train.get("fsdp"):  # before the optimizer: it must hold the sharded parameters
         from ..dist.fsdp import shard_model
 
         model = shard_model(model)
-    optimizer = construct("optimizer", cfg.optimizer, params=model.parameters())
+    optimizer = construct("optimizer", cfg.optimizer, expect=torch.optim.Optimizer, params=model.parameters())
     if not cfg.train.get("fsdp"):  # FSDP2 shards instead of replicating: never also DDP
         model = data_parallel(model, device)  # DDP under torchrun: trained and probed through DDP
     make_batch, probe_batch, samples, dataset = _batch_makers(cfg, device)

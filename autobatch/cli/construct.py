@@ -13,6 +13,7 @@ one (``root: data``) is from the directory the command ran in (:func:`from_launc
 from __future__ import annotations
 
 import re
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -51,7 +52,7 @@ def _overrides_of(key: str) -> list[str]:
     ]  # fmt: skip
 
 
-def construct(key: str, node: Any, **kwargs: Any) -> Any:
+def construct(key: str, node: Any, expect: type | None = None, **kwargs: Any) -> Any:
     """``instantiate(node)`` for the config key ``key`` (``model``, ``optimizer``,
     ``data.dataset``). A value its constructor rejects (``optimizer.betas=[0.9]``,
     ``train.lr=-1``, ``model.dropout=1.5``) is one ``ValueError`` line naming ``key``, its
@@ -59,10 +60,12 @@ def construct(key: str, node: Any, **kwargs: Any) -> Any:
     target"; any other exception (out of memory, an error in the user's code) is raised as it
     is. A path it cannot open (``FileNotFoundError``, ``NotADirectoryError``, ``PermissionError``)
     is reported the same way. Relative paths under a path's name are from the directory the
-    command ran in (:func:`from_launch_dir`)."""
+    command ran in (:func:`from_launch_dir`). ``expect``: the type the object must be (a model
+    ``torch.nn.Module``); anything else is one line naming ``key._target_`` (before, a class that
+    built something else failed later on a missing method, ``'X' object has no attribute 'to'``)."""
     node = from_launch_dir(node)
     try:
-        return instantiate(node, _convert_="all", **kwargs)
+        built = instantiate(node, _convert_="all", **kwargs)
     except InstantiationException as exc:
         cause = exc.__cause__
         if not isinstance(cause, (*_REJECTED, *_UNOPENABLE)):
@@ -78,6 +81,23 @@ def construct(key: str, node: Any, **kwargs: Any) -> Any:
                     "where the command ran and its argument is named root, path, *_dir, *_path or *_file; or give "
                     "${hydra:runtime.cwd}/PATH)")
         raise ValueError(f"{key}: {target} {what} ({type(cause).__name__}: {one_line(cause)}); {fix}") from None
+    if expect is not None and not isinstance(built, expect):
+        target = node.get("_target_") if hasattr(node, "get") else None
+        kind = f"{type(built).__module__}.{type(built).__qualname__}"
+        raise ValueError(f"{key}._target_={target!r} built a {kind}, not a {_public_name(expect)}; "
+                         f"give a class (or a function) that returns one")
+    return built
+
+
+def _public_name(kind: type) -> str:
+    """``kind`` by the shortest import path that reaches it (``torch.nn.Module``, not
+    ``torch.nn.modules.module.Module``)."""
+    parts = kind.__module__.split(".")
+    for end in range(1, len(parts) + 1):
+        module = sys.modules.get(".".join(parts[:end]))
+        if module is not None and getattr(module, kind.__qualname__, None) is kind:
+            return f"{module.__name__}.{kind.__qualname__}"
+    return f"{kind.__module__}.{kind.__qualname__}"
 
 
 def _moved_from() -> Path | None:

@@ -12,6 +12,7 @@ import json
 import os
 import re
 import sys
+import sysconfig
 import traceback
 from contextlib import contextmanager
 from typing import Any, Iterator
@@ -82,12 +83,78 @@ _CLI_KEYS = [
 _LAUNCHER_EXTRAS = {"submitit_": "slurm", "slurm": "slurm", "joblib": "sweep"}
 
 
+#: The library's advice in its notes (``exc.add_note``), as the command line's keys; first, as
+#: :data:`_CLI_KEYS` would otherwise rename the argument inside the call.
+_CLI_ADVICE = [
+    (r"Pass multiple_of(=\d+)? \(to find_max_batch or plan\(\), or in a Runner's plan_options\)", r"Set probe.multiple_of\1"),
+    (r"pass multiple_of(=\d+)? \(to find_max_batch or plan\(\), or in a Runner's plan_options\)", r"set probe.multiple_of\1"),
+    (r"pass Runner\(min_micro_batch=(\d+)\)", r"set train.min_micro_batch=\1"),
+]
+#: Library notes that the command line says in its own words (the saved steps: its line names
+#: the checkpoint and the command that continues the run).
+_SAID_OTHERWISE = ("go on from there with fit(",)
+#: Modules whose frames do not say where a user's error came from (the framework and Python).
+_FRAMEWORK = ("torch", "hydra", "omegaconf", "importlib", "runpy")
+
+
 def cli_keys(message: str) -> str:
     """A library message with its argument names as the command line's keys
     (``allow_accumulation=True`` -> ``plan.allow_accumulation=true``)."""
+    for pattern, advice in _CLI_ADVICE:
+        message = re.sub(pattern, advice, message)
     for name, key in _CLI_KEYS:
         message = re.sub(rf"(?<![\w.]){name}", key, message)
     return message
+
+
+def _notes(exc: BaseException) -> str:
+    """The library's notes on ``exc`` (``add_note``: which size a probe trial or a recovery failed
+    at, and what to set), each on the same line as the command line's keys. ``str(exc)`` leaves
+    them out: before, the CLI dropped the advice (``probe.multiple_of=2``) it was added for."""
+    notes = [one_line(note) for note in getattr(exc, "__notes__", None) or () if isinstance(note, str)]
+    kept = [cli_keys(note) for note in notes if note and not any(said in note for said in _SAID_OTHERWISE)]
+    return "".join(f"; {note}" for note in kept)
+
+
+def _frames(exc: BaseException) -> list[tuple[str, str, int, str]]:
+    """``(module, file, line, function)`` of each frame ``exc`` passed through, innermost last."""
+    frames = []
+    tb = exc.__traceback__
+    while tb is not None:
+        code = tb.tb_frame.f_code
+        frames.append((str(tb.tb_frame.f_globals.get("__name__", "")), code.co_filename, tb.tb_lineno, code.co_name))
+        tb = tb.tb_next
+    return frames
+
+
+def _is(module: str, packages: tuple[str, ...]) -> bool:
+    return any(module == name or module.startswith(name + ".") for name in packages)
+
+
+def _raised_in_autobatch(exc: BaseException) -> bool:
+    """Whether ``exc`` was raised by autobatch, Hydra or OmegaConf (their checks of the config)
+    rather than by the user's model, data or loss, or by torch on their behalf."""
+    frames = _frames(exc)
+    return not frames or _is(frames[-1][0], ("autobatch", "hydra", "omegaconf"))
+
+
+def _where(exc: BaseException) -> str:
+    """`` (raised at FILE:LINE, in FUNCTION)`` for an error of the user's code: the innermost
+    frame outside torch, Hydra and Python's own library (else outside autobatch's CLI), so a
+    bug in the model at run time says where it is; ``""`` where no frame says more."""
+    paths = sysconfig.get_paths()
+    installed = tuple(os.path.join(paths[name], "") for name in ("purelib", "platlib"))
+
+    def python_own(filename: str) -> bool:  # the standard library, not the packages installed under it
+        return filename.startswith(os.path.join(paths["stdlib"], "")) and not filename.startswith(installed)
+
+    frames = [frame for frame in _frames(exc) if not _is(frame[0], _FRAMEWORK) and not python_own(frame[1])]
+    users = [frame for frame in frames if not _is(frame[0], ("autobatch",))] or [
+        frame for frame in frames if not _is(frame[0], ("autobatch.cli", "autobatch.__main__"))]
+    if not users:
+        return ""
+    _, filename, line, function = users[-1]
+    return f" (raised at {filename}:{line}, in {function}; AUTOBATCH_TRACEBACK=1 for the traceback)"
 
 
 def _install_hint(message: str) -> str:
@@ -115,14 +182,17 @@ def describe(exc: BaseException) -> tuple[str, int]:
     if isinstance(exc, CLIError):
         return exc.message, exc.exit_code
     if isinstance(exc, (NoBatchFitsError, GlobalBatchTooLargeError, StepOutOfMemoryError)):
-        return cli_keys(one_line(exc)), RUNTIME_FAILURE
+        return cli_keys(one_line(exc)) + _notes(exc), RUNTIME_FAILURE
     if isinstance(exc, HydraException) and isinstance(exc.__cause__, OmegaConfBaseException):
         return f"{one_line(exc)}: {one_line(exc.__cause__)}", BAD_INPUT  # the override, then why
     if isinstance(exc, OmegaConfBaseException):
         return _keyed(exc), BAD_INPUT
-    if isinstance(exc, (ValueError, HydraException)):
+    if isinstance(exc, HydraException) or (isinstance(exc, ValueError) and _raised_in_autobatch(exc)):
         return _install_hint(one_line(exc)), BAD_INPUT
-    return f"{type(exc).__name__}: {one_line(exc)}", RUNTIME_FAILURE
+    # an error of the model, data or loss at run time (a ValueError of theirs too: before, it was
+    # "bad input", exit status 2, without its type or where it came from), or a bug
+    where = "" if type(exc).__module__.startswith("autobatch") else _where(exc)  # autobatch's own: phrased to be read
+    return f"{type(exc).__name__}: {one_line(exc)}{where}{_notes(exc)}", RUNTIME_FAILURE
 
 
 def traceback_wanted(verbose: object = False) -> bool:
@@ -173,7 +243,13 @@ def reported(*, multirun: bool, verbose: object = False) -> Iterator[None]:
     """
     try:
         yield
-    except Exception as exc:  # noqa: BLE001 - this is the edge; KeyboardInterrupt passes
+    except KeyboardInterrupt:  # passes (the command's edge says it); a sweep's summary lists the job
+        if multirun:
+            from .sweep import record_interrupted
+
+            record_interrupted("interrupted (SIGINT) before any step trained, nothing saved; run the job again")
+        raise
+    except Exception as exc:  # noqa: BLE001 - this is the edge
         message, code = describe(exc)
         if traceback_wanted(verbose):
             if multirun:

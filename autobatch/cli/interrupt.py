@@ -178,8 +178,12 @@ def stopped(exc: BaseException, runner: Any, interrupts: Interrupts, *, out_dir:
         line = f"checkpoint {runner.save()}; continue with: {continue_command(out_dir)}"
     if isinstance(exc, StepOutOfMemoryError):
         message, code = describe(exc)
-        raise CLIError(f"{message.rstrip('.')}; the steps before it are saved, step {runner.step}: {line}", code) from exc
+        saved = "" if logged is None else f"the steps before it are saved, step {runner.step}: "  # (none: said in `line`)
+        raise CLIError(f"{message.rstrip('.')}; {saved}{line}", code) from exc
     name = (interrupts.received or signal.SIGINT).name
+    from .sweep import record_interrupted
+
+    record_interrupted(f"interrupted ({name}) at step {runner.step}; {line}")  # a sweep's job: its row says so
     print(f"autobatch: interrupted ({name}) at step {runner.step}; {line}", file=sys.stderr)
     sys.stdout.flush()
     raise SystemExit(interrupts.exit_code)

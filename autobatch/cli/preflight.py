@@ -39,7 +39,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import OmegaConf, open_dict
 
 from .build import validate
-from .config import ProbeAppConfig
+from .config import SCHEMAS, ProbeAppConfig, TrainAppConfig
 from .errors import BAD_INPUT, CLIError, describe
 from .ignored import ignored_keys
 from .ranks import launched_rank
@@ -170,14 +170,63 @@ def _override_hint(message: str, exc: BaseException | None = None) -> str:
             prefix = where + "." if depth else ""
             return f"Could not override '{key}': {where} has no key {part!r}{close_match(part, fields, prefix)}"
         schema = typing.get_type_hints(schema).get(part)
-        if not dataclasses.is_dataclass(schema):
-            break  # a free node (model, optimizer, data.dataset): + adds a constructor argument
+        if not dataclasses.is_dataclass(schema):  # a free node, unless a group's option types it (model=gpt)
+            typed = _option_key_hint(message, key, parts[: depth + 1], exc)
+            if typed != message:
+                return typed
+            break  # untyped (model=target, data.dataset): + adds a constructor argument
     if len(parts) > len(key.split(".")):  # a dict merged into a free node that has no such key
         node = ".".join(parts[:-1])
         fresh = f", or start from {_FRESH[node]}" if node in _FRESH else ""
         return (f"Could not override '{key}': a dict given to {key} is merged into the one already there, and {node} "
                 f"has no key {parts[-1]!r}; add it with +{'.'.join(parts)}=VALUE{fresh}")
     return message
+
+
+def _option_key_hint(message: str, key: str, node: list[str], exc: BaseException | None) -> str:
+    """For a node that its group's option types (``model=gpt``: ``GPTConfig``; ``optimizer=adamw``),
+    the closest key of that schema: Hydra advised ``+model.layrs=2``, which the model's
+    constructor then rejects. A node no schema types (``model=target``) keeps the advice:
+    there ``+`` adds a constructor argument."""
+    cause, schema = exc, None
+    while cause is not None and schema is None:
+        found = getattr(cause, "object_type", None)
+        schema = found if isinstance(found, type) and dataclasses.is_dataclass(found) else None
+        cause = cause.__cause__
+    full = (_failed_key(exc) or key).split(".")
+    if schema is None or full[: len(node)] != node or len(full) != len(node) + 1:
+        return message
+    where, name = ".".join(node), full[-1]
+    keys = [field.name for field in dataclasses.fields(schema) if not field.name.startswith("_")]
+    return (f"Could not override '{key}': {where} ({schema.__name__}) has no key {name!r}"
+            f"{_keys_hint(name, keys, where + '.')} (+{'.'.join(full)}=VALUE passes an argument its _target_ takes that "
+            "the schema does not list)")
+
+
+def _keys_hint(name: str, keys: list[str], prefix: str) -> str:
+    """The closest of ``keys`` to ``name``, else all of them."""
+    return close_match(name, keys, prefix) or f"; its keys: {', '.join(keys)}"
+
+
+def _composition_hint(message: str, exc: BaseException) -> str:
+    """A wrong key or value in a YAML (``--config-name`` 's, or a group option's of ``--config-dir``):
+    Hydra's "In 'mytrain': ConfigKeyError raised while composing config: Key 'stpes' not in
+    'TrainConfig'" names the schema's class, not the key; name the file, the key and the closest one."""
+    text = str(exc)
+    where = re.search(r"In '([^']+)': (\w+) raised while composing config:\s*(.*)", text)
+    key = re.search(r"full_key: ([\w.]+)", text)
+    if where is None or key is None:
+        return message
+    head = f"{where.group(1)}.yaml sets {key.group(1)}"
+    kind = re.search(r"object_type=(\w+)", text)
+    schemas = [*SCHEMAS.values(), ProbeAppConfig, TrainAppConfig]
+    schema = next((node for node in schemas if kind and node.__name__ == kind.group(1)), None)
+    if where.group(2) != "ConfigKeyError" or schema is None:
+        return f"{head}: {where.group(3).strip()}"
+    *node, name = key.group(1).split(".")
+    keys = [field.name for field in dataclasses.fields(schema) if not field.name.startswith("_")]
+    prefix = ".".join(node) + "." if node else ""
+    return f"{head}, but {prefix.rstrip('.') or 'the config'} has no key {name!r}{_keys_hint(name, keys, prefix)}"
 
 
 def _check_output_dir(key: str, value: str) -> None:
@@ -305,5 +354,5 @@ def check(command: str, args: Sequence[str]) -> None:
         raise
     except Exception as exc:  # noqa: BLE001 - turned into one line
         message, _ = describe(exc)
-        raise CLIError(_override_hint(message, exc), BAD_INPUT) from exc
+        raise CLIError(_composition_hint(_override_hint(message, exc), exc), BAD_INPUT) from exc
     _warn(warnings, set())

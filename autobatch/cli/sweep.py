@@ -34,7 +34,8 @@ from omegaconf import DictConfig, OmegaConf
 from ..dist.agreement import is_rank_zero
 from .errors import one_line
 
-__all__ = ["SweepSummary", "COLUMNS", "sweep_id", "collect_rows", "write_summary", "render_markdown", "last_sweep_dir"]
+__all__ = ["SweepSummary", "COLUMNS", "sweep_id", "collect_rows", "write_summary", "render_markdown", "last_sweep_dir",
+           "record_interrupted"]
 
 log = logging.getLogger("autobatch")
 
@@ -172,9 +173,32 @@ def _sweep_dir(config: DictConfig) -> Path:
     """``hydra.sweep.dir``, a relative one against the directory the command ran in: under
     ``hydra.job.chdir=true`` a job (and ``on_job_end``) runs in its own directory, where the
     rows were looked for in ``<job>/multirun/...`` and the sweep's summary was never written."""
-    path = Path(config.hydra.sweep.dir)
-    cwd = OmegaConf.select(config, "hydra.runtime.cwd")
+    return _from_cwd(config.hydra.sweep.dir, OmegaConf.select(config, "hydra.runtime.cwd"))
+
+
+def _from_cwd(sweep_dir: str, cwd: str | None) -> Path:
+    path = Path(sweep_dir)
     return path if path.is_absolute() or not cwd else Path(cwd) / path
+
+
+def record_interrupted(error: str) -> None:
+    """In a job of a sweep, write its row as ``interrupted`` with ``error`` (the line that names
+    its checkpoint and the command that continues it) and rebuild the summary. A Ctrl-C or
+    SIGTERM ends the job with ``SystemExit`` or ``KeyboardInterrupt``, which Hydra does not
+    catch, so ``on_job_end`` never ran: the summary listed the jobs before it alone, "0 failed"."""
+    if not HydraConfig.initialized() or not is_rank_zero():
+        return
+    hydra_cfg = HydraConfig.get()
+    if hydra_cfg.mode != RunMode.MULTIRUN:
+        return
+    sweep_dir = _from_cwd(hydra_cfg.sweep.dir, hydra_cfg.runtime.cwd)
+    row = {"job": hydra_cfg.job.num, "overrides": " ".join(hydra_cfg.overrides.task), "status": "interrupted",
+           "error": error, _SWEEP_KEY: sweep_id(sweep_dir)}
+    try:
+        _atomic_write(Path(hydra_cfg.runtime.output_dir) / ROW_FILE, json.dumps(row, default=str) + "\n")
+        write_summary(sweep_dir, plot=False)
+    except OSError as exc:  # the interrupt is what the command reports; the row is a courtesy
+        log.warning("sweep row of the interrupted job not written (%s)", exc)
 
 
 class SweepSummary(Callback):
