@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["accumulation_for", "cap_at_samples", "check_share"]
+__all__ = ["accumulation_for", "cap_at_samples", "check_share", "small_split"]
 
 
 def accumulation_for(share: int, largest: int, *, multiple_of: int = 1) -> tuple[int, int]:
@@ -56,3 +56,41 @@ def cap_at_samples(samples: int | None, max_batch: int | None, start: int | None
             f"{multiple_of} fits in it; lower multiple_of or use more samples"
         )
     return (samples if max_batch is None else min(max_batch, samples)), (None if start is None else min(start, samples))
+
+
+def small_split(global_batch: int, world: int, largest: int, size: int, *, multiple_of: int = 1,
+                unit: str = "rank") -> str | None:
+    """A warning where :func:`accumulation_for` split each ``unit``'s share of ``global_batch`` into
+    micro-batches of ``size``, under half the ``largest`` that fits (None otherwise), naming the
+    nearest global batches below and above whose split keeps at least half.
+
+    Why: the split must be exact, so a share with no divisor near the largest took the next one
+    down, silently: ``global_batch=998`` where 403 fit trained 499 micro-batches of 2 a step (a
+    prime one, micro-batches of 1), each step as many forward and backward passes where 3 would
+    do; 1,000 trains 4 of 250."""
+    share = global_batch // world
+    best = largest // multiple_of * multiple_of if largest >= multiple_of else largest
+    if size < 1 or 2 * size >= best:
+        return None
+    below = next((other for other in range(share - 1, 0, -1) if _splits_well(other, best, multiple_of)), None)
+    above = next(other for other in range(share + 1, 2 * share + best) if _splits_well(other, best, multiple_of))
+    near = " or ".join(f"{other * world} ({_split(other, best, multiple_of)})" for other in (below, above) if other)
+    return (
+        f"global_batch={global_batch} splits into {share // size} micro-batches of {size} per {unit} (a share of "
+        f"{share}), under half the {best} that fit{'' if multiple_of == 1 else f' (a multiple of {multiple_of})'}: "
+        f"the split must be exact and {share} has no divisor closer to {best}, so each optimizer step runs "
+        f"{share // size} forward and backward passes where {-(-share // best)} would do; a global_batch of {near} "
+        "keeps the micro-batches large"
+    )
+
+
+def _splits_well(share: int, best: int, multiple_of: int) -> bool:
+    """Whether ``share`` splits exactly into micro-batches of at least half of ``best`` (at most
+    ``best``), each a multiple of ``multiple_of``."""
+    return any(share % count == 0 and (share // count) % multiple_of == 0
+               for count in range(-(-share // best), share * 2 // best + 1))
+
+
+def _split(share: int, best: int, multiple_of: int) -> str:
+    count, size = accumulation_for(share, best, multiple_of=multiple_of)
+    return f"{count} x {size}"

@@ -30,7 +30,6 @@ Requires ``lightning`` (``pip install autobatch[lightning]``).
 from __future__ import annotations
 
 import inspect
-import logging
 from typing import Any, Callable, Mapping
 
 try:
@@ -41,6 +40,7 @@ except ModuleNotFoundError as exc:  # only this integration needs it: say what t
     raise ModuleNotFoundError(
         "autobatch.integrations.lightning needs Lightning 2 (the `lightning` package): pip install "
         "'autobatch[lightning]' (or pip install lightning)", name=exc.name) from exc
+from lightning.pytorch.utilities import rank_zero_warn
 from lightning.pytorch.utilities.parsing import lightning_getattr, lightning_hasattr, lightning_setattr
 
 from ..memory.devices import memory_for
@@ -51,15 +51,14 @@ from ..probe.result import ProbeResult
 from ..probe.search import peak_limit
 from ..training.checkpoint_io import rng_state, set_rng_state
 from .. import checks
-from .global_batch import accumulation_for, cap_at_samples, check_share
+from .global_batch import accumulation_for, cap_at_samples, check_share, small_split
 from .lightning_loop import LoopConfirmation, MemoryLine, confirm_in_loop, refuses_interval
 from .lightning_schedules import StepSchedule, train_loader
 from .lightning_state import SavedState, probing
 from .lightning_step import LightningStep, first_batch
+from .lightning_tuners import arrange_tuners, tell
 
 __all__ = ["AutoBatchSize", "accumulation_for"]
-
-log = logging.getLogger("autobatch")
 
 
 class AutoBatchSize(Callback):
@@ -128,7 +127,7 @@ class AutoBatchSize(Callback):
         self.confirmation: LoopConfirmation | None = None
         self.batch_size: int | None = None
         self.accumulation: int | None = None
-        self._world = 1
+        self._world = self._largest = 1
         self._restored: dict[str, Any] | None = None  # the state a checkpoint restored (load_state_dict)
         self._fitting: tuple[Trainer, LightningModule] | None = None  # from on_fit_start to on_train_start
 
@@ -150,22 +149,20 @@ class AutoBatchSize(Callback):
         probe answers a smaller size, and the resumed run would train at another batch and
         another number of steps per epoch than the run it resumes."""
         self._restored = dict(state_dict)
-        if self._fitting is not None:  # a strategy that restores callbacks after on_fit_start
+        if self._fitting is not None and self._restored == self.state_dict():
+            self._restored = None  # the size this fit set, back from a tuner's checkpoint (LearningRateFinder's)
+        elif self._fitting is not None:  # a strategy that restores callbacks after on_fit_start
             self._resume(*self._fitting)
 
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._fitting = None
 
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
-        """Refuse a ``BatchSizeFinder`` beside this callback, before either searches: Lightning runs
-        tuner callbacks first, so its trials (and checkpoint file) would be spent and its answer
-        replaced (Lightning refuses two ``BatchSizeFinder`` callbacks the same way)."""
-        from lightning.pytorch.callbacks import BatchSizeFinder
-
-        if stage == "fit" and any(isinstance(callback, BatchSizeFinder) for callback in trainer.callbacks):
-            raise ValueError("AutoBatchSize and Lightning's BatchSizeFinder both set the batch size: remove the "
-                             "BatchSizeFinder callback, or the Tuner.scale_batch_size call (AutoBatchSize replaces "
-                             "them)")
+        """Refuse a ``BatchSizeFinder`` beside this callback, and run before a ``LearningRateFinder``
+        (Lightning runs tuner callbacks first): :func:`~.lightning_tuners.arrange_tuners`."""
+        if stage == "fit":
+            self._fitting = None  # a fit that stopped before on_train_start (Tuner.lr_find's early exit) left it
+            arrange_tuners(trainer, self)
 
     def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         world = self._check(trainer, pl_module)
@@ -219,8 +216,11 @@ class AutoBatchSize(Callback):
         if self.confirmation is not None:
             self.result.notes.append(self.confirmation.summary())
         trainer.fit_loop._combined_loader = None  # the train dataloader is re-created at the new size
-        log.info("AutoBatchSize: %s=%d (probe %d%s)", self.batch_arg_name, self.batch_size, self.result.batch_size,
-                 f", accumulate_grad_batches={self.accumulation}" if self.accumulation else "")
+        tell("AutoBatchSize: %s=%d (probe %d%s)", self.batch_arg_name, self.batch_size, self.result.batch_size,
+             f", accumulate_grad_batches={self.accumulation}" if self.accumulation else "")
+        split = share and small_split(self.global_batch, world, self._largest, self.batch_size, multiple_of=multiple)
+        if split:  # a global batch with no divisor near the largest micro-batch: many small ones a step
+            rank_zero_warn(f"AutoBatchSize: {split}")
         self._schedule.resize(trainer, self.batch_size)  # schedulers sized for the steps fit will run at it
 
     def _check(self, trainer: Trainer, module: LightningModule) -> int:
@@ -263,8 +263,8 @@ class AutoBatchSize(Callback):
         if not restored:
             return False
         if (restored.get("global_batch"), restored.get("world_size")) != (self.global_batch, self._world):
-            log.info("AutoBatchSize: the checkpoint's batch size was for global_batch=%s over %s rank(s); probing "
-                     "again", restored.get("global_batch"), restored.get("world_size"))
+            tell("AutoBatchSize: the checkpoint's batch size was for global_batch=%s over %s rank(s); probing "
+                 "again", restored.get("global_batch"), restored.get("world_size"))
             return False
         self.batch_size, self.accumulation = restored["batch_size"], restored["accumulation"]
         lightning_setattr(module, self.batch_arg_name, self.batch_size)
@@ -273,9 +273,9 @@ class AutoBatchSize(Callback):
         if self.accumulation:
             trainer.accumulate_grad_batches = self.accumulation
         trainer.fit_loop._combined_loader = None  # the train dataloader is re-created at the restored size
-        log.info("AutoBatchSize: %s=%d%s restored from the checkpoint, not probed again (a resumed run trains at the "
-                 "size it trained at)", self.batch_arg_name, self.batch_size,
-                 f", accumulate_grad_batches={self.accumulation}" if self.accumulation else "")
+        tell("AutoBatchSize: %s=%d%s restored from the checkpoint, not probed again (a resumed run trains at the "
+             "size it trained at)", self.batch_arg_name, self.batch_size,
+             f", accumulate_grad_batches={self.accumulation}" if self.accumulation else "")
         self._schedule.resize(trainer, self.batch_size)
         return True
 
@@ -343,7 +343,7 @@ class AutoBatchSize(Callback):
 
     def _apply(self, trainer: Trainer, module: LightningModule, share: int | None, largest: int) -> tuple[int, int | None]:
         """Set the batch size (and accumulation) for a largest micro-batch; return them."""
-        multiple = self.probe_options["multiple_of"]
+        multiple, self._largest = self.probe_options["multiple_of"], largest
         size, accumulation = max(1, largest // multiple * multiple) if largest >= multiple else 0, None
         if share is not None and largest >= multiple:  # _check: multiple_of divides the share
             accumulation, size = accumulation_for(share, largest, multiple_of=multiple)

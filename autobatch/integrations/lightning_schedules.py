@@ -33,7 +33,6 @@ built (``configure_optimizers`` asked for the count) is read as it is.
 
 from __future__ import annotations
 
-import logging
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Iterator
@@ -46,10 +45,9 @@ from lightning.pytorch.utilities.parsing import lightning_getattr
 
 from ..training.checkpoint_io import rng_state, set_rng_state
 from .lightning_loop import training_batches
+from .lightning_tuners import tell
 
 __all__ = ["StepSchedule", "step_schedulers", "stepping_batches", "train_loader", "unsafe"]
-
-log = logging.getLogger("autobatch")
 
 
 @dataclass
@@ -104,9 +102,9 @@ class StepSchedule:
                 self.warned = True
             return False
         if not self.logged:
-            log.info("AutoBatchSize: ran configure_optimizers again at the size set: its scheduler(s) %s, stepped by "
-                     "optimizer step, were sized for %s, as Lightning configures optimizers before on_fit_start; fit "
-                     "will run %s", names, configured, will_run)
+            tell("AutoBatchSize: ran configure_optimizers again at the size set: its scheduler(s) %s, stepped by "
+                 "optimizer step, were sized for %s, as Lightning configures optimizers before on_fit_start; fit "
+                 "will run %s", names, configured, will_run)
             self.logged = True
         self.steps, self.batch_size, self.accumulation = steps, batch_size, accumulation
         return True

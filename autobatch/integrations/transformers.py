@@ -29,7 +29,7 @@ import torch
 from .. import checks
 from ..probe.find import find_max_batch
 from ..probe.result import ProbeResult
-from .global_batch import accumulation_for, cap_at_samples, check_share
+from .global_batch import accumulation_for, cap_at_samples, check_share, small_split
 from .transformers_resume import resumed_global_batch, warn_unseen_resume
 from .transformers_step import TrainerStep, checkpointing_as_train, trainer_key
 
@@ -127,7 +127,7 @@ def fit_batch_size(
             module.training = training
     size = result.batch_size
     if share is not None:
-        accumulation, size = accumulation_for(share, size, multiple_of=multiple_of)
+        accumulation, size = _split(global_batch, world, size, multiple_of, warn=asked is not None)
         args.gradient_accumulation_steps = accumulation
     args.per_device_train_batch_size = size
     trainer._train_batch_size = args.train_batch_size  # Trainer copies it at construction
@@ -137,6 +137,17 @@ def fit_batch_size(
              "optimizer step over %d process(es) (probe %d)%s", size, accumulation, size * accumulation * world,
              world, result.batch_size, "" if share is not None else "; pass global_batch= to keep a global batch")
     return result
+
+
+def _split(global_batch: int, world: int, largest: int, multiple_of: int, *, warn: bool) -> tuple[int, int]:
+    """``(accumulation, per-device batch)`` for a process's share of ``global_batch``; where ``warn``
+    (the global batch is the caller's, not a resumed checkpoint's), one warning if the share has no
+    divisor near ``largest`` (many small micro-batches a step; see :func:`.global_batch.small_split`)."""
+    accumulation, size = accumulation_for(global_batch // world, largest, multiple_of=multiple_of)
+    split = warn and small_split(global_batch, world, largest, size, multiple_of=multiple_of, unit="process")
+    if split:
+        log.warning("fit_batch_size: %s", split)
+    return accumulation, size
 
 
 def _refuse_data_parallel(args: Any) -> None:
