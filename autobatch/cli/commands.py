@@ -259,6 +259,9 @@ def _prepare(cfg: DictConfig, workload: Workload, out_dir: Path, command: str,
         _write_probe(out_dir, result, command, cfg)
         micro = result.batch_size
         global_batch = micro * world
+    if train.micro_batch is None and train.max_micro_batch is not None and micro > train.max_micro_batch:
+        notes.append(f"micro-batch {micro} (probed) capped at train.max_micro_batch={train.max_micro_batch}")
+        micro = int(train.max_micro_batch)  # the user's ceiling wins; the Runner refuses a micro_batch above it
     return dict(global_batch=global_batch, micro_batch=micro, max_micro_batch=ceiling, plan=planned, probe=result, notes=notes)
 
 

@@ -320,12 +320,6 @@ def run_training(
     train, options = cfg.train, runner_options(cfg, workload, out_dir, global_batch)
     if max_micro_batch is not None and options["max_micro_batch"] is None:
         options["max_micro_batch"] = max_micro_batch
-    ceiling = options["max_micro_batch"]
-    if micro_batch is not None and ceiling is not None and micro_batch > ceiling and train.micro_batch is None:
-        # a probed or planned micro-batch above the user's train.max_micro_batch: the ceiling wins
-        # (the Runner refuses a micro_batch above it, naming a key the user never set)
-        log.info("micro-batch %d (probed) capped at train.max_micro_batch=%d", micro_batch, ceiling)
-        micro_batch = ceiling
     model, optimizer = workload.model, workload.optimizer
     model.train()
     runner = Runner(model, optimizer, cross_entropy_loss, global_batch=global_batch, micro_batch=micro_batch, **options)
