@@ -42,6 +42,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from ..memory.accounting import StorageAccountant
 from .. import checks
 from .arguments import SEARCH_CEILING, validate_probe_args, validate_step
+from .bent_curve import CURVE_TRACES, follow_bend
 from .flat_peak import past_flat
 from .fake_trace import (FakeWorld, KernelDtypes, TraceScaler, quiet_meta_errors, resident_bytes, trace_steps,
                          untraceable)
@@ -265,8 +266,9 @@ def estimate_line(
 ) -> BatchEstimate:
     """A quick estimate from three traces: the line through the estimated peaks at
     ``sizes`` is solved for ``capacity``, the step is traced once more at that answer, and the
-    secant through the two largest traces gives the estimate. Where the peaks at ``sizes`` are
-    equal (the optimizer step's constant peak above the activations') it traces on by ``GROWTH``
+    secant through the two largest traces gives the estimate, or where the curve bends the secant
+    method on from it (:func:`~autobatch.probe.bent_curve.follow_bend`). Where the peaks at ``sizes``
+    are equal (the optimizer step's constant peak above the activations') it traces on by ``GROWTH``
     until the peak grows (:func:`~autobatch.probe.flat_peak.past_flat`). Tracing costs the same at
     any batch size, so this is far cheaper than :func:`estimate_max_batch`, which traces until it
     lands on the estimated boundary exactly; ``auto`` uses it to place its first real trial.
@@ -276,19 +278,17 @@ def estimate_line(
                                                    include_resident=include_resident)
     max_units = max_batch // multiple_of if max_batch is not None else None
 
-    def solve(a: int, b: int) -> tuple[int, float, float]:
-        slope = (peak(b) - peak(a)) / (b - a)
-        if slope <= 0:
+    def solve(a: int, b: int, *, steps: int = 0) -> tuple[int, float, float]:
+        solved = follow_bend(peak, a, b, capacity_bytes, max_units, steps=steps) if a != b else None
+        if solved is None:
             raise EstimateError("estimated peak does not grow with the batch")
-        intercept = peak(a) - slope * a
-        units = max(0, math.floor((capacity_bytes - intercept) / slope))
-        return (units if max_units is None else min(units, max_units)), intercept, slope
+        return solved
 
     low, high = past_flat(peak, *sizes, capacity_bytes, growth=GROWTH, max_units=max_units, multiple_of=multiple_of,
                           flat_units=GROWTH**6)  # the optimizer step's constant peak first: trace on till it grows
     units, intercept, slope = solve(low, high)
-    if units > high or (high != sizes[1] and low < units < high):  # the secant nearest the answer
-        units, intercept, slope = solve(*sorted((high, units)))
+    if units > high or (high != sizes[1] and low < units < high):  # the secant nearest the answer, on to a bend's
+        units, intercept, slope = solve(high, units, steps=CURVE_TRACES)
     return BatchEstimate(
         batch_size=units * multiple_of,
         capacity_bytes=capacity_bytes,
