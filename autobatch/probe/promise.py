@@ -41,7 +41,7 @@ from .result import STORED_NOTE, ProbeResult
 from .trial import TrialRunner
 
 __all__ = ["forget_own_layout", "park_created_state", "relayout_created_state", "laid_out_note", "promise_of", "promise_note", "release_after_probe",
-           "still_flushing", "at_fixed_wall"]
+           "still_flushing", "at_fixed_wall", "near_fixed_wall"]
 
 
 def promise_of(runner: TrialRunner, result: ProbeResult, memory: DeviceMemory) -> dict[str, Any] | None:
@@ -98,6 +98,9 @@ def promise_note(runner: TrialRunner, result: ProbeResult, memory: DeviceMemory)
         parts.append(STILL_FLUSHING)
     if at_fixed_wall(promise):
         parts.append(f"{promise['flushes']} of its {promise['steps'] - 1} steps after the first {AT_FIXED_WALL}")
+    elif getattr(runner, "hand_loop", False) and near_fixed_wall(promise):
+        parts.append(f"its steps reserved {100 * promise['reserved_peak_bytes'] / promise['capacity_bytes']:.1f} % of "
+                     f"the capacity: {NEAR_FIXED_WALL}")
     if promise["autotuned"]:
         parts.append(NEW_PROCESS_AUTOTUNING)
     return "; ".join(parts)
@@ -152,6 +155,32 @@ AT_FIXED_WALL = (
     "whose blocks fall otherwise, can run out of memory a few sizes lower; PYTORCH_CUDA_ALLOC_CONF="
     "expandable_segments:True (set before CUDA starts; the command line's default) removes that wall, and "
     "autobatch's Runner replays a step that runs out of memory"
+)
+
+
+#: how close to the capacity an answer's reserved peak comes before :func:`near_fixed_wall` says so
+NEAR_WALL = 0.02
+
+
+def near_fixed_wall(promise: dict[str, Any]) -> bool:
+    """Whether the answer's trial reserved within ``NEAR_WALL`` of the capacity under fixed
+    segments, untuned, with no flushing note (:func:`at_fixed_wall`, :func:`still_flushing`)."""
+    capacity, reserved = promise.get("capacity_bytes"), promise.get("reserved_peak_bytes")
+    return (not promise["autotuned"] and promise["expandable_segments"] is False and bool(capacity) and bool(reserved)
+            and reserved >= capacity * (1 - NEAR_WALL) and not at_fixed_wall(promise) and not still_flushing(promise))
+
+
+#: What a hand loop's answer at the wall under fixed segments means for a new process, where its
+#: trial did not flush (issue 16, measured on one H100 under an 8 GiB cap, Swin-S as a plain
+#: callable: 66 passed its trial without a flush, reserving 98.7 % of the capacity, and trained
+#: 200 steps in the probing process and resumed, but a new process ran out of memory at its
+#: second step; under expandable segments the answer was 69, the 3-step maximum, and trained in
+#: all three: ``scripts/bench_promise.py --no-cli --resumed --workloads swin_s``)
+NEAR_FIXED_WALL = (
+    "under fixed segments a hand loop at this size in a new process, whose blocks fall otherwise, can run out of "
+    "memory a few sizes lower, with no sign in the trials (Swin-S on an H100: 66 passed without a flush and failed "
+    "at a new process's second step); PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (set before CUDA starts; "
+    "the command line's default) removes that wall, and autobatch's Runner replays a step that runs out of memory"
 )
 
 
