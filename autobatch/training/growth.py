@@ -18,7 +18,12 @@ After a *measured* recovery (the runner's memory line sized the smaller micro-ba
 tensor held for a few steps. Then the wait is one step, not ``grow_after``: as soon as the line
 says, from what is resident now, that a larger size fits again, the next step tries the
 largest such size up to the one the run had before the squeeze. A try that fails doubles that
-short wait too, so this path cannot oscillate either.
+short wait too, so this path cannot oscillate either. Where the recovery was the batch's own (it
+needed more than the line says for its size: an outlier batch, see
+:mod:`autobatch.training.step_memory`), the next step tries at once, not after that wait: the
+next ordinary batch trains at the size before the outlier (after a 128-token batch in a run of
+16-token ones at 32, the next batch trained at 5; now at 32); a try that fails is a quick try
+that failed (the wait doubles).
 
 With ``Runner(multiple_of=N)`` every size it proposes is a multiple of N: the ceiling is rounded
 down to one (the batch per rank, its upper bound, is one), doubling a multiple is one, and a
@@ -54,6 +59,7 @@ class GrowBack:
         self.quick_wait = 1  # steps before a measured grow-back try (doubles when one fails)
         self._quick = False
         self._oom_this_step = False
+        self._soon = False  # the last step's recovery was its batch's own: the next one tries at once
 
     @property
     def ceiling(self) -> int:
@@ -83,9 +89,11 @@ class GrowBack:
         unknown); used only to grow back after a measured recovery."""
         self._oom_this_step = False
         self._quick = False
+        soon, self._soon = self._soon, False
         if self.squeezed_from is not None and micro_batch >= min(self.squeezed_from, self.ceiling):
             self.squeezed_from = None  # back where the squeeze found it
-        if self.enabled and self.squeezed_from is not None and fits is not None and self.streak >= self.quick_wait:
+        ready = soon or self.streak >= self.quick_wait
+        if self.enabled and self.squeezed_from is not None and fits is not None and ready:
             target = min(fits, self.squeezed_from, self.ceiling) // self.multiple_of * self.multiple_of
             if target > micro_batch:
                 self.previous, self._quick = micro_batch, True
@@ -114,8 +122,10 @@ class GrowBack:
         back, self.previous, self._quick = self.previous, None, False
         return back
 
-    def on_step_done(self) -> None:
-        """The step finished. A grow that held restarts the count towards the next one."""
+    def on_step_done(self, outlier: bool = False) -> None:
+        """The step finished. A grow that held restarts the count towards the next one.
+        ``outlier``: its recovery was its batch's own (the next step tries to grow back at once)."""
+        self._soon = outlier and self._oom_this_step and self.squeezed_from is not None
         held = self.previous is not None and not self._oom_this_step
         self.previous = None
         self.streak = 0 if (self._oom_this_step or held) else self.streak + 1

@@ -19,6 +19,10 @@ memory resident now, the failed attempt's peak and the allocation that failed), 
 of a few percent costs a few percent; it is halved only when nothing better is known (no
 instrument, no measured step, an OOM the figures do not explain such as an injected one, and
 under ``torch.distributed``, where every rank must pick the same size from the same facts).
+A measured pick that fails again in the same step caps the next one's optimism (a step down at
+least twice its own, or to half where that is less: an outlier batch costs a few replays, not one
+per 3 %), and after a step whose batch needed more than the line says, the next step tries the
+size before it again (:mod:`autobatch.training.growth`).
 """
 
 from __future__ import annotations
@@ -62,6 +66,7 @@ class OomRecovery:
     _micro_before_step: int | None = None  # the micro-batch the current step began with, put back when it is given up
     _smallest_trained: int | None = None  # the smallest micro-batch that completed a step in this run
     _last_shrink: tuple[int, int, int] | None = None  # (step, before, after) of the last recovery that shrank it
+    _measured_fail: tuple[int, int] | None = None  # (step, largest piece) of the last failure a measured pick followed
     _told_batch_statistics = False  # warned that BatchNorm normalises each micro-batch on its own
 
     def _enter(self, phase: str) -> None:
@@ -172,7 +177,10 @@ class OomRecovery:
         or half when its figures do not explain the failure; a rank that did not run out
         proposes its own line's size, or ``before``. None when no rank had figures."""
         largest = max(self._piece_sizes())  # at ``before``, still the current micro-batch
-        measured = self.step_memory.after_oom(largest, self._last_error)
+        last = self._measured_fail  # a measured pick of this step that failed too: it caps this one's optimism
+        previous = last[1] if last is not None and last[0] == self.step else None
+        measured = self.step_memory.after_oom(largest, self._last_error, previous)
+        self._measured_fail = (self.step, largest) if measured is not None else None
         if not self.distributed:
             return measured
         fallback = before // 2 if getattr(self, "_own_oom", True) else before
@@ -184,6 +192,7 @@ class OomRecovery:
 
     def _proposal(self) -> int:
         """The micro-batch the next step starts with (grow-back included)."""
+        self.step_memory.step_started()
         squeezed = self.growth.squeezed_from is not None and not self.distributed
         return self.growth.propose(self.micro_batch, fits=self.step_memory.fitting() if squeezed else None)
 
@@ -273,7 +282,7 @@ class OomRecovery:
 
     def _completed(self) -> None:
         """The step trained: count it towards grow-back, and remember its micro-batch."""
-        self.growth.on_step_done()
+        self.growth.on_step_done(outlier=self.step_memory.outlier)
         self._smallest_trained = min(self._smallest_trained or self.micro_batch, self.micro_batch)
         if not self._told_batch_statistics and len(sizes := self._piece_sizes()) > 1:  # once: BatchNorm sees the split
             warn_batch_statistics(self._train_step.model, sizes)
@@ -294,6 +303,7 @@ class OomRecovery:
                 self._torn = None
             self._stepping = False
         self._captured_at = None  # the next attempt of this step takes a fresh snapshot
+        self._measured_fail = None
         self.buffers.restore()
         self.random.restore()
         self._drop_grads()

@@ -19,6 +19,19 @@ size fits and the failed attempt stayed under the capacity: an injected fault, o
 one-off the figures cannot size). One measured point gives a line through the origin, whose
 slope overestimates the per-sample cost (the intercept's bytes are charged per sample), so
 the answer errs small.
+
+The failed attempt's lower bound is exact only where it failed near its natural peak (a squeeze:
+the line, with what is resident now, already says the size no longer fits). Where the line says
+the size fits and the attempt still needed more than the room, *this batch* costs more per
+sample than the steps the line was measured on (a 128-token batch in a run sized on 16-token
+ones): the attempt failed early, its lower bound is little above the room, and sized on it alone
+the replays crept down (32, 29, 14, 10, 7, 6, 5: six replays of one step). Two rules bound
+that. A pick that fails again in the same step (``after_oom(previous=)``) steps down at
+least twice as far as the pick that proved too optimistic did (or to half, where that is less),
+so the replays of a step are logarithmic in how wrong the line was; and a step with a failure
+the line does not explain is an ``outlier``: its point is not added to the line (it would tilt the line of the run's ordinary
+batches, and size their grow-back and later recoveries by it), and the runner tries the size
+before it again at the next step (:mod:`autobatch.training.growth`).
 """
 
 from __future__ import annotations
@@ -54,6 +67,7 @@ class StepMemory:
         self.max_peak: int | None = None  # the largest passing step's (a short last batch is not the next one)
         self._resident = 0
         self._memory: DeviceMemory | None = None
+        self.outlier = False  # this step needed more than the line says for its size (reset by step_started)
 
     def instrument(self) -> DeviceMemory | None:
         """The device's memory instrument now (the simulated budget is looked up per step)."""
@@ -71,13 +85,20 @@ class StepMemory:
             self._resident = self._memory.allocated()
             self._memory.reset_peak()
 
+    def step_started(self) -> None:
+        """A global step starts: no failure of it is known yet."""
+        self.outlier = False
+
     def record(self, micro_batch: int) -> None:
-        """A step at ``micro_batch`` (its largest micro-batch) passed: add its point."""
+        """A step at ``micro_batch`` (its largest micro-batch) passed: add its point, unless the
+        step was an ``outlier`` (its peaks still count for :meth:`spare_after`)."""
         if self._memory is None:
             return
-        self.points.pop(micro_batch, None)
         self.last_peak = self._memory.peak()
         self.max_peak = max(self.max_peak or 0, self.last_peak)
+        if self.outlier:
+            return
+        self.points.pop(micro_batch, None)
         self.points[micro_batch] = max(0, self.last_peak - self._resident)
         while len(self.points) > _MAX_SIZES:
             self.points.pop(next(iter(self.points)))
@@ -121,9 +142,14 @@ class StepMemory:
             return None
         return max(0, math.floor((self._room(memory) - line[0]) / line[1]))
 
-    def after_oom(self, micro_batch: int, error: str) -> int | None:
+    def after_oom(self, micro_batch: int, error: str, previous: int | None = None) -> int | None:
         """The next micro-batch after ``micro_batch`` failed with ``error`` (memory already
-        freed), or None when the figures do not explain the failure (the caller halves)."""
+        freed), or None when the figures do not explain the failure (the caller halves).
+
+        ``previous``: the size that failed before it in the same step, where this one was picked
+        from measurements: it proved ``previous - micro_batch`` too optimistic, so the answer is
+        at most ``micro_batch - 2 * (previous - micro_batch)``, or half of ``micro_batch`` where
+        that is more (a step's replays stay logarithmic in how far off the line was)."""
         memory = self._memory if self._memory is not None else self.instrument()
         if memory is None:
             return None
@@ -137,6 +163,8 @@ class StepMemory:
             room = self._room(memory)
             if needed > room > 0:
                 guesses.append(math.floor(micro_batch * room / needed))
+                # the line says micro_batch fits with what is resident now: this batch costs more than its steps
+                self.outlier = self.outlier or (fits is not None and fits >= micro_batch)
             # fragmentation: the allocated figures leave room, but the allocator's reserved memory
             # was at the capacity (blocks held but too split to serve the request)
             held = memory.peak_reserved() + requested - self._resident
@@ -146,7 +174,10 @@ class StepMemory:
         if not guesses:
             return None
         # at least a small step down, so a line that is slightly off cannot replay forever
-        return max(1, min(min(guesses), micro_batch - max(1, micro_batch // 32)))
+        pick = min(min(guesses), micro_batch - max(1, micro_batch // 32))
+        if previous is not None and previous > micro_batch:
+            pick = min(pick, max(micro_batch - 2 * (previous - micro_batch), micro_batch // 2))
+        return max(1, pick)
 
     def state(self) -> dict[str, Any]:
         return {"points": dict(self.points)}
