@@ -132,7 +132,9 @@ def loss(name: str, value: Any) -> torch.Tensor:
     dict or model output (``model(**batch)`` of a Transformers model given labels) or its
     ``.loss``, the rest of the output dropped before backward. A tuple is refused (which item is
     the loss is a guess), so is a tensor of more than one element (backward needs one number),
-    and a fake tensor outside a fake-tensor trace (:class:`~autobatch.errors.FakeTensorLeakError`)."""
+    a fake tensor outside a fake-tensor trace (:class:`~autobatch.errors.FakeTensorLeakError`),
+    and a loss that does not require grad (a ``ValueError`` saying what to change, where backward
+    would fail with torch's bare "element 0 of tensors does not require grad")."""
     found = value
     if isinstance(value, Mapping):
         found = value.get("loss")
@@ -159,7 +161,24 @@ def loss(name: str, value: Any) -> torch.Tensor:
         )
     if isinstance(found, FakeTensor) and torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.FAKE) is None:
         raise FakeTensorLeakError(f"the loss {name} returned")
+    if not found.requires_grad:
+        raise ValueError(f"the loss {name} returned does not require grad, so backward has nothing to train "
+                         f"(torch would fail with 'element 0 of tensors does not require grad'): {_why_no_grad()}")
     return found
+
+
+def _why_no_grad() -> str:
+    """What to change where a loss has no autograd graph: the grad mode the step runs in, else
+    the loss cut from the graph or a model with nothing to train (which of the two the loss alone
+    cannot tell)."""
+    if torch.is_inference_mode_enabled() or not torch.is_grad_enabled():
+        mode = "torch.inference_mode()" if torch.is_inference_mode_enabled() else "torch.no_grad()"
+        return f"gradients are off where the step runs (inside {mode}): call it outside that block"
+    return ("either the loss was cut from the graph (computed under torch.no_grad(), with .detach(), or rebuilt from "
+            ".item() or a Python number: return the tensor computed from the model's output), or no parameter it "
+            "depends on has requires_grad=True (a frozen model: unfreeze some, e.g. model.head.requires_grad_(True), "
+            "and give the optimizer only those, "
+            "torch.optim.AdamW(p for p in model.parameters() if p.requires_grad))")
 
 
 def function(name: str, value: Any, signature: str) -> None:

@@ -9,7 +9,8 @@ optimizer state (including state that did not exist yet, such as Adam's moments 
 first step), training flags, the random number generators, a ``GradScaler``'s scale (fp16
 trials whose gradients overflow halve it) and the state dicts of further objects the step
 advances (an LR scheduler). What forward added to the module tree (a lazily registered mask, a
-cache made again at another size) goes too (:mod:`.restore_places`).
+cache made again at another size) goes too (:mod:`.restore_places`), and so do the tensors it
+kept as plain attributes (``self.mask = ...``: :mod:`.restore_attributes`).
 
 Copying the weights off an accelerator is the slow part (measured on an H200: 0.07 s for
 ResNet-50's 98 MiB, 0.32 s for GPT-2's 475 MiB, at ~1.5 GB/s into fresh host memory). With
@@ -47,7 +48,9 @@ import torch
 from ..memory.devices import simulated_counts
 from ..memory.lazy_state import hooked
 from ..memory.simulated import host_memory
-from .restore_places import all_params, attempt, counted_places, host_copy, layout_of, places, put_back_layout
+from .restore_attributes import TensorAttributes
+from .restore_places import (all_params, attempt, counted_places, forget_scaler_stage, host_copy, layout_of,
+                             load_keeping_groups, load_other, places, put_back_layout)
 from .rng import rng_state, set_rng_state
 from .shards import Shard, from_cpu_local, is_dtensor, local, to_cpu_local
 from .zero_lr import _NEGATIVE_ZERO, _SCALED_BY_LR, _VersionsInStep, _zero_grads, _zero_lrs, steps_in_place_at_zero_lr  # noqa: F401
@@ -95,6 +98,8 @@ class Snapshot:
     _layout: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
     #: places whose tensor an active simulated budget counted at take (:func:`counted_places`)
     _counted: set[tuple] = field(default_factory=set, repr=False, compare=False)
+    #: the tensors the modules hold as plain attributes (:mod:`.restore_attributes`)
+    attributes: TensorAttributes = field(default_factory=lambda: TensorAttributes(None), repr=False, compare=False)
 
     @classmethod
     def take(
@@ -125,6 +130,7 @@ class Snapshot:
         snap = cls(model=model, optimizer=optimizer)
         snap.extra = _outside_the_model(model, optimizer, others)  # stepped as the model's are (at lr 0: left exact)
         snap._counted, snap._layout = counted_places(model, optimizer, snap.extra), layout_of(model)
+        snap.attributes = TensorAttributes(model, snap.extra.values())
         snap.weights_in_place = zero_lr and model is not None and steps_in_place_at_zero_lr(optimizer)
         background = background and optimizer is not None and not snap.weights_in_place
         eager: set[str] = set()  # parameters copied now although the thread copies, or nothing does
@@ -223,11 +229,20 @@ class Snapshot:
             for stage in (self.wait, lambda: self._unguard(keep), self._restore_model,
                           lambda: self._restore_optimizer(keep), self._restore_others, lambda: set_rng_state(self.rng)):
                 attempt(stage, errors)
-        attempt(self._recount, errors)
+        for stage in (self._recount, self.attributes.put_back):  # the latter after the buffers (an alias)
+            attempt(stage, errors)
         if errors:
             raise errors[0]
         if not keep:
             self._warn_unrestored()
+
+    def undo_forward(self) -> None:
+        """Between trials: drop what forward registered and the tensors it kept as plain
+        attributes (as :meth:`restore` does), so that the next trial starts as a fresh process
+        does, not beside a mask a larger trial left."""
+        if self.model is not None:
+            put_back_layout(self.model, self._layout, self.tensors)
+        self.attributes.put_back()
 
     def _unguard(self, keep: bool) -> None:
         if self._guard is not None and not keep:
@@ -274,7 +289,7 @@ class Snapshot:
             # load_state_dict replaces the whole state, so state created during the trials
             # (Adam moments that did not exist before) disappears again; it casts tensors
             # back to each parameter's device; sharded state becomes DTensors laid out as before.
-            _load_keeping_groups(self.optimizer, from_cpu_local(self.optimizer_state))
+            load_keeping_groups(self.optimizer, from_cpu_local(self.optimizer_state))
             if keep and self.weights_in_place:
                 _zero_lrs(self.optimizer)  # load_state_dict put the learning rates back
 
@@ -283,7 +298,7 @@ class Snapshot:
         a ``GradScaler`` also forgets a failed trial's ``unscale_`` of the optimizer."""
         errors: list[BaseException] = []
         for other, state in self.others:
-            attempt(lambda: _load_other(other, host_copy(state), self.optimizer), errors)
+            attempt(lambda: load_other(other, host_copy(state), self.optimizer), errors)
         if errors:
             raise errors[0]
 
@@ -326,14 +341,6 @@ class Snapshot:
             )
 
 
-def forget_scaler_stage(scaler: Any, optimizer: torch.optim.Optimizer) -> None:
-    """Mark ``optimizer`` unscaled in ``scaler`` again: a step that failed after ``unscale_``
-    left it marked, and the next step would skip unscaling (with the failed step's inf check)."""
-    from torch.amp.grad_scaler import _refresh_per_optimizer_state
-
-    scaler._per_optimizer_states[id(optimizer)] = _refresh_per_optimizer_state()
-
-
 def written_outside_the_optimizer(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None) -> set[int]:
     """Ids of ``model``'s parameters that something other than ``optimizer.step()`` may write
     during a trial, so a snapshot that leaves the weights to the optimizer (a copy made while
@@ -371,27 +378,6 @@ def _outside_the_model(model: torch.nn.Module | None, optimizer: torch.optim.Opt
                     held.add(id(param))
                     found[f"{where}.param_groups[{g}]['params'][{i}]"] = param
     return found
-
-
-def _load_other(other: Any, state: Any, optimizer: torch.optim.Optimizer | None) -> None:
-    if isinstance(other, torch.optim.Optimizer):
-        _load_keeping_groups(other, state)
-    else:
-        other.load_state_dict(state)
-    if isinstance(other, torch.amp.GradScaler) and optimizer is not None:
-        forget_scaler_stage(other, optimizer)
-
-
-def _load_keeping_groups(optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
-    """``optimizer.load_state_dict(state)``, its ``param_groups`` kept the same list and dicts:
-    a scheduler or a user's warm-up that holds a group goes on writing the optimizer's own."""
-    groups, dicts = optimizer.param_groups, list(optimizer.param_groups)
-    optimizer.load_state_dict(state)
-    for kept, loaded in zip(dicts, optimizer.param_groups):
-        kept.clear()
-        kept.update(loaded)
-    groups[:] = dicts
-    optimizer.param_groups = groups
 
 
 def _named_state(model: torch.nn.Module, *, parameters: bool = True):

@@ -7,7 +7,8 @@
   the snapshot and the restore work in host memory, which no budget counts, and what the
   restore makes again (gradients, optimizer state) is made again as device memory only where
   the budget counted it before the probe, so a probe inside the block leaves it as it found it.
-* Host copies of further objects' state dicts (:func:`host_copy`: an LR scheduler, a GradScaler).
+* Host copies of further objects' state dicts (:func:`host_copy`: an LR scheduler, a GradScaler),
+  and loading them back (:func:`load_other`).
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ from ..memory.devices import simulated_counts
 from ..memory.simulated import active_simulation
 from .shards import to_cpu_local
 
-__all__ = ["attempt", "host_copy", "layout_of", "put_back_layout", "all_params", "places", "counted_places"]
+__all__ = ["attempt", "forget_scaler_stage", "host_copy", "layout_of", "put_back_layout", "all_params", "places",
+           "counted_places", "load_keeping_groups", "load_other"]
 
 #: What a module registers by name, and forward may add to.
 _KINDS = ("_parameters", "_buffers", "_modules")
@@ -108,3 +110,34 @@ def counted_places(model: torch.nn.Module | None, optimizer: torch.optim.Optimiz
     if active_simulation() is None:
         return set()
     return {place for place, tensor in places(model, optimizer, extra) if simulated_counts(tensor)}
+
+
+def forget_scaler_stage(scaler: Any, optimizer: torch.optim.Optimizer) -> None:
+    """Mark ``optimizer`` unscaled in ``scaler`` again: a step that failed after ``unscale_``
+    left it marked, and the next step would skip unscaling (with the failed step's inf check)."""
+    from torch.amp.grad_scaler import _refresh_per_optimizer_state
+
+    scaler._per_optimizer_states[id(optimizer)] = _refresh_per_optimizer_state()
+
+
+def load_other(other: Any, state: Any, optimizer: torch.optim.Optimizer | None) -> None:
+    """Load a further object's saved ``state`` back (an optimizer keeping its groups); a
+    ``GradScaler`` also forgets ``optimizer``'s unscale stage (:func:`forget_scaler_stage`)."""
+    if isinstance(other, torch.optim.Optimizer):
+        load_keeping_groups(other, state)
+    else:
+        other.load_state_dict(state)
+    if isinstance(other, torch.amp.GradScaler) and optimizer is not None:
+        forget_scaler_stage(other, optimizer)
+
+
+def load_keeping_groups(optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
+    """``optimizer.load_state_dict(state)``, its ``param_groups`` kept the same list and dicts:
+    a scheduler or a user's warm-up that holds a group goes on writing the optimizer's own."""
+    groups, dicts = optimizer.param_groups, list(optimizer.param_groups)
+    optimizer.load_state_dict(state)
+    for kept, loaded in zip(dicts, optimizer.param_groups):
+        kept.clear()
+        kept.update(loaded)
+    groups[:] = dicts
+    optimizer.param_groups = groups

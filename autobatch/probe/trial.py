@@ -51,7 +51,8 @@ class TrialRunner:
     trains the answer (:meth:`_flushes_matter`); its trials start without the cuBLAS
     workspaces, as a new process's first step (:func:`~autobatch.memory.workspaces.release_workspaces`).
     ``layout`` (a hand loop's) lays the optimizer state the trials made out before each settle
-    trial, as a run resumed from a checkpoint has it (:mod:`~autobatch.probe.promise`)."""
+    trial, as a run resumed from a checkpoint has it (:mod:`~autobatch.probe.promise`).
+    ``before_trial`` runs as each trial begins (the snapshot's ``undo_forward``)."""
 
     def __init__(
         self,
@@ -69,18 +70,15 @@ class TrialRunner:
         pinned: PinnedState | None = None,
         hand_loop: bool = False,
         layout: Callable[[], object] | None = None,
+        before_trial: Callable[[], object] | None = None,
     ) -> None:
-        self.fn = fn
-        self.hand_loop = hand_loop
-        self.layout = layout
+        self.fn, self.hand_loop = fn, hand_loop
+        self.layout, self.before_trial = layout, before_trial
         self._fresh_workspaces = getattr(memory, "device", None) if hand_loop else None
-        self.pinned = pinned
-        self.guard = guard
+        self.pinned, self.guard = pinned, guard
         self.settle_more = settle_more if settle_more is not None else (lambda more: more)
         self.autotune = autotune
-        self.settle_final = settle_final
-        self.peak_limit = peak_limit
-        self.memory = memory
+        self.settle_final, self.peak_limit, self.memory = settle_final, peak_limit, memory
         self.steps = steps
         self.search_steps = steps if search_steps is None else min(search_steps, steps)
         self.after_oom = after_oom
@@ -290,6 +288,8 @@ class TrialRunner:
     def _attempt(self, batch_size: int, steps: int, most: int, prepare: Callable[[], object] | None) -> str | None:
         """Run the steps (up to ``most`` while the allocator settles); None on success, else the OOM's
         first line; leaves the ``except`` block before anything is freed. ``prepare``: ``layout``."""
+        if self.before_trial is not None:  # no mask a larger trial's forward kept is held through this one
+            self.before_trial()
         release_workspaces(self._fresh_workspaces)  # each trial starts as a new process's first step
         self.memory.release_cached()
         if prepare is not None:

@@ -16,6 +16,9 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from .. import checks
+from .batches import positive_shape
+
 __all__ = ["MLP", "ResNetCNN", "GPT"]
 
 
@@ -26,6 +29,8 @@ class MLP(nn.Module):
         super().__init__()
         if layers < 1 or width < 1:
             raise ValueError(f"MLP needs layers >= 1 and width >= 1, got layers={layers}, width={width}")
+        in_shape = positive_shape("MLP in_shape", in_shape)
+        num_classes = checks.positive_int("MLP num_classes", num_classes)
         blocks: list[nn.Module] = [nn.Flatten()]
         features = math.prod(in_shape)
         for _ in range(layers):
@@ -70,6 +75,8 @@ class ResNetCNN(nn.Module):
         super().__init__()
         if stages < 1 or blocks_per_stage < 1 or width < 1:
             raise ValueError("ResNetCNN needs width, stages and blocks_per_stage >= 1")
+        for name, value in (("in_channels", in_channels), ("num_classes", num_classes)):
+            checks.positive_int(f"ResNetCNN {name}", value)
         self.stem = nn.Sequential(
             nn.Conv2d(in_channels, width, 3, padding=1, bias=False), nn.BatchNorm2d(width), nn.ReLU()
         )
@@ -131,6 +138,9 @@ class GPT(nn.Module):
         dropout: float = 0.0,
     ) -> None:
         super().__init__()
+        for name, value in (("vocab_size", vocab_size), ("max_seq_len", max_seq_len), ("layers", layers),
+                            ("width", width), ("heads", heads), ("mlp_ratio", mlp_ratio)):
+            checks.positive_int(f"GPT {name}", value)  # heads=0 was a ZeroDivisionError, a size <= 0 torch's error
         if width % heads:
             raise ValueError(f"GPT width={width} must be divisible by heads={heads}")
         self.max_seq_len = max_seq_len
