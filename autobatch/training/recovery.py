@@ -19,9 +19,9 @@ memory resident now, the failed attempt's peak and the allocation that failed), 
 of a few percent costs a few percent; it is halved only when nothing better is known (no
 instrument, no measured step, an OOM the figures do not explain such as an injected one, and
 under ``torch.distributed``, where every rank must pick the same size from the same facts).
-A measured pick that fails again in the same step caps the next one's optimism (a step down at
-least twice its own, or to half where that is less: an outlier batch costs a few replays, not one
-per 3 %), and after a step whose batch needed more than the line says, the next step tries the
+In a step whose batch the line does not describe (it said the failed size fits), a measured pick
+that fails again caps the next one's optimism (a step down at least twice its own, or to half
+where that is less: an outlier batch costs a few replays, not one per 3 %), and after a step whose batch needed more than the line says, the next step tries the
 size before it again (:mod:`autobatch.training.growth`).
 """
 

@@ -147,9 +147,13 @@ class StepMemory:
         freed), or None when the figures do not explain the failure (the caller halves).
 
         ``previous``: the size that failed before it in the same step, where this one was picked
-        from measurements: it proved ``previous - micro_batch`` too optimistic, so the answer is
-        at most ``micro_batch - 2 * (previous - micro_batch)``, or half of ``micro_batch`` where
-        that is more (a step's replays stay logarithmic in how far off the line was)."""
+        from measurements. Where the step is an ``outlier`` (the line said its sizes fit: its figures
+        are not this batch's), that pick proved ``previous - micro_batch`` too optimistic, so the
+        answer is at most ``micro_batch - 2 * (previous - micro_batch)``, or half of ``micro_batch``
+        where that is more (a step's replays stay logarithmic in how far off the line was). Elsewhere
+        a pick is sized by its own figures: on an H100 a CLI run started at twice the probed 1304
+        failed at 2608, then at its measured 1330 (no line yet), and the cap took it to 652 where
+        the figures said about 1300."""
         memory = self._memory if self._memory is not None else self.instrument()
         if memory is None:
             return None
@@ -175,7 +179,7 @@ class StepMemory:
             return None
         # at least a small step down, so a line that is slightly off cannot replay forever
         pick = min(min(guesses), micro_batch - max(1, micro_batch // 32))
-        if previous is not None and previous > micro_batch:
+        if previous is not None and previous > micro_batch and self.outlier:  # the line is wrong for this batch
             pick = min(pick, max(micro_batch - 2 * (previous - micro_batch), micro_batch // 2))
         return max(1, pick)
 
