@@ -31,6 +31,8 @@ def _run(seen: list[int], directory, **fit):
     runner = Runner(model, optimizer, loss_fn, global_batch=8, micro_batch=8, progress=False,
                     checkpoint_dir=directory, checkpoint_every=fit.pop("every", None))
     runner.fit(loader, **fit)
+    if loader._iterator is not None:  # its workers now, not at a later test's garbage collection (5 s a loader)
+        loader._iterator._shutdown_workers()
     return [p.detach().clone() for p in model.parameters()]
 
 
