@@ -144,9 +144,11 @@ def _report_sweep() -> None:
         return
     print()
     print((sweep_dir / "summary.md").read_text(encoding="utf-8"), end="")
-    failed = sum(row.get("status") != "ok" for row in rows)
+    statuses = [row.get("status") for row in rows]
+    failed, stopped = sum(status not in ("ok", "interrupted") for status in statuses), statuses.count("interrupted")
     plot = " and summary.png" if (sweep_dir / "summary.png").is_file() else ""
-    print(f"{len(rows)} jobs, {failed} failed; summary: {sweep_dir / 'summary.md'}, summary.csv{plot}")
+    interrupted = f", {stopped} interrupted (their rows say how to continue)" if stopped else ""
+    print(f"{len(rows)} jobs, {failed} failed{interrupted}; summary: {sweep_dir / 'summary.md'}, summary.csv{plot}")
     sys.stdout.flush()
 
 
