@@ -14,7 +14,7 @@ from torch._subclasses.fake_tensor import FakeTensor
 
 from .errors import FakeTensorLeakError
 
-__all__ = ["positive_int", "positive_number", "integer", "flag", "module", "materialized", "optimizer", "function",
+__all__ = ["positive_int", "positive_number", "positive_shape", "integer", "flag", "module", "materialized", "optimizer", "function",
            "torch_device", "dtype", "grad_scaler", "scheduler", "no_closure", "loss"]
 
 
@@ -42,6 +42,17 @@ def positive_int(name: str, value: Any, *, allow_none: bool = False) -> int | No
         accepted = "a positive integer or None" if allow_none else "a positive integer"
         raise ValueError(f"{name} must be {accepted}, got {value!r}")
     return number
+
+
+def positive_shape(name: str, value: Any) -> tuple[int, ...]:
+    """``value`` as a tuple of positive integers (a sample's shape; ``()`` for a scalar sample),
+    or one ``ValueError`` naming ``name``: a size of 0 or below failed inside torch ("Trying to
+    create tensor with negative dimension"), which the command line took for a failure at run time."""
+    dims = [integer(dim) for dim in value] if isinstance(value, (list, tuple, torch.Size)) else None
+    if dims is None or any(dim is None or dim <= 0 for dim in dims):
+        raise ValueError(f"{name} must be a list of positive integers (one per dimension of a sample, "
+                         f"e.g. [3, 32, 32]), got {value!r:.60}")
+    return tuple(dims)
 
 
 def positive_number(name: str, value: Any, *, allow_none: bool = False) -> float | None:

@@ -16,18 +16,7 @@ from torch.utils.data import Dataset, default_collate
 
 from .. import checks
 
-__all__ = ["SyntheticBatches", "DatasetBatches", "RandomClassification", "positive_shape"]
-
-
-def positive_shape(name: str, value: Any) -> tuple[int, ...]:
-    """``value`` as a tuple of positive integers (a sample's shape; ``()`` for a scalar sample),
-    or one ``ValueError`` naming ``name``: a size of 0 or below failed inside torch ("Trying to
-    create tensor with negative dimension"), which the command line took for a failure at run time."""
-    dims = [checks.integer(dim) for dim in value] if isinstance(value, (list, tuple, torch.Size)) else None
-    if dims is None or any(dim is None or dim <= 0 for dim in dims):
-        raise ValueError(f"{name} must be a list of positive integers (one per dimension of a sample, "
-                         f"e.g. [3, 32, 32]), got {value!r:.60}")
-    return tuple(dims)
+__all__ = ["SyntheticBatches", "DatasetBatches", "RandomClassification"]
 
 
 class SyntheticBatches:
@@ -54,7 +43,7 @@ class SyntheticBatches:
     ) -> None:
         if inputs not in ("tensor", "tokens"):
             raise ValueError(f"inputs must be 'tensor' or 'tokens', got {inputs!r}")
-        shape = positive_shape("SyntheticBatches shape", shape)
+        shape = checks.positive_shape("SyntheticBatches shape", shape)
         counts = (("num_classes", num_classes), ("seq_len", seq_len), ("vocab_size", vocab_size))
         num_classes, seq_len, vocab_size = (checks.positive_int(f"SyntheticBatches {name}", n) for name, n in counts)
         if min_seq_len is not None and not 1 <= min_seq_len <= seq_len:
@@ -116,7 +105,7 @@ class RandomClassification(Dataset):
 
     def __init__(self, size: int, shape: Sequence[int], num_classes: int, seed: int = 0) -> None:
         size = checks.positive_int("RandomClassification size", size)
-        shape = positive_shape("RandomClassification shape", shape)
+        shape = checks.positive_shape("RandomClassification shape", shape)
         num_classes = checks.positive_int("RandomClassification num_classes", num_classes)
         generator = torch.Generator().manual_seed(seed)
         self.inputs = torch.randn(size, *shape, generator=generator)

@@ -17,7 +17,6 @@ from torch import nn
 from torch.nn import functional as F
 
 from .. import checks
-from .batches import positive_shape
 
 __all__ = ["MLP", "ResNetCNN", "GPT"]
 
@@ -29,7 +28,7 @@ class MLP(nn.Module):
         super().__init__()
         if layers < 1 or width < 1:
             raise ValueError(f"MLP needs layers >= 1 and width >= 1, got layers={layers}, width={width}")
-        in_shape = positive_shape("MLP in_shape", in_shape)
+        in_shape = checks.positive_shape("MLP in_shape", in_shape)
         num_classes = checks.positive_int("MLP num_classes", num_classes)
         blocks: list[nn.Module] = [nn.Flatten()]
         features = math.prod(in_shape)
