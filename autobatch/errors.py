@@ -1,4 +1,4 @@
-"""autobatch's own exceptions."""
+"""autobatch's own exceptions, and the frames an error passed through (where a user's error came from)."""
 
 from __future__ import annotations
 
@@ -15,6 +15,8 @@ __all__ = [
     "PeerFailedError",
     "CheckpointError",
     "FakeTensorLeakError",
+    "raised_through",
+    "in_packages",
 ]
 
 
@@ -216,3 +218,22 @@ class FakeTensorLeakError(RuntimeError):
             "that cache (clear it, or start a new process); keep such caches as module attributes or buffers, which "
             "the trace puts back; or probe without tracing: strategy='predict' or 'binary' (or estimate_first=False)"
         )
+
+
+def in_packages(module: str, packages: tuple[str, ...]) -> bool:
+    """Whether ``module`` is one of ``packages`` or a module under one (``torch.nn`` is in ``torch``)."""
+    return any(module == name or module.startswith(name + ".") for name in packages)
+
+
+def raised_through(exc: BaseException, *, leaving: tuple[str, ...] = ()) -> list[tuple[str, str, int, str]]:
+    """``(module, file, line, function)`` of each frame ``exc`` passed through, innermost last,
+    without those of the packages in ``leaving``: where a user's error came from (the fake-tensor
+    estimate's message, the command line's), past the frames of torch and autobatch."""
+    frames = []
+    tb = exc.__traceback__
+    while tb is not None:
+        code, module = tb.tb_frame.f_code, str(tb.tb_frame.f_globals.get("__name__", ""))
+        if not in_packages(module, leaving):
+            frames.append((module, code.co_filename, tb.tb_lineno, code.co_name))
+        tb = tb.tb_next
+    return frames

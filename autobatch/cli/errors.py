@@ -20,7 +20,7 @@ from typing import Any, Iterator
 from hydra.errors import CompactHydraException, HydraException
 from omegaconf.errors import OmegaConfBaseException
 
-from ..errors import GlobalBatchTooLargeError, NoBatchFitsError, StepOutOfMemoryError
+from ..errors import GlobalBatchTooLargeError, NoBatchFitsError, StepOutOfMemoryError, in_packages, raised_through
 
 __all__ = [
     "CLIError", "BAD_INPUT", "RUNTIME_FAILURE", "ERROR_FILE_ENV", "one_line", "cli_keys", "describe", "traceback_wanted",
@@ -116,26 +116,11 @@ def _notes(exc: BaseException) -> str:
     return "".join(f"; {note}" for note in kept)
 
 
-def _frames(exc: BaseException) -> list[tuple[str, str, int, str]]:
-    """``(module, file, line, function)`` of each frame ``exc`` passed through, innermost last."""
-    frames = []
-    tb = exc.__traceback__
-    while tb is not None:
-        code = tb.tb_frame.f_code
-        frames.append((str(tb.tb_frame.f_globals.get("__name__", "")), code.co_filename, tb.tb_lineno, code.co_name))
-        tb = tb.tb_next
-    return frames
-
-
-def _is(module: str, packages: tuple[str, ...]) -> bool:
-    return any(module == name or module.startswith(name + ".") for name in packages)
-
-
 def _raised_in_autobatch(exc: BaseException) -> bool:
     """Whether ``exc`` was raised by autobatch, Hydra or OmegaConf (their checks of the config)
     rather than by the user's model, data or loss, or by torch on their behalf."""
-    frames = _frames(exc)
-    return not frames or _is(frames[-1][0], ("autobatch", "hydra", "omegaconf"))
+    frames = raised_through(exc)
+    return not frames or in_packages(frames[-1][0], ("autobatch", "hydra", "omegaconf"))
 
 
 def _where(exc: BaseException) -> str:
@@ -148,9 +133,9 @@ def _where(exc: BaseException) -> str:
     def python_own(filename: str) -> bool:  # the standard library, not the packages installed under it
         return filename.startswith(os.path.join(paths["stdlib"], "")) and not filename.startswith(installed)
 
-    frames = [frame for frame in _frames(exc) if not _is(frame[0], _FRAMEWORK) and not python_own(frame[1])]
-    users = [frame for frame in frames if not _is(frame[0], ("autobatch",))] or [
-        frame for frame in frames if not _is(frame[0], ("autobatch.cli", "autobatch.__main__"))]
+    frames = [frame for frame in raised_through(exc, leaving=_FRAMEWORK) if not python_own(frame[1])]
+    users = [frame for frame in frames if not in_packages(frame[0], ("autobatch",))] or [
+        frame for frame in frames if not in_packages(frame[0], ("autobatch.cli", "autobatch.__main__"))]
     if not users:
         return ""
     _, filename, line, function = users[-1]

@@ -18,8 +18,6 @@ from __future__ import annotations
 
 import copy
 import logging
-import os
-import traceback
 import types
 import weakref
 from collections import defaultdict
@@ -30,6 +28,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from ..errors import raised_through
 from .trace_state import SEARCH_BUDGET, SEARCH_ITEMS, OutsideState, class_members, find_fake, restore, snapshot
 from .train_step import TrainStep
 
@@ -354,7 +353,6 @@ _CANNOT = {
     "DynamicOutputShapeException": "an output's shape depends on the data, as after nonzero, boolean-mask "
                                    "indexing or unique, and a fake tensor cannot know it",
 }
-_LIBRARIES = (os.path.dirname(torch.__file__) + os.sep, os.path.dirname(os.path.dirname(__file__)) + os.sep)
 
 
 def untraceable(exc: BaseException) -> str:
@@ -362,8 +360,7 @@ def untraceable(exc: BaseException) -> str:
     say it (``aten._local_scalar_dense`` is ``.item()``), and the line of the user's code that
     raised it (the innermost frame outside torch and autobatch), so the message says what to change."""
     meaning = _CANNOT.get(type(exc).__name__)
-    frames = [(f.f_code.co_filename, line, f.f_code.co_name) for f, line in traceback.walk_tb(exc.__traceback__)
-              if not f.f_code.co_filename.startswith(_LIBRARIES)]
-    where = "at {}:{} in {}".format(*frames[-1]) if frames else ""
+    frames = raised_through(exc, leaving=("torch", "autobatch"))
+    where = "at {}:{} in {}".format(*frames[-1][1:]) if frames else ""
     told = "; ".join(part for part in (meaning, where) if part)
     return f"{type(exc).__name__}: {exc}" + (f" ({told})" if told else "")
