@@ -16,7 +16,7 @@ from ..planning.accumulation import batch_size_of, cycle_samples
 from ..probe.train_step import TrainStep
 from .batch_ops import to_device
 from .checkpoint_io import rng_state, set_rng_state
-from .pacing import every_rank_has
+from .pacing import FailedDraw, carried, every_rank_has
 
 __all__ = ["PlansFromData"]
 
@@ -39,9 +39,13 @@ class PlansFromData:
         put back after planning (:func:`~autobatch.plan` restores model and optimizer), so the
         run draws the same numbers as one given its micro-batch.
         """
-        first = next(batches, _NONE)
-        if self.distributed:  # the first draw too, as every step's: one rank without a batch is an error on all
-            every_rank_has(self._parallel, first is not _NONE, self.step, self.epoch, self.position)
+        if self.distributed:  # the first draw too, as every step's: one rank without a batch (or whose
+            # data raised drawing it) is an error on all
+            first = next(carried(batches), _NONE)
+            failure = first.error if isinstance(first, FailedDraw) else None
+            every_rank_has(self._parallel, first is not _NONE, self.step, self.epoch, self.position, failure=failure)
+        else:
+            first = next(batches, _NONE)
         if first is _NONE:
             raise ValueError(
                 "data yielded no batches: the runner plans its micro-batch on the first global batch; "

@@ -34,6 +34,7 @@ from typing import Any, Mapping
 from .. import checks
 from ..planning.accumulation import LazyMicroBatches, cut_batch, micro_batch_sizes
 from .inputs import check_split
+from .pacing import FailedDraw
 
 __all__ = ["SplitsInMultiples", "multiple_options", "multiple_sizes", "resumed_micro_batch", "round_down"]
 
@@ -152,7 +153,11 @@ class SplitsInMultiples:
 
     def _micro_batches(self, batch: Any) -> LazyMicroBatches:
         """``batch`` cut into the current micro-batches, each moved to the device only when read
-        (no look-ahead: the device holds one micro-batch's inputs, as a probe trial does)."""
+        (no look-ahead: the device holds one micro-batch's inputs, as a probe trial does). A
+        batch this rank failed to draw raises its error as the first one is read, inside the
+        step, whose vote stops every rank (:mod:`~autobatch.training.pacing`)."""
+        if isinstance(batch, FailedDraw):
+            return LazyMicroBatches([batch], batch.reraise)
         return LazyMicroBatches(cut_batch(batch, self._piece_sizes), self._transfer)
 
     def _piece_sizes(self, total: int | None = None) -> list[int]:

@@ -28,7 +28,7 @@ from .checkpoint_io import (
 from .checkpoint_values import check_loose_parameters, load_loose_parameters, saved_loose_parameters, storable
 from .epochs import EpochBatches, epoch_length, replayed, set_epoch, started
 from .multiples import resumed_micro_batch
-from .pacing import agree_epoch_length, paced
+from .pacing import agree_epoch_length, for_steps
 from .progress import Progress
 from .ranks import agree_resume, unwrap
 from .resume_checks import check_fits, check_kinds, kind, load_scheduler, position_for, precision_of, warn_changed_precision
@@ -254,12 +254,9 @@ class Resumable:
                           "no more than its batches")
 
     def _paced(self, batches: Iterator[Any]) -> Iterator[Any]:
-        """The epoch's ``batches`` as the step loop takes them: where some rank's data has no
-        length, checked before each step to be there on every rank
-        (:func:`~autobatch.training.pacing.paced`)."""
-        if not getattr(self, "_each_step", False):
-            return batches
-        return paced(self._parallel, batches, lambda: self.step, self.epoch, lambda: self.position)
+        """The epoch's ``batches`` as the step loop takes them (:func:`~autobatch.training.pacing.for_steps`)."""
+        return for_steps(self._parallel if self.distributed else None, batches, getattr(self, "_each_step", False),
+                         lambda: self.step, self.epoch, lambda: self.position)
 
     def _continued_rng(self) -> dict[str, Any] | None:
         """Where an earlier ``fit()`` of this runner stopped inside an epoch (by ``steps``): the

@@ -53,6 +53,7 @@ from .hygiene import CachePolicy
 from .autoplan import PlansFromData
 from .inputs import check_batch_count, check_data, check_options, model_device, share_of
 from .multiples import SplitsInMultiples, multiple_options
+from .pacing import FailedDraw
 from .progress import Progress
 from .recovery import OomRecovery
 from .resume import Resumable, epoch_length
@@ -319,7 +320,8 @@ class Runner(OomRecovery, SplitsInMultiples, Resumable, PlansFromData, Stoppable
 
     # -- one global step, with OOM recovery ----------------------------------------------------
     def _global_step(self, batch: Any) -> tuple[float | torch.Tensor, int]:
-        size = self._local_size = batch_size_of(batch)
+        # a batch this rank failed to draw (distributed): its step raises the error where every rank votes
+        size = self._local_size = self.share if isinstance(batch, FailedDraw) else batch_size_of(batch)
         if size != self.share:
             check_batch_count(batch, size, self.share)  # per-sample items (collate_fn=list), not a short batch
         if size != self.share and not self._warned_size:

@@ -143,7 +143,50 @@ def ddp_multiple(rank: int, world: int, out: Path) -> dict:
             "reference": [t.detach().tolist() for t in reference.parameters()]}
 
 
-SCENARIOS = {"probe_plain_error": probe_plain_error, "probe_module_error": probe_module_error,
+class _Drawing:
+    """This rank's shares of ``batches``; on rank 1, drawing batch ``fail_at`` raises (a corrupt
+    sample). ``sized``: it has a length (the ranks then agree once per epoch, not per step)."""
+
+    def __init__(self, batches: list, rank: int, fail_at: int, sized: bool) -> None:
+        self.batches, self.rank, self.fail_at, self.sized = batches, rank, fail_at, sized
+
+    def __len__(self) -> int:
+        if not self.sized:
+            raise TypeError("a stream has no length")
+        return len(self.batches)
+
+    def __iter__(self):
+        for index, batch in enumerate(self.batches):
+            if self.rank == 1 and index == self.fail_at:
+                raise ValueError(f"rank 1's loader: a corrupt sample in batch {index}")
+            yield batch
+
+
+def _draw_error(rank: int, world: int, *, ddp: bool, sized: bool, fail_at: int, micro_batch: int | None) -> dict:
+    """``Runner.fit`` where rank 1's data raises drawing a batch and rank 1 then lingers (a script
+    that logs the error): rank 0 must stop at once, not wait in the step's collectives (DDP's
+    buckets: the default group's timeout) for as long as rank 1's process lives."""
+    data = _Drawing([_share(batch, rank, world) for batch in make_data(96, 48)], rank, fail_at, sized)
+    model = _ddp_linear() if ddp else _ddp_linear().module
+    runner = Runner(model, torch.optim.SGD(model.parameters(), lr=0.1), mse, global_batch=48, micro_batch=micro_batch,
+                    **QUIET)
+    return _outcome(lambda: runner.fit(data).steps)
+
+
+def ddp_draw_error(rank: int, world: int, out: Path) -> dict:
+    return _draw_error(rank, world, ddp=True, sized=True, fail_at=1, micro_batch=12)
+
+
+def stream_draw_error(rank: int, world: int, out: Path) -> dict:
+    return _draw_error(rank, world, ddp=False, sized=False, fail_at=1, micro_batch=12)
+
+
+def plan_draw_error(rank: int, world: int, out: Path) -> dict:
+    return _draw_error(rank, world, ddp=True, sized=True, fail_at=0, micro_batch=None)
+
+
+SCENARIOS = {"ddp_draw_error": ddp_draw_error, "stream_draw_error": stream_draw_error,
+             "plan_draw_error": plan_draw_error, "probe_plain_error": probe_plain_error, "probe_module_error": probe_module_error,
              "fsdp_resume_bad_shard": fsdp_resume_bad_shard, "store_late_peer": store_late_peer,
              "ddp_multiple": ddp_multiple}
 

@@ -9,6 +9,10 @@
 * An FSDP2 resume whose rank-1 file reads fine but does not fit rank 1's shards: one
   ``CheckpointError`` on every rank (``autobatch.training.ranks.agree_resume``), instead of rank 0
   training on and waiting out the deadline at its first step.
+* ``Runner.fit`` where rank 1's data raises drawing a batch and rank 1 lingers: rank 1 raises its
+  own error, rank 0 a ``PeerFailedError`` at once, under DDP (rank 0 used to wait in DDP's gradient
+  buckets for as long as rank 1 lived), over a stream with no length (checked before each step),
+  and at planning's first draw.
 * ``Runner(multiple_of=4)`` under DDP: an OOM on rank 1 alone is replayed by both ranks at the same
   multiple.
 
@@ -28,7 +32,8 @@ from launcher import shared_launch
 pytestmark = pytest.mark.skipif(not torch.distributed.is_available(), reason="needs torch.distributed")
 
 WORKER = Path(__file__).resolve().parent / "review11_worker.py"
-SCENARIOS = ["probe_plain_error", "probe_module_error", "store_late_peer", "fsdp_resume_bad_shard", "ddp_multiple"]
+SCENARIOS = ["probe_plain_error", "probe_module_error", "store_late_peer", "fsdp_resume_bad_shard", "ddp_multiple",
+             "ddp_draw_error", "stream_draw_error", "plan_draw_error"]
 
 
 @pytest.fixture(scope="module")
@@ -69,3 +74,13 @@ def test_runner_multiple_of_under_ddp_replays_one_ranks_oom_at_the_same_multiple
         for got, want in zip(report["state"], report["reference"], strict=True):
             torch.testing.assert_close(torch.tensor(got), torch.tensor(want), rtol=1e-10, atol=1e-12)
     assert reports[0]["state"] == reports[1]["state"]
+
+
+@pytest.mark.parametrize("scenario, says", [("ddp_draw_error", "ValueError: rank 1's loader"),
+                                             ("stream_draw_error", "drawing its batch for step 1"),
+                                             ("plan_draw_error", "drawing its batch for step 0")])
+def test_a_rank_whose_data_raises_stops_its_peers_at_once(runs, scenario, says):
+    rank0, rank1 = runs[scenario]
+    assert rank1["error"] == "ValueError" and "a corrupt sample" in rank1["message"], rank1
+    assert rank0["error"] == "PeerFailedError" and says in rank0["message"], rank0
+    assert abs(rank0["seconds"] - rank1["seconds"]) < 0.5 * rank0["limit"], (rank0, rank1)
