@@ -328,7 +328,8 @@ class Runner(OomRecovery, SplitsInMultiples, Resumable, PlansFromData, Stoppable
             self._warned_size = True
             ragged = f" (no multiple of multiple_of={self.multiple_of}: one of its micro-batches is not one either; " \
                 "drop_last=True avoids it)" if size % self.multiple_of else ""
-            log.warning("a batch of %d samples, not %d%s; each step uses its own batch's size", size, self.share, ragged)
+            where = f"rank {self._parallel.rank()}: " if self.distributed else ""  # one line per rank: which is it
+            log.warning("%sa batch of %d samples, not %d%s; each step uses its own batch's size", where, size, self.share, ragged)
         self._stepping = False  # a new step: its optimizer has not run yet
         self._micro_before_step, self.micro_batch = self.micro_batch, self._proposal()
         if self.growth.trying:

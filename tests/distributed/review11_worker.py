@@ -9,6 +9,7 @@ the other ranks waiting out the whole deadline.
 
 from __future__ import annotations
 
+import logging
 import sys
 import time
 from pathlib import Path
@@ -166,11 +167,19 @@ def _draw_error(rank: int, world: int, *, ddp: bool, sized: bool, fail_at: int, 
     """``Runner.fit`` where rank 1's data raises drawing a batch and rank 1 then lingers (a script
     that logs the error): rank 0 must stop at once, not wait in the step's collectives (DDP's
     buckets: the default group's timeout) for as long as rank 1's process lives."""
-    data = _Drawing([_share(batch, rank, world) for batch in make_data(96, 48)], rank, fail_at, sized)
+    # 90 samples: the second global batch is short (21 per rank), which each rank's warning names it for
+    data = _Drawing([_share(batch, rank, world) for batch in make_data(90, 48)], rank, fail_at, sized)
     model = _ddp_linear() if ddp else _ddp_linear().module
     runner = Runner(model, torch.optim.SGD(model.parameters(), lr=0.1), mse, global_batch=48, micro_batch=micro_batch,
                     **QUIET)
-    return _outcome(lambda: runner.fit(data).steps)
+    warned: list[str] = []
+    handler = logging.Handler(logging.WARNING)
+    handler.emit = lambda record: warned.append(record.getMessage())
+    logging.getLogger("autobatch").addHandler(handler)
+    try:
+        return {**_outcome(lambda: runner.fit(data).steps), "warnings": warned}
+    finally:
+        logging.getLogger("autobatch").removeHandler(handler)
 
 
 def ddp_draw_error(rank: int, world: int, out: Path) -> dict:
