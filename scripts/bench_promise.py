@@ -63,8 +63,9 @@ COMPILE = False  # --compile (set in main)
 WORKLOADS = ("vit_b16", "resnet50_tuned", "resnet50", "gpt2", "llama")
 # beside them, models the probe was not tuned on (``--workloads`` picks them): depthwise
 # convolutions with SiLU and cuDNN autotuning, LayerNorm and 7x7 depthwise kernels, a bidirectional
-# encoder with a padding mask and a masked-language-model loss
-MORE_WORKLOADS = ("efficientnet_b0_tuned", "convnext_tiny", "bert")
+# encoder with a padding mask and a masked-language-model loss, an encoder-decoder (T5-small: dict
+# batches, two sequence lengths) and a cuDNN LSTM language model (RNN workspaces)
+MORE_WORKLOADS = ("efficientnet_b0_tuned", "convnext_tiny", "bert", "t5", "lstm")
 # ... and any other torchvision classifier by its name (``--workloads densenet121,swin_t``): these
 # prefixes route to ``torchvision.models.<name>(num_classes=10)`` at 224x224
 TORCHVISION_PREFIXES = ("efficientnet", "convnext", "densenet", "swin", "mobilenet", "regnet", "resnext",
@@ -88,6 +89,10 @@ def build(name: str, device: str, quick: bool):
         model, shape = _torchvision(name.removesuffix("_tuned"), quick), (3, 32, 32) if quick else (3, 224, 224)
     elif name == "bert" and _importable("transformers"):
         return _bert(device, quick) + (dtype, bench)
+    elif name == "t5" and _importable("transformers"):
+        return _t5(device, quick) + (dtype, bench)
+    elif name == "lstm":
+        return _lstm(device, quick) + (dtype, bench)
     else:
         model, shape = _decoder(name, quick), None
     model = model.to(device)
@@ -178,6 +183,63 @@ def _bert(device: str, quick: bool):
     return model, optimizer, loss_fn, make
 
 
+def _t5(device: str, quick: bool):
+    """T5-small as a sequence-to-sequence model: 512 source tokens with a padding mask, 128 target
+    tokens, a dict batch as a Transformers user writes it. ``(model, optimizer, loss_fn, make)``."""
+    from transformers import T5Config, T5ForConditionalGeneration
+
+    src, tgt, vocab = (16, 8, 64) if quick else (512, 128, 32128)
+    ids = dict(pad_token_id=0, decoder_start_token_id=0, eos_token_id=1)
+    config = (T5Config(vocab_size=vocab, d_model=32, d_kv=8, d_ff=64, num_layers=1, num_heads=2, **ids) if quick else
+              T5Config(vocab_size=vocab, d_model=512, d_kv=64, d_ff=2048, num_layers=6, num_heads=8, **ids))
+    model = T5ForConditionalGeneration(config).to(device)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+
+    def make(b):
+        lengths = torch.randint(src // 2, src + 1, (b, 1), device=device)
+        return {"input_ids": torch.randint(0, vocab, (b, src), device=device),
+                "attention_mask": (torch.arange(src, device=device) < lengths).long(),
+                "labels": torch.randint(0, vocab, (b, tgt), device=device)}
+
+    def loss_fn(m, batch):
+        return m(**batch).loss
+    return model, optimizer, loss_fn, make
+
+
+def _lstm(device: str, quick: bool):
+    """A 2-layer LSTM language model (cuDNN's RNN kernels and workspaces): 256 tokens of a 32k
+    vocabulary, hidden size 1024. ``(model, optimizer, loss_fn, make)``."""
+    seq, vocab, width = (16, 64, 32) if quick else (256, 32000, 1024)
+
+    class LSTMLM(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed = torch.nn.Embedding(vocab, width)
+            self.rnn = torch.nn.LSTM(width, width, num_layers=2, batch_first=True)
+            self.head = torch.nn.Linear(width, vocab)
+
+        def forward(self, tokens):
+            return self.head(self.rnn(self.embed(tokens))[0])
+
+    model = LSTMLM().to(device)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+
+    def make(b):
+        return torch.randint(0, vocab, (b, seq + 1), device=device)
+
+    def loss_fn(m, tokens):
+        logits = m(tokens[:, :-1])
+        return F.cross_entropy(logits.reshape(-1, vocab).float(), tokens[:, 1:].reshape(-1))
+    return model, optimizer, loss_fn, make
+
+
+def _to_host(batch):
+    """A batch (a tensor, a tuple of them, a dict of them) in host memory."""
+    if isinstance(batch, dict):
+        return {key: value.cpu() for key, value in batch.items()}
+    return tuple(t.cpu() for t in batch) if isinstance(batch, tuple) else batch.cpu()
+
+
 def _decoder(name: str, quick: bool):
     if name not in ("gpt2", "llama"):  # a misspelt name was silently GPT-2 ("resnet101" before this check)
         raise SystemExit(f"unknown workload {name!r}: one of {', '.join(WORKLOADS + MORE_WORKLOADS)}, or a "
@@ -250,7 +312,7 @@ def train_plain(step, batch_size: int, steps: int, device: str, limit: int) -> d
 
 def train_runner(model, optimizer, loss_fn, make, dtype, batch_size: int, steps: int, device: str, limit: int) -> dict:
     with host_memory():  # the runner's data lives on the host (no simulated budget counts it)
-        data = [tuple(t.cpu() for t in b) if isinstance(b, tuple) else b.cpu() for b in (make(batch_size) for _ in range(2))]
+        data = [_to_host(make(batch_size)) for _ in range(2)]
     began = time.perf_counter()
     with Capped(device, limit):
         runner = autobatch.Runner(model, optimizer, loss_fn, global_batch=batch_size, micro_batch=batch_size,
