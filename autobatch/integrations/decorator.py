@@ -63,7 +63,7 @@ from ..memory.lazy_state import LazyStateWatch
 from ..memory.oom import allocated_at_failure, free_memory, is_oom_error, requested_bytes
 from ..memory.simulated import active_simulation
 from ..probe.arguments import ALLOCATOR_HEADROOM
-from .decorator_checks import check_arguments, check_call, is_method, refuse_coroutine
+from .decorator_checks import check_arguments, check_call, check_takes_batch, is_method, refuse_coroutine
 
 __all__ = ["find_executable_batch_size", "Attempt"]
 
@@ -106,21 +106,21 @@ def find_executable_batch_size(
 
     Use as ``@find_executable_batch_size`` or ``@find_executable_batch_size(starting_batch_size=64)``;
     call the wrapped function without the batch size. A method (first parameter ``self`` or
-    ``cls``) gets it after the instance (Accelerate's passes it as ``self``). ``reduce_batch_size_fn()`` (Accelerate's
-    hook) overrides how the next size is chosen; its answer is rounded down to a multiple of
-    ``multiple_of`` (where it is at least ``multiple_of``) and must be below the size that failed.
-    ``device``: whose memory is measured (default:
-    the current accelerator, else the CPU, measured only under ``simulated_memory``);
-    ``fallback_factor``: the shrink when nothing was measured; ``multiple_of``: every size
-    tried is a multiple of it (while it is at least ``multiple_of``): a start that is not is
-    rounded down to one (100 with 8 starts at 96), and a start below ``multiple_of`` is a
-    ``ValueError`` rather than a size larger than asked. The wrapper has
-    ``attempts`` (every :class:`Attempt`, over all calls) and ``batch_size`` (the size the
-    next call starts from: the last one that ran).
+    ``cls``) gets it after the instance (Accelerate's passes it as ``self``).
+    ``reduce_batch_size_fn()`` (Accelerate's hook) overrides how the next size is chosen; its
+    answer is rounded down to a multiple of ``multiple_of`` (where it is at least
+    ``multiple_of``) and must be below the size that failed. ``device``: whose memory is measured
+    (default: the current accelerator, else the CPU, measured only under ``simulated_memory``);
+    ``fallback_factor``: the shrink when nothing was measured; ``multiple_of``: every size tried
+    is a multiple of it (while it is at least ``multiple_of``): a start that is not is rounded
+    down to one (100 with 8 starts at 96), and a start below ``multiple_of`` is a ``ValueError``
+    rather than a size larger than asked. The wrapper has ``attempts`` (every :class:`Attempt`,
+    over all calls) and ``batch_size`` (the size the next call starts from: the last that ran).
 
     Raises:
         TypeError: the batch size was passed in the call, by position or name (the decorator
             supplies it), or as the function (``@find_executable_batch_size(64)``); the
+            function takes no positional parameter for it (``def train(*, batch_size)``); the
             function is a generator or ``async def`` (its steps would run after the call returned,
             where no retry sees an out-of-memory error).
         ValueError: a bad argument, ``starting_batch_size`` below ``multiple_of``, or a
@@ -139,7 +139,7 @@ def find_executable_batch_size(
             multiple_of=multiple_of,
         )
     check_arguments(starting_batch_size, fallback_factor, multiple_of, function)
-    method = is_method(function)
+    check_takes_batch(function, method := is_method(function))  # where the size goes, and that it can
 
     @functools.wraps(function)
     def wrapped(*args: Any, **kwargs: Any) -> Any:

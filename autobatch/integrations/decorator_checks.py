@@ -13,7 +13,7 @@ from __future__ import annotations
 import inspect
 from typing import Any, Callable
 
-__all__ = ["check_arguments", "check_call", "is_method", "refuse_coroutine"]
+__all__ = ["check_arguments", "check_call", "check_takes_batch", "is_method", "refuse_coroutine"]
 
 #: the first parameter's names that make a function a method: the batch size goes second
 METHOD_FIRST = ("self", "cls")
@@ -76,6 +76,31 @@ def check_arguments(start: int, factor: float, multiple_of: int, function: Any) 
             "iterates, after the call returned, so an out-of-memory error there escapes the retry; decorate a "
             "function that trains and returns (collect what it yields in a list)"
         )
+
+
+def check_takes_batch(function: Callable[..., Any], method: bool) -> None:
+    """One ``TypeError`` where it decorates, for a function with no positional parameter for the
+    batch size (``def train(*, batch_size)``, ``def train()``). Why: the decorator passes the size
+    positionally, as Accelerate's does, so the first call failed inside the first attempt with
+    Python's "takes 0 positional arguments but 1 was given", naming neither the decorator nor
+    what to change."""
+    try:
+        params = list(inspect.signature(function).parameters.values())[int(method):]
+    except (TypeError, ValueError):
+        return  # a builtin without a signature: the call says
+    positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                  inspect.Parameter.VAR_POSITIONAL)
+    if any(p.kind in positional for p in params):
+        return
+    name = getattr(function, "__name__", "function")
+    keyword = next((p.name for p in params if p.kind is inspect.Parameter.KEYWORD_ONLY and "batch" in p.name), None)
+    where = f"`{keyword}` is keyword-only there: move it before the `*`" if keyword else (
+        "add it as the first parameter")
+    raise TypeError(
+        f"find_executable_batch_size passes the batch size to `{name}` as its first positional argument"
+        f"{' (after the instance)' if method else ''}, and `{name}` takes none: {where}, "
+        f"def {name}({'self, ' if method else ''}batch_size, ...)"
+    )
 
 
 def check_call(function: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], method: bool) -> None:

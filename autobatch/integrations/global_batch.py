@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-__all__ = ["accumulation_for", "cap_at_samples", "check_share", "small_split"]
+from typing import NamedTuple
+
+__all__ = ["Split", "accumulation_for", "cap_at_samples", "check_share", "small_split", "split_keeping"]
 
 
 def accumulation_for(share: int, largest: int, *, multiple_of: int = 1) -> tuple[int, int]:
@@ -22,6 +24,48 @@ def accumulation_for(share: int, largest: int, *, multiple_of: int = 1) -> tuple
         f"{share} samples per step; use a share that is a multiple of {multiple_of} and a largest batch of at "
         f"least {multiple_of}, or a smaller multiple_of"
     )
+
+
+class Split(NamedTuple):
+    """The split :func:`split_keeping` chose: ``accumulation`` micro-batches of ``size``;
+    ``warning``: why the user's own accumulation was replaced (None: it was kept, or none given);
+    ``fewer``: the accumulation that would fit, where the user's kept one is larger (else None)."""
+
+    accumulation: int
+    size: int
+    warning: str | None = None
+    fewer: int | None = None
+
+
+def split_keeping(global_batch: int, world: int, largest: int, given: int | None, *, multiple_of: int = 1,
+                  setting: str, where: str, unit: str = "rank", probed: int | None = None) -> Split:
+    """The split of a process's share of ``global_batch`` that keeps the user's own accumulation
+    ``given`` (``setting``, e.g. ``accumulate_grad_batches``, set on ``where``) where it can.
+
+    Why: a user who set both ``global_batch`` and an accumulation had it replaced by the fewest
+    micro-batches that fit, with one INFO line. Where ``given`` splits the share exactly into
+    micro-batches that fit (at most ``largest``, a multiple of ``multiple_of``), it is kept, as the
+    user asked (``fewer`` says how many would do). Otherwise the fewest micro-batches that fit are
+    set, with a warning naming both values and what to change. ``given`` of None or 1 (the
+    frameworks' default) leaves the choice to :func:`accumulation_for`. ``probed``: the probe's
+    largest micro-batch, named in the warning (default ``largest``; a confirmation may have
+    passed ``largest`` below it)."""
+    share = global_batch // world
+    accumulation, size = accumulation_for(share, largest, multiple_of=multiple_of)
+    if given is None or given <= 1 or given == accumulation:
+        return Split(accumulation, size)
+    if share % given == 0 and (share // given) % multiple_of == 0 and share // given <= largest:
+        return Split(given, share // given, fewer=accumulation if accumulation < given else None)
+    ranks = f" of each of {world} {unit}{'es' if unit.endswith('s') else 's'}" if world > 1 else ""
+    if share % given or (share // given) % multiple_of:
+        multiple = f" that are multiples of multiple_of={multiple_of}" if multiple_of > 1 else ""
+        why = f"does not split the {share} samples per optimizer step{ranks} into equal micro-batches{multiple}"
+    else:
+        why = f"would train micro-batches of {share // given}, more than fit (the probe's largest: {probed or largest})"
+    return Split(accumulation, size, warning=(
+        f"{setting}={given} (set on {where}) {why}; global_batch={global_batch} is kept with {setting}={accumulation} "
+        f"(micro-batches of {size}) instead. Remove {setting} from {where} (global_batch sets it), or pass a "
+        f"global_batch that {setting}={given} splits into micro-batches of at most {size}"))
 
 
 def check_share(global_batch: int, world: int, multiple_of: int, *, unit: str = "rank") -> int:

@@ -22,7 +22,10 @@ directly are refused, as ``BatchSizeFinder`` refuses them: their batch size is f
 
 With ``global_batch`` the callback keeps that many samples per optimizer step: it sets
 ``trainer.accumulate_grad_batches`` and a batch size no larger than the probed one with
-``batch × accumulation × world size == global_batch`` (the batch a multiple of ``multiple_of``).
+``batch × accumulation × world size == global_batch`` (the batch a multiple of ``multiple_of``);
+the Trainer's own ``accumulate_grad_batches`` is kept where it splits the global batch into
+batches that fit, else replaced with a warning. Under ``fast_dev_run`` nothing is probed (one
+warning, as ``BatchSizeFinder``): the module's own size trains.
 
 Requires ``lightning`` (``pip install autobatch[lightning]``).
 """
@@ -51,9 +54,10 @@ from ..probe.result import ProbeResult
 from ..probe.search import peak_limit
 from ..training.checkpoint_io import rng_state, set_rng_state
 from .. import checks
-from .global_batch import accumulation_for, cap_at_samples, check_share, small_split
-from .lightning_loop import LoopConfirmation, MemoryLine, confirm_in_loop, refuses_interval
-from .lightning_schedules import StepSchedule, train_loader
+from .global_batch import accumulation_for, cap_at_samples, check_share, small_split, split_keeping
+from .lightning_epochs import check_limit, check_val_interval
+from .lightning_loop import LoopConfirmation, MemoryLine, confirm_in_loop
+from .lightning_schedules import StepSchedule
 from .lightning_state import SavedState, probing
 from .lightning_step import LightningStep, first_batch
 from .lightning_tuners import arrange_tuners, tell
@@ -74,7 +78,8 @@ class AutoBatchSize(Callback):
         strategy: as ``find_max_batch``'s.
         steps_per_trial: as ``find_max_batch``'s.
         global_batch: keep this many samples per optimizer step over all ranks through
-            ``accumulate_grad_batches`` (None: leave accumulation alone). Refused at fit start
+            ``accumulate_grad_batches`` (None: leave accumulation alone; one set on the Trainer
+            is kept where its micro-batches fit, else replaced with a warning). Refused at fit start
             where the train dataset, or ``trainer.limit_train_batches``, leaves an epoch fewer
             samples than one global batch.
         confirm: after the probe, run ``confirm_steps`` optimizer steps of the trainer's own fit
@@ -128,6 +133,10 @@ class AutoBatchSize(Callback):
         self.batch_size: int | None = None
         self.accumulation: int | None = None
         self._world = self._largest = 1
+        self._given: tuple[Trainer, int] | None = None  # the Trainer's own accumulate_grad_batches (_given_accumulation)
+        self._replaced: str | None = None  # why _apply replaced it (warned once the size is final)
+        self._fewer: int | None = None  # the accumulation that would fit where the user's was kept
+        self._skipped = False  # fast_dev_run: no probe ran, nothing to save in checkpoints
         self._restored: dict[str, Any] | None = None  # the state a checkpoint restored (load_state_dict)
         self._fitting: tuple[Trainer, LightningModule] | None = None  # from on_fit_start to on_train_start
 
@@ -138,8 +147,8 @@ class AutoBatchSize(Callback):
     def state_dict(self) -> dict[str, Any]:
         """The size (and accumulation) set, saved in Lightning's checkpoints: a run resumed with
         ``fit(ckpt_path=...)`` trains at the size it trained at (see :meth:`load_state_dict`)."""
-        if self.batch_size is None or self.batch_size < 1:
-            return {}
+        if self.batch_size is None or self.batch_size < 1 or self._skipped:
+            return {}  # a fast_dev_run's size was not probed: a resumed fit probes
         return {"batch_size": self.batch_size, "accumulation": self.accumulation,
                 "global_batch": self.global_batch, "world_size": self._world}
 
@@ -167,11 +176,16 @@ class AutoBatchSize(Callback):
     def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         world = self._check(trainer, pl_module)
         self._fitting, self.result, self.confirmation = (trainer, pl_module), None, None
+        self._replaced, self._fewer, self._skipped = None, None, False
+        self._given_accumulation(trainer)
         self._schedule = StepSchedule.taken(trainer, pl_module, self.batch_arg_name)  # before the trials change it
         if self._resume(trainer, pl_module):
             return
-        options = dict(self.probe_options)
         share = None if self.global_batch is None else self.global_batch // world
+        if trainer.fast_dev_run:
+            self._skip_probe(trainer, pl_module, share)
+            return
+        options = dict(self.probe_options)
         multiple = options["multiple_of"]
         options["max_batch"], options["start"] = cap_at_samples(
             share, options["max_batch"], options.get("start"), multiple, where=f"global_batch={self.global_batch}")
@@ -211,14 +225,17 @@ class AutoBatchSize(Callback):
                 agreed = agree_min(self.batch_size, "AutoBatchSize batch size")
                 if agreed != self.batch_size:
                     self.batch_size, self.accumulation = self._apply(trainer, pl_module, share, agreed)
-        self._check_limit(trainer, samples)
-        self._check_val_interval(trainer, samples)
+        check_limit(trainer, self.global_batch, self.accumulation, self.batch_size, samples)
+        check_val_interval(trainer, self.batch_size, self.probe_options["multiple_of"], samples)
         if self.confirmation is not None:
             self.result.notes.append(self.confirmation.summary())
         trainer.fit_loop._combined_loader = None  # the train dataloader is re-created at the new size
         tell("AutoBatchSize: %s=%d (probe %d%s)", self.batch_arg_name, self.batch_size, self.result.batch_size,
              f", accumulate_grad_batches={self.accumulation}" if self.accumulation else "")
-        split = share and small_split(self.global_batch, world, self._largest, self.batch_size, multiple_of=multiple)
+        self._warn_replaced()
+        kept = self._given is not None and self._given[1] > 1 and self._given[1] == self.accumulation  # the user's split
+        split = share and not kept and small_split(self.global_batch, world, self._largest, self.batch_size,
+                                                   multiple_of=multiple)
         if split:  # a global batch with no divisor near the largest micro-batch: many small ones a step
             rank_zero_warn(f"AutoBatchSize: {split}")
         self._schedule.resize(trainer, self.batch_size)  # schedulers sized for the steps fit will run at it
@@ -268,8 +285,8 @@ class AutoBatchSize(Callback):
             return False
         self.batch_size, self.accumulation = restored["batch_size"], restored["accumulation"]
         lightning_setattr(module, self.batch_arg_name, self.batch_size)
-        self._check_limit(trainer, None)
-        self._check_val_interval(trainer, None)
+        check_limit(trainer, self.global_batch, self.accumulation, self.batch_size, None)
+        check_val_interval(trainer, self.batch_size, self.probe_options["multiple_of"], None)
         if self.accumulation:
             trainer.accumulate_grad_batches = self.accumulation
         trainer.fit_loop._combined_loader = None  # the train dataloader is re-created at the restored size
@@ -279,78 +296,65 @@ class AutoBatchSize(Callback):
         self._schedule.resize(trainer, self.batch_size)
         return True
 
-    def _check_limit(self, trainer: Trainer, samples: int | None) -> None:
-        """One error where ``limit_train_batches`` ends each epoch before one global batch.
-
-        Why: Lightning steps the optimizer at an epoch's end with the micro-batches it has, so an
-        epoch of fewer batches than the accumulation trains fewer samples per step than
-        ``global_batch``, silently (as the dataset check in :meth:`on_fit_start`, for the limit).
-        ``samples``: a rank's samples per epoch (None: unknown; only an integer limit is checked).
-        Batches are counted as a ``DataLoader`` without ``drop_last`` (its default) counts them, a
-        last partial batch included; under ``drop_last`` a fraction may leave ``fit`` one batch
-        fewer than counted here."""
-        limit, accumulation, size = trainer.limit_train_batches, self.accumulation, self.batch_size
-        if self.global_batch is None or not accumulation or accumulation <= 1 or not size or size < 1:
-            return
-        whole = None if samples is None else -(-samples // size)
-        if isinstance(limit, int):
-            batches = limit if whole is None else min(limit, whole)
-        elif whole is None or limit is None:
-            return  # a fraction of an endless loader: Lightning accepts only 1.0
-        else:
-            batches = int(whole * limit)
-        if batches >= accumulation:
-            return
-        fraction = "" if isinstance(limit, int) or not whole else f" (a fraction of at least {accumulation}/{whole})"
-        raise ValueError(
-            f"limit_train_batches={limit!r} leaves {batches} batch(es) of {size} per epoch, fewer than the "
-            f"{accumulation} micro-batches each optimizer step accumulates for global_batch={self.global_batch}: "
-            f"every epoch would end before one global batch; raise limit_train_batches to {accumulation} batches or "
-            f"more{fraction}, or lower global_batch"
-        )
-
-    def _check_val_interval(self, trainer: Trainer, samples: int | None) -> None:
-        """One error, before ``fit`` trains, where an integer ``val_check_interval`` is longer than an
-        epoch at the size set.
-
-        Why: Lightning counts such an interval in batches within an epoch and refuses one above the
-        epoch's batches (unless ``check_val_every_n_epoch=None``); a larger batch shortens the epoch,
-        so an interval that held at the module's own size failed ``fit`` with Lightning's
-        ``ValueError``, naming neither the callback nor its size. The interval is not changed (it
-        would validate at other points than asked) and the size is not cut silently: the error
-        names what to change. The batches are counted as ``fit`` counts them (the loader is built,
-        then dropped, the random states put back). ``samples``: a rank's per epoch (None: unknown)."""
-        interval, size = trainer.val_check_interval, self.batch_size
-        if not size or size < 1 or not trainer.limit_train_batches or not refuses_interval(trainer, 1):
-            return  # no epoch is too short for the interval (refused at 1 batch: refused at some length)
-        trainer.fit_loop._combined_loader = None  # counted at the size set
-        with train_loader(trainer) as batches:
-            pass
-        if not refuses_interval(trainer, batches):
-            return
-        limit, multiple = trainer.limit_train_batches, self.probe_options["multiple_of"]
-        whole = isinstance(limit, float) and limit == 1.0  # an int limit of 1 is one batch
-        cap = samples // interval // multiple * multiple if samples and (whole or isinstance(limit, int) and limit >= interval) else 0
-        raise ValueError(
-            f"AutoBatchSize: at batch size {size} an epoch has {batches} training batch(es)"
-            f"{'' if whole else f' (limit_train_batches={limit!r})'}, fewer than Trainer(val_check_interval="
-            f"{interval}), which Lightning counts within an epoch and refuses above the epoch's batches: fit would "
-            f"fail. Change one: Trainer(check_val_every_n_epoch=None) to validate every {interval} batches counted "
-            f"across epochs, a val_check_interval of at most {batches} (or a float, a fraction of each epoch)"
-            + (f", AutoBatchSize(max_batch={cap}) for epochs of at least {interval} batches" if cap else "")
-            + ", or limit_val_batches=0 for no validation"
-        )
-
     def _apply(self, trainer: Trainer, module: LightningModule, share: int | None, largest: int) -> tuple[int, int | None]:
         """Set the batch size (and accumulation) for a largest micro-batch; return them."""
         multiple, self._largest = self.probe_options["multiple_of"], largest
         size, accumulation = max(1, largest // multiple * multiple) if largest >= multiple else 0, None
         if share is not None and largest >= multiple:  # _check: multiple_of divides the share
-            accumulation, size = accumulation_for(share, largest, multiple_of=multiple)
+            given = self._given[1] if self._given is not None else None
+            split = split_keeping(self.global_batch, self._world, largest, given, multiple_of=multiple,
+                                  setting="accumulate_grad_batches", where="the Trainer",
+                                  probed=self.result.batch_size if self.result else None)
+            accumulation, size, self._replaced = split.accumulation, split.size, split.warning
+            self._fewer = split.fewer or self._fewer  # from the probe's answer (a confirmed size says nothing of larger ones)
             trainer.accumulate_grad_batches = accumulation
         if size >= 1:
             lightning_setattr(module, self.batch_arg_name, size)
         return size, accumulation
+
+    def _given_accumulation(self, trainer: Trainer) -> None:
+        """Note the ``accumulate_grad_batches`` the user gave ``trainer`` (kept by :meth:`_apply`
+        where it splits ``global_batch`` into micro-batches that fit). A later fit on the same
+        trainer finds the callback's own value there: the user's is the one noted first."""
+        current = trainer.accumulate_grad_batches
+        if self._given is None or self._given[0] is not trainer or current != self.accumulation:
+            self._given = (trainer, current)
+
+    def _warn_replaced(self) -> None:
+        """One warning where the user's ``accumulate_grad_batches`` was replaced (see
+        :func:`~.global_batch.split_keeping`); an INFO line where it was kept though fewer fit."""
+        if self._replaced:
+            rank_zero_warn(f"AutoBatchSize: {self._replaced}")
+        elif self.global_batch is not None and self._fewer:
+            tell("AutoBatchSize: kept the Trainer's accumulate_grad_batches=%d for global_batch=%d; the probe found "
+                 "that %d micro-batches a step would fit (remove accumulate_grad_batches from the Trainer to let "
+                 "global_batch set it)",
+                 self.accumulation, self.global_batch, self._fewer)
+
+    def _skip_probe(self, trainer: Trainer, module: LightningModule, share: int | None) -> None:
+        """Under ``Trainer(fast_dev_run=...)``: no probe and no confirmation, one warning, as
+        Lightning's ``BatchSizeFinder`` skips ("Skipping batch size scaler since `fast_dev_run` is
+        enabled."). Why: a smoke test of a batch or a few should not spend the probe's trials and a
+        confirmation run (the confirmation also printed "`Trainer.fit` stopped" before ``fit``).
+        The module's own batch size trains; with ``global_batch``, taken as the largest that fits
+        (or the Trainer's own ``accumulate_grad_batches``' micro-batch, where it splits the global
+        batch), the accumulation is set as a probed run sets it (batch x accumulation x world size ==
+        global_batch), so the smoke test runs the code path of the real run. The limit check is
+        not made: ``fast_dev_run``'s few batches are the point. Nothing is saved in checkpoints."""
+        own = lightning_getattr(module, self.batch_arg_name)
+        self._skipped, self.batch_size, self.accumulation = True, own, None
+        if share is not None and isinstance(own, int) and own >= 1:
+            given = self._given[1] if self._given is not None else 1
+            mine = share // given if given > 1 and share % given == 0 else 1  # the user's own split, unprobed
+            largest = max(own, mine, self.probe_options["multiple_of"])
+            self.batch_size, self.accumulation = self._apply(trainer, module, share, largest)
+            trainer.fit_loop._combined_loader = None  # re-created at the size
+            self._schedule.resize(trainer, self.batch_size)
+        self._warn_replaced()
+        rank_zero_warn(f"Skipping AutoBatchSize's probe since `fast_dev_run` is enabled: training at "
+                       f"{self.batch_arg_name}={self.batch_size}" + (
+                           f", accumulate_grad_batches={self.accumulation} for global_batch={self.global_batch}"
+                           if self.accumulation else " (the module's own)"))
 
     def _confirm(self, trainer: Trainer, module: LightningModule, share: int | None, reset: Callable[[], None]) -> None:
         def apply(largest: int) -> tuple[int, int]:

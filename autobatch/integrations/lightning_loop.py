@@ -261,7 +261,7 @@ def training_batches(trainer: Trainer) -> int | float:
     (:func:`refuses_interval`), which raised from inside the callback's loop run where a larger
     batch made the epoch shorter than the interval: such a run validates at each epoch's end
     instead (as ``val_check_interval=1.0`` does), and the callback says once, before ``fit``
-    trains, what to change if the size it sets is one (``AutoBatchSize._check_val_interval``).
+    trains, what to change if the size it sets is one (``lightning_epochs.check_val_interval``).
     Every other interval is kept as Lightning sets it."""
     loop, every = trainer.fit_loop, trainer.check_val_every_n_epoch
     trainer.check_val_every_n_epoch = None  # turns the check off: setup_data reads it nowhere else

@@ -29,7 +29,7 @@ import torch
 from .. import checks
 from ..probe.find import find_max_batch
 from ..probe.result import ProbeResult
-from .global_batch import accumulation_for, cap_at_samples, check_share, small_split
+from .global_batch import cap_at_samples, check_share, small_split, split_keeping
 from .transformers_resume import resumed_global_batch, warn_unseen_resume
 from .transformers_step import TrainerStep, checkpointing_as_train, trainer_key
 
@@ -57,7 +57,8 @@ def fit_batch_size(
     Args:
         trainer: a ``transformers.Trainer`` with a ``train_dataset``.
         global_batch: samples per optimizer step over all processes; sets
-            ``gradient_accumulation_steps`` (None: leave it alone, unless the run resumes).
+            ``gradient_accumulation_steps`` (None: leave it alone, unless the run resumes); one set
+            in ``args`` is kept where its per-device batches fit, else replaced with a warning.
         resume_from_checkpoint: what you pass to ``train()`` (a checkpoint's path, ``True``: the
             last in ``args.output_dir``, ``False``: no resume; None: ``args.resume_from_checkpoint``).
             Resuming without ``global_batch`` keeps the checkpoint's samples per optimizer step, so
@@ -127,7 +128,7 @@ def fit_batch_size(
             module.training = training
     size = result.batch_size
     if share is not None:
-        accumulation, size = _split(global_batch, world, size, multiple_of, warn=asked is not None)
+        accumulation, size = _split(global_batch, world, size, multiple_of, asked is not None, args.gradient_accumulation_steps)
         args.gradient_accumulation_steps = accumulation
     args.per_device_train_batch_size = size
     trainer._train_batch_size = args.train_batch_size  # Trainer copies it at construction
@@ -139,12 +140,27 @@ def fit_batch_size(
     return result
 
 
-def _split(global_batch: int, world: int, largest: int, multiple_of: int, *, warn: bool) -> tuple[int, int]:
-    """``(accumulation, per-device batch)`` for a process's share of ``global_batch``; where ``warn``
-    (the global batch is the caller's, not a resumed checkpoint's), one warning if the share has no
-    divisor near ``largest`` (many small micro-batches a step; see :func:`.global_batch.small_split`)."""
-    accumulation, size = accumulation_for(global_batch // world, largest, multiple_of=multiple_of)
-    split = warn and small_split(global_batch, world, largest, size, multiple_of=multiple_of, unit="process")
+def _split(global_batch: int, world: int, largest: int, multiple_of: int, asked: bool, given: int) -> tuple[int, int]:
+    """``(accumulation, per-device batch)`` for a process's share of ``global_batch``. Where
+    ``asked`` (the global batch is the caller's, not one a resumed checkpoint's samples per step
+    gave, which this run's accumulation already makes up): the user's ``gradient_accumulation_steps``
+    (``given``) is kept where it splits the share into batches that fit, else replaced with one
+    warning naming both (:func:`.global_batch.split_keeping`), and a share with no divisor near
+    ``largest`` is one warning (many small micro-batches a step; :func:`.global_batch.small_split`)."""
+    given = int(given) if asked else None
+    warn = asked
+    accumulation, size, replaced, fewer = split_keeping(
+        global_batch, world, largest, given, multiple_of=multiple_of, setting="gradient_accumulation_steps",
+        where="TrainingArguments", unit="process")
+    if replaced:
+        log.warning("fit_batch_size: %s", replaced)
+    elif fewer:
+        log.info("fit_batch_size: kept TrainingArguments(gradient_accumulation_steps=%d) for global_batch=%d; %d "
+                 "would fit (drop gradient_accumulation_steps to let global_batch set it)", accumulation,
+                 global_batch, fewer)
+    kept = given is not None and given > 1 and accumulation == given  # the user's own split: no advice on it
+    split = warn and not kept and small_split(global_batch, world, largest, size, multiple_of=multiple_of,
+                                              unit="process")
     if split:
         log.warning("fit_batch_size: %s", split)
     return accumulation, size

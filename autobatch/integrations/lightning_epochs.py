@@ -1,0 +1,79 @@
+"""Checks of an epoch's length at the size ``AutoBatchSize`` set, before ``fit`` trains.
+
+A larger batch shortens the epoch: a ``limit_train_batches`` or an integer ``val_check_interval``
+that held at the module's own size may no longer (see :func:`check_limit` and
+:func:`check_val_interval`). Each is one ``ValueError`` naming what to change.
+"""
+
+from __future__ import annotations
+
+from lightning.pytorch import Trainer
+
+from .lightning_loop import refuses_interval
+from .lightning_schedules import train_loader
+
+__all__ = ["check_limit", "check_val_interval"]
+
+
+def check_limit(trainer: Trainer, global_batch: int | None, accumulation: int | None, size: int | None,
+                samples: int | None) -> None:
+    """One error where ``limit_train_batches`` ends each epoch before one global batch.
+
+    Why: Lightning steps the optimizer at an epoch's end with the micro-batches it has, so an
+    epoch of fewer batches than the accumulation trains fewer samples per step than
+    ``global_batch``, silently (as ``AutoBatchSize``'s dataset check, for the limit).
+    ``samples``: a rank's samples per epoch (None: unknown; only an integer limit is checked).
+    Batches are counted as a ``DataLoader`` without ``drop_last`` (its default) counts them, a
+    last partial batch included; under ``drop_last`` a fraction may leave ``fit`` one batch
+    fewer than counted here."""
+    limit = trainer.limit_train_batches
+    if global_batch is None or not accumulation or accumulation <= 1 or not size or size < 1:
+        return
+    whole = None if samples is None else -(-samples // size)
+    if isinstance(limit, int):
+        batches = limit if whole is None else min(limit, whole)
+    elif whole is None or limit is None:
+        return  # a fraction of an endless loader: Lightning accepts only 1.0
+    else:
+        batches = int(whole * limit)
+    if batches >= accumulation:
+        return
+    fraction = "" if isinstance(limit, int) or not whole else f" (a fraction of at least {accumulation}/{whole})"
+    raise ValueError(
+        f"limit_train_batches={limit!r} leaves {batches} batch(es) of {size} per epoch, fewer than the "
+        f"{accumulation} micro-batches each optimizer step accumulates for global_batch={global_batch}: "
+        f"every epoch would end before one global batch; raise limit_train_batches to {accumulation} batches or "
+        f"more{fraction}, or lower global_batch"
+    )
+
+def check_val_interval(trainer: Trainer, size: int | None, multiple_of: int, samples: int | None) -> None:
+    """One error, before ``fit`` trains, where an integer ``val_check_interval`` is longer than an
+    epoch at the size set.
+
+    Why: Lightning counts such an interval in batches within an epoch and refuses one above the
+    epoch's batches (unless ``check_val_every_n_epoch=None``); a larger batch shortens the epoch,
+    so an interval that held at the module's own size failed ``fit`` with Lightning's
+    ``ValueError``, naming neither the callback nor its size. The interval is not changed (it
+    would validate at other points than asked) and the size is not cut silently: the error
+    names what to change. The batches are counted as ``fit`` counts them (the loader is built,
+    then dropped, the random states put back). ``samples``: a rank's per epoch (None: unknown)."""
+    interval = trainer.val_check_interval
+    if not size or size < 1 or not trainer.limit_train_batches or not refuses_interval(trainer, 1):
+        return  # no epoch is too short for the interval (refused at 1 batch: refused at some length)
+    trainer.fit_loop._combined_loader = None  # counted at the size set
+    with train_loader(trainer) as batches:
+        pass
+    if not refuses_interval(trainer, batches):
+        return
+    limit, multiple = trainer.limit_train_batches, multiple_of
+    whole = isinstance(limit, float) and limit == 1.0  # an int limit of 1 is one batch
+    cap = samples // interval // multiple * multiple if samples and (whole or isinstance(limit, int) and limit >= interval) else 0
+    raise ValueError(
+        f"AutoBatchSize: at batch size {size} an epoch has {batches} training batch(es)"
+        f"{'' if whole else f' (limit_train_batches={limit!r})'}, fewer than Trainer(val_check_interval="
+        f"{interval}), which Lightning counts within an epoch and refuses above the epoch's batches: fit would "
+        f"fail. Change one: Trainer(check_val_every_n_epoch=None) to validate every {interval} batches counted "
+        f"across epochs, a val_check_interval of at most {batches} (or a float, a fraction of each epoch)"
+        + (f", AutoBatchSize(max_batch={cap}) for epochs of at least {interval} batches" if cap else "")
+        + ", or limit_val_batches=0 for no validation"
+    )
