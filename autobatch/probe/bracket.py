@@ -10,6 +10,10 @@ wall is no refutation: the line aims below the free pieces it measured and jumps
 answer is exact: a passing size whose next size failed (or the ceiling), or, with ``settle``,
 whose next size the line puts well past the limit (:data:`SETTLE_FRACTION`).
 
+**A bend.** Each refit is :func:`~autobatch.probe.bent_line.bent_line`'s chord where the passes bend
+up clearly, else the secant; a pass while bisecting whose bend points into the bracket hands back to
+the line (``MAX_BENDS`` times), and the first trial after such a line was installed is no creep.
+
 **The allocator's wall.** A size whose allocated figures left room for the allocation that
 failed ran out of memory because the free pieces of the allocator's segments were too
 small (``usable_after``): the line then aims that much below the capacity, and its next
@@ -53,6 +57,7 @@ import math
 from dataclasses import dataclass
 from typing import Callable
 
+from .bent_line import BentLine, bent_line
 from .line import LinearFit, secant as _secant
 
 __all__ = ["close_bracket", "Bracket", "MAX_GALLOPS", "STRIDE_FRACTION", "SETTLE_FRACTION", "EDGE_FRACTION",
@@ -72,6 +77,7 @@ SETTLE_MIN_UNITS = 100  # only where an answer one unit short would still be 99 
 # out a whole cached block whose rest is too small to split, so peaks can stand still or leap by
 # that much from one size to the next, whatever a unit is worth
 STAIR_BYTES = 2 * 2**20
+MAX_BENDS = 2  # bisection hands over to a line along the passes' bend at most this often
 STRAIGHT = 0.05  # ... and the refit's slope is within 5 % of the line it followed (no bend, no step)
 
 
@@ -91,19 +97,10 @@ class Bracket:
 
 
 def close_bracket(
-    passes: Callable[..., bool],
-    record_pass: Callable[[int], None],
-    points: list[tuple[int, int]],
-    fit: LinearFit,
-    lo: int,
-    hi: int | None,
-    max_units: int,
-    capacity: int,
-    above: int,
-    short_of: Callable[[int], int | None] | None = None,
-    usable_after: Callable[[int], int | None] | None = None,
-    settle: bool = False,
-    flushed_out: Callable[[int], bool] | None = None,
+    passes: Callable[..., bool], record_pass: Callable[[int], None], points: list[tuple[int, int]], fit: LinearFit,
+    lo: int, hi: int | None, max_units: int, capacity: int, above: int,
+    short_of: Callable[[int], int | None] | None = None, usable_after: Callable[[int], int | None] | None = None,
+    settle: bool = False, flushed_out: Callable[[int], bool] | None = None,
     flushed: Callable[[int], bool] | None = None,
 ) -> Bracket:
     """Steps 2 and 3: jump to the line's boundary, then close the bracket (gallop where the line is
@@ -116,9 +113,12 @@ def close_bracket(
     gallop = 0  # 0: follow the line; -1 / +1: the line was refuted, gallop down / up
     stride = gallops = walls = 0
     span = 0.0  # the gallop's stride in samples before rounding down (doubles)
-    creeping = jumped = False  # the last trial followed the line and passed; followed a line just lowered to a wall
+    creeping = False  # the last trial followed the line and passed
+    # the last trial followed a line just lowered to a wall, or one just aimed along a bend: no creeping yet
+    jumped = isinstance(fit, BentLine)
     refollowed = False  # a line refitted after galloping down across the boundary was followed
     edged = False  # the jump tried the line's boundary first (once per search)
+    bends = 0  # times bisection handed over to a line aimed along the passes' bend (MAX_BENDS)
     # a size the line says fits already ran out of memory (a fit trial): refuted before any
     # jump, so no line points into the bracket; bisect it
     bisecting = hi is not None and fit.predict_max(capacity) >= hi
@@ -154,6 +154,9 @@ def close_bracket(
         else:
             hi = guess
         if bisecting:
+            if passed and bends < MAX_BENDS and (bent := bent_line(points, capacity)) and lo <= bent.predict_max(
+                    capacity) < hi:  # the passes bend up (a batch × batch matrix): follow the parabola's line
+                fit, bisecting, gallop, creeping, jumped, bends = bent, False, 0, False, True, bends + 1
             continue
         wall = None if passed or gallop or walls >= MAX_GALLOPS or usable_after is None else usable_after(guess)
         jumped = wall is not None and wall < capacity and fit.predict_max(wall) < guess
@@ -162,7 +165,7 @@ def close_bracket(
             continue
         crept, creeping = creeping, passed and gallop == 0
         if gallop == 0:
-            followed, fit = fit, _secant(points) or fit
+            followed, fit = fit, _local(points, capacity) or fit
             if passed and settle and walls == 0 and not refollowed and (hi is None or hi > lo + 1) and (
                     settled := _settled_above(fit, followed, lo, capacity)) is not None:
                 return Bracket(lo, fit, capacity, settled=settled)
@@ -177,12 +180,13 @@ def close_bracket(
                 gallop, stride = 1, _first_stride(guess)
             elif width is not None and hi is not None and (hi - lo) * 2 > width:
                 bisecting = True  # the line creeps instead of halving the bracket
-        elif gallop < 0 and passed and not refollowed and _points_inside(refit := _secant(points), capacity, lo, hi):
+        elif gallop < 0 and passed and not refollowed and _points_inside(
+                refit := _local(points, capacity), capacity, lo, hi):
             # crossed going down, far enough to measure a new point: a line through it that points
             # into the bracket is followed again, once (a curve that bends: the refuted line came
             # from a flat stretch, such as an optimizer step's peak at small sizes)
             fit, gallop, refollowed = refit, 0, True
-            creeping = False
+            creeping, jumped = False, isinstance(refit, BentLine)  # a bend's first jump is no creep
         elif (gallop < 0 and passed) or (gallop > 0 and not passed) or (gallops >= MAX_GALLOPS and hi is not None):
             bisecting = True  # crossed the boundary, or the line is far off: bisect what is left
         else:
@@ -243,6 +247,13 @@ def _settles(fit: LinearFit, units: int, past: float, fraction: float) -> bool:
     ``SETTLE_MIN_UNITS`` (one short costs under 1 %). The jump's edge asks it too, so it never
     runs a full trial first where the refit could not settle the size above."""
     return units >= SETTLE_MIN_UNITS and fit.slope > 0 and past >= max(fraction * fit.slope, STAIR_BYTES)
+
+
+def _local(points: list[tuple[int, int]], capacity: int) -> LinearFit | None:
+    """The line to follow through the passing ``points``: aimed along their bend where they bend
+    up clearly (:func:`~autobatch.probe.bent_line.bent_line`), else the secant through the two
+    largest (a straight curve's, exactly as without the bend)."""
+    return bent_line(points, capacity) or _secant(points)
 
 
 def _points_inside(fit: LinearFit | None, capacity: int, lo: int, hi: int) -> bool:
