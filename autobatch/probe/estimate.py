@@ -36,7 +36,6 @@ from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
-import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from ..memory.accounting import StorageAccountant
@@ -44,10 +43,10 @@ from .. import checks
 from .arguments import SEARCH_CEILING, validate_probe_args, validate_step
 from .bent_curve import CURVE_TRACES, follow_bend
 from .flat_peak import past_flat
-from .fake_trace import (FakeWorld, KernelDtypes, TraceScaler, quiet_meta_errors, resident_bytes, trace_steps,
-                         untraceable)
+from .fake_trace import FakeWorld, KernelDtypes, TraceScaler, quiet_meta_errors, resident_bytes, trace_steps
 from .rng import rng_state, set_rng_state
 from .shards import has_dtensors
+from .trace_failures import from_the_step, refused_size, step_error, untraceable, untraceable_memory
 from .train_step import TrainStep
 from ..memory.units import format_bytes, parse_bytes
 from ..memory.workspaces import BlasThreads, workspace_bytes
@@ -68,7 +67,8 @@ TRIALS = "probe with real trials (strategy='binary', or 'auto' with estimate_fir
 
 class EstimateError(RuntimeError):
     """The step could not be traced with fake tensors (an unsupported operator, a
-    data-dependent ``.item()``, a step that is not a :class:`~autobatch.TrainStep`)."""
+    data-dependent ``.item()``, a step that is not a :class:`~autobatch.TrainStep`). Not for an
+    error of the step's own code, which is raised as itself."""
 
 
 @dataclass
@@ -129,7 +129,9 @@ def estimate_memory(step: TrainStep, batch_size: int, *, steps: int = 2) -> Memo
     Nothing is allocated and neither the model nor the optimizer is changed (nor any random
     generator). Raises :class:`EstimateError` when the step cannot be traced with fake tensors,
     or when the trace left a fake tensor where it cannot be taken back (the model is then
-    restored as far as the estimate reaches, and trials must measure the step).
+    restored as far as the estimate reaches, and trials must measure the step). An error the
+    step's own code raised (a ``KeyError`` in its collate, a shape mismatch in its loss) is raised
+    as itself, with a note (:func:`~autobatch.probe.trace_failures.step_error`).
     """
     _refuse_unestimable(step)
     batch_size = checks.positive_int("batch_size", batch_size)  # a plain int: the estimate is stored (to_dict)
@@ -169,6 +171,9 @@ def estimate_memory(step: TrainStep, batch_size: int, *, steps: int = 2) -> Memo
         dropped = " (dropped)" if left.endswith(".grad") else ""
         left = f"the trace left a fake tensor{dropped} in {left}, outside the modules' state it puts back"
     if failure is not None:
+        own = step_error(failure, batch_size, left, TRIALS)  # the step's own error: raised as itself
+        if own is not None:
+            raise own
         traced = f"could not trace the step with fake tensors: {untraceable(failure)}"
         raise EstimateError(traced + (f"; {left}" if left else "") + f"; {TRIALS}") from failure
     if left:
@@ -190,7 +195,7 @@ def _refuse_unestimable(step: Any) -> None:
     if not isinstance(step, TrainStep):
         raise EstimateError(f"only a TrainStep can be estimated, not {type(step).__name__}")
     validate_step(step, "estimate")  # a TrainStep without make_batch: say what to pass
-    reason = _untraceable_memory(step)
+    reason = untraceable_memory(step)
     if reason is not None:
         raise EstimateError(f"{reason}; {TRIALS}")
     if has_dtensors(step.model):
@@ -198,23 +203,6 @@ def _refuse_unestimable(step: Any) -> None:
             "the model has DTensor parameters (FSDP2 fully_shard, or tensor parallel): the fake-tensor trace "
             f"cannot run their all-gathers and reduce-scatters, so it cannot tell what one rank holds at its peak; {TRIALS}"
         )
-
-
-def _untraceable_memory(step: TrainStep) -> str | None:
-    """Why fake tensors would count the step's memory short, or None. Measured against
-    :func:`~autobatch.simulated_memory` (torch 2.13, CPU): an ``nn.LSTM`` on the CPU runs
-    oneDNN's kernel, whose fake version reports no workspace (estimated 0.63 MB of a 3.12 MB
-    peak at batch 32; ``GRU`` and ``RNN`` within 4 %); sparse gradients (``sparse=True``
-    embeddings, ``SparseAdam``) have as many rows as the batch happens to touch, which a fake
-    tensor cannot know (estimated 3.98 MB of 8.03 MB)."""
-    for name, module in step.model.named_modules():
-        if isinstance(module, torch.nn.LSTM) and step.device.type == "cpu":
-            return f"{name or 'the model'} is an LSTM on the CPU, whose kernel's workspace fake tensors do not see"
-        if isinstance(module, (torch.nn.Embedding, torch.nn.EmbeddingBag)) and module.sparse:
-            return f"{name or 'the model'} has sparse gradients, whose size depends on the data"
-    if isinstance(step.optimizer, torch.optim.SparseAdam):
-        return "SparseAdam steps on sparse gradients, whose size depends on the data"
-    return None
 
 
 def _tracer(step: TrainStep, *, multiple_of: int, max_batch: int | None, steps: int, include_resident: bool):
@@ -230,7 +218,11 @@ def _tracer(step: TrainStep, *, multiple_of: int, max_batch: int | None, steps: 
 
     def peak(units: int) -> int:
         if units not in traced:
-            traced[units] = estimate_memory(step, units * multiple_of, steps=steps)
+            try:
+                traced[units] = estimate_memory(step, units * multiple_of, steps=steps)
+            except Exception as exc:  # noqa: BLE001 - raised; the step's own error at one size says so
+                refused_size(exc, units * multiple_of, [u * multiple_of for u in traced])
+                raise
         return traced[units].counted(include_resident)
 
     return traced, peak, max_batch, multiple_of
@@ -238,20 +230,16 @@ def _tracer(step: TrainStep, *, multiple_of: int, max_batch: int | None, steps: 
 
 def _smallest_traced(peak: Callable[[int], int], max_units: int | None) -> int:
     """1, or 2 where a step cannot run at one unit but can at two (``BatchNorm`` in training
-    needs more than one value per channel; the probe's first trial is larger anyway)."""
+    needs more than one value per channel, its own ``ValueError``; the probe's first trial is
+    larger anyway). Where both fail, the error at two is raised."""
     try:
         peak(1)
         return 1
-    except EstimateError:
-        if max_units is not None and max_units < 2:
+    except Exception as exc:  # noqa: BLE001 - the estimate's or the step's own (from_the_step); others raised
+        if not (isinstance(exc, EstimateError) or from_the_step(exc)) or (max_units is not None and max_units < 2):
             raise
-        try:
-            peak(2)
-        except EstimateError:
-            pass
-        else:
-            return 2
-        raise
+    peak(2)
+    return 2
 
 
 def estimate_line(

@@ -6,16 +6,19 @@ from __future__ import annotations
 import math
 import time
 
+import torch
+
 from ..errors import NoBatchFitsError
 from ..memory.devices import SimulatedDeviceMemory
-from .arguments import SEARCH_CEILING
+from .arguments import SEARCH_CEILING, compiled_model
 from .batch_growth import check_batch_grows
 from .estimate import TRIALS, EstimateError, estimate_line, estimate_max_batch
 from .line import LinearFit
 from .result import ProbeResult
+from .trace_failures import from_the_step, untraceable
 from .train_step import TrainStep
 
-__all__ = ["estimate_prior", "estimate_only"]
+__all__ = ["estimate_prior", "estimate_only", "compiled_note"]
 
 
 def counts_resident(memory) -> tuple[bool, str | None]:
@@ -35,8 +38,10 @@ def estimate_prior(step: TrainStep, memory, capacity: int, max_batch: int | None
         estimate = estimate_line(
             step, capacity, include_resident=include_resident, max_batch=max_batch, multiple_of=multiple_of
         )
-    except EstimateError as exc:
-        why = str(exc).replace(f"; {TRIALS}", "")  # what to do instead is what auto does next
+    except Exception as exc:  # noqa: BLE001 - the estimate's, or the step's own error (its trials raise it for real)
+        if not isinstance(exc, EstimateError) and not from_the_step(exc):
+            raise
+        why = str(exc).replace(f"; {TRIALS}", "") if isinstance(exc, EstimateError) else untraceable(exc)
         return None, f"no estimate for the first trial ({why}); probed from the start"
     if estimate.batch_size == 0 or estimate.slope_bytes_per_sample <= 0:
         return None, "the estimate predicted nothing usable; probed from the start"
@@ -77,8 +82,7 @@ def estimate_only(step: TrainStep, memory, note, *, max_batch, margin, multiple_
     if margin:
         chosen = max(multiple_of, math.floor(chosen * (1 - margin)) // multiple_of * multiple_of)
     notes = [f"untested estimate: traced with fake tensors, no trial ran (peak {estimate.peak_bytes} B)"]
-    if why:
-        notes.append(why)
+    notes += [told for told in (why, compiled_note(step.model)) if told]
     if note:
         notes.append(note)
     return ProbeResult(
@@ -104,3 +108,16 @@ def estimate_only(step: TrainStep, memory, note, *, max_batch, margin, multiple_
         tested=False,
         estimate=estimate.to_dict(),
     )
+
+
+def compiled_note(model: torch.nn.Module) -> str | None:
+    """A note where the model or a module of it is compiled (:func:`~autobatch.probe.arguments.compiled_model`):
+    PyTorch's compiler does not compile under the trace's dispatch modes ("non-infra torch dispatch
+    mode present"), so the trace ran the uncompiled code, whose activations a compiled graph
+    (fused kernels) may not keep. None otherwise."""
+    if not compiled_model(model):
+        return None
+    return ("the model is compiled (torch.compile), which does not compile under the fake-tensor trace: the estimate "
+            "is of its uncompiled code, whose peak the compiled graph's may differ from (it typically keeps fewer "
+            "activations); on an accelerator, probe with trials (strategy='binary' or 'auto') to measure the "
+            "compiled step")

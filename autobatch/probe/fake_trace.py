@@ -28,12 +28,11 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from ..errors import raised_through
+from .trace_failures import check_operands
 from .trace_state import SEARCH_BUDGET, SEARCH_ITEMS, OutsideState, class_members, find_fake, restore, snapshot
 from .train_step import TrainStep
 
 __all__ = ["FakeWorld", "TraceScaler", "KernelDtypes", "quiet_meta_errors", "resident_bytes", "loss_module", "trace_steps",
-           "untraceable",
            "SEARCH_BUDGET", "SEARCH_ITEMS"]
 
 _HALF = (torch.bfloat16, torch.float16)
@@ -43,9 +42,10 @@ _HALF = (torch.bfloat16, torch.float16)
 def quiet_meta_errors() -> Iterator[None]:
     """Silence PyTorch's fake-tensor logger for a trace: where an operator's meta kernel raises
     (a shape error the real step raises too), it logs the whole traceback at ERROR level
-    before raising it, and the estimate turns that very error into its
-    :class:`~autobatch.probe.estimate.EstimateError` (``auto``: a note, then the trials, whose
-    own error the user sees). A user saw 20 lines of "failed while attempting to run meta"
+    before raising it, and the estimate raises that very error (the step's own, with a note:
+    :func:`~autobatch.probe.trace_failures.step_error`), or its
+    :class:`~autobatch.probe.estimate.EstimateError` from it (``auto``: a note, then the trials,
+    whose own error the user sees). A user saw 20 lines of "failed while attempting to run meta"
     ahead of their model's real error."""
     logger = logging.getLogger("torch._subclasses.fake_tensor")
     level = logger.level
@@ -59,7 +59,9 @@ def quiet_meta_errors() -> Iterator[None]:
 class KernelDtypes(TorchDispatchMode):
     """Gives fake outputs the dtypes the real kernels allocate, where PyTorch's fake (meta or
     decomposed) version of a normalisation returns others. Entered between the fake mode and
-    the accountant, so the accountant counts what the kernel would allocate.
+    the accountant, so the accountant counts what the kernel would allocate. It also raises the
+    real kernels' error where a matrix product's fake kernel takes matrices of two dtypes
+    (:func:`~autobatch.probe.trace_failures.check_operands`).
 
     ``native_group_norm_backward`` of a half input with float32 weights (autocast) is
     decomposed in float32 and returns a float32 input gradient, which autograd then casts: two
@@ -71,6 +73,7 @@ class KernelDtypes(TorchDispatchMode):
     """
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: D105
+        check_operands(func, args)  # the real kernel's dtype check, which the fake one lacks
         out = func(*args, **(kwargs or {}))
         if func is torch.ops.aten.native_group_norm_backward.default and out[0] is not None:
             if out[0].dtype != args[1].dtype:
@@ -344,23 +347,3 @@ def trace_steps(fake_step: TrainStep, batch_size: int, steps: int, accountant: A
         fake_step(batch_size)
         traced += 1
         grew = accountant.current_bytes > held
-
-
-#: What a fake tensor cannot do, by the exception PyTorch raises, in the words of the user's code.
-_CANNOT = {
-    "DataDependentOutputException": "the step reads a tensor's value in Python, by .item(), float(), int(), "
-                                    "bool() or `if tensor:`, and a fake tensor has none",
-    "DynamicOutputShapeException": "an output's shape depends on the data, as after nonzero, boolean-mask "
-                                   "indexing or unique, and a fake tensor cannot know it",
-}
-
-
-def untraceable(exc: BaseException) -> str:
-    """Why a step could not be traced: the exception, what it means where PyTorch's name does not
-    say it (``aten._local_scalar_dense`` is ``.item()``), and the line of the user's code that
-    raised it (the innermost frame outside torch and autobatch), so the message says what to change."""
-    meaning = _CANNOT.get(type(exc).__name__)
-    frames = raised_through(exc, leaving=("torch", "autobatch"))
-    where = "at {}:{} in {}".format(*frames[-1][1:]) if frames else ""
-    told = "; ".join(part for part in (meaning, where) if part)
-    return f"{type(exc).__name__}: {exc}" + (f" ({told})" if told else "")

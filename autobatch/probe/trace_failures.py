@@ -1,0 +1,177 @@
+"""Why a step cannot be estimated with fake tensors, and whose error a failed trace raised.
+
+A trace fails for one of two reasons. Fake tensors cannot do what the step asks (read a value
+with ``.item()``, an output shaped by the data, an operator with no fake kernel, ``.numpy()``):
+that is the estimate's limit, an :class:`~autobatch.probe.estimate.EstimateError` saying what
+the step did and where (:func:`untraceable`), and ``auto`` probes with trials instead. Or the
+step's own code raised, as it would in a real step (a ``KeyError`` in a collate, a shape
+mismatch in the loss, the user's own ``ValueError``): that error is re-raised as itself, its type
+and traceback kept so that the caller's ``except`` still catches it, with a note that it came
+from the trace (:func:`step_error`; :func:`add_note` also on Python 3.10); before, it came out as
+an ``EstimateError``, which no ``except ValueError`` of the user's caught. :func:`check_operands`
+raises what a real matrix product refuses and its fake kernel takes (two dtypes), so such a step
+fails as it would for real instead of being given an answer. :func:`untraceable_memory` names the
+steps fake tensors would count short, refused before any trace.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+
+import torch
+
+from ..errors import in_packages, raised_through
+
+__all__ = ["untraceable", "untraceable_memory", "step_error", "refused_size", "from_the_step", "add_note", "check_operands"]
+
+#: What a fake tensor cannot do, by the exception PyTorch raises, in the words of the user's code.
+_CANNOT = {
+    "DataDependentOutputException": "the step reads a tensor's value in Python, by .item(), float(), int(), "
+                                    "bool() or `if tensor:`, and a fake tensor has none",
+    "DynamicOutputShapeException": "an output's shape depends on the data, as after nonzero, boolean-mask "
+                                   "indexing or unique, and a fake tensor cannot know it",
+}
+#: How PyTorch words, in a plain ``RuntimeError``/``NotImplementedError``, what a fake tensor has not:
+#: data (``.numpy()``: "not supported for tensor subclasses"), a storage, a kernel ("no fake impl
+#: registered" for a custom op, "could not run ... with arguments from the 'Meta' backend").
+_FAKE_LIMIT = re.compile(
+    r"[Ff]ake|'Meta'|Meta tensor|meta (?:tensor|kernel|function|impl)|tensor subclass|data pointer"
+    r"|(?:have|without|access) storage|Sym(?:Int|Float|Bool|Node)"
+)
+#: Where the note of a step's own error begins (how :func:`from_the_step` knows it).
+NOTE = "autobatch: raised by the training step while autobatch traced it with fake tensors"
+
+
+#: PyTorch's compiler, which does not compile under the trace's dispatch modes ("non-infra torch
+#: dispatch mode present"): a ``torch.compile(fullgraph=True)`` model raises, where it may not run eagerly.
+_COMPILER = ("torch._dynamo", "torch._inductor")
+_COMPILED = ("torch.compile does not compile under the fake-tensor trace, and fullgraph=True forbids running the "
+             "code uncompiled: estimate the uncompiled module (the compiled one's _orig_mod)")
+
+
+def untraceable(exc: BaseException) -> str:
+    """Why a step could not be traced: the exception, what it means where PyTorch's name does not
+    say it (``aten._local_scalar_dense`` is ``.item()``), and the line of the user's code that
+    raised it (the innermost frame outside torch and autobatch; else torch's own code outside its
+    dispatch machinery, such as an optimizer's ``step`` reading a norm), so the message says what to change."""
+    meaning = _COMPILED if _in_compiler(exc) else _CANNOT.get(type(exc).__name__)
+    frames = raised_through(exc, leaving=("torch", "autobatch")) or [
+        frame for frame in raised_through(exc, leaving=("autobatch",))
+        if frame[0] != "torch" and not frame[0].startswith(("torch._", "torch.utils._"))]
+    where = "at {}:{} in {}".format(*frames[-1][1:]) if frames else ""
+    told = "; ".join(part for part in (meaning, where) if part)
+    said = str(exc).split("\n")[0] if _in_compiler(exc) else str(exc)  # the compiler's lists every frame it skipped
+    return f"{type(exc).__name__}: {said}" + (f" ({told})" if told else "")
+
+
+def _in_compiler(exc: BaseException) -> bool:
+    """Whether ``exc`` was raised by PyTorch's compiler (:data:`_COMPILER`)."""
+    frames = raised_through(exc)
+    return bool(frames) and in_packages(frames[-1][0], _COMPILER)
+
+
+#: PyTorch's fake-tensor errors for what a real step refuses too (tensors on two devices: a real
+#: step's ``RuntimeError``, of which it is a subclass): the step's own.
+_AS_REAL = ("FakeTensorDeviceMismatchError",)
+#: autobatch's tracing machinery (the fake world, what it puts back, the accountant): an error
+#: raised there is the estimate's, not the step's.
+_MACHINERY = ("autobatch.memory", "autobatch.probe.fake_trace", "autobatch.probe.trace_state", "autobatch.probe.estimate")
+
+
+def _fake_limit(exc: BaseException) -> bool:
+    """Whether ``exc`` is what fake tensors cannot do rather than the step's own error: an
+    exception class of PyTorch's (its fake-tensor, compiler and symbolic-shape errors; the errors
+    a real step raises in torch are Python's own ``RuntimeError``, ``ValueError``, ...), one its
+    compiler or autobatch's tracing machinery raised, or one whose message speaks of fake tensors,
+    the meta backend, storage or symbolic sizes."""
+    frames = raised_through(exc)
+    ours = in_packages(type(exc).__module__, ("torch",)) and type(exc).__name__ not in _AS_REAL
+    if ours or (frames and in_packages(frames[-1][0], _MACHINERY)):
+        return True
+    return _in_compiler(exc) or bool(_FAKE_LIMIT.search(str(exc)))
+
+
+def step_error(failure: BaseException, batch_size: int, left: str | None, trials: str) -> BaseException | None:
+    """``failure`` itself, with a note, where it is the step's own error (:func:`_fake_limit` says
+    it is not a limit of fake tensors, and it is no error of autobatch's): the same error a real
+    step raises, to be raised as it is. None where the estimate's own ``EstimateError`` is due.
+    ``left`` says where the trace left a fake tensor, ``trials`` what to do if the step runs."""
+    if not isinstance(failure, Exception) or _fake_limit(failure) or in_packages(type(failure).__module__, ("autobatch",)):
+        return None
+    kept = f" ({left})" if left else ""
+    return add_note(failure, f"{NOTE} at batch {batch_size} to estimate its memory (strategy='estimate', "
+                             f"estimate_max_batch); no step ran for real{kept}. If the step runs without this error, "
+                             f"{trials}")
+
+
+def refused_size(exc: BaseException, batch_size: int, passed: list[int]) -> None:
+    """Add to the step's own error at ``batch_size`` (:func:`from_the_step`) a note where traces of
+    the sizes ``passed`` ran before it: the step may refuse some sizes (a batch split in pairs),
+    and ``multiple_of`` keeps the search to those it takes, as a probe trial's note says
+    (:func:`~autobatch.probe.trial_notes.with_trial_note`)."""
+    if not passed or not from_the_step(exc):
+        return
+    divisor, ordered = math.gcd(*passed), sorted(passed)
+    why = (f": every size traced is a multiple of {divisor} and {batch_size} is not, so the multiple it needs divides "
+           f"{divisor}") if divisor > 1 and batch_size % divisor else ""
+    sizes = ", ".join(map(str, ordered)) if len(ordered) <= 4 else f"{', '.join(map(str, ordered[:3]))}, ..., {ordered[-1]}"
+    add_note(exc, f"autobatch: traces at {sizes} ran before batch {batch_size}: the step may refuse some batch sizes (a "
+                  "batch split in pairs or groups). Pass multiple_of (to find_max_batch or plan(), or in a Runner's "
+                  f"plan_options) so that only sizes it takes are tried{why}.")
+
+
+#: Matrix products whose real kernels refuse matrices of two dtypes and whose fake ones do not
+#: (torch 2.13): the operand positions compared.
+_SAME_DTYPE = {
+    torch.ops.aten.mm.default: (0, 1), torch.ops.aten.addmm.default: (1, 2), torch.ops.aten.mv.default: (0, 1),
+    torch.ops.aten.addmv.default: (1, 2), torch.ops.aten._addmm_activation.default: (1, 2),
+}
+
+
+def check_operands(func, args: tuple) -> None:
+    """Raise the real kernel's error where a matrix product's fake kernel takes what the real one
+    refuses: matrices of two dtypes (a float64 batch from NumPy into a float32 model, a float32 input
+    to a half model without autocast, which casts before this is seen). Without it the estimate
+    answered a batch size for a step that cannot run. Raised here, outside autobatch's tracing
+    machinery, it is the step's own error (:func:`step_error`)."""
+    places = _SAME_DTYPE.get(func)
+    if places is None:
+        return
+    first, second = (args[i] for i in places)
+    if isinstance(first, torch.Tensor) and isinstance(second, torch.Tensor) and first.dtype != second.dtype:
+        raise RuntimeError(f"expected m1 and m2 to have the same dtype, but got: {first.dtype} != {second.dtype} "
+                           f"({func.__name__}; the real kernel refuses it)")
+
+
+def from_the_step(exc: BaseException) -> bool:
+    """Whether ``exc`` is a step's own error that a trace re-raised (:func:`step_error`)."""
+    return any(isinstance(note, str) and note.startswith(NOTE) for note in getattr(exc, "__notes__", None) or ())
+
+
+def add_note(exc: BaseException, note: str) -> BaseException:
+    """``exc`` with ``note`` added: ``add_note`` on Python 3.11+; on 3.10, which has none, the
+    same ``__notes__`` list (read by the command line's one-line error; 3.10's tracebacks do not
+    print it)."""
+    if hasattr(exc, "add_note"):
+        exc.add_note(note)
+    else:  # Python 3.10
+        exc.__notes__ = [*(getattr(exc, "__notes__", None) or ()), note]
+    return exc
+
+
+def untraceable_memory(step) -> str | None:
+    """Why fake tensors would count the step's memory short, or None. Measured against
+    :func:`~autobatch.simulated_memory` (torch 2.13, CPU): an ``nn.LSTM`` on the CPU runs
+    oneDNN's kernel, whose fake version reports no workspace (estimated 0.63 MB of a 3.12 MB
+    peak at batch 32; ``GRU`` and ``RNN`` within 4 %); sparse gradients (``sparse=True``
+    embeddings, ``SparseAdam``) have as many rows as the batch happens to touch, which a fake
+    tensor cannot know (estimated 3.98 MB of 8.03 MB)."""
+    for name, module in step.model.named_modules():
+        if isinstance(module, torch.nn.LSTM) and step.device.type == "cpu":
+            return f"{name or 'the model'} is an LSTM on the CPU, whose kernel's workspace fake tensors do not see"
+        if isinstance(module, (torch.nn.Embedding, torch.nn.EmbeddingBag)) and module.sparse:
+            return f"{name or 'the model'} has sparse gradients, whose size depends on the data"
+    if isinstance(step.optimizer, torch.optim.SparseAdam):
+        return "SparseAdam steps on sparse gradients, whose size depends on the data"
+    return None
