@@ -17,6 +17,7 @@ __all__ = [
     "FakeTensorLeakError",
     "raised_through",
     "in_packages",
+    "add_note",
 ]
 
 
@@ -237,3 +238,17 @@ def raised_through(exc: BaseException, *, leaving: tuple[str, ...] = ()) -> list
             frames.append((module, code.co_filename, tb.tb_lineno, code.co_name))
         tb = tb.tb_next
     return frames
+
+
+def add_note(exc: BaseException, note: str) -> BaseException:
+    """``exc`` with ``note`` added (autobatch's advice on a user's error: which size failed, what
+    to set). ``BaseException.add_note`` exists from Python 3.11; on 3.10, which autobatch
+    supports, calling it raised ``AttributeError`` and hid the user's own error. There the same
+    ``__notes__`` list is set: the command line's one-line error reads it (3.10's tracebacks do
+    not print it)."""
+    adder = getattr(exc, "add_note", None)
+    if adder is not None:
+        adder(note)
+    else:  # Python 3.10
+        exc.__notes__ = [*(getattr(exc, "__notes__", None) or ()), note]
+    return exc

@@ -135,3 +135,12 @@ def test_every_module_compiles_without_a_warning():
             except SyntaxError as exc:
                 noisy.append(f"{path.relative_to(PACKAGE)}: {exc.msg}")
     assert not noisy, noisy
+
+
+def test_notes_are_added_through_the_python_310_helper():
+    """``BaseException.add_note`` exists from Python 3.11; autobatch supports 3.10, where calling it
+    raised ``AttributeError`` and hid the user's own error: every note goes through
+    :func:`autobatch.errors.add_note`."""
+    direct = [f"{path.relative_to(PACKAGE)}:{number}" for path in sorted(PACKAGE.rglob("*.py")) if path.name != "errors.py"
+              for number, line in enumerate(path.read_text().splitlines(), 1) if ".add_note(" in line]
+    assert not direct, direct

@@ -7,7 +7,7 @@ the step did and where (:func:`untraceable`), and ``auto`` probes with trials in
 step's own code raised, as it would in a real step (a ``KeyError`` in a collate, a shape
 mismatch in the loss, the user's own ``ValueError``): that error is re-raised as itself, its type
 and traceback kept so that the caller's ``except`` still catches it, with a note that it came
-from the trace (:func:`step_error`; :func:`add_note` also on Python 3.10); before, it came out as
+from the trace (:func:`step_error`; :func:`~autobatch.errors.add_note` also on Python 3.10); before, it came out as
 an ``EstimateError``, which no ``except ValueError`` of the user's caught. :func:`check_operands`
 raises what a real matrix product refuses and its fake kernel takes (two dtypes), so such a step
 fails as it would for real instead of being given an answer. :func:`untraceable_memory` names the
@@ -21,9 +21,9 @@ import re
 
 import torch
 
-from ..errors import in_packages, raised_through
+from ..errors import add_note, in_packages, raised_through
 
-__all__ = ["untraceable", "untraceable_memory", "step_error", "refused_size", "from_the_step", "add_note", "check_operands"]
+__all__ = ["untraceable", "untraceable_memory", "step_error", "refused_size", "from_the_step", "check_operands"]
 
 #: What a fake tensor cannot do, by the exception PyTorch raises, in the words of the user's code.
 _CANNOT = {
@@ -147,17 +147,6 @@ def check_operands(func, args: tuple) -> None:
 def from_the_step(exc: BaseException) -> bool:
     """Whether ``exc`` is a step's own error that a trace re-raised (:func:`step_error`)."""
     return any(isinstance(note, str) and note.startswith(NOTE) for note in getattr(exc, "__notes__", None) or ())
-
-
-def add_note(exc: BaseException, note: str) -> BaseException:
-    """``exc`` with ``note`` added: ``add_note`` on Python 3.11+; on 3.10, which has none, the
-    same ``__notes__`` list (read by the command line's one-line error; 3.10's tracebacks do not
-    print it)."""
-    if hasattr(exc, "add_note"):
-        exc.add_note(note)
-    else:  # Python 3.10
-        exc.__notes__ = [*(getattr(exc, "__notes__", None) or ()), note]
-    return exc
 
 
 def untraceable_memory(step) -> str | None:

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import math
 
+from ..errors import add_note
 from ..memory.units import format_bytes
 
 __all__ = ["with_trial_note", "growth_hint"]
@@ -41,14 +42,14 @@ def with_trial_note(exc: BaseException, batch_size: int, passed: list[int] | tup
         divisor = math.gcd(*passed)
         why = (f": every size that passed is a multiple of {divisor} and {batch_size} is not, so the multiple it needs "
                f"divides {divisor}") if divisor > 1 and batch_size % divisor else ""
-        exc.add_note(
+        add_note(exc, 
             f"autobatch: this error came from a probe trial at batch {batch_size}, after trials at {_sizes(passed)} "
             "passed: the step may refuse some batch sizes (a batch split in pairs or groups). Pass multiple_of (to "
             f"find_max_batch or plan(), or in a Runner's plan_options) so that only sizes it takes are tried{why}."
         )
         return exc
     if batch_size == 1:
-        exc.add_note(
+        add_note(exc, 
             "autobatch: this error came from a probe trial at batch 1; the probe goes down to batch 1 when larger "
             "batches run out of memory (or starts there). If the model cannot train on one sample (BatchNorm needs "
             "more than one value per channel in training), pass multiple_of=2 (to find_max_batch or plan(), or in a "

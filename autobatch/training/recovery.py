@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-from ..errors import PeerOutOfMemoryError, StepOutOfMemoryError
+from ..errors import PeerOutOfMemoryError, StepOutOfMemoryError, add_note
 from .. import checks
 from ..memory.oom import free_memory, is_oom_error
 from ..planning.checkpointing import enable_checkpointing
@@ -271,7 +271,7 @@ class OomRecovery:
         further = f", then to {failed_at}" if failed_at != after else ""
         fallback = "" if self.checkpointing_fallback else ", turn on activation checkpointing (checkpointing_fallback=True)"
         piece = f" (its smallest piece: {smallest} samples)" if smallest < failed_at else ""
-        exc.add_note(
+        add_note(exc, 
             f"autobatch: this error came at micro-batch {failed_at}{piece} in global step {self.step}, smaller than any "
             f"micro-batch that trained in this run: after an out-of-memory error at micro-batch {before} (step {step}) "
             f"the runner shrank it to {after}{further}. If the model cannot train on so few samples (BatchNorm needs "

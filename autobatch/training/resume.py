@@ -18,7 +18,7 @@ from typing import Any, Iterable, Iterator
 
 import torch
 
-from ..errors import CheckpointError, PeerFailedError
+from ..errors import CheckpointError, PeerFailedError, add_note
 from ..memory.simulated import host_memory, to_simulated_device
 from ..planning.checkpointing import enable_checkpointing
 from ..probe.shards import has_dtensors, load_plain_state, optimizer_state_for, plain_state
@@ -95,9 +95,10 @@ class Resumable:
         try:
             path = self.save()
         except Exception as error:  # noqa: BLE001 - the give-up's own error is the one to raise
-            exc.add_note(f"autobatch: the checkpoint of step {self.step} could not be written ({error})")
+            add_note(exc, f"autobatch: the checkpoint of step {self.step} could not be written ({error})")
         else:
-            exc.add_note(f"autobatch: the {self.step} steps trained are saved in {path} (the step given up is not "
+            trained = f"the {self.step} steps trained are" if self.step != 1 else "the 1 step trained is"
+            add_note(exc, f"autobatch: {trained} saved in {path} (the step given up is not "
                          "counted); go on from there with fit(data, resume=...)")
         return exc
 

@@ -10,7 +10,7 @@ import torch
 import autobatch
 from autobatch import TrainStep, find_max_batch
 from autobatch.probe.estimate import EstimateError
-from autobatch.probe.trace_failures import add_note
+from autobatch.errors import add_note
 
 
 def _step(loss, make_batch=lambda n: torch.randn(n, 16)) -> TrainStep:
