@@ -28,7 +28,7 @@ from typing import Any, Callable
 import torch
 
 from ..memory.allocator import expandable_segments, other_allocator_settings
-from ..version import __version__
+from ..version import __version__, code_fingerprint
 from .key_backends import attention_backends, layout_of
 from .key_batches import sample_batches
 from .trace_state import nested_codes
@@ -386,7 +386,7 @@ def key_components(
         allocator = other_allocator_settings()
         if allocator:  # (absent where none is set: the keys cached before stay)
             components["device"]["allocator"] = allocator
-    components["versions"] = {"torch": torch.__version__, "autobatch": __version__}
+    components["versions"] = {"torch": torch.__version__, "autobatch": __version__, "code": code_fingerprint()}
     components["probe"] = dict(probe)
     return components
 

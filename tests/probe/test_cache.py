@@ -7,6 +7,8 @@ import os
 import time
 import multiprocessing
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -193,6 +195,33 @@ def test_torch_version_is_in_the_key(monkeypatch):
     baseline = _key(*_variant("baseline"))
     monkeypatch.setattr(torch, "__version__", "0.0.0-other")
     assert _key(*_variant("baseline")) != baseline
+
+
+def test_autobatchs_own_code_is_in_the_key(monkeypatch, tmp_path):
+    """An answer an older checkout or editable install cached is not served after autobatch's code
+    changed (the version number changes only at a release)."""
+    import autobatch.probe.cache_key
+    from autobatch.version import code_fingerprint
+
+    baseline = _key(*_variant("baseline"))
+    monkeypatch.setattr(autobatch.probe.cache_key, "code_fingerprint", lambda: "another-commit")
+    assert _key(*_variant("baseline")) != baseline
+    # the fingerprint reads the package's files: a changed file changes it
+    package = tmp_path / "pkg"
+    package.mkdir()
+    (package / "version.py").write_text((Path(autobatch.__file__).parent / "version.py").read_text())
+    (package / "other.py").write_text("A = 1\n")
+    import importlib.util
+
+    def fingerprint() -> str:
+        spec = importlib.util.spec_from_file_location("copied_version", package / "version.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module.code_fingerprint()
+
+    before = fingerprint()
+    (package / "other.py").write_text("A = 2\n")
+    assert fingerprint() != before and len(before) == 16 and code_fingerprint() == code_fingerprint()
 
 
 def test_corrupt_and_foreign_files_warn_once_and_miss(isolated_probe_cache, caplog):
