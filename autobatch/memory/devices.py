@@ -83,6 +83,8 @@ class AcceleratorMemory:
     """Allocator statistics of one accelerator device (CUDA, ROCm, XPU, MPS)."""
 
     def __init__(self, device: torch.device) -> None:
+        if device.type == "cuda" and device.index is None:  # torch's per-process cap calls need an index
+            device = torch.device("cuda", torch.cuda.current_device())
         self.device = device
         label = device.type
         if device.type == "cuda":
