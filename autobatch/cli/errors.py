@@ -64,7 +64,8 @@ def one_line(exc: BaseException) -> str:
         if line and not line.startswith(_NOISE):
             kept.append(line)
     text = " ".join(kept) or type(exc).__name__
-    return text if len(text) <= 600 else text[:597] + "..."
+    # a long message loses its middle, not its end: the advice (what to change) comes last
+    return text if len(text) <= 600 else text[:397] + " ... " + text[-198:]
 
 
 #: The library's argument names in its messages, and the command line's keys for them.
@@ -89,6 +90,7 @@ _CLI_ADVICE = [
     (r"Pass multiple_of(=\d+)? \(to find_max_batch or plan\(\), or in a Runner's plan_options\)", r"Set probe.multiple_of\1"),
     (r"pass multiple_of(=\d+)? \(to find_max_batch or plan\(\), or in a Runner's plan_options\)", r"set probe.multiple_of\1"),
     (r"pass Runner\(min_micro_batch=(\d+)\)", r"set train.min_micro_batch=\1"),
+    (r"\(strategy='binary', or 'auto' with estimate_first=False\)", "(probe.strategy=binary)"),
 ]
 #: Library notes that the command line says in its own words (the saved steps: its line names
 #: the checkpoint and the command that continues the run).
