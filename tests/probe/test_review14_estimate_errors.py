@@ -11,6 +11,7 @@ import autobatch
 from autobatch import TrainStep, find_max_batch
 from autobatch.probe.estimate import EstimateError
 from autobatch.errors import add_note
+from test_review11_probe_trial_notes import _Pairs  # splits its batch in pairs
 
 
 def _step(loss, make_batch=lambda n: torch.randn(n, 16)) -> TrainStep:
@@ -77,18 +78,6 @@ def test_a_note_without_add_note_is_kept_in_notes():
     error = add_note(add_note(Old("x"), "first"), "second")
     assert error.__notes__ == ["first", "second"]
     assert autobatch.EstimateError is EstimateError
-
-
-class _Pairs(torch.nn.Module):
-    """Splits its batch in pairs: an odd size is a shape error."""
-
-    def __init__(self):
-        super().__init__()
-        self.layer = torch.nn.Linear(16, 8)
-
-    def forward(self, x):
-        out = self.layer(x)
-        return out.view(out.shape[0] // 2, 2, 8)
 
 
 def test_an_error_at_one_size_after_others_traced_says_to_pass_multiple_of():
