@@ -16,7 +16,8 @@
   are all-reduced (the mean over the ranks, as FSDP's); one without a gradient on every rank
   keeps ``None``.
 * :func:`check_mesh` - the step weights, votes and averages over every rank of the job: an
-  FSDP mesh of fewer ranks is one clear error at the start. :func:`check_clipping` -
+  FSDP mesh of fewer ranks, or of more than one dimension (HSDP, whose gradient all-reduce no
+  vote guards), is one clear error at the start. :func:`check_clipping` -
   ``max_grad_norm`` on a model sharded in parts is one too (torch's ``clip_grad_norm_``
   cannot take sharded and plain gradients together; it failed mid-step on every rank).
 """
@@ -122,10 +123,20 @@ def sync_plain_grads(model: torch.nn.Module, ballot: Any) -> None:
 
 
 def check_mesh(model: torch.nn.Module) -> None:
-    """``ValueError`` unless every sharded parameter of ``model`` lives on a mesh of all the
-    job's ranks: the step weights by, votes over and averages over every rank of the job."""
+    """``ValueError`` unless every sharded parameter of ``model`` lives on a 1-D mesh of all the
+    job's ranks: the step weights by, votes over and averages over every rank of the job, and
+    only FSDP's all-gathers and reduce-scatters are voted on. A mesh of more dimensions (HSDP's
+    ``(replicate, shard)``, a tensor-parallel one) adds collectives no vote guards (HSDP's
+    gradient all-reduce): a one-rank OOM left the other ranks in it until the sync deadline."""
     world = dist_sync.world_size()
     for name, param in model.named_parameters():
+        if is_dtensor(param) and param.device_mesh.ndim != 1:
+            raise ValueError(
+                f"{name} is sharded over a {param.device_mesh.ndim}-D mesh {tuple(param.device_mesh.shape)}; autobatch "
+                "votes on FSDP2's all-gathers and reduce-scatters only, and the all-reduce over a replicate (HSDP) or "
+                "tensor-parallel dimension would leave the other ranks waiting in it after one rank's OOM: "
+                "fully_shard over a 1-D mesh of all ranks (init_device_mesh(device, (world_size,)))"
+            )
         if is_dtensor(param) and param.device_mesh.size() != world:
             raise ValueError(
                 f"{name} is sharded over a mesh of {param.device_mesh.size()} ranks and the job has {world}; autobatch "
