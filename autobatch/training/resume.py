@@ -28,8 +28,7 @@ from .checkpoint_io import (
 from .checkpoint_values import check_loose_parameters, load_loose_parameters, saved_loose_parameters, storable
 from .epochs import EpochBatches, epoch_length, replayed, set_epoch, started
 from .multiples import resumed_micro_batch
-from .pacing import agree_epoch_length, for_steps
-from .progress import Progress
+from .pacing import agree_epoch_length, told_every_rank
 from .ranks import agree_resume, unwrap
 from .resume_checks import check_fits, check_kinds, kind, load_scheduler, position_for, precision_of, warn_changed_precision
 from .resume_checks import local_module_names, warn_persistent_workers, warn_replaced_settings, without_wrapper_prefix
@@ -125,7 +124,7 @@ class Resumable:
         if failure is not None or failed:  # no checkpoint written: not counted, nor named as the last one
             self.result.checkpoints_saved, self.result.checkpoint_path = counted
         if failure is not None:
-            raise failure
+            raise told_every_rank(failure)  # a save() in on_step_end: raised at once, not carried (step_end)
         if failed:
             raise PeerFailedError(
                 f"rank {', '.join(map(str, failed))} could not write the checkpoint of step {self.step} (see that "
@@ -176,28 +175,6 @@ class Resumable:
         torch.save({"rng": rng_state(self._data_generators), "epoch_rng": self._epoch_rng}, buffer)
         every = self._parallel.exchange_bytes(buffer.getvalue(), "checkpoint: random states")
         return [torch.load(io.BytesIO(data), weights_only=True) for data in every]
-
-    def _after_step(self, loss: float | torch.Tensor, size: int, progress: Progress, on_step_end) -> None:
-        self.step += 1
-        self.position += 1
-        self._epoch_samples = (self._epoch_samples if self.position > 1 else 0) + size
-        result = self.result
-        result.steps_this_run += 1
-        result.samples += size
-        self._last_loss = loss  # maybe a tensor still being computed: read when reported
-        if self.hygiene.after_step(self.step):
-            result.empty_cache_fires, result.empty_cache_seconds = self.hygiene.fires, self.hygiene.seconds
-        accumulation = len(self._piece_sizes())
-        progress.update(self.step, size, self.micro_batch, accumulation, len(result.oom_recoveries), loss)
-        if self.checkpoint_every and self.checkpoint_dir is not None and self.step % self.checkpoint_every == 0:
-            if self.position == self._epoch_batches and not getattr(self, "_each_step", False):
-                self._epoch_iter.end()  # the epoch's last batch: the checkpoint is of the next epoch's start
-            self.save()
-        if on_step_end is not None:
-            on_step_end({
-                "step": self.step, "epoch": self.epoch, "loss": float(loss), "micro_batch": self.micro_batch,
-                "accumulation": accumulation, "samples": size,
-            })  # fmt: skip
 
     def _epoch_ended(self) -> bool:
         """Whether the epoch's iterator was run to its end after its last batch trained, before
@@ -253,11 +230,6 @@ class Resumable:
         return ValueError(f"data yielded no batches in epoch {self.epoch + 1}: a generator or other one-shot iterator "
                           "is used up after one pass; pass a re-iterable (a list, a DataLoader), or epochs=1 / steps "
                           "no more than its batches")
-
-    def _paced(self, batches: Iterator[Any]) -> Iterator[Any]:
-        """The epoch's ``batches`` as the step loop takes them (:func:`~autobatch.training.pacing.for_steps`)."""
-        return for_steps(self._parallel if self.distributed else None, batches, getattr(self, "_each_step", False),
-                         lambda: self.step, self.epoch, lambda: self.position)
 
     def _continued_rng(self) -> dict[str, Any] | None:
         """Where an earlier ``fit()`` of this runner stopped inside an epoch (by ``steps``): the

@@ -57,6 +57,7 @@ from .pacing import FailedDraw
 from .progress import Progress
 from .recovery import OomRecovery
 from .resume import Resumable, epoch_length
+from .step_end import EndsSteps
 from .run_result import RunResult
 from .step_guard import StepGuard
 from .step_memory import StepMemory
@@ -70,7 +71,7 @@ log = logging.getLogger("autobatch")
 LossFn = Callable[[torch.nn.Module, Any], torch.Tensor]
 
 
-class Runner(OomRecovery, SplitsInMultiples, Resumable, PlansFromData, Stoppable):
+class Runner(OomRecovery, SplitsInMultiples, EndsSteps, Resumable, PlansFromData, Stoppable):
     """Train ``model`` on global batches of ``global_batch`` samples, surviving OOMs.
 
     Args:
@@ -250,7 +251,8 @@ class Runner(OomRecovery, SplitsInMultiples, Resumable, PlansFromData, Stoppable
         no checkpoint holds: see ``docs/runner.md``). ``on_step_end(info)`` is called after each applied update with
         ``step`` (steps done), ``epoch``, ``loss``, ``micro_batch``, ``accumulation`` (this
         rank's micro-batches in the step) and ``samples`` (the step's samples, over all ranks
-        when distributed).
+        when distributed); under ``torch.distributed`` an error it raises on some rank stops every
+        rank at the next step (undone) or at the end of ``fit`` (:mod:`autobatch.training.step_end`).
         Returns the :class:`~autobatch.RunResult` (also kept as ``runner.result``).
         """
         if epochs is None and steps is None:
@@ -266,7 +268,7 @@ class Runner(OomRecovery, SplitsInMultiples, Resumable, PlansFromData, Stoppable
         # be set back to its first epoch's state after the replay, and the next epoch repeat that order
         continued = self._continued_rng() if resume is None else None
         self._data_generators, self._epoch_batches = data_generators(data), epoch_length(data, 1)
-        first_epoch = None
+        first_epoch = self._hook_failure = None  # not an earlier fit()'s hook error
         resumed_rng = self._load(resume) if resume is not None else continued
         if self.micro_batch is None:  # planned on the first batch it trains, then trained: the first epoch's, or
             # a resumed one's where the run stopped before its first plan (an interrupt in it, then save())
@@ -289,7 +291,7 @@ class Runner(OomRecovery, SplitsInMultiples, Resumable, PlansFromData, Stoppable
                 ran = False
                 for batch in self._paced(batches):  # under torch.distributed: on every rank, or an error
                     ran = True
-                    loss, size = self._global_step(batch)
+                    loss, size = self._stepped(batch)  # _global_step; an error carried into it raised as itself
                     self._after_step(loss, size, progress, on_step_end)
                     stopped = self._stop_agreed()
                     if stopped or (steps is not None and self.step >= steps):
@@ -300,6 +302,7 @@ class Runner(OomRecovery, SplitsInMultiples, Resumable, PlansFromData, Stoppable
                         raise self._saved_on_give_up(self._no_batches(data))
                     self.epoch += 1
                     self.position = 0
+            self._hooks_returned()  # an on_step_end error of the last step, on every rank alike
         except StepOutOfMemoryError as exc:  # the step was undone: the steps before it are saved
             raise self._saved_on_give_up(exc)
         finally:
@@ -364,15 +367,10 @@ class Runner(OomRecovery, SplitsInMultiples, Resumable, PlansFromData, Stoppable
                 phase=lambda: self._phase, label=f"runner step {self.step}", global_batch=self.global_batch,
             )
             return loss
-        loss = accumulated_step(
-            self._train_step,
-            self._micro_batches(batch),
-            global_batch=size,
-            no_sync=self.no_sync,
-            on_phase=self._enter,
-            lazy=True,  # read when reported (progress, on_step_end, the result), not every step
+        return accumulated_step(  # lazy: read when reported (progress, on_step_end, the result), not every step
+            self._train_step, self._micro_batches(batch), global_batch=size, no_sync=self.no_sync,
+            on_phase=self._enter, lazy=True,
         )
-        return loss
 
     def _transfer(self, micro: Any) -> Any:
         self._enter("transfer")

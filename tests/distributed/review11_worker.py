@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import sys
 import time
+import traceback
 from pathlib import Path
 
 import torch
@@ -194,10 +195,102 @@ def plan_draw_error(rank: int, world: int, out: Path) -> dict:
     return _draw_error(rank, world, ddp=True, sized=True, fail_at=0, micro_batch=None)
 
 
+def _hook_error(rank: int, world: int, out: Path, *, ddp: bool, sized: bool, batches: int, epochs: int,
+                fail_after: int, raises: dict, checkpoint_every: int | None = None, checkpoints: bool = True,
+                linger: bool = True) -> dict:
+    """``Runner.fit(data, on_step_end=hook)`` where the hook raises ``raises[rank]()`` on the ranks
+    that have one, after ``fail_after`` steps (a tracker call failing on rank 0, an evaluation),
+    and that rank then lingers: every rank must stop at once (the failing ones with their own
+    error, its traceback and a note; the others a ``PeerFailedError``), not wait in the next
+    step's collectives (DDP's buckets: the default group's timeout) or at the final checkpoint's
+    sync point (the sync deadline) for as long as the failing rank's process lives."""
+    data = _Drawing([_share(batch, rank, world) for batch in make_data(48 * batches, 48)], rank, -1, sized)
+    model = _ddp_linear() if ddp else _ddp_linear().module
+    ckpt = out / "ckpt"
+    runner = Runner(model, torch.optim.SGD(model.parameters(), lr=0.1), mse, global_batch=48, micro_batch=12,
+                    checkpoint_dir=ckpt if checkpoints else None, checkpoint_every=checkpoint_every, **QUIET)
+
+    def hook(info: dict) -> None:
+        if info["step"] == fail_after and rank in raises:
+            raise raises[rank]()
+
+    caught: dict = {}
+
+    def fit():
+        try:
+            return runner.fit(data, epochs=epochs, on_step_end=hook).steps
+        except BaseException as exc:
+            caught.update(notes=list(getattr(exc, "__notes__", [])),
+                          frames=[frame.name for frame in traceback.extract_tb(exc.__traceback__)])
+            raise
+
+    report = _outcome(fit, linger=linger)
+    saved = torch.load(ckpt / "last.pt", weights_only=True)["step"] if (ckpt / "last.pt").exists() else None
+    return {**report, **caught, "step": runner.step, "saved": saved, "micro_batch": runner.micro_batch,
+            "recoveries": len(runner.result.oom_recoveries)}
+
+
+def _tracker_error() -> Exception:
+    return ValueError("rank 1's tracker: connection refused")
+
+
+def ddp_hook_error(rank: int, world: int, out: Path) -> dict:
+    """DDP, 2 batches an epoch: rank 1's hook raises after step 2, the epoch's last (carried over
+    the epoch's end to step 3, which is undone); checkpoint_every=1 saved step 2 before the hook."""
+    return _hook_error(rank, world, out, ddp=True, sized=True, batches=2, epochs=2, fail_after=2,
+                       raises={1: _tracker_error}, checkpoint_every=1)
+
+
+def stream_hook_last(rank: int, world: int, out: Path) -> dict:
+    """A plain module on data without a length (checked each step): rank 1's hook raises after
+    the run's last step, with checkpoint_dir: raised on every rank before the final save."""
+    return _hook_error(rank, world, out, ddp=False, sized=False, batches=2, epochs=1, fail_after=2,
+                       raises={1: _tracker_error})
+
+
+def plain_hook_oom(rank: int, world: int, out: Path) -> dict:
+    """A plain module: rank 1's hook (an evaluation) runs out of memory after step 1: that OOM is
+    not the next step's (no replay at a smaller micro-batch), it is raised as itself."""
+    def oom() -> Exception:
+        return torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB (rank 1's evaluation)")
+
+    return _hook_error(rank, world, out, ddp=False, sized=True, batches=3, epochs=1, fail_after=1,
+                       raises={1: oom}, linger=False)
+
+
+def ddp_hook_last(rank: int, world: int, out: Path) -> dict:
+    """DDP without checkpoint_dir: rank 1's hook raises after the run's last step (rank 0 used to
+    return as if the run were fine); then a run whose hook raises on every rank after step 1:
+    each raises its own error at once."""
+    last = _hook_error(rank, world, out / "last", ddp=True, sized=True, batches=2, epochs=1, fail_after=2,
+                       raises={1: _tracker_error}, checkpoints=False, linger=False)
+    every = _hook_error(rank, world, out / "every", ddp=True, sized=True, batches=2, epochs=1, fail_after=1,
+                        raises={0: lambda: KeyError("rank 0's metric"), 1: _tracker_error}, checkpoints=False,
+                        linger=False)
+    return {"last": last, "every": every}
+
+
+def hook_save_fails(rank: int, world: int, out: Path) -> dict:
+    """``runner.save(path)`` in ``on_step_end`` (every rank: it is collective) where rank 0 cannot
+    write ``path``: the save's sync point tells every rank (rank 0 its ``OSError``, rank 1 a
+    ``PeerFailedError``), so rank 0's error is raised at once, not carried to a next step that
+    rank 1 will not come to."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "blocker").write_text("a file where the checkpoint's directory should be")
+    data = [_share(batch, rank, world) for batch in make_data(96, 48)]
+    model = _ddp_linear()
+    runner = Runner(model, torch.optim.SGD(model.parameters(), lr=0.1), mse, global_batch=48, micro_batch=12, **QUIET)
+    report = _outcome(lambda: runner.fit(data, on_step_end=lambda info: runner.save(out / "blocker" / "last.pt")),
+                      linger=False)
+    return {**report, "step": runner.step}
+
+
 SCENARIOS = {"ddp_draw_error": ddp_draw_error, "stream_draw_error": stream_draw_error,
              "plan_draw_error": plan_draw_error, "probe_plain_error": probe_plain_error, "probe_module_error": probe_module_error,
              "fsdp_resume_bad_shard": fsdp_resume_bad_shard, "store_late_peer": store_late_peer,
-             "ddp_multiple": ddp_multiple}
+             "ddp_multiple": ddp_multiple, "ddp_hook_error": ddp_hook_error, "stream_hook_last": stream_hook_last,
+             "plain_hook_oom": plain_hook_oom, "ddp_hook_last": ddp_hook_last,
+             "hook_save_fails": hook_save_fails}
 
 if __name__ == "__main__":
     main(SCENARIOS)

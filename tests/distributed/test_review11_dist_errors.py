@@ -15,6 +15,13 @@
   and at planning's first draw.
 * ``Runner(multiple_of=4)`` under DDP: an OOM on rank 1 alone is replayed by both ranks at the same
   multiple.
+* ``Runner.fit(on_step_end=hook)`` where the hook raises on rank 1 (``autobatch.training.step_end``):
+  rank 1 raises its own error, rank 0 a ``PeerFailedError`` at once, after an epoch's last step
+  (DDP, carried over the epoch's end into the next step) and after the run's last step (the end
+  of ``fit``, before its final checkpoint; rank 0 used to wait out the deadline there, or to
+  return as if the run were fine); a hook's OOM is not replayed as the next step's; hooks raising
+  on every rank each raise their own; a ``runner.save()`` in the hook that failed on one rank
+  (its sync point told every rank) is raised at once, not carried.
 
 One launch for all (the failing scenarios leave the ranks in step; the stale vote comes after the
 probes so that the ranks' sync points pair again after it).
@@ -33,7 +40,9 @@ pytestmark = pytest.mark.skipif(not torch.distributed.is_available(), reason="ne
 
 WORKER = Path(__file__).resolve().parent / "review11_worker.py"
 SCENARIOS = ["probe_plain_error", "probe_module_error", "store_late_peer", "fsdp_resume_bad_shard", "ddp_multiple",
-             "ddp_draw_error", "stream_draw_error", "plan_draw_error"]
+             "ddp_draw_error", "stream_draw_error", "plan_draw_error", "ddp_hook_error", "stream_hook_last",
+             "plain_hook_oom", "ddp_hook_last", "hook_save_fails"]  # the last three linger not: a hang there would
+# upset no other
 
 
 @pytest.fixture(scope="module")
@@ -86,3 +95,48 @@ def test_a_rank_whose_data_raises_stops_its_peers_at_once(runs, scenario, says):
     assert abs(rank0["seconds"] - rank1["seconds"]) < 0.5 * rank0["limit"], (rank0, rank1)
     if scenario == "ddp_draw_error":  # rank 0 steps on the short second batch: its warning says which rank
         assert any(line.startswith("rank 0: a batch of 21 samples, not 24") for line in rank0["warnings"]), rank0
+
+
+@pytest.mark.parametrize("scenario", ["ddp_hook_error", "stream_hook_last"])
+def test_an_on_step_end_error_on_one_rank_stops_every_rank_at_once(runs, scenario):
+    """Rank 1's hook raises and rank 1 lingers: rank 0 stops at once, not after DDP's bucket wait
+    or the final checkpoint's sync deadline. The step whose hook raised is counted (and saved by
+    checkpoint_every, before the hook); the step the error surfaced in is undone; a run that ends
+    on it writes no final checkpoint, as in one process."""
+    rank0, rank1 = runs[scenario]
+    assert rank1["error"] == "ValueError" and "tracker: connection refused" in rank1["message"], rank1
+    assert any("raised by on_step_end after step 2" in note for note in rank1["notes"]), rank1
+    assert "hook" in rank1["frames"], rank1  # the hook's own traceback
+    assert rank0["error"] == "PeerFailedError", rank0
+    assert abs(rank0["seconds"] - rank1["seconds"]) < 0.5 * rank0["limit"], (rank0, rank1)
+    for report in (rank0, rank1):
+        assert report["step"] == 2 and report["saved"] == (2 if scenario == "ddp_hook_error" else None), report
+    if scenario == "stream_hook_last":
+        assert "the on_step_end of rank 1 raised an error after 2 steps (ValueError: " in rank0["message"], rank0
+
+
+def test_an_on_step_end_oom_is_raised_as_itself_not_replayed_as_the_next_steps(runs):
+    rank0, rank1 = runs["plain_hook_oom"]
+    assert rank1["error"] == "OutOfMemoryError" and "rank 1's evaluation" in rank1["message"], rank1
+    assert rank0["error"] == "PeerFailedError" and "on_step_end after 1 step: OutOfMemoryError: ran out of memory" in rank0["message"], rank0
+    for report in (rank0, rank1):
+        assert report["step"] == 1 and report["recoveries"] == 0 and report["micro_batch"] == 12, report
+
+
+def test_an_on_step_end_error_after_the_last_step_and_on_every_rank(runs):
+    rank0, rank1 = (report["last"] for report in runs["ddp_hook_last"])
+    assert rank1["error"] == "ValueError" and rank0["error"] == "PeerFailedError", (rank0, rank1)  # rank 0 returned
+    assert "the on_step_end of rank 1 raised an error after 2 steps" in rank0["message"], rank0
+    assert rank0["step"] == rank1["step"] == 2
+    rank0, rank1 = (report["every"] for report in runs["ddp_hook_last"])
+    assert rank0["error"] == "KeyError" and rank1["error"] == "ValueError", (rank0, rank1)  # each its own, no hang
+    assert rank0["step"] == rank1["step"] == 1 and rank0["seconds"] < 0.5 * rank0["limit"], rank0
+
+
+def test_an_on_step_end_save_that_failed_on_one_rank_is_raised_at_once_not_carried(runs):
+    """The save's own sync point told every rank: carried on, rank 0 waited out the deadline at a
+    next step rank 1 never came to."""
+    rank0, rank1 = runs["hook_save_fails"]
+    assert rank1["error"] == "PeerFailedError" and "could not write the checkpoint of step 1" in rank1["message"], rank1
+    assert rank0["error"] in ("NotADirectoryError", "FileExistsError"), rank0
+    assert rank0["seconds"] < 0.5 * rank0["limit"] and rank0["step"] == rank1["step"] == 1, rank0

@@ -1,0 +1,111 @@
+"""What the runner does between steps: count the step, report it, save it, call ``on_step_end``.
+
+A mixin of :class:`~autobatch.Runner`. Under ``torch.distributed`` the ``on_step_end`` hook runs
+on every rank, and an error it raises on one rank (rank 0's tracker call failing, your own
+evaluation between steps) must reach the others: raised there at once, it left its peers in
+the next step's collectives (inside DDP's gradient buckets, under the default group's timeout:
+30 minutes for gloo) for as long as that rank's process lived on. So there the error is kept
+(:meth:`EndsSteps._call_hook`, with a note saying which step's hook raised it) and carried to the
+next sync point every rank passes, as an error drawing a batch is
+(:mod:`~autobatch.training.pacing`): in place of the next batch drawn, raised by the next step's
+vote (or by the agreement before it, where the ranks check each step's batch), the step undone
+as any failed step is; after the run's last step, by one sync point at the end of ``fit()``,
+before its last checkpoint (:func:`~autobatch.training.pacing.every_rank_returned`). That rank
+raises its own error (its type, traceback and cause), its peers a
+:class:`~autobatch.errors.PeerFailedError` naming it; ranks whose hooks all raised each raise
+their own. The step whose hook raised is complete: counted, and saved where ``checkpoint_every``
+fell on it (before the hook ran), as in one process, where the error propagates at once.
+``KeyboardInterrupt`` and other ``BaseException`` are not held back, nor errors a sync point
+inside the hook already told every rank of (a ``runner.save()`` in it whose write failed:
+:func:`~autobatch.training.pacing.told_every_rank`, its peers' ``PeerFailedError``), nor a
+``RankDisagreementError`` there (a ``save()`` on one rank only: the ranks are out of step
+already): a next step would wait for peers that left.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Iterator
+
+import torch
+
+from ..errors import PeerFailedError, PeerOutOfMemoryError, RankDisagreementError, add_note
+from .pacing import FailedDraw, RaisedBeforeStep, every_rank_returned, for_steps, was_told
+from .progress import Progress
+
+__all__ = ["EndsSteps"]
+
+#: errors between ranks that a hook's own sync point raised (a ``runner.save()`` in it): not carried
+_BETWEEN_RANKS = (RankDisagreementError, PeerFailedError, PeerOutOfMemoryError)
+
+
+class EndsSteps:
+    """The runner's work between steps (a mixin of :class:`~autobatch.Runner`, which sets the attributes)."""
+
+    _hook_failure: FailedDraw | None = None  # this rank's on_step_end error, not raised yet (distributed)
+
+    def _after_step(self, loss: float | torch.Tensor, size: int, progress: Progress,
+                    on_step_end: Callable[[dict[str, Any]], None] | None) -> None:
+        self.step += 1
+        self.position += 1
+        self._epoch_samples = (self._epoch_samples if self.position > 1 else 0) + size
+        result = self.result
+        result.steps_this_run += 1
+        result.samples += size
+        self._last_loss = loss  # maybe a tensor still being computed: read when reported
+        if self.hygiene.after_step(self.step):
+            result.empty_cache_fires, result.empty_cache_seconds = self.hygiene.fires, self.hygiene.seconds
+        accumulation = len(self._piece_sizes())
+        progress.update(self.step, size, self.micro_batch, accumulation, len(result.oom_recoveries), loss)
+        if self.checkpoint_every and self.checkpoint_dir is not None and self.step % self.checkpoint_every == 0:
+            if self.position == self._epoch_batches and not getattr(self, "_each_step", False):
+                self._epoch_iter.end()  # the epoch's last batch: the checkpoint is of the next epoch's start
+            self.save()
+        if on_step_end is not None:
+            self._call_hook(on_step_end, lambda: {
+                "step": self.step, "epoch": self.epoch, "loss": float(loss), "micro_batch": self.micro_batch,
+                "accumulation": accumulation, "samples": size,
+            })  # fmt: skip
+
+    def _call_hook(self, hook: Callable[[dict[str, Any]], None], info: Callable[[], dict[str, Any]]) -> None:
+        """``hook(info())``; under ``torch.distributed`` an error it raises is kept, to be raised
+        where every rank learns of it (see the module)."""
+        if not self.distributed:
+            hook(info())
+            return
+        try:
+            hook(info())
+        except Exception as exc:  # noqa: BLE001 - not swallowed: raised at the next sync point of every rank
+            if isinstance(exc, _BETWEEN_RANKS) or was_told(exc):  # a sync point in the hook (its save()) told
+                raise  # every rank already, or the ranks are out of step: a next step would wait for peers that left
+            add_note(exc, f"autobatch: raised by on_step_end after step {self.step} (that step is trained and "
+                          "counted); under torch.distributed it is raised at the next point every rank passes (the "
+                          "next step, undone, or the end of fit(), before its checkpoint), so the other ranks stop too")
+            self._hook_failure = FailedDraw(exc, after=self.step)
+
+    def _take_hook_failure(self) -> FailedDraw | None:
+        """This rank's ``on_step_end`` error not raised yet (None the next time: it is raised now)."""
+        failure, self._hook_failure = self._hook_failure, None
+        return failure
+
+    def _paced(self, batches: Iterator[Any]) -> Iterator[Any]:
+        """The epoch's ``batches`` as the step loop takes them (:func:`~autobatch.training.pacing.for_steps`)."""
+        return for_steps(self._parallel if self.distributed else None, batches, getattr(self, "_each_step", False),
+                         lambda: self.step, self.epoch, lambda: self.position, self._take_hook_failure)
+
+    def _stepped(self, batch: Any) -> tuple[float | torch.Tensor, int]:
+        """:meth:`_global_step`; an error this rank carried into it (its data's, its hook's:
+        :class:`~autobatch.training.pacing.RaisedBeforeStep`) is raised as itself once the step is
+        undone, outside the handler, so its own context and cause are what a traceback shows."""
+        try:
+            return self._global_step(batch)
+        except RaisedBeforeStep as exc:
+            error = exc.failed.error
+        raise error
+
+    def _hooks_returned(self) -> None:
+        """The end of a ``fit()`` whose loop ended (every rank alike): under ``torch.distributed``
+        an ``on_step_end`` error of its last step raises on every rank (one sync point), before the
+        run's last checkpoint, which a run stopped by an error does not write in one process either."""
+        failure = self._take_hook_failure()
+        if self.distributed:
+            every_rank_returned(self._parallel, failure, self.step)
