@@ -151,6 +151,9 @@ class RankDisagreementError(RuntimeError):
     so no retry loop replays it.
     """
 
+    #: it may quote another rank's words: never an OOM of this rank, whatever they say (is_oom_error)
+    quotes_peers = True
+
     def __init__(self, rank: int, waiting_at: str, doing: dict[int, str], reason: str) -> None:
         self.rank = rank
         self.waiting_at = waiting_at
@@ -183,6 +186,10 @@ class PeerFailedError(RuntimeError):
 
     ``ranks`` lists the failed ranks; their own logs hold the original exception.
     """
+
+    #: its message quotes the failed rank's error: never an OOM of this rank, even where that error's
+    #: words are an allocator's (is_oom_error; the peer's replay would wait for a rank that left)
+    quotes_peers = True
 
     def __init__(self, message: str, ranks: list[int]) -> None:
         self.ranks = ranks

@@ -50,12 +50,13 @@ def is_oom_error(exc: BaseException) -> bool:
 
     True for ``torch.OutOfMemoryError`` (any device, and autobatch's simulated device) and for
     ``RuntimeError``s whose message is one of :data:`OOM_MESSAGES`. Everything else, including
-    ``MemoryError`` raised by autobatch itself when nothing fits, is False.
+    ``MemoryError`` raised by autobatch itself when nothing fits, and its errors between ranks
+    (``PeerFailedError``, ``RankDisagreementError``: their messages may quote another rank's OOM), is False.
     """
     if isinstance(exc, torch.OutOfMemoryError):
         return True
-    if not isinstance(exc, RuntimeError) or not exc.args:
-        return False
+    if not isinstance(exc, RuntimeError) or not exc.args or getattr(exc, "quotes_peers", False):
+        return False  # autobatch's errors between ranks quote another rank's message: not this rank's OOM
     message = str(exc.args[0])
     return any(marker in message for marker in OOM_MESSAGES)
 
