@@ -55,7 +55,8 @@ from torch.utils.checkpoint import checkpoint
 
 from .. import checks
 
-__all__ = ["CheckpointHandle", "enable_checkpointing", "find_blocks", "is_checkpointed"]
+__all__ = ["CheckpointHandle", "enable_checkpointing", "find_blocks", "is_checkpointed", "module_names_for",
+           "put_back_checkpointing", "take_checkpointing"]
 
 log = logging.getLogger("autobatch")
 
@@ -216,16 +217,59 @@ def find_blocks(model: nn.Module, targets: Iterable[str | type] | None = None) -
     return found
 
 
+#: attributes under which a wrapper holds the model: DDP's and DataParallel's ``module``,
+#: ``torch.compile``'s ``_orig_mod``, FSDP1's and checkpoint_wrapper's own
+WRAPPER_ATTRIBUTES = ("module", "_orig_mod", "_fsdp_wrapped_module", "_checkpoint_wrapped_module")
+
+
+def _has_module(model: nn.Module, name: str) -> bool:
+    try:
+        model.get_submodule(name)
+    except AttributeError:
+        return False
+    return True
+
+
+def _short(names: list[str], limit: int = 4) -> str:
+    shown = ", ".join(repr(name) for name in names[:limit])
+    return f"[{shown}{f', ... ({len(names)} in all)' if len(names) > limit else ''}]"
+
+
+def module_names_for(model: nn.Module, names: list[str]) -> list[str]:
+    """``names`` (module names of the model a plan was made on) as ``model`` has them, where the
+    two differ by wrappers (:data:`WRAPPER_ATTRIBUTES`): a plan made on a DDP- or
+    ``torch.compile``-wrapped model names ``module.blocks.0``, the bare model has ``blocks.0``,
+    and the other way round. Unchanged where they all resolve already, or where no such
+    translation makes them all resolve (:func:`enable_checkpointing` then names the missing)."""
+    stripped = [list(names)]  # planned wrapped: its wrappers' leading names taken off, one at a time
+    while all("." in name for name in stripped[-1]) and len(heads := {n.split(".", 1)[0] for n in stripped[-1]}) == 1 \
+            and heads <= set(WRAPPER_ATTRIBUTES):
+        stripped.append([name.split(".", 1)[1] for name in stripped[-1]])
+    prefixes, inner = [""], model  # applied wrapped: the wrappers' names put in front
+    while (child := next((name for name, _ in inner.named_children() if name in WRAPPER_ATTRIBUTES), None)) is not None:
+        inner = inner.get_submodule(child)
+        prefixes.append(f"{prefixes[-1]}{child}.")
+    for found in stripped:
+        for prefix in prefixes:
+            if all(_has_module(model, prefix + name) for name in found):
+                return [prefix + name for name in found]
+    return list(names)
+
+
 class CheckpointHandle:
     """The blocks :func:`enable_checkpointing` wrapped; :meth:`undo` unwraps them.
 
     ``modules`` lists their qualified names (for the plan). Usable as a context manager
-    (undo on exit). :meth:`undo` is idempotent.
+    (undo on exit). :meth:`undo` is idempotent, and removes only the wrapping this handle put
+    on (``forwards``, the installed forwards by name; None: any of autobatch's): a plan made
+    again on the same model wraps it anew, and an earlier plan's ``undo()`` unwrapped the new
+    plan's blocks, which then trained without the checkpointing it reported.
     """
 
-    def __init__(self, model: nn.Module, modules: list[str]) -> None:
+    def __init__(self, model: nn.Module, modules: list[str], forwards: dict[str, Any] | None = None) -> None:
         self.model = model
         self.modules = list(modules)
+        self.forwards = forwards
         self.active = True
 
     def undo(self) -> None:
@@ -234,7 +278,7 @@ class CheckpointHandle:
             return
         for name in self.modules:
             module = self.model.get_submodule(name)
-            if is_checkpointed(module):
+            if is_checkpointed(module) and (self.forwards is None or module.__dict__["forward"] is self.forwards.get(name)):
                 del module.__dict__["forward"]
         self.active = False
         log.info("activation checkpointing removed from %d modules", len(self.modules))
@@ -269,17 +313,39 @@ def enable_checkpointing(
     it; an empty handle when nothing was found to wrap.
     """
     checks.module("model", model)
-    wrapped: list[str] = []
+    wrapped: dict[str, _CheckpointedForward] = {}
     if isinstance(modules, str):
         modules = [modules]
     names = list(modules) if modules is not None else find_blocks(model, targets)
+    missing = [name for name in names if not _has_module(model, name)]
+    if missing:  # get_submodule's bare AttributeError ("Sequential has no attribute `module`") named neither
+        raise ValueError(f"modules {_short(missing)} are not modules of the model ({type(model).__name__}, whose "
+                         f"children are {_short([name for name, _ in model.named_children()])}): pass names of its "
+                         "modules (model.named_modules()), as a plan of this architecture lists them")
     for name in names:
         module = model.get_submodule(name)
         if "forward" in module.__dict__:
             if not is_checkpointed(module):
                 log.warning("not checkpointing %s: its forward is already replaced on the instance", name or "<model>")
             continue
-        module.forward = _CheckpointedForward(module)
-        wrapped.append(name)
+        module.forward = wrapped[name] = _CheckpointedForward(module)
     log.info("activation checkpointing enabled on %d modules", len(wrapped))
-    return CheckpointHandle(model, wrapped)
+    return CheckpointHandle(model, list(wrapped), wrapped)
+
+
+def take_checkpointing(model: nn.Module) -> dict[str, Any]:
+    """Unwrap every block of ``model`` that autobatch wrapped; return the installed forwards by
+    name, for :func:`put_back_checkpointing` to reinstall the same objects (so the handles that
+    installed them, an earlier plan's, still own and undo them)."""
+    taken = {name: module.__dict__["forward"] for name, module in model.named_modules() if is_checkpointed(module)}
+    for name in taken:
+        del model.get_submodule(name).__dict__["forward"]
+    return taken
+
+
+def put_back_checkpointing(model: nn.Module, taken: dict[str, Any]) -> None:
+    """Reinstall forwards :func:`take_checkpointing` took, where the block's forward is its class's."""
+    for name, forward in taken.items():
+        module = model.get_submodule(name)
+        if "forward" not in module.__dict__:
+            module.forward = forward

@@ -13,7 +13,7 @@ from typing import Any, Iterable
 
 from ..probe.result import ProbeResult
 from .accumulation import split_batch
-from .checkpointing import CheckpointHandle, enable_checkpointing
+from .checkpointing import CheckpointHandle, enable_checkpointing, module_names_for
 
 __all__ = ["Plan", "candidates_table", "short_list"]
 
@@ -58,10 +58,13 @@ class Plan:
 
     def apply(self, model: Any) -> CheckpointHandle | None:
         """Turn this plan's checkpointing on for ``model`` (e.g. a plan loaded from JSON, or
-        another copy of the planned model); :meth:`undo` removes it with the rest."""
+        another copy of the planned model); :meth:`undo` removes it with the rest. The plan's
+        module names are matched across wrappers (a plan made on a DDP- or ``torch.compile``-
+        wrapped model applies to the bare model, and the other way round); names the model does
+        not have are one ``ValueError``."""
         if not self.checkpointing:
             return None
-        handle = enable_checkpointing(model, modules=self.checkpointed_modules)
+        handle = enable_checkpointing(model, modules=module_names_for(model, self.checkpointed_modules))
         self.applied.append(handle)
         return handle
 

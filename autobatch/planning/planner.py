@@ -42,10 +42,12 @@ from ..probe.find import find_max_batch
 from ..probe.result import ProbeResult
 from ..probe.train_step import TrainStep
 from .accumulation import AccumulatingStep, micro_batch_sizes
-from .checkpointing import CheckpointHandle, enable_checkpointing, find_blocks, is_checkpointed
+from .batch_statistics import batch_statistics_note
+from .checkpointing import CheckpointHandle, enable_checkpointing, find_blocks, put_back_checkpointing, take_checkpointing
 from .fastest import ThroughputObjective
+from .plan_errors import PlanErrors
 from .plan_arguments import OBJECTIVES, ragged_message, smallest_batch, validate, validate_timing
-from .plan_result import Plan, candidates_table, short_list
+from .plan_result import Plan, candidates_table
 from .throughput import balanced_micro_batch
 
 __all__ = ["Plan", "plan", "OBJECTIVES", "candidates_table"]
@@ -129,8 +131,7 @@ def plan(
     planner = _Planner(step, global_batch, cap, checkpoint_targets, probe_kwargs, allow_checkpointing)
     # blocks a plan (or anyone with enable_checkpointing) left wrapped: plan from the plain model,
     # and leave them as given unless the new plan wraps the model itself
-    given = [name for name, module in step.model.named_modules() if is_checkpointed(module)]
-    CheckpointHandle(step.model, given).undo()
+    given = take_checkpointing(step.model)  # the same forwards go back: their plan's undo() still owns them
     try:
         if ragged:  # its micro-batches cannot all be multiples: one step, or no plan
             result = planner.one_step(allow_checkpointing, objective)
@@ -143,16 +144,16 @@ def plan(
             )
     except BaseException:
         planner.unwrap()
-        enable_checkpointing(step.model, modules=given)
+        put_back_checkpointing(step.model, given)
         raise
     if not result.checkpointing and given:
-        enable_checkpointing(step.model, modules=given)
+        put_back_checkpointing(step.model, given)
     log.info("plan: global %d = %d x %d micro-batches, checkpointing %s (%s)", result.global_batch, result.micro_batch,
              result.accumulation_steps, "on" if result.checkpointing else "off", result.reason)
     return result
 
 
-class _Planner(ThroughputObjective):
+class _Planner(PlanErrors, ThroughputObjective):
     """The state of one plan() call: probes run so far and the checkpoint handle."""
 
     def __init__(self, step, global_batch, cap, targets, probe_kwargs, allow_checkpointing: bool = True) -> None:
@@ -267,54 +268,6 @@ class _Planner(ThroughputObjective):
                               f"{'with' if checkpointing else 'without'} activation checkpointing ({size}): at most {reduced}")
         return reduced
 
-    def no_fit(self, plain_error: NoBatchFitsError, checkpoint_error: NoBatchFitsError | None, allowed: bool):
-        """The NoBatchFitsError for "not even batch 1", with both attempts' figures; where
-        checkpointing was not allowed, advice to allow it (accumulation cannot go below batch 1)."""
-        if not allowed:
-            smallest = plain_error.batch_size
-            lower = f", or a multiple_of below {smallest}" if self.probe_kwargs.get("multiple_of", 1) > 1 else ""
-            return self._attempts_error(plain_error, (
-                f"Not even batch {smallest} fits in one step, so gradient accumulation cannot help (no micro-batch is "
-                "smaller), and activation checkpointing was not tried (allow_checkpointing=False): allow it "
-                "(allow_checkpointing=True) to recompute the repeated blocks' activations in backward instead of "
-                f"keeping them{lower}; or try {self._other_options(checkpointing=False)}."))
-        if checkpoint_error is None:  # nothing to wrap
-            return self._attempts_error(
-                plain_error,
-                "Activation checkpointing was tried but found no repeated blocks to wrap; name the "
-                f"block classes in checkpoint_targets, or try {self._other_options()}.",
-            )
-        modules = self.handle.modules if self.handle is not None else []
-        return self._attempts_error(
-            checkpoint_error,
-            f"This is with activation checkpointing of {len(modules)} blocks "
-            f"({short_list(modules)}); without it batch {plain_error.batch_size} peaked at "
-            f"{format_bytes(plain_error.peak_bytes)} before failing. Try {self._other_options()}.",
-        )
-
-    def _other_options(self, checkpointing: bool = True) -> str:
-        """What is left to try when nothing fits: lower precision only where the step is not
-        already under fp16/bf16 autocast; checkpointing where it was not allowed (and
-        ``checkpointing``: the hint does not name it already)."""
-        precision = "" if self.step.autocast_dtype is not None else "lower precision (bf16/fp16 autocast), "
-        allow = "activation checkpointing (allow_checkpointing=True), " if checkpointing and not self.allow_checkpointing else ""
-        return (f"{allow}{precision}a smaller model or sequence length, an optimizer with less state, or a "
-                "larger memory_limit / device")
-
-    def _attempts_error(self, source: NoBatchFitsError, hint: str) -> NoBatchFitsError:
-        """``source``'s figures with a new hint, carrying every probe attempt in ``attempts``."""
-        error = NoBatchFitsError(
-            batch_size=source.batch_size,
-            capacity_bytes=source.capacity_bytes,
-            peak_bytes=source.peak_bytes,
-            device=source.device,
-            last_error=source.last_error,
-            hint=hint,
-            diagnostics=source.diagnostics,
-        )
-        error.attempts = self.probes
-        return error
-
     def one_step(self, allow_checkpointing: bool, objective: str) -> Plan:
         """A global batch that is not a multiple of ``multiple_of``: split, its micro-batches
         could not all be multiples (100 by 8 gave 96 + 4, and 65 gave 64 + 1, which BatchNorm
@@ -383,6 +336,10 @@ class _Planner(ThroughputObjective):
             self.wrap()
         else:
             self.unwrap()
+        note = batch_statistics_note(self.step.model, sizes)
+        if note is not None:  # accumulation is exact but for batch statistics: say so where the split meets them
+            log.warning("plan: %s", note)
+            self.notes.append(note)
         return Plan(
             global_batch=self.global_batch,
             micro_batch=max(sizes),

@@ -21,6 +21,7 @@ import torch
 
 from .. import checks
 from ..planning.accumulation import micro_batch_sizes
+from ..planning.batch_statistics import batch_norm_layers
 from ..planning.samples import items_message, per_sample_items
 
 __all__ = ["check_batch_count", "check_checkpoint_dir", "check_data", "check_options", "check_split", "model_device", "share_of",
@@ -136,11 +137,9 @@ def warn_batch_statistics(model: torch.nn.Module, sizes: list[int]) -> bool:
     depend on the batch), and an OOM recovery's smaller pieces change them again. The
     accumulation of every other loss is exact, so this is the one place the split shows.
     Returns whether it warned."""
-    names = [f"{name or 'the model'}: {type(module).__name__}" for name, module in model.named_modules()
-             if isinstance(module, torch.nn.modules.batchnorm._BatchNorm) and module.training]
-    if not names:
+    shown = batch_norm_layers(model)
+    if shown is None:
         return False
-    shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
     log.warning(
         "BatchNorm layers in training mode (%s) normalise each micro-batch with its own statistics: this step's "
         "micro-batches of %s train otherwise than one batch of %d would (gradients and running statistics; "

@@ -53,3 +53,18 @@ def test_no_warning_in_one_piece_with_frozen_batchnorm_or_with_layernorm(caplog)
         fit(frozen, micro_batch=4)
         fit(layer_norm, micro_batch=4)
     assert "BatchNorm" not in caplog.text
+
+
+def test_a_runner_that_planned_a_split_warns_once(caplog):
+    """``plan()`` warns where its split meets BatchNorm (review 14); a Runner that planned with it
+    does not warn a second time at its first split step."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 64), nn.BatchNorm1d(64), nn.Linear(64, 1))
+    data = [(torch.randn(64, 8), torch.randn(64, 1))]
+    runner = autobatch.Runner(model, torch.optim.SGD(model.parameters(), lr=0.1),
+                              lambda m, b: nn.functional.mse_loss(m(b[0]), b[1]), global_batch=64,
+                              plan_options={"memory_limit": "40KiB", "max_batch": 16}, progress=False, log_every=None)
+    with caplog.at_level(logging.WARNING, logger="autobatch"):
+        runner.fit(data)
+    said = [r.getMessage() for r in caplog.records if "BatchNorm" in r.getMessage()]
+    assert runner.micro_batch < 64 and len(said) == 1, said

@@ -1,0 +1,44 @@
+"""What a plan's split changes beyond memory: batch statistics (BatchNorm in training).
+
+Gradient accumulation is exact for a loss that is a mean over samples of per-sample terms
+(:mod:`autobatch.planning.accumulation`). BatchNorm in training mode breaks that: it
+normalises each forward's samples with their own mean and variance, so a plan of several
+micro-batches trains otherwise than one batch of the global size would (gradients, and the
+running statistics it tracks; GroupNorm and LayerNorm do not depend on the batch). A plan
+that splits such a model says so (a note and a warning) instead of passing for exact.
+"""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = ["batch_statistics_note", "batch_norm_layers", "BATCH_STATISTICS"]
+
+#: how the note begins (the runner that planned does not warn a second time)
+BATCH_STATISTICS = "BatchNorm in training mode ("
+
+
+def batch_statistics_note(model: torch.nn.Module, sizes: list[int]) -> str | None:
+    """A note for a plan whose micro-batches (``sizes``, more than one) meet BatchNorm layers of
+    ``model`` in training mode; None where the split changes no batch statistics."""
+    shown = batch_norm_layers(model) if len(sizes) >= 2 else None
+    if shown is None:
+        return None
+    smallest = min(sizes)
+    return (
+        f"{BATCH_STATISTICS}{shown}) normalises each micro-batch with its own statistics: micro-batches "
+        f"of {max(sizes)}{'' if smallest == max(sizes) else f' to {smallest}'} train otherwise than one batch of "
+        f"{sum(sizes)} would (gradients and running statistics), unlike the rest of the plan's accumulation, which "
+        "is exact. Where that matters: more memory (larger micro-batches), multiple_of=N (no micro-batch below N "
+        "samples), or GroupNorm / LayerNorm (they do not depend on the batch)"
+    )
+
+
+def batch_norm_layers(model: torch.nn.Module) -> str | None:
+    """``model``'s BatchNorm layers in training mode, named (the first three and a count); None
+    where it has none."""
+    names = [f"{name or 'the model'}: {type(module).__name__}" for name, module in model.named_modules()
+             if isinstance(module, torch.nn.modules.batchnorm._BatchNorm) and module.training]
+    if not names:
+        return None
+    return ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")

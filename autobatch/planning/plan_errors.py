@@ -1,0 +1,70 @@
+"""The planner's errors when no plan exists: every probe attempt's figures, and what to change.
+
+A mixin of the planner's per-call state (``step``, ``probes``, ``handle``, ``probe_kwargs``,
+``allow_checkpointing``): :meth:`PlanErrors.no_fit` builds the ``NoBatchFitsError`` for "not
+even batch 1 fits" (plainly, and with activation checkpointing where it was tried), carrying
+every probe attempt in ``attempts``, and a hint that names what is left to try.
+"""
+
+from __future__ import annotations
+
+from ..errors import NoBatchFitsError
+from ..memory.units import format_bytes
+from .plan_result import short_list
+
+__all__ = ["PlanErrors"]
+
+
+class PlanErrors:
+    """The planner's ``NoBatchFitsError`` messages (the planner provides its state)."""
+
+    def no_fit(self, plain_error: NoBatchFitsError, checkpoint_error: NoBatchFitsError | None, allowed: bool):
+        """The NoBatchFitsError for "not even batch 1", with both attempts' figures; where
+        checkpointing was not allowed, advice to allow it (accumulation cannot go below batch 1)."""
+        if not allowed:
+            smallest = plain_error.batch_size
+            return self._attempts_error(plain_error, (
+                f"Not even batch {smallest} fits in one step, so gradient accumulation cannot help (no micro-batch is "
+                "smaller), and activation checkpointing was not tried (allow_checkpointing=False): allow it "
+                "(allow_checkpointing=True) to recompute the repeated blocks' activations in backward instead of "
+                f"keeping them; or try {self._other_options(checkpointing=False)}."))
+        if checkpoint_error is None:  # nothing to wrap
+            return self._attempts_error(
+                plain_error,
+                "Activation checkpointing was tried but found no repeated blocks to wrap; name the "
+                f"block classes in checkpoint_targets, or try {self._other_options()}.",
+            )
+        modules = self.handle.modules if self.handle is not None else []
+        return self._attempts_error(
+            checkpoint_error,
+            f"This is with activation checkpointing of {len(modules)} blocks "
+            f"({short_list(modules)}); without it batch {plain_error.batch_size} peaked at "
+            f"{format_bytes(plain_error.peak_bytes)} before failing. Try {self._other_options()}.",
+        )
+
+    def _other_options(self, checkpointing: bool = True) -> str:
+        """What is left to try when nothing fits: a smaller ``multiple_of`` where one set the
+        smallest micro-batch (a plan at multiple_of=8 that checkpointing could not fit never tried
+        batch 1 to 7, and its hint did not say so); lower precision only where the step is not
+        already under fp16/bf16 autocast; checkpointing where it was not allowed (and
+        ``checkpointing``: the hint does not name it already)."""
+        multiple_of = self.probe_kwargs.get("multiple_of", 1)
+        lower = f"a multiple_of below {multiple_of} (no smaller micro-batch was tried), " if multiple_of > 1 else ""
+        precision = "" if self.step.autocast_dtype is not None else "lower precision (bf16/fp16 autocast), "
+        allow = "activation checkpointing (allow_checkpointing=True), " if checkpointing and not self.allow_checkpointing else ""
+        return (f"{allow}{lower}{precision}a smaller model or sequence length, an optimizer with less state, or a "
+                "larger memory_limit / device")
+
+    def _attempts_error(self, source: NoBatchFitsError, hint: str) -> NoBatchFitsError:
+        """``source``'s figures with a new hint, carrying every probe attempt in ``attempts``."""
+        error = NoBatchFitsError(
+            batch_size=source.batch_size,
+            capacity_bytes=source.capacity_bytes,
+            peak_bytes=source.peak_bytes,
+            device=source.device,
+            last_error=source.last_error,
+            hint=hint,
+            diagnostics=source.diagnostics,
+        )
+        error.attempts = self.probes
+        return error
