@@ -202,6 +202,9 @@ def hsdp(rank: int, world: int, out: Path) -> dict:
         error, message = None, ""
     except Exception as exc:  # noqa: BLE001 - reported
         error, message = type(exc).__name__, str(exc)
+    # the launch's last scenario: rank 0 hosts the store, and its process exits right after this
+    # returns; a rank 1 still finishing the 2-D mesh's groups then lost its connection to it
+    dist.barrier()
     return {"error": error, "message": message[:1000]}
 
 
