@@ -12,6 +12,8 @@ A sweep directory given again (``hydra.sweep.dir=``) still holds the rows of the
 sweep's jobs. So each sweep writes a fresh id into ``.sweep_id`` when it starts, every row
 carries the id of the sweep its job ran in, and the summary lists only the rows of the
 sweep that wrote the current id (the other rows and their job directories are left as they are).
+The earlier sweep's ``summary.csv``, ``summary.md`` and ``summary.png`` are removed when the new
+one starts: a sweep run with ``probe.plot=false`` kept (and named) the earlier sweep's picture.
 """
 
 from __future__ import annotations
@@ -44,6 +46,8 @@ SWEEP_ID_FILE = ".sweep_id"
 #: The key of a row's sweep id in its file (not a column of the summary).
 _SWEEP_KEY = "_sweep"
 PLOT_FILE = "summary.png"
+#: The files :func:`write_summary` writes into the sweep directory.
+SUMMARY_FILES = ("summary.csv", "summary.md", PLOT_FILE)
 COLUMNS = ("job", "overrides", "status", "batch_size", "trials", "peak", "time_s", "error")
 _last_sweep: list[Path] = []
 
@@ -93,12 +97,14 @@ def _short(text: str, limit: int = 120) -> str:
 
 
 def render_markdown(rows: list[dict[str, Any]]) -> str:
-    """The rows as a Markdown table; errors shortened to their first sentence."""
+    """The rows as a Markdown table; errors shortened to their first sentence, except an
+    interrupted job's, which is the command that continues it (cut, the printed table lost it)."""
     columns = _columns(rows)
     lines = ["| " + " | ".join(columns) + " |", "|" + "|".join(" --- " for _ in columns) + "|"]
     for row in rows:
         cells = [_cell(row.get(column)) for column in columns]
-        cells[-1] = _short(cells[-1])
+        if row.get("status") != "interrupted":
+            cells[-1] = _short(cells[-1])
         cells = [cell.replace("|", "\\|") for cell in cells]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
@@ -161,12 +167,18 @@ def _job_row(config: DictConfig, job_return: JobReturn) -> dict[str, Any]:
         # the job's exception, read without JobReturn.return_value, which writes Hydra's
         # "Error executing job with overrides" to stderr each time (the row says it)
         exc = getattr(job_return, "_return_value", None)
-        if isinstance(exc, BaseException):
-            error = getattr(exc, "message", None) or one_line(exc)
+        if isinstance(exc, BaseException):  # a CLIError's message; else (AUTOBATCH_TRACEBACK=1) with its type
+            error = getattr(exc, "message", None) or _with_type(exc)
         else:
             error = "unknown"
         row.update(status="failed", error=error)
     return row
+
+
+def _with_type(exc: BaseException) -> str:
+    """``Type: message`` on one line (a bare ``KeyError('lr')`` read ``'lr'`` in the summary)."""
+    text, name = one_line(exc), type(exc).__name__
+    return text if text == name else f"{name}: {text}"
 
 
 def _sweep_dir(config: DictConfig) -> Path:
@@ -213,6 +225,8 @@ class SweepSummary(Callback):
         if is_rank_zero():  # a new id: rows left by an earlier sweep into this directory are not this one's
             sweep_dir.mkdir(parents=True, exist_ok=True)
             _atomic_write(sweep_dir / SWEEP_ID_FILE, uuid.uuid4().hex + "\n")
+            for name in SUMMARY_FILES:  # the earlier sweep's summary is not this one's
+                (sweep_dir / name).unlink(missing_ok=True)
 
     def on_job_end(self, config: DictConfig, job_return: JobReturn, **kwargs: Any) -> None:
         if not is_rank_zero() or config.hydra.mode != RunMode.MULTIRUN:

@@ -46,7 +46,13 @@ SWEEP_LABELLED = 60
 
 def _pyplot():
     """matplotlib's pyplot on the Agg backend (files only, no display needed)."""
-    import matplotlib
+    try:
+        import matplotlib
+    except ImportError as exc:  # a dependency of autobatch, but an environment may lack it
+        raise ImportError(
+            f"plots need matplotlib ({exc}): pip install 'matplotlib>=3.7' (on the command line, "
+            "probe.plot=false skips the plots)"
+        ) from exc
 
     matplotlib.use("Agg", force=True)
     import matplotlib.pyplot as plt
@@ -143,6 +149,8 @@ def plot_probe(
 def _title(result: ProbeResult) -> str:
     how = result.strategy if result.strategy_used == result.strategy else f"{result.strategy} -> {result.strategy_used}"
     state = "untested estimate" if not result.tested else f"{result.num_trials} trials, {result.num_ooms} OOM"
+    if result.cached:  # the stored probe's trials: none ran now, and the time is the look-up's
+        state = f"from the probe cache ({state} stored)"
     return f"batch {result.batch_size} on {result.device}\n{how}; {state}; {result.elapsed_s:.2f} s"
 
 
@@ -237,14 +245,17 @@ def _finish_axis(axis: Any, xlabel: str, ylabel: str, title: str | None = None) 
         axis.set_title(title, fontsize=9)
 
 
-def plot_sweep(rows: Iterable[dict[str, Any]], path: str | os.PathLike, *, title: str | None = None) -> Path:
+def plot_sweep(
+    rows: "Iterable[dict[str, Any]] | str | os.PathLike", path: str | os.PathLike, *, title: str | None = None
+) -> Path:
     """Draw a sweep's rows (``batch_size``, ``time_s``, ``status``, ``overrides`` per job, as
-    in ``summary.csv``) into a PNG at ``path``: the found batch per job (bars; failed jobs
-    marked) above the time each job took; past :data:`SWEEP_LABELLED` jobs every k-th is
+    in ``summary.csv``; or a DataFrame of them, or the path of a ``summary.csv`` or of its sweep
+    directory) into a PNG at ``path``: the found batch per job (bars; failed and interrupted
+    jobs marked) above the probe's time (``time_s``); past :data:`SWEEP_LABELLED` jobs every k-th is
     labelled and the figure grows no wider. Returns the file written (:func:`plot_file`: ``~``
     expanded, ``.png`` added to a path without a suffix, an existing directory gets
     ``summary.png`` inside it)."""
-    rows = list(rows)
+    rows = _sweep_rows(rows)
     plt = _pyplot()
     path = plot_file(path, SWEEP_PLOT_NAME)
     labels = [_job_label(row) for row in rows]
@@ -258,19 +269,22 @@ def plot_sweep(rows: Iterable[dict[str, Any]], path: str | os.PathLike, *, title
     try:
         batches = [_number(row.get("batch_size")) for row in rows]
         times = [_number(row.get("time_s")) for row in rows]
-        failed = [row.get("status") not in (None, "ok") for row in rows]
+        states = [_state(row) for row in rows]  # None: ok; else "failed" or "interrupted"
         bars = batch_axis.bar(positions, [b or 0 for b in batches],
-                              color=[_FAIL if bad else _PASS for bad in failed])
-        for bar, batch, bad in list(zip(bars, batches, failed))[::every]:
-            text = "failed" if bad else ("-" if batch is None else f"{batch:g}")
+                              color=[_FAIL if state else _PASS for state in states])
+        for bar, batch, state in list(zip(bars, batches, states))[::every]:
+            text = state or ("-" if batch is None else f"{batch:g}")
             batch_axis.annotate(text, (bar.get_x() + bar.get_width() / 2, bar.get_height()),
-                                ha="center", va="bottom", fontsize=8, color=_FAIL if bad else "black")
+                                ha="center", va="bottom", fontsize=8, color=_FAIL if state else "black")
         batch_axis.set_ylabel("found batch")
         batch_axis.set_ylim(bottom=0, top=max([b or 0 for b in batches] + [1]) * 1.15)
         batch_axis.grid(True, axis="y", alpha=0.3)
-        batch_axis.set_title(title or f"sweep: {len(rows)} jobs, {sum(failed)} failed", fontsize=10)
+        stopped = states.count("interrupted")  # counted as the CLI's last line counts them
+        counts = f"{len(rows)} jobs, {sum(bool(s) for s in states) - stopped} failed" + (f", {stopped} interrupted" if stopped else "")
+        batch_axis.set_title(title or f"sweep: {counts}", fontsize=10)
         time_axis.bar(positions, [t or 0 for t in times], color="#7f7f7f")
-        time_axis.set_ylabel("time (s)")
+        time_axis.set_ylabel("probe time (s)")  # time_s: the probe's (0 when it came from the cache)
+        time_axis.set_ylim(bottom=0)
         time_axis.grid(True, axis="y", alpha=0.3)
         time_axis.set_xticks(positions[::every])
         time_axis.set_xticklabels(labels[::every], rotation=30, ha="right", fontsize=8)
@@ -280,6 +294,40 @@ def plot_sweep(rows: Iterable[dict[str, Any]], path: str | os.PathLike, *, title
     finally:
         plt.close(figure)
     return path
+
+
+def _sweep_rows(rows: Any) -> list[dict[str, Any]]:
+    """The rows as a list of mappings, from an iterable of them, a pandas DataFrame (as
+    ``pd.read_csv("summary.csv")`` gives), or the path of a ``summary.csv`` or of the sweep
+    directory holding one (a DataFrame or a path was iterated as column names or characters and
+    failed with ``'str' object has no attribute 'get'``)."""
+    if isinstance(rows, (str, os.PathLike)):
+        import csv
+
+        source = Path(rows).expanduser()
+        source = source / "summary.csv" if source.is_dir() else source
+        if not source.is_file():
+            raise FileNotFoundError(f"plot_sweep: {source} is not a file; give the rows, a summary.csv or the sweep directory")
+        with open(source, newline="", encoding="utf-8") as handle:
+            return list(csv.DictReader(handle))
+    if hasattr(rows, "to_dict") and hasattr(rows, "columns"):  # a pandas DataFrame
+        return list(rows.to_dict("records"))
+    rows = list(rows)
+    wrong = next((row for row in rows if not hasattr(row, "get")), None)
+    if wrong is not None:
+        raise TypeError(
+            f"plot_sweep takes the sweep's rows (mappings, as in summary.csv), a DataFrame of them or the path of "
+            f"a summary.csv; got a {type(wrong).__name__} among the rows"
+        )
+    return rows
+
+
+def _state(row: dict[str, Any]) -> str | None:
+    """None for a job that finished, else ``failed`` or ``interrupted`` (its ``status``)."""
+    status = row.get("status")
+    if status in (None, "ok") or (isinstance(status, float) and math.isnan(status)):
+        return None
+    return "interrupted" if status == "interrupted" else "failed"
 
 
 def _job_label(row: dict[str, Any]) -> str:
