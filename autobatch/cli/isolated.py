@@ -123,7 +123,5 @@ def probe_in_child(out_dir: Path) -> ProbeResult:
     if done.returncode != 0 or not result_file.is_file():
         raise CLIError(f"the probe's child process (probe.isolate) failed with exit status {done.returncode}; "
                        f"its error is above (run dir {out_dir})", done.returncode or RUNTIME_FAILURE)
-    data = json.loads(result_file.read_text(encoding="utf-8"))
-    for extra in ("command", "config"):
-        data.pop(extra, None)
+    data = json.loads(result_file.read_text(encoding="utf-8"))  # from_dict leaves out its command and config
     return forget_own_layout(ProbeResult.from_dict(data))  # the child laid out its own state, not this process's

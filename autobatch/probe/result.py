@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from .trial import TrialRecord
@@ -94,11 +94,13 @@ class ProbeResult:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "ProbeResult":
-        fields = dict(data)
-        for derived in ("num_trials", "num_ooms", "peak_bytes"):
-            fields.pop(derived, None)
-        fields["trials"] = [TrialRecord(**trial) for trial in fields["trials"]]
-        return cls(**fields)
+        """The result :meth:`to_dict` wrote; keys that are not its fields are left out, as
+        :meth:`~autobatch.Plan.from_dict` leaves them: the derived counts, and what the command
+        line's ``result.json`` adds (``command``, ``config``), which failed with a ``TypeError``."""
+        known = {item.name for item in fields(cls)}
+        values = {key: value for key, value in data.items() if key in known}
+        values["trials"] = [TrialRecord(**trial) for trial in values["trials"]]
+        return cls(**values)
 
     def summary(self) -> str:
         """A few readable lines: the answer, how it was found, and on what."""

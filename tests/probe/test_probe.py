@@ -216,6 +216,8 @@ def test_result_round_trips_through_json():
     assert {"batch_size", "passed", "peak_bytes", "seconds"} <= set(data["trials"][0])
     again = ProbeResult.from_dict(__import__("json").loads(result.to_json()))
     assert again == result
+    # the command line's result.json adds its command and config: read back too (was a TypeError)
+    assert ProbeResult.from_dict({**data, "command": "python -m autobatch probe", "config": {"probe": {}}}) == result
     assert "batch size      95" in result.summary()
 
 
