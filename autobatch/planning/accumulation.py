@@ -31,7 +31,7 @@ import torch
 
 from .. import checks
 from ..probe.train_step import TrainStep
-from .samples import batch_size_of, cycle_samples, map_samples, take_samples  # here too: where callers have found them
+from .samples import batch_size_of, cycle_samples, map_samples, narrow, take_samples  # here too: where callers have found them
 
 __all__ = [
     "batch_size_of",
@@ -128,8 +128,9 @@ def split_batch(batch: Any, micro_batch: int, *, balanced: bool = False, min_mic
     """Split ``batch`` along dim 0 into micro-batches of at most ``micro_batch`` samples (none
     below ``min_micro_batch``: :func:`micro_batch_sizes`).
 
-    ``batch`` is a tensor or a (nested) tuple, list, named tuple or dict of tensors; each
-    micro-batch has the same structure. The pieces are views (no copy). A list or tuple of
+    ``batch`` is a tensor or a (nested) tuple, list, named tuple, dict or dataclass of tensors;
+    each micro-batch has the same structure. The pieces are views (no copy; a sparse COO
+    tensor's are copies). A list or tuple of
     per-sample values as long as the batch (a default-collated list of file names) is split
     with it, as are per-sample dicts and the other forms of :mod:`~autobatch.planning.samples`
     (:func:`map_samples`); other non-tensor leaves and 0-dim tensors are shared by every
@@ -141,11 +142,12 @@ def split_batch(batch: Any, micro_batch: int, *, balanced: bool = False, min_mic
 
 def cut_batch(batch: Any, sizes_of: Callable[[int], list[int]]) -> list[Any]:
     """``batch`` cut along dim 0 into pieces of the sizes ``sizes_of(samples)`` gives (summing to
-    its samples), as :func:`split_batch` cuts it: views, per-sample values cut with them."""
+    its samples), as :func:`split_batch` cuts it: views (a sparse COO tensor's pieces are copies:
+    it has no views), per-sample values cut with them."""
     total = batch_size_of(batch)
     check_samples(total)
     sizes = sizes_of(total)
-    return [map_samples(batch, lambda t, start=start, size=size: t.narrow(0, start, size),
+    return [map_samples(batch, lambda t, start=start, size=size: narrow(t, start, size),
                         lambda values, start=start, size=size: values[start:start + size], total)
             for start, size in zip(_offsets(sizes), sizes)]
 

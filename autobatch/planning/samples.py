@@ -11,8 +11,12 @@ What is per sample follows what ``DataLoader``'s ``default_collate`` builds, and
 collates beside it (a detection collate's tuple of per-sample dicts, a list of variable-length
 token lists); the rule, in ``docs/runner.md`` ("What a batch may hold"):
 
-* a tensor with a dimension is split along dim 0; a 0-dim tensor, a number, a string, ``None``
-  are shared by every micro-batch; dicts and named tuples hold fields, each read by this rule;
+* a tensor with a dimension is split along dim 0 (a sparse COO one too); a 0-dim tensor, a
+  number, a string, ``None`` are shared by every micro-batch; dicts, named tuples and
+  dataclasses hold fields, each read by this rule;
+* what cannot be cut along dim 0 is one error naming its place and what to pass instead: a
+  ``PackedSequence`` (its samples interleaved in one tensor), a nested tensor, a sparse
+  CSR/CSC/BSR/BSC tensor (:func:`check_cuttable`);
 * a list or tuple holding tensors or dicts holds the batch's *fields* (default_collate's
   ``(inputs, targets)``, each split) where their tensors all have the batch's samples on dim 0,
   else *one entry per sample* (split as a list) where it has one entry per sample, else it is
@@ -34,12 +38,18 @@ it is one error naming the forms to pass instead (:func:`per_sample_items`).
 
 from __future__ import annotations
 
+import dataclasses
 import numbers
 from typing import Any, Callable, Iterable, Mapping
 
 import torch
+from torch.nn.utils.rnn import PackedSequence
 
-__all__ = ["batch_size_of", "cycle_samples", "items_message", "map_samples", "per_sample_items", "take_samples"]
+__all__ = ["batch_size_of", "check_cuttable", "cycle_samples", "items_message", "map_samples", "narrow",
+           "per_sample_items", "take_samples"]
+
+# layouts with no dim-0 slicing or index_select on them (torch 2.x): CSR's "do not have strides"
+_UNCUT_LAYOUTS = (torch.sparse_csr, torch.sparse_csc, torch.sparse_bsr, torch.sparse_bsc)
 
 
 def take_samples(batch: Any, index: torch.Tensor, total: int) -> Any:
@@ -67,7 +77,7 @@ def cycle_samples(batch: Any, size: int, total: int) -> Any:
     rounds, rest = divmod(size, total)
 
     def tensors(tensor: torch.Tensor) -> torch.Tensor:
-        return torch.cat([tensor] * rounds + ([tensor.narrow(0, 0, rest)] if rest else []))
+        return torch.cat([tensor] * rounds + ([narrow(tensor, 0, rest)] if rest else []))
 
     return map_samples(batch, tensors, lambda found: type(found)(list(found) * rounds + list(found[:rest])), total)
 
@@ -75,7 +85,9 @@ def cycle_samples(batch: Any, size: int, total: int) -> Any:
 def batch_size_of(batch: Any) -> int:
     """The number of samples in ``batch``: dim 0 of its tensors, those in a list of per-sample
     entries aside (that list's length counts); one ``ValueError`` naming the tensors where they
-    disagree, or where there is none with a batch dimension."""
+    disagree, or where there is none with a batch dimension; what cannot be cut along dim 0 is
+    refused first (:func:`check_cuttable`)."""
+    check_cuttable(batch)
     sizes = _fields(batch)
     if _items(batch, sizes):
         raise ValueError(items_message(batch, sizes))
@@ -94,8 +106,55 @@ def batch_size_of(batch: Any) -> int:
     raise ValueError(
         f"batch tensors disagree on dim 0 (the batch dimension): {found}. Every tensor needs the batch's samples on "
         "dim 0, but those in a list or tuple with one entry per sample (per-sample tensors or dicts, as a detection "
-        "collate makes); see 'What a batch may hold' in docs/runner.md"
+        "collate makes): make a sequence-first tensor batch-first (.transpose(0, 1)), and keep a tensor shared by "
+        "the whole batch (a vocabulary mask, class weights) out of the batch (on the model, or in the loss_fn's "
+        "closure): autobatch cannot tell it from a per-sample one; see 'What a batch may hold' in docs/runner.md"
     )
+
+
+def narrow(tensor: torch.Tensor, start: int, length: int) -> torch.Tensor:
+    """``tensor``'s samples ``start`` to ``start + length`` (dim 0): a view, or for a sparse COO
+    tensor, which has no views (``narrow`` raised torch's "Could not run 'aten::as_strided'"), a copy."""
+    if tensor.layout == torch.sparse_coo:
+        return tensor.narrow_copy(0, start, length)
+    return tensor.narrow(0, start, length)
+
+
+def check_cuttable(batch: Any, path: str = "batch") -> None:
+    """One ``ValueError`` naming the first part of ``batch`` that cannot be cut along dim 0, and
+    what to pass instead: a ``PackedSequence`` (read as a named tuple, its packed data's dim 0
+    counts tokens: "batch tensors disagree"), a nested tensor or a sparse CSR/CSC/BSR/BSC tensor
+    (torch's own errors from inside the step: "NestedTensorImpl doesn't support sizes")."""
+    if isinstance(batch, PackedSequence):
+        raise ValueError(
+            f"{path} is a PackedSequence: its samples are interleaved in one packed tensor, which autobatch cannot cut "
+            "into micro-batches. Pass the padded batch-first tensor and the lengths as a tensor (the collate's "
+            "pad_sequence(..., batch_first=True), torch.tensor(lengths)) and pack them in the loss_fn "
+            "(torch.nn.utils.rnn.pack_padded_sequence(x, lengths.cpu(), batch_first=True, enforce_sorted=False))")
+    if isinstance(batch, torch.Tensor):
+        kind = "nested" if batch.is_nested else f"sparse {batch.layout}" if batch.layout in _UNCUT_LAYOUTS else None
+        if kind is not None:
+            raise ValueError(
+                f"{path} is a {kind} tensor, which torch cannot cut along dim 0 (the batch's samples), so autobatch "
+                "cannot split it into micro-batches. Pass a padded dense tensor with a mask, a sparse COO tensor "
+                "(.to_sparse_coo()), or a list of the samples' tensors beside a tensor with the batch's samples on "
+                "dim 0; see 'What a batch may hold' in docs/runner.md")
+        return
+    for key, value in _children(batch, path):
+        check_cuttable(value, key)
+
+
+def _children(node: Any, path: str) -> list[tuple[str, Any]]:
+    """``(path, value)`` of each part of a dict, dataclass, named tuple, list or tuple (none for a leaf)."""
+    if isinstance(node, Mapping):
+        return [(f"{path}[{key!r}]", value) for key, value in node.items()]
+    if _dataclass(node):
+        return [(f"{path}.{field.name}", getattr(node, field.name)) for field in dataclasses.fields(node)]
+    if _named(node):
+        return [(f"{path}.{name}", value) for name, value in zip(node._fields, node)]
+    if isinstance(node, (list, tuple)):
+        return [(f"{path}[{index}]", value) for index, value in enumerate(node)]
+    return []
 
 
 def per_sample_items(batch: Any) -> bool:
@@ -152,8 +211,8 @@ def _form(node: Any, shape: bool = False) -> tuple:
     sequence's length, an image's)."""
     if isinstance(node, torch.Tensor):
         return ("tensor", tuple(node.shape) if shape else node.dim(), node.dtype)
-    if isinstance(node, Mapping):
-        return ("map", tuple((key, _form(value)) for key, value in node.items()))
+    if isinstance(node, Mapping) or _dataclass(node):
+        return ("map", type(node), tuple((key, _form(value)) for key, value in _children(node, "")))
     if isinstance(node, (list, tuple)):
         return ("seq", type(node), tuple(_form(value) for value in node))
     return ("value", type(node))
@@ -177,6 +236,10 @@ def _map(node: Any, path: str, tensors: Callable, values: Callable, total: int, 
             return type(node)(items)
         except TypeError:  # a mapping type that cannot be built from a dict (defaultdict)
             return items
+    if _dataclass(node):  # rebuilt through its __init__ (and __post_init__), as dataclasses.replace does
+        return dataclasses.replace(node, **{field.name: _map(getattr(node, field.name), f"{path}.{field.name}", tensors,
+                                                              values, total)
+                                            for field in dataclasses.fields(node) if field.init})
     if _named(node):
         return type(node)(*(_map(value, f"{path}.{name}", tensors, values, total) for name, value in zip(node._fields, node)))
     if not isinstance(node, (tuple, list)) or not node:
@@ -224,13 +287,13 @@ def _fits(node: Any) -> frozenset[int] | None:
             return None
         fields = _fields(node)
         return None if fields is None else fields | {len(node)}
-    return _fields(node) if isinstance(node, (Mapping, tuple)) else None
+    return _fields(node) if isinstance(node, (Mapping, tuple)) or _dataclass(node) else None
 
 
 def _fields(node: Any) -> frozenset[int] | None:
     """The batch sizes ``node``'s fields agree on (None: any; empty: none)."""
-    if isinstance(node, Mapping):
-        return _meet(_fits(value) for value in node.values())
+    if isinstance(node, Mapping) or _dataclass(node):
+        return _meet(_fits(value) for _, value in _children(node, ""))
     if isinstance(node, (list, tuple)):
         return _meet(_fits(value) for value in node)
     return _fits(node)
@@ -248,21 +311,23 @@ def _leaf_sizes(node: Any, path: str) -> list[tuple[str, int]]:
     """``(path, dim 0)`` of every tensor with a dimension in ``node``, for a message."""
     if isinstance(node, torch.Tensor):
         return [(path, node.shape[0])] if node.dim() > 0 else []
-    if isinstance(node, Mapping):
-        return [found for key, value in node.items() for found in _leaf_sizes(value, f"{path}[{key!r}]")]
-    if isinstance(node, (list, tuple)):
-        return [found for index, value in enumerate(node) for found in _leaf_sizes(value, f"{path}[{index}]")]
-    return []
+    return [found for where, value in _children(node, path) for found in _leaf_sizes(value, where)]
 
 
 def _named(node: Any) -> bool:
     return isinstance(node, tuple) and hasattr(node, "_fields")
 
 
+def _dataclass(node: Any) -> bool:
+    """A dataclass instance (not the class), read as fields like a dict; a model output that is
+    also a mapping (Hugging Face's ``ModelOutput``) is read as the mapping."""
+    return dataclasses.is_dataclass(node) and not isinstance(node, type) and not isinstance(node, Mapping)
+
+
 def _plain(node: list | tuple) -> bool:
     """Whether ``node`` holds no tensor and no mapping, at any depth of lists and tuples."""
-    return not any(isinstance(value, (torch.Tensor, Mapping)) or (isinstance(value, (list, tuple)) and not _plain(value))
-                   for value in node)
+    return not any(isinstance(value, (torch.Tensor, Mapping)) or _dataclass(value)
+                   or (isinstance(value, (list, tuple)) and not _plain(value)) for value in node)
 
 
 def _all_text(node: list | tuple) -> bool:

@@ -15,6 +15,7 @@ import torch
 from torch.utils.data import Dataset, default_collate
 
 from .. import checks
+from ..training.batch_ops import map_tensors
 
 __all__ = ["SyntheticBatches", "DatasetBatches", "RandomClassification"]
 
@@ -79,8 +80,11 @@ class SyntheticBatches:
 
 
 class DatasetBatches:
-    """Consecutive samples of a map-style dataset, collated and moved to ``device``; wraps
-    around at the end. Samples must be ``(input, target)`` pairs of equal shapes."""
+    """Consecutive samples of a map-style dataset, collated (``default_collate``) and moved to
+    ``device``; wraps around at the end. Samples are any structure ``default_collate`` stacks
+    (``(input, target)`` pairs, dicts, with strings beside), of equal shapes; every tensor of
+    the batch is moved (a dict sample's batch was iterated as its keys: "'str' object has no
+    attribute 'to'")."""
 
     def __init__(self, dataset: Dataset, device: torch.device | str = "cpu") -> None:
         if not hasattr(dataset, "__len__") or len(dataset) == 0:  # type: ignore[arg-type]
@@ -97,7 +101,9 @@ class DatasetBatches:
         samples = [self.dataset[(self.position + i) % size] for i in range(batch_size)]
         self.position = (self.position + batch_size) % size
         batch = default_collate(samples)
-        return tuple(part.to(self.device) for part in batch)
+        if isinstance(batch, list):  # default_collate's list for tuple samples: the (inputs, targets) tuple
+            batch = tuple(batch)
+        return map_tensors(batch, lambda tensor: tensor.to(self.device), scalars=True)
 
 
 class RandomClassification(Dataset):
