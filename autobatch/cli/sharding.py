@@ -33,7 +33,7 @@ from torch.utils.data import Sampler
 
 from ..dist import agreement as dist_sync
 from ..planning.accumulation import batch_size_of
-from ..training.batch_ops import map_tensors
+from ..planning.samples import map_samples
 
 __all__ = ["per_rank_batch", "share_bounds", "take_share", "epoch_seed", "ShardedBatches"]
 
@@ -62,12 +62,17 @@ def share_bounds(size: int, rank: int, world: int) -> tuple[int, int]:
 
 
 def take_share(batch: Any, rank: int, world: int) -> Any:
-    """``rank`` 's block of every tensor of ``batch`` (dim 0), as a copy so that the rest of the
-    global batch is freed; ``batch`` itself when ``world`` is 1."""
+    """``rank`` 's block of ``batch``'s samples, as a copy so that the rest of the global batch is
+    freed; ``batch`` itself when ``world`` is 1. Per sample as the runner cuts it
+    (:func:`~autobatch.planning.samples.map_samples`): tensors on dim 0, and lists of per-sample
+    entries too (file names, a detection collate's dicts: every rank kept all of them); a 0-dim
+    tensor is shared."""
     if world == 1:
         return batch
-    start, stop = share_bounds(batch_size_of(batch), rank, world)
-    return map_tensors(batch, lambda tensor: tensor[start:stop].clone())
+    total = batch_size_of(batch)
+    start, stop = share_bounds(total, rank, world)
+    return map_samples(batch, lambda tensor: tensor[start:stop].clone(), lambda found: type(found)(found[start:stop]),
+                       total)
 
 
 def epoch_seed() -> int:

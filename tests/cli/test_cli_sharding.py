@@ -84,6 +84,9 @@ def test_take_share_copies_its_block_and_keeps_one_process_batches_as_they_are()
     share = take_share(batch, 1, 2)  # 5 over 2 ranks: 3 and 2
     assert share["y"].tolist() == [3, 4] and share["x"].tolist() == [[6, 7], [8, 9]]
     assert share["x"].untyped_storage().nbytes() == 4 * 8  # not a view of the whole batch
+    # per-sample lists are this rank's too (every rank kept all the names), a 0-dim tensor is shared
+    named = take_share({"x": torch.arange(5), "name": [f"img{i}" for i in range(5)], "scale": torch.tensor(2.0)}, 1, 2)
+    assert named["name"] == ["img3", "img4"] and named["x"].tolist() == [3, 4] and named["scale"].item() == 2.0
 
 
 def test_ranks_other_than_zero_keep_hydra_out_of_the_run_directory(monkeypatch):
