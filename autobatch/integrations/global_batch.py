@@ -54,10 +54,11 @@ def split_keeping(global_batch: int, world: int, largest: int, given: int | None
     accumulation, size = accumulation_for(share, largest, multiple_of=multiple_of)
     if given is None or given <= 1 or given == accumulation:
         return Split(accumulation, size)
-    if share % given == 0 and (share // given) % multiple_of == 0 and share // given <= largest:
+    exact = share % given == 0 and (share // given) % multiple_of == 0  # equal micro-batches, each a multiple
+    if exact and share // given <= largest:
         return Split(given, share // given, fewer=accumulation if accumulation < given else None)
     ranks = f" of each of {world} {unit}{'es' if unit.endswith('s') else 's'}" if world > 1 else ""
-    if share % given or (share // given) % multiple_of:
+    if not exact:
         multiple = f" that are multiples of multiple_of={multiple_of}" if multiple_of > 1 else ""
         why = f"does not split the {share} samples per optimizer step{ranks} into equal micro-batches{multiple}"
     else:

@@ -43,7 +43,7 @@ class PlansFromData:
         if self.distributed:  # the first draw too, as every step's: one rank without a batch (or whose
             # data raised drawing it) is an error on all
             first = next(carried(batches), _NONE)
-            failure = first.error if isinstance(first, FailedDraw) else None
+            failure = first if isinstance(first, FailedDraw) else None
             every_rank_has(self._parallel, first is not _NONE, self.step, self.epoch, self.position, failure=failure)
         else:
             first = next(batches, _NONE)

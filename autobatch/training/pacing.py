@@ -65,9 +65,10 @@ class FailedDraw:
         return f"{where} ({self.summary()})"
 
     def summary(self) -> str:
-        """The error's type and first line; an OOM's message is left out: a peer's error that
-        quoted it (a ``RuntimeError``) read as an OOM of its own to :func:`~autobatch.is_oom_error`,
-        and that peer replayed the step while this rank had left it."""
+        """The error's type and first line; an OOM's message is left out (the allocator's long
+        text is in that rank's log). A peer's error that quotes this summary is never an OOM of
+        the peer's own: :func:`~autobatch.is_oom_error` skips errors between ranks
+        (``PeerFailedError.quotes_peers``)."""
         if is_oom_error(self.error):
             return f"{type(self.error).__name__}: ran out of memory (the message is in that rank's log)"
         first = (str(self.error).strip().splitlines() or [""])[0][:240]
@@ -183,14 +184,12 @@ def for_steps(parallel: Any, batches: Iterator[Any], each_step: bool, step: Call
 
 
 def every_rank_has(parallel: Any, has: bool, step: int, epoch: int, position: int, *,
-                   failure: Exception | FailedDraw | None = None) -> None:
+                   failure: FailedDraw | None = None) -> None:
     """The sync point before each step (and planning's first draw): every rank says whether it
     drew a batch; where some did and some did not, :class:`UnevenDataError` on every rank.
     ``failure``: this rank's data raised it while drawing (or its ``on_step_end``, a
     :class:`FailedDraw` with ``after``); it raises it, its peers
     :class:`~autobatch.errors.PeerFailedError`."""
-    if isinstance(failure, Exception):
-        failure = FailedDraw(failure)
     kind = 0 if failure is None else failure.kind()
     rows = parallel.exchange([int(has), position, kind], f"runner step {step}: every rank has a batch")
     _raise_failed(parallel, [row[2] for row in rows], failure, step, f"runner step {step}")
