@@ -19,6 +19,7 @@ from typing import Iterator, Protocol
 
 import torch
 
+from .allocator import expandable_segments_on
 from .simulated import SimulatedMemory, active_simulation, simulated_memory
 from .units import format_bytes
 
@@ -147,6 +148,18 @@ class AcceleratorMemory:
         if self.device.type != "cuda":
             return None
         return int(torch.cuda.memory_stats(self.device).get("inactive_split_bytes.all.current", 0))
+
+    def largest_segment(self) -> int | None:
+        """Bytes of the largest segment the caching allocator now holds; None off CUDA and under
+        expandable segments (whose segments grow page by page, so their size says nothing of
+        one request). Under fixed segments a request above 10 MiB that no cached block serves
+        gets a segment of its own, its size rounded up to 2 MiB: after a trial, with the cache
+        emptied before it, the largest segment is the trial's largest request (or the largest
+        tensor made before the trial)."""
+        if self.device.type != "cuda" or expandable_segments_on(self.device):
+            return None
+        segments = torch.cuda.memory_snapshot()
+        return max((int(s["total_size"]) for s in segments if s.get("device") == self.device.index), default=0)
 
     def alloc_retries(self) -> int | None:
         """How many times the caching allocator has returned its cached blocks to the driver to

@@ -26,6 +26,7 @@ from .arguments import STRATEGY_NAMES, validate_places, validate_probe_args, val
 from .batch_growth import check_batch_grows
 from .cache import ProbeCache, key_components, key_of
 from .estimated import estimate_only, estimate_prior
+from .fresh_layout import FreshLayout
 from ..memory.lazy_state import LazyStateWatch
 from .restore import Snapshot
 from .result import ProbeResult
@@ -206,9 +207,9 @@ def _probe(call: _Call, restore, estimate_first: bool | None) -> ProbeResult:
                 runner, strategy=args["strategy"], start=args["start"], max_batch=args["max_batch"],
                 margin=args["margin"], multiple_of=args["multiple_of"], device_name=memory.name,
                 capacity=capacity, prior=prior, confirm=not simulated, hand_loop=call.hand_loop,
-                # a hand loop's TrainStep gets its state back dropped: training makes it afresh
-                fresh_layout=(lambda: (watch.drop_created(), memory.release_cached()))
-                if call.hand_loop and isinstance(fn, TrainStep) else None,
+                # training from scratch makes its state in its first step (fresh_layout.py: when that is checked)
+                fresh_layout=FreshLayout(lambda: (watch.drop_created(), memory.release_cached()), memory,
+                                         always=call.hand_loop and isinstance(fn, TrainStep)),
             )
             if isinstance(fn, TrainStep) and result.smallest_failed is None:  # no OOM bounded it: a batch that grew?
                 check_batch_grows(fn.make_batch, result.largest_passed, "the answer")

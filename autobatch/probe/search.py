@@ -22,10 +22,12 @@ from ..memory.diagnostics import memory_diagnostics
 from ..memory.units import format_bytes
 from . import arguments, strategies
 from .estimate import BatchEstimate
+from .fresh_layout import FreshLayout, in_fresh_layout
 from .line import LinearFit
 from .measured_wall import below_measured_wall, measured_wall_note
 from .predict import predictive
 from .result import ProbeResult
+from .settling import step_down
 from .trial import TrialRunner
 from .trial_notes import growth_hint
 
@@ -45,7 +47,7 @@ def run_search(
     prior: tuple[LinearFit, BatchEstimate] | None = None,
     confirm: bool = False,
     hand_loop: bool = False,
-    fresh_layout: Callable[[], object] | None = None,
+    fresh_layout: FreshLayout | None = None,
 ) -> ProbeResult:
     """Run the strategy in units of ``multiple_of``, apply the margin, build the result.
 
@@ -57,9 +59,9 @@ def run_search(
     algorithms (it falls back to ones with smaller workspaces when memory is short) differ.
     ``hand_loop`` (a plain callable: the user's own loop trains it, and cannot replay a step):
     under expandable segments, an answer whose next size up failed still flushing steps one
-    size lower (:func:`below_moving_wall`). ``fresh_layout`` (a hand loop's ``TrainStep``, whose
-    state training makes afresh): the answer must pass a settle trial in that layout too
-    (:func:`in_fresh_layout`).
+    size lower (:func:`below_moving_wall`). ``fresh_layout`` (a hand loop, whose first step
+    makes its state afresh): where it says so (:mod:`~autobatch.probe.fresh_layout`), the answer
+    must pass a settle trial in that layout too (:func:`in_fresh_layout`).
     """
     used = "predict" if strategy == "auto" else strategy
     max_units = max_units_of(max_batch, multiple_of)
@@ -86,8 +88,9 @@ def run_search(
         _raise_no_fit(runner, multiple_of, device_name, capacity)
     walled = below_moving_wall(runner, cleared, multiple_of, after_last_oom=confirm) if hand_loop else cleared
     below = walled
-    if walled is not None and fresh_layout is not None and confirm:
-        below = in_fresh_layout(runner, walled, multiple_of, fresh_layout)
+    if walled is not None and fresh_layout is not None and confirm and fresh_layout.needed(capacity):
+        below = in_fresh_layout(runner, walled, multiple_of, fresh_layout,
+                                lambda units: _confirm(runner, units, multiple_of, after_last_oom=True))
     if below is None:
         _raise_no_fit(runner, multiple_of, device_name, capacity)
     chosen = _apply_margin(runner, passes, below, margin, multiple_of)
@@ -101,7 +104,7 @@ def run_search(
         notes.append(moving_wall_note(cleared * multiple_of, walled * multiple_of, (found + 1) * multiple_of))
     if below != walled:
         notes.append(f"{below * multiple_of}, below {walled * multiple_of}: the answer must also pass beside the optimizer "
-                     f"state made in its first step, as training makes it after the probe, and {walled * multiple_of} "
+                     f"state made in its first step, as training from scratch makes it, and {walled * multiple_of} "
                      "did not")
     notes.extend(_untried_above_notes(runner, fit, largest_passed, failed_above, multiple_of))
     if max_batch is None and found >= max_units:
@@ -252,29 +255,6 @@ def below_moving_wall(runner: TrialRunner, found: int, multiple_of: int, *, afte
     return _confirm(runner, found - 1, multiple_of, after_last_oom=after_last_oom)
 
 
-def in_fresh_layout(runner: TrialRunner, units: int, multiple_of: int, fresh_layout: Callable[[], object]) -> int | None:
-    """The answer (in units) once it also passed a settle trial whose optimizer state its first
-    step makes among that step's activations (``fresh_layout`` drops the state the trials made
-    and returns the cache), where the other settle trials ran beside state laid out as a resumed
-    run has it; step down while either fails.
-
-    Why: a hand loop's ``TrainStep`` (a ``transformers.Trainer``'s loop) gets its state back
-    dropped by the probe's restore, so training makes it afresh, and the wall moves with the
-    layout. Measured on an H200 (GPT-2 small in a ``Trainer``, bf16, 12 GiB cap,
-    ``scripts/bench_transformers.py``): 6 passed its settle trial in the resumed layout, and a
-    new trainer's loop at 6 ran out of memory at its second step in 2 of 3 runs, asking for the
-    1.15 GiB of the logits' float copy."""
-    while units >= 1:
-        record = runner.run(units * multiple_of, "fresh", settle=True, layout=fresh_layout)
-        if record.passed:
-            return units
-        below = _confirm(runner, units - _step_down(record, units), multiple_of, after_last_oom=True)
-        if below is None:
-            return None
-        units = below
-    return None
-
-
 def moving_wall_note(passed: int, answer: int, flushing: int) -> str:
     """Why a hand loop's answer is one size below the largest that passed (:func:`below_moving_wall`)."""
     return (f"{answer}, one size below {passed}, which passed: with expandable segments {flushing} kept flushing the "
@@ -286,7 +266,7 @@ def _confirm(runner: TrialRunner, found: int, multiple_of: int, *, after_last_oo
     """Run a full trial of the answer unless one passed (after the last OOM, with
     ``after_last_oom``); step down while it fails, then bisect back up (:func:`_bisect_up`).
 
-    Each step down is what the failure measured (:func:`_step_down`), at most two percents, and
+    Each step down is what the failure measured (:func:`~autobatch.probe.settling.step_down`), at most two percents, and
     from the third failure in a row a gallop (:func:`_stride`): bytes over measured at the
     allocator's wall are its pieces, which need not shrink with the batch. Measured on an H200 (VGG-16 as a plain
     callable, 8 GiB cap): confirmations from 124 down failed one unit at a time, then 117's
@@ -300,7 +280,7 @@ def _confirm(runner: TrialRunner, found: int, multiple_of: int, *, after_last_oo
         if record.passed:
             return _bisect_up(runner, units, None if priced else hi, multiple_of, after_last_oom)
         hi, failures = units, failures + 1
-        stride = _stride(_step_down(record, units), max(1, units // 100), failures)
+        stride = _stride(step_down(record, units), max(1, units // 100), failures)
         # a step of at most two percents that the failure measured priced what lies between: no bisection
         priced = failures <= 2 and units - stride >= 1
         units = max(units - stride, 1 if units > 1 else 0)
@@ -328,21 +308,6 @@ def _bisect_up(runner: TrialRunner, lo: int, hi: int | None, multiple_of: int, a
     if runner.confirmed(lo * multiple_of, after_last_oom=after_last_oom):
         return lo
     return _confirm(runner, lo, multiple_of, after_last_oom=after_last_oom)
-
-
-def _step_down(record, units: int) -> int:
-    """How many units below a failed confirmation to try next: enough to save the bytes a
-    trial that ran but came too close to the capacity measured it was over (at its own step's
-    cost per unit), else a percent (the edge moved; an OOM trial has no steady step to price
-    its shortfall by)."""
-    percent = max(1, units // 100)
-    over, peak, resident = record.over_bytes, record.step_peak_bytes, record.resident_bytes
-    if not over or peak is None or resident is None or peak <= resident:
-        return percent
-    # the step's bytes per unit, intercept included, so this may fall a unit short: the next
-    # confirmation then measures again
-    per_unit = (peak - resident) / units
-    return max(1, min(units - 1, math.ceil(over / per_unit))) if units > 1 else 1
 
 
 def _apply_margin(runner: TrialRunner, passes, found_units: int, margin: float, multiple_of: int) -> int | None:

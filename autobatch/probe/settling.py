@@ -43,9 +43,11 @@ its wall:
 
 from __future__ import annotations
 
+import math
+
 from ..memory.devices import DeviceMemory
 
-__all__ = ["WALL_BYTES", "SETTLE_FACTOR", "TUNED_SETTLE_FACTOR", "FLUSHING_WHY", "FlushCount", "flushing_error", "growing",
+__all__ = ["step_down", "WALL_BYTES", "SETTLE_FACTOR", "TUNED_SETTLE_FACTOR", "FLUSHING_WHY", "FlushCount", "flushing_error", "growing",
            "most_steps", "split_bytes", "wall_excess"]
 
 #: the allocator's smallest large block: room for nothing less
@@ -160,3 +162,18 @@ def wall_excess(step_peak: int, inactive_split: int, capacity: int, reserved_pea
     if reserved_peak is not None:
         pieces = min(pieces, reserved_peak + WALL_BYTES - capacity)
     return max(0, pieces)
+
+
+def step_down(record, units: int) -> int:
+    """How many units below a failed confirmation to try next: enough to save the bytes a
+    trial that ran but came too close to the capacity measured it was over (at its own step's
+    cost per unit), else a percent (the edge moved; an OOM trial has no steady step to price
+    its shortfall by)."""
+    percent = max(1, units // 100)
+    over, peak, resident = record.over_bytes, record.step_peak_bytes, record.resident_bytes
+    if not over or peak is None or resident is None or peak <= resident:
+        return percent
+    # the step's bytes per unit, intercept included, so this may fall a unit short: the next
+    # confirmation then measures again
+    per_unit = (peak - resident) / units
+    return max(1, min(units - 1, math.ceil(over / per_unit))) if units > 1 else 1

@@ -322,7 +322,7 @@ def test_a_full_trial_whose_steady_steps_leave_no_room_for_split_blocks_fails_at
     """The headroom above the allocated peak is what the steady steps left in split blocks the
     allocator cannot return (measured), and a failed confirmation steps down by the bytes over."""
     from autobatch.memory.devices import SimulatedDeviceMemory
-    from autobatch.probe.search import _step_down
+    from autobatch.probe.settling import step_down as _step_down
     from autobatch.probe.trial import TrialRunner
 
     class Allocator(SimulatedDeviceMemory):
@@ -375,7 +375,7 @@ def test_a_full_trial_whose_steady_steps_leave_no_room_for_split_blocks_fails_at
 
 
 def test_a_trial_above_the_headroom_says_by_how_much():
-    from autobatch.probe.search import _step_down
+    from autobatch.probe.settling import step_down as _step_down
     from autobatch.probe.trial import TrialRunner
 
     capacity = 64 * MiB

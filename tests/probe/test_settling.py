@@ -420,8 +420,9 @@ def test_below_a_size_that_kept_flushing_every_trial_is_a_full_one(cudnn_flags, 
 def test_a_hand_loops_train_steps_answer_steps_down_until_it_passes_in_the_fresh_layout_too(cudnn_flags):
     """A hand loop's TrainStep (a Trainer's loop) gets its optimizer state back dropped, so
     training makes it in its first step: the answer must pass a settle trial in that layout too;
-    where it does not, it steps down, each size below confirmed again in the resumed layout."""
-    from autobatch.probe.search import in_fresh_layout
+    where it does not, the largest size that does is confirmed again in the resumed layout."""
+    from autobatch.probe.fresh_layout import in_fresh_layout
+    from autobatch.probe.search import _confirm
 
     torch.backends.cudnn.benchmark = False
     layout = {"now": None}
@@ -436,17 +437,50 @@ def test_a_hand_loops_train_steps_answer_steps_down_until_it_passes_in_the_fresh
         runner = TrialRunner(step, memory, steps=3, peak_limit=60 * MiB, settle_final=True, hand_loop=True,
                              layout=lambda: layout.update(now="resumed"))
         assert runner.run(42, "confirm", settle=True).passed
-        assert in_fresh_layout(runner, 42, 1, lambda: layout.update(now="fresh")) == 40
+        found = in_fresh_layout(runner, 42, 1, lambda: layout.update(now="fresh"),
+                                lambda units: _confirm(runner, units, 1, after_last_oom=True))
+    assert found == 40
     tried = [(r.batch_size, r.purpose, r.passed) for r in runner.records]
-    assert tried == [(42, "confirm", True), (42, "fresh", False), (41, "confirm", True), (41, "fresh", False),
-                     (40, "confirm", True), (40, "fresh", True)]
+    assert tried == [(42, "confirm", True), (42, "fresh", False), (41, "fresh", False), (40, "fresh", True),
+                     (40, "confirm", True)]
+
+
+def test_the_fresh_layouts_search_aims_where_the_bytes_a_failure_was_over_are_saved(cudnn_flags):
+    """Below a size that fails in the fresh layout, the next trial is where the bytes it was over
+    are saved at the answer's own bytes per unit, then a bisection: not a unit at a time (an LSTM
+    language model on an H200 failed there from 59 down to 52: 18 trials)."""
+    from autobatch.probe.fresh_layout import in_fresh_layout
+    from autobatch.probe.search import _confirm
+
+    torch.backends.cudnn.benchmark = False
+    layout = {"now": None}
+    with simulated_memory("64MiB") as device:
+        memory = FlushingMemory(device)
+
+        def step(batch_size: int) -> None:
+            held = torch.empty(batch_size * 1_000_000, dtype=torch.uint8)
+            if layout["now"] == "fresh" and batch_size > 51:  # 1.5 MB over per sample past 51
+                wanted = 60 * MiB + (batch_size - 51) * 1_500_000 - memory.allocated()
+                raise torch.OutOfMemoryError(f"CUDA out of memory. Tried to allocate {wanted / MiB:.2f} MiB")
+            del held
+
+        runner = TrialRunner(step, memory, steps=3, peak_limit=60 * MiB, settle_final=True, hand_loop=True,
+                             layout=lambda: layout.update(now="resumed"))
+        assert runner.run(59, "confirm", settle=True).passed
+        found = in_fresh_layout(runner, 59, 1, lambda: layout.update(now="fresh"),
+                                lambda units: _confirm(runner, units, 1, after_last_oom=True))
+    fresh = [(r.batch_size, r.passed) for r in runner.records if r.purpose == "fresh"]
+    assert found == 51
+    assert fresh[0] == (59, False) and 45 <= fresh[1][0] <= 51 and (52, False) in fresh and len(fresh) <= 6
+    assert runner.records[-1].purpose == "confirm" and runner.records[-1].batch_size == 51
 
 
 @pytest.mark.parametrize("form", ["plain", "trainstep", "trainstep-replayed"])
-def test_only_a_hand_loops_train_step_is_checked_in_the_fresh_layout(monkeypatch, form):
-    """A plain callable's state stays laid out as its trials had it after the probe, and a
-    TrainStep trained by the Runner replays a step that runs out of memory: only a TrainStep
-    with ``hand_loop`` (whose state the restore drops) gets the fresh layout's check."""
+def test_a_hand_loops_train_step_is_always_checked_in_the_fresh_layout(monkeypatch, form):
+    """Training from scratch makes its optimizer state in its first step: a hand loop's TrainStep
+    (whose state the restore drops) is always checked in that layout, a plain callable and a
+    TrainStep the Runner trains only where the step's requests are large (the simulated device
+    reports no segments: never)."""
     import autobatch.probe.find as find_module
 
     seen = []
@@ -458,7 +492,47 @@ def test_only_a_hand_loops_train_step_is_checked_in_the_fresh_layout(monkeypatch
     fn = (lambda n: step(n)) if form == "plain" else step
     with simulated_memory("4MiB"):
         find_max_batch(fn, strategy="binary", max_batch=64, hand_loop=form != "trainstep-replayed", cache=False)
-    assert (seen[0] is not None) == (form == "trainstep")
+    assert seen[0].needed(4 * MiB) == (form == "trainstep")
+
+
+class SegmentedMemory(FlushingMemory):
+    """The simulated device reporting its largest segment, as CUDA's allocator does under fixed
+    segments."""
+
+    largest = 0
+
+    def largest_segment(self) -> int:
+        return self.largest
+
+
+@pytest.mark.parametrize("largest_mib, answer", [(8, 40), (4, 42)])
+def test_a_plain_callables_answer_is_checked_in_the_fresh_layout_where_its_requests_are_large(
+        cudnn_flags, largest_mib, answer):
+    """A new process makes a hand loop's optimizer state among its first step's activations, and
+    under fixed segments that can cost up to one of the step's largest requests (an LSTM whose loss
+    reads 2 GiB of logits, 8 GiB cap, H200): where the largest request is at least a tenth of the
+    capacity the answer must pass that layout too; smaller ones keep the answer the trials found."""
+    from autobatch.probe.fresh_layout import FreshLayout
+    from autobatch.probe.search import run_search
+
+    torch.backends.cudnn.benchmark = False
+    layout = {"now": None}
+    with simulated_memory("64MiB") as device:
+        memory = SegmentedMemory(device)
+        memory.largest = largest_mib * MiB
+
+        def step(batch_size: int) -> None:
+            if batch_size > 42 or (layout["now"] == "fresh" and batch_size > 40):
+                raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 MiB")
+            torch.empty(batch_size * 1000, dtype=torch.uint8)
+
+        runner = TrialRunner(step, memory, steps=3, peak_limit=60 * MiB, settle_final=True, hand_loop=True,
+                             layout=lambda: layout.update(now="resumed"))
+        result = run_search(runner, strategy="binary", start=None, max_batch=64, margin=0.0, multiple_of=1,
+                            device_name="sim", capacity=64 * MiB, confirm=True, hand_loop=True,
+                            fresh_layout=FreshLayout(lambda: layout.update(now="fresh"), memory))
+    assert result.batch_size == answer
+    assert any(r.purpose == "fresh" for r in runner.records) == (answer == 40)
 
 
 def _wall_band_step(memory: FlushingMemory, *, wall: int, band: int, bytes_per_sample: int):
