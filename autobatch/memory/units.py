@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numbers
 import re
 import sys
 
@@ -29,17 +30,18 @@ _PATTERN = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([a-zA-Z]*)\
 def parse_bytes(value: int | float | str, *, name: str = "memory_limit") -> int:
     """Return ``value`` as a whole number of bytes.
 
-    Accepts a positive int (bytes), or a string such as ``"512MiB"``, ``"2GiB"``,
+    Accepts a positive number of bytes (an int of any integer type, such as a NumPy ``int64``
+    computed from a config, or a float), or a string such as ``"512MiB"``, ``"2GiB"``,
     ``"1.5GB"`` or ``"1000000"``. Binary units (KiB, MiB, GiB, TiB) are powers of 1024,
     decimal units (KB, MB, GB, TB) powers of 1000. ``name`` is the argument named in the
     error message.
     """
     if isinstance(value, bool):
         raise ValueError(f"{name} must be a byte count or a string like '512MiB' or '2GiB', got {value!r}")
-    if isinstance(value, int):
-        number, unit = value, ""  # exact: a float would round a large count
-    elif isinstance(value, float):
-        number, unit = value, ""
+    if isinstance(value, numbers.Integral):  # a NumPy int64 too, as every integer argument takes
+        number, unit = int(value), ""  # exact: a float would round a large count
+    elif isinstance(value, numbers.Real):  # a NumPy float32 too
+        number, unit = float(value), ""
     elif isinstance(value, str):
         match = _PATTERN.match(value)
         stripped = value.strip()

@@ -29,6 +29,7 @@ from .estimated import estimate_only, estimate_prior
 from .fresh_layout import FreshLayout
 from ..memory.lazy_state import LazyStateWatch
 from .restore import Snapshot
+from .restore_places import after_failed_step
 from .result import ProbeResult
 from .search import peak_limit, run_search
 from .autotune import Autotune
@@ -277,18 +278,17 @@ def _trained_model(fn, restore) -> torch.nn.Module | None:
 
 def _after_oom(fn, restore, watch: LazyStateWatch):
     """What to drop after an OOM trial: the half-built gradients (a ``TrainStep``'s, or those of
-    the model given as ``restore`` with a plain callable, which would otherwise pin blocks in
-    the middle of the cache until the callable's own ``zero_grad``), and optimizer state an
-    interrupted step had only begun to create (:mod:`~autobatch.memory.lazy_state`)."""
-    model = _trained_model(fn, restore)
+    the modules given as ``restore`` with a plain callable, which would otherwise pin blocks in
+    the middle of the cache until the callable's own ``zero_grad``), a ``GradScaler``'s mark that
+    the failed step unscaled its optimizer, and optimizer state an interrupted step had only
+    begun to create (:mod:`~autobatch.memory.lazy_state`)."""
 
     def clear() -> None:
         watch.repair()
         if isinstance(fn, TrainStep):
             fn.clear_grads()
-        elif model is not None:
-            for param in model.parameters():
-                param.grad = None
+        elif restore is not None:
+            after_failed_step(restore)  # a scaler in restore: the next trial's unscale_ must not raise
 
     return clear
 

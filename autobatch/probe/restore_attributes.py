@@ -19,7 +19,14 @@ between trials prevents. :class:`TensorAttributes` records them before the trial
   business, or its base's);
 * an attribute that held something else (``None``, a ``(cos, sin)`` tuple) and now holds a
   tensor gets that object back, and a list or dict that held a tensor, or holds one now, gets
-  its items back (the same objects: the items' values are not copied).
+  its items back (the same objects: the items' values are not copied);
+* on a module whose class is not torch's own (yours, a library's), a plain scalar attribute
+  (``bool``, ``int``, ``float``, ``str``, ``None``) the trials changed gets its value back, and
+  one they added is removed: a step counter (``self.step += 1``) or a temperature a schedule
+  anneals in forward, and a data-dependent initialisation's ``self.initialized = True`` (Glow's
+  ActNorm), which left as the trials set it would skip that initialisation in training. The
+  fake-tensor estimate puts every attribute back (:mod:`.trace_state`). Torch's own modules
+  (``DistributedDataParallel``'s flags) are left alone.
 
 Only each module's ``__dict__`` is scanned, and a container one level deep (a list of lists is
 not looked into; nor is one of more than 10,000 items): no walk of the objects the model
@@ -45,6 +52,13 @@ _MODULE_KEYS = frozenset(torch.nn.Module().__dict__)
 #: the largest container looked into (a module holding a dataset as a list is not scanned)
 _MOST_ITEMS = 10_000
 _ABSENT = object()
+#: plain values a forward may keep on a module of its own (a counter, a flag), put back by value
+_SCALARS = (bool, int, float, complex, str, bytes, type(None))
+
+
+def _own(module: torch.nn.Module) -> bool:
+    """Whether ``module``'s class is not torch's own: its plain scalar attributes are put back."""
+    return not type(module).__module__.startswith("torch.")
 
 
 def _items(value: Any) -> Iterable[Any]:
@@ -94,7 +108,7 @@ class TensorAttributes:
 
     def __init__(self, model: torch.nn.Module | None, kept: Iterable[torch.Tensor] = ()) -> None:
         #: per module, each plain attribute: a :class:`_Copy`, a container with its items, or the object
-        self.saved: list[tuple[torch.nn.Module, dict[str, Any]]] = []
+        self.saved: list[tuple[torch.nn.Module, dict[str, Any], bool]] = []
         if model is None:
             return
         objects = {id(t) for t in (*model.parameters(), *model.buffers(), *kept)}
@@ -110,16 +124,16 @@ class TensorAttributes:
                     saved[name] = _Items(value)
                 else:
                     saved[name] = value
-            self.saved.append((module, saved))
+            self.saved.append((module, saved, _own(module)))
 
     def put_back(self) -> None:
         """Remove what the trials added, put back what they replaced or changed (see above)."""
         made: dict[int, torch.Tensor] = {}
         with torch.no_grad():
-            for module, saved in self.saved:
+            for module, saved, own in self.saved:
                 attributes = vars(module)
                 for name in [k for k in attributes if k not in saved and k not in _MODULE_KEYS]:
-                    if holds_tensor(attributes[name]):
+                    if holds_tensor(attributes[name]) or (own and isinstance(attributes[name], _SCALARS)):
                         del attributes[name]
                 for name, was in saved.items():
                     current = attributes.get(name, _ABSENT)
@@ -128,8 +142,9 @@ class TensorAttributes:
                     elif isinstance(was, _Items):
                         if was.involved(current):
                             attributes[name] = was.put_back()
-                    elif current is not was and (holds_tensor(current) or holds_tensor(was)):
-                        attributes[name] = was  # None again where a tensor was cached; a tuple, a view
+                    elif current is not was and (holds_tensor(current) or holds_tensor(was) or (
+                            own and isinstance(was, _SCALARS) and (current is _ABSENT or isinstance(current, _SCALARS)))):
+                        attributes[name] = was  # None again where a tensor was cached; a tuple, a view; a counter
 
 
 class _Items:

@@ -22,7 +22,7 @@ from ..memory.devices import simulated_counts
 from ..memory.simulated import active_simulation
 from .shards import to_cpu_local
 
-__all__ = ["attempt", "forget_scaler_stage", "host_copy", "layout_of", "put_back_layout", "all_params", "places",
+__all__ = ["after_failed_step", "attempt", "forget_scaler_stage", "host_copy", "layout_of", "put_back_layout", "all_params", "places",
            "counted_places", "load_keeping_groups", "load_other"]
 
 #: What a module registers by name, and forward may add to.
@@ -118,6 +118,22 @@ def forget_scaler_stage(scaler: Any, optimizer: torch.optim.Optimizer) -> None:
     from torch.amp.grad_scaler import _refresh_per_optimizer_state
 
     scaler._per_optimizer_states[id(optimizer)] = _refresh_per_optimizer_state()
+
+
+def after_failed_step(restore: tuple[Any, ...]) -> None:
+    """After a plain callable's step ran out of memory: drop the gradients of every module in
+    ``restore`` (the model, a GAN's discriminator), and mark every optimizer there unscaled again
+    in every enabled ``GradScaler`` there (:func:`forget_scaler_stage`): a step that failed after
+    ``scaler.unscale_(optimizer)`` left it marked, and the next trial's ``unscale_`` raised
+    "unscale_() has already been called on this optimizer since the last update()"."""
+    optimizers = [item for item in restore if isinstance(item, torch.optim.Optimizer)]
+    for item in restore:
+        if isinstance(item, torch.nn.Module):
+            for param in item.parameters():
+                param.grad = None
+        elif isinstance(item, torch.amp.GradScaler) and item.is_enabled():
+            for optimizer in optimizers:
+                forget_scaler_stage(item, optimizer)
 
 
 def load_other(other: Any, state: Any, optimizer: torch.optim.Optimizer | None) -> None:

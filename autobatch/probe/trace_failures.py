@@ -22,6 +22,7 @@ import re
 import torch
 
 from ..errors import add_note, in_packages, raised_through
+from .trial_notes import index_hint
 
 __all__ = ["untraceable", "untraceable_memory", "step_error", "refused_size", "from_the_step", "check_operands"]
 
@@ -109,13 +110,17 @@ def refused_size(exc: BaseException, batch_size: int, passed: list[int]) -> None
     """Add to the step's own error at ``batch_size`` (:func:`from_the_step`) a note where traces of
     the sizes ``passed`` ran before it: the step may refuse some sizes (a batch split in pairs),
     and ``multiple_of`` keeps the search to those it takes, as a probe trial's note says
-    (:func:`~autobatch.probe.trial_notes.with_trial_note`)."""
+    (:func:`~autobatch.probe.trial_notes.with_trial_note`); an ``IndexError`` (a dataset of fewer
+    samples) gets ``max_batch`` instead."""
     if not passed or not from_the_step(exc):
         return
     divisor, ordered = math.gcd(*passed), sorted(passed)
+    sizes = ", ".join(map(str, ordered)) if len(ordered) <= 4 else f"{', '.join(map(str, ordered[:3]))}, ..., {ordered[-1]}"
+    if isinstance(exc, IndexError):  # a dataset of fewer samples, not a size the step refuses
+        add_note(exc, f"autobatch: traces at {sizes} ran before batch {batch_size}: {index_hint(batch_size)}")
+        return
     why = (f": every size traced is a multiple of {divisor} and {batch_size} is not, so the multiple it needs divides "
            f"{divisor}") if divisor > 1 and batch_size % divisor else ""
-    sizes = ", ".join(map(str, ordered)) if len(ordered) <= 4 else f"{', '.join(map(str, ordered[:3]))}, ..., {ordered[-1]}"
     add_note(exc, f"autobatch: traces at {sizes} ran before batch {batch_size}: the step may refuse some batch sizes (a "
                   "batch split in pairs or groups). Pass multiple_of (to find_max_batch or plan(), or in a Runner's "
                   f"plan_options) so that only sizes it takes are tried{why}.")

@@ -13,7 +13,12 @@ The same holds for a step that refuses some sizes only (a batch split in pairs, 
 2, ...)``, at an odd size): the search jumps to sizes such as 1813, and the step's shape error
 said nothing of why that size was tried. Where other sizes passed before, the note names them
 and ``multiple_of`` (their common divisor, where the failing size is not a multiple of it). An
-error at the first trial, with no size passed, is the step's at any size: it gets no note.
+error at the first trial, with no size passed, is the step's at any size: it gets no note. An
+``IndexError`` above batch 1 is the exception: a ``make_batch`` that indexes a dataset of fewer
+samples (``X[torch.arange(n)]``) raises it at any size past the dataset's, the first trial too
+(an estimate places it high), and ``multiple_of`` would not help: its note says ``max_batch``.
+A ``GradScaler``'s "unscale_() has already been called" after a trial that ran out of memory
+past ``unscale_`` gets a note saying to pass the scaler in ``restore``.
 
 :func:`growth_hint` words the other contradiction a search can end in: a size passed, and later
 every size down to the smallest ran out of memory. Memory held between calls grew: the step keeps
@@ -28,7 +33,14 @@ import math
 from ..errors import add_note
 from ..memory.units import format_bytes
 
-__all__ = ["with_trial_note", "growth_hint"]
+__all__ = ["with_trial_note", "growth_hint", "index_hint"]
+
+
+def index_hint(batch_size: int) -> str:
+    """What to change where the step raised ``IndexError`` at ``batch_size`` (a trial's or a trace's)."""
+    return (f"an index out of range at a large batch is usually make_batch (or the step) indexing a dataset or table "
+            f"of fewer than {batch_size} samples. Pass max_batch=len(dataset) (to find_max_batch or plan()), or build "
+            "any size by repeating samples (X[torch.arange(n) % len(X)]).")
 
 
 def with_trial_note(exc: BaseException, batch_size: int, passed: list[int] | tuple[int, ...] = ()) -> BaseException:
@@ -37,6 +49,18 @@ def with_trial_note(exc: BaseException, batch_size: int, passed: list[int] | tup
     (not for an interrupt nor autobatch's own error): the model may not train on one sample, or
     on this size, and how to probe and plan without it."""
     if not isinstance(exc, Exception) or type(exc).__module__.startswith("autobatch"):
+        return exc
+    if isinstance(exc, RuntimeError) and "unscale_() has already been called" in str(exc):  # no size at all
+        add_note(exc,
+            f"autobatch: this error came from a probe trial at batch {batch_size}: an earlier trial ran out of memory "
+            "after scaler.unscale_(optimizer), and the GradScaler kept its mark. Pass it to the probe as "
+            "restore=(model, optimizer, scaler): the probe then clears that mark after a trial that ran out of memory "
+            "(and puts the scaler's state back after the probe)."
+        )
+        return exc
+    if batch_size != 1 and isinstance(exc, IndexError):  # no size the step refuses: one it cannot build
+        after = f", after trials at {_sizes(passed)} passed" if passed else ""
+        add_note(exc, f"autobatch: this error came from a probe trial at batch {batch_size}{after}: {index_hint(batch_size)}")
         return exc
     if batch_size != 1 and passed:
         divisor = math.gcd(*passed)
