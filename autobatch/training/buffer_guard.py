@@ -17,9 +17,23 @@ host memory, which the device's budget (the probed maximum) never pays for.
 :meth:`BufferGuard.restore`, at the top of a replay, writes back every buffer changed since: in
 place, or by putting the saved tensor back where forward replaced the buffer object.
 A write through ``.data`` bypasses the version counter and is not seen.
+
+Parameters the optimizer does not train are guarded too where forward changes them: a
+momentum encoder (MoCo's key encoder, updated under ``no_grad`` in forward) or an EMA teacher
+kept as a submodule. Without it a replay applied the failed attempt's update a second time
+(0.22 off the uninjected run's key encoder after 3 steps). A frozen backbone is never copied:
+such a parameter is only watched (its version counter) until a step is seen changing it
+(:meth:`BufferGuard.settle`, at the end of each trained step; a change made between steps, an
+EMA in ``on_step_end``, is no change of the step), then copied at every step's start like a
+buffer. The first step that changes it has no copy yet: if that step is replayed, the replay
+keeps that attempt's change, and a warning says so. Either way a warning names such
+parameters once: forward updates them once per micro-batch, so the update depends on the split;
+updated in ``on_step_end`` it happens once per global step.
 """
 
 from __future__ import annotations
+
+import logging
 
 import torch
 from torch.nn.modules.batchnorm import _NormBase
@@ -30,14 +44,21 @@ from .step_guard import copy_all
 
 __all__ = ["BufferGuard"]
 
+log = logging.getLogger("autobatch")
+
 
 class BufferGuard:
     """Host copies of ``model``'s buffers as of the start of the current global step."""
 
-    def __init__(self, model: torch.nn.Module) -> None:
+    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None) -> None:
         self.model = model
+        self.optimizer = optimizer  # its parameters are the step guard's; the others are watched here
         # (module, name) -> (the buffer's id, its version, the host copy) when last copied
         self._saved: dict[tuple[torch.nn.Module, str], tuple[int, int, torch.Tensor]] = {}
+        # parameters outside the optimizer: (module, name) -> (id, version) at the step's start, not copied
+        self._watched: dict[tuple[torch.nn.Module, str], tuple[int, int]] = {}
+        self._changing: set[tuple[torch.nn.Module, str]] = set()  # seen changed by a step: copied like buffers
+        self._told = False
 
     def _buffers(self):
         """(module, name, buffer, unseen): ``unseen``, a buffer whose in-place updates the
@@ -47,6 +68,46 @@ class BufferGuard:
             for name, buffer in module._buffers.items():
                 if isinstance(buffer, torch.Tensor):
                     yield module, name, buffer, unseen
+        for key in self._changing:
+            parameter = key[0]._parameters.get(key[1])
+            if isinstance(parameter, torch.Tensor):
+                yield key[0], key[1], parameter, False
+
+    def _loose(self):
+        """(key, parameter) of every parameter ``optimizer`` does not train, not yet copied."""
+        if self.optimizer is None:
+            return
+        trained = {id(p) for group in self.optimizer.param_groups for p in group["params"]}
+        for module in self.model.modules():
+            for name, parameter in module._parameters.items():
+                if parameter is not None and id(parameter) not in trained and (module, name) not in self._changing:
+                    yield (module, name), parameter
+
+    def _moved(self) -> list[tuple[torch.nn.Module, str]]:
+        """The watched parameters changed since the step's start."""
+        return [key for key, parameter in self._loose()
+                if key in self._watched and self._watched[key] != (id(parameter), _version(local(parameter)))]
+
+    def settle(self) -> None:
+        """End of a trained step: the watched parameters it changed are copied from now on."""
+        moved = self._moved()
+        if moved:
+            self._changing.update(moved)
+            self._tell(moved, kept=False)
+
+    def _tell(self, moved: list[tuple[torch.nn.Module, str]], *, kept: bool) -> None:
+        names = {id(module): prefix for prefix, module in self.model.named_modules()}
+        listed = ", ".join(f"{names.get(id(module), '?')}.{name}".lstrip(".") for module, name in moved[:4])
+        more = ", ..." if len(moved) > 4 else ""
+        if kept:
+            log.warning("parameters outside the optimizer (%s%s) were changed by the failed attempt's forward in the "
+                        "first step that changed them, before any copy of them was kept: the replay keeps that change "
+                        "(later steps are undone); update them in on_step_end(info) instead", listed, more)
+        elif not self._told:
+            log.warning("parameters outside the optimizer (%s%s) change in forward (a momentum or EMA update?): that "
+                        "runs once per micro-batch, so it depends on the split (and on an OOM recovery's); update them "
+                        "in on_step_end(info) to do it once per global step", listed, more)
+        self._told = True
 
     @staticmethod
     def _changed(buffer: torch.Tensor, saved: tuple[int, int, torch.Tensor] | None, unseen: bool) -> bool:
@@ -72,19 +133,25 @@ class BufferGuard:
                 self._saved[(module, name)] = (id(buffer), _version(buffer), copy)
             if targets:
                 copy_all(targets, sources)
+            self._watched = {key: (id(parameter), _version(local(parameter))) for key, parameter in self._loose()}
 
     def restore(self) -> None:
-        """Write back every buffer changed since :meth:`capture`; a new one (none saved) stays."""
+        """Write back every buffer (and copied parameter) changed since :meth:`capture`; a new
+        one (none saved) stays, and a watched parameter changed without a copy is named."""
+        moved = self._moved()
+        if moved:
+            self._changing.update(moved)
+            self._tell(moved, kept=True)
         with torch.no_grad():
             for module, name, buffer, unseen in list(self._buffers()):
                 saved = self._saved.get((module, name))
                 if saved is None or not self._changed(buffer, saved, unseen):
                     continue
-                if saved[0] == id(buffer):
+                restored = buffer
+                if saved[0] == id(buffer) or isinstance(buffer, torch.nn.Parameter):  # a parameter: in place
                     local(buffer).copy_(saved[2])
                 else:  # forward replaced the buffer object: put the old values back as a new tensor
-                    module._buffers[name] = saved[2].to(buffer.device, copy=True)
-                restored = module._buffers[name]
+                    restored = module._buffers[name] = saved[2].to(buffer.device, copy=True)
                 self._saved[(module, name)] = (id(restored), _version(restored), saved[2])
 
 

@@ -11,6 +11,7 @@ per-sample items (``collate_fn=list``) was split along the wrong dimension with 
 
 from __future__ import annotations
 
+import inspect
 import logging
 import os
 import tempfile
@@ -44,6 +45,52 @@ def check_options(device: Any, checkpoint_dir: str | os.PathLike | None, checkpo
                          "written; pass checkpoint_dir=... too, or leave checkpoint_every unset")
     if writes:
         check_checkpoint_dir(checkpoint_dir)
+
+
+def check_kinds(*, balanced: Any, checkpointing_fallback: Any, distributed: Any, progress: Any, log_every: Any,
+                faults: Any, no_sync: Any, scheduler: Any, plan_options: Any) -> dict[str, Any]:
+    """The runner's switches, hooks and plan options are of the kind they are used as; returns
+    ``plan_options`` as a dict. Before this check ``balanced="no"`` (or ``distributed="false"``, a
+    string from a config) read as True; ``faults=[(0, "forward")]`` or ``no_sync=True`` failed at
+    the first step with ``'list' object is not callable``; ``scheduler=optimizer`` stepped the
+    optimizer a second time each step; a ``plan_options`` key ``plan()`` does not take failed
+    after the data's first batch was loaded, naming ``find_max_batch()``, not ``plan_options``."""
+    checks.flag("balanced", balanced)
+    checks.flag("checkpointing_fallback", checkpointing_fallback)
+    checks.flag("distributed", distributed, allow_none=True, none_means="when a process group is active")
+    checks.flag("progress", progress, allow_none=True, none_means="when stderr is a terminal")
+    if log_every is not None and (isinstance(log_every, bool) or not isinstance(log_every, int) or log_every < 0):
+        raise ValueError(f"log_every must be an integer >= 0 or None (no log lines), got {log_every!r}")
+    for name, value, signature in (("faults", faults, "FaultInjector (or faults(step, phase))"),
+                                   ("no_sync", no_sync, "no_sync() -> context manager (e.g. DDP's model.no_sync)")):
+        if value is not None:
+            checks.function(name, value, signature)
+    if isinstance(scheduler, torch.optim.Optimizer):
+        raise TypeError(f"scheduler must be an LR scheduler or None, got the optimizer {type(scheduler).__name__} (the "
+                        "runner would step it twice a step); pass e.g. torch.optim.lr_scheduler.LambdaLR(optimizer, ...)")
+    return _plan_options(plan_options)
+
+
+def _plan_options(plan_options: Any) -> dict[str, Any]:
+    """``plan_options``: None or a mapping of keyword arguments of ``plan()`` and of the
+    ``find_max_batch()`` it calls, but those the runner sets itself."""
+    if plan_options is None:
+        return {}
+    if not isinstance(plan_options, Mapping):
+        raise TypeError(f"plan_options must be a dict of plan() keyword arguments or None, got "
+                        f"{type(plan_options).__name__} {plan_options!r:.60}; e.g. plan_options={{'memory_limit': '2GiB'}}")
+    from ..planning.planner import plan
+    from ..probe.find import find_max_batch
+
+    named = {name for fn in (plan, find_max_batch) for name, parameter in inspect.signature(fn).parameters.items()
+             if parameter.kind is inspect.Parameter.KEYWORD_ONLY}
+    for key in plan_options:
+        if key == "global_batch":
+            raise ValueError("plan_options['global_batch'] is set by the runner: pass Runner(global_batch=...)")
+        if key not in named:
+            raise ValueError(f"plan_options[{key!r}] is no keyword argument of plan() or find_max_batch(); use one of "
+                             f"{', '.join(sorted(named - {'global_batch'}))}")
+    return dict(plan_options)
 
 
 def check_checkpoint_dir(checkpoint_dir: str | os.PathLike | None) -> None:

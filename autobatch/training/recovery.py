@@ -282,6 +282,7 @@ class OomRecovery:
 
     def _completed(self) -> None:
         """The step trained: count it towards grow-back, and remember its micro-batch."""
+        self.buffers.settle()  # parameters outside the optimizer that forward changed are guarded from now on
         self.growth.on_step_done(outlier=self.step_memory.outlier)
         self._smallest_trained = min(self._smallest_trained or self.micro_batch, self.micro_batch)
         if not self._told_batch_statistics and len(sizes := self._piece_sizes()) > 1:  # once: BatchNorm sees the split

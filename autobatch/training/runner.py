@@ -51,7 +51,7 @@ from .faults import FaultInjector
 from .growth import GrowBack
 from .hygiene import CachePolicy
 from .autoplan import PlansFromData
-from .inputs import check_batch_count, check_data, check_options, model_device, share_of
+from .inputs import check_batch_count, check_data, check_kinds, check_options, model_device, share_of
 from .multiples import SplitsInMultiples, multiple_options
 from .pacing import FailedDraw
 from .progress import Progress
@@ -171,6 +171,8 @@ class Runner(OomRecovery, SplitsInMultiples, EndsSteps, Resumable, PlansFromData
         global_batch = checks.positive_int("global_batch", global_batch)  # a plain int (a NumPy one is taken)
         micro_batch = checks.positive_int("micro_batch", micro_batch, allow_none=True)
         max_micro_batch = checks.positive_int("max_micro_batch", max_micro_batch, allow_none=True)
+        plan_options = check_kinds(balanced=balanced, checkpointing_fallback=checkpointing_fallback, distributed=distributed, progress=progress,
+                                   log_every=log_every, faults=faults, no_sync=no_sync, scheduler=scheduler, plan_options=plan_options)
         self.model = model
         if distributed is None:
             distributed = ranks.current().active()
@@ -186,14 +188,14 @@ class Runner(OomRecovery, SplitsInMultiples, EndsSteps, Resumable, PlansFromData
         self.initial_micro_batch = self.micro_batch
         self.device = torch.device(device) if device is not None else model_device(model)
         self.max_micro_batch = max_micro_batch
-        self.plan_options = dict(plan_options or {})  # a multiple_of > 1 goes to the planner too
+        self.plan_options = plan_options  # a multiple_of > 1 goes to the planner too
         self.multiple_of, self.balanced, self.min_micro_batch = multiple_options(
             multiple_of, self.plan_options, share=self.share, micro_batch=micro_batch, max_micro_batch=max_micro_batch,
             min_micro_batch=min_micro_batch, balanced=balanced, per_rank=self.distributed)
         self.grow_after = grow_after
         self.grad_scaler = grad_scaler
         self.guard = StepGuard(optimizer, step_guard, grad_scaler, room=self._guard_room)
-        self.buffers = BufferGuard(model)  # what forward changed (BatchNorm statistics), undone on a replay
+        self.buffers = BufferGuard(model, optimizer)  # what forward changed (BatchNorm statistics), undone on a replay
         self.random = StepRandom(self.device)  # the step's random state: a replay draws the same dropout masks
         self.checkpointing_fallback = checkpointing_fallback
         self.checkpoint_targets = checkpoint_targets
