@@ -20,7 +20,9 @@ in a :class:`~autobatch.TrainStep` nothing else writes them, except where forwar
 (:func:`written_outside_the_optimizer`: an ``Embedding`` with ``max_norm`` renorms its rows, a
 custom module may update a parameter the optimizer does not hold, as a vector quantizer's
 moving-average codebook), and those are copied at once. So are buffers (which forward may
-update, as BatchNorm's statistics), gradients, training flags and random states.
+update, as BatchNorm's statistics), gradients, training flags and random states. The other
+parameters the optimizer does not hold are copied first, before any forward (a MoCo key
+encoder, a ``Linear`` forward moves, was caught half-way 1 run in 8; a frozen backbone waits too).
 
 With ``zero_lr=True`` (a fresh optimizer of a kind whose every change to a parameter is scaled
 by its group's learning rate, such as ``AdamW`` or ``SGD``) nothing of the weights is copied at
@@ -50,7 +52,8 @@ from ..memory.lazy_state import hooked
 from ..memory.simulated import host_memory
 from .restore_attributes import TensorAttributes
 from .restore_places import (all_params, attempt, counted_places, forget_scaler_stage, host_copy, layout_of,
-                             load_keeping_groups, load_other, places, put_back_layout)
+                             load_keeping_groups, load_other, outside_the_model, places, put_back_layout,
+                             written_outside_the_optimizer)
 from .rng import rng_state, set_rng_state
 from .shards import Shard, from_cpu_local, is_dtensor, local, to_cpu_local
 from .zero_lr import _NEGATIVE_ZERO, _SCALED_BY_LR, _VersionsInStep, _zero_grads, _zero_lrs, steps_in_place_at_zero_lr  # noqa: F401
@@ -83,6 +86,9 @@ class Snapshot:
     _copy_error: BaseException | None = field(default=None, repr=False, compare=False)
     _hook: Any = field(default=None, repr=False, compare=False)
     _copy_failed: bool = field(default=False, repr=False, compare=False)
+    #: set once a background copy has the parameters outside the optimizer: forward waits (``_gate``)
+    _outside: threading.Event = field(default_factory=threading.Event, repr=False, compare=False)
+    _gate: Any = field(default=None, repr=False, compare=False)
     _guard: Any = field(default=None, repr=False, compare=False)  # zero_lr: zeroes the gradients
     #: the trials step at learning rate 0: the parameters were not copied and need no restore
     weights_in_place: bool = False
@@ -128,7 +134,7 @@ class Snapshot:
     def _take(cls, model: torch.nn.Module | None, optimizer: torch.optim.Optimizer | None, *,
               background: bool, zero_lr: bool, others: tuple[Any, ...] = ()) -> "Snapshot":
         snap = cls(model=model, optimizer=optimizer)
-        snap.extra = _outside_the_model(model, optimizer, others)  # stepped as the model's are (at lr 0: left exact)
+        snap.extra = outside_the_model(model, optimizer, others)  # stepped as the model's are (at lr 0: left exact)
         snap._counted, snap._layout = counted_places(model, optimizer, snap.extra), layout_of(model)
         snap.attributes = TensorAttributes(model, snap.extra.values())
         snap.weights_in_place = zero_lr and model is not None and steps_in_place_at_zero_lr(optimizer)
@@ -175,17 +181,28 @@ class Snapshot:
         # modules during a forward, which the thread must not mistake for the sharded ones
         params = [] if model is None else [(n, p) for n, p in model.named_parameters() if n not in eager]
         params += list(snap.extra.items())
+        # those the optimizer does not hold first, before any forward, which may write one (MoCo)
+        params.sort(key=lambda item: item[0] not in snap._versions)
+        if any(name in snap._versions for name, _ in params):
+            snap._gate = torch.nn.modules.module.register_module_forward_pre_hook(snap._before_forward)
+        else:
+            snap._outside.set()
         snap._copier = threading.Thread(
             target=snap._copy_catching, args=(after, params), name="autobatch-snapshot", daemon=True
         )
         snap._copier.start()
         return snap
 
+    def _before_forward(self, *_: Any) -> None:
+        self._outside.wait()  # returns None: a forward pre-hook's value would replace the inputs
+
     def _copy_catching(self, after: dict[torch.device, Any], params: list[tuple[str, torch.Tensor]]) -> None:
         try:
             self._copy_in_background(after, params)
         except BaseException as exc:  # noqa: BLE001 - handed to the thread that waits
             self._copy_error = exc
+        finally:
+            self._outside.set()  # a forward waiting on them goes on (a failed copy is raised at the step)
 
     def _copy_in_background(self, after: dict[torch.device, Any], params: list[tuple[str, torch.Tensor]]) -> None:
         with contextlib.ExitStack() as streams:
@@ -194,6 +211,8 @@ class Snapshot:
                 side.wait_stream(stream)
                 streams.enter_context(torch.cuda.stream(side))
             for name, param in params:
+                if name not in self._versions:
+                    self._outside.set()  # the parameters outside the optimizer came first, and are copied
                 self.tensors[name] = _copy_local(param)
             if self.optimizer is not None:
                 self.optimizer_state = _to_cpu(self.optimizer.state_dict())
@@ -203,6 +222,9 @@ class Snapshot:
         if self._hook is not None:
             self._hook.remove()
             self._hook = None
+        if self._gate is not None:
+            self._gate.remove()
+            self._gate = None
         self._join()
 
     def _join(self) -> None:
@@ -339,45 +361,6 @@ class Snapshot:
                 "(update an EMA teacher after the step), or save and reload them around the probe",
                 RuntimeWarning, stacklevel=3,
             )
-
-
-def written_outside_the_optimizer(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None) -> set[int]:
-    """Ids of ``model``'s parameters that something other than ``optimizer.step()`` may write
-    during a trial, so a snapshot that leaves the weights to the optimizer (a copy made while
-    the first trial runs, or none at learning rate 0) must copy them first: an ``Embedding`` or
-    ``EmbeddingBag`` with ``max_norm`` (forward renorms the rows it looks up, in place), and a
-    parameter the optimizer does not hold that belongs to a module of the user's own (a
-    vector quantizer's codebook updated by a moving average in forward). A module of
-    ``torch.nn`` writes no parameter of its own in forward but those, so a frozen backbone's
-    weights (LoRA) are not copied."""
-    held = set() if optimizer is None else {id(p) for group in optimizer.param_groups for p in group["params"]}
-    written: set[int] = set()
-    for module in model.modules():
-        renorms = isinstance(module, (torch.nn.Embedding, torch.nn.EmbeddingBag)) and module.max_norm is not None
-        own = not any(cls.__module__.startswith("torch.nn.") for cls in type(module).__mro__ if cls not in _BASES)
-        for param in module.parameters(recurse=False):
-            if renorms or (own and id(param) not in held):
-                written.add(id(param))
-    return written
-
-
-_BASES = (torch.nn.Module, object)
-
-
-def _outside_the_model(model: torch.nn.Module | None, optimizer: torch.optim.Optimizer | None,
-                       others: tuple[Any, ...] = ()) -> dict[str, torch.Tensor]:
-    """The parameters ``optimizer``, and each further optimizer in ``others`` (a GAN's second one),
-    train that ``model`` does not hold (a CLIP loss's ``logit_scale``; a discriminator not given as a
-    module), named by their place in its ``param_groups``: the trials step them as the model's."""
-    held, found = (set() if model is None else {id(param) for param in model.parameters()}), {}
-    named = [("optimizer", optimizer)] + [(f"restore[{k + 2}]", o) for k, o in enumerate(others)]
-    for where, opt in ((w, o) for w, o in named if isinstance(o, torch.optim.Optimizer)):
-        for g, group in enumerate(opt.param_groups):
-            for i, param in enumerate(group["params"]):
-                if id(param) not in held:
-                    held.add(id(param))
-                    found[f"{where}.param_groups[{g}]['params'][{i}]"] = param
-    return found
 
 
 def _named_state(model: torch.nn.Module, *, parameters: bool = True):

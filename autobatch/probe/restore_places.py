@@ -22,7 +22,7 @@ from ..memory.devices import simulated_counts
 from ..memory.simulated import active_simulation
 from .shards import to_cpu_local
 
-__all__ = ["after_failed_step", "attempt", "forget_scaler_stage", "host_copy", "layout_of", "put_back_layout", "all_params", "places",
+__all__ = ["written_outside_the_optimizer", "outside_the_model", "after_failed_step", "attempt", "forget_scaler_stage", "host_copy", "layout_of", "put_back_layout", "all_params", "places",
            "counted_places", "load_keeping_groups", "load_other"]
 
 #: What a module registers by name, and forward may add to.
@@ -157,3 +157,42 @@ def load_keeping_groups(optimizer: torch.optim.Optimizer, state: dict[str, Any])
         kept.update(loaded)
     groups[:] = dicts
     optimizer.param_groups = groups
+
+
+def written_outside_the_optimizer(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None) -> set[int]:
+    """Ids of ``model``'s parameters that something other than ``optimizer.step()`` may write
+    during a trial, so a snapshot that leaves the weights to the optimizer (a copy made while
+    the first trial runs, or none at learning rate 0) must copy them first: an ``Embedding`` or
+    ``EmbeddingBag`` with ``max_norm`` (forward renorms the rows it looks up, in place), and a
+    parameter the optimizer does not hold that belongs to a module of the user's own (a
+    vector quantizer's codebook updated by a moving average in forward). A module of
+    ``torch.nn`` writes no parameter of its own in forward but those, so a frozen backbone's
+    weights (LoRA) are not copied."""
+    held = set() if optimizer is None else {id(p) for group in optimizer.param_groups for p in group["params"]}
+    written: set[int] = set()
+    for module in model.modules():
+        renorms = isinstance(module, (torch.nn.Embedding, torch.nn.EmbeddingBag)) and module.max_norm is not None
+        own = not any(cls.__module__.startswith("torch.nn.") for cls in type(module).__mro__ if cls not in _BASES)
+        for param in module.parameters(recurse=False):
+            if renorms or (own and id(param) not in held):
+                written.add(id(param))
+    return written
+
+
+_BASES = (torch.nn.Module, object)
+
+
+def outside_the_model(model: torch.nn.Module | None, optimizer: torch.optim.Optimizer | None,
+                       others: tuple[Any, ...] = ()) -> dict[str, torch.Tensor]:
+    """The parameters ``optimizer``, and each further optimizer in ``others`` (a GAN's second one),
+    train that ``model`` does not hold (a CLIP loss's ``logit_scale``; a discriminator not given as a
+    module), named by their place in its ``param_groups``: the trials step them as the model's."""
+    held, found = (set() if model is None else {id(param) for param in model.parameters()}), {}
+    named = [("optimizer", optimizer)] + [(f"restore[{k + 2}]", o) for k, o in enumerate(others)]
+    for where, opt in ((w, o) for w, o in named if isinstance(o, torch.optim.Optimizer)):
+        for g, group in enumerate(opt.param_groups):
+            for i, param in enumerate(group["params"]):
+                if id(param) not in held:
+                    held.add(id(param))
+                    found[f"{where}.param_groups[{g}]['params'][{i}]"] = param
+    return found
