@@ -9,10 +9,19 @@ from __future__ import annotations
 
 from enum import Enum
 
-__all__ = ["Precision", "Strategy", "Objective", "StepGuardKind", "DeviceKind", "InputKind", "DType"]
+__all__ = ["Choice", "Precision", "Strategy", "Objective", "StepGuardKind", "DeviceKind", "InputKind", "DType"]
 
 
-class Precision(Enum):
+class Choice(Enum):
+    """A choice that reads as its value in text: OmegaConf puts ``str(value)`` into a string
+    interpolation, so ``hydra.run.dir=runs/${probe.strategy}_${precision}`` made directories
+    named ``Strategy.auto_Precision.fp32``; now ``auto_fp32``, as the user typed them."""
+
+    def __str__(self) -> str:
+        return str(self.value)
+
+
+class Precision(Choice):
     """Training precision: full fp32, or bf16/fp16 autocast (fp16 adds a GradScaler)."""
 
     fp32 = "fp32"
@@ -20,7 +29,7 @@ class Precision(Enum):
     fp16 = "fp16"
 
 
-class Strategy(Enum):
+class Strategy(Choice):
     """The probe's search strategy (see :func:`autobatch.find_max_batch`)."""
 
     auto = "auto"
@@ -31,14 +40,14 @@ class Strategy(Enum):
     estimate = "estimate"
 
 
-class Objective(Enum):
+class Objective(Choice):
     """What the planner optimises (see :func:`autobatch.plan`)."""
 
     max_batch = "max_batch"
     throughput = "throughput"
 
 
-class StepGuardKind(Enum):
+class StepGuardKind(Choice):
     """How the runner makes an OOM inside ``optimizer.step()`` safe to replay."""
 
     auto = "auto"
@@ -47,7 +56,7 @@ class StepGuardKind(Enum):
     off = "off"
 
 
-class DeviceKind(Enum):
+class DeviceKind(Choice):
     """Where to run: ``auto`` is the GPU if there is one, else the CPU under a simulated budget."""
 
     auto = "auto"
@@ -55,14 +64,14 @@ class DeviceKind(Enum):
     cpu = "cpu"
 
 
-class InputKind(Enum):
+class InputKind(Choice):
     """What a model eats: float ``tensor`` s of ``data.shape``, or ``tokens`` of ``data.seq_len``."""
 
     tensor = "tensor"
     tokens = "tokens"
 
 
-class DType(Enum):
+class DType(Choice):
     """Floating dtype of synthetic tensor inputs."""
 
     float32 = "float32"

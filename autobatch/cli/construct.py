@@ -22,7 +22,7 @@ from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
-from .errors import one_line
+from .errors import one_line, where_raised
 
 __all__ = ["construct", "from_launch_dir"]
 
@@ -59,8 +59,10 @@ def construct(key: str, node: Any, expect: type | None = None, **kwargs: Any) ->
     ``_target_`` and the command line's overrides of it, instead of Hydra's "Error in call to
     target"; any other exception (out of memory, an error in the user's code) is raised as it
     is. A path it cannot open (``FileNotFoundError``, ``NotADirectoryError``, ``PermissionError``)
-    is reported the same way. Relative paths under a path's name are from the directory the
-    command ran in (:func:`from_launch_dir`). ``expect``: the type the object must be (a model
+    is reported the same way. Where the user's own code raised it (a ``KeyError`` in a model's
+    ``__init__``), the line also names that file and line, and the ``ValueError`` is chained to
+    it, so ``AUTOBATCH_TRACEBACK=1`` shows the constructor's traceback. Relative paths under a
+    path's name are from the directory the command ran in (:func:`from_launch_dir`). ``expect``: the type the object must be (a model
     ``torch.nn.Module``); anything else is one line naming ``key._target_`` (before, a class that
     built something else failed later on a missing method, ``'X' object has no attribute 'to'``)."""
     node = from_launch_dir(node)
@@ -80,7 +82,10 @@ def construct(key: str, node: Any, expect: type | None = None, **kwargs: Any) ->
             fix += (f" (hydra.job.chdir=true runs the job in {Path.cwd()}: a relative path is from there unless it exists "
                     "where the command ran and its argument is named root, path, *_dir, *_path or *_file; or give "
                     "${hydra:runtime.cwd}/PATH)")
-        raise ValueError(f"{key}: {target} {what} ({type(cause).__name__}: {one_line(cause)}); {fix}") from None
+        code = where_raised(cause, users_only=True)  # a bug of the user's constructor, not an argument
+        fix += f", or your code that raised it{code}" if code else ""
+        # from cause: AUTOBATCH_TRACEBACK=1 shows the constructor's own traceback (from None hid it)
+        raise ValueError(f"{key}: {target} {what} ({type(cause).__name__}: {one_line(cause)}); {fix}") from cause
     if expect is not None and not isinstance(built, expect):
         target = node.get("_target_") if hasattr(node, "get") else None
         kind = f"{type(built).__module__}.{type(built).__qualname__}"

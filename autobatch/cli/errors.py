@@ -24,7 +24,7 @@ from ..errors import GlobalBatchTooLargeError, NoBatchFitsError, StepOutOfMemory
 
 __all__ = [
     "CLIError", "BAD_INPUT", "RUNTIME_FAILURE", "ERROR_FILE_ENV", "one_line", "cli_keys", "describe", "traceback_wanted",
-    "reported", "hydra_noise_filtered", "handed_back",
+    "reported", "hydra_noise_filtered", "handed_back", "where_raised",
 ]  # fmt: skip
 
 BAD_INPUT = 2
@@ -125,10 +125,10 @@ def _raised_in_autobatch(exc: BaseException) -> bool:
     return not frames or in_packages(frames[-1][0], ("autobatch", "hydra", "omegaconf"))
 
 
-def _where(exc: BaseException) -> str:
-    """`` (raised at FILE:LINE, in FUNCTION)`` for an error of the user's code: the innermost
-    frame outside torch, Hydra and Python's own library (else outside autobatch's CLI), so a
-    bug in the model at run time says where it is; ``""`` where no frame says more."""
+def where_raised(exc: BaseException, *, users_only: bool = False) -> str:
+    """`` (raised at FILE:LINE, in FUNCTION; ...)`` for an error of the user's code: the innermost
+    frame outside torch, Hydra and Python's own library (else outside autobatch's CLI, unless
+    ``users_only``), so a bug in the model at run time says where it is; ``""`` where no frame says more."""
     paths = sysconfig.get_paths()
     installed = tuple(os.path.join(paths[name], "") for name in ("purelib", "platlib"))
 
@@ -136,8 +136,8 @@ def _where(exc: BaseException) -> str:
         return filename.startswith(os.path.join(paths["stdlib"], "")) and not filename.startswith(installed)
 
     frames = [frame for frame in raised_through(exc, leaving=_FRAMEWORK) if not python_own(frame[1])]
-    users = [frame for frame in frames if not in_packages(frame[0], ("autobatch",))] or [
-        frame for frame in frames if not in_packages(frame[0], ("autobatch.cli", "autobatch.__main__"))]
+    users = [frame for frame in frames if not in_packages(frame[0], ("autobatch",))] or ([] if users_only else [
+        frame for frame in frames if not in_packages(frame[0], ("autobatch.cli", "autobatch.__main__"))])
     if not users:
         return ""
     _, filename, line, function = users[-1]
@@ -178,7 +178,7 @@ def describe(exc: BaseException) -> tuple[str, int]:
         return _install_hint(one_line(exc)), BAD_INPUT
     # an error of the model, data or loss at run time (a ValueError of theirs too: before, it was
     # "bad input", exit status 2, without its type or where it came from), or a bug
-    where = "" if type(exc).__module__.startswith("autobatch") else _where(exc)  # autobatch's own: phrased to be read
+    where = "" if type(exc).__module__.startswith("autobatch") else where_raised(exc)  # autobatch's own: phrased to be read
     return f"{type(exc).__name__}: {one_line(exc)}{where}{_notes(exc)}", RUNTIME_FAILURE
 
 

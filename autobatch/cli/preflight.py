@@ -44,7 +44,7 @@ from .errors import BAD_INPUT, CLIError, describe
 from .ignored import ignored_keys
 from .ranks import launched_rank
 from .user_config import (CONFIG_DIR_FLAGS, CONFIG_NAME_FLAGS, CONFIG_PATH_FLAGS, check_config_name, check_extends,
-                          composing, config_flags, without_config_flags)
+                          composing, config_flags, sweeper_params, without_config_flags)
 from .validation import close_match
 
 __all__ = ["check", "flags_first", "job_overrides", "MAX_JOBS_CHECKED"]
@@ -181,6 +181,30 @@ def _override_hint(message: str, exc: BaseException | None = None) -> str:
         return (f"Could not override '{key}': a dict given to {key} is merged into the one already there, and {node} "
                 f"has no key {parts[-1]!r}; add it with +{'.'.join(parts)}=VALUE{fresh}")
     return message
+
+
+def _delete_hint(message: str) -> str:
+    """Hydra's words on a ``~key`` it cannot apply, as what to change: a key of a schema cannot
+    be removed ("TrainConfig (DictConfig) does not support deletion"), and a null one "does not
+    exist" (``~probe.memory_limit``), which read as a misspelt key."""
+    typed = re.search(r"override ~([\w.]+): (\w+) \(DictConfig\) does not support deletion", message)
+    if typed is not None:
+        key = typed.group(1)
+        return (f"~{key}: {key} is a key of {typed.group(2)}, which keeps its keys; set {key}=VALUE instead (~ removes "
+                "only a key that no schema lists: an argument of model=target, optimizer=target or data.dataset)")
+    absent = re.search(r"Could not delete from config\. '([\w.]+)' does not exist", message)
+    if absent is None:
+        return message
+    key, schema, parts = absent.group(1), ProbeAppConfig, absent.group(1).split(".")
+    for depth, part in enumerate(parts):
+        if not dataclasses.is_dataclass(schema):  # a free node (model=target): the key may be absent
+            return f"~{key}: {'.'.join(parts[:depth])} has no key {part!r} (or it is null), so there is nothing to remove"
+        fields = [field.name for field in dataclasses.fields(schema)]
+        if part not in fields:
+            where = ".".join(parts[:depth])
+            return f"~{key}: {where or 'the config'} has no key {part!r}{close_match(part, fields, where + '.' if where else '')}"
+        schema = typing.get_type_hints(schema).get(part)
+    return f"~{key}: {key} is null already, so there is nothing to remove; set {key}=VALUE to change it"
 
 
 def _option_key_hint(message: str, key: str, node: list[str], exc: BaseException | None) -> str:
@@ -337,7 +361,7 @@ def check(command: str, args: Sequence[str]) -> None:
         with composing(command, config_dir):
             check_config_name(name, config_dir)
             multirun = multirun or _multirun_mode(name, overrides, config_name is not None)
-            jobs = job_overrides(overrides, multirun)
+            jobs = job_overrides([*sweeper_params(name, overrides), *overrides] if multirun else overrides, multirun)
             packaged = compose(command)  # what the user did not change
             for index, job in enumerate(jobs):
                 # the first job's run directory (a multirun's sweep directory) is checked too
@@ -354,5 +378,5 @@ def check(command: str, args: Sequence[str]) -> None:
         raise
     except Exception as exc:  # noqa: BLE001 - turned into one line
         message, _ = describe(exc)
-        raise CLIError(_composition_hint(_override_hint(message, exc), exc), BAD_INPUT) from exc
+        raise CLIError(_composition_hint(_delete_hint(_override_hint(message, exc)), exc), BAD_INPUT) from exc
     _warn(warnings, set())

@@ -43,7 +43,7 @@ from .errors import CLIError
 __all__ = [
     "CONFIG_DIR_FLAGS", "CONFIG_NAME_FLAGS", "CONFIG_PATH_FLAGS", "REQUIRED_KEYS", "config_flags",
     "without_config_flags", "composing", "check_config_name", "check_extends", "rerun_flags", "command_line",
-    "run_roots",
+    "run_roots", "sweeper_params",
 ]  # fmt: skip
 
 CONFIG_DIR_FLAGS = ("-cd", "--config-dir")
@@ -165,6 +165,24 @@ def check_extends(command: str, config_name: str, overrides: Sequence[str], cfg:
         f"--config-name {config_name} does not extend autobatch's {base} config, so {lost}runs go to Hydra's "
         f"outputs/<date>/<time> and sweeps get no summary; " + _HOW.format(base=base)
     )
+
+
+def sweeper_params(config_name: str, overrides: Sequence[str]) -> list[str]:
+    """The sweep a config sets in ``hydra.sweeper.params`` (``model.width: 16,32``), as
+    ``key=value`` overrides (call inside :func:`composing`), less the keys the command line sets:
+    Hydra's basic sweeper puts them before the command line's. Without them a sweep that a YAML
+    of the user's own asks for was checked as its command line alone, and a misspelt key there
+    reached Hydra, which printed it over five lines (exit status 1) advising ``+model.widht=``."""
+    from hydra import compose
+
+    hydra_overrides = [o for o in overrides if o.lstrip("+~").startswith(("hydra.", "hydra/"))]
+    try:
+        params = OmegaConf.select(compose(config_name, overrides=hydra_overrides, return_hydra_config=True),
+                                  "hydra.sweeper.params", default=None)
+    except Exception:  # noqa: BLE001 - the composition of each job reports what is wrong
+        return []
+    given = {_override_key(o).lstrip("+~") for o in overrides}
+    return [f"{key}={value}" for key, value in (params or {}).items() if str(key) not in given]
 
 
 def rerun_flags(command: str) -> list[str]:

@@ -236,15 +236,30 @@ def check_target_arguments(key: str, node: DictConfig, target: Any, *, own: Iter
         return
     names = found[0]
     skip = {"_target_", "_convert_", "_recursive_", "_partial_", "_args_", *own}
+    schema = schema_of(node)
+    typed = {field.name for field in dataclasses.fields(schema)} if schema is not None else set()
     for name in node.keys():
         if name in skip or name in names:
             continue
         hint = close_match(str(name), names)
-        option = " or start from optimizer=target (only _target_ and lr)" if key == "optimizer" else ""
+        fresh = _FRESH_OPTION.get(key, "")
+        if name in typed:  # a key of the option's schema (model=mlp, optimizer=adamw): ~ cannot remove it
+            fix = (f"{key}.{name} comes from the {key} option's schema ({schema.__name__}), which keeps its keys "
+                   f"(~{key}.{name} is refused); start from {fresh or 'a group option without it'}")
+        else:
+            fix = f"Remove it with ~{key}.{name}" + (f" or start from {fresh}" if fresh else "")
         raise ValueError(
             f"{key}.{name} is not an argument of {node._target_}{hint}; its arguments: "
-            f"{', '.join(n for n in names if n not in ('self', 'params')) or 'none'}. Remove it with ~{key}.{name}{option}"
+            f"{', '.join(n for n in names if n not in ('self', 'params')) or 'none'}. {fix}"
         )
+
+
+#: The group option that holds only a ``_target_`` (and what the CLI wires in), whose keys are
+#: the constructor's arguments, each removable with ``~``.
+_FRESH_OPTION = {
+    "optimizer": "optimizer=target (only _target_ and lr)",
+    "model": "model=target (only _target_ and inputs; +model.<argument>=VALUE for each argument)",
+}
 
 
 def check_checkpoint_modules(cfg: DictConfig, model: torch.nn.Module) -> None:

@@ -258,7 +258,7 @@ def plot_sweep(
     rows = _sweep_rows(rows)
     plt = _pyplot()
     path = plot_file(path, SWEEP_PLOT_NAME)
-    labels = [_job_label(row) for row in rows]
+    labels = _job_labels(rows)
     positions = list(range(len(rows)))
     height = 5.0 + 0.06 * max((len(label) for label in labels), default=0)
     every = max(1, math.ceil(len(rows) / SWEEP_LABELLED))  # label every job, or every k-th of a large sweep
@@ -330,13 +330,41 @@ def _state(row: dict[str, Any]) -> str | None:
     return "interrupted" if status == "interrupted" else "failed"
 
 
-def _job_label(row: dict[str, Any]) -> str:
-    """``#<job> <overrides>``, cut to 48 characters, its ``$`` escaped: matplotlib draws the text
-    between two of them as math (``tag=$HOME/run_$`` failed the plot, ``${a}_${b}`` was mangled)."""
-    overrides = str(row.get("overrides") or "").strip()
-    label = f"#{row.get('job', '?')}" + (f" {overrides}" if overrides else "")
-    label = label if len(label) <= 48 else label[:45] + "..."
-    return label.replace("$", r"\$")
+def _overrides(row: dict[str, Any]) -> list[str]:
+    """The job's overrides (``overrides``: joined by spaces), split where a space is outside
+    brackets and quotes (``'data.dataset={_target_: x}'`` is one)."""
+    text = row.get("overrides")
+    text = "" if text is None or (isinstance(text, float) and math.isnan(text)) else str(text)
+    parts, current, depth, quote = [], "", 0, ""
+    for char in text:
+        if quote:
+            quote = "" if char == quote else quote
+        elif char in "'\"":
+            quote = char
+        elif char in "[{(":
+            depth += 1
+        elif char in "]})":
+            depth = max(0, depth - 1)
+        elif char == " " and depth == 0:
+            parts, current = parts + [current] * bool(current), ""
+            continue
+        current += char
+    return parts + [current] * bool(current)
+
+
+def _job_labels(rows: list[dict[str, Any]]) -> list[str]:
+    """``#<job> <overrides>`` for each job, without the overrides every job shares (a sweep's
+    fixed ``model=mlp data.shape=[16] ...`` filled the 48 characters, so every label read the
+    same), each cut to 48 characters, its ``$`` escaped: matplotlib draws the text between two
+    of them as math (``tag=$HOME/run_$`` failed the plot, ``${a}_${b}`` was mangled)."""
+    split = [_overrides(row) for row in rows]
+    shared = set.intersection(*map(set, split)) if len(split) > 1 else set()
+    labels = []
+    for row, overrides in zip(rows, split):
+        label = " ".join([f"#{row.get('job', '?')}", *(o for o in overrides if o not in shared)])
+        label = label if len(label) <= 48 else label[:45] + "..."
+        labels.append(label.replace("$", r"\$"))
+    return labels
 
 
 def _number(value: Any) -> float | None:

@@ -5,7 +5,7 @@ import math
 
 import pytest
 
-from autobatch.report.plots import _job_label, plot_sweep
+from autobatch.report.plots import _job_labels, plot_sweep
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -29,7 +29,7 @@ def test_overrides_with_dollar_signs_are_drawn_as_written(tmp_path, overrides):
     rows = [{"job": 0, "overrides": overrides, "status": "ok", "batch_size": 8, "time_s": 1.0}]
     path = plot_sweep(rows, tmp_path / "summary.png")
     assert path.read_bytes()[:8] == PNG_SIGNATURE
-    assert _job_label(rows[0]).replace("\\$", "$") == f"#0 {overrides}"[:48]
+    assert _job_labels(rows)[0].replace("\\$", "$") == f"#0 {overrides}"[:48]
 
 
 def test_a_sweep_of_thousands_of_jobs_plots_at_a_bounded_size(tmp_path):
