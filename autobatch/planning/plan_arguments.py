@@ -9,13 +9,15 @@ accumulation it meant to forbid, and ``balanced=None`` planned unbalanced micro-
 
 from __future__ import annotations
 
+import difflib
+import inspect
 import numbers
-from typing import Any
+from typing import Any, Callable, Iterable
 
 from .. import checks
 
 __all__ = ["check_switches", "validate", "validate_timing", "ragged_message", "smallest_batch", "check_one_step_cap",
-           "OBJECTIVES"]
+           "check_option_names", "plan_keywords", "unknown_keyword", "OBJECTIVES"]
 
 OBJECTIVES = ("max_batch", "throughput")
 
@@ -31,11 +33,42 @@ def check_switches(**switches: Any) -> None:
                             "as 'false' would read as true, None as false: convert it to a bool first)")
 
 
+def plan_keywords() -> frozenset[str]:
+    """The keyword arguments ``plan()`` takes: its own and the ``find_max_batch()`` options it
+    passes on (``**probe_kwargs``); a ``Runner``'s ``plan_options`` are among them."""
+    from ..probe.find import find_max_batch
+    from .planner import plan
+
+    return frozenset(name for fn in (plan, find_max_batch) for name, parameter in inspect.signature(fn).parameters.items()
+                     if parameter.kind is inspect.Parameter.KEYWORD_ONLY)
+
+
+def unknown_keyword(key: str, known: Iterable[str]) -> str:
+    """What to say of ``key``, no keyword argument of ``plan()`` or ``find_max_batch()``: the
+    closest known name where one is close (``memory_limt``), and the names there are."""
+    names = sorted(known)
+    close = difflib.get_close_matches(str(key), names, n=1)
+    guess = f"did you mean {close[0]!r}? " if close else ""
+    return f"is no keyword argument of plan() or find_max_batch(); {guess}use one of {', '.join(names)}"
+
+
+def check_option_names(probe_kwargs: dict[str, Any]) -> None:
+    """``plan(**probe_kwargs)``'s keys are ``find_max_batch()`` options; one ``TypeError`` naming
+    ``plan()`` and the key otherwise, before any probe. A misspelt key (``memory_limt``) failed
+    inside the first probe, as ``find_max_batch() got an unexpected keyword argument``, an
+    error that named neither ``plan()`` nor the name meant."""
+    known = plan_keywords()
+    for key in probe_kwargs:
+        if key not in known:
+            raise TypeError(f"plan() got an unexpected keyword argument {key!r}: it {unknown_keyword(key, known)}")
+
+
 def validate(step, global_batch, objective, probe_kwargs: dict[str, Any], min_micro_batch=None,
              **switches: Any) -> tuple[int, int | None]:
     """Check plan()'s own arguments (``switches``: its booleans, ``allow_accumulation`` among
     them); return ``global_batch`` and ``min_micro_batch`` as ints, and leave the integer
     ``probe_kwargs`` (``max_batch``, ``start``, ``multiple_of``) as ints."""
+    check_option_names(probe_kwargs)
     check_switches(**switches)
     missing = [name for name in ("model", "optimizer", "loss_fn", "make_batch") if not hasattr(step, name)]
     if missing:
@@ -92,10 +125,17 @@ def check_one_step_cap(global_batch: int, max_batch: int | None, allow_accumulat
 
 
 def validate_timing(*, warmup_steps: int, timed_steps: int, retime_rounds: int = 0,
-                    retime_within: float = 0.0) -> dict[str, int | float]:
+                    retime_within: float = 0.0, timer: Callable[[], float] | None = None,
+                    allocator_retries: Callable[[], int | None] | None = None) -> dict[str, int | float]:
     """Raise ``ValueError`` naming the first bad timing knob; else the knobs as plain Python
     numbers (a NumPy integer or float is taken, as everywhere else: a sweep's values often
-    are), so the plan's report and JSON hold plain types."""
+    are), so the plan's report and JSON hold plain types. ``timer`` and ``allocator_retries``
+    (None: the defaults) must be callables: a string failed as ``'str' object is not callable``
+    after every probe had run."""
+    if timer is not None:
+        checks.function("timer", timer, "() -> seconds (e.g. time.perf_counter)")
+    if allocator_retries is not None:
+        checks.function("allocator_retries", allocator_retries, "() -> the allocator's cumulative retry count, or None")
     timing: dict[str, int | float] = {}
     counts = (("warmup_steps", warmup_steps, 0), ("timed_steps", timed_steps, 1), ("retime_rounds", retime_rounds, 0))
     for name, value, low in counts:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from ..errors import NoBatchFitsError
 from ..memory.units import format_bytes
+from .checkpointing import no_blocks_hint
 from .plan_result import short_list
 
 __all__ = ["PlanErrors"]
@@ -31,8 +32,8 @@ class PlanErrors:
         if checkpoint_error is None:  # nothing to wrap
             return self._attempts_error(
                 plain_error,
-                "Activation checkpointing was tried but found no repeated blocks to wrap; name the "
-                f"block classes in checkpoint_targets, or try {self._other_options()}.",
+                f"Activation checkpointing was tried but found no repeated blocks to wrap: {no_blocks_hint(self.step.model)}. "
+                f"Else try {self._other_options()}.",
             )
         modules = self.handle.modules if self.handle is not None else []
         return self._attempts_error(

@@ -8,8 +8,8 @@ throughput objective's timed candidates.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field, fields
-from typing import Any, Iterable
+from dataclasses import MISSING, dataclass, field, fields
+from typing import Any, Iterable, Mapping
 
 from ..probe.result import ProbeResult
 from .accumulation import split_batch
@@ -97,9 +97,29 @@ class Plan:
         return json.dumps(self.to_dict(), **kwargs)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "Plan":
+    def from_dict(cls, data: Mapping[str, Any]) -> "Plan":
+        """The plan :meth:`to_dict` wrote (keys that are not its fields, a report's own, are left
+        out). One error naming what to pass for anything else: a JSON string or a file's text (it
+        failed as ``'str' object has no attribute 'items'``), a dict without the plan's fields
+        (``Plan.__init__() missing ...``), or micro-batch sizes that do not make the global batch
+        (an edited plan that would train another one)."""
+        if not isinstance(data, Mapping):
+            text = " (JSON text: pass json.loads(text))" if isinstance(data, (str, bytes)) else ""
+            raise TypeError(f"Plan.from_dict takes the dict Plan.to_dict() wrote, got {type(data).__name__}{text}")
+        required = [f.name for f in fields(cls) if f.default is MISSING and f.default_factory is MISSING]
+        missing = [name for name in required if name not in data]
+        if missing:
+            raise ValueError(f"Plan.from_dict: the dict lacks {', '.join(missing)}, so it is no plan; pass the dict "
+                             "Plan.to_dict() wrote (a CLI run's plan.json, json.loads of Plan.to_json())")
         known = {f.name for f in fields(cls)} - {"handle", "applied"}
-        return cls(**{key: value for key, value in data.items() if key in known})
+        plan = cls(**{key: value for key, value in data.items() if key in known})
+        sizes = list(plan.micro_batch_sizes)
+        if sum(sizes) != plan.global_batch or len(sizes) != plan.accumulation_steps or max(sizes, default=0) != plan.micro_batch:
+            raise ValueError(f"Plan.from_dict: micro_batch_sizes [{short_list(sizes)}] (sum {sum(sizes)}) do not make "
+                             f"global_batch={plan.global_batch} in accumulation_steps={plan.accumulation_steps} of at most "
+                             f"micro_batch={plan.micro_batch}; an edited plan must change them together (plan anew "
+                             "for another global batch)")
+        return plan
 
     def summary(self) -> str:
         """A few readable lines; for the throughput objective, a table of the candidates."""

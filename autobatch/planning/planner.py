@@ -43,7 +43,8 @@ from ..probe.result import ProbeResult
 from ..probe.train_step import TrainStep
 from .accumulation import AccumulatingStep, micro_batch_sizes
 from .batch_statistics import batch_statistics_note
-from .checkpointing import CheckpointHandle, enable_checkpointing, find_blocks, put_back_checkpointing, take_checkpointing
+from .checkpointing import (CheckpointHandle, enable_checkpointing, find_blocks, no_blocks_hint, put_back_checkpointing,
+                            take_checkpointing)
 from .fastest import ThroughputObjective
 from .plan_errors import PlanErrors
 from .plan_arguments import OBJECTIVES, ragged_message, smallest_batch, validate, validate_timing
@@ -83,7 +84,7 @@ def plan(
         allow_accumulation: may split the global batch into micro-batches.
         allow_checkpointing: may wrap repeated blocks with activation checkpointing.
         checkpoint_targets: class names of the blocks to checkpoint (default: children of
-            ``nn.Sequential`` / entries of ``nn.ModuleList`` that repeat).
+            ``nn.Sequential`` / entries of ``nn.ModuleList`` or ``nn.ModuleDict`` that repeat).
         balanced: balanced micro-batches (sizes differ by at most one) rather than full ones
             and a smaller last one; off when ``multiple_of`` > 1 (sizes stay multiples).
         min_micro_batch: throughput: the smallest micro-batch timed (default: largest // 16).
@@ -122,7 +123,7 @@ def plan(
     if checkpoint_targets is not None:
         find_blocks(step.model, checkpoint_targets)  # targets that match nothing: a ValueError now, not a wrong plan
     timing = validate_timing(warmup_steps=warmup_steps, timed_steps=timed_steps, retime_rounds=retime_rounds,
-                             retime_within=retime_within)
+                             retime_within=retime_within, timer=timer, allocator_retries=allocator_retries)
     cap = min(global_batch, probe_kwargs.pop("max_batch", None) or global_batch)
     multiple_of = probe_kwargs.get("multiple_of", 1)
     if balanced and isinstance(multiple_of, int) and multiple_of > 1:
@@ -208,8 +209,8 @@ class _Planner(PlanErrors, ThroughputObjective):
             self.handle = enable_checkpointing(self.step.model, self.targets)
         if not self.handle.modules:
             self.notes.append(
-                "activation checkpointing found no repeated blocks to wrap (no nn.Sequential / nn.ModuleList with "
-                "repeated children; a single torch.nn layer is no block); name the block classes in checkpoint_targets"
+                "activation checkpointing found no repeated blocks to wrap (no nn.Sequential / ModuleList / ModuleDict with "
+                f"repeated children; a single torch.nn layer is no block); {no_blocks_hint(self.step.model)}"
             )
             return False
         return True
@@ -313,7 +314,7 @@ class _Planner(PlanErrors, ThroughputObjective):
         if ckpt is None:
             if plain is None:
                 raise self.no_fit(plain_error, ckpt_error, True)
-            why = ("no block to checkpoint was found in the model (name its blocks' classes in checkpoint_targets)"
+            why = (f"no block to checkpoint was found in the model ({no_blocks_hint(self.step.model)})"
                    if ckpt_error is None else f"with it, not even {smallest_batch(self.probe_kwargs)} fit")
             raise accumulation_error or GlobalBatchTooLargeError(self.global_batch, plain.batch_size, False, plain.device, why)
         if self.fits(ckpt):

@@ -11,7 +11,6 @@ per-sample items (``collate_fn=list``) was split along the wrong dimension with 
 
 from __future__ import annotations
 
-import inspect
 import logging
 import os
 import tempfile
@@ -79,17 +78,14 @@ def _plan_options(plan_options: Any) -> dict[str, Any]:
     if not isinstance(plan_options, Mapping):
         raise TypeError(f"plan_options must be a dict of plan() keyword arguments or None, got "
                         f"{type(plan_options).__name__} {plan_options!r:.60}; e.g. plan_options={{'memory_limit': '2GiB'}}")
-    from ..planning.planner import plan
-    from ..probe.find import find_max_batch
+    from ..planning.plan_arguments import plan_keywords, unknown_keyword
 
-    named = {name for fn in (plan, find_max_batch) for name, parameter in inspect.signature(fn).parameters.items()
-             if parameter.kind is inspect.Parameter.KEYWORD_ONLY}
+    named = plan_keywords() - {"global_batch"}
     for key in plan_options:
         if key == "global_batch":
             raise ValueError("plan_options['global_batch'] is set by the runner: pass Runner(global_batch=...)")
         if key not in named:
-            raise ValueError(f"plan_options[{key!r}] is no keyword argument of plan() or find_max_batch(); use one of "
-                             f"{', '.join(sorted(named - {'global_batch'}))}")
+            raise ValueError(f"plan_options[{key!r}] {unknown_keyword(key, named)}")
     return dict(plan_options)
 
 

@@ -35,7 +35,7 @@ import torch
 from ..errors import PeerOutOfMemoryError, StepOutOfMemoryError, add_note
 from .. import checks
 from ..memory.oom import free_memory, is_oom_error
-from ..planning.checkpointing import enable_checkpointing
+from ..planning.checkpointing import enable_checkpointing, no_blocks_hint
 from .inputs import warn_batch_statistics
 from .multiples import round_down
 from .run_result import Recovery
@@ -367,6 +367,6 @@ class OomRecovery:
             raise StepOutOfMemoryError(
                 self.step, self._phase, False,
                 reason=f"global step {self.step} ran out of memory at micro-batch {self.micro_batch} and activation "
-                "checkpointing found no repeated blocks to wrap; name the block classes in checkpoint_targets.",
+                f"checkpointing found no repeated blocks to wrap: {no_blocks_hint(self.model)}.",
             )
         self.checkpoint_handle = handle
