@@ -65,7 +65,7 @@ WORKLOADS = ("vit_b16", "resnet50_tuned", "resnet50", "gpt2", "llama")
 # convolutions with SiLU and cuDNN autotuning, LayerNorm and 7x7 depthwise kernels, a bidirectional
 # encoder with a padding mask and a masked-language-model loss, an encoder-decoder (T5-small: dict
 # batches, two sequence lengths) and a cuDNN LSTM language model (RNN workspaces)
-MORE_WORKLOADS = ("efficientnet_b0_tuned", "convnext_tiny", "bert", "t5", "lstm")
+MORE_WORKLOADS = ("efficientnet_b0_tuned", "convnext_tiny", "bert", "t5", "lstm", "lm128k")
 # ... and any other torchvision classifier by its name (``--workloads densenet121,swin_t``): these
 # prefixes route to ``torchvision.models.<name>(num_classes=10)`` at 224x224
 TORCHVISION_PREFIXES = ("efficientnet", "convnext", "densenet", "swin", "mobilenet", "regnet", "resnext",
@@ -93,6 +93,8 @@ def build(name: str, device: str, quick: bool):
         return _t5(device, quick) + (dtype, bench)
     elif name == "lstm":
         return _lstm(device, quick) + (dtype, bench)
+    elif name == "lm128k":
+        return _lm128k(device, quick) + (dtype, bench)
     else:
         model, shape = _decoder(name, quick), None
     model = model.to(device)
@@ -222,6 +224,24 @@ def _lstm(device: str, quick: bool):
             return self.head(self.rnn(self.embed(tokens))[0])
 
     model = LSTMLM().to(device)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+
+    def make(b):
+        return torch.randint(0, vocab, (b, seq + 1), device=device)
+
+    def loss_fn(m, tokens):
+        logits = m(tokens[:, :-1])
+        return F.cross_entropy(logits.reshape(-1, vocab).float(), tokens[:, 1:].reshape(-1))
+    return model, optimizer, loss_fn, make
+
+
+def _lm128k(device: str, quick: bool):
+    """A small decoder with a Llama-3-sized vocabulary (128,256 tokens; 4 layers, width 512, 128
+    tokens): its loss's float logits are the step's largest request, about a fifth of an 8 GiB
+    cap at its answer. ``(model, optimizer, loss_fn, make)``."""
+    seq, vocab = (16, 64) if quick else (128, 128256)
+    model = (GPT(vocab_size=vocab, max_seq_len=seq, layers=1, width=16, heads=2) if quick else
+             GPT(vocab_size=vocab, max_seq_len=seq, layers=4, width=512, heads=8)).to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
 
     def make(b):
