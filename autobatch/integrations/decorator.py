@@ -36,7 +36,11 @@ out-of-memory error, multiplies the size by 0.9 and calls again. Three things di
   that calls a decorated inference helper keeps its gradients. A gradient that existed and the
   failed attempt changed in place (its backward added into it) cannot be put back without a
   copy: it is set to None too, with one ``RuntimeWarning`` saying that the gradients accumulated
-  before the call were lost. Gradients of parameters no optimizer holds stay.
+  before the call were lost. Gradients of parameters no optimizer holds stay. A ``GradScaler``
+  forgets the ``unscale_`` of an optimizer whose gradients were dropped (the next attempt's
+  ``unscale_``, fp16 with gradient clipping, raised "already been called"), and an
+  ``accelerate.Accelerator``'s micro-batch counter is put back (the next attempt's accumulation
+  windows were shifted): :mod:`.decorator_state`.
 
 Errors that are not out-of-memory propagate unchanged (the table of
 :func:`~autobatch.is_oom_error`, wider than Accelerate's). When batch 1 fails,
@@ -47,15 +51,12 @@ is raised from the last allocator error, with the figures.
 from __future__ import annotations
 
 import functools
-import gc
 import time
 import warnings
-import weakref
 from dataclasses import asdict, dataclass
 from typing import Any, Callable
 
 import torch
-from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from ..errors import NoBatchFitsError
 from ..memory.devices import AcceleratorMemory, DeviceMemory, SimulatedDeviceMemory, resolve_device
@@ -64,6 +65,7 @@ from ..memory.oom import allocated_at_failure, free_memory, is_oom_error, reques
 from ..memory.simulated import active_simulation
 from ..probe.arguments import ALLOCATOR_HEADROOM
 from .decorator_checks import check_arguments, check_call, check_takes_batch, is_method, refuse_coroutine
+from .decorator_state import AttemptState
 
 __all__ = ["find_executable_batch_size", "Attempt"]
 
@@ -146,9 +148,9 @@ def find_executable_batch_size(
         check_call(function, args[int(method):], kwargs, method)
         memory = _instruments(device)
         with LazyStateWatch() as watch:
-            return _attempts(wrapped, watch, memory, _Gradients(), args, kwargs)
+            return _attempts(wrapped, watch, memory, AttemptState(), args, kwargs)
 
-    def _attempts(wrapped: Any, watch: LazyStateWatch, memory: DeviceMemory | None, grads: "_Gradients",
+    def _attempts(wrapped: Any, watch: LazyStateWatch, memory: DeviceMemory | None, grads: AttemptState,
                   args: tuple, kwargs: dict) -> Any:
         while True:
             size = wrapped.batch_size
@@ -230,90 +232,6 @@ def _measured(attempt: Attempt) -> int | None:
     if needed <= 0 or usable <= 0 or needed < usable:
         return None  # failed before reaching the capacity: the bound is not informative
     return int(attempt.batch_size * usable / needed)
-
-
-class _Gradients:
-    """The gradients of the known optimizers' parameters as each attempt started, so that a failed
-    attempt's are dropped and the others kept.
-
-    Why not every gradient, as before: a training loop half-way through an accumulation window
-    that calls a decorated helper (a ``no_grad`` evaluation) lost its accumulated gradients to
-    the helper's first OOM. Only weak references and ``_version`` counters are kept (no copy;
-    nothing kept alive, so a gradient the attempt frees is freed). The optimizers are those
-    :func:`_known_optimizers` knows (a scan costs 20-90 ms in a large process: once, not per
-    call); after a failure every live optimizer is found (a failure may come before any
-    optimizer stepped), and a gradient with no record from the attempt's start (the attempt
-    made it, or an optimizer made since the scan that never stepped holds it) is dropped."""
-
-    def __init__(self) -> None:
-        self.before: dict[int, tuple[weakref.ref, weakref.ref, int]] = {}
-
-    def record(self) -> None:
-        """At an attempt's start: each parameter's gradient (weakly) and its version counter."""
-        self.before = {}
-        for param in _params_of(_known_optimizers()):
-            if param.grad is not None:
-                self.before[id(param)] = (weakref.ref(param), weakref.ref(param.grad), param.grad._version)
-
-    def drop_failed(self) -> int:
-        """After a failed attempt: ``.grad = None`` where the attempt created the gradient or changed
-        it (read from ``param_groups``, not through ``zero_grad``, which a wrapper such as
-        Accelerate's skips while it accumulates). Returns how many gradients that existed before the
-        attempt it changed in place: what they held before the call is lost."""
-        lost = 0
-        live = _live_optimizers()
-        _KNOWN.update(live)
-        for param in _params_of(live):
-            grad = param.grad
-            if grad is None:
-                continue
-            ref, old, version = self.before.get(id(param), (None, None, None))
-            if ref is not None and ref() is param and old() is grad:
-                if grad._version == version:
-                    continue  # untouched by the failed attempt
-                lost += 1
-            param.grad = None
-        return lost
-
-
-#: optimizers whose gradients are recorded at each attempt's start: every live one when the first
-#: decorated call ran, and every one seen stepping since (a global step pre-hook; a set insertion)
-_KNOWN: "weakref.WeakSet[torch.optim.Optimizer]" = weakref.WeakSet()
-_SCANNED: list[bool] = []
-
-
-def _known_optimizers() -> list[torch.optim.Optimizer]:
-    """:data:`_KNOWN`, filled by one scan of the live objects on the first call in the process."""
-    if not _SCANNED:
-        _KNOWN.update(_live_optimizers())
-        register_optimizer_step_pre_hook(lambda optimizer, args, kwargs: _KNOWN.add(optimizer))
-        _SCANNED.append(True)
-    return list(_KNOWN)
-
-
-def _live_optimizers() -> list[torch.optim.Optimizer]:
-    """Every live optimizer, found by the garbage collector (a wrapper such as Accelerate's
-    ``AcceleratedOptimizer`` is found with the torch optimizer it holds)."""
-    kinds, stack = {torch.optim.Optimizer}, [torch.optim.Optimizer]
-    while stack:  # the subclasses, so the scan tests type() in a set (twice as fast as issubclass)
-        for kind in stack.pop().__subclasses__():
-            if kind not in kinds:
-                kinds.add(kind)
-                stack.append(kind)
-    # type(), not isinstance(): isinstance reads ``__class__``, which lazy proxies and deprecated
-    # module attributes answer with a warning or an import
-    return [obj for obj in gc.get_objects() if type(obj) in kinds]
-
-
-def _params_of(optimizers: list[torch.optim.Optimizer]) -> list[torch.Tensor]:
-    """Every parameter of ``optimizers``, each once."""
-    params: dict[int, torch.Tensor] = {}
-    for optimizer in optimizers:
-        for group in getattr(optimizer, "param_groups", None) or ():
-            for param in group.get("params", ()) if isinstance(group, dict) else ():
-                if isinstance(param, torch.Tensor):
-                    params.setdefault(id(param), param)
-    return list(params.values())
 
 
 def _lost_message(lost: int, name: str) -> str:

@@ -170,6 +170,9 @@ def confirm_in_loop(
             failed_below = min(failed_below, micro)
             cut = max(1, micro - line.largest(budget - run.extra_bytes), 2 * cut)
             nxt = micro - cut
+            if nxt < 1 < micro:  # no size fits beside that many extra bytes: they grow with the batch (a
+                # validation batch needing more a sample than training); scale by what the run needed
+                nxt = max(1, min(micro - 1, int(micro * budget / max(1, run.probe_bytes + run.extra_bytes))))
         if nxt < 1 or nxt <= (best or 0) or nxt == largest:
             break
         largest = nxt
@@ -313,6 +316,7 @@ class _LoopState:
     restarting: bool  # as fit found it: on where it resumes from a checkpoint (ckpt_path=...)
     validate: bool  # fit validates (a validation_step, a val dataloader, limit_val_batches above 0)
     val_reload_epoch: Any  # the validation loop's record of when it last built its dataloader
+    stage: Any  # the trainer's running stage (TRAINING): a run that fails while validating leaves VALIDATING
     held: list[Any] = field(default_factory=list)  # the schedulers whose step the run holds
 
     @classmethod
@@ -321,7 +325,7 @@ class _LoopState:
         return cls(deepcopy(loop.state_dict()), trainer.callbacks, trainer.loggers,
                    loop.epoch_loop.max_steps, trainer.limit_train_batches, trainer.limit_val_batches,
                    bool(getattr(loop, "_restarting", False)), bool(trainer.enable_validation),
-                   getattr(loop.epoch_loop.val_loop, "_last_val_dl_reload_epoch", None))
+                   getattr(loop.epoch_loop.val_loop, "_last_val_dl_reload_epoch", None), trainer.state.stage)
 
     def prepare(self, trainer: Trainer, steps: int, watch: Any) -> None:
         from lightning.pytorch import Callback
@@ -378,5 +382,9 @@ class _LoopState:
         trainer._logger_connector.reset_results()
         trainer._logger_connector.reset_metrics()
         trainer.should_stop = False
+        # a run that ran out of memory in its validation batch left the trainer validating: fit's
+        # _run_stage then ran only the validation loop, and fit returned having trained nothing
+        # (the module's eval mode goes back with its attributes, in the caller's reset)
+        trainer.state.stage = self.stage
 
 

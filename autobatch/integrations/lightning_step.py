@@ -20,6 +20,7 @@ from lightning.pytorch.trainer import call
 from lightning.pytorch.utilities.combined_loader import CombinedLoader
 
 from ..planning.samples import cycle_samples
+from ..probe.restore_places import forget_scaler_stage
 from ..training.batch_ops import map_tensors
 
 __all__ = ["LightningStep", "first_batch", "size_of"]
@@ -59,6 +60,7 @@ class LightningStep:
 
     def __call__(self, batch_size: int) -> None:
         self.restore()
+        self._forget_unscaled()
         # tensors and per-sample lists (label names, raw text a training_step tokenizes) alike;
         # cut, not indexed, so an estimate's fake tensors can build it too
         batch, *ahead = [cycle_samples(self.first, batch_size, self.available) for _ in range(1 + self.prefetch)]
@@ -93,6 +95,18 @@ class LightningStep:
             trainer.strategy.optimizer_step(optimizer, closure=closure)
             self._with_grads = [p for p in module.parameters() if p.grad is not None]
         del ahead, held
+
+    def _forget_unscaled(self) -> None:
+        """Mark every optimizer unscaled again in the precision plugin's ``GradScaler`` ("16-mixed"):
+        no step is under way when a trial starts, so a mark is a failed trial's. Why: the plugin
+        calls ``scaler.unscale_(optimizer)`` before ``on_before_optimizer_step``, the gradient
+        clipping and the optimizer step, and a trial that ran out of memory there left the mark,
+        so the next trial's ``unscale_`` raised "unscale_() has already been called on this
+        optimizer since the last update()" and ended the probe."""
+        scaler = getattr(self.trainer.precision_plugin, "scaler", None)
+        if isinstance(scaler, torch.amp.GradScaler) and scaler.is_enabled():
+            for optimizer in self.trainer.optimizers:
+                forget_scaler_stage(scaler, optimizer)
 
     def _training_step(self, batch: Any) -> Any:
         """The module's ``training_step`` output at the first batch index it does not skip (a

@@ -77,8 +77,8 @@ def resumed_global_batch(trainer: Any, resume_from_checkpoint: str | bool | None
     """The ``global_batch`` to probe for: the caller's where given (a warning where it differs from
     the checkpoint's samples per step: a deliberate change), else, when the coming ``train()``
     resumes, the checkpoint's samples per step (per-device batch x this run's accumulation x
-    processes). Under ``auto_find_batch_size`` ``train()`` takes the checkpoint's batch back
-    itself, so nothing is set. One ``ValueError`` where no multiple of ``multiple_of`` divides the
+    processes). Under ``auto_find_batch_size`` None (``train()`` replaces the per-device batch
+    set with the checkpoint's itself), so the probe's answer is set as without a resume. One ``ValueError`` where no multiple of ``multiple_of`` divides the
     checkpoint's samples per process, naming both ways out."""
     path = checkpoint_path(trainer, resume_from_checkpoint)
     if path is None:
