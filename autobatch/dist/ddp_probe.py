@@ -21,7 +21,7 @@ from .. import checks
 from ..memory.oom import free_memory
 from ..probe.train_step import TrainStep
 from . import agreement as dist_sync
-from .ddp_step import complete_buckets, ledger_for, reset_after_failure, run_prologue
+from .ddp_step import check_reduced, complete_buckets, ledger_for, reset_after_failure, run_prologue
 from .votes import keep, vote
 
 __all__ = ["DDPProbeStep"]
@@ -68,6 +68,7 @@ class DDPProbeStep(TrainStep):
                 batch = None  # backward needs what autograd saved, not the inputs (as in training)
                 (self.grad_scaler.scale(loss) if self.grad_scaler is not None else loss).backward()
                 del loss
+                check_reduced(model, label)
             except Exception as exc:  # noqa: BLE001 - completed, voted on, re-raised
                 failure = keep(exc)
             if failure is not None:

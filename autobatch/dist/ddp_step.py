@@ -22,7 +22,8 @@ The protocol, per global step (every rank, in this order):
    therefore always a prefix ``0..k-1`` of the bucket order, which is the same on every rank.
    The hook stays on the model (DDP cannot remove one); between steps it is DDP's default
    all-reduce and records nothing (:class:`BucketLedger`).
-3. **On any failure in 2**, on the failing rank only: drop the traceback, the gradients and
+3. **On any failure in 2** (a backward that left a bucket unlaunched too: a parameter that got
+   no gradient, :func:`check_reduced`), on the failing rank only: drop the traceback, the gradients and
    the cached memory, then all-reduce **zero** buckets of the reducer's sizes for every bucket
    not yet launched (``k..N-1``, in order; DDP's own ``_get_zeros_like_grad_buckets``, the
    tool of its ``join`` for uneven inputs) and wait for all of them under the sync deadline.
@@ -66,7 +67,7 @@ from .votes import bits_float, float_bits, keep, vote
 
 __all__ = [
     "BucketLedger", "ddp_supported", "check_whole_world", "ledger_for", "run_prologue", "reset_after_failure",
-    "complete_buckets", "ddp_step",
+    "complete_buckets", "check_reduced", "ddp_step",
 ]
 
 _LEDGERS: "weakref.WeakKeyDictionary[torch.nn.Module, BucketLedger]" = weakref.WeakKeyDictionary()
@@ -223,6 +224,32 @@ def reset_after_failure(model: torch.nn.parallel.DistributedDataParallel, forwar
     model.require_forward_param_sync = forward_sync
 
 
+def check_reduced(model: torch.nn.parallel.DistributedDataParallel, label: str) -> None:
+    """After this rank's synced backward through DDP succeeded: ``ValueError`` unless DDP's reducer
+    reduced every bucket. A parameter that needs a gradient but got none (a branch forward skipped,
+    on some ranks or all) leaves its bucket unlaunched under DDP's default
+    ``find_unused_parameters=False``: a peer that launched it waited in its backward until the
+    process group's timeout, and where every rank skipped it the step went on with gradients that
+    were never all-reduced (the ranks' weights came apart) until DDP's own error at the next step.
+    Raised inside the step, the caller completes the buckets with zeros and votes, so every rank
+    stops at this step: this rank with this error, its peers with ``PeerFailedError``."""
+    finalized = getattr(model.reducer, "_check_reducer_finalized", None)
+    if finalized is None:  # not in this torch: DDP raises at the next step instead
+        return
+    try:
+        finalized()
+    except RuntimeError as exc:
+        missing = [name for name, param in model.module.named_parameters() if param.requires_grad and param.grad is None]
+        named = f" ({', '.join(missing[:4])}{', ...' if len(missing) > 4 else ''} got none)" if missing else ""
+        raise ValueError(
+            f"rank {dist_sync.rank()}: DDP could not all-reduce every gradient at {label!r}: parameters that require "
+            f"grad got no gradient in the backward{named}, and DistributedDataParallel(find_unused_parameters=False) "
+            "waits for every one. Pass find_unused_parameters=True to DistributedDataParallel (autobatch then trains "
+            "through the local module and all-reduces once after backward), or freeze what the loss never uses "
+            "(requires_grad_(False)); DDP's own error, chained, gives the parameters' indices"
+        ) from exc
+
+
 def complete_buckets(model: torch.nn.parallel.DistributedDataParallel, ledger: BucketLedger, label: str) -> None:
     """On a rank whose step failed: all-reduce zeros for every bucket it has not launched,
     in bucket order, and wait (under the sync deadline) for every bucket of the step."""
@@ -261,6 +288,7 @@ def _micro_batches(
                 model, step.loss_fn, micro_batches, global_batch=local_size, autocast=step.autocast,
                 grad_scaler=step.grad_scaler, no_sync=model.no_sync, on_phase=on_phase,
             )
+            check_reduced(model, label)
             return total, None
         except Exception as exc:  # noqa: BLE001 - completed here, voted on by the caller, then re-raised
             failure = keep(exc)

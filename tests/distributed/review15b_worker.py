@@ -1,0 +1,82 @@
+"""One rank of ``test_review15b_ddp_unused.py`` (gloo, CPU): a DDP model whose forward skips a parameter.
+
+Run as ``python tests/distributed/review15b_worker.py SCENARIO[,SCENARIO...] OUT_DIR`` with
+``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR`` and ``MASTER_PORT`` set; start-up, reports and teardown:
+``rank_worker.py``.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from autobatch import Runner, TrainStep, find_max_batch  # noqa: E402
+from rank_worker import main  # noqa: E402
+
+
+class Branch(nn.Module):
+    """``a`` always; ``b`` only on the ranks in ``users`` (a data-dependent branch, a task head)."""
+
+    def __init__(self, users: tuple[int, ...]) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.a, self.b = nn.Linear(6, 1).double(), nn.Linear(6, 1).double()
+        self.uses_b = dist.get_rank() in users
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.a(x) + (self.b(x) if self.uses_b else 0)
+
+
+def loss_fn(model: nn.Module, batch) -> torch.Tensor:
+    return nn.functional.mse_loss(model(batch[0]), batch[1])
+
+
+def make_batch(n: int):
+    return torch.randn(n, 6, dtype=torch.float64), torch.randn(n, 1, dtype=torch.float64)
+
+
+def weights(model: nn.Module) -> torch.Tensor:
+    return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+
+
+def unused(rank: int, world: int, out: Path) -> dict:
+    """For ``b`` used on no rank (``never``) and on rank 0 only (``rank0``), ``Runner.fit`` and
+    ``find_max_batch`` (``probe``, rank 0 only) on ``DDP(model)`` with DDP's defaults: each rank's
+    error, its time, whether the weights are the initial ones, and the same on every rank."""
+    report = {}
+    for case, users in (("never", ()), ("rank0", (0,)), ("probe", (0,))):
+        model = DDP(Branch(users))
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        began = time.monotonic()
+        try:
+            if case == "probe":
+                find_max_batch(TrainStep(model, optimizer, loss_fn, make_batch), strategy="binary", memory_limit="1MiB",
+                               max_batch=64, cache=False, estimate_first=False)
+            else:
+                Runner(model, optimizer, loss_fn, global_batch=16, micro_batch=8, grow_after=None, progress=False,
+                       log_every=None).fit([make_batch(8) for _ in range(2)])
+            error, message = None, ""
+        except Exception as exc:  # noqa: BLE001 - reported
+            error, message = type(exc).__name__, str(exc)
+        seconds = time.monotonic() - began
+        mine = weights(model)
+        every = [torch.zeros_like(mine) for _ in range(world)]
+        dist.all_gather(every, mine)  # the default group still pairs after the error
+        report[case] = {"error": error, "message": message[:1500], "seconds": seconds,
+                        "untouched": torch.equal(mine, weights(Branch(users))),
+                        "same": all(torch.equal(every[0], other) for other in every)}
+    dist.barrier()
+    return report
+
+
+if __name__ == "__main__":
+    main({"unused": unused})
