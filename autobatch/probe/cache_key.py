@@ -8,10 +8,10 @@ torch's) is keyed by content, with the values it reads that are not in its bytec
 closure's cells, a ``functools.partial``'s arguments, the globals it names (plain values,
 containers of them such as a config dict, the functions it calls, followed to :data:`DEPTH`,
 and objects by their public attributes, such as a module-level dataclass or ``SimpleNamespace``
-config), a bound method's object; a loss that is a module by its class and settings;
-each module by its settings (plain private ones too: ``self._reps``), including those of a
-config object it holds (``self.config.n_passes``) and of its class, and by the code of the
-hooks registered on it (a forward hook that keeps activations).
+config), a bound method's object; a module the loss is or reads (a criterion, a frozen
+teacher) by its parameters' shapes, settings and classes' code; each module by its settings
+(plain private ones too: ``self._reps``), including those of a config object it holds
+(``self.config.n_passes``) and of its class, and by the code of the hooks registered on it.
 """
 
 from __future__ import annotations
@@ -73,8 +73,8 @@ def _code_hash(fn: Any, depth: int = 0) -> str:
     and the plain globals its code names (a loss over ``n_passes`` keyed by its value)."""
     if isinstance(fn, functools.partial):
         return _digest([_code_hash(fn.func, depth + 1), _describe(fn.args, depth + 1), _describe(fn.keywords, depth + 1)])
-    if isinstance(fn, torch.nn.Module):  # a loss module: its class's code and its settings, not Module.__call__
-        return _digest([class_code(type(fn), depth + 1), _settings(fn)])
+    if isinstance(fn, torch.nn.Module):  # a loss module: its classes' code and its tree, not Module.__call__
+        return _digest(_describe(fn, depth))
     owner = getattr(fn, "__self__", None)
     fn = getattr(fn, "__func__", fn)
     code = getattr(fn, "__code__", None)
@@ -87,7 +87,7 @@ def _code_hash(fn: Any, depth: int = 0) -> str:
     _hash_code(code, digest)
     cells = [cell.cell_contents for cell in getattr(fn, "__closure__", None) or () if _filled(cell)]
     reads = {"cells": _describe(cells, depth + 1), "globals": _globals_read(fn, code, depth)}
-    if owner is not None and not isinstance(owner, (torch.nn.Module, type)):
+    if owner is not None and not isinstance(owner, type):  # a loss module's method: by its tree too
         reads["self"] = _describe(owner, depth + 1)
     digest.update(_canonical(reads).encode())
     return digest.hexdigest()[:16]
@@ -115,11 +115,11 @@ def _globals_read(fn: Any, code: Any, depth: int = 0) -> dict[str, Any]:
         if _is_plain(value):
             read[name] = _describe(value, DEPTH)
         elif isinstance(value, (dict, list, tuple, set, frozenset)):
-            read[name] = _describe(value, 1)
+            read[name] = _describe(value, depth + 1)  # deeper in, less: a module's code reads modules
         elif _users_function(value) and value is not fn and depth + 1 < DEPTH:
             read[name] = {"code": _code_hash(value, depth + 1)}
         elif _keyed_object(value):
-            read[name] = _describe(value, 1)
+            read[name] = _describe(value, depth + 1)
     return read
 
 
@@ -192,16 +192,18 @@ def _canonical(data: Any) -> str:
 
 
 def _describe(value: Any, depth: int = 0) -> Any:
-    """JSON-able data that changes when ``value`` changes the answer: tensors by shape and
-    dtype, containers item by item, other objects by class and (to :data:`DEPTH`) their public
-    attributes; a module by its class (its structure is keyed by ``model``), a callable by its
-    code."""
+    """JSON-able data that changes when ``value`` changes the answer: tensors by shape and dtype,
+    containers item by item, a module (a criterion, a frozen teacher) by its tree and code, other
+    objects by class and (to :data:`DEPTH`) their public attributes, a callable by its code."""
     if isinstance(value, torch.Tensor):
         return {"shape": list(value.shape), "dtype": str(value.dtype), "device": value.device.type, **layout_of(value)}
     if value is None or isinstance(value, (bool, int, float, str)):
         return value if not isinstance(value, float) or math.isfinite(value) else str(value)
     if isinstance(value, (dict, list, tuple, set, frozenset)) and len(value) > BREADTH:
         return {"class": type(value).__qualname__, "len": len(value)}  # a vocabulary, a dataset: not item by item
+    if isinstance(value, torch.nn.Module) and depth < DEPTH:  # a teacher or criterion the loss reads: not the model
+        code = sorted({f"{type(m).__qualname__}:{class_code(type(m), depth + 1)}" for m in value.modules()})
+        return {"class": type(value).__qualname__, "tree": _digest([_module_tree(value, depth), code])}
     if depth >= DEPTH or isinstance(value, (torch.nn.Module, type)):
         return type(value).__qualname__ if not isinstance(value, type) else value.__qualname__
     if isinstance(value, dict):
@@ -249,9 +251,7 @@ def _inputs(make_batch: Callable[[int], Any], batches: tuple[Any, Any] | None = 
 def _plain(value: Any) -> Any:
     if isinstance(value, torch.Tensor):
         return value.item() if value.numel() == 1 else list(value.shape)
-    if isinstance(value, (bool, int, float, str)) or value is None:
-        return value
-    return repr(value)
+    return value if isinstance(value, (bool, int, float, str)) or value is None else repr(value)
 
 
 def _optimizer(optimizer: torch.optim.Optimizer, model: torch.nn.Module) -> dict[str, Any]:
@@ -282,18 +282,7 @@ def step_components(step: TrainStep, batches: tuple[Any, Any] | None = None) -> 
     model = step.model
     classes = {type(module) for module in model.modules()}
     return {
-        "model": {
-            # with each module's settings: heads, a scale factor, train or eval change the memory
-            "modules": [[name, type(module).__qualname__, _settings(module)] for name, module in model.named_modules()],
-            "parameters": [
-                [name, list(p.shape), str(p.dtype), p.requires_grad, *layout_of(p).values()]
-                for name, p in model.named_parameters()
-            ],
-            "buffers": [[name, list(b.shape), str(b.dtype)] for name, b in model.named_buffers()],
-            # Blocks whose forward is replaced on the instance (activation checkpointing, by
-            # autobatch's planner or anyone's wrapper) train with a different memory profile.
-            "checkpointed": sorted(name for name, module in model.named_modules() if "forward" in module.__dict__),
-        },
+        "model": _module_tree(model),
         "code": {
             "loss_fn": _code_hash(step.loss_fn),
             "forward": sorted(f"{cls.__qualname__}:{class_code(cls)}" for cls in classes),
@@ -318,22 +307,35 @@ HOOKS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_p
 PARAMETER_HOOKS = ("_backward_hooks", "_post_accumulate_grad_hooks")
 
 
-def _settings(module: torch.nn.Module) -> dict[str, Any]:
-    """A module's public attributes (``num_heads``, ``scale_factor``, ``max_norm``,
-    ``training``, a config object's fields...), its plain private ones (``self._reps``) and its
-    class's plain ones: what shapes its activations beside its parameters' shapes and its code."""
+def _module_tree(model: torch.nn.Module, depth: int = 0) -> dict[str, Any]:
+    """Each module's class and settings, parameters and buffers by shape and dtype, and the blocks
+    whose forward is replaced on the instance (activation checkpointing: another memory profile)."""
+    return {
+        "modules": [[name, type(module).__qualname__, _settings(module, depth)] for name, module in model.named_modules()],
+        "parameters": [[name, list(p.shape), str(p.dtype), p.requires_grad, *layout_of(p).values()]
+                       for name, p in model.named_parameters()],
+        "buffers": [[name, list(b.shape), str(b.dtype)] for name, b in model.named_buffers()],
+        "checkpointed": sorted(name for name, module in model.named_modules() if "forward" in module.__dict__),
+    }
+
+
+def _settings(module: torch.nn.Module, depth: int = 0) -> dict[str, Any]:
+    """A module's public attributes (``num_heads``, ``training``, a config object's fields...), its
+    plain private ones (``self._reps``; not torch's: ``torch.compile``'s wrapper holds an address) and
+    its class's plain ones: what shapes its activations beside its parameters' shapes and its code."""
     settings = {}
     for name, value in vars(type(module)).items():
         if not name.startswith("_") and _is_plain(value):
             settings[f"class.{name}"] = _describe(value)
+    ours = not _torchs(type(module).__module__)
     for name, value in vars(module).items():
         if name.startswith("_"):
-            if _is_plain(value) and not name.startswith("__"):
+            if ours and _is_plain(value) and not name.startswith("__"):
                 settings[name] = _describe(value)
             continue
         if callable(value) and not hasattr(value, "__dict__"):
             continue
-        settings[name] = _describe(value, 1)
+        settings[name] = _describe(value, depth + 1)
     return settings
 
 

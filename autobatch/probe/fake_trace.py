@@ -36,6 +36,17 @@ __all__ = ["FakeWorld", "TraceScaler", "KernelDtypes", "quiet_meta_errors", "res
            "SEARCH_BUDGET", "SEARCH_ITEMS"]
 
 _HALF = (torch.bfloat16, torch.float16)
+#: Operators whose real kernel (ATen's, measured on the CPU) returns its result in a larger storage
+#: than the result's size, which the fake versions allocate: the elements that storage holds. Losses
+#: reduced to a mean or sum compute the unreduced loss (input and target broadcast) into a buffer and
+#: reduce into it, so the 0-dim loss keeps it alive until backward; ``col2im`` (``F.fold``, and
+#: ``F.unfold``'s backward) allocates its output like its input, the columns, and shrinks it.
+_REAL_STORAGE = {
+    **dict.fromkeys((torch.ops.aten.mse_loss.default, torch.ops.aten.smooth_l1_loss.default,
+                     torch.ops.aten.binary_cross_entropy.default, torch.ops.aten.soft_margin_loss.default),
+                    lambda args: torch.broadcast_shapes(args[0].shape, args[1].shape).numel()),
+    torch.ops.aten.col2im.default: lambda args: args[0].numel(),
+}
 
 
 @contextmanager
@@ -70,6 +81,12 @@ class KernelDtypes(TorchDispatchMode):
     (``mean``/``rstd``) of a half input with float32 weights are float32 in the real kernels
     (GroupNorm's on every device, LayerNorm's on the CPU) and half in the fake ones: a
     per-token LayerNorm was counted short (0.5-1 % of a small transformer's peak).
+
+    Where the real kernel returns its result in a larger storage (:data:`_REAL_STORAGE`: an MSE,
+    smooth-L1, BCE or soft-margin loss reduced to a mean or sum keeps its unreduced buffer,
+    ``col2im`` the size of its columns), the fake result's storage is grown to it. Uncounted, an
+    autoencoder's MSE was estimated 31 % above the batch ``binary`` found, and a recommender
+    regressing one score per sample 0.4 %.
     """
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: D105
@@ -84,6 +101,10 @@ class KernelDtypes(TorchDispatchMode):
             per_device = func is torch.ops.aten.native_group_norm.default or x.device.type == "cpu"
             if mixed and per_device and out[1].dtype != torch.float32:
                 out = (out[0], out[1].float(), out[2].float())
+        elif func in _REAL_STORAGE:
+            nbytes = _REAL_STORAGE[func](args) * out.element_size()
+            if out.untyped_storage().nbytes() < nbytes:
+                out.untyped_storage().resize_(nbytes)
         return out
 
 
