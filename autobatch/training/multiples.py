@@ -32,9 +32,9 @@ import math
 from typing import Any, Mapping
 
 from .. import checks
-from ..planning.accumulation import LazyMicroBatches, cut_batch, micro_batch_sizes
-from .inputs import check_split
-from .pacing import FailedDraw
+from ..planning.accumulation import LazyMicroBatches, batch_size_of, check_samples, cut_batch, micro_batch_sizes
+from .inputs import check_batch_count, check_split
+from .pacing import FailedDraw, carried_error
 
 __all__ = ["SplitsInMultiples", "multiple_options", "multiple_sizes", "resumed_micro_batch", "round_down"]
 
@@ -150,15 +150,28 @@ class SplitsInMultiples:
     ``min_micro_batch`` (15 by 2 is ``3, 2, ...``, not ``..., 2, 1``)."""
 
     multiple_of = 1
+    share: int  # the rank's batch (the global batch in one process)
+    distributed: bool = False
 
     def _micro_batches(self, batch: Any) -> LazyMicroBatches:
         """``batch`` cut into the current micro-batches, each moved to the device only when read
         (no look-ahead: the device holds one micro-batch's inputs, as a probe trial does). A
         batch this rank failed to draw raises its error as the first one is read, inside the
         step, whose vote stops every rank (:mod:`~autobatch.training.pacing`)."""
-        if isinstance(batch, FailedDraw):
-            return LazyMicroBatches([batch], batch.reraise)
-        return LazyMicroBatches(cut_batch(batch, self._piece_sizes), self._transfer)
+        pieces = batch if isinstance(batch, FailedDraw) else carried_error(
+            lambda: cut_batch(batch, self._piece_sizes), self.distributed)  # an uncuttable batch: the same
+        if isinstance(pieces, FailedDraw):
+            return LazyMicroBatches([pieces], pieces.reraise)
+        return LazyMicroBatches(pieces, self._transfer)
+
+    def _sized(self, batch: Any) -> Any:
+        """``batch``, once its size is readable and not 0 and, where it is not the rank's share, its
+        samples are counted alike (per-sample items, ``collate_fn=list``, are no short batch)."""
+        size = batch_size_of(batch)
+        check_samples(size)  # an empty batch: nothing to split or accumulate
+        if size != self.share:
+            check_batch_count(batch, size, self.share)
+        return batch
 
     def _piece_sizes(self, total: int | None = None) -> list[int]:
         """The sizes a batch of ``total`` samples (default: the current one's) is cut into at the

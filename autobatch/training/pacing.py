@@ -35,7 +35,7 @@ import torch
 from ..errors import PeerFailedError, UnevenDataError, add_note
 from ..memory.oom import is_oom_error
 
-__all__ = ["UnevenDataError", "FailedDraw", "RaisedBeforeStep", "carried", "trusted_length", "agree_epoch_length", "paced",
+__all__ = ["UnevenDataError", "FailedDraw", "RaisedBeforeStep", "carried", "carried_error", "trusted_length", "agree_epoch_length", "paced",
            "for_steps", "every_rank_has", "every_rank_returned", "told_every_rank", "was_told"]
 
 _ADVICE = (
@@ -106,6 +106,20 @@ def was_told(error: BaseException) -> bool:
 
 def _steps(count: int) -> str:
     return f"{count} step{'s' if count != 1 else ''}"
+
+
+def carried_error(check: Callable[[], Any], distributed: bool) -> Any:
+    """``check()``, or under torch.distributed its error (an ``Exception``: an interrupt stops at
+    once) as a :class:`FailedDraw`, so the step raises it where every rank votes. Why: a rank whose
+    batch could not be sized or cut (an empty batch, a short one ``min_micro_batch`` cannot cut)
+    raised before the step, and its peers waited in DDP's next collective until the process
+    group's timeout (30 min for gloo), then raised a disagreement that did not name its error."""
+    try:
+        return check()
+    except Exception as exc:  # noqa: BLE001 - carried to the vote, raised there on this rank
+        if not distributed:
+            raise
+        return FailedDraw(exc)
 
 
 def carried(batches: Iterable[Any], pending: Callable[[], FailedDraw | None] = lambda: None) -> Iterator[Any]:

@@ -51,9 +51,9 @@ from .faults import FaultInjector
 from .growth import GrowBack
 from .hygiene import CachePolicy
 from .autoplan import PlansFromData
-from .inputs import check_batch_count, check_data, check_kinds, check_options, model_device, share_of
+from .inputs import check_data, check_kinds, check_options, model_device, share_of
 from .multiples import SplitsInMultiples, multiple_options
-from .pacing import FailedDraw
+from .pacing import FailedDraw, carried_error
 from .progress import Progress
 from .recovery import OomRecovery
 from .resume import Resumable, epoch_length
@@ -325,10 +325,9 @@ class Runner(OomRecovery, SplitsInMultiples, EndsSteps, Resumable, PlansFromData
 
     # -- one global step, with OOM recovery ----------------------------------------------------
     def _global_step(self, batch: Any) -> tuple[float | torch.Tensor, int]:
-        # a batch this rank failed to draw (distributed): its step raises the error where every rank votes
+        # a batch this rank failed to draw, size or cut (distributed): its step raises the error where every rank votes
+        batch = batch if isinstance(batch, FailedDraw) else carried_error(lambda: self._sized(batch), self.distributed)
         size = self._local_size = self.share if isinstance(batch, FailedDraw) else batch_size_of(batch)
-        if size != self.share:
-            check_batch_count(batch, size, self.share)  # per-sample items (collate_fn=list), not a short batch
         if size != self.share and not self._warned_size:
             self._warned_size = True
             ragged = f" (no multiple of multiple_of={self.multiple_of}: one of its micro-batches is not one either; " \

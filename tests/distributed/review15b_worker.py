@@ -78,5 +78,26 @@ def unused(rank: int, world: int, out: Path) -> dict:
     return report
 
 
+def empty(rank: int, world: int, out: Path) -> dict:
+    """Rank 1's second batch is empty (``Runner.fit`` on ``DDP(model)``): each rank's error and its
+    time; the weights the same on every rank."""
+    model = DDP(Branch((0, 1)))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    data = [make_batch(8), make_batch(0 if rank == 1 else 8)]
+    began = time.monotonic()
+    try:
+        Runner(model, optimizer, loss_fn, global_batch=16, micro_batch=8, grow_after=None, progress=False,
+               log_every=None).fit(data)
+        error, message = None, ""
+    except Exception as exc:  # noqa: BLE001 - reported
+        error, message = type(exc).__name__, str(exc)
+    mine = weights(model)
+    every = [torch.zeros_like(mine) for _ in range(world)]
+    dist.all_gather(every, mine)
+    dist.barrier()
+    return {"error": error, "message": message[:1500], "seconds": time.monotonic() - began,
+            "same": all(torch.equal(every[0], other) for other in every)}
+
+
 if __name__ == "__main__":
-    main({"unused": unused})
+    main({"unused": unused, "empty": empty})

@@ -28,8 +28,23 @@ DEADLINE = 6.0
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    return shared_launch(tmp_path_factory, "review15b_unused", WORKER, ["unused"], SYNC_TIMEOUT=str(DEADLINE))[0]["unused"]
+def launched(tmp_path_factory):
+    return shared_launch(tmp_path_factory, "review15b_unused", WORKER, ["unused", "empty"], SYNC_TIMEOUT=str(DEADLINE))[0]
+
+
+@pytest.fixture(scope="module")
+def runs(launched):
+    return launched["unused"]
+
+
+def test_a_batch_one_rank_cannot_cut_stops_every_rank_at_that_step(launched):
+    """Rank 1's batch is empty: it raised before the step, and rank 0 waited in DDP's next
+    collective until the process group's timeout (30 min for gloo), then raised a disagreement that
+    did not name the error. Now the error is carried to the step's vote, as a failed draw is."""
+    own, peer = launched["empty"][1], launched["empty"][0]
+    assert own["error"] == "ValueError" and "0 samples" in own["message"], own
+    assert peer["error"] == "PeerFailedError" and "rank 1" in peer["message"] and "0 samples" in peer["message"], peer
+    assert max(own["seconds"], peer["seconds"]) < DEADLINE / 2 and own["same"], (own, peer)
 
 
 @pytest.mark.parametrize("case, skipped_on", [("never", (0, 1)), ("rank0", (1,)), ("probe", (1,))])
