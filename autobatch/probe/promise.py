@@ -45,8 +45,11 @@ __all__ = ["forget_own_layout", "park_created_state", "relayout_created_state", 
 
 
 def promise_of(runner: TrialRunner, result: ProbeResult, memory: DeviceMemory) -> dict[str, Any] | None:
-    """The figures behind ``result.batch_size``: its latest passing trial's measurements."""
-    record = runner.passed_record(result.batch_size)
+    """The figures behind ``result.batch_size``: its latest passing trial's measurements, a trial
+    in the trials' own layout before one in a new process's (:mod:`~autobatch.probe.fresh_layout`:
+    that check runs untuned, and the answer's confirmation is what autotuned)."""
+    record = next((r for r in reversed(runner.records) if r.batch_size == result.batch_size and r.passed
+                   and r.purpose != "fresh"), None) or runner.passed_record(result.batch_size)
     if record is None:
         return None
     last_oom = max((i for i, r in enumerate(runner.records) if runner.ran_out(r)), default=-1)
