@@ -55,17 +55,21 @@ class FreshLayout:
     drop: Callable[[], object]
     memory: object
     always: bool = False
+    #: under torch.distributed, whether any rank needs it (every rank then runs the same trials)
+    agree: Callable[[bool], bool] = bool
 
     def __call__(self) -> object:
         return self.drop()
 
     def needed(self, capacity: int | None) -> bool:
-        """Whether the answer must pass in this layout too (module docstring)."""
+        """Whether the answer must pass in this layout too (module docstring), on any rank: each
+        rank measures its own largest segment, and ranks on either side of the line would run
+        different trials (their per-trial agreement raised ``RankDisagreementError``)."""
         if self.always:
             return True
         largest = getattr(self.memory, "largest_segment", None)
         size = None if largest is None or not capacity else largest()
-        return size is not None and size >= LARGE_REQUEST_FRACTION * capacity
+        return self.agree(size is not None and size >= LARGE_REQUEST_FRACTION * capacity)
 
 
 def in_fresh_layout(runner: TrialRunner, units: int, multiple_of: int, layout: FreshLayout,
@@ -130,7 +134,8 @@ def _bytes_per_unit(runner: TrialRunner, units: int, multiple_of: int) -> float 
 
 def _aimed_below(failed: int, over: int | None, per_unit: float | None) -> int | None:
     """The size below ``failed`` that saves the ``over`` bytes it measured at ``per_unit``, at
-    least one unit below; None where either is unknown."""
-    if not over or over <= 0 or not per_unit:
+    least one unit below; None where either is unknown, or below 1 there is nothing (an aim of 1
+    below a failed 1 tried 1 again, for ever)."""
+    if failed <= 1 or not over or over <= 0 or not per_unit:
         return None
     return max(1, failed - max(1, math.ceil(over / per_unit)))

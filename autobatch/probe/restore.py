@@ -194,7 +194,16 @@ class Snapshot:
         return snap
 
     def _before_forward(self, *_: Any) -> None:
-        self._outside.wait()  # returns None: a forward pre-hook's value would replace the inputs
+        """The global forward pre-hook (``_gate``): wait until the parameters outside the
+        optimizer are copied, then remove itself. Left in place, every module of every forward
+        ran through it until the restore, and a ``torch.compile``d model was not compiled at all
+        (torch 2.13: dynamo compiled none of its frames with the hook in place): the trials
+        measured the eager model."""
+        self._outside.wait()
+        gate, self._gate = self._gate, None
+        if gate is not None:
+            gate.remove()  # safe mid-call: _call_impl iterates a copy of the global hooks
+        # returns None: a forward pre-hook's value would replace the inputs
 
     def _copy_catching(self, after: dict[torch.device, Any], params: list[tuple[str, torch.Tensor]]) -> None:
         try:
