@@ -199,6 +199,9 @@ class CollectiveProbeAgreement(ProbeAgreement):
     def batch(self, result):
         return agree_batch(result)
 
+    def any_rank(self, value: bool, label: str) -> bool:
+        return dist_sync.agree(value, label, op="any")
+
     def settle_more(self, fn: Any, more: bool) -> bool:
         if not getattr(fn, "lockstep", False):  # trials without collectives: each rank its own
             return more

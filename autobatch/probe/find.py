@@ -210,7 +210,8 @@ def _probe(call: _Call, restore, estimate_first: bool | None) -> ProbeResult:
                 capacity=capacity, prior=prior, confirm=not simulated, hand_loop=call.hand_loop,
                 # training from scratch makes its state in its first step (fresh_layout.py: when that is checked)
                 fresh_layout=FreshLayout(lambda: (watch.drop_created(), memory.release_cached()), memory,
-                                         always=call.hand_loop and isinstance(fn, TrainStep)),
+                                         always=call.hand_loop and isinstance(fn, TrainStep),
+                                         agree=lambda v: call.agreement.any_rank(v, "probe: check in a new process's layout")),
             )
             if isinstance(fn, TrainStep) and result.smallest_failed is None:  # no OOM bounded it: a batch that grew?
                 check_batch_grows(fn.make_batch, result.largest_passed, "the answer")

@@ -46,6 +46,11 @@ class ProbeAgreement:
     def batch(self, result: Any) -> Any:
         return result
 
+    def any_rank(self, value: bool, label: str) -> bool:
+        """Whether ``value`` holds on any rank (``label`` names the decision at that sync point):
+        a choice each rank measures for itself that decides which trials every rank runs."""
+        return value
+
     def settle_more(self, fn: Any, more: bool) -> bool:
         """Whether a settling trial runs another step of ``fn`` (``more``: this rank's
         reserved memory still grows). Ranks whose steps run collectives in lockstep
