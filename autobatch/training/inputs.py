@@ -85,7 +85,7 @@ def _plan_options(plan_options: Any) -> dict[str, Any]:
         if key == "global_batch":
             raise ValueError("plan_options['global_batch'] is set by the runner: pass Runner(global_batch=...)")
         if key not in named:
-            raise ValueError(f"plan_options[{key!r}] {unknown_keyword(key, named)}")
+            raise TypeError(f"plan_options[{key!r}] {unknown_keyword(key, named)}")  # as plan() says it
     return dict(plan_options)
 
 

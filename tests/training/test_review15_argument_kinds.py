@@ -22,7 +22,7 @@ from autobatch import Runner
     ({"no_sync": True}, TypeError, "no_sync must be a callable"),
     ({"scheduler": "optimizer"}, TypeError, "got the optimizer SGD"),
     ({"plan_options": [("memory_limit", 1)]}, TypeError, "plan_options must be a dict"),
-    ({"plan_options": {"memory_limt": "1MiB"}}, ValueError, r"plan_options\['memory_limt'\] is no keyword.*memory_limit"),
+    ({"plan_options": {"memory_limt": "1MiB"}}, TypeError, r"plan_options\['memory_limt'\] is no keyword.*memory_limit"),
     ({"plan_options": {"global_batch": 8}}, ValueError, r"Runner\(global_batch=...\)"),
 ])
 def test_a_wrong_kind_of_argument_is_one_error_naming_it(option, error, named):
