@@ -337,6 +337,14 @@ def _raise_no_fit(runner: TrialRunner, multiple_of: int, device_name: str, capac
     smallest = min(failures, key=lambda record: record.batch_size)
     hint = None if smallest.batch_size != multiple_of else growth_hint(  # failed down to the smallest size
         [r for r in runner.records if r.passed], smallest.batch_size, runner.memory.allocated())
+    fresh = [r for r in runner.records if r.purpose == "fresh"]
+    if hint is None and fresh and not any(r.passed for r in fresh) and any(r.passed for r in runner.records):
+        passed = max(r.batch_size for r in runner.records if r.passed)
+        hint = (f"{passed} passed in the probe's own layout, but no size passed beside optimizer state made in its "
+                "first step, as training from scratch makes it (autobatch.probe.fresh_layout): create the "
+                "optimizer's state before training (one step at a small batch, or load a checkpoint), or make the "
+                "allocator's segments expandable (PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True), so that a large "
+                "request grows a segment instead of needing a free one whole.")
     if hint is None and multiple_of > 1:
         hint = (
             f"multiple_of={multiple_of} makes {multiple_of} the smallest batch tried; lower "

@@ -1,6 +1,7 @@
 """The fresh-layout check's search ends where even one unit fails in that layout with its bytes
 over measured: it aimed at 1 below a failed 1 and ran that trial again for ever."""
 
+import pytest
 import torch
 
 from autobatch import simulated_memory
@@ -52,3 +53,36 @@ def test_whether_the_fresh_layout_is_checked_is_agreed_between_ranks():
     assert small.needed(100) is True and asked == [False]  # another rank's is a tenth or more
     assert FreshLayout(lambda: None, Segments(2)).needed(100) is False  # one process: its own
     assert FreshLayout(lambda: None, Segments(10)).needed(100) is True
+
+
+def test_no_size_passing_the_fresh_layout_says_so_and_what_to_do():
+    """Sizes passed in the probe's own layout, none beside state made in its first step: the error
+    said only that batch 1 ran out of memory."""
+    from autobatch import simulated_memory
+    from autobatch.errors import NoBatchFitsError
+    from autobatch.memory.devices import SimulatedDeviceMemory
+    from autobatch.probe.fresh_layout import FreshLayout
+    from autobatch.probe.search import run_search
+    from autobatch.probe.trial import TrialRunner
+
+    mib, layout = 2**20, {"now": None}
+
+    class Segmented(SimulatedDeviceMemory):
+        def largest_segment(self):
+            return 16 * mib
+
+    with simulated_memory("64MiB") as device:
+        memory = Segmented(device)
+
+        def step(n):
+            held = torch.empty(n * 1_000_000, dtype=torch.uint8)  # noqa: F841 - held at the failure
+            if n > 3 or layout["now"] == "fresh":
+                wanted = 60 * mib + 5_000_000 - memory.allocated()
+                raise torch.OutOfMemoryError(f"CUDA out of memory. Tried to allocate {wanted / mib:.2f} MiB")
+
+        runner = TrialRunner(step, memory, steps=3, peak_limit=60 * mib, settle_final=True, hand_loop=True,
+                             layout=lambda: layout.update(now="resumed"))
+        with pytest.raises(NoBatchFitsError, match="3 passed in the probe's own layout.*expandable"):
+            run_search(runner, strategy="binary", start=None, max_batch=64, margin=0.0, multiple_of=1, device_name="sim",
+                       capacity=64 * mib, confirm=True, hand_loop=True,
+                       fresh_layout=FreshLayout(lambda: layout.update(now="fresh"), memory))
