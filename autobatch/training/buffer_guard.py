@@ -101,8 +101,9 @@ class BufferGuard:
         more = ", ..." if len(moved) > 4 else ""
         if kept:
             log.warning("parameters outside the optimizer (%s%s) were changed by the failed attempt's forward in the "
-                        "first step that changed them, before any copy of them was kept: the replay keeps that change "
-                        "(later steps are undone); update them in on_step_end(info) instead", listed, more)
+                        "first step that changed them, before any copy of them was kept: undoing that step (its replay, "
+                        "or an error's undo) keeps that change (later steps' are undone); update them in "
+                        "on_step_end(info) instead", listed, more)
         elif not self._told:
             log.warning("parameters outside the optimizer (%s%s) change in forward (a momentum or EMA update?): that "
                         "runs once per micro-batch, so it depends on the split (and on an OOM recovery's); update them "
