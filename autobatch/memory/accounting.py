@@ -7,7 +7,8 @@ carries the mode to its threads) and optimizer alike. Outputs whose storage is n
 operator's inputs and not already counted are new allocations; a ``weakref.finalize`` on the
 storage removes them from the count when it dies, so memory comes back as it would on a
 device. Storages that existed before the mode was entered are not counted; in-place updates
-and views allocate nothing. Workspaces internal to one operator are not seen.
+and views allocate nothing. Workspaces internal to one operator are not seen. A sparse tensor
+counts by its index and value tensors; an opaque (MKL-DNN) one, which shows no storage, not at all.
 """
 
 from __future__ import annotations
@@ -20,13 +21,35 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-__all__ = ["StorageAccountant"]
+__all__ = ["StorageAccountant", "tensor_storages"]
+
+
+_COMPONENTS = {  # a sparse tensor has no storage of its own: its index and value tensors hold its data
+    torch.sparse_coo: ("_indices", "_values"),
+    torch.sparse_csr: ("crow_indices", "col_indices", "values"),
+    torch.sparse_bsr: ("crow_indices", "col_indices", "values"),
+    torch.sparse_csc: ("ccol_indices", "row_indices", "values"),
+    torch.sparse_bsc: ("ccol_indices", "row_indices", "values"),
+}
+
+
+def tensor_storages(tensor: torch.Tensor) -> list[torch.UntypedStorage]:
+    """The storages that hold ``tensor``'s data: its own; a sparse tensor's index and value
+    tensors' (``untyped_storage()`` raises for CSR/CSC/BSR/BSC, so an op on one crashed under the
+    simulation); none for an opaque tensor (MKL-DNN), whose memory no storage shows."""
+    names = _COMPONENTS.get(tensor.layout)
+    if names is not None:
+        return [storage for name in names for storage in tensor_storages(getattr(tensor, name)())]
+    try:
+        return [tensor.untyped_storage()]
+    except (NotImplementedError, RuntimeError):  # "Cannot access storage of OpaqueTensorImpl"
+        return []
 
 
 def _storages(values: Any, counts: Callable[[torch.Tensor], bool]) -> Iterator[torch.UntypedStorage]:
     for leaf in tree_leaves(values):
-        if isinstance(leaf, torch.Tensor) and not leaf.is_sparse and counts(leaf):
-            yield leaf.untyped_storage()
+        if isinstance(leaf, torch.Tensor) and counts(leaf):
+            yield from tensor_storages(leaf)
 
 
 class StorageAccountant(TorchDispatchMode):

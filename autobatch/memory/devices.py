@@ -19,6 +19,7 @@ from typing import Iterator, Protocol
 
 import torch
 
+from .accounting import tensor_storages
 from .allocator import expandable_segments_on
 from .simulated import SimulatedMemory, active_simulation, simulated_memory
 from .units import format_bytes
@@ -271,9 +272,10 @@ def simulated_counts(tensor: torch.Tensor) -> bool:
     if simulation is None or tensor.device.type != "cpu" or tensor.is_meta:
         return False
     try:
-        return tensor.untyped_storage()._cdata in simulation._live
+        storages = tensor_storages(tensor)  # a sparse tensor's index and value tensors'
     except (NotImplementedError, RuntimeError):  # a tensor without a plain storage (a subclass, a fake)
         return False
+    return bool(storages) and all(storage._cdata in simulation._live for storage in storages)
 
 
 def check_limit_in_simulation(device: torch.device, memory_limit: int | None) -> None:

@@ -37,6 +37,10 @@ OOM_MESSAGES: tuple[str, ...] = (
     "CUBLAS_STATUS_ALLOC_FAILED",  # cuBLAS workspace allocation
     "CUDNN_STATUS_NOT_SUPPORTED",  # cuDNN under memory pressure (Lightning treats it so)
     "CUDNN_STATUS_ALLOC_FAILED",  # cuDNN workspace allocation
+    "_ALLOC_FAILED",  # any CUDA library's allocation: cuFFT's CUFFT_ALLOC_FAILED, CUSOLVER_STATUS_, HIPBLAS_STATUS_...
+    # PyTorch's cuDNN v7 convolution after every algorithm failed, their workspaces above all (it
+    # catches each one's OutOfMemoryError and moves on): users fix it by a smaller batch
+    "Unable to find a valid cuDNN algorithm to run convolution",
     "NPU out of memory",  # Ascend NPU (torch_npu) caching allocator
     "MLU out of memory",  # Cambricon MLU (torch_mlu)
     "MUSA out of memory",  # Moore Threads MUSA (torch_musa)
@@ -52,6 +56,15 @@ def is_oom_error(exc: BaseException) -> bool:
     ``RuntimeError``s whose message is one of :data:`OOM_MESSAGES`. Everything else, including
     ``MemoryError`` raised by autobatch itself when nothing fits, and its errors between ranks
     (``PeerFailedError``, ``RankDisagreementError``: their messages may quote another rank's OOM), is False.
+
+    Only ``exc`` itself is read, never its ``__cause__`` or ``__context__``: an error raised while
+    handling an OOM is that handler's own failure, and one raised ``from`` an OOM says what the OOM
+    means there (autobatch's DDP sync raises one to say a collective's OOM cannot be replayed). A
+    plain Python ``MemoryError`` is host memory (data loading), not the device allocator. NCCL's
+    allocation failures ("Failed to CUDA calloc") fail a collective the other ranks are inside,
+    which no retry on this rank can replay, so they propagate as they are.
+    Messages that are ambiguous (``CUDNN_STATUS_INTERNAL_ERROR``) are not OOMs: a real error must
+    not be retried into "nothing fits".
     """
     if isinstance(exc, torch.OutOfMemoryError):
         return True

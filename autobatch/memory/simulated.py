@@ -26,7 +26,7 @@ from typing import Iterator
 import torch
 from torch._subclasses.fake_tensor import FakeTensor
 
-from .accounting import StorageAccountant
+from .accounting import StorageAccountant, tensor_storages
 from .units import format_bytes, parse_bytes
 
 __all__ = ["SimulatedMemory", "simulated_memory", "active_simulation", "host_memory", "to_simulated_device"]
@@ -137,6 +137,9 @@ def to_simulated_device(tensor: torch.Tensor) -> torch.Tensor:
     copied, so the copy takes device memory as a host-to-device transfer does on a GPU; a tensor
     already counted is returned as it is. Without an active simulation, ``tensor`` itself."""
     simulation = active_simulation()
-    if simulation is None or not _on_cpu(tensor) or tensor.untyped_storage()._cdata in simulation._live:
+    if simulation is None or not _on_cpu(tensor):
+        return tensor
+    storages = tensor_storages(tensor)  # a sparse tensor's parts; none for an opaque one
+    if storages and all(storage._cdata in simulation._live for storage in storages):
         return tensor
     return tensor.clone()
