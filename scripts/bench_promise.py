@@ -100,23 +100,15 @@ def build(name: str, device: str, quick: bool):
     model = model.to(device)
     if COMPILE:  # --compile: every form trains the torch.compile'd model (one wrapper per build)
         model = torch.compile(model, dynamic=True if COMPILE == "dynamic" else None)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
     if shape is None:
-        seq, vocab = (16, 64) if quick else (1024, 50257)
+        return _next_token(model, *((64, 16) if quick else (50257, 1024)), device) + (dtype, bench)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
 
-        def make(b):
-            return torch.randint(0, vocab, (b, seq + 1), device=device)
+    def make(b):  # an image classifier's batch
+        return torch.randn(b, *shape, device=device), torch.randint(0, 10, (b,), device=device)
 
-        def loss_fn(m, tokens):
-            out = m(tokens[:, :-1])
-            logits = out.logits if hasattr(out, "logits") else out
-            return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), tokens[:, 1:].reshape(-1))
-    else:
-        def make(b):
-            return torch.randn(b, *shape, device=device), torch.randint(0, 10, (b,), device=device)
-
-        def loss_fn(m, batch):
-            return F.cross_entropy(m(batch[0]).float(), batch[1])
+    def loss_fn(m, batch):
+        return F.cross_entropy(m(batch[0]).float(), batch[1])
     return model, optimizer, loss_fn, make, dtype, bench
 
 
@@ -223,16 +215,7 @@ def _lstm(device: str, quick: bool):
         def forward(self, tokens):
             return self.head(self.rnn(self.embed(tokens))[0])
 
-    model = LSTMLM().to(device)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
-
-    def make(b):
-        return torch.randint(0, vocab, (b, seq + 1), device=device)
-
-    def loss_fn(m, tokens):
-        logits = m(tokens[:, :-1])
-        return F.cross_entropy(logits.reshape(-1, vocab).float(), tokens[:, 1:].reshape(-1))
-    return model, optimizer, loss_fn, make
+    return _next_token(LSTMLM().to(device), vocab, seq, device)
 
 
 def _lm128k(device: str, quick: bool):
@@ -241,15 +224,23 @@ def _lm128k(device: str, quick: bool):
     cap at its answer. ``(model, optimizer, loss_fn, make)``."""
     seq, vocab = (16, 64) if quick else (128, 128256)
     model = (GPT(vocab_size=vocab, max_seq_len=seq, layers=1, width=16, heads=2) if quick else
-             GPT(vocab_size=vocab, max_seq_len=seq, layers=4, width=512, heads=8)).to(device)
+             GPT(vocab_size=vocab, max_seq_len=seq, layers=4, width=512, heads=8))
+    return _next_token(model.to(device), vocab, seq, device)
+
+
+def _next_token(model, vocab: int, seq: int, device: str):
+    """``(model, optimizer, loss_fn, make)`` of a language model trained on ``seq`` random tokens of
+    ``vocab`` to predict the next one, its loss over float logits (a Hugging Face model's
+    ``.logits`` too), as language-model training code computes it."""
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
 
     def make(b):
         return torch.randint(0, vocab, (b, seq + 1), device=device)
 
     def loss_fn(m, tokens):
-        logits = m(tokens[:, :-1])
-        return F.cross_entropy(logits.reshape(-1, vocab).float(), tokens[:, 1:].reshape(-1))
+        out = m(tokens[:, :-1])
+        logits = out.logits if hasattr(out, "logits") else out
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), tokens[:, 1:].reshape(-1))
     return model, optimizer, loss_fn, make
 
 
