@@ -19,7 +19,7 @@ when the probe does that, and why).
 from __future__ import annotations
 
 import weakref
-from typing import Any, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 import torch
 
@@ -92,6 +92,24 @@ class LazyStateWatch:
                 found.append((optimizer, tensors))
         return found
 
+    def growth_from_now(self, device: torch.device) -> Callable[[], int]:
+        """A reading of how many bytes the optimizers seen stepping so far hold on ``device`` in
+        state and their parameters' gradients beyond what they hold now (never negative).
+
+        After a trial that ran out of memory, memory still allocated above the trial's start is
+        either garbage an older collection would free or live state: the optimizer state its
+        completed first step made (a trial beside state made afresh, :mod:`~autobatch.probe.fresh_layout`),
+        a plain callable's gradients. Only garbage is worth a full collection (~0.05-0.15 s),
+        so the trial subtracts this growth. Optimizers first seen later are left out: one built
+        inside a plain callable at each call (Accelerate's pattern) is a failed attempt's garbage."""
+        known = [(ref, had) for ref, had in self._seen.values()]
+        before = _held_bytes(known, device)
+
+        def growth() -> int:
+            return max(0, _held_bytes(known, device) - before)
+
+        return growth
+
     def close(self) -> None:
         """Remove the hooks."""
         for hook in self._hooks:
@@ -103,6 +121,25 @@ class LazyStateWatch:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+
+def _held_bytes(known: list[tuple[weakref.ref, set[int]]], device: torch.device) -> int:
+    """Bytes of the state tensors and parameter gradients of the live optimizers in ``known`` on
+    ``device``, each storage once."""
+    storages: dict[int, int] = {}
+    for ref, _ in known:
+        optimizer = ref()
+        if optimizer is None:
+            continue
+        tensors = [value for state in optimizer.state.values() for value in state.values()
+                   if isinstance(value, torch.Tensor)]
+        tensors += [param.grad for group in optimizer.param_groups for param in group["params"]
+                    if param.grad is not None]
+        for tensor in tensors:
+            if type(tensor) is torch.Tensor and tensor.device == device and not tensor.is_sparse:
+                storage = tensor.untyped_storage()
+                storages[storage.data_ptr()] = storage.nbytes()
+    return sum(storages.values())
 
 
 def _drop_new(entries: Iterable[tuple[torch.optim.Optimizer, set[int]]]) -> int:

@@ -192,6 +192,7 @@ def _probe(call: _Call, restore, estimate_first: bool | None) -> ProbeResult:
                 pinned=None if call.hand_loop else PinnedState(watch), hand_loop=call.hand_loop,
                 layout=(lambda: relayout_created_state(watch, call.target)) if call.hand_loop else None,
                 before_trial=None if snapshot is None else snapshot.undo_forward,  # what forward kept
+                held_growth=lambda: watch.growth_from_now(call.target),
             )
             if estimate_first is None:
                 # measured (docs, benchmarks): on the CPU's simulated device tracing is cheap

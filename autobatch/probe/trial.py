@@ -52,7 +52,8 @@ class TrialRunner:
     workspaces, as a new process's first step (:func:`~autobatch.memory.workspaces.release_workspaces`).
     ``layout`` (a hand loop's) lays the optimizer state the trials made out before each settle
     trial, as a run resumed from a checkpoint has it (:mod:`~autobatch.probe.promise`).
-    ``before_trial`` runs as each trial begins (the snapshot's ``undo_forward``)."""
+    ``before_trial`` runs as each trial begins (the snapshot's ``undo_forward``); so does ``held_growth``
+    (:meth:`~autobatch.memory.lazy_state.LazyStateWatch.growth_from_now`: live state a failed trial leaves)."""
 
     def __init__(
         self,
@@ -71,18 +72,18 @@ class TrialRunner:
         hand_loop: bool = False,
         layout: Callable[[], object] | None = None,
         before_trial: Callable[[], object] | None = None,
+        held_growth: Callable[[], Callable[[], int]] | None = None,
     ) -> None:
         self.fn, self.hand_loop = fn, hand_loop
         self.layout, self.before_trial = layout, before_trial
+        self.held_growth = held_growth or (lambda: lambda: 0)
         self._fresh_workspaces = getattr(memory, "device", None) if hand_loop else None
         self.pinned, self.guard = pinned, guard
         self.settle_more = settle_more if settle_more is not None else (lambda more: more)
         self.autotune = autotune
         self.settle_final, self.peak_limit, self.memory = settle_final, peak_limit, memory
-        self.steps = steps
-        self.search_steps = steps if search_steps is None else min(search_steps, steps)
-        self.after_oom = after_oom
-        self.agree = agree
+        self.steps, self.search_steps = steps, steps if search_steps is None else min(search_steps, steps)
+        self.after_oom, self.agree = after_oom, agree
         self.records: list[TrialRecord] = []
         self.outcomes: dict[int, bool] = {}
         self._settled: set[int] = set()  # ids of records of settle trials
@@ -218,11 +219,10 @@ class TrialRunner:
 
     def _shortfall(self, requested: int | None) -> int | None:
         """For a trial that ran out of memory: bytes its step needed beyond what a passing step
-        may allocate (the peak limit; the capacity where there is none), None when unknown.
-
-        What was allocated when it failed plus the failed allocation (``requested``) is a lower
-        bound. Where it leaves room, the failure was the allocator's (its reserved peak plus the
-        request passed the capacity): an estimate, recorded but never a search's stride."""
+        may allocate (the peak limit; the capacity where there is none), None when unknown. What was
+        allocated when it failed plus the failed allocation (``requested``) is a lower bound. Where it
+        leaves room, the failure was the allocator's (its reserved peak plus the request passed the
+        capacity): an estimate, recorded but never a search's stride."""
         if requested is None or self._failed_at is None:
             return None
         usable = self.peak_limit if self.peak_limit is not None else self.memory.capacity()
@@ -241,8 +241,7 @@ class TrialRunner:
     def wall_of(self, batch_size: int) -> int | None:
         """:attr:`TrialRecord.wall_bytes` of the latest failed trial at ``batch_size`` (None: none,
         or no figure): what the allocator held in pieces too small for the failed allocation."""
-        failed = self._latest_failure(batch_size)
-        return None if failed is None else failed.wall_bytes
+        return getattr(self._latest_failure(batch_size), "wall_bytes", None)
 
     def short_of(self, batch_size: int) -> int | None:
         """:attr:`TrialRecord.over_bytes` of the latest failed trial at ``batch_size`` where it
@@ -257,17 +256,18 @@ class TrialRunner:
     def _clean_up_after_oom(self) -> None:
         """Drop what the failed step left (``after_oom``; its backward queue, drained in host memory that a spent
         simulated budget cannot refuse), collect its young garbage, return the cached blocks. A full collection
-        (~0.12 s) waits for a later trial failing beside the leftover (:meth:`_garbage_was_in_the_way`); with ranks, at once."""
+        (~0.12 s) waits for a later trial failing beside the leftover (:meth:`_garbage_was_in_the_way`); with ranks,
+        at once. Optimizer state and gradients the trial left (``held_growth``) are live, not leftover."""
         if self.after_oom is not None:
             self.after_oom()
         with host_memory():
             drain_backward()
         release_workspaces(self._fresh_workspaces)  # remade by the failed step: not its leftover
-        if self.memory.allocated() <= self._baseline:
+        kept = self._baseline + self._growth()
+        if self.memory.allocated() <= kept:
             return
         free_memory(generation=1 if self.agree is None else 2)
-        # what is still held is live state (a plain callable's gradients) or older garbage
-        self._leftover = self._leftover or self.memory.allocated() > self._baseline
+        self._leftover = self._leftover or self.memory.allocated() > kept  # live state or older garbage
 
     def _garbage_was_in_the_way(self) -> bool:
         """Whether a trial that just failed should run again: an earlier failed trial left
@@ -294,7 +294,7 @@ class TrialRunner:
         self.memory.release_cached()
         if prepare is not None:
             prepare()
-        self._baseline = self.memory.allocated()
+        self._baseline, self._growth = self.memory.allocated(), self.held_growth()
         self._peak = self._reserved = 0
         self._step_peak = self._step_reserved = self._resident = self._fragmentation = self._inactive_split = None
         self._steps_run = 0
