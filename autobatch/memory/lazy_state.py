@@ -123,9 +123,14 @@ class LazyStateWatch:
         self.close()
 
 
+#: the caching allocator's smallest block: it counts every allocation rounded up to a multiple of it
+_BLOCK = 512
+
+
 def _held_bytes(known: list[tuple[weakref.ref, set[int]]], device: torch.device) -> int:
     """Bytes of the state tensors and parameter gradients of the live optimizers in ``known`` on
-    ``device``, each storage once."""
+    ``device``, each storage once, rounded up as the caching allocator counts them (measured on an
+    H200: an LSTM's 24 moment tensors were a fraction of a MiB more allocated than their bytes)."""
     storages: dict[int, int] = {}
     for ref, _ in known:
         optimizer = ref()
@@ -138,7 +143,7 @@ def _held_bytes(known: list[tuple[weakref.ref, set[int]]], device: torch.device)
         for tensor in tensors:
             if type(tensor) is torch.Tensor and tensor.device == device and not tensor.is_sparse:
                 storage = tensor.untyped_storage()
-                storages[storage.data_ptr()] = storage.nbytes()
+                storages[storage.data_ptr()] = -(-storage.nbytes() // _BLOCK) * _BLOCK
     return sum(storages.values())
 
 

@@ -102,3 +102,25 @@ def test_drop_created_drops_what_the_probe_created_and_keeps_what_was_there_befo
         assert all(sorted(optimizer.state[p]) == ["exp_avg", "exp_avg_sq", "step"] for p in model.parameters())
     finally:
         watch.close()
+
+
+def test_growth_counts_state_and_gradients_made_since_as_the_allocator_rounds_them():
+    """What an optimizer seen stepping holds afterwards beyond the reading's start, state and
+    gradients, each block rounded up to 512 bytes as the caching allocator counts it (a 100-float
+    moment is 512 bytes allocated); an optimizer first seen later (a plain callable's own, built
+    at each call) is not counted."""
+    model = torch.nn.Linear(10, 10)  # weight 400 B, bias 40 B: each a 512-byte block
+    optimizer = torch.optim.Adam(model.parameters())
+    with LazyStateWatch() as watch:
+        optimizer.step()  # seen, no gradients yet: no state
+        growth = watch.growth_from_now(torch.device("cpu"))
+        model(torch.ones(1, 10)).sum().backward()
+        assert growth() == 2 * 512  # two gradients
+        optimizer.step()
+        assert growth() == 4 * 2 * 512  # and each parameter's two moments and step count (on the CPU here)
+        other = torch.optim.SGD([torch.nn.Parameter(torch.ones(1000))], momentum=0.9)
+        other.param_groups[0]["params"][0].grad = torch.ones(1000)
+        other.step()
+        assert growth() == 4 * 2 * 512
+        model.zero_grad(set_to_none=True)
+        assert growth() == 3 * 2 * 512
