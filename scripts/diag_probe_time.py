@@ -168,7 +168,12 @@ PHASES = ("autobatch.probe.restore:Snapshot.take", "autobatch.probe.restore:Snap
           "autobatch.probe.trial:TrialRunner._clean_up_after_oom",
           "autobatch.probe.find:promise_note", "autobatch.probe.find:memory_diagnostics",
           "autobatch.probe.find:_finish", "autobatch.probe.trial:TrialRunner.run",
-          "autobatch.probe.trial:TrialRunner._attempt", "autobatch.probe.trial:TrialRunner._garbage_was_in_the_way")
+          "autobatch.probe.trial:TrialRunner._attempt", "autobatch.probe.trial:TrialRunner._garbage_was_in_the_way",
+          "autobatch.probe.find:relayout_created_state", "autobatch.probe.find:park_created_state",
+          "autobatch.memory.devices:AcceleratorMemory.release_cached", "autobatch.probe.trial:release_workspaces",
+          "autobatch.probe.trial:free_memory", "autobatch.probe.fresh_layout:FreshLayout.__call__",
+          "autobatch.probe.fresh_layout:FreshLayout.needed", "autobatch.probe.trial:split_bytes",
+          "autobatch.memory.devices:AcceleratorMemory.largest_segment")
 
 
 def _time_phases() -> dict:
