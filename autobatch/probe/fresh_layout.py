@@ -36,16 +36,12 @@ from .settling import step_down
 if TYPE_CHECKING:
     from .trial import TrialRunner
 
-__all__ = ["FreshLayout", "FRESH_STEPS", "LARGE_REQUEST_FRACTION", "in_fresh_layout"]
+__all__ = ["FreshLayout", "LARGE_REQUEST_FRACTION", "in_fresh_layout"]
 
 #: Outside a hand loop's ``TrainStep``, the answer is checked in a new process's layout where the
 #: step's largest request is at least this fraction of the capacity (module docstring: the LSTM's
 #: quarter needed it, GPT-2's eighth passed it, a few percent never needed it)
 LARGE_REQUEST_FRACTION = 0.1
-#: A trial in that layout runs two steps (more while the allocator settles, up to twice as many):
-#: the first makes the state among its activations, and every failure measured there came at the
-#: second (the LSTM, lm128k, GPT-2 in a ``Trainer``); a third step cost GPT-2 0.17 s at a 40 GiB cap
-FRESH_STEPS = 2
 
 
 @dataclass
@@ -102,7 +98,7 @@ def in_fresh_layout(runner: TrialRunner, units: int, multiple_of: int, layout: F
     lo = hi = None
     guess, over = units, None
     while True:
-        record = runner.run(guess * multiple_of, "fresh", steps=FRESH_STEPS, settle=True, layout=layout)
+        record = runner.run(guess * multiple_of, "fresh", settle=True, layout=layout)
         if record.passed:
             lo = guess
         else:
