@@ -23,6 +23,7 @@ from .settling import WALL_BYTES, FlushCount, flushing_error, growing, most_step
 __all__ = ["TrialRecord", "TrialRunner", "watch_trials"]
 
 log = logging.getLogger("autobatch")
+LIVE_SLACK = 2**20  # held past the optimizers' state without a full collection: library buffers (H200 LSTM: < 1 MiB)
 
 
 class TrialRunner:
@@ -90,8 +91,7 @@ class TrialRunner:
         self._leftover = False  # a failed trial left memory held that a quick collection did not free
         self._full_collection_frees: bool | None = None  # what the last full collection did
         self._flush_count = FlushCount()
-        # the trials run under expandable segments (CUDA's allocator setting)
-        self.expandable = bool(expandable_segments_on(getattr(memory, "device", None)))
+        self.expandable = bool(expandable_segments_on(getattr(memory, "device", None)))  # CUDA's allocator setting
         self._ran_out: set[int] = set()  # ids of records of trials that ran out of memory or were stopped
 
     def __call__(self, batch_size: int, purpose: str = "search", *, final: bool = False) -> bool:
@@ -267,7 +267,7 @@ class TrialRunner:
         if self.memory.allocated() <= kept:
             return
         free_memory(generation=1 if self.agree is None else 2)
-        self._leftover = self._leftover or self.memory.allocated() > kept  # live state or older garbage
+        self._leftover = self._leftover or self.memory.allocated() > kept + LIVE_SLACK  # live state or older garbage
 
     def _garbage_was_in_the_way(self) -> bool:
         """Whether a trial that just failed should run again: an earlier failed trial left

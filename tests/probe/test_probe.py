@@ -413,21 +413,24 @@ def _collections(monkeypatch) -> list[int]:
     return made
 
 
-def test_live_leftover_after_an_oom_costs_one_full_collection_at_most(monkeypatch):
-    """A plain callable's gradients survive its OOM (live state, not garbage): the trials after
-    it make quick collections, one full collection finds it frees nothing, and none follows."""
+@pytest.mark.parametrize("kept, full", [(3 * 2**20, 1), (512 * 2**10, 0)])
+def test_live_leftover_after_an_oom_costs_one_full_collection_at_most(monkeypatch, kept, full):
+    """What a plain callable keeps past its OOM outside any optimizer (outputs a list holds) is
+    live state, not garbage: the trials after it make quick collections, one full collection finds
+    it frees nothing, and none follows. Under ``LIVE_SLACK`` (buffers a library makes on a step's
+    first use) no full collection looks for it at all."""
     held: list[torch.Tensor] = []
 
-    def step(batch_size: int) -> None:  # a failing call leaves a "gradient", as backward does
+    def step(batch_size: int) -> None:  # a failing call leaves something held
         if batch_size > 256 and not held:
-            held.append(torch.empty(2**20, dtype=torch.uint8))
+            held.append(torch.empty(kept, dtype=torch.uint8))
         torch.empty(batch_size * 2**16, dtype=torch.uint8)
 
     made = _collections(monkeypatch)
     with simulated_memory("16MiB"):
         result = find_max_batch(step, strategy="binary", steps_per_trial=1)
     assert sum(not record.passed for record in result.trials) >= 3
-    assert made.count(2) == 1 and made.count(1) >= 2, made
+    assert made.count(2) == full and made.count(1) >= 1 + full, made
 
 
 def test_gradients_and_state_a_failed_trial_leaves_cost_no_collection(monkeypatch):
