@@ -19,11 +19,11 @@ when the probe does that, and why).
 from __future__ import annotations
 
 import weakref
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator, Mapping
 
 import torch
 
-__all__ = ["LazyStateWatch", "hooked"]
+__all__ = ["LazyStateWatch", "hooked", "state_values"]
 
 
 class LazyStateWatch:
@@ -47,7 +47,7 @@ class LazyStateWatch:
         self._hooks = [register_optimizer_step_pre_hook(self._began), register_optimizer_step_post_hook(self._ended)]
 
     def _began(self, optimizer: torch.optim.Optimizer, *_: Any) -> None:
-        had = {id(param) for param, state in optimizer.state.items() if state}
+        had = {id(param) for param, state in optimizer.state.items() if _holds(state)}
         key = id(optimizer)
         self._running[key] = (optimizer, had)
         if key not in self._seen:
@@ -87,7 +87,7 @@ class LazyStateWatch:
         found = []
         for optimizer, had in self._watched():
             tensors = [value for param, state in optimizer.state.items() if id(param) not in had
-                       for value in state.values() if type(value) is torch.Tensor and value.device == device]
+                       for value in state_values(state) if type(value) is torch.Tensor and value.device == device]
             if tensors:
                 found.append((optimizer, tensors))
         return found
@@ -129,14 +129,13 @@ _BLOCK = 512
 
 def _held_bytes(known: list[tuple[weakref.ref, set[int]]], device: torch.device) -> int:
     """Bytes of the state tensors and parameter gradients of the live optimizers in ``known`` on
-    ``device``, each storage once, rounded up as the caching allocator counts them (measured on an
-    H200: an LSTM's 24 moment tensors were a fraction of a MiB more allocated than their bytes)."""
+    ``device``, each storage once, rounded up as the caching allocator counts them."""
     storages: dict[int, int] = {}
     for ref, _ in known:
         optimizer = ref()
         if optimizer is None:
             continue
-        tensors = [value for state in optimizer.state.values() for value in state.values()
+        tensors = [value for state in optimizer.state.values() for value in state_values(state)
                    if isinstance(value, torch.Tensor)]
         tensors += [param.grad for group in optimizer.param_groups for param in group["params"]
                     if param.grad is not None]
@@ -145,6 +144,19 @@ def _held_bytes(known: list[tuple[weakref.ref, set[int]]], device: torch.device)
                 storage = tensor.untyped_storage()
                 storages[storage.data_ptr()] = -(-storage.nbytes() // _BLOCK) * _BLOCK
     return sum(storages.values())
+
+
+def state_values(state: object) -> Iterable[object]:
+    """A parameter's optimizer state as values: torch's optimizers keep a dict; a custom one may
+    keep a bare tensor (or anything else), which every optimizer step hook here must get past."""
+    if isinstance(state, Mapping):
+        return state.values()
+    return (state,)
+
+
+def _holds(state: object) -> bool:
+    """Whether a parameter's optimizer state holds anything (a bare tensor's truth is ambiguous)."""
+    return len(state) > 0 if isinstance(state, Mapping) else state is not None
 
 
 def _drop_new(entries: Iterable[tuple[torch.optim.Optimizer, set[int]]]) -> int:

@@ -44,7 +44,7 @@ from typing import Callable, ContextManager, Iterable
 import torch
 
 from .allocator import expandable_segments
-from .lazy_state import hooked
+from .lazy_state import hooked, state_values
 
 __all__ = ["can_park", "park_until_step", "relayout_as_loaded"]
 
@@ -204,7 +204,7 @@ class _Unpark:
     def __call__(self, optimizer: torch.optim.Optimizer, *_: object) -> None:
         if not self.refs:
             return
-        live = {id(t) for state in optimizer.state.values() for t in state.values() if isinstance(t, torch.Tensor)}
+        live = {id(t) for state in optimizer.state.values() for t in state_values(state) if isinstance(t, torch.Tensor)}
         refs, self.refs = self.refs, []
         with torch.no_grad():
             for ref in refs:

@@ -124,3 +124,29 @@ def test_growth_counts_state_and_gradients_made_since_as_the_allocator_rounds_th
         assert growth() == 4 * 2 * 512
         model.zero_grad(set_to_none=True)
         assert growth() == 3 * 2 * 512
+
+
+def test_a_custom_optimizer_whose_state_is_a_bare_tensor_is_watched_without_raising():
+    """A custom optimizer may keep a bare tensor per parameter as its state: the watch's step
+    hooks (global: every optimizer in the process) and the growth reading, which runs in a failed
+    trial's clean-up, get past it, where its second step raised "Boolean value of Tensor with more
+    than one value is ambiguous" inside the hook."""
+
+    class Bare(torch.optim.Optimizer):
+        def __init__(self, params):
+            super().__init__(params, {})
+
+        def step(self, closure=None):
+            for group in self.param_groups:
+                for param in group["params"]:
+                    self.state[param] = torch.zeros(100)
+
+    model = torch.nn.Linear(10, 10)
+    optimizer = Bare(model.parameters())
+    with LazyStateWatch() as watch:
+        optimizer.step()
+        growth = watch.growth_from_now(torch.device("cpu"))
+        model(torch.ones(1, 10)).sum().backward()
+        assert growth() == 2 * 512
+        optimizer.step()  # the hook reads the state the first step made
+        assert watch.drop_created() == 2 and not optimizer.state
