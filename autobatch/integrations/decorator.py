@@ -117,7 +117,8 @@ def find_executable_batch_size(
     is a multiple of it (while it is at least ``multiple_of``): a start that is not is rounded
     down to one (100 with 8 starts at 96), and a start below ``multiple_of`` is a ``ValueError``
     rather than a size larger than asked. The wrapper has ``attempts`` (every :class:`Attempt`,
-    over all calls) and ``batch_size`` (the size the next call starts from: the last that ran).
+    over all calls) and ``batch_size`` (the size the next call starts from: the last that ran;
+    after a ``NoBatchFitsError``, where that call started). Over ``@staticmethod``/``@classmethod`` too.
 
     Raises:
         TypeError: the batch size was passed in the call, by position or name (the decorator
@@ -140,6 +141,9 @@ def find_executable_batch_size(
             reduce_batch_size_fn=reduce_batch_size_fn, device=device, fallback_factor=fallback_factor,
             multiple_of=multiple_of,
         )
+    if isinstance(function, (staticmethod, classmethod)):  # under the decorator: wrap what it holds
+        return type(function)(find_executable_batch_size(function.__func__, starting_batch_size, reduce_batch_size_fn,
+                                                         device=device, fallback_factor=fallback_factor, multiple_of=multiple_of))
     check_arguments(starting_batch_size, fallback_factor, multiple_of, function)
     check_takes_batch(function, method := is_method(function))  # where the size goes, and that it can
 
@@ -152,6 +156,7 @@ def find_executable_batch_size(
 
     def _attempts(wrapped: Any, watch: LazyStateWatch, memory: DeviceMemory | None, grads: AttemptState,
                   args: tuple, kwargs: dict) -> Any:
+        first = wrapped.batch_size  # the next call's start again if no size runs in this one
         while True:
             size = wrapped.batch_size
             attempt = Attempt(batch_size=size, ok=False, seconds=0.0)
@@ -167,13 +172,9 @@ def find_executable_batch_size(
             except Exception as exc:
                 if not is_oom_error(exc):
                     raise
-                if memory is not None:  # the message's figure, or what the failed frames still hold
-                    said = allocated_at_failure(str(exc))
-                    attempt.failed_at_bytes = max(memory.allocated(), said or 0)
-                attempt.seconds = time.perf_counter() - began
-                attempt.error = (str(exc).splitlines() or [type(exc).__name__])[0][:300]
-                attempt.requested_bytes = requested_bytes(str(exc))
-                if size <= 1:
+                _record_failure(attempt, exc, memory, began)
+                if size <= 1:  # nothing ran: a later call (memory freed since) searches from where this one did
+                    wrapped.batch_size = first
                     raise _nothing_fits(attempt, memory) from exc
                 # leave the handler: only the message is kept, the failed frames are released
             else:
@@ -183,10 +184,8 @@ def find_executable_batch_size(
                     attempt.peak_bytes = memory.peak()
                 return value
             watch.repair()  # an optimizer step the OOM interrupted leaves no half-created state
-            lost = grads.drop_failed()  # the next attempt neither steps with nor holds the failed one's
-            if lost:
-                name = getattr(function, "__name__", "function")
-                warnings.warn(_lost_message(lost, name), RuntimeWarning, stacklevel=3)
+            if lost := grads.drop_failed():  # the next attempt neither steps with nor holds the failed one's
+                warnings.warn(_lost_message(lost, getattr(function, "__name__", "function")), RuntimeWarning, stacklevel=3)
             free_memory()
             if memory is not None:
                 attempt.peak_bytes = memory.peak()
@@ -195,6 +194,16 @@ def find_executable_batch_size(
     wrapped.attempts = []  # type: ignore[attr-defined]
     wrapped.batch_size = starting_batch_size - starting_batch_size % multiple_of  # type: ignore[attr-defined]
     return wrapped
+
+
+def _record_failure(attempt: Attempt, exc: Exception, memory: DeviceMemory | None, began: float) -> None:
+    """The failed attempt's figures, read in the handler, while the failed frames still hold what
+    they allocated (the message's figure where it says more)."""
+    if memory is not None:
+        attempt.failed_at_bytes = max(memory.allocated(), allocated_at_failure(str(exc)) or 0)
+    attempt.seconds = time.perf_counter() - began
+    attempt.error = (str(exc).splitlines() or [type(exc).__name__])[0][:300]
+    attempt.requested_bytes = requested_bytes(str(exc))
 
 
 def _next_size(attempt: Attempt, reduce: Callable[[], int] | None, factor: float, multiple_of: int) -> int:

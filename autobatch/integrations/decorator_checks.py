@@ -119,6 +119,9 @@ def check_call(function: Callable[..., Any], args: tuple[Any, ...], kwargs: dict
         )
     if any(p.kind is inspect.Parameter.VAR_POSITIONAL for p in params):
         return
+    # keyword-only parameters and **kwargs take no position: `def train(batch_size, model, *, lr)`
+    # called as train(64, model) would get Python's "takes 2 positional arguments but 3 were given"
+    params = [p for p in params if p.kind in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)]
     if len(params) < len(args) + 1:
         names = ", ".join(p.name for p in params[1:len(args)])
         raise TypeError(

@@ -226,9 +226,10 @@ def longest_sample(dataset: Any) -> Any:
 
     A sample is a record of fields when it is a mapping (by key) or a tuple (by position); any
     other sample (a list of token ids, a tensor) is one field, and the largest one is kept.
-    Where the samples cannot be compared (a field of another kind than sequences, arrays and
-    numbers, such as a string or an image, or samples of different structures), this warns and
-    returns the first: pass ``sample=`` (your longest) then.
+    Text counts its characters, for a collator that tokenizes it (a chat: messages x the longest).
+    Where the samples cannot be compared (a tuple's or a lone sample's image or other object,
+    samples of different structures), this warns and returns the first: pass ``sample=`` (your
+    longest) then. A mapping's field of such a kind is taken from the first sample.
 
     A map-style dataset is read by index over its length, once (a columnar one, such as a 🤗
     ``datasets.Dataset``, a thousand rows a slice). A dataset without a length
@@ -305,7 +306,7 @@ def _fields(item: Any, first: Any) -> list[tuple[Any, Any]] | str:
     if isinstance(first, Mapping):
         if not isinstance(item, Mapping):
             return f"a {type(item).__name__} among {type(first).__name__} samples"
-        return list(item.items())  # a mapping's other columns (text) are the collator's to drop
+        return list(item.items())  # a column of another kind (an id object) is the collator's to drop
     if isinstance(first, tuple):
         if not isinstance(item, tuple) or len(item) != len(first):
             return f"a {type(item).__name__} of {_length(item)} among tuples of {len(first)}"
@@ -337,8 +338,7 @@ def _rebuilt(first: Any, best: dict[Any, Any]) -> Any:
 
 def _measurable(value: Any) -> bool:
     """Whether :func:`_padded_size` knows what ``value`` takes in a padded batch."""
-    return (value is None or isinstance(value, (numbers.Number, torch.Tensor)) or _is_array(value)
-            or (isinstance(value, Sequence) and not isinstance(value, (str, bytes))))
+    return value is None or isinstance(value, (numbers.Number, torch.Tensor, Sequence, Mapping)) or _is_array(value)
 
 
 def _is_array(value: Any) -> bool:
@@ -349,7 +349,12 @@ def _is_array(value: Any) -> bool:
 def _padded_size(value: Any) -> int:
     """The elements ``value`` takes once padded: a sequence's length, a nested sequence's
     outer length times its longest inner one, a tensor's (or array's) element count; 0 for a
-    scalar."""
+    scalar; text its characters, the best guess at its tokens without the tokenizer (as 0, the
+    first sample's text was probed: a short one answered 64, and train() ran out of memory)."""
+    if isinstance(value, (str, bytes)):
+        return len(value)
+    if isinstance(value, Mapping):  # a chat message ({"role": ..., "content": ...}): its text together
+        return sum(_padded_size(v) for v in value.values())
     if isinstance(value, torch.Tensor):
         return int(value.numel()) if value.dim() else 0
     if _is_array(value):
@@ -357,8 +362,7 @@ def _padded_size(value: Any) -> int:
     if isinstance(value, Sequence) and not isinstance(value, (str, bytes)):
         if not value or isinstance(value[0], numbers.Number):  # flat (token ids, a mask): no element to look into
             return len(value)
-        inner = [_padded_size(v) for v in value
-                 if (isinstance(v, (Sequence, torch.Tensor)) or _is_array(v)) and not isinstance(v, (str, bytes))]
+        inner = [_padded_size(v) for v in value if isinstance(v, (Sequence, Mapping, torch.Tensor)) or _is_array(v)]
         return len(value) * max(inner) if inner else len(value)
     return 0
 
