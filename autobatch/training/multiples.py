@@ -131,8 +131,9 @@ def multiple_sizes(total: int, micro_batch: int, multiple_of: int, floor: int) -
 
 def resumed_micro_batch(state: Mapping[str, Any], multiple_of: int, floor: int, share: int) -> int:
     """The micro-batch a resumed run starts with: the checkpoint's, at least this run's ``floor``,
-    at most its batch per rank (``share``; the caller passes its ``max_micro_batch`` where lower), and rounded down to *this* run's ``multiple_of`` (its
-    setting wins, as every setting of the resumed run's constructor does). A checkpoint written
+    at most its batch per rank (``share``; the caller passes its ceiling where lower:
+    ``max_micro_batch``, else a given ``micro_batch``), and rounded down to *this* run's
+    ``multiple_of`` (its setting wins, as every setting of the resumed run's constructor does). A checkpoint written
     with another multiple (an older one has none: 1) is warned about, not refused: training on is
     still exact, and a deliberate change (another device) resumes."""
     saved = int(state.get("multiple_of", 1))

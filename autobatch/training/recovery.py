@@ -68,6 +68,7 @@ class OomRecovery:
     _last_shrink: tuple[int, int, int] | None = None  # (step, before, after) of the last recovery that shrank it
     _measured_fail: tuple[int, int] | None = None  # (step, largest piece) of the last failure a measured pick followed
     _told_batch_statistics = False  # warned that BatchNorm normalises each micro-batch on its own
+    _largest_batch = 0  # samples of the largest batch (this rank's) a step began with: grow-back tries wait for one
 
     def _enter(self, phase: str) -> None:
         """Phase boundary: remember where we are, and let the fault injector strike."""
@@ -154,7 +155,7 @@ class OomRecovery:
                 self.micro_batch, action = max(round_down(measured, self.multiple_of), self.min_micro_batch), "measured"
                 self.growth.squeezed(before)
             else:  # rounded down to a multiple: below ``before``, which is a multiple above the floor
-                self.micro_batch = max(round_down(before // 2, self.multiple_of), self.min_micro_batch)
+                self.micro_batch = max(round_down(self._halved(before), self.multiple_of), self.min_micro_batch)
             self._last_shrink = (self.step, before, self.micro_batch)
         else:
             self._enable_checkpointing()
@@ -190,11 +191,29 @@ class OomRecovery:
             return None
         return max(1, min(row[0] for row in rows))
 
+    def _halved(self, before: int) -> int:
+        """Half of ``before``, and below the largest piece the failed attempt ran: a short batch (a
+        ``DataLoader``'s last, 3 samples at micro-batch 8) ran as one piece of 3, which halving 8 to
+        4 replayed unchanged, to fail again. Distributed, every rank halves ``before`` alike."""
+        if self.distributed:
+            return before // 2
+        return min(before // 2, max(self._piece_sizes()) - 1)
+
     def _proposal(self) -> int:
-        """The micro-batch the next step starts with (grow-back included)."""
+        """The micro-batch the next step starts with (grow-back included). A grow-back try waits
+        for a batch as large as any the run trained: on a short one (a ``DataLoader``'s last) the
+        larger size cuts the batch as the smaller did, or into smaller pieces than a full batch, so
+        it would "hold" without having trained at that size, and the next full batch ran out of
+        memory at it, a plain recovery that did not double the wait: one more OOM in every epoch
+        (distributed, where ranks' batches may differ in size but must agree on the micro-batch,
+        it is tried)."""
         self.step_memory.step_started()
         squeezed = self.growth.squeezed_from is not None and not self.distributed
-        return self.growth.propose(self.micro_batch, fits=self.step_memory.fitting() if squeezed else None)
+        proposed = self.growth.propose(self.micro_batch, fits=self.step_memory.fitting() if squeezed else None)
+        self._largest_batch = max(self._largest_batch, self._local_size)
+        if self.growth.trying and not self.distributed and self._local_size < self._largest_batch:
+            return self.growth.cancel()  # the size that trained; the next step tries (the wait is unchanged)
+        return proposed
 
     def _guard_room(self, extra: int) -> bool:
         """Whether the step guard's copy (``extra`` more bytes) may live on the device: the last

@@ -341,8 +341,10 @@ class Resumable:
         if self.micro_batch is None and previous.plan is not None:  # not planned again: train the plan's split
             self.balanced = bool(previous.plan.get("balanced", self.balanced))  # multiple_of: full pieces, not balanced
         if state["micro_batch"] is not None:  # None: saved before its run's first plan; this run's given, or planned
-            self.micro_batch = resumed_micro_batch(state, self.multiple_of, self.min_micro_batch,  # this run's floor,
-                                                   min(self.share, self.max_micro_batch or self.share))  # ceiling, multiple
+            # this run's floor, ceiling (max_micro_batch, else a given micro_batch: Runner(micro_batch=2) resumed
+            # from a run at 4 trains at 2, as its grow-back never goes above 2) and multiple
+            ceiling = self.growth.ceiling if self.growth.configured else self.share
+            self.micro_batch = resumed_micro_batch(state, self.multiple_of, self.min_micro_batch, min(self.share, ceiling))
             self.initial_micro_batch = self.initial_micro_batch or self.micro_batch
         self.growth.load_state_dict(state["growth"], limit=self.share)
         ranks = state.get("rng_ranks")  # each rank's own random states, where the run had them

@@ -283,7 +283,7 @@ class Runner(OomRecovery, SplitsInMultiples, EndsSteps, Resumable, PlansFromData
             )
         result = self.result
         result.steps_this_run, result.samples, result.stopped = 0, 0, False  # not an earlier fit()'s stop
-        total = steps if steps is not None else epoch_length(data, epochs)
+        total = min((n for n in (steps, epoch_length(data, epochs)) if n is not None), default=None)  # what ends first
         progress = Progress(total, initial=self.step, bar=self.progress, log_every=self.log_every)
         stopped = False  # request_stop(): agreed by every rank after a step
         try:
