@@ -57,6 +57,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from .. import checks
+from .module_names import WRAPPER_ATTRIBUTES, has_module as _has_module, module_names_for, short_names as _short
 
 __all__ = ["CheckpointHandle", "enable_checkpointing", "find_blocks", "is_checkpointed", "module_names_for",
            "no_blocks_hint", "put_back_checkpointing", "take_checkpointing"]
@@ -202,7 +203,7 @@ def find_blocks(model: nn.Module, targets: Iterable[str | type] | None = None) -
         children = list(module.named_children())
         repeated: Counter = Counter()
         if wanted is None and isinstance(module, (nn.Sequential, nn.ModuleList, nn.ModuleDict)):
-            repeated = Counter(type(child) for _, child in children if _block(child))
+            repeated = _entry_classes(module)
         for name, child in children:
             qualified = f"{prefix}.{name}" if prefix else name
             if repeated[type(child)] >= 2 and _block(child):
@@ -220,20 +221,48 @@ def find_blocks(model: nn.Module, targets: Iterable[str | type] | None = None) -
     return found
 
 
-def no_blocks_hint(model: nn.Module) -> str:
+def _entry_classes(container: nn.Module) -> Counter:
+    """How often each class of possible block occurs among ``container``'s entries, an entry that
+    holds the same module several times (``nn.ModuleList([block] * 12)``: one layer's weights shared
+    by every position, as in ALBERT or a universal transformer) counted at each: ``named_children``
+    yields a shared module once, so such a stack counted one block and got no checkpointing, though
+    the block runs, and keeps its activations, once per position."""
+    return Counter(type(child) for child in container._modules.values() if child is not None and _block(child))
+
+
+def no_blocks_hint(model: nn.Module, targets: Iterable[str | type] | None = None) -> str:
     """What to do where the automatic rule found no block to wrap: the classes worth naming in
     ``checkpoint_targets`` (modules below the model that could be blocks, whose class occurs twice
     or more: blocks held as attributes, ``self.enc``, ``self.mid``, ..., that no container holds;
-    the model's own classes first), or, where there are none (one giant layer), that
-    checkpointing cannot help. The hint said "name the block classes" and named none."""
+    the model's own classes first); where none repeats but some module could be a block, that
+    module's class for a layer run several times per step (one layer's weights applied N times, as
+    in ALBERT: it was told "checkpointing cannot help this model", and naming the layer fitted batch
+    1); where there are none (one giant layer), that checkpointing cannot help. Where blocks were
+    found (the automatic rule's, or ``targets``') but each has a forward another library replaced on
+    the instance (Accelerate's hooks of ``device_map`` or offloading), which checkpointing leaves
+    alone: that, and how to checkpoint them (the advice to name their class wrapped nothing either)."""
+    found = find_blocks(model, targets)
+    replaced = [name for name in found if "forward" in model.get_submodule(name).__dict__
+                and not is_checkpointed(model.get_submodule(name))]
+    if found and len(replaced) == len(found):
+        return (f"the blocks found ({_short(replaced)}) have a forward another library replaced on the instance (hooks: "
+                "Accelerate's device_map or offloading set module.forward), which autobatch does not wrap, so none was "
+                "wrapped: checkpoint them through that library (Transformers: model.gradient_checkpointing_enable()) and "
+                "plan with allow_checkpointing=False, or build the model without those hooks")
     counts = Counter(type(module) for name, module in model.named_modules() if name and _block(module))
     repeated = sorted((cls for cls, count in counts.items() if count >= 2), key=lambda cls: cls.__module__.startswith("torch."))
+    if not repeated and counts:
+        names = [cls.__name__ for cls in sorted(counts, key=lambda cls: cls.__module__.startswith("torch."))]
+        return ("no class of module below the model occurs twice, so no block was found automatically (a layer whose "
+                "weights are shared, applied several times in forward, counts once); where a module runs several times "
+                f"per step, name its class: checkpoint_targets=[{names[0]!r}] (modules that could be blocks: "
+                f"{', '.join(names[:4])}); checkpointing a module run once saves little")
     if not repeated:
-        return ("no module below the model with parameters, other than a single torch.nn layer (which saves just its "
-                "input, what a checkpoint keeps anyway), has a class that occurs twice or more, so activation "
-                "checkpointing cannot help this model")
+        return ("every module below the model with parameters is a single torch.nn layer (which saves just its input, "
+                "what a checkpoint keeps anyway) or a list of them, so activation checkpointing cannot help this model")
     listed = ", ".join(f"{cls.__name__} ({counts[cls]})" for cls in repeated[:4])
-    return (f"name the block classes in checkpoint_targets, e.g. checkpoint_targets=[{repeated[0].__name__!r}] "
+    return ("no nn.Sequential, ModuleList or ModuleDict holds repeated blocks (a single torch.nn layer is no block): "
+            f"name the block classes in checkpoint_targets, e.g. checkpoint_targets=[{repeated[0].__name__!r}] "
             f"(repeated classes of the model: {listed})")
 
 
@@ -246,49 +275,10 @@ def _stage_blocks(stage: nn.Module, prefix: str) -> list[str]:
     if not isinstance(stage, nn.Sequential):
         return []  # a custom class's forward may do more than its children (a MoE layer's experts)
     blocks = [(name, child) for name, child in stage.named_children() if _block(child)]
-    counts = Counter(type(child) for _, child in blocks)
-    if len(blocks) < 2 or any(counts[type(child)] < 2 for _, child in blocks):
+    counts = _entry_classes(stage)
+    if sum(counts.values()) < 2 or any(counts[type(child)] < 2 for _, child in blocks):
         return []
     return [found for name, child in blocks for found in (_stage_blocks(child, f"{prefix}.{name}") or [f"{prefix}.{name}"])]
-
-
-#: attributes under which a wrapper holds the model: DDP's and DataParallel's ``module``,
-#: ``torch.compile``'s ``_orig_mod``, FSDP1's and checkpoint_wrapper's own
-WRAPPER_ATTRIBUTES = ("module", "_orig_mod", "_fsdp_wrapped_module", "_checkpoint_wrapped_module")
-
-
-def _has_module(model: nn.Module, name: str) -> bool:
-    try:
-        model.get_submodule(name)
-    except AttributeError:
-        return False
-    return True
-
-
-def _short(names: list[str], limit: int = 4) -> str:
-    shown = ", ".join(repr(name) for name in names[:limit])
-    return f"[{shown}{f', ... ({len(names)} in all)' if len(names) > limit else ''}]"
-
-
-def module_names_for(model: nn.Module, names: list[str]) -> list[str]:
-    """``names`` (module names of the model a plan was made on) as ``model`` has them, where the
-    two differ by wrappers (:data:`WRAPPER_ATTRIBUTES`): a plan made on a DDP- or
-    ``torch.compile``-wrapped model names ``module.blocks.0``, the bare model has ``blocks.0``,
-    and the other way round. Unchanged where they all resolve already, or where no such
-    translation makes them all resolve (:func:`enable_checkpointing` then names the missing)."""
-    stripped = [list(names)]  # planned wrapped: its wrappers' leading names taken off, one at a time
-    while all("." in name for name in stripped[-1]) and len(heads := {n.split(".", 1)[0] for n in stripped[-1]}) == 1 \
-            and heads <= set(WRAPPER_ATTRIBUTES):
-        stripped.append([name.split(".", 1)[1] for name in stripped[-1]])
-    prefixes, inner = [""], model  # applied wrapped: the wrappers' names put in front
-    while (child := next((name for name, _ in inner.named_children() if name in WRAPPER_ATTRIBUTES), None)) is not None:
-        inner = inner.get_submodule(child)
-        prefixes.append(f"{prefixes[-1]}{child}.")
-    for found in stripped:
-        for prefix in prefixes:
-            if all(_has_module(model, prefix + name) for name in found):
-                return [prefix + name for name in found]
-    return list(names)
 
 
 class CheckpointHandle:

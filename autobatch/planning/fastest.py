@@ -17,6 +17,7 @@ import torch
 from ..errors import GlobalBatchTooLargeError, NoBatchFitsError
 from ..memory.devices import AcceleratorMemory, resolve_device
 from ..memory.units import parse_bytes
+from .batch_statistics import batch_norm_layers
 from .plan_result import Plan
 from .throughput import Candidate, DeviceHooks, candidate_micro_batches, leaders, measure_candidates
 
@@ -78,7 +79,8 @@ class ThroughputObjective:
                 "CPU: candidates were timed without the simulated memory budget (it slows every "
                 "operator); the probes had already checked that they fit"
             )
-        candidates = sorted(plain_candidates + ckpt_candidates, key=lambda c: (c.checkpointing, c.micro_batch))
+        candidates = self.without_one_sample(plain_candidates + ckpt_candidates, balanced)
+        candidates = sorted(candidates, key=lambda c: (c.checkpointing, c.micro_batch))
         retimed = self.time(candidates, device, timing, timer, allocator_retries)
         timed = [c for c in candidates if c.samples_per_s is not None]
         if not timed:
@@ -113,6 +115,26 @@ class ThroughputObjective:
             candidates=[c.to_dict() for c in candidates],
             timing=dict(timing, retimed=len(retimed)),
         )
+
+    def without_one_sample(self, candidates: list[Candidate], balanced: bool) -> list[Candidate]:
+        """The candidates worth timing for a model with BatchNorm in training: none with a micro-batch
+        of one sample where others are left (a note names them), since the probes, stopping above
+        batch 1, never tried one, and BatchNorm1d cannot train on it ("Expected more than 1 value per
+        channel": the default smallest candidate, largest // 16, is 1 below 32, and a global batch of 8
+        that fitted in one step raised it); where every candidate has one, a trial at batch 1 first
+        (:meth:`check_one_sample`: the model's error, with what to change)."""
+        single = [c for c in candidates if min(c.micro_batch_sizes) == 1]
+        if not single or batch_norm_layers(self.step.model) is None:
+            return candidates
+        kept = [c for c in candidates if min(c.micro_batch_sizes) > 1]
+        if not kept:
+            first = single[0]
+            self.check_one_sample(first.micro_batch_sizes, first.micro_batch, first.checkpointing, balanced)
+            return candidates
+        self.notes.append(f"not timed: {', '.join(f'{c.micro_batch} x {c.accumulation_steps}' for c in single)}, whose "
+                          "micro-batches include one of a single sample, which the model's BatchNorm in training normalises "
+                          "alone (BatchNorm1d cannot train on it) and no probe tried")
+        return kept
 
     def with_accumulation(self, one_step, checkpointing: bool, allow_accumulation: bool) -> int:
         """The largest micro-batch a candidate may use: the global batch where it fits in one

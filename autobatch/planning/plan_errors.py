@@ -1,7 +1,7 @@
 """The planner's errors when no plan exists: every probe attempt's figures, and what to change.
 
 A mixin of the planner's per-call state (``step``, ``probes``, ``handle``, ``probe_kwargs``,
-``allow_checkpointing``): :meth:`PlanErrors.no_fit` builds the ``NoBatchFitsError`` for "not
+``allow_checkpointing``, ``targets``): :meth:`PlanErrors.no_fit` builds the ``NoBatchFitsError`` for "not
 even batch 1 fits" (plainly, and with activation checkpointing where it was tried), carrying
 every probe attempt in ``attempts``, and a hint that names what is left to try.
 """
@@ -32,7 +32,7 @@ class PlanErrors:
         if checkpoint_error is None:  # nothing to wrap
             return self._attempts_error(
                 plain_error,
-                f"Activation checkpointing was tried but found no repeated blocks to wrap: {no_blocks_hint(self.step.model)}. "
+                f"Activation checkpointing was tried but wrapped no block: {no_blocks_hint(self.step.model, self.targets)}. "
                 f"Else try {self._other_options()}.",
             )
         modules = self.handle.modules if self.handle is not None else []

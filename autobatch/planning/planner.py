@@ -35,20 +35,21 @@ import math
 import time
 from typing import Any, Callable
 
-from ..errors import GlobalBatchTooLargeError, NoBatchFitsError
+from ..errors import GlobalBatchTooLargeError, NoBatchFitsError, add_note
 from ..memory.oom import free_memory
 from ..memory.units import format_bytes
+from ..probe.arguments import eval_mode_notes
 from ..probe.find import find_max_batch
 from ..probe.result import ProbeResult
 from ..probe.train_step import TrainStep
 from .accumulation import AccumulatingStep, micro_batch_sizes
-from .batch_statistics import batch_statistics_note
+from .batch_statistics import batch_norm_layers, batch_statistics_note
 from .checkpointing import (CheckpointHandle, enable_checkpointing, find_blocks, no_blocks_hint, put_back_checkpointing,
                             take_checkpointing)
 from .fastest import ThroughputObjective
 from .plan_errors import PlanErrors
 from .plan_arguments import OBJECTIVES, ragged_message, smallest_batch, validate, validate_timing
-from .plan_result import Plan, candidates_table
+from .plan_result import Plan, candidates_table, short_list
 from .throughput import balanced_micro_batch
 
 __all__ = ["Plan", "plan", "OBJECTIVES", "candidates_table"]
@@ -130,6 +131,7 @@ def plan(
         balanced = False  # balanced sizes would not be multiples; full chunks and a smaller last one
     ragged = isinstance(multiple_of, int) and multiple_of > 1 and global_batch % multiple_of != 0
     planner = _Planner(step, global_batch, cap, checkpoint_targets, probe_kwargs, allow_checkpointing)
+    planner.notes.extend(eval_mode_notes(step))  # the probes' note, in their results only, where no summary showed it
     # blocks a plan (or anyone with enable_checkpointing) left wrapped: plan from the plain model,
     # and leave them as given unless the new plan wraps the model itself
     given = take_checkpointing(step.model)  # the same forwards go back: their plan's undo() still owns them
@@ -208,10 +210,7 @@ class _Planner(PlanErrors, ThroughputObjective):
         if self.handle is None or not self.handle.active:
             self.handle = enable_checkpointing(self.step.model, self.targets)
         if not self.handle.modules:
-            self.notes.append(
-                "activation checkpointing found no repeated blocks to wrap (no nn.Sequential / ModuleList / ModuleDict with "
-                f"repeated children; a single torch.nn layer is no block); {no_blocks_hint(self.step.model)}"
-            )
+            self.notes.append(f"activation checkpointing wrapped no block: {no_blocks_hint(self.step.model, self.targets)}")
             return False
         return True
 
@@ -249,7 +248,8 @@ class _Planner(PlanErrors, ThroughputObjective):
             return self.with_margin(result, one_step, checkpointing)
         raise self._attempts_error(
             error,
-            f"up to {boundary} fits in one step, but not the global batch; with accumulation the first "
+            f"up to {boundary} fits in one step{' with activation checkpointing' if checkpointing else ''}, but not the "
+            "global batch; with accumulation the first "
             "micro-batch's gradients stay alive through the next one's step and no micro-batch fits beside them. "
             f"Try {self._other_options()}.",
         )
@@ -314,7 +314,7 @@ class _Planner(PlanErrors, ThroughputObjective):
         if ckpt is None:
             if plain is None:
                 raise self.no_fit(plain_error, ckpt_error, True)
-            why = (f"no block to checkpoint was found in the model ({no_blocks_hint(self.step.model)})"
+            why = (f"no block to checkpoint was found in the model ({no_blocks_hint(self.step.model, self.targets)})"
                    if ckpt_error is None else f"with it, not even {smallest_batch(self.probe_kwargs)} fit")
             raise accumulation_error or GlobalBatchTooLargeError(self.global_batch, plain.batch_size, False, plain.device, why)
         if self.fits(ckpt):
@@ -328,11 +328,33 @@ class _Planner(PlanErrors, ThroughputObjective):
                f"with accumulation ({ckpt.largest_passed or ckpt.batch_size} in one step)")
         return self.build(accumulated, True, "max_batch", why, balanced)
 
+    def check_one_sample(self, sizes: list[int], largest: int, checkpointing: bool, balanced: bool) -> None:
+        """A split with a micro-batch of one sample, for a model with BatchNorm in training: one trial
+        at batch 1 (checkpointed as planned), which the probes, stopping above it, never ran. A model
+        that cannot train on one sample ("Expected more than 1 value per channel") then fails here,
+        with what to change, not in training (global batch 9 with 2 fitting was planned 2, 2, 2, 2, 1)."""
+        try:
+            if checkpointing:
+                self.probe_checkpointed(only=1)
+            else:
+                self.probe(False, only=1)
+        except Exception as exc:
+            size = self.global_batch
+            other = micro_batch_sizes(size, largest, balanced=True)
+            fix = (f"balanced=True (micro-batches {short_list(other)})" if not balanced and min(other) > 1 else
+                   f"an even global batch ({size - 1} or {size + 1}) with multiple_of=2, or more memory")
+            add_note(exc, f"autobatch: plan() split global_batch={size} into {len(sizes)} micro-batches of at most {largest} "
+                          f"(what fits), the last of a single sample, and this error came from a trial at 1: the model "
+                          f"cannot train on one sample. Use {fix}.")
+            raise
+
     def build(self, largest: int, checkpointing: bool, objective: str, reason: str, balanced: bool, **extra) -> Plan:
         """A plan for micro-batches of at most ``largest``; wraps the model when needed."""
         multiple = self.probe_kwargs.get("multiple_of", 1)  # > 1: full pieces of the least-padded multiple
         micro = balanced_micro_batch(self.global_batch, largest, multiple) if balanced or multiple > 1 else min(largest, self.global_batch)
         sizes = micro_batch_sizes(self.global_batch, micro, balanced=balanced)
+        if objective == "max_batch" and len(sizes) > 1 and min(sizes) == 1 and batch_norm_layers(self.step.model):
+            self.check_one_sample(sizes, largest, checkpointing, balanced)
         if checkpointing:
             self.wrap()
         else:

@@ -386,6 +386,6 @@ class OomRecovery:
             raise StepOutOfMemoryError(
                 self.step, self._phase, False,
                 reason=f"global step {self.step} ran out of memory at micro-batch {self.micro_batch} and activation "
-                f"checkpointing found no repeated blocks to wrap: {no_blocks_hint(self.model)}.",
+                f"checkpointing wrapped no block: {no_blocks_hint(self.model, self.checkpoint_targets)}.",
             )
         self.checkpoint_handle = handle
