@@ -148,7 +148,7 @@ def _report_sweep() -> None:
     failed, stopped = sum(status not in ("ok", "interrupted") for status in statuses), statuses.count("interrupted")
     plot = " and summary.png" if (sweep_dir / "summary.png").is_file() else ""
     interrupted = f", {stopped} interrupted (their rows say how to continue)" if stopped else ""
-    print(f"{len(rows)} jobs, {failed} failed{interrupted}; summary: {sweep_dir / 'summary.md'}, summary.csv{plot}")
+    print(f"{len(rows)} job{'' if len(rows) == 1 else 's'}, {failed} failed{interrupted}; summary: {sweep_dir / 'summary.md'}, summary.csv{plot}")
     sys.stdout.flush()
 
 

@@ -29,6 +29,7 @@ from ..planning.plan_arguments import validate_timing
 from ..probe.train_step import TrainStep
 from . import validation
 from .construct import construct
+from .errors import one_line, where_raised
 from .ranks import data_parallel
 from ..memory.allocator import environment_expandable_segments, set_expandable_segments
 from ..memory.devices import memory_for
@@ -77,6 +78,8 @@ def locate(path: str) -> Any:
             if exc.name is not None and not name.startswith(exc.name) and not exc.name.startswith(name):
                 raise ImportError(f"importing {name} failed: {exc}") from None
             continue
+        except Exception as exc:  # the module's own code failed (SyntaxError, NameError...): chained, never hidden
+            raise ImportError(f"importing {name} raised {type(exc).__name__}: {one_line(exc)}{where_raised(exc)}") from exc
         found = index
         break
     if module is None:
@@ -98,19 +101,23 @@ _TARGET_EXAMPLES = {
 
 
 def _check_target(key: str, node: Any) -> Any:
-    """The object ``node._target_`` names; ``ValueError`` unless it is set and importable."""
+    """The object ``node._target_`` names; ``ValueError`` unless it is set, importable and callable."""
     target = node.get("_target_") if isinstance(node, DictConfig) else None
     if not target:
         example = _TARGET_EXAMPLES.get(key, "my_project.Thing")
         raise ValueError(f"{key}._target_ is not set; give an import path such as {key}._target_={example}")
     try:
-        return locate(target)
+        found = locate(target)
     except ImportError as exc:
-        reason = str(exc)
-        raise ValueError(
-            f"{key}._target_={target!r} cannot be imported ({reason}); fix the import path or install "
-            "the package that provides it"
-        ) from None
+        fix = ("fix that module (or its installation)" if exc.__cause__ is not None
+               else "fix the import path or install the package that provides it")
+        # from the module's own error (if any): AUTOBATCH_TRACEBACK=1 shows where it raised
+        raise ValueError(f"{key}._target_={target!r} cannot be imported ({exc}); {fix}") from exc.__cause__
+    if not callable(found):  # a module or a constant: Hydra's "Expected a callable target" named no key
+        kind = "a module" if isinstance(found, type(importlib)) else f"a {type(found).__name__}, not a class or function"
+        raise ValueError(f"{key}._target_={target!r} names {kind}; give the class (or function) that builds the "
+                         f"{key}, e.g. {key}._target_={_TARGET_EXAMPLES.get(key, 'my_project.Thing')}")
+    return found
 
 
 def validate(cfg: DictConfig) -> None:
@@ -143,6 +150,7 @@ def validate(cfg: DictConfig) -> None:
                 f"least {format_bytes(MIN_MEMORY_LIMIT)}, with a unit: e.g. {key}=256MiB (a bare number is bytes)"
             )
     validation.check_unknown_keys(cfg)
+    validation.check_missing(cfg)
     validation.check_sizes(cfg)
     validation.check_cache_dir(cfg, Path(HydraConfig.get().runtime.cwd) if HydraConfig.initialized() else None)
     validation.check_target_arguments("model", cfg.model, _check_target("model", cfg.model), own=("inputs",))
@@ -179,6 +187,7 @@ def _validate_train(train: DictConfig) -> None:
         if value is not None and value < 1:
             raise ValueError(f"train.{key} must be a positive integer or null, got {value}")
     _check_micro_within_global(train)
+    validation.check_micro_bounds(train)
     for key, low, meaning in (
         ("steps", 1, ""),
         ("checkpoint_every", 0, " (0: only at the end)"),

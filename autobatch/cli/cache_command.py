@@ -53,13 +53,18 @@ class _Parser(argparse.ArgumentParser):
         raise CLIError(f"cache: {message}; usage: python -m autobatch cache list|clear [--dir DIR]")
 
 
+def _directory(text: str) -> Path:
+    """``--dir``'s value, ``~`` expanded as ``probe.cache_dir``'s is (the shell leaves ``--dir=~/x`` as it is)."""
+    return Path(text).expanduser()
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="python -m autobatch cache",
         description="Show or empty the persistent probe cache (probe.cache=true stores every probe result there).",
     )
     parser.add_argument("action", choices=("list", "clear"), help="list the entries, or delete them all")
-    parser.add_argument("--dir", type=Path, default=None, help=f"the cache directory (default: {default_dir()})")
+    parser.add_argument("--dir", type=_directory, default=None, help=f"the cache directory (default: {default_dir()})")
     return parser
 
 

@@ -24,6 +24,7 @@ from ..planning.accumulation import micro_batch_sizes
 from ..probe.result import ProbeResult
 from ..probe.trial import TrialRecord, watch_trials
 from ..memory.units import format_bytes
+from .errors import cli_keys
 
 __all__ = ["print_result", "print_training", "render_table", "trial_progress", "write_probe_plot", "PLOT_FILE"]
 
@@ -66,7 +67,7 @@ def _rows(result: ProbeResult) -> list[tuple[str, str]]:
         rows.append(("cached", "from the probe cache; no trial ran"))
     if result.fallback_reason:
         rows.append(("fallback", result.fallback_reason))
-    rows += [("note", note) for note in result.notes]
+    rows += [("note", cli_keys(note)) for note in result.notes]  # "pass memory_limit": probe.memory_limit here
     return rows
 
 
@@ -108,7 +109,7 @@ def print_result(result: ProbeResult, extra: Sequence[tuple[str, str]] = (), *, 
 
         Console(file=stream).print(_table(result, extra))
         return
-    lines = [result.summary(), *(f"{label:<16}{value}" for label, value in extra)]
+    lines = [cli_keys(result.summary()), *(f"{label:<16}{value}" for label, value in extra)]
     print("\n".join(lines), file=stream, flush=True)
 
 

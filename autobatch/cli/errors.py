@@ -78,7 +78,7 @@ _CLI_KEYS = [
     (r"checkpoint_targets", "plan.checkpoint_modules"),
     (r"memory_limit", "probe.memory_limit"),
     (r"global_batch=", "train.global_batch="),
-    (r"autobatch\.plan", "train.global_batch"),
+    (r"autobatch\.plan(?!\w)", "train.global_batch"),  # not autobatch.planning
 ]
 #: Launcher plugins and the extra that installs each (``pip install "autobatch[extra]"``).
 _LAUNCHER_EXTRAS = {"submitit_": "slurm", "slurm": "slurm", "joblib": "sweep"}

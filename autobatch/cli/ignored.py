@@ -36,6 +36,33 @@ def _listed(keys: list[str]) -> str:
     return ", ".join(keys) + (" is" if len(keys) == 1 else " are")
 
 
+def _unread_by_probe(train: DictConfig) -> list[str]:
+    """``train`` keys that change which batch ``train`` would use but that ``probe`` does not
+    read: without a word, the probe's answer looked like what that ``train`` would do."""
+    warnings = []
+    if train.micro_batch is not None:
+        warnings.append(f"train.micro_batch={train.micro_batch} is ignored by probe, which probes (and plans) anyway; "
+                        "train with it would train that micro-batch with no probe or plan")
+    if train.max_micro_batch is not None:
+        warnings.append(f"train.max_micro_batch={train.max_micro_batch} is ignored by probe (its answer is not capped); "
+                        "train would cap a larger probed or planned micro-batch at it")
+    if train.resume is not None:
+        warnings.append(f"train.resume={train.resume} is ignored by probe; train with it would take the checkpoint's "
+                        "batches, with no probe or plan")
+    return warnings
+
+
+def _unread_data_keys(cfg: DictConfig, defaults: DictConfig) -> list[str]:
+    """``data.num_samples`` with a ``data.dataset`` (an epoch is one pass over it), and
+    ``train.shuffle`` without one (synthetic batches are generated, never drawn)."""
+    if cfg.data.get("dataset") is not None:
+        changed = "data.num_samples" in changed_keys(cfg, defaults, "data")
+        return ["data.num_samples is ignored: an epoch is one pass over data.dataset"] if changed else []
+    if "train.shuffle" in changed_keys(cfg, defaults, "train"):
+        return ["train.shuffle is ignored: it shuffles a data.dataset, and synthetic batches are generated, not drawn"]
+    return []
+
+
 def ignored_keys(command: str, cfg: DictConfig, defaults: DictConfig) -> list[str]:
     """One warning line for each group of keys the ``command`` run of ``cfg`` will not read."""
     train, warnings = cfg.train, []
@@ -46,9 +73,17 @@ def ignored_keys(command: str, cfg: DictConfig, defaults: DictConfig) -> list[st
         if plan_keys and train.global_batch is None:
             warnings.append(f"{_listed(plan_keys)} ignored: no plan is made without train.global_batch "
                             "(add train.global_batch=N to plan N samples a step)")
+        return warnings + _unread_by_probe(train)
+    warnings += _unread_data_keys(cfg, defaults)
+    if train.epochs is not None and "train.steps" in changed_keys(cfg, defaults, "train"):
+        warnings.append(f"train.steps={train.steps} is ignored: train.epochs={train.epochs} sets the run's length "
+                        "(drop train.epochs to train a number of steps)")
+    if train.resume is not None:  # the checkpoint decides the batches; no probe or plan runs
+        unread = [k for k in changed_keys(cfg, defaults, "probe") + plan_keys if k not in _TRAIN_READS]
+        if unread:
+            warnings.append(f"{_listed(unread)} ignored: train.resume={train.resume} takes the checkpoint's batches "
+                            "with no probe or plan (drop train.resume to probe afresh)")
         return warnings
-    if train.resume is not None:
-        return warnings  # the checkpoint decides the batches; no probe or plan runs
     if train.micro_batch is not None:
         unread = [k for k in changed_keys(cfg, defaults, "probe") + plan_keys if k not in _TRAIN_READS]
         if unread:

@@ -2,24 +2,20 @@
 
 Hydra reports a misspelt key or a wrong type over several lines, and problems it cannot see
 (impossible probe bounds, an unimportable ``_target_``) would only surface inside the job.
-:func:`check` composes the config of every job the command line describes (each
-combination of a ``-m`` sweep) with Hydra's compose API and runs
-:func:`~autobatch.cli.build.validate` on it; the first problem becomes a :class:`CLIError`.
-It also checks that the run (or sweep) directory can be created, which Hydra would otherwise
-report with a traceback. With a flag that prints the config (``--cfg``, ``--info``...) the
-overrides are composed (a misspelt key is still one line) but not validated: the config is
-shown as given. Anything it cannot judge (``--help``, sweeper plugins' own syntax) is left
-to Hydra.
+:func:`check` composes the config of every job the command line describes (each combination
+of a ``-m`` sweep) with Hydra's compose API and runs :func:`~autobatch.cli.build.validate` on
+it; the first problem becomes a :class:`CLIError`. It also checks that the run (or sweep)
+directory resolves and can be created (Hydra reported both with a traceback). With a flag that
+prints the config (``--cfg``, ``--info``...) the overrides are composed but not validated.
+Anything it cannot judge (``--help``, sweeper plugins' own syntax) is left to Hydra.
 
 A config of the user's own (``--config-dir``, ``--config-name``) is composed the same way, on
 the search path Hydra will use (:mod:`autobatch.cli.user_config`): a missing directory or config
 is one line, as is a config that lacks keys because it does not extend the packaged one.
-``--shell-completion`` is refused (Hydra's completion needs a script of its own to call), as are
-Hydra flags that do not go together or lack their value (Hydra raised those as tracebacks). A
-sweep is ``-m`` or ``hydra.mode=MULTIRUN`` (:func:`_multirun_mode`); :func:`flags_first` puts
-Hydra's flags before the overrides, where its parser wants them.
-Keys the run will not read (:mod:`autobatch.cli.ignored`) and a config that does not extend the
-packaged one are named in ``autobatch: warning:`` lines, once each, and the run goes on.
+``--shell-completion`` is refused, as are Hydra flags that do not go together or lack their
+value. A sweep is ``-m`` or ``hydra.mode=MULTIRUN`` (:func:`_multirun_mode`); :func:`flags_first`
+puts Hydra's flags before the overrides. Keys the run will not read (:mod:`autobatch.cli.ignored`)
+and a config that does not extend the packaged one are named in ``autobatch: warning:`` lines.
 """
 
 from __future__ import annotations
@@ -37,10 +33,11 @@ from typing import Any, Sequence
 from hydra import compose
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import OmegaConf, open_dict
+from omegaconf.errors import InterpolationResolutionError
 
 from .build import validate
 from .config import SCHEMAS, ProbeAppConfig, TrainAppConfig
-from .errors import BAD_INPUT, CLIError, describe
+from .errors import BAD_INPUT, CLIError, describe, one_line
 from .ignored import ignored_keys
 from .ranks import launched_rank
 from .user_config import (CONFIG_DIR_FLAGS, CONFIG_NAME_FLAGS, CONFIG_PATH_FLAGS, check_config_name, check_extends,
@@ -69,10 +66,14 @@ _RUN = {"-r", "--run"}
 
 
 def job_overrides(overrides: Sequence[str], multirun: bool) -> list[list[str]]:
-    """The override list of each job: one job, or the product of a sweep's choices."""
+    """The override list of each job: one job, or the product of a sweep's choices (a ``glob()``
+    of a group's options lists them through the loader of the Hydra :func:`composing` set up)."""
     if not multirun:
         return [list(overrides)]
-    parsed = OverridesParser.create().parse_overrides(list(overrides))
+    from hydra.core.global_hydra import GlobalHydra
+
+    loader = GlobalHydra.instance().config_loader() if GlobalHydra.instance().is_initialized() else None
+    parsed = OverridesParser.create(config_loader=loader).parse_overrides(list(overrides))
     choices: list[list[str]] = []
     for override in parsed:
         key = override.get_key_element()
@@ -124,19 +125,16 @@ def flags_first(args: Sequence[str]) -> list[str]:
             continue
         flags.append(arg)
         following = args[index + 1] if index + 1 < len(args) else None
-        if "=" not in arg and following is not None and (
-            arg in valued or (_PRINTING.get(arg) == "optional" and following in _INFO_CHOICES)
-        ):
+        if "=" not in arg and following is not None and (arg in valued or (_PRINTING.get(arg) == "optional"
+                                                                           and following in _INFO_CHOICES)):
             flags.append(following)
             skip = True
     return [*flags, *overrides]
 
 
 #: Where a dict given to a free node is all of it: the group option that leaves the node empty.
-_FRESH = {
-    "data.dataset": "a data option without a dataset (drop data=dataset: data.dataset is then null)",
-    "optimizer": "optimizer=target (only _target_ and lr)",
-}
+_FRESH = {"data.dataset": "a data option without a dataset (drop data=dataset: data.dataset is then null)",
+          "optimizer": "optimizer=target (only _target_ and lr)"}
 
 
 def _failed_key(exc: BaseException | None) -> str | None:
@@ -174,13 +172,27 @@ def _override_hint(message: str, exc: BaseException | None = None) -> str:
             typed = _option_key_hint(message, key, parts[: depth + 1], exc)
             if typed != message:
                 return typed
-            break  # untyped (model=target, data.dataset): + adds a constructor argument
+            if len(parts) == len(key.split(".")):  # untyped (model=target, data.dataset): + adds an argument
+                return _free_key_hint(message, key, exc)
+            break
     if len(parts) > len(key.split(".")):  # a dict merged into a free node that has no such key
         node = ".".join(parts[:-1])
         fresh = f", or start from {_FRESH[node]}" if node in _FRESH else ""
         return (f"Could not override '{key}': a dict given to {key} is merged into the one already there, and {node} "
                 f"has no key {parts[-1]!r}; add it with +{'.'.join(parts)}=VALUE{fresh}")
     return message
+
+
+def _free_key_hint(message: str, key: str, exc: BaseException | None) -> str:
+    """A misspelt argument of a ``_target_`` node (``model.hiden`` where it has ``hidden``): the
+    closest key the node has (OmegaConf's error carries it). Hydra only advised ``+model.hiden=``."""
+    while exc is not None and not OmegaConf.is_dict(getattr(exc, "parent_node", None)):
+        exc = exc.__cause__
+    node, (where, part) = getattr(exc, "parent_node", None), key.rsplit(".", 1)
+    close = close_match(part, [str(name) for name in node.keys()], f"{where}.") if node is not None else ""
+    if not close:
+        return message  # no near key: Hydra's advice (+key=VALUE, a new argument) is the one to give
+    return f"Could not override '{key}': {where} has no key {part!r}{close}; +{key}=VALUE adds it as a new argument"
 
 
 def _delete_hint(message: str) -> str:
@@ -249,13 +261,14 @@ def _composition_hint(message: str, exc: BaseException) -> str:
         return f"{head}: {where.group(3).strip()}"
     *node, name = key.group(1).split(".")
     keys = [field.name for field in dataclasses.fields(schema) if not field.name.startswith("_")]
-    prefix = ".".join(node) + "." if node else ""
-    return f"{head}, but {prefix.rstrip('.') or 'the config'} has no key {name!r}{_keys_hint(name, keys, prefix)}"
+    prefix, hint = ".".join(node) + "." if node else "", _keys_hint(name, keys, ".".join(node) + ".")
+    if node in (["model"], ["optimizer"]) and "did you mean" not in hint:  # its schema is the default option's
+        hint += f"; for a {node[0]} class of your own, put `- override {node[0]}: target` in the defaults list"
+    return f"{head}, but {prefix.rstrip('.') or 'the config'} has no key {name!r}{hint}"
 
 
 def _check_output_dir(key: str, value: str) -> None:
-    """``CLIError`` unless the run or sweep directory ``value`` exists as a directory or can be
-    created (Hydra would report it with a traceback): no file in its way, a writable parent."""
+    """``CLIError`` unless the run or sweep directory ``value`` is a directory or can be created."""
     path = Path(value).expanduser().absolute()
     existing = path
     while not existing.exists() and existing != existing.parent:
@@ -271,13 +284,17 @@ def _check_output_dir(key: str, value: str) -> None:
 
 
 def _composed(config_name: str, job: list[str], key: str | None) -> tuple[Any, Any]:
-    """``(cfg, run directory)``: the job's config and, given ``key``, the run (or sweep) directory
-    its Hydra node names, from one composition (each costs about 0.14 s, warm); the
-    directory is None where only Hydra's run can resolve it (an interpolation): Hydra judges it."""
+    """``(cfg, run directory)``: the job's config and, given ``key``, the run (or sweep) directory, from
+    one composition; None where only Hydra's run can resolve it (an interpolation of ``hydra`` keys).
+    Any other that fails (``${oc.env:SCRATCH}`` unset) is one line: Hydra's run crashed on it."""
     if key is not None:
         try:
             cfg = compose(config_name, overrides=job, return_hydra_config=True)
             value = OmegaConf.select(cfg, key)
+        except InterpolationResolutionError as exc:
+            node, leaf = key.rsplit(".", 1)
+            if "hydra" not in (raw := str(OmegaConf.to_container(OmegaConf.select(cfg, node))[leaf])):
+                raise CLIError(f"{key}={raw}: {one_line(exc)}; define what it names, or give another {key}") from None
         except Exception:  # noqa: BLE001 - composed again below, where its error is the user's
             pass
         else:

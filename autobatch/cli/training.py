@@ -13,13 +13,11 @@ resume, progress, fault injection), feeds it the global batches of
   model as it was before sharding.
 
 Under ``torchrun`` every rank trains its share of each global batch (:mod:`autobatch.cli.data`)
-and only rank 0 writes these files (the runner writes its checkpoints on rank 0 too). With
-``train.fsdp=true`` each rank also writes its own shards of each checkpoint
-(``last.rank<r>-of-<world>.pt``, in rank 0's run directory), and ``final_model.pt`` is
-gathered from the shards (a collective on every rank) and written by rank 0. A
-metrics line describes the whole step: ``loss``, ``samples`` and ``samples_per_s`` are over
-all ranks (the sum of the ranks' shares), ``micro_batch`` and ``accumulation`` are per rank,
-``ranks`` is the number of ranks.
+and only rank 0 writes these files (and the runner's checkpoints). With ``train.fsdp=true``
+each rank also writes its shards of each checkpoint (``last.rank<r>-of-<world>.pt``, in rank
+0's run directory); ``final_model.pt`` is gathered from them (a collective) by rank 0. A
+metrics line is the whole step: ``loss``, ``samples`` and ``samples_per_s`` over all ranks,
+``micro_batch`` and ``accumulation`` per rank, ``ranks`` the number of ranks.
 
 Checkpoints are written from the step hook *after* the step's metrics line, so a run killed
 at any instant has a metrics line for every step in its checkpoint; on resume, lines after
@@ -44,8 +42,7 @@ from omegaconf import DictConfig
 from ..dist import agreement as dist_sync
 from .ranks import unwrapped
 from ..probe.shards import has_dtensors
-from ..training.checkpoint_io import (CHECKPOINT_NAME, RUNNER_FORMAT, load_checkpoint, resolve_checkpoint,
-                                      written_by_torch_save)
+from ..training.checkpoint_io import CHECKPOINT_NAME, RUNNER_FORMAT, load_checkpoint, resolve_checkpoint, written_by_torch_save
 from ..training.sharded_files import base_path, check_sharded_resume, sharded_sets
 from ..training.faults import FaultInjector
 from ..training.run_result import RunResult
@@ -54,6 +51,7 @@ from ..errors import CheckpointError
 from .build import Workload, cross_entropy_loss
 from .data import training_data
 from .interrupt import Interrupts, stopped, stopped_together
+from .run_record import recorded_checkpoint_dirs
 
 __all__ = ["METRICS", "FINAL_MODEL", "checkpoint_in", "find_resume", "check_resume_target", "check_fresh_target", "run_files", "records_updates", "read_checkpoint", "check_steps_left", "runner_options", "run_training", "rank_fields"]
 
@@ -77,15 +75,14 @@ def _exists(path: Path) -> bool:
 def find_resume(value: str, checkpoint_dir: str, base: Path, run_dir: Path | None = None,
                 roots: list[Path] | None = None) -> Path:
     """The checkpoint file ``train.resume=value`` names: a ``last.pt``, its directory, a run
-    directory (``<run>/<checkpoint_dir>/last.pt``), or ``latest``: the checkpoint of this run's
-    own directory ``run_dir`` when it has one (``hydra.run.dir`` of a run to continue), else the
-    newest under ``roots`` (where the config's runs go), ``base/outputs/train`` and
-    ``base/multirun/train`` (the packaged config's), at any depth (a run directory such as
-    ``outputs/train/runA`` is found too); with an absolute ``checkpoint_dir`` the one checkpoint
-    there. A sharded (FSDP2) checkpoint is named by its ``last.pt`` although only its
-    ``last.rank<r>-of-<world>.pt`` files exist. ``latest`` is refused when a run newer than the
-    newest checkpoint recorded updates but wrote no checkpoint (killed outright): the newest
-    checkpoint is then an older, unrelated run's, which ``latest`` silently continued."""
+    directory (``<run>/<checkpoint_dir>/last.pt``, or the ``train.checkpoint_dir`` the run
+    recorded), or ``latest``: the checkpoint of this run's own directory ``run_dir`` when it has
+    one (``hydra.run.dir`` of a run to continue), else the newest under ``roots`` (where the
+    config's runs go), ``base/outputs/train`` and ``base/multirun/train``, at any depth
+    (``outputs/train/runA`` too); with an absolute ``checkpoint_dir`` the one there. A sharded
+    (FSDP2) checkpoint is named by its ``last.pt`` although only its ``last.rank<r>-of-<world>.pt``
+    files exist. ``latest`` is refused when a run newer than the newest checkpoint recorded
+    updates but wrote no checkpoint (killed outright): the newest is then an older run's."""
     if value == "latest":
         if run_dir is not None and _exists(checkpoint_in(run_dir, checkpoint_dir)):
             return checkpoint_in(run_dir, checkpoint_dir)
@@ -109,10 +106,13 @@ def find_resume(value: str, checkpoint_dir: str, base: Path, run_dir: Path | Non
     path = Path(value).expanduser()
     if not path.is_absolute():
         path = base / path
-    for candidate in (base_path(path), checkpoint_in(path, checkpoint_dir)):
-        if _exists(candidate):
-            return candidate
-    raise ValueError(f"train.resume={value!r}: no checkpoint at {resolve_checkpoint(path)}; give a last.pt, its directory or a run directory")
+    own = [checkpoint_in(path, recorded) for recorded in recorded_checkpoint_dirs(path)]
+    tried = list(dict.fromkeys([base_path(path), checkpoint_in(path, checkpoint_dir), *own]))
+    for candidate in (candidate for candidate in tried if _exists(candidate)):
+        return candidate
+    shown = [resolve_checkpoint(base_path(path)), *(tried[1:] if path.is_dir() else [])]  # a file: only itself
+    where = " or ".join(map(str, dict.fromkeys(shown)))
+    raise ValueError(f"train.resume={value!r}: no checkpoint at {where}; give a last.pt, its directory or a run directory")
 
 
 def _check_no_newer_run(newest: Path, checkpoint_dir: str, roots: list[Path], run_dir: Path | None) -> None:

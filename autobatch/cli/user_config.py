@@ -160,6 +160,9 @@ def check_extends(command: str, config_name: str, overrides: Sequence[str], cfg:
             f"--config-name {config_name} has no {', '.join(missing)} (it does not extend autobatch's {base} config); "
             + _HOW.format(base=base)
         )
+    if command == "train" and _extended("probe", config_name, overrides):  # probe's: run dirs, summary, all but lr
+        return (f"--config-name {config_name} extends autobatch's probe config, not its train config, so optimizer.lr "
+                "is not train.lr and runs go to outputs/probe/; " + _HOW.format(base=base))
     lost = "optimizer.lr is not train.lr, " if command == "train" else ""
     return (
         f"--config-name {config_name} does not extend autobatch's {base} config, so {lost}runs go to Hydra's "

@@ -19,6 +19,11 @@ model and the dataset exist:
 * :func:`check_data_dtype`: half-precision synthetic inputs meet float32 weights only under
   autocast, and a built-in model's ``data.dataset`` inputs (numpy's float64) only when they have
   its dtype or autocast casts them; else the first forward fails inside torch.
+* :func:`check_missing`: a required key left unset (``???``: a group option of the user's own
+  that extends a schema and omits one) failed inside Hydra's instantiate as "Missing mandatory
+  value: in_shape", without the group it belongs to.
+* :func:`check_micro_bounds`: ``train.min_micro_batch`` / ``train.micro_batch`` /
+  ``train.max_micro_batch`` out of order failed in the runner, after the probe or the plan.
 * :func:`check_cache_dir`: a ``probe.cache_dir`` that is a file (or under one) cached nothing,
   with two warnings that blamed the entries, where ``cache list --dir`` of it is an error.
 """
@@ -323,6 +328,26 @@ def check_data_dtype(cfg: DictConfig, model: torch.nn.Module, autocast_dtype: to
         f"precision={getattr(cfg.precision, 'name', cfg.precision)} (no autocast); {fix}"
         f"set data.dtype={str(weights).replace('torch.', '')}"
     )
+
+
+def check_missing(cfg: DictConfig) -> None:
+    """``ValueError`` naming each key without a value (``???``), but a ``_target_`` (the check of
+    the target says what to give there)."""
+    missing = sorted(key for key in OmegaConf.missing_keys(cfg) if not key.endswith("_target_"))
+    if missing:
+        listed = ", ".join(missing)
+        raise ValueError(f"{listed} {'has' if len(missing) == 1 else 'have'} no value (??? in the config); set "
+                         f"{'it' if len(missing) == 1 else 'each'} in your config or on the command line: {missing[0]}=VALUE")
+
+
+def check_micro_bounds(train: DictConfig) -> None:
+    """``train.min_micro_batch <= train.micro_batch <= train.max_micro_batch`` (the ones set):
+    the runner refused them with its own argument names only once the probe or plan had run."""
+    named = [(key, train[key]) for key in ("min_micro_batch", "micro_batch", "max_micro_batch") if train[key] is not None]
+    for (low, low_value), (high, high_value) in zip(named, named[1:]):
+        if low_value > high_value:
+            raise ValueError(f"train.{low}={low_value} is above train.{high}={high_value}; lower train.{low} or raise "
+                             f"train.{high}")
 
 
 def check_cache_dir(cfg: DictConfig, base: Path | None = None) -> None:
