@@ -83,3 +83,15 @@ def plan_step(model: torch.nn.Module) -> autobatch.TrainStep:
     return autobatch.TrainStep(model, torch.optim.SGD(model.parameters(), lr=1e-3),
                                loss_fn=lambda m, x: m(x).pow(2).mean(),
                                make_batch=lambda b: torch.randn(b, PLAN_TOKENS, PLAN_WIDTH))
+
+
+class Block(torch.nn.Module):
+    """A residual MLP block, ``x + b(tanh(a(x)))``: the repeated unit the planner's checkpointing
+    tests wrap; hints name it by its class (``checkpoint_targets=['Block']``)."""
+
+    def __init__(self, d: int = 8, h: int = 64) -> None:
+        super().__init__()
+        self.a, self.b = torch.nn.Linear(d, h), torch.nn.Linear(h, d)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.b(torch.tanh(self.a(x)))

@@ -17,15 +17,7 @@ from torch import nn
 
 from autobatch import NoBatchFitsError, TrainStep, plan
 from autobatch.planning.checkpointing import enable_checkpointing, find_blocks, no_blocks_hint
-
-
-class Block(nn.Module):
-    def __init__(self, d: int = 8, h: int = 64) -> None:
-        super().__init__()
-        self.a, self.b = nn.Linear(d, h), nn.Linear(h, d)
-
-    def forward(self, x):
-        return x + self.b(torch.tanh(self.a(x)))
+from workloads import Block
 
 
 class SharedList(nn.Module):
