@@ -33,9 +33,26 @@ from runner_workloads import FEATURES, make_data, mse  # noqa: E402
 QUIET = dict(grow_after=None, progress=False, log_every=None)
 
 
+_CALLS = [0]  # how many outcomes this rank has taken: every rank takes them in the same order
+
+
+def _linger(began: float, limit: float) -> None:
+    """Stay until every rank has finished the same call (a marker file each, beside the reports),
+    at most 1.3 sync deadlines after it began: a rank that raised is alive until its peers
+    stopped, so a peer that stopped in time learnt of the error at once, not from the process's
+    exit (a peer that did not learn waits out its deadline, which its ``seconds`` show)."""
+    _CALLS[0] += 1
+    markers = Path(sys.argv[2]) / "linger"
+    markers.mkdir(parents=True, exist_ok=True)
+    (markers / f"{_CALLS[0]}.rank{dist_sync.rank()}").touch()
+    world = dist_sync.world_size()
+    while len(list(markers.glob(f"{_CALLS[0]}.rank*"))) < world and time.monotonic() < began + 1.3 * limit:
+        time.sleep(0.02)
+
+
 def _outcome(call, *, linger: bool = True) -> dict:
     """What ``call()`` returned or raised, and when. With ``linger`` every rank then stays until
-    1.3 sync deadlines after the call began, as a script that handles the error would: a rank's
+    every rank has finished (:func:`_linger`), as a script that handles the error would: a rank's
     peers must learn of its error at once, not when its process exits (and the next scenario
     starts on every rank together)."""
     began = time.monotonic()
@@ -46,7 +63,7 @@ def _outcome(call, *, linger: bool = True) -> dict:
         value, error, message = None, type(exc).__name__, str(exc)
     seconds, limit = time.monotonic() - began, dist_sync.timeout()
     if linger:
-        time.sleep(max(0.0, began + 1.3 * limit - time.monotonic()))
+        _linger(began, limit)
     return {"error": error, "message": message[:2000], "seconds": seconds, "limit": limit, "value": value}
 
 
@@ -110,10 +127,10 @@ def store_late_peer(rank: int, world: int, out: Path) -> dict:
     began, limit = time.monotonic(), dist_sync.timeout()
     dist_sync.set_timeout(2)
     if rank == 0:
-        time.sleep(4)  # rank 1 has given up by now
+        time.sleep(3)  # rank 1 has given up by now
     report = _outcome(lambda: exchange_via_store([rank], "review11: a vote rank 0 comes late to"), linger=False)
     dist_sync.set_timeout(limit)
-    time.sleep(max(0.0, began + 5 - time.monotonic()))  # the next scenario starts on both ranks together
+    time.sleep(max(0.0, began + 3.5 - time.monotonic()))  # the next scenario starts on both ranks together
     return report
 
 
