@@ -228,7 +228,7 @@ def test_the_trainers_own_accumulation_is_probed_where_no_global_batch_is_asked_
     one-micro-batch probe answered 5 and train() at 5 x 4 ran out of memory."""
     with simulated_memory("12MiB"):
         trainer = lm_trainer(tmp_path, gradient_accumulation_steps=4)
-        fit_batch_size(trainer, cache=False)
+        fit_batch_size(trainer, strategy="binary", cache=False)  # no fake-tensor estimate: 4 s less
         trainer.train()  # an OOM here fails the test
     assert trainer.args.gradient_accumulation_steps == 4 and trainer.state.global_step == 3
 
@@ -237,9 +237,9 @@ def test_the_probe_switches_on_the_checkpointing_train_will(tmp_path):
     """With gradient checkpointing in the arguments, train() checkpoints: the probe does too
     (without it the answer was 8 where train() trained 14)."""
     with simulated_memory("12MiB"):
-        plain = fit_batch_size(lm_trainer(tmp_path), cache=False).batch_size
+        plain = fit_batch_size(lm_trainer(tmp_path), strategy="binary", cache=False).batch_size
         trainer = lm_trainer(tmp_path, gradient_checkpointing=True)
-        checkpointed = fit_batch_size(trainer, cache=False).batch_size
+        checkpointed = fit_batch_size(trainer, strategy="binary", cache=False).batch_size
         trainer.train()
     assert checkpointed > plain and trainer.model.is_gradient_checkpointing
 
