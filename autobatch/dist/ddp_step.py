@@ -9,12 +9,14 @@ have entered or will enter, before every rank votes on the step.
 The protocol, per global step (every rank, in this order):
 
 1. **Prologue: DDP's forward-side collectives, moved before the first transfer.** The bucket
-   rebuild (once after the first synced backward, and after every abandoned step) and the
-   buffer broadcast (``broadcast_buffers``: rank 0's BatchNorm statistics, once per step, as
-   DDP does it at the first forward) are DDP's own calls, made here while every rank has just
-   left the previous step's last sync point and holds no activations; then DDP's forward
-   skips them. An error inside them is fatal on that rank (not replayed: the model does not
-   fit even without activations) and the peers' wait ends with the backend's timeout.
+   rebuild (once after the first synced backward, and after every abandoned step) is DDP's own
+   call, made here while every rank has just left the previous step's last sync point and
+   holds no activations; then DDP's forward skips it. The buffer broadcast
+   (``broadcast_buffers``: rank 0's BatchNorm statistics, once per step, which DDP makes at the
+   first forward) is made at the end of the step before instead (:func:`settle`), so that a
+   forward between steps on some ranks only (an evaluation) runs no collective. An error inside
+   either is fatal on that rank (not replayed: the model does not fit even without
+   activations) and the peers' wait ends with the backend's timeout.
 2. **Micro-batches.** All but the last under ``no_sync()`` (no collective); the last through
    DDP, whose reducer launches its buckets in index order through a communication hook
    (:class:`BucketLedger`) that weights each bucket by ``share / global batch``, launches an
@@ -50,6 +52,7 @@ group's own timeout; no rank waits in a collective that another rank has decided
 
 from __future__ import annotations
 
+import logging
 import weakref
 from typing import Any, Callable, Iterable
 
@@ -66,10 +69,11 @@ from . import agreement as dist_sync
 from .votes import bits_float, float_bits, keep, vote
 
 __all__ = [
-    "BucketLedger", "ddp_supported", "check_whole_world", "ledger_for", "run_prologue", "reset_after_failure",
-    "complete_buckets", "check_reduced", "ddp_step",
+    "BucketLedger", "ddp_supported", "check_whole_world", "ledger_for", "run_prologue", "settle", "reset_after_failure",
+    "complete_buckets", "check_reduced", "ddp_step", "warn_compiled_wrapper",
 ]
 
+log = logging.getLogger("autobatch")
 _LEDGERS: "weakref.WeakKeyDictionary[torch.nn.Module, BucketLedger]" = weakref.WeakKeyDictionary()
 
 
@@ -155,6 +159,25 @@ def ddp_supported(model: torch.nn.Module) -> bool:
     )
 
 
+_WARNED_COMPILED: "weakref.WeakSet[torch.nn.Module]" = weakref.WeakSet()
+
+
+def warn_compiled_wrapper(model: torch.nn.Module) -> None:
+    """A warning, once per model, for ``torch.compile(DDP(model))``: the runner trains a DDP's
+    local module (or DDP itself, whose reducer it drives), never the compiled wrapper around it,
+    so the compilation was silently dropped (found training ``model.module`` eagerly, through
+    one all-reduce after backward instead of DDP's overlapped buckets)."""
+    wrapper = getattr(model, "_orig_mod", None)
+    if not isinstance(wrapper, torch.nn.parallel.DistributedDataParallel) or model in _WARNED_COMPILED:
+        return
+    _WARNED_COMPILED.add(model)
+    log.warning(
+        "the model is torch.compile(DistributedDataParallel(...)): autobatch trains DDP's module, which is not "
+        "compiled, so the compilation is not used; compile inside the wrapper instead, "
+        "DistributedDataParallel(torch.compile(module)), which trains compiled and through DDP's own reducer"
+    )
+
+
 def check_whole_world(model: torch.nn.Module) -> None:
     """``ValueError`` unless a DDP ``model`` replicates over every rank of the job. The
     runner splits each global batch over all ranks, weights gradients by ``share / global``
@@ -188,15 +211,18 @@ def ledger_for(model: torch.nn.parallel.DistributedDataParallel) -> BucketLedger
     return ledger
 
 
-def run_prologue(model: torch.nn.parallel.DistributedDataParallel, label: str) -> bool:
+def run_prologue(model: torch.nn.parallel.DistributedDataParallel, label: str, *, buffers: bool = True) -> bool:
     """DDP's pre-forward collectives (bucket rebuild, buffer broadcast), run now, in DDP's
     order, so that nothing a single rank can fail in comes before them in the step. Returns
-    DDP's forward-sync flag as the step found it, for :func:`reset_after_failure`."""
+    DDP's forward-sync flag as the step found it, for :func:`reset_after_failure`.
+    ``buffers=False``: no buffer broadcast, whatever that per-rank flag says (the runner's
+    step: :func:`settle` sent them after the previous step, and code between steps, a forward
+    on some ranks only, may have set the flag on those ranks only)."""
     forward_sync = bool(model.require_forward_param_sync)
     try:
         if torch.is_grad_enabled() and model.reducer._rebuild_buckets():
             model._has_rebuilt_buckets = True
-        if model._check_sync_bufs_pre_fwd():
+        if buffers and model._check_sync_bufs_pre_fwd():
             model._sync_buffers()
         model.require_forward_param_sync = False  # done: the first forward must not repeat it
         return forward_sync
@@ -210,6 +236,23 @@ def run_prologue(model: torch.nn.parallel.DistributedDataParallel, label: str) -
             f"({type(exc).__name__}, the error above: memory ran short there); this cannot be replayed (the other "
             "ranks are inside the same collective), so the run stops"
         ) from exc
+
+
+def settle(model: torch.nn.Module, label: str) -> None:
+    """After a step every rank completed (every rank, in step): what DDP would do at the next
+    forward is done now, so that no forward between steps runs a collective. A DDP model driven
+    through its reducer gets its pending bucket rebuild and rank 0's buffers (its own
+    ``_sync_buffers``, where ``broadcast_buffers`` asks for it; the runner's next prologue then
+    sends none); any DDP wrapper's forward-sync flag is cleared, so its next forward does not
+    broadcast the buffers again. Before, that broadcast ran at the next forward, and a forward
+    some ranks only ran (``on_step_end`` evaluating a BatchNorm model on rank 0, or evaluating
+    after ``fit``) entered it alone: the ranks waited out the sync deadline, and the ranks' buffers
+    differed after ``fit`` (each rank's last step's statistics)."""
+    if ddp_supported(model):  # trained through its reducer: after a synced step the flag is True on every rank
+        run_prologue(model, f"{label}: DDP's buffers")
+    wrapper = getattr(model, "_orig_mod", model)  # torch.compile(DDP(...)) too
+    if isinstance(wrapper, torch.nn.parallel.DistributedDataParallel):  # the buffers are rank 0's already
+        wrapper.require_forward_param_sync = False
 
 
 def reset_after_failure(model: torch.nn.parallel.DistributedDataParallel, forward_sync: bool) -> None:
@@ -317,7 +360,7 @@ def ddp_step(
     model = step.model
     ledger = ledger_for(model)
     step.optimizer.zero_grad(set_to_none=True)
-    forward_sync = run_prologue(model, label)
+    forward_sync = run_prologue(model, label, buffers=False)  # sent after the step before (settle)
     total, failure = _micro_batches(step, ledger, micro_batches, local_size / global_batch, local_size, on_phase, label)
     reset = lambda: reset_after_failure(model, forward_sync)  # noqa: E731 - on every rank, when some rank failed
     rows = vote(failure, phase(), local_size, f"{label}: gradients ready", clear=step.clear_grads, on_failure=reset)

@@ -50,7 +50,7 @@ from ..probe.train_step import TrainStep
 from ..training.ranks import DataParallel
 from . import agreement as dist_sync
 from . import stopping
-from .ddp_step import check_whole_world, ddp_step, ddp_supported
+from .ddp_step import check_whole_world, ddp_step, ddp_supported, settle, warn_compiled_wrapper
 from .probe import agree_plan, unwrap
 from .votes import keep as _keep
 from .votes import vote
@@ -196,6 +196,7 @@ class CollectiveDataParallel(DataParallel):
 
     def local_module(self, model: torch.nn.Module) -> torch.nn.Module:
         check_whole_world(model)  # at the runner's start: a DDP over a sub-group is refused
+        warn_compiled_wrapper(model)
         return model if ddp_supported(model) else unwrap(model)
 
     def start(self, model: torch.nn.Module) -> None:
@@ -210,10 +211,9 @@ class CollectiveDataParallel(DataParallel):
         return synced_step(train_step, micro_batches, local_size=local_size, on_phase=on_phase, phase=phase, label=label)
 
     def after_step(self, model: torch.nn.Module, label: str) -> None:
-        if ddp_supported(model):
-            return  # DDP broadcasts rank 0's buffers at the next step's start (broadcast_buffers)
-        if any(True for _ in model.buffers()):
+        if not ddp_supported(model) and any(True for _ in model.buffers()):
             broadcast_state(model, f"{label}: buffers", parameters=False)
+        settle(model, label)  # DDP's buffers sent now, and no DDP forward between steps sends them
 
     def agree_plan(self, planned):
         return agree_plan(planned)

@@ -71,8 +71,9 @@ class DataParallel:
         raise NotImplementedError("the single-process runner steps with accumulated_step")
 
     def after_step(self, model: torch.nn.Module, label: str) -> None:
-        """Re-align what the step changed outside the gradients (buffers), where the
-        wrapper does not do it itself (DDP broadcasts them at the next step's start)."""
+        """After a step every rank completed: re-align what it changed outside the gradients
+        (rank 0's buffers), so that nothing a forward does between steps is a collective
+        (``model`` is the runner's, the data-parallel wrapper itself)."""
 
     def agree_plan(self, planned: Any) -> Any:
         return planned

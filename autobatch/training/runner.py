@@ -345,7 +345,7 @@ class Runner(OomRecovery, SplitsInMultiples, EndsSteps, Resumable, PlansFromData
             loss = self._retried(batch, size)
             if self.distributed:
                 size = self._global_size
-                self._parallel.after_step(self._train_step.model, f"runner step {self.step}")
+                self._parallel.after_step(self.model, f"runner step {self.step}")  # the wrapper: its buffers, its flag
             if self.scheduler is not None:
                 self._step_scheduler()  # after the update it follows, undone with it
             self._stepping = False

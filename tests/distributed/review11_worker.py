@@ -302,12 +302,64 @@ def hook_save_fails(rank: int, world: int, out: Path) -> dict:
     return {**report, "step": runner.step}
 
 
+def _bn_ddp(find_unused: bool) -> tuple[nn.Module, nn.Module]:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(FEATURES, 8), nn.BatchNorm1d(8), nn.Tanh(), nn.Linear(8, 1)).double()
+    return model, torch.nn.parallel.DistributedDataParallel(model, find_unused_parameters=find_unused)
+
+
+def eval_on_rank0(rank: int, world: int, out: Path) -> dict:
+    """A BatchNorm model under DDP (through its reducer, and through its local module with
+    find_unused_parameters=True) whose ``on_step_end`` evaluates the DDP model on rank 0 alone
+    (``eval()``, ``no_grad``), and rank 0 evaluates it again after ``fit``:
+    DDP's forward broadcast rank 0's buffers on rank 0 alone (the ranks waited out the deadline).
+    Reports the evaluations, and each rank's parameters and buffers after ``fit``."""
+    data = [_share(batch, rank, world) for batch in make_data(64, 16)]
+    reports = {}
+    for find_unused in (False, True):
+        model, ddp = _bn_ddp(find_unused)
+        runner = Runner(ddp, torch.optim.SGD(ddp.parameters(), lr=0.1), mse, global_batch=16, micro_batch=8, **QUIET)
+        evaluations: list[float] = []
+
+        def evaluate() -> None:
+            ddp.eval()
+            with torch.no_grad():
+                evaluations.append(mse(ddp, data[0]).item())
+            ddp.train()
+
+        def fit() -> int:
+            steps = runner.fit(data, on_step_end=lambda info: rank == 0 and evaluate()).steps
+            if rank == 0:
+                evaluate()
+            return steps
+
+        report = _outcome(fit, linger=False)
+        state = [t.detach().tolist() for t in [*model.parameters(), *model.buffers()]]
+        reports["local" if find_unused else "reducer"] = {**report, "evaluations": evaluations, "state": state}
+    return reports
+
+
+def compiled_ddp(rank: int, world: int, out: Path) -> dict:
+    """``Runner(torch.compile(DDP(model)))``: what it warns (it trains DDP's module, uncompiled)."""
+    warned: list[str] = []
+    handler = logging.Handler(logging.WARNING)
+    handler.emit = lambda record: warned.append(record.getMessage())
+    logging.getLogger("autobatch").addHandler(handler)
+    try:
+        model = torch.compile(_ddp_linear())
+        Runner(model, torch.optim.SGD(model.parameters(), lr=0.1), mse, global_batch=48, micro_batch=12, **QUIET)
+    finally:
+        logging.getLogger("autobatch").removeHandler(handler)
+    return {"warnings": warned}
+
+
 SCENARIOS = {"ddp_draw_error": ddp_draw_error, "stream_draw_error": stream_draw_error,
              "plan_draw_error": plan_draw_error, "probe_plain_error": probe_plain_error, "probe_module_error": probe_module_error,
              "fsdp_resume_bad_shard": fsdp_resume_bad_shard, "store_late_peer": store_late_peer,
              "ddp_multiple": ddp_multiple, "ddp_hook_error": ddp_hook_error, "stream_hook_last": stream_hook_last,
              "plain_hook_oom": plain_hook_oom, "ddp_hook_last": ddp_hook_last,
-             "hook_save_fails": hook_save_fails}
+             "hook_save_fails": hook_save_fails, "eval_on_rank0": eval_on_rank0,
+             "compiled_ddp": compiled_ddp}
 
 if __name__ == "__main__":
     main(SCENARIOS)

@@ -22,6 +22,9 @@
   return as if the run were fine); a hook's OOM is not replayed as the next step's; hooks raising
   on every rank each raise their own; a ``runner.save()`` in the hook that failed on one rank
   (its sync point told every rank) is raised at once, not carried.
+* A BatchNorm model under DDP evaluated on rank 0 alone, in ``on_step_end`` and after ``fit``
+  (``autobatch.dist.ddp_step.settle``): no collective runs there, and every rank ends ``fit`` with
+  rank 0's buffers. ``torch.compile(DDP(model))`` is warned about: it trains DDP's module, uncompiled.
 
 One launch for all (the failing scenarios leave the ranks in step; the stale vote comes after the
 probes so that the ranks' sync points pair again after it).
@@ -41,8 +44,8 @@ pytestmark = pytest.mark.skipif(not torch.distributed.is_available(), reason="ne
 WORKER = Path(__file__).resolve().parent / "review11_worker.py"
 SCENARIOS = ["probe_plain_error", "probe_module_error", "store_late_peer", "fsdp_resume_bad_shard", "ddp_multiple",
              "ddp_draw_error", "stream_draw_error", "plan_draw_error", "ddp_hook_error", "stream_hook_last",
-             "plain_hook_oom", "ddp_hook_last", "hook_save_fails"]  # the last three linger not: a hang there would
-# upset no other
+             "plain_hook_oom", "ddp_hook_last", "hook_save_fails", "eval_on_rank0",
+             "compiled_ddp"]  # the last five linger not: a hang there would upset no other
 
 
 @pytest.fixture(scope="module")
@@ -140,3 +143,21 @@ def test_an_on_step_end_save_that_failed_on_one_rank_is_raised_at_once_not_carri
     assert rank1["error"] == "PeerFailedError" and "could not write the checkpoint of step 1" in rank1["message"], rank1
     assert rank0["error"] in ("NotADirectoryError", "FileExistsError"), rank0
     assert rank0["seconds"] < 0.5 * rank0["limit"] and rank0["step"] == rank1["step"] == 1, rank0
+
+
+@pytest.mark.parametrize("path", ["reducer", "local"])
+def test_a_ddp_model_evaluated_on_rank_0_alone_runs_no_collective(runs, path):
+    """DDP's forward broadcast rank 0's BatchNorm buffers before an evaluation that rank 0 ran
+    alone, in ``on_step_end`` or after ``fit``: rank 0 waited there for a peer at the next sync
+    point, both until the deadline. Now the buffers are sent at the step's end, on every rank."""
+    rank0, rank1 = (report[path] for report in runs["eval_on_rank0"])
+    for report in (rank0, rank1):
+        assert report["error"] is None and report["value"] == 4, report
+    assert len(rank0["evaluations"]) == 5 and rank1["evaluations"] == [], rank0
+    assert rank0["state"] == rank1["state"]  # parameters and buffers (before: each rank's last statistics)
+
+
+def test_a_compiled_ddp_wrapper_is_warned_about(runs):
+    """The runner trains DDP's module, never the compiled wrapper: the compilation was dropped silently."""
+    for report in runs["compiled_ddp"]:
+        assert any("DistributedDataParallel(torch.compile(module))" in line for line in report["warnings"]), report
