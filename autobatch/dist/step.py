@@ -51,6 +51,7 @@ from ..training.ranks import DataParallel
 from . import agreement as dist_sync
 from . import stopping
 from .ddp_step import check_whole_world, ddp_step, ddp_supported, settle, warn_compiled_wrapper
+from .forward_collectives import warn_forward_collectives
 from .probe import agree_plan, unwrap
 from .votes import keep as _keep
 from .votes import vote
@@ -197,6 +198,7 @@ class CollectiveDataParallel(DataParallel):
     def local_module(self, model: torch.nn.Module) -> torch.nn.Module:
         check_whole_world(model)  # at the runner's start: a DDP over a sub-group is refused
         warn_compiled_wrapper(model)
+        warn_forward_collectives(model)
         return model if ddp_supported(model) else unwrap(model)
 
     def start(self, model: torch.nn.Module) -> None:
