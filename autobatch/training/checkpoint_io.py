@@ -60,8 +60,9 @@ def save_checkpoint(state: dict[str, Any], path: str | os.PathLike) -> Path:
 
 
 def resolve_checkpoint(path: str | os.PathLike) -> Path:
-    """``path`` itself when it is a file, else ``path / CHECKPOINT_NAME``."""
-    path = Path(path)
+    """``path`` itself when it is a file, else ``path / CHECKPOINT_NAME``; ``~`` is the home folder
+    (not a folder named ``~`` in the working directory, as ``Path`` alone reads it)."""
+    path = Path(path).expanduser()
     return path / CHECKPOINT_NAME if path.is_dir() else path
 
 
@@ -71,7 +72,8 @@ def load_checkpoint(path: str | os.PathLike, *, expect_format: str | None = None
     checkpoints carry :data:`RUNNER_FORMAT`)."""
     path = resolve_checkpoint(path)
     if not path.is_file():
-        raise FileNotFoundError(f"no checkpoint at {path}")
+        raise FileNotFoundError(f"no checkpoint at {path}: give the last.pt a runner wrote, or its checkpoint_dir "
+                                "(fit(resume=None) starts afresh)")
     if not written_by_torch_save(path):  # torch would read it as a legacy pickle and blame its objects
         raise CheckpointError(path, "it is not an autobatch checkpoint (not a file torch.save writes); resume from the "
                                     "last.pt autobatch's runner wrote")

@@ -4,9 +4,10 @@ Kept apart from :mod:`autobatch.training.resume` (which saves and loads checkpoi
 iterator counts the batches it drew from ``iter(data)``, so a checkpoint can tell a step whose
 batch was already drawn (an interrupt inside it) from one that was not (a checkpoint between
 steps, an epoch's end), and :func:`replayed` rebuilds the iterator a resumed run continues:
-made under the epoch's start random state, past the batches already drawn, the saved random
-state put back after them. A ``DataLoader`` draws from its generators at ``iter()`` (the
-workers' base seed) and at the first batch (a shuffle's permutation), and a dataset may draw
+made under the epoch's start random state, past the batches already drawn, the saved global
+random state put back after them (the loader's own generators stay where the replay left them).
+A ``DataLoader`` draws from its generators at ``iter()`` (the workers' base seed) and at the
+first batch (a shuffle's permutation), and a dataset may draw
 augmentation in ``__getitem__``: a resume that made the iterator afresh from the random state of
 an interrupted first step, which had drawn all that already, trained another order.
 """
@@ -97,14 +98,22 @@ def replayed(data: Iterable[Any], epoch: int, epoch_rng: dict[str, Any], resumed
     and dropped, the batch at ``position`` drawn too where the interrupted run had drawn it
     (``fetched``: a step stopped part-way) and kept to be yielded first, then ``resumed_rng``
     (the checkpoint's) put back: the loader's draws at ``iter()`` and at each batch, the
-    interrupted run's, are not drawn a second time from the saved state."""
+    interrupted run's, are not drawn a second time from the saved state.
+
+    Of ``resumed_rng`` only the global generators are put back; the loader's own (``generators``)
+    stay where the replay left them, having drawn what this iterator draws. Workers read ahead
+    (``prefetch_factor`` batches each), and a ``RandomSampler`` draws its last permutation from
+    its generator when the workers' read-ahead reaches the epoch's end: the checkpoint's state of
+    them is where its run's read-ahead stood. Put back under another ``global_batch`` or
+    ``num_workers`` (another read-ahead), that last draw was made twice or not at all, and every
+    later epoch shuffled another order than the uninterrupted run's."""
     set_rng_state(epoch_rng, generators)
     batches = started(data, epoch, generators)
     skipped = sum(1 for _ in itertools.islice(batches, position))
     if skipped < position:
         log.warning("resume: the epoch has only %d batches, the checkpoint is at %d", skipped, position)
     ahead = list(itertools.islice(batches, 1)) if fetched and skipped == position else []
-    set_rng_state(resumed_rng, generators)
+    set_rng_state({key: value for key, value in resumed_rng.items() if key != "data"})
     return EpochBatches(batches, epoch, drawn=skipped + len(ahead), ahead=ahead, data=data)
 
 

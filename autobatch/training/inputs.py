@@ -96,7 +96,7 @@ def check_checkpoint_dir(checkpoint_dir: str | os.PathLike | None) -> None:
     after all its training, which the error then lost. Nothing is left behind (no folder made)."""
     if checkpoint_dir is None:
         return
-    path = existing = Path(checkpoint_dir)
+    path = existing = Path(checkpoint_dir).expanduser()
     while not existing.exists() and existing != existing.parent:
         existing = existing.parent
     try:

@@ -27,6 +27,7 @@ from .checkpoint_io import (
 )
 from .checkpoint_values import check_loose_parameters, load_loose_parameters, saved_loose_parameters, storable
 from .epochs import EpochBatches, epoch_length, replayed, set_epoch, started
+from .extra_state import load_extra_state, saved_extra_state
 from .multiples import resumed_micro_batch
 from .pacing import agree_epoch_length, told_every_rank
 from .ranks import agree_resume, unwrap
@@ -146,6 +147,7 @@ class Resumable:
             "scheduler": None if self.scheduler is None else self.scheduler.state_dict(),
             "scheduler_type": kind(self.scheduler),
             "grad_scaler": None if self.grad_scaler is None else self.grad_scaler.state_dict(),
+            "extra_state": saved_extra_state(self.extra_state),  # Runner(extra_state=): an EMA model, ...
             "precision": precision_of(self._train_step),
             "rng": rng_state(self._data_generators),
             "epoch_rng": self._epoch_rng,
@@ -308,6 +310,7 @@ class Resumable:
             # these refuse with their own CheckpointError, before the weights and optimizer state are loaded too
             check_loose_parameters(path, unwrap(self.model), self.optimizer, state.get("loose_parameters"))
             load_scheduler(path, self.scheduler, state["scheduler"])
+            load_extra_state(path, self.extra_state, state.get("extra_state"))  # absent in older checkpoints
             if state.get("checkpointed_modules") and self.checkpoint_handle is None:
                 self.checkpoint_handle = enable_checkpointing(unwrap(self.model), modules=local_module_names(state["checkpointed_modules"], unwrap(self.model)))
             if sharded:  # this rank's shards, written in place

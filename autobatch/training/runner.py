@@ -47,6 +47,7 @@ from . import ranks
 from .batch_ops import to_device
 from .buffer_guard import BufferGuard
 from .checkpoint_io import data_generators
+from .extra_state import check_extra_state
 from .faults import FaultInjector
 from .growth import GrowBack
 from .hygiene import CachePolicy
@@ -111,6 +112,8 @@ class Runner(OomRecovery, SplitsInMultiples, EndsSteps, Resumable, PlansFromData
         checkpoint_dir: write ``checkpoint_dir/last.pt`` atomically at the end of the run and
             every ``checkpoint_every`` steps.
         checkpoint_every: steps between checkpoints (None: only at the end); needs ``checkpoint_dir``.
+        extra_state: what else the checkpoints hold, by name: objects with ``state_dict()`` and
+            ``load_state_dict()`` (an EMA model updated in ``on_step_end``), put back on resume.
         progress: tqdm bar True / False / None (when stderr is a terminal); ``log_every``:
             log-line period without a bar.
         autocast_dtype: run forward and loss under ``torch.autocast`` (e.g. ``"bfloat16"``).
@@ -155,6 +158,7 @@ class Runner(OomRecovery, SplitsInMultiples, EndsSteps, Resumable, PlansFromData
         empty_cache_threshold: int | str | None = None,
         checkpoint_dir: str | os.PathLike | None = None,
         checkpoint_every: int | None = None,
+        extra_state: Mapping[str, Any] | None = None,
         progress: bool | None = None,
         log_every: int | None = 50,
         autocast_dtype: str | torch.dtype | None = None,
@@ -202,10 +206,10 @@ class Runner(OomRecovery, SplitsInMultiples, EndsSteps, Resumable, PlansFromData
         if checkpoint_targets is not None:  # targets that match nothing fail now, not at an OOM mid-run
             find_blocks(model, checkpoint_targets)
         self.hygiene = CachePolicy(empty_cache_every, empty_cache_threshold, device=self.device)
-        self.checkpoint_dir = None if checkpoint_dir is None else Path(checkpoint_dir)
+        self.checkpoint_dir = None if checkpoint_dir is None else Path(checkpoint_dir).expanduser()  # not ./~
         self.checkpoint_every = checkpoint_every or None
-        self.progress = progress
-        self.log_every = log_every
+        self.extra_state = check_extra_state(extra_state)  # saved in every checkpoint, loaded on resume
+        self.progress, self.log_every = progress, log_every
         self.faults = faults
         self.no_sync = no_sync
         dtype = checks.dtype("autocast_dtype", autocast_dtype)
@@ -277,10 +281,8 @@ class Runner(OomRecovery, SplitsInMultiples, EndsSteps, Resumable, PlansFromData
             first_epoch = self._plan_first(self._epoch_iterator(data, resumed_rng))
         if self.distributed:  # every rank starts from rank 0's weights
             self._parallel.start(self._train_step.model)
-            log.info(
-                "distributed: %d ranks, global batch %d = %d per rank, micro-batch %d per rank",
-                self._parallel.world_size(), self.global_batch, self.share, self.micro_batch,
-            )
+            log.info("distributed: %d ranks, global batch %d = %d per rank, micro-batch %d per rank",
+                     self._parallel.world_size(), self.global_batch, self.share, self.micro_batch)
         result = self.result
         result.steps_this_run, result.samples, result.stopped = 0, 0, False  # not an earlier fit()'s stop
         total = min((n for n in (steps, epoch_length(data, epochs)) if n is not None), default=None)  # what ends first
@@ -316,11 +318,8 @@ class Runner(OomRecovery, SplitsInMultiples, EndsSteps, Resumable, PlansFromData
             self.save()
             self._clear_stop()  # one the save's sync points carried, after the run's last step
         self._fill_result()
-        log.info(
-            "training done: %d steps (%d this run), %d samples in %.1fs, %d OOM recoveries, micro-batch %d",
-            result.steps, result.steps_this_run, result.samples, result.elapsed_s,
-            len(result.oom_recoveries), self.micro_batch,
-        )
+        log.info("training done: %d steps (%d this run), %d samples in %.1fs, %d OOM recoveries, micro-batch %d",
+                 result.steps, result.steps_this_run, result.samples, result.elapsed_s, len(result.oom_recoveries), self.micro_batch)
         return result
 
     # -- one global step, with OOM recovery ----------------------------------------------------

@@ -1,4 +1,11 @@
-"""What the runner does between steps: count the step, report it, save it, call ``on_step_end``.
+"""What the runner does between steps: count the step, report it, call ``on_step_end``, save it.
+
+The step's checkpoint (``checkpoint_every``) is written after its hook: what the hook changes for
+the steps after it (an EMA model in ``extra_state``, a learning rate set by hand, a parameter group
+added to unfreeze a layer) is part of the step, and a resume runs no hook of a step it does not
+train. Written before the hook, the checkpoint of step N held step N-1's EMA and learning rate,
+and the resumed run trained step N+1 with them (a hand-written warmup: 0.003 off the
+uninterrupted run's weights).
 
 A mixin of :class:`~autobatch.Runner`. Under ``torch.distributed`` the ``on_step_end`` hook runs
 on every rank, and an error it raises on one rank (rank 0's tracker call failing, your own
@@ -14,7 +21,8 @@ before its last checkpoint (:func:`~autobatch.training.pacing.every_rank_returne
 raises its own error (its type, traceback and cause), its peers a
 :class:`~autobatch.errors.PeerFailedError` naming it; ranks whose hooks all raised each raise
 their own. The step whose hook raised is complete: counted, and saved where ``checkpoint_every``
-fell on it (before the hook ran), as in one process, where the error propagates at once.
+fell on it (after the hook raised), as in one process, where the error propagates at once, after
+that save.
 ``KeyboardInterrupt`` and other ``BaseException`` are not held back, nor errors a sync point
 inside the hook already told every rank of (a ``runner.save()`` in it whose write failed:
 :func:`~autobatch.training.pacing.told_every_rank`, its peers' ``PeerFailedError``), nor a
@@ -56,15 +64,28 @@ class EndsSteps:
             result.empty_cache_fires, result.empty_cache_seconds = self.hygiene.fires, self.hygiene.seconds
         accumulation = len(self._piece_sizes())
         progress.update(self.step, size, self.micro_batch, accumulation, len(result.oom_recoveries), loss)
-        if self.checkpoint_every and self.checkpoint_dir is not None and self.step % self.checkpoint_every == 0:
-            if self.position == self._epoch_batches and not getattr(self, "_each_step", False):
-                self._epoch_iter.end()  # the epoch's last batch: the checkpoint is of the next epoch's start
-            self.save()
-        if on_step_end is not None:
-            self._call_hook(on_step_end, lambda: {
-                "step": self.step, "epoch": self.epoch, "loss": float(loss), "micro_batch": self.micro_batch,
-                "accumulation": accumulation, "samples": size,
-            })  # fmt: skip
+        due = self.checkpoint_every and self.checkpoint_dir is not None and self.step % self.checkpoint_every == 0
+        try:
+            if on_step_end is not None:
+                self._call_hook(on_step_end, lambda: {
+                    "step": self.step, "epoch": self.epoch, "loss": float(loss), "micro_batch": self.micro_batch,
+                    "accumulation": accumulation, "samples": size,
+                })  # fmt: skip
+        except BaseException:
+            # the step is complete: its checkpoint is written, then the hook's error (or a Ctrl-C inside it) raised.
+            # In one process only: distributed, a hook's error is held for the next sync point, and one raised here
+            # is between ranks
+            if due and not self.distributed:
+                self._save_step()
+            raise
+        if due:
+            self._save_step()
+
+    def _save_step(self) -> None:
+        """The ``checkpoint_every`` checkpoint of the step just trained (and its hook run)."""
+        if self.position == self._epoch_batches and not getattr(self, "_each_step", False):
+            self._epoch_iter.end()  # the epoch's last batch: the checkpoint is of the next epoch's start
+        self.save()
 
     def _call_hook(self, hook: Callable[[dict[str, Any]], None], info: Callable[[], dict[str, Any]]) -> None:
         """``hook(info())``; under ``torch.distributed`` an error it raises is kept, to be raised

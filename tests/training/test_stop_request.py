@@ -113,9 +113,9 @@ def test_a_fit_after_a_stopped_one_starts_not_stopped(tmp_path):
     seen = []
 
     def on_step_end(info):
-        saved = torch.load(tmp_path / "last.pt", map_location="cpu", weights_only=True)  # this step's checkpoint
+        saved = torch.load(tmp_path / "last.pt", map_location="cpu", weights_only=True)  # the step before's checkpoint
         seen.append((runner.result.stopped, saved["result"]["stopped"]))
 
     second = runner.fit(_loader(), epochs=1, on_step_end=on_step_end)
     assert not second.stopped and second.steps == 6
-    assert seen == [(False, False)] * 4
+    assert seen == [(False, True)] + [(False, False)] * 3  # the first is the stopped run's own last checkpoint
