@@ -44,7 +44,7 @@ from .arguments import SEARCH_CEILING, validate_probe_args, validate_step
 from .bent_curve import CURVE_TRACES, follow_bend
 from .flat_peak import past_flat
 from .fake_trace import FakeWorld, KernelDtypes, TraceScaler, quiet_meta_errors, resident_bytes, trace_steps
-from .rng import rng_state, set_rng_state
+from .rng import rng_state, set_rng_state, step_generators
 from .shards import has_dtensors
 from .trace_failures import from_the_step, refused_size, step_error, untraceable, untraceable_memory
 from .train_step import TrainStep
@@ -146,7 +146,7 @@ def estimate_memory(step: TrainStep, batch_size: int, *, steps: int = 2) -> Memo
     resident = resident_bytes(step, device, round_to)
     accountant = StorageAccountant(world.counts, round_to=round_to)
     blas = BlasThreads()
-    rng, failure = rng_state(), None
+    rng, failure = rng_state(own=step_generators(step)), None
     try:
         with ExitStack() as stack:
             stack.callback(world.swap_out)  # first: a swap that fails part-way is put back too

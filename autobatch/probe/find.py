@@ -27,9 +27,11 @@ from .batch_growth import check_batch_grows
 from .cache import ProbeCache, key_components, key_of
 from .estimated import estimate_only, estimate_prior
 from .fresh_layout import FreshLayout
+from .held_growth import HeldGrowth, held_growth_note
 from ..memory.lazy_state import LazyStateWatch
 from .restore import Snapshot
-from .restore_places import after_failed_step
+from .rng import step_generators
+from .restore_places import after_failed_step, unskipped
 from .result import ProbeResult
 from .search import peak_limit, run_search
 from .autotune import Autotune
@@ -173,6 +175,8 @@ def _probe(call: _Call, restore, estimate_first: bool | None) -> ProbeResult:
     snapshot = None
     if restore is not None:
         snapshot = _snapshot(fn, restore)
+        # no trial's optimizer step skipped for a scaled gradient that overflowed: it makes the state
+        unskipped([fn.grad_scaler if isinstance(fn, TrainStep) else None, *restore[2:]])
     prior = result = None
     autotune = Autotune(call.target)
     watch = LazyStateWatch()
@@ -181,8 +185,9 @@ def _probe(call: _Call, restore, estimate_first: bool | None) -> ProbeResult:
             capacity = call.agreement.capacity(memory.capacity())
             simulated = isinstance(memory, SimulatedDeviceMemory)
             agree, limit = call.agreement.trial_hook(), peak_limit(memory, capacity)
+            kept = HeldGrowth(fn, memory)  # what the step keeps from call to call (a list of its outputs)
             runner = TrialRunner(
-                fn, memory, call.steps_per_trial, after_oom=_after_oom(fn, restore, watch),
+                kept, memory, call.steps_per_trial, after_oom=_after_oom(fn, restore, watch),
                 agree=agree, search_steps=args["search_steps"],
                 peak_limit=limit, autotune=autotune, settle_final=not simulated,
                 settle_more=lambda more: call.agreement.settle_more(fn, more),
@@ -194,6 +199,7 @@ def _probe(call: _Call, restore, estimate_first: bool | None) -> ProbeResult:
                 before_trial=None if snapshot is None else snapshot.undo_forward,  # what forward kept
                 held_growth=lambda: watch.growth_from_now(call.target),
             )
+            kept.trials = runner.records.__len__  # the running trial's index (no cycle holding fn past the probe)
             if estimate_first is None:
                 # measured (docs, benchmarks): on the CPU's simulated device tracing is cheap
                 # and exact; on a GPU the traces of a real model cost seconds, more than the
@@ -218,6 +224,7 @@ def _probe(call: _Call, restore, estimate_first: bool | None) -> ProbeResult:
                 check_batch_grows(fn.make_batch, result.largest_passed, "the answer")
             result.diagnostics = memory_diagnostics(memory)
             call.notes.append(promise_note(runner, result, memory))
+            call.notes.append(held_growth_note(kept, runner.records, result.batch_size, capacity if limit is None else limit))
     except Exception as exc:
         call.agreement.left(fn, exc)  # other ranks: told at once, not left waiting for this one
         raise
@@ -268,7 +275,8 @@ def _snapshot(fn, restore: tuple[Any, ...]) -> Snapshot:
         )
     others = tuple(item for item in restore[2:] if not isinstance(item, torch.nn.Module))
     return Snapshot.take(model, restore[1], background=own, zero_lr=own, others=others,
-                         scaler=fn.grad_scaler if isinstance(fn, TrainStep) else None)
+                         scaler=fn.grad_scaler if isinstance(fn, TrainStep) else None,
+                         generators=tuple(step_generators(fn, restore)))  # a make_batch's seeded generator
 
 
 def _trained_model(fn, restore) -> torch.nn.Module | None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from .rng import rng_state, set_rng_state
+from .rng import own_generators, rng_state, set_rng_state
 from .trace_state import OutsideState
 
 __all__ = ["sample_batches"]
@@ -17,12 +17,14 @@ def sample_batches(make_batch: Callable[[int], Any], sizes: tuple[int, ...] = (1
     """``make_batch(n)`` for each of ``sizes``, built with fake tensors (no memory) where it can,
     else for real (``real=False``: None instead, where a real batch could be too large to build,
     as at a probe's answer, :mod:`~autobatch.probe.batch_growth`); every random generator put
-    back after (the key is read before the probe's snapshot is taken), and what make_batch
+    back after (the key is read before the probe's snapshot is taken; ``make_batch``'s own too,
+    :func:`~autobatch.probe.rng.own_generators`), and what make_batch
     reaches too (a batch it memoises in a closure or an ``lru_cache`` would hand the trials a
     fake tensor: :mod:`~autobatch.probe.trace_state`)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    saved, outside = rng_state(), OutsideState({"make_batch": make_batch}, [make_batch])
+    saved = rng_state(own=own_generators([make_batch], [make_batch]))
+    outside = OutsideState({"make_batch": make_batch}, [make_batch])
     try:
         try:
             with FakeTensorMode(allow_non_fake_inputs=True):

@@ -111,6 +111,7 @@ class Snapshot:
     def take(
         cls, model: torch.nn.Module | None, optimizer: torch.optim.Optimizer | None = None, *,
         background: bool = False, scaler: Any = None, zero_lr: bool = False, others: tuple[Any, ...] = (),
+        generators: tuple[Any, ...] = (),
     ) -> "Snapshot":
         """Copy the state to CPU memory. ``background``: copy the parameters and optimizer
         state in a thread, finished before the optimizer's next step (needs an optimizer; for
@@ -120,12 +121,15 @@ class Snapshot:
         ``scaler``: a ``torch.amp.GradScaler`` whose scale and growth tracker are put back too.
         ``others``: objects with ``state_dict()``/``load_state_dict()`` the step advances (an LR
         scheduler a plain callable steps, a ``GradScaler``): their state dicts are copied too.
+        ``generators``: the step's own random generators (:func:`~autobatch.probe.rng.step_generators`),
+        put back with the global ones.
 
         The copies are host memory (:func:`~autobatch.memory.simulated.host_memory`): inside a
         :func:`~autobatch.simulated_memory` block they take none of its budget, as on a GPU they
         take none of the device's, so a probe there answers what ``memory_limit`` of that size does."""
         with host_memory():
             snap = cls._take(model, optimizer, background=background, zero_lr=zero_lr, others=others)
+            snap.rng = rng_state(own=generators)
             others = (scaler, *others) if scaler is not None and scaler.is_enabled() else others
             snap.others = [(other, host_copy(other.state_dict())) for other in others]
         return snap
@@ -161,7 +165,6 @@ class Snapshot:
                 snap._versions = {name: param._version for name, param in model.named_parameters()
                                   if name not in eager and (id(param) not in held or snap.weights_in_place)}
             snap.training = {name: module.training for name, module in model.named_modules()}
-        snap.rng = rng_state()
         if not background:
             if optimizer is not None:
                 snap.optimizer_state = _to_cpu(optimizer.state_dict())  # learning rates included

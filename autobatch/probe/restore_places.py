@@ -22,7 +22,7 @@ from ..memory.devices import simulated_counts
 from ..memory.simulated import active_simulation
 from .shards import to_cpu_local
 
-__all__ = ["written_outside_the_optimizer", "outside_the_model", "after_failed_step", "attempt", "forget_scaler_stage", "host_copy", "layout_of", "put_back_layout", "all_params", "places",
+__all__ = ["written_outside_the_optimizer", "outside_the_model", "after_failed_step", "attempt", "forget_scaler_stage", "unskipped", "host_copy", "layout_of", "put_back_layout", "all_params", "places",
            "counted_places", "load_keeping_groups", "load_other"]
 
 #: What a module registers by name, and forward may add to.
@@ -114,10 +114,29 @@ def counted_places(model: torch.nn.Module | None, optimizer: torch.optim.Optimiz
 
 def forget_scaler_stage(scaler: Any, optimizer: torch.optim.Optimizer) -> None:
     """Mark ``optimizer`` unscaled in ``scaler`` again: a step that failed after ``unscale_``
-    left it marked, and the next step would skip unscaling (with the failed step's inf check)."""
+    left it marked, and the next step would skip unscaling (with the failed step's inf check).
+    A disabled scaler (``GradScaler(enabled=use_fp16)``) keeps no marks: nothing to forget (its
+    restore raised ``AttributeError: ... '_per_optimizer_states'`` after every probe)."""
     from torch.amp.grad_scaler import _refresh_per_optimizer_state
 
+    if not scaler.is_enabled():
+        return
     scaler._per_optimizer_states[id(optimizer)] = _refresh_per_optimizer_state()
+
+
+def unskipped(scalers: Any) -> None:
+    """Start every enabled ``GradScaler`` among ``scalers`` at scale 1 for a probe's trials (the
+    snapshot has its state and puts it back after). A scaled gradient that overflows makes
+    ``scaler.step`` skip the optimizer's step, and a skipped step makes no optimizer state: from
+    ``init_scale=1e12`` every trial of an fp16 AdamW step was skipped, the answer was measured
+    without Adam's moments, and training at it ran out of memory at step 21, once the scale had
+    fallen far enough for the first real step. The scale changes no tensor's size."""
+    for scaler in scalers:
+        if isinstance(scaler, torch.amp.GradScaler) and scaler.is_enabled():
+            if scaler._scale is None:
+                scaler._init_scale = 1.0  # made at the first scale(): from this value
+            else:
+                scaler._scale.fill_(1.0)
 
 
 def after_failed_step(restore: tuple[Any, ...]) -> None:

@@ -163,14 +163,21 @@ def _left_alone(value: Any) -> bool:
 _STDLIB_WALKED = {"builtins", "collections", "types", "functools", "argparse"}
 
 
-def _reachable(roots: Iterable[Any]) -> Iterator[Any]:
+def _reachable(roots: Iterable[Any], leaf: Callable[[Any], bool] | None = None) -> Iterator[Any]:
     """Each object reachable from ``roots`` once, as :func:`find_fake` follows them, not into
-    what :func:`_left_alone` names, within :data:`SEARCH_BUDGET`."""
+    what :func:`_left_alone` names, within :data:`SEARCH_BUDGET`. ``leaf``: objects yielded
+    although left alone (a ``random.Random``), and not looked into."""
     seen: set[int] = set()
     queue, budget = deque(roots), SEARCH_BUDGET
     while queue and budget:
         value = queue.popleft()
-        if isinstance(value, ATOMS) or id(value) in seen or _left_alone(value):
+        if isinstance(value, ATOMS) or id(value) in seen:
+            continue
+        if leaf is not None and leaf(value):
+            seen.add(id(value))
+            yield value
+            continue
+        if _left_alone(value):
             continue
         seen.add(id(value))
         budget -= 1
@@ -226,8 +233,9 @@ def _names(code: Any) -> tuple[set[str], set[str]]:
 def code_globals(functions: Iterable[Any], bindings: list | None = None) -> dict[str, Any]:
     """The globals the code of ``functions`` names, and of the user's functions those call (to
     :data:`CODE_DEPTH`), by ``"global module.NAME"``: not Python modules, classes, plain values
-    or torch's own. ``bindings`` gets ``(globals dict, name, value)`` of each global read or
-    assigned (a missing one as a marker), so a rebinding (``global MASK``) can be undone."""
+    or torch's own, but a ``torch.Generator`` (:func:`~autobatch.probe.rng.own_generators`).
+    ``bindings`` gets ``(globals dict, name, value)`` of each global read or assigned (a missing
+    one as a marker), so a rebinding (``global MASK``) can be undone."""
     found: dict[str, Any] = {}
     seen: set[int] = set()
     stack = [(fn, 0) for fn in functions]
@@ -243,7 +251,7 @@ def code_globals(functions: Iterable[Any], bindings: list | None = None) -> dict
             value = scope.get(name, _MISSING)
             if bindings is not None and (value is not _MISSING or name in stored):
                 bindings.append((scope, name, value))
-            if value is _MISSING or isinstance(value, ATOMS) or _torchs(value):
+            if value is _MISSING or isinstance(value, ATOMS) or _torchs(value) and not isinstance(value, torch.Generator):
                 continue
             found.setdefault(f"global {scope.get('__name__', '?')}.{name}", value)
             stack.append((value, depth + 1))

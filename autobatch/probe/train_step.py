@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 from contextlib import nullcontext
 from typing import Any, Callable
 
@@ -58,6 +59,7 @@ class TrainStep:
         checks.function("loss_fn", loss_fn, "loss_fn(model, batch) -> mean loss tensor")
         if make_batch is not None:  # None: a step that only trains on batches it is given
             checks.function("make_batch", make_batch, "make_batch(batch_size) -> batch")
+        _check_arguments(loss_fn, make_batch)
         self.model = model
         self.optimizer = optimizer
         self.loss_fn = loss_fn
@@ -120,3 +122,36 @@ class TrainStep:
 
     def __repr__(self) -> str:
         return f"TrainStep(model={type(self.model).__name__}, optimizer={type(self.optimizer).__name__})"
+
+
+def _takes(fn: Callable[..., Any], count: int) -> bool | None:
+    """Whether ``fn`` can be called with ``count`` positional arguments (None: its signature
+    cannot be read, as for some builtins)."""
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return None
+    try:
+        signature.bind(*range(count))
+    except TypeError:
+        return False
+    return True
+
+
+def _check_arguments(loss_fn: Callable[..., Any], make_batch: Callable[[int], Any] | None) -> None:
+    """``loss_fn`` takes ``(model, batch)`` and ``make_batch`` the batch size alone, so that a
+    mistake is one error when the step is built, not a bare ``missing 1 required positional
+    argument`` from the probe's first trial (or a fake-tensor trace, whose note then said to probe
+    with real trials). Swapped (``TrainStep(model, optimizer, make_batch, loss_fn)``) is named so."""
+    loss_ok = _takes(loss_fn, 2) is not False
+    batch_ok = make_batch is None or _takes(make_batch, 1) is not False
+    if loss_ok and batch_ok:
+        return
+    if make_batch is not None and _takes(loss_fn, 1) and _takes(make_batch, 2):
+        raise TypeError("TrainStep(model, optimizer, loss_fn, make_batch) calls loss_fn(model, batch) and "
+                        "make_batch(batch_size); the loss_fn given takes one argument and the make_batch two: they look "
+                        "swapped. Pass them in that order, or by name (loss_fn=..., make_batch=...)")
+    name, fn, wanted = ("loss_fn", loss_fn, "(model, batch)") if not loss_ok else ("make_batch", make_batch, "(batch_size)")
+    raise TypeError(f"{name} is called as {name}{wanted}; the {name} given, "
+                    f"{getattr(fn, '__qualname__', type(fn).__name__)}{inspect.signature(fn)}, cannot be called so: "
+                    f"give it the arguments {wanted}")

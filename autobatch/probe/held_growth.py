@@ -1,0 +1,70 @@
+"""Memory a step keeps from call to call, measured in the answer's own trial.
+
+A step that appends its outputs to a list (``preds.append(logits.detach())`` for an epoch's
+metrics), keeps the loss with its graph, or grows a cache passes a probe's trial of three steps
+at the boundary, and training at that size runs out of memory some steps later: on the CPU's
+simulated device an MLP whose loss kept its logits answered 4662 under 16 MiB, with nothing
+said, and ran out of memory at its fifth training step. :class:`HeldGrowth` reads what is
+allocated as each step of a trial begins and once it returned (its return value dropped, as the
+trial drops it): where both the last step's start and its end hold more than the step before's
+start (so not state an optimizer makes in its first or second step, nor the value the step
+returned), the answer's note (:func:`held_growth_note`) says by how much, and after how many
+steps at that rate the answer runs out of memory.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from ..memory.units import format_bytes
+
+__all__ = ["HeldGrowth", "held_growth_note"]
+
+#: Steps a trial must have run to tell growth from lazily made state (made in the first step or two).
+MIN_STEPS = 3
+
+
+class HeldGrowth:
+    """``fn`` as a probe's trials call it, with what was allocated as each call began and ended,
+    by trial (``trials``: how many trials the runner recorded so far, the index of the running one)."""
+
+    def __init__(self, fn: Callable[[int], object], memory: Any) -> None:
+        self.fn, self.memory = fn, memory
+        self.trials: Callable[[], int] = lambda: 0
+        self._calls: dict[int, list[tuple[int, int]]] = {}
+
+    def __call__(self, batch_size: int) -> None:
+        trial = self.trials()
+        before = self.memory.allocated()
+        self.fn(batch_size)  # its return value is dropped before the count, as the trial drops it
+        self._calls.setdefault(trial, []).append((before, self.memory.allocated()))
+
+    def per_step(self, index: int, steps: int | None) -> int:
+        """Bytes that memory held between steps grew by in each of the last steps of trial
+        ``index`` (of ``steps`` steps), 0 where it did not grow in both or too few steps ran."""
+        calls = self._calls.get(index, [])[-(steps or 0):]
+        if len(calls) < MIN_STEPS:
+            return 0
+        (started, _), (last, ended) = calls[-2], calls[-1]
+        between, within = last - started, ended - last
+        return min(between, within) if between > 0 and within > 0 else 0
+
+
+def held_growth_note(growth: HeldGrowth, records: list, batch_size: int, capacity: int | None) -> str | None:
+    """The note on an answer whose own (latest passing) trial held more memory after each step,
+    from ``records`` (the runner's, in order); None where it did not."""
+    index = next((i for i in range(len(records) - 1, -1, -1)
+                  if records[i].batch_size == batch_size and records[i].passed), None)
+    per_step = 0 if index is None else growth.per_step(index, records[index].steps)
+    if not per_step:
+        return None
+    record = records[index]
+    room = None if capacity is None or record.step_peak_bytes is None else capacity - record.step_peak_bytes
+    after = "" if room is None else (f"; at that rate training at {batch_size} runs out of memory after about "
+                                     f"{max(0, room) // per_step} more steps")
+    return (
+        f"memory held between steps grew by {format_bytes(per_step)} in each of the last steps of batch {batch_size}'s "
+        f"trial{after}: the step keeps tensors alive from call to call (outputs or losses appended to a list, a hook "
+        "that keeps activations, a cache that grows). Keep only what you need (loss.item(), out.detach().cpu()), or "
+        "clear it, and probe again."
+    )
