@@ -471,7 +471,7 @@ def timed_probe(args, form: str, device: str, limit: int) -> dict:
     began = time.perf_counter()
     result = autobatch.find_max_batch(fn, memory_limit=cap, device=device, cache=False)
     return {"batch": result.batch_size, "seconds": round(time.perf_counter() - began, 3), "trials": _trial_log(result),
-            "fit": result.fit}
+            "fit": result.fit, "notes": result.notes}
 
 
 def timing(args, name: str, exact: int) -> dict:
