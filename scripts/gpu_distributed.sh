@@ -16,7 +16,8 @@
 # recovered); and a Ctrl-C to torchrun's process group after 3 training steps stops every rank
 # after the same step with the checkpoint written. Where transformers is installed, a Trainer's
 # fit_batch_size over the processes must train in the DDP train() wraps the model in
-# (scripts/gpu_hf_ddp.py). Every step has a timeout, so a hang fails.
+# (scripts/gpu_hf_ddp.py). A DDP BatchNorm model that rank 0 evaluates alone between runner steps
+# must run no collective there (scripts/gpu_ddp_eval.py). Every step has a timeout, so a hang fails.
 # The runner needs tenacity and the CLI hydra-core/omegaconf: with a .whl folder of wheels
 # (see /work/shared/FIELD_NOTES.md), they are installed from it first.
 set -euo pipefail
@@ -101,6 +102,13 @@ ok = said == [str(step)] and lines == list(range(1, step + 1)) and 3 <= step < 2
 print(f"{'ok  ' if ok else 'FAIL'} CLI stop: one line {said}, checkpoint step {step}, metrics 1..{lines[-1] if lines else None}")
 sys.exit(0 if ok else 1)
 PY
+echo "== DDP with BatchNorm: rank 0 evaluates alone between steps and after fit; SyncBatchNorm warned (scripts/gpu_ddp_eval.py)"
+if timeout 180 python -m torch.distributed.run --nproc-per-node "$NPROC" --master-port $((39500 + RANDOM % 2000)) \
+    scripts/gpu_ddp_eval.py $([ "${DEVICE:-cuda}" = cuda ] || echo --quick) > "$OUT/ddp_eval.log" 2>&1; then
+  grep -h "ddp eval on rank 0 alone" "$OUT/ddp_eval.log"
+else
+  echo "   DDP eval failed or timed out"; tail -20 "$OUT/ddp_eval.log"; status=1
+fi
 if python -c "import transformers" 2>/dev/null && [ "${DEVICE:-cuda}" = cuda ]; then
   echo "== transformers: fit_batch_size over $NPROC processes, then train() in the DDP it wraps (scripts/gpu_hf_ddp.py)"
   if timeout 480 python -m torch.distributed.run --nproc-per-node "$NPROC" --master-port $((37500 + RANDOM % 2000)) \
