@@ -3,6 +3,7 @@
 #
 #   NPROC=2 scripts/gpu_distributed.sh            # on a machine with >= 2 GPUs
 #   SCENARIOS= NPROC=2 scripts/gpu_distributed.sh # the CLI steps only
+#   SKIP_HF=1 NPROC=2 scripts/gpu_distributed.sh  # without the transformers DDP check (minutes)
 #
 # Each scenario of tests/distributed_worker.py runs under `torchrun --nproc-per-node $NPROC`
 # with BACKEND=nccl (every rank on GPU LOCAL_RANK), then scripts/check_distributed.py checks
@@ -109,7 +110,7 @@ if timeout 180 python -m torch.distributed.run --nproc-per-node "$NPROC" --maste
 else
   echo "   DDP eval failed or timed out"; tail -20 "$OUT/ddp_eval.log"; status=1
 fi
-if python -c "import transformers" 2>/dev/null && [ "${DEVICE:-cuda}" = cuda ]; then
+if [ -z "${SKIP_HF:-}" ] && python -c "import transformers" 2>/dev/null && [ "${DEVICE:-cuda}" = cuda ]; then
   echo "== transformers: fit_batch_size over $NPROC processes, then train() in the DDP it wraps (scripts/gpu_hf_ddp.py)"
   if timeout 480 python -m torch.distributed.run --nproc-per-node "$NPROC" --master-port $((37500 + RANDOM % 2000)) \
       scripts/gpu_hf_ddp.py --memory-limit "${HF_LIMIT:-12GiB}" --out "$OUT/hf_ddp.json" > "$OUT/hf_ddp.log" 2>&1; then
