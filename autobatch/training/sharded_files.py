@@ -74,7 +74,8 @@ def check_sharded_resume(path: str | os.PathLike, *, sharded: bool) -> Path:
             written = max(sets)
             raise CheckpointError(
                 path, f"it is an FSDP2 checkpoint sharded over {written} ranks ({path.stem}.rank<r>-of-{written}{path.suffix}); "
-                f"resume with the model sharded again: train.fsdp=true under torchrun --nproc-per-node {written}",
+                f"resume with the model sharded again (fully_shard it before Runner(...); from the command line, "
+                f"train.fsdp=true) under torchrun --nproc-per-node {written}",
             )
         return path
     mine = sharded_path(path, rank, world)

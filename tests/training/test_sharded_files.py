@@ -30,7 +30,7 @@ def test_a_resume_under_another_world_size_says_how_many_ranks(tmp_path):
 
 def test_a_sharded_set_without_fsdp_and_a_plain_checkpoint_with_it_say_what_to_change(tmp_path):
     _write(tmp_path, "last.rank0-of-2.pt", "last.rank1-of-2.pt")
-    with pytest.raises(CheckpointError, match=r"train.fsdp=true under torchrun --nproc-per-node 2"):
+    with pytest.raises(CheckpointError, match=r"fully_shard it before Runner\(\.\.\.\); from the command line, train.fsdp=true\) under torchrun --nproc-per-node 2"):
         check_sharded_resume(tmp_path / "last.pt", sharded=False)
     plain = tmp_path / "plain"
     plain.mkdir()
