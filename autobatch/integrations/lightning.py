@@ -10,7 +10,8 @@ search is :func:`~autobatch.find_max_batch` (the exact boundary in a handful of 
 Lightning's ``BatchSizeFinder`` doubles and may stop at a power of two). The size goes where
 ``BatchSizeFinder`` puts it (``model.batch_size``, ``model.hparams.batch_size``, the datamodule's
 attribute or its ``hparams`` entry, found with Lightning's ``lightning_hasattr``), and the train dataloader is
-re-created at it, never larger than the train dataset (under DDP: a rank's share of it). The
+re-created at it, never larger than the train dataset (under DDP: a rank's share; a fractional ``limit_train_batches``: one
+batch of its limited epoch, :func:`.lightning_epochs.epoch_cap`). The
 module (its plain attributes too: gathered outputs, counters, metric states), its optimizers,
 the scaler, the learning-rate schedulers and the random states are put back bit-exactly after
 the trials (:mod:`.lightning_state`); no checkpoint file is written. The size is saved in
@@ -55,7 +56,7 @@ from ..probe.search import peak_limit
 from ..training.checkpoint_io import rng_state, set_rng_state
 from .. import checks
 from .global_batch import accumulation_for, cap_at_samples, check_share, small_split, split_keeping
-from .lightning_epochs import check_limit, check_val_interval
+from .lightning_epochs import check_limit, check_val_interval, epoch_cap
 from .lightning_loop import LoopConfirmation, MemoryLine, confirm_in_loop
 from .lightning_schedules import StepSchedule
 from .lightning_state import SavedState, probing
@@ -198,10 +199,10 @@ class AutoBatchSize(Callback):
                 f"{f' per rank, {world} ranks' if world > 1 else ''}): each epoch would end before one global "
                 "batch; lower global_batch"
             )
-        # as BatchSizeFinder: no batch larger than the dataset (a rank's share of it)
+        # as BatchSizeFinder: no batch larger than the dataset (a rank's share; a fractional limit's batches)
+        cap, where = epoch_cap(trainer, samples)
         options["max_batch"], options["start"] = cap_at_samples(
-            samples, options["max_batch"], options["start"], multiple,
-            where=f"the train dataset{f' (a rank of {world})' if world > 1 else ''}")
+            cap, options["max_batch"], options["start"], multiple, where=where + (f" (a rank of {world})" if world > 1 else ""))
         with SavedState.kept(trainer, pl_module) as state:
             step = LightningStep(trainer, pl_module, first, accumulating=share is not None and share > 1,
                                  prefetch=not sized, restore=lambda: state.attributes.restore(drop_new=False))

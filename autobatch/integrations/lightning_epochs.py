@@ -2,17 +2,40 @@
 
 A larger batch shortens the epoch: a ``limit_train_batches`` or an integer ``val_check_interval``
 that held at the module's own size may no longer (see :func:`check_limit` and
-:func:`check_val_interval`). Each is one ``ValueError`` naming what to change.
+:func:`check_val_interval`). Each is one ``ValueError`` naming what to change. A fractional
+``limit_train_batches`` caps the batch instead (:func:`epoch_cap`), as the dataset does.
 """
 
 from __future__ import annotations
+
+import math
 
 from lightning.pytorch import Trainer
 
 from .lightning_loop import refuses_interval
 from .lightning_schedules import train_loader
 
-__all__ = ["check_limit", "check_val_interval"]
+__all__ = ["check_limit", "check_val_interval", "epoch_cap"]
+
+
+def epoch_cap(trainer: Trainer, samples: int | None) -> tuple[int | None, str]:
+    """The largest batch an epoch can train (None: unknown) and what sets it, for
+    :func:`~.global_batch.cap_at_samples`: a rank's ``samples``, or, under a fractional
+    ``limit_train_batches`` (0 < f < 1), the samples of the fewest batches ``n`` with
+    ``int(n * f) >= 1`` split evenly (every one full, as under ``drop_last``).
+
+    Why: Lightning trains ``int(batches * f)`` batches an epoch and refuses ``fit`` where that is
+    0 ("You requested to check 0.5 of the `train_dataloader` but 0.5 * 1 < 1"): with 512 samples
+    and ``limit_train_batches=0.5`` the probe's 374 left an epoch one batch, and ``fit`` failed
+    after the callback with an error naming neither it nor its size."""
+    limit, where = trainer.limit_train_batches, "the train dataset"
+    if samples is None or not isinstance(limit, float) or not 0.0 < limit < 1.0:
+        return samples, where
+    batches = math.ceil(1 / limit)
+    while int(batches * limit) < 1:  # float rounding: 1 / 0.1 may round to a count whose product is below 1
+        batches += 1
+    return samples // batches, (f"a batch of the train dataset under limit_train_batches={limit!r} (Lightning trains "
+                                f"none of an epoch with fewer than {batches} batches; raise limit_train_batches)")
 
 
 def check_limit(trainer: Trainer, global_batch: int | None, accumulation: int | None, size: int | None,

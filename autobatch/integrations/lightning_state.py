@@ -19,6 +19,7 @@ from lightning.pytorch import LightningModule, Trainer
 
 from ..memory.simulated import host_memory
 from ..probe.restore import Snapshot
+from ..probe.restore_places import unskipped
 from ..training.checkpoint_io import rng_state, set_rng_state
 
 __all__ = ["ModuleAttributes", "SavedState", "probing"]
@@ -112,25 +113,36 @@ class SavedState:
             self.snapshots = [Snapshot.take(module if i == 0 else None, opt) for i, opt in enumerate(optimizers)]
             self.randoms = rng_state()
         self.attributes = ModuleAttributes(module)
-        self.scaler = getattr(trainer.precision_plugin, "scaler", None)
+        scaler = getattr(trainer.precision_plugin, "scaler", None)
+        self.scaler = scaler if callable(getattr(scaler, "state_dict", None)) else None
         self.scaler_state = None if self.scaler is None else self.scaler.state_dict()
         # the confirmation's loop runs step the schedulers: OneCycleLR would run out of steps in fit
         self.schedulers = [(config.scheduler, deepcopy(config.scheduler.state_dict()))
                            for config in trainer.lr_scheduler_configs]
+        unskipped([self.scaler])  # the trials at scale 1: no optimizer step skipped (its state made)
 
-    def reset(self) -> None:
+    def reset(self, final: bool = False) -> None:
+        """Put everything back; until the ``final`` reset the scaler runs at scale 1 again (the
+        probe's trials and the confirmation's loop: a scaled gradient that overflows skips the
+        optimizer's step, which then makes no state, and the size is measured without it)."""
         for snapshot in reversed(self.snapshots):
             snapshot.restore()
         self.attributes.restore()
         if self.scaler is not None:
-            from torch.amp.grad_scaler import _refresh_per_optimizer_state
-
             self.scaler.load_state_dict(self.scaler_state)
-            self.scaler._per_optimizer_states.clear()
-            self.scaler._per_optimizer_states.default_factory = _refresh_per_optimizer_state
+            # the per-optimizer marks (unscaled, stepped) only an enabled GradScaler keeps: a disabled
+            # one (a plugin given GradScaler(enabled=False)) has none, and clearing them raised
+            # AttributeError ('_per_optimizer_states') at fit start, after the probe
+            if isinstance(self.scaler, torch.amp.GradScaler) and self.scaler.is_enabled():
+                from torch.amp.grad_scaler import _refresh_per_optimizer_state
+
+                self.scaler._per_optimizer_states.clear()
+                self.scaler._per_optimizer_states.default_factory = _refresh_per_optimizer_state
         for scheduler, state in self.schedulers:
             scheduler.load_state_dict(deepcopy(state))
         set_rng_state(self.randoms)
+        if not final:
+            unskipped([self.scaler])
 
     @classmethod
     @contextmanager
@@ -140,7 +152,7 @@ class SavedState:
         try:
             yield saved
         finally:
-            saved.reset()
+            saved.reset(final=True)
 
 
 @contextmanager
