@@ -28,7 +28,8 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from .trace_failures import check_operands
+from ..memory.accounting import _COMPONENTS
+from .trace_failures import check_operands, check_sparse
 from .trace_state import SEARCH_BUDGET, SEARCH_ITEMS, OutsideState, class_members, find_fake, restore, snapshot
 from .train_step import TrainStep
 
@@ -92,6 +93,7 @@ class KernelDtypes(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: D105
         check_operands(func, args)  # the real kernel's dtype check, which the fake one lacks
         out = func(*args, **(kwargs or {}))
+        check_sparse(func, out)  # a sparse result's size, which a fake one does not have
         if func is torch.ops.aten.native_group_norm_backward.default and out[0] is not None:
             if out[0].dtype != args[1].dtype:
                 out = (out[0].to(args[1].dtype), *out[1:])
@@ -218,9 +220,16 @@ class FakeWorld:
         """Why the real parameters cannot all be swapped for fakes, or None: one the optimizer
         trains that neither the model nor the loss module holds (the step would read the real
         one, and its fake gradient would land on it), or one with a post-accumulate-grad hook
-        (typically an optimizer stepping the real parameter inside backward)."""
+        (typically an optimizer stepping the real parameter inside backward), or a TorchScript
+        module (its parameters live in C++; each access makes a new Python object)."""
         named = {}
         for prefix, module in (("", self.step.model), ("loss_fn.", loss_module(self.step))):
+            for name, sub in module.named_modules() if module is not None else ():
+                if isinstance(sub, torch.jit.ScriptModule):  # checked first: its parameters' ids change
+                    where = f"submodule {prefix + name!r}" if name else ("the loss module" if prefix else "the model")
+                    return (f"{where} is a TorchScript module (torch.jit.script or trace), "
+                            "whose parameters TorchScript holds, so the trace cannot swap them for fake tensors; "
+                            "estimate the module before scripting it")
             for name, param in module.named_parameters() if module is not None else ():
                 named.setdefault(id(param), prefix + name)
         for g, group in enumerate(self.step.optimizer.param_groups):
@@ -284,6 +293,9 @@ class FakeWorld:
         view, which allocates nothing, as :func:`~autobatch.simulated_memory` sees it)."""
         if tensor.device.type != self.device_type:
             return False
+        if tensor.layout in _COMPONENTS:  # a sparse tensor: by its index and value tensors
+            parts = [getattr(tensor, name)() for name in _COMPONENTS[tensor.layout]]
+            return any([self.counts(part) for part in parts])  # each real part registered as existing
         if isinstance(tensor, FakeTensor):
             return tensor.untyped_storage()._cdata not in self.existing
         fake = self.mode.from_tensor(tensor)  # what the mode will use for it: memoised

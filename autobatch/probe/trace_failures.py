@@ -11,7 +11,8 @@ from the trace (:func:`step_error`; :func:`~autobatch.errors.add_note` also on P
 an ``EstimateError``, which no ``except ValueError`` of the user's caught. :func:`check_operands`
 raises what a real matrix product refuses and its fake kernel takes (two dtypes), so such a step
 fails as it would for real instead of being given an answer. :func:`untraceable_memory` names the
-steps fake tensors would count short, refused before any trace.
+steps fake tensors would count short, refused before any trace; :func:`check_sparse` refuses an operator
+whose result is sparse (a fake one has no nonzeros) when the trace reaches it.
 """
 
 from __future__ import annotations
@@ -20,11 +21,13 @@ import math
 import re
 
 import torch
+from torch.utils._pytree import tree_leaves
 
 from ..errors import add_note, in_packages, raised_through
 from .trial_notes import index_hint
 
-__all__ = ["untraceable", "untraceable_memory", "step_error", "refused_size", "from_the_step", "check_operands"]
+__all__ = ["untraceable", "untraceable_memory", "step_error", "refused_size", "from_the_step", "check_operands",
+           "check_sparse", "SparseTraceError"]
 
 #: What a fake tensor cannot do, by the exception PyTorch raises, in the words of the user's code.
 _CANNOT = {
@@ -147,6 +150,31 @@ def check_operands(func, args: tuple) -> None:
     if isinstance(first, torch.Tensor) and isinstance(second, torch.Tensor) and first.dtype != second.dtype:
         raise RuntimeError(f"expected m1 and m2 to have the same dtype, but got: {first.dtype} != {second.dtype} "
                            f"({func.__name__}; the real kernel refuses it)")
+
+
+#: Operators that build a sparse tensor from index and value tensors the step gave: its memory is theirs,
+#: which the trace counts (every other operator's sparse result has no nonzeros in a fake trace).
+_SPARSE_FROM_PARTS = (torch.ops.aten._sparse_coo_tensor_with_dims_and_tensors.default,
+                      torch.ops.aten._sparse_compressed_tensor_unsafe.default)
+_SPARSE = (torch.sparse_coo, torch.sparse_csr, torch.sparse_csc, torch.sparse_bsr, torch.sparse_bsc)
+
+
+class SparseTraceError(RuntimeError):
+    """An operator in the trace returned a sparse tensor, whose size a fake tensor does not know:
+    the estimate's limit (an :class:`~autobatch.probe.estimate.EstimateError` from it, being autobatch's)."""
+
+
+def check_sparse(func, out) -> None:
+    """Raise :class:`SparseTraceError` where ``func`` (not one building a sparse tensor from the
+    step's own indices and values) returned a sparse tensor: PyTorch's fake sparse results have no
+    nonzeros (torch 2.13: ``coalesce``, ``t``, ``a + b``, even ``a * 2``), so their memory would be
+    counted as none. A GCN's ``torch.sparse.mm`` of a coalesced adjacency (its transpose in
+    backward) was estimated 30 % above the batch ``binary`` found, then 22 trials."""
+    if func not in _SPARSE_FROM_PARTS and any(
+            isinstance(t, torch.Tensor) and t.layout in _SPARSE for t in tree_leaves(out)):
+        raise SparseTraceError(
+            f"{func} returns a sparse tensor, whose number of nonzeros (and so its memory) depends on the data, and "
+            "PyTorch's fake version of it has none (a coalesced adjacency matrix, its transpose in backward, a sum of two)")
 
 
 def from_the_step(exc: BaseException) -> bool:
