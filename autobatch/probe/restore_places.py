@@ -50,8 +50,11 @@ def layout_of(model: torch.nn.Module | None) -> dict[str, dict[str, dict[str, An
     None): what forward may add to, or clear."""
     if model is None:
         return {}
+    # not a TorchScript module's: its forward cannot register or clear anything, and its
+    # _parameters/_buffers/_modules wrappers cannot be iterated as dicts (a trial raised TypeError)
     return {name: {kind: {key: _held(value) for key, value in getattr(module, kind).items()}
-                   for kind in _KINDS} for name, module in model.named_modules()}
+                   for kind in _KINDS} for name, module in model.named_modules()
+            if not isinstance(module, torch.jit.ScriptModule)}
 
 
 def _held(value: Any) -> Any:
@@ -67,7 +70,7 @@ def put_back_layout(model: torch.nn.Module, layout: dict[str, dict[str, dict[str
     for name, module in list(model.named_modules()):
         known = layout.get(name)
         if known is None:
-            continue  # made by forward: removed from its parent below (or already)
+            continue  # made by forward: removed from its parent below (or already); or TorchScript's (layout_of)
         for kind in _KINDS:
             current = getattr(module, kind)
             for key in [key for key in current if key not in known[kind]]:
