@@ -52,7 +52,6 @@ group's own timeout; no rank waits in a collective that another rank has decided
 
 from __future__ import annotations
 
-import logging
 import weakref
 from typing import Any, Callable, Iterable
 
@@ -70,10 +69,9 @@ from .votes import bits_float, float_bits, keep, vote
 
 __all__ = [
     "BucketLedger", "ddp_supported", "check_whole_world", "ledger_for", "run_prologue", "settle", "reset_after_failure",
-    "complete_buckets", "check_reduced", "ddp_step", "warn_compiled_wrapper",
+    "complete_buckets", "check_reduced", "ddp_step",
 ]
 
-log = logging.getLogger("autobatch")
 _LEDGERS: "weakref.WeakKeyDictionary[torch.nn.Module, BucketLedger]" = weakref.WeakKeyDictionary()
 
 
@@ -156,25 +154,6 @@ def ddp_supported(model: torch.nn.Module) -> bool:
         and not getattr(model, "_delay_all_reduce_all_params", False)
         and getattr(model, "mixed_precision", None) is None
         and not _has_comm_hook(model)
-    )
-
-
-_WARNED_COMPILED: "weakref.WeakSet[torch.nn.Module]" = weakref.WeakSet()
-
-
-def warn_compiled_wrapper(model: torch.nn.Module) -> None:
-    """A warning, once per model, for ``torch.compile(DDP(model))``: the runner trains a DDP's
-    local module (or DDP itself, whose reducer it drives), never the compiled wrapper around it,
-    so the compilation was silently dropped (found training ``model.module`` eagerly, through
-    one all-reduce after backward instead of DDP's overlapped buckets)."""
-    wrapper = getattr(model, "_orig_mod", None)
-    if not isinstance(wrapper, torch.nn.parallel.DistributedDataParallel) or model in _WARNED_COMPILED:
-        return
-    _WARNED_COMPILED.add(model)
-    log.warning(
-        "the model is torch.compile(DistributedDataParallel(...)): autobatch trains DDP's module, which is not "
-        "compiled, so the compilation is not used; compile inside the wrapper instead, "
-        "DistributedDataParallel(torch.compile(module)), which trains compiled and through DDP's own reducer"
     )
 
 

@@ -1,12 +1,16 @@
-"""Models whose forward runs collectives of its own, which autobatch cannot pair.
+"""Model layouts under ``torch.distributed`` that autobatch cannot drive as given, warned about
+once per model at the probe's or the runner's start.
 
-autobatch keeps the ranks in step by entering every collective it makes on every rank or on
-none (:mod:`autobatch.dist.step`). A ``torch.nn.SyncBatchNorm`` all-gathers its statistics
-inside the forward, on the process group autobatch votes on: a rank that runs out of memory
-before or inside that forward leaves the others waiting in the all-gather, or pairs their
-gather with its own vote, and neither a probe trial nor the runner's replay can recover it
-(the other ranks wait until the process group's timeout, or fail there). Such models are
-warned about once, at the probe's or the runner's start under ``torch.distributed``.
+* **Collectives inside forward.** autobatch keeps the ranks in step by entering every collective
+  it makes on every rank or on none (:mod:`autobatch.dist.step`). A ``torch.nn.SyncBatchNorm``
+  all-gathers its statistics inside the forward, on the process group autobatch votes on: a rank
+  that runs out of memory before or inside that forward leaves the others waiting in the
+  all-gather, or pairs their gather with its own vote, and neither a probe trial nor the runner's
+  replay can recover it (the other ranks wait until the process group's timeout, or fail there).
+* **``torch.compile(DDP(model))``.** The runner trains a DDP's local module (or DDP itself, whose
+  reducer it drives), never the compiled wrapper around it, so the compilation was silently
+  dropped (found training ``model.module`` eagerly, through one all-reduce after backward instead
+  of DDP's overlapped buckets).
 """
 
 from __future__ import annotations
@@ -16,22 +20,29 @@ import weakref
 
 import torch
 
-__all__ = ["warn_forward_collectives"]
+__all__ = ["warn_forward_collectives", "warn_compiled_wrapper"]
 
 log = logging.getLogger("autobatch")
-_WARNED: "weakref.WeakSet[torch.nn.Module]" = weakref.WeakSet()
+#: what each model was warned about already
+_WARNED: "weakref.WeakKeyDictionary[torch.nn.Module, set[str]]" = weakref.WeakKeyDictionary()
+
+
+def _first_time(model: torch.nn.Module, kind: str) -> bool:
+    """Whether ``model`` is not yet warned about ``kind`` (and is now)."""
+    seen = _WARNED.setdefault(model, set())
+    if kind in seen:
+        return False
+    seen.add(kind)
+    return True
 
 
 def warn_forward_collectives(model: torch.nn.Module) -> None:
     """A warning, once per model, where ``model`` holds a ``torch.nn.SyncBatchNorm`` (module
     docstring): which module, why an OOM in it is not replayed, and what to change."""
-    if model in _WARNED:
-        return
     names = [name or type(module).__name__ for name, module in model.named_modules()
              if isinstance(module, torch.nn.SyncBatchNorm)]
-    if not names:
+    if not names or not _first_time(model, "SyncBatchNorm"):
         return
-    _WARNED.add(model)
     shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
     log.warning(
         "%s %s SyncBatchNorm, whose forward all-gathers across ranks: an out-of-memory error on one rank "
@@ -39,4 +50,17 @@ def warn_forward_collectives(model: torch.nn.Module) -> None:
         "timeout), so autobatch's probe trials and OOM replay are not safe here; use BatchNorm (per-rank "
         "statistics, as DDP keeps them without SyncBatchNorm) to have them, or train at a fixed micro_batch "
         "well under the memory limit", shown, "is a" if len(names) == 1 else "are",
+    )
+
+
+def warn_compiled_wrapper(model: torch.nn.Module) -> None:
+    """A warning, once per model, for ``torch.compile(DDP(model))`` (module docstring), naming
+    the layout that trains compiled."""
+    wrapper = getattr(model, "_orig_mod", None)
+    if not isinstance(wrapper, torch.nn.parallel.DistributedDataParallel) or not _first_time(model, "compiled"):
+        return
+    log.warning(
+        "the model is torch.compile(DistributedDataParallel(...)): autobatch trains DDP's module, which is not "
+        "compiled, so the compilation is not used; compile inside the wrapper instead, "
+        "DistributedDataParallel(torch.compile(module)), which trains compiled and through DDP's own reducer"
     )

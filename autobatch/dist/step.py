@@ -50,8 +50,8 @@ from ..probe.train_step import TrainStep
 from ..training.ranks import DataParallel
 from . import agreement as dist_sync
 from . import stopping
-from .ddp_step import check_whole_world, ddp_step, ddp_supported, settle, warn_compiled_wrapper
-from .forward_collectives import warn_forward_collectives
+from .ddp_step import check_whole_world, ddp_step, ddp_supported, settle
+from .forward_collectives import warn_compiled_wrapper, warn_forward_collectives
 from .probe import agree_plan, unwrap
 from .votes import keep as _keep
 from .votes import vote

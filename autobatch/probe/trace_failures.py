@@ -24,6 +24,7 @@ import torch
 from torch.utils._pytree import tree_leaves
 
 from ..errors import add_note, in_packages, raised_through
+from ..memory.accounting import _COMPONENTS
 from .trial_notes import index_hint
 
 __all__ = ["untraceable", "untraceable_memory", "step_error", "refused_size", "from_the_step", "check_operands",
@@ -156,7 +157,6 @@ def check_operands(func, args: tuple) -> None:
 #: which the trace counts (every other operator's sparse result has no nonzeros in a fake trace).
 _SPARSE_FROM_PARTS = (torch.ops.aten._sparse_coo_tensor_with_dims_and_tensors.default,
                       torch.ops.aten._sparse_compressed_tensor_unsafe.default)
-_SPARSE = (torch.sparse_coo, torch.sparse_csr, torch.sparse_csc, torch.sparse_bsr, torch.sparse_bsc)
 
 
 class SparseTraceError(RuntimeError):
@@ -171,7 +171,7 @@ def check_sparse(func, out) -> None:
     counted as none. A GCN's ``torch.sparse.mm`` of a coalesced adjacency (its transpose in
     backward) was estimated 30 % above the batch ``binary`` found, then 22 trials."""
     if func not in _SPARSE_FROM_PARTS and any(
-            isinstance(t, torch.Tensor) and t.layout in _SPARSE for t in tree_leaves(out)):
+            isinstance(t, torch.Tensor) and t.layout in _COMPONENTS for t in tree_leaves(out)):  # a sparse layout
         raise SparseTraceError(
             f"{func} returns a sparse tensor, whose number of nonzeros (and so its memory) depends on the data, and "
             "PyTorch's fake version of it has none (a coalesced adjacency matrix, its transpose in backward, a sum of two)")
