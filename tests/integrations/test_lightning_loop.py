@@ -7,10 +7,6 @@ answer is too large for ``fit`` and the confirmation in the real loop must step 
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-import textwrap
 
 import pytest
 import torch
@@ -109,48 +105,3 @@ def test_the_answer_trains_in_lightnings_loop_and_steps_down_by_measurement():
         middle = (low + high + 1) // 2
         low, high = (middle, high) if fits(middle) else (low, middle - 1)
     assert size >= 0.95 * low, (size, low)
-
-
-_DDP_SCRIPT = textwrap.dedent(
-    """
-    import json, os, sys, warnings
-    warnings.filterwarnings("ignore")
-    import torch
-    import lightning.pytorch as pl
-    sys.path.insert(0, {tests!r})
-    from test_lightning_loop import KeepsLogits
-    from autobatch import simulated_memory
-    from autobatch.integrations.lightning import AutoBatchSize
-
-    class Report(pl.Callback):
-        def on_train_start(self, trainer, module):
-            with open(os.path.join({out!r}, f"rank{{trainer.global_rank}}.json"), "w") as handle:
-                json.dump({{"size": module.batch_size, "confirmation": finder.confirmation.skipped}}, handle)
-
-    # rank 1 has less memory: the ranks must still agree (the minimum)
-    budget = os.environ.get("LOCAL_RANK", "0") == "1" and "10MiB" or "12MiB"
-    finder = AutoBatchSize(strategy="binary", max_batch=32)
-    with simulated_memory(budget):
-        trainer = pl.Trainer(accelerator="cpu", devices=2, strategy="ddp", max_steps=1, logger=False,
-                             enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-                             callbacks=[finder, Report()])
-        trainer.fit(KeepsLogits())
-    """
-)
-
-
-@pytest.mark.slow  # three processes import Lightning (~15 s of a 2-core box)
-def test_ranks_agree_under_ddp(tmp_path):
-    script = tmp_path / "ddp_fit.py"
-    script.write_text(_DDP_SCRIPT.format(tests=os.path.dirname(__file__), out=str(tmp_path)))
-    from conftest import cli_env  # here: the spawned ranks import this module, without tests/ on their path
-
-    env = cli_env(PYTHONWARNINGS="ignore")  # the checkout importable in the spawned ranks
-    done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
-    reports = sorted(tmp_path.glob("rank*.json"))
-    assert len(reports) == 2, done.stderr[-3000:]
-    import json
-
-    sizes = [json.loads(p.read_text()) for p in reports]
-    assert sizes[0]["size"] == sizes[1]["size"] > 1, sizes
-    assert "ranks" in sizes[0]["confirmation"]

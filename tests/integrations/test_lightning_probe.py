@@ -8,8 +8,6 @@ batch never checked, a batch larger than a rank's share of the data.
 
 from __future__ import annotations
 
-import os
-import textwrap
 
 import pytest
 import torch
@@ -241,38 +239,6 @@ def test_the_confirmation_runs_a_validation_batch():
     with simulated_memory(BUDGET):
         trainer(finder, max_steps=4, val_check_interval=2, limit_val_batches=2).fit(module)  # no OOM
     assert any(run.validated for run in finder.confirmation.runs)
-
-
-_DDP_SHARE = textwrap.dedent(
-    """
-    import json, os, sys, warnings
-    warnings.filterwarnings("ignore")
-    sys.path.insert(0, {tests!r})
-    import lightning.pytorch as pl
-    from test_lightning_probe import Small, trainer
-    from autobatch import simulated_memory
-    from autobatch.integrations.lightning import AutoBatchSize
-
-    finder = AutoBatchSize()
-    run = trainer(finder, accelerator="cpu", devices=2, strategy="ddp", max_steps=-1, max_epochs=2)
-    with simulated_memory("64MiB"):
-        run.fit(Small(samples=300))
-    with open(os.path.join({out!r}, f"rank{{run.global_rank}}.json"), "w") as handle:
-        json.dump({{"size": finder.batch_size, "steps": run.global_step}}, handle)
-    """
-)
-
-
-@pytest.mark.slow  # three processes import Lightning
-def test_under_ddp_the_batch_is_at_most_a_ranks_share(tmp_path):
-    """Each of 2 ranks trains half of 300 samples (Lightning's DistributedSampler): the batch was
-    capped at 300, and with ``drop_last`` fit trained no step at all."""
-    from conftest import rank_reports
-
-    reports, stderr = rank_reports(tmp_path, "ddp_share.py", _DDP_SHARE.format(tests=os.path.dirname(__file__),
-                                                                              out=str(tmp_path)))
-    assert len(reports) == 2, stderr[-3000:]
-    assert all(r["size"] == 150 and r["steps"] == 2 for r in reports), reports
 
 
 def test_global_batch_with_a_gradient_accumulation_scheduler_is_refused():

@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import logging
 import math
-import os
-import textwrap
 import types
 
 import pytest
@@ -324,40 +322,6 @@ def test_deepspeed_is_not_configured_again():
 
     stub = types.SimpleNamespace(strategy=object.__new__(DeepSpeedStrategy))
     assert unsafe(stub).startswith("the DeepSpeedStrategy strategy sets up its optimizers its own way")
-
-
-_DDP = textwrap.dedent(
-    """
-    import json, os, sys, warnings
-    warnings.filterwarnings("ignore")
-    sys.path.insert(0, {tests!r})
-    from test_review12_lightning_schedules import Scheduled, trainer
-    from autobatch import simulated_memory
-    from autobatch.integrations.lightning import AutoBatchSize
-
-    module, finder = Scheduled(), AutoBatchSize(max_batch=64)
-    run = trainer(finder, devices=2, strategy="ddp")
-    with simulated_memory("64MiB"):
-        run.fit(module)
-    with open(os.path.join({out!r}, f"rank{{run.global_rank}}.json"), "w") as handle:
-        json.dump({{"size": finder.batch_size, "steps": run.global_step, "configured": module.configured,
-                   "total": run.lr_scheduler_configs[0].scheduler.total_steps, "last_lr": module.lrs[-1]}}, handle)
-    """
-)
-
-
-@pytest.mark.slow  # three processes import Lightning
-def test_under_ddp_every_rank_sizes_the_schedule_at_the_size_set(tmp_path):
-    """2 ranks of 160 samples each: the module's 4 sized the schedule for 80 steps, fit runs 6 at
-    64 (3 batches an epoch): every rank configures again, alike, and ends the schedule."""
-    from conftest import rank_reports
-
-    reports, stderr = rank_reports(tmp_path, "ddp_schedules.py", _DDP.format(tests=os.path.dirname(__file__),
-                                                                            out=str(tmp_path)))
-    assert len(reports) == 2, stderr[-3000:]
-    for report in reports:
-        assert report["size"] == 64 and report["steps"] == report["total"] == 6
-        assert report["configured"] == [[4, 80], [64, 6]] and report["last_lr"] == pytest.approx(FINAL_LR)
 
 
 def test_a_schedule_shorter_than_the_check_run_is_not_stepped_by_it():
