@@ -223,6 +223,7 @@ def ddp_stalled(rank: int, world: int, out: Path) -> dict:
         if rank == 1 and info["step"] == 2:
             raise Leave  # fit()'s arguments are the same on every rank (agreed); rank 1 just stops coming
 
+    done = out / "ddp_stalled.rank0-done"  # rank 0 has its outcome: rank 1 may go
     try:
         # rank 1 leaves after step 2 (after the bucket rebuild): rank 0 waits inside backward
         runner.fit(data, on_step_end=leave)
@@ -230,8 +231,14 @@ def ddp_stalled(rank: int, world: int, out: Path) -> dict:
         return {"error": type(exc).__name__, "message": str(exc)}
     except Leave:
         pass
-    if rank == 1:
-        time.sleep(dist_sync.timeout() * 2 + 6)
+    finally:
+        if rank == 0:
+            done.touch()
+    # rank 1 stays alive (an exited peer closes its sockets, which gloo notices at once) until rank
+    # 0 ended, capped where rank 0 would have waited out two deadlines and more
+    limit = time.monotonic() + dist_sync.timeout() * 2 + 6
+    while rank == 1 and not done.exists() and time.monotonic() < limit:
+        time.sleep(0.05)
     return {"error": None}
 
 
