@@ -270,13 +270,18 @@ def peer_error(rank: int, world: int, out: Path) -> dict:
 def skipped_sync(rank: int, world: int, out: Path) -> dict:
     """Rank 1 never reaches the sync point; rank 0 must time out with a clear error."""
     dist_sync.set_timeout(float(os.environ.get("SYNC_TIMEOUT", "3")))
-    if rank == 1:
-        time.sleep(dist_sync.timeout() + 4)
+    done = out / "skipped_sync.rank0-done"
+    if rank == 1:  # alive (not at the sync point) until rank 0 has its outcome, at most a deadline and more
+        limit = time.monotonic() + dist_sync.timeout() + 4
+        while not done.exists() and time.monotonic() < limit:
+            time.sleep(0.05)
         return {"error": None}
     try:
         dist_sync.agree(True, "the sync rank 1 skips")
     except RankDisagreementError as exc:
         return {"error": type(exc).__name__, "message": str(exc)}
+    finally:
+        done.touch()
     return {"error": None}
 
 

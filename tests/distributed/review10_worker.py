@@ -51,10 +51,13 @@ def fsdp_stalled(rank: int, world: int, out: Path) -> dict:
     Reports how long rank 0 took to raise, and what."""
     limit = dist_sync.timeout()
     model = _sharded()
+    done = out / "fsdp_stalled.rank0-done"
 
     def loss_fn(net, batch):
-        if rank == 1 and runner.step == 1:
-            time.sleep(3 * limit)
+        if rank == 1 and runner.step == 1:  # stalled until rank 0 has its outcome, at most three deadlines
+            stop = time.monotonic() + 3 * limit
+            while not done.exists() and time.monotonic() < stop:
+                time.sleep(0.05)
         return nn.functional.mse_loss(net(batch[0]), batch[1])
 
     runner = Runner(model, torch.optim.SGD(model.parameters(), lr=0.01), loss_fn, global_batch=16, micro_batch=8, **QUIET)
@@ -64,8 +67,10 @@ def fsdp_stalled(rank: int, world: int, out: Path) -> dict:
         error, message = None, ""
     except BaseException as exc:  # noqa: BLE001 - reported
         error, message = type(exc).__name__, str(exc)
-    return {"error": error, "message": message[:2000], "seconds": time.monotonic() - began,
-            "limit": limit}
+    seconds = time.monotonic() - began
+    if rank == 0:
+        done.touch()
+    return {"error": error, "message": message[:2000], "seconds": seconds, "limit": limit}
 
 
 def checkpoint_on_rank_zero(rank: int, world: int, out: Path) -> dict:
