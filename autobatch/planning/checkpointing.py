@@ -58,6 +58,7 @@ from torch.utils.checkpoint import checkpoint
 
 from .. import checks
 from .module_names import WRAPPER_ATTRIBUTES, has_module as _has_module, module_names_for, short_names as _short
+from .own_checkpointing import own_checkpointing, own_checkpointing_hint
 
 __all__ = ["CheckpointHandle", "enable_checkpointing", "find_blocks", "is_checkpointed", "module_names_for",
            "no_blocks_hint", "put_back_checkpointing", "take_checkpointing"]
@@ -240,7 +241,11 @@ def no_blocks_hint(model: nn.Module, targets: Iterable[str | type] | None = None
     1); where there are none (one giant layer), that checkpointing cannot help. Where blocks were
     found (the automatic rule's, or ``targets``') but each has a forward another library replaced on
     the instance (Accelerate's hooks of ``device_map`` or offloading), which checkpointing leaves
-    alone: that, and how to checkpoint them (the advice to name their class wrapped nothing either)."""
+    alone: that, and how to checkpoint them (the advice to name their class wrapped nothing either).
+    A model that checkpoints itself (Transformers' ``gradient_checkpointing_enable()``): that first."""
+    own = own_checkpointing(model)
+    if own:
+        return own_checkpointing_hint(own)
     found = find_blocks(model, targets)
     replaced = [name for name in found if "forward" in model.get_submodule(name).__dict__
                 and not is_checkpointed(model.get_submodule(name))]

@@ -11,6 +11,7 @@ from __future__ import annotations
 from ..errors import NoBatchFitsError
 from ..memory.units import format_bytes
 from .checkpointing import no_blocks_hint
+from .own_checkpointing import cache_note, own_checkpointing
 from .plan_result import short_list
 
 __all__ = ["PlanErrors"]
@@ -32,7 +33,7 @@ class PlanErrors:
         if checkpoint_error is None:  # nothing to wrap
             return self._attempts_error(
                 plain_error,
-                f"Activation checkpointing was tried but wrapped no block: {no_blocks_hint(self.step.model, self.targets)}. "
+                f"autobatch's activation checkpointing wrapped no block: {no_blocks_hint(self.step.model, self.targets)}. "
                 f"Else try {self._other_options()}.",
             )
         modules = self.handle.modules if self.handle is not None else []
@@ -48,13 +49,21 @@ class PlanErrors:
         smallest micro-batch (a plan at multiple_of=8 that checkpointing could not fit never tried
         batch 1 to 7, and its hint did not say so); lower precision only where the step is not
         already under fp16/bf16 autocast; checkpointing where it was not allowed (and
-        ``checkpointing``: the hint does not name it already)."""
+        ``checkpointing``: the hint does not name it already); first, where checkpointing was tried on a
+        model that builds a key/value cache in training, turning that cache off (:func:`.own_checkpointing.cache_note`); last, that a model which
+        checkpoints itself got no second checkpointing (its probes already ran with its own)."""
         multiple_of = self.probe_kwargs.get("multiple_of", 1)
         lower = f"a multiple_of below {multiple_of} (no smaller micro-batch was tried), " if multiple_of > 1 else ""
         precision = "" if self.step.autocast_dtype is not None else "lower precision (bf16/fp16 autocast), "
         allow = "activation checkpointing (allow_checkpointing=True), " if checkpointing and not self.allow_checkpointing else ""
-        return (f"{allow}{lower}{precision}a smaller model or sequence length, an optimizer with less state, or a "
-                "larger memory_limit / device")
+        wrapped = self.handle is not None and self.handle.modules
+        cache = ("model.config.use_cache = False (its key/value cache, built in training, holds what checkpointing "
+                 "frees), " if wrapped and cache_note(self.step.model) else "")
+        own = own_checkpointing(self.step.model)
+        itself = (f" (the model checkpoints its own blocks already, gradient_checkpointing=True on {short_list(own)}: "
+                  "autobatch added no checkpointing of its own)" if own and self.allow_checkpointing else "")
+        return (f"{cache}{allow}{lower}{precision}a smaller model or sequence length, an optimizer with less state, or a "
+                f"larger memory_limit / device{itself}")
 
     def _attempts_error(self, source: NoBatchFitsError, hint: str) -> NoBatchFitsError:
         """``source``'s figures with a new hint, carrying every probe attempt in ``attempts``."""

@@ -47,6 +47,7 @@ from .batch_statistics import batch_norm_layers, batch_statistics_note
 from .checkpointing import (CheckpointHandle, enable_checkpointing, find_blocks, no_blocks_hint, put_back_checkpointing,
                             take_checkpointing)
 from .fastest import ThroughputObjective
+from .own_checkpointing import cache_note, own_checkpointing
 from .plan_errors import PlanErrors
 from .plan_arguments import OBJECTIVES, ragged_message, smallest_batch, validate, validate_timing
 from .plan_result import Plan, candidates_table, short_list
@@ -206,13 +207,21 @@ class _Planner(PlanErrors, ThroughputObjective):
         return None, error
 
     def wrap(self) -> bool:
-        """Turn checkpointing on; False (with a note) when there is nothing to wrap."""
-        if self.handle is None or not self.handle.active:
+        """Turn checkpointing on; False (with a note, once) when there is nothing to wrap, or the
+        model checkpoints its blocks itself (wrapping them again nested a recompute in theirs)."""
+        own = own_checkpointing(self.step.model)
+        if not own and (self.handle is None or not self.handle.active):
             self.handle = enable_checkpointing(self.step.model, self.targets)
-        if not self.handle.modules:
-            self.notes.append(f"activation checkpointing wrapped no block: {no_blocks_hint(self.step.model, self.targets)}")
+        if own or not self.handle.modules:
+            self.note(f"activation checkpointing wrapped no block: {no_blocks_hint(self.step.model, self.targets)}")
             return False
+        self.note(cache_note(self.step.model))
         return True
+
+    def note(self, note: str | None) -> None:
+        """Add ``note`` to the plan's notes, once (each wrap of a plan's probes would repeat it)."""
+        if note is not None and note not in self.notes:
+            self.notes.append(note)
 
     def unwrap(self) -> None:
         if self.handle is not None:
