@@ -46,11 +46,15 @@ Errors that are not out-of-memory propagate unchanged (the table of
 :func:`~autobatch.is_oom_error`, wider than Accelerate's). When batch 1 fails,
 :class:`~autobatch.NoBatchFitsError` (a ``MemoryError``; Accelerate raises a ``RuntimeError``)
 is raised from the last allocator error, with the figures.
+A call that returns after out-of-memory errors were raised and caught inside the function (its
+own ``except``; the device's counter says so) is one ``RuntimeWarning``: no retry saw them, and the
+size would otherwise pass for one that ran (``Attempt.caught_ooms``).
 """
 
 from __future__ import annotations
 
 import functools
+import threading
 import time
 import warnings
 from dataclasses import asdict, dataclass
@@ -64,7 +68,8 @@ from ..memory.lazy_state import LazyStateWatch
 from ..memory.oom import allocated_at_failure, free_memory, is_oom_error, requested_bytes
 from ..memory.simulated import active_simulation
 from ..probe.arguments import ALLOCATOR_HEADROOM
-from .decorator_checks import check_arguments, check_call, check_takes_batch, is_method, refuse_coroutine
+from .decorator_checks import (caught_message, check_arguments, check_call, check_takes_batch, is_method,
+                               oom_count, refuse_coroutine)
 from .decorator_state import AttemptState
 
 __all__ = ["find_executable_batch_size", "Attempt"]
@@ -90,6 +95,9 @@ class Attempt:
     #: the size tried next and why: "measured" (allocated at the failure + the request), "fallback" (× fallback_factor) or "reduce_batch_size_fn"
     next_batch_size: int | None = None
     next_from: str | None = None
+    #: out-of-memory errors raised during a call that returned and caught inside the function (by
+    #: its own ``except``, not by a nested decorated call): the size may not have run its steps
+    caught_ooms: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -124,8 +132,8 @@ def find_executable_batch_size(
         TypeError: the batch size was passed in the call, by position or name (the decorator
             supplies it), or as the function (``@find_executable_batch_size(64)``); the
             function takes no positional parameter for it (``def train(*, batch_size)``); the
-            function is a generator or ``async def`` (its steps would run after the call returned,
-            where no retry sees an out-of-memory error).
+            function is a generator or ``async def``, or returns a coroutine or generator (its steps
+            would run after the call returned, where no retry sees an out-of-memory error).
         ValueError: a bad argument, ``starting_batch_size`` below ``multiple_of``, or a
             ``reduce_batch_size_fn`` that returned a size not below the one that failed (the
             retries would never end).
@@ -166,6 +174,7 @@ def find_executable_batch_size(
                 memory.synchronize()
                 memory.reset_peak()
                 attempt.start_bytes, attempt.capacity_bytes = memory.allocated(), memory.capacity()
+            ooms, handled = oom_count(memory), _HANDLED.count
             began = time.perf_counter()
             try:
                 value = function(*args[:1], size, *args[1:], **kwargs) if method else function(size, *args, **kwargs)
@@ -180,8 +189,7 @@ def find_executable_batch_size(
             else:
                 refuse_coroutine(function, value)
                 attempt.seconds, attempt.ok = time.perf_counter() - began, True
-                if memory is not None:
-                    attempt.peak_bytes = memory.peak()
+                _returned(attempt, function, memory, ooms, handled)
                 return value
             watch.repair()  # an optimizer step the OOM interrupted leaves no half-created state
             if lost := grads.drop_failed():  # the next attempt neither steps with nor holds the failed one's
@@ -196,9 +204,40 @@ def find_executable_batch_size(
     return wrapped
 
 
+class _Handled(threading.local):
+    """Out-of-memory errors the decorated calls of this thread handled (retried or raised as
+    :class:`~autobatch.NoBatchFitsError`): a nested decorated call's are not the outer function's."""
+
+    count = 0
+
+
+_HANDLED = _Handled()
+
+
+def _returned(attempt: Attempt, function: Callable[..., Any], memory: DeviceMemory | None, ooms: int | None,
+              handled: int) -> None:
+    """A call that returned: its peak, and one ``RuntimeWarning`` where the device counted
+    out-of-memory errors during it beyond those nested decorated calls handled: the function
+    caught them itself (an ``except Exception`` around its loop, a per-batch ``except`` that skips the batch), so the
+    retry never saw them and the size is recorded as one that ran. Why: that size was kept as
+    ``wrapped.batch_size`` for the next call, with no sign that steps (and their samples) were
+    skipped."""
+    if memory is not None:
+        attempt.peak_bytes = memory.peak()
+    after = oom_count(memory)
+    if ooms is None or after is None:
+        return
+    attempt.caught_ooms = max(0, after - ooms - (_HANDLED.count - handled))
+    if attempt.caught_ooms:
+        _HANDLED.count += attempt.caught_ooms  # warned here: an enclosing decorated call does not again
+        warnings.warn(caught_message(getattr(function, "__name__", "function"), attempt.batch_size,
+                                     attempt.caught_ooms), RuntimeWarning, stacklevel=4)
+
+
 def _record_failure(attempt: Attempt, exc: Exception, memory: DeviceMemory | None, began: float) -> None:
     """The failed attempt's figures, read in the handler, while the failed frames still hold what
     they allocated (the message's figure where it says more)."""
+    _HANDLED.count += 1  # handled here: an enclosing decorated call does not take it for one its function caught
     if memory is not None:
         attempt.failed_at_bytes = max(memory.allocated(), allocated_at_failure(str(exc)) or 0)
     attempt.seconds = time.perf_counter() - began

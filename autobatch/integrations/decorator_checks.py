@@ -13,7 +13,10 @@ from __future__ import annotations
 import inspect
 from typing import Any, Callable
 
-__all__ = ["check_arguments", "check_call", "check_takes_batch", "is_method", "refuse_coroutine"]
+import torch
+
+__all__ = ["caught_message", "check_arguments", "check_call", "check_takes_batch", "is_method", "oom_count",
+           "refuse_coroutine"]
 
 #: the first parameter's names that make a function a method: the batch size goes second
 METHOD_FIRST = ("self", "cls")
@@ -32,13 +35,25 @@ def is_method(function: Callable[..., Any]) -> bool:
 
 def refuse_coroutine(function: Callable[..., Any], value: Any) -> None:
     """A callable that returned a coroutine (a sync wrapper of an ``async def``, which the
-    decoration-time check cannot see) has not run its steps: refuse it, closing the coroutine."""
+    decoration-time check cannot see) or a generator (``return loop(batch_size)`` where ``loop``
+    yields) has not run its steps: refuse it, closing what it returned. Why the generator: its
+    steps ran while the caller iterated, after the retry returned, so an out-of-memory error
+    escaped it and the size was recorded as one that ran."""
+    name = getattr(function, "__name__", "function")
     if inspect.iscoroutine(value):
         value.close()
         raise TypeError(
-            f"find_executable_batch_size cannot retry `{getattr(function, '__name__', 'function')}`: it "
+            f"find_executable_batch_size cannot retry `{name}`: it "
             "returned a coroutine, whose steps run when it is awaited, after the retry returned; "
             "decorate a synchronous function that trains (run the loop with asyncio.run inside it)"
+        )
+    if inspect.isgenerator(value) or inspect.isasyncgen(value):
+        if inspect.isgenerator(value):  # an async generator not started holds nothing
+            value.close()
+        raise TypeError(
+            f"find_executable_batch_size cannot retry `{name}`: it returned a generator, whose steps run while "
+            "the caller iterates, after the retry returned, so an out-of-memory error there escapes it; run the "
+            f"loop inside `{name}` and return what it yields as a list (return list(loop(batch_size)))"
         )
 
 
@@ -128,3 +143,26 @@ def check_call(function: Callable[..., Any], args: tuple[Any, ...], kwargs: dict
             f"Batch size was passed into `{name}` as the first argument when called. Remove it: the "
             f"decorator supplies it: `{name}({names})`"
         )
+
+
+def oom_count(memory: Any) -> int | None:
+    """Out-of-memory errors the device has raised so far in the process (CUDA's allocator counter
+    ``num_ooms``, a simulated budget's ``oom_count``), or None where the device counts none."""
+    simulation = getattr(memory, "simulation", None)
+    if simulation is not None:
+        return int(simulation.oom_count)
+    device = getattr(memory, "device", None)
+    if isinstance(device, torch.device) and device.type == "cuda":
+        return int(torch.cuda.memory_stats(device).get("num_ooms", 0))
+    return None
+
+
+def caught_message(name: str, size: int, caught: int) -> str:
+    """The warning for a call that returned after catching out-of-memory errors itself."""
+    return (
+        f"find_executable_batch_size: `{name}` returned at batch {size}, but {caught} out-of-memory error(s) "
+        f"were raised inside it and caught there (by an except in the function, not by this decorator), so batch "
+        f"{size} was not retried smaller and is where the next call starts; the steps that ran out of memory did "
+        "not train. Let out-of-memory errors leave the function (in a broad except: `if autobatch.is_oom_error(exc): "
+        "raise`). A search inside it that handles its own (find_max_batch) counts too: ignore this warning then"
+    )

@@ -102,10 +102,10 @@ def fit_batch_size(
     # no batch larger than a process's share of the training set
     max_batch, start = cap_at_samples(shard, max_batch, start, multiple_of,
                                       where=f"the training set{f' (a process of {world})' if world > 1 else ''}")
-    if sample is None:
-        if trainer.train_dataset is None:
-            raise ValueError("fit_batch_size needs trainer.train_dataset (or pass sample=)")
-        sample = longest_sample(trainer.train_dataset)
+    if sample is None and trainer.train_dataset is None:  # an eval-only Trainer: sample= would size training
+        raise ValueError("fit_batch_size sizes training and trainer.train_dataset is None: give the Trainer its train_dataset, or pass "
+                         "sample=. It does not size evaluation: for trainer.evaluate() alone, set per_device_eval_batch_size yourself")
+    sample = longest_sample(trainer.train_dataset) if sample is None else sample
     # without a global batch, the trainer's own accumulation stays: its window is probed
     accumulation = 1 if share is not None else max(1, int(args.gradient_accumulation_steps))
     # the Trainer's loop trains the answer, and it cannot replay a step that runs out of memory
