@@ -54,12 +54,16 @@ class Progress:
                 refresh=False,
             )
             self.bar.update(1)
-        elif self.log_every and (step % self.log_every == 0 or step == self.total):
+        elif self.shows(step):
             of = f"/{self.total}" if self.total else ""
             log.info(
                 "step %d%s  %.1f samples/s  micro-batch %d x %d  OOM recoveries %d  loss %.4g",
                 step, of, rate, micro_batch, accumulation, recoveries, float(loss),
             )
+
+    def shows(self, step: int) -> bool:
+        """Whether the report after step ``step`` reads the loss (the bar: every step)."""
+        return self.bar is not None or bool(self.log_every and (step % self.log_every == 0 or step == self.total))
 
     def close(self) -> None:
         if self.bar is not None:

@@ -263,6 +263,7 @@ class Resumable:
         result = self.result
         result.steps, result.epochs = self.step, self.epoch
         self._count_skips()
+        self._count_nonfinite()
         if getattr(self, "_last_loss", None) is not None:
             result.last_loss = float(self._last_loss)
         result.micro_batch = self.micro_batch or 0
@@ -353,7 +354,7 @@ class Resumable:
         ranks = state.get("rng_ranks")  # each rank's own random states, where the run had them
         mine = ranks[self._parallel.rank()] if ranks is not None and len(ranks) == self._parallel.world_size() else state
         self._epoch_rng, rng = mine["epoch_rng"], mine["rng"]
-        for kept in ("oom_recoveries", "grow_attempts", "checkpoints_saved", "plan", "skipped_steps"):
+        for kept in ("oom_recoveries", "grow_attempts", "checkpoints_saved", "plan", "skipped_steps", "nonfinite_loss_steps"):
             setattr(self.result, kept, getattr(previous, kept))
         self.result.resumed_from = {"path": str(path), "step": self.step, "epoch": self.epoch, "position": self.position}
         log.info("resumed from %s at step %d (epoch %d, batch %d), micro-batch %s", path, self.step, self.epoch, self.position,

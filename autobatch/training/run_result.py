@@ -40,6 +40,8 @@ class RunResult:
     ``empty_cache_fires`` / ``empty_cache_seconds``: cache hygiene; ``checkpoints_saved``
     and ``checkpoint_path``; ``resumed_from``: the checkpoint and its step, if any;
     ``skipped_steps``: fp16 steps the ``GradScaler`` skipped (inf/NaN gradients);
+    ``nonfinite_loss_steps``: steps without a grad scaler whose loss was NaN or infinite, applied
+    all the same (a warning names the first);
     ``stopped``: the run ended early, after a whole step, on :meth:`~autobatch.Runner.request_stop`.
     """
 
@@ -62,6 +64,7 @@ class RunResult:
     resumed_from: dict[str, Any] | None = None
     plan: dict[str, Any] | None = None
     skipped_steps: int = 0
+    nonfinite_loss_steps: int = 0
     stopped: bool = False
 
     @property

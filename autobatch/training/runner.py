@@ -306,7 +306,7 @@ class Runner(OomRecovery, SplitsInMultiples, EndsSteps, Resumable, PlansFromData
                         raise self._saved_on_give_up(self._no_batches(data))
                     self.epoch += 1
                     self.position = 0
-            self._hooks_returned()  # an on_step_end error of the last step, on every rank alike
+            self._hooks_returned(epochs, steps)  # an on_step_end error of the last step, on every rank alike
         except StepOutOfMemoryError as exc:  # the step was undone: the steps before it are saved
             raise self._saved_on_give_up(exc)
         finally:

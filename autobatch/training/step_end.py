@@ -23,6 +23,14 @@ raises its own error (its type, traceback and cause), its peers a
 their own. The step whose hook raised is complete: counted, and saved where ``checkpoint_every``
 fell on it (after the hook raised), as in one process, where the error propagates at once, after
 that save.
+
+A loss that is NaN or infinite is no out-of-memory error: the step is applied, not replayed (an
+fp16 ``GradScaler`` skips such steps itself, counted as ``result.skipped_steps``). Without one, the
+optimizer applied NaN gradients and the weights are NaN from then on; before, the run went on to
+its end without a word. The runner counts such steps on the device (no step waits for it), reads
+the count where it reads the loss anyway (the progress report, ``on_step_end``, the result, a
+checkpoint), adds it to ``result.nonfinite_loss_steps`` and warns once, naming the first such step.
+
 ``KeyboardInterrupt`` and other ``BaseException`` are not held back, nor errors a sync point
 inside the hook already told every rank of (a ``runner.save()`` in it whose write failed:
 :func:`~autobatch.training.pacing.told_every_rank`, its peers' ``PeerFailedError``), nor a
@@ -32,6 +40,8 @@ already): a next step would wait for peers that left.
 
 from __future__ import annotations
 
+import logging
+import math
 from typing import Any, Callable, Iterator
 
 import torch
@@ -45,11 +55,15 @@ __all__ = ["EndsSteps"]
 #: errors between ranks that a hook's own sync point raised (a ``runner.save()`` in it): not carried
 _BETWEEN_RANKS = (RankDisagreementError, PeerFailedError, PeerOutOfMemoryError)
 
+log = logging.getLogger("autobatch")
+
 
 class EndsSteps:
     """The runner's work between steps (a mixin of :class:`~autobatch.Runner`, which sets the attributes)."""
 
     _hook_failure: FailedDraw | None = None  # this rank's on_step_end error, not raised yet (distributed)
+    _nonfinite: tuple[torch.Tensor, torch.Tensor] | None = None  # (steps, first step) with a NaN/inf loss, not read yet
+    _warned_nonfinite = False
 
     def _after_step(self, loss: float | torch.Tensor, size: int, progress: Progress,
                     on_step_end: Callable[[dict[str, Any]], None] | None) -> None:
@@ -64,6 +78,9 @@ class EndsSteps:
             result.empty_cache_fires, result.empty_cache_seconds = self.hygiene.fires, self.hygiene.seconds
         accumulation = len(self._piece_sizes())
         progress.update(self.step, size, self.micro_batch, accumulation, len(result.oom_recoveries), loss)
+        self._note_loss(loss)
+        if on_step_end is not None or progress.shows(self.step):  # the loss is read there anyway
+            self._count_nonfinite()
         due = self.checkpoint_every and self.checkpoint_dir is not None and self.step % self.checkpoint_every == 0
         try:
             if on_step_end is not None:
@@ -80,6 +97,42 @@ class EndsSteps:
             raise
         if due:
             self._save_step()
+
+    def _note_loss(self, loss: float | torch.Tensor) -> None:
+        """Count the step just applied (``self.step - 1``) where its loss is NaN or infinite, on the
+        device (read by :meth:`_count_nonfinite`); not with an enabled grad scaler, which skips such steps."""
+        scaler = self.grad_scaler
+        if scaler is not None and scaler.is_enabled():
+            return
+        if not isinstance(loss, torch.Tensor):
+            if not math.isfinite(float(loss)):
+                loss = torch.tensor(float(loss))
+            else:
+                return
+        bad = ~torch.isfinite(loss.detach()).reshape(())
+        if self._nonfinite is None:
+            self._nonfinite = bad.to(torch.int64), torch.where(bad, self.step - 1, -1)
+        else:
+            count, first = self._nonfinite
+            self._nonfinite = count + bad, torch.where((first < 0) & bad, self.step - 1, first)
+
+    def _count_nonfinite(self) -> None:
+        """Add the steps counted by :meth:`_note_loss` to ``result.nonfinite_loss_steps`` (one read)
+        and warn, once, where there are any."""
+        if self._nonfinite is None:
+            return
+        count, first = (int(value) for value in self._nonfinite)
+        self._nonfinite = None
+        self.result.nonfinite_loss_steps += count
+        if count and not self._warned_nonfinite:
+            self._warned_nonfinite = True
+            log.warning(
+                "the loss was NaN or infinite at step %d (steps count from 0; %d such step(s) so far: "
+                "result.nonfinite_loss_steps): no out-of-memory error, so the step was applied, not replayed, and its "
+                "gradients were NaN or infinite, so the weights may be too. Look for the cause (learning rate, a bad "
+                "sample, a log or division by zero in loss_fn); to end a run there, raise an error in on_step_end when "
+                "info['loss'] is not finite (fit() then writes no final checkpoint; request_stop() would save these "
+                "weights); fp16 with grad_scaler skips such steps", first, count)
 
     def _save_step(self) -> None:
         """The ``checkpoint_every`` checkpoint of the step just trained (and its hook run)."""
@@ -123,10 +176,17 @@ class EndsSteps:
             error = exc.failed.error
         raise error
 
-    def _hooks_returned(self) -> None:
+    def _hooks_returned(self, epochs: int | None, steps: int | None) -> None:
         """The end of a ``fit()`` whose loop ended (every rank alike): under ``torch.distributed``
         an ``on_step_end`` error of its last step raises on every rank (one sync point), before the
-        run's last checkpoint, which a run stopped by an error does not write in one process either."""
+        run's last checkpoint, which a run stopped by an error does not write in one process either.
+        A loop that trained no step found the run complete already (a resume, or a second ``fit()``,
+        given ``steps`` or ``epochs`` the run had reached): said, as "N more steps" is a usual misreading."""
         failure = self._take_hook_failure()
         if self.distributed:
             every_rank_returned(self._parallel, failure, self.step)
+        if not self.result.steps_this_run:
+            limit = f"steps={steps}" if steps is not None and self.step >= steps else f"epochs={epochs}"
+            log.warning("fit() trained no step: the run has done %d steps and %d full epochs already, which reach %s (steps and "
+                        "epochs count the whole run, resumed parts included); pass a larger one to train on",
+                        self.step, self.epoch, limit)

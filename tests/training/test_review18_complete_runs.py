@@ -1,0 +1,26 @@
+"""Review 18: ``fit(steps=N)`` counts the whole run, so a resume (or a second ``fit()``) with an
+``N`` the run has reached trains nothing. Before, it returned without a word (``steps_this_run``
+0), which reads as success to one who meant "N more steps"; now a warning names the limit."""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from autobatch import Runner
+from runner_workloads import make_data, make_model, mse, weights
+
+
+def test_a_fit_given_steps_the_run_has_reached_warns_and_trains_nothing(caplog):
+    model = make_model()
+    runner = Runner(model, torch.optim.SGD(model.parameters(), lr=0.1), mse, global_batch=16, micro_batch=8,
+                    progress=False)
+    runner.fit(make_data(48, 16), steps=3)
+    before = weights(model)
+    with caplog.at_level(logging.WARNING, logger="autobatch"):
+        result = runner.fit(make_data(48, 16), steps=2)
+    assert result.steps == 3 and result.steps_this_run == 0
+    assert all(torch.equal(a, b) for a, b in zip(before, weights(model)))
+    warned = [r.getMessage() for r in caplog.records if "trained no step" in r.getMessage()]
+    assert len(warned) == 1 and "steps=2" in warned[0] and "3 steps" in warned[0]
