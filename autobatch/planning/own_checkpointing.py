@@ -36,9 +36,8 @@ def own_checkpointing_hint(names: list[str]) -> str:
     """Why the planner wraps nothing in a model that checkpoints itself, and what to do."""
     return (f"the model checkpoints its own blocks already (gradient_checkpointing=True on {short_names(names)}: "
             "Transformers' model.gradient_checkpointing_enable()), so autobatch wraps none of them again (a second "
-            "recompute nested in theirs frees no memory and adds a forward); its probes already ran with that "
-            "checkpointing. Plan with allow_checkpointing=False to say so, or call "
-            "model.gradient_checkpointing_disable() to let autobatch choose")
+            "recompute nested in theirs frees no memory and adds a forward); what was measured ran with that "
+            "checkpointing. Call model.gradient_checkpointing_disable() to let autobatch choose the blocks")
 
 
 def cache_note(model: nn.Module) -> str | None:

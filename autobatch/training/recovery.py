@@ -36,6 +36,7 @@ from ..errors import PeerOutOfMemoryError, StepOutOfMemoryError, add_note
 from .. import checks
 from ..memory.oom import free_memory, is_oom_error
 from ..planning.checkpointing import enable_checkpointing, no_blocks_hint
+from ..planning.own_checkpointing import own_checkpointing
 from .inputs import warn_batch_statistics
 from .multiples import round_down
 from .run_result import Recovery
@@ -381,8 +382,10 @@ class OomRecovery:
             param.grad = None
 
     def _enable_checkpointing(self) -> None:
-        handle = enable_checkpointing(self.model, self.checkpoint_targets)
-        if not handle.modules:
+        """The fallback at the smallest micro-batch; none for a model that checkpoints its own blocks
+        (Transformers' ``gradient_checkpointing_enable()``: a recompute nested in theirs frees nothing)."""
+        handle = None if own_checkpointing(self.model) else enable_checkpointing(self.model, self.checkpoint_targets)
+        if handle is None or not handle.modules:
             raise StepOutOfMemoryError(
                 self.step, self._phase, False,
                 reason=f"global step {self.step} ran out of memory at micro-batch {self.micro_batch} and activation "

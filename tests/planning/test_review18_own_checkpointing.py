@@ -79,3 +79,17 @@ def test_checkpointing_a_model_with_a_training_cache_names_the_cache():
     assert without.checkpointing and without.micro_batch_sizes == [2]
     assert not any("use_cache" in note for note in without.notes)
     without.undo()
+
+
+def test_the_runners_checkpointing_fallback_does_not_nest_in_a_model_that_checkpoints_itself():
+    """At micro-batch 1 the runner's fallback wrapped the layers of a model that checkpoints its
+    own: the step now stops with the reason, and no block is wrapped."""
+    from autobatch import FaultInjector, Runner, StepOutOfMemoryError
+
+    model = LM()
+    model.gradient_checkpointing_enable()
+    runner = Runner(model, torch.optim.SGD(model.parameters(), lr=0.1), lambda m, x: m(x), global_batch=2, micro_batch=1,
+                    checkpointing_fallback=True, progress=False, faults=FaultInjector([(0, "forward")]))
+    with pytest.raises(StepOutOfMemoryError, match="checkpoints its own blocks already"):
+        runner.fit([torch.randn(2, 8, 16)])
+    assert not any(is_checkpointed(module) for module in model.modules())
