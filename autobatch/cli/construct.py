@@ -24,7 +24,7 @@ from omegaconf import OmegaConf
 
 from .errors import one_line, where_raised
 
-__all__ = ["construct", "from_launch_dir"]
+__all__ = ["construct", "from_launch_dir", "not_on_path"]
 
 #: The exceptions a constructor raises for a value it rejects: bad input, exit status 2.
 _REJECTED = (ValueError, TypeError, IndexError, KeyError, AssertionError)
@@ -83,6 +83,7 @@ def construct(key: str, node: Any, expect: type | None = None, **kwargs: Any) ->
                     "where the command ran and its argument is named root, path, *_dir, *_path or *_file; or give "
                     "${hydra:runtime.cwd}/PATH)")
         code = where_raised(cause, users_only=True)  # a bug of the user's constructor, not an argument
+        fix = (not code and _missing_arguments(key, cause)) or fix  # its own call, not one inside it
         fix += f", or your code that raised it{code}" if code else ""
         # from cause: AUTOBATCH_TRACEBACK=1 shows the constructor's own traceback (from None hid it)
         raise ValueError(f"{key}: {target} {what} ({type(cause).__name__}: {one_line(cause)}); {fix}") from cause
@@ -92,6 +93,35 @@ def construct(key: str, node: Any, expect: type | None = None, **kwargs: Any) ->
         raise ValueError(f"{key}._target_={target!r} built a {kind}, not a {_public_name(expect)}; "
                          f"give a class (or a function) that returns one")
     return built
+
+
+#: Python's words for a call that left out required arguments (``missing 1 required positional
+#: argument: 'width'``; ``... arguments: 'a' and 'b'``; ``... keyword-only argument: 'c'``).
+_MISSING = re.compile(r"missing \d+ required (?:positional |keyword-only )?arguments?: (.+)$")
+
+
+def _missing_arguments(key: str, cause: BaseException) -> str:
+    """``give +key.width=VALUE`` for a constructor that a required argument was not given to; ""
+    for any other rejection. Before, the line said ``check model=target model._target_=...``,
+    which named the override that was right and not the argument to add."""
+    found = _MISSING.search(str(cause)) if isinstance(cause, TypeError) else None
+    if found is None:
+        return ""
+    names = re.findall(r"'(\w+)'", found.group(1))
+    return "give " + " ".join(f"+{key}.{name}=VALUE" for name in names) if names else ""
+
+
+def not_on_path(name: str) -> str:
+    """Why module ``name`` was not found although it is in the current directory: the
+    ``autobatch`` console script, unlike ``python -m autobatch``, does not import from there
+    (a ``_target_`` of the user's own ``mymodels.py``); "" where that is not why."""
+    here = Path.cwd()
+    if not ((here / f"{name}.py").is_file() or (here / name / "__init__.py").is_file()):
+        return ""
+    if any(Path(entry or ".").resolve() == here.resolve() for entry in sys.path):
+        return ""
+    return (f"; {name} is in the current directory, which the autobatch script does not import from: "
+            "run python -m autobatch, or set PYTHONPATH=.")
 
 
 def _public_name(kind: type) -> str:

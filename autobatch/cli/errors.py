@@ -3,7 +3,7 @@
 Every exception that reaches the edge becomes ``autobatch: error: <one line>`` on stderr and
 exit status 2 for bad input (a wrong override, impossible probe bounds, an unimportable
 ``_target_``) or 1 for a failure at run time (nothing fits, an error in the model). Set
-``AUTOBATCH_TRACEBACK=1`` (or ``hydra.verbose=true``) for the full traceback instead.
+``AUTOBATCH_TRACEBACK=1`` (or ``HYDRA_FULL_ERROR=1``, or ``hydra.verbose=true``) for the full traceback instead.
 """
 
 from __future__ import annotations
@@ -11,13 +11,14 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import sys
 import sysconfig
 import traceback
 from contextlib import contextmanager
 from typing import Any, Iterator
 
-from hydra.errors import CompactHydraException, HydraException
+from hydra.errors import CompactHydraException, HydraException, OverrideParseException
 from omegaconf.errors import OmegaConfBaseException
 
 from ..errors import GlobalBatchTooLargeError, NoBatchFitsError, StepOutOfMemoryError, in_packages, raised_through
@@ -155,6 +156,29 @@ def _install_hint(message: str) -> str:
     return message
 
 
+def _unparsed(exc: OverrideParseException) -> str:
+    """An override Hydra's grammar cannot read, and the quoted form that it can. Hydra's own
+    message (``LexerNoViableAltException: hydra.run.dir=runs/ü ^``) names neither the cause nor
+    the fix: an unquoted value takes ASCII letters, digits, spaces and a few symbols only, so a
+    path with an accented letter, a stray bracket or quote fails until the value is quoted."""
+    override = str(getattr(exc, "override", "") or "")
+    reason = one_line(exc).split(" See https://", 1)[0].removeprefix("LexerNoViableAltException: ")
+    reason = reason.removeprefix(f"Error parsing override {override!r}").strip(" ^")
+    reason = "" if reason in ("", override) else f" ({reason})"
+    key, sep, value = override.partition("=")
+    if not sep or not value or value[0] in "'\"" or value[-1] in "'\"":
+        return f"cannot parse the override {override!r}{reason}; see Hydra's override grammar: {_GRAMMAR}"
+    quote = "'" if '"' in value else '"'
+    quoted = shlex.quote(f"{key}={quote}{value}{quote}")
+    return (f"cannot parse the override {override!r}{reason}: unquoted, a value takes ASCII letters, digits "
+            f"and a few symbols only (a list or dict needs its closing bracket); a string with other "
+            f"characters (an accented letter, a bracket, a quote) is quoted inside the shell's quotes: {quoted}")
+
+
+#: Hydra's page on its override grammar (quoting, lists, sweeps).
+_GRAMMAR = "https://hydra.cc/docs/advanced/override_grammar/basic/"
+
+
 def _keyed(exc: OmegaConfBaseException) -> str:
     """OmegaConf's message, led by the key it is about (its ``full_key``, which :func:`one_line`
     drops as bookkeeping) unless the message names it: "Interpolation key 'nope' not found" said
@@ -174,6 +198,8 @@ def describe(exc: BaseException) -> tuple[str, int]:
         return f"{one_line(exc)}: {one_line(exc.__cause__)}", BAD_INPUT  # the override, then why
     if isinstance(exc, OmegaConfBaseException):
         return _keyed(exc), BAD_INPUT
+    if isinstance(exc, OverrideParseException):
+        return _unparsed(exc), BAD_INPUT
     if isinstance(exc, HydraException) or (isinstance(exc, ValueError) and _raised_in_autobatch(exc)):
         return _install_hint(one_line(exc)), BAD_INPUT
     # an error of the model, data or loss at run time (a ValueError of theirs too: before, it was
@@ -183,9 +209,11 @@ def describe(exc: BaseException) -> tuple[str, int]:
 
 
 def traceback_wanted(verbose: object = False) -> bool:
-    """Whether to show full tracebacks: ``AUTOBATCH_TRACEBACK`` set (not 0) or Hydra's verbose."""
-    flag = os.environ.get("AUTOBATCH_TRACEBACK", "")
-    return flag not in ("", "0", "false", "False") or bool(verbose)
+    """Whether to show full tracebacks: ``AUTOBATCH_TRACEBACK`` or Hydra's own ``HYDRA_FULL_ERROR``
+    set (not 0), or Hydra's verbose. A Hydra user sets ``HYDRA_FULL_ERROR=1`` out of habit; before,
+    it was ignored and the one line still said ``AUTOBATCH_TRACEBACK=1``."""
+    flags = (os.environ.get(name, "") for name in ("AUTOBATCH_TRACEBACK", "HYDRA_FULL_ERROR"))
+    return any(flag not in ("", "0", "false", "False") for flag in flags) or bool(verbose)
 
 
 class _FilteredStderr:

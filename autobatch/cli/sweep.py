@@ -49,6 +49,12 @@ PLOT_FILE = "summary.png"
 #: The files :func:`write_summary` writes into the sweep directory.
 SUMMARY_FILES = ("summary.csv", "summary.md", PLOT_FILE)
 COLUMNS = ("job", "overrides", "status", "batch_size", "trials", "peak", "time_s", "error")
+#: The columns each command's jobs add (``hydra.job.name``), and a planning probe's
+#: (``train.global_batch`` set). Every row of a sweep has them, a failed or interrupted job's
+#: empty: before, a sweep whose jobs all failed wrote a ``summary.csv`` without them, and a script
+#: reading ``row["final_loss"]`` back failed on it.
+COMMAND_COLUMNS = {"probe": ("cached",), "train": ("global_batch", "steps", "recoveries", "final_loss")}
+PLAN_COLUMNS = ("global_batch", "micro_batch", "accumulation", "checkpointing")
 _last_sweep: list[Path] = []
 
 
@@ -152,11 +158,21 @@ def _plot_wanted(config: DictConfig) -> bool:
     return bool(OmegaConf.select(config, "probe.plot", default=True))
 
 
+def _empty_columns(command: str, config: DictConfig | None) -> dict[str, None]:
+    """The columns ``command`` 's jobs add (:data:`COMMAND_COLUMNS`), each empty, with a planning
+    probe's where ``config`` sets ``train.global_batch``."""
+    columns = list(COMMAND_COLUMNS.get(command, ()))
+    if command == "probe" and config is not None and OmegaConf.select(config, "train.global_batch") is not None:
+        columns += PLAN_COLUMNS
+    return dict.fromkeys(columns)
+
+
 def _job_row(config: DictConfig, job_return: JobReturn) -> dict[str, Any]:
     hydra_cfg = config.hydra
     row: dict[str, Any] = {
         "job": hydra_cfg.job.num,
         "overrides": " ".join(job_return.overrides or hydra_cfg.overrides.task),
+        **_empty_columns(str(OmegaConf.select(config, "hydra.job.name")), config),
     }
     if job_return.status == JobStatus.COMPLETED:
         value = job_return.return_value
@@ -205,7 +221,7 @@ def record_interrupted(error: str) -> None:
         return
     sweep_dir = _from_cwd(hydra_cfg.sweep.dir, hydra_cfg.runtime.cwd)
     row = {"job": hydra_cfg.job.num, "overrides": " ".join(hydra_cfg.overrides.task), "status": "interrupted",
-           "error": error, _SWEEP_KEY: sweep_id(sweep_dir)}
+           **_empty_columns(str(getattr(hydra_cfg.job, "name", None)), None), "error": error, _SWEEP_KEY: sweep_id(sweep_dir)}
     try:
         _atomic_write(Path(hydra_cfg.runtime.output_dir) / ROW_FILE, json.dumps(row, default=str) + "\n")
         write_summary(sweep_dir, plot=False)
