@@ -27,6 +27,7 @@ from .batch_growth import check_batch_grows
 from .cache import ProbeCache, key_components, key_of
 from .estimated import estimate_only, estimate_prior
 from .fresh_layout import FreshLayout
+from .content_peaks import content_note
 from .held_growth import HeldGrowth, held_growth_note
 from ..memory.lazy_state import LazyStateWatch
 from .restore import Snapshot
@@ -225,6 +226,7 @@ def _probe(call: _Call, restore, estimate_first: bool | None) -> ProbeResult:
             result.diagnostics = memory_diagnostics(memory)
             call.notes.append(promise_note(runner, result, memory))
             call.notes.append(held_growth_note(kept, runner.records, result.batch_size, capacity if limit is None else limit))
+            call.notes.append(content_note(kept.steps, runner.records, result.batch_size))  # padded to its longest
     except Exception as exc:
         call.agreement.left(fn, exc)  # other ranks: told at once, not left waiting for this one
         raise

@@ -17,6 +17,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from ..memory.units import format_bytes
+from .content_peaks import drawn_shapes
 
 __all__ = ["HeldGrowth", "held_growth_note"]
 
@@ -26,18 +27,24 @@ MIN_STEPS = 3
 
 class HeldGrowth:
     """``fn`` as a probe's trials call it, with what was allocated as each call began and ended,
-    by trial (``trials``: how many trials the runner recorded so far, the index of the running one)."""
+    by trial (``trials``: how many trials the runner recorded so far, the index of the running one),
+    and, for :mod:`~autobatch.probe.content_peaks`, each call's peak above its start and the
+    shapes of the batch a ``TrainStep``'s ``make_batch`` built for it (the runner resets the peak
+    just before each call)."""
 
     def __init__(self, fn: Callable[[int], object], memory: Any) -> None:
         self.fn, self.memory = fn, memory
         self.trials: Callable[[], int] = lambda: 0
         self._calls: dict[int, list[tuple[int, int]]] = {}
+        self.steps: dict[int, list[tuple[int, tuple]]] = {}  # by trial: (peak above the start, batch shapes)
 
     def __call__(self, batch_size: int) -> None:
         trial = self.trials()
         before = self.memory.allocated()
-        self.fn(batch_size)  # its return value is dropped before the count, as the trial drops it
+        with drawn_shapes(self.fn) as shapes:
+            self.fn(batch_size)  # its return value is dropped before the count, as the trial drops it
         self._calls.setdefault(trial, []).append((before, self.memory.allocated()))
+        self.steps.setdefault(trial, []).append((self.memory.peak() - before, tuple(s for built in shapes for s in built)))
 
     def per_step(self, index: int, steps: int | None) -> int:
         """Bytes that memory held between steps grew by in each of the last steps of trial

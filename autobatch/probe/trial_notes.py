@@ -12,7 +12,9 @@ naming the trial's batch and what to do, where the trial runs
 The same holds for a step that refuses some sizes only (a batch split in pairs, ``view(n // 2,
 2, ...)``, at an odd size): the search jumps to sizes such as 1813, and the step's shape error
 said nothing of why that size was tried. Where other sizes passed before, the note names them
-and ``multiple_of`` (their common divisor, where the failing size is not a multiple of it). An
+and ``multiple_of`` (their common divisor, where the failing size is not a multiple of it), and, where
+the failing size is above every size that passed (a model asserting ``x.shape[0] <= 512``: the
+note said only ``multiple_of``, which a rerun with it met again), ``max_batch``. An
 error at the first trial, with no size passed, is the step's at any size: it gets no note. An
 ``IndexError`` above batch 1 is the exception: a ``make_batch`` that indexes a dataset of fewer
 samples (``X[torch.arange(n)]``) raises it at any size past the dataset's, the first trial too
@@ -66,10 +68,15 @@ def with_trial_note(exc: BaseException, batch_size: int, passed: list[int] | tup
         divisor = math.gcd(*passed)
         why = (f": every size that passed is a multiple of {divisor} and {batch_size} is not, so the multiple it needs "
                f"divides {divisor}") if divisor > 1 and batch_size % divisor else ""
+        bound = ""
+        if batch_size > max(passed):  # refused for being large (an assertion, a kernel's limit), not for its factors
+            bound = (f" Or it refuses sizes above a bound (a shape assertion, a kernel's or an index's limit): every "
+                     f"size that passed is below {batch_size}, so pass max_batch (the largest size it takes, below "
+                     f"{batch_size}) and the search tries nothing above it.")
         add_note(exc, 
             f"autobatch: this error came from a probe trial at batch {batch_size}, after trials at {_sizes(passed)} "
             "passed: the step may refuse some batch sizes (a batch split in pairs or groups). Pass multiple_of (to "
-            f"find_max_batch or plan(), or in a Runner's plan_options) so that only sizes it takes are tried{why}."
+            f"find_max_batch or plan(), or in a Runner's plan_options) so that only sizes it takes are tried{why}.{bound}"
         )
         return exc
     if batch_size == 1:

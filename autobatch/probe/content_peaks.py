@@ -1,0 +1,91 @@
+"""Whether a step's memory depends on the batch's content, told from the steps of one trial.
+
+A step whose batch is padded to its longest sequence, or whose mixture-of-experts layer routes
+samples by their values, takes more memory for one batch than for another of the same size. The
+probe's answer then holds for the batches its trials drew, and nothing said so: on the CPU's
+simulated device (8 MiB) a token model whose ``make_batch`` padded to the longest sequence, one
+sample in 500 being 512 long and the rest 8-63, answered 69, where a batch holding one long
+sequence fits 9; an MoE step's answer ran out of memory in its first training steps. Steps of one
+trial run at the same size, so where the batch shapes its ``make_batch`` built differ, or their
+peaks above their start differ (after the first step, which makes lazily created state), by more
+than :data:`SPREAD` of the larger, :func:`content_note` says so, with the shapes and peaks it saw.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from typing import Any, Iterator
+
+import torch
+from torch.utils._pytree import tree_leaves
+
+from ..memory.units import format_bytes
+from .train_step import TrainStep
+
+__all__ = ["drawn_shapes", "content_note", "SPREAD"]
+
+#: Peaks of steps at one size differing by more than this fraction of the larger tell of content.
+SPREAD = 0.01
+
+
+@contextmanager
+def drawn_shapes(fn: Any) -> Iterator[list]:
+    """While the block runs, the shapes of the tensors in each batch a ``TrainStep``'s
+    ``make_batch`` builds are appended to the list yielded (nothing for a plain callable, whose
+    batch the probe cannot see). The step's own ``make_batch`` is put back after."""
+    shapes: list = []
+    make = fn.make_batch if isinstance(fn, TrainStep) else None
+    if make is None or isinstance(type(fn).__dict__.get("make_batch"), property):  # no batches of its own to see
+        yield shapes
+        return
+    own = "make_batch" in vars(fn)
+
+    def recorded(batch_size: int) -> Any:
+        batch = make(batch_size)
+        shapes.append(tuple(tuple(leaf.shape) for leaf in tree_leaves(batch) if isinstance(leaf, torch.Tensor)))
+        return batch
+
+    fn.make_batch = recorded
+    try:
+        yield shapes
+    finally:
+        if own:
+            fn.make_batch = make
+        else:
+            del fn.make_batch
+
+
+def content_note(steps: dict[int, list[tuple[int, tuple]]], records: list, batch_size: int) -> str | None:
+    """The note on a probe whose steps at one size built batches of other shapes or peaked
+    differently (``steps``: :class:`~autobatch.probe.held_growth.HeldGrowth`'s, by trial index of
+    ``records``); None where none did. The trial told of is the answer's latest passing one where
+    it shows it, else the one whose peaks spread most."""
+    found = []
+    for index, record in enumerate(records):
+        calls = steps.get(index, [])
+        if not record.passed or len(calls) < 2:
+            continue
+        shapes = list(dict.fromkeys(shape for _, shape in calls))
+        later = [peak for peak, _ in calls[1:]]
+        spread = (max(later) - min(later)) / max(max(later), 1) if len(later) > 1 else 0.0
+        if len(shapes) > 1 or spread > SPREAD:
+            found.append((record.batch_size == batch_size, spread, index, record.batch_size, shapes, later))
+    if not found:
+        return None
+    _, spread, _, size, shapes, later = max(found, key=lambda item: (item[0], item[1], item[2]))
+    drew = ""
+    if len(shapes) > 1:
+        varied = [k for k in range(len(shapes[0])) if len({shape[k] if k < len(shape) else None for shape in shapes}) > 1]
+        leaf = varied[0] if varied else 0
+        drew = "built inputs shaped " + ", ".join(
+            str(list(shape[leaf])) if leaf < len(shape) else "(none)" for shape in shapes[:4]) + ("..." if len(shapes) > 4 else "")
+    if spread > SPREAD:
+        drew += (" and " if drew else "") + f"peaked {format_bytes(min(later))} to {format_bytes(max(later))} above their start"
+    return (
+        f"steps of one size took different memory, as a step whose memory depends on the batch's content does: "
+        f"batch {size}'s steps {drew}. The answer, {batch_size}, holds "
+        "for the batches the trials drew, not for every batch: one that takes more (longer sequences padded to its "
+        "longest, more samples routed to one expert) can run out of memory at it. Have make_batch build the costliest "
+        "batch training will see (pad to the longest length) and probe again, pass margin= to leave room, or train "
+        "with autobatch's Runner, which replays a step that runs out of memory in smaller micro-batches."
+    )
