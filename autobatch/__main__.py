@@ -37,7 +37,7 @@ examples:
   python -m autobatch train --config-dir myconf --config-name mytrain   # your own config (defaults: [train, _self_])
 
 `python -m autobatch <command> --help` shows that command's config groups and options.
-Set AUTOBATCH_TRACEBACK=1 for full tracebacks on errors."""
+Set AUTOBATCH_TRACEBACK=1 (or HYDRA_FULL_ERROR=1) for full tracebacks on errors."""
 
 
 CACHE_TEXT = "list or clear the persistent probe cache: cache list|clear [--dir DIR]"
@@ -75,6 +75,7 @@ def _version() -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Dispatch to a command's Hydra app; return the exit status."""
+    _import_from_working_directory()
     args = list(sys.argv[1:] if argv is None else argv)
     if not args or args[0] in ("-h", "--help", "help"):
         print(_usage())
@@ -124,6 +125,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         return code if isinstance(code, int) else (0 if code is None else 1)
     _report_sweep()
     return 0
+
+
+def _import_from_working_directory() -> None:
+    """Put the working directory first on ``sys.path`` where it is missing, as ``python -m``
+    does: the ``autobatch`` console script (``sys.path[0]`` its own bin folder) could not import
+    a ``_target_`` in the user's ``mymodels.py`` beside the command, which ``python -m autobatch``
+    could, though the docs call them the same program."""
+    here = os.getcwd()
+    if not any(os.path.abspath(entry or os.curdir) == here for entry in sys.path):
+        sys.path.insert(0, here)
 
 
 def _verbose(args: Sequence[str]) -> bool:

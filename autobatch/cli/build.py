@@ -28,7 +28,7 @@ from ..probe.find import validate_probe_args
 from ..planning.plan_arguments import validate_timing
 from ..probe.train_step import TrainStep
 from . import validation
-from .construct import construct, not_on_path
+from .construct import construct
 from .errors import one_line, where_raised
 from .ranks import data_parallel
 from ..memory.allocator import environment_expandable_segments, set_expandable_segments
@@ -83,7 +83,7 @@ def locate(path: str) -> Any:
         found = index
         break
     if module is None:
-        raise ImportError(f"no module named {parts[0]!r}{not_on_path(parts[0])}")
+        raise ImportError(f"no module named {parts[0]!r}")
     obj: Any = module
     for index in range(found, len(parts)):
         if not hasattr(obj, parts[index]):

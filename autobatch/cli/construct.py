@@ -24,7 +24,7 @@ from omegaconf import OmegaConf
 
 from .errors import one_line, where_raised
 
-__all__ = ["construct", "from_launch_dir", "not_on_path"]
+__all__ = ["construct", "from_launch_dir"]
 
 #: The exceptions a constructor raises for a value it rejects: bad input, exit status 2.
 _REJECTED = (ValueError, TypeError, IndexError, KeyError, AssertionError)
@@ -109,19 +109,6 @@ def _missing_arguments(key: str, cause: BaseException) -> str:
         return ""
     names = re.findall(r"'(\w+)'", found.group(1))
     return "give " + " ".join(f"+{key}.{name}=VALUE" for name in names) if names else ""
-
-
-def not_on_path(name: str) -> str:
-    """Why module ``name`` was not found although it is in the current directory: the
-    ``autobatch`` console script, unlike ``python -m autobatch``, does not import from there
-    (a ``_target_`` of the user's own ``mymodels.py``); "" where that is not why."""
-    here = Path.cwd()
-    if not ((here / f"{name}.py").is_file() or (here / name / "__init__.py").is_file()):
-        return ""
-    if any(Path(entry or ".").resolve() == here.resolve() for entry in sys.path):
-        return ""
-    return (f"; {name} is in the current directory, which the autobatch script does not import from: "
-            "run python -m autobatch, or set PYTHONPATH=.")
 
 
 def _public_name(kind: type) -> str:
