@@ -54,7 +54,6 @@ size would otherwise pass for one that ran (``Attempt.caught_ooms``).
 from __future__ import annotations
 
 import functools
-import threading
 import time
 import warnings
 from dataclasses import asdict, dataclass
@@ -65,7 +64,7 @@ import torch
 from ..errors import NoBatchFitsError
 from ..memory.devices import AcceleratorMemory, DeviceMemory, SimulatedDeviceMemory, resolve_device
 from ..memory.lazy_state import LazyStateWatch
-from ..memory.oom import allocated_at_failure, free_memory, is_oom_error, requested_bytes
+from ..memory.oom import allocated_at_failure, free_memory, is_oom_error, recognised_ooms, requested_bytes
 from ..memory.simulated import active_simulation
 from ..probe.arguments import ALLOCATOR_HEADROOM
 from .decorator_checks import (caught_message, check_arguments, check_call, check_takes_batch, is_method,
@@ -174,7 +173,7 @@ def find_executable_batch_size(
                 memory.synchronize()
                 memory.reset_peak()
                 attempt.start_bytes, attempt.capacity_bytes = memory.allocated(), memory.capacity()
-            ooms, handled = oom_count(memory), _HANDLED.count
+            ooms, handled = oom_count(memory), recognised_ooms()
             began = time.perf_counter()
             try:
                 value = function(*args[:1], size, *args[1:], **kwargs) if method else function(size, *args, **kwargs)
@@ -204,16 +203,6 @@ def find_executable_batch_size(
     return wrapped
 
 
-class _Handled(threading.local):
-    """Out-of-memory errors the decorated calls of this thread handled (retried or raised as
-    :class:`~autobatch.NoBatchFitsError`): a nested decorated call's are not the outer function's."""
-
-    count = 0
-
-
-_HANDLED = _Handled()
-
-
 def _returned(attempt: Attempt, function: Callable[..., Any], memory: DeviceMemory | None, ooms: int | None,
               handled: int) -> None:
     """A call that returned: its peak, and one ``RuntimeWarning`` where the device counted
@@ -227,9 +216,9 @@ def _returned(attempt: Attempt, function: Callable[..., Any], memory: DeviceMemo
     after = oom_count(memory)
     if ooms is None or after is None:
         return
-    attempt.caught_ooms = max(0, after - ooms - (_HANDLED.count - handled))
+    attempt.caught_ooms = max(0, after - ooms - (recognised_ooms() - handled))
     if attempt.caught_ooms:
-        _HANDLED.count += attempt.caught_ooms  # warned here: an enclosing decorated call does not again
+        recognised_ooms(attempt.caught_ooms)  # warned here: an enclosing decorated call does not again
         warnings.warn(caught_message(getattr(function, "__name__", "function"), attempt.batch_size,
                                      attempt.caught_ooms), RuntimeWarning, stacklevel=4)
 
@@ -237,7 +226,6 @@ def _returned(attempt: Attempt, function: Callable[..., Any], memory: DeviceMemo
 def _record_failure(attempt: Attempt, exc: Exception, memory: DeviceMemory | None, began: float) -> None:
     """The failed attempt's figures, read in the handler, while the failed frames still hold what
     they allocated (the message's figure where it says more)."""
-    _HANDLED.count += 1  # handled here: an enclosing decorated call does not take it for one its function caught
     if memory is not None:
         attempt.failed_at_bytes = max(memory.allocated(), allocated_at_failure(str(exc)) or 0)
     attempt.seconds = time.perf_counter() - began

@@ -164,5 +164,5 @@ def caught_message(name: str, size: int, caught: int) -> str:
         f"were raised inside it and caught there (by an except in the function, not by this decorator), so batch "
         f"{size} was not retried smaller and is where the next call starts; the steps that ran out of memory did "
         "not train. Let out-of-memory errors leave the function (in a broad except: `if autobatch.is_oom_error(exc): "
-        "raise`). A search inside it that handles its own (find_max_batch) counts too: ignore this warning then"
+        "raise`)"
     )

@@ -16,12 +16,13 @@ from __future__ import annotations
 
 import gc
 import re
+import threading
 
 import torch
 
 from .units import parse_bytes
 
-__all__ = ["is_oom_error", "free_memory", "requested_bytes", "allocated_at_failure", "OOM_MESSAGES"]
+__all__ = ["is_oom_error", "free_memory", "requested_bytes", "allocated_at_failure", "recognised_ooms", "OOM_MESSAGES"]
 
 #: Substrings of allocator failure messages that count as "out of memory", by backend.
 OOM_MESSAGES: tuple[str, ...] = (
@@ -67,11 +68,42 @@ def is_oom_error(exc: BaseException) -> bool:
     not be retried into "nothing fits".
     """
     if isinstance(exc, torch.OutOfMemoryError):
-        return True
+        return _recognised(exc)
     if not isinstance(exc, RuntimeError) or not exc.args or getattr(exc, "quotes_peers", False):
         return False  # autobatch's errors between ranks quote another rank's message: not this rank's OOM
     message = str(exc.args[0])
-    return any(marker in message for marker in OOM_MESSAGES)
+    return any(marker in message for marker in OOM_MESSAGES) and _recognised(exc)
+
+
+class _Recognised(threading.local):
+    """Out-of-memory errors :func:`is_oom_error` recognised in this thread, each counted once."""
+
+    count = 0
+
+
+_RECOGNISED = _Recognised()
+
+
+def _recognised(exc: BaseException) -> bool:
+    """Count ``exc`` once (a mark on the error: a handler and the one around it read the same
+    error) in :func:`recognised_ooms`; True."""
+    if not getattr(exc, "_autobatch_recognised", False):
+        try:
+            exc._autobatch_recognised = True  # type: ignore[attr-defined]
+        except AttributeError:  # an error type without attributes: counted each time
+            pass
+        _RECOGNISED.count += 1
+    return True
+
+
+def recognised_ooms(add: int = 0) -> int:
+    """How many out-of-memory errors this thread's handlers recognised (:func:`is_oom_error`:
+    the probe's trials, the runner's replays, a decorated call's retries, a user's own check),
+    after adding ``add``. Read against the device's own count of errors (CUDA's ``num_ooms``)
+    it tells errors something else caught: the decorator's warning for a function that caught
+    its own."""
+    _RECOGNISED.count += add
+    return _RECOGNISED.count
 
 
 def free_memory(generation: int = 2) -> None:

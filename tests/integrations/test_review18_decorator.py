@@ -90,3 +90,29 @@ def test_a_function_that_returns_a_generator_is_refused_when_called(loop):
                                                                          r"return list\(loop\(batch_size\)\)"):
         train()
     assert device.oom_count == 0 and not any(a.ok for a in train.attempts)  # no step ran, no size passed for one
+
+
+def test_errors_autobatch_handles_inside_the_call_are_not_the_functions():
+    """A probe's failed trials and a Runner's replays inside a decorated call are autobatch's own
+    handling (``recognised_ooms``): no warning, ``caught_ooms`` 0."""
+    from autobatch import FaultInjector, Runner, find_max_batch
+
+    model = torch.nn.Linear(64, 64)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    def step(n):
+        model(torch.randn(n, 64)).sum().backward()
+        optimizer.step()
+        optimizer.zero_grad()
+
+    @find_executable_batch_size(starting_batch_size=8)
+    def train(batch_size):
+        found = find_max_batch(step, strategy="binary", max_batch=4096, cache=False).batch_size
+        runner = Runner(model, optimizer, lambda m, b: m(b).pow(2).mean(), global_batch=batch_size, micro_batch=batch_size,
+                        progress=False, faults=FaultInjector([(0, "forward")]))
+        return found, runner.fit([torch.randn(batch_size, 64)]).oom_recoveries
+
+    with simulated_memory("1MiB"), warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        found, recoveries = train()
+    assert found < 4096 and len(recoveries) == 1 and [a.caught_ooms for a in train.attempts] == [0]
