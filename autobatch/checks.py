@@ -268,6 +268,6 @@ def scheduler(name: str, value: Any) -> Any:
         raise ValueError(
             f"{name}=ReduceLROnPlateau needs a metric at each step(), and the runner steps {name} after every optimizer "
             f"step with none; pass {name}=None and step it yourself in on_step_end(info) with info['loss'] (or a "
-            "validation metric)"
+            "validation metric), and pass it in extra_state={'plateau': scheduler} so checkpoints keep its state"
         )
     return value

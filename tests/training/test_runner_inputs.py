@@ -76,7 +76,7 @@ def _runner(**changes):
         ({"step_guard": "maybe"}, ValueError, "step_guard must be one of"),
         ({"grow_after": -1}, ValueError, "grow_after must be"),
         ({"scheduler": 3}, TypeError, "scheduler must be an LR scheduler"),
-        ({"scheduler": "plateau"}, ValueError, "scheduler=ReduceLROnPlateau needs a metric"),
+        ({"scheduler": "plateau"}, ValueError, "scheduler=ReduceLROnPlateau needs a metric.*extra_state="),
     ],
 )
 def test_bad_runner_arguments_name_the_argument(changes, error, match):
