@@ -9,6 +9,7 @@ the runner never imports the distributed layer that sits after it in the pipelin
 
 from __future__ import annotations
 
+import struct
 from typing import Any, Callable, Iterable
 
 import torch
@@ -102,15 +103,25 @@ class DataParallel:
         return exchange_bytes(self.exchange, data, label)
 
 
-def agree_fit(parallel: DataParallel, **arguments: int | bool | None) -> None:
+def agree_fit(parallel: DataParallel, floats: Iterable[str] = (), **arguments: int | float | bool | None) -> None:
     """One ``ValueError`` on every rank where ``fit()``'s run-shaping arguments differ between
     ranks (one sync point, before anything is loaded or trained). A checkpoint is written by
     every rank together (each its random state, rank 0 the model), so ``checkpoint_dir`` given
     on rank 0 only (the habit of ``if rank == 0: save``) failed at the first save, or left rank 0
     waiting out the sync timeout at the run's end; a resume or a length on some ranks only
-    trains them out of step. ``arguments``: a flag (set or not) or a count (None: unset)."""
-    names = list(arguments)
-    values = [-1 if value is None else int(value) for value in arguments.values()]
+    trains them out of step; ``checkpoint_every`` on some ranks only left rank 0 alone in the
+    first save's sync point until the deadline; a ``global_batch`` or ``max_grad_norm`` that
+    differs weights or clips the one all-reduced gradient differently on each rank, and the
+    ranks' weights silently came apart. ``arguments``: a flag (set or not) or a count (None:
+    unset); those named in ``floats`` are positive numbers, compared exactly."""
+    names, floats = list(arguments), set(floats)
+
+    def code(name: str, value: int | float | bool | None) -> int:
+        if value is None:
+            return -1
+        return struct.unpack("<q", struct.pack("<d", float(value)))[0] if name in floats else int(value)
+
+    values = [code(name, value) for name, value in arguments.items()]
     rows = parallel.exchange(values, "fit(): every rank's arguments")
     differ = [i for i in range(len(names)) if len({row[i] for row in rows}) > 1]
     if not differ:
@@ -119,14 +130,17 @@ def agree_fit(parallel: DataParallel, **arguments: int | bool | None) -> None:
     def shown(i: int, value: int) -> str:
         if isinstance(arguments[names[i]], bool):
             return "set" if value else "not set"
-        return "None" if value < 0 else str(value)
+        if value < 0:
+            return "None"
+        return repr(struct.unpack("<d", struct.pack("<q", value))[0]) if names[i] in floats else str(value)
 
     detail = "; ".join(f"{names[i]}: " + ", ".join(f"rank {r} {shown(i, row[i])}" for r, row in enumerate(rows))
                        for i in differ)
     raise ValueError(
         f"fit() was called with other arguments on other ranks ({detail}); pass the same on every rank: "
         "every rank trains each step and writes each checkpoint together (its own random state; rank 0 the "
-        "model), so give checkpoint_dir, resume, epochs and steps to every rank's Runner and fit(), not to rank 0's alone"
+        "model), so give checkpoint_dir, checkpoint_every, resume, epochs and steps to every rank's Runner and fit(), not to "
+        "rank 0's alone, and the same global_batch and max_grad_norm (every rank steps on one all-reduced gradient)"
     )
 
 

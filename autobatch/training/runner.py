@@ -267,8 +267,9 @@ class Runner(OomRecovery, SplitsInMultiples, EndsSteps, Resumable, PlansFromData
         steps = checks.positive_int("steps", steps, allow_none=True)
         check_data(data)  # not one batch: a tensor, a dict, a tuple of tensors iterate its rows, keys, fields
         if self.distributed:  # before anything is loaded: a save or a resume on some ranks only hangs the others
-            ranks.agree_fit(self._parallel, checkpoint_dir=self.checkpoint_dir is not None,
-                            resume=resume is not None, epochs=epochs, steps=steps)
+            ranks.agree_fit(self._parallel, ("max_grad_norm",), checkpoint_dir=self.checkpoint_dir is not None,
+                            resume=resume is not None, epochs=epochs, steps=steps, global_batch=self.global_batch,
+                            checkpoint_every=self.checkpoint_every, max_grad_norm=self._train_step.max_grad_norm)
         began = time.perf_counter()
         # read before the data's generators replace the last fit()'s: a new loader's own (fresh) generator would
         # be set back to its first epoch's state after the replay, and the next epoch repeat that order

@@ -353,13 +353,31 @@ def compiled_ddp(rank: int, world: int, out: Path) -> dict:
     return {"warnings": warned}
 
 
+def fit_arguments_differ(rank: int, world: int, out: Path) -> dict:
+    """``Runner`` arguments that differ on rank 1 (a DDP model): ``global_batch`` (each rank
+    weighted the one all-reduced gradient by its own), ``max_grad_norm`` (each clipped it by its
+    own): the ranks' weights silently came apart; ``checkpoint_every``: rank 0 waited alone at
+    the first save until the deadline. Each must be one ``ValueError`` on every rank, before a step."""
+    data = [_share(batch, rank, world) for batch in make_data(96, 48)]
+    reports = {}
+    for name, differs in (("global_batch", dict(global_batch=96)), ("max_grad_norm", dict(max_grad_norm=0.5)),
+                          ("checkpoint_every", dict(checkpoint_every=1))):
+        model = _ddp_linear()
+        before = [t.detach().clone() for t in model.parameters()]
+        kwargs = dict(global_batch=48, micro_batch=12, checkpoint_dir=out / name, **QUIET) | (differs if rank == 1 else {})
+        runner = Runner(model, torch.optim.SGD(model.parameters(), lr=0.1), mse, **kwargs)
+        reports[name] = _outcome(lambda: runner.fit(data) and None)
+        reports[name]["trained"] = any(not torch.equal(a, b) for a, b in zip(before, model.parameters()))
+    return reports
+
+
 SCENARIOS = {"ddp_draw_error": ddp_draw_error, "stream_draw_error": stream_draw_error,
              "plan_draw_error": plan_draw_error, "probe_plain_error": probe_plain_error, "probe_module_error": probe_module_error,
              "fsdp_resume_bad_shard": fsdp_resume_bad_shard, "store_late_peer": store_late_peer,
              "ddp_multiple": ddp_multiple, "ddp_hook_error": ddp_hook_error, "stream_hook_last": stream_hook_last,
              "plain_hook_oom": plain_hook_oom, "ddp_hook_last": ddp_hook_last,
              "hook_save_fails": hook_save_fails, "eval_on_rank0": eval_on_rank0,
-             "compiled_ddp": compiled_ddp}
+             "compiled_ddp": compiled_ddp, "fit_arguments_differ": fit_arguments_differ}
 
 if __name__ == "__main__":
     main(SCENARIOS)

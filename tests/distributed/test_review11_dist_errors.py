@@ -25,6 +25,10 @@
 * A BatchNorm model under DDP evaluated on rank 0 alone, in ``on_step_end`` and after ``fit``
   (``autobatch.dist.ddp_step.settle``): no collective runs there, and every rank ends ``fit`` with
   rank 0's buffers. ``torch.compile(DDP(model))`` is warned about: it trains DDP's module, uncompiled.
+* ``Runner`` arguments given otherwise on rank 1 (``global_batch``, ``max_grad_norm``: the ranks'
+  weights silently came apart; ``checkpoint_every``: rank 0 alone at the first save until the
+  deadline) are one ``ValueError`` naming each rank's value, on every rank, before any step
+  (``autobatch.training.ranks.agree_fit``).
 
 One launch for all (the failing scenarios leave the ranks in step; the stale vote comes after the
 probes so that the ranks' sync points pair again after it).
@@ -45,7 +49,8 @@ WORKER = Path(__file__).resolve().parent / "review11_worker.py"
 SCENARIOS = ["probe_plain_error", "probe_module_error", "store_late_peer", "fsdp_resume_bad_shard", "ddp_multiple",
              "ddp_draw_error", "stream_draw_error", "plan_draw_error", "ddp_hook_error", "stream_hook_last",
              "plain_hook_oom", "ddp_hook_last", "hook_save_fails", "eval_on_rank0",
-             "compiled_ddp"]  # the last five linger not: a hang there would upset no other
+             "compiled_ddp",  # these five linger not: a hang there would upset no other
+             "fit_arguments_differ"]  # last: before its fix its ranks left fit() out of step
 
 
 @pytest.fixture(scope="module")
@@ -161,3 +166,15 @@ def test_a_compiled_ddp_wrapper_is_warned_about(runs):
     """The runner trains DDP's module, never the compiled wrapper: the compilation was dropped silently."""
     for report in runs["compiled_ddp"]:
         assert any("DistributedDataParallel(torch.compile(module))" in line for line in report["warnings"]), report
+
+
+@pytest.mark.parametrize("name, shown", [("global_batch", "global_batch: rank 0 48, rank 1 96"),
+                                         ("max_grad_norm", "max_grad_norm: rank 0 None, rank 1 0.5"),
+                                         ("checkpoint_every", "checkpoint_every: rank 0 None, rank 1 1")])
+def test_runner_arguments_that_differ_between_ranks_are_one_error_before_any_step(runs, name, shown):
+    """A ``global_batch`` or ``max_grad_norm`` given otherwise on rank 1 weighted or clipped the one
+    all-reduced gradient otherwise there, and the ranks' weights silently came apart; a
+    ``checkpoint_every`` left rank 0 alone in the first save's sync point until the deadline."""
+    for report in (report[name] for report in runs["fit_arguments_differ"]):
+        assert report["error"] == "ValueError" and shown in report["message"], report
+        assert not report["trained"] and report["seconds"] < 0.5 * report["limit"], report
