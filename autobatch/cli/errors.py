@@ -137,8 +137,10 @@ def where_raised(exc: BaseException, *, users_only: bool = False) -> str:
         return filename.startswith(os.path.join(paths["stdlib"], "")) and not filename.startswith(installed)
 
     frames = [frame for frame in raised_through(exc, leaving=_FRAMEWORK) if not python_own(frame[1])]
+    # else autobatch's frames that called torch (a built-in loss), not the simulated device's dispatch
+    # mode, which every op on the CPU passes through: it named accounting.py for a target out of range
     users = [frame for frame in frames if not in_packages(frame[0], ("autobatch",))] or ([] if users_only else [
-        frame for frame in frames if not in_packages(frame[0], ("autobatch.cli", "autobatch.__main__"))])
+        frame for frame in frames if not in_packages(frame[0], ("autobatch.cli", "autobatch.__main__", "autobatch.memory"))])
     if not users:
         return ""
     _, filename, line, function = users[-1]

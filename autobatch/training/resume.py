@@ -293,6 +293,9 @@ class Resumable:
         return path, state
 
     def _load(self, resume: str | os.PathLike) -> dict[str, Any]:
+        if not isinstance(resume, (str, os.PathLike)):  # resume=True: Path()'s bare "expected str, bytes or os.PathLike"
+            raise TypeError(f"resume={resume!r} is no checkpoint: give the last.pt a runner wrote, or its checkpoint_dir "
+                            f"(resume={str(self.checkpoint_dir or 'ckpt')!r}); resume=None starts afresh")
         sharded = has_dtensors(self.model)
         path, state = self._read(resume, sharded)
         if sharded:  # each rank wrote its file on its own: a run killed between two ranks' writes leaves a mix
