@@ -33,7 +33,8 @@ treated as a miss: the probe runs and the entry is rewritten. Entries are made r
 umask allows (not ``mkstemp``'s 0600), so a cache a team shares serves everyone. A directory where the lock file
 cannot be created (read-only, no permission) is not waited on as if another process held the
 lock: :meth:`ProbeCache.put` warns once per directory and does not cache;
-:meth:`ProbeCache.clear` raises :class:`CacheLockError` at once.
+:meth:`ProbeCache.clear` raises :class:`CacheLockError` at once. An entry that cannot be written
+(a full disk) is warned about once per directory and cause.
 """
 
 from __future__ import annotations
@@ -162,6 +163,17 @@ def _warn_unlockable_once(directory: Path, exc: CacheLockError) -> None:
         log.warning("%s; probe results are not cached there (choose a writable cache directory)", exc)
 
 
+def _warn_unwritable_once(directory: Path, path: Path, exc: Exception) -> None:
+    """One warning per directory and cause for an entry that cannot be written (a full disk, a
+    quota): a plan's or a sweep's every probe in this process would say it again."""
+    cause = getattr(exc, "errno", None) or type(exc).__name__
+    if f"write:{directory}:{cause}" not in _warned:
+        _warned.add(f"write:{directory}:{cause}")
+        log.warning("could not write the probe cache entry %s: %s; probe results are not cached there until it "
+                    "can be written (free space, or choose another cache directory: $AUTOBATCH_CACHE_DIR, "
+                    "cache=path, or cache=False)", path, exc)
+
+
 class ProbeCache:
     """The cache directory: :meth:`get` and :meth:`put` probe results by key."""
 
@@ -263,7 +275,7 @@ class ProbeCache:
             _warn_unlockable_once(self.directory, exc)
             return None
         except Exception as exc:  # noqa: BLE001 - a cache that cannot be written is no reason to fail
-            log.warning("could not write the probe cache entry %s: %s", path, exc)
+            _warn_unwritable_once(self.directory, path, exc)
             return None
         return path
 

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field, fields
+from collections.abc import Mapping
+from dataclasses import MISSING, asdict, dataclass, field, fields
 from typing import Any
 
 from .trial import TrialRecord
@@ -93,13 +94,25 @@ class ProbeResult:
         return json.dumps(self.to_dict(), **kwargs)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "ProbeResult":
-        """The result :meth:`to_dict` wrote; keys that are not its fields are left out, as
-        :meth:`~autobatch.Plan.from_dict` leaves them: the derived counts, and what the command
-        line's ``result.json`` adds (``command``, ``config``), which failed with a ``TypeError``."""
-        known = {item.name for item in fields(cls)}
-        values = {key: value for key, value in data.items() if key in known}
-        values["trials"] = [TrialRecord(**trial) for trial in values["trials"]]
+    def from_dict(cls, data: Mapping[str, Any]) -> "ProbeResult":
+        """The result :meth:`to_dict` wrote, read back in another process or by another version.
+
+        Keys that are not fields are left out, of the result and of each trial, as
+        :meth:`~autobatch.Plan.from_dict` leaves them: the derived counts, what the command
+        line's ``result.json`` adds (``command``, ``config``), and a field a newer autobatch
+        added (a trial's failed with a ``TypeError``). A field an older one lacked takes its
+        default. Anything else is one error naming what to pass: text instead of a dict, or a
+        dict or trial without the required fields (a bare ``KeyError: 'trials'`` before)."""
+        if not isinstance(data, Mapping):
+            text = " (JSON text: pass json.loads(text))" if isinstance(data, (str, bytes)) else ""
+            raise TypeError(f"ProbeResult.from_dict takes the dict ProbeResult.to_dict() wrote, got "
+                            f"{type(data).__name__}{text}")
+        values = _known(cls, data, "the dict", "a probe result")
+        trials = values["trials"]
+        if not isinstance(trials, list) or not all(isinstance(trial, Mapping) for trial in trials):
+            raise ValueError("ProbeResult.from_dict: trials is not a list of objects; pass the dict "
+                             "ProbeResult.to_dict() wrote")
+        values["trials"] = [TrialRecord(**_known(TrialRecord, trial, "a trial", "a trial record")) for trial in trials]
         return cls(**values)
 
     def summary(self) -> str:
@@ -124,3 +137,15 @@ class ProbeResult:
             lines.append(f"fallback        {self.fallback_reason}")
         lines.extend(f"note            {note}" for note in self.notes)
         return "\n".join(lines)
+
+
+def _known(kind: type, data: Mapping[str, Any], what: str, name: str) -> dict[str, Any]:
+    """The items of ``data`` that are fields of the dataclass ``kind``; a ValueError naming the
+    required fields ``data`` lacks (``what`` is it, ``name`` what it should be)."""
+    every = fields(kind)
+    missing = [f.name for f in every if f.default is MISSING and f.default_factory is MISSING and f.name not in data]
+    if missing:
+        raise ValueError(f"ProbeResult.from_dict: {what} lacks {', '.join(missing)}, so it is not {name}; pass the "
+                         "dict ProbeResult.to_dict() wrote (a CLI probe's result.json, json.loads of to_json())")
+    known = {f.name for f in every}
+    return {key: value for key, value in data.items() if key in known}
