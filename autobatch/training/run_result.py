@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 __all__ = ["RunResult", "Recovery"]
@@ -78,5 +79,14 @@ class RunResult:
         return json.dumps(self.to_dict(), **kwargs)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "RunResult":
-        return cls(**data)
+    def from_dict(cls, data: Mapping[str, Any]) -> "RunResult":
+        """The result :meth:`to_dict` wrote, read back: keys that are not fields are left out (what
+        the command line's ``train_result.json`` adds, ``samples_per_s``, ``notes``, ``config``; a
+        field a newer autobatch added, in a checkpoint it wrote), as ``ProbeResult.from_dict`` does;
+        a field an older one lacked takes its default. Before, any such key was a ``TypeError``, on
+        reading the CLI's file and on resuming a newer version's checkpoint."""
+        if not isinstance(data, Mapping):
+            text = " (JSON text: pass json.loads(text))" if isinstance(data, (str, bytes)) else ""
+            raise TypeError(f"RunResult.from_dict takes the dict RunResult.to_dict() wrote, got {type(data).__name__}{text}")
+        known = {item.name for item in fields(cls)}
+        return cls(**{key: value for key, value in data.items() if key in known})

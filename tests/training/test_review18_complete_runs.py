@@ -24,3 +24,18 @@ def test_a_fit_given_steps_the_run_has_reached_warns_and_trains_nothing(caplog):
     assert all(torch.equal(a, b) for a, b in zip(before, weights(model)))
     warned = [r.getMessage() for r in caplog.records if "trained no step" in r.getMessage()]
     assert len(warned) == 1 and "steps=2" in warned[0] and "3 steps" in warned[0]
+
+
+def test_a_run_result_reads_back_the_command_lines_file_and_a_newer_versions_fields():
+    """``RunResult.from_dict`` was ``cls(**data)``: the CLI's ``train_result.json`` (``samples_per_s``,
+    ``notes``, ...) and a newer version's field (in a checkpoint it wrote) were a ``TypeError``."""
+    import json
+
+    import pytest
+
+    from autobatch import RunResult
+
+    written = {**RunResult(steps=3, samples=48).to_dict(), "samples_per_s": 1.5, "notes": [], "a_newer_field": 1}
+    assert RunResult.from_dict(json.loads(json.dumps(written))) == RunResult(steps=3, samples=48)
+    with pytest.raises(TypeError, match=r"pass json.loads\(text\)"):
+        RunResult.from_dict(json.dumps(written))
