@@ -82,6 +82,10 @@ class KernelDtypes(TorchDispatchMode):
     (``mean``/``rstd``) of a half input with float32 weights are float32 in the real kernels
     (GroupNorm's on every device, LayerNorm's on the CPU) and half in the fake ones: a
     per-token LayerNorm was counted short (0.5-1 % of a small transformer's peak).
+    ``native_layer_norm_backward`` returns a contiguous input gradient from the real kernels and,
+    from the fake (decomposed) one, one with the strides of the output's gradient: transposed
+    where the output is pooled through a transpose (Swin's last LayerNorm), so the next ``view``
+    (a Linear's backward) copied it in the trace only (a small Swin was estimated 1.2-1.4 % high).
 
     Where the real kernel returns its result in a larger storage (:data:`_REAL_STORAGE`: an MSE,
     smooth-L1, BCE or soft-margin loss reduced to a mean or sum keeps its unreduced buffer,
@@ -97,6 +101,9 @@ class KernelDtypes(TorchDispatchMode):
         if func is torch.ops.aten.native_group_norm_backward.default and out[0] is not None:
             if out[0].dtype != args[1].dtype:
                 out = (out[0].to(args[1].dtype), *out[1:])
+        elif func is torch.ops.aten.native_layer_norm_backward.default and out[0] is not None:
+            if not out[0].is_contiguous():  # the kernels write it contiguous, the decomposition with grad's strides
+                out = (out[0].contiguous(), *out[1:])
         elif func in (torch.ops.aten.native_group_norm.default, torch.ops.aten.native_layer_norm.default):
             x, params = args[0], [t for t in args[2:4] if isinstance(t, torch.Tensor)]
             mixed = x.dtype in _HALF and any(t.dtype == torch.float32 for t in params)

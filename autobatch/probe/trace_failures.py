@@ -59,12 +59,17 @@ def untraceable(exc: BaseException) -> str:
     """Why a step could not be traced: the exception, what it means where PyTorch's name does not
     say it (``aten._local_scalar_dense`` is ``.item()``), and the line of the user's code that
     raised it (the innermost frame outside torch and autobatch; else torch's own code outside its
-    dispatch machinery, such as an optimizer's ``step`` reading a norm), so the message says what to change."""
+    dispatch machinery, such as an optimizer's ``step`` reading a norm), so the message says what to change.
+    Where the user's line called torch code that did it (``nn.Transformer`` comparing a ``tgt_mask``
+    with a causal one, ``F.gaussian_nll_loss`` checking its variance), that function is named too:
+    the user's line alone did not say what read a value, nor what to pass instead."""
     meaning = _COMPILED if _in_compiler(exc) else _CANNOT.get(type(exc).__name__)
-    frames = raised_through(exc, leaving=("torch", "autobatch")) or [
-        frame for frame in raised_through(exc, leaving=("autobatch",))
-        if frame[0] != "torch" and not frame[0].startswith(("torch._", "torch.utils._"))]
+    library = [frame for frame in raised_through(exc, leaving=("autobatch",))
+               if frame[0] != "torch" and not frame[0].startswith(("torch._", "torch.utils._"))]
+    frames = raised_through(exc, leaving=("torch", "autobatch")) or library
     where = "at {}:{} in {}".format(*frames[-1][1:]) if frames else ""
+    if frames and library and library[-1] != frames[-1]:  # the user's line called torch code that read the value
+        where += ", inside {0}.{3} ({1}:{2})".format(*library[-1])
     told = "; ".join(part for part in (meaning, where) if part)
     said = str(exc).split("\n")[0] if _in_compiler(exc) else str(exc)  # the compiler's lists every frame it skipped
     return f"{type(exc).__name__}: {said}" + (f" ({told})" if told else "")
