@@ -3,6 +3,7 @@ names the argument, what it got and what it accepts, raised before any work star
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import numbers
 import operator
@@ -15,7 +16,7 @@ from torch._subclasses.fake_tensor import FakeTensor
 from .errors import FakeTensorLeakError
 
 __all__ = ["positive_int", "positive_number", "positive_shape", "integer", "flag", "module", "materialized", "optimizer", "function",
-           "torch_device", "dtype", "grad_scaler", "scheduler", "no_closure", "loss"]
+           "torch_device", "dtype", "grad_scaler", "scheduler", "no_closure", "loss", "record_fields"]
 
 
 def integer(value: Any) -> int | None:
@@ -271,3 +272,24 @@ def scheduler(name: str, value: Any) -> Any:
             "validation metric), and pass it in extra_state={'plateau': scheduler} so checkpoints keep its state"
         )
     return value
+
+
+def record_fields(kind: type, data: Any, owner: str, *, what: str = "the dict", is_not: str = "", source: str = "",
+                  exclude: tuple[str, ...] = ()) -> dict[str, Any]:
+    """The items of ``data`` that are fields of the dataclass ``kind`` (less ``exclude``), for a
+    record's ``from_dict`` (``owner``: ``ProbeResult``, ``Plan``, ``RunResult``): keys another
+    version or a report added are left out, a field an older version lacked takes its default.
+    Anything else is one error naming what to pass: JSON text instead of a dict (it failed as
+    ``'str' object has no attribute 'items'``), or a dict (``what``) without ``kind``'s required
+    fields, "so it is ``is_not``", pass what ``source`` names."""
+    if not isinstance(data, Mapping):
+        text = " (JSON text: pass json.loads(text))" if isinstance(data, (str, bytes)) else ""
+        raise TypeError(f"{owner}.from_dict takes the dict {owner}.to_dict() wrote, got {type(data).__name__}{text}")
+    every = dataclasses.fields(kind)
+    missing = [f.name for f in every
+               if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING and f.name not in data]
+    if missing:
+        raise ValueError(f"{owner}.from_dict: {what} lacks {', '.join(missing)}, so it is {is_not}; pass the dict "
+                         f"{owner}.to_dict() wrote ({source})")
+    known = {f.name for f in every} - set(exclude)
+    return {key: value for key, value in data.items() if key in known}

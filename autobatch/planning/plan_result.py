@@ -8,9 +8,10 @@ throughput objective's timed candidates.
 from __future__ import annotations
 
 import json
-from dataclasses import MISSING, dataclass, field, fields
+from dataclasses import dataclass, field, fields
 from typing import Any, Iterable, Mapping
 
+from .. import checks
 from ..probe.result import ProbeResult
 from .accumulation import split_batch
 from .checkpointing import CheckpointHandle, enable_checkpointing, module_names_for
@@ -103,16 +104,8 @@ class Plan:
         failed as ``'str' object has no attribute 'items'``), a dict without the plan's fields
         (``Plan.__init__() missing ...``), or micro-batch sizes that do not make the global batch
         (an edited plan that would train another one)."""
-        if not isinstance(data, Mapping):
-            text = " (JSON text: pass json.loads(text))" if isinstance(data, (str, bytes)) else ""
-            raise TypeError(f"Plan.from_dict takes the dict Plan.to_dict() wrote, got {type(data).__name__}{text}")
-        required = [f.name for f in fields(cls) if f.default is MISSING and f.default_factory is MISSING]
-        missing = [name for name in required if name not in data]
-        if missing:
-            raise ValueError(f"Plan.from_dict: the dict lacks {', '.join(missing)}, so it is no plan; pass the dict "
-                             "Plan.to_dict() wrote (a CLI run's plan.json, json.loads of Plan.to_json())")
-        known = {f.name for f in fields(cls)} - {"handle", "applied"}
-        plan = cls(**{key: value for key, value in data.items() if key in known})
+        plan = cls(**checks.record_fields(cls, data, "Plan", is_not="no plan", exclude=("handle", "applied"),
+                                          source="a CLI run's plan.json, json.loads of Plan.to_json()"))
         sizes = list(plan.micro_batch_sizes)
         if sum(sizes) != plan.global_batch or len(sizes) != plan.accumulation_steps or max(sizes, default=0) != plan.micro_batch:
             raise ValueError(f"Plan.from_dict: micro_batch_sizes [{short_list(sizes)}] (sum {sum(sizes)}) do not make "

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import MISSING, asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from .. import checks
 from .trial import TrialRecord
 from ..memory.units import format_bytes
 
@@ -103,16 +104,15 @@ class ProbeResult:
         added (a trial's failed with a ``TypeError``). A field an older one lacked takes its
         default. Anything else is one error naming what to pass: text instead of a dict, or a
         dict or trial without the required fields (a bare ``KeyError: 'trials'`` before)."""
-        if not isinstance(data, Mapping):
-            text = " (JSON text: pass json.loads(text))" if isinstance(data, (str, bytes)) else ""
-            raise TypeError(f"ProbeResult.from_dict takes the dict ProbeResult.to_dict() wrote, got "
-                            f"{type(data).__name__}{text}")
-        values = _known(cls, data, "the dict", "a probe result")
+        source = "a CLI probe's result.json, json.loads of to_json()"
+        values = checks.record_fields(cls, data, "ProbeResult", is_not="not a probe result", source=source)
         trials = values["trials"]
         if not isinstance(trials, list) or not all(isinstance(trial, Mapping) for trial in trials):
             raise ValueError("ProbeResult.from_dict: trials is not a list of objects; pass the dict "
                              "ProbeResult.to_dict() wrote")
-        values["trials"] = [TrialRecord(**_known(TrialRecord, trial, "a trial", "a trial record")) for trial in trials]
+        values["trials"] = [TrialRecord(**checks.record_fields(TrialRecord, trial, "ProbeResult", what="a trial",
+                                                               is_not="not a trial record", source=source))
+                            for trial in trials]
         return cls(**values)
 
     def summary(self) -> str:
@@ -138,14 +138,3 @@ class ProbeResult:
         lines.extend(f"note            {note}" for note in self.notes)
         return "\n".join(lines)
 
-
-def _known(kind: type, data: Mapping[str, Any], what: str, name: str) -> dict[str, Any]:
-    """The items of ``data`` that are fields of the dataclass ``kind``; a ValueError naming the
-    required fields ``data`` lacks (``what`` is it, ``name`` what it should be)."""
-    every = fields(kind)
-    missing = [f.name for f in every if f.default is MISSING and f.default_factory is MISSING and f.name not in data]
-    if missing:
-        raise ValueError(f"ProbeResult.from_dict: {what} lacks {', '.join(missing)}, so it is not {name}; pass the "
-                         "dict ProbeResult.to_dict() wrote (a CLI probe's result.json, json.loads of to_json())")
-    known = {f.name for f in every}
-    return {key: value for key, value in data.items() if key in known}

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field
 from typing import Any
+
+from .. import checks
 
 __all__ = ["RunResult", "Recovery"]
 
@@ -85,8 +87,4 @@ class RunResult:
         field a newer autobatch added, in a checkpoint it wrote), as ``ProbeResult.from_dict`` does;
         a field an older one lacked takes its default. Before, any such key was a ``TypeError``, on
         reading the CLI's file and on resuming a newer version's checkpoint."""
-        if not isinstance(data, Mapping):
-            text = " (JSON text: pass json.loads(text))" if isinstance(data, (str, bytes)) else ""
-            raise TypeError(f"RunResult.from_dict takes the dict RunResult.to_dict() wrote, got {type(data).__name__}{text}")
-        known = {item.name for item in fields(cls)}
-        return cls(**{key: value for key, value in data.items() if key in known})
+        return cls(**checks.record_fields(cls, data, "RunResult"))
