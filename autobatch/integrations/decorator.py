@@ -63,12 +63,12 @@ import torch
 
 from ..errors import NoBatchFitsError
 from ..memory.devices import AcceleratorMemory, DeviceMemory, SimulatedDeviceMemory, resolve_device
+from ..memory.diagnostics import oom_count
 from ..memory.lazy_state import LazyStateWatch
 from ..memory.oom import allocated_at_failure, free_memory, is_oom_error, recognised_ooms, requested_bytes
 from ..memory.simulated import active_simulation
 from ..probe.arguments import ALLOCATOR_HEADROOM
-from .decorator_checks import (caught_message, check_arguments, check_call, check_takes_batch, is_method,
-                               oom_count, refuse_coroutine)
+from .decorator_checks import caught_message, check_arguments, check_call, check_takes_batch, is_method, refuse_coroutine
 from .decorator_state import AttemptState
 
 __all__ = ["find_executable_batch_size", "Attempt"]

@@ -13,10 +13,7 @@ from __future__ import annotations
 import inspect
 from typing import Any, Callable
 
-import torch
-
-__all__ = ["caught_message", "check_arguments", "check_call", "check_takes_batch", "is_method", "oom_count",
-           "refuse_coroutine"]
+__all__ = ["caught_message", "check_arguments", "check_call", "check_takes_batch", "is_method", "refuse_coroutine"]
 
 #: the first parameter's names that make a function a method: the batch size goes second
 METHOD_FIRST = ("self", "cls")
@@ -143,18 +140,6 @@ def check_call(function: Callable[..., Any], args: tuple[Any, ...], kwargs: dict
             f"Batch size was passed into `{name}` as the first argument when called. Remove it: the "
             f"decorator supplies it: `{name}({names})`"
         )
-
-
-def oom_count(memory: Any) -> int | None:
-    """Out-of-memory errors the device has raised so far in the process (CUDA's allocator counter
-    ``num_ooms``, a simulated budget's ``oom_count``), or None where the device counts none."""
-    simulation = getattr(memory, "simulation", None)
-    if simulation is not None:
-        return int(simulation.oom_count)
-    device = getattr(memory, "device", None)
-    if isinstance(device, torch.device) and device.type == "cuda":
-        return int(torch.cuda.memory_stats(device).get("num_ooms", 0))
-    return None
 
 
 def caught_message(name: str, size: int, caught: int) -> str:

@@ -21,7 +21,7 @@ from typing import Any, Protocol
 from .devices import AcceleratorMemory, DeviceMemory, SimulatedDeviceMemory
 from .units import format_bytes
 
-__all__ = ["memory_diagnostics", "diagnostics_line"]
+__all__ = ["memory_diagnostics", "diagnostics_line", "oom_count"]
 
 log = logging.getLogger("autobatch")
 
@@ -117,6 +117,17 @@ def _safely(read) -> int | None:
 
 def _gap(reserved: int | None, allocated: int | None) -> int | None:
     return None if reserved is None or allocated is None else reserved - allocated
+
+
+def oom_count(memory: DeviceMemory | None) -> int | None:
+    """Out-of-memory errors ``memory``'s device has raised so far in the process: an
+    accelerator's ``num_ooms`` (0 before its allocator has stats), a simulated budget's
+    ``oom_count``; None where the device counts none (the CPU outside a simulated budget)."""
+    if isinstance(memory, SimulatedDeviceMemory):
+        return int(memory.simulation.oom_count)
+    if not isinstance(memory, AcceleratorMemory):
+        return None
+    return int(_allocator_stats(memory).get("num_ooms", 0))
 
 
 def _allocator_stats(memory: DeviceMemory) -> dict[str, Any]:
