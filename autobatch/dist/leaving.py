@@ -47,8 +47,14 @@ def publish(failure: BaseException) -> None:
     if store is None:
         return
     first = str(failure).strip().splitlines()[0][:300] if str(failure).strip() else ""
+    key = _error_key(agreement.rank())
     try:
-        store.set(_error_key(agreement.rank()), f"{type(failure).__name__}: {first}" if first else type(failure).__name__)
+        store.set(key, f"{type(failure).__name__}: {first}" if first else type(failure).__name__)
+        # a TCPStore client sends a set without waiting for the server; a query on the same
+        # connection returns only once the server has applied it. Without it a peer released
+        # by this rank's next sync point (a gloo collective, another connection) could read
+        # the store first and name no error (seen on a loaded 2-core machine)
+        store.check([key])
     except Exception:  # noqa: BLE001 - best effort
         pass
 
