@@ -30,9 +30,10 @@ from .epochs import EpochBatches, epoch_length, replayed, set_epoch, started
 from .extra_state import load_extra_state, saved_extra_state
 from .multiples import resumed_micro_batch
 from .pacing import agree_epoch_length, told_every_rank
-from .ranks import agree_resume, unwrap
+from .ranks import agree_resume
 from .resume_checks import check_fits, check_kinds, kind, load_scheduler, position_for, precision_of, warn_changed_precision
-from .resume_checks import local_module_names, warn_persistent_workers, warn_replaced_settings, without_wrapper_prefix
+from .resume_checks import check_fresh_dir, local_module_names, saved_module, warn_persistent_workers, warn_replaced_settings
+from .resume_checks import without_wrapper_prefix
 from .run_result import RunResult
 from .sharded_files import check_sharded_resume, sharded_path
 
@@ -49,6 +50,7 @@ class Resumable:
     _epoch_batches: int | None = None  # the data's batches an epoch (None: no length)
     _epoch_iter: EpochBatches | None = None  # the current epoch's iterator
     _fetched_at_load = False  # the loaded checkpoint's step had drawn its batch (a step stopped part-way)
+    _dir_claimed = False  # checkpoint_dir is this run's: checked by its first fit(), resumed from, or saved to
 
     def save(self, path: str | os.PathLike | None = None) -> Path:
         """Write a checkpoint atomically (default ``checkpoint_dir/last.pt``; a directory given
@@ -59,6 +61,8 @@ class Resumable:
                 raise ValueError("no path given and no checkpoint_dir configured")
             path = self.checkpoint_dir / CHECKPOINT_NAME
         path = resolve_checkpoint(path)  # os.replace of the file over a directory failed (IsADirectoryError)
+        if self.checkpoint_dir is not None and path.parent.resolve() == self.checkpoint_dir.resolve():
+            self._dir_claimed = True  # written there by hand: this run's, which a fit() goes on to replace
         counted = self.result.checkpoints_saved, self.result.checkpoint_path  # put back where no file is written
         self.result.checkpoints_saved += 1  # counted in the checkpoint itself
         self._count_skips()
@@ -140,8 +144,8 @@ class Resumable:
         return storable({
             "format": RUNNER_FORMAT,
             # a DTensor (FSDP2) as this rank's local shard: plain tensors, loadable with weights_only
-            "model": plain_state(unwrap(self.model).state_dict()),
-            "loose_parameters": saved_loose_parameters(unwrap(self.model), self.optimizer),
+            "model": plain_state(saved_module(self.model).state_dict()),
+            "loose_parameters": saved_loose_parameters(saved_module(self.model), self.optimizer),
             "optimizer": plain_state(self.optimizer.state_dict()),
             "optimizer_type": type(self.optimizer).__qualname__,
             "scheduler": None if self.scheduler is None else self.scheduler.state_dict(),
@@ -163,7 +167,7 @@ class Resumable:
             "micro_batch": self.micro_batch,
             "multiple_of": self.multiple_of,  # absent in checkpoints of older versions: 1
             "growth": self.growth.state_dict(),
-            "checkpointed_modules": None if self.checkpoint_handle is None else local_module_names(self.checkpoint_handle.modules, unwrap(self.model)),
+            "checkpointed_modules": None if self.checkpoint_handle is None else local_module_names(self.checkpoint_handle.modules, saved_module(self.model)),
             "result": self.result.to_dict(),
         })
 
@@ -236,8 +240,13 @@ class Resumable:
     def _continued_rng(self) -> dict[str, Any] | None:
         """Where an earlier ``fit()`` of this runner stopped inside an epoch (by ``steps``): the
         random state now, so the next ``fit()`` replays that epoch's start and skips the batches
-        it trained, as a resume does, instead of training them again; else None."""
+        it trained, as a resume does, instead of training them again; else None. The runner's
+        first ``fit()`` (no ``resume=``) warns of a ``checkpoint_dir`` holding another run's checkpoint."""
         self._refuse_torn("fit()")
+        writes = self._parallel.is_rank_zero() or has_dtensors(self.model)
+        if not self._dir_claimed and self.checkpoint_dir is not None and writes:
+            check_fresh_dir(self.checkpoint_dir)  # a warning where another run's checkpoint is there
+        self._dir_claimed = True
         began = self.position > 0 or self._batch_fetched()  # stopped in the epoch's first step too
         return rng_state(self._data_generators) if began and self._epoch_rng is not None else None
 
@@ -310,18 +319,18 @@ class Resumable:
             check_kinds(path, state, self.optimizer, self.scheduler)  # before anything is loaded
             warn_changed_precision(state, precision_of(self._train_step))
             if not sharded:  # load_state_dict loads what fits before it raises: nothing is loaded unless all fits
-                check_fits(unwrap(self.model), without_wrapper_prefix(state["model"]), self.optimizer, state["optimizer"])
+                check_fits(saved_module(self.model), without_wrapper_prefix(state["model"]), self.optimizer, state["optimizer"])
             # these refuse with their own CheckpointError, before the weights and optimizer state are loaded too
-            check_loose_parameters(path, unwrap(self.model), self.optimizer, state.get("loose_parameters"))
+            check_loose_parameters(path, saved_module(self.model), self.optimizer, state.get("loose_parameters"))
             load_scheduler(path, self.scheduler, state["scheduler"])
             load_extra_state(path, self.extra_state, state.get("extra_state"))  # absent in older checkpoints
             if state.get("checkpointed_modules") and self.checkpoint_handle is None:
-                self.checkpoint_handle = enable_checkpointing(unwrap(self.model), modules=local_module_names(state["checkpointed_modules"], unwrap(self.model)))
+                self.checkpoint_handle = enable_checkpointing(saved_module(self.model), modules=local_module_names(state["checkpointed_modules"], saved_module(self.model)))
             if sharded:  # this rank's shards, written in place
-                load_plain_state(self.model, state["model"])
+                load_plain_state(saved_module(self.model), state["model"])
                 self.optimizer.load_state_dict(optimizer_state_for(self.optimizer, state["optimizer"]))
             else:
-                unwrap(self.model).load_state_dict(without_wrapper_prefix(state["model"]))
+                saved_module(self.model).load_state_dict(without_wrapper_prefix(state["model"]))
                 warn_replaced_settings(self.optimizer, state["optimizer"])
                 self.optimizer.load_state_dict(state["optimizer"])
                 _state_onto_device(self.optimizer)
@@ -336,10 +345,11 @@ class Resumable:
         agree_resume(self._parallel, path, failure, "resume: every rank loaded the checkpoint", "could not load its "
                      "checkpoint file into the model and optimizer (see that rank's error, which says what to change); "
                      f"rank {self._parallel.rank()} stops too instead of training without it")
-        load_loose_parameters(unwrap(self.model), self.optimizer, state.get("loose_parameters"))
+        load_loose_parameters(saved_module(self.model), self.optimizer, state.get("loose_parameters"))
         if self.grad_scaler is not None and state.get("grad_scaler"):
             self.grad_scaler.load_state_dict(state["grad_scaler"])
         self.step, self.epoch, self._torn = state["step"], state["epoch"], None
+        self._dir_claimed = True  # its checkpoint_dir continues the run resumed
         self._captured_at = None  # a step-guard snapshot of this runner's own step of that index is not the checkpoint's
         self._epoch_samples = state.get("epoch_samples", state["position"] * (state.get("global_batch") or 0))
         self.position = position_for(path, state, self.global_batch)

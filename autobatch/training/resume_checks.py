@@ -18,9 +18,12 @@ from typing import Any, Iterable
 import torch
 
 from ..errors import CheckpointError
+from .ranks import unwrap
+from .sharded_files import sharded_sets
 
 __all__ = ["precision_of", "warn_changed_precision", "check_fits", "check_kinds", "kind", "load_scheduler", "position_for", "warn_persistent_workers", "warn_replaced_settings",
-           "without_wrapper_prefix", "local_module_names"]
+           "without_wrapper_prefix", "local_module_names",
+           "saved_module", "check_fresh_dir"]
 
 log = logging.getLogger("autobatch")
 
@@ -166,15 +169,34 @@ def warn_replaced_settings(optimizer: torch.optim.Optimizer, saved: dict[str, An
                     "to change them", ", ".join(sorted(changed)))
 
 
+#: the names under which a wrapper holds the model in its state dict: DDP's ``module``, torch.compile's ``_orig_mod``
+WRAPPER_PREFIXES = ("module.", "_orig_mod.")
+
+
 def without_wrapper_prefix(state: dict[str, Any]) -> dict[str, Any]:
-    """Keys of a checkpoint written from a DDP wrapper by an older version (``module.``)."""
-    if state and all(key.startswith("module.") for key in state):
-        return {key[len("module."):]: value for key, value in state.items()}
+    """Keys of a checkpoint written from a wrapper by an older version, without the wrapper's
+    names: a DDP wrapper's ``module.``, a ``torch.compile``d model's ``_orig_mod.`` (both, nested)."""
+    while state and (prefix := next((p for p in WRAPPER_PREFIXES if all(key.startswith(p) for key in state)), None)):
+        state = {key[len(prefix):]: value for key, value in state.items()}
     return state
 
 
+def saved_module(model: torch.nn.Module) -> torch.nn.Module:
+    """The module whose state a checkpoint holds: ``model`` inside its data-parallel wrapper
+    (:func:`~autobatch.training.ranks.unwrap`) and inside ``torch.compile``'s ``OptimizedModule``
+    (its ``_orig_mod``), so the checkpoint's keys name the bare model's parameters. Before, a
+    compiled run wrote ``_orig_mod.``-prefixed keys, and its resume without ``torch.compile``
+    (or a bare run's resume with it) was refused as "written for another model"."""
+    while True:
+        inner = unwrap(model)
+        compiled = inner._modules.get("_orig_mod") if type(inner).__name__ == "OptimizedModule" else None
+        if not isinstance(compiled, torch.nn.Module):
+            return inner
+        model = compiled
+
+
 def local_module_names(names: list[str], local: torch.nn.Module) -> list[str]:
-    """Module names as ``local`` (the model inside any DDP wrapper) has them. The checkpointing
+    """Module names as ``local`` (the model inside any DDP or ``torch.compile`` wrapper) has them. The checkpointing
     fallback names modules from the model it was given, the wrapper under torchrun
     (``module.blocks.0``), so a checkpoint keeps them relative to the local model and one
     written before (with the wrapper's ``module.``) still resumes, with or without the wrapper."""
@@ -182,3 +204,21 @@ def local_module_names(names: list[str], local: torch.nn.Module) -> list[str]:
     if all(name in known for name in names):
         return list(names)
     return list(without_wrapper_prefix(dict.fromkeys(names)))
+
+
+def check_fresh_dir(checkpoint_dir: Path) -> None:
+    """Warn where a run started afresh (``fit()`` without ``resume=``, the runner's first) has a
+    ``checkpoint_dir`` that already holds a checkpoint (``last.pt``, or a sharded set's file):
+    its first save replaces that run's checkpoint, which it did without a word (a script run again
+    without ``resume=`` lost the run it had written). As Lightning's ``ModelCheckpoint`` does, a
+    warning, not an error: starting over in the same folder is a choice (the command line's
+    ``train`` refuses it, naming ``train.resume``)."""
+    held = checkpoint_dir / "last.pt"
+    sets = {} if held.is_file() or not checkpoint_dir.is_dir() else sharded_sets(held)
+    if sets:
+        world, ranks = next(iter(sets.items()))
+        held = held.with_name(f"last.rank{ranks[0]}-of-{world}.pt")
+    if held.is_file():
+        log.warning("checkpoint_dir=%r already holds a checkpoint (%s) that this run, started afresh (fit() without "
+                    "resume=), overwrites at its first save; to continue that run, stop and pass fit(..., resume=%r); "
+                    "to keep it, give this run another checkpoint_dir", str(checkpoint_dir), held, str(checkpoint_dir))
