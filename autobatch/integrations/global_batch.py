@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-__all__ = ["Split", "accumulation_for", "cap_at_samples", "check_share", "small_split", "split_keeping"]
+__all__ = ["Split", "accumulation_for", "cap_at_samples", "changed_samples", "check_share", "small_split", "split_keeping"]
 
 
 def accumulation_for(share: int, largest: int, *, multiple_of: int = 1) -> tuple[int, int]:
@@ -139,3 +139,25 @@ def _splits_well(share: int, best: int, multiple_of: int) -> bool:
 def _split(share: int, best: int, multiple_of: int) -> str:
     count, size = accumulation_for(share, best, multiple_of=multiple_of)
     return f"{count} x {size}"
+
+
+def changed_samples(before: int, after: int, accumulation: int, world: int, *, size_setting: str, setting: str,
+                    where: str) -> str | None:
+    """A warning where the size set, ``after``, changes the samples per optimizer step that the
+    user's own accumulation made with their size ``before`` (None where it does not, or where the
+    accumulation is 1: the batch alone is the step, and finding it is what was asked).
+
+    Why: with no ``global_batch``, the user's ``gradient_accumulation_steps`` (or
+    ``accumulate_grad_batches``) is kept and the per-device batch replaced, so ``per_device 16 x 4``
+    became ``3 x 4``: 12 samples a step where the learning rate and schedule were tuned for 64, with
+    only an INFO line, which a script does not show (Transformers' ``auto_find_batch_size`` changes
+    it the same way, silently: transformers#33281). An accumulation above 1 says the user built a
+    global batch, so the change is said, naming ``global_batch=`` to keep it."""
+    if accumulation <= 1 or before == after or not isinstance(before, int) or isinstance(before, bool):
+        return None
+    ranks = f" over {world} processes" if world > 1 else ""
+    old, new = before * accumulation * world, after * accumulation * world
+    return (f"{size_setting}={after} with {setting}={accumulation} (set on {where}) trains {new} samples per optimizer "
+            f"step{ranks} where {size_setting}={before} trained {old}, so the learning rate and schedule tuned for {old} "
+            f"no longer match; pass global_batch={old} to keep {old} samples a step (the accumulation is then set so "
+            f"its micro-batches fit), or set {setting}=1 to train the probe's batch alone")

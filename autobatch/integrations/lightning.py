@@ -33,7 +33,6 @@ Requires ``lightning`` (``pip install autobatch[lightning]``).
 
 from __future__ import annotations
 
-import inspect
 from typing import Any, Callable, Mapping
 
 try:
@@ -49,15 +48,15 @@ from lightning.pytorch.utilities.parsing import lightning_getattr, lightning_has
 
 from ..memory.devices import memory_for
 from ..memory.units import parse_bytes
-from ..probe.arguments import validate_probe_args
 from ..probe.find import find_max_batch
 from ..probe.result import ProbeResult
 from ..probe.search import peak_limit
 from ..training.checkpoint_io import rng_state, set_rng_state
 from .. import checks
-from .global_batch import accumulation_for, cap_at_samples, check_share, small_split, split_keeping
+from .global_batch import accumulation_for, cap_at_samples, changed_samples, check_share, small_split, split_keeping
 from .lightning_epochs import check_limit, check_val_interval, epoch_cap
 from .lightning_loop import LoopConfirmation, MemoryLine, confirm_in_loop
+from .lightning_options import checked_probe_options
 from .lightning_schedules import StepSchedule
 from .lightning_state import SavedState, probing
 from .lightning_step import LightningStep, first_batch
@@ -125,7 +124,7 @@ class AutoBatchSize(Callback):
         self.global_batch = global_batch
         self.confirm, self.confirm_steps = bool(confirm), confirm_steps
         self.memory_limit = None if memory_limit is None else parse_bytes(memory_limit, name="memory_limit")
-        self.probe_options = _probe_options(dict(
+        self.probe_options = checked_probe_options(dict(
             memory_limit=memory_limit, margin=margin, multiple_of=multiple_of, max_batch=max_batch,
             strategy=strategy, steps_per_trial=steps_per_trial,
         ), probe_options)
@@ -183,6 +182,7 @@ class AutoBatchSize(Callback):
         if self._resume(trainer, pl_module):
             return
         share = None if self.global_batch is None else self.global_batch // world
+        own = lightning_getattr(pl_module, self.batch_arg_name)  # before the trials change it
         if trainer.fast_dev_run:
             self._skip_probe(trainer, pl_module, share)
             return
@@ -234,6 +234,7 @@ class AutoBatchSize(Callback):
         tell("AutoBatchSize: %s=%d (probe %d%s)", self.batch_arg_name, self.batch_size, self.result.batch_size,
              f", accumulate_grad_batches={self.accumulation}" if self.accumulation else "")
         self._warn_replaced()
+        self._warn_changed(trainer, own, share)
         kept = self._given is not None and self._given[1] > 1 and self._given[1] == self.accumulation  # the user's split
         split = share and not kept and small_split(self.global_batch, world, self._largest, self.batch_size,
                                                    multiple_of=multiple)
@@ -332,6 +333,17 @@ class AutoBatchSize(Callback):
                  "global_batch set it)",
                  self.accumulation, self.global_batch, self._fewer)
 
+    def _warn_changed(self, trainer: Trainer, own: Any, share: int | None) -> None:
+        """One warning where no ``global_batch`` was given and the size set changes the samples per
+        optimizer step that the Trainer's own ``accumulate_grad_batches`` made with the module's own
+        size (:func:`~.global_batch.changed_samples`): the accumulation is kept and the batch replaced,
+        so ``4 x 4`` became ``147 x 4`` with only the INFO line naming the size."""
+        changed = share is None and changed_samples(
+            own, self.batch_size, trainer.accumulate_grad_batches, self._world, size_setting=self.batch_arg_name,
+            setting="accumulate_grad_batches", where="the Trainer")
+        if changed:
+            rank_zero_warn(f"AutoBatchSize: {changed}")
+
     def _skip_probe(self, trainer: Trainer, module: LightningModule, share: int | None) -> None:
         """Under ``Trainer(fast_dev_run=...)``: no probe and no confirmation, one warning, as
         Lightning's ``BatchSizeFinder`` skips ("Skipping batch size scaler since `fast_dev_run` is
@@ -369,29 +381,6 @@ class AutoBatchSize(Callback):
                 memory=memory, limit=peak_limit(memory, capacity), apply=apply, reset=reset, steps=self.confirm_steps,
             )
         self.batch_size, self.accumulation = self._apply(trainer, module, share, self.confirmation.batch_size)
-
-
-def _probe_options(given: dict[str, Any], extra: Mapping[str, Any] | None) -> dict[str, Any]:
-    """The options for :func:`~autobatch.find_max_batch`, checked at construction (one error naming
-    the option), where a bad one failed only at fit start, as a bare ``ZeroDivisionError`` for
-    ``multiple_of=0``, and ``max_batch=0`` meant no cap."""
-    if extra is not None and not isinstance(extra, Mapping):
-        raise TypeError(f"probe_options must be a mapping of find_max_batch's options, got {type(extra).__name__}")
-    accepted = set(inspect.signature(find_max_batch).parameters) - {"fn", "device"} - set(given)
-    for name in extra or {}:
-        if name in given:
-            raise TypeError(f"AutoBatchSize: pass {name} as AutoBatchSize's own argument, not in probe_options")
-        if name not in accepted:
-            why = "the callback sets it" if name in ("fn", "device") else "find_max_batch does not take it"
-            raise TypeError(f"AutoBatchSize: probe_options cannot have {name!r} ({why}); it accepts "
-                            f"{', '.join(sorted(accepted))}")
-    options = {**given, **(extra or {})}
-    checked = validate_probe_args(start=options.get("start"), max_batch=options["max_batch"],
-                                  strategy=options["strategy"], margin=options["margin"],
-                                  multiple_of=options["multiple_of"], steps_per_trial=options["steps_per_trial"],
-                                  search_steps=options.get("search_steps"))
-    # plain ints (a NumPy multiple_of would make the batch size written to the module a NumPy one)
-    return {**options, **{name: value for name, value in checked.items() if name in options}}
 
 
 def current_batch_size(module: LightningModule, name: str = "batch_size") -> Any:

@@ -1,0 +1,36 @@
+"""The probe options :class:`~autobatch.integrations.lightning.AutoBatchSize` takes, checked
+where the callback is built (:func:`checked_probe_options`). Split from :mod:`.lightning` to keep
+each module readable; it needs no framework."""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any, Mapping
+
+from ..probe.arguments import validate_probe_args
+from ..probe.find import find_max_batch
+
+__all__ = ["checked_probe_options"]
+
+
+def checked_probe_options(given: dict[str, Any], extra: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The options for :func:`~autobatch.find_max_batch`, checked at construction (one error naming
+    the option), where a bad one failed only at fit start, as a bare ``ZeroDivisionError`` for
+    ``multiple_of=0``, and ``max_batch=0`` meant no cap."""
+    if extra is not None and not isinstance(extra, Mapping):
+        raise TypeError(f"probe_options must be a mapping of find_max_batch's options, got {type(extra).__name__}")
+    accepted = set(inspect.signature(find_max_batch).parameters) - {"fn", "device"} - set(given)
+    for name in extra or {}:
+        if name in given:
+            raise TypeError(f"AutoBatchSize: pass {name} as AutoBatchSize's own argument, not in probe_options")
+        if name not in accepted:
+            why = "the callback sets it" if name in ("fn", "device") else "find_max_batch does not take it"
+            raise TypeError(f"AutoBatchSize: probe_options cannot have {name!r} ({why}); it accepts "
+                            f"{', '.join(sorted(accepted))}")
+    options = {**given, **(extra or {})}
+    checked = validate_probe_args(start=options.get("start"), max_batch=options["max_batch"],
+                                  strategy=options["strategy"], margin=options["margin"],
+                                  multiple_of=options["multiple_of"], steps_per_trial=options["steps_per_trial"],
+                                  search_steps=options.get("search_steps"))
+    # plain ints (a NumPy multiple_of would make the batch size written to the module a NumPy one)
+    return {**options, **{name: value for name, value in checked.items() if name in options}}
