@@ -68,8 +68,8 @@ from . import agreement as dist_sync
 from .votes import bits_float, float_bits, keep, vote
 
 __all__ = [
-    "BucketLedger", "ddp_supported", "check_whole_world", "ledger_for", "run_prologue", "settle", "reset_after_failure",
-    "complete_buckets", "check_reduced", "ddp_step",
+    "BucketLedger", "comm_hook_name", "ddp_supported", "check_whole_world", "ledger_for", "run_prologue", "settle",
+    "reset_after_failure", "complete_buckets", "check_reduced", "ddp_step",
 ]
 
 _LEDGERS: "weakref.WeakKeyDictionary[torch.nn.Module, BucketLedger]" = weakref.WeakKeyDictionary()
@@ -135,6 +135,17 @@ def _has_comm_hook(model: torch.nn.parallel.DistributedDataParallel) -> bool:
     if getattr(model, "logger", None) is None:  # no logging data (no reducer): the Python list decides
         return False
     return bool(model._get_ddp_logging_data().get("comm_hook"))
+
+
+def comm_hook_name(model: torch.nn.parallel.DistributedDataParallel) -> str | None:
+    """The name of the communication hook registered on ``model`` (``fp16_compress_hook``,
+    ``BuiltinCommHookType.FP16_COMPRESS``), or None where it has none."""
+    if not _has_comm_hook(model):
+        return None
+    hooks = getattr(model, "_comm_hooks", None)
+    if hooks:
+        return getattr(hooks[0][0], "__qualname__", type(hooks[0][0]).__name__)
+    return str(model._get_ddp_logging_data().get("comm_hook"))
 
 
 def ddp_supported(model: torch.nn.Module) -> bool:

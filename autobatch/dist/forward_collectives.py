@@ -11,6 +11,11 @@ once per model at the probe's or the runner's start.
   reducer it drives), never the compiled wrapper around it, so the compilation was silently
   dropped (found training ``model.module`` eagerly, through one all-reduce after backward instead
   of DDP's overlapped buckets).
+* **A DDP option the local module cannot keep.** A DDP that the runner trains through its local
+  module (:func:`~autobatch.dist.ddp_step.ddp_supported`) all-reduces the gradients once after
+  backward, in their own dtype: a communication hook of the user's (``fp16_compress_hook``,
+  PowerSGD) and DDP's ``mixed_precision`` were silently not applied (the full-precision
+  all-reduce the hook was registered to cut, a forward in the parameters' own dtype).
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ import weakref
 
 import torch
 
-__all__ = ["warn_forward_collectives", "warn_compiled_wrapper"]
+__all__ = ["warn_forward_collectives", "warn_compiled_wrapper", "warn_unused_ddp_options"]
 
 log = logging.getLogger("autobatch")
 #: what each model was warned about already
@@ -63,4 +68,31 @@ def warn_compiled_wrapper(model: torch.nn.Module) -> None:
         "the model is torch.compile(DistributedDataParallel(...)): autobatch trains DDP's module, which is not "
         "compiled, so the compilation is not used; compile inside the wrapper instead, "
         "DistributedDataParallel(torch.compile(module)), which trains compiled and through DDP's own reducer"
+    )
+
+
+#: hooks that compute what the runner's one all-reduce does (the mean over the ranks): nothing lost
+_PLAIN_ALL_REDUCE = {"allreduce_hook", "BuiltinCommHookType.ALLREDUCE"}
+
+
+def warn_unused_ddp_options(model: torch.nn.Module, hook: str | None) -> None:
+    """A warning, once per model, where a DDP ``model`` trained through its local module has a
+    communication ``hook`` (its name) or ``mixed_precision`` that the runner's step does not apply
+    (module docstring), naming what to change."""
+    wrapper = getattr(model, "_orig_mod", model)
+    if not isinstance(wrapper, torch.nn.parallel.DistributedDataParallel):
+        return
+    unused = [f"its communication hook ({hook})"] if hook and hook not in _PLAIN_ALL_REDUCE else []
+    if getattr(wrapper, "mixed_precision", None) is not None:
+        unused.append("its mixed_precision")
+    if not unused or not _first_time(model, "unused DDP options"):
+        return
+    log.warning(
+        "the DistributedDataParallel model is trained through its local module (find_unused_parameters, static_graph, "
+        "a communication hook or mixed_precision send it there), with one all-reduce of the gradients in their own "
+        "dtype after backward: %s %s not applied. The runner cannot apply either: drop the hook (DDP's default "
+        "all-reduce; without find_unused_parameters and static_graph the runner then drives DDP's own bucketed "
+        "reducer), and for a lower-precision forward pass Runner(autocast_dtype=torch.bfloat16) instead of "
+        "mixed_precision",
+        " and ".join(unused), "is" if len(unused) == 1 else "are",
     )

@@ -40,6 +40,7 @@ buckets cost about the same). Two small integer exchanges per step.
 
 from __future__ import annotations
 
+import weakref
 from collections import defaultdict
 from typing import Any, Callable, Iterable
 
@@ -50,13 +51,14 @@ from ..probe.train_step import TrainStep
 from ..training.ranks import DataParallel
 from . import agreement as dist_sync
 from . import stopping
-from .ddp_step import check_whole_world, ddp_step, ddp_supported, settle
-from .forward_collectives import warn_compiled_wrapper, warn_forward_collectives
+from .ddp_step import check_whole_world, comm_hook_name, ddp_step, ddp_supported, settle
+from .forward_collectives import warn_compiled_wrapper, warn_forward_collectives, warn_unused_ddp_options
 from .probe import agree_plan, unwrap
 from .votes import keep as _keep
 from .votes import vote
 
-__all__ = ["CollectiveDataParallel", "synced_step", "broadcast_state", "missing_grads", "flatten_grads", "reduce_grads"]
+__all__ = ["CollectiveDataParallel", "synced_step", "forward_synced_buffers", "missing_grads", "flatten_grads",
+           "reduce_grads"]
 
 
 def synced_step(
@@ -102,12 +104,24 @@ def synced_step(
     return global_loss, global_size
 
 
-def broadcast_state(model: torch.nn.Module, label: str, *, parameters: bool = True) -> None:
-    """Make every rank's parameters (optional) and buffers rank 0's."""
-    tensors = list(model.buffers())
-    if parameters:
-        tensors = [*model.parameters(), *tensors]
-    dist_sync.broadcast_(tensors, label)
+#: the DDP wrapper (a weak reference) of each local module the runner trains: ``start`` is given the module
+_WRAPPERS: "weakref.WeakKeyDictionary[torch.nn.Module, weakref.ref]" = weakref.WeakKeyDictionary()
+
+
+def forward_synced_buffers(model: torch.nn.Module) -> list[torch.Tensor]:
+    """The buffers the runner makes rank 0's (at each ``fit``'s start; after each step of a model
+    trained through its local module): those a DDP wrapper broadcasts before its forward (none
+    with ``broadcast_buffers=False``, none it was told to ignore), every buffer of any other
+    module. Before, a DDP with ``find_unused_parameters=True, broadcast_buffers=False`` (a
+    detection model keeping each rank's BatchNorm statistics) had its buffers overwritten with
+    rank 0's at every step and every ``fit``."""
+    wrapper = getattr(model, "_orig_mod", model)
+    if not isinstance(wrapper, torch.nn.parallel.DistributedDataParallel):
+        return list(model.buffers())
+    if not wrapper.broadcast_buffers:
+        return []
+    ignored = getattr(wrapper, "parameters_to_ignore", ())  # read now: a module may reassign its buffers
+    return [buffer for name, buffer in wrapper.module.named_buffers() if name not in ignored]
 
 
 # -- the gradient all-reduce ------------------------------------------------------------------
@@ -169,7 +183,8 @@ class CollectiveDataParallel(DataParallel):
     DDP itself (:func:`~autobatch.dist.ddp_step.ddp_step`: bucketed all-reduce overlapped
     with the last backward, buffers broadcast as DDP does). Anything else (a plain module, a
     DDP with ``find_unused_parameters``, a comm hook of the user's) trains its local module
-    with :func:`synced_step`, and rank 0's buffers are broadcast after each step."""
+    with :func:`synced_step`, and rank 0's buffers are broadcast after each step (those DDP
+    broadcasts: :func:`forward_synced_buffers`)."""
 
     def exchange(self, values: list[int], label: str) -> list[list[int]]:
         return dist_sync.exchange(values, label)
@@ -199,10 +214,18 @@ class CollectiveDataParallel(DataParallel):
         check_whole_world(model)  # at the runner's start: a DDP over a sub-group is refused
         warn_compiled_wrapper(model)
         warn_forward_collectives(model)
-        return model if ddp_supported(model) else unwrap(model)
+        if ddp_supported(model):
+            return model
+        wrapper = getattr(model, "_orig_mod", model)
+        if isinstance(wrapper, torch.nn.parallel.DistributedDataParallel):
+            warn_unused_ddp_options(model, comm_hook_name(wrapper))
+            _WRAPPERS[unwrap(model)] = weakref.ref(model)
+        return unwrap(model)
 
     def start(self, model: torch.nn.Module) -> None:
-        broadcast_state(model, "runner: initial weights")
+        wrapper = _WRAPPERS[model]() if model in _WRAPPERS else None  # a DDP's local module: the DDP's buffers
+        buffers = forward_synced_buffers(wrapper if wrapper is not None else model)
+        dist_sync.broadcast_([*model.parameters(), *buffers], "runner: initial weights")
 
     def step(self, train_step, micro_batches, *, local_size, on_phase, phase, label, global_batch=None):
         if ddp_supported(train_step.model):
@@ -213,8 +236,10 @@ class CollectiveDataParallel(DataParallel):
         return synced_step(train_step, micro_batches, local_size=local_size, on_phase=on_phase, phase=phase, label=label)
 
     def after_step(self, model: torch.nn.Module, label: str) -> None:
-        if not ddp_supported(model) and any(True for _ in model.buffers()):
-            broadcast_state(model, f"{label}: buffers", parameters=False)
+        if not ddp_supported(model):
+            buffers = forward_synced_buffers(model)
+            if buffers:
+                dist_sync.broadcast_(buffers, f"{label}: buffers")
         settle(model, label)  # DDP's buffers sent now, and no DDP forward between steps sends them
 
     def agree_plan(self, planned):

@@ -7,6 +7,7 @@ Run as ``python tests/distributed/review15b_worker.py SCENARIO[,SCENARIO...] OUT
 
 from __future__ import annotations
 
+import logging
 import sys
 import time
 from pathlib import Path
@@ -99,5 +100,62 @@ def empty(rank: int, world: int, out: Path) -> dict:
             "same": all(torch.equal(every[0], other) for other in every)}
 
 
+class _Normed(nn.Module):
+    """A BatchNorm model with a head that each rank uses on every other step (``find_unused_parameters``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.a, self.bn, self.b = nn.Linear(6, 4), nn.BatchNorm1d(4), nn.Linear(4, 1)
+        self.double()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        hidden = torch.tanh(self.bn(self.a(x)))
+        return self.b(hidden) if x[0, 0] > 0 else hidden.sum(1, keepdim=True)
+
+
+def _same_buffers(model: DDP, world: int) -> bool:
+    """Whether every rank holds the same BatchNorm statistics."""
+    mine = torch.cat([model.module.bn.running_mean, model.module.bn.running_var])
+    every = [torch.zeros_like(mine) for _ in range(world)]
+    dist.all_gather(every, mine)
+    return all(torch.equal(every[0], other) for other in every)
+
+
+def local_configs(rank: int, world: int, out: Path) -> dict:
+    """DDP options the runner trains through the local module, 2 steps each (each rank its own
+    data): ``broadcast_buffers`` True and False (are the ranks' BatchNorm statistics then rank 0's,
+    after the steps and after a second ``fit`` call's start?), and a user's ``fp16_compress_hook``
+    (what the runner warns)."""
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+    torch.manual_seed(10 + rank)
+    data = [make_batch(8) for _ in range(2)]
+    data[1][0][:, 0] = -data[1][0][:, 0].abs()  # the second step skips b on this rank
+    data[0][0][:, 0] = data[0][0][:, 0].abs()
+    warned: list[str] = []
+    handler = logging.Handler(logging.WARNING)
+    handler.emit = lambda record: warned.append(record.getMessage())
+    logging.getLogger("autobatch").addHandler(handler)
+    report = {}
+    try:
+        for case, options in (("broadcast", {}), ("own", dict(broadcast_buffers=False)), ("hook", {})):
+            model = DDP(_Normed(), find_unused_parameters=case != "hook", **options)
+            if case == "hook":
+                model.register_comm_hook(None, default_hooks.fp16_compress_hook)
+            warned.clear()
+            runner = Runner(model, torch.optim.SGD(model.parameters(), lr=0.1), loss_fn, global_batch=16,
+                            micro_batch=8, grow_after=None, progress=False, log_every=None)
+            runner.fit(data)
+            report[case] = {"same_buffers": _same_buffers(model, world),
+                            "warnings": [line for line in warned if "BatchNorm layers" not in line]}
+            runner.fit(data, steps=2)  # a second fit() (nothing left to train): its start syncs the weights
+            report[case]["same_after_refit"] = _same_buffers(model, world)
+    finally:
+        logging.getLogger("autobatch").removeHandler(handler)
+    dist.barrier()
+    return report
+
+
 if __name__ == "__main__":
-    main({"unused": unused, "empty": empty})
+    main({"unused": unused, "empty": empty, "local_configs": local_configs})

@@ -25,11 +25,12 @@ pytestmark = pytest.mark.skipif(not torch.distributed.is_available(), reason="ne
 
 WORKER = Path(__file__).resolve().parent / "review15b_worker.py"
 DEADLINE = 6.0
+SCENARIOS = ["unused", "empty", "local_configs"]  # local_configs: test_review19_ddp_configs.py's
 
 
 @pytest.fixture(scope="module")
 def launched(tmp_path_factory):
-    return shared_launch(tmp_path_factory, "review15b_unused", WORKER, ["unused", "empty"], SYNC_TIMEOUT=str(DEADLINE))[0]
+    return shared_launch(tmp_path_factory, "review15b_unused", WORKER, SCENARIOS, SYNC_TIMEOUT=str(DEADLINE))[0]
 
 
 @pytest.fixture(scope="module")
