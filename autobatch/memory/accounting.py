@@ -133,6 +133,21 @@ class StorageAccountant(TorchDispatchMode):
             self.over_limit(func, requested, in_use)
         return out
 
+    def adopt(self, storages: list[torch.UntypedStorage], transient_bytes: int = 0) -> None:
+        """Count ``storages``, allocated while the mode was not active, as if an operator had just
+        returned them (each released when it dies), after a transient of ``transient_bytes`` above
+        the memory in use: what building them took at its peak. Used for a batch the estimate had
+        to build for real (:class:`~autobatch.probe.trace_failures.RealBatches`)."""
+        with self._lock:
+            self.peak_bytes = max(self.peak_bytes, self.current_bytes + transient_bytes)
+            for storage in storages:
+                key = storage._cdata
+                if key not in self._live:
+                    self._live[key] = self._size(storage)
+                    weakref.finalize(storage, self._release, key)
+                    self.current_bytes += self._live[key]
+            self.peak_bytes = max(self.peak_bytes, self.current_bytes)
+
     def reset_peak(self) -> None:
         """Start a new peak measurement from the memory in use now."""
         self.peak_bytes = self.current_bytes

@@ -61,6 +61,11 @@ class LazyStateWatch:
             if optimizer is not None:
                 yield optimizer, had
 
+    def stepped(self) -> list[torch.optim.Optimizer]:
+        """Every optimizer seen stepping that is still alive (one built and dropped inside a
+        plain callable's call is not)."""
+        return [optimizer for optimizer, _ in self._watched()]
+
     def _ended(self, optimizer: torch.optim.Optimizer, *_: Any) -> None:
         self._running.pop(id(optimizer), None)
 

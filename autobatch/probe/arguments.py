@@ -20,7 +20,8 @@ from .train_step import TrainStep
 __all__ = [
     "STRATEGY_NAMES", "HALVING_DEFAULT_START", "PREDICT_DEFAULT_START", "ALLOCATOR_HEADROOM",
     "EXPANDABLE_HEADROOM_BYTES", "SEARCH_CEILING",
-    "validate_probe_args", "validate_step", "validate_places", "hand_loop_of", "compiled_model", "checked_batches",
+    "validate_probe_args", "validate_step", "validate_places", "hand_loop_of", "compiled_model",
+    "simulated_compile_note", "checked_batches",
 ]
 
 STRATEGY_NAMES = ("auto", "predict", "binary", "power", "halving", "estimate")
@@ -194,6 +195,18 @@ COMPILED_NOTE = (
     "to probe as an uncompiled TrainStep): the model runs under torch.compile, and a new process compiles in its "
     "first step, among that step's activations, which the trials (whose sizes share one compiled graph) do not"
 )
+
+
+def simulated_compile_note(model: torch.nn.Module | None) -> list[str]:
+    """The note (a list of one, else empty) where a compiled model is probed on the CPU's simulated
+    device: ``torch.compile`` does not compile under a ``TorchDispatchMode`` (the simulation is one),
+    so the trials ran the model's eager code, and nothing said so (torch 2.13: no graph compiled,
+    a trial 0.06 s where compiling takes seconds). The answer is the eager step's."""
+    if model is None or not compiled_model(model):
+        return []
+    return ["the model is compiled (torch.compile), which does not compile under the simulated device (a torch "
+            "dispatch mode): the trials ran its uncompiled code, so the answer is the eager step's, whose peak the "
+            "compiled graph's may differ from; probe on the accelerator to measure the compiled step"]
 
 
 def compiled_model(model: torch.nn.Module) -> bool:

@@ -9,6 +9,9 @@ sequence fits 9; an MoE step's answer ran out of memory in its first training st
 trial run at the same size, so where the batch shapes its ``make_batch`` built differ, or their
 peaks above their start differ (after the first step, which makes lazily created state), by more
 than :data:`SPREAD` of the larger, :func:`content_note` says so, with the shapes and peaks it saw.
+A step with sparse gradients depends on its batch's content by construction, often by less than
+that (a ``sparse=True`` embedding's gradient has a row per token id the batch happens to touch):
+:func:`sparse_note` says so whatever the trials' peaks showed.
 """
 
 from __future__ import annotations
@@ -20,9 +23,10 @@ import torch
 from torch.utils._pytree import tree_leaves
 
 from ..memory.units import format_bytes
+from .trace_failures import sparse_gradients
 from .train_step import TrainStep
 
-__all__ = ["drawn_shapes", "content_note", "SPREAD"]
+__all__ = ["drawn_shapes", "content_note", "sparse_note", "SPREAD"]
 
 #: Peaks of steps at one size differing by more than this fraction of the larger tell of content.
 SPREAD = 0.01
@@ -88,4 +92,23 @@ def content_note(steps: dict[int, list[tuple[int, tuple]]], records: list, batch
         "longest, more samples routed to one expert) can run out of memory at it. Have make_batch build the costliest "
         "batch training will see (pad to the longest length) and probe again, pass margin= to leave room, or train "
         "with autobatch's Runner, which replays a step that runs out of memory in smaller micro-batches."
+    )
+
+
+def sparse_note(model: torch.nn.Module | None, restore: tuple | None, batch_size: int) -> str | None:
+    """The note on a probe of a step whose gradients are sparse (a ``sparse=True`` embedding in
+    ``model``, ``SparseAdam`` in ``restore``); None otherwise. Their memory grows with the rows the
+    batch touches, so another batch of the same size can take more than every trial's did, by less
+    than :data:`SPREAD`, which :func:`content_note` would not tell: on the CPU's simulated device
+    (8 MiB) a ``SparseAdam`` embedding step's steps at its answer, 130, peaked 7.95-8.01 MiB, its
+    trials' batches passed (at 99.6 % of the budget) and training at it ran out of memory at its
+    first step."""
+    reason = sparse_gradients(model, tuple(restore[1:]) if restore is not None else ())
+    if reason is None:
+        return None
+    return (
+        f"{reason}: another batch of {batch_size} can touch more rows, and take more memory, than the trials' did, "
+        "so the answer holds for the batches the trials drew, not for every batch. Pass margin= (a few percent) "
+        "to leave room, or train with autobatch's Runner, which replays a step that runs out of memory in smaller "
+        "micro-batches."
     )

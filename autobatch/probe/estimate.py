@@ -46,7 +46,7 @@ from .flat_peak import past_flat
 from .fake_trace import FakeWorld, KernelDtypes, TraceScaler, quiet_meta_errors, resident_bytes, trace_steps
 from .rng import rng_state, set_rng_state, step_generators
 from .shards import has_dtensors
-from .trace_failures import from_the_step, refused_size, step_error, untraceable, untraceable_memory
+from .trace_failures import RealBatches, from_the_step, refused_size, step_error, untraceable, untraceable_memory
 from .train_step import TrainStep
 from ..memory.units import format_bytes, parse_bytes
 from ..memory.workspaces import BlasThreads, workspace_bytes
@@ -155,6 +155,8 @@ def estimate_memory(step: TrainStep, batch_size: int, *, steps: int = 2) -> Memo
             fake_step.optimizer = world.optimizer()
             if step.grad_scaler is not None:
                 fake_step.grad_scaler = TraceScaler()
+            if step.make_batch is not None:  # built for real where its fake version reads the data's values
+                fake_step.make_batch = RealBatches(step.make_batch, accountant, world)
             stack.enter_context(quiet_meta_errors())  # the error is the EstimateError's cause, not a log
             stack.enter_context(mode)
             stack.enter_context(KernelDtypes())  # real kernels' dtypes, between the fake mode and the accountant

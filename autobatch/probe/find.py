@@ -27,7 +27,8 @@ from .batch_growth import check_batch_grows
 from .cache import ProbeCache, key_components, key_of
 from .estimated import estimate_only, estimate_prior
 from .fresh_layout import FreshLayout
-from .content_peaks import content_note
+from .content_peaks import content_note, sparse_note
+from .unrestored import warn_unrestored_optimizers
 from .held_growth import HeldGrowth, held_growth_note
 from ..memory.lazy_state import LazyStateWatch
 from .restore import Snapshot
@@ -185,6 +186,7 @@ def _probe(call: _Call, restore, estimate_first: bool | None) -> ProbeResult:
         with memory_for(call.target, call.limit_bytes) as (memory, note):
             capacity = call.agreement.capacity(memory.capacity())
             simulated = isinstance(memory, SimulatedDeviceMemory)
+            call.notes += arguments.simulated_compile_note(_trained_model(fn, restore)) if simulated else []
             agree, limit = call.agreement.trial_hook(), peak_limit(memory, capacity)
             kept = HeldGrowth(fn, memory)  # what the step keeps from call to call (a list of its outputs)
             runner = TrialRunner(
@@ -226,7 +228,8 @@ def _probe(call: _Call, restore, estimate_first: bool | None) -> ProbeResult:
             result.diagnostics = memory_diagnostics(memory)
             call.notes.append(promise_note(runner, result, memory))
             call.notes.append(held_growth_note(kept, runner.records, result.batch_size, capacity if limit is None else limit))
-            call.notes.append(content_note(kept.steps, runner.records, result.batch_size))  # padded to its longest
+            call.notes.append(content_note(kept.steps, runner.records, result.batch_size)  # padded to its longest
+                              or sparse_note(_trained_model(fn, restore), restore, result.batch_size))
     except Exception as exc:
         call.agreement.left(fn, exc)  # other ranks: told at once, not left waiting for this one
         raise
@@ -235,6 +238,7 @@ def _probe(call: _Call, restore, estimate_first: bool | None) -> ProbeResult:
         watch.close()
         if snapshot is not None:
             snapshot.restore()
+        warn_unrestored_optimizers(watch.stepped(), restore)  # a GAN's other optimizer, stepped and not put back
         # return the blocks the trials split (OOM trials above all) and lay the state the trials
         # created out as a hand loop's settle trials had it: training here starts where the answer
         # passed (without a hand loop, where a new run makes it: parked until the next step)

@@ -1,0 +1,47 @@
+"""An optimizer the probe's trials stepped that ``restore`` does not put back, told.
+
+A plain callable given ``restore=(model, optimizer)`` may step another optimizer too: a GAN's
+step trains its discriminator with its own optimizer. Before, the probe put back what ``restore``
+named and nothing said that the other one kept the trials' steps (Adam's moments and step count,
+and the discriminator's weights where no module in ``restore`` holds them): a run after the probe
+started from a discriminator trained a dozen steps on random batches. The probe sees every
+optimizer step (:class:`~autobatch.memory.lazy_state.LazyStateWatch`), so it can name the one.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any, Iterable
+
+import torch
+
+from ..memory.lazy_state import hooked
+
+__all__ = ["warn_unrestored_optimizers"]
+
+_SCHEDULERS = (torch.optim.lr_scheduler.LRScheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)
+
+
+def _trained(optimizer: Any) -> set[int]:
+    """The ids of the parameters an optimizer (or a wrapper of one) trains."""
+    return {id(param) for group in getattr(hooked(optimizer), "param_groups", ()) for param in group["params"]}
+
+
+def warn_unrestored_optimizers(stepped: Iterable[torch.optim.Optimizer], restore: tuple[Any, ...] | None) -> None:
+    """Warn (``RuntimeWarning``) where an optimizer in ``stepped`` trains a parameter that no
+    optimizer in ``restore`` trains: the probe put back neither its state nor, outside the modules
+    in ``restore``, those weights. One that trains only parameters a restored optimizer trains (a
+    ``ZeroRedundancyOptimizer``'s inner one, a wrapper's) is covered by that one's state dict."""
+    if restore is None:  # a plain callable without restore trains for real, as documented
+        return
+    covered = set().union(*(_trained(item) for item in restore  # a scheduler's .optimizer is not restored by it
+                            if isinstance(hooked(item), torch.optim.Optimizer) and not isinstance(item, _SCHEDULERS)))
+    for optimizer in stepped:
+        if _trained(optimizer) - covered:
+            warnings.warn(
+                f"the probe's trials stepped an optimizer that restore does not hold ({type(optimizer).__name__}), "
+                "so it keeps their steps (its state, and the weights it trains where no module in restore holds "
+                "them); pass it, and the module it trains, in restore=(model, optimizer, other_model, other_optimizer)",
+                RuntimeWarning, stacklevel=4,
+            )
+            return
