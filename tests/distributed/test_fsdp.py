@@ -34,7 +34,8 @@ pytestmark = pytest.mark.skipif(not torch.distributed.is_available() or not _has
 
 WORKER = Path(__file__).resolve().parent / "fsdp_worker.py"
 FAULTS = "none,forward,backward,optimizer,inside:block_backward,inside:all_gather"
-SCENARIOS = ["probe", "train", "resume", "checkpointing", "clipped"]
+SCENARIOS = ["probe", "train", "resume", "checkpointing", "clipped",
+             "probe_as_on_gpu", "train_as_on_gpu"]  # last: they change the process (fsdp_worker._as_on_gpu)
 
 
 def reports_of(tmp_path_factory, scenario: str) -> list[dict]:
@@ -57,14 +58,10 @@ def test_fsdp_probe_agrees_on_the_smaller_budget_and_restores_the_shards(tmp_pat
 
 
 def gpu_timings(tmp_path_factory, scenario: str) -> list[dict]:
-    """Both ranks' reports of ``scenario`` from a second shared launch that makes three things
-    of the GPU image certain: FSDP's state reset as on torch < 2.13 (no ``reset_iter_state``:
-    a plain ``reshard()`` there left the root unsharded), the answer's settling steps growing
-    on rank 0 only (the ranks must still run the same steps: each is a collective), and the
-    probe's background snapshot copying while FSDP has the root's full parameters swapped in."""
-    runs, _ = shared_launch(tmp_path_factory, "fsdp-gpu-timings", WORKER, ["probe", "train"], LIMITS="6MiB,3MiB",
-                            FAULTS=FAULTS, SYNC_TIMEOUT="60", TORCH_211_RESET="1", SETTLE_SKEW="1", SNAPSHOT_IN_FORWARD="1")
-    return runs[scenario]
+    """Both ranks' reports of ``scenario`` run as on the GPU image (``fsdp_worker._as_on_gpu``:
+    FSDP's state reset as on torch < 2.13, the answer's settling steps growing on rank 0 only, the
+    probe's background snapshot copying while FSDP has the root's full parameters swapped in)."""
+    return reports_of(tmp_path_factory, f"{scenario}_as_on_gpu")
 
 
 def test_fsdp_probe_survives_gpu_timings_settling_steps_and_background_snapshot(tmp_path_factory):
