@@ -34,15 +34,13 @@ def shared(tmp_path_factory, key: str, *scenarios: str, **env: str) -> tuple[dic
     return shared_launch(tmp_path_factory, key, WORKER, list(scenarios), **env)
 
 
-#: the scenarios that run in one launch without special settings
-PLAIN = ("probe", "faults", "peer_error", "mismatched", "ddp_squeeze", "ddp_resume")
-#: through DDP's reducer, with a 60 s deadline
-DDP = ("ddp_faults", "ddp_probe")
+#: the scenarios that run in one launch, with a 60 s deadline: these, then those through DDP's reducer
+PLAIN = ("probe", "faults", "peer_error", "mismatched", "ddp_squeeze", "ddp_resume", "ddp_faults", "ddp_probe")
 
 
 def test_probe_takes_the_smallest_budget_over_the_ranks(tmp_path_factory):
     limits = ["3MiB", "1536KiB"]  # the worker's default PROBE_LIMITS
-    reports = shared(tmp_path_factory, "plain", *PLAIN)[0]["probe"]
+    reports = shared(tmp_path_factory, "plain", *PLAIN, SYNC_TIMEOUT="60")[0]["probe"]
     for strategy in ("binary", "auto"):
         alone = []
         for limit in limits:  # the same probe in this (non-distributed) process, one budget each
@@ -61,7 +59,7 @@ def test_probe_takes_the_smallest_budget_over_the_ranks(tmp_path_factory):
 
 def test_an_oom_on_one_rank_in_any_phase_is_recovered_by_both(tmp_path_factory):
     """Sync points run on a gloo side group (under gloo too), gradients on the default group."""
-    runs, directory = shared(tmp_path_factory, "plain", *PLAIN)
+    runs, directory = shared(tmp_path_factory, "plain", *PLAIN, SYNC_TIMEOUT="60")
     reports, tmp_path = runs["faults"], directory / "faults"
     baseline = [torch.load(tmp_path / reports[rank]["none"]["weights"]) for rank in range(2)]
     for a, b in zip(*baseline, strict=True):
@@ -89,7 +87,7 @@ def test_ddp_recovers_an_oom_inside_the_last_backward_and_the_optimizer_step(tmp
     """Through DDP's own reducer (one bucket per parameter): rank 1 runs out of memory inside
     the last micro-batch's backward while its later buckets are already all-reduced, or inside
     its optimizer step; both ranks replay and end with the uninjected run's weights."""
-    runs, directory = shared(tmp_path_factory, "ddp", *DDP, SYNC_TIMEOUT="60")
+    runs, directory = shared(tmp_path_factory, "plain", *PLAIN, SYNC_TIMEOUT="60")
     reports, tmp_path = runs["ddp_faults"], directory / "ddp_faults"
     baseline = [torch.load(tmp_path / reports[rank]["none"]["weights"]) for rank in range(2)]
     for a, b in zip(*baseline, strict=True):
@@ -120,7 +118,7 @@ def test_the_probe_measures_the_ddp_step_in_lockstep(tmp_path_factory):
     together when one rank's budget is exceeded) and agrees with the local-module probe here
     (the buckets of so small a model are a few KiB); with parameters as large as the
     activations its answer trains through DDP under the same budget."""
-    reports = shared(tmp_path_factory, "ddp", *DDP, SYNC_TIMEOUT="60")[0]["ddp_probe"]
+    reports = shared(tmp_path_factory, "plain", *PLAIN, SYNC_TIMEOUT="60")[0]["ddp_probe"]
     assert reports[0]["ddp"] == reports[1]["ddp"]
     assert reports[0]["ddp"]["batch_size"] <= reports[0]["local"]["batch_size"]
     assert reports[0]["ddp"]["batch_size"] > 1
@@ -138,7 +136,7 @@ def test_ddp_a_rank_that_stops_coming_is_a_clear_error_not_a_hang(tmp_path):
 
 
 def test_a_non_oom_error_on_one_rank_stops_every_rank(tmp_path_factory):
-    reports = shared(tmp_path_factory, "plain", *PLAIN)[0]["peer_error"]
+    reports = shared(tmp_path_factory, "plain", *PLAIN, SYNC_TIMEOUT="60")[0]["peer_error"]
     assert reports[1]["error"] == "ValueError"
     assert reports[0]["error"] == "PeerFailedError" and "rank 1 raised an error" in reports[0]["message"]
 
@@ -152,7 +150,7 @@ def test_a_rank_that_skips_a_sync_point_is_a_clear_error_not_a_hang(tmp_path):
 
 
 def test_ranks_at_different_sync_points_fail_at_once(tmp_path_factory):
-    reports = shared(tmp_path_factory, "plain", *PLAIN)[0]["mismatched"]
+    reports = shared(tmp_path_factory, "plain", *PLAIN, SYNC_TIMEOUT="60")[0]["mismatched"]
     for report in reports:
         assert report["error"] == "RankDisagreementError" and "different sync points" in report["message"]
 
@@ -171,7 +169,7 @@ def test_cli_probe_under_torchrun_agrees_and_rank_zero_writes(tmp_path):
 def test_a_squeeze_on_one_rank_costs_both_a_measured_step_down_not_half(tmp_path_factory):
     """Rank 1 loses 5 % of its budget mid-run under DDP: both ranks replay the step at the one
     micro-batch rank 1's measurement allows (at least 0.8 of the old, not half), no sample lost."""
-    reports = shared(tmp_path_factory, "plain", *PLAIN)[0]["ddp_squeeze"]
+    reports = shared(tmp_path_factory, "plain", *PLAIN, SYNC_TIMEOUT="60")[0]["ddp_squeeze"]
     assert reports[0]["recoveries"] == [dict(reports[1]["recoveries"][0], error=reports[0]["recoveries"][0]["error"])]
     recovery = reports[0]["recoveries"][0]
     assert recovery["action"] == "measured" and recovery["micro_batch"] >= 0.8 * reports[0]["answer"], recovery
@@ -217,5 +215,5 @@ def test_a_group_joined_from_the_environment_is_torn_down_at_exit_so_every_rank_
 def test_a_ddp_resume_restores_each_ranks_own_random_state(tmp_path_factory):
     """Dropout masks drawn per rank: a run resumed from rank 0's checkpoint ends with the
     uninterrupted run's weights on every rank (each rank's random state was restored, not rank 0's)."""
-    reports = shared(tmp_path_factory, "plain", *PLAIN)[0]["ddp_resume"]
+    reports = shared(tmp_path_factory, "plain", *PLAIN, SYNC_TIMEOUT="60")[0]["ddp_resume"]
     assert all(report["same"] and report["moved"] for report in reports), reports
