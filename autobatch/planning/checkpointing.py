@@ -57,7 +57,8 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from .. import checks
-from .module_names import WRAPPER_ATTRIBUTES, has_module as _has_module, module_names_for, short_names as _short
+from .module_names import (WRAPPER_ATTRIBUTES, has_module as _has_module, misnamed_targets, module_names_for,
+                           short_names as _short)
 from .own_checkpointing import own_checkpointing, own_checkpointing_hint
 
 __all__ = ["CheckpointHandle", "enable_checkpointing", "find_blocks", "is_checkpointed", "module_names_for",
@@ -183,6 +184,10 @@ def _targets(targets: Any) -> tuple[str | type, ...] | None:
     if wrong:
         raise TypeError("checkpoint targets must be class names (e.g. 'GPTBlock') or classes, one or a list of them; "
                         f"got {targets!r:.80}, which holds {type(wrong[0]).__name__} {wrong[0]!r:.40}")
+    classes = [target for target in wanted if isinstance(target, type) and not issubclass(target, nn.Module)]
+    if classes:  # ``[int]`` was "match no module of the model", as if a block class were misspelt
+        raise TypeError(f"checkpoint targets must be nn.Module classes or their names; {classes[0].__name__} is no "
+                        "nn.Module subclass: name the model's block class (e.g. 'GPTBlock')")
     return wanted
 
 
@@ -218,7 +223,7 @@ def find_blocks(model: nn.Module, targets: Iterable[str | type] | None = None) -
         names = [target if isinstance(target, str) else target.__name__ for target in wanted]
         root = " but the model itself, which is never wrapped whole" if _matches(model, wanted) else ""
         raise ValueError(f"checkpoint targets {names} match no module of the model{root}; its module classes: "
-                         f"{', '.join(classes)}")
+                         f"{', '.join(classes)}{misnamed_targets(model, [t for t in wanted if isinstance(t, str)])}")
     return found
 
 

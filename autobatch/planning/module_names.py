@@ -2,15 +2,16 @@
 
 A plan made on a DDP- or ``torch.compile``-wrapped model names ``module.blocks.0`` or
 ``_orig_mod.blocks.0``; the bare model it is applied to has ``blocks.0``, and the other way round.
-Kept apart from :mod:`autobatch.planning.checkpointing` (which re-exports these names), which
-wraps the blocks.
+Checkpoint targets that match no class are checked here against the model's module names too
+(a module's name given for its class, a dotted class path). Kept apart from
+:mod:`autobatch.planning.checkpointing` (which re-exports these names), which wraps the blocks.
 """
 
 from __future__ import annotations
 
 from torch import nn
 
-__all__ = ["WRAPPER_ATTRIBUTES", "has_module", "module_names_for", "short_names"]
+__all__ = ["WRAPPER_ATTRIBUTES", "has_module", "misnamed_targets", "module_names_for", "short_names"]
 
 
 #: attributes under which a wrapper holds the model: DDP's and DataParallel's ``module``,
@@ -52,3 +53,20 @@ def module_names_for(model: nn.Module, names: list[str]) -> list[str]:
             if all(has_module(model, prefix + name) for name in found):
                 return [prefix + name for name in found]
     return list(names)
+
+
+def misnamed_targets(model: nn.Module, names: list[str]) -> str:
+    """Why targets that match no class may have missed: a module's *name* given for a class
+    (``'blocks.0'``: its class is named instead, or ``Plan.apply`` / ``enable_checkpointing(modules=)``
+    take names), or a dotted class path (``'torch.nn.TransformerEncoderLayer'``, a Hydra
+    ``_target_``: the bare class name matches)."""
+    classes = {cls.__name__ for module in model.modules() for cls in type(module).__mro__}
+    for name in names:
+        if name and has_module(model, name):
+            kind = type(model.get_submodule(name)).__name__
+            return (f"; {name!r} is the name of a module of the model, not a class: targets are class names "
+                    f"(its class: {kind!r}), and enable_checkpointing(model, modules=[...]) takes module names")
+        tail = name.rsplit(".", 1)[-1]
+        if "." in name and tail in classes:
+            return f"; targets are bare class names, not dotted paths: {tail!r} for {name!r}"
+    return ""

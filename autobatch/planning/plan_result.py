@@ -13,7 +13,7 @@ from typing import Any, Iterable, Mapping
 
 from .. import checks
 from ..probe.result import ProbeResult
-from .accumulation import split_batch
+from .accumulation import micro_batch_sizes, split_batch
 from .checkpointing import CheckpointHandle, enable_checkpointing, module_names_for
 
 __all__ = ["Plan", "candidates_table", "short_list"]
@@ -102,16 +102,23 @@ class Plan:
         """The plan :meth:`to_dict` wrote (keys that are not its fields, a report's own, are left
         out). One error naming what to pass for anything else: a JSON string or a file's text (it
         failed as ``'str' object has no attribute 'items'``), a dict without the plan's fields
-        (``Plan.__init__() missing ...``), or micro-batch sizes that do not make the global batch
-        (an edited plan that would train another one)."""
+        (``Plan.__init__() missing ...``), or micro-batch sizes and steps other than those
+        :meth:`split` cuts (an edited plan that would train another global batch, or report
+        another split than it runs: ``[4, 4, 2]`` balanced was cut 4, 3, 3, and ``[10, 0]`` passed
+        as two steps of one)."""
         plan = cls(**checks.record_fields(cls, data, "Plan", is_not="no plan", exclude=("handle", "applied"),
                                           source="a CLI run's plan.json, json.loads of Plan.to_json()"))
         sizes = list(plan.micro_batch_sizes)
-        if sum(sizes) != plan.global_batch or len(sizes) != plan.accumulation_steps or max(sizes, default=0) != plan.micro_batch:
+        try:  # what split() cuts: the sizes are a report of it, and must not claim another split
+            cut = micro_batch_sizes(plan.global_batch, plan.micro_batch, balanced=plan.balanced)
+        except (TypeError, ValueError) as exc:  # a size that is no positive integer
+            raise ValueError(f"Plan.from_dict: {exc}") from None
+        if sizes != cut or len(sizes) != plan.accumulation_steps:
             raise ValueError(f"Plan.from_dict: micro_batch_sizes [{short_list(sizes)}] (sum {sum(sizes)}) do not make "
-                             f"global_batch={plan.global_batch} in accumulation_steps={plan.accumulation_steps} of at most "
-                             f"micro_batch={plan.micro_batch}; an edited plan must change them together (plan anew "
-                             "for another global batch)")
+                             f"global_batch={plan.global_batch} in accumulation_steps={plan.accumulation_steps} as split() "
+                             f"cuts it with micro_batch={plan.micro_batch}, balanced={plan.balanced}: [{short_list(cut)}] "
+                             f"({len(cut)} steps); an edited plan must change them together (plan anew for another "
+                             "global batch)")
         return plan
 
     def summary(self) -> str:
