@@ -22,7 +22,7 @@ from ..memory.devices import simulated_counts
 from ..memory.simulated import active_simulation
 from .shards import to_cpu_local
 
-__all__ = ["written_outside_the_optimizer", "outside_the_model", "after_failed_step", "attempt", "forget_scaler_stage", "unskipped", "host_copy", "layout_of", "put_back_layout", "all_params", "places",
+__all__ = ["reset_failed_reduction", "written_outside_the_optimizer", "outside_the_model", "after_failed_step", "attempt", "forget_scaler_stage", "unskipped", "host_copy", "layout_of", "put_back_layout", "all_params", "places",
            "counted_places", "load_keeping_groups", "load_other"]
 
 #: What a module registers by name, and forward may add to.
@@ -142,6 +142,21 @@ def unskipped(scalers: Any) -> None:
                 scaler._scale.fill_(1.0)
 
 
+def reset_failed_reduction(model: torch.nn.Module) -> None:
+    """Put a ``DistributedDataParallel`` model of a one-process group (``torchrun
+    --nproc-per-node 1``, a DDP script run on one GPU) back to no reduction in flight, after a
+    step that failed part-way: an out-of-memory error inside backward left DDP's reducer
+    expecting the rest of that backward, and every later forward raised "Expected to have
+    finished reduction in the prior iteration" (the probe stopped at its first OOM trial; the
+    Runner shrank the micro-batch down to one that "could not train"). With more ranks the
+    ranks' vote resets it together (:func:`autobatch.dist.ddp_step.reset_after_failure`)."""
+    wrapper = getattr(model, "_orig_mod", model)  # torch.compile(DDP(...)) too
+    if not isinstance(wrapper, torch.nn.parallel.DistributedDataParallel):
+        return
+    if torch.distributed.get_world_size(wrapper.process_group) == 1:
+        wrapper.reducer._reset_state()
+
+
 def after_failed_step(restore: tuple[Any, ...]) -> None:
     """After a plain callable's step ran out of memory: drop the gradients of every module in
     ``restore`` (the model, a GAN's discriminator), and mark every optimizer there unscaled again
@@ -153,6 +168,7 @@ def after_failed_step(restore: tuple[Any, ...]) -> None:
         if isinstance(item, torch.nn.Module):
             for param in item.parameters():
                 param.grad = None
+            reset_failed_reduction(item)  # a one-process DDP's reducer, left mid-backward
         elif isinstance(item, torch.amp.GradScaler) and item.is_enabled():
             for optimizer in optimizers:
                 forget_scaler_stage(item, optimizer)

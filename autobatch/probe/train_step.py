@@ -10,6 +10,7 @@ import torch
 
 from .. import checks
 from .restore import forget_scaler_stage
+from .restore_places import reset_failed_reduction
 
 __all__ = ["TrainStep", "AUTOCAST_DTYPES"]
 
@@ -117,6 +118,7 @@ class TrainStep:
         self.optimizer.zero_grad(set_to_none=True)
         for param in self.model.parameters():
             param.grad = None
+        reset_failed_reduction(self.model)
         if self.grad_scaler is not None and self.grad_scaler.is_enabled():
             forget_scaler_stage(self.grad_scaler, self.optimizer)
 

@@ -37,6 +37,7 @@ from .. import checks
 from ..memory.oom import free_memory, is_oom_error
 from ..planning.checkpointing import enable_checkpointing, no_blocks_hint
 from ..planning.own_checkpointing import own_checkpointing
+from ..probe.restore_places import reset_failed_reduction
 from .inputs import warn_batch_statistics
 from .multiples import round_down
 from .run_result import Recovery
@@ -380,6 +381,7 @@ class OomRecovery:
         self.optimizer.zero_grad(set_to_none=True)
         for param in self.model.parameters():
             param.grad = None
+        reset_failed_reduction(self.model)  # a one-process DDP's reducer, left mid-backward
 
     def _enable_checkpointing(self) -> None:
         """The fallback at the smallest micro-batch; none for a model that checkpoints its own blocks

@@ -1,0 +1,48 @@
+"""A ``DistributedDataParallel`` model in a one-process group (``torchrun --nproc-per-node 1``,
+a DDP script run on one GPU): an out-of-memory error inside backward left DDP's reducer
+mid-reduction, and every later forward raised "Expected to have finished reduction in the prior
+iteration". The probe stopped at its first OOM trial with that error; the Runner shrank the
+micro-batch until the error was blamed on a micro-batch too small to train
+(``autobatch.probe.restore_places.reset_failed_reduction``). In process: a one-rank gloo group on a
+``HashStore``, destroyed after the test.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch import nn
+
+import autobatch
+from autobatch import TrainStep
+
+pytestmark = pytest.mark.skipif(not dist.is_available(), reason="needs torch.distributed")
+
+
+@pytest.fixture
+def one_rank_ddp():
+    assert not dist.is_initialized()
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        torch.manual_seed(0)
+        yield nn.parallel.DistributedDataParallel(nn.Sequential(nn.Linear(16, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(),
+                                                              nn.Linear(256, 16)))
+    finally:
+        dist.destroy_process_group()
+
+
+def loss_fn(model, batch):
+    return model(batch).pow(2).mean()
+
+
+def test_the_probe_and_the_runner_recover_a_one_rank_ddp_from_an_oom_in_backward(one_rank_ddp):
+    model = one_rank_ddp
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    step = TrainStep(model, optimizer, loss_fn, lambda n: torch.randn(n, 16))
+    found = autobatch.find_max_batch(step, memory_limit="600KiB", steps_per_trial=1, strategy="binary", cache=False)
+    assert any(not trial.passed for trial in found.trials) and found.batch_size > 1
+    with autobatch.simulated_memory("1500KiB"):
+        runner = autobatch.Runner(model, optimizer, loss_fn, global_batch=512, micro_batch=512, progress=False)
+        result = runner.fit([torch.randn(512, 16) for _ in range(2)], epochs=1)
+    assert result.steps == 2 and any(r["phase"] == "backward" for r in result.oom_recoveries), result.oom_recoveries
