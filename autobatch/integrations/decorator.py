@@ -49,6 +49,10 @@ is raised from the last allocator error, with the figures.
 A call that returns after out-of-memory errors were raised and caught inside the function (its
 own ``except``; the device's counter says so) is one ``RuntimeWarning``: no retry saw them, and the
 size would otherwise pass for one that ran (``Attempt.caught_ooms``).
+A call that returns after its failed attempts stepped an optimizer that the attempt which ran
+stepped again (one passed in: each retry runs the function from its top, and the model keeps
+the failed attempts' updates), with no ``load_state_dict`` into it since (a loop that resumes from
+its own checkpoint), is one ``RuntimeWarning`` saying how many steps' samples were trained twice.
 """
 
 from __future__ import annotations
@@ -68,7 +72,8 @@ from ..memory.lazy_state import LazyStateWatch
 from ..memory.oom import allocated_at_failure, free_memory, is_oom_error, recognised_ooms, requested_bytes
 from ..memory.simulated import active_simulation
 from ..probe.arguments import ALLOCATOR_HEADROOM
-from .decorator_checks import caught_message, check_arguments, check_call, check_takes_batch, is_method, refuse_coroutine
+from .decorator_checks import (caught_message, check_arguments, check_call, check_takes_batch, is_method,
+                               refuse_coroutine, retrained_message)
 from .decorator_state import AttemptState
 
 __all__ = ["find_executable_batch_size", "Attempt"]
@@ -136,11 +141,12 @@ def find_executable_batch_size(
         ValueError: a bad argument, ``starting_batch_size`` below ``multiple_of``, or a
             ``reduce_batch_size_fn`` that returned a size not below the one that failed (the
             retries would never end).
-        NoBatchFitsError: batch 1 ran out of memory.
+        NoBatchFitsError: batch 1 ran out of memory; or sizes down to half the start failed at one
+            point, whatever their size (a function that ignores it): the message says so.
 
-    After a failed attempt the gradients it created are set to None and those it left alone
-    are kept; gradients from before the call that it changed in place are set to None with a
-    ``RuntimeWarning`` (see the module's docstring).
+    A failed attempt's own gradients are dropped and others kept (those from before the call it changed:
+    dropped, a ``RuntimeWarning``); its steps with an optimizer passed in, which the retry runs again
+    from the function's top, are a ``RuntimeWarning`` (the module's docstring says more).
     """
     if function is None:
         return functools.partial(
@@ -158,12 +164,12 @@ def find_executable_batch_size(
     def wrapped(*args: Any, **kwargs: Any) -> Any:
         check_call(function, args[int(method):], kwargs, method)
         memory = _instruments(device)
-        with LazyStateWatch() as watch:
-            return _attempts(wrapped, watch, memory, AttemptState(), args, kwargs)
+        with LazyStateWatch() as watch, AttemptState() as state:  # leaving it removes its hooks
+            return _attempts(wrapped, watch, memory, state, args, kwargs)
 
     def _attempts(wrapped: Any, watch: LazyStateWatch, memory: DeviceMemory | None, grads: AttemptState,
                   args: tuple, kwargs: dict) -> Any:
-        first = wrapped.batch_size  # the next call's start again if no size runs in this one
+        first, mine = wrapped.batch_size, len(wrapped.attempts)  # this call's start, and its attempts' index
         while True:
             size = wrapped.batch_size
             attempt = Attempt(batch_size=size, ok=False, seconds=0.0)
@@ -181,14 +187,14 @@ def find_executable_batch_size(
                 if not is_oom_error(exc):
                     raise
                 _record_failure(attempt, exc, memory, began)
-                if size <= 1:  # nothing ran: a later call (memory freed since) searches from where this one did
-                    wrapped.batch_size = first
-                    raise _nothing_fits(attempt, memory) from exc
+                if size <= 1 or _fixed_failure(wrapped.attempts[mine:]) == "stop":  # a smaller size fails too
+                    wrapped.batch_size = first  # nothing ran: a later call (memory freed since) searches again
+                    raise _nothing_fits(attempt, memory, wrapped.attempts[mine:], function) from exc
                 # leave the handler: only the message is kept, the failed frames are released
             else:
                 refuse_coroutine(function, value)
                 attempt.seconds, attempt.ok = time.perf_counter() - began, True
-                _returned(attempt, function, memory, ooms, handled)
+                _returned(attempt, function, memory, ooms, handled, grads)
                 return value
             watch.repair()  # an optimizer step the OOM interrupted leaves no half-created state
             if lost := grads.drop_failed():  # the next attempt neither steps with nor holds the failed one's
@@ -204,13 +210,16 @@ def find_executable_batch_size(
 
 
 def _returned(attempt: Attempt, function: Callable[..., Any], memory: DeviceMemory | None, ooms: int | None,
-              handled: int) -> None:
+              handled: int, grads: AttemptState) -> None:
     """A call that returned: its peak, and one ``RuntimeWarning`` where the device counted
     out-of-memory errors during it beyond those nested decorated calls handled: the function
     caught them itself (an ``except Exception`` around its loop, a per-batch ``except`` that skips the batch), so the
     retry never saw them and the size is recorded as one that ran. Why: that size was kept as
     ``wrapped.batch_size`` for the next call, with no sign that steps (and their samples) were
     skipped."""
+    if twice := grads.retrained.twice():
+        warnings.warn(retrained_message(getattr(function, "__name__", "function"), twice, attempt.batch_size),
+                      RuntimeWarning, stacklevel=4)
     if memory is not None:
         attempt.peak_bytes = memory.peak()
     after = oom_count(memory)
@@ -289,11 +298,50 @@ def _instruments(device: str | torch.device | None) -> DeviceMemory | None:
     return AcceleratorMemory(target)
 
 
-def _nothing_fits(attempt: Attempt, memory: DeviceMemory | None) -> NoBatchFitsError:
+def _fixed_failure(attempts: list[Attempt]) -> str | None:
+    """Whether a call's failed attempts ran out of memory at one point whatever their size: the
+    same allocator message (the same request, the same memory in use), and where measured the same
+    bytes allocated above each attempt's start, over sizes at least a factor 2 apart. None when
+    not; "stop" when at least 4 did, each after allocating something (an OOM raised by hand
+    allocates nothing), so no smaller size can get past that point either; "same" when they did
+    but that is not proof enough to stop. Why: a function that ignores its batch size (a
+    ``DataLoader`` built outside it, with its own ``batch_size``) failed identically 39 times
+    from 2048 down to 1, then raised ``NoBatchFitsError`` advising gradient accumulation."""
+    failed = [attempt for attempt in attempts if not attempt.ok]
+    if len(failed) < 2 or failed[0].requested_bytes is None or failed[0].batch_size < 2 * failed[-1].batch_size:
+        return None
+
+    def point(attempt: Attempt) -> tuple:
+        grew = (None if attempt.failed_at_bytes is None or attempt.start_bytes is None
+                else attempt.failed_at_bytes - attempt.start_bytes)
+        return attempt.error, attempt.requested_bytes, grew
+
+    if any(point(attempt) != point(failed[0]) for attempt in failed):
+        return None
+    grew = point(failed[0])[2]
+    return "stop" if len(failed) >= 4 and grew is not None and grew > 0 else "same"
+
+
+def _nothing_fits(attempt: Attempt, memory: DeviceMemory | None, attempts: list[Attempt],
+                  function: Callable[..., Any]) -> NoBatchFitsError:
+    """Batch 1 failed, or this call's ``attempts`` all failed at one point whatever their size
+    (:func:`_fixed_failure`), so a smaller one would too: the error says which, and what to change."""
+    name, fixed = getattr(function, "__name__", "function"), attempts if _fixed_failure(attempts) else None
+    if fixed:
+        hint = (
+            f"find_executable_batch_size stopped at batch {attempt.batch_size}: every attempt of `{name}` from batch "
+            f"{fixed[0].batch_size} down to {attempt.batch_size} ({len(fixed)} attempts) ran out of memory at the same "
+            "point (the same allocation, with the same memory in use), so what fails does not depend on the batch "
+            f"size. Does `{name}` use the batch size it is given? A DataLoader built outside the function keeps its "
+            "own batch_size: build it inside, DataLoader(dataset, batch_size=batch_size). If it does, what fails is "
+            "fixed in size (the model, its optimizer state, a fixed-size buffer): use lower precision, a smaller "
+            "model or a larger device."
+        )
+    else:
+        hint = ("find_executable_batch_size reached batch 1 and it still ran out of memory: use gradient "
+                "accumulation, activation checkpointing, lower precision, a smaller model or a larger device.")
     return NoBatchFitsError(
         batch_size=attempt.batch_size, capacity_bytes=attempt.capacity_bytes,
         peak_bytes=None if memory is None else memory.peak(), device=getattr(memory, "name", "the device"),
-        last_error=attempt.error,
-        hint="find_executable_batch_size reached batch 1 and it still ran out of memory: use gradient "
-        "accumulation, activation checkpointing, lower precision, a smaller model or a larger device.",
+        last_error=attempt.error, hint=hint,
     )

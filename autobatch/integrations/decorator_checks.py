@@ -151,3 +151,17 @@ def caught_message(name: str, size: int, caught: int) -> str:
         "not train. Let out-of-memory errors leave the function (in a broad except: `if autobatch.is_oom_error(exc): "
         "raise`)"
     )
+
+
+def retrained_message(name: str, steps: int, size: int) -> str:
+    """The warning for a call whose failed attempts stepped an optimizer that the attempt which ran
+    stepped again, with no checkpoint loaded into it
+    (:class:`~autobatch.integrations.decorator_state.RetrainedSteps`)."""
+    return (
+        f"find_executable_batch_size: before `{name}` ran at batch {size}, its failed attempts took {steps} optimizer "
+        f"step(s) with an optimizer that batch {size} stepped again (one made before the call); the model keeps "
+        f"those updates, and each retry ran `{name}` from its top without loading a state dict into that optimizer, "
+        "so the samples of those steps were trained twice (and a learning-rate scheduler made outside stepped on). "
+        "Build the model and optimizer inside the function (Accelerate's pattern), or resume inside it from your "
+        "last checkpoint (model.load_state_dict, optimizer.load_state_dict)"
+    )

@@ -10,7 +10,10 @@ leaves behind outside the function, and how it is undone before the next attempt
 * an ``accelerate.Accelerator``'s **micro-batch counter** (``accelerator.step``, which
   ``accelerator.accumulate`` advances): put back, or the next attempt's accumulation windows were
   shifted by the failed attempt's micro-batches (with 4 a window and a failure at the third, the
-  retry stepped the optimizer after its first micro-batch, a quarter of a window).
+  retry stepped the optimizer after its first micro-batch, a quarter of a window);
+* the **updates** a failed attempt made through an optimizer that the retry steps again (made
+  before the call) cannot be undone without a copy: they are counted (:class:`RetrainedSteps`),
+  and a call that returns after a retry that did not load a checkpoint into it is one warning.
 
 Torch and Accelerate objects are found by the garbage collector: once at the process's first
 decorated call (a scan costs 20-90 ms in a large process), then after each failure; optimizers
@@ -27,9 +30,9 @@ from typing import Any
 
 import torch
 from torch.amp.grad_scaler import OptState, _refresh_per_optimizer_state
-from torch.optim.optimizer import register_optimizer_step_pre_hook
+from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
-__all__ = ["AttemptState"]
+__all__ = ["AttemptState", "RetrainedSteps"]
 
 
 class AttemptState:
@@ -45,11 +48,19 @@ class AttemptState:
     def __init__(self) -> None:
         self.before: dict[int, tuple[weakref.ref, weakref.ref, int]] = {}
         self.steps: dict[int, tuple[weakref.ref, int]] = {}
+        self.retrained = RetrainedSteps()
+
+    def __enter__(self) -> "AttemptState":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.retrained.close()  # the load_state_dict hooks go, whatever happened
 
     def record(self) -> None:
         """At an attempt's start: each parameter's gradient (weakly) and its version counter, and
         each known Accelerator's ``step``."""
         self.before = {}
+        self.retrained.record()
         for param in _params_of(_known_optimizers()):
             if param.grad is not None:
                 self.before[id(param)] = (weakref.ref(param), weakref.ref(param.grad), param.grad._version)
@@ -63,6 +74,7 @@ class AttemptState:
         forgotten; the Accelerators' counters put back. Returns how many gradients that existed
         before the attempt it changed in place: what they held before the call is lost."""
         lost = 0
+        self.retrained.failed()  # steps it took with optimizers that outlive it stay in the model
         live, scalers, accelerators = _live_objects()
         _KNOWN.update(live)
         for param in _params_of(live):
@@ -132,8 +144,76 @@ def _known_optimizers() -> list[torch.optim.Optimizer]:
         _KNOWN.update(optimizers)
         _ACCELERATORS.update(accelerators)
         register_optimizer_step_pre_hook(lambda optimizer, args, kwargs: _KNOWN.add(optimizer))
+        register_optimizer_step_post_hook(_stepped)
         _SCANNED.append(True)
     return list(_KNOWN)
+
+
+def _stepped(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+    """The global step post-hook: a step that finished is counted (one an out-of-memory error
+    interrupted, whose half-made state is repaired, is not)."""
+    _STEPS[optimizer] = _STEPS.get(optimizer, 0) + 1
+
+
+#: steps each optimizer has finished since the process's first decorated call (:func:`_stepped`)
+_STEPS: "weakref.WeakKeyDictionary[torch.optim.Optimizer, int]" = weakref.WeakKeyDictionary()
+
+
+class RetrainedSteps:
+    """The optimizer steps that a call's failed attempts took with an optimizer that the attempt
+    which ran stepped again (the caller's, made outside the function), and whether a later attempt
+    loaded a state dict into it (a loop that resumes from its own checkpoint).
+
+    Why: the retry runs the function from its top. A model and optimizer built inside start afresh,
+    and a loop that loads its checkpoint resumes; but one passed in keeps the failed attempts'
+    updates, and its data loop starts again at its first batch, so the samples of those steps were
+    trained twice, silently (a run that ran out of memory on a long batch mid-epoch). An optimizer
+    a failed attempt made and something outside kept (an ``Accelerator`` it was prepared with)
+    and that the attempt which ran never stepped trained nothing twice, and is not counted."""
+
+    def __init__(self) -> None:
+        self.counts: dict[int, tuple[weakref.ref, int]] = {}
+        self.taken: dict[int, tuple[weakref.ref, int]] = {}
+        self.loaded: set[int] = set()
+        self._hooks: dict[int, Any] = {}
+
+    def record(self) -> None:
+        """At an attempt's start: the step count of each optimizer that has stepped."""
+        self.counts = {id(optimizer): (weakref.ref(optimizer), steps) for optimizer, steps in list(_STEPS.items())}
+
+    def _since_start(self, optimizer: torch.optim.Optimizer, steps: int) -> int:
+        ref, before = self.counts.get(id(optimizer), (None, 0))
+        return steps - (before if ref is not None and ref() is optimizer else 0)
+
+    def failed(self) -> None:
+        """After a failed attempt: add the steps it took with each optimizer still alive, and watch
+        each for a ``load_state_dict`` (a hook removed by :meth:`close`)."""
+        for optimizer, steps in list(_STEPS.items()):
+            if (taken := self._since_start(optimizer, steps)) <= 0:
+                continue
+            ref, before = self.taken.get(id(optimizer), (None, 0))
+            before = before if ref is not None and ref() is optimizer else 0
+            self.taken[id(optimizer)] = (weakref.ref(optimizer), before + taken)
+            if id(optimizer) not in self._hooks and hasattr(optimizer, "register_load_state_dict_post_hook"):
+                self._hooks[id(optimizer)] = optimizer.register_load_state_dict_post_hook(
+                    lambda opt, key=id(optimizer): self.loaded.add(key))
+
+    def twice(self) -> int:
+        """After the attempt that ran: the failed attempts' steps with each optimizer it stepped too,
+        that no attempt since loaded a state dict into: their samples were trained twice."""
+        count = 0
+        for key, (ref, taken) in self.taken.items():
+            optimizer = ref()
+            stepped = optimizer is not None and self._since_start(optimizer, _STEPS.get(optimizer, 0)) > 0
+            if stepped and key not in self.loaded:
+                count += taken
+        return count
+
+    def close(self) -> None:
+        """Remove the ``load_state_dict`` hooks."""
+        for handle in self._hooks.values():
+            handle.remove()
+        self._hooks.clear()
 
 
 def _live_objects() -> tuple[list[torch.optim.Optimizer], list[torch.amp.GradScaler], list[Any]]:

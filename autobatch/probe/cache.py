@@ -31,7 +31,8 @@ result would be a wrong answer (a ``batch_size`` that is not a positive integer,
 outside [0, 1), ...: :func:`result_problem`), is reported once (a warning per path) and
 treated as a miss: the probe runs and the entry is rewritten. Entries are made readable as the
 umask allows (not ``mkstemp``'s 0600), so a cache a team shares serves everyone. A directory where the lock file
-cannot be created (read-only, no permission) is not waited on as if another process held the
+cannot be created (read-only, no permission, a path that is a file or lies under one: one warning, saying so,
+where a read of the entry said "not readable JSON" too) is not waited on as if another process held the
 lock: :meth:`ProbeCache.put` warns once per directory and does not cache;
 :meth:`ProbeCache.clear` raises :class:`CacheLockError` at once. An entry that cannot be written
 (a full disk) is warned about once per directory and cause.
@@ -194,7 +195,10 @@ class ProbeCache:
             self.directory.mkdir(parents=True, exist_ok=True)
             os.close(os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o666))
         except OSError as exc:
-            error = CacheLockError(f"cannot create the probe cache lock file {lock_path} ({exc.strerror or exc})")
+            why = exc.strerror or str(exc)
+            if isinstance(exc, (FileExistsError, NotADirectoryError)):  # cache="result.json": a file, not a directory
+                why += f"; {self.directory} is a file or lies under one, and the cache is a directory: name a directory"
+            error = CacheLockError(f"cannot create the probe cache lock file {lock_path} ({why})")
             error.errno = exc.errno
             raise error from exc
         return FileLock(str(lock_path), timeout=60)
@@ -203,7 +207,7 @@ class ProbeCache:
         """The entry in ``path``, or None (with one warning per path) when it is not ours."""
         try:
             data = json.loads(path.read_text())
-        except FileNotFoundError:
+        except (FileNotFoundError, NotADirectoryError):  # no entry; a directory that is a file: put() says so
             return None
         except (OSError, UnicodeDecodeError, ValueError) as exc:
             _warn_once(path, f"not readable JSON ({type(exc).__name__}: {exc})")
