@@ -28,6 +28,10 @@ __all__ = ["is_oom_error", "free_memory", "requested_bytes", "allocated_at_failu
 OOM_MESSAGES: tuple[str, ...] = (
     "CUDA out of memory",  # CUDA caching allocator (older releases raise RuntimeError)
     "CUDA error: out of memory",  # asynchronous CUDA error surfaced at a later sync
+    # the driver API's: the allocator under expandable_segments mapping a segment (cuMemCreate),
+    # and Triton's driver launching a compiled kernel (torch.compile's)
+    "CUDA driver error: out of memory",
+    "Triton Error [CUDA]: out of memory",
     "HIP out of memory",  # ROCm caching allocator
     "hipErrorOutOfMemory",  # ROCm runtime error code
     "MPS backend out of memory",  # Apple MPS allocator

@@ -12,6 +12,8 @@ OOM_MESSAGES = [
     # asynchronous CUDA error surfaced at a later synchronisation
     "CUDA error: out of memory\nCUDA kernel errors might be asynchronously reported at some other API call, "
     "so the stacktrace below might be incorrect.",
+    "CUDA driver error: out of memory",  # expandable segments' cuMemCreate (review 19)
+    "Triton Error [CUDA]: out of memory",  # a compiled kernel's launch
     "HIP out of memory. Tried to allocate 1.53 GiB. GPU 0 has a total capacity of 63.98 GiB",
     "HIP error: hipErrorOutOfMemory",
     "MPS backend out of memory (MPS allocated: 17.01 GB, other allocations: 1.52 GB, max allowed: 18.13 GB). "
