@@ -19,7 +19,6 @@ import torch
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
-from torch.nn import functional as F
 
 from ..dist import agreement as dist_sync
 from ..workloads.batches import DatasetBatches, SyntheticBatches
@@ -29,6 +28,7 @@ from ..planning.plan_arguments import validate_timing
 from ..probe.train_step import TrainStep
 from . import validation
 from .construct import construct
+from .loss import cross_entropy_loss
 from .errors import one_line, where_raised
 from .ranks import data_parallel
 from ..memory.allocator import environment_expandable_segments, set_expandable_segments
@@ -291,31 +291,6 @@ def training_memory(cfg: DictConfig, device: torch.device, *, probed: bool = Tru
             yield f"trained within {format_bytes(limit_bytes)} ({source}){simulated}"
         else:
             yield f"trained within {format_bytes(limit_bytes)} ({source}), the memory the probe was given"
-
-
-def cross_entropy_loss(model: torch.nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-    """Cross-entropy of ``model(inputs)`` against ``targets``; logits ``[..., classes]`` are
-    flattened, so it serves classifiers ``[B, C]`` and language models ``[B, T, V]`` alike.
-    A model that returns an output object (Hugging Face's ``.logits``) or a tuple (logits first)
-    is read the same way, so ``model._target_=transformers.LlamaForCausalLM`` trains as is."""
-    inputs, targets = batch
-    logits = _logits(model(inputs))
-    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1))
-
-
-def _logits(output: Any) -> torch.Tensor:
-    """The logits tensor of a model's output: the tensor itself, ``output.logits`` or ``output[0]``."""
-    if isinstance(output, torch.Tensor):
-        return output
-    logits = getattr(output, "logits", None)
-    if isinstance(logits, torch.Tensor):
-        return logits
-    if isinstance(output, (tuple, list)) and output and isinstance(output[0], torch.Tensor):
-        return output[0]
-    raise TypeError(
-        f"the model returned {type(output).__name__}, not logits: the CLI's loss needs a tensor, an object "
-        "with .logits (Hugging Face) or a tuple whose first item is the logits; wrap the model so forward returns logits"
-    )
 
 
 @dataclass

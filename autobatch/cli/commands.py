@@ -38,7 +38,7 @@ from .config import register_configs
 from . import ranks
 from .errors import cli_keys, hydra_noise_filtered, reported
 from .isolated import isolate_probe, probe_in_child
-from .preflight import flags_first
+from .preflight import flags_first, hydra_help_args
 from .run_dir import check_probe_target, check_train_target, claim_run_dir
 from .user_config import command_line, run_roots
 from .sharding import per_rank_batch
@@ -392,7 +392,7 @@ def run_app(command: str) -> None:
     ensure_conf_module()
     register_configs()
     task, config_name, _ = COMMANDS[command]
-    sys.argv = [sys.argv[0], *flags_first(sys.argv[1:])]  # Hydra's parser wants its flags before the overrides
+    sys.argv = [sys.argv[0], *flags_first(hydra_help_args(command, sys.argv[1:]))]  # Hydra's parser wants its flags first
     verbose = [arg.split("=", 1)[1] for arg in sys.argv[1:] if arg.startswith(("hydra.verbose=", "++hydra.verbose="))]
     with hydra_noise_filtered(verbose=bool(verbose) and verbose[-1].strip() not in ("", "false", "False", "null", "[]")):
         hydra.main(config_path=CONFIG_PATH, config_name=config_name, version_base="1.3")(task)()

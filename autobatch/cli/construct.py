@@ -80,7 +80,8 @@ def construct(key: str, node: Any, expect: type | None = None, **kwargs: Any) ->
         what = "could not open a path it was given" if isinstance(cause, _UNOPENABLE) else "rejected its arguments"
         if isinstance(cause, _UNOPENABLE) and _moved_from() is not None:
             fix += (f" (hydra.job.chdir=true runs the job in {Path.cwd()}: a relative path is from there unless it exists "
-                    "where the command ran and its argument is named root, path, *_dir, *_path or *_file; or give "
+                    "where the command ran and its argument is named root, path, dir, directory, file or filename, a "
+                    "plural of one, or ends in _ and one of them (data_dir); or give "
                     "${hydra:runtime.cwd}/PATH)")
         code = where_raised(cause, users_only=True)  # a bug of the user's constructor, not an argument
         fix = (not code and _missing_arguments(key, cause)) or fix  # its own call, not one inside it
@@ -153,8 +154,8 @@ def _absolute_paths(node: Any, launch: Path) -> Any:
 
 def from_launch_dir(node: Any) -> Any:
     """``node`` (a ``_target_`` node's arguments) as the user meant it under ``hydra.job.chdir=true``:
-    a relative path under a path's name (``root``, ``path``, ``file``, ``dir``, or ending in
-    ``_root``, ``_path``, ``_file``, ``_dir``, and their plurals, in nested nodes too) that exists
+    a relative path under a path's name (``root``, ``path``, ``dir``, ``directory``, ``file``,
+    ``filename``, their plurals, or ``_`` and one of them at the end, in nested nodes too) that exists
     in the directory the command ran in is made absolute there, as ``probe.cache_dir`` and
     ``train.resume`` are. Without it the job, moved into its run directory, looked for
     ``root: data`` there, while ``train``'s probe child (:mod:`.isolated`), which starts where the

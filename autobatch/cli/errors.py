@@ -96,8 +96,9 @@ _CLI_ADVICE = [
 #: Library notes that the command line says in its own words (the saved steps: its line names
 #: the checkpoint and the command that continues the run).
 _SAID_OTHERWISE = ("go on from there with fit(",)
-#: Modules whose frames do not say where a user's error came from (the framework and Python).
-_FRAMEWORK = ("torch", "hydra", "omegaconf", "importlib", "runpy")
+#: Modules whose frames do not say where a user's error came from (the framework, Python, and
+#: tenacity, the retry loop the runner calls the step through: "raised at .../tenacity/__init__.py").
+_FRAMEWORK = ("torch", "hydra", "omegaconf", "importlib", "runpy", "tenacity")
 
 
 def cli_keys(message: str) -> str:
@@ -137,6 +138,9 @@ def where_raised(exc: BaseException, *, users_only: bool = False) -> str:
         return filename.startswith(os.path.join(paths["stdlib"], "")) and not filename.startswith(installed)
 
     frames = [frame for frame in raised_through(exc, leaving=_FRAMEWORK) if not python_own(frame[1])]
+    raiser = raised_through(exc)[-1:]  # the frame of the raise itself: torch's, when torch raised it
+    if raiser and in_packages(raiser[0][0], ("autobatch.cli",)) and not users_only:
+        return ""  # the command line's own check raised it (the loss's "not logits"): its words say what to change
     # else autobatch's frames that called torch (a built-in loss), not the simulated device's dispatch
     # mode, which every op on the CPU passes through: it named accounting.py for a target out of range
     users = [frame for frame in frames if not in_packages(frame[0], ("autobatch",))] or ([] if users_only else [

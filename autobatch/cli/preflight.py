@@ -6,8 +6,10 @@ Hydra reports a misspelt key or a wrong type over several lines, and problems it
 of a ``-m`` sweep) with Hydra's compose API and runs :func:`~autobatch.cli.build.validate` on
 it; the first problem becomes a :class:`CLIError`. It also checks that the run (or sweep)
 directory resolves and can be created (Hydra reported both with a traceback). With a flag that
-prints the config (``--cfg``, ``--info``...) the overrides are composed but not validated.
-Anything it cannot judge (``--help``, sweeper plugins' own syntax) is left to Hydra.
+prints the config (``--cfg``, ``--info``...) or the help (``--help``, ``--hydra-help``: Hydra
+composes them outside its error reporting, a traceback) the overrides are composed but not
+validated. Anything it cannot judge (sweeper plugins' own syntax) is left to Hydra. The hint
+that names what to change in place of Hydra's words is :mod:`autobatch.cli.override_hints`'s.
 
 A config of the user's own (``--config-dir``, ``--config-name``) is composed the same way, on
 the search path Hydra will use (:mod:`autobatch.cli.user_config`): a missing directory or config
@@ -15,18 +17,16 @@ is one line, as is a config that lacks keys because it does not extend the packa
 ``--shell-completion`` is refused, as are Hydra flags that do not go together or lack their
 value. A sweep is ``-m`` or ``hydra.mode=MULTIRUN`` (:func:`_multirun_mode`); :func:`flags_first`
 puts Hydra's flags before the overrides. Keys the run will not read (:mod:`autobatch.cli.ignored`)
-and a config that does not extend the packaged one are named in ``autobatch: warning:`` lines.
+a config that does not extend the packaged one (or puts ``_self_`` before what overrides its values)
+and a ``hydra/launcher`` given to one run are named in ``autobatch: warning:`` lines.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import os
-import re
 import sys
 import tempfile
-import typing
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -36,20 +36,24 @@ from omegaconf import OmegaConf, open_dict
 from omegaconf.errors import InterpolationResolutionError
 
 from .build import validate
-from .config import SCHEMAS, ProbeAppConfig, TrainAppConfig
 from .errors import BAD_INPUT, CLIError, describe, one_line
 from .ignored import ignored_keys
+from .override_hints import composition_hint as _composition_hint
+from .override_hints import delete_hint as _delete_hint
+from .override_hints import override_hint as _override_hint
 from .ranks import launched_rank
 from .user_config import (CONFIG_DIR_FLAGS, CONFIG_NAME_FLAGS, CONFIG_PATH_FLAGS, check_config_name, check_extends,
-                          composing, config_flags, sweeper_params, without_config_flags)
-from .validation import close_match
+                          check_self_last, composing, config_flags, sweeper_params, without_config_flags)
 
-__all__ = ["check", "flags_first", "job_overrides", "MAX_JOBS_CHECKED"]
+__all__ = ["check", "flags_first", "hydra_help_args", "job_overrides", "MAX_JOBS_CHECKED"]
 
 #: Sweeps larger than this are checked on their first jobs only.
 MAX_JOBS_CHECKED = 64
 #: Hydra flags after which a check makes no sense (Hydra prints or does something else).
-_HANDS_OFF = {"-h", "--help", "--hydra-help", "--version", "--experimental-rerun"}
+_HANDS_OFF = {"--version", "--experimental-rerun"}
+#: Hydra's help flags: Hydra composes the overrides for them (as one run) outside its error
+#: reporting, so they are composed here first; the config is not validated (help prints it).
+_HELP = {"-h", "--help", "--hydra-help"}
 #: Hydra's flags that the dispatcher cannot honour: ``python -m autobatch`` is no script that
 #: Hydra's shell completion could call back.
 _REFUSED = {"-sc", "--shell-completion"}
@@ -132,139 +136,15 @@ def flags_first(args: Sequence[str]) -> list[str]:
     return [*flags, *overrides]
 
 
-#: Where a dict given to a free node is all of it: the group option that leaves the node empty.
-_FRESH = {"data.dataset": "a data option without a dataset (drop data=dataset: data.dataset is then null)",
-          "optimizer": "optimizer=target (only _target_ and lr)"}
-
-
-def _failed_key(exc: BaseException | None) -> str | None:
-    """The full key where OmegaConf stopped applying an override (deeper than the override's own
-    key when its value is a dict merged into a node), from ``exc`` 's causes; None if none says."""
-    while exc is not None:
-        full_key = getattr(exc, "full_key", None)
-        if isinstance(full_key, str) and full_key:
-            return full_key
-        exc = exc.__cause__
-    return None
-
-
-def _override_hint(message: str, exc: BaseException | None = None) -> str:
-    """Hydra's "Could not override 'probe.stratgy'. To append to your config use +probe.stratgy=..."
-    advises ``+``, which a typed group rejects: name the closest key of its schema instead. For
-    a dict value (``probe={stratgy: binary}``, ``data.dataset={_target_: ..., root: data}``) the
-    key that failed is inside it (``exc`` 's cause names it): before, the message said the
-    override's own key did not exist ("data has no key 'dataset' (did you mean data.dataset?)")."""
-    found = re.search(r"Could not override '([\w.]+)'\. To append to your config use \+\S+", message)
-    if found is None:
-        return message
-    key = found.group(1)
-    failed = _failed_key(exc) or key
-    parts = failed.split(".") if failed.startswith(key) else key.split(".")
-    schema: typing.Any = ProbeAppConfig
-    for depth, part in enumerate(parts):
-        fields = [field.name for field in dataclasses.fields(schema)]
-        if part not in fields:
-            where = ".".join(parts[:depth]) or "the config"
-            prefix = where + "." if depth else ""
-            return f"Could not override '{key}': {where} has no key {part!r}{close_match(part, fields, prefix)}"
-        schema = typing.get_type_hints(schema).get(part)
-        if not dataclasses.is_dataclass(schema):  # a free node, unless a group's option types it (model=gpt)
-            typed = _option_key_hint(message, key, parts[: depth + 1], exc)
-            if typed != message:
-                return typed
-            if len(parts) == len(key.split(".")):  # untyped (model=target, data.dataset): + adds an argument
-                return _free_key_hint(message, key, exc)
-            break
-    if len(parts) > len(key.split(".")):  # a dict merged into a free node that has no such key
-        node = ".".join(parts[:-1])
-        fresh = f", or start from {_FRESH[node]}" if node in _FRESH else ""
-        return (f"Could not override '{key}': a dict given to {key} is merged into the one already there, and {node} "
-                f"has no key {parts[-1]!r}; add it with +{'.'.join(parts)}=VALUE{fresh}")
-    return message
-
-
-def _free_key_hint(message: str, key: str, exc: BaseException | None) -> str:
-    """A misspelt argument of a ``_target_`` node (``model.hiden`` where it has ``hidden``): the
-    closest key the node has (OmegaConf's error carries it). Hydra only advised ``+model.hiden=``."""
-    while exc is not None and not OmegaConf.is_dict(getattr(exc, "parent_node", None)):
-        exc = exc.__cause__
-    node, (where, part) = getattr(exc, "parent_node", None), key.rsplit(".", 1)
-    close = close_match(part, [str(name) for name in node.keys()], f"{where}.") if node is not None else ""
-    if not close:
-        return message  # no near key: Hydra's advice (+key=VALUE, a new argument) is the one to give
-    return f"Could not override '{key}': {where} has no key {part!r}{close}; +{key}=VALUE adds it as a new argument"
-
-
-def _delete_hint(message: str) -> str:
-    """Hydra's words on a ``~key`` it cannot apply, as what to change: a key of a schema cannot
-    be removed ("TrainConfig (DictConfig) does not support deletion"), and a null one "does not
-    exist" (``~probe.memory_limit``), which read as a misspelt key."""
-    typed = re.search(r"override ~([\w.]+): (\w+) \(DictConfig\) does not support deletion", message)
-    if typed is not None:
-        key = typed.group(1)
-        return (f"~{key}: {key} is a key of {typed.group(2)}, which keeps its keys; set {key}=VALUE instead (~ removes "
-                "only a key that no schema lists: an argument of model=target, optimizer=target or data.dataset)")
-    absent = re.search(r"Could not delete from config\. '([\w.]+)' does not exist", message)
-    if absent is None:
-        return message
-    key, schema, parts = absent.group(1), ProbeAppConfig, absent.group(1).split(".")
-    for depth, part in enumerate(parts):
-        if not dataclasses.is_dataclass(schema):  # a free node (model=target): the key may be absent
-            return f"~{key}: {'.'.join(parts[:depth])} has no key {part!r} (or it is null), so there is nothing to remove"
-        fields = [field.name for field in dataclasses.fields(schema)]
-        if part not in fields:
-            where = ".".join(parts[:depth])
-            return f"~{key}: {where or 'the config'} has no key {part!r}{close_match(part, fields, where + '.' if where else '')}"
-        schema = typing.get_type_hints(schema).get(part)
-    return f"~{key}: {key} is null already, so there is nothing to remove; set {key}=VALUE to change it"
-
-
-def _option_key_hint(message: str, key: str, node: list[str], exc: BaseException | None) -> str:
-    """For a node that its group's option types (``model=gpt``: ``GPTConfig``; ``optimizer=adamw``),
-    the closest key of that schema: Hydra advised ``+model.layrs=2``, which the model's
-    constructor then rejects. A node no schema types (``model=target``) keeps the advice:
-    there ``+`` adds a constructor argument."""
-    cause, schema = exc, None
-    while cause is not None and schema is None:
-        found = getattr(cause, "object_type", None)
-        schema = found if isinstance(found, type) and dataclasses.is_dataclass(found) else None
-        cause = cause.__cause__
-    full = (_failed_key(exc) or key).split(".")
-    if schema is None or full[: len(node)] != node or len(full) != len(node) + 1:
-        return message
-    where, name = ".".join(node), full[-1]
-    keys = [field.name for field in dataclasses.fields(schema) if not field.name.startswith("_")]
-    return (f"Could not override '{key}': {where} ({schema.__name__}) has no key {name!r}"
-            f"{_keys_hint(name, keys, where + '.')} (+{'.'.join(full)}=VALUE passes an argument its _target_ takes that "
-            "the schema does not list)")
-
-
-def _keys_hint(name: str, keys: list[str], prefix: str) -> str:
-    """The closest of ``keys`` to ``name``, else all of them."""
-    return close_match(name, keys, prefix) or f"; its keys: {', '.join(keys)}"
-
-
-def _composition_hint(message: str, exc: BaseException) -> str:
-    """A wrong key or value in a YAML (``--config-name`` 's, or a group option's of ``--config-dir``):
-    Hydra's "In 'mytrain': ConfigKeyError raised while composing config: Key 'stpes' not in
-    'TrainConfig'" names the schema's class, not the key; name the file, the key and the closest one."""
-    text = str(exc)
-    where = re.search(r"In '([^']+)': (\w+) raised while composing config:\s*(.*)", text)
-    key = re.search(r"full_key: ([\w.]+)", text)
-    if where is None or key is None:
-        return message
-    head = f"{where.group(1)}.yaml sets {key.group(1)}"
-    kind = re.search(r"object_type=(\w+)", text)
-    schemas = [*SCHEMAS.values(), ProbeAppConfig, TrainAppConfig]
-    schema = next((node for node in schemas if kind and node.__name__ == kind.group(1)), None)
-    if where.group(2) != "ConfigKeyError" or schema is None:
-        return f"{head}: {where.group(3).strip()}"
-    *node, name = key.group(1).split(".")
-    keys = [field.name for field in dataclasses.fields(schema) if not field.name.startswith("_")]
-    prefix, hint = ".".join(node) + "." if node else "", _keys_hint(name, keys, ".".join(node) + ".")
-    if node in (["model"], ["optimizer"]) and "did you mean" not in hint:  # its schema is the default option's
-        hint += f"; for a {node[0]} class of your own, put `- override {node[0]}: target` in the defaults list"
-    return f"{head}, but {prefix.rstrip('.') or 'the config'} has no key {name!r}{hint}"
+def hydra_help_args(command: str, args: list[str]) -> list[str]:
+    """``args`` for ``--hydra-help``: Hydra composes its help from the overrides alone (no app
+    config), so an override of the app's (``model=mlp``) failed there with a traceback; they are
+    dropped, and the help lists the flags the dispatcher honours (``conf/hydra/hydra_help/autobatch.yaml``),
+    not Hydra's shell completion and ``--config-path``, which it refuses."""
+    if "--hydra-help" not in args:
+        return args
+    kept = [arg for arg in args if "=" not in arg or arg.startswith("-") or arg.lstrip("+~").startswith("hydra")]
+    return [*kept, "hydra/hydra_help=autobatch", f"hydra.help.app_name=autobatch {command}"]
 
 
 def _check_output_dir(key: str, value: str) -> None:
@@ -360,6 +240,16 @@ def _check_flag_mix(command: str, args: Sequence[str]) -> None:
                            f"--package probe")
 
 
+def _one_run(command: str, overrides: Sequence[str]) -> None:
+    """``--help`` shows the config of one run (Hydra's help composes one): a sweep's choices
+    (``--help -m model=mlp,gpt``) are one line naming the key, where Hydra advised ``--multirun``."""
+    for override in OverridesParser.create().parse_overrides(list(overrides)):
+        if override.is_sweep_override():
+            key = override.get_key_element()
+            raise CLIError(f"--help shows the config of one run: give {key} one value "
+                           f"(python -m autobatch {command} --help {key}=VALUE)")
+
+
 def check(command: str, args: Sequence[str]) -> None:
     """Raise :class:`CLIError` (exit 2) naming the first problem in ``args``; else return
     (after printing a warning line for each key the run will not read)."""
@@ -367,8 +257,11 @@ def check(command: str, args: Sequence[str]) -> None:
     args = without_config_flags(args)
     if any(arg.split("=", 1)[0] in _HANDS_OFF for arg in args):
         return
+    helping = any(arg in _HELP for arg in args)  # before: a misspelt override after --help was a traceback
+    args = [arg for arg in args if arg not in _HELP | (_MULTIRUN if helping else set())]
     _check_flag_mix(command, args)
     args, printing = _without_printing_flags(args)
+    printing = printing or helping
     multirun = any(arg in _MULTIRUN for arg in args)
     overrides = [arg for arg in args if arg not in _MULTIRUN | _RUN]
     _refuse_flags(command, overrides)
@@ -377,7 +270,9 @@ def check(command: str, args: Sequence[str]) -> None:
         warnings: list[str] = []
         with composing(command, config_dir):
             check_config_name(name, config_dir)
-            multirun = multirun or _multirun_mode(name, overrides, config_name is not None)
+            if helping:
+                _one_run(command, overrides)
+            multirun = not helping and (multirun or _multirun_mode(name, overrides, config_name is not None))
             jobs = job_overrides([*sweeper_params(name, overrides), *overrides] if multirun else overrides, multirun)
             packaged = compose(command)  # what the user did not change
             for index, job in enumerate(jobs):
@@ -385,7 +280,7 @@ def check(command: str, args: Sequence[str]) -> None:
                 key = None if index or printing else "hydra.sweep.dir" if multirun else "hydra.run.dir"
                 cfg, directory = _composed(name, job, key)
                 if index == 0 and config_name is not None:
-                    warnings += filter(None, [check_extends(command, name, job, cfg)])
+                    warnings += filter(None, [check_extends(command, name, job, cfg), check_self_last(name, job, cfg)])
                 if not printing:
                     validate(cfg)
                     warnings += ignored_keys(command, cfg, packaged)
@@ -396,4 +291,8 @@ def check(command: str, args: Sequence[str]) -> None:
     except Exception as exc:  # noqa: BLE001 - turned into one line
         message, _ = describe(exc)
         raise CLIError(_composition_hint(_delete_hint(_override_hint(message, exc)), exc), BAD_INPUT) from exc
+    launcher = [o for o in overrides if o.lstrip("+~").startswith(("hydra/launcher=", "hydra.launcher."))]
+    if launcher and not multirun and not printing:  # Hydra reads no launcher for one run: said, not silently dropped
+        warnings.append(f"{launcher[0]} is ignored: a launcher runs the jobs of a sweep, and this command runs one "
+                        f"(add -m to sweep: python -m autobatch {command} -m {launcher[0]} KEY=A,B)")
     _warn(warnings, set())

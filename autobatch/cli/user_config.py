@@ -43,7 +43,7 @@ from .errors import CLIError
 __all__ = [
     "CONFIG_DIR_FLAGS", "CONFIG_NAME_FLAGS", "CONFIG_PATH_FLAGS", "REQUIRED_KEYS", "config_flags",
     "without_config_flags", "composing", "check_config_name", "check_extends", "rerun_flags", "command_line",
-    "run_roots", "sweeper_params",
+    "run_roots", "sweeper_params", "check_self_last",
 ]  # fmt: skip
 
 CONFIG_DIR_FLAGS = ("-cd", "--config-dir")
@@ -168,6 +168,47 @@ def check_extends(command: str, config_name: str, overrides: Sequence[str], cfg:
         f"--config-name {config_name} does not extend autobatch's {base} config, so {lost}runs go to Hydra's "
         f"outputs/<date>/<time> and sweeps get no summary; " + _HOW.format(base=base)
     )
+
+
+def check_self_last(config_name: str, overrides: Sequence[str], cfg: DictConfig) -> str | None:
+    """A warning (None: nothing to say) for a config of the user's own whose values its defaults
+    list overrides (call inside :func:`composing`): with ``_self_`` before ``train`` or a group
+    choice, Hydra composes the config's own keys first and the packaged ones over them, so
+    ``train: {steps: 3}`` ran the packaged 20 steps without a word. Names the first key lost."""
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.types import RunMode
+
+    loader = GlobalHydra.instance().config_loader()
+    name = config_name.removesuffix(".yaml")
+    try:
+        found = loader.compute_defaults_list(name, list(overrides), RunMode.RUN).defaults  # type: ignore[attr-defined]
+        own = loader.repository.load_config(config_path=name)  # type: ignore[attr-defined]
+    except Exception:  # noqa: BLE001 - compose reports what is wrong with the config
+        return None
+    if own is None or (found and found[-1].primary and found[-1].is_self):
+        return None  # _self_ last (Hydra's default when the list does not name it): its values win
+    raw = OmegaConf.to_container(own.config, resolve=False)
+    composed = OmegaConf.to_container(cfg, resolve=False, enum_to_str=True)
+    given = {_override_key(o) for o in overrides}
+    for key, value in _leaves({k: v for k, v in raw.items() if k not in ("defaults", "hydra")}):  # type: ignore[union-attr]
+        if any(key == g or key.startswith(g + ".") for g in given):
+            continue  # the command line set it
+        there: object = composed
+        for part in key.split("."):
+            there = there.get(part) if isinstance(there, dict) else None
+        if there != value and str(there) != str(value):
+            return (f"--config-name {config_name} sets {key}: {value}, but the config runs {key}={there}: its defaults "
+                    "list puts _self_ before other entries, whose values then override its own; put `- _self_` last")
+    return None
+
+
+def _leaves(node: object, prefix: str = "") -> Iterator[tuple[str, object]]:
+    """``(dotted key, value)`` of each leaf of a plain nested dict."""
+    if isinstance(node, dict) and node:
+        for key, value in node.items():
+            yield from _leaves(value, f"{prefix}{key}.")
+    else:
+        yield prefix.rstrip("."), node
 
 
 def sweeper_params(config_name: str, overrides: Sequence[str]) -> list[str]:

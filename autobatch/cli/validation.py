@@ -31,7 +31,6 @@ model and the dataset exist:
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import inspect
 import logging
 import typing
@@ -41,7 +40,8 @@ from typing import Any, Iterable
 import torch
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from .config import DataConfig, ModelConfig
+from .config import CNNConfig, DataConfig, GPTConfig, MLPConfig
+from .schema_keys import check_unknown_keys, close_match, schema_of
 
 log = logging.getLogger("autobatch")
 
@@ -58,47 +58,6 @@ __all__ = [
     "check_cache_dir",
     "schema_of",
 ]
-
-
-def close_match(word: str, choices: Iterable[str], prefix: str = "") -> str:
-    """``" (did you mean <prefix>X?)"`` for the choice X closest to ``word``, or ``""``."""
-    found = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
-    return f" (did you mean {prefix}{found[0]}?)" if found else ""
-
-
-def schema_of(node: Any) -> type | None:
-    """The dataclass that types ``node`` (None for an untyped node or a plain value)."""
-    if not isinstance(node, DictConfig):
-        return None
-    schema = OmegaConf.get_type(node)
-    return schema if isinstance(schema, type) and dataclasses.is_dataclass(schema) else None
-
-
-def _takes_free_keys(schema: type) -> bool:
-    """A ``_target_`` node's other keys are its constructor's arguments, any the target takes."""
-    return any(field.name == "_target_" for field in dataclasses.fields(schema))
-
-
-def check_unknown_keys(node: Any, prefix: str = "") -> None:
-    """Raise ``ValueError`` for a key of a typed node that its schema does not define (only a
-    ``+key=`` override can add one), with the closest defined key; recurse into typed children."""
-    schema = schema_of(node)
-    if schema is None:
-        return
-    fields = [field.name for field in dataclasses.fields(schema)]
-    if not _takes_free_keys(schema):
-        for key in node.keys():
-            if key not in fields:
-                where = prefix.rstrip(".") or "the top level"
-                raise ValueError(
-                    f"+{prefix}{key}: {where} has no key {key!r}"
-                    f"{close_match(str(key), fields, prefix)}; "
-                    "+ adds keys only to a _target_ (model, optimizer, data.dataset), whose constructor takes them"
-                )
-    for key in fields:
-        child = None if OmegaConf.is_missing(node, key) else node[key]
-        if isinstance(child, DictConfig):
-            check_unknown_keys(child, f"{prefix}{key}.")
 
 
 def _int_kind(hint: Any) -> str | None:
@@ -142,9 +101,10 @@ def check_sizes(cfg: DictConfig) -> None:
 
 def _input_kind(cfg: DictConfig) -> tuple[str, tuple[str, ...] | None] | None:
     """What a built-in model takes: (``tensor`` or ``tokens``, the names of its per-sample
-    dimensions when it needs a fixed number); None for a ``_target_`` model (unknown)."""
+    dimensions when it needs a fixed number); None for a ``_target_`` model (unknown), also one
+    typed by a structured config of the user's own (which need not have an ``inputs`` key)."""
     schema = schema_of(cfg.model)
-    if schema is None or schema is ModelConfig:  # any nn.Module: what it takes is its own business
+    if schema is None or not issubclass(schema, (MLPConfig, CNNConfig, GPTConfig)):  # what it takes is its own business
         return None
     kind = getattr(cfg.model.inputs, "name", str(cfg.model.inputs))
     default = {f.name: f.default for f in dataclasses.fields(schema)}["inputs"]

@@ -1,0 +1,47 @@
+"""The command line's loss: cross-entropy of the model's logits against the batch's targets.
+
+A model may return its logits as a tensor, as an output object (Hugging Face's ``.logits``),
+as a mapping with a ``"logits"`` entry (a model of one's own that returns a dict, as many
+multi-head and Hugging Face-style models do), or as a tuple or list with the logits first.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from torch.nn import functional as F
+
+__all__ = ["cross_entropy_loss"]
+
+
+def cross_entropy_loss(model: torch.nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    """Cross-entropy of ``model(inputs)`` against ``targets``; logits ``[..., classes]`` are
+    flattened, so it serves classifiers ``[B, C]`` and language models ``[B, T, V]`` alike.
+    A model that returns an output object (Hugging Face's ``.logits``), a dict with ``"logits"``
+    or a tuple (logits first) is read the same way, so ``model._target_=transformers.LlamaForCausalLM``
+    trains as is."""
+    inputs, targets = batch
+    logits = _logits(model(inputs))
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1))
+
+
+def _logits(output: Any) -> torch.Tensor:
+    """The logits tensor of a model's output: the tensor itself, ``output.logits``,
+    ``output["logits"]`` or ``output[0]``."""
+    if isinstance(output, torch.Tensor):
+        return output
+    logits = getattr(output, "logits", None)
+    if logits is None and isinstance(output, Mapping):  # a plain dict: before, "returned dict, not logits"
+        logits = output.get("logits")
+    if isinstance(logits, torch.Tensor):
+        return logits
+    if isinstance(output, (tuple, list)) and output and isinstance(output[0], torch.Tensor):
+        return output[0]
+    keys = f" (its keys: {', '.join(map(str, list(output)[:6]))})" if isinstance(output, Mapping) else ""
+    raise TypeError(
+        f"the model returned {type(output).__name__}, not logits{keys}: the CLI's loss needs a tensor, an object "
+        "with .logits (Hugging Face), a dict with 'logits' or a tuple whose first item is the logits; wrap the model "
+        "so forward returns logits"
+    )

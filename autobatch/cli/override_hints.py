@@ -1,0 +1,160 @@
+"""What to change, in place of Hydra's and OmegaConf's words on an override or a YAML they
+cannot apply (:func:`autobatch.cli.preflight.check` turns the first problem into one line).
+
+Hydra advises ``+key=VALUE`` for any key it cannot override, which a typed group then rejects;
+these hints name the closest key of the schema, the key inside a dict that failed, what ``~key``
+can remove, and, for a YAML of the user's own, the file and the key it sets.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import typing
+
+from omegaconf import OmegaConf
+
+from .config import SCHEMAS, ProbeAppConfig, TrainAppConfig
+from .schema_keys import close_match
+
+__all__ = ["override_hint", "delete_hint", "composition_hint"]
+
+#: Where a dict given to a free node is all of it: the group option that leaves the node empty.
+_FRESH = {"data.dataset": "a data option without a dataset (drop data=dataset: data.dataset is then null)",
+          "optimizer": "optimizer=target (only _target_ and lr)"}
+
+
+def _failed_key(exc: BaseException | None) -> str | None:
+    """The full key where OmegaConf stopped applying an override (deeper than the override's own
+    key when its value is a dict merged into a node), from ``exc`` 's causes; None if none says."""
+    while exc is not None:
+        full_key = getattr(exc, "full_key", None)
+        if isinstance(full_key, str) and full_key:
+            return full_key
+        exc = exc.__cause__
+    return None
+
+
+def override_hint(message: str, exc: BaseException | None = None) -> str:
+    """Hydra's "Could not override 'probe.stratgy'. To append to your config use +probe.stratgy=..."
+    advises ``+``, which a typed group rejects: name the closest key of its schema instead. For
+    a dict value (``probe={stratgy: binary}``, ``data.dataset={_target_: ..., root: data}``) the
+    key that failed is inside it (``exc`` 's cause names it): before, the message said the
+    override's own key did not exist ("data has no key 'dataset' (did you mean data.dataset?)")."""
+    found = re.search(r"Could not override '([\w.]+)'\. To append to your config use \+\S+", message)
+    if found is None:
+        return message
+    key = found.group(1)
+    failed = _failed_key(exc) or key
+    parts = failed.split(".") if failed.startswith(key) else key.split(".")
+    schema: typing.Any = ProbeAppConfig
+    for depth, part in enumerate(parts):
+        fields = [field.name for field in dataclasses.fields(schema)]
+        if part not in fields:
+            where = ".".join(parts[:depth]) or "the config"
+            prefix = where + "." if depth else ""
+            return f"Could not override '{key}': {where} has no key {part!r}{close_match(part, fields, prefix)}"
+        schema = typing.get_type_hints(schema).get(part)
+        if not dataclasses.is_dataclass(schema):  # a free node, unless a group's option types it (model=gpt)
+            typed = _option_key_hint(message, key, parts[: depth + 1], exc)
+            if typed != message:
+                return typed
+            if len(parts) == len(key.split(".")):  # untyped (model=target, data.dataset): + adds an argument
+                return _free_key_hint(message, key, exc)
+            break
+    if len(parts) > len(key.split(".")):  # a dict merged into a free node that has no such key
+        node = ".".join(parts[:-1])
+        fresh = f", or start from {_FRESH[node]}" if node in _FRESH else ""
+        return (f"Could not override '{key}': a dict given to {key} is merged into the one already there, and {node} "
+                f"has no key {parts[-1]!r}; add it with +{'.'.join(parts)}=VALUE{fresh}")
+    return message
+
+
+def _free_key_hint(message: str, key: str, exc: BaseException | None) -> str:
+    """A misspelt argument of a ``_target_`` node (``model.hiden`` where it has ``hidden``): the
+    closest key the node has (OmegaConf's error carries it). Hydra only advised ``+model.hiden=``."""
+    while exc is not None and not OmegaConf.is_dict(getattr(exc, "parent_node", None)):
+        exc = exc.__cause__
+    node, (where, part) = getattr(exc, "parent_node", None), key.rsplit(".", 1)
+    close = close_match(part, [str(name) for name in node.keys()], f"{where}.") if node is not None else ""
+    if not close:
+        return message  # no near key: Hydra's advice (+key=VALUE, a new argument) is the one to give
+    return f"Could not override '{key}': {where} has no key {part!r}{close}; +{key}=VALUE adds it as a new argument"
+
+
+def delete_hint(message: str) -> str:
+    """Hydra's words on a ``~key`` it cannot apply, as what to change: a key of a schema cannot
+    be removed ("TrainConfig (DictConfig) does not support deletion"), and a null one "does not
+    exist" (``~probe.memory_limit``), which read as a misspelt key."""
+    typed = re.search(r"override ~([\w.]+): (\w+) \(DictConfig\) does not support deletion", message)
+    if typed is not None:
+        key = typed.group(1)
+        return (f"~{key}: {key} is a key of {typed.group(2)}, which keeps its keys; set {key}=VALUE instead (~ removes "
+                "only a key that no schema lists: an argument of model=target, optimizer=target or data.dataset)")
+    absent = re.search(r"Could not delete from config\. '([\w.]+)' does not exist", message)
+    if absent is None:
+        return message
+    key, schema, parts = absent.group(1), ProbeAppConfig, absent.group(1).split(".")
+    for depth, part in enumerate(parts):
+        if not dataclasses.is_dataclass(schema):  # a free node (model=target): the key may be absent
+            return f"~{key}: {'.'.join(parts[:depth])} has no key {part!r} (or it is null), so there is nothing to remove"
+        fields = [field.name for field in dataclasses.fields(schema)]
+        if part not in fields:
+            where = ".".join(parts[:depth])
+            return f"~{key}: {where or 'the config'} has no key {part!r}{close_match(part, fields, where + '.' if where else '')}"
+        schema = typing.get_type_hints(schema).get(part)
+    return f"~{key}: {key} is null already, so there is nothing to remove; set {key}=VALUE to change it"
+
+
+def _option_key_hint(message: str, key: str, node: list[str], exc: BaseException | None) -> str:
+    """For a node that its group's option types (``model=gpt``: ``GPTConfig``; ``optimizer=adamw``),
+    the closest key of that schema: Hydra advised ``+model.layrs=2``, which the model's
+    constructor then rejects. A node no schema types (``model=target``) keeps the advice:
+    there ``+`` adds a constructor argument."""
+    cause, schema = exc, None
+    while cause is not None and schema is None:
+        found = getattr(cause, "object_type", None)
+        schema = found if isinstance(found, type) and dataclasses.is_dataclass(found) else None
+        cause = cause.__cause__
+    full = (_failed_key(exc) or key).split(".")
+    if schema is None or full[: len(node)] != node or len(full) != len(node) + 1:
+        return message
+    where, name = ".".join(node), full[-1]
+    keys = [field.name for field in dataclasses.fields(schema) if not field.name.startswith("_")]
+    return (f"Could not override '{key}': {where} ({schema.__name__}) has no key {name!r}"
+            f"{_keys_hint(name, keys, where + '.')} (+{'.'.join(full)}=VALUE passes an argument its _target_ takes that "
+            "the schema does not list)")
+
+
+def _keys_hint(name: str, keys: list[str], prefix: str) -> str:
+    """The closest of ``keys`` to ``name``, else all of them."""
+    return close_match(name, keys, prefix) or f"; its keys: {', '.join(keys)}"
+
+
+def composition_hint(message: str, exc: BaseException) -> str:
+    """A wrong key or value in a YAML (``--config-name`` 's, or a group option's of ``--config-dir``):
+    Hydra's "In 'mytrain': ConfigKeyError raised while composing config: Key 'stpes' not in
+    'TrainConfig'" names the schema's class, not the key; name the file, the key and the closest one."""
+    text = str(exc)
+    where = re.search(r"In '([^']+)': (\w+) raised while composing config:\s*(.*)", text)
+    key = re.search(r"full_key: ([\w.]+)", text)
+    if where is None or key is None:
+        return message
+    head = f"{where.group(1)}.yaml sets {key.group(1)}"
+    kind = re.search(r"object_type=(\w+)", text)
+    schemas = [*SCHEMAS.values(), ProbeAppConfig, TrainAppConfig]
+    schema = next((node for node in schemas if kind and node.__name__ == kind.group(1)), None)
+    if where.group(2) != "ConfigKeyError" or schema is None:
+        return f"{head}: {where.group(3).strip()}"
+    *node, name = key.group(1).split(".")
+    keys = [field.name for field in dataclasses.fields(schema) if not field.name.startswith("_")]
+    prefix = ".".join(node) + "." if node else ""  # a top-level key: no leading dot (it said "did you mean .train?")
+    hint = _keys_hint(name, keys, prefix)
+    if node in (["model"], ["optimizer"]) and "did you mean" not in hint:  # its schema is the default option's
+        hint += f"; for a {node[0]} class of your own, put `- override {node[0]}: target` in the defaults list"
+    if not node and where.group(1).split("/")[0] == name:  # an option of a group of the user's own: package `name`
+        hint = (f"; an option of a group of your own ({name}/) is placed under the key {name}, which the config does "
+                 "not have: put `# @package _global_` as its first line and set the config's keys in it "
+                 "(e.g. `train: {steps: 5}`)")
+    return f"{head}, but {prefix.rstrip('.') or 'the config'} has no key {name!r}{hint}"
+
