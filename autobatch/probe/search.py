@@ -110,7 +110,7 @@ def run_search(
     if max_batch is None and found >= max_units:
         notes.append(
             f"reached the search ceiling ({max_units * multiple_of} samples, autobatch.probe.SEARCH_CEILING) "
-            "with no out-of-memory error below it; pass max_batch to search higher"
+            f"with no out-of-memory error below it; {_flat_steps(runner.records) or 'pass max_batch to search higher'}"
         )
     return ProbeResult(
         batch_size=chosen * multiple_of,
@@ -359,3 +359,22 @@ def _raise_no_fit(runner: TrialRunner, multiple_of: int, device_name: str, capac
         hint=hint,
         diagnostics=memory_diagnostics(runner.memory, failed_trial=smallest),
     )
+
+
+def _flat_steps(records: list) -> str | None:
+    """Why the search reached its ceiling where its passing trials' steps took the same memory
+    above their start at sizes at least 64 times apart: the function does not seem to use its
+    batch size (a ``DataLoader`` built outside it keeps its own ``batch_size``), and "pass
+    max_batch to search higher" was the wrong advice. None where the steps grew, or were not measured."""
+    measured = [(r.batch_size, r.step_peak_bytes - r.resident_bytes) for r in records
+                if r.passed and r.step_peak_bytes is not None and r.resident_bytes is not None]
+    if len(measured) < 3 or max(size for size, _ in measured) < 64 * min(size for size, _ in measured):
+        return None
+    used = [step for _, step in measured]
+    if max(used) > 1.01 * min(used) + 4096:
+        return None
+    return (f"its steps took the same memory at every size tried from {min(s for s, _ in measured)} to "
+            f"{max(s for s, _ in measured)}, so the function does not seem to use the batch size it is given (a "
+            "DataLoader built outside it keeps its own batch_size: build it inside, with batch_size=batch_size); "
+            "if it does, pass max_batch to search higher")
+
