@@ -68,7 +68,7 @@ from . import agreement as dist_sync
 from .votes import bits_float, float_bits, keep, vote
 
 __all__ = [
-    "BucketLedger", "comm_hook_name", "ddp_supported", "check_whole_world", "ledger_for", "run_prologue", "settle",
+    "BucketLedger", "comm_hook_name", "ddp_supported", "ddp_wrapper", "check_whole_world", "ledger_for", "run_prologue", "settle",
     "reset_after_failure", "complete_buckets", "check_reduced", "ddp_step",
 ]
 
@@ -135,6 +135,13 @@ def _has_comm_hook(model: torch.nn.parallel.DistributedDataParallel) -> bool:
     if getattr(model, "logger", None) is None:  # no logging data (no reducer): the Python list decides
         return False
     return bool(model._get_ddp_logging_data().get("comm_hook"))
+
+
+def ddp_wrapper(model: torch.nn.Module) -> torch.nn.parallel.DistributedDataParallel | None:
+    """``model`` where it is a DDP wrapper, itself or inside ``torch.compile``'s
+    (``torch.compile(DDP(...))``); else None."""
+    wrapper = getattr(model, "_orig_mod", model)
+    return wrapper if isinstance(wrapper, torch.nn.parallel.DistributedDataParallel) else None
 
 
 def comm_hook_name(model: torch.nn.parallel.DistributedDataParallel) -> str | None:
@@ -240,8 +247,8 @@ def settle(model: torch.nn.Module, label: str) -> None:
     differed after ``fit`` (each rank's last step's statistics)."""
     if ddp_supported(model):  # trained through its reducer: after a synced step the flag is True on every rank
         run_prologue(model, f"{label}: DDP's buffers")
-    wrapper = getattr(model, "_orig_mod", model)  # torch.compile(DDP(...)) too
-    if isinstance(wrapper, torch.nn.parallel.DistributedDataParallel):  # the buffers are rank 0's already
+    wrapper = ddp_wrapper(model)
+    if wrapper is not None:  # the buffers are rank 0's already
         wrapper.require_forward_param_sync = False
 
 

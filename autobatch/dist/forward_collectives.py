@@ -75,17 +75,14 @@ def warn_compiled_wrapper(model: torch.nn.Module) -> None:
 _PLAIN_ALL_REDUCE = {"allreduce_hook", "BuiltinCommHookType.ALLREDUCE"}
 
 
-def warn_unused_ddp_options(model: torch.nn.Module, hook: str | None) -> None:
-    """A warning, once per model, where a DDP ``model`` trained through its local module has a
+def warn_unused_ddp_options(wrapper: torch.nn.parallel.DistributedDataParallel, hook: str | None) -> None:
+    """A warning, once per model, where a DDP ``wrapper`` trained through its local module has a
     communication ``hook`` (its name) or ``mixed_precision`` that the runner's step does not apply
     (module docstring), naming what to change."""
-    wrapper = getattr(model, "_orig_mod", model)
-    if not isinstance(wrapper, torch.nn.parallel.DistributedDataParallel):
-        return
     unused = [f"its communication hook ({hook})"] if hook and hook not in _PLAIN_ALL_REDUCE else []
     if getattr(wrapper, "mixed_precision", None) is not None:
         unused.append("its mixed_precision")
-    if not unused or not _first_time(model, "unused DDP options"):
+    if not unused or not _first_time(wrapper, "unused DDP options"):
         return
     log.warning(
         "the DistributedDataParallel model is trained through its local module (find_unused_parameters, static_graph, "

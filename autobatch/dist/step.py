@@ -40,7 +40,6 @@ buckets cost about the same). Two small integer exchanges per step.
 
 from __future__ import annotations
 
-import weakref
 from collections import defaultdict
 from typing import Any, Callable, Iterable
 
@@ -51,7 +50,7 @@ from ..probe.train_step import TrainStep
 from ..training.ranks import DataParallel
 from . import agreement as dist_sync
 from . import stopping
-from .ddp_step import check_whole_world, comm_hook_name, ddp_step, ddp_supported, settle
+from .ddp_step import check_whole_world, comm_hook_name, ddp_step, ddp_supported, ddp_wrapper, settle
 from .forward_collectives import warn_compiled_wrapper, warn_forward_collectives, warn_unused_ddp_options
 from .probe import agree_plan, unwrap
 from .votes import keep as _keep
@@ -104,10 +103,6 @@ def synced_step(
     return global_loss, global_size
 
 
-#: the DDP wrapper (a weak reference) of each local module the runner trains: ``start`` is given the module
-_WRAPPERS: "weakref.WeakKeyDictionary[torch.nn.Module, weakref.ref]" = weakref.WeakKeyDictionary()
-
-
 def forward_synced_buffers(model: torch.nn.Module) -> list[torch.Tensor]:
     """The buffers the runner makes rank 0's (at each ``fit``'s start; after each step of a model
     trained through its local module): those a DDP wrapper broadcasts before its forward (none
@@ -115,8 +110,8 @@ def forward_synced_buffers(model: torch.nn.Module) -> list[torch.Tensor]:
     module. Before, a DDP with ``find_unused_parameters=True, broadcast_buffers=False`` (a
     detection model keeping each rank's BatchNorm statistics) had its buffers overwritten with
     rank 0's at every step and every ``fit``."""
-    wrapper = getattr(model, "_orig_mod", model)
-    if not isinstance(wrapper, torch.nn.parallel.DistributedDataParallel):
+    wrapper = ddp_wrapper(model)
+    if wrapper is None:
         return list(model.buffers())
     if not wrapper.broadcast_buffers:
         return []
@@ -216,16 +211,15 @@ class CollectiveDataParallel(DataParallel):
         warn_forward_collectives(model)
         if ddp_supported(model):
             return model
-        wrapper = getattr(model, "_orig_mod", model)
-        if isinstance(wrapper, torch.nn.parallel.DistributedDataParallel):
-            warn_unused_ddp_options(model, comm_hook_name(wrapper))
-            _WRAPPERS[unwrap(model)] = weakref.ref(model)
+        wrapper = ddp_wrapper(model)
+        if wrapper is not None:
+            warn_unused_ddp_options(wrapper, comm_hook_name(wrapper))
         return unwrap(model)
 
     def start(self, model: torch.nn.Module) -> None:
-        wrapper = _WRAPPERS[model]() if model in _WRAPPERS else None  # a DDP's local module: the DDP's buffers
-        buffers = forward_synced_buffers(wrapper if wrapper is not None else model)
-        dist_sync.broadcast_([*model.parameters(), *buffers], "runner: initial weights")
+        # the runner's model as given: a DDP wrapper's parameters are its local module's, and its
+        # buffers are those it broadcasts itself
+        dist_sync.broadcast_([*model.parameters(), *forward_synced_buffers(model)], "runner: initial weights")
 
     def step(self, train_step, micro_batches, *, local_size, on_phase, phase, label, global_batch=None):
         if ddp_supported(train_step.model):

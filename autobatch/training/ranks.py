@@ -40,7 +40,8 @@ class DataParallel:
         return model
 
     def start(self, model: torch.nn.Module) -> None:
-        """Make every rank start from the same weights."""
+        """Make every rank start from the same weights (``model``: the runner's model as given,
+        a data-parallel wrapper included)."""
 
     def step(
         self,

@@ -281,7 +281,7 @@ class Runner(OomRecovery, SplitsInMultiples, EndsSteps, Resumable, PlansFromData
             # a resumed one's where the run stopped before its first plan (an interrupt in it, then save())
             first_epoch = self._plan_first(self._epoch_iterator(data, resumed_rng))
         if self.distributed:  # every rank starts from rank 0's weights
-            self._parallel.start(self._train_step.model)
+            self._parallel.start(self.model)  # as given: a wrapper's own buffer settings hold
             log.info("distributed: %d ranks, global batch %d = %d per rank, micro-batch %d per rank",
                      self._parallel.world_size(), self.global_batch, self.share, self.micro_batch)
         result = self.result
