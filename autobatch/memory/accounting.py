@@ -48,8 +48,9 @@ def tensor_storages(tensor: torch.Tensor) -> list[torch.UntypedStorage]:
 def _tensors(values: Any, found: list[torch.Tensor]) -> list[torch.Tensor]:
     """The tensors in an operator's arguments or outputs, into ``found``. What reaches a dispatch
     mode is tensors, lists and tuples of them (``Tensor[]``, ``Tensor?[]``, several outputs),
-    scalars and the keyword arguments' dict: walked here directly, ~4x faster than the general
-    pytree walk, which every operator under the simulated device paid twice or three times."""
+    scalars and the keyword arguments' dict: walked here directly, where the general pytree walk
+    ran two or three times per operator (a simulated MLP step on the CPU: 21-26 ms with it, 10-14 ms
+    without)."""
     if isinstance(values, torch.Tensor):
         found.append(values)
     elif isinstance(values, (list, tuple)):
@@ -102,6 +103,12 @@ class StorageAccountant(TorchDispatchMode):
         nbytes = storage.nbytes()
         return -(-nbytes // self.round_to) * self.round_to
 
+    def _track(self, key: int, storage: torch.UntypedStorage) -> int:
+        """Count a new storage (under the lock) until it dies; returns its counted bytes."""
+        self._live[key] = size = self._size(storage)
+        weakref.finalize(storage, self._release, key)
+        return size
+
     def _release(self, key: int) -> None:
         with self._lock:
             self.current_bytes -= self._live.pop(key, 0)
@@ -134,8 +141,7 @@ class StorageAccountant(TorchDispatchMode):
             in_use = self.current_bytes
             if not oom:
                 for key, storage in fresh.items():
-                    self._live[key] = self._size(storage)
-                    weakref.finalize(storage, self._release, key)
+                    self._track(key, storage)
                 for storage in outputs:
                     key = storage._cdata
                     if key in self._live and key not in fresh:
@@ -157,9 +163,7 @@ class StorageAccountant(TorchDispatchMode):
             for storage in storages:
                 key = storage._cdata
                 if key not in self._live:
-                    self._live[key] = self._size(storage)
-                    weakref.finalize(storage, self._release, key)
-                    self.current_bytes += self._live[key]
+                    self.current_bytes += self._track(key, storage)
             self.peak_bytes = max(self.peak_bytes, self.current_bytes)
 
     def reset_peak(self) -> None:
