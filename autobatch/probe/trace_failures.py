@@ -250,8 +250,7 @@ class RealBatches:
             try:
                 return self.make_batch(batch_size)
             except (DataDependentOutputException, DynamicOutputShapeException):
-                self.real = True  # the error, and the fakes its traceback holds, die with this clause
-                return self._real(batch_size, first=True)
+                return self._real(batch_size, first=True)  # may re-raise this error: it must run inside the clause
         return self._real(batch_size, first=False)
 
     def _real(self, batch_size: int, first: bool) -> Any:
@@ -261,6 +260,7 @@ class RealBatches:
             batch = self.make_batch(batch_size)
         if first and any(not isinstance(leaf, (torch.Tensor, *_PLAIN)) for leaf in tree_leaves(batch)):
             raise  # noqa: PLE0704 - tensors hidden in an object of the user's: the fake batch's error, as before
+        self.real = True  # every later batch is built for real too
         made, fresh = set(own._live), []
 
         def fake(leaf: Any) -> Any:
