@@ -29,7 +29,7 @@ from typing import Any, Sequence
 
 import torch
 
-from ..errors import CheckpointError
+from ..errors import CheckpointError, add_note
 from ..probe.rng import rng_state, set_rng_state  # the checkpoint carries them; re-exported here
 
 __all__ = ["save_checkpoint", "load_checkpoint", "resolve_checkpoint", "rng_state", "set_rng_state", "data_generators", "CHECKPOINT_NAME", "RUNNER_FORMAT"]
@@ -48,15 +48,53 @@ def save_checkpoint(state: dict[str, Any], path: str | os.PathLike) -> Path:
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
         with open(tmp, "wb") as handle:
-            torch.save(state, handle)
+            sink = _KeepsWriteError(handle)
+            try:
+                torch.save(state, sink)
+            except Exception as exc:
+                if sink.error is None:
+                    raise
+                raise sink.error from exc  # the disk's error, which torch reported as "unexpected pos 171456 vs 171348"
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
         tmp.unlink(missing_ok=True)
+        if isinstance(exc, OSError):
+            _name_the_checkpoint(exc, path)
         raise
     _fsync_dir(path.parent)
     return path
+
+
+class _KeepsWriteError:
+    """A file handle for ``torch.save`` that keeps the first ``OSError`` its writes raised.
+    ``torch.save`` swallows it: a full disk, a quota or a file-size limit surfaced as
+    ``RuntimeError: [enforce fail at inline_container.cc:672] . unexpected pos 171456 vs 171348``,
+    which names neither the cause nor the file."""
+
+    def __init__(self, handle: Any) -> None:
+        self._handle = handle
+        self.error: OSError | None = None
+
+    def write(self, data: Any) -> int:
+        try:
+            return self._handle.write(data)
+        except OSError as exc:
+            self.error = self.error or exc
+            raise
+
+    def flush(self) -> None:
+        self._handle.flush()
+
+
+def _name_the_checkpoint(exc: OSError, path: Path) -> None:
+    """Name ``path`` in ``exc`` (``[Errno 28] No space left on device: '.../last.pt'``), and say
+    that the file there was not replaced: it still holds the previous checkpoint, whole."""
+    if exc.errno is not None and exc.filename is None:
+        exc.filename = str(path)
+    add_note(exc, f"autobatch: the checkpoint was not written, and {path} was not replaced: it holds the previous "
+                  "checkpoint, if one was written, whole")
 
 
 def resolve_checkpoint(path: str | os.PathLike) -> Path:

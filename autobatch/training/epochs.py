@@ -136,12 +136,14 @@ def started(data: Iterable[Any], epoch: int, generators: list[torch.Generator]) 
 
 
 def set_epoch(data: Iterable[Any], epoch: int) -> None:
-    """``set_epoch(epoch)`` on ``data``'s sampler and batch sampler (a DataLoader's) or on
+    """``set_epoch(epoch)`` on ``data``'s sampler, batch sampler and dataset (a DataLoader's) or on
     ``data`` itself, where they have it: a ``DistributedSampler`` shuffles by it, and drew the
-    same order every epoch without it."""
+    same order every epoch without it; so does an ``IterableDataset`` that shuffles by its epoch
+    (Hugging Face ``datasets``' ``IterableDataset.shuffle()``: Transformers' ``Trainer`` calls it),
+    which drew the same order every epoch too."""
     seen = set()
     for holder in (data, getattr(data, "sampler", None), getattr(data, "batch_sampler", None),
-                   getattr(getattr(data, "batch_sampler", None), "sampler", None)):
+                   getattr(getattr(data, "batch_sampler", None), "sampler", None), getattr(data, "dataset", None)):
         method = getattr(holder, "set_epoch", None)
         if callable(method) and id(holder) not in seen:
             seen.add(id(holder))

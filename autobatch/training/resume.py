@@ -82,6 +82,9 @@ class Resumable:
                 written = save_checkpoint(state, path)
             except Exception as exc:  # noqa: BLE001 - told to every rank, then re-raised
                 failure = exc
+                if isinstance(exc, OSError):  # a full disk: nothing trained is lost, the runner holds it
+                    add_note(exc, f"autobatch: step {self.step} is trained and counted, and this runner holds its state: "
+                                  "once there is room, runner.save() writes it, and fit(data, ...) goes on from there")
         self._checkpoint_written(failure, counted)
         log.debug("checkpoint at step %d written to %s", self.step, written)
         return written
@@ -203,7 +206,7 @@ class Resumable:
         fetched, self._fetched_at_load = self._batch_fetched(), False  # read before the iterator is replaced
         self._each_step = self.distributed and agree_epoch_length(self._parallel, data, self.epoch)
         if resumed_rng is not None and (self.position > 0 or self.epoch > 0):
-            warn_persistent_workers(data)
+            warn_persistent_workers(data, self.position)
         set_epoch(data, self.epoch)
         if resumed_rng is not None and self._epoch_iter is not None and self._epoch_iter.continues(data, self.epoch, fetched):
             return self._epoch_iter  # a later fit() on the same generator: it goes on where it stopped
@@ -331,7 +334,7 @@ class Resumable:
                 self.optimizer.load_state_dict(optimizer_state_for(self.optimizer, state["optimizer"]))
             else:
                 saved_module(self.model).load_state_dict(without_wrapper_prefix(state["model"]))
-                warn_replaced_settings(self.optimizer, state["optimizer"])
+                warn_replaced_settings(self.optimizer, state["optimizer"], self.extra_state.values())
                 self.optimizer.load_state_dict(state["optimizer"])
                 _state_onto_device(self.optimizer)
         except CheckpointError as exc:

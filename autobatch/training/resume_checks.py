@@ -132,31 +132,44 @@ def position_for(path: Path, state: dict[str, Any], global_batch: int) -> int:
     return samples // global_batch
 
 
-def warn_persistent_workers(data: Iterable[Any]) -> None:
+def warn_persistent_workers(data: Iterable[Any], position: int = 0) -> None:
     """Warn that a ``DataLoader(persistent_workers=True)`` resumes with other random numbers in
     its workers: they are started once and keep their generators across epochs, and no checkpoint
     holds those, so a resumed (or continued) run's new workers draw other augmentations than the
-    uninterrupted run's kept ones did. The batches' order is still the same."""
-    if getattr(data, "persistent_workers", False) and (getattr(data, "num_workers", 0) or 0) > 0:
-        log.warning(
-            "resume: the DataLoader keeps its workers across epochs (persistent_workers=True), and their random "
-            "state is in no checkpoint: random augmentation in them draws other numbers than the uninterrupted run "
-            "(the batches' order is the same). For an exact resume use persistent_workers=False, or seed each "
-            "sample's augmentation from its index and epoch",
-        )
+    uninterrupted run's kept ones did. A map-style dataset's order is drawn by its sampler, in this
+    process, and is the same; an ``IterableDataset``'s is drawn in the workers (a shuffle in its
+    ``__iter__``): resumed at ``position`` > 0 batches into an epoch, the rest of the epoch came in
+    another order, and trained some of the epoch's samples twice and others not at all (17 of 48)."""
+    if not (getattr(data, "persistent_workers", False) and (getattr(data, "num_workers", 0) or 0) > 0):
+        return
+    if isinstance(getattr(data, "dataset", None), torch.utils.data.IterableDataset):
+        effect = ("its IterableDataset yields its samples from the workers, so an order it draws there (a shuffle in "
+                  "__iter__) is another one" + (": the rest of this epoch may train some of its samples twice and "
+                                                "others not at all" if position else ""))
+    else:
+        effect = "random augmentation in them draws other numbers than the uninterrupted run (the batches' order is the same)"
+    log.warning(
+        "resume: the DataLoader keeps its workers across epochs (persistent_workers=True), and their random state is in "
+        "no checkpoint: %s. For an exact resume use persistent_workers=False, or seed each sample's augmentation from "
+        "its index and the epoch (and an IterableDataset's shuffle from the epoch)", effect,
+    )
 
 
-def warn_replaced_settings(optimizer: torch.optim.Optimizer, saved: dict[str, Any]) -> None:
+def warn_replaced_settings(optimizer: torch.optim.Optimizer, saved: dict[str, Any], extra: Iterable[Any] = ()) -> None:
     """Warn where the checkpoint's optimizer settings replace this run's (a learning rate set
     anew for the resumed run is overwritten by ``load_state_dict``, as PyTorch resumes). The
-    learning rate is compared at its schedule's start (``initial_lr``) where a scheduler set one, and
-    the momentum not at all where one cycles it (``OneCycleLR``, ``CyclicLR``: ``base_momentum``)."""
+    learning rate is compared at its schedule's start (``initial_lr``) where a scheduler set one,
+    not at all where one of the ``extra`` state objects schedules ``optimizer`` (a
+    ``ReduceLROnPlateau`` stepped in ``on_step_end``, as the runner advises: it sets no
+    ``initial_lr``, and its lowered rate was warned about as a setting replaced), and the momentum
+    not at all where one cycles it (``OneCycleLR``, ``CyclicLR``: ``base_momentum``)."""
     def plain(value: Any) -> Any:
         return list(value) if isinstance(value, tuple) else value
 
     changed = set()
+    scheduled = any(getattr(value, "optimizer", None) is optimizer for value in extra)
     for group, old in zip(optimizer.param_groups, saved.get("param_groups", [])):
-        skip = {"params", "lr"} if "initial_lr" in group else {"params"}  # a schedule moves lr itself
+        skip = {"params", "lr"} if scheduled or "initial_lr" in group else {"params"}  # a schedule moves lr itself
         if "base_momentum" in group:  # and a cycling one momentum (SGD's) or beta1 (Adam's)
             skip |= {"momentum", "betas"}
         for key, value in group.items():
