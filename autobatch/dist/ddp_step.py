@@ -34,8 +34,9 @@ The protocol, per global step (every rank, in this order):
    alike. A peer blocked inside its backward waiting for those buckets (gloo) is released.
 4. **Vote "gradients ready"** (a gloo sync point with a deadline): ok / OOM / error, phase,
    share. If any rank failed, every rank resets its reducer (``_reset_state``: DDP's own
-   recovery path, so the next forward does not wait for the abandoned reduction, and the
-   buckets are rebuilt on every rank alike), puts DDP's forward-sync flag back to what the
+   recovery path, so the next forward does not wait for the abandoned reduction; the buckets
+   are rebuilt on every rank alike after the next step every rank completes, between steps:
+   :mod:`autobatch.probe.ddp_reducer`), puts DDP's forward-sync flag back to what the
    step found (:func:`reset_after_failure`: the ranks failed at different forwards, and the
    flag decides whether the replay's prologue broadcasts buffers) and raises; the runner
    replays the same global batch with a halved micro-batch on every rank. Otherwise the summed buckets are the
@@ -63,6 +64,7 @@ from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_
 from ..errors import RankDisagreementError
 from ..memory.oom import free_memory, is_oom_error
 from ..planning.accumulation import accumulate_loss_sum
+from ..probe.ddp_reducer import ddp_wrapper
 from ..probe.train_step import TrainStep
 from . import agreement as dist_sync
 from .votes import bits_float, float_bits, keep, vote
@@ -135,13 +137,6 @@ def _has_comm_hook(model: torch.nn.parallel.DistributedDataParallel) -> bool:
     if getattr(model, "logger", None) is None:  # no logging data (no reducer): the Python list decides
         return False
     return bool(model._get_ddp_logging_data().get("comm_hook"))
-
-
-def ddp_wrapper(model: torch.nn.Module) -> torch.nn.parallel.DistributedDataParallel | None:
-    """``model`` where it is a DDP wrapper, itself or inside ``torch.compile``'s
-    (``torch.compile(DDP(...))``); else None."""
-    wrapper = getattr(model, "_orig_mod", model)
-    return wrapper if isinstance(wrapper, torch.nn.parallel.DistributedDataParallel) else None
 
 
 def comm_hook_name(model: torch.nn.parallel.DistributedDataParallel) -> str | None:

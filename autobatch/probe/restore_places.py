@@ -20,9 +20,10 @@ import torch
 
 from ..memory.devices import simulated_counts
 from ..memory.simulated import active_simulation
+from .ddp_reducer import reset_failed_reduction
 from .shards import to_cpu_local
 
-__all__ = ["reset_failed_reduction", "written_outside_the_optimizer", "outside_the_model", "after_failed_step", "attempt", "forget_scaler_stage", "unskipped", "host_copy", "layout_of", "put_back_layout", "all_params", "places",
+__all__ = ["written_outside_the_optimizer", "outside_the_model", "after_failed_step", "attempt", "forget_scaler_stage", "unskipped", "host_copy", "layout_of", "put_back_layout", "all_params", "places",
            "counted_places", "load_keeping_groups", "load_other"]
 
 #: What a module registers by name, and forward may add to.
@@ -140,21 +141,6 @@ def unskipped(scalers: Any) -> None:
                 scaler._init_scale = 1.0  # made at the first scale(): from this value
             else:
                 scaler._scale.fill_(1.0)
-
-
-def reset_failed_reduction(model: torch.nn.Module) -> None:
-    """Put a ``DistributedDataParallel`` model of a one-process group (``torchrun
-    --nproc-per-node 1``, a DDP script run on one GPU) back to no reduction in flight, after a
-    step that failed part-way: an out-of-memory error inside backward left DDP's reducer
-    expecting the rest of that backward, and every later forward raised "Expected to have
-    finished reduction in the prior iteration" (the probe stopped at its first OOM trial; the
-    Runner shrank the micro-batch down to one that "could not train"). With more ranks the
-    ranks' vote resets it together (:func:`autobatch.dist.ddp_step.reset_after_failure`)."""
-    wrapper = getattr(model, "_orig_mod", model)  # torch.compile(DDP(...)) too
-    if not isinstance(wrapper, torch.nn.parallel.DistributedDataParallel):
-        return
-    if torch.distributed.get_world_size(wrapper.process_group) == 1:
-        wrapper.reducer._reset_state()
 
 
 def after_failed_step(restore: tuple[Any, ...]) -> None:

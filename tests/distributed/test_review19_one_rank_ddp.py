@@ -3,11 +3,16 @@ a DDP script run on one GPU): an out-of-memory error inside backward left DDP's 
 mid-reduction, and every later forward raised "Expected to have finished reduction in the prior
 iteration". The probe stopped at its first OOM trial with that error; the Runner shrank the
 micro-batch until the error was blamed on a micro-batch too small to train
-(``autobatch.probe.restore_places.reset_failed_reduction``). In process: a one-rank gloo group on a
+(``autobatch.probe.ddp_reducer.reset_failed_reduction``). DDP's bucket rebuilds, its first and
+the one each reset asks for, run between steps and never in a forward, where the new buckets
+came on top of the step's memory (on an H100 every later step of a size that trained ran out
+of memory after one OOM: :mod:`autobatch.probe.ddp_reducer`). In process: a one-rank gloo group on a
 ``HashStore``, destroyed after the test.
 """
 
 from __future__ import annotations
+
+import logging
 
 import pytest
 import torch
@@ -36,7 +41,34 @@ def loss_fn(model, batch):
     return model(batch).pow(2).mean()
 
 
-def test_the_probe_and_the_runner_recover_a_one_rank_ddp_from_an_oom_in_backward(one_rank_ddp):
+#: what DDP's forward logs when it rebuilt its buckets there
+REBUILT_IN_FORWARD = "Reducer buckets have been rebuilt in this iteration"
+
+
+class _Kept(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
+@pytest.fixture
+def ddp_log():
+    """DDP's own log lines (its logger does not propagate to the root, where caplog listens)."""
+    logger, kept = logging.getLogger("torch.nn.parallel.distributed"), _Kept()
+    level = logger.level
+    logger.addHandler(kept)
+    logger.setLevel(logging.INFO)
+    try:
+        yield kept.messages
+    finally:
+        logger.removeHandler(kept)
+        logger.setLevel(level)
+
+
+def test_the_probe_and_the_runner_recover_a_one_rank_ddp_from_an_oom_in_backward(one_rank_ddp, ddp_log):
     model = one_rank_ddp
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     step = TrainStep(model, optimizer, loss_fn, lambda n: torch.randn(n, 16))
@@ -46,3 +78,5 @@ def test_the_probe_and_the_runner_recover_a_one_rank_ddp_from_an_oom_in_backward
         runner = autobatch.Runner(model, optimizer, loss_fn, global_batch=512, micro_batch=512, progress=False)
         result = runner.fit([torch.randn(512, 16) for _ in range(2)], epochs=1)
     assert result.steps == 2 and any(r["phase"] == "backward" for r in result.oom_recoveries), result.oom_recoveries
+    assert not [m for m in ddp_log if REBUILT_IN_FORWARD in m]  # each rebuild between steps
+    assert not model.reducer._rebuild_buckets()  # and none left pending
