@@ -20,7 +20,7 @@ from typing import Any, Callable
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-__all__ = ["StorageAccountant", "tensor_storages"]
+__all__ = ["StorageAccountant", "OperationLimit", "tensor_storages"]
 
 
 _COMPONENTS = {  # a sparse tensor has no storage of its own: its index and value tensors hold its data
@@ -66,6 +66,11 @@ def _storages(values: Any, counts: Callable[[torch.Tensor], bool]) -> list[torch
     return [storage for leaf in _tensors(values, []) if counts(leaf) for storage in tensor_storages(leaf)]
 
 
+class OperationLimit(RuntimeError):
+    """More operators ran under a :class:`StorageAccountant` than its ``op_limit``: the trace that
+    set the limit stops there (a fake-tensor trace whose cost grows with the batch)."""
+
+
 class StorageAccountant(TorchDispatchMode):
     """Counts live bytes of storages allocated by operators while the mode is active.
 
@@ -75,7 +80,8 @@ class StorageAccountant(TorchDispatchMode):
     when set, makes an operator whose outputs would pass it call :meth:`over_limit` (which
     raises); its outputs are dropped first, so the count never includes them.
 
-    Attributes ``current_bytes`` and ``peak_bytes`` are live.
+    Attributes ``current_bytes`` and ``peak_bytes`` are live; ``operations`` counts the operators
+    it saw, and past ``op_limit`` (when set) the next one raises :class:`OperationLimit`.
     """
 
     def __init__(
@@ -98,6 +104,8 @@ class StorageAccountant(TorchDispatchMode):
         self._lock = threading.RLock()
         #: while > 0, new storages are not counted (see :func:`~autobatch.memory.simulated.host_memory`)
         self.paused = 0
+        self.operations = 0
+        self.op_limit: int | None = None
 
     def _size(self, storage: torch.UntypedStorage) -> int:
         nbytes = storage.nbytes()
@@ -122,6 +130,9 @@ class StorageAccountant(TorchDispatchMode):
         kwargs = kwargs or {}
         if self.paused:
             return func(*args, **kwargs)
+        self.operations += 1
+        if self.op_limit is not None and self.operations > self.op_limit:
+            raise OperationLimit(f"more than {self.op_limit} operators ran")
         inputs = {storage._cdata for storage in _storages((args, kwargs), self.counts)}
         out = func(*args, **kwargs)
         fresh: dict[int, torch.UntypedStorage] = {}

@@ -33,12 +33,11 @@ import copy
 import logging
 import math
 from contextlib import ExitStack
-from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from ..memory.accounting import StorageAccountant
+from ..memory.accounting import OperationLimit, StorageAccountant
 from .. import checks
 from .arguments import SEARCH_CEILING, validate_probe_args, validate_step
 from .bent_curve import CURVE_TRACES, follow_bend
@@ -50,6 +49,8 @@ from .trace_failures import RealBatches, from_the_step, refused_size, step_error
 from .train_step import TrainStep
 from ..memory.units import format_bytes, parse_bytes
 from ..memory.workspaces import BlasThreads, workspace_bytes
+from .estimate_records import BatchEstimate, EstimateError, MemoryEstimate
+from .trace_budget import OperationBudget
 
 __all__ = ["EstimateError", "MemoryEstimate", "BatchEstimate", "estimate_memory", "estimate_peak", "estimate_max_batch"]
 
@@ -65,65 +66,7 @@ MAX_REFINE = 16
 TRIALS = "probe with real trials (strategy='binary', or 'auto' with estimate_first=False)"
 
 
-class EstimateError(RuntimeError):
-    """The step could not be traced with fake tensors (an unsupported operator, a
-    data-dependent ``.item()``, a step that is not a :class:`~autobatch.TrainStep`). Not for an
-    error of the step's own code, which is raised as itself."""
-
-
-@dataclass
-class MemoryEstimate:
-    """Estimated memory of training steps at one batch size.
-
-    ``resident_bytes``: parameters, buffers and optimizer state that exist before the step.
-    ``step_peak_bytes``: the most memory allocated on top of them at any moment of the traced
-    steps (activations, gradients, optimizer state created by the first step, temporaries).
-    ``workspace_bytes``: cuBLAS workspaces the step's matrix products hold on CUDA
-    (:mod:`autobatch.memory.workspaces`), allocated by the step and kept by the process.
-    """
-
-    batch_size: int
-    resident_bytes: int
-    step_peak_bytes: int
-    device: str
-    workspace_bytes: int = 0
-
-    @property
-    def peak_bytes(self) -> int:
-        """Resident, step peak and workspaces: what ``torch.cuda.max_memory_allocated`` would report."""
-        return self.resident_bytes + self.step_peak_bytes + self.workspace_bytes
-
-    def counted(self, include_resident: bool) -> int:
-        """The peak counted against a capacity: all of it, or without the resident bytes."""
-        return self.peak_bytes if include_resident else self.step_peak_bytes + self.workspace_bytes
-
-
-@dataclass
-class BatchEstimate:
-    """The largest batch whose *estimated* peak fits ``capacity_bytes``; never run.
-
-    ``batch_size`` is 0 when not even the smallest batch fits. ``include_resident`` says
-    whether the model's resident memory was counted against the capacity. ``estimates`` are
-    the traced sizes; ``intercept_bytes``/``slope_bytes_per_sample`` the local line through
-    the two traced sizes nearest the answer.
-    """
-
-    batch_size: int
-    capacity_bytes: int
-    peak_bytes: int | None
-    include_resident: bool
-    intercept_bytes: float
-    slope_bytes_per_sample: float
-    device: str
-    estimates: list[MemoryEstimate] = field(default_factory=list)
-
-    def to_dict(self) -> dict[str, Any]:
-        data = asdict(self)
-        data["estimates"] = [[e.batch_size, e.resident_bytes, e.step_peak_bytes, e.workspace_bytes] for e in self.estimates]
-        return data
-
-
-def estimate_memory(step: TrainStep, batch_size: int, *, steps: int = 2) -> MemoryEstimate:
+def estimate_memory(step: TrainStep, batch_size: int, *, steps: int = 2, op_limit: int | None = None) -> MemoryEstimate:
     """Estimate the memory of ``steps`` training steps of ``step`` at ``batch_size``.
 
     Nothing is allocated and neither the model nor the optimizer is changed (nor any random
@@ -131,7 +74,8 @@ def estimate_memory(step: TrainStep, batch_size: int, *, steps: int = 2) -> Memo
     or when the trace left a fake tensor where it cannot be taken back (the model is then
     restored as far as the estimate reaches, and trials must measure the step). An error the
     step's own code raised (a ``KeyError`` in its collate, a shape mismatch in its loss) is raised
-    as itself, with a note (:func:`~autobatch.probe.trace_failures.step_error`).
+    as itself, with a note (:func:`~autobatch.probe.trace_failures.step_error`). Past ``op_limit``
+    operators the trace stops with :class:`~autobatch.memory.accounting.OperationLimit`.
     """
     _refuse_unestimable(step)
     batch_size = checks.positive_int("batch_size", batch_size)  # a plain int: the estimate is stored (to_dict)
@@ -145,6 +89,7 @@ def estimate_memory(step: TrainStep, batch_size: int, *, steps: int = 2) -> Memo
         raise EstimateError(f"{refusal}; {TRIALS}")
     resident = resident_bytes(step, device, round_to)
     accountant = StorageAccountant(world.counts, round_to=round_to)
+    accountant.op_limit = op_limit
     blas = BlasThreads()
     rng, failure = rng_state(own=step_generators(step)), None
     try:
@@ -172,6 +117,8 @@ def estimate_memory(step: TrainStep, batch_size: int, *, steps: int = 2) -> Memo
     if left:
         dropped = " (dropped)" if left.endswith(".grad") else ""
         left = f"the trace left a fake tensor{dropped} in {left}, outside the modules' state it puts back"
+    if isinstance(failure, OperationLimit):
+        raise failure
     if failure is not None:
         own = step_error(failure, batch_size, left, TRIALS)  # the step's own error: raised as itself
         if own is not None:
@@ -181,7 +128,8 @@ def estimate_memory(step: TrainStep, batch_size: int, *, steps: int = 2) -> Memo
     if left:
         raise EstimateError(f"{left}; {TRIALS}")
     workspaces = workspace_bytes(device, len(blas.threads))
-    return MemoryEstimate(batch_size, resident + world.existing_bytes, accountant.peak_bytes, str(device), workspaces)
+    return MemoryEstimate(batch_size, resident + world.existing_bytes, accountant.peak_bytes, str(device), workspaces,
+                          accountant.operations)
 
 
 def estimate_peak(step: TrainStep, batch_size: int, *, include_resident: bool = True, steps: int = 2) -> int:
@@ -207,24 +155,31 @@ def _refuse_unestimable(step: Any) -> None:
         )
 
 
-def _tracer(step: TrainStep, *, multiple_of: int, max_batch: int | None, steps: int, include_resident: bool):
+def _tracer(step: TrainStep, *, multiple_of: int, max_batch: int | None, steps: int, include_resident: bool,
+            op_growth: float | None = None):
     """``(traced, peak, max_batch, multiple_of)``: ``peak(units)`` traces batch ``units * multiple_of``
     once (memoised in ``traced``, keyed by units) and returns its estimated peak, with or without the
-    resident model. Checks the arguments as :func:`~autobatch.find_max_batch` does (plain ints back)."""
+    resident model; with ``op_growth``, a trace running that many times the first's operators is an
+    :class:`EstimateError` (:mod:`~autobatch.probe.trace_budget`). Checks the arguments as
+    :func:`~autobatch.find_max_batch` does (plain ints back)."""
     _refuse_unestimable(step)
     given = validate_probe_args(start=None, max_batch=max_batch, strategy="estimate", margin=0.0,
                                 multiple_of=multiple_of, steps_per_trial=1)
     max_batch, multiple_of, steps = given["max_batch"], given["multiple_of"], checks.positive_int("steps", steps)
     checks.flag("include_resident", include_resident)  # "no" is truthy: it would count the resident model
     traced: dict[int, MemoryEstimate] = {}
+    budget = OperationBudget(op_growth)
 
     def peak(units: int) -> int:
         if units not in traced:
             try:
-                traced[units] = estimate_memory(step, units * multiple_of, steps=steps)
+                traced[units] = estimate_memory(step, units * multiple_of, steps=steps, op_limit=budget.limit())
+            except OperationLimit:
+                raise EstimateError(f"{budget.refusal(units * multiple_of)}; {TRIALS}") from None
             except Exception as exc:  # noqa: BLE001 - raised; the step's own error at one size says so
                 refused_size(exc, units * multiple_of, [u * multiple_of for u in traced])
                 raise
+            budget.record(units * multiple_of, traced[units].operations)
         return traced[units].counted(include_resident)
 
     return traced, peak, max_batch, multiple_of
@@ -253,6 +208,7 @@ def estimate_line(
     multiple_of: int = 1,
     sizes: tuple[int, int] = (16, 256),
     steps: int = 2,
+    op_growth: float | None = None,
 ) -> BatchEstimate:
     """A quick estimate from three traces: the line through the estimated peaks at
     ``sizes`` is solved for ``capacity``, the step is traced once more at that answer, and the
@@ -260,12 +216,14 @@ def estimate_line(
     method on from it (:func:`~autobatch.probe.bent_curve.follow_bend`). Where the peaks at ``sizes``
     are equal (the optimizer step's constant peak above the activations') it traces on by ``GROWTH``
     until the peak grows (:func:`~autobatch.probe.flat_peak.past_flat`). Tracing costs the same at
-    any batch size, so this is far cheaper than :func:`estimate_max_batch`, which traces until it
-    lands on the estimated boundary exactly; ``auto`` uses it to place its first real trial.
+    any batch size where the step's operators do not grow with it (``op_growth`` stops a trace
+    that runs that many times the first's: :mod:`~autobatch.probe.trace_budget`), so this is far cheaper
+    than :func:`estimate_max_batch`, which traces until it lands on the estimated boundary exactly;
+    ``auto`` uses it to place its first real trial.
     """
     capacity_bytes = parse_bytes(capacity, name="capacity")
     traced, peak, max_batch, multiple_of = _tracer(step, multiple_of=multiple_of, max_batch=max_batch, steps=steps,
-                                                   include_resident=include_resident)
+                                                   include_resident=include_resident, op_growth=op_growth)
     max_units = max_batch // multiple_of if max_batch is not None else None
 
     def solve(a: int, b: int, *, steps: int = 0) -> tuple[int, float, float]:
@@ -274,6 +232,7 @@ def estimate_line(
             raise EstimateError("estimated peak does not grow with the batch")
         return solved
 
+    peak(min(sizes))  # the smallest first: its operators are the budget of the rest (op_growth)
     low, high = past_flat(peak, *sizes, capacity_bytes, growth=GROWTH, max_units=max_units, multiple_of=multiple_of,
                           flat_units=GROWTH**6)  # the optimizer step's constant peak first: trace on till it grows
     units, intercept, slope = solve(low, high)

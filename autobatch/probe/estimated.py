@@ -17,6 +17,7 @@ from .line import LinearFit
 from .result import ProbeResult
 from .trace_failures import from_the_step, untraceable
 from .train_step import TrainStep
+from .trace_budget import OP_GROWTH
 
 __all__ = ["estimate_prior", "estimate_only", "compiled_note"]
 
@@ -36,7 +37,8 @@ def estimate_prior(step: TrainStep, memory, capacity: int, max_batch: int | None
     began = time.perf_counter()
     try:
         estimate = estimate_line(
-            step, capacity, include_resident=include_resident, max_batch=max_batch, multiple_of=multiple_of
+            step, capacity, include_resident=include_resident, max_batch=max_batch, multiple_of=multiple_of,
+            op_growth=OP_GROWTH,  # a trace whose operators grow with the batch costs more than trials
         )
     except Exception as exc:  # noqa: BLE001 - the estimate's, or the step's own error (its trials raise it for real)
         if not isinstance(exc, EstimateError) and not from_the_step(exc):

@@ -9,8 +9,9 @@ from typing import Any, Callable
 import torch
 
 from .. import checks
+from ..errors import add_note
 from .restore import forget_scaler_stage
-from .restore_places import reset_failed_reduction
+from .ddp_reducer import rebuild_between_steps, reset_failed_reduction
 
 __all__ = ["TrainStep", "AUTOCAST_DTYPES"]
 
@@ -67,6 +68,7 @@ class TrainStep:
         self.make_batch = make_batch
         self.autocast_dtype = checks.dtype("autocast_dtype", autocast_dtype, allowed=AUTOCAST_DTYPES)
         self.grad_scaler = checks.grad_scaler("grad_scaler", grad_scaler)
+        _check_scaled_dtypes(optimizer, self.grad_scaler, model)
         self.max_grad_norm = checks.positive_number("max_grad_norm", max_grad_norm, allow_none=True)
 
     def options(self) -> dict[str, Any]:
@@ -96,10 +98,20 @@ class TrainStep:
         (self.grad_scaler.scale(loss) if self.grad_scaler is not None else loss).backward()
         self.optimizer_step()
         self.optimizer.zero_grad(set_to_none=True)
+        rebuild_between_steps(self.model)  # a DDP model's bucket rebuild, here and not in the next forward
 
     def optimizer_step(self) -> None:
         """Clip the gradients' norm (``max_grad_norm``), then step the optimizer, through the
         grad scaler when there is one (fp16)."""
+        try:
+            self._clip_and_step()
+        except ValueError as error:  # the model was cast to float16 after the step was built
+            if self.grad_scaler is not None and "unscale FP16 gradients" in str(error):
+                add_note(error, _fp16_scaler_advice(self.optimizer, self.model))
+            raise
+
+    def _clip_and_step(self) -> None:
+        """:meth:`optimizer_step`'s work."""
         if self.max_grad_norm is not None:
             if self.grad_scaler is not None:
                 self.grad_scaler.unscale_(self.optimizer)  # clip true gradients; step() will not unscale again
@@ -124,6 +136,33 @@ class TrainStep:
 
     def __repr__(self) -> str:
         return f"TrainStep(model={type(self.model).__name__}, optimizer={type(self.optimizer).__name__})"
+
+
+def _fp16_parameters(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
+    """The float16 parameters ``optimizer`` trains (their gradients are float16 too)."""
+    return [p for group in optimizer.param_groups for p in group["params"]
+            if p.requires_grad and p.dtype == torch.float16]
+
+
+def _fp16_scaler_advice(optimizer: torch.optim.Optimizer, model: torch.nn.Module) -> str:
+    """What to change where a grad scaler meets float16 parameters: torch's own error, "Attempting
+    to unscale FP16 gradients.", names neither the parameters nor the fix."""
+    held = _fp16_parameters(optimizer)
+    names = {id(p): name for name, p in model.named_parameters()}
+    first = next((names[id(p)] for p in held if id(p) in names), None)
+    where = f" (the first: {first!r})" if first else ""
+    return (f"grad_scaler cannot unscale float16 gradients, and the optimizer trains {len(held)} float16 "
+            f"parameter(s){where}: torch's GradScaler unscales float32 gradients only. For fp16 mixed precision keep "
+            "the model in float32 (drop model.half() / .to(torch.float16)) and pass autocast_dtype=torch.float16; "
+            "for a model kept in half precision pass grad_scaler=None, or keep it in torch.bfloat16, which needs no scaler")
+
+
+def _check_scaled_dtypes(optimizer: torch.optim.Optimizer, scaler: Any, model: torch.nn.Module) -> None:
+    """An enabled grad scaler with an optimizer training float16 parameters is refused when the
+    step is built: every step would raise torch's bare "Attempting to unscale FP16 gradients."
+    (the first trial of a probe, the first step of a run). A disabled scaler unscales nothing."""
+    if scaler is not None and scaler.is_enabled() and _fp16_parameters(optimizer):
+        raise ValueError(_fp16_scaler_advice(optimizer, model))
 
 
 def _takes(fn: Callable[..., Any], count: int) -> bool | None:
