@@ -373,7 +373,8 @@ def train_task(cfg: DictConfig) -> dict[str, Any]:
         print_training(run, setup["notes"])
         print(f"result          {out_dir / 'train_result.json'}")
         return _row(  # batch_size: the (final) micro-batch it trained at
-            probe, batch_size=run.micro_batch, global_batch=run.global_batch, steps=run.steps,
+            probe, batch_size=run.micro_batch, cached=None if probe is None else probe.cached,
+            global_batch=run.global_batch, steps=run.steps,
             recoveries=len(run.oom_recoveries),
             final_loss=None if run.last_loss is None else round(run.last_loss, 4),
         )  # fmt: skip

@@ -42,11 +42,13 @@ def _overrides_of(key: str) -> list[str]:
     ``+key.x=``, and the keys in :data:`_FED_BY`); empty outside a Hydra run."""
     from hydra.core.hydra_config import HydraConfig
 
+    from .user_config import given_overrides
+
     if not HydraConfig.initialized():
         return []
     keys = (key, *_FED_BY.get(key, ()))
     return [
-        override for override in HydraConfig.get().overrides.task
+        override for override in given_overrides()
         if override.lstrip("+~").split("=", 1)[0].split("@", 1)[0] in keys
         or override.lstrip("+~").startswith(tuple(f"{k}." for k in keys))
     ]  # fmt: skip

@@ -9,6 +9,7 @@ exit status 2 for bad input (a wrong override, impossible probe bounds, an unimp
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import shlex
@@ -25,7 +26,7 @@ from ..errors import GlobalBatchTooLargeError, NoBatchFitsError, StepOutOfMemory
 
 __all__ = [
     "CLIError", "BAD_INPUT", "RUNTIME_FAILURE", "ERROR_FILE_ENV", "one_line", "cli_keys", "describe", "traceback_wanted",
-    "reported", "hydra_noise_filtered", "handed_back", "where_raised",
+    "reported", "hydra_noise_filtered", "handed_back", "where_raised", "log_to_files",
 ]  # fmt: skip
 
 BAD_INPUT = 2
@@ -55,18 +56,44 @@ class CLIError(CompactHydraException):
         return type(self), (self.message, self.exit_code)
 
 
+#: The longest one-line error; a longer one loses its middle (:func:`_shortened`).
+MAX_LINE = 600
+
+
 def one_line(exc: BaseException) -> str:
     """The exception's message on one line, without OmegaConf's ``full_key`` bookkeeping."""
-    lines = [line.strip() for line in str(exc).splitlines()]
+    return _shortened(_joined(str(exc)) or type(exc).__name__)
+
+
+def _joined(message: str) -> str:
+    """``message``'s lines as one, without OmegaConf's bookkeeping and Hydra's search path."""
     kept = []
-    for line in lines:
+    for line in (line.strip() for line in message.splitlines()):
         if line.startswith("Config search path"):  # Hydra's "could not find" lists its search path
             break
         if line and not line.startswith(_NOISE):
             kept.append(line)
-    text = " ".join(kept) or type(exc).__name__
-    # a long message loses its middle, not its end: the advice (what to change) comes last
-    return text if len(text) <= 600 else text[:397] + " ... " + text[-198:]
+    return " ".join(kept)
+
+
+def _shortened(text: str) -> str:
+    """A long message loses its middle, not its end: the advice (what to change) comes last."""
+    return text if len(text) <= MAX_LINE else text[:397] + " ... " + text[-198:]
+
+
+def _out_of_memory(exc: BaseException) -> str:
+    """The line of an out-of-memory failure (no batch fits, a global batch too large, a step that
+    gave up), with its argument names as the command line's keys. A ``NoBatchFitsError`` ends
+    with the allocator's own message, after the advice; a long one (CUDA's runs to 500
+    characters) cut the line's middle, the advice with it (``a larger probe.memory_limit``), and
+    kept the allocator's closing words. Where the line would be too long, the allocator's message
+    is left to the traceback, which ``AUTOBATCH_TRACEBACK=1`` shows."""
+    text, notes = _joined(str(exc)), _notes(exc)
+    last = getattr(exc, "last_error", None)
+    tail = f" Last allocator error: {_joined(str(last))}" if last else ""
+    if tail and text.endswith(tail) and len(text) + len(notes) > MAX_LINE:
+        text = text[: -len(tail)] + " (the allocator's own message: AUTOBATCH_TRACEBACK=1)"
+    return cli_keys(_shortened(text)) + notes
 
 
 #: The library's argument names in its messages, and the command line's keys for them.
@@ -199,7 +226,7 @@ def describe(exc: BaseException) -> tuple[str, int]:
     if isinstance(exc, CLIError):
         return exc.message, exc.exit_code
     if isinstance(exc, (NoBatchFitsError, GlobalBatchTooLargeError, StepOutOfMemoryError)):
-        return cli_keys(one_line(exc)) + _notes(exc), RUNTIME_FAILURE
+        return _out_of_memory(exc), RUNTIME_FAILURE
     if isinstance(exc, HydraException) and isinstance(exc.__cause__, OmegaConfBaseException):
         return f"{one_line(exc)}: {one_line(exc.__cause__)}", BAD_INPUT  # the override, then why
     if isinstance(exc, OmegaConfBaseException):
@@ -272,6 +299,7 @@ def reported(*, multirun: bool, verbose: object = False) -> Iterator[None]:
         raise
     except Exception as exc:  # noqa: BLE001 - this is the edge
         message, code = describe(exc)
+        log_to_files(PREFIX + message)
         if traceback_wanted(verbose):
             if multirun:
                 raise
@@ -282,6 +310,17 @@ def reported(*, multirun: bool, verbose: object = False) -> Iterator[None]:
         if not _hand_back(message, code):
             print(PREFIX + message, file=sys.stderr)
         sys.exit(code)
+
+
+def log_to_files(line: str, level: int = logging.ERROR) -> None:
+    """Write ``line`` to the log files of this run (Hydra's ``probe.log``/``train.log`` in the run
+    directory), not to the console, which gets it printed once. Before, the run's log ended with
+    its last trial or step and never said how or why the run ended: a sweep's failed job left a
+    ``probe.log`` holding nothing, on a cluster the only file beside its row."""
+    record = logging.getLogger("autobatch").makeRecord("autobatch", level, __file__, 0, line, None, None)
+    for handler in logging.getLogger().handlers:
+        if isinstance(handler, logging.FileHandler):
+            handler.handle(record)
 
 
 def _hand_back(message: str, code: int) -> bool:

@@ -34,6 +34,7 @@ grace period): a step must end within that to be saved.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import sys
@@ -45,7 +46,7 @@ from typing import Any, Iterator
 
 from ..dist import agreement as dist_sync
 from ..errors import StepOutOfMemoryError
-from .errors import CLIError, describe
+from .errors import CLIError, describe, log_to_files
 from .user_config import command_line
 
 __all__ = ["Interrupts", "stopped", "stopped_together", "continue_command", "ESCALATE_AFTER_S"]
@@ -184,6 +185,7 @@ def stopped(exc: BaseException, runner: Any, interrupts: Interrupts, *, out_dir:
     from .sweep import record_interrupted
 
     record_interrupted(f"interrupted ({name}) at step {runner.step}; {line}")  # a sweep's job: its row says so
+    log_to_files(f"autobatch: interrupted ({name}) at step {runner.step}; {line}", logging.WARNING)
     print(f"autobatch: interrupted ({name}) at step {runner.step}; {line}", file=sys.stderr)
     sys.stdout.flush()
     raise SystemExit(interrupts.exit_code)

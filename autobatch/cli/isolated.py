@@ -36,6 +36,7 @@ from ..probe.promise import forget_own_layout
 from ..probe.result import ProbeResult
 from .errors import ERROR_FILE_ENV, RUNTIME_FAILURE, CLIError, handed_back
 from .preflight import QUIET_ENV
+from .user_config import given_overrides
 
 __all__ = ["child_command", "child_environment", "isolate_probe", "probe_in_child"]
 
@@ -64,7 +65,7 @@ def child_command(out_dir: Path, argv: list[str] | None = None, task: list[str] 
     job's own values in a sweep), the config-location flags of ``argv``, and ``out_dir`` as
     its run directory."""
     argv = sys.argv[1:] if argv is None else argv
-    task = list(HydraConfig.get().overrides.task) if task is None else task
+    task = given_overrides() if task is None else task
     flags: list[str] = []
     for index, arg in enumerate(argv):
         name = arg.split("=", 1)[0]

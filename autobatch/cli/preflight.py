@@ -33,7 +33,7 @@ from typing import Any, Sequence
 from hydra import compose
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import OmegaConf, open_dict
-from omegaconf.errors import InterpolationResolutionError
+from omegaconf.errors import InterpolationResolutionError, InterpolationToMissingValueError
 
 from .build import validate
 from .errors import BAD_INPUT, CLIError, describe, one_line
@@ -184,6 +184,46 @@ def _composed(config_name: str, job: list[str], key: str | None) -> tuple[Any, A
     return compose(config_name, overrides=job), None
 
 
+def _printed_part(args: Sequence[str]) -> str:
+    """The value of ``--cfg`` (``-c``) in ``args``: ``job``, ``hydra`` or ``all``."""
+    for index, arg in enumerate(args):
+        name, _, value = arg.partition("=")
+        if name in ("-c", "--cfg"):
+            return value if "=" in arg else args[index + 1]
+    return "all"
+
+
+def _check_resolves(cfg: Any) -> None:
+    """``CLIError`` naming the first key of ``cfg`` (the job's config, then Hydra's node) whose
+    interpolation cannot be resolved (``${oc.env:UNSET}``): ``--cfg job --resolve`` printed it as
+    Hydra's traceback, exit status 1. One that reads Hydra's runtime (``${hydra:runtime.cwd}``,
+    ``${hydra.job.num}``) resolves only in Hydra's run, where it is left to be printed."""
+    leaves = sorted(_leaves(OmegaConf.to_container(cfg, resolve=False)), key=lambda leaf: leaf[0].startswith("hydra."))
+    for key, value in leaves:
+        if not (isinstance(value, str) and "${" in value):
+            continue
+        try:
+            OmegaConf.select(cfg, key)
+        except InterpolationToMissingValueError:
+            continue  # a value Hydra's run fills in
+        except InterpolationResolutionError as exc:
+            if "HydraConfig was not set" in str(exc):
+                continue
+            if key.startswith("hydra.overrides."):  # an override (Hydra prints them resolved), not a key
+                key, value = value.lstrip("+~").split("=", 1)[0], value.split("=", 1)[-1]
+            raise CLIError(f"{key}={value}: {one_line(exc)}; define what it names, or give another {key}") from None
+
+
+def _leaves(node: object, prefix: str = "") -> Any:
+    """``(dotted key, value)`` of each leaf of a plain nested dict or list (a list's items by index)."""
+    items = node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node, list) else None
+    if not items:
+        yield prefix.rstrip("."), node
+        return
+    for key, value in items:
+        yield from _leaves(value, f"{prefix}{key}.")
+
+
 def _warn(lines: Sequence[str], said: set[str]) -> None:
     """Print each warning once (a sweep composes many jobs), on rank 0 only under a launcher."""
     for line in lines:
@@ -260,6 +300,7 @@ def check(command: str, args: Sequence[str]) -> None:
     helping = any(arg in _HELP for arg in args)  # before: a misspelt override after --help was a traceback
     args = [arg for arg in args if arg not in _HELP | (_MULTIRUN if helping else set())]
     _check_flag_mix(command, args)
+    resolving = _printed_part(args) if "--resolve" in args else None
     args, printing = _without_printing_flags(args)
     printing = printing or helping
     multirun = any(arg in _MULTIRUN for arg in args)
@@ -281,6 +322,8 @@ def check(command: str, args: Sequence[str]) -> None:
                 cfg, directory = _composed(name, job, key)
                 if index == 0 and config_name is not None:
                     warnings += filter(None, [check_extends(command, name, job, cfg), check_self_last(name, job, cfg)])
+                if resolving:  # what --cfg prints: the job's config, Hydra's node or both
+                    _check_resolves(cfg if resolving == "job" else compose(name, overrides=job, return_hydra_config=True))
                 if not printing:
                     validate(cfg)
                     warnings += ignored_keys(command, cfg, packaged)

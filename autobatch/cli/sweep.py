@@ -35,6 +35,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from ..dist.agreement import is_rank_zero
 from .errors import one_line
+from .user_config import given_overrides
 
 __all__ = ["SweepSummary", "COLUMNS", "sweep_id", "collect_rows", "write_summary", "render_markdown", "last_sweep_dir",
            "record_interrupted"]
@@ -52,8 +53,9 @@ COLUMNS = ("job", "overrides", "status", "batch_size", "trials", "peak", "time_s
 #: The columns each command's jobs add (``hydra.job.name``), and a planning probe's
 #: (``train.global_batch`` set). Every row of a sweep has them, a failed or interrupted job's
 #: empty: before, a sweep whose jobs all failed wrote a ``summary.csv`` without them, and a script
-#: reading ``row["final_loss"]`` back failed on it.
-COMMAND_COLUMNS = {"probe": ("cached",), "train": ("global_batch", "steps", "recoveries", "final_loss")}
+#: reading ``row["final_loss"]`` back failed on it. ``train`` 's ``cached``: its probe came from the
+#: probe cache (its ``trials`` and ``time_s`` are the stored probe's; empty where no probe ran).
+COMMAND_COLUMNS = {"probe": ("cached",), "train": ("cached", "global_batch", "steps", "recoveries", "final_loss")}
 PLAN_COLUMNS = ("global_batch", "micro_batch", "accumulation", "checkpointing")
 _last_sweep: list[Path] = []
 
@@ -220,7 +222,7 @@ def record_interrupted(error: str) -> None:
     if hydra_cfg.mode != RunMode.MULTIRUN:
         return
     sweep_dir = _from_cwd(hydra_cfg.sweep.dir, hydra_cfg.runtime.cwd)
-    row = {"job": hydra_cfg.job.num, "overrides": " ".join(hydra_cfg.overrides.task), "status": "interrupted",
+    row = {"job": hydra_cfg.job.num, "overrides": " ".join(given_overrides()), "status": "interrupted",
            **_empty_columns(str(getattr(hydra_cfg.job, "name", None)), None), "error": error, _SWEEP_KEY: sweep_id(sweep_dir)}
     try:
         _atomic_write(Path(hydra_cfg.runtime.output_dir) / ROW_FILE, json.dumps(row, default=str) + "\n")

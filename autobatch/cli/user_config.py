@@ -35,7 +35,7 @@ from typing import Iterator, Sequence
 
 from hydra import initialize_config_module
 from hydra.core.hydra_config import HydraConfig
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from .conf import CONF_MODULE
 from .errors import CLIError
@@ -43,7 +43,7 @@ from .errors import CLIError
 __all__ = [
     "CONFIG_DIR_FLAGS", "CONFIG_NAME_FLAGS", "CONFIG_PATH_FLAGS", "REQUIRED_KEYS", "config_flags",
     "without_config_flags", "composing", "check_config_name", "check_extends", "rerun_flags", "command_line",
-    "run_roots", "sweeper_params", "check_self_last",
+    "run_roots", "sweeper_params", "check_self_last", "given_overrides",
 ]  # fmt: skip
 
 CONFIG_DIR_FLAGS = ("-cd", "--config-dir")
@@ -254,15 +254,27 @@ def _override_key(override: str) -> str:
     return override.lstrip("+~").split("=", 1)[0]
 
 
+def given_overrides(part: str = "task") -> list[str]:
+    """This job's overrides as given (``hydra.overrides.task``, or ``"hydra"`` for the ``hydra.*``
+    ones), unresolved. Read element by element, OmegaConf takes the ``${...}`` in an override for
+    an interpolation against Hydra's own node: ``'model.width=${.layers}'`` (relative to
+    ``model``) or a key given twice, once as ``${oc.env:UNSET}``, crashed the command with a
+    traceback before it ran, and the command recorded to rerun the job, and the one ``train``'s
+    probe child runs, had the values resolved there instead of the interpolations given."""
+    given = getattr(HydraConfig.get().overrides, part, None) or []
+    if isinstance(given, ListConfig):
+        given = OmegaConf.to_container(given, resolve=False)
+    return [str(override) for override in given]  # type: ignore[union-attr]
+
+
 def command_line(command: str, *, extra: Sequence[str] = (), drop: Sequence[str] = ()) -> str:
     """``python -m autobatch <command>`` with this job's config flags and overrides (but keys
     in ``drop``, and those ``extra`` sets again), then ``extra``: what reproduces (or, with
     ``extra``, continues) the job, shell-quoted so that it can be pasted into a shell. Its
     overrides are the job's own (one value each in a sweep) and the ``hydra.*`` ones given
     (``hydra.job.chdir=true``, ``hydra.run.dir=...``), which Hydra keeps apart from the job's."""
-    hydra_cfg = HydraConfig.get()
     left_out = {*drop, *_NOT_REPEATED, *map(_override_key, extra)}
-    given = [*hydra_cfg.overrides.task, *hydra_cfg.overrides.hydra]
+    given = [*given_overrides("task"), *given_overrides("hydra")]
     overrides = [o for o in given if _override_key(o) not in left_out]
     words = [*rerun_flags(command), *overrides, *extra]
     return " ".join(["python -m autobatch", command, *map(shlex.quote, words)])
