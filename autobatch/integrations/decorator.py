@@ -72,9 +72,9 @@ from ..memory.lazy_state import LazyStateWatch
 from ..memory.oom import allocated_at_failure, free_memory, is_oom_error, recognised_ooms, requested_bytes
 from ..memory.simulated import active_simulation
 from ..probe.arguments import ALLOCATOR_HEADROOM
-from .decorator_checks import (caught_message, check_arguments, check_call, check_takes_batch, is_method,
-                               refuse_coroutine, retrained_message)
-from .decorator_state import AttemptState
+from .decorator_checks import (accumulation_message, caught_message, check_arguments, check_call, check_takes_batch,
+                               is_method, kept_by_failures, refuse_coroutine, retrained_message)
+from .decorator_state import AttemptState, accumulation_steps
 
 __all__ = ["find_executable_batch_size", "Attempt"]
 
@@ -169,7 +169,7 @@ def find_executable_batch_size(
 
     def _attempts(wrapped: Any, watch: LazyStateWatch, memory: DeviceMemory | None, grads: AttemptState,
                   args: tuple, kwargs: dict) -> Any:
-        first, mine = wrapped.batch_size, len(wrapped.attempts)  # this call's start, and its attempts' index
+        first, mine, accumulating = wrapped.batch_size, len(wrapped.attempts), accumulation_steps()  # x first: asked
         while True:
             size = wrapped.batch_size
             attempt = Attempt(batch_size=size, ok=False, seconds=0.0)
@@ -194,7 +194,7 @@ def find_executable_batch_size(
             else:
                 refuse_coroutine(function, value)
                 attempt.seconds, attempt.ok = time.perf_counter() - began, True
-                _returned(attempt, function, memory, ooms, handled, grads)
+                _returned(wrapped.attempts[mine:], function, memory, (ooms, handled), grads, accumulating)
                 return value
             watch.repair()  # an optimizer step the OOM interrupted leaves no half-created state
             if lost := grads.drop_failed():  # the next attempt neither steps with nor holds the failed one's
@@ -209,14 +209,17 @@ def find_executable_batch_size(
     return wrapped
 
 
-def _returned(attempt: Attempt, function: Callable[..., Any], memory: DeviceMemory | None, ooms: int | None,
-              handled: int, grads: AttemptState) -> None:
+def _returned(attempts: list[Attempt], function: Callable[..., Any], memory: DeviceMemory | None,
+              counts: tuple[int | None, int], grads: AttemptState, accumulating: int) -> None:
     """A call that returned: its peak, and one ``RuntimeWarning`` where the device counted
     out-of-memory errors during it beyond those nested decorated calls handled: the function
     caught them itself (an ``except Exception`` around its loop, a per-batch ``except`` that skips the batch), so the
     retry never saw them and the size is recorded as one that ran. Why: that size was kept as
     ``wrapped.batch_size`` for the next call, with no sign that steps (and their samples) were
-    skipped."""
+    skipped. Then :func:`_smaller_than_asked`. ``attempts``: this call's, the last the one that ran;
+    ``counts``: the device's out-of-memory count and the handled count at its start."""
+    attempt, (ooms, handled) = attempts[-1], counts
+    _smaller_than_asked(function, attempts, accumulating, grads)
     if twice := grads.retrained.twice():
         warnings.warn(retrained_message(getattr(function, "__name__", "function"), twice, attempt.batch_size),
                       RuntimeWarning, stacklevel=4)
@@ -230,6 +233,22 @@ def _returned(attempt: Attempt, function: Callable[..., Any], memory: DeviceMemo
         recognised_ooms(attempt.caught_ooms)  # warned here: an enclosing decorated call does not again
         warnings.warn(caught_message(getattr(function, "__name__", "function"), attempt.batch_size,
                                      attempt.caught_ooms), RuntimeWarning, stacklevel=4)
+
+
+def _smaller_than_asked(function: Callable[..., Any], attempts: list[Attempt], accumulating: int,
+                        grads: AttemptState) -> None:
+    """After a call that ran at ``attempts[-1]`` (this call's attempts): one ``RuntimeWarning`` where
+    memory its failed attempts left behind made the size smaller than the device allows
+    (:func:`~.decorator_checks.kept_by_failures`), and one where an Accelerator's accumulation
+    (``accumulating`` micro-batches at the call's start) no longer makes the samples per
+    optimizer step asked for (:func:`~.decorator_checks.accumulation_message`)."""
+    name, first, size = getattr(function, "__name__", "function"), attempts[0].batch_size, attempts[-1].batch_size
+    if kept := kept_by_failures(name, attempts):
+        warnings.warn(f"find_executable_batch_size: {kept} Batch {size} is smaller than the device allows.",
+                      RuntimeWarning, stacklevel=5)  # here, _returned, _attempts, wrapped: the caller's line
+    if (accumulating > 1 and size < first and grads.retrained.stepped()  # it trains, accumulating
+            and (now := accumulation_steps(live=True)) > 1 and size * now != first * accumulating):
+        warnings.warn(accumulation_message(name, first, size, accumulating, now), RuntimeWarning, stacklevel=5)
 
 
 def _record_failure(attempt: Attempt, exc: Exception, memory: DeviceMemory | None, began: float) -> None:
@@ -337,6 +356,8 @@ def _nothing_fits(attempt: Attempt, memory: DeviceMemory | None, attempts: list[
             "fixed in size (the model, its optimizer state, a fixed-size buffer): use lower precision, a smaller "
             "model or a larger device."
         )
+    elif kept := kept_by_failures(name, attempts):
+        hint = f"find_executable_batch_size reached batch {attempt.batch_size}. {kept}"
     else:
         hint = ("find_executable_batch_size reached batch 1 and it still ran out of memory: use gradient "
                 "accumulation, activation checkpointing, lower precision, a smaller model or a larger device.")

@@ -13,6 +13,8 @@ from __future__ import annotations
 import inspect
 from typing import Any, Callable
 
+from ..memory.units import format_bytes
+
 __all__ = ["caught_message", "check_arguments", "check_call", "check_takes_batch", "is_method", "refuse_coroutine"]
 
 #: the first parameter's names that make a function a method: the batch size goes second
@@ -164,4 +166,46 @@ def retrained_message(name: str, steps: int, size: int) -> str:
         "so the samples of those steps were trained twice (and a learning-rate scheduler made outside stepped on). "
         "Build the model and optimizer inside the function (Accelerate's pattern), or resume inside it from your "
         "last checkpoint (model.load_state_dict, optimizer.load_state_dict)"
+    )
+
+
+def accumulation_message(name: str, start: int, size: int, before: int, after: int) -> str:
+    """The warning for a call that ran at a smaller size than it started at while an
+    ``accelerate.Accelerator`` accumulated gradients: the samples per optimizer step changed.
+    Why: ``Accelerator(gradient_accumulation_steps=4)`` with a start of 64 asks for 256 samples a
+    step; Accelerate's decorator lowers the micro-batch and keeps the accumulation, so the
+    learning rate tuned for 256 silently met fewer (as Transformers' ``auto_find_batch_size``,
+    transformers#33281)."""
+    wanted = start * before
+    return (
+        f"find_executable_batch_size: `{name}` ran at batch {size} where this call started at {start}, with the "
+        f"Accelerator accumulating {after} micro-batch(es) a step (gradient_accumulation_steps), so each optimizer "
+        f"step trains {size * after} samples per process where {start} x {before} = {wanted} were asked, and a "
+        f"learning rate tuned for {wanted} no longer matches. To keep {wanted}, set "
+        f"`accelerator.gradient_accumulation_steps = {wanted} // batch_size` at the top of `{name}` with sizes that "
+        f"divide {wanted} (a reduce_batch_size_fn that halves the size), or scale the learning rate to the new batch"
+    )
+
+
+def kept_by_failures(name: str, attempts: list[Any]) -> str | None:
+    """What to change where the memory in use when this call's attempts started never fell and rose
+    after at least two failed attempts (by 5 % of the capacity in all), or None. Why: an Accelerator
+    made outside that ``prepare()``s the model and optimizer inside the function keeps every
+    attempt's, so each retry starts with less memory; the search ended at batch 1 with
+    ``NoBatchFitsError`` advising gradient accumulation (an MLP under 3 MiB: 12 attempts, each
+    starting 276 KiB higher), or answered a size far below what fits, silently."""
+    starts = [attempt.start_bytes for attempt in attempts]
+    capacity = attempts[-1].capacity_bytes if attempts else None
+    if len(starts) < 3 or capacity is None or any(start is None for start in starts):
+        return None
+    rises = [after - before for before, after in zip(starts, starts[1:])]
+    if any(rise < 0 for rise in rises) or sum(rise > 0 for rise in rises) < 2 or starts[-1] - starts[0] < 0.05 * capacity:
+        return None
+    return (
+        f"The memory in use when each attempt of `{name}` started rose after its failed attempts, from "
+        f"{format_bytes(starts[0])} to {format_bytes(starts[-1])} of {format_bytes(capacity)} at batch "
+        f"{attempts[-1].batch_size}: something outside `{name}` keeps what its failed attempts made, so each retry "
+        "had less memory. An accelerate.Accelerator that prepare()s a model and optimizer inside the function keeps "
+        "every one: call accelerator.free_memory() at the top of the function (Accelerate's pattern); otherwise "
+        "let go of what the function stores outside itself (a list or cache of tensors)."
     )

@@ -3,6 +3,11 @@ leaves behind outside the function, and how it is undone before the next attempt
 (:class:`AttemptState`):
 
 * **gradients**: the failed attempt's are dropped, those it left alone are kept;
+* Accelerate's **active data loaders** (``GradientState.dataloader_references``): a prepared loader
+  whose loop the failure ended never leaves them (it leaves at its loop's end), so after the call
+  ``accelerator.gradient_state.in_dataloader`` stayed True and ``end_of_dataloader`` answered the
+  dead loop's (where it failed at its last batch, ``accelerator.accumulate`` in a later loop over
+  an unprepared iterable synced every micro-batch); they are put back as the attempt found them;
 * a ``GradScaler``'s **unscale mark** (fp16 with gradient clipping: ``scaler.unscale_(optimizer)``
   then ``clip_grad_norm_``): forgotten where the attempt's gradients were dropped, or the next
   attempt's ``unscale_`` raised "unscale_() has already been called on this optimizer since the
@@ -32,7 +37,7 @@ import torch
 from torch.amp.grad_scaler import OptState, _refresh_per_optimizer_state
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
-__all__ = ["AttemptState", "RetrainedSteps"]
+__all__ = ["AttemptState", "RetrainedSteps", "accumulation_steps", "gradient_state"]
 
 
 class AttemptState:
@@ -48,6 +53,7 @@ class AttemptState:
     def __init__(self) -> None:
         self.before: dict[int, tuple[weakref.ref, weakref.ref, int]] = {}
         self.steps: dict[int, tuple[weakref.ref, int]] = {}
+        self.loaders: list[Any] | None = None
         self.retrained = RetrainedSteps()
 
     def __enter__(self) -> "AttemptState":
@@ -66,6 +72,8 @@ class AttemptState:
                 self.before[id(param)] = (weakref.ref(param), weakref.ref(param.grad), param.grad._version)
         self.steps = {id(accelerator): (weakref.ref(accelerator), accelerator.step) for accelerator in list(_ACCELERATORS)
                       if isinstance(getattr(accelerator, "step", None), int)}
+        state = gradient_state()
+        self.loaders = list(state.dataloader_references) if state is not None else None
 
     def drop_failed(self) -> int:
         """After a failed attempt: ``.grad = None`` where the attempt created the gradient or changed
@@ -89,6 +97,8 @@ class AttemptState:
             param.grad = None
         _forget_unscaled(scalers, live)
         self._put_back_steps(accelerators)
+        if self.loaders is not None and (state := gradient_state()) is not None:
+            state.dataloader_references = self.loaders  # the failed loop's loader is no longer active
         return lost
 
     def _put_back_steps(self, accelerators: list[Any]) -> None:
@@ -105,6 +115,26 @@ class AttemptState:
                 window = getattr(accelerator, "gradient_accumulation_steps", 1)
                 accelerator.step = step - step % window if isinstance(window, int) and window > 1 else step
             _ACCELERATORS.add(accelerator)
+
+
+def gradient_state() -> Any | None:
+    """Accelerate's shared ``GradientState`` (every Accelerator's ``gradient_state``), or None where
+    Accelerate is not imported or no Accelerator made it (none is created here)."""
+    module = sys.modules.get("accelerate.state")
+    kind = getattr(module, "GradientState", None)
+    if not isinstance(kind, type) or not getattr(kind, "_shared_state", None):
+        return None
+    state = kind()  # binds the shared state that exists; changes nothing
+    return state if isinstance(getattr(state, "dataloader_references", None), list) else None
+
+
+def accumulation_steps(*, live: bool = False) -> int:
+    """The micro-batches an ``accelerate.Accelerator`` accumulates a step
+    (``gradient_accumulation_steps``, shared by every Accelerator of the process); 1 without one.
+    ``live``: 1 too where no Accelerator the scans found is alive (the shared state outlives them)."""
+    state = gradient_state() if not live or len(_ACCELERATORS) else None
+    steps = getattr(state, "num_steps", 1) if state is not None else 1
+    return steps if isinstance(steps, int) and steps > 0 else 1
 
 
 def _forget_unscaled(scalers: list[torch.amp.GradScaler], optimizers: list[torch.optim.Optimizer]) -> None:
@@ -208,6 +238,11 @@ class RetrainedSteps:
             if stepped and key not in self.loaded:
                 count += taken
         return count
+
+    def stepped(self) -> bool:
+        """Whether an optimizer stepped since the attempt's start (the function trains; a decorated
+        inference helper does not)."""
+        return any(self._since_start(optimizer, steps) > 0 for optimizer, steps in list(_STEPS.items()))
 
     def close(self) -> None:
         """Remove the ``load_state_dict`` hooks."""

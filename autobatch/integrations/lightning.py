@@ -191,7 +191,7 @@ class AutoBatchSize(Callback):
         options["max_batch"], options["start"] = cap_at_samples(
             share, options["max_batch"], options.get("start"), multiple, where=f"global_batch={self.global_batch}")
         saved = rng_state()  # a DataLoader's iterator draws its seed: fit must draw the same
-        first, sized, samples = first_batch(trainer, pl_module, world)
+        first, sized, samples, loaders = first_batch(trainer, pl_module, world)
         set_rng_state(saved)
         if samples is not None and share is not None and share > samples:
             raise ValueError(  # an epoch would end first: every optimizer step would train fewer samples
@@ -204,8 +204,8 @@ class AutoBatchSize(Callback):
         options["max_batch"], options["start"] = cap_at_samples(
             cap, options["max_batch"], options["start"], multiple, where=where + (f" (a rank of {world})" if world > 1 else ""))
         with SavedState.kept(trainer, pl_module) as state:
-            step = LightningStep(trainer, pl_module, first, accumulating=share is not None and share > 1,
-                                 prefetch=not sized, restore=lambda: state.attributes.restore(drop_new=False))
+            step = LightningStep(trainer, pl_module, first, accumulating=share is not None and share > 1, prefetch=not sized,
+                                 restore=lambda: state.attributes.restore(drop_new=False), loaders=loaders, own=own)
             with probing(trainer, pl_module):
                 self.result = find_max_batch(step, device=pl_module.device, **options)
             del step, first

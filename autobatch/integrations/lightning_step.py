@@ -50,9 +50,13 @@ class LightningStep:
     """
 
     def __init__(self, trainer: Trainer, module: LightningModule, first: Any, *, accumulating: bool = False,
-                 prefetch: bool = False, restore: Callable[[], None] = lambda: None) -> None:
+                 prefetch: bool = False, restore: Callable[[], None] = lambda: None, loaders: int = 1,
+                 own: Any = None) -> None:
         self.trainer, self.module, self.first, self.prefetch = trainer, module, first, prefetch
-        self.available = size_of(first)
+        # several train dataloaders may batch at different multiples of the batch size (a FixMatch
+        # unlabeled loader at 7x): each part of the combined batch is resized in proportion
+        self.parts = _loader_parts(first, own) if loaders > 1 else None
+        self.available = size_of(first) if self.parts is None else 0
         self.accumulating = accumulating or trainer.accumulate_grad_batches > 1
         self.restore = restore
         self.index = 0  # the batch_idx passed to training_step: the first one it does not skip
@@ -63,7 +67,7 @@ class LightningStep:
         self._forget_unscaled()
         # tensors and per-sample lists (label names, raw text a training_step tokenizes) alike;
         # cut, not indexed, so an estimate's fake tensors can build it too
-        batch, *ahead = [cycle_samples(self.first, batch_size, self.available) for _ in range(1 + self.prefetch)]
+        batch, *ahead = [self._resized(batch_size) for _ in range(1 + self.prefetch)]
         # ``ahead``: Lightning's fetcher loads the next batch while this one runs when the train
         # dataloader has no length (an iterable dataset; with a length it prefetches nothing):
         # host memory on an accelerator, the same memory on the CPU
@@ -95,6 +99,17 @@ class LightningStep:
             trainer.strategy.optimizer_step(optimizer, closure=closure)
             self._with_grads = [p for p in module.parameters() if p.grad is not None]
         del ahead, held
+
+    def _resized(self, batch_size: int) -> Any:
+        """The first batch at ``batch_size``; with several loaders, each loader's part at its own
+        multiple of it (rounded, at least 1)."""
+        if self.parts is None:
+            return cycle_samples(self.first, batch_size, self.available)
+        own, sizes = self.parts
+        keys = self.first.keys() if isinstance(self.first, Mapping) else range(len(self.first))
+        resized = {key: cycle_samples(self.first[key], max(1, round(sizes[key] * batch_size / own)), sizes[key])
+                   for key in keys}
+        return resized if isinstance(self.first, Mapping) else type(self.first)(resized[key] for key in keys)
 
     def _forget_unscaled(self) -> None:
         """Mark every optimizer unscaled again in the precision plugin's ``GradScaler`` ("16-mixed"):
@@ -146,9 +161,9 @@ def _loss_of(out: Any) -> torch.Tensor:
     return loss
 
 
-def first_batch(trainer: Trainer, module: LightningModule, world: int) -> tuple[Any, bool, int | None]:
-    """The train dataloader's first batch, whether the dataloader has a length, and how many
-    samples each of ``world`` ranks trains per epoch (None: unknown).
+def first_batch(trainer: Trainer, module: LightningModule, world: int) -> tuple[Any, bool, int | None, int]:
+    """The train dataloader's first batch, whether the dataloader has a length, how many samples
+    each of ``world`` ranks trains per epoch (None: unknown), and how many dataloaders it combines.
 
     Several train dataloaders (a dict or list of them) are combined as ``fit`` combines them; the
     samples are the smallest dataset's, as a batch larger than any of them would not fill."""
@@ -169,7 +184,7 @@ def first_batch(trainer: Trainer, module: LightningModule, world: int) -> tuple[
     finally:
         combined.reset()  # its workers, if any, shut down
     shares = [_share_of(part, world, trainer) for part in combined.flattened]
-    return batch, sized, None if not shares or None in shares else min(shares)
+    return batch, sized, None if not shares or None in shares else min(shares), len(combined.flattened)
 
 
 def _has_length(combined: CombinedLoader) -> bool:
@@ -197,10 +212,29 @@ def _share_of(loader: Any, world: int, trainer: Trainer) -> int | None:
     return samples
 
 
+def _loader_parts(first: Any, own: Any) -> tuple[int, dict[Any, int]] | None:
+    """For a batch combined from several train dataloaders (a dict or list of their batches): the
+    batch size the first batch was built at and each part's size, or None where every part has the
+    same size (resized as one batch). Why: a module batching a second loader at a multiple of its
+    batch size (semi-supervised: labeled ``B``, unlabeled ``7 * B``) was refused ("must share dim
+    0"). The batch attribute's value when the first batch was built (``own``) is the reference (a
+    part at ``2 * own`` is probed at ``2 * B``); without one, the smallest part."""
+    if not isinstance(first, (Mapping, list, tuple)) or not first:
+        return None
+    items = first.items() if isinstance(first, Mapping) else enumerate(first)
+    sizes = {key: size_of(part) for key, part in items}
+    if len(set(sizes.values())) == 1:
+        return None
+    usable = isinstance(own, int) and not isinstance(own, bool) and own >= 1
+    return (own if usable else min(sizes.values())), sizes
+
+
 def size_of(batch: Any) -> int:
     """The batch's size: dim 0 of its tensors (one error where they disagree)."""
     sizes: set[int] = set()
     map_tensors(batch, lambda t: sizes.add(t.shape[0]) or t)
     if len(sizes) != 1:
-        raise ValueError(f"AutoBatchSize: the batch's tensors must share dim 0 (the batch); got sizes {sorted(sizes)}")
+        raise ValueError(f"AutoBatchSize: the batch's tensors must share dim 0 (the batch); got sizes {sorted(sizes)}. "
+                         "Make a sequence-first tensor batch-first (.transpose(0, 1)), and keep a tensor shared by the "
+                         "whole batch (class weights, a mask) on the module rather than in the batch")
     return sizes.pop()
