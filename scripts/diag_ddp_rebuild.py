@@ -5,7 +5,7 @@ cap: each step's allocated peak, and what is allocated after it, at ``--batch``,
 wrapper (DDP rebuilds its buckets in the second step's forward), then after a step that ran out
 of memory in backward and the reducer's recovery. ``--mode ddp`` is DDP's own recovery
 (``reducer._reset_state()``: the rebuild in a later forward); ``--mode autobatch`` is
-``autobatch.probe.ddp_reducer`` (the rebuild between steps). ``--probe`` also runs
+``autobatch.probe.ddp_reducer.reset_failed_reduction`` (the rebuild at once, between steps). ``--probe`` also runs
 ``find_max_batch`` on a ``TrainStep`` of the same model and prints its answer and trials, and
 the same model without DDP for comparison::
 
@@ -25,7 +25,7 @@ from torch import nn
 
 import autobatch
 from autobatch.memory.units import parse_bytes
-from autobatch.probe.ddp_reducer import rebuild_between_steps, reset_failed_reduction
+from autobatch.probe.ddp_reducer import reset_failed_reduction
 
 MiB = 2**20
 
@@ -52,8 +52,6 @@ def steps(model, optimizer, batch: int, count: int, mode: str, device: torch.dev
             loss_fn(model, torch.randn(batch, 1024, device=device)).backward()
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
-            if mode == "autobatch":
-                rebuild_between_steps(model)
         except torch.OutOfMemoryError:
             ok = False
         if not ok:  # outside the handler: the error's frames are gone

@@ -19,7 +19,6 @@ import torch
 
 from .. import checks
 from ..memory.oom import free_memory
-from ..probe.ddp_reducer import rebuild_between_steps
 from ..probe.train_step import TrainStep
 from . import agreement as dist_sync
 from .ddp_step import check_reduced, complete_buckets, ledger_for, reset_after_failure, run_prologue
@@ -86,4 +85,3 @@ class DDPProbeStep(TrainStep):
             failure = keep(exc)
         vote(failure, "optimizer", batch_size, f"{label}: optimizer stepped", clear=self.clear_grads)
         self.optimizer.zero_grad(set_to_none=True)
-        rebuild_between_steps(model)  # every rank, after a step every rank completed: not in the next forward

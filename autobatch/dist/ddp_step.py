@@ -34,9 +34,8 @@ The protocol, per global step (every rank, in this order):
    alike. A peer blocked inside its backward waiting for those buckets (gloo) is released.
 4. **Vote "gradients ready"** (a gloo sync point with a deadline): ok / OOM / error, phase,
    share. If any rank failed, every rank resets its reducer (``_reset_state``: DDP's own
-   recovery path, so the next forward does not wait for the abandoned reduction; the buckets
-   are rebuilt on every rank alike after the next step every rank completes, between steps:
-   :mod:`autobatch.probe.ddp_reducer`), puts DDP's forward-sync flag back to what the
+   recovery path, so the next forward does not wait for the abandoned reduction, and the
+   buckets are rebuilt on every rank alike), puts DDP's forward-sync flag back to what the
    step found (:func:`reset_after_failure`: the ranks failed at different forwards, and the
    flag decides whether the replay's prologue broadcasts buffers) and raises; the runner
    replays the same global batch with a halved micro-batch on every rank. Otherwise the summed buckets are the

@@ -1,36 +1,33 @@
-"""A ``DistributedDataParallel`` reducer after a step that failed, and its bucket rebuilds.
+"""A one-process ``DistributedDataParallel`` reducer after a step that failed.
 
 DDP all-reduces gradients in flat *buckets*, one set of them the size of every gradient. It
-builds them once in the parameters' order and rebuilds them, once, in the order the first
-backward made the gradients ready, in the forward after that backward
-(``reducer._rebuild_buckets()``). Its ``reducer._reset_state()``, the recovery after a backward
-that failed part-way, asks for that rebuild again. A rebuild allocates the new buckets before it
-frees the old, and the allocator's cache then holds the old ones' blocks in pieces a step's large
-activations may not reuse. Measured on an H100 (an 8-block MLP of width 1024/4096 under
-``torchrun --nproc-per-node 1``, AdamW, 2 GiB cap, its gradients 256 MiB;
-``.whl/diag/ddp_rebuild.py``, see ``docs/distributed.md``): the step of the rebuild at batch 2000
-peaked at 1993 MiB where the steps after it peaked at 1737; after one OOM and a reset, every
-later step of 2000 ran out of memory, its start 256 MiB higher each time, while the same steps
-passed at 1733 MiB once the reset was followed by a rebuild between steps. The probe answered
-a quarter below the batch the model trains at, and the Runner shrank its micro-batch step
-after step.
-
-So the rebuild runs between steps, where only the resident state is allocated:
-
-* :func:`reset_failed_reduction` (a one-process group) resets and rebuilds at once, in the
-  parameters' order (``_push_all_rebuilt_params``; with one rank no communication overlaps
-  backward, so the order costs nothing);
-* :func:`rebuild_between_steps` rebuilds one a backward asked for, after a step that trained:
-  DDP's first rebuild, and with more ranks the one every rank's reset asked for (in the order of
-  the backward just run, as DDP would; it is a collective, called by every rank at the same
-  point after a step every rank completed).
+builds them in the parameters' order and rebuilds them, once, in the order the first backward
+made the gradients ready, in the forward after that backward (``reducer._rebuild_buckets()``).
+Its ``reducer._reset_state()``, the recovery after a backward that failed part-way, asks for that
+rebuild again, in a later forward; a rebuild allocates the new buckets before the old ones go.
+Measured on one GPU (an 8-block MLP of width 1024/4096 under ``torchrun --nproc-per-node 1``,
+AdamW, 2 GiB cap, its gradients 256 MiB; ``scripts/diag_ddp_rebuild.py``): steps of 2000 peaked
+at 1737 MiB; after one OOM and DDP's reset, every other step of 2000 ran out of memory, starting
+256 MiB higher (H100 and H200), and the probe answered 1430 and 522 where its one-step trials had
+passed 2565. :func:`reset_failed_reduction` resets only a reduction left in flight (an OOM in
+backward; one in forward or in the optimizer leaves none), rebuilds the buckets at once, between
+steps, and waits for the old ones to be released (:func:`_await_release`). See
+``docs/distributed.md`` (Limits) for the figures after it.
 """
 
 from __future__ import annotations
 
+import time
+
 import torch
 
-__all__ = ["ddp_wrapper", "reset_failed_reduction", "rebuild_between_steps"]
+__all__ = ["ddp_wrapper", "reset_failed_reduction", "RELEASE_WAIT_S"]
+
+#: the longest wait for the old buckets' release after a rebuild on a GPU: released within 1 s
+#: where measured, not within 0.25-0.3 s (a rebuild happens after each OOM in backward)
+RELEASE_WAIT_S = 1.0
+#: what may stay allocated beyond the rebuild's start: the new buckets' rounding, in 512-byte blocks
+RELEASE_SLACK = 2**20
 
 
 def ddp_wrapper(model: torch.nn.Module) -> torch.nn.parallel.DistributedDataParallel | None:
@@ -47,28 +44,38 @@ def reset_failed_reduction(model: torch.nn.Module) -> None:
     error inside backward left DDP's reducer expecting the rest of that backward, and every later
     forward raised "Expected to have finished reduction in the prior iteration" (the probe
     stopped at its first OOM trial; the Runner shrank the micro-batch down to one that "could not
-    train"). With more ranks the ranks' vote resets it together
-    (:func:`autobatch.dist.ddp_step.reset_after_failure`)."""
+    train"). The rebuild takes the parameters' order (``_push_all_rebuilt_params``): with one rank
+    no communication overlaps backward, so the order costs nothing. With more ranks the ranks'
+    vote resets it together (:func:`autobatch.dist.ddp_step.reset_after_failure`)."""
     wrapper = ddp_wrapper(model)
-    if wrapper is None or torch.distributed.get_world_size(wrapper.process_group) != 1:
-        return
+    if wrapper is None or torch.distributed.get_world_size(wrapper.process_group) != 1 or not _in_flight(wrapper):
+        return  # an OOM in forward or in the optimizer left no reduction behind: no reset, no rebuild
     wrapper.reducer._reset_state()
     wrapper.reducer._push_all_rebuilt_params()  # nothing where DDP never rebuilds (find_unused_parameters)
-    _rebuild(wrapper)
+    device = next((param.device for param in wrapper.parameters()), None)
+    cuda = device is not None and device.type == "cuda"
+    before = torch.cuda.memory_allocated(device) if cuda else 0
+    if wrapper.reducer._rebuild_buckets():
+        wrapper._has_rebuilt_buckets = True  # DDP's own flag that it rebuilt (read by its ZeRO hook)
+        if cuda:
+            _await_release(device, before)
 
 
-def rebuild_between_steps(model: torch.nn.Module) -> bool:
-    """Rebuild a DDP model's buckets where a backward asked for it (module docstring), after a
-    step that trained, instead of in the next forward; True where it did. Nothing where none is
-    pending (one C++ check), so it is called after every step. With more than one rank every rank
-    calls it at the same point: the rebuild agrees the buckets over the process group."""
-    wrapper = ddp_wrapper(model)
-    return wrapper is not None and _rebuild(wrapper)
+def _in_flight(wrapper: torch.nn.parallel.DistributedDataParallel) -> bool:
+    """Whether the reducer waits for the rest of a backward (DDP's own check, which raises then)."""
+    try:
+        wrapper.reducer._check_reducer_finalized()
+    except RuntimeError:
+        return True
+    return False
 
 
-def _rebuild(wrapper: torch.nn.parallel.DistributedDataParallel) -> bool:
-    """DDP's own rebuild, and its flag that it happened (read by its ZeRO hook)."""
-    if not wrapper.reducer._rebuild_buckets():
-        return False
-    wrapper._has_rebuilt_buckets = True
-    return True
+def _await_release(device: torch.device, before: int) -> None:
+    """Wait, at most :data:`RELEASE_WAIT_S`, until what is allocated falls back to ``before``: the
+    old buckets, which the failed backward had begun to all-reduce, stayed allocated after the
+    rebuild (on an H200, 1345 MiB where 1089 are resident) and the next step of a size that
+    trains ran out of memory; waited for, they were gone before it, and every step after passed."""
+    torch.cuda.synchronize(device)
+    deadline = time.monotonic() + RELEASE_WAIT_S
+    while torch.cuda.memory_allocated(device) > before + RELEASE_SLACK and time.monotonic() < deadline:
+        time.sleep(0.002)

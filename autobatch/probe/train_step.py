@@ -11,7 +11,7 @@ import torch
 from .. import checks
 from ..errors import add_note
 from .restore import forget_scaler_stage
-from .ddp_reducer import rebuild_between_steps, reset_failed_reduction
+from .ddp_reducer import reset_failed_reduction
 
 __all__ = ["TrainStep", "AUTOCAST_DTYPES"]
 
@@ -98,7 +98,6 @@ class TrainStep:
         (self.grad_scaler.scale(loss) if self.grad_scaler is not None else loss).backward()
         self.optimizer_step()
         self.optimizer.zero_grad(set_to_none=True)
-        rebuild_between_steps(self.model)  # a DDP model's bucket rebuild, here and not in the next forward
 
     def optimizer_step(self) -> None:
         """Clip the gradients' norm (``max_grad_norm``), then step the optimizer, through the

@@ -37,7 +37,7 @@ from .. import checks
 from ..memory.oom import free_memory, is_oom_error
 from ..planning.checkpointing import enable_checkpointing, no_blocks_hint
 from ..planning.own_checkpointing import own_checkpointing
-from ..probe.ddp_reducer import rebuild_between_steps, reset_failed_reduction
+from ..probe.ddp_reducer import reset_failed_reduction
 from .inputs import warn_batch_statistics
 from .multiples import round_down
 from .run_result import Recovery
@@ -304,7 +304,6 @@ class OomRecovery:
     def _completed(self) -> None:
         """The step trained: count it towards grow-back, and remember its micro-batch."""
         self.buffers.settle()  # parameters outside the optimizer that forward changed are guarded from now on
-        rebuild_between_steps(self.model)  # a DDP model's bucket rebuild (every rank: a collective), not in a forward
         self.growth.on_step_done(outlier=self.step_memory.outlier)
         self._smallest_trained = min(self._smallest_trained or self.micro_batch, self.micro_batch)
         if not self._told_batch_statistics and len(sizes := self._piece_sizes()) > 1:  # once: BatchNorm sees the split
