@@ -59,7 +59,7 @@ from torch.utils.checkpoint import checkpoint
 from .. import checks
 from .module_names import (WRAPPER_ATTRIBUTES, has_module as _has_module, misnamed_targets, module_names_for,
                            short_names as _short)
-from .own_checkpointing import own_checkpointing, own_checkpointing_hint
+from .own_checkpointing import checkpoint_by_protocol, checkpoints_by_protocol, own_checkpointing, own_checkpointing_hint
 
 __all__ = ["CheckpointHandle", "enable_checkpointing", "find_blocks", "is_checkpointed", "module_names_for",
            "no_blocks_hint", "put_back_checkpointing", "take_checkpointing"]
@@ -86,13 +86,16 @@ class _CheckpointedForward:
         # the block's keywords go in a partial, never to checkpoint itself: checkpoint takes
         # debug, early_stop, determinism_check, context_fn and use_reentrant as its own options
         # (a block's debug=True was eaten silently; its use_reentrant was a TypeError)
-        forward = functools.partial(forward, **kwargs) if kwargs else forward
-        if torch.compiler.is_compiling() or not _running_stats_owners(module):
+        compiling = torch.compiler.is_compiling()
+        if compiling or not _running_stats_owners(module):
             # compiled, the partitioner recomputes and buffer updates are applied once, from the
             # graph's outputs; a custom context_fn would take torch's selective-checkpoint path
-            return checkpoint(forward, *args, use_reentrant=False)
-        contexts = functools.partial(_recompute_contexts, module)
-        return checkpoint(forward, *args, use_reentrant=False, context_fn=contexts)
+            run = functools.partial(checkpoint, use_reentrant=False)
+        else:
+            run = functools.partial(checkpoint, use_reentrant=False, context_fn=functools.partial(_recompute_contexts, module))
+        if module.training and not compiling and checkpoints_by_protocol(module):
+            return checkpoint_by_protocol(module, run, args, kwargs)
+        return run(functools.partial(forward, **kwargs) if kwargs else forward, *args)
 
     def __repr__(self) -> str:
         return f"<checkpointed forward of {type(self.module).__name__}>"

@@ -8,7 +8,7 @@ every probe attempt in ``attempts``, and a hint that names what is left to try.
 
 from __future__ import annotations
 
-from ..errors import NoBatchFitsError
+from ..errors import NoBatchFitsError, add_note
 from ..memory.units import format_bytes
 from .checkpointing import no_blocks_hint
 from .own_checkpointing import cache_note, own_checkpointing
@@ -78,3 +78,14 @@ class PlanErrors:
         )
         error.attempts = self.probes
         return error
+
+    def recompute_note(self, exc: BaseException) -> None:
+        """Where a checkpointed probe failed with torch's ``CheckpointError`` (the recompute did not run
+        as the forward did), a note on ``exc`` naming autobatch's checkpointing and what to change: the
+        error named neither (torch's text reads as the user's own checkpointing gone wrong)."""
+        modules = self.handle.modules if self.handle is not None else []
+        add_note(exc, f"autobatch: this came from plan()'s activation checkpointing of {len(modules)} blocks "
+                      f"({short_list(modules)}): a block's forward ran otherwise when recomputed in backward (it writes "
+                      "state it then reads, such as a key/value cache passed in: model.config.use_cache = False, or "
+                      "branches on it). Name other blocks in checkpoint_targets, checkpoint them your own way "
+                      "(Transformers: model.gradient_checkpointing_enable()), or plan with allow_checkpointing=False")

@@ -35,6 +35,8 @@ import math
 import time
 from typing import Any, Callable
 
+from torch.utils.checkpoint import CheckpointError
+
 from ..errors import GlobalBatchTooLargeError, NoBatchFitsError, add_note
 from ..memory.oom import free_memory
 from ..memory.units import format_bytes
@@ -230,7 +232,11 @@ class _Planner(PlanErrors, ThroughputObjective):
     def probe_checkpointed(self, *, accumulating: int | None = None, only: int | None = None) -> tuple[ProbeResult | None, NoBatchFitsError | None]:
         if not self.wrap():
             return None, None
-        result, error = self.probe(True, accumulating=accumulating, only=only)
+        try:
+            result, error = self.probe(True, accumulating=accumulating, only=only)
+        except CheckpointError as exc:  # the recompute ran otherwise than the forward: no OOM figure
+            self.recompute_note(exc)
+            raise
         self.unwrap()
         return result, error
 
