@@ -31,11 +31,15 @@ KEY_PREFIX = 12
 
 
 def _model(entry: CacheEntry) -> str:
-    """The root module's class (and the autocast dtype, when there is one)."""
-    modules = entry.components.get("model", {}).get("modules") or [["", "?"]]
-    name = str(modules[0][1])
-    autocast = (entry.components.get("precision") or {}).get("autocast")
-    return f"{name} ({autocast.replace('torch.', '')})" if autocast else name
+    """The root module's class (and the autocast dtype, when there is one); ``?`` where the entry's
+    components do not say (a plain callable's, or a hand-edited file's: its result may still be
+    served, so the listing shows it rather than failing with a traceback)."""
+    model, precision = entry.components.get("model"), entry.components.get("precision")
+    modules = model.get("modules") if isinstance(model, dict) else None
+    root = modules[0] if isinstance(modules, list) and modules else None
+    name = str(root[1]) if isinstance(root, list) and len(root) > 1 else "?"
+    autocast = precision.get("autocast") if isinstance(precision, dict) else None
+    return f"{name} ({autocast.replace('torch.', '')})" if isinstance(autocast, str) and autocast else name
 
 
 def entry_table(entries: list[CacheEntry]) -> str:

@@ -10,6 +10,8 @@ The key is the SHA-256 of a canonical JSON of its components (stored in the file
 
 * ``model``: the module tree (qualified names and classes), parameter and buffer names,
   shapes, dtypes and ``requires_grad``; which modules are activation-checkpointed;
+* ``compiled``: how each compiled module was compiled (backend, mode's options, ``dynamic``,
+  ``fullgraph``), present only where one is;
 * ``code``: a hash of the code of the loss function and of every module class's
   ``forward`` with the values it reads (:mod:`~autobatch.probe.cache_key`);
 * ``inputs``: the structure, shapes and dtypes of ``make_batch(1)`` and ``make_batch(2)``
@@ -19,7 +21,9 @@ The key is the SHA-256 of a canonical JSON of its components (stored in the file
   off, ``amsgrad``, ``foreach``, ``fused``, ...; not the learning rate);
 * ``precision``: the autocast dtype and the grad scaler;
 * ``device``: its name and capacity (in 64 MiB steps, so a few MiB of driver noise do not
-  miss), and the memory cap; the attention kernels switched on; the torch and autobatch versions;
+  miss), and the memory cap; the attention kernels switched on; on CUDA the allocator's settings
+  and the kernel switches off their defaults (cuDNN off, deterministic algorithms); the torch and
+  autobatch versions;
 * ``probe``: the strategy and its parameters (``start``, ``max_batch``, ``margin``,
   ``multiple_of``, ``steps_per_trial``, ``search_steps``), and the allocator headroom a
   passing trial must leave on an accelerator (``autobatch.probe.ALLOCATOR_HEADROOM``).
