@@ -29,7 +29,7 @@ from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from ..memory.accounting import _COMPONENTS
-from .trace_failures import check_operands, check_sparse
+from .trace_failures import GROUPED_MM, check_operands, check_sparse, grouped_mm
 from .trace_state import SEARCH_BUDGET, SEARCH_ITEMS, OutsideState, class_members, find_fake, restore, snapshot
 from .train_step import TrainStep
 
@@ -96,7 +96,7 @@ class KernelDtypes(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: D105
         check_operands(func, args)  # the real kernel's dtype check, which the fake one lacks
-        out = func(*args, **(kwargs or {}))
+        out = grouped_mm(args, kwargs or {}) if func is GROUPED_MM else func(*args, **(kwargs or {}))
         check_sparse(func, out)  # a sparse result's size, which a fake one does not have
         if func is torch.ops.aten.native_group_norm_backward.default and out[0] is not None:
             if out[0].dtype != args[1].dtype:
@@ -333,7 +333,9 @@ class FakeWorld:
         fake_opt.__dict__.pop("step", None)  # an LR scheduler's patched step is bound to ``real``
         groups = []
         for group in real.param_groups:
-            fake_group = dict(group)
+            # a hyperparameter given as a tensor (``lr=torch.tensor(1e-3)``, tensor ``betas``) is
+            # read by value (``value=1 - beta2``): a fake made from a real tensor has none
+            fake_group = {key: self._hyperparameter(value) for key, value in group.items() if key != "params"}
             fake_group["params"] = [self.fake(p) for p in group["params"]]
             if group.get("foreach", False) is None and not group.get("fused"):
                 # the default is decided from the real tensors' type and device; fake tensors
@@ -347,6 +349,13 @@ class FakeWorld:
         fake_opt.state = state
         return fake_opt
 
+    def _hyperparameter(self, value: Any) -> Any:
+        """A param group's setting as the fake optimizer reads it: a tensor as
+        :meth:`_state_value` fakes it (its number kept), in a tuple or list too (``betas``)."""
+        if isinstance(value, (tuple, list)) and any(isinstance(item, torch.Tensor) for item in value):
+            items = [self._hyperparameter(item) for item in value]
+            return items if isinstance(value, list) else tuple(items)
+        return self._state_value(value) if isinstance(value, torch.Tensor) else value
 
     def _state_value(self, value: Any) -> Any:
         if not isinstance(value, torch.Tensor):

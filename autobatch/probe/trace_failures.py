@@ -31,7 +31,7 @@ from ..errors import add_note, in_packages, raised_through
 from ..memory.accounting import _COMPONENTS, StorageAccountant
 from .trial_notes import index_hint
 
-__all__ = ["untraceable", "untraceable_memory", "sparse_gradients", "step_error", "refused_size", "from_the_step",
+__all__ = ["grouped_mm", "GROUPED_MM", "untraceable", "untraceable_memory", "sparse_gradients", "step_error", "refused_size", "from_the_step",
            "check_operands", "check_sparse", "SparseTraceError", "RealBatches"]
 
 #: What a fake tensor cannot do, by the exception PyTorch raises, in the words of the user's code.
@@ -154,6 +154,7 @@ def refused_size(exc: BaseException, batch_size: int, passed: list[int]) -> None
 _SAME_DTYPE = {
     torch.ops.aten.mm.default: (0, 1), torch.ops.aten.addmm.default: (1, 2), torch.ops.aten.mv.default: (0, 1),
     torch.ops.aten.addmv.default: (1, 2), torch.ops.aten._addmm_activation.default: (1, 2),
+    torch.ops.aten._grouped_mm.default: (0, 1),
 }
 
 
@@ -170,6 +171,51 @@ def check_operands(func, args: tuple) -> None:
     if isinstance(first, torch.Tensor) and isinstance(second, torch.Tensor) and first.dtype != second.dtype:
         raise RuntimeError(f"expected m1 and m2 to have the same dtype, but got: {first.dtype} != {second.dtype} "
                            f"({func.__name__}; the real kernel refuses it)")
+
+
+GROUPED_MM = torch.ops.aten._grouped_mm.default
+
+
+def grouped_mm(args: tuple, kwargs: dict) -> torch.Tensor:
+    """``aten._grouped_mm`` (a mixture of experts' batched expert matrices, transformers' Mixtral
+    and Qwen-MoE) as the real kernel allocates it. PyTorch's meta kernel takes only bfloat16 (the
+    CUDA fast path's type), where the kernel falls back to a loop for float32 and float16 on every
+    device: a float32 Mixtral, which trains, was refused as the step's own error ("Expected inputs
+    of BF16 type"). Its result's rows are padded to 16 bytes on every device, by the meta kernel
+    only in CUDA builds (a CPU bfloat16 result 15 % short at 20 columns)."""
+    mat_a, mat_b, offs = (list(args) + [None])[:3]
+    options = {**dict(zip(("bias", "out_dtype"), args[3:])), **kwargs}
+    if mat_a.dtype not in (torch.float32, torch.float16) or options.get("bias") is not None \
+            or options.get("out_dtype") not in (None, mat_a.dtype):
+        size = GROUPED_MM(*args, **kwargs).shape  # its checks and errors, as the kernel's
+    else:  # the meta kernel's checks and result size, less its dtype check (same dtypes: check_operands)
+        size = _grouped_size(mat_a, mat_b, offs)
+    dtype = options.get("out_dtype") or mat_a.dtype
+    alignment = 16 // dtype.itemsize
+    padded = -(-size[-1] // alignment) * alignment
+    stride = (size[1] * padded, padded, 1) if len(size) == 3 else (padded, 1)
+    return torch.empty_strided(size, stride, dtype=dtype, device=mat_a.device)
+
+
+def _grouped_size(mat_a: torch.Tensor, mat_b: torch.Tensor, offs: torch.Tensor | None) -> tuple[int, ...]:
+    """The size of ``_grouped_mm``'s result, checked as PyTorch's meta kernel checks it."""
+    a_2d, b_2d = mat_a.dim() == 2, mat_b.dim() == 2
+    torch._check(mat_a.dim() in (2, 3) and mat_b.dim() in (2, 3), lambda: "Multiplicands must be 2D or 3D")
+    torch._check((a_2d and b_2d) or mat_a.size(-1) == mat_b.size(-2),
+                 lambda: "contraction dimension of mat_a and mat_b must match")
+    torch._check((offs is not None) == (a_2d or b_2d), lambda: "Offsets tensor is needed for 2D multiplicands, and only for them")
+    torch._check(offs is None or (offs.dim() == 1 and offs.dtype == torch.int32), lambda: "Offsets tensor must be 1D int32")
+    for mat in (mat_a, mat_b):  # the kernel's: one of the last two strides 1, the other a multiple of 16 bytes
+        rows, cols = mat.stride()[-2:]
+        lead = rows if cols == 1 and rows >= max(1, mat.size(-1)) else cols if rows == 1 and cols >= max(1, mat.size(-2)) else 0
+        torch._check(lead > 0 and lead * mat.element_size() % 16 == 0, lambda: "strides should be multiple of 16 bytes")
+    if a_2d and b_2d:
+        return (offs.size(0), mat_a.size(0), mat_b.size(1))
+    if a_2d or b_2d:
+        torch._check(offs.size(0) == (mat_b if a_2d else mat_a).size(0), lambda: "matrix batch sizes have to match")
+        return (mat_a.size(0), mat_b.size(-1)) if a_2d else (mat_a.size(1), mat_b.size(1))
+    torch._check(mat_a.size(0) == mat_b.size(0), lambda: "batched dimension has to match")
+    return (mat_a.size(0), mat_a.size(1), mat_b.size(-1))
 
 
 #: Operators that build a sparse tensor from index and value tensors the step gave: its memory is theirs,
