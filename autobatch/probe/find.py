@@ -25,6 +25,7 @@ from . import arguments, ranks
 from .arguments import STRATEGY_NAMES, validate_places, validate_probe_args, validate_step
 from .batch_growth import check_batch_grows
 from .cache import ProbeCache, key_components, key_of
+from .cache_hits import held_beside
 from .estimated import estimate_only, estimate_prior
 from .fresh_layout import FreshLayout
 from .content_peaks import content_note, sparse_note
@@ -350,7 +351,7 @@ def _cache_lookup(call: _Call, cache, cache_key) -> ProbeResult | None:
         call.notes.append("not cached: a plain callable is cached only under an explicit cache_key")
         return None
     with memory_for(call.target, call.limit_bytes) as (memory, _):
-        device_name, capacity = memory.name, memory.capacity()
+        device_name, capacity, allocated = memory.name, memory.capacity(), memory.allocated()
     try:
         components = key_components(
             fn, cache_key=cache_key, device=device_name, capacity=capacity, memory_limit=call.limit_bytes,
@@ -366,7 +367,12 @@ def _cache_lookup(call: _Call, cache, cache_key) -> ProbeResult | None:
         return None
     call.store = ProbeCache(None if cache in (None, True) else cache)
     call.key, call.components = key_of(components), components
-    hit = call.agreement.cache_hit(call.store.get(call.key))
+    found = call.store.get(call.key)
+    headroom = 0.0 if call.target.type == "cpu" else arguments.ALLOCATOR_HEADROOM  # what its passing trials kept free
+    if found is not None and (why := held_beside(found, allocated, capacity, headroom)):
+        call.notes.append(why)  # memory held beside the step now: the cached answer is an emptier device's
+        found, call.store = None, None  # and this fuller device's answer does not replace it
+    hit = call.agreement.cache_hit(found)
     if hit is None:
         return None
     forget_own_layout(hit)
