@@ -108,8 +108,10 @@ _CLI_KEYS = [
     (r"global_batch=", "train.global_batch="),
     (r"autobatch\.plan(?!\w)", "train.global_batch"),  # not autobatch.planning
 ]
-#: Launcher plugins and the extra that installs each (``pip install "autobatch[extra]"``).
-_LAUNCHER_EXTRAS = {"submitit_": "slurm", "slurm": "slurm", "joblib": "sweep"}
+#: Launcher plugins, the package of each and the checkout's extra that installs it (``pip install -e
+#: ".[extra]"``; ``autobatch`` on the package registry is another project, so no ``autobatch[extra]``).
+_LAUNCHER_EXTRAS = {"submitit_": ("hydra-submitit-launcher", "slurm"), "slurm": ("hydra-submitit-launcher", "slurm"),
+                    "joblib": ("hydra-joblib-launcher", "sweep")}
 
 
 #: The library's advice in its notes (``exc.add_note``), as the command line's keys; first, as
@@ -183,9 +185,10 @@ def _install_hint(message: str) -> str:
     found = re.search(r"Could not (?:find|load) 'hydra/launcher/(\w+)'", message)
     if found is None:
         return message
-    for prefix, extra in _LAUNCHER_EXTRAS.items():
+    for prefix, (package, extra) in _LAUNCHER_EXTRAS.items():
         if found.group(1).startswith(prefix):
-            return f'{message.rstrip(".")}; the launcher is a plugin: pip install "autobatch[{extra}]"'
+            return (f'{message.rstrip(".")}; the launcher is a plugin: pip install {package} (from the checkout: '
+                    f'pip install -e ".[{extra}]")')
     return message
 
 

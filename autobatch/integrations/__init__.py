@@ -3,5 +3,5 @@
 :mod:`~autobatch.integrations.decorator` needs torch alone (its ``find_executable_batch_size``
 is exported as ``autobatch.find_executable_batch_size``); :mod:`~autobatch.integrations.lightning`
 and :mod:`~autobatch.integrations.transformers` import their framework only when imported
-themselves (``pip install autobatch[lightning]`` / ``autobatch[transformers]``).
+themselves (``pip install -e ".[lightning]"`` / ``".[transformers]"`` from the checkout).
 """

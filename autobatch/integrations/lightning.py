@@ -28,7 +28,7 @@ the Trainer's own ``accumulate_grad_batches`` is kept where it splits the global
 batches that fit, else replaced with a warning. Under ``fast_dev_run`` nothing is probed (one
 warning, as ``BatchSizeFinder``): the module's own size trains.
 
-Requires ``lightning`` (``pip install autobatch[lightning]``).
+Requires ``lightning`` (``pip install -e ".[lightning]"`` from the checkout).
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ except ModuleNotFoundError as exc:  # only this integration needs it: say what t
         raise
     raise ModuleNotFoundError(
         "autobatch.integrations.lightning needs Lightning 2 (the `lightning` package): pip install "
-        "'autobatch[lightning]' (or pip install lightning)", name=exc.name) from exc
+        "lightning (from the checkout: pip install -e '.[lightning]')", name=exc.name) from exc
 from lightning.pytorch.utilities import rank_zero_warn
 from lightning.pytorch.utilities.parsing import lightning_getattr, lightning_hasattr, lightning_setattr
 

@@ -13,7 +13,7 @@ decorator, so an OOM at any step restarts training from step 0 at ×0.9, and the
 is not adjusted, so the global batch silently changes (transformers#33281); here the probe
 runs first, the model and optimizer are restored bit-exactly, and the global batch is kept.
 
-Requires ``transformers`` (``pip install autobatch[transformers]``).
+Requires ``transformers`` (``pip install -e ".[transformers]"`` from the checkout).
 """
 
 from __future__ import annotations

@@ -54,7 +54,7 @@ BAD_INPUT = [
     (["probe", "model.inputs=tensor"], "model.inputs=tensor: GPT takes tokens"),
     (["probe", "model=target", "model._target_=null"], "model._target_ is not set; give an import path such as model._target_=torchvision"),
     # a launcher that is a plugin: how to install it
-    (["probe", "-m", "hydra/launcher=submitit_slurm"], 'pip install "autobatch[slurm]"'),
+    (["probe", "-m", "hydra/launcher=submitit_slurm"], 'pip install hydra-submitit-launcher (from the checkout: pip install -e ".[slurm]")'),
     # a flag that prints the config still reports a misspelt key in one line
     (["probe", "--cfg", "job", "probe.stratgy=x"], "Could not override 'probe.stratgy'"),
 ]

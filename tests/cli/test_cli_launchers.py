@@ -1,7 +1,7 @@
 """Sweeps on real launchers: the shipped SLURM launcher config composes and runs its jobs.
 
 The joblib launcher is tested in ``test_cli_sweep.py``. These tests need
-``hydra-submitit-launcher`` (``pip install "autobatch[slurm]"``) and are skipped without it;
+``hydra-submitit-launcher`` (``pip install -e ".[slurm]"`` from the checkout) and are skipped without it;
 no SLURM is needed: ``hydra/launcher=slurm`` is only composed, and the jobs themselves run
 through submitit's local executor (``submitit_local``), which shares the SLURM launcher's
 code path in Hydra apart from ``sbatch``.
