@@ -29,7 +29,7 @@ from .cache_hits import held_beside
 from .estimated import estimate_only, estimate_prior
 from .fresh_layout import FreshLayout
 from .content_peaks import content_note, sparse_note
-from .unrestored import warn_unrestored_optimizers
+from .unrestored import trained_for_real_note, warn_unrestored_optimizers
 from .held_growth import HeldGrowth, held_growth_note
 from ..memory.lazy_state import LazyStateWatch
 from .restore import Snapshot
@@ -240,6 +240,7 @@ def _probe(call: _Call, restore, estimate_first: bool | None) -> ProbeResult:
         if snapshot is not None:
             snapshot.restore()
         warn_unrestored_optimizers(watch.stepped(), restore)  # a GAN's other optimizer, stepped and not put back
+        call.notes.append(trained_for_real_note(watch.stepped(), restore))
         # return the blocks the trials split (OOM trials above all) and lay the state the trials
         # created out as a hand loop's settle trials had it: training here starts where the answer
         # passed (without a hand loop, where a new run makes it: parked until the next step)

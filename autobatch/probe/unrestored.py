@@ -17,7 +17,7 @@ import torch
 
 from ..memory.lazy_state import hooked
 
-__all__ = ["warn_unrestored_optimizers"]
+__all__ = ["warn_unrestored_optimizers", "trained_for_real_note"]
 
 _SCHEDULERS = (torch.optim.lr_scheduler.LRScheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)
 
@@ -45,3 +45,15 @@ def warn_unrestored_optimizers(stepped: Iterable[torch.optim.Optimizer], restore
                 RuntimeWarning, stacklevel=4,
             )
             return
+
+
+def trained_for_real_note(stepped: Iterable[torch.optim.Optimizer], restore: tuple[Any, ...] | None) -> str | None:
+    """A note for a plain callable probed without ``restore`` whose trials stepped optimizers: they
+    trained the model for real, as documented, and nothing said so (a user who expected the probe
+    to leave the model as it found it, as it does a ``TrainStep``'s, started training from weights
+    the trials had moved). None otherwise."""
+    names = sorted({type(optimizer).__name__ for optimizer in stepped})
+    if restore is not None or not names:
+        return None
+    return (f"the trials trained the model for real: a plain callable probed without restore keeps their steps "
+            f"({', '.join(names)} stepped); pass restore=(model, optimizer) to have weights and optimizer state put back")

@@ -75,7 +75,7 @@ def test_a_missing_lightning_is_one_import_error_saying_what_to_install(monkeypa
         monkeypatch.delitem(sys.modules, name)
     monkeypatch.setitem(sys.modules, "lightning", None)
     monkeypatch.setitem(sys.modules, "lightning.pytorch", None)
-    with pytest.raises(ModuleNotFoundError, match=r"pip install 'autobatch\[lightning\]'"):
+    with pytest.raises(ModuleNotFoundError, match=r"pip install lightning \(from the checkout: pip install -e '\.\[lightning\]'\)"):
         import autobatch.integrations.lightning  # noqa: F401
 
 

@@ -1,0 +1,31 @@
+"""A plain callable probed without ``restore`` trains the model for real, as documented; its result
+now says so (``autobatch.probe.unrestored.trained_for_real_note``), where nothing did and the
+README's "a probe never leaves your model changed" read as covering it (found by the docs round)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import autobatch
+
+
+@pytest.mark.parametrize("restored", [False, True])
+def test_a_plain_callable_without_restore_is_told_its_trials_trained(restored):
+    torch.manual_seed(0)
+    model = nn.Linear(16, 4)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    before = model.weight.detach().clone()
+
+    def step(batch_size):
+        optimizer.zero_grad()
+        F.cross_entropy(model(torch.randn(batch_size, 16)), torch.randint(0, 4, (batch_size,))).backward()
+        optimizer.step()
+
+    restore = (model, optimizer) if restored else None
+    result = autobatch.find_max_batch(step, memory_limit="256KiB", strategy="binary", steps_per_trial=1, restore=restore)
+    told = [note for note in result.notes if "trained the model for real" in note]
+    assert torch.equal(model.weight, before) is restored
+    assert (told == []) is restored and (restored or "SGD stepped" in told[0]), result.notes
