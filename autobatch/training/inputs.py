@@ -24,7 +24,7 @@ from ..planning.accumulation import micro_batch_sizes
 from ..planning.batch_statistics import batch_norm_layers
 from ..planning.samples import items_message, per_sample_items
 
-__all__ = ["check_batch_count", "check_checkpoint_dir", "check_data", "check_options", "check_split", "model_device", "share_of",
+__all__ = ["check_batch_count", "warn_batch_size", "check_checkpoint_dir", "check_data", "check_options", "check_split", "model_device", "share_of",
            "warn_batch_statistics"]
 
 log = logging.getLogger("autobatch")
@@ -157,6 +157,19 @@ def check_batch_count(batch: Any, size: int, share: int) -> None:
     samples), not a short batch; one ``ValueError`` naming what to pass instead."""
     if size != share and isinstance(batch, list) and len(batch) == share and per_sample_items(batch):
         raise ValueError(items_message(batch, frozenset({size}), expected=share))
+
+
+def warn_batch_size(size: int, share: int, multiple_of: int, where: str) -> None:
+    """Warn, once per run, of a batch of ``size`` samples where ``share`` were expected (``where``
+    names the rank under torch.distributed). A larger one gets a hint that dim 0 may not be the
+    batch: sequence-first inputs (``(T, B, ...)``, an RNN's default) with ``global_batch=B`` were
+    split along time into micro-batches, silently wrong for the model."""
+    ragged = (f" (no multiple of multiple_of={multiple_of}: one of its micro-batches is not one either; "
+              "drop_last=True avoids it)") if size % multiple_of else ""
+    if size > share:
+        ragged += ("; the runner splits and counts samples along dim 0: if dim 0 is not the batch (sequence-first "
+                   "inputs, (T, B, ...)), make the batches batch-first (batch_first=True, .transpose(0, 1))")
+    log.warning("%sa batch of %d samples, not %d%s; each step uses its own batch's size", where, size, share, ragged)
 
 
 def share_of(global_batch: int, world: int) -> int:

@@ -52,7 +52,7 @@ from .faults import FaultInjector
 from .growth import GrowBack
 from .hygiene import CachePolicy
 from .autoplan import PlansFromData
-from .inputs import check_data, check_kinds, check_options, model_device, share_of
+from .inputs import check_data, check_kinds, check_options, model_device, share_of, warn_batch_size
 from .multiples import SplitsInMultiples, multiple_options
 from .pacing import FailedDraw, carried_error
 from .progress import Progress
@@ -329,11 +329,8 @@ class Runner(OomRecovery, SplitsInMultiples, EndsSteps, Resumable, PlansFromData
         batch = batch if isinstance(batch, FailedDraw) else carried_error(lambda: self._sized(batch), self.distributed)
         size = self._local_size = self.share if isinstance(batch, FailedDraw) else batch_size_of(batch)
         if size != self.share and not self._warned_size:
-            self._warned_size = True
-            ragged = f" (no multiple of multiple_of={self.multiple_of}: one of its micro-batches is not one either; " \
-                "drop_last=True avoids it)" if size % self.multiple_of else ""
-            where = f"rank {self._parallel.rank()}: " if self.distributed else ""  # one line per rank: which is it
-            log.warning("%sa batch of %d samples, not %d%s; each step uses its own batch's size", where, size, self.share, ragged)
+            self._warned_size = True  # one line per rank: which is it
+            warn_batch_size(size, self.share, self.multiple_of, f"rank {self._parallel.rank()}: " if self.distributed else "")
         self._stepping = False  # a new step: its optimizer has not run yet
         self._micro_before_step, self.micro_batch = self.micro_batch, self._proposal()
         if self.growth.trying:
