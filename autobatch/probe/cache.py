@@ -75,11 +75,15 @@ _warned: set[str] = set()
 
 
 def default_dir() -> Path:
-    """``$AUTOBATCH_CACHE_DIR``, else ``$XDG_CACHE_HOME/autobatch``, else ``~/.cache/autobatch``."""
+    """``$AUTOBATCH_CACHE_DIR``, else ``$XDG_CACHE_HOME/autobatch``, else ``~/.cache/autobatch``.
+    A relative ``$XDG_CACHE_HOME`` is ignored, as the XDG base directory specification says: read
+    from each job's working directory (a sweep's job directories, Hydra's ``chdir``), it made one
+    cache per directory, and a probe cached in one was never found from another."""
     explicit = os.environ.get("AUTOBATCH_CACHE_DIR")
     if explicit:
         return Path(explicit).expanduser()
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join("~", ".cache")
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    base = xdg if xdg and Path(xdg).expanduser().is_absolute() else os.path.join("~", ".cache")
     return Path(base).expanduser() / "autobatch"
 
 

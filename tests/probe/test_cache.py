@@ -35,6 +35,8 @@ def test_default_dir_expands_a_tilde_in_xdg_cache_home(monkeypatch, tmp_path):
     monkeypatch.setenv("HOME", str(tmp_path))
     monkeypatch.setenv("XDG_CACHE_HOME", "~/xdg")
     assert probe_cache.default_dir() == tmp_path / "xdg" / "autobatch"
+    monkeypatch.setenv("XDG_CACHE_HOME", "relative/xdg")  # ignored, as the XDG specification says
+    assert probe_cache.default_dir() == tmp_path / ".cache" / "autobatch"
 
 
 def test_a_train_step_is_cached_by_default_and_a_hit_runs_nothing(isolated_probe_cache):
