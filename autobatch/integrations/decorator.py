@@ -36,14 +36,18 @@ out-of-memory error, multiplies the size by 0.9 and calls again. Three things di
   that calls a decorated inference helper keeps its gradients. A gradient that existed and the
   failed attempt changed in place (its backward added into it) cannot be put back without a
   copy: it is set to None too, with one ``RuntimeWarning`` saying that the gradients accumulated
-  before the call were lost. Gradients of parameters no optimizer holds stay. A ``GradScaler``
+  before the call were lost. Gradients of parameters no optimizer alive at the failure holds stay
+  (one made inside the function over a model made outside is found in the ``except`` handler,
+  before it dies with the failed frames; its model's gradients were kept). A ``GradScaler``
   forgets the ``unscale_`` of an optimizer whose gradients were dropped (the next attempt's
   ``unscale_``, fp16 with gradient clipping, raised "already been called"), and an
   ``accelerate.Accelerator``'s micro-batch counter is put back (the next attempt's accumulation
   windows were shifted): :mod:`.decorator_state`.
 
 Errors that are not out-of-memory propagate unchanged (the table of
-:func:`~autobatch.is_oom_error`, wider than Accelerate's). When batch 1 fails,
+:func:`~autobatch.is_oom_error`, wider than Accelerate's); one a retry raised carries a note
+naming the failed attempts before it, and the optimizer steps they took with optimizers made
+outside (a ``OneCycleLR`` made outside ran past its ``total_steps`` on them: "Tried to step"). When batch 1 fails,
 :class:`~autobatch.NoBatchFitsError` (a ``MemoryError``; Accelerate raises a ``RuntimeError``)
 is raised from the last allocator error, with the figures.
 A call that returns after out-of-memory errors were raised and caught inside the function (its
@@ -65,7 +69,7 @@ from typing import Any, Callable
 
 import torch
 
-from ..errors import NoBatchFitsError
+from ..errors import NoBatchFitsError, add_note
 from ..memory.devices import AcceleratorMemory, DeviceMemory, SimulatedDeviceMemory, resolve_device
 from ..memory.diagnostics import oom_count
 from ..memory.lazy_state import LazyStateWatch
@@ -73,7 +77,7 @@ from ..memory.oom import allocated_at_failure, free_memory, is_oom_error, recogn
 from ..memory.simulated import active_simulation
 from ..probe.arguments import ALLOCATOR_HEADROOM
 from .decorator_checks import (accumulation_message, caught_message, check_arguments, check_call, check_takes_batch,
-                               is_method, kept_by_failures, refuse_coroutine, retrained_message)
+                               is_method, kept_by_failures, refuse_coroutine, retrained_message, retry_note)
 from .decorator_state import AttemptState, accumulation_steps
 
 __all__ = ["find_executable_batch_size", "Attempt"]
@@ -135,9 +139,10 @@ def find_executable_batch_size(
     Raises:
         TypeError: the batch size was passed in the call, by position or name (the decorator
             supplies it), or as the function (``@find_executable_batch_size(64)``); the
-            function takes no positional parameter for it (``def train(*, batch_size)``); the
-            function is a generator or ``async def``, or returns a coroutine or generator (its steps
-            would run after the call returned, where no retry sees an out-of-memory error).
+            function takes no positional parameter for it (``def train(*, batch_size)``) or has a
+            ``batch_size`` that is not first (``def train(model, batch_size)``); it is a generator or
+            ``async def``, or returns a coroutine or generator (its steps would run after the call
+            returned, where no retry sees an out-of-memory error).
         ValueError: a bad argument, ``starting_batch_size`` below ``multiple_of``, or a
             ``reduce_batch_size_fn`` that returned a size not below the one that failed (the
             retries would never end).
@@ -146,14 +151,12 @@ def find_executable_batch_size(
 
     A failed attempt's own gradients are dropped and others kept (those from before the call it changed:
     dropped, a ``RuntimeWarning``); its steps with an optimizer passed in, which the retry runs again
-    from the function's top, are a ``RuntimeWarning`` (the module's docstring says more).
+    from the function's top, are a ``RuntimeWarning``; a retry's other error gets a note (module docstring).
     """
     if function is None:
-        return functools.partial(
-            find_executable_batch_size, starting_batch_size=starting_batch_size,
-            reduce_batch_size_fn=reduce_batch_size_fn, device=device, fallback_factor=fallback_factor,
-            multiple_of=multiple_of,
-        )
+        return functools.partial(find_executable_batch_size, starting_batch_size=starting_batch_size,
+                                 reduce_batch_size_fn=reduce_batch_size_fn, device=device,
+                                 fallback_factor=fallback_factor, multiple_of=multiple_of)
     if isinstance(function, (staticmethod, classmethod)):  # under the decorator: wrap what it holds
         return type(function)(find_executable_batch_size(function.__func__, starting_batch_size, reduce_batch_size_fn,
                                                          device=device, fallback_factor=fallback_factor, multiple_of=multiple_of))
@@ -185,11 +188,12 @@ def find_executable_batch_size(
                 value = function(*args[:1], size, *args[1:], **kwargs) if method else function(size, *args, **kwargs)
             except Exception as exc:
                 if not is_oom_error(exc):
+                    _note_retry(exc, function, wrapped.attempts[mine:], grads)
                     raise
-                _record_failure(attempt, exc, memory, began)
+                _record_failure(attempt, exc, memory, began, grads)
                 if size <= 1 or _fixed_failure(wrapped.attempts[mine:]) == "stop":  # a smaller size fails too
                     wrapped.batch_size = first  # nothing ran: a later call (memory freed since) searches again
-                    raise _nothing_fits(attempt, memory, wrapped.attempts[mine:], function) from exc
+                    raise _nothing_fits(attempt, memory, wrapped.attempts[mine:], function, args[0] if method else None) from exc
                 # leave the handler: only the message is kept, the failed frames are released
             else:
                 refuse_coroutine(function, value)
@@ -251,9 +255,19 @@ def _smaller_than_asked(function: Callable[..., Any], attempts: list[Attempt], a
         warnings.warn(accumulation_message(name, first, size, accumulating, now), RuntimeWarning, stacklevel=5)
 
 
-def _record_failure(attempt: Attempt, exc: Exception, memory: DeviceMemory | None, began: float) -> None:
+def _note_retry(exc: Exception, function: Callable[..., Any], attempts: list[Attempt], grads: AttemptState) -> None:
+    """A note on an error that is not out-of-memory where a retry raised it (``attempts``: this
+    call's, the last the one that raised it): the failed attempts before it may be its cause."""
+    if len(attempts) > 1:
+        add_note(exc, retry_note(getattr(function, "__name__", "function"), attempts, grads.retrained.taken_total()))
+
+
+def _record_failure(attempt: Attempt, exc: Exception, memory: DeviceMemory | None, began: float,
+                    grads: AttemptState) -> None:
     """The failed attempt's figures, read in the handler, while the failed frames still hold what
-    they allocated (the message's figure where it says more)."""
+    they allocated (the message's figure where it says more), and the objects they hold that
+    :meth:`~.decorator_state.AttemptState.drop_failed` needs (an optimizer made inside)."""
+    grads.note_failure()
     if memory is not None:
         attempt.failed_at_bytes = max(memory.allocated(), allocated_at_failure(str(exc)) or 0)
     attempt.seconds = time.perf_counter() - began
@@ -342,16 +356,22 @@ def _fixed_failure(attempts: list[Attempt]) -> str | None:
 
 
 def _nothing_fits(attempt: Attempt, memory: DeviceMemory | None, attempts: list[Attempt],
-                  function: Callable[..., Any]) -> NoBatchFitsError:
+                  function: Callable[..., Any], instance: Any = None) -> NoBatchFitsError:
     """Batch 1 failed, or this call's ``attempts`` all failed at one point whatever their size
-    (:func:`_fixed_failure`), so a smaller one would too: the error says which, and what to change."""
+    (:func:`_fixed_failure`), so a smaller one would too: the error says which, and what to change.
+    ``instance``: a method's ``self``, whose own ``batch_size`` attribute (Lightning's convention)
+    is named where the size looks ignored: a method that read it never used the size it was given."""
     name, fixed = getattr(function, "__name__", "function"), attempts if _fixed_failure(attempts) else None
+    own = getattr(instance, "batch_size", None) if instance is not None else None
     if fixed:
         hint = (
             f"find_executable_batch_size stopped at batch {attempt.batch_size}: every attempt of `{name}` from batch "
             f"{fixed[0].batch_size} down to {attempt.batch_size} ({len(fixed)} attempts) ran out of memory at the same "
             "point (the same allocation, with the same memory in use), so what fails does not depend on the batch "
-            f"size. Does `{name}` use the batch size it is given? A DataLoader built outside the function keeps its "
+            f"size. Does `{name}` use the batch size it is given?"
+            + (f" `self.batch_size` is {own}, and the decorator does not set it: read the method's batch_size "
+               "parameter instead." if isinstance(own, int) and not isinstance(own, bool) else "")
+            + " A DataLoader built outside the function keeps its "
             "own batch_size: build it inside, DataLoader(dataset, batch_size=batch_size). If it does, what fails is "
             "fixed in size (the model, its optimizer state, a fixed-size buffer): use lower precision, a smaller "
             "model or a larger device."

@@ -15,7 +15,7 @@ from typing import Any, Callable
 
 from ..memory.units import format_bytes
 
-__all__ = ["caught_message", "check_arguments", "check_call", "check_takes_batch", "is_method", "refuse_coroutine"]
+__all__ = ["caught_message", "retry_note", "check_arguments", "check_call", "check_takes_batch", "is_method", "refuse_coroutine"]
 
 #: the first parameter's names that make a function a method: the batch size goes second
 METHOD_FIRST = ("self", "cls")
@@ -104,9 +104,11 @@ def check_takes_batch(function: Callable[..., Any], method: bool) -> None:
         return  # a builtin without a signature: the call says
     positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD,
                   inspect.Parameter.VAR_POSITIONAL)
-    if any(p.kind in positional for p in params):
-        return
     name = getattr(function, "__name__", "function")
+    slot = next((p for p in params if p.kind in positional), None)
+    if slot is not None:
+        _check_slot(name, params, slot, method)
+        return
     keyword = next((p.name for p in params if p.kind is inspect.Parameter.KEYWORD_ONLY and "batch" in p.name), None)
     where = f"`{keyword}` is keyword-only there: move it before the `*`" if keyword else (
         "add it as the first parameter")
@@ -114,6 +116,26 @@ def check_takes_batch(function: Callable[..., Any], method: bool) -> None:
         f"find_executable_batch_size passes the batch size to `{name}` as its first positional argument"
         f"{' (after the instance)' if method else ''}, and `{name}` takes none: {where}, "
         f"def {name}({'self, ' if method else ''}batch_size, ...)"
+    )
+
+
+def _check_slot(name: str, params: list[inspect.Parameter], slot: inspect.Parameter, method: bool) -> None:
+    """One ``TypeError`` where a parameter named ``batch_size`` is not the one the size goes to
+    (``def train(model, batch_size)``, ``def train(model, *, batch_size)``). Why: the size went to
+    ``model`` and the caller's model to ``batch_size`` (or nothing to it), and the first attempt
+    failed far from the cause (``'int' object is not callable``, a ``DataLoader`` given a module as
+    its batch size), or ran with the parameter's default size, never the one tried."""
+    named = next((p for p in params if p.name == "batch_size"), None)
+    if named is None or named is slot:
+        return
+    takes = f"`*{slot.name}`" if slot.kind is inspect.Parameter.VAR_POSITIONAL else f"`{slot.name}`"
+    stars = {inspect.Parameter.VAR_POSITIONAL: "*", inspect.Parameter.VAR_KEYWORD: "**"}
+    others = ", ".join(stars.get(p.kind, "") + p.name for p in params if p is not named)
+    raise TypeError(
+        f"find_executable_batch_size passes the batch size to `{name}` as its first positional argument"
+        f"{' (after the instance)' if method else ''}, which `{name}` names {takes}, not `batch_size`: `batch_size` "
+        f"would not get it. Make batch_size the first parameter, def {name}({'self, ' if method else ''}batch_size"
+        f"{', ' + others if others else ''})"
     )
 
 
@@ -208,4 +230,23 @@ def kept_by_failures(name: str, attempts: list[Any]) -> str | None:
         "had less memory. An accelerate.Accelerator that prepare()s a model and optimizer inside the function keeps "
         "every one: call accelerator.free_memory() at the top of the function (Accelerate's pattern); otherwise "
         "let go of what the function stores outside itself (a list or cache of tensors)."
+    )
+
+
+def retry_note(name: str, attempts: list[Any], steps: int) -> str:
+    """The note on an error that is not out-of-memory, raised by a retry (``attempts``: this call's,
+    the last the one that raised it; ``steps``: those its failed attempts took with optimizers
+    still alive). Why: a ``OneCycleLR`` made outside the function stepped on through a failed
+    attempt's steps, and the retry raised torch's "Tried to step 41 times. The specified number of
+    total steps is 40", with nothing saying that a retry ran or why the schedule had run out."""
+    failed = [attempt.batch_size for attempt in attempts[:-1] if not attempt.ok]
+    sizes = ", ".join(str(size) for size in failed)
+    stepped = (f"; they took {steps} optimizer step(s), which a learning-rate scheduler made outside counted too "
+               "(a OneCycleLR then runs past its total_steps: \"Tried to step\")" if steps else "")
+    return (
+        f"autobatch: find_executable_batch_size's retry of `{name}` at batch {attempts[-1].batch_size} raised this, "
+        f"after {len(failed)} attempt(s) ran out of memory (batch {sizes}){stepped}. Each retry runs `{name}` from "
+        f"its top, but what was made outside it keeps what the failed attempts did (a scheduler's step count, an "
+        f"iterator's position): make the optimizer, scheduler and data iterators inside `{name}`, or load their "
+        "state dicts at its top"
     )

@@ -55,6 +55,7 @@ class AttemptState:
         self.steps: dict[int, tuple[weakref.ref, int]] = {}
         self.loaders: list[Any] | None = None
         self.retrained = RetrainedSteps()
+        self.found: tuple[list[weakref.ref], list[weakref.ref], list[weakref.ref], list[weakref.ref]] | None = None
 
     def __enter__(self) -> "AttemptState":
         return self
@@ -75,6 +76,17 @@ class AttemptState:
         state = gradient_state()
         self.loaders = list(state.dataloader_references) if state is not None else None
 
+    def note_failure(self) -> None:
+        """In the failed attempt's ``except`` handler, while its frames are alive: the live
+        optimizers, scalers and Accelerators, and the optimizers' parameters, each weakly (nothing
+        kept alive). Why there: an optimizer made inside the function over a model made outside
+        dies with the failed frames, and a scan after the handler missed it, so the gradients its
+        attempt's backward left on that model stayed and the retry's first step applied the sum of
+        two backward passes."""
+        optimizers, scalers, accelerators = _live_objects()
+        self.found = ([weakref.ref(item) for item in optimizers], [weakref.ref(item) for item in scalers],
+                      [weakref.ref(item) for item in accelerators], [weakref.ref(item) for item in _params_of(optimizers)])
+
     def drop_failed(self) -> int:
         """After a failed attempt: ``.grad = None`` where the attempt created the gradient or changed
         it (read from ``param_groups``, not through ``zero_grad``, which a wrapper such as
@@ -83,9 +95,13 @@ class AttemptState:
         before the attempt it changed in place: what they held before the call is lost."""
         lost = 0
         self.retrained.failed()  # steps it took with optimizers that outlive it stay in the model
-        live, scalers, accelerators = _live_objects()
+        if self.found is None:
+            self.note_failure()
+        live, scalers, accelerators, params = ([item for ref in refs if (item := ref()) is not None]
+                                               for refs in self.found)  # type: ignore[union-attr]
+        self.found = None
         _KNOWN.update(live)
-        for param in _params_of(live):
+        for param in {id(param): param for param in [*_params_of(live), *params]}.values():
             grad = param.grad
             if grad is None:
                 continue
@@ -238,6 +254,10 @@ class RetrainedSteps:
             if stepped and key not in self.loaded:
                 count += taken
         return count
+
+    def taken_total(self) -> int:
+        """The steps the call's failed attempts took with optimizers still alive (stepped again or not)."""
+        return sum(taken for ref, taken in self.taken.values() if ref() is not None)
 
     def stepped(self) -> bool:
         """Whether an optimizer stepped since the attempt's start (the function trains; a decorated
