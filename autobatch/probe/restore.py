@@ -51,7 +51,7 @@ from ..memory.devices import simulated_counts
 from ..memory.lazy_state import hooked
 from ..memory.simulated import host_memory
 from .restore_attributes import TensorAttributes
-from .restore_places import (all_params, attempt, counted_places, forget_scaler_stage, host_copy, layout_of,
+from .restore_places import (SCHEDULERS, all_params, attempt, counted_places, forget_scaler_stage, host_copy, layout_of,
                              load_keeping_groups, load_other, outside_the_model, places, put_back_layout,
                              written_outside_the_optimizer)
 from .rng import rng_state, set_rng_state
@@ -273,10 +273,15 @@ class Snapshot:
     def undo_forward(self) -> None:
         """Between trials: drop what forward registered and the tensors it kept as plain
         attributes (as :meth:`restore` does), so that the next trial starts as a fresh process
-        does, not beside a mask a larger trial left."""
+        does, not beside a mask a larger trial left; and put an LR scheduler in ``restore`` back
+        to its step, so the trials' steps do not add up: a ``OneCycleLR`` three steps short of its
+        ``total_steps`` raised "Tried to step 11 times" from the probe's fourth trial."""
         if self.model is not None:
             put_back_layout(self.model, self._layout, self.tensors)
         self.attributes.put_back()
+        for other, state in self.others:
+            if isinstance(other, SCHEDULERS):
+                other.load_state_dict(host_copy(state))
 
     def _unguard(self, keep: bool) -> None:
         if self._guard is not None and not keep:

@@ -23,8 +23,11 @@ from ..memory.simulated import active_simulation
 from .ddp_reducer import reset_failed_reduction
 from .shards import to_cpu_local
 
-__all__ = ["written_outside_the_optimizer", "outside_the_model", "after_failed_step", "attempt", "forget_scaler_stage", "unskipped", "host_copy", "layout_of", "put_back_layout", "all_params", "places",
+__all__ = ["SCHEDULERS", "written_outside_the_optimizer", "outside_the_model", "after_failed_step", "attempt", "forget_scaler_stage", "unskipped", "host_copy", "layout_of", "put_back_layout", "all_params", "places",
            "counted_places", "load_keeping_groups", "load_other"]
+
+#: LR schedulers: a further object of ``restore`` put back between trials too (their steps count)
+SCHEDULERS = (torch.optim.lr_scheduler.LRScheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)
 
 #: What a module registers by name, and forward may add to.
 _KINDS = ("_parameters", "_buffers", "_modules")

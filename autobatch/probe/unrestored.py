@@ -16,10 +16,10 @@ from typing import Any, Iterable
 import torch
 
 from ..memory.lazy_state import hooked
+from .restore_places import SCHEDULERS
 
 __all__ = ["warn_unrestored_optimizers", "trained_for_real_note"]
 
-_SCHEDULERS = (torch.optim.lr_scheduler.LRScheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)
 
 
 def _trained(optimizer: Any) -> set[int]:
@@ -35,7 +35,7 @@ def warn_unrestored_optimizers(stepped: Iterable[torch.optim.Optimizer], restore
     if restore is None:  # a plain callable without restore trains for real, as documented
         return
     covered = set().union(*(_trained(item) for item in restore  # a scheduler's .optimizer is not restored by it
-                            if isinstance(hooked(item), torch.optim.Optimizer) and not isinstance(item, _SCHEDULERS)))
+                            if isinstance(hooked(item), torch.optim.Optimizer) and not isinstance(item, SCHEDULERS)))
     for optimizer in stepped:
         if _trained(optimizer) - covered:
             warnings.warn(
