@@ -224,7 +224,9 @@ def accumulate_loss_sum(
             del micro  # backward needs what autograd saved, not the inputs (an fp32 image batch
             # under autocast is saved as its bf16 copy: holding the original cost 0.055 GiB at a
             # ResNet-50 micro-batch of 180 on an H200)
-            weighted = loss * (size / global_batch)
+            # one piece: the loss itself (x * 1.0 is x), not a second tensor beside it through backward, which the
+            # probe's TrainStep step does not hold (on the simulated device a runner at the answer ran out of memory)
+            weighted = loss if size == global_batch else loss * (size / global_batch)
             if on_phase is not None:
                 on_phase("backward")
             if grad_scaler is not None:

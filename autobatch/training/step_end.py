@@ -171,9 +171,15 @@ class EndsSteps:
         :class:`~autobatch.training.pacing.RaisedBeforeStep`) is raised as itself once the step is
         undone, outside the handler, so its own context and cause are what a traceback shows."""
         try:
-            return self._global_step(batch)
+            loss, size = self._global_step(batch)
         except RaisedBeforeStep as exc:
             error = exc.failed.error
+        else:
+            if isinstance(loss, torch.Tensor) and loss.device.type == "cpu":
+                # read now: the host waits for nothing, and the tensor, kept until reported, sat beside the next
+                # step, over the probe's answer by its bytes where the simulated device measured that answer exactly
+                loss = float(loss)
+            return loss, size
         raise error
 
     def _hooks_returned(self, epochs: int | None, steps: int | None) -> None:
