@@ -8,6 +8,7 @@ the :class:`~autobatch.TrainStep` the probe runs.
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import os
 from contextlib import contextmanager
@@ -65,7 +66,8 @@ def _name(value: Any) -> str:
 
 def locate(path: str) -> Any:
     """Import the object at a dotted ``path`` (``torch.optim.AdamW``); ``ImportError`` names
-    the part that is missing. (Hydra's own ``get_object`` also logs the failure.)"""
+    the part that is missing, and the closest name there (``mymodels.MyNte``: did you mean
+    ``mymodels.MyNet``?). (Hydra's own ``get_object`` also logs the failure.)"""
     parts = path.split(".")
     if not all(parts):
         raise ImportError(f"{path!r} is not a dotted import path")
@@ -87,7 +89,9 @@ def locate(path: str) -> Any:
     obj: Any = module
     for index in range(found, len(parts)):
         if not hasattr(obj, parts[index]):
-            raise ImportError(f"{'.'.join(parts[:index])} has no attribute {parts[index]!r}")
+            near = difflib.get_close_matches(parts[index], [name for name in dir(obj) if not name.startswith("_")], n=1)
+            hint = f"; did you mean {'.'.join(parts[:index] + near)}?" if near else ""
+            raise ImportError(f"{'.'.join(parts[:index])} has no attribute {parts[index]!r}{hint}")
         obj = getattr(obj, parts[index])
     return obj
 

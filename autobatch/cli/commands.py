@@ -42,7 +42,8 @@ from .preflight import flags_first, hydra_help_args
 from .run_dir import check_probe_target, check_train_target, claim_run_dir
 from .user_config import command_line, run_roots
 from .sharding import per_rank_batch
-from .training import FINAL_MODEL, METRICS, check_steps_left, check_resume_target, find_resume, rank_fields, read_checkpoint, run_training
+from .resume_state import check_optimizer_kind, check_steps_left, kept_settings, read_checkpoint
+from .training import FINAL_MODEL, METRICS, check_resume_target, find_resume, rank_fields, run_training
 
 __all__ = ["COMMANDS", "probe_task", "train_task", "run_app", "run_probe", "run_plan", "probe_kwargs"]
 
@@ -302,23 +303,22 @@ def _on_every_rank(judge: Callable[[], Any], label: str, what: str) -> Any:
     return answer
 
 
-def _resume_from(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
+def _resume_from(cfg: DictConfig, out_dir: Path, optimizer: Any) -> dict[str, Any]:
     """Resume: the checkpoint's global batch (no probe, no plan; the runner restores the
-    micro-batch, the checkpointing wrap and the RNG)."""
-    base = Path(HydraConfig.get().runtime.cwd)
-    value = str(cfg.train.resume)
-    sweep = HydraConfig.get().mode == RunMode.MULTIRUN
+    micro-batch, the checkpointing wrap, the RNG and the optimizer's settings, noted)."""
+    base, value, sweep = Path(HydraConfig.get().runtime.cwd), str(cfg.train.resume), HydraConfig.get().mode == RunMode.MULTIRUN
     path, own = _agreed_resume_target(value, cfg.train.checkpoint_dir, base, out_dir, sweep=sweep, roots=run_roots(base))
     state = read_checkpoint(path, sharded=bool(cfg.train.get("fsdp")))
     check_steps_left(cfg.train, state, path)
-    global_batch = int(state["result"]["global_batch"])
-    wanted = cfg.train.global_batch
+    check_optimizer_kind(state, optimizer, path)
+    global_batch, wanted = int(state["result"]["global_batch"]), cfg.train.global_batch
     if wanted is not None and wanted != global_batch:
         raise ValueError(f"train.global_batch={wanted} differs from the checkpoint's {global_batch} ({path}); drop it to resume")
     per_rank_batch(global_batch, dist_sync.world_size(), key=f"the checkpoint's train.global_batch ({path})")
     notes = [f"resumed from {path} at step {state['step']}" + ("" if own else f" into a new run directory, {out_dir}")]
     if cfg.train.micro_batch is not None:
         notes.append("train.micro_batch is ignored on resume: the checkpoint's micro-batch is used")
+    notes += kept_settings(state, optimizer, cfg)
     return dict(
         global_batch=global_batch, micro_batch=None, max_micro_batch=None, plan=None, probe=None, notes=notes,
         path=path, step=state["step"] if own else None,  # metrics.jsonl is continued only in the run's own directory
@@ -343,7 +343,7 @@ def train_task(cfg: DictConfig) -> dict[str, Any]:
             child_result = probe_in_child(out_dir / "probe")  # before this process makes a CUDA context
         workload = build_workload(cfg)
         if cfg.train.resume is not None:
-            setup = _resume_from(cfg, out_dir)
+            setup = _resume_from(cfg, out_dir, workload.optimizer)
         else:
             setup = _prepare(cfg, workload, out_dir, command, child_result)
         probed = setup["probe"] is not None or setup["plan"] is not None
@@ -352,7 +352,7 @@ def train_task(cfg: DictConfig) -> dict[str, Any]:
                 setup["notes"].append(capped)
             for note in setup["notes"]:
                 log.info(note)
-            run, _ = run_training(
+            run, runner = run_training(
                 cfg, workload, global_batch=setup["global_batch"], micro_batch=setup["micro_batch"], out_dir=out_dir,
                 max_micro_batch=setup["max_micro_batch"], plan=setup["plan"], resume=setup.get("path"),
                 resumed_step=setup.get("step"),
@@ -370,7 +370,7 @@ def train_task(cfg: DictConfig) -> dict[str, Any]:
             "config": _resolved(cfg),
         }
         _write_json(out_dir / "train_result.json", summary)
-        print_training(run, setup["notes"])
+        print_training(run, setup["notes"], runner.piece_sizes(run.global_batch // dist_sync.world_size()))
         print(f"result          {out_dir / 'train_result.json'}")
         return _row(  # batch_size: the (final) micro-batch it trained at
             probe, batch_size=run.micro_batch, cached=None if probe is None else probe.cached,

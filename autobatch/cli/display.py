@@ -200,15 +200,34 @@ def _plot_wanted(cfg: Any) -> bool:
 
 
 # -- the training summary -------------------------------------------------------------------
-def print_training(run: Any, notes: Sequence[str]) -> None:
-    """The summary of a training run (a :class:`~autobatch.RunResult`) and its notes."""
+def _sizes_text(sizes: Sequence[int]) -> str:
+    """``7, 7, 6``; a longer list by runs of one size, ``171 x 20, 170 x 3``, so the odd one shows."""
+    if len(sizes) <= 4:
+        return ", ".join(map(str, sizes))
+    runs: list[list[int]] = []
+    for size in sizes:
+        if runs and runs[-1][0] == size:
+            runs[-1][1] += 1
+        else:
+            runs.append([size, 1])
+    return ", ".join(f"{size} x {count}" if count > 1 else str(size) for size, count in runs)
+
+
+def print_training(run: Any, notes: Sequence[str], sizes: Sequence[int] | None = None) -> None:
+    """The summary of a training run (a :class:`~autobatch.RunResult`) and its notes. ``sizes``:
+    the micro-batches the runner cuts a rank's share of the global batch into at the end (its
+    split: balanced, kept to ``probe.multiple_of``); where they are not all the micro-batch, as
+    when it does not divide the global batch, they are listed, the product ``M x K`` alone
+    claiming samples the step does not have (``20 = 7 x 3``)."""
     world = dist_sync.world_size()
     share = run.global_batch // world
-    accumulation = len(micro_batch_sizes(share, run.micro_batch)) if run.micro_batch else 1
+    if sizes is None:
+        sizes = micro_batch_sizes(share, run.micro_batch) if run.micro_batch else [share]
     split = f"{world} ranks x micro-batch" if world > 1 else "micro-batch"
+    uneven = f" (sizes {_sizes_text(sizes)})" if any(size != run.micro_batch for size in sizes) else ""
     print(
         f"trained         {run.steps_this_run} steps ({run.steps} in all) of global batch {run.global_batch} = "
-        f"{split} {run.micro_batch} x {accumulation} in {run.elapsed_s:.2f} s ({run.samples_per_s:.1f} samples/s)"
+        f"{split} {run.micro_batch} x {len(sizes)}{uneven} in {run.elapsed_s:.2f} s ({run.samples_per_s:.1f} samples/s)"
     )
     if run.last_loss is not None:
         print(f"loss            {run.last_loss:.4f} (last step)")

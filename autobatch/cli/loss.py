@@ -1,4 +1,6 @@
-"""The command line's loss: cross-entropy of the model's logits against the batch's targets.
+"""The command line's loss: cross-entropy of the model's logits against the batch's targets,
+integer class ids (a float target, a regression's, is one error saying so, not PyTorch's
+"expected target dtype to be Long" raised inside autobatch).
 
 A model may return its logits as a tensor, as an output object (Hugging Face's ``.logits``),
 as a mapping with a ``"logits"`` entry (a model of one's own that returns a dict, as many
@@ -24,6 +26,12 @@ def cross_entropy_loss(model: torch.nn.Module, batch: tuple[torch.Tensor, torch.
     trains as is."""
     inputs, targets = batch
     logits = _logits(model(inputs))
+    if targets.is_floating_point() or targets.is_complex() or targets.dtype == torch.bool:
+        raise TypeError(
+            f"the CLI's loss is cross-entropy over class ids, but the targets are {str(targets.dtype).replace('torch.', '')} "
+            f"(shape {list(targets.shape[1:])} a sample): give integer class ids in [0, {logits.shape[-1]}) as the "
+            "targets (a regression or another loss needs the library: autobatch.Runner(model, optimizer, loss_fn, ...))"
+        )
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1))
 
 

@@ -42,15 +42,15 @@ from omegaconf import DictConfig
 from ..dist import agreement as dist_sync
 from .ranks import unwrapped
 from ..probe.shards import has_dtensors
-from ..training.checkpoint_io import CHECKPOINT_NAME, RUNNER_FORMAT, load_checkpoint, resolve_checkpoint, written_by_torch_save
-from ..training.sharded_files import base_path, check_sharded_resume, sharded_sets
+from ..training.checkpoint_io import CHECKPOINT_NAME, resolve_checkpoint
+from ..training.sharded_files import base_path, sharded_sets
 from ..training.faults import FaultInjector
 from ..training.run_result import RunResult
 from ..training.runner import Runner
-from ..errors import CheckpointError
 from .build import Workload, cross_entropy_loss
 from .data import training_data
 from .interrupt import Interrupts, stopped, stopped_together
+from .resume_state import check_steps_left, read_checkpoint
 from .run_record import recorded_checkpoint_dirs
 
 __all__ = ["METRICS", "FINAL_MODEL", "checkpoint_in", "find_resume", "check_resume_target", "check_fresh_target", "run_files", "records_updates", "read_checkpoint", "check_steps_left", "runner_options", "run_training", "rank_fields"]
@@ -212,42 +212,6 @@ def check_fresh_target(run_dir: Path, checkpoint_dir: str) -> None:
 def _written_at(path: Path) -> float:
     """When the checkpoint ``path`` names was written (a sharded one: its rank 0 file)."""
     return (path if path.is_file() else next(path.parent.glob(f"{path.stem}.rank0-of-*{path.suffix}"))).stat().st_mtime
-
-
-def read_checkpoint(path: Path, sharded: bool = False) -> dict[str, Any]:
-    """The run a checkpoint belongs to: its step and ``RunResult`` (global batch, plan, ...).
-    ``sharded`` (``train.fsdp``): read this rank's file of the sharded checkpoint ``path`` names;
-    a set written by another number of ranks, or the wrong kind, is one clear error."""
-    path = check_sharded_resume(path, sharded=sharded)
-    _check_torch_file(path)
-    state = load_checkpoint(path, expect_format=RUNNER_FORMAT)  # CheckpointError (one line) if not ours
-    return {"step": state["step"], "epoch": state.get("epoch"), "result": state["result"]}
-
-
-def _check_torch_file(path: Path) -> None:
-    """``CheckpointError`` when ``path`` is not a file ``torch.save`` wrote (a JSON or text file
-    given to ``train.resume``), saying what ``train.resume`` takes."""
-    if not written_by_torch_save(path):
-        raise CheckpointError(
-            path, "it is not an autobatch checkpoint; give train.resume the last.pt that python -m autobatch train "
-            "writes (in the run directory's checkpoints/), its directory, the run directory, or latest",
-        )
-
-
-def check_steps_left(train: DictConfig, state: dict[str, Any], path: Path) -> None:
-    """``ValueError`` when the checkpoint has already reached the run's end (``train.steps``,
-    or ``train.epochs`` when set, count the whole run): resuming would train nothing."""
-    epochs = train.epochs
-    if epochs is None and state["step"] >= train.steps:
-        raise ValueError(
-            f"the checkpoint {path} is at step {state['step']} >= train.steps={train.steps} (steps count the whole "
-            f"run), so resuming would train nothing; raise train.steps (e.g. train.steps={state['step'] + train.steps})"
-        )
-    if epochs is not None and state.get("epoch") is not None and state["epoch"] >= epochs:
-        raise ValueError(
-            f"the checkpoint {path} has done {state['epoch']} epochs >= train.epochs={epochs} (epochs count the whole "
-            f"run), so resuming would train nothing; raise train.epochs (e.g. train.epochs={state['epoch'] + epochs})"
-        )
 
 
 def runner_options(cfg: DictConfig, workload: Workload, out_dir: Path, global_batch: int) -> dict[str, Any]:

@@ -174,6 +174,12 @@ class SplitsInMultiples:
             check_batch_count(batch, size, self.share)
         return batch
 
+    def piece_sizes(self, total: int | None = None) -> list[int]:
+        """The micro-batch sizes a batch of ``total`` samples (default: the last step's) is cut into
+        at the current micro-batch: what a step trains, where ``micro_batch x steps`` is only its bound
+        (20 samples at micro-batch 7 train as 7, 7, 6)."""
+        return self._piece_sizes(total)
+
     def _piece_sizes(self, total: int | None = None) -> list[int]:
         """The sizes a batch of ``total`` samples (default: the current one's) is cut into at the
         current micro-batch."""

@@ -1,0 +1,128 @@
+"""What ``train.resume`` reads from a checkpoint before training, and what it tells the user.
+
+:func:`read_checkpoint` reads the run a checkpoint belongs to (its step, ``RunResult``, its
+optimizer's class and settings); :func:`check_steps_left` refuses one that already reached
+``train.steps`` / ``train.epochs``. Two checks speak in the command line's keys, where the
+runner's own messages speak to a library user:
+
+* :func:`check_optimizer_kind`: a checkpoint written with another optimizer class
+  (``optimizer=sgd`` then, resumed with the default ``adamw``) is one line naming the option
+  to give (the runner's says ``resume with SGD``);
+* :func:`kept_settings`: a resumed run continues with its checkpoint's optimizer state, its
+  learning rate and other settings included (exact resume, as PyTorch's ``load_state_dict``
+  does), so ``train.lr=0.1`` on a resume command changes nothing. The runner's warning tells a
+  library user to set them after resuming, which the command line cannot do; this note names
+  the keys, the values kept, and is in the run's ``notes`` (console and ``train_result.json``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from ..errors import CheckpointError
+from ..training.checkpoint_io import RUNNER_FORMAT, load_checkpoint, written_by_torch_save
+from ..training.sharded_files import check_sharded_resume
+
+__all__ = ["read_checkpoint", "check_steps_left", "check_optimizer_kind", "kept_settings"]
+
+#: the packaged ``optimizer`` options, by the class they build
+_OPTIONS = {"AdamW": "optimizer=adamw", "SGD": "optimizer=sgd"}
+
+
+def read_checkpoint(path: Path, sharded: bool = False) -> dict[str, Any]:
+    """The run a checkpoint belongs to: its step and ``RunResult`` (global batch, plan, ...),
+    its optimizer's class (``optimizer_type``, None in older checkpoints) and parameter groups'
+    settings (``optimizer_groups``, without their parameters). ``sharded`` (``train.fsdp``):
+    read this rank's file of the sharded checkpoint ``path`` names; a set written by another
+    number of ranks, or the wrong kind, is one clear error."""
+    path = check_sharded_resume(path, sharded=sharded)
+    _check_torch_file(path)
+    state = load_checkpoint(path, expect_format=RUNNER_FORMAT)  # CheckpointError (one line) if not ours
+    saved = state.get("optimizer")
+    groups = [group for group in (saved.get("param_groups") or []) if isinstance(group, dict)] if isinstance(saved, dict) else []
+    return {"step": state["step"], "epoch": state.get("epoch"), "result": state["result"],
+            "optimizer_type": state.get("optimizer_type"),
+            "optimizer_groups": [{k: v for k, v in group.items() if k != "params"} for group in groups]}
+
+
+def _check_torch_file(path: Path) -> None:
+    """``CheckpointError`` when ``path`` is not a file ``torch.save`` wrote (a JSON or text file
+    given to ``train.resume``), saying what ``train.resume`` takes."""
+    if not written_by_torch_save(path):
+        raise CheckpointError(
+            path, "it is not an autobatch checkpoint; give train.resume the last.pt that python -m autobatch train "
+            "writes (in the run directory's checkpoints/), its directory, the run directory, or latest",
+        )
+
+
+def check_steps_left(train: DictConfig, state: dict[str, Any], path: Path) -> None:
+    """``ValueError`` when the checkpoint has already reached the run's end (``train.steps``,
+    or ``train.epochs`` when set, count the whole run): resuming would train nothing."""
+    epochs = train.epochs
+    if epochs is None and state["step"] >= train.steps:
+        raise ValueError(
+            f"the checkpoint {path} is at step {state['step']} >= train.steps={train.steps} (steps count the whole "
+            f"run), so resuming would train nothing; raise train.steps (e.g. train.steps={state['step'] + train.steps})"
+        )
+    if epochs is not None and state.get("epoch") is not None and state["epoch"] >= epochs:
+        raise ValueError(
+            f"the checkpoint {path} has done {state['epoch']} epochs >= train.epochs={epochs} (epochs count the whole "
+            f"run), so resuming would train nothing; raise train.epochs (e.g. train.epochs={state['epoch'] + epochs})"
+        )
+
+
+def check_optimizer_kind(state: dict[str, Any], optimizer: torch.optim.Optimizer, path: Path) -> None:
+    """``ValueError`` naming the ``optimizer`` override to give when the checkpoint was written
+    with another optimizer class than this run builds (its state cannot be loaded into it)."""
+    saved, mine = state.get("optimizer_type"), type(optimizer).__qualname__
+    if saved is None or saved == mine:
+        return
+    if saved in _OPTIONS:
+        give = _OPTIONS[saved]
+    elif isinstance(getattr(torch.optim, saved, None), type):
+        give = f"optimizer=target optimizer._target_=torch.optim.{saved}"
+    else:
+        give = f"optimizer._target_ naming the class {saved}"
+    raise ValueError(
+        f"train.resume: the checkpoint {path} was trained with optimizer {saved} and this run builds {mine}; "
+        f"give {give} (and the optimizer settings of the run it continues), or start afresh without train.resume"
+    )
+
+
+def _plain(value: Any) -> Any:
+    return list(value) if isinstance(value, tuple) else value
+
+
+def kept_settings(state: dict[str, Any], optimizer: torch.optim.Optimizer, cfg: DictConfig) -> list[str]:
+    """One note when this run's optimizer settings (``train.lr``, ``optimizer.*``) differ from
+    those the checkpoint holds, which the resumed run keeps: naming each key, the value kept and
+    this run's (nothing when they agree, or for a checkpoint of another optimizer class)."""
+    if state.get("optimizer_type") not in (None, type(optimizer).__qualname__):
+        return []
+    changed: dict[str, str] = {}
+    for group, old in zip(optimizer.param_groups, state.get("optimizer_groups") or []):
+        for key, value in group.items():
+            if key == "params" or key not in old or not isinstance(value, (int, float, str, bool, tuple, type(None))):
+                continue
+            if _plain(old[key]) != _plain(value):
+                name = "train.lr" if key == "lr" and "lr" not in _given_optimizer_keys(cfg) else f"optimizer.{key}"
+                changed.setdefault(name, f"{name} {_plain(old[key])!r} (this run: {_plain(value)!r})")
+    if not changed:
+        return []
+    return [f"kept the checkpoint's optimizer settings: {', '.join(changed.values())}; a resumed run continues its "
+            "optimizer's saved state exactly, so the command line does not change them (start afresh without "
+            "train.resume to train with others)"]
+
+
+def _given_optimizer_keys(cfg: DictConfig) -> set[str]:
+    """The ``optimizer`` keys set to a value of their own, not interpolated from ``train``
+    (``optimizer.lr=0.1`` rather than the packaged ``${train.lr}``)."""
+    node = cfg.get("optimizer")
+    if node is None:
+        return set()
+    raw = OmegaConf.to_container(node, resolve=False)
+    return {key for key, value in raw.items() if not (isinstance(value, str) and value.startswith("${train."))}

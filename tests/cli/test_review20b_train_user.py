@@ -1,0 +1,98 @@
+"""``python -m autobatch train`` as a user runs it next (review 20b).
+
+* Resuming with another learning rate (``train.lr=0.5 train.resume=latest``): the runner loads
+  the checkpoint's optimizer state, its settings included, and told the user only in a log
+  warning to "set them after resuming", which the command line cannot do. The run's notes
+  (console and ``train_result.json``) now name the keys and the values kept.
+* Resuming a run trained with ``optimizer=sgd`` by a command without it (the default
+  ``adamw``) said "resume with SGD": it now names the override, ``optimizer=sgd``.
+* The summary said ``global batch 20 = micro-batch 7 x 3`` (21 samples); it now lists the
+  sizes the runner cut the batch into where they are not all the micro-batch.
+* ``model._target_=mymodels.MyNte`` said only "has no attribute 'MyNte'"; it now names the
+  closest name there (``did you mean mymodels.MyNet?``).
+* A dataset with float targets (a regression) failed with PyTorch's dtype error raised inside
+  autobatch's loss; it now says the CLI's loss takes integer class ids.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from autobatch import Runner
+from autobatch.cli.build import locate
+from autobatch.cli.display import print_training
+from autobatch.cli.loss import cross_entropy_loss
+from autobatch.cli.resume_state import check_optimizer_kind, kept_settings, read_checkpoint
+
+
+@pytest.fixture(scope="module")
+def sgd_checkpoint(tmp_path_factory):
+    """A runner checkpoint of one step of a tiny model under SGD(lr=0.1, momentum=0.9)."""
+    model = torch.nn.Linear(4, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    runner = Runner(model, optimizer, cross_entropy_loss, global_batch=4, micro_batch=4, device="cpu",
+                    checkpoint_dir=tmp_path_factory.mktemp("ck"), grow_after=None)
+    runner.fit([(torch.randn(4, 4), torch.tensor([0, 1, 0, 1]))], steps=1)
+    return read_checkpoint(runner.checkpoint_dir / "last.pt")
+
+
+def _cfg(**optimizer):
+    return OmegaConf.create({"train": {"lr": 0.5}, "optimizer": {"_target_": "torch.optim.SGD", **optimizer}})
+
+
+@pytest.mark.parametrize(("optimizer", "named"), [
+    ({"lr": "${train.lr}", "momentum": 0.9}, "train.lr 0.1 (this run: 0.5)"),  # the packaged interpolation
+    ({"lr": 0.3, "momentum": 0.5}, "optimizer.lr 0.1 (this run: 0.3), optimizer.momentum 0.9 (this run: 0.5)"),
+])
+def test_optimizer_settings_a_resume_keeps_are_named_by_their_keys(sgd_checkpoint, optimizer, named):
+    cfg = _cfg(**optimizer)
+    lr = OmegaConf.to_container(cfg, resolve=True)["optimizer"]["lr"]
+    resumed = torch.optim.SGD(torch.nn.Linear(4, 2).parameters(), lr=lr, momentum=optimizer["momentum"])
+    [note] = kept_settings(sgd_checkpoint, resumed, cfg)
+    assert note.startswith(f"kept the checkpoint's optimizer settings: {named}; ")
+    assert "start afresh without train.resume" in note
+    same = torch.optim.SGD(torch.nn.Linear(4, 2).parameters(), lr=0.1, momentum=0.9)
+    assert kept_settings(sgd_checkpoint, same, _cfg(lr=0.1, momentum=0.9)) == []
+
+
+def test_another_optimizer_class_names_the_option_to_give(sgd_checkpoint, tmp_path):
+    adamw = torch.optim.AdamW(torch.nn.Linear(4, 2).parameters())
+    with pytest.raises(ValueError, match=r"trained with optimizer SGD and this run builds AdamW; give optimizer=sgd "):
+        check_optimizer_kind(sgd_checkpoint, adamw, tmp_path / "last.pt")
+    adagrad = {**sgd_checkpoint, "optimizer_type": "Adagrad"}
+    with pytest.raises(ValueError, match=r"give optimizer=target optimizer._target_=torch.optim.Adagrad "):
+        check_optimizer_kind(adagrad, adamw, tmp_path / "last.pt")
+    assert kept_settings(adagrad, adamw, _cfg()) == []  # the class error says it; no note on top
+
+
+@pytest.mark.parametrize(("global_batch", "micro_batch", "sizes", "shown"), [
+    (20, 7, [7, 7, 6], "micro-batch 7 x 3 (sizes 7, 7, 6) in"),
+    (23, 4, [4, 4, 4, 4, 4, 3], "micro-batch 4 x 6 (sizes 4 x 5, 3) in"),
+    (21, 7, [7, 7, 7], "micro-batch 7 x 3 in"),
+    (149778, 149777, [74889, 74889], "micro-batch 149777 x 2 (sizes 74889, 74889) in"),  # balanced
+])
+def test_the_summary_lists_the_sizes_a_micro_batch_does_not_divide(capsys, global_batch, micro_batch, sizes, shown):
+    run = SimpleNamespace(steps_this_run=2, steps=2, global_batch=global_batch, micro_batch=micro_batch, elapsed_s=0.1,
+                          samples_per_s=10.0, last_loss=None, oom_recoveries=[], checkpointing=False, checkpoint_path=None)
+    print_training(run, [], sizes)
+    assert f"of global batch {global_batch} = {shown}" in capsys.readouterr().out
+
+
+def test_float_targets_say_the_loss_takes_class_ids():
+    """A regression dataset's float targets raised PyTorch's "expected target dtype to be Long"
+    from inside autobatch; the line now says what the CLI's loss takes."""
+    model = torch.nn.Linear(4, 1)
+    with pytest.raises(TypeError, match=r"cross-entropy over class ids, but the targets are float32 \(shape \[1\] "
+                                        r"a sample\): give integer class ids"):
+        cross_entropy_loss(model, (torch.randn(3, 4), torch.randn(3, 1)))
+
+
+def test_a_misspelt_target_names_the_closest_name_there():
+    with pytest.raises(ImportError, match=r"^torch.optim has no attribute 'Adamm'; did you mean torch.optim.Adam\?$"):
+        locate("torch.optim.Adamm")
+    with pytest.raises(ImportError, match=r"^torch.nn has no attribute 'Zzzzzz'$"):  # nothing close: no guess
+        locate("torch.nn.Zzzzzz")
