@@ -35,6 +35,7 @@ from ..training.ranks import DataParallel
 from . import agreement as dist_sync
 from .fsdp_guard import guard, is_fsdp, no_gradient_sync, reset, voting
 from .fsdp_passes import check_clipping, check_mesh, equal_passes, micro_batch_count, sync_plain_grads
+from .joining import check_same_world, remember_world
 from .votes import keep as _keep
 from .probe import CollectiveProbeAgreement
 from .step import CollectiveDataParallel
@@ -219,11 +220,13 @@ class FsdpDataParallel(DataParallel):
         if not is_fsdp(model):
             return self.fallback.local_module(model)
         check_mesh(model)  # at the runner's start
+        remember_world(model)  # fit() checks that it still runs there
         return model
 
     def start(self, model: torch.nn.Module) -> None:
         if not is_fsdp(model):
             return self.fallback.start(model)
+        check_same_world(model)
         guard(model)
         # sharded parameters are each rank's own part of one model: nothing to broadcast;
         # plain (replicated) ones and buffers start as rank 0's

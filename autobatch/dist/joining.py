@@ -5,6 +5,10 @@
 gloo on the CPU) and the gloo group the sync points run on (a side group under gloo too)
 (:func:`~autobatch.dist.agreement.control_group`). Public as
 ``autobatch.distributed.init_from_env``; the CLI calls it first thing in a task.
+
+A :class:`~autobatch.Runner` keeps the world it was built in (each rank's share is
+``global_batch / world``): :func:`remember_world` records it, and :func:`check_same_world`
+refuses a ``fit()`` in another one (the group destroyed between two ``fit()`` calls).
 """
 
 from __future__ import annotations
@@ -12,13 +16,46 @@ from __future__ import annotations
 import atexit
 import gc
 import os
+import weakref
 
 import torch
 import torch.distributed as dist
 
+from . import agreement as dist_sync
 from .agreement import control_group, is_distributed, log, rank, timeout, world_size
 
-__all__ = ["init_from_env"]
+__all__ = ["init_from_env", "remember_world", "check_same_world"]
+
+#: the world size each distributed runner's model was given to a ``Runner`` in (its latest)
+_BUILT_IN: weakref.WeakKeyDictionary[torch.nn.Module, int] = weakref.WeakKeyDictionary()
+
+
+def remember_world(model: torch.nn.Module) -> None:
+    """Record the world size a distributed ``Runner(model, ...)`` is built in (at its construction)."""
+    _BUILT_IN[model] = dist_sync.world_size()
+
+
+def check_same_world(model: torch.nn.Module) -> None:
+    """Refuse a distributed ``fit()`` in another world than its ``Runner(...)`` was built in.
+
+    Why: the runner fixed each rank's share (``global_batch / world``) and the ranks it votes and
+    all-reduces with when it was built. After ``torch.distributed.destroy_process_group()``
+    between two ``fit()`` calls, every rank went on alone (no sync point, no all-reduce: a DDP
+    model's forward still ran on the destroyed group), trained each of its batches as a whole
+    global batch with only a batch-size warning, and the ranks' weights came apart silently.
+    Raised on every rank alike, before any step."""
+    built = _BUILT_IN.get(model)
+    now = dist_sync.world_size() if dist_sync.is_distributed() else 1
+    if built is None or built == now:
+        return
+    where = (f"a job of {now} ranks" if now > 1
+             else "one process (no process group of several ranks is active: destroy_process_group() was called?)")
+    raise ValueError(
+        f"this Runner was built in a job of {built} ranks and fit() now runs in {where}; a Runner keeps the "
+        f"world it was built in (each rank's share is global_batch / {built}, voted and all-reduced over {built} "
+        "ranks). Call fit() before destroy_process_group(), or build a new Runner (wrapping the model in DDP or "
+        "fully_shard again) after init_process_group()"
+    )
 
 
 def init_from_env(device_type: str = "auto") -> bool:

@@ -130,7 +130,8 @@ def agree_batch(result) -> Any:
         result.notes.append(f"batch {result.batch_size} fits this rank; {agreed} is the smallest over the ranks")
         result.batch_size = agreed
     if dist_sync.world_size() > 1:
-        result.notes.append(f"agreed over {dist_sync.world_size()} ranks (each probed its own device)")
+        # (each rank's own answer: probed on its device, or every rank's cache hit, where no trial ran)
+        result.notes.append(f"agreed over {dist_sync.world_size()} ranks (the smallest of the ranks' own answers)")
     return result
 
 

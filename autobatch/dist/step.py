@@ -52,6 +52,7 @@ from . import agreement as dist_sync
 from . import stopping
 from .ddp_step import check_whole_world, comm_hook_name, ddp_step, ddp_supported, ddp_wrapper, settle
 from .forward_collectives import warn_compiled_wrapper, warn_forward_collectives, warn_unused_ddp_options
+from .joining import check_same_world, remember_world
 from .probe import agree_plan, unwrap
 from .votes import keep as _keep
 from .votes import vote
@@ -207,6 +208,7 @@ class CollectiveDataParallel(DataParallel):
 
     def local_module(self, model: torch.nn.Module) -> torch.nn.Module:
         check_whole_world(model)  # at the runner's start: a DDP over a sub-group is refused
+        remember_world(model)  # fit() checks that it still runs there
         warn_compiled_wrapper(model)
         warn_forward_collectives(model)
         if ddp_supported(model):
@@ -219,6 +221,7 @@ class CollectiveDataParallel(DataParallel):
     def start(self, model: torch.nn.Module) -> None:
         # the runner's model as given: a DDP wrapper's parameters are its local module's, and its
         # buffers are those it broadcasts itself
+        check_same_world(model)  # not after destroy_process_group(): no rank would vote or all-reduce
         dist_sync.broadcast_([*model.parameters(), *forward_synced_buffers(model)], "runner: initial weights")
 
     def step(self, train_step, micro_batches, *, local_size, on_phase, phase, label, global_batch=None):
