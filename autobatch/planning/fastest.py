@@ -19,7 +19,7 @@ from ..memory.devices import AcceleratorMemory, resolve_device
 from ..memory.units import parse_bytes
 from .batch_statistics import batch_norm_layers
 from .plan_result import Plan
-from .throughput import Candidate, DeviceHooks, candidate_micro_batches, leaders, measure_candidates
+from .throughput import TIE_WITHIN, Candidate, DeviceHooks, candidate_micro_batches, leaders, measure_candidates
 
 __all__ = ["ThroughputObjective"]
 
@@ -88,14 +88,17 @@ class ThroughputObjective:
                 "every candidate plan ran out of memory while being timed, though the probe found "
                 f"them to fit: {[c.error for c in candidates]}; lower memory pressure (margin=0.1)"
             )
-        # Fastest median first; ties go to fewer accumulation steps, then to no checkpointing.
-        best = max(timed, key=lambda c: (c.samples_per_s, -c.accumulation_steps, not c.checkpointing))
+        best = _pick(timed)
         best.chosen = True
         reason = (
             f"fastest of {len(timed)} timed candidates at the median step: {best.samples_per_s:.1f} samples/s "
             f"(micro-batch {best.micro_batch} x {best.accumulation_steps}, checkpointing "
             f"{'on' if best.checkpointing else 'off'})"
         )
+        fastest = max(c.samples_per_s for c in timed)
+        if best.samples_per_s < fastest:
+            reason += (f", within {TIE_WITHIN:.0%} of the fastest median ({fastest:.1f} samples/s): a tie, which goes to "
+                       "fewer accumulation steps, then to no checkpointing")
         if retimed:
             reason += (
                 f"; the {len(retimed)} within {timing['retime_within']:.0%} of the best were re-timed in "
@@ -178,6 +181,15 @@ class ThroughputObjective:
             finally:
                 self.unwrap()
 
+
+
+def _pick(timed: list[Candidate]) -> Candidate:
+    """The candidate to plan: among those whose median samples/s is within :data:`TIE_WITHIN` of the
+    fastest's (a tie: timing noise cannot order them, and the exact fastest changed from run to run),
+    the one with the fewest accumulation steps, then without checkpointing, then the fastest."""
+    fastest = max(c.samples_per_s for c in timed)
+    tied = [c for c in timed if c.samples_per_s >= (1 - TIE_WITHIN) * fastest]
+    return min(tied, key=lambda c: (c.accumulation_steps, c.checkpointing, -c.samples_per_s))
 
 
 def _measurement_memory(device: torch.device, memory_limit: int | str | None) -> ContextManager:

@@ -154,7 +154,7 @@ def candidates_table(candidates: Iterable[dict[str, Any]]) -> str:
         timed = f"{steps} ({c.get('rounds', 1)} rounds)" if c.get("rounds", 1) > 1 else (str(steps) if steps else "-")
         retries = "-" if c.get("alloc_retries") is None else str(c["alloc_retries"])
         marks = (["**chosen**"] if c.get("chosen") else []) + (["allocator retries"] if c.get("alloc_retries") else [])
-        marks += ["its first step was too slow to lead: timed no further"] if c.get("pruned") else []
+        marks += ["its first steps were each too slow to lead: timed no further"] if c.get("pruned") else []
         rows.append(
             f"| {c['micro_batch']} | {c['accumulation_steps']} | {'yes' if c['checkpointing'] else 'no'} "
             f"| {speed} | {per_step} | {timed} | {retries} | {', '.join(marks)} |"

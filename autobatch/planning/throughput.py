@@ -12,11 +12,14 @@ What the measurement does, and why:
   is ``global_batch`` over it. The minimum rewards one lucky step; the median is the step
   training will typically see, and a few fast or slow steps do not move it.
 * **Clearly slower candidates stop early.** Within a round the candidates run from the largest
-  micro-batch down (usually the fastest first), and one whose first timed step took more than
-  :data:`PRUNE_FACTOR` times the best median so far stops there (``pruned``): more steps could
-  not make it a leader. Only in its first round: a leader retimed in a later round is not ruled
-  out by one slow step. On the CPU a 512-sample global batch in 512 micro-batches of 1 took 6 s a
-  step; its five timed steps ran for half a minute to say it was the slowest.
+  micro-batch down (usually the fastest first), and one whose first :data:`PRUNE_STEPS` timed
+  steps each took more than :data:`PRUNE_FACTOR` times the best median so far stops there
+  (``pruned``): more steps could not make it a leader. Each, not one: a single slow step (a GC
+  pause, a cold cache, another process) ruled out the fastest candidate, and one repeat tells it
+  from a slow candidate at the cost of one step more for those pruned. Only in its first round: a
+  leader retimed in a later round is not ruled out by slow steps. On the CPU a 512-sample global
+  batch in 512 micro-batches of 1 took 6 s a step; its five timed steps ran for half a minute to
+  say it was the slowest.
 * **Interleaved rounds.** :func:`measure_candidates` can time candidates in rounds
   (A B C A B C ...), each with its own warm-up, so drift (clocks, heat, other load) hits
   them alike; the times of all rounds are pooled. The planner re-times the leaders so.
@@ -30,8 +33,8 @@ What the measurement does, and why:
 * **Ranks in lockstep.** Under ``torch.distributed`` (an active
   :class:`~autobatch.probe.ranks.ProbeAgreement`) every step of a candidate is the runner's
   own data-parallel step (DDP's buckets, FSDP2's voted collectives), which fails on every
-  rank together; the ranks agree whether a candidate's first timed step prunes it (the
-  slowest rank's time decides) and then its outcome and step times (each the largest over
+  rank together; the ranks agree whether each of a candidate's first timed steps is slow enough to
+  prune it (the slowest rank's time decides) and then its outcome and step times (each the largest over
   the ranks). So every rank times the same candidates for the same number of steps, enters
   the same collectives, and records the same numbers: the planner picks alike everywhere.
 
@@ -51,16 +54,15 @@ from __future__ import annotations
 import logging
 import math
 import statistics
-import struct
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
 import torch
 
 from .accumulation import LazyMicroBatches, accumulated_step, micro_batch_sizes
+from .lockstep import Lockstep
 from .plan_arguments import validate_timing
 from ..memory.oom import free_memory, is_oom_error
-from ..probe import ranks
 from ..probe.restore import Snapshot
 
 __all__ = [
@@ -75,9 +77,16 @@ __all__ = [
 
 log = logging.getLogger("autobatch")
 
-#: a candidate whose first timed step takes more than this many times the best median so far is
-#: timed no further (``Candidate.pruned``); a leader is within ``retime_within`` (10 %) of the best
+#: a candidate whose first :data:`PRUNE_STEPS` timed steps each take more than this many times the best
+#: median so far is timed no further (``Candidate.pruned``); a leader is within ``retime_within`` (10 %)
 PRUNE_FACTOR = 2.0
+#: how many first timed steps must all be that slow to prune: one slow step (a GC pause, a cold cache,
+#: another process) ruled out the fastest candidate; a repeat must confirm it. A candidate with no
+#: more than this many ``timed_steps`` is timed in full (nothing left to save)
+PRUNE_STEPS = 2
+#: candidates whose median samples/s is within this fraction of the fastest's are a tie (timing noise
+#: cannot order them): the planner picks the fewest accumulation steps among them, then no checkpointing
+TIE_WITHIN = 0.01
 
 
 @dataclass
@@ -103,7 +112,7 @@ class Candidate:
     alloc_retries: int | None = None
     error: str | None = None
     chosen: bool = False
-    pruned: bool = False  # its first timed step already took PRUNE_FACTOR times the best median: timed no further
+    pruned: bool = False  # its first PRUNE_STEPS timed steps each took PRUNE_FACTOR times the best median: no more
 
     @classmethod
     def build(cls, global_batch: int, micro_batch: int, checkpointing: bool, *, balanced: bool = True) -> "Candidate":
@@ -241,7 +250,7 @@ def measure_candidates(
     """
     knobs = validate_timing(warmup_steps=warmup_steps, timed_steps=timed_steps)
     warmup_steps, timed_steps = knobs["warmup_steps"], knobs["timed_steps"]
-    agreed = _Lockstep.of(step)  # None in one process
+    agreed = Lockstep.of(step)  # None in one process
     # a fresh optimizer steps at learning rate 0 instead: no copy of the weights to put back
     # after every candidate (the same kernels run, so the timing is the same)
     # the grad scaler too: every candidate starts from the user's scale, and plan() leaves it so
@@ -270,59 +279,12 @@ def measure_candidates(
         snapshot.restore()
 
 
-class _Lockstep:
-    """Timing in lockstep with the other ranks of a job: ``run(sizes)`` is one global step of
-    the runner's data-parallel step (it fails on every rank together, so no rank waits alone in
-    a collective), ``exchange`` a sync point. Both come from the probe's agreement, which
-    :mod:`autobatch.dist` installs (planning never imports the distributed layer)."""
-
-    def __init__(self, agreement: Any, step: Any) -> None:
-        self.exchange = agreement.exchange
-        self.run = agreement.timed_step(step)
-
-    @classmethod
-    def of(cls, step: Any) -> "_Lockstep | None":
-        agreement = ranks.current()
-        return cls(agreement, step) if agreement.active() else None
-
-    def slowest(self, failure: str | None, seconds: float, candidate: Candidate) -> float | None:
-        """The largest of the ranks' first timed step, so that whether it prunes is decided alike;
-        None where some rank failed before it (every rank then goes on to the outcome)."""
-        rows = self.exchange([int(failure is not None), _bits(seconds)],
-                             f"plan timing: candidate {candidate.key}, first timed step")
-        return None if any(row[0] for row in rows) else max(_seconds(row[1]) for row in rows)
-
-    def outcome(self, candidate: Candidate, failure: str | None, times: list[float], retries: int | None,
-                timed_steps: int) -> tuple[str | None, list[float], int | None]:
-        """Every rank's (failure, step times, allocator retries) agreed: failed where any rank
-        failed; each step's time the largest over the ranks; the retries the most, or None
-        where some rank does not count them."""
-        padded = [_bits(t) for t in times] + [0] * (timed_steps - len(times))
-        rows = self.exchange([int(failure is not None), len(times), -1 if retries is None else retries, *padded],
-                             f"plan timing: candidate {candidate.key}, outcome")
-        failed = [rank for rank, row in enumerate(rows) if row[0]]
-        if failed:
-            return failure or f"out of memory on rank {', '.join(map(str, failed))}", [], None
-        count = min(row[1] for row in rows)
-        agreed = [max(_seconds(row[3 + i]) for row in rows) for i in range(count)]
-        return None, agreed, None if min(row[2] for row in rows) < 0 else max(row[2] for row in rows)
-
-
-def _bits(seconds: float) -> int:
-    """A time as the int64 of its float64's bits (exact; ``-0.0`` as ``0.0``)."""
-    return struct.unpack("<q", struct.pack("<d", float(seconds) + 0.0))[0]
-
-
-def _seconds(bits: int) -> float:
-    return struct.unpack("<d", struct.pack("<q", int(bits)))[0]
-
-
 def _time(step, candidate, global_batch, warmup_steps, timed_steps, timer, hooks, bound=None, agreed=None) -> str | None:
     """Run and time the candidate once; return None, or the OOM's first line. The clock is read
-    exactly twice per timed step: right before and after it. A first timed step over ``bound``
-    seconds ends the timing (``candidate.pruned``). ``agreed`` (a :class:`_Lockstep`): the
-    ranks step together and agree the pruning (every rank at the same sync point, failed or
-    not) and the outcome."""
+    exactly twice per timed step: right before and after it. First timed steps over ``bound``
+    seconds, :data:`PRUNE_STEPS` in a row, end the timing (``candidate.pruned``; :func:`_pruned`).
+    ``agreed`` (a :class:`~autobatch.planning.lockstep.Lockstep`): the ranks step together and agree
+    the pruning (every rank at the same sync points, failed or not) and the outcome."""
 
     def one_step() -> None:
         if agreed is not None:
@@ -334,15 +296,15 @@ def _time(step, candidate, global_batch, warmup_steps, timed_steps, timer, hooks
     times: list[float] = []
     counts: list[int | None] = []  # the allocator's retry count after the warm-up, and at the end
 
-    def run(first: bool) -> str | None:
-        """The warm-up and the first timed step, or the other timed steps; None or the OOM's line."""
+    def run(steps: int, warm: bool = False) -> str | None:
+        """The warm-up (``warm``) and ``steps`` timed steps; None or the OOM's line."""
         try:
-            if first:
+            if warm:
                 for _ in range(warmup_steps):
                     one_step()
                 hooks.synchronize()
                 counts.append(hooks.allocator_retries() if hooks.allocator_retries else None)
-            for _ in range(1 if first else timed_steps - 1):
+            for _ in range(steps):
                 began = timer()
                 one_step()
                 hooks.synchronize()
@@ -354,16 +316,14 @@ def _time(step, candidate, global_batch, warmup_steps, timed_steps, timer, hooks
             return text.splitlines()[0][:300] if text else type(exc).__name__
         return None
 
-    failure = run(first=True)
+    failure = run(1, warm=True)
     peers_failed = False
-    # only in a candidate's first round: a leader retimed is not ruled out by one slow step (a spike
+    # only in a candidate's first round: a leader retimed is not ruled out by slow steps (a spike
     # of other load), and its pooled median keeps the first round's steps
-    if bound is not None and candidate.rounds == 0 and (failure is None or agreed is not None):
-        first = times[0] if agreed is None else agreed.slowest(failure, times[0] if times else 0.0, candidate)
-        peers_failed = first is None
-        candidate.pruned = not peers_failed and first > bound  # its first step alone rules it out
-    if failure is None and not peers_failed and not candidate.pruned and timed_steps > 1:
-        failure = run(first=False)
+    if bound is not None and candidate.rounds == 0 and timed_steps > PRUNE_STEPS:
+        failure, peers_failed = _pruned(candidate, times, failure, bound, run, agreed)
+    if failure is None and not peers_failed and not candidate.pruned and len(times) < timed_steps:
+        failure = run(timed_steps - len(times))
     counts.append(hooks.allocator_retries() if hooks.allocator_retries else None)
     retries = None if None in counts or len(counts) < 2 else counts[-1] - counts[0]
     if agreed is not None:
@@ -378,9 +338,33 @@ def _time(step, candidate, global_batch, warmup_steps, timed_steps, timer, hooks
         candidate.checkpointing,
         candidate.rounds,
         candidate.samples_per_s,
-        (f", {retries} allocator retries" if retries else "") + (", pruned after one step" if candidate.pruned else ""),
+        (f", {retries} allocator retries" if retries else "")
+        + (f", pruned after {len(times)} steps" if candidate.pruned else ""),
     )
     return None
+
+
+def _pruned(candidate, times, failure, bound, run, agreed) -> tuple[str | None, bool]:
+    """Decide whether the candidate's first timed steps rule it out: it is pruned (``candidate.pruned``)
+    where each of its first :data:`PRUNE_STEPS` steps took more than ``bound``, timing one more
+    while the ones so far all did; the first step within the bound ends the check (the caller times
+    the rest). A single slow step, a GC pause or a cold cache, pruned the fastest candidate. Under
+    ``agreed`` every rank checks each step at the same sync point (the slowest rank's time decides).
+    Returns the failure so far and whether a peer failed (then every rank goes on to the outcome)."""
+    for index in range(PRUNE_STEPS):
+        if failure is not None and agreed is None:
+            break
+        seconds = times[index] if failure is None else 0.0
+        slowest = seconds if agreed is None else agreed.slowest(failure, seconds, candidate, index)
+        if slowest is None:
+            return failure, True
+        if slowest <= bound:
+            break
+        if index + 1 == PRUNE_STEPS:
+            candidate.pruned = True
+        else:
+            failure = run(1)
+    return failure, False
 
 
 def accelerator_synchronize(device: torch.device) -> Callable[[], None]:
