@@ -231,7 +231,7 @@ def describe(exc: BaseException) -> tuple[str, int]:
     if isinstance(exc, (NoBatchFitsError, GlobalBatchTooLargeError, StepOutOfMemoryError)):
         return _out_of_memory(exc), RUNTIME_FAILURE
     if isinstance(exc, HydraException) and isinstance(exc.__cause__, OmegaConfBaseException):
-        return f"{one_line(exc)}: {one_line(exc.__cause__)}", BAD_INPUT  # the override, then why
+        return f"{one_line(exc)}: {one_line(exc.__cause__)}{_list_hint(one_line(exc), one_line(exc.__cause__))}", BAD_INPUT
     if isinstance(exc, OmegaConfBaseException):
         return _keyed(exc), BAD_INPUT
     if isinstance(exc, OverrideParseException):
@@ -242,6 +242,18 @@ def describe(exc: BaseException) -> tuple[str, int]:
     # "bad input", exit status 2, without its type or where it came from), or a bug
     where = "" if type(exc).__module__.startswith("autobatch") else where_raised(exc)  # autobatch's own: phrased to be read
     return f"{type(exc).__name__}: {one_line(exc)}{where}{_notes(exc)}", RUNTIME_FAILURE
+
+
+def _list_hint(merging: str, why: str) -> str:
+    """The override written one list deeper, where a value (or each item) had to be a list:
+    ``train.inject_oom=[3,backward]`` got OmegaConf's "int is not a ListConfig, list or tuple",
+    which names neither the form (a list of ``[step, phase]`` pairs) nor the fix."""
+    found = re.match(r"Error merging override ([\w.+~]+)=(.+)$", merging)
+    if found is None or "is not a ListConfig, list or tuple" not in why:
+        return ""
+    key, value = found.groups()
+    form = "a list of lists" if value.startswith("[") else "a list"
+    return f"{'' if why.endswith('.') else '.'} {key} takes {form}: {key}=[{value}]"
 
 
 def traceback_wanted(verbose: object = False) -> bool:
