@@ -27,6 +27,7 @@ from ..probe.result import ProbeResult
 from .global_batch import cap_at_samples, changed_samples, check_share, small_split, split_keeping
 from .transformers_resume import resumed_global_batch, warn_unseen_resume
 from .transformers_samples import SLICE_ROWS, STREAM_SAMPLES, longest_sample
+from .transformers_schedule import tell_size
 from .transformers_step import TrainerStep, checkpointing_as_train, trainer_key
 
 __all__ = ["SLICE_ROWS", "STREAM_SAMPLES", "fit_batch_size", "longest_sample"]
@@ -120,7 +121,9 @@ def fit_batch_size(
             trainer.optimizer = None  # train() creates it afresh, as it would have
         for module, training in modes:  # a model in eval() stays in eval(): train() switches it itself
             module.training = training
-    size = result.batch_size
+    # resumed (global_batch from the checkpoint): the schedule was sized when the run began, not at these arguments
+    size, before = result.batch_size, (args.per_device_train_batch_size if global_batch == asked else None,
+                                       int(args.gradient_accumulation_steps))
     if share is not None:
         accumulation, size = _split(global_batch, world, size, multiple_of, asked is not None, args.gradient_accumulation_steps)
         args.gradient_accumulation_steps = accumulation
@@ -129,9 +132,7 @@ def fit_batch_size(
     trainer._train_batch_size = args.train_batch_size  # Trainer copies it at construction
     if asked is None and resume_from_checkpoint is None and getattr(args, "resume_from_checkpoint", None) is None:
         warn_unseen_resume(trainer, size)
-    log.info("fit_batch_size: per_device_train_batch_size=%d, gradient_accumulation_steps=%d: %d samples per "
-             "optimizer step over %d process(es) (probe %d)%s", size, accumulation, size * accumulation * world,
-             world, result.batch_size, "" if share is not None else "; pass global_batch= to keep a global batch")
+    tell_size(trainer, before, size, accumulation, world, result.batch_size, share)  # and the steps train() runs
     return result
 
 
