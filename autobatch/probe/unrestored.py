@@ -27,6 +27,17 @@ def _trained(optimizer: Any) -> set[int]:
     return {id(param) for group in getattr(hooked(optimizer), "param_groups", ()) for param in group["params"]}
 
 
+def _real(optimizer: Any) -> bool:
+    """Not an estimate's fake copy (its parameters ``FakeTensor``s): a trace that gave up keeps its
+    step alive in the saved error's traceback, and the copy's fake AdamW was named as a stepped
+    optimizer not in ``restore`` (a Transformers ``fit_batch_size`` got that warning, whose
+    ``restore=`` it cannot even be given)."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    groups = getattr(hooked(optimizer), "param_groups", ())
+    return not any(isinstance(param, FakeTensor) for group in groups for param in group["params"])
+
+
 def warn_unrestored_optimizers(stepped: Iterable[torch.optim.Optimizer], restore: tuple[Any, ...] | None) -> None:
     """Warn (``RuntimeWarning``) where an optimizer in ``stepped`` trains a parameter that no
     optimizer in ``restore`` trains: the probe put back neither its state nor, outside the modules
@@ -36,7 +47,7 @@ def warn_unrestored_optimizers(stepped: Iterable[torch.optim.Optimizer], restore
         return
     covered = set().union(*(_trained(item) for item in restore  # a scheduler's .optimizer is not restored by it
                             if isinstance(hooked(item), torch.optim.Optimizer) and not isinstance(item, SCHEDULERS)))
-    for optimizer in stepped:
+    for optimizer in filter(_real, stepped):
         if _trained(optimizer) - covered:
             warnings.warn(
                 f"the probe's trials stepped an optimizer that restore does not hold ({type(optimizer).__name__}), "
@@ -52,7 +63,7 @@ def trained_for_real_note(stepped: Iterable[torch.optim.Optimizer], restore: tup
     trained the model for real, as documented, and nothing said so (a user who expected the probe
     to leave the model as it found it, as it does a ``TrainStep``'s, started training from weights
     the trials had moved). None otherwise."""
-    names = sorted({type(optimizer).__name__ for optimizer in stepped})
+    names = sorted({type(optimizer).__name__ for optimizer in filter(_real, stepped)})
     if restore is not None or not names:
         return None
     return (f"the trials trained the model for real: a plain callable probed without restore keeps their steps "
