@@ -10,6 +10,10 @@ A ``DataLoader`` draws from its generators at ``iter()`` (the workers' base seed
 first batch (a shuffle's permutation), and a dataset may draw
 augmentation in ``__getitem__``: a resume that made the iterator afresh from the random state of
 an interrupted first step, which had drawn all that already, trained another order.
+
+The batches are drawn in host memory (:class:`HostDraws`): on the CPU's simulated device no budget
+counts what ``data`` builds, as a GPU's never counts the host's batches; moving each micro-batch
+to the device is what takes device memory, as a probe's trial makes its one batch there.
 """
 
 from __future__ import annotations
@@ -20,9 +24,10 @@ from typing import Any, Iterable, Iterator
 
 import torch
 
+from ..memory.simulated import host_memory
 from .checkpoint_io import rng_state, set_rng_state
 
-__all__ = ["EpochBatches", "epoch_length", "replayed", "set_epoch", "started"]
+__all__ = ["EpochBatches", "HostDraws", "epoch_length", "replayed", "set_epoch", "started"]
 
 log = logging.getLogger("autobatch")
 
@@ -128,11 +133,33 @@ def started(data: Iterable[Any], epoch: int, generators: list[torch.Generator]) 
     it is first made and the random state put back, so ``iter(data)`` resets it as that run did
     (the workers' own random numbers still differ: ``warn_persistent_workers``)."""
     persistent = getattr(data, "persistent_workers", False) and (getattr(data, "num_workers", 0) or 0) > 0
-    if epoch > 0 and persistent and isinstance(data, torch.utils.data.DataLoader) and data._iterator is None:
-        state = rng_state(generators)
-        iter(data)  # the workers, and the first epoch's draws, thrown away
-        set_rng_state(state, generators)
-    return iter(data)
+    with host_memory():
+        if epoch > 0 and persistent and isinstance(data, torch.utils.data.DataLoader) and data._iterator is None:
+            state = rng_state(generators)
+            iter(data)  # the workers, and the first epoch's draws, thrown away
+            set_rng_state(state, generators)
+        return HostDraws(iter(data))
+
+
+class HostDraws:
+    """``iterator``'s items drawn in host memory (:func:`~autobatch.memory.simulated.host_memory`).
+
+    Under :func:`~autobatch.simulated_memory` a ``DataLoader``'s collated batch was counted on
+    the simulated device, and moving it there made no copy (it was counted already): the whole
+    global batch, every micro-batch's inputs, stayed alive through every backward, where a probe's
+    trial holds one micro-batch's until its forward returns. At the answer (2322 for a small MLP
+    under 1 MiB) the runner's first step ran out of memory and recovered at 2075. One draw per
+    ``next``, as the iterator's own (an error in one leaves it as it was)."""
+
+    def __init__(self, iterator: Iterator[Any]) -> None:
+        self._iterator = iterator
+
+    def __iter__(self) -> "HostDraws":
+        return self
+
+    def __next__(self) -> Any:
+        with host_memory():
+            return next(self._iterator)
 
 
 def set_epoch(data: Iterable[Any], epoch: int) -> None:

@@ -30,8 +30,6 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-import torch
-
 from ..errors import PeerOutOfMemoryError, StepOutOfMemoryError, add_note
 from .. import checks
 from ..memory.oom import free_memory, is_oom_error
@@ -41,6 +39,7 @@ from ..probe.ddp_reducer import reset_failed_reduction
 from .inputs import warn_batch_statistics
 from .multiples import round_down
 from .run_result import Recovery
+from .skipped_steps import CountsSkips
 from .step_guard import GUARD_SPARE
 
 __all__ = ["OomRecovery", "checked_min_micro_batch"]
@@ -60,7 +59,7 @@ def checked_min_micro_batch(value: int, micro_batch: int | None, max_micro_batch
     return value
 
 
-class OomRecovery:
+class OomRecovery(CountsSkips):
     """Recovery state and steps of a :class:`~autobatch.Runner` (which sets the attributes)."""
 
     min_micro_batch = 1  # a recovery never shrinks the micro-batch below it (a multiple of multiple_of)
@@ -350,34 +349,6 @@ class OomRecovery:
             if saved is not None:
                 self.scheduler.load_state_dict(saved)
             raise
-
-    def _scale(self) -> torch.Tensor | float | None:
-        """The ``GradScaler``'s scale before a step, without the host waiting for the device
-        (``get_scale()`` reads it with ``.item()``): its scale tensor copied on the device, or its
-        initial scale before its first step; None without an enabled scaler."""
-        scaler = self.grad_scaler
-        if scaler is None or not scaler.is_enabled():
-            return None
-        scale = getattr(scaler, "_scale", None)
-        return scaler.get_scale() if scale is None else scale.detach().clone()
-
-    def _note_skip(self, before: torch.Tensor | float) -> None:
-        """Count the step just applied as skipped where the scaler's scale fell below ``before``
-        (it backs off on inf/NaN gradients and skips the optimizer step): on the device, added to
-        ``result.skipped_steps`` when reported (:meth:`_count_skips`), so no step waits for it."""
-        after = getattr(self.grad_scaler, "_scale", None)
-        if after is None:
-            return
-        fell = (after < before).to(torch.int64).sum()
-        pending = getattr(self, "_pending_skips", None)
-        self._pending_skips = fell if pending is None else pending + fell
-
-    def _count_skips(self) -> None:
-        """Add the skipped steps counted on the device to ``result.skipped_steps`` (one read)."""
-        pending = getattr(self, "_pending_skips", None)
-        if pending is not None:
-            self.result.skipped_steps += int(pending.item())
-            self._pending_skips = None
 
     def _drop_grads(self) -> None:
         self.optimizer.zero_grad(set_to_none=True)

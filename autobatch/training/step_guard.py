@@ -131,12 +131,22 @@ class StepGuard:
         self._captured = True
 
     def _capture_scaler(self) -> None:
-        """The scaler's scale and growth tracker (on its device: two scalars, no sync)."""
+        """The scaler's scale and growth tracker (two scalars, no sync: :meth:`_scalar_copy`)."""
         scaler = self.grad_scaler
         if scaler is None or not scaler.is_enabled():
             return
         scale, tracker = getattr(scaler, "_scale", None), getattr(scaler, "_growth_tracker", None)
-        self._scaler_state = (None if scale is None else scale.clone(), None if tracker is None else tracker.clone())
+        self._scaler_state = (self._scalar_copy(scale), self._scalar_copy(tracker))
+
+    def _scalar_copy(self, value: torch.Tensor | None) -> torch.Tensor | None:
+        """A copy of one of the scaler's scalars: on its device, or in host memory where the
+        buffers are and it is a CPU tensor (on the simulated device, copies the trial never held)."""
+        if value is None:
+            return None
+        if self.placement == "cpu" and value.device.type == "cpu":
+            with host_memory():
+                return value.clone()
+        return value.clone()
 
     def _restore_scaler(self) -> None:
         scaler = self.grad_scaler
