@@ -27,7 +27,6 @@ from omegaconf import DictConfig
 from torch.utils.data import DataLoader
 
 from ..dist import agreement as dist_sync
-from ..memory.simulated import host_memory
 from ..workloads.batches import SyntheticBatches
 from .build import Workload, synthetic_spec
 from .sharding import ShardedBatches, epoch_seed, per_rank_batch, take_share
@@ -62,32 +61,6 @@ class SyntheticEpochs:
             yield take_share(self.make(self.global_batch, generator=generator), self.rank, self.world)
 
 
-class HostBatches:
-    """``batches`` built in host memory: on the CPU's simulated device no budget counts them
-    (:func:`~autobatch.memory.simulated.host_memory`), as a GPU's budget never counts the host's
-    batches; the runner's move of each micro-batch to the device is what takes device memory.
-    Without it ``train`` under a simulated budget counted the whole global batch on top of the
-    step the probe measured, and its first step ran out of memory at the probe's answer."""
-
-    def __init__(self, batches: Iterable[Any]) -> None:
-        self.batches = batches
-
-    def __len__(self) -> int:
-        return len(self.batches)  # type: ignore[arg-type]
-
-    def __iter__(self) -> Iterator[Any]:
-        iterator = iter(self.batches)
-        while True:
-            with host_memory():
-                batch = next(iterator, _END)
-            if batch is _END:
-                return
-            yield batch
-
-
-_END = object()
-
-
 def training_data(cfg: DictConfig, workload: Workload, global_batch: int) -> Iterable[Any]:
     """This rank's share of global batches of ``global_batch`` samples: one epoch is
     ``data.num_samples`` synthetic samples (rounded up to whole batches), or one pass over the
@@ -96,7 +69,7 @@ def training_data(cfg: DictConfig, workload: Workload, global_batch: int) -> Ite
     per_rank_batch(global_batch, world)
     if workload.dataset is not None:
         sampler = ShardedBatches(len(workload.dataset), global_batch, shuffle=bool(cfg.train.shuffle), rank=rank, world=world)
-        return HostBatches(DataLoader(workload.dataset, batch_sampler=sampler))
+        return DataLoader(workload.dataset, batch_sampler=sampler)  # drawn in host memory by the runner
     make = SyntheticBatches(**synthetic_spec(cfg, "cpu"))
     batches = math.ceil(cfg.data.num_samples / global_batch)
-    return HostBatches(SyntheticEpochs(make, global_batch, batches, rank=rank, world=world))
+    return SyntheticEpochs(make, global_batch, batches, rank=rank, world=world)
