@@ -173,7 +173,7 @@ def _job_row(config: DictConfig, job_return: JobReturn) -> dict[str, Any]:
     hydra_cfg = config.hydra
     row: dict[str, Any] = {
         "job": hydra_cfg.job.num,
-        "overrides": " ".join(job_return.overrides or hydra_cfg.overrides.task),
+        "overrides": " ".join(job_return.overrides or given_overrides(hydra=hydra_cfg)),
         **_empty_columns(str(OmegaConf.select(config, "hydra.job.name")), config),
     }
     if job_return.status == JobStatus.COMPLETED:

@@ -31,7 +31,7 @@ import os
 import shlex
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator, Sequence
+from typing import Any, Iterator, Sequence
 
 from hydra import initialize_config_module
 from hydra.core.hydra_config import HydraConfig
@@ -254,14 +254,15 @@ def _override_key(override: str) -> str:
     return override.lstrip("+~").split("=", 1)[0]
 
 
-def given_overrides(part: str = "task") -> list[str]:
+def given_overrides(part: str = "task", hydra: Any = None) -> list[str]:
     """This job's overrides as given (``hydra.overrides.task``, or ``"hydra"`` for the ``hydra.*``
-    ones), unresolved. Read element by element, OmegaConf takes the ``${...}`` in an override for
+    ones), unresolved; of ``hydra`` (a job's ``hydra`` node, as a sweep's callback reads it) where
+    given, else of the running job. Read element by element, OmegaConf takes the ``${...}`` in an override for
     an interpolation against Hydra's own node: ``'model.width=${.layers}'`` (relative to
     ``model``) or a key given twice, once as ``${oc.env:UNSET}``, crashed the command with a
     traceback before it ran, and the command recorded to rerun the job, and the one ``train``'s
     probe child runs, had the values resolved there instead of the interpolations given."""
-    given = getattr(HydraConfig.get().overrides, part, None) or []
+    given = getattr((HydraConfig.get() if hydra is None else hydra).overrides, part, None) or []
     if isinstance(given, ListConfig):
         given = OmegaConf.to_container(given, resolve=False)
     return [str(override) for override in given]  # type: ignore[union-attr]
