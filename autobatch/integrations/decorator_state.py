@@ -101,7 +101,7 @@ class AttemptState:
                                                for refs in self.found)  # type: ignore[union-attr]
         self.found = None
         _KNOWN.update(live)
-        for param in {id(param): param for param in [*_params_of(live), *params]}.values():
+        for param in params:  # each once, of every optimizer alive at the failure (note_failure)
             grad = param.grad
             if grad is None:
                 continue
