@@ -20,6 +20,18 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 torch.set_num_threads(1)
 
 
+class LogLines(logging.Handler):
+    """A handler keeping every message it is given (for loggers that do not propagate to the root,
+    where caplog listens: torch's and Lightning's)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+
 
 def pytest_collection_finish(session: pytest.Session) -> None:
     """Set what the collection made (the imported frameworks, every test module) aside from the

@@ -21,6 +21,7 @@ from torch import nn
 
 import autobatch
 from autobatch import TrainStep
+from conftest import LogLines
 
 pytestmark = pytest.mark.skipif(not dist.is_available(), reason="needs torch.distributed")
 
@@ -45,24 +46,15 @@ def loss_fn(model, batch):
 REBUILT_IN_FORWARD = "Reducer buckets have been rebuilt in this iteration"
 
 
-class _Kept(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__(logging.INFO)
-        self.messages: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.messages.append(record.getMessage())
-
-
 @pytest.fixture
 def ddp_log():
     """DDP's own log lines (its logger does not propagate to the root, where caplog listens)."""
-    logger, kept = logging.getLogger("torch.nn.parallel.distributed"), _Kept()
+    logger, kept = logging.getLogger("torch.nn.parallel.distributed"), LogLines()
     level = logger.level
     logger.addHandler(kept)
     logger.setLevel(logging.INFO)
     try:
-        yield kept.messages
+        yield kept.lines
     finally:
         logger.removeHandler(kept)
         logger.setLevel(level)

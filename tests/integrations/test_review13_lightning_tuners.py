@@ -25,6 +25,7 @@ from lightning.pytorch.callbacks import LearningRateFinder  # noqa: E402
 from autobatch import simulated_memory  # noqa: E402
 from autobatch.integrations.lightning import AutoBatchSize  # noqa: E402
 from autobatch.integrations.lightning_tuners import tell  # noqa: E402
+from conftest import LogLines  # noqa: E402
 
 
 class Regression(pl.LightningModule):
@@ -71,22 +72,13 @@ def test_the_learning_rate_is_found_at_the_batch_size_fit_trains_at(caplog, tmp_
 
 
 
-class _Lines(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__(logging.DEBUG)
-        self.lines: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.lines.append(record.getMessage())
-
-
 @pytest.mark.parametrize("autobatch_level", [logging.WARNING, logging.INFO])
 def test_the_callbacks_lines_show_where_lightnings_do_unless_autobatch_logs_info(autobatch_level):
     """A Lightning script configures no logging: the ``autobatch`` logger's INFO lines (the size
     set) were shown nowhere, where Lightning shows its own tuners' lines through its logger's
     handler. Now such a line goes there; with ``autobatch`` at INFO it goes there instead (once)."""
     ours, theirs = logging.getLogger("autobatch"), logging.getLogger("lightning.pytorch")
-    mine, lightning_lines = _Lines(), _Lines()
+    mine, lightning_lines = LogLines(), LogLines()
     level = ours.level
     ours.setLevel(autobatch_level)
     ours.addHandler(mine)
