@@ -11,6 +11,7 @@ the same model without DDP for comparison::
 
     torchrun --nproc-per-node 1 scripts/diag_ddp_rebuild.py --mode ddp --batch 2000
     torchrun --nproc-per-node 1 scripts/diag_ddp_rebuild.py --mode autobatch --batch 2000 --probe
+    torchrun --nproc-per-node 1 scripts/diag_ddp_rebuild.py --mode ddp --batch 2000 --pause 1.2
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import time
 
 import torch
 import torch.distributed as dist
@@ -43,7 +45,8 @@ def loss_fn(model, batch):
     return model(batch).float().pow(2).mean()
 
 
-def steps(model, optimizer, batch: int, count: int, mode: str, device: torch.device, label: str) -> list[dict]:
+def steps(model, optimizer, batch: int, count: int, mode: str, device: torch.device, label: str,
+          pause: float = 0.0) -> list[dict]:
     rows = []
     for index in range(count):
         torch.cuda.reset_peak_memory_stats()
@@ -64,6 +67,9 @@ def steps(model, optimizer, batch: int, count: int, mode: str, device: torch.dev
             torch.cuda.empty_cache()
         rows.append({"phase": label, "step": index, "batch": batch, "ok": ok, "start_mib": start // MiB,
                      "peak_mib": torch.cuda.max_memory_allocated() // MiB, "after_mib": torch.cuda.memory_allocated() // MiB})
+        if pause:  # let a collective's tensors, held until NCCL's watchdog sees it complete, go before the next step
+            torch.cuda.synchronize(device)
+            time.sleep(pause)
     return rows
 
 
@@ -74,6 +80,8 @@ def main() -> None:
     parser.add_argument("--fail-batch", type=int, default=6000)
     parser.add_argument("--cap", default="2GiB")
     parser.add_argument("--probe", action="store_true")
+    parser.add_argument("--pause", type=float, default=0.0, help="seconds to wait after each step")
+    parser.add_argument("--runner", type=int, default=0, help="also train a new wrapper with the Runner at this micro-batch")
     args = parser.parse_args()
     dist.init_process_group("nccl", device_id=torch.device("cuda", 0))
     device = torch.device("cuda", 0)
@@ -90,11 +98,21 @@ def main() -> None:
     model, optimizer = build(True, device)
     capacity = parse_bytes(args.cap)
     torch.cuda.set_per_process_memory_fraction(capacity / torch.cuda.get_device_properties(0).total_memory)
-    rows = steps(model, optimizer, args.batch, 4, args.mode, device, "new wrapper")
-    rows += steps(model, optimizer, args.fail_batch, 1, args.mode, device, "a failure")
-    rows += steps(model, optimizer, args.batch, 5, args.mode, device, "after the failure")
+    rows = steps(model, optimizer, args.batch, 4, args.mode, device, "new wrapper", args.pause)
+    rows += steps(model, optimizer, args.fail_batch, 1, args.mode, device, "a failure", args.pause)
+    rows += steps(model, optimizer, args.batch, 5, args.mode, device, "after the failure", args.pause)
     for row in rows:
         print(json.dumps({"mode": args.mode, **row}))
+    if args.runner:  # a new process's run from a cached answer: a new wrapper, trained at once
+        del model, optimizer
+        gc.collect()
+        torch.cuda.empty_cache()
+        model, optimizer = build(True, device)
+        runner = autobatch.Runner(model, optimizer, loss_fn, global_batch=args.runner, micro_batch=args.runner, progress=False)
+        result = runner.fit([torch.randn(args.runner, 1024) for _ in range(20)], epochs=1)
+        print(json.dumps({"runner": args.runner, "steps": result.steps, "peak_mib": torch.cuda.max_memory_allocated() // MiB,
+                          "recoveries": [(r["step"], r["phase"], r["micro_batch_before"], r["micro_batch"])
+                                         for r in result.oom_recoveries]}))
     dist.destroy_process_group()
 
 

@@ -11,7 +11,9 @@ at 1737 MiB; after one OOM and DDP's reset, every other step of 2000 ran out of 
 256 MiB higher (H100 and H200), and the probe answered 1430 and 522 where its one-step trials had
 passed 2565. :func:`reset_failed_reduction` resets only a reduction left in flight (an OOM in
 backward; one in forward or in the optimizer leaves none), rebuilds the buckets at once, between
-steps, and waits for the old ones to be released (:func:`_await_release`). See
+steps, and waits for the old ones to be released (:func:`_await_release`).
+:func:`rebuild_before_first_step` makes DDP's own first rebuild before any bucket was
+all-reduced, where the old buckets go at once. See
 ``docs/distributed.md`` (Limits) for the figures after it.
 """
 
@@ -21,7 +23,7 @@ import time
 
 import torch
 
-__all__ = ["ddp_wrapper", "reset_failed_reduction", "RELEASE_WAIT_S"]
+__all__ = ["ddp_wrapper", "rebuild_before_first_step", "reset_failed_reduction", "RELEASE_WAIT_S"]
 
 #: the longest wait for the old buckets' release after a rebuild on a GPU: released within 1 s
 #: where measured, not within 0.25-0.3 s (a rebuild happens after each OOM in backward)
@@ -59,6 +61,28 @@ def reset_failed_reduction(model: torch.nn.Module) -> None:
         wrapper._has_rebuilt_buckets = True  # DDP's own flag that it rebuilt (read by its ZeRO hook)
         if cuda:
             _await_release(device, before)
+
+
+def rebuild_before_first_step(model: torch.nn.Module) -> None:
+    """Make a one-process DDP's first bucket rebuild now, before a step, in the parameters' order,
+    where DDP would make it in the forward after its first backward.
+
+    The old buckets had been all-reduced by then, and their release after that rebuild came late
+    in some runs (asynchronous: NCCL may hold a collective's tensors until its watchdog sees it
+    complete): on an H200 (``scripts/diag_ddp_rebuild.py``, 2 GiB cap, buckets of
+    256 MiB) the second step of 2000 peaked at 1993 MiB in some runs, its old buckets still
+    allocated, and at 1736 MiB in others. Rebuilt before any collective, the old buckets went at
+    once (512 MiB allocated before and after), and the second step peaked at 1737 MiB in both
+    runs: a new process that trains at the answer from its first step (a cache hit) no longer
+    meets the rebuild on top of its second step. With one rank the order costs nothing (no
+    communication overlaps backward); with more, DDP's own rebuild is left alone."""
+    wrapper = ddp_wrapper(model)
+    if (wrapper is None or getattr(wrapper, "_has_rebuilt_buckets", True) or not torch.is_grad_enabled()
+            or not torch.distributed.is_initialized() or torch.distributed.get_world_size(wrapper.process_group) != 1):
+        return
+    wrapper.reducer._push_all_rebuilt_params()  # nothing where a backward already gave its order
+    if wrapper.reducer._rebuild_buckets():  # False where DDP never rebuilds (find_unused_parameters)
+        wrapper._has_rebuilt_buckets = True
 
 
 def _in_flight(wrapper: torch.nn.parallel.DistributedDataParallel) -> bool:

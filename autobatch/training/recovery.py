@@ -35,7 +35,7 @@ from .. import checks
 from ..memory.oom import free_memory, is_oom_error
 from ..planning.checkpointing import enable_checkpointing, no_blocks_hint
 from ..planning.own_checkpointing import own_checkpointing
-from ..probe.ddp_reducer import reset_failed_reduction
+from ..probe.ddp_reducer import rebuild_before_first_step, reset_failed_reduction
 from .inputs import warn_batch_statistics
 from .multiples import round_down
 from .run_result import Recovery
@@ -126,6 +126,7 @@ class OomRecovery(CountsSkips):
         ``_replaying`` says whether an OOM that stops the step came from them (their options
         used up) or after them (``scheduler.step()``: :meth:`_outside_replay`)."""
         self._replaying = True
+        rebuild_before_first_step(self.model)  # a one-process DDP's, before this step allocates
         for attempt in self._retrying:
             with attempt:
                 if attempt.retry_state.attempt_number > 1:

@@ -72,3 +72,14 @@ def test_the_probe_and_the_runner_recover_a_one_rank_ddp_from_an_oom_in_backward
     assert result.steps == 2 and any(r["phase"] == "backward" for r in result.oom_recoveries), result.oom_recoveries
     assert len([m for m in ddp_log if REBUILT_IN_FORWARD in m]) == 1  # DDP's first; each reset's between steps
     assert not model.reducer._rebuild_buckets()  # and none left pending
+
+
+def test_a_fresh_one_rank_ddp_rebuilds_its_buckets_before_the_runners_first_step(one_rank_ddp, ddp_log):
+    """DDP's own first rebuild, in the second step's forward, came after the old buckets' all-reduce,
+    whose release came late on a GPU: the rebuild is made before the first step instead."""
+    model = one_rank_ddp
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    runner = autobatch.Runner(model, optimizer, loss_fn, global_batch=32, micro_batch=32, progress=False)
+    assert runner.fit([torch.randn(32, 16) for _ in range(3)], epochs=1).steps == 3
+    assert not [m for m in ddp_log if REBUILT_IN_FORWARD in m]
+    assert model._has_rebuilt_buckets and not model.reducer._rebuild_buckets()
