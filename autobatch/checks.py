@@ -4,6 +4,7 @@ names the argument, what it got and what it accepts, raised before any work star
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import inspect
 import numbers
 import operator
@@ -14,9 +15,10 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensor
 
 from .errors import FakeTensorLeakError
+from .memory.devices import device_available, torch_device  # here with the memory stage, whose resolve_device checks too
 
 __all__ = ["positive_int", "positive_number", "positive_shape", "integer", "flag", "module", "materialized", "optimizer", "function",
-           "torch_device", "dtype", "grad_scaler", "scheduler", "no_closure", "loss", "record_fields"]
+           "torch_device", "dtype", "grad_scaler", "scheduler", "no_closure", "loss", "record_fields", "choice"]
 
 
 def integer(value: Any) -> int | None:
@@ -94,10 +96,19 @@ def module(name: str, value: Any) -> None:
 def materialized(name: str, model: torch.nn.Module) -> None:
     """``model`` holds no uninitialized lazy parameter (a ``LazyLinear`` before its first
     forward): a probe snapshots and a runner guards every weight before its first step, and an
-    uninitialized one has no shape to copy."""
+    uninitialized one has no shape to copy. Nor a tensor on the meta device (a model built under
+    ``torch.device("meta")``): it has no values to train, and failed inside torch's accelerator
+    runtime ("Cannot access accelerator device when none is available" on a CPU machine)."""
     from torch.nn.parameter import is_lazy
 
-    lazy = [key for key, value in [*model.named_parameters(), *model.named_buffers()] if is_lazy(value)]
+    tensors = [*model.named_parameters(), *model.named_buffers()]
+    on_meta = [key for key, value in tensors if value.is_meta]
+    if on_meta:  # built under torch.device("meta") or init_empty_weights(): shapes, no values to train
+        raise ValueError(
+            f"{name} has parameters on the meta device ({', '.join(on_meta[:3])}{', ...' if len(on_meta) > 3 else ''}), "
+            f"which hold no values to train: materialize it first, e.g. {name}.to_empty(device='cpu') (or the "
+            f"accelerator), then initialize its weights or load_state_dict(state, assign=True)")
+    lazy = [key for key, value in tensors if is_lazy(value)]
     if lazy:
         raise ValueError(
             f"{name} has uninitialized lazy parameters ({', '.join(lazy[:3])}{', ...' if len(lazy) > 3 else ''}): "
@@ -194,40 +205,33 @@ def _why_no_grad() -> str:
 
 
 def function(name: str, value: Any, signature: str) -> None:
-    """``value`` is callable; ``signature`` shows how it is called, for the message."""
+    """``value`` is callable; ``signature`` shows how it is called, for the message. One of
+    torch's criteria (``nn.CrossEntropyLoss()``) is callable too, but as ``criterion(output,
+    target)``: refused here with the wrapper to write, not at the first step inside torch."""
     if not callable(value):
         raise TypeError(f"{name} must be a callable {signature}, got {type(value).__name__} {value!r:.60}")
+    forward = getattr(type(value), "forward", None)
+    if isinstance(value, torch.nn.modules.loss._Loss) and getattr(forward, "__module__", "").startswith("torch."):
+        # torch's criterion (a subclass's own forward may well take (model, batch)): called as criterion(output, target)
+        raise TypeError(
+            f"{name} is called as {signature}, and {type(value).__name__}() is a criterion, called as "
+            f"criterion(output, target) (it failed at the first step with \"argument 'input' must be Tensor, not "
+            f"Module\"); wrap it, e.g. {name}=lambda model, batch: criterion(model(batch[0]), batch[1])")
 
 
-def torch_device(name: str, value: Any) -> None:
-    """``value`` is None, a ``torch.device`` or a string torch accepts as one."""
-    if value is None or isinstance(value, torch.device):
-        return
-    try:
-        torch.device(value)
-    except (RuntimeError, TypeError, ValueError):
-        raise ValueError(f"{name}={value!r} is not a torch device; use e.g. 'cpu', 'cuda' or 'cuda:1'") from None
-
-
-def device_available(name: str, value: Any) -> None:
-    """``value`` (None or a valid device) names a device this machine has: the CPU, or an
-    accelerator whose backend is available, with that index; not ``meta`` (it holds no memory)."""
-    if value is None:
-        return
-    device = torch.device(value)
-    if device.type == "cpu":
-        return
-    if device.type == "meta":
-        raise ValueError(f"{name}={value!r} holds no memory to measure; use 'cpu' (a simulated memory budget) "
-                         "or an accelerator")
-    backend = getattr(torch, device.type, None)
-    available = getattr(backend, "is_available", None)
-    if backend is None or available is None or not available():
-        raise ValueError(f"{name}={value!r}: this machine has no {device.type} device; use 'cpu' (a simulated "
-                         "memory budget) or leave it unset for the current accelerator")
-    count = getattr(backend, "device_count", None)
-    if device.index is not None and count is not None and device.index >= count():
-        raise ValueError(f"{name}={value!r}: this machine has {count()} {device.type} device(s), numbered from 0")
+def choice(name: str, value: Any, choices: tuple[str, ...], *, aliases: Mapping[str, str] | None = None) -> str:
+    """``value``, one of ``choices`` (strings), or one ``ValueError`` naming them and the closest
+    (``'bianry'``: ``'binary'``; ``'Binary'``: its lower case; an ``aliases`` key, a peer's
+    name for one of them, such as Lightning's ``'binsearch'``: the choice it means)."""
+    if isinstance(value, str) and value in choices:
+        return value
+    guess = None
+    if isinstance(value, str):
+        folded = value.strip().lower()
+        guess = (folded if folded in choices else (aliases or {}).get(folded)
+                 or next(iter(difflib.get_close_matches(folded, choices, n=1)), None))
+    hint = f"; did you mean {name}={guess!r}?" if guess else ""
+    raise ValueError(f"{name} must be one of {', '.join(choices)}; got {value!r:.60}{hint}")
 
 
 def dtype(name: str, value: Any, *, allowed: tuple[torch.dtype, ...] | None = None) -> torch.dtype | None:

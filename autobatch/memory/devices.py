@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import os
 from contextlib import contextmanager
-from typing import Iterator, Protocol
+from typing import Any, Iterator, Protocol
 
 import torch
 
@@ -33,6 +33,8 @@ __all__ = [
     "memory_for",
     "check_limit_in_simulation",
     "simulated_counts",
+    "torch_device",
+    "device_available",
 ]
 
 
@@ -52,7 +54,12 @@ class DeviceMemory(Protocol):
 
 
 def resolve_device(device: str | torch.device | None) -> torch.device:
-    """``None`` means the current accelerator if there is one, else the CPU."""
+    """``None`` means the current accelerator if there is one, else the CPU. A device this
+    machine lacks (``"cuda"`` on a CPU-only one, ``"meta"``, a misspelt name) is one
+    ``ValueError`` saying which to use (:func:`device_available`), raised
+    for every caller (the decorator's ``device=`` too), not torch's error from inside."""
+    torch_device("device", device)
+    device_available("device", device)
     if device is None:
         accelerator = getattr(torch, "accelerator", None)
         if accelerator is not None and accelerator.is_available():
@@ -63,6 +70,37 @@ def resolve_device(device: str | torch.device | None) -> torch.device:
     if resolved.type != "cpu" and resolved.index is None:
         resolved = torch.device(resolved.type, torch.accelerator.current_device_index())
     return resolved
+
+
+def torch_device(name: str, value: Any) -> None:
+    """``value`` is None, a ``torch.device`` or a string torch accepts as one."""
+    if value is None or isinstance(value, torch.device):
+        return
+    try:
+        torch.device(value)
+    except (RuntimeError, TypeError, ValueError):
+        raise ValueError(f"{name}={value!r} is not a torch device; use e.g. 'cpu', 'cuda' or 'cuda:1'") from None
+
+
+def device_available(name: str, value: Any) -> None:
+    """``value`` (None or a valid device) names a device this machine has: the CPU, or an
+    accelerator whose backend is available, with that index; not ``meta`` (it holds no memory)."""
+    if value is None:
+        return
+    device = torch.device(value)
+    if device.type == "cpu":
+        return
+    if device.type == "meta":
+        raise ValueError(f"{name}={value!r} holds no memory to measure; use 'cpu' (a simulated memory budget) "
+                         "or an accelerator")
+    backend = getattr(torch, device.type, None)
+    available = getattr(backend, "is_available", None)
+    if backend is None or available is None or not available():
+        raise ValueError(f"{name}={value!r}: this machine has no {device.type} device; use 'cpu' (a simulated "
+                         "memory budget) or leave it unset for the current accelerator")
+    count = getattr(backend, "device_count", None)
+    if device.index is not None and count is not None and device.index >= count():
+        raise ValueError(f"{name}={value!r}: this machine has {count()} {device.type} device(s), numbered from 0")
 
 
 def default_cpu_budget() -> int:

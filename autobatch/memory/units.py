@@ -47,6 +47,11 @@ def parse_bytes(value: int | float | str, *, name: str = "memory_limit") -> int:
         stripped = value.strip()
         if stripped.startswith("-") and _PATTERN.match(stripped.lstrip("-")) is not None:
             raise ValueError(f"{name} must be positive, got {value!r}")  # not "not a byte quantity"
+        if stripped.endswith("%"):  # a share of the device: the capacity it is a share of is not known here
+            raise ValueError(
+                f"{name}={value!r}: a percentage is not taken, only a byte quantity; compute the share yourself, e.g. "
+                f"{name}=int(0.8 * torch.cuda.get_device_properties(0).total_memory), or give '64GiB'"
+            )
         if match is None or match.group(2).lower() not in _UNITS:
             raise ValueError(
                 f"{name}={value!r} is not a byte quantity; use a number of bytes or a string "
@@ -62,7 +67,8 @@ def parse_bytes(value: int | float | str, *, name: str = "memory_limit") -> int:
         raise ValueError(f"{name}={value!r} is not a finite byte count; give a number of bytes such as '80GiB'")
     result = int(scaled)
     if result <= 0:
-        raise ValueError(f"{name} must be positive, got {value!r}")
+        less = f" (less than one byte: did you mean '{str(value).strip()}GiB'?)" if 0 < scaled < 1 and unit == "" else ""
+        raise ValueError(f"{name} must be positive, got {value!r}{less}")
     return result
 
 
@@ -70,6 +76,9 @@ def format_bytes(count: int | float | None) -> str:
     """Format a byte count with a binary unit, e.g. ``1.50 GiB``; ``None`` gives ``"-"``."""
     if count is None:
         return "-"
+    if isinstance(count, str):  # float("8GiB") failed with "could not convert string to float"
+        raise TypeError(f"format_bytes takes a byte count (a number) or None, got the string {count!r:.40}; "
+                        "to read a string such as '8GiB' as bytes, use parse_bytes")
     value = float(count)
     for unit in ("B", "KiB", "MiB", "GiB"):
         digits = 0 if unit == "B" else 2

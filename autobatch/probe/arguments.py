@@ -5,6 +5,7 @@ Every bad value raises one ``ValueError`` that names the argument and what it ac
 
 from __future__ import annotations
 
+import inspect
 import numbers
 import sys
 from typing import Any
@@ -25,6 +26,9 @@ __all__ = [
 ]
 
 STRATEGY_NAMES = ("auto", "predict", "binary", "power", "halving", "estimate")
+#: Peers' names for a strategy (Lightning's ``scale_batch_size(mode=...)``), suggested where given.
+STRATEGY_ALIASES = {"binsearch": "binary", "bisect": "binary", "bisection": "binary", "doubling": "power",
+                    "predictive": "predict", "estimated": "estimate"}
 #: Where ``halving`` starts when neither ``start`` nor ``max_batch`` is given.
 HALVING_DEFAULT_START = 1024
 #: Where ``predict`` (and ``auto``) start when ``start`` is not given, in samples (rounded down
@@ -85,8 +89,7 @@ def validate_probe_args(
     search_steps = checks.positive_int("search_steps", search_steps, allow_none=True)
     multiple_of = checks.positive_int("multiple_of", multiple_of)
     steps_per_trial = checks.positive_int("steps_per_trial", steps_per_trial)
-    if strategy not in STRATEGY_NAMES:
-        raise ValueError(f"strategy must be one of {', '.join(STRATEGY_NAMES)}; got {strategy!r}")
+    checks.choice("strategy", strategy, STRATEGY_NAMES, aliases=STRATEGY_ALIASES)
     if isinstance(margin, bool) or not isinstance(margin, numbers.Real) or not 0.0 <= margin < 1.0:
         raise ValueError(f"margin must be a fraction in [0, 1), e.g. 0.05 for 5%; got {margin!r}")
     if start is not None and max_batch is not None and start > max_batch:
@@ -104,7 +107,8 @@ def validate_step(fn: object, strategy: str) -> None:
     """Raise ``TypeError``/``ValueError`` unless ``fn`` is something the probe can run:
     a callable taking the batch size (a :class:`~autobatch.TrainStep` for ``estimate``). A
     model is callable too, but ``model(batch_size)`` is no step: it failed in the first trial
-    with an error from inside the model."""
+    with an error from inside the model; so did a function that takes no argument, or two
+    (Python's bare "takes 0 positional arguments but 1 was given"), refused here instead."""
     if isinstance(fn, torch.nn.Module):
         raise TypeError(
             f"fn is a model ({type(fn).__name__}), not a training step: the probe calls fn(batch_size). Wrap the "
@@ -116,6 +120,12 @@ def validate_step(fn: object, strategy: str) -> None:
             f"fn must be a callable that runs one training step at a given batch size, e.g. "
             f"autobatch.TrainStep(model, optimizer, loss_fn, make_batch); got {type(fn).__name__} {fn!r:.60}"
         )
+    if _takes_one(fn) is False:
+        raise TypeError(
+            f"fn is called as fn(batch_size), and {getattr(fn, '__qualname__', type(fn).__name__)}"
+            f"{inspect.signature(fn)} cannot be called so: give it one parameter, the batch size, e.g. "
+            "def step(batch_size): ... (or wrap it: lambda batch_size: fn(model, batch_size))"
+        )
     if isinstance(fn, TrainStep) and fn.make_batch is None:
         raise ValueError(
             "this TrainStep has no make_batch: the probe builds each trial's batch with make_batch(batch_size); "
@@ -126,6 +136,20 @@ def validate_step(fn: object, strategy: str) -> None:
             f"strategy='estimate' traces a TrainStep with fake tensors; got {type(fn).__name__}. "
             "Wrap the step in autobatch.TrainStep or pick another strategy"
         )
+
+
+def _takes_one(fn: object) -> bool | None:
+    """Whether ``fn(batch_size)`` binds to ``fn``'s signature; None where Python cannot read it
+    (a builtin): then the first trial tells."""
+    try:
+        signature = inspect.signature(fn)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return None
+    try:
+        signature.bind(1)
+    except TypeError:
+        return False
+    return True
 
 
 def validate_places(device: object, restore: object, cache: object) -> None:

@@ -1,0 +1,48 @@
+"""Bad inputs a hurried user types into the public API: each is one error, raised before any work,
+that says what to change (not Python's bare arity error from the first trial, not torch's error
+from inside a criterion or the accelerator runtime, not "must be positive" for 0.5)."""
+
+import pytest
+import torch
+
+import autobatch as ab
+
+
+def _model_and_optimizer(device: str = "cpu"):
+    model = torch.nn.Linear(4, 2, device=device)
+    return model, torch.optim.SGD(model.parameters(), lr=0.1)
+
+
+def _step() -> ab.TrainStep:
+    model, optimizer = _model_and_optimizer()
+    return ab.TrainStep(model, optimizer, lambda m, b: m(b).mean(), lambda n: torch.randn(n, 4))
+
+
+@pytest.mark.parametrize(
+    ("call", "error", "match"),
+    [
+        # Lightning's mode name: the strategy it means is named
+        (lambda: ab.find_max_batch(_step(), strategy="binsearch"), ValueError, "did you mean strategy='binary'"),
+        # fn(batch_size) cannot bind: refused before the first trial
+        (lambda: ab.find_max_batch(lambda model, batch_size: None), TypeError, r"fn is called as fn\(batch_size\)"),
+        # a criterion is callable, but as criterion(output, target): failed inside torch at the first step
+        (lambda: ab.TrainStep(*_model_and_optimizer(), torch.nn.CrossEntropyLoss(), lambda n: torch.randn(n, 4)),
+         TypeError, r"CrossEntropyLoss\(\) is a criterion.*loss_fn=lambda model, batch"),
+        # a model built on the meta device: failed in the snapshot with an accelerator error
+        (lambda: ab.Runner(*_model_and_optimizer("meta"), lambda m, b: m(b).mean(), global_batch=8),
+         ValueError, r"on the meta device \(weight, bias\).*to_empty"),
+        # the decorator resolved the device inside torch: "Cannot access accelerator device when none is available"
+        (lambda: ab.find_executable_batch_size(lambda batch_size: batch_size, device="cuda")(), ValueError,
+         "this machine has no cuda device"),
+        (lambda: ab.parse_bytes("80%"), ValueError, r"a percentage is not taken.*memory_limit=int\(0.8 \*"),
+        (lambda: ab.parse_bytes(0.5), ValueError, "less than one byte: did you mean '0.5GiB'"),
+        (lambda: ab.format_bytes("8GiB"), TypeError, "use parse_bytes"),
+    ],
+    ids=["strategy-alias", "step-arity", "criterion-loss", "meta-model", "decorator-device", "percent", "half-byte",
+         "format-string"],
+)
+def test_a_bad_input_is_one_error_naming_what_to_change(call, error, match):
+    if "cuda" in match and torch.cuda.is_available():
+        pytest.skip("this machine has a CUDA device")
+    with pytest.raises(error, match=match):
+        call()
