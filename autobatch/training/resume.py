@@ -31,6 +31,7 @@ from .extra_state import load_extra_state, saved_extra_state
 from .multiples import resumed_micro_batch
 from .pacing import agree_epoch_length, told_every_rank
 from .ranks import agree_resume
+from .precision import load_grad_scaler
 from .resume_checks import check_fits, check_kinds, kind, load_scheduler, position_for, precision_of, warn_changed_precision
 from .resume_checks import check_fresh_dir, local_module_names, saved_module, warn_persistent_workers, warn_replaced_settings
 from .resume_checks import without_wrapper_prefix
@@ -349,8 +350,7 @@ class Resumable:
                      "checkpoint file into the model and optimizer (see that rank's error, which says what to change); "
                      f"rank {self._parallel.rank()} stops too instead of training without it")
         load_loose_parameters(saved_module(self.model), self.optimizer, state.get("loose_parameters"))
-        if self.grad_scaler is not None and state.get("grad_scaler"):
-            self.grad_scaler.load_state_dict(state["grad_scaler"])
+        load_grad_scaler(self.grad_scaler, state.get("grad_scaler"))  # a disabled one holds none; settings it replaces named
         self.step, self.epoch, self._torn = state["step"], state["epoch"], None
         self._dir_claimed = True  # its checkpoint_dir continues the run resumed
         self._captured_at = None  # a step-guard snapshot of this runner's own step of that index is not the checkpoint's

@@ -18,6 +18,7 @@ from typing import Any, Iterable
 import torch
 
 from ..errors import CheckpointError
+from .precision import precision_of, warn_changed_precision  # re-exported: kept importable from here
 from .ranks import unwrap
 from .sharded_files import sharded_sets
 
@@ -75,26 +76,6 @@ def check_fits(model: torch.nn.Module, saved_model: dict[str, Any], optimizer: t
     problems = [problem for problem in problems if problem]
     if problems:
         raise ValueError("; ".join(problems))
-
-
-def precision_of(step: Any) -> dict[str, Any]:
-    """A runner step's precision, as its checkpoint records it: the autocast dtype and whether a
-    grad scaler scales the loss (fp16)."""
-    dtype = step.autocast_dtype
-    return {"autocast": None if dtype is None else str(dtype).removeprefix("torch."),
-            "grad_scaler": step.grad_scaler is not None}
-
-
-def warn_changed_precision(state: dict[str, Any], mine: dict[str, Any]) -> None:
-    """Warn where the checkpoint's run trained at another precision (checkpoints of earlier
-    versions do not say): its micro-batch was sized for that precision, and a scaler's state
-    is dropped or started afresh; the runner steps the micro-batch down if it no longer fits."""
-    saved = state.get("precision")
-    if saved is not None and saved != mine:
-        log.warning("resume: the checkpoint's run trained with autocast %s%s and this run with %s%s: its micro-batch "
-                    "(%s) was sized for that precision and may not fit (an OOM steps it down, losing no sample)",
-                    saved["autocast"], " and a grad scaler" if saved["grad_scaler"] else "", mine["autocast"],
-                    " and a grad scaler" if mine["grad_scaler"] else "", state.get("micro_batch"))
 
 
 def load_scheduler(path: Path, scheduler: Any, saved: dict[str, Any] | None) -> None:

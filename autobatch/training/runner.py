@@ -55,6 +55,7 @@ from .autoplan import PlansFromData
 from .inputs import check_data, check_kinds, check_options, model_device, share_of, warn_batch_size
 from .multiples import SplitsInMultiples, multiple_options
 from .pacing import FailedDraw, carried_error
+from .precision import warn_unscaled_float16
 from .progress import Progress
 from .recovery import OomRecovery
 from .resume import Resumable, epoch_length
@@ -212,12 +213,12 @@ class Runner(OomRecovery, SplitsInMultiples, EndsSteps, Resumable, PlansFromData
         self.progress, self.log_every = progress, log_every
         self.faults = faults
         self.no_sync = no_sync
-        dtype = checks.dtype("autocast_dtype", autocast_dtype)
         local = self._parallel.local_module(model)
         self._train_step = TrainStep(
-            local, optimizer, loss_fn, make_batch=self._no_batches, autocast_dtype=dtype, grad_scaler=grad_scaler,
-            max_grad_norm=max_grad_norm,
+            local, optimizer, loss_fn, make_batch=self._no_batches, autocast_dtype=checks.dtype("autocast_dtype", autocast_dtype),
+            grad_scaler=grad_scaler, max_grad_norm=max_grad_norm,
         )
+        warn_unscaled_float16(optimizer, local, self._train_step.autocast_dtype, grad_scaler)  # small gradients lost
         given = max_micro_batch or self.micro_batch  # else planned (a resume takes its checkpoint's)
         self.growth = GrowBack(grow_after, min(given or self.share, self.share), configured=given is not None,
                                multiple_of=self.multiple_of)

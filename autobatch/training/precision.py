@@ -1,0 +1,103 @@
+"""The runner's precision: what a checkpoint records of it, and the warnings about it.
+
+A run's precision is its autocast dtype and whether an *enabled* ``GradScaler`` scales its loss
+(``GradScaler(enabled=use_fp16)`` with fp16 off scales nothing: recorded as no scaler, or a
+resume into a run without one warned of a scaler that never ran). A resume at another precision
+is warned about, saying what it costs: another autocast dtype, a micro-batch sized for the old
+one; a scaler dropped, its learned scale and fp16 gradients left unscaled; a scaler added, its
+first steps skipped while it backs off from its ``init_scale``. A scaler's settings the
+checkpoint replaces (``load_state_dict`` takes its growth interval and factors too) are named,
+as the optimizer's are. A runner built to train float16 parameters, or under float16 autocast,
+without loss scaling is warned about once, when it is made: its small gradients become zero, and
+Adam's ``eps=1e-8`` is 0 in float16 (AdamW at lr 1e-3 on a float16 model: NaN loss from its
+second step, in plain PyTorch as in the runner).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import torch
+
+__all__ = ["precision_of", "warn_changed_precision", "load_grad_scaler", "warn_unscaled_float16"]
+
+log = logging.getLogger("autobatch")
+
+_SCALER_SETTINGS = ("growth_factor", "backoff_factor", "growth_interval")
+_FP16_TINY = 2.0**-25  # below it a float rounds to 0 in float16 (half its smallest subnormal, 6e-8)
+
+
+def scaling(scaler: Any) -> bool:
+    """Whether ``scaler`` is a grad scaler that scales (given and enabled)."""
+    return scaler is not None and scaler.is_enabled()
+
+
+def precision_of(step: Any) -> dict[str, Any]:
+    """A runner step's precision, as its checkpoint records it: the autocast dtype and whether an
+    enabled grad scaler scales the loss (fp16)."""
+    dtype = step.autocast_dtype
+    return {"autocast": None if dtype is None else str(dtype).removeprefix("torch."),
+            "grad_scaler": scaling(step.grad_scaler)}
+
+
+def warn_changed_precision(state: dict[str, Any], mine: dict[str, Any]) -> None:
+    """Warn where the checkpoint's run trained at another precision (checkpoints of earlier
+    versions do not say), naming what the change costs (module docstring)."""
+    saved = state.get("precision")
+    if saved is None or saved == mine:
+        return
+    if saved["autocast"] != mine["autocast"]:
+        log.warning("resume: the checkpoint's run trained with autocast %s and this run with %s: its micro-batch (%s) "
+                    "was sized for that precision and may not fit (an OOM steps it down, losing no sample)",
+                    saved["autocast"], mine["autocast"], state.get("micro_batch"))
+    if saved["grad_scaler"] and not mine["grad_scaler"]:
+        scale = (state.get("grad_scaler") or {}).get("scale")
+        log.warning("resume: the checkpoint's run scaled its loss with a grad scaler (scale %s) and this run has none "
+                    "enabled: its scaler state is not used, and float16 gradients are not scaled (small ones become "
+                    "zero); pass grad_scaler=torch.amp.GradScaler(device) to go on with its scale", scale)
+    elif mine["grad_scaler"] and not saved["grad_scaler"]:
+        log.warning("resume: the checkpoint's run had no grad scaler and this run has one: it starts from its "
+                    "init_scale, not a learned scale, so its first steps may be skipped while it backs off "
+                    "(result.skipped_steps)")
+
+
+def load_grad_scaler(scaler: Any, saved: dict[str, Any] | None) -> None:
+    """Load a checkpoint's grad scaler state into this run's enabled ``scaler``; warn where it
+    replaces settings this run's scaler was given (``load_state_dict`` takes them, as an
+    optimizer's takes its learning rate): set them after resuming to change them."""
+    if not scaling(scaler) or not saved:
+        return
+    mine = scaler.state_dict()
+    changed = [f"{name} {saved[name]!r} (this run's {mine[name]!r})" for name in _SCALER_SETTINGS
+               if name in saved and saved[name] != mine.get(name)]
+    if changed:
+        log.warning("resume: the checkpoint's grad scaler settings replace this run's: %s; set them on the scaler "
+                    "after resuming to change them", ", ".join(changed))
+    scaler.load_state_dict(saved)
+
+
+def warn_unscaled_float16(optimizer: torch.optim.Optimizer, model: torch.nn.Module, autocast_dtype: torch.dtype | None,
+                          scaler: Any) -> None:
+    """Warn, once when the runner is made, where it trains without loss scaling in float16:
+    float16 parameters (no float32 copy; an enabled scaler refuses them already), or float16
+    autocast without an enabled grad scaler. Each warning says what to change."""
+    if scaling(scaler):
+        return
+    held = [p for group in optimizer.param_groups for p in group["params"] if p.requires_grad and p.dtype == torch.float16]
+    if held:
+        names = {id(p): name for name, p in model.named_parameters()}
+        first = next((names[id(p)] for p in held if id(p) in names), None)
+        eps = sorted({group["eps"] for group in optimizer.param_groups
+                      if isinstance(group.get("eps"), float) and 0 < group["eps"] < _FP16_TINY})
+        zero_eps = f"; the optimizer's eps={eps[0]:g} is 0 in float16, so a second moment that underflows divides by " \
+                   "zero (inf or NaN weights)" if eps else ""
+        log.warning("the optimizer trains %d float16 parameter(s)%s with no float32 copy and no loss scaling: "
+                    "gradients below float16's range (6e-8) become zero and updates below a weight's resolution are "
+                    "lost%s. Keep the model in float32 and pass autocast_dtype='float16' with "
+                    "grad_scaler=torch.amp.GradScaler(device), or hold it in bfloat16 (float32's range, no scaler)",
+                    len(held), f" (the first: {first!r})" if first else "", zero_eps)
+    elif autocast_dtype is torch.float16:
+        log.warning("autocast_dtype=float16 without an enabled grad_scaler: float16 gradients below 6e-8 become zero "
+                    "and their updates are lost; pass grad_scaler=torch.amp.GradScaler(device) (it skips the steps "
+                    "whose gradients overflow), or autocast_dtype='bfloat16', which needs none")
