@@ -37,9 +37,12 @@ def _step() -> ab.TrainStep:
         (lambda: ab.parse_bytes("80%"), ValueError, r"a percentage is not taken.*memory_limit=int\(0.8 \*"),
         (lambda: ab.parse_bytes(0.5), ValueError, "less than one byte: did you mean '0.5GiB'"),
         (lambda: ab.format_bytes("8GiB"), TypeError, "use parse_bytes"),
+        (lambda: ab.Runner(*_model_and_optimizer(), lambda m, b: m(b).mean(), global_batch=8, step_guard="gpu"),
+         ValueError, "did you mean step_guard='device'"),
+        (lambda: ab.plan(_step(), global_batch=8, objective="fastest"), ValueError, "did you mean objective='throughput'"),
     ],
     ids=["strategy-alias", "step-arity", "criterion-loss", "meta-model", "decorator-device", "percent", "half-byte",
-         "format-string"],
+         "format-string", "guard-alias", "objective-alias"],
 )
 def test_a_bad_input_is_one_error_naming_what_to_change(call, error, match):
     if "cuda" in match and torch.cuda.is_available():

@@ -20,6 +20,9 @@ __all__ = ["check_switches", "validate", "validate_timing", "ragged_message", "s
            "check_option_names", "plan_keywords", "unknown_keyword", "OBJECTIVES"]
 
 OBJECTIVES = ("max_batch", "throughput")
+#: other names users give an objective, suggested where given
+OBJECTIVE_ALIASES = {"speed": "throughput", "fastest": "throughput", "fast": "throughput", "samples_per_s": "throughput",
+                     "max": "max_batch", "largest": "max_batch", "memory": "max_batch", "batch": "max_batch"}
 
 #: probe_kwargs that are sizes: read as Python ints (their checks are find_max_batch's)
 _SIZES = ("max_batch", "start", "multiple_of")
@@ -74,8 +77,7 @@ def validate(step, global_batch, objective, probe_kwargs: dict[str, Any], min_mi
     if missing:
         raise TypeError(f"step must be an autobatch.TrainStep (it lacks {', '.join(missing)}), got {step!r}")
     global_batch = checks.positive_int("global_batch", global_batch)
-    if objective not in OBJECTIVES:
-        raise ValueError(f"objective must be one of {', '.join(OBJECTIVES)}; got {objective!r}")
+    checks.choice("objective", objective, OBJECTIVES, aliases=OBJECTIVE_ALIASES)
     for name in _SIZES:
         if probe_kwargs.get(name) is not None and checks.integer(probe_kwargs[name]) is not None:
             probe_kwargs[name] = checks.integer(probe_kwargs[name])

@@ -47,6 +47,7 @@ from typing import Any, Callable
 
 import torch
 
+from .. import checks
 from ..memory.oom import is_oom_error
 from ..memory.simulated import host_memory
 from ..probe.restore import forget_scaler_stage
@@ -55,6 +56,9 @@ from ..probe.shards import is_dtensor, local, spec_of
 __all__ = ["StepGuard", "GUARD_MODES", "GUARD_SPARE", "copy_all"]
 
 GUARD_MODES = ("auto", "cpu", "device", "off")
+#: other names users give a mode (the device by its type, the host), suggested where given
+GUARD_ALIASES = {"gpu": "device", "cuda": "device", "accelerator": "device", "host": "cpu", "none": "off",
+                 "false": "off", "disabled": "off"}
 GUARD_SPARE = 0.25  # "auto" copies on the device only if a quarter of it stays free with the copy there
 
 
@@ -68,8 +72,7 @@ class StepGuard:
         grad_scaler: Any = None,
         room: Callable[[int], bool] | None = None,
     ) -> None:
-        if mode not in GUARD_MODES:
-            raise ValueError(f"step_guard must be one of {', '.join(GUARD_MODES)}; got {mode!r}")
+        checks.choice("step_guard", mode, GUARD_MODES, aliases=GUARD_ALIASES)
         self.optimizer = optimizer
         self.mode = mode
         self.room = room
