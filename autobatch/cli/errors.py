@@ -47,13 +47,14 @@ class CLIError(CompactHydraException):
     """An error already phrased for the user. Hydra prints a ``CompactHydraException`` as its
     message alone (no traceback), which is what a failed job of a sweep needs."""
 
-    def __init__(self, message: str, exit_code: int = BAD_INPUT) -> None:
-        super().__init__(PREFIX + message)
-        self.message = message
+    def __init__(self, message: str, exit_code: int = BAD_INPUT, job: str = "") -> None:
+        super().__init__(PREFIX + (f"{job}: " if job else "") + message)
+        self.message = message  # without ``job``: a sweep's summary row is the job's already
         self.exit_code = exit_code
+        self.job = job
 
     def __reduce__(self):  # launchers such as joblib pickle a failed job's exception
-        return type(self), (self.message, self.exit_code)
+        return type(self), (self.message, self.exit_code, self.job)
 
 
 #: The longest one-line error; a longer one loses its middle (:func:`_shortened`).
@@ -321,10 +322,26 @@ def reported(*, multirun: bool, verbose: object = False) -> Iterator[None]:
             traceback.print_exc()
             sys.exit(code)
         if multirun:
-            raise CLIError(message, code) from None
+            raise CLIError(message, code, job=_job_label()) from None
         if not _hand_back(message, code):
             print(PREFIX + message, file=sys.stderr)
         sys.exit(code)
+
+
+def _job_label() -> str:
+    """``job N (its overrides)`` for the running job of a sweep. Hydra prints the first failed
+    job's error alone after the sweep, before the summary table: it did not say which job it
+    was, and a sweep of several failures (one out of memory, one a bug) read as the whole sweep's."""
+    from hydra.core.hydra_config import HydraConfig
+    from omegaconf import OmegaConf
+
+    from .user_config import given_overrides
+
+    num = OmegaConf.select(HydraConfig.get(), "job.num", default=None) if HydraConfig.initialized() else None
+    if num is None:  # not a job of a sweep that Hydra numbered
+        return ""
+    overrides = " ".join(given_overrides())
+    return f"job {num}" + (f" ({overrides})" if overrides else "")
 
 
 def log_to_files(line: str, level: int = logging.ERROR) -> None:

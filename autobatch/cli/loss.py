@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch.nn import functional as F
 
-__all__ = ["cross_entropy_loss"]
+__all__ = ["cross_entropy_loss", "TargetOutOfRange"]
 
 
 def cross_entropy_loss(model: torch.nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
@@ -32,7 +32,37 @@ def cross_entropy_loss(model: torch.nn.Module, batch: tuple[torch.Tensor, torch.
             f"(shape {list(targets.shape[1:])} a sample): give integer class ids in [0, {logits.shape[-1]}) as the "
             "targets (a regression or another loss needs the library: autobatch.Runner(model, optimizer, loss_fn, ...))"
         )
-    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1))
+    try:
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1))
+    except IndexError as exc:  # torch's "Target 5 is out of bounds." (on the CPU; CUDA asserts instead)
+        message = _out_of_range(logits, targets)
+        if message is None:  # no target out of range: not this mistake, torch's own error stands
+            raise
+        raise TargetOutOfRange(message) from exc
+
+
+class TargetOutOfRange(ValueError):
+    """A target class id the model's logits have no class for: the data's classes and the
+    model's outputs disagree (a config error, not the batch size's; autobatch's own, so the
+    probe adds no note about the size it was found at)."""
+
+
+def _out_of_range(logits: torch.Tensor, targets: torch.Tensor) -> str | None:
+    """Which target is out of range and what to set. Before, torch's "Target 5 is out of bounds"
+    came with the probe's note that an index out of range at a large batch is a dataset smaller
+    than the batch: a model of one's own with 5 outputs against the synthetic 10 classes."""
+    classes = logits.shape[-1]
+    flat = targets.reshape(-1)
+    bad = flat[((flat < 0) | (flat >= classes)) & (flat != -100)]  # -100: cross-entropy's ignore_index
+    if not bad.numel():
+        return None
+    shown = int(bad.max() if bool((bad >= classes).any()) else bad.min())
+    return (
+        f"a target is class id {shown}, but the model's logits have {classes} classes (their last dimension): the CLI's "
+        f"loss needs class ids in [0, {classes}). Synthetic targets are drawn below data.num_classes (data.vocab_size "
+        f"for token inputs), a data.dataset's are its own: set data.num_classes={classes}, or give the model as many "
+        "outputs as the data has classes"
+    )
 
 
 def _logits(output: Any) -> torch.Tensor:

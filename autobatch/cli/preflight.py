@@ -43,7 +43,7 @@ from .override_hints import delete_hint as _delete_hint
 from .override_hints import override_hint as _override_hint
 from .ranks import launched_rank
 from .user_config import (CONFIG_DIR_FLAGS, CONFIG_NAME_FLAGS, CONFIG_PATH_FLAGS, check_config_name, check_extends,
-                          check_self_last, composing, config_flags, sweeper_params, without_config_flags)
+                          check_self_last, composing, config_flags, shadowed, sweeper_params, without_config_flags)
 
 __all__ = ["check", "flags_first", "hydra_help_args", "job_overrides", "MAX_JOBS_CHECKED"]
 
@@ -308,7 +308,7 @@ def check(command: str, args: Sequence[str]) -> None:
     _refuse_flags(command, overrides)
     name = config_name or command
     try:
-        warnings: list[str] = []
+        warnings: list[str] = list(filter(None, [shadowed(config_dir)]))
         with composing(command, config_dir):
             check_config_name(name, config_dir)
             if helping:

@@ -43,7 +43,7 @@ from .errors import CLIError
 __all__ = [
     "CONFIG_DIR_FLAGS", "CONFIG_NAME_FLAGS", "CONFIG_PATH_FLAGS", "REQUIRED_KEYS", "config_flags",
     "without_config_flags", "composing", "check_config_name", "check_extends", "rerun_flags", "command_line",
-    "run_roots", "sweeper_params", "check_self_last", "given_overrides",
+    "run_roots", "sweeper_params", "check_self_last", "given_overrides", "shadowed",
 ]  # fmt: skip
 
 CONFIG_DIR_FLAGS = ("-cd", "--config-dir")
@@ -117,6 +117,48 @@ def composing(job_name: str, config_dir: str | None = None) -> Iterator[None]:
             GlobalHydra.instance().clear()
             Hydra.create_main_hydra2(job_name, search_path)  # initialize_config_module's exit restores the old one
         yield
+
+
+def _packaged_yamls(node: Any, prefix: str = "") -> Iterator[str]:
+    """The relative paths of the packaged YAML configs under ``node`` (``model/mlp.yaml``)."""
+    for child in node.iterdir():
+        if child.is_dir():
+            yield from _packaged_yamls(child, f"{prefix}{child.name}/")
+        elif child.name.endswith(".yaml"):
+            yield prefix + child.name
+
+
+def _same_file(path: Path, other: str) -> bool:
+    """Whether ``path`` is the file ``other`` (``--config-dir`` naming the packaged ``conf/`` itself)."""
+    try:
+        return path.samefile(other)
+    except OSError:
+        return False
+
+
+def shadowed(config_dir: str | None) -> str | None:
+    """A warning (None: nothing to say) naming the YAMLs of ``config_dir`` that have the path of a
+    packaged config (``myconf/model/mlp.yaml``, ``myconf/probe.yaml``): ``--config-dir`` puts DIR
+    after autobatch's configs, so Hydra reads the packaged one and never the user's, and a copy of
+    ``model/mlp.yaml`` edited to ``width: 7`` ran the packaged width 256 without a word."""
+    import importlib.resources as resources
+
+    if config_dir is None:
+        return None
+    packaged = resources.files(CONF_MODULE)
+    directory = Path(config_dir).expanduser()
+    found = [name for name in sorted(_packaged_yamls(packaged))
+             if (directory / name).is_file() and not _same_file(directory / name, str(packaged / name))]
+    if not found:
+        return None
+    fixes = []
+    for name in found:
+        group, _, option = name.removesuffix(".yaml").rpartition("/")
+        fixes.append(f"{directory / group / ('my_' + option)}.yaml, chosen with {group}=my_{option}" if group
+                     else f"{directory / ('my_' + option)}.yaml, given as --config-name my_{option}")
+    return (f"{', '.join(str(directory / name) for name in found)}: never read, since autobatch's own "
+            f"{', '.join(name.removesuffix('.yaml') for name in found)} come{'s' if len(found) == 1 else ''} first "
+            f"on the search path (--config-dir adds its directory after them); rename yours: {'; '.join(fixes)}")
 
 
 def check_config_name(config_name: str, config_dir: str | None) -> None:

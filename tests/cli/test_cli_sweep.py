@@ -38,7 +38,10 @@ def test_sweep_runs_every_combination_and_summarises(cli_here, tmp_path):
 def test_failed_jobs_are_rows_too_and_the_exit_status_says_so(cli_here, tmp_path):
     done = cli_here("probe", "-m", "model=gpt", "probe.memory_limit=256KiB,64MiB", *SMALL)
     assert done.returncode == 1
-    assert "autobatch: error: No batch size fits" in done.stderr and "Traceback" not in done.stderr
+    assert "Traceback" not in done.stderr
+    # the line names its job: Hydra prints it alone, before the table (review 21)
+    assert "autobatch: error: job 0 (model=gpt probe.memory_limit=256KiB data.shape=[16] " in done.stderr
+    assert "): No batch size fits" in done.stderr
     # the table and one error line; not Hydra's own lines (its HYDRA_FULL_ERROR hint: AUTOBATCH_TRACEBACK=1 here)
     assert "HYDRA_FULL_ERROR" not in done.stderr and "Error executing job" not in done.stderr, done.stderr
     assert done.stderr.count("autobatch: error: ") == 1 and "| failed |" in done.stdout
