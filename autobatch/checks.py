@@ -18,7 +18,8 @@ from .errors import FakeTensorLeakError
 from .memory.devices import device_available, torch_device  # here with the memory stage, whose resolve_device checks too
 
 __all__ = ["positive_int", "positive_number", "positive_shape", "integer", "flag", "module", "materialized", "optimizer", "function",
-           "torch_device", "dtype", "grad_scaler", "scheduler", "no_closure", "loss", "record_fields", "choice"]
+           "torch_device", "dtype", "grad_scaler", "scheduler", "no_closure", "loss", "record_fields", "choice",
+           "keywords"]
 
 
 def integer(value: Any) -> int | None:
@@ -297,3 +298,35 @@ def record_fields(kind: type, data: Any, owner: str, *, what: str = "the dict", 
                          f"{owner}.to_dict() wrote ({source})")
     known = {f.name for f in every} - set(exclude)
     return {key: value for key, value in data.items() if key in known}
+
+
+def keywords(aliases: Mapping[str, str] | None = None) -> Any:
+    """Decorate a public function (or ``__init__``) so that a keyword it does not take is one
+    ``TypeError`` naming the closest one it does: Python's own "got an unexpected keyword
+    argument 'max_batch_size'" named no alternative. ``aliases``: a peer's name for one of them
+    (Accelerate's ``starting_batch_size`` for ``start``, Lightning's ``mode`` for ``strategy``)."""
+    import functools
+
+    def decorate(fn: Any) -> Any:
+        parameters = inspect.signature(fn).parameters
+        if any(p.kind is p.VAR_KEYWORD for p in parameters.values()):
+            return fn
+        names = [n for n, p in parameters.items() if n != "self" and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+        label = fn.__qualname__.removesuffix(".__init__")
+
+        @functools.wraps(fn)
+        def checked(*args: Any, **kwargs: Any) -> Any:
+            for key in kwargs:
+                if key not in parameters:
+                    raise TypeError(f"{label}() got an unexpected keyword argument {key!r}; {_closest(key, names, aliases)}")
+            return fn(*args, **kwargs)
+
+        return checked
+
+    return decorate
+
+
+def _closest(key: str, names: list[str], aliases: Mapping[str, str] | None) -> str:
+    """The name meant by ``key``, where one is close or ``aliases`` has it, and the names there are."""
+    guess = (aliases or {}).get(key) or next(iter(difflib.get_close_matches(key, names, n=1)), None)
+    return f"did you mean {guess!r}?" if guess else f"it takes {', '.join(names)}"

@@ -40,9 +40,14 @@ def _step() -> ab.TrainStep:
         (lambda: ab.Runner(*_model_and_optimizer(), lambda m, b: m(b).mean(), global_batch=8, step_guard="gpu"),
          ValueError, "did you mean step_guard='device'"),
         (lambda: ab.plan(_step(), global_batch=8, objective="fastest"), ValueError, "did you mean objective='throughput'"),
+        (lambda: ab.Runner(*_model_and_optimizer(), lambda m, b: m(b).mean(), batch_size=8), TypeError,
+         r"Runner\(\) got an unexpected keyword argument 'batch_size'; did you mean 'global_batch'\?"),
+        (lambda: ab.Runner(*_model_and_optimizer(), lambda m, b: m(b).mean(), global_batch=8).fit([], max_epochs=1),
+         TypeError, "did you mean 'epochs'"),
     ],
     ids=["strategy-alias", "step-arity", "criterion-loss", "meta-model", "decorator-device", "percent", "half-byte",
-         "format-string", "guard-alias", "objective-alias"],
+         "format-string", "guard-alias", "objective-alias",
+         "runner-keyword", "fit-keyword"],
 )
 def test_a_bad_input_is_one_error_naming_what_to_change(call, error, match):
     if "cuda" in match and torch.cuda.is_available():

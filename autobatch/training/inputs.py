@@ -208,3 +208,13 @@ def warn_batch_statistics(model: torch.nn.Module, sizes: list[int]) -> bool:
 def _sizes_text(sizes: list[int]) -> str:
     distinct = sorted(set(sizes), reverse=True)
     return " and ".join(map(str, distinct)) if len(distinct) <= 2 else f"{distinct[0]} down to {distinct[-1]}"
+
+
+#: peers' names for the Runner's keywords (Lightning's, Transformers'), suggested where given
+RUNNER_ALIASES = {"batch_size": "global_batch", "micro_batch_size": "micro_batch", "gradient_accumulation_steps": "micro_batch",
+                  "accumulate_grad_batches": "micro_batch", "gradient_clip_val": "max_grad_norm", "scaler": "grad_scaler",
+                  "lr_scheduler": "scheduler", "precision": "autocast_dtype", "checkpoint_path": "checkpoint_dir"}
+#: the same for ``Runner.fit``
+FIT_ALIASES = {"max_epochs": "epochs", "num_epochs": "epochs", "num_train_epochs": "epochs", "max_steps": "steps",
+               "ckpt_path": "resume", "resume_from_checkpoint": "resume", "train_dataloader": "data",
+               "train_dataloaders": "data", "dataloader": "data", "callback": "on_step_end"}

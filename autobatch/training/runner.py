@@ -52,7 +52,7 @@ from .faults import FaultInjector
 from .growth import GrowBack
 from .hygiene import CachePolicy
 from .autoplan import PlansFromData
-from .inputs import check_data, check_kinds, check_options, model_device, share_of, warn_batch_size
+from .inputs import FIT_ALIASES, RUNNER_ALIASES, check_data, check_kinds, check_options, model_device, share_of, warn_batch_size
 from .multiples import SplitsInMultiples, multiple_options
 from .pacing import FailedDraw, carried_error
 from .precision import warn_unscaled_float16
@@ -137,6 +137,7 @@ class Runner(OomRecovery, SplitsInMultiples, EndsSteps, Resumable, PlansFromData
             replays, see :mod:`autobatch.dist.ddp_step`); checkpoints are written by rank 0 only.
     """
 
+    @checks.keywords(RUNNER_ALIASES)
     def __init__(
         self,
         model: torch.nn.Module,
@@ -239,6 +240,7 @@ class Runner(OomRecovery, SplitsInMultiples, EndsSteps, Resumable, PlansFromData
         self._retrying = self._retry_loop()
 
     # -- the public loop --------------------------------------------------------------------
+    @checks.keywords(FIT_ALIASES)
     def fit(
         self,
         data: Iterable[Any],
