@@ -46,6 +46,7 @@ from .fake_trace import FakeWorld, KernelDtypes, TraceScaler, quiet_meta_errors,
 from .rng import rng_state, set_rng_state, step_generators
 from .shards import has_dtensors
 from .trace_failures import RealBatches, from_the_step, refused_size, step_error, untraceable, untraceable_memory
+from .trace_writes import RealWrites
 from .train_step import TrainStep
 from ..memory.units import format_bytes, parse_bytes
 from ..memory.workspaces import BlasThreads, workspace_bytes
@@ -104,6 +105,7 @@ def estimate_memory(step: TrainStep, batch_size: int, *, steps: int = 2, op_limi
                 fake_step.make_batch = RealBatches(step.make_batch, accountant, world)
             stack.enter_context(quiet_meta_errors())  # the error is the EstimateError's cause, not a log
             stack.enter_context(mode)
+            stack.enter_context(RealWrites())  # above the fake mode: real tensors it writes (an EMA attribute) put back
             stack.enter_context(KernelDtypes())  # real kernels' dtypes, between the fake mode and the accountant
             stack.enter_context(accountant)
             stack.enter_context(blas)

@@ -8,6 +8,7 @@ from typing import Any, Callable
 
 from .rng import own_generators, rng_state, set_rng_state
 from .trace_state import OutsideState
+from .trace_writes import RealWrites
 
 __all__ = ["sample_batches"]
 
@@ -27,7 +28,7 @@ def sample_batches(make_batch: Callable[[int], Any], sizes: tuple[int, ...] = (1
     outside = OutsideState({"make_batch": make_batch}, [make_batch])
     try:
         try:
-            with FakeTensorMode(allow_non_fake_inputs=True):
+            with FakeTensorMode(allow_non_fake_inputs=True), RealWrites():  # a real tensor it writes: put back
                 return tuple(make_batch(size) for size in sizes)
         finally:
             outside.put_back()

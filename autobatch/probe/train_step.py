@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import types
 from contextlib import nullcontext
 from typing import Any, Callable
 
@@ -183,6 +184,7 @@ def _check_arguments(loss_fn: Callable[..., Any], make_batch: Callable[[int], An
     mistake is one error when the step is built, not a bare ``missing 1 required positional
     argument`` from the probe's first trial (or a fake-tensor trace, whose note then said to probe
     with real trials). Swapped (``TrainStep(model, optimizer, make_batch, loss_fn)``) is named so."""
+    _refuse_torch_function(loss_fn)
     loss_ok = _takes(loss_fn, 2) is not False
     batch_ok = make_batch is None or _takes(make_batch, 1) is not False
     if loss_ok and batch_ok:
@@ -195,3 +197,16 @@ def _check_arguments(loss_fn: Callable[..., Any], make_batch: Callable[[int], An
     raise TypeError(f"{name} is called as {name}{wanted}; the {name} given, "
                     f"{getattr(fn, '__qualname__', type(fn).__name__)}{inspect.signature(fn)}, cannot be called so: "
                     f"give it the arguments {wanted}")
+
+
+def _refuse_torch_function(loss_fn: Callable[..., Any]) -> None:
+    """A loss function of torch's own (``F.cross_entropy``) takes ``(input, target)``, never
+    ``(model, batch)``: refused when the step is built with the wrapper to write, where the first
+    trial raised torch's bare "argument 'input' (position 1) must be Tensor, not Sequential"."""
+    module = getattr(loss_fn, "__module__", None) or ""
+    if isinstance(loss_fn, (types.FunctionType, types.BuiltinFunctionType)) and (
+            module == "torch" or module.startswith("torch.")):
+        name = f"{module}.{getattr(loss_fn, '__name__', '?')}"
+        raise TypeError(f"loss_fn is called as loss_fn(model, batch); {name} is torch's own function, called on the "
+                        "model's output and the target: wrap it, e.g. loss_fn=lambda model, batch: "
+                        f"{name}(model(batch[0]), batch[1])")
