@@ -44,10 +44,14 @@ def _step() -> ab.TrainStep:
          r"Runner\(\) got an unexpected keyword argument 'batch_size'; did you mean 'global_batch'\?"),
         (lambda: ab.Runner(*_model_and_optimizer(), lambda m, b: m(b).mean(), global_batch=8).fit([], max_epochs=1),
          TypeError, "did you mean 'epochs'"),
+        (lambda: ab.find_max_batch(_step(), starting_batch_size=64), TypeError,
+         r"find_max_batch\(\) got an unexpected keyword argument 'starting_batch_size'; did you mean 'start'\?"),
+        (lambda: ab.TrainStep(*_model_and_optimizer(), criterion=lambda m, b: m(b).mean()), TypeError,
+         "did you mean 'loss_fn'"),
     ],
     ids=["strategy-alias", "step-arity", "criterion-loss", "meta-model", "decorator-device", "percent", "half-byte",
          "format-string", "guard-alias", "objective-alias",
-         "runner-keyword", "fit-keyword"],
+         "runner-keyword", "fit-keyword", "find-keyword", "trainstep-keyword"],
 )
 def test_a_bad_input_is_one_error_naming_what_to_change(call, error, match):
     if "cuda" in match and torch.cuda.is_available():

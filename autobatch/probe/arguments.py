@@ -29,6 +29,11 @@ STRATEGY_NAMES = ("auto", "predict", "binary", "power", "halving", "estimate")
 #: Peers' names for a strategy (Lightning's ``scale_batch_size(mode=...)``), suggested where given.
 STRATEGY_ALIASES = {"binsearch": "binary", "bisect": "binary", "bisection": "binary", "doubling": "power",
                     "predictive": "predict", "estimated": "estimate"}
+#: Peers' names for ``find_max_batch``'s keywords (Accelerate's, Lightning's), suggested where given.
+FIND_ALIASES = {"starting_batch_size": "start", "init_val": "start", "batch_size": "start", "mode": "strategy",
+                "max_batch_size": "max_batch", "max_val": "max_batch", "steps": "steps_per_trial",
+                "steps_per_trial_count": "steps_per_trial", "max_memory": "memory_limit", "memory": "memory_limit",
+                "limit": "memory_limit", "cap": "memory_limit", "fraction": "margin", "headroom": "margin"}
 #: Where ``halving`` starts when neither ``start`` nor ``max_batch`` is given.
 HALVING_DEFAULT_START = 1024
 #: Where ``predict`` (and ``auto``) start when ``start`` is not given, in samples (rounded down

@@ -22,7 +22,8 @@ from ..memory.devices import SimulatedDeviceMemory, check_limit_in_simulation, m
 from ..memory.diagnostics import memory_diagnostics
 from ..memory.units import parse_bytes
 from . import arguments, ranks
-from .arguments import STRATEGY_NAMES, validate_places, validate_probe_args, validate_step
+from .. import checks
+from .arguments import FIND_ALIASES, STRATEGY_NAMES, validate_places, validate_probe_args, validate_step
 from .batch_growth import check_batch_grows
 from .cache import ProbeCache, key_components, key_of
 from .cache_hits import held_beside
@@ -50,6 +51,7 @@ __all__ = ["find_max_batch", "STRATEGY_NAMES"]
 log = logging.getLogger("autobatch")
 
 
+@checks.keywords(FIND_ALIASES)
 def find_max_batch(
     fn: Callable[[int], object],
     *,

@@ -44,6 +44,9 @@ class TrainStep:
     graph once it returns.
     """
 
+    @checks.keywords({"loss": "loss_fn", "criterion": "loss_fn", "batch_fn": "make_batch", "collate_fn": "make_batch",
+                      "dtype": "autocast_dtype", "precision": "autocast_dtype", "scaler": "grad_scaler",
+                      "clip_grad_norm": "max_grad_norm", "gradient_clip_val": "max_grad_norm"})
     def __init__(
         self,
         model: torch.nn.Module,
