@@ -167,6 +167,11 @@ def loss(name: str, value: Any) -> torch.Tensor:
     if not isinstance(found, torch.Tensor):
         if found is value:
             what = f"{type(value).__name__} {value!r:.80}"
+        elif found is None and _loss_terms(value):  # torchvision's detection models: {"loss_classifier": ..., ...}
+            raise TypeError(
+                f"{name} returned a {type(value).__name__} of loss terms ({', '.join(_loss_terms(value)[:6])}) and no "
+                f"'loss': return their sum, e.g. loss_fn=lambda model, batch: sum(model(*batch).values()) (a torchvision "
+                "detection model's losses, in train mode)")
         elif found is None:
             keys = f"its keys: {', '.join(map(str, list(value)[:6])) or 'none'}; " if isinstance(value, Mapping) else ""
             what = (f"a {type(value).__name__} without a loss ({keys}a Transformers model computes one only when the "
@@ -189,6 +194,16 @@ def loss(name: str, value: Any) -> torch.Tensor:
         raise ValueError(f"the loss {name} returned does not require grad, so backward has nothing to train "
                          f"(torch would fail with 'element 0 of tensors does not require grad'): {_why_no_grad()}")
     return found
+
+
+def _loss_terms(value: Any) -> list[str]:
+    """The keys of a dict of scalar loss tensors, every key naming a loss (``loss_box_reg``,
+    ``rpn_loss``), else none."""
+    if not isinstance(value, Mapping) or not value:
+        return []
+    terms = [str(key) for key, item in value.items()
+             if "loss" in str(key).lower() and isinstance(item, torch.Tensor) and item.numel() == 1]
+    return terms if len(terms) == len(value) else []
 
 
 def _why_no_grad() -> str:

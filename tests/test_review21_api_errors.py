@@ -48,10 +48,13 @@ def _step() -> ab.TrainStep:
          r"find_max_batch\(\) got an unexpected keyword argument 'starting_batch_size'; did you mean 'start'\?"),
         (lambda: ab.TrainStep(*_model_and_optimizer(), criterion=lambda m, b: m(b).mean()), TypeError,
          "did you mean 'loss_fn'"),
+        # torchvision's detection models return their loss terms, no "loss": the sum is named
+        (lambda: ab.TrainStep(*_model_and_optimizer(), lambda m, b: {"loss_classifier": m(b).mean(), "loss_box_reg": m(b).sum()},
+                              lambda n: torch.randn(n, 4))(2), TypeError, r"loss terms \(loss_classifier, loss_box_reg\).*sum\("),
     ],
     ids=["strategy-alias", "step-arity", "criterion-loss", "meta-model", "decorator-device", "percent", "half-byte",
          "format-string", "guard-alias", "objective-alias",
-         "runner-keyword", "fit-keyword", "find-keyword", "trainstep-keyword"],
+         "runner-keyword", "fit-keyword", "find-keyword", "trainstep-keyword", "loss-terms"],
 )
 def test_a_bad_input_is_one_error_naming_what_to_change(call, error, match):
     if "cuda" in match and torch.cuda.is_available():
