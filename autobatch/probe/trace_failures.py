@@ -140,7 +140,7 @@ def refused_size(exc: BaseException, batch_size: int, passed: list[int]) -> None
     divisor, ordered = math.gcd(*passed), sorted(passed)
     sizes = ", ".join(map(str, ordered)) if len(ordered) <= 4 else f"{', '.join(map(str, ordered[:3]))}, ..., {ordered[-1]}"
     if isinstance(exc, IndexError):  # a dataset of fewer samples, not a size the step refuses
-        add_note(exc, f"autobatch: traces at {sizes} ran before batch {batch_size}: {index_hint(batch_size)}")
+        add_note(exc, f"autobatch: traces at {sizes} ran before batch {batch_size}: {index_hint(batch_size, str(exc))}")
         return
     why = (f": every size traced is a multiple of {divisor} and {batch_size} is not, so the multiple it needs divides "
            f"{divisor}") if divisor > 1 and batch_size % divisor else ""

@@ -31,6 +31,7 @@ tensors alive (outputs appended to a list for metrics, a hook that keeps activat
 from __future__ import annotations
 
 import math
+import re
 
 from ..errors import add_note
 from ..memory.units import format_bytes
@@ -38,8 +39,18 @@ from ..memory.units import format_bytes
 __all__ = ["with_trial_note", "growth_hint", "index_hint"]
 
 
-def index_hint(batch_size: int) -> str:
-    """What to change where the step raised ``IndexError`` at ``batch_size`` (a trial's or a trace's)."""
+def index_hint(batch_size: int, message: str = "") -> str:
+    """What to change where the step raised ``IndexError`` at ``batch_size`` (a trial's or a trace's),
+    whose text is ``message``. Two index errors are not the batch size's at all and are named as
+    they are: cross-entropy's "Target 5 is out of bounds" (a class id the model has no output
+    for) and an embedding's "index out of range in self" (a token id at or past its
+    ``num_embeddings``); the note blamed a dataset smaller than the batch there too."""
+    if re.search(r"Target -?\d+ is out of bounds", message):
+        return ("a target class id is not below the model's number of outputs (cross-entropy's \"Target ... is out "
+                "of bounds\"), at any batch size: make the targets' classes and the model's outputs agree.")
+    if "index out of range in self" in message:
+        return ("an embedding was given an id at or past its num_embeddings (torch's \"index out of range in self\"), "
+                "at any batch size: make the inputs' ids (a tokenizer's vocabulary) and the embedding's size agree.")
     return (f"an index out of range at a large batch is usually make_batch (or the step) indexing a dataset or table "
             f"of fewer than {batch_size} samples. Pass max_batch=len(dataset) (to find_max_batch or plan()), or build "
             "any size by repeating samples (X[torch.arange(n) % len(X)]).")
@@ -62,7 +73,7 @@ def with_trial_note(exc: BaseException, batch_size: int, passed: list[int] | tup
         return exc
     if batch_size != 1 and isinstance(exc, IndexError):  # no size the step refuses: one it cannot build
         after = f", after trials at {_sizes(passed)} passed" if passed else ""
-        add_note(exc, f"autobatch: this error came from a probe trial at batch {batch_size}{after}: {index_hint(batch_size)}")
+        add_note(exc, f"autobatch: this error came from a probe trial at batch {batch_size}{after}: {index_hint(batch_size, str(exc))}")
         return exc
     if batch_size != 1 and passed:
         divisor = math.gcd(*passed)
