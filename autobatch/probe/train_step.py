@@ -94,6 +94,7 @@ class TrainStep:
         return torch.autocast(self.device.type, dtype=self.autocast_dtype)
 
     def __call__(self, batch_size: int) -> None:
+        batch_size = checks.positive_int("batch_size", batch_size)  # 0 trained a step on an empty batch
         self.optimizer.zero_grad(set_to_none=True)
         batch = self.make_batch(batch_size)
         with self.autocast():
