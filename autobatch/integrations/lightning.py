@@ -51,6 +51,7 @@ from ..memory.units import parse_bytes
 from ..probe.find import find_max_batch
 from ..probe.result import ProbeResult
 from ..probe.search import peak_limit
+from ..probe.unrestored import caller_restores
 from ..training.checkpoint_io import rng_state, set_rng_state
 from .. import checks
 from .global_batch import accumulation_for, cap_at_samples, changed_samples, check_share, small_split, split_keeping
@@ -206,7 +207,7 @@ class AutoBatchSize(Callback):
         with SavedState.kept(trainer, pl_module) as state:
             step = LightningStep(trainer, pl_module, first, accumulating=share is not None and share > 1, prefetch=not sized,
                                  restore=lambda: state.attributes.restore(drop_new=False), loaders=loaders, own=own)
-            with probing(trainer, pl_module):
+            with probing(trainer, pl_module), caller_restores():  # state.reset puts all back: no "trained for real" note
                 self.result = find_max_batch(step, device=pl_module.device, **options)
             del step, first
             state.reset()
@@ -381,6 +382,8 @@ class AutoBatchSize(Callback):
                 memory=memory, limit=peak_limit(memory, capacity), apply=apply, reset=reset, steps=self.confirm_steps,
             )
         self.batch_size, self.accumulation = self._apply(trainer, module, share, self.confirmation.batch_size)
+        if self.confirmation.skipped:  # fit may not train at the size (no optimizer step in the run): said, not only noted
+            rank_zero_warn(f"AutoBatchSize: {self.confirmation.summary()}")
 
 
 def current_batch_size(module: LightningModule, name: str = "batch_size") -> Any:

@@ -157,8 +157,10 @@ def confirm_in_loop(
         run = _run_loop(trainer, micro, steps if accumulation == 1 else 2, line, memory, limit, reset)
         confirmation.runs.append(run)
         if run.passed and run.steps == 0:  # nothing measured: the answer stands unconfirmed
-            confirmation.skipped = (f"the loop took no optimizer step at {micro} (a train dataloader with no full "
-                                    "batch at that size?)")
+            confirmation.skipped = (f"the loop took no optimizer step at {micro}: a train "
+                                    "dataloader with no full batch at that size, or a manual-optimization "
+                                    "training_step that steps only at some batch indices the epoch at that size lacks? "
+                                    "fit may train nothing there; set max_batch")
             return confirmation
         if run.passed:  # the loop's extra bytes, measured: the largest size they allow, below any failure
             best, cut = micro, 0
@@ -200,7 +202,8 @@ def _run_loop(trainer: Trainer, size: int, steps: int, line: MemoryLine, memory:
     watch = _BatchMemory(memory)
     try:
         saved.prepare(trainer, steps, watch)
-        first = trainer.global_step
+        first = watch.first = trainer.global_step
+        watch.bound = max(8, 4 * steps * trainer.accumulate_grad_batches)
         loop.run()
         memory.synchronize()
         ran = trainer.global_step - first
@@ -240,10 +243,14 @@ class _BatchMemory:
 
     def __init__(self, memory: DeviceMemory) -> None:
         self.memory, self.allocated, self.batches, self.validated = memory, [], None, False
+        self.first, self.bound = 0, 8  # the run's global_step at its start; batches it may take without a step
 
     def on_train_batch_end(self, trainer: Trainer, *_: Any) -> None:
+        """Record; stop a run that took ``bound`` batches and no optimizer step (a manual
+        ``training_step`` stepping at odd batch indices, epochs of one batch at this size: it looped forever)."""
         self.allocated.append(self.memory.allocated())
         self.batches = trainer.num_training_batches
+        trainer.should_stop = trainer.should_stop or (len(self.allocated) >= self.bound and trainer.global_step == self.first)
 
     def on_validation_batch_end(self, *_: Any) -> None:
         self.validated = True

@@ -10,16 +10,31 @@ optimizer step (:class:`~autobatch.memory.lazy_state.LazyStateWatch`), so it can
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import warnings
-from typing import Any, Iterable
+from typing import Any, Iterable, Iterator
 
 import torch
 
 from ..memory.lazy_state import hooked
 from .restore_places import SCHEDULERS
 
-__all__ = ["warn_unrestored_optimizers", "trained_for_real_note"]
+__all__ = ["warn_unrestored_optimizers", "trained_for_real_note", "caller_restores"]
 
+#: set while a caller that puts the model and optimizers back itself probes a plain callable
+_CALLER_RESTORES: contextvars.ContextVar[bool] = contextvars.ContextVar("autobatch_caller_restores", default=False)
+
+
+@contextlib.contextmanager
+def caller_restores() -> Iterator[None]:
+    """Probe a plain callable whose caller puts everything back itself (Lightning's callback: its
+    saved state), so no note says the trials trained the model for real: there it was untrue."""
+    token = _CALLER_RESTORES.set(True)
+    try:
+        yield
+    finally:
+        _CALLER_RESTORES.reset(token)
 
 
 def _trained(optimizer: Any) -> set[int]:
@@ -64,7 +79,7 @@ def trained_for_real_note(stepped: Iterable[torch.optim.Optimizer], restore: tup
     to leave the model as it found it, as it does a ``TrainStep``'s, started training from weights
     the trials had moved). None otherwise."""
     names = sorted({type(optimizer).__name__ for optimizer in filter(_real, stepped)})
-    if restore is not None or not names:
+    if restore is not None or not names or _CALLER_RESTORES.get():
         return None
     return (f"the trials trained the model for real: a plain callable probed without restore keeps their steps "
             f"({', '.join(names)} stepped); pass restore=(model, optimizer) to have weights and optimizer state put back")

@@ -1,0 +1,56 @@
+"""Review 21: ``AutoBatchSize`` with manual optimization that steps every other batch (manual
+gradient accumulation). At the probed size an epoch had one batch (``drop_last``), so the
+``training_step`` never reached an odd batch index and never stepped: the confirmation's loop run,
+bounded only by ``max_steps``, looped over epochs forever. The run now stops after a few batches
+without an optimizer step and one warning says fit may train nothing at that size. Also: the
+probe's note for plain callables ("the trials trained the model for real ... pass restore=") is
+not in the callback's result, whose state is put back."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+from torch import nn
+
+pl = pytest.importorskip("lightning.pytorch")
+
+from autobatch import simulated_memory  # noqa: E402
+from autobatch.integrations.lightning import AutoBatchSize  # noqa: E402
+from autobatch.memory.simulated import host_memory  # noqa: E402
+
+from test_integration_lightning import BUDGET, Tiny  # noqa: E402
+
+
+CALLS: list[int] = []  # training_step's batch sizes, outside the module (its attributes are put back)
+
+
+class EveryOther(Tiny):
+    """Manual optimization, the optimizer stepped after every second batch."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.automatic_optimization = False
+
+    def training_step(self, batch, index):
+        x, y = batch
+        CALLS.append(x.shape[0])
+        self.manual_backward(nn.functional.mse_loss(self.net(x), y))
+        if index % 2 == 1:
+            self.optimizers().step()
+            self.optimizers().zero_grad()
+
+
+def test_a_loop_run_that_never_steps_the_optimizer_stops_and_is_said():
+    with host_memory():
+        module = EveryOther()
+        trainer = pl.Trainer(accelerator="cpu", devices=1, max_steps=2, max_epochs=24, logger=False,
+                             enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                             callbacks=[callback := AutoBatchSize(memory_limit=BUDGET, max_batch=300)])
+    with warnings.catch_warnings(record=True) as caught, simulated_memory(BUDGET):
+        warnings.simplefilter("always")
+        trainer.fit(module)  # looped forever in the confirmation before
+    assert 24 <= CALLS.count(300) < 45  # fit: 24 epochs of one batch; the check run: 12 at most (it ran 24)
+    assert callback.batch_size == 300 and "took no optimizer step at 300" in callback.confirmation.skipped
+    assert any("fit may train nothing there" in str(w.message) for w in caught)
+    assert not any("trained the model for real" in note for note in callback.result.notes)
