@@ -55,7 +55,7 @@ from ..probe.unrestored import caller_restores
 from ..training.checkpoint_io import rng_state, set_rng_state
 from .. import checks
 from .global_batch import accumulation_for, cap_at_samples, changed_samples, check_share, small_split, split_keeping
-from .lightning_epochs import check_limit, check_val_interval, epoch_cap
+from .lightning_epochs import check_limit, check_val_interval, dropped_note, epoch_cap
 from .lightning_loop import LoopConfirmation, MemoryLine, confirm_in_loop
 from .lightning_options import checked_probe_options
 from .lightning_schedules import StepSchedule
@@ -192,7 +192,7 @@ class AutoBatchSize(Callback):
         options["max_batch"], options["start"] = cap_at_samples(
             share, options["max_batch"], options.get("start"), multiple, where=f"global_batch={self.global_batch}")
         saved = rng_state()  # a DataLoader's iterator draws its seed: fit must draw the same
-        first, sized, samples, loaders = first_batch(trainer, pl_module, world)
+        first, sized, samples, loaders, drops = first_batch(trainer, pl_module, world)
         set_rng_state(saved)
         if samples is not None and share is not None and share > samples:
             raise ValueError(  # an epoch would end first: every optimizer step would train fewer samples
@@ -236,6 +236,8 @@ class AutoBatchSize(Callback):
              f", accumulate_grad_batches={self.accumulation}" if self.accumulation else "")
         self._warn_replaced()
         self._warn_changed(trainer, own, share)
+        if dropped := dropped_note(own, self.batch_size, samples, drops):
+            rank_zero_warn(f"AutoBatchSize: {dropped}")
         kept = self._given is not None and self._given[1] > 1 and self._given[1] == self.accumulation  # the user's split
         split = share and not kept and small_split(self.global_batch, world, self._largest, self.batch_size,
                                                    multiple_of=multiple)

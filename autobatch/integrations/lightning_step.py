@@ -161,9 +161,10 @@ def _loss_of(out: Any) -> torch.Tensor:
     return loss
 
 
-def first_batch(trainer: Trainer, module: LightningModule, world: int) -> tuple[Any, bool, int | None, int]:
+def first_batch(trainer: Trainer, module: LightningModule, world: int) -> tuple[Any, bool, int | None, int, bool]:
     """The train dataloader's first batch, whether the dataloader has a length, how many samples
-    each of ``world`` ranks trains per epoch (None: unknown), and how many dataloaders it combines.
+    each of ``world`` ranks trains per epoch (None: unknown), how many dataloaders it combines,
+    and whether one of them drops its last partial batch (``drop_last``).
 
     Several train dataloaders (a dict or list of them) are combined as ``fit`` combines them; the
     samples are the smallest dataset's, as a batch larger than any of them would not fill."""
@@ -184,7 +185,9 @@ def first_batch(trainer: Trainer, module: LightningModule, world: int) -> tuple[
     finally:
         combined.reset()  # its workers, if any, shut down
     shares = [_share_of(part, world, trainer) for part in combined.flattened]
-    return batch, sized, None if not shares or None in shares else min(shares), len(combined.flattened)
+    drops = any(getattr(part, "drop_last", False) or getattr(getattr(part, "batch_sampler", None), "drop_last", False)
+                for part in combined.flattened)
+    return batch, sized, None if not shares or None in shares else min(shares), len(combined.flattened), drops
 
 
 def _has_length(combined: CombinedLoader) -> bool:

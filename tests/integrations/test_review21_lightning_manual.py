@@ -54,3 +54,5 @@ def test_a_loop_run_that_never_steps_the_optimizer_stops_and_is_said():
     assert callback.batch_size == 300 and "took no optimizer step at 300" in callback.confirmation.skipped
     assert any("fit may train nothing there" in str(w.message) for w in caught)
     assert not any("trained the model for real" in note for note in callback.result.notes)
+    # drop_last at 300 of 512 samples: 212 left out of every epoch, where the module's own 2 left none
+    assert any("leaves 212 of the 512 samples" in str(w.message) and "drop_last=False" in str(w.message) for w in caught)
