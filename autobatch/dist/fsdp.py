@@ -29,7 +29,7 @@ import torch
 from .. import checks
 from ..memory.oom import free_memory
 from ..planning.accumulation import accumulate_loss_sum
-from ..probe.shards import is_dtensor
+from ..probe.shards import check_optimizer_after_sharding as check_optimizer, is_dtensor
 from ..probe.train_step import TrainStep
 from ..training.ranks import DataParallel
 from . import agreement as dist_sync
@@ -103,6 +103,7 @@ def fsdp_step(
     raises on every rank (its own error there, a peer error elsewhere), with FSDP reset."""
     model = guard(step.model)
     check_clipping(model, step.max_grad_norm)
+    check_optimizer(model, step.optimizer)
     count = micro_batch_count(micro_batches)
     step.optimizer.zero_grad(set_to_none=True)
     with voting(label, phase) as ballot:
@@ -188,6 +189,7 @@ class FsdpProbeAgreement(CollectiveProbeAgreement):
         if isinstance(fn, TrainStep) and not isinstance(fn, VotedTrainStep) and is_fsdp(fn.model):
             check_mesh(fn.model)
             check_clipping(fn.model, fn.max_grad_norm)
+            check_optimizer(fn.model, fn.optimizer)
             from ..planning.accumulation import AccumulatingStep
             from .timing import LockstepAccumulatingStep
 

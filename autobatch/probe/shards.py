@@ -11,6 +11,9 @@ runner's :class:`~autobatch.training.step_guard.StepGuard`, the runner's checkpo
 each rank's **local shard** only (``DTensor.to_local()``, a plain tensor) and writes it back
 into the local shard in place, or rebuilds the ``DTensor`` from it with the layout it had
 (:class:`ShardSpec`). Nothing is gathered; no collective runs.
+
+:func:`check_optimizer_after_sharding`: an optimizer built before ``fully_shard`` holds the
+plain tensors it replaced, and the parameters it misses never train; one clear error instead.
 """
 
 from __future__ import annotations
@@ -161,4 +164,25 @@ def optimizer_state_for(optimizer: torch.optim.Optimizer, saved: dict[str, Any])
     return {**saved, "state": state}
 
 
-__all__.append("optimizer_state_for")
+__all__ += ["optimizer_state_for", "check_optimizer_after_sharding"]
+
+
+def check_optimizer_after_sharding(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    """``ValueError`` when ``optimizer`` holds plain tensors that are no longer ``model`` 's
+    parameters and misses sharded (DTensor) trainable parameters of the same shape: it was built
+    before ``fully_shard`` replaced them (with the blocks sharded first and the root after it,
+    it held the blocks' new DTensors and the root's old embedding and head, which then never
+    trained, the loss going down all the same). Deterministic, so raised on every rank alike, before any vote."""
+    held = {id(p): p for group in optimizer.param_groups for p in group["params"]}
+    own = {id(p) for p in model.parameters()}
+    stale = {tuple(p.shape) for key, p in held.items() if key not in own and not is_dtensor(p)}
+    missed = [name for name, p in model.named_parameters()
+              if p.requires_grad and id(p) not in held and is_dtensor(p) and tuple(p.shape) in stale]
+    if missed:
+        shown = ", ".join(missed[:4]) + (f" and {len(missed) - 4} more" if len(missed) > 4 else "")
+        raise ValueError(
+            f"the optimizer does not hold the sharded parameters {shown} but holds plain tensors of their shapes that "
+            "are no longer the model's: it was built before fully_shard, which replaces each parameter with a sharded "
+            "DTensor, so those parameters would never train. Build the optimizer after the last fully_shard call "
+            "(the root's), e.g. torch.optim.AdamW(model.parameters())"
+        )

@@ -13,6 +13,7 @@ from .. import checks
 from ..errors import add_note
 from .restore import forget_scaler_stage
 from .ddp_reducer import reset_failed_reduction
+from .shards import check_optimizer_after_sharding
 
 __all__ = ["TrainStep", "AUTOCAST_DTYPES"]
 
@@ -60,6 +61,8 @@ class TrainStep:
     ) -> None:
         checks.module("model", model)
         checks.materialized("model", model)
+        checks.optimizer("optimizer", optimizer)
+        check_optimizer_after_sharding(model, optimizer)  # built before fully_shard: the sharded ones would not train
         checks.trains("optimizer", optimizer, model)
         checks.no_closure("optimizer", optimizer)  # LBFGS: its step needs a closure, which no step here passes
         checks.function("loss_fn", loss_fn, "loss_fn(model, batch) -> mean loss tensor")
