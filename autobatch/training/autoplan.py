@@ -17,7 +17,7 @@ from ..planning.batch_statistics import BATCH_STATISTICS
 from ..probe.train_step import TrainStep
 from .batch_ops import to_device
 from .checkpoint_io import rng_state, set_rng_state
-from .pacing import FailedDraw, carried, every_rank_has
+from .pacing import FailedDraw, carried, carried_error, every_rank_has
 
 __all__ = ["PlansFromData"]
 
@@ -43,6 +43,8 @@ class PlansFromData:
         if self.distributed:  # the first draw too, as every step's: one rank without a batch (or whose
             # data raised drawing it) is an error on all
             first = next(carried(batches), _NONE)
+            # a batch that cannot be sized (None, empty) raises on every rank before any rank plans
+            first = first if first is _NONE or isinstance(first, FailedDraw) else carried_error(lambda: self._sized(first), True)
             failure = first if isinstance(first, FailedDraw) else None
             every_rank_has(self._parallel, first is not _NONE, self.step, self.epoch, self.position, failure=failure)
         else:
@@ -52,6 +54,7 @@ class PlansFromData:
                 "data yielded no batches: the runner plans its micro-batch on the first global batch; "
                 "pass data with at least one batch"
             )
+        self._sized(first)  # None or an empty batch is the step's error, naming its place: no probe on 0 samples
         saved = rng_state()
         try:
             self._plan(first)

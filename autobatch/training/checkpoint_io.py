@@ -25,12 +25,13 @@ import os
 import pickle
 import zipfile
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 
 from ..errors import CheckpointError, add_note
 from ..probe.rng import rng_state, set_rng_state  # the checkpoint carries them; re-exported here
+from .loader_rng import data_generators  # re-exported here
 
 __all__ = ["save_checkpoint", "load_checkpoint", "resolve_checkpoint", "rng_state", "set_rng_state", "data_generators", "CHECKPOINT_NAME", "RUNNER_FORMAT"]
 
@@ -153,20 +154,6 @@ def _unreadable(path: Path, exc: BaseException) -> CheckpointError:
         path, f"it is truncated or not a torch checkpoint ({type(exc).__name__}: {' '.join(str(exc).split())[:160]}); "
         "resume from an earlier checkpoint or start afresh",
     )
-
-
-def data_generators(data: Any) -> list[torch.Generator]:
-    """The ``torch.Generator`` objects a data loader draws its order from, which the global
-    random state does not cover: ``DataLoader(generator=...)`` (its shuffling sampler and its
-    workers' base seed), a sampler's or batch sampler's own. Each once, in a fixed order."""
-    found: list[torch.Generator] = []
-    sampler = getattr(data, "sampler", None)
-    batch_sampler = getattr(data, "batch_sampler", None)
-    for owner in (data, sampler, batch_sampler, getattr(batch_sampler, "sampler", None)):
-        generator = getattr(owner, "generator", None)
-        if isinstance(generator, torch.Generator) and all(generator is not seen for seen in found):
-            found.append(generator)
-    return found
 
 
 def _fsync_dir(directory: Path) -> None:

@@ -32,6 +32,7 @@ import math
 from typing import Any, Mapping
 
 from .. import checks
+from ..errors import add_note
 from ..planning.accumulation import LazyMicroBatches, batch_size_of, check_samples, cut_batch, micro_batch_sizes
 from .inputs import check_batch_count, check_split
 from .pacing import FailedDraw, carried_error
@@ -167,11 +168,19 @@ class SplitsInMultiples:
 
     def _sized(self, batch: Any) -> Any:
         """``batch``, once its size is readable and not 0 and, where it is not the rank's share, its
-        samples are counted alike (per-sample items, ``collate_fn=list``, are no short batch)."""
-        size = batch_size_of(batch)
-        check_samples(size)  # an empty batch: nothing to split or accumulate
-        if size != self.share:
-            check_batch_count(batch, size, self.share)
+        samples are counted alike (per-sample items, ``collate_fn=list``, are no short batch). Its
+        error names the batch's place in the data (found at step 40,000, it is no use otherwise)."""
+        try:
+            size = batch_size_of(batch)
+            check_samples(size)  # an empty batch: nothing to split or accumulate
+            if size != self.share:
+                check_batch_count(batch, size, self.share)
+        except (TypeError, ValueError) as exc:
+            place = f"the data's batch {self.position + 1} of epoch {self.epoch + 1} (step {self.step})"  # type: ignore[attr-defined]
+            add_note(exc, f"raised reading {place}" + (
+                ": the data yielded None there, as a collate_fn or dataset that returns None for samples it filters "
+                "out does; leave such batches out of the data (or keep at least one sample in each)" if batch is None else ""))
+            raise
         return batch
 
     def piece_sizes(self, total: int | None = None) -> list[int]:

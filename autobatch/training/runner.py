@@ -234,7 +234,7 @@ class Runner(OomRecovery, SplitsInMultiples, EndsSteps, Resumable, PlansFromData
         self._captured_at: int | None = None
         self._last_error = ""
         self._epoch_rng: dict[str, Any] | None = None
-        self._data_generators: list[torch.Generator] = []  # the data loader's own, saved beside the global ones
+        self._data_generators: list[Any] = []  # the data loader's own, saved beside the global ones
         self._warned_size = False
         self._local_size = self._global_size = global_batch
         self._retrying = self._retry_loop()
