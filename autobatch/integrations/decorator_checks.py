@@ -167,13 +167,18 @@ def check_call(function: Callable[..., Any], args: tuple[Any, ...], kwargs: dict
 
 
 def caught_message(name: str, size: int, caught: int) -> str:
-    """The warning for a call that returned after catching out-of-memory errors itself."""
+    """The warning for a call that returned after catching out-of-memory errors itself. Why the
+    second remedy: wrapped around ``Trainer.train()`` under ``auto_find_batch_size=True``, the call
+    returned 32 after 6 errors that Transformers' own retry caught (it trained at 15, from step 0),
+    and the advice to re-raise them named code the user does not own."""
     return (
         f"find_executable_batch_size: `{name}` returned at batch {size}, but {caught} out-of-memory error(s) "
         f"were raised inside it and caught there (by an except in the function, not by this decorator), so batch "
         f"{size} was not retried smaller and is where the next call starts; the steps that ran out of memory did "
         "not train. Let out-of-memory errors leave the function (in a broad except: `if autobatch.is_oom_error(exc): "
-        "raise`)"
+        "raise`). Where a retry inside it caught them (Transformers' TrainingArguments(auto_find_batch_size=True), "
+        "Accelerate's find_executable_batch_size), it trained at a smaller size than this one, restarting from its "
+        "first step: keep one of the two (auto_find_batch_size=False, or drop this decorator)"
     )
 
 

@@ -16,6 +16,13 @@ leaves behind outside the function, and how it is undone before the next attempt
   ``accelerator.accumulate`` advances): put back, or the next attempt's accumulation windows were
   shifted by the failed attempt's micro-batches (with 4 a window and a failure at the third, the
   retry stepped the optimizer after its first micro-batch, a quarter of a window);
+* an ``accelerate.Accelerator``'s ``free_memory()`` collects the garbage it makes: from the first
+  failure on, each one live gets a ``free_memory`` that runs ``gc.collect()`` after it lets go of
+  its models (the call's own, put back when the call ends). Why: Accelerate's collects *before*
+  it empties its lists, and a model prepared under mixed precision holds itself (its forward is
+  bound to it, wrapped in autocast), so the failed attempt's model, freed by the
+  ``free_memory()`` at the function's top that Accelerate's docs (and these) advise, lived on
+  through the retry: a bf16 MLP under 7 MiB failed at every size down to batch 1 where 921 runs;
 * the **updates** a failed attempt made through an optimizer that the retry steps again (made
   before the call) cannot be undone without a copy: they are counted (:class:`RetrainedSteps`),
   and a call that returns after a retry that did not load a checkpoint into it is one warning.
@@ -56,12 +63,20 @@ class AttemptState:
         self.loaders: list[Any] | None = None
         self.retrained = RetrainedSteps()
         self.found: tuple[list[weakref.ref], list[weakref.ref], list[weakref.ref], list[weakref.ref]] | None = None
+        self.collecting: dict[int, tuple[weakref.ref, Any]] = {}  # Accelerators whose free_memory collects
 
     def __enter__(self) -> "AttemptState":
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.retrained.close()  # the load_state_dict hooks go, whatever happened
+        for ref, own in self.collecting.values():  # each Accelerator's free_memory as the call found it
+            if (accelerator := ref()) is not None:
+                if own is None:
+                    vars(accelerator).pop("free_memory", None)
+                else:
+                    accelerator.free_memory = own
+        self.collecting.clear()
 
     def record(self) -> None:
         """At an attempt's start: each parameter's gradient (weakly) and its version counter, and
@@ -113,9 +128,28 @@ class AttemptState:
             param.grad = None
         _forget_unscaled(scalers, live)
         self._put_back_steps(accelerators)
+        self._collect_on_free(accelerators)
         if self.loaders is not None and (state := gradient_state()) is not None:
             state.dataloader_references = self.loaders  # the failed loop's loader is no longer active
         return lost
+
+    def _collect_on_free(self, accelerators: list[Any]) -> None:
+        """Each of ``accelerators`` (once) gets, until the call ends, a ``free_memory`` that runs
+        ``gc.collect()`` after Accelerate's (module description: the failed attempt's model, held
+        by a cycle, outlived the ``free_memory()`` at the function's top). Held weakly: no cycle."""
+        for accelerator in accelerators:
+            if id(accelerator) in self.collecting or not callable(getattr(accelerator, "free_memory", None)):
+                continue
+            ref, own = weakref.ref(accelerator), vars(accelerator).get("free_memory")
+
+            def free_memory(*objects: Any, _ref: weakref.ref = ref, _own: Any = own) -> Any:
+                target = _ref()
+                freed = _own(*objects) if _own is not None else type(target).free_memory(target, *objects)
+                gc.collect()  # what the lists Accelerate emptied held, cycles too
+                return freed
+
+            accelerator.free_memory = free_memory
+            self.collecting[id(accelerator)] = (ref, own)
 
     def _put_back_steps(self, accelerators: list[Any]) -> None:
         """Each Accelerator's ``step`` as the attempt found it; one the attempt's start did not know

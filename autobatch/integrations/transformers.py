@@ -133,19 +133,44 @@ def fit_batch_size(
     if asked is None and resume_from_checkpoint is None and getattr(args, "resume_from_checkpoint", None) is None:
         warn_unseen_resume(trainer, size)
     tell_size(trainer, before, size, accumulation, world, result.batch_size, share)  # and the steps train() runs
+    _warn_unsized_evaluation(trainer, size)
     return result
+
+
+def _warn_unsized_evaluation(trainer: Any, size: int) -> None:
+    """One warning where ``train()`` will evaluate (``eval_strategy`` other than ``"no"``, an
+    ``eval_dataset`` given) at a ``per_device_eval_batch_size`` above the training batch the probe
+    found. Why: evaluation is not probed, and it runs beside the optimizer state; measured (a tiny
+    GPT-2, simulated 6 MiB), the probe's 15 trained and the first evaluation at 32 ran out of memory
+    mid-run, with nothing at the probe saying that the eval size had not been checked."""
+    args = trainer.args
+    strategy = getattr(args, "eval_strategy", None) or getattr(args, "evaluation_strategy", None)
+    evaluated = str(getattr(strategy, "value", strategy) or "no") != "no"
+    eval_size = getattr(args, "per_device_eval_batch_size", None)
+    if evaluated and getattr(trainer, "eval_dataset", None) is not None and isinstance(eval_size, int) and eval_size > size:
+        log.warning(
+            "fit_batch_size: evaluation is not probed, and the evaluations train() runs (eval_strategy=%r) use "
+            "per_device_eval_batch_size=%d, above the %d the training step fits; they run beside the optimizer "
+            "state and may run out of memory mid-run: set per_device_eval_batch_size=%d or less (with "
+            "compute_metrics, eval_accumulation_steps= too, or every batch's logits stay on the device)",
+            str(getattr(strategy, "value", strategy)), eval_size, size, size)
 
 
 def _warn_changed(args: Any, size: int, accumulation: int, world: int, share: int | None) -> None:
     """One warning where no global batch was asked for and ``size`` changes the samples per
     optimizer step the user's own ``gradient_accumulation_steps`` (above 1) made with their
     ``per_device_train_batch_size`` (:func:`.global_batch.changed_samples`): it was an INFO line
-    only, and 16 x 4 became 3 x 4 unseen, as under Transformers' ``auto_find_batch_size``."""
+    only, and 16 x 4 became 3 x 4 unseen, as under Transformers' ``auto_find_batch_size``. Under
+    ``auto_find_batch_size`` it says to switch that off too: ``global_batch=`` beside it is refused
+    (:func:`_refuse_auto_find`), so the advice alone led to that error."""
     changed = share is None and changed_samples(
         args.per_device_train_batch_size, size, accumulation, world, size_setting="per_device_train_batch_size",
         setting="gradient_accumulation_steps", where="TrainingArguments")
     if changed:
-        log.warning("fit_batch_size: %s", changed)
+        auto = ("; with global_batch= set auto_find_batch_size=False too (beside it, it is refused: on an "
+                "out-of-memory error train() would lower the batch without raising the accumulation)"
+                if getattr(args, "auto_find_batch_size", False) else "")
+        log.warning("fit_batch_size: %s%s", changed, auto)
 
 
 def _split(global_batch: int, world: int, largest: int, multiple_of: int, asked: bool, given: int) -> tuple[int, int]:

@@ -1,0 +1,45 @@
+"""Review 21: the ``accelerator.free_memory()`` at the function's top (Accelerate's pattern, and
+what the decorator's docs advise) under mixed precision. Accelerate's ``free_memory`` collects
+garbage *before* it empties its lists, and a model prepared under bf16 holds itself (its forward
+is bound to it, wrapped in autocast), so the failed attempt's model lived on through every retry:
+a bf16 MLP under 2 MiB failed at every size down to batch 1 (``NoBatchFitsError`` advising
+gradient accumulation) where 676 runs (at 2 MiB: 49 attempts, where 4 reach it). From the first failure the decorator's call gives each
+live Accelerator a ``free_memory`` that collects after it, put back when the call ends."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+accelerate = pytest.importorskip("accelerate")
+
+from accelerate.state import AcceleratorState  # noqa: E402
+
+from autobatch import find_executable_batch_size, simulated_memory  # noqa: E402
+
+
+@pytest.fixture
+def bf16():
+    """An Accelerator under bf16 (the process's shared state reset before and after)."""
+    AcceleratorState._reset_state()
+    yield accelerate.Accelerator(cpu=True, mixed_precision="bf16")
+    AcceleratorState._reset_state()
+
+
+def test_free_memory_at_the_top_frees_the_failed_attempts_bf16_model(bf16):
+    data = torch.randn(1024, 64)
+
+    @find_executable_batch_size(starting_batch_size=1024)
+    def train(batch_size):
+        bf16.free_memory()
+        model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 256),
+                                    torch.nn.ReLU(), torch.nn.Linear(256, 1))
+        model, optimizer = bf16.prepare(model, torch.optim.AdamW(model.parameters()))
+        bf16.backward(model(data[:batch_size]).float().pow(2).mean())
+        optimizer.step()
+        return batch_size
+
+    with simulated_memory("2MiB"):
+        size = train()  # it raised NoBatchFitsError after 49 attempts
+    assert size >= 600 and len(train.attempts) <= 5
+    assert "free_memory" not in vars(bf16)  # Accelerate's own again after the call
