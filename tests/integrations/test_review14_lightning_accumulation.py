@@ -71,5 +71,14 @@ def test_a_trainers_accumulation_whose_batches_do_not_fit_is_replaced_with_a_war
         f"AutoBatchSize: accumulate_grad_batches=2 (set on the Trainer) would train micro-batches of 512, more "
         f"than fit (the probe's largest: {probed}); global_batch=1024 is kept with accumulate_grad_batches=4 "
         "(micro-batches of 256) instead. Remove accumulate_grad_batches from the Trainer (global_batch sets it), or "
-        "pass a global_batch that accumulate_grad_batches=2 splits into micro-batches of at most 256"
+        "pass a global_batch that accumulate_grad_batches=2 splits into micro-batches of at most 256 (e.g. global_batch=512)"
     ]
+
+
+def test_the_replaced_splits_advice_names_the_largest_micro_batch_that_fits_not_the_replacement():
+    """A global batch of 32 kept by 4 micro-batches of 8 where 10 fit: the advice said "at most 8"."""
+    from autobatch.integrations.global_batch import split_keeping
+
+    split = split_keeping(32, 1, 10, 2, setting="gradient_accumulation_steps", where="TrainingArguments")
+    assert (split.accumulation, split.size) == (4, 8)
+    assert split.warning.endswith("micro-batches of at most 10 (e.g. global_batch=20)")
