@@ -24,8 +24,8 @@ excepted) is not a block: it saves its input for backward, which is just what a 
 keeps, so wrapping it saves nothing and costs a recompute (a flat VGG-style ``Sequential``
 wrapped each ``Conv2d`` and ``BatchNorm2d`` alone). Consecutive layers are not grouped: a
 wrapped block is a module the plan names. With ``targets`` (class names such as
-``"GPTBlock"``, or classes): every module of those classes below the model, outermost ones
-only (the model itself is never wrapped whole: its recompute holds every activation again).
+``"GPTBlock"``, classes, or modules of the model): every module of those classes (or those very
+modules) below the model, outermost ones only (the model itself is never wrapped whole: its recompute holds every activation again).
 
 How. The block's ``forward`` is replaced *on the instance* by a :class:`_CheckpointedForward`
 that calls the class's forward through ``torch.utils.checkpoint.checkpoint(...,
@@ -57,8 +57,8 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from .. import checks
-from .module_names import (WRAPPER_ATTRIBUTES, has_module as _has_module, misnamed_targets, module_names_for,
-                           short_names as _short)
+from .module_names import (WRAPPER_ATTRIBUTES, checkpoint_targets as _targets, has_module as _has_module, misnamed_targets,
+                           module_names_for, short_names as _short)
 from .own_checkpointing import checkpoint_by_protocol, checkpoints_by_protocol, own_checkpointing, own_checkpointing_hint
 
 __all__ = ["CheckpointHandle", "enable_checkpointing", "find_blocks", "is_checkpointed", "module_names_for",
@@ -165,33 +165,9 @@ def _matches(module: nn.Module, targets: tuple[Any, ...]) -> bool:
             return True
         if isinstance(target, type) and isinstance(module, target):
             return True
+        if isinstance(target, nn.Module) and module is target:  # a block of the model, given itself
+            return True
     return False
-
-
-def _targets(targets: Any) -> tuple[str | type, ...] | None:
-    """``targets`` as a tuple of class names and classes (a bare one is one target); one
-    ``TypeError`` for anything else (an int raised an AttributeError from the error message),
-    one ``ValueError`` for none at all."""
-    if targets is None:
-        return None
-    wanted = (targets,) if isinstance(targets, (str, type)) else targets
-    try:
-        wanted = tuple(wanted)
-    except TypeError:
-        wanted = (targets,)
-    if not wanted:  # it matched nothing, and the error listed the model's classes as if one were misspelt
-        raise ValueError("checkpoint targets are empty: name the block classes to wrap (e.g. ['GPTBlock']), or "
-                         "pass None for autobatch's choice (repeated blocks of a Sequential or ModuleList); "
-                         "allow_checkpointing=False turns checkpointing off")
-    wrong = [target for target in wanted if not isinstance(target, (str, type))]
-    if wrong:
-        raise TypeError("checkpoint targets must be class names (e.g. 'GPTBlock') or classes, one or a list of them; "
-                        f"got {targets!r:.80}, which holds {type(wrong[0]).__name__} {wrong[0]!r:.40}")
-    classes = [target for target in wanted if isinstance(target, type) and not issubclass(target, nn.Module)]
-    if classes:  # ``[int]`` was "match no module of the model", as if a block class were misspelt
-        raise TypeError(f"checkpoint targets must be nn.Module classes or their names; {classes[0].__name__} is no "
-                        "nn.Module subclass: name the model's block class (e.g. 'GPTBlock')")
-    return wanted
 
 
 def find_blocks(model: nn.Module, targets: Iterable[str | type] | None = None) -> list[str]:
@@ -223,10 +199,11 @@ def find_blocks(model: nn.Module, targets: Iterable[str | type] | None = None) -
     visit(model, "")
     if wanted is not None and not found:
         classes = sorted({cls.__name__ for module in model.modules() for cls in type(module).__mro__[:-2]})
-        names = [target if isinstance(target, str) else target.__name__ for target in wanted]
+        names = [target if isinstance(target, str) else target.__name__ if isinstance(target, type)
+                 else f"a {type(target).__name__} module" for target in wanted]
         root = " but the model itself, which is never wrapped whole" if _matches(model, wanted) else ""
         raise ValueError(f"checkpoint targets {names} match no module of the model{root}; its module classes: "
-                         f"{', '.join(classes)}{misnamed_targets(model, [t for t in wanted if isinstance(t, str)])}")
+                         f"{', '.join(classes)}{misnamed_targets(model, wanted)}")
     return found
 
 

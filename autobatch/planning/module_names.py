@@ -2,16 +2,20 @@
 
 A plan made on a DDP- or ``torch.compile``-wrapped model names ``module.blocks.0`` or
 ``_orig_mod.blocks.0``; the bare model it is applied to has ``blocks.0``, and the other way round.
-Checkpoint targets that match no class are checked here against the model's module names too
-(a module's name given for its class, a dotted class path). Kept apart from
+Checkpoint targets are read here (:func:`checkpoint_targets`), and those that match no class are checked
+against the model's module names and classes (a module's name given for its class, a dotted class path,
+a pattern, another case). Kept apart from
 :mod:`autobatch.planning.checkpointing` (which re-exports these names), which wraps the blocks.
 """
 
 from __future__ import annotations
 
+import fnmatch
+from typing import Any, Sequence
+
 from torch import nn
 
-__all__ = ["WRAPPER_ATTRIBUTES", "has_module", "misnamed_targets", "module_names_for", "short_names"]
+__all__ = ["WRAPPER_ATTRIBUTES", "checkpoint_targets", "has_module", "misnamed_targets", "module_names_for", "short_names"]
 
 
 #: attributes under which a wrapper holds the model: DDP's and DataParallel's ``module``,
@@ -55,12 +59,29 @@ def module_names_for(model: nn.Module, names: list[str]) -> list[str]:
     return list(names)
 
 
-def misnamed_targets(model: nn.Module, names: list[str]) -> str:
+def misnamed_targets(model: nn.Module, targets: Sequence[Any]) -> str:
     """Why targets that match no class may have missed: a module's *name* given for a class
     (``'blocks.0'``: its class is named instead, or ``Plan.apply`` / ``enable_checkpointing(modules=)``
-    take names), or a dotted class path (``'torch.nn.TransformerEncoderLayer'``, a Hydra
-    ``_target_``: the bare class name matches)."""
+    take names), a dotted class path (``'torch.nn.TransformerEncoderLayer'``, a Hydra
+    ``_target_``: the bare class name matches), a glob pattern (``'layers.*'``, ``'*Block'``: names are
+    matched exactly, and the error listed the classes as if one were misspelt), a class name in other
+    case (``'gpt2block'``), or modules of another copy of the model (a deepcopy's blocks)."""
     classes = {cls.__name__ for module in model.modules() for cls in type(module).__mro__}
+    if any(isinstance(target, nn.Module) for target in targets):
+        return ("; modules given as targets match only those very objects, which this model does not hold (another "
+                "copy's blocks?): pass its own modules, or their class")
+    names = [target for target in targets if isinstance(target, str)]
+    for name in names:
+        named = [module_name for module_name, _ in model.named_modules() if fnmatch.fnmatchcase(module_name, name)]
+        outermost = [found for found in named if not any(found.startswith(f"{other}.") for other in named)]
+        pattern = [found for found in sorted(classes) if fnmatch.fnmatchcase(found, name)] or sorted(
+            {type(model.get_submodule(found)).__name__ for found in outermost})
+        if any(char in name for char in "*?[") and pattern:
+            return (f"; targets are class names matched exactly, not patterns: what {name!r} matches is of the classes "
+                    f"{', '.join(repr(found) for found in pattern[:4])}: pass those")
+        same = [found for found in sorted(classes) if found.lower() == name.lower()]
+        if same:
+            return f"; class names are matched in their case: {same[0]!r} for {name!r}"
     for name in names:
         if name and has_module(model, name):
             kind = type(model.get_submodule(name)).__name__
@@ -70,3 +91,36 @@ def misnamed_targets(model: nn.Module, names: list[str]) -> str:
         if "." in name and tail in classes:
             return f"; targets are bare class names, not dotted paths: {tail!r} for {name!r}"
     return ""
+
+
+def checkpoint_targets(targets: Any) -> tuple[str | type | nn.Module, ...] | None:
+    """``targets`` as a tuple of class names, classes and modules of the model (a bare one is one target;
+    a container, ``model.layers``, stands for its entries: a ``ModuleDict`` iterated its keys, names taken
+    for classes); one ``TypeError`` for anything else (an int raised an AttributeError from the error
+    message; ``checkpoint_targets=model.layers`` was one naming the ModuleList's repr, cut mid-line), one
+    ``ValueError`` for none at all."""
+    if targets is None:
+        return None
+    wanted = (targets,) if isinstance(targets, (str, type)) else targets
+    if isinstance(targets, (nn.Sequential, nn.ModuleList, nn.ModuleDict)):
+        wanted = [module for module in targets._modules.values() if module is not None]
+    elif isinstance(targets, nn.Module):
+        wanted = (targets,)
+    try:
+        wanted = tuple(wanted)
+    except TypeError:
+        wanted = (targets,)
+    if not wanted:  # it matched nothing, and the error listed the model's classes as if one were misspelt
+        raise ValueError("checkpoint targets are empty: name the block classes to wrap (e.g. ['GPTBlock']), or "
+                         "pass None for autobatch's choice (repeated blocks of a Sequential or ModuleList); "
+                         "allow_checkpointing=False turns checkpointing off")
+    wrong = [target for target in wanted if not isinstance(target, (str, type, nn.Module))]
+    if wrong:
+        raise TypeError("checkpoint targets must be class names (e.g. 'GPTBlock') or classes (or modules of the model), "
+                        f"one or a list of them; got {type(targets).__name__}, which holds {type(wrong[0]).__name__} "
+                        f"{wrong[0]!r:.40}")
+    classes = [target for target in wanted if isinstance(target, type) and not issubclass(target, nn.Module)]
+    if classes:  # ``[int]`` was "match no module of the model", as if a block class were misspelt
+        raise TypeError(f"checkpoint targets must be nn.Module classes or their names; {classes[0].__name__} is no "
+                        "nn.Module subclass: name the model's block class (e.g. 'GPTBlock')")
+    return wanted

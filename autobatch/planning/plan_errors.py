@@ -1,6 +1,6 @@
 """The planner's errors when no plan exists: every probe attempt's figures, and what to change.
 
-A mixin of the planner's per-call state (``step``, ``probes``, ``handle``, ``probe_kwargs``,
+A mixin of the planner's per-call state (``step``, ``probes``, ``handle``, ``cache``, ``probe_kwargs``,
 ``allow_checkpointing``, ``targets``): :meth:`PlanErrors.no_fit` builds the ``NoBatchFitsError`` for "not
 even batch 1 fits" (plainly, and with activation checkpointing where it was tried), carrying
 every probe attempt in ``attempts``, and a hint that names what is left to try.
@@ -44,6 +44,24 @@ class PlanErrors:
             f"{format_bytes(plain_error.peak_bytes)} before failing. Try {self._other_options()}.",
         )
 
+    def no_block_why(self) -> str:
+        """Why checkpointing wrapped nothing: the model checkpoints its own blocks (it read "no block to
+        checkpoint was found" though its blocks were there), or no block was found, and what to name."""
+        hint = no_blocks_hint(self.step.model, self.targets)
+        return hint if own_checkpointing(self.step.model) else f"no block to checkpoint was found in the model ({hint})"
+
+    def accumulation_hint(self, boundary: int, checkpointing: bool, unhelped: str | None = None) -> str:
+        """The hint where micro-batches fit alone (up to ``boundary`` in one step) but none beside the first one's
+        gradients; ``unhelped``: why activation checkpointing, tried after, did not help (no block found to wrap,
+        a model that checkpoints itself, not even the smallest batch with it). A model whose blocks are attributes,
+        not in a container, was told only "try lower precision ... a larger memory_limit", never which
+        ``checkpoint_targets`` would have let checkpointing fit it."""
+        tried = " with activation checkpointing" if checkpointing else ""
+        unhelped = f" Activation checkpointing could not help: {unhelped}." if unhelped else ""
+        return (f"up to {boundary} fits in one step{tried}, but not the global batch; with accumulation the first "
+                f"micro-batch's gradients stay alive through the next one's step and no micro-batch fits beside them."
+                f"{unhelped} Try {self._other_options()}.")
+
     def _other_options(self, checkpointing: bool = True) -> str:
         """What is left to try when nothing fits: a smaller ``multiple_of`` where one set the
         smallest micro-batch (a plan at multiple_of=8 that checkpointing could not fit never tried
@@ -58,7 +76,7 @@ class PlanErrors:
         allow = "activation checkpointing (allow_checkpointing=True), " if checkpointing and not self.allow_checkpointing else ""
         wrapped = self.handle is not None and self.handle.modules
         cache = ("model.config.use_cache = False (its key/value cache, built in training, holds what checkpointing "
-                 "frees), " if wrapped and cache_note(self.step.model) else "")
+                 "frees), " if wrapped and cache_note(self.step.model, self.cache) else "")
         own = own_checkpointing(self.step.model)
         itself = (f" (the model checkpoints its own blocks already, gradient_checkpointing=True on {short_list(own)}: "
                   "autobatch added no checkpointing of its own)" if own and self.allow_checkpointing else "")

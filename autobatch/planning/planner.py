@@ -49,7 +49,7 @@ from .batch_statistics import batch_norm_layers, batch_statistics_note
 from .checkpointing import (CheckpointHandle, enable_checkpointing, find_blocks, no_blocks_hint, put_back_checkpointing,
                             take_checkpointing)
 from .fastest import ThroughputObjective
-from .own_checkpointing import cache_note, own_checkpointing
+from .own_checkpointing import CacheWatch, cache_note, own_checkpointing
 from .plan_errors import PlanErrors
 from .plan_arguments import OBJECTIVES, ragged_message, smallest_batch, validate, validate_timing
 from .plan_result import Plan, candidates_table, short_list
@@ -87,8 +87,9 @@ def plan(
         objective: ``"max_batch"`` (largest micro-batch) or ``"throughput"`` (most samples/s).
         allow_accumulation: may split the global batch into micro-batches.
         allow_checkpointing: may wrap repeated blocks with activation checkpointing.
-        checkpoint_targets: class names of the blocks to checkpoint (default: children of
-            ``nn.Sequential`` / entries of ``nn.ModuleList`` or ``nn.ModuleDict`` that repeat).
+        checkpoint_targets: class names or classes of the blocks to checkpoint, or the blocks
+            themselves (``model.layers``) (default: children of ``nn.Sequential`` / entries of
+            ``nn.ModuleList`` or ``nn.ModuleDict`` that repeat).
         balanced: balanced micro-batches (sizes differ by at most one) rather than full ones
             and a smaller last one; off when ``multiple_of`` > 1 (sizes stay multiples).
         min_micro_batch: throughput: the smallest micro-batch timed (default: largest // 16).
@@ -172,6 +173,7 @@ class _Planner(PlanErrors, ThroughputObjective):
         self.probes: list[dict[str, Any]] = []
         self.notes: list[str] = []
         self.handle: CheckpointHandle | None = None
+        self.cache = CacheWatch()  # what the checkpointed forwards handed back: a key/value cache, or none
 
     # -- probing --------------------------------------------------------------------------
     def probe(self, checkpointing: bool, *, accumulating: int | None = None,
@@ -217,7 +219,6 @@ class _Planner(PlanErrors, ThroughputObjective):
         if own or not self.handle.modules:
             self.note(f"activation checkpointing wrapped no block: {no_blocks_hint(self.step.model, self.targets)}")
             return False
-        self.note(cache_note(self.step.model))
         return True
 
     def note(self, note: str | None) -> None:
@@ -233,10 +234,12 @@ class _Planner(PlanErrors, ThroughputObjective):
         if not self.wrap():
             return None, None
         try:
-            result, error = self.probe(True, accumulating=accumulating, only=only)
+            with self.cache.watching(self.step.model):
+                result, error = self.probe(True, accumulating=accumulating, only=only)
         except CheckpointError as exc:  # the recompute ran otherwise than the forward: no OOM figure
             self.recompute_note(exc)
             raise
+        self.note(cache_note(self.step.model, self.cache))
         self.unwrap()
         return result, error
 
@@ -261,13 +264,7 @@ class _Planner(PlanErrors, ThroughputObjective):
             result, error = self.probe(False, accumulating=boundary)
         if result is not None:
             return self.with_margin(result, one_step, checkpointing)
-        raise self._attempts_error(
-            error,
-            f"up to {boundary} fits in one step{' with activation checkpointing' if checkpointing else ''}, but not the "
-            "global batch; with accumulation the first "
-            "micro-batch's gradients stay alive through the next one's step and no micro-batch fits beside them. "
-            f"Try {self._other_options()}.",
-        )
+        raise self._attempts_error(error, self.accumulation_hint(boundary, checkpointing))
 
     def with_margin(self, accumulated: ProbeResult, one_step: ProbeResult, checkpointing: bool) -> int:
         """The accumulated probe's answer (run without a margin) less the user's ``margin``,
@@ -329,9 +326,10 @@ class _Planner(PlanErrors, ThroughputObjective):
         if ckpt is None:
             if plain is None:
                 raise self.no_fit(plain_error, ckpt_error, True)
-            why = (f"no block to checkpoint was found in the model ({no_blocks_hint(self.step.model, self.targets)})"
-                   if ckpt_error is None else f"with it, not even {smallest_batch(self.probe_kwargs)} fit")
-            raise accumulation_error or GlobalBatchTooLargeError(self.global_batch, plain.batch_size, False, plain.device, why)
+            why = self.no_block_why() if ckpt_error is None else f"with it, not even {smallest_batch(self.probe_kwargs)} fit"
+            if accumulation_error is not None:  # its hint named no checkpointing, as if none had been tried
+                raise self._attempts_error(accumulation_error, self.accumulation_hint(plain.largest_passed or plain.batch_size, False, why))
+            raise GlobalBatchTooLargeError(self.global_batch, plain.batch_size, False, plain.device, why)
         if self.fits(ckpt):
             why = "the global batch fits in one step only with activation checkpointing"
             return self.build(self.global_batch, True, "max_batch", why, balanced)
