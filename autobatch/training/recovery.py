@@ -33,7 +33,7 @@ from typing import Any
 from ..errors import PeerOutOfMemoryError, StepOutOfMemoryError, add_note
 from .. import checks
 from ..memory.oom import free_memory, is_oom_error
-from ..planning.checkpointing import enable_checkpointing, no_blocks_hint
+from ..planning.checkpointing import enable_checkpointing, is_checkpointed, no_blocks_hint
 from ..planning.own_checkpointing import own_checkpointing
 from ..probe.ddp_reducer import rebuild_before_first_step, reset_failed_reduction
 from .inputs import warn_batch_statistics
@@ -119,7 +119,7 @@ class OomRecovery(CountsSkips):
         ``multiple_of``: N itself by default) failed and no fallback is left."""
         if self.micro_batch > self.min_micro_batch or self.growth.trying:
             return False
-        return not self.checkpointing_fallback or self.checkpoint_handle is not None
+        return not self.checkpointing_fallback or self._checkpointed()
 
     def _retried(self, batch: Any, size: int) -> Any:
         """The step's attempts: replayed after an OOM (:meth:`_recover` first) until one succeeds.
@@ -230,7 +230,7 @@ class OomRecovery(CountsSkips):
             return
         if not self.guard.enabled:  # still stepping: _abandon marks the weights as holding an uncounted update
             raise StepOutOfMemoryError(
-                self.step, "optimizer", self.checkpoint_handle is not None,
+                self.step, "optimizer", self._checkpointed(),
                 reason=f"global step {self.step} ran out of memory inside optimizer.step() with step_guard='off': "
                 "the update may be half-applied, so replaying it would corrupt the model. Use step_guard='cpu'.",
             )
@@ -256,8 +256,8 @@ class OomRecovery(CountsSkips):
             allowed = (f"min_micro_batch={self.min_micro_batch} and multiple_of={self.multiple_of} allow"
                        if self.multiple_of > 1 else f"min_micro_batch={self.min_micro_batch} allows")
             lower = "lower min_micro_batch or multiple_of" if self.multiple_of > 1 else "lower min_micro_batch"
-            how = "with" if self.checkpoint_handle is not None else "without"
-            fallback = "" if self.checkpointing_fallback else "checkpointing_fallback=True, "
+            how = "with" if self._checkpointed() else "without"
+            fallback = "" if self.checkpointing_fallback or self._checkpointed() else "checkpointing_fallback=True, "
             advice = (f"Try {fallback}lower precision, a smaller model or sequence length, more device memory, or a "
                       f"{lower} if the model trains on fewer samples.")
             if self._phase == "optimizer":  # neither checkpointing nor the micro-batch sizes the optimizer step
@@ -265,7 +265,7 @@ class OomRecovery(CountsSkips):
                           "lower precision, a smaller model, or more device memory.")
             reason = (f"global step {self.step} ran out of memory in {self._phase} at micro-batch {failed_at}, the "
                       f"smallest {allowed}, {how} activation checkpointing. {advice}")
-        return StepOutOfMemoryError(self.step, self._phase, self.checkpoint_handle is not None, reason=reason)
+        return StepOutOfMemoryError(self.step, self._phase, self._checkpointed(), reason=reason)
 
     def _outside_replay(self, micro_batch: int) -> StepOutOfMemoryError:
         """The error for an OOM raised after the step's attempts succeeded (in ``scheduler.step()``,
@@ -273,7 +273,7 @@ class OomRecovery(CountsSkips):
         micro-batch does not make that part smaller, and the message says so instead of claiming
         that the smallest micro-batch ran out (the step is undone by then, as for any error)."""
         where = "scheduler.step()" if self._phase == "scheduler" else "the step's end, after optimizer.step()"
-        return StepOutOfMemoryError(self.step, self._phase, self.checkpoint_handle is not None, reason=(
+        return StepOutOfMemoryError(self.step, self._phase, self._checkpointed(), reason=(
             f"global step {self.step} ran out of memory in {where}, after its micro-batches and optimizer step had "
             f"succeeded at micro-batch {micro_batch}: that is outside the runner's OOM replay (moving "
             "micro-batches, forward, backward, optimizer.step()), and a smaller micro-batch would not make it "
@@ -356,6 +356,13 @@ class OomRecovery(CountsSkips):
         for param in self.model.parameters():
             param.grad = None
         reset_failed_reduction(self.model)  # a one-process DDP's reducer, left mid-backward
+
+    def _checkpointed(self) -> bool:
+        """Whether the model's blocks recompute their activations: the runner's fallback, or a
+        plan's ``apply(model)`` before the runner (the error said "without activation
+        checkpointing ... enable checkpointing_fallback=True" there, and the fallback found no
+        block left to wrap)."""
+        return self.checkpoint_handle is not None or any(is_checkpointed(module) for module in self.model.modules())
 
     def _enable_checkpointing(self) -> None:
         """The fallback at the smallest micro-batch; none for a model that checkpoints its own blocks
