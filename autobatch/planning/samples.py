@@ -106,7 +106,8 @@ def batch_size_of(batch: Any) -> int:
     raise ValueError(
         f"batch tensors disagree on dim 0 (the batch dimension): {found}. Every tensor needs the batch's samples on "
         "dim 0, but those in a list or tuple with one entry per sample (per-sample tensors or dicts, as a detection "
-        "collate makes): make a sequence-first tensor batch-first (.transpose(0, 1)), and keep a tensor shared by "
+        "collate makes): make a sequence-first tensor batch-first (.transpose(0, 1)), one with k rows per sample "
+        "(pixel_values of B * k images) [B, k, ...] (.view(B, k, *rest)), and keep a tensor shared by "
         "the whole batch (a vocabulary mask, class weights) out of the batch (on the model, or in the loss_fn's "
         "closure): autobatch cannot tell it from a per-sample one; see 'What a batch may hold' in docs/runner.md"
     )
