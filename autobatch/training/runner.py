@@ -106,7 +106,7 @@ class Runner(OomRecovery, SplitsInMultiples, EndsSteps, Resumable, PlansFromData
             (``"auto"``); ``"off"``: no snapshot, and an OOM inside ``optimizer.step()`` raises
             instead of replaying.
         checkpointing_fallback: when micro-batch 1 OOMs, turn on activation checkpointing of
-            the repeated blocks (``checkpoint_targets``: class names) and replay.
+            the repeated blocks (``checkpoint_targets``: class names, classes or the model's modules) and replay.
         empty_cache_every: cache hygiene: empty the allocator's cache every N steps (off by default).
         empty_cache_threshold: cache hygiene: empty it when reserved - allocated exceeds this
             (bytes or "2GiB"; off by default).
@@ -155,7 +155,7 @@ class Runner(OomRecovery, SplitsInMultiples, EndsSteps, Resumable, PlansFromData
         grow_after: int | None = 100,
         step_guard: str = "auto",
         checkpointing_fallback: bool = False,
-        checkpoint_targets: list[str] | None = None,
+        checkpoint_targets: Iterable[str | type | torch.nn.Module] | None = None,
         empty_cache_every: int | None = None,
         empty_cache_threshold: int | str | None = None,
         checkpoint_dir: str | os.PathLike | None = None,
