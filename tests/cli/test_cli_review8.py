@@ -72,7 +72,8 @@ def test_a_sweeps_summary_names_the_isolated_probes_real_error(tmp_path):
     with open(sweep / "summary.csv", newline="") as handle:
         (row,) = list(csv.DictReader(handle))
     assert row["status"] == "failed" and row["error"].startswith("KeyError: 'bug in my model' (raised at ")
-    assert _errors(done.stderr) == ["autobatch: error: " + row["error"]], done.stderr
+    [line] = _errors(done.stderr)  # the job named, as a sweep's failed job is (the row holds the error alone)
+    assert line.startswith("autobatch: error: job 0 (") and line.endswith("): " + row["error"]), done.stderr
 
 
 #: global batch 16 = 2 micro-batches of 8, five steps, no periodic checkpoint (the default)
