@@ -52,10 +52,11 @@ def _step() -> ab.TrainStep:
         (lambda: ab.TrainStep(*_model_and_optimizer(), lambda m, b: {"loss_classifier": m(b).mean(), "loss_box_reg": m(b).sum()},
                               lambda n: torch.randn(n, 4))(2), TypeError, r"loss terms \(loss_classifier, loss_box_reg\).*sum\("),
         (lambda: _step()(0), ValueError, "batch_size"),
+        (lambda: ab.plan(_step(), global_batch=8, starting_batch_size=8), TypeError, "did you mean 'start'"),
     ],
     ids=["strategy-alias", "step-arity", "criterion-loss", "meta-model", "decorator-device", "percent", "half-byte",
          "format-string", "guard-alias", "objective-alias",
-         "runner-keyword", "fit-keyword", "find-keyword", "trainstep-keyword", "loss-terms", "empty-step"],
+         "runner-keyword", "fit-keyword", "find-keyword", "trainstep-keyword", "loss-terms", "empty-step", "plan-keyword"],
 )
 def test_a_bad_input_is_one_error_naming_what_to_change(call, error, match):
     if "cuda" in match and torch.cuda.is_available():

@@ -110,6 +110,10 @@ def checkpoint_targets(targets: Any) -> tuple[str | type | nn.Module, ...] | Non
         wanted = tuple(wanted)
     except TypeError:
         wanted = (targets,)
+    # a container inside the list, [model.layers], stands for its entries too: wrapped itself it was never called
+    wanted = tuple(entry for target in wanted for entry in (
+        [m for m in target._modules.values() if m is not None]
+        if isinstance(target, (nn.Sequential, nn.ModuleList, nn.ModuleDict)) else [target]))
     if not wanted:  # it matched nothing, and the error listed the model's classes as if one were misspelt
         raise ValueError("checkpoint targets are empty: name the block classes to wrap (e.g. ['GPTBlock']), or "
                          "pass None for autobatch's choice (repeated blocks of a Sequential or ModuleList); "

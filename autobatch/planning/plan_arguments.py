@@ -15,6 +15,7 @@ import numbers
 from typing import Any, Callable, Iterable
 
 from .. import checks
+from ..probe.arguments import FIND_ALIASES
 
 __all__ = ["check_switches", "validate", "validate_timing", "ragged_message", "smallest_batch", "check_one_step_cap",
            "check_option_names", "plan_keywords", "unknown_keyword", "OBJECTIVES"]
@@ -50,7 +51,8 @@ def unknown_keyword(key: str, known: Iterable[str]) -> str:
     """What to say of ``key``, no keyword argument of ``plan()`` or ``find_max_batch()``: the
     closest known name where one is close (``memory_limt``), and the names there are."""
     names = sorted(known)
-    close = difflib.get_close_matches(str(key), names, n=1)
+    meant = FIND_ALIASES.get(str(key))  # a peer's name (Accelerate's starting_batch_size), as find_max_batch says
+    close = [meant] if meant in names else difflib.get_close_matches(str(key), names, n=1)
     guess = f"did you mean {close[0]!r}? " if close else ""
     return f"is no keyword argument of plan() or find_max_batch(); {guess}use one of {', '.join(names)}"
 

@@ -114,6 +114,7 @@ def test_checkpoint_targets_take_the_models_own_modules_and_say_what_a_pattern_o
     model = Attributes()
     model.layers = nn.ModuleList(Blk() for _ in range(2))
     assert find_blocks(model, model.layers) == ["layers.0", "layers.1"]  # a container: its entries
+    assert find_blocks(model, [model.layers]) == ["layers.0", "layers.1"]  # in a list too (it wrapped the container)
     assert find_blocks(model, [model.b1, model.b3]) == ["b1", "b3"]
     assert find_blocks(model, model.b2) == ["b2"]
     for targets, said in [(copy.deepcopy(model).layers, "another copy"), ("layers.*", "not patterns: what 'layers.*' "
