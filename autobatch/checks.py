@@ -8,7 +8,7 @@ import difflib
 import inspect
 import numbers
 import operator
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import torch
@@ -19,7 +19,7 @@ from .memory.devices import device_available, torch_device  # here with the memo
 
 __all__ = ["positive_int", "positive_number", "positive_shape", "integer", "flag", "module", "materialized", "optimizer", "function",
            "torch_device", "dtype", "grad_scaler", "scheduler", "no_closure", "loss", "record_fields", "choice",
-           "keywords"]
+           "keywords", "closest"]
 
 
 def integer(value: Any) -> int | None:
@@ -244,8 +244,7 @@ def choice(name: str, value: Any, choices: tuple[str, ...], *, aliases: Mapping[
     guess = None
     if isinstance(value, str):
         folded = value.strip().lower()
-        guess = (folded if folded in choices else (aliases or {}).get(folded)
-                 or next(iter(difflib.get_close_matches(folded, choices, n=1)), None))
+        guess = folded if folded in choices else closest(folded, choices, aliases)
     hint = f"; did you mean {name}={guess!r}?" if guess else ""
     raise ValueError(f"{name} must be one of {', '.join(choices)}; got {value!r:.60}{hint}")
 
@@ -333,7 +332,9 @@ def keywords(aliases: Mapping[str, str] | None = None) -> Any:
         def checked(*args: Any, **kwargs: Any) -> Any:
             for key in kwargs:
                 if key not in parameters:
-                    raise TypeError(f"{label}() got an unexpected keyword argument {key!r}; {_closest(key, names, aliases)}")
+                    guess = closest(key, names, aliases)
+                    raise TypeError(f"{label}() got an unexpected keyword argument {key!r}; "
+                                    + (f"did you mean {guess!r}?" if guess else f"it takes {', '.join(names)}"))
             return fn(*args, **kwargs)
 
         return checked
@@ -341,7 +342,10 @@ def keywords(aliases: Mapping[str, str] | None = None) -> Any:
     return decorate
 
 
-def _closest(key: str, names: list[str], aliases: Mapping[str, str] | None) -> str:
-    """The name meant by ``key``, where one is close or ``aliases`` has it, and the names there are."""
-    guess = (aliases or {}).get(key) or next(iter(difflib.get_close_matches(key, names, n=1)), None)
-    return f"did you mean {guess!r}?" if guess else f"it takes {', '.join(names)}"
+def closest(value: str, names: Iterable[str], aliases: Mapping[str, str] | None = None) -> str | None:
+    """The one of ``names`` that ``value`` means: the one ``aliases`` gives for it (a peer's name,
+    Accelerate's ``starting_batch_size`` for ``start``), else the closest spelling; None where none
+    is close. The did-you-mean of :func:`choice`, :func:`keywords` and ``plan()``'s options."""
+    names = list(names)
+    meant = (aliases or {}).get(value)
+    return meant if meant in names else next(iter(difflib.get_close_matches(value, names, n=1)), None)

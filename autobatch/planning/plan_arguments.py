@@ -9,7 +9,6 @@ accumulation it meant to forbid, and ``balanced=None`` planned unbalanced micro-
 
 from __future__ import annotations
 
-import difflib
 import inspect
 import numbers
 from typing import Any, Callable, Iterable
@@ -51,9 +50,8 @@ def unknown_keyword(key: str, known: Iterable[str]) -> str:
     """What to say of ``key``, no keyword argument of ``plan()`` or ``find_max_batch()``: the
     closest known name where one is close (``memory_limt``), and the names there are."""
     names = sorted(known)
-    meant = FIND_ALIASES.get(str(key))  # a peer's name (Accelerate's starting_batch_size), as find_max_batch says
-    close = [meant] if meant in names else difflib.get_close_matches(str(key), names, n=1)
-    guess = f"did you mean {close[0]!r}? " if close else ""
+    close = checks.closest(str(key), names, FIND_ALIASES)  # a peer's name too, as find_max_batch says
+    guess = f"did you mean {close!r}? " if close else ""
     return f"is no keyword argument of plan() or find_max_batch(); {guess}use one of {', '.join(names)}"
 
 
