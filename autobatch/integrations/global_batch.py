@@ -63,17 +63,12 @@ def split_keeping(global_batch: int, world: int, largest: int, given: int | None
         why = f"does not split the {share} samples per optimizer step{ranks} into equal micro-batches{multiple}"
     else:
         why = f"would train micro-batches of {share // given}, more than fit (the probe's largest: {probed or largest})"
+    fitting = max(multiple_of, largest - largest % multiple_of)  # not the replacement's size: "at most 8" where 10 fit
     return Split(accumulation, size, warning=(
         f"{setting}={given} (set on {where}) {why}; global_batch={global_batch} is kept with {setting}={accumulation} "
         f"(micro-batches of {size}) instead. Remove {setting} from {where} (global_batch sets it), or pass a "
-        f"global_batch that {setting}={given} splits into micro-batches of at most {_fitting(largest, multiple_of)} "
-        f"(e.g. global_batch={given * _fitting(largest, multiple_of) * world})"))
-
-
-def _fitting(largest: int, multiple_of: int) -> int:
-    """The largest micro-batch that fits, a multiple of ``multiple_of`` (the warning named the
-    replacement split's micro-batch instead: "at most 8" where 10 fits)."""
-    return max(multiple_of, largest - largest % multiple_of)
+        f"global_batch that {setting}={given} splits into micro-batches of at most {fitting} "
+        f"(e.g. global_batch={given * fitting * world})"))
 
 
 def check_share(global_batch: int, world: int, multiple_of: int, *, unit: str = "rank") -> int:

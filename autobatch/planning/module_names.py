@@ -101,16 +101,12 @@ def checkpoint_targets(targets: Any) -> tuple[str | type | nn.Module, ...] | Non
     ``ValueError`` for none at all."""
     if targets is None:
         return None
-    wanted = (targets,) if isinstance(targets, (str, type)) else targets
-    if isinstance(targets, (nn.Sequential, nn.ModuleList, nn.ModuleDict)):
-        wanted = [module for module in targets._modules.values() if module is not None]
-    elif isinstance(targets, nn.Module):
-        wanted = (targets,)
+    wanted = (targets,) if isinstance(targets, (str, type, nn.Module)) else targets
     try:
         wanted = tuple(wanted)
     except TypeError:
         wanted = (targets,)
-    # a container inside the list, [model.layers], stands for its entries too: wrapped itself it was never called
+    # a container, bare or in the list ([model.layers]), stands for its entries: wrapped itself it was never called
     wanted = tuple(entry for target in wanted for entry in (
         [m for m in target._modules.values() if m is not None]
         if isinstance(target, (nn.Sequential, nn.ModuleList, nn.ModuleDict)) else [target]))

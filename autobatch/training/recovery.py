@@ -251,13 +251,13 @@ class OomRecovery(CountsSkips):
             return exc
         if not getattr(self, "_replaying", True):
             return self._outside_replay(failed_at)
-        reason = None
+        reason, checkpointed = None, self._checkpointed()
         if failed_at > 1:  # the default message is for micro-batch 1
             allowed = (f"min_micro_batch={self.min_micro_batch} and multiple_of={self.multiple_of} allow"
                        if self.multiple_of > 1 else f"min_micro_batch={self.min_micro_batch} allows")
             lower = "lower min_micro_batch or multiple_of" if self.multiple_of > 1 else "lower min_micro_batch"
-            how = "with" if self._checkpointed() else "without"
-            fallback = "" if self.checkpointing_fallback or self._checkpointed() else "checkpointing_fallback=True, "
+            how = "with" if checkpointed else "without"
+            fallback = "" if self.checkpointing_fallback or checkpointed else "checkpointing_fallback=True, "
             advice = (f"Try {fallback}lower precision, a smaller model or sequence length, more device memory, or a "
                       f"{lower} if the model trains on fewer samples.")
             if self._phase == "optimizer":  # neither checkpointing nor the micro-batch sizes the optimizer step
@@ -265,7 +265,7 @@ class OomRecovery(CountsSkips):
                           "lower precision, a smaller model, or more device memory.")
             reason = (f"global step {self.step} ran out of memory in {self._phase} at micro-batch {failed_at}, the "
                       f"smallest {allowed}, {how} activation checkpointing. {advice}")
-        return StepOutOfMemoryError(self.step, self._phase, self._checkpointed(), reason=reason)
+        return StepOutOfMemoryError(self.step, self._phase, checkpointed, reason=reason)
 
     def _outside_replay(self, micro_batch: int) -> StepOutOfMemoryError:
         """The error for an OOM raised after the step's attempts succeeded (in ``scheduler.step()``,
