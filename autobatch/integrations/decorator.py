@@ -76,6 +76,7 @@ from ..memory.lazy_state import LazyStateWatch
 from ..memory.oom import allocated_at_failure, free_memory, is_oom_error, recognised_ooms, requested_bytes
 from ..memory.simulated import active_simulation
 from ..probe.arguments import ALLOCATOR_HEADROOM
+from .decorator_loaders import KeptLoader
 from .decorator_checks import (accumulation_message, caught_message, check_arguments, check_call, check_takes_batch,
                                is_method, kept_by_failures, refuse_coroutine, retrained_message, retry_note)
 from .decorator_state import AttemptState, accumulation_steps
@@ -91,8 +92,8 @@ class Attempt:
     batch_size: int
     ok: bool
     seconds: float
-    #: bytes in use when the attempt started, the peak it reached, and those allocated when it
-    #: failed (None without instruments)
+    #: bytes in use when the attempt started (after the function's own ``accelerator.free_memory()``),
+    #: the peak it reached, and those allocated when it failed (None without instruments)
     start_bytes: int | None = None
     peak_bytes: int | None = None
     failed_at_bytes: int | None = None
@@ -137,21 +138,19 @@ def find_executable_batch_size(
     after a ``NoBatchFitsError``, where that call started). Over ``@staticmethod``/``@classmethod`` too.
 
     Raises:
-        TypeError: the batch size was passed in the call, by position or name (the decorator
-            supplies it), or as the function (``@find_executable_batch_size(64)``); the
-            function takes no positional parameter for it (``def train(*, batch_size)``) or has a
-            ``batch_size`` that is not first (``def train(model, batch_size)``); it is a generator or
-            ``async def``, or returns a coroutine or generator (its steps would run after the call
-            returned, where no retry sees an out-of-memory error).
+        TypeError: the batch size was passed in the call, by position or name, or as the function
+            (``@find_executable_batch_size(64)``); the function takes no positional parameter for it
+            (``def train(*, batch_size)``) or has a ``batch_size`` that is not first (``def train(model,
+            batch_size)``); it is a generator or ``async def``, or returns a coroutine or generator (its
+            steps would run after the call returned, where no retry sees an out-of-memory error).
         ValueError: a bad argument, ``starting_batch_size`` below ``multiple_of``, or a
             ``reduce_batch_size_fn`` that returned a size not below the one that failed (the
             retries would never end).
         NoBatchFitsError: batch 1 ran out of memory; or sizes down to half the start failed at one
             point, whatever their size (a function that ignores it): the message says so.
 
-    A failed attempt's own gradients are dropped and others kept (those from before the call it changed:
-    dropped, a ``RuntimeWarning``); its steps with an optimizer passed in, which the retry runs again
-    from the function's top, are a ``RuntimeWarning``; a retry's other error gets a note (module docstring).
+    A failed attempt's own gradients are dropped and others kept; its steps with an optimizer passed in
+    are a ``RuntimeWarning``; a retry's other error gets a note (module docstring).
     """
     if function is None:
         return functools.partial(find_executable_batch_size, starting_batch_size=starting_batch_size,
@@ -167,12 +166,13 @@ def find_executable_batch_size(
     def wrapped(*args: Any, **kwargs: Any) -> Any:
         check_call(function, args[int(method):], kwargs, method)
         memory = _instruments(device)
-        with LazyStateWatch() as watch, AttemptState() as state:  # leaving it removes its hooks
+        with LazyStateWatch() as watch, AttemptState(memory) as state:  # leaving it removes its hooks
             return _attempts(wrapped, watch, memory, state, args, kwargs)
 
     def _attempts(wrapped: Any, watch: LazyStateWatch, memory: DeviceMemory | None, grads: AttemptState,
                   args: tuple, kwargs: dict) -> Any:
         first, mine, accumulating = wrapped.batch_size, len(wrapped.attempts), accumulation_steps()  # x first: asked
+        kept = KeptLoader(getattr(function, "__name__", "function"))  # a prepared loader that ignores the size
         while True:
             size = wrapped.batch_size
             attempt = Attempt(batch_size=size, ok=False, seconds=0.0)
@@ -190,15 +190,16 @@ def find_executable_batch_size(
                 if not is_oom_error(exc):
                     _note_retry(exc, function, wrapped.attempts[mine:], grads)
                     raise
-                _record_failure(attempt, exc, memory, began, grads)
+                _record_failure(attempt, exc, memory, began, grads, kept)
                 if size <= 1 or _fixed_failure(wrapped.attempts[mine:]) == "stop":  # a smaller size fails too
                     wrapped.batch_size = first  # nothing ran: a later call (memory freed since) searches again
-                    raise _nothing_fits(attempt, memory, wrapped.attempts[mine:], function, args[0] if method else None) from exc
+                    raise _nothing_fits(attempt, memory, wrapped.attempts[mine:], function,
+                                        args[0] if method else None, kept.message) from exc
                 # leave the handler: only the message is kept, the failed frames are released
             else:
                 refuse_coroutine(function, value)
                 attempt.seconds, attempt.ok = time.perf_counter() - began, True
-                _returned(wrapped.attempts[mine:], function, memory, (ooms, handled), grads, accumulating)
+                _returned(wrapped.attempts[mine:], function, memory, (ooms, handled), (grads, kept), accumulating)
                 return value
             watch.repair()  # an optimizer step the OOM interrupted leaves no half-created state
             if lost := grads.drop_failed():  # the next attempt neither steps with nor holds the failed one's
@@ -214,15 +215,18 @@ def find_executable_batch_size(
 
 
 def _returned(attempts: list[Attempt], function: Callable[..., Any], memory: DeviceMemory | None,
-              counts: tuple[int | None, int], grads: AttemptState, accumulating: int) -> None:
+              counts: tuple[int | None, int], state: tuple[AttemptState, KeptLoader], accumulating: int) -> None:
     """A call that returned: its peak, and one ``RuntimeWarning`` where the device counted
     out-of-memory errors during it beyond those nested decorated calls handled: the function
     caught them itself (an ``except Exception`` around its loop, a per-batch ``except`` that skips the batch), so the
     retry never saw them and the size is recorded as one that ran. Why: that size was kept as
     ``wrapped.batch_size`` for the next call, with no sign that steps (and their samples) were
     skipped. Then :func:`_smaller_than_asked`. ``attempts``: this call's, the last the one that ran;
-    ``counts``: the device's out-of-memory count and the handled count at its start."""
-    attempt, (ooms, handled) = attempts[-1], counts
+    ``counts``: the device's out-of-memory count and the handled count at its start. A prepared loader
+    made outside that trained at its own size is one warning (:meth:`~.decorator_loaders.KeptLoader.returned`)."""
+    attempt, (ooms, handled), (grads, kept) = attempts[-1], counts, state
+    kept.returned(attempt.batch_size)
+    attempt.start_bytes = grads.started(attempt.start_bytes)  # after the function's own free_memory()
     _smaller_than_asked(function, attempts, accumulating, grads)
     if twice := grads.retrained.twice():
         warnings.warn(retrained_message(getattr(function, "__name__", "function"), twice, attempt.batch_size),
@@ -263,11 +267,14 @@ def _note_retry(exc: Exception, function: Callable[..., Any], attempts: list[Att
 
 
 def _record_failure(attempt: Attempt, exc: Exception, memory: DeviceMemory | None, began: float,
-                    grads: AttemptState) -> None:
+                    grads: AttemptState, kept: KeptLoader) -> None:
     """The failed attempt's figures, read in the handler, while the failed frames still hold what
     they allocated (the message's figure where it says more), and the objects they hold that
-    :meth:`~.decorator_state.AttemptState.drop_failed` needs (an optimizer made inside)."""
+    :meth:`~.decorator_state.AttemptState.drop_failed` needs (an optimizer made inside), and the
+    prepared loader it was iterating (:class:`~.decorator_loaders.KeptLoader`)."""
     grads.note_failure()
+    kept.failed(attempt.batch_size)
+    attempt.start_bytes = grads.started(attempt.start_bytes)  # after the function's own free_memory()
     if memory is not None:
         attempt.failed_at_bytes = max(memory.allocated(), allocated_at_failure(str(exc)) or 0)
     attempt.seconds = time.perf_counter() - began
@@ -356,11 +363,12 @@ def _fixed_failure(attempts: list[Attempt]) -> str | None:
 
 
 def _nothing_fits(attempt: Attempt, memory: DeviceMemory | None, attempts: list[Attempt],
-                  function: Callable[..., Any], instance: Any = None) -> NoBatchFitsError:
+                  function: Callable[..., Any], instance: Any = None, loader: str | None = None) -> NoBatchFitsError:
     """Batch 1 failed, or this call's ``attempts`` all failed at one point whatever their size
     (:func:`_fixed_failure`), so a smaller one would too: the error says which, and what to change.
     ``instance``: a method's ``self``, whose own ``batch_size`` attribute (Lightning's convention)
-    is named where the size looks ignored: a method that read it never used the size it was given."""
+    is named where the size looks ignored: a method that read it never used the size it was given.
+    ``loader``: :class:`~.decorator_loaders.KeptLoader`'s message, where a prepared loader ignored it."""
     name, fixed = getattr(function, "__name__", "function"), attempts if _fixed_failure(attempts) else None
     own = getattr(instance, "batch_size", None) if instance is not None else None
     if fixed:
@@ -376,6 +384,8 @@ def _nothing_fits(attempt: Attempt, memory: DeviceMemory | None, attempts: list[
             "fixed in size (the model, its optimizer state, a fixed-size buffer): use lower precision, a smaller "
             "model or a larger device."
         )
+    elif loader is not None:
+        hint = f"find_executable_batch_size reached batch {attempt.batch_size}. {loader.split(': ', 1)[1]}"
     elif kept := kept_by_failures(name, attempts):
         hint = f"find_executable_batch_size reached batch {attempt.batch_size}. {kept}"
     else:

@@ -23,6 +23,7 @@ leaves behind outside the function, and how it is undone before the next attempt
   bound to it, wrapped in autocast), so the failed attempt's model, freed by the
   ``free_memory()`` at the function's top that Accelerate's docs (and these) advise, lived on
   through the retry: a bf16 MLP under 7 MiB failed at every size down to batch 1 where 921 runs;
+  the memory in use after it is where the attempt starts (:meth:`AttemptState.started`);
 * the **updates** a failed attempt made through an optimizer that the retry steps again (made
   before the call) cannot be undone without a copy: they are counted (:class:`RetrainedSteps`),
   and a call that returns after a retry that did not load a checkpoint into it is one warning.
@@ -57,7 +58,10 @@ class AttemptState:
     optimizer stepped), and a gradient with no record from the attempt's start (the attempt made
     it, or an optimizer made since the first scan that never stepped holds it) is dropped."""
 
-    def __init__(self) -> None:
+    def __init__(self, memory: Any = None) -> None:
+        self.memory = memory  # the decorator's instruments (a DeviceMemory), or None
+        #: the memory in use after the attempt's own ``accelerator.free_memory()`` (:meth:`started`)
+        self.freed_to: int | None = None
         self.before: dict[int, tuple[weakref.ref, weakref.ref, int]] = {}
         self.steps: dict[int, tuple[weakref.ref, int]] = {}
         self.loaders: list[Any] | None = None
@@ -81,7 +85,7 @@ class AttemptState:
     def record(self) -> None:
         """At an attempt's start: each parameter's gradient (weakly) and its version counter, and
         each known Accelerator's ``step``."""
-        self.before = {}
+        self.before, self.freed_to = {}, None
         self.retrained.record()
         for param in _params_of(_known_optimizers()):
             if param.grad is not None:
@@ -133,6 +137,20 @@ class AttemptState:
             state.dataloader_references = self.loaders  # the failed loop's loader is no longer active
         return lost
 
+    def started(self, start: int | None) -> int | None:
+        """The memory in use when the attempt started, ``start`` as read before the function ran, or
+        less where the function's own ``accelerator.free_memory()`` (Accelerate's pattern, at its top)
+        let go of the failed attempt's prepared model and optimizer. Why: their bytes were counted as
+        in use at the retry's start, so a call that followed that advice was warned that memory kept by
+        its failed attempts made its size smaller than the device allows, and told to call it."""
+        return start if start is None or self.freed_to is None else min(start, self.freed_to)
+
+    def _freed(self) -> None:
+        """After a live Accelerator's ``free_memory`` ran during an attempt: the memory in use now."""
+        if self.memory is not None:
+            now = self.memory.allocated()
+            self.freed_to = now if self.freed_to is None else min(self.freed_to, now)
+
     def _collect_on_free(self, accelerators: list[Any]) -> None:
         """Each of ``accelerators`` (once) gets, until the call ends, a ``free_memory`` that runs
         ``gc.collect()`` after Accelerate's (module description: the failed attempt's model, held
@@ -142,10 +160,13 @@ class AttemptState:
                 continue
             ref, own = weakref.ref(accelerator), vars(accelerator).get("free_memory")
 
-            def free_memory(*objects: Any, _ref: weakref.ref = ref, _own: Any = own) -> Any:
+            def free_memory(*objects: Any, _ref: weakref.ref = ref, _own: Any = own,
+                            _call: weakref.ref = weakref.ref(self)) -> Any:
                 target = _ref()
                 freed = _own(*objects) if _own is not None else type(target).free_memory(target, *objects)
                 gc.collect()  # what the lists Accelerate emptied held, cycles too
+                if (call := _call()) is not None:
+                    call._freed()  # where the attempt starts (started)
                 return freed
 
             accelerator.free_memory = free_memory

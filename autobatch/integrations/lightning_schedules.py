@@ -26,6 +26,10 @@ model-parallel and XLA ones, which create plain torch optimizers in ``setup_opti
 precision plugin whose ``connect`` wraps them, or optimizers that hold state already (FSDP
 resumed: it loads the optimizer states with the checkpoint, before the callback's state).
 
+The same holds for a hyperparameter ``configure_optimizers`` derives from the batch size (a
+learning rate scaled with it): where the optimizers it makes at the size set differ in one from
+the trainer's, it runs again the same way (``StepSchedule._rescaled``).
+
 Counting builds the train dataloader as ``fit`` builds it (under ``limit_train_batches``), then
 drops it, the random states put back (a loader's iterator draws its seed); a loader already
 built (``configure_optimizers`` asked for the count) is read as it is.
@@ -77,11 +81,11 @@ class StepSchedule:
         at ``batch_size`` (and the trainer's accumulation) than the schedulers were sized for,
         and it is safe (else warn once); whether it ran."""
         if self.steps is None or not step_schedulers(trainer):
-            return False
+            return self._rescaled(trainer, batch_size)
         with _train_loader(trainer):  # built once: configure_optimizers' own count reads it
             steps = trainer.estimated_stepping_batches
             if steps == self.steps:
-                return False
+                return self._rescaled(trainer, batch_size)
             why = unsafe(trainer)
             if why is None:
                 _configure(trainer)
@@ -108,6 +112,59 @@ class StepSchedule:
             self.logged = True
         self.steps, self.batch_size, self.accumulation = steps, batch_size, accumulation
         return True
+
+    def _rescaled(self, trainer: Trainer, batch_size: int) -> bool:
+        """Run ``configure_optimizers`` again where the optimizers it makes at ``batch_size`` differ
+        in a hyperparameter from those made at the module's own size (a learning rate scaled with the
+        batch, ``lr=base_lr * self.hparams.batch_size / 256``), and it is safe (else warn once);
+        whether it ran. Why: Lightning configures the optimizers before ``on_fit_start``, so fit
+        trained at batch 506 with the learning rate of batch 2 (0.00078 where the module's rule gives
+        0.198), silently (Lightning's ``BatchSizeFinder`` too)."""
+        if batch_size == self.batch_size or self.warned:
+            return False
+        with _train_loader(trainer):  # where configure_optimizers counts its steps
+            changed = _changed_hyperparameters(trainer)
+        if not changed:
+            return False
+        why, was = unsafe(trainer), f"{self.name}={self.batch_size}"
+        if why is not None:
+            rank_zero_warn(
+                f"AutoBatchSize: configure_optimizers gives other {', '.join(changed)} at {self.name}={batch_size} than "
+                f"at {was}, where Lightning configured the optimizers before the callback set the size; it is not run "
+                f"again: {why}. Set {self.name}={batch_size} where configure_optimizers reads it")
+            self.warned = True
+            return False
+        _configure(trainer)
+        tell("AutoBatchSize: ran configure_optimizers again at the size set: it gives other %s at %s=%s than at %s, "
+             "as Lightning configures optimizers before on_fit_start", ", ".join(changed), self.name, batch_size, was)
+        self.batch_size = batch_size
+        return True
+
+
+def _changed_hyperparameters(trainer: Trainer) -> list[str]:
+    """The param-group hyperparameters (``lr``, ``weight_decay``, ...) whose values differ between
+    the trainer's optimizers and those the module's ``configure_optimizers`` makes now (dropped
+    again, the random states put back)."""
+    from lightning.pytorch.core.optimizer import _init_optimizers_and_lr_schedulers
+
+    saved = rng_state()
+    try:
+        optimizers, _ = _init_optimizers_and_lr_schedulers(trainer.lightning_module)
+    finally:
+        set_rng_state(saved)
+    changed: set[str] = set()
+    for new, old in zip(optimizers, trainer.optimizers):
+        for fresh, held in zip(new.param_groups, old.param_groups):
+            changed.update(key for key, value in fresh.items() if key != "params" and not _same(value, held.get(key)))
+    return sorted(changed)
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Whether two hyperparameter values are equal (tensors by value)."""
+    try:
+        return bool(a == b)
+    except (RuntimeError, TypeError, ValueError):  # a tensor of several values, or not comparable
+        return repr(a) == repr(b)
 
 
 def step_schedulers(trainer: Trainer) -> list[str]:

@@ -178,7 +178,9 @@ def test_a_global_batch_sizes_the_schedule_for_the_accumulation_it_sets():
     ("one_cycle", 200, dict(max_batch=300), 4),  # 200 and 300 both take 2 batches of 320 samples
 ])
 def test_schedules_whose_step_count_did_not_change_are_left_alone(caplog, schedule, batch, options, steps):
-    """Same optimizer and schedulers, configure_optimizers called once, no log line."""
+    """Same optimizer and schedulers, no log line: the optimizers Lightning configured train (the
+    callback calls configure_optimizers once more where the size changed, to compare the
+    hyperparameters it gives, and drops what that made: review 22)."""
     options = dict(options)
     settings = options.pop("trainer", {})
     module, before, after = Scheduled(batch_size=batch, schedule=schedule), Capture(), Capture()
@@ -189,7 +191,7 @@ def test_schedules_whose_step_count_did_not_change_are_left_alone(caplog, schedu
     assert finder.batch_size == options["max_batch"]
     assert after.optimizer is before.optimizer is fit.optimizers[0]
     assert after.schedulers == before.schedulers == [c.scheduler for c in fit.lr_scheduler_configs]
-    assert module.configured == ([] if schedule is None else [(batch, steps)])
+    assert module.configured[:1] == ([] if schedule is None else [(batch, steps)]) and len(module.configured) <= 2
     assert torch.equal(before.rng, after.rng)
     assert not any("configure_optimizers again" in r.getMessage() for r in caplog.records)
 
