@@ -312,7 +312,22 @@ def ddp_resume(rank: int, world: int, out: Path) -> dict:
     return {"same": final["whole"] == final["resumed"], "moved": final["whole"] != final["half"]}
 
 
-SCENARIOS = {"ddp_resume": ddp_resume, "probe": probe, "ddp_probe": ddp_probe, "ddp_squeeze": ddp_squeeze, "faults": faults, "ddp_faults": ddp_faults, "ddp_stalled": ddp_stalled, "peer_error": peer_error, "skipped_sync": skipped_sync, "mismatched": mismatched}
+def ddp_sampler(rank: int, world: int, out: Path) -> dict:
+    """A ``DistributedSampler(shuffle=True, drop_last=False)`` loader of 39 samples (padded to 40)
+    through DDP: shares of 8, 8 and a short last 4 per rank, 2 epochs (the runner calls set_epoch)."""
+    from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+
+    x, y, _ = make_data(39, 39)[0]
+    loader = DataLoader(TensorDataset(x, y), batch_size=8, sampler=DistributedSampler(TensorDataset(x, y), seed=3))
+    model = torch.nn.parallel.DistributedDataParallel(make_model(width=16).to(device()))
+    runner = Runner(model, torch.optim.AdamW(model.parameters(), lr=0.05), mse, global_batch=16, micro_batch=4,
+                    grow_after=None, progress=False, log_every=None)
+    result = runner.fit(loader, epochs=2)
+    return {"weights": [p.detach().cpu().tolist() for p in model.parameters()], "samples": result.samples,
+            "steps": result.steps, "loss": float(result.last_loss)}
+
+
+SCENARIOS = {"ddp_sampler": ddp_sampler, "ddp_resume": ddp_resume, "probe": probe, "ddp_probe": ddp_probe, "ddp_squeeze": ddp_squeeze, "faults": faults, "ddp_faults": ddp_faults, "ddp_stalled": ddp_stalled, "peer_error": peer_error, "skipped_sync": skipped_sync, "mismatched": mismatched}
 
 
 if __name__ == "__main__":

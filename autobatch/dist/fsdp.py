@@ -225,10 +225,12 @@ class FsdpDataParallel(DataParallel):
         remember_world(model)  # fit() checks that it still runs there
         return model
 
+    def check_world(self, model: torch.nn.Module) -> None:
+        check_same_world(model)  # the world local_module() recorded, FSDP2 or not
+
     def start(self, model: torch.nn.Module) -> None:
         if not is_fsdp(model):
             return self.fallback.start(model)
-        check_same_world(model)
         guard(model)
         # sharded parameters are each rank's own part of one model: nothing to broadcast;
         # plain (replicated) ones and buffers start as rank 0's

@@ -43,15 +43,18 @@ def check_same_world(model: torch.nn.Module) -> None:
     between two ``fit()`` calls, every rank went on alone (no sync point, no all-reduce: a DDP
     model's forward still ran on the destroyed group), trained each of its batches as a whole
     global batch with only a batch-size warning, and the ranks' weights came apart silently.
-    Raised on every rank alike, before any step."""
+    The other way round, a ``Runner(distributed=True)`` built before ``init_process_group()``
+    keeps a share of the whole global batch. Raised on every rank alike at the start of
+    ``fit()``, before its first sync point (one in another world pairs with nothing)."""
     built = _BUILT_IN.get(model)
     now = dist_sync.world_size() if dist_sync.is_distributed() else 1
     if built is None or built == now:
         return
     where = (f"a job of {now} ranks" if now > 1
              else "one process (no process group of several ranks is active: destroy_process_group() was called?)")
+    built_in = f"a job of {built} ranks" if built > 1 else "one process (before init_process_group())"
     raise ValueError(
-        f"this Runner was built in a job of {built} ranks and fit() now runs in {where}; a Runner keeps the "
+        f"this Runner was built in {built_in} and fit() now runs in {where}; a Runner keeps the "
         f"world it was built in (each rank's share is global_batch / {built}, voted and all-reduced over {built} "
         "ranks). Call fit() before destroy_process_group(), or build a new Runner (wrapping the model in DDP or "
         "fully_shard again) after init_process_group()"

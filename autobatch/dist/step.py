@@ -218,10 +218,12 @@ class CollectiveDataParallel(DataParallel):
             warn_unused_ddp_options(wrapper, comm_hook_name(wrapper))
         return unwrap(model)
 
+    def check_world(self, model: torch.nn.Module) -> None:
+        check_same_world(model)  # not after destroy_process_group(): no rank would vote or all-reduce
+
     def start(self, model: torch.nn.Module) -> None:
         # the runner's model as given: a DDP wrapper's parameters are its local module's, and its
         # buffers are those it broadcasts itself
-        check_same_world(model)  # not after destroy_process_group(): no rank would vote or all-reduce
         dist_sync.broadcast_([*model.parameters(), *forward_synced_buffers(model)], "runner: initial weights")
 
     def step(self, train_step, micro_batches, *, local_size, on_phase, phase, label, global_batch=None):

@@ -14,7 +14,8 @@ from typing import Any, Callable, Iterable
 
 import torch
 
-__all__ = ["DataParallel", "agree_fit", "agree_resume", "exchange_bytes", "install", "installed", "current", "unwrap"]
+__all__ = ["DataParallel", "BuiltAlone", "choose", "agree_fit", "agree_resume", "exchange_bytes", "install", "installed",
+           "current", "unwrap"]
 
 
 class DataParallel:
@@ -80,6 +81,11 @@ class DataParallel:
     def agree_plan(self, planned: Any) -> Any:
         return planned
 
+    def check_world(self, model: torch.nn.Module) -> None:
+        """At the start of ``fit()``, before any sync point, load or step: refuse a world this
+        runner cannot train in (``model``: the runner's, as given). Here none is refused; see
+        :class:`BuiltAlone`, and :mod:`autobatch.dist` (the world a distributed runner was built in)."""
+
     def request_stop(self) -> None:
         """Ask the run to end after the step in progress (:meth:`autobatch.Runner.request_stop`)."""
         self._stop = True
@@ -102,6 +108,39 @@ class DataParallel:
         """Every rank's ``data`` (any length), indexed by rank: :func:`exchange_bytes` over
         :meth:`exchange`."""
         return exchange_bytes(self.exchange, data, label)
+
+
+class BuiltAlone(DataParallel):
+    """One process because no group of several ranks was active at ``Runner(...)`` (``distributed=None``).
+
+    Why :meth:`check_world` refuses a ``fit()`` once one is: a script that builds its ``Runner``
+    and then calls ``init_process_group()`` (before ``fit()``) got a one-process runner on every
+    rank, which trained each rank alone (no sync point, no all-reduce, each rank's share trained
+    as a whole global batch with only a batch-size warning) and the ranks' weights came apart
+    silently. The share, the plan and the wrapper (DDP, ``fully_shard``) the runner trains
+    through are fixed at its construction, so it is built again rather than switched over."""
+
+    def check_world(self, model: torch.nn.Module) -> None:
+        world = installed()
+        if world.active():
+            raise ValueError(
+                "this Runner was built before torch.distributed.init_process_group() (no process group of several "
+                f"ranks was active at Runner(...)) and fit() now runs in a job of {world.world_size()} ranks: it would "
+                "train each rank alone, with no all-reduce, and the ranks' weights would come apart. Build the Runner "
+                "after init_process_group() (wrapping the model in DDP or fully_shard there too), or pass "
+                "Runner(distributed=False) to train each rank alone on purpose"
+            )
+
+
+def choose(distributed: bool | None) -> tuple[DataParallel, bool]:
+    """What a ``Runner(distributed=...)`` trains with, and whether it is distributed. None:
+    distributed when a group of several ranks is active now, else :class:`BuiltAlone` (which
+    refuses a ``fit()`` once a group of several ranks is active); False: one process on purpose."""
+    if distributed is False:
+        return DataParallel(), False
+    if distributed is None and not current().active():
+        return BuiltAlone(), False
+    return installed(), True
 
 
 def agree_fit(parallel: DataParallel, floats: Iterable[str] = (), **arguments: int | float | bool | None) -> None:

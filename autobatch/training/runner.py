@@ -129,7 +129,8 @@ class Runner(OomRecovery, SplitsInMultiples, EndsSteps, Resumable, PlansFromData
         no_sync: e.g. DDP's ``model.no_sync``, wrapping every micro-batch but the last.
         plan_options: keyword arguments for :func:`~autobatch.plan` when ``micro_batch`` is None.
         distributed: run the data-parallel step of :mod:`autobatch.dist.step` (None: when
-            a ``torch.distributed`` group of more than one rank is active). ``global_batch`` is
+            a ``torch.distributed`` group of more than one rank is active here: build the Runner
+            after ``init_process_group()``, or ``fit()`` in a group refuses to train). ``global_batch`` is
             then global across ranks: each rank's ``data`` yields its share, ``global_batch /
             world_size`` samples; ``micro_batch`` is per rank. A DDP ``model`` trains through DDP
             itself (its bucketed all-reduce overlaps the last micro-batch's backward; a rank
@@ -180,10 +181,7 @@ class Runner(OomRecovery, SplitsInMultiples, EndsSteps, Resumable, PlansFromData
         plan_options = check_kinds(balanced=balanced, checkpointing_fallback=checkpointing_fallback, distributed=distributed, progress=progress,
                                    log_every=log_every, faults=faults, no_sync=no_sync, scheduler=scheduler, plan_options=plan_options)
         self.model = model
-        if distributed is None:
-            distributed = ranks.current().active()
-        self._parallel = ranks.installed() if distributed else ranks.DataParallel()
-        self.distributed = bool(distributed)
+        self._parallel, self.distributed = ranks.choose(distributed)  # None: whether a group of several ranks is active
         self.share = share_of(global_batch, self._parallel.world_size()) if self.distributed else global_batch
         check_options(device, checkpoint_dir, checkpoint_every, writes=self._parallel.is_rank_zero() or has_dtensors(model))
         self.optimizer = optimizer
@@ -269,6 +267,7 @@ class Runner(OomRecovery, SplitsInMultiples, EndsSteps, Resumable, PlansFromData
         epochs = checks.positive_int("epochs", epochs, allow_none=True)
         steps = checks.positive_int("steps", steps, allow_none=True)
         check_data(data)  # not one batch: a tensor, a dict, a tuple of tensors iterate its rows, keys, fields
+        self._parallel.check_world(self.model)  # built in this world: not before init_process_group() or after destroy
         if self.distributed:  # before anything is loaded: a save or a resume on some ranks only hangs the others
             ranks.agree_fit(self._parallel, ("max_grad_norm",), checkpoint_dir=self.checkpoint_dir is not None,
                             resume=resume is not None, epochs=epochs, steps=steps, global_batch=self.global_batch,

@@ -35,7 +35,8 @@ def shared(tmp_path_factory, key: str, *scenarios: str, **env: str) -> tuple[dic
 
 
 #: the scenarios that run in one launch, with a 60 s deadline: these, then those through DDP's reducer
-PLAIN = ("probe", "faults", "peer_error", "mismatched", "ddp_squeeze", "ddp_resume", "ddp_faults", "ddp_probe")
+PLAIN = ("probe", "faults", "peer_error", "mismatched", "ddp_squeeze", "ddp_resume", "ddp_faults", "ddp_probe",
+         "ddp_sampler")  # ddp_sampler: test_review22_ddp_sampler.py's
 
 
 def test_probe_takes_the_smallest_budget_over_the_ranks(tmp_path_factory):
