@@ -22,7 +22,7 @@ import torch
 from .accounting import tensor_storages
 from .allocator import expandable_segments_on
 from .simulated import SimulatedMemory, active_simulation, simulated_memory
-from .units import format_bytes
+from .units import decimal_note, format_bytes
 
 __all__ = [
     "DeviceMemory",
@@ -327,7 +327,7 @@ def check_limit_in_simulation(device: torch.device, memory_limit: int | None) ->
     if device.type != "cpu" or memory_limit is None or outer is None or memory_limit == outer.limit_bytes:
         return
     raise ValueError(
-        f"memory_limit={format_bytes(memory_limit)} was given inside an active autobatch.simulated_memory("
+        f"memory_limit={format_bytes(memory_limit)}{decimal_note(memory_limit)} was given inside an active autobatch.simulated_memory("
         f"{format_bytes(outer.limit_bytes)}) block, which bounds every allocation, so the probe cannot describe "
         f"{format_bytes(memory_limit)}: drop memory_limit to probe the block's {format_bytes(outer.limit_bytes)}, "
         "or call it outside the simulated_memory block"
@@ -361,6 +361,8 @@ def memory_for(device: torch.device, memory_limit: int | None) -> Iterator[tuple
                 f"{format_bytes(memory_limit)} (a quarter of available RAM, at most 2 GiB); "
                 "pass memory_limit to ask about a specific device size"
             )
+        elif decimal_note(memory_limit):  # "16m": the result's 15.26 MiB is no typo
+            note = f"simulated budget of {format_bytes(memory_limit)}{decimal_note(memory_limit)}"
         with simulated_memory(memory_limit) as simulation:
             yield SimulatedDeviceMemory(simulation), note
         return
@@ -369,4 +371,4 @@ def memory_for(device: torch.device, memory_limit: int | None) -> Iterator[tuple
         yield instruments, None
         return
     with instruments.capped(memory_limit):
-        yield instruments, f"process capped at {format_bytes(memory_limit)} for the probe"
+        yield instruments, f"process capped at {format_bytes(memory_limit)}{decimal_note(memory_limit)} for the probe"

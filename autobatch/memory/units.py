@@ -5,8 +5,10 @@ from __future__ import annotations
 import numbers
 import re
 import sys
+from collections.abc import Sequence
+from typing import Any
 
-__all__ = ["parse_bytes", "format_bytes"]
+__all__ = ["parse_bytes", "format_bytes", "decimal_note"]
 
 _UNITS = {
     "": 1,
@@ -23,7 +25,14 @@ _UNITS = {
     "t": 1000**4,
     "tb": 1000**4,
     "tib": 1024**4,
+    # Kubernetes' binary suffixes ("8Gi", "512Mi"): powers of 1024 like KiB, MiB, GiB, TiB
+    "ki": 1024,
+    "mi": 1024**2,
+    "gi": 1024**3,
+    "ti": 1024**4,
 }
+#: the units the messages list
+_NAMED = "B, KB, MB, GB, TB (powers of 1000), KiB, MiB, GiB, TiB (powers of 1024)"
 _PATTERN = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([a-zA-Z]*)\s*$")
 
 
@@ -32,12 +41,14 @@ def parse_bytes(value: int | float | str, *, name: str = "memory_limit") -> int:
 
     Accepts a positive number of bytes (an int of any integer type, such as a NumPy ``int64``
     computed from a config, or a float), or a string such as ``"512MiB"``, ``"2GiB"``,
-    ``"1.5GB"`` or ``"1000000"``. Binary units (KiB, MiB, GiB, TiB) are powers of 1024,
-    decimal units (KB, MB, GB, TB) powers of 1000. ``name`` is the argument named in the
-    error message.
+    ``"1.5GB"`` or ``"1000000"``, in any case and with or without a space. Binary units (KiB,
+    MiB, GiB, TiB, and Kubernetes' Ki, Mi, Gi, Ti) are powers of 1024, decimal units (KB, MB,
+    GB, TB, and the single letters K, M, G, T: ``"16m"`` is 16,000,000 bytes, 15.26 MiB) powers
+    of 1000. ``name`` is the argument named in the error message; a list or tuple
+    (``[8, "GiB"]``, ``["8GiB"]``) is one error giving the string to write instead.
     """
-    if isinstance(value, bool):
-        raise ValueError(f"{name} must be a byte count or a string like '512MiB' or '2GiB', got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, (numbers.Real, str)):
+        raise ValueError(_not_a_quantity(value, name))
     if isinstance(value, numbers.Integral):  # a NumPy int64 too, as every integer argument takes
         number, unit = int(value), ""  # exact: a float would round a large count
     elif isinstance(value, numbers.Real):  # a NumPy float32 too
@@ -55,11 +66,9 @@ def parse_bytes(value: int | float | str, *, name: str = "memory_limit") -> int:
         if match is None or match.group(2).lower() not in _UNITS:
             raise ValueError(
                 f"{name}={value!r} is not a byte quantity; use a number of bytes or a string "
-                "such as '512MiB', '2GiB', '1.5GB' (units: B, KB, MB, GB, TB, KiB, MiB, GiB, TiB)"
+                f"such as '512MiB', '2GiB', '1.5GB' (units: {_NAMED})"
             )
         number, unit = float(match.group(1)), match.group(2).lower()
-    else:
-        raise ValueError(f"{name} must be a byte count or a string like '512MiB' or '2GiB', got {value!r}")
     scaled = number * _UNITS[unit]
     if not scaled <= sys.float_info.max:
         # int() would raise OverflowError (inf, "1e400") or a ValueError that names no argument
@@ -70,6 +79,41 @@ def parse_bytes(value: int | float | str, *, name: str = "memory_limit") -> int:
         less = f" (less than one byte: did you mean '{str(value).strip()}GiB'?)" if 0 < scaled < 1 and unit == "" else ""
         raise ValueError(f"{name} must be positive, got {value!r}{less}")
     return result
+
+
+def _not_a_quantity(value: Any, name: str) -> str:
+    """The message for a ``value`` that is neither a number nor a string: for a list or tuple
+    (``[8, "GiB"]``, a Hydra ``[8,GiB]``), the one string to write instead where its items make one."""
+    advice = "give one byte count, a number of bytes or a string such as '512MiB' or '2GiB'"
+    if isinstance(value, Sequence) and not isinstance(value, (str, bytes, bytearray)):
+        items = list(value)
+        single = len(items) == 1 and isinstance(items[0], str)  # ["8GiB"]
+        pair = len(items) == 2 and isinstance(items[0], (int, float)) and isinstance(items[1], str)  # [8, "GiB"]
+        joined = "".join(str(item) for item in items) if single or pair else ""
+        try:
+            parse_bytes(joined, name=name)
+        except ValueError:
+            joined = ""
+        kind = type(value).__name__
+        if joined:
+            return f"{name}={value!r} is a {kind}, not a byte quantity; write {name}={joined!r}"
+        return f"{name}={value!r} is a {kind}, not a byte quantity; {advice}"
+    if isinstance(value, (bytes, bytearray)):
+        return f"{name}={value!r} is bytes, not a string; write {name}={value.decode(errors='replace')!r}"
+    return f"{name} must be a byte count or a string like '512MiB' or '2GiB', got {value!r:.80} ({type(value).__name__})"
+
+
+def decimal_note(count: int) -> str:
+    """`` (16,000,000 bytes: "16M" and "16MB" are powers of 1000; "16MiB" is 16 x 1024**2)`` for a
+    byte count that is a whole number of decimal megabytes (or more) but not of MiB, else ``""``:
+    a message that shows such a limit in binary units (15.26 MiB) says where the odd number came
+    from (``memory_limit="16m"`` read as decimal, as the docs say)."""
+    for unit, size in (("T", 1000**4), ("G", 1000**3), ("M", 1000**2)):
+        if count >= size and count % size == 0 and count % 1024**2 != 0:
+            number = count // size
+            return (f" ({count:,} bytes: '{number}{unit}' and '{number}{unit}B' are powers of 1000; "
+                    f"'{number}{unit}iB' is {number} x 1024**{'MGT'.index(unit) + 2})")
+    return ""
 
 
 def format_bytes(count: int | float | None) -> str:

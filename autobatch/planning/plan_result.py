@@ -8,9 +8,11 @@ throughput objective's timed candidates.
 from __future__ import annotations
 
 import json
+import warnings
 from dataclasses import dataclass, field, fields
 from typing import Any, Iterable, Mapping
 
+import torch
 from .. import checks
 from ..probe.result import ProbeResult
 from .accumulation import micro_batch_sizes, split_batch
@@ -54,7 +56,17 @@ class Plan:
 
     # -- using the plan -------------------------------------------------------------------
     def split(self, batch: Any) -> list[Any]:
-        """Split a global batch into this plan's micro-batches."""
+        """Split a global batch into this plan's micro-batches. A plan whose checkpointing is on
+        nowhere (loaded from JSON and never :meth:`apply`-ed, or :meth:`undo`-ne) warns once: its
+        micro-batch was measured with those blocks checkpointed, and without them it may not fit."""
+        on = any(handle is not None and handle.active for handle in [self.handle, *self.applied])
+        if self.checkpointing and not on and not getattr(self, "_told", False):
+            self._told = True
+            warnings.warn(
+                f"this plan's micro-batch {self.micro_batch} was planned with activation checkpointing on "
+                f"{len(self.checkpointed_modules)} modules ({short_list(self.checkpointed_modules)}), which is not on: "
+                "call plan.apply(model) before training (a plan loaded from JSON does not apply itself), or the "
+                "micro-batch may run out of memory", RuntimeWarning, stacklevel=2)
         return split_batch(batch, self.micro_batch, balanced=self.balanced)
 
     def apply(self, model: Any) -> CheckpointHandle | None:
@@ -62,7 +74,10 @@ class Plan:
         another copy of the planned model); :meth:`undo` removes it with the rest. The plan's
         module names are matched across wrappers (a plan made on a DDP- or ``torch.compile``-
         wrapped model applies to the bare model, and the other way round); names the model does
-        not have are one ``ValueError``."""
+        not have are one ``ValueError``. ``model`` may be a :class:`~autobatch.TrainStep` (or any
+        object holding the module as ``.model``, a ``Runner``): its model is wrapped; anything
+        else is one ``TypeError``."""
+        model = _model_of(model)
         if not self.checkpointing:
             return None
         handle = enable_checkpointing(model, modules=module_names_for(model, self.checkpointed_modules))
@@ -163,6 +178,19 @@ def candidates_table(candidates: Iterable[dict[str, Any]]) -> str:
 
 
 # -- planning -------------------------------------------------------------------------------
+def _model_of(target: Any) -> torch.nn.Module:
+    """The module :meth:`Plan.apply` wraps: ``target`` itself, or the ``.model`` of a
+    ``TrainStep`` or ``Runner``; anything else (the optimizer, the plan's dict) is one
+    ``TypeError`` (before, ``'SGD' object has no attribute 'named_children'``)."""
+    if isinstance(target, torch.nn.Module):
+        return target
+    inner = getattr(target, "model", None)
+    if isinstance(inner, torch.nn.Module):
+        return inner
+    raise TypeError(f"Plan.apply takes the model to checkpoint (a torch.nn.Module, or a TrainStep holding one), "
+                    f"got {type(target).__name__}: call plan.apply(model) with the model you train")
+
+
 def _plain(value: Any) -> Any:
     if isinstance(value, dict):
         return {key: _plain(item) for key, item in value.items()}

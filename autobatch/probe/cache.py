@@ -12,8 +12,8 @@ The key is the SHA-256 of a canonical JSON of its components (stored in the file
   shapes, dtypes and ``requires_grad``; which modules are activation-checkpointed;
 * ``compiled``: how each compiled module was compiled (backend, mode's options, ``dynamic``,
   ``fullgraph``), present only where one is;
-* ``code``: a hash of the code of the loss function and of every module class's
-  ``forward`` with the values it reads (:mod:`~autobatch.probe.cache_key`);
+* ``code``: a hash of the code of the loss function, of ``make_batch`` and of every module
+  class's ``forward`` with the values it reads (:mod:`~autobatch.probe.cache_key`);
 * ``inputs``: the structure, shapes and dtypes of ``make_batch(1)`` and ``make_batch(2)``
   (built with fake tensors, so nothing is allocated);
 * ``optimizer``: its class (module, qualified name, a user class's code), the parameters each
@@ -224,7 +224,9 @@ class ProbeCache:
             _warn_once(path, "not an autobatch probe-cache entry")
             return None
         if data.get("schema") != SCHEMA:
-            _warn_once(path, f"schema {data.get('schema')!r}, this autobatch reads {SCHEMA}")
+            age = "an older" if isinstance(data.get("schema"), int) and data["schema"] < SCHEMA else "another"
+            _warn_once(path, f"schema {data.get('schema')!r}, this autobatch reads {SCHEMA} (written by {age} "
+                             f"autobatch; `python -m autobatch cache clear --dir {path.parent}` deletes it)")
             return None
         if not isinstance(data.get("components"), dict):
             _warn_once(path, "its components are not an object")

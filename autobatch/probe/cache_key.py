@@ -4,7 +4,7 @@
 optimizer, precision, clipping, how a compiled module was compiled), the device, the versions
 and the probe's settings; :func:`key_of` hashes them (:mod:`~autobatch.probe.cache` stores one
 entry per key). The code of the loss and of every module class (each method a user's class
-defines, ``forward`` of torch's) is keyed by content, with the values it reads that are not in its bytecode: a
+defines, ``forward`` of torch's) and of ``make_batch`` is keyed by content, with the values it reads that are not in its bytecode: a
 closure's cells, a ``functools.partial``'s arguments, the globals it names (plain values,
 containers of them such as a config dict, the functions it calls, followed to :data:`DEPTH`,
 and objects by their public attributes, such as a module-level dataclass or ``SimpleNamespace``
@@ -27,7 +27,7 @@ from ..version import __version__, code_fingerprint
 from .key_backends import attention_backends, compile_settings, cuda_kernel_settings
 from .key_batches import sample_batches
 from .key_code import (  # noqa: F401 - re-exported: tests and integrations import them from here
-    BREADTH, DEPTH, _canonical, _code_hash, _describe, _is_array, _module_tree, class_code, own_code,
+    BREADTH, DEPTH, _canonical, _code_hash, _describe, _is_array, _module_tree, class_code, data_code_hash, own_code,
 )
 from .train_step import TrainStep
 
@@ -98,6 +98,9 @@ def step_components(step: TrainStep, batches: tuple[Any, Any] | None = None) -> 
         "model": _module_tree(model),
         "code": {
             "loss_fn": _code_hash(step.loss_fn),
+            # what it builds beyond the two sample batches' shapes: a max_length it pads to,
+            # a dtype or a channel count it chooses for larger batches (keyed as the loss is)
+            "make_batch": None if step.make_batch is None else data_code_hash(step.make_batch),
             "forward": sorted(f"{cls.__qualname__}:{class_code(cls)}" for cls in classes),
             "hooks": _hooks(model),
             "step": type(step).__qualname__,

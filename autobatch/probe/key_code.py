@@ -24,7 +24,7 @@ import torch
 from .key_backends import layout_of
 from .trace_state import nested_codes
 
-__all__ = ["BREADTH", "DEPTH", "class_code", "own_code"]
+__all__ = ["BREADTH", "DEPTH", "class_code", "data_code_hash", "own_code"]
 
 
 def _hash_code(code: Any, digest: "hashlib._Hash") -> None:
@@ -47,12 +47,16 @@ DEPTH = 3
 BREADTH = 64
 
 
-def _code_hash(fn: Any, depth: int = 0) -> str:
+def _code_hash(fn: Any, depth: int = 0, describe: Any = None) -> str:
     """A hash of ``fn``'s code and of the values it reads that its bytecode does not hold: a
-    ``functools.partial``'s function and arguments, a bound method's object, a closure's cells
-    and the plain globals its code names (a loss over ``n_passes`` keyed by its value)."""
+    ``functools.partial``'s function and arguments, a bound method's object, a closure's cells,
+    its default arguments (``lambda m, b, n=n_passes:``) and the plain globals its code names (a
+    loss over ``n_passes`` keyed by its value). ``describe`` reads those values (default
+    :func:`_describe`; ``make_batch``'s by :func:`_plain_data`: :func:`data_code_hash`)."""
+    describe = describe or _describe
     if isinstance(fn, functools.partial):
-        return _digest([_code_hash(fn.func, depth + 1), _describe(fn.args, depth + 1), _describe(fn.keywords, depth + 1)])
+        return _digest([_code_hash(fn.func, depth + 1, describe), describe(fn.args, depth + 1),
+                        describe(fn.keywords, depth + 1)])
     if isinstance(fn, torch.nn.Module):  # a loss module: its classes' code and its tree, not Module.__call__
         return _digest(_describe(fn, depth))
     owner = getattr(fn, "__self__", None)
@@ -66,11 +70,57 @@ def _code_hash(fn: Any, depth: int = 0) -> str:
     digest = hashlib.sha256()
     _hash_code(code, digest)
     cells = [cell.cell_contents for cell in getattr(fn, "__closure__", None) or () if _filled(cell)]
-    reads = {"cells": _describe(cells, depth + 1), "globals": _globals_read(fn, code, depth)}
+    reads = {"cells": describe(cells, depth + 1), "globals": _globals_read(fn, code, depth, describe)}
+    defaults = [getattr(fn, "__defaults__", None), getattr(fn, "__kwdefaults__", None)]
+    if any(defaults):  # (absent where there are none: the keys cached before stay)
+        reads["defaults"] = describe(defaults, depth + 1)
     if owner is not None and not isinstance(owner, type):  # a loss module's method: by its tree too
-        reads["self"] = _describe(owner, depth + 1)
+        reads["self"] = describe(owner, depth + 1)
     digest.update(_canonical(reads).encode())
     return digest.hexdigest()[:16]
+
+
+def data_code_hash(fn: Any) -> str:
+    """``make_batch``'s code (a lambda, a ``functools.partial``, a bound method, a callable
+    object, as :func:`_code_hash` reads them) with the plain data it reads (:func:`_plain_data`:
+    a ``max_length`` it pads to, a dtype, a config's ``image_size``), not its tensors or what it
+    memoises: the batches' shapes are keyed beside it, and a dict of batches it filled during a
+    probe would make the next probe in the process miss."""
+    return _code_hash(fn, 0, _plain_data)
+
+
+def _plain_data(value: Any, depth: int = 0) -> Any:
+    """``value`` as plain data (:func:`data_code_hash`): numbers and strings, dtypes and devices
+    by name, containers of them item by item, an object (a config, a data module) by its public
+    attributes to :data:`DEPTH`, a function by its code; None for anything else (a tensor, a
+    module, a generator, an iterator's state, an object of torch's or autobatch's own: a
+    ``Runner`` whose step count would make a resumed run miss)."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return _describe(value)
+    if isinstance(value, (torch.dtype, torch.device, torch.Size, enum.Enum)):
+        return str(value)
+    if depth >= DEPTH or isinstance(value, (torch.Tensor, torch.nn.Module, type, types.ModuleType)) or _is_array(value):
+        return None
+    if isinstance(value, (dict, list, tuple, set, frozenset)):
+        if len(value) > BREADTH:  # a vocabulary by its length; a memo of batches, as below, by nothing
+            first = [item for item, _ in zip(value.values() if isinstance(value, dict) else value, range(BREADTH))]
+            data = any(_plain_data(item, depth + 1) is not None or item is None for item in first)
+            return {"class": type(value).__qualname__, "len": len(value)} if data else ({} if isinstance(value, dict) else [])
+        # items that are not data (the batches a memo dict holds) are left out, and so is their number
+        if isinstance(value, dict):
+            pairs = sorted(value.items(), key=lambda kv: str(kv[0]))
+            return {str(key): data for key, item in pairs if (data := _plain_data(item, depth + 1)) is not None or item is None}
+        items = [data for item in value if (data := _plain_data(item, depth + 1)) is not None or item is None]
+        return sorted(items, key=str) if isinstance(value, (set, frozenset)) else items
+    if callable(value) and (hasattr(value, "__code__") or isinstance(value, functools.partial)):
+        return {"code": _code_hash(value, depth + 1, _plain_data)}
+    if _torchs(type(value).__module__):  # torch's and autobatch's own (a DataLoader, a Runner, a TrainerStep):
+        return None                       # their code is keyed by the versions, their counters are no data
+    attributes = getattr(value, "__dict__", None)
+    if isinstance(attributes, dict) and _keyed_object(value):
+        public = {name: item for name, item in attributes.items() if not name.startswith("_")}
+        return {"class": type(value).__qualname__, **{name: _plain_data(item, depth + 1) for name, item in public.items()}}
+    return None
 
 
 def _filled(cell: Any) -> bool:
@@ -81,25 +131,26 @@ def _filled(cell: Any) -> bool:
     return True
 
 
-def _globals_read(fn: Any, code: Any, depth: int = 0) -> dict[str, Any]:
+def _globals_read(fn: Any, code: Any, depth: int = 0, describe: Any = None) -> dict[str, Any]:
     """The globals ``code`` names that can change what it allocates: plain values (numbers,
     strings), containers (a config dict, a list of sizes) item by item, the functions of the
     user's code it calls, by their code (to :data:`DEPTH`), and objects by their state (a
     module-level dataclass config: :func:`_keyed_object`); not modules, classes or torch's own
-    functions (keyed by torch's version)."""
+    functions (keyed by torch's version). ``describe``: as :func:`_code_hash` takes it."""
+    describe = describe or _describe
     names = {name for current in nested_codes(code) for name in current.co_names}
     scope = getattr(fn, "__globals__", {})
     read = {}
     for name in sorted(names):
         value = scope.get(name, _MISSING)
         if _is_plain(value):
-            read[name] = _describe(value, DEPTH)
+            read[name] = describe(value, DEPTH - 1 if describe is _plain_data else DEPTH)
         elif isinstance(value, (dict, list, tuple, set, frozenset)):
-            read[name] = _describe(value, depth + 1)  # deeper in, less: a module's code reads modules
+            read[name] = describe(value, depth + 1)  # deeper in, less: a module's code reads modules
         elif _users_function(value) and value is not fn and depth + 1 < DEPTH:
-            read[name] = {"code": _code_hash(value, depth + 1)}
+            read[name] = {"code": _code_hash(value, depth + 1, describe)}
         elif _keyed_object(value):
-            read[name] = _describe(value, depth + 1)
+            read[name] = describe(value, depth + 1)
     return read
 
 
