@@ -15,7 +15,7 @@ from __future__ import annotations
 import difflib
 import os
 import sys
-from typing import Sequence
+from typing import Any, Sequence
 
 USAGE = """\
 usage: python -m autobatch <command> [--multirun|-m] [key=value ...] [hydra flags]
@@ -73,8 +73,69 @@ def _version() -> str:
     return f"autobatch {version}"
 
 
+class _ClosedPipeQuiet:
+    """``sys.stdout`` for one command: once the reader of a pipe has gone (``... | head -3``),
+    the rest of the output goes to ``os.devnull`` instead of ending in a ``BrokenPipeError``
+    traceback (Python docs, "Note on SIGPIPE": point stdout at devnull). The error is caught
+    here, where it is raised, because Hydra prints its help and ``--cfg`` inside its own error
+    reporter, which turned it into a traceback; and a command that lost its reader still ends
+    as it would (a probe still writes result.json and the cache, a training run its
+    checkpoint), with its own exit status. SIGPIPE's default action is not restored, which the
+    docs advise against: it would also end the process on a closed socket (torchrun's)."""
+
+    def __init__(self, stream: Any) -> None:
+        self._stream = stream
+        self.pipe_closed = False
+
+    def _closed(self) -> None:
+        """The reader is gone: point the file descriptor at devnull (for a logging handler or the
+        interpreter's exit flush that write to it) and drop this stream's output from now on."""
+        self.pipe_closed = True
+        try:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, self._stream.fileno())
+            os.close(devnull)
+            self._stream.flush()  # what was buffered goes to devnull now
+        except (OSError, ValueError, AttributeError):  # no descriptor (a captured stream): nothing holds one
+            pass
+
+    def write(self, text: str) -> int:
+        if not self.pipe_closed:
+            try:
+                return self._stream.write(text)
+            except BrokenPipeError:
+                self._closed()
+        return len(text)
+
+    def flush(self) -> None:
+        if not self.pipe_closed:
+            try:
+                self._stream.flush()
+            except BrokenPipeError:
+                self._closed()
+
+    def __getattr__(self, name: str) -> Any:  # isatty(), fileno(), encoding, ...: the stream's own
+        return getattr(self._stream, name)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Dispatch to a command's Hydra app; return the exit status."""
+    """Dispatch to a command's Hydra app; return the exit status. Output to a pipe whose reader
+    has gone (``python -m autobatch --help | head -3``) ends quietly (:class:`_ClosedPipeQuiet`)."""
+    original = sys.stdout
+    if original is None or isinstance(original, _ClosedPipeQuiet):
+        return _dispatch(argv)
+    sys.stdout = guard = _ClosedPipeQuiet(original)
+    try:
+        code = _dispatch(argv)
+        guard.flush()
+        return code
+    finally:
+        if sys.stdout is guard:
+            sys.stdout = original
+
+
+def _dispatch(argv: Sequence[str] | None) -> int:
+    """:func:`main` 's work: the command's Hydra app, ``cache``, ``--help`` or ``--version``."""
     _import_from_working_directory()
     args = list(sys.argv[1:] if argv is None else argv)
     if not args or args[0] in ("-h", "--help", "help"):

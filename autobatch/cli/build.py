@@ -29,6 +29,7 @@ from ..planning.plan_arguments import validate_timing
 from ..probe.train_step import TrainStep
 from . import validation
 from .construct import construct
+from .schedulers import check_scheduler
 from .loss import cross_entropy_loss
 from .errors import one_line, where_raised
 from .ranks import data_parallel
@@ -101,6 +102,7 @@ _TARGET_EXAMPLES = {
     "model": "torchvision.models.resnet18",
     "optimizer": "torch.optim.SGD",
     "data.dataset": "my_project.data.MyDataset",
+    "scheduler": "torch.optim.lr_scheduler.ExponentialLR",
 }
 
 
@@ -159,6 +161,10 @@ def validate(cfg: DictConfig) -> None:
     validation.check_cache_dir(cfg, Path(HydraConfig.get().runtime.cwd) if HydraConfig.initialized() else None)
     validation.check_target_arguments("model", cfg.model, _check_target("model", cfg.model), own=("inputs",))
     validation.check_target_arguments("optimizer", cfg.optimizer, _check_target("optimizer", cfg.optimizer))
+    if _has_scheduler(cfg):
+        scheduler = _check_target("scheduler", cfg.scheduler)
+        validation.check_target_arguments("scheduler", cfg.scheduler, scheduler)
+        check_scheduler(cfg, scheduler)
     if cfg.data.dataset is not None:
         validation.check_target_arguments("data.dataset", cfg.data.dataset, _check_target("data.dataset", cfg.data.dataset))
     inputs = _name(cfg.model.get("inputs", "tensor"))
@@ -167,6 +173,11 @@ def validate(cfg: DictConfig) -> None:
     validation.check_input_shape(cfg)
     if "train" in cfg:
         _validate_train(cfg.train)
+
+
+def _has_scheduler(cfg: DictConfig) -> bool:
+    """Whether ``cfg`` names a scheduler (not ``scheduler=none``, nor a config without the group)."""
+    return isinstance(cfg.get("scheduler"), DictConfig) and "_target_" in cfg.scheduler
 
 
 def _validate_plan(plan: DictConfig) -> None:

@@ -310,7 +310,7 @@ def _resume_from(cfg: DictConfig, out_dir: Path, optimizer: Any) -> dict[str, An
     path, own = _agreed_resume_target(value, cfg.train.checkpoint_dir, base, out_dir, sweep=sweep, roots=run_roots(base))
     state = read_checkpoint(path, sharded=bool(cfg.train.get("fsdp")))
     check_steps_left(cfg.train, state, path)
-    check_optimizer_kind(state, optimizer, path)
+    check_optimizer_kind(state, optimizer, path, cfg)  # and the scheduler's
     global_batch, wanted = int(state["result"]["global_batch"]), cfg.train.global_batch
     if wanted is not None and wanted != global_batch:
         raise ValueError(f"train.global_batch={wanted} differs from the checkpoint's {global_batch} ({path}); drop it to resume")

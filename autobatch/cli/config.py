@@ -14,6 +14,7 @@ from typing import Any, ClassVar, List, Optional, Tuple
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
+from .schedulers import SCHEDULER_SCHEMAS
 from .choices import DeviceKind, DType, InputKind, Objective, Precision, StepGuardKind, Strategy
 
 __all__ = [
@@ -318,6 +319,9 @@ class ProbeAppConfig:
     data: DataConfig = MISSING
     #: Typed by the chosen option (adamw/sgd); other optimizers take free arguments.
     optimizer: Any = MISSING
+    #: The learning-rate schedule ``train`` steps after each optimizer step (none | cosine |
+    #: linear_warmup | step | target; :mod:`autobatch.cli.schedulers`). Null: none.
+    scheduler: Any = None
     probe: ProbeConfig = MISSING
     #: The global batch (``train.global_batch``) and the other training keys; see TrainConfig.
     train: TrainConfig = MISSING
@@ -364,4 +368,5 @@ SCHEMAS: dict[str, type] = {
     "schema_plan": PlanConfig,
     "schema_train": TrainConfig,
     "schema_device": DeviceConfig,
+    **SCHEDULER_SCHEMAS,
 }

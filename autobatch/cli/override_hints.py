@@ -9,6 +9,7 @@ can remove, and, for a YAML of the user's own, the file and the key it sets.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import re
 import typing
 
@@ -43,7 +44,7 @@ def override_hint(message: str, exc: BaseException | None = None) -> str:
     override's own key did not exist ("data has no key 'dataset' (did you mean data.dataset?)")."""
     found = re.search(r"Could not override '([\w.]+)'\. To append to your config use \+\S+", message)
     if found is None:
-        return message
+        return _option_hint(message)
     key = found.group(1)
     failed = _failed_key(exc) or key
     parts = failed.split(".") if failed.startswith(key) else key.split(".")
@@ -68,6 +69,18 @@ def override_hint(message: str, exc: BaseException | None = None) -> str:
         return (f"Could not override '{key}': a dict given to {key} is merged into the one already there, and {node} "
                 f"has no key {parts[-1]!r}; add it with +{'.'.join(parts)}=VALUE{fresh}")
     return message
+
+
+def _option_hint(message: str) -> str:
+    """Hydra's "Could not find 'scheduler/Cosine' Available options in 'scheduler': cosine ..." with
+    the closest option named (``did you mean scheduler=cosine?``), as for a misspelt key."""
+    found = re.search(r"Could not find '([\w/]+)/([^'/]+)'\s*Available options in '[\w/]+':\s*(.+)$", message)
+    if found is None:
+        return message
+    group, option, options = found.group(1), found.group(2), found.group(3).split()
+    near = {name.lower(): name for name in options}
+    close = near.get(option.lower()) or next(iter(difflib.get_close_matches(option, options, n=1, cutoff=0.6)), None)
+    return f"{message} (did you mean {group}={close}?)" if close else message
 
 
 def _free_key_hint(message: str, key: str, exc: BaseException | None) -> str:
@@ -121,9 +134,19 @@ def _option_key_hint(message: str, key: str, node: list[str], exc: BaseException
         return message
     where, name = ".".join(node), full[-1]
     keys = [field.name for field in dataclasses.fields(schema) if not field.name.startswith("_")]
+    if not keys and where in _EMPTY_OPTION:  # scheduler=none (the default) has no keys to set
+        given = re.search(rf"use \+{re.escape(key)}=(\S+)", message)
+        value = given.group(1).rstrip(":") if given else "VALUE"
+        return (f"Could not override '{key}': {where} is {_EMPTY_OPTION[where][0]}, which has no keys; choose one "
+                f"first: {where}={_EMPTY_OPTION[where][1]} {key}={value} ({where}= {_EMPTY_OPTION[where][2]})")
     return (f"Could not override '{key}': {where} ({schema.__name__}) has no key {name!r}"
             f"{_keys_hint(name, keys, where + '.')} (+{'.'.join(full)}=VALUE passes an argument its _target_ takes that "
             "the schema does not list)")
+
+
+#: A group whose option has no keys (the default ``scheduler=none``): (what it is, the option to
+#: choose instead, all the options). Before, a key set on it read "its keys: " and named no fix.
+_EMPTY_OPTION = {"scheduler": ("none (no schedule, the default)", "cosine", "cosine | linear_warmup | step | target")}
 
 
 def _keys_hint(name: str, keys: list[str], prefix: str) -> str:

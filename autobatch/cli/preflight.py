@@ -290,6 +290,19 @@ def _one_run(command: str, overrides: Sequence[str]) -> None:
                            f"(python -m autobatch {command} --help {key}=VALUE)")
 
 
+def _validate_job(cfg: Any, job: list[str], jobs: list[list[str]], index: int) -> None:
+    """``validate(cfg)``; in a sweep of several jobs a bad value names the job and the overrides
+    that make it differ (``job 3 (scheduler=linear_warmup): scheduler.warmup_steps=100 ...``):
+    the line named only the key, which most jobs of the sweep set well."""
+    try:
+        validate(cfg)
+    except ValueError as exc:
+        if len(jobs) < 2 or type(exc) is not ValueError:
+            raise
+        varying = [override for override in job if not all(override in other for other in jobs)]
+        raise ValueError(f"job {index} ({' '.join(varying)}): {exc}") from exc
+
+
 def check(command: str, args: Sequence[str]) -> None:
     """Raise :class:`CLIError` (exit 2) naming the first problem in ``args``; else return
     (after printing a warning line for each key the run will not read)."""
@@ -325,7 +338,7 @@ def check(command: str, args: Sequence[str]) -> None:
                 if resolving:  # what --cfg prints: the job's config, Hydra's node or both
                     _check_resolves(cfg if resolving == "job" else compose(name, overrides=job, return_hydra_config=True))
                 if not printing:
-                    validate(cfg)
+                    _validate_job(cfg, job, jobs, index)
                     warnings += ignored_keys(command, cfg, packaged)
                 if directory:
                     _check_output_dir(key, str(directory))

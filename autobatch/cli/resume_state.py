@@ -26,6 +26,7 @@ from omegaconf import DictConfig, OmegaConf
 from ..errors import CheckpointError
 from ..training.checkpoint_io import RUNNER_FORMAT, load_checkpoint, written_by_torch_save
 from ..training.sharded_files import check_sharded_resume
+from .schedulers import check_scheduler_kind
 
 __all__ = ["read_checkpoint", "check_steps_left", "check_optimizer_kind", "kept_settings"]
 
@@ -35,7 +36,8 @@ _OPTIONS = {"AdamW": "optimizer=adamw", "SGD": "optimizer=sgd"}
 
 def read_checkpoint(path: Path, sharded: bool = False) -> dict[str, Any]:
     """The run a checkpoint belongs to: its step and ``RunResult`` (global batch, plan, ...),
-    its optimizer's class (``optimizer_type``, None in older checkpoints) and parameter groups'
+    its optimizer's class (``optimizer_type``, None in older checkpoints), its scheduler's
+    (``scheduler_type``, where the checkpoint records one) and parameter groups'
     settings (``optimizer_groups``, without their parameters). ``sharded`` (``train.fsdp``):
     read this rank's file of the sharded checkpoint ``path`` names; a set written by another
     number of ranks, or the wrong kind, is one clear error."""
@@ -46,6 +48,7 @@ def read_checkpoint(path: Path, sharded: bool = False) -> dict[str, Any]:
     groups = [group for group in (saved.get("param_groups") or []) if isinstance(group, dict)] if isinstance(saved, dict) else []
     return {"step": state["step"], "epoch": state.get("epoch"), "result": state["result"],
             "optimizer_type": state.get("optimizer_type"),
+            **({"scheduler_type": state["scheduler_type"]} if "scheduler_type" in state else {}),
             "optimizer_groups": [{k: v for k, v in group.items() if k != "params"} for group in groups]}
 
 
@@ -75,9 +78,13 @@ def check_steps_left(train: DictConfig, state: dict[str, Any], path: Path) -> No
         )
 
 
-def check_optimizer_kind(state: dict[str, Any], optimizer: torch.optim.Optimizer, path: Path) -> None:
+def check_optimizer_kind(state: dict[str, Any], optimizer: torch.optim.Optimizer, path: Path,
+                         cfg: DictConfig | None = None) -> None:
     """``ValueError`` naming the ``optimizer`` override to give when the checkpoint was written
-    with another optimizer class than this run builds (its state cannot be loaded into it)."""
+    with another optimizer class than this run builds (its state cannot be loaded into it); with
+    ``cfg``, the ``scheduler`` override likewise (:func:`~autobatch.cli.schedulers.check_scheduler_kind`)."""
+    if cfg is not None:
+        check_scheduler_kind(state, cfg, path)
     saved, mine = state.get("optimizer_type"), type(optimizer).__qualname__
     if saved is None or saved == mine:
         return

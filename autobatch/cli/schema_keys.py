@@ -55,10 +55,14 @@ def check_unknown_keys(node: Any, prefix: str = "") -> None:
                         f"no key {key!r}{close_match(str(key), fields, prefix)}; give the directory that holds "
                         f"{key}/{value}.yaml with --config-dir DIR"
                     )
+                if not fields and prefix == "scheduler.":  # scheduler=none, the default: no schedule to set
+                    raise ValueError(f"+{prefix}{key}: scheduler is none (no schedule, the default), which has no keys; "
+                                     f"choose one first: scheduler=cosine (or linear_warmup, step, target) "
+                                     f"{prefix}{key}=VALUE, without the +")
                 raise ValueError(
                     f"+{prefix}{key}: {where} has no key {key!r}"
                     f"{close_match(str(key), fields, prefix)}; "
-                    "+ adds keys only to a _target_ (model, optimizer, data.dataset), whose constructor takes them"
+                    "+ adds keys only to a _target_ (model, optimizer, scheduler, data.dataset), whose constructor takes them"
                 )
     for key in fields:
         child = None if OmegaConf.is_missing(node, key) else node[key]

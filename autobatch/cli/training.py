@@ -51,6 +51,7 @@ from .build import Workload, cross_entropy_loss
 from .data import training_data
 from .interrupt import Interrupts, stopped, stopped_together
 from .resume_state import check_steps_left, read_checkpoint
+from .schedulers import build_scheduler
 from .run_record import recorded_checkpoint_dirs
 
 __all__ = ["METRICS", "FINAL_MODEL", "checkpoint_in", "find_resume", "check_resume_target", "check_fresh_target", "run_files", "records_updates", "read_checkpoint", "check_steps_left", "runner_options", "run_training", "rank_fields"]
@@ -286,12 +287,14 @@ def run_training(
         options["max_micro_batch"] = max_micro_batch
     model, optimizer = workload.model, workload.optimizer
     model.train()
-    runner = Runner(model, optimizer, cross_entropy_loss, global_batch=global_batch, micro_batch=micro_batch, **options)
+    data = training_data(cfg, workload, global_batch)
+    run_steps = int(train.steps) if train.epochs is None else int(train.epochs) * len(data)  # type: ignore[arg-type]
+    runner = Runner(model, optimizer, cross_entropy_loss, global_batch=global_batch, micro_batch=micro_batch,
+                    scheduler=build_scheduler(cfg, optimizer, run_steps), **options)  # stepped once per update
     if plan is not None:
         runner.result.plan = {**plan.to_dict(), **rank_fields(global_batch)}
         if plan.checkpointing:
             runner.checkpoint_handle = plan.handle  # so checkpoints record the wrap
-    data = training_data(cfg, workload, global_batch)
     every, delay = int(train.checkpoint_every), float(train.inject_delay)
     if resume is None:
         torch.manual_seed(cfg.seed)  # training draws the same numbers whether or not a probe ran
