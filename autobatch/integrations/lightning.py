@@ -54,8 +54,8 @@ from ..probe.search import peak_limit
 from ..probe.unrestored import caller_restores
 from ..training.checkpoint_io import rng_state, set_rng_state
 from .. import checks
-from .global_batch import accumulation_for, cap_at_samples, changed_samples, check_share, small_split, split_keeping
-from .lightning_epochs import check_limit, check_val_interval, dropped_note, epoch_cap
+from .global_batch import accumulation_for, cap_at_samples, check_share, small_split, split_keeping
+from .lightning_epochs import changed_step, check_limit, check_val_interval, dropped_note, epoch_cap
 from .lightning_loop import LoopConfirmation, MemoryLine, confirm_in_loop
 from .lightning_options import checked_probe_options
 from .lightning_schedules import StepSchedule
@@ -235,7 +235,7 @@ class AutoBatchSize(Callback):
         tell("AutoBatchSize: %s=%d (probe %d%s)", self.batch_arg_name, self.batch_size, self.result.batch_size,
              f", accumulate_grad_batches={self.accumulation}" if self.accumulation else "")
         self._warn_replaced()
-        self._warn_changed(trainer, own, share)
+        self._warn_changed(trainer, own, share, samples, drops)
         if dropped := dropped_note(own, self.batch_size, samples, drops):
             rank_zero_warn(f"AutoBatchSize: {dropped}")
         kept = self._given is not None and self._given[1] > 1 and self._given[1] == self.accumulation  # the user's split
@@ -336,14 +336,16 @@ class AutoBatchSize(Callback):
                  "global_batch set it)",
                  self.accumulation, self.global_batch, self._fewer)
 
-    def _warn_changed(self, trainer: Trainer, own: Any, share: int | None) -> None:
+    def _warn_changed(self, trainer: Trainer, own: Any, share: int | None, samples: int | None,
+                      drop_last: bool) -> None:
         """One warning where no ``global_batch`` was given and the size set changes the samples per
         optimizer step that the Trainer's own ``accumulate_grad_batches`` made with the module's own
         size (:func:`~.global_batch.changed_samples`): the accumulation is kept and the batch replaced,
-        so ``4 x 4`` became ``147 x 4`` with only the INFO line naming the size."""
-        changed = share is None and changed_samples(
-            own, self.batch_size, trainer.accumulate_grad_batches, self._world, size_setting=self.batch_arg_name,
-            setting="accumulate_grad_batches", where="the Trainer")
+        so ``4 x 4`` became ``147 x 4`` with only the INFO line naming the size; where the window no
+        longer divides the epoch's batches, what Lightning steps on instead (:func:`.lightning_epochs.changed_step`)."""
+        changed = share is None and changed_step(
+            trainer, own, self.batch_size, self._world, name=self.batch_arg_name, samples=samples,
+            drop_last=drop_last, multiple_of=self.probe_options["multiple_of"])
         if changed:
             rank_zero_warn(f"AutoBatchSize: {changed}")
 

@@ -3,7 +3,9 @@
 A larger batch shortens the epoch: a ``limit_train_batches`` or an integer ``val_check_interval``
 that held at the module's own size may no longer (see :func:`check_limit` and
 :func:`check_val_interval`). Each is one ``ValueError`` naming what to change. A fractional
-``limit_train_batches`` caps the batch instead (:func:`epoch_cap`), as the dataset does.
+``limit_train_batches`` caps the batch instead (:func:`epoch_cap`), as the dataset does. With no
+``global_batch``, an accumulation window that no longer divides the epoch's batches is one warning
+(:func:`changed_step`).
 """
 
 from __future__ import annotations
@@ -13,10 +15,11 @@ from typing import Any
 
 from lightning.pytorch import Trainer
 
+from .global_batch import changed_samples
 from .lightning_loop import refuses_interval
 from .lightning_schedules import train_loader
 
-__all__ = ["check_limit", "check_val_interval", "epoch_cap", "dropped_note"]
+__all__ = ["check_limit", "check_val_interval", "epoch_cap", "dropped_note", "changed_step"]
 
 
 def epoch_cap(trainer: Trainer, samples: int | None) -> tuple[int | None, str]:
@@ -117,3 +120,65 @@ def dropped_note(own: Any, size: int, samples: int | None, drop_last: bool) -> s
     return (f"with drop_last=True, batch size {size} leaves {dropped} of the {samples} samples of a rank's epoch "
             f"({100 * dropped // samples} %) untrained every epoch, where the module's own {own} left {before}: set "
             f"drop_last=False (the last batch is then partial), or a max_batch that divides {samples} better")
+
+
+def changed_step(trainer: Trainer, own: Any, size: int, world: int, *, name: str, samples: int | None,
+                 drop_last: bool, multiple_of: int) -> str | None:
+    """The one warning where, with no ``global_batch``, the size set changes what each optimizer
+    step of the Trainer's own ``accumulate_grad_batches`` trains (None where it does not): the
+    samples per step (:func:`~.global_batch.changed_samples`), and where the window no longer
+    divides the epoch's batches (:func:`_window`), what Lightning steps on instead.
+
+    Why: Lightning counts the window within an epoch and steps at the epoch's end on the batches it
+    has (``_TrainingEpochLoop._should_accumulate``: ``_accumulated_batches_reached`` or
+    ``_num_ready_batches_reached``), each loss still divided by the full window. With 512 samples,
+    ``drop_last=True`` and ``accumulate_grad_batches=4``, the size 308 left one batch an epoch:
+    the warning said each step trained 4 x 308 = 1232 samples, where each trained 308, at a quarter
+    of their mean gradient. The batches are counted as ``fit`` counts them (the loader is built, then
+    dropped); only a size that differs from the module's own is checked (the user's own is theirs)."""
+    accumulation = trainer.accumulate_grad_batches
+    changed = changed_samples(own, size, accumulation, world, size_setting=name, setting="accumulate_grad_batches",
+                              where="the Trainer")
+    if not changed:
+        return None
+    with train_loader(trainer) as batches:
+        pass
+    if not isinstance(batches, int) or batches < 1:
+        return changed
+    whole = samples if isinstance(trainer.limit_train_batches, float) and trainer.limit_train_batches == 1.0 else None
+    epoch = None if whole is None else batches * size if drop_last else min(whole, batches * size)  # a rank's
+    short = batches == accumulation and epoch is not None and epoch < batches * size  # one window, a partial batch
+    if batches % accumulation == 0 and not short:
+        return changed
+    full, rest = divmod(batches, accumulation)
+    fix = _window_fix(whole, size, accumulation, drop_last, multiple_of) if rest else ""
+    ranks = f" over {world} processes" if world > 1 else ""
+    scale = (f" at {rest}/{accumulation} of the mean gradient, as Lightning divides each loss by {accumulation}"
+             if rest else "")
+    if full == 0 or short:  # one window an epoch, not full: the samples-per-step message would be false
+        old, trained = own * accumulation * world, (f"{epoch * world}" if epoch is not None
+                                                    else f"at most {batches * size * world}")
+        return (f"an epoch at {name}={size} has {batches} batch(es) ({trained} samples{ranks}), "
+                f"{'fewer than' if rest else 'one window of'} accumulate_grad_batches={accumulation}, and Lightning "
+                f"steps at each epoch's end on the batches it has: every optimizer step trains that epoch{scale}, not "
+                f"{accumulation} x {size} samples, where {name}={own} trained {old} a step, so the learning rate and "
+                f"schedule tuned for {old} no longer match; pass global_batch={old} to keep {old} samples a step{fix}, "
+                "or set accumulate_grad_batches=1 to train the probe's batch alone")
+    return (f"{changed}. Also, an epoch at {name}={size} has {batches} batches, which accumulate_grad_batches="
+            f"{accumulation} does not divide, and Lightning steps at each epoch's end on the batches it has: {full} "
+            f"step(s) an epoch train {accumulation} batches and the last trains {rest} batch(es) (at most "
+            f"{rest * size * world} samples{ranks}){scale}; pass global_batch, an accumulate_grad_batches that divides "
+            f"{batches}{fix}")
+
+
+def _window_fix(samples: int | None, size: int, accumulation: int, drop_last: bool, multiple: int) -> str:
+    """``", max_batch=S (N batches an epoch)"``: the largest size below ``size`` (a multiple of
+    ``multiple``) whose epoch of ``samples`` has a multiple of ``accumulation`` batches; empty
+    where ``samples`` is unknown (or limited) or none does."""
+    if not samples:
+        return ""
+    for smaller in range(size // multiple * multiple, 0, -multiple):
+        batches = samples // smaller if drop_last else -(-samples // smaller)
+        if batches and batches % accumulation == 0:
+            return f", max_batch={smaller} ({batches} batches an epoch, a multiple of {accumulation})"
+    return ""
