@@ -53,6 +53,7 @@ from .own_checkpointing import CacheWatch, cache_note, own_checkpointing
 from .plan_errors import PlanErrors
 from .plan_arguments import OBJECTIVES, ragged_message, smallest_batch, validate, validate_timing
 from .plan_result import Plan, candidates_table, short_list
+from .split_checks import check_batch_first, loss_split_note
 from .throughput import balanced_micro_batch
 
 __all__ = ["Plan", "plan", "OBJECTIVES", "candidates_table"]
@@ -129,6 +130,8 @@ def plan(
         find_blocks(step.model, checkpoint_targets)  # targets that match nothing: a ValueError now, not a wrong plan
     timing = validate_timing(warmup_steps=warmup_steps, timed_steps=timed_steps, retime_rounds=retime_rounds,
                              retime_within=retime_within, timer=timer, allocator_retries=allocator_retries)
+    if allow_accumulation:
+        check_batch_first(step)  # a sequence-first batch: every split would cut its time steps
     cap = min(global_batch, probe_kwargs.pop("max_batch", None) or global_batch)
     multiple_of = probe_kwargs.get("multiple_of", 1)
     if balanced and isinstance(multiple_of, int) and multiple_of > 1:
@@ -372,10 +375,11 @@ class _Planner(PlanErrors, ThroughputObjective):
             self.wrap()
         else:
             self.unwrap()
-        note = batch_statistics_note(self.step.model, sizes)
-        if note is not None:  # accumulation is exact but for batch statistics: say so where the split meets them
-            log.warning("plan: %s", note)
-            self.notes.append(note)
+        piece = self.probe_kwargs.get("multiple_of", 1)  # accumulation is exact but for these: say so where a split meets them
+        for note in (batch_statistics_note(self.step.model, sizes), loss_split_note(self.step, sizes, piece)):
+            if note is not None:
+                log.warning("plan: %s", note)
+                self.notes.append(note)
         return Plan(
             global_batch=self.global_batch,
             micro_batch=max(sizes),

@@ -1,0 +1,155 @@
+"""Whether cutting a ``TrainStep``'s batches along dim 0 trains what one batch would.
+
+A plan's micro-batches are cut along dim 0 (:func:`~autobatch.planning.accumulation.split_batch`,
+the ``Runner``) and each one's loss weighted by its share of the samples. Two things the
+planner's probes cannot see break that silently, and :func:`~autobatch.plan` checks both on a
+small batch before it plans:
+
+* **Samples not on dim 0** (:func:`check_batch_first`). ``make_batch(n)`` that builds a
+  sequence-first batch (``[T, n, E]`` for ``nn.MultiheadAttention`` / ``nn.RNN`` with
+  ``batch_first=False``) probes fine, for the probe never cuts a batch, but every split of it
+  cut the *time steps*: attention then saw a piece of each sequence and the plan trained
+  another model, without a word. autobatch has no batch-dimension option (every batch is
+  batch-first, ``docs/runner.md``, "What a batch may hold"); where ``make_batch(1)`` and
+  ``make_batch(2)`` have the same dim 0, it is one ``ValueError`` naming the dim that grows.
+* **A loss that is not a mean over samples** (:func:`loss_split_note`): a contrastive loss
+  over the batch (CLIP's in-batch negatives), a token mean over padded sequences, a
+  ``reduction='sum'`` loss, class weights. Their accumulated gradient is another one than the
+  global batch's (a tiny CLIP's differed by 14 in its largest entry, its loss by ``log 2``), so
+  a plan that splits says so, as it does for BatchNorm (:mod:`.batch_statistics`).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Mapping
+
+import torch
+
+from ..probe.key_batches import sample_batches
+from ..probe.rng import rng_state, set_rng_state, step_generators
+from ..probe.train_step import TrainStep
+from .samples import batch_size_of
+
+__all__ = ["check_batch_first", "loss_split_note", "LOSS_SPLIT"]
+
+#: how the note begins
+LOSS_SPLIT = "The loss is not a mean over samples"
+
+
+def check_batch_first(step: TrainStep) -> None:
+    """One ``ValueError`` where ``step.make_batch(1)`` and ``make_batch(2)`` have the same number
+    of samples on dim 0 while some tensor grows on another dim: the batch is not batch-first, and
+    a plan's split would cut that dim 0 (time steps) silently. Batches make_batch cannot build
+    here, or whose size cannot be read, are left to the probe's own checks."""
+    try:
+        batches = sample_batches(step.make_batch)
+    except Exception:  # noqa: BLE001 - not swallowed: the probe's trials call make_batch and raise it
+        return
+    try:
+        one, two = (batch_size_of(batch) for batch in batches)
+    except ValueError:  # the probe and the split raise it, with its own advice
+        return
+    if one != two:
+        return
+    grown = _grown_dim(batches[0], batches[1])
+    if grown is None:
+        return
+    path, dim, shape = grown
+    raise ValueError(
+        f"make_batch(n) does not put its n samples on dim 0: make_batch(1) and make_batch(2) both have {one} on dim 0, "
+        f"and {path} grows on dim {dim} ({shape}). plan() and the Runner cut batches into micro-batches along dim 0, "
+        "so a split would cut that dim (a sequence-first batch's time steps) instead of samples; autobatch takes "
+        "batch-first batches only. Build them batch-first (.transpose(0, 1) in make_batch and the collate) and "
+        "transpose back in the loss_fn, or use the model's batch_first=True; see 'What a batch may hold' in docs/runner.md"
+    )
+
+
+def _grown_dim(one: Any, two: Any) -> tuple[str, int, str] | None:
+    """The first tensor of ``two`` that has one dim doubled from ``one``'s (a batch of 1 and 2):
+    its place, that dim, and its shape."""
+    shapes = dict(_shapes(one, "batch"))
+    for path, shape in _shapes(two, "batch"):
+        before = shapes.get(path)
+        if before is None or len(before) != len(shape):
+            continue
+        for dim, (a, b) in enumerate(zip(before, shape)):
+            if dim > 0 and b == 2 * a and all(x == y for i, (x, y) in enumerate(zip(before, shape)) if i != dim):
+                return path, dim, f"{list(before)} in a batch of 1, {list(shape)} in one of 2"
+    return None
+
+
+def _shapes(node: Any, path: str) -> list[tuple[str, tuple[int, ...]]]:
+    """``(place, shape)`` of every tensor in ``node`` (dicts, lists, tuples, dataclass fields)."""
+    if isinstance(node, torch.Tensor):
+        return [(path, tuple(node.shape))]
+    if isinstance(node, dict):
+        items = [(f"{path}[{key!r}]", value) for key, value in node.items()]
+    elif isinstance(node, (list, tuple)):
+        items = [(f"{path}[{index}]", value) for index, value in enumerate(node)]
+    elif hasattr(node, "__dataclass_fields__"):
+        items = [(f"{path}.{name}", getattr(node, name)) for name in node.__dataclass_fields__]
+    else:
+        return []
+    return [found for place, value in items for found in _shapes(value, place)]
+
+
+def loss_split_note(step: TrainStep, sizes: list[int], piece: int = 1) -> str | None:
+    """A note for a plan that splits (``sizes``: more than one micro-batch) a step whose loss on
+    ``make_batch(2 * piece)`` is not the mean of its two halves' losses, read in eval mode (no
+    dropout, BatchNorm's running statistics: :mod:`.batch_statistics` notes those) without
+    gradients; the model's modes, buffers and every random generator are put back. None where
+    the split is exact, or where the check cannot run (a model that does not compute its loss in
+    eval mode: the trials and the run raise their own errors)."""
+    if len(sizes) < 2:
+        return None
+    whole, halves = _losses(step, piece)
+    if whole is None:
+        return None
+    mean = sum(halves) / 2
+    reduced = step.autocast_dtype in (torch.bfloat16, torch.float16)  # its matmuls round by the batch's shape
+    if math.isclose(whole, mean, rel_tol=2e-2 if reduced else 1e-3, abs_tol=1e-5):
+        return None
+    return (
+        f"{LOSS_SPLIT}: on make_batch({2 * piece}) the loss_fn gave {whole:.4g}, and {halves[0]:.4g} and {halves[1]:.4g} "
+        f"on its halves (in eval mode), so the plan's micro-batches of {max(sizes)} train another gradient than one "
+        f"batch of {sum(sizes)} would (a contrastive loss over the batch, a mean over padded tokens, a sum, class "
+        "weights). Where that matters: more memory (one step), or a loss_fn that returns a mean of per-sample terms "
+        "(docs/planning.md, 'Gradient accumulation')"
+    )
+
+
+def _losses(step: TrainStep, piece: int) -> tuple[float | None, list[float]]:
+    """``loss_fn`` on ``make_batch(2 * piece)`` and on its two halves, as floats (None: it raised)."""
+    from .accumulation import split_batch
+
+    model = step.model
+    modes = [(module, module.training) for module in model.modules()]
+    buffers = [(buffer, buffer.detach().clone()) for buffer in model.buffers()]
+    saved = rng_state(own=step_generators(step))
+    try:
+        model.eval()
+        with torch.no_grad(), step.autocast():
+            batch = step.make_batch(2 * piece)
+            losses = [_loss(step, part) for part in [batch, *split_batch(batch, piece)]]
+    except Exception:  # noqa: BLE001 - an advisory check: the step's own errors come from its trials
+        return None, []
+    finally:
+        for module, training in modes:
+            module.training = training
+        with torch.no_grad():
+            for buffer, value in buffers:
+                buffer.copy_(value)
+        set_rng_state(saved)
+    return losses[0], losses[1:]
+
+
+def _loss(step: TrainStep, batch: Any) -> float:
+    """The loss ``loss_fn`` returns on ``batch`` (a tensor, or a dict's or model output's
+    ``"loss"``, as :func:`~autobatch.checks.loss` takes it; that one refuses a loss without grad)."""
+    value = step.loss_fn(step.model, batch)
+    if isinstance(value, Mapping):
+        value = value["loss"]
+    elif not isinstance(value, torch.Tensor) and hasattr(value, "loss"):
+        value = value.loss
+    return float(value)
