@@ -28,6 +28,7 @@ import torch
 
 from ..probe.key_batches import sample_batches
 from ..probe.rng import rng_state, set_rng_state, step_generators
+from ..probe.shards import has_dtensors
 from ..probe.train_step import TrainStep
 from .samples import batch_size_of
 
@@ -101,7 +102,7 @@ def loss_split_note(step: TrainStep, sizes: list[int], piece: int = 1) -> str | 
     gradients; the model's modes, buffers and every random generator are put back. None where
     the split is exact, or where the check cannot run (a model that does not compute its loss in
     eval mode: the trials and the run raise their own errors)."""
-    if len(sizes) < 2:
+    if len(sizes) < 2 or _distributed(step.model):
         return None
     whole, halves = _losses(step, piece)
     if whole is None:
@@ -117,6 +118,13 @@ def loss_split_note(step: TrainStep, sizes: list[int], piece: int = 1) -> str | 
         "weights). Where that matters: more memory (one step), or a loss_fn that returns a mean of per-sample terms "
         "(docs/planning.md, 'Gradient accumulation')"
     )
+
+
+def _distributed(model: torch.nn.Module) -> bool:
+    """A model whose forward runs collectives (FSDP2's all-gathers, under DDP a group): not
+    checked. An eval forward of a ``fully_shard``-ed root leaves its parameters unsharded (plain
+    tensors) until a backward, and a rank whose check failed would leave its peers waiting."""
+    return has_dtensors(model) or (torch.distributed.is_available() and torch.distributed.is_initialized())
 
 
 def _losses(step: TrainStep, piece: int) -> tuple[float | None, list[float]]:
