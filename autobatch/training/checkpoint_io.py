@@ -4,8 +4,8 @@
 ``fsync``s it, then ``os.replace``s it over the old checkpoint (atomic on POSIX and Windows
 when both are on one file system) and ``fsync``s the directory so the rename itself survives
 a power cut. A process killed at any instant leaves either the old checkpoint or the new one,
-never half of one; a stale temporary file from a killed writer is harmless and is replaced
-by the next save.
+never half of one; a stale temporary file from a killed writer (its process gone) is removed
+by the next save that completes, and a resume from a folder holding only such a file says so.
 
 Loading never runs code: checkpoints are read with ``torch.load(weights_only=True)``, which
 refuses any pickled object that is not a tensor or a plain value (a file carrying a
@@ -65,7 +65,39 @@ def save_checkpoint(state: dict[str, Any], path: str | os.PathLike) -> Path:
             _name_the_checkpoint(exc, path)
         raise
     _fsync_dir(path.parent)
+    _remove_stale_temporaries(path)
     return path
+
+
+def _temporaries(path: Path) -> list[Path]:
+    """The temporary files writers of ``path`` left beside it (``.last.pt.tmp-<pid>``)."""
+    return sorted(path.parent.glob(f".{path.name}.tmp-*"))
+
+
+def _remove_stale_temporaries(path: Path) -> None:
+    """Remove the temporary files of writers of ``path`` that were killed mid-write (their
+    process is gone), once a newer checkpoint is whole in place: each was as large as a
+    checkpoint, and one was left for every run killed while it saved (a new process's pid
+    never matched it, so no later save replaced it). A live writer's file is left alone."""
+    for stale in _temporaries(path):
+        pid = stale.name.rpartition("-")[2]
+        if not pid.isdigit() or int(pid) == os.getpid() or _alive(int(pid)):
+            continue
+        try:
+            stale.unlink()
+        except OSError:  # removed by another process, or not ours to remove: harmless either way
+            pass
+
+
+def _alive(pid: int) -> bool:
+    """Whether process ``pid`` runs on this machine (where it cannot be told: True, kept)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OSError, OverflowError, ValueError):
+        return True
+    return True
 
 
 class _KeepsWriteError:
@@ -111,8 +143,11 @@ def load_checkpoint(path: str | os.PathLike, *, expect_format: str | None = None
     checkpoints carry :data:`RUNNER_FORMAT`)."""
     path = resolve_checkpoint(path)
     if not path.is_file():
-        raise FileNotFoundError(f"no checkpoint at {path}: give the last.pt a runner wrote, or its checkpoint_dir "
-                                "(fit(resume=None) starts afresh)")
+        partial = _temporaries(path) if path.parent.is_dir() else []
+        interrupted = (f"; {partial[0].name} there is a write that was interrupted (incomplete, not a checkpoint)"
+                       if partial else "")
+        raise FileNotFoundError(f"no checkpoint at {path}{interrupted}: give the last.pt a runner wrote, or its "
+                                "checkpoint_dir (fit(resume=None) starts afresh)")
     if not written_by_torch_save(path):  # torch would read it as a legacy pickle and blame its objects
         raise CheckpointError(path, "it is not an autobatch checkpoint (not a file torch.save writes); resume from the "
                                     "last.pt autobatch's runner wrote")

@@ -24,7 +24,7 @@ from ..planning.accumulation import micro_batch_sizes
 from ..planning.batch_statistics import batch_norm_layers
 from ..planning.samples import items_message, per_sample_items
 
-__all__ = ["check_batch_count", "warn_batch_size", "check_checkpoint_dir", "check_data", "check_options", "check_split", "model_device", "share_of",
+__all__ = ["capped_micro_batch", "check_batch_count", "warn_batch_size", "check_checkpoint_dir", "check_data", "check_options", "check_split", "model_device", "share_of",
            "warn_batch_statistics"]
 
 log = logging.getLogger("autobatch")
@@ -42,8 +42,26 @@ def check_options(device: Any, checkpoint_dir: str | os.PathLike | None, checkpo
     if checkpoint_every and checkpoint_dir is None:
         raise ValueError(f"checkpoint_every={checkpoint_every} needs checkpoint_dir, where the checkpoints are "
                          "written; pass checkpoint_dir=... too, or leave checkpoint_every unset")
+    _check_not_a_file_name(checkpoint_dir)
     if writes:
         check_checkpoint_dir(checkpoint_dir)
+
+
+#: suffixes of checkpoint files, not folders
+_FILE_SUFFIXES = (".pt", ".pth", ".ckpt", ".bin", ".safetensors")
+
+
+def _check_not_a_file_name(checkpoint_dir: str | os.PathLike | None) -> None:
+    """``checkpoint_dir="run/last.pt"`` (a file's name, as Lightning's ``ckpt_path`` is) made a folder
+    ``last.pt`` holding ``last.pt``, which ``torch.load("run/last.pt")`` then failed to open
+    (``IsADirectoryError``); one ``ValueError`` naming the folder to give instead. A folder of
+    that name that exists (made by an earlier run) is taken as it is."""
+    if checkpoint_dir is None:
+        return
+    path = Path(checkpoint_dir).expanduser()
+    if path.suffix.lower() in _FILE_SUFFIXES and not path.is_dir():
+        raise ValueError(f"checkpoint_dir={str(checkpoint_dir)!r} names a file: it is the folder the runner writes "
+                         f"last.pt in; pass checkpoint_dir={str(path.parent)!r} (it writes {path.parent / 'last.pt'})")
 
 
 def check_kinds(*, balanced: Any, checkpointing_fallback: Any, distributed: Any, progress: Any, log_every: Any,
@@ -170,6 +188,22 @@ def warn_batch_size(size: int, share: int, multiple_of: int, where: str) -> None
         ragged += ("; the runner splits and counts samples along dim 0: if dim 0 is not the batch (sequence-first "
                    "inputs, (T, B, ...)), make the batches batch-first (batch_first=True, .transpose(0, 1))")
     log.warning("%sa batch of %d samples, not %d%s; each step uses its own batch's size", where, size, share, ragged)
+
+
+def capped_micro_batch(micro_batch: int | None, share: int, per_rank: bool = False) -> int | None:
+    """``Runner(micro_batch=)`` capped at the global batch (``share``: per rank where ``per_rank``):
+    a step is never more than its batch. One warning where it is above it: a probe's answer (more
+    fits than a step holds) trains the same capped, but so did arguments swapped
+    (``global_batch=8, micro_batch=16`` meant 16 samples a step) or a per-rank share misread, without
+    a word, at half the batch the user meant. The command line refuses its own ``train.micro_batch``
+    above the share and passes its probe's answers capped already."""
+    if micro_batch is None or micro_batch <= share:
+        return micro_batch
+    log.warning("micro_batch=%d is above the global batch%s (%d samples a step): each step trains as one micro-batch "
+                "of %d. If you meant %d samples a step, raise global_batch; else pass micro_batch=%d (a probe's "
+                "answer: min(answer, global batch)) to silence this", micro_batch, " per rank" if per_rank else "",
+                share, share, micro_batch, share)
+    return share
 
 
 def share_of(global_batch: int, world: int) -> int:

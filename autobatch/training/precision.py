@@ -10,7 +10,12 @@ checkpoint replaces (``load_state_dict`` takes its growth interval and factors t
 as the optimizer's are. A runner built to train float16 parameters, or under float16 autocast,
 without loss scaling is warned about once, when it is made: its small gradients become zero, and
 Adam's ``eps=1e-8`` is 0 in float16 (AdamW at lr 1e-3 on a float16 model: NaN loss from its
-second step, in plain PyTorch as in the runner).
+second step, in plain PyTorch as in the runner). A checkpoint whose weights are of another
+dtype than this run's model (saved from a bfloat16 model, resumed into a float32 one, or the
+reverse) loaded with a silent cast, as ``load_state_dict`` copies: now one warning names the
+dtypes (and, where this run's is the narrower, that the precision the file holds is rounded off
+in this run, the file keeping it), and a cast to float16 that would turn weights above its range
+(65504) into inf is refused before anything is loaded.
 """
 
 from __future__ import annotations
@@ -20,7 +25,9 @@ from typing import Any
 
 import torch
 
-__all__ = ["precision_of", "warn_changed_precision", "load_grad_scaler", "warn_unscaled_float16"]
+from ..errors import CheckpointError
+
+__all__ = ["precision_of", "warn_changed_precision", "check_dtypes", "load_grad_scaler", "warn_unscaled_float16"]
 
 log = logging.getLogger("autobatch")
 
@@ -101,3 +108,37 @@ def warn_unscaled_float16(optimizer: torch.optim.Optimizer, model: torch.nn.Modu
         log.warning("autocast_dtype=float16 without an enabled grad_scaler: float16 gradients below 6e-8 become zero "
                     "and their updates are lost; pass grad_scaler=torch.amp.GradScaler(device) (it skips the steps "
                     "whose gradients overflow), or autocast_dtype='bfloat16', which needs none")
+
+
+def check_dtypes(path: Any, model: torch.nn.Module, saved: dict[str, Any]) -> None:
+    """Warn, once, where the checkpoint's floating-point weights (``saved``: its model state) are
+    of other dtypes than ``model``'s, naming each change, how many tensors and the first; a
+    :class:`~autobatch.errors.CheckpointError` where one would overflow float16 (inf weights).
+    A change of dtype is a choice (float32 from bfloat16 training, bfloat16 to save memory), so
+    not an error: ``load_state_dict`` casts, and the checkpoint file keeps what it held."""
+    changes: dict[tuple[torch.dtype, torch.dtype], list[str]] = {}
+    for name, mine in model.state_dict().items():
+        theirs = saved.get(name)
+        if not (isinstance(mine, torch.Tensor) and isinstance(theirs, torch.Tensor) and mine.is_floating_point()
+                and theirs.is_floating_point() and mine.dtype != theirs.dtype):
+            continue
+        if mine.dtype == torch.float16 and theirs.numel() and theirs.abs().max().item() > torch.finfo(torch.float16).max:
+            raise CheckpointError(
+                path, f"its {name} ({_dtype(theirs.dtype)}) holds values above float16's range (65504), which this "
+                "run's float16 model would load as inf; resume with the model in "
+                f"{_dtype(theirs.dtype)} (or float32), e.g. model.to(torch.{_dtype(theirs.dtype)}) before Runner(...)")
+        changes.setdefault((theirs.dtype, mine.dtype), []).append(name)
+    if not changes:
+        return
+    parts = []
+    for (theirs, mine), names in changes.items():
+        narrower = torch.finfo(mine).eps > torch.finfo(theirs).eps
+        parts.append(f"{len(names)} tensor(s) saved in {_dtype(theirs)} load into this run's {_dtype(mine)} (the first: "
+                     f"{names[0]!r}){': rounded, the precision the checkpoint holds is lost in this run' if narrower else ''}")
+    log.warning("resume: the checkpoint's weights are of another dtype than this model's: %s; its optimizer state is "
+                "cast the same way. The file keeps its own; to go on in its dtype, convert the model (model.to(dtype)) "
+                "before Runner(...)", "; ".join(parts))
+
+
+def _dtype(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")

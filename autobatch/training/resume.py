@@ -31,7 +31,7 @@ from .extra_state import load_extra_state, saved_extra_state
 from .multiples import resumed_micro_batch
 from .pacing import agree_epoch_length, told_every_rank
 from .ranks import agree_resume
-from .precision import load_grad_scaler
+from .precision import check_dtypes, load_grad_scaler
 from .resume_checks import check_fits, check_kinds, kind, load_scheduler, position_for, precision_of, warn_changed_precision
 from .resume_checks import check_fresh_dir, local_module_names, saved_module, warn_persistent_workers, warn_replaced_settings
 from .resume_checks import without_wrapper_prefix
@@ -324,6 +324,7 @@ class Resumable:
             warn_changed_precision(state, precision_of(self._train_step))
             if not sharded:  # load_state_dict loads what fits before it raises: nothing is loaded unless all fits
                 check_fits(saved_module(self.model), without_wrapper_prefix(state["model"]), self.optimizer, state["optimizer"])
+                check_dtypes(path, saved_module(self.model), without_wrapper_prefix(state["model"]))  # a warning, or inf
             # these refuse with their own CheckpointError, before the weights and optimizer state are loaded too
             check_loose_parameters(path, saved_module(self.model), self.optimizer, state.get("loose_parameters"))
             load_scheduler(path, self.scheduler, state["scheduler"])
@@ -382,11 +383,17 @@ class Resumable:
 def _state_onto_device(optimizer: torch.optim.Optimizer) -> None:
     """On the CPU's simulated device, the optimizer state just loaded from host memory is copied
     onto the device, as ``load_state_dict`` copies host tensors to a GPU's parameters' device
-    (there ``to`` is a no-op on the CPU, so the budget never counted the state). Measured: a CLI
+    (there ``to`` is a no-op on the CPU, so the budget never counted the state); a value of its own
+    that a custom optimizer keeps at the state's top level (``self.state["count"] = tensor``), not
+    a dict of a parameter, is moved as it is (it failed "'Tensor' object has no attribute 'items'"
+    after the weights were loaded, refusing the resume). Measured: a CLI
     run resumed under the 2 MiB its probe was given counted the checkpoint's random states and
     none of the state, and failed its first step at an answer that trained before. A no-op
     without a simulated device."""
-    for state in optimizer.state.values():
-        for key, value in state.items():
-            if type(value) is torch.Tensor and value.dim() > 0:
-                state[key] = to_simulated_device(value)
+    for owner, state in list(optimizer.state.items()):
+        if type(state) is torch.Tensor and state.dim() > 0:  # a custom optimizer's own tensor (state["count"] = ...)
+            optimizer.state[owner] = to_simulated_device(state)
+        elif isinstance(state, dict):  # a parameter's state; anything else (a number, a list) is kept as loaded
+            for key, value in state.items():
+                if type(value) is torch.Tensor and value.dim() > 0:
+                    state[key] = to_simulated_device(value)

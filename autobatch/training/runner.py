@@ -52,7 +52,7 @@ from .faults import FaultInjector
 from .growth import GrowBack
 from .hygiene import CachePolicy
 from .autoplan import PlansFromData
-from .inputs import FIT_ALIASES, RUNNER_ALIASES, check_data, check_kinds, check_options, model_device, share_of, warn_batch_size
+from .inputs import FIT_ALIASES, RUNNER_ALIASES, capped_micro_batch, check_data, check_kinds, check_options, model_device, share_of, warn_batch_size
 from .multiples import SplitsInMultiples, multiple_options
 from .pacing import FailedDraw, carried_error
 from .precision import warn_unscaled_float16
@@ -81,7 +81,7 @@ class Runner(OomRecovery, SplitsInMultiples, EndsSteps, Resumable, PlansFromData
         optimizer: the optimizer of ``model``'s parameters.
         loss_fn: ``loss_fn(model, micro_batch)`` returns the *mean* loss over the micro-batch.
         global_batch: samples per optimizer step (the size of the batches ``data`` yields).
-        micro_batch: samples per forward/backward; None: plan it with
+        micro_batch: samples per forward/backward (above the global batch: capped to it, with a warning); None: plan it with
             :func:`~autobatch.plan` on the first global batch (``plan_options`` go to it).
         scheduler: stepped once after every optimizer step (not ``ReduceLROnPlateau``: it needs a metric).
         device: where micro-batches are moved (default: the model's device); one this machine has.
@@ -188,7 +188,7 @@ class Runner(OomRecovery, SplitsInMultiples, EndsSteps, Resumable, PlansFromData
         self.loss_fn = loss_fn
         self.scheduler = checks.scheduler("scheduler", scheduler)
         self.global_batch = global_batch
-        self.micro_batch = None if micro_batch is None else min(micro_batch, self.share)
+        self.micro_batch = capped_micro_batch(micro_batch, self.share, self.distributed)  # a warning where above it
         self.initial_micro_batch = self.micro_batch
         self.device = torch.device(device) if device is not None else model_device(model)
         self.max_micro_batch = max_micro_batch

@@ -43,7 +43,7 @@ Cost, by ``mode``:
 from __future__ import annotations
 
 import copy
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import torch
 
@@ -60,6 +60,7 @@ GUARD_MODES = ("auto", "cpu", "device", "off")
 GUARD_ALIASES = {"gpu": "device", "cuda": "device", "accelerator": "device", "host": "cpu", "none": "off",
                  "false": "off", "disabled": "off"}
 GUARD_SPARE = 0.25  # "auto" copies on the device only if a quarter of it stays free with the copy there
+WHOLE = "<the parameter's whole state>"  # the key of a parameter's state that is a bare value, not a dict
 
 
 class StepGuard:
@@ -84,6 +85,7 @@ class StepGuard:
         self._params: list[torch.Tensor] = []
         self._state_keys: dict[int, dict[Any, Any]] = {}  # id(param) -> key -> non-tensor value, or None for a tensor
         self._groups: list[dict[str, Any]] = []
+        self._own: dict[Any, Any] = {}  # state entries keyed by no parameter (a custom optimizer's own counter)
         self._stream = None
         self._captured = False
 
@@ -106,13 +108,15 @@ class StepGuard:
             if state is None:
                 continue
             keys: dict[Any, Any] = {}
-            for key, value in state.items():
+            # torch's optimizers keep a dict per parameter; a custom one may keep a bare tensor (a momentum buffer)
+            for key, value in (state.items() if isinstance(state, Mapping) else [(WHOLE, state)]):
                 if isinstance(value, torch.Tensor):
                     keys[key] = None
                     sources.append(((index, key), value))
                 else:
                     keys[key] = copy.deepcopy(value)
             self._state_keys[index] = keys
+        self._own = self._own_state()
         if self.mode == "auto":
             self._place(sources)
         live = {slot for slot, _ in sources}
@@ -179,7 +183,12 @@ class StepGuard:
                 if saved is None:
                     self.optimizer.state.pop(param, None)
                     continue
+                if WHOLE in saved:  # a bare value of the parameter's own, not a dict
+                    self._restore_whole(param, saved[WHOLE], self._buffers.get((index, WHOLE)))
+                    continue
                 state = self.optimizer.state[param]
+                if not isinstance(state, Mapping):  # the failed step replaced the dict
+                    state = self.optimizer.state[param] = {}
                 for key in list(state):
                     if key not in saved:
                         del state[key]
@@ -196,11 +205,36 @@ class StepGuard:
                         state[key] = self._fresh(buffer, current, param)
         for group, saved in zip(self.optimizer.param_groups, self._groups):
             group.update({key: copy.copy(value) for key, value in saved.items()})
+        owned = {id(param) for param in self._params}
+        for key in [key for key in self.optimizer.state if id(key) not in owned and key not in self._own]:
+            del self.optimizer.state[key]  # created by the failed step
+        self.optimizer.state.update(copy.deepcopy(self._own))
         self._restore_scaler()
         if any(p.device.type == "cuda" for p in self._params):
             torch.cuda.synchronize()
 
     # -- helpers ------------------------------------------------------------------------------
+    def _restore_whole(self, param: torch.Tensor, value: Any, buffer: torch.Tensor | None) -> None:
+        """Put back a parameter's state that is one bare value: ``value`` (not a tensor), else
+        the tensor captured in ``buffer``, in place where the tensor there still fits."""
+        if buffer is None:
+            self.optimizer.state[param] = copy.deepcopy(value)
+            return
+        current = self.optimizer.state.get(param)
+        part = local(current) if isinstance(current, torch.Tensor) else None
+        if part is not None and part.shape == buffer.shape and part.dtype == buffer.dtype:
+            part.copy_(buffer)
+        else:
+            self.optimizer.state[param] = self._fresh(buffer, current, param)
+
+    def _own_state(self) -> dict[Any, Any]:
+        """A copy of the optimizer state's entries that belong to no parameter of its groups (a
+        custom optimizer's ``self.state["count"] = torch.tensor(...)``, a state value at its top
+        level): a step that failed after changing one was replayed on top of the change (a count
+        one ahead). Small values: copied whole, and copied again when put back."""
+        owned = {id(param) for param in self._params}
+        return copy.deepcopy({key: value for key, value in self.optimizer.state.items() if id(key) not in owned})
+
     @staticmethod
     def _fresh(buffer: torch.Tensor, current: Any, param: torch.Tensor) -> torch.Tensor:
         """A new state tensor from ``buffer``: a DTensor laid out as the one it replaces (or
