@@ -385,7 +385,7 @@ def _nothing_fits(attempt: Attempt, memory: DeviceMemory | None, attempts: list[
             "model or a larger device."
         )
     elif loader is not None:
-        hint = f"find_executable_batch_size reached batch {attempt.batch_size}. {loader.split(': ', 1)[1]}"
+        hint = f"find_executable_batch_size reached batch {attempt.batch_size}. {loader}"
     elif kept := kept_by_failures(name, attempts):
         hint = f"find_executable_batch_size reached batch {attempt.batch_size}. {kept}"
     else:

@@ -31,7 +31,7 @@ class KeptLoader:
         self.name = name  # the decorated function's
         #: (loader, its batch size, the attempt's, the loops it had finished)
         self.failures: list[tuple[weakref.ref, int, int, Any]] = []
-        self.message: str | None = None
+        self.message: str | None = None  # what was said (the warning's text after its prefix), once a call
         state = gradient_state()  # the caller's own loops (a helper called mid-epoch): not the function's
         self.outer = {id(loader) for loader in getattr(state, "dataloader_references", None) or () if loader is not None}
 
@@ -48,12 +48,12 @@ class KeptLoader:
         for ref, was, tried, _ in self.failures:
             if self.message is None and ref() is loader and was == own and size not in (own, tried):
                 self.message = (
-                    f"find_executable_batch_size: `{self.name}` ran out of memory at batch {tried} and at batch {size} while "
+                    f"`{self.name}` ran out of memory at batch {tried} and at batch {size} while "
                     f"iterating the same prepared data loader (batch_size={own}), not rebuilt for the new size: it "
                     "keeps its batch size whatever size the decorator passes, so no retry trains a smaller batch (and a "
                     f"size returned is not the one trained). {FIX}"
                 )  # here, _record_failure, the decorator's loop, its wrapper: the caller's line
-                warnings.warn(self.message, RuntimeWarning, stacklevel=5)
+                warnings.warn(f"find_executable_batch_size: {self.message}", RuntimeWarning, stacklevel=5)
         try:
             self.failures.append((weakref.ref(loader), own, size, getattr(loader, "iteration", None)))
         except TypeError:  # not weakly referable: not followed
@@ -70,12 +70,12 @@ class KeptLoader:
             if (loader is not None and _batch_size(loader) == own != size and isinstance(now, int)
                     and isinstance(loops, int) and now > loops):
                 self.message = (
-                    f"find_executable_batch_size: `{self.name}` ran at batch {size}, but its loop was the prepared "
+                    f"`{self.name}` ran at batch {size}, but its loop was the prepared "
                     f"data loader with batch_size={own} that batch {tried} ran out of memory in, not rebuilt for the "
                     f"new size: it keeps its batch size whatever size the decorator passes: the call trained batches "
                     f"of {own}, and {size} is not the size that ran. {FIX}"
                 )  # here, _returned, the decorator's loop, its wrapper: the caller's line
-                warnings.warn(self.message, RuntimeWarning, stacklevel=5)
+                warnings.warn(f"find_executable_batch_size: {self.message}", RuntimeWarning, stacklevel=5)
                 return
 
 
