@@ -10,7 +10,10 @@ is off, so the model in eval mode differs from that of a run that never failed.
 What it does. :meth:`BufferGuard.capture`, at the start of every global step, keeps a host copy
 of each buffer that changed since it was last copied, told by the tensor's identity and
 version counter (an in-place operation bumps it, under ``no_grad`` too); a buffer that never
-changes is copied once. The normalization layers' running statistics are copied every step:
+changes is copied once. The buffer's identity is a weak reference, not its ``id()``: forward that
+replaces a buffer (``self.count = self.count + 1``) frees the old tensor, and a new one at the
+same address with the same version (0) passed for the saved one, so its change was neither copied
+nor undone (the replay counted the failed attempt's samples twice). The normalization layers' running statistics are copied every step:
 the batch-norm kernels update them in place without bumping the counter (torch 2.13, CPU). So
 a step copies only what forward changes (ResNet-50: its BatchNorm statistics, 0.2 MiB), into
 host memory, which the device's budget (the probed maximum) never pays for.
@@ -34,6 +37,7 @@ updated in ``on_step_end`` it happens once per global step.
 from __future__ import annotations
 
 import logging
+import weakref
 
 import torch
 from torch.nn.modules.batchnorm import _NormBase
@@ -53,10 +57,10 @@ class BufferGuard:
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None) -> None:
         self.model = model
         self.optimizer = optimizer  # its parameters are the step guard's; the others are watched here
-        # (module, name) -> (the buffer's id, its version, the host copy) when last copied
-        self._saved: dict[tuple[torch.nn.Module, str], tuple[int, int, torch.Tensor]] = {}
-        # parameters outside the optimizer: (module, name) -> (id, version) at the step's start, not copied
-        self._watched: dict[tuple[torch.nn.Module, str], tuple[int, int]] = {}
+        # (module, name) -> (a weak reference to the buffer, its version, the host copy) when last copied
+        self._saved: dict[tuple[torch.nn.Module, str], tuple[weakref.ref, int, torch.Tensor]] = {}
+        # parameters outside the optimizer: (module, name) -> (weak reference, version) at the step's start, not copied
+        self._watched: dict[tuple[torch.nn.Module, str], tuple[weakref.ref, int]] = {}
         self._changing: set[tuple[torch.nn.Module, str]] = set()  # seen changed by a step: copied like buffers
         self._told = False
 
@@ -86,7 +90,8 @@ class BufferGuard:
     def _moved(self) -> list[tuple[torch.nn.Module, str]]:
         """The watched parameters changed since the step's start."""
         return [key for key, parameter in self._loose()
-                if key in self._watched and self._watched[key] != (id(parameter), _version(local(parameter)))]
+                if key in self._watched and (self._watched[key][0]() is not parameter
+                                             or self._watched[key][1] != _version(local(parameter)))]
 
     def settle(self) -> None:
         """End of a trained step: the watched parameters it changed are copied from now on."""
@@ -111,8 +116,8 @@ class BufferGuard:
         self._told = True
 
     @staticmethod
-    def _changed(buffer: torch.Tensor, saved: tuple[int, int, torch.Tensor] | None, unseen: bool) -> bool:
-        return unseen or saved is None or saved[0] != id(buffer) or saved[1] != _version(buffer)
+    def _changed(buffer: torch.Tensor, saved: tuple[weakref.ref, int, torch.Tensor] | None, unseen: bool) -> bool:
+        return unseen or saved is None or saved[0]() is not buffer or saved[1] != _version(buffer)
 
     def capture(self) -> None:
         """Copy every buffer changed since its last copy (all of them, the first time), in one
@@ -131,10 +136,10 @@ class BufferGuard:
                     copy = torch.empty(part.shape, dtype=part.dtype, device="cpu", pin_memory=pinned)
                 targets.append(copy)
                 sources.append(part)
-                self._saved[(module, name)] = (id(buffer), _version(buffer), copy)
+                self._saved[(module, name)] = (weakref.ref(buffer), _version(buffer), copy)
             if targets:
                 copy_all(targets, sources)
-            self._watched = {key: (id(parameter), _version(local(parameter))) for key, parameter in self._loose()}
+            self._watched = {key: (weakref.ref(parameter), _version(local(parameter))) for key, parameter in self._loose()}
 
     def restore(self) -> None:
         """Write back every buffer (and copied parameter) changed since :meth:`capture`; a new
@@ -149,11 +154,11 @@ class BufferGuard:
                 if saved is None or not self._changed(buffer, saved, unseen):
                     continue
                 restored = buffer
-                if saved[0] == id(buffer) or isinstance(buffer, torch.nn.Parameter):  # a parameter: in place
+                if saved[0]() is buffer or isinstance(buffer, torch.nn.Parameter):  # a parameter: in place
                     local(buffer).copy_(saved[2])
                 else:  # forward replaced the buffer object: put the old values back as a new tensor
                     restored = module._buffers[name] = saved[2].to(buffer.device, copy=True)
-                self._saved[(module, name)] = (id(restored), _version(restored), saved[2])
+                self._saved[(module, name)] = (weakref.ref(restored), _version(restored), saved[2])
 
 
 def _version(tensor: torch.Tensor) -> int:

@@ -24,10 +24,33 @@ from ..planning.accumulation import micro_batch_sizes
 from ..planning.batch_statistics import batch_norm_layers
 from ..planning.samples import items_message, per_sample_items
 
-__all__ = ["capped_micro_batch", "check_batch_count", "warn_batch_size", "check_checkpoint_dir", "check_data", "check_options", "check_split", "model_device", "share_of",
+__all__ = ["capped_micro_batch", "checked_micro_batch", "check_optimizer", "check_batch_count", "warn_batch_size", "check_checkpoint_dir", "check_data", "check_options", "check_split", "model_device", "share_of",
            "warn_batch_statistics"]
 
 log = logging.getLogger("autobatch")
+
+
+def check_optimizer(optimizer: Any, model: torch.nn.Module) -> None:
+    """``Runner(optimizer=)``: one optimizer of ``model``'s parameters (:func:`~autobatch.checks.trains`).
+    A list of optimizers (one per learning rate, Lightning's ``configure_optimizers`` list) failed as
+    "must be a torch.optim.Optimizer, got list [SGD (Parameter Group 0 ..." with both printed whole;
+    one ``TypeError`` naming param groups instead. Parameters that require grad but the optimizer
+    does not hold (the other optimizer's, left out) got gradients every step, summed over the
+    steps and never applied, without a word: one warning naming them."""
+    if isinstance(optimizer, (list, tuple)) and any(isinstance(item, torch.optim.Optimizer) for item in optimizer):
+        raise TypeError(f"optimizer must be one torch.optim.Optimizer, got a {type(optimizer).__name__} of "
+                        f"{len(optimizer)} ({', '.join(type(item).__name__ for item in optimizer)}): the runner steps one "
+                        "optimizer per global step. Give parts their own learning rate with param groups, e.g. "
+                        "torch.optim.AdamW([{'params': model.encoder.parameters(), 'lr': 1e-4}, "
+                        "{'params': model.head.parameters(), 'lr': 1e-3}]) (a scheduler takes a list of max_lr per group)")
+    checks.trains("optimizer", optimizer, model)
+    held = {id(p) for group in optimizer.param_groups for p in group["params"]}
+    loose = [name for name, p in model.named_parameters() if p.requires_grad and id(p) not in held]
+    if loose:
+        log.warning("%d parameters require grad but the optimizer does not hold them (%s%s): they get gradients every "
+                    "step, summed over the steps, and are never updated. Add them to the optimizer (a param group of "
+                    "their own for another learning rate), or freeze them with requires_grad_(False)", len(loose),
+                    ", ".join(loose[:4]), ", ..." if len(loose) > 4 else "")
 
 
 def check_options(device: Any, checkpoint_dir: str | os.PathLike | None, checkpoint_every: int | None, *,
@@ -188,6 +211,34 @@ def warn_batch_size(size: int, share: int, multiple_of: int, where: str) -> None
         ragged += ("; the runner splits and counts samples along dim 0: if dim 0 is not the batch (sequence-first "
                    "inputs, (T, B, ...)), make the batches batch-first (batch_first=True, .transpose(0, 1))")
     log.warning("%sa batch of %d samples, not %d%s; each step uses its own batch's size", where, size, share, ragged)
+
+
+def checked_micro_batch(micro_batch: Any, global_batch: int) -> int | None:
+    """``Runner(micro_batch=)``: a positive integer or None. A :class:`~autobatch.Plan` (or its
+    ``to_dict()``, a CLI run's ``plan.json`` loaded) failed as "must be a positive integer, got
+    Plan(...)" with the whole plan printed and no word of how a plan is used; one ``TypeError``
+    naming ``micro_batch=plan.micro_batch``, the ``plan.apply(model)`` a checkpointed plan needs
+    first, and the plan's own global batch where it is not the runner's. A plan is not taken as
+    it is: applying its checkpointing to the model is the caller's step, as for every plan."""
+    fields = micro_batch.to_dict() if hasattr(micro_batch, "to_dict") and hasattr(micro_batch, "micro_batch_sizes") else (
+        micro_batch if isinstance(micro_batch, Mapping) and "micro_batch" in micro_batch else None)
+    if fields is None:
+        return checks.positive_int("micro_batch", micro_batch, allow_none=True)
+    steps = []
+    active = [handle for handle in [getattr(micro_batch, "handle", None), *getattr(micro_batch, "applied", [])]
+              if handle is not None and handle.active]
+    if fields.get("checkpointing") and not active:  # plan() turned it on in the planned model already
+        steps.append("call plan.apply(model) first (its micro-batch was measured with activation checkpointing on "
+                     f"{len(fields.get('checkpointed_modules') or [])} modules; plan.from_dict does not turn it on)")
+    if fields.get("global_batch") not in (None, global_batch):
+        steps.append(f"this plan is for {fields['global_batch']} samples a step, not global_batch={global_batch}: plan "
+                     "for the runner's batch (per rank under torch.distributed), or pass global_batch=plan.global_batch")
+    if fields.get("balanced") is False:
+        steps.append("pass balanced=False as the plan split")
+    kind = "a plan's dict" if isinstance(micro_batch, Mapping) else "a Plan"
+    raise TypeError(f"micro_batch takes the samples per forward/backward, got {kind}: pass "
+                    f"micro_batch=plan.micro_batch ({fields.get('micro_batch')!r})" + "".join(f"; {step}" for step in steps)
+                    + "; or leave micro_batch=None and the runner plans it on its data (plan_options go to plan())")
 
 
 def capped_micro_batch(micro_batch: int | None, share: int, per_rank: bool = False) -> int | None:

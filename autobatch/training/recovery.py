@@ -27,6 +27,7 @@ size before it again (:mod:`autobatch.training.growth`).
 
 from __future__ import annotations
 
+import functools
 import logging
 from typing import Any
 
@@ -39,6 +40,7 @@ from ..probe.ddp_reducer import rebuild_before_first_step, reset_failed_reductio
 from .inputs import warn_batch_statistics
 from .multiples import round_down
 from .run_result import Recovery
+from .sequence_first import SequenceFirst
 from .skipped_steps import CountsSkips
 from .step_guard import GUARD_SPARE
 
@@ -70,6 +72,11 @@ class OomRecovery(CountsSkips):
     _measured_fail: tuple[int, int] | None = None  # (step, largest piece) of the last failure a measured pick followed
     _told_batch_statistics = False  # warned that BatchNorm normalises each micro-batch on its own
     _largest_batch = 0  # samples of the largest batch (this rank's) a step began with: grow-back tries wait for one
+
+    @functools.cached_property
+    def sequence_first(self) -> SequenceFirst:
+        """The model's ``batch_first=False`` modules, found at the first step (after any wrapping)."""
+        return SequenceFirst(self.model)
 
     def _enter(self, phase: str) -> None:
         """Phase boundary: remember where we are, and let the fault injector strike."""
@@ -127,12 +134,13 @@ class OomRecovery(CountsSkips):
         used up) or after them (``scheduler.step()``: :meth:`_outside_replay`)."""
         self._replaying = True
         rebuild_before_first_step(self.model)  # a one-process DDP's, before this step allocates
-        for attempt in self._retrying:
-            with attempt:
-                if attempt.retry_state.attempt_number > 1:
-                    self._recover()
-                self.step_memory.begin()
-                loss = self._attempt(batch, size)
+        with self.sequence_first.watch(self._piece_sizes):  # the first step only: samples cut along time?
+            for attempt in self._retrying:
+                with attempt:
+                    if attempt.retry_state.attempt_number > 1:
+                        self._recover()
+                    self.step_memory.begin()
+                    loss = self._attempt(batch, size)
         self._replaying = False
         return loss
 

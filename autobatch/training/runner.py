@@ -52,7 +52,7 @@ from .faults import FaultInjector
 from .growth import GrowBack
 from .hygiene import CachePolicy
 from .autoplan import PlansFromData
-from .inputs import FIT_ALIASES, RUNNER_ALIASES, capped_micro_batch, check_data, check_kinds, check_options, model_device, share_of, warn_batch_size
+from .inputs import FIT_ALIASES, RUNNER_ALIASES, capped_micro_batch, check_data, check_optimizer, checked_micro_batch, check_kinds, check_options, model_device, share_of, warn_batch_size
 from .multiples import SplitsInMultiples, multiple_options
 from .pacing import FailedDraw, carried_error
 from .precision import warn_unscaled_float16
@@ -174,9 +174,9 @@ class Runner(OomRecovery, SplitsInMultiples, EndsSteps, Resumable, PlansFromData
     ) -> None:
         checks.module("model", model)
         checks.materialized("model", model)
-        checks.trains("optimizer", optimizer, model)
+        check_optimizer(optimizer, model)  # one, of the model's parameters; trainable ones it leaves out are named
         global_batch = checks.positive_int("global_batch", global_batch)  # a plain int (a NumPy one is taken)
-        micro_batch = checks.positive_int("micro_batch", micro_batch, allow_none=True)
+        micro_batch = checked_micro_batch(micro_batch, global_batch)  # a Plan: one error naming plan.micro_batch
         max_micro_batch = checks.positive_int("max_micro_batch", max_micro_batch, allow_none=True)
         plan_options = check_kinds(balanced=balanced, checkpointing_fallback=checkpointing_fallback, distributed=distributed, progress=progress,
                                    log_every=log_every, faults=faults, no_sync=no_sync, scheduler=scheduler, plan_options=plan_options)
