@@ -63,6 +63,18 @@ def _unread_data_keys(cfg: DictConfig, defaults: DictConfig) -> list[str]:
     return []
 
 
+def _lr_overridden(cfg: DictConfig, defaults: DictConfig) -> list[str]:
+    """``train.lr`` beside an ``optimizer.lr`` of its own: the packaged ``optimizer.lr`` is
+    ``${train.lr}``, and a value given to it replaces that link, so ``train.lr`` went unread and
+    the run trained at ``optimizer.lr`` with no word (``train.lr=0.5 optimizer.lr=0.1``)."""
+    node = cfg.get("optimizer")
+    lr = OmegaConf.to_container(node, resolve=False).get("lr") if isinstance(node, DictConfig) else None
+    if lr is None or (isinstance(lr, str) and "${train.lr}" in lr) or "train.lr" not in changed_keys(cfg, defaults, "train"):
+        return []
+    return [f"train.lr={cfg.train.lr} is ignored: optimizer.lr={cfg.optimizer.lr} sets the optimizer's learning rate "
+            "(give only one of them)"]
+
+
 def ignored_keys(command: str, cfg: DictConfig, defaults: DictConfig) -> list[str]:
     """One warning line for each group of keys the ``command`` run of ``cfg`` will not read."""
     train, warnings = cfg.train, []
@@ -74,7 +86,7 @@ def ignored_keys(command: str, cfg: DictConfig, defaults: DictConfig) -> list[st
             warnings.append(f"{_listed(plan_keys)} ignored: no plan is made without train.global_batch "
                             "(add train.global_batch=N to plan N samples a step)")
         return warnings + _unread_by_probe(train)
-    warnings += _unread_data_keys(cfg, defaults)
+    warnings += _unread_data_keys(cfg, defaults) + _lr_overridden(cfg, defaults)
     if train.epochs is not None and "train.steps" in changed_keys(cfg, defaults, "train"):
         warnings.append(f"train.steps={train.steps} is ignored: train.epochs={train.epochs} sets the run's length "
                         "(drop train.epochs to train a number of steps)")

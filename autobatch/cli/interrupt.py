@@ -146,14 +146,15 @@ def stopped_together(runner: Any, interrupts: Interrupts, *, out_dir: Path) -> N
     raise SystemExit(128 + signum if signum else 130)
 
 
-def _missing_line(runner: Any, logged: int | None, metrics: Any) -> None:
+def _missing_line(runner: Any, logged: int | None, metrics: Any, lr: Any = None) -> None:
     """Write the ``metrics.jsonl`` line of an update that was applied but stopped before its
-    hook wrote the line (a signal between the two): the checkpoint will hold that step."""
+    hook wrote the line (a signal between the two): the checkpoint will hold that step. ``lr``:
+    the rate that step was applied at (:mod:`autobatch.cli.lr_record`)."""
     if logged is not None and runner.step <= logged:
         return
     loss = getattr(runner, "_last_loss", None)
     metrics.write(json.dumps({
-        "step": runner.step, "epoch": runner.epoch, "loss": None if loss is None else float(loss),
+        "step": runner.step, "epoch": runner.epoch, "loss": None if loss is None else float(loss), "lr": lr,
         "micro_batch": runner.micro_batch, "accumulation": None, "ranks": 1, "samples": None, "seconds": None,
         "samples_per_s": None, "recoveries": len(runner.result.oom_recoveries),
     }) + "\n")  # fmt: skip
@@ -161,7 +162,7 @@ def _missing_line(runner: Any, logged: int | None, metrics: Any) -> None:
 
 
 def stopped(exc: BaseException, runner: Any, interrupts: Interrupts, *, out_dir: Path, logged: int | None,
-            metrics: Any, resume: Path | None) -> None:
+            metrics: Any, resume: Path | None, lr: Any = None) -> None:
     """After ``fit`` stopped on an interrupt or an error: save what the run applied (``logged``:
     the last step whose line this run wrote; None: no step of this run finished, nothing new to
     keep) and say how to continue. An interrupt then exits 130 or 143 with one line; an error
@@ -169,13 +170,13 @@ def stopped(exc: BaseException, runner: Any, interrupts: Interrupts, *, out_dir:
     A :class:`StepOutOfMemoryError` whose save fails raises the save's error, never hidden; any
     other error is raised as it is when no step finished, else its line says the save failed."""
     if not isinstance(exc, (KeyboardInterrupt, StepOutOfMemoryError)):
-        _error_saved(exc, runner, out_dir=out_dir, logged=logged, metrics=metrics)
+        _error_saved(exc, runner, out_dir=out_dir, logged=logged, metrics=metrics, lr=lr)
         return
     if logged is None:
         again = f"; continue with: {continue_command(out_dir)}" if resume is not None else ""
         line = f"no step of this run finished, nothing saved{again}"
     else:
-        _missing_line(runner, logged, metrics)
+        _missing_line(runner, logged, metrics, lr)
         line = f"checkpoint {runner.save()}; continue with: {continue_command(out_dir)}"
     if isinstance(exc, StepOutOfMemoryError):
         message, code = describe(exc)
@@ -191,7 +192,8 @@ def stopped(exc: BaseException, runner: Any, interrupts: Interrupts, *, out_dir:
     raise SystemExit(interrupts.exit_code)
 
 
-def _error_saved(exc: BaseException, runner: Any, *, out_dir: Path, logged: int | None, metrics: Any) -> None:
+def _error_saved(exc: BaseException, runner: Any, *, out_dir: Path, logged: int | None, metrics: Any,
+                 lr: Any = None) -> None:
     """Any other error mid-run (a sample the dataset cannot read, a bug in the model at step
     900): before, every step since the last ``train.checkpoint_every`` save was lost (the whole
     run with the default 0), and the run directory was left holding a run nothing could
@@ -201,7 +203,7 @@ def _error_saved(exc: BaseException, runner: Any, *, out_dir: Path, logged: int 
         return
     message, code = describe(exc)
     try:
-        _missing_line(runner, logged, metrics)
+        _missing_line(runner, logged, metrics, lr)
         line = f"checkpoint {runner.save()}; continue with: {continue_command(out_dir)}"
     except Exception as error:  # noqa: BLE001 - the run's own error is the one to report
         raise CLIError(f"{message.rstrip('.')}; the checkpoint of step {runner.step} could not be written "

@@ -18,7 +18,7 @@ from omegaconf import OmegaConf
 from .config import SCHEMAS, ProbeAppConfig, TrainAppConfig
 from .schema_keys import close_match
 
-__all__ = ["override_hint", "delete_hint", "composition_hint"]
+__all__ = ["override_hint", "delete_hint", "composition_hint", "own_target_hint"]
 
 #: Where a dict given to a free node is all of it: the group option that leaves the node empty.
 _FRESH = {"data.dataset": "a data option without a dataset (drop data=dataset: data.dataset is then null)",
@@ -181,3 +181,25 @@ def composition_hint(message: str, exc: BaseException) -> str:
                  "(e.g. `train: {steps: 5}`)")
     return f"{head}, but {prefix.rstrip('.') or 'the config'} has no key {name!r}{hint}"
 
+
+
+def own_target_hint(message: str, overrides: list[str]) -> str:
+    """``model._target_=mymods.Net +model.width=16`` without ``model=target`` keeps the default
+    option (``gpt``), whose schema already has ``width`` (Hydra: "Either remove + prefix ... or
+    ``++``") or lacks the class's own keys ("not in struct"): neither says that the model option to
+    start from is ``target``. Add that when the failed key is under a ``_target_`` the command line
+    sets (``model``, ``optimizer``) and no group option is chosen for it."""
+    for group in ("model", "optimizer"):
+        given = [o.lstrip("+~").split("=", 1)[0] for o in overrides]
+        if f"{group}._target_" not in given or group in given or not re.search(rf"'{group}\.\w+'", message):
+            continue
+        fresh = f"{group}._target_ of your own starts from {_FRESH_TARGET[group]}: add {group}=target"
+        taken = re.search(rf"An item is already at '({group}\.\w+)'", message)
+        if taken:  # Hydra's "remove + prefix, or ++" leads to the schema's keys being passed to the class
+            return f"+{taken.group(1)} cannot be added: the {group} option's schema already has it; {fresh}"
+        return f"{message.rstrip('.')}; {fresh}"
+    return message
+
+
+_FRESH_TARGET = {"model": "model=target (only _target_ and inputs; +model.<argument>=VALUE for each argument)",
+                 "optimizer": "optimizer=target (only _target_ and lr; +optimizer.<argument>=VALUE for the others)"}

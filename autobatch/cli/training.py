@@ -5,8 +5,9 @@ gradient accumulation, grow-back, step guard, cache hygiene, atomic checkpoints,
 resume, progress, fault injection), feeds it the global batches of
 :mod:`autobatch.cli.data`, and writes under the run directory:
 
-* ``metrics.jsonl``: one line per applied update (step, epoch, loss, micro_batch,
-  accumulation, ranks, samples, seconds, samples_per_s, recoveries);
+* ``metrics.jsonl``: one line per applied update (step, epoch, loss, lr, micro_batch,
+  accumulation, ranks, samples, seconds, samples_per_s, recoveries); ``lr`` is the rate the
+  step was applied at (:mod:`autobatch.cli.lr_record`);
 * ``<train.checkpoint_dir>/last.pt``: the runner's checkpoint;
 * ``final_model.pt``: the final ``model.state_dict()`` (what a resumed run is compared by),
   unsharded and on the CPU, loadable with ``torch.load(..., weights_only=True)`` into the
@@ -50,6 +51,7 @@ from ..training.runner import Runner
 from .build import Workload, cross_entropy_loss
 from .data import training_data
 from .interrupt import Interrupts, stopped, stopped_together
+from .lr_record import StepLearningRates
 from .resume_state import check_steps_left, read_checkpoint
 from .schedulers import build_scheduler
 from .run_record import recorded_checkpoint_dirs
@@ -304,7 +306,8 @@ def run_training(
     logged: list[int | None] = [None]  # the last step whose line this run wrote
     # under torchrun a signal asks every rank to stop after the same step (autobatch.cli.interrupt)
     interrupts = Interrupts(defer=runner.request_stop if dist_sync.is_distributed() else None)
-    with _metrics_file(out_dir / METRICS, resumed_step if resume is not None else None) as metrics, interrupts:
+    rates = StepLearningRates(optimizer)
+    with rates, _metrics_file(out_dir / METRICS, resumed_step if resume is not None else None) as metrics, interrupts:
 
         def on_step_end(info: dict[str, Any]) -> None:
             with interrupts.atomic():  # a signal waits for the line (and a checkpoint) to be whole
@@ -321,6 +324,7 @@ def run_training(
                 "step": info["step"],
                 "epoch": info["epoch"],
                 "loss": info["loss"],
+                "lr": rates.taken(),
                 "micro_batch": info["micro_batch"],
                 "accumulation": info["accumulation"],
                 "ranks": ranks,
@@ -342,7 +346,8 @@ def run_training(
             if not interrupts.enabled or interrupts.defer is not None:
                 raise
             with interrupts.atomic():  # a second Ctrl-C waits for the save
-                stopped(exc, runner, interrupts, out_dir=out_dir, logged=logged[0], metrics=metrics, resume=resume)
+                stopped(exc, runner, interrupts, out_dir=out_dir, logged=logged[0], metrics=metrics, resume=resume,
+                        lr=rates.pending())
             raise  # not reached: stopped() exits or raises
         if result.stopped:  # a signal under torchrun: every rank ended after the same step, saved
             stopped_together(runner, interrupts, out_dir=out_dir)

@@ -203,9 +203,16 @@ def check_target_arguments(key: str, node: DictConfig, target: Any, *, own: Iter
     skip = {"_target_", "_convert_", "_recursive_", "_partial_", "_args_", *own}
     schema = schema_of(node)
     typed = {field.name for field in dataclasses.fields(schema)} if schema is not None else set()
-    for name in node.keys():
-        if name in skip or name in names:
-            continue
+    unknown = [str(name) for name in node.keys() if name not in skip and name not in names]
+    if len(unknown) > 1 and not typed.intersection(unknown):  # all in one line, not one rerun per key
+        listed = ", ".join(f"{key}.{name}" for name in unknown)
+        fresh = _FRESH_OPTION.get(key, "")
+        raise ValueError(
+            f"{listed} are not arguments of {node._target_}; its arguments: "
+            f"{', '.join(n for n in names if n not in ('self', 'params')) or 'none'}. Remove them with "
+            + " ".join(f"~{key}.{name}" for name in unknown) + (f" or start from {fresh}" if fresh else "")
+        )
+    for name in unknown:
         hint = close_match(str(name), names)
         fresh = _FRESH_OPTION.get(key, "")
         if name in typed:  # a key of the option's schema (model=mlp, optimizer=adamw): ~ cannot remove it
