@@ -159,7 +159,7 @@ def find_executable_batch_size(
     if isinstance(function, (staticmethod, classmethod)):  # under the decorator: wrap what it holds
         return type(function)(find_executable_batch_size(function.__func__, starting_batch_size, reduce_batch_size_fn,
                                                          device=device, fallback_factor=fallback_factor, multiple_of=multiple_of))
-    check_arguments(starting_batch_size, fallback_factor, multiple_of, function)
+    starting_batch_size, multiple_of = check_arguments(starting_batch_size, fallback_factor, multiple_of, function)
     check_takes_batch(function, method := is_method(function))  # where the size goes, and that it can
 
     @functools.wraps(function)
@@ -172,7 +172,7 @@ def find_executable_batch_size(
     def _attempts(wrapped: Any, watch: LazyStateWatch, memory: DeviceMemory | None, grads: AttemptState,
                   args: tuple, kwargs: dict) -> Any:
         first, mine, accumulating = wrapped.batch_size, len(wrapped.attempts), accumulation_steps()  # x first: asked
-        kept = KeptLoader(getattr(function, "__name__", "function"))  # a prepared loader that ignores the size
+        kept = KeptLoader(getattr(function, "__name__", "function"), args[int(method):], kwargs)  # and iterators
         while True:
             size = wrapped.batch_size
             attempt = Attempt(batch_size=size, ok=False, seconds=0.0)
@@ -368,10 +368,13 @@ def _nothing_fits(attempt: Attempt, memory: DeviceMemory | None, attempts: list[
     (:func:`_fixed_failure`), so a smaller one would too: the error says which, and what to change.
     ``instance``: a method's ``self``, whose own ``batch_size`` attribute (Lightning's convention)
     is named where the size looks ignored: a method that read it never used the size it was given.
-    ``loader``: :class:`~.decorator_loaders.KeptLoader`'s message, where a prepared loader ignored it."""
+    ``loader``: :class:`~.decorator_loaders.KeptLoader`'s message, where a prepared loader ignored it
+    (said before the fixed point's hint, whose advice, a loader built outside, is wrong for a Trainer's)."""
     name, fixed = getattr(function, "__name__", "function"), attempts if _fixed_failure(attempts) else None
     own = getattr(instance, "batch_size", None) if instance is not None else None
-    if fixed:
+    if loader is not None:  # it names the loader that kept its size: more than "the same point" says
+        hint = f"find_executable_batch_size reached batch {attempt.batch_size}. {loader}"
+    elif fixed:
         hint = (
             f"find_executable_batch_size stopped at batch {attempt.batch_size}: every attempt of `{name}` from batch "
             f"{fixed[0].batch_size} down to {attempt.batch_size} ({len(fixed)} attempts) ran out of memory at the same "
@@ -384,8 +387,6 @@ def _nothing_fits(attempt: Attempt, memory: DeviceMemory | None, attempts: list[
             "fixed in size (the model, its optimizer state, a fixed-size buffer): use lower precision, a smaller "
             "model or a larger device."
         )
-    elif loader is not None:
-        hint = f"find_executable_batch_size reached batch {attempt.batch_size}. {loader}"
     elif kept := kept_by_failures(name, attempts):
         hint = f"find_executable_batch_size reached batch {attempt.batch_size}. {kept}"
     else:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import inspect
 from typing import Any, Callable
 
+from ..checks import positive_int
 from ..memory.units import format_bytes
 
 __all__ = ["caught_message", "retry_note", "check_arguments", "check_call", "check_takes_batch", "is_method", "refuse_coroutine"]
@@ -56,12 +57,12 @@ def refuse_coroutine(function: Callable[..., Any], value: Any) -> None:
         )
 
 
-def check_arguments(start: int, factor: float, multiple_of: int, function: Any) -> None:
-    """One error for a bad argument of the decorator, naming it."""
-    if isinstance(start, bool) or not isinstance(start, int) or start < 1:
-        raise ValueError(f"starting_batch_size must be a positive integer, got {start!r}")
-    if isinstance(multiple_of, bool) or not isinstance(multiple_of, int) or multiple_of < 1:
-        raise ValueError(f"multiple_of must be a positive integer, got {multiple_of!r}")
+def check_arguments(start: int, factor: float, multiple_of: int, function: Any) -> tuple[int, int]:
+    """One error for a bad argument of the decorator, naming it; ``(start, multiple_of)`` as plain
+    ints. Any integer type is taken (``np.int64(64)``, as Accelerate's decorator and
+    :func:`~autobatch.checks.positive_int` take it; it was refused as "not a positive integer")."""
+    start = positive_int("starting_batch_size", start)
+    multiple_of = positive_int("multiple_of", multiple_of)
     if not isinstance(factor, (int, float)) or not 0 < factor < 1:
         raise ValueError(f"fallback_factor must be a number between 0 and 1 (exclusive), got {factor!r}")
     if start < multiple_of:
@@ -90,6 +91,7 @@ def check_arguments(start: int, factor: float, multiple_of: int, function: Any) 
             "iterates, after the call returned, so an out-of-memory error there escapes the retry; decorate a "
             "function that trains and returns (collect what it yields in a list)"
         )
+    return start, multiple_of
 
 
 def check_takes_batch(function: Callable[..., Any], method: bool) -> None:

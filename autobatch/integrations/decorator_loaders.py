@@ -9,12 +9,25 @@ allocation each time: 37 attempts down to batch 1, then ``NoBatchFitsError`` adv
 accumulation. A prepared loader is seen while it is iterated (Accelerate's ``GradientState``
 lists it from its first batch until its loop ends), so the loader a failure happened in is known.
 A plain ``DataLoader`` registers nowhere and is not seen.
+
+A ``transformers.Trainer``'s ``train()`` called in the function (a user migrating from Accelerate's
+decorator sets ``trainer.args.per_device_train_batch_size = batch_size`` first) rebuilds its loader
+at every attempt, but at ``trainer._train_batch_size``, copied when the Trainer was constructed:
+every attempt trained the same batch, and the error said to build the loader inside the function,
+where ``train()`` builds it. Two failed attempts of other sizes through a Trainer whose loader had
+one batch size name it, and ``fit_batch_size``. And a one-shot iterator passed in, which each
+retry goes on reading where the failed attempt stopped (:class:`DrawnIterators`).
 """
 
 from __future__ import annotations
 
+import inspect
+import operator
+import sys
 import warnings
 import weakref
+from collections.abc import Iterator
+from types import TracebackType
 from typing import Any
 
 from .decorator_state import gradient_state
@@ -27,8 +40,9 @@ class KeptLoader:
     at the call's start: a loader whose loop was running then is the caller's (a decorated helper
     called mid-epoch), not one the function ignores its size for."""
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, args: tuple = (), kwargs: dict[str, Any] | None = None) -> None:
         self.name = name  # the decorated function's
+        self.drawn = DrawnIterators(name, args, kwargs or {})  # the call's arguments (a method's without self)
         #: (loader, its batch size, the attempt's, the loops it had finished)
         self.failures: list[tuple[weakref.ref, int, int, Any]] = []
         self.message: str | None = None  # what was said (the warning's text after its prefix), once a call
@@ -39,21 +53,36 @@ class KeptLoader:
         """In a failed attempt's ``except`` handler (the loader's loop has not ended yet): where the
         same loader, at the same batch size, failed an earlier attempt of another size, and this
         attempt's size is not its own, :attr:`message` says it ignores the size, and is one
-        ``RuntimeWarning`` (once a call)."""
+        ``RuntimeWarning`` (once a call). An iterator argument it drew from is one too (:class:`DrawnIterators`)."""
+        self.drawn.failed(size)
         state = gradient_state()
         loader = getattr(state, "active_dataloader", None) if state is not None else None
         own = _batch_size(loader)
         if loader is None or own is None or id(loader) in self.outer:
             return
+        trainer = _trainer_in(sys.exc_info()[2])
         for ref, was, tried, _ in self.failures:
-            if self.message is None and ref() is loader and was == own and size not in (own, tried):
+            if self.message is None and trainer is not None and was == own and size not in (own, tried):
+                self.message = (  # its loader is rebuilt at every train(), always at the constructor's size
+                    f"`{self.name}` ran out of memory at batch {tried} and at batch {size} inside "
+                    f"{type(trainer).__name__}.train(), whose data loader had batch_size={own} both times: a "
+                    "transformers Trainer copies per_device_train_batch_size into trainer._train_batch_size when "
+                    "it is constructed and train() builds its loader at that, so setting trainer.args in the "
+                    "function changes nothing and no retry trains a smaller batch. Call "
+                    "autobatch.integrations.transformers.fit_batch_size(trainer) before trainer.train() instead of "
+                    "the decorator (or construct the Trainer inside the function)."
+                )
+            elif self.message is None and ref() is loader and was == own and size not in (own, tried):
                 self.message = (
                     f"`{self.name}` ran out of memory at batch {tried} and at batch {size} while "
                     f"iterating the same prepared data loader (batch_size={own}), not rebuilt for the new size: it "
                     "keeps its batch size whatever size the decorator passes, so no retry trains a smaller batch (and a "
                     f"size returned is not the one trained). {FIX}"
-                )  # here, _record_failure, the decorator's loop, its wrapper: the caller's line
-                warnings.warn(f"find_executable_batch_size: {self.message}", RuntimeWarning, stacklevel=5)
+                )
+            else:
+                continue
+            # here, _record_failure, the decorator's loop, its wrapper: the caller's line
+            warnings.warn(f"find_executable_batch_size: {self.message}", RuntimeWarning, stacklevel=5)
         try:
             self.failures.append((weakref.ref(loader), own, size, getattr(loader, "iteration", None)))
         except TypeError:  # not weakly referable: not followed
@@ -79,9 +108,62 @@ class KeptLoader:
                 return
 
 
+class DrawnIterators:
+    """The one-shot iterators among a call's arguments, and whether a failed attempt drew from them.
+
+    Why: each retry runs the function from its top, but an iterator passed in (``iter(samples)``, a
+    generator of batches) goes on where the failed attempt stopped, so what the failed attempts drew
+    is never trained, silently (40 samples, attempts at 8 and 7 failing after one batch each: 25
+    trained). A drawn one is one ``RuntimeWarning`` a call. Seen only where drawing shows: a
+    generator not started at the call's start, or an iterator whose ``length_hint`` fell (a list's,
+    a range's); a re-iterable (a list, a ``Dataset``, a ``DataLoader``) is read again by each attempt."""
+
+    def __init__(self, name: str, args: tuple, kwargs: dict[str, Any]) -> None:
+        self.name, self.said = name, False
+        given = [(f"argument {index + 1}", value) for index, value in enumerate(args)] + list(kwargs.items())
+        self.iterators = [(label, value, _position(value)) for label, value in given
+                          if isinstance(value, Iterator) and _position(value) is not None]
+
+    def failed(self, size: int) -> None:
+        """In a failed attempt's handler: one warning (a call) where it drew from an iterator argument."""
+        drawn = [(label, value) for label, value, start in self.iterators if _position(value) != start]
+        if drawn and not self.said:
+            self.said = True
+            label, value = drawn[0]
+            warnings.warn(
+                f"find_executable_batch_size: the attempt of `{self.name}` at batch {size} ran out of memory after "
+                f"drawing from the iterator passed as {label} of `{self.name}` ({type(value).__name__}): each retry "
+                "goes on where it stopped, so what the failed attempts drew is never trained. Pass something read "
+                f"again from its start (a list, a Dataset, a DataLoader), or make the iterator inside `{self.name}`",
+                RuntimeWarning, stacklevel=6)  # here, KeptLoader.failed, _record_failure, the loop, its wrapper
+
+
+def _position(value: Any) -> Any:
+    """Where an iterator stands, as far as can be seen without drawing from it: a generator's state
+    (only its start is seen), else its length hint; None where neither shows."""
+    if inspect.isgenerator(value):
+        return inspect.getgeneratorstate(value) == inspect.GEN_CREATED or None
+    if hasattr(value, "__length_hint__"):
+        hint = operator.length_hint(value, -1)
+        return hint if hint >= 0 else None
+    return None
+
+
 #: what each message says to do
 FIX = ("Build and prepare the loader inside the function: accelerator.prepare(DataLoader(dataset, "
        "batch_size=batch_size)) (unless the function splits each of its batches into chunks of batch_size).")
+
+
+def _trainer_in(trace: TracebackType | None) -> Any | None:
+    """The ``transformers.Trainer`` whose method a failure passed through (a frame's ``self``), or
+    None. Read in the ``except`` handler, while the failed frames are still alive."""
+    while trace is not None:
+        owner = trace.tb_frame.f_locals.get("self")
+        if any(kind.__name__ == "Trainer" and (kind.__module__ or "").startswith("transformers.")
+               for kind in type(owner).__mro__):
+            return owner
+        trace = trace.tb_next
+    return None
 
 
 def _batch_size(loader: Any) -> int | None:

@@ -8,7 +8,8 @@ batch) silently took another share of the run: with 64 samples, ``num_train_epoc
 ``per_device_train_batch_size=2`` (64 steps) set to 28, ``train()`` ran 4 steps, all of them
 warmup, and the learning rate never reached its peak nor decayed. A learning-rate scheduler
 passed to the ``Trainer`` (``optimizers=(optimizer, scheduler)``) was built for the old count the
-same way (``OneCycleLR`` raises once stepped past its total).
+same way (``OneCycleLR`` raises once stepped past its total); one a previous ``train()`` built
+itself (``trainer._created_lr_scheduler``) is not: the next ``train()`` rebuilds it for its steps.
 
 What: the INFO line names the optimizer steps and epochs ``train()`` will run at the size set
 (and at the old one, where they differ); one warning where an integer ``warmup_steps`` or a
@@ -73,7 +74,8 @@ def tell_size(trainer: Any, before: tuple[Any, int], size: int, accumulation: in
             "for %d steps", int(warmup), old[0], before[0], 100 * min(1.0, warmup / old[0]), size, now[0],
             "all of them: the learning rate never reaches its peak nor decays" if warmup >= now[0]
             else f"{100 * warmup / now[0]:.0f}% of them", max(min(warmup / old[0], 0.99), 0.01), now[0])
-    if getattr(trainer, "lr_scheduler", None) is not None:
+    # one train() built itself (a trainer trained before) is dropped and rebuilt by the next train()
+    if getattr(trainer, "lr_scheduler", None) is not None and not getattr(trainer, "_created_lr_scheduler", False):
         log.warning(
             "fit_batch_size: the learning-rate scheduler passed to the Trainer (%s) was built before the size was "
             "set, for the steps at per_device_train_batch_size=%s (%d); train() now runs %d optimizer steps, so the "
