@@ -18,7 +18,7 @@ How code and values are read: :mod:`~autobatch.probe.key_code`.
 from __future__ import annotations
 
 import hashlib
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import torch
 
@@ -81,8 +81,11 @@ def _optimizer(optimizer: torch.optim.Optimizer, model: torch.nn.Module) -> dict
                 settings[name] = bool(settings[name])
         params = [names.get(id(p), [list(p.shape), str(p.dtype)]) for p in group["params"]]
         groups.append({"params": params, **settings})
+    # a custom optimizer may keep a parameter's state as one bare tensor, or a tensor of its own at the
+    # state's top level (self.state["count"] = ...): counted as one (Tensor.values() raised on them)
     state_tensors = sum(
-        1 for state in optimizer.state.values() for value in state.values() if isinstance(value, torch.Tensor)
+        1 for state in optimizer.state.values()
+        for value in (state.values() if isinstance(state, Mapping) else (state,)) if isinstance(value, torch.Tensor)
     )
     cls = type(optimizer)
     return {"class": f"{cls.__module__}.{cls.__qualname__}", "code": class_code(cls), "groups": groups,

@@ -149,18 +149,28 @@ def load_plain_state(module: torch.nn.Module, saved: dict[str, torch.Tensor]) ->
 def optimizer_state_for(optimizer: torch.optim.Optimizer, saved: dict[str, Any]) -> dict[str, Any]:
     """Turn a :func:`plain_state` of ``optimizer.state_dict()`` back into one
     ``optimizer.load_state_dict`` accepts: a state tensor shaped like its parameter's local
-    shard becomes a ``DTensor`` laid out as that parameter."""
+    shard becomes a ``DTensor`` laid out as that parameter. A custom optimizer's own state is
+    kept as saved: a value at the state's top level (``self.state["count"] = tensor``, under a
+    key that is no parameter's index) and a parameter's state that is one bare tensor, not a
+    dict (``self.state[p] = buffer``), rebuilt as that parameter; before, such a sharded resume
+    was refused ("invalid literal for int()", "'Tensor' object has no attribute 'items'")."""
     params = [param for group in optimizer.param_groups for param in group["params"]]
+
+    def rebuilt(value: Any, param: torch.Tensor | None) -> Any:
+        spec = spec_of(param) if param is not None else None
+        if spec is not None and isinstance(value, torch.Tensor) and value.shape == local(param).shape:
+            return spec.rebuild(value.to(local(param).device))
+        return value
+
     state = {}
     for index, entries in saved.get("state", {}).items():
-        param = params[int(index)] if int(index) < len(params) else None
-        spec = spec_of(param) if param is not None else None
-        rebuilt = {}
-        for key, value in entries.items():
-            if spec is not None and isinstance(value, torch.Tensor) and value.shape == local(param).shape:
-                value = spec.rebuild(value.to(local(param).device))
-            rebuilt[key] = value
-        state[index] = rebuilt
+        param = params[index] if isinstance(index, int) and 0 <= index < len(params) else None
+        if param is None:  # the optimizer's own value, no parameter's: kept as saved
+            state[index] = entries
+        elif isinstance(entries, dict):
+            state[index] = {key: rebuilt(value, param) for key, value in entries.items()}
+        else:
+            state[index] = rebuilt(entries, param)
     return {**saved, "state": state}
 
 

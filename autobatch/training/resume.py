@@ -31,11 +31,12 @@ from .extra_state import load_extra_state, saved_extra_state
 from .multiples import resumed_micro_batch
 from .pacing import agree_epoch_length, told_every_rank
 from .ranks import agree_resume
-from .precision import check_dtypes, load_grad_scaler
-from .resume_checks import check_fits, check_kinds, kind, load_scheduler, position_for, precision_of, warn_changed_precision
+from .precision import load_grad_scaler
+from .resume_checks import check_kinds, kind, load_scheduler, position_for, precision_of, warn_changed_precision
 from .resume_checks import check_fresh_dir, local_module_names, saved_module, warn_persistent_workers, warn_replaced_settings
 from .resume_checks import without_wrapper_prefix
 from .run_result import RunResult
+from .sharded_checks import check_model_fits
 from .sharded_files import check_sharded_resume, sharded_path
 
 __all__ = ["Resumable", "epoch_length", "sharded_path"]
@@ -322,21 +323,21 @@ class Resumable:
         try:
             check_kinds(path, state, self.optimizer, self.scheduler)  # before anything is loaded
             warn_changed_precision(state, precision_of(self._train_step))
-            if not sharded:  # load_state_dict loads what fits before it raises: nothing is loaded unless all fits
-                check_fits(saved_module(self.model), without_wrapper_prefix(state["model"]), self.optimizer, state["optimizer"])
-                check_dtypes(path, saved_module(self.model), without_wrapper_prefix(state["model"]))  # a warning, or inf
+            saved = state["model"] if sharded else without_wrapper_prefix(state["model"])  # nothing loaded unless all fits
+            check_model_fits(path, saved_module(self.model), saved, self.optimizer, state["optimizer"], sharded=sharded)
             # these refuse with their own CheckpointError, before the weights and optimizer state are loaded too
             check_loose_parameters(path, saved_module(self.model), self.optimizer, state.get("loose_parameters"))
             load_scheduler(path, self.scheduler, state["scheduler"])
             load_extra_state(path, self.extra_state, state.get("extra_state"))  # absent in older checkpoints
             if state.get("checkpointed_modules") and self.checkpoint_handle is None:
                 self.checkpoint_handle = enable_checkpointing(saved_module(self.model), modules=local_module_names(state["checkpointed_modules"], saved_module(self.model)))
-            if sharded:  # this rank's shards, written in place
-                load_plain_state(saved_module(self.model), state["model"])
-                self.optimizer.load_state_dict(optimizer_state_for(self.optimizer, state["optimizer"]))
+            warn_replaced_settings(self.optimizer, state["optimizer"], self.extra_state.values())
+            if sharded:  # this rank's shards, written in place; the optimizer's state converted first, before any load
+                optimizer_state = optimizer_state_for(self.optimizer, state["optimizer"])
+                load_plain_state(saved_module(self.model), saved)
+                self.optimizer.load_state_dict(optimizer_state)
             else:
-                saved_module(self.model).load_state_dict(without_wrapper_prefix(state["model"]))
-                warn_replaced_settings(self.optimizer, state["optimizer"], self.extra_state.values())
+                saved_module(self.model).load_state_dict(saved)
                 self.optimizer.load_state_dict(state["optimizer"])
                 _state_onto_device(self.optimizer)
         except CheckpointError as exc:

@@ -98,4 +98,7 @@ def check_sharded_resume(path: str | os.PathLike, *, sharded: bool) -> Path:
             path, "it holds an unsharded model and this model is sharded (FSDP2); resume without train.fsdp "
             "(as the run that wrote it), or start afresh",
         )
-    raise FileNotFoundError(f"no checkpoint at {path} (nor its sharded files {path.stem}.rank<r>-of-{world}{path.suffix})")
+    raise FileNotFoundError(
+        f"no checkpoint at {path} (nor its sharded files {path.stem}.rank<r>-of-{world}{path.suffix or '.pt'} next to "
+        "it): give the last.pt a runner wrote, or its checkpoint_dir, where every rank's file is (fit(resume=None) "
+        "starts afresh)")
