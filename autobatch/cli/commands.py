@@ -37,6 +37,7 @@ from .display import print_result, print_training, trial_progress, write_probe_p
 from .config import register_configs
 from . import ranks
 from .errors import cli_keys, hydra_noise_filtered, reported
+from .input_note import inputs_noted
 from .isolated import isolate_probe, probe_in_child
 from .preflight import flags_first, hydra_help_args
 from .run_dir import check_probe_target, check_train_target, claim_run_dir
@@ -196,11 +197,11 @@ def probe_task(cfg: DictConfig) -> dict[str, Any]:
     """``python -m autobatch probe``: find the largest batch, write ``result.json``; with
     ``train.global_batch`` plan that global batch too and write ``plan.json``."""
     out_dir, command, multirun, verbose = _run_context("probe")
-    with reported(multirun=multirun, verbose=verbose):
+    with reported(multirun=multirun, verbose=verbose), inputs_noted(cfg) as watch:
         ranks.join(cfg)
         out_dir = ranks.shared_run_dir(out_dir)
         _on_every_rank(lambda: check_probe_target(out_dir), "cli: probe directory", f"hydra.run.dir={out_dir}")
-        workload = build_workload(cfg)
+        workload = watch(build_workload(cfg))  # an own model's first forward: inputs named
         global_batch = cfg.train.global_batch
         if global_batch is None:
             with trial_progress():  # a live line per trial on a terminal
@@ -329,7 +330,7 @@ def train_task(cfg: DictConfig) -> dict[str, Any]:
     """``python -m autobatch train``: probe or plan (unless ``train.micro_batch``), then
     train on the runner; or continue a run with ``train.resume``."""
     out_dir, command, multirun, verbose = _run_context("train")
-    with reported(multirun=multirun, verbose=verbose):
+    with reported(multirun=multirun, verbose=verbose), inputs_noted(cfg) as watch:
         ranks.join(cfg)
         out_dir = ranks.shared_run_dir(out_dir)  # rank 0's, where every rank's checkpoint shards go
         if cfg.train.global_batch is not None:  # before any probe: a config error, at once
@@ -341,7 +342,7 @@ def train_task(cfg: DictConfig) -> dict[str, Any]:
                            f"hydra.run.dir={out_dir}")
         if cfg.train.resume is None and cfg.train.micro_batch is None and isolate_probe(cfg, device_kind(cfg)):
             child_result = probe_in_child(out_dir / "probe")  # before this process makes a CUDA context
-        workload = build_workload(cfg)
+        workload = watch(build_workload(cfg))
         if cfg.train.resume is not None:
             setup = _resume_from(cfg, out_dir, workload.optimizer)
         else:

@@ -34,6 +34,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from ..dist.agreement import is_rank_zero
+from ..report.overrides import differing_overrides, shared_overrides
 from .errors import one_line
 from .user_config import given_overrides
 
@@ -106,11 +107,18 @@ def _short(text: str, limit: int = 120) -> str:
 
 def render_markdown(rows: list[dict[str, Any]]) -> str:
     """The rows as a Markdown table; errors shortened to their first sentence, except an
-    interrupted job's, which is the command that continues it (cut, the printed table lost it)."""
+    interrupted job's, which is the command that continues it (cut, the printed table lost it).
+    The overrides every job shares are named once above the table and left out of its rows (an
+    ``lr`` sweep's ``model=mlp data.shape=[16] ...`` on every row hid the ``lr`` that differs);
+    ``summary.csv`` keeps each job's own in full."""
     columns = _columns(rows)
-    lines = ["| " + " | ".join(columns) + " |", "|" + "|".join(" --- " for _ in columns) + "|"]
+    shared = shared_overrides(rows)
+    lines = [f"overrides of every job: {' '.join(shared)}", ""] if shared else []
+    lines += ["| " + " | ".join(columns) + " |", "|" + "|".join(" --- " for _ in columns) + "|"]
     for row in rows:
         cells = [_cell(row.get(column)) for column in columns]
+        if shared:
+            cells[columns.index("overrides")] = " ".join(differing_overrides(row, shared))
         if row.get("status") != "interrupted":
             cells[-1] = _short(cells[-1])
         cells = [cell.replace("|", "\\|") for cell in cells]

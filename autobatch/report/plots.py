@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable
 
 from ..probe.result import ProbeResult
+from .overrides import differing_overrides, shared_overrides
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..planning.planner import Plan
@@ -330,38 +331,15 @@ def _state(row: dict[str, Any]) -> str | None:
     return "interrupted" if status == "interrupted" else "failed"
 
 
-def _overrides(row: dict[str, Any]) -> list[str]:
-    """The job's overrides (``overrides``: joined by spaces), split where a space is outside
-    brackets and quotes (``'data.dataset={_target_: x}'`` is one)."""
-    text = row.get("overrides")
-    text = "" if text is None or (isinstance(text, float) and math.isnan(text)) else str(text)
-    parts, current, depth, quote = [], "", 0, ""
-    for char in text:
-        if quote:
-            quote = "" if char == quote else quote
-        elif char in "'\"":
-            quote = char
-        elif char in "[{(":
-            depth += 1
-        elif char in "]})":
-            depth = max(0, depth - 1)
-        elif char == " " and depth == 0:
-            parts, current = parts + [current] * bool(current), ""
-            continue
-        current += char
-    return parts + [current] * bool(current)
-
-
 def _job_labels(rows: list[dict[str, Any]]) -> list[str]:
     """``#<job> <overrides>`` for each job, without the overrides every job shares (a sweep's
     fixed ``model=mlp data.shape=[16] ...`` filled the 48 characters, so every label read the
     same), each cut to 48 characters, its ``$`` escaped: matplotlib draws the text between two
     of them as math (``tag=$HOME/run_$`` failed the plot, ``${a}_${b}`` was mangled)."""
-    split = [_overrides(row) for row in rows]
-    shared = set.intersection(*map(set, split)) if len(split) > 1 else set()
+    shared = shared_overrides(rows)
     labels = []
-    for row, overrides in zip(rows, split):
-        label = " ".join([f"#{row.get('job', '?')}", *(o for o in overrides if o not in shared)])
+    for row in rows:
+        label = " ".join([f"#{row.get('job', '?')}", *differing_overrides(row, shared)])
         label = label if len(label) <= 48 else label[:45] + "..."
         labels.append(label.replace("$", r"\$"))
     return labels

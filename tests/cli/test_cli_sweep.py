@@ -28,8 +28,10 @@ def test_sweep_runs_every_combination_and_summarises(cli_here, tmp_path):
     assert all(r["status"] == "ok" and int(r["batch_size"]) == 64 and r["peak"].endswith("B") for r in rows)
     assert list(rows[0])[: len(COLUMNS) - 1] == list(COLUMNS[:-1])
     markdown = (sweep / "summary.md").read_text()
-    assert markdown.startswith("| job | overrides | status | batch_size | trials | peak | time_s |")
-    assert markdown.count("\n") == 2 + 4
+    shared, table = markdown.split("\n\n", 1)  # the overrides every job shares, once, above the table
+    assert shared.startswith("overrides of every job: data.shape=[16]") and "model=" not in shared
+    assert table.startswith("| job | overrides | status | batch_size | trials | peak | time_s |")
+    assert table.count("\n") == 2 + 4 and "| 3 | model=gpt probe.strategy=halving |" in table
     assert markdown in done.stdout  # the table is printed at the end too
     assert all((sweep / str(job) / "result.json").is_file() for job in range(4))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["sweep"]
