@@ -321,7 +321,7 @@ class Runner(OomRecovery, SplitsInMultiples, EndsSteps, Resumable, PlansFromData
             self.save()
             self._clear_stop()  # one the save's sync points carried, after the run's last step
         self._fill_result()
-        log.info("training done: %d steps (%d this run), %d samples in %.1fs, %d OOM recoveries, micro-batch %d",
+        log.info("training done: %d steps (%d this run), %d samples in %.2f s, %d OOM recoveries, micro-batch %d",
                  result.steps, result.steps_this_run, result.samples, result.elapsed_s, len(result.oom_recoveries), self.micro_batch)
         return result
 
