@@ -217,7 +217,10 @@ def _why_no_grad() -> str:
             ".item() or a Python number: return the tensor computed from the model's output), or no parameter it "
             "depends on has requires_grad=True (a frozen model: unfreeze some, e.g. model.head.requires_grad_(True), "
             "and give the optimizer only those, "
-            "torch.optim.AdamW(p for p in model.parameters() if p.requires_grad))")
+            "torch.optim.AdamW(p for p in model.parameters() if p.requires_grad)), or those that do are inside a "
+            "torch.utils.checkpoint.checkpoint(..., use_reentrant=True) whose inputs do not require grad (LoRA adapters "
+            "in blocks after a frozen embedding), which gives them no gradient: pass use_reentrant=False (Transformers: "
+            "gradient_checkpointing_enable(gradient_checkpointing_kwargs={'use_reentrant': False}))")
 
 
 def function(name: str, value: Any, signature: str) -> None:

@@ -216,7 +216,8 @@ def _entry_classes(container: nn.Module) -> Counter:
     return Counter(type(child) for child in container._modules.values() if child is not None and _block(child))
 
 
-def no_blocks_hint(model: nn.Module, targets: Iterable[str | type] | None = None) -> str:
+def no_blocks_hint(model: nn.Module, targets: Iterable[str | type] | None = None,
+                   recomputed: list[str] | None = None) -> str:
     """What to do where the automatic rule found no block to wrap: the classes worth naming in
     ``checkpoint_targets`` (modules below the model that could be blocks, whose class occurs twice
     or more: blocks held as attributes, ``self.enc``, ``self.mid``, ..., that no container holds;
@@ -227,10 +228,11 @@ def no_blocks_hint(model: nn.Module, targets: Iterable[str | type] | None = None
     found (the automatic rule's, or ``targets``') but each has a forward another library replaced on
     the instance (Accelerate's hooks of ``device_map`` or offloading), which checkpointing leaves
     alone: that, and how to checkpoint them (the advice to name their class wrapped nothing either).
-    A model that checkpoints itself (Transformers' ``gradient_checkpointing_enable()``): that first."""
-    own = own_checkpointing(model)
+    A model that checkpoints itself (Transformers' ``gradient_checkpointing_enable()``, or ``recomputed``: the
+    blocks its own code recomputes, :func:`~.own_checkpointing.recomputed_blocks`): that first."""
+    own = own_checkpointing(model, recomputed)
     if own:
-        return own_checkpointing_hint(own)
+        return own_checkpointing_hint(own, model)
     found = find_blocks(model, targets)
     replaced = [name for name in found if "forward" in model.get_submodule(name).__dict__
                 and not is_checkpointed(model.get_submodule(name))]

@@ -28,33 +28,81 @@ cache again, harmless to the gradients; ``model.config.use_cache = False`` avoid
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Mapping
 from typing import Any, Iterator
 
 import torch
 from torch import nn
 
+from ..probe.estimate import EstimateError, estimate_memory
+from ..probe.train_step import TrainStep
 from .module_names import short_names
 
 __all__ = ["CacheWatch", "own_checkpointing", "own_checkpointing_hint", "cache_note", "checkpoint_by_protocol",
-           "checkpoints_by_protocol"]
+           "checkpoints_by_protocol", "recomputed_blocks"]
 
 
-def own_checkpointing(model: nn.Module) -> list[str]:
+def own_checkpointing(model: nn.Module, recomputed: list[str] | None = None) -> list[str]:
     """Names of the modules of ``model`` (itself included, as ``the model``) that checkpoint
     themselves: an attribute ``gradient_checkpointing`` that is ``True`` (Transformers' flag, set
     by ``gradient_checkpointing_enable()``), in training mode (their checkpointing runs only then);
-    empty where none does."""
+    else ``recomputed``, the blocks the model's own code recomputes in backward
+    (:func:`recomputed_blocks`); empty where none does."""
     return [name or "the model" for name, module in model.named_modules()
-            if module.training and getattr(module, "gradient_checkpointing", None) is True]
+            if module.training and getattr(module, "gradient_checkpointing", None) is True] or list(recomputed or [])
 
 
-def own_checkpointing_hint(names: list[str]) -> str:
-    """Why the planner wraps nothing in a model that checkpoints itself, and what to do."""
+def own_checkpointing_hint(names: list[str], model: nn.Module | None = None) -> str:
+    """Why the planner wraps nothing in a model that checkpoints itself, and what to do; ``model``
+    given, blocks without Transformers' flag are those its own code recomputes (:func:`recomputed_blocks`)."""
+    flagged = model is None or any(getattr(model.get_submodule("" if name == "the model" else name),
+                                           "gradient_checkpointing", None) is True for name in names)
+    if not flagged:
+        return (f"the model checkpoints its own blocks already (its code recomputes {short_names(names)} in backward: "
+                "torch.utils.checkpoint.checkpoint in its forward), so autobatch wraps none of them again (a second "
+                "recompute nested in the model's frees no memory and adds a forward); what was measured ran with that "
+                "checkpointing. Remove it from the forward to let autobatch choose the blocks")
     return (f"the model checkpoints its own blocks already (gradient_checkpointing=True on {short_names(names)}: "
             "Transformers' model.gradient_checkpointing_enable()), so autobatch wraps none of them again (a second "
             "recompute nested in theirs frees no memory and adds a forward); what was measured ran with that "
             "checkpointing. Call model.gradient_checkpointing_disable() to let autobatch choose the blocks")
+
+
+def recomputed_blocks(step: Any, names: list[str], batch_size: int = 1) -> list[str]:
+    """Which of the blocks ``names`` (those autobatch would wrap) the model's own code already recomputes in
+    backward: ``torch.utils.checkpoint.checkpoint(block, x)`` in the user's forward, reentrant or not. Such a
+    block's forward runs again while autograd runs backward, which a forward pre-hook sees during one step
+    traced with fake tensors at ``batch_size`` (nothing allocated, the model and generators put back; the trials
+    cannot tell: one that ran out of memory before backward, or a cache hit, ran no backward). The planner
+    wrapped such blocks again, nesting its recompute in the model's: the same peak (a model checkpointing its
+    4 blocks itself failed at batch 1 at 38.01 KiB both ways), and an error saying "with activation
+    checkpointing of 4 blocks" as if checkpointing had been tried and not helped. Empty where the step cannot
+    be traced (:class:`~autobatch.probe.estimate.EstimateError`: then only the trials tell)."""
+    model = getattr(step, "model", None)
+    if not names or not isinstance(step, TrainStep) or model is None:
+        return []
+    seen = _Recomputes()  # autobatch's own object: the trace puts back what it reaches of the user's, not this
+    handles = [model.get_submodule(name).register_forward_pre_hook(functools.partial(seen, name)) for name in names]
+    try:
+        estimate_memory(step, batch_size, steps=1)
+    except EstimateError:
+        return []
+    finally:
+        for handle in handles:
+            handle.remove()
+    return [name for name in names if name in seen.names]
+
+
+class _Recomputes:
+    """A forward pre-hook noting the blocks whose forward runs while autograd runs backward (a recompute)."""
+
+    def __init__(self) -> None:
+        self.names: set[str] = set()
+
+    def __call__(self, name: str, module: nn.Module, args: Any) -> None:
+        if torch._C._current_graph_task_id() != -1:
+            self.names.add(name)
 
 
 def checkpoints_by_protocol(module: nn.Module) -> bool:

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from ..errors import NoBatchFitsError, add_note
 from ..memory.units import format_bytes
-from .checkpointing import no_blocks_hint
-from .own_checkpointing import cache_note, own_checkpointing
+from .checkpointing import find_blocks, no_blocks_hint
+from .own_checkpointing import cache_note, own_checkpointing, recomputed_blocks
 from .plan_result import short_list
 
 __all__ = ["PlanErrors"]
@@ -19,6 +19,19 @@ __all__ = ["PlanErrors"]
 
 class PlanErrors:
     """The planner's ``NoBatchFitsError`` messages (the planner provides its state)."""
+
+    #: the blocks the model's own code recomputes in backward (:meth:`own`); None until looked for
+    recomputed: list[str] | None = None
+
+    def own(self) -> list[str]:
+        """The modules of the model that checkpoint themselves, so the planner wraps none: Transformers'
+        flag, else the blocks it would wrap that the model's code recomputes (``torch.utils.checkpoint`` in
+        its forward; :func:`~.own_checkpointing.recomputed_blocks`, looked for once, at batch 2 or
+        ``multiple_of``, BatchNorm's smallest in training, and only where checkpointing is about to be turned on)."""
+        if self.recomputed is None:
+            self.recomputed = [] if own_checkpointing(self.step.model) else recomputed_blocks(
+                self.step, find_blocks(self.step.model, self.targets), max(2, self.probe_kwargs.get("multiple_of", 1)))
+        return own_checkpointing(self.step.model, self.recomputed)
 
     def no_fit(self, plain_error: NoBatchFitsError, checkpoint_error: NoBatchFitsError | None, allowed: bool):
         """The NoBatchFitsError for "not even batch 1", with both attempts' figures; where
@@ -33,7 +46,7 @@ class PlanErrors:
         if checkpoint_error is None:  # nothing to wrap
             return self._attempts_error(
                 plain_error,
-                f"autobatch's activation checkpointing wrapped no block: {no_blocks_hint(self.step.model, self.targets)}. "
+                f"autobatch's activation checkpointing wrapped no block: {no_blocks_hint(self.step.model, self.targets, self.recomputed)}. "
                 f"Else try {self._other_options()}.",
             )
         modules = self.handle.modules if self.handle is not None else []
@@ -47,8 +60,8 @@ class PlanErrors:
     def no_block_why(self) -> str:
         """Why checkpointing wrapped nothing: the model checkpoints its own blocks (it read "no block to
         checkpoint was found" though its blocks were there), or no block was found, and what to name."""
-        hint = no_blocks_hint(self.step.model, self.targets)
-        return hint if own_checkpointing(self.step.model) else f"no block to checkpoint was found in the model ({hint})"
+        hint = no_blocks_hint(self.step.model, self.targets, self.recomputed)
+        return hint if own_checkpointing(self.step.model, self.recomputed) else f"no block to checkpoint was found in the model ({hint})"
 
     def accumulation_hint(self, boundary: int, checkpointing: bool, unhelped: str | None = None) -> str:
         """The hint where micro-batches fit alone (up to ``boundary`` in one step) but none beside the first one's
@@ -77,8 +90,8 @@ class PlanErrors:
         wrapped = self.handle is not None and self.handle.modules
         cache = ("model.config.use_cache = False (its key/value cache, built in training, holds what checkpointing "
                  "frees), " if wrapped and cache_note(self.step.model, self.cache) else "")
-        own = own_checkpointing(self.step.model)
-        itself = (f" (the model checkpoints its own blocks already, gradient_checkpointing=True on {short_list(own)}: "
+        own = own_checkpointing(self.step.model, self.recomputed)
+        itself = (f" (the model checkpoints its own blocks already, {'its code recomputes' if self.recomputed else 'gradient_checkpointing=True on'} {short_list(own)}: "
                   "autobatch added no checkpointing of its own)" if own and self.allow_checkpointing else "")
         return (f"{cache}{allow}{lower}{precision}a smaller model or sequence length, an optimizer with less state, or a "
                 f"larger memory_limit / device{itself}")

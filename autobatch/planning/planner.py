@@ -215,12 +215,12 @@ class _Planner(PlanErrors, ThroughputObjective):
 
     def wrap(self) -> bool:
         """Turn checkpointing on; False (with a note, once) when there is nothing to wrap, or the
-        model checkpoints its blocks itself (wrapping them again nested a recompute in theirs)."""
-        own = own_checkpointing(self.step.model)
+        model checkpoints its blocks itself (wrapping them again nested a recompute in theirs; :meth:`own`)."""
+        own = self.own()
         if not own and (self.handle is None or not self.handle.active):
             self.handle = enable_checkpointing(self.step.model, self.targets)
         if own or not self.handle.modules:
-            self.note(f"activation checkpointing wrapped no block: {no_blocks_hint(self.step.model, self.targets)}")
+            self.note(f"activation checkpointing wrapped no block: {no_blocks_hint(self.step.model, self.targets, self.recomputed)}")
             return False
         return True
 

@@ -218,6 +218,19 @@ def eval_mode_notes(fn: object) -> list[str]:
             "probe if training runs in train mode"]
 
 
+def gradless_note(fn: object) -> str | None:
+    """A note where the last step of a ``TrainStep``'s trials left parameters its optimizer trains without a
+    gradient (:attr:`TrainStep.gradless <autobatch.probe.train_step.TrainStep.gradless>`): the answer holds no
+    optimizer state for them, and where they should train, the step does not train them."""
+    without, trainable = getattr(fn, "gradless", None) or (0, 0)
+    if not without:
+        return None
+    return (f"{without} of the {trainable} parameters the optimizer trains got no gradient in the trials' last step, "
+            "so the answer holds no optimizer state for them: parameters the loss does not use, or parameters inside "
+            "a torch.utils.checkpoint.checkpoint(..., use_reentrant=True) whose inputs do not require grad (LoRA "
+            "adapters after a frozen embedding), which torch gives no gradient: pass use_reentrant=False")
+
+
 #: why a torch.compile'd TrainStep is probed as a hand loop (:func:`hand_loop_of`)
 COMPILED_NOTE = (
     "probed under a hand loop's rules (the optimizer state laid out as a resumed run has it; hand_loop=False "

@@ -233,6 +233,7 @@ def _probe(call: _Call, restore, estimate_first: bool | None) -> ProbeResult:
             call.notes.append(held_growth_note(kept, runner.records, result.batch_size, capacity if limit is None else limit))
             call.notes.append(content_note(kept.steps, runner.records, result.batch_size)  # padded to its longest
                               or sparse_note(_trained_model(fn, restore), restore, result.batch_size))
+            call.notes.append(arguments.gradless_note(fn))  # optimizer state the answer leaves out
     except Exception as exc:
         call.agreement.left(fn, exc)  # other ranks: told at once, not left waiting for this one
         raise

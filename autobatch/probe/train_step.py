@@ -104,8 +104,13 @@ class TrainStep:
             loss = checks.loss("loss_fn", self.loss_fn(self.model, batch))  # a model output's .loss; the rest dropped
         del batch  # backward needs what autograd saved, not the inputs: as the runner's step
         (self.grad_scaler.scale(loss) if self.grad_scaler is not None else loss).backward()
+        self.gradless = gradless(self.optimizer)
         self.optimizer_step()
         self.optimizer.zero_grad(set_to_none=True)
+
+    #: ``(without, trainable)``: of the parameters the optimizer trains that require grad, how many the last
+    #: step's backward gave no gradient (:func:`gradless`; None before a step)
+    gradless: tuple[int, int] | None = None
 
     def optimizer_step(self) -> None:
         """Clip the gradients' norm (``max_grad_norm``), then step the optimizer, through the
@@ -217,3 +222,13 @@ def _refuse_torch_function(loss_fn: Callable[..., Any]) -> None:
         raise TypeError(f"loss_fn is called as loss_fn(model, batch); {name} is torch's own function, called on the "
                         "model's output and the target: wrap it, e.g. loss_fn=lambda model, batch: "
                         f"{name}(model(batch[0]), batch[1])")
+
+
+def gradless(optimizer: torch.optim.Optimizer) -> tuple[int, int]:
+    """``(without, trainable)``: how many of the parameters ``optimizer`` trains that require grad have no
+    gradient after a backward, of how many. Such a parameter makes no optimizer state in the step, so a
+    probe's answer leaves its state out: adapters cut off by a reentrant checkpoint whose inputs do not
+    require grad (a LoRA model checkpointing blocks after a frozen embedding, with a trainable head, trained
+    the head alone, without a word from autobatch), or parameters the loss does not use."""
+    trainable = [p for group in optimizer.param_groups for p in group["params"] if p.requires_grad]
+    return sum(p.grad is None for p in trainable), len(trainable)
