@@ -36,6 +36,7 @@ import torch
 from torch import nn
 
 from ..probe.estimate import EstimateError, estimate_memory
+from ..probe.trace_failures import from_the_step
 from ..probe.train_step import TrainStep
 from .module_names import short_names
 
@@ -78,7 +79,8 @@ def recomputed_blocks(step: Any, names: list[str], batch_size: int = 1) -> list[
     wrapped such blocks again, nesting its recompute in the model's: the same peak (a model checkpointing its
     4 blocks itself failed at batch 1 at 38.01 KiB both ways), and an error saying "with activation
     checkpointing of 4 blocks" as if checkpointing had been tried and not helped. Empty where the step cannot
-    be traced (:class:`~autobatch.probe.estimate.EstimateError`: then only the trials tell)."""
+    be traced (an :class:`~autobatch.probe.estimate.EstimateError`, or the step's own error under fake tensors:
+    the trials then run it for real)."""
     model = getattr(step, "model", None)
     if not names or not isinstance(step, TrainStep) or model is None:
         return []
@@ -86,7 +88,9 @@ def recomputed_blocks(step: Any, names: list[str], batch_size: int = 1) -> list[
     handles = [model.get_submodule(name).register_forward_pre_hook(functools.partial(seen, name)) for name in names]
     try:
         estimate_memory(step, batch_size, steps=1)
-    except EstimateError:
+    except Exception as exc:  # noqa: BLE001 - untraceable (data-dependent shapes, .item()): the trials run it for real
+        if not isinstance(exc, EstimateError) and not from_the_step(exc):
+            raise
         return []
     finally:
         for handle in handles:
