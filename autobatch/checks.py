@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import inspect
+import math
 import numbers
 import operator
 from collections.abc import Iterable, Mapping
@@ -44,8 +45,23 @@ def positive_int(name: str, value: Any, *, allow_none: bool = False) -> int | No
     number = integer(value)
     if number is None or number <= 0:
         accepted = "a positive integer or None" if allow_none else "a positive integer"
-        raise ValueError(f"{name} must be {accepted}, got {value!r}")
+        raise ValueError(f"{name} must be {accepted}, got {value!r}{int_hint(name, value)}")
     return number
+
+
+def int_hint(name: str, value: Any) -> str:
+    """``"; pass an int, e.g. max_batch=64"`` where ``value`` is a whole positive number of another
+    type (``64.0`` from a division or a config, a NumPy float, a float tensor, the string ``"64"``),
+    else ``""``: the bare "got 64.0" left the reader to find what was wrong."""
+    whole = None
+    if isinstance(value, str):
+        whole = int(value.strip()) if value.strip().isdigit() else None
+    elif isinstance(value, torch.Tensor) and value.numel() == 1 and value.is_floating_point() and not value.is_meta:
+        value = value.item()
+    if not isinstance(value, (bool, str)) and isinstance(value, numbers.Real) and integer(value) is None:
+        whole = int(value) if math.isfinite(value) and float(value).is_integer() else None
+    told = f" (not the string {value!r:.20})" if isinstance(value, str) else ""
+    return f"; pass an int, e.g. {name}={whole}{told}" if whole is not None and whole > 0 else ""
 
 
 def positive_shape(name: str, value: Any) -> tuple[int, ...]:
@@ -54,8 +70,11 @@ def positive_shape(name: str, value: Any) -> tuple[int, ...]:
     create tensor with negative dimension"), which the command line took for a failure at run time."""
     dims = [integer(dim) for dim in value] if isinstance(value, (list, tuple, torch.Size)) else None
     if dims is None or any(dim is None or dim <= 0 for dim in dims):
+        wholes = [integer(dim) if integer(dim) is not None else int(float(dim)) if int_hint("", dim) else 0
+                  for dim in value] if dims else []  # [3.0, 32, 32]: what to pass, [3, 32, 32]
+        hint = f"; pass ints, e.g. {name}={wholes}" if wholes and min(wholes) > 0 else ""
         raise ValueError(f"{name} must be a list of positive integers (one per dimension of a sample, "
-                         f"e.g. [3, 32, 32]), got {value!r:.60}")
+                         f"e.g. [3, 32, 32]), got {value!r:.60}{hint}")
     return tuple(dims)
 
 
@@ -67,7 +86,7 @@ def positive_number(name: str, value: Any, *, allow_none: bool = False) -> float
     real = isinstance(value, numbers.Real) and not isinstance(value, bool)
     if not real or not 0 < value < float("inf"):
         accepted = "a positive number or None" if allow_none else "a positive number"
-        raise ValueError(f"{name} must be {accepted}, got {value!r}")
+        raise ValueError(f"{name} must be {accepted}, got {value!r}{_number_hint(name, value)}")
     return float(value)
 
 
@@ -82,6 +101,17 @@ def flag(name: str, value: Any, *, allow_none: bool = False, none_means: str = "
     if isinstance(value, str) and value.strip().lower() in BOOLEAN_WORDS:
         hint = f"; pass {name}={BOOLEAN_WORDS[value.strip().lower()]} (the bool, not a string)"
     raise TypeError(f"{name} must be {accepted}, got {type(value).__name__} {value!r:.60}{hint}")
+
+
+def _number_hint(name: str, value: Any) -> str:
+    """``"; pass the number, e.g. lr=0.1 (not the string '0.1')"`` where ``value`` is a string of a
+    positive number (a config or environment value), else ``""``."""
+    try:
+        if not isinstance(value, str):
+            return ""
+        return f"; pass the number, e.g. {name}={value.strip()} (not the string {value!r:.20})" if 0 < float(value) < math.inf else ""
+    except (TypeError, ValueError):
+        return ""
 
 
 #: Strings that read as a boolean, and the bool they read as.
@@ -317,11 +347,17 @@ def record_fields(kind: type, data: Any, owner: str, *, what: str = "the dict", 
     return {key: value for key, value in data.items() if key in known}
 
 
-def keywords(aliases: Mapping[str, str] | None = None) -> Any:
+def keywords(aliases: Mapping[str, str] | None = None, *, synonyms: Mapping[str, str] | None = None,
+             inside: Mapping[str, str] | None = None) -> Any:
     """Decorate a public function (or ``__init__``) so that a keyword it does not take is one
     ``TypeError`` naming the closest one it does: Python's own "got an unexpected keyword
     argument 'max_batch_size'" named no alternative. ``aliases``: a peer's name for one of them
-    (Accelerate's ``starting_batch_size`` for ``start``, Lightning's ``mode`` for ``strategy``)."""
+    (Accelerate's ``starting_batch_size`` for ``start``, Lightning's ``mode`` for ``strategy``).
+    ``synonyms``: another of autobatch's own names for one of its parameters, taken as that
+    parameter (``estimate_max_batch(step, memory_limit="16GiB")``, as ``find_max_batch`` spells
+    the budget, is ``capacity="16GiB"``); given with the parameter itself, one ``TypeError``.
+    ``inside``: a keyword that goes in one of its dict parameters (``Runner(memory_limit=...)``
+    in ``plan_options``), named with the call to write."""
     import functools
 
     def decorate(fn: Any) -> Any:
@@ -330,10 +366,19 @@ def keywords(aliases: Mapping[str, str] | None = None) -> Any:
             return fn
         names = [n for n, p in parameters.items() if n != "self" and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
         label = fn.__qualname__.removesuffix(".__init__")
+        positions = {n: i for i, (n, p) in enumerate(parameters.items()) if p.kind is p.POSITIONAL_OR_KEYWORD}
 
         @functools.wraps(fn)
         def checked(*args: Any, **kwargs: Any) -> Any:
+            for key, meant in (synonyms or {}).items():
+                if key in kwargs:
+                    if meant in kwargs or positions.get(meant, len(args)) < len(args):
+                        raise TypeError(f"{label}() got both {meant} and {key}, two names of one argument: pass one")
+                    kwargs[meant] = kwargs.pop(key)
             for key in kwargs:
+                if key not in parameters and key in (inside or {}):
+                    raise TypeError(f"{label}() got an unexpected keyword argument {key!r}; it goes inside "
+                                    f"{inside[key]}: pass {inside[key]}={{{key!r}: {kwargs[key]!r:.30}}}")
                 if key not in parameters:
                     guess = closest(key, names, aliases)
                     raise TypeError(f"{label}() got an unexpected keyword argument {key!r}; "

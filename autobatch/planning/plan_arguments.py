@@ -85,13 +85,14 @@ def validate(step, global_batch, objective, probe_kwargs: dict[str, Any], min_mi
         # runs max(2, steps_per_trial) steps, which took 0 or True silently and None as a TypeError
         probe_kwargs["steps_per_trial"] = checks.positive_int("steps_per_trial", probe_kwargs["steps_per_trial"])
     max_batch, multiple_of, start = probe_kwargs.get("max_batch"), probe_kwargs.get("multiple_of", 1), probe_kwargs.get("start")
-    if not isinstance(max_batch, (int, type(None))) or isinstance(max_batch, bool) or (max_batch is not None and max_batch < 1):
-        raise ValueError(f"max_batch must be a positive integer or None, got {max_batch!r}")
+    max_batch = checks.positive_int("max_batch", max_batch, allow_none=True)  # any integer type, as find_max_batch takes
+    if "max_batch" in probe_kwargs:
+        probe_kwargs["max_batch"] = max_batch
     if min_micro_batch is not None:
         given, min_micro_batch = min_micro_batch, checks.integer(min_micro_batch)
         if min_micro_batch is None or min_micro_batch < 1:
             raise ValueError(f"min_micro_batch must be a positive integer or None (throughput: the smallest micro-batch "
-                             f"timed), got {given!r}")
+                             f"timed), got {given!r}{checks.int_hint('min_micro_batch', given)}")
     if isinstance(start, int) and not isinstance(start, bool) and start > global_batch:
         raise ValueError(f"start={start} is larger than global_batch={global_batch}: the probes try micro-batches of at "
                          "most the global batch; lower start (or leave it out)")

@@ -33,7 +33,7 @@ STRATEGY_ALIASES = {"binsearch": "binary", "bisect": "binary", "bisection": "bin
 FIND_ALIASES = {"starting_batch_size": "start", "init_val": "start", "batch_size": "start", "mode": "strategy",
                 "max_batch_size": "max_batch", "max_val": "max_batch", "steps": "steps_per_trial",
                 "steps_per_trial_count": "steps_per_trial", "max_memory": "memory_limit", "memory": "memory_limit",
-                "limit": "memory_limit", "cap": "memory_limit", "fraction": "margin", "headroom": "margin"}
+                "limit": "memory_limit", "cap": "memory_limit", "capacity": "memory_limit", "fraction": "margin", "headroom": "margin"}
 #: Where ``halving`` starts when neither ``start`` nor ``max_batch`` is given.
 HALVING_DEFAULT_START = 1024
 #: Where ``predict`` (and ``auto``) start when ``start`` is not given, in samples (rounded down

@@ -63,10 +63,14 @@ CUDA_BLOCK_BYTES = 512
 GROWTH = 8
 #: At most this many refining traces inside the bracket.
 MAX_REFINE = 16
+#: Peers' names for the estimates' keywords, suggested where given (:func:`~autobatch.checks.keywords`).
+ESTIMATE_ALIASES = {"max_memory": "capacity", "memory": "capacity", "limit": "capacity", "budget": "capacity",
+                    "max_batch_size": "max_batch", "batch": "batch_size", "size": "batch_size"}
 #: What to do instead, said by every refusal.
 TRIALS = "probe with real trials (strategy='binary', or 'auto' with estimate_first=False)"
 
 
+@checks.keywords(ESTIMATE_ALIASES)
 def estimate_memory(step: TrainStep, batch_size: int, *, steps: int = 2, op_limit: int | None = None) -> MemoryEstimate:
     """Estimate the memory of ``steps`` training steps of ``step`` at ``batch_size``.
 
@@ -134,6 +138,7 @@ def estimate_memory(step: TrainStep, batch_size: int, *, steps: int = 2, op_limi
                           accountant.operations)
 
 
+@checks.keywords(ESTIMATE_ALIASES)
 def estimate_peak(step: TrainStep, batch_size: int, *, include_resident: bool = True, steps: int = 2) -> int:
     """Estimated peak bytes of a training step at ``batch_size``; with ``include_resident``
     (the default) the model's parameters, buffers and optimizer state are included, as
@@ -252,6 +257,7 @@ def estimate_line(
     )
 
 
+@checks.keywords(ESTIMATE_ALIASES, synonyms={"memory_limit": "capacity"})  # find_max_batch's name for the budget
 def estimate_max_batch(
     step: TrainStep,
     capacity: int | str,
@@ -262,7 +268,8 @@ def estimate_max_batch(
     steps: int = 2,
 ) -> BatchEstimate:
     """The largest batch (a multiple of ``multiple_of``, at most ``max_batch``) whose
-    estimated peak fits ``capacity`` bytes (an int or ``"80GiB"``). Nothing runs for real.
+    estimated peak fits ``capacity`` bytes (an int or ``"80GiB"``; ``memory_limit=``, as
+    :func:`~autobatch.find_max_batch` names the budget, is taken as ``capacity``). Nothing runs for real.
 
     Works for any capacity on any machine: "what fits in 80 GiB?" is answered on a laptop.
     With ``include_resident=False`` the capacity is taken as the memory free *after* the model

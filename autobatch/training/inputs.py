@@ -299,6 +299,10 @@ def _sizes_text(sizes: list[int]) -> str:
 RUNNER_ALIASES = {"batch_size": "global_batch", "micro_batch_size": "micro_batch", "gradient_accumulation_steps": "micro_batch",
                   "accumulate_grad_batches": "micro_batch", "gradient_clip_val": "max_grad_norm", "scaler": "grad_scaler",
                   "lr_scheduler": "scheduler", "precision": "autocast_dtype", "checkpoint_path": "checkpoint_dir"}
+#: ``plan()``'s and the probe's keywords that a Runner takes in ``plan_options`` (the memory budget's
+#: ``memory_limit`` above all), told where they go where passed to the Runner itself
+RUNNER_PLAN_KEYWORDS = {key: "plan_options" for key in ("memory_limit", "margin", "strategy", "objective", "cache",
+                                                        "estimate_first", "allow_accumulation", "allow_checkpointing")}
 #: the same for ``Runner.fit``
 FIT_ALIASES = {"max_epochs": "epochs", "num_epochs": "epochs", "num_train_epochs": "epochs", "max_steps": "steps",
                "ckpt_path": "resume", "resume_from_checkpoint": "resume", "train_dataloader": "data",

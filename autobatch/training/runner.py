@@ -52,7 +52,7 @@ from .faults import FaultInjector
 from .growth import GrowBack
 from .hygiene import CachePolicy
 from .autoplan import PlansFromData
-from .inputs import FIT_ALIASES, RUNNER_ALIASES, capped_micro_batch, check_data, check_optimizer, checked_micro_batch, check_kinds, check_options, model_device, share_of, warn_batch_size
+from .inputs import FIT_ALIASES, RUNNER_ALIASES, RUNNER_PLAN_KEYWORDS, capped_micro_batch, check_data, check_optimizer, checked_micro_batch, check_kinds, check_options, model_device, share_of, warn_batch_size
 from .multiples import SplitsInMultiples, multiple_options
 from .pacing import FailedDraw, carried_error
 from .precision import warn_unscaled_float16
@@ -138,7 +138,7 @@ class Runner(OomRecovery, SplitsInMultiples, EndsSteps, Resumable, PlansFromData
             replays, see :mod:`autobatch.dist.ddp_step`); checkpoints are written by rank 0 only.
     """
 
-    @checks.keywords(RUNNER_ALIASES)
+    @checks.keywords(RUNNER_ALIASES, inside=RUNNER_PLAN_KEYWORDS)
     def __init__(
         self,
         model: torch.nn.Module,
