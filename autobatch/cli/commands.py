@@ -360,9 +360,8 @@ def train_task(cfg: DictConfig) -> dict[str, Any]:
             )  # fmt: skip
         probe = setup["probe"]
         summary = {
-            **run.to_dict(),
+            **run.rounded(),  # seconds and samples/s rounded as metrics.jsonl's
             **rank_fields(run.global_batch),
-            "samples_per_s": run.samples_per_s,
             "notes": setup["notes"],
             "probe": None if probe is None else probe.to_dict(),
             "metrics": str(out_dir / METRICS),

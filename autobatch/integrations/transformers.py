@@ -94,15 +94,15 @@ def fit_batch_size(
             f"{f', {shard} per process' if world > 1 else ''}): each epoch would end before one global batch; "
             "lower global_batch"
         )
-    # no batch larger than a process's share of the training set
+    # without a global batch, the trainer's own accumulation stays: its window is probed
+    accumulation = 1 if share is not None else max(1, int(args.gradient_accumulation_steps))
+    shard = _window_share(shard, accumulation, multiple_of, world)  # a process's share over a step's batches
     max_batch, start = cap_at_samples(shard, max_batch, start, multiple_of,
                                       where=f"the training set{f' (a process of {world})' if world > 1 else ''}")
     if sample is None and trainer.train_dataset is None:  # an eval-only Trainer: sample= would size training
         raise ValueError("fit_batch_size sizes training and trainer.train_dataset is None: give the Trainer its train_dataset, or pass "
                          "sample=. It does not size evaluation: for trainer.evaluate() alone, set per_device_eval_batch_size yourself")
     sample = longest_sample(trainer.train_dataset) if sample is None else sample
-    # without a global batch, the trainer's own accumulation stays: its window is probed
-    accumulation = 1 if share is not None else max(1, int(args.gradient_accumulation_steps))
     # the Trainer's loop trains the answer, and it cannot replay a step that runs out of memory
     options = {"hand_loop": True, **probe_options, "start": start}
     modes = [(module, module.training) for module in trainer.model.modules()]
@@ -257,6 +257,25 @@ def _shard_length(dataset: Any, world: int) -> int | None:
         return max(1, len(dataset) // world) if dataset is not None else None
     except TypeError:
         return None
+
+
+def _window_share(shard: int | None, accumulation: int, multiple_of: int, world: int) -> int | None:
+    """The largest batch a process's ``shard`` of the training set gives ``accumulation`` of (the
+    user's ``gradient_accumulation_steps``, kept without ``global_batch``), so that every optimizer
+    step takes the batches the probe sized and the samples the warning names. Capped at the shard
+    alone, a 10-sample set with 4 steps of accumulation was given batches of 10: one batch an epoch,
+    each optimizer step one batch (10 samples, not the 40 said), and the probe sized a window of 4
+    that never ran. A shard smaller than ``accumulation`` batches of ``multiple_of`` is one
+    ``ValueError`` naming what to change."""
+    if shard is None or accumulation <= 1:
+        return shard
+    if shard < accumulation * multiple_of:
+        raise ValueError(
+            f"the training set has {shard} samples{' per process' if world > 1 else ''}, fewer than "
+            f"gradient_accumulation_steps={accumulation} batches of {multiple_of} (multiple_of): no optimizer step "
+            f"could take its {accumulation} batches; lower gradient_accumulation_steps (set on TrainingArguments) "
+            "or use more samples")
+    return shard // accumulation
 
 
 def _train_step(trainer: Any, sample: Any, share: int | None, accumulation: int) -> TrainerStep:

@@ -217,6 +217,9 @@ def _probe(call: _Call, restore, estimate_first: bool | None) -> ProbeResult:
                 prior, estimate_note = estimate_prior(fn, memory, capacity, args["max_batch"], args["multiple_of"])
                 prior = call.agreement.prior(prior)
                 call.notes.append(estimate_note)
+                if prior is not None:  # an error at that first trial says where its size came from
+                    runner.first_placed = (f"placed just below the boundary a fake-tensor trace estimated, "
+                                           f"{prior[1].batch_size}; estimate_first=False starts the search small")
             result = run_search(
                 runner, strategy=args["strategy"], start=args["start"], max_batch=args["max_batch"],
                 margin=args["margin"], multiple_of=args["multiple_of"], device_name=memory.name,

@@ -75,8 +75,8 @@ class TrialRunner:
         before_trial: Callable[[], object] | None = None,
         held_growth: Callable[[], Callable[[], int]] | None = None,
     ) -> None:
-        self.fn, self.hand_loop = fn, hand_loop
-        self.layout, self.before_trial = layout, before_trial
+        self.fn, self.hand_loop, self.layout, self.before_trial = fn, hand_loop, layout, before_trial
+        self.first_placed: str | None = None  # why the first trial has its size (find.py: an estimate placed it)
         self.held_growth = held_growth or (lambda: lambda: 0)
         self._fresh_workspaces = getattr(memory, "device", None) if hand_loop else None
         self.pinned, self.guard = pinned, guard
@@ -313,7 +313,7 @@ class TrialRunner:
                 self._stopped = True  # its peak, folded in, is above the limit: the trial fails as too close
                 return None
             if not is_oom_error(exc):
-                raise with_trial_note(exc, batch_size, self.passed_sizes)  # the same error; a note on the size
+                raise with_trial_note(exc, batch_size, self.passed_sizes, failed=self.failed_sizes, placed=self.first_placed)
             self._failed_at = self.memory.allocated()  # the failed step's tensors are still held here
             # the step's reserved peak: by now the allocator has returned its cache (it does so
             # before it gives up), so the reserved figure of this moment no longer shows the wall

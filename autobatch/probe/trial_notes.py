@@ -20,7 +20,14 @@ error at the first trial, with no size passed, is the step's at any size: it get
 samples (``X[torch.arange(n)]``) raises it at any size past the dataset's, the first trial too
 (an estimate places it high), and ``multiple_of`` would not help: its note says ``max_batch``.
 A ``GradScaler``'s "unscale_() has already been called" after a trial that ran out of memory
-past ``unscale_`` gets a note saying to pass the scaler in ``restore``.
+past ``unscale_`` gets a note saying to pass the scaler in ``restore``. Where the failing trial
+was the first and an estimate placed it (``estimate_first``: a size in the thousands, the fake-tensor
+trace having met no such error), the note says so, so that size does not look like the search's.
+
+The note on batch 1 (``multiple_of=2``, for BatchNorm) is for a probe that came down there after
+larger batches ran out of memory, or for BatchNorm's own error: a first trial at batch 1
+(``strategy="binary"`` starts there) that raised a shape mismatch is the step's error at any
+size, and a note naming BatchNorm sent the user the wrong way.
 
 :func:`growth_hint` words the other contradiction a search can end in: a size passed, and later
 every size down to the smallest ran out of memory. Memory held between calls grew: the step keeps
@@ -56,13 +63,19 @@ def index_hint(batch_size: int, message: str = "") -> str:
             "any size by repeating samples (X[torch.arange(n) % len(X)]).")
 
 
-def with_trial_note(exc: BaseException, batch_size: int, passed: list[int] | tuple[int, ...] = ()) -> BaseException:
+def with_trial_note(exc: BaseException, batch_size: int, passed: list[int] | tuple[int, ...] = (), *,
+                    failed: list[int] | tuple[int, ...] | None = None, placed: str | None = None) -> BaseException:
     """``exc``, the error (not an out-of-memory one) a trial of ``batch_size`` raised, with a
-    note where that trial was of batch 1, or where trials of the sizes ``passed`` ran before it
-    (not for an interrupt nor autobatch's own error): the model may not train on one sample, or
-    on this size, and how to probe and plan without it."""
+    note where that trial was of batch 1 (after the sizes ``failed`` ran out of memory, or None:
+    not known), or where trials of the sizes ``passed`` ran before it (not for an interrupt nor
+    autobatch's own error): the model may not train on one sample, or on this size, and how to
+    probe and plan without it. ``placed``: why the first trial had its size (an estimate placed
+    it), said where this trial was the first."""
     if not isinstance(exc, Exception) or type(exc).__module__.startswith("autobatch"):
         return exc
+    first = not passed and not failed and placed is not None
+    trial = (f"the probe's first trial, at batch {batch_size} ({placed})" if first
+             else f"a probe trial at batch {batch_size}")
     if isinstance(exc, RuntimeError) and "unscale_() has already been called" in str(exc):  # no size at all
         add_note(exc,
             f"autobatch: this error came from a probe trial at batch {batch_size}: an earlier trial ran out of memory "
@@ -73,7 +86,7 @@ def with_trial_note(exc: BaseException, batch_size: int, passed: list[int] | tup
         return exc
     if batch_size != 1 and isinstance(exc, IndexError):  # no size the step refuses: one it cannot build
         after = f", after trials at {_sizes(passed)} passed" if passed else ""
-        add_note(exc, f"autobatch: this error came from a probe trial at batch {batch_size}{after}: {index_hint(batch_size, str(exc))}")
+        add_note(exc, f"autobatch: this error came from {trial}{after}: {index_hint(batch_size, str(exc))}")
         return exc
     if batch_size != 1 and passed:
         divisor = math.gcd(*passed)
@@ -90,8 +103,8 @@ def with_trial_note(exc: BaseException, batch_size: int, passed: list[int] | tup
             f"find_max_batch or plan(), or in a Runner's plan_options) so that only sizes it takes are tried{why}.{bound}"
         )
         return exc
-    if batch_size == 1:
-        add_note(exc, 
+    if batch_size == 1 and (failed is None or failed or _one_sample_error(exc)):
+        add_note(exc,
             "autobatch: this error came from a probe trial at batch 1; the probe goes down to batch 1 when larger "
             "batches run out of memory (or starts there). If the model cannot train on one sample (BatchNorm needs "
             "more than one value per channel in training), pass multiple_of=2 (to find_max_batch or plan(), or in a "
@@ -100,6 +113,12 @@ def with_trial_note(exc: BaseException, batch_size: int, passed: list[int] | tup
             "memory_limit or device)."
         )
     return exc
+
+
+def _one_sample_error(exc: BaseException) -> bool:
+    """Whether ``exc`` is a layer's refusal of a single sample: BatchNorm's "Expected more than 1
+    value per channel when training" (torch's words for batch norm and instance-wise norms)."""
+    return "more than 1 value per channel" in str(exc)
 
 
 def _sizes(passed: list[int] | tuple[int, ...]) -> str:

@@ -4,6 +4,11 @@ The bar shows the global step, samples/s, micro-batch x accumulation steps and t
 recoveries so far. When stderr is not a terminal (a batch job, CI, a log file) the bar is
 off and the same figures go to the ``autobatch`` logger every ``log_every`` steps, so logs
 are not flooded with carriage returns.
+
+Its samples/s is the mean over this ``fit()``'s steps so far (the samples since the bar began
+over the wall time since then, the first steps' warm-up included), and says so ("mean
+samples/s"): the command line's ``metrics.jsonl`` gives each step's own (its samples over its wall
+time), which ran 10 % above the log line's figure for the same step and read as a disagreement.
 """
 
 from __future__ import annotations
@@ -50,14 +55,14 @@ class Progress:
         rate = self._samples / max(time.perf_counter() - self._began, 1e-9)
         if self.bar is not None:
             self.bar.set_postfix(
-                {"samples/s": f"{rate:.1f}", "micro": f"{micro_batch}x{accumulation}", "oom": recoveries, "loss": f"{float(loss):.4g}"},
+                {"mean samples/s": f"{rate:.1f}", "micro": f"{micro_batch}x{accumulation}", "oom": recoveries, "loss": f"{float(loss):.4g}"},
                 refresh=False,
             )
             self.bar.update(1)
         elif self.shows(step):
             of = f"/{self.total}" if self.total else ""
             log.info(
-                "step %d%s  %.1f samples/s  micro-batch %d x %d  OOM recoveries %d  loss %.4g",
+                "step %d%s  %.1f samples/s (mean since this fit began)  micro-batch %d x %d  OOM recoveries %d  loss %.4g",
                 step, of, rate, micro_batch, accumulation, recoveries, float(loss),
             )
 

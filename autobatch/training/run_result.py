@@ -72,10 +72,23 @@ class RunResult:
 
     @property
     def samples_per_s(self) -> float:
+        """This run's samples over its whole ``fit()`` (``elapsed_s``: loading a checkpoint, a
+        first plan, every step and hook): lower than a step's own rate (``metrics.jsonl``)."""
         return self.samples / self.elapsed_s if self.elapsed_s > 0 else 0.0
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """The fields, exact (a checkpoint holds them: :meth:`from_dict` gives back an equal
+        result), and ``samples_per_s`` rounded to 2 places as the command line's ``metrics.jsonl``
+        rounds its own (read back by nothing: :meth:`from_dict` leaves it out). Rounded figures
+        for a file a person reads: :meth:`rounded`."""
+        return {**asdict(self), "samples_per_s": round(self.samples_per_s, 2)}
+
+    def rounded(self) -> dict[str, Any]:
+        """:meth:`to_dict` with its seconds rounded to 6 places (a microsecond), as ``metrics.jsonl``
+        rounds a step's: the command line's ``train_result.json``, where ``elapsed_s`` had every digit."""
+        data = self.to_dict()
+        data["elapsed_s"], data["empty_cache_seconds"] = round(self.elapsed_s, 6), round(self.empty_cache_seconds, 6)
+        return data
 
     def to_json(self, **kwargs: Any) -> str:
         return json.dumps(self.to_dict(), **kwargs)
