@@ -98,6 +98,36 @@ def cli(tmp_path):
     return run
 
 
+def main_keeping_loggers(args: list[str]) -> int:
+    """The CLI's ``main(args)`` in this process; Hydra's job logging (a file in the run dir, the
+    console) stays that run's: the handlers it added are closed and the loggers put back."""
+    from autobatch.__main__ import main
+
+    loggers = [logging.getLogger(), logging.getLogger("autobatch")]
+    saved = [(lg.handlers[:], lg.level, lg.propagate, lg.disabled) for lg in loggers]
+    try:
+        return main(args)
+    finally:
+        for logger, (handlers, level, propagate, disabled) in zip(loggers, saved):
+            for handler in set(logger.handlers) - set(handlers):
+                handler.close()
+            logger.handlers[:], logger.propagate, logger.disabled = handlers, propagate, disabled
+            logger.setLevel(level)
+
+
+def cli_in_process(*args: str, cwd: Path) -> int:
+    """``run_cli(*args, cwd=cwd)``'s run through ``main`` in this process (for a module-scoped
+    fixture, where ``cli_here`` cannot serve): its exit status; what it prints goes to the
+    test's output. For a one-process run whose files a test compares with (a reference)."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(cwd)
+        patch.setattr(sys, "argv", ["autobatch"])  # main() sets it for Hydra
+        for name in ("HYDRA_FULL_ERROR", "AUTOBATCH_TRACEBACK"):
+            patch.delenv(name, raising=False)
+        patch.setenv("AUTOBATCH_CACHE_DIR", str(cwd / "autobatch-cache"))  # never the user's cache
+        return main_keeping_loggers(list(args))
+
+
 @pytest.fixture
 def cli_here(tmp_path, monkeypatch, capsys):
     """``cli_here(*args)``: what ``cli(*args)`` checks, through the CLI's ``main`` in this test's
@@ -106,8 +136,6 @@ def cli_here(tmp_path, monkeypatch, capsys):
     ``torch._dynamo`` that making an optimizer loads), so a test of output, exit status or
     written files runs here; one of what only a real process shows (signals, the interpreter's
     exit status, its environment, imports of a user's module) keeps ``cli``."""
-    from autobatch.__main__ import main
-
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(sys, "argv", ["autobatch"])  # main() sets it for Hydra
     for name in ("HYDRA_FULL_ERROR", "AUTOBATCH_TRACEBACK"):
@@ -117,16 +145,7 @@ def cli_here(tmp_path, monkeypatch, capsys):
         """``dirs=False``: no run and sweep dirs added (``run_cli``'s: the ones ``args`` name, else Hydra's)."""
         extra = [f"hydra.run.dir={tmp_path / 'run'}", f"hydra.sweep.dir={tmp_path / 'sweep'}"] if dirs else []
         capsys.readouterr()
-        loggers = [logging.getLogger(), logging.getLogger("autobatch")]
-        saved = [(lg.handlers[:], lg.level, lg.propagate, lg.disabled) for lg in loggers]
-        try:
-            code = main([*args, *extra])
-        finally:  # Hydra's job logging (a file in the run dir, the console) stays this run's
-            for logger, (handlers, level, propagate, disabled) in zip(loggers, saved):
-                for handler in set(logger.handlers) - set(handlers):
-                    handler.close()
-                logger.handlers[:], logger.propagate, logger.disabled = handlers, propagate, disabled
-                logger.setLevel(level)
+        code = main_keeping_loggers([*args, *extra])
         out, err = capsys.readouterr()
         return subprocess.CompletedProcess(["autobatch", *args], code, out, err)
 

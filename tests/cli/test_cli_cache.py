@@ -15,8 +15,10 @@ def result_of(tmp_path, name: str) -> dict:
     return json.loads((tmp_path / name / "result.json").read_text())
 
 
-def test_a_repeated_probe_comes_from_the_cache_unless_turned_off(tmp_path, isolated_probe_cache):
-    first = run_cli(*PROBE, f"hydra.run.dir={tmp_path / 'first'}", cwd=tmp_path)
+def test_a_repeated_probe_comes_from_the_cache_unless_turned_off(cli_here, tmp_path, isolated_probe_cache):
+    """The first and the uncached runs go through ``main`` in this process; the second is a real
+    ``python -m autobatch`` process, so the entry the first stored is found from another process."""
+    first = cli_here(*PROBE, f"hydra.run.dir={tmp_path / 'first'}", dirs=False)
     assert first.returncode == 0, first.stderr
     assert result_of(tmp_path, "first")["cached"] is False and "from the probe cache" not in first.stdout
     assert len(list(isolated_probe_cache.glob("*.json"))) == 1  # stored under the per-test directory
@@ -27,7 +29,7 @@ def test_a_repeated_probe_comes_from_the_cache_unless_turned_off(tmp_path, isola
     assert cached["cached"] is True and cached["batch_size"] == result_of(tmp_path, "first")["batch_size"]
     assert "cached          from the probe cache; no trial ran" in second.stdout
 
-    fresh = run_cli(*PROBE, "probe.cache=false", f"hydra.run.dir={tmp_path / 'fresh'}", cwd=tmp_path)
+    fresh = cli_here(*PROBE, "probe.cache=false", f"hydra.run.dir={tmp_path / 'fresh'}", dirs=False)
     assert fresh.returncode == 0, fresh.stderr
     assert result_of(tmp_path, "fresh")["cached"] is False and "cached   " not in fresh.stdout
     assert (tmp_path / "fresh" / "probe.log").read_text().count("trial ") >= 1  # it really probed

@@ -187,13 +187,13 @@ def test_device_expandable_segments_turns_the_allocator_setting_on_for_cuda(conf
     assert made == [True, True, False]
 
 
-def test_schemas_are_not_options_of_the_groups(cli):
+def test_schemas_are_not_options_of_the_groups(cli_here):
     """The structured configs are stored outside the groups: --help and "Available options" list
     only the YAML options."""
-    done = cli("probe", "--help")
+    done = cli_here("probe", "--help")
     assert done.returncode == 0, done.stderr
     assert "_schema" not in done.stdout and "optimizer: adamw, sgd, target" in done.stdout
-    done = cli("probe", "model=transformer")
+    done = cli_here("probe", "model=transformer")
     assert "Available options in 'model': cnn gpt mlp resnet50 target" in done.stderr, done.stderr
 
 

@@ -161,8 +161,8 @@ def test_library_errors_name_the_command_lines_keys():
     assert "train.checkpointing_fallback=true" in describe(StepOutOfMemoryError(3, "forward", False))[0]
 
 
-def test_a_rejected_learning_rate_names_train_lr(cli):
-    done = cli("train", "model=mlp", *SMALL[:3], "train.micro_batch=4", "train.steps=1", "train.lr=-1")
+def test_a_rejected_learning_rate_names_train_lr(cli_here):
+    done = cli_here("train", "model=mlp", *SMALL[:3], "train.micro_batch=4", "train.steps=1", "train.lr=-1")
     assert done.returncode == 2, done.stderr
     assert done.stderr.startswith("autobatch: error: ") and done.stderr.count("\n") == 1, done.stderr
     assert "optimizer: torch.optim.AdamW rejected its arguments (ValueError: Invalid learning rate: -1.0); check train.lr=-1" in done.stderr

@@ -23,7 +23,7 @@ from autobatch.__main__ import main
 from autobatch.cli import training
 from autobatch.training.checkpoint_io import load_checkpoint
 
-from conftest import cli_env, run_cli
+from conftest import cli_env
 
 BROKEN = '''
 import torch
@@ -57,17 +57,21 @@ ISOLATED = ["probe.isolate=true", "device=cpu", "model=target", "model._target_=
             "probe.memory_limit=2MiB", "train.steps=2"]  # fmt: skip
 
 
-def test_a_failed_isolated_probe_is_one_line_naming_the_childs_error(tmp_path):
-    done = run_cli("train", *ISOLATED, f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path, env=_user_env(tmp_path))
+def test_a_failed_isolated_probe_is_one_line_naming_the_childs_error(cli_here, monkeypatch, tmp_path):
+    """The parent is ``main`` in this process; the probe is a real child process."""
+    monkeypatch.setenv("PYTHONPATH", _user_env(tmp_path)["PYTHONPATH"])  # the child imports the user's module
+    done = cli_here("train", *ISOLATED)
     assert done.returncode == 1, done.stderr
     (line,) = _errors(done.stderr)  # the type, the message, then where the user's code raised it
     assert line.startswith("autobatch: error: KeyError: 'bug in my model' (raised at ") and "mymodels.py:" in line, done.stderr
     assert "Traceback" not in done.stderr
 
 
-def test_a_sweeps_summary_names_the_isolated_probes_real_error(tmp_path):
+def test_a_sweeps_summary_names_the_isolated_probes_real_error(cli_here, tmp_path, monkeypatch):
+    """The sweep runs through ``main`` in this process; each job's probe is a real child process."""
     sweep = tmp_path / "sweep"
-    done = run_cli("train", "-m", *ISOLATED, f"hydra.sweep.dir={sweep}", cwd=tmp_path, env=_user_env(tmp_path))
+    monkeypatch.setenv("PYTHONPATH", _user_env(tmp_path)["PYTHONPATH"])  # the child imports the user's module
+    done = cli_here("train", "-m", *ISOLATED, f"hydra.sweep.dir={sweep}", dirs=False)
     assert done.returncode == 1, done.stderr
     with open(sweep / "summary.csv", newline="") as handle:
         (row,) = list(csv.DictReader(handle))
@@ -162,12 +166,12 @@ def test_train_afresh_never_overwrites_a_probes_result(tmp_path, capsys):
     assert not (run / "metrics.jsonl").exists()
 
 
-def test_a_sweep_under_hydra_job_chdir_writes_and_prints_its_summary(tmp_path):
+def test_a_sweep_under_hydra_job_chdir_writes_and_prints_its_summary(cli_here, tmp_path):
     """Each job runs in its own directory there: the rows were looked for under it, the summary
     never written and the table never printed."""
     args = ["model=mlp", "data.shape=[16]", "model.width=32", "probe.max_batch=64", "probe.steps_per_trial=1"]
-    done = run_cli("probe", "-m", *args, "probe.multiple_of=1,2", "hydra.job.chdir=true", "hydra.sweep.dir=sweep",
-                   cwd=tmp_path)
+    done = cli_here("probe", "-m", *args, "probe.multiple_of=1,2", "hydra.job.chdir=true", "hydra.sweep.dir=sweep",
+                    dirs=False)
     assert done.returncode == 0, done.stderr
     with open(tmp_path / "sweep" / "summary.csv", newline="") as handle:
         rows = list(csv.DictReader(handle))

@@ -22,7 +22,7 @@ import torch
 from autobatch.training.checkpoint_io import load_checkpoint
 from autobatch.cli.training import find_resume
 
-from conftest import SMALL, cli_env, run_cli
+from conftest import SMALL, cli_env, cli_in_process, run_cli
 
 #: A small GPT with dropout; global batch 16 = 2 x micro-batch 8; an injected OOM at step
 #: index 1 halves the micro-batch to 4, which the checkpoint must carry.
@@ -89,18 +89,18 @@ def test_train_runs_the_plan_and_recovers_from_an_injected_oom(cli_here, tmp_pat
     assert "OOM at step 2 in forward" in done.stdout + done.stderr and "oom recoveries  1" in done.stdout
 
 
-def test_train_runs_within_the_memory_the_probe_was_given(cli, tmp_path):
+def test_train_runs_within_the_memory_the_probe_was_given(cli_here, tmp_path):
     """``probe.memory_limit`` is the question ("what trains in 2 MiB?"): training runs under the
     same cap, so a micro-batch that does not fit there runs out of memory and is sized down from
     measured memory (no injected fault), where the whole device (no limit) trains it as asked."""
     args = ["model=mlp", *SMALL[:3], "device=cpu", "train.micro_batch=8000", "train.global_batch=8000", "train.steps=2"]
-    done = cli("train", *args, "probe.memory_limit=2MiB")
+    done = cli_here("train", *args, "probe.memory_limit=2MiB")
     assert done.returncode == 0, done.stderr
     summary = json.loads((tmp_path / "run" / "train_result.json").read_text())
     assert summary["oom_recoveries"] and summary["oom_recoveries"][0]["action"] == "measured"
     assert summary["micro_batch"] < 8000 and summary["samples"] == 2 * 8000
     assert "trained within 2.00 MiB (probe.memory_limit)" in done.stdout
-    done = run_cli("train", *args, f"hydra.run.dir={tmp_path / 'whole'}", cwd=tmp_path)
+    done = cli_here("train", *args, f"hydra.run.dir={tmp_path / 'whole'}", dirs=False)
     assert done.returncode == 0, done.stderr
     summary = json.loads((tmp_path / "whole" / "train_result.json").read_text())
     assert summary["oom_recoveries"] == [] and summary["micro_batch"] == 8000 and "trained within" not in done.stdout
@@ -135,8 +135,9 @@ def test_min_micro_batch_keeps_the_recovery_above_it_and_its_error_names_the_key
 
 
 def test_sigkill_and_resume_through_the_cli(tmp_path):
-    reference = run_cli("train", *RESUME_RUN, f"hydra.run.dir={tmp_path / 'reference'}", cwd=tmp_path, timeout=300)
-    assert reference.returncode == 0, reference.stderr
+    # the uninterrupted run in this process (the killed and the resumed runs are real processes):
+    # its losses and weights are what both must reproduce
+    assert cli_in_process("train", *RESUME_RUN, f"hydra.run.dir={tmp_path / 'reference'}", cwd=tmp_path) == 0
 
     run = tmp_path / "run"
     command = [sys.executable, "-m", "autobatch", "train", *RESUME_RUN, "train.inject_delay=0.3", f"hydra.run.dir={run}"]
@@ -204,12 +205,13 @@ def test_fp16_trains_with_a_grad_scaler_through_the_cli(cli_here, tmp_path):
     assert state["grad_scaler"]["scale"] > 0  # the scaler's state is checkpointed for resume
 
 
-def test_train_can_probe_in_a_child_process_and_trains_from_its_answer(cli, tmp_path):
+def test_train_can_probe_in_a_child_process_and_trains_from_its_answer(cli_here, tmp_path):
     """``probe.isolate=true`` (the default on CUDA): the probe runs as ``python -m autobatch probe``
     with the job's overrides in its own process, writing into the run's ``probe/``; training
-    starts from that answer in a process no trial ran in."""
+    starts from that answer in a process no trial ran in. (The parent is ``main`` in this test's
+    process; the child is a real one.)"""
     args = ["model=mlp", *SMALL[:3], "device=cpu", "probe.memory_limit=2MiB", "probe.cache=false", "train.steps=2"]
-    done = cli("train", *args, "probe.isolate=true")
+    done = cli_here("train", *args, "probe.isolate=true")
     assert done.returncode == 0, done.stderr
     run = tmp_path / "run"
     child = json.loads((run / "probe" / "result.json").read_text())

@@ -2,8 +2,8 @@
 share of every global batch, rank 0 alone writing into the run directory.
 
 Every two-rank run is compared with one process training the same global batches
-(``python -m autobatch train`` without torchrun). The weights are float32 and the two runs sum
-the same gradients in a different order (per-rank means, then a weighted all-reduce; a
+(``autobatch train`` without torchrun, through the CLI's ``main`` in the test's process). The
+weights are float32 and the two runs sum the same gradients in a different order (per-rank means, then a weighted all-reduce; a
 halved micro-batch after an OOM adds more terms), so they agree to ``rtol=1e-5, atol=1e-6``,
 not bit for bit. Each torchrun launch has a timeout, so a hang fails the test.
 """
@@ -18,7 +18,7 @@ import pytest
 import torch
 
 import launcher
-from conftest import REPO, cli_env, run_cli
+from conftest import REPO, cli_env, cli_in_process
 
 pytestmark = pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed is not available")
 
@@ -71,8 +71,10 @@ def reference(tmp_path_factory):
     def run(data: str) -> Path:
         if data not in runs:
             base = tmp_path_factory.mktemp(f"reference-{data}")
-            done = run_cli("train", *COMMON, *MICRO, *DATA[data], f"train.steps={STEPS}", f"hydra.run.dir={base / 'run'}", cwd=base, env=env())
-            assert done.returncode == 0, done.stderr
+            # in this process (``recording_dataset`` imports from the tests folder here too):
+            # a subprocess would only add ~4 s of imports to what is compared
+            code = cli_in_process("train", *COMMON, *MICRO, *DATA[data], f"train.steps={STEPS}", f"hydra.run.dir={base / 'run'}", cwd=base)
+            assert code == 0
             runs[data] = base / "run"
         return runs[data]
 

@@ -4,15 +4,12 @@ with one line that names the file, and nothing in them runs."""
 from __future__ import annotations
 
 import pathlib
-import subprocess
-import sys
 
 import pytest
 import torch
 
 from autobatch import CheckpointError, Runner
 from autobatch.training.checkpoint_io import RUNNER_FORMAT, load_checkpoint
-from conftest import REPO
 from runner_workloads import make_data, make_model, mse
 
 
@@ -94,12 +91,11 @@ def test_the_rng_state_round_trips_through_a_safe_load(tmp_path):
     assert isinstance(state["rng"]["torch"], torch.Tensor) and isinstance(state["rng"]["python"], list)
 
 
-def test_the_cli_refuses_a_hostile_checkpoint_in_one_line(tmp_path):
+def test_the_cli_refuses_a_hostile_checkpoint_in_one_line(cli_here, tmp_path):
+    """Through ``main`` in this process, where ``Payload`` is importable: a load that unpickled
+    objects would run it (in a fresh process the class would not even be found)."""
     path, marker = _hostile(tmp_path)
-    done = subprocess.run(
-        [sys.executable, "-m", "autobatch", "train", f"train.resume={path}", f"hydra.run.dir={tmp_path / 'out'}"],
-        cwd=REPO, capture_output=True, text=True, timeout=120,
-    )
+    done = cli_here("train", f"train.resume={path}", f"hydra.run.dir={tmp_path / 'out'}", dirs=False)
     assert done.returncode == 2, done.stderr[-2000:]  # bad input, like a bad override
     assert not marker.exists()
     errors = [line for line in done.stderr.splitlines() if "cannot resume" in line]
