@@ -16,6 +16,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from one_rank import one_rank_mesh  # noqa: F401 - the fixture
+
 import autobatch
 from autobatch.dist.fsdp import FsdpProbeAgreement
 
@@ -37,18 +39,6 @@ class _Net(nn.Module):
 
 def _mse(model, batch):
     return (model(batch) - 1).pow(2).mean()
-
-
-@pytest.fixture
-def one_rank_mesh():
-    from torch.distributed.device_mesh import init_device_mesh
-
-    assert not dist.is_initialized()
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    try:
-        yield init_device_mesh("cpu", (1,))
-    finally:
-        dist.destroy_process_group()
 
 
 def test_an_optimizer_built_before_the_roots_fully_shard_is_one_clear_error(one_rank_mesh):

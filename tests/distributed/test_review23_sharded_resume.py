@@ -25,6 +25,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from one_rank import one_rank_mesh  # noqa: F401 - the fixture
+
 from autobatch import Runner
 from autobatch.errors import CheckpointError
 
@@ -60,18 +62,6 @@ class BareMomentum(torch.optim.Optimizer):
                 param.add_(buffer, alpha=-group["lr"])
 
 
-@pytest.fixture
-def mesh():
-    from torch.distributed.device_mesh import init_device_mesh
-
-    assert not dist.is_initialized()
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    try:
-        yield init_device_mesh("cpu", (1,))
-    finally:
-        dist.destroy_process_group()
-
-
 class _Net(nn.Module):
     def __init__(self, extra: bool) -> None:
         super().__init__()
@@ -83,12 +73,12 @@ class _Net(nn.Module):
         return self.head(torch.tanh(self.body(x.to(self.body.weight.dtype)))).float()
 
 
-def _model(mesh, dtype=torch.float32, extra=False):
+def _model(one_rank_mesh, dtype=torch.float32, extra=False):
     from torch.distributed.fsdp import fully_shard
 
     torch.manual_seed(0)
     model = _Net(extra).to(dtype)
-    fully_shard(model, mesh=mesh)
+    fully_shard(model, mesh=one_rank_mesh)
     return model
 
 
@@ -110,13 +100,13 @@ def _shards(model):
 
 
 @pytest.mark.parametrize("optimizer_class", [Counting, BareMomentum])
-def test_a_custom_optimizers_own_state_resumes_sharded_as_the_straight_run(mesh, tmp_path, optimizer_class):
-    first = _model(mesh)
+def test_a_custom_optimizers_own_state_resumes_sharded_as_the_straight_run(one_rank_mesh, tmp_path, optimizer_class):
+    first = _model(one_rank_mesh)
     _runner(first, optimizer_class(first.parameters()), checkpoint_dir=tmp_path).fit(_data(), epochs=1)
-    resumed = _model(mesh)
+    resumed = _model(one_rank_mesh)
     optimizer = optimizer_class(resumed.parameters())
     _runner(resumed, optimizer).fit(_data(), epochs=2, resume=tmp_path)  # before: refused as "another model"
-    straight = _model(mesh)
+    straight = _model(one_rank_mesh)
     reference = optimizer_class(straight.parameters())
     _runner(straight, reference).fit(_data(), epochs=2)
     assert all(torch.equal(a, b) for a, b in zip(_shards(resumed).values(), _shards(straight).values()))
@@ -128,13 +118,13 @@ def test_a_custom_optimizers_own_state_resumes_sharded_as_the_straight_run(mesh,
         assert all(torch.equal(b.to_local(), reference.state[p].to_local()) for b, p in zip(buffers, straight.parameters()))
 
 
-def test_the_cache_key_of_an_optimizer_with_bare_state_counts_it(mesh):
+def test_the_cache_key_of_an_optimizer_with_bare_state_counts_it(one_rank_mesh):
     from autobatch.probe.cache_key import step_components
     from autobatch.probe.train_step import TrainStep
 
     counts = {}
     for optimizer_class in (Counting, BareMomentum):
-        model = _model(mesh)
+        model = _model(one_rank_mesh)
         optimizer = optimizer_class(model.parameters())
         _runner(model, optimizer).fit(_data(), steps=1)
         step = TrainStep(model, optimizer, _loss, lambda n: (torch.randn(n, 4), torch.randn(n, 1)))
@@ -145,10 +135,10 @@ def test_the_cache_key_of_an_optimizer_with_bare_state_counts_it(mesh):
 
 
 @pytest.mark.parametrize(("saved", "resumed"), [(torch.bfloat16, torch.float32), (torch.float32, torch.bfloat16)])
-def test_shards_of_another_dtype_warn_as_an_unsharded_resume_does(mesh, tmp_path, caplog, saved, resumed):
-    first = _model(mesh, saved)
+def test_shards_of_another_dtype_warn_as_an_unsharded_resume_does(one_rank_mesh, tmp_path, caplog, saved, resumed):
+    first = _model(one_rank_mesh, saved)
     _runner(first, torch.optim.AdamW(first.parameters()), checkpoint_dir=tmp_path).fit(_data(), epochs=1)
-    model = _model(mesh, resumed)
+    model = _model(one_rank_mesh, resumed)
     with caplog.at_level(logging.WARNING, logger="autobatch"):
         _runner(model, torch.optim.AdamW(model.parameters())).fit(_data(), epochs=2, resume=tmp_path)
     name = lambda dtype: str(dtype).removeprefix("torch.")  # noqa: E731
@@ -157,13 +147,13 @@ def test_shards_of_another_dtype_warn_as_an_unsharded_resume_does(mesh, tmp_path
     assert model.body.weight.dtype == resumed
 
 
-def test_a_resume_that_does_not_fit_is_refused_before_anything_is_loaded(mesh, tmp_path):
-    first = _model(mesh)
+def test_a_resume_that_does_not_fit_is_refused_before_anything_is_loaded(one_rank_mesh, tmp_path):
+    first = _model(one_rank_mesh)
     optimizer = torch.optim.AdamW(first.parameters())
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, 1)
     _runner(first, optimizer, scheduler=scheduler, checkpoint_dir=tmp_path).fit(_data(), epochs=1)
 
-    extra = _model(mesh, extra=True)  # a parameter the checkpoint lacks
+    extra = _model(one_rank_mesh, extra=True)  # a parameter the checkpoint lacks
     optimizer = torch.optim.AdamW(extra.parameters())
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, 1)
     before = _shards(extra)
@@ -172,7 +162,7 @@ def test_a_resume_that_does_not_fit_is_refused_before_anything_is_loaded(mesh, t
     assert scheduler.last_epoch == 0  # before: the checkpoint's scheduler state was loaded first
     assert all(torch.equal(before[k], v) for k, v in _shards(extra).items())
 
-    split = _model(mesh)  # the same model, its optimizer's parameters in two groups
+    split = _model(one_rank_mesh)  # the same model, its optimizer's parameters in two groups
     params = list(split.parameters())
     optimizer = torch.optim.AdamW([{"params": params[:2]}, {"params": params[2:]}])
     before = _shards(split)
@@ -182,9 +172,9 @@ def test_a_resume_that_does_not_fit_is_refused_before_anything_is_loaded(mesh, t
     assert not optimizer.state
 
 
-def test_a_missing_sharded_checkpoint_says_what_to_give(mesh, tmp_path, monkeypatch):
+def test_a_missing_sharded_checkpoint_says_what_to_give(one_rank_mesh, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    model = _model(mesh)
+    model = _model(one_rank_mesh)
     with pytest.raises(FileNotFoundError, match=r"no checkpoint at latest .*latest\.rank<r>-of-1\.pt next to it\): give "
                                                 r"the last\.pt a runner wrote, or its checkpoint_dir"):
         _runner(model, torch.optim.AdamW(model.parameters())).fit(_data(), epochs=1, resume="latest")
