@@ -28,12 +28,17 @@ from typing import Iterable
 
 import torch
 
+from .. import checks
 from .phases import PHASES
 
 __all__ = ["PHASES", "FaultInjector", "inject_oom"]
 
 log = logging.getLogger("autobatch")
 
+#: other names users give the points and the count (``inject_oom(runner, at_step=3)`` was Python's
+#: bare "unexpected keyword argument"): the did-you-mean names ``at``, which takes (step, phase) pairs
+FAULT_ALIASES = {"at_step": "at", "step": "at", "steps": "at", "phase": "at", "points": "at", "where": "at",
+                 "count": "times", "repeat": "times", "n": "times"}
 
 
 class FaultInjector:
@@ -43,6 +48,7 @@ class FaultInjector:
     that raised, in order, one entry per raise.
     """
 
+    @checks.keywords(FAULT_ALIASES)
     def __init__(self, at: tuple[int, str] | Iterable[tuple[int, str]], *, times: int | None = 1) -> None:
         points = [at] if isinstance(at, tuple) and len(at) == 2 and isinstance(at[1], str) else list(at)
         for step, phase in points:
@@ -74,6 +80,7 @@ class FaultInjector:
         return f"FaultInjector(at={sorted(self.points)}, times={self.times}, fired={len(self.fired)})"
 
 
+@checks.keywords(FAULT_ALIASES)
 def inject_oom(runner, at: tuple[int, str] | Iterable[tuple[int, str]], *, times: int | None = 1) -> FaultInjector:
     """Make ``runner`` (a :class:`~autobatch.Runner`) hit real OOMs at ``at``; returns the injector.
 
