@@ -31,12 +31,11 @@ from .extra_state import load_extra_state, saved_extra_state
 from .multiples import resumed_micro_batch
 from .pacing import agree_epoch_length, told_every_rank
 from .ranks import agree_resume
-from .precision import load_grad_scaler
-from .resume_checks import check_kinds, kind, load_scheduler, position_for, precision_of, warn_changed_precision
+from .precision import check_dtypes, load_grad_scaler
+from .resume_checks import check_fits, check_kinds, kind, load_scheduler, position_for, precision_of, warn_changed_precision
 from .resume_checks import check_fresh_dir, local_module_names, saved_module, warn_persistent_workers, warn_replaced_settings
 from .resume_checks import without_wrapper_prefix
 from .run_result import RunResult
-from .sharded_checks import check_model_fits
 from .sharded_files import check_sharded_resume, sharded_path
 
 __all__ = ["Resumable", "epoch_length", "sharded_path"]
@@ -324,7 +323,8 @@ class Resumable:
             check_kinds(path, state, self.optimizer, self.scheduler)  # before anything is loaded
             warn_changed_precision(state, precision_of(self._train_step))
             saved = state["model"] if sharded else without_wrapper_prefix(state["model"])  # nothing loaded unless all fits
-            check_model_fits(path, saved_module(self.model), saved, self.optimizer, state["optimizer"], sharded=sharded)
+            check_fits(saved_module(self.model), saved, self.optimizer, state["optimizer"], sharded=sharded)  # shapes, groups
+            check_dtypes(path, saved_module(self.model), saved)  # a warning, or inf
             # these refuse with their own CheckpointError, before the weights and optimizer state are loaded too
             check_loose_parameters(path, saved_module(self.model), self.optimizer, state.get("loose_parameters"))
             load_scheduler(path, self.scheduler, state["scheduler"])

@@ -18,6 +18,7 @@ from typing import Any, Iterable
 import torch
 
 from ..errors import CheckpointError
+from ..probe.shards import local
 from .precision import precision_of, warn_changed_precision  # re-exported: kept importable from here
 from .ranks import unwrap
 from .sharded_files import sharded_sets
@@ -56,16 +57,19 @@ def check_kinds(path: Path, state: dict[str, Any], optimizer: Any, scheduler: An
 
 
 def check_fits(model: torch.nn.Module, saved_model: dict[str, Any], optimizer: torch.optim.Optimizer,
-               saved_optimizer: dict[str, Any]) -> None:
+               saved_optimizer: dict[str, Any], *, sharded: bool = False) -> None:
     """A ``ValueError`` naming the first mismatches where the checkpoint's model state (its keys,
     its tensors' shapes) or its optimizer's parameter groups (their number, their sizes) do not
     fit this run's, checked before anything is loaded: ``load_state_dict`` copies every entry
     that fits before it raises on the rest, so a refused resume left the model part the
-    checkpoint's, and a run started afresh after the error trained that mix."""
-    mine = model.state_dict()
-    problems = [f"missing key(s) {', '.join(sorted(set(mine) - set(saved_model))[:4])}" if set(mine) - set(saved_model) else "",
-                f"unexpected key(s) {', '.join(sorted(set(saved_model) - set(mine))[:4])}" if set(saved_model) - set(mine) else ""]
-    shapes = [f"{key} {tuple(saved_model[key].shape)} (this model: {tuple(value.shape)})" for key, value in mine.items()
+    checkpoint's, and a run started afresh after the error trained that mix. ``sharded``: a
+    per-rank FSDP2 file, whose tensors are this rank's local shards (compared with ``local``)."""
+    mine = {key: local(value) if isinstance(value, torch.Tensor) else value for key, value in model.state_dict().items()}
+    missing, unexpected = sorted(set(mine) - set(saved_model)), sorted(set(saved_model) - set(mine))
+    lacks, extra, holder = (("this model has parameter(s) the checkpoint lacks: ", "the checkpoint has parameter(s) this "
+                             "model lacks: ", "this rank's shard") if sharded else ("missing key(s) ", "unexpected key(s) ", "this model"))
+    problems = [f"{lacks}{', '.join(missing[:4])}" if missing else "", f"{extra}{', '.join(unexpected[:4])}" if unexpected else ""]
+    shapes = [f"{key} {tuple(saved_model[key].shape)} ({holder}: {tuple(value.shape)})" for key, value in mine.items()
               if isinstance(value, torch.Tensor) and isinstance(saved_model.get(key), torch.Tensor)
               and saved_model[key].shape != value.shape]
     problems.append(f"size mismatch for {', '.join(shapes[:4])}" if shapes else "")
