@@ -86,8 +86,9 @@ def inputs_noted(cfg: DictConfig) -> Iterator[Callable[[W], W]]:
     model's code. The exception is re-raised as it is (type, message, traceback)."""
     watched: dict[str, Any] = {}
 
-    def forwarded(*_: Any) -> None:
+    def forwarded(*_: Any) -> None:  # the first forward returned: no hook on the training steps after it
         watched["done"] = True
+        watched.pop("hook").remove()
 
     def watch(workload: W) -> W:
         model = getattr(workload, "model", None)
