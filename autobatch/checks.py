@@ -4,21 +4,21 @@ names the argument, what it got and what it accepts, raised before any work star
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import inspect
 import math
 import numbers
 import operator
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import torch
 from torch._subclasses.fake_tensor import FakeTensor
 
 from .errors import FakeTensorLeakError
+from .keywords import closest, keywords  # the earliest stage's, for the memory stage too; re-exported
 from .memory.devices import device_available, torch_device  # here with the memory stage, whose resolve_device checks too
 
-__all__ = ["positive_int", "positive_number", "positive_shape", "integer", "flag", "module", "materialized", "optimizer", "function",
+__all__ = ["positive_int", "count", "positive_number", "positive_shape", "integer", "flag", "module", "materialized", "optimizer", "function",
            "torch_device", "dtype", "grad_scaler", "scheduler", "no_closure", "loss", "record_fields", "choice",
            "keywords", "closest"]
 
@@ -46,6 +46,20 @@ def positive_int(name: str, value: Any, *, allow_none: bool = False) -> int | No
     if number is None or number <= 0:
         accepted = "a positive integer or None" if allow_none else "a positive integer"
         raise ValueError(f"{name} must be {accepted}, got {value!r}{int_hint(name, value)}")
+    return number
+
+
+def count(name: str, value: Any, *, low: int = 0, allow_none: bool = False, meaning: str = "") -> int | None:
+    """``value`` is an integer >= ``low`` of any integer type (:func:`integer`: a count of steps,
+    ``grow_after``, ``log_every``), or None where ``allow_none``; returns it as a Python ``int``.
+    ``meaning`` says what a value means (``" (0: off)"``). The counts' own checks each worded
+    it differently and none said what to pass for ``4.0`` or ``"4"``: :func:`int_hint` does."""
+    if value is None and allow_none:
+        return None
+    number = integer(value)
+    if number is None or number < low:
+        accepted = f"an integer >= {low}" + (" or None" if allow_none else "")
+        raise ValueError(f"{name} must be {accepted}{meaning}, got {value!r:.60}{int_hint(name, value)}")
     return number
 
 
@@ -345,55 +359,3 @@ def record_fields(kind: type, data: Any, owner: str, *, what: str = "the dict", 
                          f"{owner}.to_dict() wrote ({source})")
     known = {f.name for f in every} - set(exclude)
     return {key: value for key, value in data.items() if key in known}
-
-
-def keywords(aliases: Mapping[str, str] | None = None, *, synonyms: Mapping[str, str] | None = None,
-             inside: Mapping[str, str] | None = None) -> Any:
-    """Decorate a public function (or ``__init__``) so that a keyword it does not take is one
-    ``TypeError`` naming the closest one it does: Python's own "got an unexpected keyword
-    argument 'max_batch_size'" named no alternative. ``aliases``: a peer's name for one of them
-    (Accelerate's ``starting_batch_size`` for ``start``, Lightning's ``mode`` for ``strategy``).
-    ``synonyms``: another of autobatch's own names for one of its parameters, taken as that
-    parameter (``estimate_max_batch(step, memory_limit="16GiB")``, as ``find_max_batch`` spells
-    the budget, is ``capacity="16GiB"``); given with the parameter itself, one ``TypeError``.
-    ``inside``: a keyword that goes in one of its dict parameters (``Runner(memory_limit=...)``
-    in ``plan_options``), named with the call to write."""
-    import functools
-
-    def decorate(fn: Any) -> Any:
-        parameters = inspect.signature(fn).parameters
-        if any(p.kind is p.VAR_KEYWORD for p in parameters.values()):
-            return fn
-        names = [n for n, p in parameters.items() if n != "self" and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
-        label = fn.__qualname__.removesuffix(".__init__")
-        positions = {n: i for i, (n, p) in enumerate(parameters.items()) if p.kind is p.POSITIONAL_OR_KEYWORD}
-
-        @functools.wraps(fn)
-        def checked(*args: Any, **kwargs: Any) -> Any:
-            for key, meant in (synonyms or {}).items():
-                if key in kwargs:
-                    if meant in kwargs or positions.get(meant, len(args)) < len(args):
-                        raise TypeError(f"{label}() got both {meant} and {key}, two names of one argument: pass one")
-                    kwargs[meant] = kwargs.pop(key)
-            for key in kwargs:
-                if key not in parameters and key in (inside or {}):
-                    raise TypeError(f"{label}() got an unexpected keyword argument {key!r}; it goes inside "
-                                    f"{inside[key]}: pass {inside[key]}={{{key!r}: {kwargs[key]!r:.30}}}")
-                if key not in parameters:
-                    guess = closest(key, names, aliases)
-                    raise TypeError(f"{label}() got an unexpected keyword argument {key!r}; "
-                                    + (f"did you mean {guess!r}?" if guess else f"it takes {', '.join(names)}"))
-            return fn(*args, **kwargs)
-
-        return checked
-
-    return decorate
-
-
-def closest(value: str, names: Iterable[str], aliases: Mapping[str, str] | None = None) -> str | None:
-    """The one of ``names`` that ``value`` means: the one ``aliases`` gives for it (a peer's name,
-    Accelerate's ``starting_batch_size`` for ``start``), else the closest spelling; None where none
-    is close. The did-you-mean of :func:`choice`, :func:`keywords` and ``plan()``'s options."""
-    names = list(names)
-    meant = (aliases or {}).get(value)
-    return meant if meant in names else next(iter(difflib.get_close_matches(value, names, n=1)), None)

@@ -21,7 +21,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "autobatch"
 
 #: Stages in pipeline order; a module may import from its own stage and earlier ones.
 STAGES = {
-    "version": 0, "memory": 0, "errors": 1, "checks": 1, "probe": 2, "planning": 3, "training": 4, "dist": 5,
+    "version": 0, "keywords": 0, "memory": 0, "errors": 1, "checks": 1, "probe": 2, "planning": 3, "training": 4, "dist": 5,
     "report": 6, "workloads": 6, "integrations": 7, "cli": 8, "__init__": 9, "__main__": 9,
 }
 MAX_MODULE_LINES = 400

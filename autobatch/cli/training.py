@@ -44,8 +44,9 @@ from ..dist import agreement as dist_sync
 from .ranks import unwrapped
 from ..probe.shards import has_dtensors
 from ..training.checkpoint_io import CHECKPOINT_NAME, resolve_checkpoint
-from ..training.sharded_files import base_path, sharded_sets
+from ..training.sharded_files import base_path
 from ..training.faults import FaultInjector
+from ..training.resume_target import checkpoint_written as _exists, latest_checkpoint, written_at as _written_at
 from ..training.run_result import RunResult
 from ..training.runner import Runner
 from .build import Workload, cross_entropy_loss
@@ -70,11 +71,6 @@ def checkpoint_in(run_dir: Path, checkpoint_dir: str) -> Path:
     return Path(run_dir) / Path(checkpoint_dir).expanduser() / CHECKPOINT_NAME
 
 
-def _exists(path: Path) -> bool:
-    """Whether the checkpoint ``path`` names was written (a sharded one: any of its files)."""
-    return path.is_file() or bool(sharded_sets(path))
-
-
 def find_resume(value: str, checkpoint_dir: str, base: Path, run_dir: Path | None = None,
                 roots: list[Path] | None = None) -> Path:
     """The checkpoint file ``train.resume=value`` names: a ``last.pt``, its directory, a run
@@ -87,8 +83,9 @@ def find_resume(value: str, checkpoint_dir: str, base: Path, run_dir: Path | Non
     files exist. ``latest`` is refused when a run newer than the newest checkpoint recorded
     updates but wrote no checkpoint (killed outright): the newest is then an older run's."""
     if value == "latest":
-        if run_dir is not None and _exists(checkpoint_in(run_dir, checkpoint_dir)):
-            return checkpoint_in(run_dir, checkpoint_dir)
+        own = None if run_dir is None else latest_checkpoint(Path(run_dir) / Path(checkpoint_dir).expanduser())
+        if own is not None:  # the runner's own "latest": the checkpoint its checkpoint_dir holds
+            return own
         if Path(checkpoint_dir).expanduser().is_absolute():
             found = [checkpoint_in(base, checkpoint_dir)]
             where = str(found[0].parent)
@@ -210,11 +207,6 @@ def check_fresh_target(run_dir: Path, checkpoint_dir: str) -> None:
             f"{run_dir} already holds a run ({' and '.join(held)}), which training afresh would overwrite; "
             f"{how} a new hydra.run.dir (remove that run's files to start over)"
         )
-
-
-def _written_at(path: Path) -> float:
-    """When the checkpoint ``path`` names was written (a sharded one: its rank 0 file)."""
-    return (path if path.is_file() else next(path.parent.glob(f"{path.stem}.rank0-of-*{path.suffix}"))).stat().st_mtime
 
 
 def runner_options(cfg: DictConfig, workload: Workload, out_dir: Path, global_batch: int) -> dict[str, Any]:

@@ -26,6 +26,7 @@ from typing import Iterator
 import torch
 from torch._subclasses.fake_tensor import FakeTensor
 
+from ..keywords import keywords
 from .accounting import StorageAccountant, tensor_storages
 from .units import format_bytes, parse_bytes
 
@@ -82,9 +83,11 @@ class SimulatedMemory(StorageAccountant):
         )
 
 
+@keywords(synonyms={"memory_limit": "limit"})  # the name every other entry point gives the budget
 @contextmanager
 def simulated_memory(limit: int | str) -> Iterator[SimulatedMemory]:
-    """Cap CPU tensor memory at ``limit`` bytes (an int, or a string like ``"512MiB"``).
+    """Cap CPU tensor memory at ``limit`` bytes (an int, or a string like ``"512MiB"``);
+    ``memory_limit=`` is taken for ``limit``, as ``find_max_batch`` and the runner name the budget.
 
     While active, an allocation past the budget raises ``torch.OutOfMemoryError``. The yielded
     :class:`SimulatedMemory` reports ``current_bytes`` and ``peak_bytes``; tensors that die give

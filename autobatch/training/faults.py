@@ -56,8 +56,7 @@ class FaultInjector:
                 raise ValueError(f"fault step must be an integer >= 0, got {step!r}")
             if phase not in PHASES:
                 raise ValueError(f"fault phase must be one of {', '.join(PHASES)}; got {phase!r}")
-        if times is not None and (isinstance(times, bool) or not isinstance(times, int) or times < 1):
-            raise ValueError(f"times must be an integer >= 1, or None for every time; got {times!r}")
+        times = checks.count("times", times, low=1, allow_none=True, meaning=" (None: every time)")
         self.points = {(step, phase) for step, phase in points}
         self.times = times
         self.fired: list[tuple[int, str]] = []

@@ -38,6 +38,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from .. import checks
+
 __all__ = ["GrowBack"]
 
 
@@ -46,8 +48,7 @@ class GrowBack:
     :meth:`on_oom` (any number of times) and :meth:`on_step_done` per global step."""
 
     def __init__(self, grow_after: int | None, ceiling: int, *, configured: bool = True, multiple_of: int = 1) -> None:
-        if grow_after is not None and (isinstance(grow_after, bool) or not isinstance(grow_after, int) or grow_after < 0):
-            raise ValueError(f"grow_after must be an integer >= 0 or None (off), got {grow_after!r}")
+        grow_after = checks.count("grow_after", grow_after, allow_none=True, meaning=" (0 or None: off)")
         self.grow_after = grow_after or None
         self.multiple_of = multiple_of  # every size proposed is a multiple of it
         self.ceiling = ceiling

@@ -16,6 +16,7 @@ from typing import Callable
 
 import torch
 
+from .. import checks
 from ..memory.units import parse_bytes
 
 __all__ = ["CachePolicy"]
@@ -41,8 +42,7 @@ class CachePolicy:
         device: torch.device | str = "cpu",
         memory: Callable[[], tuple[int, int]] | None = None,
     ) -> None:
-        if every_n_steps is not None and (isinstance(every_n_steps, bool) or not isinstance(every_n_steps, int) or every_n_steps < 0):
-            raise ValueError(f"empty_cache_every must be an integer >= 0 or None, got {every_n_steps!r}")
+        every_n_steps = checks.count("empty_cache_every", every_n_steps, allow_none=True, meaning=" (0 or None: off)")
         self.every_n_steps = every_n_steps or None
         self.slack_threshold = None if slack_threshold is None else parse_bytes(slack_threshold, name="empty_cache_threshold")
         self.device = torch.device(device)

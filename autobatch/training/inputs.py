@@ -99,8 +99,7 @@ def check_kinds(*, balanced: Any, checkpointing_fallback: Any, distributed: Any,
     checks.flag("checkpointing_fallback", checkpointing_fallback)
     checks.flag("distributed", distributed, allow_none=True, none_means="when a process group is active")
     checks.flag("progress", progress, allow_none=True, none_means="when stderr is a terminal")
-    if log_every is not None and (isinstance(log_every, bool) or not isinstance(log_every, int) or log_every < 0):
-        raise ValueError(f"log_every must be an integer >= 0 or None (no log lines), got {log_every!r}")
+    checks.count("log_every", log_every, allow_none=True, meaning=" (0 or None: no log lines)")
     for name, value, signature in (("faults", faults, "FaultInjector (or faults(step, phase))"),
                                    ("no_sync", no_sync, "no_sync() -> context manager (e.g. DDP's model.no_sync)")):
         if value is not None:

@@ -35,6 +35,7 @@ from .precision import check_dtypes, load_grad_scaler
 from .resume_checks import check_fits, check_kinds, kind, load_scheduler, position_for, precision_of, warn_changed_precision
 from .resume_checks import check_fresh_dir, local_module_names, saved_module, warn_persistent_workers, warn_replaced_settings
 from .resume_checks import without_wrapper_prefix
+from .resume_target import resume_target
 from .run_result import RunResult
 from .sharded_files import check_sharded_resume, sharded_path
 
@@ -290,12 +291,12 @@ class Resumable:
         agree first that every rank could read its file (one sync point): a checkpoint that one
         rank cannot read (missing there, truncated) is a :class:`~autobatch.errors.CheckpointError`
         on every rank, not an error on one rank while the others wait for it."""
-        path, state, failure = Path(resume), {}, None
+        path, state, failure = Path(str(resume)), {}, None  # for messages; resume_target checks what it is
         try:  # this rank's file; a sharded set for another world size (or none) is one clear error
-            path = check_sharded_resume(resolve_checkpoint(resume), sharded=sharded)
+            path = check_sharded_resume(resolve_checkpoint(resume_target(resume, self.checkpoint_dir)), sharded=sharded)
             with host_memory():  # read into host memory (map_location="cpu"): no device budget counts it
                 state = load_checkpoint(path, expect_format=RUNNER_FORMAT)
-        except (OSError, CheckpointError) as exc:
+        except (OSError, CheckpointError, ValueError) as exc:  # ValueError: "latest" with none written here
             failure = exc
         if failure is not None and not isinstance(failure, CheckpointError) and self._parallel.world_size() > 1:
             own = CheckpointError(path, f"rank {self._parallel.rank()} cannot read it ({failure}); every rank reads "
@@ -306,9 +307,6 @@ class Resumable:
         return path, state
 
     def _load(self, resume: str | os.PathLike) -> dict[str, Any]:
-        if not isinstance(resume, (str, os.PathLike)):  # resume=True: Path()'s bare "expected str, bytes or os.PathLike"
-            raise TypeError(f"resume={resume!r} is no checkpoint: give the last.pt a runner wrote, or its checkpoint_dir "
-                            f"(resume={str(self.checkpoint_dir or 'ckpt')!r}); resume=None starts afresh")
         sharded = has_dtensors(self.model)
         path, state = self._read(resume, sharded)
         if sharded:  # each rank wrote its file on its own: a run killed between two ranks' writes leaves a mix

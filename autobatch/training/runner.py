@@ -252,8 +252,8 @@ class Runner(OomRecovery, SplitsInMultiples, EndsSteps, Resumable, PlansFromData
 
         Stops after ``epochs`` passes or when ``steps`` global steps are done in the whole
         run, whichever comes first (neither: one epoch), or early after a whole step on
-        :meth:`request_stop` (``result.stopped``). ``resume``: a checkpoint file or
-        directory written by this runner; training continues from it exactly (same batches,
+        :meth:`request_stop` (``result.stopped``). ``resume``: a checkpoint file or directory
+        written by this runner, or ``"latest"`` (the one in ``checkpoint_dir``); training continues from it exactly (same batches,
         same random numbers; not those of ``DataLoader(persistent_workers=True)``'s workers, which
         no checkpoint holds: see ``docs/runner.md``). ``on_step_end(info)`` is called after each applied update with
         ``step`` (steps done), ``epoch``, ``loss``, ``micro_batch``, ``accumulation`` (this
