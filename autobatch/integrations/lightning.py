@@ -56,10 +56,11 @@ from ..training.checkpoint_io import rng_state, set_rng_state
 from .. import checks
 from .global_batch import accumulation_for, cap_at_samples, check_share, small_split, split_keeping
 from .lightning_epochs import changed_step, check_limit, check_val_interval, dropped_note, epoch_cap
+from .lightning_loaders import check_loader_follows, check_settable
 from .lightning_loop import LoopConfirmation, MemoryLine, confirm_in_loop
 from .lightning_options import checked_probe_options
 from .lightning_schedules import StepSchedule
-from .lightning_state import SavedState, probing
+from .lightning_state import SavedState, parked_checkpoint, probing
 from .lightning_step import LightningStep, first_batch
 from .lightning_tuners import arrange_tuners, tell
 
@@ -140,6 +141,7 @@ class AutoBatchSize(Callback):
         self._skipped = False  # fast_dev_run: no probe ran, nothing to save in checkpoints
         self._restored: dict[str, Any] | None = None  # the state a checkpoint restored (load_state_dict)
         self._fitting: tuple[Trainer, LightningModule] | None = None  # from on_fit_start to on_train_start
+        self._own, self._sizes = None, None  # the batch attribute and the loaders' sizes at fit start (check_loader_follows)
 
     @property
     def state_key(self) -> str:
@@ -166,6 +168,7 @@ class AutoBatchSize(Callback):
 
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._fitting = None
+        check_loader_follows(trainer, self._own, self.batch_size, self.batch_arg_name, before=self._sizes)
 
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         """Refuse a ``BatchSizeFinder`` beside this callback, and run before a ``LearningRateFinder``
@@ -177,13 +180,13 @@ class AutoBatchSize(Callback):
     def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         world = self._check(trainer, pl_module)
         self._fitting, self.result, self.confirmation = (trainer, pl_module), None, None
-        self._replaced, self._fewer, self._skipped = None, None, False
+        self._replaced, self._fewer, self._skipped, self._sizes = None, None, False, None
         self._given_accumulation(trainer)
         self._schedule = StepSchedule.taken(trainer, pl_module, self.batch_arg_name)  # before the trials change it
+        own = self._own = lightning_getattr(pl_module, self.batch_arg_name)  # before the trials change it
         if self._resume(trainer, pl_module):
             return
         share = None if self.global_batch is None else self.global_batch // world
-        own = lightning_getattr(pl_module, self.batch_arg_name)  # before the trials change it
         if trainer.fast_dev_run:
             self._skip_probe(trainer, pl_module, share)
             return
@@ -192,7 +195,7 @@ class AutoBatchSize(Callback):
         options["max_batch"], options["start"] = cap_at_samples(
             share, options["max_batch"], options.get("start"), multiple, where=f"global_batch={self.global_batch}")
         saved = rng_state()  # a DataLoader's iterator draws its seed: fit must draw the same
-        first, sized, samples, loaders, drops = first_batch(trainer, pl_module, world)
+        first, sized, samples, loaders, drops, self._sizes = first_batch(trainer, pl_module, world)
         set_rng_state(saved)
         if samples is not None and share is not None and share > samples:
             raise ValueError(  # an epoch would end first: every optimizer step would train fewer samples
@@ -204,7 +207,7 @@ class AutoBatchSize(Callback):
         cap, where = epoch_cap(trainer, samples)
         options["max_batch"], options["start"] = cap_at_samples(
             cap, options["max_batch"], options["start"], multiple, where=where + (f" (a rank of {world})" if world > 1 else ""))
-        with SavedState.kept(trainer, pl_module) as state:
+        with parked_checkpoint(trainer), SavedState.kept(trainer, pl_module) as state:
             step = LightningStep(trainer, pl_module, first, accumulating=share is not None and share > 1, prefetch=not sized,
                                  restore=lambda: state.attributes.restore(drop_new=False), loaders=loaders, own=own)
             with probing(trainer, pl_module), caller_restores():  # state.reset puts all back: no "trained for real" note
@@ -253,6 +256,7 @@ class AutoBatchSize(Callback):
                 f"AutoBatchSize: no field {name!r} in the module, its hparams, the datamodule or its hparams; add it "
                 "(and build the train dataloader from it) or pass batch_arg_name"
             )
+        check_settable(module, name)  # a read-only property failed after the probe's trials
         if not trainer.fit_loop._data_source.is_module():
             raise ValueError(
                 "AutoBatchSize cannot set the batch size of dataloaders passed to fit() directly (they are built "

@@ -5,7 +5,8 @@ before ``fit`` trains: the module's parameters, buffers and gradients, every opt
 precision plugin's scaler, the learning-rate schedulers, the random states, and the module's
 state that is neither a parameter nor a buffer (:class:`ModuleAttributes`: a ``training_step``'s
 gathered outputs, counters, a torchmetrics ``Metric``'s states). While the probe runs, no user
-callback is called and the module's ``log`` does nothing (:func:`probing`).
+callback is called and the module's ``log`` does nothing (:func:`probing`). A checkpoint that
+``fit(ckpt_path=...)`` loaded is off the device meanwhile (:func:`parked_checkpoint`).
 """
 
 from __future__ import annotations
@@ -17,12 +18,12 @@ from typing import Any, Iterator
 import torch
 from lightning.pytorch import LightningModule, Trainer
 
-from ..memory.simulated import host_memory
+from ..memory.simulated import active_simulation, host_memory, to_simulated_device
 from ..probe.restore import Snapshot
 from ..probe.restore_places import unskipped
 from ..training.checkpoint_io import rng_state, set_rng_state
 
-__all__ = ["ModuleAttributes", "SavedState", "probing"]
+__all__ = ["ModuleAttributes", "SavedState", "parked_checkpoint", "probing"]
 
 #: ``nn.Module``'s own bookkeeping (parameters, buffers, child modules, hooks, ``training``):
 #: the snapshot of parameters and buffers covers what of it a step changes
@@ -170,3 +171,58 @@ def probing(trainer: Trainer, module: LightningModule) -> Iterator[None]:
             setattr(module, name, lambda *args, **kwargs: None)
             stack.callback(delattr, module, name)
         yield
+
+
+@contextmanager
+def parked_checkpoint(trainer: Trainer) -> Iterator[None]:
+    """While the callback probes and confirms: the tensors of the checkpoint ``fit(ckpt_path=...)``
+    loaded are host copies, and go back to their device after.
+
+    Why: Lightning loads the checkpoint (weights and optimizer moments) onto the device before
+    ``on_fit_start`` and frees it only after restoring the optimizers, before the first step, so
+    the probe counted memory ``fit`` never trains beside. A run resumed from a checkpoint without
+    this callback's state (saved before the callback was added, or by ``BatchSizeFinder``'s run)
+    is probed, and under 2 MiB no batch fitted (``NoBatchFitsError`` at batch 1) where a plain
+    resumed ``fit`` trains at 200. On an accelerator the copies cost host memory the size of
+    the checkpoint; under a simulated budget (:func:`~autobatch.memory.simulated.host_memory`) the
+    copies are not counted, as on a GPU."""
+    connector = trainer._checkpoint_connector
+    loaded = connector._loaded_checkpoint
+    simulated = active_simulation() is not None
+    if not isinstance(loaded, dict) or not loaded:
+        yield
+        return
+    places: dict[int, torch.device] = {}
+
+    def park(value: Any) -> Any:
+        if not isinstance(value, torch.Tensor) or (value.device.type == "cpu" and not simulated):
+            return value
+        with host_memory():
+            copy = value.detach().to("cpu", copy=True)
+        places[id(copy)] = value.device
+        return copy
+
+    def unpark(value: Any) -> Any:
+        device = places.get(id(value)) if isinstance(value, torch.Tensor) else None
+        if device is None:
+            return value
+        return to_simulated_device(value) if device.type == "cpu" else value.to(device)
+
+    connector._loaded_checkpoint = _mapped(loaded, park)
+    del loaded  # the device copies go with the last reference
+    try:
+        yield
+    finally:
+        connector._loaded_checkpoint = _mapped(connector._loaded_checkpoint, unpark)
+
+
+def _mapped(value: Any, fn: Any) -> Any:
+    """``value`` with ``fn`` applied to every item in its dicts, lists and tuples (new containers)."""
+    if isinstance(value, dict):
+        mapped = value.copy()  # its own type (an OrderedDict state dict)
+        for key, item in value.items():
+            mapped[key] = _mapped(item, fn)
+        return mapped
+    if isinstance(value, (list, tuple)) and not hasattr(value, "_fields"):
+        return type(value)(_mapped(item, fn) for item in value)
+    return fn(value)

@@ -22,6 +22,7 @@ from lightning.pytorch.utilities.combined_loader import CombinedLoader
 from ..planning.samples import cycle_samples
 from ..probe.restore_places import forget_scaler_stage
 from ..training.batch_ops import map_tensors
+from .lightning_loaders import loader_batch_size
 
 __all__ = ["LightningStep", "first_batch", "size_of"]
 
@@ -161,10 +162,13 @@ def _loss_of(out: Any) -> torch.Tensor:
     return loss
 
 
-def first_batch(trainer: Trainer, module: LightningModule, world: int) -> tuple[Any, bool, int | None, int, bool]:
+def first_batch(trainer: Trainer, module: LightningModule,
+                world: int) -> tuple[Any, bool, int | None, int, bool, tuple[int | None, ...]]:
     """The train dataloader's first batch, whether the dataloader has a length, how many samples
     each of ``world`` ranks trains per epoch (None: unknown), how many dataloaders it combines,
-    and whether one of them drops its last partial batch (``drop_last``).
+    whether one of them drops its last partial batch (``drop_last``), and each one's batch size
+    (:func:`~.lightning_loaders.loader_batch_size`: a loader that does not follow the size set is
+    one error at ``on_train_start``).
 
     Several train dataloaders (a dict or list of them) are combined as ``fit`` combines them; the
     samples are the smallest dataset's, as a batch larger than any of them would not fill."""
@@ -187,7 +191,8 @@ def first_batch(trainer: Trainer, module: LightningModule, world: int) -> tuple[
     shares = [_share_of(part, world, trainer) for part in combined.flattened]
     drops = any(getattr(part, "drop_last", False) or getattr(getattr(part, "batch_sampler", None), "drop_last", False)
                 for part in combined.flattened)
-    return batch, sized, None if not shares or None in shares else min(shares), len(combined.flattened), drops
+    sizes = tuple(loader_batch_size(part) for part in combined.flattened)
+    return batch, sized, None if not shares or None in shares else min(shares), len(combined.flattened), drops, sizes
 
 
 def _has_length(combined: CombinedLoader) -> bool:

@@ -4,7 +4,9 @@ Lightning moves its tuner callbacks (``BatchSizeFinder``, ``LearningRateFinder``
 of ``trainer.callbacks``, so their ``on_fit_start`` runs before any other callback's:
 
 * a ``BatchSizeFinder`` beside ``AutoBatchSize`` is refused (:func:`arrange_tuners`): its
-  trials would be spent and its answer replaced;
+  trials would be spent and its answer replaced. One that ``Tuner.scale_batch_size`` added is
+  taken out of ``trainer.callbacks`` first: the Tuner removes it only after a fit that returns,
+  so it stayed and every later ``fit`` on the trainer failed, naming a callback never added;
 * a ``LearningRateFinder`` searched at the module's own batch size, and ``fit`` then trained at
   the callback's with that rate (on the CPU's simulated 3 MiB: the finder's steps at 4 samples,
   ``fit``'s at 544). :func:`arrange_tuners` moves the callback ahead of the first finder, in
@@ -46,10 +48,18 @@ def arrange_tuners(trainer: Trainer, callback: Callback) -> None:
     ``callback`` ahead of the first ``LearningRateFinder`` (see the module's docstring)."""
     from lightning.pytorch.callbacks import BatchSizeFinder, LearningRateFinder
 
-    if any(isinstance(other, BatchSizeFinder) for other in trainer.callbacks):
+    finders = [other for other in trainer.callbacks if isinstance(other, BatchSizeFinder)]
+    tuners = [other for other in finders if getattr(other, "_early_exit", False)]  # Tuner.scale_batch_size's own
+    if tuners:
+        # Lightning's Tuner removes its finder only after a fit that returns: left in, it failed every later
+        # fit on this trainer with this error, telling to remove a callback the user never added
+        trainer.callbacks = [other for other in trainer.callbacks if all(other is not tuner for tuner in tuners)]
+        raise ValueError("AutoBatchSize and Tuner.scale_batch_size both set the batch size: remove the "
+                         "Tuner(trainer).scale_batch_size(...) call and call trainer.fit, where AutoBatchSize "
+                         "sets the size (this trainer is left with the callbacks you gave it)")
+    if finders:
         raise ValueError("AutoBatchSize and Lightning's BatchSizeFinder both set the batch size: remove the "
-                         "BatchSizeFinder callback, or the Tuner.scale_batch_size call (AutoBatchSize replaces "
-                         "them)")
+                         "BatchSizeFinder callback from Trainer(callbacks=...) (AutoBatchSize replaces it)")
     callbacks = list(trainer.callbacks)
     first = next((i for i, other in enumerate(callbacks) if isinstance(other, LearningRateFinder)), None)
     mine = next((i for i, other in enumerate(callbacks) if other is callback), None)
