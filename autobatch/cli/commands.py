@@ -40,6 +40,7 @@ from .errors import cli_keys, hydra_noise_filtered, reported
 from .input_note import inputs_noted
 from .isolated import isolate_probe, probe_in_child
 from .preflight import flags_first, hydra_help_args
+from .sweep import forget_sweeps
 from .run_dir import check_probe_target, check_train_target, claim_run_dir
 from .user_config import command_line, run_roots
 from .sharding import per_rank_batch
@@ -374,8 +375,7 @@ def train_task(cfg: DictConfig) -> dict[str, Any]:
         print(f"result          {out_dir / 'train_result.json'}")
         return _row(  # batch_size: the (final) micro-batch it trained at
             probe, batch_size=run.micro_batch, cached=None if probe is None else probe.cached,
-            global_batch=run.global_batch, steps=run.steps,
-            recoveries=len(run.oom_recoveries),
+            global_batch=run.global_batch, steps=run.steps, recoveries=len(run.oom_recoveries),
             final_loss=None if run.last_loss is None else round(run.last_loss, 4),
         )  # fmt: skip
     raise AssertionError("unreachable")
@@ -392,6 +392,7 @@ def run_app(command: str) -> None:
     """Run ``command`` 's Hydra app on ``sys.argv[1:]`` (the dispatcher has set ``sys.argv``)."""
     ensure_conf_module()
     register_configs()
+    forget_sweeps()  # an earlier command's sweep in this process (main() called again) is not this one's to report
     task, config_name, _ = COMMANDS[command]
     sys.argv = [sys.argv[0], *flags_first(hydra_help_args(command, sys.argv[1:]))]  # Hydra's parser wants its flags first
     verbose = [arg.split("=", 1)[1] for arg in sys.argv[1:] if arg.startswith(("hydra.verbose=", "++hydra.verbose="))]

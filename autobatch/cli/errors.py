@@ -20,8 +20,9 @@ from contextlib import contextmanager
 from typing import Any, Iterator
 
 from hydra.errors import CompactHydraException, HydraException, OverrideParseException
-from omegaconf.errors import OmegaConfBaseException
+from omegaconf.errors import InterpolationResolutionError, OmegaConfBaseException
 
+from .interpolations import unresolved_line
 from ..errors import GlobalBatchTooLargeError, NoBatchFitsError, StepOutOfMemoryError, in_packages, raised_through
 
 __all__ = [
@@ -219,9 +220,13 @@ _GRAMMAR = "https://hydra.cc/docs/advanced/override_grammar/basic/"
 def _keyed(exc: OmegaConfBaseException) -> str:
     """OmegaConf's message, led by the key it is about (its ``full_key``, which :func:`one_line`
     drops as bookkeeping) unless the message names it: "Interpolation key 'nope' not found" said
-    where the value is found, not which key holds the interpolation."""
+    where the value is found, not which key holds the interpolation. A failed interpolation names the
+    key that holds it (through a ``${train.lr}`` that reads it) and what to change."""
     message = one_line(exc)
     key = getattr(exc, "full_key", None)
+    parent = getattr(exc, "parent_node", None)
+    if isinstance(exc, InterpolationResolutionError) and isinstance(key, str) and key and parent is not None:
+        return unresolved_line(parent._get_root(), key, message, value=False)  # not a ${train.lr} reading it
     return f"{key}: {message}" if isinstance(key, str) and key and key not in message else message
 
 

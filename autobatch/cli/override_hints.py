@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import inspect
 import re
 import typing
 
@@ -85,14 +86,44 @@ def _option_hint(message: str) -> str:
 
 def _free_key_hint(message: str, key: str, exc: BaseException | None) -> str:
     """A misspelt argument of a ``_target_`` node (``model.hiden`` where it has ``hidden``): the
-    closest key the node has (OmegaConf's error carries it). Hydra only advised ``+model.hiden=``."""
+    closest key the node has (OmegaConf's error carries it), else the closest argument of its
+    ``_target_`` that the node leaves out (``model.bais`` for ``torch.nn.Linear`` 's ``bias``), or,
+    for the name of one, why ``+`` adds it. Hydra only advised ``+model.hiden=``, which the
+    constructor then rejects."""
     while exc is not None and not OmegaConf.is_dict(getattr(exc, "parent_node", None)):
         exc = exc.__cause__
     node, (where, part) = getattr(exc, "parent_node", None), key.rsplit(".", 1)
-    close = close_match(part, [str(name) for name in node.keys()], f"{where}.") if node is not None else ""
-    if not close:
-        return message  # no near key: Hydra's advice (+key=VALUE, a new argument) is the one to give
-    return f"Could not override '{key}': {where} has no key {part!r}{close}; +{key}=VALUE adds it as a new argument"
+    if node is None:
+        return message
+    keys = [str(name) for name in node.keys()]
+    close = close_match(part, keys, f"{where}.")
+    if close:
+        return f"Could not override '{key}': {where} has no key {part!r}{close}; +{key}=VALUE adds it as a new argument"
+    target = node.get("_target_") if "_target_" in node else None  # an argument the config leaves unset
+    arguments = [name for name in target_parameters(target) if name not in keys] if isinstance(target, str) else []
+    if part in arguments:  # Hydra's "+key=VALUE" advice, said as why
+        given = re.search(rf"use \+{re.escape(key)}=(\S+)", message)
+        return (f"Could not override '{key}': {where} does not set {part!r} yet (an argument of {target}); add it "
+                f"with +{key}={given.group(1).rstrip(':') if given else 'VALUE'}")
+    near = close_match(part, arguments, f"+{where}.")
+    if near:
+        return (f"Could not override '{key}': {where} has no key {part!r}{near[:-2]}, an argument of {target} "
+                f"that the config does not set?)")
+    return message  # no near key: Hydra's advice (+key=VALUE, a new argument) is the one to give
+
+
+def target_parameters(path: str) -> list[str]:
+    """The named arguments of the class or function at import ``path`` (a ``_target_``), for a hint
+    on a misspelt key; ``[]`` when it cannot be imported or its signature read (the check of the
+    target itself reports that, in its own line, once the overrides apply)."""
+    from .build import locate  # build imports the hints' modules; here only when a key failed
+
+    try:
+        signature = inspect.signature(locate(path))
+    except (ImportError, TypeError, ValueError):
+        return []
+    return [p.name for p in signature.parameters.values()
+            if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD) and p.name not in ("self", "params")]
 
 
 def delete_hint(message: str) -> str:

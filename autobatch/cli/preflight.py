@@ -38,6 +38,7 @@ from omegaconf.errors import InterpolationResolutionError, InterpolationToMissin
 from .build import validate
 from .errors import BAD_INPUT, CLIError, describe, one_line
 from .ignored import ignored_keys
+from .interpolations import unresolved_line
 from .override_hints import composition_hint as _composition_hint
 from .override_hints import delete_hint as _delete_hint
 from .override_hints import override_hint as _override_hint
@@ -174,8 +175,8 @@ def _composed(config_name: str, job: list[str], key: str | None) -> tuple[Any, A
             value = OmegaConf.select(cfg, key)
         except InterpolationResolutionError as exc:
             node, leaf = key.rsplit(".", 1)
-            if "hydra" not in (raw := str(OmegaConf.to_container(OmegaConf.select(cfg, node))[leaf])):
-                raise CLIError(f"{key}={raw}: {one_line(exc)}; define what it names, or give another {key}") from None
+            if "hydra" not in str(OmegaConf.to_container(OmegaConf.select(cfg, node))[leaf]):
+                raise CLIError(unresolved_line(cfg, key, one_line(exc))) from None
         except Exception:  # noqa: BLE001 - composed again below, where its error is the user's
             pass
         else:
@@ -212,7 +213,8 @@ def _check_resolves(cfg: Any) -> None:
                 continue
             if key.startswith("hydra.overrides."):  # an override (Hydra prints them resolved), not a key
                 key, value = value.lstrip("+~").split("=", 1)[0], value.split("=", 1)[-1]
-            raise CLIError(f"{key}={value}: {one_line(exc)}; define what it names, or give another {key}") from None
+                raise CLIError(f"{key}={value}: {one_line(exc)}; define what it names, or give another {key}") from None
+            raise CLIError(unresolved_line(cfg, key, one_line(exc))) from None
 
 
 def _leaves(node: object, prefix: str = "") -> Any:

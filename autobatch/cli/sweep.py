@@ -39,7 +39,7 @@ from .errors import one_line
 from .user_config import given_overrides
 
 __all__ = ["SweepSummary", "COLUMNS", "sweep_id", "collect_rows", "write_summary", "render_markdown", "last_sweep_dir",
-           "record_interrupted"]
+           "forget_sweeps", "record_interrupted"]
 
 log = logging.getLogger("autobatch")
 
@@ -64,6 +64,13 @@ _last_sweep: list[Path] = []
 def last_sweep_dir() -> Path | None:
     """The sweep directory of the last multirun started in this process, if any."""
     return _last_sweep[-1] if _last_sweep else None
+
+
+def forget_sweeps() -> None:
+    """Start a command with no sweep recorded: :func:`last_sweep_dir` is then this command's
+    sweep or None. Before, a second ``main()`` in one process (a script, a test) printed the
+    earlier command's sweep table again after a single run or ``--info``."""
+    _last_sweep.clear()
 
 
 def sweep_id(sweep_dir: Path) -> str | None:

@@ -304,7 +304,8 @@ def check_missing(cfg: DictConfig) -> None:
     if missing:
         listed = ", ".join(missing)
         raise ValueError(f"{listed} {'has' if len(missing) == 1 else 'have'} no value (??? in the config); set "
-                         f"{'it' if len(missing) == 1 else 'each'} in your config or on the command line: {missing[0]}=VALUE")
+                         f"{'it' if len(missing) == 1 else 'each'} in your config or on the command line: "
+                         + " ".join(f"{key}=VALUE" for key in missing))
 
 
 def check_micro_bounds(train: DictConfig) -> None:

@@ -252,7 +252,8 @@ def plot_sweep(
     """Draw a sweep's rows (``batch_size``, ``time_s``, ``status``, ``overrides`` per job, as
     in ``summary.csv``; or a DataFrame of them, or the path of a ``summary.csv`` or of its sweep
     directory) into a PNG at ``path``: the found batch per job (bars; failed and interrupted
-    jobs marked) above the probe's time (``time_s``); past :data:`SWEEP_LABELLED` jobs every k-th is
+    jobs marked) above the probe's time (``time_s``), or, for a ``train`` sweep's rows (a
+    ``final_loss``), the micro-batch trained at above the final loss; past :data:`SWEEP_LABELLED` jobs every k-th is
     labelled and the figure grows no wider. Returns the file written (:func:`plot_file`: ``~``
     expanded, ``.png`` added to a path without a suffix, an existing directory gets
     ``summary.png`` inside it)."""
@@ -269,7 +270,10 @@ def plot_sweep(
     )
     try:
         batches = [_number(row.get("batch_size")) for row in rows]
-        times = [_number(row.get("time_s")) for row in rows]
+        # a train sweep's rows (a final_loss column) compare the losses: an lr sweep's answer, where probe time
+        # is the same for every job, or empty for all with train.micro_batch (no probe ran)
+        trained = any(_number(row.get("final_loss")) is not None for row in rows)
+        times = [_number(row.get("final_loss" if trained else "time_s")) for row in rows]
         states = [_state(row) for row in rows]  # None: ok; else "failed" or "interrupted"
         bars = batch_axis.bar(positions, [b or 0 for b in batches],
                               color=[_FAIL if state else _PASS for state in states])
@@ -277,14 +281,14 @@ def plot_sweep(
             text = state or ("-" if batch is None else f"{batch:g}")
             batch_axis.annotate(text, (bar.get_x() + bar.get_width() / 2, bar.get_height()),
                                 ha="center", va="bottom", fontsize=8, color=_FAIL if state else "black")
-        batch_axis.set_ylabel("found batch")
+        batch_axis.set_ylabel("micro-batch" if trained else "found batch")
         batch_axis.set_ylim(bottom=0, top=max([b or 0 for b in batches] + [1]) * 1.15)
         batch_axis.grid(True, axis="y", alpha=0.3)
         stopped = states.count("interrupted")  # counted as the CLI's last line counts them
         counts = f"{len(rows)} jobs, {sum(bool(s) for s in states) - stopped} failed" + (f", {stopped} interrupted" if stopped else "")
         batch_axis.set_title(title or f"sweep: {counts}", fontsize=10)
         time_axis.bar(positions, [t or 0 for t in times], color="#7f7f7f")
-        time_axis.set_ylabel("probe time (s)")  # time_s: the probe's (0 when it came from the cache)
+        time_axis.set_ylabel("final loss" if trained else "probe time (s)")  # time_s: 0 from the probe cache
         time_axis.set_ylim(bottom=0)
         time_axis.grid(True, axis="y", alpha=0.3)
         time_axis.set_xticks(positions[::every])
