@@ -109,7 +109,10 @@ def batch_size_of(batch: Any) -> int:
         "collate makes): make a sequence-first tensor batch-first (.transpose(0, 1)), one with k rows per sample "
         "(pixel_values of B * k images) [B, k, ...] (.view(B, k, *rest)), and keep a tensor shared by "
         "the whole batch (a vocabulary mask, class weights) out of the batch (on the model, or in the loss_fn's "
-        "closure): autobatch cannot tell it from a per-sample one; see 'What a batch may hold' in docs/runner.md"
+        "closure): autobatch cannot tell it from a per-sample one. Rows that are not samples at all (a graph built "
+        "from the samples: its nodes and edge list; nn.EmbeddingBag's flat ids with offsets) cannot be cut: pad them "
+        "per sample ([B, L] ids with padding_idx) or yield (the per-sample items as a list, a tensor with the "
+        "samples on dim 0) and collate them in the loss_fn; see 'What a batch may hold' in docs/runner.md"
     )
 
 
