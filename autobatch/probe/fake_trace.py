@@ -16,11 +16,9 @@ device. Used by :mod:`autobatch.probe.estimate`.
 
 from __future__ import annotations
 
-import copy
 import logging
 import types
 import weakref
-from collections import defaultdict
 from contextlib import contextmanager
 from typing import Any, Iterator
 
@@ -30,6 +28,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from ..memory.accounting import _COMPONENTS
 from .trace_failures import GROUPED_MM, check_operands, check_sparse, grouped_mm
+from .trace_optimizer import fake_optimizer
 from .trace_state import SEARCH_BUDGET, SEARCH_ITEMS, OutsideState, class_members, find_fake, restore, snapshot
 from .train_step import TrainStep
 
@@ -327,55 +326,15 @@ class FakeWorld:
                          lambda t: isinstance(t, FakeTensor) and t.fake_mode is self.mode)
 
     def optimizer(self) -> torch.optim.Optimizer:
-        """A shallow copy of the optimizer over the fake parameters, with fake state."""
-        real = self.step.optimizer
-        fake_opt = copy.copy(real)
-        fake_opt.__dict__.pop("step", None)  # an LR scheduler's patched step is bound to ``real``
-        groups = []
-        for group in real.param_groups:
-            # a hyperparameter given as a tensor (``lr=torch.tensor(1e-3)``, tensor ``betas``) is
-            # read by value (``value=1 - beta2``): a fake made from a real tensor has none
-            fake_group = {key: self._hyperparameter(value) for key, value in group.items() if key != "params"}
-            fake_group["params"] = [self.fake(p) for p in group["params"]]
-            if group.get("foreach", False) is None and not group.get("fused"):
-                # the default is decided from the real tensors' type and device; fake tensors
-                # would always get the per-tensor loop
-                fake_group["foreach"] = _default_foreach(group["params"])
-            groups.append(fake_group)
-        fake_opt.param_groups = groups
-        state: defaultdict = defaultdict(dict)
-        for param, param_state in real.state.items():
-            state[self.fake(param)] = {key: self._state_value(value) for key, value in param_state.items()}
-        fake_opt.state = state
-        return fake_opt
+        """A copy of the optimizer (and of one it wraps) over the fake parameters, with fake state
+        (:func:`~autobatch.probe.trace_optimizer.fake_optimizer`)."""
+        return fake_optimizer(self.step.optimizer, self.fake, self._scalar)
 
-    def _hyperparameter(self, value: Any) -> Any:
-        """A param group's setting as the fake optimizer reads it: a tensor as
-        :meth:`_state_value` fakes it (its number kept), in a tuple or list too (``betas``)."""
-        if isinstance(value, (tuple, list)) and any(isinstance(item, torch.Tensor) for item in value):
-            items = [self._hyperparameter(item) for item in value]
-            return items if isinstance(value, list) else tuple(items)
-        return self._state_value(value) if isinstance(value, torch.Tensor) else value
-
-    def _state_value(self, value: Any) -> Any:
-        if not isinstance(value, torch.Tensor):
-            return copy.deepcopy(value)
-        if value.dim() == 0:
-            # a step counter that the optimizer reads with .item(): a fake tensor made from a
-            # Python number keeps its value, one made from a real tensor does not
-            number = value.item()
-            with self.mode:
-                return torch.tensor(number, dtype=value.dtype, device=value.device)
-        return self.fake(value)
-
-
-def _default_foreach(params: list[torch.Tensor]) -> bool:
-    try:
-        from torch.optim.optimizer import _default_to_fused_or_foreach
-
-        return bool(_default_to_fused_or_foreach(params, differentiable=False, use_fused=False)[1])
-    except Exception:  # noqa: BLE001 - a private helper; the loop is a fine default
-        return False
+    def _scalar(self, value: torch.Tensor) -> torch.Tensor:
+        """A fake of a 0-dim tensor made from its number, so the optimizer can read it."""
+        number = value.item()
+        with self.mode:
+            return torch.tensor(number, dtype=value.dtype, device=value.device)
 
 
 #: At most this many steps beyond the ``steps`` asked for are traced while each leaves more memory
