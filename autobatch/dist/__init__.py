@@ -22,15 +22,19 @@ ask :mod:`autobatch.probe.ranks` and :mod:`autobatch.training.ranks`, and import
 package installs the collective implementations there (``import autobatch`` does).
 """
 
+from ..probe import ddp_reducer as _ddp_reducer
 from ..probe import ranks as _probe_ranks
 from ..training import ranks as _training_ranks
 from . import agreement
 from .fsdp import FsdpDataParallel, FsdpProbeAgreement
+from .fsdp_guard import reset_one_process
 from .probe import CollectiveProbeAgreement
 from .step import CollectiveDataParallel
 
 # the FSDP-aware implementations hand every model that is not fully_shard-ed to the DDP ones
 _probe_ranks.install(FsdpProbeAgreement())
 _training_ranks.install(FsdpDataParallel(CollectiveDataParallel()))
+# a one-process fully_shard model is put back after a failed step as a one-process DDP is
+_ddp_reducer.add_reset(reset_one_process)
 
 __all__ = ["agreement", "CollectiveProbeAgreement", "CollectiveDataParallel", "FsdpProbeAgreement", "FsdpDataParallel"]

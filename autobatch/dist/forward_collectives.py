@@ -16,6 +16,10 @@ once per model at the probe's or the runner's start.
   backward, in their own dtype: a communication hook of the user's (``fp16_compress_hook``,
   PowerSGD) and DDP's ``mixed_precision`` were silently not applied (the full-precision
   all-reduce the hook was registered to cut, a forward in the parameters' own dtype).
+* **FSDP1** (``FullyShardedDataParallel``), refused rather than warned about: it has a ``.module``
+  and a ``no_sync`` as DDP has, so it was taken for a DDP-like wrapper and its inner module was
+  trained, whose parameters are views of FSDP1's flat parameter (``fit()`` failed in autograd,
+  "a view ... has been modified inplace", naming nothing to change).
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ import weakref
 
 import torch
 
-__all__ = ["warn_forward_collectives", "warn_compiled_wrapper", "warn_unused_ddp_options"]
+__all__ = ["warn_forward_collectives", "warn_compiled_wrapper", "warn_unused_ddp_options", "refuse_fsdp1"]
 
 log = logging.getLogger("autobatch")
 #: what each model was warned about already
@@ -39,6 +43,24 @@ def _first_time(model: torch.nn.Module, kind: str) -> bool:
         return False
     seen.add(kind)
     return True
+
+
+def refuse_fsdp1(model: torch.nn.Module) -> None:
+    """``ValueError`` where ``model`` is, holds, or is ``torch.compile`` of an FSDP1
+    ``FullyShardedDataParallel`` module (module docstring), naming the wrappers autobatch drives."""
+    try:
+        from torch.distributed.fsdp import FullyShardedDataParallel
+    except ImportError:  # a build without FSDP1
+        return
+    names = [name or "the model" for name, module in getattr(model, "_orig_mod", model).named_modules()
+             if isinstance(module, FullyShardedDataParallel)]
+    if names:
+        raise ValueError(
+            f"{names[0]} is a FullyShardedDataParallel (FSDP1) module, which autobatch cannot train or probe across "
+            "ranks (it would train FSDP1's inner module, whose parameters are views of its flat parameter): shard "
+            "with torch.distributed.fsdp.fully_shard (FSDP2) instead, or wrap the model in "
+            "torch.nn.parallel.DistributedDataParallel"
+        )
 
 
 def warn_forward_collectives(model: torch.nn.Module) -> None:

@@ -266,6 +266,17 @@ def reset(model: torch.nn.Module) -> None:
         root.set_requires_gradient_sync(True)
 
 
+def reset_one_process(model: torch.nn.Module) -> None:
+    """:func:`reset` for a ``fully_shard`` model trained in one process (a group of one rank, the
+    runner's and the probe's one-process paths, which call it after a failed step through
+    :func:`autobatch.probe.ddp_reducer.reset_failed_reduction`). Without it an OOM part-way through
+    backward left the unsharded gradients of the layers whose reduce-scatter had not run on their
+    unsharded parameters, the replay's backward added onto them, and the step's weights came out
+    wrong without a word. Across ranks the voted step resets (:func:`autobatch.dist.fsdp.fsdp_step`)."""
+    if not dist_sync.is_distributed() and is_fsdp(model):
+        reset(model)
+
+
 def reset_iter_state(root: Any) -> None:
     """``FSDPModule.reset_iter_state()`` (torch 2.13) for older torch, on its private state:
     wait for the collectives already issued, clear the iteration's trackers, put every state

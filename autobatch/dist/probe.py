@@ -55,11 +55,12 @@ def local_step(fn: Any) -> Any:
     from ..probe.train_step import TrainStep
     from .ddp_probe import DDPProbeStep
     from .ddp_step import check_whole_world, ddp_supported
-    from .forward_collectives import warn_forward_collectives
+    from .forward_collectives import refuse_fsdp1, warn_forward_collectives
     from .timing import LockstepAccumulatingStep
 
     if isinstance(fn, TrainStep):
         check_whole_world(fn.model)  # a DDP over a sub-group: refused before any trial
+        refuse_fsdp1(fn.model)  # its inner module's trials would fail in autograd
         warn_forward_collectives(fn.model)
     if isinstance(fn, AccumulatingStep) and not isinstance(fn, LockstepAccumulatingStep) and unwrap(fn.model) is not fn.model:
         return LockstepAccumulatingStep(fn)  # the planner's accumulated probe: two micro-batches, not one

@@ -51,7 +51,7 @@ from ..training.ranks import DataParallel
 from . import agreement as dist_sync
 from . import stopping
 from .ddp_step import check_whole_world, comm_hook_name, ddp_step, ddp_supported, ddp_wrapper, settle
-from .forward_collectives import warn_compiled_wrapper, warn_forward_collectives, warn_unused_ddp_options
+from .forward_collectives import refuse_fsdp1, warn_compiled_wrapper, warn_forward_collectives, warn_unused_ddp_options
 from .joining import check_same_world, remember_world
 from .probe import agree_plan, unwrap
 from .votes import keep as _keep
@@ -208,6 +208,7 @@ class CollectiveDataParallel(DataParallel):
 
     def local_module(self, model: torch.nn.Module) -> torch.nn.Module:
         check_whole_world(model)  # at the runner's start: a DDP over a sub-group is refused
+        refuse_fsdp1(model)  # taken for a DDP-like wrapper, its inner module failed in autograd
         remember_world(model)  # fit() checks that it still runs there
         warn_compiled_wrapper(model)
         warn_forward_collectives(model)

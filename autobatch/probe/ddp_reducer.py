@@ -20,10 +20,21 @@ all-reduced, where the old buckets go at once. See
 from __future__ import annotations
 
 import time
+from typing import Callable
 
 import torch
 
-__all__ = ["ddp_wrapper", "rebuild_before_first_step", "reset_failed_reduction", "RELEASE_WAIT_S"]
+__all__ = ["ddp_wrapper", "rebuild_before_first_step", "reset_failed_reduction", "add_reset", "RELEASE_WAIT_S"]
+
+#: the same reset for other wrappers, added by a later stage (:mod:`autobatch.dist`: FSDP2's)
+_RESETS: list[Callable[[torch.nn.Module], None]] = []
+
+
+def add_reset(reset: Callable[[torch.nn.Module], None]) -> None:
+    """Have :func:`reset_failed_reduction` also call ``reset(model)``: how :mod:`autobatch.dist`,
+    which comes after this stage, puts a one-process ``fully_shard`` model back after a failed step."""
+    if reset not in _RESETS:
+        _RESETS.append(reset)
 
 #: the longest wait for the old buckets' release after a rebuild on a GPU: released within 1 s
 #: where measured, not within 0.25-0.3 s (a rebuild happens after each OOM in backward)
@@ -48,7 +59,10 @@ def reset_failed_reduction(model: torch.nn.Module) -> None:
     stopped at its first OOM trial; the Runner shrank the micro-batch down to one that "could not
     train"). The rebuild takes the parameters' order (``_push_all_rebuilt_params``): with one rank
     no communication overlaps backward, so the order costs nothing. With more ranks the ranks'
-    vote resets it together (:func:`autobatch.dist.ddp_step.reset_after_failure`)."""
+    vote resets it together (:func:`autobatch.dist.ddp_step.reset_after_failure`). Then the
+    resets of :func:`add_reset` (FSDP2's)."""
+    for reset in _RESETS:
+        reset(model)
     wrapper = ddp_wrapper(model)
     if wrapper is None or torch.distributed.get_world_size(wrapper.process_group) != 1 or not _in_flight(wrapper):
         return  # an OOM in forward or in the optimizer left no reduction behind: no reset, no rebuild

@@ -175,6 +175,6 @@ def test_a_resume_that_does_not_fit_is_refused_before_anything_is_loaded(one_ran
 def test_a_missing_sharded_checkpoint_says_what_to_give(one_rank_mesh, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     model = _model(one_rank_mesh)
-    with pytest.raises(FileNotFoundError, match=r"no checkpoint at latest .*latest\.rank<r>-of-1\.pt next to it\): give "
+    with pytest.raises(FileNotFoundError, match=r"no checkpoint at gone .*gone\.rank<r>-of-1\.pt next to it\): give "
                                                 r"the last\.pt a runner wrote, or its checkpoint_dir"):
-        _runner(model, torch.optim.AdamW(model.parameters())).fit(_data(), epochs=1, resume="latest")
+        _runner(model, torch.optim.AdamW(model.parameters())).fit(_data(), epochs=1, resume="gone")
