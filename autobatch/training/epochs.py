@@ -25,6 +25,7 @@ from typing import Any, Iterable, Iterator
 import torch
 
 from ..memory.simulated import host_memory
+from ..planning.accumulation import batch_size_of
 from .checkpoint_io import rng_state, set_rng_state
 
 __all__ = ["EpochBatches", "HostDraws", "epoch_length", "replayed", "set_epoch", "started"]
@@ -97,13 +98,20 @@ class EpochBatches:
 
 
 def replayed(data: Iterable[Any], epoch: int, epoch_rng: dict[str, Any], resumed_rng: dict[str, Any],
-             generators: list[torch.Generator], position: int, fetched: bool) -> EpochBatches:
+             generators: list[torch.Generator], position: int, fetched: bool, samples: int | None = None) -> EpochBatches:
     """The epoch's iterator where a resumed (or continued) run goes on: ``iter(data)`` made under
     the epoch's start random state ``epoch_rng``, the ``position`` batches already trained drawn
     and dropped, the batch at ``position`` drawn too where the interrupted run had drawn it
     (``fetched``: a step stopped part-way) and kept to be yielded first, then ``resumed_rng``
     (the checkpoint's) put back: the loader's draws at ``iter()`` and at each batch, the
     interrupted run's, are not drawn a second time from the saved state.
+
+    ``samples``: those the checkpoint trained in this epoch (one process; None: not checked). The
+    batches skipped must hold them: a run resumed with another ``global_batch`` counts its
+    position in batches of the new size, and a loader still built with the old ``batch_size``
+    skipped that many of its larger batches (resumed from 16 samples into a 22-sample epoch with
+    ``global_batch=2`` over batches of 4, it skipped all 22, with two warnings naming neither the
+    loader nor the samples lost); one ``ValueError`` naming the batch size to build it with instead.
 
     Of ``resumed_rng`` only the global generators are put back; the loader's own (``generators``)
     stay where the replay left them, having drawn what this iterator draws. Workers read ahead
@@ -114,12 +122,33 @@ def replayed(data: Iterable[Any], epoch: int, epoch_rng: dict[str, Any], resumed
     later epoch shuffled another order than the uninterrupted run's."""
     set_rng_state(epoch_rng, generators)
     batches = started(data, epoch, generators)
-    skipped = sum(1 for _ in itertools.islice(batches, position))
+    sizes = [_samples_in(batch) for batch in itertools.islice(batches, position)]
+    skipped = len(sizes)
+    if samples is not None and position > 0 and None not in sizes and sum(sizes) != samples:  # type: ignore[arg-type]
+        raise ValueError(_other_batches(epoch, position, samples, sizes))
     if skipped < position:
         log.warning("resume: the epoch has only %d batches, the checkpoint is at %d", skipped, position)
     ahead = list(itertools.islice(batches, 1)) if fetched and skipped == position else []
     set_rng_state({key: value for key, value in resumed_rng.items() if key != "data"})
     return EpochBatches(batches, epoch, drawn=skipped + len(ahead), ahead=ahead, data=data)
+
+
+def _samples_in(batch: Any) -> int | None:
+    """A skipped batch's samples, as the runner counted them when it trained it (None: unreadable)."""
+    try:
+        return batch_size_of(batch)
+    except (TypeError, ValueError):
+        return None
+
+
+def _other_batches(epoch: int, position: int, samples: int, sizes: list[int]) -> str:
+    """Why a replay's skipped batches are not the checkpoint's samples (:func:`replayed`)."""
+    shown = ", ".join(map(str, sizes[:4])) + (", ..." if len(sizes) > 4 else "")
+    return (f"resume: the checkpoint trained {samples} samples of epoch {epoch + 1}, {position} batches of this run's "
+            f"global_batch, but the data's first {len(sizes)} batches hold {sum(sizes)} ({shown}): they are not the "
+            f"batches the run counts, and the resume would {'repeat' if sum(sizes) < samples else 'skip'} samples. "
+            "Build the data with batch_size=global_batch (per rank), as the interrupted run's was built with its "
+            "own, or resume with the checkpoint's global_batch")
 
 
 def started(data: Iterable[Any], epoch: int, generators: list[torch.Generator]) -> Iterator[Any]:

@@ -11,6 +11,7 @@ per-sample items (``collate_fn=list``) was split along the wrong dimension with 
 
 from __future__ import annotations
 
+import inspect
 import logging
 import os
 import tempfile
@@ -176,12 +177,29 @@ def _splits(share: int, floor: int, balanced: bool) -> bool:
 def check_data(data: Any) -> None:
     """``fit(data)``: an iterable of global batches, not one batch. A tensor iterates its rows,
     a dict its keys, and a tuple of tensors sharing dim 0 (an ``(inputs, targets)`` batch) its
-    fields: each was trained as a batch of its own; one ``TypeError`` instead."""
+    fields: each was trained as a batch of its own; one ``TypeError`` instead. A generator
+    function not called (``fit(batches)`` for ``fit(batches())``) and a map-style ``Dataset``
+    without its ``DataLoader`` (whose items are samples, not batches) were refused with advice
+    to pass ``[batch]``, which neither needs: the error names the call or the loader instead."""
     one_batch = isinstance(data, (torch.Tensor, Mapping)) or _tuple_of_fields(data)
     if not hasattr(data, "__iter__") or one_batch:
         raise TypeError(f"data must be an iterable of global batches (a DataLoader, a list of batches, a generator), "
-                        f"got {type(data).__name__}{' of tensors' if one_batch and isinstance(data, tuple) else ''}; "
-                        "to train on one batch, pass [batch]")
+                        f"got {_data_kind(data, one_batch)}")
+
+
+def _data_kind(data: Any, one_batch: bool) -> str:
+    """What ``data`` is, and what to pass instead, for :func:`check_data`'s error."""
+    name = getattr(data, "__qualname__", None) or getattr(data, "__name__", None) or type(data).__name__
+    if inspect.isgeneratorfunction(data):
+        return (f"the generator function {name} itself; call it: fit({name}()) (a generator is used up after one "
+                "pass, so for more epochs pass a re-iterable: a DataLoader, a list of batches)")
+    if callable(data) and not isinstance(data, (torch.utils.data.Dataset, torch.nn.Module)):
+        return f"the callable {name} itself; pass what it returns: fit({name}())"
+    if isinstance(data, torch.utils.data.Dataset):
+        return (f"the Dataset {type(data).__name__}, whose items are single samples; batch it: "
+                "fit(DataLoader(dataset, batch_size=global_batch))")
+    return (f"{type(data).__name__}{' of tensors' if one_batch and isinstance(data, tuple) else ''}; "
+            "to train on one batch, pass [batch]")
 
 
 def _tuple_of_fields(data: Any) -> bool:

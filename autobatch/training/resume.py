@@ -49,6 +49,7 @@ class Resumable:
 
     _torn: str | None = None  # why the weights may hold an update the step count does not (step_guard="off")
     _epoch_samples = 0  # samples trained in the current epoch (a short batch counted as it is)
+    _samples_known = True  # False: resumed from a checkpoint older than its epoch_samples (counted from position)
     _epoch_batches: int | None = None  # the data's batches an epoch (None: no length)
     _epoch_iter: EpochBatches | None = None  # the current epoch's iterator
     _fetched_at_load = False  # the loaded checkpoint's step had drawn its batch (a step stopped part-way)
@@ -218,7 +219,7 @@ class Resumable:
             self._epoch_iter = EpochBatches(started(data, self.epoch, self._data_generators), self.epoch, data=data)
             return self._epoch_iter
         self._epoch_iter = replayed(data, self.epoch, self._epoch_rng, resumed_rng, self._data_generators,
-                                    self.position, fetched)
+                                    self.position, fetched, self._epoch_samples if self._samples_known and not self.distributed else None)
         return self._epoch_iter
 
     def _batch_fetched(self) -> bool:
@@ -355,6 +356,7 @@ class Resumable:
         self._dir_claimed = True  # its checkpoint_dir continues the run resumed
         self._captured_at = None  # a step-guard snapshot of this runner's own step of that index is not the checkpoint's
         self._epoch_samples = state.get("epoch_samples", state["position"] * (state.get("global_batch") or 0))
+        self._samples_known = "epoch_samples" in state
         self.position = position_for(path, state, self.global_batch)
         self._epoch_iter, self._fetched_at_load = None, bool(state.get("batch_fetched", False))
         previous = RunResult.from_dict(state["result"])
