@@ -4,7 +4,8 @@ Hydra reports a constructor that rejects a value as "Error in call to target '..
 ValueError(...)", which names neither the config key nor the override that set the value.
 :func:`construct` turns it into one ``ValueError`` line naming both (bad input, exit status 2);
 an exception that is not about the arguments (out of memory, an error in the user's code)
-is raised as it is. A constructor that cannot open what a value names (``root: /missing``:
+is raised as it is; a ``RuntimeError`` torch raises for a value (a negative size) is bad input
+too, one the user's own code raises is not. A constructor that cannot open what a value names (``root: /missing``:
 ``FileNotFoundError``, ``NotADirectoryError``, ``PermissionError``) is bad input too: the same
 one line, naming the key and the path. Under ``hydra.job.chdir=true`` a relative path named as
 one (``root: data``) is from the directory the command ran in (:func:`from_launch_dir`).
@@ -22,12 +23,18 @@ from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
+from ..errors import in_packages, raised_through
+from ..memory.oom import is_oom_error
 from .errors import one_line, where_raised
 
 __all__ = ["construct", "from_launch_dir"]
 
 #: The exceptions a constructor raises for a value it rejects: bad input, exit status 2.
 _REJECTED = (ValueError, TypeError, IndexError, KeyError, AssertionError)
+#: A torch value check fails as ``RuntimeError`` (``torch.nn.Linear(-1, 3)``: "Trying to create
+#: tensor with negative dimension"): bad input too where torch raised it, unless it is out of
+#: memory (:func:`_rejected`); one the user's own code raises is a bug of theirs, raised as it is.
+_TORCH_REJECTED = RuntimeError
 #: A path among its arguments that does not exist, is not a directory, or may not be read:
 #: bad input as well (a wrong ``root``), not a failure at run time.
 _UNOPENABLE = (FileNotFoundError, NotADirectoryError, IsADirectoryError, PermissionError)
@@ -72,7 +79,7 @@ def construct(key: str, node: Any, expect: type | None = None, **kwargs: Any) ->
         built = instantiate(node, _convert_="all", **kwargs)
     except InstantiationException as exc:
         cause = exc.__cause__
-        if not isinstance(cause, (*_REJECTED, *_UNOPENABLE)):
+        if not _rejected(cause):
             if cause is not None:
                 raise cause from None
             raise
@@ -96,6 +103,20 @@ def construct(key: str, node: Any, expect: type | None = None, **kwargs: Any) ->
         raise ValueError(f"{key}._target_={target!r} built a {kind}, not a {_public_name(expect)}; "
                          f"give a class (or a function) that returns one")
     return built
+
+
+def _rejected(cause: BaseException | None) -> bool:
+    """Whether a constructor's exception is about what it was given (bad input, exit status 2):
+    :data:`_REJECTED`, :data:`_UNOPENABLE`, or a ``RuntimeError`` that torch raised while the object
+    was built, before any training (a negative size, in the class or in the user's ``__init__``
+    that called it), which was reported as a failure at run time. Out of memory, a
+    ``RecursionError`` and a ``RuntimeError`` the user's own code raises are raised as they are."""
+    if isinstance(cause, (*_REJECTED, *_UNOPENABLE)):
+        return True
+    if not isinstance(cause, _TORCH_REJECTED) or isinstance(cause, RecursionError) or is_oom_error(cause):
+        return False
+    raiser = raised_through(cause)[-1:]  # the frame of the raise: torch's for a value torch refused
+    return bool(raiser) and in_packages(raiser[0][0], ("torch",))
 
 
 #: Python's words for a call that left out required arguments (``missing 1 required positional

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import inspect
+import math
 import re
 import typing
 
@@ -19,7 +20,7 @@ from omegaconf import OmegaConf
 from .config import SCHEMAS, ProbeAppConfig, TrainAppConfig
 from .schema_keys import close_match
 
-__all__ = ["override_hint", "delete_hint", "composition_hint", "own_target_hint"]
+__all__ = ["override_hint", "delete_hint", "composition_hint", "own_target_hint", "integer_key_hint"]
 
 #: Where a dict given to a free node is all of it: the group option that leaves the node empty.
 _FRESH = {"data.dataset": "a data option without a dataset (drop data=dataset: data.dataset is then null)",
@@ -234,3 +235,43 @@ def own_target_hint(message: str, overrides: list[str]) -> str:
 
 _FRESH_TARGET = {"model": "model=target (only _target_ and inputs; +model.<argument>=VALUE for each argument)",
                  "optimizer": "optimizer=target (only _target_ and lr; +optimizer.<argument>=VALUE for the others)"}
+
+
+#: OmegaConf's words for a float merged into an int key, under Hydra's "Error merging override".
+_FLOAT_FOR_INT = re.compile(r"Error merging override ([\w.]+)=(\S+): Value '([^']*)' of type 'float' could not be "
+                            r"converted to Integer")
+
+
+def integer_key_hint(message: str, overrides: typing.Sequence[str]) -> str:
+    """A float given to an integer key: say that the key takes integers and what to give. A sweep
+    ``train.steps=range(1,2.5,0.5)`` makes floats (Hydra's ``range`` does for a float step or
+    bound), and the job's "Error merging override train.steps=1.0: Value '1.0' of type 'float'
+    could not be converted to Integer" named neither the ``range`` nor the fix (``range(1,3)``)."""
+    found = _FLOAT_FOR_INT.search(message)
+    if found is None:
+        return message
+    key, value = found.group(1), found.group(3)
+    swept = [o.split("=", 1)[1] for o in overrides if o.lstrip("+~").split("=", 1)[0] == key and "range(" in o]
+    if swept:
+        fix = _integer_range(swept[0])
+        return (f"{message}: {key} takes integers, and a range() with a float step or float bounds ({key}={swept[0]}) "
+                f"makes floats; sweep integers{f', e.g. {key}={fix}' if fix else ''}")
+    whole = value.replace(".", "", 1).isdigit() and float(value).is_integer()
+    return f"{message}: {key} takes integers" + (f", e.g. {key}={int(float(value))}" if whole else f", not {value}")
+
+
+def _integer_range(text: str) -> str:
+    """``range(1,2.5,0.5)`` as the integer ``range(1,3)`` that covers it ("" where it cannot be read)."""
+    found = re.fullmatch(r"\s*range\(([^()]*)\)\s*", text)
+    try:
+        numbers = [float(part.split("=", 1)[-1]) for part in found.group(1).split(",")] if found else []
+    except ValueError:
+        return ""
+    if not 1 <= len(numbers) <= 3 or not all(map(math.isfinite, numbers)):
+        return ""
+    start, stop, step = ([0.0] + numbers + [1.0])[-3:] if len(numbers) == 1 else (numbers + [1.0])[:3]
+    if step < 0:  # counting down: the integers from start's ceiling down past stop's floor
+        start, stop, step = math.ceil(start), math.floor(stop), min(-1, round(step))
+    else:
+        start, stop, step = math.floor(start), math.ceil(stop), max(1, round(step))
+    return f"range({start},{stop}{f',{step}' if step != 1 else ''})"

@@ -42,7 +42,7 @@ from .interpolations import unresolved_line
 from .override_hints import composition_hint as _composition_hint
 from .override_hints import delete_hint as _delete_hint
 from .override_hints import override_hint as _override_hint
-from .override_hints import own_target_hint
+from .override_hints import integer_key_hint, own_target_hint
 from .ranks import launched_rank
 from .user_config import (CONFIG_DIR_FLAGS, CONFIG_NAME_FLAGS, CONFIG_PATH_FLAGS, check_config_name, check_extends,
                           check_self_last, composing, config_flags, shadowed, sweeper_params, without_config_flags)
@@ -349,7 +349,7 @@ def check(command: str, args: Sequence[str]) -> None:
         raise
     except Exception as exc:  # noqa: BLE001 - turned into one line
         message, _ = describe(exc)
-        message = _composition_hint(_delete_hint(_override_hint(message, exc)), exc)
+        message = _composition_hint(_delete_hint(_override_hint(integer_key_hint(message, overrides), exc)), exc)
         raise CLIError(own_target_hint(message, overrides), BAD_INPUT) from exc
     launcher = [o for o in overrides if o.lstrip("+~").startswith(("hydra/launcher=", "hydra.launcher."))]
     if launcher and not multirun and not printing:  # Hydra reads no launcher for one run: said, not silently dropped

@@ -141,11 +141,8 @@ def validate_timing(*, warmup_steps: int, timed_steps: int, retime_rounds: int =
         checks.function("allocator_retries", allocator_retries, "() -> the allocator's cumulative retry count, or None")
     timing: dict[str, int | float] = {}
     counts = (("warmup_steps", warmup_steps, 0), ("timed_steps", timed_steps, 1), ("retime_rounds", retime_rounds, 0))
-    for name, value, low in counts:
-        number = checks.integer(value)
-        if number is None or number < low:
-            raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
-        timing[name] = number
+    for name, value, low in counts:  # the shared check: 4.0 or "4" is told "pass an int, e.g. timed_steps=4"
+        timing[name] = checks.count(name, value, low=low)
     if isinstance(retime_within, bool) or not isinstance(retime_within, numbers.Real) or not 0 <= retime_within < 1:
         raise ValueError("retime_within must be a fraction in [0, 1) (0.1: within 10 % of the best), "
                          f"got {retime_within!r}")
