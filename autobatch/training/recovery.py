@@ -124,9 +124,19 @@ class OomRecovery(CountsSkips):
     def _out_of_options(self, retry_state: Any) -> bool:
         """tenacity ``stop``: give up when the smallest micro-batch (``min_micro_batch``, a multiple of
         ``multiple_of``: N itself by default) failed and no fallback is left."""
-        if self.micro_batch > self.min_micro_batch or self.growth.trying:
+        if not self._at_floor() or self.growth.trying:
             return False
         return not self.checkpointing_fallback or self._checkpointed()
+
+    def _at_floor(self) -> bool:
+        """Whether no allowed micro-batch cuts the current batch smaller than the failed attempt
+        did: the micro-batch is ``min_micro_batch``, or (one process) every piece it ran is no
+        larger. A short last batch of 2 under ``min_micro_batch=3`` ran as one piece of 2, which
+        a "recovery" to 3 ran again unchanged, to fail again. Distributed, ranks' batches differ
+        and every rank must decide alike: the micro-batch alone decides."""
+        if self.micro_batch <= self.min_micro_batch:
+            return True
+        return not self.distributed and max(self._piece_sizes()) <= self.min_micro_batch
 
     def _retried(self, batch: Any, size: int) -> Any:
         """The step's attempts: replayed after an OOM (:meth:`_recover` first) until one succeeds.
@@ -159,7 +169,7 @@ class OomRecovery(CountsSkips):
         if grow:
             self.micro_batch = back
             self.result.grow_attempts[-1]["held"] = False
-        elif before > self.min_micro_batch:
+        elif not self._at_floor():
             measured = self._measured_micro_batch(before)
             if measured is not None:
                 self.micro_batch, action = max(round_down(measured, self.multiple_of), self.min_micro_batch), "measured"
@@ -252,7 +262,8 @@ class OomRecovery(CountsSkips):
         micro-batch a recovery shrank below every size that trained (:meth:`_note_shrunk`)."""
         failed_at = self.micro_batch
         # the split's smallest piece (a last, shorter one) is what a model that cannot take few samples fails on
-        smallest = min(self._piece_sizes(), default=failed_at) if getattr(self, "_local_size", None) else failed_at
+        pieces = self._piece_sizes() if getattr(self, "_local_size", None) else [failed_at]
+        smallest, largest = min(pieces, default=failed_at), max(pieces, default=failed_at)
         self._abandon()
         if not is_oom_error(exc):
             self._note_shrunk(exc, failed_at, smallest)
@@ -271,8 +282,10 @@ class OomRecovery(CountsSkips):
             if self._phase == "optimizer":  # neither checkpointing nor the micro-batch sizes the optimizer step
                 advice = ("The optimizer step itself does not fit: try an optimizer with less state (SGD, Adafactor), "
                           "lower precision, a smaller model, or more device memory.")
-            reason = (f"global step {self.step} ran out of memory in {self._phase} at micro-batch {failed_at}, the "
-                      f"smallest {allowed}, {how} activation checkpointing. {advice}")
+            where = (f"micro-batch {failed_at}, the smallest {allowed}" if largest >= failed_at else f"micro-batch "
+                     f"{failed_at}, whose pieces of this batch hold at most {largest} samples: no micro-batch {allowed} "
+                     "cuts them smaller")
+            reason = f"global step {self.step} ran out of memory in {self._phase} at {where}, {how} activation checkpointing. {advice}"
         return StepOutOfMemoryError(self.step, self._phase, checkpointed, reason=reason)
 
     def _outside_replay(self, micro_batch: int) -> StepOutOfMemoryError:
