@@ -9,6 +9,13 @@ storage removes them from the count when it dies, so memory comes back as it wou
 device. Storages that existed before the mode was entered are not counted; in-place updates
 and views allocate nothing. Workspaces internal to one operator are not seen. A sparse tensor
 counts by its index and value tensors; an opaque (MKL-DNN) one, which shows no storage, not at all.
+
+``UntypedStorage.resize_`` is no operator (on the CPU it resizes the bytes directly), so no
+dispatch mode sees it; FSDP2 (``fully_shard``) allocates and frees its unsharded parameters
+exactly that way (``alloc_storage``/``free_storage``). An accountant that counts such resizes
+(:meth:`StorageAccountant.counts_storage`) has ``resize_`` wrapped while it is entered
+(:func:`_resizes_seen`): growth counts (and can run out of memory before the bytes change),
+shrinking gives back, to 0 and again. The ordinary path (operators) is untouched.
 """
 
 from __future__ import annotations
@@ -18,7 +25,7 @@ import weakref
 from typing import Any, Callable
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode_stack
 
 __all__ = ["StorageAccountant", "OperationLimit", "tensor_storages"]
 
@@ -66,6 +73,48 @@ def _storages(values: Any, counts: Callable[[torch.Tensor], bool]) -> list[torch
     return [storage for leaf in _tensors(values, []) if counts(leaf) for storage in tensor_storages(leaf)]
 
 
+_resize_lock = threading.Lock()
+_resize_users = 0
+_plain_resize = torch.UntypedStorage.resize_
+
+
+def _seen_resize(storage: torch.UntypedStorage, size: int) -> torch.UntypedStorage:
+    """``UntypedStorage.resize_`` as every accountant active in this thread sees it: each checks
+    the growth against its budget first (an OOM leaves the storage as it was, as a failed device
+    allocation does), then the bytes change, then each counts the change."""
+    accountants = [mode for mode in _get_current_dispatch_mode_stack()
+                   if isinstance(mode, StorageAccountant) and mode.counts_storage(storage)]
+    if not accountants:
+        return _plain_resize(storage, size)
+    before = storage.nbytes()
+    for accountant in accountants:
+        accountant._check_resize(storage, before, size)
+    out = _plain_resize(storage, size)
+    for accountant in accountants:
+        accountant._count_resize(storage, before, storage.nbytes())
+    return out
+
+
+class _resizes_seen:
+    """While any accountant that counts resizes is entered (in any thread), ``resize_`` is
+    :func:`_seen_resize`; the plain method again once the last one leaves."""
+
+    @staticmethod
+    def enter() -> None:
+        global _resize_users
+        with _resize_lock:
+            _resize_users += 1
+            torch.UntypedStorage.resize_ = _seen_resize
+
+    @staticmethod
+    def leave() -> None:
+        global _resize_users
+        with _resize_lock:
+            _resize_users -= 1
+            if _resize_users == 0:
+                torch.UntypedStorage.resize_ = _plain_resize
+
+
 class OperationLimit(RuntimeError):
     """More operators ran under a :class:`StorageAccountant` than its ``op_limit``: the trace that
     set the limit stops there (a fake-tensor trace whose cost grows with the batch)."""
@@ -108,7 +157,9 @@ class StorageAccountant(TorchDispatchMode):
         self.op_limit: int | None = None
 
     def _size(self, storage: torch.UntypedStorage) -> int:
-        nbytes = storage.nbytes()
+        return self._sized(storage.nbytes())
+
+    def _sized(self, nbytes: int) -> int:
         return -(-nbytes // self.round_to) * self.round_to
 
     def _track(self, key: int, storage: torch.UntypedStorage) -> int:
@@ -120,6 +171,59 @@ class StorageAccountant(TorchDispatchMode):
     def _release(self, key: int) -> None:
         with self._lock:
             self.current_bytes -= self._live.pop(key, 0)
+
+    def counts_storage(self, storage: torch.UntypedStorage) -> bool:
+        """Whether a ``storage.resize_`` outside any operator counts here (see the module's
+        docstring). None does by default: a fake trace resizes fake (meta) storages itself."""
+        return False
+
+    def __enter__(self):  # noqa: D105
+        if type(self).counts_storage is not StorageAccountant.counts_storage:
+            _resizes_seen.enter()
+        try:
+            return super().__enter__()
+        except BaseException:
+            self._leave_resizes()
+            raise
+
+    def __exit__(self, *exc: Any) -> Any:  # noqa: D105
+        try:
+            return super().__exit__(*exc)
+        finally:
+            self._leave_resizes()
+
+    def _leave_resizes(self) -> None:
+        if type(self).counts_storage is not StorageAccountant.counts_storage:
+            _resizes_seen.leave()
+
+    def _check_resize(self, storage: torch.UntypedStorage, before: int, after: int) -> None:
+        """Call :meth:`over_limit` when resizing ``storage`` from ``before`` to ``after`` bytes
+        would pass the budget."""
+        key = storage._cdata
+        if self.limit_bytes is None or (self.paused and key not in self._live):
+            return
+        grown = self._sized(after) - self._sized(before)
+        with self._lock:
+            in_use = self.current_bytes
+        if grown > 0 and in_use + grown > self.limit_bytes:
+            self.over_limit("UntypedStorage.resize_", grown, in_use)
+
+    def _count_resize(self, storage: torch.UntypedStorage, before: int, after: int) -> None:
+        """Count a resize from ``before`` to ``after`` bytes. A storage counted already changes
+        by the difference (never below 0); one not counted (made before the mode, its bytes the
+        host's or the model's) counts what it grows by, from then on until it dies."""
+        key = storage._cdata
+        change = self._sized(after) - self._sized(before)
+        with self._lock:
+            if key in self._live:
+                counted = max(0, self._live[key] + change)
+                self.current_bytes += counted - self._live[key]
+                self._live[key] = counted
+            elif change > 0 and not self.paused:
+                self._live[key] = change
+                weakref.finalize(storage, self._release, key)
+                self.current_bytes += change
+            self.peak_bytes = max(self.peak_bytes, self.current_bytes)
 
     def over_limit(self, func: Any, requested: int, in_use: int) -> None:
         """Called (outside the lock) when ``requested`` bytes would pass ``limit_bytes``;

@@ -11,7 +11,9 @@ are dropped, so the accounting never includes them. Storages are released from t
 accounting when they die, so memory comes back exactly as it would on a device.
 
 How: a :class:`~autobatch.memory.accounting.StorageAccountant` over CPU tensors (see there for what
-counts as an allocation). Tensors that existed before the context (say, the model's
+counts as an allocation), which also counts ``UntypedStorage.resize_`` (no operator, so no dispatch
+mode sees it; FSDP2 allocates and frees its unsharded parameters that way): growing counts,
+shrinking gives back. Tensors that existed before the context (say, the model's
 parameters) are not counted, like memory allocated before a probe; in-place updates of them
 allocate nothing. Workspaces internal to one operator are not seen, so the simulated peak is a
 slight underestimate of a real allocator's.
@@ -60,6 +62,10 @@ class SimulatedMemory(StorageAccountant):
     def __init__(self, limit_bytes: int) -> None:
         super().__init__(_on_cpu, limit_bytes=limit_bytes)
         self.oom_count = 0
+
+    def counts_storage(self, storage: torch.UntypedStorage) -> bool:
+        """A CPU storage's ``resize_`` counts (FSDP2 allocates and frees unsharded parameters so)."""
+        return storage.device.type == "cpu"
 
     def over_limit(self, func, requested: int, in_use: int) -> None:
         self.oom_count += 1

@@ -14,7 +14,7 @@ from typing import Any, Callable, Iterable
 
 import torch
 
-__all__ = ["DataParallel", "BuiltAlone", "choose", "agree_fit", "agree_resume", "exchange_bytes", "install", "installed",
+__all__ = ["DataParallel", "BuiltAlone", "choose", "check_no_sync", "wrapper_ranks", "alone_with_wrapper", "agree_fit", "agree_resume", "exchange_bytes", "install", "installed",
            "current", "unwrap"]
 
 
@@ -83,8 +83,13 @@ class DataParallel:
 
     def check_world(self, model: torch.nn.Module) -> None:
         """At the start of ``fit()``, before any sync point, load or step: refuse a world this
-        runner cannot train in (``model``: the runner's, as given). Here none is refused; see
-        :class:`BuiltAlone`, and :mod:`autobatch.dist` (the world a distributed runner was built in)."""
+        runner cannot train in (``model``: the runner's, as given). Here (one process, as
+        ``distributed=False`` asks): a DDP or ``fully_shard`` model whose collectives span several
+        ranks (:func:`wrapper_ranks`); see also :class:`BuiltAlone`, and :mod:`autobatch.dist`
+        (the world a distributed runner was built in)."""
+        spanned = wrapper_ranks(model)
+        if spanned > 1:
+            raise ValueError(alone_with_wrapper(type(model).__name__, spanned))
 
     def request_stop(self) -> None:
         """Ask the run to end after the step in progress (:meth:`autobatch.Runner.request_stop`)."""
@@ -130,6 +135,34 @@ class BuiltAlone(DataParallel):
                 "after init_process_group() (wrapping the model in DDP or fully_shard there too), or pass "
                 "Runner(distributed=False) to train each rank alone on purpose"
             )
+        super().check_world(model)
+
+
+def wrapper_ranks(model: torch.nn.Module) -> int:
+    """How many ranks the collectives of ``model``'s data-parallel wrappers span: the largest
+    process group of a ``DistributedDataParallel`` in it and device mesh of its sharded
+    (``fully_shard``) parameters; 1 where it has none, or no process group is initialised."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return 1
+    spans = [dist.get_world_size(module.process_group) for module in model.modules()
+             if isinstance(module, torch.nn.parallel.DistributedDataParallel)]
+    spans += [param.device_mesh.size() for param in model.parameters() if hasattr(param, "device_mesh")]
+    return max(spans, default=1)
+
+
+def alone_with_wrapper(wrapper: str, spanned: int) -> str:
+    """Why a one-process runner (``distributed=False``) refuses a model whose data-parallel
+    collectives span ``spanned`` ranks, and what to pass instead."""
+    return (
+        f"Runner(distributed=False) trains each rank alone, but its model ({wrapper}, wrapped in DistributedDataParallel "
+        f"or fully_shard) runs collectives over {spanned} ranks in every forward or backward: with no vote between the "
+        "ranks, one rank's OOM (it replays the batch at a smaller micro-batch) or a micro-batch planned differently on "
+        "another rank leaves its peers waiting in a collective until the process group's timeout. Pass distributed=None "
+        "(or True) to train across the ranks, the runner voting on every OOM; or, to train each rank alone, pass the "
+        "model unwrapped (ddp.module, or a model not sharded)"
+    )
 
 
 def choose(distributed: bool | None) -> tuple[DataParallel, bool]:
@@ -141,6 +174,25 @@ def choose(distributed: bool | None) -> tuple[DataParallel, bool]:
     if distributed is None and not current().active():
         return BuiltAlone(), False
     return installed(), True
+
+
+def check_no_sync(no_sync: Any, distributed: bool) -> None:
+    """Refuse ``Runner(ddp, ..., no_sync=ddp.no_sync)`` on a one-process runner when ``ddp`` was
+    built with ``static_graph=True``: torch's reducer cannot run a backward under ``no_sync()``
+    with a static graph, and the step after the first accumulated micro-batch failed with
+    "expect_autograd_hooks_ INTERNAL ASSERT FAILED" (a hand-written ``no_sync`` loop fails the
+    same), naming nothing to change. A distributed runner drives DDP's synchronisation itself and
+    never calls the ``no_sync`` given, so it is not refused there (``distributed``: the runner's)."""
+    owner = getattr(no_sync, "__self__", None)
+    if distributed or not isinstance(owner, torch.nn.parallel.DistributedDataParallel):
+        return
+    if getattr(owner, "static_graph", False):
+        raise ValueError(
+            "no_sync=model.no_sync cannot be used with a DistributedDataParallel built with static_graph=True: torch's "
+            "reducer fails on the backward after one under no_sync() ('expect_autograd_hooks_ INTERNAL ASSERT FAILED'). "
+            "Drop no_sync= (every micro-batch then all-reduces its gradients: the same update, more communication), or "
+            "build the DDP with static_graph=False"
+        )
 
 
 def agree_fit(parallel: DataParallel, floats: Iterable[str] = (), **arguments: int | float | bool | None) -> None:

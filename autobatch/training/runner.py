@@ -182,6 +182,7 @@ class Runner(OomRecovery, SplitsInMultiples, EndsSteps, Resumable, PlansFromData
                                    log_every=log_every, faults=faults, no_sync=no_sync, scheduler=scheduler, plan_options=plan_options)
         self.model = model
         self._parallel, self.distributed = ranks.choose(distributed)  # None: whether a group of several ranks is active
+        ranks.check_no_sync(no_sync, self.distributed)  # a static-graph DDP's no_sync fails in torch's reducer
         self.share = share_of(global_batch, self._parallel.world_size()) if self.distributed else global_batch
         check_options(device, checkpoint_dir, checkpoint_every, writes=self._parallel.is_rank_zero() or has_dtensors(model))
         self.optimizer = optimizer

@@ -237,7 +237,7 @@ def checkpointing(rank: int, world: int, out: Path) -> dict:
     report["blocks"] = find_blocks(model, ["_DecoderBlock"])
     probe_generator = torch.Generator().manual_seed(rank)
     step = TrainStep(model, optimizer, loss_fn, lambda n: torch.randint(0, VOCAB, (n, SEQ), generator=probe_generator).to(device()))
-    planned = plan(step, global_batch=8, allow_accumulation=False, memory_limit=os.environ.get("CKPT_LIMIT", "5MiB"),
+    planned = plan(step, global_batch=8, allow_accumulation=False, memory_limit=os.environ.get("CKPT_LIMIT", "6MiB"),
                    max_batch=8, steps_per_trial=1, strategy="binary", cache=False, estimate_first=False)
     report["plan"] = {"checkpointing": planned.checkpointing, "micro_batch": planned.micro_batch,
                       "modules": planned.checkpointed_modules, "reason": planned.reason}

@@ -41,7 +41,7 @@ SCENARIOS = ["probe", "train", "resume", "checkpointing", "clipped",
 def reports_of(tmp_path_factory, scenario: str) -> list[dict]:
     """Both ranks' reports of ``scenario``, from the one launch the tests of this file share."""
     runs, _ = shared_launch(tmp_path_factory, "fsdp", WORKER, SCENARIOS, LIMITS="6MiB,3MiB;3MiB,3MiB", FAULTS=FAULTS,
-                            SYNC_TIMEOUT="60", CKPT_LIMIT="5MiB")
+                            SYNC_TIMEOUT="60", CKPT_LIMIT="6MiB")
     return runs[scenario]
 
 

@@ -88,7 +88,7 @@ def test_a_one_rank_fully_shard_model_replays_an_oom_in_backward_to_the_right_we
     for layer in (model[0], model[2], model[4]):
         fully_shard(layer, mesh=one_rank_mesh)
     fully_shard(model, mesh=one_rank_mesh)
-    result = _fit(model, "2200KiB", batches)
+    result = _fit(model, "1900KiB", batches)  # one OOM in backward (2200KiB before resize_ counted)
     assert [r["phase"] for r in result.oom_recoveries] == ["backward"] and result.steps == 2
     for got, want in zip(model.parameters(), reference.parameters()):  # sharded again: before, some were left unsharded
         torch.testing.assert_close(got.full_tensor(), want, rtol=1e-5, atol=1e-6)  # before: off by 3.5e-3
