@@ -72,3 +72,54 @@ def test_the_size_trains_20_steps_of_fit_under_the_cap(keep):
     finally:
         torch.cuda.set_per_process_memory_fraction(1.0)
         free_memory()
+
+
+class _LoadedPlace(pl.Callback):
+    """Records where the checkpoint ``fit(ckpt_path=...)`` loaded sits at ``on_fit_start``."""
+
+    devices: set[str] = set()
+
+    def on_fit_start(self, trainer, pl_module):
+        def walk(value):
+            if isinstance(value, torch.Tensor):
+                self.devices.add(value.device.type)
+            elif isinstance(value, dict):
+                for item in value.values():
+                    walk(item)
+            elif isinstance(value, (list, tuple)):
+                for item in value:
+                    walk(item)
+
+        walk(trainer._checkpoint_connector._loaded_checkpoint)
+
+
+def test_a_run_resumed_from_a_checkpoint_without_the_callback_gets_a_fresh_runs_size(tmp_path):
+    """Lightning holds a checkpoint it loads on the GPU until it restores the optimizers, after
+    ``on_fit_start``: the callback's probe must not count it (``lightning_state.parked_checkpoint``).
+    A checkpoint saved by a plain ``fit`` is resumed with the callback: its size is the fresh run's
+    (within 3 %: trials differ a little), and fit trains to its end at it."""
+    free_memory()
+    torch.cuda.set_per_process_memory_fraction(CAP / torch.cuda.get_device_properties(0).total_memory)
+    options = dict(accelerator="gpu", devices=1, max_epochs=-1, logger=False, enable_checkpointing=False,
+                   enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0)
+    try:
+        plain = pl.Trainer(max_steps=3, **options)
+        plain.fit(LM(False))
+        path = tmp_path / "plain.ckpt"
+        plain.save_checkpoint(path)
+        del plain
+        free_memory()
+        fresh = AutoBatchSize()
+        pl.Trainer(max_steps=1, callbacks=[fresh], **options).fit(LM(False))
+        free_memory()
+        place, resumed = _LoadedPlace(), AutoBatchSize()
+        trainer = pl.Trainer(max_steps=10, callbacks=[place, resumed], **options)
+        module = LM(False)
+        trainer.fit(module, ckpt_path=path)  # an OOM here fails the test
+        print(f"fresh {fresh.batch_size}, resumed {resumed.batch_size}, loaded on {sorted(place.devices)}")
+        assert "cuda" in place.devices  # what the parking is for: Lightning loaded it onto the GPU
+        assert trainer.global_step == 10 and module.batch_size == resumed.batch_size
+        assert resumed.batch_size >= 0.97 * fresh.batch_size
+    finally:
+        torch.cuda.set_per_process_memory_fraction(1.0)
+        free_memory()
