@@ -6,7 +6,7 @@ precision plugin's scaler, the learning-rate schedulers, the random states, and 
 state that is neither a parameter nor a buffer (:class:`ModuleAttributes`: a ``training_step``'s
 gathered outputs, counters, a torchmetrics ``Metric``'s states). While the probe runs, no user
 callback is called and the module's ``log`` does nothing (:func:`probing`). A checkpoint that
-``fit(ckpt_path=...)`` loaded is off the device meanwhile (:func:`parked_checkpoint`).
+``fit(ckpt_path=...)`` loaded is host memory meanwhile (:func:`parked_checkpoint`).
 """
 
 from __future__ import annotations
@@ -175,17 +175,18 @@ def probing(trainer: Trainer, module: LightningModule) -> Iterator[None]:
 
 @contextmanager
 def parked_checkpoint(trainer: Trainer) -> Iterator[None]:
-    """While the callback probes and confirms: the tensors of the checkpoint ``fit(ckpt_path=...)``
-    loaded are host copies, and go back to their device after.
+    """While the callback probes and confirms: the checkpoint ``fit(ckpt_path=...)`` loaded is
+    host memory, and is not counted as the device's.
 
-    Why: Lightning loads the checkpoint (weights and optimizer moments) onto the device before
-    ``on_fit_start`` and frees it only after restoring the optimizers, before the first step, so
-    the probe counted memory ``fit`` never trains beside. A run resumed from a checkpoint without
-    this callback's state (saved before the callback was added, or by ``BatchSizeFinder``'s run)
-    is probed, and under 2 MiB no batch fitted (``NoBatchFitsError`` at batch 1) where a plain
-    resumed ``fit`` trains at 200. On an accelerator the copies cost host memory the size of
-    the checkpoint; under a simulated budget (:func:`~autobatch.memory.simulated.host_memory`) the
-    copies are not counted, as on a GPU."""
+    Lightning holds the loaded checkpoint (weights and optimizer moments) from before
+    ``on_fit_start`` until it restores the optimizers, just before the first step. Its own
+    ``CheckpointIO`` loads it into host memory (on an H200 every tensor was on the CPU), which
+    a GPU's probe does not see; under :func:`~autobatch.memory.simulated.simulated_memory`,
+    where the CPU is the device, it was counted, and a run resumed from a checkpoint without this
+    callback's state found no batch under 2 MiB (``NoBatchFitsError`` at batch 1) where a plain
+    resumed ``fit`` trains at 200. Its tensors are host copies outside the simulated budget
+    meanwhile (:func:`~autobatch.memory.simulated.host_memory`), as on a GPU; a tensor a custom
+    ``CheckpointIO`` loaded onto an accelerator is moved to the host too. All go back after."""
     connector = trainer._checkpoint_connector
     loaded = connector._loaded_checkpoint
     simulated = active_simulation() is not None

@@ -1,10 +1,11 @@
 """Review 24: resuming with ``fit(ckpt_path=...)`` from a checkpoint saved without
 ``AutoBatchSize`` (a run from before the callback was added, or one Lightning's
-``BatchSizeFinder`` sized). Lightning holds the loaded checkpoint (weights and Adam moments) on
-the device through ``on_fit_start`` and frees it before the first step, so the probe counted it:
-under 2 MiB no batch fitted (``NoBatchFitsError`` at batch 1) where the same resume without the
-callback trains at 200. The checkpoint is now off the device while the callback probes, and put
-back for Lightning to restore the optimizers from."""
+``BatchSizeFinder`` sized). Lightning holds the loaded checkpoint (weights and Adam moments)
+through ``on_fit_start`` in host memory, which a GPU's probe does not count; the simulated
+device, where the CPU is the device, counted it: under 2 MiB no batch fitted
+(``NoBatchFitsError`` at batch 1) where the same resume without the callback trains at 200. It
+is now outside the simulated budget while the callback probes, as on a GPU, and put back for
+Lightning to restore the optimizers from (``tests/gpu/test_cuda_lightning.py`` checks the GPU)."""
 
 from __future__ import annotations
 
