@@ -82,7 +82,9 @@ class _Faker:
         for key, entry in real_state.items():
             # keyed by a parameter, or by what an optimizer of one's own chooses (``state["global"]``)
             fake_key = self.fake(key) if isinstance(key, torch.Tensor) else key
-            state[fake_key] = {name: self._state_value(value) for name, value in entry.items()}
+            # a dict per parameter, or a bare tensor (an optimizer of one's own: ``state[p] = buf``)
+            state[fake_key] = ({name: self._state_value(value) for name, value in entry.items()}
+                               if isinstance(entry, dict) else self._state_value(entry))
         self.made[id(real_state)] = state
         return state
 

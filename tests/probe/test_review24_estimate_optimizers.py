@@ -118,3 +118,32 @@ def test_optimizer_state_keyed_by_a_string_is_traced():
     estimated = estimate_memory(step, 8).step_peak_bytes
     assert optimizer.state["global"]["t"] == 1 and type(optimizer.state["global"]["scale"]) is torch.Tensor
     assert estimated == pytest.approx(_measured(step, 8), rel=0.005)
+
+
+class BareState(torch.optim.Optimizer):
+    """Momentum kept as a bare tensor per parameter (``self.state[p] = buffer``), not a dict: the
+    runner and the cache key take such state; the trace's copy raised ``AttributeError: 'Tensor'
+    object has no attribute 'items'`` once the real optimizer had stepped."""
+
+    def __init__(self, params, lr: float = 0.01) -> None:
+        super().__init__(params, {"lr": lr})
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        for group in self.param_groups:
+            for param in group["params"]:
+                if param not in self.state:
+                    self.state[param] = torch.zeros_like(param)
+                self.state[param].mul_(0.9).add_(param.grad)
+                param.add_(self.state[param], alpha=-group["lr"])
+
+
+def test_bare_tensor_optimizer_state_is_traced():
+    model = _model()
+    optimizer = BareState(model.parameters())
+    step = TrainStep(model, optimizer, lambda m, b: m(b).square().mean(), lambda n: torch.randn(n, 16))
+    _measured(step, 8)  # the real optimizer has its state now: the trace copies it
+    kept = {param: buffer.clone() for param, buffer in optimizer.state.items()}
+    estimated = estimate_memory(step, 8).step_peak_bytes
+    assert estimated == pytest.approx(_measured(step, 8), rel=0.005)
+    assert all(type(optimizer.state[param]) is torch.Tensor for param in kept)  # the real state is no fake
