@@ -33,7 +33,7 @@ def _dtensor_class() -> type | None:
     module = sys.modules.get("torch.distributed.tensor")
     return getattr(module, "DTensor", None)
 
-__all__ = ["is_dtensor", "local", "ShardSpec", "Shard", "spec_of", "to_cpu_local", "from_cpu_local", "has_dtensors", "plain_state", "load_plain_state"]
+__all__ = ["is_dtensor", "local", "local_data", "ShardSpec", "Shard", "spec_of", "to_cpu_local", "from_cpu_local", "has_dtensors", "plain_state", "load_plain_state"]
 
 
 def is_dtensor(value: Any) -> bool:
@@ -46,6 +46,17 @@ def local(tensor: torch.Tensor) -> torch.Tensor:
     """The tensor this rank holds: a ``DTensor`` 's local shard (a view; writes go into the
     ``DTensor``), else ``tensor`` itself."""
     return tensor.to_local() if is_dtensor(tensor) else tensor
+
+
+def local_data(tensor: torch.Tensor) -> torch.Tensor:
+    """:func:`local` for reading and writing data outside autograd (no gradient flows through
+    it): a ``DTensor`` 's local tensor itself, without ``to_local()`` 's autograd view (about
+    10 us a tensor, which the runner's step guard paid for every parameter and optimizer state
+    of every step: 15 ms a step for a 20-block decoder's 980 tensors)."""
+    if is_dtensor(tensor):
+        inner = getattr(tensor, "_local_tensor", None)
+        return inner.detach() if isinstance(inner, torch.Tensor) else tensor.to_local().detach()
+    return tensor.detach()
 
 
 @dataclass(frozen=True)

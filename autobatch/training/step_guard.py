@@ -51,7 +51,7 @@ from .. import checks
 from ..memory.oom import is_oom_error
 from ..memory.simulated import host_memory
 from ..probe.restore import forget_scaler_stage
-from ..probe.shards import is_dtensor, local, spec_of
+from ..probe.shards import is_dtensor, local_data, spec_of
 
 __all__ = ["StepGuard", "GUARD_MODES", "GUARD_SPARE", "copy_all"]
 
@@ -117,6 +117,8 @@ class StepGuard:
                     keys[key] = copy.deepcopy(value)
             self._state_keys[index] = keys
         self._own = self._own_state()
+        # a DTensor (FSDP2) is copied as this rank's local shard: nothing is gathered
+        sources = [(slot, local_data(source)) for slot, source in sources]
         if self.mode == "auto":
             self._place(sources)
         live = {slot for slot, _ in sources}
@@ -126,14 +128,11 @@ class StepGuard:
         targets: list[torch.Tensor] = []
         for slot, source in sources:
             buffer = self._buffers.get(slot)
-            source = local(source)
             if buffer is None or buffer.shape != source.shape or buffer.dtype != source.dtype:
                 buffer = self._buffers[slot] = self._empty_like(source)
             targets.append(buffer)
-        # a DTensor (FSDP2) is copied as this rank's local shard: nothing is gathered
-        detached = [local(source).detach() for _, source in sources]
         with self._copy_stream():
-            copy_all(targets, detached)
+            copy_all(targets, [source for _, source in sources])
         self._capture_scaler()
         self._captured = True
 
@@ -178,7 +177,7 @@ class StepGuard:
         self.ready()
         with torch.no_grad():
             for index, param in enumerate(self._params):
-                local(param).copy_(self._buffers[(index, None)])
+                local_data(param).copy_(self._buffers[(index, None)])
                 saved = self._state_keys.get(index)
                 if saved is None:
                     self.optimizer.state.pop(param, None)
@@ -198,7 +197,7 @@ class StepGuard:
                         continue
                     buffer = self._buffers[(index, key)]
                     current = state.get(key)
-                    part = local(current) if isinstance(current, torch.Tensor) else None
+                    part = local_data(current) if isinstance(current, torch.Tensor) else None
                     if part is not None and part.shape == buffer.shape and part.dtype == buffer.dtype:
                         part.copy_(buffer)
                     else:
@@ -221,7 +220,7 @@ class StepGuard:
             self.optimizer.state[param] = copy.deepcopy(value)
             return
         current = self.optimizer.state.get(param)
-        part = local(current) if isinstance(current, torch.Tensor) else None
+        part = local_data(current) if isinstance(current, torch.Tensor) else None
         if part is not None and part.shape == buffer.shape and part.dtype == buffer.dtype:
             part.copy_(buffer)
         else:
@@ -239,8 +238,8 @@ class StepGuard:
     def _fresh(buffer: torch.Tensor, current: Any, param: torch.Tensor) -> torch.Tensor:
         """A new state tensor from ``buffer``: a DTensor laid out as the one it replaces (or
         as its parameter, when the state is shaped like the parameter's shard)."""
-        like = current if is_dtensor(current) else (param if is_dtensor(param) and local(param).shape == buffer.shape else None)
-        device = local(current).device if isinstance(current, torch.Tensor) else local(param).device
+        like = current if is_dtensor(current) else (param if is_dtensor(param) and local_data(param).shape == buffer.shape else None)
+        device = local_data(current).device if isinstance(current, torch.Tensor) else local_data(param).device
         fresh = buffer.to(device, copy=True)
         return spec_of(like).rebuild(fresh) if like is not None else fresh
 
@@ -248,7 +247,7 @@ class StepGuard:
         """``"auto"``: put the buffers on the device while ``room`` says it has room to spare."""
         placement = "cpu"
         if self.room is not None and not self.demoted:
-            extra = 0 if self.placement == "device" else sum(local(s).numel() * local(s).element_size() for _, s in sources)
+            extra = 0 if self.placement == "device" else sum(s.numel() * s.element_size() for _, s in sources)
             placement = "device" if self.room(extra) else "cpu"
         if placement != self.placement:
             self._buffers.clear()  # reallocated below where they now belong
@@ -280,15 +279,24 @@ class StepGuard:
 
 def copy_all(targets: list[torch.Tensor], sources: list[torch.Tensor]) -> None:
     """``target.copy_(source, non_blocking=True)`` for every pair, in one ``_foreach_copy_`` call
-    rather than hundreds of Python-level copies a step; one by one on a build without
-    mixed-device foreach copies. An out-of-memory error is raised, not retried."""
-    try:
-        torch._foreach_copy_(targets, sources, non_blocking=True)
-    except RuntimeError as exc:
-        if is_oom_error(exc):
-            raise
-        for target, source in zip(targets, sources):
-            target.copy_(source, non_blocking=True)
+    per pair of devices rather than hundreds of Python-level copies a step. A list that mixes
+    devices (an optimizer's CPU step counters among CUDA moments) would send every pair of it
+    down torch's one-by-one path, each a copy of its own; grouped, the CUDA pairs of a group take
+    a few fused kernels. One by one on a build without mixed-device foreach copies. An
+    out-of-memory error is raised, not retried."""
+    groups: dict[tuple[torch.device, torch.device], tuple[list[torch.Tensor], list[torch.Tensor]]] = {}
+    for target, source in zip(targets, sources):
+        into, out_of = groups.setdefault((target.device, source.device), ([], []))
+        into.append(target)
+        out_of.append(source)
+    for into, out_of in groups.values():
+        try:
+            torch._foreach_copy_(into, out_of, non_blocking=True)
+        except RuntimeError as exc:
+            if is_oom_error(exc):
+                raise
+            for target, source in zip(into, out_of):
+                target.copy_(source, non_blocking=True)
 
 
 class _StreamNoGrad:

@@ -265,7 +265,8 @@ def subgroups(rank: int, world: int, out: Path) -> dict:
 
 
 def store_keys(rank: int, world: int, out: Path) -> dict:
-    """The FSDP votes' keys left in the store after 2 and after 8 steps."""
+    """What the FSDP votes leave in the store after 2 and after 8 steps: rows still queued (every
+    row pushed must have been popped) and keys of the per-vote kind."""
     from autobatch.dist import agreement
 
     store = agreement._store()
@@ -275,9 +276,11 @@ def store_keys(rank: int, world: int, out: Path) -> dict:
         data = [tuple(t[rank * 8 : (rank + 1) * 8] for t in batch) for batch in _data(16 * steps)]
         Runner(model, torch.optim.SGD(model.parameters(), lr=0.01), _mse, global_batch=16, micro_batch=8, **QUIET).fit(data)
         dist.barrier()
+        queued = sum(store.queue_len(f"autobatch/votes/{to}/{r}") for to in range(world) for r in range(world))
         keys = [f"autobatch/vote/{n}/{r}" for n in range(agreement._state["sequence"] + 1) for r in range(world)]
-        left[str(steps)] = sum(store.check([key]) for key in keys)
-        dist.barrier()  # every rank counted before the next run deletes some
+        left[str(steps)] = {"queued": queued, "keys": sum(store.check([key]) for key in keys),
+                            "votes": agreement._state["sequence"]}
+        dist.barrier()  # every rank counted before the next run
     return left
 
 

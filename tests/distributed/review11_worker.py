@@ -131,6 +131,8 @@ def store_late_peer(rank: int, world: int, out: Path) -> dict:
     report = _outcome(lambda: exchange_via_store([rank], "review11: a vote rank 0 comes late to"), linger=False)
     dist_sync.set_timeout(limit)
     time.sleep(max(0.0, began + 3.5 - time.monotonic()))  # the next scenario starts on both ranks together
+    # the next store vote pairs as usual: no row of the vote given up on is left queued
+    report["next"] = _outcome(lambda: exchange_via_store([10 + rank], "review11: the vote after"), linger=False)
     return report
 
 

@@ -73,6 +73,8 @@ def test_a_store_vote_a_peer_gave_up_on_is_not_agreement_for_a_late_rank(runs):
     assert rank1["error"] == "RankDisagreementError" and "within 2 s" in rank1["message"], rank1
     assert rank0["error"] == "RankDisagreementError", rank0  # before: [[0], [1]], agreement
     assert "rank 1 gave up waiting for it" in rank0["message"] and rank0["seconds"] < 1.0, rank0
+    for report in (rank0, rank1):  # the late rank took back the row it pushed: the next vote pairs
+        assert report["next"]["value"] == [[10], [11]], report["next"]
 
 
 def test_one_fsdp_ranks_own_checkpoint_error_is_every_ranks(runs):
