@@ -83,7 +83,7 @@ class Resumable:
                 if ranks is not None:
                     state["rng_ranks"] = ranks
                 written = save_checkpoint(state, path)
-            except Exception as exc:  # noqa: BLE001 - told to every rank, then re-raised
+            except BaseException as exc:  # noqa: BLE001 - a Ctrl-C too: told to every rank, uncounted, re-raised
                 failure = exc
                 if isinstance(exc, OSError):  # a full disk: nothing trained is lost, the runner holds it
                     add_note(exc, f"autobatch: step {self.step} is trained and counted, and this runner holds its state: "
@@ -124,7 +124,7 @@ class Resumable:
                 "interrupted step is undone",
             )
 
-    def _checkpoint_written(self, failure: Exception | None, counted: tuple[int, str | None]) -> None:
+    def _checkpoint_written(self, failure: BaseException | None, counted: tuple[int, str | None]) -> None:
         """The sync point that ends every save: no rank returns before every file of this checkpoint
         is complete (rank 0's ``last.pt``; each rank's shards under FSDP2), so a rank that resumes or
         reads it right after sees this step's file, never a missing or stale one. A rank whose write
