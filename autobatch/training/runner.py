@@ -64,7 +64,7 @@ from .run_result import RunResult
 from .step_guard import StepGuard
 from .step_memory import StepMemory
 from .step_random import StepRandom
-from .stop_request import Stoppable
+from .stop_request import Stoppable, saves_on_sigterm
 
 __all__ = ["Runner", "train"]
 
@@ -240,6 +240,7 @@ class Runner(OomRecovery, SplitsInMultiples, EndsSteps, Resumable, PlansFromData
 
     # -- the public loop --------------------------------------------------------------------
     @checks.keywords(FIT_ALIASES)
+    @saves_on_sigterm  # a preempted job saves its progress before it ends
     def fit(
         self,
         data: Iterable[Any],

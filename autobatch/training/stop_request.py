@@ -16,11 +16,28 @@ points carry it, so it costs no collective. A request made before the step's las
 (its vote after the optimizer step) ends the run after that step, as in one process; one made
 after it (in ``on_step_end``, say) after the next step. Stopping there on one rank alone would
 leave its peers in a collective, and a checkpoint then (a collective too) could not be written.
+
+A preempted job (SIGTERM from SLURM, Kubernetes or ``torchrun``, which kill it a grace period
+later) saves too, without a handler of the user's: while :meth:`~autobatch.Runner.fit` runs
+with a ``checkpoint_dir``, in the main thread, and nothing else handles SIGTERM
+(:func:`saves_on_sigterm`), a SIGTERM asks for the stop above; once ``fit`` has written the
+checkpoint, the signal is raised again with its default action, so the process still ends as
+the signal asked (exit 143), only a step later and with its progress saved. A second SIGTERM
+before that ends it at once. A handler of the user's (or of the command line, Lightning, a
+launcher) is left alone, and so is Ctrl-C (``KeyboardInterrupt``).
 """
 
 from __future__ import annotations
 
-__all__ = ["Stoppable"]
+import functools
+import logging
+import signal
+import threading
+from typing import Any, Callable
+
+__all__ = ["Stoppable", "saves_on_sigterm"]
+
+log = logging.getLogger("autobatch.runner")
 
 
 class Stoppable:
@@ -52,3 +69,39 @@ class Stoppable:
     def _clear_stop(self) -> None:
         """Forget the request the run ended on, or one that came after its last step."""
         self._parallel.clear_stop()
+
+
+def saves_on_sigterm(fit: Callable[..., Any]) -> Callable[..., Any]:
+    """Wrap :meth:`~autobatch.Runner.fit` so that a SIGTERM saves before the process ends (see
+    the module): active only with a ``checkpoint_dir``, in the main thread, and where SIGTERM
+    has its default action; the default is back when ``fit`` ends."""
+
+    @functools.wraps(fit)
+    def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if (getattr(self, "checkpoint_dir", None) is None or threading.current_thread() is not threading.main_thread()
+                or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL):
+            return fit(self, *args, **kwargs)
+        received: list[int] = []
+
+        def handle(signum: int, frame: object) -> None:
+            if received:  # a second one: the step does not end (a hung peer), or the user insists
+                signal.signal(signal.SIGTERM, signal.SIG_DFL)
+                signal.raise_signal(signal.SIGTERM)
+            received.append(signum)
+            self.request_stop()
+
+        signal.signal(signal.SIGTERM, handle)
+        result = None
+        try:
+            result = fit(self, *args, **kwargs)
+        finally:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            if received:  # an error out of fit ends the process too: the signal was only held
+                if result is not None:
+                    log.warning("SIGTERM: stopped after step %d, which the checkpoint in %s holds (fit(data, "
+                                "resume='latest') goes on from there); the process ends now, as the signal asked",
+                                self.step, self.checkpoint_dir)
+                signal.raise_signal(signal.SIGTERM)
+        return result
+
+    return wrapper
