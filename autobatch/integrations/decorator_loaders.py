@@ -156,9 +156,17 @@ FIX = ("Build and prepare the loader inside the function: accelerator.prepare(Da
 
 def _trainer_in(trace: TracebackType | None) -> Any | None:
     """The ``transformers.Trainer`` whose method a failure passed through (a frame's ``self``), or
-    None. Read in the ``except`` handler, while the failed frames are still alive."""
+    None. Read in the ``except`` handler, while the failed frames are still alive. Only the failed
+    frames are read: ``f_locals`` of a frame still running (the decorator's own, where the error was
+    caught, and its callers) snapshots its locals, the caught exception too, into a dict that frame
+    keeps on Python < 3.13, so the traceback pinned every failed frame and its activations through
+    the retries (the canonical Accelerate loop, a loader prepared inside, reached batch 1)."""
+    running, frame = set(), sys._getframe()
+    while frame is not None:
+        running.add(id(frame))
+        frame = frame.f_back
     while trace is not None:
-        owner = trace.tb_frame.f_locals.get("self")
+        owner = None if id(trace.tb_frame) in running else trace.tb_frame.f_locals.get("self")
         if any(kind.__name__ == "Trainer" and (kind.__module__ or "").startswith("transformers.")
                for kind in type(owner).__mro__):
             return owner
