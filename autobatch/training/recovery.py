@@ -43,6 +43,7 @@ from .run_result import Recovery
 from .sequence_first import SequenceFirst
 from .skipped_steps import CountsSkips
 from .step_guard import GUARD_SPARE
+from .grad_watch import WatchesGrads
 
 __all__ = ["OomRecovery", "checked_min_micro_batch"]
 
@@ -61,7 +62,7 @@ def checked_min_micro_batch(value: int, micro_batch: int | None, max_micro_batch
     return value
 
 
-class OomRecovery(CountsSkips):
+class OomRecovery(CountsSkips, WatchesGrads):
     """Recovery state and steps of a :class:`~autobatch.Runner` (which sets the attributes)."""
 
     min_micro_batch = 1  # a recovery never shrinks the micro-batch below it (a multiple of multiple_of)
@@ -83,6 +84,7 @@ class OomRecovery(CountsSkips):
         self._phase = phase
         if self.faults is not None:
             self.faults(self.step, phase)
+        self._watch_grads(phase)  # a loss_fn that zeroes the gradients accumulated so far: grad_watch
         if phase in ("backward", "optimizer") and self._captured_at != self.step:
             self._capture()
         if phase == "optimizer":
