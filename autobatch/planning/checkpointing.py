@@ -38,15 +38,15 @@ module-level class holding its block, not a bound method pickle cannot find.
 
 The recompute. Backward runs the block's forward a second time. Modules with running
 statistics (``track_running_stats``: BatchNorm, InstanceNorm) would update them twice per
-micro-batch, so their buffers are saved before the recompute and put back after it (in
-training mode their output uses the batch's statistics, so the recompute's activations are
-the same). Anything else a block's forward does runs twice: a Python counter counts twice, a
+micro-batch, and spectral norm would run a second power iteration and recompute another
+weight than the forward's, so those buffers are kept (:mod:`.recompute_state`): the
+recompute starts from the forward's snapshot and what the forward left is put back after it.
+Anything else a block's forward does runs twice: a Python counter counts twice, a
 buffer of the user's own that forward updates is updated twice.
 """
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import logging
 from collections import Counter
@@ -60,6 +60,7 @@ from .. import checks
 from .module_names import (WRAPPER_ATTRIBUTES, checkpoint_targets as _targets, has_module as _has_module, misnamed_targets,
                            module_names_for, short_names as _short)
 from .own_checkpointing import checkpoint_by_protocol, checkpoints_by_protocol, own_checkpointing, own_checkpointing_hint
+from .recompute_state import recompute_contexts, writes_state
 
 __all__ = ["CheckpointHandle", "enable_checkpointing", "find_blocks", "is_checkpointed", "module_names_for",
            "no_blocks_hint", "put_back_checkpointing", "take_checkpointing"]
@@ -87,52 +88,18 @@ class _CheckpointedForward:
         # debug, early_stop, determinism_check, context_fn and use_reentrant as its own options
         # (a block's debug=True was eaten silently; its use_reentrant was a TypeError)
         compiling = torch.compiler.is_compiling()
-        if compiling or not _running_stats_owners(module):
+        if compiling or not writes_state(module):
             # compiled, the partitioner recomputes and buffer updates are applied once, from the
             # graph's outputs; a custom context_fn would take torch's selective-checkpoint path
             run = functools.partial(checkpoint, use_reentrant=False)
         else:
-            run = functools.partial(checkpoint, use_reentrant=False, context_fn=functools.partial(_recompute_contexts, module))
+            run = functools.partial(checkpoint, use_reentrant=False, context_fn=functools.partial(recompute_contexts, module))
         if module.training and not compiling and checkpoints_by_protocol(module):
             return checkpoint_by_protocol(module, run, args, kwargs)
         return run(functools.partial(forward, **kwargs) if kwargs else forward, *args)
 
     def __repr__(self) -> str:
         return f"<checkpointed forward of {type(self.module).__name__}>"
-
-
-def _running_stats_owners(module: nn.Module) -> list[nn.Module]:
-    """The modules of ``module`` that update running statistics in their forward now."""
-    return [owner for owner in module.modules() if owner.training and getattr(owner, "track_running_stats", False) is True]
-
-
-def _recompute_contexts(module: nn.Module) -> tuple[contextlib.AbstractContextManager, "_RunningStatsKept"]:
-    """``checkpoint``'s ``context_fn``: nothing around the forward, running statistics kept
-    around the recompute."""
-    return contextlib.nullcontext(), _RunningStatsKept(module)
-
-
-class _RunningStatsKept:
-    """Around a block's recompute: the buffers of its modules that track running statistics
-    (``track_running_stats`` and training: BatchNorm's ``running_mean``, ``running_var`` and
-    ``num_batches_tracked``) are saved on entry and written back on exit, so each micro-batch
-    updates them once (in the forward), as without checkpointing. Their owners in training
-    mode normalise with the batch's statistics, so the recomputed activations are the same."""
-
-    def __init__(self, module: nn.Module) -> None:
-        self.module = module
-        self.saved: list[tuple[torch.Tensor, torch.Tensor]] = []
-
-    def __enter__(self) -> "_RunningStatsKept":
-        self.saved = [(b, b.clone()) for owner in _running_stats_owners(self.module) for b in owner.buffers(recurse=False)]
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        # also when the recompute stops early (non-reentrant checkpoint raises to stop it)
-        with torch.no_grad():
-            for buffer, value in self.saved:
-                buffer.copy_(value)
-        self.saved = []
 
 
 def is_checkpointed(module: nn.Module) -> bool:

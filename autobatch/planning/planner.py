@@ -45,7 +45,7 @@ from ..probe.find import find_max_batch
 from ..probe.result import ProbeResult
 from ..probe.train_step import TrainStep
 from .accumulation import AccumulatingStep, micro_batch_sizes
-from .batch_statistics import batch_norm_layers, batch_statistics_note
+from .batch_statistics import batch_norm_layers, batch_statistics_note, power_iteration_note
 from .checkpointing import (CheckpointHandle, enable_checkpointing, find_blocks, no_blocks_hint, put_back_checkpointing,
                             take_checkpointing)
 from .fastest import ThroughputObjective
@@ -376,7 +376,8 @@ class _Planner(PlanErrors, ThroughputObjective):
         else:
             self.unwrap()
         piece = self.probe_kwargs.get("multiple_of", 1)  # accumulation is exact but for these: say so where a split meets them
-        for note in (batch_statistics_note(self.step.model, sizes), loss_split_note(self.step, sizes, piece)):
+        for note in (batch_statistics_note(self.step.model, sizes), power_iteration_note(self.step.model, sizes),
+                     loss_split_note(self.step, sizes, piece)):
             if note is not None:
                 log.warning("plan: %s", note)
                 self.notes.append(note)
