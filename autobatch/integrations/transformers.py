@@ -25,7 +25,7 @@ from .. import checks
 from ..probe.find import find_max_batch
 from ..probe.result import ProbeResult
 from .global_batch import cap_at_samples, changed_samples, check_share, small_split, split_keeping
-from .transformers_resume import resumed_global_batch, warn_unseen_resume
+from .transformers_resume import record_split, resumed_batch, resumed_global_batch, warn_unseen_resume
 from .transformers_samples import SLICE_ROWS, STREAM_SAMPLES, longest_sample
 from .transformers_schedule import tell_size
 from .transformers_step import TrainerStep, checkpointing_as_train, trainer_key
@@ -73,8 +73,8 @@ def fit_batch_size(
             :func:`longest_sample` of the training set, which reads every sample once, a
             🤗 ``datasets.Dataset`` a thousand rows a slice; a stream's first 1,000).
 
-    Returns the :class:`~autobatch.ProbeResult`; ``trainer.args`` holds the new settings. The
-    model's train/eval mode (each module's) is as it was before the call.
+    Returns the :class:`~autobatch.ProbeResult`; ``trainer.args`` holds the new settings, which its
+    checkpoints record (a callback). Each module's train/eval mode is as it was before the call.
     """
     args = trainer.args
     world = max(1, int(getattr(args, "world_size", 1)))
@@ -121,15 +121,15 @@ def fit_batch_size(
             trainer.optimizer = None  # train() creates it afresh, as it would have
         for module, training in modes:  # a model in eval() stays in eval(): train() switches it itself
             module.training = training
-    # resumed (global_batch from the checkpoint): the schedule was sized when the run began, not at these arguments
-    size, before = result.batch_size, (args.per_device_train_batch_size if global_batch == asked else None,
-                                       int(args.gradient_accumulation_steps))
+    # resumed (global_batch from the checkpoint): the schedule was sized when the run began; its batch instead
+    size, before = result.batch_size, ((args.per_device_train_batch_size, int(args.gradient_accumulation_steps))
+                                       if global_batch == asked else (None, resumed_batch(trainer, resume_from_checkpoint)))
     if share is not None:
         accumulation, size = _split(global_batch, world, size, multiple_of, asked is not None, args.gradient_accumulation_steps)
         args.gradient_accumulation_steps = accumulation
     _warn_changed(args, size, accumulation, world, share)  # before the user's size is replaced
     args.per_device_train_batch_size = size
-    trainer._train_batch_size = args.train_batch_size  # Trainer copies it at construction
+    record_split(trainer)  # train()'s loader size, and its checkpoints record the accumulation
     if asked is None and resume_from_checkpoint is None and getattr(args, "resume_from_checkpoint", None) is None:
         warn_unseen_resume(trainer, size)
     tell_size(trainer, before, size, accumulation, world, result.batch_size, share)  # and the steps train() runs

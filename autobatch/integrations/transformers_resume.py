@@ -16,9 +16,15 @@ for the run to go on, and keeping is the only answer that neither loses nor repe
 deliberate change stays open, by passing ``global_batch=`` (warned about, not refused).
 
 Only ``trainer_state.json`` is read (JSON: ``train_batch_size``, the per-device batch times the
-GPUs of one process). It records neither ``gradient_accumulation_steps`` nor the world size (those
-are in ``training_args.bin``, a pickle, never loaded here), so the checkpoint's run is taken to
-have had this run's accumulation and number of processes, as it has when the same script resumes.
+GPUs of one process). Transformers records no ``gradient_accumulation_steps`` there (it is in
+``training_args.bin``, a pickle, never loaded here), so ``fit_batch_size`` adds a callback whose
+state ``train()`` saves in it (:func:`record_split`) and which is read back here. Without it
+(a run ``fit_batch_size`` did not size), the checkpoint's run is taken to have had this run's
+accumulation, and the number of processes always, as it has when the same script resumes. Why
+the record: a run started with ``fit_batch_size(trainer, global_batch=16)`` trained 4 x 4, and
+the same script resumed took the checkpoint's 4 with its own ``gradient_accumulation_steps=1``
+for 4 samples a step: a warning told it to pass ``global_batch=4``, and without ``global_batch``
+the run went on at 4 a step, silently.
 """
 
 from __future__ import annotations
@@ -26,9 +32,11 @@ from __future__ import annotations
 import json
 import logging
 import os
+from functools import lru_cache
 from typing import Any
 
-__all__ = ["checkpoint_batch", "checkpoint_path", "resumed_global_batch", "warn_unseen_resume"]
+__all__ = ["checkpoint_batch", "checkpoint_path", "record_split", "resumed_batch", "resumed_global_batch",
+           "warn_unseen_resume"]
 
 log = logging.getLogger("autobatch")
 
@@ -60,16 +68,77 @@ def checkpoint_path(trainer: Any, resume_from_checkpoint: str | bool | None) -> 
 def checkpoint_batch(path: str) -> int | None:
     """The per-device batch (times one process's GPUs) the run saved at ``path`` trained, from
     its ``trainer_state.json`` (JSON only); None where the file or the field is missing."""
+    size = _state(path).get("train_batch_size")
+    return size if isinstance(size, int) and not isinstance(size, bool) and size > 0 else None
+
+
+def checkpoint_accumulation(path: str) -> int | None:
+    """The ``gradient_accumulation_steps`` the run saved at ``path`` trained with, as
+    :func:`record_split` recorded it in its ``trainer_state.json``; None where it recorded none."""
+    record = (_state(path).get("stateful_callbacks") or {}).get(_split_record().__name__)
+    record = record[-1] if isinstance(record, list) and record else record
+    steps = (record.get("args") or {}).get("gradient_accumulation_steps") if isinstance(record, dict) else None
+    return steps if isinstance(steps, int) and not isinstance(steps, bool) and steps > 0 else None
+
+
+def resumed_batch(trainer: Any, resume_from_checkpoint: str | bool | None) -> int | None:
+    """The per-device batch the checkpoint the coming ``train()`` resumes from trained (None:
+    no resume, or a state that records none)."""
+    path = checkpoint_path(trainer, resume_from_checkpoint)
+    batch = checkpoint_batch(path) if path is not None else None
+    return None if batch is None else max(1, batch // max(1, int(getattr(trainer.args, "n_gpu", 1) or 1)))
+
+
+def record_split(trainer: Any) -> None:
+    """Have the checkpoints ``train()`` saves record ``trainer.args``' accumulation (one callback
+    whose state goes into ``trainer_state.json``, replacing an earlier one), and copy the
+    per-device batch into ``trainer._train_batch_size``, which the ``Trainer`` copies at
+    construction and ``train()`` builds its loader with."""
+    record = _split_record()
+    trainer._train_batch_size = trainer.args.train_batch_size
+    trainer.remove_callback(record)
+    trainer.add_callback(record(gradient_accumulation_steps=int(trainer.args.gradient_accumulation_steps)))
+
+
+@lru_cache(maxsize=1)
+def _split_record() -> type:
+    """The callback class :func:`record_split` adds, made on first use (``transformers`` is
+    imported only where a ``Trainer`` is sized). ``train()`` saves its ``state()`` under its class
+    name in each checkpoint's ``trainer_state.json`` and, resuming, rebuilds it from ``args``."""
+    from transformers import TrainerCallback
+    from transformers.trainer_callback import ExportableState
+
+    class AutobatchSplit(TrainerCallback, ExportableState):
+        """The split ``fit_batch_size`` set, saved with each checkpoint (it does nothing else)."""
+
+        def __init__(self, gradient_accumulation_steps: int = 1) -> None:
+            self.gradient_accumulation_steps = gradient_accumulation_steps
+
+        def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            # the accumulation train() runs with, also where restore_callback_states_from_checkpoint
+            # rebuilt this callback from the checkpoint's (older) record; and its slot in a state
+            # resumed from a checkpoint saved without it, where train()'s save looks it up (KeyError)
+            self.gradient_accumulation_steps = int(args.gradient_accumulation_steps)
+            if isinstance(getattr(state, "stateful_callbacks", None), dict):
+                state.stateful_callbacks.setdefault(type(self).__name__, self.state())
+
+        def state(self) -> dict[str, Any]:
+            return {"args": {"gradient_accumulation_steps": self.gradient_accumulation_steps}, "attributes": {}}
+
+    return AutobatchSplit
+
+
+def _state(path: str) -> dict[str, Any]:
+    """The checkpoint's ``trainer_state.json`` as a dict ({} where there is none)."""
     try:
         with open(os.path.join(path, STATE_NAME), encoding="utf-8") as file:
             state = json.load(file)
     except FileNotFoundError:
-        return None
+        return {}
     except (OSError, ValueError) as error:
         raise ValueError(f"fit_batch_size: cannot read {os.path.join(path, STATE_NAME)} ({error}); pass "
                          "global_batch= (the samples per optimizer step the checkpoint's run trained)") from error
-    size = state.get("train_batch_size") if isinstance(state, dict) else None
-    return size if isinstance(size, int) and not isinstance(size, bool) and size > 0 else None
+    return state if isinstance(state, dict) else {}
 
 
 def resumed_global_batch(trainer: Any, resume_from_checkpoint: str | bool | None, global_batch: int | None,
@@ -92,7 +161,7 @@ def resumed_global_batch(trainer: Any, resume_from_checkpoint: str | bool | None
                         "skips exactly the samples it trained", path)
         return global_batch
     per_device = batch // max(1, int(getattr(args, "n_gpu", 1) or 1))  # train_batch_size counts a DataParallel step
-    trained = batch * max(1, int(args.gradient_accumulation_steps)) * world
+    trained = batch * (checkpoint_accumulation(path) or max(1, int(args.gradient_accumulation_steps))) * world
     if global_batch is not None:
         if global_batch != trained:
             log.warning("fit_batch_size: global_batch=%d, where the checkpoint %s trained %d samples per optimizer "

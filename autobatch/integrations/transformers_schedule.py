@@ -24,7 +24,7 @@ import logging
 import math
 from typing import Any
 
-__all__ = ["optimizer_steps", "tell_size"]
+__all__ = ["optimizer_steps", "tell_size", "warn_short_last_step"]
 
 log = logging.getLogger("autobatch")
 
@@ -44,12 +44,15 @@ def optimizer_steps(args: Any, samples: int | None, size: int, accumulation: int
     return math.ceil(args.num_train_epochs * per_epoch), float(args.num_train_epochs)
 
 
-def tell_size(trainer: Any, before: tuple[Any, int], size: int, accumulation: int, world: int, probed: int,
+def tell_size(trainer: Any, before: tuple[Any, int | None], size: int, accumulation: int, world: int, probed: int,
               share: int | None) -> None:
     """The INFO line naming the size set, the samples per optimizer step and the steps ``train()``
     runs; one warning where the schedule was sized for the steps at ``before`` (the user's
     ``(per_device_train_batch_size, gradient_accumulation_steps)``; a size of None: not compared, as on a
-    resume, whose schedule was sized when the run began) and the count changed."""
+    resume, whose schedule was sized when the run began) and the count changed; and
+    :func:`warn_short_last_step`'s warning (on a resume ``before`` is ``(None, the checkpoint's
+    per-device batch)``)."""
+    warn_short_last_step(trainer, size, accumulation, world, share, before[1] if before[0] is None else None)
     args = trainer.args
     samples = _length(trainer.train_dataset)
     now = optimizer_steps(args, samples, size, accumulation, world)
@@ -82,6 +85,49 @@ def tell_size(trainer: Any, before: tuple[Any, int], size: int, accumulation: in
             "schedule will not end where training ends; build it after fit_batch_size, for %d steps (or pass "
             "lr_scheduler_type= and let train() build it)", type(trainer.lr_scheduler).__name__, before[0],
             old[0], now[0], now[0])
+
+
+def warn_short_last_step(trainer: Any, size: int, accumulation: int, world: int, share: int | None,
+                         resumed: int | None) -> None:
+    """One warning where ``dataloader_drop_last=True`` and the split set for a process's ``share``
+    of a global batch (``size`` x ``accumulation``; None: no global batch, nothing said) ends each
+    epoch with a shorter optimizer step, or, resuming, trains other samples an epoch than the
+    checkpoint's run did at its per-device batch ``resumed``.
+
+    Why: ``drop_last`` drops only the epoch's last short *micro*-batch, and ``train()`` steps a
+    last, shorter window of the batches left (``ceil(batches / accumulation)`` steps an epoch).
+    Measured: 40 samples, ``dataloader_drop_last=True``, a run at 16 x 1 (2 steps an epoch, 8
+    samples dropped) resumed at the probe's 8 x 2 for the same 16 a step ran 3 steps an epoch: its
+    step 3 trained the 8 samples the first run dropped, every later step took other samples than
+    the uninterrupted run's, and 2 epochs ran 6 steps, not 4, silently."""
+    args = trainer.args
+    samples = _length(trainer.train_dataset)
+    if share is None or not getattr(args, "dataloader_drop_last", False) or samples is None:
+        return
+    shard, step = math.ceil(samples / world), size * accumulation
+    left = (shard // size) % accumulation  # batches of the epoch's last, short window
+    trained, whole = shard // size * size, shard - shard % step
+    if resumed is not None and trained == shard // resumed * resumed:
+        return  # the resumed epochs are the checkpoint's run's, a short last step included
+    if resumed is not None:
+        then = optimizer_steps(args, samples, resumed, max(1, step // resumed), world)
+        now = optimizer_steps(args, samples, size, accumulation, world)
+        said = (f"resuming, per_device_train_batch_size={size} with gradient_accumulation_steps={accumulation} "
+                f"trains {trained} samples an epoch{' per process' if world > 1 else ''} under dataloader_drop_last="
+                f"True, where the checkpoint's run at {resumed} a batch trained {shard // resumed * resumed}: the "
+                f"resumed epochs do not line up with its epochs (samples it dropped are trained, later steps take "
+                f"other samples; {now[0] if now else '?'} steps where it ran {then[0] if then else '?'}); where the "
+                f"sample order matters, resume where per_device_train_batch_size={resumed} fits")
+    elif accumulation > 1 and left:
+        said = (f"dataloader_drop_last=True drops only an epoch's last short batch of per_device_train_batch_size="
+                f"{size}, so with gradient_accumulation_steps={accumulation} each epoch of {shard} samples"
+                f"{' per process' if world > 1 else ''} ends with an optimizer step of {left * size} samples where "
+                f"the others train {step}; to keep every step whole, train on {whole} samples"
+                f"{' per process' if world > 1 else ''} (a multiple of {step}: train_dataset.select(range("
+                f"{whole * world})) for a datasets.Dataset), or pass a global_batch= whose share divides {shard}")
+    else:
+        return
+    log.warning("fit_batch_size: %s", said)
 
 
 def _length(dataset: Any) -> int | None:
