@@ -1,0 +1,61 @@
+"""Real-GPU check of the decorator in Accelerate's own example shape: the model, optimizer and
+loader built and ``accelerator.prepare``d inside the decorated loop. Every retry starts from the
+memory the first attempt started from (a failed attempt's frames are not kept: on Python < 3.13
+reading a running frame's locals kept them, and the retries ran beside the first attempt's
+activations), and the size found is at least Accelerate's decorator's on the same loop and cap.
+Skipped without CUDA (or accelerate); run with ``bash scripts/gpu_tests.sh``."""
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    pytest.skip("needs a CUDA device", allow_module_level=True)
+accelerate = pytest.importorskip("accelerate")
+
+from autobatch import find_executable_batch_size, free_memory  # noqa: E402
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
+
+CAP = 2 * 2**30
+START = 65536
+
+
+def _loop(decorator, accelerator, data, starts):
+    @decorator(starting_batch_size=START)
+    def inner_training_loop(batch_size):
+        accelerator.free_memory()
+        starts.append(torch.cuda.memory_allocated())
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(256, 4096), torch.nn.ReLU(), torch.nn.Linear(4096, 1))
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        loader = torch.utils.data.DataLoader(data, batch_size=batch_size)
+        model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+        for x, y in loader:
+            loss = torch.nn.functional.mse_loss(model(x), y)
+            accelerator.backward(loss)
+            optimizer.step()
+            optimizer.zero_grad()
+        return batch_size
+    return inner_training_loop
+
+
+def test_the_canonical_accelerate_loop_frees_each_attempt_and_finds_at_least_accelerates_size():
+    free_memory()
+    data = torch.utils.data.TensorDataset(torch.randn(2 * START, 256), torch.randn(2 * START, 1))
+    accelerator = accelerate.Accelerator()
+    torch.cuda.set_per_process_memory_fraction(CAP / torch.cuda.get_device_properties(0).total_memory)
+    found = {}
+    try:
+        for name, decorator in (("accelerate", accelerate.utils.find_executable_batch_size),
+                                ("autobatch", find_executable_batch_size)):
+            starts: list[int] = []
+            found[name] = (_loop(decorator, accelerator, data, starts)(), starts)
+            accelerator.free_memory()
+            free_memory()
+    finally:
+        torch.cuda.set_per_process_memory_fraction(1.0)
+    ours, starts = found["autobatch"]
+    theirs = found["accelerate"][0]
+    print({name: (size, [round(s / 2**20) for s in at]) for name, (size, at) in found.items()})
+    assert len(starts) > 1 and max(starts) - starts[0] < 16 * 2**20, starts  # no attempt kept in memory
+    assert ours >= theirs, found
