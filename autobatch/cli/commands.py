@@ -44,8 +44,8 @@ from .sweep import forget_sweeps
 from .run_dir import check_probe_target, check_train_target, claim_run_dir
 from .user_config import command_line, run_roots
 from .sharding import per_rank_batch
-from .resume_state import check_optimizer_kind, check_steps_left, kept_settings, read_checkpoint
-from .training import FINAL_MODEL, METRICS, check_resume_target, find_resume, rank_fields, run_training
+from .resume_state import check_optimizer_kind, check_steps_left, kept_settings, micro_batch_notes, read_checkpoint
+from .training import FINAL_MODEL, METRICS, check_resume_target, earlier_probe, find_resume, rank_fields, run_training, samples_in_all
 
 __all__ = ["COMMANDS", "probe_task", "train_task", "run_app", "run_probe", "run_plan", "probe_kwargs"]
 
@@ -318,9 +318,7 @@ def _resume_from(cfg: DictConfig, out_dir: Path, optimizer: Any) -> dict[str, An
         raise ValueError(f"train.global_batch={wanted} differs from the checkpoint's {global_batch} ({path}); drop it to resume")
     per_rank_batch(global_batch, dist_sync.world_size(), key=f"the checkpoint's train.global_batch ({path})")
     notes = [f"resumed from {path} at step {state['step']}" + ("" if own else f" into a new run directory, {out_dir}")]
-    if cfg.train.micro_batch is not None:
-        notes.append("train.micro_batch is ignored on resume: the checkpoint's micro-batch is used")
-    notes += kept_settings(state, optimizer, cfg)
+    notes += micro_batch_notes(cfg.train, state) + kept_settings(state, optimizer, cfg)
     return dict(
         global_batch=global_batch, micro_batch=None, max_micro_batch=None, plan=None, probe=None, notes=notes,
         path=path, step=state["step"] if own else None,  # metrics.jsonl is continued only in the run's own directory
@@ -364,7 +362,8 @@ def train_task(cfg: DictConfig) -> dict[str, Any]:
             **run.rounded(),  # seconds and samples/s rounded as metrics.jsonl's
             **rank_fields(run.global_batch),
             "notes": setup["notes"],
-            "probe": None if probe is None else probe.to_dict(),
+            "samples_in_all": samples_in_all(out_dir / METRICS),
+            "probe": earlier_probe(setup.get("path"), cfg.train.checkpoint_dir, out_dir) if probe is None else probe.to_dict(),
             "metrics": str(out_dir / METRICS),
             "final_model": str(out_dir / FINAL_MODEL),
             "command": command,
@@ -372,7 +371,7 @@ def train_task(cfg: DictConfig) -> dict[str, Any]:
         }
         _write_json(out_dir / "train_result.json", summary)
         print_training(run, setup["notes"], runner.piece_sizes(run.global_batch // dist_sync.world_size()))
-        print(f"result          {out_dir / 'train_result.json'}")
+        print(f"final model     {out_dir / FINAL_MODEL}\nresult          {out_dir / 'train_result.json'}")
         return _row(  # batch_size: the (final) micro-batch it trained at
             probe, batch_size=run.micro_batch, cached=None if probe is None else probe.cached,
             global_batch=run.global_batch, steps=run.steps, recoveries=len(run.oom_recoveries),

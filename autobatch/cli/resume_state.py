@@ -28,7 +28,7 @@ from ..training.checkpoint_io import RUNNER_FORMAT, load_checkpoint, written_by_
 from ..training.sharded_files import check_sharded_resume
 from .schedulers import check_scheduler_kind
 
-__all__ = ["read_checkpoint", "check_steps_left", "check_optimizer_kind", "kept_settings"]
+__all__ = ["read_checkpoint", "check_steps_left", "check_optimizer_kind", "kept_settings", "micro_batch_notes"]
 
 #: the packaged ``optimizer`` options, by the class they build
 _OPTIONS = {"AdamW": "optimizer=adamw", "SGD": "optimizer=sgd"}
@@ -98,6 +98,17 @@ def check_optimizer_kind(state: dict[str, Any], optimizer: torch.optim.Optimizer
         f"train.resume: the checkpoint {path} was trained with optimizer {saved} and this run builds {mine}; "
         f"give {give} (and the optimizer settings of the run it continues), or start afresh without train.resume"
     )
+
+
+def micro_batch_notes(train: DictConfig, state: dict[str, Any]) -> list[str]:
+    """A note when ``train.micro_batch`` differs from the micro-batch the checkpoint resumes at
+    (the runner's, after any OOM recovery or grow-back), which a resume keeps. The same value
+    is no news: the ``continue with:`` command of a stopped run repeats the run's own
+    ``train.micro_batch``, and a note that it "is ignored" read as if the resume had gone wrong."""
+    given, saved = train.micro_batch, (state.get("result") or {}).get("micro_batch")
+    if given is None or given == saved:
+        return []
+    return [f"train.micro_batch={given} is ignored on resume: the checkpoint's micro-batch{f' {saved}' if saved else ''} is used"]
 
 
 def _plain(value: Any) -> Any:

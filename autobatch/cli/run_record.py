@@ -6,6 +6,12 @@ was "no checkpoint ...; give ... a run directory" although a run directory was g
 :func:`recorded_checkpoint_dirs` reads the run's own ``train.checkpoint_dir`` from the config
 it recorded: Hydra's ``.hydra/config.yaml`` (also there for a run killed before it finished),
 else the resolved config in its ``train_result.json``.
+
+A resumed run's ``train_result.json`` replaces the one its directory held: it had ``"probe":
+null`` (no probe runs on resume, so the answer the run trained on was gone from its record) and
+``samples`` of this command only beside ``steps`` of the whole run. :func:`earlier_probe` carries
+the run's probe over from its directory, and :func:`samples_in_all` counts the whole run's
+samples from ``metrics.jsonl``, so two runs' records compare.
 """
 
 from __future__ import annotations
@@ -17,7 +23,7 @@ import yaml
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-__all__ = ["recorded_checkpoint_dirs"]
+__all__ = ["recorded_checkpoint_dirs", "earlier_probe", "samples_in_all"]
 
 
 def _from_hydra(run: Path) -> str | None:
@@ -51,3 +57,50 @@ def recorded_checkpoint_dirs(run: Path) -> list[str]:
         return []
     found = (_from_hydra(Path(run)), _from_result(Path(run)))
     return list(dict.fromkeys(value for value in found if value and not Path(value).expanduser().is_absolute()))
+
+
+def _probe_of(run: Path) -> dict | None:
+    """The probe answer a run directory records: its ``train_result.json`` 's ``probe`` (a
+    resumed run's carries it on), else its ``result.json`` without the command and config."""
+    for name, pick in (("train_result.json", lambda data: data.get("probe")),
+                       ("result.json", lambda data: {k: v for k, v in data.items() if k not in ("command", "config")})):
+        try:
+            found = pick(json.loads((run / name).read_text(encoding="utf-8")))
+        except (OSError, ValueError, AttributeError):
+            continue
+        if isinstance(found, dict) and "batch_size" in found:
+            return found
+    return None
+
+
+def earlier_probe(checkpoint: Path | None, checkpoint_dir: str, run_dir: Path) -> dict | None:
+    """On resume (``checkpoint`` the ``last.pt`` continued), the probe the run started from: the
+    record in ``run_dir`` when it is the run's own directory, else in the checkpoint's run
+    directory (``<run>/<checkpoint_dir>/last.pt``). None when no run was resumed, or none is found."""
+    if checkpoint is None:
+        return None
+    depth = len(Path(checkpoint_dir).parts)
+    owner = None if Path(checkpoint_dir).expanduser().is_absolute() else Path(checkpoint).parents[depth]
+    for run in dict.fromkeys([Path(run_dir), *([owner] if owner is not None else [])]):
+        found = _probe_of(run)
+        if found is not None:
+            return found
+    return None
+
+
+def samples_in_all(metrics: Path) -> int | None:
+    """The samples of the whole run, over every command that trained it: the sum of
+    ``metrics.jsonl`` 's ``samples`` when its lines are the steps 1, 2, ... N (a run continued in
+    its own directory lists every update once); None when they do not start at step 1 (a
+    checkpoint continued in a new run directory) or the file cannot be read."""
+    total, expected = 0, 1
+    try:
+        with open(metrics, encoding="utf-8") as handle:
+            for line in handle:
+                record = json.loads(line)
+                if record.get("step") != expected:
+                    return None
+                total, expected = total + int(record["samples"]), expected + 1
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+    return total if expected > 1 else None

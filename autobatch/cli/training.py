@@ -55,9 +55,9 @@ from .interrupt import Interrupts, stopped, stopped_together
 from .lr_record import StepLearningRates
 from .resume_state import check_steps_left, read_checkpoint
 from .schedulers import build_scheduler
-from .run_record import recorded_checkpoint_dirs
+from .run_record import earlier_probe, recorded_checkpoint_dirs, samples_in_all
 
-__all__ = ["METRICS", "FINAL_MODEL", "checkpoint_in", "find_resume", "check_resume_target", "check_fresh_target", "run_files", "records_updates", "read_checkpoint", "check_steps_left", "runner_options", "run_training", "rank_fields"]
+__all__ = ["METRICS", "FINAL_MODEL", "checkpoint_in", "find_resume", "check_resume_target", "check_fresh_target", "run_files", "records_updates", "read_checkpoint", "check_steps_left", "runner_options", "run_training", "rank_fields", "earlier_probe", "samples_in_all"]
 
 log = logging.getLogger("autobatch")
 
