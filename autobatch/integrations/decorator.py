@@ -166,7 +166,7 @@ def find_executable_batch_size(
     def wrapped(*args: Any, **kwargs: Any) -> Any:
         check_call(function, args[int(method):], kwargs, method)
         memory = _instruments(device)
-        with LazyStateWatch() as watch, AttemptState(memory) as state:  # leaving it removes its hooks
+        with LazyStateWatch() as watch, AttemptState(memory, getattr(function, "__name__", "function")) as state:
             return _attempts(wrapped, watch, memory, state, args, kwargs)
 
     def _attempts(wrapped: Any, watch: LazyStateWatch, memory: DeviceMemory | None, grads: AttemptState,
@@ -177,7 +177,7 @@ def find_executable_batch_size(
             size = wrapped.batch_size
             attempt = Attempt(batch_size=size, ok=False, seconds=0.0)
             wrapped.attempts.append(attempt)
-            grads.record()
+            grads.record(size)
             if memory is not None:
                 memory.synchronize()
                 memory.reset_peak()

@@ -24,6 +24,8 @@ leaves behind outside the function, and how it is undone before the next attempt
   ``free_memory()`` at the function's top that Accelerate's docs (and these) advise, lived on
   through the retry: a bf16 MLP under 7 MiB failed at every size down to batch 1 where 921 runs;
   the memory in use after it is where the attempt starts (:meth:`AttemptState.started`);
+* a retry that loads a checkpoint a failed attempt saved and skips its done batches at another
+  batch size (``accelerator.skip_first_batches``) is one warning (:mod:`.decorator_resume`);
 * the **updates** a failed attempt made through an optimizer that the retry steps again (made
   before the call) cannot be undone without a copy: they are counted (:class:`RetrainedSteps`),
   and a call that returns after a retry that did not load a checkpoint into it is one warning.
@@ -45,6 +47,8 @@ import torch
 from torch.amp.grad_scaler import OptState, _refresh_per_optimizer_state
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
+from .decorator_resume import ResumeWatch
+
 __all__ = ["AttemptState", "RetrainedSteps", "accumulation_steps", "gradient_state"]
 
 
@@ -58,8 +62,9 @@ class AttemptState:
     optimizer stepped), and a gradient with no record from the attempt's start (the attempt made
     it, or an optimizer made since the first scan that never stepped holds it) is dropped."""
 
-    def __init__(self, memory: Any = None) -> None:
+    def __init__(self, memory: Any = None, name: str = "function") -> None:
         self.memory = memory  # the decorator's instruments (a DeviceMemory), or None
+        self.resume = ResumeWatch(name)  # checkpoints saved and skipped across attempts
         #: the memory in use after the attempt's own ``accelerator.free_memory()`` (:meth:`started`)
         self.freed_to: int | None = None
         self.before: dict[int, tuple[weakref.ref, weakref.ref, int]] = {}
@@ -70,10 +75,12 @@ class AttemptState:
         self.collecting: dict[int, tuple[weakref.ref, Any]] = {}  # Accelerators whose free_memory collects
 
     def __enter__(self) -> "AttemptState":
+        self.resume.__enter__()
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.retrained.close()  # the load_state_dict hooks go, whatever happened
+        self.resume.__exit__(*exc)  # and the Accelerator's own save/load/skip methods come back
         for ref, own in self.collecting.values():  # each Accelerator's free_memory as the call found it
             if (accelerator := ref()) is not None:
                 if own is None:
@@ -82,10 +89,12 @@ class AttemptState:
                     accelerator.free_memory = own
         self.collecting.clear()
 
-    def record(self) -> None:
-        """At an attempt's start: each parameter's gradient (weakly) and its version counter, and
-        each known Accelerator's ``step``."""
+    def record(self, size: int | None = None) -> None:
+        """At an attempt's start (at batch ``size``): each parameter's gradient (weakly) and its
+        version counter, and each known Accelerator's ``step``."""
         self.before, self.freed_to = {}, None
+        if size is not None:
+            self.resume.started(size)
         self.retrained.record()
         for param in _params_of(_known_optimizers()):
             if param.grad is not None:
