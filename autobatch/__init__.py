@@ -49,7 +49,7 @@ __all__ += [
 ]
 
 # Resilient training: the OOM-surviving runner, fault injection (issue 6).
-from .errors import CheckpointError, StepOutOfMemoryError
+from .errors import AccumulationBrokenError, CheckpointError, StepOutOfMemoryError
 from .training.faults import FaultInjector, inject_oom
 from .training.run_result import RunResult
 from .training.runner import Runner, train
@@ -62,6 +62,7 @@ __all__ += [
     "inject_oom",
     "StepOutOfMemoryError",
     "CheckpointError",
+    "AccumulationBrokenError",
 ]
 
 # Know before you run: zero-OOM estimates and the persistent probe cache (issue 8).

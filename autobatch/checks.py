@@ -176,21 +176,29 @@ def trains(name: str, value: Any, model: torch.nn.Module) -> None:
                          f"e.g. torch.optim.AdamW(model.parameters())")
 
 
-def no_closure(name: str, value: torch.optim.Optimizer) -> None:
+def no_closure(name: str, value: torch.optim.Optimizer, *, runner: bool = False) -> None:
     """``value``'s ``step()`` runs without a closure. ``LBFGS`` (and any optimizer whose step
     requires one) evaluates the loss several times per step through it; a probe trial and the
     runner's step call ``step()`` once after one backward, so such an optimizer would fail deep
-    inside with ``step() missing 1 required positional argument: 'closure'``."""
+    inside with ``step() missing 1 required positional argument: 'closure'``. ``runner``: the
+    :class:`~autobatch.Runner` checks it (its advice is another optimizer, not another probe)."""
     try:
         closure = inspect.signature(type(value).step).parameters.get("closure")
     except (TypeError, ValueError):  # a step whose signature Python cannot read: nothing to tell
         return
     if isinstance(value, torch.optim.LBFGS) or (closure is not None and closure.default is inspect.Parameter.empty):
+        needs = (f"{name}={type(value).__name__} needs a closure in step(closure) (it re-evaluates the loss several "
+                 "times per step), ")
+        if runner:  # the Runner trains: it cannot, with this optimizer; a probe of the user's own loop is no help there
+            raise ValueError(
+                needs + "and the Runner runs each micro-batch's forward and backward, then one optimizer.step() "
+                "per global batch, so it cannot train with it. Use a first-order optimizer (SGD, Adam, AdamW) in the "
+                "Runner, or train this optimizer in your own loop"
+            )
         raise ValueError(
-            f"{name}={type(value).__name__} needs a closure in step(closure) (it re-evaluates the loss several times per "
-            "step), and autobatch's steps run one forward and backward, then optimizer.step(): optimizers that need a "
-            "closure are not supported. Use a first-order optimizer (SGD, Adam, AdamW), or probe a plain callable "
-            "fn(batch_size) that runs your closure step: find_max_batch(fn, restore=(model, optimizer))"
+            needs + "and autobatch's probe steps run one forward and backward, then optimizer.step(): optimizers that "
+            "need a closure are not supported there. Use a first-order optimizer (SGD, Adam, AdamW), or probe a plain "
+            "callable fn(batch_size) that runs your closure step: find_max_batch(fn, restore=(model, optimizer))"
         )
 
 
@@ -236,7 +244,7 @@ def loss(name: str, value: Any) -> torch.Tensor:
         raise FakeTensorLeakError(f"the loss {name} returned")
     if not found.requires_grad:
         raise ValueError(f"the loss {name} returned does not require grad, so backward has nothing to train "
-                         f"(torch would fail with 'element 0 of tensors does not require grad'): {_why_no_grad()}")
+                         f"(torch would fail with 'element 0 of tensors does not require grad'): {_why_no_grad(found)}")
     return found
 
 
@@ -250,15 +258,21 @@ def _loss_terms(value: Any) -> list[str]:
     return terms if len(terms) == len(value) else []
 
 
-def _why_no_grad() -> str:
-    """What to change where a loss has no autograd graph: the grad mode the step runs in, else
-    the loss cut from the graph or a model with nothing to train (which of the two the loss alone
-    cannot tell)."""
+def _why_no_grad(loss: torch.Tensor) -> str:
+    """What to change where ``loss`` has no autograd graph: the grad mode the step runs in, else a
+    loss computed under ``torch.inference_mode()`` inside ``loss_fn`` (an inference tensor says
+    so), else the loss cut from the graph or a model with nothing to train (which of the two the
+    loss alone cannot tell)."""
     if torch.is_inference_mode_enabled() or not torch.is_grad_enabled():
         mode = "torch.inference_mode()" if torch.is_inference_mode_enabled() else "torch.no_grad()"
         return f"gradients are off where the step runs (inside {mode}): call it outside that block"
-    return ("either the loss was cut from the graph (computed under torch.no_grad(), with .detach(), or rebuilt from "
-            ".item() or a Python number: return the tensor computed from the model's output), or no parameter it "
+    if loss.is_inference():  # made under inference_mode inside loss_fn or forward, which the step left already
+        return ("the loss was computed under torch.inference_mode() (inside the loss function or the model's "
+                "forward), which records no graph: compute the loss with gradients on, keeping inference_mode for "
+                "evaluation only")
+    return ("either the loss was cut from the graph (computed under torch.no_grad() or torch.inference_mode(), with "
+            ".detach(), or rebuilt from .item() or a Python number: return the tensor computed from the model's "
+            "output), or no parameter it "
             "depends on has requires_grad=True (a frozen model: unfreeze some, e.g. model.head.requires_grad_(True), "
             "and give the optimizer only those, "
             "torch.optim.AdamW(p for p in model.parameters() if p.requires_grad)), or those that do are inside a "

@@ -15,6 +15,7 @@ __all__ = [
     "PeerFailedError",
     "CheckpointError",
     "FakeTensorLeakError",
+    "AccumulationBrokenError",
     "raised_through",
     "in_packages",
     "add_note",
@@ -226,6 +227,15 @@ class FakeTensorLeakError(RuntimeError):
             "that cache (clear it, or start a new process); keep such caches as module attributes or buffers, which "
             "the trace puts back; or probe without tracing: strategy='predict' or 'binary' (or estimate_first=False)"
         )
+
+
+class AccumulationBrokenError(RuntimeError):
+    """``loss_fn`` zeroed the gradients the runner was accumulating over a step's micro-batches,
+    or stepped a scheduler (changed the learning rate) there, once per micro-batch.
+
+    Raised by the :class:`~autobatch.Runner` at the first step trained in more than one piece (a
+    plan's accumulation, a replay after an OOM), the step undone as after any error; the message
+    names the call to remove from ``loss_fn``. Not an OOM: no replay follows it."""
 
 
 def in_packages(module: str, packages: tuple[str, ...]) -> bool:

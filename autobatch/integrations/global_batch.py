@@ -144,7 +144,7 @@ def _split(share: int, best: int, multiple_of: int) -> str:
 
 
 def changed_samples(before: int, after: int, accumulation: int, world: int, *, size_setting: str, setting: str,
-                    where: str) -> str | None:
+                    where: str, samples: int | None = None, multiple_of: int = 1) -> str | None:
     """A warning where the size set, ``after``, changes the samples per optimizer step that the
     user's own accumulation made with their size ``before`` (None where it does not, or where the
     accumulation is 1: the batch alone is the step, and finding it is what was asked).
@@ -154,12 +154,23 @@ def changed_samples(before: int, after: int, accumulation: int, world: int, *, s
     became ``3 x 4``: 12 samples a step where the learning rate and schedule were tuned for 64, with
     only an INFO line, which a script does not show (Transformers' ``auto_find_batch_size`` changes
     it the same way, silently: transformers#33281). An accumulation above 1 says the user built a
-    global batch, so the change is said, naming ``global_batch=`` to keep it."""
+    global batch, so the change is said, naming ``global_batch=`` to keep it. ``samples``: a
+    process's samples of the training set (None: unknown); a ``global_batch`` whose share is larger
+    is refused (an epoch would end first), so where the old samples a step are more than the set
+    holds, the warning names the largest ``global_batch`` that is taken (a multiple of ``world``
+    times ``multiple_of``) instead of one that is refused."""
     if accumulation <= 1 or before == after or not isinstance(before, int) or isinstance(before, bool):
         return None
     ranks = f" over {world} processes" if world > 1 else ""
     old, new = before * accumulation * world, after * accumulation * world
+    keep = (f"pass global_batch={old} to keep {old} samples a step (the accumulation is then set so its micro-batches "
+            "fit)")
+    if samples is not None and old // world > samples:  # refused: each epoch would end before one global batch
+        largest = samples // multiple_of * multiple_of * world
+        keep = (f"global_batch={old} would be refused, as the training set holds {samples * world} samples, fewer "
+                f"than a step of {old}; " + (f"pass global_batch={largest} or less to fix the samples a step (the "
+                                             "accumulation is then set so its micro-batches fit)" if largest else
+                                             "use more training samples"))
     return (f"{size_setting}={after} with {setting}={accumulation} (set on {where}) trains {new} samples per optimizer "
             f"step{ranks} where {size_setting}={before} trained {old}, so the learning rate and schedule tuned for {old} "
-            f"no longer match; pass global_batch={old} to keep {old} samples a step (the accumulation is then set so "
-            f"its micro-batches fit), or set {setting}=1 to train the probe's batch alone")
+            f"no longer match; {keep}, or set {setting}=1 to train the probe's batch alone")

@@ -138,7 +138,7 @@ def changed_step(trainer: Trainer, own: Any, size: int, world: int, *, name: str
     dropped); only a size that differs from the module's own is checked (the user's own is theirs)."""
     accumulation = trainer.accumulate_grad_batches
     changed = changed_samples(own, size, accumulation, world, size_setting=name, setting="accumulate_grad_batches",
-                              where="the Trainer")
+                              where="the Trainer", samples=samples, multiple_of=multiple_of)
     if not changed:
         return None
     with train_loader(trainer) as batches:

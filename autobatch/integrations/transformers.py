@@ -127,7 +127,7 @@ def fit_batch_size(
     if share is not None:
         accumulation, size = _split(global_batch, world, size, multiple_of, asked is not None, args.gradient_accumulation_steps)
         args.gradient_accumulation_steps = accumulation
-    _warn_changed(args, size, accumulation, world, share)  # before the user's size is replaced
+    _warn_changed(trainer, size, accumulation, world, share, multiple_of)  # before the user's size is replaced
     args.per_device_train_batch_size = size
     record_split(trainer)  # train()'s loader size, and its checkpoints record the accumulation
     if asked is None and resume_from_checkpoint is None and getattr(args, "resume_from_checkpoint", None) is None:
@@ -156,16 +156,19 @@ def _warn_unsized_evaluation(trainer: Any, size: int) -> None:
             str(getattr(strategy, "value", strategy)), eval_size, size, size)
 
 
-def _warn_changed(args: Any, size: int, accumulation: int, world: int, share: int | None) -> None:
+def _warn_changed(trainer: Any, size: int, accumulation: int, world: int, share: int | None, multiple_of: int) -> None:
     """One warning where no global batch was asked for and ``size`` changes the samples per
     optimizer step the user's own ``gradient_accumulation_steps`` (above 1) made with their
-    ``per_device_train_batch_size`` (:func:`.global_batch.changed_samples`): it was an INFO line
+    ``per_device_train_batch_size`` (:func:`.global_batch.changed_samples`, given a process's samples
+    of the training set, so that the ``global_batch`` it names is one that is taken): it was an INFO line
     only, and 16 x 4 became 3 x 4 unseen, as under Transformers' ``auto_find_batch_size``. Under
     ``auto_find_batch_size`` it says to switch that off too: ``global_batch=`` beside it is refused
     (:func:`_refuse_auto_find`), so the advice alone led to that error."""
+    args = trainer.args
     changed = share is None and changed_samples(
         args.per_device_train_batch_size, size, accumulation, world, size_setting="per_device_train_batch_size",
-        setting="gradient_accumulation_steps", where="TrainingArguments")
+        setting="gradient_accumulation_steps", where="TrainingArguments",
+        samples=_shard_length(trainer.train_dataset, world), multiple_of=multiple_of)
     if changed:
         auto = ("; with global_batch= set auto_find_batch_size=False too (beside it, it is refused: on an "
                 "out-of-memory error train() would lower the batch without raising the accumulation)"

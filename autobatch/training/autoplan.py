@@ -13,7 +13,7 @@ import logging
 from typing import Any, Iterator
 
 from ..planning.accumulation import batch_size_of, cycle_samples
-from ..planning.batch_statistics import BATCH_STATISTICS
+from ..planning.batch_statistics import BATCH_STATISTICS, POWER_ITERATION
 from ..probe.train_step import TrainStep
 from .batch_ops import to_device
 from .checkpoint_io import rng_state, set_rng_state
@@ -89,8 +89,9 @@ class PlansFromData:
         planned = plan(step, global_batch=self.share, **options)
         if self.distributed:  # the probes agreed already; a timed pick may still differ per rank
             self._parallel.agree_plan(planned)
-        # plan() warned already where its split meets BatchNorm: the first split step does not again
+        # plan() warned already where its split meets BatchNorm or spectral norm: the first split step does not again
         self._told_batch_statistics = any(note.startswith(BATCH_STATISTICS) for note in planned.notes)
+        self._told_power_iteration = any(note.startswith(POWER_ITERATION) for note in planned.notes)
         self.micro_batch = self.initial_micro_batch = max(planned.micro_batch, self.min_micro_batch)
         self.balanced = planned.balanced  # the plan's split (multiple_of: full pieces, a smaller last), as it reports
         if planned.micro_batch < self.min_micro_batch:  # the floor wins: out of memory there, the run gives up clearly

@@ -24,12 +24,9 @@ from typing import Any
 
 import torch
 
+from ..errors import AccumulationBrokenError  # defined with autobatch's other errors; importable from here too
+
 __all__ = ["WatchesGrads", "AccumulationBrokenError"]
-
-
-class AccumulationBrokenError(RuntimeError):
-    """``loss_fn`` zeroed the gradients the runner was accumulating over a step's micro-batches,
-    or stepped a scheduler (changed the learning rate) there, once per micro-batch."""
 
 
 class WatchesGrads:

@@ -45,6 +45,7 @@ def check_optimizer(optimizer: Any, model: torch.nn.Module) -> None:
                         "torch.optim.AdamW([{'params': model.encoder.parameters(), 'lr': 1e-4}, "
                         "{'params': model.head.parameters(), 'lr': 1e-3}]) (a scheduler takes a list of max_lr per group)")
     checks.trains("optimizer", optimizer, model)
+    checks.no_closure("optimizer", optimizer, runner=True)  # LBFGS: the Runner's advice, before TrainStep's (the probe's)
     held = {id(p) for group in optimizer.param_groups for p in group["params"]}
     loose = [name for name, p in model.named_parameters() if p.requires_grad and id(p) not in held]
     if loose:

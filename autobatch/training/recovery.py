@@ -37,13 +37,13 @@ from ..memory.oom import free_memory, is_oom_error
 from ..planning.checkpointing import enable_checkpointing, is_checkpointed, no_blocks_hint
 from ..planning.own_checkpointing import own_checkpointing
 from ..probe.ddp_reducer import rebuild_before_first_step, reset_failed_reduction
-from .inputs import warn_batch_statistics
 from .multiples import round_down
 from .run_result import Recovery
 from .sequence_first import SequenceFirst
 from .skipped_steps import CountsSkips
 from .step_guard import GUARD_SPARE
 from .grad_watch import WatchesGrads
+from .split_warnings import TellsSplit
 
 __all__ = ["OomRecovery", "checked_min_micro_batch"]
 
@@ -62,7 +62,7 @@ def checked_min_micro_batch(value: int, micro_batch: int | None, max_micro_batch
     return value
 
 
-class OomRecovery(CountsSkips, WatchesGrads):
+class OomRecovery(CountsSkips, WatchesGrads, TellsSplit):
     """Recovery state and steps of a :class:`~autobatch.Runner` (which sets the attributes)."""
 
     min_micro_batch = 1  # a recovery never shrinks the micro-batch below it (a multiple of multiple_of)
@@ -71,7 +71,6 @@ class OomRecovery(CountsSkips, WatchesGrads):
     _smallest_trained: int | None = None  # the smallest micro-batch that completed a step in this run
     _last_shrink: tuple[int, int, int] | None = None  # (step, before, after) of the last recovery that shrank it
     _measured_fail: tuple[int, int] | None = None  # (step, largest piece) of the last failure a measured pick followed
-    _told_batch_statistics = False  # warned that BatchNorm normalises each micro-batch on its own
     _largest_batch = 0  # samples of the largest batch (this rank's) a step began with: grow-back tries wait for one
 
     @functools.cached_property
@@ -331,9 +330,7 @@ class OomRecovery(CountsSkips, WatchesGrads):
         self.buffers.settle()  # parameters outside the optimizer that forward changed are guarded from now on
         self.growth.on_step_done(outlier=self.step_memory.outlier)
         self._smallest_trained = min(self._smallest_trained or self.micro_batch, self.micro_batch)
-        if not self._told_batch_statistics and len(sizes := self._piece_sizes()) > 1:  # once: BatchNorm sees the split
-            warn_batch_statistics(self._train_step.model, sizes)
-            self._told_batch_statistics = True
+        self._tell_split()  # once, at the first step in several pieces: BatchNorm, spectral norm (split_warnings)
 
     def _abandon(self) -> None:
         """Giving up on a step (out of options, or any other exception: an interrupt, an error in
