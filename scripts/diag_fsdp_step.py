@@ -1,6 +1,6 @@
 """Where an FSDP2 runner step's time goes, against a hand-written FSDP2 loop (2 ranks).
 
-    torchrun --nproc-per-node 2 scripts/diag_fsdp_step.py [--micro 11] [--steps 20] [--rounds 2]
+    torchrun --nproc-per-node 2 scripts/diag_fsdp_step.py [--micro 9] [--steps 20] [--rounds 2]
 
 Same model, data and caps as ``scripts/bench_fsdp.py`` (no probe: ``--micro`` is the micro-batch).
 Variants, interleaved over ``--rounds``: the hand loop; the runner with each ``step_guard``

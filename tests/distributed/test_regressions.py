@@ -12,7 +12,7 @@
   batch), and a model with a built-in comm hook trains (it raised "can only be called once");
 * DDP over a sub-group, FSDP over a smaller mesh: one clear error (DDP's gradients were
   silently halved);
-* the store-based votes leave one key per rank, not two per step;
+* the store-based votes leave nothing in the store: every row pushed is popped;
 * healthy ranks at different FSDP collectives raise at once instead of pairing them;
 * ``fit_batch_size`` over several processes counts the gradient buckets of the DDP ``train()`` wraps
   the model in (the unwrapped probe's answer ran out of memory in DDP's first step).
