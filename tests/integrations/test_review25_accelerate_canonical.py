@@ -17,17 +17,10 @@ import torch
 
 accelerate = pytest.importorskip("accelerate")
 
+from accelerator_cpu import accelerator  # noqa: E402,F401 - the fixture
 from autobatch import find_executable_batch_size, simulated_memory  # noqa: E402
 
 DATA = torch.utils.data.TensorDataset(torch.randn(64, 8), torch.randn(64, 1))
-
-
-@pytest.fixture
-def accelerator():
-    made = accelerate.Accelerator(cpu=True)
-    yield made
-    made.free_memory()
-    made.gradient_state.dataloader_references = [None]
 
 
 def test_a_failed_attempt_inside_a_loader_prepared_inside_is_freed_before_the_retry(accelerator):

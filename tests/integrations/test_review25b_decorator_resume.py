@@ -13,18 +13,11 @@ import torch
 
 accelerate = pytest.importorskip("accelerate")
 
+from accelerator_cpu import accelerator  # noqa: E402,F401 - the fixture
 from autobatch import find_executable_batch_size  # noqa: E402
 
 DATA = torch.utils.data.TensorDataset(torch.arange(64.0).unsqueeze(1), torch.zeros(64, 1))
 OWN = {method: accelerate.Accelerator.__dict__[method] for method in ("save_state", "load_state", "skip_first_batches")}
-
-
-@pytest.fixture
-def accelerator():
-    made = accelerate.Accelerator(cpu=True)
-    yield made
-    made.free_memory()
-    made.gradient_state.dataloader_references = [None]
 
 
 def resuming(accelerator, where, *, fail_above=12, skip=True, trained=None, load_from=None):
