@@ -32,6 +32,7 @@ from __future__ import annotations
 import functools
 import logging
 import signal
+import sys
 import threading
 from typing import Any, Callable
 
@@ -101,7 +102,22 @@ def saves_on_sigterm(fit: Callable[..., Any]) -> Callable[..., Any]:
                     log.warning("SIGTERM: stopped after step %d, which the checkpoint in %s holds (fit(data, "
                                 "resume='latest') goes on from there); the process ends now, as the signal asked",
                                 self.step, self.checkpoint_dir)
+                _flush()  # the default action ends the process at once: buffered lines (this warning) first
                 signal.raise_signal(signal.SIGTERM)
         return result
 
     return wrapper
+
+
+def _flush() -> None:
+    """Write out what logging's handlers and the standard streams still buffer."""
+    for handler in list(logging.getLogger().handlers) + list(log.handlers):
+        try:
+            handler.flush()
+        except Exception:  # noqa: BLE001 - a broken handler must not keep the process from ending
+            pass
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:  # noqa: BLE001
+            pass
