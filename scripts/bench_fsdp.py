@@ -84,12 +84,15 @@ def timed(fn, steps, device):
     return (time.perf_counter() - began) / steps
 
 
-def _count_votes() -> dict:
-    """Count autobatch's sync points (FSDP's votes among them) and the host time spent in them."""
-    from autobatch.dist import agreement
+def _count_votes(module=None, name: str = "exchange") -> dict:
+    """Count calls of ``module.name`` and the host time spent in them; ``clear()`` resets. The
+    default, ``autobatch.dist.agreement.exchange``, is the collective sync points; FSDP's votes go
+    through ``autobatch.dist.fsdp_guard.exchange_via_store`` (``scripts/diag_fsdp_step.py`` counts those)."""
+    if module is None:
+        from autobatch.dist import agreement as module
 
     counts = {"count": 0, "seconds": 0.0}
-    inner = agreement.exchange
+    inner = getattr(module, name)
 
     def timed_exchange(values, label):
         began = time.perf_counter()
@@ -99,7 +102,7 @@ def _count_votes() -> dict:
             counts["count"] += 1
             counts["seconds"] += time.perf_counter() - began
 
-    agreement.exchange = timed_exchange
+    setattr(module, name, timed_exchange)
     counts["clear"] = lambda: counts.update(count=0, seconds=0.0)
     return counts
 

@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import bench_fsdp  # noqa: E402
 from autobatch import Runner  # noqa: E402
 from autobatch import distributed as dist_sync  # noqa: E402
-from autobatch.dist import fsdp_guard, store_exchange  # noqa: E402
+from autobatch.dist import fsdp_guard  # noqa: E402
 
 
 def main() -> None:
@@ -59,18 +59,7 @@ def main() -> None:
             optimizer.zero_grad(set_to_none=True)
             loss.item()
 
-    votes = {"count": 0, "seconds": 0.0}
-    inner = store_exchange.exchange_via_store
-
-    def timed_store(values, label):
-        began = time.perf_counter()
-        try:
-            return inner(values, label)
-        finally:
-            votes["count"] += 1
-            votes["seconds"] += time.perf_counter() - began
-
-    fsdp_guard.exchange_via_store = timed_store
+    votes = bench_fsdp._count_votes(fsdp_guard, "exchange_via_store")  # the FSDP votes' exchange, timed
     real_check = fsdp_guard._check
     def make_runner(name):
         guard = "off" if name == "novote" else name
@@ -89,7 +78,7 @@ def main() -> None:
             if name != "hand":
                 runner = make_runner(name)
                 runner.fit(data[:2], epochs=1)  # warm-up: the guard's buffers
-            votes.update(count=0, seconds=0.0)
+            votes["clear"]()
             torch.cuda.synchronize(device)
             dist.barrier()
             began = time.perf_counter()
