@@ -23,7 +23,7 @@ import yaml
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-__all__ = ["recorded_checkpoint_dirs", "earlier_probe", "samples_in_all"]
+__all__ = ["recorded_checkpoint_dirs", "checkpoint_owner", "earlier_probe", "samples_in_all"]
 
 
 def _from_hydra(run: Path) -> str | None:
@@ -59,6 +59,17 @@ def recorded_checkpoint_dirs(run: Path) -> list[str]:
     return list(dict.fromkeys(value for value in found if value and not Path(value).expanduser().is_absolute()))
 
 
+def checkpoint_owner(checkpoint: Path, checkpoint_dir: str) -> Path | None:
+    """The run directory whose relative ``train.checkpoint_dir`` holds ``checkpoint``
+    (``<run>/<checkpoint_dir>/last.pt``); None for an absolute ``checkpoint_dir`` (shared by
+    runs), or a path too short to lie in one."""
+    relative = Path(checkpoint_dir).expanduser()
+    if relative.is_absolute():
+        return None
+    parents, depth = Path(checkpoint).parents, len(relative.parts)
+    return parents[depth] if depth < len(parents) else None
+
+
 def _probe_of(run: Path) -> dict | None:
     """The probe answer a run directory records: its ``train_result.json`` 's ``probe`` (a
     resumed run's carries it on), else its ``result.json`` without the command and config."""
@@ -79,8 +90,7 @@ def earlier_probe(checkpoint: Path | None, checkpoint_dir: str, run_dir: Path) -
     directory (``<run>/<checkpoint_dir>/last.pt``). None when no run was resumed, or none is found."""
     if checkpoint is None:
         return None
-    depth = len(Path(checkpoint_dir).parts)
-    owner = None if Path(checkpoint_dir).expanduser().is_absolute() else Path(checkpoint).parents[depth]
+    owner = checkpoint_owner(Path(checkpoint), checkpoint_dir)
     for run in dict.fromkeys([Path(run_dir), *([owner] if owner is not None else [])]):
         found = _probe_of(run)
         if found is not None:

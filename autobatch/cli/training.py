@@ -55,7 +55,7 @@ from .interrupt import Interrupts, stopped, stopped_together
 from .lr_record import StepLearningRates
 from .resume_state import check_steps_left, read_checkpoint
 from .schedulers import build_scheduler
-from .run_record import earlier_probe, recorded_checkpoint_dirs, samples_in_all
+from .run_record import checkpoint_owner, earlier_probe, recorded_checkpoint_dirs, samples_in_all
 
 __all__ = ["METRICS", "FINAL_MODEL", "checkpoint_in", "find_resume", "check_resume_target", "check_fresh_target", "run_files", "records_updates", "read_checkpoint", "check_steps_left", "runner_options", "run_training", "rank_fields", "earlier_probe", "samples_in_all"]
 
@@ -118,7 +118,7 @@ def find_resume(value: str, checkpoint_dir: str, base: Path, run_dir: Path | Non
 def _check_no_newer_run(newest: Path, checkpoint_dir: str, roots: list[Path], run_dir: Path | None) -> None:
     """``ValueError`` when a run under ``roots`` recorded updates after the checkpoint ``newest``
     was written and has no checkpoint of its own: ``latest`` would continue an older run."""
-    owner = newest.parents[len(Path(checkpoint_dir).parts)]
+    owner = checkpoint_owner(newest, checkpoint_dir)  # found by its checkpoint_dir: never None here
     written = _written_at(newest)
     for metrics in (m for root in roots for m in root.glob(f"**/{METRICS}")):
         run = metrics.parent
@@ -148,8 +148,8 @@ def check_resume_target(path: Path, run_dir: Path, checkpoint_dir: str, value: s
             "one is under each run directory)"
         )
     if held:
-        depth = len(Path(checkpoint_dir).parts)
-        in_place = "" if _shared_checkpoint(checkpoint_dir) else f", or hydra.run.dir={path.parents[depth]} to continue that run in place"
+        owner = checkpoint_owner(path, checkpoint_dir)  # None for a shared (absolute) checkpoint_dir
+        in_place = "" if owner is None else f", or hydra.run.dir={owner} to continue that run in place"
         raise ValueError(
             f"train.resume={value} continues {path}, but the run directory {run_dir} holds another run "
             f"({' and '.join(held)}), which resuming would overwrite; give a new hydra.run.dir (or none){in_place}"
