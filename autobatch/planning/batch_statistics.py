@@ -18,7 +18,7 @@ import torch
 
 from .recompute_state import spectral_norm_layers
 
-__all__ = ["batch_statistics_note", "batch_norm_layers", "power_iteration_note", "BATCH_STATISTICS", "POWER_ITERATION"]
+__all__ = ["batch_statistics_note", "batch_norm_layers", "power_iteration_note", "power_iteration_layers", "BATCH_STATISTICS", "POWER_ITERATION"]
 
 #: how the note begins (the runner that planned does not warn a second time)
 BATCH_STATISTICS = "BatchNorm in training mode ("
@@ -45,8 +45,18 @@ def batch_statistics_note(model: torch.nn.Module, sizes: list[int]) -> str | Non
 def batch_norm_layers(model: torch.nn.Module) -> str | None:
     """``model``'s BatchNorm layers in training mode, named (the first three and a count); None
     where it has none."""
-    names = [f"{name or 'the model'}: {type(module).__name__}" for name, module in model.named_modules()
-             if isinstance(module, torch.nn.modules.batchnorm._BatchNorm) and module.training]
+    return _shown([f"{name or 'the model'}: {type(module).__name__}" for name, module in model.named_modules()
+                   if isinstance(module, torch.nn.modules.batchnorm._BatchNorm) and module.training])
+
+
+def power_iteration_layers(model: torch.nn.Module) -> str | None:
+    """``model``'s layers whose forward runs a spectral-norm power iteration now (training mode),
+    named (the first three and a count); None where it has none."""
+    return _shown(spectral_norm_layers(model))
+
+
+def _shown(names: list[str]) -> str | None:
+    """The first three of ``names`` and a count of the rest; None for none."""
     if not names:
         return None
     return ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
@@ -57,10 +67,9 @@ def power_iteration_note(model: torch.nn.Module, sizes: list[int]) -> str | None
     in training mode: each forward runs a power iteration that updates ``sigma``'s estimate, so
     ``len(sizes)`` micro-batches train ``len(sizes)`` slightly different normalised weights (and
     run as many iterations) where one batch trains one. None where there is none."""
-    names = spectral_norm_layers(model) if len(sizes) >= 2 else []
-    if not names:
+    shown = power_iteration_layers(model) if len(sizes) >= 2 else None
+    if shown is None:
         return None
-    shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
     return (
         f"{POWER_ITERATION}{shown}) runs a power iteration in every forward: the plan's {len(sizes)} micro-batches "
         f"per step divide the weight by {len(sizes)} successive estimates of its largest singular value where one batch "

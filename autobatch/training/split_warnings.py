@@ -18,7 +18,7 @@ import logging
 
 import torch
 
-from ..planning.recompute_state import spectral_norm_layers
+from ..planning.batch_statistics import power_iteration_layers
 from .inputs import _sizes_text, warn_batch_statistics
 
 log = logging.getLogger("autobatch")
@@ -30,10 +30,9 @@ def warn_power_iteration(model: torch.nn.Module, sizes: list[int]) -> bool:
     """Warn, once a step trains in several micro-batches (``sizes``), where ``model`` has
     spectral-norm layers in training mode: each piece's forward runs a power iteration, so the
     step's accumulated gradient is not one batch's. Returns whether it warned."""
-    names = spectral_norm_layers(model)
-    if not names:
+    shown = power_iteration_layers(model)
+    if shown is None:
         return False
-    shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
     log.warning(
         "Spectral norm in training mode (%s) runs a power iteration in every forward: this step's micro-batches "
         "of %s divide each weight by successive estimates of its largest singular value where one batch of %d "
