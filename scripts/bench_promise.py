@@ -58,6 +58,7 @@ import autobatch  # noqa: E402
 from autobatch import free_memory, is_oom_error  # noqa: E402
 from autobatch.memory.simulated import active_simulation, host_memory  # noqa: E402
 from autobatch.workloads.models import GPT, MLP, ResNetCNN  # noqa: E402
+from promise_families import FAMILIES  # noqa: E402  (beside this script)
 
 COMPILE = False  # --compile (set in main)
 WORKLOADS = ("vit_b16", "resnet50_tuned", "resnet50", "gpt2", "llama")
@@ -68,6 +69,7 @@ WORKLOADS = ("vit_b16", "resnet50_tuned", "resnet50", "gpt2", "llama")
 MORE_WORKLOADS = ("efficientnet_b0_tuned", "convnext_tiny", "bert", "t5", "lstm", "lm128k")
 # ... and any other torchvision classifier by its name (``--workloads densenet121,swin_t``): these
 # prefixes route to ``torchvision.models.<name>(num_classes=10)`` at 224x224
+# ... and the families in promise_families.py (FAMILIES: deeplabv3, r3d18, mixtral, vae)
 TORCHVISION_PREFIXES = ("efficientnet", "convnext", "densenet", "swin", "mobilenet", "regnet", "resnext",
                         "wide_resnet", "shufflenet", "maxvit", "vgg")
 LLAMA = dict(vocab_size=50257, hidden_size=768, intermediate_size=2048, num_hidden_layers=12,  # a Llama-style decoder
@@ -93,6 +95,8 @@ def build(name: str, device: str, quick: bool):
         return _t5(device, quick) + (dtype, bench)
     elif name == "lstm":
         return _lstm(device, quick) + (dtype, bench)
+    elif base in FAMILIES:  # scripts/promise_families.py: segmentation, video, mixture of experts, VAE
+        return FAMILIES[base](device, quick) + (dtype, bench)
     elif name == "lm128k":
         return _lm128k(device, quick) + (dtype, bench)
     else:
@@ -253,7 +257,8 @@ def _to_host(batch):
 
 def _decoder(name: str, quick: bool):
     if name not in ("gpt2", "llama"):  # a misspelt name was silently GPT-2 ("resnet101" before this check)
-        raise SystemExit(f"unknown workload {name!r}: one of {', '.join(WORKLOADS + MORE_WORKLOADS)}, or a "
+        raise SystemExit(f"unknown workload {name!r}: one of "
+                         f"{', '.join(WORKLOADS + MORE_WORKLOADS + tuple(FAMILIES))}, or a "
                          "torchvision classifier's name")
     if name == "llama" and not quick:
         try:
