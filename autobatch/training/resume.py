@@ -26,6 +26,7 @@ from .checkpoint_io import (
     CHECKPOINT_NAME, RUNNER_FORMAT, load_checkpoint, resolve_checkpoint, rng_state, save_checkpoint, set_rng_state,
 )
 from .checkpoint_values import check_loose_parameters, load_loose_parameters, saved_loose_parameters, storable
+from .data_size import check_same_size, no_batches, saved_size
 from .epochs import EpochBatches, epoch_length, replayed, set_epoch, started
 from .extra_state import load_extra_state, saved_extra_state
 from .multiples import resumed_micro_batch
@@ -54,6 +55,7 @@ class Resumable:
     _epoch_iter: EpochBatches | None = None  # the current epoch's iterator
     _fetched_at_load = False  # the loaded checkpoint's step had drawn its batch (a step stopped part-way)
     _dir_claimed = False  # checkpoint_dir is this run's: checked by its first fit(), resumed from, or saved to
+    _data_size: dict[str, int | None] | None = None  # the epoch's data's batches and samples (data_size)
 
     def save(self, path: str | os.PathLike | None = None) -> Path:
         """Write a checkpoint atomically (default ``checkpoint_dir/last.pt``; a directory given
@@ -169,6 +171,7 @@ class Resumable:
             # the step at ``position`` had drawn its batch (stopped part-way): a resume draws it under the
             # epoch's replay, not afresh from "rng" (drawn after it); absent in older checkpoints: False
             "batch_fetched": self._batch_fetched(),
+            "data_size": self._data_size,  # a mid-epoch resume on data of another size is refused (data_size.py)
             "global_batch": self.global_batch,
             "micro_batch": self.micro_batch,
             "multiple_of": self.multiple_of,  # absent in checkpoints of older versions: 1
@@ -207,6 +210,8 @@ class Resumable:
         ``torch.distributed`` the ranks first agree on their data's length
         (:func:`~autobatch.training.pacing.agree_epoch_length`: uneven data is one error)."""
         fetched, self._fetched_at_load = self._batch_fetched(), False  # read before the iterator is replaced
+        replays = resumed_rng is not None and not self.distributed  # skips trained batches: of data of the same size
+        self._data_size = check_same_size(self._data_size if replays else None, data, self.epoch, self.position)
         self._each_step = self.distributed and agree_epoch_length(self._parallel, data, self.epoch)
         if resumed_rng is not None and (self.position > 0 or self.epoch > 0):
             warn_persistent_workers(data, self.position)
@@ -233,15 +238,7 @@ class Resumable:
         return not self._epoch_ended() and batches.drawn > self.position
 
     def _no_batches(self, data: Iterable[Any]) -> ValueError:
-        """Why an epoch yielded no batch: ``data`` is empty (a filtered set, a loader whose
-        ``drop_last`` dropped its one short batch), or a one-shot iterator was used up."""
-        if hasattr(data, "__len__") and len(data) == 0:  # type: ignore[arg-type]
-            return ValueError(f"data yielded no batches in epoch {self.epoch + 1}: it is empty (len(data) == 0; a "
-                              "DataLoader with drop_last=True over fewer samples than one batch has none); pass data "
-                              "that holds at least one batch")
-        return ValueError(f"data yielded no batches in epoch {self.epoch + 1}: a generator or other one-shot iterator "
-                          "is used up after one pass; pass a re-iterable (a list, a DataLoader), or epochs=1 / steps "
-                          "no more than its batches")
+        return no_batches(data, self.epoch)  # empty data, or a one-shot iterator used up
 
     def _continued_rng(self) -> dict[str, Any] | None:
         """Where an earlier ``fit()`` of this runner stopped inside an epoch (by ``steps``): the
@@ -359,6 +356,7 @@ class Resumable:
         self._samples_known = "epoch_samples" in state
         self.position = position_for(path, state, self.global_batch)
         self._epoch_iter, self._fetched_at_load = None, bool(state.get("batch_fetched", False))
+        self._data_size = saved_size(state, self.global_batch)  # absent in older checkpoints: not checked
         previous = RunResult.from_dict(state["result"])
         if self.micro_batch is None and previous.plan is not None:  # not planned again: train the plan's split
             self.balanced = bool(previous.plan.get("balanced", self.balanced))  # multiple_of: full pieces, not balanced
