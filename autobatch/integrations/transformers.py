@@ -25,6 +25,7 @@ from .. import checks
 from ..probe.find import find_max_batch
 from ..probe.result import ProbeResult
 from .global_batch import cap_at_samples, changed_samples, check_share, small_split, split_keeping
+from .transformers_loss import warn_unscaled_accumulation
 from .transformers_resume import record_split, resumed_batch, resumed_global_batch, warn_unseen_resume
 from .transformers_samples import SLICE_ROWS, STREAM_SAMPLES, longest_sample
 from .transformers_schedule import tell_size
@@ -133,8 +134,16 @@ def fit_batch_size(
     if asked is None and resume_from_checkpoint is None and getattr(args, "resume_from_checkpoint", None) is None:
         warn_unseen_resume(trainer, size)
     tell_size(trainer, before, size, accumulation, world, result.batch_size, share)  # and the steps train() runs
-    _warn_unsized_evaluation(trainer, size)
+    _warn_unprobed(trainer, size, sample)
     return result
+
+
+def _warn_unprobed(trainer: Any, size: int, sample: Any) -> None:
+    """The warnings on what the probe does not size and ``train()`` will run: evaluations above the
+    answer (:func:`_warn_unsized_evaluation`), and accumulated steps whose loss the ``Trainer`` would
+    not average (:func:`~autobatch.integrations.transformers_loss.warn_unscaled_accumulation`)."""
+    _warn_unsized_evaluation(trainer, size)
+    warn_unscaled_accumulation(trainer, sample)
 
 
 def _warn_unsized_evaluation(trainer: Any, size: int) -> None:

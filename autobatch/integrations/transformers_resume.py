@@ -36,7 +36,7 @@ from functools import lru_cache
 from typing import Any
 
 __all__ = ["checkpoint_batch", "checkpoint_path", "record_split", "resumed_batch", "resumed_global_batch",
-           "warn_unseen_resume"]
+           "split_record", "warn_unseen_resume"]
 
 log = logging.getLogger("autobatch")
 
@@ -66,19 +66,41 @@ def checkpoint_path(trainer: Any, resume_from_checkpoint: str | bool | None) -> 
 
 
 def checkpoint_batch(path: str) -> int | None:
-    """The per-device batch (times one process's GPUs) the run saved at ``path`` trained, from
-    its ``trainer_state.json`` (JSON only); None where the file or the field is missing."""
-    size = _state(path).get("train_batch_size")
+    """The per-device batch (times one process's GPUs) the run saved at ``path`` trained: the
+    :func:`record_split` record's where the run that saved it wrote it (a resumed ``train()`` keeps
+    the checkpoint's ``train_batch_size`` in its state, so after a resume at another batch the
+    state's is the first run's), else its ``trainer_state.json``'s; None where neither says."""
+    record, _ = split_record(path)
+    size = (record or {}).get("train_batch_size") or _state(path).get("train_batch_size")
     return size if isinstance(size, int) and not isinstance(size, bool) and size > 0 else None
 
 
 def checkpoint_accumulation(path: str) -> int | None:
     """The ``gradient_accumulation_steps`` the run saved at ``path`` trained with, as
-    :func:`record_split` recorded it in its ``trainer_state.json``; None where it recorded none."""
-    record = (_state(path).get("stateful_callbacks") or {}).get(_split_record().__name__)
-    record = record[-1] if isinstance(record, list) and record else record
-    steps = (record.get("args") or {}).get("gradient_accumulation_steps") if isinstance(record, dict) else None
+    :func:`record_split` recorded it in its ``trainer_state.json``; None where it recorded none,
+    or where the record is an earlier run's (:func:`split_record`)."""
+    record, _ = split_record(path)
+    steps = (record or {}).get("gradient_accumulation_steps")
     return steps if isinstance(steps, int) and not isinstance(steps, bool) and steps > 0 else None
+
+
+def split_record(path: str) -> tuple[dict[str, Any] | None, int | None]:
+    """``(record, stale_step)``: the :func:`record_split` record of the checkpoint at ``path`` where
+    the run that saved it wrote it, else ``(None, the step an earlier run wrote it at)``; ``(None,
+    None)`` where it has none. Why: ``train()`` resumed without ``fit_batch_size`` loads the
+    checkpoint's state, record included, and saves it unchanged in its own checkpoints, so a later
+    resume read a split that run never trained (16 a step where it trained 2). A record saved before
+    the step was recorded is taken as current."""
+    state = _state(path)
+    record = (state.get("stateful_callbacks") or {}).get(_split_record().__name__)
+    record = record[-1] if isinstance(record, list) and record else record
+    record = record.get("args") if isinstance(record, dict) else None
+    if not isinstance(record, dict):
+        return None, None
+    step = record.get("global_step")
+    if isinstance(step, int) and step != state.get("global_step"):
+        return None, step
+    return record, None
 
 
 def resumed_batch(trainer: Any, resume_from_checkpoint: str | bool | None) -> int | None:
@@ -109,21 +131,32 @@ def _split_record() -> type:
     from transformers.trainer_callback import ExportableState
 
     class AutobatchSplit(TrainerCallback, ExportableState):
-        """The split ``fit_batch_size`` set, saved with each checkpoint (it does nothing else)."""
+        """The split ``fit_batch_size`` set, saved with each checkpoint (it does nothing else): the
+        accumulation, the per-device batch (times one process's GPUs) and the optimizer step it
+        was saved at, so a reader can tell a record this run wrote from one carried over."""
 
-        def __init__(self, gradient_accumulation_steps: int = 1) -> None:
+        def __init__(self, gradient_accumulation_steps: int = 1, train_batch_size: int | None = None,
+                     global_step: int | None = None) -> None:
             self.gradient_accumulation_steps = gradient_accumulation_steps
+            self.train_batch_size, self.global_step = train_batch_size, global_step
+            self._trainer_state: Any = None
 
         def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-            # the accumulation train() runs with, also where restore_callback_states_from_checkpoint
+            # the split train() runs with, also where restore_callback_states_from_checkpoint
             # rebuilt this callback from the checkpoint's (older) record; and its slot in a state
-            # resumed from a checkpoint saved without it, where train()'s save looks it up (KeyError)
+            # resumed from a checkpoint saved without it, where train()'s save looks it up (KeyError).
+            # The batch is args' (set by fit_batch_size), not the state's: a resumed state keeps the
+            # checkpoint's train_batch_size; under auto_find_batch_size train() picks its own: None
             self.gradient_accumulation_steps = int(args.gradient_accumulation_steps)
+            self.train_batch_size = None if getattr(args, "auto_find_batch_size", False) else int(args.train_batch_size)
+            self._trainer_state = state
             if isinstance(getattr(state, "stateful_callbacks", None), dict):
                 state.stateful_callbacks.setdefault(type(self).__name__, self.state())
 
         def state(self) -> dict[str, Any]:
-            return {"args": {"gradient_accumulation_steps": self.gradient_accumulation_steps}, "attributes": {}}
+            step = getattr(self._trainer_state, "global_step", self.global_step)  # the step being saved
+            return {"args": {"gradient_accumulation_steps": self.gradient_accumulation_steps,
+                             "train_batch_size": self.train_batch_size, "global_step": step}, "attributes": {}}
 
     return AutobatchSplit
 
@@ -154,6 +187,13 @@ def resumed_global_batch(trainer: Any, resume_from_checkpoint: str | bool | None
         return global_batch
     args = trainer.args
     batch = checkpoint_batch(path)
+    _, stale = split_record(path)
+    if stale is not None and global_batch is None and not getattr(args, "auto_find_batch_size", False):
+        log.warning("fit_batch_size: the checkpoint %s was saved by a run fit_batch_size did not size (its split "
+                    "record is from step %d, an earlier run's, and a resumed state keeps the earlier run's train_batch_size "
+                    "too), so the samples per optimizer step it trained are not known: taken as its train_batch_size %s x this run's gradient_accumulation_steps=%d; pass "
+                    "global_batch= (the samples per step it trained) so resuming skips exactly the samples it trained",
+                    path, stale, batch, int(args.gradient_accumulation_steps))
     if batch is None:
         if global_batch is None:
             log.warning("fit_batch_size: the checkpoint %s records no train_batch_size, so its samples per optimizer "

@@ -57,7 +57,7 @@ from ..probe.train_step import TrainStep
 from ..training.batch_ops import to_device
 
 __all__ = ["TrainerStep", "checkpointing_as_train", "checkpointing_settings", "ddp_bucket_bytes", "num_items_in_batch",
-           "trainer_key"]
+           "trainer_key", "training_collator"]
 
 
 class TrainerStep(TrainStep):
@@ -68,7 +68,7 @@ class TrainerStep(TrainStep):
 
     def __init__(self, trainer: Any, sample: Any, share: int | None, accumulation: int = 1) -> None:
         self.trainer, self.sample, self.share, self.accumulation = trainer, sample, share, accumulation
-        self.collate = _training_collator(trainer)
+        self.collate = training_collator(trainer)
         max_grad_norm = getattr(trainer.args, "max_grad_norm", None)
         self.bucket_bytes = ddp_bucket_bytes(trainer)
         super().__init__(trainer.model, trainer.optimizer, self._loss, self._device_batch,
@@ -192,7 +192,7 @@ def _gathered_locally(trainer: Any) -> Iterator[None]:
             accelerator.gather = own
 
 
-def _training_collator(trainer: Any) -> Any:
+def training_collator(trainer: Any) -> Any:
     """The collator ``train()`` batches with: the data collator behind the ``Trainer``'s removal
     of the columns the model's forward does not take (``remove_unused_columns``, the default),
     which a raw collator chokes on (a ``text`` column beside the token ids)."""

@@ -64,4 +64,5 @@ def test_the_same_script_resumed_keeps_the_split_the_checkpoint_trained(sized_ru
     assert not [r.getMessage() for r in caplog.records if "global_batch=" in r.getMessage()]
     trainer.train(resume_from_checkpoint=str(checkpoint))  # the resumed run saves the record again
     saved = json.loads((tmp_path / "run" / "checkpoint-2" / "trainer_state.json").read_text())
-    assert saved["stateful_callbacks"]["AutobatchSplit"]["args"] == {"gradient_accumulation_steps": 4}
+    assert saved["stateful_callbacks"]["AutobatchSplit"]["args"] == {"gradient_accumulation_steps": 4,
+                                                                   "train_batch_size": 4, "global_step": 2}
