@@ -55,10 +55,10 @@ from ..probe.unrestored import caller_restores
 from ..training.checkpoint_io import rng_state, set_rng_state
 from .. import checks
 from .global_batch import accumulation_for, cap_at_samples, check_share, small_split, split_keeping
-from .lightning_epochs import changed_step, check_limit, check_val_interval, dropped_note, epoch_cap
+from .lightning_epochs import changed_step, check_limit, check_val_interval, dropped_note, epoch_cap, scheduled_step
 from .lightning_loaders import check_loader_follows, check_settable
 from .lightning_loop import LoopConfirmation, MemoryLine, confirm_in_loop
-from .lightning_options import checked_probe_options
+from .lightning_options import checked_batch_arg_name, checked_probe_options
 from .lightning_schedules import StepSchedule
 from .lightning_state import SavedState, parked_checkpoint, probing
 from .lightning_step import LightningStep, first_batch
@@ -117,9 +117,7 @@ class AutoBatchSize(Callback):
         probe_options: Mapping[str, Any] | None = None,
     ) -> None:
         global_batch = checks.positive_int("global_batch", global_batch, allow_none=True)
-        if not isinstance(batch_arg_name, str) or not batch_arg_name.isidentifier():  # else a TypeError at fit start
-            raise TypeError(f"batch_arg_name must name the batch size attribute (a string such as 'batch_size'), "
-                            f"got {batch_arg_name!r}")
+        checked_batch_arg_name(batch_arg_name)  # else a TypeError, or a field never found, at fit start
         if isinstance(confirm_steps, bool) or not isinstance(confirm_steps, int) or confirm_steps < 1:
             raise ValueError(f"confirm_steps must be a positive integer, got {confirm_steps!r}")
         self.batch_arg_name = batch_arg_name
@@ -346,12 +344,13 @@ class AutoBatchSize(Callback):
         optimizer step that the Trainer's own ``accumulate_grad_batches`` made with the module's own
         size (:func:`~.global_batch.changed_samples`): the accumulation is kept and the batch replaced,
         so ``4 x 4`` became ``147 x 4`` with only the INFO line naming the size; where the window no
-        longer divides the epoch's batches, what Lightning steps on instead (:func:`.lightning_epochs.changed_step`)."""
-        changed = share is None and changed_step(
-            trainer, own, self.batch_size, self._world, name=self.batch_arg_name, samples=samples,
-            drop_last=drop_last, multiple_of=self.probe_options["multiple_of"])
-        if changed:
-            rank_zero_warn(f"AutoBatchSize: {changed}")
+        longer divides the epoch's batches, what Lightning steps on instead (:func:`.lightning_epochs.changed_step`);
+        the same for a ``GradientAccumulationScheduler``'s windows (:func:`.lightning_epochs.scheduled_step`)."""
+        for check in (changed_step, scheduled_step):  # Lightning refuses both at once: one applies
+            if changed := share is None and check(trainer, own, self.batch_size, self._world, name=self.batch_arg_name,
+                                                  samples=samples, drop_last=drop_last,
+                                                  multiple_of=self.probe_options["multiple_of"]):
+                rank_zero_warn(f"AutoBatchSize: {changed}")
 
     def _skip_probe(self, trainer: Trainer, module: LightningModule, share: int | None) -> None:
         """Under ``Trainer(fast_dev_run=...)``: no probe and no confirmation, one warning, as

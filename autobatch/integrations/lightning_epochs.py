@@ -19,7 +19,7 @@ from .global_batch import changed_samples
 from .lightning_loop import refuses_interval
 from .lightning_schedules import train_loader
 
-__all__ = ["check_limit", "check_val_interval", "epoch_cap", "dropped_note", "changed_step"]
+__all__ = ["check_limit", "check_val_interval", "epoch_cap", "dropped_note", "changed_step", "scheduled_step"]
 
 
 def epoch_cap(trainer: Trainer, samples: int | None) -> tuple[int | None, str]:
@@ -182,3 +182,45 @@ def _window_fix(samples: int | None, size: int, accumulation: int, drop_last: bo
         if batches and batches % accumulation == 0:
             return f", max_batch={smaller} ({batches} batches an epoch, a multiple of {accumulation})"
     return ""
+
+
+def scheduled_step(trainer: Trainer, own: Any, size: int, world: int, *, name: str, samples: int | None,
+                   drop_last: bool, multiple_of: int) -> str | None:
+    """The one warning where, with no ``global_batch``, the size set changes what each optimizer
+    step of a ``GradientAccumulationScheduler`` trains (None where there is none, or the size is
+    the module's own): :func:`changed_step` for a schedule of windows.
+
+    Why: the scheduler sets ``accumulate_grad_batches`` at each epoch's start, after the callback
+    ran, so :func:`changed_step` saw 1 and said nothing. With 512 samples, ``drop_last=True``, a
+    module batch of 2 and ``GradientAccumulationScheduler({0: 2, 1: 4})``, the size 374 left one
+    batch an epoch: every step trained those 374 samples at half (then a quarter) of their mean
+    gradient, where the schedule was tuned for 4 then 8 samples a step, silently (Lightning's
+    ``BatchSizeFinder`` too). ``global_batch`` is refused beside the scheduler, so the fixes named
+    are a ``max_batch`` whose epoch the windows divide, or a schedule without the change."""
+    from lightning.pytorch.callbacks import GradientAccumulationScheduler
+
+    scheduler = next((c for c in trainer.callbacks if isinstance(c, GradientAccumulationScheduler)), None)
+    if scheduler is None or size == own or not isinstance(own, int) or isinstance(own, bool) or size < 1:
+        return None
+    windows = sorted({int(k) for k in scheduler.scheduling.values()})
+    if windows == [1]:
+        return None
+    with train_loader(trainer) as batches:
+        pass
+    ranks = f" over {world} processes" if world > 1 else ""
+    counted = batches if isinstance(batches, int) and batches >= 1 else max(windows)  # an epoch's steps train at most
+    schedule = ", ".join(f"{window} from epoch {epoch}" for epoch, window in sorted(scheduler.scheduling.items()))
+    said = (f"{name}={size} with the GradientAccumulationScheduler's accumulate_grad_batches ({schedule}) trains "
+            f"{' / '.join(str(size * min(w, counted) * world) for w in windows)} samples per optimizer step{ranks} "
+            f"where {name}={own} "
+            f"trained {' / '.join(str(own * w * world) for w in windows)}, so the learning rate and schedule tuned for "
+            "those no longer match")
+    short = [w for w in windows if isinstance(batches, int) and batches >= 1 and batches % w]
+    if short:
+        said += (f"; also, an epoch at {name}={size} has {batches} batch(es), which accumulate_grad_batches="
+                 f"{' or '.join(map(str, short))} does not divide, and Lightning steps at each epoch's end on the "
+                 "batches it has, each loss still divided by the full window")
+    whole = samples if isinstance(trainer.limit_train_batches, float) and trainer.limit_train_batches == 1.0 else None
+    fix = _window_fix(whole, size, math.lcm(*windows), drop_last, multiple_of)
+    return (f"{said}. Set a max_batch whose epoch the windows divide{fix}, or change the schedule "
+            "(global_batch is refused beside a GradientAccumulationScheduler, which changes the accumulation by epoch)")

@@ -10,7 +10,25 @@ from typing import Any, Mapping
 from ..probe.arguments import validate_probe_args
 from ..probe.find import find_max_batch
 
-__all__ = ["checked_probe_options"]
+__all__ = ["checked_batch_arg_name", "checked_probe_options"]
+
+
+def checked_batch_arg_name(name: Any) -> None:
+    """Refuse a ``batch_arg_name`` that Lightning's ``lightning_hasattr`` cannot find, when the
+    callback is built. Why: a non-string failed at fit start inside Lightning ("attribute name
+    must be string"), and a path such as ``"hparams.batch_size"`` (as a user writes who reads
+    ``self.hparams.batch_size``) was refused with a ``TypeError`` that did not say what to write
+    instead: the field alone is looked up in the module, its ``hparams``, the datamodule and its
+    ``hparams``, and set in each that has it, as ``BatchSizeFinder`` does."""
+    if not isinstance(name, str) or not name.isidentifier():
+        field = name.rsplit(".", 1)[-1] if isinstance(name, str) else ""
+        if isinstance(name, str) and "." in name and field.isidentifier():
+            raise ValueError(
+                f"AutoBatchSize: batch_arg_name={name!r} is a path; name the field alone, batch_arg_name={field!r}: "
+                "it is looked up in the module, its hparams, the datamodule and the datamodule's hparams, and the "
+                "size is set in each that has it (as Lightning's BatchSizeFinder does)")
+        raise TypeError(f"batch_arg_name must name the batch size attribute (a string such as 'batch_size'), "
+                        f"got {name!r}")
 
 
 def checked_probe_options(given: dict[str, Any], extra: Mapping[str, Any] | None) -> dict[str, Any]:
