@@ -17,8 +17,9 @@ out-of-memory error, multiplies the size by 0.9 and calls again. Three things di
   failing allocation was large (a far too large start failing in one big activation jumps
   down at once); a step that failed late, near its end, bounds its need barely above the
   capacity. The next size is the smaller of that and ``fallback_factor`` × the size (0.9,
-  Accelerate's), so it never takes more attempts than Accelerate; without instruments (the
-  CPU outside :func:`~autobatch.simulated_memory`, MPS) it is the fallback. Only the successful
+  Accelerate's); where the bound allows more, once a call, half that step (×0.95: it lands
+  closer, at most one attempt more than Accelerate; :mod:`.decorator_steps`). Without
+  instruments (the CPU outside :func:`~autobatch.simulated_memory`, MPS) it is the fallback. Only the successful
   call's size is known to run, so like Accelerate's the search only goes down; for the exact
   largest size in a few trials, probe a step with :func:`~autobatch.find_max_batch` first.
 * **Every attempt is recorded** in ``wrapped.attempts`` (size, outcome, peak, the failed
@@ -75,11 +76,11 @@ from ..memory.diagnostics import oom_count
 from ..memory.lazy_state import LazyStateWatch
 from ..memory.oom import allocated_at_failure, free_memory, is_oom_error, recognised_ooms, requested_bytes
 from ..memory.simulated import active_simulation
-from ..probe.arguments import ALLOCATOR_HEADROOM
 from .decorator_loaders import KeptLoader
 from .decorator_checks import (accumulation_message, caught_message, check_arguments, check_call, check_takes_batch,
                                is_method, kept_by_failures, refuse_coroutine, retrained_message, retry_note)
 from .decorator_state import AttemptState, accumulation_steps
+from .decorator_steps import next_size
 
 __all__ = ["find_executable_batch_size", "Attempt"]
 
@@ -101,7 +102,8 @@ class Attempt:
     requested_bytes: int | None = None
     capacity_bytes: int | None = None
     error: str | None = None
-    #: the size tried next and why: "measured" (allocated at the failure + the request), "fallback" (× fallback_factor) or "reduce_batch_size_fn"
+    #: the size tried next and why: "measured" (allocated at the failure + the request), "fallback" (× fallback_factor),
+    #: "finer" (half its step, once a call, where the measured bound allowed more) or "reduce_batch_size_fn"
     next_batch_size: int | None = None
     next_from: str | None = None
     #: out-of-memory errors raised during a call that returned and caught inside the function (by
@@ -207,7 +209,7 @@ def find_executable_batch_size(
             free_memory()
             if memory is not None:
                 attempt.peak_bytes = memory.peak()
-            wrapped.batch_size = _next_size(attempt, reduce_batch_size_fn, fallback_factor, multiple_of)
+            wrapped.batch_size = _next_size(wrapped.attempts[mine:], reduce_batch_size_fn, fallback_factor, multiple_of)
 
     wrapped.attempts = []  # type: ignore[attr-defined]
     wrapped.batch_size = starting_batch_size - starting_batch_size % multiple_of  # type: ignore[attr-defined]
@@ -282,7 +284,8 @@ def _record_failure(attempt: Attempt, exc: Exception, memory: DeviceMemory | Non
     attempt.requested_bytes = requested_bytes(str(exc))
 
 
-def _next_size(attempt: Attempt, reduce: Callable[[], int] | None, factor: float, multiple_of: int) -> int:
+def _next_size(attempts: list[Attempt], reduce: Callable[[], int] | None, factor: float, multiple_of: int) -> int:
+    attempt = attempts[-1]
     size = attempt.batch_size
     if reduce is not None:
         asked, how = int(reduce()), "reduce_batch_size_fn"
@@ -296,27 +299,12 @@ def _next_size(attempt: Attempt, reduce: Callable[[], int] | None, factor: float
                 f"return a size below {size} (the same size would fail again, for ever): make it return a smaller one"
             )
     else:
-        # never a smaller step than the fallback: a bound from a step that failed late is barely
-        # above the capacity, and steps of 1-3 % would cost more attempts than ×0.9
-        measured, blind = _measured(attempt), int(size * factor)
-        chosen, how = (measured, "measured") if measured is not None and measured < blind else (blind, "fallback")
+        chosen, how = next_size(attempts, factor)  # the bound, ×0.9, or once a call ×0.95 (decorator_steps)
         if chosen >= multiple_of:
             chosen -= chosen % multiple_of
         chosen = max(1, min(chosen, size - 1))
     attempt.next_batch_size, attempt.next_from = chosen, how
     return chosen
-
-
-def _measured(attempt: Attempt) -> int | None:
-    """The largest size the failed attempt's lower bound on its need allows, or None: what was
-    allocated when it failed plus the allocation that failed, above what the attempt started with."""
-    if attempt.failed_at_bytes is None or attempt.capacity_bytes is None or attempt.start_bytes is None:
-        return None
-    needed = attempt.failed_at_bytes + (attempt.requested_bytes or 0) - attempt.start_bytes
-    usable = attempt.capacity_bytes * (1 - ALLOCATOR_HEADROOM) - attempt.start_bytes
-    if needed <= 0 or usable <= 0 or needed < usable:
-        return None  # failed before reaching the capacity: the bound is not informative
-    return int(attempt.batch_size * usable / needed)
 
 
 def _lost_message(lost: int, name: str) -> str:

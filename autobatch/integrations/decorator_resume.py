@@ -17,6 +17,11 @@ How: for the duration of a decorated call, and only where Accelerate is imported
 batch size it trained at (the loader being iterated, else the attempt's size), a load in a later
 attempt of the call picks that size up, and a ``skip_first_batches(loader, n)`` with ``n > 0`` after
 it, over a loader of another batch size, is the warning. Nothing is copied or read from disk.
+The module-level ``accelerate.skip_first_batches`` (``accelerate.data_loader``'s, which the method
+calls) is usually imported by name before any call (``from accelerate import skip_first_batches``),
+so no module attribute swapped during a call reaches it: what it builds is watched instead, the
+``SkipBatchSampler`` (a map-style dataset) or the loader given ``skip_batches`` (an iterable one),
+and the warning points at the first frame outside Accelerate (the user's skip line).
 """
 
 from __future__ import annotations
@@ -34,6 +39,9 @@ _METHODS = ("save_state", "load_state", "skip_first_batches")
 _ACTIVE: list["ResumeWatch"] = []
 _ORIGINAL: dict[str, Any] = {}
 _PATCHED: list[type] = []
+#: what ``skip_first_batches`` builds, with its own ``__init__``, while a call is active
+_BUILT: list[tuple[type, Any]] = []
+_BUILDS = ("SkipBatchSampler", "SkipDataLoader", "DataLoaderShard", "DataLoaderDispatcher")
 
 
 class ResumeWatch:
@@ -73,17 +81,18 @@ class ResumeWatch:
     def _loaded(self, where: Any) -> None:
         self.loaded = self.last if where is None else self.saved.get(_key(where))
 
-    def _skipping(self, loader: Any, count: Any) -> None:
+    def _skipping(self, loader: Any, count: Any, stacklevel: int = 3, size: int | None = None) -> None:
         """A ``skip_first_batches(loader, count)``: the warning where the running attempt loaded a
-        checkpoint an earlier attempt of this call saved at another batch size than ``loader``'s."""
+        checkpoint an earlier attempt of this call saved at another batch size than ``loader``'s
+        (``size``, where what skips is not the loader: a ``SkipBatchSampler``'s)."""
         if self.warned or self.loaded is None or not isinstance(count, int) or count <= 0:
             return
         saved, attempt = self.loaded
-        now = _batch_size(loader) or self.size
+        now = size or _batch_size(loader) or self.size
         if attempt < self.attempt and now is not None and now != saved:
             self.warned = True
-            # here, the wrapper, the caller's skip_first_batches line
-            warnings.warn(resume_message(self.name, saved, now, count), RuntimeWarning, stacklevel=3)
+            # here, the wrapper, the caller's skip_first_batches line (a built object's: counted)
+            warnings.warn(resume_message(self.name, saved, now, count), RuntimeWarning, stacklevel=stacklevel)
 
 
 def resume_message(name: str, saved: int, now: int, count: int) -> str:
@@ -126,6 +135,27 @@ def _patch(accelerator: type) -> None:
         _ORIGINAL[method] = own
         setattr(accelerator, method, _wrapper(method, own))
     _PATCHED.append(accelerator)
+    module = sys.modules.get("accelerate.data_loader")
+    for name in _BUILDS:
+        kind = getattr(module, name, None)
+        if isinstance(kind, type) and "__init__" in vars(kind):
+            _BUILT.append((kind, vars(kind)["__init__"]))
+            kind.__init__ = _built(vars(kind)["__init__"])  # type: ignore[misc]
+
+
+def _built(own: Any) -> Any:
+    """``own`` (an ``__init__`` of what ``skip_first_batches`` builds) that reports a skip of
+    ``skip_batches > 0`` to the innermost active call, with the batch size skipped over: the
+    batch sampler's (``SkipBatchSampler(batch_sampler, skip_batches)``) or the loader's ``batch_size``."""
+    @functools.wraps(own)
+    def watched(self: Any, *args: Any, **kwargs: Any) -> Any:
+        count = kwargs.get("skip_batches", args[1] if type(self).__name__ == "SkipBatchSampler" and len(args) > 1 else 0)
+        if _ACTIVE and isinstance(count, int) and count > 0:
+            sampler = args[0] if type(self).__name__ == "SkipBatchSampler" and args else kwargs.get("batch_sampler")
+            size = _batch_size(sampler) or kwargs.get("batch_size")
+            _ACTIVE[-1]._skipping(None, count, stacklevel=_outside_accelerate(), size=size)
+        return own(self, *args, **kwargs)
+    return watched
 
 
 def _wrapper(method: str, own: Any) -> Any:
@@ -146,6 +176,17 @@ def _wrapper(method: str, own: Any) -> Any:
     return watched
 
 
+def _outside_accelerate() -> int:
+    """The ``stacklevel`` for :meth:`ResumeWatch._skipping`, called from :func:`_built`'s wrapper
+    (this function's caller): the first frame outside Accelerate, where the user called
+    ``skip_first_batches`` (its method, or the function)."""
+    package = os.path.dirname(getattr(sys.modules.get("accelerate"), "__file__", None) or "?") + os.sep
+    frame, level = sys._getframe(2), 3  # the wrapper's caller, as _skipping's warn counts it
+    while frame is not None and frame.f_code.co_filename.startswith(package):
+        frame, level = frame.f_back, level + 1
+    return level
+
+
 def _unpatch() -> None:
     """The class's own methods back."""
     for accelerator in _PATCHED:
@@ -153,3 +194,6 @@ def _unpatch() -> None:
             setattr(accelerator, method, own)
     _PATCHED.clear()
     _ORIGINAL.clear()
+    for kind, own in _BUILT:
+        kind.__init__ = own  # type: ignore[misc]
+    _BUILT.clear()

@@ -1,8 +1,8 @@
 """Real-GPU check of the decorator in Accelerate's own example shape: the model, optimizer and
 loader built and ``accelerator.prepare``d inside the decorated loop. Every retry starts from the
 memory the first attempt started from (a failed attempt's frames are not kept: reading a running
-frame's locals keeps them on Python < 3.13), it takes no more attempts than Accelerate's decorator
-on the same loop and cap, and its size is within ×0.9 of the smallest size that failed (the two
+frame's locals keeps them on Python < 3.13), it takes at most one attempt more than Accelerate's
+decorator on the same loop and cap (its once-a-call ×0.95 step), and its size is within ×0.9 of the smallest size that failed (the two
 land on different grids: which is larger depends on where the capacity falls).
 Skipped without CUDA (or accelerate); run with ``bash scripts/gpu_tests.sh``."""
 
@@ -62,5 +62,5 @@ def test_the_canonical_accelerate_loop_frees_each_attempt_and_finds_at_least_acc
     print({name: (size, [round(s / 2**20) for s in at]) for name, (size, at) in found.items()})
     assert len(starts) > 1 and max(starts) - starts[0] < 16 * 2**20, starts  # no attempt kept in memory
     failed = [a.batch_size for a in wrapped.attempts if not a.ok]
-    assert len(starts) <= len(found["accelerate"][1]), found  # attempts: no more than Accelerate's
+    assert len(starts) <= len(found["accelerate"][1]) + 1, found  # at most the one finer step more (decorator_steps)
     assert failed and ours >= 0.9 * min(failed) - 1, (ours, failed)
