@@ -185,16 +185,36 @@ def paced(parallel: Any, batches: Iterator[Any], step: Callable[[], int], epoch:
 
 
 def for_steps(parallel: Any, batches: Iterator[Any], each_step: bool, step: Callable[[], int], epoch: int,
-              position: Callable[[], int], pending: Callable[[], FailedDraw | None] = lambda: None) -> Iterator[Any]:
+              position: Callable[[], int], pending: Callable[[], FailedDraw | None] = lambda: None,
+              kept: Callable[[Exception], BaseException] = lambda exc: exc) -> Iterator[Any]:
     """An epoch's ``batches`` as the runner's step loop takes them. Alone (``parallel`` None): as
-    they are. Under ``torch.distributed``: an error drawing one, or this rank's ``pending()``
+    they are, but an error drawing one is raised as ``kept(error)`` returns it (:func:`drawn`).
+    Under ``torch.distributed``: an error drawing one, or this rank's ``pending()``
     ``on_step_end`` error, is :func:`carried` to where every rank votes, and with ``each_step``
     (some rank's data has no length) each batch is checked to be there on every rank before its
     step (:func:`paced`)."""
     if parallel is None:
-        return batches
+        return drawn(batches, kept)
     batches = carried(batches, pending)
     return paced(parallel, batches, step, epoch, position) if each_step else batches
+
+
+def drawn(batches: Iterator[Any], kept: Callable[[Exception], BaseException]) -> Iterator[Any]:
+    """``batches``, where an error the data raises while a batch is drawn (a corrupt sample, a
+    file gone, a stream's lost connection) is raised as ``kept(error)`` returns it: the runner's
+    saves the steps trained before it (``Resumable._saved_on_give_up``). Nothing of the step that
+    drew it has run, so the weights are those of the last step trained. An error inside a step
+    is not saved so: it may be a guard of the user's against weights gone bad (a non-finite loss
+    raised in ``loss_fn``), and a save would write over the last good checkpoint with them."""
+    iterator = iter(batches)
+    while True:
+        try:
+            batch = next(iterator)
+        except StopIteration:
+            return
+        except Exception as exc:  # noqa: BLE001 - raised as itself, a note added where steps were saved
+            raise kept(exc)
+        yield batch
 
 
 def every_rank_has(parallel: Any, has: bool, step: int, epoch: int, position: int, *,

@@ -283,9 +283,10 @@ class OomRecovery(CountsSkips, WatchesGrads, TellsSplit):
             if self._phase == "optimizer":  # neither checkpointing nor the micro-batch sizes the optimizer step
                 advice = ("The optimizer step itself does not fit: try an optimizer with less state (SGD, Adafactor), "
                           "lower precision, a smaller model, or more device memory.")
+            held = f"{largest} sample" + ("s" if largest != 1 else "")  # a short batch's pieces are smaller
             where = (f"micro-batch {failed_at}, the smallest {allowed}" if largest >= failed_at else f"micro-batch "
-                     f"{failed_at}, whose pieces of this batch hold at most {largest} samples: no micro-batch {allowed} "
-                     "cuts them smaller")
+                     f"{failed_at}, whose pieces of this batch hold at most {held}, and no smaller piece is one "
+                     f"{allowed}")
             reason = f"global step {self.step} ran out of memory in {self._phase} at {where}, {how} activation checkpointing. {advice}"
         return StepOutOfMemoryError(self.step, self._phase, checkpointed, reason=reason)
 

@@ -164,7 +164,8 @@ class EndsSteps:
     def _paced(self, batches: Iterator[Any]) -> Iterator[Any]:
         """The epoch's ``batches`` as the step loop takes them (:func:`~autobatch.training.pacing.for_steps`)."""
         return for_steps(self._parallel if self.distributed else None, batches, getattr(self, "_each_step", False),
-                         lambda: self.step, self.epoch, lambda: self.position, self._take_hook_failure)
+                         lambda: self.step, self.epoch, lambda: self.position, self._take_hook_failure,
+                         self._saved_on_give_up)  # a data error alone: the steps trained are saved
 
     def _stepped(self, batch: Any) -> tuple[float | torch.Tensor, int]:
         """:meth:`_global_step`; an error this rank carried into it (its data's, its hook's:

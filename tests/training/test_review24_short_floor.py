@@ -40,6 +40,6 @@ def test_a_short_piece_at_the_floor_turns_to_checkpointing_at_once():
 def test_a_short_piece_at_the_floor_gives_up_naming_the_piece():
     runner = _runner(FaultInjector([(2, "backward")], times=None), fallback=False)
     with pytest.raises(StepOutOfMemoryError, match=r"at micro-batch 8, whose pieces of this batch hold at most 2 "
-                                                    r"samples: no micro-batch min_micro_batch=3 allows cuts them"):
+                                                    r"samples, and no smaller piece is one min_micro_batch=3 allows"):
         runner.fit(_data(), epochs=1)
     assert runner.result.oom_recoveries == []  # no replay of the same piece
