@@ -331,10 +331,13 @@ def _fixed_failure(attempts: list[Attempt]) -> str | None:
     same allocator message (the same request, the same memory in use), and where measured the same
     bytes allocated above each attempt's start, over sizes at least a factor 2 apart. None when
     not; "stop" when at least 4 did, each after allocating something (an OOM raised by hand
-    allocates nothing), so no smaller size can get past that point either; "same" when they did
-    but that is not proof enough to stop. Why: a function that ignores its batch size (a
-    ``DataLoader`` built outside it, with its own ``batch_size``) failed identically 39 times
-    from 2048 down to 1, then raised ``NoBatchFitsError`` advising gradient accumulation."""
+    allocates nothing), over sizes at least a factor 4 apart, so no smaller size can get past that
+    point either; "same" when they did but that is not proof enough to stop. Why: a function that
+    ignores its batch size (a ``DataLoader`` built outside it, with its own ``batch_size``) failed
+    identically 39 times from 2048 down to 1, then raised ``NoBatchFitsError`` advising gradient
+    accumulation. Why a factor 4 to stop: a function that does use its size but fills the memory
+    in pieces of one size (a tensor per sample) fails at the capacity on the same request whatever
+    the size, too; started at 3x what fits, a factor 2 stopped it at 347 where 256 ran."""
     failed = [attempt for attempt in attempts if not attempt.ok]
     if len(failed) < 2 or failed[0].requested_bytes is None or failed[0].batch_size < 2 * failed[-1].batch_size:
         return None
@@ -347,7 +350,8 @@ def _fixed_failure(attempts: list[Attempt]) -> str | None:
     if any(point(attempt) != point(failed[0]) for attempt in failed):
         return None
     grew = point(failed[0])[2]
-    return "stop" if len(failed) >= 4 and grew is not None and grew > 0 else "same"
+    spans = failed[0].batch_size >= 4 * failed[-1].batch_size
+    return "stop" if spans and len(failed) >= 4 and grew is not None and grew > 0 else "same"
 
 
 def _nothing_fits(attempt: Attempt, memory: DeviceMemory | None, attempts: list[Attempt],
