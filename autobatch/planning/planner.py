@@ -336,8 +336,10 @@ class _Planner(PlanErrors, ThroughputObjective):
         if self.fits(ckpt):
             why = "the global batch fits in one step only with activation checkpointing"
             return self.build(self.global_batch, True, "max_batch", why, balanced)
-        if not allow_accumulation:
-            raise GlobalBatchTooLargeError(self.global_batch, ckpt.batch_size, True, ckpt.device)
+        if not allow_accumulation:  # checkpointing can cost memory (a gradient penalty's double backward): say so
+            best = plain if plain is not None and plain.batch_size >= ckpt.batch_size else None
+            raise GlobalBatchTooLargeError(self.global_batch, (best or ckpt).batch_size, best is None, ckpt.device,
+                                           None if best is None else f"with it, the largest is {ckpt.batch_size}")
         accumulated = self.accumulated(ckpt, True)
         what = smallest_batch(self.probe_kwargs) if plain is None else "an accumulated micro-batch"
         why = (f"{what} does not fit without activation checkpointing; with it, up to {accumulated} fits "

@@ -9,6 +9,12 @@ sequence fits 9; an MoE step's answer ran out of memory in its first training st
 trial run at the same size, so where the batch shapes its ``make_batch`` built differ, or their
 peaks above their start differ (after the first step, which makes lazily created state), by more
 than :data:`SPREAD` of the larger, :func:`content_note` says so, with the shapes and peaks it saw.
+A step whose fake-tensor trace (``estimate_first``) stopped at an operator whose output's shape depends on
+the values (``nonzero``, boolean-mask indexing: a top-k mixture-of-experts layer gathering each expert's
+tokens; ``F.ctc_loss``, sized by the batch's longest target) depends on its content by construction too,
+and its trials' steps need not show it: a top-2-of-4 MoE step answered 217 under 600,000 simulated bytes,
+its steps' peaks within 1 %, where a batch routed otherwise fits 216, and the Runner replayed its first
+step. :func:`shapes_note` says so where :func:`content_note` had nothing to say.
 A step with sparse gradients depends on its batch's content by construction, often by less than
 that (a ``sparse=True`` embedding's gradient has a row per token id the batch happens to touch):
 :func:`sparse_note` says so whatever the trials' peaks showed.
@@ -26,7 +32,7 @@ from ..memory.units import format_bytes
 from .trace_failures import sparse_gradients
 from .train_step import TrainStep
 
-__all__ = ["drawn_shapes", "content_note", "sparse_note", "SPREAD"]
+__all__ = ["drawn_shapes", "content_note", "sparse_note", "shapes_note", "SPREAD", "DATA_SHAPED"]
 
 #: Peaks of steps at one size differing by more than this fraction of the larger tell of content.
 SPREAD = 0.01
@@ -111,4 +117,25 @@ def sparse_note(model: torch.nn.Module | None, restore: tuple | None, batch_size
         "so the answer holds for the batches the trials drew, not for every batch. Pass margin= (a few percent) "
         "to leave room, or train with autobatch's Runner, which replays a step that runs out of memory in smaller "
         "micro-batches."
+    )
+
+
+#: the start of :func:`~autobatch.probe.trace_failures.untraceable`'s words for an operator whose output's shape
+#: depends on the data (a fake tensor cannot know it), as the estimate's note holds them
+DATA_SHAPED = "DynamicOutputShapeException"
+
+
+def shapes_note(estimate_note: str | None, batch_size: int) -> str | None:
+    """The note on a probe whose estimate could not trace the step past an operator whose output's shape
+    depends on the data (``estimate_note`` holds :data:`DATA_SHAPED`); None otherwise."""
+    if not estimate_note or DATA_SHAPED not in estimate_note:
+        return None
+    return (
+        f"the step runs an operator whose output's shape depends on the batch's values (see the estimate's note: "
+        f"nonzero or boolean-mask indexing, as a mixture-of-experts layer routing tokens to experts does; "
+        f"ctc_loss, sized by the longest target), so its memory depends on the batch's content: the answer, "
+        f"{batch_size}, holds for the batches the trials drew, and another batch of {batch_size} (more tokens "
+        "routed to one expert) can run out of memory at it. Pass margin= to leave room, have make_batch build the "
+        "costliest batch training will see, or train with autobatch's Runner, which replays a step that runs out "
+        "of memory in smaller micro-batches."
     )

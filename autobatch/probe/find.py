@@ -29,7 +29,7 @@ from .cache import ProbeCache, key_components, key_of
 from .cache_hits import held_beside
 from .estimated import estimate_only, estimate_prior
 from .fresh_layout import FreshLayout
-from .content_peaks import content_note, sparse_note
+from .content_peaks import content_note, shapes_note, sparse_note
 from .unrestored import trained_for_real_note, warn_unrestored_optimizers
 from .held_growth import HeldGrowth, held_growth_note
 from ..memory.lazy_state import LazyStateWatch
@@ -211,6 +211,7 @@ def _probe(call: _Call, restore, estimate_first: bool | None) -> ProbeResult:
                 # and exact; on a GPU the traces of a real model cost seconds, more than the
                 # trials they save, so auto starts from its fit there unless asked otherwise
                 estimate_first = isinstance(memory, SimulatedDeviceMemory)
+            estimate_note = None  # why the estimate could not trace the step, where it ran
             if args["strategy"] == "auto" and args["start"] is None and isinstance(fn, TrainStep) and estimate_first:
                 if snapshot is not None:
                     snapshot.wait()  # the trace swaps fake tensors into the model: copy before it
@@ -235,7 +236,8 @@ def _probe(call: _Call, restore, estimate_first: bool | None) -> ProbeResult:
             call.notes.append(promise_note(runner, result, memory))
             call.notes.append(held_growth_note(kept, runner.records, result.batch_size, capacity if limit is None else limit))
             call.notes.append(content_note(kept.steps, runner.records, result.batch_size)  # padded to its longest
-                              or sparse_note(_trained_model(fn, restore), restore, result.batch_size))
+                              or sparse_note(_trained_model(fn, restore), restore, result.batch_size)
+                              or shapes_note(estimate_note, result.batch_size))  # routed by value (MoE)
             call.notes.append(arguments.gradless_note(fn))  # optimizer state the answer leaves out
     except Exception as exc:
         call.agreement.left(fn, exc)  # other ranks: told at once, not left waiting for this one
