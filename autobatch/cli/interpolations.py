@@ -15,7 +15,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-__all__ = ["source_key", "unresolved_line"]
+__all__ = ["source_key", "unresolved_line", "text_for_list", "wrong_type_line", "mistyped_interpolation"]
 
 #: A value that is only a reference to another key by its absolute path (``${train.lr}``).
 _REFERENCE = re.compile(r"^\$\{([A-Za-z_][\w]*(?:\.[\w]+)*)\}$")
@@ -67,3 +67,62 @@ def unresolved_line(cfg: Any, key: str, message: str, *, value: bool = True) -> 
     else:
         fix = f"define what it names, or give another {key}"
     return f"{key}{shown}: {message}; {fix}"
+
+
+def text_for_list(cfg: Any, key: str, resolved: Any) -> str | None:
+    """One line when ``key`` takes a list but its interpolation gave text: ``${oc.env:SHAPE}``
+    with ``SHAPE='[4]'`` is the string ``'[4]'`` (an environment variable is always read as text),
+    which was "data.shape must be positive integers, got [4]", or with ``--cfg job --resolve``
+    OmegaConf's traceback; ``oc.decode`` parses it. None when that is not the case."""
+    key, raw = source_key(cfg, key)
+    if not (isinstance(raw, str) and raw.startswith("${") and isinstance(resolved, str)):
+        return None
+    return (f"{key}={raw} is the text {resolved!r}, not a list: an interpolation gives a string (an environment "
+            f"variable is always text); parse it with oc.decode, quoted for the shell: "
+            f"'{key}=\"${{oc.decode:{raw}}}\"'")
+
+
+def wrong_type_line(cfg: Any, key: str, message: str) -> str:
+    """One line for ``key`` whose interpolation resolved to a value its type refuses
+    (OmegaConf's ``ValidationError``): :func:`text_for_list` 's where that is text for a list,
+    else the key, its value as given and OmegaConf's reason."""
+    plain = OmegaConf.create(OmegaConf.to_container(cfg, resolve=False))  # untyped: resolves without checking
+    try:
+        resolved = OmegaConf.select(plain, key)
+    except Exception:  # noqa: BLE001 - reported below with OmegaConf's own reason
+        resolved = None
+    found, raw = source_key(cfg, key)
+    return text_for_list(cfg, key, resolved) or f"{found}={raw}: {message}; give {found} a value of its type"
+
+
+def _interpolated(node: Any, prefix: str = "") -> Any:
+    """Dotted keys of a plain nested dict whose value is an interpolation (lists are not entered)."""
+    for name, value in node.items() if isinstance(node, dict) else ():
+        key = f"{prefix}{name}"
+        if isinstance(value, dict):
+            yield from _interpolated(value, key + ".")
+        elif isinstance(value, str) and "${" in value:
+            yield key
+
+
+def mistyped_interpolation(cfg: Any) -> str | None:
+    """:func:`wrong_type_line` for the first key of ``cfg`` (not ``hydra.*``) whose interpolation
+    resolves to a value its type refuses, else None. OmegaConf checks the type only when the
+    config is resolved as a whole (``--cfg job --resolve``, instantiating the optimizer), so
+    ``optimizer.betas=${oc.env:BETAS}`` was a traceback there and "Invalid value assigned: str
+    is not a ListConfig, list or tuple." (no key) as a run's error. Unresolvable ones are left
+    to the callers' own messages."""
+    from omegaconf.errors import OmegaConfBaseException, ValidationError
+
+    keys = [key for key in _interpolated(OmegaConf.to_container(cfg, resolve=False)) if not key.startswith("hydra.")]
+    if not keys:
+        return None
+    trial = OmegaConf.create(cfg) if not OmegaConf.is_config(cfg) else cfg.copy()
+    for key in keys:
+        try:
+            OmegaConf.update(trial, key, OmegaConf.select(trial, key), merge=False)
+        except ValidationError as exc:
+            return wrong_type_line(cfg, key, str(exc).splitlines()[0])
+        except OmegaConfBaseException:  # cannot resolve (an unset variable, ${hydra:...}): said elsewhere
+            continue
+    return None

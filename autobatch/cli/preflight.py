@@ -38,12 +38,13 @@ from omegaconf.errors import InterpolationResolutionError, InterpolationToMissin
 from .build import validate
 from .errors import BAD_INPUT, CLIError, describe, one_line
 from .ignored import ignored_keys
-from .interpolations import unresolved_line
+from .interpolations import mistyped_interpolation, unresolved_line
 from .override_hints import composition_hint as _composition_hint
 from .override_hints import delete_hint as _delete_hint
 from .override_hints import override_hint as _override_hint
 from .override_hints import integer_key_hint, own_target_hint
 from .ranks import launched_rank
+from .split_words import check_split
 from .user_config import (CONFIG_DIR_FLAGS, CONFIG_NAME_FLAGS, CONFIG_PATH_FLAGS, check_config_name, check_extends,
                           check_self_last, composing, config_flags, shadowed, sweeper_params, without_config_flags)
 
@@ -215,6 +216,14 @@ def _check_resolves(cfg: Any) -> None:
                 key, value = value.lstrip("+~").split("=", 1)[0], value.split("=", 1)[-1]
                 raise CLIError(f"{key}={value}: {one_line(exc)}; define what it names, or give another {key}") from None
             raise CLIError(unresolved_line(cfg, key, one_line(exc))) from None
+    _check_types(cfg)
+
+
+def _check_types(cfg: Any) -> None:
+    """``CLIError`` for a key whose interpolation resolves to a value its type refuses (text for a list)."""
+    mistyped = mistyped_interpolation(cfg)
+    if mistyped:
+        raise CLIError(mistyped)
 
 
 def _leaves(node: object, prefix: str = "") -> Any:
@@ -313,6 +322,7 @@ def check(command: str, args: Sequence[str]) -> None:
     args = without_config_flags(args)
     if any(arg.split("=", 1)[0] in _HANDS_OFF for arg in args):
         return
+    check_split(args)  # before Hydra reads the first word of a split override alone
     helping = any(arg in _HELP for arg in args)  # before: a misspelt override after --help was a traceback
     args = [arg for arg in args if arg not in _HELP | (_MULTIRUN if helping else set())]
     _check_flag_mix(command, args)
@@ -341,6 +351,7 @@ def check(command: str, args: Sequence[str]) -> None:
                 if resolving:  # what --cfg prints: the job's config, Hydra's node or both
                     _check_resolves(cfg if resolving == "job" else compose(name, overrides=job, return_hydra_config=True))
                 if not printing:
+                    _check_types(cfg)
                     _validate_job(cfg, job, jobs, index)
                     warnings += ignored_keys(command, cfg, packaged)
                 if directory:

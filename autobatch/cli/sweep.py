@@ -36,6 +36,7 @@ from omegaconf import DictConfig, OmegaConf
 from ..dist.agreement import is_rank_zero
 from ..report.overrides import differing_overrides, shared_overrides
 from .errors import one_line
+from .override_text import as_given
 from .user_config import given_overrides
 
 __all__ = ["SweepSummary", "COLUMNS", "sweep_id", "collect_rows", "write_summary", "render_markdown", "last_sweep_dir",
@@ -188,7 +189,7 @@ def _job_row(config: DictConfig, job_return: JobReturn) -> dict[str, Any]:
     hydra_cfg = config.hydra
     row: dict[str, Any] = {
         "job": hydra_cfg.job.num,
-        "overrides": " ".join(job_return.overrides or given_overrides(hydra=hydra_cfg)),
+        "overrides": " ".join(as_given(job_return.overrides) if job_return.overrides else given_overrides(hydra=hydra_cfg)),
         **_empty_columns(str(OmegaConf.select(config, "hydra.job.name")), config),
     }
     if job_return.status == JobStatus.COMPLETED:

@@ -39,6 +39,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from .conf import CONF_MODULE
 from .errors import CLIError
+from .override_text import as_given
 
 __all__ = [
     "CONFIG_DIR_FLAGS", "CONFIG_NAME_FLAGS", "CONFIG_PATH_FLAGS", "REQUIRED_KEYS", "config_flags",
@@ -307,7 +308,7 @@ def given_overrides(part: str = "task", hydra: Any = None) -> list[str]:
     given = getattr((HydraConfig.get() if hydra is None else hydra).overrides, part, None) or []
     if isinstance(given, ListConfig):
         given = OmegaConf.to_container(given, resolve=False)
-    return [str(override) for override in given]  # type: ignore[union-attr]
+    return as_given([str(override) for override in given])  # type: ignore[union-attr]  # a sweep job's unescaped
 
 
 def command_line(command: str, *, extra: Sequence[str] = (), drop: Sequence[str] = ()) -> str:
