@@ -42,7 +42,8 @@ from .. import checks
 from .arguments import SEARCH_CEILING, validate_probe_args, validate_step
 from .bent_curve import CURVE_TRACES, follow_bend
 from .flat_peak import past_flat
-from .fake_trace import FakeWorld, KernelDtypes, TraceScaler, quiet_meta_errors, resident_bytes, trace_steps
+from .fake_trace import (FakeWorld, KernelDtypes, TraceScaler, quiet_meta_errors, resident_bytes, trace_steps,
+                         unvalidated_distributions)
 from .rng import rng_state, set_rng_state, step_generators
 from .shards import has_dtensors
 from .trace_failures import RealBatches, from_the_step, refused_size, step_error, untraceable, untraceable_memory
@@ -108,6 +109,7 @@ def estimate_memory(step: TrainStep, batch_size: int, *, steps: int = 2, op_limi
             if step.make_batch is not None:  # built for real where its fake version reads the data's values
                 fake_step.make_batch = RealBatches(step.make_batch, accountant, world)
             stack.enter_context(quiet_meta_errors())  # the error is the EstimateError's cause, not a log
+            stack.enter_context(unvalidated_distributions())  # a Distribution's value checks: none on fakes
             stack.enter_context(mode)
             stack.enter_context(RealWrites())  # above the fake mode: real tensors it writes (an EMA attribute) put back
             stack.enter_context(KernelDtypes())  # real kernels' dtypes, between the fake mode and the accountant

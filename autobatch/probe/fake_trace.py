@@ -32,8 +32,8 @@ from .trace_optimizer import fake_optimizer
 from .trace_state import SEARCH_BUDGET, SEARCH_ITEMS, OutsideState, class_members, find_fake, restore, snapshot
 from .train_step import TrainStep
 
-__all__ = ["FakeWorld", "TraceScaler", "KernelDtypes", "quiet_meta_errors", "resident_bytes", "loss_module", "trace_steps",
-           "SEARCH_BUDGET", "SEARCH_ITEMS"]
+__all__ = ["FakeWorld", "TraceScaler", "KernelDtypes", "quiet_meta_errors", "unvalidated_distributions", "resident_bytes",
+           "loss_module", "trace_steps", "SEARCH_BUDGET", "SEARCH_ITEMS"]
 
 _HALF = (torch.bfloat16, torch.float16)
 #: Operators whose real kernel (ATen's, measured on the CPU) returns its result in a larger storage
@@ -65,6 +65,23 @@ def quiet_meta_errors() -> Iterator[None]:
         yield
     finally:
         logger.setLevel(level)
+
+
+@contextmanager
+def unvalidated_distributions() -> Iterator[None]:
+    """Switch off ``torch.distributions``' default argument validation for a trace, and put the
+    switch back after. A ``Distribution`` checks its parameters' values when it is built (``if not
+    valid.all()`` in ``Distribution.__init__``, on by default), which a fake tensor cannot answer: a
+    VAE sampling through ``Normal(mu, sigma).rsample()`` was refused. A fake value has nothing to
+    validate; the trials, and training, still check the real values. A distribution built with
+    ``validate_args=True`` still validates, and the estimate is refused at that line."""
+    distribution = torch.distributions.Distribution
+    validating = distribution._validate_args
+    distribution.set_default_validate_args(False)
+    try:
+        yield
+    finally:
+        distribution._validate_args = validating
 
 
 class KernelDtypes(TorchDispatchMode):

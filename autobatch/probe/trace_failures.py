@@ -59,6 +59,17 @@ _COMPILED = ("torch.compile does not compile under the fake-tensor trace, and fu
              "code uncompiled: estimate the uncompiled module (the compiled one's _orig_mod)")
 
 
+#: What to pass instead, by the torch module and function whose code read a value the user's line handed it.
+_ADVICE = {
+    ("torch.nn.modules.transformer", ("_detect_is_causal_mask",)):
+        "it compares a mask with a causal one; with a causal mask, pass tgt_is_causal=True (is_causal=True to an "
+        "encoder) and it compares nothing",
+    ("torch.distributions", ("__init__", "_validate_sample")):
+        "a distribution built with validate_args=True checks its parameters' values; leave validate_args at its "
+        "default, which the trace skips and training still checks",
+}
+
+
 def untraceable(exc: BaseException) -> str:
     """Why a step could not be traced: the exception, what it means where PyTorch's name does not
     say it (``aten._local_scalar_dense`` is ``.item()``), and the line of the user's code that
@@ -76,6 +87,8 @@ def untraceable(exc: BaseException) -> str:
     where = "at {}:{} in {}".format(*frames[-1][1:]) if frames else ""
     if frames and library and library[-1] != frames[-1]:  # the user's line called torch code that read the value
         where += ", inside {0}.{3} ({1}:{2})".format(*library[-1])
+        where += next((f": {advice}" for (prefix, functions), advice in _ADVICE.items()
+                       if library[-1][0].startswith(prefix) and library[-1][3] in functions), "")
     told = "; ".join(part for part in (meaning, where) if part)
     said = str(exc).split("\n")[0] if _in_compiler(exc) else str(exc)  # the compiler's lists every frame it skipped
     return f"{type(exc).__name__}: {said}" + (f" ({told})" if told else "")
