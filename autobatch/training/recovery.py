@@ -365,6 +365,7 @@ class OomRecovery(CountsSkips, WatchesGrads, TellsSplit):
         state_dict = getattr(self.scheduler, "state_dict", None)
         saved = state_dict() if callable(state_dict) else None
         self._phase = "scheduler"  # an OOM here is not the replay's: :meth:`_outside_replay`
+        self._note_applied_lrs()  # on_step_end's info["lr"]: the rates this step applied, before the scheduler's
         try:
             self.scheduler.step()
         except BaseException:

@@ -45,7 +45,9 @@ class RunResult:
     ``skipped_steps``: fp16 steps the ``GradScaler`` skipped (inf/NaN gradients);
     ``nonfinite_loss_steps``: steps without a grad scaler whose loss was NaN or infinite, applied
     all the same (a warning names the first);
-    ``stopped``: the run ended early, after a whole step, on :meth:`~autobatch.Runner.request_stop`.
+    ``stopped``: the run ended early, after a whole step, on :meth:`~autobatch.Runner.request_stop`;
+    ``stop_reason``: why (the ``reason`` given to it, ``"request_stop()"`` without one, ``"SIGTERM"``),
+    else None.
     """
 
     steps: int = 0
@@ -69,6 +71,7 @@ class RunResult:
     skipped_steps: int = 0
     nonfinite_loss_steps: int = 0
     stopped: bool = False
+    stop_reason: str | None = None
 
     @property
     def samples_per_s(self) -> float:

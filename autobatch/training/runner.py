@@ -289,7 +289,7 @@ class Runner(OomRecovery, SplitsInMultiples, EndsSteps, Resumable, PlansFromData
             log.info("distributed: %d ranks, global batch %d = %d per rank, micro-batch %d per rank",
                      self._parallel.world_size(), self.global_batch, self.share, self.micro_batch)
         result = self.result
-        result.steps_this_run, result.samples, result.stopped = 0, 0, False  # not an earlier fit()'s stop
+        result.steps_this_run, result.samples, result.stopped, result.stop_reason = 0, 0, False, None  # not an earlier stop
         total = min((n for n in (steps, epoch_length(data, epochs)) if n is not None), default=None)  # what ends first
         progress = Progress(total, initial=self.step, bar=self.progress, log_every=self.log_every)
         stopped = False  # request_stop(): agreed by every rank after a step

@@ -47,6 +47,7 @@ from typing import Any, Callable, Iterator
 import torch
 
 from ..errors import PeerFailedError, PeerOutOfMemoryError, RankDisagreementError, add_note
+from .hook_modes import HookModes
 from .pacing import FailedDraw, RaisedBeforeStep, every_rank_returned, for_steps, was_told
 from .progress import Progress
 
@@ -86,7 +87,7 @@ class EndsSteps:
             if on_step_end is not None:
                 self._call_hook(on_step_end, lambda: {
                     "step": self.step, "epoch": self.epoch, "loss": float(loss), "micro_batch": self.micro_batch,
-                    "accumulation": accumulation, "samples": size,
+                    "accumulation": accumulation, "samples": size, **self._applied_lr(),
                 })  # fmt: skip
         except BaseException:
             # the step is complete: its checkpoint is written, then the hook's error (or a Ctrl-C inside it) raised.
@@ -143,11 +144,15 @@ class EndsSteps:
     def _call_hook(self, hook: Callable[[dict[str, Any]], None], info: Callable[[], dict[str, Any]]) -> None:
         """``hook(info())``; under ``torch.distributed`` an error it raises is kept, to be raised
         where every rank learns of it (see the module)."""
+        modes = self._hook_modes = getattr(self, "_hook_modes", None) or HookModes()
+        modes.before(self.model)  # an evaluation in the hook that forgets model.train(): put back, warned
         if not self.distributed:
             hook(info())
+            modes.after(self.step)
             return
         try:
             hook(info())
+            modes.after(self.step)
         except Exception as exc:  # noqa: BLE001 - not swallowed: raised at the next sync point of every rank
             if isinstance(exc, _BETWEEN_RANKS) or was_told(exc):  # a sync point in the hook (its save()) told
                 raise  # every rank already, or the ranks are out of step: a next step would wait for peers that left
@@ -155,6 +160,21 @@ class EndsSteps:
                           "counted); under torch.distributed it is raised at the next point every rank passes (the "
                           "next step, undone, or the end of fit(), before its checkpoint), so the other ranks stop too")
             self._hook_failure = FailedDraw(exc, after=self.step)
+
+    def _note_applied_lrs(self) -> None:
+        """Keep the learning rates the step applied, before ``scheduler.step()`` changes them (a tensor
+        ``lr``, which a scheduler fills in place, copied: no device sync in a step)."""
+        self._applied_lrs = [lr.clone() if isinstance(lr := group["lr"], torch.Tensor) else lr
+                             for group in self.optimizer.param_groups]
+
+    def _applied_lr(self) -> dict[str, Any]:
+        """``lr`` and ``lrs`` of ``on_step_end``'s info: the learning rates the step just applied (its
+        first param group's, every group's). The optimizer's own are the next step's once the runner's
+        ``scheduler`` stepped, so a hook logging ``optimizer.param_groups[0]["lr"]`` logged each step
+        with the next one's rate (the first step's 0.1 as 0.05 under ``StepLR(gamma=0.5)``)."""
+        lrs = getattr(self, "_applied_lrs", None) if self.scheduler is not None else None  # before scheduler.step()
+        lrs = [float(lr) for lr in lrs] if lrs is not None else [float(g["lr"]) for g in self.optimizer.param_groups]
+        return {"lr": lrs[0] if lrs else None, "lrs": lrs}
 
     def _take_hook_failure(self) -> FailedDraw | None:
         """This rank's ``on_step_end`` error not raised yet (None the next time: it is raised now)."""

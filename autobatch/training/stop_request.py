@@ -45,12 +45,18 @@ class Stoppable:
     """The runner's stop request (a mixin of :class:`~autobatch.Runner`; ``_parallel`` is its
     :class:`~autobatch.training.ranks.DataParallel`, which carries the request to the ranks)."""
 
-    def request_stop(self) -> None:
+    _stop_reason: str | None = None  # the last request's, until a fit() ends on it (result.stop_reason)
+
+    def request_stop(self, reason: str | None = None) -> None:
         """Ask :meth:`fit` to end after the step in progress, save its checkpoint (with
-        ``checkpoint_dir``) and return with ``result.stopped`` set; under ``torch.distributed``
-        every rank ends after the same step (a request on any one rank reaches them all).
-        Safe from a signal handler or another thread; a request made when no ``fit`` runs ends
-        the next one after its first step."""
+        ``checkpoint_dir``) and return with ``result.stopped`` set, and ``result.stop_reason``
+        to ``reason`` (``"val_loss did not improve for 3 evaluations"``; ``None``: ``"request_stop()"``);
+        under ``torch.distributed`` every rank ends after the same step (a request on any one rank
+        reaches them all; the others' reason says so). Safe from a signal handler or another
+        thread; a request made when no ``fit`` runs ends the next one after its first step."""
+        if reason is not None and not isinstance(reason, str):
+            raise TypeError(f"request_stop(reason=...) takes a string saying why the run stops, got {type(reason).__name__}")
+        self._stop_reason = reason or "request_stop()"
         self._parallel.request_stop()
 
     def _stop_agreed(self) -> bool:
@@ -65,7 +71,12 @@ class Stoppable:
         run, the checkpoint being at ``train.steps`` already). An epoch of data without a length
         is complete only once the next draw finds nothing: a stop at its last batch is early."""
         done = (epochs is not None and self.epoch >= epochs) or (steps is not None and self.step >= steps)
-        return stopped and not done
+        reason, self._stop_reason = self._stop_reason or "request_stop() on another rank", None
+        early = stopped and not done
+        self.result.stop_reason = reason if early else None
+        if early:
+            log.info("stopped after step %d: %s", self.step, reason)
+        return early
 
     def _clear_stop(self) -> None:
         """Forget the request the run ended on, or one that came after its last step."""
@@ -89,7 +100,7 @@ def saves_on_sigterm(fit: Callable[..., Any]) -> Callable[..., Any]:
                 signal.signal(signal.SIGTERM, signal.SIG_DFL)
                 signal.raise_signal(signal.SIGTERM)
             received.append(signum)
-            self.request_stop()
+            self.request_stop("SIGTERM")
 
         signal.signal(signal.SIGTERM, handle)
         result = None

@@ -1,0 +1,106 @@
+"""``on_step_end`` as a plain-PyTorch loop's logging, evaluation and early stopping, through OOM replays.
+
+A metric logger in the hook sees each optimizer step once, with the step's own loss, samples,
+micro-batch and the learning rate the step applied (``info["lr"]``: the optimizer's own is the
+next step's once the runner's scheduler stepped). An evaluation in the hook that forgets
+``model.train()`` is put back and warned about; a hook's request to stop says why in the result.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from autobatch import RunResult, Runner
+from autobatch.training.faults import FaultInjector
+
+QUIET = dict(progress=False, log_every=None, grow_after=None)
+
+
+def _model() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Dropout(0.1), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+
+
+def _data(steps: int = 6) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    generator = torch.Generator().manual_seed(1)
+    return [(torch.randn(8, 4, generator=generator), torch.randint(0, 2, (8,), generator=generator)) for _ in range(steps)]
+
+
+def _loss(model: torch.nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    return F.cross_entropy(model(batch[0]), batch[1])
+
+
+def _logged_run(faults: FaultInjector | None = None) -> tuple[list[dict], RunResult]:
+    model = _model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, 1, gamma=0.5)
+    runner = Runner(model, optimizer, _loss, global_batch=8, micro_batch=8, scheduler=scheduler, faults=faults, **QUIET)
+    logged: list[dict] = []
+    return logged, runner.fit(_data(), on_step_end=logged.append)
+
+
+def test_hook_sees_each_step_once_with_its_loss_and_lr_through_oom_replays() -> None:
+    plain, _ = _logged_run()
+    forced, result = _logged_run(FaultInjector([(1, "backward"), (3, "optimizer")]))
+    assert [info["step"] for info in forced] == [info["step"] for info in plain] == list(range(1, 7))  # once each
+    for mine, theirs in zip(forced, plain):
+        assert mine["loss"] == pytest.approx(theirs["loss"], rel=1e-5)
+        assert mine["samples"] == 8 and mine["micro_batch"] * mine["accumulation"] == 8
+        assert mine["lr"] == theirs["lr"] and mine["lrs"] == [mine["lr"]]
+    assert [info["lr"] for info in forced] == [0.1 * 0.5**k for k in range(6)]  # the rate each step applied
+    assert [info["micro_batch"] for info in forced] == [8, 4, 4, 2, 2, 2]
+    assert [(r["step"], r["phase"]) for r in result.oom_recoveries] == [(1, "backward"), (3, "optimizer")]
+    assert result.samples == sum(info["samples"] for info in forced) == 48 and result.steps == 6
+
+
+def test_evaluation_in_hook_without_train_is_put_back_and_warned_once(caplog) -> None:
+    model = _model()
+    runner = Runner(model, torch.optim.SGD(model.parameters(), lr=0.1), _loss, global_batch=8, micro_batch=8, **QUIET)
+    modes: list[bool] = []
+
+    def evaluate_every_2(info: dict) -> None:
+        modes.append(model.training)
+        if info["step"] % 2 == 0:
+            model.eval()  # ... and no model.train() after it
+            with torch.no_grad():
+                model(torch.zeros(2, 4))
+
+    with caplog.at_level(logging.WARNING, logger="autobatch"):
+        runner.fit(_data(), on_step_end=evaluate_every_2)
+    assert modes == [True] * 6 and model.training  # every step trained in train mode
+    assert sum("left the model in eval mode" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_hook_switching_submodules_only_is_left_alone(caplog) -> None:
+    model = _model()
+    runner = Runner(model, torch.optim.SGD(model.parameters(), lr=0.1), _loss, global_batch=8, micro_batch=8, **QUIET)
+    with caplog.at_level(logging.WARNING, logger="autobatch"):
+        runner.fit(_data(3), on_step_end=lambda info: model[1].eval())  # dropout off on purpose after step 1
+    assert model.training and not model[1].training
+    assert not any("eval mode" in r.getMessage() for r in caplog.records)
+
+
+def test_early_stop_from_hook_says_why_and_saves(tmp_path) -> None:
+    model = _model()
+    runner = Runner(model, torch.optim.SGD(model.parameters(), lr=0.1), _loss, global_batch=8, micro_batch=8,
+                    checkpoint_dir=tmp_path, **QUIET)
+    best = [float("inf")]
+
+    def early_stopping(info: dict) -> None:
+        if info["step"] >= 2:
+            runner.request_stop(f"no improvement after step {info['step']}")
+        best[0] = min(best[0], info["loss"])
+
+    result = runner.fit(_data(), on_step_end=early_stopping)
+    assert (result.stopped, result.stop_reason, result.steps) == (True, "no improvement after step 2", 2)
+    assert (tmp_path / "last.pt").is_file() and result.checkpoints_saved == 1
+    assert RunResult.from_dict(result.to_dict()).stop_reason == result.stop_reason
+    runner.request_stop()  # in the run's last step: complete, no reason
+    again = runner.fit(_data(), steps=3)
+    assert (again.stopped, again.stop_reason) == (False, None)
+    with pytest.raises(TypeError, match="reason"):
+        runner.request_stop(3)
