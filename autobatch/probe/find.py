@@ -30,7 +30,7 @@ from .cache_hits import held_beside
 from .estimated import estimate_only, estimate_prior
 from .fresh_layout import FreshLayout
 from .content_peaks import content_note, shapes_note, sparse_note
-from .unrestored import trained_for_real_note, warn_unrestored_optimizers
+from .unrestored import trained_for_real_note, warn_unrestored_optimizers, with_found_schedulers
 from .held_growth import HeldGrowth, held_growth_note
 from ..memory.lazy_state import LazyStateWatch
 from .restore import Snapshot
@@ -177,7 +177,7 @@ def _probe(call: _Call, restore, estimate_first: bool | None) -> ProbeResult:
     """Run the trials on the device (capped), the model's state restored afterwards."""
     fn, args = call.fn, call.probe_args
     check_limit_in_simulation(call.target, call.limit_bytes)  # a memory_limit no answer here could be: before the copy
-    snapshot = None
+    snapshot, restore = None, with_found_schedulers(fn, restore, call.notes)  # a scheduler the callable steps
     if restore is not None:
         snapshot = _snapshot(fn, restore)
         # no trial's optimizer step skipped for a scaled gradient that overflowed: it makes the state

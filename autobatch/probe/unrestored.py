@@ -6,6 +6,11 @@ named and nothing said that the other one kept the trials' steps (Adam's moments
 and the discriminator's weights where no module in ``restore`` holds them): a run after the probe
 started from a discriminator trained a dozen steps on random batches. The probe sees every
 optimizer step (:class:`~autobatch.memory.lazy_state.LazyStateWatch`), so it can name the one.
+
+Likewise an LR scheduler the callable steps that ``restore`` does not name: the restore put the
+optimizer's learning rates back, and the scheduler stayed the trials' steps ahead, so the next
+``scheduler.step()`` jumped down the schedule. A scheduler of a restored optimizer that the callable
+reaches (its closure, the globals its code reads) is put back too (:func:`with_found_schedulers`).
 """
 
 from __future__ import annotations
@@ -19,8 +24,9 @@ import torch
 
 from ..memory.lazy_state import hooked
 from .restore_places import SCHEDULERS
+from .trace_state import _reachable, code_globals
 
-__all__ = ["warn_unrestored_optimizers", "trained_for_real_note", "caller_restores"]
+__all__ = ["warn_unrestored_optimizers", "trained_for_real_note", "caller_restores", "with_found_schedulers"]
 
 #: set while a caller that puts the model and optimizers back itself probes a plain callable
 _CALLER_RESTORES: contextvars.ContextVar[bool] = contextvars.ContextVar("autobatch_caller_restores", default=False)
@@ -83,3 +89,27 @@ def trained_for_real_note(stepped: Iterable[torch.optim.Optimizer], restore: tup
         return None
     return (f"the trials trained the model for real: a plain callable probed without restore keeps their steps "
             f"({', '.join(names)} stepped); pass restore=(model, optimizer) to have weights and optimizer state put back")
+
+
+def with_found_schedulers(fn: Any, restore: tuple[Any, ...] | None, notes: list[str]) -> tuple[Any, ...] | None:
+    """``restore`` with the LR schedulers of its optimizers that the plain callable ``fn`` reaches
+    (its closure, the objects it holds, the globals its code reads) and ``restore`` lacks, so the
+    probe puts their step counts back beside the learning rates; a note in ``notes`` says what was
+    put back and what the probe cannot know (what the callable keeps itself). A ``TrainStep``
+    steps no scheduler: ``restore`` as it is."""
+    if restore is None or all(hasattr(fn, name) for name in ("model", "loss_fn", "make_batch", "optimizer")):
+        return restore
+    optimizers = {id(hooked(item)) for item in restore
+                  if isinstance(hooked(item), torch.optim.Optimizer) and not isinstance(item, SCHEDULERS)}
+    given = {id(item) for item in restore}
+    read: list[tuple[Any, str, Any]] = []  # every global the code reads: a scheduler is torch's, which code_globals skips
+    roots = [fn, *code_globals([fn], bindings=read).values(), *(value for _, _, value in read if isinstance(value, SCHEDULERS))]
+    found = [value for value in _reachable(roots, leaf=lambda v: isinstance(v, SCHEDULERS))
+             if isinstance(value, SCHEDULERS) and id(value) not in given
+             and id(hooked(getattr(value, "optimizer", None))) in optimizers]
+    names = ", ".join(type(item).__name__ for item in restore)
+    added = (f", and the {', '.join(type(item).__name__ for item in found)} the callable steps (not in restore: its "
+             "step count with the learning rates)") if found else ""
+    notes.append(f"the probe put back what restore holds ({names}){added}; not what the callable keeps itself "
+                 "(a step counter, a data iterator's position, a list of losses, a logger's steps)")
+    return (*restore, *found)
