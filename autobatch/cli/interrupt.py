@@ -62,7 +62,7 @@ class Interrupts:
     except inside :meth:`atomic`, which holds one until it ends; :attr:`received` is the last
     signal. The handlers in place before are put back on exit; a signal ignored before (a
     ``nohup`` run's SIGINT) stays ignored. With ``defer`` (under ``torch.distributed``: the
-    runner's ``request_stop``) a signal calls it instead of raising, and only a second one at
+    runner's ``request_stop``) a signal calls it with its name instead of raising, and only a second one at
     least :data:`ESCALATE_AFTER_S` later raises."""
 
     def __init__(self, enabled: bool = True, defer: Any = None) -> None:
@@ -92,7 +92,7 @@ class Interrupts:
             now = time.monotonic()
             if self._first is None:
                 self._first = now
-                self.defer()
+                self.defer(self.received.name)  # the run's result.stop_reason: "SIGINT", "SIGTERM"
                 return
             if now - self._first < ESCALATE_AFTER_S:
                 return  # the launcher's echo of the same Ctrl-C
