@@ -106,6 +106,15 @@ class Plan:
         return None
 
     # -- serialisation ----------------------------------------------------------------------
+    def __repr__(self) -> str:
+        """One line: the split and why it won; the probes and candidates are in :meth:`to_dict`,
+        the readable lines in :meth:`summary` (``print(plan)``)."""
+        return (f"Plan(global_batch={self.global_batch}, micro_batch={self.micro_batch} x {self.accumulation_steps}, "
+                f"checkpointing={self.checkpointing}, objective={self.objective!r}, reason={self.reason[:80]!r})")
+
+    def __str__(self) -> str:
+        return self.summary()
+
     def to_dict(self) -> dict[str, Any]:
         return {f.name: _plain(getattr(self, f.name)) for f in fields(self) if f.name not in ("handle", "applied")}
 

@@ -86,6 +86,18 @@ class ProbeResult:
     def hit_max_batch(self) -> bool:
         return self.max_batch is not None and self.largest_passed == self.max_batch
 
+    def __repr__(self) -> str:
+        """One line: the answer and why (the boundary, the first OOM, the trials); every trial and
+        note is in :meth:`to_dict`, the readable lines in :meth:`summary` (``print(result)``)."""
+        how = self.strategy if self.strategy_used == self.strategy else f"{self.strategy}->{self.strategy_used}"
+        state = "untested estimate" if not self.tested else f"{self.num_trials} trials, {self.num_ooms} OOM"
+        return (f"ProbeResult(batch_size={self.batch_size}, largest_passed={self.largest_passed}, "
+                f"smallest_failed={self.smallest_failed}, strategy={how!r}, {state}"
+                + (", cached" if self.cached else "") + f", device={self.device!r})")
+
+    def __str__(self) -> str:
+        return self.summary()
+
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
         data.update(num_trials=self.num_trials, num_ooms=self.num_ooms, peak_bytes=self.peak_bytes)

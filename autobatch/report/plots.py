@@ -53,7 +53,7 @@ def _pyplot():
         raise ImportError(
             f"plots need matplotlib ({exc}): pip install 'matplotlib>=3.7' (on the command line, "
             "probe.plot=false skips the plots)"
-        ) from exc
+        ) from None  # the message names the cause: one traceback, not a second from inside
 
     matplotlib.use("Agg", force=True)
     import matplotlib.pyplot as plt

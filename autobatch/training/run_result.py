@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -79,12 +80,26 @@ class RunResult:
         first plan, every step and hook): lower than a step's own rate (``metrics.jsonl``)."""
         return self.samples / self.elapsed_s if self.elapsed_s > 0 else 0.0
 
+    def __repr__(self) -> str:
+        """One line: how far the run got, at which micro-batch, and what it recovered from; the
+        recoveries, grow-back tries and plan are in :meth:`to_dict`."""
+        recovered = len(self.oom_recoveries)
+        return (f"RunResult(steps={self.steps}, epochs={self.epochs}, samples={self.samples}, "
+                f"micro_batch={self.micro_batch} (from {self.initial_micro_batch}), global_batch={self.global_batch}, "
+                f"last_loss={self.last_loss!r}, {recovered} OOM recover{'y' if recovered == 1 else 'ies'}"
+                + (", stopped" if self.stopped else "") + f", {self.elapsed_s:.2f} s)")
+
     def to_dict(self) -> dict[str, Any]:
         """The fields, exact (a checkpoint holds them: :meth:`from_dict` gives back an equal
         result), and ``samples_per_s`` rounded to 2 places as the command line's ``metrics.jsonl``
         rounds its own (read back by nothing: :meth:`from_dict` leaves it out). Rounded figures
-        for a file a person reads: :meth:`rounded`."""
-        return {**asdict(self), "samples_per_s": round(self.samples_per_s, 2)}
+        for a file a person reads: :meth:`rounded`. A diverged ``last_loss`` (NaN or infinite) is
+        the text ``"nan"``, ``"inf"`` or ``"-inf"``, which :meth:`from_dict` reads back: as a float
+        it made ``to_json`` write ``NaN``, which is no JSON (``jq``, ``JSON.parse`` refuse the file)."""
+        data = {**asdict(self), "samples_per_s": round(self.samples_per_s, 2)}
+        if self.last_loss is not None and not math.isfinite(self.last_loss):
+            data["last_loss"] = str(float(self.last_loss))
+        return data
 
     def rounded(self) -> dict[str, Any]:
         """:meth:`to_dict` with its seconds rounded to 6 places (a microsecond), as ``metrics.jsonl``
@@ -103,4 +118,11 @@ class RunResult:
         field a newer autobatch added, in a checkpoint it wrote), as ``ProbeResult.from_dict`` does;
         a field an older one lacked takes its default. Before, any such key was a ``TypeError``, on
         reading the CLI's file and on resuming a newer version's checkpoint."""
-        return cls(**checks.record_fields(cls, data, "RunResult"))
+        values = checks.record_fields(cls, data, "RunResult")
+        if isinstance(values.get("last_loss"), str):  # a diverged loss, as to_dict writes it
+            try:
+                values["last_loss"] = float(values["last_loss"])
+            except ValueError:
+                raise ValueError(f"RunResult.from_dict: last_loss {values['last_loss']!r} is no number; pass the "
+                                 "dict RunResult.to_dict() wrote") from None
+        return cls(**values)

@@ -1,0 +1,62 @@
+"""Results a user keeps and shares: a short repr that says the answer and why, and strict JSON
+(no NaN token) for a run whose loss diverged."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import autobatch
+from autobatch import Plan, ProbeResult, RunResult
+from autobatch.probe.trial import TrialRecord
+
+
+def _probe(trials: int = 40) -> ProbeResult:
+    records = [TrialRecord(batch_size=b, passed=b <= 20, peak_bytes=1000 * b, seconds=0.1) for b in range(1, trials + 1)]
+    return ProbeResult(batch_size=18, strategy="auto", strategy_used="binary", trials=records, capacity_bytes=21_000,
+                       elapsed_s=1.5, margin=0.1, largest_passed=20, smallest_failed=21, device="cpu",
+                       notes=["a long note " * 20], diagnostics={"memory_summary": "x" * 2000})
+
+
+def test_probe_result_repr_is_one_short_line_with_the_answer():
+    result = _probe()
+    text = repr(result)
+    assert "\n" not in text and len(text) < 300, text
+    assert "batch_size=18" in text and "binary" in text and "largest_passed=20" in text and "40 trials" in text
+    assert str(result) == result.summary()  # print(result): the readable lines, not the 40 trial records
+
+
+def test_plan_and_run_result_repr_are_short():
+    probe = _probe().to_dict()
+    plan = Plan(global_batch=64, micro_batch=16, accumulation_steps=4, micro_batch_sizes=[16, 16, 16, 16],
+                checkpointing=False, reason="the largest micro-batch that fits", probes=[{"result": probe}] * 3)
+    run = RunResult(steps=5, steps_this_run=5, samples=320, micro_batch=16, global_batch=64, last_loss=0.25,
+                    plan=plan.to_dict(), oom_recoveries=[{"step": 1}] * 50)
+    for value, wanted in ((plan, "micro_batch=16"), (run, "steps=5")):
+        text = repr(value)
+        assert "\n" not in text and len(text) < 300 and wanted in text, text
+    assert "the largest micro-batch that fits" in repr(plan) and "50 OOM recoveries" in repr(run)
+
+
+def test_run_result_with_a_nan_loss_is_strict_json_and_reads_back():
+    for loss in (math.nan, math.inf, -math.inf):
+        run = RunResult(steps=1, last_loss=loss, nonfinite_loss_steps=1)
+        text = json.dumps(run.to_dict(), allow_nan=False)  # NaN is no JSON (jq, JSON.parse refuse it)
+        again = RunResult.from_dict(json.loads(text))
+        assert math.isnan(again.last_loss) if math.isnan(loss) else again.last_loss == loss
+        assert json.loads(run.to_json())["last_loss"] == str(loss)
+    assert RunResult.from_dict(RunResult(last_loss=0.5).to_dict()).last_loss == 0.5
+
+
+def test_plot_without_matplotlib_is_one_message(tmp_path, monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # as where it is not installed
+    try:
+        autobatch.plot_probe(_probe(), tmp_path / "curve.png")
+    except ImportError as exc:
+        assert "pip install 'matplotlib" in str(exc) and "probe.plot=false" in str(exc)
+        assert exc.__cause__ is None and exc.__suppress_context__  # not a second traceback from inside
+    else:
+        raise AssertionError("plot_probe drew without matplotlib")
+    assert not (tmp_path / "curve.png").exists()
