@@ -7,6 +7,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from ..memory.units import format_bytes
+
 __all__ = ["EstimateError", "MemoryEstimate", "BatchEstimate"]
 
 
@@ -62,6 +64,14 @@ class BatchEstimate:
     slope_bytes_per_sample: float
     device: str
     estimates: list[MemoryEstimate] = field(default_factory=list)
+
+    def __repr__(self) -> str:
+        """One line, as :class:`~autobatch.probe.result.ProbeResult`'s: the answer and what it was
+        measured against (the traces are in :meth:`to_dict`; listed, they made a kilobyte)."""
+        peak = "none fits" if self.peak_bytes is None else format_bytes(self.peak_bytes)
+        return (f"BatchEstimate(batch_size={self.batch_size}, peak={peak} of {format_bytes(self.capacity_bytes)}, "
+                f"{format_bytes(self.slope_bytes_per_sample)}/sample, include_resident={self.include_resident}, "
+                f"{len(self.estimates)} traces, device={self.device!r})")
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
