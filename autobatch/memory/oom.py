@@ -20,6 +20,7 @@ import threading
 
 import torch
 
+from .simulated import host_memory
 from .units import parse_bytes
 
 __all__ = ["is_oom_error", "free_memory", "requested_bytes", "allocated_at_failure", "recognised_ooms", "OOM_MESSAGES"]
@@ -148,7 +149,8 @@ def _drain_autograd() -> None:
     ``gc.collect()`` ran, and one tiny backward freed it; a runner sized its replay on that figure
     (59 -> 22). The calling thread runs a backward's CPU work; whether a CUDA backward's device
     threads keep anything so was not measured (the drain costs microseconds either way)."""
-    with torch.inference_mode(False), torch.enable_grad():
+    # host memory: with a simulated budget full (what the caller is about to free), its 4 bytes ran out of memory
+    with host_memory(), torch.inference_mode(False), torch.enable_grad():
         leaf = torch.zeros((), requires_grad=True, device="cpu")  # not a default device set elsewhere
         (leaf * 1.0).backward()
 

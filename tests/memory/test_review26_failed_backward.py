@@ -65,3 +65,12 @@ def test_free_memory_drains_in_inference_mode_and_without_grad():
         with torch.inference_mode(), torch.no_grad():
             free_memory()
         assert memory.allocated() == 0
+
+
+def test_free_memory_runs_with_the_simulated_budget_full():
+    """The drain's one-element tensors are host memory: with the budget full, they ran out of it."""
+    with autobatch.simulated_memory(4096) as budget:
+        held = torch.empty(4096, dtype=torch.uint8)  # the whole budget, still referenced
+        free_memory()
+        assert budget.current_bytes == 4096
+        del held
