@@ -145,7 +145,7 @@ def changed_step(trainer: Trainer, own: Any, size: int, world: int, *, name: str
         pass
     if not isinstance(batches, int) or batches < 1:
         return changed
-    whole = samples if isinstance(trainer.limit_train_batches, float) and trainer.limit_train_batches == 1.0 else None
+    whole = _whole_epoch(trainer, samples)
     epoch = None if whole is None else batches * size if drop_last else min(whole, batches * size)  # a rank's
     short = batches == accumulation and epoch is not None and epoch < batches * size  # one window, a partial batch
     if batches % accumulation == 0 and not short:
@@ -169,6 +169,13 @@ def changed_step(trainer: Trainer, own: Any, size: int, world: int, *, name: str
             f"step(s) an epoch train {accumulation} batches and the last trains {rest} batch(es) (at most "
             f"{rest * size * world} samples{ranks}){scale}; pass global_batch, an accumulate_grad_batches that divides "
             f"{batches}{fix}")
+
+
+def _whole_epoch(trainer: Trainer, samples: int | None) -> int | None:
+    """The samples an epoch trains: all of ``samples`` where ``limit_train_batches`` leaves the
+    epoch whole (1.0), else None (a share or a count of batches: the epoch is not the data)."""
+    limit = trainer.limit_train_batches
+    return samples if isinstance(limit, float) and limit == 1.0 else None
 
 
 def _window_fix(samples: int | None, size: int, accumulation: int, drop_last: bool, multiple: int) -> str:
@@ -220,7 +227,6 @@ def scheduled_step(trainer: Trainer, own: Any, size: int, world: int, *, name: s
         said += (f"; also, an epoch at {name}={size} has {batches} batch(es), which accumulate_grad_batches="
                  f"{' or '.join(map(str, short))} does not divide, and Lightning steps at each epoch's end on the "
                  "batches it has, each loss still divided by the full window")
-    whole = samples if isinstance(trainer.limit_train_batches, float) and trainer.limit_train_batches == 1.0 else None
-    fix = _window_fix(whole, size, math.lcm(*windows), drop_last, multiple_of)
+    fix = _window_fix(_whole_epoch(trainer, samples), size, math.lcm(*windows), drop_last, multiple_of)
     return (f"{said}. Set a max_batch whose epoch the windows divide{fix}, or change the schedule "
             "(global_batch is refused beside a GradientAccumulationScheduler, which changes the accumulation by epoch)")
