@@ -81,7 +81,7 @@ def unvalidated_distributions() -> Iterator[None]:
     try:
         yield
     finally:
-        distribution._validate_args = validating
+        distribution.set_default_validate_args(validating)
 
 
 class KernelDtypes(TorchDispatchMode):
