@@ -45,6 +45,8 @@ class LazyStateWatch:
         # every live optimizer seen stepping, and the ids of the parameters that had state when first seen
         self._seen: dict[int, tuple[weakref.ref, set[int]]] = {}
         self._hooks = [register_optimizer_step_pre_hook(self._began), register_optimizer_step_post_hook(self._ended)]
+        #: how many times :meth:`drop_created` ran: state remembered before a drop is gone
+        self.drops = 0
 
     def _began(self, optimizer: torch.optim.Optimizer, *_: Any) -> None:
         had = {id(param) for param, state in optimizer.state.items() if _holds(state)}
@@ -83,6 +85,7 @@ class LazyStateWatch:
     def drop_created(self) -> int:
         """Drop the state every watched optimizer created since it was first seen (state it had
         before, e.g. of a resumed run, stays). Returns how many parameters lost theirs."""
+        self.drops += 1
         return _drop_new(self._watched())
 
     def created_on(self, device: torch.device) -> list[tuple[torch.optim.Optimizer, list[torch.Tensor]]]:
