@@ -259,8 +259,8 @@ class Runner(OomRecovery, SplitsInMultiples, EndsSteps, Resumable, PlansFromData
         same random numbers; not those of ``DataLoader(persistent_workers=True)``'s workers, which
         no checkpoint holds: see ``docs/runner.md``). ``on_step_end(info)`` is called after each applied update with
         ``step`` (steps done), ``epoch``, ``loss``, ``micro_batch``, ``accumulation`` (this
-        rank's micro-batches in the step) and ``samples`` (the step's samples, over all ranks
-        when distributed); under ``torch.distributed`` an error it raises on some rank stops every
+        rank's micro-batches in the step), ``samples`` (the step's samples, over all ranks when
+        distributed) and ``lr``/``lrs`` (the rates it applied); under ``torch.distributed`` an error it raises on some rank stops every
         rank at the next step (undone) or at the end of ``fit`` (:mod:`autobatch.training.step_end`).
         Returns the :class:`~autobatch.RunResult` (also kept as ``runner.result``).
         """
