@@ -91,8 +91,8 @@ def promise_note(runner: TrialRunner, result: ProbeResult, memory: DeviceMemory)
         parts.append(
             f"{format_bytes(promise['reserved_peak_bytes'])} reserved, {format_bytes(promise['fragmentation_bytes'])} "
             f"reserved-but-unused at the peak, {format_bytes(promise['inactive_split_bytes'])} in inactive split blocks; "
-            f"passing trials left {_headroom(promise)} free, and room for the split "
-            f"blocks their steady steps left; expandable_segments "
+            f"passing trials left {_headroom(promise)} free, and room at the allocator's wall (for the split "
+            f"blocks their steady steps left, or under a reserved peak short of the capacity); expandable_segments "
             f"{'on' if promise['expandable_segments'] else 'off'}"
             + (", its last step not flushing the allocator's cache (a step that does is at the cap)"
                if promise["expandable_segments"] and promise.get("flushes") is not None and runner.settle_final else "")

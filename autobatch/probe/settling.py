@@ -48,7 +48,7 @@ import math
 from ..memory.devices import DeviceMemory
 
 __all__ = ["step_down", "WALL_BYTES", "SETTLE_FACTOR", "TUNED_SETTLE_FACTOR", "FLUSHING_WHY", "FlushCount", "flushing_error", "growing",
-           "most_steps", "split_bytes", "wall_excess"]
+           "most_steps", "reserved_bound", "split_bytes", "wall_excess"]
 
 #: the allocator's smallest large block: room for nothing less
 WALL_BYTES = 2 * 2**20
@@ -133,7 +133,8 @@ def split_bytes(memory: DeviceMemory) -> int | None:
     return None if inactive_split is None else inactive_split()
 
 
-def wall_excess(step_peak: int, inactive_split: int, capacity: int, reserved_peak: int | None = None) -> int:
+def wall_excess(step_peak: int, inactive_split: int, capacity: int, reserved_peak: int | None = None, *,
+                margin: int = WALL_BYTES) -> int:
     """Bytes by which a steady step left no room for the free pieces the allocator cannot
     return (0: clear of the allocator's wall).
 
@@ -156,12 +157,38 @@ def wall_excess(step_peak: int, inactive_split: int, capacity: int, reserved_pea
     split. Optimizer state created inside a step lands among
     that step's activations and leaves large split pieces the later steps reuse: on an H200
     (Llama-style decoder, 8 GiB cap) 1.0-1.7 GiB of them, at a size that trained 200 steps in
-    every new process.
+    every new process. ``margin``: the room the reserved peak must leave (a request's worth, or
+    the headroom after a flush: :func:`reserved_bound`).
     """
     pieces = step_peak + inactive_split + WALL_BYTES - capacity
     if reserved_peak is not None:
-        pieces = min(pieces, reserved_peak + WALL_BYTES - capacity)
+        pieces = min(pieces, reserved_peak + margin - capacity)
     return max(0, pieces)
+
+
+def reserved_bound(step_reserved: int | None, flushes: int | None, flushing: bool, expandable: bool,
+                   headroom: int) -> tuple[int | None, int]:
+    """The reserved peak that bounds :func:`wall_excess`'s figure (None: none), and the room it
+    must leave, for a trial whose steps after the first flushed the cache ``flushes`` times, the
+    last one too where ``flushing``.
+
+    No flush: the last step's reserved peak, a request's worth short of the capacity. After a
+    flush, under fixed segments, where the last step did not flush: that step was served from the
+    segments it found, so its reserved peak bounds the pieces too, if it left the allocator's
+    ``headroom`` (1 % of the capacity) for a later step whose pieces fall otherwise. The split
+    pieces counted at the end of such a step are often the very blocks the next step's
+    activations fill: on an H200 (8 GiB cap) a convolutional VAE's plain callable failed every
+    size from 1528 down to 1438 as at the wall, 7-235 MiB over with 1.2 GiB of such pieces after
+    one flushing step, where new processes train 1522 for 200 steps. Less room than the headroom
+    is no bound: ResNet-50's 182 stayed 14 MiB below the cap in its last step after three
+    flushing steps and ran out of memory at training step 8. Otherwise (the last step flushed,
+    or expandable segments, whose pages a flush unmaps) none: a flush returns blocks, and the
+    reserved peak no longer holds every piece."""
+    if flushes == 0:
+        return step_reserved, WALL_BYTES
+    if flushes and not flushing and not expandable:
+        return step_reserved, headroom
+    return None, WALL_BYTES
 
 
 def step_down(record, units: int) -> int:

@@ -18,7 +18,8 @@ from .peak_guard import drain_backward, raised_by_guard
 from .trial_notes import with_trial_note
 from .pinned_state import PinnedState, fits
 from .records import TrialRecord, notify, watch_trials
-from .settling import WALL_BYTES, FlushCount, flushing_error, growing, most_steps, split_bytes, wall_excess
+from .settling import (WALL_BYTES, FlushCount, flushing_error, growing, most_steps, reserved_bound, split_bytes,
+                       wall_excess)
 
 __all__ = ["TrialRecord", "TrialRunner", "watch_trials"]
 
@@ -360,17 +361,16 @@ class TrialRunner:
         return "hand_loop" if self.hand_loop else "replay"
 
     def _wall_excess(self) -> int:
-        """Bytes by which the trial's steady step left no room for the split pieces the
-        allocator cannot return (:func:`~autobatch.probe.settling.wall_excess`); 0 off
-        accelerators or after one step (the first autotunes and creates the optimizer's state).
-        The last step's reserved peak bounds the figure only where no step after the first
-        flushed the allocator's cache: a flush returns blocks, so the reserved peak no longer
-        holds every piece (ResNet-50 on an H200, 8 GiB cap: 182 stayed 14 MiB below the cap
-        in its last step after three flushing steps, and ran out of memory at training step 8)."""
+        """Bytes by which the trial's steady step left no room for the split pieces the allocator
+        cannot return (:func:`~autobatch.probe.settling.wall_excess`); 0 off accelerators or after
+        one step (the first autotunes and creates the optimizer's state). The last step's reserved
+        peak bounds it as :func:`~autobatch.probe.settling.reserved_bound` says."""
         if self.peak_limit is None or self._inactive_split is None or self._steps_run < 2:
             return 0
-        reserved = self._step_reserved if self._flush_count.flushes == 0 else None
-        return wall_excess(self._step_peak, self._inactive_split, self.memory.capacity(), reserved)
+        capacity, count = self.memory.capacity(), self._flush_count
+        reserved, margin = reserved_bound(self._step_reserved, count.flushes, count.flushing, self.expandable,
+                                          capacity - self.peak_limit)
+        return wall_excess(self._step_peak, self._inactive_split, capacity, reserved, margin=margin)
 
     def _fold_peaks(self) -> None:
         """The trial's peaks are the largest of its steps' (each step starts a fresh peak)."""
