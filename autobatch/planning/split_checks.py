@@ -123,8 +123,9 @@ def loss_split_note(step: TrainStep, sizes: list[int], piece: int = 1) -> str | 
         f"{LOSS_SPLIT}: on make_batch({2 * piece}) the loss_fn gave {whole:.4g}, and {halves[0]:.4g} and {halves[1]:.4g} "
         f"on its halves (in eval mode){drawn}, so the plan's micro-batches of {max(sizes)} train another gradient than one "
         f"batch of {sum(sizes)} would (a contrastive loss over the batch, a mean over padded tokens, a sum, class "
-        "weights). Where that matters: more memory (one step), or a loss_fn that returns a mean of per-sample terms "
-        "(docs/planning.md, 'Gradient accumulation')"
+        "weights). Where that matters: more memory (one step), or a loss_fn that returns a mean of per-sample terms: "
+        "a sum divided by the micro-batch's samples; a token mean weighted per sample by the batch's samples over its "
+        "real tokens (docs/runner.md, the token_weight recipe; docs/planning.md, 'Accumulation policy')"
     )
 
 
