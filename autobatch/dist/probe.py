@@ -38,7 +38,7 @@ from typing import Any
 
 
 from ..probe.ranks import ProbeAgreement
-from ..training.ranks import unwrap
+from ..training.ranks import differing, unwrap
 from ..probe.trial import TrialRecord
 from . import agreement as dist_sync
 from .leaving import leave
@@ -155,6 +155,22 @@ def agree_plan(planned) -> Any:
     return planned
 
 
+def agree_arguments(arguments: dict[str, Any]) -> None:
+    """One ``ValueError`` on every rank where ``find_max_batch`` was called with other
+    search-shaping arguments on other ranks (one sync point, before the first trial). Every rank
+    tries the same sizes in the same order only when they match: with another ``max_batch``,
+    ``multiple_of`` or ``strategy`` the ranks met at different trials' sync points (a
+    ``RankDisagreementError`` naming batch sizes, not the argument), and with another ``margin``
+    the rank that verified a reduced size waited in its DDP buckets while the other had finished,
+    until the sync deadline. ``memory_limit`` and ``device`` are each rank's own."""
+    detail = differing(dist_sync.exchange, "probe: every rank's arguments", arguments, floats=("margin",))
+    if detail is not None:
+        raise ValueError(
+            f"find_max_batch was called with other arguments on other ranks ({detail}); pass the same on every "
+            "rank: every rank tries the same batch sizes in the same order and they end on one answer, the largest "
+            "that fits the smallest rank (memory_limit and device may differ between ranks)")
+
+
 def _int(value: int | None) -> int:
     return -1 if value is None else int(value)
 
@@ -187,6 +203,9 @@ class CollectiveProbeAgreement(ProbeAgreement):
     def left(self, fn: Any, failure: BaseException) -> None:
         if not getattr(fn, "lockstep", False):  # a lockstep step's errors are voted on in the step
             leave(failure, "probe")
+
+    def arguments(self, arguments: dict[str, Any]) -> None:
+        agree_arguments(arguments)
 
     def trial_hook(self):
         return agree_trial

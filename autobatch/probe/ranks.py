@@ -30,6 +30,10 @@ class ProbeAgreement:
         the probe), which is about to propagate: tell the other ranks, where no vote of ``fn``'s
         own did, so they stop at once instead of waiting for this rank at their next sync point."""
 
+    def arguments(self, arguments: dict[str, Any]) -> None:
+        """Check that every rank called the probe with the same search-shaping ``arguments``
+        (one error naming those that differ): every rank must try the same sizes in order."""
+
     def trial_hook(self) -> Callable[[Any], Any] | None:
         """What the trial runner calls on each trial record to agree it; None: nothing."""
         return None

@@ -14,7 +14,7 @@ from typing import Any, Callable, Iterable
 
 import torch
 
-__all__ = ["DataParallel", "BuiltAlone", "choose", "check_no_sync", "wrapper_ranks", "alone_with_wrapper", "agree_fit", "agree_resume", "exchange_bytes", "install", "installed",
+__all__ = ["DataParallel", "BuiltAlone", "choose", "check_no_sync", "wrapper_ranks", "alone_with_wrapper", "agree_fit", "differing", "runner_settings", "agree_resume", "exchange_bytes", "install", "installed",
            "current", "unwrap"]
 
 
@@ -206,34 +206,68 @@ def agree_fit(parallel: DataParallel, floats: Iterable[str] = (), **arguments: i
     differs weights or clips the one all-reduced gradient differently on each rank, and the
     ranks' weights silently came apart. ``arguments``: a flag (set or not) or a count (None:
     unset); those named in ``floats`` are positive numbers, compared exactly."""
-    names, floats = list(arguments), set(floats)
-
-    def code(name: str, value: int | float | bool | None) -> int:
-        if value is None:
-            return -1
-        return struct.unpack("<q", struct.pack("<d", float(value)))[0] if name in floats else int(value)
-
-    values = [code(name, value) for name, value in arguments.items()]
-    rows = parallel.exchange(values, "fit(): every rank's arguments")
-    differ = [i for i in range(len(names)) if len({row[i] for row in rows}) > 1]
-    if not differ:
+    detail = differing(parallel.exchange, "fit(): every rank's arguments", arguments, floats)
+    if detail is None:
         return
-
-    def shown(i: int, value: int) -> str:
-        if isinstance(arguments[names[i]], bool):
-            return "set" if value else "not set"
-        if value < 0:
-            return "None"
-        return repr(struct.unpack("<d", struct.pack("<q", value))[0]) if names[i] in floats else str(value)
-
-    detail = "; ".join(f"{names[i]}: " + ", ".join(f"rank {r} {shown(i, row[i])}" for r, row in enumerate(rows))
-                       for i in differ)
     raise ValueError(
         f"fit() was called with other arguments on other ranks ({detail}); pass the same on every rank: "
         "every rank trains each step and writes each checkpoint together (its own random state; rank 0 the "
         "model), so give checkpoint_dir, checkpoint_every, resume, epochs and steps to every rank's Runner and fit(), not to "
-        "rank 0's alone, and the same global_batch and max_grad_norm (every rank steps on one all-reduced gradient)"
+        "rank 0's alone, the same global_batch and max_grad_norm (every rank steps on one all-reduced gradient), and "
+        "the same min_micro_batch, max_micro_batch, multiple_of, grow_after and checkpointing_fallback (every rank "
+        "replays an out-of-memory step at one agreed micro-batch, and grows back or falls back to checkpointing with "
+        "the others)"
     )
+
+
+def runner_settings(runner: Any) -> dict[str, int | float | bool | None]:
+    """The ``Runner`` settings :func:`agree_fit` checks are the same on every rank: where its
+    checkpoints go, the global batch and the clipping of the one all-reduced gradient, and how a
+    step that ran out of memory is replayed. The replay's micro-batch is agreed over the ranks,
+    but each rank bounds it by its own floor (``min_micro_batch``, ``multiple_of``), ceiling
+    (``max_micro_batch``), grow-back wait (``grow_after``) and fallback: where those differed, one
+    rank gave up at its floor (``StepOutOfMemoryError``) or went back from a grow-back try while
+    its peers proposed a size at the recovery's sync point and waited there until the sync
+    deadline, then a ``RankDisagreementError`` that named no setting."""
+    return {"checkpoint_dir": runner.checkpoint_dir is not None, "global_batch": runner.global_batch,
+            "checkpoint_every": runner.checkpoint_every, "max_grad_norm": runner._train_step.max_grad_norm,
+            "min_micro_batch": runner.min_micro_batch, "max_micro_batch": runner.max_micro_batch,
+            "multiple_of": runner.multiple_of, "grow_after": runner.growth.grow_after,
+            "checkpointing_fallback": bool(runner.checkpointing_fallback)}
+
+
+def differing(exchange: Callable[[list[int], str], list[list[int]]], label: str,
+              arguments: dict[str, int | float | bool | str | None], floats: Iterable[str] = ()) -> str | None:
+    """Exchange ``arguments`` with the other ranks (one sync point, ``label``) and say which
+    differ (``max_grad_norm: rank 0 None, rank 1 0.5``), or None where every rank passed the same.
+    A value is a flag (set or not), a count (None: unset), a short name (its first 7 bytes are
+    compared and shown), or, named in ``floats``, a number >= 0 compared exactly."""
+    names, floats = list(arguments), set(floats)
+
+    def code(name: str, value: int | float | bool | str | None) -> int:
+        if value is None:
+            return -1
+        if isinstance(value, str):
+            return int.from_bytes(value.encode()[:7], "little")
+        return struct.unpack("<q", struct.pack("<d", float(value)))[0] if name in floats else int(value)
+
+    rows = exchange([code(name, value) for name, value in arguments.items()], label)
+    differ = [i for i in range(len(names)) if len({row[i] for row in rows}) > 1]
+    if not differ:
+        return None
+
+    def shown(i: int, value: int) -> str:
+        mine = arguments[names[i]]
+        if isinstance(mine, bool):
+            return "set" if value else "not set"
+        if value < 0:
+            return "None"
+        if isinstance(mine, str):
+            return repr(value.to_bytes(7, "little").rstrip(b"\0").decode(errors="replace"))
+        return repr(struct.unpack("<d", struct.pack("<q", value))[0]) if names[i] in floats else str(value)
+
+    return "; ".join(f"{names[i]}: " + ", ".join(f"rank {r} {shown(i, row[i])}" for r, row in enumerate(rows))
+                     for i in differ)
 
 
 def agree_resume(parallel: DataParallel, path: Any, failure: BaseException | None, label: str, failed_to: str) -> None:

@@ -271,9 +271,8 @@ class Runner(OomRecovery, SplitsInMultiples, EndsSteps, Resumable, PlansFromData
         check_data(data)  # not one batch: a tensor, a dict, a tuple of tensors iterate its rows, keys, fields
         self._parallel.check_world(self.model)  # built in this world: not before init_process_group() or after destroy
         if self.distributed:  # before anything is loaded: a save or a resume on some ranks only hangs the others
-            ranks.agree_fit(self._parallel, ("max_grad_norm",), checkpoint_dir=self.checkpoint_dir is not None,
-                            resume=resume is not None, epochs=epochs, steps=steps, global_batch=self.global_batch,
-                            checkpoint_every=self.checkpoint_every, max_grad_norm=self._train_step.max_grad_norm)
+            ranks.agree_fit(self._parallel, ("max_grad_norm",), resume=resume is not None, epochs=epochs, steps=steps,
+                            **ranks.runner_settings(self))  # its checkpoints, gradient, and how an OOM is replayed
         began = time.perf_counter()
         # read before the data's generators replace the last fit()'s: a new loader's own (fresh) generator would
         # be set back to its first epoch's state after the replay, and the next epoch repeat that order
