@@ -13,7 +13,10 @@ from autobatch.probe.trial import TrialRunner
 MiB = 2**20
 
 
-def _runner_failing_fresh_above(boundary: int):
+def _fresh_search(answer: int, boundary: int):
+    """The check in a new process's layout from ``answer`` (passed in the trials' own layout),
+    where every size above ``boundary`` fails with no bytes over measured: what it found, and
+    its trials."""
     layout = {"now": None}
 
     def step(batch_size: int) -> None:
@@ -21,31 +24,23 @@ def _runner_failing_fresh_above(boundary: int):
         if layout["now"] == "fresh" and batch_size > boundary:  # no bytes over measured: bisection
             raise torch.OutOfMemoryError("CUDA out of memory.")
 
-    return step, layout
-
-
-def test_the_fresh_layout_search_ends_within_a_percent_of_its_boundary():
-    step, layout = _runner_failing_fresh_above(1536)
     with simulated_memory("64MiB") as device:
         memory = SimulatedDeviceMemory(device)
         runner = TrialRunner(step, memory, steps=2, peak_limit=60 * MiB, settle_final=True, hand_loop=True,
                              layout=lambda: layout.update(now="resumed"))
-        assert runner.run(1580, "confirm", settle=True).passed
-        found = in_fresh_layout(runner, 1580, 1, lambda: layout.update(now="fresh"),
+        assert runner.run(answer, "confirm", settle=True).passed
+        found = in_fresh_layout(runner, answer, 1, lambda: layout.update(now="fresh"),
                                 lambda units: _confirm(runner, units, 1, after_last_oom=True))
-    fresh = [r for r in runner.records if r.purpose == "fresh"]
+    return found, [r for r in runner.records if r.purpose == "fresh"]
+
+
+def test_the_fresh_layout_search_ends_within_a_percent_of_its_boundary():
+    found, fresh = _fresh_search(1580, 1536)
     assert 0.99 * 1536 <= found <= 1536
     assert all(r.passed == (r.batch_size <= 1536) for r in fresh)
     assert len(fresh) <= 5, [(r.batch_size, r.passed) for r in fresh]  # a unit's width took 8
 
 
 def test_small_sizes_still_end_at_one_unit():
-    step, layout = _runner_failing_fresh_above(51)
-    with simulated_memory("64MiB") as device:
-        memory = SimulatedDeviceMemory(device)
-        runner = TrialRunner(step, memory, steps=2, peak_limit=60 * MiB, settle_final=True, hand_loop=True,
-                             layout=lambda: layout.update(now="resumed"))
-        assert runner.run(59, "confirm", settle=True).passed
-        found = in_fresh_layout(runner, 59, 1, lambda: layout.update(now="fresh"),
-                                lambda units: _confirm(runner, units, 1, after_last_oom=True))
+    found, _ = _fresh_search(59, 51)
     assert found == 51
