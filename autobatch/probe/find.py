@@ -139,7 +139,7 @@ def find_max_batch(
     # a make_batch that ignores its size is an error, not a climb to the search ceiling
     batches = arguments.checked_batches(fn) if isinstance(fn, TrainStep) else None
     limit_bytes = None if memory_limit is None else parse_bytes(memory_limit, name="memory_limit")
-    agreement, probe_args = _agreement({"strategy": strategy, **given, "hand_loop": hand_loop}, estimate_first)
+    agreement = _agreement(probe_args := {"strategy": strategy, **given, "hand_loop": hand_loop}, estimate_first)
     fn = agreement.local_step(fn)  # DDP: the real DDP step, collectives guarded (autobatch.dist.probe)
     if isinstance(fn, TrainStep):  # its model's device; its model and optimizer, restored
         device, restore = device if device is not None else fn.device, restore or (fn.model, fn.optimizer)
@@ -154,13 +154,12 @@ def find_max_batch(
     return hit if hit is not None else _finish(call, _probe(call, restore, estimate_first))
 
 
-def _agreement(probe_args: dict[str, Any], estimate_first: bool | None) -> tuple[ranks.ProbeAgreement, dict[str, Any]]:
+def _agreement(probe_args: dict[str, Any], estimate_first: bool | None) -> ranks.ProbeAgreement:
     """How this probe agrees with the other ranks of a job, once they agreed that they run the same
-    search (distributed: one sync point; arguments that differ are one ``ValueError`` naming them),
-    and ``probe_args``."""
+    search (distributed: one sync point; arguments that differ are one ``ValueError`` naming them)."""
     agreement = ranks.current()
     agreement.arguments({**probe_args, "estimate_first": estimate_first})
-    return agreement, probe_args
+    return agreement
 
 
 @dataclass
