@@ -58,7 +58,10 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _directory(text: str) -> Path:
-    """``--dir``'s value, ``~`` expanded as ``probe.cache_dir``'s is (the shell leaves ``--dir=~/x`` as it is)."""
+    """``--dir``'s value, ``~`` expanded as ``probe.cache_dir``'s is (the shell leaves ``--dir=~/x`` as it is);
+    an empty one (an unset shell variable) is refused: ``Path("")`` would clear the working directory's entries."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("it names no directory (empty); give the cache directory, or leave --dir out for the default")
     return Path(text).expanduser()
 
 

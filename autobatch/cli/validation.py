@@ -325,6 +325,9 @@ def check_cache_dir(cfg: DictConfig, base: Path | None = None) -> None:
     probe = cfg.probe
     if not probe.cache or probe.cache_dir is None:
         return
+    if not str(probe.cache_dir).strip():  # Path("") is the directory the command ran in
+        raise ValueError("probe.cache_dir= is empty; give the cache directory, or leave it out (null) for the default, "
+                         "or probe.cache=false")
     path = Path(str(probe.cache_dir)).expanduser()
     path = path if path.is_absolute() or base is None else base / path
     existing = path

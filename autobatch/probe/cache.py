@@ -112,6 +112,11 @@ def result_problem(result: ProbeResult) -> str | None:
         value = getattr(result, name)
         if value is not None and not count(value, 0):
             return f"{name} {value!r} is neither null nor a non-negative integer"
+    # a probe answers in multiples of multiple_of, never above max_batch (both are in the key)
+    if result.batch_size % result.multiple_of:
+        return f"batch_size {result.batch_size} is not a multiple of multiple_of {result.multiple_of}"
+    if result.max_batch is not None and result.batch_size > result.max_batch:
+        return f"batch_size {result.batch_size} is above max_batch {result.max_batch}"
     if not number(result.margin) or not 0.0 <= result.margin < 1.0:
         return f"margin {result.margin!r} is not a fraction in [0, 1)"
     if not number(result.elapsed_s) or result.elapsed_s < 0:
@@ -139,6 +144,11 @@ def _trial_problem(trial: TrialRecord) -> str | None:
         return f"a trial's batch_size {trial.batch_size!r} is not a positive integer"
     if not isinstance(trial.passed, bool):
         return f"a trial's passed {trial.passed!r} is not true or false"
+    # what the report's throughput divides by and multiplies with (text multiplied a string)
+    if not isinstance(trial.seconds, (int, float)) or isinstance(trial.seconds, bool) or not trial.seconds >= 0:
+        return f"a trial's seconds {trial.seconds!r:.40} is not a non-negative number"
+    if trial.steps is not None and (not isinstance(trial.steps, int) or isinstance(trial.steps, bool) or trial.steps < 1):
+        return f"a trial's steps {trial.steps!r:.40} is neither null nor a positive integer"
     for name, value in vars(trial).items():
         number = isinstance(value, (int, float)) and not isinstance(value, bool)
         if name.endswith("_bytes") and value is not None and not number:
@@ -189,6 +199,9 @@ class ProbeCache:
     LOCK_NAME = ".lock"
 
     def __init__(self, directory: str | os.PathLike | None = None) -> None:
+        if isinstance(directory, str) and not directory.strip():  # Path("") is the working directory
+            raise ValueError(f"cache={directory!r} names no directory (an unset setting?): pass cache=True for the "
+                             f"default directory ({default_dir()}), a directory path, or cache=False")
         self.directory = Path(directory).expanduser() if directory is not None else default_dir()
 
     def path_of(self, key: str) -> Path:

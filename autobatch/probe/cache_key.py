@@ -40,6 +40,7 @@ CAPACITY_STEP = 64 * 1024**2
 STATE_HYPERPARAMETERS = (
     "momentum", "nesterov", "dampening", "amsgrad", "foreach", "fused", "capturable",
     "differentiable", "centered", "weight_decay", "decoupled_weight_decay",
+    "maximize",  # the step negates each gradient into a new tensor: the largest gradient more at the peak
 )
 
 
