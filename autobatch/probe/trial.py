@@ -14,6 +14,7 @@ from ..memory.simulated import host_memory
 from ..memory.units import format_bytes
 from ..memory.workspaces import release_workspaces
 from .autotune import Autotune
+from .collection import LIVE_SLACK, collect_failed_step
 from .peak_guard import drain_backward, raised_by_guard
 from .trial_notes import with_trial_note
 from .pinned_state import PinnedState, fits
@@ -24,7 +25,6 @@ from .settling import (WALL_BYTES, FlushCount, flushing_error, growing, most_ste
 __all__ = ["TrialRecord", "TrialRunner", "watch_trials"]
 
 log = logging.getLogger("autobatch")
-LIVE_SLACK = 2**20  # held past the optimizers' state without a full collection: library buffers (H200 LSTM: < 1 MiB)
 
 
 class TrialRunner:
@@ -256,9 +256,9 @@ class TrialRunner:
 
     def _clean_up_after_oom(self) -> None:
         """Drop what the failed step left (``after_oom``; its backward queue, drained in host memory that a spent
-        simulated budget cannot refuse), collect its young garbage, return the cached blocks. A full collection
-        (~0.12 s) waits for a later trial failing beside the leftover (:meth:`_garbage_was_in_the_way`); with ranks,
-        at once. Optimizer state and gradients the trial left (``held_growth``) are live, not leftover."""
+        simulated budget cannot refuse), collect its young garbage, return the cached blocks. A full collection (0.12 s)
+        waits for a later trial failing beside the leftover (:meth:`_garbage_was_in_the_way`); with ranks, at once where
+        the young ones left memory held (:mod:`~autobatch.probe.collection`). Live: optimizer state, ``held_growth``."""
         if self.after_oom is not None:
             self.after_oom()
         with host_memory():
@@ -267,7 +267,7 @@ class TrialRunner:
         kept = self._baseline + self._growth()
         if self.memory.allocated() <= kept:
             return
-        free_memory(generation=1 if self.agree is None else 2)
+        collect_failed_step(self.memory.allocated, kept, full_if_held=self.agree is not None)
         self._leftover = self._leftover or self.memory.allocated() > kept + LIVE_SLACK  # live state or older garbage
 
     def _garbage_was_in_the_way(self) -> bool:
