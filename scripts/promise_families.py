@@ -8,7 +8,14 @@ on: ``python scripts/bench_promise.py --no-cli --workloads deeplabv3,r3d18,mixtr
 - ``mixtral``: a small Mixtral-style mixture-of-experts decoder (8 experts, 2 per token): each
   expert's share of the tokens, and so its activations, depends on the data;
 - ``vae``: a convolutional variational autoencoder at 128x128 (a random draw in the forward, a
-  reconstruction plus KL loss).
+  reconstruction plus KL loss);
+- ``fasterrcnn``: torchvision's Faster R-CNN (ResNet-50 FPN) at 512x512, trained as its users do:
+  ``model(images, targets)`` on a batch of two lists (the images, and per-image dicts of 1-5 boxes
+  and labels), the sum of its dict of losses; its region sampling draws at random, so its memory
+  moves from step to step;
+- ``unet``: a diffusion-style U-Net at 64x64 (GroupNorm residual blocks with a timestep embedding,
+  self-attention at 16x16 and 8x8, skip connections), trained to predict the noise at a random
+  timestep.
 
 Each builder returns ``(model, optimizer, loss_fn, make)`` as ``bench_promise.build`` expects;
 ``quick`` gives a CPU-sized stand-in of the same structure.
@@ -102,4 +109,92 @@ def vae(device: str, quick: bool):
     return model, torch.optim.AdamW(model.parameters(), lr=1e-4), loss_fn, make
 
 
-FAMILIES = {"deeplabv3": deeplabv3, "r3d18": r3d18, "mixtral": mixtral, "vae": vae}
+def fasterrcnn(device: str, quick: bool):
+    from torchvision.models.detection import fasterrcnn_mobilenet_v3_large_fpn, fasterrcnn_resnet50_fpn
+
+    side = 128 if quick else 512
+    build = fasterrcnn_mobilenet_v3_large_fpn if quick else fasterrcnn_resnet50_fpn
+    model = build(weights=None, weights_backbone=None, num_classes=11, min_size=side, max_size=side).to(device)
+
+    def target(i: int) -> dict:
+        boxes = 1 + i % 5
+        corner = torch.rand(boxes, 2, device=device) * side * 0.6
+        extent = 16 + torch.rand(boxes, 2, device=device) * side * 0.3
+        return {"boxes": torch.cat([corner, corner + extent], 1), "labels": torch.randint(1, 11, (boxes,), device=device)}
+
+    def make(b):
+        return [torch.rand(3, side, side, device=device) for _ in range(b)], [target(i) for i in range(b)]
+
+    def loss_fn(m, batch):
+        return sum(m(list(batch[0]), list(batch[1])).values())
+    return model, torch.optim.AdamW(model.parameters(), lr=1e-4), loss_fn, make
+
+
+class _Block(torch.nn.Module):
+    """A U-Net residual block: GroupNorm, SiLU, convolution, the timestep added, twice."""
+
+    def __init__(self, a: int, b: int, embed: int):
+        super().__init__()
+        self.norm1, self.conv1 = torch.nn.GroupNorm(8, a), torch.nn.Conv2d(a, b, 3, padding=1)
+        self.time = torch.nn.Linear(embed, b)
+        self.norm2, self.conv2 = torch.nn.GroupNorm(8, b), torch.nn.Conv2d(b, b, 3, padding=1)
+        self.skip = torch.nn.Conv2d(a, b, 1) if a != b else torch.nn.Identity()
+
+    def forward(self, x, t):
+        h = self.conv1(F.silu(self.norm1(x))) + self.time(t)[:, :, None, None]
+        return self.skip(x) + self.conv2(F.silu(self.norm2(h)))
+
+
+class _Attention(torch.nn.Module):
+    def __init__(self, c: int):
+        super().__init__()
+        self.norm, self.attn = torch.nn.GroupNorm(8, c), torch.nn.MultiheadAttention(c, 4, batch_first=True)
+
+    def forward(self, x):
+        b, c, h, w = x.shape
+        seq = self.norm(x).flatten(2).transpose(1, 2)
+        return x + self.attn(seq, seq, seq, need_weights=False)[0].transpose(1, 2).reshape(b, c, h, w)
+
+
+class UNet(torch.nn.Module):
+    """A diffusion U-Net: down through ``widths`` (attention at the last two levels), up with skips."""
+
+    def __init__(self, widths=(64, 128, 256, 256), embed: int = 256):
+        super().__init__()
+        self.embed = torch.nn.Sequential(torch.nn.Linear(1, embed), torch.nn.SiLU(), torch.nn.Linear(embed, embed))
+        self.stem = torch.nn.Conv2d(3, widths[0], 3, padding=1)
+        self.down = torch.nn.ModuleList(_Block(a, b, embed) for a, b in zip(widths, widths[1:]))
+        self.up = torch.nn.ModuleList(_Block(2 * b, a, embed) for a, b in zip(widths, widths[1:]))
+        levels = len(widths) - 1
+        self.attn = torch.nn.ModuleList(_Attention(b) if i >= levels - 2 else torch.nn.Identity()
+                                        for i, b in enumerate(widths[1:]))
+        self.out = torch.nn.Conv2d(widths[0], 3, 3, padding=1)
+
+    def forward(self, x, t):
+        t, h, skips = self.embed(t[:, None]), self.stem(x), []
+        for block, attn in zip(self.down, self.attn):
+            h = attn(block(h, t))
+            skips.append(h)
+            h = F.avg_pool2d(h, 2)
+        for block, skip in zip(reversed(self.up), reversed(skips)):
+            h = block(torch.cat([F.interpolate(h, scale_factor=2.0), skip], 1), t)
+        return self.out(F.silu(h))
+
+
+def unet(device: str, quick: bool):
+    model = UNet(*(((16, 32, 32), 32) if quick else ())).to(device)
+    side = 16 if quick else 64
+
+    def make(b):
+        return torch.rand(b, 3, side, side, device=device) * 2 - 1
+
+    def loss_fn(m, images):
+        t = torch.rand(images.shape[0], device=images.device)
+        noise = torch.randn_like(images)
+        noisy = (1 - t).sqrt()[:, None, None, None] * images + t.sqrt()[:, None, None, None] * noise
+        return F.mse_loss(m(noisy, t).float(), noise)
+    return model, torch.optim.AdamW(model.parameters(), lr=1e-4), loss_fn, make
+
+
+FAMILIES = {"deeplabv3": deeplabv3, "r3d18": r3d18, "mixtral": mixtral, "vae": vae, "fasterrcnn": fasterrcnn,
+            "unet": unet}
