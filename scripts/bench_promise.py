@@ -249,10 +249,12 @@ def _next_token(model, vocab: int, seq: int, device: str):
 
 
 def _to_host(batch):
-    """A batch (a tensor, a tuple of them, a dict of them) in host memory."""
+    """A batch (a tensor, or tuples, lists and dicts of them: a detector's images and targets) in host memory."""
     if isinstance(batch, dict):
-        return {key: value.cpu() for key, value in batch.items()}
-    return tuple(t.cpu() for t in batch) if isinstance(batch, tuple) else batch.cpu()
+        return {key: _to_host(value) for key, value in batch.items()}
+    if isinstance(batch, (tuple, list)):
+        return type(batch)(_to_host(t) for t in batch)
+    return batch.cpu() if isinstance(batch, torch.Tensor) else batch
 
 
 def _decoder(name: str, quick: bool):
