@@ -69,7 +69,9 @@ def stepwise(step, batch_size: int, steps: int, device: str, limit: int) -> dict
 def prime(what: str, model, optimizer, device: str, dtype) -> None:
     """Before the first step: ``cublas`` makes the matmul libraries' handles and workspaces (a
     tiny matmul in each precision), ``state`` the optimizer's state (one step on zero gradients),
-    ``ckpt_cpu``/``ckpt_cuda`` that state through a checkpoint (``torch.save``, the state dropped
+    ``shapes_same``/``shapes_small`` (in ``child``) one forward and backward at the batch size or at 8,
+    with no optimizer step, the gradients dropped and the cache emptied (the kernels' first uses at a
+    shape, such as cuDNN's plans, made before the first step), ``ckpt_cpu``/``ckpt_cuda`` that state through a checkpoint (``torch.save``, the state dropped
     and the cache emptied, then ``torch.load(map_location=...)`` and ``load_state_dict`` for the
     model and the optimizer: a resumed run, loading to the host or to the device), ``none``
     nothing."""
@@ -121,6 +123,14 @@ def child(args) -> dict:
     model, optimizer, loss_fn, make, dtype, _ = build(args.workload, device, args.quick)
     prime(args.prime, model, optimizer, device, dtype)
     step = plain_step(model, optimizer, loss_fn, make, dtype, device)
+    if args.prime.startswith("shapes_"):  # first uses at a shape (kernels' plans, handles), with no state made
+        size = args.batch if args.prime == "shapes_same" else 8
+        with torch.autocast(device, dtype=dtype, enabled=dtype is not None):
+            loss = loss_fn(model, make(size))
+        loss.backward()
+        del loss
+        optimizer.zero_grad()
+        free_memory()
     out: dict = {"layout": args.layout}
     if args.layout == "trials":
         trials = [(8, 3), (args.fit, 1)] + [(int(s), args.steps) for s in args.sizes.split(",")]
@@ -154,7 +164,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--memory-limit", default=None, help="default 8GiB (16MiB on the CPU)")
     parser.add_argument("--cold", action="store_true", help="no warm-up in the child (a training script's own start)")
-    parser.add_argument("--primes", default="none", help="fresh layout: none,cublas,state,both,ckpt_cpu,ckpt_cuda before the first step")
+    parser.add_argument("--primes", default="none", help="fresh layout: none,cublas,state,both,ckpt_cpu,ckpt_cuda,shapes_same,shapes_small before the first step")
     parser.add_argument("--out", default=None)
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--workload", help=argparse.SUPPRESS)
