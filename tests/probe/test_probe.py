@@ -11,6 +11,7 @@ from autobatch import NoBatchFitsError, ProbeResult, TrainStep, find_max_batch, 
 from autobatch.memory.devices import SimulatedDeviceMemory
 from autobatch.probe.trial import TrialRunner
 
+from gc_recording import Cycle, collections
 from workloads import ThresholdStep, make_mlp_step
 
 # (strategy, threshold, expected batch, expected number of trials) with default start/max.
@@ -386,32 +387,6 @@ def test_a_failed_background_copy_stops_the_probe_with_its_error(monkeypatch):
 
 # ---- what a failed trial leaves: young garbage, live state, old garbage ----------------------
 
-class _Cycle:
-    """A reference cycle holding a tensor: freed only by the garbage collector."""
-
-    def __init__(self, tensor: torch.Tensor) -> None:
-        self.me, self.tensor = self, tensor
-
-
-def _collections(monkeypatch) -> list[int]:
-    """Record the generation of every collection free_memory makes."""
-    import autobatch.memory.oom as oom
-
-    made: list[int] = []
-    real = gc.collect
-
-    class Recording:
-        def __getattr__(self, name):
-            return getattr(gc, name)
-
-        @staticmethod
-        def collect(generation: int = 2) -> int:
-            made.append(generation)
-            return real(generation)
-
-    monkeypatch.setattr(oom, "gc", Recording())
-    return made
-
 
 @pytest.mark.parametrize("kept, full", [(3 * 2**20, 1), (512 * 2**10, 0)])
 def test_live_leftover_after_an_oom_costs_one_full_collection_at_most(monkeypatch, kept, full):
@@ -426,7 +401,7 @@ def test_live_leftover_after_an_oom_costs_one_full_collection_at_most(monkeypatc
             held.append(torch.empty(kept, dtype=torch.uint8))
         torch.empty(batch_size * 2**16, dtype=torch.uint8)
 
-    made = _collections(monkeypatch)
+    made = collections(monkeypatch)
     with simulated_memory("16MiB"):
         result = find_max_batch(step, strategy="binary", steps_per_trial=1)
     assert sum(not record.passed for record in result.trials) >= 3
@@ -446,7 +421,7 @@ def test_gradients_and_state_a_failed_trial_leaves_cost_no_collection(monkeypatc
         optimizer.step()
         optimizer.zero_grad()
 
-    made = _collections(monkeypatch)
+    made = collections(monkeypatch)
     with simulated_memory("32MiB"):
         result = find_max_batch(step, strategy="binary", steps_per_trial=2)
     assert sum(not record.passed for record in result.trials) >= 3
@@ -464,7 +439,7 @@ def test_old_garbage_left_by_an_oom_cannot_fail_a_size(monkeypatch):
 
         def step(batch_size: int) -> None:
             if litter and batch_size > 300 and not littered:
-                holder = [_Cycle(torch.empty(4 * 2**20, dtype=torch.uint8))]
+                holder = [Cycle(torch.empty(4 * 2**20, dtype=torch.uint8))]
                 gc.collect()  # survives (held): promoted to the oldest generation
                 holder.clear()  # now garbage that only a full collection frees
                 littered.append(batch_size)
@@ -474,7 +449,7 @@ def test_old_garbage_left_by_an_oom_cannot_fail_a_size(monkeypatch):
 
     with simulated_memory("16MiB"):
         clean = find_max_batch(make_step(False), strategy="halving", start=512, steps_per_trial=1).batch_size
-    made = _collections(monkeypatch)
+    made = collections(monkeypatch)
     with simulated_memory("16MiB") as device:
         before = device.current_bytes
         littered = find_max_batch(make_step(True), strategy="halving", start=512, steps_per_trial=1)

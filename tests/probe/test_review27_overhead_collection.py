@@ -9,37 +9,13 @@ import gc
 import pytest
 import torch
 
-import autobatch.memory.oom as oom
 from autobatch import simulated_memory
 from autobatch.memory.devices import SimulatedDeviceMemory
 from autobatch.probe.trial import TrialRunner
 
+from gc_recording import Cycle, collections
+
 MiB = 2**20
-
-
-class _Cycle:
-    """A reference cycle holding a tensor: only the garbage collector frees it."""
-
-    def __init__(self, tensor: torch.Tensor) -> None:
-        self.me, self.tensor = self, tensor
-
-
-def _collections(monkeypatch) -> list[int]:
-    """The generation of every collection ``free_memory`` makes."""
-    made: list[int] = []
-    real = gc.collect
-
-    class Recording:
-        def __getattr__(self, name):
-            return getattr(gc, name)
-
-        @staticmethod
-        def collect(generation: int = 2) -> int:
-            made.append(generation)
-            return real(generation)
-
-    monkeypatch.setattr(oom, "gc", Recording())
-    return made
 
 
 @pytest.mark.parametrize("old, full", [(False, 0), (True, 1)])
@@ -50,14 +26,14 @@ def test_ranks_collect_fully_only_what_the_young_generations_left_held(monkeypat
     by an automatic collection): the full collection still runs and frees it. Either way the
     clean-up leaves the memory at the trial's starting level."""
     def step(batch_size: int) -> None:
-        holder = [_Cycle(torch.empty(4 * MiB, dtype=torch.uint8))]
+        holder = [Cycle(torch.empty(4 * MiB, dtype=torch.uint8))]
         if old:
             gc.collect()  # survives (held): promoted to the oldest generation
         holder.clear()  # garbage now, in a cycle
         torch.empty(batch_size * MiB, dtype=torch.uint8)  # out of memory at 13 (16 MiB budget)
 
     gc.collect()
-    made = _collections(monkeypatch)
+    made = collections(monkeypatch)
     with simulated_memory("16MiB") as device:
         before = device.current_bytes
         runner = TrialRunner(step, SimulatedDeviceMemory(device), steps=1, agree=lambda record: record)
