@@ -20,7 +20,7 @@ from .memory.devices import device_available, torch_device  # here with the memo
 
 __all__ = ["positive_int", "count", "positive_number", "positive_shape", "integer", "flag", "module", "materialized", "optimizer", "function",
            "torch_device", "dtype", "grad_scaler", "scheduler", "no_closure", "loss", "record_fields", "choice",
-           "keywords", "closest"]
+           "keywords", "closest", "strict_json"]
 
 
 def integer(value: Any) -> int | None:
@@ -373,3 +373,18 @@ def record_fields(kind: type, data: Any, owner: str, *, what: str = "the dict", 
                          f"{owner}.to_dict() wrote ({source})")
     known = {f.name for f in every} - set(exclude)
     return {key: value for key, value in data.items() if key in known}
+
+
+def strict_json(value: Any) -> Any:
+    """``value`` (a record's dicts, lists and numbers) with every NaN or infinite float as None, for
+    a record's ``to_dict``: ``json.dumps`` writes them as ``NaN``/``Infinity``, which is no JSON
+    (``jq``, ``JSON.parse`` refuse the whole file). None there means "no finite figure": a plan
+    candidate whose median step measured 0 s (the clock did not resolve it) has ``samples_per_s``
+    null, as the command line's ``metrics.jsonl`` writes a zero-second step's."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, Mapping):
+        return {key: strict_json(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [strict_json(item) for item in value]
+    return value

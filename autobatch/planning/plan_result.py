@@ -116,7 +116,10 @@ class Plan:
         return self.summary()
 
     def to_dict(self) -> dict[str, Any]:
-        return {f.name: _plain(getattr(self, f.name)) for f in fields(self) if f.name not in ("handle", "applied")}
+        """The fields as plain JSON data (not the live checkpoint handles); a figure that is not
+        finite is None (a candidate's ``samples_per_s`` whose median step measured 0 s was
+        ``Infinity`` in the JSON, which ``jq`` and ``JSON.parse`` refuse)."""
+        return {f.name: checks.strict_json(getattr(self, f.name)) for f in fields(self) if f.name not in ("handle", "applied")}
 
     def to_json(self, **kwargs: Any) -> str:
         return json.dumps(self.to_dict(), **kwargs)
@@ -198,14 +201,6 @@ def _model_of(target: Any) -> torch.nn.Module:
         return inner
     raise TypeError(f"Plan.apply takes the model to checkpoint (a torch.nn.Module, or a TrainStep holding one), "
                     f"got {type(target).__name__}: call plan.apply(model) with the model you train")
-
-
-def _plain(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {key: _plain(item) for key, item in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_plain(item) for item in value]
-    return value
 
 
 def short_list(items: list[Any], limit: int = 4) -> str:

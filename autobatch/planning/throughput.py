@@ -59,6 +59,7 @@ from typing import Any, Callable
 
 import torch
 
+from .. import checks
 from .accumulation import LazyMicroBatches, accumulated_step, micro_batch_sizes
 from .lockstep import Lockstep
 from .plan_arguments import validate_timing
@@ -139,7 +140,8 @@ class Candidate:
         self.samples_per_s = global_batch / median if median > 0 else math.inf
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """The fields as JSON data: an infinite ``samples_per_s`` (a median step of 0 s) is None."""
+        return checks.strict_json(asdict(self))
 
 
 def _noop() -> None:

@@ -101,7 +101,7 @@ class ProbeResult:
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
         data.update(num_trials=self.num_trials, num_ooms=self.num_ooms, peak_bytes=self.peak_bytes)
-        return data
+        return checks.strict_json(data)  # strict JSON: a NaN or infinite figure is None
 
     def to_json(self, **kwargs: Any) -> str:
         return json.dumps(self.to_dict(), **kwargs)
