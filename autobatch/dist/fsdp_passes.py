@@ -29,6 +29,7 @@ from typing import Any, Callable, Iterable, Iterator
 import torch
 
 from .. import checks
+from ..memory.units import counted
 from ..probe.shards import is_dtensor
 from . import agreement as dist_sync
 from .step import flatten_grads, missing_grads, reduce_grads
@@ -139,7 +140,7 @@ def check_mesh(model: torch.nn.Module) -> None:
             )
         if is_dtensor(param) and param.device_mesh.size() != world:
             raise ValueError(
-                f"{name} is sharded over a mesh of {param.device_mesh.size()} ranks and the job has {world}; autobatch "
+                f"{name} is sharded over a mesh of {counted(param.device_mesh.size(), 'rank')} and the job has {world}; autobatch "
                 "splits each global batch over every rank of the job: fully_shard over a mesh of all ranks "
                 "(init_device_mesh(device, (world_size,))), or launch each group as its own torchrun job"
             )

@@ -1,4 +1,5 @@
-"""Byte quantities: parse "512MiB"-style strings and format byte counts for people."""
+"""Byte quantities: parse "512MiB"-style strings and format byte counts for people; and
+:func:`counted`, a count with its noun in the right number ("1 rank", "2 ranks")."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["parse_bytes", "format_bytes", "decimal_note"]
+__all__ = ["parse_bytes", "format_bytes", "decimal_note", "counted"]
 
 _UNITS = {
     "": 1,
@@ -130,3 +131,10 @@ def format_bytes(count: int | float | None) -> str:
             return f"{value:.{digits}f} {unit}"
         value /= 1024
     return f"{value:.2f} TiB"
+
+
+def counted(count: int, noun: str, plural: str | None = None) -> str:
+    """``count`` and ``noun`` in the number it takes, for messages: ``counted(1, "rank")`` is
+    "1 rank", ``counted(2, "rank")`` "2 ranks" (``plural`` where it is not ``noun + "s"``:
+    ``counted(n, "OOM recovery", "OOM recoveries")``). Messages said "sharded over 1 ranks"."""
+    return f"{count} {noun if count == 1 else (plural or noun + 's')}"

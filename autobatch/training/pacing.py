@@ -34,6 +34,7 @@ import torch
 
 from ..errors import PeerFailedError, UnevenDataError, add_note
 from ..memory.oom import is_oom_error
+from ..memory.units import counted
 
 __all__ = ["UnevenDataError", "FailedDraw", "RaisedBeforeStep", "carried", "carried_error", "trusted_length", "agree_epoch_length", "paced",
            "for_steps", "every_rank_has", "every_rank_returned", "told_every_rank", "was_told"]
@@ -105,7 +106,7 @@ def was_told(error: BaseException) -> bool:
 
 
 def _steps(count: int) -> str:
-    return f"{count} step{'s' if count != 1 else ''}"
+    return counted(count, "step")
 
 
 def carried_error(check: Callable[[], Any], distributed: bool) -> Any:

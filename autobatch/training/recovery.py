@@ -34,6 +34,7 @@ from typing import Any
 from ..errors import PeerOutOfMemoryError, StepOutOfMemoryError, add_note
 from .. import checks
 from ..memory.oom import free_memory, is_oom_error
+from ..memory.units import counted
 from ..planning.checkpointing import enable_checkpointing, is_checkpointed, no_blocks_hint
 from ..planning.own_checkpointing import own_checkpointing
 from ..probe.ddp_reducer import rebuild_before_first_step, reset_failed_reduction
@@ -283,7 +284,7 @@ class OomRecovery(CountsSkips, WatchesGrads, TellsSplit):
             if self._phase == "optimizer":  # neither checkpointing nor the micro-batch sizes the optimizer step
                 advice = ("The optimizer step itself does not fit: try an optimizer with less state (SGD, Adafactor), "
                           "lower precision, a smaller model, or more device memory.")
-            held = f"{largest} sample" + ("s" if largest != 1 else "")  # a short batch's pieces are smaller
+            held = counted(largest, "sample")  # a short batch's pieces are smaller
             where = (f"micro-batch {failed_at}, the smallest {allowed}" if largest >= failed_at else f"micro-batch "
                      f"{failed_at}, whose pieces of this batch hold at most {held}, and no smaller piece is one "
                      f"{allowed}")
@@ -316,7 +317,7 @@ class OomRecovery(CountsSkips, WatchesGrads, TellsSplit):
         step, before, after = self._last_shrink
         further = f", then to {failed_at}" if failed_at != after else ""
         fallback = "" if self.checkpointing_fallback else ", turn on activation checkpointing (checkpointing_fallback=True)"
-        piece = f" (its smallest piece: {smallest} samples)" if smallest < failed_at else ""
+        piece = f" (its smallest piece: {counted(smallest, 'sample')})" if smallest < failed_at else ""
         add_note(exc, 
             f"autobatch: this error came at micro-batch {failed_at}{piece} in global step {self.step}, smaller than any "
             f"micro-batch that trained in this run: after an out-of-memory error at micro-batch {before} (step {step}) "

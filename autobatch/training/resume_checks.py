@@ -18,6 +18,7 @@ from typing import Any, Iterable
 import torch
 
 from ..errors import CheckpointError
+from ..memory.units import counted
 from ..probe.shards import local
 from .precision import precision_of, warn_changed_precision  # re-exported: kept importable from here
 from .ranks import unwrap
@@ -108,7 +109,7 @@ def position_for(path: Path, state: dict[str, Any], global_batch: int) -> int:
     samples = state.get("epoch_samples", position * saved)  # checkpoints of earlier versions: whole batches
     if samples % global_batch:
         raise CheckpointError(
-            path, f"it stopped {position} batches of {saved} into its epoch ({samples} samples), which is no whole "
+            path, f"it stopped {counted(position, 'batch', 'batches')} of {saved} into its epoch ({counted(samples, 'sample')}), which is no whole "
             f"number of batches of global_batch={global_batch}; resume with global_batch={saved} (or a divisor of "
             f"{samples}), or from a checkpoint at an epoch's end",
         )

@@ -39,6 +39,7 @@ import torch
 
 from .. import checks
 from ..errors import StepOutOfMemoryError
+from ..memory.units import counted
 from ..planning.accumulation import accumulated_step, batch_size_of
 from ..planning.checkpointing import CheckpointHandle, find_blocks
 from ..probe.shards import has_dtensors
@@ -322,8 +323,8 @@ class Runner(OomRecovery, SplitsInMultiples, EndsSteps, Resumable, PlansFromData
             self.save()
             self._clear_stop()  # one the save's sync points carried, after the run's last step
         self._fill_result()
-        log.info("training done: %d steps (%d this run), %d samples in %.2f s, %d OOM recoveries, micro-batch %d",
-                 result.steps, result.steps_this_run, result.samples, result.elapsed_s, len(result.oom_recoveries), self.micro_batch)
+        log.info("training done: %s (%d this run), %s in %.2f s, %s, micro-batch %d", counted(result.steps, "step"), result.steps_this_run,
+                 counted(result.samples, "sample"), result.elapsed_s, counted(len(result.oom_recoveries), "OOM recovery", "OOM recoveries"), self.micro_batch)
         return result
 
     # -- one global step, with OOM recovery ----------------------------------------------------

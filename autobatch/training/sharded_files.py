@@ -15,6 +15,7 @@ import re
 from pathlib import Path
 
 from ..errors import CheckpointError
+from ..memory.units import counted
 
 __all__ = ["sharded_path", "sharded_sets", "check_sharded_resume", "base_path"]
 
@@ -73,7 +74,7 @@ def check_sharded_resume(path: str | os.PathLike, *, sharded: bool) -> Path:
         if not path.is_file() and sets:
             written = max(sets)
             raise CheckpointError(
-                path, f"it is an FSDP2 checkpoint sharded over {written} ranks ({path.stem}.rank<r>-of-{written}{path.suffix}); "
+                path, f"it is an FSDP2 checkpoint sharded over {counted(written, 'rank')} ({path.stem}.rank<r>-of-{written}{path.suffix}); "
                 f"resume with the model sharded again (fully_shard it before Runner(...); from the command line, "
                 f"train.fsdp=true) under torchrun --nproc-per-node {written}",
             )
@@ -90,7 +91,7 @@ def check_sharded_resume(path: str | os.PathLike, *, sharded: bool) -> Path:
     if sets:
         written = sorted(sets)
         raise CheckpointError(
-            path, f"it was sharded over {written[-1]} ranks and this job has {world}: FSDP2 checkpoints hold each rank's "
+            path, f"it was sharded over {counted(written[-1], 'rank')} and this job has {world}: FSDP2 checkpoints hold each rank's "
             f"own shards, so resume with torchrun --nproc-per-node {written[-1]}",
         )
     if path.is_file():

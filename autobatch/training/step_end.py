@@ -47,6 +47,7 @@ from typing import Any, Callable, Iterator
 import torch
 
 from ..errors import PeerFailedError, PeerOutOfMemoryError, RankDisagreementError, add_note
+from ..memory.units import counted
 from .hook_modes import HookModes
 from .pacing import FailedDraw, RaisedBeforeStep, every_rank_returned, for_steps, was_told
 from .progress import Progress
@@ -214,6 +215,6 @@ class EndsSteps:
             every_rank_returned(self._parallel, failure, self.step)
         if not self.result.steps_this_run:
             limit = f"steps={steps}" if steps is not None and self.step >= steps else f"epochs={epochs}"
-            log.warning("fit() trained no step: the run has done %d steps and %d full epochs already, which reach %s (steps and "
+            log.warning("fit() trained no step: the run has done %s and %s already, which reach %s (steps and "
                         "epochs count the whole run, resumed parts included); pass a larger one to train on",
-                        self.step, self.epoch, limit)
+                        counted(self.step, "step"), counted(self.epoch, "full epoch"), limit)

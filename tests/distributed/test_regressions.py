@@ -98,7 +98,7 @@ def test_ddp_over_a_sub_group_or_fsdp_over_a_smaller_mesh_is_refused_with_what_t
             ddp, fsdp = report["ddp"][where], report["fsdp"][where]
             assert ddp is not None and fsdp is not None, where
             assert "process group has 1 of the job's 2 ranks" in ddp and "process_group=None" in ddp
-            assert "a mesh of 1 ranks and the job has 2" in fsdp and "init_device_mesh" in fsdp
+            assert "a mesh of 1 rank and the job has 2" in fsdp and "init_device_mesh" in fsdp
 
 
 def test_store_votes_leave_nothing_in_the_store(tmp_path_factory):

@@ -47,7 +47,7 @@ def test_the_note_names_the_piece_that_failed_where_the_split_leaves_a_shorter_o
     with pytest.raises(ValueError, match="Expected more than 1 value per channel") as caught:
         runner.fit(make_data(), epochs=1)
     note = "\n".join(caught.value.__notes__)
-    assert "micro-batch 3 (its smallest piece: 1 samples)" in note and "Runner(min_micro_batch=2)" in note
+    assert "micro-batch 3 (its smallest piece: 1 sample)" in note and "Runner(min_micro_batch=2)" in note
 
 
 def test_an_error_at_a_size_that_trained_gets_no_note():
