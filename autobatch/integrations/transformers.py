@@ -26,7 +26,7 @@ from ..probe.find import find_max_batch
 from ..probe.result import ProbeResult
 from .global_batch import cap_at_samples, changed_samples, check_share, small_split, split_keeping
 from .transformers_loss import warn_unscaled_accumulation
-from .transformers_resume import record_split, resumed_batch, resumed_global_batch, warn_unseen_resume
+from .transformers_resume import record_split, resumed_batch, resumed_checkpoint, resumed_global_batch, warn_unseen_resume
 from .transformers_samples import SLICE_ROWS, STREAM_SAMPLES, longest_sample
 from .transformers_schedule import tell_size
 from .transformers_step import TrainerStep, checkpointing_as_train, trainer_key
@@ -82,8 +82,8 @@ def fit_batch_size(
     _refuse_data_parallel(args)
     _refuse_options_dict(probe_options)
     global_batch, multiple_of, max_batch = _check_sizes(global_batch, multiple_of, max_batch, world)
-    asked = global_batch
-    global_batch = resumed_global_batch(trainer, resume_from_checkpoint, global_batch, world, multiple_of)
+    saved = resumed_checkpoint(trainer, resume_from_checkpoint)  # its trainer_state.json, read once a resume
+    global_batch, asked = resumed_global_batch(trainer, saved, global_batch, world, multiple_of), global_batch
     _refuse_auto_find(args, global_batch)
     share = None if global_batch is None else global_batch // world
     start = probe_options.pop("start", None)
@@ -124,7 +124,7 @@ def fit_batch_size(
             module.training = training
     # resumed (global_batch from the checkpoint): the schedule was sized when the run began; its batch instead
     size, before = result.batch_size, ((args.per_device_train_batch_size, int(args.gradient_accumulation_steps))
-                                       if global_batch == asked else (None, resumed_batch(trainer, resume_from_checkpoint)))
+                                       if global_batch == asked else (None, resumed_batch(trainer, saved)))
     if share is not None:
         accumulation, size = _split(global_batch, world, size, multiple_of, asked is not None, args.gradient_accumulation_steps)
         args.gradient_accumulation_steps = accumulation

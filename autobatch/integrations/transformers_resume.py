@@ -32,11 +32,12 @@ from __future__ import annotations
 import json
 import logging
 import os
+from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
-__all__ = ["checkpoint_batch", "checkpoint_path", "record_split", "resumed_batch", "resumed_global_batch",
-           "split_record", "warn_unseen_resume"]
+__all__ = ["SavedSplit", "checkpoint_batch", "checkpoint_path", "record_split", "resumed_batch", "resumed_checkpoint",
+           "resumed_global_batch", "saved_split", "split_record", "warn_unseen_resume"]
 
 log = logging.getLogger("autobatch")
 
@@ -65,23 +66,46 @@ def checkpoint_path(trainer: Any, resume_from_checkpoint: str | bool | None) -> 
     return os.fspath(resume_from_checkpoint)
 
 
+@dataclass(frozen=True)
+class SavedSplit:
+    """What the checkpoint at ``path`` says its run trained, from one read of its
+    ``trainer_state.json`` (a resume read and parsed it three times or more): ``batch``, the
+    per-device batch times one process's GPUs (:func:`checkpoint_batch`), ``accumulation``
+    (:func:`checkpoint_accumulation`), ``stale_step``, the step an earlier run wrote a carried-over
+    record at (:func:`split_record`); None where the checkpoint does not say."""
+
+    path: str
+    batch: int | None
+    accumulation: int | None
+    stale_step: int | None
+
+
+def saved_split(path: str) -> SavedSplit:
+    """The :class:`SavedSplit` of the checkpoint at ``path``, its ``trainer_state.json`` read once."""
+    state = _state(path)
+    record, stale = _split_record_of(state)
+    size = (record or {}).get("train_batch_size") or state.get("train_batch_size")
+    steps = (record or {}).get("gradient_accumulation_steps")
+    return SavedSplit(path, size if _positive(size) else None, steps if _positive(steps) else None, stale)
+
+
+def _positive(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
 def checkpoint_batch(path: str) -> int | None:
     """The per-device batch (times one process's GPUs) the run saved at ``path`` trained: the
     :func:`record_split` record's where the run that saved it wrote it (a resumed ``train()`` keeps
     the checkpoint's ``train_batch_size`` in its state, so after a resume at another batch the
     state's is the first run's), else its ``trainer_state.json``'s; None where neither says."""
-    record, _ = split_record(path)
-    size = (record or {}).get("train_batch_size") or _state(path).get("train_batch_size")
-    return size if isinstance(size, int) and not isinstance(size, bool) and size > 0 else None
+    return saved_split(path).batch
 
 
 def checkpoint_accumulation(path: str) -> int | None:
     """The ``gradient_accumulation_steps`` the run saved at ``path`` trained with, as
     :func:`record_split` recorded it in its ``trainer_state.json``; None where it recorded none,
     or where the record is an earlier run's (:func:`split_record`)."""
-    record, _ = split_record(path)
-    steps = (record or {}).get("gradient_accumulation_steps")
-    return steps if isinstance(steps, int) and not isinstance(steps, bool) and steps > 0 else None
+    return saved_split(path).accumulation
 
 
 def split_record(path: str) -> tuple[dict[str, Any] | None, int | None]:
@@ -91,7 +115,11 @@ def split_record(path: str) -> tuple[dict[str, Any] | None, int | None]:
     checkpoint's state, record included, and saves it unchanged in its own checkpoints, so a later
     resume read a split that run never trained (16 a step where it trained 2). A record saved before
     the step was recorded is taken as current."""
-    state = _state(path)
+    return _split_record_of(_state(path))
+
+
+def _split_record_of(state: dict[str, Any]) -> tuple[dict[str, Any] | None, int | None]:
+    """:func:`split_record` of an already parsed ``trainer_state.json``."""
     record = (state.get("stateful_callbacks") or {}).get(_split_record().__name__)
     record = record[-1] if isinstance(record, list) and record else record
     record = record.get("args") if isinstance(record, dict) else None
@@ -103,11 +131,17 @@ def split_record(path: str) -> tuple[dict[str, Any] | None, int | None]:
     return record, None
 
 
-def resumed_batch(trainer: Any, resume_from_checkpoint: str | bool | None) -> int | None:
+def resumed_checkpoint(trainer: Any, resume_from_checkpoint: str | bool | None) -> SavedSplit | None:
+    """The :class:`SavedSplit` of the checkpoint the coming ``train()`` resumes from (None: no
+    resume), read once and passed to :func:`resumed_global_batch` and :func:`resumed_batch`."""
+    path = checkpoint_path(trainer, resume_from_checkpoint)
+    return None if path is None else saved_split(path)
+
+
+def resumed_batch(trainer: Any, saved: SavedSplit | None) -> int | None:
     """The per-device batch the checkpoint the coming ``train()`` resumes from trained (None:
     no resume, or a state that records none)."""
-    path = checkpoint_path(trainer, resume_from_checkpoint)
-    batch = checkpoint_batch(path) if path is not None else None
+    batch = None if saved is None else saved.batch
     return None if batch is None else max(1, batch // max(1, int(getattr(trainer.args, "n_gpu", 1) or 1)))
 
 
@@ -174,20 +208,17 @@ def _state(path: str) -> dict[str, Any]:
     return state if isinstance(state, dict) else {}
 
 
-def resumed_global_batch(trainer: Any, resume_from_checkpoint: str | bool | None, global_batch: int | None,
+def resumed_global_batch(trainer: Any, saved: SavedSplit | None, global_batch: int | None,
                          world: int, multiple_of: int = 1) -> int | None:
     """The ``global_batch`` to probe for: the caller's where given (a warning where it differs from
     the checkpoint's samples per step: a deliberate change), else, when the coming ``train()``
-    resumes, the checkpoint's samples per step (per-device batch x this run's accumulation x
-    processes). Under ``auto_find_batch_size`` None (``train()`` replaces the per-device batch
+    resumes (``saved``: :func:`resumed_checkpoint`), the checkpoint's samples per step
+    (per-device batch x its recorded or this run's accumulation x processes). Under ``auto_find_batch_size`` None (``train()`` replaces the per-device batch
     set with the checkpoint's itself), so the probe's answer is set as without a resume. One ``ValueError`` where no multiple of ``multiple_of`` divides the
     checkpoint's samples per process, naming both ways out."""
-    path = checkpoint_path(trainer, resume_from_checkpoint)
-    if path is None:
+    if saved is None:
         return global_batch
-    args = trainer.args
-    batch = checkpoint_batch(path)
-    _, stale = split_record(path)
+    args, path, batch, stale = trainer.args, saved.path, saved.batch, saved.stale_step
     if stale is not None and global_batch is None and not getattr(args, "auto_find_batch_size", False):
         log.warning("fit_batch_size: the checkpoint %s was saved by a run fit_batch_size did not size (its split "
                     "record is from step %d, an earlier run's, and a resumed state keeps the earlier run's train_batch_size "
@@ -201,7 +232,7 @@ def resumed_global_batch(trainer: Any, resume_from_checkpoint: str | bool | None
                         "skips exactly the samples it trained", path)
         return global_batch
     per_device = batch // max(1, int(getattr(args, "n_gpu", 1) or 1))  # train_batch_size counts a DataParallel step
-    trained = batch * (checkpoint_accumulation(path) or max(1, int(args.gradient_accumulation_steps))) * world
+    trained = batch * (saved.accumulation or max(1, int(args.gradient_accumulation_steps))) * world
     if global_batch is not None:
         if global_batch != trained:
             log.warning("fit_batch_size: global_batch=%d, where the checkpoint %s trained %d samples per optimizer "
