@@ -30,6 +30,7 @@ from ..probe.train_step import TrainStep
 from . import validation
 from .construct import construct
 from .schedulers import check_scheduler
+from .target_text import target_form_error
 from .loss import cross_entropy_loss
 from .errors import one_line, where_raised
 from .ranks import data_parallel
@@ -112,6 +113,8 @@ def _check_target(key: str, node: Any) -> Any:
     if not target:
         example = _TARGET_EXAMPLES.get(key, "my_project.Thing")
         raise ValueError(f"{key}._target_ is not set; give an import path such as {key}._target_={example}")
+    if (form := target_form_error(key, target)) is not None:  # quoted, a colon, a call: say what to type
+        raise ValueError(form)
     try:
         found = locate(target)
     except ImportError as exc:
