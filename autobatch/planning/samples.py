@@ -20,12 +20,15 @@ token lists); the rule, in ``docs/runner.md`` ("What a batch may hold"):
 * a list or tuple holding tensors or dicts holds the batch's *fields* (default_collate's
   ``(inputs, targets)``, each split) where their tensors all have the batch's samples on dim 0,
   else *one entry per sample* (split as a list) where it has one entry per sample, else it is
-  one error naming it; the batch itself is always fields;
+  one error naming it; the batch itself is always fields. One as long as the batch beside a
+  sibling that only one entry per sample fits (a ``tuple(zip(*batch))`` collate's images beside
+  its target dicts) is per sample too, whatever its tensors' dim 0 (:func:`_zipped`);
 * a list or tuple of plain values (strings, objects, token lists) is one entry per sample when
   it is as long as the batch and shared otherwise, but for default_collate's transposed text
   (a list of per-sample tuples of strings, each as long as the batch, split one by one);
 * numbers: a tuple of them is a constant (an image's ``(H, W)``), shared whatever its length
-  (reading it by its length split ``(32, 48)`` when a batch had 2 samples); a list of them as
+  (reading it by its length split ``(32, 48)`` when a batch had 2 samples), but for one as long
+  as the batch in a tuple or list beside a per-sample-only sibling (a zip collate's ids); a list of them as
   long as the batch is an error, for it could be either (default_collate makes per-sample
   numbers a tensor: do so, and make a constant a tuple).
 
@@ -231,28 +234,43 @@ def map_samples(batch: Any, tensors: Callable[[torch.Tensor], torch.Tensor], val
     return _map(batch, "batch", tensors, values, total, root=True)
 
 
-def _map(node: Any, path: str, tensors: Callable, values: Callable, total: int, root: bool = False) -> Any:
+def _map(node: Any, path: str, tensors: Callable, values: Callable, total: int, root: bool = False,
+         zipped: str | None = None) -> Any:
+    """``node`` mapped by the module's rule; ``zipped``: a sibling of ``node`` is one entry per sample
+    and nothing else (:func:`_zipped`), so ``node``, as long as the batch, is per sample too; where
+    their parent is a tuple or list (``"seq"``: a ``tuple(zip(*batch))``, every part transposed), a
+    tuple of numbers too (the samples' ``image_id``, not a constant ``(H, W)``)."""
     if isinstance(node, torch.Tensor):
         return tensors(node) if node.dim() > 0 else node
     if isinstance(node, Mapping):
-        items = {key: _map(value, f"{path}[{key!r}]", tensors, values, total) for key, value in node.items()}
+        zipped = _zipped(node.values(), total, "map")
+        items = {key: _map(value, f"{path}[{key!r}]", tensors, values, total, zipped=zipped) for key, value in node.items()}
         try:
             return type(node)(items)
         except TypeError:  # a mapping type that cannot be built from a dict (defaultdict)
             return items
     if _dataclass(node):  # rebuilt through its __init__ (and __post_init__), as dataclasses.replace does
+        parts = [field for field in dataclasses.fields(node) if field.init]
+        zipped = _zipped((getattr(node, field.name) for field in parts), total, "map")
         return dataclasses.replace(node, **{field.name: _map(getattr(node, field.name), f"{path}.{field.name}", tensors,
-                                                              values, total)
-                                            for field in dataclasses.fields(node) if field.init})
+                                                              values, total, zipped=zipped) for field in parts})
     if _named(node):
-        return type(node)(*(_map(value, f"{path}.{name}", tensors, values, total) for name, value in zip(node._fields, node)))
+        zipped = _zipped(node, total, "map")
+        return type(node)(*(_map(value, f"{path}.{name}", tensors, values, total, zipped=zipped)
+                            for name, value in zip(node._fields, node)))
     if not isinstance(node, (tuple, list)) or not node:
         return node
     if _plain(node):
+        if zipped == "seq" and len(node) == total and all(_number(value) for value in node):
+            return values(node)  # a zip collate's per-sample numbers: shared, each piece paired them with others
         return _map_plain(node, path, values, total)
     fields = _fields(node)
+    if zipped and not root and len(node) == total:
+        return values(node)  # beside a per-sample sibling: 3 RGB images [3, H, W] in a batch of 3 are 3 samples
     if root or (fields is None and len(node) != total) or (fields is not None and total in fields):
-        return type(node)(_map(value, f"{path}[{index}]", tensors, values, total) for index, value in enumerate(node))
+        zipped = _zipped(node, total, "seq")
+        return type(node)(_map(value, f"{path}[{index}]", tensors, values, total, zipped=zipped)
+                          for index, value in enumerate(node))
     if len(node) == total:
         return values(node)  # one entry per sample: per-sample dicts, tensors of their own sizes
     found = ", ".join(f"{where} has {size}" for where, size in _leaf_sizes(node, path)[:4])
@@ -262,6 +280,23 @@ def _map(node: Any, path: str, tensors: Callable, values: Callable, total: int, 
         f"entry per sample. Give its tensors the batch's samples on dim 0, or make it a list of {total} per-sample "
         "entries (tensors or dicts); see 'What a batch may hold' in docs/runner.md"
     )
+
+
+def _zipped(parts: Iterable[Any], total: int, kind: str) -> str | None:
+    """Whether one of ``parts`` (the fields of one container) is a list or tuple of ``total``
+    tensors or dicts that only one entry per sample fits: its tensors do not all have ``total`` on
+    dim 0 (a detection collate's per-sample target dicts, boxes [N_i, 4]). default_collate stacks
+    every tensor, so such a part comes from a collate that transposes per-sample tuples
+    (torchvision's ``tuple(zip(*batch))``), and its siblings as long as the batch are per sample
+    too, even where each of their tensors has ``total`` on dim 0: 3 RGB images of a batch of 3,
+    which read as fields were cut along their channels while their targets were cut by sample.
+    Returns ``kind`` (the parent's: ``"seq"`` or ``"map"``) where so, else None."""
+    for part in parts:
+        if isinstance(part, (list, tuple)) and not _named(part) and len(part) == total and part and not _plain(part):
+            fields = _fields(part)
+            if fields is None or total not in fields:
+                return kind
+    return None
 
 
 def _map_plain(node: list | tuple, path: str, values: Callable, total: int) -> Any:
