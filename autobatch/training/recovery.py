@@ -17,8 +17,9 @@ The smaller micro-batch is sized by measurement where the figures allow
 (:class:`~autobatch.training.step_memory.StepMemory`: the line of the steps' measured peaks, the
 memory resident now, the failed attempt's peak and the allocation that failed), so a squeeze
 of a few percent costs a few percent; it is halved only when nothing better is known (no
-instrument, no measured step, an OOM the figures do not explain such as an injected one, and
-under ``torch.distributed``, where every rank must pick the same size from the same facts).
+instrument, no measured step, an OOM the figures do not explain such as an injected one).
+Under ``torch.distributed`` the ranks vote, so that every rank takes the same branch to the same
+size (:mod:`autobatch.training.recovery_vote`).
 In a step whose batch the line does not describe (it said the failed size fits), a measured pick
 that fails again caps the next one's optimism (a step down at least twice its own, or to half
 where that is less: an outlier batch costs a few replays, not one per 3 %), and after a step whose batch needed more than the line says, the next step tries the
@@ -39,6 +40,7 @@ from ..planning.checkpointing import enable_checkpointing, is_checkpointed, no_b
 from ..planning.own_checkpointing import own_checkpointing
 from ..probe.ddp_reducer import rebuild_before_first_step, reset_failed_reduction
 from .multiples import round_down
+from .recovery_vote import VotesRecovery
 from .run_result import Recovery
 from .sequence_first import SequenceFirst
 from .skipped_steps import CountsSkips
@@ -63,7 +65,7 @@ def checked_min_micro_batch(value: int, micro_batch: int | None, max_micro_batch
     return value
 
 
-class OomRecovery(CountsSkips, WatchesGrads, TellsSplit):
+class OomRecovery(CountsSkips, WatchesGrads, TellsSplit, VotesRecovery):
     """Recovery state and steps of a :class:`~autobatch.Runner` (which sets the attributes)."""
 
     min_micro_batch = 1  # a recovery never shrinks the micro-batch below it (a multiple of multiple_of)
@@ -125,10 +127,16 @@ class OomRecovery(CountsSkips, WatchesGrads, TellsSplit):
 
     def _out_of_options(self, retry_state: Any) -> bool:
         """tenacity ``stop``: give up when the smallest micro-batch (``min_micro_batch``, a multiple of
-        ``multiple_of``: N itself by default) failed and no fallback is left."""
+        ``multiple_of``: N itself by default) failed and no fallback is left; distributed, every rank
+        gives up with it (:mod:`~autobatch.training.recovery_vote`)."""
+        if self._stopped_by:
+            return True  # a peer gave up: this rank's vote raised to end the step
         if not self._at_floor() or self.growth.trying:
             return False
-        return not self.checkpointing_fallback or self._checkpointed()
+        stops = not self.checkpointing_fallback or self._checkpointed()
+        if stops and self.distributed:
+            self._vote_stop()
+        return stops
 
     def _at_floor(self) -> bool:
         """Whether no allowed micro-batch cuts the current batch smaller than the failed attempt
@@ -144,7 +152,7 @@ class OomRecovery(CountsSkips, WatchesGrads, TellsSplit):
         """The step's attempts: replayed after an OOM (:meth:`_recover` first) until one succeeds.
         ``_replaying`` says whether an OOM that stops the step came from them (their options
         used up) or after them (``scheduler.step()``: :meth:`_outside_replay`)."""
-        self._replaying = True
+        self._replaying, self._stopped_by = True, None
         rebuild_before_first_step(self.model)  # a one-process DDP's, before this step allocates
         with self.sequence_first.watch(self._piece_sizes):  # the first step only: samples cut along time?
             for attempt in self._retrying:
@@ -167,21 +175,24 @@ class OomRecovery(CountsSkips, WatchesGrads, TellsSplit):
         free_memory()
         back = self.growth.on_oom()
         grow = back is not None
-        action = "back" if grow else "halve"  # a failed grow-back try returns to the size that trained
-        if grow:
-            self.micro_batch = back
-            self.result.grow_attempts[-1]["held"] = False
+        if self.distributed:  # every rank the same branch and size: recovery_vote
+            self.micro_batch, action = self._agreed_recovery(before, back)
+        elif grow:  # a failed grow-back try returns to the size that trained
+            self.micro_batch, action = back, "back"
         elif not self._at_floor():
             measured = self._measured_micro_batch(before)
             if measured is not None:
                 self.micro_batch, action = max(round_down(measured, self.multiple_of), self.min_micro_batch), "measured"
                 self.growth.squeezed(before)
             else:  # rounded down to a multiple: below ``before``, which is a multiple above the floor
-                self.micro_batch = max(round_down(self._halved(before), self.multiple_of), self.min_micro_batch)
-            self._last_shrink = (self.step, before, self.micro_batch)
+                self.micro_batch, action = max(round_down(self._halved(before), self.multiple_of), self.min_micro_batch), "halve"
         else:
             self._enable_checkpointing()
             action = "checkpointing"
+        if grow:
+            self.result.grow_attempts[-1]["held"] = False
+        if action in ("measured", "halve"):
+            self._last_shrink = (self.step, before, self.micro_batch)
         recovery = Recovery(self.step, phase, before, self.micro_batch, action, grow, self._last_error)
         self.result.oom_recoveries.append(recovery.__dict__.copy())
         log.warning(
@@ -193,34 +204,21 @@ class OomRecovery(CountsSkips, WatchesGrads, TellsSplit):
         )
 
     def _measured_micro_batch(self, before: int) -> int | None:
-        """The next micro-batch from the step memory line and the failed attempt (None: halve).
-
-        Distributed, every rank proposes one and the ranks take the smallest (one sync point,
-        every rank recovers at the same place): a rank that ran out proposes its measured size,
-        or half when its figures do not explain the failure; a rank that did not run out
-        proposes its own line's size, or ``before``. None when no rank had figures."""
+        """The next micro-batch from the step memory line and the failed attempt (None: halve);
+        distributed, this rank's proposal to the vote (:mod:`~autobatch.training.recovery_vote`)."""
         largest = max(self._piece_sizes())  # at ``before``, still the current micro-batch
         last = self._measured_fail  # a measured pick of this step that failed too: it caps this one's optimism
         previous = last[1] if last is not None and last[0] == self.step else None
         measured = self.step_memory.after_oom(largest, self._last_error, previous)
         self._measured_fail = (self.step, largest) if measured is not None else None
-        if not self.distributed:
-            return measured
-        fallback = (before + 1) // 2 if getattr(self, "_own_oom", True) else before
-        proposal = measured if measured is not None else fallback
-        rows = self._parallel.exchange([proposal, int(measured is not None)], f"runner step {self.step}: next micro-batch")
-        if not any(row[1] for row in rows):
-            return None
-        return max(1, min(row[0] for row in rows))
+        return measured
 
     def _halved(self, before: int) -> int:
         """Half of ``before``, rounded up, and below the largest piece the failed attempt ran: a
         short batch (a ``DataLoader``'s last, 3 samples at micro-batch 8) ran as one piece of 3,
         which halving 8 to 4 replayed unchanged, to fail again. Rounded up so that an odd piece
         halves into two: 3677 samples at micro-batch 3677 went to 1838, three pieces of 1226, a
-        third of the memory where half was meant. Distributed, every rank halves ``before`` alike."""
-        if self.distributed:
-            return (before + 1) // 2
+        third of the memory where half was meant. One process (distributed: the vote's)."""
         return min((before + 1) // 2, max(self._piece_sizes()) - 1)
 
     def _proposal(self) -> int:
@@ -272,8 +270,8 @@ class OomRecovery(CountsSkips, WatchesGrads, TellsSplit):
             return exc
         if not getattr(self, "_replaying", True):
             return self._outside_replay(failed_at)
-        reason, checkpointed = None, self._checkpointed()
-        if failed_at > 1:  # the default message is for micro-batch 1
+        reason, checkpointed = self._stopped_reason(failed_at), self._checkpointed()
+        if failed_at > 1 and reason is None:  # the default message is for micro-batch 1
             allowed = (f"min_micro_batch={self.min_micro_batch} and multiple_of={self.multiple_of} allow"
                        if self.multiple_of > 1 else f"min_micro_batch={self.min_micro_batch} allows")
             lower = "lower min_micro_batch or multiple_of" if self.multiple_of > 1 else "lower min_micro_batch"
