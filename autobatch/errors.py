@@ -134,7 +134,7 @@ class StepOutOfMemoryError(MemoryError):
             advice = ("The optimizer step itself does not fit: try an optimizer with less state (SGD, Adafactor), "
                       "lower precision, a smaller model, or more device memory.")
         else:
-            advice = (("" if checkpointing else "Enable checkpointing_fallback=True, or try ")
+            advice = (("Try " if checkpointing else "Enable checkpointing_fallback=True, or try ")
                       + "lower precision, a smaller model or sequence length, or more device memory.")
         message = reason or (
             f"global step {step} ran out of memory in {phase} at micro-batch 1 {how}; nothing smaller "

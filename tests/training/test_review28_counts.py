@@ -40,3 +40,11 @@ def test_a_run_of_one_step_says_one_step(caplog):
     assert done and "training done: 1 step (1 this run), 16 samples" in done[0] and "0 OOM recoveries" in done[0]
     warned = [m for m in messages if "trained no step" in m]
     assert len(warned) == 1 and "the run has done 1 step and 1 full epoch already" in warned[0], warned
+
+
+def test_the_give_up_message_with_checkpointing_on_reads_as_a_sentence():
+    """With checkpointing already on, the advice began mid-sentence: "... left to try. lower precision"."""
+    from autobatch.errors import StepOutOfMemoryError
+
+    assert "left to try. Try lower precision" in str(StepOutOfMemoryError(3, "forward", checkpointing=True))
+    assert "left to try. Enable checkpointing_fallback=True" in str(StepOutOfMemoryError(3, "forward", checkpointing=False))
