@@ -19,21 +19,11 @@ from torch import nn
 
 import autobatch
 from autobatch.dist.fsdp import FsdpProbeAgreement
-from one_rank import one_rank_mesh  # noqa: F401 - the fixture
+from one_rank import one_rank_group, one_rank_mesh  # noqa: F401 - the fixtures
 
 pytestmark = pytest.mark.skipif(not dist.is_available(), reason="needs torch.distributed")
 
 FSDP1_FIX = r"FullyShardedDataParallel \(FSDP1\).*fully_shard.*DistributedDataParallel"
-
-
-@pytest.fixture
-def one_rank_group():
-    assert not dist.is_initialized()
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
 
 
 def _loss(model, batch):

@@ -15,18 +15,9 @@ import torch
 import torch.distributed as dist
 
 import autobatch
+from one_rank import one_rank_group  # noqa: F401  (a fixture)
 
 pytestmark = pytest.mark.skipif(not dist.is_available(), reason="needs torch.distributed")
-
-
-@pytest.fixture
-def one_rank_group():
-    assert not dist.is_initialized()
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
 
 
 def _runner(**options) -> autobatch.Runner:

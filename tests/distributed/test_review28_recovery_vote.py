@@ -16,20 +16,11 @@ import torch.distributed as dist
 
 import autobatch
 from autobatch import FaultInjector, StepOutOfMemoryError
+from one_rank import one_rank_group  # noqa: F401  (a fixture)
 from runner_workloads import make_data, make_model, mse
 
 pytestmark = pytest.mark.skipif(not dist.is_available(), reason="needs torch.distributed")
 VOTE = "next micro-batch"
-
-
-@pytest.fixture
-def one_rank_group():
-    assert not dist.is_initialized()
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
 
 
 def _runner(faults=None, micro_batch: int = 8, **options) -> autobatch.Runner:
