@@ -180,7 +180,7 @@ class OomRecovery(CountsSkips, WatchesGrads, TellsSplit, VotesRecovery):
         elif grow:  # a failed grow-back try returns to the size that trained
             self.micro_batch, action = back, "back"
         elif not self._at_floor():
-            measured = self._measured_micro_batch(before)
+            measured = self._measured_micro_batch()
             if measured is not None:
                 self.micro_batch, action = max(round_down(measured, self.multiple_of), self.min_micro_batch), "measured"
                 self.growth.squeezed(before)
@@ -203,10 +203,10 @@ class OomRecovery(CountsSkips, WatchesGrads, TellsSplit, VotesRecovery):
             " and activation checkpointing" if action == "checkpointing" else "", len(self.result.oom_recoveries),
         )
 
-    def _measured_micro_batch(self, before: int) -> int | None:
+    def _measured_micro_batch(self) -> int | None:
         """The next micro-batch from the step memory line and the failed attempt (None: halve);
         distributed, this rank's proposal to the vote (:mod:`~autobatch.training.recovery_vote`)."""
-        largest = max(self._piece_sizes())  # at ``before``, still the current micro-batch
+        largest = max(self._piece_sizes())  # at the failed attempt's micro-batch, still the current one
         last = self._measured_fail  # a measured pick of this step that failed too: it caps this one's optimism
         previous = last[1] if last is not None and last[0] == self.step else None
         measured = self.step_memory.after_oom(largest, self._last_error, previous)

@@ -61,7 +61,7 @@ class VotesRecovery:
         elif floor:
             proposal = before
         else:
-            measured = self._measured_micro_batch(before)
+            measured = self._measured_micro_batch()
             proposal = measured if measured is not None else (before + 1) // 2 if getattr(self, "_own_oom", True) else before
         rows = self._vote(proposal, measured is not None, floor, False, back is not None)
         stopped = [rank for rank, row in enumerate(rows) if row[STOPS]]
