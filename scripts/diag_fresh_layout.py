@@ -10,6 +10,12 @@ allocator retries. This script sets, step by step, what the allocator does in th
 * ``probed``: the probing process, the hand loop at the probe's answer (the trials' state kept);
 * ``dropped``: the probing process, the trials' state dropped after the probe, so the loop's first
   step creates it among its activations, as a new process does;
+* ``regrown``: as ``pooled`` without the pool: the state and the gradients dropped before the
+  cache is returned, so the first step makes both again among its activations;
+* ``pooled``: the probing process, then for each of ``--pool-offsets`` (added to the answer) the
+  trials' state and gradients dropped, the cache returned, and ``--steps`` steps whose every
+  allocation goes to a new private pool (``torch.cuda.MemPool``, device-wide): an allocator with
+  no history for the step, as a new process's first step has it, beside the model's weights;
 * ``trials``: the probe's trials by hand, in one process: 3 steps at 8 (the optimizer's state made
   there, as the probe's first trial makes it), 1 at ``--fit``, then ``--steps`` steps at each of
   ``--sizes`` in the order given, the allocator's cache returned before each, as
@@ -115,6 +121,37 @@ def by_hand_trial(step, optimizer, size: int, steps: int, device: str, limit: in
     return row
 
 
+def pooled(step, model, optimizer, size: int, steps: int, device: str, limit: int, pool: bool = True,
+           clear: bool = False) -> dict:
+    """``steps`` steps at ``size`` with the state and gradients dropped first and (``pool``) every
+    allocation routed to a new private pool, all dropped again after (the pool's segments returned).
+    ``clear``: the cuBLAS workspaces freed first too, so the first step makes them again."""
+    optimizer.state.clear()
+    optimizer.zero_grad(set_to_none=True)
+    if clear and device == "cuda":
+        torch._C._cuda_clearCublasWorkspaces()
+    free_memory()
+    if device != "cuda" or not pool:
+        row = stepwise(step, size, steps, device, limit)
+        optimizer.state.clear()
+        optimizer.zero_grad(set_to_none=True)
+        free_memory()
+        return row
+    index, pool = torch.cuda.current_device(), torch.cuda.MemPool()
+    torch._C._cuda_beginAllocateToPool(index, pool.id)
+    try:
+        row = stepwise(step, size, steps, device, limit)
+    finally:
+        torch._C._cuda_endAllocateToPool(index, pool.id)
+        torch._C._cuda_releasePool(index, pool.id)
+    optimizer.state.clear()
+    optimizer.zero_grad(set_to_none=True)
+    del pool
+    free_memory()
+    row["reserved_after_mib"] = round(torch.cuda.memory_reserved() / 2**20, 1)
+    return row
+
+
 def child(args) -> dict:
     """One layout in this process: ``fresh`` at ``args.batch``, or a probe then ``probed``/``dropped``."""
     device, limit = args.device, autobatch.parse_bytes(args.memory_limit)
@@ -144,6 +181,11 @@ def child(args) -> dict:
         batch = result.batch_size + args.offset
         out["answer"], out["promise"] = result.batch_size, result.promise
         out["trials"] = _trial_log(result)  # bench_promise's columns (MiB), the flushes last
+        if args.layout in ("pooled", "regrown"):
+            out["pooled"] = [pooled(step, model, optimizer, batch + int(o), args.steps, device, limit, args.layout == "pooled",
+                                    args.clear_workspaces)
+                             for o in args.pool_offsets.split(",")]
+            return out
         if args.layout == "dropped":
             optimizer.state.clear()  # the loop's first step makes it again, as in a new process
             free_memory()
@@ -158,9 +200,10 @@ def main() -> None:
     parser.add_argument("--workloads", default="vit_b16")
     parser.add_argument("--sizes", default="101,102", help="sizes for the fresh layout")
     parser.add_argument("--layouts", default="fresh,probed,dropped")
-    parser.add_argument("--clear-workspaces", action="store_true", help="trials: free the cuBLAS workspaces before each")
+    parser.add_argument("--clear-workspaces", action="store_true", help="trials, regrown, pooled: free the cuBLAS workspaces before each")
     parser.add_argument("--fit", type=int, default=134, help="trials: the second fit size")
     parser.add_argument("--offset", type=int, default=0, help="probed/dropped: train at the answer plus this")
+    parser.add_argument("--pool-offsets", default="0,-1,-2,-3", help="pooled: sizes, as offsets from the answer")
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--memory-limit", default=None, help="default 8GiB (16MiB on the CPU)")
     parser.add_argument("--cold", action="store_true", help="no warm-up in the child (a training script's own start)")
@@ -183,12 +226,12 @@ def main() -> None:
     for name in args.workloads.split(","):
         jobs = [("fresh", int(s), p) for s in args.sizes.split(",") for p in args.primes.split(",")
                 if "fresh" in args.layouts.split(",")]
-        jobs += [(layout, 0, "none") for layout in ("probed", "dropped", "trials") if layout in args.layouts.split(",")]
+        jobs += [(layout, 0, "none") for layout in ("probed", "dropped", "trials", "pooled", "regrown") if layout in args.layouts.split(",")]
         for layout, size, primed in jobs:
             command = [sys.executable, __file__, "--child", "--workload", name, "--layout", layout, "--batch", str(size),
                        "--steps", str(args.steps), "--device", args.device, "--memory-limit", args.memory_limit,
                        "--offset", str(args.offset), "--prime", primed, "--sizes", args.sizes,
-                       "--fit", str(args.fit)] + (["--clear-workspaces"] if args.clear_workspaces else []) + (["--quick"] if args.quick else []) + (
+                       "--fit", str(args.fit), "--pool-offsets", args.pool_offsets] + (["--clear-workspaces"] if args.clear_workspaces else []) + (["--quick"] if args.quick else []) + (
                        ["--cold"] if args.cold else [])
             done = subprocess.run(command, capture_output=True, text=True)
             row = json.loads(done.stdout.strip().splitlines()[-1]) if done.returncode == 0 else {
@@ -203,6 +246,10 @@ def main() -> None:
             per = row.get("per_step", [])
             print(name, layout, row.get("batch"), "cold" if args.cold else "warm", "prime", primed, "answer", row.get("answer"), "oom", row.get("oom"),
                   "retries by step", [r[1] for r in per if len(r) > 1], flush=True)
+            for trial in row.get("pooled", []):
+                print("   pooled", trial["batch"], "oom", trial["oom"] and trial["oom"]["step"],
+                      "retries by step", [r[1] for r in trial["per_step"] if len(r) > 1],
+                      "reserved after", trial.get("reserved_after_mib"), flush=True)
             if "trials" in row:
                 print("   trials", row["trials"], flush=True)
             print("   first steps", per[:6], "last", per[-2:], flush=True)
