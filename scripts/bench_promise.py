@@ -69,7 +69,8 @@ WORKLOADS = ("vit_b16", "resnet50_tuned", "resnet50", "gpt2", "llama")
 MORE_WORKLOADS = ("efficientnet_b0_tuned", "convnext_tiny", "bert", "t5", "lstm", "lm128k")
 # ... and any other torchvision classifier by its name (``--workloads densenet121,swin_t``): these
 # prefixes route to ``torchvision.models.<name>(num_classes=10)`` at 224x224
-# ... and the families in promise_families.py (FAMILIES: deeplabv3, r3d18, mixtral, vae, fasterrcnn, unet)
+# ... and the families in promise_families.py (FAMILIES: deeplabv3, r3d18, mixtral, vae, fasterrcnn, unet,
+# lora_llama, wav2vec2)
 TORCHVISION_PREFIXES = ("efficientnet", "convnext", "densenet", "swin", "mobilenet", "regnet", "resnext",
                         "wide_resnet", "shufflenet", "maxvit", "vgg")
 LLAMA = dict(vocab_size=50257, hidden_size=768, intermediate_size=2048, num_hidden_layers=12,  # a Llama-style decoder
@@ -95,7 +96,7 @@ def build(name: str, device: str, quick: bool):
         return _t5(device, quick) + (dtype, bench)
     elif name == "lstm":
         return _lstm(device, quick) + (dtype, bench)
-    elif base in FAMILIES:  # scripts/promise_families.py: segmentation, video, MoE, VAE, detection, U-Net
+    elif base in FAMILIES:  # scripts/promise_families.py: segmentation, video, MoE, VAE, detection, U-Net, LoRA, speech
         return FAMILIES[base](device, quick) + (dtype, bench)
     elif name == "lm128k":
         return _lm128k(device, quick) + (dtype, bench)

@@ -15,7 +15,13 @@ on: ``python scripts/bench_promise.py --no-cli --workloads deeplabv3,r3d18,mixtr
   moves from step to step;
 - ``unet``: a diffusion-style U-Net at 64x64 (GroupNorm residual blocks with a timestep embedding,
   self-attention at 16x16 and 8x8, skip connections), trained to predict the noise at a random
-  timestep.
+  timestep;
+- ``lora_llama``: LoRA fine-tuning of a Llama-style causal LM (``transformers``, 8 layers of 1024,
+  512 tokens): the base frozen in bf16, rank-16 adapters on the attention's query and value
+  projections the only trained parameters, so the optimizer state is small and the activations
+  (the logits' float copy among them) are nearly all of the step;
+- ``wav2vec2``: a ``transformers`` Wav2Vec2 speech model trained with CTC on 2 s of 16 kHz audio
+  (a convolutional feature encoder over the raw samples, then 12 transformer layers).
 
 Each builder returns ``(model, optimizer, loss_fn, make)`` as ``bench_promise.build`` expects;
 ``quick`` gives a CPU-sized stand-in of the same structure.
@@ -196,5 +202,57 @@ def unet(device: str, quick: bool):
     return model, torch.optim.AdamW(model.parameters(), lr=1e-4), loss_fn, make
 
 
+class LoRA(torch.nn.Module):
+    """``base(x)`` plus a trained low-rank update ``x A^T B^T * alpha / rank`` (``B`` starts at 0)."""
+
+    def __init__(self, base: torch.nn.Linear, rank: int = 16, alpha: float = 32.0):
+        super().__init__()
+        self.base, self.scale = base, alpha / rank
+        device = base.weight.device
+        self.a = torch.nn.Parameter(torch.randn(rank, base.in_features, device=device) / base.in_features ** 0.5)
+        self.b = torch.nn.Parameter(torch.zeros(base.out_features, rank, device=device))
+
+    def forward(self, x):
+        return self.base(x) + (x @ self.a.t().to(x.dtype)) @ self.b.t().to(x.dtype) * self.scale
+
+
+def lora_llama(device: str, quick: bool):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    width, layers, vocab, seq = (64, 2, 256, 32) if quick else (1024, 8, 32000, 512)
+    config = LlamaConfig(vocab_size=vocab, hidden_size=width, intermediate_size=width * 11 // 4,
+                         num_hidden_layers=layers, num_attention_heads=max(4, width // 64),
+                         num_key_value_heads=max(4, width // 64), max_position_embeddings=seq)
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    model = LlamaForCausalLM(config).to(device=device, dtype=dtype).requires_grad_(False)
+    for layer in model.model.layers:
+        layer.self_attn.q_proj = LoRA(layer.self_attn.q_proj)
+        layer.self_attn.v_proj = LoRA(layer.self_attn.v_proj)
+    trained = [p for p in model.parameters() if p.requires_grad]
+
+    def make(b):
+        return torch.randint(0, vocab, (b, seq), device=device)
+
+    def loss_fn(m, ids):
+        return m(input_ids=ids, labels=ids).loss
+    return model, torch.optim.AdamW(trained, lr=1e-4), loss_fn, make
+
+
+def wav2vec2(device: str, quick: bool):
+    from transformers import Wav2Vec2Config, Wav2Vec2ForCTC
+
+    config = Wav2Vec2Config(vocab_size=32, **({"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+                                               "intermediate_size": 128, "conv_dim": (32,) * 7} if quick else {}))
+    model = Wav2Vec2ForCTC(config).to(device)
+    samples, labels = (4000, 8) if quick else (32000, 40)
+
+    def make(b):
+        return (torch.randn(b, samples, device=device), torch.randint(1, 32, (b, labels), device=device))
+
+    def loss_fn(m, batch):
+        return m(input_values=batch[0], labels=batch[1]).loss
+    return model, torch.optim.AdamW(model.parameters(), lr=1e-4), loss_fn, make
+
+
 FAMILIES = {"deeplabv3": deeplabv3, "r3d18": r3d18, "mixtral": mixtral, "vae": vae, "fasterrcnn": fasterrcnn,
-            "unet": unet}
+            "unet": unet, "lora_llama": lora_llama, "wav2vec2": wav2vec2}
