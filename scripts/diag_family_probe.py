@@ -85,6 +85,9 @@ def main() -> None:
     seconds = time.perf_counter() - began[0]
     print(json.dumps({"workload": args.workload, "form": args.form, "batch": result.batch_size,
                       "seconds": round(seconds, 2), "trials": result.num_trials, "notes": result.notes}), flush=True)
+    for trial in result.trials:  # why each failed trial failed: the error's first words
+        if trial.error:
+            print(f"  trial {trial.batch_size} ({trial.purpose}, {trial.steps} steps): {' '.join(trial.error.split())[:240]}")
     if args.segments:
         segments("after the probe", args.device)
     if args.steps and args.device != "cpu":

@@ -19,7 +19,8 @@ on: ``python scripts/bench_promise.py --no-cli --workloads deeplabv3,r3d18,mixtr
 - ``lora_llama``: LoRA fine-tuning of a Llama-style causal LM (``transformers``, 8 layers of 1024,
   512 tokens): the base frozen in bf16, rank-16 adapters on the attention's query and value
   projections the only trained parameters, so the optimizer state is small and the activations
-  (the logits' float copy among them) are nearly all of the step;
+  (the logits' float copy among them) are nearly all of the step (``LORA_USE_CACHE=0``/``1``
+  passes ``use_cache`` to its forward; unset, the model's default, which builds a key-value cache);
 - ``wav2vec2``: a ``transformers`` Wav2Vec2 speech model trained with CTC on 2 s of 16 kHz audio
   (a convolutional feature encoder over the raw samples, then 12 transformer layers).
 
@@ -28,6 +29,8 @@ Each builder returns ``(model, optimizer, loss_fn, make)`` as ``bench_promise.bu
 """
 
 from __future__ import annotations
+
+import os
 
 import torch
 from torch.nn import functional as F
@@ -233,8 +236,10 @@ def lora_llama(device: str, quick: bool):
     def make(b):
         return torch.randint(0, vocab, (b, seq), device=device)
 
+    cache = {} if os.environ.get("LORA_USE_CACHE") is None else {"use_cache": os.environ["LORA_USE_CACHE"] == "1"}
+
     def loss_fn(m, ids):
-        return m(input_ids=ids, labels=ids).loss
+        return m(input_ids=ids, labels=ids, **cache).loss
     return model, torch.optim.AdamW(trained, lr=1e-4), loss_fn, make
 
 
