@@ -207,7 +207,8 @@ class AutoBatchSize(Callback):
             cap, options["max_batch"], options["start"], multiple, where=where + (f" (a rank of {world})" if world > 1 else ""))
         with parked_checkpoint(trainer), SavedState.kept(trainer, pl_module) as state:
             step = LightningStep(trainer, pl_module, first, accumulating=share is not None and share > 1, prefetch=not sized,
-                                 restore=lambda: state.attributes.restore(drop_new=False), loaders=loaders, own=own)
+                                 restore=lambda: state.attributes.restore(drop_new=False), loaders=loaders, own=own,
+                                 name=self.batch_arg_name)  # set to each trial's size: a training_step may read it
             with probing(trainer, pl_module), caller_restores():  # state.reset puts all back: no "trained for real" note
                 self.result = find_max_batch(step, device=pl_module.device, **options)
             del step, first

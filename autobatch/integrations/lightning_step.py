@@ -11,20 +11,21 @@ The first batch comes from the train dataloader(s) as Lightning combines them
 
 from __future__ import annotations
 
-from contextlib import nullcontext
-from typing import Any, Callable, Mapping
+from contextlib import contextmanager, nullcontext
+from typing import Any, Callable, Iterator, Mapping
 
 import torch
 from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.trainer import call
 from lightning.pytorch.utilities.combined_loader import CombinedLoader
+from lightning.pytorch.utilities.parsing import _lightning_get_all_attr_holders
 
 from ..planning.samples import cycle_samples
 from ..probe.restore_places import forget_scaler_stage
 from ..training.batch_ops import map_tensors
 from .lightning_loaders import loader_batch_size
 
-__all__ = ["LightningStep", "first_batch", "size_of"]
+__all__ = ["LightningStep", "first_batch", "size_of", "trial_size"]
 
 #: batch indices a probe step tries while ``training_step`` returns None (Lightning skips the batch)
 SKIPPED_BATCHES = 3
@@ -48,12 +49,15 @@ class LightningStep:
     ``restore()`` runs before each step: it puts the module's plain attributes back (outputs a
     ``training_step`` gathers, counters), so what a step keeps does not pile up over the trials;
     what the loop keeps batch after batch is the confirmation's to measure.
+
+    ``name``: the batch attribute (``batch_arg_name``), set to the trial's size while it runs and
+    put back after (:func:`trial_size`), as ``fit`` has it at the size set.
     """
 
     def __init__(self, trainer: Trainer, module: LightningModule, first: Any, *, accumulating: bool = False,
                  prefetch: bool = False, restore: Callable[[], None] = lambda: None, loaders: int = 1,
-                 own: Any = None) -> None:
-        self.trainer, self.module, self.first, self.prefetch = trainer, module, first, prefetch
+                 own: Any = None, name: str | None = None) -> None:
+        self.trainer, self.module, self.first, self.prefetch, self.name = trainer, module, first, prefetch, name
         # several train dataloaders may batch at different multiples of the batch size (a FixMatch
         # unlabeled loader at 7x): each part of the combined batch is resized in proportion
         self.parts = _loader_parts(first, own) if loaders > 1 else None
@@ -65,6 +69,10 @@ class LightningStep:
 
     def __call__(self, batch_size: int) -> None:
         self.restore()
+        with trial_size(self.module, self.name, batch_size):
+            self._step(batch_size)
+
+    def _step(self, batch_size: int) -> None:
         self._forget_unscaled()
         # tensors and per-sample lists (label names, raw text a training_step tokenizes) alike;
         # cut, not indexed, so an estimate's fake tensors can build it too
@@ -144,6 +152,34 @@ class LightningStep:
         for param in self._with_grads:
             if param.grad is None:
                 param.grad = torch.zeros_like(param)
+
+
+@contextmanager
+def trial_size(module: LightningModule, name: str | None, batch_size: int) -> Iterator[None]:
+    """The batch attribute ``name`` set to ``batch_size`` wherever ``lightning_setattr`` sets it
+    (the module, its ``hparams``, the datamodule, its ``hparams``) while a trial runs, each put
+    back after it, on error too. Why: a ``training_step`` that reads it (a GAN's noise,
+    ``torch.randn(self.hparams.batch_size, latent)``; labels ``torch.ones(self.batch_size, 1)``)
+    got the module's own size in a trial of another: the probe ended ``fit`` with "The size of
+    tensor a (8) must match the size of tensor b (2)", where ``fit`` at the size set trains
+    (Lightning's ``BatchSizeFinder`` sets it before each trial too), or measured a step smaller
+    than the one ``fit`` runs."""
+    holders = [] if name is None else _lightning_get_all_attr_holders(module, name)
+    saved = [(holder, holder[name] if isinstance(holder, dict) else getattr(holder, name)) for holder in holders]
+    for holder, _ in saved:
+        _set(holder, name, batch_size)
+    try:
+        yield
+    finally:
+        for holder, value in saved:
+            _set(holder, name, value)
+
+
+def _set(holder: Any, name: str | None, value: Any) -> None:
+    if isinstance(holder, dict):
+        holder[name] = value
+    else:
+        setattr(holder, name, value)
 
 
 def _loss_of(out: Any) -> torch.Tensor:

@@ -99,6 +99,10 @@ class TrainerStep(TrainStep):
         return min(self.accumulation, 2), self.accumulation * batch_size
 
     def __call__(self, batch_size: int) -> None:
+        with _trial_size(self.trainer, batch_size):
+            self._step(batch_size)
+
+    def _step(self, batch_size: int) -> None:
         micro, held_samples = self.window(batch_size)
         self.optimizer.zero_grad(set_to_none=True)
         # DDP's buckets, allocated before the step as train()'s exist before its first
@@ -117,6 +121,27 @@ class TrainerStep(TrainStep):
         self.optimizer_step()
         self.optimizer.zero_grad(set_to_none=True)
         del batches, held, ahead, buckets
+
+
+@contextmanager
+def _trial_size(trainer: Any, batch_size: int) -> Iterator[None]:
+    """``trainer.args.per_device_train_batch_size`` and ``trainer._train_batch_size`` (what
+    ``train()`` batches at) set to ``batch_size`` while a trial runs, each put back after it, on
+    error too. Why: a ``compute_loss`` override that reads the size (per-example weights,
+    contrastive labels: ``torch.ones(self.args.per_device_train_batch_size)``) got the user's own
+    size in a trial of another, and the probe failed with "The size of tensor a (8) must match
+    the size of tensor b (2)", where ``train()`` at the size set runs."""
+    args = trainer.args
+    saved = args.per_device_train_batch_size, trainer.__dict__.get("_train_batch_size")
+    args.per_device_train_batch_size = batch_size
+    if saved[1] is not None:
+        trainer._train_batch_size = batch_size
+    try:
+        yield
+    finally:
+        args.per_device_train_batch_size = saved[0]
+        if saved[1] is not None:
+            trainer._train_batch_size = saved[1]
 
 
 def ddp_bucket_bytes(trainer: Any) -> int:
