@@ -36,6 +36,7 @@ from omegaconf import OmegaConf, open_dict
 from omegaconf.errors import InterpolationResolutionError, InterpolationToMissingValueError
 
 from .build import validate
+from .dict_target import check_dict_target
 from .errors import BAD_INPUT, CLIError, describe, one_line
 from .ignored import ignored_keys
 from .interpolations import mistyped_interpolation, unresolved_line
@@ -345,6 +346,7 @@ def check(command: str, args: Sequence[str]) -> None:
             for index, job in enumerate(jobs):
                 # the first job's run directory (a multirun's sweep directory) is checked too
                 key = None if index or printing else "hydra.sweep.dir" if multirun else "hydra.run.dir"
+                check_dict_target(name, job, command)
                 cfg, directory = _composed(name, job, key)
                 if index == 0 and config_name is not None:
                     warnings += filter(None, [check_extends(command, name, job, cfg), check_self_last(name, job, cfg)])

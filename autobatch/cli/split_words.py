@@ -19,7 +19,7 @@ from typing import Sequence
 
 from .errors import CLIError
 
-__all__ = ["check_split"]
+__all__ = ["check_split", "key_by_key"]
 
 #: Hydra flags followed by a value in the next word (``--cfg job``); ``--info``'s value is optional.
 _VALUED = {"-c", "--cfg", "-p", "--package"}
@@ -110,13 +110,13 @@ def check_split(args: Sequence[str]) -> None:
     whole, pieces = found
     close = " (and close its bracket)" if _depth(whole) > 0 else ""
     fix = f"quote it whole{close}: {shlex.quote(whole)}"
-    by_key = _key_by_key(whole)
+    by_key = key_by_key(whole)
     if by_key:  # the quoted dict would be merged into the option's schema, which lacks its arguments
         fix = f"give it key by key (no quotes needed): {by_key}"
     raise CLIError(f"the shell split the override {whole!r} into {len(pieces)} words {how}: {pieces}; {fix}")
 
 
-def _key_by_key(whole: str) -> str | None:
+def key_by_key(whole: str) -> str | None:
     """``model=target model._target_=torch.nn.Linear +model.in_features=8`` for a dict with a
     ``_target_`` given to a group that has a ``target`` option: quoted whole, the dict is merged
     into the group's default option (``model`` is ``gpt``), whose schema has none of its
