@@ -33,6 +33,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import logging
+import math
 import typing
 from pathlib import Path
 from typing import Any, Iterable
@@ -177,7 +178,26 @@ def check_dataset_inputs(cfg: DictConfig, dataset: Any) -> Any:
                          "use a token model (model=gpt) or a dataset of float inputs")
     if kind == "tensor" and dims is not None and inputs.dim() != len(dims):
         raise ValueError(f"model._target_={target} takes {_dims_text(dims)} but data.dataset's inputs are {what}")
+    _check_sized_for(cfg, inputs, what)
     return inputs
+
+
+def _check_sized_for(cfg: DictConfig, inputs: torch.Tensor, what: str) -> None:
+    """The built-in model is sized by ``data.shape`` (``model.in_shape``, ``model.in_channels`` read it),
+    which a dataset leaves at its default: inputs of another size failed in the first forward as
+    torch's "mat1 and mat2 shapes cannot be multiplied". Say the ``data.shape`` to give instead."""
+    schema = schema_of(cfg.model)
+    key, want, got = (("in_shape", math.prod(cfg.model.in_shape), inputs.numel()) if schema and issubclass(schema, MLPConfig)
+                      else ("in_channels", cfg.model.in_channels, inputs.shape[0]) if schema and issubclass(schema, CNNConfig)
+                      else (None, None, None))
+    if key is None or want == got:
+        return
+    node = cfg.model._get_node(key)
+    fix = (f"data.shape={list(inputs.shape)}".replace(" ", "") if node is not None and node._is_interpolation()
+           else f"model.{key}=" + (str(list(inputs.shape)).replace(" ", "") if key == "in_shape" else str(got)))
+    given = cfg.model[key]
+    raise ValueError(f"model.{key}={list(given) if isinstance(given, ListConfig) else given} does not suit data.dataset's inputs, "
+                     f"{what}; give {fix}")
 
 
 def _parameters(target: Any) -> tuple[list[str], bool] | None:
