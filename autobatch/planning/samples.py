@@ -22,13 +22,14 @@ token lists); the rule, in ``docs/runner.md`` ("What a batch may hold"):
   else *one entry per sample* (split as a list) where it has one entry per sample, else it is
   one error naming it; the batch itself is always fields. One as long as the batch beside a
   sibling that only one entry per sample fits (a ``tuple(zip(*batch))`` collate's images beside
-  its target dicts) is per sample too, whatever its tensors' dim 0 (:func:`_zipped`);
+  its target dicts), or beside per-sample values of its length (labels, captions: a zip's every
+  part is) is per sample too, whatever its tensors' dim 0 (:func:`_zipped`, :func:`_transposed`);
 * a list or tuple of plain values (strings, objects, token lists) is one entry per sample when
   it is as long as the batch and shared otherwise, but for default_collate's transposed text
   (a list of per-sample tuples of strings, each as long as the batch, split one by one);
 * numbers: a tuple of them is a constant (an image's ``(H, W)``), shared whatever its length
   (reading it by its length split ``(32, 48)`` when a batch had 2 samples), but for one as long
-  as the batch in a tuple or list beside a per-sample-only sibling (a zip collate's ids); a list of them as
+  as the batch in a (named) tuple or list of a zip collate (its ids, labels); a list of them as
   long as the batch is an error, for it could be either (default_collate makes per-sample
   numbers a tensor: do so, and make a constant a tuple).
 
@@ -255,7 +256,7 @@ def _map(node: Any, path: str, tensors: Callable, values: Callable, total: int, 
         return dataclasses.replace(node, **{field.name: _map(getattr(node, field.name), f"{path}.{field.name}", tensors,
                                                               values, total, zipped=zipped) for field in parts})
     if _named(node):
-        zipped = _zipped(node, total, "map")
+        zipped = _zipped(node, total, "seq")  # a tuple: Batch(*zip(*samples)) is a zip collate's too
         return type(node)(*(_map(value, f"{path}.{name}", tensors, values, total, zipped=zipped)
                             for name, value in zip(node._fields, node)))
     if not isinstance(node, (tuple, list)) or not node:
@@ -290,13 +291,35 @@ def _zipped(parts: Iterable[Any], total: int, kind: str) -> str | None:
     (torchvision's ``tuple(zip(*batch))``), and its siblings as long as the batch are per sample
     too, even where each of their tensors has ``total`` on dim 0: 3 RGB images of a batch of 3,
     which read as fields were cut along their channels while their targets were cut by sample.
-    Returns ``kind`` (the parent's: ``"seq"`` or ``"map"``) where so, else None."""
+    Returns ``kind`` (the parent's: ``"seq"`` or ``"map"``) where so or :func:`_transposed`, else None."""
+    parts = list(parts)
+    if _transposed(parts, numbers=kind == "seq") == total:
+        return kind
     for part in parts:
         if isinstance(part, (list, tuple)) and not _named(part) and len(part) == total and part and not _plain(part):
             fields = _fields(part)
             if fields is None or total not in fields:
                 return kind
     return None
+
+
+def _transposed(parts: list, numbers: bool) -> int | None:
+    """The samples of ``parts`` where they are a ``tuple(zip(*samples))``: all lists or tuples of
+    one length, one holding tensors or dicts (images: as fields, B RGB images [3, H, W] read as 3
+    samples) and one per-sample values (captions, token lists; labels where ``numbers``: a tuple's
+    parts, for a dict's (H, W) stays a constant) that read as shared beside fields."""
+    if len(parts) < 2 or not all(isinstance(part, (list, tuple)) and not _named(part) and part for part in parts):
+        return None
+    if len({len(part) for part in parts}) > 1 or all(_plain(part) for part in parts):
+        return None
+    return len(parts[0]) if any(_per_sample(part, numbers) for part in parts) else None
+
+
+def _per_sample(part: list | tuple, numbers: bool) -> bool:
+    """Strings, token lists (not default_collate's transposed text) or ``numbers`` (0-dim tensors too)."""
+    return (all(isinstance(value, (str, bytes)) for value in part)
+            or all(isinstance(value, (list, tuple)) and all(map(_number, value)) for value in part)
+            or (numbers and all(_number(value) or isinstance(value, torch.Tensor) and not value.dim() for value in part)))
 
 
 def _map_plain(node: list | tuple, path: str, values: Callable, total: int) -> Any:
@@ -331,10 +354,10 @@ def _fits(node: Any) -> frozenset[int] | None:
 
 def _fields(node: Any) -> frozenset[int] | None:
     """The batch sizes ``node``'s fields agree on (None: any; empty: none)."""
-    if isinstance(node, Mapping) or _dataclass(node):
-        return _meet(_fits(value) for _, value in _children(node, ""))
-    if isinstance(node, (list, tuple)):
-        return _meet(_fits(value) for value in node)
+    if isinstance(node, (Mapping, list, tuple)) or _dataclass(node):
+        parts = [value for _, value in _children(node, "")]
+        transposed = _transposed(parts, numbers=isinstance(node, (list, tuple)))
+        return frozenset({transposed}) if transposed else _meet(_fits(value) for value in parts)
     return _fits(node)
 
 
