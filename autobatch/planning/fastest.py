@@ -18,7 +18,7 @@ from ..errors import GlobalBatchTooLargeError, NoBatchFitsError
 from ..memory.devices import AcceleratorMemory, resolve_device
 from ..memory.units import parse_bytes
 from .batch_statistics import batch_norm_layers
-from .plan_result import Plan
+from .plan_result import Plan, speed_text
 from .throughput import TIE_WITHIN, Candidate, DeviceHooks, candidate_micro_batches, leaders, measure_candidates
 
 __all__ = ["ThroughputObjective"]
@@ -91,13 +91,13 @@ class ThroughputObjective:
         best = _pick(timed)
         best.chosen = True
         reason = (
-            f"fastest of {len(timed)} timed candidates at the median step: {best.samples_per_s:.1f} samples/s "
+            f"fastest of {len(timed)} timed candidates at the median step: {speed_text(best.samples_per_s)} "
             f"(micro-batch {best.micro_batch} x {best.accumulation_steps}, checkpointing "
             f"{'on' if best.checkpointing else 'off'})"
         )
         fastest = max(c.samples_per_s for c in timed)
         if best.samples_per_s < fastest:
-            reason += (f", within {TIE_WITHIN:.0%} of the fastest median ({fastest:.1f} samples/s): a tie, which goes to "
+            reason += (f", within {TIE_WITHIN:.0%} of the fastest median ({speed_text(fastest)}): a tie, which goes to "
                        "fewer accumulation steps, then to no checkpointing")
         if retimed:
             reason += (

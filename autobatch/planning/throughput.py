@@ -63,6 +63,7 @@ from .. import checks
 from .accumulation import LazyMicroBatches, accumulated_step, micro_batch_sizes
 from .lockstep import Lockstep
 from .plan_arguments import validate_timing
+from .plan_result import speed_text
 from ..memory.oom import free_memory, is_oom_error
 from ..probe.restore import Snapshot
 
@@ -334,12 +335,12 @@ def _time(step, candidate, global_batch, warmup_steps, timed_steps, timer, hooks
         return failure
     candidate.record(times, retries, global_batch)
     log.info(
-        "candidate micro=%d x %d checkpointing=%s: round %d, median %.1f samples/s%s",
+        "candidate micro=%d x %d checkpointing=%s: round %d, median %s%s",
         candidate.micro_batch,
         candidate.accumulation_steps,
         candidate.checkpointing,
         candidate.rounds,
-        candidate.samples_per_s,
+        speed_text(candidate.samples_per_s),
         (f", {retries} allocator retries" if retries else "")
         + (f", pruned after {len(times)} steps" if candidate.pruned else ""),
     )
