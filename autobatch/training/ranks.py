@@ -221,14 +221,10 @@ def agree_fit(parallel: DataParallel, floats: Iterable[str] = (), **arguments: i
 
 
 def runner_settings(runner: Any) -> dict[str, int | float | bool | None]:
-    """The ``Runner`` settings :func:`agree_fit` checks are the same on every rank: where its
-    checkpoints go, the global batch and the clipping of the one all-reduced gradient, and how a
-    step that ran out of memory is replayed. The replay's micro-batch is agreed over the ranks,
-    but each rank bounds it by its own floor (``min_micro_batch``, ``multiple_of``), ceiling
-    (``max_micro_batch``), grow-back wait (``grow_after``) and fallback: where those differed, one
-    rank gave up at its floor (``StepOutOfMemoryError``) or went back from a grow-back try while
-    its peers proposed a size at the recovery's sync point and waited there until the sync
-    deadline, then a ``RankDisagreementError`` that named no setting."""
+    """The ``Runner`` settings :func:`agree_fit` checks are the same on every rank before any step:
+    where and how often checkpoints are written (every rank saves together), the global batch and
+    clipping of the one all-reduced gradient, and the bounds each rank applies to the recovery vote's
+    answer and to grow-back (floor, ceiling, multiple, wait, fallback), so every rank replays alike."""
     return {"checkpoint_dir": runner.checkpoint_dir is not None, "global_batch": runner.global_batch,
             "checkpoint_every": runner.checkpoint_every, "max_grad_norm": runner._train_step.max_grad_norm,
             "min_micro_batch": runner.min_micro_batch, "max_micro_batch": runner.max_micro_batch,
