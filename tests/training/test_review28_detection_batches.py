@@ -19,6 +19,7 @@ from torch import nn
 
 from autobatch import FaultInjector, Runner, split_batch
 from autobatch.planning.samples import batch_size_of
+from one_batch import assert_trains_as_one_batch
 
 
 class TinyDetector(nn.Module):
@@ -91,13 +92,7 @@ def test_runner_trains_a_last_batch_of_three_once_with_one_batchs_gradient():
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     Runner(model, optimizer, loss_fn, global_batch=8, micro_batch=2, log_every=0).fit(loader)
     assert sorted(trained) == list(range(11))  # no OOM injected: no replay, each sample once
-    reference_optimizer = torch.optim.SGD(reference.parameters(), lr=0.1)
-    for batch in loader:
-        reference_optimizer.zero_grad()
-        _loss(reference, batch).backward()
-        reference_optimizer.step()
-    for trained_param, one_batch in zip(model.parameters(), reference.parameters()):
-        torch.testing.assert_close(trained_param, one_batch, rtol=1e-5, atol=1e-6)
+    assert_trains_as_one_batch(model, reference, loader, _loss)
 
 
 def test_oom_replay_of_a_zip_collated_batch_keeps_images_with_their_targets():

@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from autobatch import Runner
+from one_batch import assert_trains_as_one_batch
 
 
 class Samples(torch.utils.data.Dataset):
@@ -44,10 +45,4 @@ def test_runner_trains_zip_collated_images_with_their_int_labels_as_one_batch():
     Runner(model, torch.optim.SGD(model.parameters(), lr=0.1), loss_fn, global_batch=8, micro_batch=2,
            log_every=0).fit(loader)
     assert sorted(seen) == sorted((float(image[0, 0, 0]), label) for image, label in map(Samples().__getitem__, range(11)))
-    optimizer = torch.optim.SGD(reference.parameters(), lr=0.1)
-    for batch in loader:
-        optimizer.zero_grad()
-        _loss(reference, batch).backward()
-        optimizer.step()
-    for trained, one_batch in zip(model.parameters(), reference.parameters()):
-        torch.testing.assert_close(trained, one_batch, rtol=1e-5, atol=1e-6)
+    assert_trains_as_one_batch(model, reference, loader, _loss)
