@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 from collections.abc import Mapping
@@ -88,6 +89,12 @@ class RunResult:
                 f"micro_batch={self.micro_batch} (from {self.initial_micro_batch}), global_batch={self.global_batch}, "
                 f"last_loss={self.last_loss!r}, {recovered} OOM recover{'y' if recovered == 1 else 'ies'}"
                 + (", stopped" if self.stopped else "") + f", {self.elapsed_s:.2f} s)")
+
+    def snapshot(self) -> "RunResult":
+        """A deep copy: what :meth:`~autobatch.Runner.fit` returns, so that a later ``fit()`` of the
+        same runner, which updates ``runner.result``, does not rewrite a result already returned
+        (each stage's ``results.append(runner.fit(...))`` read the last stage's steps and samples)."""
+        return copy.deepcopy(self)
 
     def to_dict(self) -> dict[str, Any]:
         """The fields, exact (a checkpoint holds them: :meth:`from_dict` gives back an equal

@@ -180,7 +180,7 @@ class Runner(OomRecovery, SplitsInMultiples, EndsSteps, Resumable, PlansFromData
         micro_batch = checked_micro_batch(micro_batch, global_batch)  # a Plan: one error naming plan.micro_batch
         max_micro_batch = checks.positive_int("max_micro_batch", max_micro_batch, allow_none=True)
         plan_options = check_kinds(balanced=balanced, checkpointing_fallback=checkpointing_fallback, distributed=distributed, progress=progress,
-                                   log_every=log_every, faults=faults, no_sync=no_sync, scheduler=scheduler, plan_options=plan_options)
+                                   log_every=log_every, faults=faults, no_sync=no_sync, scheduler=scheduler, plan_options=plan_options, optimizer=optimizer)
         self.model = model
         self._parallel, self.distributed = ranks.choose(distributed)  # None: whether a group of several ranks is active
         ranks.check_no_sync(no_sync, self.distributed)  # a static-graph DDP's no_sync fails in torch's reducer
@@ -263,7 +263,7 @@ class Runner(OomRecovery, SplitsInMultiples, EndsSteps, Resumable, PlansFromData
         rank's micro-batches in the step), ``samples`` (the step's samples, over all ranks when
         distributed) and ``lr``/``lrs`` (the rates it applied); under ``torch.distributed`` an error it raises on some rank stops every
         rank at the next step (undone) or at the end of ``fit`` (:mod:`autobatch.training.step_end`).
-        Returns the :class:`~autobatch.RunResult` (also kept as ``runner.result``).
+        Returns the :class:`~autobatch.RunResult`: a copy of ``runner.result``, the live record, which a later ``fit()`` updates.
         """
         if epochs is None and steps is None:
             epochs = 1
@@ -325,7 +325,7 @@ class Runner(OomRecovery, SplitsInMultiples, EndsSteps, Resumable, PlansFromData
         self._fill_result()
         log.info("training done: %s (%d this run), %s in %.2f s, %s, micro-batch %d", counted(result.steps, "step"), result.steps_this_run,
                  counted(result.samples, "sample"), result.elapsed_s, counted(len(result.oom_recoveries), "OOM recovery", "OOM recoveries"), self.micro_batch)
-        return result
+        return result.snapshot()  # not rewritten by a later fit()
 
     # -- one global step, with OOM recovery ----------------------------------------------------
     def _global_step(self, batch: Any) -> tuple[float | torch.Tensor, int]:
