@@ -90,12 +90,14 @@ def _check_not_a_file_name(checkpoint_dir: str | os.PathLike | None) -> None:
 
 
 def check_kinds(*, balanced: Any, checkpointing_fallback: Any, distributed: Any, progress: Any, log_every: Any,
-                faults: Any, no_sync: Any, scheduler: Any, plan_options: Any) -> dict[str, Any]:
+                faults: Any, no_sync: Any, scheduler: Any, plan_options: Any, optimizer: Any = None) -> dict[str, Any]:
     """The runner's switches, hooks and plan options are of the kind they are used as; returns
     ``plan_options`` as a dict. Before this check ``balanced="no"`` (or ``distributed="false"``, a
     string from a config) read as True; ``faults=[(0, "forward")]`` or ``no_sync=True`` failed at
     the first step with ``'list' object is not callable``; ``scheduler=optimizer`` stepped the
-    optimizer a second time each step; a ``plan_options`` key ``plan()`` does not take failed
+    optimizer a second time each step; a scheduler built on another optimizer (one made again, the
+    scheduler left on the old one) changed that one's learning rate, and the run trained at a constant
+    rate; a ``plan_options`` key ``plan()`` does not take failed
     after the data's first batch was loaded, naming ``find_max_batch()``, not ``plan_options``."""
     checks.flag("balanced", balanced)
     checks.flag("checkpointing_fallback", checkpointing_fallback)
@@ -109,6 +111,13 @@ def check_kinds(*, balanced: Any, checkpointing_fallback: Any, distributed: Any,
     if isinstance(scheduler, torch.optim.Optimizer):
         raise TypeError(f"scheduler must be an LR scheduler or None, got the optimizer {type(scheduler).__name__} (the "
                         "runner would step it twice a step); pass e.g. torch.optim.lr_scheduler.LambdaLR(optimizer, ...)")
+    scheduled = getattr(scheduler, "optimizer", None)  # an LR scheduler's; groups shared where a wrapper holds it
+    if (optimizer is not None and isinstance(scheduled, torch.optim.Optimizer)
+            and not {id(g) for g in scheduled.param_groups} & {id(g) for g in optimizer.param_groups}):
+        raise ValueError(f"scheduler steps another optimizer ({type(scheduled).__name__} at {id(scheduled):#x}) than the "
+                         f"runner's ({type(optimizer).__name__} at {id(optimizer):#x}), so it would change that one's "
+                         "learning rate and this run's would stay constant: build the scheduler on the optimizer the "
+                         "runner is given, e.g. scheduler=torch.optim.lr_scheduler.StepLR(optimizer, ...)")
     return _plan_options(plan_options)
 
 
