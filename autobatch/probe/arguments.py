@@ -8,6 +8,7 @@ from __future__ import annotations
 import inspect
 import numbers
 import sys
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -172,6 +173,12 @@ def validate_places(device: object, restore: object, cache: object) -> None:
             )
         checks.module("restore[0]", restore[0])
         checks.materialized("restore[0]", restore[0])
+        if isinstance(restore[1], torch.nn.Module):  # a second model (a GAN's) in the optimizer's place
+            raise TypeError(
+                f"restore[1] must be the optimizer of restore[0], got a second model ({type(restore[1]).__name__}): "
+                "restore is (model, optimizer, *more), and each further model or optimizer follows the first pair "
+                "(put back through its state_dict()), e.g. for a GAN restore=(G, opt_G, D, opt_D)"
+            )
         if restore[1] is not None:
             checks.optimizer("restore[1]", restore[1])
         for i, item in enumerate(restore[2:], start=2):
@@ -282,6 +289,13 @@ def checked_batches(step: TrainStep) -> tuple[Any, Any] | None:
         batches = sample_batches(step.make_batch)
     except Exception:  # noqa: BLE001 - not swallowed: raised again by the key or by the trials (above)
         return None
+    if isinstance(batches[0], Iterator):  # a generator function (yield) or iter(...): single-use, no batch
+        raise ValueError(
+            f"make_batch returned an iterator ({type(batches[0]).__name__}), not a batch: every trial step runs "
+            "make_batch(n)'s batch itself, so make_batch(n) must return one batch of n samples (a tensor, or a "
+            "tuple/list/dict of tensors); return it instead of yielding it, e.g. "
+            "make_batch=lambda n: (torch.randn(n, 512), torch.randint(0, 10, (n,)))"
+        )
     first = batch_shapes(batches[0])
     if first == batch_shapes(batches[1]) and first == batch_shapes(sample_batches(step.make_batch, (CHECK_SIZE,))[0]):
         raise ValueError(
