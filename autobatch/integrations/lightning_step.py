@@ -24,6 +24,7 @@ from ..planning.samples import cycle_samples
 from ..probe.restore_places import forget_scaler_stage
 from ..training.batch_ops import map_tensors
 from .lightning_loaders import loader_batch_size
+from .trial_settings import sized_for_trial
 
 __all__ = ["LightningStep", "first_batch", "size_of", "trial_size"]
 
@@ -158,28 +159,13 @@ class LightningStep:
 def trial_size(module: LightningModule, name: str | None, batch_size: int) -> Iterator[None]:
     """The batch attribute ``name`` set to ``batch_size`` wherever ``lightning_setattr`` sets it
     (the module, its ``hparams``, the datamodule, its ``hparams``) while a trial runs, each put
-    back after it, on error too. Why: a ``training_step`` that reads it (a GAN's noise,
-    ``torch.randn(self.hparams.batch_size, latent)``; labels ``torch.ones(self.batch_size, 1)``)
-    got the module's own size in a trial of another: the probe ended ``fit`` with "The size of
-    tensor a (8) must match the size of tensor b (2)", where ``fit`` at the size set trains
-    (Lightning's ``BatchSizeFinder`` sets it before each trial too), or measured a step smaller
-    than the one ``fit`` runs."""
+    back after it, on error too (:mod:`~autobatch.integrations.trial_settings`). Why: a
+    ``training_step`` that reads it (a GAN's noise, ``torch.randn(self.hparams.batch_size,
+    latent)``; labels ``torch.ones(self.batch_size, 1)``) got the module's own size in a trial of
+    another, or measured a step smaller than the one ``fit`` runs."""
     holders = [] if name is None else _lightning_get_all_attr_holders(module, name)
-    saved = [(holder, holder[name] if isinstance(holder, dict) else getattr(holder, name)) for holder in holders]
-    for holder, _ in saved:
-        _set(holder, name, batch_size)
-    try:
+    with sized_for_trial([(holder, name) for holder in holders], batch_size):
         yield
-    finally:
-        for holder, value in saved:
-            _set(holder, name, value)
-
-
-def _set(holder: Any, name: str | None, value: Any) -> None:
-    if isinstance(holder, dict):
-        holder[name] = value
-    else:
-        setattr(holder, name, value)
 
 
 def _loss_of(out: Any) -> torch.Tensor:

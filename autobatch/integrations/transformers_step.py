@@ -48,13 +48,14 @@ import json
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, ContextManager
 
 import torch
 
 from ..probe.cache_key import own_code
 from ..probe.train_step import TrainStep
 from ..training.batch_ops import to_device
+from .trial_settings import sized_for_trial
 
 __all__ = ["TrainerStep", "checkpointing_as_train", "checkpointing_settings", "ddp_bucket_bytes", "num_items_in_batch",
            "trainer_key", "training_collator"]
@@ -123,25 +124,16 @@ class TrainerStep(TrainStep):
         del batches, held, ahead, buckets
 
 
-@contextmanager
-def _trial_size(trainer: Any, batch_size: int) -> Iterator[None]:
+def _trial_size(trainer: Any, batch_size: int) -> ContextManager[None]:
     """``trainer.args.per_device_train_batch_size`` and ``trainer._train_batch_size`` (what
-    ``train()`` batches at) set to ``batch_size`` while a trial runs, each put back after it, on
-    error too. Why: a ``compute_loss`` override that reads the size (per-example weights,
-    contrastive labels: ``torch.ones(self.args.per_device_train_batch_size)``) got the user's own
-    size in a trial of another, and the probe failed with "The size of tensor a (8) must match
-    the size of tensor b (2)", where ``train()`` at the size set runs."""
-    args = trainer.args
-    saved = args.per_device_train_batch_size, trainer.__dict__.get("_train_batch_size")
-    args.per_device_train_batch_size = batch_size
-    if saved[1] is not None:
-        trainer._train_batch_size = batch_size
-    try:
-        yield
-    finally:
-        args.per_device_train_batch_size = saved[0]
-        if saved[1] is not None:
-            trainer._train_batch_size = saved[1]
+    ``train()`` batches at, where set) at ``batch_size`` while a trial runs, each put back after
+    it (:mod:`~autobatch.integrations.trial_settings`): a ``compute_loss`` override that reads the
+    size (per-example weights, contrastive labels: ``torch.ones(self.args.per_device_train_batch_size)``)
+    got the user's own size in a trial of another."""
+    places = [(trainer.args, "per_device_train_batch_size")]
+    if trainer.__dict__.get("_train_batch_size") is not None:
+        places.append((trainer, "_train_batch_size"))
+    return sized_for_trial(places, batch_size)
 
 
 def ddp_bucket_bytes(trainer: Any) -> int:
