@@ -207,6 +207,7 @@ def _verbose(args: Sequence[str]) -> bool:
 def _report_sweep() -> None:
     """After a multirun, print its summary table (also written as summary.md/summary.csv)."""
     from .cli.sweep import last_sweep_dir, write_summary
+    from .memory.units import counted
 
     sweep_dir = last_sweep_dir()
     if sweep_dir is None or not sweep_dir.is_dir():
@@ -220,7 +221,7 @@ def _report_sweep() -> None:
     failed, stopped = sum(status not in ("ok", "interrupted") for status in statuses), statuses.count("interrupted")
     plot = " and summary.png" if (sweep_dir / "summary.png").is_file() else ""
     interrupted = f", {stopped} interrupted (their rows say how to continue)" if stopped else ""
-    print(f"{len(rows)} job{'' if len(rows) == 1 else 's'}, {failed} failed{interrupted}; summary: {sweep_dir / 'summary.md'}, summary.csv{plot}")
+    print(f"{counted(len(rows), 'job')}, {failed} failed{interrupted}; summary: {sweep_dir / 'summary.md'}, summary.csv{plot}")
     sys.stdout.flush()
 
 

@@ -22,6 +22,7 @@ from typing import Sequence
 
 from filelock import Timeout
 
+from ..memory.units import counted
 from ..probe.cache import CacheEntry, CacheLockError, ProbeCache, default_dir
 from .errors import RUNTIME_FAILURE, CLIError
 
@@ -116,10 +117,10 @@ def main(argv: Sequence[str]) -> int:
     store = ProbeCache(args.dir)
     if args.action == "clear":
         removed = _clear(store)
-        print(f"removed {removed} entr{'y' if removed == 1 else 'ies'} from {store.directory}")
+        print(f"removed {counted(removed, 'entry', 'entries')} from {store.directory}")
         return 0
     entries = store.entries()
-    print(f"probe cache {store.directory}: {len(entries)} entr{'y' if len(entries) == 1 else 'ies'}")
+    print(f"probe cache {store.directory}: {counted(len(entries), 'entry', 'entries')}")
     if entries:
         print(entry_table(entries))
     return 0

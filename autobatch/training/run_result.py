@@ -10,6 +10,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from .. import checks
+from ..memory.units import counted
 
 __all__ = ["RunResult", "Recovery"]
 
@@ -87,7 +88,7 @@ class RunResult:
         recovered = len(self.oom_recoveries)
         return (f"RunResult(steps={self.steps}, epochs={self.epochs}, samples={self.samples}, "
                 f"micro_batch={self.micro_batch} (from {self.initial_micro_batch}), global_batch={self.global_batch}, "
-                f"last_loss={self.last_loss!r}, {recovered} OOM recover{'y' if recovered == 1 else 'ies'}"
+                f"last_loss={self.last_loss!r}, {counted(recovered, 'OOM recovery', 'OOM recoveries')}"
                 + (", stopped" if self.stopped else "") + f", {self.elapsed_s:.2f} s)")
 
     def snapshot(self) -> "RunResult":
