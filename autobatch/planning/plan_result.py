@@ -167,12 +167,12 @@ class Plan:
         return "\n".join(lines)
 
 
-def speed_text(samples_per_s: float | None) -> str:
-    """A timed candidate's speed for a reason, a log line or a table: ``"123.4 samples/s"``; one
-    whose median step the clock measured as 0 s (``inf`` in memory, ``null`` in JSON) is too fast
-    to time, not "inf samples/s"."""
+def speed_text(samples_per_s: float | None, unit: str = " samples/s") -> str:
+    """A timed candidate's speed for a reason, a log line or a table: ``"123.4 samples/s"`` (a
+    table's column names the unit: ``unit=""``); one whose median step the clock measured as 0 s
+    (``inf`` in memory, ``null`` in JSON) is too fast to time, not "inf samples/s"."""
     if samples_per_s is not None and math.isfinite(samples_per_s):
-        return f"{samples_per_s:.1f} samples/s"
+        return f"{samples_per_s:.1f}{unit}"
     return "too fast to time (a median step of 0 s on this clock)"
 
 
@@ -186,7 +186,7 @@ def candidates_table(candidates: Iterable[dict[str, Any]]) -> str:
     ]
     for c in candidates:
         untimed = c.get("samples_per_s") is None and c.get("seconds_per_step") is None
-        speed = "OOM" if c.get("error") else "-" if untimed else speed_text(c.get("samples_per_s")).replace(" samples/s", "")
+        speed = "OOM" if c.get("error") else "-" if untimed else speed_text(c.get("samples_per_s"), unit="")
         per_step = "-" if c.get("seconds_per_step") is None else f"{c['seconds_per_step']:.4f}"
         steps = len(c.get("step_seconds") or [])
         timed = f"{steps} ({c.get('rounds', 1)} rounds)" if c.get("rounds", 1) > 1 else (str(steps) if steps else "-")
