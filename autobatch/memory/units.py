@@ -40,12 +40,15 @@ _PATTERN = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([a-zA-Z]*)\
 def parse_bytes(value: int | float | str, *, name: str = "memory_limit") -> int:
     """Return ``value`` as a whole number of bytes.
 
-    Accepts a positive number of bytes (an int of any integer type, such as a NumPy ``int64``
-    computed from a config, or a float), or a string such as ``"512MiB"``, ``"2GiB"``,
+    Accepts a positive whole number of bytes (an int of any integer type, such as a NumPy ``int64``
+    computed from a config, or a whole float such as ``1e9``), or a string such as ``"512MiB"``, ``"2GiB"``,
     ``"1.5GB"`` or ``"1000000"``, in any case and with or without a space. Binary units (KiB,
     MiB, GiB, TiB, and Kubernetes' Ki, Mi, Gi, Ti) are powers of 1024, decimal units (KB, MB,
     GB, TB, and the single letters K, M, G, T: ``"16m"`` is 16,000,000 bytes, 15.26 MiB) powers
-    of 1000. ``name`` is the argument named in the error message; a list or tuple
+    of 1000; a fraction with a unit, or a large count such as ``0.9 * total``, is rounded down to whole
+    bytes (``"0.3KiB"`` is 307), and a small count in bytes that is not whole (``1.5``, ``"1.5B"``: a
+    missing unit) is an error, where it was a 1-byte budget.
+    ``name`` is the argument named in the error message; a list or tuple
     (``[8, "GiB"]``, ``["8GiB"]``) is one error giving the string to write instead.
     """
     if isinstance(value, bool) or not isinstance(value, (numbers.Real, str)):
@@ -58,7 +61,8 @@ def parse_bytes(value: int | float | str, *, name: str = "memory_limit") -> int:
         match = _PATTERN.match(value)
         stripped = value.strip()
         if stripped.startswith("-") and _PATTERN.match(stripped.lstrip("-")) is not None:
-            raise ValueError(f"{name} must be positive, got {value!r}")  # not "not a byte quantity"
+            raise ValueError(f"{name} must be positive, got {value!r}; give a number of bytes or a string such as "
+                             "'512MiB' or '2GiB'")  # not "not a byte quantity"
         if stripped.endswith("%"):  # a share of the device: the capacity it is a share of is not known here
             raise ValueError(
                 f"{name}={value!r}: a percentage is not taken, only a byte quantity; compute the share yourself, e.g. "
@@ -75,11 +79,23 @@ def parse_bytes(value: int | float | str, *, name: str = "memory_limit") -> int:
         # int() would raise OverflowError (inf, "1e400") or a ValueError that names no argument
         # (nan); a count past any float breaks the arithmetic that sizes batches from it
         raise ValueError(f"{name}={value!r} is not a finite byte count; give a number of bytes such as '80GiB'")
+    if 1 <= scaled < 1024 and _UNITS[unit] == 1 and not float(number).is_integer():  # int() kept 1 of 1.5 bytes
+        raise ValueError(_not_whole(value, number, name))
     result = int(scaled)
     if result <= 0:
         less = f" (less than one byte: did you mean '{str(value).strip()}GiB'?)" if 0 < scaled < 1 and unit == "" else ""
-        raise ValueError(f"{name} must be positive, got {value!r}{less}")
+        raise ValueError(f"{name} must be positive, got {value!r}{less}; give a number of bytes or a string such as "
+                         "'512MiB' or '2GiB'")
     return result
+
+
+def _not_whole(value: int | float | str, number: float, name: str) -> str:
+    """The message for a small count of bytes that is not whole (``1.5``, ``"1.5"``, ``"1.5B"``): a
+    fraction of a byte is no size, and ``int()`` silently made ``1.5`` a 1-byte budget; most likely a
+    missing unit. A large one (a computed share such as ``0.9 * total``) is rounded down: a fraction
+    of a byte there changes nothing."""
+    return (f"{name}={value!r} is {number!r} bytes, not a whole number of bytes (did you mean '{number:g}GiB'?); "
+            "give bytes as an int or a string with a unit, such as '512MiB' or '1.5GiB'")
 
 
 def _not_a_quantity(value: Any, name: str) -> str:

@@ -78,7 +78,7 @@ def test_a_dataset_that_cannot_be_opened_or_is_not_pairs_is_bad_input(tmp_path, 
 
 @pytest.mark.parametrize("args, words", [
     (["train.micro_batch=8", "train.global_batch=4"], "train.micro_batch=8 is larger than train.global_batch=4"),
-    (["probe.memory_limit=1.5"], "probe.memory_limit=1.5 is 1 B, too little"),
+    (["probe.memory_limit=1.5"], "probe.memory_limit='1.5' is 1.5 bytes, not a whole number of bytes"),
     (["device.simulated_budget=512"], "device.simulated_budget=512 is 512 B, too little"),
 ])  # fmt: skip
 def test_sizes_that_cannot_work_are_refused_before_the_run(capsys, args, words):
