@@ -23,7 +23,7 @@ __all__ = [
     "STRATEGY_NAMES", "HALVING_DEFAULT_START", "PREDICT_DEFAULT_START", "ALLOCATOR_HEADROOM",
     "EXPANDABLE_HEADROOM_BYTES", "SEARCH_CEILING",
     "validate_probe_args", "validate_step", "validate_places", "hand_loop_of", "compiled_model",
-    "simulated_compile_note", "checked_batches",
+    "simulated_compile_note", "checked_batches", "refuse_iterator", "IteratorBatchError",
 ]
 
 STRATEGY_NAMES = ("auto", "predict", "binary", "power", "halving", "estimate")
@@ -276,6 +276,27 @@ def compiled_model(model: torch.nn.Module) -> bool:
                for m in model.modules())
 
 
+class IteratorBatchError(ValueError):
+    """``make_batch(n)`` returned an iterator (:func:`refuse_iterator`): raised as it is by the probe and by
+    the fake-tensor estimate, whose trace would otherwise report it as one of the step's own errors."""
+
+
+def refuse_iterator(batch: Any) -> Any:
+    """``batch``, where it is one; :class:`IteratorBatchError` where ``make_batch`` returned an iterator
+    (a generator function that ``yield``s its batch, ``iter([batch])``): single-use, and no batch, so
+    the step fed it to the model and torch said only ``must be Tensor, not generator``. Shared by
+    :func:`checked_batches` (the probe's trials) and the estimate's trace
+    (:func:`~autobatch.probe.estimate.estimate_memory`), so both say the same."""
+    if isinstance(batch, Iterator):
+        raise IteratorBatchError(
+            f"make_batch returned an iterator ({type(batch).__name__}), not a batch: every step (a trial's, or the "
+            "estimate's trace) runs make_batch(n)'s batch itself, so make_batch(n) must return one batch of n samples "
+            "(a tensor, or a tuple/list/dict of tensors); return it instead of yielding it, e.g. "
+            "make_batch=lambda n: (torch.randn(n, 512), torch.randint(0, 10, (n,)))"
+        )
+    return batch
+
+
 def checked_batches(step: TrainStep) -> tuple[Any, Any] | None:
     """``make_batch(1)`` and ``make_batch(2)`` (:func:`~autobatch.probe.cache_key.sample_batches`,
     reused by the cache key), after checking that the batch changes with its size: a
@@ -289,13 +310,7 @@ def checked_batches(step: TrainStep) -> tuple[Any, Any] | None:
         batches = sample_batches(step.make_batch)
     except Exception:  # noqa: BLE001 - not swallowed: raised again by the key or by the trials (above)
         return None
-    if isinstance(batches[0], Iterator):  # a generator function (yield) or iter(...): single-use, no batch
-        raise ValueError(
-            f"make_batch returned an iterator ({type(batches[0]).__name__}), not a batch: every trial step runs "
-            "make_batch(n)'s batch itself, so make_batch(n) must return one batch of n samples (a tensor, or a "
-            "tuple/list/dict of tensors); return it instead of yielding it, e.g. "
-            "make_batch=lambda n: (torch.randn(n, 512), torch.randint(0, 10, (n,)))"
-        )
+    refuse_iterator(batches[0])
     first = batch_shapes(batches[0])
     if first == batch_shapes(batches[1]) and first == batch_shapes(sample_batches(step.make_batch, (CHECK_SIZE,))[0]):
         raise ValueError(

@@ -39,7 +39,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 from ..memory.accounting import OperationLimit, StorageAccountant
 from .. import checks
-from .arguments import SEARCH_CEILING, validate_probe_args, validate_step
+from .arguments import SEARCH_CEILING, IteratorBatchError, refuse_iterator, validate_probe_args, validate_step
 from .bent_curve import CURVE_TRACES, follow_bend
 from .flat_peak import past_flat
 from .fake_trace import (FakeWorld, KernelDtypes, TraceScaler, quiet_meta_errors, resident_bytes, trace_steps,
@@ -107,7 +107,8 @@ def estimate_memory(step: TrainStep, batch_size: int, *, steps: int = 2, op_limi
             if step.grad_scaler is not None:
                 fake_step.grad_scaler = TraceScaler()
             if step.make_batch is not None:  # built for real where its fake version reads the data's values
-                fake_step.make_batch = RealBatches(step.make_batch, accountant, world)
+                batches = RealBatches(step.make_batch, accountant, world)
+                fake_step.make_batch = lambda n: refuse_iterator(batches(n))  # a generator's: the probe's error
             stack.enter_context(quiet_meta_errors())  # the error is the EstimateError's cause, not a log
             stack.enter_context(unvalidated_distributions())  # a Distribution's value checks: none on fakes
             stack.enter_context(mode)
@@ -125,7 +126,7 @@ def estimate_memory(step: TrainStep, batch_size: int, *, steps: int = 2, op_limi
     if left:
         dropped = " (dropped)" if left.endswith(".grad") else ""
         left = f"the trace left a fake tensor{dropped} in {left}, outside the modules' state it puts back"
-    if isinstance(failure, OperationLimit):
+    if isinstance(failure, (OperationLimit, IteratorBatchError)):  # not the step's own error: raised as it is
         raise failure
     if failure is not None:
         own = step_error(failure, batch_size, left, TRIALS)  # the step's own error: raised as itself
