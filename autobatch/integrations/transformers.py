@@ -26,7 +26,8 @@ from ..probe.find import find_max_batch
 from ..probe.result import ProbeResult
 from .global_batch import cap_at_samples, changed_samples, check_share, small_split, split_keeping
 from .transformers_loss import warn_unscaled_accumulation
-from .transformers_resume import record_split, resumed_batch, resumed_checkpoint, resumed_global_batch, warn_unseen_resume
+from .transformers_resume import (accumulation_setter, accumulation_where, record_split, resumed_batch, resumed_checkpoint,
+                                  resumed_global_batch, warn_unseen_resume)
 from .transformers_samples import SLICE_ROWS, STREAM_SAMPLES, longest_sample
 from .transformers_schedule import tell_size
 from .transformers_step import TrainerStep, checkpointing_as_train, trainer_key
@@ -97,7 +98,8 @@ def fit_batch_size(
         )
     # without a global batch, the trainer's own accumulation stays: its window is probed
     accumulation = 1 if share is not None else max(1, int(args.gradient_accumulation_steps))
-    shard = _window_share(shard, accumulation, multiple_of, world)  # a process's share over a step's batches
+    set_for = accumulation_setter(trainer)  # an earlier call's global_batch where that call set the accumulation
+    shard = _window_share(shard, accumulation, multiple_of, world, accumulation_where(set_for))  # over a step's batches
     max_batch, start = cap_at_samples(shard, max_batch, start, multiple_of,
                                       where=f"the training set{f' (a process of {world})' if world > 1 else ''}")
     if sample is None and trainer.train_dataset is None:  # an eval-only Trainer: sample= would size training
@@ -126,11 +128,10 @@ def fit_batch_size(
     size, before = result.batch_size, ((args.per_device_train_batch_size, int(args.gradient_accumulation_steps))
                                        if global_batch == asked else (None, resumed_batch(trainer, saved)))
     if share is not None:
-        accumulation, size = _split(global_batch, world, size, multiple_of, asked is not None, args.gradient_accumulation_steps)
-        args.gradient_accumulation_steps = accumulation
-    _warn_changed(trainer, size, accumulation, world, share, multiple_of)  # before the user's size is replaced
-    args.per_device_train_batch_size = size
-    record_split(trainer)  # train()'s loader size, and its checkpoints record the accumulation
+        accumulation, size, set_for = _set_split(args, global_batch, world, size, multiple_of, asked, set_for)
+    _warn_changed(trainer, size, accumulation, world, share, multiple_of, accumulation_where(set_for))
+    args.per_device_train_batch_size = size  # after _warn_changed, which names the user's size it replaces
+    record_split(trainer, set_for)  # train()'s loader size, and its checkpoints record the accumulation
     if asked is None and resume_from_checkpoint is None and getattr(args, "resume_from_checkpoint", None) is None:
         warn_unseen_resume(trainer, size)
     tell_size(trainer, before, size, accumulation, world, result.batch_size, share)  # and the steps train() runs
@@ -165,18 +166,20 @@ def _warn_unsized_evaluation(trainer: Any, size: int) -> None:
             str(getattr(strategy, "value", strategy)), eval_size, size, size)
 
 
-def _warn_changed(trainer: Any, size: int, accumulation: int, world: int, share: int | None, multiple_of: int) -> None:
+def _warn_changed(trainer: Any, size: int, accumulation: int, world: int, share: int | None, multiple_of: int,
+                  where: str = "TrainingArguments") -> None:
     """One warning where no global batch was asked for and ``size`` changes the samples per
     optimizer step the user's own ``gradient_accumulation_steps`` (above 1) made with their
     ``per_device_train_batch_size`` (:func:`.global_batch.changed_samples`, given a process's samples
     of the training set, so that the ``global_batch`` it names is one that is taken): it was an INFO line
     only, and 16 x 4 became 3 x 4 unseen, as under Transformers' ``auto_find_batch_size``. Under
     ``auto_find_batch_size`` it says to switch that off too: ``global_batch=`` beside it is refused
-    (:func:`_refuse_auto_find`), so the advice alone led to that error."""
+    (:func:`_refuse_auto_find`), so the advice alone led to that error. ``where`` says who set the
+    accumulation (:func:`~.transformers_resume.accumulation_where`: the user, or an earlier call)."""
     args = trainer.args
     changed = share is None and changed_samples(
         args.per_device_train_batch_size, size, accumulation, world, size_setting="per_device_train_batch_size",
-        setting="gradient_accumulation_steps", where="TrainingArguments",
+        setting="gradient_accumulation_steps", where=where,
         samples=_shard_length(trainer.train_dataset, world), multiple_of=multiple_of)
     if changed:
         auto = ("; with global_batch= set auto_find_batch_size=False too (beside it, it is refused: on an "
@@ -185,14 +188,29 @@ def _warn_changed(trainer: Any, size: int, accumulation: int, world: int, share:
         log.warning("fit_batch_size: %s%s", changed, auto)
 
 
-def _split(global_batch: int, world: int, largest: int, multiple_of: int, asked: bool, given: int) -> tuple[int, int]:
+def _set_split(args: Any, global_batch: int, world: int, largest: int, multiple_of: int, asked: int | None,
+               set_for: int | None) -> tuple[int, int, int | None]:
+    """:func:`_split` set on ``args``: ``(accumulation, per-device batch, set_for)``, ``set_for`` the
+    ``global_batch`` that chose the accumulation, or None where it is the user's, kept
+    (:func:`~.transformers_resume.record_split`). An accumulation an earlier call set (``set_for``
+    given) is not the user's to keep: a second call held it as theirs, told them to remove it."""
+    given = None if set_for is not None else int(args.gradient_accumulation_steps)
+    accumulation, size = _split(global_batch, world, largest, multiple_of, asked is not None, given)
+    args.gradient_accumulation_steps = accumulation
+    kept = asked is not None and given is not None and 1 < given == accumulation  # the user's own, kept
+    return accumulation, size, None if kept else global_batch
+
+
+def _split(global_batch: int, world: int, largest: int, multiple_of: int, asked: bool,
+           given: int | None) -> tuple[int, int]:
     """``(accumulation, per-device batch)`` for a process's share of ``global_batch``. Where
     ``asked`` (the global batch is the caller's, not one a resumed checkpoint's samples per step
     gave, which this run's accumulation already makes up): the user's ``gradient_accumulation_steps``
     (``given``) is kept where it splits the share into batches that fit, else replaced with one
     warning naming both (:func:`.global_batch.split_keeping`), and a share with no divisor near
-    ``largest`` is one warning (many small micro-batches a step; :func:`.global_batch.small_split`)."""
-    given = int(given) if asked else None
+    ``largest`` is one warning (many small micro-batches a step; :func:`.global_batch.small_split`).
+    ``given`` is None where an earlier ``fit_batch_size`` call set it (not the user's to keep)."""
+    given = int(given) if asked and given is not None else None
     warn = asked
     accumulation, size, replaced, fewer = split_keeping(
         global_batch, world, largest, given, multiple_of=multiple_of, setting="gradient_accumulation_steps",
@@ -271,21 +289,22 @@ def _shard_length(dataset: Any, world: int) -> int | None:
         return None
 
 
-def _window_share(shard: int | None, accumulation: int, multiple_of: int, world: int) -> int | None:
+def _window_share(shard: int | None, accumulation: int, multiple_of: int, world: int,
+                  where: str = "TrainingArguments") -> int | None:
     """The largest batch a process's ``shard`` of the training set gives ``accumulation`` of (the
     user's ``gradient_accumulation_steps``, kept without ``global_batch``), so that every optimizer
     step takes the batches the probe sized and the samples the warning names. Capped at the shard
     alone, a 10-sample set with 4 steps of accumulation was given batches of 10: one batch an epoch,
     each optimizer step one batch (10 samples, not the 40 said), and the probe sized a window of 4
     that never ran. A shard smaller than ``accumulation`` batches of ``multiple_of`` is one
-    ``ValueError`` naming what to change."""
+    ``ValueError`` naming what to change, and who set the accumulation (``where``)."""
     if shard is None or accumulation <= 1:
         return shard
     if shard < accumulation * multiple_of:
         raise ValueError(
             f"the training set has {shard} samples{' per process' if world > 1 else ''}, fewer than "
             f"gradient_accumulation_steps={accumulation} batches of {multiple_of} (multiple_of): no optimizer step "
-            f"could take its {accumulation} batches; lower gradient_accumulation_steps (set on TrainingArguments) "
+            f"could take its {accumulation} batches; lower gradient_accumulation_steps (set on {where}) "
             "or use more samples")
     return shard // accumulation
 

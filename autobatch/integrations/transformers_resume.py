@@ -32,12 +32,13 @@ from __future__ import annotations
 import json
 import logging
 import os
+import sys
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
-__all__ = ["SavedSplit", "checkpoint_batch", "checkpoint_path", "record_split", "resumed_batch", "resumed_checkpoint",
-           "resumed_global_batch", "saved_split", "split_record", "warn_unseen_resume"]
+__all__ = ["SavedSplit", "checkpoint_batch", "checkpoint_path", "record_split", "accumulation_setter", "accumulation_where",
+           "resumed_batch", "resumed_checkpoint", "resumed_global_batch", "saved_split", "split_record", "warn_unseen_resume"]
 
 log = logging.getLogger("autobatch")
 
@@ -145,15 +146,42 @@ def resumed_batch(trainer: Any, saved: SavedSplit | None) -> int | None:
     return None if batch is None else max(1, batch // max(1, int(getattr(trainer.args, "n_gpu", 1) or 1)))
 
 
-def record_split(trainer: Any) -> None:
+def record_split(trainer: Any, set_for: int | None = None) -> None:
     """Have the checkpoints ``train()`` saves record ``trainer.args``' accumulation (one callback
     whose state goes into ``trainer_state.json``, replacing an earlier one), and copy the
     per-device batch into ``trainer._train_batch_size``, which the ``Trainer`` copies at
-    construction and ``train()`` builds its loader with."""
+    construction and ``train()`` builds its loader with. ``set_for``: the ``global_batch`` whose
+    split chose the accumulation (None: it is the user's), read back by :func:`accumulation_setter`."""
     record = _split_record()
     trainer._train_batch_size = trainer.args.train_batch_size
     trainer.remove_callback(record)
-    trainer.add_callback(record(gradient_accumulation_steps=int(trainer.args.gradient_accumulation_steps)))
+    callback = record(gradient_accumulation_steps=int(trainer.args.gradient_accumulation_steps))
+    callback.set_for = set_for  # not in its state(): the checkpoints' format stays as it was
+    trainer.add_callback(callback)
+
+
+def accumulation_setter(trainer: Any) -> int | None:
+    """The ``global_batch`` of the earlier ``fit_batch_size`` call that set ``trainer.args``'
+    ``gradient_accumulation_steps`` (its :func:`record_split` record, where the accumulation is still
+    the one it set), else None: the accumulation is the user's. Why: a second call read the first
+    call's accumulation as one "set on TrainingArguments" by the user, and told them to remove it
+    from there."""
+    if "transformers" not in sys.modules:  # no Trainer was sized in this process
+        return None
+    steps = int(trainer.args.gradient_accumulation_steps)
+    for callback in getattr(getattr(trainer, "callback_handler", None), "callbacks", ()):
+        if isinstance(callback, _split_record()) and callback.gradient_accumulation_steps == steps:
+            return getattr(callback, "set_for", None)
+    return None
+
+
+def accumulation_where(set_for: int | None) -> str:
+    """Where the accumulation came from, for the messages' "(set on ...)": the user's
+    ``TrainingArguments``, or those of an earlier ``fit_batch_size(global_batch=...)`` call
+    (:func:`accumulation_setter`)."""
+    if set_for is None:
+        return "TrainingArguments"
+    return f"TrainingArguments by an earlier fit_batch_size(global_batch={set_for}) call"
 
 
 @lru_cache(maxsize=1)
@@ -173,6 +201,7 @@ def _split_record() -> type:
                      global_step: int | None = None) -> None:
             self.gradient_accumulation_steps = gradient_accumulation_steps
             self.train_batch_size, self.global_step = train_batch_size, global_step
+            self.set_for: int | None = None  # the global_batch whose split fit_batch_size set (record_split)
             self._trainer_state: Any = None
 
         def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
@@ -181,6 +210,8 @@ def _split_record() -> type:
             # resumed from a checkpoint saved without it, where train()'s save looks it up (KeyError).
             # The batch is args' (set by fit_batch_size), not the state's: a resumed state keeps the
             # checkpoint's train_batch_size; under auto_find_batch_size train() picks its own: None
+            if int(args.gradient_accumulation_steps) != self.gradient_accumulation_steps:
+                self.set_for = None  # the user changed what fit_batch_size set: theirs now
             self.gradient_accumulation_steps = int(args.gradient_accumulation_steps)
             self.train_batch_size = None if getattr(args, "auto_find_batch_size", False) else int(args.train_batch_size)
             self._trainer_state = state
