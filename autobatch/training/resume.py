@@ -34,8 +34,8 @@ from .pacing import agree_epoch_length, told_every_rank
 from .ranks import agree_resume
 from .precision import check_dtypes, load_grad_scaler
 from .resume_checks import check_fits, check_kinds, kind, load_scheduler, position_for, precision_of, warn_changed_precision
-from .resume_checks import check_fresh_dir, local_module_names, saved_module, warn_persistent_workers, warn_replaced_settings
-from .resume_checks import without_wrapper_prefix
+from .resume_checks import local_module_names, saved_module, warn_persistent_workers, warn_replaced_settings, without_wrapper_prefix
+from .resume_fresh import keep_earlier_run
 from .resume_target import resume_target
 from .run_result import RunResult
 from .sharded_files import check_sharded_resume, sharded_path
@@ -55,6 +55,7 @@ class Resumable:
     _epoch_iter: EpochBatches | None = None  # the current epoch's iterator
     _fetched_at_load = False  # the loaded checkpoint's step had drawn its batch (a step stopped part-way)
     _dir_claimed = False  # checkpoint_dir is this run's: checked by its first fit(), resumed from, or saved to
+    _keep_earlier = False  # a fresh fit() into checkpoint_dir: another run's checkpoint there is moved aside at the first save
     _data_size: dict[str, int | None] | None = None  # the epoch's data's batches and samples (data_size)
 
     def save(self, path: str | os.PathLike | None = None) -> Path:
@@ -68,6 +69,8 @@ class Resumable:
         path = resolve_checkpoint(path)  # os.replace of the file over a directory failed (IsADirectoryError)
         if self.checkpoint_dir is not None and path.parent.resolve() == self.checkpoint_dir.resolve():
             self._dir_claimed = True  # written there by hand: this run's, which a fit() goes on to replace
+            if self._keep_earlier:  # first, another run's checkpoint there is moved aside, not overwritten
+                self._keep_earlier = keep_earlier_run(self.checkpoint_dir, self._parallel, sharded=has_dtensors(self.model))
         counted = self.result.checkpoints_saved, self.result.checkpoint_path  # put back where no file is written
         self.result.checkpoints_saved += 1  # counted in the checkpoint itself
         self._count_skips()
@@ -244,11 +247,9 @@ class Resumable:
         """Where an earlier ``fit()`` of this runner stopped inside an epoch (by ``steps``): the
         random state now, so the next ``fit()`` replays that epoch's start and skips the batches
         it trained, as a resume does, instead of training them again; else None. The runner's
-        first ``fit()`` (no ``resume=``) warns of a ``checkpoint_dir`` holding another run's checkpoint."""
+        first ``fit()`` (no ``resume=``) keeps another run's checkpoint there (:mod:`~autobatch.training.resume_fresh`)."""
         self._refuse_torn("fit()")
-        writes = self._parallel.is_rank_zero() or has_dtensors(self.model)
-        if not self._dir_claimed and self.checkpoint_dir is not None and writes:
-            check_fresh_dir(self.checkpoint_dir)  # a warning where another run's checkpoint is there
+        self._keep_earlier = self._keep_earlier or (not self._dir_claimed and self.checkpoint_dir is not None)
         self._dir_claimed = True
         began = self.position > 0 or self._batch_fetched()  # stopped in the epoch's first step too
         return rng_state(self._data_generators) if began and self._epoch_rng is not None else None
@@ -317,7 +318,7 @@ class Resumable:
         failure = None  # this rank's; a sharded rank reads a file no other rank reads
         try:
             check_kinds(path, state, self.optimizer, self.scheduler)  # before anything is loaded
-            warn_changed_precision(state, precision_of(self._train_step))
+            warn_changed_precision(state, precision_of(self._train_step), float16_weights=any(p.dtype == torch.float16 for p in self.model.parameters()))
             saved = state["model"] if sharded else without_wrapper_prefix(state["model"])  # nothing loaded unless all fits
             check_fits(saved_module(self.model), saved, self.optimizer, state["optimizer"], sharded=sharded)  # shapes, groups
             check_dtypes(path, saved_module(self.model), saved)  # a warning, or inf
@@ -350,7 +351,7 @@ class Resumable:
         load_loose_parameters(saved_module(self.model), self.optimizer, state.get("loose_parameters"))
         load_grad_scaler(self.grad_scaler, state.get("grad_scaler"))  # a disabled one holds none; settings it replaces named
         self.step, self.epoch, self._torn = state["step"], state["epoch"], None
-        self._dir_claimed = True  # its checkpoint_dir continues the run resumed
+        self._dir_claimed, self._keep_earlier = True, False  # its checkpoint_dir continues the run resumed
         self._captured_at = None  # a step-guard snapshot of this runner's own step of that index is not the checkpoint's
         self._epoch_samples = state.get("epoch_samples", state["position"] * (state.get("global_batch") or 0))
         self._samples_known = "epoch_samples" in state

@@ -22,11 +22,10 @@ from ..memory.units import counted
 from ..probe.shards import local
 from .precision import precision_of, warn_changed_precision  # re-exported: kept importable from here
 from .ranks import unwrap
-from .sharded_files import sharded_sets
 
 __all__ = ["precision_of", "warn_changed_precision", "check_fits", "check_kinds", "kind", "load_scheduler", "position_for", "warn_persistent_workers", "warn_replaced_settings",
            "without_wrapper_prefix", "local_module_names",
-           "saved_module", "check_fresh_dir"]
+           "saved_module"]
 
 log = logging.getLogger("autobatch")
 
@@ -204,20 +203,3 @@ def local_module_names(names: list[str], local: torch.nn.Module) -> list[str]:
         return list(names)
     return list(without_wrapper_prefix(dict.fromkeys(names)))
 
-
-def check_fresh_dir(checkpoint_dir: Path) -> None:
-    """Warn where a run started afresh (``fit()`` without ``resume=``, the runner's first) has a
-    ``checkpoint_dir`` that already holds a checkpoint (``last.pt``, or a sharded set's file):
-    its first save replaces that run's checkpoint, which it did without a word (a script run again
-    without ``resume=`` lost the run it had written). As Lightning's ``ModelCheckpoint`` does, a
-    warning, not an error: starting over in the same folder is a choice (the command line's
-    ``train`` refuses it, naming ``train.resume``)."""
-    held = checkpoint_dir / "last.pt"
-    sets = {} if held.is_file() or not checkpoint_dir.is_dir() else sharded_sets(held)
-    if sets:
-        world, ranks = next(iter(sets.items()))
-        held = held.with_name(f"last.rank{ranks[0]}-of-{world}.pt")
-    if held.is_file():
-        log.warning("checkpoint_dir=%r already holds a checkpoint (%s) that this run, started afresh (fit() without "
-                    "resume=), overwrites at its first save; to continue that run, stop and pass fit(..., resume=%r); "
-                    "to keep it, give this run another checkpoint_dir", str(checkpoint_dir), held, str(checkpoint_dir))
