@@ -21,11 +21,12 @@ from typing import Any, Mapping
 import torch
 
 from .. import checks
+from ..memory.units import counted
 from ..planning.accumulation import micro_batch_sizes
 from ..planning.batch_statistics import batch_norm_layers
-from ..planning.samples import items_message, per_sample_items
+from ..planning.samples import batch_size_of, items_message, per_sample_items
 
-__all__ = ["capped_micro_batch", "checked_micro_batch", "check_optimizer", "check_batch_count", "warn_batch_size", "check_checkpoint_dir", "check_data", "check_options", "check_split", "model_device", "share_of",
+__all__ = ["capped_micro_batch", "checked_micro_batch", "check_optimizer", "check_batch_count", "warn_batch_size", "check_checkpoint_dir", "check_data", "check_unbatched_loader", "check_options", "check_split", "model_device", "share_of",
            "warn_batch_statistics"]
 
 log = logging.getLogger("autobatch")
@@ -184,7 +185,7 @@ def _splits(share: int, floor: int, balanced: bool) -> bool:
     return True
 
 
-def check_data(data: Any) -> None:
+def check_data(data: Any, share: int | None = None) -> None:
     """``fit(data)``: an iterable of global batches, not one batch. A tensor iterates its rows,
     a dict its keys, and a tuple of tensors sharing dim 0 (an ``(inputs, targets)`` batch) its
     fields: each was trained as a batch of its own; one ``TypeError`` instead. A generator
@@ -195,6 +196,37 @@ def check_data(data: Any) -> None:
     if not hasattr(data, "__iter__") or one_batch:
         raise TypeError(f"data must be an iterable of global batches (a DataLoader, a list of batches, a generator), "
                         f"got {_data_kind(data, one_batch)}")
+    if share is not None:
+        check_unbatched_loader(data, share)
+
+
+def check_unbatched_loader(data: Any, share: int) -> None:
+    """Refuse a ``DataLoader(dataset, batch_size=None)`` (no ``batch_sampler``) over a map-style
+    ``Dataset`` with its default sampler, whose items are single samples: it yields them one by
+    one, unbatched, and the runner read a sample's first dim (its features) as the batch, warned of
+    "a batch of 8 samples, not 16", and the model failed on the sample. One ``TypeError`` naming
+    ``DataLoader(dataset, batch_size=share)`` instead, decided on ``dataset[0]`` (the index both
+    default samplers draw from, read without drawing from their generator): a ``Dataset`` whose items
+    are whole batches of ``share`` samples (PyTorch's "loading batched data") trains as before, as
+    does an ``IterableDataset`` yielding ready batches or a sampler yielding a batch's indices."""
+    samplers = (torch.utils.data.SequentialSampler, torch.utils.data.RandomSampler)
+    if (not isinstance(data, torch.utils.data.DataLoader) or data.batch_size is not None or data.batch_sampler is not None
+            or isinstance(data.dataset, torch.utils.data.IterableDataset) or type(data.sampler) not in samplers):
+        return
+    dataset = data.dataset
+    if not hasattr(dataset, "__len__") or len(dataset) == 0:
+        return  # no item to read: the run's own error names empty data
+    item = data.collate_fn(dataset[0])  # as the loader yields it (default_convert: numpy to tensors)
+    try:
+        size: int | None = batch_size_of(item)
+    except (TypeError, ValueError):  # no batch dimension to read: no batch either
+        size = None
+    if size != share:
+        read = "has no batch dimension" if size is None else f"reads as {counted(size, 'sample')}"
+        raise TypeError(
+            f"DataLoader(batch_size=None) over the map-style Dataset {type(dataset).__name__} yields its items one by "
+            f"one, unbatched, and its first item {read}, not a batch of {share}: batch them, DataLoader(dataset, "
+            f"batch_size={share}) (a Dataset whose items are whole batches already: make each {share} samples)")
 
 
 def _data_kind(data: Any, one_batch: bool) -> str:

@@ -269,7 +269,7 @@ class Runner(OomRecovery, SplitsInMultiples, EndsSteps, Resumable, PlansFromData
             epochs = 1
         epochs = checks.positive_int("epochs", epochs, allow_none=True)
         steps = checks.positive_int("steps", steps, allow_none=True)
-        check_data(data)  # not one batch: a tensor, a dict, a tuple of tensors iterate its rows, keys, fields
+        check_data(data, self.share)  # not one batch (a tensor, a dict, a tuple of tensors), nor unbatched samples
         self._parallel.check_world(self.model)  # built in this world: not before init_process_group() or after destroy
         if self.distributed:  # before anything is loaded: a save or a resume on some ranks only hangs the others
             ranks.agree_fit(self._parallel, ("max_grad_norm",), resume=resume is not None, epochs=epochs, steps=steps,
