@@ -48,9 +48,12 @@ def precision_of(step: Any) -> dict[str, Any]:
             "grad_scaler": scaling(step.grad_scaler)}
 
 
-def warn_changed_precision(state: dict[str, Any], mine: dict[str, Any]) -> None:
+def warn_changed_precision(state: dict[str, Any], mine: dict[str, Any], *, float16_weights: bool = False) -> None:
     """Warn where the checkpoint's run trained at another precision (checkpoints of earlier
-    versions do not say), naming what the change costs (module docstring)."""
+    versions do not say), naming what the change costs (module docstring). A scaler dropped
+    costs float16 gradients only where this run has them (float16 autocast, or
+    ``float16_weights``): a run in bfloat16 or float32 needs none, and was told its "float16
+    gradients are not scaled" all the same."""
     saved = state.get("precision")
     if saved is None or saved == mine:
         return
@@ -60,9 +63,13 @@ def warn_changed_precision(state: dict[str, Any], mine: dict[str, Any]) -> None:
                     saved["autocast"], mine["autocast"], state.get("micro_batch"))
     if saved["grad_scaler"] and not mine["grad_scaler"]:
         scale = (state.get("grad_scaler") or {}).get("scale")
+        if mine["autocast"] == "float16" or float16_weights:
+            cost = ("float16 gradients are not scaled (small ones become zero); pass grad_scaler=torch.amp.GradScaler("
+                    "device) to go on with its scale")
+        else:
+            cost = f"this run trains in {mine['autocast'] or 'float32'}, not float16, so it needs no loss scaling"
         log.warning("resume: the checkpoint's run scaled its loss with a grad scaler (scale %s) and this run has none "
-                    "enabled: its scaler state is not used, and float16 gradients are not scaled (small ones become "
-                    "zero); pass grad_scaler=torch.amp.GradScaler(device) to go on with its scale", scale)
+                    "enabled: its scaler state is not used; %s", scale, cost)
     elif mine["grad_scaler"] and not saved["grad_scaler"]:
         log.warning("resume: the checkpoint's run had no grad scaler and this run has one: it starts from its "
                     "init_scale, not a learned scale, so its first steps may be skipped while it backs off "
