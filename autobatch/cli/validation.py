@@ -52,6 +52,7 @@ __all__ = [
     "check_sizes",
     "check_input_shape",
     "check_target_arguments",
+    "target_parameters",
     "check_dataset_inputs",
     "check_checkpoint_modules",
     "check_dataset_size",
@@ -200,7 +201,7 @@ def _check_sized_for(cfg: DictConfig, inputs: torch.Tensor, what: str) -> None:
                      f"{what}; give {fix}")
 
 
-def _parameters(target: Any) -> tuple[list[str], bool] | None:
+def target_parameters(target: Any) -> tuple[list[str], bool] | None:
     """(the named arguments ``target`` takes, whether it also takes ``**kwargs``); None when its
     signature cannot be read (some C extensions)."""
     try:
@@ -216,7 +217,7 @@ def check_target_arguments(key: str, node: DictConfig, target: Any, *, own: Iter
     must be an argument of ``target``, unless it takes ``**kwargs``. Catches a misspelt
     ``+model.widht=`` and keys left by a group option after ``key._target_`` changed
     (``optimizer._target_=torch.optim.Adagrad`` keeps adamw's ``betas``)."""
-    found = _parameters(target)
+    found = target_parameters(target)
     if found is None or found[1]:
         return
     names = found[0]
