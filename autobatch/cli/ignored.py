@@ -7,6 +7,11 @@ made, so the ``plan`` keys go unread; with ``train.micro_batch`` no probe or pla
 had been honoured. :func:`ignored_keys` compares the composed config with the packaged defaults
 of the command, so only keys the user changed (on the command line or in a config of their own)
 are named, never the defaults themselves.
+
+A ``train.*`` key given to ``probe`` on the command line (``probe train.steps=50``) is read by
+``train`` only (the probe reads ``train.global_batch``, ``train.fsdp`` and ``train.max_grad_norm``):
+:func:`unread_overrides` names it once for the command line, a sweep's ``train.steps=10,20``
+included, and leaves the same key in a config of the user's own alone (one config serves both).
 """
 
 from __future__ import annotations
@@ -15,11 +20,14 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-__all__ = ["ignored_keys", "changed_keys"]
+__all__ = ["ignored_keys", "changed_keys", "unread_overrides"]
 
 #: Keys that ``train`` reads even when no probe or plan runs: the memory the run is held to,
 #: and the runner's split policy and activation-checkpointing fallback targets.
 _TRAIN_READS = {"probe.memory_limit", "plan.balanced", "plan.checkpoint_modules"}
+#: ``train`` keys that ``probe`` reads (the plan's global batch, the sharding and the clipping it measures), and
+#: those :func:`_unread_by_probe` names with what ``train`` would do with them.
+_PROBE_READS = {"global_batch", "fsdp", "max_grad_norm", "micro_batch", "max_micro_batch", "resume"}
 
 
 def _plain(node: Any) -> Any:
@@ -107,3 +115,18 @@ def ignored_keys(command: str, cfg: DictConfig, defaults: DictConfig) -> list[st
         warnings.append(f"{_listed(unread)} ignored: no plan is made without train.global_batch "
                         "(add train.global_batch=N to plan N samples a step)")
     return warnings
+
+
+def unread_overrides(command: str, overrides: list[str]) -> list[str]:
+    """One line for each ``train.*`` override of the command line that ``probe`` does not read
+    (``train.steps=50``): accepted (the schema is shared), it looked like it had been honoured.
+    Given the command line's overrides, not each job's, so a sweep of them is named once."""
+    if command != "probe":
+        return []
+    lines = []
+    for override in overrides:
+        key = override.lstrip("+").split("=", 1)[0]
+        if override.startswith("~") or not key.startswith("train.") or key.split(".")[1] in _PROBE_READS:
+            continue
+        lines.append(f"probe ignores {override.lstrip('+')} (a train setting); it applies to python -m autobatch train")
+    return lines

@@ -38,7 +38,7 @@ from omegaconf.errors import InterpolationResolutionError, InterpolationToMissin
 from .build import validate
 from .dict_target import check_dict_target
 from .errors import BAD_INPUT, CLIError, describe, one_line
-from .ignored import ignored_keys
+from .ignored import ignored_keys, unread_overrides
 from .interpolations import mistyped_interpolation, unresolved_line
 from .override_hints import composition_hint as _composition_hint
 from .override_hints import delete_hint as _delete_hint
@@ -364,6 +364,8 @@ def check(command: str, args: Sequence[str]) -> None:
         message, _ = describe(exc)
         message = _composition_hint(_delete_hint(_override_hint(integer_key_hint(message, overrides), exc)), exc)
         raise CLIError(own_target_hint(message, overrides), BAD_INPUT) from exc
+    if not printing:  # the command line's, not each job's: a sweep of train.steps is one line
+        warnings += unread_overrides(command, overrides)
     launcher = [o for o in overrides if o.lstrip("+~").startswith(("hydra/launcher=", "hydra.launcher."))]
     if launcher and not multirun and not printing:  # Hydra reads no launcher for one run: said, not silently dropped
         warnings.append(f"{launcher[0]} is ignored: a launcher runs the jobs of a sweep, and this command runs one "

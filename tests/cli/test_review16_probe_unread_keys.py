@@ -25,7 +25,8 @@ def test_probe_names_the_train_keys_it_does_not_apply(capsys):
     assert "train.micro_batch=8 is ignored by probe" in found[0] and "no probe or plan" in found[0]
     assert "train.max_micro_batch=16 is ignored by probe" in found[1]
     assert "train.resume=latest is ignored by probe" in found[2]
-    assert _warnings(capsys, "probe", *SMALL, "train.global_batch=64", "train.steps=5") == []
+    assert _warnings(capsys, "probe", *SMALL, "train.global_batch=64", "train.steps=5") == [  # review 30: named too
+        "autobatch: warning: probe ignores train.steps=5 (a train setting); it applies to python -m autobatch train"]
 
 
 def test_train_names_the_probe_keys_a_resume_does_not_read(capsys):
