@@ -106,7 +106,7 @@ def check_split(args: Sequence[str]) -> None:
     if found is None:
         found, how = _brace_expanded(args), "by brace expansion (bash turns key={a:1,b:2} into key=a:1 key=b:2)"
     if found is None:
-        return
+        return _check_bare_word(args)
     whole, pieces = found
     close = " (and close its bracket)" if _depth(whole) > 0 else ""
     fix = f"quote it whole{close}: {shlex.quote(whole)}"
@@ -114,6 +114,26 @@ def check_split(args: Sequence[str]) -> None:
     if by_key:  # the quoted dict would be merged into the option's schema, which lacks its arguments
         fix = f"give it key by key (no quotes needed): {by_key}"
     raise CLIError(f"the shell split the override {whole!r} into {len(pieces)} words {how}: {pieces}; {fix}")
+
+
+def _check_bare_word(args: Sequence[str]) -> None:
+    """Raise :class:`CLIError` for a word that is no override (``KEY=VALUE``, ``~KEY``): Hydra's "cannot parse the
+    override 'mlp' (missing EQUAL at '<EOF>')" named neither the form nor, after ``probe.memory_limit=2 MiB``, the
+    space that split a value."""
+    words = [word for _, word in _words(args)]
+    for index, word in enumerate(words):
+        if word == "\0flag" or "=" in word or word.startswith("~"):
+            continue
+        before = words[index - 1] if index else ""
+        if _is_override(before) and not before.endswith("="):
+            raise CLIError(f"{word!r} is no override (KEY=VALUE); if it is part of {before}'s value, the shell "
+                           f"split that at its space: quote it whole: {shlex.quote(f'{before} {word}')}")
+        from .dict_target import packaged_options
+
+        groups = ("model", "data", "optimizer", "scheduler", "device", "probe")
+        chosen = [f"{group}={word}" for group in groups if word in packaged_options(group) | {"target"}]
+        hint = f" (did you mean {' or '.join(chosen)}?)" if chosen else " (a config group's option is GROUP=OPTION: model=mlp)"
+        raise CLIError(f"{word!r} is no override: each word after the command is KEY=VALUE{hint}")
 
 
 def key_by_key(whole: str) -> str | None:

@@ -30,6 +30,7 @@ recover from or any other error mid-run saves its checkpoint first and names the
 
 from __future__ import annotations
 
+import difflib
 import json
 import logging
 import os
@@ -112,7 +113,8 @@ def find_resume(value: str, checkpoint_dir: str, base: Path, run_dir: Path | Non
         return candidate
     shown = [resolve_checkpoint(base_path(path)), *(tried[1:] if path.is_dir() else [])]  # a file: only itself
     where = " or ".join(map(str, dict.fromkeys(shown)))
-    raise ValueError(f"train.resume={value!r}: no checkpoint at {where}; give a last.pt, its directory or a run directory")
+    near = " (did you mean train.resume=latest?)" if difflib.get_close_matches(value.lower(), ["latest"], cutoff=0.6) else ""
+    raise ValueError(f"train.resume={value!r}: no checkpoint at {where}{near}; give a last.pt, its directory or a run directory")
 
 
 def _check_no_newer_run(newest: Path, checkpoint_dir: str, roots: list[Path], run_dir: Path | None) -> None:
