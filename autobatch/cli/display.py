@@ -23,7 +23,7 @@ from ..dist import agreement as dist_sync
 from ..planning.accumulation import micro_batch_sizes
 from ..probe.result import ProbeResult
 from ..probe.trial import TrialRecord, watch_trials
-from ..memory.units import format_bytes
+from ..memory.units import counted, format_bytes
 from .errors import cli_keys
 
 __all__ = ["print_result", "print_training", "render_table", "trial_progress", "write_probe_plot", "PLOT_FILE"]
@@ -223,11 +223,14 @@ def print_training(run: Any, notes: Sequence[str], sizes: Sequence[int] | None =
     share = run.global_batch // world
     if sizes is None:
         sizes = micro_batch_sizes(share, run.micro_batch) if run.micro_batch else [share]
-    split = f"{world} ranks x micro-batch" if world > 1 else "micro-batch"
-    uneven = f" (sizes {_sizes_text(sizes)})" if any(size != run.micro_batch for size in sizes) else ""
+    ranks = f"{world} ranks x " if world > 1 else ""
+    if any(size != run.micro_batch for size in sizes):  # "12 x 2" for a balanced 8, 8 read as 24 samples
+        split = f"{ranks}{counted(len(sizes), 'micro-batch', 'micro-batches')} of at most {run.micro_batch} (sizes {_sizes_text(sizes)})"
+    else:
+        split = f"{ranks}micro-batch {run.micro_batch} x {len(sizes)}"
     print(
-        f"trained         {run.steps_this_run} steps ({run.steps} in all) of global batch {run.global_batch} = "
-        f"{split} {run.micro_batch} x {len(sizes)}{uneven} in {run.elapsed_s:.2f} s ({run.samples_per_s:.1f} samples/s)"
+        f"trained         {counted(run.steps_this_run, 'step')} ({run.steps} in all) of global batch {run.global_batch} = "
+        f"{split} in {run.elapsed_s:.2f} s ({run.samples_per_s:.1f} samples/s)"
     )
     if run.last_loss is not None:
         print(f"loss            {run.last_loss:.4f} (last step)")

@@ -70,16 +70,24 @@ def test_another_optimizer_class_names_the_option_to_give(sgd_checkpoint, tmp_pa
 
 
 @pytest.mark.parametrize(("global_batch", "micro_batch", "sizes", "shown"), [
-    (20, 7, [7, 7, 6], "micro-batch 7 x 3 (sizes 7, 7, 6) in"),
-    (23, 4, [4, 4, 4, 4, 4, 3], "micro-batch 4 x 6 (sizes 4 x 5, 3) in"),
+    (20, 7, [7, 7, 6], "3 micro-batches of at most 7 (sizes 7, 7, 6) in"),
+    (23, 4, [4, 4, 4, 4, 4, 3], "6 micro-batches of at most 4 (sizes 4 x 5, 3) in"),
     (21, 7, [7, 7, 7], "micro-batch 7 x 3 in"),
-    (149778, 149777, [74889, 74889], "micro-batch 149777 x 2 (sizes 74889, 74889) in"),  # balanced
+    # balanced: "149777 x 2" read as 299554 samples
+    (149778, 149777, [74889, 74889], "2 micro-batches of at most 149777 (sizes 74889, 74889) in"),
 ])
 def test_the_summary_lists_the_sizes_a_micro_batch_does_not_divide(capsys, global_batch, micro_batch, sizes, shown):
     run = SimpleNamespace(steps_this_run=2, steps=2, global_batch=global_batch, micro_batch=micro_batch, elapsed_s=0.1,
                           samples_per_s=10.0, last_loss=None, oom_recoveries=[], checkpointing=False, checkpoint_path=None)
     print_training(run, [], sizes)
-    assert f"of global batch {global_batch} = {shown}" in capsys.readouterr().out
+    assert f"trained         2 steps (2 in all) of global batch {global_batch} = {shown}" in capsys.readouterr().out
+
+
+def test_the_summary_counts_one_step_as_one(capsys):
+    run = SimpleNamespace(steps_this_run=1, steps=5, global_batch=8, micro_batch=8, elapsed_s=0.1, samples_per_s=80.0,
+                          last_loss=None, oom_recoveries=[], checkpointing=False, checkpoint_path=None)
+    print_training(run, [], [8])
+    assert "trained         1 step (5 in all) of global batch 8 = micro-batch 8 x 1 in" in capsys.readouterr().out
 
 
 def test_float_targets_say_the_loss_takes_class_ids():
