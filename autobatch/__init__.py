@@ -50,7 +50,7 @@ __all__ += [
 
 # Resilient training: the OOM-surviving runner, fault injection (issue 6).
 from .errors import AccumulationBrokenError, CheckpointError, StepOutOfMemoryError
-from .training.faults import FaultInjector, inject_oom
+from .training.oom.faults import FaultInjector, inject_oom
 from .training.run_result import RunResult
 from .training.runner import Runner, train
 
@@ -66,8 +66,8 @@ __all__ += [
 ]
 
 # Know before you run: zero-OOM estimates and the persistent probe cache (issue 8).
-from .probe import cache
-from .probe.estimate import BatchEstimate, EstimateError, MemoryEstimate, estimate_max_batch, estimate_memory, estimate_peak
+from .probe.caching import cache
+from .probe.tracing.estimate import BatchEstimate, EstimateError, MemoryEstimate, estimate_max_batch, estimate_memory, estimate_peak
 
 __all__ += [
     "cache",

@@ -1,7 +1,7 @@
 """How fast can the probe's snapshot copy a model's parameters off the GPU? (issue 16)
 
 The TrainStep probe copies the parameters to host memory before the first optimizer step
-(:mod:`autobatch.probe.restore`); on an H200 the first trial waited ~0.3 s for GPT-2's. Each
+(:mod:`autobatch.probe.snapshot.restore`); on an H200 the first trial waited ~0.3 s for GPT-2's. Each
 mode runs in a fresh process (first use of host memory, as in a probe), ``--rounds`` times:
 
 * ``pageable``: one ``tensor.to("cpu", copy=True)`` per parameter (the current copy);

@@ -3,7 +3,7 @@
 A CLIP-style loss scores every image against every text: a B x B logits matrix (fp32, with its
 softmax and gradients in both directions), so peak memory is ``a + b*B + c*B^2``. A line through
 two passes overshoots such a curve; the probe aims along the parabola through its passes'
-peaks (:mod:`autobatch.probe.bent_line`). Two small towers (a conv net on images, an MLP on
+peaks (:mod:`autobatch.probe.searching.bent_line`). Two small towers (a conv net on images, an MLP on
 token features) make the model; each mode probes it with the default strategy, no estimate, as a
 GPU does, and prints one JSON line: the answer, every trial (size, passed, seconds, purpose), the
 wall time, and a check in the same process: three steps at the answer and at answer + 1 under the

@@ -5,7 +5,7 @@ cap: each step's allocated peak, and what is allocated after it, at ``--batch``,
 wrapper (DDP rebuilds its buckets in the second step's forward), then after a step that ran out
 of memory in backward and the reducer's recovery. ``--mode ddp`` is DDP's own recovery
 (``reducer._reset_state()``: the rebuild in a later forward); ``--mode autobatch`` is
-``autobatch.probe.ddp_reducer.reset_failed_reduction`` (the rebuild at once, between steps). ``--probe`` also runs
+``autobatch.probe.snapshot.ddp_reducer.reset_failed_reduction`` (the rebuild at once, between steps). ``--probe`` also runs
 ``find_max_batch`` on a ``TrainStep`` of the same model and prints its answer and trials, and
 the same model without DDP for comparison::
 
@@ -27,7 +27,7 @@ from torch import nn
 
 import autobatch
 from autobatch.memory.units import parse_bytes
-from autobatch.probe.ddp_reducer import reset_failed_reduction
+from autobatch.probe.snapshot.ddp_reducer import reset_failed_reduction
 
 MiB = 2**20
 

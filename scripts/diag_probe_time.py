@@ -163,8 +163,8 @@ def _accelerate(args, name, fn, cap, calls) -> dict:
 
 
 #: what a probe does outside its trials' own seconds, timed without a profiler's overhead (--phases)
-PHASES = ("autobatch.probe.restore:Snapshot.take", "autobatch.probe.restore:Snapshot.restore",
-          "autobatch.probe.restore:steps_in_place_at_zero_lr", "autobatch.probe.find:release_after_probe",
+PHASES = ("autobatch.probe.snapshot.restore:Snapshot.take", "autobatch.probe.snapshot.restore:Snapshot.restore",
+          "autobatch.probe.snapshot.restore:steps_in_place_at_zero_lr", "autobatch.probe.find:release_after_probe",
           "autobatch.probe.trial:TrialRunner._clean_up_after_oom",
           "autobatch.probe.find:promise_note", "autobatch.probe.find:memory_diagnostics",
           "autobatch.probe.find:_finish", "autobatch.probe.trial:TrialRunner.run",

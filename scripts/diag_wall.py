@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import autobatch  # noqa: E402
 from autobatch.memory.devices import memory_for, resolve_device  # noqa: E402
 from autobatch.memory.oom import requested_bytes  # noqa: E402
-from autobatch.probe.search import peak_limit  # noqa: E402
+from autobatch.probe.searching.search import peak_limit  # noqa: E402
 from autobatch.probe.trial import TrialRunner  # noqa: E402
 from bench_promise import build, plain_step, warm_up  # noqa: E402
 

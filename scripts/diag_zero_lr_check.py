@@ -1,6 +1,6 @@
 """What does the zero-lr check of a TrainStep's weights cost? (issue 16, diagnostics)
 
-``autobatch.probe.restore.steps_in_place_at_zero_lr`` reads every weight once (finite, no
+``autobatch.probe.snapshot.restore.steps_in_place_at_zero_lr`` reads every weight once (finite, no
 negative zero) before a probe's first trial. Each variant below runs in a fresh process after
 bench_promise's warm-up, timed twice: the first call pays for loading the kernels it uses
 (CUDA loads a kernel on its first launch), the second is what the work itself costs.
@@ -35,7 +35,7 @@ VARIANTS = ("current", "five", "eq_any", "norm", "signbit", "cpu")
 
 
 def _run(variant: str, params: list[torch.Tensor], optimizer) -> None:
-    from autobatch.probe.restore import _NEGATIVE_ZERO, steps_in_place_at_zero_lr
+    from autobatch.probe.snapshot.restore import _NEGATIVE_ZERO, steps_in_place_at_zero_lr
 
     if variant == "current":
         steps_in_place_at_zero_lr(optimizer)

@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import autobatch  # noqa: E402
 from autobatch.planning.checkpointing import enable_checkpointing  # noqa: E402
-from autobatch.probe.estimate import estimate_memory  # noqa: E402
+from autobatch.probe.tracing.estimate import estimate_memory  # noqa: E402
 
 
 # -- models ---------------------------------------------------------------------------------

@@ -39,7 +39,7 @@ def measure(model_name: str, device: str, limit: str) -> dict:
     import autobatch
     from autobatch.memory.diagnostics import memory_diagnostics
     from autobatch.memory.devices import memory_for, resolve_device
-    from autobatch.probe.restore import Snapshot
+    from autobatch.probe.snapshot.restore import Snapshot
     from bench_probe import build, set_cap
 
     model, make_batch, loss_fn, autocast = build(model_name, device)

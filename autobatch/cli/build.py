@@ -23,7 +23,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from ..dist import agreement as dist_sync
 from ..workloads.batches import DatasetBatches, SyntheticBatches
-from ..training.faults import PHASES
+from ..training.oom.faults import PHASES
 from ..probe.find import validate_probe_args
 from ..planning.plan_arguments import validate_timing
 from ..probe.train_step import TrainStep

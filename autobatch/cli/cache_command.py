@@ -23,7 +23,7 @@ from typing import Sequence
 from filelock import Timeout
 
 from ..memory.units import counted
-from ..probe.cache import CacheEntry, CacheLockError, ProbeCache, default_dir
+from ..probe.caching.cache import CacheEntry, CacheLockError, ProbeCache, default_dir
 from .errors import RUNTIME_FAILURE, CLIError
 
 __all__ = ["main", "entry_table"]

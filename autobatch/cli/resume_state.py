@@ -24,8 +24,8 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from ..errors import CheckpointError
-from ..training.checkpoint_io import RUNNER_FORMAT, load_checkpoint, written_by_torch_save
-from ..training.sharded_files import check_sharded_resume
+from ..training.checkpoints.checkpoint_io import RUNNER_FORMAT, load_checkpoint, written_by_torch_save
+from ..training.checkpoints.sharded_files import check_sharded_resume
 from .schedulers import check_scheduler_kind
 
 __all__ = ["read_checkpoint", "check_steps_left", "check_optimizer_kind", "kept_settings", "micro_batch_notes"]

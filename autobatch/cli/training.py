@@ -43,11 +43,11 @@ from omegaconf import DictConfig
 
 from ..dist import agreement as dist_sync
 from .ranks import unwrapped
-from ..probe.shards import has_dtensors
-from ..training.checkpoint_io import CHECKPOINT_NAME, resolve_checkpoint
-from ..training.sharded_files import base_path
-from ..training.faults import FaultInjector
-from ..training.resume_target import checkpoint_written as _exists, latest_checkpoint, written_at as _written_at
+from ..probe.snapshot.shards import has_dtensors
+from ..training.checkpoints.checkpoint_io import CHECKPOINT_NAME, resolve_checkpoint
+from ..training.checkpoints.sharded_files import base_path
+from ..training.oom.faults import FaultInjector
+from ..training.checkpoints.resume_target import checkpoint_written as _exists, latest_checkpoint, written_at as _written_at
 from ..training.run_result import RunResult
 from ..training.runner import Runner
 from .build import Workload, cross_entropy_loss

@@ -22,7 +22,7 @@ ask :mod:`autobatch.probe.ranks` and :mod:`autobatch.training.ranks`, and import
 package installs the collective implementations there (``import autobatch`` does).
 """
 
-from ..probe import ddp_reducer as _ddp_reducer
+from ..probe.snapshot import ddp_reducer as _ddp_reducer
 from ..probe import ranks as _probe_ranks
 from ..training import ranks as _training_ranks
 from . import agreement

@@ -63,7 +63,7 @@ from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_
 from ..errors import RankDisagreementError
 from ..memory.oom import free_memory, is_oom_error
 from ..planning.accumulation import accumulate_loss_sum
-from ..probe.ddp_reducer import ddp_wrapper
+from ..probe.snapshot.ddp_reducer import ddp_wrapper
 from ..probe.train_step import TrainStep
 from . import agreement as dist_sync
 from .votes import bits_float, float_bits, keep, vote

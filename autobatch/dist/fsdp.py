@@ -7,7 +7,7 @@ that runs out of memory anywhere in the step leaves FSDP's state reset and casts
 "failed" vote; its peers see it at their next collective and leave the step too. Then every
 rank takes the same recovery: the probe records a failed trial, the runner halves the
 micro-batch and replays the global batch (undoing a half-applied optimizer step from its
-:class:`~autobatch.training.step_guard.StepGuard`, which keeps local shards).
+:class:`~autobatch.training.oom.step_guard.StepGuard`, which keeps local shards).
 
 * :func:`fsdp_step` - the runner's global step: a vote that exchanges the ranks' sample and
   micro-batch counts, forward/backward of every micro-batch (gradient sync off for all but
@@ -29,7 +29,7 @@ import torch
 from .. import checks
 from ..memory.oom import free_memory
 from ..planning.accumulation import accumulate_loss_sum
-from ..probe.shards import check_optimizer_after_sharding as check_optimizer, is_dtensor
+from ..probe.snapshot.shards import check_optimizer_after_sharding as check_optimizer, is_dtensor
 from ..probe.train_step import TrainStep
 from ..training.ranks import DataParallel
 from . import agreement as dist_sync

@@ -269,7 +269,7 @@ def reset(model: torch.nn.Module) -> None:
 def reset_one_process(model: torch.nn.Module) -> None:
     """:func:`reset` for a ``fully_shard`` model trained in one process (a group of one rank, the
     runner's and the probe's one-process paths, which call it after a failed step through
-    :func:`autobatch.probe.ddp_reducer.reset_failed_reduction`). Without it an OOM part-way through
+    :func:`autobatch.probe.snapshot.ddp_reducer.reset_failed_reduction`). Without it an OOM part-way through
     backward left the unsharded gradients of the layers whose reduce-scatter had not run on their
     unsharded parameters, the replay's backward added onto them, and the step's weights came out
     wrong without a word. Across ranks the voted step resets (:func:`autobatch.dist.fsdp.fsdp_step`)."""

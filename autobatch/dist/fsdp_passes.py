@@ -30,7 +30,7 @@ import torch
 
 from .. import checks
 from ..memory.units import counted
-from ..probe.shards import is_dtensor
+from ..probe.snapshot.shards import is_dtensor
 from . import agreement as dist_sync
 from .step import flatten_grads, missing_grads, reduce_grads
 

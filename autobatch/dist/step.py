@@ -23,7 +23,7 @@ path does not drive) through :func:`synced_step`, whose design is:
    that got no gradient on any rank keeps ``grad = None``, as under DDP with
    ``find_unused_parameters=True`` (the vote carries each rank's count of missing gradients;
    only when one is missing somewhere is the presence of each all-reduced first).
-4. **Optimizer step, locally**, under the runner's :class:`~autobatch.training.step_guard.StepGuard`.
+4. **Optimizer step, locally**, under the runner's :class:`~autobatch.training.oom.step_guard.StepGuard`.
 5. **Sync point "optimizer stepped".** If any rank ran out of memory inside its step, every
    rank (those whose step succeeded too) restores parameters and optimizer state from its
    guard and replays.

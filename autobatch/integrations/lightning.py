@@ -50,9 +50,9 @@ from ..memory.devices import memory_for
 from ..memory.units import parse_bytes
 from ..probe.find import find_max_batch
 from ..probe.result import ProbeResult
-from ..probe.search import peak_limit
-from ..probe.unrestored import caller_restores
-from ..training.checkpoint_io import rng_state, set_rng_state
+from ..probe.searching.search import peak_limit
+from ..probe.snapshot.unrestored import caller_restores
+from ..training.checkpoints.checkpoint_io import rng_state, set_rng_state
 from .. import checks
 from .global_batch import accumulation_for, cap_at_samples, check_share, small_split, split_keeping
 from .lightning_epochs import changed_step, check_limit, check_val_interval, dropped_note, epoch_cap, scheduled_step

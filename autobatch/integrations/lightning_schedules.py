@@ -47,7 +47,7 @@ from lightning.pytorch.plugins.precision import Precision
 from lightning.pytorch.utilities import rank_zero_warn
 from lightning.pytorch.utilities.parsing import lightning_getattr
 
-from ..training.checkpoint_io import rng_state, set_rng_state
+from ..training.checkpoints.checkpoint_io import rng_state, set_rng_state
 from .lightning_loop import training_batches
 from .lightning_tuners import tell
 

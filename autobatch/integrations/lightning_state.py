@@ -19,9 +19,9 @@ import torch
 from lightning.pytorch import LightningModule, Trainer
 
 from ..memory.simulated import active_simulation, host_memory, to_simulated_device
-from ..probe.restore import Snapshot
-from ..probe.restore_places import unskipped
-from ..training.checkpoint_io import rng_state, set_rng_state
+from ..probe.snapshot.restore import Snapshot
+from ..probe.snapshot.restore_places import unskipped
+from ..training.checkpoints.checkpoint_io import rng_state, set_rng_state
 
 __all__ = ["ModuleAttributes", "SavedState", "parked_checkpoint", "probing"]
 

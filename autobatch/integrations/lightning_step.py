@@ -21,7 +21,7 @@ from lightning.pytorch.utilities.combined_loader import CombinedLoader
 from lightning.pytorch.utilities.parsing import _lightning_get_all_attr_holders
 
 from ..planning.samples import cycle_samples
-from ..probe.restore_places import forget_scaler_stage
+from ..probe.snapshot.restore_places import forget_scaler_stage
 from ..training.batch_ops import map_tensors
 from .lightning_loaders import loader_batch_size
 from .trial_settings import sized_for_trial

@@ -52,7 +52,7 @@ from typing import Any, ContextManager
 
 import torch
 
-from ..probe.cache_key import own_code
+from ..probe.caching.cache_key import own_code
 from ..probe.train_step import TrainStep
 from ..training.batch_ops import to_device
 from .trial_settings import sized_for_trial

@@ -1,7 +1,7 @@
 """Storage accounting: count the bytes of tensor storages that operators newly allocate.
 
 The one place that decides what "an allocation" is, shared by :mod:`autobatch.memory.simulated` (real
-CPU tensors under a byte budget) and :mod:`autobatch.probe.estimate` (fake tensors, no memory at
+CPU tensors under a byte budget) and :mod:`autobatch.probe.tracing.estimate` (fake tensors, no memory at
 all). A ``TorchDispatchMode`` sees every ATen operator, forward, backward (the autograd engine
 carries the mode to its threads) and optimizer alike. Outputs whose storage is not among the
 operator's inputs and not already counted are new allocations; a ``weakref.finalize`` on the
@@ -272,7 +272,7 @@ class StorageAccountant(TorchDispatchMode):
         """Count ``storages``, allocated while the mode was not active, as if an operator had just
         returned them (each released when it dies), after a transient of ``transient_bytes`` above
         the memory in use: what building them took at its peak. Used for a batch the estimate had
-        to build for real (:class:`~autobatch.probe.trace_failures.RealBatches`)."""
+        to build for real (:class:`~autobatch.probe.tracing.trace_failures.RealBatches`)."""
         with self._lock:
             self.peak_bytes = max(self.peak_bytes, self.current_bytes + transient_bytes)
             for storage in storages:

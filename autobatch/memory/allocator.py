@@ -16,7 +16,7 @@ ends of a free piece) and a new process's placement cannot decide whether a size
 
 The command line turns it on for CUDA unless told otherwise (``device.expandable_segments``);
 the library never changes a user's allocator, it only reads the setting (the probe cache keys
-answers by it, :mod:`autobatch.probe.cache`; a probe's ``promise`` records it).
+answers by it, :mod:`autobatch.probe.caching.cache`; a probe's ``promise`` records it).
 """
 
 from __future__ import annotations

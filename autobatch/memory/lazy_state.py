@@ -9,7 +9,7 @@ the probe stopped with it (found on the CPU's simulated device: an MLP under a 1
 out-of-memory error inside a step, drops the state that step created, so the next trial
 creates it whole again (any optimizer: a plain callable's too, through torch's global step
 hooks). Values the step may have half-written are the snapshot's business
-(:mod:`~autobatch.probe.restore`); the runner's step guard does both for training.
+(:mod:`~autobatch.probe.snapshot.restore`); the runner's step guard does both for training.
 
 :meth:`LazyStateWatch.drop_created` goes further: it drops all the state the probe's steps
 created, so that the next step creates it again (:mod:`~autobatch.probe.pinned_state` says

@@ -177,7 +177,7 @@ def accumulate_micro_batches(
 
     ``on_phase(name)``, when given, is called with ``"forward"`` before each micro-batch's
     loss and ``"backward"`` before its backward: the training runner uses it to know where an
-    out-of-memory error struck and to inject faults there (:mod:`autobatch.training.faults`).
+    out-of-memory error struck and to inject faults there (:mod:`autobatch.training.oom.faults`).
 
     Returns the sample-weighted mean loss over the micro-batches (a Python float; one
     device synchronisation at the end).

@@ -35,8 +35,8 @@ from typing import Any, Iterator
 import torch
 from torch import nn
 
-from ..probe.estimate import EstimateError, estimate_memory
-from ..probe.trace_failures import from_the_step
+from ..probe.tracing.estimate import EstimateError, estimate_memory
+from ..probe.tracing.trace_failures import from_the_step
 from ..probe.train_step import TrainStep
 from .module_names import short_names
 
@@ -79,7 +79,7 @@ def recomputed_blocks(step: Any, names: list[str], batch_size: int = 1) -> list[
     wrapped such blocks again, nesting its recompute in the model's: the same peak (a model checkpointing its
     4 blocks itself failed at batch 1 at 38.01 KiB both ways), and an error saying "with activation
     checkpointing of 4 blocks" as if checkpointing had been tried and not helped. Empty where the step cannot
-    be traced (an :class:`~autobatch.probe.estimate.EstimateError`, or the step's own error under fake tensors:
+    be traced (an :class:`~autobatch.probe.tracing.estimate.EstimateError`, or the step's own error under fake tensors:
     the trials then run it for real)."""
     model = getattr(step, "model", None)
     if not names or not isinstance(step, TrainStep) or model is None:

@@ -26,9 +26,9 @@ from typing import Any, Mapping
 
 import torch
 
-from ..probe.key_batches import sample_batches
-from ..probe.rng import rng_state, set_rng_state, step_generators
-from ..probe.shards import has_dtensors
+from ..probe.caching.key_batches import sample_batches
+from ..probe.snapshot.rng import rng_state, set_rng_state, step_generators
+from ..probe.snapshot.shards import has_dtensors
 from ..probe.train_step import TrainStep
 from .samples import batch_size_of
 

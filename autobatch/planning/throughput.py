@@ -39,7 +39,7 @@ What the measurement does, and why:
   the same collectives, and records the same numbers: the planner picks alike everywhere.
 
 The model and optimizer are put back bit-exactly after every timed candidate
-(:class:`~autobatch.probe.restore.Snapshot`), so each starts from the same state and the user's
+(:class:`~autobatch.probe.snapshot.restore.Snapshot`), so each starts from the same state and the user's
 model is untouched afterwards. With a fresh optimizer of a kind that scales every change by its
 learning rate (AdamW, SGD, ...) the candidates step at learning rate 0 and no weights are copied
 back: the same kernels run, so the times are the same. A candidate that runs out of memory in any round is recorded
@@ -65,7 +65,7 @@ from .lockstep import Lockstep
 from .plan_arguments import validate_timing
 from .plan_result import speed_text
 from ..memory.oom import free_memory, is_oom_error
-from ..probe.restore import Snapshot
+from ..probe.snapshot.restore import Snapshot
 
 __all__ = [
     "Candidate",

@@ -16,7 +16,7 @@ import torch
 from .. import checks
 from ..memory.allocator import LARGE_PAGE_BYTES
 from .batch_growth import batch_shapes, shapes_summary
-from .cache_key import sample_batches
+from .caching.cache_key import sample_batches
 from .train_step import TrainStep
 
 __all__ = [
@@ -39,7 +39,7 @@ FIND_ALIASES = {"starting_batch_size": "start", "init_val": "start", "batch_size
 HALVING_DEFAULT_START = 1024
 #: Where ``predict`` (and ``auto``) start when ``start`` is not given, in samples (rounded down
 #: to a multiple of ``multiple_of``, at least one multiple). Why 8, not 1: the first trial's
-#: peak feeds the fit and the leap (:mod:`autobatch.probe.predict`), and at batch 1 a step's peak is
+#: peak feeds the fit and the leap (:mod:`autobatch.probe.searching.predict`), and at batch 1 a step's peak is
 #: distorted by what does not grow with the batch (the optimizer step's temporaries, cuDNN's
 #: small-batch workspaces: ResNet-50's batch-1 peak lies 20 MiB, half a sample, above its
 #: line). Batch 8 fits nearly every model that trains on the device; where it does not, that
@@ -58,7 +58,7 @@ ALLOCATOR_HEADROOM = 0.01
 #: There the allocator maps memory page by page and, when a request does not fit, unmaps the
 #: free pages and maps them where it does, so fragmentation costs the partly used pages around
 #: the free pieces; a step that needs such a flush at every step is at the cap, and fails the
-#: answer's trial (:mod:`~autobatch.probe.settling`, :func:`~autobatch.probe.search.allocator_headroom`).
+#: answer's trial (:mod:`~autobatch.probe.settling`, :func:`~autobatch.probe.searching.search.allocator_headroom`).
 #: Measured on an H200 under an 8 GiB cap (ResNet-50 with cuDNN autotuning, the command line):
 #: under the fixed 1 % the tuned 182 failed only the headroom (7.92 GiB allocated) and the
 #: answer was 181, while 182 and 183 trained 200 steps in new processes; with two pages it
@@ -286,7 +286,7 @@ def refuse_iterator(batch: Any) -> Any:
     (a generator function that ``yield``s its batch, ``iter([batch])``): single-use, and no batch, so
     the step fed it to the model and torch said only ``must be Tensor, not generator``. Shared by
     :func:`checked_batches` (the probe's trials) and the estimate's trace
-    (:func:`~autobatch.probe.estimate.estimate_memory`), so both say the same."""
+    (:func:`~autobatch.probe.tracing.estimate.estimate_memory`), so both say the same."""
     if isinstance(batch, Iterator):
         raise IteratorBatchError(
             f"make_batch returned an iterator ({type(batch).__name__}), not a batch: every step (a trial's, or the "
@@ -298,7 +298,7 @@ def refuse_iterator(batch: Any) -> Any:
 
 
 def checked_batches(step: TrainStep) -> tuple[Any, Any] | None:
-    """``make_batch(1)`` and ``make_batch(2)`` (:func:`~autobatch.probe.cache_key.sample_batches`,
+    """``make_batch(1)`` and ``make_batch(2)`` (:func:`~autobatch.probe.caching.cache_key.sample_batches`,
     reused by the cache key), after checking that the batch changes with its size: a
     ``make_batch`` that ignores its argument runs the same batch in every trial, none runs out of
     memory, and the search climbed to :data:`SEARCH_CEILING` and answered it with only a note.

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from .key_batches import sample_batches
+from .caching.key_batches import sample_batches
 
 __all__ = ["check_batch_grows", "batch_shapes", "shapes_summary"]
 

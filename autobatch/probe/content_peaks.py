@@ -29,7 +29,7 @@ import torch
 from torch.utils._pytree import tree_leaves
 
 from ..memory.units import format_bytes
-from .trace_failures import sparse_gradients
+from .tracing.trace_failures import sparse_gradients
 from .train_step import TrainStep
 
 __all__ = ["drawn_shapes", "content_note", "sparse_note", "shapes_note", "SPREAD", "DATA_SHAPED"]
@@ -120,7 +120,7 @@ def sparse_note(model: torch.nn.Module | None, restore: tuple | None, batch_size
     )
 
 
-#: the start of :func:`~autobatch.probe.trace_failures.untraceable`'s words for an operator whose output's shape
+#: the start of :func:`~autobatch.probe.tracing.trace_failures.untraceable`'s words for an operator whose output's shape
 #: depends on the data (a fake tensor cannot know it), as the estimate's note holds them
 DATA_SHAPED = "DynamicOutputShapeException"
 

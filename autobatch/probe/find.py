@@ -2,8 +2,8 @@
 
 The call reads as its pipeline: check the arguments (:mod:`~autobatch.probe.arguments`),
 resolve the device and its cap, look the answer up in the probe cache
-(:mod:`~autobatch.probe.cache`), otherwise run trials (:mod:`~autobatch.probe.search`) with
-the model's state put back afterwards (:mod:`~autobatch.probe.restore`), and agree every
+(:mod:`~autobatch.probe.caching.cache`), otherwise run trials (:mod:`~autobatch.probe.searching.search`) with
+the model's state put back afterwards (:mod:`~autobatch.probe.snapshot.restore`), and agree every
 figure with the other ranks of a distributed job (:mod:`~autobatch.probe.ranks`).
 """
 
@@ -25,19 +25,19 @@ from . import arguments, ranks
 from .. import checks
 from .arguments import FIND_ALIASES, STRATEGY_NAMES, validate_places, validate_probe_args, validate_step
 from .batch_growth import check_batch_grows
-from .cache import ProbeCache, key_components, key_of
-from .cache_hits import held_beside
-from .estimated import estimate_only, estimate_prior
+from .caching.cache import ProbeCache, key_components, key_of
+from .caching.cache_hits import held_beside
+from .tracing.estimated import estimate_only, estimate_prior
 from .fresh_layout import FreshLayout
 from .content_peaks import content_note, shapes_note, sparse_note
-from .unrestored import trained_for_real_note, warn_unrestored_optimizers, with_found_schedulers
+from .snapshot.unrestored import trained_for_real_note, warn_unrestored_optimizers, with_found_schedulers
 from .held_growth import HeldGrowth, held_growth_note
 from ..memory.lazy_state import LazyStateWatch
-from .restore import Snapshot
-from .rng import step_generators
-from .restore_places import after_failed_step, unskipped
+from .snapshot.restore import Snapshot
+from .snapshot.rng import step_generators
+from .snapshot.restore_places import after_failed_step, unskipped
 from .result import ProbeResult
-from .search import peak_limit, run_search
+from .searching.search import peak_limit, run_search
 from .autotune import Autotune
 from .peak_guard import peak_guard_for
 from .promise import (forget_own_layout, laid_out_note, park_created_state, promise_note, relayout_created_state,

@@ -30,7 +30,7 @@ from typing import Any, Callable, Iterable
 
 import torch
 
-from .shards import is_dtensor
+from .snapshot.shards import is_dtensor
 
 __all__ = ["PeakGuard", "PeakPassed", "drain_backward", "peak_guard_for", "raised_by_guard"]
 

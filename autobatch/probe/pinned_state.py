@@ -46,7 +46,7 @@ step, and answered 4 again.
 from __future__ import annotations
 
 from ..memory.lazy_state import LazyStateWatch
-from .line import LinearFit
+from .searching.line import LinearFit
 
 __all__ = ["PinnedState", "fits"]
 

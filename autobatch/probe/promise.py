@@ -10,7 +10,7 @@ An answer is a promise that training runs at it, in the process that probed and 
   :mod:`~autobatch.probe.settling`); with autotuning the confirmation tuned for real, and its
   plans stay cached for training in this process (:mod:`~autobatch.probe.autotune`);
 * its allocated peak left the allocator's headroom free (1 % of the capacity, or two 20 MiB
-  pages with expandable segments under a cap: :func:`~autobatch.probe.search.allocator_headroom`),
+  pages with expandable segments under a cap: :func:`~autobatch.probe.searching.search.allocator_headroom`),
   and its steady steps cleared the allocator's wall: the allocated peak plus the bytes the
   trial left in split blocks the allocator cannot return stayed under the capacity
   (:meth:`~autobatch.probe.trial.TrialRunner._wall_excess`); what the

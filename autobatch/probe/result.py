@@ -14,7 +14,7 @@ from ..memory.units import format_bytes
 __all__ = ["ProbeResult"]
 
 
-#: how a cache hit marks the notes of the probe that stored it (:meth:`ProbeCache.get <autobatch.probe.cache.ProbeCache.get>`)
+#: how a cache hit marks the notes of the probe that stored it (:meth:`ProbeCache.get <autobatch.probe.caching.cache.ProbeCache.get>`)
 STORED_NOTE = "stored probe: "
 
 @dataclass

@@ -11,9 +11,9 @@ import torch
 
 from .. import checks
 from ..errors import add_note
-from .restore import forget_scaler_stage
-from .ddp_reducer import reset_failed_reduction
-from .shards import check_optimizer_after_sharding
+from .snapshot.restore import forget_scaler_stage
+from .snapshot.ddp_reducer import reset_failed_reduction
+from .snapshot.shards import check_optimizer_after_sharding
 
 __all__ = ["TrainStep", "AUTOCAST_DTYPES"]
 

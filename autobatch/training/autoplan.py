@@ -16,7 +16,7 @@ from ..planning.accumulation import batch_size_of, cycle_samples
 from ..planning.batch_statistics import BATCH_STATISTICS, POWER_ITERATION
 from ..probe.train_step import TrainStep
 from .batch_ops import to_device
-from .checkpoint_io import rng_state, set_rng_state
+from .checkpoints.checkpoint_io import rng_state, set_rng_state
 from .pacing import FailedDraw, carried, carried_error, every_rank_has
 
 __all__ = ["PlansFromData"]

@@ -1,6 +1,6 @@
 """An epoch's batches as the runner takes them, and the replay that puts a resume in its place.
 
-Kept apart from :mod:`autobatch.training.resume` (which saves and loads checkpoints): the epoch's
+Kept apart from :mod:`autobatch.training.checkpoints.resume` (which saves and loads checkpoints): the epoch's
 iterator counts the batches it drew from ``iter(data)``, so a checkpoint can tell a step whose
 batch was already drawn (an interrupt inside it) from one that was not (a checkpoint between
 steps, an epoch's end), and :func:`replayed` rebuilds the iterator a resumed run continues:
@@ -26,7 +26,7 @@ import torch
 
 from ..memory.simulated import host_memory
 from ..planning.accumulation import batch_size_of
-from .checkpoint_io import rng_state, set_rng_state
+from .checkpoints.checkpoint_io import rng_state, set_rng_state
 
 __all__ = ["EpochBatches", "HostDraws", "epoch_length", "replayed", "set_epoch", "started"]
 

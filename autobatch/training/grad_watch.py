@@ -30,7 +30,7 @@ __all__ = ["WatchesGrads", "AccumulationBrokenError"]
 
 
 class WatchesGrads:
-    """A mixin of the runner's recovery (:class:`~autobatch.training.recovery.OomRecovery`), whose
+    """A mixin of the runner's recovery (:class:`~autobatch.training.oom.recovery.OomRecovery`), whose
     phase hook calls :meth:`_watch_grads` at every phase boundary (``self.optimizer`` is the runner's)."""
 
     _grad_seen: tuple[torch.Tensor, int, int] | None = None  # (param, its grad's id and version) at forward: no

@@ -21,7 +21,7 @@ import logging
 
 import torch
 
-from .resume_checks import saved_module
+from .checkpoints.resume_checks import saved_module
 
 __all__ = ["HookModes"]
 

@@ -59,7 +59,7 @@ def multiple_options(multiple_of: Any, plan_options: dict[str, Any], *, share: i
     sizes would not be multiples); the floor is ``min_micro_batch`` rounded up to a multiple, and it
     must leave the batch a split and ``max_micro_batch`` a multiple at or above it. One ``ValueError``
     naming what to change otherwise."""
-    from .recovery import checked_min_micro_batch
+    from .oom.recovery import checked_min_micro_batch
 
     multiple_of = checks.positive_int("multiple_of", multiple_of)
     planned = plan_options.get("multiple_of")

@@ -22,7 +22,7 @@ class Recovery:
     ``step``: global step index (from 0); ``phase``: transfer, forward, backward or
     optimizer; ``micro_batch_before`` / ``micro_batch``: the failed and the new micro-batch;
     ``action``: ``"measured"`` (sized from the runner's measured memory line and the failed
-    attempt, :mod:`autobatch.training.step_memory`), ``"halve"`` (nothing better was known), ``"back"`` (a
+    attempt, :mod:`autobatch.training.oom.step_memory`), ``"halve"`` (nothing better was known), ``"back"`` (a
     grow-back try failed: back to the size that trained), or ``"checkpointing"`` when micro-batch 1 failed and activation checkpointing was turned on instead; ``grow``: the failed attempt was a grow-back try.
     """
 

@@ -9,9 +9,9 @@ On an OOM anywhere in the global step (moving a micro-batch to the device, forwa
 backward, ``optimizer.step()``) the attempt is abandoned and retried with tenacity
 (``for attempt in Retrying(...)``). At the top of the next attempt, outside any ``except``
 block and after tenacity has dropped the failed attempt's traceback, the runner undoes a
-half-applied optimizer step (:class:`~autobatch.training.step_guard.StepGuard`), puts back the
-buffers forward changed (:class:`~autobatch.training.buffer_guard.BufferGuard`) and the random
-state (:class:`~autobatch.training.step_random.StepRandom`), drops the partial gradients, frees
+half-applied optimizer step (:class:`~autobatch.training.oom.step_guard.StepGuard`), puts back the
+buffers forward changed (:class:`~autobatch.training.oom.buffer_guard.BufferGuard`) and the random
+state (:class:`~autobatch.training.oom.step_random.StepRandom`), drops the partial gradients, frees
 memory, halves the micro-batch (read from runner state on every attempt) and replays the
 *same* global batch from its first sample. When micro-batch 1 (``min_micro_batch``) fails it
 turns on activation checkpointing if ``checkpointing_fallback`` allows, else raises
@@ -20,10 +20,10 @@ propagates unchanged but for a note where a recovery's smaller micro-batch is it
 after the step is undone the same way (its micro-batch too), so a checkpoint saved then, or
 another ``fit()``, does not count its update twice.
 
-Around that loop: grow-back (:mod:`autobatch.training.growth`), cache hygiene
+Around that loop: grow-back (:mod:`autobatch.training.oom.growth`), cache hygiene
 (:mod:`autobatch.training.hygiene`), atomic checkpoints and exact resume
-(:mod:`autobatch.training.checkpoint_io`), progress (:mod:`autobatch.training.progress`) and fault injection
-(:mod:`autobatch.training.faults`). Everything is configured with plain keyword values, so a config
+(:mod:`autobatch.training.checkpoints.checkpoint_io`), progress (:mod:`autobatch.training.progress`) and fault injection
+(:mod:`autobatch.training.oom.faults`). Everything is configured with plain keyword values, so a config
 file maps onto ``Runner(**options)``; :func:`train` is the one call a CLI needs.
 """
 
@@ -42,15 +42,15 @@ from ..errors import StepOutOfMemoryError
 from ..memory.units import counted
 from ..planning.accumulation import accumulated_step, batch_size_of
 from ..planning.checkpointing import CheckpointHandle, find_blocks
-from ..probe.shards import has_dtensors
+from ..probe.snapshot.shards import has_dtensors
 from ..probe.train_step import TrainStep
 from . import ranks
 from .batch_ops import to_device
-from .buffer_guard import BufferGuard
-from .checkpoint_io import data_generators
-from .extra_state import check_extra_state
-from .faults import FaultInjector
-from .growth import GrowBack
+from .oom.buffer_guard import BufferGuard
+from .checkpoints.checkpoint_io import data_generators
+from .checkpoints.extra_state import check_extra_state
+from .oom.faults import FaultInjector
+from .oom.growth import GrowBack
 from .hygiene import CachePolicy
 from .autoplan import PlansFromData
 from .inputs import FIT_ALIASES, RUNNER_ALIASES, RUNNER_PLAN_KEYWORDS, capped_micro_batch, check_data, check_optimizer, checked_micro_batch, check_kinds, check_options, model_device, share_of, warn_batch_size
@@ -58,13 +58,13 @@ from .multiples import SplitsInMultiples, multiple_options
 from .pacing import FailedDraw, carried_error
 from .precision import warn_unscaled_float16
 from .progress import Progress
-from .recovery import OomRecovery
-from .resume import Resumable, epoch_length
+from .oom.recovery import OomRecovery
+from .checkpoints.resume import Resumable, epoch_length
 from .step_end import EndsSteps
 from .run_result import RunResult
-from .step_guard import StepGuard
-from .step_memory import StepMemory
-from .step_random import StepRandom
+from .oom.step_guard import StepGuard
+from .oom.step_memory import StepMemory
+from .oom.step_random import StepRandom
 from .stop_request import Stoppable, saves_on_sigterm
 
 __all__ = ["Runner", "train"]

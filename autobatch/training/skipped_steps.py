@@ -1,6 +1,6 @@
 """The runner's count of the steps an fp16 ``GradScaler`` skipped (inf/NaN gradients).
 
-A mixin of :class:`~autobatch.training.recovery.OomRecovery` (so of :class:`~autobatch.Runner`):
+A mixin of :class:`~autobatch.training.oom.recovery.OomRecovery` (so of :class:`~autobatch.Runner`):
 the scaler's scale is taken before each step and compared after it; where it fell, the scaler
 backed off and skipped the optimizer step. On an accelerator the comparison stays on the device
 and is read when reported, so no step waits for it. On the CPU there is nothing to wait for, and

@@ -45,7 +45,7 @@ def warn_power_iteration(model: torch.nn.Module, sizes: list[int]) -> bool:
 
 
 class TellsSplit:
-    """A mixin of the runner's recovery (:class:`~autobatch.training.recovery.OomRecovery`): at
+    """A mixin of the runner's recovery (:class:`~autobatch.training.oom.recovery.OomRecovery`): at
     its first step trained in several pieces, :meth:`_tell_split` warns for what makes them inexact."""
 
     _told_batch_statistics = False  # warned (or the plan did) that BatchNorm normalises each micro-batch on its own

@@ -85,7 +85,7 @@ def test_cache_list_skips_a_malformed_entry_with_a_warning(tmp_path, capsys, cap
 
     import autobatch
     from autobatch.__main__ import main
-    from autobatch.probe import cache as probe_cache
+    from autobatch.probe.caching import cache as probe_cache
     from workloads import ThresholdStep
 
     autobatch.find_max_batch(ThresholdStep(50), cache_key="x", steps_per_trial=1, cache=tmp_path)

@@ -23,7 +23,7 @@ import torch
 from autobatch.__main__ import main
 from autobatch.cli import training
 from autobatch.cli.training import find_resume
-from autobatch.training.checkpoint_io import load_checkpoint
+from autobatch.training.checkpoints.checkpoint_io import load_checkpoint
 
 #: global batch 16 = 2 micro-batches of 8: a signal in the second one stops a step half-done
 RUN = ["model=mlp", "data.shape=[16]", "model.width=32", "data.num_samples=64", "train.global_batch=16",

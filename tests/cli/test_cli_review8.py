@@ -21,7 +21,7 @@ import pytest
 
 from autobatch.__main__ import main
 from autobatch.cli import training
-from autobatch.training.checkpoint_io import load_checkpoint
+from autobatch.training.checkpoints.checkpoint_io import load_checkpoint
 
 from conftest import cli_env
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from autobatch.training.checkpoint_io import load_checkpoint
+from autobatch.training.checkpoints.checkpoint_io import load_checkpoint
 from autobatch.cli.training import find_resume
 
 from conftest import SMALL, cli_env, cli_in_process, run_cli

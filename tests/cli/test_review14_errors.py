@@ -9,7 +9,7 @@
 from __future__ import annotations
 
 from autobatch.cli.errors import cli_keys, one_line
-from autobatch.probe.estimate import TRIALS
+from autobatch.probe.tracing.estimate import TRIALS
 
 
 def test_a_long_message_keeps_its_start_and_its_advice():

@@ -23,7 +23,7 @@ from autobatch.cli.build import validate
 from autobatch.cli.errors import CLIError
 from autobatch.cli.loss import cross_entropy_loss
 from autobatch.cli.schedulers import WarmupCosineLR, build_scheduler
-from autobatch.training.faults import FaultInjector
+from autobatch.training.oom.faults import FaultInjector
 
 SMALL = ["model=mlp", "data.shape=[4]", "model.width=8"]
 

@@ -19,10 +19,10 @@ sys.path[:0] = [str(HERE.parents[1]), str(HERE.parent), str(HERE.parent / "distr
 
 from runner_workloads import FEATURES, make_data, mse  # noqa: E402
 
-import autobatch.training.resume as resume_module  # noqa: E402
+import autobatch.training.checkpoints.resume as resume_module  # noqa: E402
 from autobatch import Runner, TrainStep, find_max_batch, inject_oom  # noqa: E402
 from autobatch.errors import CheckpointError, PeerFailedError  # noqa: E402
-from autobatch.training.checkpoint_io import load_checkpoint  # noqa: E402
+from autobatch.training.checkpoints.checkpoint_io import load_checkpoint  # noqa: E402
 from autobatch import UnevenDataError  # noqa: E402
 from rank_worker import main  # noqa: E402
 

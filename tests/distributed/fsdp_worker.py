@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from autobatch import Runner, TrainStep, find_max_batch  # noqa: E402
 from autobatch.dist.fsdp_guard import _param_groups  # noqa: E402
-from autobatch.training.faults import FaultInjector  # noqa: E402
+from autobatch.training.oom.faults import FaultInjector  # noqa: E402
 from autobatch.workloads.models import GPT  # noqa: E402
 from rank_worker import device, main  # noqa: E402
 
@@ -109,7 +109,7 @@ def _snapshot_inside_forward(model) -> None:
     The snapshot copies (a fresh AdamW would otherwise step the trials at learning rate 0)."""
     import threading
 
-    import autobatch.probe.restore as restore_module
+    import autobatch.probe.snapshot.restore as restore_module
 
     restore_module.steps_in_place_at_zero_lr = lambda optimizer: False
     pending = []

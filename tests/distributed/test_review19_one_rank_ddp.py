@@ -3,10 +3,10 @@ a DDP script run on one GPU): an out-of-memory error inside backward left DDP's 
 mid-reduction, and every later forward raised "Expected to have finished reduction in the prior
 iteration". The probe stopped at its first OOM trial with that error; the Runner shrank the
 micro-batch until the error was blamed on a micro-batch too small to train
-(``autobatch.probe.ddp_reducer.reset_failed_reduction``). The bucket rebuild each reset asks for
+(``autobatch.probe.snapshot.ddp_reducer.reset_failed_reduction``). The bucket rebuild each reset asks for
 runs at once, between steps, and never in a later forward, where the new buckets came on top of
 that step's memory (on one GPU every other step of a size that trained ran out of memory after
-one OOM: :mod:`autobatch.probe.ddp_reducer`); only DDP's own first rebuild is in a forward. In
+one OOM: :mod:`autobatch.probe.snapshot.ddp_reducer`); only DDP's own first rebuild is in a forward. In
 process: a one-rank gloo group on a ``HashStore``, destroyed after the test.
 """
 

@@ -5,7 +5,7 @@ sharding the blocks and sharding the root (a common ordering slip) held the bloc
 DTensors and the root's *old* embedding and head tensors: the runner trained, the loss went
 down, and the embedding and head never changed, without a word. Now the runner's first step and
 the probe refuse it with one error naming the parameters and the fix
-(``autobatch.probe.shards.check_optimizer_after_sharding``). In process: a one-rank gloo group
+(``autobatch.probe.snapshot.shards.check_optimizer_after_sharding``). In process: a one-rank gloo group
 on a ``HashStore`` and a one-rank CPU mesh, destroyed after the test.
 """
 

@@ -2,7 +2,7 @@
 and DDP's default ``find_unused_parameters=False`` (one process: a one-rank gloo group on a
 ``HashStore``, no launch). DDP's own error ("Expected to have finished reduction in the prior
 iteration ... find_unused_parameters=True") must reach the user unchanged: the probe and the
-runner recover a failed reduction after an OOM (``autobatch.probe.ddp_reducer``), and that must
+runner recover a failed reduction after an OOM (``autobatch.probe.snapshot.ddp_reducer``), and that must
 not turn this error into an OOM, a retry or a smaller micro-batch. The steps done before it are kept.
 """
 

@@ -119,7 +119,7 @@ def test_a_custom_optimizers_own_state_resumes_sharded_as_the_straight_run(one_r
 
 
 def test_the_cache_key_of_an_optimizer_with_bare_state_counts_it(one_rank_mesh):
-    from autobatch.probe.cache_key import step_components
+    from autobatch.probe.caching.cache_key import step_components
     from autobatch.probe.train_step import TrainStep
 
     counts = {}

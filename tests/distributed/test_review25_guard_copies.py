@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch import nn
 
-from autobatch.training.step_guard import StepGuard, copy_all
+from autobatch.training.oom.step_guard import StepGuard, copy_all
 from one_rank import one_rank_mesh  # noqa: F401  (fixture)
 
 

@@ -5,7 +5,7 @@ is per rank) and an injected OOM: with no measured figures each rank halved its 
 so the ranks stayed apart; the rank that reached ``min_micro_batch`` first gave up at its floor
 (``StepOutOfMemoryError``, or turned on checkpointing) while its peer proposed a size at the
 recovery's sync point and waited there until the sync deadline. Now every distributed recovery is
-one vote (``autobatch.training.recovery_vote``). Here a one-rank gloo group stands in for two
+one vote (``autobatch.training.oom.recovery_vote``). Here a one-rank gloo group stands in for two
 ranks: the vote's second row is a peer's, made up from this rank's."""
 
 from __future__ import annotations

@@ -161,7 +161,7 @@ def test_restore_is_bit_exact_on_cuda():
 
 @pytest.mark.parametrize("flavour", ["foreach", "fused", "capturable", "bf16-weights"])
 def test_a_zero_lr_probe_leaves_the_weights_exact_and_training_unchanged_on_cuda(flavour, monkeypatch):
-    from autobatch.probe.restore import steps_in_place_at_zero_lr
+    from autobatch.probe.snapshot.restore import steps_in_place_at_zero_lr
 
     monkeypatch.setattr(torch.backends.cudnn, "deterministic", True)  # the twins' steps compare bit for bit
 
@@ -199,7 +199,7 @@ def test_nothing_fits_on_cuda_raises_no_batch_fits():
 
 
 def test_estimate_counts_the_two_cublas_workspaces_and_lands_within_ten_percent():
-    from autobatch.probe.estimate import estimate_memory
+    from autobatch.probe.tracing.estimate import estimate_memory
     from autobatch.memory.workspaces import cublas_workspace_bytes
 
     torch.manual_seed(0)

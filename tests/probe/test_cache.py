@@ -164,7 +164,7 @@ def test_a_cuda_answer_is_keyed_by_the_allocator_segments(monkeypatch):
     step, _ = _variant("baseline")
 
     def key(device: str, expandable: bool) -> str:
-        monkeypatch.setattr("autobatch.probe.cache_key.expandable_segments", lambda: expandable)
+        monkeypatch.setattr("autobatch.probe.caching.cache_key.expandable_segments", lambda: expandable)
         return probe_cache.key_of(probe_cache.key_components(step, device=device, capacity=2**33, memory_limit=None, probe={}))
 
     assert key("cuda:0 (NVIDIA H200)", True) != key("cuda:0 (NVIDIA H200)", False)
@@ -203,11 +203,11 @@ def test_torch_version_is_in_the_key(monkeypatch):
 def test_autobatchs_own_code_is_in_the_key(monkeypatch, tmp_path):
     """An answer an older checkout or editable install cached is not served after autobatch's code
     changed (the version number changes only at a release)."""
-    import autobatch.probe.cache_key
+    import autobatch.probe.caching.cache_key
     from autobatch.version import code_fingerprint
 
     baseline = _key(*_variant("baseline"))
-    monkeypatch.setattr(autobatch.probe.cache_key, "code_fingerprint", lambda: "another-commit")
+    monkeypatch.setattr(autobatch.probe.caching.cache_key, "code_fingerprint", lambda: "another-commit")
     assert _key(*_variant("baseline")) != baseline
     # the fingerprint reads the package's files: a changed file changes it
     package = tmp_path / "pkg"
@@ -398,7 +398,7 @@ def test_the_key_follows_the_values_the_code_reads():
     finally:
         globals()["N_PASSES"] = 1
     assert _step_key(_step_with(config=1)) == _step_key(_step_with(config=1))  # stable across instances
-    from autobatch.probe.cache_key import _code_hash
+    from autobatch.probe.caching.cache_key import _code_hash
 
     assert _code_hash(torch.sum) != _code_hash(torch.mean)  # builtins keep their names (C code has no bytecode)
 

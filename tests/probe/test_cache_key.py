@@ -11,7 +11,7 @@ import torch
 
 import autobatch
 from autobatch import find_max_batch
-from autobatch.probe.cache_key import key_of, step_components
+from autobatch.probe.caching.cache_key import key_of, step_components
 
 ROOT = str(pathlib.Path(__file__).resolve().parents[2])
 
@@ -28,7 +28,7 @@ def test_a_set_literal_in_the_code_is_keyed_the_same_under_any_hash_seed(tmp_pat
     the persistent cache never hit (transformers' models read one through strtobool)."""
     script = tmp_path / "key.py"
     script.write_text(
-        "from autobatch.probe.cache_key import _code_hash\n"
+        "from autobatch.probe.caching.cache_key import _code_hash\n"
         "def act(x):\n    return x in {'gelu', 'relu', 'silu', 'tanh', 'swish', 'mish', 'quick_gelu'}\n"
         "print(_code_hash(act))\n")
     assert len(_keys_under_two_hash_seeds(script)) == 1
@@ -87,7 +87,7 @@ def test_a_global_object_is_keyed_the_same_in_every_process(tmp_path):
     script = tmp_path / "key.py"
     script.write_text(
         "import logging, threading, types\n"
-        "from autobatch.probe.cache_key import _code_hash\n"
+        "from autobatch.probe.caching.cache_key import _code_hash\n"
         "CFG = types.SimpleNamespace(acts={'gelu', 'relu', 'silu', 'tanh', 'swish'}, n=3, token=object())\n"
         "LOG, LOCK = logging.getLogger('user'), threading.Lock()\n"
         "def forward(x):\n    LOG.debug('x')\n    with LOCK:\n        return x * CFG.n, CFG.acts, CFG.token\n"

@@ -5,7 +5,7 @@ of 132 after a wall excess of 2.1 GiB was priced at a unit's bytes)."""
 import pytest
 
 from autobatch.probe.records import TrialRecord
-from autobatch.probe.search import _confirm
+from autobatch.probe.searching.search import _confirm
 
 MiB = 2**20
 

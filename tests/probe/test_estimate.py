@@ -8,7 +8,7 @@ import torch
 import autobatch
 from autobatch import find_max_batch, simulated_memory
 from autobatch.planning.checkpointing import enable_checkpointing
-from autobatch.probe.estimate import EstimateError, estimate_max_batch, estimate_memory, estimate_peak
+from autobatch.probe.tracing.estimate import EstimateError, estimate_max_batch, estimate_memory, estimate_peak
 
 from workloads import make_mlp_step
 
@@ -279,7 +279,7 @@ def _oracle(threshold: int):
 
 @pytest.mark.parametrize("true_boundary", [500, 700, 1000, 1300])
 def test_predictive_with_a_prior_is_exact_whatever_the_estimate(true_boundary):
-    from autobatch.probe.predict import LinearFit, predictive
+    from autobatch.probe.searching.predict import LinearFit, predictive
 
     passes, calls = _oracle(true_boundary)
     prior = LinearFit(intercept=0.0, slope=1000.0)  # estimated boundary: unit 1000 of capacity 1e6
@@ -297,7 +297,7 @@ def test_predictive_with_a_prior_is_exact_whatever_the_estimate(true_boundary):
 
 
 def test_predictive_tries_the_cap_directly_when_the_estimate_clears_it():
-    from autobatch.probe.predict import LinearFit, predictive
+    from autobatch.probe.searching.predict import LinearFit, predictive
 
     passes, calls = _oracle(800)
     outcome = predictive(passes, lambda units: units * 1000, 1, 500, 1_000_000, prior=LinearFit(0.0, 1000.0))

@@ -6,7 +6,7 @@ import torch
 
 import autobatch
 from autobatch.memory.units import parse_bytes
-from autobatch.probe.estimate import estimate_line, estimate_max_batch, estimate_memory
+from autobatch.probe.tracing.estimate import estimate_line, estimate_max_batch, estimate_memory
 
 from workloads import make_mlp_step
 

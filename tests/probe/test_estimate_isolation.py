@@ -15,7 +15,7 @@ from torch._subclasses.fake_tensor import FakeTensor
 
 import autobatch
 from autobatch import find_max_batch, simulated_memory
-from autobatch.probe.estimate import EstimateError, estimate_max_batch, estimate_memory
+from autobatch.probe.tracing.estimate import EstimateError, estimate_max_batch, estimate_memory
 
 from workloads import make_mlp_step
 

@@ -8,7 +8,7 @@ from torch import nn
 
 import autobatch
 from autobatch import find_max_batch, simulated_memory
-from autobatch.probe.estimate import estimate_max_batch, estimate_memory
+from autobatch.probe.tracing.estimate import estimate_max_batch, estimate_memory
 
 #: The estimate and simulated_memory count the same allocations; these models had none hidden.
 TOLERANCE = 0.001

@@ -108,8 +108,8 @@ def test_a_boolean_word_names_the_bool_to_pass():
 
 @pytest.mark.parametrize("call", [
     lambda s: autobatch.estimate_max_batch(s, "2MiB", include_resident="no"),
-    lambda s: autobatch.probe.estimate.estimate_line(s, "2MiB", include_resident="no"),
-    lambda s: autobatch.probe.estimate.estimate_peak(s, 8, include_resident="no"),
+    lambda s: autobatch.probe.tracing.estimate.estimate_line(s, "2MiB", include_resident="no"),
+    lambda s: autobatch.probe.tracing.estimate.estimate_peak(s, 8, include_resident="no"),
 ])
 def test_include_resident_must_be_a_bool(call):
     """Before: "no" counted the resident model, as True does."""

@@ -8,7 +8,7 @@ exactly as it does there."""
 import torch
 
 from autobatch import TrainStep, find_max_batch
-from autobatch.probe.measured_wall import below_measured_wall, measured_wall, measured_wall_note
+from autobatch.probe.searching.measured_wall import below_measured_wall, measured_wall, measured_wall_note
 from autobatch.probe.records import TrialRecord
 
 MiB = 2**20

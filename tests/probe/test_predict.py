@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from autobatch import find_max_batch, simulated_memory
-from autobatch.probe.predict import LinearFit
+from autobatch.probe.searching.predict import LinearFit
 
 from workloads import MemoryCurveStep, ThresholdStep, make_mlp_step
 
@@ -210,7 +210,7 @@ def test_trial_records_its_last_step_alone():
 
 
 def test_leap_size_is_a_fraction_of_what_one_trial_guarantees():
-    from autobatch.probe.predict import LEAP_FRACTION, leap_size
+    from autobatch.probe.searching.predict import LEAP_FRACTION, leap_size
 
     # resident 100, the step peaked at 300 with 8 samples: 200 per 8 samples at most
     assert leap_size(8, 300, 100, 10_100) == math.floor(8 * 10_000 / 200 * LEAP_FRACTION)
@@ -282,7 +282,7 @@ def test_a_trial_whose_peak_passes_the_limit_fails_and_says_why():
 def test_the_peak_limit_is_the_capacity_less_the_headroom_on_accelerators_only():
     from autobatch.memory.devices import SimulatedDeviceMemory
     from autobatch.probe.arguments import ALLOCATOR_HEADROOM
-    from autobatch.probe.search import peak_limit as _peak_limit
+    from autobatch.probe.searching.search import peak_limit as _peak_limit
 
     with simulated_memory("64MiB") as device:
         assert _peak_limit(SimulatedDeviceMemory(device), 64 * MiB) is None  # no caching allocator
@@ -310,7 +310,7 @@ def test_expandable_segments_under_a_cap_leave_two_pages_of_headroom_not_a_perce
     from types import SimpleNamespace
 
     import autobatch.memory.allocator as allocator
-    from autobatch.probe.search import allocator_headroom, peak_limit as _peak_limit
+    from autobatch.probe.searching.search import allocator_headroom, peak_limit as _peak_limit
 
     monkeypatch.setattr(allocator, "expandable_segments", lambda: expandable)
     memory = SimpleNamespace(device=torch.device(device, 0), cap_binds=lambda: capped)
@@ -401,7 +401,7 @@ def test_a_trial_above_the_headroom_says_by_how_much():
 def test_under_a_peak_limit_every_strategy_stops_at_it(curve):
     """predict aims its line at the limit, so it lands where binary does, in fewer trials."""
     from autobatch.memory.devices import SimulatedDeviceMemory
-    from autobatch.probe.search import run_search as _search
+    from autobatch.probe.searching.search import run_search as _search
     from autobatch.probe.trial import TrialRunner
 
     limit = 20 * MiB
@@ -455,7 +455,7 @@ def test_an_oom_at_the_allocators_wall_aims_the_line_below_the_free_pieces(monke
     trial's reserved peak less its allocated peak (``wall_bytes``) aims the line below those
     pieces: the same answer in fewer trials than galloping down from the refuted line."""
     from autobatch.memory.devices import SimulatedDeviceMemory
-    from autobatch.probe.search import peak_limit, run_search
+    from autobatch.probe.searching.search import peak_limit, run_search
     from autobatch.probe.trial import TrialRunner
 
     capacity, per_sample, fixed, pieces = 64 * MiB, 2**19, 8 * MiB, 3 * MiB  # pieces: ~5 % of the capacity
@@ -533,7 +533,7 @@ def test_galloping_down_from_the_wall_lands_on_the_answer_without_a_pass_below_i
     bounds, so they do not lengthen a stride: the search steps 101 -> 100, where strides of a
     doubled count (1, 2) or the estimate (112 MiB: two samples) went to 99, a passing trial below
     the answer, and then to 100, a second one."""
-    from autobatch.probe.predict import predictive
+    from autobatch.probe.searching.predict import predictive
 
     mib = 2**20
     capacity = 8 * 2**30
@@ -568,7 +568,7 @@ def test_below_a_wall_a_size_that_passes_one_step_but_not_two_is_found_by_runnin
     it passed, so the search went on to 101 (an OOM) and a full confirmation of 100 that failed,
     then 99. Below a wall the search runs every step of its trials (``purpose="wall"``): 100 fails
     as a whole, and 99's trial is the answer's own full pass."""
-    from autobatch.probe.predict import predictive
+    from autobatch.probe.searching.predict import predictive
 
     mib = 2**20
     capacity = 8 * 2**30
@@ -597,7 +597,7 @@ def test_trials_below_a_wall_run_every_step_and_the_last_one_is_the_answers_conf
     the lowered line call the step ``steps_per_trial`` times (a one-step search trial elsewhere),
     so the passing one confirms the answer and no separate confirmation runs."""
     from autobatch.memory.devices import SimulatedDeviceMemory
-    from autobatch.probe.search import peak_limit, run_search
+    from autobatch.probe.searching.search import peak_limit, run_search
     from autobatch.probe.trial import TrialRunner
 
     capacity, per_sample, fixed, pieces = 64 * MiB, 2**19, 8 * MiB, 3 * MiB
@@ -651,7 +651,7 @@ RESNET_LIMIT = int(8 * 2**30 * 0.99)  # an H200 capped at 8 GiB, less the alloca
 def _replay(passing: dict, resident8: int, secant: tuple, settle: bool = True):
     """``predictive`` over a ResNet-50 probe's H200 figures (issue 16): the measured allocated
     peaks of the passing trials, and beyond them the line through the two largest."""
-    from autobatch.probe.predict import predictive
+    from autobatch.probe.searching.predict import predictive
 
     (u0, p0), (u1, p1) = secant
     slope = (p1 - p0) / (u1 - u0)
@@ -704,7 +704,7 @@ def test_the_line_settles_nothing_closer_than_twice_what_the_followed_line_misse
     (+3.2 and +9.4 MB by turns), and 324's peak moved 2.4 MB between processes, either side of
     the limit. The leap's line missed 323's peak by 2.0 MB and the refit put 324 2.1 MB past
     the limit (a third of a sample): too close to settle, so 324 is tried."""
-    from autobatch.probe.predict import predictive
+    from autobatch.probe.searching.predict import predictive
 
     limit = int(2 * 2**30 * 0.99)
     measured = {8: 121_734_144, 279: 1_844_151_296, 323: 2_121_760_768, 324: 2_126_218_240}
@@ -723,7 +723,7 @@ def test_the_line_settles_nothing_closer_than_twice_what_the_followed_line_misse
 def test_the_line_settles_nothing_under_a_hundred_units_or_where_it_bends():
     """One unit short is more than 1 % below a hundred units, and a refit that bends away from
     the line it followed (a kernel switch, a rounding step) is no prediction: the size above runs."""
-    from autobatch.probe.predict import predictive
+    from autobatch.probe.searching.predict import predictive
 
     def search(curve, limit):
         tried = []
@@ -756,7 +756,7 @@ def test_a_settled_answer_says_so_and_needs_no_separate_confirmation():
     """Through ``run_search`` with an accelerator's peak limit: the boundary's full trial is the
     answer's confirmation, the size above it is not run, and the result says why."""
     from autobatch.memory.devices import SimulatedDeviceMemory
-    from autobatch.probe.search import peak_limit, run_search
+    from autobatch.probe.searching.search import peak_limit, run_search
     from autobatch.probe.trial import TrialRunner
 
     capacity, per_sample = 2**30, 4 * MiB  # the next size lands 2.24 MiB past the limit
@@ -788,7 +788,7 @@ def test_a_line_past_what_its_largest_pass_guarantees_grows_by_one_more_leap():
     say more than that by half. The search leaps once more, from 74, before it jumps: the
     boundary in two trials after it, where jumping to 513 took seven failures at the wall and a
     bisection of 74-489 (20 trials in all)."""
-    from autobatch.probe.predict import LEAP_FRACTION, predictive
+    from autobatch.probe.searching.predict import LEAP_FRACTION, predictive
 
     mib = 2**20
     capacity = 8 * 2**30
@@ -814,7 +814,7 @@ def test_a_line_past_what_its_largest_pass_guarantees_grows_by_one_more_leap():
 def test_a_line_that_agrees_with_what_its_pass_guarantees_jumps_at_once():
     """ResNet-50 on an H200 (8 GiB cap): the line through 8 and the leap's 134 and what 134
     guarantees agree (182 and 180), so the search jumps from the two points, as before."""
-    from autobatch.probe.predict import predictive
+    from autobatch.probe.searching.predict import predictive
 
     mib = 2**20
     usable = int(8 * 2**30 * 0.99)

@@ -325,7 +325,7 @@ def _slow_copy(monkeypatch, seconds=0.3):
     """Delay the background copy, so the optimizer step surely arrives while it runs."""
     import time
 
-    from autobatch.probe.restore import Snapshot
+    from autobatch.probe.snapshot.restore import Snapshot
 
     original = Snapshot._copy_in_background
 
@@ -338,7 +338,7 @@ def _slow_copy(monkeypatch, seconds=0.3):
 
 @pytest.mark.parametrize("optimizer", ["adamw", "sgd"])
 def test_background_snapshot_holds_the_weights_from_before_the_optimizer_step(monkeypatch, optimizer):
-    from autobatch.probe.restore import Snapshot
+    from autobatch.probe.snapshot.restore import Snapshot
 
     _slow_copy(monkeypatch)
     step = make_mlp_step(width=64, optimizer=optimizer)
@@ -369,7 +369,7 @@ def test_a_probe_of_a_train_step_copies_its_weights_in_the_background(monkeypatc
 
 
 def test_a_failed_background_copy_stops_the_probe_with_its_error(monkeypatch):
-    from autobatch.probe.restore import Snapshot
+    from autobatch.probe.snapshot.restore import Snapshot
 
     def broken(self, after, params):
         raise MemoryError("host memory exhausted")

@@ -171,7 +171,7 @@ def test_the_snapshot_of_a_plain_step_restores_the_scheduler_with_keep():
     """Snapshot.take(others=...) is what find_max_batch uses; restore(keep=True) may come twice."""
     model, optimizer = _linear_and_adamw()
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.5)
-    snapshot = autobatch.probe.restore.Snapshot.take(model, optimizer, others=(scheduler,))
+    snapshot = autobatch.probe.snapshot.restore.Snapshot.take(model, optimizer, others=(scheduler,))
     for _ in range(2):
         optimizer.step()
         scheduler.step()

@@ -16,7 +16,7 @@ from torch import nn
 from torch.overrides import TorchFunctionMode
 
 import autobatch
-from autobatch.probe.restore import Snapshot
+from autobatch.probe.snapshot.restore import Snapshot
 
 
 class OutOfMemoryAtWrite(TorchFunctionMode):

@@ -15,8 +15,8 @@ import pytest
 import torch
 
 from autobatch import TrainStep, find_max_batch
-import autobatch.probe.estimate as estimate_mod
-from autobatch.probe.estimate import EstimateError, estimate_line, estimate_max_batch
+import autobatch.probe.tracing.estimate as estimate_mod
+from autobatch.probe.tracing.estimate import EstimateError, estimate_line, estimate_max_batch
 
 
 def _readme_step() -> TrainStep:

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from autobatch import TrainStep, find_max_batch
-from autobatch.probe.estimate import EstimateError
+from autobatch.probe.tracing.estimate import EstimateError
 
 
 class _Pairs(torch.nn.Module):

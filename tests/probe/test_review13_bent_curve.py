@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from autobatch import TrainStep, find_max_batch, simulated_memory
-from autobatch.probe.bent_curve import follow_bend
+from autobatch.probe.tracing.bent_curve import follow_bend
 
 
 def _counting(curve):

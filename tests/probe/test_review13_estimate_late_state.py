@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 import autobatch
-from autobatch.probe.estimate import estimate_memory
+from autobatch.probe.tracing.estimate import estimate_memory
 
 
 class LateBuffers(torch.optim.Optimizer):

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import autobatch
-from autobatch.probe.estimate import EstimateError
+from autobatch.probe.tracing.estimate import EstimateError
 
 
 class Branchy(torch.nn.Module):

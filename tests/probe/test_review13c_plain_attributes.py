@@ -8,7 +8,7 @@ import torch
 
 import autobatch
 from autobatch import TrainStep
-from autobatch.probe.restore import Snapshot
+from autobatch.probe.snapshot.restore import Snapshot
 
 
 class Cached(torch.nn.Module):

@@ -3,7 +3,7 @@
 A contrastive loss's batch x batch logits make peak memory ``a + b*n + c*n^2``. Every line
 through two passes overshoots that curve, so each jump failed and the bracket closed almost like
 bisection (16-26 trials here). The passes' peaks show the bend, and the search aims along the
-parabola through three of them (:mod:`autobatch.probe.bent_line`); a curve that does not bend
+parabola through three of them (:mod:`autobatch.probe.searching.bent_line`); a curve that does not bend
 clearly keeps exactly the trials it had.
 """
 
@@ -11,10 +11,10 @@ import math
 
 import pytest
 
-import autobatch.probe.bracket as bracket
-import autobatch.probe.predict as predict
+import autobatch.probe.searching.bracket as bracket
+import autobatch.probe.searching.predict as predict
 from autobatch import find_max_batch, parse_bytes, simulated_memory
-from autobatch.probe.bent_line import BEND, BEND_BYTES, bent_line
+from autobatch.probe.searching.bent_line import BEND, BEND_BYTES, bent_line
 
 from workloads import MemoryCurveStep
 

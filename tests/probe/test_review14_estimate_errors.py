@@ -9,7 +9,7 @@ import torch
 
 import autobatch
 from autobatch import TrainStep, find_max_batch
-from autobatch.probe.estimate import EstimateError
+from autobatch.probe.tracing.estimate import EstimateError
 from autobatch.errors import add_note
 from test_review11_probe_trial_notes import _Pairs  # splits its batch in pairs
 

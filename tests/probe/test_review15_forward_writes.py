@@ -4,7 +4,7 @@ import time
 
 import torch
 
-import autobatch.probe.restore as restore_module
+import autobatch.probe.snapshot.restore as restore_module
 from autobatch import TrainStep, find_max_batch, simulated_memory
 
 

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import autobatch
-from autobatch.probe.cache_key import key_of, step_components
+from autobatch.probe.caching.cache_key import key_of, step_components
 
 TEACHER = nn.Linear(32, 64)
 CRITERION = nn.CrossEntropyLoss()

@@ -16,7 +16,7 @@ from torch import nn
 
 import autobatch
 from autobatch import find_max_batch, simulated_memory
-from autobatch.probe.estimate import estimate_max_batch, estimate_memory
+from autobatch.probe.tracing.estimate import estimate_max_batch, estimate_memory
 
 LOSSES = {
     "mse": lambda out, x: F.mse_loss(out, x),

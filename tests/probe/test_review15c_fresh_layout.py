@@ -7,7 +7,7 @@ import torch
 from autobatch import simulated_memory
 from autobatch.memory.devices import SimulatedDeviceMemory
 from autobatch.probe.fresh_layout import in_fresh_layout
-from autobatch.probe.search import _confirm
+from autobatch.probe.searching.search import _confirm
 from autobatch.probe.trial import TrialRunner
 
 MiB = 2**20
@@ -62,7 +62,7 @@ def test_no_size_passing_the_fresh_layout_says_so_and_what_to_do():
     from autobatch.errors import NoBatchFitsError
     from autobatch.memory.devices import SimulatedDeviceMemory
     from autobatch.probe.fresh_layout import FreshLayout
-    from autobatch.probe.search import run_search
+    from autobatch.probe.searching.search import run_search
     from autobatch.probe.trial import TrialRunner
 
     mib, layout = 2**20, {"now": None}

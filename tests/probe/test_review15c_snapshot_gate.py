@@ -8,7 +8,7 @@ from torch._dynamo.testing import CompileCounter
 from torch.nn.modules import module as torch_module
 
 from autobatch import TrainStep, find_max_batch, simulated_memory
-from autobatch.probe.restore import Snapshot
+from autobatch.probe.snapshot.restore import Snapshot
 
 
 def _frozen_tail_step(model: torch.nn.Module, seen: list[int]) -> TrainStep:

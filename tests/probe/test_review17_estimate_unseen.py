@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from autobatch import TrainStep, estimate_memory, simulated_memory
-from autobatch.probe.estimate import EstimateError
+from autobatch.probe.tracing.estimate import EstimateError
 
 NODES = 64
 _DRAWS = torch.Generator().manual_seed(0)

@@ -1,7 +1,7 @@
 """A model with a TorchScript submodule (``torch.jit.script``): the probe's undo of what forward
 registered read each module's ``_parameters``/``_buffers``/``_modules`` as dicts, and TorchScript's
 wrappers raised ``TypeError: contains(): incompatible function arguments`` at the first trial
-(``autobatch.probe.restore_places.layout_of`` now leaves TorchScript modules out: their forward
+(``autobatch.probe.snapshot.restore_places.layout_of`` now leaves TorchScript modules out: their forward
 cannot register anything)."""
 
 from __future__ import annotations

@@ -10,8 +10,8 @@ import logging
 import pytest
 
 from autobatch import ProbeResult
-from autobatch.probe import cache as cache_module
-from autobatch.probe.cache import ProbeCache
+from autobatch.probe.caching import cache as cache_module
+from autobatch.probe.caching.cache import ProbeCache
 from autobatch.probe.trial import TrialRecord
 
 

@@ -8,8 +8,8 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from autobatch import TrainStep, estimate_memory
-from autobatch.probe.estimate import EstimateError
-from autobatch.probe.fake_trace import KernelDtypes
+from autobatch.probe.tracing.estimate import EstimateError
+from autobatch.probe.tracing.fake_trace import KernelDtypes
 
 
 def test_a_layer_norm_gradient_has_the_real_kernels_layout():

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import logging
 
-from autobatch.probe import cache as probe_cache
-from autobatch.probe.cache import ProbeCache
+from autobatch.probe.caching import cache as probe_cache
+from autobatch.probe.caching.cache import ProbeCache
 from autobatch.probe.result import ProbeResult
 
 

@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from autobatch import TrainStep, estimate_memory, simulated_memory
-from autobatch.probe.estimate import EstimateError
+from autobatch.probe.tracing.estimate import EstimateError
 
 _DRAWS = torch.Generator().manual_seed(0)
 SIZES = torch.randint(3, 12, (256,), generator=_DRAWS)  # nodes per graph

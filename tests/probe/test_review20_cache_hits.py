@@ -1,4 +1,4 @@
-"""A cache hit and memory held beside the step (:mod:`autobatch.probe.cache_hits`): the key holds
+"""A cache hit and memory held beside the step (:mod:`autobatch.probe.caching.cache_hits`): the key holds
 the device and its capacity, not what this process keeps outside the step when it asks (another
 model, tensors made inside the ``simulated_memory`` block), and a hit handed back an emptier
 device's answer, which runs out of memory there. Found following the README as a new user."""

@@ -8,7 +8,7 @@ from torch import nn
 
 import autobatch
 from autobatch import cache as probe_cache
-from autobatch.probe.cache_key import key_of, step_components
+from autobatch.probe.caching.cache_key import key_of, step_components
 
 
 def _step(width=32, frozen=False, seed=0, compile_as=None, **optimizer):

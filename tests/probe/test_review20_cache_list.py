@@ -1,7 +1,7 @@
 """``python -m autobatch cache list`` on entries whose components a hand or a tool damaged."""
 
 from autobatch.cli import cache_command
-from autobatch.probe.cache import ProbeCache
+from autobatch.probe.caching.cache import ProbeCache
 from autobatch.probe.result import ProbeResult
 
 DAMAGED = [{"model": 5}, {"model": {"modules": [[]]}}, {"model": {"modules": "Net"}}, {"precision": {"autocast": 3}},

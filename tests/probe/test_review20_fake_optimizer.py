@@ -1,5 +1,5 @@
 """An estimate's fake copy of the optimizer is not a stepped optimizer ``restore`` lacks
-(``autobatch.probe.unrestored``): a trace that gave up kept its fake step alive in the saved
+(``autobatch.probe.snapshot.unrestored``): a trace that gave up kept its fake step alive in the saved
 error's traceback, and Transformers' ``fit_batch_size`` on a tiny GPT-2 warned "the probe's trials
 stepped an optimizer that restore does not hold (AdamW)", advice it cannot follow, with the
 weights put back exactly (found by the integrations round)."""
@@ -12,7 +12,7 @@ import torch
 from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from autobatch.probe.unrestored import trained_for_real_note, warn_unrestored_optimizers
+from autobatch.probe.snapshot.unrestored import trained_for_real_note, warn_unrestored_optimizers
 
 
 def test_a_fake_optimizer_is_neither_warned_about_nor_noted():

@@ -1,5 +1,5 @@
 """A plain callable probed without ``restore`` trains the model for real, as documented; its result
-now says so (``autobatch.probe.unrestored.trained_for_real_note``), where nothing did and the
+now says so (``autobatch.probe.snapshot.unrestored.trained_for_real_note``), where nothing did and the
 README's "a probe never leaves your model changed" read as covering it (found by the docs round)."""
 
 from __future__ import annotations

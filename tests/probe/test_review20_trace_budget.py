@@ -12,8 +12,8 @@ import pytest
 import torch
 
 import autobatch
-from autobatch.probe.estimate import EstimateError, estimate_line
-from autobatch.probe.trace_budget import OP_GROWTH
+from autobatch.probe.tracing.estimate import EstimateError, estimate_line
+from autobatch.probe.tracing.trace_budget import OP_GROWTH
 
 
 class PerSample(torch.nn.Module):

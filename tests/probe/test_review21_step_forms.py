@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import autobatch
-from autobatch.probe.key_batches import sample_batches
+from autobatch.probe.caching.key_batches import sample_batches
 
 
 class _Ema(torch.nn.Module):

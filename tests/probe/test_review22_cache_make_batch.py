@@ -10,7 +10,7 @@ from torch import nn
 
 import autobatch
 from autobatch import cache as probe_cache
-from autobatch.probe.cache_key import key_of
+from autobatch.probe.caching.cache_key import key_of
 
 LENGTHS = [3, 5, 700, 900]  # the first two samples are short: batches of 1 and 2 are not padded far
 

@@ -6,7 +6,7 @@ estimates do not take names the closest one they do."""
 import pytest
 
 import autobatch
-from autobatch.probe.estimate import estimate_max_batch, estimate_peak
+from autobatch.probe.tracing.estimate import estimate_max_batch, estimate_peak
 
 from workloads import make_mlp_step
 

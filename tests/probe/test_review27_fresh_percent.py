@@ -7,7 +7,7 @@ import torch
 from autobatch import simulated_memory
 from autobatch.memory.devices import SimulatedDeviceMemory
 from autobatch.probe.fresh_layout import in_fresh_layout
-from autobatch.probe.search import _confirm
+from autobatch.probe.searching.search import _confirm
 from autobatch.probe.trial import TrialRunner
 
 MiB = 2**20

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import autobatch
-from autobatch.probe.estimate import estimate_max_batch, estimate_peak
+from autobatch.probe.tracing.estimate import estimate_max_batch, estimate_peak
 
 
 def _step(make_batch):

@@ -110,7 +110,7 @@ def test_a_line_that_settles_the_last_step_is_never_more_than_one_short(curve, p
     (``settle``): the answer still passed, it is exact on linear and convex curves (a secant
     only underestimates those), and on stepped or noisy ones at most one unit short, and only
     at 100 units or more (so at least 99 % of the exact maximum)."""
-    from autobatch.probe.predict import predictive
+    from autobatch.probe.searching.predict import predictive
 
     kind, peak = curve
     limit = peak(1) + (peak(3000) - peak(1)) * per_cent // 100

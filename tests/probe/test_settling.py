@@ -11,7 +11,7 @@ import torch
 from autobatch import TrainStep, find_max_batch, simulated_memory
 from autobatch.memory.devices import SimulatedDeviceMemory
 from autobatch.probe.autotune import Autotune
-from autobatch.probe.search import _confirm
+from autobatch.probe.searching.search import _confirm
 from autobatch.probe.settling import FlushCount, wall_excess
 from autobatch.probe.trial import TrialRunner
 
@@ -302,7 +302,7 @@ def test_a_hand_loop_steps_below_a_size_whose_next_size_up_kept_flushing(cudnn_f
     flushing steps down one size, through a full trial, and says why. A TrainStep's (its Runner
     replays a step) and any answer under fixed segments stay where the settle trials put them
     (below the sizes that kept flushing)."""
-    from autobatch.probe.search import run_search
+    from autobatch.probe.searching.search import run_search
 
     torch.backends.cudnn.benchmark = False
     with simulated_memory("64MiB") as device:
@@ -327,7 +327,7 @@ def test_a_hand_loop_steps_below_a_size_whose_next_size_up_kept_flushing(cudnn_f
 def test_no_step_down_where_the_size_above_failed_for_another_reason(cudnn_flags, monkeypatch):
     """Only a failure still flushing marks the moving wall: a size above that ran out of memory
     or passed the peak limit says nothing about the layout, and the answer stands."""
-    from autobatch.probe.search import below_moving_wall
+    from autobatch.probe.searching.search import below_moving_wall
 
     torch.backends.cudnn.benchmark = False
     with simulated_memory("64MiB") as device:
@@ -400,7 +400,7 @@ def test_below_a_size_that_kept_flushing_every_trial_is_a_full_one(cudnn_flags, 
     predictive search runs only full (settle) trials, in strides of a percent that double, then
     bisects to within a percent (ResNet-50 as a plain callable on an H200 paid two one-step trials
     of 0.2 s each there). The answer is the largest size found that stops flushing."""
-    from autobatch.probe.search import run_search
+    from autobatch.probe.searching.search import run_search
 
     torch.backends.cudnn.benchmark = False
     with simulated_memory("64MiB") as device:
@@ -422,7 +422,7 @@ def test_a_hand_loops_train_steps_answer_steps_down_until_it_passes_in_the_fresh
     training makes it in its first step: the answer must pass a settle trial in that layout too;
     where it does not, the largest size that does is confirmed again in the resumed layout."""
     from autobatch.probe.fresh_layout import in_fresh_layout
-    from autobatch.probe.search import _confirm
+    from autobatch.probe.searching.search import _confirm
 
     torch.backends.cudnn.benchmark = False
     layout = {"now": None}
@@ -450,7 +450,7 @@ def test_the_fresh_layouts_search_aims_where_the_bytes_a_failure_was_over_are_sa
     are saved at the answer's own bytes per unit, then a bisection: not a unit at a time (an LSTM
     language model on an H200 failed there from 59 down to 52: 18 trials)."""
     from autobatch.probe.fresh_layout import in_fresh_layout
-    from autobatch.probe.search import _confirm
+    from autobatch.probe.searching.search import _confirm
 
     torch.backends.cudnn.benchmark = False
     layout = {"now": None}
@@ -513,7 +513,7 @@ def test_a_plain_callables_answer_is_checked_in_the_fresh_layout_where_its_reque
     reads 2 GiB of logits, 8 GiB cap, H200): where the largest request is at least a tenth of the
     capacity the answer must pass that layout too; smaller ones keep the answer the trials found."""
     from autobatch.probe.fresh_layout import FreshLayout
-    from autobatch.probe.search import run_search
+    from autobatch.probe.searching.search import run_search
 
     torch.backends.cudnn.benchmark = False
     layout = {"now": None}
@@ -556,7 +556,7 @@ def test_an_answer_whose_own_trial_flushed_below_a_size_that_kept_flushing_settl
     size above it is not tried, and a note says why (ResNet-50 as a plain callable on an H200: 180
     and 179 kept flushing, 177 stopped at its sixth step, and 178's trial, 0.62 s, kept flushing).
     An answer whose trial never flushed is bracketed by trials as before."""
-    from autobatch.probe.search import run_search
+    from autobatch.probe.searching.search import run_search
 
     torch.backends.cudnn.benchmark = False
     with simulated_memory("64MiB") as device:

@@ -16,7 +16,7 @@ from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 import autobatch
 from autobatch import find_max_batch
 from autobatch.errors import FakeTensorLeakError
-from autobatch.probe.estimate import estimate_max_batch, estimate_memory
+from autobatch.probe.tracing.estimate import estimate_max_batch, estimate_memory
 
 
 @functools.lru_cache(maxsize=8)

@@ -1,5 +1,5 @@
 """A TrainStep's probe with a fresh optimizer steps at learning rate 0 instead of copying its
-weights (autobatch.probe.restore): the weights stay exact, the state and learning rates come
+weights (autobatch.probe.snapshot.restore): the weights stay exact, the state and learning rates come
 back, and the trials measure the same memory as with the copy."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import torch
 
 import autobatch
 from autobatch import find_max_batch
-from autobatch.probe import restore
-from autobatch.probe.restore import Snapshot, steps_in_place_at_zero_lr
+from autobatch.probe.snapshot import restore
+from autobatch.probe.snapshot.restore import Snapshot, steps_in_place_at_zero_lr
 
 OPTIMIZERS = {
     "sgd": lambda p: torch.optim.SGD(p, lr=0.1),

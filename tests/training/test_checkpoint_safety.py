@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from autobatch import CheckpointError, Runner
-from autobatch.training.checkpoint_io import RUNNER_FORMAT, load_checkpoint
+from autobatch.training.checkpoints.checkpoint_io import RUNNER_FORMAT, load_checkpoint
 from runner_workloads import make_data, make_model, mse
 
 
@@ -106,7 +106,7 @@ def test_a_file_torch_save_did_not_write_is_not_a_checkpoint(tmp_path):
     """A JSON or text file given as a checkpoint (train_result.json) is named for what it is, not
     read as a legacy pickle and blamed for objects that could run code."""
     from autobatch import CheckpointError
-    from autobatch.training.checkpoint_io import load_checkpoint
+    from autobatch.training.checkpoints.checkpoint_io import load_checkpoint
 
     path = tmp_path / "train_result.json"
     path.write_text('{"steps": 3}')

@@ -13,8 +13,8 @@ import torch
 from torch import nn
 
 from autobatch import CheckpointError, Runner
-from autobatch.training.checkpoint_io import load_checkpoint, save_checkpoint
-from autobatch.training.checkpoint_values import storable
+from autobatch.training.checkpoints.checkpoint_io import load_checkpoint, save_checkpoint
+from autobatch.training.checkpoints.checkpoint_values import storable
 from runner_workloads import make_data, make_model, mse
 
 

@@ -9,8 +9,8 @@ from torch.nn import functional as F
 
 import autobatch
 from autobatch.planning.accumulation import LazyMicroBatches, accumulate_micro_batches
-from autobatch.training.growth import GrowBack
-from autobatch.training.step_memory import StepMemory, requested_bytes
+from autobatch.training.oom.growth import GrowBack
+from autobatch.training.oom.step_memory import StepMemory, requested_bytes
 from autobatch.workloads.models import GPT, MLP, ResNetCNN
 
 BUDGET = "2MiB"
@@ -248,7 +248,7 @@ def test_only_the_answers_confirmation_autotunes_and_it_comes_after_an_untuned_p
     from autobatch import simulated_memory
     from autobatch.memory.devices import SimulatedDeviceMemory
     from autobatch.probe.autotune import Autotune
-    from autobatch.probe.search import run_search
+    from autobatch.probe.searching.search import run_search
     from autobatch.probe.trial import TrialRunner
 
     before = torch.backends.cudnn.benchmark

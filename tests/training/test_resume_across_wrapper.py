@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 from autobatch import FaultInjector, Runner
-from autobatch.training.resume_checks import local_module_names
+from autobatch.training.checkpoints.resume_checks import local_module_names
 from conftest import cli_env
 from runner_workloads import make_data, make_model, mse
 

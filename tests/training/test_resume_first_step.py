@@ -16,7 +16,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from autobatch import Runner
-from autobatch.training.checkpoint_io import CHECKPOINT_NAME, load_checkpoint, save_checkpoint
+from autobatch.training.checkpoints.checkpoint_io import CHECKPOINT_NAME, load_checkpoint, save_checkpoint
 from runner_workloads import assert_weights_close, make_model, mse, weights
 
 EPOCHS, SAMPLES, GLOBAL = 2, 32, 8  # 4 steps an epoch, 2 micro-batches a step

@@ -21,7 +21,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from autobatch import CheckpointError, Runner
-from autobatch.training.growth import GrowBack
+from autobatch.training.oom.growth import GrowBack
 
 
 def mse(model, batch):

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from autobatch import CheckpointError, Runner
-from autobatch.training.checkpoint_io import load_checkpoint, save_checkpoint
+from autobatch.training.checkpoints.checkpoint_io import load_checkpoint, save_checkpoint
 from runner_workloads import make_data, make_model, mse, weights
 
 

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from autobatch import Runner
-from autobatch.training.checkpoint_io import load_checkpoint
+from autobatch.training.checkpoints.checkpoint_io import load_checkpoint
 from runner_workloads import make_data, make_model, mse
 
 

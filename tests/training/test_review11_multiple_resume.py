@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 
 from autobatch import FaultInjector, Runner
-from autobatch.training.checkpoint_io import load_checkpoint, save_checkpoint
+from autobatch.training.checkpoints.checkpoint_io import load_checkpoint, save_checkpoint
 from runner_workloads import make_data, make_model, weights
 
 GLOBAL = 24

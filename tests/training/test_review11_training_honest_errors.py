@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-import autobatch.training.resume as resume_module
+import autobatch.training.checkpoints.resume as resume_module
 from autobatch import Runner, StepOutOfMemoryError
 from runner_workloads import make_data, make_model, mse, weights
 

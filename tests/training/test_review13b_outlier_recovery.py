@@ -13,8 +13,8 @@ import torch
 from torch.nn import functional as F
 
 import autobatch
-from autobatch.training.growth import GrowBack
-from autobatch.training.step_memory import StepMemory
+from autobatch.training.oom.growth import GrowBack
+from autobatch.training.oom.step_memory import StepMemory
 from autobatch.workloads.models import GPT
 
 SEEN: list[int] = []  # sample ids of the running attempt's micro-batches

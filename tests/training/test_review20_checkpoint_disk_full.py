@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from autobatch import Runner
-from autobatch.training.checkpoint_io import load_checkpoint
+from autobatch.training.checkpoints.checkpoint_io import load_checkpoint
 
 resource = pytest.importorskip("resource")  # POSIX: a file-size limit makes the write fail as a full disk does
 signal = pytest.importorskip("signal")

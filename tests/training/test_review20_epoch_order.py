@@ -13,7 +13,7 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset
 
 from autobatch import Runner, inject_oom
-from autobatch.training.resume_checks import warn_persistent_workers
+from autobatch.training.checkpoints.resume_checks import warn_persistent_workers
 
 SAMPLES, GLOBAL = 24, 4
 X = torch.randn(SAMPLES, 3, generator=torch.Generator().manual_seed(0))

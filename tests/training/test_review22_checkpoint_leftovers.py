@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from autobatch import Runner
-from autobatch.training.checkpoint_io import load_checkpoint, save_checkpoint
+from autobatch.training.checkpoints.checkpoint_io import load_checkpoint, save_checkpoint
 
 GONE = 4194305  # above Linux's largest pid_max (2**22): no process has it
 

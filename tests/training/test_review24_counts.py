@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from autobatch import Runner
-from autobatch.training.faults import FaultInjector
-from autobatch.training.growth import GrowBack
+from autobatch.training.oom.faults import FaultInjector
+from autobatch.training.oom.growth import GrowBack
 from autobatch.training.hygiene import CachePolicy
 
 

@@ -16,7 +16,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 
 from autobatch import Runner
-from autobatch.training.faults import FaultInjector
+from autobatch.training.oom.faults import FaultInjector
 
 N = 22  # samples: batches of 4 leave a short last one of 2
 LENGTHS = [1 + (i * 7) % 5 for i in range(N)]

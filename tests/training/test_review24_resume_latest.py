@@ -1,6 +1,6 @@
 """``fit(resume="latest")``: only the command line understood "latest"; the runner tried to open a
 file named ``latest``. It is the checkpoint in the runner's own ``checkpoint_dir``, found by the
-same code as ``train.resume=latest`` (:mod:`autobatch.training.resume_target`); with none, one
+same code as ``train.resume=latest`` (:mod:`autobatch.training.checkpoints.resume_target`); with none, one
 error as on the command line."""
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ import torch
 
 from autobatch import Runner
 from autobatch.errors import StepOutOfMemoryError
-from autobatch.training.faults import FaultInjector
+from autobatch.training.oom.faults import FaultInjector
 
 
 def _runner(faults, fallback):

@@ -75,7 +75,7 @@ def test_a_one_sample_last_batch_out_of_memory_is_named_in_plain_words(tmp_path)
     """The give-up read "hold at most 1 samples: no micro-batch min_micro_batch=1 allows cuts them
     smaller"; the steps before it are still saved."""
     from autobatch.errors import StepOutOfMemoryError
-    from autobatch.training.faults import FaultInjector
+    from autobatch.training.oom.faults import FaultInjector
 
     torch.manual_seed(0)
     model = torch.nn.Linear(4, 1)

@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from autobatch import RunResult, Runner
-from autobatch.training.faults import FaultInjector
+from autobatch.training.oom.faults import FaultInjector
 
 QUIET = dict(progress=False, log_every=None, grow_after=None)
 

@@ -13,8 +13,8 @@ import torch
 from autobatch import Runner
 from autobatch.errors import CheckpointError
 from autobatch.memory.units import counted
-from autobatch.training.resume_checks import position_for
-from autobatch.training.sharded_files import check_sharded_resume
+from autobatch.training.checkpoints.resume_checks import position_for
+from autobatch.training.checkpoints.sharded_files import check_sharded_resume
 from runner_workloads import make_data, make_model, mse
 
 

@@ -15,9 +15,9 @@ import logging
 import torch
 
 from autobatch import Runner
-from autobatch.training.checkpoint_io import load_checkpoint
-from autobatch.training.resume_fresh import keep_earlier_run
-from autobatch.training.sharded_files import base_path, check_sharded_resume
+from autobatch.training.checkpoints.checkpoint_io import load_checkpoint
+from autobatch.training.checkpoints.resume_fresh import keep_earlier_run
+from autobatch.training.checkpoints.sharded_files import base_path, check_sharded_resume
 from runner_workloads import make_data, make_model, mse
 
 

@@ -16,7 +16,7 @@ from torch import nn
 import autobatch
 from autobatch import FaultInjector, Runner, StepOutOfMemoryError, inject_oom
 from autobatch.planning.checkpointing import is_checkpointed
-from autobatch.training.faults import PHASES
+from autobatch.training.oom.faults import PHASES
 from runner_workloads import SampleTracker, assert_weights_close, hungry_mse, make_data, make_model, mse, weights
 
 GLOBAL, MICRO, SAMPLES, EPOCHS = 16, 8, 48, 2

@@ -10,10 +10,10 @@ import torch
 
 from autobatch import FaultInjector, is_oom_error
 from autobatch.planning.accumulation import accumulate_gradients
-from autobatch.training.growth import GrowBack
+from autobatch.training.oom.growth import GrowBack
 from autobatch.training.hygiene import CachePolicy
 from autobatch.training.progress import Progress
-from autobatch.training.step_guard import StepGuard
+from autobatch.training.oom.step_guard import StepGuard
 from runner_workloads import make_data, make_model, mse
 
 

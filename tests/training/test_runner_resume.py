@@ -19,7 +19,7 @@ import torch
 
 import autobatch
 from autobatch import Runner
-from autobatch.training.checkpoint_io import load_checkpoint, save_checkpoint
+from autobatch.training.checkpoints.checkpoint_io import load_checkpoint, save_checkpoint
 from resume_worker import EPOCHS, SAMPLES, TOTAL_STEPS, build
 from runner_workloads import assert_weights_close, make_data, make_model, mse, weights
 

@@ -16,7 +16,7 @@ from torch import nn
 
 import autobatch
 from autobatch import CheckpointError, Runner, StepOutOfMemoryError
-from autobatch.training.checkpoint_io import load_checkpoint
+from autobatch.training.checkpoints.checkpoint_io import load_checkpoint
 from runner_workloads import assert_weights_close, make_data, make_model, mse, weights
 
 

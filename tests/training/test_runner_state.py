@@ -14,8 +14,8 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from autobatch import FaultInjector, Runner
-from autobatch.training.buffer_guard import BufferGuard
-from autobatch.training.checkpoint_io import data_generators
+from autobatch.training.oom.buffer_guard import BufferGuard
+from autobatch.training.checkpoints.checkpoint_io import data_generators
 
 GLOBAL, MICRO = 10, 10
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from autobatch.errors import CheckpointError
-from autobatch.training.sharded_files import base_path, check_sharded_resume, sharded_path, sharded_sets
+from autobatch.training.checkpoints.sharded_files import base_path, check_sharded_resume, sharded_path, sharded_sets
 
 
 def _write(directory, *names):
@@ -41,7 +41,7 @@ def test_a_sharded_set_without_fsdp_and_a_plain_checkpoint_with_it_say_what_to_c
 
 
 def test_an_incomplete_set_is_refused_on_every_rank(tmp_path, monkeypatch):
-    import autobatch.training.sharded_files as sharded_files
+    import autobatch.training.checkpoints.sharded_files as sharded_files
 
     monkeypatch.setattr(sharded_files, "_rank_world", lambda: (0, 2))  # rank 0 of 2
     _write(tmp_path, "last.rank0-of-2.pt")  # rank 1's file is missing: rank 0 must not go on alone

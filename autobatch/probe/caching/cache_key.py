@@ -1,0 +1,192 @@
+"""The probe cache's key: everything that changes a probe's answer, as JSON-able data.
+
+:func:`key_components` describes a :class:`~autobatch.TrainStep` (its model, code, inputs,
+optimizer, precision, clipping, how a compiled module was compiled), the device, the versions
+and the probe's settings; :func:`key_of` hashes them (:mod:`~autobatch.probe.caching.cache` stores one
+entry per key). The code of the loss and of every module class (each method a user's class
+defines, ``forward`` of torch's) and of ``make_batch`` is keyed by content, with the values it reads that are not in its bytecode: a
+closure's cells, a ``functools.partial``'s arguments, the globals it names (plain values,
+containers of them such as a config dict, the functions it calls, followed to :data:`DEPTH`,
+and objects by their public attributes, such as a module-level dataclass or ``SimpleNamespace``
+config), a bound method's object; a module the loss is or reads (a criterion, a frozen
+teacher) by its parameters' shapes, settings and classes' code; each module by its settings
+(plain private ones too: ``self._reps``), including those of a config object it holds
+(``self.config.n_passes``) and of its class, and by the code of the hooks registered on it.
+How code and values are read: :mod:`~autobatch.probe.caching.key_code`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any, Callable, Mapping
+
+import torch
+
+from ...memory.allocator import expandable_segments, other_allocator_settings
+from ...version import __version__, code_fingerprint
+from .key_backends import attention_backends, compile_settings, cuda_kernel_settings
+from .key_batches import sample_batches
+from .key_code import (  # noqa: F401 - re-exported: tests and integrations import them from here
+    BREADTH, DEPTH, _canonical, _code_hash, _describe, _is_array, _module_tree, class_code, data_code_hash, own_code,
+)
+from ..train_step import TrainStep
+
+__all__ = ["CAPACITY_STEP", "STATE_HYPERPARAMETERS", "key_components", "key_of", "own_code", "step_components", "class_code",
+           "sample_batches"]
+
+#: Device capacity enters the key in steps of this many bytes.
+CAPACITY_STEP = 64 * 1024**2
+#: Optimizer hyperparameters that change the optimizer's state or its temporaries.
+STATE_HYPERPARAMETERS = (
+    "momentum", "nesterov", "dampening", "amsgrad", "foreach", "fused", "capturable",
+    "differentiable", "centered", "weight_decay", "decoupled_weight_decay",
+    "maximize",  # the step negates each gradient into a new tensor: the largest gradient more at the peak
+)
+
+
+# -- the key --------------------------------------------------------------------------------
+def user_key(value: Any) -> Any:
+    """A ``cache_key`` as JSON-able data, every item at every depth: it names the work (a
+    flattened config of 100 keys, a width four levels down), so unlike a closure's cells it is
+    not cut at :data:`DEPTH` or :data:`BREADTH`; what is not a container, by :func:`_describe`."""
+    if isinstance(value, dict):
+        return {str(key): user_key(item) for key, item in sorted(value.items(), key=lambda kv: str(kv[0]))}
+    if isinstance(value, (list, tuple, set, frozenset)):
+        items = [user_key(item) for item in value]
+        return sorted(items, key=str) if isinstance(value, (set, frozenset)) else items
+    return user_key(value.tolist()) if _is_array(value) else _describe(value)
+
+
+def _inputs(make_batch: Callable[[int], Any], batches: tuple[Any, Any] | None = None) -> Any:
+    """Shapes and dtypes of batches of 1 and 2 (``batches``, where already built)."""
+    return [_describe(batch) for batch in (batches if batches is not None else sample_batches(make_batch))]
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.item() if value.numel() == 1 else list(value.shape)
+    return value if isinstance(value, (bool, int, float, str)) or value is None else repr(value)
+
+
+def _optimizer(optimizer: torch.optim.Optimizer, model: torch.nn.Module) -> dict[str, Any]:
+    """The optimizer's class (with its module and code: a user's ``Adam`` is not torch's) and,
+    for each group, which parameters it trains (by name in the model, else shape and dtype:
+    Adam over the head or over the body holds different state) and the settings that change
+    its state or temporaries."""
+    names = {id(param): name for name, param in model.named_parameters()}
+    groups = []
+    for group in optimizer.param_groups:
+        settings = {name: _plain(group[name]) for name in STATE_HYPERPARAMETERS if name in group}
+        for name in ("momentum", "weight_decay"):  # only whether it is on changes memory
+            if name in settings and isinstance(settings[name], (int, float)):
+                settings[name] = bool(settings[name])
+        params = [names.get(id(p), [list(p.shape), str(p.dtype)]) for p in group["params"]]
+        groups.append({"params": params, **settings})
+    # a custom optimizer may keep a parameter's state as one bare tensor, or a tensor of its own at the
+    # state's top level (self.state["count"] = ...): counted as one (Tensor.values() raised on them)
+    state_tensors = sum(
+        1 for state in optimizer.state.values()
+        for value in (state.values() if isinstance(state, Mapping) else (state,)) if isinstance(value, torch.Tensor)
+    )
+    cls = type(optimizer)
+    return {"class": f"{cls.__module__}.{cls.__qualname__}", "code": class_code(cls), "groups": groups,
+            "state_tensors": state_tensors}
+
+
+def step_components(step: TrainStep, batches: tuple[Any, Any] | None = None) -> dict[str, Any]:
+    """The parts of the key that describe a :class:`TrainStep` (``batches``: its
+    :func:`sample_batches`, where already built)."""
+    model = step.model
+    classes = {type(module) for module in model.modules()}
+    return {
+        "model": _module_tree(model),
+        "code": {
+            "loss_fn": _code_hash(step.loss_fn),
+            # what it builds beyond the two sample batches' shapes: a max_length it pads to,
+            # a dtype or a channel count it chooses for larger batches (keyed as the loss is)
+            "make_batch": None if step.make_batch is None else data_code_hash(step.make_batch),
+            "forward": sorted(f"{cls.__qualname__}:{class_code(cls)}" for cls in classes),
+            "hooks": _hooks(model),
+            "step": type(step).__qualname__,
+        },
+        "inputs": _inputs(step.make_batch, batches),
+        "optimizer": _optimizer(step.optimizer, model),
+        "precision": {
+            "autocast": str(step.autocast_dtype) if step.autocast_dtype is not None else None,
+            "grad_scaler": None if step.grad_scaler is None else type(step.grad_scaler).__qualname__
+            + ("" if getattr(step.grad_scaler, "is_enabled", lambda: True)() else " (disabled)"),
+        },
+        "clipping": step.max_grad_norm,  # clip_grad_norm_ allocates the norms of every gradient
+        **({"compiled": compiled} if (compiled := compile_settings(model)) else {}),  # eager: as before
+    }
+
+
+#: the hooks a module may hold: a forward hook that keeps activations changes the memory
+HOOKS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
+#: the hooks a parameter may hold (``register_hook``, ``register_post_accumulate_grad_hook``)
+PARAMETER_HOOKS = ("_backward_hooks", "_post_accumulate_grad_hooks")
+
+
+
+def _hooks(model: torch.nn.Module) -> list[Any]:
+    """The code of every hook registered on the model's modules and parameters, by name and
+    kind (a gradient hook that keeps a copy; a post-accumulate-grad hook that steps and frees
+    each gradient in backward)."""
+    found = []
+    for name, module in model.named_modules():
+        for kind in HOOKS:
+            hooks = getattr(module, kind, None) or {}
+            found += [[name, kind, _code_hash(hook)] for hook in hooks.values()]
+    for name, param in model.named_parameters():
+        for kind in PARAMETER_HOOKS:
+            hooks = getattr(param, kind, None) or {}
+            found += [[name, kind, _code_hash(hook)] for hook in hooks.values()]
+    return found
+
+
+def key_components(
+    fn: Any,
+    *,
+    cache_key: Any = None,
+    device: str,
+    capacity: int | None,
+    memory_limit: int | None,
+    probe: dict[str, Any],
+    batches: tuple[Any, Any] | None = None,
+) -> dict[str, Any] | None:
+    """Everything that changes a probe's answer, as JSON-able data; None when ``fn`` is a plain
+    callable without a ``cache_key`` (nothing to key on). ``batches``: a ``TrainStep``'s
+    :func:`sample_batches`, where already built."""
+    if isinstance(fn, TrainStep):
+        components = step_components(fn, batches)
+    elif cache_key is not None:
+        components = {}
+    else:
+        return None
+    if cache_key is not None:
+        components["user_key"] = user_key(cache_key) if not isinstance(cache_key, str) else cache_key
+    components["device"] = {
+        "name": device,
+        "capacity_steps": None if capacity is None else capacity // CAPACITY_STEP,
+        "memory_limit": memory_limit,
+        "cudnn_benchmark": bool(torch.backends.cudnn.benchmark),  # autotuned workspaces change the answer
+        "attention": attention_backends(),
+    }
+    if device.startswith("cuda"):  # where free memory may sit decides what fits at the edge
+        components["device"]["expandable_segments"] = expandable_segments()
+        allocator = other_allocator_settings()
+        if allocator:  # (absent where none is set: the keys cached before stay)
+            components["device"]["allocator"] = allocator
+        kernels = cuda_kernel_settings()
+        if kernels:  # (absent where all are at their defaults)
+            components["device"]["kernels"] = kernels
+    components["versions"] = {"torch": torch.__version__, "autobatch": __version__, "code": code_fingerprint()}
+    components["probe"] = dict(probe)
+    return components
+
+
+def key_of(components: dict[str, Any]) -> str:
+    """SHA-256 of the canonical JSON of ``components``."""
+    return hashlib.sha256(_canonical(components).encode()).hexdigest()
+
+

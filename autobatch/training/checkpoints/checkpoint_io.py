@@ -1,0 +1,204 @@
+"""Atomic training checkpoints: a crash mid-write never leaves a torn or missing checkpoint.
+
+``save_checkpoint`` writes to a temporary file in the checkpoint's own directory, flushes and
+``fsync``s it, then ``os.replace``s it over the old checkpoint (atomic on POSIX and Windows
+when both are on one file system) and ``fsync``s the directory so the rename itself survives
+a power cut. A process killed at any instant leaves either the old checkpoint or the new one,
+never half of one; a stale temporary file from a killed writer (its process gone) is removed
+by the next save that completes, and a resume from a folder holding only such a file says so.
+
+Loading never runs code: checkpoints are read with ``torch.load(weights_only=True)``, which
+refuses any pickled object that is not a tensor or a plain value (a file carrying a
+``__reduce__`` payload is refused before anything in it runs). Everything the runner saves is
+such a value: the random generator states are stored as tensors and lists. A file that is not
+an autobatch checkpoint, a truncated one, or one that holds code, raises one
+:class:`~autobatch.errors.CheckpointError` naming the file and what to do.
+
+Also here: the random number generator states a checkpoint must carry for a resumed run to
+draw the same numbers (dropout masks, a shuffled DataLoader's order) as an uninterrupted one
+(read and put back by :mod:`autobatch.probe.snapshot.rng`, which the probe's restore shares).
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ...errors import CheckpointError, add_note
+from ...probe.snapshot.rng import rng_state, set_rng_state  # the checkpoint carries them; re-exported here
+from .loader_rng import data_generators  # re-exported here
+
+__all__ = ["save_checkpoint", "load_checkpoint", "resolve_checkpoint", "rng_state", "set_rng_state", "data_generators", "CHECKPOINT_NAME", "RUNNER_FORMAT"]
+
+
+#: File name of the runner's checkpoint inside ``checkpoint_dir``.
+CHECKPOINT_NAME = "last.pt"
+#: The ``format`` key of the runner's checkpoints.
+RUNNER_FORMAT = "autobatch.runner/1"
+
+
+def save_checkpoint(state: dict[str, Any], path: str | os.PathLike) -> Path:
+    """Write ``state`` (anything ``torch.save`` takes) to ``path`` atomically; returns the path."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        with open(tmp, "wb") as handle:
+            sink = _KeepsWriteError(handle)
+            try:
+                torch.save(state, sink)
+            except Exception as exc:
+                if sink.error is None:
+                    raise
+                raise sink.error from exc  # the disk's error, which torch reported as "unexpected pos 171456 vs 171348"
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException as exc:
+        tmp.unlink(missing_ok=True)
+        if isinstance(exc, OSError):
+            _name_the_checkpoint(exc, path)
+        raise
+    _fsync_dir(path.parent)
+    _remove_stale_temporaries(path)
+    return path
+
+
+def _temporaries(path: Path) -> list[Path]:
+    """The temporary files writers of ``path`` left beside it (``.last.pt.tmp-<pid>``)."""
+    return sorted(path.parent.glob(f".{path.name}.tmp-*"))
+
+
+def _remove_stale_temporaries(path: Path) -> None:
+    """Remove the temporary files of writers of ``path`` that were killed mid-write (their
+    process is gone), once a newer checkpoint is whole in place: each was as large as a
+    checkpoint, and one was left for every run killed while it saved (a new process's pid
+    never matched it, so no later save replaced it). A live writer's file is left alone."""
+    for stale in _temporaries(path):
+        pid = stale.name.rpartition("-")[2]
+        if not pid.isdigit() or int(pid) == os.getpid() or _alive(int(pid)):
+            continue
+        try:
+            stale.unlink()
+        except OSError:  # removed by another process, or not ours to remove: harmless either way
+            pass
+
+
+def _alive(pid: int) -> bool:
+    """Whether process ``pid`` runs on this machine (where it cannot be told: True, kept)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OSError, OverflowError, ValueError):
+        return True
+    return True
+
+
+class _KeepsWriteError:
+    """A file handle for ``torch.save`` that keeps the first ``OSError`` its writes raised.
+    ``torch.save`` swallows it: a full disk, a quota or a file-size limit surfaced as
+    ``RuntimeError: [enforce fail at inline_container.cc:672] . unexpected pos 171456 vs 171348``,
+    which names neither the cause nor the file."""
+
+    def __init__(self, handle: Any) -> None:
+        self._handle = handle
+        self.error: OSError | None = None
+
+    def write(self, data: Any) -> int:
+        try:
+            return self._handle.write(data)
+        except OSError as exc:
+            self.error = self.error or exc
+            raise
+
+    def flush(self) -> None:
+        self._handle.flush()
+
+
+def _name_the_checkpoint(exc: OSError, path: Path) -> None:
+    """Name ``path`` in ``exc`` (``[Errno 28] No space left on device: '.../last.pt'``), and say
+    that the file there was not replaced: it still holds the previous checkpoint, whole."""
+    if exc.errno is not None and exc.filename is None:
+        exc.filename = str(path)
+    add_note(exc, f"autobatch: the checkpoint was not written, and {path} was not replaced: it holds the previous "
+                  "checkpoint, if one was written, whole")
+
+
+def resolve_checkpoint(path: str | os.PathLike) -> Path:
+    """``path`` itself when it is a file, else ``path / CHECKPOINT_NAME``; ``~`` is the home folder
+    (not a folder named ``~`` in the working directory, as ``Path`` alone reads it)."""
+    path = Path(path).expanduser()
+    return path / CHECKPOINT_NAME if path.is_dir() else path
+
+
+def load_checkpoint(path: str | os.PathLike, *, expect_format: str | None = None) -> dict[str, Any]:
+    """Read a checkpoint written by :func:`save_checkpoint` (a file, or the directory holding it),
+    never running code; with ``expect_format``, also check its ``format`` key (the runner's
+    checkpoints carry :data:`RUNNER_FORMAT`)."""
+    path = resolve_checkpoint(path)
+    if not path.is_file():
+        partial = _temporaries(path) if path.parent.is_dir() else []
+        interrupted = (f"; {partial[0].name} there is a write that was interrupted (incomplete, not a checkpoint)"
+                       if partial else "")
+        raise FileNotFoundError(f"no checkpoint at {path}{interrupted}: give the last.pt a runner wrote, or its "
+                                "checkpoint_dir (fit(resume=None) starts afresh)")
+    if not written_by_torch_save(path):  # torch would read it as a legacy pickle and blame its objects
+        raise CheckpointError(path, "it is not an autobatch checkpoint (not a file torch.save writes); resume from the "
+                                    "last.pt autobatch's runner wrote")
+    try:
+        # weights_only=True: tensors and plain values only; a pickled object is refused unrun
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as exc:
+        if "weights only load failed" not in str(exc).lower():
+            raise _unreadable(path, exc) from None
+        lines = [line.strip() for line in str(exc).splitlines() if "unsupported" in line.lower() or "error:" in line.lower()]
+        reason = (lines[-1] if lines else "a pickled object")[:200]
+        raise CheckpointError(
+            path, "it holds objects that are not tensors or plain values, and loading it could run code "
+            f"({reason}); autobatch never loads such a file. Use a checkpoint written by autobatch's runner",
+        ) from None
+    except (RuntimeError, EOFError, KeyError, ValueError, zipfile.BadZipFile, OSError) as exc:
+        raise _unreadable(path, exc) from None
+    if expect_format is not None and (not isinstance(state, dict) or state.get("format") != expect_format):
+        raise CheckpointError(path, f"it is not a checkpoint written by autobatch's runner (format {expect_format} expected)")
+    return state
+
+
+#: The first bytes of a file ``torch.save`` writes (a zip archive), as every checkpoint is.
+ZIP_MAGIC = b"PK\x03\x04"
+
+
+def written_by_torch_save(path: Path) -> bool:
+    """Whether ``path`` starts as a file ``torch.save`` writes (a zip archive); True where it
+    cannot be read (loading it says why)."""
+    try:
+        with open(path, "rb") as handle:
+            return handle.read(len(ZIP_MAGIC)) == ZIP_MAGIC
+    except OSError:
+        return True
+
+
+def _unreadable(path: Path, exc: BaseException) -> CheckpointError:
+    return CheckpointError(
+        path, f"it is truncated or not a torch checkpoint ({type(exc).__name__}: {' '.join(str(exc).split())[:160]}); "
+        "resume from an earlier checkpoint or start afresh",
+    )
+
+
+def _fsync_dir(directory: Path) -> None:
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:  # Windows cannot open directories; the rename is still atomic there
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)

@@ -1,0 +1,205 @@
+"""What a resume checks and converts before it continues a run: one clear error, or a warning.
+
+Kept apart from :mod:`autobatch.training.checkpoints.resume` (which saves and loads): a checkpoint of
+another optimizer or scheduler class is refused before anything is loaded (one
+:class:`~autobatch.errors.CheckpointError` naming both classes, not a bare ``KeyError`` a step
+later, nor a scheduler silently running on another one's attributes); a scheduler state that
+does not load is the same error; the checkpoint's place in its epoch is converted to batches of
+this run's global batch; settings the checkpoint replaces, and a data loader whose workers'
+random state no checkpoint holds, are warned about.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any, Iterable
+
+import torch
+
+from ...errors import CheckpointError
+from ...memory.units import counted
+from ...probe.snapshot.shards import local
+from ..precision import precision_of, warn_changed_precision  # re-exported: kept importable from here
+from ..ranks import unwrap
+
+__all__ = ["precision_of", "warn_changed_precision", "check_fits", "check_kinds", "kind", "load_scheduler", "position_for", "warn_persistent_workers", "warn_replaced_settings",
+           "without_wrapper_prefix", "local_module_names",
+           "saved_module"]
+
+log = logging.getLogger("autobatch")
+
+
+def kind(value: Any) -> str | None:
+    """The class name a checkpoint stores for an optimizer or scheduler (None: none)."""
+    return None if value is None else type(value).__qualname__
+
+
+def check_kinds(path: Path, state: dict[str, Any], optimizer: Any, scheduler: Any) -> None:
+    """Refuse a checkpoint written with another optimizer or scheduler class (checkpoints of
+    earlier versions name neither, or no scheduler); warn where one run has a scheduler and the
+    other none (the schedule then stops, or starts afresh, at the resumed step)."""
+    for what, saved, mine in (("optimizer", state.get("optimizer_type"), kind(optimizer)),
+                              ("scheduler", state.get("scheduler_type"), kind(scheduler))):
+        if saved is not None and mine is not None and saved != mine:
+            raise CheckpointError(
+                path, f"it was written with {what} {saved} and this run's is {mine}; resume with {saved}, or start afresh",
+            )
+    if "scheduler_type" not in state:
+        return
+    saved = state["scheduler_type"]
+    if saved is None and scheduler is not None:
+        log.warning("resume: the checkpoint's run had no scheduler and this run has %s: its schedule starts afresh "
+                    "at the resumed step", kind(scheduler))
+    elif saved is not None and scheduler is None:
+        log.warning("resume: the checkpoint's run had scheduler %s and this run has none: the learning rate stays "
+                    "as the checkpoint left it", saved)
+
+
+def check_fits(model: torch.nn.Module, saved_model: dict[str, Any], optimizer: torch.optim.Optimizer,
+               saved_optimizer: dict[str, Any], *, sharded: bool = False) -> None:
+    """A ``ValueError`` naming the first mismatches where the checkpoint's model state (its keys,
+    its tensors' shapes) or its optimizer's parameter groups (their number, their sizes) do not
+    fit this run's, checked before anything is loaded: ``load_state_dict`` copies every entry
+    that fits before it raises on the rest, so a refused resume left the model part the
+    checkpoint's, and a run started afresh after the error trained that mix. ``sharded``: a
+    per-rank FSDP2 file, whose tensors are this rank's local shards (compared with ``local``)."""
+    mine = {key: local(value) if isinstance(value, torch.Tensor) else value for key, value in model.state_dict().items()}
+    missing, unexpected = sorted(set(mine) - set(saved_model)), sorted(set(saved_model) - set(mine))
+    lacks, extra, holder = (("this model has parameter(s) the checkpoint lacks: ", "the checkpoint has parameter(s) this "
+                             "model lacks: ", "this rank's shard") if sharded else ("missing key(s) ", "unexpected key(s) ", "this model"))
+    problems = [f"{lacks}{', '.join(missing[:4])}" if missing else "", f"{extra}{', '.join(unexpected[:4])}" if unexpected else ""]
+    shapes = [f"{key} {tuple(saved_model[key].shape)} ({holder}: {tuple(value.shape)})" for key, value in mine.items()
+              if isinstance(value, torch.Tensor) and isinstance(saved_model.get(key), torch.Tensor)
+              and saved_model[key].shape != value.shape]
+    problems.append(f"size mismatch for {', '.join(shapes[:4])}" if shapes else "")
+    groups = [len(group["params"]) for group in optimizer.param_groups]
+    saved_groups = [len(group.get("params", ())) for group in saved_optimizer.get("param_groups", [])]
+    if saved_groups != groups:
+        problems.append(f"optimizer parameter groups of {saved_groups} parameters (this optimizer: {groups})")
+    problems = [problem for problem in problems if problem]
+    if problems:
+        raise ValueError("; ".join(problems))
+
+
+def load_scheduler(path: Path, scheduler: Any, saved: dict[str, Any] | None) -> None:
+    """``scheduler.load_state_dict(saved)``; a state it cannot take is a :class:`CheckpointError`."""
+    if scheduler is None or saved is None:
+        return
+    try:
+        scheduler.load_state_dict(saved)
+    except (RuntimeError, ValueError, KeyError, TypeError, AttributeError, IndexError) as exc:
+        detail = " ".join(f"{type(exc).__name__}: {exc}".split())[:300]
+        raise CheckpointError(
+            path, f"its scheduler state does not fit this run's {kind(scheduler)} ({detail}); resume with the scheduler "
+            "it was written with, or start afresh",
+        ) from None
+
+
+def position_for(path: Path, state: dict[str, Any], global_batch: int) -> int:
+    """The checkpoint's position in its epoch (batches trained) in batches of this run's
+    ``global_batch``: the same samples (``epoch_samples``, a short batch counted as it is),
+    counted again, so a resumed run neither repeats nor skips one. A position that is no whole
+    number of the new batches is one clear error. (A checkpoint at an epoch's last step is one
+    of the next epoch's start: position 0, whatever the batches.)"""
+    position, saved = state["position"], state.get("global_batch")
+    if saved is None or saved == global_batch or position == 0:
+        return position
+    samples = state.get("epoch_samples", position * saved)  # checkpoints of earlier versions: whole batches
+    if samples % global_batch:
+        raise CheckpointError(
+            path, f"it stopped {counted(position, 'batch', 'batches')} of {saved} into its epoch ({counted(samples, 'sample')}), which is no whole "
+            f"number of batches of global_batch={global_batch}; resume with global_batch={saved} (or a divisor of "
+            f"{samples}), or from a checkpoint at an epoch's end",
+        )
+    log.warning("resume: the checkpoint trained batches of %d and this run's are of %d: %d samples into the epoch, "
+                "batch %d of this run's", saved, global_batch, samples, samples // global_batch)
+    return samples // global_batch
+
+
+def warn_persistent_workers(data: Iterable[Any], position: int = 0) -> None:
+    """Warn that a ``DataLoader(persistent_workers=True)`` resumes with other random numbers in
+    its workers: they are started once and keep their generators across epochs, and no checkpoint
+    holds those, so a resumed (or continued) run's new workers draw other augmentations than the
+    uninterrupted run's kept ones did. A map-style dataset's order is drawn by its sampler, in this
+    process, and is the same; an ``IterableDataset``'s is drawn in the workers (a shuffle in its
+    ``__iter__``): resumed at ``position`` > 0 batches into an epoch, the rest of the epoch came in
+    another order, and trained some of the epoch's samples twice and others not at all (17 of 48)."""
+    if not (getattr(data, "persistent_workers", False) and (getattr(data, "num_workers", 0) or 0) > 0):
+        return
+    if isinstance(getattr(data, "dataset", None), torch.utils.data.IterableDataset):
+        effect = ("its IterableDataset yields its samples from the workers, so an order it draws there (a shuffle in "
+                  "__iter__) is another one" + (": the rest of this epoch may train some of its samples twice and "
+                                                "others not at all" if position else ""))
+    else:
+        effect = "random augmentation in them draws other numbers than the uninterrupted run (the batches' order is the same)"
+    log.warning(
+        "resume: the DataLoader keeps its workers across epochs (persistent_workers=True), and their random state is in "
+        "no checkpoint: %s. For an exact resume use persistent_workers=False, or seed each sample's augmentation from "
+        "its index and the epoch (and an IterableDataset's shuffle from the epoch)", effect,
+    )
+
+
+def warn_replaced_settings(optimizer: torch.optim.Optimizer, saved: dict[str, Any], extra: Iterable[Any] = ()) -> None:
+    """Warn where the checkpoint's optimizer settings replace this run's (a learning rate set
+    anew for the resumed run is overwritten by ``load_state_dict``, as PyTorch resumes). The
+    learning rate is compared at its schedule's start (``initial_lr``) where a scheduler set one,
+    not at all where one of the ``extra`` state objects schedules ``optimizer`` (a
+    ``ReduceLROnPlateau`` stepped in ``on_step_end``, as the runner advises: it sets no
+    ``initial_lr``, and its lowered rate was warned about as a setting replaced), and the momentum
+    not at all where one cycles it (``OneCycleLR``, ``CyclicLR``: ``base_momentum``)."""
+    def plain(value: Any) -> Any:
+        return list(value) if isinstance(value, tuple) else value
+
+    changed = set()
+    scheduled = any(getattr(value, "optimizer", None) is optimizer for value in extra)
+    for group, old in zip(optimizer.param_groups, saved.get("param_groups", [])):
+        skip = {"params", "lr"} if scheduled or "initial_lr" in group else {"params"}  # a schedule moves lr itself
+        if "base_momentum" in group:  # and a cycling one momentum (SGD's) or beta1 (Adam's)
+            skip |= {"momentum", "betas"}
+        for key, value in group.items():
+            if key in skip or key not in old or not isinstance(value, (int, float, str, bool, tuple, type(None))):
+                continue
+            if plain(old[key]) != plain(value):
+                changed.add(f"{key} {old[key]!r} (this run: {value!r})")
+    if changed:
+        log.warning("resume: the checkpoint's optimizer settings replace this run's: %s; set them after resuming "
+                    "to change them", ", ".join(sorted(changed)))
+
+
+#: the names under which a wrapper holds the model in its state dict: DDP's ``module``, torch.compile's ``_orig_mod``
+WRAPPER_PREFIXES = ("module.", "_orig_mod.")
+
+
+def without_wrapper_prefix(state: dict[str, Any]) -> dict[str, Any]:
+    """Keys of a checkpoint written from a wrapper by an older version, without the wrapper's
+    names: a DDP wrapper's ``module.``, a ``torch.compile``d model's ``_orig_mod.`` (both, nested)."""
+    while state and (prefix := next((p for p in WRAPPER_PREFIXES if all(key.startswith(p) for key in state)), None)):
+        state = {key[len(prefix):]: value for key, value in state.items()}
+    return state
+
+
+def saved_module(model: torch.nn.Module) -> torch.nn.Module:
+    """The module whose state a checkpoint holds: ``model`` inside its data-parallel wrapper
+    (:func:`~autobatch.training.ranks.unwrap`) and inside ``torch.compile``'s ``OptimizedModule``
+    (its ``_orig_mod``), so the checkpoint's keys name the bare model's parameters. Before, a
+    compiled run wrote ``_orig_mod.``-prefixed keys, and its resume without ``torch.compile``
+    (or a bare run's resume with it) was refused as "written for another model"."""
+    while True:
+        inner = unwrap(model)
+        compiled = inner._modules.get("_orig_mod") if type(inner).__name__ == "OptimizedModule" else None
+        if not isinstance(compiled, torch.nn.Module):
+            return inner
+        model = compiled
+
+
+def local_module_names(names: list[str], local: torch.nn.Module) -> list[str]:
+    """Module names as ``local`` (the model inside any DDP or ``torch.compile`` wrapper) has them. The checkpointing
+    fallback names modules from the model it was given, the wrapper under torchrun
+    (``module.blocks.0``), so a checkpoint keeps them relative to the local model and one
+    written before (with the wrapper's ``module.``) still resumes, with or without the wrapper."""
+    known = dict(local.named_modules())
+    if all(name in known for name in names):
+        return list(names)
+    return list(without_wrapper_prefix(dict.fromkeys(names)))
+
