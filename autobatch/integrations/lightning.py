@@ -1,25 +1,22 @@
 """``AutoBatchSize``: a Lightning callback that sets the batch size from autobatch's probe.
 
-At fit start it probes the module's real training step, the one ``fit`` will run: the module's
-``training_step`` (through the strategy, under the precision plugin), ``backward`` and the
-optimizer step from ``configure_optimizers`` (with the precision plugin's gradient scaler and
-clipping), on batches of any size built from the first batch of the train dataloader, passed
-through the loop's own input path (``convert_input``, the batch-transfer hooks; see
-:mod:`.lightning_step`). No user callback's hook runs during the trials. The
-search is :func:`~autobatch.find_max_batch` (the exact boundary in a handful of trials, where
-Lightning's ``BatchSizeFinder`` doubles and may stop at a power of two). The size goes where
-``BatchSizeFinder`` puts it (``model.batch_size``, ``model.hparams.batch_size``, the datamodule's
-attribute or its ``hparams`` entry, found with Lightning's ``lightning_hasattr``), and the train dataloader is
-re-created at it, never larger than the train dataset (under DDP: a rank's share; a fractional ``limit_train_batches``: one
-batch of its limited epoch, :func:`.lightning_epochs.epoch_cap`). The
-module (its plain attributes too: gathered outputs, counters, metric states), its optimizers,
-the scaler, the learning-rate schedulers and the random states are put back bit-exactly after
-the trials (:mod:`.lightning_state`); no checkpoint file is written. The size is saved in
-Lightning's checkpoints (the callback's state): ``fit(ckpt_path=...)`` trains at it again,
-without a probe. Dataloaders passed to ``fit()``
-directly are refused, as ``BatchSizeFinder`` refuses them: their batch size is fixed. An integer
-``val_check_interval`` longer than an epoch at the size set (which ``fit`` would refuse) is one
-``ValueError`` before training, naming what to change.
+At fit start it probes the module's real training step, the one ``fit`` will run: the module's ``training_step``
+(through the strategy, under the precision plugin), ``backward`` and the optimizer step from
+``configure_optimizers`` (with the precision plugin's gradient scaler and clipping), on batches of any size
+built from the first batch of the train dataloader, passed through the loop's own input path (``convert_input``,
+the batch-transfer hooks; see :mod:`.lightning_step`). No user callback's hook runs during the trials. The
+search is :func:`~autobatch.find_max_batch` (the exact boundary in a handful of trials, where Lightning's
+``BatchSizeFinder`` doubles and may stop at a power of two). The size goes where ``BatchSizeFinder`` puts it
+(``model.batch_size``, ``model.hparams.batch_size``, the datamodule's attribute or its ``hparams`` entry, found
+with Lightning's ``lightning_hasattr``), and the train dataloader is re-created at it, never larger than the
+train dataset (under DDP: a rank's share; a fractional ``limit_train_batches``: one batch of its limited epoch,
+:func:`.lightning_epochs.epoch_cap`). The module (its plain attributes too: gathered outputs, counters, metric
+states), its optimizers, the scaler, the learning-rate schedulers and the random states are put back bit-exactly
+after the trials (:mod:`.lightning_state`); no checkpoint file is written. The size is saved in Lightning's
+checkpoints (the callback's state): ``fit(ckpt_path=...)`` trains at it again, without a probe; a later ``fit``
+with nothing left to train is not probed. Dataloaders passed to ``fit()`` directly are refused, as
+``BatchSizeFinder`` refuses them. An integer ``val_check_interval`` longer than an epoch at the size set (which
+``fit`` would refuse) is one ``ValueError`` before training, naming what to change.
 
 With ``global_batch`` the callback keeps that many samples per optimizer step: it sets
 ``trainer.accumulate_grad_batches`` and a batch size no larger than the probed one with
@@ -55,7 +52,8 @@ from ..probe.snapshot.unrestored import caller_restores
 from ..training.checkpoints.checkpoint_io import rng_state, set_rng_state
 from .. import checks
 from .global_batch import accumulation_for, cap_at_samples, check_share, small_split, split_keeping
-from .lightning_epochs import changed_step, check_limit, check_val_interval, dropped_note, epoch_cap, scheduled_step
+from .lightning_epochs import (changed_step, check_limit, check_val_interval, dropped_note, epoch_cap, fit_ended,
+                               scheduled_step)
 from .lightning_loaders import check_loader_follows, check_settable
 from .lightning_loop import LoopConfirmation, MemoryLine, confirm_in_loop
 from .lightning_options import checked_batch_arg_name, checked_probe_options
@@ -182,8 +180,8 @@ class AutoBatchSize(Callback):
         self._given_accumulation(trainer)
         self._schedule = StepSchedule.taken(trainer, pl_module, self.batch_arg_name)  # before the trials change it
         own = self._own = lightning_getattr(pl_module, self.batch_arg_name)  # before the trials change it
-        if self._resume(trainer, pl_module):
-            return
+        if self._resume(trainer, pl_module) or fit_ended(trainer, self.batch_arg_name, own):
+            return  # the size kept: a resume's (from its checkpoint), or a fit with nothing left to train
         share = None if self.global_batch is None else self.global_batch // world
         if trainer.fast_dev_run:
             self._skip_probe(trainer, pl_module, share)
@@ -250,18 +248,18 @@ class AutoBatchSize(Callback):
     def _check(self, trainer: Trainer, module: LightningModule) -> int:
         """One clear error for a setup the callback cannot serve; the world size."""
         name = self.batch_arg_name
+        if not trainer.fit_loop._data_source.is_module():  # first: else "no field" came, then this, one at a time
+            raise ValueError(
+                "AutoBatchSize cannot set the batch size of dataloaders passed to fit() directly (they are built "
+                "already): build the train dataloader in the module's or datamodule's train_dataloader() from "
+                f"{name!r} (a field of either, or of its hparams), as Lightning's BatchSizeFinder requires"
+            )
         if not lightning_hasattr(module, name):
             raise AttributeError(
                 f"AutoBatchSize: no field {name!r} in the module, its hparams, the datamodule or its hparams; add it "
                 "(and build the train dataloader from it) or pass batch_arg_name"
             )
         check_settable(module, name)  # a read-only property failed after the probe's trials
-        if not trainer.fit_loop._data_source.is_module():
-            raise ValueError(
-                "AutoBatchSize cannot set the batch size of dataloaders passed to fit() directly (they are built "
-                "already): build the train dataloader in the module's or datamodule's train_dataloader() from "
-                f"{name!r}, as Lightning's BatchSizeFinder requires"
-            )
         self._world = world = max(1, trainer.world_size)
         if self.global_batch is None:
             return world

@@ -5,7 +5,7 @@ that held at the module's own size may no longer (see :func:`check_limit` and
 :func:`check_val_interval`). Each is one ``ValueError`` naming what to change. A fractional
 ``limit_train_batches`` caps the batch instead (:func:`epoch_cap`), as the dataset does. With no
 ``global_batch``, an accumulation window that no longer divides the epoch's batches is one warning
-(:func:`changed_step`).
+(:func:`changed_step`). A ``fit`` that trains nothing (:func:`fit_ended`) is not probed.
 """
 
 from __future__ import annotations
@@ -15,11 +15,31 @@ from typing import Any
 
 from lightning.pytorch import Trainer
 
+from ..memory.units import counted
 from .global_batch import changed_samples
 from .lightning_loop import refuses_interval
 from .lightning_schedules import train_loader
+from .lightning_tuners import tell
 
-__all__ = ["check_limit", "check_val_interval", "epoch_cap", "dropped_note", "changed_step", "scheduled_step"]
+__all__ = ["fit_ended", "check_limit", "check_val_interval", "epoch_cap", "dropped_note", "changed_step", "scheduled_step"]
+
+
+def fit_ended(trainer: Trainer, name: str, size: Any) -> bool:
+    """Whether ``fit`` trains nothing from its start, told in one INFO line: a later ``fit`` on a
+    trainer whose ``max_steps`` or ``max_epochs`` an earlier ``fit`` reached (``FitLoop.done``'s
+    limits). The callback does not probe there (``name=size`` kept): its confirmation run could take
+    no step, so the probe's answer was set unconfirmed, replacing the size the first fit confirmed,
+    with a warning to set ``max_batch``. A resumed fit's loops are restored after ``on_fit_start``."""
+    loop = trainer.fit_loop
+    epochs = loop.epoch_progress.current.processed
+    if loop.max_steps not in (None, -1) and trainer.global_step >= loop.max_steps:
+        ended = f"max_steps={loop.max_steps} reached already (global_step={trainer.global_step})"
+    elif loop.max_epochs not in (None, -1) and epochs >= loop.max_epochs:
+        ended = f"max_epochs={loop.max_epochs} reached already ({counted(epochs, 'epoch')} trained)"
+    else:
+        return False
+    tell("AutoBatchSize: %s: fit trains nothing; not probed, %s=%s kept", ended, name, size)
+    return True
 
 
 def epoch_cap(trainer: Trainer, samples: int | None) -> tuple[int | None, str]:

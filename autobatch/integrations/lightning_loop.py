@@ -354,7 +354,9 @@ class _LoopState:
         trainer.limit_train_batches, trainer.limit_val_batches = 1.0, 1 if self.validate else 0
         loop = trainer.fit_loop
         epoch_loop = loop.epoch_loop
-        epoch_loop.max_steps = steps
+        # counted from the steps already taken: a second fit on the same trainer starts at its first
+        # fit's global_step, and a run capped at `steps` there took none (the size went unconfirmed)
+        epoch_loop.max_steps = trainer.global_step + steps
         own = epoch_loop._should_check_val_fx  # where fit validates (an epoch's end the run crosses), and
         epoch_loop._should_check_val_fx = lambda *args: self.validate and (  # after the run's last step
             (trainer.global_step >= epoch_loop.max_steps and not epoch_loop._should_accumulate()) or own(*args))
