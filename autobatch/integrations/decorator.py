@@ -77,8 +77,9 @@ from ..memory.lazy_state import LazyStateWatch
 from ..memory.oom import allocated_at_failure, free_memory, is_oom_error, recognised_ooms, requested_bytes
 from ..memory.simulated import active_simulation
 from .decorator_loaders import KeptLoader
-from .decorator_checks import (accumulation_message, caught_message, check_arguments, check_call, check_takes_batch,
-                               is_method, kept_by_failures, refuse_coroutine, retrained_message, retry_note)
+from .decorator_checks import (accumulation_message, caught_message, check_arguments, check_call,
+                               check_takes_batch, is_method, kept_by_failures, reduced_size, refuse_coroutine,
+                               retrained_message, retry_note)
 from .decorator_state import AttemptState, accumulation_steps
 from .decorator_steps import next_size
 
@@ -145,14 +146,13 @@ def find_executable_batch_size(
             (``def train(*, batch_size)``) or has a ``batch_size`` that is not first (``def train(model,
             batch_size)``); it is a generator or ``async def``, or returns a coroutine or generator (its
             steps would run after the call returned, where no retry sees an out-of-memory error).
-        ValueError: a bad argument, ``starting_batch_size`` below ``multiple_of``, or a
-            ``reduce_batch_size_fn`` that returned a size not below the one that failed (the
-            retries would never end).
+        ValueError: a bad argument, ``starting_batch_size`` below ``multiple_of``, or a ``reduce_batch_size_fn``
+            that returned a size not below the one that failed (the retries would never end; one not a function
+            of no arguments, or that returned no number, is a ``TypeError``).
         NoBatchFitsError: batch 1 ran out of memory; or sizes down to half the start failed at one
             point, whatever their size (a function that ignores it): the message says so.
 
-    A failed attempt's own gradients are dropped and others kept; its steps with an optimizer passed in
-    are a ``RuntimeWarning``; a retry's other error gets a note (module docstring).
+    A failed attempt's own gradients are dropped; its optimizer steps and a retry's other error: module docstring.
     """
     if function is None:
         return functools.partial(find_executable_batch_size, starting_batch_size=starting_batch_size,
@@ -161,7 +161,8 @@ def find_executable_batch_size(
     if isinstance(function, (staticmethod, classmethod)):  # under the decorator: wrap what it holds
         return type(function)(find_executable_batch_size(function.__func__, starting_batch_size, reduce_batch_size_fn,
                                                          device=device, fallback_factor=fallback_factor, multiple_of=multiple_of))
-    starting_batch_size, multiple_of = check_arguments(starting_batch_size, fallback_factor, multiple_of, function)
+    starting_batch_size, multiple_of = check_arguments(starting_batch_size, fallback_factor, multiple_of, function,
+                                                       reduce_batch_size_fn)  # and the hook's signature
     check_takes_batch(function, method := is_method(function))  # where the size goes, and that it can
 
     @functools.wraps(function)
@@ -230,6 +231,7 @@ def _returned(attempts: list[Attempt], function: Callable[..., Any], memory: Dev
     kept.returned(attempt.batch_size)
     attempt.start_bytes = grads.started(attempt.start_bytes)  # after the function's own free_memory()
     _smaller_than_asked(function, attempts, accumulating, grads)
+    grads.resume.returned(stacklevel=5)  # the attempt that ran skipped other figures than the warning's
     if twice := grads.retrained.twice():
         warnings.warn(retrained_message(getattr(function, "__name__", "function"), twice, attempt.batch_size),
                       RuntimeWarning, stacklevel=4)
@@ -288,7 +290,7 @@ def _next_size(attempts: list[Attempt], reduce: Callable[[], int] | None, factor
     attempt = attempts[-1]
     size = attempt.batch_size
     if reduce is not None:
-        asked, how = int(reduce()), "reduce_batch_size_fn"
+        asked, how = reduced_size(reduce()), "reduce_batch_size_fn"
         if asked < 1:
             raise ValueError(f"reduce_batch_size_fn returned {asked}; it must return a positive batch size")
         chosen = asked - asked % multiple_of if asked >= multiple_of else asked  # a multiple, as the fallback's

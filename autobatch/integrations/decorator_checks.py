@@ -11,12 +11,13 @@ Accelerate passes a method's batch size as ``self`` and the instance as the batc
 from __future__ import annotations
 
 import inspect
+import math
 from typing import Any, Callable
 
-from ..checks import positive_int
+from ..checks import integer, positive_int
 from ..memory.units import format_bytes
 
-__all__ = ["caught_message", "retry_note", "check_arguments", "check_call", "check_takes_batch", "is_method", "refuse_coroutine"]
+__all__ = ["caught_message", "retry_note", "check_arguments", "check_call", "check_reduce", "check_takes_batch", "is_method", "reduced_size", "refuse_coroutine"]
 
 #: the first parameter's names that make a function a method: the batch size goes second
 METHOD_FIRST = ("self", "cls")
@@ -57,11 +58,12 @@ def refuse_coroutine(function: Callable[..., Any], value: Any) -> None:
         )
 
 
-def check_arguments(start: int, factor: float, multiple_of: int, function: Any) -> tuple[int, int]:
-    """One error for a bad argument of the decorator, naming it; ``(start, multiple_of)`` as plain
-    ints. Any integer type is taken (``np.int64(64)``, as Accelerate's decorator and
+def check_arguments(start: int, factor: float, multiple_of: int, function: Any, reduce: Any = None) -> tuple[int, int]:
+    """One error for a bad argument of the decorator, naming it (``reduce``: :func:`check_reduce`);
+    ``(start, multiple_of)`` as plain ints. Any integer type is taken (``np.int64(64)``, as Accelerate's decorator and
     :func:`~autobatch.checks.positive_int` take it; it was refused as "not a positive integer")."""
     start = positive_int("starting_batch_size", start)
+    check_reduce(reduce)
     multiple_of = positive_int("multiple_of", multiple_of)
     if not isinstance(factor, (int, float)) or not 0 < factor < 1:
         raise ValueError(f"fallback_factor must be a number between 0 and 1 (exclusive), got {factor!r}")
@@ -92,6 +94,43 @@ def check_arguments(start: int, factor: float, multiple_of: int, function: Any) 
             "function that trains and returns (collect what it yields in a list)"
         )
     return start, multiple_of
+
+
+def check_reduce(reduce: Any) -> None:
+    """One ``TypeError`` where it decorates, for a ``reduce_batch_size_fn`` that is not a callable
+    of no arguments (Accelerate calls it as ``reduce_batch_size_fn()``). Why: ``lambda bs: bs // 2``
+    or a factor (``reduce_batch_size_fn=0.5``) was accepted and failed only after the first
+    out-of-memory error, with Python's ``missing 1 required positional argument: 'bs'`` or
+    ``'float' object is not callable``, naming neither the decorator nor what to change."""
+    if reduce is None:
+        return
+    if not callable(reduce):
+        factor = " (to shrink by a factor, pass fallback_factor=)" if isinstance(reduce, (int, float)) else ""
+        raise TypeError(f"reduce_batch_size_fn must be a function of no arguments that returns the next batch "
+                        f"size, got {reduce!r:.40}{factor}")
+    try:
+        inspect.signature(reduce).bind()
+    except TypeError:
+        raise TypeError(
+            f"reduce_batch_size_fn {getattr(reduce, '__name__', reduce)!s:.40} must take no arguments (it is called as "
+            "reduce_batch_size_fn(), as Accelerate calls it): read the size that failed from the decorated function's "
+            "batch_size, reduce_batch_size_fn=lambda: train.batch_size // 2"
+        ) from None
+    except ValueError:
+        return  # a builtin without a signature: the call says
+
+
+def reduced_size(value: Any) -> int:
+    """What a ``reduce_batch_size_fn`` returned, as an ``int``: a number is floored (``train.batch_size
+    / 2`` or ``* 0.8`` gives a float), anything else is one ``TypeError`` naming the hook. Why: a hook
+    that forgot its ``return`` failed with ``int() argument must be ... not 'NoneType'``, and one
+    that returned a string (``"4"``) was taken as a size."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) and integer(value) is None:
+        raise TypeError(f"reduce_batch_size_fn returned {value!r:.40}; it must return the next batch size as an int "
+                        "(does it `return` it?)")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise TypeError(f"reduce_batch_size_fn returned {value!r}; it must return the next batch size as an int")
+    return int(value) if integer(value) is None else integer(value)
 
 
 def check_takes_batch(function: Callable[..., Any], method: bool) -> None:

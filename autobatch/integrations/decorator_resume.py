@@ -9,7 +9,9 @@ which is right, but ``skip_first_batches`` counts batches of the *retry's* size,
 checkpoint counted the failed attempt's: 2 steps at batch 16 (32 samples) resumed at batch 12
 skip 24 samples, and samples 24-31 were trained twice (a larger retry skipped some), silently.
 It cannot be made exact by skipping other batches (32 samples are not a whole number of batches
-of 12, and the user's step counter would disagree), so the retry is one warning naming the fix.
+of 12, and the user's step counter would disagree), so the retry is one warning naming the fix;
+where the attempt that ran skipped with other figures (a later retry at another size), one more
+when the call returns gives those (:meth:`ResumeWatch.returned`).
 
 How: for the duration of a decorated call, and only where Accelerate is imported, the
 ``Accelerator`` class's ``save_state``, ``load_state`` and ``skip_first_batches`` are wrapped
@@ -55,6 +57,9 @@ class ResumeWatch:
         self.last: tuple[int, int] | None = None  # the latest save of the call
         self.loaded: tuple[int, int] | None = None  # the save the running attempt loaded
         self.warned = False
+        #: the running attempt's mismatched skip (saved size, its size, count), and the one warned of
+        self.skipped: tuple[int, int, int] | None = None
+        self.warned_of: tuple[int, int, int] | None = None
 
     def __enter__(self) -> "ResumeWatch":
         accelerator = getattr(sys.modules.get("accelerate"), "Accelerator", None)
@@ -72,7 +77,16 @@ class ResumeWatch:
 
     def started(self, size: int) -> None:
         """At an attempt's start: its batch size; nothing loaded yet."""
-        self.attempt, self.size, self.loaded = self.attempt + 1, size, None
+        self.attempt, self.size, self.loaded, self.skipped = self.attempt + 1, size, None, None
+
+    def returned(self, stacklevel: int) -> None:
+        """The call returned: where the attempt that ran skipped with other figures than the retry
+        warned of (a later retry, at another size, loaded the same checkpoint), one more warning with
+        the figures of the run that counts. Why: the one warning named the first retry's figures
+        (samples 484-511 twice, at batch 121), and the attempt that ran at 87 trained 348-511 twice."""
+        if self.skipped is not None and self.skipped != self.warned_of:
+            saved, now, count = self.warned_of = self.skipped
+            warnings.warn(resume_message(self.name, saved, now, count, ran=True), RuntimeWarning, stacklevel=stacklevel)
 
     def _saved(self, where: Any, size: int | None) -> None:
         if (size := size or self.size) is not None:
@@ -85,22 +99,27 @@ class ResumeWatch:
         """A ``skip_first_batches(loader, count)``: the warning where the running attempt loaded a
         checkpoint an earlier attempt of this call saved at another batch size than ``loader``'s
         (``size``, where what skips is not the loader: a ``SkipBatchSampler``'s)."""
-        if self.warned or self.loaded is None or not isinstance(count, int) or count <= 0:
+        if self.loaded is None or not isinstance(count, int) or count <= 0:
             return
         saved, attempt = self.loaded
         now = size or _batch_size(loader) or self.size
         if attempt < self.attempt and now is not None and now != saved:
-            self.warned = True
+            self.skipped = (saved, now, count)
+            if self.warned:
+                return
+            self.warned, self.warned_of = True, self.skipped
             # here, the wrapper, the caller's skip_first_batches line (a built object's: counted)
             warnings.warn(resume_message(self.name, saved, now, count), RuntimeWarning, stacklevel=stacklevel)
 
 
-def resume_message(name: str, saved: int, now: int, count: int) -> str:
-    """The warning of a retry that skips ``count`` batches of ``now`` from a checkpoint saved at ``saved``."""
+def resume_message(name: str, saved: int, now: int, count: int, ran: bool = False) -> str:
+    """The warning of a retry that skips ``count`` batches of ``now`` from a checkpoint saved at
+    ``saved``; ``ran``: said when the call returned, of the attempt that ran."""
     done, skipped = count * saved, count * now
     effect = (f"samples {skipped}-{done - 1} are trained twice" if skipped < done
               else f"samples {done}-{skipped - 1} are never trained")
-    return (f"find_executable_batch_size: {name} resumed a retry at batch {now} from a checkpoint a failed "
+    which = "the retry that ran, at batch" if ran else "a retry at batch"
+    return (f"find_executable_batch_size: {name} resumed {which} {now} from a checkpoint a failed "
             f"attempt saved at batch {saved}, and skip_first_batches(loader, {count}) skips {count} batches "
             f"of {now} ({skipped} samples); if {count} counts the checkpoint's batches ({done} samples), "
             f"{effect}. Save the samples done with the checkpoint (steps x batch size) and skip those: "
