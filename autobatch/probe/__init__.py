@@ -1,11 +1,11 @@
 """Probe: the largest batch whose real training step fits, found by trials or estimated.
 
 :func:`find_max_batch` (:mod:`.find`) checks its arguments (:mod:`.arguments`), looks the
-answer up in the persistent cache (:mod:`.cache`), runs trials of the user's step
-(:mod:`.trial`, :mod:`.train_step`) under a search strategy (:mod:`.search`,
-:mod:`.strategies`, :mod:`.predict` with :mod:`.bracket`) and puts the model back
-(:mod:`.restore`); or estimates the answer with fake tensors without touching the device
-(:mod:`.estimate`, :mod:`.estimated`). Across ranks it agrees through :mod:`.ranks`.
+answer up in the persistent cache (:mod:`.caching`), runs trials of the user's step
+(:mod:`.trial`, :mod:`.train_step`) under a search strategy (:mod:`.searching`), says why the
+answer is safe (:mod:`.settling`, :mod:`.fresh_layout`, :mod:`.promise`) and puts the model back
+(:mod:`.snapshot`); or estimates the answer with fake tensors without touching the device
+(:mod:`.tracing`). Across ranks it agrees through :mod:`.ranks`.
 """
 
 from .arguments import ALLOCATOR_HEADROOM, SEARCH_CEILING, STRATEGY_NAMES
