@@ -57,6 +57,7 @@ from .lightning_epochs import (changed_step, check_limit, check_val_interval, dr
 from .lightning_loaders import check_loader_follows, check_settable
 from .lightning_loop import LoopConfirmation, MemoryLine, confirm_in_loop
 from .lightning_options import checked_batch_arg_name, checked_probe_options
+from .lightning_resume import changed_samples, dropped_samples, overridden_accumulation, restored_note
 from .lightning_schedules import StepSchedule
 from .lightning_state import SavedState, parked_checkpoint, probing
 from .lightning_step import LightningStep, first_batch
@@ -177,6 +178,7 @@ class AutoBatchSize(Callback):
         world = self._check(trainer, pl_module)
         self._fitting, self.result, self.confirmation = (trainer, pl_module), None, None
         self._replaced, self._fewer, self._skipped, self._sizes = None, None, False, None
+        self._before: int | None = None  # a checkpoint's samples per step, resumed without its global_batch
         self._given_accumulation(trainer)
         self._schedule = StepSchedule.taken(trainer, pl_module, self.batch_arg_name)  # before the trials change it
         own = self._own = lightning_getattr(pl_module, self.batch_arg_name)  # before the trials change it
@@ -286,9 +288,9 @@ class AutoBatchSize(Callback):
         if not restored:
             return False
         if (restored.get("global_batch"), restored.get("world_size")) != (self.global_batch, self._world):
-            tell("AutoBatchSize: the checkpoint's batch size was for global_batch=%s over %s rank(s); probing "
-                 "again", restored.get("global_batch"), restored.get("world_size"))
+            self._before = dropped_samples(restored, self.global_batch, self._world)  # warned once the size is set
             return False
+        overridden_accumulation(restored, self._given[1] if self._given else None, self.state_key)  # warned
         self.batch_size, self.accumulation = restored["batch_size"], restored["accumulation"]
         lightning_setattr(module, self.batch_arg_name, self.batch_size)
         check_limit(trainer, self.global_batch, self.accumulation, self.batch_size, None)
@@ -296,9 +298,7 @@ class AutoBatchSize(Callback):
         if self.accumulation:
             trainer.accumulate_grad_batches = self.accumulation
         trainer.fit_loop._combined_loader = None  # the train dataloader is re-created at the restored size
-        tell("AutoBatchSize: %s=%d%s restored from the checkpoint, not probed again (a resumed run trains at the "
-             "size it trained at)", self.batch_arg_name, self.batch_size,
-             f", accumulate_grad_batches={self.accumulation}" if self.accumulation else "")
+        restored_note(self.batch_arg_name, self.batch_size, self.accumulation)
         self._schedule.resize(trainer, self.batch_size)
         return True
 
@@ -328,7 +328,9 @@ class AutoBatchSize(Callback):
 
     def _warn_replaced(self) -> None:
         """One warning where the user's ``accumulate_grad_batches`` was replaced (see
-        :func:`~.global_batch.split_keeping`); an INFO line where it was kept though fewer fit."""
+        :func:`~.global_batch.split_keeping`); an INFO line where it was kept though fewer fit; one warning
+        where a checkpoint's samples per step change (:func:`.lightning_resume.changed_samples`)."""
+        changed_samples(self._before, self.batch_size, self.accumulation or (self._given or (0, 1))[1], self._world)
         if self._replaced:
             rank_zero_warn(f"AutoBatchSize: {self._replaced}")
         elif self.global_batch is not None and self._fewer:

@@ -1,0 +1,79 @@
+"""What :class:`~autobatch.integrations.lightning.AutoBatchSize` says when a resumed ``fit`` does
+not train the split its checkpoint asked for.
+
+A checkpoint of the callback holds the size, the accumulation, ``global_batch`` and the world size
+it trained at (``AutoBatchSize.state_dict``). A fit resumed with the same ``global_batch`` and world
+size trains at that split again without probing, so each optimizer step trains as many samples,
+at the same batch size, as the run it resumes. Two ways a user's run then differs from what they
+see in their script, each said in one warning (both were one INFO line):
+
+* :func:`overridden_accumulation`: the resumed run's ``Trainer(accumulate_grad_batches=8)`` is
+  replaced with the checkpoint's 2 (512 x 2 = 1024 a step): the user's own setting was dropped;
+* :func:`changed_samples`: a checkpoint trained at ``global_batch=1024`` (512 x 2) resumed with
+  ``AutoBatchSize()`` probes again and trains 795 x 1: the samples per optimizer step (and with
+  them the learning rate's meaning) change mid-run.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from lightning.pytorch.utilities import rank_zero_warn
+
+from .lightning_tuners import tell
+
+__all__ = ["changed_samples", "dropped_samples", "overridden_accumulation", "restored_note"]
+
+
+def dropped_samples(restored: Mapping[str, Any], global_batch: int | None, world: int) -> int | None:
+    """Log that the checkpoint's size was for another ``global_batch`` or world size (the callback
+    probes again). Return the checkpoint's samples per optimizer step where this run gives no
+    ``global_batch`` though the checkpoint's had one: the probe's answer may change them, which
+    :func:`changed_samples` says once the size is set (None otherwise)."""
+    saved = restored.get("global_batch")
+    tell("AutoBatchSize: the checkpoint's batch size was for global_batch=%s over %s rank(s); probing again",
+         saved, restored.get("world_size"))
+    return saved if global_batch is None and isinstance(saved, int) else None
+
+
+def changed_samples(before: int | None, size: int | None, accumulation: int, world: int) -> str | None:
+    """Warn (and return the warning) where the size set makes other samples per optimizer step (``size`` x
+    ``accumulation`` x ``world``) than the checkpoint's ``before`` (:func:`dropped_samples`); None
+    where they are the same, or no checkpoint's count is known."""
+    if before is None or size is None or size < 1 or size * accumulation * world == before:
+        return None
+    ranks = f" x {world} ranks" if world > 1 else ""
+    warning = (f"the checkpoint trained {before} samples per optimizer step (global_batch={before}); resumed without "
+            f"global_batch, this run trains {size * accumulation * world} ({size} x accumulate_grad_batches="
+            f"{accumulation}{ranks}), so the samples per step (and what the learning rate means) change mid-run. "
+            f"Pass AutoBatchSize(global_batch={before}) to keep the checkpoint's")
+    rank_zero_warn(f"AutoBatchSize: {warning}")
+    return warning
+
+
+def overridden_accumulation(restored: Mapping[str, Any], given: int | None, state_key: str) -> str | None:
+    """Warn (and return the warning) where the checkpoint's ``accumulation`` replaces the ``accumulate_grad_batches``
+    the user gave this run's Trainer (``given``; None or 1 is Lightning's default, nothing
+    replaced). Kept, not the user's: the checkpoint's split keeps the run's samples per step and
+    batch size (another batch would change the batches of each epoch mid-run). To split anew, the
+    callback must probe: it does for a checkpoint without its state (``state_key``), where the
+    user's accumulation is then kept if its micro-batches fit."""
+    saved = restored.get("accumulation")
+    if not saved or given is None or given <= 1 or given == saved:
+        return None
+    size, total = restored["batch_size"], restored.get("global_batch")
+    warning = (f"accumulate_grad_batches={given} (set on the Trainer) is replaced with the checkpoint's "
+            f"accumulate_grad_batches={saved} ({size} x {saved} for global_batch={total}): a resumed run keeps the "
+            f"checkpoint's split, so it trains the same samples per optimizer step at the same batch size as the run "
+            f"it resumes. To split global_batch={total} into {given} micro-batches instead, resume from a copy of the "
+            f"checkpoint (best an end-of-epoch one) without this callback's state (del checkpoint['callbacks'][{state_key!r}]): the callback then "
+            f"probes again and keeps accumulate_grad_batches={given} where its micro-batches fit; or remove "
+            "accumulate_grad_batches from the Trainer")
+    rank_zero_warn(f"AutoBatchSize: {warning}")
+    return warning
+
+
+def restored_note(name: str, size: int, accumulation: int | None) -> None:
+    """The INFO line of a size (and accumulation) restored from the checkpoint."""
+    tell("AutoBatchSize: %s=%d%s restored from the checkpoint, not probed again (a resumed run trains at the "
+         "size it trained at)", name, size, f", accumulate_grad_batches={accumulation}" if accumulation else "")
