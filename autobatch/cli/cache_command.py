@@ -25,10 +25,12 @@ from filelock import Timeout
 from ..memory.units import counted
 from ..probe.caching.cache import CacheEntry, CacheLockError, ProbeCache, default_dir
 from .errors import RUNTIME_FAILURE, CLIError
+from .schema_keys import close_match
 
 __all__ = ["main", "entry_table"]
 
 KEY_PREFIX = 12
+ACTIONS = ("list", "clear")
 
 
 def _model(entry: CacheEntry) -> str:
@@ -66,12 +68,20 @@ def _directory(text: str) -> Path:
     return Path(text).expanduser()
 
 
+def _action(text: str) -> str:
+    """The action, or one line with the closest of ``list`` / ``clear`` for a misspelt one (``cache lst``)."""
+    if text not in ACTIONS:
+        raise argparse.ArgumentTypeError(f"invalid choice: {text!r} (choose from {', '.join(ACTIONS)})"
+                                         f"{close_match(text, ACTIONS, 'cache ')}")
+    return text
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="python -m autobatch cache",
         description="Show or empty the persistent probe cache (probe.cache=true stores every probe result there).",
     )
-    parser.add_argument("action", choices=("list", "clear"), help="list the entries, or delete them all")
+    parser.add_argument("action", type=_action, choices=ACTIONS, help="list the entries, or delete them all")
     parser.add_argument("--dir", type=_directory, default=None, help=f"the cache directory (default: {default_dir()})")
     return parser
 

@@ -13,16 +13,19 @@ Hydra composes anything. A dict whose ``_target_`` is the chosen option's own cl
 chosen on the command line (``model=mlp``) or to an option of the user's own stays Hydra's merge.
 
 The same happens to ``model._target_=mypkg.MyModel`` (``optimizer._target_=``, ``scheduler._target_=``)
-without an option chosen: the class is built with the default option's keys. A class that lacks
+without an option chosen: the class is built with the default option's keys; and with one chosen
+(``model=mlp model._target_=mypkg.MyModel``, which almost surely meant ``model=target``), with its keys. A class that lacks
 one of them is refused by :func:`~autobatch.cli.validation.check_target_arguments`, but one that
 takes ``**kwargs`` got ``gpt``'s ``vocab_size``, ``layers``... silently; that is the same line,
 naming the ``target`` form. A class that takes each of the option's keys by name
 (``optimizer._target_=torch.optim.Adam`` keeps adamw's ``lr``, ``betas``, ``weight_decay``) is
-what the override means, and is built so.
+what the override means, and is built so, as is a subclass of the option's own class
+(``model=mlp model._target_=mypkg.WideMLP``, ``WideMLP(autobatch.workloads.models.MLP)``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import shlex
 from pathlib import Path
@@ -33,6 +36,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 
 from .build import locate
 from .errors import CLIError
+from .schema_keys import schema_of
 from .split_words import key_by_key
 from .validation import target_parameters
 
@@ -100,26 +104,41 @@ def _target_form_line(line: str, given: str, kept: str, choice: tuple[str, str],
 
 def _check_target_override(config_name: str, job: Sequence[str], command: str) -> None:
     """Raise :class:`CLIError` when ``job`` sets ``model._target_`` (``optimizer``, ``scheduler``) on a packaged
-    option it does not choose and the class takes ``**kwargs``, which would take the option's keys silently."""
+    option and the class takes ``**kwargs``, which would take the option's keys silently: the default option,
+    or one chosen (``model=mlp model._target_=mypkg.MyModel`` almost surely meant ``model=target``). A class
+    that names each of the option's keys, or subclasses the option's own class, is built with them."""
     keyed = {o.lstrip("+").split("=", 1)[0]: o for o in job if not o.startswith("~")}
     cfg = None
     for group in _GROUPS:
         line = keyed.get(f"{group}._target_")
-        if line is None or group in keyed:  # no _target_ given, or the option to keep is the user's choice
+        if line is None:
             continue
         try:
             cfg = cfg or compose(config_name, overrides=list(job), return_hydra_config=True)
             node, option = cfg[group], cfg.hydra.runtime.choices.get(group)
-            found = target_parameters(locate(str(node._target_)))
+            target = locate(str(node._target_))
+            found = target_parameters(target)
         except Exception:  # noqa: BLE001 - composed and validated by the caller, where its error is said
             return
-        if option not in packaged_options(group) or found is None or not found[1]:
+        if option not in packaged_options(group) or found is None or not found[1] or _extends_option(node, target):
             continue  # without **kwargs, check_target_arguments names each key the class does not take
         own = {key.split(".", 1)[1] for key in keyed if key.startswith(f"{group}.")}
         left = [str(k) for k in node.keys() if not str(k).startswith("_") and k not in (*found[0], *own, "inputs")]
         if left:
             raise CLIError(_target_form_line(line, "a _target_ given to", "keeps", (group, option), left,
                                              str(node._target_), "its own", _target_command(config_name, job, group, command)))
+
+
+def _extends_option(node: Any, target: Any) -> bool:
+    """Whether ``target`` subclasses the class the packaged option ``node`` builds (its schema's ``_target_``,
+    ``autobatch.workloads.models.MLP`` for ``mlp``): its ``**kwargs`` are then the option's keys, passed on."""
+    schema = schema_of(node)
+    own = {field.name: field.default for field in dataclasses.fields(schema)}.get("_target_") if schema else None
+    try:
+        base = locate(own) if isinstance(own, str) else None
+    except Exception:  # noqa: BLE001 - a schema's class that does not import: no subclass to judge
+        return False
+    return isinstance(target, type) and isinstance(base, type) and issubclass(target, base)
 
 
 def _target_command(config_name: str, job: Sequence[str], group: str, command: str) -> str:

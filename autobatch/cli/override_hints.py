@@ -78,11 +78,26 @@ def _option_hint(message: str) -> str:
     the closest option named (``did you mean scheduler=cosine?``), as for a misspelt key."""
     found = re.search(r"Could not find '([\w/]+)/([^'/]+)'\s*Available options in '[\w/]+':\s*(.+)$", message)
     if found is None:
-        return message
+        return _choice_hint(message)
     group, option, options = found.group(1), found.group(2), found.group(3).split()
     near = {name.lower(): name for name in options}
     close = near.get(option.lower()) or next(iter(difflib.get_close_matches(option, options, n=1, cutoff=0.6)), None)
     return f"{message} (did you mean {group}={close}?)" if close else message
+
+
+#: OmegaConf's words for a value outside a closed set (an ``Enum`` field of :mod:`.choices`).
+_NOT_A_CHOICE = re.compile(r"override ([\w.]+)=\S*: Invalid value '([^']*)', expected one of \[([^\]]*)\]")
+
+
+def _choice_hint(message: str) -> str:
+    """OmegaConf's "Error merging override probe.strategy=halvng: Invalid value 'halvng', expected
+    one of [auto, ..., halving, ...]" with the closest choice named (``did you mean probe.strategy=halving?``)."""
+    found = _NOT_A_CHOICE.search(message)
+    if found is None:
+        return message
+    key, value, choices = found.group(1), found.group(2), [c.strip() for c in found.group(3).split(",")]
+    same = {choice.lower(): choice for choice in choices}.get(value.lower())
+    return message + (f" (did you mean {key}={same}?)" if same else close_match(value, choices, f"{key}="))
 
 
 def _free_key_hint(message: str, key: str, exc: BaseException | None) -> str:

@@ -1,0 +1,71 @@
+"""Review 30b: near misses of a closed set, and a ``_target_`` set on a chosen option.
+
+``cache lst`` and ``probe.strategy=halvng`` listed the valid choices but named none of them; the closest is
+now named (``did you mean cache list?``), as for a misspelt key or group option. ``model=mlp
+model._target_=mypkg.MyModel`` with a class that takes ``**kwargs`` built it silently with mlp's ``in_shape``,
+``width``...: the explicit option was skipped by the check that names the ``model=target`` form. It is now
+that line; a subclass of the option's own class (``autobatch.workloads.models.MLP``) still builds."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import autobatch.cli  # noqa: F401 - registers the schemas, makes autobatch.conf importable
+from autobatch.cli import preflight
+from autobatch.cli.cache_command import main as cache_main
+from autobatch.cli.dict_target import check_dict_target
+from autobatch.cli.errors import CLIError
+from autobatch.cli.user_config import composing
+from autobatch.workloads.models import MLP
+
+CPU = ["device=cpu", "probe.cache=false", "probe.max_batch=2"]
+
+
+class _TakesAnything(torch.nn.Module):
+    """A model that takes ``**kwargs``: mlp's keys would vanish into them."""
+
+    def __init__(self, depth: int = 1, **kwargs: object) -> None:
+        super().__init__()
+        self.layer = torch.nn.Linear(depth, 2)
+
+
+class _WideMLP(MLP):
+    """A subclass of the packaged MLP that passes mlp's keys on through ``**kwargs``."""
+
+    def __init__(self, scale: int = 2, **kwargs) -> None:
+        super().__init__(**kwargs)
+
+
+def test_a_misspelt_cache_action_names_the_closest(tmp_path):
+    with pytest.raises(CLIError) as caught:
+        cache_main(["lst", "--dir", str(tmp_path)])
+    message = str(caught.value)
+    assert "\n" not in message and "invalid choice: 'lst'" in message and "(did you mean cache list?)" in message
+    with pytest.raises(CLIError) as far:  # nothing close: the choices alone
+        cache_main(["xyz"])
+    assert "did you mean" not in str(far.value) and "list, clear" in str(far.value)
+
+
+def test_a_misspelt_choice_value_names_the_closest():
+    with pytest.raises(CLIError) as caught:
+        preflight.check("probe", [*CPU, "probe.strategy=halvng"])
+    message = str(caught.value)
+    assert "\n" not in message and "expected one of [" in message
+    assert message.endswith("(did you mean probe.strategy=halving?)"), message
+
+
+def test_a_kwargs_target_on_a_chosen_option_names_the_target_form():
+    own = f"{__name__}._TakesAnything"
+    with composing("probe", None), pytest.raises(CLIError) as caught:
+        check_dict_target("probe", [*CPU, "model=mlp", f"model._target_={own}", "model.width=8"], "probe")
+    message = str(caught.value)
+    assert "\n" not in message and "(model=mlp)" in message and "in_shape" in message and "layers" in message
+    assert "width" not in message.split("; ")[0].split("whose keys")[1]  # the user's own key is meant for it
+    assert message.endswith(f"python -m autobatch probe model=target model._target_={own} +model.width=8"), message
+
+
+def test_a_subclass_of_the_chosen_options_class_is_left_to_build():
+    with composing("probe", None):
+        check_dict_target("probe", [*CPU, "model=mlp", f"model._target_={__name__}._WideMLP"], "probe")
+        check_dict_target("probe", [*CPU, "model=mlp", f"model._target_={__name__}._WideMLP", "+model.scale=3"], "probe")
