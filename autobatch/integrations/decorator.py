@@ -80,6 +80,7 @@ from .decorator_loaders import KeptLoader
 from .decorator_checks import (accumulation_message, caught_message, check_arguments, check_call,
                                check_takes_batch, is_method, kept_by_failures, reduced_size, refuse_coroutine,
                                retrained_message, retry_note)
+from .decorator_fixed import FIXED, fixed_hint, fixed_point, fixed_step
 from .decorator_state import AttemptState, accumulation_steps
 from .decorator_steps import next_size
 
@@ -104,7 +105,8 @@ class Attempt:
     capacity_bytes: int | None = None
     error: str | None = None
     #: the size tried next and why: "measured" (allocated at the failure + the request), "fallback" (× fallback_factor),
-    #: "finer" (half its step, once a call, where the measured bound allowed more) or "reduce_batch_size_fn"
+    #: "finer" (half its step, once a call, where the measured bound allowed more), "fixed_point" (past failures
+    #: at one point whose memory barely shrinks with the size: :mod:`.decorator_fixed`) or "reduce_batch_size_fn"
     next_batch_size: int | None = None
     next_from: str | None = None
     #: out-of-memory errors raised during a call that returned and caught inside the function (by
@@ -300,8 +302,9 @@ def _next_size(attempts: list[Attempt], reduce: Callable[[], int] | None, factor
                 f"reduce_batch_size_fn returned {asked}{rounded} after batch {size} ran out of memory; it must "
                 f"return a size below {size} (the same size would fail again, for ever): make it return a smaller one"
             )
-    else:
-        chosen, how = next_size(attempts, factor)  # the bound, ×0.9, or once a call ×0.95 (decorator_steps)
+    else:  # a jump past a point that barely shrinks with the size (decorator_fixed), else the bound, ×0.9, or
+        point = fixed_point(attempts)  # once a call ×0.95 (decorator_steps)
+        chosen, how = (fixed_step(attempts, point), FIXED) if point else next_size(attempts, factor)
         if chosen >= multiple_of:
             chosen -= chosen % multiple_of
         chosen = max(1, min(chosen, size - 1))
@@ -383,6 +386,8 @@ def _nothing_fits(attempt: Attempt, memory: DeviceMemory | None, attempts: list[
         )
     elif kept := kept_by_failures(name, attempts):
         hint = f"find_executable_batch_size reached batch {attempt.batch_size}. {kept}"
+    elif (point := fixed_point(attempts)) is not None:  # the fixed part alone does not fit
+        hint = fixed_hint(name, point)
     else:
         hint = ("find_executable_batch_size reached batch 1 and it still ran out of memory: use gradient "
                 "accumulation, activation checkpointing, lower precision, a smaller model or a larger device.")

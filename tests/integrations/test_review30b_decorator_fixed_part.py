@@ -1,0 +1,81 @@
+"""Where the model and its optimizer state alone do not fit, every attempt of a decorated function
+ran out of memory at the optimizer's first step, with the memory in use there barely shrinking
+with the size: the decorator walked x0.9 down to batch 1 (43 attempts, 27 s for an AdamW MLP
+under 1 MiB) and then advised gradient accumulation, which cannot help. Now three failures on one
+allocation, on a line of the size whose value at batch 1 is over the capacity, jump
+(``next_from == "fixed_point"``), and at batch 1 the error says the fixed part does not fit.
+The same line fits a function that fills memory a sample at a time: it must still run at the
+largest size its pieces allow, and one whose fixed part fits must never jump."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from autobatch import NoBatchFitsError, find_executable_batch_size, simulated_memory
+from autobatch.memory.oom import is_oom_error
+
+
+def _mlp() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(16, 128), torch.nn.ReLU(), torch.nn.Linear(128, 128),
+                               torch.nn.ReLU(), torch.nn.Linear(128, 4))
+
+
+def _step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch_size: int, kept: int = 0) -> None:
+    x, y = torch.randn(batch_size, 16), torch.randint(0, 4, (batch_size,))
+    torch.nn.functional.cross_entropy(model(x), y).backward()
+    held = torch.ones(batch_size, kept) if kept else None  # batch-dependent memory alive at the step
+    optimizer.step()
+    optimizer.zero_grad()
+    del held
+
+
+def test_a_model_whose_optimizer_state_alone_does_not_fit_jumps_to_batch_1_and_says_so():
+    with simulated_memory("256KiB"):
+        @find_executable_batch_size(starting_batch_size=64)
+        def train(batch_size):
+            model = _mlp()  # 77 KB of weights, as much of gradients, twice that of AdamW state
+            optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+            _step(model, optimizer, batch_size)
+            return batch_size
+
+        with pytest.raises(NoBatchFitsError) as error:
+            train()
+    message = str(error.value)
+    assert "fixed in size" in message and "gradient accumulation and a smaller batch cannot help" in message
+    assert "FSDP" in message and "use gradient accumulation" not in message
+    jumps = [attempt for attempt in train.attempts if attempt.next_from == "fixed_point"]
+    assert jumps and train.attempts[-1].batch_size == 1
+    walked = train.attempts.index(jumps[0])  # a x0.9 walk from the jump down to 1 takes many more
+    assert len(train.attempts) - walked <= 4 < jumps[0].batch_size
+
+
+def test_a_function_filling_memory_a_sample_at_a_time_after_its_inputs_still_runs_its_largest_size():
+    def body(batch_size):
+        inputs = torch.zeros(batch_size, 4)  # 16 B a sample: the memory at the failure shrinks with the size
+        pieces = [torch.ones(1024) for _ in range(batch_size)]  # 4 KiB a sample, each kept
+        return float(inputs.sum()) + len(pieces)
+
+    with simulated_memory("64KiB"):
+        train = find_executable_batch_size(body, starting_batch_size=256)
+        train()
+        ran = train.attempts[-1]
+        with pytest.raises(Exception) as larger:
+            body(ran.batch_size + 1)
+    assert ran.ok and is_oom_error(larger.value), [(a.batch_size, a.next_from) for a in train.attempts]
+
+
+def test_a_function_whose_fixed_part_fits_never_jumps():
+    model = _mlp()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    with simulated_memory("512KiB"):
+        @find_executable_batch_size(starting_batch_size=256)
+        def train(batch_size):
+            optimizer.state.clear()  # each attempt's step allocates the state: one fixed request
+            _step(model, optimizer, batch_size, kept=256)  # 1 KiB a sample held at the step
+            return batch_size
+
+        train()
+    assert train.attempts[-1].ok and len(train.attempts) > 3
+    assert all(attempt.next_from != "fixed_point" for attempt in train.attempts)
