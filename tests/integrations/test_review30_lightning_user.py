@@ -31,10 +31,16 @@ from autobatch.integrations.lightning import AutoBatchSize  # noqa: E402
 from test_integration_lightning import BUDGET, Tiny, trainer  # noqa: E402
 
 
-def test_a_second_fit_on_the_same_trainer_confirms_its_size_in_the_loop():
+def _two_step_run():
+    """A module, its callback and a trainer whose first fit takes two steps (a size confirmed in one)."""
     module, callback = Tiny(), AutoBatchSize(memory_limit=BUDGET, max_batch=64, confirm_steps=1)
     run = trainer(callback)
     run.fit_loop.epoch_loop.max_steps = 2
+    return module, callback, run
+
+
+def test_a_second_fit_on_the_same_trainer_confirms_its_size_in_the_loop():
+    module, callback, run = _two_step_run()
     with simulated_memory(BUDGET):
         run.fit(module)
         assert run.global_step == 2 and callback.confirmation.skipped is None
@@ -61,9 +67,7 @@ def test_a_loader_passed_to_fit_is_named_before_the_missing_field():
 
 
 def test_a_fit_with_nothing_left_to_train_is_not_probed_and_keeps_the_size():
-    module, callback = Tiny(), AutoBatchSize(memory_limit=BUDGET, max_batch=64, confirm_steps=1)
-    run = trainer(callback)
-    run.fit_loop.epoch_loop.max_steps = 2
+    module, callback, run = _two_step_run()
     with simulated_memory(BUDGET):
         run.fit(module)
         size, seen = callback.batch_size, len(module.seen)
