@@ -389,8 +389,8 @@ def _nothing_fits(attempt: Attempt, memory: DeviceMemory | None, attempts: list[
     elif (point := fixed_point(attempts)) is not None:  # the fixed part alone does not fit
         hint = fixed_hint(name, point)
     else:
-        hint = ("find_executable_batch_size reached batch 1 and it still ran out of memory: use gradient "
-                "accumulation, activation checkpointing, lower precision, a smaller model or a larger device.")
+        hint = ("find_executable_batch_size reached batch 1 and it still ran out of memory, so no smaller batch (nor "
+                "gradient accumulation) can help: use activation checkpointing, lower precision, a smaller model or a larger device.")
     return NoBatchFitsError(
         batch_size=attempt.batch_size, capacity_bytes=attempt.capacity_bytes,
         peak_bytes=None if memory is None else memory.peak(), device=getattr(memory, "name", "the device"),

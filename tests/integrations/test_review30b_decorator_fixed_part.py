@@ -79,3 +79,18 @@ def test_a_function_whose_fixed_part_fits_never_jumps():
         train()
     assert train.attempts[-1].ok and len(train.attempts) > 3
     assert all(attempt.next_from != "fixed_point" for attempt in train.attempts)
+
+
+def test_batch_1_failing_on_memory_that_grows_with_the_size_does_not_advise_accumulation():
+    """Each size's one allocation grows with it, but even batch 1's is over the cap: no fixed point,
+    and the generic message no longer advises gradient accumulation, which cannot go below batch 1."""
+
+    @find_executable_batch_size(starting_batch_size=64)
+    def train(batch_size):
+        torch.empty((batch_size + 1030) * 256, dtype=torch.float32)  # (batch + 1030) KiB under 1 MiB
+
+    with simulated_memory("1MiB"), pytest.raises(NoBatchFitsError) as info:
+        train()
+    message = str(info.value)
+    assert "reached batch 1" in message and "nor gradient accumulation) can help" in message
+    assert "use gradient accumulation" not in message
