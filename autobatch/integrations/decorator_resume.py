@@ -56,8 +56,7 @@ class ResumeWatch:
         self.saved: dict[str | None, tuple[int, int]] = {}  # where -> (batch size, attempt)
         self.last: tuple[int, int] | None = None  # the latest save of the call
         self.loaded: tuple[int, int] | None = None  # the save the running attempt loaded
-        self.warned = False
-        #: the running attempt's mismatched skip (saved size, its size, count), and the one warned of
+        #: the running attempt's mismatched skip (saved size, its size, count), and the one warned of (None: no warning yet)
         self.skipped: tuple[int, int, int] | None = None
         self.warned_of: tuple[int, int, int] | None = None
 
@@ -105,9 +104,9 @@ class ResumeWatch:
         now = size or _batch_size(loader) or self.size
         if attempt < self.attempt and now is not None and now != saved:
             self.skipped = (saved, now, count)
-            if self.warned:
+            if self.warned_of is not None:  # one warning at the skip; returned() tells the attempt that ran
                 return
-            self.warned, self.warned_of = True, self.skipped
+            self.warned_of = self.skipped
             # here, the wrapper, the caller's skip_first_batches line (a built object's: counted)
             warnings.warn(resume_message(self.name, saved, now, count), RuntimeWarning, stacklevel=stacklevel)
 
