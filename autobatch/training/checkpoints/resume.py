@@ -70,7 +70,8 @@ class Resumable:
         if self.checkpoint_dir is not None and path.parent.resolve() == self.checkpoint_dir.resolve():
             self._dir_claimed = True  # written there by hand: this run's, which a fit() goes on to replace
             if self._keep_earlier:  # first, another run's checkpoint there is moved aside, not overwritten
-                self._keep_earlier = keep_earlier_run(self.checkpoint_dir, self._parallel, sharded=has_dtensors(self.model))
+                keep_earlier_run(self.checkpoint_dir, self._parallel, sharded=has_dtensors(self.model))
+                self._keep_earlier = False
         counted = self.result.checkpoints_saved, self.result.checkpoint_path  # put back where no file is written
         self.result.checkpoints_saved += 1  # counted in the checkpoint itself
         self._count_skips()

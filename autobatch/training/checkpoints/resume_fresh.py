@@ -43,7 +43,7 @@ def next_earlier_number(checkpoint_dir: Path) -> int:
     return max(numbers, default=0) + 1
 
 
-def keep_earlier_run(checkpoint_dir: Path, parallel: Any, *, sharded: bool) -> bool:
+def keep_earlier_run(checkpoint_dir: Path, parallel: Any, *, sharded: bool) -> None:
     """Called before a fresh run's first save into ``checkpoint_dir`` (not at its ``fit()``'s
     start: a run that fails before it saves leaves the earlier run's ``last.pt`` in place). Move
     the checkpoint file this rank's saves would replace (``last.pt``, written by rank 0;
@@ -52,9 +52,9 @@ def keep_earlier_run(checkpoint_dir: Path, parallel: Any, *, sharded: bool) -> b
     checkpoint held there that this run's saves leave as it is. A sharded run's ranks agree on
     the number first (the largest each read: a sync point, so no rank moves its file before every
     rank has read the folder); ``parallel`` is the runner's
-    (:class:`~autobatch.training.ranks.DataParallel`). Returns False: nothing is left to keep."""
+    (:class:`~autobatch.training.ranks.DataParallel`)."""
     if not (sharded or parallel.is_rank_zero()):
-        return False  # rank 0 writes last.pt
+        return  # rank 0 writes last.pt
     own = sharded_path(checkpoint_dir / CHECKPOINT_NAME) if sharded else checkpoint_dir / CHECKPOINT_NAME
     number = next_earlier_number(checkpoint_dir) if checkpoint_dir.is_dir() else 1
     if sharded:
@@ -67,7 +67,7 @@ def keep_earlier_run(checkpoint_dir: Path, parallel: Any, *, sharded: bool) -> b
             "without resume=), would have overwritten: it is kept as %s%s; to continue that run, pass fit(..., "
             "resume=%r)", str(checkpoint_dir), own.name, kept,
             " (this rank's file; every rank's has the same number)" if sharded else "", str(base_path(kept)))
-        return False
+        return
     held = checkpoint_dir / CHECKPOINT_NAME
     others = ([held.name] if held.is_file() else []) + [
         f"{_STEM}.rank<r>-of-{world}{_SUFFIX}" for world in sharded_sets(held)]
@@ -75,4 +75,3 @@ def keep_earlier_run(checkpoint_dir: Path, parallel: Any, *, sharded: bool) -> b
         log.warning("checkpoint_dir=%r already holds another run's checkpoint (%s), which this run, started afresh "
                     "(fit() without resume=), leaves as it is and writes its own beside; to continue that run "
                     "instead, pass fit(..., resume=%r)", str(checkpoint_dir), ", ".join(others), str(checkpoint_dir))
-    return False
