@@ -50,7 +50,7 @@ def test_a_kwargs_optimizer_target_is_refused_on_each_job_of_a_sweep():
             check_dict_target("probe", jobs[-1], "probe")
 
 
-def test_a_class_taking_the_options_keys_by_name_or_an_option_chosen_is_left_to_build():
+def test_a_class_taking_the_options_keys_by_name_or_under_model_target_is_left_to_build():
     with composing("probe", None):
         check_dict_target("probe", [*CPU, "optimizer._target_=torch.optim.Adam", "+optimizer.amsgrad=true"], "probe")
         check_dict_target("probe", [*CPU, "model=target", f"model._target_={OWN}", "+model.width=3"], "probe")
