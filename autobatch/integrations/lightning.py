@@ -57,7 +57,7 @@ from .lightning_epochs import (changed_step, check_limit, check_val_interval, dr
 from .lightning_loaders import check_loader_follows, check_settable
 from .lightning_loop import LoopConfirmation, MemoryLine, confirm_in_loop
 from .lightning_options import checked_batch_arg_name, checked_probe_options
-from .lightning_resume import changed_samples, dropped_samples, overridden_accumulation, restored_note
+from .lightning_resume import changed_samples, dropped_samples, resumed_split
 from .lightning_schedules import StepSchedule
 from .lightning_state import SavedState, parked_checkpoint, probing
 from .lightning_step import LightningStep, first_batch
@@ -160,8 +160,8 @@ class AutoBatchSize(Callback):
         self._restored = dict(state_dict)
         if self._fitting is not None and self._restored == self.state_dict():
             self._restored = None  # the size this fit set, back from a tuner's checkpoint (LearningRateFinder's)
-        elif self._fitting is not None:  # a strategy that restores callbacks after on_fit_start
-            self._resume(*self._fitting)
+        elif self._fitting is not None and not self._resume(*self._fitting):  # restored after on_fit_start, probed
+            changed_samples(self._before, self.batch_size, self.accumulation or (self._given or (0, 1))[1], self._world)
 
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._fitting = None
@@ -283,22 +283,22 @@ class AutoBatchSize(Callback):
 
     def _resume(self, trainer: Trainer, module: LightningModule) -> bool:
         """Set the size a checkpoint restored (:meth:`load_state_dict`), where it was found for this
-        global batch and world size; whether it did (no probe then)."""
+        global batch and world size (split anew under a lower ``max_batch``); whether it did (no probe then)."""
         restored, self._restored = self._restored, None
         if not restored:
             return False
         if (restored.get("global_batch"), restored.get("world_size")) != (self.global_batch, self._world):
             self._before = dropped_samples(restored, self.global_batch, self._world)  # warned once the size is set
             return False
-        overridden_accumulation(restored, self._given[1] if self._given else None, self.state_key)  # warned
-        self.batch_size, self.accumulation = restored["batch_size"], restored["accumulation"]
+        self.batch_size, self.accumulation = resumed_split(restored, self._given and self._given[1], self.global_batch,
+                                                           self._world, self.probe_options, self.batch_arg_name,
+                                                           self.state_key)
         lightning_setattr(module, self.batch_arg_name, self.batch_size)
         check_limit(trainer, self.global_batch, self.accumulation, self.batch_size, None)
         check_val_interval(trainer, self.batch_size, self.probe_options["multiple_of"], None)
         if self.accumulation:
             trainer.accumulate_grad_batches = self.accumulation
         trainer.fit_loop._combined_loader = None  # the train dataloader is re-created at the restored size
-        restored_note(self.batch_arg_name, self.batch_size, self.accumulation)
         self._schedule.resize(trainer, self.batch_size)
         return True
 

@@ -218,7 +218,7 @@ def _run_loop(trainer: Trainer, size: int, steps: int, line: MemoryLine, memory:
         error = message[:300]
     seconds = time.perf_counter() - began
     peak = memory.peak()
-    growth, batches = watch.growth(), saved.epoch_batches(watch.batches, trainer.accumulate_grad_batches)
+    growth, batches = watch.growth(), saved.epoch_batches(watch.batches, trainer.accumulate_grad_batches, watch.first)
     saved.restore(trainer)
     reset()
     ahead = 0 if growth is None or batches is None else growth * max(0, batches - len(watch.allocated))
@@ -365,14 +365,14 @@ class _LoopState:
         loop._combined_loader = epoch_loop.val_loop._combined_loader = None  # built at the size just set
         training_batches(trainer)  # built here: an integer val_check_interval longer than its epoch is no error
 
-    def epoch_batches(self, batches: float | int | None, accumulation: int) -> int | None:
-        """The batches of an epoch that ``fit`` will run, from a full epoch's at this size, under the
-        user's ``limit_train_batches`` and ``max_steps`` (None: unknown, an endless loader)."""
+    def epoch_batches(self, batches: float | int | None, accumulation: int, done: int) -> int | None:
+        """The batches of an epoch that ``fit`` will run, from a full epoch's at this size, under ``limit_train_batches``
+        and the steps ``max_steps`` leaves after ``done`` (a second fit's start) (None: unknown, an endless loader)."""
         if batches is None or batches == float("inf"):
             return None
         limit = self.limit_train_batches
         batches = int(batches if limit is None else min(batches, limit) if isinstance(limit, int) else batches * limit)
-        return batches if self.max_steps is None or self.max_steps < 0 else min(batches, self.max_steps * accumulation)
+        return batches if self.max_steps is None or self.max_steps < 0 else min(batches, (self.max_steps - done) * accumulation)
 
     def restore(self, trainer: Trainer) -> None:
         trainer.callbacks, trainer.loggers = self.callbacks, self.loggers

@@ -12,6 +12,11 @@ see in their script, each said in one warning (both were one INFO line):
 * :func:`changed_samples`: a checkpoint trained at ``global_batch=1024`` (512 x 2) resumed with
   ``AutoBatchSize()`` probes again and trains 795 x 1: the samples per optimizer step (and with
   them the learning rate's meaning) change mid-run.
+
+A ``max_batch`` lowered on resume below the checkpoint's batch size holds (:func:`resumed_split`):
+the checkpoint's samples per optimizer step are split into micro-batches of at most ``max_batch``,
+with one warning. Why: the checkpoint's size won, so a user who lowered the cap (a smaller device,
+a run that ran out of memory) trained at the size they had just excluded, with only an INFO line.
 """
 
 from __future__ import annotations
@@ -20,9 +25,44 @@ from typing import Any, Mapping
 
 from lightning.pytorch.utilities import rank_zero_warn
 
+from .global_batch import split_keeping
 from .lightning_tuners import tell
 
-__all__ = ["changed_samples", "dropped_samples", "overridden_accumulation", "restored_note"]
+__all__ = ["changed_samples", "dropped_samples", "overridden_accumulation", "restored_note", "resumed_split"]
+
+
+def resumed_split(restored: Mapping[str, Any], given: int | None, global_batch: int | None, world: int,
+                  options: Mapping[str, Any], name: str, state_key: str) -> tuple[int, int | None]:
+    """The size and accumulation a resumed run trains at, from a checkpoint of the same ``global_batch``
+    and ``world`` size: the checkpoint's (:func:`overridden_accumulation`, :func:`restored_note`), or,
+    where the probe ``options``' ``max_batch`` is below its size, its samples per optimizer step split
+    into micro-batches of at most ``max_batch`` (the Trainer's ``given`` accumulation kept where it
+    splits ``global_batch`` so; without ``global_batch``, the checkpoint's size times ``given``),
+    said in one warning."""
+    size, cap, multiple = restored["batch_size"], options["max_batch"], options["multiple_of"]
+    if cap is None or size <= cap:
+        overridden_accumulation(restored, given, state_key)  # warned
+        restored_note(name, size, restored["accumulation"])
+        return size, restored["accumulation"]
+    accumulation = restored.get("accumulation") or given or 1
+    share, ranks = size * accumulation, f" x {world} ranks" if world > 1 else ""  # a rank's samples per step
+    if share % multiple:
+        raise ValueError(
+            f"AutoBatchSize: max_batch={cap} is below the checkpoint's {name}={size}, and its {share} samples per "
+            f"optimizer step{' per rank' if ranks else ''} ({size} x accumulate_grad_batches={accumulation}) do not "
+            f"split into micro-batches that are multiples of multiple_of={multiple}; pass a multiple_of that divides "
+            f"{share}, or max_batch={size} or more")
+    split = split_keeping(share * world, world, cap, given if global_batch else None, multiple_of=multiple,
+                          setting="accumulate_grad_batches", where="the Trainer")
+    replaced = "" if global_batch else f" (the Trainer's accumulate_grad_batches={given or 1} replaced)"
+    rank_zero_warn(
+        f"AutoBatchSize: max_batch={cap} is below the checkpoint's {name}={size}: this resumed run trains {split.size} x "
+        f"accumulate_grad_batches={split.accumulation}{ranks}{replaced}, the checkpoint's {share * world} samples per "
+        f"optimizer step ({size} x {accumulation}{ranks}) at a smaller batch. From a mid-epoch checkpoint the first step "
+        "may train fewer (Lightning counts its window from the batches trained already): resume from an end-of-epoch one")
+    if split.warning:
+        rank_zero_warn(f"AutoBatchSize: {split.warning}")
+    return split.size, split.accumulation
 
 
 def dropped_samples(restored: Mapping[str, Any], global_batch: int | None, world: int) -> int | None:

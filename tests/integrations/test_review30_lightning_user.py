@@ -78,3 +78,19 @@ def test_a_fit_with_nothing_left_to_train_is_not_probed_and_keeps_the_size():
     assert not [w for w in caught if "AutoBatchSize" in str(w.message)]  # "not confirmed ... set max_batch" before
     assert callback.result is None and callback.batch_size == size and module.hparams.batch_size == 3
     assert len(module.seen) == seen and run.global_step == 2
+
+
+def test_review31_a_second_fit_carries_the_growth_over_the_steps_left_only():
+    """The confirmation carries what the loop keeps batch after batch to the end of what fit runs;
+    a second fit (3 steps taken, ``max_steps`` raised to 10) counted 10 steps to run, not the 7 left."""
+    from test_integration_lightning import KeepsOutputs
+
+    module, callback = KeepsOutputs(), AutoBatchSize(memory_limit=BUDGET, max_batch=64, confirm=False)
+    run = trainer(callback)
+    run.fit_loop.epoch_loop.max_steps = 3
+    with simulated_memory(BUDGET):
+        run.fit(module)  # unconfirmed: quicker
+        run.fit_loop.epoch_loop.max_steps, callback.confirm, callback.confirm_steps = 10, True, 3
+        run.fit(module)
+    (grown,) = [loop for loop in callback.confirmation.runs if loop.growth_bytes]
+    assert run.global_step == 10 and grown.epoch_batches == 7  # 64 batches an epoch at 64, 7 steps of 1 left
