@@ -35,7 +35,7 @@ from ..ranks import agree_resume
 from ..precision import check_dtypes, load_grad_scaler
 from .resume_checks import check_fits, check_kinds, kind, load_scheduler, position_for, precision_of, warn_changed_precision
 from .resume_checks import local_module_names, saved_module, warn_persistent_workers, warn_replaced_settings, without_wrapper_prefix
-from .resume_fresh import keep_earlier_run
+from .resume_fresh import continues_in, keep_earlier_run
 from .resume_target import resume_target
 from ..run_result import RunResult
 from .sharded_files import check_sharded_resume, sharded_path
@@ -55,7 +55,7 @@ class Resumable:
     _epoch_iter: EpochBatches | None = None  # the current epoch's iterator
     _fetched_at_load = False  # the loaded checkpoint's step had drawn its batch (a step stopped part-way)
     _dir_claimed = False  # checkpoint_dir is this run's: checked by its first fit(), resumed from, or saved to
-    _keep_earlier = False  # a fresh fit() into checkpoint_dir: another run's checkpoint there is moved aside at the first save
+    _keep_earlier = False  # a fresh fit() (or one resumed from elsewhere): another run's checkpoint there is moved aside at the first save
     _data_size: dict[str, int | None] | None = None  # the epoch's data's batches and samples (data_size)
 
     def save(self, path: str | os.PathLike | None = None) -> Path:
@@ -68,10 +68,9 @@ class Resumable:
             path = self.checkpoint_dir / CHECKPOINT_NAME
         path = resolve_checkpoint(path)  # os.replace of the file over a directory failed (IsADirectoryError)
         if self.checkpoint_dir is not None and path.parent.resolve() == self.checkpoint_dir.resolve():
-            self._dir_claimed = True  # written there by hand: this run's, which a fit() goes on to replace
-            if self._keep_earlier:  # first, another run's checkpoint there is moved aside, not overwritten
-                keep_earlier_run(self.checkpoint_dir, self._parallel, sharded=has_dtensors(self.model))
-                self._keep_earlier = False
+            if self._keep_earlier or not self._dir_claimed:  # this run's first save there (fit()'s, or a save() before)
+                keep_earlier_run(self.checkpoint_dir, self._parallel, sharded=has_dtensors(self.model))  # raised: tried again
+            self._dir_claimed, self._keep_earlier = True, False  # this run's, which a later fit() goes on to replace
         counted = self.result.checkpoints_saved, self.result.checkpoint_path  # put back where no file is written
         self.result.checkpoints_saved += 1  # counted in the checkpoint itself
         self._count_skips()
@@ -352,7 +351,7 @@ class Resumable:
         load_loose_parameters(saved_module(self.model), self.optimizer, state.get("loose_parameters"))
         load_grad_scaler(self.grad_scaler, state.get("grad_scaler"))  # a disabled one holds none; settings it replaces named
         self.step, self.epoch, self._torn = state["step"], state["epoch"], None
-        self._dir_claimed, self._keep_earlier = True, False  # its checkpoint_dir continues the run resumed
+        self._dir_claimed, self._keep_earlier = True, not continues_in(self.checkpoint_dir, path)  # else kept at the first save
         self._captured_at = None  # a step-guard snapshot of this runner's own step of that index is not the checkpoint's
         self._epoch_samples = state.get("epoch_samples", state["position"] * (state.get("global_batch") or 0))
         self._samples_known = "epoch_samples" in state

@@ -10,6 +10,14 @@ there, so nothing kept is ever replaced; the warning names the file and the ``fi
 resume=...)`` that continues it (a path ``resume=`` reads as any checkpoint's: a sharded set by
 the ``last.earlier-<n>.pt`` its files are named after). The command line's ``train`` refuses
 such a start instead (:func:`~autobatch.cli.training.check_fresh_target`).
+
+Every save goes through ``Runner.save()``, which moves it aside before the run's first save
+into ``checkpoint_dir`` whatever made it: a ``fit()``'s, or one called by hand before any
+``fit()`` (that one overwrote it silently), or that of a run resumed from another file (such
+as a ``last.earlier-<n>.pt`` there: it replaced the later run's ``last.pt``). A run's later
+saves, and a run resumed from that folder's own ``last.pt``, move nothing. A move that fails on
+one rank (a ``PermissionError``) is agreed on by every rank, which all raise, instead of that
+rank raising alone and its peers waiting at the save's next sync point (:func:`_agree_kept`).
 """
 
 from __future__ import annotations
@@ -20,10 +28,12 @@ import re
 from pathlib import Path
 from typing import Any
 
+from ...errors import PeerFailedError, add_note
+from ..pacing import told_every_rank
 from .checkpoint_io import CHECKPOINT_NAME
 from .sharded_files import base_path, sharded_path, sharded_sets
 
-__all__ = ["earlier_path", "next_earlier_number", "keep_earlier_run"]
+__all__ = ["earlier_path", "next_earlier_number", "keep_earlier_run", "continues_in"]
 
 log = logging.getLogger("autobatch")
 
@@ -43,35 +53,86 @@ def next_earlier_number(checkpoint_dir: Path) -> int:
     return max(numbers, default=0) + 1
 
 
+def continues_in(checkpoint_dir: Path | None, resumed: Path) -> bool:
+    """Whether a run resumed from ``resumed`` (this rank's file) continues the checkpoint its
+    ``checkpoint_dir`` holds (``last.pt``, or a sharded set's file): its saves replace that file,
+    which is its own. Resumed from elsewhere (another folder, a ``last.earlier-<n>.pt`` kept
+    there), the ``last.pt`` there is another run's, kept at this run's first save."""
+    if checkpoint_dir is None:
+        return False
+    return base_path(resumed).resolve() == (checkpoint_dir / CHECKPOINT_NAME).resolve()
+
+
 def keep_earlier_run(checkpoint_dir: Path, parallel: Any, *, sharded: bool) -> None:
-    """Called before a fresh run's first save into ``checkpoint_dir`` (not at its ``fit()``'s
-    start: a run that fails before it saves leaves the earlier run's ``last.pt`` in place). Move
-    the checkpoint file this rank's saves would replace (``last.pt``, written by rank 0;
-    under FSDP2 (``sharded``) each rank's own ``last.rank<r>-of-<w>.pt``) aside to
-    :func:`earlier_path`, and warn where it now is and how to resume from it; warn of another
-    checkpoint held there that this run's saves leave as it is. A sharded run's ranks agree on
-    the number first (the largest each read: a sync point, so no rank moves its file before every
-    rank has read the folder); ``parallel`` is the runner's
+    """Called right before a run's first save into ``checkpoint_dir`` (its first ``fit()``'s,
+    without ``resume=`` or resumed from elsewhere, or a ``runner.save()`` before any; not at a
+    ``fit()``'s start: a run that fails before it saves leaves the earlier run's ``last.pt`` in
+    place), on every rank. Move the checkpoint file this rank's saves would replace (``last.pt``,
+    written by rank 0; under FSDP2 (``sharded``) each rank's own ``last.rank<r>-of-<w>.pt``)
+    aside to :func:`earlier_path`, and warn where it now is and how to resume from it; warn of
+    another checkpoint held there that this run's saves leave as it is. A sharded run's ranks
+    agree on the number first (the largest each read: a sync point, so no rank moves its file
+    before every rank has read the folder), then, under ``torch.distributed``, that every rank
+    moved its file (:func:`_agree_kept`); ``parallel`` is the runner's
     (:class:`~autobatch.training.ranks.DataParallel`)."""
-    if not (sharded or parallel.is_rank_zero()):
-        return  # rank 0 writes last.pt
+    moves = sharded or parallel.is_rank_zero()  # rank 0 writes last.pt
     own = sharded_path(checkpoint_dir / CHECKPOINT_NAME) if sharded else checkpoint_dir / CHECKPOINT_NAME
-    number = next_earlier_number(checkpoint_dir) if checkpoint_dir.is_dir() else 1
+    number, failure, kept = 1, None, None
+    try:
+        if moves and checkpoint_dir.is_dir():
+            number = next_earlier_number(checkpoint_dir)
+    except OSError as exc:  # a folder this rank cannot list: told to every rank below, not raised before the sync points
+        failure = exc
     if sharded:
         number = max(row[0] for row in parallel.exchange([number], "checkpoint_dir: an earlier run's number"))
-    if own.is_file():
-        kept = earlier_path(own, number)
-        os.replace(own, kept)  # kept names no file: its number is above every kept one's
+    if failure is None and moves and own.is_file():
+        try:
+            os.replace(own, target := earlier_path(own, number))  # it names no file: its number is above every kept one's
+            kept = target
+        except OSError as exc:  # a PermissionError: on this rank only, its peers would wait at the save's sync point
+            failure = exc
+    _agree_kept(parallel, checkpoint_dir, own, kept, failure, sharded=sharded)
+    if kept is not None:
         log.warning(
-            "checkpoint_dir=%r already holds a checkpoint (%s) of another run, which this run, started afresh (fit() "
-            "without resume=), would have overwritten: it is kept as %s%s; to continue that run, pass fit(..., "
-            "resume=%r)", str(checkpoint_dir), own.name, kept,
+            "checkpoint_dir=%r already holds a checkpoint (%s) of another run, which this run's first save there "
+            "would have overwritten: it is kept as %s%s; to continue that run, pass fit(..., resume=%r)",
+            str(checkpoint_dir), own.name, kept,
             " (this rank's file; every rank's has the same number)" if sharded else "", str(base_path(kept)))
         return
     held = checkpoint_dir / CHECKPOINT_NAME
     others = ([held.name] if held.is_file() else []) + [
         f"{_STEM}.rank<r>-of-{world}{_SUFFIX}" for world in sharded_sets(held)]
-    if others:
-        log.warning("checkpoint_dir=%r already holds another run's checkpoint (%s), which this run, started afresh "
-                    "(fit() without resume=), leaves as it is and writes its own beside; to continue that run "
-                    "instead, pass fit(..., resume=%r)", str(checkpoint_dir), ", ".join(others), str(checkpoint_dir))
+    if moves and others:
+        log.warning("checkpoint_dir=%r already holds another run's checkpoint (%s), which this run leaves as it is "
+                    "and writes its own beside; to continue that run instead, pass fit(..., resume=%r)",
+                    str(checkpoint_dir), ", ".join(others), str(checkpoint_dir))
+
+
+def _agree_kept(parallel: Any, checkpoint_dir: Path, own: Path, kept: Path | None, failure: OSError | None, *,
+                sharded: bool) -> None:
+    """Every rank raises where one could not move its earlier run's file aside (``failure``:
+    this rank's error), after one sync point under ``torch.distributed``: that rank its own
+    ``OSError`` with a note, the others a :class:`~autobatch.errors.PeerFailedError`, each naming
+    the file and what to do. Before, the failing rank raised alone and its peers waited at the
+    save's next sync point for it. Nothing is written, a rank that moved its file (``kept``) moves
+    it back (a sharded set is never split over two numbers), and the runner's next ``save()``
+    tries again (the run, held by the runner, is not lost)."""
+    failed = []
+    if parallel.world_size() > 1:
+        rows = parallel.exchange([int(failure is not None)], "checkpoint_dir: every rank kept the earlier run's file")
+        failed = [rank for rank, row in enumerate(rows) if row[0]]
+    if failure is None and not failed:
+        return
+    if kept is not None:
+        os.replace(kept, own)  # back where it was: renamed by this process a moment ago, in the same folder
+    files = [own] if failure is not None else [
+        sharded_path(own, rank, parallel.world_size()) if sharded else own for rank in failed]
+    todo = (f"{' and '.join(str(file) for file in files)}, another run's checkpoint, which this run would overwrite, "
+            "could not be moved aside (to last.earlier-<n>.pt); nothing was written. Move it out of checkpoint_dir="
+            f"{str(checkpoint_dir)!r} yourself (or make it writable), then runner.save() or fit(data, ...) goes on "
+            "from this runner's state (the move is tried again first); or give the Runner another checkpoint_dir; "
+            f"to continue that run instead, pass fit(..., resume={str(checkpoint_dir)!r})")
+    if failure is not None:
+        raise told_every_rank(add_note(failure, f"autobatch: {todo}"))  # every rank raises with it (a hook's save too)
+    raise PeerFailedError(f"rank {', '.join(map(str, failed))}: {todo}; rank {parallel.rank()} stops too instead of "
+                          "waiting for it", failed)
