@@ -18,7 +18,7 @@ import json
 import logging
 import sys
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
@@ -44,8 +44,9 @@ from .sweep import forget_sweeps
 from .run_dir import check_probe_target, check_train_target, claim_run_dir
 from .user_config import command_line, run_roots
 from .sharding import per_rank_batch
+from .resume_job import agreed_resume_target, on_every_rank
 from .resume_state import check_optimizer_kind, check_steps_left, kept_settings, micro_batch_notes, read_checkpoint
-from .training import FINAL_MODEL, METRICS, check_resume_target, earlier_probe, find_resume, rank_fields, run_training, samples_in_all
+from .training import FINAL_MODEL, METRICS, earlier_probe, rank_fields, run_training, samples_in_all
 
 __all__ = ["COMMANDS", "probe_task", "train_task", "run_app", "run_probe", "run_plan", "probe_kwargs"]
 
@@ -201,7 +202,7 @@ def probe_task(cfg: DictConfig) -> dict[str, Any]:
     with reported(multirun=multirun, verbose=verbose), inputs_noted(cfg) as watch:
         ranks.join(cfg)
         out_dir = ranks.shared_run_dir(out_dir)
-        _on_every_rank(lambda: check_probe_target(out_dir), "cli: probe directory", f"hydra.run.dir={out_dir}")
+        on_every_rank(lambda: check_probe_target(out_dir), "cli: probe directory", f"hydra.run.dir={out_dir}")
         workload = watch(build_workload(cfg))  # an own model's first forward: inputs named
         global_batch = cfg.train.global_batch
         if global_batch is None:
@@ -268,48 +269,13 @@ def _prepare(cfg: DictConfig, workload: Workload, out_dir: Path, command: str,
     return dict(global_batch=global_batch, micro_batch=micro, max_micro_batch=ceiling, plan=planned, probe=result, notes=notes)
 
 
-def _agreed_resume_target(value: str, checkpoint_dir: str, base: Path, out_dir: Path,
-                          sweep: bool = False, roots: list[Path] | None = None) -> tuple[Path, bool]:
-    """The checkpoint to resume and whether it is the run directory's own, judged by every rank
-    before any rank writes into the shared run directory (one sync point under ``torchrun``):
-    without it, rank 0 went on and made ``metrics.jsonl`` while a later rank still looked, and
-    took it for another run's. In a ``sweep``, ``latest`` is only a job's own checkpoint: the
-    newest elsewhere may be an earlier job's of the same sweep (each job then resumed the last)."""
-    def judge() -> tuple[Path, bool]:
-        path = find_resume(value, checkpoint_dir, base, run_dir=out_dir, roots=roots)
-        own = check_resume_target(path, out_dir, checkpoint_dir, value)  # never another run's files
-        if sweep and value == "latest" and not own:
-            raise ValueError(
-                f"train.resume=latest in a sweep (-m) resumes each job from its own run directory (continue a sweep "
-                f"with its hydra.sweep.dir), and {out_dir} holds no checkpoint; the newest elsewhere, {path}, may be "
-                "an earlier job's of this sweep: give train.resume=PATH to start every job from one checkpoint"
-            )
-        return path, own
-
-    return _on_every_rank(judge, "cli: resume target", f"train.resume={value}")
-
-
-def _on_every_rank(judge: Callable[[], Any], label: str, what: str) -> Any:
-    """``judge()`` on every rank, then one sync point: a ``ValueError`` on any rank stops every
-    rank (the others say which rank refused), and no rank goes on while another still judges."""
-    try:
-        answer, error = judge(), None
-    except ValueError as exc:
-        answer, error = None, exc
-    if dist_sync.is_distributed():
-        refused = [index for index, row in enumerate(dist_sync.exchange([int(error is not None)], label)) if row[0]]
-        if refused and error is None:
-            raise ValueError(f"{what}: rank {refused[0]} refused it (its message says why)")
-    if error is not None:
-        raise error
-    return answer
-
-
 def _resume_from(cfg: DictConfig, out_dir: Path, optimizer: Any) -> dict[str, Any]:
     """Resume: the checkpoint's global batch (no probe, no plan; the runner restores the
     micro-batch, the checkpointing wrap, the RNG and the optimizer's settings, noted)."""
-    base, value, sweep = Path(HydraConfig.get().runtime.cwd), str(cfg.train.resume), HydraConfig.get().mode == RunMode.MULTIRUN
-    path, own = _agreed_resume_target(value, cfg.train.checkpoint_dir, base, out_dir, sweep=sweep, roots=run_roots(base))
+    hydra_cfg = HydraConfig.get()
+    base, value, sweep = Path(hydra_cfg.runtime.cwd), str(cfg.train.resume), hydra_cfg.mode == RunMode.MULTIRUN
+    path, own = agreed_resume_target(value, cfg.train.checkpoint_dir, base, out_dir, sweep=sweep, roots=run_roots(base),
+                                     cfg=cfg, sweep_dir=base / hydra_cfg.sweep.dir if sweep else None)
     state = read_checkpoint(path, sharded=bool(cfg.train.get("fsdp")))
     check_steps_left(cfg.train, state, path)
     check_optimizer_kind(state, optimizer, path, cfg)  # and the scheduler's
@@ -335,9 +301,9 @@ def train_task(cfg: DictConfig) -> dict[str, Any]:
         if cfg.train.global_batch is not None:  # before any probe: a config error, at once
             per_rank_batch(int(cfg.train.global_batch), dist_sync.world_size())
         child_result = None  # one run a directory: two started in the same second share Hydra's
-        _on_every_rank(lambda: claim_run_dir(out_dir, dist_sync.rank()), "cli: run directory claimed", f"hydra.run.dir={out_dir}")
+        on_every_rank(lambda: claim_run_dir(out_dir, dist_sync.rank()), "cli: run directory claimed", f"hydra.run.dir={out_dir}")
         if cfg.train.resume is None:  # before any probe: never over an earlier run's files
-            _on_every_rank(lambda: check_train_target(out_dir, cfg.train.checkpoint_dir), "cli: run directory free",
+            on_every_rank(lambda: check_train_target(out_dir, cfg.train.checkpoint_dir), "cli: run directory free",
                            f"hydra.run.dir={out_dir}")
         if cfg.train.resume is None and cfg.train.micro_batch is None and isolate_probe(cfg, device_kind(cfg)):
             child_result = probe_in_child(out_dir / "probe")  # before this process makes a CUDA context

@@ -118,11 +118,15 @@ def _without_printing_flags(args: Sequence[str]) -> tuple[list[str], bool]:
 def flags_first(args: Sequence[str]) -> list[str]:
     """``args`` with Hydra's flags (and their values) before the overrides. Hydra's parser takes
     the overrides as one run of positionals, so those after a flag between them
-    (``model=mlp,gpt -m probe.max_batch=64``) were "unrecognized arguments", its whole usage text."""
+    (``model=mlp,gpt -m probe.max_batch=64``) were "unrecognized arguments", its whole usage text.
+    A flag whose value is optional given without one (``--info``) goes last: put before the
+    overrides, Hydra's parser took the first one as its value (``model=mlp --info``: "invalid
+    choice: 'model=mlp'")."""
     valued = {name for name, takes in _PRINTING.items() if takes is True}
     valued |= {*CONFIG_DIR_FLAGS, *CONFIG_NAME_FLAGS, *CONFIG_PATH_FLAGS, "--experimental-rerun"}
     flags: list[str] = []
     overrides: list[str] = []
+    bare: list[str] = []  # optional-value flags given without their value
     skip = False
     for index, arg in enumerate(args):
         if skip:
@@ -131,13 +135,16 @@ def flags_first(args: Sequence[str]) -> list[str]:
         if not arg.startswith("-"):
             overrides.append(arg)
             continue
-        flags.append(arg)
         following = args[index + 1] if index + 1 < len(args) else None
-        if "=" not in arg and following is not None and (arg in valued or (_PRINTING.get(arg) == "optional"
-                                                                           and following in _INFO_CHOICES)):
+        optional = "=" not in arg and _PRINTING.get(arg) == "optional"
+        if optional and following not in _INFO_CHOICES:
+            bare.append(arg)
+            continue
+        flags.append(arg)
+        if "=" not in arg and following is not None and (arg in valued or optional):
             flags.append(following)
             skip = True
-    return [*flags, *overrides]
+    return [*flags, *overrides, *bare]
 
 
 def hydra_help_args(command: str, args: list[str]) -> list[str]:

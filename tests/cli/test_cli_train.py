@@ -326,7 +326,7 @@ def test_every_rank_judges_the_resume_target_before_any_rank_writes(tmp_path, mo
     """Under torchrun rank 0 made metrics.jsonl while a later rank still checked the shared run
     directory, which then looked like another run's: every rank checks, then one sync point
     (a refusal on any rank stops every rank, each with a message)."""
-    from autobatch.cli import commands
+    from autobatch.cli import resume_job as commands  # where the judgement lives
 
     run = tmp_path / "outputs/train/runA"
     (run / "checkpoints").mkdir(parents=True)
@@ -336,7 +336,7 @@ def test_every_rank_judges_the_resume_target_before_any_rank_writes(tmp_path, mo
     monkeypatch.setattr(commands, "check_resume_target", lambda *a: calls.append("check") or False)
     monkeypatch.setattr(commands.dist_sync, "exchange", lambda values, label: calls.append(label) or [values, [1]])
     with pytest.raises(ValueError, match="rank 1 refused it"):
-        commands._agreed_resume_target(str(run), "checkpoints", tmp_path, tmp_path / "new")
+        commands.agreed_resume_target(str(run), "checkpoints", tmp_path, tmp_path / "new")
     assert calls == ["check", "cli: resume target"]
 
 
