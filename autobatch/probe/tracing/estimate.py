@@ -35,6 +35,7 @@ import math
 from contextlib import ExitStack
 from typing import Any, Callable
 
+import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from ...memory.accounting import OperationLimit, StorageAccountant
@@ -116,7 +117,7 @@ def estimate_memory(step: TrainStep, batch_size: int, *, steps: int = 2, op_limi
             stack.enter_context(KernelDtypes())  # real kernels' dtypes, between the fake mode and the accountant
             stack.enter_context(accountant)
             stack.enter_context(blas)
-            trace_steps(fake_step, batch_size, steps, accountant)
+            growth = trace_steps(fake_step, batch_size, steps, accountant)
             del fake_step
     except Exception as exc:  # noqa: BLE001 - anything fake tracing cannot do: raised below, with what it left
         failure = exc
@@ -138,7 +139,7 @@ def estimate_memory(step: TrainStep, batch_size: int, *, steps: int = 2, op_limi
         raise EstimateError(f"{left}; {TRIALS}")
     workspaces = workspace_bytes(device, len(blas.threads))
     return MemoryEstimate(batch_size, resident + world.existing_bytes, accountant.peak_bytes, str(device), workspaces,
-                          accountant.operations)
+                          accountant.operations, growth)
 
 
 @checks.keywords(ESTIMATE_ALIASES)
@@ -153,7 +154,11 @@ def estimate_peak(step: TrainStep, batch_size: int, *, include_resident: bool = 
 def _refuse_unestimable(step: Any) -> None:
     """Raise :class:`EstimateError` for a step the fake-tensor trace cannot estimate."""
     if not isinstance(step, TrainStep):
-        raise EstimateError(f"only a TrainStep can be estimated, not {type(step).__name__}")
+        what = "a model" if isinstance(step, torch.nn.Module) else "a plain function" if callable(step) else "no step"
+        raise EstimateError(
+            f"only a TrainStep can be estimated, not {type(step).__name__} ({what}): pass "
+            "autobatch.TrainStep(model, optimizer, loss_fn, make_batch), whose model, optimizer and batch the trace "
+            f"swaps for fakes; {TRIALS} for another step")
     validate_step(step, "estimate")  # a TrainStep without make_batch: say what to pass
     reason = untraceable_memory(step)
     if reason is not None:
@@ -287,7 +292,7 @@ def estimate_max_batch(
 
     def result(units: int, intercept: float = 0.0, slope: float = 0.0) -> BatchEstimate:
         ordered = [traced[u] for u in sorted(traced)]
-        return BatchEstimate(
+        estimate = BatchEstimate(
             batch_size=units * multiple_of,
             capacity_bytes=capacity_bytes,
             peak_bytes=peak(units) if units else None,
@@ -297,6 +302,9 @@ def estimate_max_batch(
             device=str(step.device),
             estimates=ordered,
         )
+        if estimate.held_growth_note:  # a leak: the answer holds for the traced steps only
+            log.warning("%s", estimate.held_growth_note)
+        return estimate
 
     first = _smallest_traced(peak, max_units)
     if peak(first) > capacity_bytes:

@@ -35,6 +35,7 @@ class MemoryEstimate:
     device: str
     workspace_bytes: int = 0
     operations: int = 0  # operators the trace ran (:mod:`~autobatch.probe.tracing.trace_budget`)
+    held_growth_bytes: int = 0  # what each step still added to memory held after the last traced (a leak)
 
     @property
     def peak_bytes(self) -> int:
@@ -72,6 +73,20 @@ class BatchEstimate:
         return (f"BatchEstimate(batch_size={self.batch_size}, peak={peak} of {format_bytes(self.capacity_bytes)}, "
                 f"{format_bytes(self.slope_bytes_per_sample)}/sample, include_resident={self.include_resident}, "
                 f"{len(self.estimates)} traces, device={self.device!r})")
+
+    @property
+    def held_growth_note(self) -> str | None:
+        """Where the step at the answer keeps more memory after every traced step (a leak, which a
+        probe's trial notes too: :mod:`autobatch.probe.held_growth`), what that means; else None. The
+        answer holds for the steps traced only: training runs out of memory some steps later."""
+        growth = next((e.held_growth_bytes for e in self.estimates if e.batch_size == self.batch_size), 0)
+        if not growth:
+            return None
+        return (f"memory held between steps grew by {format_bytes(growth)} in each traced step at batch "
+                f"{self.batch_size}, through the last: the step keeps tensors alive from call to call (outputs or "
+                "losses appended to a list, a hook that keeps activations, a cache that grows), so training at "
+                f"{self.batch_size} runs out of memory some steps later. Keep only what you need (loss.item(), "
+                "out.detach().cpu()), or clear it, and estimate again.")
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)

@@ -84,7 +84,7 @@ def estimate_only(step: TrainStep, memory, note, *, max_batch, margin, multiple_
     if margin:
         chosen = max(multiple_of, math.floor(chosen * (1 - margin)) // multiple_of * multiple_of)
     notes = [f"untested estimate: traced with fake tensors, no trial ran (peak {estimate.peak_bytes} B)"]
-    notes += [told for told in (why, compiled_note(step.model)) if told]
+    notes += [told for told in (why, compiled_note(step.model), estimate.held_growth_note) if told]
     if note:
         notes.append(note)
     return ProbeResult(

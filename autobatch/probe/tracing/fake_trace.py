@@ -359,16 +359,22 @@ class FakeWorld:
 LATE_STEPS = 2
 
 
-def trace_steps(fake_step: TrainStep, batch_size: int, steps: int, accountant: Any) -> None:
+def trace_steps(fake_step: TrainStep, batch_size: int, steps: int, accountant: Any) -> int:
     """Trace ``steps`` steps, then (``steps`` of 2 or more) up to :data:`LATE_STEPS` more while the
     last one left more memory held than it found: state it made (an optimizer whose buffers appear
     on its second step) is first under activations in the next step's peak, as in a trial's third
     step, which the default ``steps_per_trial`` runs. A step that keeps growing what it holds (a
-    leak) stops there. ``steps=1`` traces a first step only."""
+    leak) stops there. ``steps=1`` traces a first step only.
+
+    Returns the bytes the last step still added to what is held where every step traced did (a
+    leak: outputs appended to a list; lazily made state stops growing by then), else 0: the peak
+    of a step that grows depends on how many steps ran, so the estimate says so
+    (:attr:`~autobatch.probe.tracing.estimate_records.MemoryEstimate.held_growth_bytes`)."""
     most = steps + (LATE_STEPS if steps >= 2 else 0)
-    traced, grew = 0, False
+    traced, grew = 0, 0
     while traced < steps or (grew and traced < most):
         held = accountant.current_bytes
         fake_step(batch_size)
         traced += 1
-        grew = accountant.current_bytes > held
+        grew = max(0, accountant.current_bytes - held)
+    return grew if steps >= 2 and traced == most else 0

@@ -48,6 +48,13 @@ _FAKE_LIMIT = re.compile(
     r"[Ff]ake|'Meta'|Meta tensor|meta (?:tensor|kernel|function|impl)|tensor subclass|data pointer"
     r"|(?:have|without|access) storage|Sym(?:Int|Float|Bool|Node)"
 )
+#: PyTorch's words where a fake tensor's value is read other than by ``.item()``: ``.numpy()`` (``np.asarray``
+#: too) and a format spec (``f"{loss:.3f}"``, to log it), a plain ``RuntimeError``/``TypeError`` that named
+#: only a tensor subclass; given the meaning of a value read (and the line, as every refusal).
+_VALUE_READ = re.compile(r"\.numpy\(\) is not supported for tensor subclasses|format string passed to FakeTensor")
+_VALUE_READ_MEANS = ("the step reads a tensor's value in Python, by .numpy(), np.asarray() or a format string such "
+                     "as f'{loss:.3f}' (to log it), and a fake tensor has none; log outside the loss_fn and forward "
+                     "that the probe runs")
 #: Where the note of a step's own error begins (how :func:`from_the_step` knows it).
 NOTE = "autobatch: raised by the training step while autobatch traced it with fake tensors"
 
@@ -79,6 +86,8 @@ def untraceable(exc: BaseException) -> str:
     with a causal one, ``F.gaussian_nll_loss`` checking its variance), that function is named too:
     the user's line alone did not say what read a value, nor what to pass instead."""
     meaning = _COMPILED if _in_compiler(exc) else _CANNOT.get(type(exc).__name__)
+    if meaning is None and _VALUE_READ.search(str(exc)):
+        meaning = _VALUE_READ_MEANS
     if meaning is None and any(in_packages(frame[0], _JAGGED) for frame in raised_through(exc)):
         meaning = _JAGGED_MEANS
     library = [frame for frame in raised_through(exc, leaving=("autobatch",))
