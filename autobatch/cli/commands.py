@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -63,9 +64,18 @@ def _run_context(command: str) -> tuple[Path, str, bool, object]:
 
 
 def _write_json(path: Path, data: dict[str, Any]) -> None:
+    """A run's record (``result.json``, ``plan.json``, ``train_result.json``), atomically: written
+    in place, a write that failed part-way (a full disk, a kill) tore the record an earlier run
+    left there, which a continued run and a continued sweep read."""
     if not ranks.is_rank_zero():
         return  # under torchrun, rank 0 writes the results
-    path.write_text(json.dumps(data, indent=2, default=str) + "\n", encoding="utf-8")
+    temporary = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        temporary.write_text(json.dumps(data, indent=2, default=str) + "\n", encoding="utf-8")
+        os.replace(temporary, path)
+    except BaseException:
+        temporary.unlink(missing_ok=True)
+        raise
 
 
 def _resolved(cfg: DictConfig) -> Any:

@@ -44,7 +44,7 @@ from omegaconf import DictConfig
 from ..dist import agreement as dist_sync
 from .ranks import unwrapped
 from ..probe.snapshot.shards import has_dtensors
-from ..training.checkpoints.checkpoint_io import CHECKPOINT_NAME, resolve_checkpoint
+from ..training.checkpoints.checkpoint_io import CHECKPOINT_NAME, resolve_checkpoint, save_checkpoint
 from ..training.checkpoints.sharded_files import base_path
 from ..training.oom.faults import FaultInjector
 from ..training.checkpoints.resume_target import checkpoint_written as _exists, latest_checkpoint, written_at as _written_at
@@ -243,8 +243,11 @@ def runner_options(cfg: DictConfig, workload: Workload, out_dir: Path, global_ba
 
 
 def _metrics_file(path: Path, resumed_step: int | None):
-    """Open ``metrics.jsonl`` for this run: new, or on resume kept up to the checkpoint's step.
-    On ranks other than 0 (under ``torchrun``) a sink that writes nowhere."""
+    """Open ``metrics.jsonl`` for this run: new, or on resume kept up to the checkpoint's step
+    (the lines kept are written to a temporary file that replaces it, then it is appended to: it
+    was truncated and then written, so a write that failed, on the full disk that stopped the
+    run, lost every line of the run). On ranks other than 0 (under ``torchrun``) a sink that
+    writes nowhere."""
     if not dist_sync.is_rank_zero():
         return open(os.devnull, "w", encoding="utf-8")
     if resumed_step is None or not path.exists():
@@ -256,10 +259,17 @@ def _metrics_file(path: Path, resumed_step: int | None):
                 kept.append(line)
         except (ValueError, KeyError, TypeError):
             continue  # a torn last line of a killed run
-    handle = open(path, "w", encoding="utf-8")
-    handle.write("".join(line + "\n" for line in kept))
-    handle.flush()
-    return handle
+    temporary = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        with open(temporary, "w", encoding="utf-8") as handle:
+            handle.write("".join(line + "\n" for line in kept))
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(temporary, path)
+    except BaseException:
+        temporary.unlink(missing_ok=True)
+        raise
+    return open(path, "a", encoding="utf-8")
 
 
 def run_training(
@@ -346,6 +356,16 @@ def run_training(
         if result.stopped:  # a signal under torchrun: every rank ended after the same step, saved
             stopped_together(runner, interrupts, out_dir=out_dir)
     optimizer.zero_grad(set_to_none=True)
+    save_final_model(model, out_dir)
+    return result, runner
+
+
+def save_final_model(model: torch.nn.Module, out_dir: Path) -> None:
+    """The trained weights as ``out_dir / FINAL_MODEL`` (every rank calls it; rank 0 writes),
+    atomically (:func:`~autobatch.training.checkpoints.checkpoint_io.save_checkpoint`: a temporary
+    file, then ``os.replace``). Why: a plain ``torch.save`` truncated the file first, so a run
+    continued in its directory and killed, or out of disk space, while writing left neither the
+    earlier run's final weights nor its own, and a full disk said only "unexpected pos"."""
     if has_dtensors(model):  # FSDP2: gathered from every rank's shards (a collective), rank 0 writes
         from ..dist.fsdp import full_state_dict
 
@@ -353,8 +373,7 @@ def run_training(
     else:  # every rank holds the same weights
         state = unwrapped(model).state_dict() if dist_sync.is_rank_zero() else None
     if dist_sync.is_rank_zero():
-        torch.save(state, out_dir / FINAL_MODEL)
-    return result, runner
+        save_checkpoint(state, out_dir / FINAL_MODEL)
 
 
 def rank_fields(global_batch: int) -> dict[str, int]:

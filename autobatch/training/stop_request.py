@@ -22,7 +22,9 @@ later) saves too, without a handler of the user's: while :meth:`~autobatch.Runne
 with a ``checkpoint_dir``, in the main thread, and nothing else handles SIGTERM
 (:func:`saves_on_sigterm`), a SIGTERM asks for the stop above; once ``fit`` has written the
 checkpoint, the signal is raised again with its default action, so the process still ends as
-the signal asked (exit 143), only a step later and with its progress saved. A second SIGTERM
+the signal asked (exit 143), only a step later and with its progress saved. An error out of
+``fit`` after the signal (its checkpoint could not be written: a full disk) is logged with its
+traceback first: the signal ends the process before Python could print it. A second SIGTERM
 before that ends it at once. A handler of the user's (or of the command line, Lightning, a
 launcher) is left alone, and so is Ctrl-C (``KeyboardInterrupt``).
 """
@@ -103,9 +105,12 @@ def saves_on_sigterm(fit: Callable[..., Any]) -> Callable[..., Any]:
             self.request_stop("SIGTERM")
 
         signal.signal(signal.SIGTERM, handle)
-        result = None
+        result, error = None, None
         try:
             result = fit(self, *args, **kwargs)
+        except BaseException as exc:  # noqa: BLE001 - re-raised; kept to be told before the signal ends the process
+            error = exc
+            raise
         finally:
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
             if received:  # an error out of fit ends the process too: the signal was only held
@@ -113,6 +118,10 @@ def saves_on_sigterm(fit: Callable[..., Any]) -> Callable[..., Any]:
                     log.warning("SIGTERM: stopped after step %d, which the checkpoint in %s holds (fit(data, "
                                 "resume='latest') goes on from there); the process ends now, as the signal asked",
                                 self.step, self.checkpoint_dir)
+                elif error is not None:  # the signal ends the process before Python could print it (a save that failed)
+                    log.error("SIGTERM: fit() raised %s after the signal, at step %d (its checkpoint may not be "
+                              "written; the error says); the process ends now, as the signal asked",
+                              type(error).__name__, self.step, exc_info=error)
                 _flush()  # the default action ends the process at once: buffered lines (this warning) first
                 signal.raise_signal(signal.SIGTERM)
         return result

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import torch
 from omegaconf import OmegaConf
 
@@ -71,3 +72,86 @@ def test_a_run_continued_in_place_keeps_its_probe_and_counts_every_sample(cli_he
     final = tmp_path / "run" / "final_model.pt"
     assert f"final model     {final}" in second.stdout  # the summary names the weights, not only the checkpoint
     assert all(isinstance(t, torch.Tensor) for t in torch.load(final, weights_only=True).values())
+
+
+def test_review31_final_model_is_replaced_whole_or_not_at_all(tmp_path, monkeypatch):
+    """A run continued in its directory writes final_model.pt again; a write that failed part-way
+    (a full disk, a kill) left a torn file where the earlier run's final weights were."""
+    from autobatch.cli.training import FINAL_MODEL, save_final_model
+
+    earlier = torch.nn.Linear(2, 2)
+    save_final_model(earlier, tmp_path)
+    real_save = torch.save
+
+    def full_disk(obj, target, *args, **kwargs):
+        handle = open(target, "wb") if isinstance(target, (str, bytes, type(tmp_path))) else target
+        handle.write(b"PK\x03\x04 torn")
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(torch, "save", full_disk)
+    with pytest.raises(OSError, match="No space"):
+        save_final_model(torch.nn.Linear(2, 2), tmp_path)
+    monkeypatch.setattr(torch, "save", real_save)
+    kept = torch.load(tmp_path / FINAL_MODEL, weights_only=True)
+    assert torch.equal(kept["weight"], earlier.weight.detach())
+    assert [path.name for path in tmp_path.iterdir()] == [FINAL_MODEL]  # no temporary left behind
+
+
+def test_review31_a_resume_that_cannot_rewrite_metrics_keeps_them(tmp_path, monkeypatch):
+    """On resume metrics.jsonl is cut back to the checkpoint's step; it was truncated first and
+    then written, so a write that failed (the full disk that stopped the run) lost the earlier
+    run's every line."""
+    import builtins
+
+    from autobatch.cli import training
+
+    path = tmp_path / "metrics.jsonl"
+    lines = "".join(json.dumps({"step": step, "loss": 1.0 / step}) + "\n" for step in range(1, 6))
+    path.write_text(lines, encoding="utf-8")
+
+    def full_disk(file, mode="r", *args, **kwargs):
+        handle = builtins.open(file, mode, *args, **kwargs)
+        if "w" in mode:
+            def write(text):
+                raise OSError(28, "No space left on device")
+            handle.write = write
+        return handle
+
+    monkeypatch.setattr(training, "open", full_disk, raising=False)
+    with pytest.raises(OSError, match="No space"):
+        training._metrics_file(path, resumed_step=3)
+    assert path.read_text(encoding="utf-8") == lines
+    assert [entry.name for entry in tmp_path.iterdir()] == ["metrics.jsonl"]
+    monkeypatch.undo()
+    with training._metrics_file(path, resumed_step=3) as handle:  # cut back to step 3, then appended to
+        handle.write(json.dumps({"step": 4, "loss": 0.0}) + "\n")
+    assert [json.loads(line)["step"] for line in path.read_text(encoding="utf-8").splitlines()] == [1, 2, 3, 4]
+
+
+def test_review31_a_run_record_is_replaced_whole_or_not_at_all(tmp_path, monkeypatch):
+    """result.json, plan.json and train_result.json were written in place: a write that failed
+    part-way (a full disk, a kill) left a torn record where the earlier run's was (a continued
+    sweep's job then skipped the check that its values are the job's own)."""
+    import io
+
+    from autobatch.cli.commands import _write_json
+
+    path = tmp_path / "train_result.json"
+    _write_json(path, {"steps": 4, "config": {"seed": 0}})
+    real_open = io.open
+
+    def full_disk(file, mode="r", *args, **kwargs):
+        handle = real_open(file, mode, *args, **kwargs)
+        if "w" in mode:
+            def write(text):
+                handle.buffer.write(text[:5].encode())
+                raise OSError(28, "No space left on device")
+            handle.write = write
+        return handle
+
+    monkeypatch.setattr(io, "open", full_disk)
+    with pytest.raises(OSError, match="No space"):
+        _write_json(path, {"steps": 8, "config": {"seed": 0}})
+    monkeypatch.undo()
+    assert json.loads(path.read_text(encoding="utf-8"))["steps"] == 4
+    assert [entry.name for entry in tmp_path.iterdir()] == [path.name]

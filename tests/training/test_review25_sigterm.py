@@ -61,3 +61,21 @@ def test_a_users_own_handler_or_no_checkpoint_dir_is_left_alone(tmp_path, raised
     runner = _runner(tmp_path)  # no checkpoint_dir: nowhere to save, SIGTERM keeps its default
     runner.fit(DATA[:1])
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL and raised == []
+
+
+def test_review31_an_error_out_of_a_stopping_fit_is_logged_before_the_signal_ends_the_process(
+        tmp_path, raised, monkeypatch, caplog):
+    """SIGTERM, then the stop's checkpoint could not be written (a full disk): the signal, raised
+    again, ended the process before Python printed the error, so the user was told nothing and
+    believed the run saved. The error is logged, with its traceback, before the signal."""
+    from autobatch.training.checkpoints import resume
+
+    def full_disk(state, path):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(resume, "save_checkpoint", full_disk)
+    with caplog.at_level("ERROR", logger="autobatch.runner"), pytest.raises(OSError, match="No space"):
+        _runner(tmp_path, checkpoint_dir=tmp_path / "ckpt").fit(DATA, on_step_end=_terminate_at(2))
+    assert raised == [signal.SIGTERM]
+    failed = [record for record in caplog.records if record.levelname == "ERROR" and "SIGTERM" in record.getMessage()]
+    assert failed and failed[0].exc_info is not None and "No space left" in str(failed[0].exc_info[1])
