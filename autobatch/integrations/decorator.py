@@ -254,14 +254,15 @@ def _smaller_than_asked(function: Callable[..., Any], attempts: list[Attempt], a
     """After a call that ran at ``attempts[-1]`` (this call's attempts): one ``RuntimeWarning`` where
     memory its failed attempts left behind made the size smaller than the device allows
     (:func:`~.decorator_checks.kept_by_failures`), and one where an Accelerator's accumulation
-    (``accumulating`` micro-batches at the call's start) no longer makes the samples per
-    optimizer step asked for (:func:`~.decorator_checks.accumulation_message`)."""
+    (the first attempt's, else ``accumulating`` micro-batches at the call's start) no longer makes
+    the samples per optimizer step asked for (:func:`~.decorator_checks.accumulation_message`)."""
     name, first, size = getattr(function, "__name__", "function"), attempts[0].batch_size, attempts[-1].batch_size
     if kept := kept_by_failures(name, attempts):
         warnings.warn(f"find_executable_batch_size: {kept} Batch {size} is smaller than the device allows.",
                       RuntimeWarning, stacklevel=5)  # here, _returned, _attempts, wrapped: the caller's line
-    if (accumulating > 1 and size < first and grads.retrained.stepped()  # it trains, accumulating
-            and (now := accumulation_steps(live=True)) > 1 and size * now != first * accumulating):
+    accumulating = grads.first_accumulation or accumulating  # set by the function from its size, at its top
+    if (size < first and grads.retrained.stepped() and accumulating > 1 and (now := accumulation_steps(live=True)) > 1
+            and size * now != first * accumulating):  # it trains, accumulating, other samples a step
         warnings.warn(accumulation_message(name, first, size, accumulating, now), RuntimeWarning, stacklevel=5)
 
 

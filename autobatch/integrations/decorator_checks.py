@@ -243,15 +243,20 @@ def accumulation_message(name: str, start: int, size: int, before: int, after: i
     Why: ``Accelerator(gradient_accumulation_steps=4)`` with a start of 64 asks for 256 samples a
     step; Accelerate's decorator lowers the micro-batch and keeps the accumulation, so the
     learning rate tuned for 256 silently met fewer (as Transformers' ``auto_find_batch_size``,
-    transformers#33281)."""
+    transformers#33281). Where the size does not divide the samples asked, it names a halving retry
+    too: a function that already set the accumulation from its size (the docs' recipe) was told only
+    to do what it did."""
     wanted = start * before
+    fix = f"set `accelerator.gradient_accumulation_steps = {wanted} // batch_size` at the top of `{name}`"
+    if wanted % size:
+        fix += (f" and, as {size} does not divide {wanted}, pass `reduce_batch_size_fn=lambda: {name}.batch_size // 2` "
+                f"so that every size tried divides it")
     return (
         f"find_executable_batch_size: `{name}` ran at batch {size} where this call started at {start}, with the "
         f"Accelerator accumulating {after} micro-batch(es) a step (gradient_accumulation_steps), so each optimizer "
         f"step trains {size * after} samples per process where {start} x {before} = {wanted} were asked, and a "
-        f"learning rate tuned for {wanted} no longer matches. To keep {wanted}, set "
-        f"`accelerator.gradient_accumulation_steps = {wanted} // batch_size` at the top of `{name}` with sizes that "
-        f"divide {wanted} (a reduce_batch_size_fn that halves the size), or scale the learning rate to the new batch"
+        f"learning rate tuned for {wanted} no longer matches. To keep {wanted}, {fix}, or scale the learning rate "
+        "to the new batch"
     )
 
 

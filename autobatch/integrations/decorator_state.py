@@ -73,6 +73,9 @@ class AttemptState:
         self.retrained = RetrainedSteps()
         self.found: tuple[list[weakref.ref], list[weakref.ref], list[weakref.ref], list[weakref.ref]] | None = None
         self.collecting: dict[int, tuple[weakref.ref, Any]] = {}  # Accelerators whose free_memory collects
+        #: the Accelerator's accumulation as the call's first attempt failed, the one it asked for where
+        #: the function sets it from its size (:meth:`note_failure`); None before a failure
+        self.first_accumulation: int | None = None
 
     def __enter__(self) -> "AttemptState":
         self.resume.__enter__()
@@ -110,8 +113,12 @@ class AttemptState:
         kept alive). Why there: an optimizer made inside the function over a model made outside
         dies with the failed frames, and a scan after the handler missed it, so the gradients its
         attempt's backward left on that model stayed and the retry's first step applied the sum of
-        two backward passes."""
+        two backward passes. Also the accumulation the call's first attempt ran with: a function that
+        sets ``accelerator.gradient_accumulation_steps = 512 // batch_size`` under an ``Accelerator()``
+        of 1 asked for 512 a step, not the 128 x 1 of the call's start."""
         optimizers, scalers, accelerators = _live_objects()
+        if self.first_accumulation is None:
+            self.first_accumulation = accumulation_steps() if accelerators else 1
         self.found = ([weakref.ref(item) for item in optimizers], [weakref.ref(item) for item in scalers],
                       [weakref.ref(item) for item in accelerators], [weakref.ref(item) for item in _params_of(optimizers)])
 

@@ -61,10 +61,17 @@ def warn_unscaled_accumulation(trainer: Any, sample: Any) -> None:
     model ignores ``num_items_in_batch`` (:func:`ignores_num_items`): each optimizer step's gradient
     is the accumulation times the mean (module description). The message names the fix:
     ``trainer.model_accepts_loss_kwargs = False``, after which the ``Trainer`` divides by the
-    accumulation itself."""
+    accumulation itself.
+
+    Not where the model's loss is not the one trained: under ``label_smoothing_factor`` the
+    ``Trainer``'s ``LabelSmoother`` computes it from the logits and divides by ``num_items_in_batch``
+    (a T5 at 8 x 2 moved its weights as at 16 x 1), so the warning was false there and its advice
+    idle; nor where ``trainer.loss_is_scaled_for_ga = False`` already makes the ``Trainer`` divide."""
     steps = int(getattr(trainer.args, "gradient_accumulation_steps", 1) or 1)
     if (steps <= 1 or not getattr(trainer, "model_accepts_loss_kwargs", False)
-            or getattr(trainer, "compute_loss_func", None) is not None or not ignores_num_items(trainer, sample)):
+            or getattr(trainer, "compute_loss_func", None) is not None
+            or getattr(trainer, "label_smoother", None) is not None
+            or getattr(trainer, "loss_is_scaled_for_ga", None) is False or not ignores_num_items(trainer, sample)):
         return
     log.warning(
         "fit_batch_size: gradient_accumulation_steps=%d, and %s takes **kwargs but ignores num_items_in_batch, so the "
