@@ -18,7 +18,7 @@ search does not descend into a block it wraps, so blocks are never nested, but f
 ``nn.Sequential`` stage of blocks (every child that could be a block repeats there): its blocks
 are wrapped instead, a finer cover of the same forward (:func:`_stage_blocks`). A container with no
 forward of its own (an inner ``nn.ModuleList`` or ``nn.ModuleDict``) is never called, so it is
-searched, not wrapped. A single layer of
+searched, not wrapped, and its entries count with the outer container's (:func:`_uncalled`). A single layer of
 ``torch.nn`` (a ``Linear``, ``Conv2d`` or ``BatchNorm2d`` with no children; recurrent layers
 excepted) is not a block: it saves its input for backward, which is just what a checkpoint
 keeps, so wrapping it saves nothing and costs a recompute (a flat VGG-style ``Sequential``
@@ -148,20 +148,22 @@ def find_blocks(model: nn.Module, targets: Iterable[str | type] | None = None) -
     wanted = _targets(targets)
     found: list[str] = []
 
-    def visit(module: nn.Module, prefix: str) -> None:
+    def visit(module: nn.Module, prefix: str, outer: Counter | None = None) -> None:
         if wanted is not None and prefix and _matches(module, wanted):
             found.append(prefix)
             return
         children = list(module.named_children())
         repeated: Counter = Counter()
-        if wanted is None and isinstance(module, (nn.Sequential, nn.ModuleList, nn.ModuleDict)):
+        if outer is not None:
+            repeated = outer  # an uncalled list inside a container: its entries were counted there
+        elif wanted is None and isinstance(module, (nn.Sequential, nn.ModuleList, nn.ModuleDict)):
             repeated = _entry_classes(module)
         for name, child in children:
             qualified = f"{prefix}.{name}" if prefix else name
             if repeated[type(child)] >= 2 and _block(child):
                 found.extend(_stage_blocks(child, qualified) or [qualified])
             else:
-                visit(child, qualified)
+                visit(child, qualified, repeated if repeated and _uncalled(child) else None)
 
     visit(model, "")
     if wanted is not None and not found:
@@ -179,8 +181,24 @@ def _entry_classes(container: nn.Module) -> Counter:
     holds the same module several times (``nn.ModuleList([block] * 12)``: one layer's weights shared
     by every position, as in ALBERT or a universal transformer) counted at each: ``named_children``
     yields a shared module once, so such a stack counted one block and got no checkpointing, though
-    the block runs, and keeps its activations, once per position."""
-    return Counter(type(child) for child in container._modules.values() if child is not None and _block(child))
+    the block runs, and keeps its activations, once per position. The entries of an inner
+    ``ModuleList`` / ``ModuleDict`` count as the container's own (:func:`_uncalled`)."""
+    counts: Counter = Counter()
+    for child in container._modules.values():
+        if child is not None and _block(child):
+            counts[type(child)] += 1
+        elif child is not None and _uncalled(child):
+            counts += _entry_classes(child)
+    return counts
+
+
+def _uncalled(module: nn.Module) -> bool:
+    """An ``nn.ModuleList`` or ``nn.ModuleDict`` (no forward): its entries are called by the code around it, so in a
+    container they count with the container's own. ``layers = ModuleList([ModuleList([Attention(), FeedForward()])
+    for _ in range(depth)])`` (vit-pytorch's layout) holds ``depth`` blocks of each class, one per inner list: counted
+    per inner list, none repeated, and the model got no automatic checkpointing ("no ModuleList holds repeated
+    blocks")."""
+    return isinstance(module, (nn.ModuleList, nn.ModuleDict))
 
 
 def no_blocks_hint(model: nn.Module, targets: Iterable[str | type] | None = None,
