@@ -23,6 +23,11 @@ __all__ = ["positive_int", "count", "positive_number", "positive_shape", "intege
            "keywords", "closest", "strict_json"]
 
 
+def shown(value: Any, width: int = 60) -> str:
+    """``repr(value)`` on one line, cut at ``width``: a model's or optimizer's repr spans many lines."""
+    return " ".join(line.strip() for line in repr(value).splitlines())[:width]
+
+
 def integer(value: Any) -> int | None:
     """``value`` as a Python ``int`` where it is an integer of any type (``int``, a NumPy or a
     one-element torch integer: whatever ``operator.index`` takes), else None. A bool is not
@@ -59,7 +64,7 @@ def count(name: str, value: Any, *, low: int = 0, allow_none: bool = False, mean
     number = integer(value)
     if number is None or number < low:
         accepted = f"an integer >= {low}" + (" or None" if allow_none else "")
-        raise ValueError(f"{name} must be {accepted}{meaning}, got {value!r:.60}{int_hint(name, value)}")
+        raise ValueError(f"{name} must be {accepted}{meaning}, got {shown(value)}{int_hint(name, value)}")
     return number
 
 
@@ -88,7 +93,7 @@ def positive_shape(name: str, value: Any) -> tuple[int, ...]:
                   for dim in value] if dims else []  # [3.0, 32, 32]: what to pass, [3, 32, 32]
         hint = f"; pass ints, e.g. {name}={wholes}" if wholes and min(wholes) > 0 else ""
         raise ValueError(f"{name} must be a list of positive integers (one per dimension of a sample, "
-                         f"e.g. [3, 32, 32]), got {value!r:.60}{hint}")
+                         f"e.g. [3, 32, 32]), got {shown(value)}{hint}")
     return tuple(dims)
 
 
@@ -114,7 +119,7 @@ def flag(name: str, value: Any, *, allow_none: bool = False, none_means: str = "
     hint = ""
     if isinstance(value, str) and value.strip().lower() in BOOLEAN_WORDS:
         hint = f"; pass {name}={BOOLEAN_WORDS[value.strip().lower()]} (the bool, not a string)"
-    raise TypeError(f"{name} must be {accepted}, got {type(value).__name__} {value!r:.60}{hint}")
+    raise TypeError(f"{name} must be {accepted}, got {type(value).__name__} {shown(value)}{hint}")
 
 
 def _number_hint(name: str, value: Any) -> str:
@@ -134,8 +139,11 @@ BOOLEAN_WORDS = {"true": True, "yes": True, "on": True, "1": True, "false": Fals
 
 def module(name: str, value: Any) -> None:
     """``value`` is a ``torch.nn.Module``."""
+    if isinstance(value, torch.optim.Optimizer):  # (optimizer, model): the two swapped
+        raise TypeError(f"{name} must be a torch.nn.Module, got the optimizer {type(value).__name__}: "
+                        "pass the model first, then its optimizer")
     if not isinstance(value, torch.nn.Module):
-        raise TypeError(f"{name} must be a torch.nn.Module, got {type(value).__name__} {value!r:.60}")
+        raise TypeError(f"{name} must be a torch.nn.Module, got {type(value).__name__} {shown(value)}")
 
 
 def materialized(name: str, model: torch.nn.Module) -> None:
@@ -163,7 +171,7 @@ def materialized(name: str, model: torch.nn.Module) -> None:
 def optimizer(name: str, value: Any) -> None:
     """``value`` is a ``torch.optim.Optimizer``."""
     if not isinstance(value, torch.optim.Optimizer):
-        raise TypeError(f"{name} must be a torch.optim.Optimizer, got {type(value).__name__} {value!r:.60}")
+        raise TypeError(f"{name} must be a torch.optim.Optimizer, got {type(value).__name__} {shown(value)}")
 
 
 def trains(name: str, value: Any, model: torch.nn.Module) -> None:
@@ -286,7 +294,7 @@ def function(name: str, value: Any, signature: str) -> None:
     torch's criteria (``nn.CrossEntropyLoss()``) is callable too, but as ``criterion(output,
     target)``: refused here with the wrapper to write, not at the first step inside torch."""
     if not callable(value):
-        raise TypeError(f"{name} must be a callable {signature}, got {type(value).__name__} {value!r:.60}")
+        raise TypeError(f"{name} must be a callable {signature}, got {type(value).__name__} {shown(value)}")
     forward = getattr(type(value), "forward", None)
     if isinstance(value, torch.nn.modules.loss._Loss) and getattr(forward, "__module__", "").startswith("torch."):
         # torch's criterion (a subclass's own forward may well take (model, batch)): called as criterion(output, target)
@@ -307,7 +315,7 @@ def choice(name: str, value: Any, choices: tuple[str, ...], *, aliases: Mapping[
         folded = value.strip().lower()
         guess = folded if folded in choices else closest(folded, choices, aliases)
     hint = f"; did you mean {name}={guess!r}?" if guess else ""
-    raise ValueError(f"{name} must be one of {', '.join(choices)}; got {value!r:.60}{hint}")
+    raise ValueError(f"{name} must be one of {', '.join(choices)}; got {shown(value)}{hint}")
 
 
 def dtype(name: str, value: Any, *, allowed: tuple[torch.dtype, ...] | None = None) -> torch.dtype | None:
@@ -333,7 +341,7 @@ def grad_scaler(name: str, value: Any) -> Any:
     if value is None or isinstance(value, torch.amp.GradScaler):
         return value
     raise TypeError(
-        f"{name} must be a torch.amp.GradScaler or None, got {type(value).__name__} {value!r:.60}; "
+        f"{name} must be a torch.amp.GradScaler or None, got {type(value).__name__} {shown(value)}; "
         f"for fp16 pass {name}=torch.amp.GradScaler(device) (with autocast_dtype=torch.float16)"
     )
 

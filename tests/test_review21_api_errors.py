@@ -63,3 +63,23 @@ def test_a_bad_input_is_one_error_naming_what_to_change(call, error, match):
         pytest.skip("this machine has a CUDA device")
     with pytest.raises(error, match=match):
         call()
+
+
+def test_review31_a_model_and_optimizer_swapped_is_one_line_naming_the_order():
+    """``TrainStep(optimizer, model, ...)``, ``Runner(optimizer, model, ...)`` and ``restore=(optimizer, model)``
+    said "model must be a torch.nn.Module, got AdamW AdamW (" and then the optimizer's repr over several
+    lines, not that the two were swapped; a model's repr in any such error spanned lines too."""
+    model, optimizer = _model_and_optimizer()
+    model = torch.nn.Sequential(model, torch.nn.ReLU())
+    calls = [
+        lambda: ab.TrainStep(optimizer, model, lambda m, b: m(b).mean(), lambda n: torch.randn(n, 4)),
+        lambda: ab.Runner(optimizer, model, lambda m, b: m(b).mean(), global_batch=8),
+        lambda: ab.find_max_batch(lambda n: None, restore=(optimizer, model)),
+    ]
+    for call in calls:
+        with pytest.raises(TypeError, match="got the optimizer SGD: pass the model first, then its optimizer") as caught:
+            call()
+        assert "\n" not in str(caught.value)
+    with pytest.raises(TypeError, match=r"restore must be a \(model, optimizer\) pair") as caught:
+        ab.find_max_batch(lambda n: None, restore=model)
+    assert "\n" not in str(caught.value)

@@ -47,9 +47,12 @@ class LazyStateWatch:
         self._hooks = [register_optimizer_step_pre_hook(self._began), register_optimizer_step_post_hook(self._ended)]
         #: how many times :meth:`drop_created` ran: state remembered before a drop is gone
         self.drops = 0
+        #: how many optimizer steps began, an optimizer dropped since included
+        self.steps_seen = 0
 
     def _began(self, optimizer: torch.optim.Optimizer, *_: Any) -> None:
         had = {id(param) for param, state in optimizer.state.items() if _holds(state)}
+        self.steps_seen += 1
         key = id(optimizer)
         self._running[key] = (optimizer, had)
         if key not in self._seen:

@@ -31,7 +31,7 @@ from .tracing.estimated import estimate_only, estimate_prior
 from .fresh_layout import FreshLayout
 from .content_peaks import content_note, shapes_note, sparse_note
 from .snapshot.unrestored import trained_for_real_note, warn_unrestored_optimizers, with_found_schedulers
-from .held_growth import HeldGrowth, held_growth_note
+from .held_growth import HeldGrowth, held_growth_note, returned_loss_note
 from ..memory.lazy_state import LazyStateWatch
 from .snapshot.restore import Snapshot
 from .snapshot.rng import step_generators
@@ -150,7 +150,7 @@ def find_max_batch(
     )
     if strategy == "estimate":
         return _estimate(call)
-    hit = _cache_lookup(call, cache, cache_key) if cache is not False else None
+    hit = _cache_lookup(call, cache, cache_key, restore) if cache is not False else None
     return hit if hit is not None else _finish(call, _probe(call, restore, estimate_first))
 
 
@@ -246,7 +246,7 @@ def _probe(call: _Call, restore, estimate_first: bool | None) -> ProbeResult:
             call.notes.append(content_note(kept.steps, runner.records, result.batch_size)  # padded to its longest
                               or sparse_note(_trained_model(fn, restore), restore, result.batch_size)
                               or shapes_note(estimate_note, result.batch_size))  # routed by value (MoE)
-            call.notes.append(arguments.gradless_note(fn))  # optimizer state the answer leaves out
+            call.notes += [arguments.gradless_note(fn), returned_loss_note(kept, watch.steps_seen)]  # state it leaves out
     except Exception as exc:
         call.agreement.left(fn, exc)  # other ranks: told at once, not left waiting for this one
         raise
@@ -359,7 +359,7 @@ def _estimate(call: _Call) -> ProbeResult:
     return call.agreement.batch(result)
 
 
-def _cache_lookup(call: _Call, cache, cache_key) -> ProbeResult | None:
+def _cache_lookup(call: _Call, cache, cache_key, restore=None) -> ProbeResult | None:
     """The cached answer (agreed over the ranks) or None; sets where a fresh answer is stored."""
     fn = call.fn
     if cache is None and not isinstance(fn, TrainStep) and cache_key is None:
@@ -371,7 +371,7 @@ def _cache_lookup(call: _Call, cache, cache_key) -> ProbeResult | None:
         device_name, capacity, allocated = memory.name, memory.capacity(), memory.allocated()
     try:
         components = key_components(
-            fn, cache_key=cache_key, device=device_name, capacity=capacity, memory_limit=call.limit_bytes,
+            fn, cache_key=cache_key, restore=restore, device=device_name, capacity=capacity, memory_limit=call.limit_bytes,
             # the headroom decides which trials pass on an accelerator: answers found under
             # another headroom (older versions had none) are not this probe's answers
             probe={**call.probe_args, "allocator_headroom": arguments.ALLOCATOR_HEADROOM,

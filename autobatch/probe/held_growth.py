@@ -10,16 +10,24 @@ trial drops it): where both the last step's start and its end hold more than the
 start (so not state an optimizer makes in its first or second step, nor the value the step
 returned), the answer's note (:func:`held_growth_note`) says by how much, and after how many
 steps at that rate the answer runs out of memory.
+
+It also sees what each call returns. A plain callable that returns its loss for the caller to
+call ``backward()`` and ``optimizer.step()`` on (``return F.cross_entropy(model(x), y)``) runs
+forward only in the trials: its answer (3256 where the whole step fits 2305, an MLP under 4 MiB)
+held no gradients and no optimizer state, and nothing said so. Where a call returned a tensor
+that requires grad and no optimizer stepped in the trials, :func:`returned_loss_note` says so.
 """
 
 from __future__ import annotations
 
 from typing import Any, Callable
 
+import torch
+
 from ..memory.units import format_bytes
 from .content_peaks import drawn_shapes
 
-__all__ = ["HeldGrowth", "held_growth_note"]
+__all__ = ["HeldGrowth", "held_growth_note", "returned_loss_note"]
 
 #: Steps a trial must have run to tell growth from lazily made state (made in the first step or two).
 MIN_STEPS = 3
@@ -37,12 +45,15 @@ class HeldGrowth:
         self.trials: Callable[[], int] = lambda: 0
         self._calls: dict[int, list[tuple[int, int]]] = {}
         self.steps: dict[int, list[tuple[int, tuple]]] = {}  # by trial: (peak above the start, batch shapes)
+        self.returned_graph = False  # a call returned a tensor that requires grad (its loss?)
 
     def __call__(self, batch_size: int) -> None:
         trial = self.trials()
         before = self.memory.allocated()
         with drawn_shapes(self.fn) as shapes:
-            self.fn(batch_size)  # its return value is dropped before the count, as the trial drops it
+            returned = self.fn(batch_size)
+        self.returned_graph = self.returned_graph or _requires_grad(returned)
+        del returned  # dropped before the count, as the trial drops it
         self._calls.setdefault(trial, []).append((before, self.memory.allocated()))
         self.steps.setdefault(trial, []).append((self.memory.peak() - before, tuple(s for built in shapes for s in built)))
 
@@ -75,3 +86,20 @@ def held_growth_note(growth: HeldGrowth, records: list, batch_size: int, capacit
         "that keeps activations, a cache that grows). Keep only what you need (loss.item(), out.detach().cpu()), or "
         "clear it, and probe again."
     )
+
+
+def _requires_grad(value: object) -> bool:
+    """``value`` is a tensor that requires grad, or a tuple, list or dict holding one at its top level."""
+    items = value.values() if isinstance(value, dict) else value if isinstance(value, (tuple, list)) else (value,)
+    return any(isinstance(item, torch.Tensor) and item.requires_grad for item in items)
+
+
+def returned_loss_note(growth: HeldGrowth, steps: int) -> str | None:
+    """The note on a step whose calls returned a tensor that requires grad while no optimizer
+    stepped in the trials (``steps``: :attr:`LazyStateWatch.steps_seen`); None otherwise."""
+    if not growth.returned_graph or steps:
+        return None
+    return ("fn returned a tensor that requires grad and no optimizer stepped in the trials: where fn returns its loss "
+            "for the caller to call backward() and optimizer.step() on, the trials ran forward only, and the answer "
+            "holds no gradients or optimizer state, so training at it can run out of memory; run the whole step in fn "
+            "(loss.backward(), optimizer.step()), or probe autobatch.TrainStep(model, optimizer, loss_fn, make_batch)")

@@ -79,6 +79,20 @@ def test_plain_callables_need_a_cache_key():
     assert not find_max_batch(ThresholdStep(100), cache_key="threshold-101", steps_per_trial=1).cached
 
 
+def test_review31_a_plain_callables_cache_key_misses_for_another_model(tmp_path):
+    """A plain callable cached under ``cache_key`` with ``restore=(model, optimizer)``: a wider model
+    under the same key was served the narrower one's answer, and training at it ran out of memory.
+    The modules and optimizers in ``restore`` (and the callable's code) are keyed beside it now."""
+    def probe(width):
+        model = torch.nn.Linear(4, width)
+        return find_max_batch(ThresholdStep(4096 // width), restore=(model, torch.optim.SGD(model.parameters(), lr=0.1)),
+                              cache_key="mlp", steps_per_trial=1, cache=tmp_path)
+    assert probe(8).batch_size == 512 and probe(8).cached
+    wider = probe(16)
+    assert not wider.cached and wider.batch_size == 256
+    assert probe(16).cached
+
+
 def _variant(name: str):
     """A step and probe arguments that differ from the baseline in exactly one component."""
     step = make_mlp_step(width=64)

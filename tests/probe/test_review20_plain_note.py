@@ -29,3 +29,26 @@ def test_a_plain_callable_without_restore_is_told_its_trials_trained(restored):
     told = [note for note in result.notes if "trained the model for real" in note]
     assert torch.equal(model.weight, before) is restored
     assert (told == []) is restored and (restored or "SGD stepped" in told[0]), result.notes
+
+
+@pytest.mark.parametrize("steps", [False, True])
+def test_review31_a_plain_callable_that_returns_its_loss_unstepped_is_told(steps):
+    """A plain callable that returns its loss for the caller's backward() and step() ran forward only
+    in the trials: its answer held no gradients or optimizer state (an MLP under 4 MiB answered 3256
+    where the whole step fits 2305), and nothing said so. One that steps and returns its loss is not told."""
+    torch.manual_seed(0)
+    model = nn.Linear(16, 4)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    def step(batch_size):
+        loss = F.cross_entropy(model(torch.randn(batch_size, 16)), torch.randint(0, 4, (batch_size,)))
+        if steps:
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+        return loss
+
+    result = autobatch.find_max_batch(step, memory_limit="256KiB", strategy="binary", steps_per_trial=1,
+                                      restore=(model, optimizer), cache=False)
+    told = [note for note in result.notes if "no optimizer stepped" in note]
+    assert (told == []) is steps and (steps or "loss.backward(), optimizer.step()" in told[0]), result.notes

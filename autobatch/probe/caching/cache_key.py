@@ -17,6 +17,7 @@ How code and values are read: :mod:`~autobatch.probe.caching.key_code`.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from typing import Any, Callable, Mapping
 
@@ -27,12 +28,13 @@ from ...version import __version__, code_fingerprint
 from .key_backends import attention_backends, compile_settings, cuda_kernel_settings
 from .key_batches import sample_batches
 from .key_code import (  # noqa: F401 - re-exported: tests and integrations import them from here
-    BREADTH, DEPTH, _canonical, _code_hash, _describe, _is_array, _module_tree, class_code, data_code_hash, own_code,
+    BREADTH, DEPTH, _canonical, _code_hash, _describe, _hash_code, _is_array, _module_tree, class_code, data_code_hash,
+    own_code,
 )
 from ..train_step import TrainStep
 
-__all__ = ["CAPACITY_STEP", "STATE_HYPERPARAMETERS", "key_components", "key_of", "own_code", "step_components", "class_code",
-           "sample_batches"]
+__all__ = ["CAPACITY_STEP", "STATE_HYPERPARAMETERS", "callable_components", "key_components", "key_of", "own_code",
+           "step_components", "class_code", "sample_batches"]
 
 #: Device capacity enters the key in steps of this many bytes.
 CAPACITY_STEP = 64 * 1024**2
@@ -121,6 +123,35 @@ def step_components(step: TrainStep, batches: tuple[Any, Any] | None = None) -> 
     }
 
 
+def callable_components(fn: Any, restore: tuple[Any, ...] | None) -> dict[str, Any]:
+    """What keys a plain callable beside its ``cache_key``: its own code (bytecode, names and constants,
+    so an edited ``torch.randn(n, 64)`` misses) and, where ``restore`` names them, each module by its tree
+    and classes' code and each optimizer by its class and what it trains, as a ``TrainStep``'s are keyed.
+    Before, only the ``cache_key`` was: a model made wider under the same key was served the narrower
+    one's answer, and training at it ran out of memory. Not the values the callable's closure holds (a
+    list of losses it appends to, a step counter: every call would miss)."""
+    func = fn.func if isinstance(fn, functools.partial) else fn
+    func = getattr(func, "__func__", func)  # a bound method: its function
+    if hasattr(func, "__code__"):
+        digest = hashlib.sha256()
+        _hash_code(func.__code__, digest)
+        code: Any = digest.hexdigest()[:16]
+    else:  # a callable object: its class's code
+        code = own_code(type(func))
+    modules = [item for item in restore or () if isinstance(item, torch.nn.Module)]
+    described: list[Any] = []
+    for item in restore or ():
+        if isinstance(item, torch.nn.Module):
+            classes = {type(module) for module in item.modules()}
+            described.append({"model": _module_tree(item),
+                              "forward": sorted(f"{cls.__qualname__}:{class_code(cls)}" for cls in classes)})
+        elif isinstance(item, torch.optim.Optimizer):
+            described.append({"optimizer": _optimizer(item, modules[0] if modules else torch.nn.Module())})
+        else:  # an LR scheduler, a GradScaler: by class
+            described.append(type(item).__qualname__)
+    return {"callable": code, **({"restore": described} if described else {})}
+
+
 #: the hooks a module may hold: a forward hook that keeps activations changes the memory
 HOOKS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
 #: the hooks a parameter may hold (``register_hook``, ``register_post_accumulate_grad_hook``)
@@ -148,6 +179,7 @@ def key_components(
     fn: Any,
     *,
     cache_key: Any = None,
+    restore: tuple[Any, ...] | None = None,
     device: str,
     capacity: int | None,
     memory_limit: int | None,
@@ -155,12 +187,13 @@ def key_components(
     batches: tuple[Any, Any] | None = None,
 ) -> dict[str, Any] | None:
     """Everything that changes a probe's answer, as JSON-able data; None when ``fn`` is a plain
-    callable without a ``cache_key`` (nothing to key on). ``batches``: a ``TrainStep``'s
+    callable without a ``cache_key`` (nothing to key on; with one, also its code and what
+    ``restore`` holds: :func:`callable_components`). ``batches``: a ``TrainStep``'s
     :func:`sample_batches`, where already built."""
     if isinstance(fn, TrainStep):
         components = step_components(fn, batches)
     elif cache_key is not None:
-        components = {}
+        components = callable_components(fn, restore)
     else:
         return None
     if cache_key is not None:
