@@ -292,7 +292,7 @@ def _resume_from(cfg: DictConfig, out_dir: Path, optimizer: Any) -> dict[str, An
     global_batch, wanted = int(state["result"]["global_batch"]), cfg.train.global_batch
     if wanted is not None and wanted != global_batch:
         raise ValueError(f"train.global_batch={wanted} differs from the checkpoint's {global_batch} ({path}); drop it to resume")
-    per_rank_batch(global_batch, dist_sync.world_size(), key=f"the checkpoint's train.global_batch ({path})")
+    per_rank_batch(global_batch, dist_sync.world_size(), key=f"the checkpoint's train.global_batch ({path})", resumed=True)
     notes = [f"resumed from {path} at step {state['step']}" + ("" if own else f" into a new run directory, {out_dir}")]
     notes += micro_batch_notes(cfg.train, state) + kept_settings(state, optimizer, cfg)
     return dict(

@@ -45,11 +45,12 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from ..dist import agreement as dist_sync
-from ..errors import StepOutOfMemoryError
+from ..errors import RankDisagreementError, StepOutOfMemoryError, add_note
 from .errors import CLIError, describe, log_to_files
+from .ranks import launched_rank
 from .user_config import command_line
 
-__all__ = ["Interrupts", "stopped", "stopped_together", "continue_command", "ESCALATE_AFTER_S"]
+__all__ = ["Interrupts", "stopped", "stopped_together", "gave_up_together", "continue_command", "ESCALATE_AFTER_S"]
 
 _SIGNALS = (signal.SIGINT, signal.SIGTERM)
 #: under ``defer``, a second signal this long after the first stops the rank at once (sooner: the
@@ -123,13 +124,32 @@ def continue_command(out_dir: Path) -> str:
     """The command line that continues this run in its own directory (``metrics.jsonl`` then
     goes on from the checkpoint's step): its config flags and overrides, with
     ``train.resume=latest hydra.run.dir=<out_dir>``; under ``torchrun``, launched by it."""
-    line = command_line("train", extra=["train.resume=latest", f"hydra.run.dir={out_dir}"], drop=["train.resume"])
+    # a rank's own (autobatch.cli.ranks.hydra_overrides), not the user's: rank 1's line is rank 0's
+    own = [] if launched_rank() == 0 else ["hydra.output_subdir"] + ["hydra/job_logging"] * ("hydra/job_logging=rank" in sys.argv)
+    line = command_line("train", extra=["train.resume=latest", f"hydra.run.dir={out_dir}"], drop=["train.resume", *own])
     world = dist_sync.world_size()
     if world == 1:
         return line
     local = os.environ.get("LOCAL_WORLD_SIZE")
     launcher = f"torchrun --nproc-per-node {world}" if local == str(world) else "torchrun <this run's launcher options>"
     return line.replace("python -m autobatch", f"{launcher} -m autobatch", 1)
+
+
+def gave_up_together(exc: BaseException) -> bool:
+    """Under ``torch.distributed``: whether ``fit`` ended on every rank with a
+    :class:`StepOutOfMemoryError` of the same step (one sync point, entered by the ranks that
+    raised one), so the steps before it may be saved as in one process (:func:`stopped`). The
+    recovery's vote ends such a step on every rank alike; before, every rank raised it and the run
+    was lost since its last ``train.checkpoint_every`` (the whole run with the default 0). Ranks
+    that disagree (a rank that went on) keep their own error: nothing is saved, as before."""
+    if not isinstance(exc, StepOutOfMemoryError):
+        return False
+    try:
+        rows = dist_sync.exchange([exc.step], "train: every rank gave up on the same step")
+    except RankDisagreementError as error:
+        add_note(exc, f"autobatch: not saved, the ranks did not all stop at step {exc.step} ({error})")
+        return False
+    return len({row[0] for row in rows}) == 1
 
 
 def stopped_together(runner: Any, interrupts: Interrupts, *, out_dir: Path) -> None:

@@ -40,16 +40,20 @@ __all__ = ["per_rank_batch", "share_bounds", "take_share", "epoch_seed", "Sharde
 log = logging.getLogger("autobatch")
 
 
-def per_rank_batch(global_batch: int, world: int, key: str = "train.global_batch") -> int:
+def per_rank_batch(global_batch: int, world: int, key: str = "train.global_batch", *, resumed: bool = False) -> int:
     """Each rank's samples per step; ``ValueError`` naming ``key`` when ``world`` does not
-    divide ``global_batch``."""
+    divide ``global_batch``. A ``resumed`` run's global batch is its checkpoint's, which cannot
+    change: the fix named is a number of ranks that divides it (before, a resume under 3 ranks of
+    a global batch of 16 was told to use "the checkpoint's train.global_batch=15 or 18")."""
     if global_batch % world:
         lower = global_batch - global_batch % world
-        hint = f"e.g. {key}={lower} or {lower + world}" if lower else f"e.g. {key}={world}"
-        raise ValueError(
-            f"{key}={global_batch} does not split evenly over {world} ranks (torchrun --nproc-per-node {world}); "
-            f"use a multiple of {world}, {hint}"
-        )
+        fix = f"use a multiple of {world}, " + (f"e.g. {key}={lower} or {lower + world}" if lower else f"e.g. {key}={world}")
+        if resumed:
+            fits = [n for n in range(1, global_batch + 1) if global_batch % n == 0]
+            near = [max(n for n in fits if n < world)] + [n for n in fits if n > world][:1]
+            fix = (f"a resumed run keeps it, so resume under a number of ranks that divides it, e.g. torchrun "
+                   f"--nproc-per-node {' or '.join(map(str, near))}")
+        raise ValueError(f"{key}={global_batch} does not split evenly over {world} ranks (torchrun --nproc-per-node {world}); {fix}")
     return global_batch // world
 
 

@@ -52,7 +52,7 @@ from ..training.run_result import RunResult
 from ..training.runner import Runner
 from .build import Workload, cross_entropy_loss
 from .data import training_data
-from .interrupt import Interrupts, stopped, stopped_together
+from .interrupt import Interrupts, gave_up_together, stopped, stopped_together
 from .lr_record import StepLearningRates
 from .resume_state import check_steps_left, read_checkpoint
 from .schedulers import build_scheduler
@@ -347,8 +347,8 @@ def run_training(
         try:
             result = runner.fit(data, epochs=train.epochs, steps=steps, resume=resume, on_step_end=on_step_end)
         except (KeyboardInterrupt, Exception) as exc:  # the steps applied are saved (autobatch.cli.interrupt)
-            if not interrupts.enabled or interrupts.defer is not None:
-                raise
+            if not interrupts.enabled or (interrupts.defer is not None and not gave_up_together(exc)):
+                raise  # under torchrun, an OOM given up on every rank is saved (a collective) as in one process
             with interrupts.atomic():  # a second Ctrl-C waits for the save
                 stopped(exc, runner, interrupts, out_dir=out_dir, logged=logged[0], metrics=metrics, resume=resume,
                         lr=rates.pending())

@@ -37,6 +37,18 @@ def test_a_global_batch_that_does_not_split_is_a_config_error_naming_the_key():
         per_rank_batch(3, 4)
 
 
+def test_review31_a_resume_under_ranks_that_do_not_split_its_global_batch_names_the_ranks_that_do():
+    """Resuming a global batch of 16 under 3 ranks advised "use a multiple of 3, e.g. the
+    checkpoint's train.global_batch=15 or 18", which a resume cannot change (measured under
+    torchrun --nproc-per-node 3): it names the numbers of ranks that split it."""
+    key = "the checkpoint's train.global_batch (ck/last.pt)"
+    with pytest.raises(ValueError, match=r"=16 does not split evenly over 3 ranks .*--nproc-per-node 2 or 4$") as error:
+        per_rank_batch(16, 3, key=key, resumed=True)
+    assert "multiple" not in str(error.value) and "=15" not in str(error.value)
+    with pytest.raises(ValueError, match=r"--nproc-per-node 16$"):  # none above it
+        per_rank_batch(16, 32, key=key, resumed=True)
+
+
 @pytest.mark.parametrize("shuffle", [True, False])
 @pytest.mark.parametrize("world", [2, 3])
 def test_dataset_shares_are_disjoint_and_make_up_the_one_process_batches(shuffle, world):

@@ -171,3 +171,20 @@ def test_review31_a_failed_move_writes_nothing_and_the_next_save_tries_again(tmp
     monkeypatch.setattr(os, "replace", real)
     runner.save()
     assert (tmp_path / "last.earlier-1.pt").read_bytes() == b"earlier run" and load_checkpoint(tmp_path)["step"] == 0
+
+
+def test_review31_a_save_on_rank_zero_only_leaves_the_earlier_runs_checkpoint_in_place(tmp_path):
+    """``if rank == 0: runner.save()`` (a user's mistake) is a ``RankDisagreementError`` at the
+    ranks' vote on the move; rank 0 had already renamed the earlier run's ``last.pt`` to
+    ``last.earlier-1.pt``, with no warning saying so, and left it there (measured under 2 gloo ranks)."""
+    from autobatch.errors import RankDisagreementError
+
+    (tmp_path / "last.pt").write_bytes(b"earlier run")
+
+    class _Elsewhere(_Ranks):
+        def exchange(self, values, label):  # rank 1 waits at fit()'s first sync point instead
+            raise RankDisagreementError(0, label, {1: "#1 fit(): every rank's arguments"}, "the ranks reached different sync points")
+
+    with pytest.raises(RankDisagreementError):
+        keep_earlier_run(tmp_path, _Elsewhere(other=1), sharded=False)
+    assert [p.name for p in tmp_path.iterdir()] == ["last.pt"] and (tmp_path / "last.pt").read_bytes() == b"earlier run"

@@ -116,10 +116,18 @@ def _agree_kept(parallel: Any, checkpoint_dir: Path, own: Path, kept: Path | Non
     the file and what to do. Before, the failing rank raised alone and its peers waited at the
     save's next sync point for it. Nothing is written, a rank that moved its file (``kept``) moves
     it back (a sharded set is never split over two numbers), and the runner's next ``save()``
-    tries again (the run, held by the runner, is not lost)."""
+    tries again (the run, held by the runner, is not lost). The same where that sync point itself
+    raises (a ``runner.save()`` called on rank 0 only, a peer gone: a ``RankDisagreementError``):
+    rank 0 had renamed the earlier run's ``last.pt`` to ``last.earlier-<n>.pt`` without its
+    warning, and left it there; it moves it back before the error propagates."""
     failed = []
     if parallel.world_size() > 1:
-        rows = parallel.exchange([int(failure is not None)], "checkpoint_dir: every rank kept the earlier run's file")
+        try:
+            rows = parallel.exchange([int(failure is not None)], "checkpoint_dir: every rank kept the earlier run's file")
+        except BaseException:  # the ranks met elsewhere (a save() on rank 0 only): nothing is written, the file stays
+            if kept is not None:
+                os.replace(kept, own)
+            raise
         failed = [rank for rank, row in enumerate(rows) if row[0]]
     if failure is None and not failed:
         return
