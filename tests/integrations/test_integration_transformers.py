@@ -127,7 +127,7 @@ def test_an_accumulated_answer_is_probed_with_the_earlier_micro_batches_gradient
     trainer = transformers.Trainer(model=transformers.GPT2LMHeadModel(config), args=arguments, train_dataset=data,
                                    data_collator=PadCollator())
     with simulated_memory("40MiB"):
-        fit_batch_size(trainer, global_batch=6, cache=False)
+        fit_batch_size(trainer, global_batch=6, cache=False, estimate_first=False)  # the prior: most of the time
         trainer.train()  # an OOM here fails the test
     size, accumulation = trainer.args.per_device_train_batch_size, trainer.args.gradient_accumulation_steps
     assert size * accumulation == 6 and accumulation > 1

@@ -95,7 +95,7 @@ def test_an_accelerator_keeping_each_attempts_model_is_named(accelerator, budget
     where 162 runs with the call)."""
     from autobatch import NoBatchFitsError, simulated_memory
 
-    @find_executable_batch_size(starting_batch_size=1024)
+    @find_executable_batch_size(starting_batch_size=256)
     def train(batch_size):
         if freed:
             accelerator.free_memory()

@@ -88,7 +88,7 @@ def test_a_method_that_reads_self_batch_size_is_told_so():
     class Trainer:
         batch_size = 4096
 
-        @find_executable_batch_size(starting_batch_size=1024)
+        @find_executable_batch_size(starting_batch_size=64)
         def fit(self, batch_size):
             return torch.ones(self.batch_size * 64).sum()  # ignores the size it is given
 

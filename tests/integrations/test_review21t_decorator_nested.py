@@ -19,7 +19,7 @@ from autobatch import find_executable_batch_size, simulated_memory  # noqa: E402
 def test_a_retry_inside_the_function_that_caught_the_errors_is_named():
     ran = []
 
-    @find_executable_batch_size(starting_batch_size=32)
+    @find_executable_batch_size(starting_batch_size=16)
     def run(batch_size):
         @accelerate_memory.find_executable_batch_size(starting_batch_size=batch_size)
         def train(size):  # as Trainer.train() under auto_find_batch_size=True
@@ -29,9 +29,9 @@ def test_a_retry_inside_the_function_that_caught_the_errors_is_named():
         train()
         return batch_size
 
-    with simulated_memory("1MiB"), warnings.catch_warnings(record=True) as caught:
+    with simulated_memory("960KiB"), warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        assert run() == 32
+        assert run() == 16
     said = [str(w.message) for w in caught if "caught there" in str(w.message)]
-    assert ran == [15] and len(said) == 1
+    assert ran == [14] and len(said) == 1
     assert "TrainingArguments(auto_find_batch_size=True)" in said[0] and "keep one of the two" in said[0]

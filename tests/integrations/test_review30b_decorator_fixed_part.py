@@ -85,9 +85,9 @@ def test_batch_1_failing_on_memory_that_grows_with_the_size_does_not_advise_accu
     """Each size's one allocation grows with it, but even batch 1's is over the cap: no fixed point,
     and the generic message no longer advises gradient accumulation, which cannot go below batch 1."""
 
-    @find_executable_batch_size(starting_batch_size=64)
+    @find_executable_batch_size(starting_batch_size=8)
     def train(batch_size):
-        torch.empty((batch_size + 1030) * 256, dtype=torch.float32)  # (batch + 1030) KiB under 1 MiB
+        torch.empty((8 * batch_size + 1020) * 256, dtype=torch.float32)  # (8 x batch + 1020) KiB under 1 MiB
 
     with simulated_memory("1MiB"), pytest.raises(NoBatchFitsError) as info:
         train()

@@ -212,11 +212,12 @@ def test_planning_again_plans_from_the_plain_model_and_leaves_the_wrapping_as_gi
     blocks someone wrapped wrapped."""
     model = deep_mlp()
     step = make_step(model)
-    first = plan(step, global_batch=8, memory_limit=TOO_SMALL_FOR_PLAIN, steps_per_trial=1)
-    again = plan(step, global_batch=8, memory_limit=TOO_SMALL_FOR_PLAIN, steps_per_trial=1)
+    no_prior = {"estimate_first": False}  # the fake-tensor prior: most of the time, and not what this is about
+    first = plan(step, global_batch=8, memory_limit=TOO_SMALL_FOR_PLAIN, steps_per_trial=1, **no_prior)
+    again = plan(step, global_batch=8, memory_limit=TOO_SMALL_FOR_PLAIN, steps_per_trial=1, **no_prior)
     assert first.checkpointing and again.checkpointing
     assert again.checkpointed_modules == first.checkpointed_modules == [str(i) for i in range(6)]
-    roomy = plan(step, global_batch=2, memory_limit="4MiB", steps_per_trial=1)
+    roomy = plan(step, global_batch=2, memory_limit="4MiB", steps_per_trial=1, **no_prior)
     assert not roomy.checkpointing and all(is_checkpointed(model[i]) for i in range(6))
 
 
@@ -235,7 +236,7 @@ def test_nothing_fits_under_autocast_does_not_suggest_lower_precision():
     step = make_step(model)
     step.autocast_dtype = torch.bfloat16  # already lower precision
     with pytest.raises(NoBatchFitsError, match="with activation checkpointing") as info:
-        plan(step, global_batch=8, memory_limit="48KiB", steps_per_trial=1)
+        plan(step, global_batch=8, memory_limit="48KiB", steps_per_trial=1, estimate_first=False)  # no prior: faster
     assert "lower precision" not in str(info.value) and "an optimizer with less state" in str(info.value)
 
 
@@ -290,6 +291,7 @@ def test_throughput_prefers_checkpointing_when_it_allows_larger_micro_batches():
         objective="throughput",
         memory_limit=175_000,
         steps_per_trial=1,
+        estimate_first=False,  # the fake-tensor prior: most of the time, and not what this is about
         warmup_steps=0,
         timed_steps=1,
         timer=clock,
