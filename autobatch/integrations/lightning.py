@@ -52,7 +52,7 @@ from ..probe.snapshot.unrestored import caller_restores
 from ..training.checkpoints.checkpoint_io import rng_state, set_rng_state
 from .. import checks
 from .global_batch import accumulation_for, cap_at_samples, check_share, small_split, split_keeping
-from .lightning_epochs import (changed_step, check_limit, check_val_interval, dropped_note, epoch_cap, fit_ended,
+from .lightning_epochs import (changed_step, check_limit, check_validation, dropped_note, epoch_cap, fit_ended,
                                scheduled_step)
 from .lightning_loaders import check_loader_follows, check_settable
 from .lightning_loop import LoopConfirmation, MemoryLine, confirm_in_loop
@@ -230,7 +230,7 @@ class AutoBatchSize(Callback):
                 if agreed != self.batch_size:
                     self.batch_size, self.accumulation = self._apply(trainer, pl_module, share, agreed)
         check_limit(trainer, self.global_batch, self.accumulation, self.batch_size, samples)
-        check_val_interval(trainer, self.batch_size, self.probe_options["multiple_of"], samples)
+        check_validation(trainer, self.batch_size, self.probe_options["multiple_of"], samples)
         if self.confirmation is not None:
             self.result.notes.append(self.confirmation.summary())
         trainer.fit_loop._combined_loader = None  # the train dataloader is re-created at the new size
@@ -295,7 +295,7 @@ class AutoBatchSize(Callback):
                                                            self.state_key)
         lightning_setattr(module, self.batch_arg_name, self.batch_size)
         check_limit(trainer, self.global_batch, self.accumulation, self.batch_size, None)
-        check_val_interval(trainer, self.batch_size, self.probe_options["multiple_of"], None)
+        check_validation(trainer, self.batch_size, self.probe_options["multiple_of"], None)
         if self.accumulation:
             trainer.accumulate_grad_batches = self.accumulation
         trainer.fit_loop._combined_loader = None  # the train dataloader is re-created at the restored size

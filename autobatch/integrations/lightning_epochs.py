@@ -2,7 +2,8 @@
 
 A larger batch shortens the epoch: a ``limit_train_batches`` or an integer ``val_check_interval``
 that held at the module's own size may no longer (see :func:`check_limit` and
-:func:`check_val_interval`). Each is one ``ValueError`` naming what to change. A fractional
+:func:`check_val_interval`), nor a fractional ``limit_val_batches`` for a val dataloader built from
+the size (:func:`check_val_limit`). Each is one ``ValueError`` naming what to change. A fractional
 ``limit_train_batches`` caps the batch instead (:func:`epoch_cap`), as the dataset does. With no
 ``global_batch``, an accumulation window that no longer divides the epoch's batches is one warning
 (:func:`changed_step`). A ``fit`` that trains nothing (:func:`fit_ended`) is not probed.
@@ -16,12 +17,14 @@ from typing import Any
 from lightning.pytorch import Trainer
 
 from ..memory.units import counted
+from ..training.checkpoints.checkpoint_io import rng_state, set_rng_state
 from .global_batch import changed_samples
 from .lightning_loop import refuses_interval
 from .lightning_schedules import train_loader
 from .lightning_tuners import tell
 
-__all__ = ["fit_ended", "check_limit", "check_val_interval", "epoch_cap", "dropped_note", "changed_step", "scheduled_step"]
+__all__ = ["fit_ended", "check_limit", "check_validation", "check_val_interval", "check_val_limit", "epoch_cap",
+           "dropped_note", "changed_step", "scheduled_step", "fewest_batches"]
 
 
 def fit_ended(trainer: Trainer, name: str, size: Any) -> bool:
@@ -55,11 +58,17 @@ def epoch_cap(trainer: Trainer, samples: int | None) -> tuple[int | None, str]:
     limit, where = trainer.limit_train_batches, "the train dataset"
     if samples is None or not isinstance(limit, float) or not 0.0 < limit < 1.0:
         return samples, where
+    batches = fewest_batches(limit)
+    return samples // batches, (f"a batch of the train dataset under limit_train_batches={limit!r} (Lightning trains "
+                                f"none of an epoch with fewer than {batches} batches; raise limit_train_batches)")
+
+
+def fewest_batches(limit: float) -> int:
+    """The fewest batches ``n`` of which Lightning runs one or more under a fractional limit: ``int(n * limit) >= 1``."""
     batches = math.ceil(1 / limit)
     while int(batches * limit) < 1:  # float rounding: 1 / 0.1 may round to a count whose product is below 1
         batches += 1
-    return samples // batches, (f"a batch of the train dataset under limit_train_batches={limit!r} (Lightning trains "
-                                f"none of an epoch with fewer than {batches} batches; raise limit_train_batches)")
+    return batches
 
 
 def check_limit(trainer: Trainer, global_batch: int | None, accumulation: int | None, size: int | None,
@@ -92,6 +101,55 @@ def check_limit(trainer: Trainer, global_batch: int | None, accumulation: int | 
         f"every epoch would end before one global batch; raise limit_train_batches to {accumulation} batches or "
         f"more{fraction}, or lower global_batch"
     )
+
+
+def check_validation(trainer: Trainer, size: int | None, multiple_of: int, samples: int | None) -> None:
+    """The checks of what ``fit`` validates at the size set: :func:`check_val_interval`, :func:`check_val_limit`."""
+    check_val_interval(trainer, size, multiple_of, samples)
+    check_val_limit(trainer, size)
+
+
+def check_val_limit(trainer: Trainer, size: int | None) -> None:
+    """One error, before ``fit`` trains, where a fractional ``limit_val_batches`` (0 < f < 1) leaves
+    a val dataloader built at the size set no batch to validate.
+
+    Why: Lightning validates ``int(batches * f)`` batches of each val dataloader and refuses ``fit``
+    where that is 0 ("You requested to check 0.1 of the `val_dataloader` but 0.1 * 1 < 1"), in its
+    sanity check, after the callback's probe and confirmation (which validate one batch). A val
+    loader built from the batch attribute (often at twice the size) has few batches at a probed
+    size: ``limit_val_batches=0.1`` over 512 samples at batch 2 held, and failed at the probe's 374
+    with an error naming neither the callback nor its size. The limit is not changed (it would
+    validate other batches than asked). The val dataloaders are built as ``fit`` builds them (the
+    val loop's ``setup_data``), counted whole, then dropped; the random states put back."""
+    limit = trainer.limit_val_batches
+    if not size or size < 1 or not isinstance(limit, float) or not 0.0 < limit < 1.0:
+        return
+    loop, saved = trainer.fit_loop.epoch_loop.val_loop, rng_state()
+    kept = loop._max_batches, getattr(loop, "_last_val_dl_reload_epoch", None)
+    trainer.limit_val_batches, loop._combined_loader, loop._max_batches = 1.0, None, []  # counted whole
+    try:
+        loop.setup_data()
+        lengths = list(loop._max_batches)
+    finally:
+        trainer.limit_val_batches, loop._combined_loader = limit, None  # fit builds its own at the size
+        loop._max_batches, loop._last_val_dl_reload_epoch = kept
+        set_rng_state(saved)
+    short = [batches for batches in lengths if batches != float("inf") and batches > 0 and int(batches * limit) < 1]
+    if not short:
+        return
+    batches = min(short)
+    fraction = next(rounded for digits in range(len(str(batches)) + 1, 18)  # 0.17, not 0.16666666666666666
+                    if int(batches * (rounded := min(1.0, math.ceil(10 ** digits / batches) / 10 ** digits))) >= 1)
+    setting = "overfit_batches" if trainer.overfit_batches > 0 else "limit_val_batches"  # which sets the limit
+    raise ValueError(
+        f"AutoBatchSize: at batch size {size} {'the' if len(lengths) == 1 else 'a'} val dataloader has {batches} "
+        f"batch(es), and Trainer({setting}="
+        f"{limit!r}) validates int({batches} x {limit!r}) = 0 of them, which Lightning refuses: fit would fail. Change "
+        f"one: {setting} at least {fraction!r}, an integer {setting} (a count of batches: 1 validates one), "
+        f"AutoBatchSize(max_batch=N) with N low enough for {fewest_batches(limit)} val batches or more"
+        + ("" if setting == "overfit_batches" else ", or limit_val_batches=0 for no validation")
+    )
+
 
 def check_val_interval(trainer: Trainer, size: int | None, multiple_of: int, samples: int | None) -> None:
     """One error, before ``fit`` trains, where an integer ``val_check_interval`` is longer than an
