@@ -49,10 +49,14 @@ class LazyStateWatch:
         self.drops = 0
         #: how many optimizer steps began, an optimizer dropped since included
         self.steps_seen = 0
+        #: how many of them began with no gradient on any parameter their optimizer trains (it stepped nothing)
+        self.gradless_steps = 0
 
     def _began(self, optimizer: torch.optim.Optimizer, *_: Any) -> None:
         had = {id(param) for param, state in optimizer.state.items() if _holds(state)}
         self.steps_seen += 1
+        self.gradless_steps += not any(param.grad is not None for group in optimizer.param_groups
+                                       for param in group["params"])
         key = id(optimizer)
         self._running[key] = (optimizer, had)
         if key not in self._seen:

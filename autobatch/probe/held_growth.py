@@ -16,6 +16,13 @@ call ``backward()`` and ``optimizer.step()`` on (``return F.cross_entropy(model(
 forward only in the trials: its answer (3256 where the whole step fits 2305, an MLP under 4 MiB)
 held no gradients and no optimizer state, and nothing said so. Where a call returned a tensor
 that requires grad and no optimizer stepped in the trials, :func:`returned_loss_note` says so.
+
+An optimizer made outside ``fn`` over a model ``fn`` makes at each call (``model = MLP()`` inside,
+``optimizer = AdamW(outer.parameters())`` outside) steps parameters that never get a gradient: it
+creates no state, and the answer (2103, an MLP under AdamW capped at 40 MiB) left out the moments a
+run that steps its model holds (1799 trains), with nothing said. Where every optimizer step in a
+plain callable's trials found no gradient on the parameters it trains
+(:attr:`LazyStateWatch.gradless_steps`), :func:`stepped_nothing_note` says so.
 """
 
 from __future__ import annotations
@@ -26,8 +33,9 @@ import torch
 
 from ..memory.units import format_bytes
 from .content_peaks import drawn_shapes
+from .train_step import TrainStep
 
-__all__ = ["HeldGrowth", "held_growth_note", "returned_loss_note"]
+__all__ = ["HeldGrowth", "held_growth_note", "left_out_notes", "returned_loss_note", "stepped_nothing_note"]
 
 #: Steps a trial must have run to tell growth from lazily made state (made in the first step or two).
 MIN_STEPS = 3
@@ -103,3 +111,23 @@ def returned_loss_note(growth: HeldGrowth, steps: int) -> str | None:
             "for the caller to call backward() and optimizer.step() on, the trials ran forward only, and the answer "
             "holds no gradients or optimizer state, so training at it can run out of memory; run the whole step in fn "
             "(loss.backward(), optimizer.step()), or probe autobatch.TrainStep(model, optimizer, loss_fn, make_batch)")
+
+
+def stepped_nothing_note(fn: object, watch: Any) -> str | None:
+    """The note on a plain callable whose optimizer steps in the trials (``watch``: the probe's
+    :class:`~autobatch.memory.lazy_state.LazyStateWatch`) all found no gradient on the parameters
+    they train, so made no optimizer state; None otherwise, and for a ``TrainStep`` (whose
+    parameters without a gradient :func:`~autobatch.probe.arguments.gradless_note` counts)."""
+    if isinstance(fn, TrainStep) or not watch.steps_seen or watch.gradless_steps < watch.steps_seen:
+        return None
+    return (f"the optimizer stepped no parameter with a gradient in the trials ({watch.steps_seen} steps): the "
+            "parameters that got gradients are not the ones it trains (a model made inside fn at each call beside an "
+            "optimizer made outside it over another model), so the answer holds no optimizer state (AdamW keeps two "
+            "tensors the size of the parameters) and training at it can run out of memory; create the optimizer with "
+            "the model: both inside fn, or both outside it, passing restore=(model, optimizer)")
+
+
+def left_out_notes(fn: object, growth: HeldGrowth, watch: Any) -> list[str | None]:
+    """A plain callable's notes on state its trials never held: :func:`returned_loss_note` (no
+    optimizer stepped) and :func:`stepped_nothing_note` (the steps found no gradient)."""
+    return [returned_loss_note(growth, watch.steps_seen), stepped_nothing_note(fn, watch)]
