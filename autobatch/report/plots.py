@@ -7,8 +7,9 @@ the chosen batch and the margin taken off the boundary; with a :class:`~autobatc
 whose candidates were timed, a second panel shows samples/s per micro-batch.
 :func:`plot_sweep` draws the found batch and the time of every job of a sweep.
 
-matplotlib is imported only inside these functions, with the non-interactive Agg backend,
-so ``import autobatch`` stays light and nothing needs a display.
+matplotlib is imported only inside these functions, and the figures are drawn without pyplot
+(:class:`_Figures`), so ``import autobatch`` stays light, nothing needs a display, and the
+session's matplotlib backend (a notebook's, a GUI's) is left as it was.
 
 Both return exactly the file they wrote (:func:`plot_file`): ``~`` is expanded, a path without
 a suffix gets ``.png`` (as matplotlib would add, so the returned path is the file), and an
@@ -45,20 +46,38 @@ _PASS, _FAIL, _FIT, _CAP, _CHOSEN = "#1f77b4", "#d62728", "#555555", "#ff7f0e", 
 SWEEP_LABELLED = 60
 
 
-def _pyplot():
-    """matplotlib's pyplot on the Agg backend (files only, no display needed)."""
+class _Figures:
+    """Figures made from :class:`matplotlib.figure.Figure` itself, not through pyplot: pyplot's
+    figures go through the process's backend, which ``matplotlib.use("Agg", force=True)`` switched
+    for the whole session (a notebook's inline or a Qt backend drew nothing after a plot was
+    written). A bare ``Figure`` saves with the Agg renderer, needs no display, and leaves the
+    user's backend and pyplot's open figures alone. ``subplots`` and ``close`` mirror pyplot's."""
+
+    @staticmethod
+    def subplots(nrows: int, ncols: int, *, figsize: tuple[float, float], **kwargs: Any) -> tuple[Any, Any]:
+        from matplotlib.figure import Figure
+
+        figure = Figure(figsize=figsize)
+        return figure, figure.subplots(nrows, ncols, **kwargs)
+
+    @staticmethod
+    def close(figure: Any) -> None:
+        """Nothing to release: no window, and pyplot never held the figure."""
+
+
+_FIGURES = _Figures()
+
+
+def _pyplot() -> _Figures:
+    """What draws the figures (:class:`_Figures`), once matplotlib is known to be importable."""
     try:
-        import matplotlib
+        import matplotlib  # noqa: F401
     except ImportError as exc:  # a dependency of autobatch, but an environment may lack it
         raise ImportError(
             f"plots need matplotlib ({exc}): pip install 'matplotlib>=3.7' (on the command line, "
             "probe.plot=false skips the plots)"
         ) from None  # the message names the cause: one traceback, not a second from inside
-
-    matplotlib.use("Agg", force=True)
-    import matplotlib.pyplot as plt
-
-    return plt
+    return _FIGURES
 
 
 def plot_file(path: str | os.PathLike, default_name: str) -> Path:
@@ -115,7 +134,9 @@ def plot_probe(
     panels share one x-range, wide enough for every trial and every timed candidate.
     """
     if not isinstance(result, ProbeResult):
-        raise TypeError(f"result must be the ProbeResult find_max_batch returned, got {type(result).__name__}")
+        raise TypeError(f"result must be the ProbeResult find_max_batch returned, got {type(result).__name__}"
+                        + ("; read a result.json back with ProbeResult.from_dict(json.load(open('.../result.json')))"
+                           if isinstance(result, (dict, str, os.PathLike)) else ""))
     plt = _pyplot()
     path = plot_file(path, PROBE_PLOT_NAME)
     candidates = [c for c in (plan.candidates if plan is not None else []) if c.get("samples_per_s")]
@@ -241,7 +262,8 @@ def _finish_axis(axis: Any, xlabel: str, ylabel: str, title: str | None = None) 
     axis.set_ylabel(ylabel)
     axis.set_ylim(bottom=0)
     axis.grid(True, alpha=0.3)
-    axis.legend(fontsize=8, loc="lower right")
+    axis.legend(fontsize=8, loc="best")  # "lower right" hid the answer where its peak is low (a probe
+    # capped by max_batch, a plan's probe capped at its global batch): the chosen batch sits at the right
     if title is not None:
         axis.set_title(title, fontsize=9)
 

@@ -9,10 +9,8 @@ from autobatch.report import plots
 
 
 def _drawn(monkeypatch, rows, tmp_path):
-    import matplotlib.pyplot as plt
-
     figures = []
-    monkeypatch.setattr(plt, "close", figures.append)  # keep the figure to read its axes
+    monkeypatch.setattr(plots._pyplot(), "close", figures.append)  # keep the figure to read its axes
     plots.plot_sweep(rows, tmp_path / "summary.png")
     return figures[0].axes
 
