@@ -335,7 +335,7 @@ class AutoBatchSize(Callback):
             rank_zero_warn(f"AutoBatchSize: {self._replaced}")
         elif self.global_batch is not None and self._fewer:
             tell("AutoBatchSize: kept the Trainer's accumulate_grad_batches=%d for global_batch=%d; the probe found "
-                 "that %d micro-batches a step would fit (remove accumulate_grad_batches from the Trainer to let "
+                 "that %d micro-batch(es) a step would fit (remove accumulate_grad_batches from the Trainer to let "
                  "global_batch set it)",
                  self.accumulation, self.global_batch, self._fewer)
 

@@ -59,7 +59,8 @@ def arrange_tuners(trainer: Trainer, callback: Callback) -> None:
                          "sets the size (this trainer is left with the callbacks you gave it)")
     if finders:
         raise ValueError("AutoBatchSize and Lightning's BatchSizeFinder both set the batch size: remove the "
-                         "BatchSizeFinder callback from Trainer(callbacks=...) (AutoBatchSize replaces it)")
+                         "BatchSizeFinder callback from Trainer(callbacks=...), or from --trainer.callbacks under LightningCLI "
+                         "(AutoBatchSize replaces it)")
     callbacks = list(trainer.callbacks)
     first = next((i for i, other in enumerate(callbacks) if isinstance(other, LearningRateFinder)), None)
     mine = next((i for i, other in enumerate(callbacks) if other is callback), None)
