@@ -51,6 +51,9 @@ class LazyStateWatch:
         self.steps_seen = 0
         #: how many of them began with no gradient on any parameter their optimizer trains (it stepped nothing)
         self.gradless_steps = 0
+        #: how many optimizers were seen stepping, and whether any stepped twice or made state
+        self.optimizers_seen, self.stepped_again, self.made_state = 0, False, False
+        self._steps: dict[int, int] = {}  # steps of each live optimizer seen
 
     def _began(self, optimizer: torch.optim.Optimizer, *_: Any) -> None:
         had = {id(param) for param, state in optimizer.state.items() if _holds(state)}
@@ -60,8 +63,11 @@ class LazyStateWatch:
         key = id(optimizer)
         self._running[key] = (optimizer, had)
         if key not in self._seen:
-            seen = self._seen
-            self._seen[key] = (weakref.ref(optimizer, lambda _, key=key: seen.pop(key, None)), had)
+            seen, steps = self._seen, self._steps
+            self._seen[key] = (weakref.ref(optimizer, lambda _, key=key: (seen.pop(key, None), steps.pop(key, None))), had)
+            self.optimizers_seen += 1
+        self._steps[key] = self._steps.get(key, 0) + 1
+        self.stepped_again = self.stepped_again or self._steps[key] > 1
 
     def _watched(self) -> Iterator[tuple[torch.optim.Optimizer, set[int]]]:
         """Every optimizer seen stepping that is still alive, with its ``had`` ids."""
@@ -77,6 +83,7 @@ class LazyStateWatch:
 
     def _ended(self, optimizer: torch.optim.Optimizer, *_: Any) -> None:
         self._running.pop(id(optimizer), None)
+        self.made_state = self.made_state or any(_holds(state) for state in optimizer.state.values())
 
     def repair(self) -> int:
         """After an out-of-memory error: drop the state created by the steps it interrupted.

@@ -23,6 +23,11 @@ creates no state, and the answer (2103, an MLP under AdamW capped at 40 MiB) lef
 run that steps its model holds (1799 trains), with nothing said. Where every optimizer step in a
 plain callable's trials found no gradient on the parameters it trains
 (:attr:`LazyStateWatch.gradless_steps`), :func:`stepped_nothing_note` says so.
+
+A callable that makes its model and optimizer at each call and steps once frees the optimizer's
+state when the call ends: no trial ran a forward pass beside it, as training does from its second
+step (2103 answered where a loop that keeps AdamW's state trains 1495, the model counted). Where
+every optimizer seen stepped once and made state, :func:`fresh_optimizer_note` says so.
 """
 
 from __future__ import annotations
@@ -35,7 +40,8 @@ from ..memory.units import format_bytes
 from .content_peaks import drawn_shapes
 from .train_step import TrainStep
 
-__all__ = ["HeldGrowth", "held_growth_note", "left_out_notes", "returned_loss_note", "stepped_nothing_note"]
+__all__ = ["HeldGrowth", "held_growth_note", "left_out_notes", "returned_loss_note", "stepped_nothing_note",
+           "fresh_optimizer_note"]
 
 #: Steps a trial must have run to tell growth from lazily made state (made in the first step or two).
 MIN_STEPS = 3
@@ -130,4 +136,17 @@ def stepped_nothing_note(fn: object, watch: Any) -> str | None:
 def left_out_notes(fn: object, growth: HeldGrowth, watch: Any) -> list[str | None]:
     """A plain callable's notes on state its trials never held: :func:`returned_loss_note` (no
     optimizer stepped) and :func:`stepped_nothing_note` (the steps found no gradient)."""
-    return [returned_loss_note(growth, watch.steps_seen), stepped_nothing_note(fn, watch)]
+    return [returned_loss_note(growth, watch.steps_seen), stepped_nothing_note(fn, watch), fresh_optimizer_note(fn, watch)]
+
+
+def fresh_optimizer_note(fn: object, watch: Any) -> str | None:
+    """The note on a plain callable that made a new optimizer at each call and stepped it once
+    (``watch``: the probe's :class:`~autobatch.memory.lazy_state.LazyStateWatch`; two or more
+    optimizers seen, none stepped twice, state made): its state never sat beside a forward pass
+    in the trials. None otherwise, and for a ``TrainStep`` (one optimizer, stepped every step)."""
+    if isinstance(fn, TrainStep) or watch.optimizers_seen < 2 or watch.stepped_again or not watch.made_state:
+        return None
+    return (f"each call made a new optimizer and stepped it once ({watch.optimizers_seen} optimizers): its state "
+            "(AdamW keeps two tensors the size of the parameters) was freed with the call, so no trial ran a forward "
+            "pass beside it, as training does from its second step, and training at the answer can run out of memory; "
+            "make the model and optimizer outside fn and pass restore=(model, optimizer), or run several steps per call")

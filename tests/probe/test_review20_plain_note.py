@@ -74,3 +74,6 @@ def test_review31_an_optimizer_that_steps_no_gradient_is_told(made):
     told = [note for note in result.notes if "stepped no parameter with a gradient" in note]
     assert (told == []) is (made != "model inside"), result.notes
     assert made != "model inside" or "restore=(model, optimizer)" in told[0]
+    # made together at each call and stepped once: the state never sat beside a forward pass
+    fresh = [note for note in result.notes if "made a new optimizer and stepped it once" in note]
+    assert (fresh == []) is (made != "both inside"), result.notes
