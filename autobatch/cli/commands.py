@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -45,6 +44,7 @@ from .sweep import forget_sweeps
 from .run_dir import check_probe_target, check_train_target, claim_run_dir
 from .user_config import command_line, run_roots
 from .sharding import per_rank_batch
+from .atomic_write import write_atomic
 from .resume_job import agreed_resume_target, on_every_rank
 from .resume_state import check_optimizer_kind, check_steps_left, kept_settings, micro_batch_notes, read_checkpoint
 from .training import FINAL_MODEL, METRICS, earlier_probe, rank_fields, run_training, samples_in_all
@@ -69,13 +69,7 @@ def _write_json(path: Path, data: dict[str, Any]) -> None:
     left there, which a continued run and a continued sweep read."""
     if not ranks.is_rank_zero():
         return  # under torchrun, rank 0 writes the results
-    temporary = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        temporary.write_text(json.dumps(data, indent=2, default=str) + "\n", encoding="utf-8")
-        os.replace(temporary, path)
-    except BaseException:
-        temporary.unlink(missing_ok=True)
-        raise
+    write_atomic(path, json.dumps(data, indent=2, default=str) + "\n")
 
 
 def _resolved(cfg: DictConfig) -> Any:

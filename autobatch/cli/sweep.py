@@ -35,6 +35,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from ..dist.agreement import is_rank_zero
 from ..report.overrides import differing_overrides, shared_overrides
+from .atomic_write import write_atomic
 from .errors import one_line
 from .override_text import as_given
 from .user_config import given_overrides
@@ -134,13 +135,6 @@ def render_markdown(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _atomic_write(path: Path, text: str) -> None:
-    """Write via a temporary file and rename, so parallel jobs never leave a torn file."""
-    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    temporary.write_text(text, encoding="utf-8")
-    os.replace(temporary, path)
-
-
 def write_summary(sweep_dir: Path, *, plot: bool = True) -> list[dict[str, Any]]:
     """Rebuild ``summary.csv`` and ``summary.md`` (and with ``plot``, ``summary.png``) in
     ``sweep_dir``; return the rows."""
@@ -152,8 +146,8 @@ def write_summary(sweep_dir: Path, *, plot: bool = True) -> list[dict[str, Any]]
     writer = csv.DictWriter(buffer, fieldnames=columns, extrasaction="ignore", lineterminator="\n")
     writer.writeheader()
     writer.writerows(rows)
-    _atomic_write(sweep_dir / "summary.csv", buffer.getvalue())
-    _atomic_write(sweep_dir / "summary.md", render_markdown(rows))
+    write_atomic(sweep_dir / "summary.csv", buffer.getvalue())
+    write_atomic(sweep_dir / "summary.md", render_markdown(rows))
     if plot:
         _write_plot(sweep_dir, rows)
     return rows
@@ -241,7 +235,7 @@ def record_interrupted(error: str) -> None:
     row = {"job": hydra_cfg.job.num, "overrides": " ".join(given_overrides()), "status": "interrupted",
            **_empty_columns(str(getattr(hydra_cfg.job, "name", None)), None), "error": error, _SWEEP_KEY: sweep_id(sweep_dir)}
     try:
-        _atomic_write(Path(hydra_cfg.runtime.output_dir) / ROW_FILE, json.dumps(row, default=str) + "\n")
+        write_atomic(Path(hydra_cfg.runtime.output_dir) / ROW_FILE, json.dumps(row, default=str) + "\n")
         write_summary(sweep_dir, plot=False)
     except OSError as exc:  # the interrupt is what the command reports; the row is a courtesy
         log.warning("sweep row of the interrupted job not written (%s)", exc)
@@ -258,7 +252,7 @@ class SweepSummary(Callback):
         _last_sweep.append(Path(config.hydra.sweep.dir))  # as given: the final line names it so
         if is_rank_zero():  # a new id: rows left by an earlier sweep into this directory are not this one's
             sweep_dir.mkdir(parents=True, exist_ok=True)
-            _atomic_write(sweep_dir / SWEEP_ID_FILE, uuid.uuid4().hex + "\n")
+            write_atomic(sweep_dir / SWEEP_ID_FILE, uuid.uuid4().hex + "\n")
             for name in SUMMARY_FILES:  # the earlier sweep's summary is not this one's
                 (sweep_dir / name).unlink(missing_ok=True)
 
@@ -267,7 +261,7 @@ class SweepSummary(Callback):
             return
         output_dir = Path(HydraConfig.get().runtime.output_dir)
         row = {**_job_row(config, job_return), _SWEEP_KEY: sweep_id(_sweep_dir(config))}
-        _atomic_write(output_dir / ROW_FILE, json.dumps(row, default=str) + "\n")
+        write_atomic(output_dir / ROW_FILE, json.dumps(row, default=str) + "\n")
         write_summary(_sweep_dir(config), plot=_plot_wanted(config))
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:

@@ -50,6 +50,7 @@ from ..training.oom.faults import FaultInjector
 from ..training.checkpoints.resume_target import checkpoint_written as _exists, latest_checkpoint, written_at as _written_at
 from ..training.run_result import RunResult
 from ..training.runner import Runner
+from .atomic_write import write_atomic
 from .build import Workload, cross_entropy_loss
 from .data import training_data
 from .interrupt import Interrupts, gave_up_together, stopped, stopped_together
@@ -259,16 +260,7 @@ def _metrics_file(path: Path, resumed_step: int | None):
                 kept.append(line)
         except (ValueError, KeyError, TypeError):
             continue  # a torn last line of a killed run
-    temporary = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        with open(temporary, "w", encoding="utf-8") as handle:
-            handle.write("".join(line + "\n" for line in kept))
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(temporary, path)
-    except BaseException:
-        temporary.unlink(missing_ok=True)
-        raise
+    write_atomic(path, "".join(line + "\n" for line in kept), fsync=True)
     return open(path, "a", encoding="utf-8")
 
 

@@ -117,7 +117,10 @@ def test_review31_a_resume_that_cannot_rewrite_metrics_keeps_them(tmp_path, monk
             handle.write = write
         return handle
 
-    monkeypatch.setattr(training, "open", full_disk, raising=False)
+    from autobatch.cli import atomic_write
+
+    for module in (training, atomic_write):  # a write in place, or through the temporary file
+        monkeypatch.setattr(module, "open", full_disk, raising=False)
     with pytest.raises(OSError, match="No space"):
         training._metrics_file(path, resumed_step=3)
     assert path.read_text(encoding="utf-8") == lines
@@ -149,7 +152,10 @@ def test_review31_a_run_record_is_replaced_whole_or_not_at_all(tmp_path, monkeyp
             handle.write = write
         return handle
 
-    monkeypatch.setattr(io, "open", full_disk)
+    from autobatch.cli import atomic_write
+
+    monkeypatch.setattr(io, "open", full_disk)  # Path.write_text's, in place
+    monkeypatch.setattr(atomic_write, "open", full_disk, raising=False)  # the temporary file's
     with pytest.raises(OSError, match="No space"):
         _write_json(path, {"steps": 8, "config": {"seed": 0}})
     monkeypatch.undo()
