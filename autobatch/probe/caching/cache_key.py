@@ -95,11 +95,15 @@ def _optimizer(optimizer: torch.optim.Optimizer, model: torch.nn.Module) -> dict
             "state_tensors": state_tensors}
 
 
+def _forward_code(model: torch.nn.Module) -> list[str]:
+    """The code of every module class in ``model`` (a forward edited under the same tree misses)."""
+    return sorted(f"{cls.__qualname__}:{class_code(cls)}" for cls in {type(module) for module in model.modules()})
+
+
 def step_components(step: TrainStep, batches: tuple[Any, Any] | None = None) -> dict[str, Any]:
     """The parts of the key that describe a :class:`TrainStep` (``batches``: its
     :func:`sample_batches`, where already built)."""
     model = step.model
-    classes = {type(module) for module in model.modules()}
     return {
         "model": _module_tree(model),
         "code": {
@@ -107,7 +111,7 @@ def step_components(step: TrainStep, batches: tuple[Any, Any] | None = None) -> 
             # what it builds beyond the two sample batches' shapes: a max_length it pads to,
             # a dtype or a channel count it chooses for larger batches (keyed as the loss is)
             "make_batch": None if step.make_batch is None else data_code_hash(step.make_batch),
-            "forward": sorted(f"{cls.__qualname__}:{class_code(cls)}" for cls in classes),
+            "forward": _forward_code(model),
             "hooks": _hooks(model),
             "step": type(step).__qualname__,
         },
@@ -142,9 +146,7 @@ def callable_components(fn: Any, restore: tuple[Any, ...] | None) -> dict[str, A
     described: list[Any] = []
     for item in restore or ():
         if isinstance(item, torch.nn.Module):
-            classes = {type(module) for module in item.modules()}
-            described.append({"model": _module_tree(item),
-                              "forward": sorted(f"{cls.__qualname__}:{class_code(cls)}" for cls in classes)})
+            described.append({"model": _module_tree(item), "forward": _forward_code(item)})
         elif isinstance(item, torch.optim.Optimizer):
             described.append({"optimizer": _optimizer(item, modules[0] if modules else torch.nn.Module())})
         else:  # an LR scheduler, a GradScaler: by class
