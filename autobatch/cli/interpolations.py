@@ -15,7 +15,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-__all__ = ["source_key", "unresolved_line", "text_for_list", "wrong_type_line", "mistyped_interpolation"]
+__all__ = ["raw_value", "source_key", "unresolved_line", "text_for_list", "wrong_type_line", "mistyped_interpolation"]
 
 #: A value that is only a reference to another key by its absolute path (``${train.lr}``).
 _REFERENCE = re.compile(r"^\$\{([A-Za-z_][\w]*(?:\.[\w]+)*)\}$")
@@ -23,8 +23,8 @@ _ENV = re.compile(r"Environment variable '([^']+)' not found")
 _ABSENT = object()
 
 
-def _raw(container: Any, key: str) -> Any:
-    """The value at the dotted ``key`` of a plain nested dict/list, unresolved; ``_ABSENT`` if none."""
+def raw_value(container: Any, key: str, default: Any = _ABSENT) -> Any:
+    """The value at the dotted ``key`` of a plain nested dict/list, unresolved; ``default`` if none."""
     node = container
     for part in key.split("."):
         if isinstance(node, dict) and part in node:
@@ -32,7 +32,7 @@ def _raw(container: Any, key: str) -> Any:
         elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
             node = node[int(part)]
         else:
-            return _ABSENT
+            return default
     return node
 
 
@@ -41,10 +41,10 @@ def source_key(cfg: Any, key: str) -> tuple[str, Any]:
     plain reference (``${train.lr}``) is followed to the key it names, a resolver
     (``${oc.env:MYLR}``) or a string with text around the reference stops there."""
     container = OmegaConf.to_container(cfg, resolve=False) if OmegaConf.is_config(cfg) else cfg
-    raw, seen = _raw(container, key), {key}
+    raw, seen = raw_value(container, key), {key}
     while isinstance(raw, str) and (found := _REFERENCE.match(raw)) is not None:
         target = found.group(1)
-        following = _raw(container, target)
+        following = raw_value(container, target)
         if following is _ABSENT or target in seen:  # the reference itself is what fails (a missing key, a cycle)
             break
         key, raw = target, following

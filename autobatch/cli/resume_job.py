@@ -25,6 +25,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from ..dist import agreement as dist_sync
+from .interpolations import raw_value
 from .training import check_resume_target, find_resume
 
 __all__ = ["agreed_resume_target", "on_every_rank", "check_same_job", "swept_keys"]
@@ -119,7 +120,7 @@ def check_same_job(cfg: DictConfig, out_dir: Path, keys: list[str]) -> None:
     for key in keys:
         now = OmegaConf.select(cfg, key, default=None)
         now = OmegaConf.to_container(now, resolve=True, enum_to_str=True) if OmegaConf.is_config(now) else now
-        then = _select(earlier, key)
+        then = raw_value(earlier, key, None)
         if now != then:
             differ.append((key, then, now))
     if differ:
@@ -131,16 +132,6 @@ def check_same_job(cfg: DictConfig, out_dir: Path, keys: list[str]) -> None:
             "values come in another order now); give them in the order the sweep first had them, or a new "
             "hydra.sweep.dir to start afresh"
         )
-
-
-def _select(config: dict[str, Any], key: str) -> Any:
-    """The value at dotted ``key`` in a plain nested dict (None where absent)."""
-    node: Any = config
-    for part in key.split("."):
-        if not isinstance(node, dict):
-            return None
-        node = node.get(part)
-    return node
 
 
 def _text(value: Any) -> str:
