@@ -32,7 +32,7 @@ from ..probe.snapshot.shards import has_dtensors
 from ..probe.train_step import TrainStep
 from .samples import batch_size_of
 
-__all__ = ["check_batch_first", "loss_split_note", "LOSS_SPLIT"]
+__all__ = ["check_batch_first", "loss_split_note", "LOSS_KINDS", "LOSS_SPLIT", "MEAN_LOSS"]
 
 #: how the note begins
 LOSS_SPLIT = "The loss is not a mean over samples"
@@ -122,11 +122,18 @@ def loss_split_note(step: TrainStep, sizes: list[int], piece: int = 1) -> str | 
     return (
         f"{LOSS_SPLIT}: on make_batch({2 * piece}) the loss_fn gave {whole:.4g}, and {halves[0]:.4g} and {halves[1]:.4g} "
         f"on its halves (in eval mode){drawn}, so the plan's micro-batches of {max(sizes)} train another gradient than one "
-        f"batch of {sum(sizes)} would (a contrastive loss over the batch, a mean over padded tokens, a sum, class "
-        "weights). Where that matters: more memory (one step), or a loss_fn that returns a mean of per-sample terms: "
-        "a sum divided by the micro-batch's samples; a token mean weighted per sample by the batch's samples over its "
-        "real tokens (docs/runner.md, the token_weight recipe; docs/planning.md, 'Accumulation policy')"
+        f"batch of {sum(sizes)} would ({LOSS_KINDS}). Where that matters: more memory (one step), or {MEAN_LOSS}"
     )
+
+
+#: the losses that are no mean over samples, as the notes name them
+LOSS_KINDS = "a contrastive loss over the batch, a mean over padded tokens, a sum, class weights"
+#: what to return instead, as the notes (the plan's, the Runner's: :mod:`autobatch.training.split_warnings`) say it
+MEAN_LOSS = (
+    "a loss_fn that returns a mean of per-sample terms: a sum divided by the micro-batch's samples; a token mean "
+    "weighted per sample by the batch's samples over its real tokens (docs/runner.md, the token_weight recipe; "
+    "docs/planning.md, 'Accumulation policy')"
+)
 
 
 def _distributed(model: torch.nn.Module) -> bool:

@@ -92,6 +92,7 @@ class PlansFromData:
         # plan() warned already where its split meets BatchNorm or spectral norm: the first split step does not again
         self._told_batch_statistics = any(note.startswith(BATCH_STATISTICS) for note in planned.notes)
         self._told_power_iteration = any(note.startswith(POWER_ITERATION) for note in planned.notes)
+        self._told_loss_split = planned.accumulation_steps > 1  # plan() checked its loss (LOSS_SPLIT) where it split
         self.micro_batch = self.initial_micro_batch = max(planned.micro_batch, self.min_micro_batch)
         self.balanced = planned.balanced  # the plan's split (multiple_of: full pieces, a smaller last), as it reports
         if planned.micro_batch < self.min_micro_batch:  # the floor wins: out of memory there, the run gives up clearly

@@ -159,7 +159,9 @@ class SplitsInMultiples:
         """``batch`` cut into the current micro-batches, each moved to the device only when read
         (no look-ahead: the device holds one micro-batch's inputs, as a probe trial does). A
         batch this rank failed to draw raises its error as the first one is read, inside the
-        step, whose vote stops every rank (:mod:`~autobatch.training.pacing`)."""
+        step, whose vote stops every rank (:mod:`~autobatch.training.pacing`). The first split that
+        differs from the run's first one checks the loss (:mod:`~autobatch.training.split_warnings`)."""
+        self._check_loss_split()  # type: ignore[attr-defined]
         pieces = batch if isinstance(batch, FailedDraw) else carried_error(
             lambda: cut_batch(batch, self._piece_sizes), self.distributed)  # an uncuttable batch: the same
         if isinstance(pieces, FailedDraw):

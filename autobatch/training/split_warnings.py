@@ -1,4 +1,4 @@
-"""The runner's own split, said once where it is not exact: BatchNorm, spectral norm.
+"""The runner's own split, said once where it is not exact: BatchNorm, spectral norm, the loss.
 
 Gradient accumulation trains one global batch's gradient in micro-batches exactly, except where
 the model's forward depends on which samples it sees together or on how many forwards a step
@@ -10,6 +10,17 @@ both where its split meets them; a :class:`~autobatch.Runner` that splits the ba
 (``micro_batch < global_batch``, or a replay after an OOM) warns once for each, at its first
 step trained in several pieces. A runner that planned is told by the plan's notes already
 (:mod:`autobatch.training.autoplan` sets the flags), so it does not warn twice.
+
+The runner weights each micro-batch's loss by its share of the samples, which trains one batch's
+gradient for a loss that is a mean over samples only. For another (``reduction='sum'``, class
+weights, a token mean over padded sequences) a given split trains a steady update, but the first
+step cut otherwise than the run's first (an OOM replay's smaller pieces, grow-back's larger ones)
+silently changes it: a sum is halved by a replay that halves the micro-batch. That step, once,
+reads the ``loss_fn`` without calling it (:func:`~autobatch.planning.loss_reduction.seen_reduction`:
+its loss modules and ``reduction="sum"`` keywords; no call, for a ``loss_fn`` may count its calls,
+log or step a schedule) and warns where it shows a reduction that is no mean. Nothing is read
+before (a run that never changes its split pays nothing), nor under ``torch.distributed``; a
+runner whose plan split its batches was told by ``plan()``'s numeric check (autoplan sets the flag).
 """
 
 from __future__ import annotations
@@ -19,6 +30,8 @@ import logging
 import torch
 
 from ..planning.batch_statistics import power_iteration_layers
+from ..planning.loss_reduction import seen_reduction
+from ..planning.split_checks import LOSS_KINDS, LOSS_SPLIT, MEAN_LOSS
 from .inputs import _sizes_text, warn_batch_statistics
 
 log = logging.getLogger("autobatch")
@@ -46,10 +59,13 @@ def warn_power_iteration(model: torch.nn.Module, sizes: list[int]) -> bool:
 
 class TellsSplit:
     """A mixin of the runner's recovery (:class:`~autobatch.training.oom.recovery.OomRecovery`): at
-    its first step trained in several pieces, :meth:`_tell_split` warns for what makes them inexact."""
+    its first step trained in several pieces, :meth:`_tell_split` warns for what makes them inexact;
+    at its first attempt cut otherwise than the run's first, :meth:`_check_loss_split` checks the loss."""
 
     _told_batch_statistics = False  # warned (or the plan did) that BatchNorm normalises each micro-batch on its own
     _told_power_iteration = False  # warned (or the plan did) that spectral norm iterates once per micro-batch
+    _told_loss_split = False  # checked (or the plan did) whether the loss is a mean over samples
+    _first_split: tuple[int, list[int]] | None = None  # (micro-batch, full batch's pieces) of the run's first attempt
 
     def _tell_split(self) -> None:
         """Once the step trained in more than one piece: warn for BatchNorm and spectral norm, each once."""
@@ -64,3 +80,27 @@ class TellsSplit:
         if not self._told_power_iteration:
             warn_power_iteration(self._train_step.model, sizes)
             self._told_power_iteration = True
+
+    def _check_loss_split(self) -> None:
+        """At the first attempt whose split of a full batch differs from the run's first one's: warn
+        once where ``loss_fn`` shows a reduction that is no mean over samples (see the module docstring)."""
+        if self._told_loss_split or self.distributed:
+            return
+        if self._first_split is None:
+            self._first_split = (self.micro_batch, self._piece_sizes(self.share))
+        before, pieces = self._first_split
+        now = [] if self.micro_batch == before else self._piece_sizes(self.share)
+        if not now or now == pieces:
+            return
+        self._told_loss_split = True
+        seen = seen_reduction(self.loss_fn)
+        if seen is None:
+            return
+        why = "an OOM recovery's smaller ones" if max(now) < max(pieces) else "grow-back's larger ones"
+        log.warning(
+            "%s: %s. The runner weights each micro-batch's loss by its share of the batch's samples, which trains one "
+            "batch's gradient for a mean over samples only, so from step %d on, with batches of %d cut into micro-batches "
+            "of %s (%s) where the run trained micro-batches of %s before, its updates differ from the earlier steps' "
+            "(%s: a sum is scaled by the split). Where that matters, use %s",
+            LOSS_SPLIT, seen, self.step, self.share, _sizes_text(now), why, _sizes_text(pieces), LOSS_KINDS, MEAN_LOSS,
+        )
