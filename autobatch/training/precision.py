@@ -92,12 +92,15 @@ def load_grad_scaler(scaler: Any, saved: dict[str, Any] | None) -> None:
 
 
 def warn_unscaled_float16(optimizer: torch.optim.Optimizer, model: torch.nn.Module, autocast_dtype: torch.dtype | None,
-                          scaler: Any) -> None:
+                          scaler: Any, device: torch.device | None = None) -> None:
     """Warn, once when the runner is made, where it trains without loss scaling in float16:
     float16 parameters (no float32 copy; an enabled scaler refuses them already), or float16
-    autocast without an enabled grad scaler. Each warning says what to change."""
+    autocast without an enabled grad scaler. Each warning says what to change, naming the
+    scaler for ``device``: a ``GradScaler()`` (``"cuda"`` by default) given to a run on the CPU
+    is disabled by torch, so the run trains unscaled though the user passed a scaler."""
     if scaling(scaler):
         return
+    wanted = f"torch.amp.GradScaler({device.type!r})" if device is not None else "torch.amp.GradScaler(device)"
     held = [p for group in optimizer.param_groups for p in group["params"] if p.requires_grad and p.dtype == torch.float16]
     if held:
         names = {id(p): name for name, p in model.named_parameters()}
@@ -109,12 +112,23 @@ def warn_unscaled_float16(optimizer: torch.optim.Optimizer, model: torch.nn.Modu
         log.warning("the optimizer trains %d float16 parameter(s)%s with no float32 copy and no loss scaling: "
                     "gradients below float16's range (6e-8) become zero and updates below a weight's resolution are "
                     "lost%s. Keep the model in float32 and pass autocast_dtype='float16' with "
-                    "grad_scaler=torch.amp.GradScaler(device), or hold it in bfloat16 (float32's range, no scaler)",
-                    len(held), f" (the first: {first!r})" if first else "", zero_eps)
+                    "grad_scaler=%s, or hold it in bfloat16 (float32's range, no scaler)",
+                    len(held), f" (the first: {first!r})" if first else "", zero_eps, wanted)
     elif autocast_dtype is torch.float16:
-        log.warning("autocast_dtype=float16 without an enabled grad_scaler: float16 gradients below 6e-8 become zero "
-                    "and their updates are lost; pass grad_scaler=torch.amp.GradScaler(device) (it skips the steps "
-                    "whose gradients overflow), or autocast_dtype='bfloat16', which needs none")
+        log.warning("autocast_dtype=float16 without an enabled grad_scaler%s: float16 gradients below 6e-8 become zero "
+                    "and their updates are lost; pass grad_scaler=%s (it skips the steps whose gradients overflow), "
+                    "or autocast_dtype='bfloat16', which needs none", _disabled_by_device(scaler, device), wanted)
+
+
+def _disabled_by_device(scaler: Any, device: torch.device | None) -> str:
+    """Why a scaler the user passed scales nothing, where torch disabled it for its device: a
+    ``GradScaler()`` is a CUDA one, which turns itself off without CUDA (torch's own warning
+    says only "Disabling"), so a run on the CPU copying the CUDA recipe trained fp16 unscaled."""
+    own = getattr(scaler, "_device", None)
+    if scaler is None or device is None or not isinstance(own, str) or own == device.type:
+        return ""
+    return (f" (the grad_scaler given is a GradScaler({own!r}), which torch disabled: no {own} here, and this run "
+            f"trains on {device.type})")
 
 
 def check_dtypes(path: Any, model: torch.nn.Module, saved: dict[str, Any]) -> None:

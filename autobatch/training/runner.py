@@ -219,7 +219,7 @@ class Runner(OomRecovery, SplitsInMultiples, EndsSteps, Resumable, PlansFromData
             local, optimizer, loss_fn, make_batch=self._no_batches, autocast_dtype=checks.dtype("autocast_dtype", autocast_dtype),
             grad_scaler=grad_scaler, max_grad_norm=max_grad_norm,
         )
-        warn_unscaled_float16(optimizer, local, self._train_step.autocast_dtype, grad_scaler)  # small gradients lost
+        warn_unscaled_float16(optimizer, local, self._train_step.autocast_dtype, grad_scaler, self.device)  # lost grads
         given = max_micro_batch or self.micro_batch  # else planned (a resume takes its checkpoint's)
         self.growth = GrowBack(grow_after, min(given or self.share, self.share), configured=given is not None,
                                multiple_of=self.multiple_of)

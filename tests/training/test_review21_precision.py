@@ -125,3 +125,20 @@ def test_float16_without_loss_scaling_is_warned_about_when_the_runner_is_made(ca
                autocast_dtype=autocast, grad_scaler=scaler, progress=False)
     told = [r.getMessage() for r in caplog.records]
     assert (told == []) if says is None else (len(told) == 1 and says in told[0])
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a CUDA GradScaler is enabled where CUDA is")
+def test_review32_a_cuda_scaler_on_the_cpu_is_named_with_the_scaler_to_pass(caplog):
+    """Review 32: ``GradScaler()`` (a CUDA one, as docs and recipes write it) given to a run on the CPU
+    is disabled by torch ("Disabling."), and the runner's warning said "without an enabled
+    grad_scaler ... pass torch.amp.GradScaler(device)" to a user who passed one: it now says which
+    scaler torch disabled and names the one to pass."""
+    model = _model()
+    with pytest.warns(UserWarning, match="Disabling"):
+        scaler = torch.amp.GradScaler("cuda")
+    with caplog.at_level(logging.WARNING, logger="autobatch"):
+        Runner(model, torch.optim.AdamW(model.parameters(), lr=1e-3), _loss, global_batch=G, micro_batch=8,
+               autocast_dtype="float16", grad_scaler=scaler, progress=False)
+    told = [r.getMessage() for r in caplog.records]
+    assert len(told) == 1 and "GradScaler('cuda'), which torch disabled" in told[0]
+    assert "pass grad_scaler=torch.amp.GradScaler('cpu')" in told[0]
