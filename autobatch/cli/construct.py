@@ -27,7 +27,7 @@ from ..errors import in_packages, raised_through
 from ..memory.oom import is_oom_error
 from .errors import one_line, where_raised
 
-__all__ = ["construct", "from_launch_dir"]
+__all__ = ["construct", "from_launch_dir", "without_partial"]
 
 #: The exceptions a constructor raises for a value it rejects: bad input, exit status 2.
 _REJECTED = (ValueError, TypeError, IndexError, KeyError, AssertionError)
@@ -74,7 +74,7 @@ def construct(key: str, node: Any, expect: type | None = None, **kwargs: Any) ->
     path's name are from the directory the command ran in (:func:`from_launch_dir`). ``expect``: the type the object must be (a model
     ``torch.nn.Module``); anything else is one line naming ``key._target_`` (before, a class that
     built something else failed later on a missing method, ``'X' object has no attribute 'to'``)."""
-    node = from_launch_dir(node)
+    node = without_partial(from_launch_dir(node))
     try:
         built = instantiate(node, _convert_="all", **kwargs)
     except InstantiationException as exc:
@@ -103,6 +103,23 @@ def construct(key: str, node: Any, expect: type | None = None, **kwargs: Any) ->
         raise ValueError(f"{key}._target_={target!r} built a {kind}, not a {_public_name(expect)}; "
                          f"give a class (or a function) that returns one")
     return built
+
+
+def without_partial(node: Any) -> Any:
+    """``node`` without a top-level ``_partial_: true``, which Hydra configs (the
+    lightning-hydra-template's among them) put on an optimizer or scheduler so that the program
+    fills in the rest: autobatch is that program and passes the model's parameters (the
+    scheduler's optimizer) itself, so the node is built whole. Before, Hydra returned a partial
+    and the run stopped on "built a hydra._internal.target_policy._DeferredTarget, not a
+    torch.optim.Optimizer", which named neither ``_partial_`` nor what to change. A nested
+    ``_partial_`` (a model's ``activation: {_target_: ..., _partial_: true}``) is the user's
+    argument and stays. Unchanged (the same object) without one."""
+    if not (hasattr(node, "get") and node.get("_partial_") is True):
+        return node
+    plain = OmegaConf.to_container(node, resolve=True) if OmegaConf.is_config(node) else dict(node)
+    assert isinstance(plain, dict)
+    plain.pop("_partial_")
+    return plain
 
 
 def _rejected(cause: BaseException | None) -> bool:

@@ -15,7 +15,13 @@ from typing import Any
 import torch
 from torch.nn import functional as F
 
-__all__ = ["cross_entropy_loss", "TargetOutOfRange"]
+__all__ = ["cross_entropy_loss", "TargetOutOfRange", "own_loss_hint"]
+
+#: The names a user gives a loss of their own under (``loss=mypkg.my_loss``, ``+loss._target_=...``,
+#: ``train.criterion: ...`` in a YAML): the command line has no such key.
+_LOSS_NAMES = frozenset({"loss", "losses", "loss_fn", "loss_func", "loss_function", "criterion", "objective_fn"})
+#: The nodes whose keys are a constructor's arguments (a model's own ``loss_fn`` is checked there).
+_FREE_NODES = frozenset({"model", "optimizer", "scheduler"})
 
 
 def cross_entropy_loss(model: torch.nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
@@ -39,6 +45,22 @@ def cross_entropy_loss(model: torch.nn.Module, batch: tuple[torch.Tensor, torch.
         if message is None:  # no target out of range: not this mistake, torch's own error stands
             raise
         raise TargetOutOfRange(message) from exc
+
+
+def own_loss_hint(key: str) -> str:
+    """What to do, for a key ``key`` (``loss``, ``loss._target_``, ``train.loss``) that names a loss
+    of the user's own, which the command line has no setting for; "" for any other key. Before,
+    ``+loss._target_=mypkg.my_loss`` was told "the top level has no key 'loss'; + adds keys only to a
+    _target_", ``+loss=mypkg.my_loss`` to give ``--config-dir`` for a group ``loss``, and a YAML's
+    ``loss:`` was shown the config's keys: none said that the loss is fixed or where another goes."""
+    parts = key.lstrip("+~").split("=", 1)[0].split(".")
+    named = parts[0] in _LOSS_NAMES or (len(parts) > 1 and parts[0] not in _FREE_NODES and parts[1] in _LOSS_NAMES)
+    if not named:
+        return ""
+    return ("the command line has no loss setting: its loss is cross-entropy of the model's logits against integer "
+            "class ids (a model that returns logits, an object with .logits, a dict with 'logits' or a tuple with "
+            "the logits first trains as is); a loss of your own trains with autobatch.Runner(model, optimizer, "
+            "loss_fn, ...) in Python (docs/runner.md)")
 
 
 class TargetOutOfRange(ValueError):

@@ -18,6 +18,7 @@ import typing
 from omegaconf import OmegaConf
 
 from .config import SCHEMAS, ProbeAppConfig, TrainAppConfig
+from .loss import own_loss_hint
 from .schema_keys import close_match
 
 __all__ = ["override_hint", "delete_hint", "composition_hint", "own_target_hint", "integer_key_hint"]
@@ -56,7 +57,9 @@ def override_hint(message: str, exc: BaseException | None = None) -> str:
         if part not in fields:
             where = ".".join(parts[:depth]) or "the config"
             prefix = where + "." if depth else ""
-            return f"Could not override '{key}': {where} has no key {part!r}{close_match(part, fields, prefix)}"
+            loss = own_loss_hint(key)  # loss=mypkg.my_loss: the command line's loss is fixed
+            return f"Could not override '{key}': {where} has no key {part!r}" + (
+                f"; {loss}" if loss else close_match(part, fields, prefix))
         schema = typing.get_type_hints(schema).get(part)
         if not dataclasses.is_dataclass(schema):  # a free node, unless a group's option types it (model=gpt)
             typed = _option_key_hint(message, key, parts[: depth + 1], exc)
@@ -226,7 +229,8 @@ def composition_hint(message: str, exc: BaseException) -> str:
         hint = (f"; an option of a group of your own ({name}/) is placed under the key {name}, which the config does "
                  "not have: put `# @package _global_` as its first line and set the config's keys in it "
                  "(e.g. `train: {steps: 5}`)")
-    return f"{head}, but {prefix.rstrip('.') or 'the config'} has no key {name!r}{hint}"
+    loss = own_loss_hint(key.group(1))  # `loss: {_target_: mypkg.my_loss}` in the user's YAML
+    return f"{head}, but {prefix.rstrip('.') or 'the config'} has no key {name!r}{f'; {loss}' if loss else hint}"
 
 
 

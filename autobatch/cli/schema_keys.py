@@ -4,7 +4,8 @@ which would otherwise be carried along and never read. Only a node with a ``_tar
 an optimizer, a dataset) takes free keys: they are its constructor's arguments, which
 :func:`autobatch.cli.validation.check_target_arguments` checks against its signature instead.
 A ``+name=option`` at the top level for a config group there is none of (``+experiment=small``
-without the ``--config-dir`` that holds ``experiment/small.yaml``) is named as such.
+without the ``--config-dir`` that holds ``experiment/small.yaml``) is named as such, and a loss of
+one's own (``+loss=mypkg.my_loss``) is told that the command line's loss is fixed.
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ def check_unknown_keys(node: Any, prefix: str = "") -> None:
         for key in node.keys():
             if key not in fields:
                 where = prefix.rstrip(".") or "the top level"
+                _refuse_own_loss(f"{prefix}{key}")
                 value = node[key]
                 if not prefix and isinstance(value, str):  # +experiment=small: meant an option of a group of one's own
                     raise ValueError(
@@ -68,3 +70,14 @@ def check_unknown_keys(node: Any, prefix: str = "") -> None:
         child = None if OmegaConf.is_missing(node, key) else node[key]
         if isinstance(child, DictConfig):
             check_unknown_keys(child, f"{prefix}{key}.")
+
+
+def _refuse_own_loss(key: str) -> None:
+    """``+loss=mypkg.my_loss`` (``+loss._target_=``, ``+train.loss=``): one line saying that the
+    command line's loss is fixed and where a loss of one's own goes, not that ``+`` adds keys only
+    to a ``_target_`` or that a group ``loss`` needs ``--config-dir``."""
+    from .loss import own_loss_hint
+
+    hint = own_loss_hint(key)
+    if hint:
+        raise ValueError(f"+{key}: {hint}")

@@ -44,7 +44,7 @@ from .override_text import as_given
 __all__ = [
     "CONFIG_DIR_FLAGS", "CONFIG_NAME_FLAGS", "CONFIG_PATH_FLAGS", "REQUIRED_KEYS", "config_flags",
     "without_config_flags", "composing", "check_config_name", "check_extends", "rerun_flags", "command_line",
-    "run_roots", "sweeper_params", "check_self_last", "given_overrides", "shadowed",
+    "run_roots", "sweeper_params", "check_self_last", "given_overrides", "shadowed", "job_name_override",
 ]  # fmt: skip
 
 CONFIG_DIR_FLAGS = ("-cd", "--config-dir")
@@ -93,6 +93,20 @@ def config_flags(args: Sequence[str]) -> tuple[str | None, str | None]:
     if config_name is not None and not config_name.strip():
         raise CLIError("--config-name needs a config's name (a YAML in --config-dir, without .yaml)")
     return config_dir, config_name
+
+
+def job_name_override(command: str, args: Sequence[str]) -> list[str]:
+    """``["hydra.job.name=<command>"]`` when ``args`` give a ``--config-name`` (and no
+    ``hydra.job.name`` of their own): the job is named by the command it runs, not by the config.
+    A config of one's own that extends ``train`` serves ``probe`` too, and named its probes
+    ``train``: their log was ``train.log``, and a probe sweep's summary had ``train`` 's columns
+    (``steps``, ``recoveries``, ``final_loss``, always empty) among its own. :func:`command_line`
+    leaves it out of the command it records (the dispatcher adds it again)."""
+    if not any(arg.split("=", 1)[0] in CONFIG_NAME_FLAGS for arg in args):
+        return []
+    if any(_override_key(arg) == "hydra.job.name" for arg in args):
+        return []
+    return [f"hydra.job.name={command}"]
 
 
 def without_config_flags(args: Sequence[str]) -> list[str]:
@@ -319,7 +333,8 @@ def command_line(command: str, *, extra: Sequence[str] = (), drop: Sequence[str]
     (``hydra.job.chdir=true``, ``hydra.run.dir=...``), which Hydra keeps apart from the job's."""
     left_out = {*drop, *_NOT_REPEATED, *map(_override_key, extra)}
     given = [*given_overrides("task"), *given_overrides("hydra")]
-    overrides = [o for o in given if _override_key(o) not in left_out]
+    added = f"hydra.job.name={command}"  # the dispatcher's (job_name_override): not the user's to repeat
+    overrides = [o for o in given if _override_key(o) not in left_out and o != added]
     words = [*rerun_flags(command), *overrides, *extra]
     return " ".join(["python -m autobatch", command, *map(shlex.quote, words)])
 
