@@ -279,15 +279,55 @@ def test_list_and_clear(isolated_probe_cache):
 
 def test_clear_deletes_only_cache_entries(tmp_path):
     """``cache clear --dir`` may name a directory that holds more than the cache: a run's
-    result.json, a user's settings, a file that is not JSON all stay; an entry of an older
-    schema and a leftover temporary file go."""
+    result.json, a user's settings, a file that is not JSON, another program's temporary all stay;
+    an entry of an older schema goes (abandoned temporaries: test_review32_clear_*)."""
     find_max_batch(ThresholdStep(50), cache_key="x", steps_per_trial=1, cache=tmp_path)
     (tmp_path / "result.json").write_text(json.dumps({"batch_size": 3}))
     (tmp_path / "notes.json").write_text("not json")
     (tmp_path / "old.json").write_text(json.dumps({"kind": probe_cache.KIND, "schema": 0}))
     (tmp_path / ".tmp-123.json").write_text("{")
     assert probe_cache.clear(tmp_path) == 2
-    assert sorted(p.name for p in tmp_path.glob("*.json")) == ["notes.json", "result.json"]
+    assert sorted(p.name for p in tmp_path.glob("*.json")) == [".tmp-123.json", "notes.json", "result.json"]
+
+
+def test_review32_clear_deletes_only_abandoned_temporaries(tmp_path):
+    """``clear`` deleted every ``.tmp-*.json``: a writer's temporary between ``mkstemp`` and
+    ``os.replace`` (its entry was then lost) and another program's in a ``--dir`` that holds more.
+    Now only a temporary of ``put``'s naming, untouched for ``ABANDONED_AFTER_S`` and empty or the
+    start of an entry, goes (a writer killed mid-write); it is not counted as an entry."""
+    store = probe_cache.ProbeCache(tmp_path)
+    result = find_max_batch(ThresholdStep(50), cache_key="x", steps_per_trial=1, cache=tmp_path)
+    [entry] = tmp_path.glob("[0-9a-f]*.json")
+    text = entry.read_text()
+    old = time.time() - probe_cache.ABANDONED_AFTER_S - 60
+    files = {".tmp-k1ll3d_0.json": text[:300], ".tmp-00000000.json": "", ".tmp-settings.json": "{}",
+             ".tmp-0th3rp9m.json": '{"another": "program"}', ".tmp-w0rk1ng0.json": text[:300]}
+    for name, content in files.items():
+        (tmp_path / name).write_text(content)
+        if name != ".tmp-w0rk1ng0.json":  # a writer still writing this one
+            os.utime(tmp_path / name, (old, old))
+    assert store.clear() == 1
+    assert sorted(p.name for p in tmp_path.glob(".tmp-*")) == [".tmp-0th3rp9m.json", ".tmp-settings.json",
+                                                                 ".tmp-w0rk1ng0.json"]
+    (tmp_path / ".tmp-w0rk1ng0.json").write_text(text)  # the writer finishes: its entry is served
+    os.replace(tmp_path / ".tmp-w0rk1ng0.json", entry)
+    assert store.get(entry.stem).batch_size == result.batch_size
+
+
+def test_review32_a_deeply_nested_entry_file_is_a_miss(isolated_probe_cache, caplog):
+    """A corrupt entry that nests too deep for ``json`` (``[[[[...``) raised ``RecursionError`` out
+    of ``find_max_batch`` and ``cache list``: it is one warning and a miss, and the probe rewrites it."""
+    probe = dict(cache_key="x", steps_per_trial=1)
+    find_max_batch(ThresholdStep(50), **probe)
+    [entry] = probe_cache.list_entries()
+    entry.path.write_text("[" * 100_000)
+    with caplog.at_level(logging.WARNING, logger="autobatch"):
+        assert probe_cache.list_entries() == []
+        again = find_max_batch(ThresholdStep(50), **probe)
+    assert not again.cached and again.num_trials > 0 and again.batch_size == 50
+    [line] = [r.getMessage() for r in caplog.records if "ignoring" in r.getMessage()]
+    assert line.startswith(f"ignoring probe cache file {entry.path}: not readable JSON (RecursionError: ")
+    assert find_max_batch(ThresholdStep(50), **probe).cached
 
 
 def _writer(directory: str, worker: int, rounds: int) -> None:

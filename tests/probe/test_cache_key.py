@@ -1,6 +1,7 @@
 """The probe cache key's reading of code: stable across processes."""
 
 import dataclasses
+import functools
 import os
 import pathlib
 import subprocess
@@ -93,3 +94,48 @@ def test_a_global_object_is_keyed_the_same_in_every_process(tmp_path):
         "def forward(x):\n    LOG.debug('x')\n    with LOCK:\n        return x * CFG.n, CFG.acts, CFG.token\n"
         "print(_code_hash(forward))\n")
     assert len(_keys_under_two_hash_seeds(script)) == 1
+
+
+SEQ_LEN = 8  # read by _global_seq_step below
+
+
+def _global_seq_step(n):
+    torch.randn(n, SEQ_LEN, 4)
+
+
+def test_review32_a_plain_callables_settings_are_keyed():
+    """A plain callable under one ``cache_key`` was keyed by its code and ``restore`` only: the
+    sequence length in its closure, at module level or in a ``partial`` was not, and 4x the
+    activations were served the shorter sequence's answer. A counter it rebinds and a list it
+    appends to stay out of the key (every call would miss)."""
+    from autobatch.probe.caching.cache_key import key_components
+
+    def key(fn):
+        return key_of(key_components(fn, cache_key="k", device="cpu", capacity=None, memory_limit=None, probe={}))
+
+    def closure(seq_len):
+        losses, calls = [], 0
+
+        def step(n):
+            nonlocal calls
+            calls += 1
+            losses.append(torch.randn(n, seq_len, 4).sum().item())
+        return step
+
+    assert key(closure(8)) != key(closure(32))
+    counted = closure(8)
+    before = key(counted)
+    counted(2)
+    assert key(counted) == before  # its counter and its losses changed: still a hit
+    global SEQ_LEN
+    before = key(_global_seq_step)
+    SEQ_LEN = 32
+    try:
+        assert key(_global_seq_step) != before
+    finally:
+        SEQ_LEN = 8
+
+    def by_keyword(n, seq_len=8):
+        torch.randn(n, seq_len, 4)
+
+    assert key(functools.partial(by_keyword, seq_len=8)) != key(functools.partial(by_keyword, seq_len=32))

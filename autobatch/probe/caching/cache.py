@@ -50,6 +50,7 @@ import logging
 import os
 import re
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -57,7 +58,7 @@ from typing import Any
 from filelock import FileLock
 
 from .cache_key import CAPACITY_STEP, STATE_HYPERPARAMETERS, key_components, key_of, step_components  # noqa: F401
-from ..records import TrialRecord
+from .cache_checks import result_problem
 from ..result import STORED_NOTE, ProbeResult
 
 __all__ = [
@@ -91,71 +92,6 @@ class CacheLockError(OSError):
     """The cache directory's lock file cannot be created or opened (a read-only directory, no
     permission, a filesystem that refuses it): not another process holding the lock, so
     nothing is gained by waiting for it."""
-
-
-def _count(value: Any, least: int) -> bool:
-    """Whether ``value`` is an integer (not a bool) of at least ``least``."""
-    return isinstance(value, int) and not isinstance(value, bool) and value >= least
-
-
-def _number(value: Any) -> bool:
-    """Whether ``value`` is an int or a float (not a bool)."""
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-def result_problem(result: ProbeResult) -> str | None:
-    """Why a stored result cannot be served as the answer, or None when it can: a hand-edited
-    or damaged entry must be a miss, never a batch size of ``"4096"``, ``0`` or ``None``."""
-    if not _count(result.batch_size, 1):
-        return f"batch_size {result.batch_size!r} is not a positive integer"
-    for name in ("multiple_of", "steps_per_trial"):
-        if not _count(getattr(result, name), 1):
-            return f"{name} {getattr(result, name)!r} is not a positive integer"
-    for name in ("max_batch", "largest_passed", "smallest_failed", "capacity_bytes", "memory_limit_bytes"):
-        value = getattr(result, name)
-        if value is not None and not _count(value, 0):
-            return f"{name} {value!r} is neither null nor a non-negative integer"
-    # a probe answers in multiples of multiple_of, never above max_batch (both are in the key)
-    if result.batch_size % result.multiple_of:
-        return f"batch_size {result.batch_size} is not a multiple of multiple_of {result.multiple_of}"
-    if result.max_batch is not None and result.batch_size > result.max_batch:
-        return f"batch_size {result.batch_size} is above max_batch {result.max_batch}"
-    if not _number(result.margin) or not 0.0 <= result.margin < 1.0:
-        return f"margin {result.margin!r} is not a fraction in [0, 1)"
-    if not _number(result.elapsed_s) or result.elapsed_s < 0:
-        return f"elapsed_s {result.elapsed_s!r} is not a non-negative number"
-    for name in ("strategy", "strategy_used", "device"):
-        if not isinstance(getattr(result, name), str):
-            return f"{name} {getattr(result, name)!r} is not a string"
-    if not isinstance(result.notes, list) or not all(isinstance(note, str) for note in result.notes):
-        return "notes is not a list of strings"
-    if not isinstance(result.tested, bool):
-        return f"tested {result.tested!r} is not true or false"
-    # what a hit hands on or shows: a promise that is not an object crashed the hit, a
-    # fallback_reason or a trial's peak that is not a number its table and summary()
-    for name in ("fit", "estimate", "diagnostics", "promise"):
-        if getattr(result, name) is not None and not isinstance(getattr(result, name), dict):
-            return f"{name} {getattr(result, name)!r:.40} is neither null nor an object"
-    if result.fallback_reason is not None and not isinstance(result.fallback_reason, str):
-        return f"fallback_reason {result.fallback_reason!r} is neither null nor a string"
-    return next(filter(None, map(_trial_problem, result.trials)), None)
-
-
-def _trial_problem(trial: TrialRecord) -> str | None:
-    """Why a stored trial cannot be shown (its size, whether it passed, its byte counts), or None."""
-    if not _count(trial.batch_size, 1):
-        return f"a trial's batch_size {trial.batch_size!r} is not a positive integer"
-    if not isinstance(trial.passed, bool):
-        return f"a trial's passed {trial.passed!r} is not true or false"
-    # what the report's throughput divides by and multiplies with (text multiplied a string)
-    if not _number(trial.seconds) or not trial.seconds >= 0:
-        return f"a trial's seconds {trial.seconds!r:.40} is not a non-negative number"
-    if trial.steps is not None and not _count(trial.steps, 1):
-        return f"a trial's steps {trial.steps!r:.40} is neither null nor a positive integer"
-    for name, value in vars(trial).items():
-        if name.endswith("_bytes") and value is not None and not _number(value):
-            return f"a trial's {name} {value!r:.40} is neither null nor a number"
-    return None
 
 
 # -- the store ------------------------------------------------------------------------------
@@ -232,7 +168,7 @@ class ProbeCache:
             data = json.loads(path.read_text())
         except (FileNotFoundError, NotADirectoryError):  # no entry; a directory that is a file: put() says so
             return None
-        except (OSError, UnicodeDecodeError, ValueError) as exc:
+        except (OSError, UnicodeDecodeError, ValueError, RecursionError) as exc:  # (a file of "[[[[...")
             _warn_once(path, f"not readable JSON ({type(exc).__name__}: {exc})")
             return None
         if not isinstance(data, dict) or data.get("kind") != KIND:
@@ -332,19 +268,22 @@ class ProbeCache:
         return sorted(found, key=lambda entry: entry.created)
 
     def clear(self) -> int:
-        """Delete every entry, of this schema or an older one, and leftover temporary files;
-        return how many entries went. A file named as an entry is (``<64 hex digits>.json``) goes
-        too, even when it cannot be read (torn, corrupt, no read permission): the probe skips it
-        with a warning every time, and ``clear`` is how to be rid of it. Any other file, JSON or
-        not, stays: ``--dir`` may name a directory that holds more than the cache. A lock file
-        that cannot be created raises :class:`CacheLockError`; a file that cannot be deleted,
-        its ``OSError``."""
+        """Delete every entry, of this schema or an older one, and the temporary files writers
+        abandoned (:func:`_abandoned_temporary`); return how many entries went. A file named as an
+        entry is (``<64 hex digits>.json``) goes too, even when it cannot be read (torn, corrupt, no
+        read permission): the probe skips it with a warning every time, and ``clear`` is how to be
+        rid of it. Any other file, JSON or not, stays, a ``.tmp-*.json`` of another program or one
+        a writer may still be writing too: ``--dir`` may name a directory that holds more than the
+        cache. A lock file that cannot be created raises :class:`CacheLockError`; a file that
+        cannot be deleted, its ``OSError``."""
         if not self.directory.is_dir():
             return 0
         removed = 0
         with self._lock():
             for path in self.directory.glob("*.json"):
                 temporary = path.name.startswith(".tmp-")
+                if temporary and not _abandoned_temporary(path):
+                    continue
                 if not temporary and not _ENTRY_NAME.fullmatch(path.name) and not _is_entry(path):
                     continue
                 try:
@@ -378,9 +317,37 @@ def _is_entry(path: Path) -> bool:
     """Whether ``path`` holds a probe-cache entry (any schema): the only files ``clear`` deletes."""
     try:
         data = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, ValueError):
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError):
         return False
     return isinstance(data, dict) and data.get("kind") == KIND
+
+
+#: The name :meth:`ProbeCache.put`'s ``mkstemp`` gives a temporary: ``.tmp-``, 8 characters, ``.json``.
+_TEMPORARY_NAME = re.compile(r"\.tmp-[a-z0-9_]{8}\.json")
+#: A temporary untouched this long is abandoned: a writer holds one for the milliseconds between
+#: ``mkstemp`` and ``os.replace`` (under the lock, which ``clear`` holds too; the age is for a writer
+#: whose lock does not reach this one, another host's on a filesystem without shared locks).
+ABANDONED_AFTER_S = 600
+
+
+def _abandoned_temporary(path: Path) -> bool:
+    """Whether ``path`` is a temporary of :meth:`ProbeCache.put` that its writer abandoned (killed
+    between writing it and renaming it into place): ``mkstemp``'s name, untouched for
+    :data:`ABANDONED_AFTER_S`, empty or the start of an entry's text. ``clear`` deleted every
+    ``.tmp-*.json`` before: another program's temporary (``--dir`` may name a directory that holds
+    more than the cache), or one a writer was still writing, which then failed to rename it."""
+    if not _TEMPORARY_NAME.fullmatch(path.name):
+        return False
+    try:
+        if time.time() - path.stat().st_mtime < ABANDONED_AFTER_S:
+            return False
+        with open(path, "rb") as handle:
+            head = handle.read(80).decode("utf-8", "replace")
+    except OSError:
+        return False
+    schema = re.match(r'\{\n "schema": (\d+)', head)
+    opening = f'{{\n "schema": {schema.group(1) if schema else SCHEMA},\n "kind": "{KIND}"'  # as put() writes it
+    return opening.startswith(head) or head.startswith(opening)
 
 
 def list_entries(directory: str | os.PathLike | None = None) -> list[CacheEntry]:

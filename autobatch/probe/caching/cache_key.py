@@ -17,6 +17,7 @@ How code and values are read: :mod:`~autobatch.probe.caching.key_code`.
 
 from __future__ import annotations
 
+import dis
 import functools
 import hashlib
 from typing import Any, Callable, Mapping
@@ -31,6 +32,7 @@ from .key_code import (  # noqa: F401 - re-exported: tests and integrations impo
     BREADTH, DEPTH, _canonical, _code_hash, _describe, _hash_code, _is_array, _module_tree, class_code, data_code_hash,
     own_code,
 )
+from ..tracing.trace_state import nested_codes
 from ..train_step import TrainStep
 
 __all__ = ["CAPACITY_STEP", "STATE_HYPERPARAMETERS", "callable_components", "key_components", "key_of", "own_code",
@@ -132,14 +134,17 @@ def callable_components(fn: Any, restore: tuple[Any, ...] | None) -> dict[str, A
     so an edited ``torch.randn(n, 64)`` misses) and, where ``restore`` names them, each module by its tree
     and classes' code and each optimizer by its class and what it trains, as a ``TrainStep``'s are keyed.
     Before, only the ``cache_key`` was: a model made wider under the same key was served the narrower
-    one's answer, and training at it ran out of memory. Not the values the callable's closure holds (a
+    one's answer, and training at it ran out of memory. The settings its code reads (a sequence length in its
+    closure or at module level: :func:`_settings_read`), not the other values its closure holds (a
     list of losses it appends to, a step counter: every call would miss)."""
     func = fn.func if isinstance(fn, functools.partial) else fn
     func = getattr(func, "__func__", func)  # a bound method: its function
+    settings: dict[str, Any] = {}
     if hasattr(func, "__code__"):
         digest = hashlib.sha256()
         _hash_code(func.__code__, digest)
         code: Any = digest.hexdigest()[:16]
+        settings = _settings_read(fn, func)
     else:  # a callable object: its class's code
         code = own_code(type(func))
     modules = [item for item in restore or () if isinstance(item, torch.nn.Module)]
@@ -151,7 +156,44 @@ def callable_components(fn: Any, restore: tuple[Any, ...] | None) -> dict[str, A
             described.append({"optimizer": _optimizer(item, modules[0] if modules else torch.nn.Module())})
         else:  # an LR scheduler, a GradScaler: by class
             described.append(type(item).__qualname__)
-    return {"callable": code, **({"restore": described} if described else {})}
+    return {"callable": code, **({"restore": described} if described else {}), **({"settings": settings} if settings else {})}
+
+
+def _setting(value: Any) -> bool:
+    """An immutable plain value a callable may size its work by: a number, a string, a dtype, a
+    device, a tuple (a shape) of them; not a list or dict it may append to, not an object."""
+    if isinstance(value, tuple):
+        return all(map(_setting, value))
+    return value is None or isinstance(value, (bool, int, float, str, torch.dtype, torch.device))
+
+
+def _settings_read(fn: Any, func: Any) -> dict[str, Any]:
+    """The settings (:func:`_setting`) a plain callable's code reads from its closure, the globals it
+    names and a ``functools.partial``'s arguments, by name: ``torch.randn(n, seq_len, width)`` with
+    ``seq_len`` in a closure or at module level made 4x the activations under the same ``cache_key``,
+    and was served the shorter sequence's answer (training at it ran out of memory). Not a name the
+    code rebinds (``nonlocal calls; calls += 1``, ``global step``: a counter would miss every call),
+    nor containers or objects (a list of losses it appends to)."""
+    code = func.__code__
+    rebound = {ins.argval for current in nested_codes(code) for ins in dis.get_instructions(current)
+               if ins.opname in ("STORE_DEREF", "DELETE_DEREF", "STORE_GLOBAL", "DELETE_GLOBAL")}
+    cells = dict(zip(code.co_freevars, getattr(func, "__closure__", None) or ()))
+    found: dict[str, Any] = {}
+    for name, cell in sorted(cells.items()):
+        try:
+            value = cell.cell_contents
+        except ValueError:  # a cell not yet assigned
+            continue
+        if name not in rebound and _setting(value):
+            found[f"cell {name}"] = _describe(value)
+    scope = getattr(func, "__globals__", {})
+    for name in sorted({name for current in nested_codes(code) for name in current.co_names}):
+        if name in scope and name not in rebound and _setting(scope[name]):
+            found[f"global {name}"] = _describe(scope[name])
+    if isinstance(fn, functools.partial):
+        found.update({f"argument {index}": _describe(value) for index, value in enumerate(fn.args) if _setting(value)})
+        found.update({f"keyword {name}": _describe(value) for name, value in fn.keywords.items() if _setting(value)})
+    return found
 
 
 #: the hooks a module may hold: a forward hook that keeps activations changes the memory
