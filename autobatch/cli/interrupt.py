@@ -45,7 +45,8 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from ..dist import agreement as dist_sync
-from ..errors import RankDisagreementError, StepOutOfMemoryError, add_note
+from ..errors import StepOutOfMemoryError
+from ..training.checkpoints.give_up import gave_up_together as library_gave_up_together
 from .errors import CLIError, describe, log_to_files
 from .ranks import launched_rank
 from .user_config import command_line
@@ -137,19 +138,15 @@ def continue_command(out_dir: Path) -> str:
 
 def gave_up_together(exc: BaseException) -> bool:
     """Under ``torch.distributed``: whether ``fit`` ended on every rank with a
-    :class:`StepOutOfMemoryError` of the same step (one sync point, entered by the ranks that
-    raised one), so the steps before it may be saved as in one process (:func:`stopped`). The
-    recovery's vote ends such a step on every rank alike; before, every rank raised it and the run
-    was lost since its last ``train.checkpoint_every`` (the whole run with the default 0). Ranks
-    that disagree (a rank that went on) keep their own error: nothing is saved, as before."""
-    if not isinstance(exc, StepOutOfMemoryError):
-        return False
-    try:
-        rows = dist_sync.exchange([exc.step], "train: every rank gave up on the same step")
-    except RankDisagreementError as error:
-        add_note(exc, f"autobatch: not saved, the ranks did not all stop at step {exc.step} ({error})")
-        return False
-    return len({row[0] for row in rows}) == 1
+    :class:`StepOutOfMemoryError` of the same step, so the steps before it may be saved as in one
+    process (:func:`stopped`). The recovery's vote ends such a step on every rank alike; before,
+    every rank raised it and the run was lost since its last ``train.checkpoint_every`` (the whole
+    run with the default 0). The library's check
+    (:func:`autobatch.training.checkpoints.give_up.gave_up_together`): the runner's give-up ran it
+    already (the command line's runner has a ``checkpoint_dir``), so this reads its verdict, with
+    no sync point of its own. Ranks that disagree (a rank that went on) keep their own error:
+    nothing is saved, as before."""
+    return library_gave_up_together(exc, dist_sync.exchange)
 
 
 def stopped_together(runner: Any, interrupts: Interrupts, *, out_dir: Path) -> None:

@@ -26,6 +26,7 @@ from .checkpoint_io import (
     CHECKPOINT_NAME, RUNNER_FORMAT, load_checkpoint, resolve_checkpoint, rng_state, save_checkpoint, set_rng_state,
 )
 from .checkpoint_values import check_loose_parameters, load_loose_parameters, saved_loose_parameters, storable
+from .give_up import saved_on_give_up
 from ..data_size import check_same_size, no_batches, saved_size
 from ..epochs import EpochBatches, epoch_length, replayed, set_epoch, started
 from .extra_state import load_extra_state, saved_extra_state
@@ -98,24 +99,9 @@ class Resumable:
         return written
 
     def _saved_on_give_up(self, exc: BaseException) -> BaseException:
-        """Where the run gives up (a step that fits at no micro-batch, data used up), the steps it
-        trained since the last checkpoint are written to ``checkpoint_dir`` before ``exc`` is
-        raised, with a note naming the file: the step given up was undone, so this is a state to
-        resume from (before, up to ``checkpoint_every`` steps, or a whole run without it, were
-        lost). Not under ``torch.distributed``, where ``save()`` is collective, nor where the
-        weights may hold an update the step count does not (``step_guard="off"``), nor before
-        this ``fit()`` trained a step."""
-        if self.checkpoint_dir is None or self.distributed or self._torn is not None or not self.result.steps_this_run:
-            return exc  # nothing trained in this fit(): an earlier run's checkpoint there is kept
-        try:
-            path = self.save()
-        except Exception as error:  # noqa: BLE001 - the give-up's own error is the one to raise
-            add_note(exc, f"autobatch: the checkpoint of step {self.step} could not be written ({error})")
-        else:
-            trained = f"the {self.step} steps trained are" if self.step != 1 else "the 1 step trained is"
-            add_note(exc, f"autobatch: {trained} saved in {path} (the step given up is not "
-                         "counted); go on from there with fit(data, resume=...)")
-        return exc
+        """``exc``, after the steps trained before the run gave up are saved (:func:`saved_on_give_up`:
+        with ``checkpoint_dir``; under ``torch.distributed`` where every rank gave up on the same step)."""
+        return saved_on_give_up(self, exc)
 
     def _refuse_torn(self, doing: str) -> None:
         """Refuse to save or train on weights that may hold an update the step count does not
