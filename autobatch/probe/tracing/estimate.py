@@ -47,7 +47,7 @@ from .fake_trace import (FakeWorld, KernelDtypes, TraceScaler, quiet_meta_errors
                          unvalidated_distributions)
 from ..snapshot.rng import rng_state, set_rng_state, step_generators
 from ..snapshot.shards import has_dtensors
-from .trace_failures import RealBatches, from_the_step, refused_size, step_error, untraceable, untraceable_memory
+from .trace_failures import RealBatches, cut_below_user_code, from_the_step, refused_size, step_error, untraceable, untraceable_memory
 from .trace_writes import RealWrites
 from ..train_step import TrainStep
 from ...memory.units import format_bytes, parse_bytes
@@ -134,7 +134,7 @@ def estimate_memory(step: TrainStep, batch_size: int, *, steps: int = 2, op_limi
         if own is not None:
             raise own
         traced = f"could not trace the step with fake tensors: {untraceable(failure)}"
-        raise EstimateError(traced + (f"; {left}" if left else "") + f"; {TRIALS}") from failure
+        raise EstimateError(traced + (f"; {left}" if left else "") + f"; {TRIALS}") from cut_below_user_code(failure)
     if left:
         raise EstimateError(f"{left}; {TRIALS}")
     workspaces = workspace_bytes(device, len(blas.threads))

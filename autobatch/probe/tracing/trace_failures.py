@@ -48,6 +48,9 @@ _FAKE_LIMIT = re.compile(
     r"[Ff]ake|'Meta'|Meta tensor|meta (?:tensor|kernel|function|impl)|tensor subclass|data pointer"
     r"|(?:have|without|access) storage|Sym(?:Int|Float|Bool|Node)"
 )
+#: A fake tensor's repr (``FakeTensor(..., size=(2, 16))``) in a message: the step's own error formatting a
+#: tensor it was given (``loss_fn`` returning a tuple, a shape check of the user's), not a limit of fake tensors.
+_FAKE_REPR = re.compile(r"FakeTensor\(\.\.\.")
 #: PyTorch's words where a fake tensor's value is read other than by ``.item()``: ``.numpy()`` (``np.asarray``
 #: too) and a format spec (``f"{loss:.3f}"``, to log it), a plain ``RuntimeError``/``TypeError`` that named
 #: only a tensor subclass; given the meaning of a value read (and the line, as every refusal).
@@ -103,6 +106,22 @@ def untraceable(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {said}" + (f" ({told})" if told else "")
 
 
+def cut_below_user_code(exc: BaseException) -> BaseException:
+    """``exc`` with its traceback cut after the frame :func:`untraceable` names (the user's line, or
+    the torch function it called that read a value), returned as the ``EstimateError``'s cause: the
+    frames below it, PyTorch's dispatch and fake-tensor machinery and autobatch's accountants (some
+    90 lines under ``if tensor:``), said nothing a user can change and buried the message."""
+    tb, last = exc.__traceback__, None
+    while tb is not None:
+        module = str(tb.tb_frame.f_globals.get("__name__", ""))
+        if not in_packages(module, ("autobatch",)) and module != "torch" and not module.startswith(("torch._", "torch.utils._")):
+            last = tb
+        tb = tb.tb_next
+    if last is not None:
+        last.tb_next = None
+    return exc
+
+
 def _in_compiler(exc: BaseException) -> bool:
     """Whether ``exc`` was raised by PyTorch's compiler (:data:`_COMPILER`)."""
     frames = raised_through(exc)
@@ -135,7 +154,7 @@ def _fake_limit(exc: BaseException) -> bool:
     frames = raised_through(exc)
     if in_packages(type(exc).__module__, ("torch",)) or (frames and in_packages(frames[-1][0], _MACHINERY)):
         return True
-    return _in_compiler(exc) or bool(_FAKE_LIMIT.search(str(exc)))
+    return _in_compiler(exc) or bool(_FAKE_LIMIT.search(_FAKE_REPR.sub("", str(exc))))
 
 
 def step_error(failure: BaseException, batch_size: int, left: str | None, trials: str) -> BaseException | None:
