@@ -20,15 +20,17 @@ keeps it) and runs the layer through ``_gradient_checkpointing_func``. Wrapped b
 the layer wrote the cache in forward and again in the recompute: a ``T5Block``'s cross-attention found its
 keys cached by then, skipped computing them, and backward failed with torch's ``CheckpointError`` ("a
 different number of tensors was saved"). :func:`checkpoints_by_protocol` tells such layers, which autobatch
-checkpoints through that protocol instead. (A layer can drop only a cache passed by keyword: ``GPT2Model``
-hands its blocks the cache positionally, drops it under its own flag only, and its recompute writes the
-cache again, harmless to the gradients; ``model.config.use_cache = False`` avoids it, as :func:`cache_note` says.)
+checkpoints through that protocol instead. (The protocol drops a cache passed by keyword only: ``GPT2Model``
+hands its blocks the cache positionally, and drops it under its own flag only; its blocks wrote their keys again
+in the recompute, and a batch with a padding ``attention_mask`` failed in backward. A cache parameter passed
+positionally is dropped too: :func:`_positional_cache_dropped`.)
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import inspect
 from collections.abc import Mapping
 from typing import Any, Iterator
 
@@ -64,10 +66,13 @@ def own_checkpointing_hint(names: list[str], model: nn.Module | None = None) -> 
                 "torch.utils.checkpoint.checkpoint in its forward), so autobatch wraps none of them again (a second "
                 "recompute nested in the model's frees no memory and adds a forward); what was measured ran with that "
                 "checkpointing. Remove it from the forward to let autobatch choose the blocks")
+    # Transformers 5.24 has activation_checkpointing_*; its gradient_checkpointing_disable warns FutureWarning (gone in v6)
+    renamed = model is not None and callable(getattr(model, "activation_checkpointing_disable", None))
+    kind = "activation" if renamed else "gradient"
     return (f"the model checkpoints its own blocks already (gradient_checkpointing=True on {short_names(names)}: "
-            "Transformers' model.gradient_checkpointing_enable()), so autobatch wraps none of them again (a second "
+            f"Transformers' model.{kind}_checkpointing_enable()), so autobatch wraps none of them again (a second "
             "recompute nested in theirs frees no memory and adds a forward); what was measured ran with that "
-            "checkpointing. Call model.gradient_checkpointing_disable() to let autobatch choose the blocks")
+            f"checkpointing. Call model.{kind}_checkpointing_disable() to let autobatch choose the blocks")
 
 
 def recomputed_blocks(step: Any, names: list[str], batch_size: int = 1) -> list[str]:
@@ -123,8 +128,8 @@ class CacheWatch:
     says too much: an encoder (``BertConfig`` has ``use_cache=True``) builds no cache, and Transformers 5's
     layers checkpointed by their protocol drop the cache they would write (a tiny Llama, T5 or Whisper
     under autobatch's checkpointing returned an empty one and peaked the same with ``use_cache=False``),
-    yet the plan's note and error told them to turn it off, "more fits". Only ``GPT2Model``, which hands
-    its blocks the cache positionally, filled it (and peaked 37 % higher)."""
+    yet the plan's note and error told them to turn it off, "more fits". ``GPT2Model``, which hands its blocks
+    the cache positionally, filled it (and peaked 37 % higher) until such a cache was dropped too."""
 
     def __init__(self) -> None:
         self.held: list[bool] = []  # one per forward whose output told
@@ -152,7 +157,10 @@ def _cache_held(output: Any) -> bool | None:
     tell (not a Transformers output: a tensor, a model of the user's own keeping its cache inside)."""
     if not isinstance(output, Mapping) or not type(output).__module__.startswith("transformers."):
         return None
-    return _holds(output.get("cache", output.get("past_key_values")))  # a ModelOutput leaves out None fields
+    # a ModelOutput leaves out None fields. Its fields read as a plain dict: in Transformers 5 any lookup of the old
+    # name "past_key_values" (its get, [] or in) logs "`past_key_values`/`cache_params` are deprecated" to the user
+    fields = dict(output.items())
+    return _holds(fields["cache"] if "cache" in fields else fields.get("past_key_values"))
 
 
 def _holds(cache: Any) -> bool:
@@ -170,10 +178,9 @@ def _holds(cache: Any) -> bool:
 def cache_note(model: nn.Module, watch: CacheWatch | None = None) -> str | None:
     """A note for a model planned with autobatch's checkpointing that builds a key/value cache
     in training (``model.config.use_cache`` True, Transformers); None otherwise, and None where ``watch``
-    saw the model's checkpointed forwards hand back no cache or an empty one (:class:`CacheWatch`). Also
-    where the blocks are checkpointed by their protocol (:func:`checkpoints_by_protocol`): a model that
-    hands its layers the cache positionally (``GPT2Model``) drops it only under its own flag, and a layer
-    can strip only keywords."""
+    saw the model's checkpointed forwards hand back no cache or an empty one (:class:`CacheWatch`), as
+    Transformers 5's layers checkpointed by their protocol do (:func:`checkpoints_by_protocol`; a cache handed
+    over positionally, ``GPT2Model``'s, is dropped too). A cache the model keeps otherwise is noted."""
     config = getattr(model, "config", None)
     if not model.training or getattr(config, "use_cache", None) is not True or (watch is not None and watch.empty()):
         return None
@@ -188,8 +195,10 @@ def checkpoint_by_protocol(module: nn.Module, run: Any, args: tuple, kwargs: dic
     so it drops the key/value cache (passed by keyword) it would write again in the recompute (a
     ``T5Block``'s backward failed with ``CheckpointError``) and passes its keywords in a partial. The
     layer's own attributes are put back after the call (the recompute, in backward, runs the inner
-    forward and reads neither)."""
+    forward and reads neither). A cache handed over positionally is dropped too
+    (:func:`_positional_cache_dropped`)."""
     names = ("gradient_checkpointing", "_gradient_checkpointing_func")
+    args = _positional_cache_dropped(module, args)
     state = module.__dict__
     saved = {name: state[name] for name in names if name in state}
     state["gradient_checkpointing"], state["_gradient_checkpointing_func"] = True, run
@@ -201,3 +210,31 @@ def checkpoint_by_protocol(module: nn.Module, run: Any, args: tuple, kwargs: dic
                 state[name] = saved[name]
             else:
                 state.pop(name, None)
+
+
+_CACHE_PARAMETERS = ("cache", "layer_past", "past_key_values", "past_key_value")
+
+
+@functools.lru_cache(maxsize=None)
+def _cache_positions(cls: type) -> tuple[int, ...]:
+    """Which positional arguments of ``cls.forward`` (``self`` left out) are a key/value cache, by name."""
+    try:
+        parameters = list(inspect.signature(cls.forward).parameters.values())[1:]
+    except (TypeError, ValueError):  # no signature to read: nothing known to drop
+        return ()
+    return tuple(index for index, parameter in enumerate(parameters) if parameter.name in _CACHE_PARAMETERS
+                 and parameter.kind in (parameter.POSITIONAL_ONLY, parameter.POSITIONAL_OR_KEYWORD))
+
+
+def _positional_cache_dropped(module: nn.Module, args: tuple) -> tuple:
+    """``args`` with a key/value cache passed positionally replaced by None, as the layer's protocol drops one passed
+    by keyword (unless the layer only reads it, ``_can_checkpoint_with_cache``). ``GPT2Model`` hands its blocks the
+    cache positionally and drops it under its own flag only: checkpointed by autobatch, each block wrote its keys
+    again in the recompute, which then attended over twice the tokens, and a batch with an ``attention_mask``
+    failed in backward ("The size of tensor a (32) must match the size of tensor b (16)"); so did ``plan()``."""
+    if getattr(type(module), "_can_checkpoint_with_cache", False):
+        return args
+    positions = [index for index in _cache_positions(type(module)) if index < len(args) and args[index] is not None]
+    if not positions:
+        return args
+    return tuple(None if index in positions else arg for index, arg in enumerate(args))

@@ -1,0 +1,109 @@
+"""Transformers layers checkpointed by autobatch: a key/value cache handed over positionally, and the cache check's reads.
+
+Found planning a tiny ``GPT2LMHeadModel`` (its default ``use_cache=True``) on a batch with a padding
+``attention_mask`` under a budget that needs checkpointing: ``GPT2Model`` hands its blocks the cache
+positionally, which the layers' protocol does not drop (it strips keywords only), so each block wrote its keys
+again in the recompute, attended over twice the tokens, and backward failed ("The size of tensor a (32) must
+match the size of tensor b (16)"): ``plan()`` raised it. And the planner's look for a cache in the model's
+output read the field ``past_key_values``, which Transformers 5 answers with "`past_key_values`/`cache_params`
+are deprecated. Use `cache` instead." in the user's log (BERT's plan showed it).
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+from torch import nn
+
+from autobatch.planning.checkpointing import enable_checkpointing
+from autobatch.planning.own_checkpointing import _cache_held, own_checkpointing_hint
+from test_review20_transformers_blocks import ProtocolLayer
+
+WIDTH, TOKENS = 8, 6
+
+
+class SelfAttention(ProtocolLayer):
+    """GPT-2's block in small: keys appended to the cache it is given, scores over every cached key plus a mask
+    of the batch's own tokens (a padding mask fixes the keys' length)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.key, self.out = nn.Linear(WIDTH, WIDTH), nn.Linear(WIDTH, WIDTH)
+
+    def forward(self, x, cache=None, mask=None, use_cache=False):
+        keys = self.key(x)
+        if cache is not None:
+            keys = cache[id(self)] = torch.cat([cache[id(self)], keys], 1) if id(self) in cache else keys
+        scores = x @ keys.transpose(1, 2) + mask  # [n, T, T]: keys of the batch's T tokens
+        return x + self.out(torch.softmax(scores, -1) @ keys)
+
+
+class GPT2Like(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.h = nn.ModuleList(SelfAttention() for _ in range(3))
+
+    def forward(self, x, mask):
+        cache: dict = {}  # built in a training forward (config.use_cache True), handed over positionally
+        for block in self.h:
+            x = block(x, cache, mask, use_cache=True)
+        return x.pow(2).mean()
+
+
+def test_review32_a_cache_handed_to_a_layer_positionally_is_dropped_under_checkpointing():
+    torch.manual_seed(0)
+    plain = GPT2Like().double()
+    wrapped = copy.deepcopy(plain)
+    assert enable_checkpointing(wrapped).modules == ["h.0", "h.1", "h.2"]
+    x = torch.randn(2, TOKENS, WIDTH, dtype=torch.float64)
+    mask = torch.zeros(TOKENS, TOKENS, dtype=torch.float64)
+    mask[:, -2:] = float("-inf")  # padding
+    plain(x, mask).backward()
+    wrapped(x, mask).backward()  # RuntimeError: the recompute's keys were 12 tokens long, the mask's 6
+    for (name, a), b in zip(plain.named_parameters(), wrapped.parameters()):
+        assert torch.equal(a.grad, b.grad), name
+
+
+class Output(dict):
+    """A Transformers 5 ``ModelOutput`` as far as the cache check reads it: a lookup of the old field name warns."""
+
+    def _old(self, key):
+        if key == "past_key_values":
+            raise AssertionError("read past_key_values: Transformers 5 logs a deprecation warning")
+        return key
+
+    def get(self, key, default=None):
+        return super().get(self._old(key), default)
+
+    def __getitem__(self, key):
+        return super().__getitem__(self._old(key))
+
+    def __contains__(self, key):
+        return super().__contains__(self._old(key))
+
+
+Output.__module__ = "transformers.modeling_outputs"
+
+
+def test_review32_the_cache_check_reads_no_deprecated_field_of_a_transformers_output():
+    assert _cache_held(Output(loss=torch.zeros(()))) is False  # BERT's output: no cache at all
+    assert _cache_held(Output(cache=[(torch.ones(1), torch.ones(1))])) is True
+    legacy = dict.__new__(Output)
+    dict.__setitem__(legacy, "past_key_values", [(torch.ones(1), torch.ones(1))])  # Transformers 4's field name
+    assert _cache_held(legacy) is True
+
+
+class Renamed(GPT2Like):
+    """Transformers 5.24: ``activation_checkpointing_*``, the ``gradient_checkpointing_*`` names deprecated."""
+
+    def activation_checkpointing_disable(self) -> None:
+        pass
+
+
+def test_review32_a_model_that_checkpoints_itself_is_told_the_method_its_transformers_has():
+    renamed, older = Renamed(), GPT2Like()
+    renamed.h[0].gradient_checkpointing = older.h[0].gradient_checkpointing = True  # as the enable method sets it
+    told = own_checkpointing_hint(["h.0"], renamed)
+    assert "model.activation_checkpointing_disable()" in told and "gradient_checkpointing_disable" not in told
+    assert "model.gradient_checkpointing_disable()" in own_checkpointing_hint(["h.0"], older)  # older versions
