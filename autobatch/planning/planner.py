@@ -40,7 +40,7 @@ from torch.utils.checkpoint import CheckpointError
 from ..errors import GlobalBatchTooLargeError, NoBatchFitsError, add_note
 from ..memory.oom import free_memory
 from ..memory.units import format_bytes
-from ..probe.arguments import eval_mode_notes
+from ..probe.arguments import compiled_plan_notes, eval_mode_notes
 from ..probe.find import find_max_batch
 from ..probe.result import ProbeResult
 from ..probe.train_step import TrainStep
@@ -138,7 +138,7 @@ def plan(
         balanced = False  # balanced sizes would not be multiples; full chunks and a smaller last one
     ragged = isinstance(multiple_of, int) and multiple_of > 1 and global_batch % multiple_of != 0
     planner = _Planner(step, global_batch, cap, checkpoint_targets, probe_kwargs, allow_checkpointing)
-    planner.notes.extend(eval_mode_notes(step))  # the probes' note, in their results only, where no summary showed it
+    planner.notes.extend(eval_mode_notes(step) + compiled_plan_notes(step, probe_kwargs.get("hand_loop")))  # the probes' notes, in their results only
     # blocks a plan (or anyone with enable_checkpointing) left wrapped: plan from the plain model,
     # and leave them as given unless the new plan wraps the model itself
     given = take_checkpointing(step.model)  # the same forwards go back: their plan's undo() still owns them

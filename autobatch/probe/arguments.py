@@ -23,7 +23,7 @@ __all__ = [
     "STRATEGY_NAMES", "HALVING_DEFAULT_START", "PREDICT_DEFAULT_START", "ALLOCATOR_HEADROOM",
     "EXPANDABLE_HEADROOM_BYTES", "SEARCH_CEILING",
     "validate_probe_args", "validate_step", "validate_places", "hand_loop_of", "compiled_model",
-    "simulated_compile_note", "checked_batches", "refuse_iterator", "IteratorBatchError",
+    "simulated_compile_note", "compiled_plan_notes", "checked_batches", "refuse_iterator", "IteratorBatchError",
 ]
 
 STRATEGY_NAMES = ("auto", "predict", "binary", "power", "halving", "estimate")
@@ -210,6 +210,17 @@ def hand_loop_of(fn: object, hand_loop: bool | None) -> tuple[bool, list[str]]:
     if not compiled_model(fn.model):
         return False, []
     return True, [COMPILED_NOTE]
+
+
+def compiled_plan_notes(fn: object, hand_loop: bool | None) -> list[str]:
+    """The notes a compiled ``TrainStep``'s probes give in their results only, for :func:`~autobatch.plan`,
+    whose summary showed neither: probed under a hand loop's rules (:func:`hand_loop_of`, where
+    ``hand_loop`` is left None), and on the CPU, whose probes run on the simulated device, that the
+    trials ran the uncompiled code (:func:`simulated_compile_note`). Before, a plan made on the CPU
+    from a ``torch.compile``'d model sized the eager step and said nothing of it."""
+    if not isinstance(fn, TrainStep) or not compiled_model(fn.model):
+        return []
+    return hand_loop_of(fn, hand_loop)[1] + (simulated_compile_note(fn.model) if fn.device.type == "cpu" else [])
 
 
 def eval_mode_notes(fn: object) -> list[str]:

@@ -6,7 +6,7 @@ import torch
 from torch import nn
 
 import autobatch
-from autobatch.probe.arguments import COMPILED_NOTE, compiled_model, hand_loop_of
+from autobatch.probe.arguments import COMPILED_NOTE, compiled_model, hand_loop_of, simulated_compile_note
 
 
 def _step(model: nn.Module) -> autobatch.TrainStep:
@@ -39,3 +39,13 @@ def test_the_note_reaches_the_result_and_the_answer_trains():
     with autobatch.simulated_memory("4MiB"):  # the answer trains in the budget it was found in
         for _ in range(3):
             _step(model)(result.batch_size)
+
+
+def test_review32_a_plan_of_a_compiled_step_says_what_its_probes_measured():
+    # plan()'s summary dropped both notes: on the CPU it sized the eager step, under a hand loop's rules, silently
+    model = torch.compile(nn.Sequential(nn.Linear(8, 64), nn.ReLU(), nn.Linear(64, 8)), backend="eager")
+    made = autobatch.plan(_step(model), global_batch=32, memory_limit="4MiB", cache=False)
+    assert COMPILED_NOTE in made.notes and simulated_compile_note(model)[0] in made.notes
+    assert "torch.compile" in str(made)
+    uncompiled = autobatch.plan(_step(nn.Linear(8, 8)), global_batch=32, memory_limit="4MiB", cache=False)
+    assert not any("torch.compile" in note for note in uncompiled.notes)

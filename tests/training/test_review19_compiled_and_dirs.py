@@ -11,16 +11,23 @@ whose child ``_orig_mod`` is the model): importing dynamo costs seconds, and the
 A runner's first ``fit()`` without ``resume=`` overwrote another run's ``last.pt`` in its
 ``checkpoint_dir`` at its first save without a word; it now keeps it (moved aside, see
 ``test_review30_fresh_dir.py``) and warns, naming ``resume=``.
+
+A model compiled with ``fullgraph=True`` that reaches ``torch._dynamo``'s recompile limit at a new
+micro-batch size (an OOM replay's) raises ``FailOnRecompileLimitHit``; the runner's note blamed the
+small size (BatchNorm) and said to raise ``min_micro_batch``. It now names the recompile limit and
+``dynamic=``. The error here is a stand-in with the real one's name and module; the real one was
+met by hand (``aot_eager``, ``dynamic=False``, ``recompile_limit=2``, three OOMs: the third size).
 """
 
 from __future__ import annotations
 
 import logging
 
+import pytest
 import torch
 from torch import nn
 
-from autobatch import Runner
+from autobatch import Runner, inject_oom
 from autobatch.training.checkpoints.checkpoint_io import load_checkpoint
 from runner_workloads import assert_weights_close, make_data, make_model, mse, weights
 
@@ -34,6 +41,13 @@ class OptimizedModule(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self._orig_mod(x)
+
+
+class FailOnRecompileLimitHit(Exception):
+    """Stand-in for ``torch._dynamo.exc.FailOnRecompileLimitHit`` (importing dynamo takes about a second)."""
+
+
+FailOnRecompileLimitHit.__module__ = "torch._dynamo.exc"
 
 
 def _runner(model: nn.Module, **options) -> Runner:
@@ -78,3 +92,21 @@ def test_a_fresh_run_warns_once_of_another_runs_checkpoint_it_keeps(tmp_path, ca
     warned = [r.getMessage() for r in caplog.records if "already holds a checkpoint" in r.getMessage()]
     kept = tmp_path / "last.earlier-1.pt"
     assert len(warned) == 1 and f"resume={str(kept)!r}" in warned[0] and kept.is_file()
+
+
+def test_review32_a_compiled_models_recompile_limit_at_a_replayed_size_is_named():
+    def at_the_limit(model, batch):  # the replay's new size compiles once more than the limit allows
+        if len(batch[0]) < 8:
+            raise FailOnRecompileLimitHit("Hard failure due to fullgraph=True")
+        return mse(model, batch)
+
+    model = make_model()
+    runner = Runner(model, torch.optim.SGD(model.parameters(), lr=0.01), at_the_limit, global_batch=16, micro_batch=8,
+                    progress=False, log_every=None)
+    inject_oom(runner, at=(1, "forward"))
+    with pytest.raises(FailOnRecompileLimitHit) as raised:
+        runner.fit(make_data(), steps=3)
+    notes = " ".join(getattr(raised.value, "__notes__", []))
+    assert "recompile limit" in notes and "micro-batch 4 in global step 1" in notes and "dynamic=None" in notes
+    assert "BatchNorm" not in notes and "min_micro_batch" not in notes  # not the small size's advice
+    assert runner.step == 1 and "runner.save()" in notes  # the step before it stands

@@ -11,7 +11,8 @@ pick the smaller micro-batch (never below ``min_micro_batch``; a multiple of ``m
 checkpointing when the smallest failed. A step given up (out of options, or any other
 exception, an interrupt too) is undone the same way, its micro-batch included, before the
 exception propagates (:meth:`OomRecovery._abandon_step`); an error raised at a micro-batch a
-recovery shrank below every size that trained gets a note saying so, and what to do.
+recovery shrank below every size that trained, or a compiled model's error at dynamo's recompile
+limit, gets a note saying so, and what to do (:mod:`autobatch.training.oom.abandon_notes`).
 
 The smaller micro-batch is sized by measurement where the figures allow
 (:class:`~autobatch.training.oom.step_memory.StepMemory`: the line of the steps' measured peaks, the
@@ -40,6 +41,7 @@ from ...planning.checkpointing import enable_checkpointing, is_checkpointed, no_
 from ...planning.own_checkpointing import own_checkpointing
 from ...probe.snapshot.ddp_reducer import rebuild_before_first_step, reset_failed_reduction
 from ..multiples import round_down
+from .abandon_notes import note_recompile_limit, note_shrunk
 from .recovery_vote import VotesRecovery
 from ..run_result import Recovery
 from ..sequence_first import SequenceFirst
@@ -303,27 +305,16 @@ class OomRecovery(CountsSkips, WatchesGrads, TellsSplit, VotesRecovery):
             "the out-of-memory error is chained below: free memory before that call, or make it allocate less."))
 
     def _note_shrunk(self, exc: BaseException, failed_at: int, smallest: int) -> None:
-        """Add a note to ``exc`` (not an interrupt, not autobatch's own error) where it was raised
-        at a micro-batch smaller than every one that trained in this run, after a recovery shrank
-        it: the smaller size is then likely what the model cannot take (BatchNorm in training
-        needs more than one value per channel), which its own message does not say. ``smallest``:
-        the smallest piece of the step's split at ``failed_at``."""
-        if self._last_shrink is None or not isinstance(exc, Exception) or type(exc).__module__.startswith("autobatch"):
+        """Add a note to ``exc`` (not an interrupt, not autobatch's own error) saying what the run's
+        sizes had to do with it (:mod:`autobatch.training.oom.abandon_notes`): a compiled model past
+        dynamo's recompile limit, or a micro-batch a recovery shrank below every size that trained."""
+        if not isinstance(exc, Exception) or type(exc).__module__.startswith("autobatch"):
             return
-        if self._smallest_trained is not None and failed_at >= self._smallest_trained:
+        if note_recompile_limit(exc, failed_at, self.step) or self._last_shrink is None:
             return
-        step, before, after = self._last_shrink
-        further = f", then to {failed_at}" if failed_at != after else ""
-        fallback = "" if self.checkpointing_fallback else ", turn on activation checkpointing (checkpointing_fallback=True)"
-        piece = f" (its smallest piece: {counted(smallest, 'sample')})" if smallest < failed_at else ""
-        add_note(exc, 
-            f"autobatch: this error came at micro-batch {failed_at}{piece} in global step {self.step}, smaller than any "
-            f"micro-batch that trained in this run: after an out-of-memory error at micro-batch {before} (step {step}) "
-            f"the runner shrank it to {after}{further}. If the model cannot train on so few samples (BatchNorm needs "
-            f"more than one value per channel in training), give it more memory{fallback}, or pass "
-            f"Runner(min_micro_batch={smallest + 1}) so that no piece is ever below that size (out of memory "
-            "there, it raises StepOutOfMemoryError, or turns on checkpointing with checkpointing_fallback=True)."
-        )
+        if self._smallest_trained is None or failed_at < self._smallest_trained:
+            note_shrunk(exc, failed_at, smallest, step=self.step, last_shrink=self._last_shrink,
+                        fallback=self.checkpointing_fallback)
 
     def _completed(self) -> None:
         """The step trained: count it towards grow-back, and remember its micro-batch."""
