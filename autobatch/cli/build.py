@@ -31,7 +31,7 @@ from . import validation
 from .construct import construct
 from .schedulers import check_scheduler
 from .target_text import target_form_error
-from .loss import cross_entropy_loss
+from .loss import build_loss, check_loss, cross_entropy_loss
 from .errors import one_line, where_raised
 from .ranks import data_parallel
 from ..memory.allocator import environment_expandable_segments, set_expandable_segments
@@ -104,6 +104,7 @@ _TARGET_EXAMPLES = {
     "optimizer": "torch.optim.SGD",
     "data.dataset": "my_project.data.MyDataset",
     "scheduler": "torch.optim.lr_scheduler.ExponentialLR",
+    "loss": "torch.nn.MSELoss",
 }
 
 
@@ -168,6 +169,7 @@ def validate(cfg: DictConfig) -> None:
         scheduler = _check_target("scheduler", cfg.scheduler)
         validation.check_target_arguments("scheduler", cfg.scheduler, scheduler)
         check_scheduler(cfg, scheduler)
+    check_loss(cfg, _check_target)
     if cfg.data.dataset is not None:
         validation.check_target_arguments("data.dataset", cfg.data.dataset, _check_target("data.dataset", cfg.data.dataset))
     inputs = _name(cfg.model.get("inputs", "tensor"))
@@ -386,7 +388,7 @@ def build_workload(cfg: DictConfig) -> Workload:
     if autocast_dtype is torch.float16:  # fp16 trains with a GradScaler (CUDA and, since torch 2.3, the CPU)
         scaler = torch.amp.GradScaler(device.type)
     step = TrainStep(  # clipped as training clips, so the probe measures the step that trains
-        model, optimizer, cross_entropy_loss, probe_batch, autocast_dtype=autocast_dtype, grad_scaler=scaler,
+        model, optimizer, build_loss(cfg, device), probe_batch, autocast_dtype=autocast_dtype, grad_scaler=scaler,
         max_grad_norm=cfg.train.get("max_grad_norm"),
     )
     return Workload(device, model, optimizer, make_batch, step, autocast_dtype, scaler, samples, dataset)

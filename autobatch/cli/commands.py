@@ -46,7 +46,8 @@ from .user_config import command_line, job_name_override, run_roots
 from .sharding import per_rank_batch
 from .atomic_write import write_atomic
 from .resume_job import agreed_resume_target, on_every_rank
-from .resume_state import check_optimizer_kind, check_steps_left, kept_settings, micro_batch_notes, read_checkpoint
+from .resume_state import (check_optimizer_kind, check_steps_left, kept_settings, loss_notes, micro_batch_notes,
+                           read_checkpoint)
 from .training import FINAL_MODEL, METRICS, earlier_probe, rank_fields, run_training, samples_in_all
 
 __all__ = ["COMMANDS", "probe_task", "train_task", "run_app", "run_probe", "run_plan", "probe_kwargs"]
@@ -289,6 +290,7 @@ def _resume_from(cfg: DictConfig, out_dir: Path, optimizer: Any) -> dict[str, An
     per_rank_batch(global_batch, dist_sync.world_size(), key=f"the checkpoint's train.global_batch ({path})", resumed=True)
     notes = [f"resumed from {path} at step {state['step']}" + ("" if own else f" into a new run directory, {out_dir}")]
     notes += micro_batch_notes(cfg.train, state) + kept_settings(state, optimizer, cfg)
+    notes += loss_notes(cfg, path, out_dir if own else None)  # the loss is no state of the checkpoint
     return dict(
         global_batch=global_batch, micro_batch=None, max_micro_batch=None, plan=None, probe=None, notes=notes,
         path=path, step=state["step"] if own else None,  # metrics.jsonl is continued only in the run's own directory

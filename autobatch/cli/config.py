@@ -322,6 +322,9 @@ class ProbeAppConfig:
     #: The learning-rate schedule ``train`` steps after each optimizer step (none | cosine |
     #: linear_warmup | step | target; :mod:`autobatch.cli.schedulers`). Null: none.
     scheduler: Any = None
+    #: The criterion applied to the model's output and the batch's target (cross_entropy | mse, or
+    #: any by ``loss._target_``, its arguments free keys; :mod:`autobatch.cli.loss`). Null: cross-entropy.
+    loss: Any = None
     probe: ProbeConfig = MISSING
     #: The global batch (``train.global_batch``) and the other training keys; see TrainConfig.
     train: TrainConfig = MISSING

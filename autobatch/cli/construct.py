@@ -61,7 +61,7 @@ def _overrides_of(key: str) -> list[str]:
     ]  # fmt: skip
 
 
-def construct(key: str, node: Any, expect: type | None = None, **kwargs: Any) -> Any:
+def construct(key: str, node: Any, expect: type | None = None, *, keep_partial: bool = False, **kwargs: Any) -> Any:
     """``instantiate(node)`` for the config key ``key`` (``model``, ``optimizer``,
     ``data.dataset``). A value its constructor rejects (``optimizer.betas=[0.9]``,
     ``train.lr=-1``, ``model.dropout=1.5``) is one ``ValueError`` line naming ``key``, its
@@ -73,8 +73,10 @@ def construct(key: str, node: Any, expect: type | None = None, **kwargs: Any) ->
     it, so ``AUTOBATCH_TRACEBACK=1`` shows the constructor's traceback. Relative paths under a
     path's name are from the directory the command ran in (:func:`from_launch_dir`). ``expect``: the type the object must be (a model
     ``torch.nn.Module``); anything else is one line naming ``key._target_`` (before, a class that
-    built something else failed later on a missing method, ``'X' object has no attribute 'to'``)."""
-    node = without_partial(from_launch_dir(node))
+    built something else failed later on a missing method, ``'X' object has no attribute 'to'``).
+    ``keep_partial``: a top-level ``_partial_: true`` builds a ``functools.partial``, as Hydra does
+    (a loss function, which the program calls on each batch)."""
+    node = from_launch_dir(node) if keep_partial else without_partial(from_launch_dir(node))
     try:
         built = instantiate(node, _convert_="all", **kwargs)
     except InstantiationException as exc:

@@ -57,7 +57,7 @@ def override_hint(message: str, exc: BaseException | None = None) -> str:
         if part not in fields:
             where = ".".join(parts[:depth]) or "the config"
             prefix = where + "." if depth else ""
-            loss = own_loss_hint(key)  # loss=mypkg.my_loss: the command line's loss is fixed
+            loss = own_loss_hint(key)  # train.loss=mypkg.my_loss: the loss is the top-level loss group
             return f"Could not override '{key}': {where} has no key {part!r}" + (
                 f"; {loss}" if loss else close_match(part, fields, prefix))
         schema = typing.get_type_hints(schema).get(part)
@@ -85,6 +85,9 @@ def _option_hint(message: str) -> str:
     group, option, options = found.group(1), found.group(2), found.group(3).split()
     near = {name.lower(): name for name in options}
     close = near.get(option.lower()) or next(iter(difflib.get_close_matches(option, options, n=1, cutoff=0.6)), None)
+    if close is None and group == "loss" and "." in option:  # loss=mypkg.my_loss: an import path, not an option
+        return (f"{message} (loss={option} names no option; a loss of your own by import path: loss._target_={option} "
+                "(+loss._partial_=true for a function of (output, target)))")
     return f"{message} (did you mean {group}={close}?)" if close else message
 
 

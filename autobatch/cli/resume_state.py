@@ -12,23 +12,31 @@ runner's own messages speak to a library user:
   learning rate and other settings included (exact resume, as PyTorch's ``load_state_dict``
   does), so ``train.lr=0.1`` on a resume command changes nothing. The runner's warning tells a
   library user to set them after resuming, which the command line cannot do; this note names
-  the keys, the values kept, and is in the run's ``notes`` (console and ``train_result.json``).
+  the keys, the values kept, and is in the run's ``notes`` (console and ``train_result.json``);
+* :func:`loss_notes`: the loss is no state of the checkpoint, so a resume trains with this
+  command's ``loss``; where it differs from the one the run recorded (its ``train_result.json``,
+  ``result.json`` or ``.hydra/config.yaml``), a note names both and the override that keeps it.
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
 import torch
+import yaml
 from omegaconf import DictConfig, OmegaConf
 
 from ..errors import CheckpointError
 from ..training.checkpoints.checkpoint_io import RUNNER_FORMAT, load_checkpoint, written_by_torch_save
 from ..training.checkpoints.sharded_files import check_sharded_resume
+from .loss import DEFAULT_LOSS, loss_node, loss_text
+from .run_record import checkpoint_owner
 from .schedulers import check_scheduler_kind
 
-__all__ = ["read_checkpoint", "check_steps_left", "check_optimizer_kind", "kept_settings", "micro_batch_notes"]
+__all__ = ["read_checkpoint", "check_steps_left", "check_optimizer_kind", "kept_settings", "micro_batch_notes",
+           "loss_notes"]
 
 #: the packaged ``optimizer`` options, by the class they build
 _OPTIONS = {"AdamW": "optimizer=adamw", "SGD": "optimizer=sgd"}
@@ -144,3 +152,41 @@ def _given_optimizer_keys(cfg: DictConfig) -> set[str]:
         return set()
     raw = OmegaConf.to_container(node, resolve=False)
     return {key for key, value in raw.items() if not (isinstance(value, str) and value.startswith("${train."))}
+
+
+#: The packaged ``loss`` options, by the node they compose to.
+_LOSS_OPTIONS = {"torch.nn.CrossEntropyLoss": "loss=cross_entropy", "torch.nn.MSELoss": "loss=mse"}
+
+
+def loss_notes(cfg: DictConfig, checkpoint: Path, run_dir: Path | None) -> list[str]:
+    """A note when this run's ``loss`` differs from the one the checkpoint's run recorded (in
+    ``run_dir``, the run's own directory continued, else in the checkpoint's run directory): the
+    resumed steps train with this command's, which the note names with the override that keeps the
+    run's. A run recorded without a ``loss`` key trained with cross-entropy; none recorded: no note."""
+    run = run_dir if run_dir is not None else checkpoint_owner(checkpoint, str(cfg.train.checkpoint_dir))
+    recorded = _recorded_config(run) if run is not None else None
+    if recorded is None:
+        return []
+    then = recorded.get("loss") if isinstance(recorded.get("loss"), dict) else dict(DEFAULT_LOSS)
+    now = loss_node(cfg)
+    if now == then:
+        return []
+    arguments = " ".join(f"+loss.{key}={value}" for key, value in then.items() if key != "_target_")
+    option = _LOSS_OPTIONS.get(str(then.get("_target_")), f"loss._target_={then.get('_target_')}")
+    return [f"the loss is {loss_text(now)}, and the run this checkpoint continues trained with {loss_text(then)}: "
+            f"the resumed steps train with this run's (a loss is no state of the checkpoint); give {option}"
+            f"{' ' + arguments if arguments else ''} to continue with the run's own"]
+
+
+def _recorded_config(run: Path) -> dict[str, Any] | None:
+    """The config the run in ``run`` last trained with: its ``train_result.json`` 's, else its
+    probe's ``result.json`` 's, else Hydra's ``.hydra/config.yaml`` (None: none readable)."""
+    for name in ("train_result.json", "result.json", ".hydra/config.yaml"):
+        try:
+            text = (run / name).read_text(encoding="utf-8")
+            config = yaml.safe_load(text) if name.endswith(".yaml") else json.loads(text).get("config")
+        except (OSError, ValueError, AttributeError, yaml.YAMLError):  # absent, torn, or not a record of ours
+            continue
+        if isinstance(config, dict):
+            return config
+    return None

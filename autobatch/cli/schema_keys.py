@@ -5,7 +5,7 @@ an optimizer, a dataset) takes free keys: they are its constructor's arguments, 
 :func:`autobatch.cli.validation.check_target_arguments` checks against its signature instead.
 A ``+name=option`` at the top level for a config group there is none of (``+experiment=small``
 without the ``--config-dir`` that holds ``experiment/small.yaml``) is named as such, and a loss of
-one's own (``+loss=mypkg.my_loss``) is told that the command line's loss is fixed.
+one's own given elsewhere than the ``loss`` group (``+train.loss=``, ``+criterion=``) is told where it goes.
 """
 
 from __future__ import annotations
@@ -73,9 +73,9 @@ def check_unknown_keys(node: Any, prefix: str = "") -> None:
 
 
 def _refuse_own_loss(key: str) -> None:
-    """``+loss=mypkg.my_loss`` (``+loss._target_=``, ``+train.loss=``): one line saying that the
-    command line's loss is fixed and where a loss of one's own goes, not that ``+`` adds keys only
-    to a ``_target_`` or that a group ``loss`` needs ``--config-dir``."""
+    """``+train.loss=mypkg.my_loss`` (``+criterion=``, ``+train.loss_fn=``): one line saying that the
+    loss is the top-level ``loss`` group and how a loss of one's own goes there, not that ``+`` adds
+    keys only to a ``_target_`` or that a group ``criterion`` needs ``--config-dir``."""
     from .loss import own_loss_hint
 
     hint = own_loss_hint(key)

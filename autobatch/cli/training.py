@@ -51,7 +51,7 @@ from ..training.checkpoints.resume_target import checkpoint_written as _exists, 
 from ..training.run_result import RunResult
 from ..training.runner import Runner
 from .atomic_write import write_atomic
-from .build import Workload, cross_entropy_loss
+from .build import Workload
 from .data import training_data
 from .interrupt import Interrupts, gave_up_together, stopped, stopped_together
 from .lr_record import StepLearningRates
@@ -287,7 +287,7 @@ def run_training(
     model.train()
     data = training_data(cfg, workload, global_batch)
     run_steps = int(train.steps) if train.epochs is None else int(train.epochs) * len(data)  # type: ignore[arg-type]
-    runner = Runner(model, optimizer, cross_entropy_loss, global_batch=global_batch, micro_batch=micro_batch,
+    runner = Runner(model, optimizer, workload.probe_step.loss_fn, global_batch=global_batch, micro_batch=micro_batch,
                     scheduler=build_scheduler(cfg, optimizer, run_steps), **options)  # stepped once per update
     if plan is not None:
         runner.result.plan = {**plan.to_dict(), **rank_fields(global_batch)}

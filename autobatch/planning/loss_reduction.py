@@ -16,7 +16,8 @@ is there to read:
   model. ``reduction='sum'`` sums over samples; ``CrossEntropyLoss`` / ``NLLLoss`` with
   unequal class ``weight`` and ``reduction='mean'`` divide by the batch's summed weights;
 * a call in those functions' source with the keyword ``reduction="sum"``
-  (``F.cross_entropy(..., reduction="sum")``).
+  (``F.cross_entropy(..., reduction="sum")``), and a ``functools.partial`` given it
+  (``partial(F.smooth_l1_loss, reduction="sum")``: the command line's ``+loss._partial_=true``).
 
 A sum in a function that divides (``/``, ``.div``, ``.mean``: ``... reduction="sum") / len(y)``
 is a mean) is not taken for one. A hand-written ``.sum()``, a token mean over padded targets or a
@@ -57,6 +58,8 @@ def seen_reduction(loss_fn: Any) -> str | None:
             if found:
                 return found
             continue
+        if isinstance(value, functools.partial) and value.keywords.get("reduction") == "sum" and not divides:
+            return f"{name} = partial({getattr(value.func, '__qualname__', value.func)}, reduction='sum')"
         if isinstance(value, types.FunctionType):
             source = _source(value)
             divides = divides or (source is not None and _divides(source))

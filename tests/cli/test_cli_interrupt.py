@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from autobatch.__main__ import main
-from autobatch.cli import training
+from autobatch.cli import loss as cli_loss  # the default loss the workload's step and the runner take
 from autobatch.cli.training import find_resume
 from autobatch.training.checkpoints.checkpoint_io import load_checkpoint
 
@@ -44,7 +44,7 @@ def _in_tmp(tmp_path, monkeypatch):
 
 def _signal_at(monkeypatch, signum: int, call: int) -> None:
     """Send ``signum`` to this process from the loss's ``call``-th call (1-based), once."""
-    original, calls = training.cross_entropy_loss, [0]
+    original, calls = cli_loss.cross_entropy_loss, [0]
 
     def loss(model, batch):
         calls[0] += 1
@@ -52,7 +52,7 @@ def _signal_at(monkeypatch, signum: int, call: int) -> None:
             os.kill(os.getpid(), signum)
         return original(model, batch)
 
-    monkeypatch.setattr(training, "cross_entropy_loss", loss)
+    monkeypatch.setattr(cli_loss, "cross_entropy_loss", loss)
 
 
 def _steps(run: Path) -> list[int]:

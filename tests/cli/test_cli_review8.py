@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from autobatch.__main__ import main
-from autobatch.cli import training
+from autobatch.cli import loss as cli_loss  # the default loss the workload's step and the runner take
 from autobatch.training.checkpoints.checkpoint_io import load_checkpoint
 
 from conftest import cli_env
@@ -94,7 +94,7 @@ def _in_tmp(tmp_path, monkeypatch):
 
 def _fail_at(monkeypatch, call: int) -> None:
     """The loss raises a ``RuntimeError`` (not an OOM) at its ``call``-th call (1-based), once."""
-    original, calls = training.cross_entropy_loss, [0]
+    original, calls = cli_loss.cross_entropy_loss, [0]
 
     def loss(model, batch):
         calls[0] += 1
@@ -102,7 +102,7 @@ def _fail_at(monkeypatch, call: int) -> None:
             raise RuntimeError("bad sample in my data")
         return original(model, batch)
 
-    monkeypatch.setattr(training, "cross_entropy_loss", loss)
+    monkeypatch.setattr(cli_loss, "cross_entropy_loss", loss)
 
 
 def _steps(run: Path) -> list[int]:

@@ -6,8 +6,8 @@ hydra._internal.target_policy._DeferredTarget, not a torch.optim.Optimizer", whi
 ``_partial_`` nor what to change. autobatch is the program that fills them in, so the node is
 built whole (docs/cli.md, "Your own config").
 
-A loss of one's own (``loss=mypkg.my_loss``) is one line saying that the command line's loss is
-fixed and where another goes (``autobatch.Runner``).
+A loss of one's own given elsewhere than the ``loss`` group (``train.loss=mypkg.my_loss``), or as
+an option (``loss=mypkg.my_loss``), is one line naming ``loss._target_`` (docs/cli.md, "Losses").
 
 ``probe --config-name mytrain`` (a config extending ``train``, which serves both commands) ran as
 a job named ``train``: its log was ``train.log`` and a probe sweep's summary had ``train`` 's
@@ -45,18 +45,20 @@ def test_review32_partial_optimizer_and_scheduler_are_built_whole(composed):
 
 
 def test_review32_a_loss_of_ones_own_is_told_where_it_goes(composed):
-    """``loss=mypkg.my_loss`` was "the config has no key 'loss'", ``+loss._target_=`` "+ adds keys
-    only to a _target_": neither said that the command line's loss is fixed, nor where another goes."""
+    """``train.loss=mypkg.my_loss`` was "train has no key 'loss'", ``loss=mypkg.my_loss`` Hydra's "Could
+    not find 'loss/mypkg.my_loss'": neither named the ``loss`` group's ``loss._target_``."""
     from autobatch.cli.override_hints import override_hint
     from autobatch.cli.schema_keys import check_unknown_keys
 
-    advice = "a loss of your own trains with autobatch.Runner(model, optimizer, loss_fn, ...) in Python (docs/runner.md)"
+    advice = "the loss is the top-level loss group: loss=cross_entropy (the default) or loss=mse, or any criterion"
     with pytest.raises(ValueError) as raised:
-        check_unknown_keys(composed("+loss._target_=mypkg.my_loss"))
-    assert str(raised.value).startswith("+loss: the command line has no loss setting") and str(raised.value).endswith(advice)
-    said = override_hint("Could not override 'loss'. To append to your config use +loss=mypkg.my_loss")
-    assert said.startswith("Could not override 'loss': the config has no key 'loss'; the command line has no loss")
-    assert said.endswith(advice), said
+        check_unknown_keys(composed("+train.loss=mypkg.my_loss"))
+    assert str(raised.value).startswith(f"+train.loss: {advice}") and "+loss._partial_=true" in str(raised.value)
+    said = override_hint("Could not override 'train.loss'. To append to your config use +train.loss=mypkg.my_loss")
+    assert said.startswith(f"Could not override 'train.loss': train has no key 'loss'; {advice}"), said
+    option = override_hint("In 'train': Could not find 'loss/mypkg.my_loss' Available options in 'loss': cross_entropy mse")
+    assert option.endswith("(loss=mypkg.my_loss names no option; a loss of your own by import path: loss._target_="
+                           "mypkg.my_loss (+loss._partial_=true for a function of (output, target)))"), option
 
 
 def test_review32_a_train_config_given_to_probe_runs_a_job_named_probe(composed):
