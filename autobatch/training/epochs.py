@@ -119,17 +119,21 @@ def replayed(data: Iterable[Any], epoch: int, epoch_rng: dict[str, Any], resumed
     its generator when the workers' read-ahead reaches the epoch's end: the checkpoint's state of
     them is where its run's read-ahead stood. Put back under another ``global_batch`` or
     ``num_workers`` (another read-ahead), that last draw was made twice or not at all, and every
-    later epoch shuffled another order than the uninterrupted run's."""
+    later epoch shuffled another order than the uninterrupted run's. An error the data raise while
+    the skipped batches are drawn propagates (the runner carries it to the step's vote under
+    ``torch.distributed``), with ``resumed_rng`` put back all the same."""
     set_rng_state(epoch_rng, generators)
-    batches = started(data, epoch, generators)
-    sizes = [_samples_in(batch) for batch in itertools.islice(batches, position)]
-    skipped = len(sizes)
-    if samples is not None and position > 0 and None not in sizes and sum(sizes) != samples:  # type: ignore[arg-type]
-        raise ValueError(_other_batches(epoch, position, samples, sizes))
-    if skipped < position:
-        log.warning("resume: the epoch has only %d batches, the checkpoint is at %d", skipped, position)
-    ahead = list(itertools.islice(batches, 1)) if fetched and skipped == position else []
-    set_rng_state({key: value for key, value in resumed_rng.items() if key != "data"})
+    try:
+        batches = started(data, epoch, generators)
+        sizes = [_samples_in(batch) for batch in itertools.islice(batches, position)]
+        skipped = len(sizes)
+        if samples is not None and position > 0 and None not in sizes and sum(sizes) != samples:  # type: ignore[arg-type]
+            raise ValueError(_other_batches(epoch, position, samples, sizes))
+        if skipped < position:
+            log.warning("resume: the epoch has only %d batches, the checkpoint is at %d", skipped, position)
+        ahead = list(itertools.islice(batches, 1)) if fetched and skipped == position else []
+    finally:  # also where the data raised drawing a skipped batch: the run's random state, not the replay's
+        set_rng_state({key: value for key, value in resumed_rng.items() if key != "data"})
     return EpochBatches(batches, epoch, drawn=skipped + len(ahead), ahead=ahead, data=data)
 
 

@@ -12,7 +12,8 @@
 * ``Runner.fit`` where rank 1's data raises drawing a batch and rank 1 lingers: rank 1 raises its
   own error, rank 0 a ``PeerFailedError`` at once, under DDP (rank 0 used to wait in DDP's gradient
   buckets for as long as rank 1 lived), over a stream with no length (checked before each step),
-  and at planning's first draw.
+  and at planning's first draw; in one process, with the runner's flag set by hand (no launch), an
+  error in ``iter(data)`` and in a resume's replay of the epoch's start is carried to the step too.
 * ``Runner(multiple_of=4)`` under DDP: an OOM on rank 1 alone is replayed by both ranks at the same
   multiple.
 * ``Runner.fit(on_step_end=hook)`` where the hook raises on rank 1 (``autobatch.training.step_end``):
@@ -180,3 +181,57 @@ def test_runner_arguments_that_differ_between_ranks_are_one_error_before_any_ste
     for report in (report[name] for report in runs["fit_arguments_differ"]):
         assert report["error"] == "ValueError" and shown in report["message"], report
         assert not report["trained"] and report["seconds"] < 0.5 * report["limit"], report
+
+
+def test_review32_a_data_error_replaying_a_resumed_epochs_start_is_carried_to_the_step(monkeypatch):
+    """In one process, the runner's distributed flag set by hand (no launch): a rank whose data
+    raises while a resume draws the batches already trained (``replayed``) yields the error as the
+    epoch's batch, which the step raises where every rank votes. It raised there before, and its
+    peers went on into the step's collectives (rank 0 in DDP's gradient buckets until the group's
+    timeout, 2 gloo ranks checked by hand). The run's random state is put back all the same."""
+    from autobatch import Runner
+    from autobatch.training.checkpoints import resume as resume_module
+    from autobatch.training.checkpoints.checkpoint_io import rng_state
+    from autobatch.training.pacing import FailedDraw
+    from runner_workloads import make_model, mse
+
+    class Corrupt(list):
+        def __iter__(self):
+            yield self[0]
+            raise ValueError("corrupt sample in batch 2")
+
+    model = make_model()
+    runner = Runner(model, torch.optim.SGD(model.parameters(), lr=0.1), mse, global_batch=4, progress=False, log_every=None)
+    monkeypatch.setattr(resume_module, "agree_epoch_length", lambda *args: False)  # the ranks' one sync point here
+    runner.distributed, runner.position = True, 2  # a checkpoint two batches into the epoch
+    runner._epoch_rng = rng_state([])
+    torch.manual_seed(5)
+    resumed, expected = rng_state([]), torch.rand(1)
+    batches = runner._epoch_iterator(Corrupt([(torch.zeros(4, 6), torch.zeros(4, 1))] * 3), resumed)
+    failed = next(batches)
+    assert isinstance(failed, FailedDraw) and "corrupt sample" in str(failed.error)
+    assert list(batches) == []
+    assert torch.equal(torch.rand(1), expected)
+
+
+def test_review32_a_data_error_in_iter_data_at_an_epochs_start_is_carried_to_the_step(monkeypatch):
+    """The same for a fresh epoch: a stream whose ``iter()`` raises at once on one rank (its source
+    unreachable) is carried to the step's vote; before, that rank raised while its peers waited at
+    the next sync point until it exited or the deadline passed (2 gloo ranks checked by hand)."""
+    from autobatch import Runner
+    from autobatch.training.checkpoints import resume as resume_module
+    from autobatch.training.pacing import FailedDraw
+    from runner_workloads import make_model, mse
+
+    class Unreachable:
+        def __iter__(self):
+            raise OSError("stream source unreachable")
+
+    model = make_model()
+    runner = Runner(model, torch.optim.SGD(model.parameters(), lr=0.1), mse, global_batch=4, progress=False, log_every=None)
+    monkeypatch.setattr(resume_module, "agree_epoch_length", lambda *args: True)  # no length: checked each step
+    runner.distributed = True
+    batches = runner._epoch_iterator(Unreachable(), None)
+    failed = next(batches)
+    assert isinstance(failed, FailedDraw) and isinstance(failed.error, OSError)
+    assert list(batches) == []

@@ -31,7 +31,7 @@ from ..data_size import check_same_size, no_batches, saved_size
 from ..epochs import EpochBatches, epoch_length, replayed, set_epoch, started
 from .extra_state import load_extra_state, saved_extra_state
 from ..multiples import resumed_micro_batch
-from ..pacing import agree_epoch_length, told_every_rank
+from ..pacing import FailedDraw, agree_epoch_length, carried_error, told_every_rank
 from ..ranks import agree_resume
 from ..precision import check_dtypes, load_grad_scaler
 from .resume_checks import check_fits, check_kinds, kind, load_scheduler, position_for, precision_of, warn_changed_precision
@@ -210,11 +210,21 @@ class Resumable:
         if resumed_rng is None or self._epoch_rng is None or (self.position == 0 and not fetched):
             self._epoch_rng = rng_state(self._data_generators)
             self.position = 0
-            self._epoch_iter = EpochBatches(started(data, self.epoch, self._data_generators), self.epoch, data=data)
+            self._epoch_iter = self._carried(
+                lambda: EpochBatches(started(data, self.epoch, self._data_generators), self.epoch, data=data), data)
             return self._epoch_iter
-        self._epoch_iter = replayed(data, self.epoch, self._epoch_rng, resumed_rng, self._data_generators,
-                                    self.position, fetched, self._epoch_samples if self._samples_known and not self.distributed else None)
+        self._epoch_iter = self._carried(lambda: replayed(
+            data, self.epoch, self._epoch_rng, resumed_rng, self._data_generators, self.position, fetched,
+            self._epoch_samples if self._samples_known and not self.distributed else None), data)
         return self._epoch_iter
+
+    def _carried(self, make: Any, data: Iterable[Any]) -> EpochBatches:
+        """``make()``; under ``torch.distributed`` an error this rank's data raise making the epoch's
+        iterator (``iter(data)``; a resume drawing the batches already trained) becomes the epoch's
+        only batch, a :class:`~autobatch.training.pacing.FailedDraw` its step raises where every rank
+        votes: its peers a ``PeerFailedError`` at once, where they had gone on into the step's collectives."""
+        made = carried_error(make, self.distributed)
+        return EpochBatches(iter([made]), self.epoch, drawn=self.position, data=data) if isinstance(made, FailedDraw) else made
 
     def _batch_fetched(self) -> bool:
         """Whether the epoch's iterator had drawn the batch at ``position`` (a step that drew it
