@@ -214,7 +214,11 @@ class EndsSteps:
         if self.distributed:
             every_rank_returned(self._parallel, failure, self.step)
         if not self.result.steps_this_run:
-            limit = f"steps={steps}" if steps is not None and self.step >= steps else f"epochs={epochs}"
+            by_steps = steps is not None and self.step >= steps
+            limit = f"steps={steps}" if by_steps else f"epochs={epochs}"
+            # a loop of one fit() per epoch (validation between them) is the usual way to meet this
+            loop = (f"; one more epoch per call, in a loop that validates between them: fit(data, "
+                    f"epochs=runner.epoch + 1), here epochs={self.epoch + 1}") if not by_steps else ""
             log.warning("fit() trained no step: the run has done %s and %s already, which reach %s (steps and "
-                        "epochs count the whole run, resumed parts included); pass a larger one to train on",
-                        counted(self.step, "step"), counted(self.epoch, "full epoch"), limit)
+                        "epochs count the whole run, resumed parts included); pass a larger one to train on%s",
+                        counted(self.step, "step"), counted(self.epoch, "full epoch"), limit, loop)

@@ -39,3 +39,20 @@ def test_a_run_result_reads_back_the_command_lines_file_and_a_newer_versions_fie
     assert RunResult.from_dict(json.loads(json.dumps(written))) == RunResult(steps=3, samples=48)
     with pytest.raises(TypeError, match=r"pass json.loads\(text\)"):
         RunResult.from_dict(json.dumps(written))
+
+
+def test_review32_a_loop_of_one_epoch_per_fit_is_told_the_epochs_to_pass(caplog):
+    """``for e in range(3): runner.fit(data, epochs=1); validate()`` trains one epoch, then none: the
+    warning names the per-epoch form, ``fit(data, epochs=runner.epoch + 1)``, which trains one more each call."""
+    model = make_model()
+    runner = Runner(model, torch.optim.SGD(model.parameters(), lr=0.1), mse, global_batch=16, micro_batch=16,
+                    progress=False)
+    data = make_data(32, 16)
+    runner.fit(data, epochs=1)
+    with caplog.at_level(logging.WARNING, logger="autobatch"):
+        runner.fit(data, epochs=1)
+    warned = [r.getMessage() for r in caplog.records if "trained no step" in r.getMessage()]
+    assert len(warned) == 1 and "epochs=runner.epoch + 1" in warned[0] and "here epochs=2" in warned[0]
+    for _ in range(2):
+        runner.fit(data, epochs=runner.epoch + 1)
+    assert runner.epoch == 3 and runner.step == 6
