@@ -54,6 +54,7 @@ from .. import checks
 from .global_batch import accumulation_for, cap_at_samples, check_share, small_split, split_keeping
 from .lightning_epochs import (changed_step, check_limit, check_validation, dropped_note, epoch_cap, fit_ended,
                                scheduled_step)
+from .lightning_finder import current_batch_size, finder_options  # noqa: F401 (current_batch_size: its old home)
 from .lightning_loaders import check_loader_follows, check_settable
 from .lightning_loop import LoopConfirmation, MemoryLine, confirm_in_loop
 from .lightning_options import checked_batch_arg_name, checked_probe_options
@@ -88,6 +89,8 @@ class AutoBatchSize(Callback):
             (:mod:`autobatch.integrations.lightning_loop`). Skipped on more than one rank: an OOM
             on one rank inside the loop's gradient all-reduce would leave the others waiting.
         probe_options: further keyword arguments for ``find_max_batch``.
+        mode, init_val, max_trials, max_val: Lightning ``BatchSizeFinder``'s names, mapped to ``strategy``,
+            ``start``, ``max_batch`` as :mod:`~autobatch.integrations.lightning_finder` says.
 
     The probe's options are checked here, as ``find_max_batch`` checks them (``max_batch`` a
     positive integer or None for no cap, ``multiple_of`` a positive integer, ...): a
@@ -114,6 +117,7 @@ class AutoBatchSize(Callback):
         confirm: bool = True,
         confirm_steps: int = 3,
         probe_options: Mapping[str, Any] | None = None,
+        mode: str | None = None, init_val: int | None = None, max_trials: int | None = None, max_val: int | None = None,
     ) -> None:
         global_batch = checks.positive_int("global_batch", global_batch, allow_none=True)
         checked_batch_arg_name(batch_arg_name)  # else a TypeError, or a field never found, at fit start
@@ -123,10 +127,10 @@ class AutoBatchSize(Callback):
         self.global_batch = global_batch
         self.confirm, self.confirm_steps = bool(confirm), confirm_steps
         self.memory_limit = None if memory_limit is None else parse_bytes(memory_limit, name="memory_limit")
-        self.probe_options = checked_probe_options(dict(
+        self.probe_options = checked_probe_options(*finder_options(dict(
             memory_limit=memory_limit, margin=margin, multiple_of=multiple_of, max_batch=max_batch,
             strategy=strategy, steps_per_trial=steps_per_trial,
-        ), probe_options)
+        ), probe_options, mode=mode, init_val=init_val, max_trials=max_trials, max_val=max_val))
         self.result: ProbeResult | None = None
         self.confirmation: LoopConfirmation | None = None
         self.batch_size: int | None = None
@@ -393,7 +397,3 @@ class AutoBatchSize(Callback):
         if self.confirmation.skipped:  # fit may not train at the size (no optimizer step in the run): said, not only noted
             rank_zero_warn(f"AutoBatchSize: {self.confirmation.summary()}")
 
-
-def current_batch_size(module: LightningModule, name: str = "batch_size") -> Any:
-    """The batch size where ``BatchSizeFinder`` reads it (``lightning_getattr``)."""
-    return lightning_getattr(module, name)
