@@ -88,9 +88,9 @@ class AutoBatchSize(Callback):
             loop at the answer, and step down from measurements if the loop runs out of memory
             (:mod:`autobatch.integrations.lightning_loop`). Skipped on more than one rank: an OOM
             on one rank inside the loop's gradient all-reduce would leave the others waiting.
-        probe_options: further keyword arguments for ``find_max_batch``.
-        mode, init_val, max_trials, max_val: Lightning ``BatchSizeFinder``'s names, mapped to ``strategy``,
-            ``start``, ``max_batch`` as :mod:`~autobatch.integrations.lightning_finder` says.
+        probe_options: further keyword arguments for ``find_max_batch``. ``mode``, ``init_val``, ``max_trials``,
+            ``max_val``: Lightning ``BatchSizeFinder``'s names, mapped to ``strategy``, ``start``, ``max_batch`` as
+            :mod:`~autobatch.integrations.lightning_finder` says.
 
     The probe's options are checked here, as ``find_max_batch`` checks them (``max_batch`` a
     positive integer or None for no cap, ``multiple_of`` a positive integer, ...): a
