@@ -12,6 +12,7 @@ are deprecated. Use `cache` instead." in the user's log (BERT's plan showed it).
 from __future__ import annotations
 
 import copy
+import functools
 
 import torch
 from torch import nn
@@ -107,3 +108,62 @@ def test_review32_a_model_that_checkpoints_itself_is_told_the_method_its_transfo
     told = own_checkpointing_hint(["h.0"], renamed)
     assert "model.activation_checkpointing_disable()" in told and "gradient_checkpointing_disable" not in told
     assert "model.gradient_checkpointing_disable()" in own_checkpointing_hint(["h.0"], older)  # older versions
+
+
+class CallProtocolLayer(nn.Module):
+    """``GradientCheckpointingLayer`` as Transformers 5.17 (and 4.5x) has it: the protocol in ``__call__``,
+    the class forward plain."""
+
+    gradient_checkpointing = False
+    _can_checkpoint_with_cache = False
+
+    def __call__(self, *args, **kwargs):
+        if self.gradient_checkpointing and self.training:
+            if kwargs.get("use_cache"):
+                kwargs["use_cache"] = False
+            if kwargs.get("past_key_values") is not None:
+                kwargs["past_key_values"] = None
+            return self._gradient_checkpointing_func(functools.partial(super().__call__, **kwargs), *args)
+        return super().__call__(*args, **kwargs)
+
+
+CallProtocolLayer.__name__ = CallProtocolLayer.__qualname__ = "GradientCheckpointingLayer"
+
+
+class CallBlock(CallProtocolLayer):
+    def __init__(self) -> None:
+        super().__init__()
+        self.inner = nn.Linear(WIDTH, WIDTH)
+
+    def forward(self, x, past_key_values=None, use_cache=False):
+        if past_key_values is not None:  # a cache written in training: the protocol drops it
+            past_key_values.append(x)
+        return x + torch.tanh(self.inner(x))
+
+
+def test_review32_a_layer_whose_protocol_is_in_call_is_recomputed():
+    """Transformers 5.17 keeps ``GradientCheckpointingLayer``'s protocol in ``__call__``: running the class forward
+    with the flag set (as for 5.2x's wrapped forward) checkpointed nothing, on an H200 a 12-layer Llama's layers
+    ran once a step and held the same memory as without checkpointing. Now each layer is recomputed in backward,
+    its cache keyword dropped, and the gradients are the plain model's."""
+    torch.manual_seed(0)
+    plain = nn.Sequential(*[CallBlock() for _ in range(3)]).double()
+    wrapped = copy.deepcopy(plain)
+    calls: list[int] = []
+    for block in wrapped:
+        block.inner.register_forward_hook(lambda *_: calls.append(1))
+    enable_checkpointing(wrapped, modules=["0", "1", "2"])
+    x = torch.randn(4, WIDTH, dtype=torch.float64)
+    cache: list = []
+
+    def run(model):
+        h = x
+        for block in model:
+            h = block(h, past_key_values=cache, use_cache=True)
+        h.sum().backward()
+
+    run(plain)
+    cache.clear()
+    run(wrapped)
+    assert len(calls) == 6 and not cache  # three forwards, three recomputes; no cache written under checkpointing
+    assert all(torch.equal(a.grad, b.grad) for a, b in zip(plain.parameters(), wrapped.parameters()))
