@@ -115,11 +115,14 @@ class _Recomputes:
 
 
 def checkpoints_by_protocol(module: nn.Module) -> bool:
-    """Whether ``module`` is a Transformers ``GradientCheckpointingLayer`` whose class forward checkpoints
-    it, dropping the cache it would write, when ``gradient_checkpointing`` is set (Transformers 5: the class
-    has ``_can_checkpoint_with_cache``); autobatch then checkpoints it that way, not from outside."""
-    return isinstance(getattr(type(module), "_can_checkpoint_with_cache", None), bool) and \
-        isinstance(getattr(module, "gradient_checkpointing", None), bool)
+    """Whether ``module`` is a Transformers ``GradientCheckpointingLayer``, which checkpoints itself,
+    dropping the cache it would write, when ``gradient_checkpointing`` is set (Transformers 5: the class
+    has ``_can_checkpoint_with_cache``; 4.5x: the base class by name, its protocol in ``__call__``);
+    autobatch then checkpoints it that way, not from outside."""
+    if not isinstance(getattr(module, "gradient_checkpointing", None), bool):
+        return False
+    return isinstance(getattr(type(module), "_can_checkpoint_with_cache", None), bool) or \
+        any(klass.__name__ == "GradientCheckpointingLayer" for klass in type(module).__mro__)
 
 
 class CacheWatch:

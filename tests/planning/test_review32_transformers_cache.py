@@ -14,6 +14,7 @@ from __future__ import annotations
 import copy
 import functools
 
+import pytest
 import torch
 from torch import nn
 
@@ -141,11 +142,14 @@ class CallBlock(CallProtocolLayer):
         return x + torch.tanh(self.inner(x))
 
 
-def test_review32_a_layer_whose_protocol_is_in_call_is_recomputed():
+@pytest.mark.parametrize("read_only_flag", [True, False])  # Transformers 5.17 has _can_checkpoint_with_cache, 4.5x not
+def test_review32_a_layer_whose_protocol_is_in_call_is_recomputed(monkeypatch, read_only_flag):
     """Transformers 5.17 keeps ``GradientCheckpointingLayer``'s protocol in ``__call__``: running the class forward
     with the flag set (as for 5.2x's wrapped forward) checkpointed nothing, on an H200 a 12-layer Llama's layers
     ran once a step and held the same memory as without checkpointing. Now each layer is recomputed in backward,
     its cache keyword dropped, and the gradients are the plain model's."""
+    if not read_only_flag:
+        monkeypatch.delattr(CallProtocolLayer, "_can_checkpoint_with_cache")
     torch.manual_seed(0)
     plain = nn.Sequential(*[CallBlock() for _ in range(3)]).double()
     wrapped = copy.deepcopy(plain)
