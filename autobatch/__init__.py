@@ -52,7 +52,8 @@ __all__ += [
 from .errors import AccumulationBrokenError, CheckpointError, StepOutOfMemoryError
 from .training.oom.faults import FaultInjector, inject_oom
 from .training.run_result import RunResult
-from .training.runner import Runner, train
+from .training.runner import Runner
+from .training.train_call import train
 
 __all__ += [
     "Runner",

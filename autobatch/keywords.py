@@ -16,7 +16,7 @@ __all__ = ["keywords", "closest"]
 
 
 def keywords(aliases: Mapping[str, str] | None = None, *, synonyms: Mapping[str, str] | None = None,
-             inside: Mapping[str, str] | None = None) -> Any:
+             inside: Mapping[str, str] | None = None, forwards: Any = None) -> Any:
     """Decorate a public function (or ``__init__``) so that a keyword it does not take is one
     ``TypeError`` naming the closest one it does: Python's own "got an unexpected keyword
     argument 'max_batch_size'" named no alternative. ``aliases``: a peer's name for one of them
@@ -25,11 +25,17 @@ def keywords(aliases: Mapping[str, str] | None = None, *, synonyms: Mapping[str,
     parameter (``estimate_max_batch(step, memory_limit="16GiB")``, as ``find_max_batch`` spells
     the budget, is ``capacity="16GiB"``); given with the parameter itself, one ``TypeError``.
     ``inside``: a keyword that goes in one of its dict parameters (``Runner(memory_limit=...)``
-    in ``plan_options``), named with the call to write."""
+    in ``plan_options``), named with the call to write. ``forwards``: the callable a function's
+    ``**kwargs`` go to (``train(..., **options)`` builds a ``Runner``): its keyword-only parameters
+    are taken too, and a keyword neither takes is named against both, with the function's own name
+    (without it such a function is left unchecked)."""
     def decorate(fn: Any) -> Any:
-        parameters = inspect.signature(fn).parameters
+        parameters = dict(inspect.signature(fn).parameters)
         if any(p.kind is p.VAR_KEYWORD for p in parameters.values()):
-            return fn
+            if forwards is None:
+                return fn
+            parameters = {n: p for n, p in parameters.items() if p.kind is not p.VAR_KEYWORD}
+            parameters.update((n, p) for n, p in inspect.signature(forwards).parameters.items() if p.kind is p.KEYWORD_ONLY)
         names = [n for n, p in parameters.items() if n != "self" and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
         label = fn.__qualname__.removesuffix(".__init__")
         positions = {n: i for i, (n, p) in enumerate(parameters.items()) if p.kind is p.POSITIONAL_OR_KEYWORD}

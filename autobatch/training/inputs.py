@@ -61,7 +61,16 @@ def check_options(device: Any, checkpoint_dir: str | os.PathLike | None, checkpo
     """``Runner(device=)`` names a device this machine has (as the probe checks it:
     :func:`~autobatch.checks.device_available`), ``checkpoint_every`` (0: off) is a step
     count that comes with the ``checkpoint_dir`` it writes to, and that folder can be written
-    where this process ``writes`` checkpoints (rank 0; every rank under FSDP2: :func:`check_checkpoint_dir`)."""
+    where this process ``writes`` checkpoints (rank 0; every rank under FSDP2: :func:`check_checkpoint_dir`).
+    ``checkpoint_dir`` is a path: ``5`` or ``True`` (a config's typo) failed in pathlib with "expected str,
+    bytes or os.PathLike object, not int", naming no argument, and ``""`` wrote into the working folder."""
+    if checkpoint_dir is not None and not isinstance(checkpoint_dir, (str, os.PathLike)):
+        raise TypeError(f"checkpoint_dir must be a folder's path (a str or pathlib.Path) or None, got "
+                        f"{type(checkpoint_dir).__name__} {checks.shown(checkpoint_dir)}; e.g. checkpoint_dir='runs/exp1' "
+                        "(the runner writes last.pt in it), or leave it unset for no checkpoints")
+    if isinstance(checkpoint_dir, str) and not checkpoint_dir.strip():
+        raise ValueError(f"checkpoint_dir={checkpoint_dir!r} names no folder (it would write last.pt into the working "
+                         "folder): give one, e.g. checkpoint_dir='runs/exp1' ('.' for the working folder), or None")
     checks.positive_int("checkpoint_every", checkpoint_every or None, allow_none=True)
     checks.torch_device("device", device)
     checks.device_available("device", device)

@@ -24,7 +24,8 @@ Around that loop: grow-back (:mod:`autobatch.training.oom.growth`), cache hygien
 (:mod:`autobatch.training.hygiene`), atomic checkpoints and exact resume
 (:mod:`autobatch.training.checkpoints.checkpoint_io`), progress (:mod:`autobatch.training.progress`) and fault injection
 (:mod:`autobatch.training.oom.faults`). Everything is configured with plain keyword values, so a config
-file maps onto ``Runner(**options)``; :func:`train` is the one call a CLI needs.
+file maps onto ``Runner(**options)``; :func:`~autobatch.train` (:mod:`autobatch.training.train_call`) is the
+one call a CLI needs.
 """
 
 from __future__ import annotations
@@ -67,7 +68,7 @@ from .oom.step_memory import StepMemory
 from .oom.step_random import StepRandom
 from .stop_request import Stoppable, saves_on_sigterm
 
-__all__ = ["Runner", "train"]
+__all__ = ["Runner"]
 
 log = logging.getLogger("autobatch")
 
@@ -378,23 +379,3 @@ class Runner(OomRecovery, SplitsInMultiples, EndsSteps, Resumable, PlansFromData
         self._enter("transfer")
         return to_device(micro, self.device)
 
-
-def train(
-    model: torch.nn.Module,
-    optimizer: torch.optim.Optimizer,
-    loss_fn: LossFn,
-    data: Iterable[Any],
-    *,
-    epochs: int | None = None,
-    steps: int | None = None,
-    resume: str | os.PathLike | None = None,
-    **options: Any,
-) -> RunResult:
-    """Build a :class:`Runner` from plain keyword ``options`` and fit it: the CLI's entry point.
-
-    ``options`` are :class:`Runner`'s keyword arguments (``global_batch`` is required), so a
-    config section maps onto it directly: ``train(model, opt, loss_fn, loader, epochs=3,
-    **cfg.runner)``.
-    """
-    runner = Runner(model, optimizer, loss_fn, **options)
-    return runner.fit(data, epochs=epochs, steps=steps, resume=resume)
