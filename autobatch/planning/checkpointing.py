@@ -59,7 +59,8 @@ from torch.utils.checkpoint import checkpoint
 from .. import checks
 from .module_names import (WRAPPER_ATTRIBUTES, checkpoint_targets as _targets, has_module as _has_module, misnamed_targets,
                            module_names_for, short_names as _short)
-from .own_checkpointing import checkpoint_by_protocol, checkpoints_by_protocol, own_checkpointing, own_checkpointing_hint
+from .own_checkpointing import (checkpoint_by_protocol, checkpoints_by_protocol, own_checkpointing, own_checkpointing_hint,
+                                recompute_without_cache)
 from .recompute_state import recompute_contexts, writes_state
 
 __all__ = ["CheckpointHandle", "enable_checkpointing", "find_blocks", "is_checkpointed", "module_names_for",
@@ -96,7 +97,9 @@ class _CheckpointedForward:
             run = functools.partial(checkpoint, use_reentrant=False, context_fn=functools.partial(recompute_contexts, module))
         if module.training and not compiling and checkpoints_by_protocol(module):
             return checkpoint_by_protocol(module, run, args, kwargs)
-        return run(functools.partial(forward, **kwargs) if kwargs else forward, *args)
+        if compiling:  # traced once: no Python recompute writes a cache again
+            return run(functools.partial(forward, **kwargs) if kwargs else forward, *args)
+        return run(recompute_without_cache(module, forward, kwargs), *args)
 
     def __repr__(self) -> str:
         return f"<checkpointed forward of {type(self.module).__name__}>"

@@ -43,7 +43,7 @@ from ..probe.train_step import TrainStep
 from .module_names import short_names
 
 __all__ = ["CacheWatch", "own_checkpointing", "own_checkpointing_hint", "cache_note", "checkpoint_by_protocol",
-           "checkpoints_by_protocol", "recomputed_blocks"]
+           "checkpoints_by_protocol", "recompute_without_cache", "recomputed_blocks"]
 
 
 def own_checkpointing(model: nn.Module, recomputed: list[str] | None = None) -> list[str]:
@@ -205,7 +205,9 @@ def checkpoint_by_protocol(module: nn.Module, run: Any, args: tuple, kwargs: dic
     names = ("gradient_checkpointing", "_gradient_checkpointing_func")
     args = _positional_cache_dropped(module, args)
     if _protocol_in_call(type(module)):  # Transformers before 5.2x: the class forward alone checkpoints nothing
-        kwargs = _cache_keywords_dropped(module, kwargs)
+        # use_cache kept: the models of 4.5x read the layer's outputs by it (4.53's T5Stack indexed one a layer told
+        # use_cache=False did not return: IndexError), their flag being off; the cache itself is not written
+        kwargs = _cache_keywords_dropped(module, kwargs, use_cache=True)
         return run(functools.partial(type(module).forward.__get__(module), **kwargs), *args)
     state = module.__dict__
     saved = {name: state[name] for name in names if name in state}
@@ -218,6 +220,26 @@ def checkpoint_by_protocol(module: nn.Module, run: Any, args: tuple, kwargs: dic
                 state[name] = saved[name]
             else:
                 state.pop(name, None)
+
+
+def recompute_without_cache(module: nn.Module, forward: Any, kwargs: dict) -> Any:
+    """``forward`` with ``kwargs`` for a checkpoint of a Transformers layer wrapped from outside (no
+    ``GradientCheckpointingLayer``: Transformers 4.40-4.51 have none), which drops the key/value cache in the
+    recompute only (:func:`_cache_keywords_dropped`, :func:`_positional_cache_dropped`), as those versions' models
+    do under their own flag. The forward keeps it: it writes the cache once and hands it back, which the model's
+    code reads (4.46's ``LlamaModel`` indexes the layer's output for it, and failed on a cache of None). Passed
+    through, the recompute wrote the keys again and attended over twice the tokens: a tiny ``LlamaForCausalLM`` or
+    ``T5ForConditionalGeneration`` (4.46.3) with a padding ``attention_mask`` failed in backward ("The size of
+    tensor a (32) must match the size of tensor b (16)"), and so did ``plan()``. Other layers: ``forward`` as is."""
+    if not type(module).__module__.startswith("transformers."):
+        return functools.partial(forward, **kwargs) if kwargs else forward
+
+    def run(*args: Any) -> Any:
+        if torch._C._current_graph_task_id() == -1:  # the forward; a recompute runs while autograd runs backward
+            return forward(*args, **kwargs)
+        return forward(*_positional_cache_dropped(module, args), **_cache_keywords_dropped(module, kwargs))
+
+    return run
 
 
 _CACHE_PARAMETERS = ("cache", "layer_past", "past_key_values", "past_key_value")
@@ -234,11 +256,12 @@ def _protocol_in_call(cls: type) -> bool:
     return any(klass.__name__ == "GradientCheckpointingLayer" and "__call__" in vars(klass) for klass in cls.__mro__)
 
 
-def _cache_keywords_dropped(module: nn.Module, kwargs: dict) -> dict:
-    """``kwargs`` as a ``__call__`` protocol hands them to its checkpoint: ``use_cache`` off and, unless the
-    layer only reads its cache (``_can_checkpoint_with_cache``), a key/value cache passed by keyword None."""
+def _cache_keywords_dropped(module: nn.Module, kwargs: dict, use_cache: bool = False) -> dict:
+    """``kwargs`` as a ``__call__`` protocol hands them to its checkpoint: ``use_cache`` off (unless ``use_cache``:
+    kept as given) and, unless the layer only reads its cache (``_can_checkpoint_with_cache``), a key/value cache
+    passed by keyword None."""
     kwargs = dict(kwargs)
-    if kwargs.get("use_cache"):
+    if kwargs.get("use_cache") and not use_cache:
         kwargs["use_cache"] = False
     if not getattr(type(module), "_can_checkpoint_with_cache", False):
         kwargs.update({name: None for name in _CACHE_PARAMETERS if kwargs.get(name) is not None})

@@ -171,3 +171,75 @@ def test_review32_a_layer_whose_protocol_is_in_call_is_recomputed(monkeypatch, r
     run(wrapped)
     assert len(calls) == 6 and not cache  # three forwards, three recomputes; no cache written under checkpointing
     assert all(torch.equal(a.grad, b.grad) for a, b in zip(plain.parameters(), wrapped.parameters()))
+
+
+class OldLayer(nn.Module):
+    """Transformers 4.46's ``LlamaDecoderLayer`` in small (no ``GradientCheckpointingLayer`` before 4.52): keys
+    written to the cache it is given by keyword, scores over every cached key plus the batch's padding mask, the
+    cache handed back when ``use_cache``, which the model reads."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.key, self.out = nn.Linear(WIDTH, WIDTH), nn.Linear(WIDTH, WIDTH)
+
+    def forward(self, x, mask=None, past_key_value=None, use_cache=False):
+        keys = self.key(x)
+        if past_key_value is not None:
+            keys = past_key_value[id(self)] = torch.cat([past_key_value[id(self)], keys], 1) \
+                if id(self) in past_key_value else keys
+        x = x + self.out(torch.softmax(x @ keys.transpose(1, 2) + mask, -1) @ keys)
+        return (x, past_key_value) if use_cache else (x,)
+
+
+OldLayer.__module__ = "transformers.models.llama.modeling_llama"
+
+
+class OldModel(nn.Module):
+    def __init__(self, layer: type) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(layer() for _ in range(3))
+
+    def forward(self, x, mask):
+        cache: dict = {}
+        for layer in self.layers:
+            outputs = layer(x, mask=mask, past_key_value=cache, use_cache=True)
+            x, cache = outputs[0], outputs[1]  # 4.46's LlamaModel: next_decoder_cache = layer_outputs[1]
+        self.cache = cache
+        return x.pow(2).mean()
+
+
+def _padded_run(layer: type) -> tuple[nn.Module, nn.Module]:
+    torch.manual_seed(0)
+    plain = OldModel(layer).double()
+    wrapped = copy.deepcopy(plain)
+    assert enable_checkpointing(wrapped).modules == ["layers.0", "layers.1", "layers.2"]
+    x = torch.randn(2, TOKENS, WIDTH, dtype=torch.float64)
+    mask = torch.zeros(TOKENS, TOKENS, dtype=torch.float64)
+    mask[:, -2:] = float("-inf")  # padding
+    for model in (plain, wrapped):
+        model(x, mask).backward()
+    for (name, a), b in zip(plain.named_parameters(), wrapped.parameters()):
+        assert torch.equal(a.grad, b.grad), name
+    return plain, wrapped
+
+
+def test_review32_an_old_transformers_layer_wrapped_from_outside_writes_its_cache_once():
+    """Transformers 4.40-4.51: a layer wrapped generically got its cache keywords in the recompute too, wrote its
+    keys again and attended over twice the tokens: a tiny LlamaForCausalLM or T5 (4.46.3) with a padding mask
+    failed in backward ("The size of tensor a (32) must match the size of tensor b (16)"). The recompute drops the
+    cache; the forward keeps it (4.46's LlamaModel reads it back from the layer's outputs)."""
+    _, wrapped = _padded_run(OldLayer)
+    assert all(keys.shape[1] == TOKENS for keys in wrapped.cache.values()) and len(wrapped.cache) == 3
+
+
+class CallLayer(CallProtocolLayer, OldLayer):
+    """Transformers 4.53's layer: ``GradientCheckpointingLayer`` with its protocol in ``__call__``, no
+    ``_can_checkpoint_with_cache``, outputs read by ``use_cache`` as 4.53's ``T5Stack`` reads a ``T5Block``'s."""
+
+
+def test_review32_a_layer_whose_protocol_is_in_call_keeps_use_cache_its_model_reads(monkeypatch):
+    """4.53's T5Stack (its own flag off) indexed the outputs of a layer autobatch told ``use_cache=False``, which
+    returned fewer: IndexError in the forward. ``use_cache`` is kept; the cache itself is still not written."""
+    monkeypatch.delattr(CallProtocolLayer, "_can_checkpoint_with_cache")
+    _, wrapped = _padded_run(CallLayer)
+    assert wrapped.cache is None  # dropped under checkpointing, as the protocol does
