@@ -14,7 +14,6 @@ values differ.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any, Callable
 
@@ -26,6 +25,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from ..dist import agreement as dist_sync
 from .interpolations import raw_value
+from .run_record import recorded_config
 from .training import check_resume_target, find_resume
 
 __all__ = ["agreed_resume_target", "on_every_rank", "check_same_job", "swept_keys"]
@@ -100,14 +100,7 @@ def _started_with(out_dir: Path) -> dict[str, Any] | None:
     """The resolved config the run in ``out_dir`` was started with (None: none recorded): its
     probe's ``result.json`` (a resume leaves it), else, where no probe ran (``train.micro_batch``),
     its ``train_result.json``."""
-    for name in ("result.json", "train_result.json"):
-        try:
-            config = json.loads((out_dir / name).read_text(encoding="utf-8")).get("config")
-        except (OSError, ValueError, AttributeError):  # absent, torn, or not a record of ours
-            continue
-        if isinstance(config, dict):
-            return config
-    return None
+    return recorded_config(out_dir, ("result.json", "train_result.json"))
 
 
 def check_same_job(cfg: DictConfig, out_dir: Path, keys: list[str]) -> None:

@@ -20,19 +20,17 @@ runner's own messages speak to a library user:
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 import torch
-import yaml
 from omegaconf import DictConfig, OmegaConf
 
 from ..errors import CheckpointError
 from ..training.checkpoints.checkpoint_io import RUNNER_FORMAT, load_checkpoint, written_by_torch_save
 from ..training.checkpoints.sharded_files import check_sharded_resume
 from .loss import DEFAULT_LOSS, loss_node, loss_text
-from .run_record import checkpoint_owner
+from .run_record import checkpoint_owner, recorded_config
 from .schedulers import check_scheduler_kind
 
 __all__ = ["read_checkpoint", "check_steps_left", "check_optimizer_kind", "kept_settings", "micro_batch_notes",
@@ -154,6 +152,8 @@ def _given_optimizer_keys(cfg: DictConfig) -> set[str]:
     return {key for key, value in raw.items() if not (isinstance(value, str) and value.startswith("${train."))}
 
 
+#: Where a run records the config it last trained with, in the order read (:func:`loss_notes`).
+_LAST_TRAINED = ("train_result.json", "result.json", ".hydra/config.yaml")
 #: The packaged ``loss`` options, by the node they compose to.
 _LOSS_OPTIONS = {"torch.nn.CrossEntropyLoss": "loss=cross_entropy", "torch.nn.MSELoss": "loss=mse"}
 
@@ -164,7 +164,7 @@ def loss_notes(cfg: DictConfig, checkpoint: Path, run_dir: Path | None) -> list[
     resumed steps train with this command's, which the note names with the override that keeps the
     run's. A run recorded without a ``loss`` key trained with cross-entropy; none recorded: no note."""
     run = run_dir if run_dir is not None else checkpoint_owner(checkpoint, str(cfg.train.checkpoint_dir))
-    recorded = _recorded_config(run) if run is not None else None
+    recorded = recorded_config(run, _LAST_TRAINED) if run is not None else None
     if recorded is None:
         return []
     then = recorded.get("loss") if isinstance(recorded.get("loss"), dict) else dict(DEFAULT_LOSS)
@@ -176,17 +176,3 @@ def loss_notes(cfg: DictConfig, checkpoint: Path, run_dir: Path | None) -> list[
     return [f"the loss is {loss_text(now)}, and the run this checkpoint continues trained with {loss_text(then)}: "
             f"the resumed steps train with this run's (a loss is no state of the checkpoint); give {option}"
             f"{' ' + arguments if arguments else ''} to continue with the run's own"]
-
-
-def _recorded_config(run: Path) -> dict[str, Any] | None:
-    """The config the run in ``run`` last trained with: its ``train_result.json`` 's, else its
-    probe's ``result.json`` 's, else Hydra's ``.hydra/config.yaml`` (None: none readable)."""
-    for name in ("train_result.json", "result.json", ".hydra/config.yaml"):
-        try:
-            text = (run / name).read_text(encoding="utf-8")
-            config = yaml.safe_load(text) if name.endswith(".yaml") else json.loads(text).get("config")
-        except (OSError, ValueError, AttributeError, yaml.YAMLError):  # absent, torn, or not a record of ours
-            continue
-        if isinstance(config, dict):
-            return config
-    return None

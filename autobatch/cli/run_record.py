@@ -18,12 +18,30 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import yaml
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-__all__ = ["recorded_checkpoint_dirs", "checkpoint_owner", "earlier_probe", "samples_in_all"]
+__all__ = ["recorded_checkpoint_dirs", "checkpoint_owner", "earlier_probe", "samples_in_all", "recorded_config"]
+
+
+def recorded_config(run: Path, names: tuple[str, ...]) -> dict[str, Any] | None:
+    """The config the run in ``run`` recorded, from the first of ``names`` that holds one: a JSON
+    record's ``config`` (``result.json``, ``train_result.json``) or Hydra's ``.hydra/config.yaml``
+    whole; None where none is readable (absent, torn, or not a record of ours). The order is the
+    caller's: the config a run started with is its probe's ``result.json`` (a resume leaves it),
+    the one it last trained with its ``train_result.json``."""
+    for name in names:
+        try:
+            text = (run / name).read_text(encoding="utf-8")
+            config = yaml.safe_load(text) if name.endswith(".yaml") else json.loads(text).get("config")
+        except (OSError, ValueError, AttributeError, yaml.YAMLError):
+            continue
+        if isinstance(config, dict):
+            return config
+    return None
 
 
 def _from_hydra(run: Path) -> str | None:
