@@ -36,6 +36,9 @@ from typing import Any, Iterator
 
 from torch import nn
 
+from ..errors import in_packages
+from ..probe.tracing.trace_state import nested_codes
+
 __all__ = ["seen_reduction"]
 
 _LEVELS = 3  # loss_fn -> a helper it calls -> the criterion the helper names
@@ -100,24 +103,15 @@ def _children(value: Any, name: str) -> Iterator[tuple[str, Any]]:
                 yield cell_name, cell.cell_contents
             except ValueError:  # a cell not yet filled
                 continue
-        names = {n for code in _codes(value.__code__) for n in code.co_names}
+        names = {n for code in nested_codes(value.__code__) for n in code.co_names}
         yield from ((n, value.__globals__[n]) for n in sorted(names) if n in value.__globals__)
     elif callable(value) and not isinstance(value, (type, types.ModuleType, nn.Module)) and hasattr(value, "__dict__"):
         yield name, getattr(type(value), "__call__", None)
         yield from vars(value).items()
 
 
-def _codes(code: types.CodeType) -> Iterator[types.CodeType]:
-    """``code`` and the code of the functions and lambdas defined in it."""
-    yield code
-    for const in code.co_consts:
-        if isinstance(const, types.CodeType):
-            yield from _codes(const)
-
-
 def _library(function: types.FunctionType) -> bool:
-    module = getattr(function, "__module__", None) or ""
-    if module.split(".")[0] in ("torch", "autobatch"):
+    if in_packages(getattr(function, "__module__", None) or "", ("torch", "autobatch")):
         return True
     try:
         path = inspect.getsourcefile(function) or ""
