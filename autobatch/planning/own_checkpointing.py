@@ -122,7 +122,7 @@ def checkpoints_by_protocol(module: nn.Module) -> bool:
     if not isinstance(getattr(module, "gradient_checkpointing", None), bool):
         return False
     return isinstance(getattr(type(module), "_can_checkpoint_with_cache", None), bool) or \
-        any(klass.__name__ == "GradientCheckpointingLayer" for klass in type(module).__mro__)
+        _checkpointing_layer(type(module)) is not None
 
 
 class CacheWatch:
@@ -253,7 +253,14 @@ def _protocol_in_call(cls: type) -> bool:
     nothing: on an H200 (Transformers 5.17) a 12-layer Llama's and GPT-2's layers ran once per step, none
     recomputed, and a step at batch 1 held the same 1.3 GiB after its forward as without autobatch's
     checkpointing, where ``plan()`` reported 12 blocks checkpointed."""
-    return any(klass.__name__ == "GradientCheckpointingLayer" and "__call__" in vars(klass) for klass in cls.__mro__)
+    layer = _checkpointing_layer(cls)
+    return layer is not None and "__call__" in vars(layer)
+
+
+def _checkpointing_layer(cls: type) -> type | None:
+    """Transformers' ``GradientCheckpointingLayer`` among ``cls``'s bases, by name (not imported: autobatch
+    does not need Transformers), or None."""
+    return next((klass for klass in cls.__mro__ if klass.__name__ == "GradientCheckpointingLayer"), None)
 
 
 def _cache_keywords_dropped(module: nn.Module, kwargs: dict, use_cache: bool = False) -> dict:
