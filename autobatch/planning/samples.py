@@ -49,6 +49,8 @@ from typing import Any, Callable, Iterable, Mapping
 import torch
 from torch.nn.utils.rnn import PackedSequence
 
+from .dataclass_batches import rebuilt
+
 __all__ = ["batch_size_of", "check_cuttable", "cycle_samples", "items_message", "map_samples", "narrow",
            "per_sample_items", "take_samples"]
 
@@ -96,7 +98,9 @@ def batch_size_of(batch: Any) -> int:
     if _items(batch, sizes):
         raise ValueError(items_message(batch, sizes))
     if sizes is None:
-        raise ValueError(f"batch has no tensor with a batch dimension: {type(batch).__name__}")
+        raise ValueError(f"batch has no tensor with a batch dimension: {type(batch).__name__}. autobatch reads the samples "
+                         "from tensors' dim 0; strings or objects alone may be per sample or shared. Add a tensor with the "
+                         "samples on dim 0 (the labels, or their indices: torch.arange(len(texts)))")
     if len(sizes) == 1:
         return next(iter(sizes))
     found = ", ".join(f"{path} has {size}" for path, size in _leaf_sizes(batch, "batch")[:6])
@@ -251,10 +255,8 @@ def _map(node: Any, path: str, tensors: Callable, values: Callable, total: int, 
         except TypeError:  # a mapping type that cannot be built from a dict (defaultdict)
             return items
     if _dataclass(node):  # rebuilt through its __init__ (and __post_init__), as dataclasses.replace does
-        parts = [field for field in dataclasses.fields(node) if field.init]
-        zipped = _zipped((getattr(node, field.name) for field in parts), total, "map")
-        return dataclasses.replace(node, **{field.name: _map(getattr(node, field.name), f"{path}.{field.name}", tensors,
-                                                              values, total, zipped=zipped) for field in parts})
+        zipped = _zipped((getattr(node, field.name) for field in dataclasses.fields(node) if field.init), total, "map")
+        return rebuilt(node, lambda name, value: _map(value, f"{path}.{name}", tensors, values, total, zipped=zipped), path)
     if _named(node):
         zipped = _zipped(node, total, "seq")  # a tuple: Batch(*zip(*samples)) is a zip collate's too
         return type(node)(*(_map(value, f"{path}.{name}", tensors, values, total, zipped=zipped)
@@ -324,7 +326,8 @@ def _per_sample(part: list | tuple, numbers: bool) -> bool:
 
 def _map_plain(node: list | tuple, path: str, values: Callable, total: int) -> Any:
     """A list or tuple of plain values (no tensor, no mapping in it), by the module's rule."""
-    if all(isinstance(value, (list, tuple)) and len(value) == total and _all_text(value) for value in node):
+    if all(isinstance(value, (list, tuple)) and len(value) == total
+           and all(isinstance(text, (str, bytes)) for text in value) for value in node):
         return type(node)(values(value) for value in node)  # default_collate's transposed per-sample text
     if len(node) != total:
         return node  # not one entry per sample: shared
@@ -390,10 +393,6 @@ def _plain(node: list | tuple) -> bool:
     """Whether ``node`` holds no tensor and no mapping, at any depth of lists and tuples."""
     return not any(isinstance(value, (torch.Tensor, Mapping)) or _dataclass(value)
                    or (isinstance(value, (list, tuple)) and not _plain(value)) for value in node)
-
-
-def _all_text(node: list | tuple) -> bool:
-    return all(isinstance(value, (str, bytes)) for value in node)
 
 
 def _number(value: Any) -> bool:

@@ -14,6 +14,7 @@ from typing import Any, Callable, Mapping
 import torch
 
 from ..memory.simulated import to_simulated_device
+from ..planning.dataclass_batches import rebuilt
 
 __all__ = ["map_tensors", "to_device"]
 
@@ -30,8 +31,7 @@ def map_tensors(batch: Any, fn: Callable[[torch.Tensor], torch.Tensor], *, scala
         except TypeError:  # a mapping type that cannot be built from a dict (defaultdict)
             return items
     if dataclasses.is_dataclass(batch) and not isinstance(batch, type):  # rebuilt as dataclasses.replace does
-        return dataclasses.replace(batch, **{field.name: map_tensors(getattr(batch, field.name), fn, scalars=scalars)
-                                             for field in dataclasses.fields(batch) if field.init})
+        return rebuilt(batch, lambda name, value: map_tensors(value, fn, scalars=scalars))
     if isinstance(batch, tuple) and hasattr(batch, "_fields"):  # named tuple
         return type(batch)(*(map_tensors(value, fn, scalars=scalars) for value in batch))
     if isinstance(batch, (tuple, list)):

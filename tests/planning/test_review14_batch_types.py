@@ -170,3 +170,50 @@ def test_dataset_batches_collates_dict_samples():
     batch = DatasetBatches(Samples())(3)
     assert batch["name"] == ["s0", "s1", "s2"] and torch.equal(batch["label"], torch.tensor([0, 1, 2]))
     assert isinstance(DatasetBatches(RandomClassification(4, (2,), 3))(2), tuple)
+
+
+@dataclasses.dataclass(frozen=True)
+class Masked:
+    input_ids: torch.Tensor
+    mask: torch.Tensor | None = dataclasses.field(init=False, default=None)  # the collate sets it after construction
+
+
+@pytest.mark.parametrize("micro_batch", [B, 4])
+def test_review33_a_dataclass_field_set_after_init_reaches_every_piece(micro_batch):
+    """An ``init=False`` field the collate sets after construction was not passed to ``__init__`` when
+    the batch was rebuilt: every piece, and the move to the device of a batch trained whole, got its
+    default (None: "unsupported operand type(s) for *: 'Tensor' and 'NoneType'" inside the loss)."""
+    ids, mask, _ = _tokens()
+    batch = Masked(ids)
+    object.__setattr__(batch, "mask", mask)
+    torch.manual_seed(0)
+    seen = _reference_and_run(batch, lambda m, b: m(b.input_ids, b.mask).pow(2).mean(), Bag(), micro_batch=micro_batch)
+    assert torch.equal(torch.cat([piece.mask for piece in seen[1:]]), mask)  # each sample's own mask, after the OOM
+
+
+@dataclasses.dataclass
+class Scaled:
+    pixels: torch.Tensor
+    labels: torch.Tensor
+
+    def __post_init__(self) -> None:
+        self.pixels = self.pixels / 255  # run again on each rebuilt piece: trained pixels / 255 / 255
+
+
+def test_review33_a_dataclass_whose_post_init_changes_its_fields_is_one_error():
+    """Rebuilt through ``__init__`` for every piece and every move to the device, such a batch trained
+    its inputs transformed twice, silently (0.2 off one plain step's weights), even in one micro-batch."""
+    batch = Scaled(torch.rand(B, 3) * 255, torch.randint(0, 2, (B,)))
+    model = nn.Linear(3, 2)
+    runner = autobatch.Runner(model, torch.optim.SGD(model.parameters(), lr=0.1),
+                              lambda m, b: nn.functional.cross_entropy(m(b.pixels), b.labels), global_batch=B,
+                              micro_batch=B, progress=False)
+    with pytest.raises(ValueError, match=r"dataclass \(Scaled\) whose __init__ / __post_init__ changes .*\(pixels:.*collate_fn"):
+        runner.fit([batch])
+    assert runner.step == 0
+
+
+def test_review33_a_batch_of_text_alone_says_what_tensor_to_add():
+    """Only strings (texts tokenized in the loss_fn): the error named the type, not what to change."""
+    with pytest.raises(ValueError, match=r"no tensor with a batch dimension: dict\. .*torch\.arange\(len\(texts\)\)"):
+        autobatch.training.runner.batch_size_of({"text": ["a b", "c"], "lang": "en"})
