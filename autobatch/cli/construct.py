@@ -53,6 +53,7 @@ def _overrides_of(key: str) -> list[str]:
 
     if not HydraConfig.initialized():
         return []
+    key = key.split("[", 1)[0]  # a list's item (scheduler.schedulers[0]) is set by the list's override
     keys = (key, *_FED_BY.get(key, ()))
     return [
         override for override in given_overrides()
@@ -151,6 +152,8 @@ def _missing_arguments(key: str, cause: BaseException) -> str:
     if found is None:
         return ""
     names = re.findall(r"'(\w+)'", found.group(1))
+    if names and "[" in key:  # an item of a list (scheduler.schedulers[0]): no +key.name= override reaches it
+        return f"give {key} " + ", ".join(f"{name}: VALUE" for name in names)
     return "give " + " ".join(f"+{key}.{name}=VALUE" for name in names) if names else ""
 
 

@@ -263,11 +263,29 @@ def build_scheduler(cfg: DictConfig, optimizer: torch.optim.Optimizer, run_steps
             args["total_steps"] = run_steps
             if args.get("warmup_steps") is not None:
                 _check_warmup(int(args["warmup_steps"]), bool(args.get("decay", True)), run_steps, given=False)
-    scheduler = construct("scheduler", args, expect=torch.optim.lr_scheduler.LRScheduler, optimizer=optimizer)
+    args, nested = _nested_schedulers(args, optimizer)  # SequentialLR's, ChainedScheduler's, built with the optimizer
+    scheduler = construct("scheduler", args, expect=torch.optim.lr_scheduler.LRScheduler, optimizer=optimizer, **nested)
     settings = {name: getattr(scheduler, name) for name in getattr(scheduler, "_settings", tuple)()}
     shown = f"({', '.join(f'{name}={value}' for name, value in settings.items())})" if settings else ""
     log.info("learning-rate schedule: %s%s, stepped once per optimizer step", type(scheduler).__name__, shown)
     return scheduler
+
+
+def _nested_schedulers(args: dict[str, Any], optimizer: torch.optim.Optimizer) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``args`` less a ``schedulers`` list of nodes with their own ``_target_`` (``SequentialLR``'s and
+    ``ChainedScheduler``'s: ``+scheduler.schedulers=[{_target_:torch.optim.lr_scheduler.LinearLR,...},...]``),
+    and that list built, each with the optimizer, as the scheduler itself is. Hydra built those nodes
+    without it, and the run stopped after its probe on "LinearLR.__init__() missing 1 required positional
+    argument: 'optimizer'", advised to give +scheduler.optimizer=VALUE, which no command line can."""
+    from .construct import construct
+
+    items = args.get("schedulers")
+    if not isinstance(items, list) or not any(isinstance(item, dict) and "_target_" in item for item in items):
+        return args, {}
+    built = [construct(f"scheduler.schedulers[{index}]", item, expect=torch.optim.lr_scheduler.LRScheduler,
+                       optimizer=optimizer) if isinstance(item, dict) and "_target_" in item else item
+             for index, item in enumerate(items)]
+    return {key: value for key, value in args.items() if key != "schedulers"}, {"schedulers": built}
 
 
 def _parameter_names(node: DictConfig) -> list[str]:

@@ -32,6 +32,7 @@ import torch
 from ..planning.batch_statistics import power_iteration_layers
 from ..planning.loss_reduction import seen_reduction
 from ..planning.split_checks import LOSS_KINDS, LOSS_SPLIT, MEAN_LOSS
+from .carried_state import warn_carried_state
 from .inputs import _sizes_text, warn_batch_statistics
 
 log = logging.getLogger("autobatch")
@@ -66,13 +67,19 @@ class TellsSplit:
     _told_power_iteration = False  # warned (or the plan did) that spectral norm iterates once per micro-batch
     _told_loss_split = False  # checked (or the plan did) whether the loss is a mean over samples
     _first_split: tuple[int, list[int]] | None = None  # (micro-batch, full batch's pieces) of the run's first attempt
+    _told_carried_state = False  # warned that a module keeps a tensor sized by the micro-batch (carried_state)
+    _trained_sizes: frozenset[int] = frozenset()  # the micro-batch pieces' sizes of the steps trained (carried_state)
 
     def _tell_split(self) -> None:
-        """Once the step trained in more than one piece: warn for BatchNorm and spectral norm, each once."""
-        if self._told_batch_statistics and self._told_power_iteration:
-            return
+        """Once the step trained in more than one piece: warn for BatchNorm, spectral norm and state a
+        module carries between forwards (:mod:`~autobatch.training.carried_state`), each once."""
         sizes = self._piece_sizes()
+        self._trained_sizes = self._trained_sizes | set(sizes)  # an error at another size is checked against them
         if len(sizes) < 2:
+            return
+        if not self._told_carried_state:  # not told by a plan: its trials' state is put back after them
+            self._told_carried_state = warn_carried_state(self._train_step.model, sizes, self.share) or True
+        if self._told_batch_statistics and self._told_power_iteration:
             return
         if not self._told_batch_statistics:
             warn_batch_statistics(self._train_step.model, sizes)

@@ -142,3 +142,25 @@ def test_a_resume_that_leaves_out_or_changes_the_schedule_names_the_option(conf,
     assert give in str(raised.value)
     check_optimizer_kind(state, optimizer, "last.pt", conf("scheduler=cosine"))  # the run's own: resumed
     check_optimizer_kind({"optimizer_type": "AdamW"}, optimizer, "last.pt", conf())  # an older checkpoint
+
+
+def test_review33_sequential_lr_builds_its_nested_schedulers_with_the_optimizer(conf):
+    # Hydra built the nested nodes without the optimizer: the run stopped after its probe on LinearLR's
+    # "missing ... 'optimizer'", advised to give +scheduler.optimizer=VALUE, which no command line can
+    lr = torch.optim.lr_scheduler
+    cfg = conf("scheduler=target", "scheduler._target_=torch.optim.lr_scheduler.SequentialLR", "+scheduler.milestones=[2]",
+               "+scheduler.schedulers=[{_target_:torch.optim.lr_scheduler.LinearLR,start_factor:0.1,total_iters:2},"
+               "{_target_:torch.optim.lr_scheduler.ExponentialLR,gamma:0.5}]")
+    built, reference = (torch.optim.SGD(torch.nn.Linear(2, 1).parameters(), lr=1.0) for _ in range(2))
+    scheduler = build_scheduler(cfg, built, run_steps=5)
+    expected = lr.SequentialLR(reference, [lr.LinearLR(reference, start_factor=0.1, total_iters=2),
+                                           lr.ExponentialLR(reference, gamma=0.5)], milestones=[2])
+    rates = []
+    for _ in range(5):
+        built.step(), reference.step(), scheduler.step(), expected.step()
+        rates.append((built.param_groups[0]["lr"], reference.param_groups[0]["lr"]))
+    assert isinstance(scheduler, lr.SequentialLR) and all(a == b for a, b in rates)
+    bad = conf("scheduler=target", "scheduler._target_=torch.optim.lr_scheduler.ChainedScheduler",
+               "+scheduler.schedulers=[{_target_:torch.optim.lr_scheduler.ExponentialLR}]")
+    with pytest.raises(ValueError, match=r"give scheduler.schedulers\[0\] gamma: VALUE"):
+        build_scheduler(bad, built, run_steps=5)

@@ -41,6 +41,7 @@ from ...planning.checkpointing import enable_checkpointing, is_checkpointed, no_
 from ...planning.own_checkpointing import own_checkpointing
 from ...probe.snapshot.ddp_reducer import rebuild_before_first_step, reset_failed_reduction
 from ..multiples import round_down
+from ..carried_state import note_carried_state
 from .abandon_notes import note_recompile_limit, note_shrunk
 from .recovery_vote import VotesRecovery
 from ..run_result import Recovery
@@ -268,7 +269,7 @@ class OomRecovery(CountsSkips, WatchesGrads, TellsSplit, VotesRecovery):
         smallest, largest = min(pieces, default=failed_at), max(pieces, default=failed_at)
         self._abandon()
         if not is_oom_error(exc):
-            self._note_shrunk(exc, failed_at, smallest)
+            self._note_shrunk(exc, failed_at, smallest, pieces)
             return exc
         if not getattr(self, "_replaying", True):
             return self._outside_replay(failed_at)
@@ -304,13 +305,17 @@ class OomRecovery(CountsSkips, WatchesGrads, TellsSplit, VotesRecovery):
             "smaller, so nothing was replayed. The step was undone (weights, optimizer, scheduler as before it); "
             "the out-of-memory error is chained below: free memory before that call, or make it allocate less."))
 
-    def _note_shrunk(self, exc: BaseException, failed_at: int, smallest: int) -> None:
+    def _note_shrunk(self, exc: BaseException, failed_at: int, smallest: int, pieces: list[int]) -> None:
         """Add a note to ``exc`` (not an interrupt, not autobatch's own error) saying what the run's
         sizes had to do with it (:mod:`autobatch.training.oom.abandon_notes`): a compiled model past
-        dynamo's recompile limit, or a micro-batch a recovery shrank below every size that trained."""
+        dynamo's recompile limit, state a module carries between forwards sized by an earlier micro-batch
+        (:mod:`~autobatch.training.carried_state`), or a micro-batch a recovery shrank below every size that trained."""
         if not isinstance(exc, Exception) or type(exc).__module__.startswith("autobatch"):
             return
-        if note_recompile_limit(exc, failed_at, self.step) or self._last_shrink is None:
+        if note_recompile_limit(exc, failed_at, self.step) or (self._phase == "forward" and note_carried_state(
+                exc, self._train_step.model, pieces, self._trained_sizes, self.share)):
+            return  # state a module carries between forwards, sized by an earlier micro-batch: not BatchNorm's advice
+        if self._last_shrink is None:
             return
         if self._smallest_trained is None or failed_at < self._smallest_trained:
             note_shrunk(exc, failed_at, smallest, step=self.step, last_shrink=self._last_shrink,
