@@ -7,7 +7,8 @@ When the model's *first* forward fails with a shape or dtype error (never an out
 the model is a ``_target_`` of the user's own and the data is synthetic, :func:`inputs_noted` adds
 one note (``add_note``; the error keeps its type, message and traceback) naming the inputs built
 (``data.shape=[...] per sample``, the dtype) and the options that set them; the command line's
-one-line error appends the note (:func:`autobatch.cli.errors.describe`).
+one-line error appends the note (:func:`autobatch.cli.errors.describe`). With a ``data.dataset`` the
+note is :func:`~autobatch.cli.dataset_note.dataset_inputs_note`'s, naming the dataset's inputs.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from omegaconf import DictConfig
 
 from ..errors import add_note, raised_through
 from ..memory.oom import is_oom_error
+from .dataset_note import dataset_inputs_note, forward_type_error
 
 __all__ = ["inputs_noted", "input_mismatch", "inputs_note"]
 
@@ -83,7 +85,7 @@ def inputs_noted(cfg: DictConfig) -> Iterator[Callable[[W], W]]:
     """Yield ``watch(workload)``, which watches ``workload.model`` from then on; an input
     mismatch raised before the model's first forward returned gets :func:`inputs_note`, when the
     model is the user's own ``_target_``, the data synthetic, and the error passed through the
-    model's code. The exception is re-raised as it is (type, message, traceback)."""
+    model's code (with a ``data.dataset``, its note; also on a ``TypeError`` of the inputs). The exception is re-raised as it is (type, message, traceback)."""
     watched: dict[str, Any] = {}
 
     def forwarded(*_: Any) -> None:  # the first forward returned: no hook on the training steps after it
@@ -92,18 +94,24 @@ def inputs_noted(cfg: DictConfig) -> Iterator[Callable[[W], W]]:
 
     def watch(workload: W) -> W:
         model = getattr(workload, "model", None)
-        if isinstance(model, torch.nn.Module) and _own_target(cfg) and cfg.data.get("dataset") is None:
-            watched["files"] = _model_files(model)
+        if isinstance(model, torch.nn.Module) and _own_target(cfg):
+            watched.update(files=_model_files(model), model=model, dataset=getattr(workload, "dataset", None))
             watched["hook"] = model.register_forward_hook(forwarded)
         return workload
 
     try:
         yield watch
     except Exception as exc:
-        files = watched.get("files")
-        if files and not watched.get("done") and input_mismatch(exc) and any(
-                frame[1] in files for frame in raised_through(exc)):
+        files, model, dataset = watched.get("files"), watched.get("model"), watched.get("dataset")
+        if not files or watched.get("done"):
+            raise
+        in_model = any(frame[1] in files for frame in raised_through(exc))
+        if dataset is None and input_mismatch(exc) and in_model:
             add_note(exc, inputs_note(cfg))
+        elif dataset is not None and ((input_mismatch(exc) and in_model) or forward_type_error(exc, model)):
+            note = dataset_inputs_note(cfg, model, dataset)
+            if note:
+                add_note(exc, note)
         raise
     finally:
         if "hook" in watched:

@@ -54,7 +54,8 @@ def criterion_loss(criterion: Callable[..., torch.Tensor], model: torch.nn.Modul
     """``criterion(output, targets)`` for ``model(inputs)``'s output (its logits: a tensor, an
     output object's ``.logits``, a dict's ``"logits"`` or a tuple's first item). A criterion over
     class ids (cross-entropy, NLL) gets the logits flattened to ``[N, classes]`` and the targets to
-    ``[N]``, checked to be integer class ids in range; a float16/bfloat16 output is cast to float32."""
+    ``[N]``, checked to be integer class ids in range (int32 and other integer ids made int64); a
+    float16/bfloat16 output is cast to float32."""
     inputs, targets = batch
     logits = _logits(model(inputs))
     if not _over_class_ids(criterion):
@@ -69,6 +70,8 @@ def criterion_loss(criterion: Callable[..., torch.Tensor], model: torch.nn.Modul
             "targets, or another loss than loss=cross_entropy: loss=mse for a regression, or "
             "loss._target_=<a criterion(output, target)> (docs/cli.md, 'Losses')"
         )
+    if targets.dtype != torch.long:  # int32 (numpy's on Windows, a .int() label): torch's "expected target dtype
+        targets = targets.long()      # to be Long or Byte, but got Int"; the same class ids as int64
     try:
         return criterion(logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1))
     except IndexError as exc:  # torch's "Target 5 is out of bounds." (on the CPU; CUDA asserts instead)
@@ -248,6 +251,15 @@ def _logits(output: Any) -> torch.Tensor:
     if isinstance(logits, torch.Tensor):
         return logits
     if isinstance(output, (tuple, list)) and output and isinstance(output[0], torch.Tensor):
+        if output[0].dim() == 0:  # (loss, logits), as a Hugging Face model given labels returns: before,
+            # "tuple index out of range" with the probe's note blaming a dataset smaller than the batch
+            shapes = ", ".join(str(list(item.shape)) if isinstance(item, torch.Tensor) else type(item).__name__
+                               for item in output[:4])
+            raise TypeError(
+                f"the model returned a {type(output).__name__} whose first item is a 0-dim tensor (items: {shapes}), "
+                "not logits: the CLI's loss takes the first item of a tuple as the logits [batch, ..., classes]; "
+                "return the logits first, or a dict with 'logits' (or an object with .logits)"
+            )
         return output[0]
     keys = f" (its keys: {', '.join(map(str, list(output)[:6]))})" if isinstance(output, Mapping) else ""
     raise TypeError(

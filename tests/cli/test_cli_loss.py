@@ -138,3 +138,20 @@ def test_review32_a_resume_with_another_loss_is_noted(tmp_path):
                     "checkpoint); give loss=mse to continue with the run's own")
     (run / "train_result.json").write_text(json.dumps({"config": {"train": {}}}))  # recorded before the loss group
     assert loss_notes(_loss(), checkpoint, run) == []  # it trained with cross-entropy
+
+
+def test_review33_a_tuple_with_the_loss_first_names_the_logits_not_a_dataset():
+    # (loss, logits), as a Hugging Face model given labels returns: before, "tuple index out of range"
+    # with the probe's note that a dataset had fewer samples than the batch
+    model = Returns(lambda x: (x.sum(), x))
+    with pytest.raises(TypeError, match=r"first item is a 0-dim tensor \(items: \[\], \[2, 3, 5\]\).*return the logits first"):
+        cross_entropy_loss(model, (torch.zeros(2, 3, dtype=torch.long), torch.zeros(2, 3, dtype=torch.long)))
+
+
+def test_review33_int32_class_ids_train_as_int64_ones():
+    # a dataset's int32 labels (numpy's default on Windows): before, torch's "expected target dtype to be
+    # Long or Byte, but got Int", raised inside autobatch
+    torch.manual_seed(0)
+    model = Returns(lambda x: x)
+    tokens, targets = torch.randint(0, 11, (3, 4)), torch.randint(0, 5, (3, 4))
+    assert torch.equal(cross_entropy_loss(model, (tokens, targets.int())), cross_entropy_loss(model, (tokens, targets)))

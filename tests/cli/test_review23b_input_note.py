@@ -11,8 +11,11 @@ and training; here the same context runs the probe in-process, as a Hydra run co
 from __future__ import annotations
 
 import copy
+from types import SimpleNamespace
 
+import numpy as np
 import pytest
+import torch
 from hydra import compose, initialize_config_module
 from omegaconf import DictConfig, OmegaConf, open_dict
 
@@ -71,3 +74,23 @@ def test_an_own_model_that_fits_no_batch_is_told_so_without_the_note():
     with pytest.raises(MemoryError) as caught:  # out of memory is not an input of the wrong shape
         _probe(_cfg(data__shape=[8], probe__memory_limit="1KiB", model__bias=False))
     assert not any("was fed synthetic inputs" in note for note in getattr(caught.value, "__notes__", []))
+
+
+@pytest.mark.parametrize("sample, fix", [
+    ((np.zeros(8), 0), "each a numpy float64 array of shape [8] (data.dataset[0][0], collated by torch's default "
+                       "collate); the model's weights are float32: return float32 inputs from __getitem__"),
+    (([0.0] * 8, 0), "each a Python list of 8 items (float) (data.dataset[0][0], collated by torch's default collate); "
+                     "torch's default collate turns a batch of lists into a list of 8 tensors"),
+], ids=["numpy-float64", "python-list"])
+def test_review33_a_dataset_the_own_model_cannot_take_names_its_inputs(sample, fix):
+    # before, torch's "mat1 and mat2 must have the same dtype" / "must be Tensor, not list" alone
+    from torch.utils.data import default_collate
+
+    cfg = _cfg(data__dataset={"_target_": "mylab.data.DS"})
+    model = torch.nn.Linear(8, 10)
+    with pytest.raises((RuntimeError, TypeError)) as caught:
+        with inputs_noted(cfg) as watch:
+            watch(SimpleNamespace(model=model, dataset=[sample] * 4))
+            model(default_collate([sample] * 4)[0])
+    assert caught.value.__notes__[-1].startswith(
+        "torch.nn.Linear was fed data.dataset=mylab.data.DS's inputs, " + fix)
