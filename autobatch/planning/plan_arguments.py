@@ -75,7 +75,12 @@ def validate(step, global_batch, objective, probe_kwargs: dict[str, Any], min_mi
     check_switches(**switches)
     missing = [name for name in ("model", "optimizer", "loss_fn", "make_batch") if not hasattr(step, name)]
     if missing:
-        raise TypeError(f"step must be an autobatch.TrainStep (it lacks {', '.join(missing)}), got {step!r}")
+        plain = ("; plan() cuts a TrainStep's global batch into micro-batches of its loss_fn, which a plain callable "
+                 "fn(batch_size) does not show: wrap the model, optimizer and loss in TrainStep(model, optimizer, loss_fn, "
+                 "make_batch), or, for a step of several losses each stepping its own optimizer (a GAN), probe it with "
+                 "find_max_batch(fn, restore=(gen, opt_g, disc, opt_d)) and accumulate in your own loop"
+                 ) if callable(step) and len(missing) == 4 else ""
+        raise TypeError(f"step must be an autobatch.TrainStep (it lacks {', '.join(missing)}), got {step!r}{plain}")
     global_batch = checks.positive_int("global_batch", global_batch)
     checks.choice("objective", objective, OBJECTIVES, aliases=OBJECTIVE_ALIASES)
     for name in _SIZES:

@@ -53,7 +53,7 @@ from ...memory.simulated import host_memory
 from .restore_attributes import TensorAttributes
 from .restore_places import (SCHEDULERS, all_params, attempt, counted_places, forget_scaler_stage, host_copy, layout_of,
                              load_keeping_groups, load_other, outside_the_model, places, put_back_layout,
-                             written_outside_the_optimizer)
+                             put_back_requires_grad, written_outside_the_optimizer)
 from .rng import rng_state, set_rng_state
 from .shards import Shard, from_cpu_local, is_dtensor, local, to_cpu_local
 from .zero_lr import _NEGATIVE_ZERO, _SCALED_BY_LR, _VersionsInStep, _zero_grads, _zero_lrs, steps_in_place_at_zero_lr  # noqa: F401
@@ -79,6 +79,7 @@ class Snapshot:
     tensors: dict[str, torch.Tensor] = field(default_factory=dict)
     grads: dict[str, torch.Tensor | Shard | None] = field(default_factory=dict)
     training: dict[str, bool] = field(default_factory=dict)
+    requires_grad: dict[str, bool] = field(default_factory=dict)  # each parameter's (a GAN's step toggles them)
     optimizer_state: dict[str, Any] | None = None
     rng: dict[str, Any] | None = None  # every generator: torch's, Python's, NumPy's (make_batch may draw)
 
@@ -139,6 +140,7 @@ class Snapshot:
               background: bool, zero_lr: bool, others: tuple[Any, ...] = ()) -> "Snapshot":
         snap = cls(model=model, optimizer=optimizer)
         snap.extra = outside_the_model(model, optimizer, others)  # stepped as the model's are (at lr 0: left exact)
+        snap.requires_grad = {name: param.requires_grad for name, param in all_params(model, snap.extra)}
         snap._counted, snap._layout = counted_places(model, optimizer, snap.extra), layout_of(model)
         snap.attributes = TensorAttributes(model, snap.extra.values())
         snap.weights_in_place = zero_lr and model is not None and steps_in_place_at_zero_lr(optimizer)
@@ -278,6 +280,7 @@ class Snapshot:
         ``total_steps`` raised "Tried to step 11 times" from the probe's fourth trial."""
         if self.model is not None:
             put_back_layout(self.model, self._layout, self.tensors)
+        put_back_requires_grad(all_params(self.model, self.extra), self.requires_grad)
         self.attributes.put_back()
         for other, state in self.others:
             if isinstance(other, SCHEDULERS):
@@ -290,7 +293,7 @@ class Snapshot:
             self._stepping.remove()
 
     def _restore_model(self) -> None:
-        """Parameters, buffers, gradients and training flags; first the module tree as it was
+        """Parameters (their ``requires_grad`` too), buffers, gradients and training flags; first the module tree as it was
         (:func:`put_back_layout`: a buffer forward registered is dropped, one it cleared is back)."""
         with torch.no_grad():
             if self.model is not None:
@@ -304,6 +307,7 @@ class Snapshot:
                     target.copy_(saved)  # a DTensor: into this rank's shard
                 else:  # forward made it again at another size (a rotary cache): the saved one goes back
                     self._put_back(name, tensor, saved.to(target.device, copy=True))
+            put_back_requires_grad(all_params(self.model, self.extra), self.requires_grad)
             for name, param in all_params(self.model, self.extra):
                 saved = self.grads.get(name)
                 if saved is None:

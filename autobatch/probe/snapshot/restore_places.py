@@ -23,7 +23,7 @@ from ...memory.simulated import active_simulation
 from .ddp_reducer import reset_failed_reduction
 from .shards import to_cpu_local
 
-__all__ = ["SCHEDULERS", "written_outside_the_optimizer", "outside_the_model", "after_failed_step", "attempt", "forget_scaler_stage", "unskipped", "host_copy", "layout_of", "put_back_layout", "all_params", "places",
+__all__ = ["SCHEDULERS", "written_outside_the_optimizer", "outside_the_model", "after_failed_step", "attempt", "forget_scaler_stage", "unskipped", "host_copy", "layout_of", "put_back_layout", "put_back_requires_grad", "all_params", "places",
            "counted_places", "load_keeping_groups", "load_other"]
 
 #: LR schedulers: a further object of ``restore`` put back between trials too (their steps count)
@@ -90,6 +90,15 @@ def put_back_layout(model: torch.nn.Module, layout: dict[str, dict[str, dict[str
 def all_params(model: torch.nn.Module | None, extra: dict[str, torch.Tensor]) -> list[tuple[str, torch.Tensor]]:
     """The model's named parameters, then those the optimizer trains outside it (``extra``)."""
     return [*(model.named_parameters() if model is not None else ()), *extra.items()]
+
+
+def put_back_requires_grad(params: list[tuple[str, torch.Tensor]], saved: dict[str, bool]) -> None:
+    """Each parameter's ``requires_grad`` as :class:`~.restore.Snapshot` found it. A GAN's step freezes
+    the discriminator for the generator's loss (``toggle``) and unfreezes it after; a trial that ran out
+    of memory in between left it frozen, and the next trial (or training after the probe) with it."""
+    for name, param in params:
+        if name in saved and param.requires_grad != saved[name]:
+            param.requires_grad_(saved[name])
 
 
 def places(model: torch.nn.Module | None, optimizer: torch.optim.Optimizer | None,
