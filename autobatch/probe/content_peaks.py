@@ -32,7 +32,7 @@ from ..memory.units import format_bytes
 from .tracing.trace_failures import sparse_gradients
 from .train_step import TrainStep
 
-__all__ = ["drawn_shapes", "content_note", "sparse_note", "shapes_note", "SPREAD", "DATA_SHAPED"]
+__all__ = ["drawn_shapes", "content_note", "sparse_note", "sparse_momentum_note", "shapes_note", "SPREAD", "DATA_SHAPED"]
 
 #: Peaks of steps at one size differing by more than this fraction of the larger tell of content.
 SPREAD = 0.01
@@ -118,6 +118,29 @@ def sparse_note(model: torch.nn.Module | None, restore: tuple | None, batch_size
         "to leave room, or train with autobatch's Runner, which replays a step that runs out of memory in smaller "
         "micro-batches."
     )
+
+
+def sparse_momentum_note(restore: tuple | None) -> str | None:
+    """The note (and the runner's warning) for ``torch.optim.SGD`` with momentum training a ``sparse=True``
+    embedding among the modules of ``restore``: torch keeps that momentum as a sparse tensor it never
+    coalesces, ``buf.mul_(momentum).add_(grad)``, so it grows by every step's lookups without bound
+    (an ``EmbeddingBag(4000, 16)`` looked up 3072 times a step held 15349 rows after 5 steps), and a
+    step that fits now runs out of memory later at any batch size; the runner replayed it in ever
+    smaller micro-batches and gave up advising SGD. None otherwise."""
+    items = tuple(restore or ())
+    sparse = {id(module.weight): name for model in items if isinstance(model, torch.nn.Module)
+              for name, module in model.named_modules()
+              if isinstance(module, (torch.nn.Embedding, torch.nn.EmbeddingBag)) and module.sparse}
+    for optimizer in items:
+        for group in optimizer.param_groups if isinstance(optimizer, torch.optim.SGD) else ():
+            name = next((sparse[id(p)] for p in group["params"] if id(p) in sparse), None)
+            if group.get("momentum") and name is not None:
+                return (f"torch.optim.SGD with momentum={group['momentum']} trains {name or 'the model'!r}, a sparse=True "
+                        "embedding: torch keeps its momentum as a sparse tensor it never coalesces, which grows by every "
+                        "step's rows without bound, so a step that fits now runs out of memory later, at any batch size. "
+                        "Give that embedding a param group with momentum=0, train with torch.optim.Adagrad (dense "
+                        "state), or build it with sparse=False")
+    return None
 
 
 #: the start of :func:`~autobatch.probe.tracing.trace_failures.untraceable`'s words for an operator whose output's shape

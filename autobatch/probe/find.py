@@ -29,7 +29,7 @@ from .caching.cache import ProbeCache, key_components, key_of
 from .caching.cache_hits import held_beside
 from .tracing.estimated import estimate_only, estimate_prior
 from .fresh_layout import FreshLayout
-from .content_peaks import content_note, shapes_note, sparse_note
+from .content_peaks import content_note, shapes_note, sparse_momentum_note, sparse_note
 from .snapshot.unrestored import trained_for_real_note, warn_unrestored_optimizers, with_found_schedulers
 from .held_growth import HeldGrowth, held_growth_note, left_out_notes
 from ..memory.lazy_state import LazyStateWatch
@@ -246,7 +246,7 @@ def _probe(call: _Call, restore, estimate_first: bool | None) -> ProbeResult:
             call.notes.append(content_note(kept.steps, runner.records, result.batch_size)  # padded to its longest
                               or sparse_note(_trained_model(fn, restore), restore, result.batch_size)
                               or shapes_note(estimate_note, result.batch_size))  # routed by value (MoE)
-            call.notes += [arguments.gradless_note(fn), *left_out_notes(fn, kept, watch)]  # state the answer leaves out
+            call.notes += [arguments.gradless_note(fn), sparse_momentum_note(restore), *left_out_notes(fn, kept, watch)]
     except Exception as exc:
         call.agreement.left(fn, exc)  # other ranks: told at once, not left waiting for this one
         raise

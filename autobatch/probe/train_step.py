@@ -5,7 +5,7 @@ from __future__ import annotations
 import inspect
 import types
 from contextlib import nullcontext
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import torch
 
@@ -61,6 +61,7 @@ class TrainStep:
     ) -> None:
         checks.module("model", model)
         checks.materialized("model", model)
+        refuse_several(optimizer, "a TrainStep")  # a GAN's (opt_g, opt_d): printed whole, with no word of what to do
         checks.optimizer("optimizer", optimizer)
         check_optimizer_after_sharding(model, optimizer)  # built before fully_shard: the sharded ones would not train
         checks.trains("optimizer", optimizer, model)
@@ -127,9 +128,7 @@ class TrainStep:
         if self.max_grad_norm is not None:
             if self.grad_scaler is not None:
                 self.grad_scaler.unscale_(self.optimizer)  # clip true gradients; step() will not unscale again
-            torch.nn.utils.clip_grad_norm_(
-                [p for group in self.optimizer.param_groups for p in group["params"]], self.max_grad_norm
-            )
+            clip_grad_norm([p for group in self.optimizer.param_groups for p in group["params"]], self.max_grad_norm)
         if self.grad_scaler is not None:
             self.grad_scaler.step(self.optimizer)
             self.grad_scaler.update()
@@ -211,6 +210,35 @@ def _check_arguments(loss_fn: Callable[..., Any], make_batch: Callable[[int], An
                     f"give it the arguments {wanted}")
 
 
+def refuse_several(optimizer: Any, what: str) -> None:
+    """A list, tuple or dict of optimizers (one per learning rate, Lightning's ``configure_optimizers``
+    list, a GAN's ``(opt_g, opt_d)``) failed as "must be a torch.optim.Optimizer, got list [Adam
+    (Parameter Group 0 ..." with each printed whole: one ``TypeError`` saying that ``what`` (a
+    TrainStep, the runner) steps one optimizer, and what a step of one loss (param groups) and one of
+    several losses each stepping its own optimizer (a GAN) do instead (:func:`several_optimizers_advice`)."""
+    several = list(optimizer.values()) if isinstance(optimizer, Mapping) else optimizer  # {"g": opt_g, "d": opt_d}
+    if isinstance(several, (list, tuple)) and any(isinstance(item, torch.optim.Optimizer) for item in several):
+        raise TypeError(f"optimizer must be one torch.optim.Optimizer, got a {type(optimizer).__name__} of {len(several)} "
+                        f"({', '.join(type(item).__name__ for item in several)}): {what} steps one optimizer per step. "
+                        f"{several_optimizers_advice(several)}")
+
+
+def several_optimizers_advice(optimizers: list | tuple) -> str:
+    """How to make one optimizer of a list. ``SparseAdam`` (for ``sparse=True`` embeddings) takes no dense
+    gradient and Adam no sparse one, so param groups of one Adam cannot hold both: name the optimizers that can."""
+    if any(isinstance(item, torch.optim.SparseAdam) for item in optimizers):
+        return ("SparseAdam takes sparse gradients only, and Adam/AdamW dense ones only, so no param group joins them: "
+                "train the whole model with one optimizer that takes both, torch.optim.SGD or torch.optim.Adagrad "
+                "(param groups for their own learning rates), or build the embeddings with sparse=False and use one AdamW")
+    return ("Give parts their own learning rate with param groups, e.g. torch.optim.AdamW([{'params': "
+            "model.encoder.parameters(), 'lr': 1e-4}, {'params': model.head.parameters(), 'lr': 1e-3}]) "
+            "(a scheduler takes a list of max_lr per group). A step of several losses, each stepping its own optimizer "
+            "(a GAN's generator and discriminator), is no step the Runner, TrainStep or plan() takes: probe it as a "
+            "plain callable, find_max_batch(fn, restore=(gen, opt_g, disc, opt_d)), and train it in your own loop at "
+            "that batch size (@autobatch.find_executable_batch_size runs the loop again, from its start, at a smaller "
+            "one after an OOM)")
+
+
 def _refuse_torch_function(loss_fn: Callable[..., Any]) -> None:
     """A loss function of torch's own (``F.cross_entropy``) takes ``(input, target)``, never
     ``(model, batch)``: refused when the step is built with the wrapper to write, where the first
@@ -222,6 +250,23 @@ def _refuse_torch_function(loss_fn: Callable[..., Any]) -> None:
         raise TypeError(f"loss_fn is called as loss_fn(model, batch); {name} is torch's own function, called on the "
                         "model's output and the target: wrap it, e.g. loss_fn=lambda model, batch: "
                         f"{name}(model(batch[0]), batch[1])")
+
+
+def clip_grad_norm(parameters: list[torch.Tensor], max_norm: float) -> None:
+    """``torch.nn.utils.clip_grad_norm_(parameters, max_norm)``, which takes no sparse gradient (a
+    ``sparse=True`` embedding's): every step with ``max_grad_norm`` raised torch's bare "Could not run
+    'aten::linalg_vector_norm' with arguments from the 'SparseCPU' backend", in the probe and the runner.
+    Where a gradient is sparse, the same norm of the gradients' norms (a sparse one's over its coalesced
+    values) and the same clamped scale, ``max_norm / (norm + 1e-6)``, applied to every gradient."""
+    grads = [p.grad for p in parameters if p.grad is not None]
+    if not any(grad.is_sparse for grad in grads):
+        torch.nn.utils.clip_grad_norm_(parameters, max_norm)
+        return
+    norms = [torch.linalg.vector_norm(grad.coalesce().values() if grad.is_sparse else grad) for grad in grads]
+    total = torch.linalg.vector_norm(torch.stack([norm.to(grads[0].device) for norm in norms]))
+    scale = torch.clamp(max_norm / (total + 1e-6), max=1.0)
+    for grad in grads:
+        grad.mul_(scale.to(grad.device))
 
 
 def gradless(optimizer: torch.optim.Optimizer) -> tuple[int, int]:

@@ -25,6 +25,8 @@ from ..memory.units import counted
 from ..planning.accumulation import micro_batch_sizes
 from ..planning.batch_statistics import batch_norm_layers
 from ..planning.samples import batch_size_of, items_message, per_sample_items
+from ..probe.content_peaks import sparse_momentum_note
+from ..probe.train_step import refuse_several
 
 __all__ = ["capped_micro_batch", "checked_micro_batch", "check_optimizer", "check_batch_count", "warn_batch_size", "check_checkpoint_dir", "check_data", "check_unbatched_loader", "check_options", "check_split", "model_device", "share_of",
            "warn_batch_statistics"]
@@ -36,17 +38,15 @@ def check_optimizer(optimizer: Any, model: torch.nn.Module) -> None:
     """``Runner(optimizer=)``: one optimizer of ``model``'s parameters (:func:`~autobatch.checks.trains`).
     A list of optimizers (one per learning rate, Lightning's ``configure_optimizers`` list) failed as
     "must be a torch.optim.Optimizer, got list [SGD (Parameter Group 0 ..." with both printed whole;
-    one ``TypeError`` naming param groups instead. Parameters that require grad but the optimizer
+    one ``TypeError`` naming param groups instead, and what a GAN's several losses do
+    (:func:`~autobatch.probe.train_step.refuse_several`). Parameters that require grad but the optimizer
     does not hold (the other optimizer's, left out) got gradients every step, summed over the
     steps and never applied, without a word: one warning naming them."""
-    if isinstance(optimizer, (list, tuple)) and any(isinstance(item, torch.optim.Optimizer) for item in optimizer):
-        raise TypeError(f"optimizer must be one torch.optim.Optimizer, got a {type(optimizer).__name__} of "
-                        f"{len(optimizer)} ({', '.join(type(item).__name__ for item in optimizer)}): the runner steps one "
-                        "optimizer per global step. Give parts their own learning rate with param groups, e.g. "
-                        "torch.optim.AdamW([{'params': model.encoder.parameters(), 'lr': 1e-4}, "
-                        "{'params': model.head.parameters(), 'lr': 1e-3}]) (a scheduler takes a list of max_lr per group)")
+    refuse_several(optimizer, "the runner")  # one per learning rate, a GAN's, a dict of them
     checks.trains("optimizer", optimizer, model)
     checks.no_closure("optimizer", optimizer, runner=True)  # LBFGS: the Runner's advice, before TrainStep's (the probe's)
+    if (growing := sparse_momentum_note((model, optimizer))) is not None:  # memory that grows every step
+        log.warning(growing)
     held = {id(p) for group in optimizer.param_groups for p in group["params"]}
     loose = [name for name, p in model.named_parameters() if p.requires_grad and id(p) not in held]
     if loose:

@@ -41,3 +41,19 @@ def test_trainable_parameters_outside_the_optimizer_are_named(caplog):
     with caplog.at_level(logging.WARNING, logger="autobatch"):
         make(model, torch.optim.SGD(model[0].parameters(), lr=0.1))
     assert not [r for r in caplog.records if "optimizer does not hold" in r.getMessage()]
+
+
+def test_review33_a_gans_optimizers_name_the_plain_callable_probe():
+    """A GAN's user passes its two optimizers (a dict of them too: it printed both whole) to the Runner,
+    a TrainStep or plan() (a plain callable: "it lacks model, ..." and no more): one TypeError each, naming
+    the probe that takes such a step, find_max_batch(fn, restore=(gen, opt_g, disc, opt_d))."""
+    import autobatch
+
+    model, first, second = model_and_parts()
+    wanted = "find_max_batch(fn, restore=(gen, opt_g, disc, opt_d))"
+    for call in (lambda: make(model, {"g": first, "d": second}),
+                 lambda: autobatch.TrainStep(model, [first, second], lambda m, b: m(b).mean(), lambda n: torch.ones(n, 4)),
+                 lambda: autobatch.plan(lambda n: None, global_batch=8)):
+        with pytest.raises(TypeError) as info:
+            call()
+        assert wanted in str(info.value) and "Parameter Group" not in str(info.value)

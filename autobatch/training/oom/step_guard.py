@@ -43,6 +43,7 @@ Cost, by ``mode``:
 from __future__ import annotations
 
 import copy
+from contextlib import nullcontext
 from typing import Any, Callable, Mapping
 
 import torch
@@ -259,6 +260,11 @@ class StepGuard:
         self.demoted = True
 
     def _empty_like(self, source: torch.Tensor) -> torch.Tensor:
+        if source.layout != torch.strided:  # SGD's momentum for sparse=True embeddings: copy_ sizes its nonzeros
+            if self.placement == "device":
+                return torch.empty_like(source)
+            with host_memory() if source.device.type == "cpu" else nullcontext():
+                return torch.empty_like(source, device="cpu")
         if self.placement == "device":
             return torch.empty_like(source, memory_format=torch.preserve_format)
         if source.device.type == "cpu":  # "cpu" mode is host memory, also on the simulated device
