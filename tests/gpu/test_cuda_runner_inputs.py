@@ -110,3 +110,48 @@ def test_adapters_a_reentrant_checkpoint_cuts_off_are_noted_on_the_gpu():
     result = find_max_batch(step, memory_limit="256MiB", max_batch=64, cache=False)
     assert result.batch_size == 64
     assert any("4 of the 6 parameters the optimizer trains got no gradient" in note for note in result.notes), result.notes
+
+
+class _Recommender(nn.Module):
+    """A ``sparse=True`` embedding table (float64) and a head."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.items = nn.EmbeddingBag(4000, 16, sparse=True, mode="mean", dtype=torch.float64)
+        self.head = nn.Linear(16, 1, dtype=torch.float64)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.head(self.items(ids)).squeeze(-1)
+
+
+@pytest.mark.parametrize("guard", ["auto", "device"])
+def test_sparse_momentum_and_clipping_replay_on_the_gpu(guard):
+    """SGD's momentum of a sparse embedding is a sparse CUDA tensor the step guard copies (it
+    crashed every such run at step 2), and ``max_grad_norm`` clips its sparse gradient: through
+    two replays the weights are the unsplit loop's (``scripts/diag_sparse_runner.py``)."""
+    from autobatch.probe.train_step import clip_grad_norm
+
+    def loss_fn(model, batch):
+        return nn.functional.mse_loss(model(batch[0]), batch[1])
+
+    def made():
+        torch.manual_seed(0)
+        model = _Recommender().cuda()
+        return model, torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+
+    generator = torch.Generator().manual_seed(1)
+    data = [(torch.randint(0, 4000, (64, 3), generator=generator).cuda(),
+             torch.randn(64, dtype=torch.float64, generator=generator).cuda()) for _ in range(4)]
+    reference, optimizer = made()
+    for batch in data:
+        optimizer.zero_grad()
+        loss_fn(reference, batch).backward()
+        clip_grad_norm(list(reference.parameters()), 0.05)
+        optimizer.step()
+    model, optimizer = made()
+    runner = Runner(model, optimizer, loss_fn, global_batch=64, micro_batch=32, progress=False, grow_after=None,
+                    step_guard=guard, max_grad_norm=0.05, faults=FaultInjector([(1, "optimizer"), (2, "backward")], times=1))
+    result = runner.fit(data, epochs=1)
+    assert result.steps == 4 and len(result.oom_recoveries) == 2
+    for name, value in reference.state_dict().items():
+        torch.testing.assert_close(model.state_dict()[name], value, rtol=0, atol=1e-12)
