@@ -177,7 +177,7 @@ def find_executable_batch_size(
     def _attempts(wrapped: Any, watch: LazyStateWatch, memory: DeviceMemory | None, grads: AttemptState,
                   args: tuple, kwargs: dict) -> Any:
         first, mine, accumulating = wrapped.batch_size, len(wrapped.attempts), accumulation_steps()  # x first: asked
-        kept = KeptLoader(getattr(function, "__name__", "function"), args[int(method):], kwargs)  # and iterators
+        kept = KeptLoader(getattr(function, "__name__", "function"), args[int(method):], kwargs, function, *args[:int(method)])
         while True:
             size = wrapped.batch_size
             attempt = Attempt(batch_size=size, ok=False, seconds=0.0)

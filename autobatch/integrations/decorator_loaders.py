@@ -15,8 +15,9 @@ decorator sets ``trainer.args.per_device_train_batch_size = batch_size`` first) 
 at every attempt, but at ``trainer._train_batch_size``, copied when the Trainer was constructed:
 every attempt trained the same batch, and the error said to build the loader inside the function,
 where ``train()`` builds it. Two failed attempts of other sizes through a Trainer whose loader had
-one batch size name it, and ``fit_batch_size``. And a one-shot iterator passed in, which each
-retry goes on reading where the failed attempt stopped (:class:`DrawnIterators`).
+one batch size name it, and ``fit_batch_size``. And a one-shot iterator made outside (passed in, or
+read as a global, a closure variable or ``self``'s attribute), which each retry goes on reading where the
+failed attempt stopped (:class:`DrawnIterators`).
 """
 
 from __future__ import annotations
@@ -40,9 +41,11 @@ class KeptLoader:
     at the call's start: a loader whose loop was running then is the caller's (a decorated helper
     called mid-epoch), not one the function ignores its size for."""
 
-    def __init__(self, name: str, args: tuple = (), kwargs: dict[str, Any] | None = None) -> None:
+    def __init__(self, name: str, args: tuple = (), kwargs: dict[str, Any] | None = None,
+                 function: Any = None, instance: Any = None) -> None:
         self.name = name  # the decorated function's
-        self.drawn = DrawnIterators(name, args, kwargs or {})  # the call's arguments (a method's without self)
+        # the call's arguments (a method's without self), and what the function reads from outside
+        self.drawn = DrawnIterators(name, args, kwargs or {}, function, instance)
         #: (loader, its batch size, the attempt's, the loops it had finished)
         self.failures: list[tuple[weakref.ref, int, int, Any]] = []
         self.message: str | None = None  # what was said (the warning's text after its prefix), once a call
@@ -109,44 +112,92 @@ class KeptLoader:
 
 
 class DrawnIterators:
-    """The one-shot iterators among a call's arguments, and whether a failed attempt drew from them.
+    """The one-shot iterators a call reads from outside, and whether a failed attempt drew from them.
 
-    Why: each retry runs the function from its top, but an iterator passed in (``iter(samples)``, a
-    generator of batches) goes on where the failed attempt stopped, so what the failed attempts drew
-    is never trained, silently (40 samples, attempts at 8 and 7 failing after one batch each: 25
-    trained). A drawn one is one ``RuntimeWarning`` a call. Seen only where drawing shows: a
-    generator not started at the call's start, or an iterator whose ``length_hint`` fell (a list's,
-    a range's); a re-iterable (a list, a ``Dataset``, a ``DataLoader``) is read again by each attempt."""
+    Why: each retry runs the function from its top, but an iterator made outside it (``iter(samples)``,
+    a generator of batches, ``iter(loader)``) goes on where the failed attempt stopped, so what the
+    failed attempts drew is never trained, silently (40 samples, attempts at 8 and 7 failing after one
+    batch each: 25 trained). A drawn one is one ``RuntimeWarning`` a call. Looked for among the call's
+    arguments, and (where the function reads it instead: a global, a variable of the enclosing
+    function, ``self.data_iter``, which were never warned) among the globals its code names, its
+    closure's cells and a method's instance attributes. Seen only where drawing shows: a generator
+    not started at the call's start, a ``DataLoader``'s iterator (its count of batches yielded; its
+    length hint is the loader's length, which never falls), or an iterator whose ``length_hint`` fell
+    (a list's, a range's); a re-iterable (a list, a ``Dataset``, a ``DataLoader``) is read again by each attempt."""
 
-    def __init__(self, name: str, args: tuple, kwargs: dict[str, Any]) -> None:
+    def __init__(self, name: str, args: tuple, kwargs: dict[str, Any], function: Any = None,
+                 instance: Any = None) -> None:
         self.name, self.said = name, False
-        given = [(f"argument {index + 1}", value) for index, value in enumerate(args)] + list(kwargs.items())
-        self.iterators = [(label, value, _position(value)) for label, value in given
-                          if isinstance(value, Iterator) and _position(value) is not None]
+        given = [(f"passed as argument {index + 1} of `{name}`", value) for index, value in enumerate(args)]
+        given += [(f"passed as {key} of `{name}`", value) for key, value in kwargs.items()]
+        given += _read_from_outside(name, function, instance)
+        self.iterators, known = [], set()
+        for label, value in given:
+            if isinstance(value, Iterator) and id(value) not in known and _position(value) is not None:
+                known.add(id(value))
+                self.iterators.append((label, value, _position(value)))
 
     def failed(self, size: int) -> None:
-        """In a failed attempt's handler: one warning (a call) where it drew from an iterator argument."""
+        """In a failed attempt's handler: one warning (a call) where it drew from an iterator made outside."""
         drawn = [(label, value) for label, value, start in self.iterators if _position(value) != start]
         if drawn and not self.said:
             self.said = True
             label, value = drawn[0]
             warnings.warn(
                 f"find_executable_batch_size: the attempt of `{self.name}` at batch {size} ran out of memory after "
-                f"drawing from the iterator passed as {label} of `{self.name}` ({type(value).__name__}): each retry "
-                "goes on where it stopped, so what the failed attempts drew is never trained. Pass something read "
-                f"again from its start (a list, a Dataset, a DataLoader), or make the iterator inside `{self.name}`",
+                f"drawing from the iterator {label} ({type(value).__name__}): each retry goes on where it stopped, so "
+                "what the failed attempts drew is never trained. Pass something read again from its start (a list, "
+                f"a Dataset, a DataLoader), or make the iterator inside `{self.name}`",
                 RuntimeWarning, stacklevel=6)  # here, KeptLoader.failed, _record_failure, the loop, its wrapper
+
+
+def _read_from_outside(name: str, function: Any, instance: Any) -> list[tuple[str, Any]]:
+    """What ``function`` may read that was made outside it: the globals its code (nested code
+    too) names, its closure's variables, and ``instance``'s attributes (a method's ``self``)."""
+    found: list[tuple[str, Any]] = []
+    try:
+        function = inspect.unwrap(function) if function is not None else None
+    except ValueError:  # a __wrapped__ cycle
+        pass
+    code = getattr(function, "__code__", None)
+    if code is not None:
+        names, codes = set(), [code]
+        while codes:
+            current = codes.pop()
+            names.update(current.co_names)
+            codes.extend(const for const in current.co_consts if hasattr(const, "co_names"))
+        scope = getattr(function, "__globals__", {})
+        found += [(f"global `{key}` that `{name}` reads", scope[key]) for key in sorted(names) if key in scope]
+        for key, cell in zip(code.co_freevars, getattr(function, "__closure__", None) or ()):
+            try:
+                found.append((f"`{key}` that `{name}` reads from its enclosing function", cell.cell_contents))
+            except ValueError:  # an empty cell
+                continue
+    attributes = getattr(instance, "__dict__", None)
+    if isinstance(attributes, dict):
+        found += [(f"`self.{key}` of `{name}`", value) for key, value in list(attributes.items())]
+    return found
 
 
 def _position(value: Any) -> Any:
     """Where an iterator stands, as far as can be seen without drawing from it: a generator's state
-    (only its start is seen), else its length hint; None where neither shows."""
+    (only its start is seen), a ``DataLoader`` iterator's batches yielded, else its length hint; None
+    where none shows."""
     if inspect.isgenerator(value):
         return inspect.getgeneratorstate(value) == inspect.GEN_CREATED or None
+    yielded = getattr(value, "_num_yielded", None) if _is_loader_iterator(value) else None
+    if isinstance(yielded, int):
+        return yielded
     if hasattr(value, "__length_hint__"):
         hint = operator.length_hint(value, -1)
         return hint if hint >= 0 else None
     return None
+
+
+def _is_loader_iterator(value: Any) -> bool:
+    """Whether ``value`` is a ``torch.utils.data.DataLoader``'s iterator (without importing it)."""
+    return any(kind.__name__ == "_BaseDataLoaderIter" and kind.__module__.startswith("torch.utils.data")
+               for kind in type(value).__mro__)
 
 
 #: what each message says to do
