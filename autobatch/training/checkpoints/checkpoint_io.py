@@ -21,6 +21,7 @@ draw the same numbers (dropout masks, a shuffled DataLoader's order) as an unint
 
 from __future__ import annotations
 
+import errno
 import os
 import pickle
 import zipfile
@@ -33,7 +34,7 @@ from ...errors import CheckpointError, add_note
 from ...probe.snapshot.rng import rng_state, set_rng_state  # the checkpoint carries them; re-exported here
 from .loader_rng import data_generators  # re-exported here
 
-__all__ = ["save_checkpoint", "load_checkpoint", "resolve_checkpoint", "rng_state", "set_rng_state", "data_generators", "CHECKPOINT_NAME", "RUNNER_FORMAT"]
+__all__ = ["save_checkpoint", "load_checkpoint", "resolve_checkpoint", "write_cleared", "rng_state", "set_rng_state", "data_generators", "CHECKPOINT_NAME", "RUNNER_FORMAT"]
 
 
 #: File name of the runner's checkpoint inside ``checkpoint_dir``.
@@ -130,6 +131,16 @@ def _name_the_checkpoint(exc: OSError, path: Path) -> None:
                   "checkpoint, if one was written, whole")
 
 
+def write_cleared(exc: OSError) -> str:
+    """What must change before a checkpoint write that raised ``exc`` can succeed, for a note that
+    says so (it said "once there is room" for a permission denied too)."""
+    if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        return "checkpoint_dir is writable again (its permissions, or a read-only file system)"
+    if exc.errno in (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC), errno.EFBIG):  # no EDQUOT on Windows
+        return "there is room"
+    return "the cause above is fixed"
+
+
 def resolve_checkpoint(path: str | os.PathLike) -> Path:
     """``path`` itself when it is a file, else ``path / CHECKPOINT_NAME``; ``~`` is the home folder
     (not a folder named ``~`` in the working directory, as ``Path`` alone reads it)."""
@@ -148,6 +159,9 @@ def load_checkpoint(path: str | os.PathLike, *, expect_format: str | None = None
                        if partial else "")
         raise FileNotFoundError(f"no checkpoint at {path}{interrupted}: give the last.pt a runner wrote, or its "
                                 "checkpoint_dir (fit(resume=None) starts afresh)")
+    if _size(path) == 0:  # before, "not an autobatch checkpoint ... resume from the last.pt the runner wrote": it was
+        raise CheckpointError(path, "it is empty (0 bytes): the checkpoint in it was lost (a copy cut short, a crash on a "
+                                    "file system that had not written it yet); resume from an earlier checkpoint or start afresh")
     if not written_by_torch_save(path):  # torch would read it as a legacy pickle and blame its objects
         raise CheckpointError(path, "it is not an autobatch checkpoint (not a file torch.save writes); resume from the "
                                     "last.pt autobatch's runner wrote")
@@ -176,12 +190,22 @@ ZIP_MAGIC = b"PK\x03\x04"
 
 def written_by_torch_save(path: Path) -> bool:
     """Whether ``path`` starts as a file ``torch.save`` writes (a zip archive); True where it
-    cannot be read (loading it says why)."""
+    cannot be read or is empty (loading it says why: an empty ``last.pt`` is one the runner wrote
+    that a crash emptied, not a file of another kind)."""
     try:
         with open(path, "rb") as handle:
-            return handle.read(len(ZIP_MAGIC)) == ZIP_MAGIC
+            start = handle.read(len(ZIP_MAGIC))
     except OSError:
         return True
+    return start == ZIP_MAGIC or not start
+
+
+def _size(path: Path) -> int | None:
+    """``path``'s size in bytes; None where it cannot be read (loading it says why)."""
+    try:
+        return path.stat().st_size
+    except OSError:
+        return None
 
 
 def _unreadable(path: Path, exc: BaseException) -> CheckpointError:

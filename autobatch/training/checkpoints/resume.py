@@ -19,24 +19,26 @@ from typing import Any, Iterable, Iterator
 import torch
 
 from ...errors import CheckpointError, PeerFailedError, add_note
-from ...memory.simulated import host_memory, to_simulated_device
+from ...memory.simulated import host_memory
 from ...planning.checkpointing import enable_checkpointing
 from ...probe.snapshot.shards import has_dtensors, load_plain_state, optimizer_state_for, plain_state
 from .checkpoint_io import (
     CHECKPOINT_NAME, RUNNER_FORMAT, load_checkpoint, resolve_checkpoint, rng_state, save_checkpoint, set_rng_state,
+    write_cleared,
 )
 from .checkpoint_values import check_loose_parameters, load_loose_parameters, saved_loose_parameters, storable
 from .give_up import saved_on_give_up
 from ..data_size import check_same_size, no_batches, saved_size
 from ..epochs import EpochBatches, epoch_length, replayed, set_epoch, started
 from .extra_state import load_extra_state, saved_extra_state
+from .onto_device import state_onto_device
 from ..multiples import resumed_micro_batch
 from ..pacing import FailedDraw, agree_epoch_length, carried_error, told_every_rank
 from ..ranks import agree_resume
 from ..precision import check_dtypes, load_grad_scaler
 from .resume_checks import check_fits, check_kinds, kind, load_scheduler, position_for, precision_of, warn_changed_precision
 from .resume_checks import local_module_names, saved_module, warn_persistent_workers, warn_replaced_settings, without_wrapper_prefix
-from .resume_fresh import continues_in, keep_earlier_run
+from .resume_fresh import continues_in, earlier_path, file_mark, keep_earlier_run, replaced_since, shared_dir_error
 from .resume_target import resume_target
 from ..run_result import RunResult
 from .sharded_files import check_sharded_resume, sharded_path
@@ -58,6 +60,7 @@ class Resumable:
     _dir_claimed = False  # checkpoint_dir is this run's: checked by its first fit(), resumed from, or saved to
     _keep_earlier = False  # a fresh fit() (or one resumed from elsewhere): another run's checkpoint there is moved aside at the first save
     _data_size: dict[str, int | None] | None = None  # the epoch's data's batches and samples (data_size)
+    _own_mark: tuple[int, int, int] | None = None  # the last.pt this run wrote or resumed from (file_mark): another run's not replaced
 
     def save(self, path: str | os.PathLike | None = None) -> Path:
         """Write a checkpoint atomically (default ``checkpoint_dir/last.pt``; a directory given
@@ -68,9 +71,12 @@ class Resumable:
                 raise ValueError("no path given and no checkpoint_dir configured")
             path = self.checkpoint_dir / CHECKPOINT_NAME
         path = resolve_checkpoint(path)  # os.replace of the file over a directory failed (IsADirectoryError)
-        if self.checkpoint_dir is not None and path.parent.resolve() == self.checkpoint_dir.resolve():
+        in_dir, shared = self.checkpoint_dir is not None and path.parent.resolve() == self.checkpoint_dir.resolve(), None
+        if in_dir:
             if self._keep_earlier or not self._dir_claimed:  # this run's first save there (fit()'s, or a save() before)
                 keep_earlier_run(self.checkpoint_dir, self._parallel, sharded=has_dtensors(self.model))  # raised: tried again
+            elif (shared := replaced_since(self.checkpoint_dir, self._own_mark, self._parallel, sharded=has_dtensors(self.model))):
+                path = earlier_path(path, shared)  # another run's last.pt is there: left alone, this run stops below
             self._dir_claimed, self._keep_earlier = True, False  # this run's, which a later fit() goes on to replace
         counted = self.result.checkpoints_saved, self.result.checkpoint_path  # put back where no file is written
         self.result.checkpoints_saved += 1  # counted in the checkpoint itself
@@ -89,13 +95,16 @@ class Resumable:
                 if ranks is not None:
                     state["rng_ranks"] = ranks
                 written = save_checkpoint(state, path)
+                self._own_mark = file_mark(written) if in_dir and not shared else self._own_mark
             except BaseException as exc:  # noqa: BLE001 - a Ctrl-C too: told to every rank, uncounted, re-raised
                 failure = exc
                 if isinstance(exc, OSError):  # a full disk: nothing trained is lost, the runner holds it
-                    add_note(exc, f"autobatch: step {self.step} is trained and counted, and this runner holds its state: "
-                                  "once there is room, runner.save() writes it, and fit(data, ...) goes on from there")
+                    add_note(exc, f"autobatch: step {self.step} is trained and counted, and this runner holds its state: once "
+                                  f"{write_cleared(exc)}, runner.save() writes it, and fit(data, ...) goes on from there")
         self._checkpoint_written(failure, counted)
         log.debug("checkpoint at step %d written to %s", self.step, written)
+        if shared:
+            raise told_every_rank(shared_dir_error(self.checkpoint_dir, written, self.step))
         return written
 
     def _saved_on_give_up(self, exc: BaseException) -> BaseException:
@@ -332,7 +341,7 @@ class Resumable:
             else:
                 saved_module(self.model).load_state_dict(saved)
                 self.optimizer.load_state_dict(state["optimizer"])
-                _state_onto_device(self.optimizer)
+                state_onto_device(self.optimizer)
         except CheckpointError as exc:
             failure = exc
         except (RuntimeError, ValueError, KeyError, AttributeError) as exc:  # mismatched keys, shapes, groups, modules
@@ -348,6 +357,8 @@ class Resumable:
         load_grad_scaler(self.grad_scaler, state.get("grad_scaler"))  # a disabled one holds none; settings it replaces named
         self.step, self.epoch, self._torn = state["step"], state["epoch"], None
         self._dir_claimed, self._keep_earlier = True, not continues_in(self.checkpoint_dir, path)  # else kept at the first save
+        writes = has_dtensors(self.model) or self._parallel.is_rank_zero()  # rank 0 writes last.pt: its peers do not know it
+        self._own_mark = file_mark(path) if writes and not self._keep_earlier else None  # its saves replace it, while there
         self._captured_at = None  # a step-guard snapshot of this runner's own step of that index is not the checkpoint's
         self._epoch_samples = state.get("epoch_samples", state["position"] * (state.get("global_batch") or 0))
         self._samples_known = "epoch_samples" in state
@@ -375,21 +386,3 @@ class Resumable:
         set_rng_state(rng, self._data_generators)
         return rng
 
-
-def _state_onto_device(optimizer: torch.optim.Optimizer) -> None:
-    """On the CPU's simulated device, the optimizer state just loaded from host memory is copied
-    onto the device, as ``load_state_dict`` copies host tensors to a GPU's parameters' device
-    (there ``to`` is a no-op on the CPU, so the budget never counted the state); a value of its own
-    that a custom optimizer keeps at the state's top level (``self.state["count"] = tensor``), not
-    a dict of a parameter, is moved as it is (it failed "'Tensor' object has no attribute 'items'"
-    after the weights were loaded, refusing the resume). Measured: a CLI
-    run resumed under the 2 MiB its probe was given counted the checkpoint's random states and
-    none of the state, and failed its first step at an answer that trained before. A no-op
-    without a simulated device."""
-    for owner, state in list(optimizer.state.items()):
-        if type(state) is torch.Tensor and state.dim() > 0:  # a custom optimizer's own tensor (state["count"] = ...)
-            optimizer.state[owner] = to_simulated_device(state)
-        elif isinstance(state, dict):  # a parameter's state; anything else (a number, a list) is kept as loaded
-            for key, value in state.items():
-                if type(value) is torch.Tensor and value.dim() > 0:
-                    state[key] = to_simulated_device(value)

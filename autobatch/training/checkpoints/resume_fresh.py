@@ -18,6 +18,13 @@ as a ``last.earlier-<n>.pt`` there: it replaced the later run's ``last.pt``). A 
 saves, and a run resumed from that folder's own ``last.pt``, move nothing. A move that fails on
 one rank (a ``PermissionError``) is agreed on by every rank, which all raise, instead of that
 rank raising alone and its peers waiting at the save's next sync point (:func:`_agree_kept`).
+
+Two runs writing into one ``checkpoint_dir`` at once: the second's first save keeps the first's
+``last.pt`` aside, and the first's next save then replaced the second's ``last.pt``, silently
+(that run's progress lost). A run now remembers the file it wrote (:func:`file_mark`); where a
+later save finds another in its place (:func:`replaced_since`), it leaves that file alone, writes
+its own checkpoint to the next ``last.earlier-<n>.pt`` and stops with one ``ValueError`` naming it
+(:func:`shared_dir_error`): the other run goes on, and no save of either replaces the other's.
 """
 
 from __future__ import annotations
@@ -33,7 +40,8 @@ from ..pacing import told_every_rank
 from .checkpoint_io import CHECKPOINT_NAME
 from .sharded_files import base_path, sharded_path, sharded_sets
 
-__all__ = ["earlier_path", "next_earlier_number", "keep_earlier_run", "continues_in"]
+__all__ = ["earlier_path", "next_earlier_number", "keep_earlier_run", "continues_in", "file_mark", "replaced_since",
+           "shared_dir_error"]
 
 log = logging.getLogger("autobatch")
 
@@ -61,6 +69,41 @@ def continues_in(checkpoint_dir: Path | None, resumed: Path) -> bool:
     if checkpoint_dir is None:
         return False
     return base_path(resumed).resolve() == (checkpoint_dir / CHECKPOINT_NAME).resolve()
+
+
+def file_mark(path: Path) -> tuple[int, int, int] | None:
+    """What tells the checkpoint file a run wrote from one another run put in its place (every
+    save renames a new file there): its inode, size and modification time; None: no file."""
+    try:
+        stat = path.stat()
+    except OSError:
+        return None
+    return stat.st_ino, stat.st_size, stat.st_mtime_ns
+
+
+def replaced_since(checkpoint_dir: Path, mark: tuple[int, int, int] | None, parallel: Any, *, sharded: bool) -> int | None:
+    """None where the file this rank's saves replace (``last.pt``, rank 0's; a sharded run's own
+    file) is still the one this run last wrote or resumed from (``mark``; None: not known, so not
+    checked) or is gone; else the number of the ``last.earlier-<n>.pt`` this run's checkpoint is
+    written to instead: another run writes into ``checkpoint_dir`` too. Agreed by every rank
+    under ``torch.distributed`` (one sync point), as the path every rank writes is."""
+    own = sharded_path(checkpoint_dir / CHECKPOINT_NAME) if sharded else checkpoint_dir / CHECKPOINT_NAME
+    now = file_mark(own) if mark is not None else None
+    replaced = now is not None and now != mark
+    number = next_earlier_number(checkpoint_dir) if replaced else 0
+    if parallel.world_size() > 1:
+        rows = parallel.exchange([int(replaced), number], "checkpoint_dir: another run's file in this run's place")
+        replaced, number = any(row[0] for row in rows), max(row[1] for row in rows)
+    return number if replaced else None
+
+
+def shared_dir_error(checkpoint_dir: Path, written: Path, step: int) -> ValueError:
+    """The error a run stops with once its checkpoint is written beside another run's (:func:`replaced_since`)."""
+    return ValueError(
+        f"checkpoint_dir={str(checkpoint_dir)!r} is written by another run too: its {CHECKPOINT_NAME} replaced the one "
+        f"this run wrote there, and this save would have replaced it in turn, losing that run's progress. This "
+        f"run's checkpoint of step {step} is written to {written} instead, and the run stops: give each run its own "
+        f"checkpoint_dir, and continue this one in its own with fit(..., resume={str(base_path(written))!r})")
 
 
 def keep_earlier_run(checkpoint_dir: Path, parallel: Any, *, sharded: bool) -> None:
