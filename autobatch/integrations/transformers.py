@@ -28,7 +28,7 @@ from .global_batch import cap_at_samples, changed_samples, check_share, small_sp
 from .transformers_loss import warn_unscaled_accumulation
 from .transformers_resume import (accumulation_setter, accumulation_where, record_split, resumed_batch, resumed_checkpoint,
                                   resumed_global_batch, warn_unseen_resume)
-from .transformers_samples import SLICE_ROWS, STREAM_SAMPLES, longest_sample
+from .transformers_samples import SLICE_ROWS, STREAM_SAMPLES, longest_sample, probe_samples
 from .transformers_schedule import tell_size
 from .transformers_step import TrainerStep, checkpointing_as_train, trainer_key
 
@@ -72,8 +72,8 @@ def fit_batch_size(
         **probe_options: any further option of :func:`~autobatch.find_max_batch`, passed as a
             keyword (``cache=False``), not as a ``probe_options=`` dict as ``AutoBatchSize`` takes them.
         sample: the sample batches are built from, as the training set yields it (default:
-            :func:`longest_sample` of the training set, which reads every sample once, a
-            🤗 ``datasets.Dataset`` a thousand rows a slice; a stream's first 1,000).
+            :func:`longest_sample` of the set, read once, a ``datasets.Dataset`` by slices; a stream's
+            first 1,000; beside the set's shortest where lengths vary: padded as the run's batches).
 
     Returns the :class:`~autobatch.ProbeResult`; ``trainer.args`` holds the new settings, which its
     checkpoints record (a callback). Each module's train/eval mode is as it was before the call.
@@ -105,17 +105,17 @@ def fit_batch_size(
     if sample is None and trainer.train_dataset is None:  # an eval-only Trainer: sample= would size training
         raise ValueError("fit_batch_size sizes training and trainer.train_dataset is None: give the Trainer its train_dataset, or pass "
                          "sample=. It does not size evaluation: for trainer.evaluate() alone, set per_device_eval_batch_size yourself")
-    sample = longest_sample(trainer.train_dataset) if sample is None else sample
+    sample, short = probe_samples(trainer.train_dataset) if sample is None else (sample, None)
     # the Trainer's loop trains the answer, and it cannot replay a step that runs out of memory
     options = {"hand_loop": True, **probe_options, "start": start}
     modes = [(module, module.training) for module in trainer.model.modules()]
     created = trainer.optimizer is None
     try:
-        step = _train_step(trainer, sample, share, accumulation)
+        step = _train_step(trainer, sample, share, accumulation, short)
         # what the step holds beside the model (the window's inputs, the stand-in for DDP's buckets,
         # a subclass's own step) moves the answer
         options["cache_key"] = {"trainer": trainer_key(trainer), "share": share, "accumulation": accumulation,
-                                "ddp_buckets": step.bucket_bytes, "user": options.get("cache_key")}
+                                "ddp_buckets": step.bucket_bytes, "padded": short is not None, "user": options.get("cache_key")}
         result = find_max_batch(step, max_batch=max_batch, memory_limit=memory_limit, margin=margin,
                                 multiple_of=multiple_of, strategy=strategy, steps_per_trial=steps_per_trial,
                                 device=args.device, **options)
@@ -309,7 +309,7 @@ def _window_share(shard: int | None, accumulation: int, multiple_of: int, world:
     return shard // accumulation
 
 
-def _train_step(trainer: Any, sample: Any, share: int | None, accumulation: int) -> TrainerStep:
+def _train_step(trainer: Any, sample: Any, share: int | None, accumulation: int, short: Any = None) -> TrainerStep:
     """The trainer's step as a :class:`TrainerStep`, its optimizer created where it has none yet.
     Gradient checkpointing is switched on first where ``train()`` would switch it on, and the
     model placed on ``args.device`` where ``train()`` places it: under ``bf16_full_eval`` or
@@ -323,4 +323,4 @@ def _train_step(trainer: Any, sample: Any, share: int | None, accumulation: int)
     if trainer.optimizer is None:
         trainer.create_optimizer()
     trainer.model.train()
-    return TrainerStep(trainer, sample, share, accumulation)
+    return TrainerStep(trainer, sample, share, accumulation, short)

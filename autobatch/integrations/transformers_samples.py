@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["SLICE_ROWS", "STREAM_SAMPLES", "longest_sample"]
+__all__ = ["SLICE_ROWS", "STREAM_SAMPLES", "longest_sample", "probe_samples"]
 
 log = logging.getLogger("autobatch")
 
@@ -46,24 +46,41 @@ def longest_sample(dataset: Any) -> Any:
     samples only, with a warning: pass ``sample=`` to probe at the longest one yourself, and
     always for a stream that cannot be read twice (the samples read here would be gone when
     ``train()`` reads it)."""
+    return probe_samples(dataset)[0]
+
+
+def probe_samples(dataset: Any) -> tuple[Any, Any]:
+    """``(longest, short)``: :func:`longest_sample`, and, where a field's padded size varies over
+    the training set, its shortest sample (the least padded size over its fields), else None.
+    The probe puts ``short`` in each batch beside the longest so the collator pads it as it pads
+    ``train()``'s batches: a batch of one length has an attention mask of ones, which a BERT's
+    attention drops, where a padded batch builds a mask of batch x heads x length x length; a
+    frozen BERT (classifier head trained) probed without padding answered 84 and ``train()`` at
+    84 ran out of memory in that mask. A training set of one length (packed text) has none."""
     items = _samples(dataset)
     first = next(items, _EMPTY)
     if first is _EMPTY:
         raise ValueError("fit_batch_size: the training set is empty")
     best: dict[Any, Any] = {}
     sizes: dict[Any, int] = {}
+    short, least = None, None
     for index, item in enumerate(itertools.chain([first], items)):
         fields = _fields(item, first)
         if isinstance(fields, str):
             log.warning("fit_batch_size: cannot tell the longest sample of the training set (sample %d: %s); probing "
                         "at the first sample, which a longer one may not fit beside; pass sample= (your longest "
                         "sample, as the dataset yields it)", index, fields)
-            return first
+            return first, None
+        total = 0
         for key, value in fields:
             size = _padded_size(value)
+            total += size
             if size > sizes.get(key, -1):
                 best[key], sizes[key] = value, size
-    return _rebuilt(first, best)
+        if least is None or total < least:
+            short, least = item, total
+    # a sample below the longest's total is shorter in some field: batches of the set are padded
+    return _rebuilt(first, best), (short if least is not None and least < sum(sizes.values()) else None)
 
 
 _EMPTY = object()

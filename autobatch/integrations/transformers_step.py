@@ -67,8 +67,9 @@ class TrainerStep(TrainStep):
     optimizer step (None: no accumulation). A :class:`~autobatch.TrainStep`, so the probe
     restores the model, the optimizer and the accelerator's grad scaler."""
 
-    def __init__(self, trainer: Any, sample: Any, share: int | None, accumulation: int = 1) -> None:
+    def __init__(self, trainer: Any, sample: Any, share: int | None, accumulation: int = 1, short: Any = None) -> None:
         self.trainer, self.sample, self.share, self.accumulation = trainer, sample, share, accumulation
+        self.short = short  # a shorter sample the collator pads, as train()'s batches (transformers_samples.probe_samples)
         self.collate = training_collator(trainer)
         max_grad_norm = getattr(trainer.args, "max_grad_norm", None)
         self.bucket_bytes = ddp_bucket_bytes(trainer)
@@ -77,7 +78,10 @@ class TrainerStep(TrainStep):
                          max_grad_norm=max_grad_norm if max_grad_norm and max_grad_norm > 0 else None)
 
     def _host_batch(self, size: int) -> Any:
-        return self.collate([self.sample] * size)
+        samples = [self.sample] * size
+        if self.short is not None and size > 1:
+            samples[-1] = self.short  # padded, with the attention mask train()'s padded batches carry
+        return self.collate(samples)
 
     def _device_batch(self, size: int) -> Any:
         return to_device(self._host_batch(size), self.trainer.args.device)
