@@ -68,6 +68,8 @@ class LoopRun:
     epoch_batches: int | None = None
     #: the run ended with a validation batch at this size (the module validates in fit)
     validated: bool = False
+    #: under manual optimization, the optimizers the run never stepped (their state unmeasured), else None
+    unstepped: str | None = None
 
 
 @dataclass
@@ -162,6 +164,11 @@ def confirm_in_loop(
                                     "training_step that steps only at some batch indices the epoch at that size lacks? "
                                     "fit may train nothing there; set max_batch")
             return confirmation
+        if run.passed and run.unstepped:  # a GAN's generator stepped at later batch indices: its state unmeasured
+            confirmation.skipped = (f"the loop took too few steps of {run.unstepped} at {micro} (a manual-optimization "
+                                    "training_step that steps it only at some batch indices): its steps' memory (the "
+                                    "optimizer's state) was not measured; fit may run out of memory there; set max_batch")
+            return confirmation
         if run.passed:  # the loop's extra bytes, measured: the largest size they allow, below any failure
             best, cut = micro, 0
             nxt = min(failed_below - 1, line.largest(budget - run.extra_bytes))
@@ -204,11 +211,13 @@ def _run_loop(trainer: Trainer, size: int, steps: int, line: MemoryLine, memory:
         saved.prepare(trainer, steps, watch)
         first = watch.first = trainer.global_step
         watch.bound = max(8, 4 * steps * trainer.accumulate_grad_batches)
+        watch.optimizers(trainer, steps)
         with quiet_stop():  # the run's own max_steps: fit has not stopped
             loop.run()
         memory.synchronize()
         ran = trainer.global_step - first
     except BaseException as exc:  # noqa: BLE001 - re-raised below unless it is an OOM
+        watch.unhook()
         if not is_oom_error(exc):
             saved.restore(trainer)
             reset()
@@ -217,6 +226,7 @@ def _run_loop(trainer: Trainer, size: int, steps: int, line: MemoryLine, memory:
         # the frames still hold the step's tensors; it needed more than the capacity, at least
         need = max(memory.allocated() + (requested_bytes(message) or 0), memory.capacity() + 1)
         error = message[:300]
+    watch.unhook()
     seconds = time.perf_counter() - began
     peak = memory.peak()
     growth, batches = watch.growth(), saved.epoch_batches(watch.batches, trainer.accumulate_grad_batches, watch.first)
@@ -235,7 +245,7 @@ def _run_loop(trainer: Trainer, size: int, steps: int, line: MemoryLine, memory:
     probe = line.at(size)
     extra = (peak + ahead if error is None else need) - probe
     return LoopRun(size, error is None, ran, peak, probe, extra, seconds, error, growth, batches if growth else None,
-                   watch.validated)
+                   watch.validated, watch.unstepped_names(len(watch.allocated)))
 
 
 class _BatchMemory:
@@ -245,12 +255,48 @@ class _BatchMemory:
     def __init__(self, memory: DeviceMemory) -> None:
         self.memory, self.allocated, self.batches, self.validated = memory, [], None, False
         self.first, self.bound = 0, 8  # the run's global_step at its start; batches it may take without a step
+        self.unstepped: dict[int, list[Any]] = {}  # manual optimization: [name, steps left] of each optimizer
+        self.hooks: list[Any] = []
+        self.extended = 0  # batches the run took beyond its max_steps, waiting for one of those
+
+    def optimizers(self, trainer: Trainer, steps: int) -> None:
+        """Under manual optimization, watch every optimizer's first ``min(steps, 2)`` steps in the run
+        (the second: the first whose forward and backward run beside the state the first made). Why: a
+        ``training_step`` that steps one optimizer only at some batch indices (a WGAN's generator at
+        ``(batch_idx + 1) % n_critic == 0``) took ``confirm_steps`` steps of the other and ended the run
+        before the first step of the one, whose state (Adam's moments) was never measured: the
+        callback set 1437 and ``fit`` ran out of memory at batch 4 (watching the first step only: 727,
+        and at batch 9, the second, whose forward runs beside that state). The run now goes on, up to ``bound`` batches more, until each has
+        stepped so (:meth:`on_train_batch_end`)."""
+        if trainer.lightning_module.automatic_optimization or len(trainer.optimizers) < 2:
+            return
+        for index, optimizer in enumerate(trainer.optimizers):
+            self.unstepped[id(optimizer)] = [f"optimizer {index} ({type(optimizer).__name__})", min(steps, 2)]
+            self.hooks.append(optimizer.register_step_post_hook(self._stepped))
+
+    def _stepped(self, optimizer: Any, *_: Any) -> None:
+        left = self.unstepped.get(id(optimizer))
+        if left is not None:
+            left[1] -= 1
+            if left[1] <= 0:
+                del self.unstepped[id(optimizer)]
+
+    def unhook(self) -> None:
+        for hook in self.hooks:
+            hook.remove()
+        self.hooks = []
+
+    def unstepped_names(self, batches: int) -> str | None:
+        return f"{', '.join(name for name, _ in self.unstepped.values())} in {batches} batches" if self.unstepped else None
 
     def on_train_batch_end(self, trainer: Trainer, *_: Any) -> None:
         """Record; stop a run that took ``bound`` batches and no optimizer step (a manual
         ``training_step`` stepping at odd batch indices, epochs of one batch at this size: it looped forever)."""
         self.allocated.append(self.memory.allocated())
         self.batches = trainer.num_training_batches
+        loop = trainer.fit_loop.epoch_loop
+        if self.unstepped and trainer.global_step >= loop.max_steps and self.extended < self.bound:
+            loop.max_steps, self.extended = trainer.global_step + 1, self.extended + 1  # one batch more (restored after)
         trainer.should_stop = trainer.should_stop or (len(self.allocated) >= self.bound and trainer.global_step == self.first)
 
     def on_validation_batch_end(self, *_: Any) -> None:

@@ -12,6 +12,8 @@ from ..probe.find import find_max_batch
 
 __all__ = ["checked_batch_arg_name", "checked_probe_options"]
 
+_SEARCHED = {"hparams", "datamodule", "trainer"}  # a path through these names a field lightning_hasattr finds
+
 
 def checked_batch_arg_name(name: Any) -> None:
     """Refuse a ``batch_arg_name`` that Lightning's ``lightning_hasattr`` cannot find, when the
@@ -19,9 +21,20 @@ def checked_batch_arg_name(name: Any) -> None:
     must be string"), and a path such as ``"hparams.batch_size"`` (as a user writes who reads
     ``self.hparams.batch_size``) was refused with a ``TypeError`` that did not say what to write
     instead: the field alone is looked up in the module, its ``hparams``, the datamodule and its
-    ``hparams``, and set in each that has it, as ``BatchSizeFinder`` does."""
+    ``hparams``, and set in each that has it, as ``BatchSizeFinder`` does. A path into another object
+    (a nested config, ``"cfg.batch_size"``, or ``"hparams.data.batch_size"``) was told the same, and
+    the field alone then failed at fit start with "no field 'batch_size'": it names the property with a
+    setter that reaches it instead."""
     if not isinstance(name, str) or not name.isidentifier():
         field = name.rsplit(".", 1)[-1] if isinstance(name, str) else ""
+        holder = name.rsplit(".", 1)[0] if isinstance(name, str) else ""
+        if isinstance(name, str) and "." in name and field.isidentifier() and not set(holder.split(".")) <= _SEARCHED:
+            raise ValueError(  # a nested config (cfg.batch_size): the field alone would not be found there either
+                f"AutoBatchSize: batch_arg_name={name!r} names a field of {holder!r}, which is not looked up: the "
+                "field is found only in the module, its hparams, the datamodule and the datamodule's hparams (as "
+                f"Lightning's BatchSizeFinder). Give the module or datamodule a property {field!r} with a setter that "
+                f"reads and writes {holder}.{field}, build the train dataloader from it, and pass "
+                f"batch_arg_name={field!r}; or keep the size in one of those places")
         if isinstance(name, str) and "." in name and field.isidentifier():
             raise ValueError(
                 f"AutoBatchSize: batch_arg_name={name!r} is a path; name the field alone, batch_arg_name={field!r}: "

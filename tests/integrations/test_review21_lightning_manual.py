@@ -11,6 +11,7 @@ from __future__ import annotations
 import warnings
 
 import pytest
+import torch
 from torch import nn
 
 pl = pytest.importorskip("lightning.pytorch")
@@ -56,3 +57,45 @@ def test_a_loop_run_that_never_steps_the_optimizer_stops_and_is_said():
     assert not any("trained the model for real" in note for note in callback.result.notes)
     # drop_last at 300 of 512 samples: 212 left out of every epoch, where the module's own 2 left none
     assert any("leaves 212 of the 512 samples" in str(w.message) and "drop_last=False" in str(w.message) for w in caught)
+
+
+class Critic(pl.LightningModule):
+    """A WGAN's pattern: the critic steps every batch, the generator after every third."""
+
+    def __init__(self, batch_size: int = 2) -> None:
+        super().__init__()
+        self.save_hyperparameters()
+        self.automatic_optimization = False
+        torch.manual_seed(0)
+        self.gen = nn.Sequential(nn.Linear(4, 128), nn.ReLU(), nn.Linear(128, 128), nn.ReLU(), nn.Linear(128, 8))
+        self.critic = nn.Linear(8, 1)
+        self.data = torch.utils.data.TensorDataset(torch.randn(4096, 8, generator=torch.Generator().manual_seed(1)))
+
+    def training_step(self, batch, index):
+        (x,), (opt_g, opt_c) = batch, self.optimizers()
+        z = torch.randn(x.shape[0], 4)
+        self.toggle_optimizer(opt_c)
+        self.manual_backward(self.critic(self.gen(z).detach()).mean() - self.critic(x).mean())
+        opt_c.step(), opt_c.zero_grad(), self.untoggle_optimizer(opt_c)
+        if index % 3 == 2:
+            self.toggle_optimizer(opt_g)
+            self.manual_backward(-self.critic(self.gen(z)).mean())
+            opt_g.step(), opt_g.zero_grad(), self.untoggle_optimizer(opt_g)
+
+    def configure_optimizers(self):
+        return [torch.optim.Adam(self.gen.parameters()), torch.optim.Adam(self.critic.parameters())]
+
+    def train_dataloader(self):
+        return torch.utils.data.DataLoader(self.data, batch_size=self.hparams.batch_size, drop_last=True)
+
+
+def test_review33_the_loop_run_waits_for_each_optimizers_second_step():
+    # the run ended after 3 critic steps: the generator's state was never measured, and under 1 MiB the
+    # callback set a size (380, from a probe whose batch index 0 steps no generator) where fit ran out of
+    # memory at the generator's second step (batch 5); the run now takes both optimizers' second steps
+    callback = AutoBatchSize(memory_limit="8MiB", max_batch=64)
+    run = pl.Trainer(accelerator="cpu", devices=1, max_steps=8, logger=False, enable_checkpointing=False,
+                     enable_progress_bar=False, enable_model_summary=False, callbacks=[callback])
+    with simulated_memory("8MiB"):
+        run.fit(Critic())
+    assert [r.steps for r in callback.confirmation.runs] == [8] and not callback.confirmation.skipped  # 6 + 2

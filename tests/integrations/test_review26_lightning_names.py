@@ -54,3 +54,38 @@ def test_the_field_alone_sets_the_datamodules_hparams_and_the_checkpoint_keeps_t
     saved = torch.load(tmp_path / "last.ckpt", weights_only=True)
     assert data.hparams.batch_size == callback.batch_size == module.seen[-1] > 2
     assert saved["datamodule_hyper_parameters"]["batch_size"] == callback.batch_size
+
+
+class Config:
+    batch_size = 2
+
+
+class Nested(Tiny):
+    """Keeps the batch size in a nested config, reached by the property the error names."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        del self.hparams["batch_size"]
+        self.cfg = Config()
+
+    @property
+    def batch_size(self) -> int:
+        return self.cfg.batch_size
+
+    @batch_size.setter
+    def batch_size(self, value: int) -> None:
+        self.cfg.batch_size = value
+
+    def train_dataloader(self):
+        return torch.utils.data.DataLoader(self.data, batch_size=self.cfg.batch_size, drop_last=True)
+
+
+def test_review33_a_nested_config_path_names_the_property_that_reaches_it():
+    # it said "name the field alone, batch_arg_name='batch_size'", which then failed at fit start
+    with pytest.raises(ValueError, match=r"names a field of 'cfg', which is not looked up.*a property 'batch_size' "
+                                         r"with a setter that reads and writes cfg.batch_size"):
+        AutoBatchSize(batch_arg_name="cfg.batch_size")
+    module, callback = Nested(), AutoBatchSize(memory_limit=BUDGET, max_batch=64)  # what the message says to do
+    with simulated_memory(BUDGET):
+        trainer(callback).fit(module)
+    assert module.cfg.batch_size == callback.batch_size == module.seen[-1] == 64
