@@ -86,6 +86,8 @@ def test_review33_sparse_adam_list_names_one_optimizer():
     parts = [torch.optim.SparseAdam(model.items.parameters()), torch.optim.Adam(model.head.parameters())]
     with pytest.raises(TypeError, match="SparseAdam takes sparse gradients only.*torch.optim.SGD or torch.optim.Adagrad"):
         autobatch.Runner(model, parts, _loss, global_batch=16)
+    with pytest.raises(TypeError, match="a TrainStep steps one optimizer.*SparseAdam takes sparse gradients only"):
+        autobatch.TrainStep(model, parts, _loss, lambda n: (torch.randint(0, 40, (n, 3)), torch.randn(n)))
 
 
 def test_review33_sparse_gradients_clip_as_dense_ones():
