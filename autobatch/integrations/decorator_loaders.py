@@ -31,6 +31,7 @@ from collections.abc import Iterator
 from types import TracebackType
 from typing import Any
 
+from ..probe.tracing.trace_state import nested_codes
 from .decorator_state import gradient_state
 
 __all__ = ["KeptLoader"]
@@ -161,11 +162,7 @@ def _read_from_outside(name: str, function: Any, instance: Any) -> list[tuple[st
         pass
     code = getattr(function, "__code__", None)
     if code is not None:
-        names, codes = set(), [code]
-        while codes:
-            current = codes.pop()
-            names.update(current.co_names)
-            codes.extend(const for const in current.co_consts if hasattr(const, "co_names"))
+        names = {name for current in nested_codes(code) for name in current.co_names}
         scope = getattr(function, "__globals__", {})
         found += [(f"global `{key}` that `{name}` reads", scope[key]) for key in sorted(names) if key in scope]
         for key, cell in zip(code.co_freevars, getattr(function, "__closure__", None) or ()):
