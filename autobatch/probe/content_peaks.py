@@ -29,7 +29,7 @@ import torch
 from torch.utils._pytree import tree_leaves
 
 from ..memory.units import format_bytes
-from .tracing.trace_failures import sparse_gradients
+from .tracing.trace_failures import sparse_embeddings, sparse_gradients
 from .train_step import TrainStep
 
 __all__ = ["drawn_shapes", "content_note", "sparse_note", "sparse_momentum_note", "shapes_note", "SPREAD", "DATA_SHAPED"]
@@ -129,8 +129,7 @@ def sparse_momentum_note(restore: tuple | None) -> str | None:
     smaller micro-batches and gave up advising SGD. None otherwise."""
     items = tuple(restore or ())
     sparse = {id(module.weight): name for model in items if isinstance(model, torch.nn.Module)
-              for name, module in model.named_modules()
-              if isinstance(module, (torch.nn.Embedding, torch.nn.EmbeddingBag)) and module.sparse}
+              for name, module in sparse_embeddings(model)}
     for optimizer in items:
         for group in optimizer.param_groups if isinstance(optimizer, torch.optim.SGD) else ():
             name = next((sparse[id(p)] for p in group["params"] if id(p) in sparse), None)

@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 import re
 
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import torch
 from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException, FakeTensor
@@ -31,7 +31,7 @@ from ...errors import add_note, in_packages, raised_through
 from ...memory.accounting import _COMPONENTS, StorageAccountant
 from ..trial_notes import index_hint
 
-__all__ = ["grouped_mm", "GROUPED_MM", "untraceable", "untraceable_memory", "sparse_gradients", "step_error", "refused_size", "from_the_step",
+__all__ = ["grouped_mm", "GROUPED_MM", "untraceable", "untraceable_memory", "sparse_embeddings", "sparse_gradients", "step_error", "refused_size", "from_the_step",
            "check_operands", "check_sparse", "SparseTraceError", "RealBatches"]
 
 #: What a fake tensor cannot do, by the exception PyTorch raises, in the words of the user's code.
@@ -301,13 +301,20 @@ def untraceable_memory(step) -> str | None:
     return sparse_gradients(step.model, (step.optimizer,))
 
 
+def sparse_embeddings(model: torch.nn.Module | None) -> Iterator[tuple[str, torch.nn.Module]]:
+    """``(name, module)`` of each ``nn.Embedding`` / ``nn.EmbeddingBag`` in ``model`` built with
+    ``sparse=True`` (its weight's gradient is a sparse tensor)."""
+    for name, module in model.named_modules() if model is not None else ():
+        if isinstance(module, (torch.nn.Embedding, torch.nn.EmbeddingBag)) and module.sparse:
+            yield name, module
+
+
 def sparse_gradients(model: torch.nn.Module | None, optimizers: tuple = ()) -> str | None:
     """Why the step's gradients are sparse (a ``sparse=True`` embedding in ``model``, a
     ``SparseAdam`` among ``optimizers``), or None: their memory depends on how many rows the
     batch touches, which neither a fake tensor nor one trial's batches can know."""
-    for name, module in model.named_modules() if model is not None else ():
-        if isinstance(module, (torch.nn.Embedding, torch.nn.EmbeddingBag)) and module.sparse:
-            return f"{name or 'the model'} has sparse gradients, whose size depends on the data"
+    for name, _ in sparse_embeddings(model):
+        return f"{name or 'the model'} has sparse gradients, whose size depends on the data"
     if any(isinstance(optimizer, torch.optim.SparseAdam) for optimizer in optimizers):
         return "SparseAdam steps on sparse gradients, whose size depends on the data"
     return None
