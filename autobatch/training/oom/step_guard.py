@@ -43,7 +43,6 @@ Cost, by ``mode``:
 from __future__ import annotations
 
 import copy
-from contextlib import nullcontext
 from typing import Any, Callable, Mapping
 
 import torch
@@ -260,16 +259,15 @@ class StepGuard:
         self.demoted = True
 
     def _empty_like(self, source: torch.Tensor) -> torch.Tensor:
-        if source.layout != torch.strided:  # SGD's momentum for sparse=True embeddings: copy_ sizes its nonzeros
-            if self.placement == "device":
-                return torch.empty_like(source)
-            with host_memory() if source.device.type == "cpu" else nullcontext():
-                return torch.empty_like(source, device="cpu")
+        strided = source.layout == torch.strided  # else SGD's sparse momentum (sparse=True embeddings): copy_ sizes it
+        layout = {"memory_format": torch.preserve_format} if strided else {}  # a sparse tensor takes no memory format
         if self.placement == "device":
-            return torch.empty_like(source, memory_format=torch.preserve_format)
+            return torch.empty_like(source, **layout)
         if source.device.type == "cpu":  # "cpu" mode is host memory, also on the simulated device
             with host_memory():
-                return torch.empty_like(source, memory_format=torch.preserve_format)
+                return torch.empty_like(source, **layout)
+        if not strided:
+            return torch.empty_like(source, device="cpu")
         return torch.empty(source.shape, dtype=source.dtype, device="cpu", pin_memory=source.device.type == "cuda")
 
     def _copy_stream(self):
