@@ -72,9 +72,10 @@ def test_an_oom_on_one_rank_in_any_phase_is_recovered_by_both(tmp_path_factory):
     assert_weights_close(baseline[0], weights(model))
     for phase in ("transfer", "forward", "backward", "optimizer"):
         runs = [report[phase] for report in reports]
+        after = 4 if phase == "optimizer" else 2  # the micro-batch does not size the optimizer step: the same again
         for rank, run in enumerate(runs):
-            assert [(r["step"], r["phase"], r["micro_batch_before"], r["micro_batch"]) for r in run["recoveries"]] == [(1, phase, 4, 2)], (phase, rank, run)
-            assert run["samples"] == 48 and run["micro_batch"] == 2
+            assert [(r["step"], r["phase"], r["micro_batch_before"], r["micro_batch"]) for r in run["recoveries"]] == [(1, phase, 4, after)], (phase, rank, run)
+            assert run["samples"] == 48 and run["micro_batch"] == after
         assert "rank 1 ran out of memory" in runs[0]["recoveries"][0]["error"]
         assert "injected" in runs[1]["recoveries"][0]["error"]
         got = [torch.load(tmp_path / run["weights"]) for run in runs]
@@ -104,7 +105,7 @@ def test_ddp_recovers_an_oom_inside_the_last_backward_and_the_optimizer_step(tmp
     for phase, where in (("last_backward", "backward"), ("optimizer", "optimizer")):
         runs = [report[phase] for report in reports]
         for rank, run in enumerate(runs):
-            assert [(r["step"], r["phase"], r["micro_batch"]) for r in run["recoveries"]] == [(1, where, 2)], (phase, rank, run)
+            assert [(r["step"], r["phase"], r["micro_batch"]) for r in run["recoveries"]] == [(1, where, 4 if where == "optimizer" else 2)], (phase, rank, run)
             assert run["samples"] == 48
         assert "rank 1 ran out of memory" in runs[0]["recoveries"][0]["error"]
         got = [torch.load(tmp_path / run["weights"]) for run in runs]

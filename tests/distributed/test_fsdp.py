@@ -79,7 +79,8 @@ def test_fsdp_one_rank_oom_anywhere_is_recovered_by_both_with_the_uninjected_wei
         for fault in FAULTS.split(",")[1:]:
             run = report[fault]
             assert len(run["recoveries"]) == 1, (rank, fault, run["recoveries"])
-            assert run["recoveries"][0]["step"] == 1 and run["micro_batch"] == 2
+            same = run["recoveries"][0]["phase"] == "optimizer"  # the micro-batch does not size the optimizer step
+            assert run["recoveries"][0]["step"] == 1 and run["micro_batch"] == (4 if same else 2)
             assert run["steps"] == reference["steps"] == 2
             for name, values in reference["shards"].items():
                 torch.testing.assert_close(torch.tensor(run["shards"][name]), torch.tensor(values), rtol=1e-10, atol=1e-12, msg=f"{fault}: {name}")

@@ -41,7 +41,8 @@ def runs(tmp_path_factory):
 def test_a_one_rank_oom_replays_and_a_resume_continues_bit_exactly(runs, kind):
     for rank, report in enumerate(runs["configs"]):
         got = report[kind]
-        assert got["recoveries"] == [[8, 4]], (rank, got)
+        after = 8 if kind in ("reshard_int", "lora") else 4  # an optimizer-step OOM: the same micro-batch again
+        assert got["recoveries"] == [[8, after]], (rank, got)
         assert got["replay_equal"] and got["resume_equal"] and got["trained"], (rank, got)
         assert got["lr"] == (1e-2 / 4 if kind == "lora" else 1e-2), (rank, got)  # the scheduler resumed at step 3
 

@@ -38,6 +38,9 @@ def test_any_fault_schedule_ends_as_the_uninjected_run(schedule, times):
     # micro-batch 32 leaves room for five recoveries before micro-batch 1 (32 -> 16 -> ... -> 1);
     # one more at micro-batch 1 is "out of options" by design (tested in test_runner.py)
     assume(len(schedule) * times <= 5)
+    # an OOM inside optimizer.step() is replayed once at the same micro-batch, then the step is given up
+    # (no smaller micro-batch sizes it: optimizer_phase), so a point there fails once here
+    assume(times == 1 or all(phase != "optimizer" for _, phase in schedule))
     trained, result, tracker = _run(FaultInjector(schedule, times=times))
     assert_weights_close(trained, REFERENCE)
     assert result.steps == STEPS and len(result.oom_recoveries) >= len(schedule)

@@ -29,7 +29,7 @@ def _run(phase: str) -> StepOutOfMemoryError:
 
 def test_an_optimizer_step_that_fits_at_no_micro_batch_is_advised_for_the_optimizer():
     message = str(_run("optimizer"))
-    assert "optimizer" in message and "micro-batch 4" in message
+    assert "optimizer" in message and "micro-batch 8" in message  # not shrunk: it does not size the optimizer step
     assert "checkpointing_fallback" not in message and "lower min_micro_batch" not in message
     assert "optimizer with less state" in message
 

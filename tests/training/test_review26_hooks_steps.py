@@ -52,7 +52,7 @@ def test_hook_sees_each_step_once_with_its_loss_and_lr_through_oom_replays() -> 
         assert mine["samples"] == 8 and mine["micro_batch"] * mine["accumulation"] == 8
         assert mine["lr"] == theirs["lr"] and mine["lrs"] == [mine["lr"]]
     assert [info["lr"] for info in forced] == [0.1 * 0.5**k for k in range(6)]  # the rate each step applied
-    assert [info["micro_batch"] for info in forced] == [8, 4, 4, 2, 2, 2]
+    assert [info["micro_batch"] for info in forced] == [8, 4, 4, 4, 4, 4]  # the optimizer step's OOM: the same 4
     assert [(r["step"], r["phase"]) for r in result.oom_recoveries] == [(1, "backward"), (3, "optimizer")]
     assert result.samples == sum(info["samples"] for info in forced) == 48 and result.steps == 6
 

@@ -57,12 +57,17 @@ def reference():
 def test_injected_oom_changes_nothing(reference, phase, when, times):
     step = WHEN[when]
     faults = FaultInjector((step, phase), times=times)
+    if phase == "optimizer" and times > 1:  # replayed once at the same micro-batch, then given up (optimizer_phase)
+        with pytest.raises(StepOutOfMemoryError, match="again when the step was replayed at the same micro-batch"):
+            run(faults, track=True)
+        return
     runner, result, tracker = run(faults, track=True)
+    halvings = 0 if phase == "optimizer" else times  # the micro-batch does not size the optimizer step
 
     assert faults.fired == [(step, phase)] * times
     assert [(r["step"], r["phase"]) for r in result.oom_recoveries] == [(step, phase)] * times
-    assert [r["micro_batch"] for r in result.oom_recoveries] == [MICRO // 2**k for k in range(1, times + 1)]
-    assert result.steps == STEPS and result.micro_batch == MICRO // 2**times
+    assert [r["micro_batch"] for r in result.oom_recoveries] == [MICRO // 2**min(k, halvings) for k in range(1, times + 1)]
+    assert result.steps == STEPS and result.micro_batch == MICRO // 2**halvings
     assert_weights_close(weights(runner.model), reference)
     # One applied update per global batch; every sample in exactly one update per epoch.
     assert len(tracker.applied) == STEPS

@@ -40,22 +40,25 @@ def bn_run(fault):
     model = bn_model()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     runner = Runner(model, optimizer, mse, global_batch=GLOBAL, micro_batch=MICRO, grow_after=None, progress=False,
-                    faults=FaultInjector(fault))
+                    faults=FaultInjector(fault) if fault else None)
     result = runner.fit(bn_data(), epochs=1)
-    assert [(r["step"], r["phase"], r["micro_batch_before"], r["micro_batch"]) for r in result.oom_recoveries] == [(1, fault[1], 10, 5)]
+    after = 10 if fault and fault[1] == "optimizer" else 5  # the micro-batch does not size the optimizer step
+    expected = [(1, fault[1], 10, after)] if fault else []
+    assert [(r["step"], r["phase"], r["micro_batch_before"], r["micro_batch"]) for r in result.oom_recoveries] == expected
     return model.state_dict()
 
 
 @pytest.mark.parametrize("phase", ["backward", "optimizer"])
 def test_a_replay_puts_back_the_statistics_its_failed_forward_changed(phase):
     """Step 1 fails after its forward ran (in backward, in the optimizer step) and replays at
-    micro-batch 5: BatchNorm's statistics and counter must equal those of a step 1 that failed
-    before any forward (on moving its first micro-batch), bit for bit."""
-    reference = bn_run((1, "transfer"))
+    micro-batch 5 (the optimizer step's at 10, the same): BatchNorm's statistics and counter must equal
+    those of a step 1 that failed before any forward (on moving its first micro-batch), or of no
+    OOM, bit for bit."""
+    reference = bn_run(None if phase == "optimizer" else (1, "transfer"))
     state = bn_run((1, phase))
     for name, value in reference.items():
         assert torch.equal(state[name], value), name
-    assert int(state["1.num_batches_tracked"]) == 1 + 2 + 2  # step 0 at 10, steps 1-2 at 2 x 5
+    assert int(state["1.num_batches_tracked"]) == (3 if phase == "optimizer" else 1 + 2 + 2)  # steps 1-2 at 2 x 5
 
 
 def test_the_buffer_guard_copies_only_what_changed_and_restores_a_replaced_buffer():

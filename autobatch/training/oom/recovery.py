@@ -8,7 +8,8 @@ predicates, and what happens at the top of a replay: undo a half-applied optimiz
 (:class:`~autobatch.training.oom.step_random.StepRandom`), drop the partial gradients, free memory,
 pick the smaller micro-batch (never below ``min_micro_batch``; a multiple of ``multiple_of``:
 :mod:`autobatch.training.multiples`), or turn on activation
-checkpointing when the smallest failed. A step given up (out of options, or any other
+checkpointing when the smallest failed; an OOM inside ``optimizer.step()``, which no micro-batch
+sizes, is replayed once at the same one, then given up (:mod:`autobatch.training.oom.optimizer_phase`). A step given up (out of options, or any other
 exception, an interrupt too) is undone the same way, its micro-batch included, before the
 exception propagates (:meth:`OomRecovery._abandon_step`); an error raised at a micro-batch a
 recovery shrank below every size that trained, or a compiled model's error at dynamo's recompile
@@ -43,6 +44,7 @@ from ...probe.snapshot.ddp_reducer import rebuild_before_first_step, reset_faile
 from ..multiples import round_down
 from ..carried_state import note_carried_state
 from .abandon_notes import note_recompile_limit, note_shrunk
+from .optimizer_phase import OptimizerPhase
 from .recovery_vote import VotesRecovery
 from ..run_result import Recovery
 from ..sequence_first import SequenceFirst
@@ -68,7 +70,7 @@ def checked_min_micro_batch(value: int, micro_batch: int | None, max_micro_batch
     return value
 
 
-class OomRecovery(CountsSkips, WatchesGrads, TellsSplit, VotesRecovery):
+class OomRecovery(CountsSkips, WatchesGrads, TellsSplit, VotesRecovery, OptimizerPhase):
     """Recovery state and steps of a :class:`~autobatch.Runner` (which sets the attributes)."""
 
     min_micro_batch = 1  # a recovery never shrinks the micro-batch below it (a multiple of multiple_of)
@@ -134,6 +136,8 @@ class OomRecovery(CountsSkips, WatchesGrads, TellsSplit, VotesRecovery):
         gives up with it (:mod:`~autobatch.training.oom.recovery_vote`)."""
         if self._stopped_by:
             return True  # a peer gave up: this rank's vote raised to end the step
+        if self._phase == "optimizer":  # replayed once at the same micro-batch, then given up: optimizer_phase
+            return self._optimizer_gives_up()
         if not self._at_floor() or self.growth.trying:
             return False
         stops = not self.checkpointing_fallback or self._checkpointed()
@@ -182,6 +186,8 @@ class OomRecovery(CountsSkips, WatchesGrads, TellsSplit, VotesRecovery):
             self.micro_batch, action = self._agreed_recovery(before, back)
         elif grow:  # a failed grow-back try returns to the size that trained
             self.micro_batch, action = back, "back"
+        elif phase == "optimizer":  # the micro-batch does not size the optimizer step: the same again (optimizer_phase)
+            action = "same"
         elif not self._at_floor():
             measured = self._measured_micro_batch()
             if measured is not None:
@@ -194,6 +200,8 @@ class OomRecovery(CountsSkips, WatchesGrads, TellsSplit, VotesRecovery):
             action = "checkpointing"
         if grow:
             self.result.grow_attempts[-1]["held"] = False
+        if action == "same":
+            self._optimizer_replayed = self.step
         if action in ("measured", "halve"):
             self._last_shrink = (self.step, before, self.micro_batch)
         recovery = Recovery(self.step, phase, before, self.micro_batch, action, grow, self._last_error)
@@ -202,7 +210,8 @@ class OomRecovery(CountsSkips, WatchesGrads, TellsSplit, VotesRecovery):
             "OOM at step %d in %s with micro-batch %d%s: replaying the global batch with micro-batch %d%s%s "
             "(recovery %d)",
             self.step, phase, before, " (a grow-back try)" if grow else "", self.micro_batch,
-            " (sized from measured memory)" if action == "measured" else "",
+            " (sized from measured memory)" if action == "measured" else " (the same: it does not size the optimizer "
+            "step)" if action == "same" else "",
             " and activation checkpointing" if action == "checkpointing" else "", len(self.result.oom_recoveries),
         )
 
@@ -274,6 +283,8 @@ class OomRecovery(CountsSkips, WatchesGrads, TellsSplit, VotesRecovery):
         if not getattr(self, "_replaying", True):
             return self._outside_replay(failed_at)
         reason, checkpointed = self._stopped_reason(failed_at), self._checkpointed()
+        if reason is None and self._phase == "optimizer":
+            reason = self._optimizer_reason(failed_at)
         if failed_at > 1 and reason is None:  # the default message is for micro-batch 1
             allowed = (f"min_micro_batch={self.min_micro_batch} and multiple_of={self.multiple_of} allow"
                        if self.multiple_of > 1 else f"min_micro_batch={self.min_micro_batch} allows")
@@ -282,28 +293,12 @@ class OomRecovery(CountsSkips, WatchesGrads, TellsSplit, VotesRecovery):
             fallback = "" if self.checkpointing_fallback or checkpointed else "checkpointing_fallback=True, "
             advice = (f"Try {fallback}lower precision, a smaller model or sequence length, more device memory, or a "
                       f"{lower} if the model trains on fewer samples.")
-            if self._phase == "optimizer":  # neither checkpointing nor the micro-batch sizes the optimizer step
-                advice = ("The optimizer step itself does not fit: try an optimizer with less state (SGD, Adafactor), "
-                          "lower precision, a smaller model, or more device memory.")
             held = counted(largest, "sample")  # a short batch's pieces are smaller
             where = (f"micro-batch {failed_at}, the smallest {allowed}" if largest >= failed_at else f"micro-batch "
                      f"{failed_at}, whose pieces of this batch hold at most {held}, and no smaller piece is one "
                      f"{allowed}")
             reason = f"global step {self.step} ran out of memory in {self._phase} at {where}, {how} activation checkpointing. {advice}"
         return StepOutOfMemoryError(self.step, self._phase, checkpointed, reason=reason)
-
-    def _outside_replay(self, micro_batch: int) -> StepOutOfMemoryError:
-        """The error for an OOM raised after the step's attempts succeeded (in ``scheduler.step()``,
-        or the buffers' re-alignment over the ranks): nothing was replayed, since a smaller
-        micro-batch does not make that part smaller, and the message says so instead of claiming
-        that the smallest micro-batch ran out (the step is undone by then, as for any error)."""
-        where = "scheduler.step()" if self._phase == "scheduler" else "the step's end, after optimizer.step()"
-        return StepOutOfMemoryError(self.step, self._phase, self._checkpointed(), reason=(
-            f"global step {self.step} ran out of memory in {where}, after its micro-batches and optimizer step had "
-            f"succeeded at micro-batch {micro_batch}: that is outside the runner's OOM replay (moving "
-            "micro-batches, forward, backward, optimizer.step()), and a smaller micro-batch would not make it "
-            "smaller, so nothing was replayed. The step was undone (weights, optimizer, scheduler as before it); "
-            "the out-of-memory error is chained below: free memory before that call, or make it allocate less."))
 
     def _note_shrunk(self, exc: BaseException, failed_at: int, smallest: int, pieces: list[int]) -> None:
         """Add a note to ``exc`` (not an interrupt, not autobatch's own error) saying what the run's
@@ -344,6 +339,7 @@ class OomRecovery(CountsSkips, WatchesGrads, TellsSplit, VotesRecovery):
             self._stepping = False
         self._captured_at = None  # the next attempt of this step takes a fresh snapshot
         self._measured_fail = None
+        self._optimizer_replayed = None  # a fit() that starts this step again gets its replay too
         self.buffers.restore()
         self.random.restore()
         self._drop_grads()

@@ -21,6 +21,10 @@ try]``, and every rank reads the same rows:
   or half of its micro-batch when its figures do not explain the failure; a rank that did not
   proposes its own line's size, or its micro-batch; a failed grow-back try proposes the size
   before it; a rank at its floor proposes its micro-batch.
+* an OOM inside ``optimizer.step()`` (the phase is the same on every rank: all of them entered
+  it before the vote that raised it) proposes the micro-batch as it is (a failed grow-back try
+  the size before it): the step is replayed at the same size once, and a second such OOM ends
+  it on every rank alike, with no vote (:mod:`~autobatch.training.oom.optimizer_phase`).
 
 Steps without an OOM run no sync point for this; an OOM runs this one (it ran one before, except
 at the floor or after a grow-back try). One process: nothing here runs.
@@ -54,11 +58,12 @@ class VotesRecovery:
     def _agreed_recovery(self, before: int, back: int | None) -> tuple[int, str]:
         """The micro-batch every rank replays the step with, and the recovery's action, from the
         ranks' rows; raises (an OOM that tenacity's stop then ends the step on) where a rank gave up."""
-        floor = back is None and self._at_floor()
+        optimizer = self._phase == "optimizer"  # the same on every rank: optimizer_phase
+        floor = back is None and not optimizer and self._at_floor()
         measured = None
         if back is not None:
             proposal = back
-        elif floor:
+        elif floor or optimizer:
             proposal = before
         else:
             measured = self._measured_micro_batch()
@@ -79,6 +84,8 @@ class VotesRecovery:
             return size, "checkpointing"
         if back is not None and size == back:
             return size, "back"
+        if optimizer:  # the micro-batch does not size the optimizer step; a peer's failed grow-back try does
+            return size, "back" if any(row[BACK] for row in rows) else "same"
         if any(row[MEASURED] for row in rows):
             self.growth.squeezed(before)
             return size, "measured"

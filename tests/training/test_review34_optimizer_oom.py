@@ -1,0 +1,108 @@
+"""An out-of-memory error inside ``optimizer.step()`` does not shrink the micro-batch.
+
+The optimizer step's memory does not depend on the micro-batch (activations are freed by then,
+the gradients are as large at any size), yet such an OOM halved it: a transient squeeze there
+cost the rest of the run half its micro-batch, and an optimizer step that never fits was
+replayed at every halving down to 1 before the runner gave up. Now it is replayed once at the
+same micro-batch (the half-applied update undone), then given up
+(:mod:`autobatch.training.oom.optimizer_phase`).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from autobatch import FaultInjector, Runner, StepOutOfMemoryError
+from autobatch.training.oom.recovery_vote import VotesRecovery
+from runner_workloads import SampleTracker, assert_weights_close, make_data, make_model, mse, weights
+
+GLOBAL, MICRO, SAMPLES = 16, 8, 48
+
+
+class OOMAfterUpdate:
+    """A step post-hook that raises a real OOM once, at its ``at_call``-th step: the update is applied."""
+
+    def __init__(self, at_call: int) -> None:
+        self.at_call, self.calls = at_call, 0
+
+    def __call__(self, optimizer, args, kwargs) -> None:
+        self.calls += 1
+        if self.calls == self.at_call:
+            raise torch.OutOfMemoryError("CUDA out of memory (test: inside optimizer.step())")
+
+
+def _unsplit() -> list[torch.Tensor]:
+    """The plain float64 loop: one backward per global batch, one step."""
+    model = make_model()
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    for batch in make_data(SAMPLES, GLOBAL):
+        optimizer.zero_grad()
+        mse(model, batch).backward()
+        optimizer.step()
+    return weights(model)
+
+
+def test_review34_a_transient_oom_in_the_optimizer_step_replays_at_the_same_micro_batch():
+    model = make_model()
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    optimizer.register_step_post_hook(OOMAfterUpdate(at_call=2))  # before the tracker's: a failed update is not counted
+    tracker = SampleTracker(optimizer, GLOBAL)
+    runner = Runner(model, optimizer, tracker.loss_fn, global_batch=GLOBAL, micro_batch=MICRO, progress=False,
+                    log_every=None)
+    result = runner.fit(make_data(SAMPLES, GLOBAL))
+    assert [(r["step"], r["phase"], r["micro_batch_before"], r["micro_batch"], r["action"])
+            for r in result.oom_recoveries] == [(1, "optimizer", MICRO, MICRO, "same")]
+    assert result.steps == 3 and result.micro_batch == MICRO and len(tracker.applied) == 3
+    assert sorted(i for step in tracker.applied for i in step) == list(range(SAMPLES))  # every sample once
+    assert_weights_close(weights(runner.model), _unsplit())  # the half-applied update undone, replayed exactly
+
+
+def _runner(faults=None) -> Runner:
+    model = make_model()
+    return Runner(model, torch.optim.Adam(model.parameters(), lr=1e-2), mse, global_batch=GLOBAL, micro_batch=MICRO,
+                  progress=False, log_every=None, faults=faults, checkpointing_fallback=True)
+
+
+def test_review34_an_optimizer_step_that_never_fits_is_given_up_after_one_replay():
+    faults = FaultInjector((1, "optimizer"), times=None)
+    runner, first = _runner(faults), _runner()
+    first.fit(make_data(SAMPLES, GLOBAL)[:1])  # where the run stands before the step given up
+    with pytest.raises(StepOutOfMemoryError) as info:
+        runner.fit(make_data(SAMPLES, GLOBAL))
+    message = str(info.value)
+    assert "again when the step was replayed at the same micro-batch" in message and "foreach=False" in message
+    assert "checkpointing_fallback" not in message and info.value.phase == "optimizer"
+    assert faults.fired == [(1, "optimizer")] * 2  # not once per halving down to micro-batch 1
+    assert [r["micro_batch"] for r in runner.result.oom_recoveries] == [MICRO] and runner.checkpoint_handle is None
+    assert runner.micro_batch == MICRO and runner.step == 1  # the step undone, not counted
+    assert_weights_close(weights(runner.model), weights(first.model))
+
+
+class _Rank(VotesRecovery):
+    """The distributed vote's inputs, one rank at its floor, its peer's row given."""
+
+    _phase, multiple_of, min_micro_batch = "optimizer", 1, 4
+    step = 3
+
+    def __init__(self, peer: list[int]) -> None:
+        self.peer, self.rows = peer, []
+
+    def _at_floor(self) -> bool:
+        return True
+
+    def _checkpointed(self) -> bool:
+        return False
+
+    def _enable_checkpointing(self) -> None:
+        raise AssertionError("activation checkpointing does not shrink the optimizer step")
+
+    def _vote(self, *row) -> list[list[int]]:
+        self.rows.append([row[0], *map(int, row[1:])])
+        return [self.rows[-1], self.peer]
+
+
+def test_review34_ranks_replay_an_optimizer_step_oom_at_the_same_size_even_at_their_floor():
+    rank = _Rank(peer=[4, 0, 0, 0, 0])
+    assert rank._agreed_recovery(4, None) == (4, "same")
+    assert rank.rows == [[4, 0, 0, 0, 0]]  # no floor in its row: no peer turns checkpointing on
