@@ -112,3 +112,51 @@ def test_a_file_torch_save_did_not_write_is_not_a_checkpoint(tmp_path):
     path.write_text('{"steps": 3}')
     with pytest.raises(CheckpointError, match="it is not an autobatch checkpoint"):
         load_checkpoint(path)
+
+
+def _damage(path: pathlib.Path, entry_suffix: str) -> bytes:
+    """Overwrite 8 bytes in the middle of the zip entry ending in ``entry_suffix`` (the file's
+    size and zip structure kept: what a bad disk or a patched copy does); the damaged bytes."""
+    import struct
+    import zipfile
+
+    with zipfile.ZipFile(path) as archive:
+        info = max((i for i in archive.infolist() if i.filename.endswith(entry_suffix)), key=lambda i: i.file_size)
+    blob = bytearray(path.read_bytes())
+    names, extra = struct.unpack("<HH", blob[info.header_offset + 26:info.header_offset + 30])
+    middle = info.header_offset + 30 + names + extra + info.file_size // 2
+    blob[middle:middle + 8] = bytes(255 - b for b in blob[middle:middle + 8])
+    path.write_bytes(bytes(blob))
+    return bytes(blob)
+
+
+def test_review34_damaged_tensor_bytes_are_refused_naming_the_earlier_checkpoint(tmp_path):
+    """Bytes overwritten in a tensor's entry loaded (torch.load checks no CRC), and the run resumed
+    from wrong weights (NaN loss next step); now one CheckpointError, before anything is loaded,
+    naming the entry and the earlier checkpoint kept beside it; the damaged file is left as it is."""
+    run = tmp_path / "run"
+    _runner(checkpoint_dir=run).fit(make_data(), steps=1)
+    _runner(checkpoint_dir=run).fit(make_data(), steps=2)  # a fresh run: the first one's kept as last.earlier-1.pt
+    damaged = _damage(run / "last.pt", "data/0")
+    model = make_model()
+    before = [p.detach().clone() for p in model.parameters()]
+    with pytest.raises(CheckpointError, match=r"last\.pt: it is damaged: the bytes of its entry '.*data/0'") as caught:
+        _runner(model, checkpoint_dir=run).fit(make_data(), steps=3, resume=run)
+    message = str(caught.value)
+    assert f"resume from {run / 'last.earlier-1.pt'}" in message and "\n" not in message
+    assert (run / "last.pt").read_bytes() == damaged
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+
+
+def test_review34_damaged_pickle_or_cut_file_says_so(tmp_path):
+    """A changed byte in data.pkl was "holds objects that ... could run code", a file cut short
+    "OSError: [Errno 22] Invalid argument": neither said the file was damaged."""
+    _runner(checkpoint_dir=tmp_path).fit(make_data(), steps=1)
+    path = tmp_path / "last.pt"
+    good = path.read_bytes()
+    _damage(path, "data.pkl")
+    with pytest.raises(CheckpointError, match=r"it is damaged: the bytes of its entry '.*data\.pkl'.*start afresh"):
+        load_checkpoint(path, expect_format=RUNNER_FORMAT)
+    path.write_bytes(good[: len(good) // 2])
+    with pytest.raises(CheckpointError, match=r"it is cut short.*no earlier checkpoint is kept"):
+        load_checkpoint(path, expect_format=RUNNER_FORMAT)

@@ -11,8 +11,9 @@ Loading never runs code: checkpoints are read with ``torch.load(weights_only=Tru
 refuses any pickled object that is not a tensor or a plain value (a file carrying a
 ``__reduce__`` payload is refused before anything in it runs). Everything the runner saves is
 such a value: the random generator states are stored as tensors and lists. A file that is not
-an autobatch checkpoint, a truncated one, or one that holds code, raises one
-:class:`~autobatch.errors.CheckpointError` naming the file and what to do.
+an autobatch checkpoint, a truncated one, one whose bytes were changed after it was written
+(every entry's CRC32 is checked first: :mod:`~autobatch.training.checkpoints.integrity`), or one
+that holds code, raises one :class:`~autobatch.errors.CheckpointError` naming the file and what to do.
 
 Also here: the random number generator states a checkpoint must carry for a resumed run to
 draw the same numbers (dropout masks, a shuffled DataLoader's order) as an uninterrupted one
@@ -33,6 +34,7 @@ import torch
 from ...errors import CheckpointError, add_note
 from ...probe.snapshot.rng import rng_state, set_rng_state  # the checkpoint carries them; re-exported here
 from .loader_rng import data_generators  # re-exported here
+from .integrity import check_intact
 
 __all__ = ["save_checkpoint", "load_checkpoint", "resolve_checkpoint", "write_cleared", "rng_state", "set_rng_state", "data_generators", "CHECKPOINT_NAME", "RUNNER_FORMAT"]
 
@@ -165,6 +167,10 @@ def load_checkpoint(path: str | os.PathLike, *, expect_format: str | None = None
     if not written_by_torch_save(path):  # torch would read it as a legacy pickle and blame its objects
         raise CheckpointError(path, "it is not an autobatch checkpoint (not a file torch.save writes); resume from the "
                                     "last.pt autobatch's runner wrote")
+    try:
+        check_intact(path)  # every entry's CRC32: torch.load checks none, and loaded damaged weights silently
+    except OSError as exc:
+        raise _unreadable(path, exc) from None
     try:
         # weights_only=True: tensors and plain values only; a pickled object is refused unrun
         state = torch.load(path, map_location="cpu", weights_only=True)
