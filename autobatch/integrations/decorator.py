@@ -70,7 +70,7 @@ from typing import Any, Callable
 
 import torch
 
-from ..errors import NoBatchFitsError, add_note
+from ..errors import add_note
 from ..memory.devices import AcceleratorMemory, DeviceMemory, SimulatedDeviceMemory, resolve_device
 from ..memory.diagnostics import oom_count
 from ..memory.lazy_state import LazyStateWatch
@@ -80,9 +80,10 @@ from .decorator_loaders import KeptLoader
 from .decorator_checks import (accumulation_message, caught_message, check_arguments, check_call,
                                check_takes_batch, is_method, kept_by_failures, reduced_size, refuse_coroutine,
                                retrained_message, retry_note)
-from .decorator_fixed import FIXED, fixed_hint, fixed_point, fixed_step
+from .decorator_fixed import FIXED, fixed_point, fixed_step
 from .decorator_state import AttemptState, accumulation_steps
 from .decorator_steps import next_size
+from .decorator_stop import fixed_failure, nothing_fits
 
 __all__ = ["find_executable_batch_size", "Attempt"]
 
@@ -112,6 +113,9 @@ class Attempt:
     #: out-of-memory errors raised during a call that returned and caught inside the function (by
     #: its own ``except``, not by a nested decorated call): the size may not have run its steps
     caught_ooms: int = 0
+    #: the attempt was interrupted (Ctrl-C's ``KeyboardInterrupt``, a ``SystemExit``) before it returned or
+    #: failed: neither a size that ran nor a failure the search learned from (``ok`` False, ``error`` None)
+    interrupted: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -139,8 +143,8 @@ def find_executable_batch_size(
     is a multiple of it (while it is at least ``multiple_of``): a start that is not is rounded
     down to one (100 with 8 starts at 96), and a start below ``multiple_of`` is a ``ValueError``
     rather than a size larger than asked. The wrapper has ``attempts`` (every :class:`Attempt`,
-    over all calls) and ``batch_size`` (the size the next call starts from: the last that ran;
-    after a ``NoBatchFitsError``, where that call started). Over ``@staticmethod``/``@classmethod`` too.
+    over all calls) and ``batch_size`` (the size the next call starts from: the last that ran; after a
+    ``NoBatchFitsError`` or a Ctrl-C, where that call started: :func:`_interrupted`). Over ``@staticmethod``/``@classmethod`` too.
 
     Raises:
         TypeError: the batch size was passed in the call, by position or name, or as the function
@@ -178,41 +182,41 @@ def find_executable_batch_size(
                   args: tuple, kwargs: dict) -> Any:
         first, mine, accumulating = wrapped.batch_size, len(wrapped.attempts), accumulation_steps()  # x first: asked
         kept = KeptLoader(getattr(function, "__name__", "function"), args[int(method):], kwargs, function, *args[:int(method)])
-        while True:
-            size = wrapped.batch_size
-            attempt = Attempt(batch_size=size, ok=False, seconds=0.0)
-            wrapped.attempts.append(attempt)
-            grads.record(size)
-            if memory is not None:
-                memory.synchronize()
-                memory.reset_peak()
-                attempt.start_bytes, attempt.capacity_bytes = memory.allocated(), memory.capacity()
-            ooms, handled = oom_count(memory), recognised_ooms()
-            began = time.perf_counter()
-            try:
-                value = function(*args[:1], size, *args[1:], **kwargs) if method else function(size, *args, **kwargs)
-            except Exception as exc:
-                if not is_oom_error(exc):
-                    _note_retry(exc, function, wrapped.attempts[mine:], grads)
-                    raise
-                _record_failure(attempt, exc, memory, began, grads, kept)
-                if size <= 1 or _fixed_failure(wrapped.attempts[mine:]) == "stop":  # a smaller size fails too
-                    wrapped.batch_size = first  # nothing ran: a later call (memory freed since) searches again
-                    raise _nothing_fits(attempt, memory, wrapped.attempts[mine:], function,
-                                        args[0] if method else None, kept.message) from exc
-                # leave the handler: only the message is kept, the failed frames are released
-            else:
-                refuse_coroutine(function, value)
-                attempt.seconds, attempt.ok = time.perf_counter() - began, True
-                _returned(wrapped.attempts[mine:], function, memory, (ooms, handled), (grads, kept), accumulating)
-                return value
-            watch.repair()  # an optimizer step the OOM interrupted leaves no half-created state
-            if lost := grads.drop_failed():  # the next attempt neither steps with nor holds the failed one's
-                warnings.warn(_lost_message(lost, getattr(function, "__name__", "function")), RuntimeWarning, stacklevel=3)
-            free_memory()
-            if memory is not None:
-                attempt.peak_bytes = memory.peak()
-            wrapped.batch_size = _next_size(wrapped.attempts[mine:], reduce_batch_size_fn, fallback_factor, multiple_of)
+        began = time.perf_counter()
+        try:
+            while True:
+                size = wrapped.batch_size
+                attempt = Attempt(batch_size=size, ok=False, seconds=0.0)
+                wrapped.attempts.append(attempt)
+                grads.record(size)
+                if memory is not None:
+                    memory.synchronize()
+                    memory.reset_peak()
+                    attempt.start_bytes, attempt.capacity_bytes = memory.allocated(), memory.capacity()
+                ooms, handled = oom_count(memory), recognised_ooms()
+                began = time.perf_counter()
+                try:
+                    value = function(*args[:1], size, *args[1:], **kwargs) if method else function(size, *args, **kwargs)
+                except Exception as exc:
+                    if not is_oom_error(exc):
+                        _note_retry(exc, function, wrapped.attempts[mine:], grads)
+                        raise
+                    _record_failure(attempt, exc, memory, began, grads, kept)
+                    if size <= 1 or fixed_failure(wrapped.attempts[mine:]) == "stop":  # a smaller size fails too
+                        wrapped.batch_size = first  # nothing ran: a later call (memory freed since) searches again
+                        raise nothing_fits(attempt, memory, wrapped.attempts[mine:], function,
+                                           args[0] if method else None, kept.message) from exc
+                    # leave the handler: only the message is kept, the failed frames are released
+                else:
+                    refuse_coroutine(function, value)
+                    attempt.seconds, attempt.ok = time.perf_counter() - began, True
+                    _returned(wrapped.attempts[mine:], function, memory, (ooms, handled), (grads, kept), accumulating)
+                    return value
+                _undo_failed(attempt, watch, grads, memory, getattr(function, "__name__", "function"))
+                wrapped.batch_size = _next_size(wrapped.attempts[mine:], reduce_batch_size_fn, fallback_factor, multiple_of)
+        except BaseException as exc:  # Ctrl-C (KeyboardInterrupt), SystemExit: re-raised unchanged
+            _interrupted(exc, wrapped, wrapped.attempts[mine:], first, (time.perf_counter() - began, grads))
+            raise
 
     wrapped.attempts = []  # type: ignore[attr-defined]
     wrapped.batch_size = starting_batch_size - starting_batch_size % multiple_of  # type: ignore[attr-defined]
@@ -264,6 +268,38 @@ def _smaller_than_asked(function: Callable[..., Any], attempts: list[Attempt], a
     if (size < first and grads.retrained.stepped() and accumulating > 1 and (now := accumulation_steps(live=True)) > 1
             and size * now != first * accumulating):  # it trains, accumulating, other samples a step
         warnings.warn(accumulation_message(name, first, size, accumulating, now), RuntimeWarning, stacklevel=5)
+
+
+def _undo_failed(attempt: Attempt, watch: LazyStateWatch, grads: AttemptState, memory: DeviceMemory | None,
+                 name: str) -> None:
+    """After a failed ``attempt``, out of its handler: what it left half-made or on the parameters is
+    undone (:meth:`~.decorator_state.AttemptState.drop_failed`), memory is freed, and its peak read."""
+    watch.repair()  # an optimizer step the OOM interrupted leaves no half-created state
+    if lost := grads.drop_failed():  # the next attempt neither steps with nor holds the failed one's
+        warnings.warn(_lost_message(lost, name), RuntimeWarning, stacklevel=4)  # here, _attempts, wrapped: the caller
+    free_memory()
+    if memory is not None:
+        attempt.peak_bytes = memory.peak()
+
+
+def _interrupted(exc: BaseException, wrapped: Any, attempts: list[Attempt], first: int,
+                 running_for: tuple[float, AttemptState]) -> None:
+    """A call interrupted (``exc``: Ctrl-C's ``KeyboardInterrupt``, a ``SystemExit``; an ``Exception``
+    is left alone; ``attempts``: the call's own, ``first``: where it started; ``running_for``: the
+    seconds since the last attempt began, and the call's :class:`~.decorator_state.AttemptState`):
+    the attempt running then is marked ``interrupted`` (neither ran nor failed), and where none of the
+    call's attempts ran, the next call starts where this one did, as after a ``NoBatchFitsError``,
+    unless the interrupted attempt stepped an optimizer: its steps ran at its size (a run stopped by hand
+    after training a while), and a later call that resumes from its checkpoint skips its batches at that
+    size. Why: ``wrapped.batch_size`` kept the size of an attempt that nothing had tested (128 ran out of
+    memory, 115 was interrupted before a step, and the next call started at 115 as if 115 had run)."""
+    if isinstance(exc, Exception):
+        return
+    (seconds, grads), running = running_for, attempts[-1] if attempts and not attempts[-1].ok and attempts[-1].error is None else None
+    if running is not None:
+        running.interrupted, running.seconds = True, seconds
+    if not any(attempt.ok for attempt in attempts) and (running is None or not grads.retrained.stepped()):
+        wrapped.batch_size = first
 
 
 def _note_retry(exc: Exception, function: Callable[..., Any], attempts: list[Attempt], grads: AttemptState) -> None:
@@ -330,70 +366,3 @@ def _instruments(device: str | torch.device | None) -> DeviceMemory | None:
     if target.type == "mps":
         return None  # no peak counter
     return AcceleratorMemory(target)
-
-
-def _fixed_failure(attempts: list[Attempt]) -> str | None:
-    """Whether a call's failed attempts ran out of memory at one point whatever their size: the
-    same allocator message (the same request, the same memory in use), and where measured the same
-    bytes allocated above each attempt's start, over sizes at least a factor 2 apart. None when
-    not; "stop" when at least 4 did, each after allocating something (an OOM raised by hand
-    allocates nothing), over sizes at least a factor 4 apart, so no smaller size can get past that
-    point either; "same" when they did but that is not proof enough to stop. Why: a function that
-    ignores its batch size (a ``DataLoader`` built outside it, with its own ``batch_size``) failed
-    identically 39 times from 2048 down to 1, then raised ``NoBatchFitsError`` advising gradient
-    accumulation. Why a factor 4 to stop: a function that does use its size but fills the memory
-    in pieces of one size (a tensor per sample) fails at the capacity on the same request whatever
-    the size, too; started at 3x what fits, a factor 2 stopped it at 347 where 256 ran."""
-    failed = [attempt for attempt in attempts if not attempt.ok]
-    if len(failed) < 2 or failed[0].requested_bytes is None or failed[0].batch_size < 2 * failed[-1].batch_size:
-        return None
-
-    def point(attempt: Attempt) -> tuple:
-        grew = (None if attempt.failed_at_bytes is None or attempt.start_bytes is None
-                else attempt.failed_at_bytes - attempt.start_bytes)
-        return attempt.error, attempt.requested_bytes, grew
-
-    if any(point(attempt) != point(failed[0]) for attempt in failed):
-        return None
-    grew = point(failed[0])[2]
-    spans = failed[0].batch_size >= 4 * failed[-1].batch_size
-    return "stop" if spans and len(failed) >= 4 and grew is not None and grew > 0 else "same"
-
-
-def _nothing_fits(attempt: Attempt, memory: DeviceMemory | None, attempts: list[Attempt],
-                  function: Callable[..., Any], instance: Any = None, loader: str | None = None) -> NoBatchFitsError:
-    """Batch 1 failed, or this call's ``attempts`` all failed at one point whatever their size
-    (:func:`_fixed_failure`), so a smaller one would too: the error says which, and what to change.
-    ``instance``: a method's ``self``, whose own ``batch_size`` attribute (Lightning's convention)
-    is named where the size looks ignored: a method that read it never used the size it was given.
-    ``loader``: :class:`~.decorator_loaders.KeptLoader`'s message, where a prepared loader ignored it
-    (said before the fixed point's hint, whose advice, a loader built outside, is wrong for a Trainer's)."""
-    name, fixed = getattr(function, "__name__", "function"), attempts if _fixed_failure(attempts) else None
-    own = getattr(instance, "batch_size", None) if instance is not None else None
-    if loader is not None:  # it names the loader that kept its size: more than "the same point" says
-        hint = f"find_executable_batch_size reached batch {attempt.batch_size}. {loader}"
-    elif fixed:
-        hint = (
-            f"find_executable_batch_size stopped at batch {attempt.batch_size}: every attempt of `{name}` from batch "
-            f"{fixed[0].batch_size} down to {attempt.batch_size} ({len(fixed)} attempts) ran out of memory at the same "
-            "point (the same allocation, with the same memory in use), so what fails does not depend on the batch "
-            f"size. Does `{name}` use the batch size it is given?"
-            + (f" `self.batch_size` is {own}, and the decorator does not set it: read the method's batch_size "
-               "parameter instead." if isinstance(own, int) and not isinstance(own, bool) else "")
-            + " A DataLoader built outside the function keeps its "
-            "own batch_size: build it inside, DataLoader(dataset, batch_size=batch_size). If it does, what fails is "
-            "fixed in size (the model, its optimizer state, a fixed-size buffer): use lower precision, a smaller "
-            "model or a larger device."
-        )
-    elif kept := kept_by_failures(name, attempts):
-        hint = f"find_executable_batch_size reached batch {attempt.batch_size}. {kept}"
-    elif (point := fixed_point(attempts)) is not None:  # the fixed part alone does not fit
-        hint = fixed_hint(name, point)
-    else:
-        hint = ("find_executable_batch_size reached batch 1 and it still ran out of memory, so no smaller batch (nor "
-                "gradient accumulation) can help: use activation checkpointing, lower precision, a smaller model or a larger device.")
-    return NoBatchFitsError(
-        batch_size=attempt.batch_size, capacity_bytes=attempt.capacity_bytes,
-        peak_bytes=None if memory is None else memory.peak(), device=getattr(memory, "name", "the device"),
-        last_error=attempt.error, hint=hint,
-    )

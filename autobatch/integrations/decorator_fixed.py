@@ -19,7 +19,7 @@ pieces that fit), where about (usable - start) / (R + d) samples run. The next s
 reaches batch 1 in a few attempts (3, then 1, above), and the second runs at the size its pieces
 allow (a jump that fell short of it is not followed by smaller ones). A slope of zero (the same
 bytes in use at every size) is left to the check for a function that ignores its batch size
-(:func:`~autobatch.integrations.decorator._fixed_failure`): no sample's share was seen.
+(:func:`~autobatch.integrations.decorator_stop.fixed_failure`): no sample's share was seen.
 At batch 1, failures on such a line raise ``NoBatchFitsError`` saying that the fixed part does
 not fit (:func:`fixed_hint`), not to accumulate gradients.
 """

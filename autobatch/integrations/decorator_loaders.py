@@ -4,7 +4,7 @@
 Why: a loader ``accelerator.prepare``d outside the decorated function (Accelerate's
 "dataloaders" gap) is the same object at every attempt, at the size it was built with, so no
 retry trains a smaller batch. Where every attempt fails at one allocation the decorator stops
-after four (``_fixed_failure``), but a shuffled loader of variable-length samples fails on another
+after four (``decorator_stop.fixed_failure``), but a shuffled loader of variable-length samples fails on another
 allocation each time: 37 attempts down to batch 1, then ``NoBatchFitsError`` advising gradient
 accumulation. A prepared loader is seen while it is iterated (Accelerate's ``GradientState``
 lists it from its first batch until its loop ends), so the loader a failure happened in is known.

@@ -28,7 +28,8 @@ from .global_batch import cap_at_samples, changed_samples, check_share, small_sp
 from .transformers_loss import warn_unscaled_accumulation
 from .transformers_resume import (accumulation_setter, accumulation_where, record_split, resumed_batch, resumed_checkpoint,
                                   resumed_global_batch, warn_unseen_resume)
-from .transformers_samples import SLICE_ROWS, STREAM_SAMPLES, longest_sample, probe_samples
+from .transformers_padding import note_padding
+from .transformers_samples import SLICE_ROWS, STREAM_SAMPLES, longest_sample, scan_samples
 from .transformers_schedule import tell_size
 from .transformers_step import TrainerStep, checkpointing_as_train, trainer_key
 
@@ -105,7 +106,7 @@ def fit_batch_size(
     if sample is None and trainer.train_dataset is None:  # an eval-only Trainer: sample= would size training
         raise ValueError("fit_batch_size sizes training and trainer.train_dataset is None: give the Trainer its train_dataset, or pass "
                          "sample=. It does not size evaluation: for trainer.evaluate() alone, set per_device_eval_batch_size yourself")
-    sample, short = probe_samples(trainer.train_dataset) if sample is None else (sample, None)
+    sample, short, compared = scan_samples(trainer.train_dataset) if sample is None else (sample, None, None)
     # the Trainer's loop trains the answer, and it cannot replay a step that runs out of memory
     options = {"hand_loop": True, **probe_options, "start": start}
     modes = [(module, module.training) for module in trainer.model.modules()]
@@ -134,7 +135,7 @@ def fit_batch_size(
     record_split(trainer, set_for)  # train()'s loader size, and its checkpoints record the accumulation
     if asked is None and resume_from_checkpoint is None and getattr(args, "resume_from_checkpoint", None) is None:
         warn_unseen_resume(trainer, size)
-    tell_size(trainer, before, size, accumulation, world, result.batch_size, share)  # and the steps train() runs
+    tell_size(trainer, before, size, accumulation, world, result.batch_size, share, note_padding(result, step, sample, short, compared))
     _warn_unprobed(trainer, size, sample)
     return result
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["SLICE_ROWS", "STREAM_SAMPLES", "longest_sample", "probe_samples"]
+__all__ = ["SLICE_ROWS", "STREAM_SAMPLES", "longest_sample", "probe_samples", "scan_samples"]
 
 log = logging.getLogger("autobatch")
 
@@ -57,6 +57,14 @@ def probe_samples(dataset: Any) -> tuple[Any, Any]:
     attention drops, where a padded batch builds a mask of batch x heads x length x length; a
     frozen BERT (classifier head trained) probed without padding answered 84 and ``train()`` at
     84 ran out of memory in that mask. A training set of one length (packed text) has none."""
+    longest, short, _ = scan_samples(dataset)
+    return longest, short
+
+
+def scan_samples(dataset: Any) -> tuple[Any, Any, bool]:
+    """:func:`probe_samples`'s ``(longest, short)``, and whether the samples could be compared (False:
+    this warned, and ``longest`` is the first sample), so that the log can say which a ``short`` of
+    None is: a set of one length, or one whose longest sample could not be told."""
     items = _samples(dataset)
     first = next(items, _EMPTY)
     if first is _EMPTY:
@@ -70,7 +78,7 @@ def probe_samples(dataset: Any) -> tuple[Any, Any]:
             log.warning("fit_batch_size: cannot tell the longest sample of the training set (sample %d: %s); probing "
                         "at the first sample, which a longer one may not fit beside; pass sample= (your longest "
                         "sample, as the dataset yields it)", index, fields)
-            return first, None
+            return first, None, False
         total = 0
         for key, value in fields:
             size = _padded_size(value)
@@ -80,7 +88,7 @@ def probe_samples(dataset: Any) -> tuple[Any, Any]:
         if least is None or total < least:
             short, least = item, total
     # a sample below the longest's total is shorter in some field: batches of the set are padded
-    return _rebuilt(first, best), (short if least is not None and least < sum(sizes.values()) else None)
+    return _rebuilt(first, best), (short if least is not None and least < sum(sizes.values()) else None), True
 
 
 _EMPTY = object()

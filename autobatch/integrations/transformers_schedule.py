@@ -45,13 +45,14 @@ def optimizer_steps(args: Any, samples: int | None, size: int, accumulation: int
 
 
 def tell_size(trainer: Any, before: tuple[Any, int | None], size: int, accumulation: int, world: int, probed: int,
-              share: int | None) -> None:
+              share: int | None, padded: str | None = None) -> None:
     """The INFO line naming the size set, the samples per optimizer step and the steps ``train()``
     runs; one warning where the schedule was sized for the steps at ``before`` (the user's
     ``(per_device_train_batch_size, gradient_accumulation_steps)``; a size of None: not compared, as on a
     resume, whose schedule was sized when the run began) and the count changed; and
     :func:`warn_short_last_step`'s warning (on a resume ``before`` is ``(None, the checkpoint's
-    per-device batch)``)."""
+    per-device batch)``). ``padded``: what the probed batches held of the main input
+    (:func:`~.transformers_padding.padding_note`), said beside the probe's size."""
     warn_short_last_step(trainer, size, accumulation, world, share, before[1] if before[0] is None else None)
     args = trainer.args
     samples = _length(trainer.train_dataset)
@@ -64,8 +65,9 @@ def tell_size(trainer: Any, before: tuple[Any, int | None], size: int, accumulat
         steps += (f", {now[0] * size * accumulation * world} samples where per_device_train_batch_size={before[0]} "
                   f"trained {old[0] * before[0] * before[1] * world}")
     log.info("fit_batch_size: per_device_train_batch_size=%d, gradient_accumulation_steps=%d: %d samples per "
-             "optimizer step over %d process(es) (probe %d)%s%s", size, accumulation, size * accumulation * world,
-             world, probed, steps, "" if share is not None else "; pass global_batch= to keep a global batch")
+             "optimizer step over %d process(es) (probe %d%s)%s%s", size, accumulation, size * accumulation * world,
+             world, probed, f", on batches of {padded}" if padded else "", steps,
+             "" if share is not None else "; pass global_batch= to keep a global batch")
     if now is None or old is None or old[0] == now[0]:
         return
     warmup = getattr(args, "warmup_steps", 0) or 0

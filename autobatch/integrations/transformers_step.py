@@ -55,6 +55,7 @@ import torch
 from ..probe.caching.cache_key import own_code
 from ..probe.train_step import TrainStep
 from ..training.batch_ops import to_device
+from .transformers_padding import padded_length
 from .trial_settings import sized_for_trial
 
 __all__ = ["TrainerStep", "checkpointing_as_train", "checkpointing_settings", "ddp_bucket_bytes", "num_items_in_batch",
@@ -70,6 +71,9 @@ class TrainerStep(TrainStep):
     def __init__(self, trainer: Any, sample: Any, share: int | None, accumulation: int = 1, short: Any = None) -> None:
         self.trainer, self.sample, self.share, self.accumulation = trainer, sample, share, accumulation
         self.short = short  # a shorter sample the collator pads, as train()'s batches (transformers_samples.probe_samples)
+        #: the model's main input, and its length in the last probed batch of two samples or more
+        #: (:mod:`~autobatch.integrations.transformers_padding`; the cache key builds one too, fake or real)
+        self.main, self.padded = getattr(trainer.model, "main_input_name", None) or "input_ids", None
         self.collate = training_collator(trainer)
         max_grad_norm = getattr(trainer.args, "max_grad_norm", None)
         self.bucket_bytes = ddp_bucket_bytes(trainer)
@@ -81,7 +85,10 @@ class TrainerStep(TrainStep):
         samples = [self.sample] * size
         if self.short is not None and size > 1:
             samples[-1] = self.short  # padded, with the attention mask train()'s padded batches carry
-        return self.collate(samples)
+        batch = self.collate(samples)
+        if size > 1:
+            self.padded = padded_length(batch, self.main)
+        return batch
 
     def _device_batch(self, size: int) -> Any:
         return to_device(self._host_batch(size), self.trainer.args.device)

@@ -53,3 +53,22 @@ def test_review33_probe_pads_its_batches_as_the_collator_pads_the_run(tmp_path, 
     assert (padded["attention_mask"] == 0).any()  # and padded, as train()'s batches of this set are
     uniform = [{"input_ids": [5] * 12, "attention_mask": [1] * 12, "labels": 1}] * 3
     assert probe_samples(uniform) == (uniform[0], None)  # packed text, one length: no padding to probe
+
+
+def test_review34_the_log_says_which_padded_length_was_probed():
+    """Nothing said which length the probe's padded batches had. The note (in the INFO line naming the
+    size and in ``result.notes``) gives it, as the collator padded it, and the samples' lengths."""
+    from autobatch.integrations.transformers_padding import padded_length, padding_note
+
+    longest = {"input_ids": [5] * 12, "attention_mask": [1] * 12, "labels": 1}
+    short = {"input_ids": [5] * 2, "attention_mask": [1] * 2, "labels": 0}
+    batch = _Tokenizer().pad([longest, short])
+    assert padding_note("input_ids", padded_length(batch, "input_ids"), longest, short, True) == (
+        "input_ids padded to length 12: the training set's longest sample has 12, its shortest 2, in each probed batch")
+    assert padding_note("input_ids", 12, longest, None, True) == (
+        "input_ids of length 12, unpadded: every sample of the training set has 12")
+    assert padding_note("input_ids", 16, longest, None, True).startswith("input_ids padded to length 16:")  # a multiple of 8
+    assert padding_note("input_ids", 12, longest, None, None).endswith("the sample= given has 12, probed alone")
+    image = {"pixel_values": torch.ones(3, 8, 8), "labels": 1}  # not a token sequence: no length to tell
+    assert padding_note("pixel_values", padded_length({"pixel_values": torch.ones(2, 3, 8, 8)}, "pixel_values"),
+                        image, None, True) is None
