@@ -13,7 +13,8 @@ train dataset (under DDP: a rank's share; a fractional ``limit_train_batches``: 
 :func:`.lightning_epochs.epoch_cap`). The module (its plain attributes too: gathered outputs, counters, metric
 states), its optimizers, the scaler, the learning-rate schedulers and the random states are put back bit-exactly
 after the trials (:mod:`.lightning_state`); no checkpoint file is written. The size is saved in Lightning's
-checkpoints (the callback's state): ``fit(ckpt_path=...)`` trains at it again, without a probe; a later ``fit``
+checkpoints (the callback's state): ``fit(ckpt_path=...)`` trains at it again once one trial there fits (else
+split into micro-batches that do: :mod:`.lightning_trials`), without a new search; a later ``fit``
 with nothing left to train is not probed. Dataloaders passed to ``fit()`` directly are refused, as
 ``BatchSizeFinder`` refuses them. An integer ``val_check_interval`` longer than an epoch at the size set (which
 ``fit`` would refuse) is one ``ValueError`` before training, naming what to change.
@@ -45,10 +46,8 @@ from lightning.pytorch.utilities.parsing import lightning_getattr, lightning_has
 
 from ..memory.devices import memory_for
 from ..memory.units import parse_bytes
-from ..probe.find import find_max_batch
 from ..probe.result import ProbeResult
 from ..probe.searching.search import peak_limit
-from ..probe.snapshot.unrestored import caller_restores
 from ..training.checkpoints.checkpoint_io import rng_state, set_rng_state
 from .. import checks
 from .global_batch import accumulation_for, cap_at_samples, check_share, small_split, split_keeping
@@ -60,8 +59,8 @@ from .lightning_loop import LoopConfirmation, MemoryLine, confirm_in_loop
 from .lightning_options import checked_batch_arg_name, checked_probe_options
 from .lightning_resume import changed_samples, dropped_samples, resumed_split
 from .lightning_schedules import StepSchedule
-from .lightning_state import SavedState, parked_checkpoint, probing
-from .lightning_step import LightningStep, first_batch
+from .lightning_step import first_batch
+from .lightning_trials import kept_fits, probe_trials
 from .lightning_tuners import arrange_tuners, tell
 
 __all__ = ["AutoBatchSize", "accumulation_for"]
@@ -160,7 +159,8 @@ class AutoBatchSize(Callback):
         """Keep the checkpoint's size for the resumed fit. Why not probe again: Lightning still
         holds the loaded checkpoint (weights, optimizer moments) in memory at fit start, so a new
         probe answers a smaller size, and the resumed run would train at another batch and
-        another number of steps per epoch than the run it resumes."""
+        another number of steps per epoch than the run it resumes. One trial checks that it fits
+        this machine (:func:`~.lightning_trials.kept_fits`, from :meth:`_resume`)."""
         self._restored = dict(state_dict)
         if self._fitting is not None and self._restored == self.state_dict():
             self._restored = None  # the size this fit set, back from a tuner's checkpoint (LearningRateFinder's)
@@ -209,14 +209,9 @@ class AutoBatchSize(Callback):
         cap, where = epoch_cap(trainer, samples)
         options["max_batch"], options["start"] = cap_at_samples(
             cap, options["max_batch"], options["start"], multiple, where=where + (f" (a rank of {world})" if world > 1 else ""))
-        with parked_checkpoint(trainer), SavedState.kept(trainer, pl_module) as state:
-            step = LightningStep(trainer, pl_module, first, accumulating=share is not None and share > 1, prefetch=not sized,
-                                 restore=lambda: state.attributes.restore(drop_new=False), loaders=loaders, own=own,
-                                 name=self.batch_arg_name)  # set to each trial's size: a training_step may read it
-            with probing(trainer, pl_module), caller_restores():  # state.reset puts all back: no "trained for real" note
-                self.result = find_max_batch(step, device=pl_module.device, **options)
-            del step, first
-            state.reset()
+        with probe_trials(trainer, pl_module, first, options, accumulating=share is not None and share > 1,
+                          prefetch=not sized, loaders=loaders, own=own, name=self.batch_arg_name) as (self.result, state):
+            del first
             self.batch_size, self.accumulation = self._apply(trainer, pl_module, share, self.result.batch_size)
             if self.confirm and world == 1:
                 self._confirm(trainer, pl_module, share, state.reset)
@@ -294,9 +289,13 @@ class AutoBatchSize(Callback):
         if (restored.get("global_batch"), restored.get("world_size")) != (self.global_batch, self._world):
             self._before = dropped_samples(restored, self.global_batch, self._world)  # warned once the size is set
             return False
+        share = (self.global_batch or 0) // self._world
+        fits = self._largest if self.result is not None else kept_fits(  # a late restore: the probe's largest fits
+            trainer, module, restored["batch_size"], self.probe_options, world=self._world, name=self.batch_arg_name,
+            accumulating=share > 1 or (restored.get("accumulation") or 1) > 1)  # one trial where it fits
         self.batch_size, self.accumulation = resumed_split(restored, self._given and self._given[1], self.global_batch,
                                                            self._world, self.probe_options, self.batch_arg_name,
-                                                           self.state_key)
+                                                           self.state_key, fits=fits)
         lightning_setattr(module, self.batch_arg_name, self.batch_size)
         check_limit(trainer, self.global_batch, self.accumulation, self.batch_size, None)
         check_validation(trainer, self.batch_size, self.probe_options["multiple_of"], None)

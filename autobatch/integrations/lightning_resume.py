@@ -17,6 +17,9 @@ A ``max_batch`` lowered on resume below the checkpoint's batch size holds (:func
 the checkpoint's samples per optimizer step are split into micro-batches of at most ``max_batch``,
 with one warning. Why: the checkpoint's size won, so a user who lowered the cap (a smaller device,
 a run that ran out of memory) trained at the size they had just excluded, with only an INFO line.
+The same where this machine has less memory than the run that wrote the checkpoint: its size is
+checked with one trial (:func:`~.lightning_trials.kept_fits`) and, where it does not fit, split
+into micro-batches of at most the size the search finds below it, said in the same warning.
 """
 
 from __future__ import annotations
@@ -32,14 +35,19 @@ __all__ = ["changed_samples", "dropped_samples", "overridden_accumulation", "res
 
 
 def resumed_split(restored: Mapping[str, Any], given: int | None, global_batch: int | None, world: int,
-                  options: Mapping[str, Any], name: str, state_key: str) -> tuple[int, int | None]:
+                  options: Mapping[str, Any], name: str, state_key: str,
+                  fits: int | None = None) -> tuple[int, int | None]:
     """The size and accumulation a resumed run trains at, from a checkpoint of the same ``global_batch``
     and ``world`` size: the checkpoint's (:func:`overridden_accumulation`, :func:`restored_note`), or,
-    where the probe ``options``' ``max_batch`` is below its size, its samples per optimizer step split
-    into micro-batches of at most ``max_batch`` (the Trainer's ``given`` accumulation kept where it
+    where the probe ``options``' ``max_batch``, or ``fits`` (the largest batch that trains on this
+    machine: :func:`~.lightning_trials.kept_fits`), is below its size, its samples per optimizer step split
+    into micro-batches of at most that (the Trainer's ``given`` accumulation kept where it
     splits ``global_batch`` so; without ``global_batch``, the checkpoint's size times ``given``),
     said in one warning."""
     size, cap, multiple = restored["batch_size"], options["max_batch"], options["multiple_of"]
+    cause = f"max_batch={cap} is below"
+    if fits is not None and fits < min(size, cap or size):
+        cap, cause = fits, f"this machine's memory fits batches up to {fits} (probed), below"
     if cap is None or size <= cap:
         overridden_accumulation(restored, given, state_key)  # warned
         restored_note(name, size, restored["accumulation"])
@@ -48,15 +56,15 @@ def resumed_split(restored: Mapping[str, Any], given: int | None, global_batch: 
     share, ranks = size * accumulation, f" x {world} ranks" if world > 1 else ""  # a rank's samples per step
     if share % multiple:
         raise ValueError(
-            f"AutoBatchSize: max_batch={cap} is below the checkpoint's {name}={size}, and its {share} samples per "
+            f"AutoBatchSize: {cause} the checkpoint's {name}={size}, and its {share} samples per "
             f"optimizer step{' per rank' if ranks else ''} ({size} x accumulate_grad_batches={accumulation}) do not "
             f"split into micro-batches that are multiples of multiple_of={multiple}; pass a multiple_of that divides "
-            f"{share}, or max_batch={size} or more")
+            f"{share}{f', or max_batch={size} or more' if cause.startswith('max') else ''}")
     split = split_keeping(share * world, world, cap, given if global_batch else None, multiple_of=multiple,
                           setting="accumulate_grad_batches", where="the Trainer")
     replaced = "" if global_batch else f" (the Trainer's accumulate_grad_batches={given or 1} replaced)"
     rank_zero_warn(
-        f"AutoBatchSize: max_batch={cap} is below the checkpoint's {name}={size}: this resumed run trains {split.size} x "
+        f"AutoBatchSize: {cause} the checkpoint's {name}={size}: this resumed run trains {split.size} x "
         f"accumulate_grad_batches={split.accumulation}{ranks}{replaced}, the checkpoint's {share * world} samples per "
         f"optimizer step ({size} x {accumulation}{ranks}) at a smaller batch. From a mid-epoch checkpoint the first step "
         "may train fewer (Lightning counts its window from the batches trained already): resume from an end-of-epoch one")
@@ -115,5 +123,5 @@ def overridden_accumulation(restored: Mapping[str, Any], given: int | None, stat
 
 def restored_note(name: str, size: int, accumulation: int | None) -> None:
     """The INFO line of a size (and accumulation) restored from the checkpoint."""
-    tell("AutoBatchSize: %s=%d%s restored from the checkpoint, not probed again (a resumed run trains at the "
-         "size it trained at)", name, size, f", accumulate_grad_batches={accumulation}" if accumulation else "")
+    tell("AutoBatchSize: %s=%d%s restored from the checkpoint and checked to fit, not searched again (a resumed "
+         "run trains at the size it trained at)", name, size, f", accumulate_grad_batches={accumulation}" if accumulation else "")

@@ -21,7 +21,7 @@ pl = pytest.importorskip("lightning.pytorch")
 from test_integration_transformers import PadCollator, make_trainer  # noqa: E402
 from test_review13_lightning_tuners import Regression  # noqa: E402  (1,024 samples, batch from hparams)
 
-import autobatch.integrations.lightning as lightning_integration  # noqa: E402
+import autobatch.integrations.lightning_trials as lightning_integration  # noqa: E402 (where the callback calls find_max_batch)
 import autobatch.integrations.transformers as transformers_integration  # noqa: E402
 from autobatch import ProbeResult  # noqa: E402
 from autobatch.integrations.lightning import AutoBatchSize  # noqa: E402

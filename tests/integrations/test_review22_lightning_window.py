@@ -19,7 +19,7 @@ pl = pytest.importorskip("lightning.pytorch")
 import torch  # noqa: E402
 from torch import nn  # noqa: E402
 
-import autobatch.integrations.lightning as lightning_integration  # noqa: E402
+import autobatch.integrations.lightning_trials as lightning_integration  # noqa: E402 (where the callback calls find_max_batch)
 from autobatch import ProbeResult  # noqa: E402
 from autobatch.integrations.lightning import AutoBatchSize  # noqa: E402
 

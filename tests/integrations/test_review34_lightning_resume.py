@@ -1,0 +1,94 @@
+"""Review 34: a Lightning run resumed with ``fit(ckpt_path=...)`` on less memory than the run that
+wrote the checkpoint. The callback kept the checkpoint's batch size unchecked, and the first step
+ran out of memory with torch's bare error. The size is now checked with one trial; where it does
+not fit, the search steps down from it and the checkpoint's samples per optimizer step are split
+into micro-batches that fit (one warning), the restored weights and optimizer state untouched."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+from torch import nn
+
+pl = pytest.importorskip("lightning.pytorch")
+
+from autobatch import simulated_memory  # noqa: E402
+from autobatch.integrations import lightning_trials  # noqa: E402
+from autobatch.integrations.lightning import AutoBatchSize  # noqa: E402
+
+from test_integration_lightning import Capture, Tiny, trainer  # noqa: E402
+
+SMALL = "1MiB"  # about 20 samples of Wide fit; the checkpoint's 64 do not
+
+
+class Wide(Tiny):
+    """Few weights, wide activations: a few dozen samples fill a MiB (fast trials)."""
+
+    def __init__(self, batch_size: int = 2) -> None:
+        super().__init__(batch_size)
+        self.net = nn.Sequential(nn.Linear(8, 2048), nn.Tanh(), nn.Linear(2048, 1))
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    """A checkpoint of one step at 64 whose callback state says 64 x 1 (a machine with more memory)."""
+    path = tmp_path_factory.mktemp("review34") / "run.ckpt"
+    first = trainer()
+    first.fit_loop.epoch_loop.max_steps = 1
+    first.fit(Wide(batch_size=64))
+    written = AutoBatchSize()
+    written.batch_size = 64
+    first.callbacks.append(written)  # its state goes into the checkpoint, as a run it sized writes it
+    first.save_checkpoint(path)
+    return path
+
+
+def resumed(path, *callbacks, budget=SMALL, **options):
+    module, run = Wide(), trainer(*callbacks, **options)
+    run.fit_loop.epoch_loop.max_steps = 2
+    with simulated_memory(budget), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        run.fit(module, ckpt_path=path)
+    return module, run, [str(w.message) for w in caught if "AutoBatchSize" in str(w.message)]
+
+
+def test_review34_a_checkpoints_size_that_does_not_fit_is_searched_down_and_split(checkpoint):
+    callback, after = AutoBatchSize(memory_limit=SMALL, confirm=False), Capture()
+    module, run, said = resumed(checkpoint, callback, after)  # OutOfMemoryError at the first step before
+    size, accumulation = callback.batch_size, callback.accumulation
+    assert size < 64 and size * accumulation == 64 and run.accumulate_grad_batches == accumulation
+    assert set(module.seen) == {size}  # from a mid-epoch checkpoint the first window is short (Lightning's count; warned)
+    assert len(said) == 1 and "below the checkpoint's batch_size=64: this resumed run trains" in said[0]
+    saved = torch.load(checkpoint, weights_only=True)
+    assert all(torch.equal(after.model[k], v) for k, v in saved["state_dict"].items())  # the trials put them back
+    state = run.optimizers[0].state_dict()["state"]
+    assert state and all(int(moments["step"]) == 2 for moments in state.values())  # the checkpoint's moments, stepped
+
+
+def test_review34_a_checkpoints_size_that_fits_costs_one_trial(checkpoint, monkeypatch):
+    trials, probe = [], lightning_trials.find_max_batch
+
+    def counted(*args, **kwargs):
+        result = probe(*args, **kwargs)
+        trials.extend(result.trials)
+        return result
+
+    monkeypatch.setattr(lightning_trials, "find_max_batch", counted)
+    callback = AutoBatchSize(memory_limit="4MiB", confirm=False)
+    module, run, said = resumed(checkpoint, callback, budget="4MiB")
+    assert (callback.batch_size, callback.accumulation, module.seen) == (64, None, [64]) and not said
+    assert [(t.batch_size, t.passed) for t in trials] == [(64, True)]
+
+
+def test_review34_a_late_restored_size_above_what_the_probe_found_is_split(checkpoint):
+    """Under a strategy that restores the callback's state after ``on_fit_start``, the probe has run:
+    its answer bounds the checkpoint's size, with no trial more."""
+    from test_lightning_probe import LateRestore
+
+    callback = AutoBatchSize(memory_limit=SMALL, confirm=False)
+    module, run, said = resumed(checkpoint, callback, strategy=LateRestore(torch.device("cpu")))
+    size, accumulation = callback.batch_size, callback.accumulation
+    assert size <= callback.result.batch_size < 64 and size * accumulation == 64
+    assert set(module.seen) == {size} and len(said) == 1 and "below the checkpoint's batch_size=64" in said[0]
