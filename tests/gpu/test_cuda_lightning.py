@@ -125,3 +125,36 @@ def test_a_run_resumed_from_a_checkpoint_without_the_callback_gets_a_fresh_runs_
     finally:
         torch.cuda.set_per_process_memory_fraction(1.0)
         free_memory()
+
+
+def test_a_run_resumed_on_less_memory_is_searched_down_and_trains_the_checkpoints_samples_per_step(tmp_path):
+    """A run probed and checkpointed under ``CAP`` is resumed under half of it (a smaller GPU): the
+    checkpoint's size no longer fits, so one trial there fails, the search steps down from it, and
+    the resumed fit trains the checkpoint's samples per optimizer step as micro-batches that fit
+    (one warning), where it used to run out of memory at its first step (``lightning_trials.kept_fits``)."""
+    free_memory()
+    total = torch.cuda.get_device_properties(0).total_memory
+    options = dict(accelerator="gpu", devices=1, max_epochs=-1, logger=False, enable_checkpointing=False,
+                   enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0)
+    try:
+        torch.cuda.set_per_process_memory_fraction(CAP / total)
+        first = AutoBatchSize()
+        trainer = pl.Trainer(max_steps=3, callbacks=[first], **options)
+        trainer.fit(LM(False))
+        path = tmp_path / "run.ckpt"
+        trainer.save_checkpoint(path)
+        del trainer
+        free_memory()
+        torch.cuda.set_per_process_memory_fraction(CAP / 2 / total)
+        resumed, module = AutoBatchSize(), LM(False)
+        trainer = pl.Trainer(max_steps=13, callbacks=[resumed], **options)
+        with pytest.warns(UserWarning, match="this machine's memory fits batches up to"):
+            trainer.fit(module, ckpt_path=path)  # an OOM here fails the test
+        accumulation = trainer.accumulate_grad_batches
+        print(f"checkpoint {first.batch_size}, resumed {resumed.batch_size} x {accumulation}")
+        assert resumed.batch_size < first.batch_size and module.batch_size == resumed.batch_size
+        assert resumed.batch_size * accumulation == first.batch_size
+        assert trainer.global_step == 13
+    finally:
+        torch.cuda.set_per_process_memory_fraction(1.0)
+        free_memory()
