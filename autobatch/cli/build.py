@@ -29,6 +29,7 @@ from ..planning.plan_arguments import validate_timing
 from ..probe.train_step import TrainStep
 from . import validation
 from .construct import construct
+from .optimizer_fit import check_optimizer_gradients, check_optimizer_target
 from .schedulers import check_scheduler
 from .target_text import target_form_error
 from .loss import build_loss, check_loss, cross_entropy_loss
@@ -164,7 +165,8 @@ def validate(cfg: DictConfig) -> None:
     validation.check_sizes(cfg)
     validation.check_cache_dir(cfg, Path(HydraConfig.get().runtime.cwd) if HydraConfig.initialized() else None)
     validation.check_target_arguments("model", cfg.model, _check_target("model", cfg.model), own=("inputs",))
-    validation.check_target_arguments("optimizer", cfg.optimizer, _check_target("optimizer", cfg.optimizer))
+    check_optimizer_target(cfg.optimizer, optimizer := _check_target("optimizer", cfg.optimizer))  # LBFGS: before its keys
+    validation.check_target_arguments("optimizer", cfg.optimizer, optimizer)
     if _has_scheduler(cfg):
         scheduler = _check_target("scheduler", cfg.scheduler)
         validation.check_target_arguments("scheduler", cfg.scheduler, scheduler)
@@ -375,6 +377,7 @@ def build_workload(cfg: DictConfig) -> Workload:
 
         model = shard_model(model)
     optimizer = construct("optimizer", cfg.optimizer, expect=torch.optim.Optimizer, params=model.parameters())
+    check_optimizer_gradients(cfg.optimizer, optimizer, model)  # SparseAdam on dense gradients
     if not cfg.train.get("fsdp"):  # FSDP2 shards instead of replicating: never also DDP
         model = data_parallel(model, device)  # DDP under torchrun: trained and probed through DDP
     make_batch, probe_batch, samples, dataset = _batch_makers(cfg, device)

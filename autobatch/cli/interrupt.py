@@ -46,7 +46,7 @@ from typing import Any, Iterator
 
 from ..dist import agreement as dist_sync
 from ..errors import StepOutOfMemoryError
-from ..training.checkpoints.give_up import gave_up_together as library_gave_up_together
+from ..training.checkpoints.give_up import gave_up_together as library_gave_up_together, saved_path
 from .errors import CLIError, describe, log_to_files
 from .ranks import launched_rank
 from .user_config import command_line
@@ -178,6 +178,14 @@ def _missing_line(runner: Any, logged: int | None, metrics: Any, lr: Any = None)
     metrics.flush()
 
 
+def _saved(exc: BaseException, runner: Any) -> Any:
+    """The checkpoint of the steps applied: the one the runner wrote as it gave up on ``exc`` (a step
+    that fits at no micro-batch, data used up: :func:`~autobatch.training.checkpoints.give_up.saved_path`),
+    else one saved now. Before, the command line saved the same state a second time after the runner's
+    (twice the time and disk writes of a large model, at the moment the run had already failed)."""
+    return saved_path(exc) or runner.save()
+
+
 def stopped(exc: BaseException, runner: Any, interrupts: Interrupts, *, out_dir: Path, logged: int | None,
             metrics: Any, resume: Path | None, lr: Any = None) -> None:
     """After ``fit`` stopped on an interrupt or an error: save what the run applied (``logged``:
@@ -194,7 +202,7 @@ def stopped(exc: BaseException, runner: Any, interrupts: Interrupts, *, out_dir:
         line = f"no step of this run finished, nothing saved{again}"
     else:
         _missing_line(runner, logged, metrics, lr)
-        line = f"checkpoint {runner.save()}; continue with: {continue_command(out_dir)}"
+        line = f"checkpoint {_saved(exc, runner)}; continue with: {continue_command(out_dir)}"
     if isinstance(exc, StepOutOfMemoryError):
         message, code = describe(exc)
         saved = "" if logged is None else f"the steps before it are saved, step {runner.step}: "  # (none: said in `line`)
@@ -221,7 +229,7 @@ def _error_saved(exc: BaseException, runner: Any, *, out_dir: Path, logged: int 
     message, code = describe(exc)
     try:
         _missing_line(runner, logged, metrics, lr)
-        line = f"checkpoint {runner.save()}; continue with: {continue_command(out_dir)}"
+        line = f"checkpoint {_saved(exc, runner)}; continue with: {continue_command(out_dir)}"
     except Exception as error:  # noqa: BLE001 - the run's own error is the one to report
         raise CLIError(f"{message.rstrip('.')}; the checkpoint of step {runner.step} could not be written "
                        f"({describe(error)[0]})", code) from exc

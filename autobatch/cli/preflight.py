@@ -40,6 +40,7 @@ from .dict_target import check_dict_target
 from .errors import BAD_INPUT, CLIError, describe, one_line
 from .ignored import ignored_keys, unread_overrides
 from .interpolations import mistyped_interpolation, unresolved_line
+from .key_source import NotAnArgument, naming_file
 from .override_hints import composition_hint as _composition_hint
 from .override_hints import delete_hint as _delete_hint
 from .override_hints import override_hint as _override_hint
@@ -310,12 +311,16 @@ def _one_run(command: str, overrides: Sequence[str]) -> None:
                            f"(python -m autobatch {command} --help {key}=VALUE)")
 
 
-def _validate_job(cfg: Any, job: list[str], jobs: list[list[str]], index: int) -> None:
+def _validate_job(cfg: Any, job: list[str], jobs: list[list[str]], index: int, name: str) -> None:
     """``validate(cfg)``; in a sweep of several jobs a bad value names the job and the overrides
     that make it differ (``job 3 (scheduler=linear_warmup): scheduler.warmup_steps=100 ...``):
-    the line named only the key, which most jobs of the sweep set well."""
+    the line named only the key, which most jobs of the sweep set well. A key a YAML of the
+    user's own sets names that file (:mod:`autobatch.cli.key_source`)."""
     try:
-        validate(cfg)
+        try:
+            validate(cfg)
+        except NotAnArgument as exc:
+            raise naming_file(exc, name, job) from exc
     except ValueError as exc:
         if len(jobs) < 2 or type(exc) is not ValueError:
             raise
@@ -361,7 +366,7 @@ def check(command: str, args: Sequence[str]) -> None:
                     _check_resolves(cfg if resolving == "job" else compose(name, overrides=job, return_hydra_config=True))
                 if not printing:
                     _check_types(cfg)
-                    _validate_job(cfg, job, jobs, index)
+                    _validate_job(cfg, job, jobs, index, name)
                     warnings += ignored_keys(command, cfg, packaged)
                 if directory:
                     _check_output_dir(key, str(directory))

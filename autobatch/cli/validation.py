@@ -42,6 +42,7 @@ import torch
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from .config import CNNConfig, DataConfig, GPTConfig, MLPConfig
+from .key_source import NotAnArgument
 from .schema_keys import check_unknown_keys, close_match, schema_of
 
 log = logging.getLogger("autobatch")
@@ -228,11 +229,11 @@ def check_target_arguments(key: str, node: DictConfig, target: Any, *, own: Iter
     if len(unknown) > 1 and not typed.intersection(unknown):  # all in one line, not one rerun per key
         listed = ", ".join(f"{key}.{name}" for name in unknown)
         fresh = _FRESH_OPTION.get(key, "")
-        raise ValueError(
+        raise NotAnArgument(  # the YAML of the user's that sets them is named by preflight (autobatch.cli.key_source)
             f"{listed} are not arguments of {node._target_}; its arguments: "
-            f"{', '.join(n for n in names if n not in ('self', 'params')) or 'none'}. Remove them with "
-            + " ".join(f"~{key}.{name}" for name in unknown) + (f" or start from {fresh}" if fresh else "")
-        )
+            f"{', '.join(n for n in names if n not in ('self', 'params')) or 'none'}", "Remove them with "
+            + " ".join(f"~{key}.{name}" for name in unknown) + (f" or start from {fresh}" if fresh else ""),
+            [f"{key}.{name}" for name in unknown])
     for name in unknown:
         hint = close_match(str(name), names)
         fresh = _FRESH_OPTION.get(key, "")
@@ -241,10 +242,8 @@ def check_target_arguments(key: str, node: DictConfig, target: Any, *, own: Iter
                    f"(~{key}.{name} is refused); start from {fresh or 'a group option without it'}")
         else:
             fix = f"Remove it with ~{key}.{name}" + (f" or start from {fresh}" if fresh else "")
-        raise ValueError(
-            f"{key}.{name} is not an argument of {node._target_}{hint}; its arguments: "
-            f"{', '.join(n for n in names if n not in ('self', 'params')) or 'none'}. {fix}"
-        )
+        raise NotAnArgument(f"{key}.{name} is not an argument of {node._target_}{hint}; its arguments: "
+                            f"{', '.join(n for n in names if n not in ('self', 'params')) or 'none'}", fix, [f"{key}.{name}"])
 
 
 #: The group option that holds only a ``_target_`` (and what the CLI wires in), whose keys are

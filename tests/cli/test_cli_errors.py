@@ -184,3 +184,29 @@ def test_a_constructor_error_that_is_not_about_its_arguments_is_raised_as_it_is(
         construct("model", {"_target_": f"{__name__}.Broken"})
     with pytest.raises(ValueError, match=r"^model: \S+Broken rejected its arguments \(ValueError: fail must be true\); check "):
         construct("model", {"_target_": f"{__name__}.Broken", "fail": False})
+
+
+
+def test_review34_optimizers_train_cannot_step_are_one_line_naming_what_to_give():
+    """``optimizer._target_=torch.optim.LBFGS`` under train got the probe's advice for Python code
+    (find_max_batch(fn, ...)), also with train.micro_batch (no probe); SparseAdam on dense parameters
+    failed at the first step with torch's RuntimeError. (build.validate and build_workload call these.)"""
+    import torch
+    from omegaconf import OmegaConf
+
+    from autobatch.cli.optimizer_fit import check_optimizer_gradients, check_optimizer_target
+
+    instead = "optimizer=adamw, optimizer=sgd, or optimizer=target optimizer._target_=torch.optim.Adam"
+    node = OmegaConf.create({"_target_": "torch.optim.LBFGS", "lr": 0.1})
+    with pytest.raises(ValueError) as raised:
+        check_optimizer_target(node, torch.optim.LBFGS)
+    assert str(raised.value).startswith("optimizer._target_=torch.optim.LBFGS needs a closure in step(closure)")
+    assert str(raised.value).endswith(instead) and "find_max_batch" not in str(raised.value)
+    check_optimizer_target(node, torch.optim.AdamW)  # a first-order one: nothing to say
+    model = torch.nn.Sequential(torch.nn.Embedding(10, 4, sparse=True), torch.nn.Linear(4, 2))
+    node = OmegaConf.create({"_target_": "torch.optim.SparseAdam"})
+    check_optimizer_gradients(node, torch.optim.SparseAdam(model[0].parameters()), model)  # sparse rows only: fine
+    with pytest.raises(ValueError, match=r"^optimizer._target_=torch.optim.SparseAdam steps sparse gradients only, and 2 "
+                                         r"of the model's parameters get dense ones \(1.weight, 1.bias;") as raised:
+        check_optimizer_gradients(node, torch.optim.SparseAdam(model.parameters()), model)
+    assert str(raised.value).endswith(instead)

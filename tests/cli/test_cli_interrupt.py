@@ -118,3 +118,30 @@ def test_latest_refuses_an_older_runs_checkpoint_when_the_newest_run_has_none(tm
     (newer / "metrics.jsonl").write_text("")  # failed before its first update: nothing of it to continue
     assert find_resume("latest", "checkpoints", tmp_path) == old
     assert find_resume(str(old), "checkpoints", tmp_path) == old  # the explicit path always works
+
+
+
+def test_review34_a_given_up_step_saves_its_checkpoint_once(tmp_path, monkeypatch):
+    """The runner saves the steps trained as it gives up on a step; the command line's stop
+    (autobatch.cli.interrupt.stopped) saved the same state again, and now names the runner's file."""
+    from autobatch.cli import interrupt
+    from autobatch.cli.errors import CLIError
+    from autobatch.errors import StepOutOfMemoryError
+    from autobatch.training.oom.faults import FaultInjector
+    from autobatch.training.runner import Runner
+
+    saves, save = [], Runner.save
+    monkeypatch.setattr(Runner, "save", lambda self, *a, **k: saves.append(self.step) or save(self, *a, **k))
+    monkeypatch.setattr(interrupt, "continue_command", lambda out_dir: "python -m autobatch train train.resume=latest")
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 2)
+    runner = Runner(model, torch.optim.SGD(model.parameters(), lr=0.1), lambda m, batch: m(batch).sum(), global_batch=2,
+                    micro_batch=1, checkpoint_dir=tmp_path / "checkpoints", faults=FaultInjector([(1, "forward")], times=None))
+    with pytest.raises(StepOutOfMemoryError) as gave_up:
+        runner.fit([torch.randn(2, 4) for _ in range(3)], steps=3)
+    with open(os.devnull, "w") as metrics, pytest.raises(CLIError) as raised:
+        interrupt.stopped(gave_up.value, runner, interrupt.Interrupts(enabled=False), out_dir=tmp_path, logged=1,
+                          metrics=metrics, resume=None)
+    assert saves == [1], saves  # the runner's, at the step given up: not a second one
+    assert f"the steps before it are saved, step 1: checkpoint {tmp_path / 'checkpoints' / 'last.pt'};" in raised.value.message
+    assert load_checkpoint(tmp_path / "checkpoints")["step"] == 1

@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from autobatch.__main__ import main
 
@@ -105,3 +106,32 @@ def test_version_at_the_top_level_and_after_a_command(capsys):
     for args in (["--version"], ["probe", "--version"], ["train", "model=mlp", "--version"]):
         assert main(args) == 0
         assert capsys.readouterr().out == f"autobatch {expected}\n"  # not Hydra's "Hydra 1.3.8"
+
+
+
+def test_review34_a_key_its_class_does_not_take_names_the_yaml_that_sets_it(tmp_path):
+    """Under model=target, a mistyped argument in the user's own YAML was named by its key alone,
+    with command-line advice (~model.in_feature) for a value the file sets on every run. (The
+    command line's preflight runs the same: autobatch.cli.preflight._validate_job.)"""
+    from omegaconf import OmegaConf
+
+    from autobatch.cli.key_source import NotAnArgument, naming_file
+    from autobatch.cli.user_config import composing
+    from autobatch.cli.validation import check_target_arguments
+
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "tiny.yaml").write_text("_target_: torch.nn.Linear\nin_feature: 16\nout_features: 2\n")
+    (tmp_path / "mine.yaml").write_text("defaults:\n  - model: tiny\n  - _self_\n")
+    (tmp_path / "again.yaml").write_text("defaults:\n  - model: tiny\n  - _self_\nmodel:\n  in_feature: 8\n")
+    node = OmegaConf.create({"_target_": "torch.nn.Linear", "in_feature": 16, "out_features": 2})
+    with pytest.raises(NotAnArgument) as raised:
+        check_target_arguments("model", node, torch.nn.Linear)
+    with composing("train", str(tmp_path)):
+        named = {name: str(naming_file(raised.value, name, [])) for name in ("mine", "again")}
+        given = str(naming_file(raised.value, "mine", ["model.in_feature=3"]))
+    head = "model.in_feature is not an argument of torch.nn.Linear (did you mean in_features?); its arguments: "
+    assert named["mine"].startswith(head), named
+    assert named["mine"].endswith(f"Set in {tmp_path / 'model' / 'tiny.yaml'}: correct or remove it there")
+    assert named["again"].endswith(f"Set in {tmp_path / 'again.yaml'}: correct or remove it there")  # merged last
+    assert given.startswith(head) and given.endswith("Remove it with ~model.in_feature or start from model=target "
+                                                     "(only _target_ and inputs; +model.<argument>=VALUE for each argument)")

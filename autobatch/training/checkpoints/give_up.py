@@ -24,7 +24,7 @@ from typing import Any, Callable
 
 from ...errors import RankDisagreementError, StepOutOfMemoryError, add_note
 
-__all__ = ["gave_up_together", "saved_on_give_up", "GAVE_UP"]
+__all__ = ["gave_up_together", "saved_on_give_up", "saved_path", "GAVE_UP"]
 
 #: the label of the give-up's sync point (every rank's row: ``[step given up, may save]``)
 GAVE_UP = "every rank gave up on the same step"
@@ -83,7 +83,16 @@ def saved_on_give_up(runner: Any, exc: BaseException) -> BaseException:
     except Exception as error:  # noqa: BLE001 - the give-up's own error is the one to raise
         add_note(exc, f"autobatch: the checkpoint of step {runner.step} could not be written ({error})")
     else:
+        exc._autobatch_saved = path  # type: ignore[attr-defined]  # read by saved_path(): a caller saves it once
         trained = f"the {runner.step} steps trained are" if runner.step != 1 else "the 1 step trained is"
         add_note(exc, f"autobatch: {trained} saved in {path} (the step given up is not "
                       "counted); go on from there with fit(data, resume=...)")
     return exc
+
+
+def saved_path(exc: BaseException) -> Path | None:
+    """The checkpoint :func:`saved_on_give_up` wrote before ``exc`` was raised (the steps trained,
+    the step given up not counted), or None where it wrote none. A caller that saves what a run
+    trained when it fails (the command line: :mod:`autobatch.cli.interrupt`) names this file
+    instead of writing the same state a second time."""
+    return getattr(exc, "_autobatch_saved", None)

@@ -1,0 +1,98 @@
+"""Which YAML of the user's own sets a key: named in the errors about that key.
+
+A key under a ``_target_`` group that its class does not take (``in_feature`` for
+``torch.nn.Linear``) is found by :func:`~autobatch.cli.validation.check_target_arguments` in the
+composed config, where it no longer says where it came from. Set in a YAML of the user's own (a
+``--config-name`` config, or an option of theirs such as ``myconf/model/tiny.yaml``) the line
+named only the key and advised command-line fixes (``~model.in_feature``, ``model=target``) for a
+value the file sets again on every run. :func:`set_in` asks Hydra's defaults list which configs
+the job merges, in order, and reads each of the user's (``--config-dir``'s) as Hydra loaded it:
+the last that sets the key is the file to fix. :func:`naming_file` puts it in the error.
+Call both inside :func:`autobatch.cli.user_config.composing` (the job's search path).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Sequence
+
+from omegaconf import OmegaConf
+
+__all__ = ["NotAnArgument", "set_in", "naming_file"]
+
+_FILE = "file://"
+
+
+class NotAnArgument(ValueError):
+    """Keys of a ``_target_`` node that its class does not take: ``keys`` (full dotted keys),
+    ``detail`` (the error up to its advice) and ``fix`` (the command-line advice)."""
+
+    def __init__(self, detail: str, fix: str, keys: Sequence[str]) -> None:
+        super().__init__(f"{detail}. {fix}")
+        self.detail, self.fix, self.keys = detail, fix, list(keys)
+
+
+def _given(key: str, overrides: Sequence[str], repository: Any) -> bool:
+    """Whether the command line sets ``key`` (or a node above it); a group's choice
+    (``model=tiny``) sets no value itself: its file does."""
+    for override in overrides:
+        name = override.lstrip("+~").split("=", 1)[0]
+        if name.split("@", 1)[0] and repository.group_exists(name.split("@", 1)[0]):
+            continue
+        if key == name or key.startswith(name + "."):
+            return True
+    return False
+
+
+def _sets(config: Any, package: str, key: str) -> bool:
+    """Whether ``config``, merged at ``package`` ('' the top level), has a value for ``key``."""
+    if package:
+        if not key.startswith(package + "."):
+            return False
+        key = key[len(package) + 1:]
+    node: Any = OmegaConf.to_container(config, resolve=False)
+    for part in key.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return False
+        node = node[part]
+    return True
+
+
+def set_in(config_name: str, overrides: Sequence[str], key: str) -> Path | None:
+    """The YAML of ``--config-dir`` that sets ``key`` in this job (the last in merge order), or
+    None: the command line sets it, a packaged config does, or Hydra cannot tell."""
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.types import RunMode
+
+    loader = GlobalHydra.instance().config_loader()
+    if _given(key, overrides, loader.repository):  # type: ignore[attr-defined]
+        return None
+    try:
+        found = loader.compute_defaults_list(config_name, list(overrides), RunMode.RUN).defaults  # type: ignore[attr-defined]
+    except Exception:  # noqa: BLE001 - compose reports what is wrong with the overrides
+        return None
+    where = None
+    for entry in found:
+        if entry.config_path is None:
+            continue
+        loaded = loader.repository.load_config(config_path=entry.config_path)  # type: ignore[attr-defined]
+        if loaded is None or not str(loaded.path).startswith(_FILE) or loaded.provider in ("main", "hydra"):
+            continue  # autobatch's own configs, Hydra's, the schemas
+        if _sets(loaded.config, entry.package or "", key):
+            where = Path(str(loaded.path)[len(_FILE):]) / f"{entry.config_path}.yaml"
+    return where
+
+
+def naming_file(exc: NotAnArgument, config_name: str, overrides: Sequence[str]) -> ValueError:
+    """``exc`` with the YAML that sets each of its keys and the advice to fix it there; ``exc`` as
+    it is (a plain ``ValueError``, as a sweep's job prefix expects) where the command line sets them all."""
+    files = {key: set_in(config_name, overrides, key) for key in exc.keys}
+    named = {key: path for key, path in files.items() if path is not None}
+    if not named:
+        return ValueError(str(exc))
+    if len(set(named.values())) == 1 and len(named) == len(files):
+        where = f"set in {next(iter(named.values()))}: correct or remove {'it' if len(named) == 1 else 'them'} there"
+        return ValueError(f"{exc.detail}. {where[0].upper()}{where[1:]}")
+    shown = "; ".join(f"{key} is set in {path}" for key, path in named.items())
+    rest = f"; for the others: {exc.fix}" if len(named) < len(files) else ""
+    return ValueError(f"{exc.detail}. {shown}: correct or remove {'it' if len(named) == 1 else 'them'} there{rest}")
