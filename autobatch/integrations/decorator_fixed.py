@@ -20,6 +20,12 @@ reaches batch 1 in a few attempts (3, then 1, above), and the second runs at the
 allow (a jump that fell short of it is not followed by smaller ones). A slope of zero (the same
 bytes in use at every size) is left to the check for a function that ignores its batch size
 (:func:`~autobatch.integrations.decorator_stop.fixed_failure`): no sample's share was seen.
+The bytes at a failure are read from the allocator's message where it says more than the handler
+sees, and the message rounds them ("1.14 MiB already in use": to 0.01 MiB; CUDA's GiB, to 10 MiB):
+a failure may lie off the line by that step too. Without it, an AdamW MLP prepared by an
+``accelerate.Accelerator`` outside the function, whose state did not fit a 1.17 MiB cap, walked
+×0.9 from 188 to batch 1 (27 attempts, where exact figures take 9): its failures' figures,
+rounded, made steps, not a line.
 At batch 1, failures on such a line raise ``NoBatchFitsError`` saying that the fixed part does
 not fit (:func:`fixed_hint`), not to accumulate gradients.
 """
@@ -30,6 +36,7 @@ import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from ..memory.oom import allocated_resolution
 from ..memory.units import format_bytes
 from ..probe.arguments import ALLOCATOR_HEADROOM
 
@@ -80,7 +87,8 @@ def fixed_point(attempts: list["Attempt"]) -> FixedPoint | None:
     if per_sample <= 0:
         return None  # the same bytes at every size: no sample's share seen
     off = abs(grown[2] + per_sample * (sizes[1] - sizes[2]) - grown[1])
-    if off > _OFF_LINE * (grown[0] - grown[2]) + _ROUNDING:
+    rounded = max(allocated_resolution(attempt.error) for attempt in failed)  # the message's figures' step
+    if off > _OFF_LINE * (grown[0] - grown[2]) + _ROUNDING + rounded:
         return None
     last = failed[-1]
     point = FixedPoint(request=int(last.requested_bytes), per_sample=per_sample,  # type: ignore[arg-type]

@@ -23,7 +23,7 @@ import torch
 from .simulated import host_memory
 from .units import parse_bytes
 
-__all__ = ["is_oom_error", "free_memory", "requested_bytes", "allocated_at_failure", "recognised_ooms", "OOM_MESSAGES"]
+__all__ = ["is_oom_error", "free_memory", "requested_bytes", "allocated_at_failure", "allocated_resolution", "recognised_ooms", "OOM_MESSAGES"]
 
 #: Substrings of allocator failure messages that count as "out of memory", by backend.
 OOM_MESSAGES: tuple[str, ...] = (
@@ -176,6 +176,18 @@ def allocated_at_failure(message: str | None) -> int | None:
     already in use"), or None. Read at the failure itself: temporaries that only the failed
     expression held are freed while the error unwinds, before any handler can measure."""
     return _bytes_of(_ALLOCATED.search(message or ""))
+
+
+def allocated_resolution(message: str | None) -> int:
+    """The bytes one step of the last digit of :func:`allocated_at_failure`'s figure stands for
+    ("1.14 MiB": 0.01 MiB, 10486 bytes; "78.25 GiB": 10 MiB), 0 where the message gives none. Why:
+    the figure is rounded to it, so figures read at failures of different sizes are off by up to
+    half of it each (:func:`~autobatch.integrations.decorator_fixed.fixed_point` allows for that)."""
+    match = _ALLOCATED.search(message or "")
+    if match is None:
+        return 0
+    unit = parse_bytes(f"1{'B' if match.group(2) == 'bytes' else match.group(2)}", name="error")
+    return max(1, round(unit * 10.0 ** -len(match.group(1).partition(".")[2])))
 
 
 def _bytes_of(match: "re.Match[str] | None", *, binary: bool = False) -> int | None:

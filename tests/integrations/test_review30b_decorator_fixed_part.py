@@ -94,3 +94,23 @@ def test_batch_1_failing_on_memory_that_grows_with_the_size_does_not_advise_accu
     message = str(info.value)
     assert "reached batch 1" in message and "nor gradient accumulation) can help" in message
     assert "use gradient accumulation" not in message
+
+
+def test_review34_failures_whose_bytes_the_message_rounds_still_make_the_line():
+    """Review 34: an AdamW MLP ``accelerator.prepare``d outside the function, its state not fitting a
+    1.17 MiB cap, failed at the optimizer's step from 188 down; the bytes in use, read from the
+    message ("1.15 MiB already in use", to 0.01 MiB), made steps, not a line, so the search walked
+    x0.9 to batch 1 (27 attempts, where the exact figures jump after 3: 9)."""
+    from autobatch.integrations.decorator import Attempt
+    from autobatch.integrations.decorator_fixed import fixed_point
+    from autobatch.memory.units import format_bytes
+
+    def failed(size: int, in_use: int) -> Attempt:
+        error = (f"Simulated out of memory. Tried to allocate 256.00 KiB in aten.div.Tensor; the simulated device "
+                 f"has a budget of 1.17 MiB, {format_bytes(in_use)} already in use, "
+                 f"{format_bytes(1228800 - in_use)} free (autobatch.simulated_memory).")
+        return Attempt(size, False, 0.0, start_bytes=0, failed_at_bytes=in_use, requested_bytes=262144,
+                       capacity_bytes=1228800, error=error)
+
+    point = fixed_point([failed(188, 1205862), failed(155, 1195376), failed(129, 1195376)])  # as the message reads
+    assert point is not None and point.needed > point.capacity
