@@ -43,7 +43,7 @@ from ... import checks
 from ..arguments import SEARCH_CEILING, IteratorBatchError, refuse_iterator, validate_probe_args, validate_step
 from .bent_curve import CURVE_TRACES, follow_bend
 from .flat_peak import past_flat
-from .fake_trace import (FakeWorld, KernelDtypes, TraceScaler, quiet_meta_errors, resident_bytes, trace_steps,
+from .fake_trace import (FakeWorld, KernelDtypes, TraceScaler, loss_module, quiet_meta_errors, resident_bytes, trace_steps,
                          unvalidated_distributions)
 from ..snapshot.rng import rng_state, set_rng_state, step_generators
 from ..snapshot.shards import has_dtensors
@@ -160,7 +160,7 @@ def _refuse_unestimable(step: Any) -> None:
             "autobatch.TrainStep(model, optimizer, loss_fn, make_batch), whose model, optimizer and batch the trace "
             f"swaps for fakes; {TRIALS} for another step")
     validate_step(step, "estimate")  # a TrainStep without make_batch: say what to pass
-    reason = untraceable_memory(step)
+    reason = untraceable_memory(step, loss_module(step))  # the loss module is traced as the model is
     if reason is not None:
         raise EstimateError(f"{reason}; {TRIALS}")
     if has_dtensors(step.model):

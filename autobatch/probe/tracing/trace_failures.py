@@ -288,17 +288,24 @@ def from_the_step(exc: BaseException) -> bool:
     return any(isinstance(note, str) and note.startswith(NOTE) for note in getattr(exc, "__notes__", None) or ())
 
 
-def untraceable_memory(step) -> str | None:
-    """Why fake tensors would count the step's memory short, or None. Measured against
+def untraceable_memory(step, loss: torch.nn.Module | None = None) -> str | None:
+    """Why fake tensors would count the step's memory short, or None, for its model and ``loss``, the
+    module the loss is (``loss_fn=criterion``, traced as the model is). Measured against
     :func:`~autobatch.simulated_memory` (torch 2.13, CPU): an ``nn.LSTM`` on the CPU runs
     oneDNN's kernel, whose fake version reports no workspace (estimated 0.63 MB of a 3.12 MB
-    peak at batch 32; ``GRU`` and ``RNN`` within 4 %); sparse gradients (``sparse=True``
-    embeddings, ``SparseAdam``) have as many rows as the batch happens to touch, which a fake
-    tensor cannot know (estimated 3.98 MB of 8.03 MB)."""
-    for name, module in step.model.named_modules():
-        if isinstance(module, torch.nn.LSTM) and step.device.type == "cpu":
-            return f"{name or 'the model'} is an LSTM on the CPU, whose kernel's workspace fake tensors do not see"
-    return sparse_gradients(step.model, (step.optimizer,))
+    peak at batch 32; ``GRU``, ``RNN``, ``LSTMCell`` and an LSTM with ``proj_size``, which oneDNN
+    does not take, within 4 %; one in the loss module was estimated at 0.27 of the peak, unrefused);
+    sparse gradients (``sparse=True`` embeddings, ``SparseAdam``) have as many rows as the batch
+    happens to touch, which a fake tensor cannot know (estimated 3.98 MB of 8.03 MB)."""
+    for prefix, owner in (("", step.model), ("loss_fn.", loss)):
+        for name, module in owner.named_modules() if owner is not None else ():
+            if isinstance(module, torch.nn.LSTM) and not module.proj_size and step.device.type == "cpu":
+                where = prefix + name if name else ("the loss module" if prefix else "the model")
+                return f"{where} is an LSTM on the CPU, whose kernel's workspace fake tensors do not see"
+    reason = sparse_gradients(step.model, (step.optimizer,))
+    if reason is None and loss is not None and sparse_gradients(loss) is not None:
+        reason = f"the loss module: {sparse_gradients(loss)}"
+    return reason
 
 
 def sparse_embeddings(model: torch.nn.Module | None) -> Iterator[tuple[str, torch.nn.Module]]:
