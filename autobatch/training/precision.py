@@ -97,8 +97,10 @@ def warn_unscaled_float16(optimizer: torch.optim.Optimizer, model: torch.nn.Modu
     float16 parameters (no float32 copy; an enabled scaler refuses them already), or float16
     autocast without an enabled grad scaler. Each warning says what to change, naming the
     scaler for ``device``: a ``GradScaler()`` (``"cuda"`` by default) given to a run on the CPU
-    is disabled by torch, so the run trains unscaled though the user passed a scaler."""
+    is disabled by torch, so the run trains unscaled though the user passed a scaler. An enabled
+    scaler where nothing is float16 is warned about too (:func:`_warn_needless_scaler`)."""
     if scaling(scaler):
+        _warn_needless_scaler(optimizer, autocast_dtype)
         return
     wanted = f"torch.amp.GradScaler({device.type!r})" if device is not None else "torch.amp.GradScaler(device)"
     held = [p for group in optimizer.param_groups for p in group["params"] if p.requires_grad and p.dtype == torch.float16]
@@ -118,6 +120,25 @@ def warn_unscaled_float16(optimizer: torch.optim.Optimizer, model: torch.nn.Modu
         log.warning("autocast_dtype=float16 without an enabled grad_scaler%s: float16 gradients below 6e-8 become zero "
                     "and their updates are lost; pass grad_scaler=%s (it skips the steps whose gradients overflow), "
                     "or autocast_dtype='bfloat16', which needs none", _disabled_by_device(scaler, device), wanted)
+
+
+def _warn_needless_scaler(optimizer: torch.optim.Optimizer, autocast_dtype: torch.dtype | None) -> None:
+    """Warn where an enabled grad scaler scales a run with no float16 in it: bfloat16 autocast, or
+    bfloat16 parameters without autocast (the fp16 recipe with its dtype changed to bfloat16). It
+    trained without a word, as in plain PyTorch; but bfloat16 has float32's exponent range, so
+    nothing underflows for the scaler to save, and ``GradScaler.step`` reads its inf check on the
+    host (a device sync every step) and adds a pass over the gradients. Lightning refuses a scaler
+    under ``"bf16-mixed"``; here it trains, warned. Float32 without autocast is left alone: a
+    ``loss_fn`` may run its own ``torch.autocast(dtype=torch.float16)``."""
+    trained = [p for group in optimizer.param_groups for p in group["params"] if p.requires_grad]
+    bf16_weights = autocast_dtype is None and bool(trained) and all(p.dtype == torch.bfloat16 for p in trained)
+    if autocast_dtype is not torch.bfloat16 and not bf16_weights:
+        return
+    what = "autocast_dtype=bfloat16" if autocast_dtype is torch.bfloat16 else "bfloat16 parameters"
+    log.warning("an enabled grad_scaler with %s: bfloat16 has float32's exponent range, so its gradients need no loss "
+                "scaling, and the scaler only adds a pass over them and a device sync per step (GradScaler.step reads "
+                "its inf check on the host); pass grad_scaler=None, or autocast_dtype='float16' (float32 parameters) "
+                "for fp16, which does need it", what)
 
 
 def _disabled_by_device(scaler: Any, device: torch.device | None) -> str:

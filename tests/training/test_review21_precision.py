@@ -142,3 +142,21 @@ def test_review32_a_cuda_scaler_on_the_cpu_is_named_with_the_scaler_to_pass(capl
     told = [r.getMessage() for r in caplog.records]
     assert len(told) == 1 and "GradScaler('cuda'), which torch disabled" in told[0]
     assert "pass grad_scaler=torch.amp.GradScaler('cpu')" in told[0]
+
+
+@pytest.mark.parametrize(("dtype", "autocast", "says"), [
+    (torch.float32, "bfloat16", "grad_scaler with autocast_dtype=bfloat16"),
+    (torch.bfloat16, None, "grad_scaler with bfloat16 parameters"),
+    (torch.float32, "float16", None),  # fp16: the scaler is needed
+    (torch.float32, None, None),  # a loss_fn may run its own float16 autocast
+])
+def test_review34_a_grad_scaler_where_nothing_is_float16_is_warned_about(caplog, dtype, autocast, says):
+    """Review 34: an enabled ``GradScaler`` with bfloat16 (autocast, or a bfloat16 model: the fp16
+    recipe with its dtype changed) trained without a word; bfloat16 needs no loss scaling, and the
+    scaler costs a device sync per step. The runner now warns when it is made, saying what to pass."""
+    model = _model(dtype)
+    with caplog.at_level(logging.WARNING, logger="autobatch"):
+        Runner(model, torch.optim.AdamW(model.parameters(), lr=1e-3), _loss, global_batch=G, micro_batch=8,
+               autocast_dtype=autocast, grad_scaler=torch.amp.GradScaler("cpu"), progress=False)
+    told = [r.getMessage() for r in caplog.records]
+    assert (told == []) if says is None else (len(told) == 1 and says in told[0] and "grad_scaler=None" in told[0])

@@ -11,6 +11,10 @@ Likewise an LR scheduler the callable steps that ``restore`` does not name: the 
 optimizer's learning rates back, and the scheduler stayed the trials' steps ahead, so the next
 ``scheduler.step()`` jumped down the schedule. A scheduler of a restored optimizer that the callable
 reaches (its closure, the globals its code reads) is put back too (:func:`with_found_schedulers`).
+So is an enabled fp16 ``GradScaler`` it reaches: ``restore=(model, optimizer)`` left it with the
+trials' scale and growth tracker (each good trial grew it, each overflow backed it off, so the run
+after the probe started from another scale than before it), and a trial that ran out of memory
+after ``scaler.unscale_(optimizer)`` ended the probe with "unscale_() has already been called".
 """
 
 from __future__ import annotations
@@ -94,7 +98,8 @@ def trained_for_real_note(stepped: Iterable[torch.optim.Optimizer], restore: tup
 def with_found_schedulers(fn: Any, restore: tuple[Any, ...] | None, notes: list[str]) -> tuple[Any, ...] | None:
     """``restore`` with the LR schedulers of its optimizers that the plain callable ``fn`` reaches
     (its closure, the objects it holds, the globals its code reads) and ``restore`` lacks, so the
-    probe puts their step counts back beside the learning rates; a note in ``notes`` says what was
+    probe puts their step counts back beside the learning rates, and with the enabled
+    ``GradScaler``s it reaches (their scale, growth tracker and ``unscale_`` marks); a note in ``notes`` says what was
     put back and what the probe cannot know (what the callable keeps itself). A ``TrainStep``
     steps no scheduler: ``restore`` as it is."""
     if restore is None or all(hasattr(fn, name) for name in ("model", "loss_fn", "make_batch", "optimizer")):
@@ -102,14 +107,19 @@ def with_found_schedulers(fn: Any, restore: tuple[Any, ...] | None, notes: list[
     optimizers = {id(hooked(item)) for item in restore
                   if isinstance(hooked(item), torch.optim.Optimizer) and not isinstance(item, SCHEDULERS)}
     given = {id(item) for item in restore}
-    read: list[tuple[Any, str, Any]] = []  # every global the code reads: a scheduler is torch's, which code_globals skips
-    roots = [fn, *code_globals([fn], bindings=read).values(), *(value for _, _, value in read if isinstance(value, SCHEDULERS))]
-    found = [value for value in _reachable(roots, leaf=lambda v: isinstance(v, SCHEDULERS))
-             if isinstance(value, SCHEDULERS) and id(value) not in given
-             and id(hooked(getattr(value, "optimizer", None))) in optimizers]
+    kinds = (*SCHEDULERS, torch.amp.GradScaler)
+    read: list[tuple[Any, str, Any]] = []  # every global the code reads: torch's objects, which code_globals skips
+    roots = [fn, *code_globals([fn], bindings=read).values(), *(value for _, _, value in read if isinstance(value, kinds))]
+    reached = [value for value in _reachable(roots, leaf=lambda v: isinstance(v, kinds))
+               if isinstance(value, kinds) and id(value) not in given]
+    found = [value for value in reached
+             if isinstance(value, SCHEDULERS) and id(hooked(getattr(value, "optimizer", None))) in optimizers]
+    scalers = [value for value in reached if isinstance(value, torch.amp.GradScaler) and value.is_enabled()]
     names = ", ".join(type(item).__name__ for item in restore)
     added = (f", and the {', '.join(type(item).__name__ for item in found)} the callable steps (not in restore: its "
              "step count with the learning rates)") if found else ""
+    added += ", and the GradScaler it steps (not in restore: its scale and growth tracker)" if scalers else ""
+    found += scalers
     notes.append(f"the probe put back what restore holds ({names}){added}; not what the callable keeps itself "
                  "(a step counter, a data iterator's position, a list of losses, a logger's steps)")
     return (*restore, *found)
