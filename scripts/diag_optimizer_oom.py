@@ -15,6 +15,7 @@ runner used to halve the micro-batch after such an OOM, down to 1, before giving
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import logging
 import sys
@@ -31,6 +32,8 @@ import autobatch  # noqa: E402
 def run(args: argparse.Namespace, foreach: bool) -> dict:
     """One Runner fit of ``args.steps`` global batches under the cap; its outcome as a dict."""
     device = torch.device(args.device)
+    gc.collect()  # the run before: its error's frames hold its model until collected
+    autobatch.free_memory()
     torch.manual_seed(0)
     model = torch.nn.Sequential(*(torch.nn.Linear(args.width, args.width) for _ in range(args.layers))).to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=foreach)
