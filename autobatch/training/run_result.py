@@ -24,7 +24,8 @@ class Recovery:
     ``action``: ``"measured"`` (sized from the runner's measured memory line and the failed
     attempt, :mod:`autobatch.training.oom.step_memory`), ``"halve"`` (nothing better was known), ``"back"`` (a
     grow-back try failed: back to the size that trained), ``"same"`` (an OOM inside ``optimizer.step()``, which the
-    micro-batch does not size: replayed once at the same one), or ``"checkpointing"`` when micro-batch 1 failed and activation checkpointing was turned on instead; ``grow``: the failed attempt was a grow-back try.
+    micro-batch does not size: replayed at the same one), ``"foreach"`` (a second one: the same again, the
+    optimizer's groups switched to ``foreach=False``), or ``"checkpointing"`` when micro-batch 1 failed and activation checkpointing was turned on instead; ``grow``: the failed attempt was a grow-back try.
     """
 
     step: int

@@ -3,9 +3,9 @@
 The optimizer step's memory does not depend on the micro-batch (activations are freed by then,
 the gradients are as large at any size), yet such an OOM halved it: a transient squeeze there
 cost the rest of the run half its micro-batch, and an optimizer step that never fits was
-replayed at every halving down to 1 before the runner gave up. Now it is replayed once at the
-same micro-batch (the half-applied update undone), then given up
-(:mod:`autobatch.training.oom.optimizer_phase`).
+replayed at every halving down to 1 before the runner gave up. Now it is replayed at the same
+micro-batch (the half-applied update undone), then, where the optimizer runs torch's foreach step,
+with ``foreach=False``, then given up (:mod:`autobatch.training.oom.optimizer_phase`).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from autobatch import FaultInjector, Runner, StepOutOfMemoryError
+from autobatch import FaultInjector, Runner, StepOutOfMemoryError, simulated_memory
 from autobatch.training.oom.recovery_vote import VotesRecovery
 from runner_workloads import SampleTracker, assert_weights_close, make_data, make_model, mse, weights
 
@@ -71,7 +71,8 @@ def test_review34_an_optimizer_step_that_never_fits_is_given_up_after_one_replay
     with pytest.raises(StepOutOfMemoryError) as info:
         runner.fit(make_data(SAMPLES, GLOBAL))
     message = str(info.value)
-    assert "again when the step was replayed at the same micro-batch" in message and "foreach=False" in message
+    assert "again when the step was replayed at the same micro-batch" in message
+    assert "foreach=False" not in message  # Adam on the CPU steps per tensor already: nothing to switch
     assert "checkpointing_fallback" not in message and info.value.phase == "optimizer"
     assert faults.fired == [(1, "optimizer")] * 2  # not once per halving down to micro-batch 1
     assert [r["micro_batch"] for r in runner.result.oom_recoveries] == [MICRO] and runner.checkpoint_handle is None
@@ -106,3 +107,46 @@ def test_review34_ranks_replay_an_optimizer_step_oom_at_the_same_size_even_at_th
     rank = _Rank(peer=[4, 0, 0, 0, 0])
     assert rank._agreed_recovery(4, None) == (4, "same")
     assert rank.rows == [[4, 0, 0, 0, 0]]  # no floor in its row: no peer turns checkpointing on
+
+
+def _linear_stack(foreach: bool) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*(torch.nn.Linear(256, 256) for _ in range(8)))
+    return model, torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=foreach)
+
+
+def test_review34_a_foreach_step_that_does_not_fit_trains_per_tensor_and_bit_equal():
+    """A real OOM: AdamW's foreach step allocates a temporary over the whole group (2 MiB here)
+    that the 7 MiB cap has no room for, where the per-tensor step's fits. The runner replays at
+    the same micro-batch, then switches the groups to foreach=False and trains every step, with
+    the weights of a plain foreach=False loop to the bit."""
+    torch.manual_seed(1)
+    data = [(torch.randn(16, 256), torch.randn(16, 256)) for _ in range(3)]
+
+    def loss_fn(model, batch):
+        return torch.nn.functional.mse_loss(model(batch[0]), batch[1])
+
+    model, optimizer = _linear_stack(foreach=True)
+    with simulated_memory("7MiB"):
+        result = Runner(model, optimizer, loss_fn, global_batch=16, micro_batch=16, progress=False,
+                        log_every=None).fit(data)
+    assert [(r["step"], r["phase"], r["micro_batch"], r["action"]) for r in result.oom_recoveries] == [
+        (0, "optimizer", 16, "same"), (0, "optimizer", 16, "foreach")]
+    assert result.steps == 3 and optimizer.param_groups[0]["foreach"] is False and optimizer.defaults["foreach"] is False
+    plain, plain_optimizer = _linear_stack(foreach=False)
+    for batch in data:
+        plain_optimizer.zero_grad()
+        loss_fn(plain, batch).backward()
+        plain_optimizer.step()
+    assert all(torch.equal(a, b) for a, b in zip(model.parameters(), plain.parameters()))
+
+
+def test_review34_a_foreach_step_that_never_fits_is_given_up_after_the_switch():
+    model = make_model()
+    faults = FaultInjector((1, "optimizer"), times=None)
+    runner = Runner(model, torch.optim.Adam(model.parameters(), lr=1e-2, foreach=True), mse, global_batch=GLOBAL,
+                    micro_batch=MICRO, progress=False, log_every=None, faults=faults)
+    with pytest.raises(StepOutOfMemoryError, match="and again with its param groups switched to foreach=False"):
+        runner.fit(make_data(SAMPLES, GLOBAL))
+    assert faults.fired == [(1, "optimizer")] * 3
+    assert [r["action"] for r in runner.result.oom_recoveries] == ["same", "foreach"] and runner.step == 1

@@ -17,7 +17,8 @@ Phases, in the order a global step meets them:
 Steps are the runner's global step index, counting from 0 over the whole run (a resumed run
 continues the count). ``times=1`` fails the first arrival at each point only (the replay
 then succeeds); ``times=k`` the first ``k`` arrivals (the micro-batch halves ``k`` times; at ``"optimizer"`` it
-is replayed at the same micro-batch once, and a second arrival gives the step up);
+is replayed at the same micro-batch, then with ``foreach=False`` where the optimizer ran its foreach
+step, and the next arrival gives the step up);
 ``times=None`` every arrival (the step can never succeed: the runner gives up, or falls
 back to activation checkpointing first).
 """

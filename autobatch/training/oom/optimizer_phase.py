@@ -7,53 +7,103 @@ leave the micro-batch alone, where every other recovery shrinks it.
   then and the gradients are as large at any micro-batch, so a smaller one does not lower the
   step's peak. The recovery undoes the half-applied step (the step guard), empties the cache,
   moves the step guard's copy to host memory, and replays the same global batch at the **same**
-  micro-batch once (action ``"same"``): a transient squeeze costs one replay, not the rest of
-  the run at half the throughput. If ``optimizer.step()`` runs out of memory again, the step is
-  given up (:class:`~autobatch.errors.StepOutOfMemoryError`, undone), where it used to walk the
-  micro-batch down to 1 first, a replay per halving. A failed grow-back try still goes back to
-  the size that trained. Every rank decides alike: the phase and this count are the same on
-  every rank (:mod:`~autobatch.training.oom.recovery_vote`).
+  micro-batch (action ``"same"``): a transient squeeze costs one replay, not the rest of the run
+  at half the throughput. If ``optimizer.step()`` runs out of memory again and the optimizer runs
+  torch's foreach step (a temporary over a whole parameter group: :func:`foreach_groups`), its
+  param groups are switched to ``foreach=False`` for the rest of the run, with one warning, and the
+  step replayed once more (action ``"foreach"``): the per-tensor step's temporaries are one
+  parameter's. A third failure, or a second one without foreach, gives the step up
+  (:class:`~autobatch.errors.StepOutOfMemoryError`, undone), where it used to walk the micro-batch
+  down to 1 first, a replay per halving. A failed grow-back try still goes back to the size that
+  trained. Every rank decides alike: the phase, this count and the optimizer's settings are the
+  same on every rank (:mod:`~autobatch.training.oom.recovery_vote`).
 * **After** the replay (``scheduler.step()``, the buffers' re-alignment over the ranks): nothing
   is replayed (:meth:`OptimizerPhase._outside_replay`).
 
 Measured on the CPU's simulated device (8 layers of 256 x 256, float32, 2.0 MiB of parameters):
 ``optimizer.step()`` of Adam/AdamW with ``foreach=True`` allocated 2.0 MiB (a temporary over the
 whole parameter list), with ``foreach=False`` 0.5 MiB (two of the largest parameter); SGD with
-momentum none either way. The give-up message names ``foreach=False`` where it applies; the
-runner does not switch it itself (it changes the user's optimizer for the rest of the run).
+momentum none either way. On one NVIDIA H200 (``scripts/diag_optimizer_oom.py``: 1 GiB of weights,
+AdamW, a 4.5 GiB cap) the foreach step ran out of memory and ``foreach=False`` trained at the same
+micro-batch (peak 4.20 GiB). The switch changes no result for SGD, Adam, AdamW, RMSprop, Adagrad or
+Adamax (bit-equal weights after five steps on the CPU, torch 2.13); NAdam and RAdam differ by float
+rounding (4e-8).
 """
 
 from __future__ import annotations
 
+import logging
+
+import torch
+
 from ...errors import StepOutOfMemoryError
 
-__all__ = ["OptimizerPhase"]
+__all__ = ["OptimizerPhase", "foreach_groups"]
+
+log = logging.getLogger("autobatch")
+
+
+def foreach_groups(optimizer: torch.optim.Optimizer) -> list[dict]:
+    """The param groups of ``optimizer`` whose step runs torch's foreach implementation: ``foreach=True``,
+    or left ``None`` where torch picks it (every parameter on a device it has foreach kernels for,
+    not differentiable), and not ``fused``. Empty for an optimizer without a ``foreach`` option."""
+    if "foreach" not in optimizer.defaults:
+        return []
+    chosen = []
+    for group in optimizer.param_groups:
+        foreach = group.get("foreach")
+        if group.get("fused") or foreach is False:
+            continue
+        if foreach is None:
+            try:
+                from torch.optim.optimizer import _default_to_fused_or_foreach
+
+                _, foreach = _default_to_fused_or_foreach(list(group["params"]), bool(group.get("differentiable")), False)
+            except (ImportError, TypeError):  # a torch without it: its default, foreach on CUDA tensors
+                foreach = all(p.is_cuda for p in group["params"])
+        if foreach:
+            chosen.append(group)
+    return chosen
 
 
 class OptimizerPhase:
     """What an OOM inside or after the optimizer step does, a mixin of the runner's recovery."""
 
     _optimizer_replayed: int | None = None  # the step whose optimizer-phase OOM was replayed at the same micro-batch
+    _foreach_dropped: int | None = None  # the step at which the optimizer's groups were switched to foreach=False
 
     def _optimizer_gives_up(self) -> bool:
         """tenacity's stop for an OOM inside ``optimizer.step()``: the step replayed at the same
-        micro-batch already ran out there (the same on every rank: no vote)."""
-        return self._optimizer_replayed == self.step
+        micro-batch already ran out there, and no foreach step is left to switch off (the same on
+        every rank: no vote)."""
+        return self._optimizer_replayed == self.step and not foreach_groups(self.optimizer)
+
+    def _next_optimizer_try(self) -> str:
+        """The recovery action of an OOM inside ``optimizer.step()``: ``"same"`` the first time in
+        this step, then ``"foreach"`` (the groups switched to ``foreach=False``, warned once)."""
+        if self._optimizer_replayed != self.step:
+            self._optimizer_replayed = self.step
+            return "same"
+        for group in foreach_groups(self.optimizer):
+            group["foreach"] = False
+        self.optimizer.defaults["foreach"] = False  # a param group added later steps per tensor too
+        self._foreach_dropped = self.step
+        log.warning("optimizer.step() ran out of memory twice in global step %d at micro-batch %d: its param groups "
+                    "now step with foreach=False for the rest of the run (torch's per-tensor step, whose temporaries "
+                    "are one parameter's, not a whole group's; the same update, to float rounding); build the optimizer with "
+                    "foreach=False to start so", self.step, self.micro_batch)
+        return "foreach"
 
     def _optimizer_reason(self, failed_at: int) -> str:
         """The give-up message of a step whose optimizer step ran out of memory twice."""
         where = " and the step guard's copy in host memory" if self.guard.enabled else ""
-        groups = self.optimizer.param_groups
-        foreach = ("foreach" in self.optimizer.defaults
-                   and any(group.get("foreach") is not False and not group.get("fused") for group in groups))
-        hint = ("build the optimizer with foreach=False (torch's foreach step allocates temporaries over a whole "
-                "parameter group: Adam's extra peak falls from a copy of every parameter to two of the largest), "
-                if foreach else "")
+        dropped = (", and again with its param groups switched to foreach=False (they stay so)"
+                   if self._foreach_dropped == self.step else "")
         return (f"global step {self.step} ran out of memory inside optimizer.step() at micro-batch {failed_at}, and "
-                f"again when the step was replayed at the same micro-batch with the cache emptied{where}. The micro-"
+                f"again when the step was replayed at the same micro-batch with the cache emptied{where}{dropped}. The micro-"
                 "batch does not size the optimizer step (its activations are freed by then, its gradients as large at "
                 "any micro-batch), so no smaller one was tried; the step was undone. The optimizer step itself does "
-                f"not fit: {hint}try an optimizer with less state (SGD, Adafactor), lower precision, a smaller model, "
+                "not fit: try an optimizer with less state (SGD, Adafactor), lower precision, a smaller model, "
                 "or more device memory.")
 
     def _outside_replay(self, micro_batch: int) -> StepOutOfMemoryError:

@@ -9,7 +9,7 @@ predicates, and what happens at the top of a replay: undo a half-applied optimiz
 pick the smaller micro-batch (never below ``min_micro_batch``; a multiple of ``multiple_of``:
 :mod:`autobatch.training.multiples`), or turn on activation
 checkpointing when the smallest failed; an OOM inside ``optimizer.step()``, which no micro-batch
-sizes, is replayed once at the same one, then given up (:mod:`autobatch.training.oom.optimizer_phase`). A step given up (out of options, or any other
+sizes, is replayed at the same one, then without torch's foreach step, then given up (:mod:`autobatch.training.oom.optimizer_phase`). A step given up (out of options, or any other
 exception, an interrupt too) is undone the same way, its micro-batch included, before the
 exception propagates (:meth:`OomRecovery._abandon_step`); an error raised at a micro-batch a
 recovery shrank below every size that trained, or a compiled model's error at dynamo's recompile
@@ -200,8 +200,8 @@ class OomRecovery(CountsSkips, WatchesGrads, TellsSplit, VotesRecovery, Optimize
             action = "checkpointing"
         if grow:
             self.result.grow_attempts[-1]["held"] = False
-        if action == "same":
-            self._optimizer_replayed = self.step
+        if action == "same":  # the same size again, then without torch's foreach step (optimizer_phase)
+            action = self._next_optimizer_try()
         if action in ("measured", "halve"):
             self._last_shrink = (self.step, before, self.micro_batch)
         recovery = Recovery(self.step, phase, before, self.micro_batch, action, grow, self._last_error)
@@ -211,7 +211,8 @@ class OomRecovery(CountsSkips, WatchesGrads, TellsSplit, VotesRecovery, Optimize
             "(recovery %d)",
             self.step, phase, before, " (a grow-back try)" if grow else "", self.micro_batch,
             " (sized from measured memory)" if action == "measured" else " (the same: it does not size the optimizer "
-            "step)" if action == "same" else "",
+            "step)" if action == "same" else " (the same, its optimizer stepping with foreach=False)"
+            if action == "foreach" else "",
             " and activation checkpointing" if action == "checkpointing" else "", len(self.result.oom_recoveries),
         )
 
