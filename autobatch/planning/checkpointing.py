@@ -63,7 +63,7 @@ from .own_checkpointing import (checkpoint_by_protocol, checkpoints_by_protocol,
                                 recompute_without_cache)
 from .recompute_state import recompute_contexts, writes_state
 
-__all__ = ["CheckpointHandle", "enable_checkpointing", "find_blocks", "is_checkpointed", "module_names_for",
+__all__ = ["CheckpointHandle", "enable_checkpointing", "find_blocks", "finer_blocks_hint", "is_checkpointed", "module_names_for",
            "no_blocks_hint", "put_back_checkpointing", "take_checkpointing"]
 
 log = logging.getLogger("autobatch")
@@ -169,6 +169,7 @@ def find_blocks(model: nn.Module, targets: Iterable[str | type] | None = None) -
                 visit(child, qualified, repeated if repeated and _uncalled(child) else None)
 
     visit(model, "")
+    found = _first_names(model, found)
     if wanted is not None and not found:
         classes = sorted({cls.__name__ for module in model.modules() for cls in type(module).__mro__[:-2]})
         names = [target if isinstance(target, str) else target.__name__ if isinstance(target, type)
@@ -177,6 +178,40 @@ def find_blocks(model: nn.Module, targets: Iterable[str | type] | None = None) -
         raise ValueError(f"checkpoint targets {names} match no module of the model{root}; its module classes: "
                          f"{', '.join(classes)}{misnamed_targets(model, wanted)}")
     return found
+
+
+def _first_names(model: nn.Module, names: list[str]) -> list[str]:
+    """``names`` with each module once, under the first of its names: a block shared by two containers
+    (``enc = ModuleList([a, b])``, ``dec = ModuleList([a, b])``: weights tied across them) or by two stages
+    was listed under each name, so ``find_blocks`` named 4 blocks where the model has 2 (and
+    :func:`enable_checkpointing`, which wraps a module once, 2); its one wrapping checkpoints every call."""
+    seen: set[int] = set()
+    kept = []
+    for name in names:
+        module = model.get_submodule(name)
+        if id(module) not in seen:
+            seen.add(id(module))
+            kept.append(name)
+    return kept
+
+
+def finer_blocks_hint(model: nn.Module, names: list[str]) -> str:
+    """Where the wrapped blocks ``names`` hold repeated blocks of their own (a custom stage class whose
+    ``ModuleList`` of blocks the automatic rule does not split, since such a forward may do more than
+    call them: a MoE layer's experts), a sentence naming their classes for ``checkpoint_targets``; else
+    empty. A stage's recompute holds all its blocks' activations at once: 2 stages of 2 blocks, wrapped
+    whole, fitted no batch under 150 KiB (simulated), and their blocks named fitted batch 1, yet the
+    error suggested only lower precision or more memory."""
+    inner: Counter = Counter()
+    for name in names:
+        block = model.get_submodule(name)
+        inner.update(type(block.get_submodule(found)).__name__ for found in find_blocks(block))
+    if not inner:
+        return ""
+    classes = [cls for cls, _ in inner.most_common()]
+    listed = ", ".join(f"{cls} ({inner[cls]})" for cls in classes[:4])
+    return (f" The blocks wrapped hold repeated blocks of their own ({listed}), and each one's recompute holds all "
+            f"of theirs at once: checkpoint_targets={classes[:4]!r} wraps those instead.")
 
 
 def _entry_classes(container: nn.Module) -> Counter:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from ..errors import NoBatchFitsError, add_note
 from ..memory.units import format_bytes
-from .checkpointing import find_blocks, no_blocks_hint
+from .checkpointing import find_blocks, finer_blocks_hint, no_blocks_hint
 from .own_checkpointing import cache_note, own_checkpointing, recomputed_blocks
 from .plan_result import short_list
 
@@ -50,11 +50,13 @@ class PlanErrors:
                 f"Else try {self._other_options()}.",
             )
         modules = self.handle.modules if self.handle is not None else []
+        finer = finer_blocks_hint(self.step.model, modules)  # stages wrapped whole: name their blocks
         return self._attempts_error(
             checkpoint_error,
             f"This is with activation checkpointing of {len(modules)} blocks "
             f"({short_list(modules)}); without it batch {plain_error.batch_size} peaked at "
-            f"{format_bytes(plain_error.peak_bytes)} before failing. Try {self._other_options()}.",
+            f"{format_bytes(plain_error.peak_bytes)} before failing.{finer} "
+            f"{'Else try' if finer else 'Try'} {self._other_options()}.",
         )
 
     def no_block_why(self) -> str:
@@ -71,9 +73,10 @@ class PlanErrors:
         ``checkpoint_targets`` would have let checkpointing fit it."""
         tried = " with activation checkpointing" if checkpointing else ""
         unhelped = f" Activation checkpointing could not help: {unhelped}." if unhelped else ""
+        finer = finer_blocks_hint(self.step.model, self.handle.modules) if checkpointing and self.handle else ""
         return (f"up to {boundary} fits in one step{tried}, but not the global batch; with accumulation the first "
                 f"micro-batch's gradients stay alive through the next one's step and no micro-batch fits beside them."
-                f"{unhelped} Try {self._other_options()}.")
+                f"{unhelped}{finer} {'Else try' if finer else 'Try'} {self._other_options()}.")
 
     def _other_options(self, checkpointing: bool = True) -> str:
         """What is left to try when nothing fits: a smaller ``multiple_of`` where one set the

@@ -56,7 +56,7 @@ def step(model: nn.Module) -> TrainStep:
 def test_a_block_shared_by_the_entries_of_a_container_is_wrapped_and_its_gradients_kept():
     assert find_blocks(SharedList()) == ["blocks.0"]
     block = Block()
-    assert find_blocks(nn.Sequential(nn.Sequential(block, block), nn.Sequential(block, block))) == ["0.0", "1.0"]
+    assert find_blocks(nn.Sequential(nn.Sequential(block, block), nn.Sequential(block, block))) == ["0.0"]  # one module
     torch.manual_seed(0)
     model = SharedList().double()
     wrapped, x = copy.deepcopy(model), torch.randn(3, 5, 8, dtype=torch.float64)
