@@ -391,7 +391,7 @@ class AutoBatchSize(Callback):
             self.confirmation = confirm_in_loop(
                 trainer, self.batch_size, probed=self.result.batch_size, line=MemoryLine.of(self.result),
                 memory=memory, limit=peak_limit(memory, capacity), apply=apply, reset=reset, steps=self.confirm_steps,
-            )
+                margin=self.probe_options["margin"])  # a step down keeps the room asked for
         self.batch_size, self.accumulation = self._apply(trainer, module, share, self.confirmation.batch_size)
         if self.confirmation.skipped:  # fit may not train at the size (no optimizer step in the run): said, not only noted
             rank_zero_warn(f"AutoBatchSize: {self.confirmation.summary()}")

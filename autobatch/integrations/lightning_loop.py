@@ -22,6 +22,8 @@ the allocation refused). A run that passes measures the loop's extra bytes exact
 largest size the line allows with them is tried once more if it is larger. Memory the loop keeps
 batch after batch (outputs gathered for an epoch-end metric) shows as allocations that rise at
 every batch of the run: the smallest rise is carried to the end of the epoch ``fit`` will run.
+Every size the measurements give has the probe's ``margin`` taken off, as ``find_max_batch``
+takes it off its boundary (before, a step down filled the memory and dropped the room asked for).
 """
 
 from __future__ import annotations
@@ -141,14 +143,20 @@ class MemoryLine:
 
 def confirm_in_loop(
     trainer: Trainer, size: int, *, probed: int, line: MemoryLine, memory: DeviceMemory, limit: int | None,
-    apply: Callable[[int], tuple[int, int]], reset: Callable[[], None], steps: int,
+    apply: Callable[[int], tuple[int, int]], reset: Callable[[], None], steps: int, margin: float = 0.0,
 ) -> LoopConfirmation:
     """Run ``trainer``'s fit loop at ``size`` (then smaller, from the measurements, while it runs
     out of memory) and return what happened; ``apply(largest)`` sets the batch size (and
     accumulation) for a largest micro-batch and returns ``(micro-batch, accumulation)``;
     ``reset()`` puts module, optimizers, scaler and random states back. ``limit``: the largest
-    allocated peak a passing run may reach (None: only an OOM fails)."""
+    allocated peak a passing run may reach (None: only an OOM fails). ``margin``: the probe's, taken
+    off every size the measurements give (as ``find_max_batch`` takes it off its boundary): a step
+    down filled the budget, and left none of the room the user asked for."""
     budget = limit if limit is not None else memory.capacity()
+
+    def fits(extra: int) -> int:  # the largest size the line allows beside ``extra`` bytes, less the margin
+        return int(line.largest(budget - extra) * (1.0 - margin))
+
     confirmation = LoopConfirmation(batch_size=size, probed=probed, limit_bytes=budget)
     best, failed_below, cut = None, probed + 1, 0
     largest = size
@@ -171,17 +179,18 @@ def confirm_in_loop(
             return confirmation
         if run.passed:  # the loop's extra bytes, measured: the largest size they allow, below any failure
             best, cut = micro, 0
-            nxt = min(failed_below - 1, line.largest(budget - run.extra_bytes))
+            nxt = min(failed_below - 1, fits(run.extra_bytes))
         elif run.steps:  # ran its steps, over the limit by measured bytes (the growth carried to
             failed_below = min(failed_below, micro)  # the epoch's end, or its peak): no gallop
-            nxt = min(micro - 1, line.largest(budget - run.extra_bytes))
+            nxt = min(micro - 1, fits(run.extra_bytes))
         else:  # at least the lower bound's cut; doubled while runs keep failing (a gallop down)
             failed_below = min(failed_below, micro)
-            cut = max(1, micro - line.largest(budget - run.extra_bytes), 2 * cut)
+            cut = max(1, micro - fits(run.extra_bytes), 2 * cut)
             nxt = micro - cut
             if nxt < 1 < micro:  # no size fits beside that many extra bytes: they grow with the batch (a
                 # validation batch needing more a sample than training); scale by what the run needed
-                nxt = max(1, min(micro - 1, int(micro * budget / max(1, run.probe_bytes + run.extra_bytes))))
+                room = budget * (1.0 - margin) / max(1, run.probe_bytes + run.extra_bytes)
+                nxt = max(1, min(micro - 1, int(micro * room)))
         if nxt < 1 or nxt <= (best or 0) or nxt == largest:
             break
         largest = nxt

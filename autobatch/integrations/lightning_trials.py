@@ -20,6 +20,7 @@ under 2 MiB: 0.22-0.28 s for the trial, the resume 0.41-0.56 s against 0.20-0.31
 
 from __future__ import annotations
 
+import math
 from contextlib import contextmanager
 from typing import Any, Iterator, Mapping
 
@@ -59,8 +60,11 @@ def kept_fits(trainer: Trainer, module: LightningModule, size: int, options: Map
     """The largest batch up to ``size`` (a checkpoint's, at most the probe ``options``' ``max_batch``,
     a multiple of ``multiple_of``) that trains on this machine: ``size`` where one trial there passes
     (the resume then trains as before), else the search's answer below it (module docstring).
-    ``margin`` is not taken off again (the checkpoint's size had it). A ``NoBatchFitsError`` (not
-    even the smallest batch fits) goes to the caller."""
+    ``margin`` is not taken off a checkpoint's size that passes (it had it), but is taken off the
+    size the search steps down to, as ``find_max_batch`` takes it off its boundary (before, that
+    size filled this machine's memory: none of the room asked for); with no further trial, for it
+    is smaller than one that passed. A ``NoBatchFitsError`` (not even the smallest batch fits) goes
+    to the caller."""
     multiple = options["multiple_of"]
     top = min(size, options["max_batch"] or size) // multiple * multiple
     if top < multiple:
@@ -73,4 +77,6 @@ def kept_fits(trainer: Trainer, module: LightningModule, size: int, options: Map
                       loaders=loaders, own=own, name=name) as (result, _):
         del first
     set_rng_state(saved)
-    return result.batch_size
+    if result.batch_size >= top or not options["margin"]:
+        return result.batch_size
+    return max(multiple, math.floor(result.batch_size * (1.0 - options["margin"])) // multiple * multiple)

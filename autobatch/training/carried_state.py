@@ -16,7 +16,9 @@ step trained in several pieces; :func:`note_carried_state` adds a note to an err
 at a micro-batch of another size than the state's. The fix both name keeps the split exact: one
 state row for every sample of the global batch in a registered buffer, read and written at each
 sample's index carried in the batch (the runner splits the index with the inputs, a replay puts
-buffers back, checkpoints hold them), or training whole batches only.
+buffers back, checkpoints hold them), or training whole batches only. Only a tensor whose name
+the model's forward code reads (:func:`~.forward_reads.forward_reads`) is named: a cache forward
+only writes (``self.last_attn = attn.detach()``, attention weights kept for plotting) is harmless.
 """
 
 from __future__ import annotations
@@ -26,9 +28,10 @@ import logging
 import torch
 
 from ..errors import add_note
+from .forward_reads import forward_reads
 from .inputs import _sizes_text
 
-__all__ = ["carried_tensors", "warn_carried_state", "note_carried_state"]
+__all__ = ["carried_tensors", "read_back", "warn_carried_state", "note_carried_state"]
 
 log = logging.getLogger("autobatch")
 
@@ -52,8 +55,17 @@ def carried_tensors(model: torch.nn.Module, sizes: set[int]) -> list[tuple[str, 
     return found
 
 
+def read_back(model: torch.nn.Module, sizes: set[int]) -> list[tuple[str, tuple[int, ...], int]]:
+    """Those of :func:`carried_tensors` whose attribute name the forward code of ``model`` reads
+    (:func:`~.forward_reads.forward_reads`; all of them where it cannot tell): a write-only cache is
+    left out. The code is read only where such a tensor is found."""
+    found = carried_tensors(model, sizes)
+    reads = forward_reads(model) if found else None
+    return found if reads is None else [hit for hit in found if hit[0].rpartition(".")[2] in reads]
+
+
 def _advice(global_batch: int) -> str:
-    return (f"Where forward reads it back (a recurrent hidden state carried between steps), keep one state for every "
+    return (f"To carry it exactly (a recurrent hidden state carried between steps), keep one state for every "
             f"sample of the global batch in a registered buffer (self.register_buffer('hidden', torch.zeros(layers, "
             f"{global_batch}, hidden_size))), put each sample's index in the batch (torch.arange({global_batch}) beside "
             "the inputs: the runner splits it with them) and read and write self.hidden[:, index] in forward (an OOM "
@@ -63,17 +75,18 @@ def _advice(global_batch: int) -> str:
 
 def warn_carried_state(model: torch.nn.Module, sizes: list[int], global_batch: int) -> bool:
     """Warn, once a step trained in several micro-batches (``sizes``), where a module of ``model``
-    keeps a tensor sized by one of them: each micro-batch's forward may read the one before it
-    left. Returns whether it warned."""
-    found = carried_tensors(model, set(sizes))
+    keeps a tensor sized by one of them that its forward code reads: each micro-batch's forward may
+    read the one before it left. Returns whether it warned."""
+    found = read_back(model, set(sizes))
     if not found:
         return False
     where, shape, size = found[0]
     more = f" (and {len(found) - 1} more)" if len(found) > 1 else ""
     log.warning(
-        "%s %s%s is kept on the module from one forward to the next and is sized by a micro-batch (%d samples): the "
-        "runner trained this global batch of %d in micro-batches of %s (an OOM replay cuts smaller ones), so state "
-        "carried so belongs to other samples when the next micro-batch's forward reads it. %s",
+        "%s %s%s is kept on the module from one forward to the next, is sized by a micro-batch (%d samples) and is "
+        "read by the model's forward code: the runner trained this global batch of %d in micro-batches of %s (an OOM "
+        "replay cuts smaller ones), so state carried so belongs to other samples when the next micro-batch's forward "
+        "reads it. %s",
         where, shape, more, size, sum(sizes), _sizes_text(sizes), _advice(global_batch),
     )
     return True
@@ -84,7 +97,7 @@ def note_carried_state(exc: BaseException, model: torch.nn.Module, pieces: list[
     """Add a note to ``exc``, raised in forward at micro-batches of ``pieces``, where a module of
     ``model`` keeps a tensor sized by a micro-batch size that trained earlier (``trained``) and by
     none of ``pieces``: the model likely read it with this micro-batch's samples. Returns whether it did."""
-    found = carried_tensors(model, trained - set(pieces))
+    found = read_back(model, trained - set(pieces))
     if not found:
         return False
     where, shape, size = found[0]

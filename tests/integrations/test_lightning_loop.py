@@ -105,3 +105,21 @@ def test_the_answer_trains_in_lightnings_loop_and_steps_down_by_measurement():
         middle = (low + high + 1) // 2
         low, high = (middle, high) if fits(middle) else (low, middle - 1)
     assert size >= 0.95 * low, (size, low)
+
+
+def test_review34_a_step_down_in_the_loop_keeps_the_margin(monkeypatch):
+    """Review 34: the probe took ``margin`` off its answer, but a loop run that failed stepped down
+    to the size filling the budget (the line's 80 here), with none of the room asked for."""
+    from autobatch.integrations import lightning_loop
+    from autobatch.integrations.lightning_loop import LoopRun, MemoryLine, confirm_in_loop
+
+    line, budget, extra = MemoryLine(1000.0, 0.0), 100_000, 20_000  # 1000 bytes a sample; 80 fit beside the extra
+
+    def run(trainer, size, steps, line, memory, limit, reset):  # over the limit at 90, by measured bytes
+        return LoopRun(size, size <= 80, steps, line.at(size) + extra, line.at(size), extra, 0.0)
+
+    monkeypatch.setattr(lightning_loop, "_run_loop", run)
+    confirmation = confirm_in_loop(None, 90, probed=90, line=line, memory=None, limit=budget,
+                                   apply=lambda largest: (largest, 1), reset=lambda: None, steps=1, margin=0.25)
+    assert [(r.batch_size, r.passed) for r in confirmation.runs] == [(90, False), (60, True)]
+    assert confirmation.batch_size == 60  # 80 less 25 %, as find_max_batch takes its margin off

@@ -92,3 +92,18 @@ def test_review34_a_late_restored_size_above_what_the_probe_found_is_split(check
     size, accumulation = callback.batch_size, callback.accumulation
     assert size <= callback.result.batch_size < 64 and size * accumulation == 64
     assert set(module.seen) == {size} and len(said) == 1 and "below the checkpoint's batch_size=64" in said[0]
+
+
+def test_review34_a_size_searched_down_on_resume_keeps_the_margin(checkpoint, monkeypatch):
+    """The search below the checkpoint's size ran with no margin: its answer filled this machine's
+    memory, with none of the room ``margin`` asked for. It comes off that answer now, as a probe's."""
+    from autobatch.integrations import lightning
+
+    found, kept = [], []
+    probe, keep = lightning_trials.find_max_batch, lightning.kept_fits
+    monkeypatch.setattr(lightning_trials, "find_max_batch", lambda *a, **k: found.append(probe(*a, **k)) or found[-1])
+    monkeypatch.setattr(lightning, "kept_fits", lambda *a, **k: kept.append(keep(*a, **k)) or kept[-1])
+    callback = AutoBatchSize(memory_limit=SMALL, confirm=False, margin=0.25)
+    module, run, said = resumed(checkpoint, callback)
+    assert found[0].batch_size < 64 and kept == [int(found[0].batch_size * 0.75)]
+    assert callback.batch_size <= kept[0] and callback.batch_size * callback.accumulation == 64

@@ -55,3 +55,41 @@ def test_review33_carried_state_is_warned_at_the_first_split_step_and_noted_on_a
     notes = " ".join(getattr(raised.value, "__notes__", []))
     assert "model.hidden (2, 8, 4)" in notes and "torch.arange(8)" in notes and "BatchNorm" not in notes
     assert runner.step == 1  # the failed step undone, the first one kept
+
+
+
+class Cached(nn.Module):
+    """Review 34: attention weights kept for plotting, sized by the micro-batch, never read back."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj, self.last_attn = nn.Linear(3, 1), None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        attn = torch.softmax(self.proj(x).squeeze(-1), dim=-1)
+        self.last_attn = attn.detach()  # [B, 5]: written only
+        return (attn.unsqueeze(-1) * x).sum(1).sum(-1, keepdim=True)
+
+
+class ReadsCache(Cached):
+    def _previous(self, x: torch.Tensor) -> torch.Tensor:  # a helper forward calls: its read is followed
+        return self.last_attn if self.last_attn is not None and len(self.last_attn) == len(x) else 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        attn = torch.softmax(self.proj(x).squeeze(-1) + self._previous(x), dim=-1)
+        self.last_attn = attn.detach()
+        return (attn.unsqueeze(-1) * x).sum(1).sum(-1, keepdim=True)
+
+
+@pytest.mark.parametrize("read_back", [False, True])
+def test_review34_write_only_cache_is_not_warned_as_carried_state(caplog, read_back):
+    torch.manual_seed(0)
+    model = ReadsCache() if read_back else Cached()
+    data = [(torch.randn(B, 5, 3), torch.randn(B, 1)) for _ in range(2)]
+    runner = autobatch.Runner(model, torch.optim.SGD(model.parameters(), lr=0.1),
+                              lambda m, b: (m(b[0]) - b[1]).pow(2).mean(), global_batch=B, micro_batch=4,
+                              progress=False)
+    with caplog.at_level(logging.WARNING, logger="autobatch"):
+        runner.fit(data)
+    warned = [r.getMessage() for r in caplog.records if "kept on the module" in r.getMessage()]
+    assert len(warned) == int(read_back) and all("model.last_attn (4, 5)" in w for w in warned)
