@@ -283,3 +283,42 @@ def test_result_says_why_the_answer_is_safe():
     assert promise["batch_size"] == result.batch_size and promise["steps"] >= 3 and promise["after_last_oom"]
     assert promise["step_peak_bytes"] <= promise["capacity_bytes"]
     assert autobatch.ProbeResult.from_dict(result.to_dict()).promise == promise
+
+
+def test_review34_all_the_way_back_right_after_a_partial_grow_back(probed_mlp):
+    """30 % of the budget taken after step 3, half given back after step 5 (a try part of the way
+    back holds at step 6), the rest after step 6: step 7 trains at the answer again. The held
+    partial try restarted the count, so step 7 trained at the partial size too."""
+    model, optimizer, answer = probed_mlp
+    squeeze: list[torch.Tensor] = []
+    data = [numbered(answer) for _ in range(8)]  # host memory, outside the budget
+    with autobatch.simulated_memory(BUDGET) as device:
+
+        def on_step_end(info):
+            if info["step"] == 3:
+                squeeze.extend(torch.empty(int(device.limit_bytes * 0.15), dtype=torch.uint8) for _ in range(2))
+            if info["step"] in (5, 6):
+                squeeze.pop()
+
+        runner = autobatch.Runner(model, optimizer, tracked, global_batch=answer, micro_batch=answer, progress=False)
+        result = runner.fit(data, on_step_end=on_step_end)
+    assert [r["action"] for r in result.oom_recoveries] == ["measured"]
+    grows = [(g["step"], g["to"] == answer, g["held"]) for g in result.grow_attempts]
+    assert grows == [(5, False, True), (6, True, True)], result.grow_attempts  # 0-based: the 6th and 7th steps
+
+
+def test_review34_a_failure_after_the_peak_is_not_charged_the_peak_too():
+    """The failed attempt peaked at 1.9 GiB in one micro-batch's forward, then held 1.5 GiB when a
+    0.5 GiB allocation failed in the next one's backward (2 GiB capacity): it needs at least 2.0
+    GiB, not the 2.4 the peak plus the request said, so the replay keeps 97 % of the micro-batch,
+    not 81 %."""
+    gib = 1024**3
+    error = "Simulated out of memory. Tried to allocate 512.00 MiB in aten.threshold_backward.default"
+    line = StepMemory(torch.device("cpu"))
+    line._resident = int(0.2 * gib)
+    line._memory = _Allocator(2 * gib, int(1.5 * gib), int(1.9 * gib), int(1.9 * gib))
+    line.caught()  # the OOM caught, the attempt's tensors alive
+    line._memory = _Allocator(2 * gib, int(0.2 * gib), int(1.9 * gib), int(1.9 * gib))  # freed
+    assert line.after_oom(1000, error) == 1000 - 1000 // 32  # the bound is at the room: the smallest step down
+    line._at_failure = None  # not caught (a peer's OOM): the peak plus the request, 2.4 GiB, as before
+    assert line.after_oom(1000, error) < 850

@@ -17,8 +17,13 @@ After a *measured* recovery (the runner's memory line sized the smaller micro-ba
 :mod:`autobatch.training.oom.step_memory`) the squeeze may be transient: a neighbour's burst, a
 tensor held for a few steps. Then the wait is one step, not ``grow_after``: as soon as the line
 says, from what is resident now, that a larger size fits again, the next step tries the
-largest such size up to the one the run had before the squeeze. A try that fails doubles that
-short wait too, so this path cannot oscillate either. Where the recovery was the batch's own (it
+largest such size up to the one the run had before the squeeze. The size before the squeeze
+waits for no step at all: after a try part of the way back held (the squeeze still there), the
+step after the squeeze ended trained at the partial size too, since the held try restarted the
+count (30 % taken after step 3, half given back after step 5, the rest after step 6: the 7th
+step trained at the partial size, now at the size before the squeeze). A
+try that fails doubles that short wait too, and from then on the return waits for it as well, so
+this path cannot oscillate either. Where the recovery was the batch's own (it
 needed more than the line says for its size: an outlier batch, see
 :mod:`autobatch.training.oom.step_memory`), the next step tries at once, not after that wait: the
 next ordinary batch trains at the size before the outlier (after a 128-token batch in a run of
@@ -93,10 +98,12 @@ class GrowBack:
         soon, self._soon = self._soon, False
         if self.squeezed_from is not None and micro_batch >= min(self.squeezed_from, self.ceiling):
             self.squeezed_from = None  # back where the squeeze found it
-        ready = soon or self.streak >= self.quick_wait
-        if self.enabled and self.squeezed_from is not None and fits is not None and ready:
-            target = min(fits, self.squeezed_from, self.ceiling) // self.multiple_of * self.multiple_of
-            if target > micro_batch:
+        if self.enabled and self.squeezed_from is not None and fits is not None:
+            full = min(self.squeezed_from, self.ceiling) // self.multiple_of * self.multiple_of
+            target = min(fits // self.multiple_of * self.multiple_of, full)
+            # all the way back waits for no streak until such a try failed; part of the way, one step
+            ready = soon or self.streak >= self.quick_wait or (target >= full and self.quick_wait == 1)
+            if target > micro_batch and ready:
                 self.previous, self._quick = micro_batch, True
                 return target
         if not self.enabled or self.streak < self.wait or micro_batch >= self.ceiling:

@@ -127,6 +127,8 @@ class OomRecovery(CountsSkips, WatchesGrads, TellsSplit, VotesRecovery, Optimize
             return False
         self._last_error = str(exc).splitlines()[0][:600] if str(exc) else type(exc).__name__
         self._own_oom = not isinstance(exc, PeerOutOfMemoryError)  # this rank ran out, not a peer
+        if self._own_oom:
+            self.step_memory.caught()  # what the failed attempt held, before its tensors are freed
         self._phase = getattr(exc, "phase", self._phase)  # another rank's OOM: where it struck
         return True
 

@@ -6,8 +6,12 @@ resident when it began (weights, optimizer state, anything else alive). Those po
 line, ``peak - resident = intercept + slope * micro_batch``; with what is resident *now*
 (after the failed attempt was freed, including whatever squeezed the run: another tensor, a
 neighbour's cache) and the capacity less the allocator's headroom, the line says the largest
-micro-batch that fits. The failed attempt says something too: its peak before the failure
-plus the allocation that failed is a lower bound of what ``micro_batch`` needs; where that
+micro-batch that fits. The failed attempt says something too: the memory it held when the
+OOM was caught (:meth:`StepMemory.caught`, before its tensors were freed) plus the allocation
+that failed, or its peak where that is more, is a lower bound of what ``micro_batch`` needs.
+(Its peak *plus* the allocation was not one: a step that peaked in one micro-batch's forward and
+failed in the next one's backward was charged both; two pieces of 1818 a few percent over a
+simulated 2 MiB went to 1488 where 1802 fit, now to 1762.) Where that
 still fits but the allocator's *reserved* peak plus the request did not (blocks held but too
 split to serve it: measured on an H200, a ResNet-50 step at 7.86 of 8 GiB allocated failed to
 find 36 MiB in 122 MiB of reserved-but-free memory), the reserved figures size the step down.
@@ -66,6 +70,7 @@ class StepMemory:
         self.last_peak: int | None = None  # the last passing step's allocated peak, in bytes
         self.max_peak: int | None = None  # the largest passing step's (a short last batch is not the next one)
         self._resident = 0
+        self._at_failure: int | None = None  # allocated when the attempt's own OOM was caught (None: unknown)
         self._memory: DeviceMemory | None = None
         self.outlier = False  # this step needed more than the line says for its size (reset by step_started)
 
@@ -81,9 +86,16 @@ class StepMemory:
     def begin(self) -> None:
         """An attempt starts: remember what is resident, start a fresh peak."""
         self._memory = self.instrument()
+        self._at_failure = None
         if self._memory is not None:
             self._resident = self._memory.allocated()
             self._memory.reset_peak()
+
+    def caught(self) -> None:
+        """This attempt's own OOM was just caught, its tensors still alive (the traceback holds
+        them): what it held then bounds what it needed, with the allocation that failed."""
+        if self._memory is not None:
+            self._at_failure = self._memory.allocated()
 
     def step_started(self) -> None:
         """A global step starts: no failure of it is known yet."""
@@ -163,7 +175,8 @@ class StepMemory:
             guesses.append(fits)  # the line: what is resident now leaves no room for micro_batch
         requested = requested_bytes(error)
         if requested is not None:
-            needed = memory.peak() + requested - self._resident  # a lower bound of micro_batch's need
+            before = memory.peak() if self._at_failure is None else max(memory.peak() - requested, self._at_failure)
+            needed = before + requested - self._resident  # a lower bound of micro_batch's need
             room = self._room(memory)
             if needed > room > 0:
                 guesses.append(math.floor(micro_batch * room / needed))
