@@ -27,7 +27,7 @@ from .arguments import FIND_ALIASES, STRATEGY_NAMES, validate_places, validate_p
 from .batch_growth import check_batch_grows
 from .caching.cache import ProbeCache, key_components, key_of
 from .caching.cache_hits import held_beside
-from .tracing.estimated import estimate_only, estimate_prior
+from .tracing.estimated import estimate_only, place_first_trial
 from .fresh_layout import FreshLayout
 from .content_peaks import content_note, shapes_note, sparse_momentum_note, sparse_note
 from .snapshot.unrestored import trained_for_real_note, warn_unrestored_optimizers, with_found_schedulers
@@ -221,14 +221,8 @@ def _probe(call: _Call, restore, estimate_first: bool | None) -> ProbeResult:
                 estimate_first = isinstance(memory, SimulatedDeviceMemory)
             estimate_note = None  # why the estimate could not trace the step, where it ran
             if args["strategy"] == "auto" and args["start"] is None and isinstance(fn, TrainStep) and estimate_first:
-                if snapshot is not None:
-                    snapshot.wait()  # the trace swaps fake tensors into the model: copy before it
-                prior, estimate_note = estimate_prior(fn, memory, capacity, args["max_batch"], args["multiple_of"])
-                prior = call.agreement.prior(prior)
+                prior, estimate_note = place_first_trial(fn, runner, memory, capacity, args, call.agreement, snapshot)
                 call.notes.append(estimate_note)
-                if prior is not None:  # an error at that first trial says where its size came from
-                    runner.first_placed = (f"placed just below the boundary a fake-tensor trace estimated, "
-                                           f"{prior[1].batch_size}; estimate_first=False starts the search small")
             result = run_search(
                 runner, strategy=args["strategy"], start=args["start"], max_batch=args["max_batch"],
                 margin=args["margin"], multiple_of=args["multiple_of"], device_name=memory.name,

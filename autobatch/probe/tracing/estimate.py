@@ -54,6 +54,7 @@ from ...memory.units import format_bytes, parse_bytes
 from ...memory.workspaces import BlasThreads, workspace_bytes
 from .estimate_records import BatchEstimate, EstimateError, MemoryEstimate
 from .trace_budget import OperationBudget
+from .trace_cost import TraceCost
 
 __all__ = ["EstimateError", "MemoryEstimate", "BatchEstimate", "estimate_memory", "estimate_peak", "estimate_max_batch"]
 
@@ -171,11 +172,12 @@ def _refuse_unestimable(step: Any) -> None:
 
 
 def _tracer(step: TrainStep, *, multiple_of: int, max_batch: int | None, steps: int, include_resident: bool,
-            op_growth: float | None = None):
+            op_growth: float | None = None, cost: TraceCost | None = None):
     """``(traced, peak, max_batch, multiple_of)``: ``peak(units)`` traces batch ``units * multiple_of``
     once (memoised in ``traced``, keyed by units) and returns its estimated peak, with or without the
     resident model; with ``op_growth``, a trace running that many times the first's operators is an
-    :class:`EstimateError` (:mod:`~autobatch.probe.tracing.trace_budget`). Checks the arguments as
+    :class:`EstimateError` (:mod:`~autobatch.probe.tracing.trace_budget`); with ``cost``, the first trace is
+    weighed against a real step (:mod:`~autobatch.probe.tracing.trace_cost`). Checks the arguments as
     :func:`~autobatch.find_max_batch` does (plain ints back)."""
     _refuse_unestimable(step)
     given = validate_probe_args(start=None, max_batch=max_batch, strategy="estimate", margin=0.0,
@@ -188,7 +190,10 @@ def _tracer(step: TrainStep, *, multiple_of: int, max_batch: int | None, steps: 
     def peak(units: int) -> int:
         if units not in traced:
             try:
-                traced[units] = estimate_memory(step, units * multiple_of, steps=steps, op_limit=budget.limit())
+                def trace() -> MemoryEstimate:
+                    return estimate_memory(step, units * multiple_of, steps=steps, op_limit=budget.limit())
+
+                traced[units] = trace() if cost is None or traced else cost.first(trace)
             except OperationLimit:
                 raise EstimateError(f"{budget.refusal(units * multiple_of)}; {TRIALS}") from None
             except Exception as exc:  # noqa: BLE001 - raised; the step's own error at one size says so
@@ -224,6 +229,7 @@ def estimate_line(
     sizes: tuple[int, int] = (16, 256),
     steps: int = 2,
     op_growth: float | None = None,
+    cost: TraceCost | None = None,
 ) -> BatchEstimate:
     """A quick estimate from three traces: the line through the estimated peaks at
     ``sizes`` is solved for ``capacity``, the step is traced once more at that answer, and the
@@ -234,11 +240,12 @@ def estimate_line(
     any batch size where the step's operators do not grow with it (``op_growth`` stops a trace
     that runs that many times the first's: :mod:`~autobatch.probe.tracing.trace_budget`), so this is far cheaper
     than :func:`estimate_max_batch`, which traces until it lands on the estimated boundary exactly;
-    ``auto`` uses it to place its first real trial.
+    ``auto`` uses it to place its first real trial (``cost``: where its first trace costs more than
+    the search's real steps, it stops, :mod:`~autobatch.probe.tracing.trace_cost`).
     """
     capacity_bytes = parse_bytes(capacity, name="capacity")
     traced, peak, max_batch, multiple_of = _tracer(step, multiple_of=multiple_of, max_batch=max_batch, steps=steps,
-                                                   include_resident=include_resident, op_growth=op_growth)
+                                                   include_resident=include_resident, op_growth=op_growth, cost=cost)
     max_units = max_batch // multiple_of if max_batch is not None else None
 
     def solve(a: int, b: int, *, steps: int = 0) -> tuple[int, float, float]:

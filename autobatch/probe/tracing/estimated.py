@@ -10,7 +10,7 @@ import torch
 
 from ...errors import NoBatchFitsError
 from ...memory.devices import SimulatedDeviceMemory
-from ..arguments import SEARCH_CEILING, compiled_model
+from ..arguments import PREDICT_DEFAULT_START, SEARCH_CEILING, compiled_model
 from ..batch_growth import check_batch_grows
 from .estimate import TRIALS, EstimateError, estimate_line, estimate_max_batch
 from ..searching.line import LinearFit
@@ -18,8 +18,9 @@ from ..result import ProbeResult
 from .trace_failures import from_the_step, untraceable
 from ..train_step import TrainStep
 from .trace_budget import OP_GROWTH
+from .trace_cost import TraceCost
 
-__all__ = ["estimate_prior", "estimate_only", "compiled_note"]
+__all__ = ["estimate_prior", "estimate_only", "compiled_note", "place_first_trial"]
 
 
 def counts_resident(memory) -> tuple[bool, str | None]:
@@ -30,15 +31,41 @@ def counts_resident(memory) -> tuple[bool, str | None]:
     return True, None
 
 
-def estimate_prior(step: TrainStep, memory, capacity: int, max_batch: int | None, multiple_of: int):
+def place_first_trial(step: TrainStep, runner, memory, capacity: int, args: dict, agreement, snapshot):
+    """``auto``'s first trial placed by an estimate (find.py): ``(prior, note)``, the prior agreed over
+    the ranks. Its first trace is weighed against the search's own first trial (:mod:`~autobatch.probe.tracing.trace_cost`),
+    except in a distributed job, where a trial only some ranks chose to run would leave the others waiting."""
+    if snapshot is not None:
+        snapshot.wait()  # the trace swaps fake tensors into the model: copy before it
+    max_batch, multiple_of = args["max_batch"], args["multiple_of"]
+
+    def first_trial() -> tuple[int, float | None]:  # the trial predict starts from without an estimate
+        size = max(multiple_of, PREDICT_DEFAULT_START // multiple_of * multiple_of)
+        if max_batch is not None:
+            size = min(size, max(multiple_of, max_batch // multiple_of * multiple_of))
+        final = max_batch is not None and size >= max_batch // multiple_of * multiple_of
+        record = runner.passed_record(size) if runner(size, "fit", final=final) else None
+        return size, None if record is None else record.seconds
+
+    cost = None if agreement.active() else TraceCost(first_trial)
+    prior, note = estimate_prior(step, memory, capacity, max_batch, multiple_of, cost=cost)
+    prior = agreement.prior(prior)
+    if prior is not None:  # an error at that first trial says where its size came from
+        runner.first_placed = (f"placed just below the boundary a fake-tensor trace estimated, "
+                               f"{prior[1].batch_size}; estimate_first=False starts the search small")
+    return prior, note
+
+
+def estimate_prior(step: TrainStep, memory, capacity: int, max_batch: int | None, multiple_of: int,
+                   cost: TraceCost | None = None):
     """The estimated curve in units of ``multiple_of`` for ``auto``'s first trial, and a note;
-    ``(None, note)`` when the step cannot be estimated."""
+    ``(None, note)`` when the step cannot be estimated (``cost``: :mod:`~autobatch.probe.tracing.trace_cost`)."""
     include_resident, _ = counts_resident(memory)
     began = time.perf_counter()
     try:
         estimate = estimate_line(
             step, capacity, include_resident=include_resident, max_batch=max_batch, multiple_of=multiple_of,
-            op_growth=OP_GROWTH,  # a trace whose operators grow with the batch costs more than trials
+            op_growth=OP_GROWTH, cost=cost,  # a trace whose operators grow with the batch costs more than trials
         )
     except Exception as exc:  # noqa: BLE001 - the estimate's, or the step's own error (its trials raise it for real)
         if not isinstance(exc, EstimateError) and not from_the_step(exc):
