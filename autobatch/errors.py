@@ -116,7 +116,8 @@ class GlobalBatchTooLargeError(MemoryError):
 
 class StepOutOfMemoryError(MemoryError):
     """The training runner could not fit a global step even at micro-batch 1 (or at the smallest
-    ``min_micro_batch`` allows), or an OOM struck after the step's attempts had succeeded, outside
+    ``min_micro_batch`` allows), or ``optimizer.step()`` ran out of memory again after its replays at
+    the same micro-batch (``phase="optimizer"``), or an OOM struck after the step's attempts had succeeded, outside
     the replay (``phase="scheduler"``: in ``scheduler.step()``, which no smaller micro-batch shrinks).
 
     Raised ``from`` the last out-of-memory error. ``step`` is the global step index,

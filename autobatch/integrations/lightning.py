@@ -98,8 +98,8 @@ class AutoBatchSize(Callback):
     After fit start, ``result`` is the :class:`~autobatch.ProbeResult`, ``confirmation`` the
     :class:`~autobatch.integrations.lightning_loop.LoopConfirmation` (its ``summary()`` says why
     the size is safe; also in ``result.notes``), ``batch_size`` the size set and
-    ``accumulation`` the ``accumulate_grad_batches`` set (or None). A fit resumed from a
-    checkpoint of this callback keeps its size and accumulation; ``result`` is None there.
+    ``accumulation`` the ``accumulate_grad_batches`` set (or None). A fit resumed from a checkpoint
+    of this callback keeps its samples per step (its size where one trial fits); ``result`` is None there.
     """
 
     def __init__(
@@ -282,7 +282,7 @@ class AutoBatchSize(Callback):
 
     def _resume(self, trainer: Trainer, module: LightningModule) -> bool:
         """Set the size a checkpoint restored (:meth:`load_state_dict`), where it was found for this
-        global batch and world size (split anew under a lower ``max_batch``); whether it did (no probe then)."""
+        global batch and world size (split anew under a lower ``max_batch``); whether it did (no search then)."""
         restored, self._restored = self._restored, None
         if not restored:
             return False

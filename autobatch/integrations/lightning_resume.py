@@ -3,7 +3,7 @@ not train the split its checkpoint asked for.
 
 A checkpoint of the callback holds the size, the accumulation, ``global_batch`` and the world size
 it trained at (``AutoBatchSize.state_dict``). A fit resumed with the same ``global_batch`` and world
-size trains at that split again without probing, so each optimizer step trains as many samples,
+size trains at that split again without a new search, so each optimizer step trains as many samples,
 at the same batch size, as the run it resumes. Two ways a user's run then differs from what they
 see in their script, each said in one warning (both were one INFO line):
 

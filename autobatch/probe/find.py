@@ -116,9 +116,9 @@ def find_max_batch(
             ``cache_key``. A hit skips the probe (``result.cached`` is True).
         cache_key: what identifies a plain callable's work (a string or JSON-able data);
             required to cache one, added to the derived key for a ``TrainStep``.
-        estimate_first: ``auto`` on a ``TrainStep`` with no ``start`` places its first trial
-            just below the boundary estimated with fake tensors. Default: on for the CPU's
-            simulated device, off on accelerators (tracing a real model took longer there).
+        estimate_first: ``auto`` on a ``TrainStep`` with no ``start`` places its first trial just below
+            the boundary estimated with fake tensors (not where a trace costs more than 2 trials: ``trace_cost``).
+            Default: on for the CPU's simulated device, off on accelerators (tracing a real model took longer there).
         hand_loop: whether a loop that cannot replay a step that runs out of memory trains the
             answer (your own, Lightning's, the Transformers ``Trainer``'s): its trial must then
             stop flushing the allocator's cache, at which a run resumed from a checkpoint ran out of

@@ -12,8 +12,10 @@ block and after tenacity has dropped the failed attempt's traceback, the runner 
 half-applied optimizer step (:class:`~autobatch.training.oom.step_guard.StepGuard`), puts back the
 buffers forward changed (:class:`~autobatch.training.oom.buffer_guard.BufferGuard`) and the random
 state (:class:`~autobatch.training.oom.step_random.StepRandom`), drops the partial gradients, frees
-memory, halves the micro-batch (read from runner state on every attempt) and replays the
-*same* global batch from its first sample. When micro-batch 1 (``min_micro_batch``) fails it
+memory, steps the micro-batch down (by what it measured, else by half; read from runner state on
+every attempt) and replays the *same* global batch from its first sample; an OOM inside
+``optimizer.step()``, which no micro-batch sizes, is replayed at the same micro-batch, then with
+``foreach=False``, then given up (:mod:`~autobatch.training.oom.optimizer_phase`). When micro-batch 1 (``min_micro_batch``) fails it
 turns on activation checkpointing if ``checkpointing_fallback`` allows, else raises
 :class:`~autobatch.errors.StepOutOfMemoryError`. Any other exception (a ``KeyboardInterrupt`` too)
 propagates unchanged but for a note where a recovery's smaller micro-batch is its likely cause,

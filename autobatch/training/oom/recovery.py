@@ -17,7 +17,7 @@ limit, gets a note saying so, and what to do (:mod:`autobatch.training.oom.aband
 
 The smaller micro-batch is sized by measurement where the figures allow
 (:class:`~autobatch.training.oom.step_memory.StepMemory`: the line of the steps' measured peaks, the
-memory resident now, the failed attempt's peak and the allocation that failed), so a squeeze
+memory resident now, what the failed attempt held and the allocation that failed), so a squeeze
 of a few percent costs a few percent; it is halved only when nothing better is known (no
 instrument, no measured step, an OOM the figures do not explain such as an injected one).
 Under ``torch.distributed`` the ranks vote, so that every rank takes the same branch to the same
