@@ -25,8 +25,11 @@ from .estimate_records import EstimateError, MemoryEstimate
 __all__ = ["TraceCost", "FLOOR_S", "RATIO"]
 
 #: A first trace quicker than this many seconds is not weighed (no trial runs for it): the rest of
-#: the estimate costs about two more such traces, which no probe notices
-FLOOR_S = 0.5
+#: the estimate costs about two more such traces, which no probe notices. 1 s, not less: on a busy
+#: 2-core machine the default command-line job's first trace passed 0.5 s, weighing it ran one more
+#: trial (8 samples, 3.7 s with the first step's costs), and the probe took 9.3 s where it took 7.8 s
+#: unweighed (its two traces 0.95 s in all); a 2-layer GRU's first trace takes 1.5-3 s
+FLOOR_S = 1.0
 #: The estimate stops where its first trace cost more than this many trials at the search's first
 #: size (the trial's seconds, all its steps). Once that trial ran, the rest of the estimate costs two
 #: traces or more like the first (that size again, and 256) and spares about one trial of the search
