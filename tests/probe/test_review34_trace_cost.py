@@ -17,12 +17,12 @@ def _step():
 
 
 def test_review34_trace_cost_weighs_first_trace():
-    ticks = iter([0.0, 3.0, 10.0, 11.0, 20.0, 20.1])  # traces of 3 s, 1 s and 0.1 s
-    traces, trials, seconds = [], [], iter([0.1, 0.5])  # trials of 0.1 s and 0.5 s
+    ticks = iter([0.0, 3.0, 10.0, 11.5, 20.0, 20.1])  # traces of 3 s, 1.5 s and 0.1 s
+    traces, trials, seconds = [], [], iter([0.1, 1.0])  # trials of 0.1 s and 1 s
     cost = trace_cost.TraceCost(lambda: trials.append(8) or (8, next(seconds)), clock=lambda: next(ticks))
     with pytest.raises(EstimateError, match=r"30 times the search's first trial \(batch 8"):
         cost.first(lambda: traces.append(1))  # 3 s against a 0.1 s trial: the trial is the cheaper
-    assert cost.first(lambda: traces.append(2) or "again") == "again"  # 1 s against 0.5 s: traced again after the trial
+    assert cost.first(lambda: traces.append(2) or "again") == "again"  # 1.5 s against 1 s: traced again after the trial
     assert traces == [1, 2, 2] and trials == [8, 8]
     assert cost.first(lambda: "quick") == "quick" and trials == [8, 8]  # under the floor: no trial weighed
 
