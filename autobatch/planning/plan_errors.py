@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from ..errors import NoBatchFitsError, add_note
 from ..memory.units import format_bytes
+from ..probe.foreach import foreach_note
 from .checkpointing import find_blocks, finer_blocks_hint, no_blocks_hint
 from .own_checkpointing import cache_note, own_checkpointing, recomputed_blocks
 from .plan_result import short_list
@@ -100,7 +101,10 @@ class PlanErrors:
                 f"larger memory_limit / device{itself}")
 
     def _attempts_error(self, source: NoBatchFitsError, hint: str) -> NoBatchFitsError:
-        """``source``'s figures with a new hint, carrying every probe attempt in ``attempts``."""
+        """``source``'s figures with a new hint, carrying every probe attempt in ``attempts``; where its smallest
+        batch ran out of memory inside ``optimizer.step()`` of a foreach optimizer, the hint names that first."""
+        if source.batch_size in getattr(self.step, "optimizer_ooms", ()):
+            hint = foreach_note(self.step.optimizer, source.batch_size) + hint
         error = NoBatchFitsError(
             batch_size=source.batch_size,
             capacity_bytes=source.capacity_bytes,

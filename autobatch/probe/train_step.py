@@ -11,6 +11,7 @@ import torch
 
 from .. import checks
 from ..errors import add_note
+from ..memory.oom import is_oom_error
 from .snapshot.restore import forget_scaler_stage
 from .snapshot.ddp_reducer import reset_failed_reduction
 from .snapshot.shards import check_optimizer_after_sharding
@@ -78,6 +79,7 @@ class TrainStep:
         self.grad_scaler = checks.grad_scaler("grad_scaler", grad_scaler)
         _check_scaled_dtypes(optimizer, self.grad_scaler, model)
         self.max_grad_norm = checks.positive_number("max_grad_norm", max_grad_norm, allow_none=True)
+        self.optimizer_ooms = set()
 
     def options(self) -> dict[str, Any]:
         """The keyword options, to build another ``TrainStep`` that steps the same way (the
@@ -106,8 +108,18 @@ class TrainStep:
         del batch  # backward needs what autograd saved, not the inputs: as the runner's step
         (self.grad_scaler.scale(loss) if self.grad_scaler is not None else loss).backward()
         self.gradless = gradless(self.optimizer)
-        self.optimizer_step()
+        self.optimizer_ooms.discard(batch_size)
+        try:
+            self.optimizer_step()
+        except BaseException as exc:  # re-raised: only noted where it is an OOM
+            if is_oom_error(exc):
+                self.optimizer_ooms.add(batch_size)
+            raise
         self.optimizer.zero_grad(set_to_none=True)
+
+    #: the batch sizes whose last step ran out of memory inside ``optimizer.step()`` (after backward), which
+    #: no smaller batch shrinks: a plan that failed there names the optimizer (:func:`~.foreach.foreach_note`)
+    optimizer_ooms: set[int]
 
     #: ``(without, trainable)``: of the parameters the optimizer trains that require grad, how many the last
     #: step's backward gave no gradient (:func:`gradless`; None before a step)

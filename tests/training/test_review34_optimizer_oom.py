@@ -150,3 +150,65 @@ def test_review34_a_foreach_step_that_never_fits_is_given_up_after_the_switch():
         runner.fit(make_data(SAMPLES, GLOBAL))
     assert faults.fired == [(1, "optimizer")] * 3
     assert [r["action"] for r in runner.result.oom_recoveries] == ["same", "foreach"] and runner.step == 1
+
+
+def _small_stack() -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*(torch.nn.Linear(128, 128) for _ in range(4)))
+    return model, torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=True)
+
+
+def _small_loss(model, batch):
+    return torch.nn.functional.mse_loss(model(batch[0]), batch[1])
+
+
+SMALL_CAP = "950KiB"  # the per-tensor AdamW step fits, the foreach one (a temporary over the group) does not
+
+
+def test_review34_a_plan_whose_every_size_fails_in_a_foreach_step_names_foreach():
+    """micro_batch=None walked down to batch 1 and advised activation checkpointing; each size had run
+    out of memory inside optimizer.step(), which no batch size shrinks and foreach=False does."""
+    from autobatch import NoBatchFitsError
+
+    model, optimizer = _small_stack()
+    data = [(torch.randn(4, 128), torch.randn(4, 128))]
+    with simulated_memory(SMALL_CAP), pytest.raises(NoBatchFitsError) as info:
+        Runner(model, optimizer, _small_loss, global_batch=4, micro_batch=None, progress=False, log_every=None).fit(data)
+    assert "Batch 1 ran out of memory inside optimizer.step()" in str(info.value)
+    assert "Build it with foreach=False" in str(info.value)
+
+
+def test_review34_a_resume_keeps_the_foreach_switch_and_says_why(tmp_path, caplog):
+    """The checkpoint's groups hold foreach=False; the resumed run's default is switched too (a group added
+    later steps per tensor, as in the run without the stop), and the warning names the cause, not "set
+    them after resuming to change them", which sent the user back to the step that did not fit."""
+    torch.manual_seed(1)
+    data = [(torch.randn(4, 128), torch.randn(4, 128)) for _ in range(4)]
+    options = dict(global_batch=4, micro_batch=4, progress=False, log_every=None, checkpoint_dir=tmp_path,
+                   checkpoint_every=1)
+    whole, whole_optimizer = _small_stack()
+    with simulated_memory(SMALL_CAP):  # one budget per run: an earlier run's optimizer state is not this one's
+        Runner(whole, whole_optimizer, _small_loss, **{**options, "checkpoint_dir": tmp_path / "whole"}).fit(data)
+    first, optimizer = _small_stack()
+    with simulated_memory(SMALL_CAP):
+        Runner(first, optimizer, _small_loss, **options).fit(data, steps=2)
+    model, optimizer = _small_stack()
+    caplog.clear()
+    with simulated_memory(SMALL_CAP):
+        result = Runner(model, optimizer, _small_loss, **options).fit(data, resume="latest")
+    assert [r["action"] for r in result.oom_recoveries] == ["same", "foreach"] and result.steps_this_run == 2
+    assert optimizer.param_groups[0]["foreach"] is False and optimizer.defaults["foreach"] is False
+    warned = [r.getMessage() for r in caplog.records if r.getMessage().startswith("resume: ")]
+    assert any("foreach=False, as the run that wrote the checkpoint did from global step 0" in m for m in warned)
+    assert not any("settings replace this run's" in m for m in warned), warned
+    assert all(torch.equal(a, b) for a, b in zip(model.parameters(), whole.parameters()))
+
+
+def test_review34_an_optimizer_step_that_fit_before_says_memory_is_held_since():
+    """A squeeze held into the optimizer step gave up with "The optimizer step itself does not fit",
+    though it had fit in every step before."""
+    runner = _runner(FaultInjector((2, "optimizer"), times=None))
+    with pytest.raises(StepOutOfMemoryError) as info:
+        runner.fit(make_data(SAMPLES, GLOBAL))
+    assert "It fit in the 2 steps this fit() trained before, so memory held since then" in str(info.value)
+    assert "itself does not fit" not in str(info.value)

@@ -333,7 +333,7 @@ class Resumable:
             load_extra_state(path, self.extra_state, state.get("extra_state"))  # absent in older checkpoints
             if state.get("checkpointed_modules") and self.checkpoint_handle is None:
                 self.checkpoint_handle = enable_checkpointing(saved_module(self.model), modules=local_module_names(state["checkpointed_modules"], saved_module(self.model)))
-            warn_replaced_settings(self.optimizer, state["optimizer"], self.extra_state.values())
+            warn_replaced_settings(self.optimizer, state["optimizer"], self.extra_state.values(), state.get("result"))
             if sharded:  # this rank's shards, written in place; the optimizer's state converted first, before any load
                 optimizer_state = optimizer_state_for(self.optimizer, state["optimizer"])
                 load_plain_state(saved_module(self.model), saved)

@@ -140,18 +140,25 @@ def warn_persistent_workers(data: Iterable[Any], position: int = 0) -> None:
     )
 
 
-def warn_replaced_settings(optimizer: torch.optim.Optimizer, saved: dict[str, Any], extra: Iterable[Any] = ()) -> None:
+def warn_replaced_settings(optimizer: torch.optim.Optimizer, saved: dict[str, Any], extra: Iterable[Any] = (),
+                           result: dict[str, Any] | None = None) -> None:
     """Warn where the checkpoint's optimizer settings replace this run's (a learning rate set
     anew for the resumed run is overwritten by ``load_state_dict``, as PyTorch resumes). The
     learning rate is compared at its schedule's start (``initial_lr``) where a scheduler set one,
     not at all where one of the ``extra`` state objects schedules ``optimizer`` (a
     ``ReduceLROnPlateau`` stepped in ``on_step_end``, as the runner advises: it sets no
     ``initial_lr``, and its lowered rate was warned about as a setting replaced), and the momentum
-    not at all where one cycles it (``OneCycleLR``, ``CyclicLR``: ``base_momentum``)."""
+    not at all where one cycles it (``OneCycleLR``, ``CyclicLR``: ``base_momentum``).
+
+    ``foreach=False`` that the run writing the checkpoint switched to itself (its saved ``result``
+    records the recovery, :mod:`~autobatch.training.oom.optimizer_phase`) is kept, the optimizer's
+    default too (a group added later steps per tensor, as in the run without the stop), and warned
+    with its cause: "set them after resuming" sent the user back to the step that did not fit."""
     def plain(value: Any) -> Any:
         return list(value) if isinstance(value, tuple) else value
 
     changed = set()
+    switched = next((r.get("step") for r in (result or {}).get("oom_recoveries", []) if r.get("action") == "foreach"), None)
     scheduled = any(getattr(value, "optimizer", None) is optimizer for value in extra)
     for group, old in zip(optimizer.param_groups, saved.get("param_groups", [])):
         skip = {"params", "lr"} if scheduled or "initial_lr" in group else {"params"}  # a schedule moves lr itself
@@ -160,8 +167,14 @@ def warn_replaced_settings(optimizer: torch.optim.Optimizer, saved: dict[str, An
         for key, value in group.items():
             if key in skip or key not in old or not isinstance(value, (int, float, str, bool, tuple, type(None))):
                 continue
-            if plain(old[key]) != plain(value):
+            if plain(old[key]) != plain(value) and not (key == "foreach" and switched is not None):
                 changed.add(f"{key} {old[key]!r} (this run: {value!r})")
+    if switched is not None and "foreach" in optimizer.defaults and optimizer.defaults["foreach"] is not False:
+        optimizer.defaults["foreach"] = False
+        log.warning("resume: the optimizer steps with foreach=False, as the run that wrote the checkpoint did from "
+                    "global step %s on, where optimizer.step() ran out of memory with torch's foreach step (this "
+                    "run built it with foreach=%s); build the optimizer with foreach=False to start so", switched,
+                    next((g.get("foreach") for g in optimizer.param_groups), None))
     if changed:
         log.warning("resume: the checkpoint's optimizer settings replace this run's: %s; set them after resuming "
                     "to change them", ", ".join(sorted(changed)))

@@ -35,36 +35,13 @@ from __future__ import annotations
 
 import logging
 
-import torch
 
 from ...errors import StepOutOfMemoryError
+from ...probe.foreach import foreach_groups  # the probe layer's: the planner asks it too
 
 __all__ = ["OptimizerPhase", "foreach_groups"]
 
 log = logging.getLogger("autobatch")
-
-
-def foreach_groups(optimizer: torch.optim.Optimizer) -> list[dict]:
-    """The param groups of ``optimizer`` whose step runs torch's foreach implementation: ``foreach=True``,
-    or left ``None`` where torch picks it (every parameter on a device it has foreach kernels for,
-    not differentiable), and not ``fused``. Empty for an optimizer without a ``foreach`` option."""
-    if "foreach" not in optimizer.defaults:
-        return []
-    chosen = []
-    for group in optimizer.param_groups:
-        foreach = group.get("foreach")
-        if group.get("fused") or foreach is False:
-            continue
-        if foreach is None:
-            try:
-                from torch.optim.optimizer import _default_to_fused_or_foreach
-
-                _, foreach = _default_to_fused_or_foreach(list(group["params"]), bool(group.get("differentiable")), False)
-            except (ImportError, TypeError):  # a torch without it: its default, foreach on CUDA tensors
-                foreach = all(p.is_cuda for p in group["params"])
-        if foreach:
-            chosen.append(group)
-    return chosen
 
 
 class OptimizerPhase:
@@ -96,16 +73,21 @@ class OptimizerPhase:
         return "foreach"
 
     def _optimizer_reason(self, failed_at: int) -> str:
-        """The give-up message of a step whose optimizer step ran out of memory twice."""
+        """The give-up message of a step whose optimizer step ran out of memory twice; where steps of this
+        ``fit()`` stepped the optimizer before, it says so (a squeeze held since, not a step that never fits)."""
         where = " and the step guard's copy in host memory" if self.guard.enabled else ""
         dropped = (", and again with its param groups switched to foreach=False (they stay so)"
                    if self._foreach_dropped == self.step else "")
+        trained = self.result.steps_this_run  # this fit()'s steps: the optimizer's state was there in each
+        advice = (f"It fit in the {trained} step{'s' if trained > 1 else ''} this fit() trained before, so memory held "
+                  "since then (a tensor kept between steps, another process on the device) takes the room it needs: "
+                  "free it and fit again; if nothing is held, try" if trained else "The optimizer step itself does not "
+                  "fit: try")
         return (f"global step {self.step} ran out of memory inside optimizer.step() at micro-batch {failed_at}, and "
                 f"again when the step was replayed at the same micro-batch with the cache emptied{where}{dropped}. The micro-"
                 "batch does not size the optimizer step (its activations are freed by then, its gradients as large at "
-                "any micro-batch), so no smaller one was tried; the step was undone. The optimizer step itself does "
-                "not fit: try an optimizer with less state (SGD, Adafactor), lower precision, a smaller model, "
-                "or more device memory.")
+                f"any micro-batch), so no smaller one was tried; the step was undone. {advice} an optimizer with less "
+                "state (SGD, Adafactor), lower precision, a smaller model, or more device memory.")
 
     def _outside_replay(self, micro_batch: int) -> StepOutOfMemoryError:
         """The error for an OOM raised after the step's attempts succeeded (in ``scheduler.step()``,
