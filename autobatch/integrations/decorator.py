@@ -113,8 +113,9 @@ class Attempt:
     #: out-of-memory errors raised during a call that returned and caught inside the function (by
     #: its own ``except``, not by a nested decorated call): the size may not have run its steps
     caught_ooms: int = 0
-    #: the attempt was interrupted (Ctrl-C's ``KeyboardInterrupt``, a ``SystemExit``) before it returned or
-    #: failed: neither a size that ran nor a failure the search learned from (``ok`` False, ``error`` None)
+    #: the attempt was interrupted (Ctrl-C's ``KeyboardInterrupt``, a ``SystemExit``, or an error that is not
+    #: out-of-memory, each re-raised unchanged) before it returned or ran out of memory: neither a size that ran
+    #: nor a failure the search learned from (``ok`` False, ``error`` None)
     interrupted: bool = False
 
     def to_dict(self) -> dict[str, Any]:
@@ -144,7 +145,7 @@ def find_executable_batch_size(
     down to one (100 with 8 starts at 96), and a start below ``multiple_of`` is a ``ValueError``
     rather than a size larger than asked. The wrapper has ``attempts`` (every :class:`Attempt`,
     over all calls) and ``batch_size`` (the size the next call starts from: the last that ran; after a
-    ``NoBatchFitsError`` or a Ctrl-C, where that call started: :func:`_interrupted`). Over ``@staticmethod``/``@classmethod`` too.
+    ``NoBatchFitsError``, a Ctrl-C or another error, where that call started: :func:`_interrupted`). Over ``@staticmethod``/``@classmethod`` too.
 
     Raises:
         TypeError: the batch size was passed in the call, by position or name, or as the function
@@ -214,8 +215,8 @@ def find_executable_batch_size(
                     return value
                 _undo_failed(attempt, watch, grads, memory, getattr(function, "__name__", "function"))
                 wrapped.batch_size = _next_size(wrapped.attempts[mine:], reduce_batch_size_fn, fallback_factor, multiple_of)
-        except BaseException as exc:  # Ctrl-C (KeyboardInterrupt), SystemExit: re-raised unchanged
-            _interrupted(exc, wrapped, wrapped.attempts[mine:], first, (time.perf_counter() - began, grads))
+        except BaseException:  # Ctrl-C (KeyboardInterrupt), SystemExit, another error: re-raised unchanged
+            _interrupted(wrapped, wrapped.attempts[mine:], first, (time.perf_counter() - began, grads))
             raise
 
     wrapped.attempts = []  # type: ignore[attr-defined]
@@ -282,19 +283,18 @@ def _undo_failed(attempt: Attempt, watch: LazyStateWatch, grads: AttemptState, m
         attempt.peak_bytes = memory.peak()
 
 
-def _interrupted(exc: BaseException, wrapped: Any, attempts: list[Attempt], first: int,
-                 running_for: tuple[float, AttemptState]) -> None:
-    """A call interrupted (``exc``: Ctrl-C's ``KeyboardInterrupt``, a ``SystemExit``; an ``Exception``
-    is left alone; ``attempts``: the call's own, ``first``: where it started; ``running_for``: the
-    seconds since the last attempt began, and the call's :class:`~.decorator_state.AttemptState`):
-    the attempt running then is marked ``interrupted`` (neither ran nor failed), and where none of the
-    call's attempts ran, the next call starts where this one did, as after a ``NoBatchFitsError``,
-    unless the interrupted attempt stepped an optimizer: its steps ran at its size (a run stopped by hand
-    after training a while), and a later call that resumes from its checkpoint skips its batches at that
-    size. Why: ``wrapped.batch_size`` kept the size of an attempt that nothing had tested (128 ran out of
-    memory, 115 was interrupted before a step, and the next call started at 115 as if 115 had run)."""
-    if isinstance(exc, Exception):
-        return
+def _interrupted(wrapped: Any, attempts: list[Attempt], first: int, running_for: tuple[float, AttemptState]) -> None:
+    """A call that raises (Ctrl-C's ``KeyboardInterrupt``, a ``SystemExit``, an error that is not
+    out-of-memory, a ``NoBatchFitsError``; ``attempts``: the call's own, ``first``: where it
+    started; ``running_for``: the seconds since the last attempt began, and the call's
+    :class:`~.decorator_state.AttemptState`): the attempt running then, if it neither returned nor ran
+    out of memory, is marked ``interrupted``, and where none of the call's attempts ran, the next call
+    starts where this one did, as after a ``NoBatchFitsError``, unless the interrupted attempt stepped
+    an optimizer: its steps ran at its size (a run stopped by hand, or by a bad batch, after training a
+    while), and a later call that resumes from its checkpoint skips its batches at that size. Why:
+    ``wrapped.batch_size`` kept the size of an attempt that nothing had tested (128 ran out of memory,
+    115 was interrupted, or raised a ``ValueError``, before a step, and the next call started at 115 as
+    if 115 had run)."""
     (seconds, grads), running = running_for, attempts[-1] if attempts and not attempts[-1].ok and attempts[-1].error is None else None
     if running is not None:
         running.interrupted, running.seconds = True, seconds
