@@ -24,6 +24,7 @@ from omegaconf.errors import InterpolationResolutionError, OmegaConfBaseExceptio
 
 from .interpolations import unresolved_line
 from ..errors import GlobalBatchTooLargeError, NoBatchFitsError, StepOutOfMemoryError, in_packages, raised_through
+from ..probe.foreach import FOREACH_ADVICE
 
 __all__ = [
     "CLIError", "BAD_INPUT", "RUNTIME_FAILURE", "ERROR_FILE_ENV", "one_line", "cli_keys", "describe", "traceback_wanted",
@@ -95,6 +96,8 @@ def _out_of_memory(exc: BaseException) -> str:
     tail = f" Last allocator error: {_joined(str(last))}" if last else ""
     if tail and text.endswith(tail) and len(text) + len(notes) > MAX_LINE:
         text = text[: -len(tail)] + " (the allocator's own message: AUTOBATCH_TRACEBACK=1)"
+    if FOREACH_ADVICE in text and len(text) > MAX_LINE:  # the note sits mid-line, which a long line loses
+        notes = f"; {_FOREACH_LINE}{notes}"
     return cli_keys(_shortened(text)) + notes
 
 
@@ -123,7 +126,11 @@ _CLI_ADVICE = [
     (r"pass multiple_of(=\d+)? \(to find_max_batch or plan\(\), or in a Runner's plan_options\)", r"set probe.multiple_of\1"),
     (r"pass Runner\(min_micro_batch=(\d+)\)", r"set train.min_micro_batch=\1"),
     (r"\(strategy='binary', or 'auto' with estimate_first=False\)", "(probe.strategy=binary)"),
+    (FOREACH_ADVICE, "Set +optimizer.foreach=false"),  # probe.foreach's note: the optimizer's key
 ]
+#: The foreach note (:func:`~autobatch.probe.foreach.foreach_note`) where the line is cut: in its own words
+_FOREACH_LINE = ("the smallest batch ran out of memory inside optimizer.step(), in torch's foreach step, which no batch "
+                 "size shrinks: set +optimizer.foreach=false (train switches it itself when it plans the micro-batch)")
 #: Library notes that the command line says in its own words (the saved steps: its line names
 #: the checkpoint and the command that continues the run).
 _SAID_OTHERWISE = ("go on from there with fit(",)

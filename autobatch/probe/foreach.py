@@ -14,7 +14,10 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["foreach_groups", "foreach_note"]
+__all__ = ["FOREACH_ADVICE", "drop_foreach", "foreach_groups", "foreach_note"]
+
+#: the words of :func:`foreach_note` that say what to change (the command line names its override instead)
+FOREACH_ADVICE = "Build it with foreach=False"
 
 
 def foreach_groups(optimizer: torch.optim.Optimizer) -> list[dict]:
@@ -40,6 +43,15 @@ def foreach_groups(optimizer: torch.optim.Optimizer) -> list[dict]:
     return chosen
 
 
+def drop_foreach(optimizer: torch.optim.Optimizer) -> None:
+    """Switch ``optimizer``'s foreach param groups to ``foreach=False``, and its default (a param group
+    added later steps per tensor too): the runner's answer to a foreach step that does not fit, both
+    where it plans its micro-batch and where it recovers a step."""
+    for group in foreach_groups(optimizer):
+        group["foreach"] = False
+    optimizer.defaults["foreach"] = False
+
+
 def foreach_note(optimizer: torch.optim.Optimizer, batch_size: int) -> str:
     """The first words of a plan's ``NoBatchFitsError`` whose smallest batch (``batch_size``) ran out of
     memory inside ``optimizer.step()``: what the batch does not size and what to change ("" where no
@@ -48,6 +60,6 @@ def foreach_note(optimizer: torch.optim.Optimizer, batch_size: int) -> str:
         return ""
     return (f"Batch {batch_size} ran out of memory inside optimizer.step(), after its backward, and no batch size "
             f"shrinks that step: {type(optimizer).__name__} runs torch's foreach step (foreach=True, or torch's "
-            "default on this device), whose temporaries span a whole param group. Build it with foreach=False "
-            "(per-tensor temporaries, the same update; the Runner given a micro_batch switches to it itself after a "
-            "second OOM there) and plan again; if that does not fit either, the optimizer's state does not. ")
+            f"default on this device), whose temporaries span a whole param group. {FOREACH_ADVICE} "
+            "(per-tensor temporaries, the same update; the Runner switches to it itself, when it plans its micro-batch "
+            "or after a second OOM there) and plan again; if that does not fit either, the optimizer's state does not. ")

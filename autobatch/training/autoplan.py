@@ -14,6 +14,8 @@ from typing import Any, Iterator
 
 from ..planning.accumulation import batch_size_of, cycle_samples
 from ..planning.batch_statistics import BATCH_STATISTICS, POWER_ITERATION
+from ..errors import NoBatchFitsError
+from ..probe.foreach import drop_foreach, foreach_groups
 from ..probe.train_step import TrainStep
 from .batch_ops import to_device
 from .checkpoints.checkpoint_io import rng_state, set_rng_state
@@ -79,14 +81,20 @@ class PlansFromData:
         if scaler is not None and scaler.is_enabled():
             scaler, own = type(scaler)(self.device.type), scaler
             scaler.load_state_dict(own.state_dict())
-        step = TrainStep(
-            self._train_step.model, self.optimizer, self.loss_fn, make_batch,
-            **{**self._train_step.options(), "grad_scaler": scaler},
-        )
         options = {"device": self.device, "balanced": self.balanced, **self.plan_options}  # the runner's split, planned
         if self.max_micro_batch is not None and self.max_micro_batch < self.share:  # the ceiling caps the plan too
             options["max_batch"] = min(options.get("max_batch") or self.max_micro_batch, self.max_micro_batch)
-        planned = plan(step, global_batch=self.share, **options)
+        while True:  # twice at most: the second time without torch's foreach step
+            step = TrainStep(
+                self._train_step.model, self.optimizer, self.loss_fn, make_batch,
+                **{**self._train_step.options(), "grad_scaler": scaler},
+            )
+            try:
+                planned = plan(step, global_batch=self.share, **options)
+                break
+            except NoBatchFitsError as error:
+                if not self._plan_without_foreach(step, error):
+                    raise
         if self.distributed:  # the probes agreed already; a timed pick may still differ per rank
             self._parallel.agree_plan(planned)
         # plan() warned already where its split meets BatchNorm or spectral norm: the first split step does not again
@@ -103,9 +111,35 @@ class PlansFromData:
         probed = [r.batch_size for r in planned.probe_results]
         self.growth.ceiling = min(self.share, self.max_micro_batch or max(probed + [self.micro_batch]))  # never above the batch
         self.result.plan = planned.to_dict()
+        if self._foreach_planned:  # a resume keeps the switch and says why (resume_checks)
+            self.result.plan["foreach_dropped"] = True
         if self.distributed:
             self.result.plan.update(ranks=self._parallel.world_size(), global_batch_all_ranks=self.global_batch, per_rank_batch=self.share)
         log.info("runner planned micro-batch %d (grow-back ceiling %d)", self.micro_batch, self.growth.ceiling)
+
+    _foreach_planned = False  # the plan switched the optimizer's groups to foreach=False
+
+    def _plan_without_foreach(self, step: TrainStep, error: NoBatchFitsError) -> bool:
+        """Whether to plan again after ``error`` (no batch fits), with the optimizer's param groups
+        switched to ``foreach=False``: its smallest batch ran out of memory inside ``optimizer.step()``
+        of torch's foreach step, which no batch size shrinks and the per-tensor step may fit. This is
+        what the runner's recovery does for a given micro-batch (:mod:`~.oom.optimizer_phase`), so
+        ``micro_batch=None`` trains where a given one would; the same warning, once. :func:`~autobatch.plan`
+        called directly leaves the user's optimizer alone (its error names foreach). Under
+        ``torch.distributed`` the ranks agree (one rank's OOM there switches every rank's groups)."""
+        local = not self._foreach_planned and bool(foreach_groups(self.optimizer)) and error.batch_size in step.optimizer_ooms
+        if self.distributed:  # a sync point on every rank that got no plan: the same settings on each
+            local = any(row[0] for row in self._parallel.exchange([int(local)], "plan without foreach"))
+        if not local:
+            return False
+        drop_foreach(self.optimizer)
+        self._foreach_planned = True
+        log.warning("plan(): every micro-batch down to %d ran out of memory inside optimizer.step(): the optimizer's "
+                    "param groups now step with foreach=False for the rest of the run (torch's per-tensor step, whose "
+                    "temporaries are one parameter's, not a whole group's; the same update, to float rounding), and "
+                    "the micro-batch is planned again; build the optimizer with foreach=False to start so",
+                    error.batch_size)
+        return True
 
     @staticmethod
     def _no_batches(size: int) -> Any:

@@ -166,16 +166,54 @@ SMALL_CAP = "950KiB"  # the per-tensor AdamW step fits, the foreach one (a tempo
 
 
 def test_review34_a_plan_whose_every_size_fails_in_a_foreach_step_names_foreach():
-    """micro_batch=None walked down to batch 1 and advised activation checkpointing; each size had run
-    out of memory inside optimizer.step(), which no batch size shrinks and foreach=False does."""
-    from autobatch import NoBatchFitsError
+    """plan() walked down to batch 1 and advised activation checkpointing; each size had run out of
+    memory inside optimizer.step(), which no batch size shrinks and foreach=False does. Called directly,
+    it leaves the user's optimizer as built; on the command line the advice is the override."""
+    from autobatch import NoBatchFitsError, TrainStep, plan
+    from autobatch.cli.errors import cli_keys, describe
 
     model, optimizer = _small_stack()
-    data = [(torch.randn(4, 128), torch.randn(4, 128))]
+    step = TrainStep(model, optimizer, _small_loss, lambda n: (torch.randn(n, 128), torch.randn(n, 128)))
     with simulated_memory(SMALL_CAP), pytest.raises(NoBatchFitsError) as info:
-        Runner(model, optimizer, _small_loss, global_batch=4, micro_batch=None, progress=False, log_every=None).fit(data)
+        plan(step, global_batch=4)
     assert "Batch 1 ran out of memory inside optimizer.step()" in str(info.value)
     assert "Build it with foreach=False" in str(info.value)
+    assert optimizer.param_groups[0]["foreach"] is True and optimizer.defaults["foreach"] is True
+    line = describe(info.value)[0]  # too long for one line: the note, mid-line, is said again at its end
+    assert line.endswith("set +optimizer.foreach=false (train switches it itself when it plans the micro-batch)")
+    assert "with foreach=False" not in line and "Set +optimizer.foreach=false (per-tensor" in cli_keys(str(info.value))
+
+
+def test_review34_a_runner_planning_its_micro_batch_steps_per_tensor_where_foreach_does_not_fit(tmp_path, caplog):
+    """micro_batch=None raised that NoBatchFitsError where a given micro-batch trained (the recovery
+    switches to foreach=False): the runner's plan switches too, with one warning, plans again and trains
+    every sample, bit-equal to a plain foreach=False loop; a resume keeps the switch and says why."""
+    torch.manual_seed(1)
+    data = [(torch.randn(4, 128), torch.randn(4, 128)) for _ in range(2)]
+    options = dict(global_batch=4, micro_batch=None, progress=False, log_every=None, checkpoint_dir=tmp_path,
+                   checkpoint_every=1, plan_options={"allow_checkpointing": False})  # no block to wrap: faster
+    model, optimizer = _small_stack()
+    with simulated_memory(SMALL_CAP):
+        result = Runner(model, optimizer, _small_loss, **options).fit(data, steps=1)
+    warned = [r.getMessage() for r in caplog.records if "foreach=False" in r.getMessage()]
+    assert len(warned) == 1 and warned[0].startswith("plan(): every micro-batch down to 1 ran out of memory inside")
+    assert result.steps == 1 and result.micro_batch == 4 and result.plan["foreach_dropped"] is True
+    assert optimizer.param_groups[0]["foreach"] is False and optimizer.defaults["foreach"] is False
+    resumed, optimizer = _small_stack()
+    caplog.clear()
+    with simulated_memory(SMALL_CAP):
+        result = Runner(resumed, optimizer, _small_loss, **options).fit(data, resume="latest")
+    assert result.steps == 2 and optimizer.defaults["foreach"] is False
+    said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("resume: ")]
+    assert any("as the run that wrote the checkpoint did from global step 0" in m for m in said), said
+    assert not any("settings replace this run's" in m for m in said), said
+    plain, plain_optimizer = _small_stack()
+    plain_optimizer.param_groups[0]["foreach"] = False
+    for batch in data:
+        plain_optimizer.zero_grad()
+        _small_loss(plain, batch).backward()
+        plain_optimizer.step()
+    assert all(torch.equal(a, b) for a, b in zip(resumed.parameters(), plain.parameters()))
 
 
 def test_review34_a_resume_keeps_the_foreach_switch_and_says_why(tmp_path, caplog):

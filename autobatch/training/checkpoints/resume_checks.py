@@ -151,7 +151,7 @@ def warn_replaced_settings(optimizer: torch.optim.Optimizer, saved: dict[str, An
     not at all where one cycles it (``OneCycleLR``, ``CyclicLR``: ``base_momentum``).
 
     ``foreach=False`` that the run writing the checkpoint switched to itself (its saved ``result``
-    records the recovery, :mod:`~autobatch.training.oom.optimizer_phase`) is kept, the optimizer's
+    records the recovery, :mod:`~autobatch.training.oom.optimizer_phase`, or its plan ``foreach_dropped``) is kept, the optimizer's
     default too (a group added later steps per tensor, as in the run without the stop), and warned
     with its cause: "set them after resuming" sent the user back to the step that did not fit."""
     def plain(value: Any) -> Any:
@@ -159,6 +159,8 @@ def warn_replaced_settings(optimizer: torch.optim.Optimizer, saved: dict[str, An
 
     changed = set()
     switched = next((r.get("step") for r in (result or {}).get("oom_recoveries", []) if r.get("action") == "foreach"), None)
+    if switched is None and ((result or {}).get("plan") or {}).get("foreach_dropped"):  # when it planned its micro-batch
+        switched = 0
     scheduled = any(getattr(value, "optimizer", None) is optimizer for value in extra)
     for group, old in zip(optimizer.param_groups, saved.get("param_groups", [])):
         skip = {"params", "lr"} if scheduled or "initial_lr" in group else {"params"}  # a schedule moves lr itself

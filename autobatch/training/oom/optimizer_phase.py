@@ -37,7 +37,7 @@ import logging
 
 
 from ...errors import StepOutOfMemoryError
-from ...probe.foreach import foreach_groups  # the probe layer's: the planner asks it too
+from ...probe.foreach import drop_foreach, foreach_groups  # the probe layer's: the planner asks it too
 
 __all__ = ["OptimizerPhase", "foreach_groups"]
 
@@ -62,9 +62,7 @@ class OptimizerPhase:
         if self._optimizer_replayed != self.step:
             self._optimizer_replayed = self.step
             return "same"
-        for group in foreach_groups(self.optimizer):
-            group["foreach"] = False
-        self.optimizer.defaults["foreach"] = False  # a param group added later steps per tensor too
+        drop_foreach(self.optimizer)
         self._foreach_dropped = self.step
         log.warning("optimizer.step() ran out of memory twice in global step %d at micro-batch %d: its param groups "
                     "now step with foreach=False for the rest of the run (torch's per-tensor step, whose temporaries "
