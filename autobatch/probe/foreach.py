@@ -12,12 +12,16 @@ there walked down to batch 1 and advised activation checkpointing, which cannot 
 
 from __future__ import annotations
 
+import logging
+
 import torch
 
 __all__ = ["FOREACH_ADVICE", "drop_foreach", "foreach_groups", "foreach_note"]
 
 #: the words of :func:`foreach_note` that say what to change (the command line names its override instead)
 FOREACH_ADVICE = "Build it with foreach=False"
+
+log = logging.getLogger("autobatch")
 
 
 def foreach_groups(optimizer: torch.optim.Optimizer) -> list[dict]:
@@ -43,13 +47,17 @@ def foreach_groups(optimizer: torch.optim.Optimizer) -> list[dict]:
     return chosen
 
 
-def drop_foreach(optimizer: torch.optim.Optimizer) -> None:
+def drop_foreach(optimizer: torch.optim.Optimizer, cause: str, then: str = "") -> None:
     """Switch ``optimizer``'s foreach param groups to ``foreach=False``, and its default (a param group
-    added later steps per tensor too): the runner's answer to a foreach step that does not fit, both
-    where it plans its micro-batch and where it recovers a step."""
+    added later steps per tensor too), with the one warning that says so after ``cause`` (and
+    ``then``, what the caller does next): the runner's answer to a foreach step that does not fit,
+    both where it plans its micro-batch and where it recovers a step."""
     for group in foreach_groups(optimizer):
         group["foreach"] = False
     optimizer.defaults["foreach"] = False
+    log.warning("%s: the optimizer's param groups now step with foreach=False for the rest of the run (torch's "
+                "per-tensor step, whose temporaries are one parameter's, not a whole group's; the same update, to "
+                "float rounding)%s; build the optimizer with foreach=False to start so", cause, then)
 
 
 def foreach_note(optimizer: torch.optim.Optimizer, batch_size: int) -> str:

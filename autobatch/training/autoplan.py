@@ -132,13 +132,9 @@ class PlansFromData:
             local = any(row[0] for row in self._parallel.exchange([int(local)], "plan without foreach"))
         if not local:
             return False
-        drop_foreach(self.optimizer)
+        drop_foreach(self.optimizer, f"plan(): every micro-batch down to {error.batch_size} ran out of memory inside "
+                                     "optimizer.step()", ", and the micro-batch is planned again")
         self._foreach_planned = True
-        log.warning("plan(): every micro-batch down to %d ran out of memory inside optimizer.step(): the optimizer's "
-                    "param groups now step with foreach=False for the rest of the run (torch's per-tensor step, whose "
-                    "temporaries are one parameter's, not a whole group's; the same update, to float rounding), and "
-                    "the micro-batch is planned again; build the optimizer with foreach=False to start so",
-                    error.batch_size)
         return True
 
     @staticmethod

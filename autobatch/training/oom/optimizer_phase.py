@@ -33,15 +33,10 @@ rounding (4e-8).
 
 from __future__ import annotations
 
-import logging
-
-
 from ...errors import StepOutOfMemoryError
 from ...probe.foreach import drop_foreach, foreach_groups  # the probe layer's: the planner asks it too
 
 __all__ = ["OptimizerPhase", "foreach_groups"]
-
-log = logging.getLogger("autobatch")
 
 
 class OptimizerPhase:
@@ -62,12 +57,9 @@ class OptimizerPhase:
         if self._optimizer_replayed != self.step:
             self._optimizer_replayed = self.step
             return "same"
-        drop_foreach(self.optimizer)
+        drop_foreach(self.optimizer, f"optimizer.step() ran out of memory twice in global step {self.step} at "
+                                     f"micro-batch {self.micro_batch}")
         self._foreach_dropped = self.step
-        log.warning("optimizer.step() ran out of memory twice in global step %d at micro-batch %d: its param groups "
-                    "now step with foreach=False for the rest of the run (torch's per-tensor step, whose temporaries "
-                    "are one parameter's, not a whole group's; the same update, to float rounding); build the optimizer with "
-                    "foreach=False to start so", self.step, self.micro_batch)
         return "foreach"
 
     def _optimizer_reason(self, failed_at: int) -> str:
