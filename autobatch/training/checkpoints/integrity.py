@@ -46,8 +46,7 @@ def check_intact(path: Path) -> None:
     if _CHECKED.get(key) == mark:
         return
     try:
-        with zipfile.ZipFile(path) as archive:
-            bad = archive.testzip()  # reads every entry, checks its CRC32; the first that fails, or None
+        bad = _first_damaged(path)
     except zipfile.BadZipFile as exc:  # no central directory at its end (cut short), or a header overwritten
         problem = ("it is cut short: the end of the file, where the zip archive torch.save writes lists its "
                    "entries, is missing" if "not a zip file" in str(exc).lower()
@@ -59,6 +58,13 @@ def check_intact(path: Path) -> None:
             "does not match; a disk error, or a copy or sync that changed the file), so the weights or the state in "
             f"it are wrong and nothing of it is loaded{_what_to_do(path)}")
     _CHECKED[key] = mark
+
+
+def _first_damaged(path: Path) -> str | None:
+    """The first entry of ``path``'s zip archive whose bytes fail their CRC32, or None (every entry is
+    read); ``zipfile.BadZipFile`` where the archive itself is cut or broken."""
+    with zipfile.ZipFile(path) as archive:
+        return archive.testzip()
 
 
 def _what_to_do(path: Path) -> str:
@@ -89,9 +95,8 @@ def earlier_kept(path: Path) -> Path | None:
         return None
     for _, candidate in sorted(found, reverse=True)[:3]:  # a few at most: this runs on an error's path
         try:
-            with zipfile.ZipFile(candidate) as archive:
-                if archive.testzip() is None:
-                    return candidate
+            if _first_damaged(candidate) is None:
+                return candidate
         except (OSError, zipfile.BadZipFile):
             continue
     return None
