@@ -13,8 +13,9 @@ train dataset (under DDP: a rank's share; a fractional ``limit_train_batches``: 
 :func:`.lightning_epochs.epoch_cap`). The module (its plain attributes too: gathered outputs, counters, metric
 states), its optimizers, the scaler, the learning-rate schedulers and the random states are put back bit-exactly
 after the trials (:mod:`.lightning_state`); no checkpoint file is written. The size is saved in Lightning's
-checkpoints (the callback's state): ``fit(ckpt_path=...)`` trains at it again once one trial there fits (else
-split into micro-batches that do: :mod:`.lightning_trials`), without a new search; a later ``fit``
+checkpoints (the callback's state): ``fit(ckpt_path=...)`` trains at it again once one trial there fits with
+``margin`` kept and, with ``confirm``, a run of the fit loop passes (else split into micro-batches that do:
+:mod:`.lightning_trials`), without a new search; a later ``fit``
 with nothing left to train is not probed. Dataloaders passed to ``fit()`` directly are refused, as
 ``BatchSizeFinder`` refuses them. An integer ``val_check_interval`` longer than an epoch at the size set (which
 ``fit`` would refuse) is one ``ValueError`` before training, naming what to change.
@@ -42,7 +43,7 @@ except ModuleNotFoundError as exc:  # only this integration needs it: say what t
         "autobatch.integrations.lightning needs Lightning 2 (the `lightning` package): pip install "
         "lightning (from the checkout: pip install -e '.[lightning]')", name=exc.name) from exc
 from lightning.pytorch.utilities import rank_zero_warn
-from lightning.pytorch.utilities.parsing import lightning_getattr, lightning_hasattr, lightning_setattr
+from lightning.pytorch.utilities.parsing import lightning_getattr, lightning_setattr
 
 from ..memory.devices import memory_for
 from ..memory.units import parse_bytes
@@ -50,15 +51,16 @@ from ..probe.result import ProbeResult
 from ..probe.searching.search import peak_limit
 from ..training.checkpoints.checkpoint_io import rng_state, set_rng_state
 from .. import checks
-from .global_batch import accumulation_for, cap_at_samples, check_share, small_split, split_keeping
+from .global_batch import accumulation_for, cap_at_samples, small_split, split_keeping
 from .lightning_epochs import (changed_step, check_limit, check_validation, dropped_note, epoch_cap, fit_ended,
                                scheduled_step)
 from .lightning_finder import current_batch_size, finder_options  # noqa: F401 (current_batch_size: its old home)
-from .lightning_loaders import check_loader_follows, check_settable
+from .lightning_loaders import check_loader_follows
 from .lightning_loop import LoopConfirmation, MemoryLine, confirm_in_loop
 from .lightning_options import checked_batch_arg_name, checked_probe_options
 from .lightning_resume import changed_samples, dropped_samples, resumed_split
 from .lightning_schedules import StepSchedule
+from .lightning_setup import checked_setup
 from .lightning_step import first_batch
 from .lightning_trials import kept_fits, probe_trials
 from .lightning_tuners import arrange_tuners, tell
@@ -99,7 +101,8 @@ class AutoBatchSize(Callback):
     :class:`~autobatch.integrations.lightning_loop.LoopConfirmation` (its ``summary()`` says why
     the size is safe; also in ``result.notes``), ``batch_size`` the size set and
     ``accumulation`` the ``accumulate_grad_batches`` set (or None). A fit resumed from a checkpoint
-    of this callback keeps its samples per step (its size where one trial fits); ``result`` is None there.
+    of this callback keeps its samples per step (its size where it fits, checked as
+    :func:`~.lightning_trials.kept_fits` says; ``confirmation`` its loop run); ``result`` is None there.
     """
 
     def __init__(
@@ -159,8 +162,8 @@ class AutoBatchSize(Callback):
         """Keep the checkpoint's size for the resumed fit. Why not probe again: Lightning still
         holds the loaded checkpoint (weights, optimizer moments) in memory at fit start, so a new
         probe answers a smaller size, and the resumed run would train at another batch and
-        another number of steps per epoch than the run it resumes. One trial checks that it fits
-        this machine (:func:`~.lightning_trials.kept_fits`, from :meth:`_resume`)."""
+        another number of steps per epoch than the run it resumes. One trial (and a run of the
+        fit loop) checks that it fits this machine (:func:`~.lightning_trials.kept_fits`, from :meth:`_resume`)."""
         self._restored = dict(state_dict)
         if self._fitting is not None and self._restored == self.state_dict():
             self._restored = None  # the size this fit set, back from a tuner's checkpoint (LearningRateFinder's)
@@ -247,38 +250,9 @@ class AutoBatchSize(Callback):
         self._schedule.resize(trainer, self.batch_size)  # schedulers sized for the steps fit will run at it
 
     def _check(self, trainer: Trainer, module: LightningModule) -> int:
-        """One clear error for a setup the callback cannot serve; the world size."""
-        name = self.batch_arg_name
-        if not trainer.fit_loop._data_source.is_module():  # first: else "no field" came, then this, one at a time
-            raise ValueError(
-                "AutoBatchSize cannot set the batch size of dataloaders passed to fit() directly (they are built "
-                "already): build the train dataloader in the module's or datamodule's train_dataloader() from "
-                f"{name!r} (a field of either, or of its hparams), as Lightning's BatchSizeFinder requires"
-            )
-        if not lightning_hasattr(module, name):
-            raise AttributeError(
-                f"AutoBatchSize: no field {name!r} in the module, its hparams, the datamodule or its hparams; add it "
-                "(and build the train dataloader from it) or pass batch_arg_name"
-            )
-        check_settable(module, name)  # a read-only property failed after the probe's trials
-        self._world = world = max(1, trainer.world_size)
-        if self.global_batch is None:
-            return world
-        from lightning.pytorch.callbacks import GradientAccumulationScheduler
-
-        if not module.automatic_optimization:  # Lightning accumulates only for automatic optimization
-            raise ValueError(
-                f"global_batch={self.global_batch} needs gradient accumulation, which Lightning does not do under "
-                "manual optimization (automatic_optimization=False: your training_step steps the optimizers); "
-                "drop global_batch, or accumulate in your training_step"
-            )
-        if any(isinstance(callback, GradientAccumulationScheduler) for callback in trainer.callbacks):
-            raise ValueError(
-                f"global_batch={self.global_batch} sets accumulate_grad_batches, and the GradientAccumulationScheduler "
-                "callback changes it by epoch: the global batch would not hold; drop global_batch or the scheduler"
-            )
-        check_share(self.global_batch, world, self.probe_options["multiple_of"], unit="rank")
-        return world
+        """One clear error for a setup the callback cannot serve (:func:`.lightning_setup.checked_setup`); the world size."""
+        self._world = checked_setup(trainer, module, self.batch_arg_name, self.global_batch, self.probe_options["multiple_of"])
+        return self._world
 
     def _resume(self, trainer: Trainer, module: LightningModule) -> bool:
         """Set the size a checkpoint restored (:meth:`load_state_dict`), where it was found for this
@@ -290,9 +264,10 @@ class AutoBatchSize(Callback):
             self._before = dropped_samples(restored, self.global_batch, self._world)  # warned once the size is set
             return False
         share = (self.global_batch or 0) // self._world
-        fits = self._largest if self.result is not None else kept_fits(  # a late restore: the probe's largest fits
+        fits, self.confirmation = (self._largest, self.confirmation) if self.result is not None else kept_fits(
             trainer, module, restored["batch_size"], self.probe_options, world=self._world, name=self.batch_arg_name,
-            accumulating=share > 1 or (restored.get("accumulation") or 1) > 1)  # one trial where it fits
+            accumulating=share > 1 or (restored.get("accumulation") or 1) > 1, memory_limit=self.memory_limit,
+            confirm_steps=self.confirm_steps if self.confirm and self._world == 1 else 0)  # late restore: the probe's largest
         self.batch_size, self.accumulation = resumed_split(restored, self._given and self._given[1], self.global_batch,
                                                            self._world, self.probe_options, self.batch_arg_name,
                                                            self.state_key, fits=fits)

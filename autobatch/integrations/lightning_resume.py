@@ -18,7 +18,8 @@ the checkpoint's samples per optimizer step are split into micro-batches of at m
 with one warning. Why: the checkpoint's size won, so a user who lowered the cap (a smaller device,
 a run that ran out of memory) trained at the size they had just excluded, with only an INFO line.
 The same where this machine has less memory than the run that wrote the checkpoint: its size is
-checked with one trial (:func:`~.lightning_trials.kept_fits`) and, where it does not fit, split
+checked with one trial, ``margin`` kept, and a run of the fit loop (:func:`~.lightning_trials.kept_fits`)
+and, where it does not fit, split
 into micro-batches of at most the size the search finds below it, said in the same warning.
 """
 

@@ -16,25 +16,35 @@ fails, the search steps down from it, and the checkpoint's samples per optimizer
 into micro-batches that fit (:func:`~.lightning_resume.resumed_split`, one warning). Where it fits,
 the resume is as before plus that one trial of ``steps_per_trial`` steps (``Tiny`` resumed at 256
 under 2 MiB: 0.22-0.28 s for the trial, the resume 0.41-0.56 s against 0.20-0.31 s unchecked).
+
+The trial keeps ``margin`` (:func:`with_room`), and with ``confirm`` the size then runs in Lightning's
+own fit loop (:func:`~.lightning_loop.confirm_in_loop`), as a fresh fit's answer does. Why: the
+probe's step is not the loop, which also validates, runs the module's hooks and keeps what they
+keep: a module whose validation batch needs four times a training sample's memory passed its trial
+at 64 under 2 MiB and ran out of memory at its first validation (review 35), where a fresh fit
+under the same memory stepped down in its confirmation and trained.
 """
 
 from __future__ import annotations
 
 import math
 from contextlib import contextmanager
-from typing import Any, Iterator, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 from lightning.pytorch import LightningModule, Trainer
-from lightning.pytorch.utilities.parsing import lightning_getattr
+from lightning.pytorch.utilities.parsing import lightning_getattr, lightning_setattr
 
+from ..memory.devices import memory_for
 from ..probe.find import find_max_batch
 from ..probe.result import ProbeResult
+from ..probe.searching.search import peak_limit
 from ..probe.snapshot.unrestored import caller_restores
 from ..training.checkpoints.checkpoint_io import rng_state, set_rng_state
+from .lightning_loop import LoopConfirmation, MemoryLine, confirm_in_loop
 from .lightning_state import SavedState, parked_checkpoint, probing
 from .lightning_step import LightningStep, first_batch
 
-__all__ = ["kept_fits", "probe_trials"]
+__all__ = ["kept_fits", "probe_trials", "with_room"]
 
 
 @contextmanager
@@ -56,27 +66,64 @@ def probe_trials(trainer: Trainer, module: LightningModule, first: Any, options:
 
 
 def kept_fits(trainer: Trainer, module: LightningModule, size: int, options: Mapping[str, Any], *, world: int,
-              accumulating: bool, name: str) -> int:
+              accumulating: bool, name: str, memory_limit: int | None = None,
+              confirm_steps: int = 0) -> tuple[int, LoopConfirmation | None]:
     """The largest batch up to ``size`` (a checkpoint's, at most the probe ``options``' ``max_batch``,
-    a multiple of ``multiple_of``) that trains on this machine: ``size`` where one trial there passes
-    (the resume then trains as before), else the search's answer below it (module docstring).
-    ``margin`` is not taken off a checkpoint's size that passes (it had it), but is taken off the
-    size the search steps down to, as ``find_max_batch`` takes it off its boundary (before, that
-    size filled this machine's memory: none of the room asked for); with no further trial, for it
-    is smaller than one that passed. A ``NoBatchFitsError`` (not even the smallest batch fits) goes
-    to the caller."""
-    multiple = options["multiple_of"]
+    a multiple of ``multiple_of``) that trains on this machine with ``margin`` kept, and the loop's
+    confirmation of it (None without ``confirm_steps``): ``size`` where one trial at
+    :func:`with_room` passes (the resume then trains as before), else the search's answer below it
+    with ``margin`` taken off, as ``find_max_batch`` takes it off its boundary (module docstring).
+    With ``confirm_steps``, that size is then run in Lightning's own fit loop
+    (:func:`~.lightning_loop.confirm_in_loop`, as a fresh fit's answer), which steps down where the loop
+    needs more (its validation batch, module hooks, what it keeps batch after batch). A
+    ``NoBatchFitsError`` (not even the smallest batch fits) goes to the caller."""
+    multiple, margin = options["multiple_of"], options["margin"]
     top = min(size, options["max_batch"] or size) // multiple * multiple
     if top < multiple:
-        return size  # no size of multiple_of below it: resumed_split says what to change
+        return size, None  # no size of multiple_of below it: resumed_split says what to change
+    room = with_room(top, margin, multiple)
     own, saved = lightning_getattr(module, name), rng_state()  # a DataLoader's iterator draws its seed: fit must draw the same
     first, sized, _, loaders, _, _ = first_batch(trainer, module, world)
     set_rng_state(saved)
-    checked = {**options, "start": top, "max_batch": top, "margin": 0.0}
+    checked, confirmation = {**options, "start": room, "max_batch": room, "margin": 0.0}, None
     with probe_trials(trainer, module, first, checked, accumulating=accumulating, prefetch=not sized,
-                      loaders=loaders, own=own, name=name) as (result, _):
+                      loaders=loaders, own=own, name=name) as (result, state):
         del first
+        fits = min(top, max(multiple, math.floor(result.batch_size * (1.0 - margin)) // multiple * multiple))
+        if confirm_steps:
+            confirmation = _in_loop(trainer, module, result, fits, state.reset, memory_limit=memory_limit,
+                                    steps=confirm_steps, margin=margin, name=name, multiple=multiple)
+            fits = confirmation.batch_size
     set_rng_state(saved)
-    if result.batch_size >= top or not options["margin"]:
-        return result.batch_size
-    return max(multiple, math.floor(result.batch_size * (1.0 - options["margin"])) // multiple * multiple)
+    return fits, confirmation
+
+
+def with_room(top: int, margin: float, multiple: int) -> int:
+    """The smallest boundary (a multiple of ``multiple``) from which a probe keeping ``margin``
+    answers ``top``: the size :func:`kept_fits` tries. Why: the margin is room on the machine that
+    trains; a checkpoint's size had it where it was found, but on a machine with less memory it
+    passed one trial at the edge (``margin=0.25``: 64 kept under 2 MiB, where 74 is the boundary
+    and 86 would keep the room). On the machine that found it, that boundary passed. Not capped at
+    ``max_batch``: that caps the size trained (a lowered one splits the checkpoint's samples), and
+    the trial above it only measures the room."""
+    if top <= multiple:
+        return top  # the smallest size: find_max_batch answers it from itself, margin or not
+    room = math.ceil(top / (1.0 - margin) / multiple) * multiple
+    while math.floor(room * (1.0 - margin)) // multiple * multiple < top:  # float rounding
+        room += multiple
+    return room
+
+
+def _in_loop(trainer: Trainer, module: LightningModule, result: ProbeResult, size: int, reset: Callable[[], None], *,
+             memory_limit: int | None, steps: int, margin: float, name: str, multiple: int) -> LoopConfirmation:
+    """``size`` confirmed in Lightning's fit loop, stepping down from the trials' memory line."""
+    def apply(largest: int) -> tuple[int, int]:
+        micro = min(size, largest) // multiple * multiple
+        if micro >= 1:
+            lightning_setattr(module, name, micro)
+        return micro, trainer.accumulate_grad_batches
+
+    with memory_for(module.device, memory_limit) as (memory, _):
+        return confirm_in_loop(trainer, size, probed=size, line=MemoryLine.of(result), memory=memory,
+                               limit=peak_limit(memory, memory.capacity()), apply=apply, reset=reset, steps=steps,
+                               margin=margin)
