@@ -266,7 +266,8 @@ def _smaller_than_asked(function: Callable[..., Any], attempts: list[Attempt], a
         warnings.warn(f"find_executable_batch_size: {kept} Batch {size} is smaller than the device allows.",
                       RuntimeWarning, stacklevel=5)  # here, _returned, _attempts, wrapped: the caller's line
     accumulating = grads.first_accumulation or accumulating  # set by the function from its size, at its top
-    if (size < first and grads.retrained.stepped() and accumulating > 1 and (now := accumulation_steps(live=True)) > 1
+    now = accumulation_steps(live=not grads.accelerated)  # the shared state of an Accelerator made inside counts
+    if (size < first and grads.retrained.stepped() and accumulating > 1 and now > 1
             and size * now != first * accumulating):  # it trains, accumulating, other samples a step
         warnings.warn(accumulation_message(name, first, size, accumulating, now), RuntimeWarning, stacklevel=5)
 

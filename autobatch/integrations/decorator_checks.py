@@ -247,7 +247,8 @@ def accumulation_message(name: str, start: int, size: int, before: int, after: i
     too: a function that already set the accumulation from its size (the docs' recipe) was told only
     to do what it did."""
     wanted = start * before
-    fix = f"set `accelerator.gradient_accumulation_steps = {wanted} // batch_size` at the top of `{name}`"
+    fix = (f"set `accelerator.gradient_accumulation_steps = {wanted} // batch_size` at the top of `{name}` (where "
+           f"`{name}` makes its Accelerator, `Accelerator(gradient_accumulation_steps={wanted} // batch_size)`)")
     if wanted % size:
         fix += (f" and, as {size} does not divide {wanted}, pass `reduce_batch_size_fn=lambda: {name}.batch_size // 2` "
                 f"so that every size tried divides it")

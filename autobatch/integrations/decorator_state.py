@@ -76,6 +76,9 @@ class AttemptState:
         #: the Accelerator's accumulation as the call's first attempt failed, the one it asked for where
         #: the function sets it from its size (:meth:`note_failure`); None before a failure
         self.first_accumulation: int | None = None
+        #: an Accelerator was alive at one of the call's failures: one the function makes inside
+        #: (Accelerate's pattern) is gone when the call returns, and its accumulation still counts
+        self.accelerated = False
 
     def __enter__(self) -> "AttemptState":
         self.resume.__enter__()
@@ -119,6 +122,7 @@ class AttemptState:
         optimizers, scalers, accelerators = _live_objects()
         if self.first_accumulation is None:
             self.first_accumulation = accumulation_steps() if accelerators else 1
+        self.accelerated = self.accelerated or bool(accelerators)
         self.found = ([weakref.ref(item) for item in optimizers], [weakref.ref(item) for item in scalers],
                       [weakref.ref(item) for item in accelerators], [weakref.ref(item) for item in _params_of(optimizers)])
 
@@ -268,8 +272,15 @@ def _known_optimizers() -> list[torch.optim.Optimizer]:
 
 def _stepped(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
     """The global step post-hook: a step that finished is counted (one an out-of-memory error
-    interrupted, whose half-made state is repaired, is not)."""
+    interrupted, whose half-made state is repaired, is not), in all too (:data:`_ALL_STEPS`)."""
     _STEPS[optimizer] = _STEPS.get(optimizer, 0) + 1
+    _ALL_STEPS[0] += 1
+
+
+#: steps every optimizer has finished since the process's first decorated call, those gone since
+#: included: an optimizer made inside the function (with its ``Accelerator``) is gone from
+#: :data:`_STEPS` when the call returns, and the attempt that ran passed for one that never stepped
+_ALL_STEPS: list[int] = [0]
 
 
 #: steps each optimizer has finished since the process's first decorated call (:func:`_stepped`)
@@ -293,10 +304,12 @@ class RetrainedSteps:
         self.taken: dict[int, tuple[weakref.ref, int]] = {}
         self.loaded: set[int] = set()
         self._hooks: dict[int, Any] = {}
+        self.all_steps = _ALL_STEPS[0]
 
     def record(self) -> None:
-        """At an attempt's start: the step count of each optimizer that has stepped."""
+        """At an attempt's start: the step count of each optimizer that has stepped, and of all."""
         self.counts = {id(optimizer): (weakref.ref(optimizer), steps) for optimizer, steps in list(_STEPS.items())}
+        self.all_steps = _ALL_STEPS[0]
 
     def _since_start(self, optimizer: torch.optim.Optimizer, steps: int) -> int:
         ref, before = self.counts.get(id(optimizer), (None, 0))
@@ -332,8 +345,8 @@ class RetrainedSteps:
 
     def stepped(self) -> bool:
         """Whether an optimizer stepped since the attempt's start (the function trains; a decorated
-        inference helper does not)."""
-        return any(self._since_start(optimizer, steps) > 0 for optimizer, steps in list(_STEPS.items()))
+        inference helper does not), one the attempt made and let go of too."""
+        return _ALL_STEPS[0] > self.all_steps or any(self._since_start(optimizer, steps) > 0 for optimizer, steps in list(_STEPS.items()))
 
     def close(self) -> None:
         """Remove the ``load_state_dict`` hooks."""

@@ -193,8 +193,12 @@ def test_under_native_mixed_precision_the_probe_runs_the_forward_accelerate_prep
     trainer = Recording(model=trainer.model, args=trainer.args, train_dataset=trainer.train_dataset,
                         data_collator=trainer.data_collator)
     assert trainer.accelerator.native_amp
-    with simulated_memory(BUDGET):
-        fit_batch_size(trainer, strategy="binary", cache=False)
+    try:
+        with simulated_memory(BUDGET):
+            fit_batch_size(trainer, strategy="binary", cache=False)
+    finally:  # Accelerate's process-wide state kept bf16: a later Accelerator() autocast its forward too
+        from accelerate.state import AcceleratorState
+        AcceleratorState._reset_state()
     assert seen and set(seen) == {torch.float32}
     assert "forward" not in vars(trainer.model)
 
