@@ -149,22 +149,25 @@ def _warn_unprobed(trainer: Any, size: int, sample: Any) -> None:
 
 
 def _warn_unsized_evaluation(trainer: Any, size: int) -> None:
-    """One warning where ``train()`` will evaluate (``eval_strategy`` other than ``"no"``, an
-    ``eval_dataset`` given) at a ``per_device_eval_batch_size`` above the training batch the probe
-    found. Why: evaluation is not probed, and it runs beside the optimizer state; measured (a tiny
+    """One warning where the trainer has an ``eval_dataset`` and a ``per_device_eval_batch_size``
+    above the training batch the probe found: evaluation is not probed. The evaluations ``train()``
+    runs (``eval_strategy`` other than ``"no"``) run beside the optimizer state; measured (a tiny
     GPT-2, simulated 6 MiB), the probe's 15 trained and the first evaluation at 32 ran out of memory
-    mid-run, with nothing at the probe saying that the eval size had not been checked."""
+    mid-run. Under ``eval_strategy="no"`` an ``eval_dataset`` is there for ``trainer.evaluate()``
+    (Transformers' example scripts' ``--do_eval``): it was not warned about, and ``evaluate()`` after
+    ``train()`` at 64 ran out of memory where the probe answered 5 (simulated 24 MiB)."""
     args = trainer.args
     strategy = getattr(args, "eval_strategy", None) or getattr(args, "evaluation_strategy", None)
-    evaluated = str(getattr(strategy, "value", strategy) or "no") != "no"
+    strategy = str(getattr(strategy, "value", strategy) or "no")
     eval_size = getattr(args, "per_device_eval_batch_size", None)
-    if evaluated and getattr(trainer, "eval_dataset", None) is not None and isinstance(eval_size, int) and eval_size > size:
+    if getattr(trainer, "eval_dataset", None) is not None and isinstance(eval_size, int) and eval_size > size:
+        runs = (f"the evaluations train() runs (eval_strategy={strategy!r})" if strategy != "no"
+                else "trainer.evaluate() (given the Trainer's eval_dataset)")
         log.warning(
-            "fit_batch_size: evaluation is not probed, and the evaluations train() runs (eval_strategy=%r) use "
-            "per_device_eval_batch_size=%d, above the %d the training step fits; they run beside the optimizer "
-            "state and may run out of memory mid-run: set per_device_eval_batch_size=%d or less (with "
-            "compute_metrics, eval_accumulation_steps= too, or every batch's logits stay on the device)",
-            str(getattr(strategy, "value", strategy)), eval_size, size, size)
+            "fit_batch_size: evaluation is not probed, and %s use per_device_eval_batch_size=%d, above the %d the "
+            "training step fits; they run beside the optimizer state and may run out of memory: set "
+            "per_device_eval_batch_size=%d or less (with compute_metrics, eval_accumulation_steps= too, or every "
+            "batch's logits stay on the device)", runs, eval_size, size, size)
 
 
 def _warn_changed(trainer: Any, size: int, accumulation: int, world: int, share: int | None, multiple_of: int,

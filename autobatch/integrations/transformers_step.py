@@ -282,7 +282,10 @@ def checkpointing_settings(args: Any) -> dict[str, Any] | None:
 
 def checkpointing_as_train(trainer: Any) -> None:
     """Switch activation checkpointing on as ``train()`` will, before the probe: a probe without
-    it answered 8 where ``train()`` with it trained 14."""
+    it answered 8 where ``train()`` with it trained 14. A model with only the deprecated
+    ``gradient_checkpointing_enable`` gets ``every_n_layers`` and ``offload`` too where they are set, as
+    ``train()`` passes them (without, the probe would checkpoint every layer where ``train()``
+    checkpoints every second one, and answer above what trains)."""
     kwargs, model = checkpointing_settings(trainer.args), trainer.model
     if kwargs is None:
         return
@@ -290,8 +293,11 @@ def checkpointing_as_train(trainer: Any) -> None:
     if hasattr(model, "activation_checkpointing_enable"):
         model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs or None, every_n_layers=every,
                                               offload=offload)
-    elif hasattr(model, "gradient_checkpointing_enable"):
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs or None)
+    elif hasattr(model, "gradient_checkpointing_enable"):  # outside PreTrainedModel (any model before transformers 5)
+        # train() passes every_n_layers and offload too; only where set, as transformers 4's method takes neither
+        extra = {name: value for name, value, default in (("every_n_layers", every, 1), ("offload", offload, False))
+                 if value != default}
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs or None, **extra)
 
 
 def trainer_key(trainer: Any) -> str:

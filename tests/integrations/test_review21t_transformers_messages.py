@@ -25,7 +25,7 @@ import autobatch.integrations.transformers as transformers_integration  # noqa: 
 from autobatch.integrations.transformers import fit_batch_size  # noqa: E402
 
 
-@pytest.mark.parametrize("strategy, eval_size, warned", [("steps", 64, True), ("steps", 28, False), ("no", 64, False)])
+@pytest.mark.parametrize("strategy, eval_size, warned", [("steps", 64, True), ("steps", 28, False), ("no", 28, False)])
 def test_evaluations_during_train_above_the_answer_are_one_warning(tmp_path, caplog, monkeypatch, strategy,
                                                                    eval_size, warned):
     monkeypatch.setattr(transformers_integration, "find_max_batch", lambda step, **options: _answer(28))
@@ -39,6 +39,25 @@ def test_evaluations_during_train_above_the_answer_are_one_warning(tmp_path, cap
     assert len(said) == int(warned)
     if warned:
         assert ("eval_strategy='steps') use per_device_eval_batch_size=64, above the 28 the training step fits"
+                in said[0] and "set per_device_eval_batch_size=28 or less" in said[0])
+
+
+@pytest.mark.parametrize("eval_dataset", [True, False])
+def test_review35_an_eval_dataset_for_evaluate_is_warned_of_too(tmp_path, caplog, monkeypatch, eval_dataset):
+    """Under ``eval_strategy="no"`` an ``eval_dataset`` is there for ``trainer.evaluate()`` (the example
+    scripts' ``--do_eval``): it was not warned of, and ``evaluate()`` after ``train()`` at 64 ran out of
+    memory where the probe answered 5 (a tiny GPT-2, simulated 24 MiB). Without one, nothing to say."""
+    monkeypatch.setattr(transformers_integration, "find_max_batch", lambda step, **options: _answer(28))
+    trainer = make_trainer(tmp_path, PadCollator())
+    trainer.args.eval_strategy, trainer.args.per_device_eval_batch_size = "no", 64
+    trainer.eval_dataset = trainer.train_dataset if eval_dataset else None
+    with caplog.at_level(logging.WARNING, logger="autobatch"):
+        fit_batch_size(trainer)
+    assert trainer.args.per_device_eval_batch_size == 64  # left alone
+    said = [r.getMessage() for r in caplog.records if "evaluation is not probed" in r.getMessage()]
+    assert len(said) == int(eval_dataset)
+    if eval_dataset:
+        assert ("trainer.evaluate() (given the Trainer's eval_dataset) use per_device_eval_batch_size=64, above the 28"
                 in said[0] and "set per_device_eval_batch_size=28 or less" in said[0])
 
 
