@@ -29,6 +29,7 @@ import torch
 from torch.utils._pytree import tree_leaves
 
 from ..memory.units import format_bytes
+from .tracing.fake_trace import loss_module
 from .tracing.trace_failures import sparse_embeddings, sparse_gradients
 from .train_step import TrainStep
 
@@ -101,15 +102,30 @@ def content_note(steps: dict[int, list[tuple[int, tuple]]], records: list, batch
     )
 
 
-def sparse_note(model: torch.nn.Module | None, restore: tuple | None, batch_size: int) -> str | None:
-    """The note on a probe of a step whose gradients are sparse (a ``sparse=True`` embedding in
-    ``model``, ``SparseAdam`` in ``restore``); None otherwise. Their memory grows with the rows the
-    batch touches, so another batch of the same size can take more than every trial's did, by less
-    than :data:`SPREAD`, which :func:`content_note` would not tell: on the CPU's simulated device
+def sparse_note(trained: Any, restore: tuple | None, batch_size: int) -> str | None:
+    """The note on a probe of a step whose gradients are sparse (a ``sparse=True`` embedding in what
+    ``trained`` trains: a ``TrainStep``'s model or its loss module (``loss_fn=criterion``), or a model; or in
+    a module of ``restore``, which a plain callable's probe looks at; ``SparseAdam`` in ``restore`` or the
+    step's optimizer); None otherwise. Their memory grows with the rows the batch touches, so another batch
+    of the same size can take more than every trial's did, by less than :data:`SPREAD`, which :func:`content_note` would not tell: on the CPU's simulated device
     (8 MiB) a ``SparseAdam`` embedding step's steps at its answer, 130, peaked 7.95-8.01 MiB, its
     trials' batches passed (at 99.6 % of the budget) and training at it ran out of memory at its
-    first step."""
-    reason = sparse_gradients(model, tuple(restore[1:]) if restore is not None else ())
+    first step. One in the loss module got no note before (the model alone was looked at)."""
+    items = tuple(restore or ())
+    if isinstance(trained, TrainStep):
+        modules = [("", trained.model), ("loss_fn.", loss_module(trained))]
+        items += (trained.optimizer,)
+    else:  # a model, or a plain callable (whose model is ``restore``'s)
+        modules = [("", trained)] if isinstance(trained, torch.nn.Module) else []
+    seen = {id(module) for _, module in modules}
+    modules += [("", item) for item in items if isinstance(item, torch.nn.Module) and id(item) not in seen]
+    optimizers = tuple(item for item in items if isinstance(item, torch.optim.Optimizer))
+    reason = next((f"{prefix}{name}" if prefix and name else ("the loss module" if prefix else name or "the model")
+                   for prefix, module in modules for name, _ in sparse_embeddings(module)), None)
+    if reason is not None:
+        reason += " has sparse gradients, whose size depends on the data"
+    else:
+        reason = sparse_gradients(None, optimizers)
     if reason is None:
         return None
     return (

@@ -238,7 +238,7 @@ def _probe(call: _Call, restore, estimate_first: bool | None) -> ProbeResult:
             call.notes.append(promise_note(runner, result, memory))
             call.notes.append(held_growth_note(kept, runner.records, result.batch_size, capacity if limit is None else limit))
             call.notes.append(content_note(kept.steps, runner.records, result.batch_size)  # padded to its longest
-                              or sparse_note(_trained_model(fn, restore), restore, result.batch_size)
+                              or sparse_note(fn, restore, result.batch_size)  # sparse gradients
                               or shapes_note(estimate_note, result.batch_size))  # routed by value (MoE)
             call.notes += [arguments.gradless_note(fn), sparse_momentum_note(restore), *left_out_notes(fn, kept, watch)]
     except Exception as exc:
