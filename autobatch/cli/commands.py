@@ -38,6 +38,7 @@ from .config import register_configs
 from . import ranks
 from .errors import cli_keys, hydra_noise_filtered, reported
 from .input_note import inputs_noted
+from .log_advice import advice_in_logs
 from .isolated import isolate_probe, probe_in_child
 from .preflight import flags_first, hydra_help_args
 from .sweep import forget_sweeps
@@ -301,7 +302,7 @@ def train_task(cfg: DictConfig) -> dict[str, Any]:
     """``python -m autobatch train``: probe or plan (unless ``train.micro_batch``), then
     train on the runner; or continue a run with ``train.resume``."""
     out_dir, command, multirun, verbose = _run_context("train")
-    with reported(multirun=multirun, verbose=verbose), inputs_noted(cfg) as watch:
+    with reported(multirun=multirun, verbose=verbose), inputs_noted(cfg) as watch, advice_in_logs(cfg):
         ranks.join(cfg)
         out_dir = ranks.shared_run_dir(out_dir)  # rank 0's, where every rank's checkpoint shards go
         if cfg.train.global_batch is not None:  # before any probe: a config error, at once

@@ -118,6 +118,12 @@ def _free_key_hint(message: str, key: str, exc: BaseException | None) -> str:
     if node is None:
         return message
     keys = [str(name) for name in node.keys()]
+    if not keys:  # a null node (data.dataset by default): Hydra's "+key" advice came with "not in struct"
+        given = re.search(rf"use \+{re.escape(key)}=(\S+)", message)
+        value = given.group(1).rstrip(":") if given else "VALUE"
+        fix = (f"add it with +{key}={value} (and +{where}.<argument>=VALUE for each argument of it)"
+               if part == "_target_" else f"add its class first: +{where}._target_=CLASS +{key}={value}")
+        return f"Could not override '{key}': {where} is null (nothing is set there yet); {fix}"
     close = close_match(part, keys, f"{where}.")
     if close:
         return f"Could not override '{key}': {where} has no key {part!r}{close}; +{key}=VALUE adds it as a new argument"

@@ -41,7 +41,7 @@ from typing import Any, Iterable
 import torch
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from .config import CNNConfig, DataConfig, GPTConfig, MLPConfig
+from .config import CNNConfig, DataConfig, GPTConfig, MLPConfig, ModelConfig, OptimizerConfig
 from .key_source import NotAnArgument
 from .schema_keys import check_unknown_keys, close_match, schema_of
 
@@ -235,13 +235,17 @@ def check_target_arguments(key: str, node: DictConfig, target: Any, *, own: Iter
             + " ".join(f"~{key}.{name}" for name in unknown) + (f" or start from {fresh}" if fresh else ""),
             [f"{key}.{name}" for name in unknown])
     for name in unknown:
-        hint = close_match(str(name), names)
-        fresh = _FRESH_OPTION.get(key, "")
+        hint = close_match(str(name), names)  # "start from model=target" only where the option is not it already
+        fresh = _FRESH_OPTION.get(key, "") if schema not in (None, ModelConfig, OptimizerConfig) else ""
         if name in typed:  # a key of the option's schema (model=mlp, optimizer=adamw): ~ cannot remove it
             fix = (f"{key}.{name} comes from the {key} option's schema ({schema.__name__}), which keeps its keys "
                    f"(~{key}.{name} is refused); start from {fresh or 'a group option without it'}")
-        else:
-            fix = f"Remove it with ~{key}.{name}" + (f" or start from {fresh}" if fresh else "")
+        else:  # a misspelt argument (+model.hiden=64): the one meant, in its place
+            meant, raw = hint[len(" (did you mean "):-2] if hint else "", node._get_node(name)._value()
+            value = str(raw).lower() if isinstance(raw, bool) else raw if isinstance(raw, (int, float, str)) else "VALUE"
+            fix = (f"Give +{key}.{meant}={value} in its place (~{key}.{name} removes it where a config of yours sets it)"
+                   if meant and meant not in node
+                   else f"Remove it with ~{key}.{name}" + (f" or start from {fresh}" if fresh else ""))
         raise NotAnArgument(f"{key}.{name} is not an argument of {node._target_}{hint}; its arguments: "
                             f"{', '.join(n for n in names if n not in ('self', 'params')) or 'none'}", fix, [f"{key}.{name}"])
 

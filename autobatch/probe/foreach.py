@@ -16,10 +16,13 @@ import logging
 
 import torch
 
-__all__ = ["FOREACH_ADVICE", "drop_foreach", "foreach_groups", "foreach_note"]
+__all__ = ["FOREACH_ADVICE", "FOREACH_LOG_ADVICE", "drop_foreach", "foreach_groups", "foreach_note"]
 
 #: the words of :func:`foreach_note` that say what to change (the command line names its override instead)
 FOREACH_ADVICE = "Build it with foreach=False"
+#: the words of the switch's warnings that say what to change (the command line rewrites them as its override:
+#: :mod:`autobatch.cli.log_advice`)
+FOREACH_LOG_ADVICE = "build the optimizer with foreach=False to start so"
 
 log = logging.getLogger("autobatch")
 
@@ -57,7 +60,7 @@ def drop_foreach(optimizer: torch.optim.Optimizer, cause: str, then: str = "") -
     optimizer.defaults["foreach"] = False
     log.warning("%s: the optimizer's param groups now step with foreach=False for the rest of the run (torch's "
                 "per-tensor step, whose temporaries are one parameter's, not a whole group's; the same update, to "
-                "float rounding)%s; build the optimizer with foreach=False to start so", cause, then)
+                "float rounding)%s; %s", cause, then, FOREACH_LOG_ADVICE)
 
 
 def foreach_note(optimizer: torch.optim.Optimizer, batch_size: int) -> str:

@@ -371,3 +371,23 @@ def test_a_finite_dataset_caps_the_probe_and_the_global_batch(cli_here, tmp_path
     assert any("capped at 64, the samples in data.dataset" in note for note in summary["probe"]["notes"])
     assert [m["samples"] for m in metrics_of(tmp_path / "run")] == [64, 64]
     assert "global batch 64 = micro-batch 64 x 1" in done.stdout
+
+
+def test_review35_the_foreach_switch_names_the_override_on_the_command_line(caplog):
+    """When the runner switches a foreach optimizer to foreach=False its warning said "build the
+    optimizer with foreach=False": under ``train`` it names the override (``+`` only where the
+    config has no ``optimizer.foreach``, which Hydra would refuse to add again)."""
+    from omegaconf import OmegaConf
+
+    from autobatch.cli.log_advice import advice_in_logs
+    from autobatch.probe.foreach import drop_foreach
+
+    for node, override in (({"_target_": "torch.optim.AdamW"}, "+optimizer.foreach=false"),
+                           ({"_target_": "torch.optim.AdamW", "foreach": True}, "optimizer.foreach=false")):
+        optimizer = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(2))], foreach=True)
+        caplog.clear()
+        with caplog.at_level("WARNING", logger="autobatch"), advice_in_logs(OmegaConf.create({"optimizer": node})):
+            drop_foreach(optimizer, "optimizer.step() ran out of memory twice")
+        assert caplog.messages[-1].endswith(f"; give {override} to start so (the optimizer's key on the command line)")
+    drop_foreach(torch.optim.AdamW([torch.nn.Parameter(torch.zeros(2))], foreach=True), "outside the CLI")
+    assert caplog.messages[-1].endswith("build the optimizer with foreach=False to start so")  # the library's own words

@@ -133,5 +133,5 @@ def test_review34_a_key_its_class_does_not_take_names_the_yaml_that_sets_it(tmp_
     assert named["mine"].startswith(head), named
     assert named["mine"].endswith(f"Set in {tmp_path / 'model' / 'tiny.yaml'}: correct or remove it there")
     assert named["again"].endswith(f"Set in {tmp_path / 'again.yaml'}: correct or remove it there")  # merged last
-    assert given.startswith(head) and given.endswith("Remove it with ~model.in_feature or start from model=target "
-                                                     "(only _target_ and inputs; +model.<argument>=VALUE for each argument)")
+    assert given.startswith(head) and given.endswith("Give +model.in_features=16 in its place (~model.in_feature removes "
+                                                     "it where a config of yours sets it)")

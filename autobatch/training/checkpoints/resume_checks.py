@@ -19,6 +19,7 @@ import torch
 
 from ...errors import CheckpointError
 from ...memory.units import counted
+from ...probe.foreach import FOREACH_LOG_ADVICE
 from ...probe.snapshot.shards import local
 from ..precision import precision_of, warn_changed_precision  # re-exported: kept importable from here
 from ..ranks import unwrap
@@ -175,8 +176,8 @@ def warn_replaced_settings(optimizer: torch.optim.Optimizer, saved: dict[str, An
         optimizer.defaults["foreach"] = False
         log.warning("resume: the optimizer steps with foreach=False, as the run that wrote the checkpoint did from "
                     "global step %s on, where optimizer.step() ran out of memory with torch's foreach step (this "
-                    "run built it with foreach=%s); build the optimizer with foreach=False to start so", switched,
-                    next((g.get("foreach") for g in optimizer.param_groups), None))
+                    "run built it with foreach=%s); %s", switched,
+                    next((g.get("foreach") for g in optimizer.param_groups), None), FOREACH_LOG_ADVICE)
     if changed:
         log.warning("resume: the checkpoint's optimizer settings replace this run's: %s; set them after resuming "
                     "to change them", ", ".join(sorted(changed)))
