@@ -8,6 +8,8 @@ every probe attempt in ``attempts``, and a hint that names what is left to try.
 
 from __future__ import annotations
 
+from torch.utils.checkpoint import CheckpointError
+
 from ..errors import NoBatchFitsError, add_note
 from ..memory.units import format_bytes
 from ..probe.foreach import foreach_note
@@ -120,10 +122,34 @@ class PlanErrors:
     def recompute_note(self, exc: BaseException) -> None:
         """Where a checkpointed probe failed with torch's ``CheckpointError`` (the recompute did not run
         as the forward did), a note on ``exc`` naming autobatch's checkpointing and what to change: the
-        error named neither (torch's text reads as the user's own checkpointing gone wrong)."""
+        error named neither (torch's text reads as the user's own checkpointing gone wrong). Where it
+        failed as a block wrote its input in place, :meth:`in_place_note`; any other error is left as is."""
         modules = self.handle.modules if self.handle is not None else []
+        if not isinstance(exc, CheckpointError):
+            if "modified by an inplace operation" in str(exc):
+                self.in_place_note(exc, modules)
+            return
         add_note(exc, f"autobatch: this came from plan()'s activation checkpointing of {len(modules)} blocks "
                       f"({short_list(modules)}): a block's forward ran otherwise when recomputed in backward (it writes "
                       "state it then reads, such as a key/value cache passed in: model.config.use_cache = False, or "
                       "branches on it). Name other blocks in checkpoint_targets, checkpoint them your own way "
                       "(Transformers: model.gradient_checkpointing_enable()), or plan with allow_checkpointing=False")
+
+    def in_place_note(self, exc: BaseException, modules: list[str]) -> None:
+        """A note for autograd's "modified by an inplace operation" from a checkpointed probe: a wrapped
+        block wrote its input in place (``nn.ReLU(inplace=True)`` first in it), which the plain model
+        trains with, yet the recompute in backward reads that input again, changed. Blocks that start so
+        made ``plan()`` fail, where batch 1 needed checkpointing, with autograd's text alone."""
+        layers = [first for first in map(self._first_layer, modules) if first is not None]
+        found = f"; their first layer is in place: {short_list(layers)}" if layers else ""
+        add_note(exc, f"autobatch: this came from plan()'s activation checkpointing of {len(modules)} blocks "
+                      f"({short_list(modules)}){found}. A block that writes its input in place (inplace=True on its "
+                      "first layer, or x.add_(...) on it) cannot be recomputed in backward: it would read the input "
+                      "changed. Make that op not in-place (inplace=False), name other blocks in checkpoint_targets, "
+                      "or plan with allow_checkpointing=False")
+
+    def _first_layer(self, name: str) -> str | None:
+        """The name of block ``name``'s first layer (in registration order) where it is ``inplace=True``."""
+        block = self.step.model.get_submodule(name)
+        inner, layer = next(((inner, layer) for inner, layer in block.named_modules() if not list(layer.children())), ("", block))
+        return (f"{name}.{inner}" if inner else name) if getattr(layer, "inplace", False) is True else None

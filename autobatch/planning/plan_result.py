@@ -19,7 +19,7 @@ from ..probe.result import ProbeResult
 from .accumulation import micro_batch_sizes, split_batch
 from .checkpointing import CheckpointHandle, enable_checkpointing, module_names_for
 
-__all__ = ["Plan", "candidates_table", "short_list"]
+__all__ = ["Plan", "candidates_table", "short_list", "sizes_text"]
 
 
 @dataclass
@@ -154,7 +154,7 @@ class Plan:
         lines = [
             f"global batch    {self.global_batch}",
             f"micro-batch     {self.micro_batch} x {self.accumulation_steps} accumulation steps"
-            + (f" (sizes {short_list(self.micro_batch_sizes)})" if self.accumulation_steps > 1 else ""),
+            + (f" (sizes {sizes_text(self.micro_batch_sizes)})" if self.accumulation_steps > 1 else ""),
             "checkpointing   "
             + (f"on, {len(self.checkpointed_modules)} modules ({short_list(self.checkpointed_modules)})" if self.checkpointing else "off"),
             f"objective       {self.objective}",
@@ -217,3 +217,16 @@ def _model_of(target: Any) -> torch.nn.Module:
 def short_list(items: list[Any], limit: int = 4) -> str:
     shown = ", ".join(str(item) for item in items[:limit])
     return shown + (f", ... ({len(items)} in all)" if len(items) > limit else "")
+
+
+def sizes_text(sizes: list[int]) -> str:
+    """Micro-batch sizes as runs of ``size x count`` and their sum: ``"5 x 17 + 4 x 3 = 97"`` for a
+    global batch of 97 in 20 micro-batches. The first few sizes (``5, 5, 5, 5, ... (20 in all)``) hid
+    the smaller ones, so a plan of "5 x 20" read as 100 samples where it trains exactly 97."""
+    runs: list[list[int]] = []
+    for size in sizes:
+        if runs and runs[-1][0] == size:
+            runs[-1][1] += 1
+        else:
+            runs.append([size, 1])
+    return " + ".join(f"{size} x {count}" for size, count in runs) + f" = {sum(sizes)}"

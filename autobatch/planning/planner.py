@@ -35,8 +35,6 @@ import math
 import time
 from typing import Any, Callable
 
-from torch.utils.checkpoint import CheckpointError
-
 from ..errors import GlobalBatchTooLargeError, NoBatchFitsError, add_note
 from ..memory.oom import free_memory
 from ..memory.units import format_bytes
@@ -52,7 +50,7 @@ from .fastest import ThroughputObjective
 from .own_checkpointing import CacheWatch, cache_note, own_checkpointing
 from .plan_errors import PlanErrors
 from .plan_arguments import OBJECTIVES, ragged_message, smallest_batch, validate, validate_timing
-from .plan_result import Plan, candidates_table, short_list
+from .plan_result import Plan, candidates_table, short_list, sizes_text
 from .split_checks import check_batch_first, loss_split_note
 from .throughput import balanced_micro_batch
 
@@ -158,8 +156,8 @@ def plan(
         raise
     if not result.checkpointing and given:
         put_back_checkpointing(step.model, given)
-    log.info("plan: global %d = %d x %d micro-batches, checkpointing %s (%s)", result.global_batch, result.micro_batch,
-             result.accumulation_steps, "on" if result.checkpointing else "off", result.reason)
+    log.info("plan: global %d in micro-batches of %s, checkpointing %s (%s)", result.global_batch, sizes_text(result.micro_batch_sizes),
+             "on" if result.checkpointing else "off", result.reason)
     return result
 
 
@@ -239,7 +237,7 @@ class _Planner(PlanErrors, ThroughputObjective):
         try:
             with self.cache.watching(self.step.model):
                 result, error = self.probe(True, accumulating=accumulating, only=only)
-        except CheckpointError as exc:  # the recompute ran otherwise than the forward: no OOM figure
+        except RuntimeError as exc:  # CheckpointError (a recompute unlike the forward), or an in-place write: no OOM figure
             self.recompute_note(exc)
             raise
         self.note(cache_note(self.step.model, self.cache))
