@@ -25,11 +25,12 @@ from typing import Any
 import torch
 
 from ..errors import AccumulationBrokenError  # defined with autobatch's other errors; importable from here too
+from .loss_writes import WatchesLossWrites
 
 __all__ = ["WatchesGrads", "AccumulationBrokenError"]
 
 
-class WatchesGrads:
+class WatchesGrads(WatchesLossWrites):
     """A mixin of the runner's recovery (:class:`~autobatch.training.oom.recovery.OomRecovery`), whose
     phase hook calls :meth:`_watch_grads` at every phase boundary (``self.optimizer`` is the runner's)."""
 
@@ -39,7 +40,9 @@ class WatchesGrads:
 
     def _watch_grads(self, phase: str) -> None:
         """At ``"forward"`` note the first gradient the earlier micro-batches left; at ``"backward"``
-        raise :class:`AccumulationBrokenError` where ``loss_fn`` dropped or zeroed it."""
+        raise :class:`AccumulationBrokenError` where ``loss_fn`` dropped or zeroed it; warn once where it wrote
+        a tensor outside the model (:mod:`~autobatch.training.loss_writes`)."""
+        self._watch_loss_writes(phase)
         if phase == "forward":
             self._grad_seen = _first_grad(self.optimizer)
             self._lr_seen = _lr_marks(self.optimizer) if self._grad_seen is not None else None
