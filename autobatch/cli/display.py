@@ -21,6 +21,7 @@ from typing import IO, Any, Iterator, Sequence
 
 from ..dist import agreement as dist_sync
 from ..planning.accumulation import micro_batch_sizes
+from ..planning.plan_result import size_runs
 from ..probe.result import ProbeResult
 from ..probe.trial import TrialRecord, watch_trials
 from ..memory.units import counted, format_bytes
@@ -204,13 +205,7 @@ def _sizes_text(sizes: Sequence[int]) -> str:
     """``7, 7, 6``; a longer list by runs of one size, ``171 x 20, 170 x 3``, so the odd one shows."""
     if len(sizes) <= 4:
         return ", ".join(map(str, sizes))
-    runs: list[list[int]] = []
-    for size in sizes:
-        if runs and runs[-1][0] == size:
-            runs[-1][1] += 1
-        else:
-            runs.append([size, 1])
-    return ", ".join(f"{size} x {count}" if count > 1 else str(size) for size, count in runs)
+    return ", ".join(f"{size} x {count}" if count > 1 else str(size) for size, count in size_runs(sizes))
 
 
 def print_training(run: Any, notes: Sequence[str], sizes: Sequence[int] | None = None) -> None:

@@ -37,7 +37,7 @@ from typing import Any, Iterator
 from torch import nn
 
 from ..errors import in_packages
-from ..probe.tracing.trace_state import nested_codes
+from ..probe.tracing.trace_state import code_references
 
 __all__ = ["seen_reduction"]
 
@@ -87,24 +87,8 @@ def _module_reduction(module: nn.Module, name: str, divides: bool) -> str | None
 def _children(value: Any, name: str) -> Iterator[tuple[str, Any]]:
     """What ``value`` holds or names that may be, or lead to, a loss module: never a model, a
     Python module, a class, or a library's function (its own reductions are its business)."""
-    if isinstance(value, functools.partial):
-        yield name, value.func
-        yield from ((name, arg) for arg in value.args)
-        yield from value.keywords.items()
-    elif isinstance(value, types.MethodType):
-        yield name, value.__func__
-        yield name, value.__self__
-    elif isinstance(value, types.FunctionType):
-        if _library(value):
-            return
-        cells = zip(value.__code__.co_freevars, value.__closure__ or ())
-        for cell_name, cell in cells:
-            try:
-                yield cell_name, cell.cell_contents
-            except ValueError:  # a cell not yet filled
-                continue
-        names = {n for code in nested_codes(value.__code__) for n in code.co_names}
-        yield from ((n, value.__globals__[n]) for n in sorted(names) if n in value.__globals__)
+    if isinstance(value, (functools.partial, types.MethodType, types.FunctionType)):
+        yield from ((child_name or name, child) for child_name, child in code_references(value, _library))
     elif callable(value) and not isinstance(value, (type, types.ModuleType, nn.Module)) and hasattr(value, "__dict__"):
         yield name, getattr(type(value), "__call__", None)
         yield from vars(value).items()

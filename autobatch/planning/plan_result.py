@@ -11,7 +11,7 @@ import json
 import math
 import warnings
 from dataclasses import dataclass, field, fields
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Mapping, Sequence
 
 import torch
 from .. import checks
@@ -19,7 +19,7 @@ from ..probe.result import ProbeResult
 from .accumulation import micro_batch_sizes, split_batch
 from .checkpointing import CheckpointHandle, enable_checkpointing, module_names_for
 
-__all__ = ["Plan", "candidates_table", "short_list", "sizes_text"]
+__all__ = ["Plan", "candidates_table", "short_list", "size_runs", "sizes_text"]
 
 
 @dataclass
@@ -219,14 +219,19 @@ def short_list(items: list[Any], limit: int = 4) -> str:
     return shown + (f", ... ({len(items)} in all)" if len(items) > limit else "")
 
 
-def sizes_text(sizes: list[int]) -> str:
-    """Micro-batch sizes as runs of ``size x count`` and their sum: ``"5 x 17 + 4 x 3 = 97"`` for a
-    global batch of 97 in 20 micro-batches. The first few sizes (``5, 5, 5, 5, ... (20 in all)``) hid
-    the smaller ones, so a plan of "5 x 20" read as 100 samples where it trains exactly 97."""
+def size_runs(sizes: Sequence[int]) -> list[tuple[int, int]]:
+    """``(size, count)`` of each run of one micro-batch size: ``[(5, 17), (4, 3)]``."""
     runs: list[list[int]] = []
     for size in sizes:
         if runs and runs[-1][0] == size:
             runs[-1][1] += 1
         else:
             runs.append([size, 1])
-    return " + ".join(f"{size} x {count}" for size, count in runs) + f" = {sum(sizes)}"
+    return [(size, count) for size, count in runs]
+
+
+def sizes_text(sizes: Sequence[int]) -> str:
+    """Micro-batch sizes as runs of ``size x count`` and their sum: ``"5 x 17 + 4 x 3 = 97"`` for a
+    global batch of 97 in 20 micro-batches. The first few sizes (``5, 5, 5, 5, ... (20 in all)``) hid
+    the smaller ones, so a plan of "5 x 20" read as 100 samples where it trains exactly 97."""
+    return " + ".join(f"{size} x {count}" for size, count in size_runs(sizes)) + f" = {sum(sizes)}"

@@ -35,7 +35,7 @@ from typing import Any, Iterator
 import torch
 
 from ..errors import in_packages
-from ..probe.tracing.trace_state import nested_codes
+from ..probe.tracing.trace_state import code_references
 
 __all__ = ["WatchesLossWrites", "outside_tensors"]
 
@@ -75,23 +75,8 @@ def outside_tensors(loss_fn: Any, model: torch.nn.Module, optimizer: torch.optim
 
 def _children(value: Any) -> Iterator[tuple[str, Any]]:
     """What ``value`` holds or names: never a class, a Python module, or a library's function."""
-    if isinstance(value, functools.partial):
-        yield "", value.func
-        yield from (("", arg) for arg in value.args)
-        yield from value.keywords.items()
-    elif isinstance(value, types.MethodType):
-        yield "", value.__func__
-        yield "", value.__self__
-    elif isinstance(value, types.FunctionType):
-        if in_packages(getattr(value, "__module__", None) or "", ("torch", "autobatch")):
-            return
-        for cell_name, cell in zip(value.__code__.co_freevars, value.__closure__ or ()):
-            try:
-                yield cell_name, cell.cell_contents
-            except ValueError:  # a cell not yet filled
-                continue
-        names = {n for code in nested_codes(value.__code__) for n in code.co_names}
-        yield from ((n, value.__globals__[n]) for n in sorted(names) if n in value.__globals__)
+    if isinstance(value, (functools.partial, types.MethodType, types.FunctionType)):
+        yield from code_references(value, _library)
     elif isinstance(value, (list, tuple)):
         yield from ((f"[{i}]", item) for i, item in enumerate(value[:_ITEMS]))
     elif isinstance(value, dict):
@@ -100,6 +85,10 @@ def _children(value: Any) -> Iterator[tuple[str, Any]]:
         if callable(value):
             yield "", getattr(type(value), "__call__", None)
         yield from vars(value).items()
+
+
+def _library(function: types.FunctionType) -> bool:
+    return in_packages(getattr(function, "__module__", None) or "", ("torch", "autobatch"))
 
 
 class WatchesLossWrites:

@@ -28,7 +28,7 @@ from typing import Any, Callable, Iterable, Iterator
 
 import torch
 
-__all__ = ["OutsideState", "class_members", "code_globals", "find_fake", "nested_codes", "SEARCH_BUDGET", "SEARCH_ITEMS"]
+__all__ = ["OutsideState", "class_members", "code_globals", "code_references", "find_fake", "nested_codes", "SEARCH_BUDGET", "SEARCH_ITEMS"]
 
 #: Values the walks never look inside.
 ATOMS = (str, bytes, int, float, complex, bool, type(None), type, types.ModuleType, torch.dtype, torch.device)
@@ -218,6 +218,30 @@ def nested_codes(code: Any) -> Iterator[Any]:
         current = stack.pop()
         yield current
         stack.extend(const for const in current.co_consts if hasattr(const, "co_code"))
+
+
+def code_references(value: Any, library: Callable[[types.FunctionType], bool]) -> Iterator[tuple[str, Any]]:
+    """What a ``functools.partial``, a bound method or a Python function holds or names, as ``(name,
+    object)``: ``""`` for the callable's own parts (a partial's function and positional arguments, a
+    method's function and object), a keyword's, closure cell's or global's name otherwise; nothing for a
+    function ``library`` says is a library's, or for any other value. One walk for the callers that
+    follow a ``loss_fn`` to what it reaches (:mod:`autobatch.planning.loss_reduction`,
+    :mod:`autobatch.training.loss_writes`)."""
+    if isinstance(value, functools.partial):
+        yield "", value.func
+        yield from (("", arg) for arg in value.args)
+        yield from value.keywords.items()
+    elif isinstance(value, types.MethodType):
+        yield "", value.__func__
+        yield "", value.__self__
+    elif isinstance(value, types.FunctionType) and not library(value):
+        for cell_name, cell in zip(value.__code__.co_freevars, value.__closure__ or ()):
+            try:
+                yield cell_name, cell.cell_contents
+            except ValueError:  # a cell not yet filled
+                continue
+        names = {n for code in nested_codes(value.__code__) for n in code.co_names}
+        yield from ((n, value.__globals__[n]) for n in sorted(names) if n in value.__globals__)
 
 
 def _names(code: Any) -> tuple[set[str], set[str]]:
