@@ -25,6 +25,7 @@ from __future__ import annotations
 import errno
 import os
 import pickle
+import shutil
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -32,11 +33,12 @@ from typing import Any
 import torch
 
 from ...errors import CheckpointError, add_note
+from ...memory.units import format_bytes
 from ...probe.snapshot.rng import rng_state, set_rng_state  # the checkpoint carries them; re-exported here
 from .loader_rng import data_generators  # re-exported here
-from .integrity import check_intact
+from .integrity import check_intact, earlier_kept
 
-__all__ = ["save_checkpoint", "load_checkpoint", "resolve_checkpoint", "write_cleared", "rng_state", "set_rng_state", "data_generators", "CHECKPOINT_NAME", "RUNNER_FORMAT"]
+__all__ = ["save_checkpoint", "load_checkpoint", "resolve_checkpoint", "kept_earlier", "write_cleared", "rng_state", "set_rng_state", "data_generators", "CHECKPOINT_NAME", "RUNNER_FORMAT"]
 
 
 #: File name of the runner's checkpoint inside ``checkpoint_dir``.
@@ -50,6 +52,7 @@ def save_checkpoint(state: dict[str, Any], path: str | os.PathLike) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    sink = None
     try:
         with open(tmp, "wb") as handle:
             sink = _KeepsWriteError(handle)
@@ -65,7 +68,7 @@ def save_checkpoint(state: dict[str, Any], path: str | os.PathLike) -> Path:
     except BaseException as exc:
         tmp.unlink(missing_ok=True)
         if isinstance(exc, OSError):
-            _name_the_checkpoint(exc, path)
+            _name_the_checkpoint(exc, path, sink.written if sink is not None else 0)
         raise
     _fsync_dir(path.parent)
     _remove_stale_temporaries(path)
@@ -112,10 +115,13 @@ class _KeepsWriteError:
     def __init__(self, handle: Any) -> None:
         self._handle = handle
         self.error: OSError | None = None
+        self.written = 0  # bytes the file took before a write was refused: what the checkpoint needs at least
 
     def write(self, data: Any) -> int:
         try:
-            return self._handle.write(data)
+            count = self._handle.write(data)
+            self.written += count or 0
+            return count
         except OSError as exc:
             self.error = self.error or exc
             raise
@@ -124,13 +130,31 @@ class _KeepsWriteError:
         self._handle.flush()
 
 
-def _name_the_checkpoint(exc: OSError, path: Path) -> None:
+def _name_the_checkpoint(exc: OSError, path: Path, written: int) -> None:
     """Name ``path`` in ``exc`` (``[Errno 28] No space left on device: '.../last.pt'``), and say
-    that the file there was not replaced: it still holds the previous checkpoint, whole."""
+    that the file there was not replaced: it still holds the previous checkpoint, whole. A full
+    disk or quota also says how much room the checkpoint needs, against what its folder has
+    free (:func:`_room_needed`)."""
     if exc.errno is not None and exc.filename is None:
         exc.filename = str(path)
     add_note(exc, f"autobatch: the checkpoint was not written, and {path} was not replaced: it holds the previous "
                   "checkpoint, if one was written, whole")
+    if exc.errno in (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)):
+        add_note(exc, _room_needed(path, written))
+
+
+def _room_needed(path: Path, written: int) -> str:
+    """How much room a checkpoint refused for space needs: more than the ``written`` bytes its
+    partial file (removed) took, about the size of the previous one there, against what
+    ``path``'s folder has free now. Before, the error named neither, so what to free was a guess."""
+    previous = _size(path)
+    try:
+        free = format_bytes(shutil.disk_usage(path.parent).free)
+    except OSError:
+        free = "an unknown amount"
+    refused = f", more than the {format_bytes(written)} written before the disk refused" if written else ""
+    need = f"about {format_bytes(previous)} (the previous checkpoint's size){refused}" if previous else f"more room{refused}"
+    return f"autobatch: {path.parent} has {free} free (the partial file removed); a checkpoint there needs {need}"
 
 
 def write_cleared(exc: OSError) -> str:
@@ -141,6 +165,19 @@ def write_cleared(exc: OSError) -> str:
     if exc.errno in (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC), errno.EFBIG):  # no EDQUOT on Windows
         return "there is room"
     return "the cause above is fixed"
+
+
+def kept_earlier(directory: Path) -> str:
+    """Where ``directory`` holds no ``last.pt``: a note naming the newest whole earlier run's
+    checkpoint kept there (``last.earlier-<n>.pt``, moved aside by a later run's first save:
+    :mod:`~autobatch.training.checkpoints.resume_fresh`; :func:`earlier_kept`), and the ``resume=``
+    that continues it; "" where none is. A run killed in that first save left only that file, and
+    the resume's error named only the ``last.pt`` it lacked, as if no checkpoint were there."""
+    newest = earlier_kept(directory / CHECKPOINT_NAME)
+    if newest is None:
+        return ""
+    return (f"; the folder holds {newest.name}, an earlier run's checkpoint a later run moved aside at its first save "
+            f"(a run stopped in that save writes no {CHECKPOINT_NAME}): resume={str(newest)!r} continues it")
 
 
 def resolve_checkpoint(path: str | os.PathLike) -> Path:
@@ -159,7 +196,8 @@ def load_checkpoint(path: str | os.PathLike, *, expect_format: str | None = None
         partial = _temporaries(path) if path.parent.is_dir() else []
         interrupted = (f"; {partial[0].name} there is a write that was interrupted (incomplete, not a checkpoint)"
                        if partial else "")
-        raise FileNotFoundError(f"no checkpoint at {path}{interrupted}: give the last.pt a runner wrote, or its "
+        kept = kept_earlier(path.parent) if path.name == CHECKPOINT_NAME else ""
+        raise FileNotFoundError(f"no checkpoint at {path}{interrupted}{kept}: give the last.pt a runner wrote, or its "
                                 "checkpoint_dir (fit(resume=None) starts afresh)")
     if _size(path) == 0:  # before, "not an autobatch checkpoint ... resume from the last.pt the runner wrote": it was
         raise CheckpointError(path, "it is empty (0 bytes): the checkpoint in it was lost (a copy cut short, a crash on a "

@@ -38,7 +38,7 @@ from ..ranks import agree_resume
 from ..precision import check_dtypes, load_grad_scaler
 from .resume_checks import check_fits, check_kinds, kind, load_scheduler, position_for, precision_of, warn_changed_precision
 from .resume_checks import local_module_names, saved_module, warn_persistent_workers, warn_replaced_settings, without_wrapper_prefix
-from .resume_fresh import continues_in, earlier_path, file_mark, keep_earlier_run, replaced_since, shared_dir_error
+from .resume_fresh import continues_in, earlier_path, file_mark, keep_earlier_run, put_back, replaced_since, shared_dir_error
 from .resume_target import resume_target
 from ..run_result import RunResult
 from .sharded_files import check_sharded_resume, sharded_path
@@ -72,9 +72,10 @@ class Resumable:
             path = self.checkpoint_dir / CHECKPOINT_NAME
         path = resolve_checkpoint(path)  # os.replace of the file over a directory failed (IsADirectoryError)
         in_dir, shared = self.checkpoint_dir is not None and path.parent.resolve() == self.checkpoint_dir.resolve(), None
+        claimed, kept = (self._dir_claimed, self._keep_earlier), None  # put back, with the file kept, if nothing is written
         if in_dir:
             if self._keep_earlier or not self._dir_claimed:  # this run's first save there (fit()'s, or a save() before)
-                keep_earlier_run(self.checkpoint_dir, self._parallel, sharded=has_dtensors(self.model))  # raised: tried again
+                kept = keep_earlier_run(self.checkpoint_dir, self._parallel, sharded=has_dtensors(self.model))  # raised: tried again
             elif (shared := replaced_since(self.checkpoint_dir, self._own_mark, self._parallel, sharded=has_dtensors(self.model))):
                 path = earlier_path(path, shared)  # another run's last.pt is there: left alone, this run stops below
             self._dir_claimed, self._keep_earlier = True, False  # this run's, which a later fit() goes on to replace
@@ -98,6 +99,9 @@ class Resumable:
                 self._own_mark = file_mark(written) if in_dir and not shared else self._own_mark
             except BaseException as exc:  # noqa: BLE001 - a Ctrl-C too: told to every rank, uncounted, re-raised
                 failure = exc
+                alone = not sharded and self._parallel.world_size() == 1  # ranks' flags must stay alike: not under DDP
+                if put_back(kept if alone else None, path):  # the earlier run's last.pt, moved aside for nothing
+                    self._dir_claimed, self._keep_earlier = claimed
                 if isinstance(exc, OSError):  # a full disk: nothing trained is lost, the runner holds it
                     add_note(exc, f"autobatch: step {self.step} is trained and counted, and this runner holds its state: once "
                                   f"{write_cleared(exc)}, runner.save() writes it, and fit(data, ...) goes on from there")

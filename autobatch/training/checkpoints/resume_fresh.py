@@ -40,8 +40,8 @@ from ..pacing import told_every_rank
 from .checkpoint_io import CHECKPOINT_NAME
 from .sharded_files import base_path, sharded_path, sharded_sets
 
-__all__ = ["earlier_path", "next_earlier_number", "keep_earlier_run", "continues_in", "file_mark", "replaced_since",
-           "shared_dir_error"]
+__all__ = ["earlier_path", "next_earlier_number", "keep_earlier_run", "put_back", "continues_in", "file_mark",
+           "replaced_since", "shared_dir_error"]
 
 log = logging.getLogger("autobatch")
 
@@ -106,7 +106,7 @@ def shared_dir_error(checkpoint_dir: Path, written: Path, step: int) -> ValueErr
         f"checkpoint_dir, and continue this one in its own with fit(..., resume={str(base_path(written))!r})")
 
 
-def keep_earlier_run(checkpoint_dir: Path, parallel: Any, *, sharded: bool) -> None:
+def keep_earlier_run(checkpoint_dir: Path, parallel: Any, *, sharded: bool) -> Path | None:
     """Called right before a run's first save into ``checkpoint_dir`` (its first ``fit()``'s,
     without ``resume=`` or resumed from elsewhere, or a ``runner.save()`` before any; not at a
     ``fit()``'s start: a run that fails before it saves leaves the earlier run's ``last.pt`` in
@@ -117,7 +117,8 @@ def keep_earlier_run(checkpoint_dir: Path, parallel: Any, *, sharded: bool) -> N
     agree on the number first (the largest each read: a sync point, so no rank moves its file
     before every rank has read the folder), then, under ``torch.distributed``, that every rank
     moved its file (:func:`_agree_kept`); ``parallel`` is the runner's
-    (:class:`~autobatch.training.ranks.DataParallel`)."""
+    (:class:`~autobatch.training.ranks.DataParallel`). Returns where this rank's file is kept
+    (None: nothing moved), for :func:`put_back` where the save then writes nothing."""
     moves = sharded or parallel.is_rank_zero()  # rank 0 writes last.pt
     own = sharded_path(checkpoint_dir / CHECKPOINT_NAME) if sharded else checkpoint_dir / CHECKPOINT_NAME
     number, failure, kept = 1, None, None
@@ -141,7 +142,7 @@ def keep_earlier_run(checkpoint_dir: Path, parallel: Any, *, sharded: bool) -> N
             "would have overwritten: it is kept as %s%s; to continue that run, pass fit(..., resume=%r)",
             str(checkpoint_dir), own.name, kept,
             " (this rank's file; every rank's has the same number)" if sharded else "", str(base_path(kept)))
-        return
+        return kept
     held = checkpoint_dir / CHECKPOINT_NAME
     others = ([held.name] if held.is_file() else []) + [
         f"{_STEM}.rank<r>-of-{world}{_SUFFIX}" for world in sharded_sets(held)]
@@ -149,6 +150,26 @@ def keep_earlier_run(checkpoint_dir: Path, parallel: Any, *, sharded: bool) -> N
         log.warning("checkpoint_dir=%r already holds another run's checkpoint (%s), which this run leaves as it is "
                     "and writes its own beside; to continue that run instead, pass fit(..., resume=%r)",
                     str(checkpoint_dir), ", ".join(others), str(checkpoint_dir))
+    return None
+
+
+def put_back(kept: Path | None, own: Path) -> bool:
+    """Move the earlier run's checkpoint that this run's first save moved aside (``kept``, by
+    :func:`keep_earlier_run`) back to ``own`` where that save wrote nothing there (a full disk, a
+    permission, an interrupt before its rename); True where it did. Before, the folder was left
+    with no ``last.pt``: ``resume="latest"`` said none was written, and the save's error said
+    ``last.pt`` "holds the previous checkpoint". The runner's next save moves it aside again. Not
+    for FSDP2's shards, whose ranks moved theirs together, nor under DDP, where only rank 0 would know (the
+    ranks' next save must take the same path; the warning names where the file is)."""
+    if kept is None or os.path.lexists(own):  # the new file is in place (an interrupt after its rename): kept stays
+        return False
+    try:
+        os.replace(kept, own)
+    except OSError:  # it stays where the warning said it is
+        return False
+    log.warning("the checkpoint was not written, so the earlier run's checkpoint kept as %s is moved back to %s",
+                kept, own)
+    return True
 
 
 def _agree_kept(parallel: Any, checkpoint_dir: Path, own: Path, kept: Path | None, failure: OSError | None, *,

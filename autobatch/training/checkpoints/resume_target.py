@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from .checkpoint_io import CHECKPOINT_NAME
+from .checkpoint_io import CHECKPOINT_NAME, kept_earlier
 from .sharded_files import sharded_sets
 
 __all__ = ["LATEST", "checkpoint_written", "latest_checkpoint", "written_at", "resume_target"]
@@ -55,6 +55,7 @@ def resume_target(resume: object, checkpoint_dir: Path | None) -> str | os.PathL
                          "resume= the checkpoint's path")
     found = latest_checkpoint(checkpoint_dir)
     if found is None:
-        raise ValueError(f"resume='latest': no checkpoint in {checkpoint_dir} (no {CHECKPOINT_NAME} written there); "
-                         "give the path of a last.pt, or resume=None to start afresh")
+        raise ValueError(f"resume='latest': no checkpoint in {checkpoint_dir} (no {CHECKPOINT_NAME} written there"
+                         f"{kept_earlier(Path(checkpoint_dir).expanduser())}); give the path of a last.pt, or resume=None "
+                         "to start afresh")
     return found
