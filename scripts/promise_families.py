@@ -22,7 +22,10 @@ on: ``python scripts/bench_promise.py --no-cli --workloads deeplabv3,r3d18,mixtr
   (the logits' float copy among them) are nearly all of the step (``LORA_USE_CACHE=0``/``1``
   passes ``use_cache`` to its forward; unset, the model's default, which builds a key-value cache);
 - ``wav2vec2``: a ``transformers`` Wav2Vec2 speech model trained with CTC on 2 s of 16 kHz audio
-  (a convolutional feature encoder over the raw samples, then 12 transformer layers).
+  (a convolutional feature encoder over the raw samples, then 12 transformer layers);
+- ``clip``: a ``transformers`` CLIP dual encoder (ViT-B/32 over 224x224 images, a 12-layer text
+  encoder over 77 tokens) trained with its contrastive loss, whose logits are batch x batch: two
+  towers in one step, and a loss term that grows with the square of the batch.
 
 Each builder returns ``(model, optimizer, loss_fn, make)`` as ``bench_promise.build`` expects;
 ``quick`` gives a CPU-sized stand-in of the same structure.
@@ -259,5 +262,22 @@ def wav2vec2(device: str, quick: bool):
     return model, torch.optim.AdamW(model.parameters(), lr=1e-4), loss_fn, make
 
 
+def clip(device: str, quick: bool):
+    from transformers import CLIPConfig, CLIPModel
+
+    text, vision = ({"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2,
+                     "vocab_size": 256}, {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+                                          "num_attention_heads": 2, "image_size": 32, "patch_size": 8}) if quick else ({}, {})
+    model = CLIPModel(CLIPConfig(text_config=text, vision_config=vision)).to(device)
+    side, tokens, vocab = (32, 16, 256) if quick else (224, 77, 49408)
+
+    def make(b):
+        return (torch.randn(b, 3, side, side, device=device), torch.randint(0, vocab, (b, tokens), device=device))
+
+    def loss_fn(m, batch):
+        return m(pixel_values=batch[0], input_ids=batch[1], return_loss=True).loss
+    return model, torch.optim.AdamW(model.parameters(), lr=1e-4), loss_fn, make
+
+
 FAMILIES = {"deeplabv3": deeplabv3, "r3d18": r3d18, "mixtral": mixtral, "vae": vae, "fasterrcnn": fasterrcnn,
-            "unet": unet, "lora_llama": lora_llama, "wav2vec2": wav2vec2}
+            "unet": unet, "lora_llama": lora_llama, "wav2vec2": wav2vec2, "clip": clip}
