@@ -99,6 +99,7 @@ def fit_batch_size(
         )
     # without a global batch, the trainer's own accumulation stays: its window is probed
     accumulation = 1 if share is not None else max(1, int(args.gradient_accumulation_steps))
+    _refuse_rebalance(trainer, world, accumulation)  # with global_batch on one process, once its split is known
     set_for = accumulation_setter(trainer)  # an earlier call's global_batch where that call set the accumulation
     shard = _window_share(shard, accumulation, multiple_of, world, accumulation_where(set_for))  # over a step's batches
     max_batch, start = cap_at_samples(shard, max_batch, start, multiple_of,
@@ -129,7 +130,7 @@ def fit_batch_size(
     size, before = result.batch_size, ((args.per_device_train_batch_size, int(args.gradient_accumulation_steps))
                                        if global_batch == asked else (None, resumed_batch(trainer, saved)))
     if share is not None:
-        accumulation, size, set_for = _set_split(args, global_batch, world, size, multiple_of, asked, set_for)
+        accumulation, size, set_for = _set_split(trainer, global_batch, world, size, multiple_of, asked, set_for)
     _warn_changed(trainer, size, accumulation, world, share, multiple_of, accumulation_where(set_for))
     args.per_device_train_batch_size = size  # after _warn_changed, which names the user's size it replaces
     record_split(trainer, set_for)  # train()'s loader size, and its checkpoints record the accumulation
@@ -192,14 +193,17 @@ def _warn_changed(trainer: Any, size: int, accumulation: int, world: int, share:
         log.warning("fit_batch_size: %s%s", changed, auto)
 
 
-def _set_split(args: Any, global_batch: int, world: int, largest: int, multiple_of: int, asked: int | None,
+def _set_split(trainer: Any, global_batch: int, world: int, largest: int, multiple_of: int, asked: int | None,
                set_for: int | None) -> tuple[int, int, int | None]:
-    """:func:`_split` set on ``args``: ``(accumulation, per-device batch, set_for)``, ``set_for`` the
-    ``global_batch`` that chose the accumulation, or None where it is the user's, kept
+    """:func:`_split` set on ``trainer.args``: ``(accumulation, per-device batch, set_for)``, ``set_for``
+    the ``global_batch`` that chose the accumulation, or None where it is the user's, kept
     (:func:`~.transformers_resume.record_split`). An accumulation an earlier call set (``set_for``
-    given) is not the user's to keep: a second call held it as theirs, told them to remove it."""
+    given) is not the user's to keep: a second call held it as theirs, told them to remove it. A
+    split that accumulates under ``batch_rebalance`` is refused before anything is set (:func:`_refuse_rebalance`)."""
+    args = trainer.args
     given = None if set_for is not None else int(args.gradient_accumulation_steps)
     accumulation, size = _split(global_batch, world, largest, multiple_of, asked is not None, given)
+    _refuse_rebalance(trainer, world, accumulation, asked)
     args.gradient_accumulation_steps = accumulation
     kept = asked is not None and given is not None and 1 < given == accumulation  # the user's own, kept
     return accumulation, size, None if kept else global_batch
@@ -255,6 +259,30 @@ def _refuse_data_parallel(args: Any) -> None:
             "probe does not model; launch one process per GPU (torchrun --nproc-per-node "
             f"{gpus} your_script.py, or accelerate launch), or make one GPU visible (CUDA_VISIBLE_DEVICES=0)"
         )
+
+
+def _refuse_rebalance(trainer: Any, world: int, accumulation: int, global_batch: int | None = None) -> None:
+    """One ``ValueError`` for ``train_sampling_strategy="batch_rebalance"`` (transformers 5) where an
+    optimizer step has several micro-batches (``world`` x ``accumulation``): its ``BatchRebalanceSampler``
+    balances their padded-token cost by moving samples between them, so one may hold more samples than
+    ``per_device_train_batch_size``, each padded to its longest, which the probe's batches (that many
+    samples, the longest among them) do not bound. Measured (CPU, a tiny GPT-2, samples of 40 and 1
+    token, simulated 12 MiB): the probe answered 28 with 4 accumulation steps, the sampler formed
+    micro-batches of 38, and ``train()`` ran out of memory; simulated windows held up to 1.75 x the
+    batch of longest-length samples. One micro-batch a step is the whole window, as probed. The
+    ``Trainer`` ignores the strategy for a training set without a length, as this does."""
+    args = trainer.args
+    if (str(getattr(args, "train_sampling_strategy", "random")) != "batch_rebalance" or world * accumulation <= 1
+            or _shard_length(trainer.train_dataset, world) is None):
+        return
+    steps = (f"{world} processes x {accumulation} accumulation step(s)" if world > 1 else
+             f"gradient_accumulation_steps={accumulation}" + (f" for global_batch={global_batch}" if global_batch else ""))
+    raise ValueError(
+        f"fit_batch_size: TrainingArguments(train_sampling_strategy='batch_rebalance') splits each optimizer step into "
+        f"{world * accumulation} micro-batches ({steps}) of varying sample counts, more samples than "
+        "per_device_train_batch_size in some, padded to their longest, which the probe's batches do not bound (train() "
+        "ran out of memory at the probe's answer); set train_sampling_strategy='group_by_length' (batches of "
+        "per_device_train_batch_size, the longest first), or set the batch size yourself")
 
 
 def _refuse_auto_find(args: Any, global_batch: int | None) -> None:
