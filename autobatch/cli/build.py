@@ -8,7 +8,6 @@ the :class:`~autobatch.TrainStep` the probe runs.
 
 from __future__ import annotations
 
-import difflib
 import importlib
 import os
 from contextlib import contextmanager
@@ -33,7 +32,7 @@ from .optimizer_fit import check_optimizer_gradients, check_optimizer_target
 from .schedulers import check_scheduler
 from .target_text import target_form_error
 from .loss import build_loss, check_loss, cross_entropy_loss
-from .errors import one_line, where_raised
+from .import_path import locate  # kept importable from here: dict_target, override_hints, schedulers
 from .ranks import data_parallel
 from ..memory.allocator import environment_expandable_segments, set_expandable_segments
 from ..memory.devices import memory_for
@@ -65,38 +64,6 @@ MIN_MEMORY_LIMIT = 1 << 10
 def _name(value: Any) -> str:
     """An Enum member's name, or the value itself as a string."""
     return getattr(value, "name", None) or str(value)
-
-
-def locate(path: str) -> Any:
-    """Import the object at a dotted ``path`` (``torch.optim.AdamW``); ``ImportError`` names
-    the part that is missing, and the closest name there (``mymodels.MyNte``: did you mean
-    ``mymodels.MyNet``?). (Hydra's own ``get_object`` also logs the failure.)"""
-    parts = path.split(".")
-    if not all(parts):
-        raise ImportError(f"{path!r} is not a dotted import path")
-    module, found = None, 0
-    for index in range(len(parts), 0, -1):
-        name = ".".join(parts[:index])
-        try:
-            module = importlib.import_module(name)
-        except ModuleNotFoundError as exc:
-            if exc.name is not None and not name.startswith(exc.name) and not exc.name.startswith(name):
-                raise ImportError(f"importing {name} failed: {exc}") from None
-            continue
-        except Exception as exc:  # the module's own code failed (SyntaxError, NameError...): chained, never hidden
-            raise ImportError(f"importing {name} raised {type(exc).__name__}: {one_line(exc)}{where_raised(exc)}") from exc
-        found = index
-        break
-    if module is None:
-        raise ImportError(f"no module named {parts[0]!r}")
-    obj: Any = module
-    for index in range(found, len(parts)):
-        if not hasattr(obj, parts[index]):
-            near = difflib.get_close_matches(parts[index], [name for name in dir(obj) if not name.startswith("_")], n=1)
-            hint = f"; did you mean {'.'.join(parts[:index] + near)}?" if near else ""
-            raise ImportError(f"{'.'.join(parts[:index])} has no attribute {parts[index]!r}{hint}")
-        obj = getattr(obj, parts[index])
-    return obj
 
 
 #: An example ``_target_`` for each key that takes one (for "is not set" messages).

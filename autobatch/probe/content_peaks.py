@@ -33,7 +33,7 @@ from .tracing.fake_trace import loss_module
 from .tracing.trace_failures import sparse_embeddings, sparse_gradients
 from .train_step import TrainStep
 
-__all__ = ["drawn_shapes", "content_note", "sparse_note", "sparse_momentum_note", "shapes_note", "SPREAD", "DATA_SHAPED"]
+__all__ = ["drawn_shapes", "content_note", "sparse_note", "sparse_momentum_note", "trained_parts", "shapes_note", "SPREAD", "DATA_SHAPED"]
 
 #: Peaks of steps at one size differing by more than this fraction of the larger tell of content.
 SPREAD = 0.01
@@ -102,26 +102,42 @@ def content_note(steps: dict[int, list[tuple[int, tuple]]], records: list, batch
     )
 
 
-def sparse_note(trained: Any, restore: tuple | None, batch_size: int) -> str | None:
-    """The note on a probe of a step whose gradients are sparse (a ``sparse=True`` embedding in what
-    ``trained`` trains: a ``TrainStep``'s model or its loss module (``loss_fn=criterion``), or a model; or in
-    a module of ``restore``, which a plain callable's probe looks at; ``SparseAdam`` in ``restore`` or the
-    step's optimizer); None otherwise. Their memory grows with the rows the batch touches, so another batch
-    of the same size can take more than every trial's did, by less than :data:`SPREAD`, which :func:`content_note` would not tell: on the CPU's simulated device
-    (8 MiB) a ``SparseAdam`` embedding step's steps at its answer, 130, peaked 7.95-8.01 MiB, its
-    trials' batches passed (at 99.6 % of the budget) and training at it ran out of memory at its
-    first step. One in the loss module got no note before (the model alone was looked at)."""
+def trained_parts(trained: Any, restore: tuple | None) -> tuple[list[tuple[str, torch.nn.Module]], tuple]:
+    """What the sparse notes look at, each module once: the modules (with the prefix their layers' names take)
+    and the optimizers of ``trained`` (a ``TrainStep``: its model, its loss module (``loss_fn=criterion``,
+    :func:`~autobatch.probe.tracing.fake_trace.loss_module`) and its optimizer; or a model) and of ``restore``
+    (which a plain callable's probe looks at). One in the loss module got no note before (the model alone,
+    or ``restore``'s modules, were looked at)."""
     items = tuple(restore or ())
     if isinstance(trained, TrainStep):
         modules = [("", trained.model), ("loss_fn.", loss_module(trained))]
         items += (trained.optimizer,)
     else:  # a model, or a plain callable (whose model is ``restore``'s)
         modules = [("", trained)] if isinstance(trained, torch.nn.Module) else []
+    modules = [(prefix, module) for prefix, module in modules if module is not None]
     seen = {id(module) for _, module in modules}
     modules += [("", item) for item in items if isinstance(item, torch.nn.Module) and id(item) not in seen]
-    optimizers = tuple(item for item in items if isinstance(item, torch.optim.Optimizer))
-    reason = next((f"{prefix}{name}" if prefix and name else ("the loss module" if prefix else name or "the model")
-                   for prefix, module in modules for name, _ in sparse_embeddings(module)), None)
+    optimizers = tuple(dict.fromkeys(item for item in items if isinstance(item, torch.optim.Optimizer)))
+    return modules, optimizers
+
+
+def _sparse_tables(modules: list[tuple[str, torch.nn.Module]]) -> Iterator[tuple[str, torch.nn.Module]]:
+    """Each ``sparse=True`` embedding of ``modules`` (:func:`trained_parts`'), with the name a note gives it."""
+    for prefix, module in modules:
+        for name, table in sparse_embeddings(module):
+            yield (f"{prefix}{name}" if prefix and name else ("the loss module" if prefix else name or "the model")), table
+
+
+def sparse_note(trained: Any, restore: tuple | None, batch_size: int) -> str | None:
+    """The note on a probe of a step whose gradients are sparse (a ``sparse=True`` embedding in what
+    ``trained`` or ``restore`` trains, :func:`trained_parts`; ``SparseAdam`` in ``restore`` or the step's
+    optimizer); None otherwise. Their memory grows with the rows the batch touches, so another batch
+    of the same size can take more than every trial's did, by less than :data:`SPREAD`, which :func:`content_note` would not tell: on the CPU's simulated device
+    (8 MiB) a ``SparseAdam`` embedding step's steps at its answer, 130, peaked 7.95-8.01 MiB, its
+    trials' batches passed (at 99.6 % of the budget) and training at it ran out of memory at its
+    first step."""
+    modules, optimizers = trained_parts(trained, restore)
+    reason = next((name for name, _ in _sparse_tables(modules)), None)
     if reason is not None:
         reason += " has sparse gradients, whose size depends on the data"
     else:
@@ -136,21 +152,21 @@ def sparse_note(trained: Any, restore: tuple | None, batch_size: int) -> str | N
     )
 
 
-def sparse_momentum_note(restore: tuple | None) -> str | None:
+def sparse_momentum_note(trained: Any, restore: tuple | None = None) -> str | None:
     """The note (and the runner's warning) for ``torch.optim.SGD`` with momentum training a ``sparse=True``
-    embedding among the modules of ``restore``: torch keeps that momentum as a sparse tensor it never
+    embedding of what ``trained`` or ``restore`` trains (:func:`trained_parts`: a ``TrainStep``'s loss module
+    too, whose embedding got no note before): torch keeps that momentum as a sparse tensor it never
     coalesces, ``buf.mul_(momentum).add_(grad)``, so it grows by every step's lookups without bound
     (an ``EmbeddingBag(4000, 16)`` looked up 3072 times a step held 15349 rows after 5 steps), and a
     step that fits now runs out of memory later at any batch size; the runner replayed it in ever
     smaller micro-batches and gave up advising SGD. None otherwise."""
-    items = tuple(restore or ())
-    sparse = {id(module.weight): name for model in items if isinstance(model, torch.nn.Module)
-              for name, module in sparse_embeddings(model)}
-    for optimizer in items:
+    modules, optimizers = trained_parts(trained, restore)
+    sparse = {id(table.weight): name for name, table in _sparse_tables(modules)}
+    for optimizer in optimizers:
         for group in optimizer.param_groups if isinstance(optimizer, torch.optim.SGD) else ():
             name = next((sparse[id(p)] for p in group["params"] if id(p) in sparse), None)
             if group.get("momentum") and name is not None:
-                return (f"torch.optim.SGD with momentum={group['momentum']} trains {name or 'the model'!r}, a sparse=True "
+                return (f"torch.optim.SGD with momentum={group['momentum']} trains {name!r}, a sparse=True "
                         "embedding: torch keeps its momentum as a sparse tensor it never coalesces, which grows by every "
                         "step's rows without bound, so a step that fits now runs out of memory later, at any batch size. "
                         "Give that embedding a param group with momentum=0, train with torch.optim.Adagrad (dense "

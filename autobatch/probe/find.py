@@ -240,7 +240,7 @@ def _probe(call: _Call, restore, estimate_first: bool | None) -> ProbeResult:
             call.notes.append(content_note(kept.steps, runner.records, result.batch_size)  # padded to its longest
                               or sparse_note(fn, restore, result.batch_size)  # sparse gradients
                               or shapes_note(estimate_note, result.batch_size))  # routed by value (MoE)
-            call.notes += [arguments.gradless_note(fn), sparse_momentum_note(restore), *left_out_notes(fn, kept, watch)]
+            call.notes += [arguments.gradless_note(fn), sparse_momentum_note(fn, restore), *left_out_notes(fn, kept, watch)]
     except Exception as exc:
         call.agreement.left(fn, exc)  # other ranks: told at once, not left waiting for this one
         raise

@@ -26,9 +26,9 @@ from ..planning.accumulation import micro_batch_sizes
 from ..planning.batch_statistics import batch_norm_layers
 from ..planning.samples import batch_size_of, items_message, per_sample_items
 from ..probe.content_peaks import sparse_momentum_note
-from ..probe.train_step import refuse_several
+from ..probe.train_step import TrainStep, refuse_several
 
-__all__ = ["capped_micro_batch", "checked_micro_batch", "check_optimizer", "check_batch_count", "warn_batch_size", "check_checkpoint_dir", "check_data", "check_unbatched_loader", "check_options", "check_split", "model_device", "share_of",
+__all__ = ["capped_micro_batch", "checked_micro_batch", "check_optimizer", "warn_growing_momentum", "check_batch_count", "warn_batch_size", "check_checkpoint_dir", "check_data", "check_unbatched_loader", "check_options", "check_split", "model_device", "share_of",
            "warn_batch_statistics"]
 
 log = logging.getLogger("autobatch")
@@ -45,8 +45,6 @@ def check_optimizer(optimizer: Any, model: torch.nn.Module) -> None:
     refuse_several(optimizer, "the runner")  # one per learning rate, a GAN's, a dict of them
     checks.trains("optimizer", optimizer, model)
     checks.no_closure("optimizer", optimizer, runner=True)  # LBFGS: the Runner's advice, before TrainStep's (the probe's)
-    if (growing := sparse_momentum_note((model, optimizer))) is not None:  # memory that grows every step
-        log.warning(growing)
     held = {id(p) for group in optimizer.param_groups for p in group["params"]}
     loose = [name for name, p in model.named_parameters() if p.requires_grad and id(p) not in held]
     if loose:
@@ -54,6 +52,15 @@ def check_optimizer(optimizer: Any, model: torch.nn.Module) -> None:
                     "step, summed over the steps, and are never updated. Add them to the optimizer (a param group of "
                     "their own for another learning rate), or freeze them with requires_grad_(False)", len(loose),
                     ", ".join(loose[:4]), ", ..." if len(loose) > 4 else "")
+
+
+def warn_growing_momentum(step: TrainStep) -> None:
+    """Warn where SGD's momentum on a ``sparse=True`` embedding grows every step (:func:`~autobatch.probe.
+    content_peaks.sparse_momentum_note`), the embedding in the runner's model or in its loss module
+    (``loss_fn=criterion``, a module the optimizer trains): told of the model's alone before, as
+    :func:`check_optimizer`'s warning, so one in the loss module grew without a word."""
+    if (growing := sparse_momentum_note(step)) is not None:  # memory that grows every step
+        log.warning(growing)
 
 
 def check_options(device: Any, checkpoint_dir: str | os.PathLike | None, checkpoint_every: int | None, *,

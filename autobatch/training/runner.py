@@ -56,7 +56,7 @@ from .oom.faults import FaultInjector
 from .oom.growth import GrowBack
 from .hygiene import CachePolicy
 from .autoplan import PlansFromData
-from .inputs import FIT_ALIASES, RUNNER_ALIASES, RUNNER_PLAN_KEYWORDS, capped_micro_batch, check_data, check_optimizer, checked_micro_batch, check_kinds, check_options, model_device, share_of, warn_batch_size
+from .inputs import FIT_ALIASES, RUNNER_ALIASES, RUNNER_PLAN_KEYWORDS, capped_micro_batch, check_data, check_optimizer, checked_micro_batch, check_kinds, check_options, model_device, share_of, warn_batch_size, warn_growing_momentum
 from .multiples import SplitsInMultiples, multiple_options
 from .pacing import FailedDraw, carried_error
 from .precision import warn_unscaled_float16
@@ -223,6 +223,7 @@ class Runner(OomRecovery, SplitsInMultiples, EndsSteps, Resumable, PlansFromData
             grad_scaler=grad_scaler, max_grad_norm=max_grad_norm,
         )
         warn_unscaled_float16(optimizer, local, self._train_step.autocast_dtype, grad_scaler, self.device)  # lost grads
+        warn_growing_momentum(self._train_step)  # SGD momentum on a sparse embedding: grows every step
         given = max_micro_batch or self.micro_batch  # else planned (a resume takes its checkpoint's)
         self.growth = GrowBack(grow_after, min(given or self.share, self.share), configured=given is not None,
                                multiple_of=self.multiple_of)

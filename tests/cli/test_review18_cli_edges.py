@@ -99,3 +99,21 @@ def test_a_failed_jobs_row_has_its_commands_columns(command, global_batch, colum
     row = _job_row(config, JobReturn(overrides=["a=1"], status=JobStatus.FAILED, _return_value=KeyError("lr")))
     assert {column: row[column] for column in columns} == dict.fromkeys(columns)
     assert row["status"] == "failed" and row["error"] == "KeyError: 'lr'"
+
+
+def test_review35_a_misspelt_module_names_the_closest(monkeypatch, tmp_path):
+    """``model._target_=mymodel.Net`` beside ``mymodels.py`` said "no module named 'mymodel'" with no
+    suggestion (a misspelt class got one); a package's misspelt submodule was looked for among its attributes."""
+    (tmp_path / "review35_mymodels.py").write_text("class Net:\n    pass\n")
+    (tmp_path / "review35_pkg").mkdir()
+    (tmp_path / "review35_pkg" / "__init__.py").write_text("")
+    (tmp_path / "review35_pkg" / "models.py").write_text("class Net:\n    pass\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    try:
+        with pytest.raises(ImportError, match=r"no module named 'review35_mymodel'; did you mean review35_mymodels\.Net\?$"):
+            locate("review35_mymodel.Net")
+        with pytest.raises(ImportError, match=r"has no attribute 'modls'; did you mean review35_pkg\.models\.Net\?$"):
+            locate("review35_pkg.modls.Net")
+    finally:
+        sys.modules.pop("review35_pkg", None)

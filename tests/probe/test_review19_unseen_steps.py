@@ -84,3 +84,25 @@ def test_a_compiled_model_on_the_simulated_device_is_said_to_run_eager():
     plain = autobatch.find_max_batch(lambda n: model(torch.randn(n, 8)).sum().backward(), memory_limit="1MiB",
                                      restore=(model, step.optimizer), max_batch=512)
     assert any("uncompiled code" in note for note in plain.notes)
+
+
+class _SparseCritic(nn.Module):
+    """A loss module (``loss_fn=criterion``) adding a per-class bias looked up in a ``sparse=True`` table it trains."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.table = nn.Embedding(50, 4, sparse=True)
+
+    def forward(self, model: nn.Module, batch: tuple) -> torch.Tensor:
+        return nn.functional.cross_entropy(model(batch[0]) + self.table(batch[1]), batch[1] % 4)
+
+
+def test_review35_sparse_momentum_in_the_loss_module_is_noted():
+    """SGD's momentum on a sparse embedding grows every step: the probe's note looked at ``restore``'s
+    modules (a TrainStep's model and optimizer), so one in the step's loss module got no note."""
+    torch.manual_seed(0)
+    model, critic = nn.Linear(8, 4), _SparseCritic()
+    step = autobatch.TrainStep(model, torch.optim.SGD([*model.parameters(), *critic.parameters()], lr=0.1, momentum=0.9),
+                               critic, lambda n: (torch.randn(n, 8), torch.randint(0, 50, (n,))))
+    result = autobatch.find_max_batch(step, strategy="binary", memory_limit="64MiB", max_batch=8, cache=False)
+    assert any("trains 'loss_fn.table', a sparse=True embedding" in note for note in result.notes), result.notes

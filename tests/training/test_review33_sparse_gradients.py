@@ -111,3 +111,24 @@ def test_review33_sparse_gradients_clip_as_dense_ones():
     assert runner.fit(data, epochs=1).steps == 3
     for name, value in reference.state_dict().items():
         torch.testing.assert_close(model.state_dict()[name], value, rtol=0, atol=1e-10)
+
+
+class _SparseCritic(torch.nn.Module):
+    """A loss module adding a per-item bias looked up in a ``sparse=True`` table the optimizer trains."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.bias = torch.nn.Embedding(40, 1, sparse=True, dtype=torch.float64)
+
+    def forward(self, model, batch):
+        return F.mse_loss(model(batch[0].double()).squeeze(-1) + self.bias(batch[0][:, 0]).squeeze(-1), batch[1])
+
+
+def test_review35_runner_warns_of_sparse_momentum_in_the_loss_module(caplog):
+    """The runner's warning looked at the model alone: an embedding of its ``loss_fn=criterion`` module,
+    whose SGD momentum grows every step as the model's does, went unnamed."""
+    model, critic = torch.nn.Linear(3, 1, dtype=torch.float64), _SparseCritic()
+    optimizer = torch.optim.SGD([*model.parameters(), *critic.parameters()], lr=0.1, momentum=0.9)
+    with caplog.at_level(logging.WARNING, logger="autobatch"):
+        autobatch.Runner(model, optimizer, critic, global_batch=16, micro_batch=8, progress=False)
+    assert "momentum=0.9 trains 'loss_fn.bias', a sparse=True embedding" in caplog.text
