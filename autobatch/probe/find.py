@@ -39,6 +39,7 @@ from .snapshot.restore_places import after_failed_step, unskipped
 from .result import ProbeResult
 from .searching.search import peak_limit, run_search
 from .autotune import Autotune
+from .caught import caught_note
 from .peak_guard import peak_guard_for
 from .promise import (forget_own_layout, laid_out_note, park_created_state, promise_note, relayout_created_state,
                       release_after_probe)
@@ -241,6 +242,7 @@ def _probe(call: _Call, restore, estimate_first: bool | None) -> ProbeResult:
                               or sparse_note(fn, restore, result.batch_size)  # sparse gradients
                               or shapes_note(estimate_note, result.batch_size))  # routed by value (MoE)
             call.notes += [arguments.gradless_note(fn), sparse_momentum_note(fn, restore), *left_out_notes(fn, kept, watch)]
+            call.notes.append(caught_note(runner.records))  # errors the step caught itself (caught.py)
     except Exception as exc:
         call.agreement.left(fn, exc)  # other ranks: told at once, not left waiting for this one
         raise

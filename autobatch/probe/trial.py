@@ -14,7 +14,8 @@ from ..memory.simulated import host_memory
 from ..memory.units import format_bytes
 from ..memory.workspaces import release_workspaces
 from .autotune import Autotune
-from .collection import LIVE_SLACK, collect_failed_step
+from .caught import CaughtWatch, caught_error
+from .collection import Leftover
 from .peak_guard import drain_backward, raised_by_guard
 from .trial_notes import with_trial_note
 from .pinned_state import PinnedState, fits
@@ -89,8 +90,7 @@ class TrialRunner:
         self.records: list[TrialRecord] = []
         self.outcomes: dict[int, bool] = {}
         self._settled: set[int] = set()  # ids of records of settle trials
-        self._leftover = False  # a failed trial left memory held that a quick collection did not free
-        self._full_collection_frees: bool | None = None  # what the last full collection did
+        self._leftover = Leftover()  # memory failed trials left held (collection.py)
         self._flush_count = FlushCount()
         self.expandable = bool(expandable_segments_on(getattr(memory, "device", None)))  # CUDA's allocator setting
         self._ran_out: set[int] = set()  # ids of records of trials that ran out of memory or were stopped
@@ -267,28 +267,17 @@ class TrialRunner:
         kept = self._baseline + self._growth()
         if self.memory.allocated() <= kept:
             return
-        collect_failed_step(self.memory.allocated, kept, full_if_held=self.agree is not None)
-        self._leftover = self._leftover or self.memory.allocated() > kept + LIVE_SLACK  # live state or older garbage
+        self._leftover.after_failure(self.memory.allocated, kept, full_if_held=self.agree is not None)
 
     def _garbage_was_in_the_way(self) -> bool:
-        """Whether a trial that just failed should run again: an earlier failed trial left
-        memory held, and a full garbage collection now frees some of it (old cycles holding
-        tensors, e.g. of a model built inside a plain callable), so this failure may be theirs.
-        Once a full collection freed nothing, the leftover is live state and none runs again."""
-        if not self._leftover or self._full_collection_frees is False or self.agree is not None:
-            return False
-        self._leftover = False
-        if self.after_oom is not None:
-            self.after_oom()
-        free_memory(generation=1)  # this failure's own garbage first, so it is not counted
-        before = self.memory.allocated()
-        free_memory()
-        self._full_collection_frees = self.memory.allocated() < before
-        return self._full_collection_frees
+        """Whether a trial that just failed runs again beside garbage an earlier one left
+        (:meth:`~autobatch.probe.collection.Leftover.in_the_way`); never under rank agreement."""
+        return self.agree is None and self._leftover.in_the_way(self.memory.allocated, self.after_oom)
 
     def _attempt(self, batch_size: int, steps: int, most: int, prepare: Callable[[], object] | None) -> str | None:
         """Run the steps (up to ``most`` while the allocator settles); None on success, else the OOM's
-        first line; leaves the ``except`` block before anything is freed. ``prepare``: ``layout``."""
+        first line (or, where the step caught errors itself, :func:`~autobatch.probe.caught.caught_error`); leaves
+        the ``except`` block before anything is freed. ``prepare``: ``layout``."""
         if self.before_trial is not None:  # no mask a larger trial's forward kept is held through this one
             self.before_trial()
         release_workspaces(self._fresh_workspaces)  # each trial starts as a new process's first step
@@ -304,6 +293,7 @@ class TrialRunner:
         self._flush_count = FlushCount()
         self._started = time.perf_counter()
         step_reserved: list[int] = []
+        self._caught = CaughtWatch(self.memory)  # out-of-memory errors the step catches itself (caught.py)
         try:
             with self.guard if self.guard is not None else nullcontext():
                 self._steps(batch_size, steps, most, step_reserved)
@@ -320,7 +310,8 @@ class TrialRunner:
             # before it gives up), so the reserved figure of this moment no longer shows the wall
             self._reserved_at_failure = self.memory.peak_reserved()
             return str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
-        return None
+        count = self._caught.caught()
+        return caught_error(count, batch_size, self.fn) if count else None
 
     def _steps(self, batch_size: int, steps: int, most: int, step_reserved: list[int]) -> None:
         """Call ``fn`` ``steps`` times (up to ``most`` while the reserved peak grows or the last
@@ -340,6 +331,7 @@ class TrialRunner:
                 self.fn(batch_size)
             finally:
                 self._fold_peaks()
+            self._caught.step_done()
             step_reserved.append(self._step_reserved)
             self._flush_count.read(retries())
             if self.agree is None and self.peak_limit is not None and self._peak > self.peak_limit:

@@ -43,7 +43,7 @@ import re
 from ..errors import add_note
 from ..memory.units import format_bytes
 
-__all__ = ["with_trial_note", "growth_hint", "index_hint"]
+__all__ = ["with_trial_note", "growth_hint", "index_hint", "exhausted_hint", "MEMORY_ERROR_HINT"]
 
 
 def index_hint(batch_size: int, message: str = "") -> str:
@@ -61,6 +61,31 @@ def index_hint(batch_size: int, message: str = "") -> str:
     return (f"an index out of range at a large batch is usually make_batch (or the step) indexing a dataset or table "
             f"of fewer than {batch_size} samples. Pass max_batch=len(dataset) (to find_max_batch or plan()), or build "
             "any size by repeating samples (X[torch.arange(n) % len(X)]).")
+
+
+#: the note on a Python ``MemoryError`` a trial raised (:func:`~autobatch.memory.oom.is_oom_error` is False for it)
+MEMORY_ERROR_HINT = (
+    "a Python MemoryError is the host's memory (a data pipeline, numpy) or the step's own, not the device "
+    "allocator's, so the probe does not count it as running out of memory (autobatch.is_oom_error is False) and "
+    "stops. Where host memory bounds the batch, pass max_batch (the largest size it takes); where your code raises "
+    "it for the device's budget, raise torch.OutOfMemoryError instead."
+)
+
+
+def exhausted_hint(batch_size: int) -> str:
+    """What to change where the step raised ``StopIteration`` (or a generator's "generator raised
+    StopIteration", PEP 479) at ``batch_size``: its data ran out before a whole batch."""
+    return (f"a StopIteration at a large batch is usually a data source with fewer than {batch_size} samples: "
+            f"next(iter(DataLoader(dataset, batch_size={batch_size}, drop_last=True))) yields no batch (an iterator, "
+            "a generator, exhausted the same way). Pass max_batch=len(dataset) (to find_max_batch or plan()), or build "
+            "any size by repeating samples (X[torch.arange(n) % len(X)]). It is not out of memory: no smaller size "
+            "was taken as the answer.")
+
+
+def _ran_dry(exc: BaseException) -> bool:
+    """Whether ``exc`` is a ``StopIteration``, or the ``RuntimeError`` Python makes of one raised inside a generator."""
+    return isinstance(exc, StopIteration) or (
+        isinstance(exc, RuntimeError) and isinstance(exc.__cause__, StopIteration) and "raised StopIteration" in str(exc))
 
 
 def with_trial_note(exc: BaseException, batch_size: int, passed: list[int] | tuple[int, ...] = (), *,
@@ -84,9 +109,13 @@ def with_trial_note(exc: BaseException, batch_size: int, passed: list[int] | tup
             "(and puts the scaler's state back after the probe)."
         )
         return exc
-    if batch_size != 1 and isinstance(exc, IndexError):  # no size the step refuses: one it cannot build
-        after = f", after trials at {_sizes(passed)} passed" if passed else ""
-        add_note(exc, f"autobatch: this error came from {trial}{after}: {index_hint(batch_size, str(exc))}")
+    after = f", after trials at {_sizes(passed)} passed" if passed else ""
+    if isinstance(exc, MemoryError):  # the host's (or the user's own), at any size: no OOM, no size refused
+        add_note(exc, f"autobatch: this error came from {trial}{after}: {MEMORY_ERROR_HINT}")
+        return exc
+    if batch_size != 1 and (isinstance(exc, IndexError) or _ran_dry(exc)):  # no size the step refuses: one it cannot build
+        hint = index_hint(batch_size, str(exc)) if isinstance(exc, IndexError) else exhausted_hint(batch_size)
+        add_note(exc, f"autobatch: this error came from {trial}{after}: {hint}")
         return exc
     if batch_size != 1 and passed:
         divisor = math.gcd(*passed)

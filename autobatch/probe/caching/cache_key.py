@@ -135,7 +135,7 @@ def callable_components(fn: Any, restore: tuple[Any, ...] | None) -> dict[str, A
     and classes' code and each optimizer by its class and what it trains, as a ``TrainStep``'s are keyed.
     Before, only the ``cache_key`` was: a model made wider under the same key was served the narrower
     one's answer, and training at it ran out of memory. The settings its code reads (a sequence length in its
-    closure or at module level: :func:`_settings_read`), not the other values its closure holds (a
+    closure, at module level, or on a bound method's or callable object's ``self``: :func:`_settings_read`), not the other values its closure holds (a
     list of losses it appends to, a step counter: every call would miss)."""
     func = fn.func if isinstance(fn, functools.partial) else fn
     func = getattr(func, "__func__", func)  # a bound method: its function
@@ -145,8 +145,8 @@ def callable_components(fn: Any, restore: tuple[Any, ...] | None) -> dict[str, A
         _hash_code(func.__code__, digest)
         code: Any = digest.hexdigest()[:16]
         settings = _settings_read(fn, func)
-    else:  # a callable object: its class's code
-        code = own_code(type(func))
+    else:  # a callable object: its class's code, and its settings (a partial's arguments, its attributes)
+        code, settings = own_code(type(func)), _settings_read(fn, func)
     modules = [item for item in restore or () if isinstance(item, torch.nn.Module)]
     described: list[Any] = []
     for item in restore or ():
@@ -174,11 +174,11 @@ def _settings_read(fn: Any, func: Any) -> dict[str, Any]:
     and was served the shorter sequence's answer (training at it ran out of memory). Not a name the
     code rebinds (``nonlocal calls; calls += 1``, ``global step``: a counter would miss every call),
     nor containers or objects (a list of losses it appends to)."""
-    code = func.__code__
-    rebound = {ins.argval for current in nested_codes(code) for ins in dis.get_instructions(current)
-               if ins.opname in ("STORE_DEREF", "DELETE_DEREF", "STORE_GLOBAL", "DELETE_GLOBAL")}
-    cells = dict(zip(code.co_freevars, getattr(func, "__closure__", None) or ()))
     found: dict[str, Any] = {}
+    code = getattr(func, "__code__", None)  # None: a callable object, keyed by its attributes
+    rebound = {ins.argval for current in nested_codes(code) for ins in dis.get_instructions(current)
+               if ins.opname in ("STORE_DEREF", "DELETE_DEREF", "STORE_GLOBAL", "DELETE_GLOBAL")} if code else set()
+    cells = dict(zip(code.co_freevars, getattr(func, "__closure__", None) or ())) if code else {}
     for name, cell in sorted(cells.items()):
         try:
             value = cell.cell_contents
@@ -187,13 +187,29 @@ def _settings_read(fn: Any, func: Any) -> dict[str, Any]:
         if name not in rebound and _setting(value):
             found[f"cell {name}"] = _describe(value)
     scope = getattr(func, "__globals__", {})
-    for name in sorted({name for current in nested_codes(code) for name in current.co_names}):
+    for name in sorted({name for current in nested_codes(code) for name in current.co_names} if code else ()):
         if name in scope and name not in rebound and _setting(scope[name]):
             found[f"global {name}"] = _describe(scope[name])
     if isinstance(fn, functools.partial):
         found.update({f"argument {index}": _describe(value) for index, value in enumerate(fn.args) if _setting(value)})
         found.update({f"keyword {name}": _describe(value) for name, value in fn.keywords.items() if _setting(value)})
-    return found
+    return {**found, **_attributes_read(fn.func if isinstance(fn, functools.partial) else fn)}
+
+
+def _attributes_read(fn: Any) -> dict[str, Any]:
+    """The settings (:func:`_setting`) a bound method's object or a callable object holds as attributes
+    (``self.seq_len``), by name: ``Step(seq_len=512)`` was served ``Step(seq_len=128)``'s answer under
+    the same ``cache_key`` (only the class's code was keyed). Not an attribute a method other than
+    ``__init__`` assigns (``self.calls += 1``: a counter would miss every call)."""
+    owner = getattr(fn, "__self__", None) if hasattr(fn, "__func__") else None if hasattr(fn, "__code__") else fn
+    if owner is None or isinstance(owner, type) or not hasattr(owner, "__dict__"):
+        return {}
+    codes = [getattr(getattr(value, "__func__", value), "__code__", None)
+             for cls in type(owner).__mro__ for name, value in vars(cls).items() if name != "__init__"]
+    rebound = {ins.argval for code in codes if code is not None for current in nested_codes(code)
+               for ins in dis.get_instructions(current) if ins.opname in ("STORE_ATTR", "DELETE_ATTR")}
+    return {f"attribute {name}": _describe(value) for name, value in sorted(vars(owner).items())
+            if name not in rebound and _setting(value)}
 
 
 #: the hooks a module may hold: a forward hook that keeps activations changes the memory
