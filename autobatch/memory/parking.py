@@ -45,6 +45,7 @@ import torch
 
 from .allocator import expandable_segments
 from .lazy_state import hooked, state_values
+from .oom import recognised_ooms
 
 __all__ = ["can_park", "park_until_step", "relayout_as_loaded"]
 
@@ -146,7 +147,8 @@ def _move(tensors: list[torch.Tensor], into: Callable[[], ContextManager]) -> li
             try:
                 with into():
                     copy = tensor.data.clone()
-            except torch.OutOfMemoryError:
+            except torch.OutOfMemoryError:  # ours, counted as recognised: no trial takes it for a step's own catch
+                recognised_ooms(1)
                 break
             tensor.data = copy
             moved.append(tensor)
