@@ -97,8 +97,7 @@ def fit_batch_size(
             f"{f', {shard} per process' if world > 1 else ''}): each epoch would end before one global batch; "
             "lower global_batch"
         )
-    # without a global batch, the trainer's own accumulation stays: its window is probed
-    accumulation = 1 if share is not None else max(1, int(args.gradient_accumulation_steps))
+    accumulation = 1 if share is not None else max(1, int(args.gradient_accumulation_steps))  # else its window is probed
     _refuse_rebalance(trainer, world, accumulation)  # with global_batch on one process, once its split is known
     set_for = accumulation_setter(trainer)  # an earlier call's global_batch where that call set the accumulation
     shard = _window_share(shard, accumulation, multiple_of, world, accumulation_where(set_for))  # over a step's batches
