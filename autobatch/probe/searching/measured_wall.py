@@ -17,7 +17,13 @@ from ...memory.units import format_bytes
 from .line import secant
 from ..trial import TrialRunner
 
-__all__ = ["measured_wall", "below_measured_wall", "measured_wall_note"]
+__all__ = ["measured_wall", "below_measured_wall", "measured_wall_note", "below_late_failures", "late_failures_note",
+           "CLEAN_WINDOW", "LATE_WINDOW"]
+
+#: a size whose full trial never flushed, this close below a flushing answer, is taken instead
+CLEAN_WINDOW = 0.01
+#: larger sizes within this fraction above the answer are its neighbours at the wall
+LATE_WINDOW = 0.03
 
 
 def measured_wall(runner: TrialRunner, batch_size: int, capacity: int | None) -> tuple[int, int] | None:
@@ -80,3 +86,38 @@ def measured_wall_note(runner: TrialRunner, passed: int, answer: int, capacity: 
     return (f"{answer}, below {passed}, which passed: {passed}'s steps flushed the allocator's cache and peaked "
             f"above {format_bytes(level)}, where {failed} ran out of memory with the rest held in pieces too small "
             f"to use; such a size trains only while its pieces fall right")
+
+
+def below_late_failures(runner: TrialRunner, found: int, multiple_of: int) -> int:
+    """The answer (in units): ``found``, or the largest size at most :data:`CLEAN_WINDOW` below it
+    whose full trial passed without flushing the cache, where ``found``'s own trial flushed after
+    its first step and a larger size within :data:`LATE_WINDOW` failed at the allocator's wall
+    only after a step had passed (its steady step left no room beside the split pieces, it ran
+    out of memory with room unusable, or it kept flushing). No trial is added: only a size
+    already tried is taken.
+
+    Why: there the wall moves with the allocator's history, and a flushing answer passed by where
+    its pieces fell. Measured on an H200 (a CLIP dual encoder, bf16, AdamW, 8 GiB cap,
+    ``scripts/bench_promise.py --workloads clip``): 127 to 130 failed at their fourth step, 128
+    after six flushing ones; 126 passed five steps flushing in two, and the ``Runner`` at 126 ran
+    out of memory at step 4 in the probing process and step 2 in a new one (532 MiB held in pieces),
+    where 125, whose three steps never flushed, trained 200 steps in both as a plain loop. Where the
+    size above failed at its first step (ResNet-50's ``TrainStep``: 182 over the peak limit), the
+    flushing answer stands: 181 trained 200 steps everywhere."""
+    top = found * multiple_of
+    record = runner.passed_record(top)
+    if record is None or not record.flushes:
+        return found
+    late = any(not r.passed and top < r.batch_size <= top * (1 + LATE_WINDOW) and (r.steps or 0) >= 2
+               and (r.over_bytes is not None or r.wall_bytes is not None or r.flushed_out) for r in runner.records)
+    clean = [r.batch_size for r in runner.records
+             if r.passed and not r.flushes and (r.steps or 0) >= max(2, runner.steps) and r.batch_size % multiple_of == 0
+             and top * (1 - CLEAN_WINDOW) <= r.batch_size < top]
+    return max(clean) // multiple_of if late and clean else found
+
+
+def late_failures_note(passed: int, answer: int) -> str:
+    """Why the answer is below a flushing size that passed (:func:`below_late_failures`)."""
+    return (f"{answer}, below {passed}, which passed: {passed}'s steps flushed the allocator's cache, and a size "
+            f"just above it failed at the allocator's wall after steps that fit, where the wall moves with the "
+            f"allocator's history; {answer}'s full trial never flushed")

@@ -25,7 +25,7 @@ from . import strategies
 from ..tracing.estimate import BatchEstimate
 from ..fresh_layout import FreshLayout, in_fresh_layout
 from .line import LinearFit
-from .measured_wall import below_measured_wall, measured_wall_note
+from .measured_wall import below_late_failures, below_measured_wall, late_failures_note, measured_wall_note
 from .predict import predictive
 from ..result import ProbeResult
 from ..settling import step_down
@@ -87,7 +87,12 @@ def run_search(
                                   lambda units: _confirm(runner, units, multiple_of, after_last_oom=confirm))
     if cleared is None:
         _raise_no_fit(runner, multiple_of, device_name, capacity)
-    walled = below_moving_wall(runner, cleared, multiple_of, after_last_oom=confirm) if hand_loop else cleared
+    clean = below_late_failures(runner, cleared, multiple_of)
+    if clean != cleared:  # a size tried before: its pass must come after the last failure, as the answer's
+        clean = _confirm(runner, clean, multiple_of, after_last_oom=confirm)
+        if clean is None:
+            _raise_no_fit(runner, multiple_of, device_name, capacity)
+    walled = below_moving_wall(runner, clean, multiple_of, after_last_oom=confirm) if hand_loop else clean
     below = walled
     if walled is not None and fresh_layout is not None and confirm and fresh_layout.needed(capacity):
         below = in_fresh_layout(runner, walled, multiple_of, fresh_layout,
@@ -101,8 +106,10 @@ def run_search(
     notes = []
     if cleared != found:
         notes.append(measured_wall_note(runner, largest_passed, cleared * multiple_of, capacity))
-    if walled != cleared:
-        notes.append(moving_wall_note(cleared * multiple_of, walled * multiple_of, (found + 1) * multiple_of))
+    if clean != cleared:
+        notes.append(late_failures_note(cleared * multiple_of, clean * multiple_of))
+    if walled != clean:
+        notes.append(moving_wall_note(clean * multiple_of, walled * multiple_of, (found + 1) * multiple_of))
     if below != walled:
         notes.append(f"{below * multiple_of}, below {walled * multiple_of}: the answer must also pass beside the optimizer "
                      f"state made in its first step, as training from scratch makes it, and {walled * multiple_of} "
