@@ -15,7 +15,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import torch
 from .. import checks
-from ..probe.result import ProbeResult
+from ..probe.result import ProbeResult, labelled
 from .accumulation import micro_batch_sizes, split_batch
 from .checkpointing import CheckpointHandle, enable_checkpointing, module_names_for
 
@@ -152,15 +152,15 @@ class Plan:
     def summary(self) -> str:
         """A few readable lines; for the throughput objective, a table of the candidates."""
         lines = [
-            f"global batch    {self.global_batch}",
-            f"micro-batch     {self.micro_batch} x {self.accumulation_steps} accumulation steps"
-            + (f" (sizes {sizes_text(self.micro_batch_sizes)})" if self.accumulation_steps > 1 else ""),
-            "checkpointing   "
-            + (f"on, {len(self.checkpointed_modules)} modules ({short_list(self.checkpointed_modules)})" if self.checkpointing else "off"),
-            f"objective       {self.objective}",
-            f"reason          {self.reason}",
+            labelled("global batch", self.global_batch),
+            labelled("micro-batch", f"{self.micro_batch} x {self.accumulation_steps} accumulation steps"
+                     + (f" (sizes {sizes_text(self.micro_batch_sizes)})" if self.accumulation_steps > 1 else "")),
+            labelled("checkpointing", f"on, {len(self.checkpointed_modules)} modules ({short_list(self.checkpointed_modules)})"
+                     if self.checkpointing else "off"),
+            labelled("objective", self.objective),
+            labelled("reason", self.reason),
         ]
-        lines.extend(f"note            {note}" for note in self.notes)
+        lines.extend(labelled("note", note) for note in self.notes)
         if self.candidates:
             lines.append("")
             lines.append(candidates_table(self.candidates))

@@ -9,9 +9,15 @@ from typing import Any
 
 from .. import checks
 from .trial import TrialRecord
-from ..memory.units import format_bytes
+from ..memory.units import counted, format_bytes
 
 __all__ = ["ProbeResult"]
+
+
+def labelled(label: str, text: object) -> str:
+    """One ``label  value`` line of a summary, a multi-line value's further lines indented under
+    the value (a note or reason with a newline broke the column at the left margin)."""
+    return f"{label:<16}" + str(text).replace("\n", "\n" + " " * 16)
 
 
 #: how a cache hit marks the notes of the probe that stored it (:meth:`ProbeCache.get <autobatch.probe.caching.cache.ProbeCache.get>`)
@@ -90,7 +96,7 @@ class ProbeResult:
         """One line: the answer and why (the boundary, the first OOM, the trials); every trial and
         note is in :meth:`to_dict`, the readable lines in :meth:`summary` (``print(result)``)."""
         how = self.strategy if self.strategy_used == self.strategy else f"{self.strategy}->{self.strategy_used}"
-        state = "untested estimate" if not self.tested else f"{self.num_trials} trials, {self.num_ooms} OOM"
+        state = "untested estimate" if not self.tested else f"{counted(self.num_trials, 'trial')}, {self.num_ooms} OOM"
         return (f"ProbeResult(batch_size={self.batch_size}, largest_passed={self.largest_passed}, "
                 f"smallest_failed={self.smallest_failed}, strategy={how!r}, {state}"
                 + (", cached" if self.cached else "") + f", device={self.device!r})")
@@ -129,24 +135,27 @@ class ProbeResult:
 
     def summary(self) -> str:
         """A few readable lines: the answer, how it was found, and on what."""
+        trials = f"{counted(self.num_trials, 'trial')} ({self.num_ooms} OOM)"
         lines = [
-            f"batch size      {self.batch_size}",
-            f"strategy        {self.strategy}"
-            + (f" -> {self.strategy_used}" if self.strategy_used != self.strategy else ""),
-            f"trials          {self.num_trials} ({self.num_ooms} OOM)",
-            f"peak memory     {format_bytes(self.peak_bytes)}",
-            f"capacity        {format_bytes(self.capacity_bytes)}",
-            f"device          {self.device}",
-            f"time            {self.elapsed_s:.2f} s",
+            labelled("batch size", self.batch_size),
+            labelled("strategy", self.strategy + (f" -> {self.strategy_used}" if self.strategy_used != self.strategy else "")),
+            labelled("trials", trials + (", the stored probe's" if self.cached else "")),
+            labelled("peak memory", format_bytes(self.peak_bytes)),
+            labelled("capacity", format_bytes(self.capacity_bytes)),
+            labelled("device", self.device),
+            labelled("time", f"{self.elapsed_s:.2f} s"),
         ]
         if not self.tested:
-            lines.append("untested        an estimate from a fake-tensor trace; no trial ran")
+            lines.append(labelled("untested", "an estimate from a fake-tensor trace; no trial ran"))
         if self.cached:
-            lines.append("cached          from the probe cache; no trial ran")
+            lines.append(labelled("cached", "from the probe cache; no trial ran"))
+        if self.hit_max_batch:  # the answer is the cap, not the memory boundary: it was never reached
+            lines.append(labelled("capped", f"at max_batch={self.max_batch}: no trial up to it ran out of memory"))
         if self.margin:
-            lines.append(f"margin          {self.margin:.0%} (boundary {self.largest_passed})")
+            boundary = "" if self.largest_passed is None else f" (boundary {self.largest_passed})"
+            lines.append(labelled("margin", f"{self.margin:.0%}{boundary}"))
         if self.fallback_reason:
-            lines.append(f"fallback        {self.fallback_reason}")
-        lines.extend(f"note            {note}" for note in self.notes)
+            lines.append(labelled("fallback", self.fallback_reason))
+        lines.extend(labelled("note", note) for note in self.notes)
         return "\n".join(lines)
 

@@ -60,3 +60,31 @@ def test_plot_without_matplotlib_is_one_message(tmp_path, monkeypatch):
     else:
         raise AssertionError("plot_probe drew without matplotlib")
     assert not (tmp_path / "curve.png").exists()
+
+
+def test_review35_probe_summary_edges() -> None:
+    """A probe capped by max_batch says so (it read as the memory boundary); a cached result's trials
+    are the stored probe's; an estimate's margin has no boundary ("boundary None"); a note's further
+    lines stay in the value column; one trial is "1 trial"."""
+    one = [TrialRecord(batch_size=40, passed=True, peak_bytes=4000, seconds=0.1)]
+    capped = ProbeResult(batch_size=40, strategy="binary", strategy_used="binary", trials=one, capacity_bytes=8000,
+                         elapsed_s=0.0, margin=0.0, max_batch=40, largest_passed=40, device="cpu", cached=True,
+                         notes=["line one\nline two"])
+    text = capped.summary()
+    assert "capped          at max_batch=40: no trial up to it ran out of memory" in text
+    assert "trials          1 trial (0 OOM), the stored probe's" in text and "1 trials" not in repr(capped)
+    assert "note            line one\n                line two" in text
+    estimate = ProbeResult(batch_size=2471, strategy="estimate", strategy_used="estimate", trials=[], capacity_bytes=8000,
+                           elapsed_s=0.6, margin=0.1, tested=False)
+    assert "margin          10%" in estimate.summary() and "None" not in estimate.summary()
+    assert ProbeResult.from_dict(json.loads(json.dumps(capped.to_dict(), allow_nan=False))).summary() == text
+
+
+def test_review35_plan_summary_multiline_reason() -> None:
+    """A plan's reason or note with a newline keeps its further lines in the value column."""
+    plan = Plan(global_batch=10, micro_batch=4, accumulation_steps=3, micro_batch_sizes=[4, 3, 3], checkpointing=True,
+                checkpointed_modules=["a", "b"], reason="fits\nonly checkpointed", notes=["x\ny"])
+    text = str(plan)
+    assert "sizes 4 x 1 + 3 x 2 = 10" in text and "on, 2 modules (a, b)" in text
+    assert "reason          fits\n                only checkpointed" in text and "note            x\n                y" in text
+    assert Plan.from_dict(json.loads(plan.to_json(allow_nan=False))).summary() == text
