@@ -88,13 +88,15 @@ def measured_wall_note(runner: TrialRunner, passed: int, answer: int, capacity: 
             f"to use; such a size trains only while its pieces fall right")
 
 
-def below_late_failures(runner: TrialRunner, found: int, multiple_of: int) -> int:
+def below_late_failures(runner: TrialRunner, found: int, multiple_of: int,
+                        confirm: Callable[[int], int | None] = lambda units: units) -> int | None:
     """The answer (in units): ``found``, or the largest size at most :data:`CLEAN_WINDOW` below it
     whose full trial passed without flushing the cache, where ``found``'s own trial flushed after
     its first step and a larger size within :data:`LATE_WINDOW` failed at the allocator's wall
     only after a step had passed (its steady step left no room beside the split pieces, it ran
-    out of memory with room unusable, or it kept flushing). No trial is added: only a size
-    already tried is taken.
+    out of memory with room unusable, or it kept flushing). No trial is added but ``confirm(units)``'s
+    (:func:`below_measured_wall`'s): only a size already tried is taken, its pass confirmed after
+    the last failure as the answer's (None where nothing from it down passes).
 
     Why: there the wall moves with the allocator's history, and a flushing answer passed by where
     its pieces fell. Measured on an H200 (a CLIP dual encoder, bf16, AdamW, 8 GiB cap,
@@ -113,7 +115,7 @@ def below_late_failures(runner: TrialRunner, found: int, multiple_of: int) -> in
     clean = [r.batch_size for r in runner.records
              if r.passed and not r.flushes and (r.steps or 0) >= max(2, runner.steps) and r.batch_size % multiple_of == 0
              and top * (1 - CLEAN_WINDOW) <= r.batch_size < top]
-    return max(clean) // multiple_of if late and clean else found
+    return confirm(max(clean) // multiple_of) if late and clean else found
 
 
 def late_failures_note(passed: int, answer: int) -> str:

@@ -83,15 +83,11 @@ def run_search(
     if found is None:
         _raise_no_fit(runner, multiple_of, device_name, capacity)
     largest_passed = found * multiple_of
-    cleared = below_measured_wall(runner, found, multiple_of, capacity,
-                                  lambda units: _confirm(runner, units, multiple_of, after_last_oom=confirm))
-    if cleared is None:
+    confirmed = lambda units: _confirm(runner, units, multiple_of, after_last_oom=confirm)  # noqa: E731
+    cleared = below_measured_wall(runner, found, multiple_of, capacity, confirmed)
+    clean = None if cleared is None else below_late_failures(runner, cleared, multiple_of, confirmed)
+    if clean is None:
         _raise_no_fit(runner, multiple_of, device_name, capacity)
-    clean = below_late_failures(runner, cleared, multiple_of)
-    if clean != cleared:  # a size tried before: its pass must come after the last failure, as the answer's
-        clean = _confirm(runner, clean, multiple_of, after_last_oom=confirm)
-        if clean is None:
-            _raise_no_fit(runner, multiple_of, device_name, capacity)
     walled = below_moving_wall(runner, clean, multiple_of, after_last_oom=confirm) if hand_loop else clean
     below = walled
     if walled is not None and fresh_layout is not None and confirm and fresh_layout.needed(capacity):
