@@ -30,25 +30,13 @@ from typing import Any, Callable, ContextManager, Iterable, Iterator
 import torch
 
 from .. import checks
-from ..probe.train_step import TrainStep
+from ..probe.train_step import TrainStep, check_loop_inputs
 from .samples import batch_size_of, cycle_samples, map_samples, narrow, take_samples  # here too: where callers have found them
 
 __all__ = [
-    "batch_size_of",
-    "check_global_batch",
-    "check_samples",
-    "micro_batch_sizes",
-    "split_batch",
-    "cut_batch",
-    "map_samples",
-    "take_samples",
-    "cycle_samples",
-    "accumulate_gradients",
-    "accumulate_micro_batches",
-    "accumulate_loss_sum",
-    "accumulated_step",
-    "AccumulatingStep",
-    "LazyMicroBatches",
+    "batch_size_of", "check_global_batch", "check_samples", "micro_batch_sizes", "split_batch", "cut_batch",
+    "map_samples", "take_samples", "cycle_samples", "accumulate_gradients", "accumulate_micro_batches",
+    "accumulate_loss_sum", "accumulated_step", "AccumulatingStep", "LazyMicroBatches",
 ]
 
 
@@ -136,6 +124,7 @@ def split_batch(batch: Any, micro_batch: int, *, balanced: bool = False, min_mic
     (:func:`map_samples`); other non-tensor leaves and 0-dim tensors are shared by every
     micro-batch. See the module docstring for the policy.
     """
+    checks.flag("balanced", balanced)  # a string is truthy: balanced="no" cut balanced without a word
     return cut_batch(batch, lambda total: micro_batch_sizes(total, micro_batch, balanced=balanced,
                                                             min_micro_batch=min_micro_batch))
 
@@ -266,8 +255,10 @@ def accumulate_gradients(
     gradients left in ``param.grad`` equal those of ``loss_fn(model, batch).backward()``.
     Does not step the optimizer or zero gradients; see :func:`accumulate_micro_batches` for
     ``autocast`` (a context factory such as ``TrainStep.autocast``), ``grad_scaler`` and
-    ``no_sync`` and ``on_phase``. Returns the mean loss as a float.
+    ``no_sync`` and ``on_phase``. Returns the mean loss as a float. ``model`` and ``loss_fn`` are
+    checked as a :class:`~autobatch.TrainStep` checks them, before any forward.
     """
+    check_loop_inputs(model, loss_fn, "accumulate_gradients(model, loss_fn, batch, micro_batch)")
     size = batch_size_of(batch)
     check_samples(size)
     if global_batch is not None:

@@ -16,7 +16,7 @@ from .snapshot.restore import forget_scaler_stage
 from .snapshot.ddp_reducer import reset_failed_reduction
 from .snapshot.shards import check_optimizer_after_sharding
 
-__all__ = ["TrainStep", "AUTOCAST_DTYPES"]
+__all__ = ["TrainStep", "AUTOCAST_DTYPES", "check_loop_inputs"]
 
 #: The dtypes ``autocast_dtype`` takes: the half types autocast runs in, and float32 (autocast's
 #: no-op on the CPU). An integer type, which ``torch.autocast`` would take without a word, is refused.
@@ -220,6 +220,20 @@ def _check_arguments(loss_fn: Callable[..., Any], make_batch: Callable[[int], An
     raise TypeError(f"{name} is called as {name}{wanted}; the {name} given, "
                     f"{getattr(fn, '__qualname__', type(fn).__name__)}{inspect.signature(fn)}, cannot be called so: "
                     f"give it the arguments {wanted}")
+
+
+def check_loop_inputs(model: Any, loss_fn: Any, call: str) -> None:
+    """The checks a :class:`TrainStep` makes of ``model`` and ``loss_fn``, for a ``call`` that builds
+    none (``accumulate_gradients``): there ``(loss_fn, model)`` swapped failed as "Sequential.forward()
+    takes 2 positional arguments but 3 were given", ``nn.CrossEntropyLoss()`` or ``F.cross_entropy``
+    as "argument 'input' must be Tensor, not Linear" and a ``loss_fn(batch)`` as "takes 1 positional
+    argument but 2 were given", from inside the first micro-batch."""
+    if isinstance(loss_fn, torch.nn.Module) and not isinstance(model, torch.nn.Module):
+        raise TypeError(f"{call} takes the model first, then loss_fn(model, batch): got loss_fn={type(loss_fn).__name__} "
+                        f"and model={type(model).__name__}, which look swapped; pass them in that order, or by name")
+    checks.module("model", model)
+    checks.function("loss_fn", loss_fn, "loss_fn(model, batch) -> mean loss tensor")
+    _check_arguments(loss_fn, None)
 
 
 def refuse_several(optimizer: Any, what: str) -> None:

@@ -246,3 +246,31 @@ def test_a_runner_plans_its_micro_batch_with_the_estimate_strategy():
     with autobatch.simulated_memory("1MiB"):
         result = runner.fit(data, steps=2)
     assert result.micro_batch == 64 and result.plan["probes"][0]["result"]["strategy_used"] == "estimate"
+
+
+def test_review35_accumulate_gradients_names_a_wrong_model_or_loss_fn_before_any_forward():
+    """accumulate_gradients builds no TrainStep, so it made none of its checks: (loss_fn, model) swapped
+    failed as "Sequential.forward() takes 2 positional arguments but 3 were given", nn.CrossEntropyLoss()
+    or F.cross_entropy as "argument 'input' must be Tensor, not Sequential", a loss_fn(batch) as "takes 1
+    positional argument but 2 were given", all from inside the first micro-batch."""
+    model = make_model()
+    batch = (torch.randn(6, 6, dtype=torch.float64), torch.randn(6, 3, dtype=torch.float64))
+    cases = [((tuple_loss, model), r"takes the model first.*look swapped"),
+             ((model, nn.MSELoss()), r"MSELoss\(\) is a criterion.*wrap it"),
+             ((model, nn.functional.mse_loss), r"torch's own function.*wrap it"),
+             ((model, lambda batch: batch), r"cannot be called so: give it the arguments \(model, batch\)")]
+    for (first, second), message in cases:
+        with pytest.raises(TypeError, match=message):
+            accumulate_gradients(first, second, batch, 2)
+    assert all(p.grad is None for p in model.parameters())
+
+
+def test_review35_split_batch_refuses_a_string_for_balanced():
+    """balanced="no" is truthy: split_batch and accumulate_gradients cut 10 by 4 into 4, 3, 3 without a word."""
+    batch = torch.randn(10, 2)
+    with pytest.raises(TypeError, match=r"balanced must be True or False, got str 'no'; pass balanced=False"):
+        split_batch(batch, 4, balanced="no")
+    with pytest.raises(TypeError, match=r"balanced must be True or False"):
+        accumulate_gradients(make_model(), tuple_loss, (torch.randn(10, 6).double(), torch.randn(10, 3).double()), 4,
+                             balanced="no")
+    assert [len(piece) for piece in split_batch(batch, 4, balanced=False)] == [4, 4, 2]
