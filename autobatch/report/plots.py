@@ -25,6 +25,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable
 
+from ..memory.units import counted
 from ..probe.result import ProbeResult
 from .overrides import differing_overrides, shared_overrides
 
@@ -170,7 +171,7 @@ def plot_probe(
 
 def _title(result: ProbeResult) -> str:
     how = result.strategy if result.strategy_used == result.strategy else f"{result.strategy} -> {result.strategy_used}"
-    state = "untested estimate" if not result.tested else f"{result.num_trials} trials, {result.num_ooms} OOM"
+    state = "untested estimate" if not result.tested else f"{counted(result.num_trials, 'trial')}, {result.num_ooms} OOM"
     if result.cached:  # the stored probe's trials: none ran now, and the time is the look-up's
         state = f"from the probe cache ({state} stored)"
     return f"batch {result.batch_size} on {result.device}\n{how}; {state}; {result.elapsed_s:.2f} s"

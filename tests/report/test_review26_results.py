@@ -88,3 +88,25 @@ def test_review35_plan_summary_multiline_reason() -> None:
     assert "sizes 4 x 1 + 3 x 2 = 10" in text and "on, 2 modules (a, b)" in text
     assert "reason          fits\n                only checkpointed" in text and "note            x\n                y" in text
     assert Plan.from_dict(json.loads(plan.to_json(allow_nan=False))).summary() == text
+
+
+def test_review35_an_estimates_note_and_a_one_trial_plot_title_read_as_units():
+    """The estimate's note gave its peak in raw bytes (``peak 8387472 B``) where every other line uses
+    units, and the plot's title said "1 trials"."""
+    import torch
+
+    from autobatch import TrainStep, find_max_batch
+    from autobatch.probe.records import TrialRecord
+    from autobatch.probe.result import ProbeResult
+    from autobatch.report.plots import _title
+
+    model = torch.nn.Linear(8, 2)
+    step = TrainStep(model, torch.optim.SGD(model.parameters(), lr=0.1),
+                     lambda m, b: torch.nn.functional.cross_entropy(m(b[0]), b[1]),
+                     lambda n: (torch.randn(n, 8), torch.randint(0, 2, (n,))))
+    result = find_max_batch(step, strategy="estimate", memory_limit="8MiB", cache=False)
+    note = next(n for n in result.notes if n.startswith("untested estimate"))
+    assert "iB)" in note and " B)" not in note, note
+    one = ProbeResult(batch_size=1, strategy="binary", strategy_used="binary", trials=[TrialRecord(1, True, 1 << 20, 0.1)],
+                      capacity_bytes=1 << 30, elapsed_s=0.0, margin=0.0, steps_per_trial=3)
+    assert "1 trial, 0 OOM" in _title(one)

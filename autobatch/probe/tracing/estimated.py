@@ -10,6 +10,7 @@ import torch
 
 from ...errors import NoBatchFitsError
 from ...memory.devices import SimulatedDeviceMemory
+from ...memory.units import format_bytes
 from ..arguments import PREDICT_DEFAULT_START, SEARCH_CEILING, compiled_model
 from ..batch_growth import check_batch_grows
 from .estimate import TRIALS, EstimateError, estimate_line, estimate_max_batch
@@ -110,7 +111,7 @@ def estimate_only(step: TrainStep, memory, note, *, max_batch, margin, multiple_
     chosen = estimate.batch_size
     if margin:
         chosen = max(multiple_of, math.floor(chosen * (1 - margin)) // multiple_of * multiple_of)
-    notes = [f"untested estimate: traced with fake tensors, no trial ran (peak {estimate.peak_bytes} B)"]
+    notes = [f"untested estimate: traced with fake tensors, no trial ran (peak {format_bytes(estimate.peak_bytes)})"]
     notes += [told for told in (why, compiled_note(step.model), estimate.held_growth_note) if told]
     if note:
         notes.append(note)
