@@ -72,7 +72,7 @@ import torch
 
 from ..errors import add_note
 from ..memory.devices import AcceleratorMemory, DeviceMemory, SimulatedDeviceMemory, resolve_device
-from ..memory.diagnostics import oom_count
+from ..memory.diagnostics import caught_since, oom_mark
 from ..memory.lazy_state import LazyStateWatch
 from ..memory.oom import allocated_at_failure, free_memory, is_oom_error, recognised_ooms, requested_bytes
 from ..memory.simulated import active_simulation
@@ -194,7 +194,7 @@ def find_executable_batch_size(
                     memory.synchronize()
                     memory.reset_peak()
                     attempt.start_bytes, attempt.capacity_bytes = memory.allocated(), memory.capacity()
-                ooms, handled = oom_count(memory), recognised_ooms()
+                mark = oom_mark(memory)
                 began = time.perf_counter()
                 try:
                     value = function(*args[:1], size, *args[1:], **kwargs) if method else function(size, *args, **kwargs)
@@ -211,7 +211,7 @@ def find_executable_batch_size(
                 else:
                     refuse_coroutine(function, value)
                     attempt.seconds, attempt.ok = time.perf_counter() - began, True
-                    _returned(wrapped.attempts[mine:], function, memory, (ooms, handled), (grads, kept), accumulating)
+                    _returned(wrapped.attempts[mine:], function, memory, mark, (grads, kept), accumulating)
                     return value
                 _undo_failed(attempt, watch, grads, memory, getattr(function, "__name__", "function"))
                 wrapped.batch_size = _next_size(wrapped.attempts[mine:], reduce_batch_size_fn, fallback_factor, multiple_of)
@@ -225,16 +225,16 @@ def find_executable_batch_size(
 
 
 def _returned(attempts: list[Attempt], function: Callable[..., Any], memory: DeviceMemory | None,
-              counts: tuple[int | None, int], state: tuple[AttemptState, KeptLoader], accumulating: int) -> None:
+              mark: tuple[int, int] | None, state: tuple[AttemptState, KeptLoader], accumulating: int) -> None:
     """A call that returned: its peak, and one ``RuntimeWarning`` where the device counted
     out-of-memory errors during it beyond those nested decorated calls handled: the function
     caught them itself (an ``except Exception`` around its loop, a per-batch ``except`` that skips the batch), so the
     retry never saw them and the size is recorded as one that ran. Why: that size was kept as
     ``wrapped.batch_size`` for the next call, with no sign that steps (and their samples) were
     skipped. Then :func:`_smaller_than_asked`. ``attempts``: this call's, the last the one that ran;
-    ``counts``: the device's out-of-memory count and the handled count at its start. A prepared loader
+    ``mark``: the out-of-memory counts at its start (:func:`~autobatch.memory.diagnostics.oom_mark`). A prepared loader
     made outside that trained at its own size is one warning (:meth:`~.decorator_loaders.KeptLoader.returned`)."""
-    attempt, (ooms, handled), (grads, kept) = attempts[-1], counts, state
+    attempt, (grads, kept) = attempts[-1], state
     kept.returned(attempt.batch_size)
     attempt.start_bytes = grads.started(attempt.start_bytes)  # after the function's own free_memory()
     _smaller_than_asked(function, attempts, accumulating, grads)
@@ -244,10 +244,10 @@ def _returned(attempts: list[Attempt], function: Callable[..., Any], memory: Dev
                       RuntimeWarning, stacklevel=4)
     if memory is not None:
         attempt.peak_bytes = memory.peak()
-    after = oom_count(memory)
-    if ooms is None or after is None:
+    caught = caught_since(memory, mark)
+    if caught is None:
         return
-    attempt.caught_ooms = max(0, after - ooms - (recognised_ooms() - handled))
+    attempt.caught_ooms = caught
     if attempt.caught_ooms:
         recognised_ooms(attempt.caught_ooms)  # warned here: an enclosing decorated call does not again
         warnings.warn(caught_message(getattr(function, "__name__", "function"), attempt.batch_size,

@@ -19,9 +19,10 @@ import logging
 from typing import Any, Protocol
 
 from .devices import AcceleratorMemory, DeviceMemory, SimulatedDeviceMemory
+from .oom import recognised_ooms
 from .units import format_bytes
 
-__all__ = ["memory_diagnostics", "diagnostics_line", "oom_count"]
+__all__ = ["memory_diagnostics", "diagnostics_line", "oom_count", "oom_mark", "caught_between", "caught_since"]
 
 log = logging.getLogger("autobatch")
 
@@ -128,6 +129,26 @@ def oom_count(memory: DeviceMemory | None) -> int | None:
     if not isinstance(memory, AcceleratorMemory):
         return None
     return int(_allocator_stats(memory).get("num_ooms", 0))
+
+
+def oom_mark(memory: DeviceMemory | None) -> tuple[int, int] | None:
+    """Where the out-of-memory counts stand now: the device's (:func:`oom_count`) and the handlers'
+    (:func:`~autobatch.memory.oom.recognised_ooms`); None where the device counts none."""
+    ooms = oom_count(memory)
+    return None if ooms is None else (ooms, recognised_ooms())
+
+
+def caught_between(mark: tuple[int, int], now: tuple[int, int]) -> int:
+    """Out-of-memory errors the device raised between two :func:`oom_mark` readings that no handler
+    recognised: code between caught them itself (a user's ``except``, a library's retry)."""
+    return max(0, (now[0] - mark[0]) - (now[1] - mark[1]))
+
+
+def caught_since(memory: DeviceMemory | None, mark: tuple[int, int] | None) -> int | None:
+    """:func:`caught_between` ``mark`` and now; None where nothing is counted. The decorator's
+    warning and the probe's trials (:mod:`autobatch.probe.caught`) read it."""
+    now = oom_mark(memory) if mark is not None else None
+    return None if now is None else caught_between(mark, now)
 
 
 def _allocator_stats(memory: DeviceMemory) -> dict[str, Any]:

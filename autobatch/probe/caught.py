@@ -21,11 +21,11 @@ every step after its first raised one fails.
 from __future__ import annotations
 
 import functools
-from typing import Callable
 
 from ..memory.devices import DeviceMemory, SimulatedDeviceMemory
-from ..memory.diagnostics import oom_count
+from ..memory.diagnostics import caught_between, oom_mark
 from ..memory.oom import recognised_ooms
+from .held_growth import HeldGrowth
 
 __all__ = ["CAUGHT", "CaughtWatch", "caught_error", "caught_note", "step_name"]
 
@@ -47,17 +47,15 @@ class CaughtWatch:
 
     def __init__(self, memory: DeviceMemory) -> None:
         self.memory, self.strict = memory, isinstance(memory, SimulatedDeviceMemory)
-        ooms = oom_count(memory)
-        self._last = None if ooms is None else (ooms, recognised_ooms())
+        self._mark = oom_mark(memory)
         self.per_step: list[int] = []
 
     def step_done(self) -> None:
         """After a step that returned: the errors it raised that no handler recognised."""
-        if self._last is None:
-            return
-        now = (oom_count(self.memory) or 0, recognised_ooms())
-        self.per_step.append(max(0, (now[0] - self._last[0]) - (now[1] - self._last[1])))
-        self._last = now
+        now = oom_mark(self.memory) if self._mark is not None else None
+        if now is not None:
+            self.per_step.append(caught_between(self._mark, now))
+            self._mark = now
 
     def caught(self) -> int:
         """The errors the trial's steps caught themselves, by the rule above (0: none, or a library's),
@@ -72,7 +70,7 @@ class CaughtWatch:
 def step_name(fn: object) -> str:
     """How to name the user's callable in a message: a function's or a bound method's qualified
     name, a ``functools.partial``'s function, a callable object's class."""
-    fn = getattr(fn, "fn", fn) if type(fn).__name__ == "HeldGrowth" else fn  # the trial's wrapper
+    fn = fn.fn if isinstance(fn, HeldGrowth) else fn  # the trial's wrapper
     while isinstance(fn, functools.partial):
         fn = fn.func
     name = getattr(fn, "__qualname__", None)
