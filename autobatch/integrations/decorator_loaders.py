@@ -31,7 +31,7 @@ from collections.abc import Iterator
 from types import TracebackType
 from typing import Any
 
-from ..probe.tracing.trace_state import nested_codes
+from ..probe.tracing.trace_state import closure_cells, nested_codes
 from .decorator_state import gradient_state
 
 __all__ = ["KeptLoader"]
@@ -165,11 +165,7 @@ def _read_from_outside(name: str, function: Any, instance: Any) -> list[tuple[st
         names = {name for current in nested_codes(code) for name in current.co_names}
         scope = getattr(function, "__globals__", {})
         found += [(f"global `{key}` that `{name}` reads", scope[key]) for key in sorted(names) if key in scope]
-        for key, cell in zip(code.co_freevars, getattr(function, "__closure__", None) or ()):
-            try:
-                found.append((f"`{key}` that `{name}` reads from its enclosing function", cell.cell_contents))
-            except ValueError:  # an empty cell
-                continue
+        found += [(f"`{key}` that `{name}` reads from its enclosing function", value) for key, value in closure_cells(function)]
     attributes = getattr(instance, "__dict__", None)
     if isinstance(attributes, dict):
         found += [(f"`self.{key}` of `{name}`", value) for key, value in list(attributes.items())]

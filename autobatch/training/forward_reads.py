@@ -32,6 +32,8 @@ from typing import Any
 
 import torch
 
+from ..probe.tracing.trace_state import closure_cells
+
 __all__ = ["forward_reads"]
 
 #: The most functions followed; past it every name counts as read (it warns rather than misses).
@@ -109,14 +111,7 @@ def forward_reads(model: torch.nn.Module) -> set[str] | None:
         names |= loaded
         reached = [fn.__globals__.get(name) for name in called]
         reached += [value for name in loaded for value in methods.get(name, ())]
-        reached += [cell.cell_contents for cell in fn.__closure__ or () if _filled(cell)]
+        reached += [value for _, value in closure_cells(fn)]
         queue.extend(f for f in map(_function, reached) if f is not None and f not in seen)
     return names
 
-
-def _filled(cell: types.CellType) -> bool:
-    try:
-        cell.cell_contents
-    except ValueError:  # a cell not yet filled
-        return False
-    return True

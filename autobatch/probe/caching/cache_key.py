@@ -32,7 +32,7 @@ from .key_code import (  # noqa: F401 - re-exported: tests and integrations impo
     BREADTH, DEPTH, _canonical, _code_hash, _describe, _hash_code, _is_array, _module_tree, class_code, data_code_hash,
     own_code,
 )
-from ..tracing.trace_state import nested_codes
+from ..tracing.trace_state import closure_cells, nested_codes
 from ..train_step import TrainStep
 
 __all__ = ["CAPACITY_STEP", "STATE_HYPERPARAMETERS", "callable_components", "key_components", "key_of", "own_code",
@@ -178,12 +178,7 @@ def _settings_read(fn: Any, func: Any) -> dict[str, Any]:
     code = getattr(func, "__code__", None)  # None: a callable object, keyed by its attributes
     rebound = {ins.argval for current in nested_codes(code) for ins in dis.get_instructions(current)
                if ins.opname in ("STORE_DEREF", "DELETE_DEREF", "STORE_GLOBAL", "DELETE_GLOBAL")} if code else set()
-    cells = dict(zip(code.co_freevars, getattr(func, "__closure__", None) or ())) if code else {}
-    for name, cell in sorted(cells.items()):
-        try:
-            value = cell.cell_contents
-        except ValueError:  # a cell not yet assigned
-            continue
+    for name, value in sorted(closure_cells(func), key=lambda item: item[0]):
         if name not in rebound and _setting(value):
             found[f"cell {name}"] = _describe(value)
     scope = getattr(func, "__globals__", {})

@@ -14,6 +14,8 @@ from typing import Any
 
 import torch
 
+from ..tracing.trace_state import closure_cells
+
 __all__ = ["attention_backends", "compile_settings", "cuda_kernel_settings", "layout_of"]
 
 
@@ -67,11 +69,7 @@ def compile_settings(model: torch.nn.Module) -> list[list[Any]]:
 
 def _context_of(fn: Any) -> Any:
     """The ``torch._dynamo`` context a compiled function closes over (it holds the backend)."""
-    for cell in getattr(fn, "__closure__", None) or ():
-        try:
-            value = cell.cell_contents
-        except ValueError:  # an empty cell
-            continue
+    for _, value in closure_cells(fn):
         if hasattr(value, "callback") and hasattr(value, "fullgraph"):
             return value
     return None

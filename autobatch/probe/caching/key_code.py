@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from .key_backends import layout_of
-from ..tracing.trace_state import nested_codes
+from ..tracing.trace_state import closure_cells, nested_codes
 
 __all__ = ["BREADTH", "DEPTH", "class_code", "data_code_hash", "own_code"]
 
@@ -69,7 +69,7 @@ def _code_hash(fn: Any, depth: int = 0, describe: Any = None) -> str:
         return getattr(fn, "__qualname__", type(fn).__qualname__)
     digest = hashlib.sha256()
     _hash_code(code, digest)
-    cells = [cell.cell_contents for cell in getattr(fn, "__closure__", None) or () if _filled(cell)]
+    cells = [value for _, value in closure_cells(fn)]
     reads = {"cells": describe(cells, depth + 1), "globals": _globals_read(fn, code, depth, describe)}
     defaults = [getattr(fn, "__defaults__", None), getattr(fn, "__kwdefaults__", None)]
     if any(defaults):  # (absent where there are none: the keys cached before stay)
@@ -121,14 +121,6 @@ def _plain_data(value: Any, depth: int = 0) -> Any:
         public = {name: item for name, item in attributes.items() if not name.startswith("_")}
         return {"class": type(value).__qualname__, **{name: _plain_data(item, depth + 1) for name, item in public.items()}}
     return None
-
-
-def _filled(cell: Any) -> bool:
-    try:
-        cell.cell_contents
-    except ValueError:  # a cell not yet assigned
-        return False
-    return True
 
 
 def _globals_read(fn: Any, code: Any, depth: int = 0, describe: Any = None) -> dict[str, Any]:

@@ -28,7 +28,7 @@ from typing import Any, Callable, Iterable, Iterator
 
 import torch
 
-__all__ = ["OutsideState", "class_members", "code_globals", "code_references", "find_fake", "nested_codes", "SEARCH_BUDGET", "SEARCH_ITEMS"]
+__all__ = ["OutsideState", "class_members", "closure_cells", "code_globals", "code_references", "find_fake", "nested_codes", "SEARCH_BUDGET", "SEARCH_ITEMS"]
 
 #: Values the walks never look inside.
 ATOMS = (str, bytes, int, float, complex, bool, type(None), type, types.ModuleType, torch.dtype, torch.device)
@@ -220,6 +220,19 @@ def nested_codes(code: Any) -> Iterator[Any]:
         stack.extend(const for const in current.co_consts if hasattr(const, "co_code"))
 
 
+def closure_cells(fn: Any) -> list[tuple[str, Any]]:
+    """``(name, value)`` of each filled closure cell of the function ``fn``, in order (a cell not yet
+    assigned is left out); empty for anything without code. Every walk that follows what a function
+    closes over reads its cells so."""
+    found = []
+    for name, cell in zip(getattr(getattr(fn, "__code__", None), "co_freevars", ()), getattr(fn, "__closure__", None) or ()):
+        try:
+            found.append((name, cell.cell_contents))
+        except ValueError:  # a cell not yet assigned
+            continue
+    return found
+
+
 def code_references(value: Any, library: Callable[[types.FunctionType], bool]) -> Iterator[tuple[str, Any]]:
     """What a ``functools.partial``, a bound method or a Python function holds or names, as ``(name,
     object)``: ``""`` for the callable's own parts (a partial's function and positional arguments, a
@@ -235,11 +248,7 @@ def code_references(value: Any, library: Callable[[types.FunctionType], bool]) -
         yield "", value.__func__
         yield "", value.__self__
     elif isinstance(value, types.FunctionType) and not library(value):
-        for cell_name, cell in zip(value.__code__.co_freevars, value.__closure__ or ()):
-            try:
-                yield cell_name, cell.cell_contents
-            except ValueError:  # a cell not yet filled
-                continue
+        yield from closure_cells(value)
         names = {n for code in nested_codes(value.__code__) for n in code.co_names}
         yield from ((n, value.__globals__[n]) for n in sorted(names) if n in value.__globals__)
 
@@ -340,11 +349,7 @@ def _children(value: Any, path: str) -> Iterator[tuple[Any, str]]:
     elif isinstance(value, (list, tuple, set, frozenset, deque)):
         yield from ((item, f"{path}[{i}]") for i, item in enumerate(list(value)))
     elif isinstance(value, types.FunctionType):
-        for name, cell in zip(value.__code__.co_freevars, value.__closure__ or ()):
-            try:
-                yield cell.cell_contents, f"{path}.<closure {name}>"
-            except ValueError:  # an empty cell: nothing to follow
-                continue
+        yield from ((cell, f"{path}.<closure {name}>") for name, cell in closure_cells(value))
         yield from ((item, f"{path}.<default {i}>") for i, item in enumerate(value.__defaults__ or ()))
         yield from ((item, f"{path}.<default {k}>") for k, item in (value.__kwdefaults__ or {}).items())
     elif isinstance(value, types.MethodType):
