@@ -45,10 +45,8 @@ except ModuleNotFoundError as exc:  # only this integration needs it: say what t
 from lightning.pytorch.utilities import rank_zero_warn
 from lightning.pytorch.utilities.parsing import lightning_getattr, lightning_setattr
 
-from ..memory.devices import memory_for
 from ..memory.units import parse_bytes
 from ..probe.result import ProbeResult
-from ..probe.searching.search import peak_limit
 from ..training.checkpoints.checkpoint_io import rng_state, set_rng_state
 from .. import checks
 from .global_batch import accumulation_for, cap_at_samples, small_split, split_keeping
@@ -56,7 +54,7 @@ from .lightning_epochs import (changed_step, check_limit, check_validation, drop
                                scheduled_step)
 from .lightning_finder import current_batch_size, finder_options  # noqa: F401 (current_batch_size: its old home)
 from .lightning_loaders import check_loader_follows
-from .lightning_loop import LoopConfirmation, MemoryLine, confirm_in_loop
+from .lightning_loop import LoopConfirmation, confirm_under_cap
 from .lightning_options import checked_batch_arg_name, checked_probe_options
 from .lightning_resume import changed_samples, dropped_samples, resumed_split
 from .lightning_schedules import StepSchedule
@@ -361,12 +359,10 @@ class AutoBatchSize(Callback):
             size, accumulation = self._apply(trainer, module, share, largest)
             return size, accumulation or trainer.accumulate_grad_batches
 
-        with memory_for(module.device, self.memory_limit) as (memory, _):
-            capacity = memory.capacity()
-            self.confirmation = confirm_in_loop(
-                trainer, self.batch_size, probed=self.result.batch_size, line=MemoryLine.of(self.result),
-                memory=memory, limit=peak_limit(memory, capacity), apply=apply, reset=reset, steps=self.confirm_steps,
-                margin=self.probe_options["margin"])  # a step down keeps the room asked for
+        self.confirmation = confirm_under_cap(
+            trainer, self.batch_size, probed=self.result.batch_size, result=self.result, device=module.device,
+            memory_limit=self.memory_limit, apply=apply, reset=reset, steps=self.confirm_steps,
+            margin=self.probe_options["margin"])  # a step down keeps the room asked for
         self.batch_size, self.accumulation = self._apply(trainer, module, share, self.confirmation.batch_size)
         if self.confirmation.skipped:  # fit may not train at the size (no optimizer step in the run): said, not only noted
             rank_zero_warn(f"AutoBatchSize: {self.confirmation.summary()}")

@@ -34,13 +34,14 @@ from typing import Any, Callable
 
 from lightning.pytorch import Trainer
 
-from ..memory.devices import DeviceMemory
+from ..memory.devices import DeviceMemory, memory_for
 from ..memory.oom import free_memory, is_oom_error, requested_bytes
 from ..memory.units import format_bytes
 from ..probe.result import ProbeResult
+from ..probe.searching.search import peak_limit
 from .lightning_loop_state import _LoopState, quiet_stop, refuses_interval, training_batches
 
-__all__ = ["LoopRun", "LoopConfirmation", "MemoryLine", "confirm_in_loop", "refuses_interval", "training_batches"]
+__all__ = ["confirm_under_cap", "LoopRun", "LoopConfirmation", "MemoryLine", "confirm_in_loop", "refuses_interval", "training_batches"]
 
 #: The most loop runs a confirmation makes .
 MAX_RUNS = 6
@@ -139,6 +140,17 @@ class MemoryLine:
             return cls(peaks[sizes[-1]] / sizes[-1], 0.0)
         slope = (peaks[sizes[1]] - peaks[sizes[0]]) / (sizes[1] - sizes[0])
         return cls(slope, peaks[sizes[1]] - slope * sizes[1])
+
+
+def confirm_under_cap(trainer: Trainer, size: int, *, probed: int, result: ProbeResult, device: Any,
+                      memory_limit: int | None, apply: Callable[[int], tuple[int, int]], reset: Callable[[], None],
+                      steps: int, margin: float) -> LoopConfirmation:
+    """:func:`confirm_in_loop` on ``device`` under the probe's ``memory_limit``, stepping down along
+    ``result``'s memory line: a fresh fit's answer and a resumed fit's kept size are confirmed alike."""
+    with memory_for(device, memory_limit) as (memory, _):
+        return confirm_in_loop(trainer, size, probed=probed, line=MemoryLine.of(result), memory=memory,
+                               limit=peak_limit(memory, memory.capacity()), apply=apply, reset=reset, steps=steps,
+                               margin=margin)
 
 
 def confirm_in_loop(

@@ -34,13 +34,11 @@ from typing import Any, Callable, Iterator, Mapping
 from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.utilities.parsing import lightning_getattr, lightning_setattr
 
-from ..memory.devices import memory_for
 from ..probe.find import find_max_batch
 from ..probe.result import ProbeResult
-from ..probe.searching.search import peak_limit
 from ..probe.snapshot.unrestored import caller_restores
 from ..training.checkpoints.checkpoint_io import rng_state, set_rng_state
-from .lightning_loop import LoopConfirmation, MemoryLine, confirm_in_loop
+from .lightning_loop import LoopConfirmation, confirm_under_cap
 from .lightning_state import SavedState, parked_checkpoint, probing
 from .lightning_step import LightningStep, first_batch
 
@@ -123,7 +121,5 @@ def _in_loop(trainer: Trainer, module: LightningModule, result: ProbeResult, siz
             lightning_setattr(module, name, micro)
         return micro, trainer.accumulate_grad_batches
 
-    with memory_for(module.device, memory_limit) as (memory, _):
-        return confirm_in_loop(trainer, size, probed=size, line=MemoryLine.of(result), memory=memory,
-                               limit=peak_limit(memory, memory.capacity()), apply=apply, reset=reset, steps=steps,
-                               margin=margin)
+    return confirm_under_cap(trainer, size, probed=size, result=result, device=module.device, memory_limit=memory_limit,
+                             apply=apply, reset=reset, steps=steps, margin=margin)
