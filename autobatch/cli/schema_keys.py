@@ -16,13 +16,19 @@ from typing import Any, Iterable
 
 from omegaconf import DictConfig, OmegaConf
 
-__all__ = ["close_match", "schema_of", "check_unknown_keys"]
+__all__ = ["close_match", "closest", "schema_of", "check_unknown_keys"]
+
+
+def closest(word: str, choices: Iterable[str]) -> str | None:
+    """The choice closest to ``word`` (difflib's, cutoff 0.6), or None."""
+    found = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
+    return found[0] if found else None
 
 
 def close_match(word: str, choices: Iterable[str], prefix: str = "") -> str:
-    """``" (did you mean <prefix>X?)"`` for the choice X closest to ``word``, or ``""``."""
-    found = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
-    return f" (did you mean {prefix}{found[0]}?)" if found else ""
+    """``" (did you mean <prefix>X?)"`` for the choice X closest to ``word`` (:func:`closest`), or ``""``."""
+    found = closest(word, choices)
+    return f" (did you mean {prefix}{found}?)" if found else ""
 
 
 def schema_of(node: Any) -> type | None:

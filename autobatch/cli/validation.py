@@ -43,7 +43,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from .config import CNNConfig, DataConfig, GPTConfig, MLPConfig, ModelConfig, OptimizerConfig
 from .key_source import NotAnArgument
-from .schema_keys import check_unknown_keys, close_match, schema_of
+from .schema_keys import check_unknown_keys, close_match, closest, schema_of
 
 log = logging.getLogger("autobatch")
 
@@ -241,7 +241,7 @@ def check_target_arguments(key: str, node: DictConfig, target: Any, *, own: Iter
             fix = (f"{key}.{name} comes from the {key} option's schema ({schema.__name__}), which keeps its keys "
                    f"(~{key}.{name} is refused); start from {fresh or 'a group option without it'}")
         else:  # a misspelt argument (+model.hiden=64): the one meant, in its place
-            meant, raw = hint[len(" (did you mean "):-2] if hint else "", node._get_node(name)._value()
+            meant, raw = closest(str(name), names), node._get_node(name)._value()
             value = str(raw).lower() if isinstance(raw, bool) else raw if isinstance(raw, (int, float, str)) else "VALUE"
             fix = (f"Give +{key}.{meant}={value} in its place (~{key}.{name} removes it where a config of yours sets it)"
                    if meant and meant not in node
