@@ -85,9 +85,12 @@ def main() -> None:
     seconds = time.perf_counter() - began[0]
     print(json.dumps({"workload": args.workload, "form": args.form, "batch": result.batch_size,
                       "seconds": round(seconds, 2), "trials": result.num_trials, "notes": result.notes}), flush=True)
-    for trial in result.trials:  # why each failed trial failed: the error's first words
-        if trial.error:
-            print(f"  trial {trial.batch_size} ({trial.purpose}, {trial.steps} steps): {' '.join(trial.error.split())[:240]}")
+    for trial in result.trials:  # each trial's steps, seconds, flushing steps and wall; why a failed one failed
+        mib = lambda value: None if value is None else round(value / 2**20)  # noqa: E731
+        print(f"  trial {trial.batch_size} ({trial.purpose}, {'passed' if trial.passed else 'failed'}, {trial.steps} "
+              f"steps, {trial.seconds:.2f} s, flushes {trial.flushes}, step peak {mib(trial.step_peak_bytes)} MiB, "
+              f"reserved {mib(trial.reserved_bytes)} MiB, split {mib(trial.inactive_split_bytes)} MiB, wall "
+              f"{mib(trial.wall_bytes)} MiB){': ' + ' '.join(trial.error.split())[:240] if trial.error else ''}")
     if args.segments:
         segments("after the probe", args.device)
     if args.steps and args.device != "cpu":
