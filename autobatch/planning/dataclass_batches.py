@@ -4,7 +4,7 @@
 :func:`~autobatch.training.batch_ops.map_tensors` (the move to the device) rebuild a dataclass
 batch through its ``__init__``, as ``dataclasses.replace`` does, so that a field its
 ``__post_init__`` derives (``count = len(input_ids)``) follows the piece, not the whole batch.
-Two kinds of dataclass were silently broken by that (review 33):
+Kinds of dataclass that broke (review 33, 36):
 
 * a field with ``init=False`` that the collate sets after construction (``batch.mask = ...``)
   is not passed to ``__init__``: every piece, and every move to the device even of a batch
@@ -13,6 +13,8 @@ Two kinds of dataclass were silently broken by that (review 33):
   value, without a word). Such a field is told from a derived one by rebuilding the whole batch
   unchanged: a derived field comes back as it is, a field set later does not; it is mapped like
   the others (its tensors cut) and set on the piece.
+* an ``InitVar`` with no default cannot be passed again: ``dataclasses.replace``'s bare "InitVar 'scale' must
+  be specified with replace()" named nothing to change (review 36); one ``ValueError`` naming the class does;
 * a ``__post_init__`` that changes the values it is given (``self.x = self.x / 255``) ran again
   on every piece and every move, so the model trained ``x / 255 / 255`` (0.2 off one plain
   step's weights). No rebuild can undo it: one ``ValueError`` naming the fields and what to change.
@@ -33,7 +35,16 @@ def rebuilt(node: Any, mapped: Callable[[str, Any], Any], path: str = "batch") -
     ``mapped(name, value)``; ``init=False`` fields set after construction mapped and set too.
     One ``ValueError`` where ``__post_init__`` changes the fields it is given (``path`` names it)."""
     fields = dataclasses.fields(node)
-    again = dataclasses.replace(node)  # the batch rebuilt unchanged: what __init__ makes of its own fields
+    try:
+        again = dataclasses.replace(node)  # the batch rebuilt unchanged: what __init__ makes of its own fields
+    except (ValueError, TypeError) as error:  # dataclasses' own "InitVar 'scale' must be specified with replace()"
+        if not str(error).startswith("InitVar "):
+            raise
+        raise ValueError(
+            f"{path} is a dataclass ({type(node).__name__}) with an InitVar that has no default ({error}): autobatch "
+            "builds each micro-batch, and the batch moved to the device, through __init__ (as dataclasses.replace "
+            "does), which cannot pass it. Make it a field (each piece then gets its value), or give it a default"
+        ) from error
     changed = [field.name for field in fields if field.init and not _same(getattr(again, field.name), getattr(node, field.name))]
     if changed:
         raise ValueError(

@@ -50,6 +50,7 @@ import torch
 from torch.nn.utils.rnn import PackedSequence
 
 from .dataclass_batches import rebuilt
+from .mapping_batches import rebuilt_mapping
 
 __all__ = ["batch_size_of", "check_cuttable", "cycle_samples", "items_message", "map_samples", "narrow",
            "per_sample_items", "take_samples"]
@@ -250,10 +251,7 @@ def _map(node: Any, path: str, tensors: Callable, values: Callable, total: int, 
     if isinstance(node, Mapping):
         zipped = _zipped(node.values(), total, "map")
         items = {key: _map(value, f"{path}[{key!r}]", tensors, values, total, zipped=zipped) for key, value in node.items()}
-        try:
-            return type(node)(items)
-        except TypeError:  # a mapping type that cannot be built from a dict (defaultdict)
-            return items
+        return rebuilt_mapping(node, items, lambda found: values(found) if len(found) == total else None)
     if _dataclass(node):  # rebuilt through its __init__ (and __post_init__), as dataclasses.replace does
         zipped = _zipped((getattr(node, field.name) for field in dataclasses.fields(node) if field.init), total, "map")
         return rebuilt(node, lambda name, value: _map(value, f"{path}.{name}", tensors, values, total, zipped=zipped), path)

@@ -15,6 +15,7 @@ import torch
 
 from ..memory.simulated import to_simulated_device
 from ..planning.dataclass_batches import rebuilt
+from ..planning.mapping_batches import rebuilt_mapping
 
 __all__ = ["map_tensors", "to_device"]
 
@@ -25,11 +26,7 @@ def map_tensors(batch: Any, fn: Callable[[torch.Tensor], torch.Tensor], *, scala
     if isinstance(batch, torch.Tensor):
         return fn(batch) if scalars or batch.dim() > 0 else batch
     if isinstance(batch, Mapping):
-        items = {key: map_tensors(value, fn, scalars=scalars) for key, value in batch.items()}
-        try:
-            return type(batch)(items)
-        except TypeError:  # a mapping type that cannot be built from a dict (defaultdict)
-            return items
+        return rebuilt_mapping(batch, {key: map_tensors(value, fn, scalars=scalars) for key, value in batch.items()})
     if dataclasses.is_dataclass(batch) and not isinstance(batch, type):  # rebuilt as dataclasses.replace does
         return rebuilt(batch, lambda name, value: map_tensors(value, fn, scalars=scalars))
     if isinstance(batch, tuple) and hasattr(batch, "_fields"):  # named tuple

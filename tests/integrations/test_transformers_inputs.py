@@ -223,3 +223,43 @@ def test_a_trial_over_processes_holds_the_buckets_through_its_step(tmp_path, mon
             step(2)
             peaks[held] = memory.peak_bytes
     assert peaks[3 * 2**20] - peaks[0] == 3 * 2**20
+
+
+def test_review36_a_fast_tokenizers_batch_encoding_keeps_its_encodings():
+    """A ``BatchEncoding`` from a fast tokenizer was rebuilt from its dict alone, by the split and by
+    the move to the device even of a whole batch: ``batch.word_ids(i)`` in the loss raised
+    transformers' "word_ids() is not available when using Python based tokenizers". Trained whole,
+    then in halves after an OOM: the weights of one step on the whole batch."""
+    import copy
+
+    import autobatch
+    tokenizers = pytest.importorskip("tokenizers")
+    words = tokenizers.Tokenizer(tokenizers.models.WordLevel({"[PAD]": 0, "a": 1, "b": 2, "c": 3}, unk_token="[PAD]"))
+    words.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
+    tokenizer = transformers.PreTrainedTokenizerFast(tokenizer_object=words, pad_token="[PAD]")
+    batch = tokenizer(["a b", "b c a", "c", "a a a", "b", "c c", "a b c a", "b a"], padding=True, return_tensors="pt")
+    batch["labels"] = torch.arange(8) % 3
+    seen = []
+
+    def loss_fn(model, piece):  # each sample's mean over its words' first tokens
+        seen.append(len(piece.encodings or []))
+        rows = []
+        for i in range(len(piece["labels"])):
+            ids = piece.word_ids(i)
+            first = [j for j, w in enumerate(ids) if w is not None and (j == 0 or ids[j - 1] != w)]
+            rows.append(model(piece["input_ids"][i, first]).mean(0))
+        return torch.nn.functional.cross_entropy(torch.stack(rows), piece["labels"])
+
+    torch.manual_seed(0)
+    reference = torch.nn.Embedding(4, 3, dtype=torch.float64)
+    trained = copy.deepcopy(reference)
+    loss_fn(reference, batch).backward()
+    torch.optim.SGD(reference.parameters(), lr=0.5).step()
+    runner = autobatch.Runner(trained, torch.optim.SGD(trained.parameters(), lr=0.5), loss_fn, global_batch=8,
+                              micro_batch=8, progress=False, grow_after=None, device="cpu")
+    autobatch.inject_oom(runner, at=(0, "backward"))
+    with simulated_memory("64MiB"):
+        runner.fit([batch])
+    torch.testing.assert_close(trained.weight, reference.weight, rtol=1e-12, atol=1e-12)
+    assert seen == [8, 8, 4, 4]
+    assert autobatch.split_batch(batch, 3)[2].word_ids(1) == batch.word_ids(7)

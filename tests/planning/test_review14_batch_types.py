@@ -217,3 +217,21 @@ def test_review33_a_batch_of_text_alone_says_what_tensor_to_add():
     """Only strings (texts tokenized in the loss_fn): the error named the type, not what to change."""
     with pytest.raises(ValueError, match=r"no tensor with a batch dimension: dict\. .*torch\.arange\(len\(texts\)\)"):
         autobatch.training.runner.batch_size_of({"text": ["a b", "c"], "lang": "en"})
+
+
+@dataclasses.dataclass
+class Augmented:
+    pixels: torch.Tensor
+    labels: torch.Tensor
+    scale: dataclasses.InitVar[float]
+
+    def __post_init__(self, scale: float) -> None:
+        pass
+
+
+def test_review36_a_dataclass_with_an_initvar_without_default_is_one_error_naming_it():
+    """Rebuilt through ``__init__`` for every piece, such a batch raised dataclasses' bare "InitVar 'scale'
+    must be specified with replace()", which named neither the batch nor what to change."""
+    batch = Augmented(torch.rand(B, 3), torch.randint(0, 2, (B,)), 2.0)
+    with pytest.raises(ValueError, match=r"^batch is a dataclass \(Augmented\) with an InitVar .*'scale'.*Make it a field"):
+        autobatch.split_batch(batch, 4)
