@@ -103,6 +103,54 @@ def test_a_list_in_a_hooks_closure_is_put_back():
     assert outputs == [None]
 
 
+#: What a notebook's feature-extraction hooks fill: module-level, read by the hooks' code only.
+FEATURES: dict = {}
+GRAD_NORMS: list = []
+
+
+def _keep_features(module, args, out):
+    FEATURES["last"] = out.detach()
+
+
+def _keep_grad_norm(grad):
+    GRAD_NORMS.append(grad.norm())
+
+
+def test_review36_globals_filled_by_hooks_are_put_back():
+    """A forward hook filling a module-level dict and a gradient hook appending to a module-level list:
+    their globals were not walked (only loss_fn's, make_batch's and the classes' code), so the trace
+    left fake tensors in them, unchecked, for the user's code and the trials to read."""
+    step = make_mlp_step(width=64)
+    step.model[-1].register_forward_hook(_keep_features)
+    step.model[0].weight.register_hook(_keep_grad_norm)
+    estimate_memory(step, 4)
+    assert FEATURES == {} and GRAD_NORMS == []
+
+
+class CountedCalls(torch.nn.Module):
+    """Counts its calls at class level and keeps its last output there."""
+
+    calls = 0
+
+    def __init__(self):
+        super().__init__()
+        self.layer = torch.nn.Linear(16, 4)
+
+    def forward(self, x):
+        type(self).calls += 1
+        type(self).last = self.layer(x)
+        return type(self).last
+
+
+def test_review36_class_attributes_forward_rebinds_or_adds_are_put_back():
+    """``type(self).calls += 1`` counted every traced forward, and an attribute added to the class kept a fake."""
+    model = CountedCalls()
+    step = autobatch.TrainStep(model, torch.optim.SGD(model.parameters(), lr=0.1), lambda m, x: m(x).mean(),
+                               lambda n: torch.randn(n, 16))
+    estimate_memory(step, 4)
+    assert CountedCalls.calls == 0 and "last" not in vars(CountedCalls)
+
+
 def test_a_fake_kept_out_of_reach_is_an_estimate_error_and_auto_probes_with_trials():
     outputs = queue.Queue()  # the standard library's machinery is never rolled back: out of reach
 

@@ -196,6 +196,20 @@ def resident_bytes(step: TrainStep, device: torch.device, round_to: int) -> int:
     return sum(seen.values())
 
 
+def _hooks(modules: list[torch.nn.Module]) -> list[Any]:
+    """The hooks that run in the step: each module's (forward, pre-forward, backward), each parameter's
+    gradient hooks and the global module hooks. The globals their code reads are put back and checked as
+    ``loss_fn``'s are: a module-level ``features = {}`` a forward hook filled kept the trace's fake tensors."""
+    glob = torch.nn.modules.module
+    found = [*glob._global_forward_pre_hooks.values(), *glob._global_forward_hooks.values(),
+             *glob._global_backward_pre_hooks.values(), *glob._global_backward_hooks.values()]
+    for module in modules:
+        for kind in ("_forward_pre_hooks", "_forward_hooks", "_backward_pre_hooks", "_backward_hooks"):
+            found += list((getattr(module, kind, None) or {}).values())
+        found += [hook for p in module._parameters.values() if p is not None for hook in (p._backward_hooks or {}).values()]
+    return found
+
+
 class FakeWorld:
     """Fake copies of a step's model state and optimizer, swapped in while tracing.
 
@@ -280,8 +294,9 @@ class FakeWorld:
         sets), what else the step reaches (:class:`~autobatch.probe.tracing.trace_state.OutsideState`)
         and the parameters' gradients, then swap parameters and buffers for fakes."""
         members = class_members({type(module) for module in self.modules})
-        self.outside = OutsideState({**self._roots(), **members},
-                                    [*members.values(), self.step.loss_fn, self.step.make_batch], skip=self.modules)
+        self.outside = OutsideState({**self._roots(), **members}, [*members.values(), *_hooks(self.modules),
+                                    self.step.loss_fn, self.step.make_batch], skip=self.modules,
+                                    classes={type(module) for module in self.modules})
         self.globals = {**members, **self.outside.globals}
         self.saved = [snapshot(module) for module in self.modules]
         params = {id(p): p for m in self.modules for p in m.parameters()}

@@ -4,7 +4,8 @@ A step traced under ``FakeTensorMode`` (the estimate, :mod:`~autobatch.probe.tra
 the cache key's fake batches, :mod:`~autobatch.probe.caching.cache_key`) runs the user's code, which
 may keep what it computes where no module attribute holds it: a helper object the model owns
 (``self.rope = SimpleNamespace(cos=...)``), a dict in a closure, at class level or at module
-level, a module global it rebinds (``global MASK``), a ``functools.lru_cache`` of a function
+level, a module global it rebinds (``global MASK``), a class attribute it rebinds or adds
+(``type(self).calls += 1``), a ``functools.lru_cache`` of a function
 it calls. Left there,
 those fake tensors reach the real trials, which then compute with tensors that hold no data
 (a probe answered 511 where 340 trains, and cached it). :class:`OutsideState` records all of
@@ -95,8 +96,12 @@ class OutsideState:
     trace could change outside the modules in ``skip`` (whose attributes the caller puts back
     itself): taken at construction, put back by :meth:`put_back`."""
 
-    def __init__(self, roots: dict[str, Any], functions: Iterable[Any] = (), skip: Iterable[Any] = ()) -> None:
+    def __init__(self, roots: dict[str, Any], functions: Iterable[Any] = (), skip: Iterable[Any] = (),
+                 classes: Iterable[type] = ()) -> None:
         self.bindings: list[tuple[dict[str, Any], str, Any]] = []
+        #: the user's classes among ``classes`` (and their bases) and their attributes: a class-level counter
+        #: forward rebinds (``type(self).calls += 1``) is put back, what it adds to the class removed
+        self.classes = [(owner, dict(vars(owner))) for owner in _user_classes(classes)]
         self.globals = code_globals(functions, self.bindings)
         self.roots = {**roots, **self.globals}
         self.objects: list[tuple[Any, type, dict[str, Any], dict[str, Any]]] = []
@@ -119,6 +124,12 @@ class OutsideState:
                 scope.pop(name, None)
             elif scope.get(name, _MISSING) is not value:
                 scope[name] = value
+        for owner, attributes in self.classes:
+            for name in [name for name in vars(owner) if name not in attributes]:
+                delattr(owner, name)
+            for name, value in attributes.items():
+                if vars(owner).get(name, _MISSING) is not value:
+                    setattr(owner, name, value)
         for saved in reversed(self.objects):
             restore(*saved)
         for container, saved in self.containers:
@@ -128,7 +139,7 @@ class OutsideState:
             if _cache_state(cache) != before:
                 cache.cache_clear()
                 cleared.append(getattr(cache, "__qualname__", repr(cache)))
-        self.bindings, self.objects, self.containers, self.caches = [], [], [], []
+        self.bindings, self.objects, self.containers, self.caches, self.classes = [], [], [], [], []
         return cleared
 
 
@@ -291,21 +302,28 @@ def code_globals(functions: Iterable[Any], bindings: list | None = None) -> dict
     return found
 
 
+def _user_classes(classes: Iterable[type]) -> list[type]:
+    """The classes among ``classes`` and their bases below ``torch.nn.Module`` that are not torch's, each once."""
+    found: dict[type, None] = {}
+    for cls in classes:
+        for owner in cls.__mro__:
+            if owner in (torch.nn.Module, object):
+                break
+            if not _torchs(owner):
+                found.setdefault(owner)
+    return list(found)
+
+
 def class_members(classes: Iterable[type]) -> dict[str, Any]:
     """What the user's classes among ``classes`` define, by ``"class Name.attr"``: the functions
     (and cached functions) their ``forward`` runs, whose globals :func:`code_globals` reads, and
     the class-level state they may keep (``_masks = {}`` shared by every instance). torch's
     classes are left out, and so are dunder names and plain values."""
     found: dict[str, Any] = {}
-    for cls in classes:
-        for owner in cls.__mro__:
-            if owner in (torch.nn.Module, object):
-                break
-            if _torchs(owner):
-                continue
-            for name, value in vars(owner).items():
-                if not (name.startswith("__") and name.endswith("__")) and not isinstance(value, ATOMS):
-                    found[f"class {owner.__qualname__}.{name}"] = value.fget if isinstance(value, property) else value
+    for owner in _user_classes(classes):
+        for name, value in vars(owner).items():
+            if not (name.startswith("__") and name.endswith("__")) and not isinstance(value, ATOMS):
+                found[f"class {owner.__qualname__}.{name}"] = value.fget if isinstance(value, property) else value
     return found
 
 
