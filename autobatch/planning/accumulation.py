@@ -30,7 +30,7 @@ from typing import Any, Callable, ContextManager, Iterable, Iterator
 import torch
 
 from .. import checks
-from ..probe.train_step import TrainStep, check_loop_inputs
+from ..probe.train_step import TrainStep, autocast_factory, check_loop_inputs
 from .samples import batch_size_of, cycle_samples, map_samples, narrow, take_samples  # here too: where callers have found them
 
 __all__ = [
@@ -196,7 +196,8 @@ def accumulate_loss_sum(
     ``global_batch`` (:func:`check_global_batch`): an integer is checked against the samples
     given; a float (FSDP's mean share per rank) only weights."""
     check_global_batch(global_batch)
-    autocast = autocast or nullcontext
+    autocast = autocast_factory("autocast", autocast, model) or nullcontext  # a dtype, a torch.autocast(...) too
+    checks.grad_scaler("grad_scaler", grad_scaler)
     total = None
     seen = 0
     for micro, last in _with_last(micro_batches):
@@ -254,7 +255,8 @@ def accumulate_gradients(
     ``batch``; pass the whole global batch when ``batch`` is only this rank's share), so the
     gradients left in ``param.grad`` equal those of ``loss_fn(model, batch).backward()``.
     Does not step the optimizer or zero gradients; see :func:`accumulate_micro_batches` for
-    ``autocast`` (a context factory such as ``TrainStep.autocast``), ``grad_scaler`` and
+    ``autocast`` (a context factory such as ``TrainStep.autocast``; a ``torch.autocast(...)``, or a dtype
+    such as ``torch.float16``, autocast on the model's device: :func:`~autobatch.probe.train_step.autocast_factory`), ``grad_scaler`` and
     ``no_sync`` and ``on_phase``. Returns the mean loss as a float. ``model`` and ``loss_fn`` are
     checked as a :class:`~autobatch.TrainStep` checks them, before any forward.
     """

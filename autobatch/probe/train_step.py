@@ -16,7 +16,7 @@ from .snapshot.restore import forget_scaler_stage
 from .snapshot.ddp_reducer import reset_failed_reduction
 from .snapshot.shards import check_optimizer_after_sharding
 
-__all__ = ["TrainStep", "AUTOCAST_DTYPES", "check_loop_inputs"]
+__all__ = ["TrainStep", "AUTOCAST_DTYPES", "check_loop_inputs", "autocast_context", "autocast_factory"]
 
 #: The dtypes ``autocast_dtype`` takes: the half types autocast runs in, and float32 (autocast's
 #: no-op on the CPU). An integer type, which ``torch.autocast`` would take without a word, is refused.
@@ -95,9 +95,7 @@ class TrainStep:
 
     def autocast(self):
         """The autocast context of this step (a no-op without ``autocast_dtype``)."""
-        if self.autocast_dtype is None or (self.autocast_dtype is torch.float32 and self.device.type == "cpu"):
-            return nullcontext()  # the CPU's autocast would switch itself off for float32, with a warning
-        return torch.autocast(self.device.type, dtype=self.autocast_dtype)
+        return autocast_context(self.autocast_dtype, self.device)
 
     def __call__(self, batch_size: int) -> None:
         batch_size = checks.positive_int("batch_size", batch_size)  # 0 trained a step on an empty batch
@@ -159,6 +157,33 @@ class TrainStep:
 
     def __repr__(self) -> str:
         return f"TrainStep(model={type(self.model).__name__}, optimizer={type(self.optimizer).__name__})"
+
+
+def autocast_context(dtype: torch.dtype | None, device: torch.device):
+    """``torch.autocast`` of ``dtype`` on ``device``'s type; a no-op for None, and for float32 on the
+    CPU, whose autocast takes only the half types (it would switch itself off, with a warning)."""
+    if dtype is None or (dtype is torch.float32 and device.type == "cpu"):
+        return nullcontext()
+    return torch.autocast(device.type, dtype=dtype)
+
+
+def autocast_factory(name: str, value: Any, model: torch.nn.Module) -> Callable[[], Any] | None:
+    """The accumulation loop's ``autocast`` (:func:`~autobatch.accumulate_gradients`) as the factory it
+    calls per micro-batch: a factory as it is (``TrainStep.autocast``, ``lambda: torch.autocast(...)``);
+    a ``torch.autocast(...)`` object, entered once per micro-batch (as its decorator form is); a dtype
+    or its name, as ``TrainStep(autocast_dtype=)`` takes it, on the model's device. Before, a dtype or
+    name failed as "'torch.dtype' object is not callable" and an autocast object as "missing 1 required
+    positional argument: 'func'", from the first micro-batch; anything else is one ``TypeError``."""
+    if isinstance(value, torch.autocast):
+        return lambda: value
+    if value is None or callable(value):
+        return value
+    if not isinstance(value, (str, torch.dtype)):
+        raise TypeError(f"{name} must be a dtype (torch.float16, 'bfloat16'), a torch.autocast(...) or a function "
+                        f"returning a context (a TrainStep's .autocast), got {type(value).__name__} {checks.shown(value)}")
+    dtype = checks.dtype(name, value, allowed=AUTOCAST_DTYPES)
+    device = next((tensor.device for tensor in model.parameters()), torch.device("cpu"))
+    return lambda: autocast_context(dtype, device)
 
 
 def _fp16_parameters(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:

@@ -27,7 +27,7 @@ import torch
 
 from ..errors import CheckpointError
 
-__all__ = ["precision_of", "warn_changed_precision", "check_dtypes", "load_grad_scaler", "warn_unscaled_float16"]
+__all__ = ["precision_of", "weights_dtype", "warn_changed_precision", "check_dtypes", "load_grad_scaler", "warn_unscaled_float16"]
 
 log = logging.getLogger("autobatch")
 
@@ -48,12 +48,20 @@ def precision_of(step: Any) -> dict[str, Any]:
             "grad_scaler": scaling(step.grad_scaler)}
 
 
-def warn_changed_precision(state: dict[str, Any], mine: dict[str, Any], *, float16_weights: bool = False) -> None:
+def weights_dtype(model: torch.nn.Module) -> torch.dtype:
+    """The precision ``model``'s parameters are held in, for :func:`warn_changed_precision`: float16
+    where any is (its gradients flow in float16), else bfloat16 where any is, else float32."""
+    dtypes = {p.dtype for p in model.parameters()}
+    return next((dtype for dtype in (torch.float16, torch.bfloat16) if dtype in dtypes), torch.float32)
+
+
+def warn_changed_precision(state: dict[str, Any], mine: dict[str, Any], *, weights: torch.dtype = torch.float32) -> None:
     """Warn where the checkpoint's run trained at another precision (checkpoints of earlier
     versions do not say), naming what the change costs (module docstring). A scaler dropped
-    costs float16 gradients only where this run has them (float16 autocast, or
-    ``float16_weights``): a run in bfloat16 or float32 needs none, and was told its "float16
-    gradients are not scaled" all the same."""
+    costs float16 gradients only where this run has them (float16 autocast, or float16
+    ``weights``, :func:`weights_dtype`): a run in bfloat16 or float32 needs none, and was told
+    its "float16 gradients are not scaled" all the same; one without autocast is named by its
+    weights' dtype (a bfloat16 model was told it "trains in float32")."""
     saved = state.get("precision")
     if saved is None or saved == mine:
         return
@@ -63,11 +71,12 @@ def warn_changed_precision(state: dict[str, Any], mine: dict[str, Any], *, float
                     saved["autocast"], mine["autocast"], state.get("micro_batch"))
     if saved["grad_scaler"] and not mine["grad_scaler"]:
         scale = (state.get("grad_scaler") or {}).get("scale")
-        if mine["autocast"] == "float16" or float16_weights:
+        if mine["autocast"] == "float16" or weights == torch.float16:
             cost = ("float16 gradients are not scaled (small ones become zero); pass grad_scaler=torch.amp.GradScaler("
                     "device) to go on with its scale")
         else:
-            cost = f"this run trains in {mine['autocast'] or 'float32'}, not float16, so it needs no loss scaling"
+            trains = mine["autocast"] or f"{_dtype(weights)} (its weights' dtype)"
+            cost = f"this run trains in {trains}, not float16, so it needs no loss scaling"
         log.warning("resume: the checkpoint's run scaled its loss with a grad scaler (scale %s) and this run has none "
                     "enabled: its scaler state is not used; %s", scale, cost)
     elif mine["grad_scaler"] and not saved["grad_scaler"]:

@@ -274,3 +274,31 @@ def test_review35_split_batch_refuses_a_string_for_balanced():
         accumulate_gradients(make_model(), tuple_loss, (torch.randn(10, 6).double(), torch.randn(10, 3).double()), 4,
                              balanced="no")
     assert [len(piece) for piece in split_batch(batch, 4, balanced=False)] == [4, 4, 2]
+
+
+def test_review36_accumulate_gradients_takes_an_autocast_dtype_or_object_and_names_a_bad_one():
+    """``autocast=torch.float16`` (as ``TrainStep(autocast_dtype=)`` takes it) failed as "'torch.dtype' object is
+    not callable", ``"float16"`` as "'str' object is not callable" and ``torch.autocast("cpu", ...)`` as
+    "missing 1 required positional argument: 'func'", from the first micro-batch: each now runs the micro-batches
+    under fp16 autocast, as the factory does; a value of another kind, or a bad scaler, is one error naming it."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1))
+    batch = (torch.randn(12, 4), torch.randn(12, 1))
+    seen = []
+
+    def loss_fn(m, b):
+        out = m(b[0])
+        seen.append(out.dtype)
+        return nn.functional.mse_loss(out.float(), b[1])
+
+    losses = []
+    for autocast in (lambda: torch.autocast("cpu", dtype=torch.float16), torch.float16, "float16",
+                     torch.autocast("cpu", dtype=torch.float16)):
+        losses.append(accumulate_gradients(model, loss_fn, batch, 4, autocast=autocast))
+    assert seen == [torch.float16] * 12 and losses[1:] == losses[:1] * 3
+    with pytest.raises(TypeError, match="autocast must be a dtype"):
+        accumulate_gradients(model, loss_fn, batch, 4, autocast=True)
+    with pytest.raises(ValueError, match="autocast='int8' is not one of bfloat16, float16"):
+        accumulate_gradients(model, loss_fn, batch, 4, autocast="int8")
+    with pytest.raises(TypeError, match="grad_scaler must be a torch.amp.GradScaler"):
+        accumulate_gradients(model, loss_fn, batch, 4, grad_scaler=True)

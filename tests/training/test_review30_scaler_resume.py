@@ -49,5 +49,20 @@ def test_a_dropped_scaler_names_float16_only_for_a_float16_run(tmp_path, caplog,
 def test_float16_weights_keep_the_float16_cost(caplog):
     state = {"precision": {"autocast": None, "grad_scaler": True}, "grad_scaler": {"scale": 1024.0}}
     with caplog.at_level(logging.WARNING, logger="autobatch"):
-        warn_changed_precision(state, {"autocast": None, "grad_scaler": False}, float16_weights=True)
+        warn_changed_precision(state, {"autocast": None, "grad_scaler": False}, weights=torch.float16)
     assert "float16 gradients are not scaled" in caplog.records[-1].getMessage()
+
+
+def test_review36_a_dropped_scaler_names_a_bfloat16_model_by_its_dtype(tmp_path, caplog):
+    """An fp16 (scaled) checkpoint resumed into a bfloat16 model without autocast was told "this run trains in
+    float32, not float16": the run without autocast is named by its weights' dtype."""
+    _fit(tmp_path, "float16", torch.amp.GradScaler("cpu"))
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 1)).to(torch.bfloat16)
+    runner = Runner(model, torch.optim.SGD(model.parameters(), lr=0.01),
+                    lambda m, b: nn.functional.mse_loss(m(b[0].to(torch.bfloat16)).float(), b[1]), global_batch=G,
+                    micro_batch=8, progress=False, log_every=None)
+    with caplog.at_level(logging.WARNING, logger="autobatch"):
+        runner.fit(_data(), steps=2, resume=tmp_path)
+    told = [r.getMessage() for r in caplog.records if "scaled its loss with a grad scaler" in r.getMessage()]
+    assert len(told) == 1 and "this run trains in bfloat16 (its weights' dtype), not float16" in told[0]

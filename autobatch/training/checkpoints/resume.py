@@ -35,7 +35,7 @@ from .onto_device import state_onto_device
 from ..multiples import resumed_micro_batch
 from ..pacing import FailedDraw, agree_epoch_length, carried_error, told_every_rank
 from ..ranks import agree_resume
-from ..precision import check_dtypes, load_grad_scaler
+from ..precision import check_dtypes, load_grad_scaler, weights_dtype
 from .resume_checks import check_fits, check_kinds, kind, load_scheduler, position_for, precision_of, warn_changed_precision
 from .resume_checks import local_module_names, saved_module, warn_persistent_workers, warn_replaced_settings, without_wrapper_prefix
 from .resume_fresh import continues_in, earlier_path, file_mark, keep_earlier_run, put_back, replaced_since, shared_dir_error
@@ -327,7 +327,7 @@ class Resumable:
         failure = None  # this rank's; a sharded rank reads a file no other rank reads
         try:
             check_kinds(path, state, self.optimizer, self.scheduler)  # before anything is loaded
-            warn_changed_precision(state, precision_of(self._train_step), float16_weights=any(p.dtype == torch.float16 for p in self.model.parameters()))
+            warn_changed_precision(state, precision_of(self._train_step), weights=weights_dtype(self.model))
             saved = state["model"] if sharded else without_wrapper_prefix(state["model"])  # nothing loaded unless all fits
             check_fits(saved_module(self.model), saved, self.optimizer, state["optimizer"], sharded=sharded)  # shapes, groups
             check_dtypes(path, saved_module(self.model), saved)  # a warning, or inf
