@@ -33,6 +33,7 @@ from torch.utils.data import Sampler
 
 from ..dist import agreement as dist_sync
 from ..planning.accumulation import batch_size_of
+from ..planning.batch_nodes import picked
 from ..planning.samples import map_samples
 
 __all__ = ["per_rank_batch", "share_bounds", "take_share", "epoch_seed", "ShardedBatches"]
@@ -69,14 +70,14 @@ def take_share(batch: Any, rank: int, world: int) -> Any:
     """``rank`` 's block of ``batch``'s samples, as a copy so that the rest of the global batch is
     freed; ``batch`` itself when ``world`` is 1. Per sample as the runner cuts it
     (:func:`~autobatch.planning.samples.map_samples`): tensors on dim 0, and lists of per-sample
-    entries too (file names, a detection collate's dicts: every rank kept all of them); a 0-dim
-    tensor is shared."""
+    entries too (file names, a detection collate's dicts: every rank kept all of them), and NumPy
+    arrays as long as the batch (a copy of the rank's rows); a 0-dim tensor is shared."""
     if world == 1:
         return batch
     total = batch_size_of(batch)
     start, stop = share_bounds(total, rank, world)
-    return map_samples(batch, lambda tensor: tensor[start:stop].clone(), lambda found: type(found)(found[start:stop]),
-                       total)
+    return map_samples(batch, lambda tensor: tensor[start:stop].clone(),
+                       lambda found: picked(found, range(start, stop)), total)
 
 
 def epoch_seed() -> int:

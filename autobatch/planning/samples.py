@@ -12,7 +12,10 @@ collates beside it (a detection collate's tuple of per-sample dicts, a list of v
 token lists); the rule, in ``docs/runner.md`` ("What a batch may hold"):
 
 * a tensor with a dimension is split along dim 0 (a sparse COO one too); a 0-dim tensor, a
-  number, a string, ``None`` are shared by every micro-batch; dicts, named tuples and
+  number, a string, ``None`` are shared by every micro-batch; a NumPy array with a dimension as
+  long as the batch (a custom collate's ids or labels) is cut along dim 0 with the samples, by
+  ``values`` (a piece's view, picked rows, of its type: :func:`~.batch_nodes.picked`), another
+  shared (it never sets the batch's size: a batch of NumPy arrays alone has none); dicts, named tuples and
   dataclasses hold fields, each read by this rule;
 * what cannot be cut along dim 0 is one error naming its place and what to pass instead: a
   ``PackedSequence`` (its samples interleaved in one tensor), a nested tensor, a sparse
@@ -43,12 +46,13 @@ it is one error naming the forms to pass instead (:func:`per_sample_items`).
 from __future__ import annotations
 
 import dataclasses
-import numbers
 from typing import Any, Callable, Iterable, Mapping
 
 import torch
 from torch.nn.utils.rnn import PackedSequence
 
+from .batch_nodes import (children_of, is_dataclass_instance, is_named, is_ndarray, is_number, is_plain, leaf_sizes,
+                          picked)
 from .dataclass_batches import rebuilt
 from .mapping_batches import rebuilt_mapping
 
@@ -69,7 +73,7 @@ def take_samples(batch: Any, index: torch.Tensor, total: int) -> Any:
     def values(found: Any) -> Any:
         if not picks:
             picks.extend(index.tolist())
-        return type(found)(found[i] for i in picks)
+        return picked(found, picks)
 
     return map_samples(batch, lambda t: t.index_select(0, index.to(t.device)), values, total)
 
@@ -86,7 +90,7 @@ def cycle_samples(batch: Any, size: int, total: int) -> Any:
     def tensors(tensor: torch.Tensor) -> torch.Tensor:
         return torch.cat([tensor] * rounds + ([narrow(tensor, 0, rest)] if rest else []))
 
-    return map_samples(batch, tensors, lambda found: type(found)(list(found) * rounds + list(found[:rest])), total)
+    return map_samples(batch, tensors, lambda found: picked(found, [i % total for i in range(size)]), total)
 
 
 def batch_size_of(batch: Any) -> int:
@@ -100,11 +104,11 @@ def batch_size_of(batch: Any) -> int:
         raise ValueError(items_message(batch, sizes))
     if sizes is None:
         raise ValueError(f"batch has no tensor with a batch dimension: {type(batch).__name__}. autobatch reads the samples "
-                         "from tensors' dim 0; strings or objects alone may be per sample or shared. Add a tensor with the "
-                         "samples on dim 0 (the labels, or their indices: torch.arange(len(texts)))")
+                         "from tensors' dim 0; strings, objects or NumPy arrays alone may be per sample or shared. "
+                         "Add a tensor with the samples on dim 0 (the labels, or their indices: torch.arange(len(texts)))")
     if len(sizes) == 1:
         return next(iter(sizes))
-    found = ", ".join(f"{path} has {size}" for path, size in _leaf_sizes(batch, "batch")[:6])
+    found = ", ".join(f"{path} has {size}" for path, size in leaf_sizes(batch, "batch")[:6])
     if sizes:  # a list of tensors or dicts, read as fields or one entry per sample, fits several sizes
         raise ValueError(
             f"cannot tell the batch's size: it fits {' or '.join(map(str, sorted(sizes)))} samples (dim 0: {found}), "
@@ -153,21 +157,8 @@ def check_cuttable(batch: Any, path: str = "batch") -> None:
                 "(.to_sparse_coo()), or a list of the samples' tensors beside a tensor with the batch's samples on "
                 "dim 0; see 'What a batch may hold' in docs/runner.md")
         return
-    for key, value in _children(batch, path):
+    for key, value in children_of(batch, path):
         check_cuttable(value, key)
-
-
-def _children(node: Any, path: str) -> list[tuple[str, Any]]:
-    """``(path, value)`` of each part of a dict, dataclass, named tuple, list or tuple (none for a leaf)."""
-    if isinstance(node, Mapping):
-        return [(f"{path}[{key!r}]", value) for key, value in node.items()]
-    if _dataclass(node):
-        return [(f"{path}.{field.name}", getattr(node, field.name)) for field in dataclasses.fields(node)]
-    if _named(node):
-        return [(f"{path}.{name}", value) for name, value in zip(node._fields, node)]
-    if isinstance(node, (list, tuple)):
-        return [(f"{path}[{index}]", value) for index, value in enumerate(node)]
-    return []
 
 
 def per_sample_items(batch: Any) -> bool:
@@ -224,8 +215,8 @@ def _form(node: Any, shape: bool = False) -> tuple:
     sequence's length, an image's)."""
     if isinstance(node, torch.Tensor):
         return ("tensor", tuple(node.shape) if shape else node.dim(), node.dtype)
-    if isinstance(node, Mapping) or _dataclass(node):
-        return ("map", type(node), tuple((key, _form(value)) for key, value in _children(node, "")))
+    if isinstance(node, Mapping) or is_dataclass_instance(node):
+        return ("map", type(node), tuple((key, _form(value)) for key, value in children_of(node, "")))
     if isinstance(node, (list, tuple)):
         return ("seq", type(node), tuple(_form(value) for value in node))
     return ("value", type(node))
@@ -234,7 +225,8 @@ def _form(node: Any, shape: bool = False) -> tuple:
 def map_samples(batch: Any, tensors: Callable[[torch.Tensor], torch.Tensor], values: Callable[[Any], Any],
                 total: int) -> Any:
     """``batch`` (of ``total`` samples) with ``tensors`` applied to each tensor with a batch
-    dimension and ``values`` to each list or tuple of per-sample entries, keeping its structure;
+    dimension and ``values`` to each list or tuple of per-sample entries, and each NumPy array as
+    long as the batch (slice it, or pick with :func:`~.batch_nodes.picked`), keeping its structure;
     other leaves and 0-dim tensors are kept as they are. What is per sample: the module's rule.
     A list or tuple that fits it neither way is one ``ValueError`` naming its path."""
     return _map(batch, "batch", tensors, values, total, root=True)
@@ -248,21 +240,23 @@ def _map(node: Any, path: str, tensors: Callable, values: Callable, total: int, 
     tuple of numbers too (the samples' ``image_id``, not a constant ``(H, W)``)."""
     if isinstance(node, torch.Tensor):
         return tensors(node) if node.dim() > 0 else node
+    if is_ndarray(node):  # samples on dim 0 where as long as the batch (ids, labels), as a tensor's; else shared
+        return values(node) if node.ndim and len(node) == total else node
     if isinstance(node, Mapping):
         zipped = _zipped(node.values(), total, "map")
         items = {key: _map(value, f"{path}[{key!r}]", tensors, values, total, zipped=zipped) for key, value in node.items()}
         return rebuilt_mapping(node, items, lambda found: values(found) if len(found) == total else None)
-    if _dataclass(node):  # rebuilt through its __init__ (and __post_init__), as dataclasses.replace does
+    if is_dataclass_instance(node):  # rebuilt through its __init__ (and __post_init__), as dataclasses.replace does
         zipped = _zipped((getattr(node, field.name) for field in dataclasses.fields(node) if field.init), total, "map")
         return rebuilt(node, lambda name, value: _map(value, f"{path}.{name}", tensors, values, total, zipped=zipped), path)
-    if _named(node):
+    if is_named(node):
         zipped = _zipped(node, total, "seq")  # a tuple: Batch(*zip(*samples)) is a zip collate's too
         return type(node)(*(_map(value, f"{path}.{name}", tensors, values, total, zipped=zipped)
                             for name, value in zip(node._fields, node)))
     if not isinstance(node, (tuple, list)) or not node:
         return node
-    if _plain(node):
-        if zipped == "seq" and len(node) == total and all(_number(value) for value in node):
+    if is_plain(node):
+        if zipped == "seq" and len(node) == total and all(is_number(value) for value in node):
             return values(node)  # a zip collate's per-sample numbers: shared, each piece paired them with others
         return _map_plain(node, path, values, total)
     fields = _fields(node)
@@ -274,7 +268,7 @@ def _map(node: Any, path: str, tensors: Callable, values: Callable, total: int, 
                           for index, value in enumerate(node))
     if len(node) == total:
         return values(node)  # one entry per sample: per-sample dicts, tensors of their own sizes
-    found = ", ".join(f"{where} has {size}" for where, size in _leaf_sizes(node, path)[:4])
+    found = ", ".join(f"{where} has {size}" for where, size in leaf_sizes(node, path)[:4])
     raise ValueError(
         f"{path} is a {type(node).__name__} of {len(node)} entries in a batch of {total} samples, and its tensors do "
         f"not all have {total} on dim 0 ({found}): it is neither the batch's fields (each split along dim 0) nor one "
@@ -296,7 +290,7 @@ def _zipped(parts: Iterable[Any], total: int, kind: str) -> str | None:
     if _transposed(parts, numbers=kind == "seq") == total:
         return kind
     for part in parts:
-        if isinstance(part, (list, tuple)) and not _named(part) and len(part) == total and part and not _plain(part):
+        if isinstance(part, (list, tuple)) and not is_named(part) and len(part) == total and part and not is_plain(part):
             fields = _fields(part)
             if fields is None or total not in fields:
                 return kind
@@ -308,9 +302,9 @@ def _transposed(parts: list, numbers: bool) -> int | None:
     one length, one holding tensors or dicts (images: as fields, B RGB images [3, H, W] read as 3
     samples) and one per-sample values (captions, token lists; labels where ``numbers``: a tuple's
     parts, for a dict's (H, W) stays a constant) that read as shared beside fields."""
-    if len(parts) < 2 or not all(isinstance(part, (list, tuple)) and not _named(part) and part for part in parts):
+    if len(parts) < 2 or not all(isinstance(part, (list, tuple)) and not is_named(part) and part for part in parts):
         return None
-    if len({len(part) for part in parts}) > 1 or all(_plain(part) for part in parts):
+    if len({len(part) for part in parts}) > 1 or all(is_plain(part) for part in parts):
         return None
     return len(parts[0]) if any(_per_sample(part, numbers) for part in parts) else None
 
@@ -318,8 +312,8 @@ def _transposed(parts: list, numbers: bool) -> int | None:
 def _per_sample(part: list | tuple, numbers: bool) -> bool:
     """Strings, token lists (not default_collate's transposed text) or ``numbers`` (0-dim tensors too)."""
     return (all(isinstance(value, (str, bytes)) for value in part)
-            or all(isinstance(value, (list, tuple)) and all(map(_number, value)) for value in part)
-            or (numbers and all(_number(value) or isinstance(value, torch.Tensor) and not value.dim() for value in part)))
+            or all(isinstance(value, (list, tuple)) and all(map(is_number, value)) for value in part)
+            or (numbers and all(is_number(value) or isinstance(value, torch.Tensor) and not value.dim() for value in part)))
 
 
 def _map_plain(node: list | tuple, path: str, values: Callable, total: int) -> Any:
@@ -329,7 +323,7 @@ def _map_plain(node: list | tuple, path: str, values: Callable, total: int) -> A
         return type(node)(values(value) for value in node)  # default_collate's transposed per-sample text
     if len(node) != total:
         return node  # not one entry per sample: shared
-    if all(_number(value) for value in node):
+    if all(is_number(value) for value in node):
         if isinstance(node, tuple):
             return node  # (H, W): a constant, whatever the batch's size
         raise ValueError(
@@ -345,18 +339,18 @@ def _fits(node: Any) -> frozenset[int] | None:
     of tensors or dicts, as the batch's fields or as one entry per sample."""
     if isinstance(node, torch.Tensor):
         return frozenset({node.shape[0]}) if node.dim() > 0 else None
-    if isinstance(node, (list, tuple)) and not _named(node):
-        if not node or _plain(node):
+    if isinstance(node, (list, tuple)) and not is_named(node):
+        if not node or is_plain(node):
             return None
         fields = _fields(node)
         return None if fields is None else fields | {len(node)}
-    return _fields(node) if isinstance(node, (Mapping, tuple)) or _dataclass(node) else None
+    return _fields(node) if isinstance(node, (Mapping, tuple)) or is_dataclass_instance(node) else None
 
 
 def _fields(node: Any) -> frozenset[int] | None:
     """The batch sizes ``node``'s fields agree on (None: any; empty: none)."""
-    if isinstance(node, (Mapping, list, tuple)) or _dataclass(node):
-        parts = [value for _, value in _children(node, "")]
+    if isinstance(node, (Mapping, list, tuple)) or is_dataclass_instance(node):
+        parts = [value for _, value in children_of(node, "")]
         transposed = _transposed(parts, numbers=isinstance(node, (list, tuple)))
         return frozenset({transposed}) if transposed else _meet(_fits(value) for value in parts)
     return _fits(node)
@@ -368,30 +362,3 @@ def _meet(options: Iterable[frozenset[int] | None]) -> frozenset[int] | None:
         if option is not None:
             met = option if met is None else met & option
     return met
-
-
-def _leaf_sizes(node: Any, path: str) -> list[tuple[str, int]]:
-    """``(path, dim 0)`` of every tensor with a dimension in ``node``, for a message."""
-    if isinstance(node, torch.Tensor):
-        return [(path, node.shape[0])] if node.dim() > 0 else []
-    return [found for where, value in _children(node, path) for found in _leaf_sizes(value, where)]
-
-
-def _named(node: Any) -> bool:
-    return isinstance(node, tuple) and hasattr(node, "_fields")
-
-
-def _dataclass(node: Any) -> bool:
-    """A dataclass instance (not the class), read as fields like a dict; a model output that is
-    also a mapping (Hugging Face's ``ModelOutput``) is read as the mapping."""
-    return dataclasses.is_dataclass(node) and not isinstance(node, type) and not isinstance(node, Mapping)
-
-
-def _plain(node: list | tuple) -> bool:
-    """Whether ``node`` holds no tensor and no mapping, at any depth of lists and tuples."""
-    return not any(isinstance(value, (torch.Tensor, Mapping)) or _dataclass(value)
-                   or (isinstance(value, (list, tuple)) and not _plain(value)) for value in node)
-
-
-def _number(value: Any) -> bool:
-    return isinstance(value, numbers.Number)

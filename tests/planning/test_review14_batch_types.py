@@ -14,6 +14,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
@@ -235,3 +236,53 @@ def test_review36_a_dataclass_with_an_initvar_without_default_is_one_error_namin
     batch = Augmented(torch.rand(B, 3), torch.randint(0, 2, (B,)), 2.0)
     with pytest.raises(ValueError, match=r"^batch is a dataclass \(Augmented\) with an InitVar .*'scale'.*Make it a field"):
         autobatch.split_batch(batch, 4)
+
+
+def _labelled() -> dict:
+    """A custom collate's batch: features as a tensor, labels and ids as NumPy arrays of the batch's
+    length (cut with the samples), and arrays that are not (a class list, a 0-dim scale: shared)."""
+    generator = torch.Generator().manual_seed(3)
+    return {"x": torch.randn(B, 6, generator=generator, dtype=torch.float64),
+            "y": torch.randint(0, 3, (B,), generator=generator).numpy(), "ids": np.arange(B) * 10,
+            "classes": np.array(["a", "b", "c"]), "scale": np.array(2.0)}
+
+
+def _labelled_loss(model, b):
+    assert b["classes"].shape == (3,) and float(b["scale"]) == 2.0  # shared whole by every piece
+    assert len(b["ids"]) == len(b["y"]) == len(b["x"])  # the piece's samples, each with its own id and label
+    return nn.functional.cross_entropy(model(b["x"]) * float(b["scale"]), torch.from_numpy(b["y"]))
+
+
+def test_review36_numpy_labels_are_cut_with_the_samples_in_an_oom_replay():
+    """Shared whole by every micro-batch, a NumPy array of the batch's labels failed the first OOM
+    replay's loss ("Expected input batch_size (4) to match target batch_size (8)"): cut along dim 0 now,
+    the weights those of one step on the whole batch."""
+    batch = _labelled()
+    torch.manual_seed(0)
+    seen = _reference_and_run(batch, _labelled_loss, nn.Linear(6, 3, dtype=torch.float64), simulated=True)
+    assert [len(piece["ids"]) for piece in seen] == [4, 2, 2, 2, 2]  # 4, then halves after the OOM
+    assert all(type(piece["ids"]) is np.ndarray and np.shares_memory(piece["ids"], batch["ids"]) for piece in seen)
+    assert np.array_equal(np.concatenate([piece["ids"] for piece in seen[1:]]), batch["ids"])
+
+
+def test_review36_split_batch_accumulate_and_the_planners_batches_cut_numpy_arrays():
+    """``split_batch``, ``accumulate_gradients``, the planner's batches (``take_samples``,
+    ``cycle_samples``) and a rank's share cut an array as long as the batch; alone it is no size."""
+    from autobatch.cli.sharding import take_share
+    from autobatch.planning.samples import cycle_samples, take_samples
+
+    batch = _labelled()
+    pieces = autobatch.split_batch(batch, 3)
+    assert [piece["ids"].tolist() for piece in pieces] == [[0, 10, 20], [30, 40, 50], [60, 70]]
+    assert take_samples(batch, torch.tensor([5, 1]), B)["ids"].tolist() == [50, 10]
+    assert cycle_samples(batch, B + 2, B)["y"].tolist() == batch["y"].tolist() + batch["y"][:2].tolist()
+    assert take_share(batch, 1, 4)["ids"].tolist() == [20, 30]
+    model = nn.Linear(6, 3, dtype=torch.float64)
+    _labelled_loss(model, batch).backward()
+    whole = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    autobatch.accumulate_gradients(model, _labelled_loss, batch, 3)
+    for ours, theirs in zip((p.grad for p in model.parameters()), whole):
+        torch.testing.assert_close(ours, theirs, rtol=1e-12, atol=1e-12)
+    with pytest.raises(ValueError, match=r"no tensor with a batch dimension: dict\. .*NumPy arrays alone"):
+        autobatch.split_batch({"ids": np.arange(B)}, 4)
