@@ -120,9 +120,9 @@ def split_batch(batch: Any, micro_batch: int, *, balanced: bool = False, min_mic
     each micro-batch has the same structure. The pieces are views (no copy; a sparse COO
     tensor's are copies). A list or tuple of
     per-sample values as long as the batch (a default-collated list of file names) is split
-    with it, as are per-sample dicts and the other forms of :mod:`~autobatch.planning.samples`
-    (:func:`map_samples`); other non-tensor leaves and 0-dim tensors are shared by every
-    micro-batch. See the module docstring for the policy.
+    with it, as are per-sample dicts, NumPy arrays as long as the batch and the other forms of
+    :mod:`~autobatch.planning.samples` (:func:`map_samples`); other non-tensor leaves and 0-dim
+    tensors are shared by every micro-batch. See the module docstring for the policy.
     """
     checks.flag("balanced", balanced)  # a string is truthy: balanced="no" cut balanced without a word
     return cut_batch(batch, lambda total: micro_batch_sizes(total, micro_batch, balanced=balanced,
