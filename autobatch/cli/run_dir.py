@@ -23,11 +23,14 @@ from __future__ import annotations
 
 import atexit
 import json
+import logging
 import os
 from pathlib import Path
 from typing import Any
 
+from hydra.core.hydra_config import HydraConfig
 from hydra.experimental.callback import Callback
+from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 from omegaconf.errors import OmegaConfBaseException
 
@@ -37,6 +40,16 @@ __all__ = ["CLAIM", "claim_run_dir", "check_probe_target", "check_train_target",
 
 #: the claim's file in the run directory, holding the owning process's id
 CLAIM = ".autobatch-train.pid"
+
+
+def dir_key() -> str:
+    """The key that names this job's directory, for an error to tell what to change: a sweep's
+    job runs in ``hydra.sweep.dir`` (its numbered subdirectory), where a new ``hydra.run.dir``,
+    which the refusals named, changes nothing (a sweep run again into its directory was refused
+    job by job with the same advice)."""
+    if HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN:
+        return "hydra.sweep.dir"
+    return "hydra.run.dir"
 
 
 def claim_run_dir(run_dir: Path, rank: int = 0) -> None:
@@ -54,13 +67,13 @@ def claim_run_dir(run_dir: Path, rank: int = 0) -> None:
         if owner is not None and owner != os.getpid() and _alive(owner):
             raise ValueError(
                 f"{run_dir} is in use by another training run (process {owner}; two runs started in the same "
-                "second share Hydra's default directory, named to the second); give this run its own hydra.run.dir"
+                f"second share Hydra's default directory, named to the second); give this run its own {dir_key()}"
             ) from None
         path.unlink(missing_ok=True)  # its owner is gone, or it is this process's own
         try:
             handle = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
         except FileExistsError:  # another run took the stale claim first
-            raise ValueError(f"{run_dir} is in use by another training run; give this run its own hydra.run.dir") from None
+            raise ValueError(f"{run_dir} is in use by another training run; give this run its own {dir_key()}") from None
     with os.fdopen(handle, "w") as file:
         file.write(f"{os.getpid()}\n")
     atexit.register(_release, path, os.getpid())
@@ -96,7 +109,7 @@ def check_probe_target(run_dir: Path) -> None:
     if held:
         raise ValueError(
             f"{run_dir} holds a training run ({', '.join(held)}), whose result.json and config a probe would "
-            "overwrite; give the probe its own hydra.run.dir"
+            f"overwrite; give the probe its own {dir_key()}"
         )
 
 
@@ -112,7 +125,7 @@ def check_train_target(run_dir: Path, checkpoint_dir: str) -> None:
     refuses a probe over a training run, over a probe's answer (a ``result.json`` that
     ``python -m autobatch probe`` wrote: ``hydra.run.dir`` of a probe), which it overwrote with
     another model's and left the probe's ``plan.json`` beside it."""
-    check_fresh_target(run_dir, checkpoint_dir)
+    check_fresh_target(run_dir, checkpoint_dir, dir_key())
     try:
         command = json.loads((Path(run_dir) / "result.json").read_text(encoding="utf-8")).get("command")
     except (OSError, ValueError, AttributeError):
@@ -120,7 +133,7 @@ def check_train_target(run_dir: Path, checkpoint_dir: str) -> None:
     if isinstance(command, str) and command.startswith("python -m autobatch probe"):
         raise ValueError(
             f"{run_dir} holds a probe's result ({Path(run_dir) / 'result.json'}, of {command}), which training would "
-            "overwrite; give the training run its own hydra.run.dir"
+            f"overwrite; give the training run its own {dir_key()}"
         )
 
 
@@ -148,23 +161,71 @@ def holds_run(run_dir: Path, checkpoint_dir: str, command: str) -> bool:
 class KeepRunConfig(Callback):
     """Hydra callback (``hydra.callbacks.keep_run_config``): no ``.hydra/`` config copy into a
     run directory that already holds a run (:func:`holds_run`), where it would replace the copy
-    of the command that made that run (a refused command's too, written before it was refused)."""
+    of the command that made that run (a refused command's too, written before it was refused).
+
+    A sweep's job has no ``on_run_start``, and Hydra writes its copy and opens its log file
+    before ``on_job_start``: there ``hydra.output_subdir`` (``${autobatch.record_dir:.hydra}`` in
+    the packaged configs, :func:`record_dir`) is None for such a directory, and
+    :meth:`on_job_start` closes the job's log file where the job will be refused. Before, a
+    sweep run again into its ``hydra.sweep.dir`` replaced each earlier job's ``.hydra/`` with the
+    refused job's config and appended its error line to that job's ``train.log``."""
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
         if config.hydra.output_subdir is None:
             return
         try:
             run_dir = Path(str(config.hydra.run.dir))
-            checkpoint_dir = str(OmegaConf.select(config, "train.checkpoint_dir", default=None) or "checkpoints")
+            held = _held(config, run_dir)
         except OmegaConfBaseException:  # a directory named by a resolver that needs the running job: Hydra's way
             return
-        command = str(config.hydra.job.name)
-        if not (run_dir.is_dir() and holds_run(run_dir, checkpoint_dir, command)):
+        if not held:
             return
         with read_write(config.hydra), open_dict(config.hydra):
             config.hydra.output_subdir = None
-            if command == "probe" or OmegaConf.select(config, "train.resume", default=None) is None or _claimed(run_dir):
+            if _refused(config, run_dir):
                 _no_log_file(config.hydra.get("job_logging"))  # refused there: its error line is not the run's
+
+    def on_job_start(self, config: DictConfig, **kwargs: Any) -> None:
+        if config.hydra.mode != RunMode.MULTIRUN:
+            return
+        run_dir = Path(str(config.hydra.runtime.output_dir))
+        if _held(config, run_dir) and _refused(config, run_dir):
+            _close_log_files(run_dir)
+
+
+def _held(config: DictConfig, run_dir: Path) -> bool:
+    """Whether ``run_dir`` holds a run that a ``config`` 's command must not replace the record of."""
+    checkpoint_dir = str(OmegaConf.select(config, "train.checkpoint_dir", default=None) or "checkpoints")
+    return run_dir.is_dir() and holds_run(run_dir, checkpoint_dir, str(config.hydra.job.name))
+
+
+def _refused(config: DictConfig, run_dir: Path) -> bool:
+    """Whether ``config`` 's command will be refused in ``run_dir``, which holds a run (:func:`_held`)."""
+    command = str(config.hydra.job.name)
+    return command == "probe" or OmegaConf.select(config, "train.resume", default=None) is None or _claimed(run_dir)
+
+
+def record_dir(subdir: Any, *, _root_: DictConfig) -> Any:
+    """The ``autobatch.record_dir`` resolver: ``subdir`` (``.hydra``), or None where the job's
+    directory (``hydra.runtime.output_dir``, set by Hydra before it writes the copy) holds a run."""
+    try:
+        output_dir = OmegaConf.select(_root_, "hydra.runtime.output_dir", default=None, throw_on_missing=False)
+        held = output_dir is not None and _held(_root_, Path(str(output_dir)))
+    except OmegaConfBaseException:  # not set yet (before a run starts): Hydra's way
+        return subdir
+    return None if held else subdir
+
+
+OmegaConf.register_new_resolver("autobatch.record_dir", record_dir, replace=True)
+
+
+def _close_log_files(run_dir: Path) -> None:
+    """Close the log files Hydra opened in ``run_dir`` for this job (the console stays)."""
+    for logger in [logging.getLogger(), *map(logging.getLogger, list(logging.root.manager.loggerDict))]:
+        for handler in list(getattr(logger, "handlers", ())):
+            if isinstance(handler, logging.FileHandler) and Path(handler.baseFilename).parent == run_dir.resolve():
+                logger.removeHandler(handler)
+                handler.close()
 
 
 def _claimed(run_dir: Path) -> bool:

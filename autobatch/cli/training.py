@@ -190,12 +190,13 @@ def run_files(run_dir: Path, checkpoint_dir: str) -> list[str]:
     return [str(path) for path, there in held if there]
 
 
-def check_fresh_target(run_dir: Path, checkpoint_dir: str) -> None:
+def check_fresh_target(run_dir: Path, checkpoint_dir: str, dir_key: str = "hydra.run.dir") -> None:
     """A run started afresh (no ``train.resume``) must not overwrite the files of a run the
     directory already holds (``hydra.run.dir`` of an earlier run) or the checkpoint in a shared
     absolute ``train.checkpoint_dir``: ``ValueError`` naming how to continue it or what to
-    change. A run directory whose run failed before its first update (an empty
-    ``metrics.jsonl``, no checkpoint) is no obstacle: the rerun starts it again."""
+    change (``dir_key``: the key that sets the directory, ``hydra.sweep.dir`` for a sweep's job).
+    A run directory whose run failed before its first update (an empty ``metrics.jsonl``, no
+    checkpoint) is no obstacle: the rerun starts it again."""
     checkpoint = checkpoint_in(run_dir, checkpoint_dir)
     if _shared_checkpoint(checkpoint_dir) and _exists(checkpoint):
         raise ValueError(
@@ -208,7 +209,7 @@ def check_fresh_target(run_dir: Path, checkpoint_dir: str) -> None:
         how = "continue it with train.resume=latest, or give" if _exists(checkpoint) else "it has no checkpoint to continue from; give"
         raise ValueError(
             f"{run_dir} already holds a run ({' and '.join(held)}), which training afresh would overwrite; "
-            f"{how} a new hydra.run.dir (remove that run's files to start over)"
+            f"{how} a new {dir_key} (remove that run's files to start over)"
         )
 
 

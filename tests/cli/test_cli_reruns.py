@@ -126,3 +126,28 @@ def test_one_training_run_a_directory_and_no_probe_over_one(tmp_path):
     with pytest.raises(ValueError, match="holds a training run"):
         check_probe_target(run)
     check_probe_target(tmp_path / "elsewhere")
+
+
+def test_review36_a_sweep_jobs_refusal_names_hydra_sweep_dir(tmp_path, monkeypatch):
+    """A train sweep run again into its hydra.sweep.dir is refused job by job (each job's
+    directory holds the earlier job's run): the advice named hydra.run.dir, which a sweep's
+    jobs do not read, so following it ran into the same refusals."""
+    from types import SimpleNamespace
+
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    from autobatch.cli.run_dir import check_probe_target, check_train_target
+
+    (tmp_path / "metrics.jsonl").write_text('{"step": 1, "loss": 2.0}\n')
+    node = SimpleNamespace(mode=RunMode.MULTIRUN)
+    monkeypatch.setattr(HydraConfig, "initialized", staticmethod(lambda: True))
+    monkeypatch.setattr(HydraConfig, "get", staticmethod(lambda: node))
+    with pytest.raises(ValueError, match="give a new hydra.sweep.dir") as caught:
+        check_train_target(tmp_path, "checkpoints")
+    assert "hydra.run.dir" not in str(caught.value)
+    with pytest.raises(ValueError, match="give the probe its own hydra.sweep.dir"):
+        check_probe_target(tmp_path)
+    node.mode = RunMode.RUN  # one run: its own directory is hydra.run.dir, as before
+    with pytest.raises(ValueError, match="give a new hydra.run.dir"):
+        check_train_target(tmp_path, "checkpoints")

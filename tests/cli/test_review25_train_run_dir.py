@@ -57,3 +57,34 @@ def test_a_refused_train_leaves_the_runs_config_record_alone(cli_here, tmp_path)
     assert (run / ".hydra" / "overrides.yaml").read_text() == record
     assert not (run / ".hydra" / "config.yaml").exists()
     assert not (run / "train.log").exists()  # the refusal is not written as the end of that run's log
+
+
+def test_review36_a_sweep_job_keeps_the_record_and_log_of_the_run_in_its_directory(tmp_path):
+    """A sweep's job has no on_run_start: a train sweep run again into its hydra.sweep.dir
+    replaced each earlier job's .hydra/ with the refused job's config and appended the refusal
+    to its train.log. The packaged configs' hydra.output_subdir now resolves to None over a
+    run (Hydra reads it after setting hydra.runtime.output_dir), and on_job_start closes the
+    log file of a job that will be refused there."""
+    import logging
+
+    from hydra import compose, initialize_config_module
+    from hydra.types import RunMode
+
+    import autobatch.cli  # noqa: F401 - makes autobatch.conf importable
+
+    run = tmp_path / "0"
+    with initialize_config_module("autobatch.conf", version_base="1.3"):
+        config = compose("train", overrides=["device=auto"], return_hydra_config=True)
+    config.hydra.mode, config.hydra.runtime.output_dir = RunMode.MULTIRUN, str(run)
+    assert config.hydra.output_subdir == ".hydra"  # a new job's directory: Hydra's copy, as before
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "metrics.jsonl").write_text('{"step": 1}\n')
+    assert config.hydra.output_subdir is None
+    handler = logging.FileHandler(run / "train.log")
+    logging.getLogger().addHandler(handler)
+    try:
+        KeepRunConfig().on_job_start(config=config)
+        assert handler not in logging.getLogger().handlers
+    finally:
+        logging.getLogger().removeHandler(handler)
+        handler.close()
