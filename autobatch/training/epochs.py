@@ -125,16 +125,64 @@ def replayed(data: Iterable[Any], epoch: int, epoch_rng: dict[str, Any], resumed
     set_rng_state(epoch_rng, generators)
     try:
         batches = started(data, epoch, generators)
-        sizes = [_samples_in(batch) for batch in itertools.islice(batches, position)]
+        sizes = [_samples_in(batch) for batch in itertools.islice(batches, min(position, 1))]
+        after_first = rng_state()  # the global generators once the epoch's first batch is drawn
+        sizes += [_samples_in(batch) for batch in itertools.islice(batches, position - len(sizes))]
         skipped = len(sizes)
         if samples is not None and position > 0 and None not in sizes and sum(sizes) != samples:  # type: ignore[arg-type]
             raise ValueError(_other_batches(epoch, position, samples, sizes))
         if skipped < position:
             log.warning("resume: the epoch has only %d batches, the checkpoint is at %d", skipped, position)
         ahead = list(itertools.islice(batches, 1)) if fetched and skipped == position else []
+        if position > 0 and _order_drawn_here(data):
+            _warn_interleaved_draws(epoch, position, after_first, rng_state(), resumed_rng)
     finally:  # also where the data raised drawing a skipped batch: the run's random state, not the replay's
         set_rng_state({key: value for key, value in resumed_rng.items() if key != "data"})
     return EpochBatches(batches, epoch, drawn=skipped + len(ahead), ahead=ahead, data=data)
+
+
+def _order_drawn_here(data: Iterable[Any]) -> bool:
+    """Whether ``data`` may draw which samples come next in this process, batch by batch: an
+    ``IterableDataset``'s ``DataLoader`` without workers, or an iterable that is no ``DataLoader``
+    (a map-style dataset's order is its sampler's, drawn at the epoch's first batch, and what its
+    ``__getitem__`` draws, augmentation, picks no sample)."""
+    if isinstance(data, torch.utils.data.DataLoader):
+        return isinstance(data.dataset, torch.utils.data.IterableDataset) and not data.num_workers
+    return True
+
+
+def _same_global(one: dict[str, Any], other: dict[str, Any]) -> bool:
+    """Whether two :func:`rng_state` values hold the same CPU torch, Python and NumPy generators."""
+    def equal(a: Any, b: Any) -> bool:
+        if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+            return isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and torch.equal(a, b)
+        if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+            return len(a) == len(b) and all(equal(x, y) for x, y in zip(a, b))
+        return a == b
+    return all(equal(one.get(key), other.get(key)) for key in ("torch", "python", "numpy"))
+
+
+def _warn_interleaved_draws(epoch: int, position: int, after_first: dict[str, Any], replayed_to: dict[str, Any],
+                            saved: dict[str, Any]) -> None:
+    """Warn where the replay cannot have drawn the interrupted run's batches: drawing them after the
+    epoch's first moved the global generators, and the replay, which draws them with no step in
+    between, ends elsewhere than the checkpoint's state, so the run's steps drew from them too
+    (dropout) between its batches. A shuffle buffer drawing from torch's generator in an
+    ``IterableDataset``'s ``__iter__`` (no workers) then picked other samples: resumed 3 batches into
+    a 24-sample epoch, the rest of it trained 3 samples twice and 3 not at all, without a word.
+    A data set that draws nothing after its first batch (a whole-epoch shuffle in ``__iter__``), or
+    a run whose steps draw nothing, replays exactly and is not warned."""
+    if _same_global(after_first, replayed_to) or _same_global(replayed_to, saved):
+        return
+    log.warning(
+        "resume: the data drew from the global random generators (torch's, Python's or NumPy's) while its batches "
+        "were drawn, between the interrupted run's steps, which drew from them too (dropout); the resume skips the "
+        "%d batches trained in epoch %d without those steps' draws, so where the data draws which samples come next "
+        "(a shuffle buffer in an IterableDataset's __iter__) the rest of the epoch may train some samples twice and "
+        "others not at all. For an exact resume draw the order from a generator the dataset holds "
+        "(self.generator = torch.Generator(), which checkpoints save) or seeds by the epoch (set_epoch)",
+        position, epoch + 1,
+    )
 
 
 def _samples_in(batch: Any) -> int | None:

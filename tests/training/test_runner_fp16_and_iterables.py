@@ -146,3 +146,44 @@ def test_skipped_steps_are_counted_without_reading_the_scale_each_step(monkeypat
     runner, result, scaler, _ = fp16_run()
     assert result.skipped_steps == fp16_reference[2] == 4
     assert all(scale is None for scale in reads)  # only the initial scale, before the first step made the tensor
+
+
+class LazyShuffle(IterableDataset):
+    """Draws each next sample as it goes (a shuffle buffer's way), from torch's global generator
+    or from ``generator``, one it holds (which a checkpoint saves)."""
+
+    def __init__(self, generator: torch.Generator | None = None) -> None:
+        self.generator = generator
+
+    def __iter__(self):
+        x = torch.linspace(-1, 1, 24, dtype=torch.float64).reshape(24, 1)
+        remaining = list(range(24))
+        while remaining:
+            i = remaining.pop(int(torch.randint(len(remaining), (), generator=self.generator)))
+            yield x[i], x[i] * 2, i
+
+
+def test_review36_resume_warns_where_the_data_draws_its_order_between_steps(tmp_path, caplog):
+    """A shuffle drawn batch by batch from torch's generator, in a run whose dropout draws from it
+    between the batches: the resume's replay draws the skipped batches with no step in between, so
+    the rest of the epoch is other samples (3 twice, 3 never, for this one), which was silent.
+    Held on the dataset as its own generator, the same shuffle resumes exactly, without a warning."""
+    for generator, warned in ((None, True), (torch.Generator().manual_seed(1), False)):
+        seen: list[int] = []
+
+        def loss(model, batch):
+            seen.extend(batch[2].tolist())
+            return nn.functional.mse_loss(model(batch[0]), batch[1])
+
+        def runner(folder):
+            torch.manual_seed(0)
+            model = nn.Sequential(nn.Linear(1, 4), nn.Dropout(0.5), nn.Linear(4, 1)).double()
+            return Runner(model, torch.optim.SGD(model.parameters(), lr=0.1), loss, global_batch=4, micro_batch=4,
+                          progress=False, checkpoint_dir=folder)
+
+        folder = tmp_path / str(warned)
+        runner(folder).fit(DataLoader(LazyShuffle(generator), batch_size=4), steps=3)
+        caplog.clear()
+        runner(folder).fit(DataLoader(LazyShuffle(generator), batch_size=4), epochs=1, resume=folder)
+        assert ("may train some samples twice" in caplog.text) is warned
+        assert (sorted(seen) == list(range(24))) is not warned
