@@ -58,7 +58,7 @@ from torch.utils.checkpoint import checkpoint
 
 from .. import checks
 from .module_names import (WRAPPER_ATTRIBUTES, checkpoint_targets as _targets, has_module as _has_module, misnamed_targets,
-                           module_names_for, short_names as _short)
+                           module_names_for, short_names as _short, unregistered_hint)
 from .own_checkpointing import (checkpoint_by_protocol, checkpoints_by_protocol, own_checkpointing, own_checkpointing_hint,
                                 recompute_without_cache)
 from .recompute_state import recompute_contexts, writes_state
@@ -257,6 +257,8 @@ def no_blocks_hint(model: nn.Module, targets: Iterable[str | type] | None = None
     if own:
         return own_checkpointing_hint(own, model)
     found = find_blocks(model, targets)
+    if not found and unregistered_hint(model):
+        return unregistered_hint(model)
     replaced = [name for name in found if "forward" in model.get_submodule(name).__dict__
                 and not is_checkpointed(model.get_submodule(name))]
     if found and len(replaced) == len(found):

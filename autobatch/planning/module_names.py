@@ -11,11 +11,13 @@ a pattern, another case). Kept apart from
 from __future__ import annotations
 
 import fnmatch
+from collections import Counter
 from typing import Any, Sequence
 
 from torch import nn
 
-__all__ = ["WRAPPER_ATTRIBUTES", "checkpoint_targets", "has_module", "misnamed_targets", "module_names_for", "short_names"]
+__all__ = ["WRAPPER_ATTRIBUTES", "checkpoint_targets", "has_module", "misnamed_targets", "module_names_for", "short_names",
+           "unregistered_hint"]
 
 
 #: attributes under which a wrapper holds the model: DDP's and DataParallel's ``module``,
@@ -59,6 +61,39 @@ def module_names_for(model: nn.Module, names: list[str]) -> list[str]:
     return list(names)
 
 
+#: the attributes every nn.Module has (its registries among them): never a user's plain container of modules
+_MODULE_ATTRIBUTES = frozenset(vars(nn.Module()))
+
+
+def unregistered_hint(model: nn.Module) -> str:
+    """Where repeated modules with parameters sit in plain Python attributes of the model's modules (``self.blocks =
+    [Block() for _ in range(4)]``, a tuple or dict of them, one level of nesting), which PyTorch does not register,
+    a sentence saying so and what to change; else empty (a single module kept in a list, an EMA teacher hidden from
+    ``state_dict`` on purpose, is no block). Neither the automatic rule nor ``checkpoint_targets`` can
+    reach such blocks (nor ``model.parameters()``, ``state_dict`` or ``.to()``), and the error said "activation
+    checkpointing cannot help this model" or listed the model's classes without theirs."""
+    registered = {id(module) for module in model.modules()}
+    found = []
+    for prefix, owner in model.named_modules():
+        for attr, value in vars(owner).items():
+            if attr in _MODULE_ATTRIBUTES or not isinstance(value, (list, tuple, dict)):
+                continue
+            entries = [inner for entry in (value.values() if isinstance(value, dict) else value) for inner in (
+                (entry.values() if isinstance(entry, dict) else entry) if isinstance(entry, (list, tuple, dict)) else [entry])]
+            hidden = [entry for entry in entries if isinstance(entry, nn.Module) and id(entry) not in registered
+                      and any(True for _ in entry.parameters())]
+            repeated = [cls for cls, count in Counter(type(entry) for entry in hidden).items() if count >= 2]
+            if repeated:  # blocks; one module kept out on purpose (an EMA teacher in a list, off state_dict) is none
+                found.append(f"{prefix + '.' if prefix else ''}{attr}: a {type(value).__name__} of {len(hidden)} "
+                             f"modules, {', '.join(cls.__name__ for cls in repeated)}")
+    if not found:
+        return ""
+    return (f"the model holds modules with parameters in plain Python attributes ({'; '.join(found[:4])}), which PyTorch "
+            "does not register: autobatch cannot checkpoint them, and model.parameters(), state_dict() and .to() leave "
+            "them out (an optimizer built from model.parameters() does not train them); hold them in nn.ModuleList or "
+            "nn.ModuleDict (self.blocks = nn.ModuleList([...]))")
+
+
 def misnamed_targets(model: nn.Module, targets: Sequence[Any]) -> str:
     """Why targets that match no class may have missed: a module's *name* given for a class
     (``'blocks.0'``: its class is named instead, or ``Plan.apply`` / ``enable_checkpointing(modules=)``
@@ -67,6 +102,8 @@ def misnamed_targets(model: nn.Module, targets: Sequence[Any]) -> str:
     matched exactly, and the error listed the classes as if one were misspelt), a class name in other
     case (``'gpt2block'``), or modules of another copy of the model (a deepcopy's blocks)."""
     classes = {cls.__name__ for module in model.modules() for cls in type(module).__mro__}
+    if unregistered := unregistered_hint(model):
+        return f"; {unregistered}"
     if any(isinstance(target, nn.Module) for target in targets):
         return ("; modules given as targets match only those very objects, which this model does not hold (another "
                 "copy's blocks?): pass its own modules, or their class")

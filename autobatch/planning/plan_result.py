@@ -15,6 +15,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import torch
 from .. import checks
+from ..memory.units import counted
 from ..probe.result import ProbeResult, labelled
 from .accumulation import micro_batch_sizes, split_batch
 from .checkpointing import CheckpointHandle, enable_checkpointing, module_names_for
@@ -155,8 +156,8 @@ class Plan:
             labelled("global batch", self.global_batch),
             labelled("micro-batch", f"{self.micro_batch} x {self.accumulation_steps} accumulation steps"
                      + (f" (sizes {sizes_text(self.micro_batch_sizes)})" if self.accumulation_steps > 1 else "")),
-            labelled("checkpointing", f"on, {len(self.checkpointed_modules)} modules ({short_list(self.checkpointed_modules)})"
-                     if self.checkpointing else "off"),
+            labelled("checkpointing", f"on, {counted(len(self.checkpointed_modules), 'module')} "
+                     f"({short_list(self.checkpointed_modules)})" if self.checkpointing else "off"),
             labelled("objective", self.objective),
             labelled("reason", self.reason),
         ]
