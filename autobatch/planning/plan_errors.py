@@ -11,7 +11,7 @@ from __future__ import annotations
 from torch.utils.checkpoint import CheckpointError
 
 from ..errors import NoBatchFitsError, add_note
-from ..memory.units import format_bytes
+from ..memory.units import counted, format_bytes
 from ..probe.foreach import foreach_note
 from .checkpointing import find_blocks, finer_blocks_hint, no_blocks_hint
 from .own_checkpointing import cache_note, own_checkpointing, recomputed_blocks
@@ -56,7 +56,7 @@ class PlanErrors:
         finer = finer_blocks_hint(self.step.model, modules)  # stages wrapped whole: name their blocks
         return self._attempts_error(
             checkpoint_error,
-            f"This is with activation checkpointing of {len(modules)} blocks "
+            f"This is with activation checkpointing of {counted(len(modules), 'block')} "
             f"({short_list(modules)}); without it batch {plain_error.batch_size} peaked at "
             f"{format_bytes(plain_error.peak_bytes)} before failing.{finer} "
             f"{'Else try' if finer else 'Try'} {self._other_options()}.",
@@ -129,7 +129,7 @@ class PlanErrors:
             if "modified by an inplace operation" in str(exc):
                 self.in_place_note(exc, modules)
             return
-        add_note(exc, f"autobatch: this came from plan()'s activation checkpointing of {len(modules)} blocks "
+        add_note(exc, f"autobatch: this came from plan()'s activation checkpointing of {counted(len(modules), 'block')} "
                       f"({short_list(modules)}): a block's forward ran otherwise when recomputed in backward (it writes "
                       "state it then reads, such as a key/value cache passed in: model.config.use_cache = False, or "
                       "branches on it). Name other blocks in checkpoint_targets, checkpoint them your own way "
@@ -142,7 +142,7 @@ class PlanErrors:
         made ``plan()`` fail, where batch 1 needed checkpointing, with autograd's text alone."""
         layers = [first for first in map(self._first_layer, modules) if first is not None]
         found = f"; their first layer is in place: {short_list(layers)}" if layers else ""
-        add_note(exc, f"autobatch: this came from plan()'s activation checkpointing of {len(modules)} blocks "
+        add_note(exc, f"autobatch: this came from plan()'s activation checkpointing of {counted(len(modules), 'block')} "
                       f"({short_list(modules)}){found}. A block that writes its input in place (inplace=True on its "
                       "first layer, or x.add_(...) on it) cannot be recomputed in backward: it would read the input "
                       "changed. Make that op not in-place (inplace=False), name other blocks in checkpoint_targets, "

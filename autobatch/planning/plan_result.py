@@ -66,7 +66,7 @@ class Plan:
             self._told = True
             warnings.warn(
                 f"this plan's micro-batch {self.micro_batch} was planned with activation checkpointing on "
-                f"{len(self.checkpointed_modules)} modules ({short_list(self.checkpointed_modules)}), which is not on: "
+                f"{counted(len(self.checkpointed_modules), 'module')} ({short_list(self.checkpointed_modules)}), which is not on: "
                 "call plan.apply(model) before training (a plan loaded from JSON does not apply itself), or the "
                 "micro-batch may run out of memory", RuntimeWarning, stacklevel=2)
         return split_batch(batch, self.micro_batch, balanced=self.balanced)

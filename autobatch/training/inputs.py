@@ -304,7 +304,7 @@ def checked_micro_batch(micro_batch: Any, global_batch: int) -> int | None:
               if handle is not None and handle.active]
     if fields.get("checkpointing") and not active:  # plan() turned it on in the planned model already
         steps.append("call plan.apply(model) first (its micro-batch was measured with activation checkpointing on "
-                     f"{len(fields.get('checkpointed_modules') or [])} modules; plan.from_dict does not turn it on)")
+                     f"{counted(len(fields.get('checkpointed_modules') or []), 'module')}; plan.from_dict does not turn it on)")
     if fields.get("global_batch") not in (None, global_batch):
         steps.append(f"this plan is for {fields['global_batch']} samples a step, not global_batch={global_batch}: plan "
                      "for the runner's batch (per rank under torch.distributed), or pass global_batch=plan.global_batch")
