@@ -66,11 +66,13 @@ class EndsSteps:
     _hook_failure: FailedDraw | None = None  # this rank's on_step_end error, not raised yet (distributed)
     _nonfinite: tuple[torch.Tensor, torch.Tensor] | None = None  # (steps, first step) with a NaN/inf loss, not read yet
     _warned_nonfinite = False
+    _warned_twice = False  # the runner's scheduler stepped outside it too (_note_applied_lrs)
 
     def _after_step(self, loss: float | torch.Tensor, size: int, progress: Progress,
                     on_step_end: Callable[[dict[str, Any]], None] | None) -> None:
         self.step += 1
         self.position += 1
+        self._scheduler_seen = (self.step, _step_marks(self.scheduler))  # what on_step_end, loss_fn may step: _note_applied_lrs
         self._epoch_samples = (self._epoch_samples if self.position > 1 else 0) + size
         result = self.result
         result.steps_this_run += 1
@@ -164,7 +166,19 @@ class EndsSteps:
 
     def _note_applied_lrs(self) -> None:
         """Keep the learning rates the step applied, before ``scheduler.step()`` changes them (a tensor
-        ``lr``, which a scheduler fills in place, copied: no device sync in a step)."""
+        ``lr``, which a scheduler fills in place, copied: no device sync in a step). Where the runner's
+        ``scheduler`` was stepped since the runner last stepped it (a ``scheduler.step()`` kept in
+        ``on_step_end`` or ``loss_fn``, as in the loop the run was ported from), it steps twice a step and
+        its schedule runs ahead (a 10-step warmup done in 5) without a word: warned, once."""
+        seen = getattr(self, "_scheduler_seen", None)
+        if seen is not None and seen[0] == self.step and _step_marks(self.scheduler) != seen[1] and not self._warned_twice:
+            self._warned_twice = True
+            log.warning(
+                "the runner's scheduler (%s) was stepped outside the runner after step %d (steps count from 0): a "
+                "scheduler.step() in on_step_end or loss_fn. The runner steps its scheduler once after every optimizer "
+                "step itself, so it now steps twice a step and the schedule runs ahead of the steps; remove that "
+                "scheduler.step(), or pass scheduler=None and step it there yourself", type(self.scheduler).__name__,
+                self.step - 1)
         self._applied_lrs = [lr.clone() if isinstance(lr := group["lr"], torch.Tensor) else lr
                              for group in self.optimizer.param_groups]
 
@@ -222,3 +236,10 @@ class EndsSteps:
             log.warning("fit() trained no step: the run has done %s and %s already, which reach %s (steps and "
                         "epochs count the whole run, resumed parts included); pass a larger one to train on%s",
                         counted(self.step, "step"), counted(self.epoch, "full epoch"), limit, loop)
+
+
+def _step_marks(scheduler: Any) -> tuple[Any, ...]:
+    """What a ``scheduler.step()`` moves: the ``last_epoch`` of ``scheduler`` and of the schedulers it
+    steps (``ChainedScheduler`` counts none itself); an object without one gives nothing to compare."""
+    parts = () if scheduler is None else (scheduler, *getattr(scheduler, "_schedulers", ()))
+    return tuple(getattr(part, "last_epoch", None) for part in parts)

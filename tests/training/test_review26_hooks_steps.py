@@ -104,3 +104,32 @@ def test_early_stop_from_hook_says_why_and_saves(tmp_path) -> None:
     assert (again.stopped, again.stop_reason) == (False, None)
     with pytest.raises(TypeError, match="reason"):
         runner.request_stop(3)
+
+
+@pytest.mark.filterwarnings(r"ignore:Detected call of `lr_scheduler.step\(\)` before")
+@pytest.mark.parametrize("where", ["on_step_end", "loss_fn"])
+def test_review36_scheduler_stepped_by_runner_and_user_is_warned(caplog, where: str) -> None:
+    # a loop ported with its scheduler.step() kept (in the hook, or in loss_fn at one micro-batch a step) and the
+    # scheduler also given as Runner(scheduler=...): stepped twice a step, a 6-step warmup done in 3, without a word
+    model = _model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda k: min(1.0, (k + 1) / 6))
+
+    def loss(model, batch):
+        if where == "loss_fn":
+            scheduler.step()
+        return _loss(model, batch)
+
+    runner = Runner(model, optimizer, loss, global_batch=8, micro_batch=8, scheduler=scheduler, **QUIET)
+    with caplog.at_level(logging.WARNING, logger="autobatch"):
+        runner.fit(_data(4), on_step_end=(lambda info: scheduler.step()) if where == "on_step_end" else None)
+    warned = [r.message for r in caplog.records if "stepped outside the runner" in r.message]
+    assert len(warned) == 1 and "after step 0" in warned[0] and "LambdaLR" in warned[0]  # once, at the first
+    caplog.clear()
+    model = _model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    alone = Runner(model, optimizer, _loss, global_batch=8, micro_batch=8,
+                   scheduler=torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=0.5, total_steps=4), **QUIET)
+    with caplog.at_level(logging.WARNING, logger="autobatch"):
+        alone.fit(_data(4), on_step_end=lambda info: None)  # the runner alone steps it: no warning
+    assert not [r for r in caplog.records if "stepped outside the runner" in r.message]
