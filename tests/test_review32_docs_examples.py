@@ -5,7 +5,8 @@ the CPU smoke run of the planner's benchmark does not fail on timing noise.
 leave their inputs (``step``, ``loader``) to the reader; the reports page's block is meant to be
 copied whole (it read ``step`` and ``rows`` no line made, and ``pd`` no line imported), so here
 every name it reads must be made by it. Running it takes seconds (a probe and a timed plan), so
-it is checked statically.
+it is checked statically. What the pages show a command print (a probe table) or an object hold (a
+decorator's attempts) is compared with what the code prints and holds.
 """
 
 from __future__ import annotations
@@ -50,3 +51,47 @@ def test_review32_bench_plan_cpu_timings_not_judged():
     assert bench.verdict(0.958, "cpu") == ("not judged on the CPU (a check that the script runs)", True)
     assert bench.verdict(0.958, "cuda") == ("FAIL: within 3%", False)
     assert bench.verdict(0.99, "cuda") == ("PASS: within 3%", True)
+
+
+def _printed_probe_tables():
+    """Each probe table a docs page prints (a ```text/```console block holding a ``trials`` line)."""
+    for page in sorted((REPO / "docs").glob("*.md")):
+        for block in re.findall(r"^```(?:text|console)\n(.*?)^```", page.read_text(), re.S | re.M):
+            lines = block.splitlines()
+            for i, line in enumerate(lines):
+                if line.startswith("trials    ") and i and lines[i - 1].startswith("strategy "):
+                    yield page.name, lines[i - 2:i + 5]
+
+
+def test_review36_printed_probe_tables_are_summarys():
+    """A probe table the docs print (the command line's output) reads as ``ProbeResult.summary()``
+    prints it: docs/cli.md showed ``trials          9 (4 OOM)`` after the line had become
+    ``9 trials (4 OOM)``. Each table's figures are rebuilt into a result and its lines compared."""
+    from autobatch import ProbeResult, TrialRecord
+
+    tables = list(_printed_probe_tables())
+    assert tables, "no printed probe table found in docs/"
+    for page, table in tables:
+        value = {line[:16].strip(): line[16:] for line in table}
+        count, ooms = map(int, re.search(r"(\d+)\D+(\d+) OOM", value["trials"]).groups())
+        strategy, _, used = value["strategy"].partition(" -> ")
+        size = int(value["batch size"])
+        trials = [TrialRecord(size + 1, False, 0, 0.1)] * ooms + [TrialRecord(size, True, 0, 0.1)] * (count - ooms)
+        result = ProbeResult(batch_size=size, strategy=strategy, strategy_used=used or strategy, trials=trials,
+                             capacity_bytes=None, elapsed_s=float(value["time"].split()[0]), margin=0.0,
+                             device=value["device"])
+        printed = {line[:16].strip(): line for line in result.summary().splitlines()}
+        for label in ("batch size", "strategy", "trials", "device", "time"):
+            wanted = next(line for line in table if line[:16].strip() == label)
+            assert printed[label] == wanted, f"docs/{page} prints {wanted!r} where summary() prints {printed[label]!r}"
+
+
+def test_review36_decorator_example_lists_every_attempt_field():
+    """docs/integrations.md's first example lists what each of ``train.attempts`` holds; it left out
+    ``start_bytes``, ``capacity_bytes``, ``error`` and ``next_batch_size``."""
+    import dataclasses
+
+    from autobatch.integrations.decorator import Attempt
+
+    listed = re.search(r"# every attempt: ([\w, ]+)", (REPO / "docs" / "integrations.md").read_text()).group(1)
+    assert listed.split(", ") == [f.name for f in dataclasses.fields(Attempt)]
