@@ -390,6 +390,5 @@ def _cache_lookup(call: _Call, cache, cache_key, restore=None) -> ProbeResult | 
         return None
     forget_own_layout(hit)
     hit.elapsed_s = time.perf_counter() - call.began
-    hit.notes.append(f"from the probe cache ({call.store.path_of(call.key)}); no trial ran")
     log.info("probe cache hit: batch %d (%s)", hit.batch_size, call.store.path_of(call.key))
     return call.agreement.batch(hit)

@@ -117,7 +117,8 @@ def _warn_unlockable_once(directory: Path, exc: CacheLockError) -> None:
     """One warning per directory whose lock file cannot be created: every probe would say it."""
     if f"lock:{directory}" not in _warned:
         _warned.add(f"lock:{directory}")
-        log.warning("%s; probe results are not cached there (choose a writable cache directory)", exc)
+        log.warning("%s; probe results are not cached there (choose a writable cache directory: $AUTOBATCH_CACHE_DIR, "
+                    "cache=path, or cache=False)", exc)
 
 
 def _warn_unwritable_once(directory: Path, path: Path, exc: Exception) -> None:
@@ -207,6 +208,12 @@ class ProbeCache:
         result.cached = True
         # its notes tell how the storing probe found the answer, not what this call did
         result.notes = [note if note.startswith(STORED_NOTE) else STORED_NOTE + note for note in result.notes]
+        # which entry, from when and what it saved: the hit's own time is the look-up's (a summary
+        # said "cached" and "0.01 s", never that the answer was a week old or what the probe took)
+        created = data.get("created")
+        stored = f", stored {created}" if isinstance(created, str) and created else ""
+        result.notes.append(f"from the probe cache ({self.path_of(key)}{stored} by a probe of {result.elapsed_s:.2f} s); "
+                            "no trial ran")
         return result
 
     def put(self, key: str, components: dict[str, Any], result: ProbeResult) -> Path | None:
