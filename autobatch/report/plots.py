@@ -71,8 +71,8 @@ _FIGURES = _Figures()
 
 def _pyplot() -> _Figures:
     """What draws the figures (:class:`_Figures`), once matplotlib is known to be importable."""
-    try:
-        import matplotlib  # noqa: F401
+    try:  # the module that draws, not the package alone: a broken install whose compiled parts
+        import matplotlib.figure  # noqa: F401  fail to load there got a bare error from inside plot_probe
     except ImportError as exc:  # a dependency of autobatch, but an environment may lack it
         raise ImportError(
             f"plots need matplotlib ({exc}): pip install 'matplotlib>=3.7' (on the command line, "
@@ -308,7 +308,7 @@ def plot_sweep(
         batch_axis.set_ylim(bottom=0, top=max([b or 0 for b in batches] + [1]) * 1.15)
         batch_axis.grid(True, axis="y", alpha=0.3)
         stopped = states.count("interrupted")  # counted as the CLI's last line counts them
-        counts = f"{len(rows)} jobs, {sum(bool(s) for s in states) - stopped} failed" + (f", {stopped} interrupted" if stopped else "")
+        counts = f"{counted(len(rows), 'job')}, {sum(bool(s) for s in states) - stopped} failed" + (f", {stopped} interrupted" if stopped else "")
         batch_axis.set_title(title or f"sweep: {counts}", fontsize=10)
         time_axis.bar(positions, [t or 0 for t in times], color="#7f7f7f")
         time_axis.set_ylabel("final loss" if trained else "probe time (s)")  # time_s: 0 from the probe cache

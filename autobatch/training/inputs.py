@@ -373,7 +373,12 @@ def _sizes_text(sizes: list[int]) -> str:
 #: peers' names for the Runner's keywords (Lightning's, Transformers'), suggested where given
 RUNNER_ALIASES = {"batch_size": "global_batch", "micro_batch_size": "micro_batch", "gradient_accumulation_steps": "micro_batch",
                   "accumulate_grad_batches": "micro_batch", "gradient_clip_val": "max_grad_norm", "scaler": "grad_scaler",
-                  "lr_scheduler": "scheduler", "precision": "autocast_dtype", "checkpoint_path": "checkpoint_dir"}
+                  "lr_scheduler": "scheduler", "precision": "autocast_dtype", "checkpoint_path": "checkpoint_dir",
+                  # a checkpoint or log period's peer names: by spelling alone, save_steps was "did you mean 'steps'?"
+                  # (which ends the run there) and save_every "did you mean 'log_every'?"
+                  "save_steps": "checkpoint_every", "save_every": "checkpoint_every", "every_n_train_steps": "checkpoint_every",
+                  "logging_steps": "log_every", "log_interval": "log_every", "output_dir": "checkpoint_dir",
+                  "enable_progress_bar": "progress", "disable_tqdm": "progress"}
 #: ``plan()``'s and the probe's keywords that a Runner takes in ``plan_options`` (the memory budget's
 #: ``memory_limit`` above all), told where they go where passed to the Runner itself
 RUNNER_PLAN_KEYWORDS = {key: "plan_options" for key in ("memory_limit", "margin", "strategy", "objective", "cache",

@@ -3,7 +3,10 @@
 The bar shows the global step, samples/s, micro-batch x accumulation steps and the OOM
 recoveries so far. When stderr is not a terminal (a batch job, CI, a log file) the bar is
 off and the same figures go to the ``autobatch`` logger every ``log_every`` steps, so logs
-are not flooded with carriage returns.
+are not flooded with carriage returns. A Jupyter kernel's stderr (ipykernel's ``OutStream``) is
+no terminal to ``isatty()``, yet a person watches it: there the bar is on too (``tqdm.auto``
+draws a notebook's widget), for the log lines went to a logger a notebook rarely configures, and
+a first run showed nothing until it ended.
 
 Its samples/s is the mean over this ``fit()``'s steps so far (the samples since the bar began
 over the wall time since then, the first steps' warm-up included), and says so ("mean
@@ -23,8 +26,13 @@ __all__ = ["Progress"]
 log = logging.getLogger("autobatch")
 
 
+def _watched(stream: Any) -> bool:
+    """Whether a person watches ``stream``: a terminal, or a Jupyter kernel's output stream."""
+    return bool(getattr(stream, "isatty", lambda: False)()) or type(stream).__module__.startswith("ipykernel.")
+
+
 class Progress:
-    """Report training progress. ``bar``: True, False, or None for "when stderr is a TTY"."""
+    """Report training progress. ``bar``: True, False, or None for "when stderr is a TTY or a notebook's"."""
 
     def __init__(
         self,
@@ -36,7 +44,7 @@ class Progress:
         file: IO[str] | None = None,
     ) -> None:
         stream = file if file is not None else sys.stderr
-        use_bar = bar if bar is not None else bool(getattr(stream, "isatty", lambda: False)())
+        use_bar = bar if bar is not None else _watched(stream)
         self.log_every = log_every or None
         self.bar = None
         if use_bar:

@@ -119,7 +119,7 @@ class Runner(OomRecovery, SplitsInMultiples, EndsSteps, Resumable, PlansFromData
         checkpoint_every: steps between checkpoints (None: only at the end); needs ``checkpoint_dir``.
         extra_state: what else the checkpoints hold, by name: objects with ``state_dict()`` and
             ``load_state_dict()`` (an EMA model updated in ``on_step_end``), put back on resume.
-        progress: tqdm bar True / False / None (when stderr is a terminal); ``log_every``:
+        progress: tqdm bar True / False / None (when stderr is a terminal or a notebook's); ``log_every``:
             log-line period without a bar.
         autocast_dtype: run forward and loss under ``torch.autocast`` (e.g. ``"bfloat16"``).
         grad_scaler: a ``torch.amp.GradScaler`` for fp16 (with ``autocast_dtype="float16"``):

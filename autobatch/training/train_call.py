@@ -33,6 +33,7 @@ def train(
     steps: int | None = None,
     resume: str | os.PathLike | None = None,
     on_step_end: Callable[[dict[str, Any]], None] | None = None,
+    global_batch: int,
     **options: Any,
 ) -> RunResult:
     """Build a :class:`~autobatch.Runner` from plain keyword ``options`` and fit it: the CLI's entry point.
@@ -44,5 +45,7 @@ def train(
     epoch). Every option is checked when the runner is made, before any training; a keyword
     neither takes is one ``TypeError`` naming the closest (``max_epochs``: ``epochs``).
     """
-    runner = Runner(model, optimizer, loss_fn, **options)
+    # global_batch is train()'s own required keyword, so that leaving it out is said of train(), the call
+    # made, not of "Runner.__init__()"
+    runner = Runner(model, optimizer, loss_fn, global_batch=global_batch, **options)
     return runner.fit(data, epochs=epochs, steps=steps, resume=resume, on_step_end=on_step_end)

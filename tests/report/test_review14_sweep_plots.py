@@ -79,3 +79,22 @@ def test_a_missing_matplotlib_says_what_to_install(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "matplotlib", None)
     with pytest.raises(ImportError, match=r"pip install 'matplotlib>=3.7'.*probe\.plot=false"):
         plots.plot_sweep(ROWS, tmp_path / "s.png")
+
+
+def test_review36_a_one_job_sweep_is_one_job(tmp_path, drawn):
+    """A sweep of one job (or a summary.csv of one row) was titled ``sweep: 1 jobs, 0 failed``."""
+    plots.plot_sweep(ROWS[:1], tmp_path / "s.png")
+    assert drawn[0].axes[0].get_title() == "sweep: 1 job, 0 failed"
+
+
+def test_review36_a_broken_matplotlib_says_what_to_install(tmp_path, monkeypatch):
+    """A matplotlib that imports but whose drawing module does not (a compiled part that fails to
+    load; here ``matplotlib.figure`` stands in for it) gave a bare ``ModuleNotFoundError`` from
+    inside ``plot_probe``, naming no install."""
+    import matplotlib  # noqa: F401  (the package itself imports)
+
+    monkeypatch.setitem(sys.modules, "matplotlib.figure", None)
+    result = ProbeResult(batch_size=8, strategy="binary", strategy_used="binary", capacity_bytes=1 << 20,
+                         trials=[TrialRecord(8, True, 1 << 19, 1.0)], elapsed_s=0.1, margin=0.0)
+    with pytest.raises(ImportError, match=r"plots need matplotlib .*pip install 'matplotlib>=3.7'"):
+        plots.plot_probe(result, tmp_path / "c.png")

@@ -57,6 +57,19 @@ def test_review32_train_keywords_are_fits_and_the_runners():
     assert (result.steps, seen) == (2, [1, 2])
 
 
+def test_review36_train_names_itself_and_a_peers_period_keyword():
+    """``train()`` without ``global_batch`` was "Runner.__init__() missing ...", a call the user did
+    not make; Transformers' ``save_steps`` was "did you mean 'steps'?" (which ends the run there),
+    ``save_every`` "did you mean 'log_every'?", ``logging_steps`` a list of every keyword."""
+    model = make_model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    with pytest.raises(TypeError, match=r"^train\(\) missing 1 required keyword-only argument: 'global_batch'$"):
+        autobatch.train(model, optimizer, mse, make_data(), steps=1)
+    for key, meant in (("save_steps", "checkpoint_every"), ("save_every", "checkpoint_every"), ("logging_steps", "log_every")):
+        with pytest.raises(TypeError, match=rf"'{key}'; did you mean '{meant}'\?$"):
+            autobatch.train(model, optimizer, mse, make_data(), global_batch=16, **{key: 10})
+
+
 def test_review32_checkpoint_dir_of_another_kind():
     model = make_model()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)

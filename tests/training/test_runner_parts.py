@@ -118,3 +118,14 @@ def test_progress_bar_on_a_terminal_and_log_lines_elsewhere(caplog):
         for step in range(1, 5):
             quiet.update(step, 16, 8, 2, 0, 1.0)
     assert [r.getMessage().split()[1] for r in caplog.records] == ["2/4", "4/4"]
+
+
+def test_review36_a_notebook_shows_the_bar():
+    """A Jupyter kernel's stderr (ipykernel's OutStream) answers ``isatty()`` False: the bar was off
+    and the progress went to log lines at INFO, which a notebook that configures no logging never
+    shows, so a first run in a notebook showed nothing until it ended."""
+    OutStream = type("OutStream", (io.StringIO,), {"__module__": "ipykernel.iostream"})
+    notebook = Progress(3, bar=None, file=OutStream())
+    assert notebook.bar is not None
+    notebook.close()
+    assert Progress(3, bar=None, file=io.StringIO()).bar is None  # a log file or pipe: log lines
