@@ -16,7 +16,8 @@ def _step():
                      lambda n: torch.randn(n, 16))
 
 
-def test_review34_trace_cost_weighs_first_trace():
+def test_review34_trace_cost_weighs_first_trace(monkeypatch):
+    monkeypatch.setattr(trace_cost, "FLOOR_S", 1.0)  # the shipped floor (tests run with none: conftest)
     ticks = iter([0.0, 3.0, 10.0, 11.5, 20.0, 20.1])  # traces of 3 s, 1.5 s and 0.1 s
     traces, trials, seconds = [], [], iter([0.1, 1.0])  # trials of 0.1 s and 1 s
     cost = trace_cost.TraceCost(lambda: trials.append(8) or (8, next(seconds)), clock=lambda: next(ticks))
