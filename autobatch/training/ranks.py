@@ -10,11 +10,12 @@ the runner never imports the distributed layer that sits after it in the pipelin
 from __future__ import annotations
 
 import struct
+import zlib
 from typing import Any, Callable, Iterable
 
 import torch
 
-__all__ = ["DataParallel", "BuiltAlone", "choose", "check_no_sync", "wrapper_ranks", "alone_with_wrapper", "agree_fit", "differing", "runner_settings", "agree_resume", "exchange_bytes", "install", "installed",
+__all__ = ["DataParallel", "BuiltAlone", "choose", "check_no_sync", "wrapper_ranks", "alone_with_wrapper", "agree_fit", "agree_model", "differing", "runner_settings", "agree_resume", "exchange_bytes", "install", "installed",
            "current", "unwrap"]
 
 
@@ -217,6 +218,29 @@ def agree_fit(parallel: DataParallel, floats: Iterable[str] = (), **arguments: i
         "the same min_micro_batch, max_micro_batch, multiple_of, grow_after and checkpointing_fallback (every rank "
         "replays an out-of-memory step at one agreed micro-batch, and grows back or falls back to checkpointing with "
         "the others)"
+    )
+
+
+def agree_model(parallel: DataParallel, model: torch.nn.Module) -> None:
+    """One ``ValueError`` on every rank where the ranks' models differ in their parameters' number,
+    shapes or dtypes (one sync point at ``fit()``'s start, before the first broadcast). Every rank
+    starts from rank 0's weights and all-reduces one gradient buffer laid out by its own parameters,
+    so a plain module built otherwise on one rank (another width from a config read per rank) entered
+    those collectives with other sizes: gloo aborted the process (``op.preamble.length <= op.nbytes``,
+    SIGABRT) and its peer raised a ``RankDisagreementError`` naming no cause. A DDP model fails
+    earlier, in DDP's own shape check; an FSDP2 parameter counts by its global shape."""
+    params = list(model.parameters())
+    layout = repr([(tuple(p.shape), str(p.dtype)) for p in params]).encode()
+    mine = [len(params), sum(p.numel() for p in params), zlib.crc32(layout)]
+    rows = parallel.exchange(mine, "every rank's model (parameters, shapes, dtypes)")
+    if all(row == rows[0] for row in rows):
+        return
+    shown = "; ".join(f"rank {r}: {row[0]} parameter tensors, {row[1]} values" for r, row in enumerate(rows))
+    raise ValueError(
+        f"the model differs between ranks ({shown}{'' if len({tuple(r[:2]) for r in rows}) > 1 else ', their shapes or dtypes differ'}): "
+        "every rank trains one model (it starts from rank 0's weights and all-reduces one gradient over the same "
+        "parameters), so build the same model, with the same architecture, configuration and dtype, on every rank "
+        "before Runner(...)"
     )
 
 

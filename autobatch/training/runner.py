@@ -278,6 +278,7 @@ class Runner(OomRecovery, SplitsInMultiples, EndsSteps, Resumable, PlansFromData
         if self.distributed:  # before anything is loaded: a save or a resume on some ranks only hangs the others
             ranks.agree_fit(self._parallel, ("max_grad_norm",), resume=resume is not None, epochs=epochs, steps=steps,
                             **ranks.runner_settings(self))  # its checkpoints, gradient, and how an OOM is replayed
+            ranks.agree_model(self._parallel, self.model)  # one model: the broadcast and all-reduce pair like sizes
         began = time.perf_counter()
         # read before the data's generators replace the last fit()'s: a new loader's own (fresh) generator would
         # be set back to its first epoch's state after the replay, and the next epoch repeat that order

@@ -67,3 +67,26 @@ def test_grow_after_zero_and_none_are_the_same_setting(one_rank_group, monkeypat
     _with_peer(monkeypatch, runner, lambda row: list(theirs[0]))
     result = runner.fit([(torch.randn(4, 3),)], steps=1)
     assert result.steps == 1
+
+
+def test_review36_a_model_that_differs_between_ranks_is_one_error_before_any_collective(one_rank_group, monkeypatch):
+    """A plain module built another width on rank 1 (a config read per rank): the first broadcast and the
+    gradient all-reduce paired other sizes, and gloo aborted rank 0 (SIGABRT, ``op.preamble.length <=
+    op.nbytes``) while rank 1 raised a ``RankDisagreementError`` naming no cause (2 gloo ranks, by hand).
+    Now ``fit()`` compares the parameters' layout first: one ``ValueError`` naming each rank's."""
+    runner = _runner()
+    exchange, labels = runner._parallel.exchange, []
+
+    def two_ranks(values, label):
+        labels.append(label)
+        rows = exchange(values, label)
+        peer = list(rows[0])
+        if label == "every rank's model (parameters, shapes, dtypes)":
+            peer[1] += 1  # one more value on "rank 1"
+        return rows + [peer]
+
+    monkeypatch.setattr(runner._parallel, "exchange", two_ranks)
+    with pytest.raises(ValueError, match=r"model differs between ranks \(rank 0: 2 parameter tensors, 4 values; "
+                                         r"rank 1: 2 parameter tensors, 5 values\).*same model"):
+        runner.fit([(torch.randn(4, 3),)], steps=1)
+    assert runner.step == 0 and labels[-1] == "every rank's model (parameters, shapes, dtypes)"  # before the weights' broadcast
