@@ -45,3 +45,32 @@ def test_fp16_skipped_steps_are_counted_without_a_host_wait_per_step():
     assert result.skipped_steps == 2, result.skipped_steps
     steps = len(data) - 1
     assert len(waits) < steps, f"{len(waits)} host waits in {steps} steps: {sorted(set(waits))}"
+
+
+@pytest.mark.parametrize("autocast", [torch.float16, "float16", "autocast-object"])
+def test_accumulate_gradients_autocasts_on_the_models_cuda_device(autocast):
+    """``accumulate_gradients(autocast=torch.float16)`` (or its name, or a ``torch.autocast``) runs each
+    micro-batch's forward under CUDA's fp16 autocast, the model's device, not the CPU's; with a
+    ``GradScaler`` the unscaled gradients equal one scaled backward over the whole batch."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1)).cuda()
+    x, y = torch.randn(32, 64, device="cuda"), torch.randn(32, 1, device="cuda")
+    seen = []
+
+    def loss_fn(m, batch):
+        out = m(batch[0])
+        seen.append(out.dtype)
+        return F.mse_loss(out.float(), batch[1])
+
+    context = torch.autocast("cuda", dtype=torch.float16) if autocast == "autocast-object" else autocast
+    scaler = torch.amp.GradScaler("cuda", init_scale=1024.0)
+    autobatch.accumulate_gradients(model, loss_fn, (x, y), 8, autocast=context, grad_scaler=scaler)
+    scaler.unscale_(torch.optim.SGD(model.parameters(), lr=0.1))
+    split = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    with torch.autocast("cuda", dtype=torch.float16):
+        whole = F.mse_loss(model(x).float(), y)
+    (whole * 1024.0).backward()
+    assert seen == [torch.float16] * 4
+    for got, p in zip(split, model.parameters()):
+        torch.testing.assert_close(got, p.grad / 1024.0, rtol=2e-3, atol=2e-4)
