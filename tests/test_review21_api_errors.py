@@ -2,6 +2,7 @@
 that says what to change (not Python's bare arity error from the first trial, not torch's error
 from inside a criterion or the accelerator runtime, not "must be positive" for 0.5)."""
 
+import numpy as np
 import pytest
 import torch
 
@@ -83,3 +84,50 @@ def test_review31_a_model_and_optimizer_swapped_is_one_line_naming_the_order():
     with pytest.raises(TypeError, match=r"restore must be a \(model, optimizer\) pair") as caught:
         ab.find_max_batch(lambda n: None, restore=model)
     assert "\n" not in str(caught.value)
+
+
+def _probe_result() -> ab.ProbeResult:
+    return ab.ProbeResult(batch_size=8, strategy="binary", strategy_used="binary", trials=[], capacity_bytes=None,
+                          elapsed_s=0.0, margin=0.0)
+
+
+@pytest.mark.parametrize(
+    ("call", "match"),
+    [
+        # each failed as Python's bare error from inside: "'str' object is not callable" (after a step had trained,
+        # for on_step_end), "'Linear' object has no attribute 'optimizer'", "'int' object is not iterable", ...
+        (lambda: ab.Runner(*_model_and_optimizer(), lambda m, b: m(b).mean(), global_batch=4).fit(
+            [torch.randn(4, 4)], on_step_end="log"), "on_step_end must be a callable"),
+        (lambda: ab.accumulate_gradients(torch.nn.Linear(4, 2), lambda m, b: m(b).mean(), torch.randn(4, 4), 2,
+                                         no_sync=True), "no_sync must be a callable"),
+        (lambda: ab.accumulated_step(torch.nn.Linear(4, 2), [torch.randn(2, 4)], global_batch=2),
+         "step must be an autobatch.TrainStep, got Linear"),
+        (lambda: ab.accumulated_step(_step(), torch.randn(4, 4), global_batch=4), r"micro_batches must be a list.*split_batch"),
+        (lambda: ab.FaultInjector(at=3), r"at must be one \(step, phase\) pair"),
+        (lambda: ab.inject_oom(torch.nn.Linear(4, 2), at=(1, "forward")), "runner must be an autobatch.Runner, got Linear"),
+        (lambda: ab.estimate_memory(_step(), 4, op_limit="1e6"), "op_limit must be a positive integer or None"),
+        (lambda: ab.plot_probe(_probe_result(), "curve.png", plan="plan.json"), "plan must be the Plan autobatch.plan"),
+        (lambda: ab.plot_probe(_probe_result(), None), "path must be the PNG file"),
+        (lambda: ab.plot_sweep(3, "sweep.png"), "plot_sweep takes the sweep's rows"),
+        (lambda: ab.cache.list_entries(0), "the cache directory must be a str or Path"),
+        (lambda: ab.enable_checkpointing(torch.nn.Sequential(torch.nn.Linear(4, 4)), modules=0), "modules must be qualified"),
+        (lambda: ab.TrainStep(*_model_and_optimizer(), lambda m, b: m(b).mean(), None)(2), "built with make_batch=None"),
+    ],
+    ids=["on-step-end", "no-sync", "step-a-model", "micro-batches-a-tensor", "fault-at", "inject-a-model", "op-limit",
+         "plot-plan", "plot-path", "sweep-rows", "cache-dir", "checkpoint-modules", "no-make-batch"],
+)
+def test_review36_a_wrong_kind_of_argument_is_one_error_naming_it(call, match):
+    with pytest.raises(TypeError if "op_limit" not in match else ValueError, match=match) as caught:
+        call()
+    assert "\n" not in str(caught.value)
+
+
+def test_review36_a_flag_is_a_bool_and_a_numpy_step_is_a_step():
+    """``micro_batch_sizes(balanced="no")`` and ``accumulated_step(lazy="no")`` read a string as True without a
+    word (split_batch refused it); ``FaultInjector(at=(np.int64(3), "forward"))`` was refused as no integer."""
+    with pytest.raises(TypeError, match="balanced must be True or False"):
+        ab.micro_batch_sizes(10, 4, balanced="no")
+    with pytest.raises(TypeError, match="lazy must be True or False"):
+        ab.accumulated_step(_step(), [torch.randn(2, 4)], global_batch=2, lazy="no")
+    assert ab.FaultInjector(at=(np.int64(3), "forward")).points == {(3, "forward")}
+    assert ab.FaultInjector(at=[3, "forward"]).points == {(3, "forward")}

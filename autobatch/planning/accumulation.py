@@ -76,6 +76,7 @@ def micro_batch_sizes(global_batch: int, micro_batch: int, *, balanced: bool = F
     global_batch, micro_batch, min_micro_batch = (
         checks.positive_int(name, value) for name, value in (("global_batch", global_batch), ("micro_batch", micro_batch),
                                                            ("min_micro_batch", min_micro_batch)))
+    checks.flag("balanced", balanced)  # a string is truthy: balanced="no" balanced the sizes without a word
     steps = math.ceil(global_batch / micro_batch)
     if balanced:
         sizes = _balanced(global_batch, steps)
@@ -198,6 +199,9 @@ def accumulate_loss_sum(
     check_global_batch(global_batch)
     autocast = autocast_factory("autocast", autocast, model) or nullcontext  # a dtype, a torch.autocast(...) too
     checks.grad_scaler("grad_scaler", grad_scaler)
+    for name, hook in (("no_sync", no_sync), ("on_phase", on_phase)):  # else "'str' object is not callable" mid-step
+        if hook is not None:
+            checks.function(name, hook, "no_sync() -> context manager" if name == "no_sync" else "on_phase(name: str)")
     total = None
     seen = 0
     for micro, last in _with_last(micro_batches):
@@ -296,6 +300,13 @@ def accumulated_step(
     step while the device finishes this one; ``float()`` it when the value is needed).
     """
     check_global_batch(global_batch, integer=True)
+    if not isinstance(step, TrainStep):  # else "'Linear' object has no attribute 'optimizer'"
+        raise TypeError(f"step must be an autobatch.TrainStep, got {type(step).__name__} {checks.shown(step)}; pass "
+                        "TrainStep(model, optimizer, loss_fn, make_batch), or use accumulate_gradients(model, loss_fn, ...)")
+    if not isinstance(micro_batches, Iterable) or isinstance(micro_batches, (str, bytes, torch.Tensor)):
+        raise TypeError(f"micro_batches must be a list (or iterable) of batches, got {type(micro_batches).__name__} "
+                        f"{checks.shown(micro_batches)}; cut one batch into them, e.g. split_batch(batch, micro_batch)")
+    checks.flag("lazy", lazy)
     step.optimizer.zero_grad(set_to_none=True)
     loss = (accumulate_loss_sum if lazy else accumulate_micro_batches)(
         step.model,

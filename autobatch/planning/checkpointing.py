@@ -358,6 +358,9 @@ def enable_checkpointing(
     wrapped: dict[str, _CheckpointedForward] = {}
     if isinstance(modules, str):
         modules = [modules]
+    if modules is not None and (not isinstance(modules, Iterable) or getattr(modules, "ndim", None) == 0):  # 'int' not iterable
+        raise TypeError(f"modules must be qualified module names (e.g. ['layers.0', 'layers.1']) or None, got "
+                        f"{type(modules).__name__} {checks.shown(modules)}")
     names = list(modules) if modules is not None else find_blocks(model, targets)
     missing = [name for name in names if not _has_module(model, name)]
     if missing:  # get_submodule's bare AttributeError ("Sequential has no attribute `module`") named neither

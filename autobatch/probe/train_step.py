@@ -99,6 +99,9 @@ class TrainStep:
 
     def __call__(self, batch_size: int) -> None:
         batch_size = checks.positive_int("batch_size", batch_size)  # 0 trained a step on an empty batch
+        if self.make_batch is None:  # was "'NoneType' object is not callable"
+            raise TypeError("this TrainStep was built with make_batch=None, so it trains only on batches it is given: "
+                            "pass make_batch(batch_size) -> batch to TrainStep to call or probe it with a batch size")
         self.optimizer.zero_grad(set_to_none=True)
         batch = self.make_batch(batch_size)
         with self.autocast():

@@ -85,6 +85,9 @@ def plot_file(path: str | os.PathLike, default_name: str) -> Path:
     """The file a plot given ``path`` is written to: ``~`` expanded; inside an existing
     directory, ``default_name``; without a suffix, ``.png`` appended. Returning this path, not
     the one given, means the caller can open what it gets back."""
+    if not isinstance(path, (str, os.PathLike)):  # else pathlib's "expected str, bytes or os.PathLike object"
+        raise TypeError(f"path must be the PNG file (or directory) to write, a str or Path, got {type(path).__name__} "
+                        f"{path!r:.40}; e.g. path='runs/memory_curve.png'")
     target = Path(path).expanduser()
     if target.is_dir():
         return target / default_name
@@ -138,8 +141,11 @@ def plot_probe(
         raise TypeError(f"result must be the ProbeResult find_max_batch returned, got {type(result).__name__}"
                         + ("; read a result.json back with ProbeResult.from_dict(json.load(open('.../result.json')))"
                            if isinstance(result, (dict, str, os.PathLike)) else ""))
+    if plan is not None and not hasattr(plan, "candidates"):  # else "'str' object has no attribute 'candidates'"
+        raise TypeError(f"plan must be the Plan autobatch.plan() returned, or None, got {type(plan).__name__} {plan!r:.40}"
+                        + ("; read a plan.json back with Plan.from_dict(...)" if isinstance(plan, (dict, str, os.PathLike)) else ""))
+    path = plot_file(path, PROBE_PLOT_NAME)  # checked before matplotlib loads
     plt = _pyplot()
-    path = plot_file(path, PROBE_PLOT_NAME)
     candidates = [c for c in (plan.candidates if plan is not None else []) if c.get("samples_per_s")]
     trial_speeds = _trial_throughput(result) if trial_throughput and not candidates else []
     panels = 2 if candidates or trial_speeds else 1
@@ -340,6 +346,9 @@ def _sweep_rows(rows: Any) -> list[dict[str, Any]]:
             return list(csv.DictReader(handle))
     if hasattr(rows, "to_dict") and hasattr(rows, "columns"):  # a pandas DataFrame
         return list(rows.to_dict("records"))
+    if not isinstance(rows, Iterable) or getattr(rows, "ndim", None) == 0:  # was "'int' object is not iterable"
+        raise TypeError(f"plot_sweep takes the sweep's rows (mappings, as in summary.csv), a DataFrame of them or the path "
+                        f"of a summary.csv, got {type(rows).__name__} {rows!r:.40}")
     rows = list(rows)
     wrong = next((row for row in rows if not hasattr(row, "get")), None)
     if wrong is not None:

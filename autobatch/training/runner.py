@@ -273,6 +273,8 @@ class Runner(OomRecovery, SplitsInMultiples, EndsSteps, Resumable, PlansFromData
             epochs = 1
         epochs = checks.positive_int("epochs", epochs, allow_none=True)
         steps = checks.positive_int("steps", steps, allow_none=True)
+        if on_step_end is not None:  # else "'str' object is not callable" after the first step had trained
+            checks.function("on_step_end", on_step_end, "on_step_end(info: dict)")
         check_data(data, self.share)  # not one batch (a tensor, a dict, a tuple of tensors), nor unbatched samples
         self._parallel.check_world(self.model)  # built in this world: not before init_process_group() or after destroy
         if self.distributed:  # before anything is loaded: a save or a resume on some ranks only hangs the others

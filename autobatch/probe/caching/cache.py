@@ -141,6 +141,9 @@ class ProbeCache:
         if isinstance(directory, str) and not directory.strip():  # Path("") is the working directory
             raise ValueError(f"cache={directory!r} names no directory (an unset setting?): pass cache=True for the "
                              f"default directory ({default_dir()}), a directory path, or cache=False")
+        if directory is not None and not isinstance(directory, (str, os.PathLike)):  # else pathlib's bare TypeError
+            raise TypeError(f"the cache directory must be a str or Path (or None: {default_dir()}), got "
+                            f"{type(directory).__name__} {directory!r:.40}")
         self.directory = Path(directory).expanduser() if directory is not None else default_dir()
 
     def path_of(self, key: str) -> Path:

@@ -88,6 +88,7 @@ def estimate_memory(step: TrainStep, batch_size: int, *, steps: int = 2, op_limi
     _refuse_unestimable(step)
     batch_size = checks.positive_int("batch_size", batch_size)  # a plain int: the estimate is stored (to_dict)
     steps = checks.positive_int("steps", steps)
+    op_limit = checks.positive_int("op_limit", op_limit, allow_none=True)  # else compared inside the trace: "'>' not supported"
     device = step.device
     round_to = CUDA_BLOCK_BYTES if device.type == "cuda" else 1
     mode = FakeTensorMode(allow_non_fake_inputs=True)

@@ -52,9 +52,14 @@ class FaultInjector:
 
     @checks.keywords(FAULT_ALIASES)
     def __init__(self, at: tuple[int, str] | Iterable[tuple[int, str]], *, times: int | None = 1) -> None:
-        points = [at] if isinstance(at, tuple) and len(at) == 2 and isinstance(at[1], str) else list(at)
+        pair = isinstance(at, (tuple, list)) and len(at) == 2 and isinstance(at[1], str)  # (3, "forward"), [3, "forward"]
+        points = [tuple(at)] if pair else list(at) if isinstance(at, Iterable) and not isinstance(at, (str, bytes, torch.Tensor)) else None
+        if points is None or not all(isinstance(point, (tuple, list)) and len(point) == 2 for point in points):
+            raise TypeError(f"at must be one (step, phase) pair or a list of them, got {checks.shown(at)}; e.g. "
+                            f"at=(3, 'forward') or at=[(0, 'forward'), (5, 'optimizer')] (phases: {', '.join(PHASES)})")
+        points = [(checks.integer(step), phase) if checks.integer(step) is not None else (step, phase) for step, phase in points]
         for step, phase in points:
-            if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+            if not isinstance(step, int) or isinstance(step, bool) or step < 0:
                 raise ValueError(f"fault step must be an integer >= 0, got {step!r}")
             if phase not in PHASES:
                 raise ValueError(f"fault phase must be one of {', '.join(PHASES)}; got {phase!r}")
@@ -87,6 +92,11 @@ def inject_oom(runner, at: tuple[int, str] | Iterable[tuple[int, str]], *, times
 
     >>> injector = inject_oom(runner, at=[(0, "forward"), (41, "optimizer")], times=2)
     """
+    from ..runner import Runner  # here: the runner imports this module
+
+    if not isinstance(runner, Runner):  # a model took .faults without a word, a None failed as AttributeError
+        raise TypeError(f"runner must be an autobatch.Runner, got {type(runner).__name__} {checks.shown(runner)}; pass "
+                        "the Runner that trains, or give the injector to it: Runner(..., faults=FaultInjector(at))")
     injector = FaultInjector(at, times=times)
     runner.faults = injector
     return injector
