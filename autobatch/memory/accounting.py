@@ -7,7 +7,8 @@ carries the mode to its threads) and optimizer alike. Outputs whose storage is n
 operator's inputs and not already counted are new allocations; a ``weakref.finalize`` on the
 storage removes them from the count when it dies, so memory comes back as it would on a
 device. Storages that existed before the mode was entered are not counted; in-place updates
-and views allocate nothing. Workspaces internal to one operator are not seen. A sparse tensor
+and views allocate nothing, but an operator that grows such a storage in place (``resize_``, an
+``out=`` tensor too small for its result) counts the growth, as its ``resize_`` below does. Workspaces internal to one operator are not seen. A sparse tensor
 counts by its index and value tensors; an opaque (MKL-DNN) one, which shows no storage, not at all.
 
 ``UntypedStorage.resize_`` is no operator (on the CPU it resizes the bytes directly), so no
@@ -225,6 +226,12 @@ class StorageAccountant(TorchDispatchMode):
                 self.current_bytes += change
             self.peak_bytes = max(self.peak_bytes, self.current_bytes)
 
+    def _enclosing(self) -> list["StorageAccountant"]:
+        """The accountants entered before this one, in this thread, that count what it counts: they
+        see an operator's outputs before it does (inside its call of the operator), so where this one
+        raises its out-of-memory error their peaks are put back. None by default."""
+        return []
+
     def over_limit(self, func: Any, requested: int, in_use: int) -> None:
         """Called (outside the lock) when ``requested`` bytes would pass ``limit_bytes``;
         must raise. Subclasses word the error."""
@@ -237,34 +244,47 @@ class StorageAccountant(TorchDispatchMode):
         self.operations += 1
         if self.op_limit is not None and self.operations > self.op_limit:
             raise OperationLimit(f"more than {self.op_limit} operators ran")
-        inputs = {storage._cdata for storage in _storages((args, kwargs), self.counts)}
+        enclosing = [(accountant, accountant.peak_bytes) for accountant in self._enclosing()]
+        # each input storage's bytes before the operator: one it grows in place counts its growth
+        inputs = {storage._cdata: storage.nbytes() for storage in _storages((args, kwargs), self.counts)}
         out = func(*args, **kwargs)
         fresh: dict[int, torch.UntypedStorage] = {}
         grown = 0
         outputs = _storages(out, self.counts)
+        uncounted: dict[int, tuple[torch.UntypedStorage, int]] = {}  # not counted before, grown here
         for storage in outputs:
             key = storage._cdata
             if key in self._live:
                 grown += max(0, self._size(storage) - self._live[key])  # resized in place
-            elif key not in inputs and key not in fresh:
+            elif key in inputs:  # made before the mode (or as host memory): its growth counts, as a resize's
+                change = self._sized(storage.nbytes()) - self._sized(inputs[key])
+                if change > 0:
+                    uncounted[key] = (storage, change)
+            elif key not in fresh:
                 fresh[key] = storage
         requested = grown + sum(self._size(storage) for storage in fresh.values())
+        requested += sum(change for _, change in uncounted.values())
         if requested == 0 and not fresh:
             return out  # an empty new storage (``torch.empty(0)``) is still tracked: what it grows to counts
         with self._lock:
             oom = self.limit_bytes is not None and self.current_bytes + requested > self.limit_bytes
             in_use = self.current_bytes
             if not oom:
-                for key, storage in fresh.items():
-                    self._track(key, storage)
                 for storage in outputs:
                     key = storage._cdata
-                    if key in self._live and key not in fresh:
+                    if key in self._live:
                         self._live[key] = max(self._live[key], self._size(storage))
+                for key, storage in fresh.items():
+                    self._track(key, storage)
+                for key, (storage, change) in uncounted.items():
+                    self._live[key] = change
+                    weakref.finalize(storage, self._release, key)
                 self.current_bytes += requested
                 self.peak_bytes = max(self.peak_bytes, self.current_bytes)
         if oom:
-            del out, fresh, outputs
+            del out, fresh, outputs, uncounted
+            for accountant, peak in enclosing:  # they counted what this budget refused: it never existed
+                accountant.peak_bytes = peak
             self.over_limit(func, requested, in_use)
         return out
 

@@ -16,7 +16,9 @@ mode sees it; FSDP2 allocates and frees its unsharded parameters that way): grow
 shrinking gives back. Tensors that existed before the context (say, the model's
 parameters) are not counted, like memory allocated before a probe; in-place updates of them
 allocate nothing. Workspaces internal to one operator are not seen, so the simulated peak is a
-slight underestimate of a real allocator's.
+slight underestimate of a real allocator's; so are bytes that no operator allocates
+(``torch.tensor`` of a Python list), the CUDA allocator's rounding of each block to 512 bytes and
+other threads' allocations (docs/probe.md, "The simulated memory-capped device").
 """
 
 from __future__ import annotations
@@ -66,6 +68,11 @@ class SimulatedMemory(StorageAccountant):
     def counts_storage(self, storage: torch.UntypedStorage) -> bool:
         """A CPU storage's ``resize_`` counts (FSDP2 allocates and frees unsharded parameters so)."""
         return storage.device.type == "cpu"
+
+    def _enclosing(self) -> list[StorageAccountant]:
+        """The budgets of the blocks around this one: an allocation this one refuses never raises their peaks."""
+        budgets = _active.budgets
+        return budgets[:budgets.index(self)] if len(budgets) > 1 and self in budgets else []
 
     def over_limit(self, func, requested: int, in_use: int) -> None:
         self.oom_count += 1
