@@ -65,3 +65,36 @@ def test_the_docs_site_builds_strictly(tmp_path):
     wanted |= {f"{path}.{f.name}" for path, cls in records.items() for f in dataclasses.fields(cls)}
     wanted |= {f"{path}.{m}" for path, cls in records.items() for m in ("to_dict", "to_json") if hasattr(cls, m)}
     assert not sorted(wanted - anchors), f"docs/api.md's reference lacks {sorted(wanted - anchors)}"
+
+
+_STUB_PYTHON = """#!/usr/bin/env bash
+echo "$*" >> "$STUB_LOG"
+case "$*" in
+  "-c import torch") exit "${STUB_NO_TORCH:-0}" ;;
+  *"sys.exit((int"*) exit "${STUB_OLD_TORCH:-0}" ;;
+  *"print(torch.__version__)"*) echo 2.5.1+cu121 ;;
+esac
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux's CPU wheels carry the +cpu label")
+def test_review36_setup_installs_only_a_cpu_torch_and_keeps_an_old_one(tmp_path):
+    """scripts/setup.sh, run with a stub Python that logs each call: without torch it asks pip for
+    the +cpu wheel by name (a plain ==2.13.0 takes a +cu128 wheel in find-links, whose label sorts
+    higher); with a torch older than 2.9 it stops, naming the upgrade, before the editable install
+    (whose resolver would replace it with PyPI's CUDA build)."""
+    stub = tmp_path / "python"
+    stub.write_text(_STUB_PYTHON)
+    stub.chmod(0o755)
+    log = tmp_path / "calls"
+    run = lambda **env: subprocess.run(  # noqa: E731
+        ["bash", str(REPO / "scripts" / "setup.sh")], capture_output=True, text=True, timeout=30,
+        env={**os.environ, "PYTHON": str(stub), "STUB_LOG": str(log), **env})
+    assert run(STUB_NO_TORCH="1").returncode == 0
+    calls = log.read_text().splitlines()
+    torch_pips = [c for c in calls if c.startswith("-m pip") and "torch==" in c]
+    assert torch_pips and all("torch==2.13.0+cpu" in c for c in torch_pips), calls
+    log.unlink()
+    old = run(STUB_OLD_TORCH="1")
+    assert old.returncode == 1 and "needs torch>=2.9" in old.stderr and "2.5.1+cu121" in old.stderr
+    assert not [c for c in log.read_text().splitlines() if c.startswith("-m pip install")]

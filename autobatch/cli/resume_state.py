@@ -128,7 +128,8 @@ def kept_settings(state: dict[str, Any], optimizer: torch.optim.Optimizer, cfg: 
     if state.get("optimizer_type") not in (None, type(optimizer).__qualname__):
         return []
     changed: dict[str, str] = {}
-    for group, old in zip(optimizer.param_groups, state.get("optimizer_groups") or []):
+    saved = map(_configured, state.get("optimizer_groups") or [])
+    for group, old in zip(map(_configured, optimizer.param_groups), saved):
         for key, value in group.items():
             if key == "params" or key not in old or not isinstance(value, (int, float, str, bool, tuple, type(None))):
                 continue
@@ -140,6 +141,14 @@ def kept_settings(state: dict[str, Any], optimizer: torch.optim.Optimizer, cfg: 
     return [f"kept the checkpoint's optimizer settings: {', '.join(changed.values())}; a resumed run continues its "
             "optimizer's saved state exactly, so the command line does not change them (start afresh without "
             "train.resume to train with others)"]
+
+
+def _configured(group: dict[str, Any]) -> dict[str, Any]:
+    """A param group's settings as configured: a scheduler's group holds the scheduled ``lr``
+    (0 at a cosine's end) and the configured one as ``initial_lr``, which is the one compared."""
+    if "initial_lr" not in group:
+        return group
+    return {**{k: v for k, v in group.items() if k != "initial_lr"}, "lr": group["initial_lr"]}
 
 
 def _given_optimizer_keys(cfg: DictConfig) -> set[str]:

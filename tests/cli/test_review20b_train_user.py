@@ -104,3 +104,21 @@ def test_a_misspelt_target_names_the_closest_name_there():
         locate("torch.optim.Adamm")
     with pytest.raises(ImportError, match=r"^torch.nn has no attribute 'Zzzzzz'$"):  # nothing close: no guess
         locate("torch.nn.Zzzzzz")
+
+
+def test_review36_a_scheduled_lr_is_no_kept_setting(tmp_path):
+    """A resume of a finished cosine run: the checkpoint's group holds lr 0.0 (the schedule's
+    end) and initial_lr 0.1; a run configured with lr 0.1 gets no note, one with 0.5 is told 0.1."""
+    model = torch.nn.Linear(4, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 0.0)
+    runner = Runner(model, optimizer, cross_entropy_loss, global_batch=4, micro_batch=4, device="cpu",
+                    scheduler=scheduler, checkpoint_dir=tmp_path, grow_after=None)
+    runner.fit([(torch.randn(4, 4), torch.tensor([0, 1, 0, 1]))], steps=1)
+    state = read_checkpoint(tmp_path / "last.pt")
+    assert state["optimizer_groups"][0]["lr"] == 0.0
+    fresh = lambda lr: torch.optim.SGD(torch.nn.Linear(4, 2).parameters(), lr=lr)  # noqa: E731
+    cfg = OmegaConf.create({"train": {"lr": 0.1}, "optimizer": {"_target_": "torch.optim.SGD", "lr": "${train.lr}"}})
+    assert kept_settings(state, fresh(0.1), cfg) == []
+    [note] = kept_settings(state, fresh(0.5), cfg)
+    assert note.startswith("kept the checkpoint's optimizer settings: train.lr 0.1 (this run: 0.5); ")
