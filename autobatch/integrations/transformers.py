@@ -26,8 +26,8 @@ from ..probe.find import find_max_batch
 from ..probe.result import ProbeResult
 from .global_batch import cap_at_samples, changed_samples, check_share, small_split, split_keeping
 from .transformers_loss import warn_unscaled_accumulation
-from .transformers_resume import (accumulation_setter, accumulation_where, record_split, resumed_batch, resumed_checkpoint,
-                                  resumed_global_batch, warn_unseen_resume)
+from .transformers_resume import (accumulation_setter, accumulation_where, record_split, restore_accumulation, resumed_batch,
+                                  resumed_checkpoint, resumed_global_batch, warn_unseen_resume)
 from .transformers_padding import note_padding
 from .transformers_samples import SLICE_ROWS, STREAM_SAMPLES, longest_sample, scan_samples
 from .transformers_schedule import tell_size
@@ -87,6 +87,7 @@ def fit_batch_size(
     saved = resumed_checkpoint(trainer, resume_from_checkpoint)  # its trainer_state.json, read once a resume
     global_batch, asked = resumed_global_batch(trainer, saved, global_batch, world, multiple_of), global_batch
     _refuse_auto_find(args, global_batch)
+    restored = restore_accumulation(trainer, saved, global_batch)  # auto_find: train() takes the checkpoint's batch back
     share = None if global_batch is None else global_batch // world
     start = probe_options.pop("start", None)
     max_batch, start = cap_at_samples(share, max_batch, start, multiple_of, where=f"global_batch={global_batch}")
@@ -127,10 +128,11 @@ def fit_batch_size(
             module.training = training
     # resumed (global_batch from the checkpoint): the schedule was sized when the run began; its batch instead
     size, before = result.batch_size, ((args.per_device_train_batch_size, int(args.gradient_accumulation_steps))
-                                       if global_batch == asked else (None, resumed_batch(trainer, saved)))
+                                       if global_batch == asked and not restored else (None, resumed_batch(trainer, saved)))
     if share is not None:
         accumulation, size, set_for = _set_split(trainer, global_batch, world, size, multiple_of, asked, set_for)
-    _warn_changed(trainer, size, accumulation, world, share, multiple_of, accumulation_where(set_for))
+    if not restored:  # train() runs the checkpoint's batch, not the size set
+        _warn_changed(trainer, size, accumulation, world, share, multiple_of, accumulation_where(set_for))
     args.per_device_train_batch_size = size  # after _warn_changed, which names the user's size it replaces
     record_split(trainer, set_for)  # train()'s loader size, and its checkpoints record the accumulation
     if asked is None and resume_from_checkpoint is None and getattr(args, "resume_from_checkpoint", None) is None:

@@ -38,7 +38,7 @@ from functools import lru_cache
 from typing import Any
 
 __all__ = ["SavedSplit", "checkpoint_batch", "checkpoint_path", "record_split", "accumulation_setter", "accumulation_where",
-           "resumed_batch", "resumed_checkpoint", "resumed_global_batch", "saved_split", "split_record", "warn_unseen_resume"]
+           "restore_accumulation", "resumed_batch", "resumed_checkpoint", "resumed_global_batch", "saved_split", "split_record", "warn_unseen_resume"]
 
 log = logging.getLogger("autobatch")
 
@@ -281,6 +281,26 @@ def resumed_global_batch(trainer: Any, saved: SavedSplit | None, global_batch: i
     log.info("fit_batch_size: resuming from %s, which trained %d samples per optimizer step: keeping them "
              "(global_batch=%d); pass global_batch= to change them deliberately", path, trained, trained)
     return trained
+
+
+def restore_accumulation(trainer: Any, saved: SavedSplit | None, global_batch: int | None) -> bool:
+    """Whether ``train()`` takes the checkpoint's per-device batch back itself (``auto_find_batch_size``,
+    resuming without ``global_batch``, a state that records the batch), so the size set is not the
+    one it runs; where the checkpoint records an accumulation (one ``fit_batch_size`` set), that is
+    set on ``trainer.args`` too. Why: ``train()`` restores only the batch, so a run started with
+    ``global_batch=16`` at 8 x 2 and resumed by the same script (``gradient_accumulation_steps=1``)
+    went on at 8 x 1, 8 samples a step, its schedule twice as long, while the INFO line named the
+    probe's size; and the warning on changed samples per step compared sizes ``train()`` never ran."""
+    args = trainer.args
+    if saved is None or global_batch is not None or not getattr(args, "auto_find_batch_size", False) \
+            or saved.batch is None:
+        return False
+    if saved.accumulation is not None and saved.accumulation != int(args.gradient_accumulation_steps):
+        args.gradient_accumulation_steps = saved.accumulation
+    log.info("fit_batch_size: resuming from %s under auto_find_batch_size: train() restores its per-device batch %d "
+             "itself, not the size fit_batch_size sets, with gradient_accumulation_steps=%d%s", saved.path, saved.batch,
+             int(args.gradient_accumulation_steps), "" if saved.accumulation is None else " (its recorded one)")
+    return True
 
 
 def warn_unseen_resume(trainer: Any, size: int) -> None:

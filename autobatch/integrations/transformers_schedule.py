@@ -13,7 +13,8 @@ itself (``trainer._created_lr_scheduler``) is not: the next ``train()`` rebuilds
 
 What: the INFO line names the optimizer steps and epochs ``train()`` will run at the size set
 (and at the old one, where they differ); one warning where an integer ``warmup_steps`` or a
-scheduler passed in was sized for another number of steps, naming what to change. Counted as
+scheduler passed in was sized for another number of steps, naming what to change; one where a
+``save_steps`` or ``eval_steps`` count no longer comes before the end of the run (:func:`_warn_periods`). Counted as
 ``Trainer.set_initial_training_values`` counts them, from ``len(train_dataset)`` (each process's
 share, ``dataloader_drop_last`` honoured); a dataset without a length is not counted.
 """
@@ -79,6 +80,7 @@ def tell_size(trainer: Any, before: tuple[Any, int | None], size: int, accumulat
             "for %d steps", int(warmup), old[0], before[0], 100 * min(1.0, warmup / old[0]), size, now[0],
             "all of them: the learning rate never reaches its peak nor decays" if warmup >= now[0]
             else f"{100 * warmup / now[0]:.0f}% of them", max(min(warmup / old[0], 0.99), 0.01), now[0])
+    _warn_periods(args, before[0], old[0], size, now[0])
     # one train() built itself (a trainer trained before) is dropped and rebuilt by the next train()
     if getattr(trainer, "lr_scheduler", None) is not None and not getattr(trainer, "_created_lr_scheduler", False):
         log.warning(
@@ -87,6 +89,26 @@ def tell_size(trainer: Any, before: tuple[Any, int | None], size: int, accumulat
             "schedule will not end where training ends; build it after fit_batch_size, for %d steps (or pass "
             "lr_scheduler_type= and let train() build it)", type(trainer.lr_scheduler).__name__, before[0],
             old[0], now[0], now[0])
+
+
+def _warn_periods(args: Any, before: int, old: int, size: int, now: int) -> None:
+    """One warning where a checkpoint or evaluation period given as a count of steps (``save_steps``,
+    ``eval_steps`` under a ``"steps"`` strategy) fired during the ``old`` steps the user's size ran and
+    never fires before the end of the ``now`` steps at ``size``. Measured: 64 samples, one epoch,
+    ``save_steps=10`` at 2 (32 steps: checkpoints at 10, 20 and 30) set to 26 ran 3 steps and saved
+    only at the end, so an interrupted run lost everything it trained, silently."""
+    lost, shares = [], []
+    for name, strategy in (("save_steps", "save_strategy"), ("eval_steps", "eval_strategy")):
+        period, kind = getattr(args, name, None), getattr(args, strategy, None)
+        if str(getattr(kind, "value", kind)) == "steps" and isinstance(period, (int, float)) and period >= 1 \
+                and now <= period < old:
+            lost.append(f"{name}={int(period)}")
+            shares.append(f"{name}={period / old:.2g}")
+    if lost:
+        log.warning("fit_batch_size: %s counted the %d optimizer steps train() ran at per_device_train_batch_size=%s; "
+                    "at %d it runs %d, so none comes before the end (no checkpoint or evaluation mid-run); give it as "
+                    "a share of the run (%s keeps the cadence) or a count for %d steps", " and ".join(lost), old,
+                    before, size, now, ", ".join(shares), now)
 
 
 def warn_short_last_step(trainer: Any, size: int, accumulation: int, world: int, share: int | None,

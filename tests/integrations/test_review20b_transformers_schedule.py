@@ -64,3 +64,19 @@ def test_max_steps_says_the_samples_and_a_scheduler_passed_in_is_one_warning(tmp
         "was set, for the steps at per_device_train_batch_size=2 (64); train() now runs 4 optimizer steps, so the "
         "schedule will not end where training ends; build it after fit_batch_size, for 4 steps (or pass "
         "lr_scheduler_type= and let train() build it)"]
+
+
+
+def test_review36_a_checkpoint_period_that_no_longer_comes_before_the_end_is_one_warning(tmp_path, caplog, monkeypatch):
+    """``save_steps=10`` saved at steps 10, 20, ... of the 64 at 2; at 28 the run has 4 steps and saved only at
+    the end (measured: 64 samples, save_steps=10, 2 set to 26: only checkpoint-3), silently. A period the new
+    count still reaches (2 of 4) is not warned about."""
+    _, warnings, _ = _fit(tmp_path, caplog, monkeypatch, max_steps=-1, num_train_epochs=2, save_strategy="steps",
+                          save_steps=10)
+    assert warnings == [
+        "fit_batch_size: save_steps=10 counted the 64 optimizer steps train() ran at per_device_train_batch_size=2; at "
+        "28 it runs 4, so none comes before the end (no checkpoint or evaluation mid-run); give it as a share of the "
+        "run (save_steps=0.16 keeps the cadence) or a count for 4 steps"]
+    caplog.clear()
+    assert _fit(tmp_path, caplog, monkeypatch, max_steps=-1, num_train_epochs=2, save_strategy="steps",
+                save_steps=2)[1] == []

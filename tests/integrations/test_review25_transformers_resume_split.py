@@ -66,3 +66,18 @@ def test_the_same_script_resumed_keeps_the_split_the_checkpoint_trained(sized_ru
     saved = json.loads((tmp_path / "run" / "checkpoint-2" / "trainer_state.json").read_text())
     assert saved["stateful_callbacks"]["AutobatchSplit"]["args"] == {"gradient_accumulation_steps": 4,
                                                                    "train_batch_size": 4, "global_step": 2}
+
+
+def test_review36_resumed_under_auto_find_batch_size_keeps_the_recorded_accumulation(sized_run, tmp_path, monkeypatch,
+                                                                                     caplog):
+    """Under ``auto_find_batch_size`` ``train()`` restores the checkpoint's per-device batch (4) but not
+    the accumulation ``fit_batch_size`` set (4): the same script resumed (``gradient_accumulation_steps=1``)
+    went on at 4 x 1, 4 samples a step where the checkpoint trained 16, silently; and the warning on
+    changed samples per step named sizes ``train()`` never runs."""
+    monkeypatch.setattr(transformers_integration, "find_max_batch", _four_fit)
+    checkpoint = shutil.copytree(sized_run, tmp_path / "run") / "checkpoint-1"
+    trainer = _trainer(tmp_path / "run")
+    trainer.args.auto_find_batch_size = True
+    with caplog.at_level(logging.WARNING, logger="autobatch"):
+        fit_batch_size(trainer, resume_from_checkpoint=str(checkpoint))
+    assert trainer.args.gradient_accumulation_steps == 4 and not caplog.records
