@@ -34,6 +34,7 @@ from typing import Any, Callable, Iterator, Mapping
 from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.utilities.parsing import lightning_getattr, lightning_setattr
 
+from ..memory.oom import free_memory
 from ..probe.find import find_max_batch
 from ..probe.result import ProbeResult
 from ..probe.snapshot.unrestored import caller_restores
@@ -51,7 +52,12 @@ def probe_trials(trainer: Trainer, module: LightningModule, first: Any, options:
                  name: str) -> Iterator[tuple[ProbeResult, SavedState]]:
     """The probe's result on the module's step built from the ``first`` batch, and the saved state
     (reset already; ``state.reset`` puts all back again after a confirmation's loop runs). Everything
-    is put back on the way out, on error too."""
+    is put back on the way out, on error too. A full collection first: an earlier ``fit``'s Trainer is garbage in
+    reference cycles that holds its module's weights, gradients and optimizer state until one runs (a sweep of
+    new module, callback and Trainer a trial under 2 MiB: ``NoBatchFitsError`` at batch 1 in its second trial,
+    where each trains 304; a second fit on a new Trainer: 223 where 367 trains). One collection a fit (0.1-0.3 s
+    in a large heap, as after each OOM of :func:`~autobatch.memory.oom.free_memory`'s callers)."""
+    free_memory()
     with parked_checkpoint(trainer), SavedState.kept(trainer, module) as state:
         step = LightningStep(trainer, module, first, accumulating=accumulating, prefetch=prefetch,
                              restore=lambda: state.attributes.restore(drop_new=False), loaders=loaders, own=own,

@@ -94,3 +94,32 @@ def test_review31_a_second_fit_carries_the_growth_over_the_steps_left_only():
         run.fit(module)
     (grown,) = [loop for loop in callback.confirmation.runs if loop.growth_bytes]
     assert run.global_step == 10 and grown.epoch_batches == 7  # 64 batches an epoch at 64, 7 steps of 1 left
+
+
+
+class _Cycle:
+    """A reference cycle, as a Trainer is: only a collection frees it."""
+
+
+def test_review36_the_probe_does_not_count_an_earlier_fits_garbage():
+    """A sweep in one process (a new module, callback and Trainer a trial) probed its second trial beside
+    the first one's weights, gradients and Adam state, garbage in the Trainer's reference cycles:
+    NoBatchFitsError at batch 1 under 2 MiB, where each trial trains 304. Here 1 MiB of such garbage,
+    with no automatic collection (which runs when the interpreter chooses)."""
+    import gc
+
+    module = Tiny()
+    callback = AutoBatchSize(confirm=False, max_batch=300, steps_per_trial=1, probe_options={"start": 300})
+    run = trainer(callback)
+    run.fit_loop.epoch_loop.max_steps = 1
+    gc.disable()
+    try:
+        with simulated_memory(BUDGET):
+            garbage = _Cycle()
+            garbage.me, garbage.held = garbage, torch.zeros(256 * 1024)
+            gc.collect(1)  # old, as an earlier trial's Trainer is: a failed trial's quick collection leaves it
+            del garbage
+            run.fit(module)
+    finally:
+        gc.enable()
+    assert callback.result.batch_size == 300 and module.seen[-1] == 300  # 300 fits beside nothing else
