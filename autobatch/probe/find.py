@@ -35,7 +35,9 @@ from .held_growth import HeldGrowth, held_growth_note, left_out_notes
 from ..memory.lazy_state import LazyStateWatch
 from .snapshot.restore import Snapshot
 from .snapshot.rng import step_generators
-from .snapshot.restore_places import after_failed_step, unskipped
+from .snapshot.failed_grads import FailedStepGrads, after_oom
+from .snapshot.restore_places import unskipped
+from .snapshot.written_modules import OutsideWrites
 from .result import ProbeResult
 from .searching.search import peak_limit, run_search
 from .autotune import Autotune
@@ -187,10 +189,13 @@ def _probe(call: _Call, restore, estimate_first: bool | None) -> ProbeResult:
     fn, args = call.fn, call.probe_args
     check_limit_in_simulation(call.target, call.limit_bytes)  # a memory_limit no answer here could be: before the copy
     snapshot, restore = None, with_found_schedulers(fn, restore, call.notes)  # a scheduler the callable steps
+    outside = OutsideWrites.of(fn, restore)  # an EMA teacher restore lacks: its versions, told after
     if restore is not None:
         snapshot = _snapshot(fn, restore)
         # no trial's optimizer step skipped for a scaled gradient that overflowed: it makes the state
         unskipped([fn.grad_scaler if isinstance(fn, TrainStep) else None, *restore[2:]])
+    # a plain callable's: the gradients a failed trial began with are made again (failed_grads)
+    grads = None if snapshot is None or isinstance(fn, TrainStep) else FailedStepGrads(restore, snapshot.undo_forward)
     prior = result = None
     autotune = Autotune(call.target)
     watch = LazyStateWatch()
@@ -202,7 +207,8 @@ def _probe(call: _Call, restore, estimate_first: bool | None) -> ProbeResult:
             agree, limit = call.agreement.trial_hook(), peak_limit(memory, capacity)
             kept = HeldGrowth(fn, memory)  # what the step keeps from call to call (a list of its outputs)
             runner = TrialRunner(
-                kept, memory, call.steps_per_trial, after_oom=_after_oom(fn, restore, watch),
+                kept, memory, call.steps_per_trial,
+                after_oom=after_oom(fn.clear_grads if isinstance(fn, TrainStep) else None, grads, watch),
                 agree=agree, search_steps=args["search_steps"],
                 peak_limit=limit, autotune=autotune, settle_final=not simulated,
                 settle_more=lambda more: call.agreement.settle_more(fn, more),
@@ -211,7 +217,7 @@ def _probe(call: _Call, restore, estimate_first: bool | None) -> ProbeResult:
                 # TrainStep's (its Runner replays) may drop state made at a nearby size
                 pinned=None if call.hand_loop else PinnedState(watch), hand_loop=call.hand_loop,
                 layout=(lambda: relayout_created_state(watch, call.target)) if call.hand_loop else None,
-                before_trial=None if snapshot is None else snapshot.undo_forward,  # what forward kept
+                before_trial=grads.before_trial if grads else snapshot and snapshot.undo_forward,  # what forward kept
                 held_growth=lambda: watch.growth_from_now(call.target),
             )
             kept.trials = runner.records.__len__  # the running trial's index (no cycle holding fn past the probe)
@@ -252,6 +258,7 @@ def _probe(call: _Call, restore, estimate_first: bool | None) -> ProbeResult:
         if snapshot is not None:
             snapshot.restore()
         warn_unrestored_optimizers(watch.stepped(), restore)  # a GAN's other optimizer, stepped and not put back
+        outside.warn(watch.stepped())
         call.notes.append(trained_for_real_note(watch.stepped(), restore))
         # return the blocks the trials split (OOM trials above all) and lay the state the trials
         # created out as a hand loop's settle trials had it: training here starts where the answer
@@ -304,23 +311,6 @@ def _trained_model(fn, restore) -> torch.nn.Module | None:
     if isinstance(fn, TrainStep):
         return fn.model
     return restore[0] if restore is not None else None
-
-
-def _after_oom(fn, restore, watch: LazyStateWatch):
-    """What to drop after an OOM trial: the half-built gradients (a ``TrainStep``'s, or those of
-    the modules given as ``restore`` with a plain callable, which would otherwise pin blocks in
-    the middle of the cache until the callable's own ``zero_grad``), a ``GradScaler``'s mark that
-    the failed step unscaled its optimizer, and optimizer state an interrupted step had only
-    begun to create (:mod:`~autobatch.memory.lazy_state`)."""
-
-    def clear() -> None:
-        watch.repair()
-        if isinstance(fn, TrainStep):
-            fn.clear_grads()
-        elif restore is not None:
-            after_failed_step(restore)  # a scaler in restore: the next trial's unscale_ must not raise
-
-    return clear
 
 
 def _finish(call: _Call, result: ProbeResult) -> ProbeResult:

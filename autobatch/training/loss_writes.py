@@ -23,6 +23,10 @@ so at most :data:`MAX_WATCHED` tensors are read, in the first :data:`WATCHED_STE
 runner only (a ``loss_fn`` does the same work every step; one that starts its EMA later is not
 seen), and none once it warned. A tensor rebound rather than written (``ema = 0.9 * ema + ...`` in
 a global) is not seen either.
+
+A written parameter with a gradient was stepped by an optimizer of its own inside ``loss_fn`` (a GAN's
+discriminator): the warning says so, and that the runner takes no such step, where it named ``on_step_end``
+(review 36).
 """
 
 from __future__ import annotations
@@ -121,6 +125,17 @@ class WatchesLossWrites:
         self._outside = []  # warned: watch nothing more
         name, tensor = written[0]
         more = f" (and {len(written) - 1} more)" if len(written) > 1 else ""
+        stepped = next((n for n, t in written if isinstance(t, torch.nn.Parameter) and t.grad is not None), None)
+        if stepped is not None:  # trained by an optimizer of its own inside loss_fn: a GAN's discriminator
+            log.warning(
+                "loss_fn changed %s %s%s in place, a parameter with a gradient outside the model: an optimizer of its "
+                "own stepped it inside loss_fn (a GAN's discriminator). loss_fn runs once per micro-batch and again "
+                "for each one an OOM replay runs again, so that optimizer steps once per micro-batch and keeps a "
+                "failed attempt's steps: the runner steps one optimizer, and a step of several losses each stepping "
+                "its own optimizer is no step it takes. Probe it as a plain callable, find_max_batch(fn, "
+                "restore=(gen, opt_g, disc, opt_d)), and train it in your own loop at that batch size",
+                stepped, tuple(dict(written)[stepped].shape), more)
+            return
         log.warning(
             "loss_fn changed %s %s%s in place, a tensor outside the model (an EMA or SWA model's weights, a teacher's "
             "running statistics, a metric, a queue): loss_fn runs once per micro-batch and again for each one an OOM "

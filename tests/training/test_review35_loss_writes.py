@@ -50,3 +50,28 @@ def test_review35_an_ema_updated_in_loss_fn_is_warned_once(caplog):
     assert len(told) == 1, told  # six micro-batches wrote it: one warning
     assert "ema.module.0.weight (8, 4)" in told[0] and "on_step_end" in told[0] and "extra_state" in told[0]
     assert _fit(caplog, in_loss=False) == []  # the EMA in on_step_end, a frozen teacher in loss_fn: right
+
+
+def test_review36_a_discriminator_stepped_in_loss_fn_is_told_the_gan_way(caplog):
+    """Review 36: a ``loss_fn`` that steps a GAN's discriminator with its own optimizer was told to move an EMA to
+    ``on_step_end``; now the warning says an optimizer stepped inside ``loss_fn`` (once per micro-batch, again on a
+    replay) and to probe the step as a plain callable with ``restore`` and train it in a loop of one's own."""
+    torch.manual_seed(0)
+    gen, disc = nn.Linear(4, 4), nn.Linear(4, 1)
+    opt_d = torch.optim.SGD(disc.parameters(), lr=0.1)
+
+    def loss_fn(g, real):
+        fake = g(torch.randn_like(real))
+        opt_d.zero_grad(set_to_none=True)
+        (disc(fake.detach()).mean() - disc(real).mean()).backward()
+        opt_d.step()
+        return -disc(fake).mean()
+
+    runner = Runner(gen, torch.optim.SGD(gen.parameters(), lr=0.1), loss_fn, global_batch=G, micro_batch=4,
+                    progress=False)
+    with caplog.at_level(logging.WARNING, logger="autobatch"):
+        runner.fit([torch.randn(G, 4) for _ in range(2)])
+    told = [r.getMessage() for r in caplog.records if "loss_fn changed" in r.getMessage()]
+    assert len(told) == 1 and "disc.weight" in told[0], told
+    assert "an optimizer of its own stepped it" in told[0] and "restore=(gen, opt_g, disc, opt_d)" in told[0]
+    assert "on_step_end" not in told[0]
