@@ -91,13 +91,7 @@ def fit_batch_size(
     share = None if global_batch is None else global_batch // world
     start = probe_options.pop("start", None)
     max_batch, start = cap_at_samples(share, max_batch, start, multiple_of, where=f"global_batch={global_batch}")
-    shard = _shard_length(trainer.train_dataset, world)
-    if shard is not None and share is not None and share > shard:
-        raise ValueError(  # an epoch would end first: every optimizer step would train fewer samples
-            f"global_batch={global_batch} is larger than the training set ({shard * world} samples"
-            f"{f', {shard} per process' if world > 1 else ''}): each epoch would end before one global batch; "
-            "lower global_batch"
-        )
+    shard = _shard_fitting(trainer, global_batch, share, world)
     accumulation = 1 if share is not None else max(1, int(args.gradient_accumulation_steps))  # else its window is probed
     _refuse_rebalance(trainer, world, accumulation)  # with global_batch on one process, once its split is known
     set_for = accumulation_setter(trainer)  # an earlier call's global_batch where that call set the accumulation
@@ -140,6 +134,20 @@ def fit_batch_size(
     tell_size(trainer, before, size, accumulation, world, result.batch_size, share, note_padding(result, step, sample, short, compared))
     _warn_unprobed(trainer, size, sample)
     return result
+
+
+def _shard_fitting(trainer: Any, global_batch: int | None, share: int | None, world: int) -> int | None:
+    """Each process's share of the training set (None: no length), where it holds ``share`` samples
+    (``global_batch`` over ``world``); else a ``ValueError``: an epoch would end before one global
+    batch, and every optimizer step would train fewer samples."""
+    shard = _shard_length(trainer.train_dataset, world)
+    if shard is not None and share is not None and share > shard:
+        raise ValueError(
+            f"global_batch={global_batch} is larger than the training set ({shard * world} samples"
+            f"{f', {shard} per process' if world > 1 else ''}): each epoch would end before one global batch; "
+            "lower global_batch"
+        )
+    return shard
 
 
 def _warn_unprobed(trainer: Any, size: int, sample: Any) -> None:
