@@ -257,8 +257,8 @@ def no_blocks_hint(model: nn.Module, targets: Iterable[str | type] | None = None
     if own:
         return own_checkpointing_hint(own, model)
     found = find_blocks(model, targets)
-    if not found and unregistered_hint(model):
-        return unregistered_hint(model)
+    if not found and (unregistered := unregistered_hint(model)):
+        return unregistered
     replaced = [name for name in found if "forward" in model.get_submodule(name).__dict__
                 and not is_checkpointed(model.get_submodule(name))]
     if found and len(replaced) == len(found):
