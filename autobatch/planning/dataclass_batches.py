@@ -27,7 +27,7 @@ from typing import Any, Callable, Mapping
 
 import torch
 
-__all__ = ["rebuilt"]
+__all__ = ["rebuilt", "same_values"]
 
 
 def rebuilt(node: Any, mapped: Callable[[str, Any], Any], path: str = "batch") -> Any:
@@ -45,7 +45,7 @@ def rebuilt(node: Any, mapped: Callable[[str, Any], Any], path: str = "batch") -
             "builds each micro-batch, and the batch moved to the device, through __init__ (as dataclasses.replace "
             "does), which cannot pass it. Make it a field (each piece then gets its value), or give it a default"
         ) from error
-    changed = [field.name for field in fields if field.init and not _same(getattr(again, field.name), getattr(node, field.name))]
+    changed = [field.name for field in fields if field.init and not same_values(getattr(again, field.name), getattr(node, field.name))]
     if changed:
         raise ValueError(
             f"{path} is a dataclass ({type(node).__name__}) whose __init__ / __post_init__ changes the values it is given "
@@ -56,14 +56,15 @@ def rebuilt(node: Any, mapped: Callable[[str, Any], Any], path: str = "batch") -
     piece = dataclasses.replace(node, **{field.name: mapped(field.name, getattr(node, field.name))
                                          for field in fields if field.init})
     for field in fields:  # set after construction: not derived, so lost by the rebuild
-        if not field.init and not _same(getattr(again, field.name, None), getattr(node, field.name, None)):
+        if not field.init and not same_values(getattr(again, field.name, None), getattr(node, field.name, None)):
             object.__setattr__(piece, field.name, mapped(field.name, getattr(node, field.name)))  # frozen ones too
     return piece
 
 
-def _same(left: Any, right: Any) -> bool:
+def same_values(left: Any, right: Any) -> bool:
     """Whether ``left`` and ``right`` hold the same values: the same object, equal tensors, or
-    lists, tuples and mappings of such, element by element."""
+    lists, tuples and mappings of such, element by element (also how a resume compares generator
+    states: :mod:`~autobatch.training.epochs`)."""
     if left is right:
         return True
     if isinstance(left, torch.Tensor) or isinstance(right, torch.Tensor):
@@ -75,9 +76,9 @@ def _same(left: Any, right: Any) -> bool:
         except (RuntimeError, NotImplementedError):  # a layout torch cannot compare (nested): not known to be the same
             return False
     if isinstance(left, Mapping) and isinstance(right, Mapping):
-        return left.keys() == right.keys() and all(_same(left[key], right[key]) for key in left)
+        return left.keys() == right.keys() and all(same_values(left[key], right[key]) for key in left)
     if isinstance(left, (list, tuple)) and isinstance(right, (list, tuple)):
-        return type(left) is type(right) and len(left) == len(right) and all(map(_same, left, right))
+        return type(left) is type(right) and len(left) == len(right) and all(map(same_values, left, right))
     try:
         return bool(left == right)
     except Exception:  # noqa: BLE001 - a value with no truth to its ==: not known to be the same

@@ -26,6 +26,7 @@ import torch
 
 from ..memory.simulated import host_memory
 from ..planning.accumulation import batch_size_of
+from ..planning.dataclass_batches import same_values
 from .checkpoints.checkpoint_io import rng_state, set_rng_state
 
 __all__ = ["EpochBatches", "HostDraws", "epoch_length", "replayed", "set_epoch", "started"]
@@ -153,13 +154,7 @@ def _order_drawn_here(data: Iterable[Any]) -> bool:
 
 def _same_global(one: dict[str, Any], other: dict[str, Any]) -> bool:
     """Whether two :func:`rng_state` values hold the same CPU torch, Python and NumPy generators."""
-    def equal(a: Any, b: Any) -> bool:
-        if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
-            return isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and torch.equal(a, b)
-        if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
-            return len(a) == len(b) and all(equal(x, y) for x, y in zip(a, b))
-        return a == b
-    return all(equal(one.get(key), other.get(key)) for key in ("torch", "python", "numpy"))
+    return all(same_values(one.get(key), other.get(key)) for key in ("torch", "python", "numpy"))
 
 
 def _warn_interleaved_draws(epoch: int, position: int, after_first: dict[str, Any], replayed_to: dict[str, Any],
