@@ -3,7 +3,8 @@
 Accelerate's decorator calls ``function(batch_size, *args, **kwargs)`` and, on an
 out-of-memory error, multiplies the size by 0.9 and calls again. Three things differ here:
 
-* **Memory is freed outside the ``except`` block.** While an exception is handled its
+* **Memory is freed outside the ``except`` block** (and at each call's start under Accelerate's mixed
+  precision: :func:`_collect_mixed_precision`). While an exception is handled its
   traceback pins every frame of the failed call, and with them its activations, so the
   ``gc.collect()`` / ``empty_cache()`` Accelerate runs inside the handler frees nothing they
   hold (pytorch/pytorch#18853). Here the handler only records the failure; the failed call's
@@ -63,6 +64,7 @@ its own checkpoint), is one ``RuntimeWarning`` saying how many steps' samples we
 from __future__ import annotations
 
 import functools
+import sys
 import time
 import warnings
 from dataclasses import asdict, dataclass
@@ -175,6 +177,7 @@ def find_executable_batch_size(
     @functools.wraps(function)
     def wrapped(*args: Any, **kwargs: Any) -> Any:
         check_call(function, args[int(method):], kwargs, method)
+        _collect_mixed_precision()  # a last call's bf16 model (a cycle) failed this call's start
         memory = _instruments(device)
         with LazyStateWatch() as watch, AttemptState(memory, getattr(function, "__name__", "function")) as state:
             return _attempts(wrapped, watch, memory, state, args, kwargs)
@@ -357,6 +360,17 @@ def _lost_message(lost: int, name: str) -> str:
         "without a copy and were set to None, so the gradients accumulated before the call are lost. Call the "
         "decorated function at the start of an accumulation window, or after optimizer.zero_grad()"
     )
+
+
+def _collect_mixed_precision() -> None:
+    """At a call's start, a collection (as Accelerate's decorator runs at every call), where Accelerate's
+    shared state has a mixed precision: a model prepared under it holds itself (its forward is bound to it,
+    wrapped in autocast), so the last call's lived on, and this call's first attempt failed at the size
+    that had run (each call ran smaller). Only there: a full collection costs 0.1-0.4 s a call in a
+    process that imported transformers (a decorated helper called every step), and elsewhere no such cycle."""
+    shared = getattr(getattr(sys.modules.get("accelerate.state"), "AcceleratorState", None), "_shared_state", None)
+    if isinstance(shared, dict) and shared.get("_mixed_precision") not in (None, "no"):
+        free_memory()
 
 
 def _instruments(device: str | torch.device | None) -> DeviceMemory | None:

@@ -16,13 +16,15 @@ leaves behind outside the function, and how it is undone before the next attempt
   ``accelerator.accumulate`` advances): put back, or the next attempt's accumulation windows were
   shifted by the failed attempt's micro-batches (with 4 a window and a failure at the third, the
   retry stepped the optimizer after its first micro-batch, a quarter of a window);
-* an ``accelerate.Accelerator``'s ``free_memory()`` collects the garbage it makes: from the first
-  failure on, each one live gets a ``free_memory`` that runs ``gc.collect()`` after it lets go of
-  its models (the call's own, put back when the call ends). Why: Accelerate's collects *before*
-  it empties its lists, and a model prepared under mixed precision holds itself (its forward is
-  bound to it, wrapped in autocast), so the failed attempt's model, freed by the
-  ``free_memory()`` at the function's top that Accelerate's docs (and these) advise, lived on
-  through the retry: a bf16 MLP under 7 MiB failed at every size down to batch 1 where 921 runs;
+* an ``accelerate.Accelerator``'s ``free_memory()`` collects the garbage it makes: from the call's
+  start (each one known then) and each failure (each one live), it gets a ``free_memory`` that runs
+  ``gc.collect()`` after it lets go of its models (the call's own, put back when the call ends).
+  Why: Accelerate's collects *before* it empties its lists, and a model prepared under mixed
+  precision holds itself (its forward is bound to it, wrapped in autocast), so the failed attempt's
+  model, freed by the ``free_memory()`` at the function's top that Accelerate's docs (and these)
+  advise, lived on through the retry: a bf16 MLP under 7 MiB failed at every size down to batch 1
+  where 921 runs; and the previous call's (a new epoch, a notebook cell run again) through the next
+  call's first attempt, which failed at the size that ran, so each call ran smaller (256, 243, 193);
   the memory in use after it is where the attempt starts (:meth:`AttemptState.started`);
 * a retry that loads a checkpoint a failed attempt saved and skips its done batches at another
   batch size (``accelerator.skip_first_batches``) is one warning (:mod:`.decorator_resume`);
@@ -97,18 +99,19 @@ class AttemptState:
 
     def record(self, size: int | None = None) -> None:
         """At an attempt's start (at batch ``size``): each parameter's gradient (weakly) and its
-        version counter, and each known Accelerator's ``step``."""
+        version counter, and each known Accelerator's ``step``; its ``free_memory`` collects (module doc)."""
         self.before, self.freed_to = {}, None
         if size is not None:
             self.resume.started(size)
         self.retrained.record()
-        for param in _params_of(_known_optimizers()):
+        for param in _params_of(_known_optimizers()):  # the first call's scan fills _ACCELERATORS too
             if param.grad is not None:
                 self.before[id(param)] = (weakref.ref(param), weakref.ref(param.grad), param.grad._version)
         self.steps = {id(accelerator): (weakref.ref(accelerator), accelerator.step) for accelerator in list(_ACCELERATORS)
                       if isinstance(getattr(accelerator, "step", None), int)}
         state = gradient_state()
         self.loaders = list(state.dataloader_references) if state is not None else None
+        self._collect_on_free(list(_ACCELERATORS))  # the last call's bf16 model, before this call's first attempt
 
     def note_failure(self) -> None:
         """In the failed attempt's ``except`` handler, while its frames are alive: the live

@@ -43,3 +43,27 @@ def test_free_memory_at_the_top_frees_the_failed_attempts_bf16_model(bf16):
         size = train()  # it raised NoBatchFitsError after 49 attempts
     assert size >= 600 and len(train.attempts) <= 5
     assert "free_memory" not in vars(bf16)  # Accelerate's own again after the call
+
+
+def test_review37_second_call_frees_the_last_calls_bf16_model_before_its_first_attempt(bf16):
+    """Review 37: the collecting ``free_memory`` came only from a call's first failure, so a second call
+    (a new epoch, a notebook cell run again) started with the last call's bf16 model and optimizer state
+    alive: its first attempt failed at the size that had run, and each call ran smaller."""
+    data = torch.randn(1024, 64)
+
+    @find_executable_batch_size(starting_batch_size=1024)
+    def train(batch_size):
+        bf16.free_memory()
+        model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 256),
+                                    torch.nn.ReLU(), torch.nn.Linear(256, 1))
+        model, optimizer = bf16.prepare(model, torch.optim.AdamW(model.parameters()))
+        bf16.backward(model(data[:batch_size]).float().pow(2).mean())
+        optimizer.step()
+        return batch_size
+
+    with simulated_memory("2MiB"):
+        first = train()
+        calls = len(train.attempts)
+        assert train() == first  # it failed at `first` and ran smaller
+    assert [attempt.ok for attempt in train.attempts[calls:]] == [True]
+    assert "free_memory" not in vars(bf16)

@@ -15,7 +15,7 @@ import torch
 
 accelerate = pytest.importorskip("accelerate")
 
-from accelerate.state import GradientState  # noqa: E402
+from accelerate.state import AcceleratorState, GradientState  # noqa: E402
 
 from autobatch import find_executable_batch_size, simulated_memory  # noqa: E402
 
@@ -54,3 +54,30 @@ def test_review35_an_accelerator_made_inside_frees_each_attempt_and_says_the_sam
     assert len(said) == 1
     assert f"trains {size * 4} samples per process where 256 x 4 = 1024 were asked" in said[0]
     assert "Accelerator(gradient_accumulation_steps=1024 // batch_size)" in said[0]
+
+
+def test_review37_a_second_call_collects_the_last_calls_bf16_accelerator_first(shared_accumulation):
+    """Review 37: Accelerate's decorator collects garbage at each call's start; this one did not, and a
+    bf16 model an Accelerator made inside prepared holds itself (a cycle), so it outlived the call: the
+    next call (a new epoch, a notebook cell run again) failed at the size that had run, and ran smaller."""
+    data = torch.randn(1024, 64)
+    AcceleratorState._reset_state()  # bf16: the process's state as a fresh one (and after: below)
+
+    @find_executable_batch_size(starting_batch_size=1024)
+    def train(batch_size):
+        accelerator = accelerate.Accelerator(cpu=True, mixed_precision="bf16")
+        model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 256),
+                                    torch.nn.ReLU(), torch.nn.Linear(256, 10))
+        model, optimizer = accelerator.prepare(model, torch.optim.AdamW(model.parameters()))
+        accelerator.backward(model(data[:batch_size]).float().pow(2).mean())
+        optimizer.step()
+        return batch_size
+
+    try:
+        with simulated_memory("2MiB"):
+            first = train()
+            calls = len(train.attempts)
+            assert train() == first  # it failed at `first` and ran smaller
+    finally:
+        AcceleratorState._reset_state()
+    assert [attempt.ok for attempt in train.attempts[calls:]] == [True]
