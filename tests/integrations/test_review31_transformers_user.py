@@ -46,3 +46,41 @@ def test_review31_label_smoothing_averages_an_accumulated_split_and_is_not_warne
     split, warnings = _moved(tmp_path, monkeypatch, 8)
     assert split == pytest.approx(whole, rel=1e-3)  # the LabelSmoother averaged the window: 8 x 2 as 16 x 1
     assert not [w for w in warnings if WARNED in w], warnings
+
+
+
+def _own_loss(summed: bool):
+    """A ``Seq2SeqTrainer`` subclass whose ``compute_loss`` takes the token cross-entropy itself: a
+    plain mean (``summed`` False), or the sum over ``num_items_in_batch``."""
+    import transformers
+
+    class OwnLoss(transformers.Seq2SeqTrainer):
+        def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+            labels = inputs.pop("labels")
+            outputs = model(**inputs, labels=labels)
+            losses = torch.nn.functional.cross_entropy(outputs.logits.flatten(0, 1), labels.flatten(), reduction="none")
+            kept = losses[labels.flatten() != -100]
+            loss = kept.sum() / num_items_in_batch if summed and num_items_in_batch is not None else kept.mean()
+            return (loss, outputs) if return_outputs else loss
+
+    return OwnLoss
+
+
+def test_review37_a_compute_loss_override_is_judged_not_the_model(tmp_path, monkeypatch, caplog):
+    """The check asked the model alone: a subclass whose ``compute_loss`` took a plain mean (over
+    GPT-2, which honours the count: 8 x 2 stepped 2.02x the gradient of 16 x 1, the logged loss
+    doubled) was not warned, and one that divides its sum by ``num_items_in_batch`` over a T5 was
+    told to set ``model_accepts_loss_kwargs = False``, which would then divide it again."""
+    monkeypatch.setattr(transformers_integration, "find_max_batch", lambda step, **options: _answer(8))
+    trainer, said = _seq2seq_trainer(tmp_path), {}
+    for summed in (False, True):
+        trainer.__class__ = _own_loss(summed)  # the same trainer, its compute_loss overridden
+        trainer.args.gradient_accumulation_steps = 1
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="autobatch"):
+            fit_batch_size(trainer, global_batch=16)
+        assert trainer.args.gradient_accumulation_steps == 2
+        said[summed] = [r.getMessage() for r in caplog.records if WARNED in r.getMessage()]
+    assert not said[True], said[True]
+    assert len(said[False]) == 1 and "OwnLoss.compute_loss (your override)" in said[False][0]
+    assert "trainer.loss_is_scaled_for_ga = False" in said[False][0]
