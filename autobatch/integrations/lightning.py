@@ -268,7 +268,8 @@ class AutoBatchSize(Callback):
             confirm_steps=self.confirm_steps if self.confirm and self._world == 1 else 0)  # late restore: the probe's largest
         self.batch_size, self.accumulation = resumed_split(restored, self._given and self._given[1], self.global_batch,
                                                            self._world, self.probe_options, self.batch_arg_name,
-                                                           self.state_key, fits=fits)
+                                                           self.state_key, fits=fits,
+                                                           manual=not module.automatic_optimization)
         lightning_setattr(module, self.batch_arg_name, self.batch_size)
         check_limit(trainer, self.global_batch, self.accumulation, self.batch_size, None)
         check_validation(trainer, self.batch_size, self.probe_options["multiple_of"], None)

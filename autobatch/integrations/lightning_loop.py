@@ -237,6 +237,8 @@ def _run_loop(trainer: Trainer, size: int, steps: int, line: MemoryLine, memory:
             loop.run()
         memory.synchronize()
         ran = trainer.global_step - first
+        if 0 <= (loop.max_epochs if loop.max_epochs is not None else -1) <= trainer.current_epoch:
+            watch.unstepped.clear()  # fit's own max_epochs ended the run: fit takes no step the run did not
     except BaseException as exc:  # noqa: BLE001 - re-raised below unless it is an OOM
         watch.unhook()
         if not is_oom_error(exc):

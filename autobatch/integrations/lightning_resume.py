@@ -37,14 +37,16 @@ __all__ = ["changed_samples", "dropped_samples", "overridden_accumulation", "res
 
 def resumed_split(restored: Mapping[str, Any], given: int | None, global_batch: int | None, world: int,
                   options: Mapping[str, Any], name: str, state_key: str,
-                  fits: int | None = None) -> tuple[int, int | None]:
+                  fits: int | None = None, manual: bool = False) -> tuple[int, int | None]:
     """The size and accumulation a resumed run trains at, from a checkpoint of the same ``global_batch``
     and ``world`` size: the checkpoint's (:func:`overridden_accumulation`, :func:`restored_note`), or,
     where the probe ``options``' ``max_batch``, or ``fits`` (the largest batch that trains on this
     machine: :func:`~.lightning_trials.kept_fits`), is below its size, its samples per optimizer step split
     into micro-batches of at most that (the Trainer's ``given`` accumulation kept where it
     splits ``global_batch`` so; without ``global_batch``, the checkpoint's size times ``given``),
-    said in one warning."""
+    said in one warning. Under ``manual`` optimization Lightning accumulates nothing (it refuses
+    ``accumulate_grad_batches`` above 1 there, before ``on_fit_start``): the run trains at the largest
+    size allowed, its smaller samples per step said (:func:`_manual_split`)."""
     size, cap, multiple = restored["batch_size"], options["max_batch"], options["multiple_of"]
     cause = f"max_batch={cap} is below"
     if fits is not None and fits < min(size, cap or size):
@@ -53,6 +55,8 @@ def resumed_split(restored: Mapping[str, Any], given: int | None, global_batch: 
         overridden_accumulation(restored, given, state_key)  # warned
         restored_note(name, size, restored["accumulation"])
         return size, restored["accumulation"]
+    if manual:
+        return _manual_split(size, cap, multiple, world, name, cause), None
     accumulation = restored.get("accumulation") or given or 1
     share, ranks = size * accumulation, f" x {world} ranks" if world > 1 else ""  # a rank's samples per step
     if share % multiple:
@@ -72,6 +76,26 @@ def resumed_split(restored: Mapping[str, Any], given: int | None, global_batch: 
     if split.warning:
         rank_zero_warn(f"AutoBatchSize: {split.warning}")
     return split.size, split.accumulation
+
+
+def _manual_split(size: int, cap: int, multiple: int, world: int, name: str, cause: str) -> int:
+    """The size a resumed manual-optimization run trains at where its checkpoint's ``size`` is above
+    ``cap``: the largest multiple of ``multiple`` up to it, with one warning. Why not a split: Lightning
+    runs no automatic accumulation under manual optimization, so an ``accumulate_grad_batches`` set by the
+    callback (after Lightning's check) was ignored: a GAN resumed under less memory trained 211 samples
+    per optimizer step while the warning said it kept the checkpoint's 422 (211 x 2)."""
+    micro = max(multiple, cap // multiple * multiple)
+    by_hand = split_keeping(size * world, world, cap, None, multiple_of=multiple, setting="accumulate_grad_batches",
+                            where="the Trainer") if size % multiple == 0 else None
+    hint = (f"to keep {size}, accumulate in training_step (step the optimizers every {by_hand.accumulation} batches) "
+            f"with AutoBatchSize(max_batch={by_hand.size}), or " if by_hand and by_hand.accumulation > 1 else "to keep it, ")
+    rank_zero_warn(
+        f"AutoBatchSize: {cause} the checkpoint's {name}={size}: this resumed run trains {name}={micro}, so each "
+        f"optimizer step trains {micro} samples{' per rank' if world > 1 else ''} where the checkpoint's run trained "
+        f"{size}, and what the learning rate means changes mid-run. Under manual optimization (automatic_optimization="
+        f"False) Lightning does not accumulate gradients, so the callback cannot split {size} into micro-batches: "
+        f"{hint}{f'max_batch={size} or more' if cause.startswith('max') else 'resume with more memory'}")
+    return micro
 
 
 def dropped_samples(restored: Mapping[str, Any], global_batch: int | None, world: int) -> int | None:

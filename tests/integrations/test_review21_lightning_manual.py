@@ -99,3 +99,18 @@ def test_review33_the_loop_run_waits_for_each_optimizers_second_step():
     with simulated_memory("8MiB"):
         run.fit(Critic())
     assert [r.steps for r in callback.confirmation.runs] == [8] and not callback.confirmation.skipped  # 6 + 2
+
+
+def test_review37_a_run_that_ends_with_fits_last_epoch_confirms_the_size():
+    # an epoch of one batch at the size (64 samples) under max_epochs=1: the run ended where fit ends, each
+    # optimizer stepped once as in fit, yet the size was left "not confirmed ... fit may run out of memory there;
+    # set max_batch", for a second step fit never takes
+    module, callback = Critic(), AutoBatchSize(memory_limit="8MiB", max_batch=64)
+    module.data = torch.utils.data.TensorDataset(module.data.tensors[0][:64])
+    run = pl.Trainer(accelerator="cpu", devices=1, max_epochs=1, logger=False, enable_checkpointing=False,
+                     enable_progress_bar=False, enable_model_summary=False, callbacks=[callback])
+    with simulated_memory("8MiB"), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        run.fit(module)
+    assert callback.batch_size == 64 and [r.steps for r in callback.confirmation.runs] == [1]
+    assert not callback.confirmation.skipped and not any("AutoBatchSize" in str(w.message) for w in caught)

@@ -149,3 +149,38 @@ def test_review35_a_kept_size_is_confirmed_in_lightnings_loop(checkpoint):
     assert all(torch.equal(after.model[k], v) for k, v in saved["state_dict"].items())  # the loop runs put them back
     state = run.optimizers[0].state_dict()["state"]
     assert state and all(int(moments["step"]) == 2 for moments in state.values())  # the checkpoint's moments, stepped
+
+
+class ManualWide(Wide):
+    """Wide stepping its optimizer itself (``automatic_optimization = False``), as a GAN does."""
+
+    def __init__(self, batch_size: int = 2) -> None:
+        super().__init__(batch_size)
+        self.automatic_optimization = False
+
+    def training_step(self, batch, index):
+        x, y = batch
+        self.seen.append(x.shape[0])
+        optimizer = self.optimizers()
+        self.manual_backward(nn.functional.mse_loss(self.net(x), y))
+        optimizer.step()
+        optimizer.zero_grad()
+
+
+def test_review37_a_manual_optimization_resume_below_the_checkpoints_size_is_not_split(checkpoint):
+    """Review 37: under manual optimization Lightning accumulates nothing (it refuses
+    ``accumulate_grad_batches`` there before ``on_fit_start``), yet a resume under a lowered cap (or
+    less memory) set 16 x accumulate_grad_batches=4 and warned that it kept the checkpoint's 64
+    samples a step: each step trained 16, silently. It now trains the largest size allowed, says the
+    samples per step change and how to keep them."""
+    callback, module, run = AutoBatchSize(max_batch=24, confirm=False), ManualWide(), trainer()
+    run.callbacks.append(callback)
+    run.fit_loop.epoch_loop.max_steps = 2
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        run.fit(module, ckpt_path=checkpoint)
+    said = [str(w.message) for w in caught if "AutoBatchSize" in str(w.message)]
+    assert (callback.batch_size, callback.accumulation, run.accumulate_grad_batches) == (24, None, 1)
+    assert set(module.seen) == {24} and module.hparams.batch_size == 24
+    assert len(said) == 1 and "each optimizer step trains 24 samples where the checkpoint's run trained 64" in said[0]
+    assert "step the optimizers every 4 batches) with AutoBatchSize(max_batch=16)" in said[0]
