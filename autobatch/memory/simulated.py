@@ -32,6 +32,7 @@ from torch._subclasses.fake_tensor import FakeTensor
 
 from ..keywords import keywords
 from .accounting import StorageAccountant, tensor_storages
+from .uncompiled import uncompiled
 from .units import format_bytes, parse_bytes
 
 __all__ = ["SimulatedMemory", "simulated_memory", "active_simulation", "host_memory", "to_simulated_device"]
@@ -114,7 +115,7 @@ def simulated_memory(limit: int | str) -> Iterator[SimulatedMemory]:
     4194304
     """
     simulation = SimulatedMemory(parse_bytes(limit, name="limit"))
-    with simulation:
+    with simulation, uncompiled():  # compiled code runs eagerly here, and compiles again after (uncompiled.py)
         _active.budgets.append(simulation)
         try:
             yield simulation

@@ -49,3 +49,21 @@ def test_review32_a_plan_of_a_compiled_step_says_what_its_probes_measured():
     assert "torch.compile" in str(made)
     uncompiled = autobatch.plan(_step(nn.Linear(8, 8)), global_batch=32, memory_limit="4MiB", cache=False)
     assert not any("torch.compile" in note for note in uncompiled.notes)
+
+
+def test_review37_a_compiled_model_compiles_again_after_the_simulated_device():
+    """Dynamo marked the frames it met under a dispatch mode skipped for good: after a CPU probe (or an estimate,
+    tests/probe/test_review14_estimate_errors.py) the model trained uncompiled with no word, and a fullgraph=True
+    model raised torch's bare "found no compiled frames", there and ever after (autobatch.memory.uncompiled)."""
+    compiles = []
+
+    def backend(graph, inputs):
+        compiles.append(graph)
+        return graph.forward
+
+    model = torch.compile(nn.Linear(8, 8), backend=backend, fullgraph=True)
+    with autobatch.simulated_memory("1MiB"):
+        model(torch.randn(2, 8))  # eager here
+    assert not compiles
+    model(torch.randn(2, 8))
+    assert len(compiles) == 1  # compiled after it

@@ -107,6 +107,7 @@ def test_a_compiled_model_is_estimated_uncompiled_and_says_so():
     result = find_max_batch(compiled, memory_limit="256KiB", cache=False, strategy="estimate")
     assert result.batch_size == expected
     assert any("is compiled (torch.compile)" in note and "uncompiled code" in note for note in result.notes)
+    # review 37: fullgraph=True is traced eagerly too (torch.compiler.set_stance), where it raised dynamo's
+    # "found no compiled frames" (an EstimateError naming _orig_mod) and stayed unable to compile after the trace
     whole = TrainStep(torch.compile(model, fullgraph=True), plain.optimizer, plain.loss_fn, plain.make_batch)
-    with pytest.raises(EstimateError, match=r"fullgraph=True .*estimate the uncompiled module \(the compiled one's _orig_mod\)"):
-        find_max_batch(whole, memory_limit="256KiB", cache=False, strategy="estimate")
+    assert find_max_batch(whole, memory_limit="256KiB", cache=False, strategy="estimate").batch_size == expected

@@ -3,7 +3,9 @@
 A compiled model is an ``OptimizedModule`` holding the model as ``_orig_mod``: its checkpoints
 named every weight ``_orig_mod.0.weight``, so a run resumed without ``torch.compile`` (or a bare
 run's checkpoint resumed with it) was refused as "written for another model". A checkpoint now
-holds the bare model's names, and one of an earlier version, with the prefix, still resumes.
+holds the bare model's names, and one of an earlier version, with the prefix, still resumes. So does a
+model with a submodule compiled on its own (``self.enc = torch.compile(enc)``), whose keys held
+``enc._orig_mod.`` inside them, which the checkpoint kept: refused again without ``torch.compile``.
 The wrapper here is a stand-in with the real one's structure (a module named ``OptimizedModule``
 whose child ``_orig_mod`` is the model): importing dynamo costs seconds, and the real
 ``torch.compile`` was checked by hand (a compiled run's ``last.pt`` resumed into the bare model).
@@ -79,6 +81,30 @@ def test_a_checkpoint_with_the_compiled_prefix_of_an_earlier_version_resumes(tmp
     bare = make_model(seed=5)
     _runner(bare).fit(data, steps=2, resume=tmp_path)  # loaded, nothing left to train
     assert_weights_close(weights(bare), weights(runner.model))
+
+
+def _compiled_block(seed: int) -> nn.Module:
+    model = make_model(seed=seed)
+    model[1] = OptimizedModule(model[1])  # a block compiled on its own: its keys hold 1._orig_mod.1.weight
+    return model
+
+
+def test_review37_a_compiled_submodules_checkpoint_resumes_without_compile_and_the_other_way(tmp_path):
+    data = make_data()
+    whole = make_model()
+    _runner(whole).fit(data, steps=3)
+    _runner(_compiled_block(0), checkpoint_dir=tmp_path / "compiled").fit(data, steps=2)
+    assert "1.1.weight" in load_checkpoint(tmp_path / "compiled")["model"]  # the bare model's names
+    bare = make_model(seed=5)
+    _runner(bare, checkpoint_dir=tmp_path / "compiled").fit(data, steps=3, resume=tmp_path / "compiled")
+    assert_weights_close(weights(bare), weights(whole))
+    state = load_checkpoint(tmp_path / "compiled")  # and back, also as an earlier version wrote it (_orig_mod. inside)
+    state["model"] = {key.replace("1.1.", "1._orig_mod.1."): value for key, value in state["model"].items()}
+    torch.save(state, tmp_path / "inner.pt")
+    for path in (tmp_path / "compiled", tmp_path / "inner.pt"):
+        compiled = _compiled_block(5)
+        _runner(compiled).fit(data, steps=3, resume=path)
+        assert_weights_close(weights(compiled), weights(whole))
 
 
 def test_a_fresh_run_warns_once_of_another_runs_checkpoint_it_keeps(tmp_path, caplog):

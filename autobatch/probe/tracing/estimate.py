@@ -50,6 +50,7 @@ from ..snapshot.shards import has_dtensors
 from .trace_failures import RealBatches, cut_below_user_code, from_the_step, refused_size, step_error, untraceable, untraceable_memory
 from .trace_writes import RealWrites
 from ..train_step import TrainStep
+from ...memory.uncompiled import uncompiled
 from ...memory.units import format_bytes, parse_bytes
 from ...memory.workspaces import BlasThreads, workspace_bytes
 from .estimate_records import BatchEstimate, EstimateError, MemoryEstimate
@@ -114,6 +115,7 @@ def estimate_memory(step: TrainStep, batch_size: int, *, steps: int = 2, op_limi
                 fake_step.make_batch = lambda n: refuse_iterator(batches(n))  # a generator's: the probe's error
             stack.enter_context(quiet_meta_errors())  # the error is the EstimateError's cause, not a log
             stack.enter_context(unvalidated_distributions())  # a Distribution's value checks: none on fakes
+            stack.enter_context(uncompiled())  # a compiled model traced eagerly, and compiled again after
             stack.enter_context(mode)
             stack.enter_context(RealWrites())  # above the fake mode: real tensors it writes (an EMA attribute) put back
             stack.enter_context(KernelDtypes())  # real kernels' dtypes, between the fake mode and the accountant

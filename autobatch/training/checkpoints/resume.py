@@ -37,7 +37,8 @@ from ..pacing import FailedDraw, agree_epoch_length, carried_error, told_every_r
 from ..ranks import agree_resume
 from ..precision import check_dtypes, load_grad_scaler, weights_dtype
 from .resume_checks import check_fits, check_kinds, kind, load_scheduler, position_for, precision_of, warn_changed_precision
-from .resume_checks import local_module_names, saved_module, warn_persistent_workers, warn_replaced_settings, without_wrapper_prefix
+from .resume_checks import (bare_keys, keys_as_in, local_module_names, saved_module, warn_persistent_workers,
+                            warn_replaced_settings, without_wrapper_prefix)
 from .resume_fresh import continues_in, earlier_path, file_mark, keep_earlier_run, put_back, replaced_since, shared_dir_error
 from .resume_target import resume_target
 from ..run_result import RunResult
@@ -154,7 +155,7 @@ class Resumable:
         return storable({
             "format": RUNNER_FORMAT,
             # a DTensor (FSDP2) as this rank's local shard: plain tensors, loadable with weights_only
-            "model": plain_state(saved_module(self.model).state_dict()),
+            "model": plain_state(bare_keys(saved_module(self.model).state_dict())),  # no _orig_mod. inside either
             "loose_parameters": saved_loose_parameters(saved_module(self.model), self.optimizer),
             "optimizer": plain_state(self.optimizer.state_dict()),
             "optimizer_type": type(self.optimizer).__qualname__,
@@ -329,6 +330,7 @@ class Resumable:
             check_kinds(path, state, self.optimizer, self.scheduler)  # before anything is loaded
             warn_changed_precision(state, precision_of(self._train_step), weights=weights_dtype(self.model))
             saved = state["model"] if sharded else without_wrapper_prefix(state["model"])  # nothing loaded unless all fits
+            saved = keys_as_in(saved_module(self.model).state_dict(), saved)  # a compiled submodule's _orig_mod.
             check_fits(saved_module(self.model), saved, self.optimizer, state["optimizer"], sharded=sharded)  # shapes, groups
             check_dtypes(path, saved_module(self.model), saved)  # a warning, or inf
             # these refuse with their own CheckpointError, before the weights and optimizer state are loaded too

@@ -26,7 +26,7 @@ from ..ranks import unwrap
 
 __all__ = ["precision_of", "warn_changed_precision", "check_fits", "check_kinds", "kind", "load_scheduler", "position_for", "warn_persistent_workers", "warn_replaced_settings",
            "without_wrapper_prefix", "local_module_names",
-           "saved_module"]
+           "saved_module", "bare_keys", "keys_as_in"]
 
 log = logging.getLogger("autobatch")
 
@@ -195,6 +195,28 @@ def without_wrapper_prefix(state: dict[str, Any]) -> dict[str, Any]:
     return state
 
 
+def _bare(name: str) -> str:
+    """``name`` without ``torch.compile``'s ``_orig_mod`` anywhere in it (``enc._orig_mod.0.weight``: ``enc.0.weight``)."""
+    return ".".join(part for part in name.split(".") if part != "_orig_mod")
+
+
+def bare_keys(state: dict[str, Any]) -> dict[str, Any]:
+    """``state`` (a model's state dict) keyed as the uncompiled model has it: a submodule compiled on its own
+    (``self.enc = torch.compile(enc)``, a compiled backbone) puts ``_orig_mod.`` inside its keys, which
+    :func:`saved_module` does not reach, and its checkpoint was refused by the same model uncompiled."""
+    return {_bare(key): value for key, value in state.items()}
+
+
+def keys_as_in(here: Iterable[str], saved: dict[str, Any]) -> dict[str, Any]:
+    """``saved`` (a checkpoint's model state, or module names as dict keys) keyed as ``here`` names them, where the
+    two differ by ``torch.compile``'s ``_orig_mod.`` inside the names: a checkpoint of a model with a compiled
+    submodule (or one written before :func:`bare_keys`) resumes into the model uncompiled, and the other way round.
+    Keys ``here`` already has, or that match none of its names, are kept (the load then names them)."""
+    here = set(here)
+    bare = {_bare(name): name for name in here}
+    return {(key if key in here else bare.get(_bare(key), key)): value for key, value in saved.items()}
+
+
 def saved_module(model: torch.nn.Module) -> torch.nn.Module:
     """The module whose state a checkpoint holds: ``model`` inside its data-parallel wrapper
     (:func:`~autobatch.training.ranks.unwrap`) and inside ``torch.compile``'s ``OptimizedModule``
@@ -213,9 +235,10 @@ def local_module_names(names: list[str], local: torch.nn.Module) -> list[str]:
     """Module names as ``local`` (the model inside any DDP or ``torch.compile`` wrapper) has them. The checkpointing
     fallback names modules from the model it was given, the wrapper under torchrun
     (``module.blocks.0``), so a checkpoint keeps them relative to the local model and one
-    written before (with the wrapper's ``module.``) still resumes, with or without the wrapper."""
+    written before (with the wrapper's ``module.``) still resumes, with or without the wrapper; so do the names
+    inside a compiled submodule (``enc._orig_mod.0``: ``enc.0``), with or without its ``torch.compile``."""
     known = dict(local.named_modules())
     if all(name in known for name in names):
         return list(names)
-    return list(without_wrapper_prefix(dict.fromkeys(names)))
+    return list(keys_as_in(known, without_wrapper_prefix(dict.fromkeys(names))))
 
