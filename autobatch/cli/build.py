@@ -87,8 +87,10 @@ def _check_target(key: str, node: Any) -> Any:
     try:
         found = locate(target)
     except ImportError as exc:
-        fix = ("fix that module (or its installation)" if exc.__cause__ is not None
-               else "fix the import path or install the package that provides it")
+        cause = exc.__cause__
+        fix = ("fix the import path or install the package that provides it" if cause is None
+               else f"install the package that provides {cause.name!r}, or fix that import"
+               if isinstance(cause, ModuleNotFoundError) and cause.name else "fix that module (or its installation)")
         # from the module's own error (if any): AUTOBATCH_TRACEBACK=1 shows where it raised
         raise ValueError(f"{key}._target_={target!r} cannot be imported ({exc}); {fix}") from exc.__cause__
     if not callable(found):  # a module or a constant: Hydra's "Expected a callable target" named no key

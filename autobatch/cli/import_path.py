@@ -69,7 +69,8 @@ def locate(path: str) -> Any:
             module = importlib.import_module(name)
         except ModuleNotFoundError as exc:
             if exc.name is not None and not name.startswith(exc.name) and not exc.name.startswith(name):
-                raise ImportError(f"importing {name} failed: {exc}") from None
+                # a module it imports is missing: chained, with where the import is (it was `from None`, no place)
+                raise ImportError(f"importing {name} failed: {exc}{where_raised(exc)}") from exc
             continue
         except Exception as exc:  # the module's own code failed (SyntaxError, NameError...): chained, never hidden
             raise ImportError(f"importing {name} raised {type(exc).__name__}: {one_line(exc)}{where_raised(exc)}") from exc

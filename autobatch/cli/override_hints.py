@@ -39,7 +39,7 @@ def _failed_key(exc: BaseException | None) -> str | None:
     return None
 
 
-def override_hint(message: str, exc: BaseException | None = None) -> str:
+def override_hint(message: str, exc: BaseException | None = None, overrides: typing.Sequence[str] = ()) -> str:
     """Hydra's "Could not override 'probe.stratgy'. To append to your config use +probe.stratgy=..."
     advises ``+``, which a typed group rejects: name the closest key of its schema instead. For
     a dict value (``probe={stratgy: binary}``, ``data.dataset={_target_: ..., root: data}``) the
@@ -66,7 +66,7 @@ def override_hint(message: str, exc: BaseException | None = None) -> str:
             if typed != message:
                 return typed
             if len(parts) == len(key.split(".")):  # untyped (model=target, data.dataset): + adds an argument
-                return _free_key_hint(message, key, exc)
+                return _free_key_hint(message, key, exc, overrides)
             break
     if len(parts) > len(key.split(".")):  # a dict merged into a free node that has no such key
         node = ".".join(parts[:-1])
@@ -74,6 +74,16 @@ def override_hint(message: str, exc: BaseException | None = None) -> str:
         return (f"Could not override '{key}': a dict given to {key} is merged into the one already there, and {node} "
                 f"has no key {parts[-1]!r}; add it with +{'.'.join(parts)}=VALUE{fresh}")
     return message
+
+
+#: How a class of one's own given as a group's option (``model=mynet.Net``) is written: Hydra said only
+#: "Could not find 'model/mynet.Net'" and listed the options, ``target`` among them unexplained.
+_OWN_CLASS = {
+    "model": lambda path: f"model=target model._target_={path} (+model.<argument>=VALUE for each argument)",
+    "optimizer": lambda path: f"optimizer=target optimizer._target_={path} (+optimizer.<argument>=VALUE for each argument)",
+    "scheduler": lambda path: f"scheduler=target scheduler._target_={path} (+scheduler.<argument>=VALUE for each argument)",
+    "data": lambda path: f"+data.dataset._target_={path} (+data.dataset.<argument>=VALUE for each argument)",
+}
 
 
 def _option_hint(message: str) -> str:
@@ -88,6 +98,8 @@ def _option_hint(message: str) -> str:
     if close is None and group == "loss" and "." in option:  # loss=mypkg.my_loss: an import path, not an option
         return (f"{message} (loss={option} names no option; a loss of your own by import path: loss._target_={option} "
                 "(+loss._partial_=true for a function of (output, target)))")
+    if close is None and group in _OWN_CLASS and "." in option:  # model=mynet.Net: the same, for a class
+        return f"{message} ({group}={option} names no option; a class by import path: {_OWN_CLASS[group](option)})"
     return f"{message} (did you mean {group}={close}?)" if close else message
 
 
@@ -106,7 +118,17 @@ def _choice_hint(message: str) -> str:
     return message + (f" (did you mean {key}={same}?)" if same else close_match(value, choices, f"{key}="))
 
 
-def _free_key_hint(message: str, key: str, exc: BaseException | None) -> str:
+def _given_value(message: str, key: str, overrides: typing.Sequence[str]) -> str:
+    """The value the command line gave ``key`` (a sweep's ``16,64`` whole), else the one Hydra's "+key=VALUE"
+    advice names: Hydra composes a sweep job by job, so its advice held the first job's value alone."""
+    given = [o.split("=", 1)[1] for o in overrides if "=" in o and o.split("=", 1)[0] == key]
+    if given:
+        return given[-1]
+    found = re.search(rf"use \+{re.escape(key)}=(\S+)", message)
+    return found.group(1).rstrip(":") if found else "VALUE"
+
+
+def _free_key_hint(message: str, key: str, exc: BaseException | None, overrides: typing.Sequence[str] = ()) -> str:
     """A misspelt argument of a ``_target_`` node (``model.hiden`` where it has ``hidden``): the
     closest key the node has (OmegaConf's error carries it), else the closest argument of its
     ``_target_`` that the node leaves out (``model.bais`` for ``torch.nn.Linear`` 's ``bias``), or,
@@ -119,8 +141,7 @@ def _free_key_hint(message: str, key: str, exc: BaseException | None) -> str:
         return message
     keys = [str(name) for name in node.keys()]
     if not keys:  # a null node (data.dataset by default): Hydra's "+key" advice came with "not in struct"
-        given = re.search(rf"use \+{re.escape(key)}=(\S+)", message)
-        value = given.group(1).rstrip(":") if given else "VALUE"
+        value = _given_value(message, key, overrides)
         fix = (f"add it with +{key}={value} (and +{where}.<argument>=VALUE for each argument of it)"
                if part == "_target_" else f"add its class first: +{where}._target_=CLASS +{key}={value}")
         return f"Could not override '{key}': {where} is null (nothing is set there yet); {fix}"
@@ -130,9 +151,8 @@ def _free_key_hint(message: str, key: str, exc: BaseException | None) -> str:
     target = node.get("_target_") if "_target_" in node else None  # an argument the config leaves unset
     arguments = [name for name in target_parameters(target) if name not in keys] if isinstance(target, str) else []
     if part in arguments:  # Hydra's "+key=VALUE" advice, said as why
-        given = re.search(rf"use \+{re.escape(key)}=(\S+)", message)
         return (f"Could not override '{key}': {where} does not set {part!r} yet (an argument of {target}); add it "
-                f"with +{key}={given.group(1).rstrip(':') if given else 'VALUE'}")
+                f"with +{key}={_given_value(message, key, overrides)}")
     near = close_match(part, arguments, f"+{where}.")
     if near:
         return (f"Could not override '{key}': {where} has no key {part!r}{near[:-2]}, an argument of {target} "

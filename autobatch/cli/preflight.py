@@ -374,7 +374,7 @@ def check(command: str, args: Sequence[str]) -> None:
         raise
     except Exception as exc:  # noqa: BLE001 - turned into one line
         message, _ = describe(exc)
-        message = _composition_hint(_delete_hint(_override_hint(integer_key_hint(message, overrides), exc)), exc)
+        message = _composition_hint(_delete_hint(_override_hint(integer_key_hint(message, overrides), exc, overrides)), exc)
         raise CLIError(own_target_hint(message, overrides), BAD_INPUT) from exc
     if not printing:  # the command line's, not each job's: a sweep of train.steps is one line
         warnings += unread_overrides(command, overrides)

@@ -86,6 +86,11 @@ class DatasetBatches:
     the batch is moved (a dict sample's batch was iterated as its keys: "'str' object has no
     attribute 'to'")."""
 
+    #: The estimate's trace builds its batches for real (:class:`~autobatch.probe.tracing.trace_failures.RealBatches`):
+    #: one read per sample, traced, ran operators in proportion to the batch, and the trace stopped there
+    #: ("the step's operators grow with its batch"), so a dataset's probe never had an estimate.
+    reads_stored_samples = True
+
     def __init__(self, dataset: Dataset, device: torch.device | str = "cpu") -> None:
         if not hasattr(dataset, "__len__") or len(dataset) == 0:  # type: ignore[arg-type]
             raise ValueError("data.dataset must be a non-empty map-style dataset (with __len__ and __getitem__)")

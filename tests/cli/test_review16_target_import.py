@@ -40,3 +40,22 @@ def test_a_module_that_fails_on_import_names_the_key_and_the_error(capsys, monke
     err = _error(capsys, "model=target", "model._target_=review16_broken.Net")
     assert "model._target_='review16_broken.Net' cannot be imported" in err and "ZeroDivisionError" in err
     assert "review16_broken.py:2" in err and err.rstrip().endswith("fix that module (or its installation)")
+
+
+def test_review37_a_missing_module_the_users_module_imports_is_chained_with_its_place(monkeypatch, tmp_path):
+    """A ``ModuleNotFoundError`` raised by the user's module importing a missing dependency was re-raised
+    ``from None``: no place, no traceback under ``AUTOBATCH_TRACEBACK=1``, and "fix the import path" for a path
+    that was right. It names the file and line of the import and the module to install, chained."""
+    from omegaconf import OmegaConf
+
+    from autobatch.cli.build import _check_target
+
+    (tmp_path / "review37_needs_dep.py").write_text("import torch\nimport review37_absent_dep\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "review37_needs_dep", raising=False)
+    with pytest.raises(ValueError) as caught:
+        _check_target("model", OmegaConf.create({"_target_": "review37_needs_dep.Net"}))
+    err = str(caught.value)
+    assert "No module named 'review37_absent_dep'" in err and "review37_needs_dep.py:2" in err, err
+    assert err.endswith("install the package that provides 'review37_absent_dep', or fix that import"), err
+    assert isinstance(caught.value.__cause__, ModuleNotFoundError)  # the traceback AUTOBATCH_TRACEBACK=1 shows

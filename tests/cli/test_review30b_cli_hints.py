@@ -16,6 +16,7 @@ from autobatch.cli import preflight
 from autobatch.cli.cache_command import main as cache_main
 from autobatch.cli.dict_target import check_dict_target
 from autobatch.cli.errors import CLIError
+from autobatch.cli.override_hints import override_hint
 from autobatch.cli.user_config import composing
 from autobatch.workloads.models import MLP
 
@@ -69,3 +70,31 @@ def test_a_subclass_of_the_chosen_options_class_is_left_to_build():
     with composing("probe", None):
         check_dict_target("probe", [*CPU, "model=mlp", f"model._target_={__name__}._WideMLP"], "probe")
         check_dict_target("probe", [*CPU, "model=mlp", f"model._target_={__name__}._WideMLP", "+model.scale=3"], "probe")
+
+
+@pytest.mark.parametrize("key, words", [
+    ("model.bias", "model does not set 'bias' yet (an argument of torch.nn.Linear); add it with +model.bias=true,false"),
+    ("data.dataset._target_", "data.dataset is null (nothing is set there yet); add it with +data.dataset._target_=true,false"),
+])
+def test_review37_an_unset_argument_swept_without_plus_names_the_whole_sweep(key, words):
+    """``-m model.bias=true,false`` on a ``model=target`` that does not set ``bias`` was told ``add it with
+    +model.bias=true``: Hydra composes a sweep job by job, and its advice held job 0's value, so the line
+    dropped the sweep's other values. It gives the command line's value whole."""
+    from omegaconf import OmegaConf
+
+    cfg = OmegaConf.create({"model": {"_target_": "torch.nn.Linear", "in_features": 2}, "data": {"dataset": None}})
+    OmegaConf.set_struct(cfg, True)
+    with pytest.raises(Exception) as caught:
+        OmegaConf.update(cfg, key, True, merge=True)
+    hydra = f"Could not override '{key}'. To append to your config use +{key}=true Key '{key}' is not in struct"
+    assert words in override_hint(hydra, caught.value, [*CPU, "model=target", f"{key}=true,false"])
+
+
+def test_review37_a_class_given_as_a_groups_option_names_the_target_form():
+    """``model=mynet.Net`` (an import path where an option goes) was Hydra's "Could not find 'model/mynet.Net'"
+    with the options listed, ``target`` unexplained; ``loss=`` alone named its ``_target_`` form."""
+    hydra = ("In 'probe': Could not find 'model/mynet.Net' Available options in 'model': cnn gpt mlp resnet50 target")
+    assert override_hint(hydra).endswith("(model=mynet.Net names no option; a class by import path: model=target "
+                                         "model._target_=mynet.Net (+model.<argument>=VALUE for each argument))")
+    data = "In 'probe': Could not find 'data/mynet.DS' Available options in 'data': dataset imagenet synthetic"
+    assert "+data.dataset._target_=mynet.DS (" in override_hint(data)

@@ -344,7 +344,9 @@ class RealBatches:
 
     def __init__(self, make_batch: Callable[[int], Any], accountant: StorageAccountant, world: Any) -> None:
         self.make_batch, self.accountant, self.world = make_batch, accountant, world
-        self.real = False  # once the fake batch failed, every later one is built for real
+        # once the fake batch failed, every later one is built for real; a batch read from stored samples
+        # (DatasetBatches) is built so at once: traced, its per-sample reads spent the trace's operator budget
+        self.real = bool(getattr(make_batch, "reads_stored_samples", False))
 
     def __call__(self, batch_size: int) -> Any:  # noqa: D102
         if not self.real:
