@@ -307,7 +307,7 @@ def accumulated_step(
         raise TypeError(f"micro_batches must be a list (or iterable) of batches, got {type(micro_batches).__name__} "
                         f"{checks.shown(micro_batches)}; cut one batch into them, e.g. split_batch(batch, micro_batch)")
     checks.flag("lazy", lazy)
-    step.optimizer.zero_grad(set_to_none=True)
+    step.begin()  # gradients zeroed; a failed call's unscale_ mark forgotten
     loss = (accumulate_loss_sum if lazy else accumulate_micro_batches)(
         step.model,
         step.loss_fn,

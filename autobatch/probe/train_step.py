@@ -102,7 +102,7 @@ class TrainStep:
         if self.make_batch is None:  # was "'NoneType' object is not callable"
             raise TypeError("this TrainStep was built with make_batch=None, so it trains only on batches it is given: "
                             "pass make_batch(batch_size) -> batch to TrainStep to call or probe it with a batch size")
-        self.optimizer.zero_grad(set_to_none=True)
+        self.begin()
         batch = self.make_batch(batch_size)
         with self.autocast():
             loss = checks.loss("loss_fn", self.loss_fn(self.model, batch))  # a model output's .loss; the rest dropped
@@ -125,6 +125,16 @@ class TrainStep:
     #: ``(without, trainable)``: of the parameters the optimizer trains that require grad, how many the last
     #: step's backward gave no gradient (:func:`gradless`; None before a step)
     gradless: tuple[int, int] | None = None
+
+    def begin(self) -> None:
+        """Start a step: zero the optimizer's gradients and, with an enabled grad scaler, forget
+        the mark (and inf check) of an ``unscale_`` that a failed call left, whose gradients are
+        gone. Before, a call after one that ran out of memory inside ``optimizer.step()`` raised
+        torch's "unscale_() has already been called" with ``max_grad_norm``, and without it stepped
+        the new gradients still scaled (SGD at lr 1e-2: weights of 0.4 became 42 to 133) on the old ones' inf check."""
+        self.optimizer.zero_grad(set_to_none=True)
+        if isinstance(self.grad_scaler, torch.amp.GradScaler):  # not the estimate's TraceScaler, which keeps no marks
+            forget_scaler_stage(self.grad_scaler, self.optimizer)
 
     def optimizer_step(self) -> None:
         """Clip the gradients' norm (``max_grad_norm``), then step the optimizer, through the

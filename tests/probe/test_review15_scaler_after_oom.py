@@ -69,3 +69,48 @@ def _step_failing_after_unscale(model, optimizer, scaler, hidden=False):
         scaler_.update()
 
     return step
+
+
+def test_review37_a_train_step_called_again_after_an_oom_in_its_optimizer_step_unscales_its_own_gradients():
+    """Review 37: a ``TrainStep`` (or ``accumulated_step``) called again after a call that ran out of
+    memory inside ``optimizer.step()`` kept the failed call's ``unscale_`` mark: without clipping it
+    stepped the new gradients still scaled (SGD: weights of 0.4 became 42 to 133), with
+    ``max_grad_norm`` it raised torch's "unscale_() has already been called on this optimizer"."""
+    from autobatch import TrainStep, accumulated_step, split_batch
+
+    x, y = torch.linspace(-2, 2, 64 * 6).reshape(64, 6), torch.linspace(1, -1, 64).reshape(64, 1)
+
+    def loss_fn(model, batch):
+        return torch.nn.functional.mse_loss(model(batch[0]).float(), batch[1])
+
+    def parts():
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
+        return model, torch.optim.SGD(model.parameters(), lr=1e-2), torch.amp.GradScaler("cpu", init_scale=2.0**10)
+
+    reference, optimizer, scaler = parts()  # PyTorch's AMP recipe, one step on the first 32 samples
+    with torch.autocast("cpu", dtype=torch.float16):
+        loss = loss_fn(reference, (x[:32], y[:32]))
+    scaler.scale(loss).backward()
+    scaler.step(optimizer)
+    scaler.update()
+    for clip, call in ((None, lambda step: step(32)),
+                       (1e3, lambda step: accumulated_step(step, split_batch((x[:32], y[:32]), 16), global_batch=32))):
+        model, optimizer, scaler = parts()
+        step = TrainStep(model, optimizer, loss_fn, lambda n: (x[:n], y[:n]), autocast_dtype="float16", grad_scaler=scaler,
+                         max_grad_norm=clip)
+        real_step, failed = optimizer.step, []
+
+        def failing_step(*args, **kwargs):
+            if not failed:
+                failed.append(True)
+                raise torch.OutOfMemoryError("CUDA out of memory (injected inside optimizer.step)")
+            return real_step(*args, **kwargs)
+
+        optimizer.step = failing_step  # the update never began: the weights are untouched
+        with pytest.raises(torch.OutOfMemoryError):
+            step(64)
+        call(step)
+        assert scaler.get_scale() == 2.0**10 and failed  # no inf: the step was taken
+        for mine, theirs in zip(model.parameters(), reference.parameters()):
+            torch.testing.assert_close(mine, theirs, rtol=1e-3, atol=1e-4)
