@@ -18,7 +18,9 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Iterator
 
-__all__ = ["check_same_size", "data_size", "no_batches", "saved_size"]
+import torch.utils.data as torch_data
+
+__all__ = ["check_same_size", "data_size", "no_batches", "saved_size", "unbatched_note"]
 
 
 def _length(value: Any) -> int | None:
@@ -34,6 +36,21 @@ def data_size(data: Iterable[Any]) -> dict[str, int | None] | None:
     ``DataLoader``, its dataset's ``samples``; None where neither is known."""
     size = {"batches": _length(data), "samples": _length(getattr(data, "dataset", None))}
     return size if any(value is not None for value in size.values()) else None
+
+
+def unbatched_note(data: Iterable[Any], share: int) -> str | None:
+    """A note for an error reading a batch's size where ``data`` is a ``DataLoader(batch_size=None)``
+    of an ``IterableDataset``: its items are taken as whole batches (a stream of ready batches trains
+    so), and one yielding single samples failed at its first item with "batch tensors disagree on
+    dim 0 ... batch[0] has 4, batch[1] has 1" (a sample's features and its label), naming neither
+    the loader nor ``batch_size``. A map-style ``Dataset`` is refused before any step
+    (:func:`~autobatch.training.inputs.check_unbatched_loader`); a stream cannot be read ahead."""
+    if (not isinstance(data, torch_data.DataLoader) or data.batch_size is not None or data.batch_sampler is not None
+            or not isinstance(data.dataset, torch_data.IterableDataset)):
+        return None
+    return (f"data is a DataLoader(batch_size=None) of the IterableDataset {type(data.dataset).__name__}, whose items "
+            f"are taken as whole batches: if it yields single samples, batch them, DataLoader(dataset, "
+            f"batch_size={share})")
 
 
 def saved_size(state: dict[str, Any], global_batch: int) -> dict[str, Any] | None:

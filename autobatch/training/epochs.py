@@ -245,12 +245,44 @@ def set_epoch(data: Iterable[Any], epoch: int) -> None:
     (Hugging Face ``datasets``' ``IterableDataset.shuffle()``: Transformers' ``Trainer`` calls it),
     which drew the same order every epoch too."""
     seen = set()
+    dataset = getattr(data, "dataset", None)
     for holder in (data, getattr(data, "sampler", None), getattr(data, "batch_sampler", None),
-                   getattr(getattr(data, "batch_sampler", None), "sampler", None), getattr(data, "dataset", None)):
+                   getattr(getattr(data, "batch_sampler", None), "sampler", None), dataset):
         method = getattr(holder, "set_epoch", None)
         if callable(method) and id(holder) not in seen:
             seen.add(id(holder))
+            before = dict(getattr(holder, "__dict__", {})) if holder is dataset and epoch > 0 else None
             method(epoch)
+            if before is not None:
+                _warn_unreached_epoch(data, holder, epoch, before)
+
+
+def _warn_unreached_epoch(data: Any, dataset: Any, epoch: int, before: dict[str, Any]) -> None:
+    """Warn, once per loader, where ``set_epoch`` on a ``DataLoader(persistent_workers=True)``'s
+    dataset rebinds attributes (``self.epoch = epoch``): each worker holds the copy of the dataset
+    it was started with, in the first epoch, and never sees the new value, so a shuffle or an
+    augmentation the dataset draws from its epoch repeated the first epoch's every epoch, without
+    a word (an ``IterableDataset`` seeded by its epoch yielded one order all run), and a resumed
+    run's new workers, started with the resumed epoch, trained another order than the
+    uninterrupted run's (some samples twice, others not at all). An epoch changed in place in
+    shared memory (Hugging Face ``datasets``' ``set_epoch``) reaches the workers and is not warned."""
+    persistent = getattr(data, "persistent_workers", False) and (getattr(data, "num_workers", 0) or 0) > 0
+    if not persistent or getattr(data, "_autobatch_epoch_warned", False):
+        return
+    after = getattr(dataset, "__dict__", {})
+    rebound = sorted(name for name in after if name not in before or after[name] is not before[name])
+    if not rebound:
+        return
+    data._autobatch_epoch_warned = True
+    log.warning(
+        "set_epoch(%d) on the DataLoader's dataset (%s) sets %s anew, which its persistent workers "
+        "(persistent_workers=True) never see: each keeps the copy of the dataset it was started with, so a shuffle "
+        "or augmentation drawn from the epoch repeats the first epoch's every epoch, and a resumed run's new workers "
+        "draw another epoch's (training some samples twice, others not at all). Keep the epoch in shared memory, "
+        "changed in place (self.epoch = torch.zeros((), dtype=torch.long).share_memory_() in __init__, "
+        "self.epoch.fill_(epoch) in set_epoch, as Hugging Face datasets does), or use persistent_workers=False",
+        epoch, type(dataset).__name__, ", ".join(f"self.{name}" for name in rebound),
+    )
 
 
 def epoch_length(data: Iterable[Any], epochs: int | None) -> int | None:

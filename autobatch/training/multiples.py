@@ -179,6 +179,9 @@ class SplitsInMultiples:
                 check_batch_count(batch, size, self.share)
         except (TypeError, ValueError) as exc:
             place = f"the data's batch {self.position + 1} of epoch {self.epoch + 1} (step {self.step})"  # type: ignore[attr-defined]
+            note = getattr(self, "_unbatched_note", None)  # a DataLoader(batch_size=None) of an IterableDataset
+            if note is not None:
+                add_note(exc, note)
             add_note(exc, f"raised reading {place}" + (
                 ": the data yielded None there, as a collate_fn or dataset that returns None for samples it filters "
                 "out does; leave such batches out of the data (or keep at least one sample in each)" if batch is None else ""))

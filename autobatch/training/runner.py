@@ -63,6 +63,7 @@ from .precision import warn_unscaled_float16
 from .progress import Progress
 from .oom.recovery import OomRecovery
 from .checkpoints.resume import Resumable, epoch_length
+from .data_size import unbatched_note
 from .step_end import EndsSteps
 from .run_result import RunResult
 from .oom.step_guard import StepGuard
@@ -286,6 +287,7 @@ class Runner(OomRecovery, SplitsInMultiples, EndsSteps, Resumable, PlansFromData
         # be set back to its first epoch's state after the replay, and the next epoch repeat that order
         continued = self._continued_rng() if resume is None else None
         self._data_generators, self._epoch_batches = data_generators(data), epoch_length(data, 1)
+        self._unbatched_note = unbatched_note(data, self.share)  # a batch_size=None stream's size error names it
         first_epoch = self._hook_failure = None  # not an earlier fit()'s hook error
         resumed_rng = self._load(resume) if resume is not None else continued
         if self.micro_batch is None:  # planned on the first batch it trains, then trained: the first epoch's, or

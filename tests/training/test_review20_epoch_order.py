@@ -14,6 +14,7 @@ from torch.utils.data import DataLoader, IterableDataset
 
 from autobatch import Runner, inject_oom
 from autobatch.training.checkpoints.resume_checks import warn_persistent_workers
+from autobatch.training.epochs import set_epoch
 
 SAMPLES, GLOBAL = 24, 4
 X = torch.randn(SAMPLES, 3, generator=torch.Generator().manual_seed(0))
@@ -94,3 +95,33 @@ def test_a_plateau_scheduler_in_extra_state_resumes_without_a_replaced_rate_warn
         runner.fit(data, steps=4, resume=tmp_path, on_step_end=lambda info: plateau.step(info["loss"]))
     assert "settings replace this run's" not in caplog.text
     assert optimizer.param_groups[0]["lr"] < 0.1  # the plateau's lowered rate, resumed
+
+
+class SharedEpochShuffled(EpochShuffled):
+    """The same stream, its epoch in shared memory changed in place: persistent workers see it."""
+
+    def __init__(self) -> None:
+        self.epoch = torch.zeros((), dtype=torch.long).share_memory_()
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch.fill_(epoch)
+
+
+def test_review37_set_epoch_that_persistent_workers_never_see_is_warned(caplog):
+    """``set_epoch`` on a persistent-worker loader's dataset that sets ``self.epoch = epoch`` anew
+    never reaches the workers' copies: an epoch-seeded shuffle repeated the first epoch's order all
+    run (3 epochs of 24 samples, 2 workers: every epoch the same batches), and a resume's fresh
+    workers drew another, without a word. Checked in-process: no worker is started."""
+    loaders = {name: DataLoader(ds, batch_size=GLOBAL, num_workers=workers, persistent_workers=workers > 0)
+               for name, ds, workers in [("plain", EpochShuffled(), 2), ("shared", SharedEpochShuffled(), 2),
+                                         ("no workers", EpochShuffled(), 0)]}
+    for name, loader in loaders.items():
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="autobatch"):
+            for epoch in range(3):
+                set_epoch(loader, epoch)
+        assert loader.dataset.epoch == 2
+        expected = 1 if name == "plain" else 0  # once per loader; a shared epoch reaches the workers
+        assert caplog.text.count("never see") == expected, name
+        if expected:
+            assert "sets self.epoch anew" in caplog.text and "share_memory_()" in caplog.text

@@ -70,3 +70,22 @@ def test_an_unbatched_loader_of_single_samples_is_one_error_up_front(shuffle):
 def test_a_loader_of_ready_batches_without_batch_size_still_trains(loader):
     result = _runner().fit(loader(), epochs=1)
     assert result.steps == 3 and result.samples == 48
+
+
+class SampleStream(IterableDataset):
+    """A stream of single samples, (features of 16, target of 1), as a user's generator yields them."""
+
+    def __iter__(self):
+        yield from zip(*Samples().__dict__.values())
+
+
+def test_review37_an_unbatched_stream_of_single_samples_names_batch_size():
+    """A ``DataLoader(batch_size=None)`` of an ``IterableDataset`` yielding single samples cannot be
+    read ahead, and failed at its first item with "batch tensors disagree on dim 0 ... batch[0] has
+    16, batch[1] has 1", naming neither the loader nor ``batch_size``: the error now notes both."""
+    runner = _runner()
+    with pytest.raises(ValueError, match="disagree on dim 0") as caught:
+        runner.fit(DataLoader(SampleStream(), batch_size=None), steps=1)
+    assert any(f"DataLoader(dataset, batch_size={GLOBAL})" in note and "SampleStream" in note
+               for note in caught.value.__notes__)
+    assert runner.step == 0

@@ -137,7 +137,8 @@ def warn_persistent_workers(data: Iterable[Any], position: int = 0) -> None:
     log.warning(
         "resume: the DataLoader keeps its workers across epochs (persistent_workers=True), and their random state is in "
         "no checkpoint: %s. For an exact resume use persistent_workers=False, or seed each sample's augmentation from "
-        "its index and the epoch (and an IterableDataset's shuffle from the epoch)", effect,
+        "its index and the epoch (and an IterableDataset's shuffle from the epoch), the epoch kept in shared memory and "
+        "changed in place by set_epoch (a plain self.epoch never reaches persistent workers)", effect,
     )
 
 
