@@ -51,6 +51,7 @@ from . import ranks
 from .batch_ops import to_device
 from .oom.buffer_guard import BufferGuard
 from .checkpoints.checkpoint_io import data_generators
+from .checkpoints.checkpoint_values import check_storable
 from .checkpoints.extra_state import check_extra_state
 from .oom.faults import FaultInjector
 from .oom.growth import GrowBack
@@ -277,6 +278,8 @@ class Runner(OomRecovery, SplitsInMultiples, EndsSteps, Resumable, PlansFromData
         if on_step_end is not None:  # else "'str' object is not callable" after the first step had trained
             checks.function("on_step_end", on_step_end, "on_step_end(info: dict)")
         check_data(data, self.share)  # not one batch (a tensor, a dict, a tuple of tensors), nor unbatched samples
+        if self.checkpoint_dir is not None:  # a value no checkpoint holds: refused now, not after checkpoint_every steps
+            check_storable(self.optimizer, self.scheduler, self.extra_state)
         self._parallel.check_world(self.model)  # built in this world: not before init_process_group() or after destroy
         if self.distributed:  # before anything is loaded: a save or a resume on some ranks only hangs the others
             ranks.agree_fit(self._parallel, ("max_grad_norm",), resume=resume is not None, epochs=epochs, steps=steps,

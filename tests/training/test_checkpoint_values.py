@@ -125,3 +125,48 @@ def test_storable_values_load_back_with_weights_only():
     loaded = torch.load(buffer, weights_only=True)
     assert loaded["a"][7] == (3, 0.5, True) and type(loaded["a"][7][0]) is int
     assert kept["t"] is state["t"] and storable(kept) is kept  # tensors never copied; nothing to change: as is
+
+
+class Tally:
+    """A per-class metric keyed as ``np.unique`` gives its labels: numpy integers."""
+
+    def __init__(self) -> None:
+        self.counts = {}
+
+    def state_dict(self):
+        return {"counts": dict(self.counts)}
+
+    def load_state_dict(self, state):
+        self.counts = dict(state["counts"])
+
+
+def test_review37_numpy_dict_keys_in_extra_state_are_written_as_python_values_and_resume(tmp_path):
+    """Only values were converted: a dict keyed by ``np.int64`` was written, and the resume refused the
+    runner's own checkpoint as holding "objects that could run code"; an unreadable key is refused at save."""
+    tally = Tally()
+    tally.counts = {label: 0.5 for label in np.unique(np.array([3, 1, 3]))}
+    model = make_model()
+    Runner(model, torch.optim.SGD(model.parameters(), lr=0.1), mse, global_batch=16, micro_batch=16, progress=False,
+           checkpoint_dir=tmp_path, extra_state={"tally": tally}).fit(make_data(), steps=1)
+    resumed, model2 = Tally(), make_model()
+    Runner(model2, torch.optim.SGD(model2.parameters(), lr=0.1), mse, global_batch=16, micro_batch=16, progress=False,
+           extra_state={"tally": resumed}).fit(make_data(), steps=2, resume=tmp_path)
+    assert resumed.counts == {1: 0.5, 3: 0.5} and all(type(key) is int for key in resumed.counts)
+    with pytest.raises(TypeError, match=r"\['m'\]'s key <Colour.RED: 1> is a .*Colour"):
+        storable({"m": {Colour.RED: 1}})
+
+
+def test_review37_an_extra_state_no_checkpoint_holds_is_refused_before_the_first_step(tmp_path):
+    """Refused only by the first save: ``checkpoint_every`` steps in, or after the last step where only the end
+    saves, and the process exited with every step trained lost. A lazy module's uninitialized weights pass."""
+    tally, lazy = Tally(), nn.LazyLinear(2)
+    tally.counts = {"kind": Colour.RED}
+    model = make_model()
+    runner = Runner(model, torch.optim.SGD(model.parameters(), lr=0.1), mse, global_batch=16, micro_batch=16,
+                    progress=False, checkpoint_dir=tmp_path, extra_state={"tally": tally, "lazy": lazy})
+    with pytest.raises(TypeError, match=r"\['extra_state'\]\['tally'\]\['counts'\]\['kind'\] is a .*Colour"):
+        runner.fit(make_data(), steps=3)
+    assert runner.step == 0
+    tally.counts = {"kind": 1}
+    runner.fit(make_data(), steps=1, on_step_end=lambda info: lazy(torch.zeros(1, 3)))  # materialized before the save
+    assert load_checkpoint(tmp_path)["extra_state"]["lazy"]["weight"].shape == (2, 3)

@@ -62,3 +62,22 @@ def test_a_scheduler_state_that_does_not_load_loads_nothing(tmp_path):
         refused.fit(make_data(), steps=4, resume=tmp_path)
     assert all(torch.equal(now, then) for now, then in zip(weights(refused.model), before, strict=True))
     assert not refused.optimizer.state and refused.step == 0
+
+
+def test_review37_a_global_batch_refused_on_resume_loads_nothing_and_a_fresh_start_keeps_the_checkpoint(tmp_path):
+    """Another global batch that does not divide the samples trained was refused after the model, optimizer and
+    step were loaded: the common ``except CheckpointError: runner.fit(data)`` then "started afresh" at the
+    checkpoint's step and weights, and its first save replaced that run's ``last.pt`` instead of keeping it."""
+    trained = make_model()
+    Runner(trained, torch.optim.Adam(trained.parameters()), mse, global_batch=16, micro_batch=8, progress=False,
+           checkpoint_dir=tmp_path).fit(make_data(), steps=1)
+    model = make_model(seed=5)
+    refused = Runner(model, torch.optim.Adam(model.parameters()), mse, global_batch=32, micro_batch=8,
+                     progress=False, checkpoint_dir=tmp_path)
+    before = weights(model)
+    with pytest.raises(CheckpointError, match="no whole number of batches of global_batch=32"):
+        refused.fit(make_data(96, 32), steps=1, resume="latest")
+    assert all(torch.equal(now, then) for now, then in zip(weights(model), before, strict=True))
+    assert not refused.optimizer.state and refused.step == 0
+    refused.fit(make_data(96, 32), steps=1)  # started afresh: the first run's checkpoint is kept aside
+    assert load_checkpoint(tmp_path / "last.earlier-1.pt")["global_batch"] == 16

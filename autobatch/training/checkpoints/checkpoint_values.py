@@ -21,14 +21,16 @@ import collections
 import logging
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 import torch
 
 from ...errors import CheckpointError
 from ...probe.snapshot.shards import local, plain_state
+from .extra_state import saved_extra_state
 
-__all__ = ["loose_parameters", "saved_loose_parameters", "check_loose_parameters", "load_loose_parameters", "storable"]
+__all__ = ["loose_parameters", "saved_loose_parameters", "check_loose_parameters", "load_loose_parameters", "storable",
+           "check_storable"]
 
 log = logging.getLogger("autobatch")
 
@@ -103,21 +105,23 @@ def load_loose_parameters(model: torch.nn.Module, optimizer: torch.optim.Optimiz
             local(param).copy_(saved[key])
 
 
-def storable(value: Any, where: str = "checkpoint") -> Any:
-    """``value`` with every numpy scalar made the Python value it holds, so that
+def storable(value: Any, where: str = "checkpoint", *, any_tensor: bool = False) -> Any:
+    """``value`` with every numpy scalar (a dict's keys too) made the Python value it holds, so that
     ``torch.load(weights_only=True)`` reads it back; a ``TypeError`` naming ``where`` in it for
     a value that load cannot read (a numpy array, an enum, a named tuple, an arbitrary object),
     unless its type was allowed with ``torch.serialization.add_safe_globals``. Containers are
-    rebuilt only where something in them changed; tensors are never copied."""
+    rebuilt only where something in them changed; tensors are never copied. ``any_tensor``: a
+    tensor of any subclass passes (:func:`check_storable`: a lazy module's, materialized by the save)."""
     kind = type(value)
-    if kind in _PLAIN or kind in _TENSORS or kind is torch.Size:
+    if kind in _PLAIN or kind in _TENSORS or kind is torch.Size or (any_tensor and isinstance(value, torch.Tensor)):
         return value
-    if kind in _MAPPINGS:
-        items = {key: storable(item, f"{where}[{key!r}]") for key, item in value.items()}
-        changed = any(items[key] is not item for key, item in value.items())
-        return kind(items) if changed else value
+    if kind in _MAPPINGS:  # keys too: a metric's dict keyed by np.unique's np.int64 labels was written, then refused
+        items = [(storable(key, f"{where}'s key {key!r}", any_tensor=any_tensor),
+                  storable(item, f"{where}[{key!r}]", any_tensor=any_tensor)) for key, item in value.items()]
+        changed = any(new is not old for pair, olds in zip(items, value.items()) for new, old in zip(pair, olds))
+        return kind(dict(items)) if changed else value  # a Counter of pairs would count them
     if kind in (list, tuple, set):
-        items = [storable(item, f"{where}[{index}]") for index, item in enumerate(value)]
+        items = [storable(item, f"{where}[{index}]", any_tensor=any_tensor) for index, item in enumerate(value)]
         changed = any(new is not old for new, old in zip(items, value))
         return kind(items) if changed else value
     numpy = sys.modules.get("numpy")
@@ -131,6 +135,18 @@ def storable(value: Any, where: str = "checkpoint") -> Any:
         "Make it a Python number or string, a list, tuple or dict of them, or a tensor (e.g. lr=float(value)), or "
         "allow its type with torch.serialization.add_safe_globals",
     )
+
+
+def check_storable(optimizer: torch.optim.Optimizer, scheduler: Any, extra_state: Mapping[str, Any]) -> None:
+    """:func:`storable`'s ``TypeError``, naming the same place, for the optimizer's settings, the scheduler's state
+    and ``Runner(extra_state=)``'s when ``fit`` starts with a ``checkpoint_dir``: found at the first save, a value no
+    checkpoint holds (a dataclass in an extra state, an enum in a param group) stopped the run ``checkpoint_every``
+    steps in, or after its last step where only the end saves, and the process then exited with every step trained
+    lost. The optimizer's state (tensors, filled as it steps) is not walked; a value set later (in ``on_step_end``)
+    is still refused by that save, before anything is written."""
+    groups = [{key: value for key, value in group.items() if key != "params"} for group in optimizer.param_groups]
+    storable({"optimizer": {"param_groups": groups}, "scheduler": None if scheduler is None else scheduler.state_dict(),
+              "extra_state": saved_extra_state(extra_state)}, any_tensor=True)
 
 
 def _safe_globals() -> set[Any]:

@@ -325,9 +325,10 @@ class Resumable:
                     path, f"its rank files are of different steps ({steps}, by rank): the run was stopped while "
                     "the ranks wrote them; resume from a checkpoint whose files all hold one step, or start afresh",
                 )
-        failure = None  # this rank's; a sharded rank reads a file no other rank reads
+        failure, position = None, 0  # this rank's; a sharded rank reads a file no other rank reads
         try:
             check_kinds(path, state, self.optimizer, self.scheduler)  # before anything is loaded
+            position = position_for(path, state, self.global_batch)  # another global batch: refused before loading too
             warn_changed_precision(state, precision_of(self._train_step), weights=weights_dtype(self.model))
             saved = state["model"] if sharded else without_wrapper_prefix(state["model"])  # nothing loaded unless all fits
             saved = keys_as_in(saved_module(self.model).state_dict(), saved)  # a compiled submodule's _orig_mod.
@@ -368,7 +369,7 @@ class Resumable:
         self._captured_at = None  # a step-guard snapshot of this runner's own step of that index is not the checkpoint's
         self._epoch_samples = state.get("epoch_samples", state["position"] * (state.get("global_batch") or 0))
         self._samples_known = "epoch_samples" in state
-        self.position = position_for(path, state, self.global_batch)
+        self.position = position
         self._epoch_iter, self._fetched_at_load = None, bool(state.get("batch_fetched", False))
         self._data_size = saved_size(state, self.global_batch)  # absent in older checkpoints: not checked
         previous = RunResult.from_dict(state["result"])
