@@ -135,9 +135,8 @@ def find_executable_batch_size(
 ):
     """Call ``function(batch_size, *args, **kwargs)``, retrying smaller after an out-of-memory error.
 
-    Use as ``@find_executable_batch_size`` or ``@find_executable_batch_size(starting_batch_size=64)``;
-    call the wrapped function without the batch size. A method (first parameter ``self`` or
-    ``cls``) gets it after the instance (Accelerate's passes it as ``self``).
+    Use as ``@find_executable_batch_size`` or ``@find_executable_batch_size(starting_batch_size=64)``; call the wrapped
+    function without the batch size. A method (``self`` or ``cls`` first) gets it after the instance, as Accelerate's.
     ``reduce_batch_size_fn()`` (Accelerate's hook) overrides how the next size is chosen; its
     answer is rounded down to a multiple of ``multiple_of`` (where it is at least
     ``multiple_of``) and must be below the size that failed. ``device``: whose memory is measured
