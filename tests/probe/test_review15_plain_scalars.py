@@ -49,3 +49,32 @@ def test_scalars_forward_changed_are_put_back():
     assert (norm.initialized, norm.steps, norm.temperature) == (False, 0, 1.0)
     assert "first_width" not in vars(norm)
     assert seen[0] is False and seen[1] is True  # a trial's steps keep what the earlier ones set
+
+
+class Capturing(torch.nn.Module):
+    """Registers a hook on its blocks at its first forward and marks itself so, as Transformers 5's
+    output capturing does (``_output_capturing_hooks_installed``): each block's output recorded once."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 8))
+        self.recorded: list = []
+
+    def forward(self, x):
+        if not getattr(self, "_hooks_installed", False):
+            for block in self.blocks:
+                block.register_forward_hook(lambda module, args, output: self.recorded.append(output.shape))
+            self._hooks_installed = True
+        self.recorded.clear()
+        return self.blocks(x)
+
+
+def test_review37_hooks_a_forward_registered_go_with_the_flag_that_marks_them():
+    """The trials' added flag was removed and their hooks kept: the next forward registered them again and
+    every output was recorded twice (a SegFormer's decoder then got the wrong stage's features)."""
+    model = Capturing()
+    step = TrainStep(model, torch.optim.SGD(model.parameters(), lr=0.1), lambda m, b: m(b).square().mean(),
+                     lambda n: torch.randn(n, 8))
+    assert find_max_batch(step, memory_limit="256KiB", cache=False, estimate_first=False).batch_size > 1
+    model(torch.randn(2, 8))
+    assert len(model.recorded) == 2  # each block's output once (4 before)

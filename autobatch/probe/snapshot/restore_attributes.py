@@ -26,7 +26,14 @@ between trials prevents. :class:`TensorAttributes` records them before the trial
   anneals in forward, and a data-dependent initialisation's ``self.initialized = True`` (Glow's
   ActNorm), which left as the trials set it would skip that initialisation in training. The
   fake-tensor estimate puts every attribute back (:mod:`.trace_state`). Torch's own modules
-  (``DistributedDataParallel``'s flags) are left alone.
+  (``DistributedDataParallel``'s flags) are left alone;
+* each module's hooks (``_forward_hooks``, ``_forward_pre_hooks``, ... : ``nn.Module``'s hook
+  dicts) are put back as they were, with the flags: a library that registers hooks at a model's
+  first forward and marks it so on the model (Transformers 5's output capturing,
+  ``_output_capturing_hooks_installed``) had its mark removed with the trials' other added
+  scalars and its hooks kept, so the next forward registered them again and every hidden state was
+  captured twice (a SegFormer then fed its decoder's stage-2 projection the stage-1 features:
+  "mat1 and mat2 shapes cannot be multiplied" at the first batch after the probe).
 
 Only each module's ``__dict__`` is scanned, and a container one level deep (a list of lists is
 not looked into; nor is one of more than 10,000 items): no walk of the objects the model
@@ -49,6 +56,8 @@ __all__ = ["TensorAttributes"]
 
 #: ``nn.Module``'s own bookkeeping (parameters, buffers, submodules, hooks, ``training``)
 _MODULE_KEYS = frozenset(torch.nn.Module().__dict__)
+#: ``nn.Module``'s hook dicts, put back whole (:meth:`TensorAttributes.put_back`)
+_HOOK_KEYS = frozenset(key for key, value in torch.nn.Module().__dict__.items() if "hooks" in key and isinstance(value, dict))
 #: the largest container looked into (a module holding a dataset as a list is not scanned)
 _MOST_ITEMS = 10_000
 _ABSENT = object()
@@ -109,6 +118,8 @@ class TensorAttributes:
     def __init__(self, model: torch.nn.Module | None, kept: Iterable[torch.Tensor] = ()) -> None:
         #: per module, each plain attribute: a :class:`_Copy`, a container with its items, or the object
         self.saved: list[tuple[torch.nn.Module, dict[str, Any], bool]] = []
+        #: per module, a copy of each hook dict (the same hook objects)
+        self.hooks: list[tuple[torch.nn.Module, dict[str, dict]]] = []
         if model is None:
             return
         objects = {id(t) for t in (*model.parameters(), *model.buffers(), *kept)}
@@ -125,6 +136,8 @@ class TensorAttributes:
                 else:
                     saved[name] = value
             self.saved.append((module, saved, _own(module)))
+            self.hooks.append((module, {key: dict(value) for key, value in vars(module).items()
+                                        if key in _HOOK_KEYS and isinstance(value, dict)}))
 
     def put_back(self) -> None:
         """Remove what the trials added, put back what they replaced or changed (see above)."""
@@ -145,6 +158,13 @@ class TensorAttributes:
                     elif current is not was and (holds_tensor(current) or holds_tensor(was) or (
                             own and isinstance(was, _SCALARS) and (current is _ABSENT or isinstance(current, _SCALARS)))):
                         attributes[name] = was  # None again where a tensor was cached; a tuple, a view; a counter
+        for module, hooks in self.hooks:  # with the flags that say they are there (module docstring)
+            for key, items in hooks.items():
+                current = vars(module).get(key)
+                if isinstance(current, dict) and (current.keys() != items.keys()
+                                                  or any(current[k] is not v for k, v in items.items())):
+                    current.clear()
+                    current.update(items)
 
 
 class _Items:
