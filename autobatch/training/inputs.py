@@ -275,14 +275,19 @@ def check_batch_count(batch: Any, size: int, share: int) -> None:
         raise ValueError(items_message(batch, frozenset({size}), expected=share))
 
 
-def warn_batch_size(size: int, share: int, multiple_of: int, where: str) -> None:
+def warn_batch_size(size: int, share: int, multiple_of: int, where: str, world: int = 1) -> None:
     """Warn, once per run, of a batch of ``size`` samples where ``share`` were expected (``where``
-    names the rank under torch.distributed). A larger one gets a hint that dim 0 may not be the
+    names the rank under torch.distributed, of ``world`` ranks). A larger one gets a hint that dim 0 may not be the
     batch: sequence-first inputs (``(T, B, ...)``, an RNN's default) with ``global_batch=B`` were
-    split along time into micro-batches, silently wrong for the model."""
+    split along time into micro-batches, silently wrong for the model. One of the whole global
+    batch on a rank (``DataLoader(batch_size=global_batch)`` over a ``DistributedSampler``) is named as that."""
     ragged = (f" (no multiple of multiple_of={multiple_of}: one of its micro-batches is not one either; "
               "drop_last=True avoids it)") if size % multiple_of else ""
-    if size > share:
+    if world > 1 and size == share * world:  # trained world x global_batch samples a step, with a hint about dim 0
+        ragged += (f"; global_batch={size} is global, over {world} ranks, and these steps train {size * world} samples: "
+                   f"each rank's DataLoader yields its share, DataLoader(dataset, batch_size={share}, "
+                   "sampler=DistributedSampler(dataset))")
+    elif size > share:
         ragged += ("; the runner splits and counts samples along dim 0: if dim 0 is not the batch (sequence-first "
                    "inputs, (T, B, ...)), make the batches batch-first (batch_first=True, .transpose(0, 1))")
     log.warning("%sa batch of %d samples, not %d%s; each step uses its own batch's size", where, size, share, ragged)

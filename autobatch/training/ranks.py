@@ -9,13 +9,14 @@ the runner never imports the distributed layer that sits after it in the pipelin
 
 from __future__ import annotations
 
+import os
 import struct
 import zlib
 from typing import Any, Callable, Iterable
 
 import torch
 
-__all__ = ["DataParallel", "BuiltAlone", "choose", "check_no_sync", "wrapper_ranks", "alone_with_wrapper", "agree_fit", "agree_model", "differing", "runner_settings", "agree_resume", "exchange_bytes", "install", "installed",
+__all__ = ["DataParallel", "BuiltAlone", "choose", "check_no_sync", "wrapper_ranks", "alone_with_wrapper", "launcher_world", "agree_fit", "agree_model", "differing", "runner_settings", "agree_resume", "exchange_bytes", "install", "installed",
            "current", "unwrap"]
 
 
@@ -128,6 +129,17 @@ class BuiltAlone(DataParallel):
 
     def check_world(self, model: torch.nn.Module) -> None:
         world = installed()
+        launched = launcher_world()
+        if launched > 1 and not world.active():
+            # torchrun started this script as one of several ranks and it never made the group: every rank
+            # trained the whole global batch alone and each wrote the checkpoint files, silently
+            raise ValueError(
+                f"fit() runs as one of {launched} ranks (WORLD_SIZE={launched}, set by torchrun or another launcher) "
+                "but no process group was made: every rank would train the whole global batch alone, with no "
+                "all-reduce, and write the same checkpoint files. Call torch.distributed.init_process_group() (or "
+                "autobatch.distributed.init_from_env()) before building the model's DDP or fully_shard wrapper and "
+                "the Runner; or pass Runner(distributed=False) to train each rank alone on purpose"
+            )
         if world.active():
             raise ValueError(
                 "this Runner was built before torch.distributed.init_process_group() (no process group of several "
@@ -137,6 +149,15 @@ class BuiltAlone(DataParallel):
                 "Runner(distributed=False) to train each rank alone on purpose"
             )
         super().check_world(model)
+
+
+def launcher_world() -> int:
+    """The number of ranks a launcher such as ``torchrun`` started (``WORLD_SIZE``; 1 without one),
+    whether or not the script has made its process group."""
+    try:
+        return max(1, int(os.environ.get("WORLD_SIZE", "1") or 1))
+    except ValueError:  # not a launcher's value: no launcher to hold the script to
+        return 1
 
 
 def wrapper_ranks(model: torch.nn.Module) -> int:

@@ -346,7 +346,8 @@ class Runner(OomRecovery, SplitsInMultiples, EndsSteps, Resumable, PlansFromData
         size = self._local_size = self.share if isinstance(batch, FailedDraw) else batch_size_of(batch)
         if size != self.share and not self._warned_size:
             self._warned_size = True  # one line per rank: which is it
-            warn_batch_size(size, self.share, self.multiple_of, f"rank {self._parallel.rank()}: " if self.distributed else "")
+            warn_batch_size(size, self.share, self.multiple_of, f"rank {self._parallel.rank()}: " if self.distributed else "",
+                            self._parallel.world_size() if self.distributed else 1)
         self._stepping = False  # a new step: its optimizer has not run yet
         self._micro_before_step, self.micro_batch = self.micro_batch, self._proposal()
         if self.growth.trying:

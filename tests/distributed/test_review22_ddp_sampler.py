@@ -60,3 +60,20 @@ def test_a_short_last_batch_from_a_distributed_sampler_trains_as_one_process(tmp
         assert report["steps"] == 6 and report["samples"] == 80
         assert report["loss"] == pytest.approx(float(result.last_loss), rel=1e-9)
         assert_weights_close([torch.tensor(w, dtype=torch.float64) for w in report["weights"]], weights(model))
+
+
+def test_review37_a_rank_given_the_whole_global_batch_is_told_the_share(caplog):
+    """``DataLoader(dataset, batch_size=global_batch, sampler=DistributedSampler(dataset))`` on 2 ranks
+    gave each rank the whole global batch: every step trained twice the samples asked for, and the one
+    warning ("a batch of 8 samples, not 4") hinted only at sequence-first inputs. It now says that
+    ``global_batch`` is global, what the steps train, and the loader to pass (the warning itself,
+    as the runner calls it on rank 0 of 2)."""
+    from autobatch.training.inputs import warn_batch_size
+
+    with caplog.at_level("WARNING", logger="autobatch"):
+        warn_batch_size(8, 4, 1, "rank 0: ", 2)
+        warn_batch_size(6, 4, 1, "rank 0: ", 2)  # a larger batch but not the global one: the dim-0 hint as before
+    first, other = (record.getMessage() for record in caplog.records)
+    assert "global_batch=8 is global, over 2 ranks, and these steps train 16 samples" in first
+    assert "DataLoader(dataset, batch_size=4, sampler=DistributedSampler(dataset))" in first
+    assert "sequence-first" not in first and "sequence-first" in other and "is global" not in other

@@ -77,3 +77,19 @@ def test_a_distributed_runner_built_before_the_group_is_refused_before_any_sync_
     with pytest.raises(ValueError, match=r"built in one process \(before init_process_group\(\)\) and fit\(\) now runs "
                                          r"in a job of 2 ranks.*build a new Runner"):
         runner.fit(make_data(32, 16))
+
+
+def test_review37_torchrun_without_a_group_is_one_clear_error(monkeypatch, tmp_path):
+    """Under ``torchrun --nproc-per-node 2`` a script that never called ``init_process_group()``
+    (no group at all, ``WORLD_SIZE=2`` in the environment) trained the whole global batch on every
+    rank alone, each rank writing the same checkpoint files, with no word; now ``fit()`` names the
+    call to make before any step. ``distributed=False`` still trains each rank alone on purpose."""
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "1")
+    runner, model = _runner(checkpoint_dir=tmp_path, checkpoint_every=1)
+    before = [p.detach().clone() for p in model.parameters()]
+    with pytest.raises(ValueError, match=r"one of 2 ranks \(WORLD_SIZE=2.*no process group was made.*"
+                                         r"init_process_group\(\).*distributed=False"):
+        runner.fit(make_data(32, 16))
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters())) and not any(tmp_path.iterdir())
+    assert _runner(distributed=False)[0].fit(make_data(32, 16)).steps == 2
