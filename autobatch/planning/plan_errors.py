@@ -16,6 +16,7 @@ from ..probe.foreach import foreach_note
 from .checkpointing import find_blocks, finer_blocks_hint, no_blocks_hint
 from .own_checkpointing import cache_note, own_checkpointing, recomputed_blocks
 from .plan_result import short_list
+from .sparse_accumulation import has_sparse_gradients
 
 __all__ = ["PlanErrors"]
 
@@ -77,8 +78,12 @@ class PlanErrors:
         tried = " with activation checkpointing" if checkpointing else ""
         unhelped = f" Activation checkpointing could not help: {unhelped}." if unhelped else ""
         finer = finer_blocks_hint(self.step.model, self.handle.modules) if checkpointing and self.handle else ""
-        return (f"up to {boundary} fits in one step{tried}, but not the global batch; with accumulation the first "
-                f"micro-batch's gradients stay alive through the next one's step and no micro-batch fits beside them."
+        why = ("the first micro-batch's gradients stay alive through the next one's step and no micro-batch fits beside them"
+               if not has_sparse_gradients(self.step) else  # probed over the plan's every micro-batch
+               "the sparse gradients (a sparse=True embedding's, SparseAdam's) grow by every micro-batch's rows, torch "
+               "adding them uncoalesced, and no micro-batch size holds the whole global batch's: a smaller global_batch, "
+               "or sparse=False (a gradient of the table's size) may fit")
+        return (f"up to {boundary} fits in one step{tried}, but not the global batch; with accumulation {why}."
                 f"{unhelped}{finer} {'Else try' if finer else 'Try'} {self._other_options()}.")
 
     def _other_options(self, checkpointing: bool = True) -> str:

@@ -42,7 +42,7 @@ from ..probe.arguments import compiled_plan_notes, eval_mode_notes
 from ..probe.find import find_max_batch
 from ..probe.result import ProbeResult
 from ..probe.train_step import TrainStep
-from .accumulation import AccumulatingStep, micro_batch_sizes
+from .accumulation import micro_batch_sizes
 from .batch_statistics import batch_norm_layers, batch_statistics_note, power_iteration_note
 from .checkpointing import (CheckpointHandle, enable_checkpointing, find_blocks, no_blocks_hint, put_back_checkpointing,
                             take_checkpointing)
@@ -51,6 +51,7 @@ from .own_checkpointing import CacheWatch, cache_note, own_checkpointing
 from .plan_errors import PlanErrors
 from .plan_arguments import OBJECTIVES, ragged_message, smallest_batch, validate, validate_timing
 from .plan_result import Plan, candidates_table, short_list, sizes_text
+from .sparse_accumulation import accumulating_step
 from .split_checks import check_batch_first, loss_split_note
 from .throughput import balanced_micro_batch
 
@@ -181,12 +182,12 @@ class _Planner(PlanErrors, ThroughputObjective):
               only: int | None = None) -> tuple[ProbeResult | None, NoBatchFitsError | None]:
         """Probe the largest batch up to the cap in the model's current wrapping; with
         ``accumulating`` (a one-step answer), the largest micro-batch of an accumulated step
-        up to it (:class:`~autobatch.planning.accumulation.AccumulatingStep`); with ``only``,
+        up to it (:func:`~autobatch.planning.sparse_accumulation.accumulating_step`); with ``only``,
         that size alone (in units of itself: the search tries nothing else), in at least two
         steps: its trial is also the first, whose first step creates the optimizer's state.
         Those two take no margin (the planner takes it once, :meth:`with_margin`), and a
         ``start`` above their cap starts at it (the probe refused it, naming a ``max_batch``)."""
-        step = self.step if accumulating is None else AccumulatingStep(self.step)
+        step = self.step if accumulating is None else accumulating_step(self.step, self.global_batch)
         cap = only or accumulating or self.cap
         options = self.probe_kwargs
         if accumulating is not None or only is not None:

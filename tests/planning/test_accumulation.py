@@ -302,3 +302,24 @@ def test_review36_accumulate_gradients_takes_an_autocast_dtype_or_object_and_nam
         accumulate_gradients(model, loss_fn, batch, 4, autocast="int8")
     with pytest.raises(TypeError, match="grad_scaler must be a torch.amp.GradScaler"):
         accumulate_gradients(model, loss_fn, batch, 4, grad_scaler=True)
+
+
+def test_review37_sparse_plan_probe_runs_every_micro_batch():
+    """The planner's accumulated probe of a sparse-gradient step runs the plan's whole step: torch adds sparse
+    gradients uncoalesced, so they grow by every micro-batch (a SparseAdam embedding planned 118 x 17 under 8 MiB
+    from two micro-batches ran out of memory in its first step); a dense step's two micro-batches stay."""
+    from autobatch.planning.sparse_accumulation import accumulating_step
+    from autobatch.probe.train_step import TrainStep
+
+    sizes = []
+    def loss_fn(model, batch):
+        sizes.append(batch[0].shape[0])
+        return torch.nn.functional.cross_entropy(model(batch[0]), batch[1])
+    make_batch = lambda n: (torch.randint(0, 50, (n, 3)), torch.randint(0, 2, (n,)))
+    for sparse, expected in ((True, [4, 4, 2]), (False, [4, 4])):
+        model = nn.Sequential(nn.Embedding(50, 4, sparse=sparse), nn.Flatten(), nn.Linear(12, 2))
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        sizes.clear()
+        accumulating_step(TrainStep(model, optimizer, loss_fn, make_batch), 10)(4)
+        assert sizes == expected
+        assert model[0].weight.grad is None  # one optimizer step, gradients zeroed after it
