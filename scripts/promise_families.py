@@ -25,7 +25,13 @@ on: ``python scripts/bench_promise.py --no-cli --workloads deeplabv3,r3d18,mixtr
   (a convolutional feature encoder over the raw samples, then 12 transformer layers);
 - ``clip``: a ``transformers`` CLIP dual encoder (ViT-B/32 over 224x224 images, a 12-layer text
   encoder over 77 tokens) trained with its contrastive loss, whose logits are batch x batch: two
-  towers in one step, and a loss term that grows with the square of the batch.
+  towers in one step, and a loss term that grows with the square of the batch;
+- ``whisper``: a ``transformers`` Whisper encoder-decoder (whisper-base's shape: 6 + 6 layers of 512)
+  trained on 30 s of 80-bin log-mel features (two convolutions over 3000 frames, 1500 positions)
+  against 64 label tokens: cross-attention from a short decoder over a long encoder;
+- ``segformer``: a ``transformers`` SegFormer (MiT-b2's widths and depths) for 150-class semantic
+  segmentation at 512x512: a hierarchical encoder whose attention reduces its keys spatially, an
+  all-MLP decoder, and a loss over logits upsampled to the full image.
 
 Each builder returns ``(model, optimizer, loss_fn, make)`` as ``bench_promise.build`` expects;
 ``quick`` gives a CPU-sized stand-in of the same structure.
@@ -279,5 +285,44 @@ def clip(device: str, quick: bool):
     return model, torch.optim.AdamW(model.parameters(), lr=1e-4), loss_fn, make
 
 
+def whisper(device: str, quick: bool):
+    from transformers import WhisperConfig, WhisperForConditionalGeneration
+
+    shape = dict(d_model=64, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4, decoder_attention_heads=4,
+                 encoder_ffn_dim=128, decoder_ffn_dim=128, max_source_positions=100, vocab_size=512, pad_token_id=0,
+                 bos_token_id=1, eos_token_id=2, decoder_start_token_id=1) if quick else dict(
+        d_model=512, encoder_layers=6, decoder_layers=6, encoder_attention_heads=8, decoder_attention_heads=8,
+        encoder_ffn_dim=2048, decoder_ffn_dim=2048)
+    config = WhisperConfig(**shape)
+    model = WhisperForConditionalGeneration(config).to(device)
+    frames, labels = config.max_source_positions * 2, 8 if quick else 64
+
+    def make(b):
+        return (torch.randn(b, config.num_mel_bins, frames, device=device),
+                torch.randint(0, config.vocab_size, (b, labels), device=device))
+
+    def loss_fn(m, batch):
+        return m(input_features=batch[0], labels=batch[1]).loss
+    return model, torch.optim.AdamW(model.parameters(), lr=1e-4), loss_fn, make
+
+
+def segformer(device: str, quick: bool):
+    from transformers import SegformerConfig, SegformerForSemanticSegmentation
+
+    config = SegformerConfig(num_labels=150, **({"hidden_sizes": [16, 32, 64, 128], "decoder_hidden_size": 64}
+                                                if quick else {"hidden_sizes": [64, 128, 320, 512], "depths": [3, 4, 6, 3],
+                                                               "decoder_hidden_size": 768}))
+    model = SegformerForSemanticSegmentation(config).to(device)
+    side = 64 if quick else 512
+
+    def make(b):
+        return torch.randn(b, 3, side, side, device=device), torch.randint(0, 150, (b, side, side), device=device)
+
+    def loss_fn(m, batch):
+        return m(pixel_values=batch[0], labels=batch[1]).loss
+    return model, torch.optim.AdamW(model.parameters(), lr=1e-4), loss_fn, make
+
+
 FAMILIES = {"deeplabv3": deeplabv3, "r3d18": r3d18, "mixtral": mixtral, "vae": vae, "fasterrcnn": fasterrcnn,
-            "unet": unet, "lora_llama": lora_llama, "wav2vec2": wav2vec2, "clip": clip}
+            "unet": unet, "lora_llama": lora_llama, "wav2vec2": wav2vec2, "clip": clip,
+            "whisper": whisper, "segformer": segformer}
