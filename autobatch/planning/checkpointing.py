@@ -47,67 +47,22 @@ buffer of the user's own that forward updates is updated twice.
 
 from __future__ import annotations
 
-import functools
 import logging
 from collections import Counter
 from typing import Any, Iterable
 
-import torch
 from torch import nn
-from torch.utils.checkpoint import checkpoint
 
 from .. import checks
 from .module_names import (WRAPPER_ATTRIBUTES, checkpoint_targets as _targets, has_module as _has_module, misnamed_targets,
                            module_names_for, short_names as _short, unregistered_hint)
-from .own_checkpointing import (checkpoint_by_protocol, checkpoints_by_protocol, own_checkpointing, own_checkpointing_hint,
-                                recompute_without_cache)
-from .recompute_state import recompute_contexts, writes_state
+from .checkpointed_forward import _CheckpointedForward, is_checkpointed, is_orphaned
+from .own_checkpointing import own_checkpointing, own_checkpointing_hint
 
 __all__ = ["CheckpointHandle", "enable_checkpointing", "find_blocks", "finer_blocks_hint", "is_checkpointed", "module_names_for",
            "no_blocks_hint", "put_back_checkpointing", "take_checkpointing"]
 
 log = logging.getLogger("autobatch")
-
-
-class _CheckpointedForward:
-    """The forward installed on a wrapped block: the class's forward through a non-reentrant
-    checkpoint whose recompute leaves running statistics alone (:class:`_RunningStatsKept`).
-
-    An object of a module-level class that holds its block (a bound method of a function
-    pickled as ``getattr(block, "_checkpointed_forward")``, which fails), so a wrapped model
-    can be pickled; a deepcopy or an unpickled copy holds, and calls, its own block."""
-
-    def __init__(self, module: nn.Module) -> None:
-        self.module = module
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        module = self.module
-        forward = type(module).forward.__get__(module)
-        if not torch.is_grad_enabled():
-            return forward(*args, **kwargs)
-        # the block's keywords go in a partial, never to checkpoint itself: checkpoint takes
-        # debug, early_stop, determinism_check, context_fn and use_reentrant as its own options
-        # (a block's debug=True was eaten silently; its use_reentrant was a TypeError)
-        compiling = torch.compiler.is_compiling()
-        if compiling or not writes_state(module):
-            # compiled, the partitioner recomputes and buffer updates are applied once, from the
-            # graph's outputs; a custom context_fn would take torch's selective-checkpoint path
-            run = functools.partial(checkpoint, use_reentrant=False)
-        else:
-            run = functools.partial(checkpoint, use_reentrant=False, context_fn=functools.partial(recompute_contexts, module))
-        if module.training and not compiling and checkpoints_by_protocol(module):
-            return checkpoint_by_protocol(module, run, args, kwargs)
-        if compiling:  # traced once: no Python recompute writes a cache again
-            return run(functools.partial(forward, **kwargs) if kwargs else forward, *args)
-        return run(recompute_without_cache(module, forward, kwargs), *args)
-
-    def __repr__(self) -> str:
-        return f"<checkpointed forward of {type(self.module).__name__}>"
-
-
-def is_checkpointed(module: nn.Module) -> bool:
-    """Whether ``module``'s forward is autobatch's checkpointed forward."""
-    return isinstance(module.__dict__.get("forward"), _CheckpointedForward)
 
 
 def _has_parameters(module: nn.Module) -> bool:
@@ -350,9 +305,10 @@ def enable_checkpointing(
     ``targets``: class names or classes to wrap instead of the automatic choice. ``modules``:
     exact qualified names to wrap (e.g. a saved plan's ``checkpointed_modules``; a bare
     string is one name, not its characters). Blocks that
-    are already wrapped, or whose ``forward`` was replaced on the instance by someone else,
-    are left alone (and not in the handle). Returns the :class:`CheckpointHandle` that undoes
-    it; an empty handle when nothing was found to wrap.
+    are already wrapped by another handle, or whose ``forward`` was replaced on the instance by
+    someone else, are left alone (and not in the handle); the wrapping a deepcopy or a
+    ``torch.load`` of a wrapped model carried over belongs to no handle, and is adopted. Returns the
+    :class:`CheckpointHandle` that undoes it; an empty handle when nothing was found to wrap.
     """
     checks.module("model", model)
     wrapped: dict[str, _CheckpointedForward] = {}
@@ -369,6 +325,10 @@ def enable_checkpointing(
                          "modules (model.named_modules()), as a plan of this architecture lists them")
     for name in names:
         module = model.get_submodule(name)
+        if is_orphaned(module):  # a copy of a wrapped model: its wrapping is adopted, so the handle can undo it
+            module.__dict__["forward"].owned = True
+            wrapped[name] = module.__dict__["forward"]
+            continue
         if "forward" in module.__dict__:
             if not is_checkpointed(module):
                 log.warning("not checkpointing %s: its forward is already replaced on the instance", name or "<model>")
