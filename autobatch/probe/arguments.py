@@ -169,7 +169,9 @@ def validate_places(device: object, restore: object, cache: object) -> None:
             raise TypeError(
                 "restore must be a (model, optimizer) pair, optionally followed by objects with state_dict() "
                 "and load_state_dict() (an LR scheduler, a GradScaler), or None; "
-                f"got {type(restore).__name__} {checks.shown(restore)}"
+                + ("a list is not taken: pass the same items as a tuple, restore=(model, optimizer, ...); "
+                   if isinstance(restore, list) else "")
+                + f"got {type(restore).__name__} {checks.shown(restore)}"
             )
         checks.module("restore[0]", restore[0])
         checks.materialized("restore[0]", restore[0])

@@ -79,3 +79,12 @@ def test_a_model_with_uninitialized_lazy_parameters_is_one_error():
         TrainStep(model, optimizer, lambda m, b: m(b).sum(), lambda n: torch.randn(n, 4))
     model(torch.randn(1, 4))  # initialized: accepted
     TrainStep(model, optimizer, lambda m, b: m(b).sum(), lambda n: torch.randn(n, 4))
+
+
+def test_review37_restore_as_a_list_says_to_pass_a_tuple():
+    """Before: ``restore=[model, optimizer]`` was told restore must be a (model, optimizer) pair,
+    which it looked like; now the message says a list is not taken and gives the tuple to write."""
+    model = torch.nn.Linear(4, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    with pytest.raises(TypeError, match=r"a list is not taken: pass the same items as a tuple, restore=\(model, optimizer"):
+        find_max_batch(lambda n: None, restore=[model, optimizer])

@@ -28,6 +28,7 @@ from ...memory.allocator import expandable_segments, other_allocator_settings
 from ...version import __version__, code_fingerprint
 from .key_backends import attention_backends, compile_settings, cuda_kernel_settings
 from .key_batches import sample_batches
+from .key_reads import paths_read
 from .key_code import (  # noqa: F401 - re-exported: tests and integrations import them from here
     BREADTH, DEPTH, _canonical, _code_hash, _describe, _hash_code, _is_array, _module_tree, class_code, data_code_hash,
     own_code,
@@ -188,7 +189,34 @@ def _settings_read(fn: Any, func: Any) -> dict[str, Any]:
     if isinstance(fn, functools.partial):
         found.update({f"argument {index}": _describe(value) for index, value in enumerate(fn.args) if _setting(value)})
         found.update({f"keyword {name}": _describe(value) for name, value in fn.keywords.items() if _setting(value)})
-    return {**found, **_attributes_read(fn.func if isinstance(fn, functools.partial) else fn)}
+    return {**found, **_attributes_read(fn.func if isinstance(fn, functools.partial) else fn),
+            **_paths_read(fn, func, code, rebound)}
+
+
+def _paths_read(fn: Any, func: Any, code: Any, rebound: set[str]) -> dict[str, Any]:
+    """The settings the code reads inside a container or config object (:mod:`.key_reads`): a
+    global's or a cell's (``cfg["width"]``, ``args.seq_len``), a ``partial``'s argument's, and one
+    of ``self``'s attributes' (``self.cfg["width"]``) for a bound method or a callable object."""
+    roots = {("LOAD_DEREF", name): (f"cell {name}", value)
+             for name, value in closure_cells(func) if name not in rebound}
+    scope = getattr(func, "__globals__", {})
+    roots.update({("LOAD_GLOBAL", name): (f"global {name}", scope[name]) for current in nested_codes(code)
+                  for name in current.co_names if name in scope and name not in rebound} if code else {})
+    found = paths_read(list(nested_codes(code)), roots, _setting) if code else {}
+    owner = getattr(fn.func if isinstance(fn, functools.partial) else fn, "__self__", None)
+    top = code
+    if owner is None and code is None:  # a callable object: its __call__, on itself
+        owner, top = func, getattr(getattr(type(func), "__call__", None), "__code__", None)
+    fast: dict[tuple[str, str], tuple[str, Any]] = {}
+    if isinstance(fn, functools.partial) and code is not None:
+        fast.update({("LOAD_FAST", name): (f"argument {name}", value)
+                     for name, value in zip(code.co_varnames[int(owner is not None):code.co_argcount], fn.args)})
+        fast.update({("LOAD_FAST", name): (f"keyword {name}", value) for name, value in fn.keywords.items()})
+    if top is not None:
+        found.update(paths_read([top], fast, _setting))
+        if owner is not None and top.co_argcount:  # self.x is keyed by _attributes_read: here self.x[...] and deeper
+            found.update(paths_read([top], {("LOAD_FAST", top.co_varnames[0]): ("self", owner)}, _setting, 2))
+    return found
 
 
 def _attributes_read(fn: Any) -> dict[str, Any]:
