@@ -173,13 +173,15 @@ def _dispatch(argv: Sequence[str] | None) -> int:
     sys.argv = [f"autobatch {command}", *rest, *hydra_overrides(rest)]  # under torchrun, ranks > 0 stay out of the run dir
     try:
         run_app(command)
-    except KeyboardInterrupt:  # outside training (which saves and exits 130 itself): no traceback
+    except KeyboardInterrupt as exc:  # outside training (which saves and exits 130 itself): no traceback
         if errors.traceback_wanted(_verbose(rest)):
             raise
+        from .cli.job_signals import exit_code
+
         _report_sweep()
         if os.environ.get(errors.ERROR_FILE_ENV):  # train's probe child: the parent, interrupted too, says it once
-            return 130
-        return _fail("interrupted", 130)
+            return exit_code(exc)
+        return _fail("interrupted", exit_code(exc))
     except SystemExit as exc:
         _report_sweep()
         code = exc.code

@@ -317,13 +317,16 @@ def reported(*, multirun: bool, verbose: object = False) -> Iterator[None]:
     A single run prints the message and exits. A job of a sweep raises :class:`CLIError`
     instead, so Hydra marks just that job failed, the sweep goes on, and the summary lists it.
     """
+    from .job_signals import signal_name, terminate_as_interrupt
+
     try:
-        yield
-    except KeyboardInterrupt:  # passes (the command's edge says it); a sweep's summary lists the job
+        with terminate_as_interrupt(multirun):  # a sweep job's SIGTERM: a row too, as a Ctrl-C's
+            yield
+    except KeyboardInterrupt as exc:  # passes (the command's edge says it); a sweep's summary lists the job
         if multirun:
             from .sweep import record_interrupted
 
-            record_interrupted("interrupted (SIGINT) before any step trained, nothing saved; run the job again")
+            record_interrupted(f"interrupted ({signal_name(exc)}) before any step trained, nothing saved; run the job again")
         raise
     except Exception as exc:  # noqa: BLE001 - this is the edge
         message, code = describe(exc)

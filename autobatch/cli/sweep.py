@@ -236,7 +236,9 @@ def record_interrupted(error: str) -> None:
            **_empty_columns(str(getattr(hydra_cfg.job, "name", None)), None), "error": error, _SWEEP_KEY: sweep_id(sweep_dir)}
     try:
         write_atomic(Path(hydra_cfg.runtime.output_dir) / ROW_FILE, json.dumps(row, default=str) + "\n")
-        write_summary(sweep_dir, plot=False)
+        # the picture too where an earlier job drew one (the sweep wants plots): left as it was, the
+        # summary.png the final line names showed the jobs before this one alone, this one missing
+        write_summary(sweep_dir, plot=(sweep_dir / PLOT_FILE).is_file())
     except OSError as exc:  # the interrupt is what the command reports; the row is a courtesy
         log.warning("sweep row of the interrupted job not written (%s)", exc)
 

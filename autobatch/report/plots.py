@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any, Iterable
 from ..memory.units import counted
 from ..probe.result import ProbeResult
 from .overrides import differing_overrides, shared_overrides
+from .plot_path import plot_file
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..planning.planner import Plan
@@ -79,21 +80,6 @@ def _pyplot() -> _Figures:
             "probe.plot=false skips the plots)"
         ) from None  # the message names the cause: one traceback, not a second from inside
     return _FIGURES
-
-
-def plot_file(path: str | os.PathLike, default_name: str) -> Path:
-    """The file a plot given ``path`` is written to: ``~`` expanded; inside an existing
-    directory, ``default_name``; without a suffix, ``.png`` appended. Returning this path, not
-    the one given, means the caller can open what it gets back."""
-    if not isinstance(path, (str, os.PathLike)):  # else pathlib's "expected str, bytes or os.PathLike object"
-        raise TypeError(f"path must be the PNG file (or directory) to write, a str or Path, got {type(path).__name__} "
-                        f"{path!r:.40}; e.g. path='runs/memory_curve.png'")
-    target = Path(path).expanduser()
-    if target.is_dir():
-        return target / default_name
-    if not target.suffix:
-        return target.with_name(target.name + ".png")
-    return target
 
 
 def _unit_for(largest: float) -> tuple[str, int]:
@@ -287,8 +273,8 @@ def plot_sweep(
     expanded, ``.png`` added to a path without a suffix, an existing directory gets
     ``summary.png`` inside it)."""
     rows = _sweep_rows(rows)
+    path = plot_file(path, SWEEP_PLOT_NAME)  # checked before matplotlib draws
     plt = _pyplot()
-    path = plot_file(path, SWEEP_PLOT_NAME)
     labels = _job_labels(rows)
     positions = list(range(len(rows)))
     height = 5.0 + 0.06 * max((len(label) for label in labels), default=0)
