@@ -28,7 +28,8 @@ between trials prevents. :class:`TensorAttributes` records them before the trial
   fake-tensor estimate puts every attribute back (:mod:`.trace_state`). Torch's own modules
   (``DistributedDataParallel``'s flags) are left alone;
 * each module's hooks (``_forward_hooks``, ``_forward_pre_hooks``, ... : ``nn.Module``'s hook
-  dicts) are put back as they were, with the flags: a library that registers hooks at a model's
+  dicts) that the trials registered are removed, with the flags (one the trials removed stays
+  removed: a hook that removes itself at its first call, the CLI's input check): a library that registers hooks at a model's
   first forward and marks it so on the model (Transformers 5's output capturing,
   ``_output_capturing_hooks_installed``) had its mark removed with the trials' other added
   scalars and its hooks kept, so the next forward registered them again and every hidden state was
@@ -118,8 +119,8 @@ class TensorAttributes:
     def __init__(self, model: torch.nn.Module | None, kept: Iterable[torch.Tensor] = ()) -> None:
         #: per module, each plain attribute: a :class:`_Copy`, a container with its items, or the object
         self.saved: list[tuple[torch.nn.Module, dict[str, Any], bool]] = []
-        #: per module, a copy of each hook dict (the same hook objects)
-        self.hooks: list[tuple[torch.nn.Module, dict[str, dict]]] = []
+        #: per module, the handles' ids in each hook dict
+        self.hooks: list[tuple[torch.nn.Module, dict[str, set]]] = []
         if model is None:
             return
         objects = {id(t) for t in (*model.parameters(), *model.buffers(), *kept)}
@@ -136,7 +137,7 @@ class TensorAttributes:
                 else:
                     saved[name] = value
             self.saved.append((module, saved, _own(module)))
-            self.hooks.append((module, {key: dict(value) for key, value in vars(module).items()
+            self.hooks.append((module, {key: set(value) for key, value in vars(module).items()
                                         if key in _HOOK_KEYS and isinstance(value, dict)}))
 
     def put_back(self) -> None:
@@ -161,10 +162,8 @@ class TensorAttributes:
         for module, hooks in self.hooks:  # with the flags that say they are there (module docstring)
             for key, items in hooks.items():
                 current = vars(module).get(key)
-                if isinstance(current, dict) and (current.keys() != items.keys()
-                                                  or any(current[k] is not v for k, v in items.items())):
-                    current.clear()
-                    current.update(items)
+                for added in [k for k in current if k not in items] if isinstance(current, dict) else ():
+                    del current[added]  # one removed stays removed: a hook that removes itself at its first call
 
 
 class _Items:
