@@ -37,3 +37,22 @@ CLIP = [(8, True, 3, 0, None, False), (109, True, 1, 0, None, False), (130, Fals
 ])
 def test_review35_a_flushing_answer_below_late_failures_gives_way_to_a_clean_size(rows, answer):
     assert below_late_failures(_runner(rows), 126 if answer in (125, 126) else 181, 1) == answer
+
+
+WHISPER = [(8, True, 3, 0, None, False), (22, True, 1, 0, None, False), (26, False, 1, 0, None, False),
+           (25, False, 2, 0, 337, False), (24, True, 3, 1, None, False)]
+
+
+@pytest.mark.parametrize("rows, top, answer", [
+    (WHISPER, 24, 23),  # 25 failed at the wall at its second step; 24 flushed: 23 confirmed (a new trial)
+    ([row for row in WHISPER if row[0] != 25], 24, 24),  # only 26, failed at its first step: 24 stands
+    ([(2, True, 3, 0, None, False), (6, False, 2, 0, 40, False), (5, True, 3, 1, None, False)], 5, 5),  # 4 is 20 % below
+])
+def test_review37_below_a_hundred_units_the_next_size_down_is_confirmed(rows, top, answer):
+    """Review 37, an H200: a Whisper encoder-decoder's ``TrainStep`` answered 24 (flushing once in its three
+    steps) below 25, which failed at the allocator's wall at its second step; its ``Runner`` ran out of memory at
+    step 3 in the probing process and a new one, where 23 trained 200 steps. One unit there is 4 %, so no size
+    within the percent below could be known: the size one unit down is confirmed, within five percent."""
+    confirmed = []
+    assert below_late_failures(_runner(rows), top, 1, lambda units: confirmed.append(units) or units) == answer
+    assert confirmed == ([answer] if answer != top else [])

@@ -103,7 +103,8 @@ def run_search(
     if cleared != found:
         notes.append(measured_wall_note(runner, largest_passed, cleared * multiple_of, capacity))
     if clean != cleared:
-        notes.append(late_failures_note(cleared * multiple_of, clean * multiple_of))
+        kept = runner.passed_record(clean * multiple_of)
+        notes.append(late_failures_note(cleared * multiple_of, clean * multiple_of, kept is None or not kept.flushes))
     if walled != clean:
         notes.append(moving_wall_note(clean * multiple_of, walled * multiple_of, (found + 1) * multiple_of))
     if below != walled:
