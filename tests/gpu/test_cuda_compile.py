@@ -5,26 +5,17 @@ Dynamo marks the code it meets under a torch dispatch mode skipped for good; the
 one, so before ``autobatch.memory.uncompiled`` a compiled model estimated on the GPU trained uncompiled
 for the rest of the process, with no word (``tests/probe/test_compiled.py`` checks the CPU's side)."""
 
-import gc
-
 import pytest
 import torch
 
 import autobatch
-from autobatch import find_max_batch, free_memory
+from autobatch import find_max_batch
+from test_cuda_probe import _clean_cuda  # noqa: E402,F401 - its autouse fixture: memory freed around each test
 
 pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
 ]
-
-
-@pytest.fixture(autouse=True)
-def _clean_cuda():
-    free_memory()
-    yield
-    gc.collect()
-    torch.cuda.empty_cache()
 
 
 def _compiled_step(compiles: list) -> autobatch.TrainStep:

@@ -26,19 +26,29 @@ def bf16():
     AcceleratorState._reset_state()
 
 
-def test_free_memory_at_the_top_frees_the_failed_attempts_bf16_model(bf16):
+def decorated_bf16_step(accelerator_of, free: bool = True):
+    """A decorated function that frees memory at its top (Accelerate's pattern; not with ``free=False``),
+    prepares a bf16 MLP with ``accelerator_of()`` (one made outside, or a new one each call) and takes one
+    step; returns its size."""
     data = torch.randn(1024, 64)
 
     @find_executable_batch_size(starting_batch_size=1024)
     def train(batch_size):
-        bf16.free_memory()
+        accelerator = accelerator_of()
+        if free:
+            accelerator.free_memory()
         model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 256),
                                     torch.nn.ReLU(), torch.nn.Linear(256, 1))
-        model, optimizer = bf16.prepare(model, torch.optim.AdamW(model.parameters()))
-        bf16.backward(model(data[:batch_size]).float().pow(2).mean())
+        model, optimizer = accelerator.prepare(model, torch.optim.AdamW(model.parameters()))
+        accelerator.backward(model(data[:batch_size]).float().pow(2).mean())
         optimizer.step()
         return batch_size
 
+    return train
+
+
+def test_free_memory_at_the_top_frees_the_failed_attempts_bf16_model(bf16):
+    train = decorated_bf16_step(lambda: bf16)
     with simulated_memory("2MiB"):
         size = train()  # it raised NoBatchFitsError after 49 attempts
     assert size >= 600 and len(train.attempts) <= 5
@@ -49,18 +59,7 @@ def test_review37_second_call_frees_the_last_calls_bf16_model_before_its_first_a
     """Review 37: the collecting ``free_memory`` came only from a call's first failure, so a second call
     (a new epoch, a notebook cell run again) started with the last call's bf16 model and optimizer state
     alive: its first attempt failed at the size that had run, and each call ran smaller."""
-    data = torch.randn(1024, 64)
-
-    @find_executable_batch_size(starting_batch_size=1024)
-    def train(batch_size):
-        bf16.free_memory()
-        model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 256),
-                                    torch.nn.ReLU(), torch.nn.Linear(256, 1))
-        model, optimizer = bf16.prepare(model, torch.optim.AdamW(model.parameters()))
-        bf16.backward(model(data[:batch_size]).float().pow(2).mean())
-        optimizer.step()
-        return batch_size
-
+    train = decorated_bf16_step(lambda: bf16)
     with simulated_memory("2MiB"):
         first = train()
         calls = len(train.attempts)

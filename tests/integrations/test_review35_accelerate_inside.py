@@ -18,6 +18,7 @@ accelerate = pytest.importorskip("accelerate")
 from accelerate.state import AcceleratorState, GradientState  # noqa: E402
 
 from autobatch import find_executable_batch_size, simulated_memory  # noqa: E402
+from test_review21t_accelerate_free import decorated_bf16_step  # noqa: E402 (beside this file)
 
 DATA = torch.utils.data.TensorDataset(torch.randn(256, 16), torch.randn(256, 1))
 
@@ -60,19 +61,8 @@ def test_review37_a_second_call_collects_the_last_calls_bf16_accelerator_first(s
     """Review 37: Accelerate's decorator collects garbage at each call's start; this one did not, and a
     bf16 model an Accelerator made inside prepared holds itself (a cycle), so it outlived the call: the
     next call (a new epoch, a notebook cell run again) failed at the size that had run, and ran smaller."""
-    data = torch.randn(1024, 64)
     AcceleratorState._reset_state()  # bf16: the process's state as a fresh one (and after: below)
-
-    @find_executable_batch_size(starting_batch_size=1024)
-    def train(batch_size):
-        accelerator = accelerate.Accelerator(cpu=True, mixed_precision="bf16")
-        model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 256),
-                                    torch.nn.ReLU(), torch.nn.Linear(256, 10))
-        model, optimizer = accelerator.prepare(model, torch.optim.AdamW(model.parameters()))
-        accelerator.backward(model(data[:batch_size]).float().pow(2).mean())
-        optimizer.step()
-        return batch_size
-
+    train = decorated_bf16_step(lambda: accelerate.Accelerator(cpu=True, mixed_precision="bf16"), free=False)
     try:
         with simulated_memory("2MiB"):
             first = train()
