@@ -47,8 +47,8 @@ from .user_config import command_line, job_name_override, run_roots
 from .sharding import per_rank_batch
 from .atomic_write import write_atomic
 from .resume_job import agreed_resume_target, on_every_rank
-from .resume_state import (check_optimizer_kind, check_steps_left, kept_settings, loss_notes, micro_batch_notes,
-                           read_checkpoint)
+from .resume_state import (check_optimizer_kind, check_same_model, check_steps_left, kept_settings, loss_notes,
+                           micro_batch_notes, read_checkpoint)
 from .training import FINAL_MODEL, METRICS, earlier_probe, rank_fields, run_training, samples_in_all
 
 __all__ = ["COMMANDS", "probe_task", "train_task", "run_app", "run_probe", "run_plan", "probe_kwargs"]
@@ -275,7 +275,7 @@ def _prepare(cfg: DictConfig, workload: Workload, out_dir: Path, command: str,
     return dict(global_batch=global_batch, micro_batch=micro, max_micro_batch=ceiling, plan=planned, probe=result, notes=notes)
 
 
-def _resume_from(cfg: DictConfig, out_dir: Path, optimizer: Any) -> dict[str, Any]:
+def _resume_from(cfg: DictConfig, out_dir: Path, workload: Any) -> dict[str, Any]:
     """Resume: the checkpoint's global batch (no probe, no plan; the runner restores the
     micro-batch, the checkpointing wrap, the RNG and the optimizer's settings, noted)."""
     hydra_cfg = HydraConfig.get()
@@ -284,6 +284,8 @@ def _resume_from(cfg: DictConfig, out_dir: Path, optimizer: Any) -> dict[str, An
                                      cfg=cfg, sweep_dir=base / hydra_cfg.sweep.dir if sweep else None)
     state = read_checkpoint(path, sharded=bool(cfg.train.get("fsdp")))
     check_steps_left(cfg.train, state, path)
+    optimizer = workload.optimizer
+    check_same_model(cfg, state, ranks.unwrapped(workload.model), path, None if not own else out_dir)  # model.* named
     check_optimizer_kind(state, optimizer, path, cfg)  # and the scheduler's
     global_batch, wanted = int(state["result"]["global_batch"]), cfg.train.global_batch
     if wanted is not None and wanted != global_batch:
@@ -316,7 +318,7 @@ def train_task(cfg: DictConfig) -> dict[str, Any]:
             child_result = probe_in_child(out_dir / "probe")  # before this process makes a CUDA context
         workload = watch(build_workload(cfg))
         if cfg.train.resume is not None:
-            setup = _resume_from(cfg, out_dir, workload.optimizer)
+            setup = _resume_from(cfg, out_dir, workload)
         else:
             setup = _prepare(cfg, workload, out_dir, command, child_result)
         probed = setup["probe"] is not None or setup["plan"] is not None

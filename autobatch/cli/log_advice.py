@@ -8,6 +8,11 @@ find the key. The library does not import the CLI, so the CLI rewrites the recor
 override: ``+optimizer.foreach=false``, or ``optimizer.foreach=false`` where the config already
 sets the key (``+`` on an existing key is refused by Hydra). Error notes get the same treatment
 in :mod:`autobatch.cli.errors` (``_CLI_ADVICE``).
+
+A resume whose ``train.lr`` or ``optimizer.*`` differs from the checkpoint's logs the runner's
+"...; set them after resuming to change them", which the command line cannot do, beside the
+run's note that says to start afresh instead (:func:`autobatch.cli.resume_state.kept_settings`):
+two lines of contrary advice. The warning's advice is rewritten to the note's.
 """
 
 from __future__ import annotations
@@ -19,27 +24,37 @@ from contextlib import contextmanager
 from omegaconf import DictConfig
 
 from ..probe.foreach import FOREACH_LOG_ADVICE
+from ..training.checkpoints.resume_checks import SETTINGS_LOG_ADVICE
 
 __all__ = ["advice_in_logs"]
 
 
+#: what a resume from the command line does with the checkpoint's optimizer settings (the run's note says it too)
+_SETTINGS_WORDS = "a resumed run keeps them (start afresh without train.resume to train with others)"
+
+
 class _OverrideAdvice(logging.Filter):
-    """Rewrites :data:`FOREACH_LOG_ADVICE` in a record's message as the command line's override."""
+    """Rewrites the library's advice in a record's message as the command line's: :data:`FOREACH_LOG_ADVICE`
+    as the override, :data:`SETTINGS_LOG_ADVICE` as what a resumed run does."""
 
     def __init__(self, override: str) -> None:
         super().__init__()
-        self.words = f"give {override} to start so (the optimizer's key on the command line)"
+        self.words = {FOREACH_LOG_ADVICE: f"give {override} to start so (the optimizer's key on the command line)",
+                      SETTINGS_LOG_ADVICE: _SETTINGS_WORDS}
 
     def filter(self, record: logging.LogRecord) -> bool:
         message = record.getMessage()  # the advice comes in as an argument of the record
-        if FOREACH_LOG_ADVICE in message:
-            record.msg, record.args = message.replace(FOREACH_LOG_ADVICE, self.words), None
+        for advice, words in self.words.items():
+            if advice in message:
+                record.msg, record.args = message.replace(advice, words), None
+                message = record.msg
         return True
 
 
 @contextmanager
 def advice_in_logs(cfg: DictConfig) -> Iterator[None]:
-    """While open, the ``autobatch`` logger's foreach advice names ``cfg`` 's override for it."""
+    """While open, the ``autobatch`` logger's foreach advice names ``cfg`` 's override for it, and its
+    resumed settings' advice says what the command line does."""
     node = cfg.get("optimizer")
     has_key = node is not None and "foreach" in node.keys()  # a null one too: + would be refused
     advice = _OverrideAdvice("optimizer.foreach=false" if has_key else "+optimizer.foreach=false")

@@ -8,11 +8,15 @@ runner's own messages speak to a library user:
 * :func:`check_optimizer_kind`: a checkpoint written with another optimizer class
   (``optimizer=sgd`` then, resumed with the default ``adamw``) is one line naming the option
   to give (the runner's says ``resume with SGD``);
+* :func:`check_same_model`: a model built with other ``model.*`` keys than the checkpoint's run
+  (``model.width=32`` resuming a run at 256) is one line naming the keys to give, where the
+  runner's names only the tensors whose shapes differ;
 * :func:`kept_settings`: a resumed run continues with its checkpoint's optimizer state, its
   learning rate and other settings included (exact resume, as PyTorch's ``load_state_dict``
   does), so ``train.lr=0.1`` on a resume command changes nothing. The runner's warning tells a
-  library user to set them after resuming, which the command line cannot do; this note names
-  the keys, the values kept, and is in the run's ``notes`` (console and ``train_result.json``);
+  library user to set them after resuming, which the command line cannot do (its advice is
+  rewritten, :mod:`autobatch.cli.log_advice`); this note names the keys, the values kept, and is
+  in the run's ``notes`` (console and ``train_result.json``);
 * :func:`loss_notes`: the loss is no state of the checkpoint, so a resume trains with this
   command's ``loss``; where it differs from the one the run recorded (its ``train_result.json``,
   ``result.json`` or ``.hydra/config.yaml``), a note names both and the override that keeps it.
@@ -20,6 +24,7 @@ runner's own messages speak to a library user:
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -33,8 +38,8 @@ from .loss import DEFAULT_LOSS, loss_node, loss_text
 from .run_record import checkpoint_owner, recorded_config
 from .schedulers import check_scheduler_kind
 
-__all__ = ["read_checkpoint", "check_steps_left", "check_optimizer_kind", "kept_settings", "micro_batch_notes",
-           "loss_notes"]
+__all__ = ["read_checkpoint", "check_steps_left", "check_optimizer_kind", "check_same_model", "kept_settings",
+           "micro_batch_notes", "loss_notes"]
 
 #: the packaged ``optimizer`` options, by the class they build
 _OPTIONS = {"AdamW": "optimizer=adamw", "SGD": "optimizer=sgd"}
@@ -52,7 +57,10 @@ def read_checkpoint(path: Path, sharded: bool = False) -> dict[str, Any]:
     state = load_checkpoint(path, expect_format=RUNNER_FORMAT)  # CheckpointError (one line) if not ours
     saved = state.get("optimizer")
     groups = [group for group in (saved.get("param_groups") or []) if isinstance(group, dict)] if isinstance(saved, dict) else []
-    return {"step": state["step"], "epoch": state.get("epoch"), "result": state["result"],
+    model = state.get("model") if not sharded else None  # a rank's shards have no shapes to compare
+    shapes = {key: tuple(value.shape) for key, value in model.items() if isinstance(value, torch.Tensor)} \
+        if isinstance(model, dict) else {}
+    return {"step": state["step"], "epoch": state.get("epoch"), "result": state["result"], "model_shapes": shapes,
             "optimizer_type": state.get("optimizer_type"),
             **({"scheduler_type": state["scheduler_type"]} if "scheduler_type" in state else {}),
             "optimizer_groups": [{k: v for k, v in group.items() if k != "params"} for group in groups]}
@@ -185,3 +193,40 @@ def loss_notes(cfg: DictConfig, checkpoint: Path, run_dir: Path | None) -> list[
     return [f"the loss is {loss_text(now)}, and the run this checkpoint continues trained with {loss_text(then)}: "
             f"the resumed steps train with this run's (a loss is no state of the checkpoint); give {option}"
             f"{' ' + arguments if arguments else ''} to continue with the run's own"]
+
+
+def check_same_model(cfg: DictConfig, state: dict[str, Any], model: torch.nn.Module, path: Path,
+                     run_dir: Path | None) -> None:
+    """``ValueError`` naming the ``model.*`` overrides to give when this run's model does not fit the
+    checkpoint's weights (other shapes or parameters) and its ``model`` keys differ from those the
+    checkpoint's run recorded (in ``run_dir``, the run continued in place, else in the checkpoint's run
+    directory). Where the weights fit, or no differing key is recorded, the runner's own check stands."""
+    saved = state.get("model_shapes") or {}
+    mine = {key: tuple(value.shape) for key, value in model.state_dict().items() if isinstance(value, torch.Tensor)}
+    common = saved.keys() & mine.keys()  # none: another wrapping (a compiled model's prefix), left to the runner
+    if not common or (saved.keys() == mine.keys() and all(saved[key] == mine[key] for key in common)):
+        return
+    run = run_dir if run_dir is not None else checkpoint_owner(path, str(cfg.train.checkpoint_dir))
+    then = (recorded_config(run, _LAST_TRAINED) or {}).get("model") if run is not None else None
+    now = OmegaConf.to_container(cfg.model, resolve=True, enum_to_str=True) if cfg.get("model") is not None else None
+    if not isinstance(then, dict) or not isinstance(now, dict) or then.get("_target_") != now.get("_target_"):
+        return  # another class: the runner's message (or the recorded config unreadable)
+    changed = [key for key in dict.fromkeys([*then, *now]) if then.get(key) != now.get(key)
+               and not (isinstance(then.get(key), str) and "${" in then[key])]  # an unresolved record
+    if not changed:
+        return
+    give = " ".join(f"~model.{key}" if key not in then else f"'model.{key}={_override_value(then[key])}'"
+                    if isinstance(then[key], (list, dict)) else f"model.{key}={_override_value(then[key])}"
+                    for key in changed)
+    shown = ", ".join(f"model.{key}={_override_value(now.get(key))} (the run's: {_override_value(then.get(key))})"
+                      for key in changed)
+    differ = sorted(key for key in common if saved[key] != mine[key])[:3] or sorted(saved.keys() ^ mine.keys())[:3]
+    raise ValueError(
+        f"train.resume: this run builds another model than the one the checkpoint {path} holds ({shown}; "
+        f"{', '.join(differ)} differ); give {give} to continue it, or start afresh without train.resume"
+    )
+
+
+def _override_value(value: Any) -> str:
+    """A recorded config value as an override's value (``null``, ``true``, ``[64, 64]``, text as it is)."""
+    return value if isinstance(value, str) else json.dumps(value).replace('"', "")

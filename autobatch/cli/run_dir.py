@@ -66,8 +66,10 @@ def claim_run_dir(run_dir: Path, rank: int = 0) -> None:
         owner = _owner(path)
         if owner is not None and owner != os.getpid() and _alive(owner):
             raise ValueError(
-                f"{run_dir} is in use by another training run (process {owner}; two runs started in the same "
-                f"second share Hydra's default directory, named to the second); give this run its own {dir_key()}"
+                f"{run_dir} is in use by another training run (process {owner}, still running; two runs started in "
+                f"the same second share Hydra's default directory, named to the second); give this run its own "
+                f"{dir_key()}, or, to continue that run, stop it (Ctrl-C saves its checkpoint) or let it end, then give "
+                "train.resume=latest"
             ) from None
         path.unlink(missing_ok=True)  # its owner is gone, or it is this process's own
         try:

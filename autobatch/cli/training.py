@@ -83,11 +83,19 @@ def find_resume(value: str, checkpoint_dir: str, base: Path, run_dir: Path | Non
     (``outputs/train/runA`` too); with an absolute ``checkpoint_dir`` the one there. A sharded
     (FSDP2) checkpoint is named by its ``last.pt`` although only its ``last.rank<r>-of-<world>.pt``
     files exist. ``latest`` is refused when a run newer than the newest checkpoint recorded
-    updates but wrote no checkpoint (killed outright): the newest is then an older run's."""
+    updates but wrote no checkpoint (killed outright): the newest is then an older run's; so is
+    ``latest`` into a ``run_dir`` that recorded updates but holds no checkpoint (its ``last.pt`` deleted
+    or moved): the newest elsewhere is another run's, which that directory's files cannot continue."""
     if value == "latest":
         own = None if run_dir is None else latest_checkpoint(Path(run_dir) / Path(checkpoint_dir).expanduser())
         if own is not None:  # the runner's own "latest": the checkpoint its checkpoint_dir holds
             return own
+        if run_dir is not None and records_updates(Path(run_dir) / METRICS):
+            raise ValueError(  # not another run's newest: the continue command of this one names this directory
+                f"train.resume=latest: {run_dir} holds a run (its {METRICS}) but not its checkpoint "
+                f"{checkpoint_in(run_dir, checkpoint_dir)} (killed before writing one, or deleted or moved); put that "
+                "last.pt back, or continue from another checkpoint with train.resume=PATH in a new hydra.run.dir"
+            )
         if Path(checkpoint_dir).expanduser().is_absolute():
             found = [checkpoint_in(base, checkpoint_dir)]
             where = str(found[0].parent)

@@ -26,9 +26,13 @@ from ..ranks import unwrap
 
 __all__ = ["precision_of", "warn_changed_precision", "check_fits", "check_kinds", "kind", "load_scheduler", "position_for", "warn_persistent_workers", "warn_replaced_settings",
            "without_wrapper_prefix", "local_module_names",
-           "saved_module", "bare_keys", "keys_as_in"]
+           "saved_module", "bare_keys", "keys_as_in", "SETTINGS_LOG_ADVICE"]
 
 log = logging.getLogger("autobatch")
+
+#: the advice of the warning that a checkpoint's optimizer settings replace the run's, for Python code;
+#: the command line, which cannot set them after resuming, says it in its own words (autobatch.cli.log_advice)
+SETTINGS_LOG_ADVICE = "set them after resuming to change them"
 
 
 def kind(value: Any) -> str | None:
@@ -180,8 +184,8 @@ def warn_replaced_settings(optimizer: torch.optim.Optimizer, saved: dict[str, An
                     "run built it with foreach=%s); %s", switched,
                     next((g.get("foreach") for g in optimizer.param_groups), None), FOREACH_LOG_ADVICE)
     if changed:
-        log.warning("resume: the checkpoint's optimizer settings replace this run's: %s; set them after resuming "
-                    "to change them", ", ".join(sorted(changed)))
+        log.warning("resume: the checkpoint's optimizer settings replace this run's: %s; %s", ", ".join(sorted(changed)),
+                    SETTINGS_LOG_ADVICE)
 
 
 #: the names under which a wrapper holds the model in its state dict: DDP's ``module``, torch.compile's ``_orig_mod``
