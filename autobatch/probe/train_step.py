@@ -126,6 +126,10 @@ class TrainStep:
     #: step's backward gave no gradient (:func:`gradless`; None before a step)
     gradless: tuple[int, int] | None = None
 
+    #: with ``max_grad_norm``: the last step's gradient norm before clipping, a 0-dim tensor not read (no device
+    #: sync), dropped when the next step begins; the runner's ``on_step_end`` reads it as ``info["grad_norm"]``
+    grad_norm: torch.Tensor | None = None
+
     def begin(self) -> None:
         """Start a step: zero the optimizer's gradients and, with an enabled grad scaler, forget
         the mark (and inf check) of an ``unscale_`` that a failed call left, whose gradients are
@@ -133,6 +137,7 @@ class TrainStep:
         torch's "unscale_() has already been called" with ``max_grad_norm``, and without it stepped
         the new gradients still scaled (SGD at lr 1e-2: weights of 0.4 became 42 to 133) on the old ones' inf check."""
         self.optimizer.zero_grad(set_to_none=True)
+        self.grad_norm = None
         if isinstance(self.grad_scaler, torch.amp.GradScaler):  # not the estimate's TraceScaler, which keeps no marks
             forget_scaler_stage(self.grad_scaler, self.optimizer)
 
@@ -151,7 +156,8 @@ class TrainStep:
         if self.max_grad_norm is not None:
             if self.grad_scaler is not None:
                 self.grad_scaler.unscale_(self.optimizer)  # clip true gradients; step() will not unscale again
-            clip_grad_norm([p for group in self.optimizer.param_groups for p in group["params"]], self.max_grad_norm)
+            self.grad_norm = clip_grad_norm([p for group in self.optimizer.param_groups for p in group["params"]],
+                                            self.max_grad_norm)
         if self.grad_scaler is not None:
             self.grad_scaler.step(self.optimizer)
             self.grad_scaler.update()
@@ -316,21 +322,22 @@ def _refuse_torch_function(loss_fn: Callable[..., Any]) -> None:
                         f"{name}(model(batch[0]), batch[1])")
 
 
-def clip_grad_norm(parameters: list[torch.Tensor], max_norm: float) -> None:
+def clip_grad_norm(parameters: list[torch.Tensor], max_norm: float) -> torch.Tensor:
     """``torch.nn.utils.clip_grad_norm_(parameters, max_norm)``, which takes no sparse gradient (a
     ``sparse=True`` embedding's): every step with ``max_grad_norm`` raised torch's bare "Could not run
     'aten::linalg_vector_norm' with arguments from the 'SparseCPU' backend", in the probe and the runner.
     Where a gradient is sparse, the same norm of the gradients' norms (a sparse one's over its coalesced
-    values) and the same clamped scale, ``max_norm / (norm + 1e-6)``, applied to every gradient."""
+    values) and the same clamped scale, ``max_norm / (norm + 1e-6)``, applied to every gradient. Returns
+    the total norm before clipping, as torch's does."""
     grads = [p.grad for p in parameters if p.grad is not None]
     if not any(grad.is_sparse for grad in grads):
-        torch.nn.utils.clip_grad_norm_(parameters, max_norm)
-        return
+        return torch.nn.utils.clip_grad_norm_(parameters, max_norm)
     norms = [torch.linalg.vector_norm(grad.coalesce().values() if grad.is_sparse else grad) for grad in grads]
     total = torch.linalg.vector_norm(torch.stack([norm.to(grads[0].device) for norm in norms]))
     scale = torch.clamp(max_norm / (total + 1e-6), max=1.0)
     for grad in grads:
         grad.mul_(scale.to(grad.device))
+    return total
 
 
 def gradless(optimizer: torch.optim.Optimizer) -> tuple[int, int]:

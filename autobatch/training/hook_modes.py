@@ -11,7 +11,10 @@ the next step is its own. So where the hook turned the model itself from train t
 ``torch.compile`` wrapper), the runner puts every module's mode back as it was before the hook
 and warns once, as Lightning puts the train mode back after its validation loop. A hook that
 switches submodules only (freezing BatchNorm layers after a warm-up) is left alone, and so is a
-model put in eval mode before ``fit()`` (training in eval mode on purpose). Cost: one pass over
+model put in eval mode before ``fit()`` (training in eval mode on purpose). A hook that raises in the
+middle of its evaluation (an OOM of a validation batch larger than the training micro-batch) gets the
+modes put back too, without a warning: before, the model stayed in eval mode, and a later ``fit()`` of
+the runner, once the cause was fixed, trained every step so without a word. Cost: one pass over
 the model's modules per step, only with a hook (0.5 ms for 1,000 modules on a busy CPU core).
 """
 
@@ -43,15 +46,16 @@ class HookModes:
         self._roots = tuple(root for root in {id(model): model, id(bare): bare}.values() if root.training)
         self._saved = [(module, module.training) for module in model.modules()] if self._roots else None
 
-    def after(self, step: int) -> None:
-        """Put the modes back where the hook turned the model from train to eval mode, and warn once."""
+    def after(self, step: int, warn: bool = True) -> None:
+        """Put the modes back where the hook turned the model from train to eval mode, and warn once
+        (``warn=False``: a hook that raised, in the middle of its evaluation, whose ``model.train()`` never ran)."""
         saved, self._saved = self._saved, None
         if saved is None or all(root.training for root in self._roots):
             return
         for module, training in saved:
             module.training = training  # as Module.train(mode) sets it, module by module
         self._roots = ()
-        if not self._warned:
+        if warn and not self._warned:
             self._warned = True
             log.warning(
                 "on_step_end after step %d left the model in eval mode (model.eval() for an evaluation, without "

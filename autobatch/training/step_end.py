@@ -90,7 +90,7 @@ class EndsSteps:
             if on_step_end is not None:
                 self._call_hook(on_step_end, lambda: {
                     "step": self.step, "epoch": self.epoch, "loss": float(loss), "micro_batch": self.micro_batch,
-                    "accumulation": accumulation, "samples": size, **self._applied_lr(),
+                    "accumulation": accumulation, "samples": size, **self._applied_lr(), "grad_norm": self._grad_norm(),
                 })  # fmt: skip
         except BaseException:
             # the step is complete: its checkpoint is written, then the hook's error (or a Ctrl-C inside it) raised.
@@ -149,20 +149,19 @@ class EndsSteps:
         where every rank learns of it (see the module)."""
         modes = self._hook_modes = getattr(self, "_hook_modes", None) or HookModes()
         modes.before(self.model)  # an evaluation in the hook that forgets model.train(): put back, warned
-        if not self.distributed:
-            hook(info())
-            modes.after(self.step)
-            return
         try:
             hook(info())
-            modes.after(self.step)
-        except Exception as exc:  # noqa: BLE001 - not swallowed: raised at the next sync point of every rank
-            if isinstance(exc, _BETWEEN_RANKS) or was_told(exc):  # a sync point in the hook (its save()) told
-                raise  # every rank already, or the ranks are out of step: a next step would wait for peers that left
+        except BaseException as exc:  # noqa: BLE001 - not swallowed: raised now, or at the next sync point of every rank
+            # an evaluation that raised (its OOM) left the model in eval mode: a later fit() trained so without a word
+            modes.after(self.step, warn=False)
+            if not self.distributed or not isinstance(exc, Exception) or isinstance(exc, _BETWEEN_RANKS) or was_told(exc):
+                raise  # a sync point in the hook (its save()) told every rank already, or the ranks are out of step
             add_note(exc, f"autobatch: raised by on_step_end after step {self.step} (that step is trained and "
                           "counted); under torch.distributed it is raised at the next point every rank passes (the "
                           "next step, undone, or the end of fit(), before its checkpoint), so the other ranks stop too")
             self._hook_failure = FailedDraw(exc, after=self.step)
+            return
+        modes.after(self.step)
 
     def _note_applied_lrs(self) -> None:
         """Keep the learning rates the step applied, before ``scheduler.step()`` changes them (a tensor
@@ -190,6 +189,14 @@ class EndsSteps:
         lrs = getattr(self, "_applied_lrs", None) if self.scheduler is not None else None  # before scheduler.step()
         lrs = [float(lr) for lr in lrs] if lrs is not None else [float(g["lr"]) for g in self.optimizer.param_groups]
         return {"lr": lrs[0] if lrs else None, "lrs": lrs}
+
+    def _grad_norm(self) -> float | None:
+        """``grad_norm`` of ``on_step_end``'s info: with ``max_grad_norm``, the global batch's accumulated
+        gradient norm before clipping (of the attempt applied, through a replay); else None, not computed. The
+        gradients themselves are gone by the hook (freed after the step, where an evaluation needs the room)."""
+        norm = self._train_step.grad_norm
+        norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm  # FSDP2: a DTensor, the same on every rank
+        return None if norm is None else float(norm)
 
     def _take_hook_failure(self) -> FailedDraw | None:
         """This rank's ``on_step_end`` error not raised yet (None the next time: it is raised now)."""

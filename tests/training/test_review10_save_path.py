@@ -29,3 +29,15 @@ def test_save_to_a_directory_writes_its_last_pt_and_resumes(tmp_path):
     resumed.fit(make_data(), steps=2, resume=tmp_path)
     assert resumed.step == 2
     assert_weights_close(weights(resumed.model), weights(runner.model))
+
+
+def test_review37_save_to_checkpoint_dir_not_made_yet_writes_its_last_pt(tmp_path):
+    """``runner.save(runner.checkpoint_dir)`` (from ``on_step_end``) before the run's first save made the
+    folder, or ``save("best/")``: a folder's ``last.pt``, not a file named like the folder, over which
+    every later save of the run failed with ``FileExistsError``."""
+    model = make_model()
+    runner = Runner(model, torch.optim.SGD(model.parameters(), lr=0.1), mse, global_batch=16, micro_batch=8,
+                    progress=False, log_every=None, checkpoint_dir=tmp_path / "run", checkpoint_every=2)
+    runner.fit(make_data(), steps=3, on_step_end=lambda info: info["step"] == 1 and runner.save(tmp_path / "run"))
+    assert sorted(path.name for path in (tmp_path / "run").iterdir()) == ["last.pt"]
+    assert runner.save(f"{tmp_path}/best/") == tmp_path / "best" / "last.pt"

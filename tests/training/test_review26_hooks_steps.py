@@ -133,3 +133,22 @@ def test_review36_scheduler_stepped_by_runner_and_user_is_warned(caplog, where: 
     with caplog.at_level(logging.WARNING, logger="autobatch"):
         alone.fit(_data(4), on_step_end=lambda info: None)  # the runner alone steps it: no warning
     assert not [r for r in caplog.records if "stepped outside the runner" in r.message]
+
+
+def test_review37_evaluation_that_raises_in_the_hook_leaves_the_model_training() -> None:
+    """An evaluation in the hook that raises (its OOM) never reached its ``model.train()``: the modes
+    are put back before the error propagates, so a later ``fit()`` trains in train mode (it trained
+    every step in eval mode, dropout off, without a word)."""
+    model = _model()
+    runner = Runner(model, torch.optim.SGD(model.parameters(), lr=0.1), _loss, global_batch=8, micro_batch=8, **QUIET)
+
+    def evaluate(info: dict) -> None:
+        model.eval()
+        with torch.no_grad():
+            raise torch.OutOfMemoryError("the validation batch")
+
+    with pytest.raises(torch.OutOfMemoryError, match="^the validation batch$"):  # propagated unchanged
+        runner.fit(_data(), on_step_end=evaluate)
+    modes: list[bool] = []
+    runner.fit(_data(), on_step_end=lambda info: modes.append(model.training))
+    assert model.training and modes == [True] * 5

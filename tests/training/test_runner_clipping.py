@@ -79,3 +79,29 @@ def test_a_bad_max_grad_norm_names_the_argument(bad):
     with pytest.raises(ValueError, match="max_grad_norm must be a positive number or None"):
         TrainStep(model, torch.optim.SGD(model.parameters(), lr=0.1), lambda m, b: m(b).sum(), lambda n: torch.ones(n, 2),
                   max_grad_norm=bad)
+
+
+def test_review37_hook_gets_the_applied_steps_grad_norm_before_clipping_through_replays():
+    """``info["grad_norm"]``: the norm ``clip_grad_norm_`` returned for the global batch's gradient, once
+    per step, of the attempt applied (an OOM replay in backward and in the optimizer step); the hook
+    cannot compute it itself, the gradients being freed before it runs."""
+    data = make_data(48, GLOBAL)
+    expected = []
+    model = make_model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+    for batch in data[:3]:
+        optimizer.zero_grad()
+        mse(model, batch).backward()
+        expected.append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), NORM)))
+        optimizer.step()
+    model = make_model()
+    runner = Runner(model, torch.optim.SGD(model.parameters(), lr=0.5), mse, global_batch=GLOBAL,
+                    micro_batch=8, max_grad_norm=NORM, progress=False,
+                    faults=FaultInjector([(1, "optimizer"), (2, "backward")]))
+    logged = []
+    runner.fit(data, epochs=1, on_step_end=logged.append)
+    assert [info["grad_norm"] for info in logged] == pytest.approx(expected, rel=1e-9)
+    model = make_model()
+    unclipped = Runner(model, torch.optim.SGD(model.parameters(), lr=0.5), mse, global_batch=GLOBAL, micro_batch=8,
+                       progress=False)
+    assert unclipped.fit(data, steps=1, on_step_end=logged.append) and logged[-1]["grad_norm"] is None

@@ -180,11 +180,17 @@ def kept_earlier(directory: Path) -> str:
             f"(a run stopped in that save writes no {CHECKPOINT_NAME}): resume={str(newest)!r} continues it")
 
 
-def resolve_checkpoint(path: str | os.PathLike) -> Path:
+def resolve_checkpoint(path: str | os.PathLike, folder: Path | None = None) -> Path:
     """``path`` itself when it is a file, else ``path / CHECKPOINT_NAME``; ``~`` is the home folder
-    (not a folder named ``~`` in the working directory, as ``Path`` alone reads it)."""
+    (not a folder named ``~`` in the working directory, as ``Path`` alone reads it). A folder not
+    made yet is one still: ``path`` written with a trailing separator (``"best/"``), or ``folder``
+    (the runner's ``checkpoint_dir``, made at its first save); read as a file's name, a
+    ``runner.save(checkpoint_dir)`` before that save wrote a file there, and every save after it
+    failed (``FileExistsError``)."""
+    named = os.fspath(path)
     path = Path(path).expanduser()
-    return path / CHECKPOINT_NAME if path.is_dir() else path
+    folder_named = named.endswith(("/", os.sep)) or (folder is not None and path.resolve() == folder.expanduser().resolve())
+    return path / CHECKPOINT_NAME if path.is_dir() or (folder_named and not path.exists()) else path
 
 
 def load_checkpoint(path: str | os.PathLike, *, expect_format: str | None = None) -> dict[str, Any]:

@@ -71,7 +71,7 @@ class Resumable:
             if self.checkpoint_dir is None:
                 raise ValueError("no path given and no checkpoint_dir configured")
             path = self.checkpoint_dir / CHECKPOINT_NAME
-        path = resolve_checkpoint(path)  # os.replace of the file over a directory failed (IsADirectoryError)
+        path = resolve_checkpoint(path, self.checkpoint_dir)  # os.replace of the file over a directory failed (IsADirectoryError)
         in_dir, shared = self.checkpoint_dir is not None and path.parent.resolve() == self.checkpoint_dir.resolve(), None
         claimed, kept = (self._dir_claimed, self._keep_earlier), None  # put back, with the file kept, if nothing is written
         if in_dir:
