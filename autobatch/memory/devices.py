@@ -73,12 +73,15 @@ def resolve_device(device: str | torch.device | None) -> torch.device:
 
 
 def torch_device(name: str, value: Any) -> None:
-    """``value`` is None, a ``torch.device`` or a string torch accepts as one."""
+    """``value`` is None, a ``torch.device`` or a string (or an accelerator's index) torch accepts as one."""
     if value is None or isinstance(value, torch.device):
         return
     try:
         torch.device(value)
     except (RuntimeError, TypeError, ValueError):
+        if isinstance(value, int) and not isinstance(value, bool) and value >= 0:  # torch's index of the accelerator
+            raise ValueError(f"{name}={value!r} is an accelerator's index, and this machine has no accelerator; use "
+                             "'cpu' (a simulated memory budget)") from None
         raise ValueError(f"{name}={value!r} is not a torch device; use e.g. 'cpu', 'cuda' or 'cuda:1'") from None
 
 
@@ -221,8 +224,8 @@ class AcceleratorMemory:
         total = self.total()
         if limit_bytes > total:
             raise ValueError(
-                f"memory_limit={format_bytes(limit_bytes)} exceeds the device's "
-                f"{format_bytes(total)}; use a smaller memory_limit or none"
+                f"memory_limit={format_bytes(limit_bytes)}{decimal_note(limit_bytes)} exceeds the device's "
+                f"{format_bytes(total)}; use a smaller memory_limit, or None for the whole device"
             )
         previous = torch.cuda.get_per_process_memory_fraction(self.device)
         torch.cuda.set_per_process_memory_fraction(limit_bytes / total, self.device)

@@ -64,10 +64,10 @@ def parse_bytes(value: int | float | str, *, name: str = "memory_limit") -> int:
             raise ValueError(f"{name} must be positive, got {value!r}; give a number of bytes or a string such as "
                              "'512MiB' or '2GiB'")  # not "not a byte quantity"
         if stripped.endswith("%"):  # a share of the device: the capacity it is a share of is not known here
-            raise ValueError(
-                f"{name}={value!r}: a percentage is not taken, only a byte quantity; compute the share yourself, e.g. "
-                f"{name}=int(0.8 * torch.cuda.get_device_properties(0).total_memory), or give '64GiB'"
-            )
+            raise ValueError(f"{name}={value!r}: a percentage is not taken, only a byte quantity; {_share(name)}")
+        if stripped.lower() in ("none", "null", "off", "unlimited"):  # "no limit", read from a config or CLI as text
+            raise ValueError(f"{name}={value!r} is a string, not 'no limit': for no limit pass None (null in a "
+                             "YAML config or on the command line), else a byte quantity such as '16GiB'")
         if match is None or match.group(2).lower() not in _UNITS:
             raise ValueError(
                 f"{name}={value!r} is not a byte quantity; use a number of bytes or a string "
@@ -83,10 +83,19 @@ def parse_bytes(value: int | float | str, *, name: str = "memory_limit") -> int:
         raise ValueError(_not_whole(value, number, name))
     result = int(scaled)
     if result <= 0:
-        less = f" (less than one byte: did you mean '{str(value).strip()}GiB'?)" if 0 < scaled < 1 and unit == "" else ""
-        raise ValueError(f"{name} must be positive, got {value!r}{less}; give a number of bytes or a string such as "
+        if 0 < scaled < 1 and unit == "":  # 0.5: half a GiB, or half the device
+            raise ValueError(f"{name}={value!r} is less than one byte: did you mean '{str(value).strip()}GiB'? A "
+                             f"share of the device is not taken: {_share(name)}")
+        raise ValueError(f"{name} must be positive, got {value!r}; give a number of bytes or a string such as "
                          "'512MiB' or '2GiB'")
     return result
+
+
+def _share(name: str) -> str:
+    """The advice for a share of the device (``"80%"``, ``0.8``), whose capacity is not read here: in
+    Python the bytes computed, in a config or on the command line (``name`` is dotted there) a size."""
+    return (f"compute the bytes, in Python e.g. {name.rsplit('.', 1)[-1]}=int(0.8 * "
+            f"torch.cuda.get_device_properties(0).total_memory), or give a size, {name}='64GiB'")
 
 
 def _not_whole(value: int | float | str, number: float, name: str) -> str:

@@ -158,12 +158,14 @@ def _takes_one(fn: object) -> bool | None:
     return True
 
 
-def validate_places(device: object, restore: object, cache: object) -> None:
-    """Check where the probe runs, what it restores and where it caches."""
+def validate_places(device: object, restore: object, cache: object, step: object = None) -> None:
+    """Check where the probe runs, what it restores and where it caches (and that a ``TrainStep``
+    ``step`` has its model on ``device``: :func:`_step_on_device`)."""
     import os
 
     checks.torch_device("device", device)
     checks.device_available("device", device)
+    _step_on_device(step, device)
     if restore is not None:
         if not isinstance(restore, tuple) or len(restore) < 2:
             raise TypeError(
@@ -197,6 +199,24 @@ def validate_places(device: object, restore: object, cache: object) -> None:
         )
     if cache is not None and not isinstance(cache, (bool, str, os.PathLike)):
         raise TypeError(f"cache must be True, False, None or a directory path, got {type(cache).__name__} {cache!r:.60}")
+
+
+def _step_on_device(step: object, device: object) -> None:
+    """A ``TrainStep`` given a ``device`` that holds none of its model's tensors is one ``ValueError``:
+    its trials run where the model is, and the memory read was ``device``'s, so a model left on the CPU
+    probed with ``device="cuda"`` passed every trial at no memory and climbed to the search ceiling.
+    A model spread over devices passes where one of its tensors is on ``device``."""
+    if not isinstance(step, TrainStep) or device is None:
+        return
+    wanted = torch.device(device)
+    places = {t.device for t in (*step.model.parameters(), *step.model.buffers())}
+    if not places or any(p.type == wanted.type and wanted.index in (None, p.index) for p in places):
+        return
+    if wanted.type == "cpu" and all(p.type == "cpu" for p in places):
+        return
+    held = ", ".join(sorted(map(str, places)))
+    raise ValueError(f"device={device!r}, but the TrainStep's model is on {held}, where its trials run: move the model "
+                     f"there first (model.to({str(wanted)!r})), or drop device=")
 
 
 def hand_loop_of(fn: object, hand_loop: bool | None) -> tuple[bool, list[str]]:

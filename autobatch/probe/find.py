@@ -20,6 +20,7 @@ import torch
 
 from ..memory.devices import SimulatedDeviceMemory, check_limit_in_simulation, memory_for, resolve_device
 from ..memory.diagnostics import memory_diagnostics
+from ..memory.host_room import check_host_room
 from ..memory.units import parse_bytes
 from . import arguments, ranks
 from .. import checks
@@ -135,7 +136,7 @@ def find_max_batch(
             up to the search ceiling: give ``max_batch``; a step the trace cannot follow).
     """
     validate_step(fn, strategy)
-    validate_places(device, restore, cache)
+    validate_places(device, restore, cache, step=fn)
     given = validate_probe_args(start=start, max_batch=max_batch, strategy=strategy, margin=margin, multiple_of=multiple_of,
                                 steps_per_trial=steps_per_trial, search_steps=search_steps, estimate_first=estimate_first)
     hand_loop, loop_notes = arguments.hand_loop_of(fn, hand_loop)
@@ -188,6 +189,7 @@ def _probe(call: _Call, restore, estimate_first: bool | None) -> ProbeResult:
     """Run the trials on the device (capped), the model's state restored afterwards."""
     fn, args = call.fn, call.probe_args
     check_limit_in_simulation(call.target, call.limit_bytes)  # a memory_limit no answer here could be: before the copy
+    check_host_room(call.target, call.limit_bytes, args["max_batch"])  # a CPU budget past the host's RAM
     snapshot, restore = None, with_found_schedulers(fn, restore, call.notes)  # a scheduler the callable steps
     outside = OutsideWrites.of(fn, restore)  # an EMA teacher restore lacks: its versions, told after
     if restore is not None:

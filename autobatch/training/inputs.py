@@ -21,7 +21,7 @@ from typing import Any, Mapping
 import torch
 
 from .. import checks
-from ..memory.units import counted
+from ..memory.units import counted, parse_bytes
 from ..planning.accumulation import micro_batch_sizes
 from ..planning.batch_statistics import batch_norm_layers
 from ..planning.samples import batch_size_of, items_message, per_sample_items
@@ -154,6 +154,8 @@ def _plan_options(plan_options: Any) -> dict[str, Any]:
             raise ValueError("plan_options['global_batch'] is set by the runner: pass Runner(global_batch=...)")
         if key not in named:
             raise TypeError(f"plan_options[{key!r}] {unknown_keyword(key, named)}")  # as plan() says it
+    if plan_options.get("memory_limit") is not None:  # here, not at fit() once the data's first batch is loaded
+        parse_bytes(plan_options["memory_limit"], name="plan_options['memory_limit']")
     return dict(plan_options)
 
 

@@ -26,3 +26,20 @@ def test_binary_suffixes_and_the_decimal_note():
     with simulated_memory("16MiB"), pytest.raises(ValueError, match=r"16,000,000 bytes: '16M' and '16MB' are powers "
                                                                   r"of 1000; '16MiB' is 16 x 1024\*\*2"):
         check_limit_in_simulation(torch.device("cpu"), parse_bytes("16m"))
+
+
+def test_review37_words_for_no_limit_a_share_and_an_index_say_what_to_write():
+    """``"none"`` (a config's text for no limit) read as "not a byte quantity"; ``0.5`` (half the
+    device?) only as half a GiB; ``device=0`` on a machine without an accelerator as "not a torch
+    device", where torch takes it as the accelerator's index."""
+    import autobatch
+
+    with pytest.raises(ValueError, match=r"'none' is a string, not 'no limit': for no limit pass None \(null"):
+        autobatch.parse_bytes("none")
+    with pytest.raises(ValueError, match=r"did you mean '0.5GiB'\? A share of the device is not taken"):
+        autobatch.parse_bytes(0.5)
+    with pytest.raises(ValueError, match=r"probe.memory_limit='80%'.*or give a size, probe.memory_limit='64GiB'"):
+        autobatch.parse_bytes("80%", name="probe.memory_limit")
+    if not torch.accelerator.is_available():
+        with pytest.raises(ValueError, match="device=0 is an accelerator's index, and this machine has no accelerator"):
+            autobatch.find_executable_batch_size(lambda batch_size: batch_size, starting_batch_size=8, device=0)()

@@ -41,6 +41,7 @@ def test_the_probe_and_the_runner_give_the_simulation_s_message():
     step = autobatch.TrainStep(model, optimizer, lambda m, b: m(b).pow(2).mean(), make_batch=lambda n: torch.randn(n, 8))
     expected = _message(lambda: parse_bytes(1.5, name="memory_limit"))
     assert _message(lambda: autobatch.find_max_batch(step, memory_limit=1.5)) == expected
-    runner = autobatch.Runner(model, optimizer, lambda m, b: m(b[0]).pow(2).mean(), global_batch=8, device="cpu",
-                              plan_options={"memory_limit": 1.5})
-    assert _message(lambda: runner.fit([(torch.randn(8, 8),)], epochs=1)) == expected
+    # at Runner(...), naming plan_options (review 37: before, at fit(), once the first batch was loaded)
+    assert _message(lambda: autobatch.Runner(model, optimizer, lambda m, b: m(b[0]).pow(2).mean(), global_batch=8,
+                                             device="cpu", plan_options={"memory_limit": 1.5})) == \
+        _message(lambda: parse_bytes(1.5, name="plan_options['memory_limit']"))

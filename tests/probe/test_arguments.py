@@ -88,3 +88,26 @@ def test_review37_restore_as_a_list_says_to_pass_a_tuple():
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     with pytest.raises(TypeError, match=r"a list is not taken: pass the same items as a tuple, restore=\(model, optimizer"):
         find_max_batch(lambda n: None, restore=[model, optimizer])
+
+
+def test_review37_a_step_on_another_device_than_device_is_one_error(monkeypatch):
+    """A ``TrainStep`` whose model is on the CPU, probed with ``device="cuda"``, ran its trials on
+    the CPU while reading the GPU's memory: every trial passed at no memory, up to the search
+    ceiling. Now one error before any trial, from ``find_max_batch`` and from ``plan``."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # a CUDA machine, as seen by the checks
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    for call in (lambda d: find_max_batch(_step(), device=d, cache=False),
+                 lambda d: autobatch.plan(_step(), global_batch=8, device=d, cache=False)):
+        for device in ("cuda", "cuda:1", torch.device("cuda", 0)):
+            with pytest.raises(ValueError, match=r"but the TrainStep's model is on cpu.*model\.to\('cuda"):
+                call(device)
+    assert find_max_batch(_step(), device="cpu:0", memory_limit="64KiB", max_batch=8, cache=False).batch_size == 8
+
+
+def test_review37_a_cpu_budget_past_the_hosts_memory_is_one_error(monkeypatch):
+    """A ``memory_limit`` on the CPU above the host memory available was never reached: the host's
+    allocator failed first (read as the budget's OOM) or the kernel killed the process."""
+    monkeypatch.setattr("autobatch.memory.host_room.available_host_bytes", lambda: 2**30)
+    with pytest.raises(ValueError, match=r"memory_limit=2.00 GiB on the CPU .* 1.00 GiB available"):
+        find_max_batch(_step(), memory_limit="2GiB", cache=False)
+    assert find_max_batch(_step(), memory_limit="2GiB", max_batch=8, cache=False).batch_size == 8  # capped: taken

@@ -180,3 +180,13 @@ def test_a_loss_held_in_a_dict_trains_as_the_tensor_and_a_tuple_is_one_clear_err
                     global_batch=16, micro_batch=4, progress=False)
     with pytest.raises(TypeError, match=r"loss_fn must return the loss as a scalar tensor .* its \[0\]"):
         runner.fit(make_data(), steps=1)
+
+
+def test_review37_a_bad_plan_options_memory_limit_is_an_error_at_construction():
+    """``plan_options={"memory_limit": "80%"}`` raised at ``fit()``, once the data's first batch was
+    loaded, naming ``memory_limit`` alone; now at ``Runner(...)``, naming ``plan_options``."""
+    with pytest.raises(ValueError, match=r"plan_options\['memory_limit'\]='80%': a percentage is not taken"):
+        _runner(plan_options={"memory_limit": "80%"})
+    with pytest.raises(ValueError, match=r"plan_options\['memory_limit'\]='none' is a string, not 'no limit'"):
+        _runner(plan_options={"memory_limit": "none"})
+    assert _runner(plan_options={"memory_limit": "8GiB"}).plan_options["memory_limit"] == "8GiB"
