@@ -4,7 +4,7 @@ Accelerate's decorator calls ``function(batch_size, *args, **kwargs)`` and, on a
 out-of-memory error, multiplies the size by 0.9 and calls again. Three things differ here:
 
 * **Memory is freed outside the ``except`` block** (and at each call's start under Accelerate's mixed
-  precision: :func:`_collect_mixed_precision`). While an exception is handled its
+  precision: :func:`~.decorator_accelerate.collect_mixed_precision`). While an exception is handled its
   traceback pins every frame of the failed call, and with them its activations, so the
   ``gc.collect()`` / ``empty_cache()`` Accelerate runs inside the handler frees nothing they
   hold (pytorch/pytorch#18853). Here the handler only records the failure; the failed call's
@@ -64,7 +64,6 @@ its own checkpoint), is one ``RuntimeWarning`` saying how many steps' samples we
 from __future__ import annotations
 
 import functools
-import sys
 import time
 import warnings
 from dataclasses import asdict, dataclass
@@ -83,7 +82,8 @@ from .decorator_checks import (accumulation_message, caught_message, check_argum
                                check_takes_batch, is_method, kept_by_failures, reduced_size, refuse_coroutine,
                                retrained_message, retry_note)
 from .decorator_fixed import FIXED, fixed_point, fixed_step
-from .decorator_state import AttemptState, accumulation_steps
+from .decorator_accelerate import accumulation_steps, collect_mixed_precision
+from .decorator_state import AttemptState
 from .decorator_steps import next_size
 from .decorator_stop import fixed_failure, nothing_fits
 
@@ -176,7 +176,7 @@ def find_executable_batch_size(
     @functools.wraps(function)
     def wrapped(*args: Any, **kwargs: Any) -> Any:
         check_call(function, args[int(method):], kwargs, method)
-        _collect_mixed_precision()  # a last call's bf16 model (a cycle) failed this call's start
+        collect_mixed_precision()  # a last call's bf16 model (a cycle) failed this call's start
         memory = _instruments(device)
         with LazyStateWatch() as watch, AttemptState(memory, getattr(function, "__name__", "function")) as state:
             return _attempts(wrapped, watch, memory, state, args, kwargs)
@@ -359,17 +359,6 @@ def _lost_message(lost: int, name: str) -> str:
         "without a copy and were set to None, so the gradients accumulated before the call are lost. Call the "
         "decorated function at the start of an accumulation window, or after optimizer.zero_grad()"
     )
-
-
-def _collect_mixed_precision() -> None:
-    """At a call's start, a collection (as Accelerate's decorator runs at every call), where Accelerate's
-    shared state has a mixed precision: a model prepared under it holds itself (its forward is bound to it,
-    wrapped in autocast), so the last call's lived on, and this call's first attempt failed at the size
-    that had run (each call ran smaller). Only there: a full collection costs 0.1-0.4 s a call in a
-    process that imported transformers (a decorated helper called every step), and elsewhere no such cycle."""
-    shared = getattr(getattr(sys.modules.get("accelerate.state"), "AcceleratorState", None), "_shared_state", None)
-    if isinstance(shared, dict) and shared.get("_mixed_precision") not in (None, "no"):
-        free_memory()
 
 
 def _instruments(device: str | torch.device | None) -> DeviceMemory | None:

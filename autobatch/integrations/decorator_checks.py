@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import inspect
 import math
+import operator
 from typing import Any, Callable
 
 from ..checks import integer, positive_int
@@ -200,11 +201,41 @@ def check_call(function: Callable[..., Any], args: tuple[Any, ...], kwargs: dict
     # called as train(64, model) would get Python's "takes 2 positional arguments but 3 were given"
     params = [p for p in params if p.kind in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)]
     if len(params) < len(args) + 1:
+        if args and not _looks_like_size(args[0]):  # the function has no parameter for it: `def train(model)`
+            raise TypeError(_no_slot_message(name, params, args[0], method))
         names = ", ".join(p.name for p in params[1:len(args)])
         raise TypeError(
             f"Batch size was passed into `{name}` as the first argument when called. Remove it: the "
             f"decorator supplies it: `{name}({names})`"
         )
+
+
+def _looks_like_size(value: Any) -> bool:
+    """Whether a call's first argument could be a batch size the caller passed (an int, a NumPy
+    integer, an integer scalar tensor), not one of the function's own arguments."""
+    if isinstance(value, bool):
+        return False
+    try:
+        operator.index(value)
+    except (TypeError, ValueError, RuntimeError):
+        return False
+    return True
+
+
+def _no_slot_message(name: str, params: list[inspect.Parameter], first: Any, method: bool) -> str:
+    """The error for a call whose arguments fill every positional parameter, the first not a size:
+    the function was written without the batch size (``def train(model, optimizer)``, called
+    ``train(model, optimizer)``). Why: the error said the batch size was passed and to remove it
+    (``train(optimizer)``), and the call it advised gave the size to ``model``: ``'int' object is
+    not callable``, far from the cause."""
+    names = ", ".join(p.name for p in params)
+    return (
+        f"find_executable_batch_size passes the batch size to `{name}` as its first positional argument"
+        f"{' (after the instance)' if method else ''}, but the call's arguments fill all of `{name}`'s positional "
+        f"parameters ({names}), and its first argument is a {type(first).__name__}, not a batch size: add the batch "
+        f"size as `{name}`'s first parameter, def {name}({'self, ' if method else ''}batch_size, {names}), and keep "
+        "the call as it is"
+    )
 
 
 def caught_message(name: str, size: int, caught: int) -> str:

@@ -32,7 +32,7 @@ from types import TracebackType
 from typing import Any
 
 from ..probe.tracing.trace_state import closure_cells, nested_codes
-from .decorator_state import gradient_state
+from .decorator_accelerate import gradient_state
 
 __all__ = ["KeptLoader"]
 

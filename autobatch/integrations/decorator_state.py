@@ -35,7 +35,8 @@ leaves behind outside the function, and how it is undone before the next attempt
 Torch and Accelerate objects are found by the garbage collector: once at the process's first
 decorated call (a scan costs 20-90 ms in a large process), then after each failure; optimizers
 seen stepping since are known through a global step pre-hook. Nothing is copied: weak references
-and version counters.
+and version counters. What reads Accelerate's shared state, or patches an Accelerator, is
+:mod:`.decorator_accelerate`'s.
 """
 
 from __future__ import annotations
@@ -49,9 +50,11 @@ import torch
 from torch.amp.grad_scaler import OptState, _refresh_per_optimizer_state
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
+from .decorator_accelerate import (ACCELERATORS, accumulation_steps, collect_on_free, gradient_state, put_back_steps,
+                                   restore_free_memory)
 from .decorator_resume import ResumeWatch
 
-__all__ = ["AttemptState", "RetrainedSteps", "accumulation_steps", "gradient_state"]
+__all__ = ["AttemptState", "RetrainedSteps"]
 
 
 class AttemptState:
@@ -89,13 +92,7 @@ class AttemptState:
     def __exit__(self, *exc: object) -> None:
         self.retrained.close()  # the load_state_dict hooks go, whatever happened
         self.resume.__exit__(*exc)  # and the Accelerator's own save/load/skip methods come back
-        for ref, own in self.collecting.values():  # each Accelerator's free_memory as the call found it
-            if (accelerator := ref()) is not None:
-                if own is None:
-                    vars(accelerator).pop("free_memory", None)
-                else:
-                    accelerator.free_memory = own
-        self.collecting.clear()
+        restore_free_memory(self.collecting)  # each Accelerator's free_memory as the call found it
 
     def record(self, size: int | None = None) -> None:
         """At an attempt's start (at batch ``size``): each parameter's gradient (weakly) and its
@@ -104,14 +101,14 @@ class AttemptState:
         if size is not None:
             self.resume.started(size)
         self.retrained.record()
-        for param in _params_of(_known_optimizers()):  # the first call's scan fills _ACCELERATORS too
+        for param in _params_of(_known_optimizers()):  # the first call's scan fills ACCELERATORS too
             if param.grad is not None:
                 self.before[id(param)] = (weakref.ref(param), weakref.ref(param.grad), param.grad._version)
-        self.steps = {id(accelerator): (weakref.ref(accelerator), accelerator.step) for accelerator in list(_ACCELERATORS)
+        self.steps = {id(accelerator): (weakref.ref(accelerator), accelerator.step) for accelerator in list(ACCELERATORS)
                       if isinstance(getattr(accelerator, "step", None), int)}
         state = gradient_state()
         self.loaders = list(state.dataloader_references) if state is not None else None
-        self._collect_on_free(list(_ACCELERATORS))  # the last call's bf16 model, before this call's first attempt
+        self._collect_on_free(list(ACCELERATORS))  # the last call's bf16 model, before this call's first attempt
 
     def note_failure(self) -> None:
         """In the failed attempt's ``except`` handler, while its frames are alive: the live
@@ -154,7 +151,7 @@ class AttemptState:
                 lost += 1
             param.grad = None
         _forget_unscaled(scalers, live)
-        self._put_back_steps(accelerators)
+        put_back_steps(self.steps, accelerators)
         self._collect_on_free(accelerators)
         if self.loaders is not None and (state := gradient_state()) is not None:
             state.dataloader_references = self.loaders  # the failed loop's loader is no longer active
@@ -177,58 +174,8 @@ class AttemptState:
     def _collect_on_free(self, accelerators: list[Any]) -> None:
         """Each of ``accelerators`` (once) gets, until the call ends, a ``free_memory`` that runs
         ``gc.collect()`` after Accelerate's (module description: the failed attempt's model, held
-        by a cycle, outlived the ``free_memory()`` at the function's top). Held weakly: no cycle."""
-        for accelerator in accelerators:
-            if id(accelerator) in self.collecting or not callable(getattr(accelerator, "free_memory", None)):
-                continue
-            ref, own = weakref.ref(accelerator), vars(accelerator).get("free_memory")
-
-            def free_memory(*objects: Any, _ref: weakref.ref = ref, _own: Any = own,
-                            _call: weakref.ref = weakref.ref(self)) -> Any:
-                target = _ref()
-                freed = _own(*objects) if _own is not None else type(target).free_memory(target, *objects)
-                gc.collect()  # what the lists Accelerate emptied held, cycles too
-                if (call := _call()) is not None:
-                    call._freed()  # where the attempt starts (started)
-                return freed
-
-            accelerator.free_memory = free_memory
-            self.collecting[id(accelerator)] = (ref, own)
-
-    def _put_back_steps(self, accelerators: list[Any]) -> None:
-        """Each Accelerator's ``step`` as the attempt found it; one the attempt's start did not know
-        (made after the process's first decorated call) back to its window's start."""
-        for accelerator in accelerators:
-            step = getattr(accelerator, "step", None)
-            if not isinstance(step, int):
-                continue
-            ref, before = self.steps.get(id(accelerator), (None, None))
-            if ref is not None and ref() is accelerator:
-                accelerator.step = before
-            else:
-                window = getattr(accelerator, "gradient_accumulation_steps", 1)
-                accelerator.step = step - step % window if isinstance(window, int) and window > 1 else step
-            _ACCELERATORS.add(accelerator)
-
-
-def gradient_state() -> Any | None:
-    """Accelerate's shared ``GradientState`` (every Accelerator's ``gradient_state``), or None where
-    Accelerate is not imported or no Accelerator made it (none is created here)."""
-    module = sys.modules.get("accelerate.state")
-    kind = getattr(module, "GradientState", None)
-    if not isinstance(kind, type) or not getattr(kind, "_shared_state", None):
-        return None
-    state = kind()  # binds the shared state that exists; changes nothing
-    return state if isinstance(getattr(state, "dataloader_references", None), list) else None
-
-
-def accumulation_steps(*, live: bool = False) -> int:
-    """The micro-batches an ``accelerate.Accelerator`` accumulates a step
-    (``gradient_accumulation_steps``, shared by every Accelerator of the process); 1 without one.
-    ``live``: 1 too where no Accelerator the scans found is alive (the shared state outlives them)."""
-    state = gradient_state() if not live or len(_ACCELERATORS) else None
-    steps = getattr(state, "num_steps", 1) if state is not None else 1
-    return steps if isinstance(steps, int) and steps > 0 else 1
+        by a cycle, outlived the ``free_memory()`` at the function's top), then :meth:`_freed`."""
+        collect_on_free(self.collecting, accelerators, weakref.WeakMethod(self._freed))
 
 
 def _forget_unscaled(scalers: list[torch.amp.GradScaler], optimizers: list[torch.optim.Optimizer]) -> None:
@@ -255,18 +202,16 @@ def _forget_unscaled(scalers: list[torch.amp.GradScaler], optimizers: list[torch
 #: optimizers whose gradients are recorded at each attempt's start: every live one when the first
 #: decorated call ran, and every one seen stepping since (a global step pre-hook; a set insertion)
 _KNOWN: "weakref.WeakSet[torch.optim.Optimizer]" = weakref.WeakSet()
-#: Accelerators whose ``step`` is recorded at each attempt's start: found by the same scans
-_ACCELERATORS: "weakref.WeakSet[Any]" = weakref.WeakSet()
 _SCANNED: list[bool] = []
 
 
 def _known_optimizers() -> list[torch.optim.Optimizer]:
     """:data:`_KNOWN`, filled by one scan of the live objects on the first call in the process
-    (which fills :data:`_ACCELERATORS` too)."""
+    (which fills :data:`ACCELERATORS` too)."""
     if not _SCANNED:
         optimizers, _, accelerators = _live_objects()
         _KNOWN.update(optimizers)
-        _ACCELERATORS.update(accelerators)
+        ACCELERATORS.update(accelerators)
         register_optimizer_step_pre_hook(lambda optimizer, args, kwargs: _KNOWN.add(optimizer))
         register_optimizer_step_post_hook(_stepped)
         _SCANNED.append(True)

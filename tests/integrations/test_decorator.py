@@ -44,6 +44,30 @@ def test_passing_the_batch_size_is_a_type_error():
     assert "\n" not in str(raised.value) and "`train(model)`" in str(raised.value)  # one line: names, not reprs
 
 
+def test_review38_a_function_without_a_batch_size_parameter_is_told_to_add_it():
+    """``def train(model, optimizer)`` called ``train(model, optimizer)``: the error said the batch size
+    was passed and to call ``train(optimizer)``, which gave the size to ``model`` ('int' object is not callable)."""
+    model = torch.nn.Linear(4, 4)
+
+    @find_executable_batch_size(starting_batch_size=8)
+    def train(model, optimizer):
+        return model
+
+    class Loop:
+        @find_executable_batch_size(starting_batch_size=8)
+        def fit(self, model):
+            return model
+
+    with pytest.raises(TypeError, match=r"its first argument is a Linear, not a batch size: add the batch size as "
+                                        r"`train`'s first parameter, def train\(batch_size, model, optimizer\)") as raised:
+        train(model, None)
+    assert "\n" not in str(raised.value) and "Remove it" not in str(raised.value)
+    with pytest.raises(TypeError, match=r"def fit\(self, batch_size, model\), and keep the call as it is"):
+        Loop().fit(model)
+    with pytest.raises(TypeError, match=r"Batch size was passed into `train` .* `train\(optimizer\)`"):
+        train(torch.tensor(8), None)  # a size, an integer tensor too, is still the caller's to remove
+
+
 def test_a_generator_is_refused_where_it_is_decorated():
     """A generator's steps run while the caller iterates, after the wrapper returned: an OOM there
     would escape the retry, and the record would say a size ran that did not."""
