@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from autobatch import find_max_batch, simulated_memory
-from autobatch.probe.searching.predict import LinearFit
+from autobatch.probe.searching.predict import LinearFit, predictive
 
 from workloads import MemoryCurveStep, ThresholdStep, make_mlp_step
 
@@ -858,3 +858,24 @@ def test_a_transformer_under_adamw_leaps_past_its_optimizer_plateau_and_lands_ex
     assert result.smallest_failed == result.batch_size + 1  # exact: the size above failed
     leap = result.trials[3]
     assert leap.purpose == "fit" and leap.passed and result.trials[2].batch_size < leap.batch_size < result.batch_size
+
+
+def test_review38_a_failed_first_trial_steps_down_by_a_quarter_at_a_few_samples():
+    """At 8 units or fewer a failed first trial steps down by a quarter, not half: a halving's pass
+    lands up to half the boundary below it and bisecting back up runs another pass, each a new
+    size's full step (a SegFormer under 8 GiB, boundary 6: 4 then 6 passed, 3.3-3.9 s each). Above
+    it a start set high still halves."""
+    def search(boundary: int, first: int) -> tuple[int | None, list[int]]:
+        tried: list[int] = []
+
+        def passes(units: int, purpose: str = "") -> bool:
+            tried.append(units)
+            return units <= boundary
+
+        outcome = predictive(passes, lambda units: 1000 + 100 * units, first, 10**6, 1000 + 100 * boundary + 50)
+        return outcome.units, tried
+
+    assert search(6, 8) == (6, [8, 6, 7])  # halving: 8, 4, 6, 7
+    assert search(3, 8) == (3, [8, 6, 4, 3])  # halving: 8, 4, 2, 3 (two passes)
+    assert search(1, 8) == (1, [8, 6, 4, 3, 2, 1])
+    assert search(20, 64) == (20, [64, 32, 16, 24, 20, 21])  # above 8 units, halving as before
