@@ -24,7 +24,7 @@ import sys
 from pathlib import Path
 
 EXACT = {"resnet50": 180, "resnet50_tuned": 180, "vit_b16": 99, "gpt2": 5, "llama": 5,  # H200, 8 GiB cap
-         "clip": 125, "fasterrcnn": 22, "vae": 1532, "unet": 158}
+         "clip": 125, "fasterrcnn": 22, "vae": 1532, "unet": 158, "segformer": 6, "whisper": 24}
 
 
 def run(version: Path, name: str, form: str, start: int, memory_limit: str) -> dict:
