@@ -29,6 +29,7 @@ __all__ = [
     "AcceleratorMemory",
     "SimulatedDeviceMemory",
     "resolve_device",
+    "indexed",
     "default_cpu_budget",
     "memory_for",
     "check_limit_in_simulation",
@@ -66,10 +67,19 @@ def resolve_device(device: str | torch.device | None) -> torch.device:
             current = accelerator.current_accelerator()
             return torch.device(current.type, accelerator.current_device_index())
         return torch.device("cpu")
-    resolved = torch.device(device)
-    if resolved.type != "cpu" and resolved.index is None:
-        resolved = torch.device(resolved.type, torch.accelerator.current_device_index())
-    return resolved
+    return indexed(torch.device(device))
+
+
+def indexed(device: torch.device) -> torch.device:
+    """``device`` with its index: a bare accelerator (``"cuda"``) is the current one
+    (``torch.cuda.current_device()``), as torch places a tensor ``.to("cuda")``; the CPU and
+    ``meta`` keep theirs. Compare devices by this: a bare ``"cuda"`` matched a model on ``cuda:1``
+    while the current device, whose memory was read, was ``cuda:0``."""
+    if device.type in ("cpu", "meta") or device.index is not None:
+        return device
+    if device.type == "cuda":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device(device.type, torch.accelerator.current_device_index())
 
 
 def torch_device(name: str, value: Any) -> None:

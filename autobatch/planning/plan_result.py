@@ -17,7 +17,7 @@ import torch
 from .. import checks
 from ..memory.units import counted
 from ..probe.result import ProbeResult, labelled
-from .accumulation import micro_batch_sizes, split_batch
+from .accumulation import cut_batch, micro_batch_sizes
 from .checkpointing import CheckpointHandle, enable_checkpointing, module_names_for
 
 __all__ = ["Plan", "candidates_table", "short_list", "size_runs", "sizes_text"]
@@ -58,7 +58,12 @@ class Plan:
 
     # -- using the plan -------------------------------------------------------------------
     def split(self, batch: Any) -> list[Any]:
-        """Split a global batch into this plan's micro-batches. A plan whose checkpointing is on
+        """Split a global batch into this plan's micro-batches. A batch of fewer samples than
+        ``global_batch`` (a DataLoader's short last batch, ``drop_last=False``) is cut the same
+        way into fewer micro-batches; one of more samples is one ``ValueError``: it was cut into
+        more micro-batches of the plan's size than ``accumulation_steps`` without a word, so a loop
+        dividing by the plan's steps or ``global_batch`` weighted it wrongly, or trained a global
+        batch other than the one planned. A plan whose checkpointing is on
         nowhere (loaded from JSON and never :meth:`apply`-ed, or :meth:`undo`-ne) warns once: its
         micro-batch was measured with those blocks checkpointed, and without them it may not fit."""
         on = any(handle is not None and handle.active for handle in [self.handle, *self.applied])
@@ -69,7 +74,18 @@ class Plan:
                 f"{counted(len(self.checkpointed_modules), 'module')} ({short_list(self.checkpointed_modules)}), which is not on: "
                 "call plan.apply(model) before training (a plan loaded from JSON does not apply itself), or the "
                 "micro-batch may run out of memory", RuntimeWarning, stacklevel=2)
-        return split_batch(batch, self.micro_batch, balanced=self.balanced)
+        return cut_batch(batch, self._sizes_of)
+
+    def _sizes_of(self, samples: int) -> list[int]:
+        """The micro-batch sizes :meth:`split` cuts a batch of ``samples`` into: at most the plan's
+        ``global_batch`` (per rank where the plan was made for one rank's share of it)."""
+        if samples > self.global_batch:
+            raise ValueError(
+                f"Plan.split: the batch has {samples} samples, more than this plan's global_batch={self.global_batch} "
+                f"(micro_batch={self.micro_batch} x {self.accumulation_steps} accumulation steps): pass batches of at most "
+                f"{self.global_batch} samples (a DataLoader's batch_size={self.global_batch}; under DDP each rank's share), "
+                f"or plan anew with global_batch={samples}")
+        return micro_batch_sizes(samples, self.micro_batch, balanced=self.balanced)
 
     def apply(self, model: Any) -> CheckpointHandle | None:
         """Turn this plan's checkpointing on for ``model`` (e.g. a plan loaded from JSON, or

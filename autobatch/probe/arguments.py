@@ -15,6 +15,7 @@ import torch
 
 from .. import checks
 from ..memory.allocator import LARGE_PAGE_BYTES
+from ..memory.devices import indexed
 from .batch_growth import batch_shapes, shapes_summary
 from .caching.cache_key import sample_batches
 from .train_step import TrainStep
@@ -205,18 +206,26 @@ def _step_on_device(step: object, device: object) -> None:
     """A ``TrainStep`` given a ``device`` that holds none of its model's tensors is one ``ValueError``:
     its trials run where the model is, and the memory read was ``device``'s, so a model left on the CPU
     probed with ``device="cuda"`` passed every trial at no memory and climbed to the search ceiling.
-    A model spread over devices passes where one of its tensors is on ``device``."""
+    A model spread over devices passes where one of its tensors is on ``device``. A bare ``"cuda"`` is
+    the current device (:func:`~autobatch.memory.devices.indexed`), whose memory is read: it passed a
+    model on ``cuda:1`` while ``cuda:0`` was current."""
     if not isinstance(step, TrainStep) or device is None:
         return
     wanted = torch.device(device)
     places = {t.device for t in (*step.model.parameters(), *step.model.buffers())}
-    if not places or any(p.type == wanted.type and wanted.index in (None, p.index) for p in places):
+    if not places:
         return
-    if wanted.type == "cpu" and all(p.type == "cpu" for p in places):
-        return
+    if any(p.type == wanted.type for p in places):  # only then read the current index (none on a CPU-only host)
+        if wanted.type == "cpu":  # one CPU, "cpu:0" or "cpu"
+            return
+        wanted = indexed(wanted)
+        if any(indexed(p) == wanted for p in places):
+            return
     held = ", ".join(sorted(map(str, places)))
-    raise ValueError(f"device={device!r}, but the TrainStep's model is on {held}, where its trials run: move the model "
-                     f"there first (model.to({str(wanted)!r})), or drop device=")
+    current = f" (the current device, {wanted})" if wanted != torch.device(device) else ""
+    raise ValueError(f"device={device!r}{current}, but the TrainStep's model is on {held}, where its trials run: move "
+                     f"the model there first (model.to({str(wanted)!r})), or pass device={held.split(', ')[0]!r} (or drop device=: "
+                     "the model's device is the default)")
 
 
 def hand_loop_of(fn: object, hand_loop: bool | None) -> tuple[bool, list[str]]:

@@ -47,3 +47,13 @@ def test_checkpoint_targets_that_name_no_block_class_say_what_to_pass(targets, e
     model = nn.Sequential(*[nn.Sequential(nn.Linear(4, 4), nn.ReLU()) for _ in range(2)])
     with pytest.raises(error, match=said):
         find_blocks(model, targets)
+
+
+def test_review38_split_takes_a_short_last_batch_and_refuses_a_larger_one():
+    """``Plan.split`` cut a batch larger than the plan's global batch into more micro-batches than
+    ``accumulation_steps`` without a word (a loop weighting by ``global_batch`` trained another
+    batch than planned); a DataLoader's short last batch (``drop_last=False``) still splits."""
+    plan = Plan.from_dict(saved())
+    assert [len(piece) for piece in plan.split(torch.zeros(7, 1))] == [4, 3]
+    with pytest.raises(ValueError, match=r"has 20 samples, more than this plan's global_batch=10 .* at most 10 samples"):
+        plan.split({"x": torch.zeros(20, 1), "y": torch.zeros(20)})

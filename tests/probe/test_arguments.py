@@ -104,6 +104,26 @@ def test_review37_a_step_on_another_device_than_device_is_one_error(monkeypatch)
     assert find_max_batch(_step(), device="cpu:0", memory_limit="64KiB", max_batch=8, cache=False).batch_size == 8
 
 
+def test_review38_a_bare_cuda_is_the_current_device_not_any(monkeypatch):
+    """``device="cuda"`` passed a step whose model is on ``cuda:1`` while ``cuda:0`` was current, whose
+    memory the probe read: a bare accelerator is the current device, compared by index."""
+    from autobatch.probe.arguments import _step_on_device
+
+    step = _step()
+
+    class OnCuda1(torch.nn.Parameter):  # the check reads each tensor's device: this one says cuda:1
+        device = torch.device("cuda", 1)
+
+    step.model.parameters = lambda: iter([OnCuda1(torch.zeros(1))])
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    for device in ("cuda", "cuda:0", torch.device("cuda")):
+        with pytest.raises(ValueError, match=r"model is on cuda:1, .*model\.to\('cuda:0'\)\), or pass device='cuda:1'"):
+            _step_on_device(step, device)
+    _step_on_device(step, "cuda:1")
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
+    _step_on_device(step, "cuda")
+
+
 def test_review37_a_cpu_budget_past_the_hosts_memory_is_one_error(monkeypatch):
     """A ``memory_limit`` on the CPU above the host memory available was never reached: the host's
     allocator failed first (read as the budget's OOM) or the kernel killed the process."""
