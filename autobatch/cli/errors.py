@@ -126,6 +126,7 @@ _CLI_ADVICE = [
     (r"pass multiple_of(=\d+)? \(to find_max_batch or plan\(\), or in a Runner's plan_options\)", r"set probe.multiple_of\1"),
     (r"pass Runner\(min_micro_batch=(\d+)\)", r"set train.min_micro_batch=\1"),
     (r"\(strategy='binary', or 'auto' with estimate_first=False\)", "(probe.strategy=binary)"),
+    (r"Pass strategy='auto' (.*?) start( or | \(at most )max_batch", r"Set probe.strategy=auto \1 probe.start\2probe.max_batch"),
     (FOREACH_ADVICE, "Set +optimizer.foreach=false"),  # probe.foreach's note: the optimizer's key
 ]
 #: The foreach note (:func:`~autobatch.probe.foreach.foreach_note`) where the line is cut: in its own words

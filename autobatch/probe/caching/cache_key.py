@@ -177,32 +177,34 @@ def _settings_read(fn: Any, func: Any) -> dict[str, Any]:
     nor containers or objects (a list of losses it appends to)."""
     found: dict[str, Any] = {}
     code = getattr(func, "__code__", None)  # None: a callable object, keyed by its attributes
-    rebound = {ins.argval for current in nested_codes(code) for ins in dis.get_instructions(current)
-               if ins.opname in ("STORE_DEREF", "DELETE_DEREF", "STORE_GLOBAL", "DELETE_GLOBAL")} if code else set()
+    codes = list(nested_codes(code)) if code else []  # walked once, for every read below
+    rebound = {ins.argval for current in codes for ins in dis.get_instructions(current)
+               if ins.opname in ("STORE_DEREF", "DELETE_DEREF", "STORE_GLOBAL", "DELETE_GLOBAL")}
     for name, value in sorted(closure_cells(func), key=lambda item: item[0]):
         if name not in rebound and _setting(value):
             found[f"cell {name}"] = _describe(value)
     scope = getattr(func, "__globals__", {})
-    for name in sorted({name for current in nested_codes(code) for name in current.co_names} if code else ()):
+    for name in sorted({name for current in codes for name in current.co_names}):
         if name in scope and name not in rebound and _setting(scope[name]):
             found[f"global {name}"] = _describe(scope[name])
     if isinstance(fn, functools.partial):
         found.update({f"argument {index}": _describe(value) for index, value in enumerate(fn.args) if _setting(value)})
         found.update({f"keyword {name}": _describe(value) for name, value in fn.keywords.items() if _setting(value)})
     return {**found, **_attributes_read(fn.func if isinstance(fn, functools.partial) else fn),
-            **_paths_read(fn, func, code, rebound)}
+            **_paths_read(fn, func, code, codes, rebound)}
 
 
-def _paths_read(fn: Any, func: Any, code: Any, rebound: set[str]) -> dict[str, Any]:
+def _paths_read(fn: Any, func: Any, code: Any, codes: list[Any], rebound: set[str]) -> dict[str, Any]:
     """The settings the code reads inside a container or config object (:mod:`.key_reads`): a
     global's or a cell's (``cfg["width"]``, ``args.seq_len``), a ``partial``'s argument's, and one
-    of ``self``'s attributes' (``self.cfg["width"]``) for a bound method or a callable object."""
+    of ``self``'s attributes' (``self.cfg["width"]``) for a bound method or a callable object.
+    ``codes``: ``code`` and the code nested in it (``nested_codes``, empty where ``code`` is None)."""
     roots = {("LOAD_DEREF", name): (f"cell {name}", value)
              for name, value in closure_cells(func) if name not in rebound}
     scope = getattr(func, "__globals__", {})
-    roots.update({("LOAD_GLOBAL", name): (f"global {name}", scope[name]) for current in nested_codes(code)
-                  for name in current.co_names if name in scope and name not in rebound} if code else {})
-    found = paths_read(list(nested_codes(code)), roots, _setting) if code else {}
+    roots.update({("LOAD_GLOBAL", name): (f"global {name}", scope[name]) for current in codes
+                  for name in current.co_names if name in scope and name not in rebound})
+    found = paths_read(codes, roots, _setting)
     owner = getattr(fn.func if isinstance(fn, functools.partial) else fn, "__self__", None)
     top = code
     if owner is None and code is None:  # a callable object: its __call__, on itself

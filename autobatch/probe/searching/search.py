@@ -19,7 +19,6 @@ from ...errors import NoBatchFitsError
 from ...memory.allocator import expandable_segments_on
 from ...memory.devices import SimulatedDeviceMemory
 from ...memory.diagnostics import memory_diagnostics
-from ...memory.units import format_bytes
 from .. import arguments
 from . import strategies
 from ..tracing.estimate import BatchEstimate
@@ -31,6 +30,7 @@ from ..result import ProbeResult
 from ..settling import step_down
 from ..trial import TrialRunner
 from ..trial_notes import growth_hint
+from .untried import ceiling_note, halving_first_note, untried_above_notes
 
 __all__ = ["run_search", "peak_limit", "allocator_headroom", "max_units_of"]
 
@@ -111,12 +111,11 @@ def run_search(
         notes.append(f"{below * multiple_of}, below {walled * multiple_of}: the answer must also pass beside the optimizer "
                      f"state made in its first step, as training from scratch makes it, and {walled * multiple_of} "
                      "did not")
-    notes.extend(_untried_above_notes(runner, fit, largest_passed, failed_above, multiple_of))
+    notes.extend(untried_above_notes(runner, fit, largest_passed, failed_above, multiple_of))
     if max_batch is None and found >= max_units:
-        notes.append(
-            f"reached the search ceiling ({max_units * multiple_of} samples, autobatch.probe.SEARCH_CEILING) "
-            f"with no out-of-memory error below it; {_flat_steps(runner.records) or 'pass max_batch to search higher'}"
-        )
+        notes.append(ceiling_note(runner.records, max_units * multiple_of))
+    elif used == "halving" and found == start_units < max_units:  # halving stops at its first pass
+        notes.append(halving_first_note(largest_passed, max_batch))
     return ProbeResult(
         batch_size=chosen * multiple_of,
         strategy=strategy,
@@ -134,29 +133,6 @@ def run_search(
         fallback_reason=fallback_reason,
         notes=notes,
     )
-
-
-def _untried_above_notes(runner: TrialRunner, fit: dict | None, largest_passed: int, failed_above: list[int],
-                         multiple_of: int) -> list[str]:
-    """Why the size above the answer was not tried, where the search settled it without a trial:
-    the line put it past the peak limit, or the answer's own trial met the allocator's wall."""
-    notes = []
-    settled = (fit or {}).get("settled_above")
-    if settled is not None and settled["batch_size"] == largest_passed + multiple_of:
-        slope = fit.get("refined", fit)["slope_bytes_per_sample"] * multiple_of
-        notes.append(
-            f"{settled['batch_size']} was not tried: the memory line through the two largest passing sizes puts "
-            f"its allocated peak {format_bytes(settled['past_limit_bytes'])} past the peak limit "
-            f"({settled['past_limit_bytes'] / slope:.0%} of its step's bytes per unit), and a step past it fails"
-        )
-    at_wall = (fit or {}).get("at_wall_above")
-    if at_wall is not None and at_wall["batch_size"] == largest_passed + multiple_of and failed_above:
-        notes.append(
-            f"{at_wall['batch_size']} was not tried: {largest_passed}'s own trial made the allocator flush its cache "
-            f"in {runner.passed_record(largest_passed).flushes} of its steps before it settled, below "
-            f"{min(failed_above)}, which kept flushing; a larger step, needing more at the same wall, would not settle"
-        )
-    return notes
 
 
 def _start_units(used: str, start: int | None, max_batch: int | None, multiple_of: int) -> int:
@@ -364,22 +340,3 @@ def _raise_no_fit(runner: TrialRunner, multiple_of: int, device_name: str, capac
         hint=hint,
         diagnostics=memory_diagnostics(runner.memory, failed_trial=smallest),
     )
-
-
-def _flat_steps(records: list) -> str | None:
-    """Why the search reached its ceiling where its passing trials' steps took the same memory
-    above their start at sizes at least 64 times apart: the function does not seem to use its
-    batch size (a ``DataLoader`` built outside it keeps its own ``batch_size``), and "pass
-    max_batch to search higher" was the wrong advice. None where the steps grew, or were not measured."""
-    measured = [(r.batch_size, r.step_peak_bytes - r.resident_bytes) for r in records
-                if r.passed and r.step_peak_bytes is not None and r.resident_bytes is not None]
-    if len(measured) < 3 or max(size for size, _ in measured) < 64 * min(size for size, _ in measured):
-        return None
-    used = [step for _, step in measured]
-    if max(used) > 1.01 * min(used) + 4096:
-        return None
-    return (f"its steps took the same memory at every size tried from {min(s for s, _ in measured)} to "
-            f"{max(s for s, _ in measured)}, so the function does not seem to use the batch size it is given (a "
-            "DataLoader built outside it keeps its own batch_size: build it inside, with batch_size=batch_size); "
-            "if it does, pass max_batch to search higher")
-

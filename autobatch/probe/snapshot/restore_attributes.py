@@ -55,10 +55,12 @@ from ...memory.simulated import host_memory
 
 __all__ = ["TensorAttributes"]
 
+#: a blank ``nn.Module``'s attributes, which both sets below are read from
+_BLANK = vars(torch.nn.Module())
 #: ``nn.Module``'s own bookkeeping (parameters, buffers, submodules, hooks, ``training``)
-_MODULE_KEYS = frozenset(torch.nn.Module().__dict__)
+_MODULE_KEYS = frozenset(_BLANK)
 #: ``nn.Module``'s hook dicts, put back whole (:meth:`TensorAttributes.put_back`)
-_HOOK_KEYS = frozenset(key for key, value in torch.nn.Module().__dict__.items() if "hooks" in key and isinstance(value, dict))
+_HOOK_KEYS = frozenset(key for key, value in _BLANK.items() if "hooks" in key and isinstance(value, dict))
 #: the largest container looked into (a module holding a dataset as a list is not scanned)
 _MOST_ITEMS = 10_000
 _ABSENT = object()
