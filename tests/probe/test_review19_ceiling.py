@@ -1,7 +1,7 @@
 """A plain callable that ignores its batch size (a ``DataLoader`` built outside it) reaches the
 search ceiling with every trial's step taking the same memory: the note says the function does
 not seem to use the size, where it said only "pass max_batch to search higher", the wrong advice
-(``autobatch.probe.searching.search._flat_steps``)."""
+(``autobatch.probe.searching.untried._flat_steps``)."""
 
 from __future__ import annotations
 
