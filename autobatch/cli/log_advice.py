@@ -12,7 +12,8 @@ in :mod:`autobatch.cli.errors` (``_CLI_ADVICE``).
 A resume whose ``train.lr`` or ``optimizer.*`` differs from the checkpoint's logs the runner's
 "...; set them after resuming to change them", which the command line cannot do, beside the
 run's note that says to start afresh instead (:func:`autobatch.cli.resume_state.kept_settings`):
-two lines of contrary advice. The warning's advice is rewritten to the note's.
+two lines of contrary advice. The warning's advice is rewritten to the note's, and so is that of
+a ``scheduler=target`` schedule's settings replaced ("set them on runner.scheduler in on_step_end").
 """
 
 from __future__ import annotations
@@ -24,13 +25,15 @@ from contextlib import contextmanager
 from omegaconf import DictConfig
 
 from ..probe.foreach import FOREACH_LOG_ADVICE
-from ..training.checkpoints.resume_checks import SETTINGS_LOG_ADVICE
+from ..training.checkpoints.resume_checks import SCHEDULE_LOG_ADVICE, SETTINGS_LOG_ADVICE
 
 __all__ = ["advice_in_logs"]
 
 
 #: what a resume from the command line does with the checkpoint's optimizer settings (the run's note says it too)
 _SETTINGS_WORDS = "a resumed run keeps them (start afresh without train.resume to train with others)"
+#: the same for a ``scheduler=target`` schedule's settings (those of a torch scheduler's state)
+_SCHEDULE_WORDS = "start afresh without train.resume to train with this run's"
 
 
 class _OverrideAdvice(logging.Filter):
@@ -40,7 +43,7 @@ class _OverrideAdvice(logging.Filter):
     def __init__(self, override: str) -> None:
         super().__init__()
         self.words = {FOREACH_LOG_ADVICE: f"give {override} to start so (the optimizer's key on the command line)",
-                      SETTINGS_LOG_ADVICE: _SETTINGS_WORDS}
+                      SETTINGS_LOG_ADVICE: _SETTINGS_WORDS, SCHEDULE_LOG_ADVICE: _SCHEDULE_WORDS}
 
     def filter(self, record: logging.LogRecord) -> bool:
         message = record.getMessage()  # the advice comes in as an argument of the record

@@ -291,7 +291,7 @@ class Runner(OomRecovery, SplitsInMultiples, EndsSteps, Resumable, PlansFromData
         continued = self._continued_rng() if resume is None else None
         self._data_generators, self._epoch_batches = data_generators(data), epoch_length(data, 1)
         self._unbatched_note = unbatched_note(data, self.share)  # a batch_size=None stream's size error names it
-        first_epoch = self._hook_failure = None  # not an earlier fit()'s hook error
+        first_epoch = self._hook_failure = self._step_saved = None  # not an earlier fit()'s hook error, nor save
         resumed_rng = self._load(resume) if resume is not None else continued
         if self.micro_batch is None:  # planned on the first batch it trains, then trained: the first epoch's, or
             # a resumed one's where the run stopped before its first plan (an interrupt in it, then save())
@@ -332,7 +332,7 @@ class Runner(OomRecovery, SplitsInMultiples, EndsSteps, Resumable, PlansFromData
             result.elapsed_s = time.perf_counter() - began
         result.stopped = self._ended_early(stopped, epochs, steps)
         if self.checkpoint_dir is not None:
-            self.save()
+            self._save_end()  # not again where its last step's checkpoint_every save holds it
             self._clear_stop()  # one the save's sync points carried, after the run's last step
         self._fill_result()
         log.info("training done: %s (%d this run), %s in %.2f s, %s, micro-batch %d", counted(result.steps, "step"), result.steps_this_run,

@@ -1,5 +1,12 @@
 """What the runner does between steps: count the step, report it, call ``on_step_end``, save it.
 
+The step is counted in ``runner.result`` before the hook (``steps``, ``epochs``, ``samples``,
+``steps_this_run``, the NaN and skipped steps where the loss is read), so a hook reading
+``runner.result.steps`` sees the step that just ended, as ``info["step"]`` does; before,
+``steps`` was set only by a save and at the end of ``fit()``, and read 0 in a fresh run's hooks.
+``fit()``'s last checkpoint is not written again where the ``checkpoint_every`` save of its last
+step holds it already (:meth:`EndsSteps._save_end`).
+
 The step's checkpoint (``checkpoint_every``) is written after its hook: what the hook changes for
 the steps after it (an EMA model in ``extra_state``, a learning rate set by hand, a parameter group
 added to unfreeze a layer) is part of the step, and a resume runs no hook of a step it does not
@@ -64,6 +71,7 @@ class EndsSteps:
     """The runner's work between steps (a mixin of :class:`~autobatch.Runner`, which sets the attributes)."""
 
     _hook_failure: FailedDraw | None = None  # this rank's on_step_end error, not raised yet (distributed)
+    _step_saved: tuple[Any, ...] | None = None  # this fit()'s last checkpoint_every save (_saved_place)
     _nonfinite: tuple[torch.Tensor, torch.Tensor] | None = None  # (steps, first step) with a NaN/inf loss, not read yet
     _warned_nonfinite = False
     _warned_twice = False  # the runner's scheduler stepped outside it too (_note_applied_lrs)
@@ -77,6 +85,7 @@ class EndsSteps:
         result = self.result
         result.steps_this_run += 1
         result.samples += size
+        result.steps, result.epochs = self.step, self.epoch  # current in on_step_end (else set only by a save, the end)
         self._last_loss = loss  # maybe a tensor still being computed: read when reported
         if self.hygiene.after_step(self.step):
             result.empty_cache_fires, result.empty_cache_seconds = self.hygiene.fires, self.hygiene.seconds
@@ -85,6 +94,7 @@ class EndsSteps:
         self._note_loss(loss)
         if on_step_end is not None or progress.shows(self.step):  # the loss is read there anyway
             self._count_nonfinite()
+            self._count_skips()  # result.skipped_steps as of this step, as the hook reads runner.result
         due = self.checkpoint_every and self.checkpoint_dir is not None and self.step % self.checkpoint_every == 0
         try:
             if on_step_end is not None:
@@ -143,6 +153,25 @@ class EndsSteps:
         if self.position == self._epoch_batches and not getattr(self, "_each_step", False):
             self._epoch_iter.end()  # the epoch's last batch: the checkpoint is of the next epoch's start
         self.save()
+        self._step_saved = self._saved_place()
+
+    def _saved_place(self) -> tuple[Any, ...]:
+        """Where a checkpoint written now resumes: the step, and the epoch, position and drawn batch
+        as :meth:`~autobatch.training.checkpoints.resume.Resumable.state_dict` writes them; and
+        whether its result records an early stop (``result.stopped``, ``stop_reason``)."""
+        ended, result = self._epoch_ended(), self.result
+        return (self.step, self.epoch + 1 if ended else self.epoch, 0 if ended else self.position,
+                self._batch_fetched(), result.stopped, result.stop_reason)
+
+    def _save_end(self) -> None:
+        """``fit()``'s last checkpoint, unless the ``checkpoint_every`` save of its last step holds
+        it already: nothing trains, runs a hook or draws a batch after that save, so the same step
+        at the same place is the same state (written twice before, ``result.checkpoints_saved``
+        one too many). An epoch counted finished after it (the data's iterator run to its end
+        there, not by the save) is another place, and a run stopped early another result
+        (``stopped``): written."""
+        if self._step_saved is None or self._step_saved != self._saved_place():
+            self.save()
 
     def _call_hook(self, hook: Callable[[dict[str, Any]], None], info: Callable[[], dict[str, Any]]) -> None:
         """``hook(info())``; under ``torch.distributed`` an error it raises is kept, to be raised

@@ -215,6 +215,32 @@ def test_a_scheduler_added_or_dropped_on_resume_is_warned_about(tmp_path, caplog
     assert "the checkpoint's run had scheduler StepLR and this run has none" in caplog.text
 
 
+def test_review38_a_scheduler_setting_the_checkpoint_replaces_is_warned_once(tmp_path, caplog):
+    """``CosineAnnealingLR(T_max=...)`` given another value on resume ran the checkpoint's without a
+    word (torch's load_state_dict sets it): warned once, naming both values; what is loaded is
+    unchanged, and a resume with the same settings (its counters moved) says nothing."""
+    from omegaconf import OmegaConf
+
+    from autobatch.cli.log_advice import advice_in_logs
+
+    data = batches(64, 16)
+    cosine = lambda t_max: lambda optimizer: torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=t_max)  # noqa: E731
+    runner(micro_batch=8, scheduler=cosine(10), checkpoint_dir=tmp_path).fit(data, steps=2)
+    with caplog.at_level(logging.WARNING, logger="autobatch"):
+        runner(micro_batch=8, scheduler=cosine(10)).fit(data, steps=3, resume=tmp_path)
+        assert "scheduler settings" not in caplog.text
+        resumed = runner(micro_batch=8, scheduler=cosine(50))
+        resumed.fit(data, steps=3, resume=tmp_path)
+    warned = [r.getMessage() for r in caplog.records if "scheduler settings" in r.getMessage()]
+    assert len(warned) == 1 and "replace this run's (CosineAnnealingLR.load_state_dict sets them), and the run goes on " \
+        "with the checkpoint's: T_max 10 (this run: 50); to change them, set them on runner.scheduler" in warned[0]
+    assert resumed.scheduler.T_max == 10  # loaded as before
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="autobatch"), advice_in_logs(OmegaConf.create({})):
+        runner(micro_batch=8, scheduler=cosine(50)).fit(data, steps=3, resume=tmp_path)
+    assert "T_max 10 (this run: 50); start afresh without train.resume to train with this run's" in caplog.text
+
+
 # -- persistent workers ----------------------------------------------------------------------------
 class Loader(list):
     """Stands for a DataLoader (no workers started): its worker settings and batches."""

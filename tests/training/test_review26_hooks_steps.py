@@ -152,3 +152,16 @@ def test_review37_evaluation_that_raises_in_the_hook_leaves_the_model_training()
     modes: list[bool] = []
     runner.fit(_data(), on_step_end=lambda info: modes.append(model.training))
     assert model.training and modes == [True] * 5
+
+
+def test_review38_result_counts_in_the_hook_are_of_the_step_that_ended() -> None:
+    """A hook reading ``runner.result`` saw ``steps`` of before the step (0 in a fresh run: set only by a
+    save and at the end), while ``info["step"]`` said the new one; through an OOM replay too, counted once."""
+    model = _model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    runner = Runner(model, optimizer, _loss, global_batch=8, micro_batch=8, faults=FaultInjector([(1, "backward")]), **QUIET)
+    seen: list[tuple] = []
+    runner.fit(_data(4), on_step_end=lambda info: seen.append(
+        (info["step"], runner.result.steps, runner.result.steps_this_run, runner.result.samples, runner.result.epochs)))
+    assert seen == [(step, step, step, 8 * step, 0) for step in range(1, 5)]
+    assert (runner.result.steps, runner.result.samples, runner.result.epochs) == (4, 32, 1)

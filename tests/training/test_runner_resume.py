@@ -126,13 +126,33 @@ def test_checkpoint_every_n_steps_and_contents(tmp_path):
     model = make_model()
     runner = Runner(model, torch.optim.SGD(model.parameters(), lr=0.1), mse, global_batch=16, micro_batch=8,
                     checkpoint_dir=tmp_path, checkpoint_every=2, progress=False)
-    result = runner.fit(make_data(), epochs=2)  # 6 steps: saves after 2, 4, 6 and at the end
-    assert result.checkpoints_saved == 4 and result.checkpoint_path == str(tmp_path / "last.pt")
+    result = runner.fit(make_data(), epochs=2)  # 6 steps: saves after 2, 4, 6 (the end: not written again)
+    assert result.checkpoints_saved == 3 and result.checkpoint_path == str(tmp_path / "last.pt")
     state = load_checkpoint(tmp_path)
     assert {"model", "optimizer", "scheduler", "rng", "epoch_rng", "step", "epoch", "position", "micro_batch"} <= set(state)
     assert (state["step"], state["epoch"], state["position"], state["micro_batch"]) == (6, 2, 0, 8)
     with pytest.raises(FileNotFoundError):
         load_checkpoint(tmp_path / "missing.pt")
+
+
+@pytest.mark.parametrize("stop", ["steps", "epochs"])
+def test_review38_last_step_on_checkpoint_every_is_written_once(tmp_path, monkeypatch, stop):
+    """A run whose last step is a ``checkpoint_every`` step wrote that checkpoint twice (the step's
+    save, then fit()'s last one, the same state): once now, and it holds the run's end, as a resume
+    reads it (the epoch counted finished, its next one's start), whether ``steps`` or the epochs end it."""
+    from autobatch.training.checkpoints import resume
+
+    writes = []
+    monkeypatch.setattr(resume, "save_checkpoint", lambda state, path: writes.append(state["step"]) or save_checkpoint(state, path))
+    model = make_model()
+    runner = Runner(model, torch.optim.SGD(model.parameters(), lr=0.1), mse, global_batch=16, micro_batch=8,
+                    checkpoint_dir=tmp_path, checkpoint_every=3, progress=False, log_every=None)
+    result = runner.fit(make_data(), **({"steps": 3} if stop == "steps" else {"epochs": 1}))  # 3 steps an epoch
+    assert writes == [3] and result.checkpoints_saved == 1 and sorted(p.name for p in tmp_path.iterdir()) == ["last.pt"]
+    state, now = load_checkpoint(tmp_path), runner.state_dict()
+    assert (state["step"], state["epoch"], state["position"]) == (now["step"], now["epoch"], now["position"]) == (3, 1, 0)
+    assert all(torch.equal(state["model"][key], value) for key, value in now["model"].items())
+    assert torch.equal(state["rng"]["torch"], now["rng"]["torch"]) and state["result"]["checkpoints_saved"] == 1
 
 
 def test_sigkill_at_20_random_moments_resumes_bit_equal(tmp_path):

@@ -5,12 +5,13 @@ another optimizer or scheduler class is refused before anything is loaded (one
 :class:`~autobatch.errors.CheckpointError` naming both classes, not a bare ``KeyError`` a step
 later, nor a scheduler silently running on another one's attributes); a scheduler state that
 does not load is the same error; the checkpoint's place in its epoch is converted to batches of
-this run's global batch; settings the checkpoint replaces, and a data loader whose workers'
-random state no checkpoint holds, are warned about.
+this run's global batch; settings the checkpoint replaces (the optimizer's, the scheduler's),
+and a data loader whose workers' random state no checkpoint holds, are warned about.
 """
 
 from __future__ import annotations
 
+import inspect
 import logging
 from pathlib import Path
 from typing import Any, Iterable
@@ -26,13 +27,17 @@ from ..ranks import unwrap
 
 __all__ = ["precision_of", "warn_changed_precision", "check_fits", "check_kinds", "kind", "load_scheduler", "position_for", "warn_persistent_workers", "warn_replaced_settings",
            "without_wrapper_prefix", "local_module_names",
-           "saved_module", "bare_keys", "keys_as_in", "SETTINGS_LOG_ADVICE"]
+           "saved_module", "bare_keys", "keys_as_in", "SETTINGS_LOG_ADVICE",
+           "SCHEDULE_LOG_ADVICE", "warn_replaced_schedule"]
 
 log = logging.getLogger("autobatch")
 
 #: the advice of the warning that a checkpoint's optimizer settings replace the run's, for Python code;
 #: the command line, which cannot set them after resuming, says it in its own words (autobatch.cli.log_advice)
 SETTINGS_LOG_ADVICE = "set them after resuming to change them"
+#: the same for the scheduler's settings (the attributes its state holds)
+SCHEDULE_LOG_ADVICE = ("to change them, set them on runner.scheduler in on_step_end (the schedule goes on from its "
+                       "current rate), or start afresh")
 
 
 def kind(value: Any) -> str | None:
@@ -88,9 +93,11 @@ def check_fits(model: torch.nn.Module, saved_model: dict[str, Any], optimizer: t
 
 
 def load_scheduler(path: Path, scheduler: Any, saved: dict[str, Any] | None) -> None:
-    """``scheduler.load_state_dict(saved)``; a state it cannot take is a :class:`CheckpointError`."""
+    """``scheduler.load_state_dict(saved)``; a state it cannot take is a :class:`CheckpointError`, and
+    settings of this run's that it replaced are warned about (:func:`warn_replaced_schedule`)."""
     if scheduler is None or saved is None:
         return
+    mine = scheduler.state_dict()  # before the load replaces its settings: compared once it loaded
     try:
         scheduler.load_state_dict(saved)
     except (RuntimeError, ValueError, KeyError, TypeError, AttributeError, IndexError) as exc:
@@ -99,6 +106,39 @@ def load_scheduler(path: Path, scheduler: Any, saved: dict[str, Any] | None) -> 
             path, f"its scheduler state does not fit this run's {kind(scheduler)} ({detail}); resume with the scheduler "
             "it was written with, or start afresh",
         ) from None
+    warn_replaced_schedule(scheduler, saved, mine)
+
+
+#: what a scheduler's state holds that moves as it steps, never compared with the resumed run's
+_SCHEDULE_COUNTERS = frozenset({"last_epoch", "_step_count", "_last_lr", "base_lrs", "_get_lr_called_within_step",
+                                "_is_initial", "T_cur", "T_i", "best", "num_bad_epochs", "cooldown_counter"})
+
+
+def warn_replaced_schedule(scheduler: Any, saved: dict[str, Any], mine: dict[str, Any]) -> None:
+    """Warn, once, where the checkpoint's scheduler settings replace this run's: torch's
+    ``load_state_dict`` sets every attribute its state holds, so a ``CosineAnnealingLR(T_max=...)``
+    or ``StepLR(step_size=...)`` given another value for the resumed run ran the checkpoint's
+    without a word. What is loaded is unchanged. Compared (``mine``: the scheduler's state as this
+    run built it, before the load): plain values (a number, a string, a bool, None) of both
+    states, named as a parameter of the scheduler's constructor (of its class or a base class),
+    which a counter that moves as it steps (:data:`_SCHEDULE_COUNTERS`, a subclass's own) is not. A scheduler whose ``load_state_dict`` is not torch's (the command
+    line's schedules, which name what they replace themselves) is left to it."""
+    if not getattr(type(scheduler).load_state_dict, "__module__", "").startswith("torch."):
+        return
+    settings: set[str] = set()
+    for cls in type(scheduler).__mro__:
+        try:
+            settings |= set(inspect.signature(cls.__dict__["__init__"]).parameters)
+        except (KeyError, TypeError, ValueError):  # no __init__ of its own, or a built-in one
+            continue
+    plain = (int, float, str, bool, type(None))
+    changed = [f"{key} {saved[key]!r} (this run: {value!r})" for key, value in mine.items()
+               if key in settings and key not in _SCHEDULE_COUNTERS and key in saved
+               and isinstance(value, plain) and isinstance(saved[key], plain) and value != saved[key]]
+    if changed:
+        log.warning("resume: the checkpoint's scheduler settings replace this run's (%s.load_state_dict sets them), "
+                    "and the run goes on with the checkpoint's: %s; %s", kind(scheduler), ", ".join(changed),
+                    SCHEDULE_LOG_ADVICE)
 
 
 def position_for(path: Path, state: dict[str, Any], global_batch: int) -> int:
