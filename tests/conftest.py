@@ -20,6 +20,26 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 torch.set_num_threads(1)
 
 
+def _compile_the_package() -> None:
+    """autobatch's modules compiled once, before the tests (in the controller: xdist's workers start
+    after it). Why: under PYTHONDONTWRITEBYTECODE=1 (this project's CI machine) no import writes
+    bytecode, so every process a test starts (the command line, each rank of a distributed test,
+    some hundreds of them) compiled the package from its source again, 0.3-0.5 s a process on 2
+    cores. The files are hash-checked (``CHECKED_HASH``), never stale where a source changes within
+    a second, and go where Python looks for them, ``__pycache__`` beside each module, which git
+    ignores; nothing else gets bytecode (a test's own modules, written and rewritten in its
+    temporary directory, still compile from their source)."""
+    import compileall
+    import py_compile
+
+    compileall.compile_dir(Path(__file__).resolve().parents[1] / "autobatch", quiet=2, force=True,
+                           invalidation_mode=py_compile.PycInvalidationMode.CHECKED_HASH)
+
+
+if "PYTEST_XDIST_WORKER" not in os.environ:
+    _compile_the_package()
+
+
 class LogLines(logging.Handler):
     """A handler keeping every message it is given (for loggers that do not propagate to the root,
     where caplog listens: torch's and Lightning's)."""
