@@ -62,6 +62,7 @@ from .multiples import SplitsInMultiples, multiple_options
 from .pacing import FailedDraw, carried_error
 from .precision import warn_unscaled_float16
 from .progress import Progress
+from .schedule_length import check_schedule_length
 from .oom.recovery import OomRecovery
 from .checkpoints.resume import Resumable, epoch_length
 from .data_size import unbatched_note
@@ -293,6 +294,8 @@ class Runner(OomRecovery, SplitsInMultiples, EndsSteps, Resumable, PlansFromData
         self._unbatched_note = unbatched_note(data, self.share)  # a batch_size=None stream's size error names it
         first_epoch = self._hook_failure = self._step_saved = None  # not an earlier fit()'s hook error, nor save
         resumed_rng = self._load(resume) if resume is not None else continued
+        total = min((n for n in (steps, epoch_length(data, epochs)) if n is not None), default=None)  # what ends first
+        check_schedule_length(self.scheduler, total, self.step, resumed=resume is not None, epochs=epochs, steps=steps)
         if self.micro_batch is None:  # planned on the first batch it trains, then trained: the first epoch's, or
             # a resumed one's where the run stopped before its first plan (an interrupt in it, then save())
             first_epoch = self._plan_first(self._epoch_iterator(data, resumed_rng))
@@ -302,7 +305,6 @@ class Runner(OomRecovery, SplitsInMultiples, EndsSteps, Resumable, PlansFromData
                      self._parallel.world_size(), self.global_batch, self.share, self.micro_batch)
         result = self.result
         result.steps_this_run, result.samples, result.stopped, result.stop_reason = 0, 0, False, None  # not an earlier stop
-        total = min((n for n in (steps, epoch_length(data, epochs)) if n is not None), default=None)  # what ends first
         progress = Progress(total, initial=self.step, bar=self.progress, log_every=self.log_every)
         stopped = False  # request_stop(): agreed by every rank after a step
         try:

@@ -279,3 +279,32 @@ def test_a_resume_at_another_precision_is_warned_about(tmp_path, caplog):
         assert "precision" not in caplog.text
         runner(None).fit(data, steps=4, resume=tmp_path)
     assert "trained with autocast bfloat16 and this run with None" in caplog.text
+
+
+# -- a OneCycleLR shorter than the fit (review 38) -----------------------------------------------
+def one_cycle(total_steps):
+    return lambda optimizer: torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=0.05, total_steps=total_steps)
+
+
+def test_review38_resume_past_the_checkpoints_one_cycle_is_refused_before_a_step(tmp_path):
+    """Epochs raised on a resume, the OneCycleLR built for the new length: the checkpoint's
+    total_steps replaced it, and the run trained to its end, then crashed with torch's 'Tried to
+    step 5 times. The specified number of total steps is 4'. Now one error before any step."""
+    data = batches(64, 16)
+    runner(micro_batch=8, scheduler=one_cycle(4), checkpoint_dir=tmp_path).fit(data, epochs=1)
+    resumed = runner(micro_batch=8, scheduler=one_cycle(8))
+    with pytest.raises(ValueError, match=r"fit\(epochs=2\) trains to step 8, but the scheduler OneCycleLR has "
+                       r"total_steps=4 \(the checkpoint's.*start afresh with OneCycleLR\(total_steps=8\)"):
+        resumed.fit(data, epochs=2, resume=tmp_path)
+    assert resumed.step == 4 and resumed.result.steps_this_run == 0
+
+
+def test_review38_a_one_cycle_shorter_than_a_fresh_fit_is_refused_before_a_step():
+    """Without a resume it trained the cycle's 4 steps, then crashed at the fifth."""
+    fresh = runner(micro_batch=8, scheduler=one_cycle(4))
+    before = [p.detach().clone() for p in fresh.model.parameters()]
+    with pytest.raises(ValueError, match=r"fit\(steps=6\) trains to step 6, .*after step 4: fit\(steps=4\) ends"):
+        fresh.fit(batches(64, 16), steps=6)
+    assert fresh.step == 0 and all(torch.equal(a, b) for a, b in zip(before, fresh.model.parameters()))
+    fresh.fit(batches(64, 16), epochs=1)  # the cycle's length trains
+    assert fresh.step == 4
