@@ -29,7 +29,7 @@ from .transformers_loss import warn_unscaled_accumulation
 from .transformers_resume import (accumulation_setter, accumulation_where, record_split, restore_accumulation, resumed_batch,
                                   resumed_checkpoint, resumed_global_batch, warn_unseen_resume)
 from .transformers_padding import note_padding
-from .transformers_samples import SLICE_ROWS, STREAM_SAMPLES, longest_sample, scan_samples
+from .transformers_samples import SLICE_ROWS, STREAM_SAMPLES, longest_sample, refuse_batched_sample, scan_samples
 from .transformers_schedule import tell_size
 from .transformers_step import TrainerStep, checkpointing_as_train, trainer_key
 
@@ -101,6 +101,7 @@ def fit_batch_size(
     if sample is None and trainer.train_dataset is None:  # an eval-only Trainer: sample= would size training
         raise ValueError("fit_batch_size sizes training and trainer.train_dataset is None: give the Trainer its train_dataset, or pass "
                          "sample=. It does not size evaluation: for trainer.evaluate() alone, set per_device_eval_batch_size yourself")
+    refuse_batched_sample(sample, trainer.train_dataset)  # tokenizer(text, return_tensors='pt'): a batch of one
     sample, short, compared = scan_samples(trainer.train_dataset) if sample is None else (sample, None, None)
     # the Trainer's loop trains the answer, and it cannot replay a step that runs out of memory
     options = {"hand_loop": True, **probe_options, "start": start}

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["SLICE_ROWS", "STREAM_SAMPLES", "longest_sample", "probe_samples", "scan_samples"]
+__all__ = ["SLICE_ROWS", "STREAM_SAMPLES", "longest_sample", "probe_samples", "refuse_batched_sample", "scan_samples"]
 
 log = logging.getLogger("autobatch")
 
@@ -92,6 +92,44 @@ def scan_samples(dataset: Any) -> tuple[Any, Any, bool]:
 
 
 _EMPTY = object()
+
+
+def refuse_batched_sample(sample: Any, dataset: Any) -> None:
+    """One ``ValueError`` where ``sample=`` is a batch of one, not a sample as ``dataset`` yields it: a
+    field with one leading dimension of 1 more than the training set's first sample has
+    (``tokenizer(text, return_tensors="pt")``, shape ``(1, 60)`` where the set holds lists of 60). The
+    collator stacked it into ``(batch, 1, 60)``, and the probe's first trial failed inside the model
+    (a BERT: "too many values to unpack (expected 2)"), naming neither ``sample=`` nor the fix. Only a
+    mapping beside a map-style training set is compared (its first sample, read by index)."""
+    if not isinstance(sample, Mapping) or not isinstance(dataset, Sized) or not hasattr(dataset, "__getitem__") \
+            or len(dataset) == 0:
+        return
+    first = dataset[0]
+    if not isinstance(first, Mapping):
+        return
+    for key, value in sample.items():
+        given, held = _dims(value), _dims(first.get(key))
+        if given is not None and held is not None and given == held + 1 and _leading(value) == 1:
+            raise ValueError(
+                f"fit_batch_size: sample= is a batch of one, not a sample as the training set yields it: its {key!r} "
+                f"has {given} dimensions (the first of size 1) where the training set's have {held}; pass one sample "
+                f"(tokenize without return_tensors='pt', or {{k: v[0] for k, v in sample.items()}})")
+
+
+def _dims(value: Any) -> int | None:
+    """Dimensions of a tensor, array or nested list of numbers (None: text, or not such a value)."""
+    if isinstance(value, torch.Tensor) or _is_array(value):
+        return int(value.ndim)
+    if isinstance(value, numbers.Number):
+        return 0
+    if isinstance(value, Sequence) and not isinstance(value, (str, bytes)):
+        inner = _dims(value[0]) if value else 0
+        return None if inner is None else inner + 1
+    return None
+
+
+def _leading(value: Any) -> int:
+    return int(value.shape[0]) if isinstance(value, torch.Tensor) or _is_array(value) else len(value)
 
 
 def _samples(dataset: Any) -> Iterator[Any]:

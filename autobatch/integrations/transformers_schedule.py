@@ -62,7 +62,8 @@ def tell_size(trainer: Any, before: tuple[Any, int | None], size: int, accumulat
     steps = "" if now is None else f"; train() runs {now[0]} optimizer step(s) ({now[1]:.3g} epoch(s))"
     if now is not None and old is not None and old[0] != now[0]:
         steps += f" where per_device_train_batch_size={before[0]} ran {old[0]}"
-    elif now is not None and old is not None and size * accumulation != before[0] * before[1]:  # max_steps: the samples change
+    elif now is not None and old is not None and args.max_steps > 0 and size * accumulation != before[0] * before[1]:
+        # max_steps: the samples change (by epochs, both sizes train the set num_train_epochs times)
         steps += (f", {now[0] * size * accumulation * world} samples where per_device_train_batch_size={before[0]} "
                   f"trained {old[0] * before[0] * before[1] * world}")
     log.info("fit_batch_size: per_device_train_batch_size=%d, gradient_accumulation_steps=%d: %d samples per "

@@ -80,3 +80,15 @@ def test_review36_a_checkpoint_period_that_no_longer_comes_before_the_end_is_one
     caplog.clear()
     assert _fit(tmp_path, caplog, monkeypatch, max_steps=-1, num_train_epochs=2, save_strategy="steps",
                 save_steps=2)[1] == []
+
+
+def test_review38_an_epoch_run_of_as_many_steps_does_not_say_samples_it_never_trains(tmp_path, caplog, monkeypatch):
+    """By epochs, ``train()`` trains the set ``num_train_epochs`` times at any size; where the size set
+    ran as many steps as the user's (64 samples: 22 and 28 a batch both run 3), the INFO line said
+    ``84 samples where per_device_train_batch_size=22 trained 66``, the ``max_steps`` count, as if the
+    run now trained 20 samples more than the set holds (measured: 100 samples, 16 x 4 set to 18 x 4,
+    one epoch: ``144 samples where ... trained 128``)."""
+    trainer, warnings, told = _fit(tmp_path, caplog, monkeypatch, max_steps=-1, num_train_epochs=1,
+                                   dataloader_drop_last=False, per_device_train_batch_size=22)
+    assert told.endswith("train() runs 3 optimizer step(s) (1 epoch(s)); pass global_batch= to keep a global batch")
+    assert warnings == []

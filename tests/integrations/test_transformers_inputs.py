@@ -263,3 +263,16 @@ def test_review36_a_fast_tokenizers_batch_encoding_keeps_its_encodings():
     torch.testing.assert_close(trained.weight, reference.weight, rtol=1e-12, atol=1e-12)
     assert seen == [8, 8, 4, 4]
     assert autobatch.split_batch(batch, 3)[2].word_ids(1) == batch.word_ids(7)
+
+
+def test_review38_a_batch_of_one_as_sample_is_one_error_before_any_trial(tmp_path, monkeypatch):
+    """``sample=tokenizer(text, return_tensors="pt")`` holds ``(1, 40)`` where the set holds lists of
+    40: the collator stacked ``(batch, 1, 40)`` and the first trial failed inside the model (a BERT:
+    "too many values to unpack (expected 2)"), naming neither ``sample=`` nor what to pass."""
+    from autobatch.integrations.transformers_samples import refuse_batched_sample
+
+    no_probe(monkeypatch)
+    trainer = make_trainer(tmp_path)
+    with pytest.raises(ValueError, match=r"sample= is a batch of one.*'input_ids' has 2 dimensions .* have 1"):
+        fit_batch_size(trainer, sample={"input_ids": torch.ones(1, 40, dtype=torch.long)})
+    refuse_batched_sample({"input_ids": torch.ones(40, dtype=torch.long)}, trainer.train_dataset)  # one sample
