@@ -21,7 +21,7 @@ from .batch_ops import to_device
 from .checkpoints.checkpoint_io import rng_state, set_rng_state
 from .pacing import FailedDraw, carried, carried_error, every_rank_has
 
-__all__ = ["PlansFromData"]
+__all__ = ["PlansFromData", "no_batches"]
 
 log = logging.getLogger("autobatch")
 _NONE = object()  # the data had no first batch
@@ -137,6 +137,11 @@ class PlansFromData:
         self._foreach_planned = True
         return True
 
-    @staticmethod
-    def _no_batches(size: int) -> Any:
-        raise RuntimeError("the runner's TrainStep takes its batches from the data, not make_batch")
+
+def no_batches(size: int) -> Any:
+    """The ``make_batch`` of the runner's ``TrainStep``, which takes its batches from the data: never
+    called for a batch. A function, not a method: the ``TrainStep`` the runner holds would hold the
+    runner (a cycle, :mod:`~autobatch.training.weak_calls`); and as a method it was shadowed by
+    ``Resumable._no_batches`` (the error for data that yields nothing), which returned an error
+    where this raises one."""
+    raise RuntimeError("the runner's TrainStep takes its batches from the data, not make_batch")

@@ -56,13 +56,14 @@ from .checkpoints.extra_state import check_extra_state
 from .oom.faults import FaultInjector
 from .oom.growth import GrowBack
 from .hygiene import CachePolicy
-from .autoplan import PlansFromData
+from .autoplan import PlansFromData, no_batches
 from .inputs import FIT_ALIASES, RUNNER_ALIASES, RUNNER_PLAN_KEYWORDS, capped_micro_batch, check_data, check_optimizer, checked_micro_batch, check_kinds, check_options, model_device, share_of, warn_batch_size, warn_growing_momentum
 from .multiples import SplitsInMultiples, multiple_options
 from .pacing import FailedDraw, carried_error
 from .precision import warn_unscaled_float16
 from .progress import Progress
 from .schedule_length import check_schedule_length
+from .weak_calls import weakly
 from .oom.recovery import OomRecovery
 from .checkpoints.resume import Resumable, epoch_length
 from .data_size import unbatched_note
@@ -206,7 +207,7 @@ class Runner(OomRecovery, SplitsInMultiples, EndsSteps, Resumable, PlansFromData
             min_micro_batch=min_micro_batch, balanced=balanced, per_rank=self.distributed)
         self.grow_after = grow_after
         self.grad_scaler = grad_scaler
-        self.guard = StepGuard(optimizer, step_guard, grad_scaler, room=self._guard_room)
+        self.guard = StepGuard(optimizer, step_guard, grad_scaler, room=weakly(self._guard_room))  # no cycle: weak_calls
         self.buffers = BufferGuard(model, optimizer)  # what forward changed (BatchNorm statistics), undone on a replay
         self.random = StepRandom(self.device)  # the step's random state: a replay draws the same dropout masks
         self.checkpointing_fallback = checkpointing_fallback
@@ -222,7 +223,7 @@ class Runner(OomRecovery, SplitsInMultiples, EndsSteps, Resumable, PlansFromData
         self.no_sync = no_sync
         local = self._parallel.local_module(model)
         self._train_step = TrainStep(
-            local, optimizer, loss_fn, make_batch=self._no_batches, autocast_dtype=checks.dtype("autocast_dtype", autocast_dtype),
+            local, optimizer, loss_fn, make_batch=no_batches, autocast_dtype=checks.dtype("autocast_dtype", autocast_dtype),
             grad_scaler=grad_scaler, max_grad_norm=max_grad_norm,
         )
         warn_unscaled_float16(optimizer, local, self._train_step.autocast_dtype, grad_scaler, self.device)  # lost grads

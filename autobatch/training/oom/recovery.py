@@ -43,6 +43,7 @@ from ...planning.own_checkpointing import own_checkpointing
 from ...probe.snapshot.ddp_reducer import rebuild_before_first_step, reset_failed_reduction
 from ..multiples import round_down
 from ..carried_state import note_carried_state
+from ..weak_calls import weakly
 from .abandon_notes import note_recompile_limit, note_shrunk
 from .optimizer_phase import OptimizerPhase
 from .recovery_vote import VotesRecovery
@@ -119,8 +120,9 @@ class OomRecovery(CountsSkips, WatchesGrads, TellsSplit, VotesRecovery, Optimize
         # where only torch is installed; the runner itself needs tenacity
         from tenacity import Retrying, retry_if_exception, wait_none
 
-        return Retrying(retry=retry_if_exception(self._is_retryable), stop=self._out_of_options, wait=wait_none(),
-                        reraise=True)
+        # weakly: the runner holds this loop, which would hold the runner (weak_calls)
+        return Retrying(retry=retry_if_exception(weakly(self._is_retryable)), stop=weakly(self._out_of_options),
+                        wait=wait_none(), reraise=True)
 
     def _is_retryable(self, exc: BaseException) -> bool:
         if not is_oom_error(exc):
