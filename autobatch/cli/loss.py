@@ -28,7 +28,7 @@ from omegaconf import DictConfig, OmegaConf
 from torch.nn import functional as F
 
 __all__ = ["cross_entropy_loss", "criterion_loss", "build_loss", "check_loss", "loss_text", "TargetOutOfRange",
-           "own_loss_hint"]
+           "TargetShapeMismatch", "own_loss_hint"]
 
 #: The names a user gives a loss of their own under (``train.loss=mypkg.my_loss``, ``criterion: ...``
 #: in a YAML): the command line's key is ``loss``.
@@ -72,6 +72,8 @@ def criterion_loss(criterion: Callable[..., torch.Tensor], model: torch.nn.Modul
         )
     if targets.dtype != torch.long:  # int32 (numpy's on Windows, a .int() label): torch's "expected target dtype
         targets = targets.long()      # to be Long or Byte, but got Int"; the same class ids as int64
+    if logits.shape[:-1].numel() != targets.numel():  # torch's "Expected input batch_size (8) to match target
+        raise TargetShapeMismatch(_shape_mismatch(logits, targets))  # batch_size (128)", raised inside autobatch
     try:
         return criterion(logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1))
     except IndexError as exc:  # torch's "Target 5 is out of bounds." (on the CPU; CUDA asserts instead)
@@ -220,6 +222,26 @@ class TargetOutOfRange(ValueError):
     """A target class id the model's logits have no class for: the data's classes and the
     model's outputs disagree (a config error, not the batch size's; autobatch's own, so the
     probe adds no note about the size it was found at)."""
+
+
+class TargetShapeMismatch(ValueError):
+    """Logits and targets of shapes no flattening pairs up: a classifier over token inputs against the
+    synthetic data's targets, one token id per position (a language model's). A config error, as
+    :class:`TargetOutOfRange` is, so the probe adds no note about the size it was found at."""
+
+
+def _shape_mismatch(logits: torch.Tensor, targets: torch.Tensor) -> str:
+    """What to change when the logits' rows and the targets' class ids differ in number. Before, torch's
+    "Expected input batch_size (8) to match target batch_size (128)" was raised at autobatch's train step."""
+    rows = list(logits.shape[:-1])
+    return (
+        f"the model's logits have shape {list(logits.shape)} and the targets {list(targets.shape)}: the CLI's loss "
+        f"reads the logits' last dimension as the classes and needs one target class id for each of the rest "
+        f"(targets of shape {rows}). Synthetic targets are one class id a sample for model.inputs=tensor, and one "
+        "token id a position for model.inputs=tokens ([batch, data.seq_len], a language model's): give a data.dataset "
+        "whose targets have that shape (a sequence classifier's, one class id a sample), or a model that returns "
+        "logits [batch, ..., classes] for each target"
+    )
 
 
 def _out_of_range(logits: torch.Tensor, targets: torch.Tensor, ignore_index: int = -100) -> str | None:

@@ -86,6 +86,17 @@ _OWN_CLASS = {
 }
 
 
+#: Words for an option that spelling does not bring near it: ``device=gpu`` was told ``did you mean
+#: device=cpu?`` (closest by letters), the opposite of what was meant.
+_SYNONYMS = {"gpu": "cuda"}
+
+
+def _named(value: str, options: typing.Sequence[str]) -> str | None:
+    """The option ``value`` names up to case or a synonym (``GPU``: ``cuda``), else None."""
+    near = {name.lower(): name for name in options}
+    return near.get(value.lower()) or near.get(_SYNONYMS.get(value.lower(), ""))
+
+
 def _option_hint(message: str) -> str:
     """Hydra's "Could not find 'scheduler/Cosine' Available options in 'scheduler': cosine ..." with
     the closest option named (``did you mean scheduler=cosine?``), as for a misspelt key."""
@@ -93,8 +104,7 @@ def _option_hint(message: str) -> str:
     if found is None:
         return _choice_hint(message)
     group, option, options = found.group(1), found.group(2), found.group(3).split()
-    near = {name.lower(): name for name in options}
-    close = near.get(option.lower()) or next(iter(difflib.get_close_matches(option, options, n=1, cutoff=0.6)), None)
+    close = _named(option, options) or next(iter(difflib.get_close_matches(option, options, n=1, cutoff=0.6)), None)
     if close is None and group == "loss" and "." in option:  # loss=mypkg.my_loss: an import path, not an option
         return (f"{message} (loss={option} names no option; a loss of your own by import path: loss._target_={option} "
                 "(+loss._partial_=true for a function of (output, target)))")
@@ -114,7 +124,7 @@ def _choice_hint(message: str) -> str:
     if found is None:
         return message
     key, value, choices = found.group(1), found.group(2), [c.strip() for c in found.group(3).split(",")]
-    same = {choice.lower(): choice for choice in choices}.get(value.lower())
+    same = _named(value, choices)
     return message + (f" (did you mean {key}={same}?)" if same else close_match(value, choices, f"{key}="))
 
 

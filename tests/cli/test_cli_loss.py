@@ -155,3 +155,27 @@ def test_review33_int32_class_ids_train_as_int64_ones():
     model = Returns(lambda x: x)
     tokens, targets = torch.randint(0, 11, (3, 4)), torch.randint(0, 5, (3, 4))
     assert torch.equal(cross_entropy_loss(model, (tokens, targets.int())), cross_entropy_loss(model, (tokens, targets)))
+
+
+def test_review38_a_sequence_classifier_against_token_targets_is_one_line_naming_both_shapes():
+    from autobatch.cli.errors import BAD_INPUT, describe
+    from autobatch.cli.loss import TargetShapeMismatch
+    from autobatch.probe.trial_notes import with_trial_note
+
+    class Classifier(torch.nn.Module):  # a text classifier: one row of logits a sample, [B, C]
+        def __init__(self) -> None:
+            super().__init__()
+            self.embed = torch.nn.Embedding(11, 5)
+            self.head = torch.nn.Linear(5, 4)
+
+        def forward(self, tokens):
+            return self.head(self.embed(tokens).mean(1))
+
+    tokens = torch.randint(0, 11, (8, 16))
+    with pytest.raises(TargetShapeMismatch) as raised:  # the synthetic data's targets: a token id a position
+        cross_entropy_loss(Classifier(), (tokens, torch.randint(0, 4, (8, 16))))
+    assert with_trial_note(raised.value, 8) is raised.value and not getattr(raised.value, "__notes__", None)
+    message, code = describe(raised.value)
+    assert code == BAD_INPUT and "raised at" not in message, message
+    assert message.startswith("the model's logits have shape [8, 4] and the targets [8, 16]") and "data.dataset" in message
+    assert cross_entropy_loss(Classifier(), (tokens, torch.randint(0, 4, (8,)))).isfinite()  # one id a sample still trains

@@ -98,3 +98,11 @@ def test_review37_a_class_given_as_a_groups_option_names_the_target_form():
                                          "model._target_=mynet.Net (+model.<argument>=VALUE for each argument))")
     data = "In 'probe': Could not find 'data/mynet.DS' Available options in 'data': dataset imagenet synthetic"
     assert "+data.dataset._target_=mynet.DS (" in override_hint(data)
+
+
+def test_review38_device_gpu_is_told_cuda_not_the_closest_spelling_cpu():
+    """``device=gpu`` was told ``did you mean device=cpu?`` (the nearest letters), the opposite of what was meant."""
+    hydra = "In 'probe': Could not find 'device/GPU' Available options in 'device': auto cpu cuda"
+    assert override_hint(hydra).endswith("(did you mean device=cuda?)"), override_hint(hydra)
+    omegaconf = ("Error merging override device.type=gpu: Invalid value 'gpu', expected one of [auto, cuda, cpu]")
+    assert override_hint(omegaconf).endswith("(did you mean device.type=cuda?)"), override_hint(omegaconf)
