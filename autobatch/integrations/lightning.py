@@ -34,6 +34,8 @@ from __future__ import annotations
 
 from typing import Any, Callable, Mapping
 
+import torch
+
 try:
     from lightning.pytorch import Callback, LightningModule, Trainer
 except ModuleNotFoundError as exc:  # only this integration needs it: say what to install
@@ -53,7 +55,7 @@ from .global_batch import accumulation_for, cap_at_samples, small_split, split_k
 from .lightning_epochs import (changed_step, check_limit, check_validation, dropped_note, epoch_cap, fit_ended,
                                scheduled_step)
 from .lightning_finder import current_batch_size, finder_options  # noqa: F401 (current_batch_size: its old home)
-from .lightning_loaders import check_loader_follows
+from .lightning_loaders import check_loader_follows, undo_reloaded_draw
 from .lightning_loop import LoopConfirmation, confirm_under_cap
 from .lightning_options import checked_batch_arg_name, checked_probe_options
 from .lightning_resume import changed_samples, dropped_samples, resumed_split
@@ -142,6 +144,7 @@ class AutoBatchSize(Callback):
         self._skipped = False  # fast_dev_run: no probe ran, nothing to save in checkpoints
         self._restored: dict[str, Any] | None = None  # the state a checkpoint restored (load_state_dict)
         self._fitting: tuple[Trainer, LightningModule] | None = None  # from on_fit_start to on_train_start
+        self._redraw: torch.Tensor | None = None  # the RNG state on_fit_start left, where fit re-creates the loader
         self._own, self._sizes = None, None  # the batch attribute and the loaders' sizes at fit start (check_loader_follows)
 
     @property
@@ -170,6 +173,7 @@ class AutoBatchSize(Callback):
 
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._fitting = None
+        undo_reloaded_draw(self._redraw)
         check_loader_follows(trainer, self._own, self.batch_size, self.batch_arg_name, before=self._sizes)
 
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
@@ -180,6 +184,13 @@ class AutoBatchSize(Callback):
             arrange_tuners(trainer, self)
 
     def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        built = trainer.fit_loop._combined_loader is not None  # its iterator made already: one seed drawn
+        self._redraw = None
+        self._fit_start(trainer, pl_module)
+        if built and trainer.fit_loop._combined_loader is None:  # dropped: fit draws that seed again
+            self._redraw = torch.get_rng_state()
+
+    def _fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         world = self._check(trainer, pl_module)
         self._fitting, self.result, self.confirmation = (trainer, pl_module), None, None
         self._replaced, self._fewer, self._skipped, self._sizes = None, None, False, None

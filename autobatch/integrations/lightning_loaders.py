@@ -10,6 +10,13 @@ its confirmation "confirmed" 374 on batches of 2, with nothing said. Lightning's
 ``max_trials`` and returns a size no trial ran). :func:`check_loader_follows` makes that one
 error before the first training step, naming what to change.
 
+:func:`undo_reloaded_draw`: a ``configure_optimizers`` that reads ``trainer.estimated_stepping_batches``
+(a ``OneCycleLR``'s total) makes Lightning build the train loader and its iterator before
+``on_fit_start``, and the iterator draws its base seed from the global RNG. The callback drops that
+loader (re-created at the size set), so ``fit`` drew that seed a second time and the sampler's shuffle
+seed came one draw later: the same seed and size trained other batches, in another order, than
+``fit`` without the callback (a first batch summing to -50.1 where it summed to 2.7).
+
 :func:`check_settable` refuses, at fit start, a batch attribute the size cannot be written to
 (a read-only ``@property def batch_size(self): return self.hparams.batch_size``): the probe ran
 its trials and then failed with Python's bare "property 'batch_size' of 'M' object has no
@@ -21,10 +28,11 @@ from __future__ import annotations
 import inspect
 from typing import Any
 
+import torch
 from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.utilities.parsing import _lightning_get_all_attr_holders
 
-__all__ = ["check_loader_follows", "check_settable", "loader_batch_size"]
+__all__ = ["check_loader_follows", "check_settable", "loader_batch_size", "undo_reloaded_draw"]
 
 
 def loader_batch_size(loader: Any) -> int | None:
@@ -80,3 +88,16 @@ def check_loader_follows(trainer: Trainer, own: Any, size: int | None, name: str
         f"inside train_dataloader() from self.{name} (Lightning calls it again after the size is set), as "
         "Lightning's BatchSizeFinder also requires"
     )
+
+
+def undo_reloaded_draw(saved: torch.Tensor | None) -> None:
+    """At ``on_train_start``: put the global RNG back to ``saved`` (its state when ``on_fit_start``
+    ended) where the only draw since is the one seed ``fit``'s re-created train iterator took (its
+    ``_BaseDataLoaderIter`` draws one int64), so the shuffle draws what ``fit`` without the callback
+    draws. Anything else drawn since (a callback's own randomness) is left as it is."""
+    if saved is None:
+        return
+    now = torch.get_rng_state()
+    torch.set_rng_state(saved)
+    torch.empty((), dtype=torch.int64).random_()  # the draw a DataLoader iterator makes
+    torch.set_rng_state(saved if torch.equal(torch.get_rng_state(), now) else now)

@@ -95,3 +95,36 @@ def test_a_read_only_batch_size_property_is_one_error_before_the_probe():
                                                                                  r"without a setter: add one"):
         trainer(callback).fit(ReadOnly())
     assert callback.result is None and device.oom_count == 0  # refused before any trial (they ran, then it failed)
+
+
+class Shuffled(Tiny):
+    """A OneCycleLR sized from ``estimated_stepping_batches`` (Lightning builds the train loader and
+    its iterator in ``configure_optimizers`` then) and a shuffled train loader; keeps its batches."""
+
+    def training_step(self, batch, index):
+        self.batches = getattr(self, "batches", []) + [batch[0].sum().item()]
+        return super().training_step(batch, index)
+
+    def configure_optimizers(self):
+        optimizer = torch.optim.Adam(self.parameters(), lr=1e-3)
+        steps = self.trainer.estimated_stepping_batches
+        schedule = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=1e-3, total_steps=steps)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
+
+    def train_dataloader(self):
+        return torch.utils.data.DataLoader(self.data, batch_size=self.hparams.batch_size, shuffle=True)
+
+
+def test_review38_fit_shuffles_as_fit_without_the_callback_at_the_size_set():
+    """The callback drops the loader Lightning built before on_fit_start (its iterator had drawn a
+    seed), and fit drew that seed again: the same seed trained other batches than fit at the size."""
+    runs = []
+    for callbacks, size in (([AutoBatchSize(max_batch=16, confirm=False)], 2), ([], 16)):
+        torch.manual_seed(5)
+        module = Shuffled(batch_size=size)
+        fit = pl.Trainer(accelerator="cpu", max_epochs=1, limit_train_batches=2, logger=False, enable_checkpointing=False,
+                         enable_progress_bar=False, enable_model_summary=False, callbacks=callbacks)
+        with simulated_memory(BUDGET):
+            fit.fit(module)  # max_epochs: estimated_stepping_batches builds the loader (under max_steps it does not)
+        runs.append(module.batches)
+    assert runs[0] == runs[1]
