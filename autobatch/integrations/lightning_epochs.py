@@ -258,13 +258,16 @@ def _whole_epoch(trainer: Trainer, samples: int | None) -> int | None:
 
 def _window_fix(samples: int | None, size: int, accumulation: int, drop_last: bool, multiple: int) -> str:
     """``", max_batch=S (N batches an epoch)"``: the largest size below ``size`` (a multiple of
-    ``multiple``) whose epoch of ``samples`` has a multiple of ``accumulation`` batches; empty
-    where ``samples`` is unknown (or limited) or none does."""
+    ``multiple``) whose epoch of ``samples`` is whole windows of ``accumulation`` full batches (with
+    ``drop_last``, a multiple of ``accumulation`` batches; without it, ``samples`` a multiple of
+    ``S x accumulation``); empty where ``samples`` is unknown (or limited) or none does. Why full
+    batches: without ``drop_last``, 512 samples in windows of 2 were answered ``max_batch=511``, two
+    batches of 511 and 1, where Lightning's mean over the window weighs that one sample as the 511."""
     if not samples:
         return ""
     for smaller in range(size // multiple * multiple, 0, -multiple):
         batches = samples // smaller if drop_last else -(-samples // smaller)
-        if batches and batches % accumulation == 0:
+        if batches and batches % accumulation == 0 and (drop_last or samples % smaller == 0):
             return f", max_batch={smaller} ({batches} batches an epoch, a multiple of {accumulation})"
     return ""
 

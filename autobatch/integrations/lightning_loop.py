@@ -101,13 +101,23 @@ class LoopConfirmation:
         """What each run in the loop did (passed or ran out of memory, its steps and peaks)."""
         return "; ".join([
             f"{'passed' if r.passed else 'OOM'} at {r.batch_size} ({r.steps} steps, loop peak "
-            f"{format_bytes(r.peak_bytes)}, {'+' if r.extra_bytes >= 0 else '-'}{format_bytes(abs(r.extra_bytes))} "
-            f"{'beyond' if r.passed else 'at least beyond'} the probed step"
+            f"{format_bytes(r.peak_bytes)}, {_extra(r)}"
             + (f", growing {format_bytes(r.growth_bytes)} a batch over {r.epoch_batches} batches" if r.growth_bytes else "")
             + (", then a validation batch" if r.validated else "")
             + f", {r.seconds:.2f}s)"
             for r in self.runs
         ])
+
+
+def _extra(run: LoopRun) -> str:
+    """The loop's bytes against the probed step, as words: ``+1.75 MiB beyond`` it, or ``267.95 KiB
+    below`` it where the loop's peak stayed under the probe's line (a lower bound from a failed run:
+    ``at least``, or ``at most ... below``). Why: a loop that needed less than the probed step was
+    summarised as ``-267.95 KiB beyond the probed step``."""
+    size = format_bytes(abs(run.extra_bytes))
+    if run.extra_bytes >= 0:
+        return f"{'' if run.passed else 'at least '}+{size} beyond the probed step"
+    return f"{'' if run.passed else 'at most '}{size} below the probed step"
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,8 @@ fails, the search steps down from it, and the checkpoint's samples per optimizer
 into micro-batches that fit (:func:`~.lightning_resume.resumed_split`, one warning). Where it fits,
 the resume is as before plus that one trial of ``steps_per_trial`` steps (``Tiny`` resumed at 256
 under 2 MiB: 0.22-0.28 s for the trial, the resume 0.41-0.56 s against 0.20-0.31 s unchecked).
+A trial that passes is logged as what it was (``confirmed the checkpoint's batch_size=512 in 1
+trial``, :func:`_tell_checked`), not as the search ``find_max_batch`` names in its closing line.
 
 The trial keeps ``margin`` (:func:`with_room`), and with ``confirm`` the size then runs in Lightning's
 own fit loop (:func:`~.lightning_loop.confirm_in_loop`), as a fresh fit's answer does. Why: the
@@ -27,6 +29,7 @@ under the same memory stepped down in its confirmation and trained.
 
 from __future__ import annotations
 
+import logging
 import math
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator, Mapping
@@ -44,6 +47,11 @@ from .lightning_state import SavedState, parked_checkpoint, probing
 from .lightning_step import LightningStep, first_batch
 
 __all__ = ["kept_fits", "probe_trials", "with_room"]
+
+log = logging.getLogger("autobatch")
+
+#: how find_max_batch's closing INFO line begins (held back by :func:`_found_line`)
+_FOUND = "probe found batch "
 
 
 @contextmanager
@@ -90,9 +98,10 @@ def kept_fits(trainer: Trainer, module: LightningModule, size: int, options: Map
     first, sized, _, loaders, _, _ = first_batch(trainer, module, world)
     set_rng_state(saved)
     checked, confirmation = {**options, "start": room, "max_batch": room, "margin": 0.0}, None
-    with probe_trials(trainer, module, first, checked, accumulating=accumulating, prefetch=not sized,
-                      loaders=loaders, own=own, name=name) as (result, state):
+    with _found_line() as held, probe_trials(trainer, module, first, checked, accumulating=accumulating,
+                                             prefetch=not sized, loaders=loaders, own=own, name=name) as (result, state):
         del first
+        _tell_checked(held, result, room, top, size, name, margin)
         fits = min(top, max(multiple, math.floor(result.batch_size * (1.0 - margin)) // multiple * multiple))
         if confirm_steps:
             confirmation = _in_loop(trainer, module, result, fits, state.reset, memory_limit=memory_limit,
@@ -100,6 +109,41 @@ def kept_fits(trainer: Trainer, module: LightningModule, size: int, options: Map
             fits = confirmation.batch_size
     set_rng_state(saved)
     return fits, confirmation
+
+
+@contextmanager
+def _found_line() -> Iterator[list[logging.LogRecord]]:
+    """Hold back :func:`~autobatch.find_max_batch`'s closing INFO line (``probe found batch N with
+    STRATEGY in K trials``) for :func:`_tell_checked` to pass on or replace."""
+    held: list[logging.LogRecord] = []
+
+    def hold(record: logging.LogRecord) -> bool:
+        if not held and isinstance(record.msg, str) and record.msg.startswith(_FOUND):  # the trial's only
+            held.append(record)
+            return False
+        return True
+
+    log.addFilter(hold)
+    try:
+        yield held
+    finally:
+        log.removeFilter(hold)
+
+
+def _tell_checked(held: list[logging.LogRecord], result: ProbeResult, room: int, top: int, size: int,
+                  name: str, margin: float) -> None:
+    """The closing line of :func:`kept_fits`' trial: where it passed at ``room``, what happened
+    (``confirmed the checkpoint's batch_size=512 in 1 trial``); where it failed, the search below it
+    ran and its own line (``held``) is true, so it is passed on. Why: a resume logged ``probe found
+    batch 512 with predict in 1 trials``, naming a search that never ran."""
+    if result.cached or result.batch_size < room:  # a cache hit, or the search ran below room
+        for record in held:
+            log.callHandlers(record)  # past the filter still holding it
+        return
+    what = f"the checkpoint's {name}={size}" if top == size else f"{name}={top} (max_batch, below the checkpoint's {size})"
+    trials = f"{result.num_trials} trial{'' if result.num_trials == 1 else 's'}"
+    log.info("AutoBatchSize: confirmed %s in %s (%.2fs)%s", what, trials, result.elapsed_s,
+             f", tried at {room} to keep margin={margin}" if room > top else "")
 
 
 def with_room(top: int, margin: float, multiple: int) -> int:
