@@ -28,6 +28,7 @@ from ...memory.allocator import expandable_segments, other_allocator_settings
 from ...version import __version__, code_fingerprint
 from .key_backends import attention_backends, compile_settings, cuda_kernel_settings
 from .key_batches import sample_batches
+from .key_config import config_data, is_config
 from .key_reads import paths_read
 from .key_code import (  # noqa: F401 - re-exported: tests and integrations import them from here
     BREADTH, DEPTH, _canonical, _code_hash, _describe, _hash_code, _is_array, _module_tree, class_code, data_code_hash,
@@ -53,7 +54,10 @@ STATE_HYPERPARAMETERS = (
 def user_key(value: Any) -> Any:
     """A ``cache_key`` as JSON-able data, every item at every depth: it names the work (a
     flattened config of 100 keys, a width four levels down), so unlike a closure's cells it is
-    not cut at :data:`DEPTH` or :data:`BREADTH`; what is not a container, by :func:`_describe`."""
+    not cut at :data:`DEPTH` or :data:`BREADTH`; an OmegaConf config (``cache_key=cfg.model``) by its
+    values, as a dict (:mod:`.key_config`); what is not a container, by :func:`_describe`."""
+    if is_config(value):
+        return config_data(value, user_key)
     if isinstance(value, dict):
         return {str(key): user_key(item) for key, item in sorted(value.items(), key=lambda kv: str(kv[0]))}
     if isinstance(value, (list, tuple, set, frozenset)):

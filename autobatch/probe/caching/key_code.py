@@ -4,8 +4,9 @@
 hold (a closure's cells, a ``functools.partial``'s arguments, the globals it names, a bound
 method's object); :func:`_describe` turns a value into JSON-able data that changes when the value
 changes a step's memory (tensors by shape and dtype, modules by their tree and classes' code,
-config objects by their public attributes, to :data:`DEPTH`); :func:`_module_tree` describes a
-model. :mod:`~autobatch.probe.caching.cache_key` builds the key from them.
+config objects by their public attributes, to :data:`DEPTH`, an OmegaConf config by its values:
+:mod:`~autobatch.probe.caching.key_config`); :func:`_module_tree` describes a model.
+:mod:`~autobatch.probe.caching.cache_key` builds the key from them.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from typing import Any
 import torch
 
 from .key_backends import layout_of
+from .key_config import config_data, is_config
 from ..tracing.trace_state import closure_cells, nested_codes
 
 __all__ = ["BREADTH", "DEPTH", "class_code", "data_code_hash", "own_code"]
@@ -101,6 +103,8 @@ def _plain_data(value: Any, depth: int = 0) -> Any:
         return str(value)
     if depth >= DEPTH or isinstance(value, (torch.Tensor, torch.nn.Module, type, types.ModuleType)) or _is_array(value):
         return None
+    if is_config(value):  # a Hydra config's ``seq_len``, as a config object's (:func:`_describe`)
+        return config_data(value, _describe, BREADTH)
     if isinstance(value, (dict, list, tuple, set, frozenset)):
         if len(value) > BREADTH:  # a vocabulary by its length; a memo of batches, as below, by nothing
             first = [item for item, _ in zip(value.values() if isinstance(value, dict) else value, range(BREADTH))]
@@ -229,6 +233,8 @@ def _describe(value: Any, depth: int = 0) -> Any:
         return {"class": type(value).__qualname__, "tree": _digest([_module_tree(value, depth), code])}
     if depth >= DEPTH or isinstance(value, (torch.nn.Module, type)):
         return type(value).__qualname__ if not isinstance(value, type) else value.__qualname__
+    if is_config(value):  # a Hydra config: by its values (its attributes are private), every level
+        return config_data(value, _describe, BREADTH)
     if isinstance(value, dict):
         return {str(key): _describe(item, depth + 1) for key, item in sorted(value.items(), key=lambda kv: str(kv[0]))}
     if isinstance(value, (list, tuple, set, frozenset)):

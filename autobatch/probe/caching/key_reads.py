@@ -7,8 +7,8 @@ the same ``cache_key`` was served the narrower one's answer (959 where 314 fits)
 read are keyed, not the whole container or object: the model, the list of losses or the logger
 beside them would make every call miss, and so would a counter the code writes
 (``stats["calls"] += 1``, ``stats.calls = n``), whose path is left out. An OmegaConf ``DictConfig``
-(a Hydra config: ``cfg.model.width``, ``cfg["width"]``) is read by key too (:func:`_config_child`); before
-review 38 it was not, neither a dict nor an object with the setting in its ``__dict__``, and a wider
+(a Hydra config: ``cfg.model.width``, ``cfg["width"]``) is read by key too
+(:func:`~autobatch.probe.caching.key_config.config_child`); before review 38 it was not, neither a dict nor an object with the setting in its ``__dict__``, and a wider
 config under the same ``cache_key`` was served the narrower one's answer.
 """
 
@@ -20,10 +20,10 @@ from typing import Any, Iterator
 import torch
 
 from .key_code import _describe, _keyed_object, _torchs
+from .key_config import MISSING as _MISSING, config_child, is_config
 
 __all__ = ["paths_read"]
 
-_MISSING = object()
 #: a path step: ("attr", name) for ``.name``, ("item", key) for ``[key]`` with a constant key
 Path = tuple[tuple[str, Any], ...]
 
@@ -73,10 +73,10 @@ def _resolve(value: Any, path: Path) -> Any:
     """What ``path`` reaches from ``value`` through dicts, lists and tuples by item, through
     config objects (:func:`~autobatch.probe.caching.key_code._keyed_object`) by their ``__dict__``
     (no property runs, no ``defaultdict`` grows) and through OmegaConf configs by key
-    (:func:`_config_child`); not through torch's objects or modules."""
+    (:func:`~autobatch.probe.caching.key_config.config_child`); not through torch's objects or modules."""
     for kind, step in path:
-        if _omegaconf(value):
-            value = _config_child(value, step)
+        if is_config(value):
+            value = config_child(value, step)
             if value is _MISSING:
                 return _MISSING
         elif kind == "item":
@@ -95,31 +95,6 @@ def _resolve(value: Any, path: Path) -> Any:
                 return _MISSING
             value = attributes[step]
     return value
-
-
-def _omegaconf(value: Any) -> bool:
-    """Whether ``value`` is an OmegaConf ``DictConfig`` or ``ListConfig`` (a Hydra config), told by its
-    class's module: omegaconf is not imported here, so ``import autobatch`` does not need it."""
-    return any(cls.__name__ in ("DictConfig", "ListConfig") and cls.__module__.startswith("omegaconf.")
-               for cls in type(value).__mro__)
-
-
-def _config_child(config: Any, step: Any) -> Any:
-    """The value at ``step`` of an OmegaConf config, read as the code reads it (``cfg.width`` and
-    ``cfg["width"]`` alike), its interpolation resolved; ``_MISSING`` where the key is absent or
-    mandatory and unset (``???``), or where its interpolation cannot resolve here (``${hydra:...}``
-    outside a Hydra run): that setting is then not keyed, and the code meets the error itself if it reads it."""
-    if any(cls.__name__ == "ListConfig" for cls in type(config).__mro__):
-        if not isinstance(step, int) or not -len(config) <= step < len(config):
-            return _MISSING
-    elif not isinstance(step, (str, int)) or step not in config:
-        return _MISSING
-    try:
-        return config[step]
-    except Exception as error:  # noqa: BLE001 - only OmegaConf's own (its resolution errors); others raise
-        if not type(error).__module__.startswith("omegaconf"):
-            raise
-        return _MISSING
 
 
 def paths_read(codes: list[Any], roots: dict[tuple[str, str], tuple[str, Any]], setting: Any,
