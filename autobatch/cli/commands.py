@@ -43,7 +43,7 @@ from .isolated import isolate_probe, probe_in_child
 from .preflight import flags_first, hydra_help_args
 from .sweep import forget_sweeps
 from .run_dir import check_probe_target, check_train_target, claim_run_dir
-from .user_config import command_line, job_name_override, run_roots
+from .user_config import command_line, help_overrides, job_name_override, run_roots
 from .sharding import per_rank_batch
 from .atomic_write import write_atomic
 from .resume_job import agreed_resume_target, on_every_rank
@@ -368,7 +368,8 @@ def run_app(command: str) -> None:
     register_configs()
     forget_sweeps()  # an earlier command's sweep in this process (main() called again) is not this one's to report
     task, config_name, _ = COMMANDS[command]
-    args = [*sys.argv[1:], *job_name_override(command, sys.argv[1:])]  # probe.log, a probe's summary, for a train config
+    args = [*sys.argv[1:], *job_name_override(command, sys.argv[1:]),  # probe.log, a probe's summary, for a train config
+            *help_overrides(command, sys.argv[1:])]  # and probe's help header
     sys.argv = [sys.argv[0], *flags_first(hydra_help_args(command, args))]  # Hydra's parser wants its flags first
     verbose = [arg.split("=", 1)[1] for arg in sys.argv[1:] if arg.startswith(("hydra.verbose=", "++hydra.verbose="))]
     with hydra_noise_filtered(verbose=bool(verbose) and verbose[-1].strip() not in ("", "false", "False", "null", "[]")):

@@ -18,7 +18,7 @@ from typing import Any, Sequence
 
 from omegaconf import OmegaConf
 
-__all__ = ["NotAnArgument", "set_in", "naming_file"]
+__all__ = ["NotAnArgument", "set_in", "naming_file", "kept_under_missing"]
 
 _FILE = "file://"
 
@@ -96,3 +96,58 @@ def naming_file(exc: NotAnArgument, config_name: str, overrides: Sequence[str]) 
     shown = "; ".join(f"{key} is set in {path}" for key, path in named.items())
     rest = f"; for the others: {exc.fix}" if len(named) < len(files) else ""
     return ValueError(f"{exc.detail}. {shown}: correct or remove {'it' if len(named) == 1 else 'them'} there{rest}")
+
+
+def _leaves(node: Any, prefix: str) -> Any:
+    """``(dotted key, value)`` of each leaf of a plain nested dict (a list is a leaf)."""
+    for key, value in node.items():
+        if isinstance(value, dict) and value:
+            yield from _leaves(value, f"{prefix}{key}.")
+        else:
+            yield f"{prefix}{key}", value
+
+
+def kept_under_missing(config_name: str, overrides: Sequence[str], cfg: Any) -> str | None:
+    """The error (None: nothing to say) for each key that a YAML of the user's own sets to ``???``
+    last, in merge order, and the command line does not set, but that ``cfg`` (the job's composed
+    config) still holds a value for: the one a config before it set, which OmegaConf's merge keeps
+    under a ``???``. The user asked for the key to be given on every run; without this check the
+    run went on at the packaged value (``--cfg job`` shows it) without a word."""
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.types import RunMode
+
+    loader = GlobalHydra.instance().config_loader()
+    try:
+        found = loader.compute_defaults_list(config_name, list(overrides), RunMode.RUN).defaults  # type: ignore[attr-defined]
+    except Exception:  # noqa: BLE001 - compose reports what is wrong with the overrides
+        return None
+    last: dict[str, tuple[Path | None, str]] = {}  # key -> (the user's YAML that sets it ???, who set it before)
+    for entry in found:
+        package = entry.package or ""
+        loaded = None if entry.config_path is None or package.startswith("hydra") else \
+            loader.repository.load_config(config_path=entry.config_path)  # type: ignore[attr-defined]
+        if loaded is None:
+            continue
+        own = str(loaded.path).startswith(_FILE) and loaded.provider not in ("main", "hydra")
+        tree = OmegaConf.to_container(loaded.config, resolve=False)
+        tree = {k: v for k, v in tree.items() if k not in ("defaults", "hydra")}  # type: ignore[union-attr]
+        for key, value in _leaves(tree, f"{package}." if package else ""):
+            before = last.get(key, (None, entry.config_path))[1]
+            path = Path(str(loaded.path)[len(_FILE):]) / f"{entry.config_path}.yaml"
+            last[key] = (path, before) if own and value == "???" else (None, entry.config_path)
+    kept = {}
+    for key, (path, before) in last.items():
+        parent, _, leaf = key.rpartition(".")
+        node = OmegaConf.select(cfg, parent) if parent else cfg
+        if path is None or _given(key, overrides, loader.repository) or not OmegaConf.is_dict(node):  # type: ignore[attr-defined]
+            continue
+        value = OmegaConf.to_container(node, resolve=False).get(leaf, "???")  # type: ignore[union-attr]
+        if value != "???" and not isinstance(value, (dict, list)):
+            kept[key] = (path, before, value)
+    if not kept:
+        return None
+    shown = "; ".join(f"{key}: ??? in {path} (the {value!r} of {before} stays under it)" for key, (path, before, value)
+                      in kept.items())
+    return (f"{shown}: OmegaConf's merge keeps a value already there under a ???, so the run would not ask for "
+            f"{'it' if len(kept) == 1 else 'them'}; set {'it' if len(kept) == 1 else 'each'} on the command line: "
+            + " ".join(f"{key}=VALUE" for key in kept) + " (or give the value in the file)")

@@ -19,7 +19,7 @@ from omegaconf import OmegaConf
 
 from .config import SCHEMAS, ProbeAppConfig, TrainAppConfig
 from .loss import own_loss_hint
-from .schema_keys import close_match
+from .schema_keys import close_match, closest
 
 __all__ = ["override_hint", "delete_hint", "composition_hint", "own_target_hint", "integer_key_hint"]
 
@@ -62,7 +62,7 @@ def override_hint(message: str, exc: BaseException | None = None, overrides: typ
                 f"; {loss}" if loss else close_match(part, fields, prefix))
         schema = typing.get_type_hints(schema).get(part)
         if not dataclasses.is_dataclass(schema):  # a free node, unless a group's option types it (model=gpt)
-            typed = _option_key_hint(message, key, parts[: depth + 1], exc)
+            typed = _option_key_hint(message, key, parts[: depth + 1], exc, overrides)
             if typed != message:
                 return typed
             if len(parts) == len(key.split(".")):  # untyped (model=target, data.dataset): + adds an argument
@@ -208,7 +208,8 @@ def delete_hint(message: str) -> str:
     return f"~{key}: {key} is null already, so there is nothing to remove; set {key}=VALUE to change it"
 
 
-def _option_key_hint(message: str, key: str, node: list[str], exc: BaseException | None) -> str:
+def _option_key_hint(message: str, key: str, node: list[str], exc: BaseException | None,
+                     overrides: typing.Sequence[str] = ()) -> str:
     """For a node that its group's option types (``model=gpt``: ``GPTConfig``; ``optimizer=adamw``),
     the closest key of that schema: Hydra advised ``+model.layrs=2``, which the model's
     constructor then rejects. A node no schema types (``model=target``) keeps the advice:
@@ -223,14 +224,34 @@ def _option_key_hint(message: str, key: str, node: list[str], exc: BaseException
         return message
     where, name = ".".join(node), full[-1]
     keys = [field.name for field in dataclasses.fields(schema) if not field.name.startswith("_")]
+    value = _given_value(message, key, overrides)
+    other = None if closest(name, keys) else _other_option(where, name, schema)
     if not keys and where in _EMPTY_OPTION:  # scheduler=none (the default) has no keys to set
-        given = re.search(rf"use \+{re.escape(key)}=(\S+)", message)
-        value = given.group(1).rstrip(":") if given else "VALUE"
+        option, found = other or (_EMPTY_OPTION[where][1], name)
         return (f"Could not override '{key}': {where} is {_EMPTY_OPTION[where][0]}, which has no keys; choose one "
-                f"first: {where}={_EMPTY_OPTION[where][1]} {key}={value} ({where}= {_EMPTY_OPTION[where][2]})")
+                f"first: {where}={option} {where}.{found}={value} ({where}= {_EMPTY_OPTION[where][2]})")
+    if other is not None:  # sgd's momentum under adamw: `+` would pass it to a class that refuses it
+        option, found = other
+        said = f"{found} is" if found == name else f"did you mean {found}? It is"
+        return (f"Could not override '{key}': {where} ({schema.__name__}) has no key {name!r}; {said} a key of "
+                f"{where}={option}, not of the {where} chosen: choose that one with {where}={option} "
+                f"{where}.{found}={value} ({schema.__name__}'s keys: {', '.join(keys)})")
     return (f"Could not override '{key}': {where} ({schema.__name__}) has no key {name!r}"
             f"{_keys_hint(name, keys, where + '.')} (+{'.'.join(full)}=VALUE passes an argument its _target_ takes that "
             "the schema does not list)")
+
+
+def _other_option(group: str, name: str, chosen: type) -> tuple[str, str] | None:
+    """``(option, key)``: the packaged option of ``group`` other than ``chosen`` whose schema has
+    ``name`` or the key closest to it (``optimizer.momentun`` under adamw: ``("sgd", "momentum")``),
+    else None. Hydra's advice, ``+optimizer.momentun=VALUE``, went on to AdamW, which refused it."""
+    prefix = f"schema_{group}_"
+    options = {schema_name[len(prefix):]: [field.name for field in dataclasses.fields(schema) if not field.name.startswith("_")]
+               for schema_name, schema in SCHEMAS.items() if schema_name.startswith(prefix) and schema is not chosen}
+    exact = [option for option, keys in options.items() if name in keys]  # an exact key before a near one
+    if exact:
+        return exact[0], name
+    return next(((option, found) for option, keys in options.items() if (found := closest(name, keys))), None)
 
 
 #: A group whose option has no keys (the default ``scheduler=none``): (what it is, the option to

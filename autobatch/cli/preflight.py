@@ -40,7 +40,7 @@ from .dict_target import check_dict_target
 from .errors import BAD_INPUT, CLIError, describe, one_line
 from .ignored import ignored_keys, unread_overrides
 from .interpolations import mistyped_interpolation, unresolved_line
-from .key_source import NotAnArgument, naming_file
+from .key_source import NotAnArgument, kept_under_missing, naming_file
 from .override_hints import composition_hint as _composition_hint
 from .override_hints import delete_hint as _delete_hint
 from .override_hints import override_hint as _override_hint
@@ -362,6 +362,10 @@ def check(command: str, args: Sequence[str]) -> None:
                 cfg, directory = _composed(name, job, key)
                 if index == 0 and config_name is not None:
                     warnings += filter(None, [check_extends(command, name, job, cfg), check_self_last(name, job, cfg)])
+                kept = kept_under_missing(name, job, cfg) if config_name is not None else None
+                if kept and not printing:  # a ??? of the user's own over a packaged value (--cfg job: a warning)
+                    raise CLIError(kept)
+                warnings += [kept] if kept and index == 0 else []
                 if resolving:  # what --cfg prints: the job's config, Hydra's node or both
                     _check_resolves(cfg if resolving == "job" else compose(name, overrides=job, return_hydra_config=True))
                 if not printing:

@@ -45,6 +45,7 @@ __all__ = [
     "CONFIG_DIR_FLAGS", "CONFIG_NAME_FLAGS", "CONFIG_PATH_FLAGS", "REQUIRED_KEYS", "config_flags",
     "without_config_flags", "composing", "check_config_name", "check_extends", "rerun_flags", "command_line",
     "run_roots", "sweeper_params", "check_self_last", "given_overrides", "shadowed", "job_name_override",
+    "help_overrides",
 ]  # fmt: skip
 
 CONFIG_DIR_FLAGS = ("-cd", "--config-dir")
@@ -107,6 +108,23 @@ def job_name_override(command: str, args: Sequence[str]) -> list[str]:
     if any(_override_key(arg) == "hydra.job.name" for arg in args):
         return []
     return [f"hydra.job.name={command}"]
+
+
+def help_overrides(command: str, args: Sequence[str]) -> list[str]:
+    """``hydra.help.app_name`` and ``hydra.help.header`` of the packaged ``command`` config, as
+    overrides, for ``--help`` with a ``--config-name`` of the user's own: a config extending
+    ``train`` serves ``probe`` too, and ``probe --help`` printed ``autobatch train`` 's header.
+    A help key the user's YAML sets itself is left to it."""
+    import importlib.resources as resources
+
+    if not {"-h", "--help"} & set(args) or not any(arg.split("=", 1)[0] in CONFIG_NAME_FLAGS for arg in args):
+        return []
+    config_dir, config_name = _flag_value(args, CONFIG_DIR_FLAGS)[0], _flag_value(args, CONFIG_NAME_FLAGS)[0]
+    own_path = Path(config_dir or ".").expanduser() / f"{(config_name or '').removesuffix('.yaml')}.yaml"
+    own = OmegaConf.load(own_path) if config_dir and own_path.is_file() else OmegaConf.create()
+    packaged = OmegaConf.create((resources.files(CONF_MODULE) / f"{command}.yaml").read_text()).hydra.help
+    return [f"hydra.help.{key}='" + str(packaged[key]).replace("'", "\\'") + "'" for key in ("app_name", "header")
+            if OmegaConf.select(own, f"hydra.help.{key}", default=None) is None]
 
 
 def without_config_flags(args: Sequence[str]) -> list[str]:

@@ -16,7 +16,12 @@ from pathlib import Path
 import pytest
 import torch
 
+from hydra import compose
+from hydra.core.override_parser.overrides_parser import OverridesParser
+
 from autobatch.__main__ import main
+from autobatch.cli.key_source import kept_under_missing
+from autobatch.cli.user_config import composing, help_overrides
 
 from conftest import REPO
 
@@ -135,3 +140,40 @@ def test_review34_a_key_its_class_does_not_take_names_the_yaml_that_sets_it(tmp_
     assert named["again"].endswith(f"Set in {tmp_path / 'again.yaml'}: correct or remove it there")  # merged last
     assert given.startswith(head) and given.endswith("Give +model.in_features=16 in its place (~model.in_feature removes "
                                                      "it where a config of yours sets it)")
+
+
+
+def _train_config(directory: Path, name: str, text: str) -> Path:
+    """A config of the user's own named ``name`` in ``directory`` that extends the packaged train."""
+    directory.mkdir(exist_ok=True)
+    (directory / f"{name}.yaml").write_text("defaults:\n  - train\n  - _self_\n" + text)
+    return directory
+
+
+def test_review38_a_missing_value_over_a_packaged_one_is_asked_for(tmp_path):
+    """``train: {lr: ???}`` (to make every run give it): OmegaConf's merge kept the packaged 0.001
+    under the ``???``, and the run trained at it without a word (``--cfg job`` showed 0.001). Now
+    the check asks for train.lr (:func:`preflight.check` raises it; a warning under ``--cfg``)."""
+    conf = _train_config(tmp_path / "myconf", "forced", "train:\n  lr: ???\n  steps: 3\n")
+    with composing("train", str(conf)):
+        cfg = compose("forced")
+        assert cfg.train.lr == 0.001  # what OmegaConf's merge does, and the run read
+        said = kept_under_missing("forced", [], cfg)
+        assert kept_under_missing("forced", ["train.lr=0.1"], cfg) is None  # given on the command line
+    assert f"train.lr: ??? in {conf / 'forced.yaml'} (the 0.001 of train/default" in said, said
+    assert said.endswith("set it on the command line: train.lr=VALUE (or give the value in the file)"), said
+
+
+def test_review38_probe_help_with_a_train_config_names_probe(tmp_path):
+    """A config extending ``train`` serves ``probe`` too: ``probe --help`` printed train's header.
+    The dispatcher now gives Hydra the packaged probe's app name and header (not over the user's own)."""
+    conf = _train_config(tmp_path / "myconf", "mine", "train:\n  steps: 3\n")
+    flags = ["--config-dir", str(conf), "--config-name", "mine"]
+    given = help_overrides("probe", ["--help", *flags])
+    values = {o.key_or_group: o.value() for o in OverridesParser.create().parse_overrides(given)}
+    assert values["hydra.help.app_name"] == "autobatch probe", values
+    assert values["hydra.help.header"].startswith("autobatch probe: find the largest batch size"), values
+    assert help_overrides("probe", flags) == []  # not a --help: nothing added to the run's overrides
+    _train_config(conf, "own", "hydra:\n  help:\n    header: mine\n")
+    assert [o.split("=")[0] for o in help_overrides("probe", ["-h", "-cd", str(conf), "-cn", "own"])] == [
+        "hydra.help.app_name"]

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import pytest
 import torch
+from hydra import compose
 
 import autobatch.cli  # noqa: F401 - registers the schemas, makes autobatch.conf importable
 from autobatch.cli import preflight
 from autobatch.cli.cache_command import main as cache_main
 from autobatch.cli.dict_target import check_dict_target
-from autobatch.cli.errors import CLIError
+from autobatch.cli.errors import CLIError, describe
 from autobatch.cli.override_hints import override_hint
 from autobatch.cli.user_config import composing
 from autobatch.workloads.models import MLP
@@ -106,3 +107,18 @@ def test_review38_device_gpu_is_told_cuda_not_the_closest_spelling_cpu():
     assert override_hint(hydra).endswith("(did you mean device=cuda?)"), override_hint(hydra)
     omegaconf = ("Error merging override device.type=gpu: Invalid value 'gpu', expected one of [auto, cuda, cpu]")
     assert override_hint(omegaconf).endswith("(did you mean device.type=cuda?)"), override_hint(omegaconf)
+
+
+
+@pytest.mark.parametrize("overrides, says", [
+    (["optimizer.momentun=0.9"], "did you mean momentum? It is a key of optimizer=sgd, not of the optimizer chosen: "
+                                 "choose that one with optimizer=sgd optimizer.momentum=0.9"),
+    (["optimizer=sgd", "optimizer.betas=[0.9,0.99]"], "betas is a key of optimizer=adamw"),
+])  # fmt: skip
+def test_review38_a_key_of_another_option_names_that_option(overrides, says):
+    """``optimizer.momentun=0.9`` under the default adamw was told ``+optimizer.momentun=VALUE``,
+    which AdamW then refuses: sgd's momentum (adamw's betas under sgd) is named with its option."""
+    with composing("probe"), pytest.raises(Exception) as raised:
+        compose("probe", overrides=overrides)
+    message = override_hint(describe(raised.value)[0], raised.value, overrides)
+    assert says in message and "+optimizer" not in message, message
