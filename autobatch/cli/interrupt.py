@@ -12,8 +12,8 @@ Any other error mid-run (a dataset that fails at step 900) saves the steps befor
 Saving then is safe: the runner undoes a step it was stopped in (the optimizer's half-applied
 update, the buffers, the random state, the micro-batch) before the exception leaves ``fit``
 (:mod:`autobatch.training.runner`), so the checkpoint holds exactly the steps applied. The step
-hook (its ``metrics.jsonl`` line, a periodic checkpoint) runs with the signals held
-(:meth:`Interrupts.atomic`) so a line is never half-written; an update applied just before its
+hook (its ``metrics.jsonl`` line) and every checkpoint the runner writes (:meth:`Interrupts.holding`)
+run with the signals held (:meth:`Interrupts.atomic`) so neither is ever half-done; an update applied just before its
 hook ran gets its line written here, so ``metrics.jsonl`` lists every step in the checkpoint.
 
 Under ``torch.distributed`` (``torchrun``) a signal does not stop a rank where it is: saving is a
@@ -114,6 +114,19 @@ class Interrupts:
         if self._pending and not self._held:
             self._pending = False
             raise KeyboardInterrupt
+
+    def holding(self, save: Any) -> Any:
+        """``save`` (the runner's ``save``) run inside :meth:`atomic`: a signal during a checkpoint
+        write waits for it. The runner writes the ``train.checkpoint_every`` checkpoints itself,
+        after the step hook (an epoch's last step as the next epoch's start, the end's not written
+        again), where the hook's own ``runner.save()`` used to be held; ``fit()``'s last one, and
+        one it writes as it gives up or stops on request, are held too."""
+
+        def held(*args: Any, **kwargs: Any) -> Any:
+            with self.atomic():
+                return save(*args, **kwargs)
+
+        return held
 
     @property
     def exit_code(self) -> int:

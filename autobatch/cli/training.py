@@ -20,7 +20,10 @@ each rank also writes its shards of each checkpoint (``last.rank<r>-of-<world>.p
 metrics line is the whole step: ``loss``, ``samples`` and ``samples_per_s`` over all ranks,
 ``micro_batch`` and ``accumulation`` per rank, ``ranks`` the number of ranks.
 
-Checkpoints are written from the step hook *after* the step's metrics line, so a run killed
+The runner writes the ``train.checkpoint_every`` checkpoints *after* the step hook that writes
+the step's metrics line (an epoch's last step as the next epoch's start, and the run's last step
+once, not again at the end: before, the hook saved itself and the last step was written twice;
+the signals are held during every write), so a run killed
 at any instant has a metrics line for every step in its checkpoint; on resume, lines after
 the checkpoint (steps that will run again) are dropped, so the file lists every applied
 update exactly once. A run stopped by Ctrl-C, SIGTERM, an out-of-memory error it cannot
@@ -49,6 +52,7 @@ from ..training.checkpoints.sharded_files import base_path
 from ..training.oom.faults import FaultInjector
 from ..training.checkpoints.resume_target import checkpoint_written as _exists, latest_checkpoint, written_at as _written_at
 from ..training.run_result import RunResult
+from ..training.weak_calls import weakly
 from ..training.runner import Runner
 from .atomic_write import write_atomic
 from .build import Workload
@@ -240,7 +244,7 @@ def runner_options(cfg: DictConfig, workload: Workload, out_dir: Path, global_ba
         empty_cache_every=train.empty_cache_every,
         empty_cache_threshold=train.empty_cache_threshold,
         checkpoint_dir=checkpoint_in(out_dir, train.checkpoint_dir).parent,
-        checkpoint_every=None,  # written from the step hook, after the metrics line
+        checkpoint_every=int(train.checkpoint_every) or None,  # after the step hook (its metrics line)
         progress=train.progress,
         log_every=int(train.log_every) or None,
         autocast_dtype=workload.autocast_dtype,
@@ -302,7 +306,7 @@ def run_training(
         runner.result.plan = {**plan.to_dict(), **rank_fields(global_batch)}
         if plan.checkpointing:
             runner.checkpoint_handle = plan.handle  # so checkpoints record the wrap
-    every, delay = int(train.checkpoint_every), float(train.inject_delay)
+    delay = float(train.inject_delay)
     if resume is None:
         torch.manual_seed(cfg.seed)  # training draws the same numbers whether or not a probe ran
     clock = [time.perf_counter()]
@@ -310,12 +314,14 @@ def run_training(
 
     logged: list[int | None] = [None]  # the last step whose line this run wrote
     # under torchrun a signal asks every rank to stop after the same step (autobatch.cli.interrupt)
-    interrupts = Interrupts(defer=runner.request_stop if dist_sync.is_distributed() else None)
+    interrupts = Interrupts(defer=weakly(runner.request_stop) if dist_sync.is_distributed() else None)
+    # a signal waits for a checkpoint being written; weakly, as the runner holds it (training.weak_calls)
+    runner.save = interrupts.holding(weakly(runner.save))
     rates = StepLearningRates(optimizer)
     with rates, _metrics_file(out_dir / METRICS, resumed_step if resume is not None else None) as metrics, interrupts:
 
         def on_step_end(info: dict[str, Any]) -> None:
-            with interrupts.atomic():  # a signal waits for the line (and a checkpoint) to be whole
+            with interrupts.atomic():  # a signal waits for the line to be whole
                 _record(info)
             if delay:  # testing: time to kill the run mid-way; not counted in the next step
                 time.sleep(delay)
@@ -341,8 +347,6 @@ def run_training(
             metrics.write(json.dumps(record) + "\n")
             metrics.flush()
             logged[0] = info["step"]
-            if every and info["step"] % every == 0:
-                runner.save()
 
         steps = None if train.epochs is not None else int(train.steps)
         try:

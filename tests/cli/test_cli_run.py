@@ -61,7 +61,7 @@ def test_train_probes_then_trains_on_the_runner(cli_here, tmp_path):
     metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in metrics] == [1, 2, 3, 4]
     assert all(m["micro_batch"] == probed and m["accumulation"] == 1 and m["samples"] == probed for m in metrics)
-    assert summary["checkpoints_saved"] == 3  # after steps 2 and 4, and at the end
+    assert summary["checkpoints_saved"] == 2  # after steps 2 and 4; the end's is step 4's, not written again
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["last.pt"]
     assert (run / "final_model.pt").is_file()
 
