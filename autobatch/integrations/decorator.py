@@ -59,6 +59,9 @@ A call that returns after its failed attempts stepped an optimizer that the atte
 stepped again (one passed in: each retry runs the function from its top, and the model keeps
 the failed attempts' updates), with no ``load_state_dict`` into it since (a loop that resumes from
 its own checkpoint), is one ``RuntimeWarning`` saying how many steps' samples were trained twice.
+The wrapper reaches itself through a weak reference: naming itself in its own closure was a cycle,
+so it, the user's function and what that closes over (a model built in ``main()``, the Accelerate
+pattern) outlived the last reference until the garbage collector's next full collection (review 38).
 """
 
 from __future__ import annotations
@@ -66,6 +69,7 @@ from __future__ import annotations
 import functools
 import time
 import warnings
+import weakref
 from dataclasses import asdict, dataclass
 from typing import Any, Callable
 
@@ -179,7 +183,7 @@ def find_executable_batch_size(
         collect_mixed_precision()  # a last call's bf16 model (a cycle) failed this call's start
         memory = _instruments(device)
         with LazyStateWatch() as watch, AttemptState(memory, getattr(function, "__name__", "function")) as state:
-            return _attempts(wrapped, watch, memory, state, args, kwargs)
+            return _attempts(itself(), watch, memory, state, args, kwargs)  # alive: it is being called
 
     def _attempts(wrapped: Any, watch: LazyStateWatch, memory: DeviceMemory | None, grads: AttemptState,
                   args: tuple, kwargs: dict) -> Any:
@@ -221,7 +225,7 @@ def find_executable_batch_size(
             _interrupted(wrapped, wrapped.attempts[mine:], first, (time.perf_counter() - began, grads))
             raise
 
-    wrapped.attempts = []  # type: ignore[attr-defined]
+    wrapped.attempts, itself = [], weakref.ref(wrapped)  # type: ignore[attr-defined]  # weakly: module docstring
     wrapped.batch_size = starting_batch_size - starting_batch_size % multiple_of  # type: ignore[attr-defined]
     return wrapped
 

@@ -32,6 +32,7 @@ Requires ``lightning`` (``pip install -e ".[lightning]"`` from the checkout).
 
 from __future__ import annotations
 
+import weakref
 from typing import Any, Callable, Mapping
 
 import torch
@@ -138,7 +139,7 @@ class AutoBatchSize(Callback):
         self.batch_size: int | None = None
         self.accumulation: int | None = None
         self._world = self._largest = 1
-        self._given: tuple[Trainer, int] | None = None  # the Trainer's own accumulate_grad_batches (_given_accumulation)
+        self._given: tuple[weakref.ref[Trainer], int] | None = None  # the Trainer's own accumulate_grad_batches (_given_accumulation)
         self._replaced: str | None = None  # why _apply replaced it (warned once the size is final)
         self._fewer: int | None = None  # the accumulation that would fit where the user's was kept
         self._skipped = False  # fast_dev_run: no probe ran, nothing to save in checkpoints
@@ -309,10 +310,12 @@ class AutoBatchSize(Callback):
     def _given_accumulation(self, trainer: Trainer) -> None:
         """Note the ``accumulate_grad_batches`` the user gave ``trainer`` (kept by :meth:`_apply`
         where it splits ``global_batch`` into micro-batches that fit). A later fit on the same
-        trainer finds the callback's own value there: the user's is the one noted first."""
+        trainer finds the callback's own value there: the user's is the one noted first. The trainer is
+        held weakly: a callback kept to read ``batch_size`` kept the trainer, the module and its
+        optimizer alive after the user dropped them (review 38)."""
         current = trainer.accumulate_grad_batches
-        if self._given is None or self._given[0] is not trainer or current != self.accumulation:
-            self._given = (trainer, current)
+        if self._given is None or self._given[0]() is not trainer or current != self.accumulation:
+            self._given = (weakref.ref(trainer), current)
 
     def _warn_replaced(self) -> None:
         """One warning where the user's ``accumulate_grad_batches`` was replaced (see

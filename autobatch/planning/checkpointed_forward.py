@@ -11,6 +11,7 @@ handle, so ``enable_checkpointing`` (and ``Plan.apply``) on that copy adopts it,
 from __future__ import annotations
 
 import functools
+import weakref
 from typing import Any
 
 import torch
@@ -29,17 +30,30 @@ class _CheckpointedForward:
 
     An object of a module-level class that holds its block (a bound method of a function
     pickled as ``getattr(block, "_checkpointed_forward")``, which fails), so a wrapped model
-    can be pickled; a deepcopy or an unpickled copy holds, and calls, its own block."""
+    can be pickled; a deepcopy or an unpickled copy holds, and calls, its own block.
+
+    It holds the block weakly: the block holds it (``block.forward``), and a strong reference
+    back was a cycle, so a wrapped model dropped without ``undo()`` kept every wrapped block's
+    weights (most of the model) until the garbage collector's next full collection (review 38).
+    The block is alive whenever this is called: it is the block's own forward."""
 
     def __init__(self, module: nn.Module) -> None:
-        self.module = module
+        self._module = weakref.ref(module)
         self.owned = True  # by the handle that installs it
+
+    @property
+    def module(self) -> nn.Module:
+        """The wrapped block."""
+        return self._module()
 
     def __getstate__(self) -> dict[str, Any]:
         # a deepcopy's or an unpickled copy's forward belongs to no handle: enable_checkpointing on the
         # copy adopts it (Plan.apply on a copy of the wrapped model returned an empty handle, and
         # plan.undo() left the copy checkpointed, with no handle that could unwrap it)
-        return {**self.__dict__, "owned": False}
+        return {"module": self.module, "owned": False}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self._module, self.owned = weakref.ref(state["module"]), state.get("owned", False)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         module = self.module

@@ -104,10 +104,12 @@ class Plan:
 
     def undo(self) -> None:
         """Remove the activation checkpointing this plan turned on: on the planned model and on
-        every model :meth:`apply` wrapped (a no-op without it)."""
+        every model :meth:`apply` wrapped (a no-op without it). The handles are let go: a plan kept
+        for its numbers kept the planned model, and its weights, alive after the user dropped it (review 38)."""
         for handle in [self.handle, *reversed(self.applied)]:
             if handle is not None:
                 handle.undo()
+        self.handle = None
         self.applied.clear()
 
     @property
