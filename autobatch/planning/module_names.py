@@ -11,6 +11,7 @@ a pattern, another case). Kept apart from
 from __future__ import annotations
 
 import fnmatch
+import logging
 from collections import Counter
 from typing import Any, Sequence
 
@@ -92,6 +93,18 @@ def unregistered_hint(model: nn.Module) -> str:
             "does not register: autobatch cannot checkpoint them, and model.parameters(), state_dict() and .to() leave "
             "them out (an optimizer built from model.parameters() does not train them); hold them in nn.ModuleList or "
             "nn.ModuleDict (self.blocks = nn.ModuleList([...]))")
+
+
+def unregistered_notes(model: nn.Module) -> list[str]:
+    """The plan's note (a list of one, else empty) for blocks in plain Python attributes (:func:`unregistered_hint`),
+    whatever the plan: one that fits without checkpointing said nothing of them, though the optimizer built from
+    ``model.parameters()`` does not train them and ``model.double()`` / ``.to(device)`` leave them behind. Logged as a
+    warning too. A plan that tries checkpointing says it again, as why nothing was wrapped (that fuller note replaces it)."""
+    hint = unregistered_hint(model)
+    if not hint:
+        return []
+    logging.getLogger("autobatch").warning("plan: %s", hint)
+    return [hint]
 
 
 def misnamed_targets(model: nn.Module, targets: Sequence[Any]) -> str:

@@ -92,8 +92,9 @@ class PlanErrors:
         batch 1 to 7, and its hint did not say so); lower precision only where the step is not
         already under fp16/bf16 autocast; checkpointing where it was not allowed (and
         ``checkpointing``: the hint does not name it already); first, where checkpointing was tried on a
-        model that builds a key/value cache in training, turning that cache off (:func:`.own_checkpointing.cache_note`); last, that a model which
-        checkpoints itself got no second checkpointing (its probes already ran with its own)."""
+        model that builds a key/value cache in training, turning that cache off (:func:`.own_checkpointing.cache_note`). That a model which
+        checkpoints itself got no second checkpointing is the hint's own (:func:`.no_blocks_hint`), which every
+        error of such a model holds (nothing is wrapped): this list said it again, in other words."""
         multiple_of = self.probe_kwargs.get("multiple_of", 1)
         lower = f"a multiple_of below {multiple_of} (no smaller micro-batch was tried), " if multiple_of > 1 else ""
         precision = "" if self.step.autocast_dtype is not None else "lower precision (bf16/fp16 autocast), "
@@ -101,11 +102,8 @@ class PlanErrors:
         wrapped = self.handle is not None and self.handle.modules
         cache = ("model.config.use_cache = False (its key/value cache, built in training, holds what checkpointing "
                  "frees), " if wrapped and cache_note(self.step.model, self.cache) else "")
-        own = own_checkpointing(self.step.model, self.recomputed)
-        itself = (f" (the model checkpoints its own blocks already, {'its code recomputes' if self.recomputed else 'gradient_checkpointing=True on'} {short_list(own)}: "
-                  "autobatch added no checkpointing of its own)" if own and self.allow_checkpointing else "")
         return (f"{cache}{allow}{lower}{precision}a smaller model or sequence length, an optimizer with less state, or a "
-                f"larger memory_limit / device{itself}")
+                "larger memory_limit / device")
 
     def _attempts_error(self, source: NoBatchFitsError, hint: str) -> NoBatchFitsError:
         """``source``'s figures with a new hint, carrying every probe attempt in ``attempts``; where its smallest

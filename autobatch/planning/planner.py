@@ -47,7 +47,8 @@ from .batch_statistics import batch_norm_layers, batch_statistics_note, power_it
 from .checkpointing import (CheckpointHandle, enable_checkpointing, find_blocks, no_blocks_hint, put_back_checkpointing,
                             take_checkpointing)
 from .fastest import ThroughputObjective
-from .own_checkpointing import CacheWatch, cache_note, own_checkpointing
+from .module_names import unregistered_notes
+from .own_checkpointing import CacheWatch, cache_note
 from .plan_errors import PlanErrors
 from .plan_arguments import OBJECTIVES, ragged_message, smallest_batch, validate, validate_timing
 from .plan_result import Plan, candidates_table, short_list, sizes_text
@@ -137,7 +138,7 @@ def plan(
         balanced = False  # balanced sizes would not be multiples; full chunks and a smaller last one
     ragged = isinstance(multiple_of, int) and multiple_of > 1 and global_batch % multiple_of != 0
     planner = _Planner(step, global_batch, cap, checkpoint_targets, probe_kwargs, allow_checkpointing)
-    planner.notes.extend(eval_mode_notes(step) + compiled_plan_notes(step, probe_kwargs.get("hand_loop")))  # the probes' notes, in their results only
+    planner.notes.extend(eval_mode_notes(step) + compiled_plan_notes(step, probe_kwargs.get("hand_loop")) + unregistered_notes(step.model))
     # blocks a plan (or anyone with enable_checkpointing) left wrapped: plan from the plain model,
     # and leave them as given unless the new plan wraps the model itself
     given = take_checkpointing(step.model)  # the same forwards go back: their plan's undo() still owns them
@@ -225,8 +226,8 @@ class _Planner(PlanErrors, ThroughputObjective):
 
     def note(self, note: str | None) -> None:
         """Add ``note`` to the plan's notes, once (each wrap of a plan's probes would repeat it)."""
-        if note is not None and note not in self.notes:
-            self.notes.append(note)
+        if note is not None and note not in self.notes:  # a fuller note replaces one it holds (unregistered_notes)
+            self.notes[:] = [old for old in self.notes if old not in note] + [note]
 
     def unwrap(self) -> None:
         if self.handle is not None:
@@ -298,8 +299,7 @@ class _Planner(PlanErrors, ThroughputObjective):
         if ckpt is not None:
             why = "the global batch fits in one step only with activation checkpointing"
             return self.build(size, True, objective, why, False)
-        wrapped = allow_checkpointing and self.handle is not None and self.handle.modules
-        tried = " even with activation checkpointing" if wrapped else ""
+        tried = " even with activation checkpointing" if allow_checkpointing and self.handle is not None and self.handle.modules else ""
         peak = f" (plainly it peaked at {format_bytes(plain_error.peak_bytes)})" if plain_error.peak_bytes else ""
         why = f"it does not fit in one step{tried}{peak}"
         raise ValueError(ragged_message(size, multiple_of, why))
