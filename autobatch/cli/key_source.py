@@ -14,11 +14,11 @@ Call both inside :func:`autobatch.cli.user_config.composing` (the job's search p
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 from omegaconf import OmegaConf
 
-__all__ = ["NotAnArgument", "set_in", "naming_file", "kept_under_missing"]
+__all__ = ["NotAnArgument", "set_in", "naming_file", "kept_under_missing", "leaves"]
 
 _FILE = "file://"
 
@@ -98,13 +98,13 @@ def naming_file(exc: NotAnArgument, config_name: str, overrides: Sequence[str]) 
     return ValueError(f"{exc.detail}. {shown}: correct or remove {'it' if len(named) == 1 else 'them'} there{rest}")
 
 
-def _leaves(node: Any, prefix: str) -> Any:
-    """``(dotted key, value)`` of each leaf of a plain nested dict (a list is a leaf)."""
-    for key, value in node.items():
-        if isinstance(value, dict) and value:
-            yield from _leaves(value, f"{prefix}{key}.")
-        else:
-            yield f"{prefix}{key}", value
+def leaves(node: object, prefix: str = "") -> Iterator[tuple[str, object]]:
+    """``(dotted key, value)`` of each leaf of a plain nested dict (a list, and an empty dict, is a leaf)."""
+    if isinstance(node, dict) and node:
+        for key, value in node.items():
+            yield from leaves(value, f"{prefix}{key}.")
+    else:
+        yield prefix.rstrip("."), node
 
 
 def kept_under_missing(config_name: str, overrides: Sequence[str], cfg: Any) -> str | None:
@@ -131,7 +131,7 @@ def kept_under_missing(config_name: str, overrides: Sequence[str], cfg: Any) -> 
         own = str(loaded.path).startswith(_FILE) and loaded.provider not in ("main", "hydra")
         tree = OmegaConf.to_container(loaded.config, resolve=False)
         tree = {k: v for k, v in tree.items() if k not in ("defaults", "hydra")}  # type: ignore[union-attr]
-        for key, value in _leaves(tree, f"{package}." if package else ""):
+        for key, value in leaves(tree, f"{package}." if package else "") if tree else ():
             before = last.get(key, (None, entry.config_path))[1]
             path = Path(str(loaded.path)[len(_FILE):]) / f"{entry.config_path}.yaml"
             last[key] = (path, before) if own and value == "???" else (None, entry.config_path)

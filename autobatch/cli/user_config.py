@@ -39,6 +39,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from .conf import CONF_MODULE
 from .errors import CLIError
+from .key_source import leaves
 from .override_text import as_given
 
 __all__ = [
@@ -265,7 +266,7 @@ def check_self_last(config_name: str, overrides: Sequence[str], cfg: DictConfig)
     raw = OmegaConf.to_container(own.config, resolve=False)
     composed = OmegaConf.to_container(cfg, resolve=False, enum_to_str=True)
     given = {_override_key(o) for o in overrides}
-    for key, value in _leaves({k: v for k, v in raw.items() if k not in ("defaults", "hydra")}):  # type: ignore[union-attr]
+    for key, value in leaves({k: v for k, v in raw.items() if k not in ("defaults", "hydra")}):  # type: ignore[union-attr]
         if any(key == g or key.startswith(g + ".") for g in given):
             continue  # the command line set it
         there: object = composed
@@ -275,15 +276,6 @@ def check_self_last(config_name: str, overrides: Sequence[str], cfg: DictConfig)
             return (f"--config-name {config_name} sets {key}: {value}, but the config runs {key}={there}: its defaults "
                     "list puts _self_ before other entries, whose values then override its own; put `- _self_` last")
     return None
-
-
-def _leaves(node: object, prefix: str = "") -> Iterator[tuple[str, object]]:
-    """``(dotted key, value)`` of each leaf of a plain nested dict."""
-    if isinstance(node, dict) and node:
-        for key, value in node.items():
-            yield from _leaves(value, f"{prefix}{key}.")
-    else:
-        yield prefix.rstrip("."), node
 
 
 def sweeper_params(config_name: str, overrides: Sequence[str]) -> list[str]:
