@@ -308,3 +308,54 @@ def test_review38_a_one_cycle_shorter_than_a_fresh_fit_is_refused_before_a_step(
     assert fresh.step == 0 and all(torch.equal(a, b) for a, b in zip(before, fresh.model.parameters()))
     fresh.fit(batches(64, 16), epochs=1)  # the cycle's length trains
     assert fresh.step == 4
+
+
+# -- schedulers inside SequentialLR / ChainedScheduler (review 39) ---------------------------------
+def sequential(*make, milestones):
+    return lambda optimizer: torch.optim.lr_scheduler.SequentialLR(optimizer, [m(optimizer) for m in make], milestones)
+
+
+def test_review39_a_one_cycle_inside_sequential_or_chained_lr_is_refused_before_a_step():
+    """A OneCycleLR inside SequentialLR or ChainedScheduler was not looked at: the fit trained to the
+    cycle's end, then crashed with torch's 'Tried to step 5 times'. After milestone 3 a
+    total_steps=4 cycle lasts to step 7; lambdas and multipliers, which run on, are left alone."""
+    lr = torch.optim.lr_scheduler
+    warm = lambda optimizer: lr.LinearLR(optimizer, 0.1, total_iters=3)  # noqa: E731
+    in_sequence = sequential(warm, one_cycle(4), milestones=[3])
+    runner(micro_batch=8, scheduler=in_sequence).fit(batches(112, 16), steps=7)  # the cycle's length trains
+    refused = runner(micro_batch=8, scheduler=in_sequence)
+    with pytest.raises(ValueError, match=r"fit\(steps=8\) trains to step 8, but the scheduler OneCycleLR \(SequentialLR's "
+                       r"scheduler 1 after its milestone 3\) has total_steps=4 .*after step 7.*OneCycleLR\(total_steps=5\)"):
+        refused.fit(batches(128, 16), steps=8)
+    assert refused.step == 0
+    chained = lambda optimizer: lr.ChainedScheduler([warm(optimizer), one_cycle(4)(optimizer)])  # noqa: E731
+    with pytest.raises(ValueError, match=r"OneCycleLR \(ChainedScheduler's scheduler 1\) has total_steps=4 .*after step 4"):
+        runner(micro_batch=8, scheduler=chained).fit(batches(128, 16), steps=5)
+    running_on = sequential(lambda o: lr.LambdaLR(o, lambda s: 1.0), lambda o: lr.MultiplicativeLR(o, lambda s: 0.99),
+                            milestones=[1])
+    assert runner(micro_batch=8, scheduler=running_on).fit(batches(128, 16), steps=8).steps_this_run == 8
+
+
+def test_review39_a_setting_inside_sequential_lr_the_checkpoint_replaces_is_warned(tmp_path, caplog):
+    """SequentialLR's load_state_dict loads its schedulers' states and its milestones: a T_max (or
+    milestone) given anew on resume was replaced without a word. Now named, with the scheduler."""
+    lr = torch.optim.lr_scheduler
+    data = batches(64, 16)
+
+    def schedule(t_max, milestone):
+        return sequential(lambda o: lr.LinearLR(o, 0.1, total_iters=2),
+                          lambda o: lr.CosineAnnealingLR(o, T_max=t_max), milestones=[milestone])
+
+    running_on = sequential(lambda o: lr.LambdaLR(o, lambda s: 1.0), lambda o: lr.MultiplicativeLR(o, lambda s: 0.99),
+                            milestones=[1])
+    runner(micro_batch=8, scheduler=schedule(10, 2), checkpoint_dir=tmp_path).fit(data, steps=3)
+    runner(micro_batch=8, scheduler=running_on, checkpoint_dir=tmp_path / "lambdas").fit(data, steps=3)
+    with caplog.at_level(logging.WARNING, logger="autobatch"):
+        runner(micro_batch=8, scheduler=schedule(10, 2)).fit(data, steps=4, resume=tmp_path)
+        runner(micro_batch=8, scheduler=running_on).fit(data, steps=4, resume=tmp_path / "lambdas")
+        assert "scheduler settings" not in caplog.text
+        resumed = runner(micro_batch=8, scheduler=schedule(50, 3))
+        resumed.fit(data, steps=4, resume=tmp_path)
+    assert "(SequentialLR.load_state_dict sets them), and the run goes on with the checkpoint's: milestones [2] (this " \
+        "run: [3]), _schedulers[1] (CosineAnnealingLR) T_max 10 (this run: 50); to change them" in caplog.text
+    assert resumed.scheduler._schedulers[1].T_max == 10  # loaded as before

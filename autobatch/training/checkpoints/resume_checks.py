@@ -119,12 +119,28 @@ def warn_replaced_schedule(scheduler: Any, saved: dict[str, Any], mine: dict[str
     ``load_state_dict`` sets every attribute its state holds, so a ``CosineAnnealingLR(T_max=...)``
     or ``StepLR(step_size=...)`` given another value for the resumed run ran the checkpoint's
     without a word. What is loaded is unchanged. Compared (``mine``: the scheduler's state as this
-    run built it, before the load): plain values (a number, a string, a bool, None) of both
+    run built it, before the load): :func:`_replaced_settings`, inside a ``SequentialLR`` or
+    ``ChainedScheduler`` too (their ``load_state_dict`` loads each of their schedulers', and a
+    ``SequentialLR`` its ``milestones``), each named with the scheduler that holds it. A scheduler
+    whose ``load_state_dict`` is not torch's (the command line's schedules, which name what they
+    replace themselves) is left to it."""
+    changed = _replaced_settings(scheduler, saved, mine, "")
+    if changed:
+        log.warning("resume: the checkpoint's scheduler settings replace this run's (%s.load_state_dict sets them), "
+                    "and the run goes on with the checkpoint's: %s; %s", kind(scheduler), ", ".join(changed),
+                    SCHEDULE_LOG_ADVICE)
+
+
+def _replaced_settings(scheduler: Any, saved: Any, mine: Any, where: str) -> list[str]:
+    """The settings of ``scheduler`` (and of the schedulers it holds, ``where``: the path to it,
+    '' at the top) that ``saved`` replaces: plain values (a number, a string, a bool, None) of both
     states, named as a parameter of the scheduler's constructor (of its class or a base class),
-    which a counter that moves as it steps (:data:`_SCHEDULE_COUNTERS`, a subclass's own) is not. A scheduler whose ``load_state_dict`` is not torch's (the command
-    line's schedules, which name what they replace themselves) is left to it."""
-    if not getattr(type(scheduler).load_state_dict, "__module__", "").startswith("torch."):
-        return
+    which a counter that moves as it steps (:data:`_SCHEDULE_COUNTERS`, a subclass's own) is not;
+    a ``SequentialLR``'s ``milestones``; each scheduler of a ``SequentialLR`` or ``ChainedScheduler``
+    (``_schedulers`` of both states, as many) compared as one of its own."""
+    if not (isinstance(saved, dict) and isinstance(mine, dict)
+            and getattr(type(scheduler).load_state_dict, "__module__", "").startswith("torch.")):
+        return []
     settings: set[str] = set()
     for cls in type(scheduler).__mro__:
         try:
@@ -132,13 +148,19 @@ def warn_replaced_schedule(scheduler: Any, saved: dict[str, Any], mine: dict[str
         except (KeyError, TypeError, ValueError):  # no __init__ of its own, or a built-in one
             continue
     plain = (int, float, str, bool, type(None))
-    changed = [f"{key} {saved[key]!r} (this run: {value!r})" for key, value in mine.items()
+    changed = [f"{where}{key} {saved[key]!r} (this run: {value!r})" for key, value in mine.items()
                if key in settings and key not in _SCHEDULE_COUNTERS and key in saved
                and isinstance(value, plain) and isinstance(saved[key], plain) and value != saved[key]]
-    if changed:
-        log.warning("resume: the checkpoint's scheduler settings replace this run's (%s.load_state_dict sets them), "
-                    "and the run goes on with the checkpoint's: %s; %s", kind(scheduler), ", ".join(changed),
-                    SCHEDULE_LOG_ADVICE)
+    if isinstance(scheduler, torch.optim.lr_scheduler.SequentialLR) and "_milestones" in saved \
+            and list(saved["_milestones"]) != list(mine.get("_milestones", [])):
+        changed.append(f"{where}milestones {list(saved['_milestones'])} (this run: {list(mine.get('_milestones', []))})")
+    inner, theirs, ours = getattr(scheduler, "_schedulers", None), saved.get("_schedulers"), mine.get("_schedulers")
+    if isinstance(scheduler, (torch.optim.lr_scheduler.SequentialLR, torch.optim.lr_scheduler.ChainedScheduler)) \
+            and all(isinstance(x, (list, tuple)) for x in (inner, theirs, ours)) and len(inner) == len(theirs) == len(ours):
+        for index, (child, saved_child, mine_child) in enumerate(zip(inner, theirs, ours)):
+            changed += _replaced_settings(child, saved_child, mine_child,
+                                          f"{where}_schedulers[{index}] ({kind(child)}) ")
+    return changed
 
 
 def position_for(path: Path, state: dict[str, Any], global_batch: int) -> int:
