@@ -66,6 +66,7 @@ from .plan_arguments import validate_timing
 from .plan_result import speed_text
 from ..memory.oom import free_memory, is_oom_error
 from ..probe.snapshot.restore import Snapshot
+from ..probe.snapshot.restore_places import unskipped
 
 __all__ = [
     "Candidate",
@@ -270,6 +271,9 @@ def measure_candidates(
                 best = min((c.seconds_per_step for c in candidates if c.seconds_per_step and c.error is None),
                            default=None)
                 bound = None if best is None else PRUNE_FACTOR * best
+                # at scale 1, as the probe's trials: from a large scale (init_scale=2**40) every timed step overflowed
+                # and skipped its optimizer step, so the timing held neither that step nor its state
+                unskipped([getattr(step, "grad_scaler", None)])
                 error = _time(step, candidate, global_batch, warmup_steps, timed_steps, timer, hooks, bound, agreed)
                 if error is not None:
                     step.clear_grads()

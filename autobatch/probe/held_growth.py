@@ -28,6 +28,12 @@ A callable that makes its model and optimizer at each call and steps once frees 
 state when the call ends: no trial ran a forward pass beside it, as training does from its second
 step (2103 answered where a loop that keeps AdamW's state trains 1495, the model counted). Where
 every optimizer seen stepped once and made state, :func:`fresh_optimizer_note` says so.
+
+A ``TrainStep`` with an enabled fp16 ``GradScaler`` whose gradients are inf or NaN in every trial
+(a ``make_batch`` whose samples hold an inf or a NaN; the trials run at scale 1, so not the scale)
+never reaches ``optimizer.step()``: the scaler skips it, no state is made, and the answer (an MLP
+under AdamW capped at 60 000 bytes: 37, where 27 trains) holds none. Where such a step's trials
+called no optimizer step at all, :func:`skipped_steps_note` says so.
 """
 
 from __future__ import annotations
@@ -41,7 +47,7 @@ from .content_peaks import drawn_shapes
 from .train_step import TrainStep
 
 __all__ = ["HeldGrowth", "held_growth_note", "left_out_notes", "returned_loss_note", "stepped_nothing_note",
-           "fresh_optimizer_note"]
+           "fresh_optimizer_note", "skipped_steps_note"]
 
 #: Steps a trial must have run to tell growth from lazily made state (made in the first step or two).
 MIN_STEPS = 3
@@ -135,8 +141,25 @@ def stepped_nothing_note(fn: object, watch: Any) -> str | None:
 
 def left_out_notes(fn: object, growth: HeldGrowth, watch: Any) -> list[str | None]:
     """A plain callable's notes on state its trials never held: :func:`returned_loss_note` (no
-    optimizer stepped) and :func:`stepped_nothing_note` (the steps found no gradient)."""
-    return [returned_loss_note(growth, watch.steps_seen), stepped_nothing_note(fn, watch), fresh_optimizer_note(fn, watch)]
+    optimizer stepped), :func:`stepped_nothing_note` (the steps found no gradient), :func:`fresh_optimizer_note`
+    and :func:`skipped_steps_note` (a ``TrainStep``'s grad scaler skipped every step)."""
+    return [returned_loss_note(growth, watch.steps_seen), stepped_nothing_note(fn, watch), fresh_optimizer_note(fn, watch),
+            skipped_steps_note(fn, growth, watch)]
+
+
+def skipped_steps_note(fn: object, growth: HeldGrowth, watch: Any) -> str | None:
+    """The note on a ``TrainStep`` with an enabled grad scaler whose trials' steps ran and never
+    stepped its optimizer (``watch.stepped()``; the estimate's traces step copies of it): the
+    scaler found inf or NaN gradients in every one, at scale 1, and skipped it, so the answer
+    holds no optimizer state; None otherwise."""
+    scaler = getattr(fn, "grad_scaler", None) if isinstance(fn, TrainStep) else None
+    calls = sum(len(steps) for steps in growth.steps.values())
+    if scaler is None or not scaler.is_enabled() or not calls or any(o is fn.optimizer for o in watch.stepped()):
+        return None
+    return (f"the grad scaler skipped the optimizer step in every trial ({calls} steps): the gradients were inf or NaN "
+            "even at scale 1 (does make_batch build samples holding inf or NaN?), so no step made optimizer state "
+            "(AdamW keeps two tensors the size of the parameters), the answer holds none, and training at it can run "
+            "out of memory; have make_batch build finite samples (torch.nan_to_num, or real samples without them)")
 
 
 def fresh_optimizer_note(fn: object, watch: Any) -> str | None:

@@ -8,6 +8,7 @@ ceiling from it.
 
 from __future__ import annotations
 
+import copy
 import itertools
 import logging
 from typing import Any, Iterator
@@ -77,10 +78,10 @@ class PlansFromData:
 
         scaler = self._train_step.grad_scaler
         # the trials step a scaler of their own: the run's keeps its state. A disabled one (GradScaler(enabled=
-        # use_fp16)) holds none (its empty state_dict() was refused by load_state_dict) and changes nothing
+        # use_fp16)) holds none and changes nothing. A copy, not type(scaler)(device): a subclass whose __init__
+        # takes no device raised a bare TypeError, and the older torch.cuda.amp one took the device as init_scale
         if scaler is not None and scaler.is_enabled():
-            scaler, own = type(scaler)(self.device.type), scaler
-            scaler.load_state_dict(own.state_dict())
+            scaler = copy.deepcopy(scaler)
         options = {"device": self.device, "balanced": self.balanced, **self.plan_options}  # the runner's split, planned
         if self.max_micro_batch is not None and self.max_micro_batch < self.share:  # the ceiling caps the plan too
             options["max_batch"] = min(options.get("max_batch") or self.max_micro_batch, self.max_micro_batch)

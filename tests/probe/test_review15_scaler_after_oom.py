@@ -114,3 +114,25 @@ def test_review37_a_train_step_called_again_after_an_oom_in_its_optimizer_step_u
         assert scaler.get_scale() == 2.0**10 and failed  # no inf: the step was taken
         for mine, theirs in zip(model.parameters(), reference.parameters()):
             torch.testing.assert_close(mine, theirs, rtol=1e-3, atol=1e-4)
+
+
+def test_review39_a_train_step_whose_scaler_skipped_every_trial_says_its_answer_holds_no_optimizer_state():
+    """Review 39: a ``make_batch`` whose samples hold a NaN gives inf/NaN gradients at any scale, so
+    the fp16 scaler skipped every trial's ``optimizer.step()``: no AdamW state was made, and the
+    answer (37 under 60 000 bytes, where 27 trains with finite data) said nothing of it."""
+    from torch import nn
+
+    from autobatch import TrainStep
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 256), nn.Tanh(), nn.Linear(256, 1))
+
+    def make_batch(n):
+        x = torch.randn(n, 6)
+        x[0, 0] = float("nan")
+        return x, torch.randn(n, 1)
+
+    step = TrainStep(model, torch.optim.AdamW(model.parameters()), lambda m, b: nn.functional.mse_loss(m(b[0]).float(), b[1]),
+                     make_batch, autocast_dtype=torch.float16, grad_scaler=torch.amp.GradScaler("cpu"))
+    result = find_max_batch(step, memory_limit=60_000, cache=False, estimate_first=False)
+    assert any("skipped the optimizer step in every trial" in note and "make_batch" in note for note in result.notes)

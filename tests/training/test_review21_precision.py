@@ -160,3 +160,22 @@ def test_review34_a_grad_scaler_where_nothing_is_float16_is_warned_about(caplog,
                autocast_dtype=autocast, grad_scaler=torch.amp.GradScaler("cpu"), progress=False)
     told = [r.getMessage() for r in caplog.records]
     assert (told == []) if says is None else (len(told) == 1 and says in told[0] and "grad_scaler=None" in told[0])
+
+
+def test_review39_a_planned_run_copies_a_scaler_subclass_that_takes_no_device():
+    """Review 39: the runner's plan stepped a scaler of its own, built as ``type(scaler)(device)``: a
+    ``GradScaler`` subclass whose ``__init__`` takes no device raised a bare ``TypeError`` from inside
+    ``fit()`` (``S.__init__() takes 1 positional argument but 2 were given``). It is copied now, and
+    the run's scaler keeps its own state through the plan."""
+
+    class Scaler(torch.amp.GradScaler):
+        def __init__(self):
+            super().__init__("cpu", init_scale=2.0**14, growth_interval=2)
+
+    model = _model()
+    scaler = Scaler()
+    runner = Runner(model, torch.optim.SGD(model.parameters(), lr=0.01), _loss, global_batch=G, autocast_dtype="float16",
+                    grad_scaler=scaler, progress=False, log_every=None, plan_options={"memory_limit": 60_000, "cache": False})
+    result = runner.fit(_data(), steps=3)
+    assert result.plan is not None and result.skipped_steps == 1  # batch 2 holds an inf: grown at step 1, backed off at 2
+    assert scaler.state_dict()["scale"] == 2.0**14 and scaler.state_dict()["_growth_tracker"] == 0
