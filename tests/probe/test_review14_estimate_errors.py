@@ -111,3 +111,16 @@ def test_a_compiled_model_is_estimated_uncompiled_and_says_so():
     # "found no compiled frames" (an EstimateError naming _orig_mod) and stayed unable to compile after the trace
     whole = TrainStep(torch.compile(model, fullgraph=True), plain.optimizer, plain.loss_fn, plain.make_batch)
     assert find_max_batch(whole, memory_limit="256KiB", cache=False, strategy="estimate").batch_size == expected
+
+
+def test_review39_a_fake_convolutions_input_check_is_the_steps_own_error():
+    """A ``Conv2d`` given 4 channels where it takes 3: PyTorch's fake convolution checks its input as the
+    real one does, and its ``RuntimeError`` was an ``EstimateError`` saying fake tensors could not trace it."""
+    torch.manual_seed(0)
+    model = torch.nn.Conv2d(3, 2, 1)
+    step = TrainStep(model, torch.optim.SGD(model.parameters(), lr=0.1), lambda m, b: m(b).sum(),
+                     lambda n: torch.randn(n, 4, 2, 2))
+    with pytest.raises(RuntimeError, match="expected input.* to have 3 channels") as caught:
+        autobatch.estimate_max_batch(step, "4MiB", max_batch=64)
+    assert not isinstance(caught.value, EstimateError)
+    assert "traced it with fake tensors at batch" in caught.value.__notes__[0]

@@ -45,7 +45,7 @@ _CANNOT = {
 #: data (``.numpy()``: "not supported for tensor subclasses"), a storage, a kernel ("no fake impl
 #: registered" for a custom op, "could not run ... with arguments from the 'Meta' backend").
 _FAKE_LIMIT = re.compile(
-    r"[Ff]ake|'Meta'|Meta tensor|meta (?:tensor|kernel|function|impl)|tensor subclass|data pointer"
+    r"[Ff]ake|[Ff]akif|'Meta'|Meta tensor|meta (?:tensor|kernel|function|impl)|tensor subclass|data pointer"
     r"|(?:have|without|access) storage|Sym(?:Int|Float|Bool|Node)"
 )
 #: A fake tensor's repr (``FakeTensor(..., size=(2, 16))``) in a message: the step's own error formatting a
@@ -138,6 +138,10 @@ _MACHINERY = ("autobatch.memory", "autobatch.probe.tracing.fake_trace", "autobat
 #: PyTorch's fake-tensor machinery itself (``torch._subclasses``), which raises a bare ``AssertionError``
 #: where it cannot represent a tensor: a jagged nested tensor's ragged size needs a symbolic-shape
 #: environment the trace does not run (torch 2.13). That was reported as the step's own error.
+#: Except where it is a kernel's own input check: the fake kernels there (``fake_impls``: a convolution's) check
+#: their inputs as the real kernels do and raise the same plain ``RuntimeError`` or ``IndexError`` (a ``Conv2d``
+#: given 4 channels where it takes 3), which was reported as a limit of fake tensors before review 39.
+_KERNEL_CHECKS = (RuntimeError, IndexError)
 _JAGGED = ("torch.nested",)
 _JAGGED_MEANS = ("a jagged nested tensor (torch.nested, layout=torch.jagged), whose ragged size the trace's fake "
                  "tensors cannot represent; a padded batch (torch.nn.utils.rnn.pad_sequence) can be estimated")
@@ -152,7 +156,10 @@ def _fake_limit(exc: BaseException) -> bool:
     if type(exc).__name__ in _AS_REAL:
         return False
     frames = raised_through(exc)
-    if in_packages(type(exc).__module__, ("torch",)) or (frames and in_packages(frames[-1][0], _MACHINERY)):
+    machinery = bool(frames) and in_packages(frames[-1][0], _MACHINERY)
+    if machinery and type(exc) in _KERNEL_CHECKS and in_packages(frames[-1][0], ("torch._subclasses",)):
+        machinery = False  # a fake kernel's input check, as the real kernel's: unless its message speaks of fakes
+    if in_packages(type(exc).__module__, ("torch",)) or machinery:
         return True
     return _in_compiler(exc) or bool(_FAKE_LIMIT.search(_FAKE_REPR.sub("", str(exc))))
 
