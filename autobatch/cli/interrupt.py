@@ -194,9 +194,13 @@ def _missing_line(runner: Any, logged: int | None, metrics: Any, lr: Any = None)
 def _saved(exc: BaseException, runner: Any) -> Any:
     """The checkpoint of the steps applied: the one the runner wrote as it gave up on ``exc`` (a step
     that fits at no micro-batch, data used up: :func:`~autobatch.training.checkpoints.give_up.saved_path`),
-    else one saved now. Before, the command line saved the same state a second time after the runner's
-    (twice the time and disk writes of a large model, at the moment the run had already failed)."""
-    return saved_path(exc) or runner.save()
+    else the runner's ``train.checkpoint_every`` one where it holds the state now (a signal held while it
+    was written: raised once it was), else one saved now. Before, the command line saved the same state a
+    second time after the runner's (twice the time and disk writes of a large model, at the moment the
+    run had already failed or was asked to stop)."""
+    if (path := saved_path(exc)) is not None:
+        return path
+    return runner.result.checkpoint_path if runner._holds_step_save() else runner.save()
 
 
 def stopped(exc: BaseException, runner: Any, interrupts: Interrupts, *, out_dir: Path, logged: int | None,

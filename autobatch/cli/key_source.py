@@ -112,42 +112,67 @@ def kept_under_missing(config_name: str, overrides: Sequence[str], cfg: Any) -> 
     last, in merge order, and the command line does not set, but that ``cfg`` (the job's composed
     config) still holds a value for: the one a config before it set, which OmegaConf's merge keeps
     under a ``???``. The user asked for the key to be given on every run; without this check the
-    run went on at the packaged value (``--cfg job`` shows it) without a word."""
+    run went on at the packaged value (``--cfg job`` shows it) without a word. A whole node too
+    (``model: ???``, ``optimizer: ???``: the packaged group option stays under it; before, only a
+    leaf was named and the run trained the packaged ``gpt``), and a list (``data: {shape: ???}``);
+    a group's node is given by its choice on the command line (``model=gpt``)."""
     from hydra.core.global_hydra import GlobalHydra
     from hydra.types import RunMode
 
     loader = GlobalHydra.instance().config_loader()
+    repository = loader.repository  # type: ignore[attr-defined]
     try:
         found = loader.compute_defaults_list(config_name, list(overrides), RunMode.RUN).defaults  # type: ignore[attr-defined]
     except Exception:  # noqa: BLE001 - compose reports what is wrong with the overrides
         return None
     last: dict[str, tuple[Path | None, str]] = {}  # key -> (the user's YAML that sets it ???, who set it before)
+    setters: list[tuple[str, str]] = []  # (leaf key, config), in merge order: who set a node's keys before its ???
     for entry in found:
         package = entry.package or ""
         loaded = None if entry.config_path is None or package.startswith("hydra") else \
-            loader.repository.load_config(config_path=entry.config_path)  # type: ignore[attr-defined]
+            repository.load_config(config_path=entry.config_path)
         if loaded is None:
             continue
         own = str(loaded.path).startswith(_FILE) and loaded.provider not in ("main", "hydra")
         tree = OmegaConf.to_container(loaded.config, resolve=False)
         tree = {k: v for k, v in tree.items() if k not in ("defaults", "hydra")}  # type: ignore[union-attr]
         for key, value in leaves(tree, f"{package}." if package else "") if tree else ():
-            before = last.get(key, (None, entry.config_path))[1]
-            path = Path(str(loaded.path)[len(_FILE):]) / f"{entry.config_path}.yaml"
-            last[key] = (path, before) if own and value == "???" else (None, entry.config_path)
+            for above in [k for k in last if key.startswith(k + ".")]:  # a node's ??? that this key fills
+                last[above] = (None, entry.config_path)
+            if own and value == "???":
+                earlier = [c for k, c in setters if k == key or k.startswith(key + ".")]  # a group's: its option's
+                before = ([c for c in earlier if c.startswith(key + "/")] or earlier or [entry.config_path])[-1]
+                path = Path(str(loaded.path)[len(_FILE):]) / f"{entry.config_path}.yaml"
+                last[key] = (path, before)
+            else:
+                last[key] = (None, entry.config_path)
+            setters.append((key, entry.config_path))
     kept = {}
     for key, (path, before) in last.items():
         parent, _, leaf = key.rpartition(".")
         node = OmegaConf.select(cfg, parent) if parent else cfg
-        if path is None or _given(key, overrides, loader.repository) or not OmegaConf.is_dict(node):  # type: ignore[attr-defined]
+        if path is None or _given(key, overrides, repository) or _chosen(key, overrides, repository) \
+                or not OmegaConf.is_dict(node):
             continue
         value = OmegaConf.to_container(node, resolve=False).get(leaf, "???")  # type: ignore[union-attr]
-        if value != "???" and not isinstance(value, (dict, list)):
-            kept[key] = (path, before, value)
-    if not kept:
-        return None
-    shown = "; ".join(f"{key}: ??? in {path} (the {value!r} of {before} stays under it)" for key, (path, before, value)
-                      in kept.items())
+        if value != "???":
+            kept[key] = (path, f"what {before} sets" if isinstance(value, dict) else f"the {value!r} of {before}")
+    return _kept_message(kept, repository) if kept else None
+
+
+def _chosen(key: str, overrides: Sequence[str], repository: Any) -> bool:
+    """Whether ``key`` is a config group whose option the command line chooses (``model=gpt``)."""
+    return repository.group_exists(key) and any(o.lstrip("+").split("=", 1)[0].split("@", 1)[0] == key for o in overrides)
+
+
+def _kept_message(kept: dict[str, tuple[Path, str]], repository: Any) -> str:
+    """The one line of :func:`kept_under_missing`: a leaf is set as ``key=VALUE``; a group's node
+    (``model: ???``) by choosing an option, named."""
+    shown = "; ".join(f"{key}: ??? in {path} ({value} stays under it)" for key, (path, value) in kept.items())
+    groups = {key: sorted(repository.get_group_options(key)) for key in kept if repository.group_exists(key)}
+    sets = " ".join(f"{key}=OPTION (one of {', '.join(groups[key])})" if key in groups else f"{key}=VALUE" for key in kept)
+    file = "give the value in the file" + (f"; a group's option as `- override {next(iter(groups))}: OPTION` in its "
+                                           "defaults list, in place of the ???" if groups else "")
     return (f"{shown}: OmegaConf's merge keeps a value already there under a ???, so the run would not ask for "
             f"{'it' if len(kept) == 1 else 'them'}; set {'it' if len(kept) == 1 else 'each'} on the command line: "
-            + " ".join(f"{key}=VALUE" for key in kept) + " (or give the value in the file)")
+            f"{sets} (or {file})")

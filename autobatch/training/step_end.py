@@ -152,7 +152,13 @@ class EndsSteps:
         """The ``checkpoint_every`` checkpoint of the step just trained (and its hook run)."""
         if self.position == self._epoch_batches and not getattr(self, "_each_step", False):
             self._epoch_iter.end()  # the epoch's last batch: the checkpoint is of the next epoch's start
-        self.save()
+        written = self.result.checkpoints_saved
+        try:
+            self.save()
+        except KeyboardInterrupt:  # a signal held during the write (the command line's): raised once it is written
+            if self.result.checkpoints_saved > written:  # (one that stopped the write put the count back)
+                self._step_saved = self._saved_place()
+            raise
         self._step_saved = self._saved_place()
 
     def _saved_place(self) -> tuple[Any, ...]:
@@ -170,8 +176,14 @@ class EndsSteps:
         one too many). An epoch counted finished after it (the data's iterator run to its end
         there, not by the save) is another place, and a run stopped early another result
         (``stopped``): written."""
-        if self._step_saved is None or self._step_saved != self._saved_place():
+        if not self._holds_step_save():
             self.save()
+
+    def _holds_step_save(self) -> bool:
+        """Whether this ``fit()``'s last ``checkpoint_every`` checkpoint holds the runner's state now
+        (:meth:`_save_end`; the command line's stop after a signal held during that write, which
+        wrote the same step a second time before: :func:`autobatch.cli.interrupt.stopped`)."""
+        return self._step_saved is not None and self._step_saved == self._saved_place()
 
     def _call_hook(self, hook: Callable[[dict[str, Any]], None], info: Callable[[], dict[str, Any]]) -> None:
         """``hook(info())``; under ``torch.distributed`` an error it raises is kept, to be raised

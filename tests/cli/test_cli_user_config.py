@@ -17,10 +17,11 @@ import pytest
 import torch
 
 from hydra import compose
+from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
 
 from autobatch.__main__ import main
-from autobatch.cli.key_source import kept_under_missing
+from autobatch.cli.key_source import _chosen, kept_under_missing
 from autobatch.cli.user_config import composing, help_overrides
 
 from conftest import REPO
@@ -177,3 +178,24 @@ def test_review38_probe_help_with_a_train_config_names_probe(tmp_path):
     _train_config(conf, "own", "hydra:\n  help:\n    header: mine\n")
     assert [o.split("=")[0] for o in help_overrides("probe", ["-h", "-cd", str(conf), "-cn", "own"])] == [
         "hydra.help.app_name"]
+
+
+def test_review39_a_whole_node_missing_over_a_packaged_group_is_asked_for(tmp_path):
+    """``model: ???`` / ``optimizer: ???`` (a node, to make every run choose it): the packaged group
+    option stayed under it and ``probe`` or ``train`` ran the packaged gpt and adamw without a word
+    (only a leaf's ``???`` was named). Now one line names each and its options; a list's ``???``
+    too (``data.shape``); a group chosen on the command line (``model=mlp``) gives it."""
+    conf = _train_config(tmp_path / "myconf", "choose", "model: ???\noptimizer: ???\ndata:\n  shape: ???\n")
+    with composing("train", str(conf)):
+        cfg = compose("choose")
+        assert cfg.model.layers == 2 and cfg.data.shape == [3, 32, 32]  # what OmegaConf's merge keeps, and the run read
+        said = kept_under_missing("choose", [], cfg)
+        repository = GlobalHydra.instance().config_loader().repository
+        assert _chosen("model", ["model=mlp"], repository) and not _chosen("model", ["model.width=8"], repository)
+    path = conf / "choose.yaml"
+    assert said.startswith(f"model: ??? in {path} (what model/gpt sets stays under it); optimizer: ??? in {path} (what "
+                           f"optimizer/adamw sets stays under it); data.shape: ??? in {path} (the [3, 32, 32] of "
+                           "data/synthetic stays under it): "), said
+    assert ("set each on the command line: model=OPTION (one of cnn, gpt, mlp, resnet50, target) optimizer=OPTION (one "
+            "of adamw, sgd, target) data.shape=VALUE (or give the value in the file; a group's option as `- override "
+            "model: OPTION` in its defaults list, in place of the ???)") in said, said

@@ -94,3 +94,32 @@ def test_review38_a_signal_while_a_checkpoint_is_written_waits_for_it(tmp_path, 
     assert stopped.value.code == 130 and "interrupted (SIGINT) at step 2" in err, err
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["last.pt"]
     assert load_checkpoint(tmp_path / "checkpoints")["step"] == 2 and len(_losses(tmp_path)) == 2
+
+
+def test_review39_a_signal_held_during_a_step_checkpoint_is_not_written_again(tmp_path, monkeypatch, capsys):
+    """A Ctrl-C held while the ``checkpoint_every`` write of step 2 ran is raised once it is written:
+    the stop names that file, not written a second time (before: step 2 written twice, seconds of a
+    large model; the runner's ``_holds_step_save``, as ``fit()``'s end uses it)."""
+    with initialize_config_module("autobatch.conf", version_base="1.3"):
+        cfg = compose("train", overrides=[*RUN[:6], "train.steps=3", "train.checkpoint_every=2", *RUN[9:]])
+    validate(cfg)
+    monkeypatch.setattr(interrupt, "continue_command", lambda out_dir: "CONTINUE")
+    real, writes = resume.save_checkpoint, []
+
+    def signalled(state, path):  # counts the writes; the signal as step 2's ends
+        written = real(state, path)
+        writes.append(state["step"])
+        if len(writes) == 1:
+            os.kill(os.getpid(), signal.SIGINT)
+        return written
+
+    monkeypatch.setattr(resume, "save_checkpoint", signalled)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)  # a run in the background ignores it
+    try:
+        with pytest.raises(SystemExit) as stopped:
+            run_training(cfg, build_workload(cfg), global_batch=8, micro_batch=8, out_dir=tmp_path)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    err = capsys.readouterr().err
+    assert stopped.value.code == 130 and f"interrupted (SIGINT) at step 2; checkpoint {tmp_path / 'checkpoints' / 'last.pt'};" in err, err
+    assert writes == [2] and load_checkpoint(tmp_path / "checkpoints")["step"] == 2 and len(_losses(tmp_path)) == 2
