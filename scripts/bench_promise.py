@@ -70,7 +70,7 @@ MORE_WORKLOADS = ("efficientnet_b0_tuned", "convnext_tiny", "bert", "t5", "lstm"
 # ... and any other torchvision classifier by its name (``--workloads densenet121,swin_t``): these
 # prefixes route to ``torchvision.models.<name>(num_classes=10)`` at 224x224
 # ... and the families in promise_families.py (FAMILIES: deeplabv3, r3d18, mixtral, vae, fasterrcnn, unet,
-# lora_llama, wav2vec2, clip, whisper, segformer)
+# lora_llama, wav2vec2, clip, whisper, segformer; and promise_families_next.py's maskrcnn, vitmae, ssm)
 TORCHVISION_PREFIXES = ("efficientnet", "convnext", "densenet", "swin", "mobilenet", "regnet", "resnext",
                         "wide_resnet", "shufflenet", "maxvit", "vgg")
 LLAMA = dict(vocab_size=50257, hidden_size=768, intermediate_size=2048, num_hidden_layers=12,  # a Llama-style decoder

@@ -326,3 +326,7 @@ def segformer(device: str, quick: bool):
 FAMILIES = {"deeplabv3": deeplabv3, "r3d18": r3d18, "mixtral": mixtral, "vae": vae, "fasterrcnn": fasterrcnn,
             "unet": unet, "lora_llama": lora_llama, "wav2vec2": wav2vec2, "clip": clip,
             "whisper": whisper, "segformer": segformer}
+
+from promise_families_next import FAMILIES as _NEXT  # noqa: E402  (maskrcnn, vitmae, ssm)
+
+FAMILIES.update(_NEXT)
