@@ -41,7 +41,7 @@ from .result import STORED_NOTE, ProbeResult
 from .trial import TrialRunner
 
 __all__ = ["forget_own_layout", "park_created_state", "relayout_created_state", "laid_out_note", "promise_of", "promise_note", "release_after_probe",
-           "still_flushing", "at_fixed_wall", "near_fixed_wall", "fragmented_fixed_wall"]
+           "still_flushing", "at_fixed_wall", "near_fixed_wall"]
 
 
 def promise_of(runner: TrialRunner, result: ProbeResult, memory: DeviceMemory) -> dict[str, Any] | None:
@@ -104,7 +104,7 @@ def promise_note(runner: TrialRunner, result: ProbeResult, memory: DeviceMemory)
     elif getattr(runner, "hand_loop", False) and near_fixed_wall(promise):
         parts.append(f"its steps reserved {100 * promise['reserved_peak_bytes'] / promise['capacity_bytes']:.1f} % of "
                      f"the capacity: {NEAR_FIXED_WALL}")
-    elif fragmented_fixed_wall(promise):  # the Runner's answer: it replays, but the user should know why it may
+    elif near_fixed_wall(promise):  # the Runner's answer: it replays, but the user should know why it may
         parts.append(f"its steps reserved {100 * promise['reserved_peak_bytes'] / promise['capacity_bytes']:.1f} % of "
                      f"the capacity, {format_bytes(promise['fragmentation_bytes'])} "
                      f"({100 * promise['fragmentation_bytes'] / promise['capacity_bytes']:.0f} %) of it unused at the "
@@ -192,29 +192,20 @@ NEAR_FIXED_WALL = (
 )
 
 
-#: the share of the capacity reserved but unused at the answer's peak from which
-#: :func:`fragmented_fixed_wall` says so: measured 1.4-1.9 GiB (18-24 %) on Wav2Vec2's answers below
-#: (:data:`FRAGMENTED_WALL`), against at most 0.8 GiB (9.4 %) on answers that trained in every new
-#: process (a VAE's ``TrainStep``; ResNet-50, GPT-2: under 0.1 GiB)
-FRAGMENTED_SHARE = 0.15
-
-
-def fragmented_fixed_wall(promise: dict[str, Any]) -> bool:
-    """Whether the answer's trial reserved within ``NEAR_WALL`` of the capacity under fixed
-    segments (:func:`near_fixed_wall`) with at least ``FRAGMENTED_SHARE`` of the capacity reserved
-    but unused at its peak: its large blocks fit only as they happened to fall."""
-    capacity, unused = promise.get("capacity_bytes"), promise.get("fragmentation_bytes")
-    return near_fixed_wall(promise) and unused is not None and unused >= FRAGMENTED_SHARE * capacity
-
-
-#: What the Runner's answer (a ``TrainStep`` it replays) at a fragmented fixed wall means for a new
-#: process (issue 16, measured on one H200 under an 8 GiB cap, bf16, Wav2Vec2 trained with CTC on
+#: What the Runner's answer (a ``TrainStep`` it replays) at the fixed wall (:func:`near_fixed_wall`) means
+#: for a new process (issue 16, measured on one H200 under an 8 GiB cap, bf16, Wav2Vec2 trained with CTC on
 #: 2 s of audio: the ``TrainStep`` answered 64, its trial reserving 99.9 % with 1.9 GiB unused at the
 #: peak, its requests up to 800 MiB; in new processes the Runner at 64 and at 60 recovered once
 #: (64 → 58, 60 → 57) where 62 and 58 trained 30 steps, and a hand loop failed 64 and 62 at step 7
 #: where 60 trained: the wall there is no size but how the blocks fall. A check in a new process's
 #: layout (:mod:`~autobatch.probe.fresh_layout`) answered 63, and the Runner at 63 recovered in 3 of 3
-#: new processes. Under expandable segments every answer trained 100 steps with no recovery)
+#: new processes. Under expandable segments every answer trained 100 steps with no recovery. Said from
+#: 15 % of the capacity unused at the peak until a ViT-MAE's ``TrainStep``, with 7.3 % unused (0.6 GiB),
+#: answered 109 reserving 99.5 %, and the Runner at 109 recovered at step 12 in the probing process and at
+#: step 11 in a new one (109 -> 106), as at 106-110 in new processes, 105 training 40 steps; under
+#: expandable segments it answered 117 and trained 200 steps in both with no recovery. A VAE's answer
+#: with 9.4 % unused trained everywhere: no share of unused memory tells the two apart, so every Runner's
+#: answer near the fixed wall says it)
 FRAGMENTED_WALL = (
     "under fixed segments a step whose large blocks fit only as they happen to fall, and in a new process, whose "
     "blocks fall otherwise, autobatch's Runner may replay a step at this size in smaller micro-batches (no sample "

@@ -42,16 +42,17 @@ def test_a_hand_loops_answer_at_the_fixed_wall_says_a_new_process_may_fail(monke
 
 @pytest.mark.parametrize(
     ("unused", "changes", "noted"),
-    [(0.24, {}, True), (0.094, {}, False), (0.24, {"expandable": True}, False), (0.24, {"hand_loop": True}, False)],
+    [(0.24, {}, True), (0.073, {}, True), (0.24, {"expandable": True}, False), (0.24, {"hand_loop": True}, False)],
 )
 def test_the_runners_answer_at_a_fragmented_fixed_wall_says_a_new_process_may_replay(monkeypatch, unused, changes, noted):
     """Wav2Vec2's TrainStep (H200, 8 GiB): 64 passed reserving 99.9 % with 1.9 GiB (24 %) unused at
-    its peak, and the Runner recovered once in each new process; noted for the Runner's answer under
-    fixed segments from 15 % unused (a VAE's 9.4 % trained everywhere), not under expandable
-    segments, nor for a hand loop (NEAR_FIXED_WALL says it there)."""
+    its peak, and the Runner recovered once in each new process; a ViT-MAE's 109 (review 39) with
+    7.3 % unused recovered in both processes too, so the Runner's answer is noted under fixed segments
+    whatever its unused share, not under expandable segments, nor for a hand loop (NEAR_FIXED_WALL
+    says it there)."""
     _, note = _note(monkeypatch, reserved=0.999, unused=unused, **{"hand_loop": False, **changes})
     assert (promise.FRAGMENTED_WALL in note) is noted
     if noted:
-        assert "its steps reserved 99.9 % of the capacity, 1.92 GiB (24 %) of it unused at the peak" in note
+        assert f"its steps reserved 99.9 % of the capacity, {'1.92 GiB (24' if unused > 0.2 else '598'}" in note
     if changes.get("hand_loop"):
         assert promise.NEAR_FIXED_WALL in note
