@@ -83,15 +83,9 @@ def test_review38_a_signal_while_a_checkpoint_is_written_waits_for_it(tmp_path, 
             os.kill(os.getpid(), signal.SIGINT)
         return written
 
-    monkeypatch.setattr(resume, "save_checkpoint", signalled)
-    previous = signal.signal(signal.SIGINT, signal.default_int_handler)  # a run in the background ignores it
-    try:
-        with pytest.raises(SystemExit) as stopped:
-            run_training(cfg, build_workload(cfg), global_batch=8, micro_batch=8, out_dir=tmp_path)
-    finally:
-        signal.signal(signal.SIGINT, previous)
+    stopped = _stopped_by(signalled, cfg, tmp_path, monkeypatch)
     err = capsys.readouterr().err
-    assert stopped.value.code == 130 and "interrupted (SIGINT) at step 2" in err, err
+    assert stopped.code == 130 and "interrupted (SIGINT) at step 2" in err, err
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["last.pt"]
     assert load_checkpoint(tmp_path / "checkpoints")["step"] == 2 and len(_losses(tmp_path)) == 2
 
@@ -113,6 +107,15 @@ def test_review39_a_signal_held_during_a_step_checkpoint_is_not_written_again(tm
             os.kill(os.getpid(), signal.SIGINT)
         return written
 
+    stopped = _stopped_by(signalled, cfg, tmp_path, monkeypatch)
+    err = capsys.readouterr().err
+    assert stopped.code == 130 and f"interrupted (SIGINT) at step 2; checkpoint {tmp_path / 'checkpoints' / 'last.pt'};" in err, err
+    assert writes == [2] and load_checkpoint(tmp_path / "checkpoints")["step"] == 2 and len(_losses(tmp_path)) == 2
+
+
+def _stopped_by(signalled, cfg, tmp_path, monkeypatch) -> SystemExit:
+    """The ``SystemExit`` of a training run whose checkpoint writes go through ``signalled``
+    (which sends SIGINT when it chooses), with SIGINT's default handler for the run."""
     monkeypatch.setattr(resume, "save_checkpoint", signalled)
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)  # a run in the background ignores it
     try:
@@ -120,6 +123,4 @@ def test_review39_a_signal_held_during_a_step_checkpoint_is_not_written_again(tm
             run_training(cfg, build_workload(cfg), global_batch=8, micro_batch=8, out_dir=tmp_path)
     finally:
         signal.signal(signal.SIGINT, previous)
-    err = capsys.readouterr().err
-    assert stopped.value.code == 130 and f"interrupted (SIGINT) at step 2; checkpoint {tmp_path / 'checkpoints' / 'last.pt'};" in err, err
-    assert writes == [2] and load_checkpoint(tmp_path / "checkpoints")["step"] == 2 and len(_losses(tmp_path)) == 2
+    return stopped.value
