@@ -241,7 +241,8 @@ class AutoBatchSize(Callback):
                 agreed = agree_min(self.batch_size, "AutoBatchSize batch size")
                 if agreed != self.batch_size:
                     self.batch_size, self.accumulation = self._apply(trainer, pl_module, share, agreed)
-        check_limit(trainer, self.global_batch, self.accumulation, self.batch_size, samples)
+        kept = self._given is not None and self._given[1] > 1 and self._given[1] == self.accumulation  # the user's split
+        check_limit(trainer, self.global_batch, self.accumulation, self.batch_size, samples, self._fewer if kept else None)
         check_validation(trainer, self.batch_size, self.probe_options["multiple_of"], samples)
         if self.confirmation is not None:
             self.result.notes.append(self.confirmation.summary())
@@ -252,7 +253,6 @@ class AutoBatchSize(Callback):
         self._warn_changed(trainer, own, share, samples, drops)
         if dropped := dropped_note(own, self.batch_size, samples, drops):
             rank_zero_warn(f"AutoBatchSize: {dropped}")
-        kept = self._given is not None and self._given[1] > 1 and self._given[1] == self.accumulation  # the user's split
         split = share and not kept and small_split(self.global_batch, world, self._largest, self.batch_size,
                                                    multiple_of=multiple)
         if split:  # a global batch with no divisor near the largest micro-batch: many small ones a step

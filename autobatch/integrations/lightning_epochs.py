@@ -72,7 +72,7 @@ def fewest_batches(limit: float) -> int:
 
 
 def check_limit(trainer: Trainer, global_batch: int | None, accumulation: int | None, size: int | None,
-                samples: int | None) -> None:
+                samples: int | None, fewer: int | None = None) -> None:
     """One error where ``limit_train_batches`` ends each epoch before one global batch.
 
     Why: Lightning steps the optimizer at an epoch's end with the micro-batches it has, so an
@@ -81,26 +81,39 @@ def check_limit(trainer: Trainer, global_batch: int | None, accumulation: int | 
     ``samples``: a rank's samples per epoch (None: unknown; only an integer limit is checked).
     Batches are counted as a ``DataLoader`` without ``drop_last`` (its default) counts them, a
     last partial batch included; under ``drop_last`` a fraction may leave ``fit`` one batch
-    fewer than counted here."""
+    fewer than counted here. ``fewer``: where ``accumulation`` is the Trainer's own
+    ``accumulate_grad_batches``, kept though the probe found fewer micro-batches a step fit (the
+    split's ``fewer``), that number: where its larger micro-batches fit in the limit, the error
+    names removing the Trainer's setting too (``4`` kept as 64 x 4 under 3 batches, where 256 x 1 fits)."""
     limit = trainer.limit_train_batches
     if global_batch is None or not accumulation or accumulation <= 1 or not size or size < 1:
         return
-    whole = None if samples is None else -(-samples // size)
-    if isinstance(limit, int):
-        batches = limit if whole is None else min(limit, whole)
-    elif whole is None or limit is None:
-        return  # a fraction of an endless loader: Lightning accepts only 1.0
-    else:
-        batches = int(whole * limit)
-    if batches >= accumulation:
+    batches = _limited_batches(limit, samples, size)
+    if batches is None or batches >= accumulation:
         return
+    whole = None if samples is None else -(-samples // size)
     fraction = "" if isinstance(limit, int) or not whole else f" (a fraction of at least {accumulation}/{whole})"
+    larger = -(-size * accumulation // fewer) if fewer else None  # the micro-batch of ``fewer`` a step
+    own = (f", remove (or lower) the Trainer's own accumulate_grad_batches={accumulation} (global_batch then sets "
+           f"{counted(fewer, 'micro-batch', 'micro-batches')} of {larger} a step, which the probe found fit, within "
+           f"the limit)" if larger and (_limited_batches(limit, samples, larger) or 0) >= fewer else "")
     raise ValueError(
         f"limit_train_batches={limit!r} leaves {batches} batch(es) of {size} per epoch, fewer than the "
         f"{accumulation} micro-batches each optimizer step accumulates for global_batch={global_batch}: "
         f"every epoch would end before one global batch; raise limit_train_batches to {accumulation} batches or "
-        f"more{fraction}, or lower global_batch"
+        f"more{fraction}{own}, or lower global_batch"
     )
+
+
+def _limited_batches(limit: Any, samples: int | None, size: int) -> int | None:
+    """The batches of ``size`` an epoch of ``samples`` trains under ``limit_train_batches``
+    (:func:`check_limit`); None where unknown (a fraction of an endless loader: Lightning accepts only 1.0)."""
+    whole = None if samples is None else -(-samples // size)
+    if isinstance(limit, int):
+        return limit if whole is None else min(limit, whole)
+    if whole is None or limit is None:
+        return None
+    return int(whole * limit)
 
 
 def check_validation(trainer: Trainer, size: int | None, multiple_of: int, samples: int | None) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 from torch.utils.checkpoint import CheckpointError
 
 from ..errors import NoBatchFitsError, add_note
+from ..memory.oom import requested_bytes
 from ..memory.units import counted, format_bytes
 from ..probe.foreach import foreach_note
 from .checkpointing import find_blocks, finer_blocks_hint, no_blocks_hint
@@ -62,6 +63,19 @@ class PlanErrors:
             f"{format_bytes(plain_error.peak_bytes)} before failing.{finer} "
             f"{'Else try' if finer else 'Try'} {self._other_options()}.",
         )
+
+    @staticmethod
+    def failed_peak(error: NoBatchFitsError, checkpointing_tried: bool) -> str:
+        """The figures of a batch that ran out of memory, for "it does not fit in one step": the peak it
+        reached before an allocation failed, and the request that failed where its message says. Why:
+        "(plainly it peaked at 96.02 KiB)" under a 100 KiB cap read as "it fits"."""
+        if not error.peak_bytes:
+            return ""
+        request = requested_bytes(error.last_error)
+        failed = f"a request for {format_bytes(request)} more" if request else "an allocation"
+        cap = f" of the {format_bytes(error.capacity_bytes)} limit" if error.capacity_bytes else ""
+        return (f" ({'without it, ' if checkpointing_tried else ''}batch {error.batch_size} had reached "
+                f"{format_bytes(error.peak_bytes)}{cap} when {failed} failed)")
 
     def no_block_why(self) -> str:
         """Why checkpointing wrapped nothing: the model checkpoints its own blocks (it read "no block to

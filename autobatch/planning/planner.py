@@ -37,7 +37,6 @@ from typing import Any, Callable
 
 from ..errors import GlobalBatchTooLargeError, NoBatchFitsError, add_note
 from ..memory.oom import free_memory
-from ..memory.units import format_bytes
 from ..probe.arguments import compiled_plan_notes, eval_mode_notes
 from ..probe.find import find_max_batch
 from ..probe.result import ProbeResult
@@ -300,8 +299,7 @@ class _Planner(PlanErrors, ThroughputObjective):
             why = "the global batch fits in one step only with activation checkpointing"
             return self.build(size, True, objective, why, False)
         tried = " even with activation checkpointing" if allow_checkpointing and self.handle is not None and self.handle.modules else ""
-        peak = f" (plainly it peaked at {format_bytes(plain_error.peak_bytes)})" if plain_error.peak_bytes else ""
-        why = f"it does not fit in one step{tried}{peak}"
+        why = f"it does not fit in one step{tried}{self.failed_peak(plain_error, bool(tried))}"
         raise ValueError(ragged_message(size, multiple_of, why))
 
     # -- objective: max_batch -------------------------------------------------------------------

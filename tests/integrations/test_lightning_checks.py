@@ -89,6 +89,24 @@ def test_a_limit_that_keeps_the_global_batch_trains_it():
         trainer(finder(confirm=False), limit_train_batches=0.9, max_steps=1).fit(Small())  # int(6 * 0.9) == 5
 
 
+def test_review39_a_limit_under_the_trainers_own_accumulation_names_removing_it():
+    """The Trainer's own accumulate_grad_batches=4 is kept (64 x 4 for 256), and 3 batches an epoch
+    cut it: the error named only a higher limit or a lower global_batch, though 256 x 1 fits and
+    trains within 3 batches. It names removing the Trainer's setting too; without it, 256 x 1 trains."""
+    def callback():
+        return AutoBatchSize(strategy="binary", global_batch=256, steps_per_trial=1, confirm=False)
+
+    with simulated_memory("64MiB"), pytest.raises(ValueError, match=r"leaves 3 batch\(es\) of 64 .* raise limit_train_batches "
+                                                  r"to 4 batches or more, remove \(or lower\) the Trainer's own "
+                                                  r"accumulate_grad_batches=4 \(global_batch then sets 1 micro-batch of "
+                                                  r"256 a step, which the probe found fit, within the limit\), or lower"):
+        trainer(callback(), accumulate_grad_batches=4, limit_train_batches=3).fit(Small())
+    counted, removed = SamplesPerStep(), callback()
+    with simulated_memory("64MiB"):
+        trainer(removed, counted, limit_train_batches=3, max_steps=1).fit(Small())
+    assert (removed.batch_size, removed.accumulation) == (256, 1) and counted.per_step == [256]
+
+
 def test_bad_probe_options_are_refused_when_the_callback_is_built():
     with pytest.raises(ValueError, match="multiple_of must be a positive integer, got 0"):
         AutoBatchSize(multiple_of=0, global_batch=64)

@@ -660,3 +660,12 @@ def test_a_global_batch_too_large_where_checkpointing_was_allowed_says_why_it_di
         autobatch.plan(step, global_batch=1_000_000, allow_accumulation=False, device="cpu", memory_limit="8MiB")
     assert "could not help: no block to checkpoint was found" in str(raised.value)
     assert "or allow activation checkpointing" not in str(raised.value)
+
+
+def test_review39_a_global_batch_that_does_not_fit_in_one_step_names_the_peak_before_its_failure():
+    """"(plainly it peaked at 495.03 KiB)" under a 512 KiB cap read as "it fits": now the peak it had
+    reached, of the limit, when the failed request (the OOM's "Tried to allocate") was made."""
+    with pytest.raises(ValueError, match=r"it does not fit in one step \(batch 100 had reached [0-9.]+ KiB of the 512.00 KiB "
+                       r"limit when a request for [0-9.]+ KiB more failed\); use a global_batch"):
+        plan(bn_step(), global_batch=100, memory_limit="512KiB", multiple_of=8, steps_per_trial=1, cache=False,
+             allow_checkpointing=False)

@@ -359,3 +359,29 @@ def test_review39_a_setting_inside_sequential_lr_the_checkpoint_replaces_is_warn
     assert "(SequentialLR.load_state_dict sets them), and the run goes on with the checkpoint's: milestones [2] (this " \
         "run: [3]), _schedulers[1] (CosineAnnealingLR) T_max 10 (this run: 50); to change them" in caplog.text
     assert resumed.scheduler._schedulers[1].T_max == 10  # loaded as before
+
+
+def test_review39_another_scheduler_inside_sequential_or_chained_lr_is_refused_before_loading(tmp_path):
+    """Only the outer class was compared: a StepLR's state loaded into a OneCycleLR inside the same
+    SequentialLR without a word, then raised KeyError: 'max_lr' at the first step after the milestone.
+    Now one CheckpointError naming both classes and the place, before anything loads; the same inside a
+    ChainedScheduler, nested, and for another number of schedulers."""
+    lr = torch.optim.lr_scheduler
+    data = batches(128, 16)
+    warm, step = (lambda o: lr.LinearLR(o, 0.1, total_iters=2)), (lambda o: lr.StepLR(o, step_size=2))  # noqa: E731
+    cycle = lambda o: lr.OneCycleLR(o, max_lr=0.1, total_steps=20)  # noqa: E731
+    runner(micro_batch=8, scheduler=sequential(warm, step, milestones=[2]), checkpoint_dir=tmp_path / "seq").fit(data, steps=1)
+    refused = runner(micro_batch=8, scheduler=sequential(warm, cycle, milestones=[2]))
+    before = [p.detach().clone() for p in refused.model.parameters()]
+    with pytest.raises(CheckpointError, match=r"written with scheduler StepLR at _schedulers\[1\] \(inside SequentialLR\) "
+                       r"and this run's is OneCycleLR; resume with StepLR there, or start afresh"):
+        refused.fit(data, steps=4, resume=tmp_path / "seq")
+    assert all(torch.equal(a, b) for a, b in zip(before, refused.model.parameters()))
+    with pytest.raises(CheckpointError, match=r"its SequentialLR holds 2 schedulers \(LinearLR, StepLR\) and this run's 3"):
+        runner(micro_batch=8, scheduler=sequential(warm, step, step, milestones=[2, 3])).fit(data, steps=4, resume=tmp_path / "seq")
+    nested = lambda inner: lambda o: lr.ChainedScheduler([warm(o), sequential(warm, inner, milestones=[2])(o)])  # noqa: E731
+    runner(micro_batch=8, scheduler=nested(step), checkpoint_dir=tmp_path / "chained").fit(data, steps=1)
+    with pytest.raises(CheckpointError, match=r"StepLR at _schedulers\[1\]._schedulers\[1\] \(inside ChainedScheduler\) "
+                       r"and this run's is OneCycleLR"):
+        runner(micro_batch=8, scheduler=nested(cycle)).fit(data, steps=4, resume=tmp_path / "chained")
+    runner(micro_batch=8, scheduler=nested(step)).fit(data, steps=4, resume=tmp_path / "chained")  # the same: resumes

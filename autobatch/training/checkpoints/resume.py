@@ -36,7 +36,7 @@ from ..multiples import resumed_micro_batch
 from ..pacing import FailedDraw, agree_epoch_length, carried_error, told_every_rank
 from ..ranks import agree_resume
 from ..precision import check_dtypes, load_grad_scaler, weights_dtype
-from .resume_checks import check_fits, check_kinds, kind, load_scheduler, position_for, precision_of, warn_changed_precision
+from .resume_checks import check_fits, check_kinds, inner_kinds, kind, load_scheduler, position_for, precision_of, warn_changed_precision
 from .resume_checks import (bare_keys, keys_as_in, local_module_names, saved_module, warn_persistent_workers,
                             warn_replaced_settings, without_wrapper_prefix)
 from .resume_fresh import continues_in, earlier_path, file_mark, keep_earlier_run, put_back, replaced_since, shared_dir_error
@@ -161,6 +161,7 @@ class Resumable:
             "optimizer_type": type(self.optimizer).__qualname__,
             "scheduler": None if self.scheduler is None else self.scheduler.state_dict(),
             "scheduler_type": kind(self.scheduler),
+            "scheduler_kinds": inner_kinds(self.scheduler),  # inside a SequentialLR: its state names no class
             "grad_scaler": None if self.grad_scaler is None else self.grad_scaler.state_dict(),
             "extra_state": saved_extra_state(self.extra_state),  # Runner(extra_state=): an EMA model, ...
             "precision": precision_of(self._train_step),

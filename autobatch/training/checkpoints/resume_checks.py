@@ -1,7 +1,7 @@
 """What a resume checks and converts before it continues a run: one clear error, or a warning.
 
 Kept apart from :mod:`autobatch.training.checkpoints.resume` (which saves and loads): a checkpoint of
-another optimizer or scheduler class is refused before anything is loaded (one
+another optimizer or scheduler class (or of other schedulers inside a ``SequentialLR``) is refused before anything is loaded (one
 :class:`~autobatch.errors.CheckpointError` naming both classes, not a bare ``KeyError`` a step
 later, nor a scheduler silently running on another one's attributes); a scheduler state that
 does not load is the same error; the checkpoint's place in its epoch is converted to batches of
@@ -11,8 +11,10 @@ and a data loader whose workers' random state no checkpoint holds, are warned ab
 
 from __future__ import annotations
 
+import functools
 import inspect
 import logging
+import re
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -25,7 +27,7 @@ from ...probe.snapshot.shards import local
 from ..precision import precision_of, warn_changed_precision  # re-exported: kept importable from here
 from ..ranks import unwrap
 
-__all__ = ["precision_of", "warn_changed_precision", "check_fits", "check_kinds", "kind", "load_scheduler", "position_for", "warn_persistent_workers", "warn_replaced_settings",
+__all__ = ["precision_of", "warn_changed_precision", "check_fits", "check_kinds", "kind", "inner_kinds", "load_scheduler", "position_for", "warn_persistent_workers", "warn_replaced_settings",
            "without_wrapper_prefix", "local_module_names",
            "saved_module", "bare_keys", "keys_as_in", "SETTINGS_LOG_ADVICE",
            "SCHEDULE_LOG_ADVICE", "warn_replaced_schedule"]
@@ -45,16 +47,60 @@ def kind(value: Any) -> str | None:
     return None if value is None else type(value).__qualname__
 
 
+def _held(scheduler: Any, where: str) -> list[tuple[str, Any]]:
+    """``(place, scheduler)`` of each scheduler a ``SequentialLR`` or ``ChainedScheduler`` holds (its
+    ``_schedulers``, whose states its ``load_state_dict`` loads one by one), ``where``: the path to
+    it ('' at the top), the place ``{where}_schedulers[1]``; [] for any other scheduler. The one walk
+    of :func:`inner_kinds` and :func:`_replaced_settings`."""
+    inner = getattr(scheduler, "_schedulers", None)
+    if not (isinstance(scheduler, (torch.optim.lr_scheduler.SequentialLR, torch.optim.lr_scheduler.ChainedScheduler))
+            and isinstance(inner, (list, tuple))):
+        return []
+    return [(f"{where}_schedulers[{index}]", child) for index, child in enumerate(inner)]
+
+
+def inner_kinds(scheduler: Any, where: str = "") -> dict[str, list[str]]:
+    """The classes of the schedulers a ``SequentialLR`` or ``ChainedScheduler`` holds, nested ones
+    too, by the place of the scheduler holding them ('' at the top, ``_schedulers[1].`` inside):
+    what a checkpoint stores beside ``scheduler_type`` (its state names no class), so
+    :func:`check_kinds` refuses another one inside (a ``StepLR`` state loaded into a ``OneCycleLR``
+    raised ``KeyError: 'max_lr'`` at its first step after the milestone)."""
+    held = _held(scheduler, where)
+    kinds = {where: [kind(child) for _, child in held]} if held else {}
+    for place, child in held:
+        kinds |= inner_kinds(child, f"{place}.")
+    return kinds
+
+
 def check_kinds(path: Path, state: dict[str, Any], optimizer: Any, scheduler: Any) -> None:
     """Refuse a checkpoint written with another optimizer or scheduler class (checkpoints of
-    earlier versions name neither, or no scheduler); warn where one run has a scheduler and the
-    other none (the schedule then stops, or starts afresh, at the resumed step)."""
+    earlier versions name neither, or no scheduler), or another class or number of schedulers
+    inside a ``SequentialLR`` or ``ChainedScheduler`` (:func:`inner_kinds`; where it stores them);
+    warn where one run has a scheduler and the other none (the schedule then stops, or starts
+    afresh, at the resumed step)."""
     for what, saved, mine in (("optimizer", state.get("optimizer_type"), kind(optimizer)),
                               ("scheduler", state.get("scheduler_type"), kind(scheduler))):
         if saved is not None and mine is not None and saved != mine:
             raise CheckpointError(
                 path, f"it was written with {what} {saved} and this run's is {mine}; resume with {saved}, or start afresh",
             )
+    mine_inner = inner_kinds(scheduler)
+    # the holders come first (as inner_kinds stored them): a place below one that differs is never reached
+    for where, saved in ((state.get("scheduler_kinds") or {}) if scheduler is not None else {}).items():
+        mine = mine_inner.get(where, [])
+        if len(saved) != len(mine):
+            holder = functools.reduce(lambda outer, index: outer._schedulers[int(index)],
+                                      re.findall(r"\[(\d+)\]", where), scheduler)
+            raise CheckpointError(
+                path, f"its {kind(holder)}{f' at {where[:-1]}' if where else ''} holds {len(saved)} schedulers "
+                f"({', '.join(saved)}) and this run's {len(mine)} ({', '.join(mine)}); resume with the same schedulers, or start afresh",
+            )
+        for index, (theirs, ours) in enumerate(zip(saved, mine)):
+            if theirs != ours:
+                raise CheckpointError(
+                    path, f"it was written with scheduler {theirs} at {where}_schedulers[{index}] (inside "
+                    f"{kind(scheduler)}) and this run's is {ours}; resume with {theirs} there, or start afresh",
+                )
     if "scheduler_type" not in state:
         return
     saved = state["scheduler_type"]
@@ -154,12 +200,10 @@ def _replaced_settings(scheduler: Any, saved: Any, mine: Any, where: str) -> lis
     if isinstance(scheduler, torch.optim.lr_scheduler.SequentialLR) and "_milestones" in saved \
             and list(saved["_milestones"]) != list(mine.get("_milestones", [])):
         changed.append(f"{where}milestones {list(saved['_milestones'])} (this run: {list(mine.get('_milestones', []))})")
-    inner, theirs, ours = getattr(scheduler, "_schedulers", None), saved.get("_schedulers"), mine.get("_schedulers")
-    if isinstance(scheduler, (torch.optim.lr_scheduler.SequentialLR, torch.optim.lr_scheduler.ChainedScheduler)) \
-            and all(isinstance(x, (list, tuple)) for x in (inner, theirs, ours)) and len(inner) == len(theirs) == len(ours):
-        for index, (child, saved_child, mine_child) in enumerate(zip(inner, theirs, ours)):
-            changed += _replaced_settings(child, saved_child, mine_child,
-                                          f"{where}_schedulers[{index}] ({kind(child)}) ")
+    held, theirs, ours = _held(scheduler, where), saved.get("_schedulers"), mine.get("_schedulers")
+    if held and all(isinstance(x, (list, tuple)) for x in (theirs, ours)) and len(held) == len(theirs) == len(ours):
+        for (place, child), saved_child, mine_child in zip(held, theirs, ours):
+            changed += _replaced_settings(child, saved_child, mine_child, f"{place} ({kind(child)}) ")
     return changed
 
 
