@@ -24,6 +24,7 @@ from ..planning.samples import cycle_samples
 from ..probe.snapshot.restore_places import forget_scaler_stage
 from ..training.batch_ops import map_tensors
 from .lightning_loaders import loader_batch_size
+from .lightning_longest import longest_batch
 from .trial_settings import sized_for_trial
 
 __all__ = ["LightningStep", "first_batch", "size_of", "trial_size"]
@@ -193,7 +194,8 @@ def first_batch(trainer: Trainer, module: LightningModule,
     one error at ``on_train_start``).
 
     Several train dataloaders (a dict or list of them) are combined as ``fit`` combines them; the
-    samples are the smallest dataset's, as a batch larger than any of them would not fill."""
+    samples are the smallest dataset's, as a batch larger than any of them would not fill. One loader whose
+    samples vary in size gives its longest beside its shortest instead (:func:`~.lightning_longest.longest_batch`)."""
     source = trainer.datamodule if trainer.datamodule is not None else module
     try:
         loader = source.train_dataloader()
@@ -205,6 +207,7 @@ def first_batch(trainer: Trainer, module: LightningModule,
     combined = loader if isinstance(loader, CombinedLoader) else CombinedLoader(loader, "max_size_cycle")
     try:
         batch, _, _ = next(iter(combined))
+        batch = longest_batch(loader, batch) if len(combined.flattened) == 1 else batch  # padded to the set's longest
         sized = _has_length(combined)
     except StopIteration:
         raise ValueError("AutoBatchSize: the train dataloader yielded no batch") from None

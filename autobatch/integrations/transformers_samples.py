@@ -61,10 +61,11 @@ def probe_samples(dataset: Any) -> tuple[Any, Any]:
     return longest, short
 
 
-def scan_samples(dataset: Any) -> tuple[Any, Any, bool]:
+def scan_samples(dataset: Any, warn: bool = True) -> tuple[Any, Any, bool]:
     """:func:`probe_samples`'s ``(longest, short)``, and whether the samples could be compared (False:
     this warned, and ``longest`` is the first sample), so that the log can say which a ``short`` of
-    None is: a set of one length, or one whose longest sample could not be told."""
+    None is: a set of one length, or one whose longest sample could not be told. ``warn=False``: no
+    warning where they cannot be compared (Lightning's callback then probes the loader's first batch)."""
     items = _samples(dataset)
     first = next(items, _EMPTY)
     if first is _EMPTY:
@@ -75,6 +76,8 @@ def scan_samples(dataset: Any) -> tuple[Any, Any, bool]:
     for index, item in enumerate(itertools.chain([first], items)):
         fields = _fields(item, first)
         if isinstance(fields, str):
+            if not warn:
+                return first, None, False
             log.warning("fit_batch_size: cannot tell the longest sample of the training set (sample %d: %s); probing "
                         "at the first sample, which a longer one may not fit beside; pass sample= (your longest "
                         "sample, as the dataset yields it)", index, fields)
