@@ -96,34 +96,84 @@ def _shapes(node: Any, path: str) -> list[tuple[str, tuple[int, ...]]]:
 
 
 def loss_split_note(step: TrainStep, sizes: list[int], piece: int = 1) -> str | None:
-    """A note for a plan that splits (``sizes``: more than one micro-batch) a step whose loss on
-    ``make_batch(2 * piece)`` is not the mean of its two halves' losses, read in eval mode (no
-    dropout, BatchNorm's running statistics: :mod:`.batch_statistics` notes those) without
-    gradients; the model's modes, buffers and every random generator are put back. A loss that
-    draws random numbers in eval mode (a VAE's reparameterisation, noise injected in forward) is
-    judged by the means of :data:`RANDOM_DRAWS` draws. None where the split is exact, or where the check cannot run (a model that does not compute its loss in
-    eval mode: the trials and the run raise their own errors)."""
+    """A note for a plan that splits (``sizes``: more than one micro-batch) a step whose loss is not a
+    mean over pieces of ``piece`` samples (``multiple_of``), read in eval mode (no dropout, BatchNorm's
+    running statistics: :mod:`.batch_statistics` notes those) without gradients; the model's modes,
+    buffers and every random generator are put back. On ``make_batch(8 * piece)``, the loss of each group
+    of pieces of two cuts (:func:`_groups`, one uneven) is held against the mean of its pieces' losses:
+    several comparisons, for one can agree by chance (a token mean over two samples of one length, or
+    whose per-sample weights cancel), to a tolerance near the dtype's rounding (:func:`_tolerance`), for an
+    untrained model's per-token losses are all about ``log V`` and a token mean moves its loss by 1e-4 of
+    it. A loss that draws random numbers in eval mode (a VAE's reparameterisation, noise injected in
+    forward) is judged by the means of :data:`RANDOM_DRAWS` draws (:func:`_split_differs`). None where the
+    split is exact, or where the check cannot run (a model that does not compute its loss in eval mode:
+    the trials and the run raise their own errors)."""
     if len(sizes) < 2 or _distributed(step.model):
         return None
-    draws = _losses(step, piece)
+    most = max(2, min(CHECK_PIECES, max(sizes) // piece))  # a group's forward takes less than a micro-batch's step
+    first = max(1, 3 * most // 8)  # the uneven cut: 3 and 5 of 8 pieces, 1 and 1 of 2
+    draws = _losses(step, piece, most, first)
     if not draws:
         return None
-    whole, halves, drawn = draws[0][0], draws[0][1:], ""
-    if len(draws) > 1:  # the loss draws random numbers in eval mode: judge the mean of many draws
-        if not _split_differs(draws):
+    drawn = ""
+    if isinstance(draws, list):  # the loss draws random numbers in eval mode: judge the mean of many draws
+        if not _split_differs(draws, first / most):
             return None
-        whole, *halves = (sum(draw[i] for draw in draws) / len(draws) for i in range(3))
+        whole, one, two = (sum(draw[i] for draw in draws) / len(draws) for i in range(3))
         drawn = f" (means of {len(draws)} draws: the loss draws random numbers in eval mode)"
+        found = (f"on its first {most * piece} samples, and {one:.4g} and {two:.4g} on their {first * piece} and "
+                 f"{(most - first) * piece}")
     else:
-        mean = sum(halves) / 2
-        reduced = step.autocast_dtype in (torch.bfloat16, torch.float16)  # its matmuls round by the batch's shape
-        if math.isclose(whole, mean, rel_tol=2e-2 if reduced else 1e-3, abs_tol=1e-5):
+        pieces, groups = draws
+        gaps = [(abs(loss - sum(pieces[start:start + size]) / size), start, size, loss) for start, size, loss in groups]
+        gap, start, size, whole = max(gaps)
+        if gap <= _tolerance(step) * max(*map(abs, pieces), *(abs(g[3]) for g in gaps), 1e-2):
             return None
+        mean = sum(pieces[start:start + size]) / size
+        found = (f"on its samples {start * piece} to {(start + size) * piece - 1}, and a mean of {mean:.4g} over "
+                 f"{'each of them alone' if piece == 1 else f'their pieces of {piece}'}")
     return (
-        f"{LOSS_SPLIT}: on make_batch({2 * piece}) the loss_fn gave {whole:.4g}, and {halves[0]:.4g} and {halves[1]:.4g} "
-        f"on its halves (in eval mode){drawn}, so the plan's micro-batches of {max(sizes)} train another gradient than one "
-        f"batch of {sum(sizes)} would ({LOSS_KINDS}). Where that matters: more memory (one step), or {MEAN_LOSS}"
+        f"{LOSS_SPLIT}: on make_batch({CHECK_PIECES * piece}) the loss_fn gave {whole:.4g} {found} (in eval mode){drawn}, "
+        f"so the plan's micro-batches of {max(sizes)} train another gradient than one batch of {sum(sizes)} would "
+        f"({LOSS_KINDS}). Where that matters: more memory (one step), or {MEAN_LOSS}"
     )
+
+
+#: the pieces (of ``multiple_of`` samples) of the split check's batch
+CHECK_PIECES = 8
+
+
+def _groups(most: int, first: int) -> list[list[int]]:
+    """Two cuts of :data:`CHECK_PIECES` pieces into groups of at most ``most`` (the plan's largest micro-batch, in
+    pieces): even (8; 4 and 4; four 2s), and uneven, ``first`` pieces then groups of ``most`` (3 and 5; 1, 4 and 3;
+    1, 2, 2, 2 and 1). A token mean whose groups' lengths happen to match, or whose weights cancel, in one cut
+    rarely does in both (a token model's losses, 2 to 12 real tokens of 12, moved by 1e-4 at the least on 40 seeds)."""
+    even = [min(most, CHECK_PIECES - start) for start in range(0, CHECK_PIECES, most)]
+    rest = CHECK_PIECES - first
+    return [even, [first] + [min(most, rest - start) for start in range(0, rest, most)]]
+
+
+def _starts(sizes: list[int]) -> list[int]:
+    """Where each group of ``sizes`` (in pieces) begins."""
+    return [sum(sizes[:index]) for index in range(len(sizes))]
+
+
+def _tolerance(step: TrainStep) -> float:
+    """The relative gap the check lets pass: 2e-2 where the loss is computed in 16 bits (autocast, or
+    16-bit parameters), whose matmuls round by the batch's shape; 1e-3 in float32 on an accelerator that
+    may round it to TF32 (CUDA's convolutions do by default, its matmuls under
+    ``set_float32_matmul_precision("high")``, other accelerators as they choose: a 10-bit mantissa, and
+    kernels chosen by the batch's shape); else 1e-5, far above float32's rounding by the batch's shape (on
+    the CPU a mean over samples' groups agreed with their pieces to 2e-7 of the loss) and below what a
+    token mean of an untrained model's nearly equal per-token losses moves it by."""
+    half = (torch.bfloat16, torch.float16)
+    parameters = list(step.model.parameters())
+    if step.autocast_dtype in half or any(p.dtype in half for p in parameters):
+        return 2e-2
+    kinds = {p.device.type for p in parameters}
+    exact = kinds <= {"cpu", "meta"} or (kinds == {"cuda"} and not torch.backends.cuda.matmul.allow_tf32
+                                         and not torch.backends.cudnn.allow_tf32)
+    return 1e-5 if exact else 1e-3
 
 
 #: the losses that are no mean over samples, as the notes name them
@@ -147,24 +197,26 @@ def _distributed(model: torch.nn.Module) -> bool:
 RANDOM_DRAWS = 16
 
 
-def _split_differs(draws: list[tuple[float, ...]]) -> bool:
-    """Whether a random loss's whole-batch draws differ from its halves' mean by more than their noise: the
-    mean difference beyond four standard errors (a mean of per-sample terms, as a VAE's, differs by noise
-    alone, whose expectation is 0) and beyond the deterministic check's relative tolerance."""
-    diffs = [whole - (first + second) / 2 for whole, first, second in draws]
+def _split_differs(draws: list[tuple[float, ...]], share: float) -> bool:
+    """Whether a random loss's whole-batch draws differ from what its cut accumulates (its first part's
+    loss weighted by ``share``, the second's by the rest) by more than their noise: the mean difference
+    beyond four standard errors (a mean of per-sample terms, as a VAE's, differs by noise alone, whose
+    expectation is 0) and beyond 1e-3 of the loss."""
+    diffs = [whole - share * first - (1 - share) * second for whole, first, second in draws]
     mean = sum(diffs) / len(diffs)
     spread = math.sqrt(sum((d - mean) ** 2 for d in diffs) / (len(diffs) - 1))
     scale = max(abs(whole) for whole, _, _ in draws)
     return abs(mean) > 4 * spread / math.sqrt(len(diffs)) and abs(mean) > 1e-3 * scale + 1e-5
 
 
-def _losses(step: TrainStep, piece: int) -> list[tuple[float, ...]]:
-    """``(whole, first half, second half)``: ``loss_fn`` on ``make_batch(2 * piece)`` and on its two halves, as
-    floats; one such draw, or :data:`RANDOM_DRAWS` where the whole batch's loss taken again (the generators
-    advanced) differed: the loss draws random numbers in eval mode, and one draw of each tells nothing (a
-    VAE whose loss is a mean over samples gave 14.97 on the batch and 14.5 and 18.03 on its halves).
-    Empty where the loss raised."""
-    from .accumulation import split_batch
+def _losses(step: TrainStep, piece: int, most: int, first: int) -> Any:
+    """``loss_fn`` on ``make_batch(8 * piece)`` as floats: ``(pieces, groups)``, each piece's loss and
+    ``(start, size, loss)`` for each group of more than one piece (:func:`_groups`); or, where the first
+    group's loss taken again (the generators advanced) differed, a list of :data:`RANDOM_DRAWS` draws of that
+    group's loss and of its two parts (``first`` pieces, the rest): the loss draws random numbers in eval mode,
+    and one draw of each tells nothing (a VAE whose loss is a mean over samples gave 14.97 on a batch of 2 and
+    14.5 and 18.03 on its halves). None where the loss raised."""
+    from .accumulation import cut_batch
 
     model = step.model
     modes = [(module, module.training) for module in model.modules()]
@@ -173,13 +225,22 @@ def _losses(step: TrainStep, piece: int) -> list[tuple[float, ...]]:
     try:
         model.eval()
         with torch.no_grad(), step.autocast():
-            batch = step.make_batch(2 * piece)
-            parts = [batch, *split_batch(batch, piece)]
-            draws = [tuple(_loss(step, part) for part in parts)]
-            if not math.isclose(_loss(step, batch), draws[0][0], rel_tol=1e-6):  # random in eval mode
-                draws += [tuple(_loss(step, part) for part in parts) for _ in range(RANDOM_DRAWS - 1)]
+            batch = step.make_batch(CHECK_PIECES * piece)
+            group = cut_batch(batch, lambda total: [most * piece, total - most * piece])[0] if most < CHECK_PIECES else batch
+            whole = _loss(step, group)
+            if not math.isclose(_loss(step, group), whole, rel_tol=1e-6):  # random in eval mode
+                parts = [group, *cut_batch(group, lambda total: [first * piece, total - first * piece])]
+                return [tuple(_loss(step, part) for part in parts) for _ in range(RANDOM_DRAWS)]
+            pieces = [_loss(step, part) for part in cut_batch(batch, lambda total: [piece] * CHECK_PIECES)]
+            groups = [(0, most, whole)]  # the first group of the even cut, taken already
+            for cut in _groups(most, first):
+                parts = cut_batch(batch, lambda total, cut=cut: [size * piece for size in cut])
+                for start, size, part in zip(_starts(cut), cut, parts):
+                    if size > 1 and (start, size) != (0, most):
+                        groups.append((start, size, _loss(step, part)))
+            return pieces, groups
     except Exception:  # noqa: BLE001 - an advisory check: the step's own errors come from its trials
-        return []
+        return None
     finally:
         for module, training in modes:
             module.training = training
@@ -187,7 +248,6 @@ def _losses(step: TrainStep, piece: int) -> list[tuple[float, ...]]:
             for buffer, value in buffers:
                 buffer.copy_(value)
         set_rng_state(saved)
-    return draws
 
 
 def _loss(step: TrainStep, batch: Any) -> float:

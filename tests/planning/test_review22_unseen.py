@@ -81,7 +81,7 @@ def test_a_split_of_a_loss_over_the_whole_batch_is_noted(loss_fn, noted, caplog)
     found = [note for note in result.notes if note.startswith(LOSS_SPLIT)]
     assert bool(found) is noted and (LOSS_SPLIT in caplog.text) is noted
     if noted:
-        assert "make_batch(2)" in found[0] and f"micro-batches of {result.micro_batch}" in found[0]
+        assert "make_batch(8)" in found[0] and f"micro-batches of {result.micro_batch}" in found[0]
 
 
 class Noisy(nn.Module):
