@@ -72,6 +72,7 @@ class DDPProbeStep(TrainStep):
             except Exception as exc:  # noqa: BLE001 - completed, voted on, re-raised
                 failure = keep(exc)
             if failure is not None:
+                batch = loss = None  # the failed step's graph (its activations): freed before the buckets' zeros
                 self.clear_grads()
                 free_memory(generation=1)  # the failure's objects are young (see free_memory)
                 complete_buckets(model, ledger, f"{label}: completing DDP's gradient buckets")

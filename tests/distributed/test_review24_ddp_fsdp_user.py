@@ -82,3 +82,35 @@ def test_a_one_rank_fully_shard_model_replays_an_oom_in_backward_to_the_right_we
     assert [r["phase"] for r in result.oom_recoveries] == ["backward"] and result.steps == 2
     for got, want in zip(model.parameters(), reference.parameters()):  # sharded again: before, some were left unsharded
         torch.testing.assert_close(got.full_tensor(), want, rtol=1e-5, atol=1e-6)  # before: off by 3.5e-3
+
+
+
+class _BackwardOOM(torch.autograd.Function):
+    """Saves its input for a backward that runs out of memory (a rank whose backward met the wall)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return x.sum()
+
+    @staticmethod
+    def backward(ctx, grad):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 MiB (injected in backward)")
+
+
+def test_review39_a_ddp_probe_step_that_ran_out_in_backward_frees_its_graph_before_completing_the_buckets(one_rank_group):
+    """Review 39: ``DDPProbeStep`` kept the failed step's loss (its graph: 2 MiB of activations here)
+    alive while it allocated the zeros (2 MiB) that complete DDP's buckets; on a rank at its wall that
+    ran out too ("could not complete DDP's gradient buckets", not an OOM), and its peers waited in the
+    buckets until the sync deadline (2 gloo ranks, ``find_max_batch`` of a DDP GPT under 8 and 4 MiB)."""
+    from autobatch import simulated_memory
+    from autobatch.dist.ddp_probe import DDPProbeStep
+
+    torch.manual_seed(0)
+    model = nn.Linear(512, 512).double()
+    ddp = nn.parallel.DistributedDataParallel(model)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    step = DDPProbeStep(autobatch.TrainStep(ddp, optimizer, lambda module, batch: _BackwardOOM.apply(module(batch).repeat(1, 8)),
+                                            lambda n: torch.randn(n, 512, dtype=torch.float64)))
+    with simulated_memory("3MiB"), pytest.raises(torch.OutOfMemoryError, match="injected in backward"):
+        step(64)

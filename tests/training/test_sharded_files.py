@@ -36,7 +36,7 @@ def test_a_sharded_set_without_fsdp_and_a_plain_checkpoint_with_it_say_what_to_c
     plain.mkdir()
     _write(plain, "last.pt")
     assert check_sharded_resume(plain, sharded=False) == plain / "last.pt"
-    with pytest.raises(CheckpointError, match="resume without train.fsdp"):
+    with pytest.raises(CheckpointError, match=r"no fully_shard before Runner\(...\); from the command line, without train.fsdp"):
         check_sharded_resume(plain, sharded=True)
 
 

@@ -96,8 +96,9 @@ def check_sharded_resume(path: str | os.PathLike, *, sharded: bool) -> Path:
         )
     if path.is_file():
         raise CheckpointError(
-            path, "it holds an unsharded model and this model is sharded (FSDP2); resume without train.fsdp "
-            "(as the run that wrote it), or start afresh",
+            path, "it holds an unsharded model (DDP or plain) and this model is sharded (FSDP2); resume into the model "
+            "unsharded, as the run that wrote it (no fully_shard before Runner(...); from the command line, without "
+            "train.fsdp), or start afresh",
         )
     raise FileNotFoundError(
         f"no checkpoint at {path} (nor its sharded files {path.stem}.rank<r>-of-{world}{path.suffix or '.pt'} next to "
