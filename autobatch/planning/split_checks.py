@@ -26,6 +26,7 @@ from typing import Any, Mapping
 
 import torch
 
+from ..memory.uncompiled import uncompiled
 from ..probe.caching.key_batches import sample_batches
 from ..probe.snapshot.rng import rng_state, set_rng_state, step_generators
 from ..probe.snapshot.shards import has_dtensors
@@ -215,7 +216,11 @@ def _losses(step: TrainStep, piece: int, most: int, first: int) -> Any:
     group's loss taken again (the generators advanced) differed, a list of :data:`RANDOM_DRAWS` draws of that
     group's loss and of its two parts (``first`` pieces, the rest): the loss draws random numbers in eval mode,
     and one draw of each tells nothing (a VAE whose loss is a mean over samples gave 14.97 on a batch of 2 and
-    14.5 and 18.03 on its halves). None where the loss raised."""
+    14.5 and 18.03 on its halves). None where the loss raised. A ``torch.compile``d model runs uncompiled here
+    (:func:`~autobatch.memory.uncompiled.uncompiled`): before, each of the check's sizes (8, 1, 3 and 5, in eval
+    mode without grad) compiled a graph the run never uses (seconds each with inductor) and, with ``dynamic=False``,
+    took half of dynamo's recompile limit (8): a few OOM replays later the run went uncompiled, or raised with
+    ``fullgraph=True``."""
     from .accumulation import cut_batch
 
     model = step.model
@@ -224,7 +229,7 @@ def _losses(step: TrainStep, piece: int, most: int, first: int) -> Any:
     saved = rng_state(own=step_generators(step))
     try:
         model.eval()
-        with torch.no_grad(), step.autocast():
+        with torch.no_grad(), step.autocast(), uncompiled():
             batch = step.make_batch(CHECK_PIECES * piece)
             group = cut_batch(batch, lambda total: [most * piece, total - most * piece])[0] if most < CHECK_PIECES else batch
             whole = _loss(step, group)

@@ -67,3 +67,23 @@ def test_review37_a_compiled_model_compiles_again_after_the_simulated_device():
     assert not compiles
     model(torch.randn(2, 8))
     assert len(compiles) == 1  # compiled after it
+
+
+def test_review39_the_plans_split_check_runs_a_compiled_model_uncompiled():
+    """plan()'s loss check (autobatch.planning.split_checks) ran the model outside the simulated device, at sizes
+    8, 1, 3 and 5 in eval mode without grad: four graphs the run never uses (seconds each with inductor), half of
+    dynamo's recompile limit with dynamic=False, so that a few OOM replays later a fullgraph=True run raised."""
+    from autobatch.planning.split_checks import loss_split_note
+
+    compiles = []
+
+    def backend(graph, inputs):
+        compiles.append(graph)
+        return graph.forward
+
+    model = torch.compile(nn.Linear(8, 8), backend=backend, dynamic=False, fullgraph=True)
+    step = _step(model)
+    assert loss_split_note(step, [16, 16]) is None  # a mean over samples: checked, and no note
+    assert not compiles and model.training
+    model(torch.randn(2, 8))
+    assert len(compiles) == 1  # compiled after it
