@@ -41,7 +41,7 @@ from .input_note import inputs_noted
 from .log_advice import advice_in_logs
 from .isolated import isolate_probe, probe_in_child
 from .preflight import flags_first, hydra_help_args
-from .sweep import forget_sweeps
+from .sweep import claim_sweep_job, forget_sweeps
 from .run_dir import check_probe_target, check_train_target, claim_run_dir
 from .user_config import command_line, help_overrides, job_name_override, run_roots
 from .sharding import per_rank_batch
@@ -208,6 +208,7 @@ def probe_task(cfg: DictConfig) -> dict[str, Any]:
     with reported(multirun=multirun, verbose=verbose), inputs_noted(cfg) as watch:
         ranks.join(cfg)
         out_dir = ranks.shared_run_dir(out_dir)
+        on_every_rank(lambda: claim_sweep_job(out_dir), "cli: sweep job directory", f"job directory {out_dir}")
         on_every_rank(lambda: check_probe_target(out_dir), "cli: probe directory", f"hydra.run.dir={out_dir}")
         workload = watch(build_workload(cfg))  # an own model's first forward: inputs named
         global_batch = cfg.train.global_batch
@@ -310,6 +311,7 @@ def train_task(cfg: DictConfig) -> dict[str, Any]:
         if cfg.train.global_batch is not None:  # before any probe: a config error, at once
             per_rank_batch(int(cfg.train.global_batch), dist_sync.world_size())
         child_result = None  # one run a directory: two started in the same second share Hydra's
+        on_every_rank(lambda: claim_sweep_job(out_dir), "cli: sweep job directory", f"job directory {out_dir}")
         on_every_rank(lambda: claim_run_dir(out_dir, dist_sync.rank()), "cli: run directory claimed", f"hydra.run.dir={out_dir}")
         if cfg.train.resume is None:  # before any probe: never over an earlier run's files
             on_every_rank(lambda: check_train_target(out_dir, cfg.train.checkpoint_dir), "cli: run directory free",

@@ -34,6 +34,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 from omegaconf.errors import OmegaConfBaseException
 
+from .sweep_dirs import job_dir_owner, sweep_id
 from .training import FINAL_MODEL, METRICS, check_fresh_target, run_files
 
 __all__ = ["CLAIM", "claim_run_dir", "check_probe_target", "check_train_target", "holds_run", "KeepRunConfig"]
@@ -198,13 +199,27 @@ class KeepRunConfig(Callback):
 def _held(config: DictConfig, run_dir: Path) -> bool:
     """Whether ``run_dir`` holds a run that a ``config`` 's command must not replace the record of."""
     checkpoint_dir = str(OmegaConf.select(config, "train.checkpoint_dir", default=None) or "checkpoints")
-    return run_dir.is_dir() and holds_run(run_dir, checkpoint_dir, str(config.hydra.job.name))
+    command = str(config.hydra.job.name)
+    return run_dir.is_dir() and (holds_run(run_dir, checkpoint_dir, command) or _sweep_mates(config, run_dir))
 
 
 def _refused(config: DictConfig, run_dir: Path) -> bool:
     """Whether ``config`` 's command will be refused in ``run_dir``, which holds a run (:func:`_held`)."""
     command = str(config.hydra.job.name)
-    return command == "probe" or OmegaConf.select(config, "train.resume", default=None) is None or _claimed(run_dir)
+    return (command == "probe" or OmegaConf.select(config, "train.resume", default=None) is None or _claimed(run_dir)
+            or _sweep_mates(config, run_dir))
+
+
+def _sweep_mates(config: DictConfig, run_dir: Path) -> bool:
+    """Whether another job of this sweep claimed ``run_dir`` (a fixed ``hydra.sweep.subdir``): this
+    job is refused there (:func:`~.sweep_dirs.claim_job_dir`), so the first one's record stays."""
+    if OmegaConf.select(config, "hydra.mode", default=None) != RunMode.MULTIRUN:
+        return False
+    sweep_dir = Path(str(config.hydra.sweep.dir))
+    cwd = OmegaConf.select(config, "hydra.runtime.cwd", default=None)
+    if not sweep_dir.is_absolute() and cwd:
+        sweep_dir = Path(str(cwd)) / sweep_dir
+    return job_dir_owner(run_dir, sweep_id(sweep_dir), int(config.hydra.job.num)) is not None
 
 
 def record_dir(subdir: Any, *, _root_: DictConfig) -> Any:

@@ -12,8 +12,9 @@ A sweep directory given again (``hydra.sweep.dir=``) still holds the rows of the
 sweep's jobs. So each sweep writes a fresh id into ``.sweep_id`` when it starts, every row
 carries the id of the sweep its job ran in, and the summary lists only the rows of the
 sweep that wrote the current id (the other rows and their job directories are left as they are).
-The earlier sweep's ``summary.csv``, ``summary.md`` and ``summary.png`` are removed when the new
-one starts: a sweep run with ``probe.plot=false`` kept (and named) the earlier sweep's picture.
+The earlier sweep's ``summary.csv``, ``summary.md`` and ``summary.png`` are renamed
+``summary.earlier-<time>.*`` when the new one starts, and its ``summary.md`` names them
+(:mod:`.sweep_dirs`, which also keeps two jobs of one sweep out of one directory).
 """
 
 from __future__ import annotations
@@ -38,18 +39,20 @@ from ..report.overrides import differing_overrides, shared_overrides
 from .atomic_write import write_atomic
 from .errors import one_line
 from .override_text import as_given
+from .sweep_dirs import ROW_FILE, ROW_GLOB, SWEEP_ID_FILE, claim_job_dir, earlier_summary, row_path, set_aside_summary
+from .sweep_dirs import sweep_id
+from .sweep_dirs import SWEEP_KEY as _SWEEP_KEY
 from .user_config import given_overrides
 
 __all__ = ["SweepSummary", "COLUMNS", "sweep_id", "collect_rows", "write_summary", "render_markdown", "last_sweep_dir",
-           "forget_sweeps", "record_interrupted"]
+           "forget_sweeps", "record_interrupted", "claim_sweep_job",
+           "ROW_FILE", "SWEEP_ID_FILE"]
 
 log = logging.getLogger("autobatch")
 
-ROW_FILE = "summary_row.json"
-SWEEP_ID_FILE = ".sweep_id"
-#: The key of a row's sweep id in its file (not a column of the summary).
-_SWEEP_KEY = "_sweep"
 PLOT_FILE = "summary.png"
+#: In the sweep directory while a sweep with ``probe.plot=false`` runs: an interrupted job draws no picture.
+NO_PLOT_FILE = ".sweep_no_plot"
 #: The files :func:`write_summary` writes into the sweep directory.
 SUMMARY_FILES = ("summary.csv", "summary.md", PLOT_FILE)
 COLUMNS = ("job", "overrides", "status", "batch_size", "trials", "peak", "time_s", "error")
@@ -75,20 +78,12 @@ def forget_sweeps() -> None:
     _last_sweep.clear()
 
 
-def sweep_id(sweep_dir: Path) -> str | None:
-    """The id of the sweep that last started in ``sweep_dir`` (None: none recorded)."""
-    try:
-        return (sweep_dir / SWEEP_ID_FILE).read_text(encoding="utf-8").strip() or None
-    except OSError:
-        return None
-
-
 def collect_rows(sweep_dir: Path) -> list[dict[str, Any]]:
     """The rows of the jobs of the sweep that last started in ``sweep_dir`` (every row when no
     sweep id was recorded), in job order."""
     current = sweep_id(sweep_dir)
     rows = []
-    for path in sweep_dir.rglob(ROW_FILE):
+    for path in sweep_dir.rglob(ROW_GLOB):  # summary_row.json, or a refused job's beside another's
         try:
             row = json.loads(path.read_text(encoding="utf-8"))
         except (OSError, ValueError):  # a row being written right now
@@ -147,7 +142,9 @@ def write_summary(sweep_dir: Path, *, plot: bool = True) -> list[dict[str, Any]]
     writer.writeheader()
     writer.writerows(rows)
     write_atomic(sweep_dir / "summary.csv", buffer.getvalue())
-    write_atomic(sweep_dir / "summary.md", render_markdown(rows))
+    earlier = earlier_summary(sweep_dir)
+    note = f"\nthe earlier sweep's summary in this directory: {', '.join(earlier)}\n" if earlier else ""
+    write_atomic(sweep_dir / "summary.md", render_markdown(rows) + note)
     if plot:
         _write_plot(sweep_dir, rows)
     return rows
@@ -235,12 +232,24 @@ def record_interrupted(error: str) -> None:
     row = {"job": hydra_cfg.job.num, "overrides": " ".join(given_overrides()), "status": "interrupted",
            **_empty_columns(str(getattr(hydra_cfg.job, "name", None)), None), "error": error, _SWEEP_KEY: sweep_id(sweep_dir)}
     try:
-        write_atomic(Path(hydra_cfg.runtime.output_dir) / ROW_FILE, json.dumps(row, default=str) + "\n")
-        # the picture too where an earlier job drew one (the sweep wants plots): left as it was, the
-        # summary.png the final line names showed the jobs before this one alone, this one missing
-        write_summary(sweep_dir, plot=(sweep_dir / PLOT_FILE).is_file())
+        write_atomic(row_path(Path(hydra_cfg.runtime.output_dir), row), json.dumps(row, default=str) + "\n")
+        # the picture too, unless the sweep wants none: left as it was, the summary.png the final line
+        # names showed the jobs before this one alone (and a sweep's first job drew none)
+        write_summary(sweep_dir, plot=not (sweep_dir / NO_PLOT_FILE).exists())
     except OSError as exc:  # the interrupt is what the command reports; the row is a courtesy
         log.warning("sweep row of the interrupted job not written (%s)", exc)
+
+
+def claim_sweep_job(job_dir: Path) -> None:
+    """In a job of a sweep, claim ``job_dir`` for it before it writes anything
+    (:func:`~.sweep_dirs.claim_job_dir`): ``ValueError`` where another job of the sweep did."""
+    if not HydraConfig.initialized() or not is_rank_zero():
+        return
+    hydra_cfg = HydraConfig.get()
+    if hydra_cfg.mode != RunMode.MULTIRUN:
+        return
+    claim_job_dir(job_dir, sweep_id(_from_cwd(hydra_cfg.sweep.dir, hydra_cfg.runtime.cwd)), int(hydra_cfg.job.num),
+                  str(hydra_cfg.sweep.subdir))
 
 
 class SweepSummary(Callback):
@@ -255,15 +264,19 @@ class SweepSummary(Callback):
         if is_rank_zero():  # a new id: rows left by an earlier sweep into this directory are not this one's
             sweep_dir.mkdir(parents=True, exist_ok=True)
             write_atomic(sweep_dir / SWEEP_ID_FILE, uuid.uuid4().hex + "\n")
-            for name in SUMMARY_FILES:  # the earlier sweep's summary is not this one's
-                (sweep_dir / name).unlink(missing_ok=True)
+            (sweep_dir / NO_PLOT_FILE).unlink(missing_ok=True)
+            if not _plot_wanted(config):
+                (sweep_dir / NO_PLOT_FILE).touch()
+            kept = set_aside_summary(sweep_dir, SUMMARY_FILES)  # the earlier sweep's summary is not this one's
+            if kept:
+                log.warning("%s holds an earlier sweep's summary: kept as %s", sweep_dir, ", ".join(kept))
 
     def on_job_end(self, config: DictConfig, job_return: JobReturn, **kwargs: Any) -> None:
         if not is_rank_zero() or config.hydra.mode != RunMode.MULTIRUN:
             return
         output_dir = Path(HydraConfig.get().runtime.output_dir)
         row = {**_job_row(config, job_return), _SWEEP_KEY: sweep_id(_sweep_dir(config))}
-        write_atomic(output_dir / ROW_FILE, json.dumps(row, default=str) + "\n")
+        write_atomic(row_path(output_dir, row), json.dumps(row, default=str) + "\n")
         write_summary(_sweep_dir(config), plot=_plot_wanted(config))
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:

@@ -10,9 +10,10 @@ from omegaconf import OmegaConf
 from autobatch.cli.sweep import SUMMARY_FILES, SweepSummary, _job_row, render_markdown
 
 
-def test_a_new_sweep_removes_the_earlier_sweeps_summary(tmp_path):
+def test_a_new_sweep_sets_the_earlier_sweeps_summary_aside(tmp_path):
     """Re-run with ``probe.plot=false`` into the same ``hydra.sweep.dir``, the earlier sweep's
-    ``summary.png`` (4 jobs, 2 failed) stayed, and the last line named it as this sweep's."""
+    ``summary.png`` (4 jobs, 2 failed) stayed, and the last line named it as this sweep's: the
+    earlier files leave their names (kept as ``summary.earlier-*``, review 39)."""
     for name in SUMMARY_FILES:
         (tmp_path / name).write_text("earlier sweep")
     config = OmegaConf.create({"hydra": {"sweep": {"dir": str(tmp_path)}, "runtime": {"cwd": str(tmp_path)}}})
