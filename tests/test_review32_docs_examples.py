@@ -95,3 +95,20 @@ def test_review36_decorator_example_lists_every_attempt_field():
 
     listed = re.search(r"# every attempt: ([\w, ]+)", (REPO / "docs" / "integrations.md").read_text()).group(1)
     assert listed.split(", ") == [f.name for f in dataclasses.fields(Attempt)]
+
+
+def test_review39_reports_example_prints_the_diagnostics_it_says():
+    """docs/reports.md's example (on the simulated CPU device) prints the gap and the allocator
+    retries; its comment said ``None`` where it printed ``0 None`` (the simulated device reserves
+    what it allocates: a gap of 0 B)."""
+    import torch
+
+    from autobatch.memory.devices import memory_for
+    from autobatch.memory.diagnostics import memory_diagnostics
+
+    text = (REPO / "docs" / "reports.md").read_text()
+    line = next(line for line in text.splitlines() if line.startswith('print(result.diagnostics["fragmentation_gap'))
+    with memory_for(torch.device("cpu"), 8 << 20) as (memory, _):
+        diagnostics = memory_diagnostics(memory)
+    printed = f"{diagnostics['fragmentation_gap_bytes']} {diagnostics['num_alloc_retries']}"
+    assert f"# {printed}:" in line, f"docs/reports.md says {line.split('#', 1)[1]!r}; the example prints {printed!r}"
