@@ -77,6 +77,19 @@ def test_a_persistent_iterable_datasets_resume_warning_says_samples_may_repeat(c
     assert "order is the same" not in caplog.text
 
 
+def test_review39_a_persistent_loaders_resume_in_its_first_epoch_is_not_warned(caplog):
+    """A resume in epoch 0 starts the new loader's workers from the uninterrupted run's base seed: its
+    augmentations are the same to the run's end (checked by hand with workers), and the warning said
+    they were not. A later epoch's resume is warned, as before."""
+    loader = DataLoader(EpochShuffled(), batch_size=GLOBAL, num_workers=2, persistent_workers=True)  # never started
+    with caplog.at_level(logging.WARNING, logger="autobatch"):
+        warn_persistent_workers(loader, position=3, epoch=0)
+    assert "keeps its workers" not in caplog.text
+    with caplog.at_level(logging.WARNING, logger="autobatch"):
+        warn_persistent_workers(loader, position=3, epoch=1)
+    assert "keeps its workers" in caplog.text
+
+
 def test_a_plateau_scheduler_in_extra_state_resumes_without_a_replaced_rate_warning(tmp_path, caplog):
     def build():
         torch.manual_seed(0)

@@ -218,7 +218,7 @@ class Resumable:
         self._data_size = check_same_size(self._data_size if replays else None, data, self.epoch, self.position)
         self._each_step = self.distributed and agree_epoch_length(self._parallel, data, self.epoch)
         if resumed_rng is not None and (self.position > 0 or self.epoch > 0):
-            warn_persistent_workers(data, self.position)
+            warn_persistent_workers(data, self.position, self.epoch)
         set_epoch(data, self.epoch)
         if resumed_rng is not None and self._epoch_iter is not None and self._epoch_iter.continues(data, self.epoch, fetched):
             return self._epoch_iter  # a later fit() on the same generator: it goes on where it stopped

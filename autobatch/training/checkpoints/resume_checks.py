@@ -228,15 +228,23 @@ def position_for(path: Path, state: dict[str, Any], global_batch: int) -> int:
     return samples // global_batch
 
 
-def warn_persistent_workers(data: Iterable[Any], position: int = 0) -> None:
+def warn_persistent_workers(data: Iterable[Any], position: int = 0, epoch: int | None = None) -> None:
     """Warn that a ``DataLoader(persistent_workers=True)`` resumes with other random numbers in
     its workers: they are started once and keep their generators across epochs, and no checkpoint
     holds those, so a resumed (or continued) run's new workers draw other augmentations than the
     uninterrupted run's kept ones did. A map-style dataset's order is drawn by its sampler, in this
     process, and is the same; an ``IterableDataset``'s is drawn in the workers (a shuffle in its
     ``__iter__``): resumed at ``position`` > 0 batches into an epoch, the rest of the epoch came in
-    another order, and trained some of the epoch's samples twice and others not at all (17 of 48)."""
+    another order, and trained some of the epoch's samples twice and others not at all (17 of 48).
+
+    Not in the first epoch (``epoch`` 0) of a loader that has started no workers yet (a resumed
+    process's): the replay starts them as the uninterrupted run did, from the same base seed, and
+    they draw the same numbers to the run's end (the warning said otherwise of an exact resume).
+    A second ``fit()`` on the same loader there resets the workers the first one started, whose
+    generators went on: warned."""
     if not (getattr(data, "persistent_workers", False) and (getattr(data, "num_workers", 0) or 0) > 0):
+        return
+    if epoch == 0 and getattr(data, "_iterator", None) is None:
         return
     if isinstance(getattr(data, "dataset", None), torch.utils.data.IterableDataset):
         effect = ("its IterableDataset yields its samples from the workers, so an order it draws there (a shuffle in "
