@@ -52,7 +52,7 @@ from .batch_ops import to_device
 from .oom.buffer_guard import BufferGuard
 from .checkpoints.checkpoint_io import data_generators
 from .checkpoints.checkpoint_values import check_storable
-from .checkpoints.extra_state import check_extra_state
+from .checkpoints.extra_state import check_extra_state, check_not_data
 from .oom.faults import FaultInjector
 from .oom.growth import GrowBack
 from .hygiene import CachePolicy
@@ -280,6 +280,7 @@ class Runner(OomRecovery, SplitsInMultiples, EndsSteps, Resumable, PlansFromData
         if on_step_end is not None:  # else "'str' object is not callable" after the first step had trained
             checks.function("on_step_end", on_step_end, "on_step_end(info: dict)")
         check_data(data, self.share)  # not one batch (a tensor, a dict, a tuple of tensors), nor unbatched samples
+        check_not_data(self.extra_state, data)  # a stream's own position: a resume would skip its batches twice
         if self.checkpoint_dir is not None:  # a value no checkpoint holds: refused now, not after checkpoint_every steps
             check_storable(self.optimizer, self.scheduler, self.extra_state)
         self._parallel.check_world(self.model)  # built in this world: not before init_process_group() or after destroy

@@ -187,3 +187,28 @@ def test_review36_resume_warns_where_the_data_draws_its_order_between_steps(tmp_
         runner(folder).fit(DataLoader(LazyShuffle(generator), batch_size=4), epochs=1, resume=folder)
         assert ("may train some samples twice" in caplog.text) is warned
         assert (sorted(seen) == list(range(24))) is not warned
+
+
+class PositionedStream(Stream):
+    """A stream that keeps its own position, as a Hugging Face ``datasets`` streaming set does."""
+
+    def state_dict(self):
+        return {}
+
+    def load_state_dict(self, state) -> None:
+        pass
+
+
+@pytest.mark.parametrize("held", ["dataset", "sampler"])
+def test_review39_extra_state_holding_the_stream_is_refused(held):
+    dataset = PositionedStream()
+    loader = DataLoader(dataset, batch_size=GLOBAL)
+    holder = dataset if held == "dataset" else loader.sampler
+    if held == "sampler":
+        holder.state_dict, holder.load_state_dict = dict, lambda state: None
+    model = make_model()
+    runner = Runner(model, torch.optim.SGD(model.parameters(), lr=0.05), hungry_mse, global_batch=GLOBAL,
+                    micro_batch=4, progress=False, extra_state={"stream": holder})
+    with pytest.raises(ValueError, match=rf"extra_state\['stream'\] is the data fit\(\) trains on \(data.{held}\)"):
+        runner.fit(loader, steps=2)
+    assert runner.step == 0

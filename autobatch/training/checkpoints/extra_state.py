@@ -16,9 +16,11 @@ import logging
 from pathlib import Path
 from typing import Any, Mapping
 
+import torch
+
 from ...errors import CheckpointError
 
-__all__ = ["check_extra_state", "saved_extra_state", "load_extra_state"]
+__all__ = ["check_extra_state", "check_not_data", "saved_extra_state", "load_extra_state"]
 
 log = logging.getLogger("autobatch")
 
@@ -40,6 +42,26 @@ def check_extra_state(extra_state: Any) -> dict[str, Any]:
                             "pass an object that has both (an nn.Module, an optimizer, a scheduler, "
                             "torch.optim.swa_utils.AveragedModel), or wrap it in one")
     return dict(extra_state)
+
+
+def check_not_data(extra_state: Mapping[str, Any], data: Any) -> None:
+    """Refuse, at ``fit()``, an ``extra_state`` entry that is what picks the data's next samples:
+    ``data`` itself (torchdata's ``StatefulDataLoader``), its ``IterableDataset`` (a Hugging Face
+    ``datasets`` streaming set, whose ``state_dict()`` holds its position), its sampler or batch
+    sampler. A resume puts its position back, then the runner skips the batches already trained
+    by iterating the data as it does for any data (:func:`~autobatch.training.epochs.replayed`): a
+    stream resumed 2 batches in trained from its 5th, skipping batches 3 and 4 without a word."""
+    holders = {"data": data, "data.dataset": getattr(data, "dataset", None), "data.sampler": getattr(data, "sampler", None),
+               "data.batch_sampler": getattr(data, "batch_sampler", None)}
+    for name, value in extra_state.items():
+        held = next((where for where, holder in holders.items() if holder is not None and holder is value), None)
+        if held is None or (held == "data.dataset" and not isinstance(value, torch.utils.data.IterableDataset)):
+            continue  # a map-style dataset's state picks no order: its sampler's does
+        raise ValueError(
+            f"extra_state[{name!r}] is the data fit() trains on ({held}): a resume would put its saved position "
+            "back, and the runner then skips the batches already trained by iterating the data from there, skipping "
+            f"them twice (samples lost without a word). Remove {name!r} from extra_state: a resume replays the "
+            "data's position itself, from the epoch's start (docs/runner.md, Checkpoints and resume)")
 
 
 def saved_extra_state(extra_state: Mapping[str, Any]) -> dict[str, Any]:
