@@ -43,6 +43,7 @@ from .result import ProbeResult
 from .searching.search import peak_limit, run_search
 from .autotune import Autotune
 from .caught import caught_note
+from .recompiles import RecompileWatch
 from .peak_guard import peak_guard_for
 from .promise import (forget_own_layout, laid_out_note, park_created_state, promise_note, relayout_created_state,
                       release_after_probe)
@@ -199,6 +200,7 @@ def _probe(call: _Call, restore, estimate_first: bool | None) -> ProbeResult:
     # a plain callable's: the gradients a failed trial began with are made again (failed_grads)
     grads = None if snapshot is None or isinstance(fn, TrainStep) else FailedStepGrads(restore, snapshot.undo_forward)
     prior = result = None
+    recompiles = RecompileWatch(_trained_model(fn, restore), simulated=call.target.type == "cpu")  # compiled trials
     autotune = Autotune(call.target)
     watch = LazyStateWatch()
     try:
@@ -251,7 +253,9 @@ def _probe(call: _Call, restore, estimate_first: bool | None) -> ProbeResult:
                               or shapes_note(estimate_note, result.batch_size))  # routed by value (MoE)
             call.notes += [arguments.gradless_note(fn), sparse_momentum_note(fn, restore), *left_out_notes(fn, kept, watch)]
             call.notes.append(caught_note(runner.records))  # errors the step caught itself (caught.py)
+            call.notes.append(recompiles.note())  # near dynamo's recompile limit (dynamic=False: a graph per size)
     except Exception as exc:
+        recompiles.explain(exc)  # fullgraph=True past the recompile limit: what the trials had to do with it
         call.agreement.left(fn, exc)  # other ranks: told at once, not left waiting for this one
         raise
     finally:

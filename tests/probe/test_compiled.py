@@ -87,3 +87,35 @@ def test_review39_the_plans_split_check_runs_a_compiled_model_uncompiled():
     assert not compiles and model.training
     model(torch.randn(2, 8))
     assert len(compiles) == 1  # compiled after it
+
+
+def test_review39_recompile_note_says_reached_near_or_nothing():
+    """On an accelerator a dynamic=False model's trials compile a graph per size; past dynamo's recompile limit
+    the later trials and training's new sizes ran uncompiled (fullgraph=True: raised), and nothing said so."""
+    from autobatch.probe.recompiles import CompileCount, recompile_note
+
+    assert recompile_note(CompileCount(1, 0), CompileCount(4, 0), 8) is None  # room to spare
+    assert recompile_note(CompileCount(6, 0), CompileCount(6, 0), 8) is None  # the trials compiled nothing
+    near = recompile_note(CompileCount(1, 0), CompileCount(6, 0), 8)
+    assert "compiled 5 more batch sizes" in near and "came near it: 2 more sizes" in near
+    assert "dynamic=None" in near and "mark_dynamic" in near and "recompile_limit" in near
+    reached = recompile_note(CompileCount(None, 0), CompileCount(None, 1), 8)  # entries unreadable: dynamo's counter
+    assert "reached it" in reached and "uncompiled" in reached and "dynamic=None" in reached
+    assert recompile_note(None, CompileCount(8, 1), 8) is None  # the compiler never imported
+
+
+def test_review39_a_compiled_models_trials_at_the_recompile_limit_are_counted():
+    from autobatch.probe.recompiles import RecompileWatch
+
+    class Tiny(nn.Linear):  # its own forward's code: nn.Linear's compiled frame is shared with the other tests' models
+        def forward(self, x):
+            return super().forward(x)
+
+    model = torch.compile(Tiny(4, 2), backend="eager", dynamic=False)
+    with torch._dynamo.config.patch(recompile_limit=2):
+        watch, simulated = RecompileWatch(model, simulated=False), RecompileWatch(model, simulated=True)
+        model(torch.randn(5, 4))
+        assert "came near it: 1 more size" in watch.note()
+        model(torch.randn(6, 4))
+        assert "compiled 2 more batch sizes" in watch.note() and "reached it" in watch.note()
+        assert simulated.note() is None  # the simulated device's trials run uncompiled: nothing counted

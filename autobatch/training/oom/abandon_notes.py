@@ -20,15 +20,9 @@ from __future__ import annotations
 
 from ...errors import add_note
 from ...memory.units import counted
+from ...probe.recompiles import recompile_limit_hit
 
 __all__ = ["note_shrunk", "note_recompile_limit", "recompile_limit_hit"]
-
-
-def recompile_limit_hit(exc: BaseException) -> bool:
-    """Whether ``exc`` is ``torch._dynamo``'s error for a compiled frame past its recompile limit
-    (read by name: this never imports the compiler)."""
-    return any(cls.__name__ == "FailOnRecompileLimitHit" and cls.__module__.startswith("torch._dynamo")
-               for cls in type(exc).__mro__)
 
 
 def note_recompile_limit(exc: BaseException, failed_at: int, step: int) -> bool:
