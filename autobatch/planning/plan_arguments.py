@@ -115,11 +115,12 @@ def ragged_message(global_batch: int, multiple_of: int, why: str) -> str:
     below = global_batch // multiple_of * multiple_of
     return (f"global_batch={global_batch} is not a multiple of multiple_of={multiple_of}, so its micro-batches cannot "
             f"all be multiples, and {why}; use a global_batch that is a multiple of {multiple_of} "
-            f"({below} or {below + multiple_of}), or a multiple_of that divides {global_batch}{_divisors(global_batch, multiple_of)}")
+            f"({below} or {below + multiple_of}), or a multiple_of that divides {global_batch}{divisors_text(global_batch, multiple_of)}")
 
 
-def _divisors(global_batch: int, multiple_of: int) -> str:
-    """The smaller ``multiple_of`` values that divide the global batch, for :func:`ragged_message`: a prime
+def divisors_text(global_batch: int, multiple_of: int) -> str:
+    """The smaller ``multiple_of`` values that divide the global batch, for :func:`ragged_message` (and the
+    runner's error, :func:`~autobatch.training.multiples.multiple_options`): a prime
     global batch (97) has none above 1, and "a multiple_of that divides 97" sent the user looking for one."""
     found = [size for size in range(multiple_of - 1, 1, -1) if global_batch % size == 0][:3]
     if len(found) > 1:

@@ -210,8 +210,10 @@ def candidate_micro_batches(
 
     Sizes that need the same number of steps do the same number of micro-steps, so only the
     smallest such size (:func:`balanced_micro_batch`, the least padding) is kept. With
-    ``multiple_of`` > 1 every size is a multiple of it, the smallest multiple per step count (a
-    balanced split would break the multiple: these are split in full pieces, a smaller last).
+    ``multiple_of`` > 1 every size is rounded down to a multiple of it (at least one), the smallest
+    multiple per step count (a balanced split would break the multiple: these are split in full
+    pieces, a smaller last). Rounded, not filtered: no power of two is a multiple of 3, and
+    ``multiple_of=3`` timed the largest alone (960 with 48 fitting: 48 x 20, no other candidate).
     """
     largest = min(largest, global_batch)
     low = max(1, largest // 16) if smallest is None else max(1, smallest)
@@ -221,8 +223,8 @@ def candidate_micro_batches(
         if power >= low:
             sizes.add(power)
         power *= 2
-    if multiple_of > 1:
-        sizes = {size for size in sizes if size % multiple_of == 0} or {largest}
+    if multiple_of > 1:  # largest is a multiple already
+        sizes = {max(multiple_of, size // multiple_of * multiple_of) for size in sizes}
     by_steps: dict[int, int] = {}
     for size in sorted(sizes):
         steps = math.ceil(global_batch / size)

@@ -72,12 +72,14 @@ def multiple_options(multiple_of: Any, plan_options: dict[str, Any], *, share: i
     if multiple_of > 1:
         plan_options["multiple_of"] = multiple_of
     if share % multiple_of:
+        from ..planning.plan_arguments import divisors_text  # a prime share: only 1 divides it, as plan() says
+
         below = share // multiple_of * multiple_of
         where = f"global_batch={share}" if not per_rank else f"the global batch per rank ({share})"
         nearest = f"{below} or {below + multiple_of}" if below else str(multiple_of)
         raise ValueError(f"{where} is not a multiple of multiple_of={multiple_of}, so its micro-batches cannot all be "
                          f"multiples; use a global batch{' per rank' if per_rank else ''} of {nearest}, or a multiple_of "
-                         f"that divides {share}")
+                         f"that divides {share}{divisors_text(share, multiple_of)}")
     if micro_batch is not None and micro_batch % multiple_of:
         below = micro_batch // multiple_of * multiple_of
         raise ValueError(f"micro_batch={micro_batch} is not a multiple of multiple_of={multiple_of}; use "

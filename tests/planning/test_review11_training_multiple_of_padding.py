@@ -32,3 +32,25 @@ def test_least_padded_multiple(global_batch, largest, multiple_of, expected):
 def test_candidates_are_least_padded_multiples():
     assert candidate_micro_batches(100, 62, smallest=1, multiple_of=2) == [2, 4, 8, 16, 26, 50]  # before: 32 and 62
     assert candidate_micro_batches(64, 24, smallest=1, multiple_of=8) == [8, 16, 24]
+
+
+def test_review39_throughput_times_several_multiples_of_a_multiple_of_that_is_no_power_of_two():
+    """Review 39: the candidates were the powers of two that are multiples of ``multiple_of``: none is a
+    multiple of 3, so ``multiple_of=3`` timed the largest alone ("fastest of 1 timed candidates"), a
+    max_batch plan. Each power is rounded down to a multiple now. With a cost per sample that rises past
+    8 (the fake clock of test_planner), 6 x 17 beats 33 x 3 (538 against 708 time units a step)."""
+    import torch
+    from torch import nn
+
+    from autobatch import plan
+    from test_planner import Costly, FakeClock, make_step
+
+    assert candidate_micro_batches(960, 48, multiple_of=3) == [3, 6, 15, 30, 48]  # before: [48]
+    clock = FakeClock()
+    torch.manual_seed(0)
+    model = nn.Sequential(*(Costly(clock, lambda n: 10 + n + 3 * max(0, n - 8)) for _ in range(2)))
+    result = plan(make_step(model, tokens=2), global_batch=45, objective="throughput", multiple_of=3, max_batch=21,
+                  memory_limit="64MiB", steps_per_trial=1, warmup_steps=0, timed_steps=1, retime_rounds=0,
+                  timer=clock, cache=False, estimate_first=False)
+    assert [c["micro_batch"] for c in result.candidates] == [3, 6, 15]  # before: 15 alone
+    assert result.micro_batch_sizes == [6] * 7 + [3] and result.samples_per_s == 45 / 250

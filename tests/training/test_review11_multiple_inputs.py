@@ -77,3 +77,12 @@ def test_a_floor_the_batch_cannot_be_cut_by_names_it():
 def test_a_floor_rounded_above_max_micro_batch_is_refused():
     with pytest.raises(ValueError, match=r"min_micro_batch=5 rounds up to 8 with multiple_of=4, above max_micro_batch=6"):
         _runner(micro_batch=None, max_micro_batch=6, min_micro_batch=5, multiple_of=4)
+
+
+def test_review39_a_prime_global_batch_names_the_divisors_as_plan_does():
+    """Review 39: a prime global batch (97) with multiple_of=2 said "a multiple_of that divides 97", sending the
+    user looking for one; plan() names what divides it (only 1), and so does the runner now, planned or not."""
+    with pytest.raises(ValueError, match=r"divides 97 \(below 2, only 1 does: multiple_of=1 puts no constraint"):
+        _runner(global_batch=97, micro_batch=None, plan_options={"multiple_of": 2, "objective": "throughput"})
+    with pytest.raises(ValueError, match=r"of 96 or 104, or a multiple_of that divides 100 \(5, 4 or 2\)"):
+        _runner(global_batch=100, micro_batch=None, multiple_of=8)
