@@ -28,6 +28,7 @@ from ..planning.plan_arguments import validate_timing
 from ..probe.train_step import TrainStep
 from . import validation
 from .construct import construct
+from .dataset_shapes import check_sample_shapes
 from .optimizer_fit import check_optimizer_gradients, check_optimizer_target
 from .schedulers import check_scheduler
 from .target_text import target_form_error
@@ -353,6 +354,7 @@ def build_workload(cfg: DictConfig) -> Workload:
     first_input = None
     if dataset is not None:
         first_input = validation.check_dataset_inputs(cfg, dataset)
+        check_sample_shapes(cfg, dataset)  # variable lengths: default_collate stacks one shape
         validation.check_dataset_size(cfg, len(dataset), dist_sync.world_size())
     autocast_dtype = _AUTOCAST[_name(cfg.precision)]
     validation.check_data_dtype(cfg, model, autocast_dtype, first_input)

@@ -21,7 +21,7 @@ from typing import Any
 from hydra.core.hydra_config import HydraConfig
 from hydra.errors import InstantiationException
 from hydra.utils import instantiate
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 
 from ..errors import in_packages, raised_through
 from ..memory.oom import is_oom_error
@@ -77,16 +77,22 @@ def construct(key: str, node: Any, expect: type | None = None, *, keep_partial: 
     built something else failed later on a missing method, ``'X' object has no attribute 'to'``).
     ``keep_partial``: a top-level ``_partial_: true`` builds a ``functools.partial``, as Hydra does
     (a loss function, which the program calls on each batch)."""
+    given_node = node
     node = from_launch_dir(node) if keep_partial else without_partial(from_launch_dir(node))
     try:
         built = instantiate(node, _convert_="all", **kwargs)
     except InstantiationException as exc:
         cause = exc.__cause__
+        key, inner = _nested_key(key, exc, given_node)
+        if inner is not None and isinstance(cause, ImportError) and str(exc).startswith("Error locating target"):
+            from .build import _check_target  # a nested _target_ misspelt: the line the top-level one gets
+
+            _check_target(key, inner)
         if not _rejected(cause):
             if cause is not None:
                 raise cause from None
             raise
-        target = node.get("_target_") if hasattr(node, "get") else None
+        target = (inner if inner is not None else node).get("_target_") if hasattr(node, "get") else None
         given = _overrides_of(key)
         fix = f"check {' '.join(given)}" if given else f"check the {key} keys (python -m autobatch probe --cfg job)"
         what = "could not open a path it was given" if isinstance(cause, _UNOPENABLE) else "rejected its arguments"
@@ -106,6 +112,22 @@ def construct(key: str, node: Any, expect: type | None = None, *, keep_partial: 
         raise ValueError(f"{key}._target_={target!r} built a {kind}, not a {_public_name(expect)}; "
                          f"give a class (or a function) that returns one")
     return built
+
+
+def _nested_key(key: str, exc: InstantiationException, node: Any) -> tuple[str, Any]:
+    """The key and node of the nested ``_target_`` that failed (``data.dataset.transform``, from Hydra's
+    ``full_key: transform``), else ``(key, None)``. Before, its missing argument was told as one of the
+    outer class's (``give +data.dataset.factor=VALUE``, which that class refuses) and its misspelt
+    ``_target_`` was Hydra's "Error loading 'mypkg.Scal'", naming no key and not the class meant."""
+    found = re.search(r"\nfull_key: (\S+)$", str(exc))
+    if not (found and isinstance(node, DictConfig)):
+        return key, None
+    own = node._get_full_key(None)  # the node's place in the whole config ("data.dataset"): Hydra's key is from the root
+    path = found.group(1)[len(own) + 1:] if own and found.group(1).startswith(f"{own}.") else found.group(1)
+    inner = OmegaConf.select(node, path, default=None)
+    if not (isinstance(inner, DictConfig) and "_target_" in inner):  # a list item's full_key is Hydra's "x0"
+        return key, None
+    return f"{key}.{path}", inner
 
 
 def without_partial(node: Any) -> Any:
