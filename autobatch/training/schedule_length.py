@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["check_schedule_length"]
+__all__ = ["check_schedule_length", "held_schedulers"]
 
 
 def check_schedule_length(scheduler: Any, last_step: int | None, step: int, *, resumed: bool,
@@ -60,9 +60,8 @@ def _steps_before_raise(scheduler: Any, steps: int, fresh: bool = False) -> tupl
     if isinstance(scheduler, torch.optim.lr_scheduler.OneCycleLR):
         left = int(scheduler.total_steps) - (0 if fresh else int(scheduler.last_epoch))
         return (max(left, 0), scheduler, "") if steps > left else None
-    inner = getattr(scheduler, "_schedulers", None)
-    if not isinstance(scheduler, (torch.optim.lr_scheduler.SequentialLR, torch.optim.lr_scheduler.ChainedScheduler)) \
-            or not isinstance(inner, (list, tuple)):
+    inner = held_schedulers(scheduler)
+    if not inner:
         return None
     name = type(scheduler).__name__
     sequential = isinstance(scheduler, torch.optim.lr_scheduler.SequentialLR)
@@ -85,3 +84,14 @@ def _steps_before_raise(scheduler: Any, steps: int, fresh: bool = False) -> tupl
             after = f" after its milestone {begin}" if begin is not None else ""
             found = (taken, short[1], f"{short[2]} ({name}'s scheduler {index}{after})")
     return found
+
+
+def held_schedulers(scheduler: Any) -> list[Any]:
+    """The schedulers a ``SequentialLR`` or ``ChainedScheduler`` holds (its ``_schedulers``), in order;
+    [] for any other scheduler. The one walk of this module's length check and of the resume's checks
+    (:mod:`autobatch.training.checkpoints.resume_checks`)."""
+    inner = getattr(scheduler, "_schedulers", None)
+    if not (isinstance(scheduler, (torch.optim.lr_scheduler.SequentialLR, torch.optim.lr_scheduler.ChainedScheduler))
+            and isinstance(inner, (list, tuple))):
+        return []
+    return list(inner)

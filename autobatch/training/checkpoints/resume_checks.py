@@ -26,6 +26,7 @@ from ...probe.foreach import FOREACH_LOG_ADVICE
 from ...probe.snapshot.shards import local
 from ..precision import precision_of, warn_changed_precision  # re-exported: kept importable from here
 from ..ranks import unwrap
+from ..schedule_length import held_schedulers
 
 __all__ = ["precision_of", "warn_changed_precision", "check_fits", "check_kinds", "kind", "inner_kinds", "load_scheduler", "position_for", "warn_persistent_workers", "warn_replaced_settings",
            "without_wrapper_prefix", "local_module_names",
@@ -51,12 +52,8 @@ def _held(scheduler: Any, where: str) -> list[tuple[str, Any]]:
     """``(place, scheduler)`` of each scheduler a ``SequentialLR`` or ``ChainedScheduler`` holds (its
     ``_schedulers``, whose states its ``load_state_dict`` loads one by one), ``where``: the path to
     it ('' at the top), the place ``{where}_schedulers[1]``; [] for any other scheduler. The one walk
-    of :func:`inner_kinds` and :func:`_replaced_settings`."""
-    inner = getattr(scheduler, "_schedulers", None)
-    if not (isinstance(scheduler, (torch.optim.lr_scheduler.SequentialLR, torch.optim.lr_scheduler.ChainedScheduler))
-            and isinstance(inner, (list, tuple))):
-        return []
-    return [(f"{where}_schedulers[{index}]", child) for index, child in enumerate(inner)]
+    of :func:`inner_kinds` and :func:`_replaced_settings` (:func:`~..schedule_length.held_schedulers`'s, placed)."""
+    return [(f"{where}_schedulers[{index}]", child) for index, child in enumerate(held_schedulers(scheduler))]
 
 
 def inner_kinds(scheduler: Any, where: str = "") -> dict[str, list[str]]:
