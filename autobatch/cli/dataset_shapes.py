@@ -17,6 +17,8 @@ from typing import Any
 
 from omegaconf import DictConfig
 
+from ..planning.samples import spread_indices
+
 __all__ = ["PEEK", "check_sample_shapes"]
 
 #: samples read, spread evenly over the dataset (its first and last among them)
@@ -37,7 +39,7 @@ def check_sample_shapes(cfg: DictConfig, dataset: Any) -> None:
     length = len(dataset)
     if length < 2:
         return
-    indices = sorted({index * (length - 1) // (PEEK - 1) for index in range(PEEK)})
+    indices = spread_indices(length, PEEK)
     first = dataset[indices[0]]
     for index in indices[1:]:
         sample = dataset[index]

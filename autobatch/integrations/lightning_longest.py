@@ -24,6 +24,7 @@ from typing import Any
 
 from torch.utils.data import DataLoader, IterableDataset
 
+from ..planning.samples import spread_indices
 from .transformers_samples import scan_samples
 
 __all__ = ["PEEK", "longest_batch"]
@@ -46,7 +47,7 @@ def longest_batch(loader: Any, first: Any) -> Any:
         return first
     if length < 2:
         return first
-    spread = sorted({index * (length - 1) // (PEEK - 1) for index in range(PEEK)})
+    spread = spread_indices(length, PEEK)
     if scan_samples([dataset[index] for index in spread], warn=False)[1] is None:
         return first  # one size (or sizes not comparable) over the samples looked at: the first batch is as long
     longest, short, compared = scan_samples(dataset, warn=False)

@@ -56,7 +56,7 @@ from .batch_nodes import (children_of, is_dataclass_instance, is_named, is_ndarr
 from .dataclass_batches import rebuilt
 from .mapping_batches import rebuilt_mapping
 
-__all__ = ["batch_size_of", "check_cuttable", "cycle_samples", "items_message", "map_samples", "narrow",
+__all__ = ["spread_indices", "batch_size_of", "check_cuttable", "cycle_samples", "items_message", "map_samples", "narrow",
            "per_sample_items", "take_samples"]
 
 # layouts with no dim-0 slicing or index_select on them (torch 2.x): CSR's "do not have strides"
@@ -362,3 +362,11 @@ def _meet(options: Iterable[frozenset[int] | None]) -> frozenset[int] | None:
         if option is not None:
             met = option if met is None else met & option
     return met
+
+
+def spread_indices(length: int, count: int) -> list[int]:
+    """Up to ``count`` indices spread evenly over ``range(length)``, its first and last among them: the
+    samples a check reads to tell whether a dataset's samples vary in size, without reading them all
+    (the command line's :mod:`~autobatch.cli.dataset_shapes`, Lightning's
+    :mod:`~autobatch.integrations.lightning_longest`)."""
+    return sorted({index * (length - 1) // (count - 1) for index in range(count)}) if length > 1 else list(range(length))

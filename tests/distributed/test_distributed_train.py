@@ -20,6 +20,7 @@ import torch
 import launcher
 from conftest import REPO, cli_env, cli_in_process
 from autobatch.cli.dataset_shapes import PEEK as SHAPE_PEEK
+from autobatch.planning.samples import spread_indices
 
 pytestmark = pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed is not available")
 
@@ -105,7 +106,7 @@ def test_two_ranks_train_disjoint_shares_and_rank_zero_writes(tmp_path, referenc
     read = {rank: [int(i) for i in (records / f"rank{rank}.txt").read_text().split()] for rank in (0, 1)}
     assert read[0][0] == read[1][0] == 0  # each rank reads the first sample once to check the model's input kind
     # ... and a few spread over the set to check their shapes match (autobatch.cli.dataset_shapes)
-    checked = sorted({i * 63 // (SHAPE_PEEK - 1) for i in range(SHAPE_PEEK)})
+    checked = spread_indices(64, SHAPE_PEEK)
     assert read[0][1:1 + len(checked)] == read[1][1:1 + len(checked)] == checked
     served = {rank: indices[1 + len(checked):] for rank, indices in read.items()}
     assert len(served[0]) == len(served[1]) == 2 * 32
