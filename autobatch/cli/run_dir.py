@@ -34,7 +34,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 from omegaconf.errors import OmegaConfBaseException
 
-from .sweep_dirs import job_dir_owner, sweep_id
+from .sweep_dirs import config_sweep_dir, job_dir_owner, sweep_id
 from .training import FINAL_MODEL, METRICS, check_fresh_target, run_files
 
 __all__ = ["CLAIM", "claim_run_dir", "check_probe_target", "check_train_target", "holds_run", "KeepRunConfig"]
@@ -215,11 +215,7 @@ def _sweep_mates(config: DictConfig, run_dir: Path) -> bool:
     job is refused there (:func:`~.sweep_dirs.claim_job_dir`), so the first one's record stays."""
     if OmegaConf.select(config, "hydra.mode", default=None) != RunMode.MULTIRUN:
         return False
-    sweep_dir = Path(str(config.hydra.sweep.dir))
-    cwd = OmegaConf.select(config, "hydra.runtime.cwd", default=None)
-    if not sweep_dir.is_absolute() and cwd:
-        sweep_dir = Path(str(cwd)) / sweep_dir
-    return job_dir_owner(run_dir, sweep_id(sweep_dir), int(config.hydra.job.num)) is not None
+    return job_dir_owner(run_dir, sweep_id(config_sweep_dir(config)), int(config.hydra.job.num)) is not None
 
 
 def record_dir(subdir: Any, *, _root_: DictConfig) -> Any:

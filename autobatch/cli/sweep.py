@@ -40,7 +40,7 @@ from .atomic_write import write_atomic
 from .errors import one_line
 from .override_text import as_given
 from .sweep_dirs import ROW_FILE, ROW_GLOB, SWEEP_ID_FILE, claim_job_dir, earlier_summary, row_path, set_aside_summary
-from .sweep_dirs import sweep_id
+from .sweep_dirs import config_sweep_dir, from_cwd, sweep_id
 from .sweep_dirs import SWEEP_KEY as _SWEEP_KEY
 from .user_config import given_overrides
 
@@ -206,17 +206,6 @@ def _with_type(exc: BaseException) -> str:
     return text if text == name else f"{name}: {text}"
 
 
-def _sweep_dir(config: DictConfig) -> Path:
-    """``hydra.sweep.dir``, a relative one against the directory the command ran in: under
-    ``hydra.job.chdir=true`` a job (and ``on_job_end``) runs in its own directory, where the
-    rows were looked for in ``<job>/multirun/...`` and the sweep's summary was never written."""
-    return _from_cwd(config.hydra.sweep.dir, OmegaConf.select(config, "hydra.runtime.cwd"))
-
-
-def _from_cwd(sweep_dir: str, cwd: str | None) -> Path:
-    path = Path(sweep_dir)
-    return path if path.is_absolute() or not cwd else Path(cwd) / path
-
 
 def record_interrupted(error: str) -> None:
     """In a job of a sweep, write its row as ``interrupted`` with ``error`` (the line that names
@@ -228,7 +217,7 @@ def record_interrupted(error: str) -> None:
     hydra_cfg = HydraConfig.get()
     if hydra_cfg.mode != RunMode.MULTIRUN:
         return
-    sweep_dir = _from_cwd(hydra_cfg.sweep.dir, hydra_cfg.runtime.cwd)
+    sweep_dir = from_cwd(hydra_cfg.sweep.dir, hydra_cfg.runtime.cwd)
     row = {"job": hydra_cfg.job.num, "overrides": " ".join(given_overrides()), "status": "interrupted",
            **_empty_columns(str(getattr(hydra_cfg.job, "name", None)), None), "error": error, _SWEEP_KEY: sweep_id(sweep_dir)}
     try:
@@ -248,7 +237,7 @@ def claim_sweep_job(job_dir: Path) -> None:
     hydra_cfg = HydraConfig.get()
     if hydra_cfg.mode != RunMode.MULTIRUN:
         return
-    claim_job_dir(job_dir, sweep_id(_from_cwd(hydra_cfg.sweep.dir, hydra_cfg.runtime.cwd)), int(hydra_cfg.job.num),
+    claim_job_dir(job_dir, sweep_id(from_cwd(hydra_cfg.sweep.dir, hydra_cfg.runtime.cwd)), int(hydra_cfg.job.num),
                   str(hydra_cfg.sweep.subdir))
 
 
@@ -259,7 +248,7 @@ class SweepSummary(Callback):
     summaries (the other ranks' jobs hold the same, agreed results)."""
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
-        sweep_dir = _sweep_dir(config)
+        sweep_dir = config_sweep_dir(config)
         _last_sweep.append(Path(config.hydra.sweep.dir))  # as given: the final line names it so
         if is_rank_zero():  # a new id: rows left by an earlier sweep into this directory are not this one's
             sweep_dir.mkdir(parents=True, exist_ok=True)
@@ -275,10 +264,10 @@ class SweepSummary(Callback):
         if not is_rank_zero() or config.hydra.mode != RunMode.MULTIRUN:
             return
         output_dir = Path(HydraConfig.get().runtime.output_dir)
-        row = {**_job_row(config, job_return), _SWEEP_KEY: sweep_id(_sweep_dir(config))}
+        row = {**_job_row(config, job_return), _SWEEP_KEY: sweep_id(config_sweep_dir(config))}
         write_atomic(row_path(output_dir, row), json.dumps(row, default=str) + "\n")
-        write_summary(_sweep_dir(config), plot=_plot_wanted(config))
+        write_summary(config_sweep_dir(config), plot=_plot_wanted(config))
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         if is_rank_zero():
-            write_summary(_sweep_dir(config), plot=_plot_wanted(config))
+            write_summary(config_sweep_dir(config), plot=_plot_wanted(config))

@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-__all__ = ["ROW_FILE", "SWEEP_ID_FILE", "sweep_id", "row_path", "set_aside_summary", "earlier_summary",
+__all__ = ["ROW_FILE", "SWEEP_ID_FILE", "from_cwd", "config_sweep_dir", "sweep_id", "row_path", "set_aside_summary", "earlier_summary",
            "claim_job_dir", "job_dir_owner"]
 
 ROW_FILE = "summary_row.json"
@@ -37,6 +37,21 @@ SWEEP_KEY = "_sweep"
 EARLIER_NOTE = ".earlier_summary"
 #: In a job directory: ``.sweep_job.<sweep id>``, holding the number of the job that claimed it.
 JOB_CLAIM = ".sweep_job."
+
+
+def from_cwd(sweep_dir: str, cwd: str | None) -> Path:
+    """``sweep_dir``, a relative one against the directory the command ran in (``cwd``)."""
+    path = Path(sweep_dir)
+    return path if path.is_absolute() or not cwd else Path(cwd) / path
+
+
+def config_sweep_dir(config: Any) -> Path:
+    """A job config's ``hydra.sweep.dir``, a relative one against the directory the command ran in: under
+    ``hydra.job.chdir=true`` a job (and ``on_job_end``) runs in its own directory, where the
+    rows were looked for in ``<job>/multirun/...`` and the sweep's summary was never written."""
+    from omegaconf import OmegaConf
+
+    return from_cwd(str(config.hydra.sweep.dir), OmegaConf.select(config, "hydra.runtime.cwd", default=None))
 
 
 def sweep_id(sweep_dir: Path) -> str | None:
